@@ -1,0 +1,48 @@
+//! Runs program steps with CPU loads and stores. The only unsafe code of the CPU engine.
+
+use crate::memory::RawBuf;
+use crate::op::Step;
+
+/// Runs one step over raw buffers.
+///
+/// # Safety
+/// 1. `dst` must be host-accessible memory valid for writes of `dst.len` bytes, and `src` (if
+///    any) valid for reads of `src.len` bytes, for the duration of the call.
+/// 2. The step must lie inside both buffers (as [`crate::Program`] checks when it builds it).
+/// 3. No other thread may touch the destination bytes of this step during the call.
+pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
+    let d = dst.addr as *mut u8;
+    match step {
+        Step::Copy(plan) => {
+            let Some(src) = src else { return };
+            let s = src.addr as *const u8;
+            let run = plan.run();
+            plan.for_each_run(|doff, soff| {
+                // SAFETY: offsets inside the buffers by (2); buffers valid by (1); source and
+                // destination do not overlap (checked by `Job::check` at submit).
+                unsafe { std::ptr::copy_nonoverlapping(s.add(soff), d.add(doff), run) }
+            });
+        }
+        Step::Fill { plan, pattern } => {
+            let run = plan.run();
+            if pattern.iter().all(|&b| b == pattern[0]) {
+                let b = pattern[0];
+                // SAFETY: as above; write_bytes writes exactly `run` bytes at each run.
+                plan.for_each_run(|doff, _| unsafe { std::ptr::write_bytes(d.add(doff), b, run) });
+                return;
+            }
+            // A block of whole patterns to copy from (runs are whole elements).
+            let reps = (4096 / pattern.len()).max(1);
+            let block: Vec<u8> = pattern.iter().copied().cycle().take(reps * pattern.len()).collect();
+            plan.for_each_run(|doff, _| {
+                let mut at = 0;
+                while at < run {
+                    let n = block.len().min(run - at);
+                    // SAFETY: as above; `block` is a separate allocation.
+                    unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), d.add(doff + at), n) };
+                    at += n;
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! The CPU engine: a thread pool that splits each copy into chunks across its workers.
+//!
+//! - Parallel inside one request: a large copy is split into up to one chunk per worker (at
+//!   least [`CpuConfig::chunk_bytes`] each); each chunk runs on its own worker.
+//! - Small copies (at most [`CpuConfig::inline_bytes`]) run on the submitting thread during
+//!   submit: handing them to a worker would cost more than the copy. Set it to 0 to queue all.
+//! - Zero-thread mode (`threads = 0`): nothing runs in the background; the caller makes
+//!   progress in `wait` and `barrier`.
+//! - Each request completes on its own with its own error; a panicking custom operator fails
+//!   only its request and the worker lives on.
+//! - Dropping the engine finishes the queued work first; dropping a request does not cancel it.
+//!
+//! It reaches host-accessible memory only (pageable, pinned, mapped, managed).
+
+mod exec;
+mod pool;
+mod probe;
+
+pub use probe::{probe, CpuProbe};
+
+use super::{Engine, Job, SubmitError};
+use crate::memory::MemKind;
+use crate::request::{BarrierError, InFlight, Request};
+use pool::Pool;
+use std::sync::Arc;
+
+/// Settings of a [`CpuEngine`]. Plain struct: `CpuConfig::new(threads)` then chained setters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Worker threads; 0 runs work on the waiting caller.
+    pub threads: usize,
+    /// Smallest chunk a copy is split into, in bytes (default 1 MiB).
+    pub chunk_bytes: usize,
+    /// Copies of at most this many bytes run inline at submit (default 64 KiB).
+    pub inline_bytes: usize,
+}
+
+impl CpuConfig {
+    /// `threads` workers and the default chunk and inline sizes.
+    pub fn new(threads: usize) -> CpuConfig {
+        CpuConfig { threads, chunk_bytes: 1 << 20, inline_bytes: 64 << 10 }
+    }
+    /// Sets the smallest chunk (at least 1 byte).
+    pub fn chunk_bytes(mut self, bytes: usize) -> CpuConfig {
+        self.chunk_bytes = bytes.max(1);
+        self
+    }
+    /// Sets the inline threshold (0: every copy goes to the workers).
+    pub fn inline_bytes(mut self, bytes: usize) -> CpuConfig {
+        self.inline_bytes = bytes;
+        self
+    }
+}
+
+impl Default for CpuConfig {
+    /// One worker per core.
+    fn default() -> Self {
+        CpuConfig::new(probe().default_threads)
+    }
+}
+
+/// The CPU engine. See the [module documentation](self).
+///
+/// ```
+/// use ferry::{CpuEngine, EngineExt};
+/// let engine = CpuEngine::new(2)?;
+/// let t = engine.memcpy_owned(vec![0u8; 8 << 20], vec![1u8; 8 << 20]).map_err(|r| r.error)?;
+/// let (dst, _src) = t.wait().map_err(|f| f.error)?;
+/// assert!(dst.iter().all(|&b| b == 1));
+/// # Ok::<(), ferry::Error>(())
+/// ```
+pub struct CpuEngine {
+    pool: Arc<Pool>,
+    inflight: InFlight,
+    cfg: CpuConfig,
+}
+
+impl CpuEngine {
+    /// An engine with `threads` workers (0: the caller runs the work in `wait`/`barrier`).
+    pub fn new(threads: usize) -> Result<CpuEngine, crate::Error> {
+        CpuEngine::with_config(CpuConfig::new(threads))
+    }
+    /// An engine with the given settings. Errors if a worker thread cannot be started.
+    pub fn with_config(cfg: CpuConfig) -> Result<CpuEngine, crate::Error> {
+        let pool = Pool::start(cfg.threads).map_err(|e| crate::Error::Setup(format!("cannot start CPU worker: {e}")))?;
+        Ok(CpuEngine { pool, inflight: InFlight::new(), cfg })
+    }
+    /// The engine's settings.
+    pub fn config(&self) -> CpuConfig {
+        self.cfg
+    }
+    /// Worker threads still alive (for tests of worker loss).
+    pub fn live_workers(&self) -> usize {
+        self.pool.live_workers()
+    }
+}
+
+impl Engine for CpuEngine {
+    fn name(&self) -> String {
+        format!("cpu({})", self.cfg.threads)
+    }
+
+    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        dst.host_accessible() && src.is_none_or(MemKind::host_accessible)
+    }
+
+    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        job.check()?;
+        if !self.supports(job.dst.kind, job.src.map(|s| s.kind)) {
+            return Err(SubmitError::Unsupported { engine: self.name(), dst: job.dst.kind, src: job.src.map(|s| s.kind) });
+        }
+        let req = self.pool.submit(job, &self.cfg)?;
+        self.inflight.track(&req);
+        Ok(req)
+    }
+
+    fn barrier(&self) -> Result<(), BarrierError> {
+        self.pool.help_until_idle();
+        self.inflight.barrier()
+    }
+}
+
+impl Drop for CpuEngine {
+    fn drop(&mut self) {
+        // Finish queued work (on this thread in zero-thread mode), then stop the workers.
+        self.pool.shutdown();
+    }
+}

@@ -1,0 +1,342 @@
+//! The CPU engine's queue and worker threads.
+
+use super::exec;
+use super::CpuConfig;
+use crate::engine::{Job, SubmitError};
+use crate::memory::RawBuf;
+use crate::op::{Op, Step};
+use crate::request::{Completion, Request, RequestError, Signal};
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::Waker;
+use std::thread::JoinHandle;
+
+pub(super) struct Pool {
+    state: Mutex<State>,
+    cond: Condvar,
+    threads: usize,
+    live: AtomicUsize,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Task>,
+    shutdown: bool,
+}
+
+/// A request's shared state: its buffers, the chunks still to run, its first error.
+struct JobState {
+    dst: RawBuf,
+    src: Option<RawBuf>,
+    remaining: AtomicUsize,
+    error: Mutex<Option<RequestError>>,
+    signal: Arc<Signal>,
+}
+
+// SAFETY: RawBuf holds plain addresses; the submitter guaranteed (Engine::submit_raw's
+// contract) that the memory stays valid and unshared until the request completes, so moving
+// the addresses to worker threads is sound.
+unsafe impl Send for JobState {}
+// SAFETY: as above; the mutable parts are atomics and mutexes.
+unsafe impl Sync for JobState {}
+
+enum Task {
+    /// Wait for dependencies, build the program if the op is custom, then fan out chunks.
+    Start { job: Job, prog: Option<Vec<Step>>, state: Arc<JobState>, parts: usize, chunk: usize },
+    /// Run these steps.
+    Chunk { state: Arc<JobState>, steps: Vec<Step> },
+}
+
+impl Pool {
+    pub(super) fn start(threads: usize) -> std::io::Result<Arc<Pool>> {
+        let pool = Arc::new(Pool {
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+            threads,
+            live: AtomicUsize::new(0),
+            handles: Mutex::new(Vec::new()),
+        });
+        for i in 0..threads {
+            let p = Arc::clone(&pool);
+            let h = std::thread::Builder::new().name(format!("ferry-cpu-{i}")).spawn(move || p.worker())?;
+            pool.live.fetch_add(1, Ordering::AcqRel);
+            pool.lock_handles().push(h);
+        }
+        Ok(pool)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    fn lock_handles(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.handles.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn live_workers(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    pub(super) fn submit(self: &Arc<Self>, job: Job, cfg: &CpuConfig) -> Result<Request, SubmitError> {
+        if self.lock().shutdown {
+            return Err(SubmitError::ShutDown(format!("cpu({})", self.threads)));
+        }
+        let signal = Arc::new(Signal::new());
+        let state = Arc::new(JobState {
+            dst: job.dst,
+            src: job.src,
+            remaining: AtomicUsize::new(0),
+            error: Mutex::new(None),
+            signal: Arc::clone(&signal),
+        });
+        let parts = self.threads.max(1);
+        let chunk = cfg.chunk_bytes.max(1);
+        let mut prog = None;
+        if job.op.is_builtin() {
+            // Built-ins are checked here, at submit: a bad layout is a SubmitError.
+            let p = job.op.lower(job.dst.len, job.src.map(|s| s.len))?;
+            if job.after.is_empty() {
+                if p.total_bytes() <= cfg.inline_bytes {
+                    for step in p.steps() {
+                        // SAFETY: the caller of submit_raw guarantees the buffers (contract 1
+                        // and 2); the program checked every step against their lengths.
+                        unsafe { exec::run_step(job.dst, job.src, step) };
+                    }
+                    return Ok(Request::ready(Ok(())));
+                }
+                self.fan_out(&state, p.into_steps(), parts, chunk, false);
+                return Ok(self.request(signal));
+            }
+            prog = Some(p.into_steps());
+        }
+        self.push(Task::Start { job, prog, state, parts, chunk }, false);
+        Ok(self.request(signal))
+    }
+
+    fn request(self: &Arc<Self>, signal: Arc<Signal>) -> Request {
+        let helper = if self.threads == 0 { Some(Arc::clone(self)) } else { None };
+        Request::new(CpuCompletion { signal, helper })
+    }
+
+    fn push(&self, task: Task, front: bool) {
+        let mut st = self.lock();
+        if front {
+            st.queue.push_front(task);
+        } else {
+            st.queue.push_back(task);
+        }
+        drop(st);
+        self.cond.notify_one();
+    }
+
+    /// Splits `steps` into up to `parts` chunks of at least `chunk` bytes and queues them.
+    fn fan_out(&self, state: &Arc<JobState>, steps: Vec<Step>, parts: usize, chunk: usize, front: bool) {
+        let total: usize = steps.iter().map(step_bytes).sum();
+        let parts = parts.min(total / chunk).max(1);
+        let mut chunks: Vec<Vec<Step>> = vec![Vec::new(); parts];
+        if parts == 1 {
+            chunks[0] = steps;
+        } else {
+            let mut k = 0;
+            for step in steps {
+                let share = (step_bytes(&step) * parts).div_ceil(total).max(1);
+                for piece in split_step(&step, share, chunk) {
+                    chunks[k % parts].push(piece);
+                    k += 1;
+                }
+            }
+            chunks.retain(|c| !c.is_empty());
+        }
+        state.remaining.store(chunks.len(), Ordering::Release);
+        let mut st = self.lock();
+        for steps in chunks.into_iter().rev() {
+            let t = Task::Chunk { state: Arc::clone(state), steps };
+            if front {
+                st.queue.push_front(t);
+            } else {
+                st.queue.push_back(t);
+            }
+        }
+        drop(st);
+        self.cond.notify_all();
+    }
+
+    fn pop(&self) -> Option<Task> {
+        self.lock().queue.pop_front()
+    }
+
+    fn worker(self: Arc<Self>) {
+        loop {
+            let task = {
+                let mut st = self.lock();
+                loop {
+                    if let Some(t) = st.queue.pop_front() {
+                        break t;
+                    }
+                    if st.shutdown {
+                        self.live.fetch_sub(1, Ordering::AcqRel);
+                        return;
+                    }
+                    st = self.cond.wait(st).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            self.run(task);
+        }
+    }
+
+    fn run(&self, task: Task) {
+        match task {
+            Task::Chunk { state, steps } => {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for step in &steps {
+                        // SAFETY: submit_raw's contract keeps the buffers valid and unshared
+                        // until the request completes, which is after this chunk; the program
+                        // checked each step against the buffers' lengths.
+                        unsafe { exec::run_step(state.dst, state.src, step) };
+                    }
+                }));
+                if let Err(p) = r {
+                    fail(&state, RequestError::Panicked { op: "copy".into(), msg: crate::op::panic_message(&p) });
+                }
+                finish_chunk(&state);
+            }
+            Task::Start { job, prog, state, parts, chunk } => {
+                for dep in &job.after {
+                    if let Err(e) = self.wait_helping(dep.completion()) {
+                        fail(&state, RequestError::Dependency(Box::new(e)));
+                        state.signal.complete(Err(take_error(&state)));
+                        return;
+                    }
+                }
+                let steps = match prog {
+                    Some(s) => s,
+                    None => match lower_custom(&job.op, &job) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            state.signal.complete(Err(e));
+                            return;
+                        }
+                    },
+                };
+                if steps.is_empty() {
+                    state.signal.complete(Ok(()));
+                    return;
+                }
+                // To the front: a later request that depends on this one must not wait for it
+                // behind its own position in the queue.
+                self.fan_out(&state, steps, parts, chunk, true);
+            }
+        }
+    }
+
+    /// Waits for `c`, running queued tasks meanwhile (so that a worker or a zero-thread caller
+    /// waiting on a dependency never starves the work it waits for).
+    fn wait_helping(&self, c: &dyn Completion) -> Result<(), RequestError> {
+        loop {
+            if let Some(r) = c.poll_done() {
+                return r;
+            }
+            match self.pop() {
+                Some(t) => self.run(t),
+                None => return c.wait(),
+            }
+        }
+    }
+
+    /// Zero-thread mode: runs queued tasks until the queue is empty.
+    pub(super) fn help_until_idle(&self) {
+        if self.threads > 0 {
+            return;
+        }
+        while let Some(t) = self.pop() {
+            self.run(t);
+        }
+    }
+
+    pub(super) fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.cond.notify_all();
+        let handles = std::mem::take(&mut *self.lock_handles());
+        for h in handles {
+            let _ = h.join();
+        }
+        // Zero-thread mode, or work left by workers that died: finish it here.
+        while let Some(t) = self.pop() {
+            self.run(t);
+        }
+    }
+}
+
+fn lower_custom(op: &Op, job: &Job) -> Result<Vec<Step>, RequestError> {
+    op.lower_catching(job.dst.len, job.src.map(|s| s.len)).map(crate::op::Program::into_steps)
+}
+
+fn step_bytes(s: &Step) -> usize {
+    match s {
+        Step::Copy(p) | Step::Fill { plan: p, .. } => p.total_bytes(),
+    }
+}
+
+fn split_step(s: &Step, parts: usize, chunk: usize) -> Vec<Step> {
+    match s {
+        Step::Copy(p) => p.split(parts, chunk, 64).into_iter().map(Step::Copy).collect(),
+        Step::Fill { plan, pattern } => {
+            // Fills split on whole elements so the pattern stays aligned.
+            let align = pattern.len();
+            plan.split(parts, chunk, align).into_iter().map(|plan| Step::Fill { plan, pattern: pattern.clone() }).collect()
+        }
+    }
+}
+
+fn fail(state: &JobState, e: RequestError) {
+    let mut slot = state.error.lock().unwrap_or_else(PoisonError::into_inner);
+    if slot.is_none() {
+        *slot = Some(e);
+    }
+}
+
+fn take_error(state: &JobState) -> RequestError {
+    state
+        .error
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .unwrap_or_else(|| RequestError::Aborted("unknown".into()))
+}
+
+fn finish_chunk(state: &JobState) {
+    if state.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let err = state.error.lock().unwrap_or_else(PoisonError::into_inner).take();
+        state.signal.complete(err.map_or(Ok(()), Err));
+    }
+}
+
+/// A CPU request's completion. In zero-thread mode, waiting runs queued work.
+struct CpuCompletion {
+    signal: Arc<Signal>,
+    helper: Option<Arc<Pool>>,
+}
+
+impl Completion for CpuCompletion {
+    fn wait(&self) -> Result<(), RequestError> {
+        match &self.helper {
+            Some(pool) => pool.wait_helping(&*self.signal),
+            None => self.signal.wait(),
+        }
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        self.signal.poll_done()
+    }
+    fn register_waker(&self, waker: &Waker) {
+        // Zero-thread mode has nobody to make progress for a future: run the work now.
+        if let Some(pool) = &self.helper {
+            let _ = pool.wait_helping(&*self.signal);
+        }
+        self.signal.register_waker(waker)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -1,0 +1,198 @@
+//! Several engines behind one: whole requests spread by weight, one large copy split across
+//! engines by weight.
+//!
+//! AML's multiplex DMA sends each whole request to one DMA, unlocked, and leaks on error.
+//! Here routing is under a lock, a large copy (at least [`MultiplexEngine::split_bytes`]) is
+//! split into parts sized by weight and run on every engine that can reach both buffers, and
+//! a part refused at submit leaves the parts already submitted to finish (the request they
+//! belong to reports the error).
+//!
+//! ```
+//! use ferry::{CpuEngine, EngineExt, MultiplexEngine};
+//! let mux = MultiplexEngine::new()
+//!     .with(CpuEngine::new(1)?, 1.0)
+//!     .with(CpuEngine::new(1)?, 3.0)
+//!     .split_bytes(1 << 20);
+//! let src = vec![9u8; 32 << 20];
+//! let mut dst = vec![0u8; 32 << 20];
+//! mux.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))??;
+//! assert_eq!(dst, src);
+//! # Ok::<(), ferry::Error>(())
+//! ```
+
+use super::{Engine, Job, SubmitError};
+use crate::layout::Layout;
+use crate::memory::MemKind;
+use crate::op::{Op, Step};
+use crate::plan::Plan;
+use crate::request::{BarrierError, InFlight, Join, Request};
+use std::sync::{Mutex, PoisonError};
+
+/// Several engines behind one. See the [module documentation](self).
+pub struct MultiplexEngine {
+    engines: Vec<(Box<dyn Engine>, f64)>,
+    /// Bytes routed to each engine so far (for weighted routing).
+    routed: Mutex<Vec<f64>>,
+    split_bytes: usize,
+    inflight: InFlight,
+}
+
+impl Default for MultiplexEngine {
+    fn default() -> Self {
+        MultiplexEngine::new()
+    }
+}
+
+impl MultiplexEngine {
+    /// No engines yet; add them with [`with`](Self::with). Copies of 64 MiB or more are split.
+    pub fn new() -> MultiplexEngine {
+        MultiplexEngine { engines: Vec::new(), routed: Mutex::new(Vec::new()), split_bytes: 64 << 20, inflight: InFlight::new() }
+    }
+    /// Adds an engine with a weight (its share of the bytes; non-positive or non-finite weights
+    /// count as 1).
+    pub fn with(mut self, engine: impl Engine + 'static, weight: f64) -> MultiplexEngine {
+        let w = if weight.is_finite() && weight > 0.0 { weight } else { 1.0 };
+        self.engines.push((Box::new(engine), w));
+        self.routed.get_mut().unwrap_or_else(PoisonError::into_inner).push(0.0);
+        self
+    }
+    /// Copies of at least `bytes` bytes are split across engines (`usize::MAX`: never).
+    pub fn split_bytes(mut self, bytes: usize) -> MultiplexEngine {
+        self.split_bytes = bytes.max(1);
+        self
+    }
+    /// The engines and their weights.
+    pub fn engines(&self) -> impl Iterator<Item = (&dyn Engine, f64)> {
+        self.engines.iter().map(|(e, w)| (&**e, *w))
+    }
+
+    /// The supporting engine with the least bytes routed per unit of weight; charges it.
+    fn route(&self, candidates: &[usize], bytes: usize) -> usize {
+        let mut routed = self.routed.lock().unwrap_or_else(PoisonError::into_inner);
+        let pick = candidates
+            .iter()
+            .copied()
+            .min_by(|&a, &b| {
+                let ka = (routed[a] + bytes as f64) / self.engines[a].1;
+                let kb = (routed[b] + bytes as f64) / self.engines[b].1;
+                ka.total_cmp(&kb)
+            })
+            .unwrap_or(0);
+        routed[pick] += bytes as f64;
+        pick
+    }
+
+    /// Splits a built-in job into one job per candidate engine, sized by weight.
+    fn split(&self, job: &Job, candidates: &[usize]) -> Result<Option<Vec<(usize, Job)>>, SubmitError> {
+        let prog = job.op.lower(job.dst.len, job.src.map(|s| s.len))?;
+        let [step] = prog.steps() else { return Ok(None) };
+        let (plan, pattern) = match step {
+            Step::Copy(p) => (p, None),
+            Step::Fill { plan, pattern } => (plan, Some(pattern.clone())),
+        };
+        if plan.total_bytes() < self.split_bytes {
+            return Ok(None);
+        }
+        // Equal pieces, then contiguous groups of pieces per engine by weight.
+        let align = pattern.as_ref().map_or(64, |p| p.len());
+        let pieces = plan.split(candidates.len() * 16, 1 << 20, align);
+        if pieces.len() < 2 {
+            return Ok(None);
+        }
+        let total_w: f64 = candidates.iter().map(|&i| self.engines[i].1).sum();
+        let mut out = Vec::with_capacity(pieces.len());
+        let mut acc = 0.0;
+        let mut start = 0usize;
+        for (k, &i) in candidates.iter().enumerate() {
+            acc += self.engines[i].1 / total_w;
+            let end = if k + 1 == candidates.len() { pieces.len() } else { ((acc * pieces.len() as f64).round() as usize).min(pieces.len()) };
+            for piece in &pieces[start..end.max(start)] {
+                let (dl, sl) = piece_layouts(piece)?;
+                let op = match &pattern {
+                    None => Op::Copy { dst: dl, src: sl },
+                    Some(p) => Op::Fill { dst: dl, pattern: p.clone() },
+                };
+                out.push((i, Job { dst: job.dst, src: job.src, op, after: job.after.iter().map(Request::share).collect() }));
+            }
+            start = end.max(start);
+        }
+        Ok(Some(out))
+    }
+}
+
+/// The destination and source layouts (in bytes) of one piece of a plan.
+fn piece_layouts(p: &Plan) -> Result<(Layout, Layout), SubmitError> {
+    let mk = |off: usize, strides: &[usize]| -> Result<Layout, SubmitError> {
+        let l = if strides.is_empty() { Layout::new(&[1], &[0], p.run()) } else { Layout::new(p.counts(), strides, p.run()) };
+        l.and_then(|l| l.with_offset(off)).map_err(|e| SubmitError::Op(e.into()))
+    };
+    Ok((mk(p.dst_offset(), p.dst_strides())?, mk(p.src_offset(), p.src_strides())?))
+}
+
+impl Engine for MultiplexEngine {
+    fn name(&self) -> String {
+        let names: Vec<String> = self.engines.iter().map(|(e, w)| format!("{}x{w}", e.name())).collect();
+        format!("multiplex[{}]", names.join(", "))
+    }
+
+    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        self.engines.iter().any(|(e, _)| e.supports(dst, src))
+    }
+
+    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        job.check()?;
+        let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
+        let candidates: Vec<usize> = (0..self.engines.len()).filter(|&i| self.engines[i].0.supports(dk, sk)).collect();
+        if candidates.is_empty() {
+            return Err(SubmitError::Unsupported { engine: self.name(), dst: dk, src: sk });
+        }
+        let parts = if candidates.len() > 1 && job.op.is_builtin() { self.split(&job, &candidates)? } else { None };
+        let req = match parts {
+            Some(parts) => {
+                let mut reqs = Vec::with_capacity(parts.len());
+                for (i, part) in parts {
+                    // SAFETY: each part covers a subset of the caller's buffers, which the
+                    // caller keeps valid until the joined request (hence every part) completes.
+                    match unsafe { self.engines[i].0.submit_raw(part) } {
+                        Ok(r) => reqs.push(r),
+                        Err(e) => {
+                            // Parts already submitted still read and write the caller's
+                            // buffers: wait for them before reporting, so the caller may reuse
+                            // the buffers as soon as this returns.
+                            for r in reqs {
+                                let _ = r.wait();
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                Request::new(Join::new(reqs))
+            }
+            None => {
+                let bytes = job.op.lower(job.dst.len, job.src.map(|s| s.len)).map_or(0, |p| p.total_bytes());
+                let i = self.route(&candidates, bytes);
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { self.engines[i].0.submit_raw(job)? }
+            }
+        };
+        self.inflight.track(&req);
+        Ok(req)
+    }
+
+    fn barrier(&self) -> Result<(), BarrierError> {
+        let mut failures = match self.inflight.barrier() {
+            Ok(()) => Vec::new(),
+            Err(e) => e.failures,
+        };
+        for (e, _) in &self.engines {
+            if let Err(b) = e.barrier() {
+                failures.extend(b.failures);
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(BarrierError { failures })
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The safe API over [`Engine::submit_raw`]: scoped borrows and owned transfers.
+//!
+//! Two ways make it impossible to free or touch a buffer while a copy uses it:
+//! - [`EngineExt::scope`]: buffers are borrowed for the whole scope (as in
+//!   [`std::thread::scope`]); the scope waits for every request before it returns, even if the
+//!   closure panics or requests are dropped or forgotten.
+//! - [`EngineExt::copy_owned`]: the engine takes the buffers and [`Transfer::wait`] hands them
+//!   back, failed or not. Dropping a `Transfer` waits; forgetting one leaks the buffers, never
+//!   frees them under the copy.
+
+use super::{Engine, Job, SubmitError};
+use crate::layout::Layout;
+use crate::memory::{Memory, MemoryMut};
+use crate::op::{Op, Operator};
+use crate::request::{BarrierError, InFlight, Request, RequestError};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// Safe submission on top of any [`Engine`]. Implemented for every engine.
+pub trait EngineExt: Engine {
+    /// Runs `f` with a [`Scope`] whose requests may borrow buffers that outlive the call.
+    /// Waits for every request of the scope before returning, and reports every failure that
+    /// was not already seen through `wait`/`try_wait`. May block.
+    ///
+    /// ```
+    /// use ferry::{CpuEngine, EngineExt, Layout};
+    /// let engine = CpuEngine::new(2)?;
+    /// let src: Vec<f32> = (0..64 * 64).map(|i| i as f32).collect();
+    /// let mut dst = vec![0f32; 64 * 64];
+    /// let m = Layout::contiguous(&[64, 64], 4)?;
+    /// engine.scope(|s| {
+    ///     // dst = transpose(src)
+    ///     s.copy(&mut dst, &m, &src, &m.transpose(0, 1)?)?;
+    ///     Ok::<(), ferry::Error>(())
+    /// })??;
+    /// assert_eq!(dst[1], src[64]);
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    fn scope<'env, T>(&'env self, f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T) -> Result<T, BarrierError>
+    where
+        Self: Sized,
+    {
+        let scope = Scope { engine: self, inflight: InFlight::new(), _scope: PhantomData, _env: PhantomData };
+        // Waits even if `f` unwinds: the borrows end only after every request is done.
+        struct WaitAll<'a>(&'a InFlight);
+        impl Drop for WaitAll<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.barrier();
+            }
+        }
+        let guard = WaitAll(&scope.inflight);
+        let out = f(&scope);
+        std::mem::forget(guard);
+        scope.inflight.barrier().map(|()| out)
+    }
+
+    /// Copies `src_layout` of `src` into `dst_layout` of `dst`, taking ownership of both until
+    /// the copy completes. Errors at submit hand the buffers back.
+    fn copy_owned<D, S>(&self, dst: D, dst_layout: &Layout, src: S, src_layout: &Layout) -> Result<Transfer<D, S>, Refused<D, S>>
+    where
+        D: MemoryMut + Send + 'static,
+        S: Memory + Send + 'static,
+        Self: Sized,
+    {
+        let mut bufs = Box::new((dst, src));
+        let job = Job::copy(bufs.0.raw_mut(), *dst_layout, bufs.1.raw(), *src_layout);
+        // SAFETY: the buffers live in a Box owned by the Transfer, so their memory stays valid
+        // and untouched until the Transfer has waited for the request (in wait or in Drop).
+        match unsafe { self.submit_raw(job) } {
+            Ok(req) => Ok(Transfer { req: Some(req), bufs: Some(bufs) }),
+            Err(error) => {
+                let (dst, src) = *bufs;
+                Err(Refused { error, dst, src })
+            }
+        }
+    }
+
+    /// Copies all of `src` into the start of `dst`, owning both until done.
+    fn memcpy_owned<D, S>(&self, dst: D, src: S) -> Result<Transfer<D, S>, Refused<D, S>>
+    where
+        D: MemoryMut + Send + 'static,
+        S: Memory + Send + 'static,
+        Self: Sized,
+    {
+        match Layout::bytes(src.raw().len) {
+            Ok(l) => self.copy_owned(dst, &l, src, &l),
+            Err(e) => Err(Refused { error: SubmitError::Op(e.into()), dst, src }),
+        }
+    }
+}
+
+impl<E: Engine + ?Sized> EngineExt for E {}
+
+/// A job refused at submit, with the buffers handed back.
+#[derive(Debug)]
+pub struct Refused<D, S> {
+    /// Why.
+    pub error: SubmitError,
+    /// The destination buffer, untouched.
+    pub dst: D,
+    /// The source buffer.
+    pub src: S,
+}
+
+impl<D, S> std::fmt::Display for Refused<D, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+impl<D: std::fmt::Debug, S: std::fmt::Debug> std::error::Error for Refused<D, S> {}
+
+/// A failed transfer, with the buffers handed back.
+#[derive(Debug)]
+pub struct Failed<D, S> {
+    /// Why.
+    pub error: RequestError,
+    /// The destination buffer (its contents are unspecified).
+    pub dst: D,
+    /// The source buffer, unchanged.
+    pub src: S,
+}
+
+/// An owned transfer in flight. [`Transfer::wait`] (or `.await`) hands the buffers back.
+#[must_use = "dropping a Transfer blocks until the copy completes"]
+pub struct Transfer<D, S> {
+    req: Option<Request>,
+    bufs: Option<Box<(D, S)>>,
+}
+
+impl<D, S> Transfer<D, S> {
+    /// Blocks until the copy completes and returns the buffers.
+    pub fn wait(mut self) -> Result<(D, S), Failed<D, S>> {
+        let r = self.req.take().map_or(Ok(()), Request::wait);
+        self.finish(r)
+    }
+    /// True once the copy completed. Never blocks.
+    pub fn is_done(&self) -> bool {
+        self.req.as_ref().is_none_or(Request::is_done)
+    }
+    fn finish(&mut self, r: Result<(), RequestError>) -> Result<(D, S), Failed<D, S>> {
+        // `bufs` is taken only here and in Drop, after the request completed.
+        let (dst, src) = match self.bufs.take() {
+            Some(b) => *b,
+            None => unreachable!("a Transfer's buffers are taken once"),
+        };
+        match r {
+            Ok(()) => Ok((dst, src)),
+            Err(error) => Err(Failed { error, dst, src }),
+        }
+    }
+}
+
+impl<D: Unpin, S: Unpin> Future for Transfer<D, S> {
+    type Output = Result<(D, S), Failed<D, S>>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let r = match this.req.as_mut() {
+            Some(req) => match Pin::new(req).poll(cx) {
+                Poll::Ready(r) => r,
+                Poll::Pending => return Poll::Pending,
+            },
+            None => Ok(()),
+        };
+        this.req = None;
+        Poll::Ready(this.finish(r))
+    }
+}
+
+impl<D, S> Drop for Transfer<D, S> {
+    fn drop(&mut self) {
+        if let Some(req) = self.req.take() {
+            // The error is not lost: an unobserved failure is reported by the engine's barrier.
+            let _ = req.settle_keep();
+        }
+    }
+}
+
+/// A scope whose requests borrow buffers; see [`EngineExt::scope`].
+pub struct Scope<'scope, 'env: 'scope> {
+    engine: &'env dyn Engine,
+    inflight: InFlight,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// Submits a job over borrowed buffers: the general form of the methods below.
+    pub fn submit<D, S>(&self, dst: &'scope mut D, src: Option<&'scope S>, op: Op, after: &[&Request]) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let job = Job { dst: dst.raw_mut(), src: src.map(|s| s.raw()), op, after: after.iter().map(|r| r.share()).collect() };
+        // SAFETY: `dst` is mutably and `src` immutably borrowed for 'scope, which ends only
+        // after `scope()` has waited for every request tracked here, so the memory stays valid
+        // and nothing else touches it while the request runs.
+        let req = unsafe { self.engine.submit_raw(job)? };
+        self.inflight.track(&req);
+        Ok(req)
+    }
+
+    /// Copies `src_layout` of `src` into `dst_layout` of `dst`.
+    pub fn copy<D, S>(&self, dst: &'scope mut D, dst_layout: &Layout, src: &'scope S, src_layout: &Layout) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        self.submit(dst, Some(src), Op::Copy { dst: *dst_layout, src: *src_layout }, &[])
+    }
+
+    /// Copies all of `src` into the start of `dst` (error if `dst` is shorter).
+    pub fn memcpy<D, S>(&self, dst: &'scope mut D, src: &'scope S) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
+        self.copy(dst, &l, src, &l)
+    }
+
+    /// Writes `pattern` (one element) into every element of `layout` in `dst`.
+    pub fn fill<D>(&self, dst: &'scope mut D, layout: &Layout, pattern: &[u8]) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+    {
+        self.submit::<D, [u8]>(dst, None, Op::Fill { dst: *layout, pattern: pattern.into() }, &[])
+    }
+
+    /// Runs a custom operator over `dst` and `src`.
+    pub fn custom<D, S>(&self, dst: &'scope mut D, src: &'scope S, op: Arc<dyn Operator>) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        self.submit(dst, Some(src), Op::Custom(op), &[])
+    }
+
+    /// The engine this scope submits to.
+    pub fn engine(&self) -> &dyn Engine {
+        self.engine
+    }
+}

@@ -1,0 +1,42 @@
+//! ferry moves bytes between host memory, GPUs and files on the hardware's DMA engines.
+//!
+//! - [`Layout`]: N-D strided layouts (dims, byte strides, element size), sliced, reshaped and
+//!   permuted without copies.
+//! - [`Plan`]: the fewest, largest contiguous runs for a copy between two layouts: one 1-D run,
+//!   a 2-D pitched copy, a 3-D copy or a list of segments.
+//! - [`Engine`]: one trait for every backend, with [`Request`]s that are waited, polled or
+//!   awaited, each with its own error; [`EngineExt`] for the safe, borrow-checked API.
+//! - Backends: [`CpuEngine`] (a thread pool that splits large copies), [`MultiplexEngine`]
+//!   (several engines behind one, by weight), and the CUDA engine in [`engine::cuda`].
+//!
+//! ```
+//! use ferry::{CpuEngine, EngineExt, Layout};
+//! let engine = CpuEngine::new(2)?;
+//! // Copy a 128 x 128 tile out of a 1024 x 1024 f64 matrix into a dense buffer.
+//! let big: Vec<f64> = (0..1024 * 1024).map(|i| i as f64).collect();
+//! let mut tile = vec![0f64; 128 * 128];
+//! let src = Layout::contiguous(&[1024, 1024], 8)?.slice(0, 256..384, 1)?.slice(1, 512..640, 1)?;
+//! let dst = Layout::contiguous(&[128, 128], 8)?;
+//! engine.scope(|s| s.copy(&mut tile, &dst, &big, &src).map(|_| ()))??;
+//! assert_eq!(tile[0], (256 * 1024 + 512) as f64);
+//! # Ok::<(), ferry::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod engine;
+mod error;
+pub mod layout;
+pub mod memory;
+pub mod op;
+pub mod plan;
+pub mod request;
+
+pub use engine::cpu::{CpuConfig, CpuEngine};
+pub use engine::multiplex::MultiplexEngine;
+pub use engine::{Engine, EngineExt, Job, Scope, SubmitError, Transfer};
+pub use error::Error;
+pub use layout::{Layout, LayoutError, MAX_DIMS};
+pub use memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};
+pub use op::{Op, OpError, Operator, Program, Step};
+pub use plan::{Plan, PlanError, PlanKind};
+pub use request::{BarrierError, Completion, Request, RequestError};

@@ -1,0 +1,149 @@
+//! Memory kinds and the raw views engines work on.
+//!
+//! Engines see a buffer as a [`RawBuf`]: an address, a length and a [`MemKind`]. The safe API
+//! takes anything that implements [`Memory`] (read) or [`MemoryMut`] (write): plain slices and
+//! `Vec`s of [`Plain`] element types here, and the CUDA buffer types (pinned, registered,
+//! mapped, device, managed) in [`crate::engine::cuda`].
+
+/// Where a buffer lives, which decides which engines and which hardware paths can reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    /// Ordinary host memory (may be paged out; a GPU reaches it only through staging).
+    Pageable,
+    /// Page-locked host memory the GPUs can DMA to and from (allocated pinned, or registered).
+    Pinned,
+    /// Page-locked host memory mapped into the GPUs' address space (zero-copy).
+    Mapped,
+    /// Memory on one GPU.
+    Device {
+        /// The GPU's ordinal.
+        ordinal: u32,
+    },
+    /// CUDA managed (unified) memory, migrated on demand.
+    Managed,
+}
+
+impl MemKind {
+    /// True for memory the CPU can read and write directly.
+    pub fn host_accessible(self) -> bool {
+        !matches!(self, MemKind::Device { .. })
+    }
+}
+
+/// A raw view of a buffer: address, length in bytes, kind. Plain data; holding one grants
+/// nothing: the safe API ties it to a borrow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawBuf {
+    /// Address of the first byte (a host pointer, or a CUDA device pointer).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// Where it lives.
+    pub kind: MemKind,
+}
+
+impl RawBuf {
+    /// A raw view of host memory.
+    pub fn host(ptr: *const u8, len: usize, kind: MemKind) -> RawBuf {
+        RawBuf { addr: ptr as u64, len, kind }
+    }
+    /// The address range the buffer spans.
+    pub fn range(&self) -> std::ops::Range<u64> {
+        self.addr..self.addr + self.len as u64
+    }
+}
+
+/// Memory an engine may read.
+///
+/// # Safety
+/// Implementors guarantee that
+/// 1. [`Memory::raw`] describes memory valid for reads of `len` bytes for as long as `self` is
+///    borrowed, and
+/// 2. its `kind` is true (host-accessible kinds are addressable by the CPU at `addr`).
+pub unsafe trait Memory {
+    /// The raw view.
+    fn raw(&self) -> RawBuf;
+}
+
+/// Memory an engine may write.
+///
+/// # Safety
+/// As [`Memory`], and [`MemoryMut::raw_mut`] describes memory valid for writes, not aliased
+/// by any other live reference while `self` is mutably borrowed.
+pub unsafe trait MemoryMut: Memory {
+    /// The raw view, for writing.
+    fn raw_mut(&mut self) -> RawBuf;
+}
+
+/// Element types whose every bit pattern is valid and which have no padding, so that bytes
+/// copied into them make a valid value.
+///
+/// # Safety
+/// Implement only for such types.
+pub unsafe trait Plain: Copy + Send + Sync + 'static {}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(
+        // SAFETY: primitive numeric types: no padding, every bit pattern valid.
+        unsafe impl Plain for $t {}
+    )* };
+}
+plain!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
+// SAFETY: arrays of plain types are plain (no padding between elements).
+unsafe impl<T: Plain, const N: usize> Plain for [T; N] {}
+
+// SAFETY: a shared slice is valid for reads of its bytes while borrowed; ordinary heap or stack
+// memory is pageable host memory.
+unsafe impl<T: Plain> Memory for [T] {
+    fn raw(&self) -> RawBuf {
+        RawBuf::host(self.as_ptr().cast(), std::mem::size_of_val(self), MemKind::Pageable)
+    }
+}
+// SAFETY: a mutable slice is valid for writes and unaliased while mutably borrowed.
+unsafe impl<T: Plain> MemoryMut for [T] {
+    fn raw_mut(&mut self) -> RawBuf {
+        RawBuf::host(self.as_mut_ptr().cast(), std::mem::size_of_val(self), MemKind::Pageable)
+    }
+}
+// SAFETY: as for slices: a Vec's buffer does not move while the Vec is borrowed.
+unsafe impl<T: Plain> Memory for Vec<T> {
+    fn raw(&self) -> RawBuf {
+        self.as_slice().raw()
+    }
+}
+// SAFETY: as for slices.
+unsafe impl<T: Plain> MemoryMut for Vec<T> {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.as_mut_slice().raw_mut()
+    }
+}
+// SAFETY: as for slices.
+unsafe impl<T: Plain, const N: usize> Memory for [T; N] {
+    fn raw(&self) -> RawBuf {
+        self.as_slice().raw()
+    }
+}
+// SAFETY: as for slices.
+unsafe impl<T: Plain, const N: usize> MemoryMut for [T; N] {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.as_mut_slice().raw_mut()
+    }
+}
+// SAFETY: forwards to the referent, borrowed for at least as long.
+unsafe impl<M: Memory + ?Sized> Memory for &M {
+    fn raw(&self) -> RawBuf {
+        (**self).raw()
+    }
+}
+// SAFETY: forwards to the referent, borrowed for at least as long.
+unsafe impl<M: Memory + ?Sized> Memory for &mut M {
+    fn raw(&self) -> RawBuf {
+        (**self).raw()
+    }
+}
+// SAFETY: forwards to the referent, mutably borrowed for at least as long.
+unsafe impl<M: MemoryMut + ?Sized> MemoryMut for &mut M {
+    fn raw_mut(&mut self) -> RawBuf {
+        (**self).raw_mut()
+    }
+}

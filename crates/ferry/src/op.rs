@@ -1,0 +1,207 @@
+//! Operators: what a request does, lowered to engine-independent steps.
+//!
+//! AML's copy operators are untyped functions that differ per backend. ferry's are typed and
+//! portable: an [`Operator`] writes a [`Program`] of [`Step`]s (planned copies and fills)
+//! relative to the request's destination and source buffers; every engine runs every program.
+//! The program checks each step against the buffers' lengths, so an operator written in safe
+//! Rust cannot reach outside them.
+//!
+//! Built-ins: [`Op::Copy`] (layout copy; a flat memcpy is a copy of two 1-D layouts) and
+//! [`Op::Fill`]. A custom operator:
+//!
+//! ```
+//! use ferry::{Layout, Operator, Program, OpError};
+//! /// Copies the diagonal of an n x n f32 matrix into a vector.
+//! struct Diagonal(usize);
+//! impl Operator for Diagonal {
+//!     fn name(&self) -> &str { "diagonal" }
+//!     fn lower(&self, prog: &mut Program) -> Result<(), OpError> {
+//!         let n = self.0;
+//!         let diag = Layout::new(&[n], &[(n + 1) * 4], 4)?;
+//!         prog.copy(&Layout::contiguous(&[n], 4)?, &diag)
+//!     }
+//! }
+//! ```
+
+use crate::layout::{Layout, LayoutError};
+use crate::plan::{Plan, PlanError};
+use thiserror::Error;
+
+/// Why an operator could not build its program.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum OpError {
+    /// A layout was invalid or outside its buffer.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// Two layouts could not be copied into each other.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// A copy step needs a source buffer and the request has none.
+    #[error("this request has no source buffer")]
+    NoSource,
+    /// A fill pattern whose length is not the element size.
+    #[error("fill pattern of {pattern} bytes for elements of {elem} bytes")]
+    PatternSize {
+        /// Pattern length.
+        pattern: usize,
+        /// Element size.
+        elem: usize,
+    },
+    /// The operator's own failure.
+    #[error("{0}")]
+    Custom(String),
+}
+
+/// One engine-independent step, in byte offsets of the request's buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Copy the plan's runs from the source buffer to the destination buffer.
+    Copy(Plan),
+    /// Write `pattern` (one element) at each element of the plan's destination runs.
+    Fill {
+        /// Destination runs (source side unused).
+        plan: Plan,
+        /// One element's bytes.
+        pattern: Box<[u8]>,
+    },
+}
+
+/// The steps of one request, checked against its buffers as they are added.
+#[derive(Debug)]
+pub struct Program {
+    dst_len: usize,
+    src_len: Option<usize>,
+    steps: Vec<Step>,
+}
+
+impl Program {
+    /// An empty program over a destination of `dst_len` bytes and an optional source.
+    pub fn new(dst_len: usize, src_len: Option<usize>) -> Program {
+        Program { dst_len, src_len, steps: Vec::new() }
+    }
+    /// Adds a copy from `src` (in the source buffer) to `dst` (in the destination buffer).
+    pub fn copy(&mut self, dst: &Layout, src: &Layout) -> Result<(), OpError> {
+        let src_len = self.src_len.ok_or(OpError::NoSource)?;
+        dst.check_buffer(self.dst_len)?;
+        src.check_buffer(src_len)?;
+        self.steps.push(Step::Copy(Plan::new(dst, src)?));
+        Ok(())
+    }
+    /// Adds a fill of every element of `dst` with `pattern` (`pattern.len()` = element size).
+    pub fn fill(&mut self, dst: &Layout, pattern: &[u8]) -> Result<(), OpError> {
+        if pattern.len() != dst.elem_size() {
+            return Err(OpError::PatternSize { pattern: pattern.len(), elem: dst.elem_size() });
+        }
+        dst.check_buffer(self.dst_len)?;
+        self.steps.push(Step::Fill { plan: Plan::fill(dst)?, pattern: pattern.into() });
+        Ok(())
+    }
+    /// The steps so far.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+    /// Takes the steps out.
+    pub fn into_steps(self) -> Vec<Step> {
+        self.steps
+    }
+    /// Bytes the program writes.
+    pub fn total_bytes(&self) -> usize {
+        self.steps
+            .iter()
+            .map(|s| match s {
+                Step::Copy(p) | Step::Fill { plan: p, .. } => p.total_bytes(),
+            })
+            .sum()
+    }
+}
+
+/// A custom operator: builds the program of a request. Portable across engines.
+///
+/// `lower` runs once per request, on a thread of the engine's choosing (the CPU engine runs it
+/// on a worker, the CUDA engine on the submitting thread). An error or a panic fails only that
+/// request.
+pub trait Operator: Send + Sync + 'static {
+    /// A short name for error messages.
+    fn name(&self) -> &str {
+        "custom"
+    }
+    /// Adds the request's steps to `prog`.
+    fn lower(&self, prog: &mut Program) -> Result<(), OpError>;
+}
+
+/// What a request does.
+#[derive(Clone)]
+pub enum Op {
+    /// Copy every element of the source layout to the destination layout.
+    Copy {
+        /// Destination layout (in the destination buffer).
+        dst: Layout,
+        /// Source layout (in the source buffer).
+        src: Layout,
+    },
+    /// Write `pattern` into every element of the layout.
+    Fill {
+        /// Destination layout.
+        dst: Layout,
+        /// One element's bytes.
+        pattern: Box<[u8]>,
+    },
+    /// A custom operator.
+    Custom(std::sync::Arc<dyn Operator>),
+}
+
+impl std::fmt::Debug for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Copy { dst, src } => f.debug_struct("Copy").field("dst", dst).field("src", src).finish(),
+            Op::Fill { dst, pattern } => f.debug_struct("Fill").field("dst", dst).field("pattern", pattern).finish(),
+            Op::Custom(o) => write!(f, "Custom({})", o.name()),
+        }
+    }
+}
+
+impl Op {
+    /// The operator's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Op::Copy { .. } => "copy",
+            Op::Fill { .. } => "fill",
+            Op::Custom(o) => o.name(),
+        }
+    }
+    /// True for the built-ins, whose programs are built (and checked) at submit.
+    pub fn is_builtin(&self) -> bool {
+        !matches!(self, Op::Custom(_))
+    }
+    /// Builds the program for buffers of the given lengths.
+    pub fn lower(&self, dst_len: usize, src_len: Option<usize>) -> Result<Program, OpError> {
+        let mut prog = Program::new(dst_len, src_len);
+        match self {
+            Op::Copy { dst, src } => prog.copy(dst, src)?,
+            Op::Fill { dst, pattern } => prog.fill(dst, pattern)?,
+            Op::Custom(o) => o.lower(&mut prog)?,
+        }
+        Ok(prog)
+    }
+    /// Builds the program, turning a custom operator's error or panic into a request error.
+    pub fn lower_catching(&self, dst_len: usize, src_len: Option<usize>) -> Result<Program, crate::RequestError> {
+        let name = self.name().to_string();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.lower(dst_len, src_len))) {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(crate::RequestError::Operator { op: name, msg: e.to_string() }),
+            Err(panic) => Err(crate::RequestError::Panicked { op: name, msg: panic_message(&panic) }),
+        }
+    }
+}
+
+/// The message of a caught panic.
+pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

@@ -1,0 +1,335 @@
+//! The copy planner: (dst layout, src layout) -> the fewest, largest contiguous runs.
+//!
+//! A [`Plan`] is one contiguous run length (`run` bytes) repeated over up to
+//! [`MAX_DIMS`](crate::layout::MAX_DIMS) outer dims, each with its own destination and source
+//! byte stride. The planner
+//! 1. drops dims of extent 1,
+//! 2. orders dims by destination stride, so that writes are as sequential as they can be
+//!    (copy order is free: the destination never overlaps itself),
+//! 3. merges neighbouring dims that are contiguous in both layouts,
+//! 4. widens the element into the innermost run where both layouts are dense there.
+//!
+//! What is left is a [`PlanKind`]: one 1-D run, a 2-D pitched copy, a 3-D copy, or N-D segments.
+//!
+//! ```
+//! use ferry::{Layout, Plan, PlanKind};
+//! // A 256 x 1024-byte tile out of a 4096-byte-pitched image into a dense buffer.
+//! let src = Layout::pitched(&[1024, 4096], 1, 4096)?.slice(0, 0..256, 1)?.slice(1, 0..1024, 1)?;
+//! let dst = Layout::contiguous(&[256, 1024], 1)?;
+//! let plan = Plan::new(&dst, &src)?;
+//! assert_eq!(plan.kind(), PlanKind::Pitched2D);
+//! assert_eq!(plan.run(), 1024);
+//! assert_eq!(plan.run_count(), 256);
+//! # Ok::<(), ferry::Error>(())
+//! ```
+
+use crate::layout::{Layout, MAX_DIMS};
+use thiserror::Error;
+
+/// Why two layouts cannot be copied into each other.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The layouts have different shapes (dims of extent 1 are ignored).
+    #[error("shape mismatch: destination dims {dst:?}, source dims {src:?}")]
+    ShapeMismatch {
+        /// Destination dims.
+        dst: Vec<usize>,
+        /// Source dims.
+        src: Vec<usize>,
+    },
+    /// The layouts have different element sizes.
+    #[error("element size mismatch: destination {dst} bytes, source {src} bytes")]
+    ElemSizeMismatch {
+        /// Destination element size.
+        dst: usize,
+        /// Source element size.
+        src: usize,
+    },
+    /// Two destination elements may share bytes, so the result would depend on copy order.
+    #[error("destination layout overlaps itself (dims {dims:?}, strides {strides:?})")]
+    DstSelfOverlap {
+        /// Destination dims.
+        dims: Vec<usize>,
+        /// Destination strides.
+        strides: Vec<usize>,
+    },
+    /// Source and destination share bytes of one buffer; ferry does not copy in place.
+    #[error("source bytes {src:?} and destination bytes {dst:?} overlap in one buffer")]
+    Overlap {
+        /// Destination byte range (addresses).
+        dst: std::ops::Range<u64>,
+        /// Source byte range (addresses).
+        src: std::ops::Range<u64>,
+    },
+}
+
+/// The shape of a plan, in the hardware's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PlanKind {
+    /// One contiguous run.
+    Contiguous,
+    /// Rows of `run` bytes at a destination and a source pitch (`cuMemcpy2D`).
+    Pitched2D,
+    /// Planes of rows (`cuMemcpy3D` where the strides allow it).
+    Pitched3D,
+    /// More than three levels: a list of runs walked N-D.
+    Segments,
+}
+
+/// A planned copy: `run` contiguous bytes, repeated over the outer dims. Offsets are in bytes
+/// from the start of each buffer. Plain data; see the [module documentation](self).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Plan {
+    run: usize,
+    dst_offset: usize,
+    src_offset: usize,
+    n: usize,
+    counts: [usize; MAX_DIMS],
+    dst_strides: [usize; MAX_DIMS],
+    src_strides: [usize; MAX_DIMS],
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("kind", &self.kind())
+            .field("run", &self.run)
+            .field("counts", &self.counts())
+            .field("dst_strides", &self.dst_strides())
+            .field("src_strides", &self.src_strides())
+            .field("dst_offset", &self.dst_offset)
+            .field("src_offset", &self.src_offset)
+            .finish()
+    }
+}
+
+impl Plan {
+    /// Plans a copy of every element of `src` to the element of `dst` at the same index.
+    ///
+    /// Errors: [`PlanError::ShapeMismatch`], [`PlanError::ElemSizeMismatch`],
+    /// [`PlanError::DstSelfOverlap`].
+    pub fn new(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
+        if dst.elem_size() != src.elem_size() {
+            return Err(PlanError::ElemSizeMismatch { dst: dst.elem_size(), src: src.elem_size() });
+        }
+        let dd: Vec<usize> = dst.dims().iter().copied().filter(|&d| d != 1).collect();
+        let sd: Vec<usize> = src.dims().iter().copied().filter(|&d| d != 1).collect();
+        if dd != sd {
+            return Err(PlanError::ShapeMismatch { dst: dst.dims().to_vec(), src: src.dims().to_vec() });
+        }
+        if !dst.is_non_overlapping() {
+            return Err(PlanError::DstSelfOverlap { dims: dst.dims().to_vec(), strides: dst.strides().to_vec() });
+        }
+        let pick = |l: &Layout| -> Vec<usize> {
+            l.dims().iter().zip(l.strides()).filter(|(&d, _)| d != 1).map(|(_, &s)| s).collect()
+        };
+        let (ds, ss) = (pick(dst), pick(src));
+        let triples: Vec<(usize, usize, usize)> = (0..dd.len()).map(|i| (dd[i], ds[i], ss[i])).collect();
+        Ok(Plan::build(triples, dst.elem_size(), dst.offset(), src.offset(), true))
+    }
+
+    /// Plans a walk over the elements of one layout (a fill): the source side has stride 0
+    /// everywhere and offset 0, so every run reads the same pattern.
+    pub fn fill(dst: &Layout) -> Result<Plan, PlanError> {
+        if !dst.is_non_overlapping() {
+            return Err(PlanError::DstSelfOverlap { dims: dst.dims().to_vec(), strides: dst.strides().to_vec() });
+        }
+        let triples: Vec<(usize, usize, usize)> =
+            dst.dims().iter().zip(dst.strides()).filter(|(&d, _)| d != 1).map(|(&d, &s)| (d, s, 0)).collect();
+        Ok(Plan::build(triples, dst.elem_size(), dst.offset(), 0, false))
+    }
+
+    /// A single contiguous run of `bytes` bytes.
+    pub fn contiguous(dst_offset: usize, src_offset: usize, bytes: usize) -> Plan {
+        Plan {
+            run: bytes,
+            dst_offset,
+            src_offset,
+            n: 0,
+            counts: [1; MAX_DIMS],
+            dst_strides: [0; MAX_DIMS],
+            src_strides: [0; MAX_DIMS],
+        }
+    }
+
+    fn build(mut t: Vec<(usize, usize, usize)>, elem: usize, dst_offset: usize, src_offset: usize, src_matters: bool) -> Plan {
+        // Outermost first: descending destination stride, then source stride.
+        t.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+        // Merge neighbours contiguous in both.
+        let mut merged: Vec<(usize, usize, usize)> = Vec::with_capacity(t.len());
+        for (d, ds, ss) in t {
+            if let Some(last) = merged.last_mut() {
+                if last.1 == ds * d && (!src_matters || last.2 == ss * d) {
+                    *last = (last.0 * d, ds, ss);
+                    continue;
+                }
+            }
+            merged.push((d, ds, ss));
+        }
+        // Widen the element into the innermost run.
+        let mut run = elem;
+        if let Some(&(d, ds, ss)) = merged.last() {
+            if ds == elem && (!src_matters || ss == elem) {
+                run = elem * d;
+                merged.pop();
+            }
+        }
+        let mut p = Plan::contiguous(dst_offset, src_offset, run);
+        p.n = merged.len();
+        for (i, (d, ds, ss)) in merged.into_iter().enumerate() {
+            p.counts[i] = d;
+            p.dst_strides[i] = ds;
+            p.src_strides[i] = if src_matters { ss } else { 0 };
+        }
+        p
+    }
+
+    /// The plan's shape in hardware terms.
+    pub fn kind(&self) -> PlanKind {
+        match self.n {
+            0 => PlanKind::Contiguous,
+            1 => PlanKind::Pitched2D,
+            2 => PlanKind::Pitched3D,
+            _ => PlanKind::Segments,
+        }
+    }
+    /// Bytes in each contiguous run.
+    pub fn run(&self) -> usize {
+        self.run
+    }
+    /// Byte offset of the first run in the destination buffer.
+    pub fn dst_offset(&self) -> usize {
+        self.dst_offset
+    }
+    /// Byte offset of the first run in the source buffer.
+    pub fn src_offset(&self) -> usize {
+        self.src_offset
+    }
+    /// Extent of each outer dim, outermost first (empty for a contiguous plan).
+    pub fn counts(&self) -> &[usize] {
+        &self.counts[..self.n]
+    }
+    /// Destination byte stride of each outer dim, outermost first.
+    pub fn dst_strides(&self) -> &[usize] {
+        &self.dst_strides[..self.n]
+    }
+    /// Source byte stride of each outer dim, outermost first.
+    pub fn src_strides(&self) -> &[usize] {
+        &self.src_strides[..self.n]
+    }
+    /// Number of contiguous runs.
+    pub fn run_count(&self) -> usize {
+        self.counts().iter().product()
+    }
+    /// Bytes copied.
+    pub fn total_bytes(&self) -> usize {
+        self.run * self.run_count()
+    }
+    /// One past the last destination byte written, from the buffer start.
+    pub fn dst_end(&self) -> usize {
+        self.dst_offset + self.run + self.counts().iter().zip(self.dst_strides()).map(|(&c, &s)| (c - 1) * s).sum::<usize>()
+    }
+    /// One past the last source byte read, from the buffer start.
+    pub fn src_end(&self) -> usize {
+        self.src_offset + self.run + self.counts().iter().zip(self.src_strides()).map(|(&c, &s)| (c - 1) * s).sum::<usize>()
+    }
+
+    /// Calls `f(dst_offset, src_offset)` for each run, in order.
+    pub fn for_each_run(&self, mut f: impl FnMut(usize, usize)) {
+        let n = self.n;
+        if n == 0 {
+            f(self.dst_offset, self.src_offset);
+            return;
+        }
+        let inner_c = self.counts[n - 1];
+        let (ids, iss) = (self.dst_strides[n - 1], self.src_strides[n - 1]);
+        let mut idx = [0usize; MAX_DIMS];
+        let (mut d, mut s) = (self.dst_offset, self.src_offset);
+        loop {
+            let (mut dd, mut ss) = (d, s);
+            for _ in 0..inner_c {
+                f(dd, ss);
+                dd += ids;
+                ss += iss;
+            }
+            // Odometer over the dims outside the innermost outer dim.
+            let mut axis = n - 1;
+            loop {
+                if axis == 0 {
+                    return;
+                }
+                axis -= 1;
+                idx[axis] += 1;
+                d += self.dst_strides[axis];
+                s += self.src_strides[axis];
+                if idx[axis] < self.counts[axis] {
+                    break;
+                }
+                d -= self.dst_strides[axis] * self.counts[axis];
+                s -= self.src_strides[axis] * self.counts[axis];
+                idx[axis] = 0;
+            }
+        }
+    }
+
+    /// Splits the plan into at most `parts` plans that together cover the same runs, each of
+    /// at least `min_bytes` where possible. Splits the outermost dim, or the run itself for a
+    /// contiguous plan (at multiples of `align` bytes).
+    pub fn split(&self, parts: usize, min_bytes: usize, align: usize) -> Vec<Plan> {
+        let total = self.total_bytes();
+        let align = align.max(1);
+        let parts = parts.max(1).min((total / min_bytes.max(1)).max(1));
+        if parts == 1 {
+            return vec![*self];
+        }
+        let mut out = Vec::with_capacity(parts);
+        if self.n == 0 {
+            let piece = total.div_ceil(parts).div_ceil(align) * align;
+            let mut at = 0;
+            while at < total {
+                let len = piece.min(total - at);
+                out.push(Plan::contiguous(self.dst_offset + at, self.src_offset + at, len));
+                at += len;
+            }
+            return out;
+        }
+        let c = self.counts[0];
+        let parts = parts.min(c);
+        let mut at = 0;
+        for k in 0..parts {
+            let len = c / parts + usize::from(k < c % parts);
+            let mut p = *self;
+            p.counts[0] = len;
+            p.dst_offset += at * self.dst_strides[0];
+            p.src_offset += at * self.src_strides[0];
+            if len == 1 {
+                p = p.drop_outermost();
+            }
+            out.push(p);
+            at += len;
+        }
+        out
+    }
+
+    /// Removes an outermost dim of extent 1.
+    fn drop_outermost(mut self) -> Plan {
+        for i in 1..self.n {
+            self.counts[i - 1] = self.counts[i];
+            self.dst_strides[i - 1] = self.dst_strides[i];
+            self.src_strides[i - 1] = self.src_strides[i];
+        }
+        self.n -= 1;
+        self
+    }
+
+    /// The same plan with both offsets moved by the given bytes.
+    pub fn offset_by(mut self, dst: usize, src: usize) -> Plan {
+        self.dst_offset += dst;
+        self.src_offset += src;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,377 @@
+//! Requests: the handle a submitted copy returns, with `wait`, a non-blocking poll, and
+//! [`std::future::Future`].
+//!
+//! Lifecycle (as in Linux dmaengine): *prepare* (the engine validates the job; never blocks)
+//! -> *submit* (the engine owns the work) -> *complete* (each request completes on its own,
+//! with its own result). [`Request::wait`] blocks the calling thread; [`Request::try_wait`]
+//! and polling the future never block.
+//!
+//! Dropping a request does not cancel or wait for its work: the engine finishes it and, if it
+//! failed, the error is reported by the next barrier. The safe APIs that hand buffers to
+//! engines ([`Scope`](crate::Scope), [`Transfer`](crate::Transfer)) wait before the buffers
+//! can be touched again.
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use thiserror::Error;
+
+/// Why one request failed. Other requests are not affected.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// A custom operator returned an error.
+    #[error("operator `{op}` failed: {msg}")]
+    Operator {
+        /// The operator's name.
+        op: String,
+        /// Its message.
+        msg: String,
+    },
+    /// A custom operator (or other user code run by the engine) panicked. The engine stays
+    /// usable.
+    #[error("operator `{op}` panicked: {msg}")]
+    Panicked {
+        /// The operator's name.
+        op: String,
+        /// The panic message.
+        msg: String,
+    },
+    /// A driver call failed; the driver's own error string is kept.
+    #[error("{call} failed: {msg}")]
+    Driver {
+        /// The driver call.
+        call: &'static str,
+        /// The driver's error string.
+        msg: String,
+    },
+    /// A request this one depends on failed, so this one did not run.
+    #[error("dependency failed: {0}")]
+    Dependency(Box<RequestError>),
+    /// The engine shut down or lost the worker before the request ran.
+    #[error("engine stopped before the request completed: {0}")]
+    Aborted(String),
+    /// File I/O failed.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+/// How an engine reports completion. Engines implement this; users see [`Request`].
+pub trait Completion: Send + Sync + 'static {
+    /// Blocks until the work is done and returns its result.
+    fn wait(&self) -> Result<(), RequestError>;
+    /// Returns the result if the work is done, without blocking.
+    fn poll_done(&self) -> Option<Result<(), RequestError>>;
+    /// Arranges for `waker` to be woken once the work is done (may wake at once).
+    fn register_waker(&self, waker: &Waker);
+    /// For engines that recognise their own completions (event dependencies).
+    fn as_any(&self) -> &dyn Any;
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct Shared {
+    completion: Box<dyn Completion>,
+    observed: AtomicBool,
+    id: u64,
+}
+
+/// A submitted copy. Wait on it, poll it, or `.await` it (any executor).
+///
+/// ```
+/// use ferry::{CpuEngine, Engine, EngineExt};
+/// let engine = CpuEngine::new(2)?;
+/// let src = vec![7u8; 1 << 20];
+/// let mut dst = vec![0u8; 1 << 20];
+/// engine.scope(|s| {
+///     let req = s.memcpy(&mut dst, &src)?;
+///     req.wait()?; // or: futures::executor::block_on(req)
+///     Ok::<(), ferry::Error>(())
+/// })??;
+/// assert_eq!(dst, src);
+/// # Ok::<(), ferry::Error>(())
+/// ```
+#[must_use = "a request that is dropped still runs; wait on it to see its result"]
+pub struct Request {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("id", &self.shared.id).finish()
+    }
+}
+
+impl Request {
+    /// Wraps an engine's completion. Engine implementations call this.
+    pub fn new(completion: impl Completion) -> Request {
+        Request {
+            shared: Arc::new(Shared {
+                completion: Box::new(completion),
+                observed: AtomicBool::new(false),
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            }),
+        }
+    }
+
+    /// A request that has already completed with `result`.
+    pub fn ready(result: Result<(), RequestError>) -> Request {
+        let s = Signal::new();
+        s.complete(result);
+        Request::new(s)
+    }
+
+    /// A number unique to this request in the process.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Blocks until the request completes; returns its own result. May block.
+    pub fn wait(self) -> Result<(), RequestError> {
+        self.shared.observed.store(true, Ordering::Release);
+        self.shared.completion.wait()
+    }
+
+    /// Returns `Some(result)` once complete, `None` while in flight. Never blocks. Once it has
+    /// returned `Some`, the barrier no longer reports this request's error.
+    pub fn try_wait(&mut self) -> Option<Result<(), RequestError>> {
+        let r = self.shared.completion.poll_done();
+        if r.is_some() {
+            self.shared.observed.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// True once the request has completed (successfully or not). Never blocks.
+    pub fn is_done(&self) -> bool {
+        self.shared.completion.poll_done().is_some()
+    }
+
+    /// The engine's completion object (for engines that chain their own requests).
+    pub fn completion(&self) -> &dyn Completion {
+        &*self.shared.completion
+    }
+
+    /// A second handle to the same request, for engines' and scopes' bookkeeping.
+    pub(crate) fn share(&self) -> Request {
+        Request { shared: Arc::clone(&self.shared) }
+    }
+
+    /// Waits without marking the result observed (a later barrier still reports a failure).
+    pub(crate) fn settle_keep(&self) -> Result<(), RequestError> {
+        self.shared.completion.wait()
+    }
+
+    /// Waits and returns the error only if nobody has observed it yet.
+    pub(crate) fn settle(&self) -> Result<(), RequestError> {
+        let r = self.shared.completion.wait();
+        if self.shared.observed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        r
+    }
+}
+
+impl Future for Request {
+    type Output = Result<(), RequestError>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(r) = this.try_wait() {
+            return Poll::Ready(r);
+        }
+        this.shared.completion.register_waker(cx.waker());
+        // Completion may have raced the registration.
+        match this.try_wait() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// Every failure a barrier saw, one entry per failed request.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{} request(s) failed: {}", failures.len(), summary(failures))]
+pub struct BarrierError {
+    /// (request id, its error) for each failed request not already observed.
+    pub failures: Vec<(u64, RequestError)>,
+}
+
+fn summary(f: &[(u64, RequestError)]) -> String {
+    f.iter().map(|(id, e)| format!("#{id}: {e}")).collect::<Vec<_>>().join("; ")
+}
+
+/// The requests an engine (or a scope) has in flight, for barriers.
+#[derive(Default)]
+pub struct InFlight {
+    list: Mutex<Vec<Request>>,
+}
+
+impl InFlight {
+    /// An empty set.
+    pub fn new() -> InFlight {
+        InFlight::default()
+    }
+    /// Tracks `req` until the next barrier. Completed, observed requests are pruned here.
+    pub fn track(&self, req: &Request) {
+        let mut l = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        if l.len() >= 64 && l.len().is_power_of_two() {
+            l.retain(|r| !(r.is_done() && r.shared.observed.load(Ordering::Acquire)));
+        }
+        l.push(req.share());
+    }
+    /// Waits for every tracked request and reports every unobserved failure. May block.
+    pub fn barrier(&self) -> Result<(), BarrierError> {
+        let taken = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
+        let failures: Vec<(u64, RequestError)> =
+            taken.iter().filter_map(|r| r.settle().err().map(|e| (r.id(), e))).collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(BarrierError { failures })
+        }
+    }
+    /// Number of requests tracked (completed or not).
+    pub fn len(&self) -> usize {
+        self.list.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+    /// True when nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A completion signalled from host code: a mutex, a condvar and the wakers to wake.
+/// Engines whose work finishes on host threads (the CPU engine, joins) use it.
+pub struct Signal {
+    state: Mutex<SignalState>,
+    cond: Condvar,
+}
+
+#[derive(Default)]
+struct SignalState {
+    result: Option<Result<(), RequestError>>,
+    wakers: Vec<Waker>,
+}
+
+impl Default for Signal {
+    fn default() -> Self {
+        Signal::new()
+    }
+}
+
+impl Signal {
+    /// A signal not yet completed.
+    pub fn new() -> Signal {
+        Signal { state: Mutex::new(SignalState::default()), cond: Condvar::new() }
+    }
+    /// Completes the signal (the first result wins) and wakes every waiter.
+    pub fn complete(&self, result: Result<(), RequestError>) {
+        let wakers = {
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.result.is_some() {
+                return;
+            }
+            st.result = Some(result);
+            std::mem::take(&mut st.wakers)
+        };
+        self.cond.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+impl Completion for Signal {
+    fn wait(&self) -> Result<(), RequestError> {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(r) = &st.result {
+                return r.clone();
+            }
+            st = self.cond.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).result.clone()
+    }
+    fn register_waker(&self, waker: &Waker) {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if st.result.is_some() {
+            drop(st);
+            waker.wake_by_ref();
+        } else if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+            st.wakers.push(waker.clone());
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Completion for Arc<Signal> {
+    fn wait(&self) -> Result<(), RequestError> {
+        (**self).wait()
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        (**self).poll_done()
+    }
+    fn register_waker(&self, waker: &Waker) {
+        (**self).register_waker(waker)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A completion made of several parts (a copy split across engines): done when every part is
+/// done, failed with the first part's error.
+pub struct Join {
+    parts: Vec<Request>,
+}
+
+impl Join {
+    /// Joins `parts` into one completion.
+    pub fn new(parts: Vec<Request>) -> Join {
+        Join { parts }
+    }
+}
+
+impl Completion for Join {
+    fn wait(&self) -> Result<(), RequestError> {
+        let mut first = Ok(());
+        for p in &self.parts {
+            let r = p.shared.completion.wait();
+            p.shared.observed.store(true, Ordering::Release);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        let mut first = Ok(());
+        for p in &self.parts {
+            let r = p.shared.completion.poll_done()?;
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        for p in &self.parts {
+            p.shared.observed.store(true, Ordering::Release);
+        }
+        Some(first)
+    }
+    fn register_waker(&self, waker: &Waker) {
+        // Wake on the first part not yet done; the future re-polls and re-registers.
+        match self.parts.iter().find(|p| p.shared.completion.poll_done().is_none()) {
+            Some(p) => p.shared.completion.register_waker(waker),
+            None => waker.wake_by_ref(),
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
