@@ -9,6 +9,7 @@
 //! wrappers in [`EngineExt`] (scoped borrows, or owned buffers handed back on completion).
 
 pub mod cpu;
+pub mod cuda;
 pub mod multiplex;
 
 use crate::memory::{MemKind, RawBuf};

@@ -1,0 +1,1 @@
+//! The CUDA engine (cudarc, loaded at run time). Placeholder until the CUDA engine lands.
