@@ -1,4 +1,5 @@
 //! Shared by the integration tests: where cargo put the static library, and the C toolchain.
+#![allow(dead_code)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
