@@ -7,7 +7,8 @@ mod support;
 use std::path::PathBuf;
 use std::process::Command;
 
-fn build() -> Option<PathBuf> {
+/// Compiles the example into a directory of its own (`tag`: tests run in parallel).
+fn build(tag: &str) -> Option<PathBuf> {
     let Some(cc) = support::c_compiler() else {
         println!("skipped: no C compiler (set CC or install cc)");
         return None;
@@ -15,7 +16,7 @@ fn build() -> Option<PathBuf> {
     let root = support::repo_root();
     let lib = support::staticlib();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("c_program-{}", std::process::id()));
+        .join(format!("c_program-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create temp dir");
     let exe = dir.join("copy_tile");
     let out = Command::new(&cc)
@@ -40,7 +41,7 @@ fn build() -> Option<PathBuf> {
 
 #[test]
 fn copy_tile_runs_and_checks_every_byte() {
-    let Some(exe) = build() else { return };
+    let Some(exe) = build("run") else { return };
     let out = Command::new(&exe).output().expect("run copy_tile");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -74,7 +75,7 @@ fn copy_tile_is_clean_under_valgrind() {
         println!("skipped: valgrind not installed");
         return;
     }
-    let Some(exe) = build() else { return };
+    let Some(exe) = build("valgrind") else { return };
     let out = Command::new("valgrind")
         .args([
             "--quiet",
