@@ -186,15 +186,18 @@ typedef int (*ferry_lower_fn)(ferry_program *prog, const ferry_layout *dst,
 typedef struct ferry_operator {
     const char *name;                /* for error messages (copied); NULL: "custom" */
     ferry_lower_fn lower;            /* required */
-    void (*destroy)(void *user_data); /* optional; called once, when the operator is
-                                        destroyed and no request uses it any more */
+    void (*destroy)(void *user_data); /* optional; called once, after the operator is
+                                        destroyed and the engines dropped every request's
+                                        reference to it: shortly after the last request
+                                        completes, possibly on an engine thread */
     void *user_data;                 /* passed to lower and destroy; valid until destroy */
 } ferry_operator;
 
 /* Creates a user operator. -FERRY_EINVAL: NULL out/table/table->lower, name not UTF-8. */
 int ferry_operator_create(ferry_op **out, const ferry_operator *table);
 
-/* Destroys a user operator, sets *op = NULL. Requests already created keep it alive.
+/* Destroys a user operator, sets *op = NULL. Requests already created keep it alive (its
+ * destroy callback runs after the last of them, see ferry_operator.destroy).
  * NULL *op: no-op. A built-in: -FERRY_EINVAL. */
 int ferry_operator_destroy(ferry_op **op);
 

@@ -77,8 +77,9 @@ pub struct FerryOperator {
     /// Adds the request's steps with `ferry_program_copy`/`ferry_program_fill`; returns
     /// `FERRY_SUCCESS` or a negative code, which fails the request.
     pub lower: FerryLowerFn,
-    /// Called once with `user_data` when the operator is destroyed and no request uses it any
-    /// more (may be NULL).
+    /// Called once with `user_data` after the operator is destroyed and the engines have
+    /// dropped every request's reference to it: shortly after the last request completes,
+    /// possibly on an engine thread (may be NULL).
     pub destroy: Option<unsafe extern "C" fn(user_data: *mut c_void)>,
     /// Passed to `lower` and `destroy`.
     pub user_data: *mut c_void,

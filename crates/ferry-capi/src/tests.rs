@@ -842,6 +842,12 @@ fn user_operators() {
     assert_eq!(unsafe { ferry_operator_destroy(&mut d) }, 0);
     assert!(d.is_null());
     assert_eq!(wait(dma, &mut r), 0, "{}", last());
+    // The engine drops its reference to the operator just after completing the request, on
+    // its own thread: wait for that (bounded).
+    let t = std::time::Instant::now();
+    while DESTROYED.load(Ordering::SeqCst) == 0 && t.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     assert_eq!(
         DESTROYED.load(Ordering::SeqCst),
         1,
@@ -1046,4 +1052,81 @@ fn strerror_and_panics() {
     std::thread::spawn(|| assert_eq!(last(), ""))
         .join()
         .unwrap();
+}
+
+#[test]
+fn wait_waits_for_that_request_only() {
+    let dma = cpu(1);
+    let big = vec![1u8; 256 << 20];
+    let mut big_dst = vec![0u8; 256 << 20];
+    let small = vec![2u8; 4096];
+    let mut small_dst = vec![0u8; 4096];
+    let (rc, big_req) = submit(
+        dma,
+        &mut big_dst,
+        null(),
+        &big,
+        null(),
+        &ferry_op_memcpy,
+        null_mut(),
+    );
+    assert_eq!(rc, 0);
+    let (rc, mut small_req) = submit(
+        dma,
+        &mut small_dst,
+        null(),
+        &small,
+        null(),
+        &ferry_op_memcpy,
+        null_mut(),
+    );
+    assert_eq!(rc, 0);
+    assert_eq!(wait(dma, &mut small_req), 0);
+    assert_eq!(small_dst, small);
+    let mut done = -1;
+    // SAFETY: live handles.
+    assert_eq!(unsafe { ferry_request_test(dma, big_req, &mut done) }, 0);
+    assert_eq!(
+        done, 0,
+        "the 256 MiB copy must still be in flight after waiting for the 4 KiB one"
+    );
+    let mut big_req = big_req;
+    assert_eq!(wait(dma, &mut big_req), 0);
+    assert!(big_dst.iter().all(|&b| b == 1));
+    destroy(dma);
+}
+
+#[test]
+fn one_dma_from_many_threads() {
+    struct Dma(*mut FerryDma);
+    // SAFETY: a ferry_dma may be used from several threads at once (the header's contract).
+    unsafe impl Sync for Dma {}
+    let dma = Dma(cpu(2));
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let dma = &dma;
+            s.spawn(move || {
+                for i in 0..200usize {
+                    let len = 1 + (i * 997) % 200_000;
+                    let src = vec![t ^ i as u8; len];
+                    let mut dst = vec![0u8; len];
+                    let (rc, mut r) = submit(
+                        dma.0,
+                        &mut dst,
+                        null(),
+                        &src,
+                        null(),
+                        &ferry_op_memcpy,
+                        null_mut(),
+                    );
+                    assert_eq!(rc, 0);
+                    assert_eq!(wait(dma.0, &mut r), 0);
+                    assert_eq!(dst, src);
+                }
+            });
+        }
+    });
+    // SAFETY: a live dma.
+    assert_eq!(unsafe { ferry_dma_barrier(dma.0) }, 0);
+    assert_eq!(destroy(dma.0), 0);
 }
