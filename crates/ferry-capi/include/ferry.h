@@ -178,7 +178,9 @@ typedef struct ferry_program ferry_program;
  * FERRY_SUCCESS, or a negative code to fail the request (reported by wait/test/barrier, with
  * the text of the last failed ferry_program_* call). dst/src are the request's layouts
  * (either may be NULL if the request was created without it). Runs on an engine thread,
- * possibly concurrently for different requests; must not longjmp or throw. */
+ * possibly concurrently for different requests; must not longjmp or throw. May run more than
+ * once for one request (the multiplex engine lowers once at submit, on the caller's thread,
+ * to size the request): it must build the same steps each time. */
 typedef int (*ferry_lower_fn)(ferry_program *prog, const ferry_layout *dst,
                               const ferry_layout *src, void *op_arg, void *user_data);
 

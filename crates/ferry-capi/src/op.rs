@@ -75,7 +75,9 @@ pub struct FerryOperator {
     /// A short name for error messages (NUL-terminated; NULL: `"custom"`). Copied.
     pub name: *const c_char,
     /// Adds the request's steps with `ferry_program_copy`/`ferry_program_fill`; returns
-    /// `FERRY_SUCCESS` or a negative code, which fails the request.
+    /// `FERRY_SUCCESS` or a negative code, which fails the request. May run more than once
+    /// for one request (the multiplex engine lowers at submit to size it) and must build the
+    /// same steps each time.
     pub lower: FerryLowerFn,
     /// Called once with `user_data` after the operator is destroyed and the engines have
     /// dropped every request's reference to it: shortly after the last request completes,

@@ -1130,3 +1130,52 @@ fn one_dma_from_many_threads() {
     assert_eq!(unsafe { ferry_dma_barrier(dma.0) }, 0);
     assert_eq!(destroy(dma.0), 0);
 }
+
+static LOWERED: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn lower_counting(
+    prog: *mut FerryProgram,
+    dst: *const FerryLayout,
+    src: *const FerryLayout,
+    _: *mut c_void,
+    _: *mut c_void,
+) -> c_int {
+    LOWERED.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: live program and layouts.
+    unsafe { ferry_program_copy(prog, dst, src) }
+}
+
+#[test]
+fn lower_may_run_more_than_once_per_request() {
+    let mut parts = [cpu(1), cpu(1)];
+    let mut mux = null_mut();
+    // SAFETY: valid pointers.
+    assert_eq!(
+        unsafe { ferry_dma_multiplex_create(&mut mux, parts.as_mut_ptr(), null(), 2, 0) },
+        0
+    );
+    let op = operator(c"counting", Some(lower_counting), false);
+    let l = dense(&[64], 1);
+    let src = vec![4u8; 64];
+    let mut dst = vec![0u8; 64];
+    let (rc, mut r) = submit(mux, &mut dst, l, &src, l, op, null_mut());
+    assert_eq!(rc, 0, "{}", last());
+    assert_eq!(wait(mux, &mut r), 0);
+    assert_eq!(dst, src);
+    // The multiplex engine lowers once at submit to size the request for routing, and the
+    // chosen engine lowers again to run it: the header tells operators to expect this.
+    assert!(
+        (1..=2).contains(&LOWERED.load(Ordering::SeqCst)),
+        "{}",
+        LOWERED.load(Ordering::SeqCst)
+    );
+    println!(
+        "lower ran {} time(s) for one request on a multiplex engine",
+        LOWERED.load(Ordering::SeqCst)
+    );
+    let mut o = op;
+    // SAFETY: live handles.
+    unsafe { assert_eq!(ferry_operator_destroy(&mut o), 0) };
+    destroy(mux);
+    free_layouts(&mut [l]);
+}
