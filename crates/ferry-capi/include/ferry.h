@@ -1,0 +1,281 @@
+/*
+ * ferry.h - C interface of ferry, shaped like AML's DMA API (aml_dma_*).
+ *
+ * Hand-written; crates/ferry-capi/tests/header.rs checks that it declares exactly the
+ * functions and objects the library exports. Link: -lferry_capi (static: also
+ * -lpthread -ldl -lm -lrt -lgcc_s -lc).
+ *
+ * Model (as AML): a dma (engine) creates requests from a destination buffer, a source buffer,
+ * two layouts and an operator; requests are waited, polled or destroyed one by one, and a
+ * barrier waits for everything submitted to a dma.
+ *
+ * Conventions
+ * - Every function returns FERRY_SUCCESS (0) or a negative error code -FERRY_E*, except
+ *   ferry_dma_barrier / ferry_dma_destroy (count of failed requests, >= 0, or a negative
+ *   code) and the two string functions. Every argument is checked in every build: NULL
+ *   pointers and bad values give -FERRY_EINVAL, never a crash. On failure nothing is created
+ *   and out-parameters are left unchanged.
+ * - ferry_last_error_message() gives the reason of the last failure on the calling thread.
+ * - No Rust panic crosses this boundary: it becomes -FERRY_EPANIC.
+ * - Handles carry a type tag: a destroyed handle or a handle of the wrong type is usually
+ *   caught as -FERRY_EINVAL, but using a freed handle is still undefined behaviour.
+ *
+ * BUFFER LIFETIME CONTRACT: buffers passed to a request are raw pointers. They must stay
+ * valid (dst writable, src readable, for their whole length) and must not be written
+ * (dst: nor read) by anyone else until the request is released: by ferry_request_wait,
+ * ferry_request_destroy, or a ferry_dma_barrier / ferry_dma_destroy on its dma. After any of
+ * these returns, the request's engine no longer touches them.
+ *
+ * Thread safety: a dma may be used from several threads at once (create, wait, barrier). A
+ * request handle must be used by one thread at a time. User operator callbacks run on engine
+ * worker threads.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- error codes */
+
+#define FERRY_SUCCESS 0      /* success */
+#define FERRY_EINVAL 1       /* invalid argument: NULL pointer, bad value, wrong handle */
+#define FERRY_ELAYOUT 2      /* invalid layout, or layout outside its buffer */
+#define FERRY_ESHAPE 3       /* layouts cannot be copied into each other (shape, elem size) */
+#define FERRY_EOVERLAP 4     /* source and destination overlap (ferry does not copy in place) */
+#define FERRY_EUNSUPPORTED 5 /* the engine cannot reach memory of these kinds */
+#define FERRY_ENOTAVAIL 6    /* backend not available in this build (or on this machine) */
+#define FERRY_ESHUTDOWN 7    /* the engine is shut down */
+#define FERRY_EDRIVER 8      /* a driver/system call failed (message keeps its own text) */
+#define FERRY_EREQUEST 9     /* the request ran and failed (message says why) */
+#define FERRY_EOP 10         /* a user operator reported an error while building its steps */
+#define FERRY_EPANIC 11      /* internal error: a Rust panic was caught at the boundary */
+
+/* Message of the last failure on this thread (the Rust error's Display text), "" if none.
+ * Valid until the next ferry call on this thread; do not free. Successful calls leave it. */
+const char *ferry_last_error_message(void);
+
+/* Static description of a code; accepts code or -code. Never NULL. */
+const char *ferry_strerror(int code);
+
+/* ---------------------------------------------------------------- layouts */
+
+#define FERRY_MAX_DIMS 16
+#define FERRY_ORDER_ROW_MAJOR 0    /* C order: last dim contiguous (AML_LAYOUT_ORDER_C) */
+#define FERRY_ORDER_COLUMN_MAJOR 1 /* Fortran order: first dim contiguous */
+
+/* An N-D strided view of elements inside a buffer: dims (outermost first), byte strides,
+ * element size, byte offset. Immutable; requests keep their own copy, so a layout may be
+ * destroyed right after the request is created. */
+typedef struct ferry_layout ferry_layout;
+
+/* Dense layout. -FERRY_EINVAL: NULL pointer or unknown order. -FERRY_ELAYOUT: ndims 0 or
+ * > FERRY_MAX_DIMS, a zero dim or elem_size, size overflow. */
+int ferry_layout_create_dense(ferry_layout **out, size_t ndims, const size_t *dims,
+                              size_t elem_size, int order);
+
+/* General layout: ndims dims (outermost first), the byte stride of each, the element size,
+ * and the byte offset of the first element. Errors as ferry_layout_create_dense. */
+int ferry_layout_create_strided(ferry_layout **out, size_t ndims, const size_t *dims,
+                                const size_t *byte_strides, size_t elem_size, size_t offset);
+
+/* New layout: axis `axis` of `in` cut to start, start+step, ... below end (numpy a[s:e:k]).
+ * -FERRY_ELAYOUT: axis out of range, step 0, empty range, range past the dim. */
+int ferry_layout_slice(const ferry_layout *in, ferry_layout **out, size_t axis, size_t start,
+                       size_t end, size_t step);
+
+/* New layout: same elements in the same row-major order with new dims, without a copy
+ * (numpy reshape). -FERRY_ELAYOUT if counts differ or the shape needs a copy. */
+int ferry_layout_reshape(const ferry_layout *in, ferry_layout **out, size_t ndims,
+                         const size_t *dims);
+
+/* New layout whose dim i is dim order[i] of `in` (transpose for 2 dims). -FERRY_ELAYOUT
+ * unless order is a permutation of 0..ndims-1 and ndims is the layout's dim count. */
+int ferry_layout_permute(const ferry_layout *in, ferry_layout **out, size_t ndims,
+                         const size_t *order);
+
+/* Describes a layout. Any output may be NULL. dims/byte_strides need `capacity` entries
+ * (FERRY_MAX_DIMS always suffices); -FERRY_EINVAL if the layout has more dims. */
+int ferry_layout_describe(const ferry_layout *layout, size_t capacity, size_t *ndims,
+                          size_t *dims, size_t *byte_strides, size_t *elem_size,
+                          size_t *offset);
+
+/* Smallest buffer length in bytes that holds the layout (offset included). */
+int ferry_layout_span(const ferry_layout *layout, size_t *bytes);
+
+/* Frees *layout and sets it NULL. NULL *layout: no-op. NULL layout: -FERRY_EINVAL. */
+int ferry_layout_destroy(ferry_layout **layout);
+
+/* ---------------------------------------------------------------- dma engines */
+
+/* A DMA engine. Any ferry engine (CPU thread pool, multiplex, CUDA) behind one type. */
+typedef struct ferry_dma ferry_dma;
+
+/* CPU engine: a pool of `threads` workers (0: one per core) that splits large copies across
+ * workers. Reaches host memory of every kind. -FERRY_EINVAL: NULL out, threads < 0.
+ * -FERRY_EDRIVER: a worker thread could not be started. */
+int ferry_dma_cpu_create(ferry_dma **out, int threads);
+
+/* Multiplex engine over `count` engines: each request goes to the engine with the least bytes
+ * per unit of weight so far; copies of >= split_bytes bytes (0: 64 MiB) are split across
+ * engines. TAKES OWNERSHIP: on success every engines[i] is set to NULL (do not destroy them);
+ * on failure nothing is taken. weights may be NULL (all 1); each must be finite and > 0.
+ * -FERRY_EINVAL: NULL pointers, count 0, invalid or repeated engine, bad weight. */
+int ferry_dma_multiplex_create(ferry_dma **out, ferry_dma **engines, const double *weights,
+                               size_t count, size_t split_bytes);
+
+/* CUDA engine on GPU `device` (AML: aml_dma_cuda_create).
+ * NOT AVAILABLE IN THIS BUILD: always returns -FERRY_ENOTAVAIL and leaves *out unchanged;
+ * it is the place where the CUDA backend will be wired in. Check the return code. */
+int ferry_dma_cuda_create(ferry_dma **out, int device);
+
+/* Waits for every request submitted to dma so far (may block) and reports each failed
+ * request whose failure was not already returned by ferry_request_wait/ferry_request_test.
+ * Returns the number of failed requests (0: all fine) or -FERRY_EINVAL. When positive,
+ * ferry_last_error_message() summarises them and ferry_dma_barrier_failure() gives each. */
+int ferry_dma_barrier(ferry_dma *dma);
+
+/* The index-th failure of the last barrier on dma: the request's id (see ferry_request_id)
+ * and its message (valid until the next barrier on dma or its destruction; do not free).
+ * Either output may be NULL. -FERRY_EINVAL: bad dma, index >= the last barrier's count. */
+int ferry_dma_barrier_failure(ferry_dma *dma, size_t index, uint64_t *request_id,
+                              const char **message);
+
+/* Waits for all of *dma's requests (as a barrier; safe with work in flight), shuts the engine
+ * down, frees it, sets *dma = NULL. NULL *dma: no-op. Returns the count of failed requests
+ * nobody had seen (normally 0; message in ferry_last_error_message) or -FERRY_EINVAL.
+ * Request handles of this dma still unreleased: release with ferry_request_destroy(NULL, &r). */
+int ferry_dma_destroy(ferry_dma **dma);
+
+/* ---------------------------------------------------------------- operators */
+
+/* An operator: what a request does. Typed, and the same on every engine. */
+typedef struct ferry_op ferry_op;
+
+/* Built-ins (static objects; never destroy them). */
+extern const ferry_op ferry_op_copy;
+extern const ferry_op ferry_op_memcpy;
+extern const ferry_op ferry_op_fill;
+/* Copy every element of src_layout (in src) to dst_layout (in dst); op_arg unused. Plans the
+ * fewest, largest contiguous runs (AML: one memcpy per element). */
+#define FERRY_OP_COPY (&ferry_op_copy)
+/* Flat copy from the start of src to the start of dst: src_len bytes, or *(size_t *)op_arg
+ * bytes if op_arg is not NULL. Layouts unused (may be NULL). */
+#define FERRY_OP_MEMCPY (&ferry_op_memcpy)
+/* Write one element, *op_arg (elem_size bytes of dst_layout, copied at creation), into every
+ * element of dst_layout. src unused (may be NULL with src_len 0). */
+#define FERRY_OP_FILL (&ferry_op_fill)
+
+/* The program a user operator fills; valid only inside its lower callback. */
+typedef struct ferry_program ferry_program;
+
+/* A user operator's lower callback: add the request's steps with ferry_program_copy /
+ * ferry_program_fill (checked against the buffers as they are added) and return
+ * FERRY_SUCCESS, or a negative code to fail the request (reported by wait/test/barrier, with
+ * the text of the last failed ferry_program_* call). dst/src are the request's layouts
+ * (either may be NULL if the request was created without it). Runs on an engine thread,
+ * possibly concurrently for different requests; must not longjmp or throw. May run more than
+ * once for one request (the multiplex engine lowers once at submit, on the caller's thread,
+ * to size the request): it must build the same steps each time. */
+typedef int (*ferry_lower_fn)(ferry_program *prog, const ferry_layout *dst,
+                              const ferry_layout *src, void *op_arg, void *user_data);
+
+/* Callback table of a user operator. Copied by ferry_operator_create. */
+typedef struct ferry_operator {
+    const char *name;                /* for error messages (copied); NULL: "custom" */
+    ferry_lower_fn lower;            /* required */
+    void (*destroy)(void *user_data); /* optional; called once, after the operator is
+                                        destroyed and the engines dropped every request's
+                                        reference to it: shortly after the last request
+                                        completes, possibly on an engine thread */
+    void *user_data;                 /* passed to lower and destroy; valid until destroy */
+} ferry_operator;
+
+/* Creates a user operator. -FERRY_EINVAL: NULL out/table/table->lower, name not UTF-8. */
+int ferry_operator_create(ferry_op **out, const ferry_operator *table);
+
+/* Destroys a user operator, sets *op = NULL. Requests already created keep it alive (its
+ * destroy callback runs after the last of them, see ferry_operator.destroy).
+ * NULL *op: no-op. A built-in: -FERRY_EINVAL. */
+int ferry_operator_destroy(ferry_op **op);
+
+/* In lower: add a copy from src (in the request's source buffer) to dst (in its destination
+ * buffer). -FERRY_ELAYOUT (outside a buffer), -FERRY_ESHAPE, -FERRY_EOVERLAP, -FERRY_EINVAL
+ * (no source buffer, NULL pointer, prog not live). */
+int ferry_program_copy(ferry_program *prog, const ferry_layout *dst, const ferry_layout *src);
+
+/* In lower: add a fill of every element of dst with pattern (pattern_len = elem_size). */
+int ferry_program_fill(ferry_program *prog, const ferry_layout *dst, const void *pattern,
+                       size_t pattern_len);
+
+/* In lower: the request's buffer lengths in bytes (*src_len = 0 without a source). Either
+ * output may be NULL. */
+int ferry_program_buffers(ferry_program *prog, size_t *dst_len, size_t *src_len);
+
+/* ---------------------------------------------------------------- requests */
+
+/* Memory kinds. The plain ferry_dma_request_create assumes FERRY_MEM_PAGEABLE. */
+#define FERRY_MEM_PAGEABLE 0 /* ordinary host memory */
+#define FERRY_MEM_PINNED 1   /* page-locked host memory (allocated pinned, or registered) */
+#define FERRY_MEM_MAPPED 2   /* page-locked host memory mapped into the GPUs (zero-copy) */
+#define FERRY_MEM_DEVICE 3   /* memory on GPU `device`; ptr holds the device address */
+#define FERRY_MEM_MANAGED 4  /* CUDA managed memory */
+
+/* A buffer and where it lives. */
+typedef struct ferry_buffer {
+    void *ptr;      /* first byte */
+    size_t len;     /* length in bytes, > 0 */
+    int32_t kind;   /* FERRY_MEM_* */
+    int32_t device; /* GPU ordinal for FERRY_MEM_DEVICE; ignored otherwise */
+} ferry_buffer;
+
+/* A submitted request. */
+typedef struct ferry_request ferry_request;
+
+/* Creates and submits a request on host (pageable) memory; never waits for the copy
+ * (AML: aml_dma_cuda_request_create / aml_dma_async_copy_custom). See the operators above for
+ * what each uses. BUFFER LIFETIME CONTRACT at the top of this file applies.
+ * Returns FERRY_SUCCESS and *req, or (nothing submitted) -FERRY_EINVAL (NULL/invalid dma,
+ * req, op, dst, a needed src or layout, zero length), -FERRY_ELAYOUT (layout outside its
+ * buffer), -FERRY_ESHAPE, -FERRY_EOVERLAP, -FERRY_EUNSUPPORTED, -FERRY_ESHUTDOWN,
+ * -FERRY_EDRIVER. A user operator's own failure is reported by wait/test/barrier.
+ * For a user operator op_arg must stay valid, and usable from any thread, until the request
+ * is released. */
+int ferry_dma_request_create(ferry_dma *dma, ferry_request **req, void *dst, size_t dst_len,
+                             const ferry_layout *dst_layout, const void *src, size_t src_len,
+                             const ferry_layout *src_layout, const ferry_op *op, void *op_arg);
+
+/* As ferry_dma_request_create, with buffers that say where they live. src may be NULL for
+ * operators that need none. */
+int ferry_dma_request_create_mem(ferry_dma *dma, ferry_request **req, const ferry_buffer *dst,
+                                 const ferry_layout *dst_layout, const ferry_buffer *src,
+                                 const ferry_layout *src_layout, const ferry_op *op,
+                                 void *op_arg);
+
+/* Waits for THIS request only (may block), releases it, sets *req = NULL.
+ * FERRY_SUCCESS; -FERRY_EREQUEST if it failed (released all the same; a later barrier does
+ * not report it again); -FERRY_EINVAL for NULL/invalid arguments or a request of another dma
+ * (nothing released). */
+int ferry_request_wait(ferry_dma *dma, ferry_request **req);
+
+/* Non-blocking poll: *done = 1 once complete, else 0. Does not release the request.
+ * -FERRY_EREQUEST once it has completed and failed. */
+int ferry_request_test(ferry_dma *dma, ferry_request *req, int *done);
+
+/* The request's id, unique in the process (barrier failures name requests by it). */
+int ferry_request_id(ferry_request *req, uint64_t *id);
+
+/* Releases a request without taking its result: waits until it is complete (may block; its
+ * buffers are free when this returns), frees it, sets *req = NULL. If it failed, the next
+ * barrier reports it. NULL *req: no-op. dma may be NULL (e.g. after ferry_dma_destroy). */
+int ferry_request_destroy(ferry_dma *dma, ferry_request **req);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FERRY_H */

@@ -1,0 +1,96 @@
+//! Builds `examples/c/copy_tile.c` with the C compiler against the static library cargo built,
+//! runs it, and checks its output (and, where valgrind is installed, that it makes no memory
+//! error and leaks nothing definitely).
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Compiles the example into a directory of its own (`tag`: tests run in parallel).
+fn build(tag: &str) -> Option<PathBuf> {
+    let Some(cc) = support::c_compiler() else {
+        println!("skipped: no C compiler (set CC or install cc)");
+        return None;
+    };
+    let root = support::repo_root();
+    let lib = support::staticlib();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("c_program-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    let exe = dir.join("copy_tile");
+    let out = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+        .arg("-I")
+        .arg(root.join("crates/ferry-capi/include"))
+        .arg(root.join("examples/c/copy_tile.c"))
+        .arg(&lib)
+        .args(support::NATIVE_LIBS)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run the C compiler");
+    assert!(
+        out.status.success(),
+        "compiling copy_tile.c against {} failed:\n{}",
+        lib.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+#[test]
+fn copy_tile_runs_and_checks_every_byte() {
+    let Some(exe) = build("run") else { return };
+    let out = Command::new(&exe).output().expect("run copy_tile");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "copy_tile failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    for want in [
+        "tile: 32 x 24 doubles copied, 10112 destination bytes checked",
+        "transpose: 24 x 32 checked",
+        "fill: column of 24 checked",
+        "multiplex memcpy: 8388608 bytes checked",
+        "barrier: 2 failed requests",
+        "operator `out_of_bounds` failed: returned -2",
+        "wait on failing request: -9 (request failed)",
+        "null op: -1 (invalid argument): operator is NULL",
+        "short source: -2",
+        "cuda: -6 (not available in this build)",
+    ] {
+        assert!(stdout.contains(want), "missing `{want}` in:\n{stdout}");
+    }
+    assert_eq!(stdout.matches("  failure ").count(), 2, "{stdout}");
+    assert!(stdout.trim_end().ends_with("copy_tile: OK"), "{stdout}");
+}
+
+#[test]
+fn copy_tile_is_clean_under_valgrind() {
+    let vg = Command::new("valgrind").arg("--version").output();
+    if !vg.is_ok_and(|o| o.status.success()) {
+        println!("skipped: valgrind not installed");
+        return;
+    }
+    let Some(exe) = build("valgrind") else { return };
+    let out = Command::new("valgrind")
+        .args([
+            "--quiet",
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite",
+        ])
+        .arg(&exe)
+        .output()
+        .expect("run valgrind");
+    assert!(
+        out.status.success(),
+        "valgrind reported errors ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("copy_tile: OK"));
+}
