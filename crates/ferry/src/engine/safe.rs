@@ -39,11 +39,49 @@ pub trait EngineExt: Engine {
     /// assert_eq!(dst[1], src[64]);
     /// # Ok::<(), ferry::Error>(())
     /// ```
-    fn scope<'env, T>(&'env self, f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T) -> Result<T, BarrierError>
+    ///
+    /// A buffer handed to the scope stays borrowed until the scope has waited for every
+    /// request, so it cannot be read, written or freed inside the scope, and a buffer that
+    /// does not outlive the scope cannot be handed to it:
+    ///
+    /// ```compile_fail
+    /// use ferry::{CpuEngine, EngineExt};
+    /// let engine = CpuEngine::new(1)?;
+    /// let src = vec![1u8; 1 << 20];
+    /// let mut dst = vec![0u8; 1 << 20];
+    /// engine.scope(|s| {
+    ///     s.memcpy(&mut dst, &src)?;
+    ///     dst[0] = 7; // error: `dst` is mutably borrowed by the in-flight copy
+    ///     Ok::<(), ferry::Error>(())
+    /// })??;
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use ferry::{CpuEngine, EngineExt};
+    /// let engine = CpuEngine::new(1)?;
+    /// let src = vec![1u8; 1 << 20];
+    /// let mut dst = vec![0u8; 1 << 20];
+    /// engine.scope(|s| {
+    ///     let mut tmp = vec![0u8; 1 << 20];
+    ///     s.memcpy(&mut tmp, &src)?; // error: `tmp` would be freed at the end of the closure,
+    ///     Ok::<(), ferry::Error>(())  // before the scope waits for the copy
+    /// })??;
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    fn scope<'env, T>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
+    ) -> Result<T, BarrierError>
     where
         Self: Sized,
     {
-        let scope = Scope { engine: self, inflight: InFlight::new(), _scope: PhantomData, _env: PhantomData };
+        let scope = Scope {
+            engine: self,
+            inflight: InFlight::new(),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
         // Waits even if `f` unwinds: the borrows end only after every request is done.
         struct WaitAll<'a>(&'a InFlight);
         impl Drop for WaitAll<'_> {
@@ -59,7 +97,13 @@ pub trait EngineExt: Engine {
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`, taking ownership of both until
     /// the copy completes. Errors at submit hand the buffers back.
-    fn copy_owned<D, S>(&self, dst: D, dst_layout: &Layout, src: S, src_layout: &Layout) -> Result<Transfer<D, S>, Refused<D, S>>
+    fn copy_owned<D, S>(
+        &self,
+        dst: D,
+        dst_layout: &Layout,
+        src: S,
+        src_layout: &Layout,
+    ) -> Result<Transfer<D, S>, Refused<D, S>>
     where
         D: MemoryMut + Send + 'static,
         S: Memory + Send + 'static,
@@ -70,7 +114,10 @@ pub trait EngineExt: Engine {
         // SAFETY: the buffers live in a Box owned by the Transfer, so their memory stays valid
         // and untouched until the Transfer has waited for the request (in wait or in Drop).
         match unsafe { self.submit_raw(job) } {
-            Ok(req) => Ok(Transfer { req: Some(req), bufs: Some(bufs) }),
+            Ok(req) => Ok(Transfer {
+                req: Some(req),
+                bufs: Some(bufs),
+            }),
             Err(error) => {
                 let (dst, src) = *bufs;
                 Err(Refused { error, dst, src })
@@ -87,7 +134,11 @@ pub trait EngineExt: Engine {
     {
         match Layout::bytes(src.raw().len) {
             Ok(l) => self.copy_owned(dst, &l, src, &l),
-            Err(e) => Err(Refused { error: SubmitError::Op(e.into()), dst, src }),
+            Err(e) => Err(Refused {
+                error: SubmitError::Op(e.into()),
+                dst,
+                src,
+            }),
         }
     }
 }
@@ -138,7 +189,7 @@ impl<D, S> Transfer<D, S> {
     }
     /// True once the copy completed. Never blocks.
     pub fn is_done(&self) -> bool {
-        self.req.as_ref().is_none_or(Request::is_done)
+        self.req.as_ref().map_or(true, Request::is_done)
     }
     fn finish(&mut self, r: Result<(), RequestError>) -> Result<(D, S), Failed<D, S>> {
         // `bufs` is taken only here and in Drop, after the request completed.
@@ -188,12 +239,23 @@ pub struct Scope<'scope, 'env: 'scope> {
 
 impl<'scope> Scope<'scope, '_> {
     /// Submits a job over borrowed buffers: the general form of the methods below.
-    pub fn submit<D, S>(&self, dst: &'scope mut D, src: Option<&'scope S>, op: Op, after: &[&Request]) -> Result<Request, SubmitError>
+    pub fn submit<D, S>(
+        &self,
+        dst: &'scope mut D,
+        src: Option<&'scope S>,
+        op: Op,
+        after: &[&Request],
+    ) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        let job = Job { dst: dst.raw_mut(), src: src.map(|s| s.raw()), op, after: after.iter().map(|r| r.share()).collect() };
+        let job = Job {
+            dst: dst.raw_mut(),
+            src: src.map(|s| s.raw()),
+            op,
+            after: after.iter().map(|r| r.share()).collect(),
+        };
         // SAFETY: `dst` is mutably and `src` immutably borrowed for 'scope, which ends only
         // after `scope()` has waited for every request tracked here, so the memory stays valid
         // and nothing else touches it while the request runs.
@@ -203,12 +265,26 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`.
-    pub fn copy<D, S>(&self, dst: &'scope mut D, dst_layout: &Layout, src: &'scope S, src_layout: &Layout) -> Result<Request, SubmitError>
+    pub fn copy<D, S>(
+        &self,
+        dst: &'scope mut D,
+        dst_layout: &Layout,
+        src: &'scope S,
+        src_layout: &Layout,
+    ) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        self.submit(dst, Some(src), Op::Copy { dst: *dst_layout, src: *src_layout }, &[])
+        self.submit(
+            dst,
+            Some(src),
+            Op::Copy {
+                dst: *dst_layout,
+                src: *src_layout,
+            },
+            &[],
+        )
     }
 
     /// Copies all of `src` into the start of `dst` (error if `dst` is shorter).
@@ -222,15 +298,33 @@ impl<'scope> Scope<'scope, '_> {
     }
 
     /// Writes `pattern` (one element) into every element of `layout` in `dst`.
-    pub fn fill<D>(&self, dst: &'scope mut D, layout: &Layout, pattern: &[u8]) -> Result<Request, SubmitError>
+    pub fn fill<D>(
+        &self,
+        dst: &'scope mut D,
+        layout: &Layout,
+        pattern: &[u8],
+    ) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
     {
-        self.submit::<D, [u8]>(dst, None, Op::Fill { dst: *layout, pattern: pattern.into() }, &[])
+        self.submit::<D, [u8]>(
+            dst,
+            None,
+            Op::Fill {
+                dst: *layout,
+                pattern: pattern.into(),
+            },
+            &[],
+        )
     }
 
     /// Runs a custom operator over `dst` and `src`.
-    pub fn custom<D, S>(&self, dst: &'scope mut D, src: &'scope S, op: Arc<dyn Operator>) -> Result<Request, SubmitError>
+    pub fn custom<D, S>(
+        &self,
+        dst: &'scope mut D,
+        src: &'scope S,
+        op: Arc<dyn Operator>,
+    ) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
