@@ -173,7 +173,7 @@ pub trait Engine: Send + Sync {
 }
 
 mod safe;
-pub use safe::{EngineExt, Scope, Transfer};
+pub use safe::{EngineExt, Failed, Refused, Scope, Transfer};
 
 impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
     fn name(&self) -> String {

@@ -181,6 +181,15 @@ pub struct Transfer<D, S> {
     bufs: Option<Box<(D, S)>>,
 }
 
+impl<D, S> std::fmt::Debug for Transfer<D, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("request", &self.req)
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
 impl<D, S> Transfer<D, S> {
     /// Blocks until the copy completes and returns the buffers.
     pub fn wait(mut self) -> Result<(D, S), Failed<D, S>> {
