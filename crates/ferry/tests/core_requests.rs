@@ -489,6 +489,24 @@ fn transfers_return_buffers_and_drop_waits() {
     let t = e.memcpy_owned(vec![0u32; 1000], vec![7u32; 1000]).unwrap();
     let (dst, _) = futures::executor::block_on(t).unwrap();
     assert!(dst.iter().all(|&x| x == 7));
+    // Empty copies complete at once (regression: they were refused with ZeroDim).
+    let (d, s) = e
+        .memcpy_owned(Vec::<u8>::new(), Vec::<u8>::new())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(d.is_empty() && s.is_empty());
+    let (mut d, s) = (vec![5u8; 4], Vec::<u8>::new());
+    e.scope(|sc| sc.memcpy(&mut d, &s).unwrap().wait().unwrap())
+        .unwrap();
+    assert_eq!(d, vec![5u8; 4]);
+    // Arrays held inline are owned and returned too.
+    let (d, _) = e
+        .memcpy_owned([0u8; 4096], [3u8; 4096])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(d.iter().all(|&x| x == 3));
     // Refused at submit: buffers come back untouched.
     let l = Layout::bytes(100).unwrap();
     let refused = e
@@ -613,4 +631,41 @@ fn inflight_prunes_completed_requests() {
     s.complete(Ok(()));
     assert_eq!(h.join().unwrap(), Ok(()));
     assert_eq!(s.poll_done(), Some(Ok(())));
+}
+
+#[test]
+fn panicking_dependency_fails_only_its_dependent() {
+    // Regression: a dependency whose completion panicked killed the worker, and the dependent
+    // request never completed.
+    struct Boom;
+    impl Completion for Boom {
+        fn wait(&self) -> Result<(), RequestError> {
+            panic!("completion 13 panicked")
+        }
+        fn poll_done(&self) -> Option<Result<(), RequestError>> {
+            panic!("completion 13 panicked")
+        }
+        fn register_waker(&self, _: &std::task::Waker) {}
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+    within(30, "panicking dependency", || {
+        let e = cpu(1);
+        let mut d = vec![0u8; 64];
+        let dep = Request::new(Boom);
+        let l = Layout::bytes(64).unwrap();
+        // SAFETY: `d` outlives the wait.
+        let r = unsafe { e.submit_raw(Job::fill(raw(&mut d), l, &[1]).after(&dep)) }.unwrap();
+        let err = r.wait().unwrap_err();
+        assert_eq!(
+            err,
+            RequestError::Dependency(Box::new(RequestError::Panicked {
+                op: "dependency".into(),
+                msg: "completion 13 panicked".into()
+            }))
+        );
+        assert_eq!(d, vec![0u8; 64]);
+        assert_eq!(e.live_workers(), 1);
+    });
 }

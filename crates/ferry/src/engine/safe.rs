@@ -16,6 +16,7 @@ use crate::request::{BarrierError, InFlight, Request, RequestError};
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -109,29 +110,45 @@ pub trait EngineExt: Engine {
         S: Memory + Send + 'static,
         Self: Sized,
     {
-        let mut bufs = Box::new((dst, src));
-        let job = Job::copy(bufs.0.raw_mut(), *dst_layout, bufs.1.raw(), *src_layout);
-        // SAFETY: the buffers live in a Box owned by the Transfer, so their memory stays valid
-        // and untouched until the Transfer has waited for the request (in wait or in Drop).
+        let bufs = NonNull::from(Box::leak(Box::new((dst, src))));
+        // SAFETY: `bufs` was just leaked from a Box: valid and not aliased.
+        let job = unsafe {
+            let b = &mut *bufs.as_ptr();
+            Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout)
+        };
+        // SAFETY: the buffers are owned by the Transfer through a raw pointer, so their memory
+        // stays valid and untouched until the Transfer has waited for the request (in wait or
+        // in Drop); no Box (which asserts unique access) exists while the request runs.
         match unsafe { self.submit_raw(job) } {
             Ok(req) => Ok(Transfer {
                 req: Some(req),
                 bufs: Some(bufs),
+                _own: PhantomData,
             }),
             Err(error) => {
-                let (dst, src) = *bufs;
+                // SAFETY: refused, so nothing uses the buffers; `bufs` came from Box::leak.
+                let (dst, src) = *unsafe { Box::from_raw(bufs.as_ptr()) };
                 Err(Refused { error, dst, src })
             }
         }
     }
 
-    /// Copies all of `src` into the start of `dst`, owning both until done.
+    /// Copies all of `src` into the start of `dst`, owning both until done. An empty `src`
+    /// completes at once.
     fn memcpy_owned<D, S>(&self, dst: D, src: S) -> Result<Transfer<D, S>, Refused<D, S>>
     where
         D: MemoryMut + Send + 'static,
         S: Memory + Send + 'static,
         Self: Sized,
     {
+        if src.raw().len == 0 {
+            // Nothing to copy: no request, the buffers come straight back.
+            return Ok(Transfer {
+                req: None,
+                bufs: Some(NonNull::from(Box::leak(Box::new((dst, src))))),
+                _own: PhantomData,
+            });
+        }
         match Layout::bytes(src.raw().len) {
             Ok(l) => self.copy_owned(dst, &l, src, &l),
             Err(e) => Err(Refused {
@@ -178,8 +195,16 @@ pub struct Failed<D, S> {
 #[must_use = "dropping a Transfer blocks until the copy completes"]
 pub struct Transfer<D, S> {
     req: Option<Request>,
-    bufs: Option<Box<(D, S)>>,
+    /// The buffers, from `Box::leak`, rebuilt into a Box only once the request completed.
+    bufs: Option<NonNull<(D, S)>>,
+    _own: PhantomData<(D, S)>,
 }
+
+// SAFETY: the Transfer owns the buffers (as a Box would); the engine's access to them ends
+// before they are handed back or dropped.
+unsafe impl<D: Send, S: Send> Send for Transfer<D, S> {}
+// SAFETY: `&Transfer` gives no access to the buffers.
+unsafe impl<D, S> Sync for Transfer<D, S> {}
 
 impl<D, S> std::fmt::Debug for Transfer<D, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -203,7 +228,9 @@ impl<D, S> Transfer<D, S> {
     fn finish(&mut self, r: Result<(), RequestError>) -> Result<(D, S), Failed<D, S>> {
         // `bufs` is taken only here and in Drop, after the request completed.
         let (dst, src) = match self.bufs.take() {
-            Some(b) => *b,
+            // SAFETY: the request completed, so nothing else uses the buffers; the pointer came
+            // from Box::leak and is taken (here or in Drop) once.
+            Some(b) => *unsafe { Box::from_raw(b.as_ptr()) },
             None => unreachable!("a Transfer's buffers are taken once"),
         };
         match r {
@@ -234,6 +261,10 @@ impl<D, S> Drop for Transfer<D, S> {
         if let Some(req) = self.req.take() {
             // The error is not lost: an unobserved failure is reported by the engine's barrier.
             let _ = req.settle_keep();
+        }
+        if let Some(b) = self.bufs.take() {
+            // SAFETY: the request completed (waited above or before); from Box::leak, once.
+            drop(unsafe { Box::from_raw(b.as_ptr()) });
         }
     }
 }
@@ -296,12 +327,17 @@ impl<'scope> Scope<'scope, '_> {
         )
     }
 
-    /// Copies all of `src` into the start of `dst` (error if `dst` is shorter).
+    /// Copies all of `src` into the start of `dst` (error if `dst` is shorter). An empty `src`
+    /// completes at once.
     pub fn memcpy<D, S>(&self, dst: &'scope mut D, src: &'scope S) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
+        if src.raw().len == 0 {
+            // An empty copy has nothing to do (a layout holds at least one element).
+            return Ok(Request::ready(Ok(())));
+        }
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
         self.copy(dst, &l, src, &l)
     }

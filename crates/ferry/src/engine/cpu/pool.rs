@@ -271,7 +271,18 @@ impl Pool {
                 for dep in &job.after {
                     // Help with chunks only: running another `Start` here could nest a task
                     // that waits for the very request this frame is about to start (deadlock).
-                    if let Err(e) = self.wait_helping_chunks(dep.completion()) {
+                    // A foreign completion (another engine's, or user code) may panic: that
+                    // fails this request, not the worker (whose loss would hang the request).
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.wait_helping_chunks(dep.completion())
+                    }))
+                    .unwrap_or_else(|p| {
+                        Err(RequestError::Panicked {
+                            op: "dependency".into(),
+                            msg: crate::op::panic_message(&p),
+                        })
+                    });
+                    if let Err(e) = r {
                         fail(&state, RequestError::Dependency(Box::new(e)));
                         state.signal.complete(Err(take_error(&state)));
                         return;
