@@ -389,3 +389,66 @@ fn large_copies_split_across_workers_and_engines() {
         }
     }
 }
+
+#[test]
+fn reshape_keeps_the_elements_or_says_why() {
+    let strat = (case(), prop::collection::vec((0..3u8, any::<bool>()), 10));
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        ..Config::default()
+    });
+    let r = runner.run(&strat, |(c, choices)| {
+        let (l, _) = build(&c.dims, c.elem, &c.dst);
+        // A new shape: each dim kept, split in two at its smallest factor, or merged with the
+        // next; extents of 1 inserted here and there.
+        let mut new = Vec::new();
+        let mut i = 0;
+        while i < c.dims.len() {
+            let d = c.dims[i];
+            let (how, one) = choices[i];
+            match how {
+                1 if d > 1 => match (2..d).find(|f| d % f == 0) {
+                    Some(f) => new.extend([f, d / f]),
+                    None => new.push(d),
+                },
+                2 if i + 1 < c.dims.len() => {
+                    new.push(d * c.dims[i + 1]);
+                    i += 1;
+                }
+                _ => new.push(d),
+            }
+            if one {
+                new.push(1);
+            }
+            i += 1;
+        }
+        if new.len() > ferry::MAX_DIMS {
+            return Ok(());
+        }
+        match l.reshape(&new) {
+            Ok(r) => {
+                prop_assert_eq!(r.dims(), &new[..]);
+                prop_assert!(
+                    r.element_offsets().eq(l.element_offsets()),
+                    "{:?} -> {:?}",
+                    l,
+                    r
+                );
+                prop_assert_eq!(r.span().start, l.span().start);
+            }
+            Err(ferry::LayoutError::ReshapeNeedsCopy { .. }) => {
+                prop_assert!(
+                    !l.is_contiguous(),
+                    "a contiguous layout must reshape: {:?} -> {:?}",
+                    l,
+                    new
+                );
+            }
+            Err(e) => return Err(TestCaseError::fail(format!("{l:?} -> {new:?}: {e}"))),
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        panic!("{e}");
+    }
+}
