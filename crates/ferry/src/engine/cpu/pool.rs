@@ -240,6 +240,27 @@ impl Pool {
     }
 
     fn run(&self, task: Task) {
+        self.run_task(task);
+        if self.threads == 0 {
+            // A request may have completed: wake callers idling in `idle_wait`. Taking the
+            // lock orders this after their check, so no wake-up is lost.
+            drop(self.lock());
+            self.cond.notify_all();
+        }
+    }
+
+    /// Zero-thread mode: sleeps until work is queued or a task finished (or 10 ms passed), unless
+    /// `c` is already done or work is waiting.
+    fn idle_wait(&self, c: &dyn Completion) {
+        let st = self.lock();
+        if st.queue.is_empty() && c.poll_done().is_none() {
+            let _ = self
+                .cond
+                .wait_timeout(st, std::time::Duration::from_millis(10));
+        }
+    }
+
+    fn run_task(&self, task: Task) {
         match task {
             Task::Chunk { state, steps } => {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -318,6 +339,9 @@ impl Pool {
             }
             match self.pop() {
                 Some(t) => self.run(t),
+                // Zero-thread mode: the work may be running on another caller, which may queue
+                // more work and return; keep helping rather than block on `c`.
+                None if self.threads == 0 => self.idle_wait(c),
                 None => return c.wait(),
             }
         }
@@ -345,7 +369,19 @@ impl Pool {
             };
             match chunk {
                 Some(t) => self.run(t),
-                None => return c.wait(),
+                None => {
+                    // A request of this zero-thread pool, taken by another caller. Do not call
+                    // `c.wait()`: it helps with any task and could run, nested, a `Start` that
+                    // waits for the request this frame belongs to. Do not block either: that
+                    // caller may queue this request's chunks and return. Idle, then look again.
+                    if let Some(cc) = c.as_any().downcast_ref::<CpuCompletion>() {
+                        if cc.helper.as_ref().is_some_and(|p| std::ptr::eq(&**p, self)) {
+                            self.idle_wait(&*cc.signal);
+                            continue;
+                        }
+                    }
+                    return c.wait();
+                }
             }
         }
     }
