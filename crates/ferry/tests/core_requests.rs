@@ -671,43 +671,45 @@ fn panicking_dependency_fails_only_its_dependent() {
 }
 
 #[test]
-fn zero_thread_chains_waited_from_many_threads() {
+fn chains_waited_from_many_threads() {
     // Several threads make progress for one zero-thread engine at once, through a chain of
     // dependent copies; a waiter must never nest a task that waits for its own request.
-    within(60, "zero-thread chain with 4 waiters", || {
-        let e = Arc::new(cpu(0));
-        let (n, len) = (40, 256 << 10);
-        let src = data(len, 11);
-        let mut bufs = vec![vec![0u8; len]; n];
-        let l = Layout::bytes(len).unwrap();
-        let mut prev = RawBuf::host(src.as_ptr(), len, MemKind::Pageable);
-        let mut reqs: Vec<Option<Request>> = Vec::new();
-        for b in bufs.iter_mut() {
-            let job = Job::copy(raw(b), l, prev, l);
-            let job = match reqs.last() {
-                Some(Some(r)) => job.after(r),
-                _ => job,
-            };
-            // SAFETY: the buffers outlive the joins below; each copy reads what its
-            // dependency wrote.
-            reqs.push(Some(unsafe { e.submit_raw(job) }.unwrap()));
-            prev = RawBuf::host(b.as_ptr(), len, MemKind::Pageable);
-        }
-        let mut handles = Vec::new();
-        for t in 0..4 {
-            let mine: Vec<Request> = (0..n)
-                .rev()
-                .filter(|i| i % 4 == t)
-                .map(|i| reqs[i].take().unwrap())
-                .collect();
-            handles.push(std::thread::spawn(move || {
-                mine.into_iter().map(Request::wait).collect::<Vec<_>>()
-            }));
-        }
-        for h in handles {
-            assert!(h.join().unwrap().iter().all(Result::is_ok));
-        }
-        e.barrier().unwrap();
-        assert!(bufs.iter().all(|b| b == &src));
-    });
+    for threads in [0, 0, 1, 4] {
+        within(60, "chain with 4 waiters", move || {
+            let e = Arc::new(cpu(threads));
+            let (n, len) = (40, 256 << 10);
+            let src = data(len, 11);
+            let mut bufs = vec![vec![0u8; len]; n];
+            let l = Layout::bytes(len).unwrap();
+            let mut prev = RawBuf::host(src.as_ptr(), len, MemKind::Pageable);
+            let mut reqs: Vec<Option<Request>> = Vec::new();
+            for b in bufs.iter_mut() {
+                let job = Job::copy(raw(b), l, prev, l);
+                let job = match reqs.last() {
+                    Some(Some(r)) => job.after(r),
+                    _ => job,
+                };
+                // SAFETY: the buffers outlive the joins below; each copy reads what its
+                // dependency wrote.
+                reqs.push(Some(unsafe { e.submit_raw(job) }.unwrap()));
+                prev = RawBuf::host(b.as_ptr(), len, MemKind::Pageable);
+            }
+            let mut handles = Vec::new();
+            for t in 0..4 {
+                let mine: Vec<Request> = (0..n)
+                    .rev()
+                    .filter(|i| i % 4 == t)
+                    .map(|i| reqs[i].take().unwrap())
+                    .collect();
+                handles.push(std::thread::spawn(move || {
+                    mine.into_iter().map(Request::wait).collect::<Vec<_>>()
+                }));
+            }
+            for h in handles {
+                assert!(h.join().unwrap().iter().all(Result::is_ok));
+            }
+            e.barrier().unwrap();
+            assert!(bufs.iter().all(|b| b == &src), "threads {threads}");
+        });
+    }
 }
