@@ -33,7 +33,7 @@ pub mod request;
 
 pub use engine::cpu::{CpuConfig, CpuEngine};
 pub use engine::multiplex::MultiplexEngine;
-pub use engine::{Engine, EngineExt, Job, Scope, SubmitError, Transfer};
+pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
 pub use error::Error;
 pub use layout::{Layout, LayoutError, MAX_DIMS};
 pub use memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};

@@ -37,6 +37,12 @@ pub enum OpError {
     /// Two layouts could not be copied into each other.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// The destination layout does not fit the destination buffer.
+    #[error("destination: {0}")]
+    Dst(LayoutError),
+    /// The source layout does not fit the source buffer.
+    #[error("source: {0}")]
+    Src(LayoutError),
     /// A copy step needs a source buffer and the request has none.
     #[error("this request has no source buffer")]
     NoSource,
@@ -78,23 +84,33 @@ pub struct Program {
 impl Program {
     /// An empty program over a destination of `dst_len` bytes and an optional source.
     pub fn new(dst_len: usize, src_len: Option<usize>) -> Program {
-        Program { dst_len, src_len, steps: Vec::new() }
+        Program {
+            dst_len,
+            src_len,
+            steps: Vec::new(),
+        }
     }
     /// Adds a copy from `src` (in the source buffer) to `dst` (in the destination buffer).
     pub fn copy(&mut self, dst: &Layout, src: &Layout) -> Result<(), OpError> {
         let src_len = self.src_len.ok_or(OpError::NoSource)?;
-        dst.check_buffer(self.dst_len)?;
-        src.check_buffer(src_len)?;
+        dst.check_buffer(self.dst_len).map_err(OpError::Dst)?;
+        src.check_buffer(src_len).map_err(OpError::Src)?;
         self.steps.push(Step::Copy(Plan::new(dst, src)?));
         Ok(())
     }
     /// Adds a fill of every element of `dst` with `pattern` (`pattern.len()` = element size).
     pub fn fill(&mut self, dst: &Layout, pattern: &[u8]) -> Result<(), OpError> {
         if pattern.len() != dst.elem_size() {
-            return Err(OpError::PatternSize { pattern: pattern.len(), elem: dst.elem_size() });
+            return Err(OpError::PatternSize {
+                pattern: pattern.len(),
+                elem: dst.elem_size(),
+            });
         }
-        dst.check_buffer(self.dst_len)?;
-        self.steps.push(Step::Fill { plan: Plan::fill(dst)?, pattern: pattern.into() });
+        dst.check_buffer(self.dst_len).map_err(OpError::Dst)?;
+        self.steps.push(Step::Fill {
+            plan: Plan::fill(dst)?,
+            pattern: pattern.into(),
+        });
         Ok(())
     }
     /// The steps so far.
@@ -131,6 +147,9 @@ pub trait Operator: Send + Sync + 'static {
 }
 
 /// What a request does.
+// A copy holds two layouts inline (no allocation per request); the size is fine for a value
+// built once per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Op {
     /// Copy every element of the source layout to the destination layout.
@@ -154,8 +173,16 @@ pub enum Op {
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Op::Copy { dst, src } => f.debug_struct("Copy").field("dst", dst).field("src", src).finish(),
-            Op::Fill { dst, pattern } => f.debug_struct("Fill").field("dst", dst).field("pattern", pattern).finish(),
+            Op::Copy { dst, src } => f
+                .debug_struct("Copy")
+                .field("dst", dst)
+                .field("src", src)
+                .finish(),
+            Op::Fill { dst, pattern } => f
+                .debug_struct("Fill")
+                .field("dst", dst)
+                .field("pattern", pattern)
+                .finish(),
             Op::Custom(o) => write!(f, "Custom({})", o.name()),
         }
     }
@@ -185,12 +212,24 @@ impl Op {
         Ok(prog)
     }
     /// Builds the program, turning a custom operator's error or panic into a request error.
-    pub fn lower_catching(&self, dst_len: usize, src_len: Option<usize>) -> Result<Program, crate::RequestError> {
+    pub fn lower_catching(
+        &self,
+        dst_len: usize,
+        src_len: Option<usize>,
+    ) -> Result<Program, crate::RequestError> {
         let name = self.name().to_string();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.lower(dst_len, src_len))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.lower(dst_len, src_len)
+        })) {
             Ok(Ok(p)) => Ok(p),
-            Ok(Err(e)) => Err(crate::RequestError::Operator { op: name, msg: e.to_string() }),
-            Err(panic) => Err(crate::RequestError::Panicked { op: name, msg: panic_message(&panic) }),
+            Ok(Err(e)) => Err(crate::RequestError::Operator {
+                op: name,
+                msg: e.to_string(),
+            }),
+            Err(panic) => Err(crate::RequestError::Panicked {
+                op: name,
+                msg: panic_message(&panic),
+            }),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The copy planner: (dst layout, src layout) -> the fewest, largest contiguous runs.
 //!
 //! A [`Plan`] is one contiguous run length (`run` bytes) repeated over up to
-//! [`MAX_DIMS`](crate::layout::MAX_DIMS) outer dims, each with its own destination and source
+//! [`MAX_DIMS`] outer dims, each with its own destination and source
 //! byte stride. The planner
 //! 1. drops dims of extent 1,
 //! 2. orders dims by destination stride, so that writes are as sequential as they can be
@@ -111,33 +111,68 @@ impl Plan {
     /// [`PlanError::DstSelfOverlap`].
     pub fn new(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
         if dst.elem_size() != src.elem_size() {
-            return Err(PlanError::ElemSizeMismatch { dst: dst.elem_size(), src: src.elem_size() });
+            return Err(PlanError::ElemSizeMismatch {
+                dst: dst.elem_size(),
+                src: src.elem_size(),
+            });
         }
         let dd: Vec<usize> = dst.dims().iter().copied().filter(|&d| d != 1).collect();
         let sd: Vec<usize> = src.dims().iter().copied().filter(|&d| d != 1).collect();
         if dd != sd {
-            return Err(PlanError::ShapeMismatch { dst: dst.dims().to_vec(), src: src.dims().to_vec() });
+            return Err(PlanError::ShapeMismatch {
+                dst: dst.dims().to_vec(),
+                src: src.dims().to_vec(),
+            });
         }
         if !dst.is_non_overlapping() {
-            return Err(PlanError::DstSelfOverlap { dims: dst.dims().to_vec(), strides: dst.strides().to_vec() });
+            return Err(PlanError::DstSelfOverlap {
+                dims: dst.dims().to_vec(),
+                strides: dst.strides().to_vec(),
+            });
         }
         let pick = |l: &Layout| -> Vec<usize> {
-            l.dims().iter().zip(l.strides()).filter(|(&d, _)| d != 1).map(|(_, &s)| s).collect()
+            l.dims()
+                .iter()
+                .zip(l.strides())
+                .filter(|(&d, _)| d != 1)
+                .map(|(_, &s)| s)
+                .collect()
         };
         let (ds, ss) = (pick(dst), pick(src));
-        let triples: Vec<(usize, usize, usize)> = (0..dd.len()).map(|i| (dd[i], ds[i], ss[i])).collect();
-        Ok(Plan::build(triples, dst.elem_size(), dst.offset(), src.offset(), true))
+        let triples: Vec<(usize, usize, usize)> =
+            (0..dd.len()).map(|i| (dd[i], ds[i], ss[i])).collect();
+        Ok(Plan::build(
+            triples,
+            dst.elem_size(),
+            dst.offset(),
+            src.offset(),
+            true,
+        ))
     }
 
     /// Plans a walk over the elements of one layout (a fill): the source side has stride 0
     /// everywhere and offset 0, so every run reads the same pattern.
     pub fn fill(dst: &Layout) -> Result<Plan, PlanError> {
         if !dst.is_non_overlapping() {
-            return Err(PlanError::DstSelfOverlap { dims: dst.dims().to_vec(), strides: dst.strides().to_vec() });
+            return Err(PlanError::DstSelfOverlap {
+                dims: dst.dims().to_vec(),
+                strides: dst.strides().to_vec(),
+            });
         }
-        let triples: Vec<(usize, usize, usize)> =
-            dst.dims().iter().zip(dst.strides()).filter(|(&d, _)| d != 1).map(|(&d, &s)| (d, s, 0)).collect();
-        Ok(Plan::build(triples, dst.elem_size(), dst.offset(), 0, false))
+        let triples: Vec<(usize, usize, usize)> = dst
+            .dims()
+            .iter()
+            .zip(dst.strides())
+            .filter(|(&d, _)| d != 1)
+            .map(|(&d, &s)| (d, s, 0))
+            .collect();
+        Ok(Plan::build(
+            triples,
+            dst.elem_size(),
+            dst.offset(),
+            0,
+            false,
+        ))
     }
 
     /// A single contiguous run of `bytes` bytes.
@@ -153,14 +188,23 @@ impl Plan {
         }
     }
 
-    fn build(mut t: Vec<(usize, usize, usize)>, elem: usize, dst_offset: usize, src_offset: usize, src_matters: bool) -> Plan {
+    fn build(
+        mut t: Vec<(usize, usize, usize)>,
+        elem: usize,
+        dst_offset: usize,
+        src_offset: usize,
+        src_matters: bool,
+    ) -> Plan {
         // Outermost first: descending destination stride, then source stride.
-        t.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+        t.sort_by_key(|a| std::cmp::Reverse((a.1, a.2)));
         // Merge neighbours contiguous in both.
         let mut merged: Vec<(usize, usize, usize)> = Vec::with_capacity(t.len());
         for (d, ds, ss) in t {
             if let Some(last) = merged.last_mut() {
-                if last.1 == ds * d && (!src_matters || last.2 == ss * d) {
+                // Checked: a huge stride times its extent may not fit in usize (the layout
+                // only guarantees `stride * (extent - 1)` does); then the dims do not merge.
+                let fits = |outer: usize, inner: usize| inner.checked_mul(d) == Some(outer);
+                if fits(last.1, ds) && (!src_matters || fits(last.2, ss)) {
                     *last = (last.0 * d, ds, ss);
                     continue;
                 }
@@ -228,11 +272,25 @@ impl Plan {
     }
     /// One past the last destination byte written, from the buffer start.
     pub fn dst_end(&self) -> usize {
-        self.dst_offset + self.run + self.counts().iter().zip(self.dst_strides()).map(|(&c, &s)| (c - 1) * s).sum::<usize>()
+        self.dst_offset
+            + self.run
+            + self
+                .counts()
+                .iter()
+                .zip(self.dst_strides())
+                .map(|(&c, &s)| (c - 1) * s)
+                .sum::<usize>()
     }
     /// One past the last source byte read, from the buffer start.
     pub fn src_end(&self) -> usize {
-        self.src_offset + self.run + self.counts().iter().zip(self.src_strides()).map(|(&c, &s)| (c - 1) * s).sum::<usize>()
+        self.src_offset
+            + self.run
+            + self
+                .counts()
+                .iter()
+                .zip(self.src_strides())
+                .map(|(&c, &s)| (c - 1) * s)
+                .sum::<usize>()
     }
 
     /// Calls `f(dst_offset, src_offset)` for each run, in order.
@@ -248,10 +306,12 @@ impl Plan {
         let (mut d, mut s) = (self.dst_offset, self.src_offset);
         loop {
             let (mut dd, mut ss) = (d, s);
+            // Wrapping steps: one step past the last run may exceed usize for huge strides;
+            // every offset passed to `f` is in range, and modular arithmetic keeps it exact.
             for _ in 0..inner_c {
                 f(dd, ss);
-                dd += ids;
-                ss += iss;
+                dd = dd.wrapping_add(ids);
+                ss = ss.wrapping_add(iss);
             }
             // Odometer over the dims outside the innermost outer dim.
             let mut axis = n - 1;
@@ -261,13 +321,13 @@ impl Plan {
                 }
                 axis -= 1;
                 idx[axis] += 1;
-                d += self.dst_strides[axis];
-                s += self.src_strides[axis];
+                d = d.wrapping_add(self.dst_strides[axis]);
+                s = s.wrapping_add(self.src_strides[axis]);
                 if idx[axis] < self.counts[axis] {
                     break;
                 }
-                d -= self.dst_strides[axis] * self.counts[axis];
-                s -= self.src_strides[axis] * self.counts[axis];
+                d = d.wrapping_sub(self.dst_strides[axis].wrapping_mul(self.counts[axis]));
+                s = s.wrapping_sub(self.src_strides[axis].wrapping_mul(self.counts[axis]));
                 idx[axis] = 0;
             }
         }
@@ -289,7 +349,11 @@ impl Plan {
             let mut at = 0;
             while at < total {
                 let len = piece.min(total - at);
-                out.push(Plan::contiguous(self.dst_offset + at, self.src_offset + at, len));
+                out.push(Plan::contiguous(
+                    self.dst_offset + at,
+                    self.src_offset + at,
+                    len,
+                ));
                 at += len;
             }
             return out;

@@ -101,7 +101,9 @@ pub struct Request {
 
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request").field("id", &self.shared.id).finish()
+        f.debug_struct("Request")
+            .field("id", &self.shared.id)
+            .finish()
     }
 }
 
@@ -157,7 +159,9 @@ impl Request {
 
     /// A second handle to the same request, for engines' and scopes' bookkeeping.
     pub(crate) fn share(&self) -> Request {
-        Request { shared: Arc::clone(&self.shared) }
+        Request {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// Waits without marking the result observed (a later barrier still reports a failure).
@@ -200,7 +204,10 @@ pub struct BarrierError {
 }
 
 fn summary(f: &[(u64, RequestError)]) -> String {
-    f.iter().map(|(id, e)| format!("#{id}: {e}")).collect::<Vec<_>>().join("; ")
+    f.iter()
+        .map(|(id, e)| format!("#{id}: {e}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The requests an engine (or a scope) has in flight, for barriers.
@@ -218,15 +225,23 @@ impl InFlight {
     pub fn track(&self, req: &Request) {
         let mut l = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         if l.len() >= 64 && l.len().is_power_of_two() {
-            l.retain(|r| !(r.is_done() && r.shared.observed.load(Ordering::Acquire)));
+            // Nothing left to report: done and either observed or successful. (Keeping
+            // successful requests that were dropped unwaited would grow the list without bound.)
+            l.retain(|r| match r.shared.completion.poll_done() {
+                Some(Ok(())) => false,
+                Some(Err(_)) => !r.shared.observed.load(Ordering::Acquire),
+                None => true,
+            });
         }
         l.push(req.share());
     }
     /// Waits for every tracked request and reports every unobserved failure. May block.
     pub fn barrier(&self) -> Result<(), BarrierError> {
         let taken = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
-        let failures: Vec<(u64, RequestError)> =
-            taken.iter().filter_map(|r| r.settle().err().map(|e| (r.id(), e))).collect();
+        let failures: Vec<(u64, RequestError)> = taken
+            .iter()
+            .filter_map(|r| r.settle().err().map(|e| (r.id(), e)))
+            .collect();
         if failures.is_empty() {
             Ok(())
         } else {
@@ -235,7 +250,10 @@ impl InFlight {
     }
     /// Number of requests tracked (completed or not).
     pub fn len(&self) -> usize {
-        self.list.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.list
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
     /// True when nothing is tracked.
     pub fn is_empty(&self) -> bool {
@@ -265,7 +283,10 @@ impl Default for Signal {
 impl Signal {
     /// A signal not yet completed.
     pub fn new() -> Signal {
-        Signal { state: Mutex::new(SignalState::default()), cond: Condvar::new() }
+        Signal {
+            state: Mutex::new(SignalState::default()),
+            cond: Condvar::new(),
+        }
     }
     /// Completes the signal (the first result wins) and wakes every waiter.
     pub fn complete(&self, result: Result<(), RequestError>) {
@@ -295,7 +316,11 @@ impl Completion for Signal {
         }
     }
     fn poll_done(&self) -> Option<Result<(), RequestError>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).result.clone()
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .result
+            .clone()
     }
     fn register_waker(&self, waker: &Waker) {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -366,7 +391,11 @@ impl Completion for Join {
     }
     fn register_waker(&self, waker: &Waker) {
         // Wake on the first part not yet done; the future re-polls and re-registers.
-        match self.parts.iter().find(|p| p.shared.completion.poll_done().is_none()) {
+        match self
+            .parts
+            .iter()
+            .find(|p| p.shared.completion.poll_done().is_none())
+        {
             Some(p) => p.shared.completion.register_waker(waker),
             None => waker.wake_by_ref(),
         }

@@ -25,7 +25,7 @@ pub enum SubmitError {
     #[error(transparent)]
     Op(#[from] OpError),
     /// This engine cannot reach memory of these kinds.
-    #[error("engine `{engine}` cannot copy {src:?} -> {dst:?}")]
+    #[error("engine `{engine}` cannot {}", kinds_message(*dst, *src))]
     Unsupported {
         /// The engine.
         engine: String,
@@ -53,6 +53,13 @@ pub enum SubmitError {
     },
 }
 
+fn kinds_message(dst: MemKind, src: Option<MemKind>) -> String {
+    match src {
+        Some(src) => format!("copy {src} memory -> {dst} memory"),
+        None => format!("fill {dst} memory"),
+    }
+}
+
 /// One unit of work: an operator over a destination buffer and an optional source buffer,
 /// optionally after other requests. Plain descriptor: required fields in [`Job::copy`] /
 /// [`Job::fill`] / [`Job::custom`], options as chained setters.
@@ -70,16 +77,46 @@ pub struct Job {
 
 impl Job {
     /// Copy `src_layout` of `src` to `dst_layout` of `dst`.
-    pub fn copy(dst: RawBuf, dst_layout: crate::Layout, src: RawBuf, src_layout: crate::Layout) -> Job {
-        Job { dst, src: Some(src), op: Op::Copy { dst: dst_layout, src: src_layout }, after: Vec::new() }
+    pub fn copy(
+        dst: RawBuf,
+        dst_layout: crate::Layout,
+        src: RawBuf,
+        src_layout: crate::Layout,
+    ) -> Job {
+        Job {
+            dst,
+            src: Some(src),
+            op: Op::Copy {
+                dst: dst_layout,
+                src: src_layout,
+            },
+            after: Vec::new(),
+        }
     }
     /// Fill every element of `layout` in `dst` with `pattern`.
     pub fn fill(dst: RawBuf, layout: crate::Layout, pattern: &[u8]) -> Job {
-        Job { dst, src: None, op: Op::Fill { dst: layout, pattern: pattern.into() }, after: Vec::new() }
+        Job {
+            dst,
+            src: None,
+            op: Op::Fill {
+                dst: layout,
+                pattern: pattern.into(),
+            },
+            after: Vec::new(),
+        }
     }
     /// Run a custom operator over `dst` and `src`.
-    pub fn custom(dst: RawBuf, src: Option<RawBuf>, op: std::sync::Arc<dyn crate::Operator>) -> Job {
-        Job { dst, src, op: Op::Custom(op), after: Vec::new() }
+    pub fn custom(
+        dst: RawBuf,
+        src: Option<RawBuf>,
+        op: std::sync::Arc<dyn crate::Operator>,
+    ) -> Job {
+        Job {
+            dst,
+            src,
+            op: Op::Custom(op),
+            after: Vec::new(),
+        }
     }
     /// Start only after `req` completes (a failed dependency fails this job).
     pub fn after(mut self, req: &Request) -> Job {
@@ -136,7 +173,7 @@ pub trait Engine: Send + Sync {
 }
 
 mod safe;
-pub use safe::{EngineExt, Scope, Transfer};
+pub use safe::{EngineExt, Failed, Refused, Scope, Transfer};
 
 impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
     fn name(&self) -> String {

@@ -46,14 +46,26 @@ impl Default for MultiplexEngine {
 impl MultiplexEngine {
     /// No engines yet; add them with [`with`](Self::with). Copies of 64 MiB or more are split.
     pub fn new() -> MultiplexEngine {
-        MultiplexEngine { engines: Vec::new(), routed: Mutex::new(Vec::new()), split_bytes: 64 << 20, inflight: InFlight::new() }
+        MultiplexEngine {
+            engines: Vec::new(),
+            routed: Mutex::new(Vec::new()),
+            split_bytes: 64 << 20,
+            inflight: InFlight::new(),
+        }
     }
     /// Adds an engine with a weight (its share of the bytes; non-positive or non-finite weights
     /// count as 1).
     pub fn with(mut self, engine: impl Engine + 'static, weight: f64) -> MultiplexEngine {
-        let w = if weight.is_finite() && weight > 0.0 { weight } else { 1.0 };
+        let w = if weight.is_finite() && weight > 0.0 {
+            weight
+        } else {
+            1.0
+        };
         self.engines.push((Box::new(engine), w));
-        self.routed.get_mut().unwrap_or_else(PoisonError::into_inner).push(0.0);
+        self.routed
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(0.0);
         self
     }
     /// Copies of at least `bytes` bytes are split across engines (`usize::MAX`: never).
@@ -83,9 +95,15 @@ impl MultiplexEngine {
     }
 
     /// Splits a built-in job into one job per candidate engine, sized by weight.
-    fn split(&self, job: &Job, candidates: &[usize]) -> Result<Option<Vec<(usize, Job)>>, SubmitError> {
+    fn split(
+        &self,
+        job: &Job,
+        candidates: &[usize],
+    ) -> Result<Option<Vec<(usize, Job)>>, SubmitError> {
         let prog = job.op.lower(job.dst.len, job.src.map(|s| s.len))?;
-        let [step] = prog.steps() else { return Ok(None) };
+        let [step] = prog.steps() else {
+            return Ok(None);
+        };
         let (plan, pattern) = match step {
             Step::Copy(p) => (p, None),
             Step::Fill { plan, pattern } => (plan, Some(pattern.clone())),
@@ -95,7 +113,9 @@ impl MultiplexEngine {
         }
         // Equal pieces, then contiguous groups of pieces per engine by weight.
         let align = pattern.as_ref().map_or(64, |p| p.len());
-        let pieces = plan.split(candidates.len() * 16, 1 << 20, align);
+        // Pieces of up to 1 MiB at least, smaller when the split threshold is lower.
+        let min_piece = (self.split_bytes / candidates.len()).clamp(1, 1 << 20);
+        let pieces = plan.split(candidates.len() * 16, min_piece, align);
         if pieces.len() < 2 {
             return Ok(None);
         }
@@ -105,14 +125,31 @@ impl MultiplexEngine {
         let mut start = 0usize;
         for (k, &i) in candidates.iter().enumerate() {
             acc += self.engines[i].1 / total_w;
-            let end = if k + 1 == candidates.len() { pieces.len() } else { ((acc * pieces.len() as f64).round() as usize).min(pieces.len()) };
+            let end = if k + 1 == candidates.len() {
+                pieces.len()
+            } else {
+                ((acc * pieces.len() as f64).round() as usize).min(pieces.len())
+            };
             for piece in &pieces[start..end.max(start)] {
-                let (dl, sl) = piece_layouts(piece)?;
                 let op = match &pattern {
-                    None => Op::Copy { dst: dl, src: sl },
-                    Some(p) => Op::Fill { dst: dl, pattern: p.clone() },
+                    None => {
+                        let (dl, sl) = piece_layouts(piece)?;
+                        Op::Copy { dst: dl, src: sl }
+                    }
+                    Some(p) => Op::Fill {
+                        dst: fill_piece_layout(piece, p.len())?,
+                        pattern: p.clone(),
+                    },
                 };
-                out.push((i, Job { dst: job.dst, src: job.src, op, after: job.after.iter().map(Request::share).collect() }));
+                out.push((
+                    i,
+                    Job {
+                        dst: job.dst,
+                        src: job.src,
+                        op,
+                        after: job.after.iter().map(Request::share).collect(),
+                    },
+                ));
             }
             start = end.max(start);
         }
@@ -123,15 +160,41 @@ impl MultiplexEngine {
 /// The destination and source layouts (in bytes) of one piece of a plan.
 fn piece_layouts(p: &Plan) -> Result<(Layout, Layout), SubmitError> {
     let mk = |off: usize, strides: &[usize]| -> Result<Layout, SubmitError> {
-        let l = if strides.is_empty() { Layout::new(&[1], &[0], p.run()) } else { Layout::new(p.counts(), strides, p.run()) };
-        l.and_then(|l| l.with_offset(off)).map_err(|e| SubmitError::Op(e.into()))
+        let l = if strides.is_empty() {
+            Layout::new(&[1], &[0], p.run())
+        } else {
+            Layout::new(p.counts(), strides, p.run())
+        };
+        l.and_then(|l| l.with_offset(off))
+            .map_err(|e| SubmitError::Op(e.into()))
     };
-    Ok((mk(p.dst_offset(), p.dst_strides())?, mk(p.src_offset(), p.src_strides())?))
+    Ok((
+        mk(p.dst_offset(), p.dst_strides())?,
+        mk(p.src_offset(), p.src_strides())?,
+    ))
+}
+
+/// The destination layout of one piece of a fill plan, in elements of `elem` bytes (the
+/// pattern's size), so that the piece's fill takes the same pattern.
+fn fill_piece_layout(p: &Plan, elem: usize) -> Result<Layout, SubmitError> {
+    let mut dims = p.counts().to_vec();
+    let mut strides = p.dst_strides().to_vec();
+    if p.run() > elem || dims.is_empty() {
+        dims.push(p.run() / elem);
+        strides.push(elem);
+    }
+    Layout::new(&dims, &strides, elem)
+        .and_then(|l| l.with_offset(p.dst_offset()))
+        .map_err(|e| SubmitError::Op(e.into()))
 }
 
 impl Engine for MultiplexEngine {
     fn name(&self) -> String {
-        let names: Vec<String> = self.engines.iter().map(|(e, w)| format!("{}x{w}", e.name())).collect();
+        let names: Vec<String> = self
+            .engines
+            .iter()
+            .map(|(e, w)| format!("{}x{w}", e.name()))
+            .collect();
         format!("multiplex[{}]", names.join(", "))
     }
 
@@ -142,11 +205,21 @@ impl Engine for MultiplexEngine {
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
         job.check()?;
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
-        let candidates: Vec<usize> = (0..self.engines.len()).filter(|&i| self.engines[i].0.supports(dk, sk)).collect();
+        let candidates: Vec<usize> = (0..self.engines.len())
+            .filter(|&i| self.engines[i].0.supports(dk, sk))
+            .collect();
         if candidates.is_empty() {
-            return Err(SubmitError::Unsupported { engine: self.name(), dst: dk, src: sk });
+            return Err(SubmitError::Unsupported {
+                engine: self.name(),
+                dst: dk,
+                src: sk,
+            });
         }
-        let parts = if candidates.len() > 1 && job.op.is_builtin() { self.split(&job, &candidates)? } else { None };
+        let parts = if candidates.len() > 1 && job.op.is_builtin() {
+            self.split(&job, &candidates)?
+        } else {
+            None
+        };
         let req = match parts {
             Some(parts) => {
                 let mut reqs = Vec::with_capacity(parts.len());
@@ -169,7 +242,15 @@ impl Engine for MultiplexEngine {
                 Request::new(Join::new(reqs))
             }
             None => {
-                let bytes = job.op.lower(job.dst.len, job.src.map(|s| s.len)).map_or(0, |p| p.total_bytes());
+                // Only built-ins are lowered here: a custom operator runs once, on the engine
+                // that takes it, where its errors and panics fail only its request.
+                let bytes = if job.op.is_builtin() {
+                    job.op
+                        .lower(job.dst.len, job.src.map(|s| s.len))
+                        .map_or(0, |p| p.total_bytes())
+                } else {
+                    0
+                };
                 let i = self.route(&candidates, bytes);
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { self.engines[i].0.submit_raw(job)? }

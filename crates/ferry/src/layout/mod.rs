@@ -58,13 +58,19 @@ impl Layout {
     /// of different lengths, or a byte span that overflows `usize`.
     pub fn new(dims: &[usize], strides: &[usize], elem_size: usize) -> Result<Layout, LayoutError> {
         if dims.len() != strides.len() {
-            return Err(LayoutError::StridesLength { dims: dims.len(), strides: strides.len() });
+            return Err(LayoutError::StridesLength {
+                dims: dims.len(),
+                strides: strides.len(),
+            });
         }
         if dims.is_empty() {
             return Err(LayoutError::NoDims);
         }
         if dims.len() > MAX_DIMS {
-            return Err(LayoutError::TooManyDims { ndim: dims.len(), max: MAX_DIMS });
+            return Err(LayoutError::TooManyDims {
+                ndim: dims.len(),
+                max: MAX_DIMS,
+            });
         }
         if elem_size == 0 {
             return Err(LayoutError::ZeroElemSize);
@@ -72,7 +78,13 @@ impl Layout {
         if let Some(axis) = dims.iter().position(|&d| d == 0) {
             return Err(LayoutError::ZeroDim { axis });
         }
-        let mut l = Layout { offset: 0, elem_size, ndim: dims.len(), dims: [1; MAX_DIMS], strides: [0; MAX_DIMS] };
+        let mut l = Layout {
+            offset: 0,
+            elem_size,
+            ndim: dims.len(),
+            dims: [1; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+        };
         l.dims[..dims.len()].copy_from_slice(dims);
         l.strides[..dims.len()].copy_from_slice(strides);
         l.extent()?;
@@ -117,7 +129,9 @@ impl Layout {
         let mut strides = dense_strides(dims, elem_size, false)?;
         let n = dims.len();
         if n >= 2 {
-            let row = dims[n - 1].checked_mul(elem_size).ok_or(LayoutError::Overflow)?;
+            let row = dims[n - 1]
+                .checked_mul(elem_size)
+                .ok_or(LayoutError::Overflow)?;
             if pitch < row {
                 return Err(LayoutError::PitchTooSmall { pitch, row });
             }
@@ -246,7 +260,7 @@ impl Layout {
             if self.strides[i] < extent {
                 return false;
             }
-            extent = self.strides[i] * (self.dims[i] - 1) + extent;
+            extent += self.strides[i] * (self.dims[i] - 1);
         }
         true
     }
@@ -263,20 +277,38 @@ impl Layout {
     /// assert_eq!(every_third.offset(), 4);
     /// # Ok::<(), ferry::LayoutError>(())
     /// ```
-    pub fn slice(&self, axis: usize, range: Range<usize>, step: usize) -> Result<Layout, LayoutError> {
+    pub fn slice(
+        &self,
+        axis: usize,
+        range: Range<usize>,
+        step: usize,
+    ) -> Result<Layout, LayoutError> {
         self.check_axis(axis)?;
         if step == 0 {
             return Err(LayoutError::ZeroStep { axis });
         }
         let dim = self.dims[axis];
         if range.start >= range.end || range.end > dim {
-            return Err(LayoutError::SliceOutOfRange { axis, start: range.start, end: range.end, dim });
+            return Err(LayoutError::SliceOutOfRange {
+                axis,
+                start: range.start,
+                end: range.end,
+                dim,
+            });
         }
         let mut l = *self;
-        let skip = range.start.checked_mul(self.strides[axis]).ok_or(LayoutError::Overflow)?;
+        let skip = range
+            .start
+            .checked_mul(self.strides[axis])
+            .ok_or(LayoutError::Overflow)?;
         l.offset = self.offset.checked_add(skip).ok_or(LayoutError::Overflow)?;
         l.dims[axis] = (range.end - range.start).div_ceil(step);
-        l.strides[axis] = self.strides[axis].checked_mul(step).ok_or(LayoutError::Overflow)?;
+        // One element left: the step is irrelevant (and may be huge); keep the stride.
+        if l.dims[axis] > 1 {
+            l.strides[axis] = self.strides[axis]
+                .checked_mul(step)
+                .ok_or(LayoutError::Overflow)?;
+        }
         l.span_checked()?;
         Ok(l)
     }
@@ -310,12 +342,18 @@ impl Layout {
     /// ```
     pub fn permute(&self, order: &[usize]) -> Result<Layout, LayoutError> {
         if order.len() != self.ndim {
-            return Err(LayoutError::BadPermutation { ndim: self.ndim, order: order.to_vec() });
+            return Err(LayoutError::BadPermutation {
+                ndim: self.ndim,
+                order: order.to_vec(),
+            });
         }
         let mut seen = [false; MAX_DIMS];
         for &o in order {
             if o >= self.ndim || seen[o] {
-                return Err(LayoutError::BadPermutation { ndim: self.ndim, order: order.to_vec() });
+                return Err(LayoutError::BadPermutation {
+                    ndim: self.ndim,
+                    order: order.to_vec(),
+                });
             }
             seen[o] = true;
         }
@@ -339,12 +377,23 @@ impl Layout {
     /// Byte offset (from the buffer start) of the element at `index`.
     pub fn offset_of(&self, index: &[usize]) -> Result<usize, LayoutError> {
         if index.len() != self.ndim {
-            return Err(LayoutError::IndexRank { ndim: self.ndim, index: index.len() });
+            return Err(LayoutError::IndexRank {
+                ndim: self.ndim,
+                index: index.len(),
+            });
         }
         let mut off = self.offset;
-        for (axis, (&i, (&d, &s))) in index.iter().zip(self.dims().iter().zip(self.strides())).enumerate() {
+        for (axis, (&i, (&d, &s))) in index
+            .iter()
+            .zip(self.dims().iter().zip(self.strides()))
+            .enumerate()
+        {
             if i >= d {
-                return Err(LayoutError::IndexOutOfRange { axis, index: i, dim: d });
+                return Err(LayoutError::IndexOutOfRange {
+                    axis,
+                    index: i,
+                    dim: d,
+                });
             }
             off += i * s;
         }
@@ -364,11 +413,13 @@ impl Layout {
                 while axis > 0 {
                     axis -= 1;
                     idx[axis] += 1;
-                    off += self.strides[axis];
+                    // Wrapping: one step past the end may exceed usize for huge strides;
+                    // every offset returned is in range and exact.
+                    off = off.wrapping_add(self.strides[axis]);
                     if idx[axis] < self.dims[axis] {
                         break;
                     }
-                    off -= self.strides[axis] * self.dims[axis];
+                    off = off.wrapping_sub(self.strides[axis].wrapping_mul(self.dims[axis]));
                     idx[axis] = 0;
                 }
             }
@@ -378,7 +429,10 @@ impl Layout {
 
     fn check_axis(&self, axis: usize) -> Result<(), LayoutError> {
         if axis >= self.ndim {
-            return Err(LayoutError::AxisOutOfRange { axis, ndim: self.ndim });
+            return Err(LayoutError::AxisOutOfRange {
+                axis,
+                ndim: self.ndim,
+            });
         }
         Ok(())
     }
@@ -387,14 +441,18 @@ impl Layout {
     fn extent(&self) -> Result<usize, LayoutError> {
         let mut far = 0usize;
         for i in 0..self.ndim {
-            let step = (self.dims[i] - 1).checked_mul(self.strides[i]).ok_or(LayoutError::Overflow)?;
+            let step = (self.dims[i] - 1)
+                .checked_mul(self.strides[i])
+                .ok_or(LayoutError::Overflow)?;
             far = far.checked_add(step).ok_or(LayoutError::Overflow)?;
         }
         far.checked_add(self.elem_size).ok_or(LayoutError::Overflow)
     }
 
     fn span_checked(&self) -> Result<usize, LayoutError> {
-        self.offset.checked_add(self.extent()?).ok_or(LayoutError::Overflow)
+        self.offset
+            .checked_add(self.extent()?)
+            .ok_or(LayoutError::Overflow)
     }
 
     fn len_checked(&self) -> Result<usize, LayoutError> {
@@ -407,15 +465,27 @@ impl Layout {
     }
 
     /// Builds a layout from parts already validated by the caller (planner, reshape).
-    pub(crate) fn from_parts(offset: usize, elem_size: usize, dims: &[usize], strides: &[usize]) -> Result<Layout, LayoutError> {
+    pub(crate) fn from_parts(
+        offset: usize,
+        elem_size: usize,
+        dims: &[usize],
+        strides: &[usize],
+    ) -> Result<Layout, LayoutError> {
         Layout::new(dims, strides, elem_size)?.with_offset(offset)
     }
 }
 
 /// Dense strides, row-major or column-major.
-fn dense_strides(dims: &[usize], elem_size: usize, column_major: bool) -> Result<[usize; MAX_DIMS], LayoutError> {
+fn dense_strides(
+    dims: &[usize],
+    elem_size: usize,
+    column_major: bool,
+) -> Result<[usize; MAX_DIMS], LayoutError> {
     if dims.len() > MAX_DIMS {
-        return Err(LayoutError::TooManyDims { ndim: dims.len(), max: MAX_DIMS });
+        return Err(LayoutError::TooManyDims {
+            ndim: dims.len(),
+            max: MAX_DIMS,
+        });
     }
     let mut strides = [0usize; MAX_DIMS];
     let mut s = elem_size;

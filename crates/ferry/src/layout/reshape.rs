@@ -23,7 +23,10 @@ impl Layout {
             return Err(LayoutError::NoDims);
         }
         if new_dims.len() > MAX_DIMS {
-            return Err(LayoutError::TooManyDims { ndim: new_dims.len(), max: MAX_DIMS });
+            return Err(LayoutError::TooManyDims {
+                ndim: new_dims.len(),
+                max: MAX_DIMS,
+            });
         }
         if let Some(axis) = new_dims.iter().position(|&d| d == 0) {
             return Err(LayoutError::ZeroDim { axis });
@@ -42,8 +45,13 @@ impl Layout {
             to: new_dims.to_vec(),
         };
         // Old dims without the size-1 ones (they carry no stride information).
-        let (od, os): (Vec<usize>, Vec<usize>) =
-            self.dims().iter().zip(self.strides()).filter(|(&d, _)| d != 1).map(|(&d, &s)| (d, s)).unzip();
+        let (od, os): (Vec<usize>, Vec<usize>) = self
+            .dims()
+            .iter()
+            .zip(self.strides())
+            .filter(|(&d, _)| d != 1)
+            .map(|(&d, &s)| (d, s))
+            .unzip();
         let mut new_strides = [0usize; MAX_DIMS];
         let (mut oi, mut ni) = (0usize, 0usize);
         let (on, nn) = (od.len(), new_dims.len());
@@ -62,20 +70,28 @@ impl Layout {
             }
             // The old group must be contiguous within itself.
             for k in oi..oj - 1 {
-                if os[k] != os[k + 1] * od[k + 1] {
+                if os[k + 1].checked_mul(od[k + 1]) != Some(os[k]) {
                     return Err(needs_copy());
                 }
             }
             // Lay the new group over the old group's innermost stride.
             new_strides[nj - 1] = os[oj - 1];
             for k in (ni + 1..nj).rev() {
-                new_strides[k - 1] = new_strides[k] * new_dims[k];
+                // Overflows only when every dim outside `k` in the group has extent 1 (else the
+                // layout's own extent would overflow); any stride serves such a dim.
+                new_strides[k - 1] = new_strides[k]
+                    .checked_mul(new_dims[k])
+                    .unwrap_or(new_strides[k]);
             }
             oi = oj;
             ni = nj;
         }
         // Trailing new dims of extent 1 get a stride; any value keeps the element set.
-        let last = if ni > 0 { new_strides[ni - 1] } else { self.elem_size };
+        let last = if ni > 0 {
+            new_strides[ni - 1]
+        } else {
+            self.elem_size
+        };
         for s in new_strides.iter_mut().take(nn).skip(ni) {
             *s = last;
         }

@@ -30,6 +30,19 @@ impl MemKind {
     }
 }
 
+impl std::fmt::Display for MemKind {
+    /// `pageable`, `pinned`, `mapped`, `device 0`, `managed`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemKind::Pageable => f.write_str("pageable"),
+            MemKind::Pinned => f.write_str("pinned"),
+            MemKind::Mapped => f.write_str("mapped"),
+            MemKind::Device { ordinal } => write!(f, "device {ordinal}"),
+            MemKind::Managed => f.write_str("managed"),
+        }
+    }
+}
+
 /// A raw view of a buffer: address, length in bytes, kind. Plain data; holding one grants
 /// nothing: the safe API ties it to a borrow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +58,11 @@ pub struct RawBuf {
 impl RawBuf {
     /// A raw view of host memory.
     pub fn host(ptr: *const u8, len: usize, kind: MemKind) -> RawBuf {
-        RawBuf { addr: ptr as u64, len, kind }
+        RawBuf {
+            addr: ptr as u64,
+            len,
+            kind,
+        }
     }
     /// The address range the buffer spans.
     pub fn range(&self) -> std::ops::Range<u64> {
@@ -96,13 +113,21 @@ unsafe impl<T: Plain, const N: usize> Plain for [T; N] {}
 // memory is pageable host memory.
 unsafe impl<T: Plain> Memory for [T] {
     fn raw(&self) -> RawBuf {
-        RawBuf::host(self.as_ptr().cast(), std::mem::size_of_val(self), MemKind::Pageable)
+        RawBuf::host(
+            self.as_ptr().cast(),
+            std::mem::size_of_val(self),
+            MemKind::Pageable,
+        )
     }
 }
 // SAFETY: a mutable slice is valid for writes and unaliased while mutably borrowed.
 unsafe impl<T: Plain> MemoryMut for [T] {
     fn raw_mut(&mut self) -> RawBuf {
-        RawBuf::host(self.as_mut_ptr().cast(), std::mem::size_of_val(self), MemKind::Pageable)
+        RawBuf::host(
+            self.as_mut_ptr().cast(),
+            std::mem::size_of_val(self),
+            MemKind::Pageable,
+        )
     }
 }
 // SAFETY: as for slices: a Vec's buffer does not move while the Vec is borrowed.

@@ -1,1 +1,240 @@
+//! Unit tests of the planner: run counts for simple cases, errors, splitting.
 
+use super::*;
+
+fn pairs(p: &Plan) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    p.for_each_run(|d, s| {
+        for b in 0..p.run() {
+            v.push((d + b, s + b));
+        }
+    });
+    v.sort_unstable();
+    v
+}
+
+fn reference(dst: &Layout, src: &Layout) -> Vec<(usize, usize)> {
+    let e = dst.elem_size();
+    let mut v: Vec<(usize, usize)> = dst
+        .element_offsets()
+        .zip(src.element_offsets())
+        .flat_map(|(d, s)| (0..e).map(move |b| (d + b, s + b)))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn check(dst: &Layout, src: &Layout) -> Plan {
+    let p = Plan::new(dst, src).unwrap();
+    assert_eq!(pairs(&p), reference(dst, src), "{p:?}");
+    assert_eq!(p.total_bytes(), dst.size_bytes());
+    assert!(p.dst_end() <= dst.span().end && p.src_end() <= src.span().end);
+    p
+}
+
+#[test]
+fn contiguous_is_one_run() {
+    let l = Layout::contiguous(&[3, 5, 7], 4).unwrap();
+    let p = check(&l, &l);
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count()),
+        (PlanKind::Contiguous, 420, 1)
+    );
+    // Different shapes of size-1 dims still one run.
+    let a = Layout::contiguous(&[1, 3, 1, 35], 4).unwrap();
+    let b = Layout::contiguous(&[3, 35, 1], 4)
+        .unwrap()
+        .with_offset(12)
+        .unwrap();
+    let p = check(&a, &b);
+    assert_eq!(
+        (p.kind(), p.run(), p.src_offset()),
+        (PlanKind::Contiguous, 420, 12)
+    );
+    // Column-major to column-major is dense in both: one run too.
+    let c = Layout::column_major(&[3, 5, 7], 2).unwrap();
+    assert_eq!(check(&c, &c).kind(), PlanKind::Contiguous);
+}
+
+#[test]
+fn padded_rows_are_2d() {
+    let src = Layout::pitched(&[16, 10], 4, 48).unwrap();
+    let dst = Layout::contiguous(&[16, 10], 4).unwrap();
+    let p = check(&dst, &src);
+    assert_eq!(
+        (
+            p.kind(),
+            p.run(),
+            p.counts(),
+            p.dst_strides(),
+            p.src_strides()
+        ),
+        (PlanKind::Pitched2D, 40, &[16][..], &[40][..], &[48][..])
+    );
+    // Both padded, differently.
+    let p = check(&Layout::pitched(&[16, 10], 4, 64).unwrap(), &src);
+    assert_eq!((p.kind(), p.run()), (PlanKind::Pitched2D, 40));
+}
+
+#[test]
+fn padded_planes_are_3d_and_tiles_are_2d() {
+    // A 3-D tile of a bigger volume.
+    let vol = Layout::contiguous(&[8, 16, 32], 4).unwrap();
+    let tile = vol
+        .slice(0, 2..6, 1)
+        .unwrap()
+        .slice(1, 4..12, 1)
+        .unwrap()
+        .slice(2, 8..24, 1)
+        .unwrap();
+    let dst = Layout::contiguous(&[4, 8, 16], 4).unwrap();
+    let p = check(&dst, &tile);
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count()),
+        (PlanKind::Pitched3D, 64, 32)
+    );
+    // Full rows of a volume: planes merge with rows.
+    let rows = vol.slice(1, 4..12, 1).unwrap();
+    let p = check(&Layout::contiguous(&[8, 8, 32], 4).unwrap(), &rows);
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count()),
+        (PlanKind::Pitched2D, 1024, 8)
+    );
+}
+
+#[test]
+fn transpose_is_element_wise_2d() {
+    let m = Layout::contiguous(&[6, 9], 8).unwrap();
+    let t = Layout::contiguous(&[9, 6], 8)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    let p = check(&m, &t);
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count()),
+        (PlanKind::Pitched3D, 8, 54)
+    );
+}
+
+#[test]
+fn strided_gather_widens_nothing() {
+    let src = Layout::contiguous(&[100], 4)
+        .unwrap()
+        .slice(0, 0..100, 3)
+        .unwrap();
+    let dst = Layout::contiguous(&[34], 4).unwrap();
+    let p = check(&dst, &src);
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count()),
+        (PlanKind::Pitched2D, 4, 34)
+    );
+}
+
+#[test]
+fn broadcast_source() {
+    let src = Layout::new(&[5, 4], &[0, 2], 2).unwrap();
+    let dst = Layout::contiguous(&[5, 4], 2).unwrap();
+    let p = check(&dst, &src);
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count()),
+        (PlanKind::Pitched2D, 8, 5)
+    );
+}
+
+#[test]
+fn fill_plans() {
+    let l = Layout::pitched(&[4, 6], 2, 16).unwrap();
+    let p = Plan::fill(&l).unwrap();
+    assert_eq!(
+        (p.kind(), p.run(), p.run_count(), p.src_strides()),
+        (PlanKind::Pitched2D, 12, 4, &[0][..])
+    );
+    let mut runs = Vec::new();
+    p.for_each_run(|d, s| runs.push((d, s)));
+    assert_eq!(runs, vec![(0, 0), (16, 0), (32, 0), (48, 0)]);
+    let c = Plan::fill(&Layout::contiguous(&[4, 6], 2).unwrap()).unwrap();
+    assert_eq!((c.kind(), c.run()), (PlanKind::Contiguous, 48));
+    let b = Layout::new(&[4], &[0], 2).unwrap();
+    assert!(matches!(
+        Plan::fill(&b),
+        Err(PlanError::DstSelfOverlap { .. })
+    ));
+}
+
+#[test]
+fn errors_name_the_numbers() {
+    let a = Layout::contiguous(&[4, 6], 4).unwrap();
+    let e = Plan::new(&a, &Layout::contiguous(&[6, 4], 4).unwrap()).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::ShapeMismatch {
+            dst: vec![4, 6],
+            src: vec![6, 4]
+        }
+    );
+    assert!(
+        e.to_string().contains("[4, 6]") && e.to_string().contains("[6, 4]"),
+        "{e}"
+    );
+    let e = Plan::new(&a, &Layout::contiguous(&[4, 6], 2).unwrap()).unwrap_err();
+    assert_eq!(e, PlanError::ElemSizeMismatch { dst: 4, src: 2 });
+    assert!(e.to_string().contains("destination 4") && e.to_string().contains("source 2"));
+    let bad = Layout::new(&[4, 6], &[4, 4], 4).unwrap();
+    let e = Plan::new(&bad, &a).unwrap_err();
+    assert_eq!(
+        e,
+        PlanError::DstSelfOverlap {
+            dims: vec![4, 6],
+            strides: vec![4, 4]
+        }
+    );
+    assert!(e.to_string().contains("[4, 4]"));
+}
+
+#[test]
+fn huge_strides_do_not_overflow_the_merge() {
+    // Regression: merging computed stride x extent unchecked and panicked on overflow.
+    let src = Layout::new(&[2, 2], &[0, usize::MAX / 2 + 1], 1).unwrap();
+    let dst = Layout::contiguous(&[2, 2], 1).unwrap();
+    let p = Plan::new(&dst, &src).unwrap();
+    assert_eq!(p.run_count(), 4);
+    let mut runs = Vec::new();
+    p.for_each_run(|d, s| runs.push((d, s)));
+    runs.sort_unstable();
+    assert_eq!(
+        runs,
+        vec![
+            (0, 0),
+            (1, usize::MAX / 2 + 1),
+            (2, 0),
+            (3, usize::MAX / 2 + 1)
+        ]
+    );
+}
+
+#[test]
+fn split_covers_the_same_runs() {
+    let src = Layout::pitched(&[37, 11], 4, 64).unwrap();
+    let dst = Layout::contiguous(&[37, 11], 4).unwrap();
+    let p = Plan::new(&dst, &src).unwrap();
+    for parts in [1, 2, 3, 5, 37, 100] {
+        let pieces = p.split(parts, 1, 4);
+        assert!(pieces.len() <= parts.max(1));
+        let mut all: Vec<(usize, usize)> = pieces.iter().flat_map(pairs).collect();
+        all.sort_unstable();
+        assert_eq!(all, pairs(&p), "parts {parts}");
+    }
+    // A contiguous plan splits its run at the alignment.
+    let c = Plan::contiguous(3, 5, 1000);
+    let pieces = c.split(3, 1, 64);
+    assert_eq!(
+        pieces.iter().map(Plan::run).collect::<Vec<_>>(),
+        vec![384, 384, 232]
+    );
+    let mut all: Vec<(usize, usize)> = pieces.iter().flat_map(pairs).collect();
+    all.sort_unstable();
+    assert_eq!(all, pairs(&c));
+    // min_bytes limits the parts.
+    assert_eq!(c.split(8, 400, 1).len(), 2);
+    assert_eq!(c.split(8, 2000, 1).len(), 1);
+}

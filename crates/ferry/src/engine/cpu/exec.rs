@@ -33,7 +33,12 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
             }
             // A block of whole patterns to copy from (runs are whole elements).
             let reps = (4096 / pattern.len()).max(1);
-            let block: Vec<u8> = pattern.iter().copied().cycle().take(reps * pattern.len()).collect();
+            let block: Vec<u8> = pattern
+                .iter()
+                .copied()
+                .cycle()
+                .take(reps * pattern.len())
+                .collect();
             plan.for_each_run(|doff, _| {
                 let mut at = 0;
                 while at < run {

@@ -38,7 +38,11 @@ pub struct CpuConfig {
 impl CpuConfig {
     /// `threads` workers and the default chunk and inline sizes.
     pub fn new(threads: usize) -> CpuConfig {
-        CpuConfig { threads, chunk_bytes: 1 << 20, inline_bytes: 64 << 10 }
+        CpuConfig {
+            threads,
+            chunk_bytes: 1 << 20,
+            inline_bytes: 64 << 10,
+        }
     }
     /// Sets the smallest chunk (at least 1 byte).
     pub fn chunk_bytes(mut self, bytes: usize) -> CpuConfig {
@@ -82,8 +86,13 @@ impl CpuEngine {
     }
     /// An engine with the given settings. Errors if a worker thread cannot be started.
     pub fn with_config(cfg: CpuConfig) -> Result<CpuEngine, crate::Error> {
-        let pool = Pool::start(cfg.threads).map_err(|e| crate::Error::Setup(format!("cannot start CPU worker: {e}")))?;
-        Ok(CpuEngine { pool, inflight: InFlight::new(), cfg })
+        let pool = Pool::start(cfg.threads)
+            .map_err(|e| crate::Error::Setup(format!("cannot start CPU worker: {e}")))?;
+        Ok(CpuEngine {
+            pool,
+            inflight: InFlight::new(),
+            cfg,
+        })
     }
     /// The engine's settings.
     pub fn config(&self) -> CpuConfig {
@@ -101,13 +110,17 @@ impl Engine for CpuEngine {
     }
 
     fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
-        dst.host_accessible() && src.is_none_or(MemKind::host_accessible)
+        dst.host_accessible() && src.map_or(true, MemKind::host_accessible)
     }
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
         job.check()?;
         if !self.supports(job.dst.kind, job.src.map(|s| s.kind)) {
-            return Err(SubmitError::Unsupported { engine: self.name(), dst: job.dst.kind, src: job.src.map(|s| s.kind) });
+            return Err(SubmitError::Unsupported {
+                engine: self.name(),
+                dst: job.dst.kind,
+                src: job.src.map(|s| s.kind),
+            });
         }
         let req = self.pool.submit(job, &self.cfg)?;
         self.inflight.track(&req);

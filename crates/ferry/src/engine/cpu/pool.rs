@@ -45,9 +45,18 @@ unsafe impl Sync for JobState {}
 
 enum Task {
     /// Wait for dependencies, build the program if the op is custom, then fan out chunks.
-    Start { job: Job, prog: Option<Vec<Step>>, state: Arc<JobState>, parts: usize, chunk: usize },
+    Start {
+        job: Box<Job>,
+        prog: Option<Vec<Step>>,
+        state: Arc<JobState>,
+        parts: usize,
+        chunk: usize,
+    },
     /// Run these steps.
-    Chunk { state: Arc<JobState>, steps: Vec<Step> },
+    Chunk {
+        state: Arc<JobState>,
+        steps: Vec<Step>,
+    },
 }
 
 impl Pool {
@@ -61,9 +70,20 @@ impl Pool {
         });
         for i in 0..threads {
             let p = Arc::clone(&pool);
-            let h = std::thread::Builder::new().name(format!("ferry-cpu-{i}")).spawn(move || p.worker())?;
-            pool.live.fetch_add(1, Ordering::AcqRel);
-            pool.lock_handles().push(h);
+            match std::thread::Builder::new()
+                .name(format!("ferry-cpu-{i}"))
+                .spawn(move || p.worker())
+            {
+                Ok(h) => {
+                    pool.live.fetch_add(1, Ordering::AcqRel);
+                    pool.lock_handles().push(h);
+                }
+                Err(e) => {
+                    // Stop the workers already started, or they would wait forever.
+                    pool.shutdown();
+                    return Err(e);
+                }
+            }
         }
         Ok(pool)
     }
@@ -79,7 +99,11 @@ impl Pool {
         self.live.load(Ordering::Acquire)
     }
 
-    pub(super) fn submit(self: &Arc<Self>, job: Job, cfg: &CpuConfig) -> Result<Request, SubmitError> {
+    pub(super) fn submit(
+        self: &Arc<Self>,
+        job: Job,
+        cfg: &CpuConfig,
+    ) -> Result<Request, SubmitError> {
         if self.lock().shutdown {
             return Err(SubmitError::ShutDown(format!("cpu({})", self.threads)));
         }
@@ -111,12 +135,25 @@ impl Pool {
             }
             prog = Some(p.into_steps());
         }
-        self.push(Task::Start { job, prog, state, parts, chunk }, false);
+        self.push(
+            Task::Start {
+                job: Box::new(job),
+                prog,
+                state,
+                parts,
+                chunk,
+            },
+            false,
+        );
         Ok(self.request(signal))
     }
 
     fn request(self: &Arc<Self>, signal: Arc<Signal>) -> Request {
-        let helper = if self.threads == 0 { Some(Arc::clone(self)) } else { None };
+        let helper = if self.threads == 0 {
+            Some(Arc::clone(self))
+        } else {
+            None
+        };
         Request::new(CpuCompletion { signal, helper })
     }
 
@@ -132,9 +169,22 @@ impl Pool {
     }
 
     /// Splits `steps` into up to `parts` chunks of at least `chunk` bytes and queues them.
-    fn fan_out(&self, state: &Arc<JobState>, steps: Vec<Step>, parts: usize, chunk: usize, front: bool) {
+    fn fan_out(
+        &self,
+        state: &Arc<JobState>,
+        steps: Vec<Step>,
+        parts: usize,
+        chunk: usize,
+        front: bool,
+    ) {
         let total: usize = steps.iter().map(step_bytes).sum();
-        let parts = parts.min(total / chunk).max(1);
+        // Steps whose destinations overlap (a custom program may write bytes twice) must run
+        // in order on one thread: in parallel they would race on those bytes.
+        let parts = if steps_disjoint(&steps) {
+            parts.min(total / chunk).max(1)
+        } else {
+            1
+        };
         let mut chunks: Vec<Vec<Step>> = vec![Vec::new(); parts];
         if parts == 1 {
             chunks[0] = steps;
@@ -152,7 +202,10 @@ impl Pool {
         state.remaining.store(chunks.len(), Ordering::Release);
         let mut st = self.lock();
         for steps in chunks.into_iter().rev() {
-            let t = Task::Chunk { state: Arc::clone(state), steps };
+            let t = Task::Chunk {
+                state: Arc::clone(state),
+                steps,
+            };
             if front {
                 st.queue.push_front(t);
             } else {
@@ -187,6 +240,27 @@ impl Pool {
     }
 
     fn run(&self, task: Task) {
+        self.run_task(task);
+        if self.threads == 0 {
+            // A request may have completed: wake callers idling in `idle_wait`. Taking the
+            // lock orders this after their check, so no wake-up is lost.
+            drop(self.lock());
+            self.cond.notify_all();
+        }
+    }
+
+    /// Zero-thread mode: sleeps until work is queued or a task finished (or 10 ms passed), unless
+    /// `c` is already done or work is waiting.
+    fn idle_wait(&self, c: &dyn Completion) {
+        let st = self.lock();
+        if st.queue.is_empty() && c.poll_done().is_none() {
+            let _ = self
+                .cond
+                .wait_timeout(st, std::time::Duration::from_millis(10));
+        }
+    }
+
+    fn run_task(&self, task: Task) {
         match task {
             Task::Chunk { state, steps } => {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -198,13 +272,38 @@ impl Pool {
                     }
                 }));
                 if let Err(p) = r {
-                    fail(&state, RequestError::Panicked { op: "copy".into(), msg: crate::op::panic_message(&p) });
+                    fail(
+                        &state,
+                        RequestError::Panicked {
+                            op: "copy".into(),
+                            msg: crate::op::panic_message(&p),
+                        },
+                    );
                 }
                 finish_chunk(&state);
             }
-            Task::Start { job, prog, state, parts, chunk } => {
+            Task::Start {
+                job,
+                prog,
+                state,
+                parts,
+                chunk,
+            } => {
                 for dep in &job.after {
-                    if let Err(e) = self.wait_helping(dep.completion()) {
+                    // Help with chunks only: running another `Start` here could nest a task
+                    // that waits for the very request this frame is about to start (deadlock).
+                    // A foreign completion (another engine's, or user code) may panic: that
+                    // fails this request, not the worker (whose loss would hang the request).
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.wait_helping_chunks(dep.completion())
+                    }))
+                    .unwrap_or_else(|p| {
+                        Err(RequestError::Panicked {
+                            op: "dependency".into(),
+                            msg: crate::op::panic_message(&p),
+                        })
+                    });
+                    if let Err(e) = r {
                         fail(&state, RequestError::Dependency(Box::new(e)));
                         state.signal.complete(Err(take_error(&state)));
                         return;
@@ -240,7 +339,49 @@ impl Pool {
             }
             match self.pop() {
                 Some(t) => self.run(t),
+                // Zero-thread mode: the work may be running on another caller, which may queue
+                // more work and return; keep helping rather than block on `c`.
+                None if self.threads == 0 => self.idle_wait(c),
                 None => return c.wait(),
+            }
+        }
+    }
+
+    /// Waits for `c`, running only queued chunks meanwhile. Chunks never block, so a worker
+    /// waiting on a dependency cannot end up, nested, inside a task that waits for itself.
+    /// Dependencies were submitted earlier, so their `Start` tasks were taken off the (FIFO)
+    /// queue before this one and have fanned out chunks or are running on another thread.
+    fn wait_helping_chunks(&self, c: &dyn Completion) -> Result<(), RequestError> {
+        loop {
+            if let Some(r) = c.poll_done() {
+                return r;
+            }
+            let chunk = {
+                let mut st = self.lock();
+                match st
+                    .queue
+                    .iter()
+                    .position(|t| matches!(t, Task::Chunk { .. }))
+                {
+                    Some(i) => st.queue.remove(i),
+                    None => None,
+                }
+            };
+            match chunk {
+                Some(t) => self.run(t),
+                None => {
+                    // A request of this zero-thread pool, taken by another caller. Do not call
+                    // `c.wait()`: it helps with any task and could run, nested, a `Start` that
+                    // waits for the request this frame belongs to. Do not block either: that
+                    // caller may queue this request's chunks and return. Idle, then look again.
+                    if let Some(cc) = c.as_any().downcast_ref::<CpuCompletion>() {
+                        if cc.helper.as_ref().is_some_and(|p| std::ptr::eq(&**p, self)) {
+                            self.idle_wait(&*cc.signal);
+                            continue;
+                        }
+                    }
+                    return c.wait();
+                }
             }
         }
     }
@@ -270,7 +411,23 @@ impl Pool {
 }
 
 fn lower_custom(op: &Op, job: &Job) -> Result<Vec<Step>, RequestError> {
-    op.lower_catching(job.dst.len, job.src.map(|s| s.len)).map(crate::op::Program::into_steps)
+    op.lower_catching(job.dst.len, job.src.map(|s| s.len))
+        .map(crate::op::Program::into_steps)
+}
+
+/// True when no two steps write overlapping destination byte ranges.
+fn steps_disjoint(steps: &[Step]) -> bool {
+    if steps.len() < 2 {
+        return true;
+    }
+    let mut spans: Vec<(usize, usize)> = steps
+        .iter()
+        .map(|s| match s {
+            Step::Copy(p) | Step::Fill { plan: p, .. } => (p.dst_offset(), p.dst_end()),
+        })
+        .collect();
+    spans.sort_unstable();
+    spans.windows(2).all(|w| w[0].1 <= w[1].0)
 }
 
 fn step_bytes(s: &Step) -> usize {
@@ -281,11 +438,21 @@ fn step_bytes(s: &Step) -> usize {
 
 fn split_step(s: &Step, parts: usize, chunk: usize) -> Vec<Step> {
     match s {
-        Step::Copy(p) => p.split(parts, chunk, 64).into_iter().map(Step::Copy).collect(),
+        Step::Copy(p) => p
+            .split(parts, chunk, 64)
+            .into_iter()
+            .map(Step::Copy)
+            .collect(),
         Step::Fill { plan, pattern } => {
             // Fills split on whole elements so the pattern stays aligned.
             let align = pattern.len();
-            plan.split(parts, chunk, align).into_iter().map(|plan| Step::Fill { plan, pattern: pattern.clone() }).collect()
+            plan.split(parts, chunk, align)
+                .into_iter()
+                .map(|plan| Step::Fill {
+                    plan,
+                    pattern: pattern.clone(),
+                })
+                .collect()
         }
     }
 }
@@ -308,7 +475,11 @@ fn take_error(state: &JobState) -> RequestError {
 
 fn finish_chunk(state: &JobState) {
     if state.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-        let err = state.error.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let err = state
+            .error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         state.signal.complete(err.map_or(Ok(()), Err));
     }
 }
@@ -330,11 +501,12 @@ impl Completion for CpuCompletion {
         self.signal.poll_done()
     }
     fn register_waker(&self, waker: &Waker) {
-        // Zero-thread mode has nobody to make progress for a future: run the work now.
+        self.signal.register_waker(waker);
+        // Zero-thread mode has nobody to make progress for a future: run the queued work now.
+        // Work another thread took is finished there, and that thread wakes the waker.
         if let Some(pool) = &self.helper {
-            let _ = pool.wait_helping(&*self.signal);
+            pool.help_until_idle();
         }
-        self.signal.register_waker(waker)
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -12,5 +12,8 @@ pub struct CpuProbe {
 /// Reads the machine's core count.
 pub fn probe() -> CpuProbe {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    CpuProbe { cores, default_threads: cores }
+    CpuProbe {
+        cores,
+        default_threads: cores,
+    }
 }

@@ -1,0 +1,715 @@
+//! Requests: wait, try_wait, futures, barriers, dependencies, drops, zero-thread mode, owned
+//! transfers, and regressions for the deadlock and race fixed in the CPU pool.
+
+use ferry::request::{InFlight, Signal};
+use ferry::{
+    Completion, CpuConfig, CpuEngine, Engine, EngineExt, Job, Layout, MemKind, MultiplexEngine,
+    OpError, Operator, Program, RawBuf, Request, RequestError, SubmitError,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn cpu(threads: usize) -> CpuEngine {
+    CpuEngine::with_config(CpuConfig::new(threads).chunk_bytes(4096).inline_bytes(0)).unwrap()
+}
+
+fn data(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+fn raw(v: &mut [u8]) -> RawBuf {
+    RawBuf::host(v.as_mut_ptr(), v.len(), MemKind::Pageable)
+}
+
+/// Runs `f` on a thread and fails the test if it does not finish in `secs` (a deadlock).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no progress in {secs} s (deadlock?)"))
+}
+
+struct Fails(u32);
+impl Operator for Fails {
+    fn name(&self) -> &str {
+        "fails"
+    }
+    fn lower(&self, _: &mut Program) -> Result<(), OpError> {
+        Err(OpError::Custom(format!("failure {}", self.0)))
+    }
+}
+
+#[test]
+fn wait_and_try_wait() {
+    for threads in [0, 1, 3] {
+        let e = cpu(threads);
+        let src = data(1 << 20, 1);
+        let mut dst = vec![0u8; 1 << 20];
+        e.scope(|s| {
+            let mut r = s.memcpy(&mut dst, &src).unwrap();
+            if threads > 0 {
+                // Poll until done; never blocks.
+                let t = Instant::now();
+                let res = loop {
+                    if let Some(res) = r.try_wait() {
+                        break res;
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(20));
+                    std::thread::yield_now();
+                };
+                assert_eq!(res, Ok(()));
+                assert!(r.is_done());
+                assert_eq!(r.try_wait(), Some(Ok(())));
+            } else {
+                // Zero threads: nothing runs until someone waits.
+                assert_eq!(r.try_wait(), None);
+                assert!(!r.is_done());
+                r.wait().unwrap();
+            }
+        })
+        .unwrap();
+        assert_eq!(dst, src, "threads {threads}");
+    }
+}
+
+#[test]
+fn futures_block_on_and_join_all() {
+    for threads in [0, 2] {
+        let e = cpu(threads);
+        let srcs: Vec<Vec<u8>> = (0..64).map(|i| data(10_000 + i * 100, i as u8)).collect();
+        let mut dsts: Vec<Vec<u8>> = srcs.iter().map(|s| vec![0u8; s.len()]).collect();
+        e.scope(|s| {
+            let mut it = dsts.iter_mut().zip(&srcs);
+            let (d0, s0) = it.next().unwrap();
+            futures::executor::block_on(s.memcpy(d0, s0).unwrap()).unwrap();
+            let reqs: Vec<Request> = it.map(|(d, src)| s.memcpy(d, src).unwrap()).collect();
+            let results = futures::executor::block_on(futures::future::join_all(reqs));
+            assert!(results.iter().all(Result::is_ok));
+        })
+        .unwrap();
+        assert_eq!(dsts, srcs, "threads {threads}");
+        // A failing request's error comes out of the future.
+        let src = vec![0u8; 8];
+        let mut d = vec![0u8; 8];
+        e.scope(|s| {
+            let r = s.custom(&mut d, &src, Arc::new(Fails(9))).unwrap();
+            let err = futures::executor::block_on(r).unwrap_err();
+            assert_eq!(
+                err,
+                RequestError::Operator {
+                    op: "fails".into(),
+                    msg: "failure 9".into()
+                }
+            );
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn barrier_reports_every_failure_once() {
+    for threads in [0, 1, 4] {
+        let e = cpu(threads);
+        let src = data(4096, 3);
+        let mut dsts = vec![vec![0u8; 4096]; 50];
+        let mut failing = Vec::new();
+        let mut reqs = Vec::new();
+        for (i, d) in dsts.iter_mut().enumerate() {
+            let job = if [7, 23, 41].contains(&i) {
+                Job::custom(
+                    raw(d),
+                    Some(RawBuf::host(src.as_ptr(), 4096, MemKind::Pageable)),
+                    Arc::new(Fails(i as u32)),
+                )
+            } else {
+                let l = Layout::bytes(4096).unwrap();
+                Job::copy(
+                    raw(d),
+                    l,
+                    RawBuf::host(src.as_ptr(), 4096, MemKind::Pageable),
+                    l,
+                )
+            };
+            // SAFETY: `src` and `dsts` outlive the barrier below and are not touched before it.
+            let r = unsafe { e.submit_raw(job) }.unwrap();
+            if [7, 23, 41].contains(&i) {
+                failing.push((r.id(), i));
+            }
+            reqs.push(r);
+        }
+        drop(reqs);
+        let err = e.barrier().unwrap_err();
+        let mut got: Vec<u64> = err.failures.iter().map(|(id, _)| *id).collect();
+        got.sort_unstable();
+        assert_eq!(got, failing.iter().map(|f| f.0).collect::<Vec<_>>());
+        for ((_, e), (_, i)) in err.failures.iter().zip(&failing) {
+            assert_eq!(
+                e,
+                &RequestError::Operator {
+                    op: "fails".into(),
+                    msg: format!("failure {i}")
+                }
+            );
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("3 request(s) failed") && msg.contains("failure 23"),
+            "{msg}"
+        );
+        for (i, d) in dsts.iter().enumerate() {
+            assert_eq!(d == &src, ![7, 23, 41].contains(&i));
+        }
+        // Reported once: a second barrier is clean.
+        e.barrier().unwrap();
+
+        // An error observed through wait is not re-reported; an unobserved one is.
+        let mut d1 = vec![0u8; 8];
+        let mut d2 = vec![0u8; 8];
+        // SAFETY: buffers outlive the barrier.
+        let r1 =
+            unsafe { e.submit_raw(Job::custom(raw(&mut d1), None, Arc::new(Fails(1)))) }.unwrap();
+        let r2 =
+            unsafe { e.submit_raw(Job::custom(raw(&mut d2), None, Arc::new(Fails(2)))) }.unwrap();
+        let id2 = r2.id();
+        drop(r2);
+        assert!(r1.wait().is_err());
+        let err = e.barrier().unwrap_err();
+        assert_eq!(err.failures.len(), 1);
+        assert_eq!(err.failures[0].0, id2);
+    }
+}
+
+#[test]
+fn scope_barrier_reports_failures_and_engine_does_not_repeat_them() {
+    let e = cpu(2);
+    let src = data(256, 0);
+    let mut dsts = vec![vec![0u8; 256]; 20];
+    let err = e
+        .scope(|s| {
+            for (i, d) in dsts.iter_mut().enumerate() {
+                if i % 7 == 3 {
+                    drop(s.custom(d, &src, Arc::new(Fails(i as u32))).unwrap());
+                } else {
+                    drop(s.memcpy(d, &src).unwrap());
+                }
+            }
+        })
+        .unwrap_err();
+    assert_eq!(err.failures.len(), 3);
+    e.barrier().unwrap();
+}
+
+#[test]
+fn dependency_chain_runs_in_order() {
+    for threads in [0, 1, 2, 4] {
+        let e = cpu(threads);
+        let n = 3 << 20;
+        let src = data(n, 5);
+        let (mut a, mut b, mut c) = (vec![0u8; n], vec![0u8; n], vec![0u8; n]);
+        let l = Layout::bytes(n).unwrap();
+        let s = RawBuf::host(src.as_ptr(), n, MemKind::Pageable);
+        let (ra, rb, rc) = (raw(&mut a), raw(&mut b), raw(&mut c));
+        // SAFETY: the buffers outlive the waits below; each job reads only what its
+        // dependency finished writing.
+        unsafe {
+            let r1 = e.submit_raw(Job::copy(ra, l, s, l)).unwrap();
+            let r2 = e.submit_raw(Job::copy(rb, l, ra, l).after(&r1)).unwrap();
+            let r3 = e.submit_raw(Job::copy(rc, l, rb, l).after(&r2)).unwrap();
+            r3.wait().unwrap();
+        }
+        e.barrier().unwrap();
+        assert!(a == src && b == src && c == src, "threads {threads}");
+    }
+}
+
+#[test]
+fn failed_dependency_fails_dependents() {
+    for threads in [0, 2] {
+        let e = cpu(threads);
+        let (mut a, mut b, mut c) = (vec![0u8; 64], vec![0u8; 64], vec![0u8; 64]);
+        let l = Layout::bytes(64).unwrap();
+        // SAFETY: buffers outlive the waits.
+        unsafe {
+            let r1 = e
+                .submit_raw(Job::custom(raw(&mut a), None, Arc::new(Fails(1))))
+                .unwrap();
+            let r2 = e
+                .submit_raw(Job::fill(raw(&mut b), l, &[9]).after(&r1))
+                .unwrap();
+            let r3 = e
+                .submit_raw(Job::fill(raw(&mut c), l, &[9]).after(&r2))
+                .unwrap();
+            let e1 = RequestError::Operator {
+                op: "fails".into(),
+                msg: "failure 1".into(),
+            };
+            let e2 = RequestError::Dependency(Box::new(e1.clone()));
+            assert_eq!(
+                r3.wait(),
+                Err(RequestError::Dependency(Box::new(e2.clone())))
+            );
+            assert_eq!(r2.wait(), Err(e2.clone()));
+            assert!(
+                e2.to_string().contains("dependency failed")
+                    && e2.to_string().contains("failure 1")
+            );
+            assert_eq!(r1.wait(), Err(e1));
+        }
+        assert!(b.iter().chain(&c).all(|&x| x == 0));
+        e.barrier().unwrap();
+    }
+}
+
+#[test]
+fn scope_submit_with_dependencies() {
+    let e = cpu(2);
+    let src = data(1 << 20, 2);
+    let (mut a, mut b) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    let l = Layout::bytes(1 << 20).unwrap();
+    e.scope(|s| {
+        let r1 = s.copy(&mut a, &l, &src, &l).unwrap();
+        let r2 = s
+            .submit(
+                &mut b,
+                Some(&src[..]),
+                ferry::Op::Fill {
+                    dst: l,
+                    pattern: Box::new([4]),
+                },
+                &[&r1],
+            )
+            .unwrap();
+        r2.wait().unwrap();
+        assert!(r1.is_done(), "a dependent completed before its dependency");
+    })
+    .unwrap();
+    assert_eq!(a, src);
+    assert!(b.iter().all(|&x| x == 4));
+}
+
+#[test]
+fn dependencies_across_workers_do_not_deadlock() {
+    // Regression: a worker waiting on a dependency ran any queued task, including the Start of
+    // a request that depends on the one it was about to start, and blocked forever.
+    within(60, "chains on 2 workers", || {
+        let e = CpuEngine::with_config(CpuConfig::new(2).chunk_bytes(usize::MAX).inline_bytes(0))
+            .unwrap();
+        let n = 16 << 20;
+        let src = vec![1u8; n];
+        let mut bufs = vec![vec![0u8; n]; 4];
+        let l = Layout::bytes(n).unwrap();
+        let s = RawBuf::host(src.as_ptr(), n, MemKind::Pageable);
+        for _ in 0..10 {
+            let r: Vec<RawBuf> = bufs.iter_mut().map(|b| raw(b)).collect();
+            // SAFETY: the buffers outlive the wait; each copy reads what its dependency wrote.
+            unsafe {
+                let r0 = e.submit_raw(Job::copy(r[0], l, s, l)).unwrap();
+                let r1 = e
+                    .submit_raw(Job::copy(r[1], l, r[0], l).after(&r0))
+                    .unwrap();
+                let r2 = e
+                    .submit_raw(Job::copy(r[2], l, r[1], l).after(&r1))
+                    .unwrap();
+                let r3 = e
+                    .submit_raw(Job::copy(r[3], l, r[2], l).after(&r2))
+                    .unwrap();
+                r3.wait().unwrap();
+            }
+        }
+        assert!(bufs.iter().all(|b| b == &src));
+    });
+}
+
+#[test]
+fn dependency_on_another_engine_including_zero_thread() {
+    within(60, "cross-engine dependency", || {
+        let lazy = cpu(0);
+        let busy = cpu(1);
+        let n = 1 << 20;
+        let src = data(n, 8);
+        let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+        let l = Layout::bytes(n).unwrap();
+        // SAFETY: buffers outlive the waits.
+        unsafe {
+            let r1 = lazy
+                .submit_raw(Job::copy(
+                    raw(&mut a),
+                    l,
+                    RawBuf::host(src.as_ptr(), n, MemKind::Pageable),
+                    l,
+                ))
+                .unwrap();
+            let ra = RawBuf::host(a.as_ptr(), n, MemKind::Pageable);
+            // The 1-thread engine's worker makes the zero-thread engine's request progress.
+            let r2 = busy
+                .submit_raw(Job::copy(raw(&mut b), l, ra, l).after(&r1))
+                .unwrap();
+            r2.wait().unwrap();
+        }
+        assert!(a == src && b == src);
+    });
+}
+
+#[test]
+fn dropping_requests_and_engines_with_work_in_flight() {
+    for threads in [0, 1, 4] {
+        let n = 2 << 20;
+        let src = data(n, 4);
+        let mut dsts = vec![vec![0u8; n]; 8];
+        {
+            let e = cpu(threads);
+            let l = Layout::bytes(n).unwrap();
+            for d in dsts.iter_mut() {
+                // SAFETY: `dsts` and `src` outlive the engine, whose drop finishes the work.
+                let r = unsafe {
+                    e.submit_raw(Job::copy(
+                        raw(d),
+                        l,
+                        RawBuf::host(src.as_ptr(), n, MemKind::Pageable),
+                        l,
+                    ))
+                };
+                drop(r.unwrap());
+            }
+            // Dropped here with the copies queued or running.
+        }
+        assert!(dsts.iter().all(|d| d == &src), "threads {threads}");
+    }
+    // A request outliving its engine still reports its result.
+    let src = data(1 << 20, 1);
+    let mut d = vec![0u8; 1 << 20];
+    let l = Layout::bytes(1 << 20).unwrap();
+    let e = cpu(0);
+    // SAFETY: the request is waited before `d` is read.
+    let r = unsafe {
+        e.submit_raw(Job::copy(
+            raw(&mut d),
+            l,
+            RawBuf::host(src.as_ptr(), 1 << 20, MemKind::Pageable),
+            l,
+        ))
+    }
+    .unwrap();
+    drop(e);
+    assert_eq!(r.wait(), Ok(()));
+    assert_eq!(d, src);
+}
+
+#[test]
+fn scope_waits_even_when_the_closure_panics() {
+    let e = cpu(1);
+    let src = data(8 << 20, 6);
+    let mut dst = vec![0u8; 8 << 20];
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = e.scope(|s| {
+            drop(s.memcpy(&mut dst, &src).unwrap());
+            panic!("closure panics with a copy in flight");
+        });
+    }));
+    assert!(r.is_err());
+    assert_eq!(dst, src, "the scope returned before its copy finished");
+    let _ = e.barrier();
+}
+
+#[test]
+fn zero_thread_mode_progresses_in_wait_barrier_and_futures() {
+    let e = cpu(0);
+    let n = 1 << 20;
+    let src = data(n, 9);
+    let mut d = vec![vec![0u8; n]; 3];
+    let l = Layout::bytes(n).unwrap();
+    let s = RawBuf::host(src.as_ptr(), n, MemKind::Pageable);
+    let r: Vec<RawBuf> = d.iter_mut().map(|b| raw(b)).collect();
+    // SAFETY: buffers outlive the barrier.
+    unsafe {
+        drop(e.submit_raw(Job::copy(r[0], l, s, l)).unwrap());
+        drop(e.submit_raw(Job::copy(r[1], l, s, l)).unwrap());
+        let r3 = e.submit_raw(Job::copy(r[2], l, s, l)).unwrap();
+        futures::executor::block_on(r3).unwrap();
+    }
+    e.barrier().unwrap();
+    assert!(d.iter().all(|b| b == &src));
+}
+
+/// A test engine whose requests complete after a delay, from another thread.
+struct SlowEngine {
+    fail: bool,
+    done: Arc<AtomicBool>,
+}
+impl Engine for SlowEngine {
+    fn name(&self) -> String {
+        "slow".into()
+    }
+    fn supports(&self, _: MemKind, _: Option<MemKind>) -> bool {
+        true
+    }
+    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        let sig = Arc::new(Signal::new());
+        let (s2, done, fail) = (Arc::clone(&sig), Arc::clone(&self.done), self.fail);
+        let addr = job.dst.addr as usize;
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            if !fail {
+                // SAFETY: submit_raw's contract keeps `dst` valid until completion.
+                unsafe { *(addr as *mut u8) = 42 };
+            }
+            done.store(true, Ordering::SeqCst);
+            s2.complete(if fail {
+                Err(RequestError::Driver {
+                    call: "slowCopy",
+                    msg: "device fell off".into(),
+                })
+            } else {
+                Ok(())
+            });
+        });
+        Ok(Request::new(sig))
+    }
+    fn barrier(&self) -> Result<(), ferry::BarrierError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn transfers_return_buffers_and_drop_waits() {
+    // Success, with the real engine.
+    let e = cpu(2);
+    let t = e
+        .memcpy_owned(vec![0u8; 3 << 20], data(3 << 20, 1))
+        .unwrap();
+    let (dst, src) = t.wait().unwrap();
+    assert_eq!(dst, src);
+    // As a future.
+    let t = e.memcpy_owned(vec![0u32; 1000], vec![7u32; 1000]).unwrap();
+    let (dst, _) = futures::executor::block_on(t).unwrap();
+    assert!(dst.iter().all(|&x| x == 7));
+    // Empty copies complete at once (regression: they were refused with ZeroDim).
+    let (d, s) = e
+        .memcpy_owned(Vec::<u8>::new(), Vec::<u8>::new())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(d.is_empty() && s.is_empty());
+    let (mut d, s) = (vec![5u8; 4], Vec::<u8>::new());
+    e.scope(|sc| sc.memcpy(&mut d, &s).unwrap().wait().unwrap())
+        .unwrap();
+    assert_eq!(d, vec![5u8; 4]);
+    // Arrays held inline are owned and returned too.
+    let (d, _) = e
+        .memcpy_owned([0u8; 4096], [3u8; 4096])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(d.iter().all(|&x| x == 3));
+    // Refused at submit: buffers come back untouched.
+    let l = Layout::bytes(100).unwrap();
+    let refused = e
+        .copy_owned(vec![0u8; 10], &l, vec![1u8; 100], &l)
+        .unwrap_err();
+    assert!(
+        matches!(refused.error, SubmitError::Op(OpError::Dst(_))),
+        "{}",
+        refused.error
+    );
+    assert_eq!((refused.dst.len(), refused.src.len()), (10, 100));
+    // Failed at run time: buffers come back with the error.
+    let done = Arc::new(AtomicBool::new(false));
+    let slow = SlowEngine {
+        fail: true,
+        done: Arc::clone(&done),
+    };
+    let t = slow.memcpy_owned(vec![0u8; 16], vec![1u8; 16]).unwrap();
+    let failed = t.wait().unwrap_err();
+    assert_eq!(
+        failed.error,
+        RequestError::Driver {
+            call: "slowCopy",
+            msg: "device fell off".into()
+        }
+    );
+    assert!(failed
+        .error
+        .to_string()
+        .contains("slowCopy failed: device fell off"));
+    assert_eq!(
+        (failed.dst.len(), failed.src, done.load(Ordering::SeqCst)),
+        (16, vec![1u8; 16], true)
+    );
+    // Drop waits for the copy.
+    let done = Arc::new(AtomicBool::new(false));
+    let slow = SlowEngine {
+        fail: false,
+        done: Arc::clone(&done),
+    };
+    let t = slow.memcpy_owned(vec![0u8; 16], vec![1u8; 16]).unwrap();
+    assert!(!t.is_done());
+    drop(t);
+    assert!(
+        done.load(Ordering::SeqCst),
+        "dropping a Transfer returned before its copy completed"
+    );
+}
+
+#[test]
+fn overlapping_steps_of_one_program_run_in_order() {
+    // Regression: steps of one custom program ran as parallel chunks even when they wrote the
+    // same bytes (a data race reachable from safe code, and a wrong result).
+    struct FillThenCopy(usize);
+    impl Operator for FillThenCopy {
+        fn lower(&self, prog: &mut Program) -> Result<(), OpError> {
+            let l = Layout::bytes(self.0)?;
+            prog.fill(&l, &[0xFF])?;
+            prog.copy(&l, &l)?;
+            prog.fill(&Layout::bytes(8)?, &[1])
+        }
+    }
+    let n = 4 << 20;
+    let e = cpu(4);
+    let src = data(n, 7);
+    for _ in 0..5 {
+        let mut dst = vec![0u8; n];
+        e.scope(|s| {
+            s.custom(&mut dst, &src, Arc::new(FillThenCopy(n)))
+                .unwrap()
+                .wait()
+                .unwrap()
+        })
+        .unwrap();
+        assert_eq!(&dst[..8], &[1u8; 8]);
+        assert!(dst[8..] == src[8..]);
+    }
+}
+
+#[test]
+fn multiplex_splits_fills_and_copies() {
+    // Regression: a fill above split_bytes was split into sub-fills whose element size was the
+    // run length, and every one was refused with PatternSize.
+    let mux = MultiplexEngine::new()
+        .with(cpu(1), 1.0)
+        .with(cpu(2), 2.0)
+        .split_bytes(1 << 20);
+    let n = 6 << 20;
+    let mut dst = vec![0u8; n];
+    let l = Layout::contiguous(&[n / 4], 4).unwrap();
+    mux.scope(|s| s.fill(&mut dst, &l, &[1, 2, 3, 4]).map(|_| ()))
+        .unwrap()
+        .unwrap();
+    assert!(dst.chunks(4).all(|c| c == [1, 2, 3, 4]));
+    let src = data(n, 3);
+    mux.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(dst, src);
+    mux.barrier().unwrap();
+}
+
+#[test]
+fn inflight_prunes_completed_requests() {
+    // Regression: successful requests dropped without a wait were kept until the next barrier.
+    let f = InFlight::new();
+    for _ in 0..10_000 {
+        f.track(&Request::ready(Ok(())));
+    }
+    assert!(f.len() <= 128, "{} requests tracked", f.len());
+    // Unobserved failures are kept for the barrier.
+    for _ in 0..100 {
+        f.track(&Request::ready(Err(RequestError::Aborted("x".into()))));
+    }
+    assert_eq!(f.barrier().unwrap_err().failures.len(), 100);
+    assert!(f.is_empty());
+    // And a Signal completed later still wakes its waiter.
+    let s = Arc::new(Signal::new());
+    let r = Request::new(Arc::clone(&s));
+    let h = std::thread::spawn(move || r.wait());
+    std::thread::sleep(Duration::from_millis(20));
+    s.complete(Ok(()));
+    assert_eq!(h.join().unwrap(), Ok(()));
+    assert_eq!(s.poll_done(), Some(Ok(())));
+}
+
+#[test]
+fn panicking_dependency_fails_only_its_dependent() {
+    // Regression: a dependency whose completion panicked killed the worker, and the dependent
+    // request never completed.
+    struct Boom;
+    impl Completion for Boom {
+        fn wait(&self) -> Result<(), RequestError> {
+            panic!("completion 13 panicked")
+        }
+        fn poll_done(&self) -> Option<Result<(), RequestError>> {
+            panic!("completion 13 panicked")
+        }
+        fn register_waker(&self, _: &std::task::Waker) {}
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+    within(30, "panicking dependency", || {
+        let e = cpu(1);
+        let mut d = vec![0u8; 64];
+        let dep = Request::new(Boom);
+        let l = Layout::bytes(64).unwrap();
+        // SAFETY: `d` outlives the wait.
+        let r = unsafe { e.submit_raw(Job::fill(raw(&mut d), l, &[1]).after(&dep)) }.unwrap();
+        let err = r.wait().unwrap_err();
+        assert_eq!(
+            err,
+            RequestError::Dependency(Box::new(RequestError::Panicked {
+                op: "dependency".into(),
+                msg: "completion 13 panicked".into()
+            }))
+        );
+        assert_eq!(d, vec![0u8; 64]);
+        assert_eq!(e.live_workers(), 1);
+    });
+}
+
+#[test]
+fn chains_waited_from_many_threads() {
+    // Several threads make progress for one zero-thread engine at once, through a chain of
+    // dependent copies; a waiter must never nest a task that waits for its own request.
+    for threads in [0, 0, 1, 4] {
+        within(60, "chain with 4 waiters", move || {
+            let e = Arc::new(cpu(threads));
+            let (n, len) = (40, 256 << 10);
+            let src = data(len, 11);
+            let mut bufs = vec![vec![0u8; len]; n];
+            let l = Layout::bytes(len).unwrap();
+            let mut prev = RawBuf::host(src.as_ptr(), len, MemKind::Pageable);
+            let mut reqs: Vec<Option<Request>> = Vec::new();
+            for b in bufs.iter_mut() {
+                let job = Job::copy(raw(b), l, prev, l);
+                let job = match reqs.last() {
+                    Some(Some(r)) => job.after(r),
+                    _ => job,
+                };
+                // SAFETY: the buffers outlive the joins below; each copy reads what its
+                // dependency wrote.
+                reqs.push(Some(unsafe { e.submit_raw(job) }.unwrap()));
+                prev = RawBuf::host(b.as_ptr(), len, MemKind::Pageable);
+            }
+            let mut handles = Vec::new();
+            for t in 0..4 {
+                let mine: Vec<Request> = (0..n)
+                    .rev()
+                    .filter(|i| i % 4 == t)
+                    .map(|i| reqs[i].take().unwrap())
+                    .collect();
+                handles.push(std::thread::spawn(move || {
+                    mine.into_iter().map(Request::wait).collect::<Vec<_>>()
+                }));
+            }
+            for h in handles {
+                assert!(h.join().unwrap().iter().all(Result::is_ok));
+            }
+            e.barrier().unwrap();
+            assert!(bufs.iter().all(|b| b == &src), "threads {threads}");
+        });
+    }
+}
