@@ -46,10 +46,10 @@ fail=0
 if [ -x "$here/ferry" ]; then "$here/ferry" info >>"$log/gpu.txt" 2>&1 || echo "ferry info failed" >>"$log/gpu.txt"; fi
 for t in "$here"/tests/*; do
   name=$(basename "$t")
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   if "$t" --nocapture >"$log/$name.log" 2>&1; then status=ok; else status=FAIL; fail=1; fi
-  end=$(date +%s.%N)
-  printf '%-4s %-20s %6.1fs  %s\n' "$status" "$name" "$(echo "$end - $start" | bc 2>/dev/null || echo 0)" "$(grep -E '^test result' "$log/$name.log" | tail -1)"
+  end=$(date +%s%N)
+  printf '%-4s %-20s %7d ms  %s\n' "$status" "$name" $(((end - start) / 1000000)) "$(grep -E '^test result' "$log/$name.log" | tail -1)"
 done
 exit $fail
 RUN

@@ -239,18 +239,24 @@ unsafe fn copy2d(
     if h == 1 || dp < w || sp < w || peer {
         return rows(stream);
     }
-    // SAFETY: plain-data struct; all-zero is a valid starting value (null arrays, zero offsets).
-    let mut m: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    m.srcMemoryType = mem_type(s.kind);
-    m.srcHost = s.addr as *const std::ffi::c_void;
-    m.srcDevice = s.addr;
-    m.srcPitch = sp;
-    m.dstMemoryType = mem_type(d.kind);
-    m.dstHost = d.addr as *mut std::ffi::c_void;
-    m.dstDevice = d.addr;
-    m.dstPitch = dp;
-    m.WidthInBytes = w;
-    m.Height = h;
+    let m = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: mem_type(s.kind),
+        srcHost: s.addr as *const std::ffi::c_void,
+        srcDevice: s.addr,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: sp,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: mem_type(d.kind),
+        dstHost: d.addr as *mut std::ffi::c_void,
+        dstDevice: d.addr,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dp,
+        WidthInBytes: w,
+        Height: h,
+    };
     // SAFETY: `m` describes exactly the rows the caller vouches for.
     match check("cuMemcpy2DAsync", unsafe {
         sys::cuMemcpy2DAsync_v2(&m, stream)
@@ -298,21 +304,33 @@ unsafe fn copy3d(
     if c[0] == 1 || !fits(ds) || !fits(ss) || peer {
         return planes(stream);
     }
-    // SAFETY: plain-data struct; all-zero is a valid starting value.
-    let mut m: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-    m.srcMemoryType = mem_type(s.kind);
-    m.srcHost = s.addr as *const std::ffi::c_void;
-    m.srcDevice = s.addr;
-    m.srcPitch = ss[1];
-    m.srcHeight = ss[0] / ss[1];
-    m.dstMemoryType = mem_type(d.kind);
-    m.dstHost = d.addr as *mut std::ffi::c_void;
-    m.dstDevice = d.addr;
-    m.dstPitch = ds[1];
-    m.dstHeight = ds[0] / ds[1];
-    m.WidthInBytes = w;
-    m.Height = c[1];
-    m.Depth = c[0];
+    let m = sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: mem_type(s.kind),
+        srcHost: s.addr as *const std::ffi::c_void,
+        srcDevice: s.addr,
+        srcArray: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        srcPitch: ss[1],
+        srcHeight: ss[0] / ss[1],
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: mem_type(d.kind),
+        dstHost: d.addr as *mut std::ffi::c_void,
+        dstDevice: d.addr,
+        dstArray: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dstPitch: ds[1],
+        dstHeight: ds[0] / ds[1],
+        WidthInBytes: w,
+        Height: c[1],
+        Depth: c[0],
+    };
     // SAFETY: `m` describes exactly the planes the caller vouches for.
     match check("cuMemcpy3DAsync", unsafe {
         sys::cuMemcpy3DAsync_v2(&m, stream)

@@ -512,15 +512,10 @@ impl ManagedBuffer {
     /// Migrates the whole buffer to `to` and waits for the migration.
     pub fn prefetch_to(&self, to: Location) -> Result<(), CudaError> {
         driver::bind(&self.ctx)?;
-        // SAFETY: plain-data struct; every field is set below.
-        let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
-        match to {
-            Location::Host => loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            Location::Device(o) => {
-                loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-                loc.id = o as i32;
-            }
-        }
+        let loc = match to {
+            Location::Host => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
+            Location::Device(o) => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: o as i32 },
+        };
         // SAFETY: range inside the managed allocation; null stream of the current context.
         check("cuMemPrefetchAsync", unsafe {
             sys::cuMemPrefetchAsync_v2(self.ptr, self.len.max(1), loc, 0, std::ptr::null_mut())
