@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds every GPU test binary (tests/cuda_*.rs) and the `ferry` CLI in release mode without
+# Builds every GPU test binary (tests/cuda_*.rs), the measurement examples (examples/cuda_*.rs)
+# and the `ferry` CLI in release mode without
 # debug info, strips them, and copies them into a bundle folder (default `.gpu/`) with a
 # `run.sh` that runs them all on a GPU host with no Rust toolchain:
 #
@@ -27,6 +28,15 @@ while read -r name exe; do
   strip "$bundle/tests/$name" 2>/dev/null || true
 done <<<"$exes"
 
+# Measurement examples (examples/cuda_*.rs), run after the tests.
+mkdir -p "$bundle/examples"
+ex=$(cargo build --release -p ferry --example 'cuda_*' --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.name) \(.executable)"')
+while read -r name exe; do
+  [ -n "$name" ] || continue
+  cp "$exe" "$bundle/examples/$name"
+  strip "$bundle/examples/$name" 2>/dev/null || true
+done <<<"$ex"
+
 cli=$(cargo build --release -p ferry-cli --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .target.name == "ferry") | .executable')
 if [ -n "$cli" ]; then
   cp "$cli" "$bundle/ferry"
@@ -50,6 +60,11 @@ for t in "$here"/tests/*; do
   if "$t" --nocapture >"$log/$name.log" 2>&1; then status=ok; else status=FAIL; fail=1; fi
   end=$(date +%s%N)
   printf '%-4s %-20s %7d ms  %s\n' "$status" "$name" $(((end - start) / 1000000)) "$(grep -E '^test result' "$log/$name.log" | tail -1)"
+done
+for x in "$here"/examples/*; do
+  [ -x "$x" ] || continue
+  name=$(basename "$x")
+  if "$x" >"$log/$name.txt" 2>&1; then echo "ok   $name (output in $name.txt)"; else echo "FAIL $name"; fail=1; fi
 done
 exit $fail
 RUN
