@@ -26,8 +26,15 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     )
 }
 
-fn copy<D: MemoryMut + ?Sized, S: Memory + ?Sized>(e: &CudaEngine, d: &mut D, dl: &Layout, s: &S, sl: &Layout) {
-    e.scope(|sc| sc.copy(d, dl, s, sl).unwrap().wait().unwrap()).unwrap();
+fn copy<D: MemoryMut + ?Sized, S: Memory + ?Sized>(
+    e: &CudaEngine,
+    d: &mut D,
+    dl: &Layout,
+    s: &S,
+    sl: &Layout,
+) {
+    e.scope(|sc| sc.copy(d, dl, s, sl).unwrap().wait().unwrap())
+        .unwrap();
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,7 +47,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let l = Layout::bytes(n)?;
     let gbs = |secs: f64, bytes: usize| bytes as f64 / secs / 1e9;
     let mut pinned = PinnedBuffer::new(n)?;
-    pinned.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    pinned
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = i as u8);
     let mut pinned2 = PinnedBuffer::new(n)?;
     let mut pageable = vec![1u8; n];
     let mut dev = DeviceBuffer::new(0, n)?;
@@ -65,30 +75,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .unwrap()
     });
-    println!("  H2D+D2H       {:7.1}  (both directions at once, total bytes / time)", gbs(t, 2 * n));
+    println!(
+        "  H2D+D2H       {:7.1}  (both directions at once, total bytes / time)",
+        gbs(t, 2 * n)
+    );
 
     // Strided: 256-byte rows at a 1024-byte pitch (64 MiB payload), and a 3-D box.
     let rows = 256 << 10;
     let src2 = Layout::pitched(&[rows, 1024], 1, 1024)?.slice(1, 0..256, 1)?;
     let dst2 = Layout::contiguous(&[rows, 256], 1)?;
     let t = time(10, || copy(&e, &mut dev, &dst2, &pinned, &src2));
-    println!("  2-D H2D 256 B rows, pitch 1 KiB: {:7.1}", gbs(t, rows * 256));
+    println!(
+        "  2-D H2D 256 B rows, pitch 1 KiB: {:7.1}",
+        gbs(t, rows * 256)
+    );
     let t = time(10, || copy(&e, &mut pinned2, &src2, &dev, &dst2));
-    println!("  2-D D2H 256 B rows, pitch 1 KiB: {:7.1}", gbs(t, rows * 256));
+    println!(
+        "  2-D D2H 256 B rows, pitch 1 KiB: {:7.1}",
+        gbs(t, rows * 256)
+    );
     let vol = Layout::contiguous(&[64, 1024, 4096], 1)?;
-    let bx = vol.slice(0, 0..64, 1)?.slice(1, 0..1000, 1)?.slice(2, 0..2048, 1)?;
+    let bx = vol
+        .slice(0, 0..64, 1)?
+        .slice(1, 0..1000, 1)?
+        .slice(2, 0..2048, 1)?;
     let dbx = Layout::contiguous(&[64, 1000, 2048], 1)?;
     let t = time(10, || copy(&e, &mut dev, &dbx, &pinned, &bx));
-    println!("  3-D H2D box 64x1000x2048 B out of 64x1024x4096: {:7.1}", gbs(t, 64 * 1000 * 2048));
+    println!(
+        "  3-D H2D box 64x1000x2048 B out of 64x1024x4096: {:7.1}",
+        gbs(t, 64 * 1000 * 2048)
+    );
 
     // Small copies: 4 KiB pinned H2D submitted and waited, per wait mode.
     let small = Layout::bytes(4096)?;
-    for mode in [WaitMode::Blocking, WaitMode::Spin] {
+    for mode in [
+        WaitMode::Blocking,
+        WaitMode::Spin,
+        WaitMode::SpinThenBlock(std::time::Duration::from_micros(50)),
+    ] {
         let e = CudaEngine::with_config(CudaConfig::new(0).wait_mode(mode))?;
         let mut one = DeviceBuffer::new(0, 4096)?;
         let h = PinnedBuffer::new(4096)?;
         let t = time(2000, || copy(&e, &mut one, &small, &h, &small));
-        println!("4 KiB pinned H2D submit+wait, {mode:?}: {:.2} us (median of 2000)", t * 1e6);
+        println!(
+            "4 KiB pinned H2D submit+wait, {mode:?}: {:.2} us (median of 2000)",
+            t * 1e6
+        );
     }
     Ok(())
 }

@@ -223,6 +223,9 @@ fn spin_mode_and_forced_direction() {
         CudaConfig::new(0)
             .wait_mode(WaitMode::Spin)
             .direction(Direction::HostToDevice),
+        CudaConfig::new(0).wait_mode(WaitMode::SpinThenBlock(std::time::Duration::from_micros(
+            20,
+        ))),
     ] {
         let e = CudaEngine::with_config(cfg).unwrap();
         for (i, &k) in [Kind::Pageable, Kind::Pinned, Kind::Device]

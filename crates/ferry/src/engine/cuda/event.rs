@@ -20,11 +20,11 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
-    /// A timing-free event; with `BLOCKING_SYNC` for [`WaitMode::Blocking`] so that a waiting
+    /// A timing-free event; with `BLOCKING_SYNC` unless the mode only spins, so that a waiting
     /// thread sleeps. The context must be current.
     pub(crate) fn new(mode: WaitMode) -> Result<Event, DrvErr> {
         let mut flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        if mode == WaitMode::Blocking {
+        if mode != WaitMode::Spin {
             flags |= sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
         }
         let mut raw = std::ptr::null_mut();
@@ -36,6 +36,36 @@ impl Event {
     }
     pub(crate) fn raw(&self) -> sys::CUevent {
         self.raw
+    }
+}
+
+/// Completed events of one engine, reused by later requests (creating an event costs a driver
+/// call per request otherwise).
+#[derive(Default)]
+pub(crate) struct EventPool {
+    free: Mutex<Vec<Event>>,
+}
+
+impl EventPool {
+    const MAX: usize = 256;
+    /// A free event, or a new one (the context must be current).
+    pub(crate) fn take(&self, mode: WaitMode) -> Result<Event, DrvErr> {
+        match self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+        {
+            Some(e) => Ok(e),
+            None => Event::new(mode),
+        }
+    }
+    /// Returns a completed event.
+    fn give(&self, e: Event) {
+        let mut f = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.len() < Self::MAX {
+            f.push(e);
+        }
     }
 }
 
@@ -54,7 +84,9 @@ struct State {
 
 /// The shared part of a CUDA request.
 pub(crate) struct Inner {
-    event: Event,
+    /// Always `Some` until dropped (then handed back to the pool).
+    event: Option<Event>,
+    pool: Arc<EventPool>,
     ctx: Arc<CudaContext>,
     mode: WaitMode,
     state: Mutex<State>,
@@ -94,28 +126,47 @@ impl Inner {
             return r;
         }
         let r = match mode {
-            WaitMode::Blocking => {
-                let _ = driver::bind(&self.ctx);
-                // SAFETY: a live event handle.
-                check("cuEventSynchronize", unsafe {
-                    sys::cuEventSynchronize(self.event.raw)
-                })
-                .map_err(RequestError::from)
-            }
+            WaitMode::Blocking => self.sync(),
             WaitMode::Spin => loop {
                 match self.query() {
                     Some(r) => break r,
                     None => std::hint::spin_loop(),
                 }
             },
+            WaitMode::SpinThenBlock(limit) => {
+                let start = std::time::Instant::now();
+                loop {
+                    if let Some(r) = self.query() {
+                        break r;
+                    }
+                    if start.elapsed() >= limit {
+                        break self.sync();
+                    }
+                    std::hint::spin_loop();
+                }
+            }
         };
         self.finish(r)
+    }
+
+    fn raw(&self) -> sys::CUevent {
+        self.event.as_ref().map_or(std::ptr::null_mut(), Event::raw)
+    }
+
+    /// Blocks in `cuEventSynchronize` (sleeping, for events made with `BLOCKING_SYNC`).
+    fn sync(&self) -> Result<(), RequestError> {
+        let _ = driver::bind(&self.ctx);
+        // SAFETY: a live event handle.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.raw())
+        })
+        .map_err(RequestError::from)
     }
 
     /// Non-blocking: `None` while the event is pending.
     fn query(&self) -> Option<Result<(), RequestError>> {
         // SAFETY: a live event handle.
-        let code = unsafe { sys::cuEventQuery(self.event.raw) };
+        let code = unsafe { sys::cuEventQuery(self.raw()) };
         match code {
             sys::CUresult::CUDA_SUCCESS => Some(Ok(())),
             sys::CUresult::CUDA_ERROR_NOT_READY => None,
@@ -127,10 +178,15 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Drop synchronizes: the scratch buffers and the event outlive the work.
-        if self.done().is_none() {
-            let _ = driver::bind(&self.ctx);
-            // SAFETY: a live event handle.
-            let _ = unsafe { sys::cuEventSynchronize(self.event.raw) };
+        let ok = match self.done() {
+            Some(r) => r.is_ok(),
+            None => self.sync().is_ok(),
+        };
+        if let Some(e) = self.event.take() {
+            if ok {
+                // Complete, so a later record on any stream may reuse it.
+                self.pool.give(e);
+            }
         }
     }
 }
@@ -145,6 +201,7 @@ pub struct CudaCompletion {
 impl CudaCompletion {
     pub(crate) fn new(
         event: Event,
+        pool: Arc<EventPool>,
         ctx: Arc<CudaContext>,
         mode: WaitMode,
         keep: Vec<DeviceBuffer>,
@@ -157,7 +214,8 @@ impl CudaCompletion {
         };
         CudaCompletion {
             inner: Arc::new(Inner {
-                event,
+                event: Some(event),
+                pool,
                 ctx,
                 mode,
                 state: Mutex::new(state),
@@ -169,7 +227,7 @@ impl CudaCompletion {
     }
     /// The raw event recorded after the request's work.
     pub(crate) fn event(&self) -> sys::CUevent {
-        self.inner.event.raw()
+        self.inner.raw()
     }
     /// The result, if the request is known to have completed (no driver call).
     pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {

@@ -513,8 +513,14 @@ impl ManagedBuffer {
     pub fn prefetch_to(&self, to: Location) -> Result<(), CudaError> {
         driver::bind(&self.ctx)?;
         let loc = match to {
-            Location::Host => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
-            Location::Device(o) => sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: o as i32 },
+            Location::Host => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+            Location::Device(o) => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: o as i32,
+            },
         };
         // SAFETY: range inside the managed allocation; null stream of the current context.
         check("cuMemPrefetchAsync", unsafe {
