@@ -32,6 +32,7 @@ pub mod plan;
 pub mod request;
 
 pub use engine::cpu::{CpuConfig, CpuEngine};
+pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
 pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
 pub use error::Error;

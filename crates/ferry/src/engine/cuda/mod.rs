@@ -1,1 +1,450 @@
-//! The CUDA engine (cudarc, loaded at run time). Placeholder until the CUDA engine lands.
+//! The CUDA engine: copies on the GPU's copy engines through the driver API (cudarc, loaded at
+//! run time, so ferry builds and runs without CUDA installed).
+//!
+//! - [`probe`]: the driver, the devices and the links between them; never panics. Without a
+//!   driver every constructor here returns [`CudaError::NoDriver`], and nothing else of the
+//!   driver is called.
+//! - Buffers ([`DeviceBuffer`], [`PinnedBuffer`], [`Registered`], [`MappedBuffer`],
+//!   [`ManagedBuffer`]) implement [`Memory`](crate::Memory)/[`MemoryMut`](crate::MemoryMut), so
+//!   every engine's safe API takes them.
+//! - [`CudaEngine`]: one per device. Separate non-blocking streams per direction (host to
+//!   device, device to host, device to device), so that the directions run on different copy
+//!   engines at once. One event per request: waiting on one request never waits for the rest of
+//!   its stream. Strided layouts become `cuMemcpy2DAsync`/`cuMemcpy3DAsync`; fills become
+//!   `cuMemsetD8/16/32Async` where the pattern allows. A dependency on another CUDA request is a
+//!   `cuStreamWaitEvent` (no host round trip); other dependencies are waited on the submitting
+//!   thread.
+//!
+//! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
+//! dependencies and that copies from or to pageable host memory return once the driver has
+//! consumed the host side. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins
+//! ([`WaitMode::Spin`]). `barrier` waits for everything.
+//!
+//! ```no_run
+//! use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
+//! use ferry::EngineExt;
+//! let engine = CudaEngine::new(0)?;
+//! let mut host = PinnedBuffer::new(1 << 20)?;
+//! host.fill(7);
+//! let mut dev = DeviceBuffer::new(0, 1 << 20)?;
+//! engine.scope(|s| s.memcpy(&mut dev, &host)?.wait().map_err(ferry::Error::from))??;
+//! assert!(dev.to_vec()?.iter().all(|&b| b == 7));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod driver;
+mod event;
+mod exec;
+mod memory;
+mod probe;
+
+pub use event::CudaCompletion;
+pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
+pub use probe::{probe, CudaProbe, DeviceInfo};
+
+use super::{Engine, Job, SubmitError};
+use crate::memory::MemKind;
+use crate::request::{BarrierError, InFlight, Request, RequestError};
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use driver::{check, DrvErr};
+use exec::End;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, PoisonError};
+use thiserror::Error;
+
+/// Why a CUDA engine or buffer could not be created.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// No usable CUDA driver on this machine (the reason says which part is missing).
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+    /// No device with this ordinal.
+    #[error("no CUDA device {ordinal} (this machine has {count})")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: u32,
+        /// Devices present.
+        count: u32,
+    },
+    /// An allocation or registration failed (out of memory included).
+    #[error("cannot allocate {bytes} bytes of {what}: {msg}")]
+    Alloc {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+        /// The driver's error string.
+        msg: String,
+    },
+    /// A driver call failed.
+    #[error("{call} failed: {msg}")]
+    Driver {
+        /// The driver call.
+        call: &'static str,
+        /// The driver's error string.
+        msg: String,
+    },
+    /// A bad argument (e.g. data larger than its buffer).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A thread could not be started.
+    #[error("cannot start thread: {0}")]
+    Thread(String),
+}
+
+impl From<CudaError> for crate::Error {
+    fn from(e: CudaError) -> Self {
+        crate::Error::Setup(e.to_string())
+    }
+}
+
+/// How a thread waits for a request.
+///
+/// Measured on an H200 host (4 KiB pinned host-to-device copy, submitted and waited, median of
+/// 2000): `Blocking` 27.7 us, `Spin` 9.1 us, `SpinThenBlock(50 us)` 10.1 us; the sleep and
+/// wake-up of a blocking wait cost about 18 us. `SpinThenBlock` gets the spin latency for short copies and sleeps on long ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitMode {
+    /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used.
+    #[default]
+    Blocking,
+    /// Poll `cuEventQuery` in a loop: the lowest latency, one core busy while waiting.
+    Spin,
+    /// Poll for up to this long, then sleep as `Blocking` does.
+    SpinThenBlock(std::time::Duration),
+}
+
+/// Which of the engine's streams (and so which copy engine) a copy runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Host memory to device memory.
+    HostToDevice,
+    /// Device memory to host memory.
+    DeviceToHost,
+    /// Device to device (also peer copies and fills of device memory).
+    DeviceToDevice,
+}
+
+/// Settings of a [`CudaEngine`]. Plain struct: `CudaConfig::new(ordinal)` then chained setters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// The device the engine's streams belong to.
+    pub ordinal: u32,
+    /// How `wait` waits.
+    pub wait: WaitMode,
+    /// Put every copy on this direction's stream instead of inferring it from the buffers'
+    /// kinds (as AML's `aml_dma_cuda_create(kind)`).
+    pub direction: Option<Direction>,
+}
+
+impl CudaConfig {
+    /// Device `ordinal`, blocking waits, directions inferred.
+    pub fn new(ordinal: u32) -> CudaConfig {
+        CudaConfig {
+            ordinal,
+            wait: WaitMode::Blocking,
+            direction: None,
+        }
+    }
+    /// Sets how `wait` waits.
+    pub fn wait_mode(mut self, wait: WaitMode) -> CudaConfig {
+        self.wait = wait;
+        self
+    }
+    /// Forces every copy onto one direction's stream.
+    pub fn direction(mut self, d: Direction) -> CudaConfig {
+        self.direction = Some(d);
+        self
+    }
+}
+
+struct Peer {
+    ctx: Arc<CudaContext>,
+    enabled: bool,
+}
+
+/// The CUDA engine of one device. See the [module documentation](self).
+pub struct CudaEngine {
+    cfg: CudaConfig,
+    ctx: Arc<CudaContext>,
+    /// Streams by direction: H2D, D2H, D2D.
+    streams: [Arc<CudaStream>; 3],
+    /// `can_access[j]`: this device can access device `j` directly.
+    can_access: Vec<bool>,
+    peers: Mutex<Vec<Option<Peer>>>,
+    inflight: InFlight,
+    waker_tx: Sender<Arc<event::Inner>>,
+    events: Arc<event::EventPool>,
+}
+
+impl std::fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaEngine")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+impl CudaEngine {
+    /// An engine on device `ordinal` with default settings.
+    pub fn new(ordinal: u32) -> Result<CudaEngine, CudaError> {
+        CudaEngine::with_config(CudaConfig::new(ordinal))
+    }
+
+    /// An engine with the given settings. Errors: [`CudaError::NoDriver`],
+    /// [`CudaError::NoDevice`], a failed stream creation.
+    pub fn with_config(cfg: CudaConfig) -> Result<CudaEngine, CudaError> {
+        let ctx = driver::context(cfg.ordinal)?;
+        let stream = || {
+            ctx.new_stream()
+                .map_err(|e| DrvErr::new("cuStreamCreate", e.0))
+        };
+        let streams = [stream()?, stream()?, stream()?];
+        let count = driver::device_count()?;
+        let me = ctx.cu_device();
+        let can_access = (0..count)
+            .map(|j| {
+                let Ok(dj) = cudarc::driver::result::device::get(j as i32) else {
+                    return false;
+                };
+                let mut can = 0;
+                // SAFETY: valid out-pointer and device handles.
+                let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, me, dj) };
+                j != cfg.ordinal && r == sys::CUresult::CUDA_SUCCESS && can != 0
+            })
+            .collect();
+        let waker_tx = event::spawn_waiter(format!("ferry-cuda{}-waiter", cfg.ordinal))
+            .map_err(|e| CudaError::Thread(e.to_string()))?;
+        Ok(CudaEngine {
+            cfg,
+            ctx,
+            streams,
+            can_access,
+            peers: Mutex::new((0..count).map(|_| None).collect()),
+            inflight: InFlight::new(),
+            waker_tx,
+            events: Arc::default(),
+        })
+    }
+
+    /// The engine's settings.
+    pub fn config(&self) -> CudaConfig {
+        self.cfg
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.cfg.ordinal
+    }
+
+    /// The stream used for a direction (for interop, e.g. launching kernels ordered with
+    /// ferry's copies).
+    pub fn stream(&self, d: Direction) -> &Arc<CudaStream> {
+        &self.streams[d as usize]
+    }
+
+    /// True if this engine can copy to or from device `ordinal`'s memory.
+    fn reaches(&self, ordinal: u32) -> bool {
+        ordinal == self.cfg.ordinal
+            || self
+                .can_access
+                .get(ordinal as usize)
+                .copied()
+                .unwrap_or(false)
+    }
+
+    fn direction(&self, dst: MemKind, src: Option<MemKind>) -> Direction {
+        if let Some(d) = self.cfg.direction {
+            return d;
+        }
+        let on_dev = |k: MemKind| matches!(k, MemKind::Device { .. } | MemKind::Managed);
+        match (on_dev(dst), src.map(on_dev)) {
+            (true, None | Some(true)) => Direction::DeviceToDevice,
+            (true, Some(false)) => Direction::HostToDevice,
+            (false, Some(true)) => Direction::DeviceToHost,
+            (false, None) => Direction::DeviceToHost,
+            (false, Some(false)) => Direction::HostToDevice,
+        }
+    }
+
+    /// The end of a copy for a buffer, enabling peer access on first use of another device.
+    fn end(&self, addr: u64, kind: MemKind) -> Result<End, SubmitError> {
+        let MemKind::Device { ordinal } = kind else {
+            return Ok(End {
+                addr,
+                kind,
+                ctx: std::ptr::null_mut(),
+            });
+        };
+        if ordinal == self.cfg.ordinal {
+            return Ok(End {
+                addr,
+                kind,
+                ctx: self.ctx.cu_ctx(),
+            });
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = peers
+            .get_mut(ordinal as usize)
+            .ok_or_else(|| self.unsupported(kind, None))?;
+        if slot.is_none() {
+            let ctx = driver::context(ordinal).map_err(|e| SubmitError::Driver {
+                call: "cuDevicePrimaryCtxRetain",
+                msg: e.to_string(),
+            })?;
+            *slot = Some(Peer {
+                ctx,
+                enabled: false,
+            });
+        }
+        let peer = slot.as_mut().ok_or_else(|| self.unsupported(kind, None))?;
+        if !peer.enabled {
+            // SAFETY: this engine's context is current (bound in submit); the peer context is
+            // a live primary context. Already-enabled access is not an error.
+            let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
+            if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                check("cuCtxEnablePeerAccess", r)?;
+            }
+            peer.enabled = true;
+        }
+        Ok(End {
+            addr,
+            kind,
+            ctx: peer.ctx.cu_ctx(),
+        })
+    }
+
+    fn unsupported(&self, dst: MemKind, src: Option<MemKind>) -> SubmitError {
+        SubmitError::Unsupported {
+            engine: self.name(),
+            dst,
+            src,
+        }
+    }
+
+    fn track(&self, req: Request) -> Request {
+        self.inflight.track(&req);
+        req
+    }
+}
+
+impl Engine for CudaEngine {
+    fn name(&self) -> String {
+        format!("cuda:{}", self.cfg.ordinal)
+    }
+
+    /// Every pair that involves memory a GPU can address: device memory of this GPU or of a
+    /// peer it can access, pinned, mapped, managed, and pageable host memory on one side of a
+    /// copy. Not: pageable to pageable, fills of pageable memory (the CPU engine does those).
+    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        let dev_ok = |k: MemKind| match k {
+            MemKind::Device { ordinal } => self.reaches(ordinal),
+            _ => true,
+        };
+        if !dev_ok(dst) || !src.map_or(true, dev_ok) {
+            return false;
+        }
+        match src {
+            None => dst != MemKind::Pageable,
+            Some(s) => !(dst == MemKind::Pageable && s == MemKind::Pageable),
+        }
+    }
+
+    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        job.check()?;
+        let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
+        if !self.supports(dk, sk) {
+            return Err(self.unsupported(dk, sk));
+        }
+        // Prepare: build and check the program (custom operators fail only their request).
+        let steps = if job.op.is_builtin() {
+            job.op
+                .lower(job.dst.len, job.src.map(|s| s.len))?
+                .into_steps()
+        } else {
+            match job.op.lower_catching(job.dst.len, job.src.map(|s| s.len)) {
+                Ok(p) => p.into_steps(),
+                Err(e) => return Ok(self.track(Request::ready(Err(e)))),
+            }
+        };
+        // Dependencies: CUDA requests become stream waits; others are waited here.
+        let mut events = Vec::new();
+        for dep in &job.after {
+            if let Some(c) = dep.completion().as_any().downcast_ref::<CudaCompletion>() {
+                match c.known() {
+                    Some(Err(e)) => {
+                        return Ok(
+                            self.track(Request::ready(Err(RequestError::Dependency(Box::new(e)))))
+                        )
+                    }
+                    Some(Ok(())) => {}
+                    None => events.push(c.event()),
+                }
+            } else if let Err(e) = dep.completion().wait() {
+                return Ok(self.track(Request::ready(Err(RequestError::Dependency(Box::new(e))))));
+            }
+        }
+        driver::bind(&self.ctx)?;
+        let dst = self.end(job.dst.addr, dk)?;
+        let src = match job.src {
+            Some(s) => Some(self.end(s.addr, s.kind)?),
+            None => None,
+        };
+        let ev = self.events.take(self.cfg.wait)?;
+        let stream = self.streams[self.direction(dk, sk) as usize].cu_stream();
+        for e in events {
+            // SAFETY: live stream of this context and a live event (held by the dependency's
+            // request, which the job holds).
+            check("cuStreamWaitEvent", unsafe {
+                sys::cuStreamWaitEvent(stream, e, 0)
+            })?;
+        }
+        let mut keep = Vec::new();
+        for step in &steps {
+            // SAFETY: context current, stream ours (1); buffers valid until the request
+            // completes, by this function's contract (2); steps checked by the program (3).
+            if let Err(e) =
+                unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, &mut keep) }
+            {
+                // Work enqueued before the failure still uses the buffers: finish it before
+                // handing the error (and, in the safe API, the buffers) back.
+                // SAFETY: our live stream.
+                let _ = unsafe { sys::cuStreamSynchronize(stream) };
+                return Err(e.into());
+            }
+        }
+        // SAFETY: live event and stream of this context.
+        if let Err(e) = check("cuEventRecord", unsafe {
+            sys::cuEventRecord(ev.raw(), stream)
+        }) {
+            // SAFETY: our live stream.
+            let _ = unsafe { sys::cuStreamSynchronize(stream) };
+            return Err(e.into());
+        }
+        let c = CudaCompletion::new(
+            ev,
+            Arc::clone(&self.events),
+            Arc::clone(&self.ctx),
+            self.cfg.wait,
+            keep,
+            self.waker_tx.clone(),
+        );
+        Ok(self.track(Request::new(c)))
+    }
+
+    fn barrier(&self) -> Result<(), BarrierError> {
+        self.inflight.barrier()
+    }
+}
+
+impl Drop for CudaEngine {
+    fn drop(&mut self) {
+        // Work in flight finishes before the streams go; requests keep their own events.
+        if driver::bind(&self.ctx).is_ok() {
+            for s in &self.streams {
+                let _ = s.synchronize();
+            }
+        }
+    }
+}

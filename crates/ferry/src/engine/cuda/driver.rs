@@ -1,0 +1,148 @@
+//! The driver's entry points ferry needs: loading, contexts, error strings. All calls into
+//! cudarc's `result`/`sys` layers that are shared by the other files of this backend live here
+//! or beside their single user.
+
+use super::CudaError;
+use cudarc::driver::{result, sys, CudaContext};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+/// A failed driver call: which call, and the driver's own error name and string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DrvErr {
+    pub call: &'static str,
+    pub code: sys::CUresult,
+    pub msg: String,
+}
+
+impl DrvErr {
+    pub(crate) fn new(call: &'static str, code: sys::CUresult) -> DrvErr {
+        DrvErr {
+            call,
+            code,
+            msg: error_string(code),
+        }
+    }
+}
+
+impl From<DrvErr> for crate::engine::SubmitError {
+    fn from(e: DrvErr) -> Self {
+        crate::engine::SubmitError::Driver {
+            call: e.call,
+            msg: e.msg,
+        }
+    }
+}
+
+impl From<DrvErr> for crate::request::RequestError {
+    fn from(e: DrvErr) -> Self {
+        crate::request::RequestError::Driver {
+            call: e.call,
+            msg: e.msg,
+        }
+    }
+}
+
+impl From<DrvErr> for CudaError {
+    fn from(e: DrvErr) -> Self {
+        CudaError::Driver {
+            call: e.call,
+            msg: e.msg,
+        }
+    }
+}
+
+/// `CUDA_ERROR_X: description`, as the driver words it.
+pub(crate) fn error_string(code: sys::CUresult) -> String {
+    let e = result::DriverError(code);
+    let name = e
+        .error_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{code:?}"));
+    let text = e
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if text.is_empty() {
+        name
+    } else {
+        format!("{name}: {text}")
+    }
+}
+
+/// Turns a driver result into `Result`, naming the call.
+pub(crate) fn check(call: &'static str, code: sys::CUresult) -> Result<(), DrvErr> {
+    if code == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(DrvErr::new(call, code))
+    }
+}
+
+/// Whether the driver library loads and initialises; the driver version (e.g. 13000) if so.
+/// Never panics: cudarc's loader panics when `libcuda` is absent, so its presence is tested
+/// first with a plain `dlopen`, and nothing else is called when it is missing.
+pub(crate) fn driver() -> Result<i32, CudaError> {
+    static STATE: OnceLock<Result<i32, String>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            if std::env::var_os("FERRY_NO_CUDA").is_some() {
+                return Err("disabled by FERRY_NO_CUDA".to_string());
+            }
+            // SAFETY: only tries to dlopen the driver library by its usual names and closes it
+            // again; runs no code of the library but its initialisers.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("the CUDA driver library (libcuda.so) was not found".to_string());
+            }
+            result::init().map_err(|e| format!("cuInit failed: {}", error_string(e.0)))?;
+            let mut v = 0;
+            // SAFETY: `v` is a valid out-pointer for one int.
+            check("cuDriverGetVersion", unsafe {
+                sys::cuDriverGetVersion(&mut v)
+            })
+            .map_err(|e| e.msg)?;
+            Ok(v)
+        })
+        .clone()
+        .map_err(CudaError::NoDriver)
+}
+
+/// Number of devices the driver sees (0 when there is no driver).
+pub(crate) fn device_count() -> Result<u32, CudaError> {
+    driver()?;
+    let n = result::device::get_count().map_err(|e| CudaError::Driver {
+        call: "cuDeviceGetCount",
+        msg: error_string(e.0),
+    })?;
+    Ok(n.max(0) as u32)
+}
+
+/// The primary context of device `ordinal`, shared by every engine and buffer of the process.
+pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
+    static CTXS: OnceLock<Mutex<Vec<Option<Arc<CudaContext>>>>> = OnceLock::new();
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoDevice { ordinal, count });
+    }
+    let mut ctxs = CTXS
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if ctxs.len() <= ordinal as usize {
+        ctxs.resize(ordinal as usize + 1, None);
+    }
+    if let Some(c) = &ctxs[ordinal as usize] {
+        return Ok(Arc::clone(c));
+    }
+    let c = CudaContext::new(ordinal as usize).map_err(|e| CudaError::Driver {
+        call: "cuDevicePrimaryCtxRetain",
+        msg: error_string(e.0),
+    })?;
+    ctxs[ordinal as usize] = Some(Arc::clone(&c));
+    Ok(c)
+}
+
+/// Makes `ctx` current on this thread.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DrvErr> {
+    ctx.bind_to_thread()
+        .map_err(|e| DrvErr::new("cuCtxSetCurrent", e.0))
+}

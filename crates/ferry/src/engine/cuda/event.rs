@@ -1,0 +1,287 @@
+//! One event per request: waiting on a request waits on its event only, never on the stream.
+
+use super::driver::{self, check, DrvErr};
+use super::{memory::DeviceBuffer, WaitMode};
+use crate::request::{Completion, RequestError};
+use cudarc::driver::{sys, CudaContext};
+use std::any::Any;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::Waker;
+
+/// An owned CUDA event handle.
+pub(crate) struct Event {
+    raw: sys::CUevent,
+}
+
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above; the driver synchronises concurrent use of one event.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A timing-free event; with `BLOCKING_SYNC` unless the mode only spins, so that a waiting
+    /// thread sleeps. The context must be current.
+    pub(crate) fn new(mode: WaitMode) -> Result<Event, DrvErr> {
+        let mut flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        if mode != WaitMode::Spin {
+            flags |= sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        }
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the caller made a context current.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, flags)
+        })?;
+        Ok(Event { raw })
+    }
+    pub(crate) fn raw(&self) -> sys::CUevent {
+        self.raw
+    }
+}
+
+/// Completed events of one engine, reused by later requests (creating an event costs a driver
+/// call per request otherwise).
+#[derive(Default)]
+pub(crate) struct EventPool {
+    free: Mutex<Vec<Event>>,
+}
+
+impl EventPool {
+    const MAX: usize = 256;
+    /// A free event, or a new one (the context must be current).
+    pub(crate) fn take(&self, mode: WaitMode) -> Result<Event, DrvErr> {
+        match self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+        {
+            Some(e) => Ok(e),
+            None => Event::new(mode),
+        }
+    }
+    /// Returns a completed event.
+    fn give(&self, e: Event) {
+        let mut f = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.len() < Self::MAX {
+            f.push(e);
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
+
+struct State {
+    result: Option<Result<(), RequestError>>,
+    wakers: Vec<Waker>,
+    queued: bool,
+}
+
+/// The shared part of a CUDA request.
+pub(crate) struct Inner {
+    /// Always `Some` until dropped (then handed back to the pool).
+    event: Option<Event>,
+    pool: Arc<EventPool>,
+    ctx: Arc<CudaContext>,
+    mode: WaitMode,
+    state: Mutex<State>,
+    cond: Condvar,
+    /// Scratch memory the request's work reads (fill patterns); freed after it completes.
+    _keep: Vec<DeviceBuffer>,
+}
+
+impl Inner {
+    fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
+        let wakers = {
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(prev) = &st.result {
+                return prev.clone();
+            }
+            st.result = Some(r.clone());
+            std::mem::take(&mut st.wakers)
+        };
+        self.cond.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+        r
+    }
+
+    fn done(&self) -> Option<Result<(), RequestError>> {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .result
+            .clone()
+    }
+
+    /// Waits for the event (sleeping, or spinning on `cuEventQuery`) and records the result.
+    pub(crate) fn wait_event(&self, mode: WaitMode) -> Result<(), RequestError> {
+        if let Some(r) = self.done() {
+            return r;
+        }
+        let r = match mode {
+            WaitMode::Blocking => self.sync(),
+            WaitMode::Spin => loop {
+                match self.query() {
+                    Some(r) => break r,
+                    None => std::hint::spin_loop(),
+                }
+            },
+            WaitMode::SpinThenBlock(limit) => {
+                let start = std::time::Instant::now();
+                loop {
+                    if let Some(r) = self.query() {
+                        break r;
+                    }
+                    if start.elapsed() >= limit {
+                        break self.sync();
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        };
+        self.finish(r)
+    }
+
+    fn raw(&self) -> sys::CUevent {
+        self.event.as_ref().map_or(std::ptr::null_mut(), Event::raw)
+    }
+
+    /// Blocks in `cuEventSynchronize` (sleeping, for events made with `BLOCKING_SYNC`).
+    fn sync(&self) -> Result<(), RequestError> {
+        let _ = driver::bind(&self.ctx);
+        // SAFETY: a live event handle.
+        check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.raw())
+        })
+        .map_err(RequestError::from)
+    }
+
+    /// Non-blocking: `None` while the event is pending.
+    fn query(&self) -> Option<Result<(), RequestError>> {
+        // SAFETY: a live event handle.
+        let code = unsafe { sys::cuEventQuery(self.raw()) };
+        match code {
+            sys::CUresult::CUDA_SUCCESS => Some(Ok(())),
+            sys::CUresult::CUDA_ERROR_NOT_READY => None,
+            c => Some(Err(DrvErr::new("cuEventQuery", c).into())),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Drop synchronizes: the scratch buffers and the event outlive the work.
+        let ok = match self.done() {
+            Some(r) => r.is_ok(),
+            None => self.sync().is_ok(),
+        };
+        if let Some(e) = self.event.take() {
+            if ok {
+                // Complete, so a later record on any stream may reuse it.
+                self.pool.give(e);
+            }
+        }
+    }
+}
+
+/// The completion of one CUDA request. Recognised by [`super::CudaEngine`] in `Job::after`
+/// through [`Completion::as_any`], so that a dependency becomes a `cuStreamWaitEvent`.
+pub struct CudaCompletion {
+    pub(crate) inner: Arc<Inner>,
+    waker_tx: Sender<Arc<Inner>>,
+}
+
+impl CudaCompletion {
+    pub(crate) fn new(
+        event: Event,
+        pool: Arc<EventPool>,
+        ctx: Arc<CudaContext>,
+        mode: WaitMode,
+        keep: Vec<DeviceBuffer>,
+        waker_tx: Sender<Arc<Inner>>,
+    ) -> CudaCompletion {
+        let state = State {
+            result: None,
+            wakers: Vec::new(),
+            queued: false,
+        };
+        CudaCompletion {
+            inner: Arc::new(Inner {
+                event: Some(event),
+                pool,
+                ctx,
+                mode,
+                state: Mutex::new(state),
+                cond: Condvar::new(),
+                _keep: keep,
+            }),
+            waker_tx,
+        }
+    }
+    /// The raw event recorded after the request's work.
+    pub(crate) fn event(&self) -> sys::CUevent {
+        self.inner.raw()
+    }
+    /// The result, if the request is known to have completed (no driver call).
+    pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {
+        self.inner.done()
+    }
+}
+
+impl Completion for CudaCompletion {
+    fn wait(&self) -> Result<(), RequestError> {
+        self.inner.wait_event(self.inner.mode)
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        if let Some(r) = self.inner.done() {
+            return Some(r);
+        }
+        let r = self.inner.query()?;
+        Some(self.inner.finish(r))
+    }
+    fn register_waker(&self, waker: &Waker) {
+        let mut st = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if st.result.is_some() {
+            drop(st);
+            waker.wake_by_ref();
+            return;
+        }
+        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+            st.wakers.push(waker.clone());
+        }
+        if !st.queued {
+            st.queued = true;
+            drop(st);
+            if self.waker_tx.send(Arc::clone(&self.inner)).is_err() {
+                // The waiter thread is gone: wait here rather than never waking.
+                self.inner.wait_event(WaitMode::Blocking).ok();
+            }
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The engine's waiter thread: waits events in the order futures registered them and wakes
+/// their wakers. Ends when every sender (the engine and its requests) is gone.
+pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Inner>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Arc<Inner>>();
+    std::thread::Builder::new().name(name).spawn(move || {
+        while let Ok(inner) = rx.recv() {
+            let _ = inner.wait_event(WaitMode::Blocking);
+        }
+    })?;
+    Ok(tx)
+}

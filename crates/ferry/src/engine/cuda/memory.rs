@@ -1,0 +1,584 @@
+//! GPU-reachable buffers: device, pinned, registered, mapped and managed memory.
+//!
+//! Each type owns its allocation, frees it on drop, and implements [`Memory`]/[`MemoryMut`] so
+//! that any engine's safe API takes it. Allocation failures (out of memory included) are
+//! [`CudaError`]s, never panics; the process and its engines stay usable after one.
+
+use super::driver::{self, check};
+use super::CudaError;
+use crate::memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};
+use cudarc::driver::{sys, CudaContext};
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+fn alloc_err(what: &'static str, bytes: usize, e: driver::DrvErr) -> CudaError {
+    CudaError::Alloc {
+        what,
+        bytes,
+        msg: e.msg,
+    }
+}
+
+/// Memory on one GPU (`cuMemAlloc`). Not host-accessible: use [`DeviceBuffer::to_vec`] or an
+/// engine to read it.
+///
+/// ```no_run
+/// use ferry::cuda::DeviceBuffer;
+/// let buf = DeviceBuffer::from_host(0, &[1u8, 2, 3])?;
+/// assert_eq!(buf.to_vec()?, vec![1, 2, 3]);
+/// # Ok::<(), ferry::cuda::CudaError>(())
+/// ```
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ordinal: u32,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the buffer is a device address plus a length; the driver allows any thread to use it.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: shared access only reads the address and length.
+unsafe impl Sync for DeviceBuffer {}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer {{ device: {}, ptr: {:#x}, len: {} }}",
+            self.ordinal, self.ptr, self.len
+        )
+    }
+}
+
+impl DeviceBuffer {
+    /// `len` bytes of uninitialised (arbitrary but valid) memory on device `ordinal`.
+    /// Errors: [`CudaError::NoDriver`], [`CudaError::NoDevice`], [`CudaError::Alloc`] (out of
+    /// memory included).
+    pub fn new(ordinal: u32, len: usize) -> Result<DeviceBuffer, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        driver::bind(&ctx)?;
+        let mut ptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the device's context is current. A zero-byte
+        // request allocates one byte so that the address is valid and distinct.
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, len.max(1))
+        })
+        .map_err(|e| alloc_err("device memory", len, e))?;
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            ordinal,
+            ctx,
+        })
+    }
+    /// `len` zero bytes on device `ordinal`.
+    pub fn zeroed(ordinal: u32, len: usize) -> Result<DeviceBuffer, CudaError> {
+        let b = DeviceBuffer::new(ordinal, len)?;
+        // SAFETY: the allocation holds at least `len` bytes; synchronous memset.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(b.ptr, 0, len) })?;
+        Ok(b)
+    }
+    /// A device copy of `data` (synchronous; for tests and setup).
+    pub fn from_host(ordinal: u32, data: &[u8]) -> Result<DeviceBuffer, CudaError> {
+        let mut b = DeviceBuffer::new(ordinal, data.len())?;
+        b.copy_from_host(data)?;
+        Ok(b)
+    }
+    /// Overwrites the start of the buffer with `data` (synchronous). Errors if it does not fit.
+    pub fn copy_from_host(&mut self, data: &[u8]) -> Result<(), CudaError> {
+        if data.len() > self.len {
+            return Err(CudaError::InvalidArgument(format!(
+                "{} bytes do not fit a device buffer of {}",
+                data.len(),
+                self.len
+            )));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        driver::bind(&self.ctx)?;
+        // SAFETY: `data` is valid for reads of its length, the buffer for writes of at least as
+        // many bytes (checked above); the copy is synchronous.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len())
+        })?;
+        Ok(())
+    }
+    /// The buffer's bytes, copied to the host (synchronous).
+    pub fn to_vec(&self) -> Result<Vec<u8>, CudaError> {
+        let mut v = vec![0u8; self.len];
+        if self.len > 0 {
+            driver::bind(&self.ctx)?;
+            // SAFETY: `v` is valid for writes of `len` bytes, the buffer for reads of as many;
+            // synchronous copy.
+            check("cuMemcpyDtoH", unsafe {
+                sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), self.ptr, self.len)
+            })?;
+        }
+        Ok(v)
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The device it lives on.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+    /// The device address (for kernels and other libraries).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc and is freed once; the safe APIs guarantee no
+            // copy still uses it.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+// SAFETY: a live allocation of at least `len` bytes on device `ordinal`.
+unsafe impl Memory for DeviceBuffer {
+    fn raw(&self) -> RawBuf {
+        RawBuf {
+            addr: self.ptr,
+            len: self.len,
+            kind: MemKind::Device {
+                ordinal: self.ordinal,
+            },
+        }
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl MemoryMut for DeviceBuffer {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.raw()
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc`, shared by [`PinnedBuffer`] and
+/// [`MappedBuffer`].
+struct HostAlloc {
+    ptr: *mut u8,
+    len: usize,
+    _ctx: Arc<CudaContext>,
+}
+
+impl HostAlloc {
+    fn new(len: usize, flags: u32, what: &'static str) -> Result<HostAlloc, CudaError> {
+        let ctx = driver::context(0)?;
+        driver::bind(&ctx)?;
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer; a context is current.
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut p, len.max(1), flags)
+        })
+        .map_err(|e| alloc_err(what, len, e))?;
+        let ptr = p.cast::<u8>();
+        // SAFETY: fresh allocation of at least `len` bytes; zeroed so that it reads as `[u8]`.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(HostAlloc {
+            ptr,
+            len,
+            _ctx: ctx,
+        })
+    }
+    fn slice(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    fn slice_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
+        let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+    }
+}
+
+// SAFETY: plain owned host memory.
+unsafe impl Send for HostAlloc {}
+// SAFETY: shared access is read-only through `&[u8]`.
+unsafe impl Sync for HostAlloc {}
+
+/// Page-locked host memory (`cuMemHostAlloc`, portable to every device, mapped). Cached, so the
+/// CPU reads it at full speed; [`PinnedBuffer::write_combined`] for upload-only staging.
+/// Dereferences to `[u8]`.
+///
+/// ```no_run
+/// let mut p = ferry::cuda::PinnedBuffer::new(1 << 20)?;
+/// p[0] = 7;
+/// # Ok::<(), ferry::cuda::CudaError>(())
+/// ```
+pub struct PinnedBuffer {
+    mem: HostAlloc,
+    write_combined: bool,
+}
+
+impl PinnedBuffer {
+    /// `len` zeroed bytes of pinned, cached host memory.
+    pub fn new(len: usize) -> Result<PinnedBuffer, CudaError> {
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        Ok(PinnedBuffer {
+            mem: HostAlloc::new(len, flags, "pinned host memory")?,
+            write_combined: false,
+        })
+    }
+    /// `len` zeroed bytes of pinned write-combined memory: fast for the CPU to write and the
+    /// GPU to read, very slow for the CPU to read. For upload staging only.
+    pub fn write_combined(len: usize) -> Result<PinnedBuffer, CudaError> {
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE
+            | sys::CU_MEMHOSTALLOC_DEVICEMAP
+            | sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+        Ok(PinnedBuffer {
+            mem: HostAlloc::new(len, flags, "write-combined host memory")?,
+            write_combined: true,
+        })
+    }
+    /// True if allocated write-combined.
+    pub fn is_write_combined(&self) -> bool {
+        self.write_combined
+    }
+}
+
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PinnedBuffer {{ ptr: {:p}, len: {}, write_combined: {} }}",
+            self.mem.ptr, self.mem.len, self.write_combined
+        )
+    }
+}
+
+impl Deref for PinnedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.mem.slice()
+    }
+}
+impl DerefMut for PinnedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.mem.slice_mut()
+    }
+}
+// SAFETY: a live page-locked allocation of `len` bytes, host-addressable at `ptr`.
+unsafe impl Memory for PinnedBuffer {
+    fn raw(&self) -> RawBuf {
+        RawBuf::host(self.mem.ptr, self.mem.len, MemKind::Pinned)
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl MemoryMut for PinnedBuffer {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.raw()
+    }
+}
+
+/// Page-locked host memory mapped into the GPUs' address space (zero-copy): kernels read and
+/// write it over the bus through [`MappedBuffer::device_ptr`]. Dereferences to `[u8]`.
+pub struct MappedBuffer {
+    mem: HostAlloc,
+    dptr: u64,
+}
+
+impl MappedBuffer {
+    /// `len` zeroed bytes of mapped pinned memory.
+    pub fn new(len: usize) -> Result<MappedBuffer, CudaError> {
+        let mem = HostAlloc::new(
+            len,
+            sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+            "mapped host memory",
+        )?;
+        let mut dptr = 0;
+        // SAFETY: `mem.ptr` came from cuMemHostAlloc with DEVICEMAP; `dptr` is an out-pointer.
+        check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut dptr, mem.ptr.cast(), 0)
+        })?;
+        Ok(MappedBuffer { mem, dptr })
+    }
+    /// The address GPUs use for this memory (equal to the host address under unified
+    /// addressing).
+    pub fn device_ptr(&self) -> u64 {
+        self.dptr
+    }
+}
+
+impl std::fmt::Debug for MappedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedBuffer {{ ptr: {:p}, device_ptr: {:#x}, len: {} }}",
+            self.mem.ptr, self.dptr, self.mem.len
+        )
+    }
+}
+impl Deref for MappedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.mem.slice()
+    }
+}
+impl DerefMut for MappedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.mem.slice_mut()
+    }
+}
+// SAFETY: a live page-locked, mapped allocation of `len` bytes, host-addressable at `ptr`.
+unsafe impl Memory for MappedBuffer {
+    fn raw(&self) -> RawBuf {
+        RawBuf::host(self.mem.ptr, self.mem.len, MemKind::Mapped)
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl MemoryMut for MappedBuffer {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.raw()
+    }
+}
+
+/// An existing host buffer (a `Vec<T>`, a boxed slice...) page-locked in place with
+/// `cuMemHostRegister`, so that copies from and to it run at the pinned rate. Unregistered on
+/// drop or by [`Registered::into_inner`]. Dereferences to the buffer's slice (not to the
+/// container, so it cannot reallocate while registered).
+///
+/// ```no_run
+/// let mut r = ferry::cuda::Registered::new(vec![0u8; 1 << 20]).map_err(|(e, _)| e)?;
+/// r[0] = 1;
+/// let v: Vec<u8> = r.into_inner();
+/// # Ok::<(), ferry::cuda::CudaError>(())
+/// ```
+pub struct Registered<T> {
+    inner: Option<T>,
+    ptr: *mut u8,
+    len: usize,
+    _ctx: Arc<CudaContext>,
+}
+
+// SAFETY: owns `T`; the pointer points into `T`'s own buffer.
+unsafe impl<T: Send> Send for Registered<T> {}
+// SAFETY: shared access is read-only.
+unsafe impl<T: Sync> Sync for Registered<T> {}
+
+impl<T, E> Registered<T>
+where
+    T: DerefMut<Target = [E]>,
+    E: Plain,
+{
+    /// Registers `buf`'s memory. On error the buffer is handed back with the reason.
+    pub fn new(mut buf: T) -> Result<Registered<T>, (CudaError, T)> {
+        let s: &mut [E] = &mut buf;
+        let (ptr, len) = (s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s));
+        if len == 0 {
+            return Err((
+                CudaError::InvalidArgument("cannot register an empty buffer".into()),
+                buf,
+            ));
+        }
+        let ctx = match driver::context(0) {
+            Ok(c) => c,
+            Err(e) => return Err((e, buf)),
+        };
+        if let Err(e) = driver::bind(&ctx) {
+            return Err((e.into(), buf));
+        }
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `ptr..ptr+len` is the buffer's live memory, which stays in place while it is
+        // owned here (only its slice is exposed, so it cannot reallocate).
+        if let Err(e) = check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
+        }) {
+            return Err((alloc_err("host registration", len, e), buf));
+        }
+        Ok(Registered {
+            inner: Some(buf),
+            ptr,
+            len,
+            _ctx: ctx,
+        })
+    }
+}
+
+impl<T> Registered<T> {
+    /// Unregisters and returns the buffer.
+    pub fn into_inner(mut self) -> T {
+        self.unregister();
+        self.inner
+            .take()
+            .expect("Registered always holds its buffer until dropped")
+    }
+    fn unregister(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: `ptr` was registered by `new` and is unregistered once.
+            let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+            self.ptr = std::ptr::null_mut();
+        }
+    }
+}
+
+impl<T> Drop for Registered<T> {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
+impl<T: Deref<Target = [E]>, E> Deref for Registered<T> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        self.inner.as_deref().unwrap_or(&[])
+    }
+}
+impl<T: DerefMut<Target = [E]>, E> DerefMut for Registered<T> {
+    fn deref_mut(&mut self) -> &mut [E] {
+        self.inner.as_deref_mut().unwrap_or(&mut [])
+    }
+}
+impl<T> std::fmt::Debug for Registered<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Registered {{ ptr: {:p}, len: {} }}", self.ptr, self.len)
+    }
+}
+// SAFETY: the registered, live memory of the owned buffer (page-locked, so `Pinned`).
+unsafe impl<T: Deref<Target = [E]>, E: Plain> Memory for Registered<T> {
+    fn raw(&self) -> RawBuf {
+        RawBuf::host(self.deref().as_ptr().cast(), self.len, MemKind::Pinned)
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl<T: DerefMut<Target = [E]>, E: Plain> MemoryMut for Registered<T> {
+    fn raw_mut(&mut self) -> RawBuf {
+        let len = self.len;
+        RawBuf::host(self.deref_mut().as_mut_ptr().cast(), len, MemKind::Pinned)
+    }
+}
+
+/// Where managed memory should live: [`ManagedBuffer::prefetch_to`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    /// Host memory.
+    Host,
+    /// Device memory of this GPU.
+    Device(u32),
+}
+
+/// CUDA managed (unified) memory (`cuMemAllocManaged`), migrated between host and devices on
+/// demand or by [`ManagedBuffer::prefetch_to`]. Dereferences to `[u8]`. Ask for no more than
+/// the device has free: oversubscribed managed memory can stall the GPU.
+pub struct ManagedBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: an owned managed allocation, usable from any thread.
+unsafe impl Send for ManagedBuffer {}
+// SAFETY: shared access is read-only.
+unsafe impl Sync for ManagedBuffer {}
+
+impl ManagedBuffer {
+    /// `len` zeroed bytes of managed memory, associated with device `ordinal`.
+    pub fn new(ordinal: u32, len: usize) -> Result<ManagedBuffer, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        driver::bind(&ctx)?;
+        let mut ptr = 0;
+        // SAFETY: out-pointer valid; context current.
+        check("cuMemAllocManaged", unsafe {
+            sys::cuMemAllocManaged(
+                &mut ptr,
+                len.max(1),
+                sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+            )
+        })
+        .map_err(|e| alloc_err("managed memory", len, e))?;
+        let b = ManagedBuffer { ptr, len, ctx };
+        // SAFETY: the allocation holds at least `len` bytes; synchronous memset.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(b.ptr, 0, len) })?;
+        // SAFETY: the legacy stream of the current context; waits for the memset.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
+        Ok(b)
+    }
+    /// Migrates the whole buffer to `to` and waits for the migration.
+    pub fn prefetch_to(&self, to: Location) -> Result<(), CudaError> {
+        driver::bind(&self.ctx)?;
+        let loc = match to {
+            Location::Host => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+            Location::Device(o) => sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: o as i32,
+            },
+        };
+        // SAFETY: range inside the managed allocation; null stream of the current context.
+        check("cuMemPrefetchAsync", unsafe {
+            sys::cuMemPrefetchAsync_v2(self.ptr, self.len.max(1), loc, 0, std::ptr::null_mut())
+        })?;
+        // SAFETY: waits for the prefetch on the current context.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
+        Ok(())
+    }
+    /// The managed address (valid on the host and on devices).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl std::fmt::Debug for ManagedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ManagedBuffer {{ ptr: {:#x}, len: {} }}",
+            self.ptr, self.len
+        )
+    }
+}
+impl Deref for ManagedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: managed memory is host-addressable; `len` initialised (zeroed) bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+impl DerefMut for ManagedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+impl Drop for ManagedBuffer {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: `ptr` came from cuMemAllocManaged and is freed once.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+// SAFETY: a live managed allocation of `len` bytes.
+unsafe impl Memory for ManagedBuffer {
+    fn raw(&self) -> RawBuf {
+        RawBuf {
+            addr: self.ptr,
+            len: self.len,
+            kind: MemKind::Managed,
+        }
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl MemoryMut for ManagedBuffer {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.raw()
+    }
+}

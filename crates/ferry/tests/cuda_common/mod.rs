@@ -1,0 +1,214 @@
+//! Shared helpers of the CUDA integration tests: skip without a driver, buffers of every kind,
+//! a CPU reference, a tiny executor.
+#![allow(dead_code)]
+
+use ferry::cuda::{
+    CudaEngine, DeviceBuffer, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered,
+};
+use ferry::{CpuEngine, EngineExt, Layout, MemKind, Memory, MemoryMut, RawBuf};
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+/// An engine on device 0, or `None` after printing exactly `skipped: no CUDA driver`.
+pub fn cuda_or_skip() -> Option<CudaEngine> {
+    if ferry::cuda::probe().driver.is_err() {
+        println!("skipped: no CUDA driver");
+        return None;
+    }
+    Some(CudaEngine::new(0).expect("a CUDA driver is present, so device 0 must open"))
+}
+
+/// Deterministic pseudo-random bytes (xorshift), different per seed.
+pub fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// The buffer kinds a GPU copy can involve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Pageable,
+    Pinned,
+    Registered,
+    Mapped,
+    Managed,
+    Device,
+}
+
+pub const KINDS: [Kind; 6] = [
+    Kind::Pageable,
+    Kind::Pinned,
+    Kind::Registered,
+    Kind::Mapped,
+    Kind::Managed,
+    Kind::Device,
+];
+
+/// A buffer of any kind, made from and read back to host bytes.
+pub enum Buf {
+    Pageable(Vec<u8>),
+    Pinned(PinnedBuffer),
+    Registered(Registered<Vec<u8>>),
+    Mapped(MappedBuffer),
+    Managed(ManagedBuffer),
+    Device(DeviceBuffer),
+}
+
+impl Buf {
+    pub fn new(kind: Kind, data: &[u8]) -> Buf {
+        match kind {
+            Kind::Pageable => Buf::Pageable(data.to_vec()),
+            Kind::Pinned => {
+                let mut b = PinnedBuffer::new(data.len()).unwrap();
+                b.copy_from_slice(data);
+                Buf::Pinned(b)
+            }
+            Kind::Registered => {
+                Buf::Registered(Registered::new(data.to_vec()).map_err(|(e, _)| e).unwrap())
+            }
+            Kind::Mapped => {
+                let mut b = MappedBuffer::new(data.len()).unwrap();
+                b.copy_from_slice(data);
+                Buf::Mapped(b)
+            }
+            Kind::Managed => {
+                let mut b = ManagedBuffer::new(0, data.len()).unwrap();
+                b.copy_from_slice(data);
+                Buf::Managed(b)
+            }
+            Kind::Device => Buf::Device(DeviceBuffer::from_host(0, data).unwrap()),
+        }
+    }
+    pub fn to_vec(&self) -> Vec<u8> {
+        match self {
+            Buf::Pageable(v) => v.clone(),
+            Buf::Pinned(b) => b.to_vec(),
+            Buf::Registered(b) => b.to_vec(),
+            Buf::Mapped(b) => b.to_vec(),
+            Buf::Managed(b) => b.to_vec(),
+            Buf::Device(b) => b.to_vec().unwrap(),
+        }
+    }
+}
+
+// SAFETY: forwards to the wrapped buffer, which upholds the contract.
+unsafe impl Memory for Buf {
+    fn raw(&self) -> RawBuf {
+        match self {
+            Buf::Pageable(v) => v.raw(),
+            Buf::Pinned(b) => b.raw(),
+            Buf::Registered(b) => b.raw(),
+            Buf::Mapped(b) => b.raw(),
+            Buf::Managed(b) => b.raw(),
+            Buf::Device(b) => b.raw(),
+        }
+    }
+}
+// SAFETY: forwards to the wrapped buffer, which upholds the contract.
+unsafe impl MemoryMut for Buf {
+    fn raw_mut(&mut self) -> RawBuf {
+        match self {
+            Buf::Pageable(v) => v.raw_mut(),
+            Buf::Pinned(b) => b.raw_mut(),
+            Buf::Registered(b) => b.raw_mut(),
+            Buf::Mapped(b) => b.raw_mut(),
+            Buf::Managed(b) => b.raw_mut(),
+            Buf::Device(b) => b.raw_mut(),
+        }
+    }
+}
+
+pub fn is_pageable(k: Kind) -> bool {
+    k == Kind::Pageable
+}
+
+/// What the CPU engine writes for this copy into a poisoned destination.
+pub fn reference_copy(dst_init: &[u8], dl: &Layout, src: &[u8], sl: &Layout) -> Vec<u8> {
+    let cpu = CpuEngine::new(1).unwrap();
+    let mut out = dst_init.to_vec();
+    cpu.scope(|s| s.copy(&mut out, dl, src, sl).map(|_| ()))
+        .unwrap()
+        .unwrap();
+    out
+}
+
+/// What the CPU engine writes for this fill.
+pub fn reference_fill(dst_init: &[u8], l: &Layout, pattern: &[u8]) -> Vec<u8> {
+    let cpu = CpuEngine::new(1).unwrap();
+    let mut out = dst_init.to_vec();
+    cpu.scope(|s| s.fill(&mut out, l, pattern).map(|_| ()))
+        .unwrap()
+        .unwrap();
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Copies `sl` of random source bytes (of kind `sk`) into `dl` of a poisoned destination (of
+/// kind `dk`) on the engine and checks every destination byte against the CPU reference.
+pub fn check_copy(
+    e: &CudaEngine,
+    dk: Kind,
+    sk: Kind,
+    dl: &Layout,
+    dlen: usize,
+    sl: &Layout,
+    slen: usize,
+    seed: u64,
+) {
+    let src_h = bytes(slen, seed);
+    let dst_h = bytes(dlen, seed ^ 0xDEAD);
+    let want = reference_copy(&dst_h, dl, &src_h, sl);
+    let src = Buf::new(sk, &src_h);
+    let mut dst = Buf::new(dk, &dst_h);
+    e.scope(|s| {
+        s.copy(&mut dst, dl, &src, sl)?
+            .wait()
+            .map_err(ferry::Error::from)
+    })
+    .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: barrier {err}"))
+    .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: {err}"));
+    let got = dst.to_vec();
+    if let Some(i) = (0..dlen).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{dk:?} <- {sk:?} {dl:?} <- {sl:?}: first wrong byte at {i}: got {}, want {}",
+            got[i], want[i]
+        );
+    }
+}
+
+/// Runs a future to completion on this thread (a minimal executor: park until woken).
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+pub fn kind_of(k: Kind) -> MemKind {
+    match k {
+        Kind::Pageable => MemKind::Pageable,
+        Kind::Pinned | Kind::Registered => MemKind::Pinned,
+        Kind::Mapped => MemKind::Mapped,
+        Kind::Managed => MemKind::Managed,
+        Kind::Device => MemKind::Device { ordinal: 0 },
+    }
+}

@@ -1,0 +1,230 @@
+//! Every direction and memory kind, contiguous and strided (2-D, 3-D, segments), and fills,
+//! each byte checked against the CPU engine. Prints `skipped: no CUDA driver` without a GPU.
+
+mod cuda_common;
+use cuda_common::*;
+use ferry::{EngineExt, Layout, Plan, PlanKind};
+
+#[test]
+fn contiguous_every_kind_pair() {
+    let Some(e) = cuda_or_skip() else { return };
+    let mut seed = 1;
+    for &dk in &KINDS {
+        for &sk in &KINDS {
+            if is_pageable(dk) && is_pageable(sk) {
+                continue;
+            }
+            for n in [1usize, 4096, 1_000_003, 8 << 20] {
+                let l = Layout::bytes(n).unwrap();
+                check_copy(&e, dk, sk, &l, n, &l, n, seed);
+                seed += 1;
+            }
+        }
+    }
+}
+
+/// Strided layouts of each plan kind; returns (dst layout, dst len, src layout, src len).
+fn strided_cases() -> Vec<(&'static str, Layout, usize, Layout, usize)> {
+    let mut v = Vec::new();
+    // 2-D tile out of a 512 x 768 f32 matrix.
+    let big = Layout::contiguous(&[512, 768], 4).unwrap();
+    let tile = big
+        .slice(0, 100..300, 1)
+        .unwrap()
+        .slice(1, 17..529, 1)
+        .unwrap();
+    let dense = Layout::contiguous(&[200, 512], 4).unwrap();
+    v.push(("tile", dense, dense.size_bytes(), tile, big.size_bytes()));
+    // The other way: dense into a tile of a pitched destination.
+    v.push(("untile", tile, big.size_bytes(), dense, dense.size_bytes()));
+    // Every other row, odd element size.
+    let rows = Layout::contiguous(&[300, 37], 3).unwrap();
+    let every_other = rows.slice(0, 1..300, 2).unwrap();
+    let packed = Layout::contiguous(&[150, 37], 3).unwrap();
+    v.push((
+        "every other row",
+        packed,
+        packed.size_bytes(),
+        every_other,
+        rows.size_bytes(),
+    ));
+    // Transpose of a 64 x 96 f64 matrix (8-byte runs).
+    let m = Layout::contiguous(&[64, 96], 8).unwrap();
+    let t = Layout::contiguous(&[96, 64], 8).unwrap();
+    v.push((
+        "transpose",
+        t,
+        t.size_bytes(),
+        m.transpose(0, 1).unwrap(),
+        m.size_bytes(),
+    ));
+    // 3-D box out of an 8 x 64 x 256 u16 volume: planes whole multiples of the row pitch.
+    let vol = Layout::contiguous(&[8, 64, 256], 2).unwrap();
+    let bx = vol
+        .slice(0, 1..7, 1)
+        .unwrap()
+        .slice(1, 3..60, 1)
+        .unwrap()
+        .slice(2, 10..200, 1)
+        .unwrap();
+    let dbox = Layout::contiguous(&[6, 57, 190], 2).unwrap();
+    v.push(("3-D box", dbox, dbox.size_bytes(), bx, vol.size_bytes()));
+    // 3-D whose plane stride is not a multiple of the row pitch (loop of 2-D copies).
+    let odd = Layout::new(&[5, 40, 100], &[40 * 128 + 24, 128, 1], 1).unwrap();
+    let dodd = Layout::contiguous(&[5, 40, 100], 1).unwrap();
+    v.push((
+        "3-D odd planes",
+        dodd,
+        dodd.size_bytes(),
+        odd,
+        odd.span().end,
+    ));
+    // 4-D segments.
+    let hyper = Layout::contiguous(&[4, 5, 6, 64], 4).unwrap();
+    let part = hyper
+        .slice(0, 1..4, 1)
+        .unwrap()
+        .slice(1, 0..5, 2)
+        .unwrap()
+        .slice(2, 1..6, 1)
+        .unwrap()
+        .slice(3, 8..40, 1)
+        .unwrap();
+    let dpart = Layout::contiguous(&[3, 3, 5, 32], 4).unwrap();
+    v.push((
+        "4-D segments",
+        dpart,
+        dpart.size_bytes(),
+        part,
+        hyper.size_bytes(),
+    ));
+    // Permuted 3-D (transposes inside planes) into a destination with an offset.
+    let cube = Layout::contiguous(&[6, 20, 30], 4).unwrap();
+    let perm = cube.permute(&[2, 0, 1]).unwrap();
+    let dperm = Layout::contiguous(&[30, 6, 20], 4)
+        .unwrap()
+        .with_offset(64)
+        .unwrap();
+    v.push((
+        "permute with offset",
+        dperm,
+        dperm.span().end + 16,
+        perm,
+        cube.size_bytes(),
+    ));
+    v
+}
+
+#[test]
+fn plan_kinds_of_the_strided_cases() {
+    // Runs without a GPU too: the cases cover every plan kind.
+    let kinds: Vec<PlanKind> = strided_cases()
+        .iter()
+        .map(|(_, d, _, s, _)| Plan::new(d, s).unwrap().kind())
+        .collect();
+    for k in [PlanKind::Pitched2D, PlanKind::Pitched3D, PlanKind::Segments] {
+        assert!(kinds.contains(&k), "no case plans to {k:?}: {kinds:?}");
+    }
+}
+
+#[test]
+fn strided_every_kind_pair() {
+    let Some(e) = cuda_or_skip() else { return };
+    let mut seed = 100;
+    for (name, dl, dlen, sl, slen) in strided_cases() {
+        for &dk in &KINDS {
+            for &sk in &KINDS {
+                if is_pageable(dk) && is_pageable(sk) {
+                    continue;
+                }
+                let r =
+                    std::panic::catch_unwind(|| check_copy(&e, dk, sk, &dl, dlen, &sl, slen, seed));
+                if r.is_err() {
+                    panic!("case {name}: {dk:?} <- {sk:?} failed");
+                }
+                seed += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn fills_every_pattern_width() {
+    let Some(e) = cuda_or_skip() else { return };
+    let big = Layout::contiguous(&[96, 160], 8).unwrap();
+    let cases: Vec<(Layout, usize, Vec<u8>)> = vec![
+        (Layout::bytes(1 << 20).unwrap(), 1 << 20, vec![0xAB]),
+        (Layout::contiguous(&[1000], 2).unwrap(), 2000, vec![1, 2]),
+        (
+            Layout::contiguous(&[1000], 4).unwrap(),
+            4000,
+            vec![1, 2, 3, 4],
+        ),
+        (
+            Layout::contiguous(&[1000], 8).unwrap(),
+            8000,
+            vec![5, 5, 5, 5, 5, 5, 5, 5],
+        ),
+        (
+            Layout::contiguous(&[1000], 8).unwrap(),
+            8000,
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
+        ),
+        (Layout::contiguous(&[999], 3).unwrap(), 2997, vec![9, 8, 7]),
+        // Strided fills: a tile of f64, and every other column of bytes.
+        (
+            big.slice(0, 10..90, 1)
+                .unwrap()
+                .slice(1, 3..150, 1)
+                .unwrap(),
+            big.size_bytes(),
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
+        ),
+        (
+            big.slice(0, 10..90, 1)
+                .unwrap()
+                .slice(1, 3..150, 1)
+                .unwrap(),
+            big.size_bytes(),
+            vec![0, 0, 128, 63, 0, 0, 128, 63],
+        ),
+        (
+            Layout::contiguous(&[64, 64], 1)
+                .unwrap()
+                .slice(1, 0..64, 2)
+                .unwrap(),
+            4096,
+            vec![0x5A],
+        ),
+        (
+            Layout::contiguous(&[4, 6, 8, 16], 4)
+                .unwrap()
+                .slice(3, 2..14, 1)
+                .unwrap(),
+            4 * 6 * 8 * 64,
+            vec![1, 0, 0, 0],
+        ),
+    ];
+    let mut seed = 500;
+    for (l, len, pat) in cases {
+        for k in [
+            Kind::Device,
+            Kind::Pinned,
+            Kind::Mapped,
+            Kind::Managed,
+            Kind::Registered,
+        ] {
+            let init = bytes(len, seed);
+            seed += 1;
+            let want = reference_fill(&init, &l, &pat);
+            let mut b = Buf::new(k, &init);
+            e.scope(|s| s.fill(&mut b, &l, &pat)?.wait().map_err(ferry::Error::from))
+                .unwrap()
+                .unwrap();
+            assert!(
+                b.to_vec() == want,
+                "fill {pat:?} over {l:?} in {k:?} differs from the CPU reference"
+            );
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Errors of the CUDA engine: each a clear error, no crash, engine usable afterwards. Also the
+//! probe and peer copies. Prints `skipped: no CUDA driver` without a GPU.
+
+mod cuda_common;
+use cuda_common::*;
+use ferry::cuda::{probe, CudaEngine, CudaError, DeviceBuffer, Location, ManagedBuffer};
+use ferry::{Engine, EngineExt, Error, Layout, MemKind, SubmitError};
+
+fn still_works(e: &CudaEngine) {
+    let l = Layout::bytes(1 << 20).unwrap();
+    check_copy(
+        e,
+        Kind::Device,
+        Kind::Pinned,
+        &l,
+        1 << 20,
+        &l,
+        1 << 20,
+        4242,
+    );
+}
+
+#[test]
+fn probe_reports_the_device() {
+    let p = probe();
+    let Ok(v) = p.driver else {
+        println!("skipped: no CUDA driver");
+        assert!(p.devices.is_empty());
+        return;
+    };
+    println!("{p:#?}");
+    assert!(v >= 12000, "driver version {v}");
+    let d = p.devices.first().expect("a driver with no device");
+    assert!(!d.name.is_empty());
+    assert!(d.async_engines.unwrap_or(0) >= 1);
+    assert!(d.sm_count.unwrap_or(0) >= 1);
+    assert!(d.total_mem.unwrap_or(0) > 0);
+    assert_eq!(p.peer.len(), p.devices.len());
+}
+
+#[test]
+fn bad_device_and_unsupported_kinds() {
+    let Some(e) = cuda_or_skip() else { return };
+    let count = probe().devices.len() as u32;
+    assert!(matches!(
+        CudaEngine::new(count),
+        Err(CudaError::NoDevice { .. })
+    ));
+    assert!(matches!(
+        DeviceBuffer::new(count + 3, 16),
+        Err(CudaError::NoDevice { .. })
+    ));
+    // A buffer on a device this engine cannot reach.
+    let far = ferry::RawBuf {
+        addr: 0x1000,
+        len: 64,
+        kind: MemKind::Device { ordinal: count + 5 },
+    };
+    let here = [0u8; 64];
+    let l = Layout::bytes(64).unwrap();
+    // SAFETY: the job is refused before any memory is touched (unreachable device).
+    let r = unsafe {
+        e.submit_raw(ferry::Job::copy(
+            far,
+            l,
+            ferry::RawBuf::host(here.as_ptr(), 64, MemKind::Pageable),
+            l,
+        ))
+    };
+    match r {
+        Err(err @ SubmitError::Unsupported { .. }) => println!("wrong device: {err}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    // Pageable to pageable and fills of pageable memory belong to the CPU engine.
+    let mut a = vec![0u8; 64];
+    let b = vec![1u8; 64];
+    let r = e.scope(|s| s.memcpy(&mut a, &b).map(|_| ())).unwrap();
+    assert!(matches!(r, Err(SubmitError::Unsupported { .. })), "{r:?}");
+    let r = e.scope(|s| s.fill(&mut a, &l, &[1]).map(|_| ())).unwrap();
+    assert!(matches!(r, Err(SubmitError::Unsupported { .. })), "{r:?}");
+    still_works(&e);
+}
+
+#[test]
+fn layout_larger_than_buffer() {
+    let Some(e) = cuda_or_skip() else { return };
+    let mut dev = DeviceBuffer::new(0, 1000).unwrap();
+    let src = vec![0u8; 4096];
+    let l = Layout::bytes(4096).unwrap();
+    let r = e
+        .scope(|s| s.copy(&mut dev, &l, &src[..], &l).map(|_| ()))
+        .unwrap();
+    match r {
+        Err(err @ SubmitError::Op(_)) => println!("too large: {err}"),
+        other => panic!("expected an Op error, got {other:?}"),
+    }
+    let big = Layout::contiguous(&[100, 100], 1).unwrap();
+    let r = e
+        .scope(|s| s.fill(&mut dev, &big, &[1]).map(|_| ()))
+        .unwrap();
+    assert!(matches!(r, Err(SubmitError::Op(_))), "{r:?}");
+    still_works(&e);
+}
+
+#[test]
+fn device_out_of_memory() {
+    let Some(e) = cuda_or_skip() else { return };
+    let total = probe().devices[0].total_mem.unwrap();
+    match DeviceBuffer::new(0, total * 2) {
+        Err(err @ CudaError::Alloc { .. }) => {
+            let s = err.to_string();
+            println!("out of memory: {s}");
+            assert!(
+                s.contains("OUT_OF_MEMORY") || s.contains("out of memory"),
+                "{s}"
+            );
+            let as_ferry: Error = err.into();
+            assert!(as_ferry.to_string().contains("device memory"));
+        }
+        other => panic!("expected an allocation error, got {other:?}"),
+    }
+    still_works(&e);
+    // Managed memory of a modest size, prefetched both ways.
+    let mut m = ManagedBuffer::new(0, 8 << 20).unwrap();
+    m.fill(3);
+    m.prefetch_to(Location::Device(0)).unwrap();
+    m.prefetch_to(Location::Host).unwrap();
+    assert!(m.iter().all(|&b| b == 3));
+}
+
+#[test]
+fn peer_copies() {
+    let Some(e0) = cuda_or_skip() else { return };
+    let p = probe();
+    if p.devices.len() < 2 {
+        println!("skipped: needs 2 GPUs");
+        return;
+    }
+    let n = 8 << 20;
+    let data = bytes(n, 77);
+    let src = DeviceBuffer::from_host(1, &data).unwrap();
+    let mut dst = DeviceBuffer::new(0, n).unwrap();
+    let r = e0
+        .scope(|s| s.memcpy(&mut dst, &src).map(|r| r.wait()))
+        .unwrap();
+    if p.peer[0][1] {
+        r.unwrap().unwrap();
+        assert!(dst.to_vec().unwrap() == data);
+    } else {
+        assert!(matches!(r, Err(SubmitError::Unsupported { .. })), "{r:?}");
+        println!("peer pair 0<-1 unsupported, reported as such");
+    }
+    still_works(&e0);
+}

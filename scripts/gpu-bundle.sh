@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds every GPU test binary (tests/cuda_*.rs), the measurement examples (examples/cuda_*.rs)
+# and the `ferry` CLI in release mode without
+# debug info, strips them, and copies them into a bundle folder (default `.gpu/`) with a
+# `run.sh` that runs them all on a GPU host with no Rust toolchain:
+#
+#   scripts/gpu-bundle.sh [BUNDLE_DIR]      # here
+#   bash BUNDLE_DIR/run.sh LOGDIR           # on the GPU host; exit status 0 iff all passed
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+bundle=${1:-.gpu}
+# Small binaries: no debug info, symbols stripped (the workspace's release profile keeps
+# debug=1 for profiling; the bundle does not need it).
+export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+
+rm -rf "$bundle"
+mkdir -p "$bundle/tests"
+
+json=$(cargo test --release -p ferry --no-run --message-format=json --test 'cuda_*')
+exes=$(printf '%s\n' "$json" | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("test"))) | "\(.target.name) \(.executable)"')
+if [ -z "$exes" ]; then
+  echo "no cuda_* test binaries found" >&2
+  exit 1
+fi
+while read -r name exe; do
+  cp "$exe" "$bundle/tests/$name"
+  strip "$bundle/tests/$name" 2>/dev/null || true
+done <<<"$exes"
+
+# Measurement examples (examples/cuda_*.rs), run after the tests.
+mkdir -p "$bundle/examples"
+ex=$(cargo build --release -p ferry --example 'cuda_*' --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.name) \(.executable)"')
+while read -r name exe; do
+  [ -n "$name" ] || continue
+  cp "$exe" "$bundle/examples/$name"
+  strip "$bundle/examples/$name" 2>/dev/null || true
+done <<<"$ex"
+
+cli=$(cargo build --release -p ferry-cli --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .target.name == "ferry") | .executable')
+if [ -n "$cli" ]; then
+  cp "$cli" "$bundle/ferry"
+  strip "$bundle/ferry" 2>/dev/null || true
+fi
+
+cat >"$bundle/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every test binary of this bundle; one log per binary in LOGDIR (default ./logs), and a
+# summary line per binary on stdout. Exit status 0 iff every binary passed.
+here=$(cd "$(dirname "$0")" && pwd)
+log=${1:-logs}
+mkdir -p "$log"
+log=$(cd "$log" && pwd)
+fail=0
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 || true; } >"$log/gpu.txt"
+if [ -x "$here/ferry" ]; then "$here/ferry" info >>"$log/gpu.txt" 2>&1 || echo "ferry info failed" >>"$log/gpu.txt"; fi
+for t in "$here"/tests/*; do
+  name=$(basename "$t")
+  start=$(date +%s%N)
+  if "$t" --nocapture >"$log/$name.log" 2>&1; then status=ok; else status=FAIL; fail=1; fi
+  end=$(date +%s%N)
+  printf '%-4s %-20s %7d ms  %s\n' "$status" "$name" $(((end - start) / 1000000)) "$(grep -E '^test result' "$log/$name.log" | tail -1)"
+done
+for x in "$here"/examples/*; do
+  [ -x "$x" ] || continue
+  name=$(basename "$x")
+  if "$x" >"$log/$name.txt" 2>&1; then echo "ok   $name (output in $name.txt)"; else echo "FAIL $name"; fail=1; fi
+done
+exit $fail
+RUN
+chmod +x "$bundle/run.sh"
+du -sh "$bundle"
+ls -l "$bundle" "$bundle/tests"
