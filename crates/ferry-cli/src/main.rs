@@ -172,6 +172,7 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
     let rep = bench::run(&cfg, &sel.skipped, |done, total, what| {
         if tty && !shown && t0.elapsed() > Duration::from_secs(1) {
             bar.set_draw_target(ProgressDrawTarget::stderr());
+            bar.enable_steady_tick(Duration::from_millis(250));
             shown = true;
         }
         bar.set_length(total as u64);
