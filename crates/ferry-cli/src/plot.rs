@@ -112,6 +112,9 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .fold(0.0, f64::max);
     let (x0, x1) = (x0.floor() - 0.25, x1.ceil() + 0.25);
+    // Free the top of the plot for the legend (about 22 px per entry of ~560 px).
+    let legend_frac = (lines.len() as f64 * 22.0 + 20.0) / 560.0;
+    let headroom = 1.05 / (1.0 - legend_frac.min(0.6));
     let mut chart = ChartBuilder::on(&root)
         .caption(
             "ferry bench: bandwidth vs size (median; dashed: better plain-Rust baseline)",
@@ -120,7 +123,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         .margin(16)
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d(x0..x1, 0.0..(ymax * 1.1).max(1e-3))
+        .build_cartesian_2d(x0..x1, 0.0..(ymax * headroom).max(1e-3))
         .map_err(|x| e(&x))?;
     let ticks = (x1 - x0).floor() as usize + 1;
     chart
@@ -186,7 +189,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
