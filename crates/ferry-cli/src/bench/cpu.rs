@@ -117,7 +117,7 @@ impl CpuBench {
             verify,
         )?);
         series.push(ctx.series(
-            &format!("{n} threads"),
+            &format!("{} copy_from_slice", threads_label(n)),
             Role::Baseline,
             &self.method,
             &mut dst,
@@ -192,7 +192,7 @@ impl CpuBench {
         )?);
         let per = rows.div_ceil(n);
         series.push(ctx.series(
-            &format!("{n} threads row loop"),
+            &format!("{} row loop", threads_label(n)),
             Role::Baseline,
             &self.method,
             &mut dst,
@@ -280,7 +280,7 @@ impl CpuBench {
         )?);
         let per = m.div_ceil(threads);
         series.push(ctx.series(
-            &format!("{threads} threads blocked"),
+            &format!("{} blocked", threads_label(threads)),
             Role::Baseline,
             &self.method,
             &mut dst,
@@ -488,6 +488,15 @@ fn engine_copy<T: Elem>(
             .map_err(|e| e.to_string())
     });
     r.map_err(|e| e.to_string())?
+}
+
+/// `1 thread`, `2 threads`, ...
+fn threads_label(n: usize) -> String {
+    if n == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{n} threads")
+    }
 }
 
 /// `dst.copy_from_slice(src)` split into `n` chunks on `n` scoped threads.
