@@ -69,6 +69,21 @@ impl CpuBench {
             why: why.to_string(),
         };
         let size = usize::try_from(size).map_err(|_| bad("larger than the address space"))?;
+        // Buffers each test allocates, as a multiple of the size: source + destination (the
+        // tile's source is twice as wide).
+        let factor = if test.name == "cpu-tile" { 3 } else { 2 };
+        let need = size
+            .checked_mul(factor)
+            .ok_or_else(|| bad("larger than the address space"))?;
+        if let Some(avail) = mem_available() {
+            if need as u64 > avail {
+                return Err(bad(&format!(
+                    "needs {} of memory, {} available",
+                    format_size(need as u64),
+                    format_size(avail)
+                )));
+            }
+        }
         match test.name {
             "cpu-contig" => self.contig(test, size),
             "cpu-tile" => self.tile(test, size),
@@ -445,6 +460,14 @@ impl Elem for f64 {
     }
 }
 
+/// `MemAvailable` of `/proc/meminfo` in bytes (None where it cannot be read).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// A pseudo-random byte pattern (xorshift), every page written.
 fn pattern_bytes(len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
@@ -534,6 +557,20 @@ mod tests {
             warmup: 1,
             samples: 2,
             min_sample_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn sizes_beyond_memory_are_refused_not_allocated() {
+        let mut b = CpuBench::new(1, quick()).unwrap();
+        if mem_available().is_none() {
+            eprintln!("skipped: /proc/meminfo not readable");
+            return;
+        }
+        for t in TESTS {
+            let e = b.run(t, 1 << 50).unwrap_err();
+            assert!(matches!(e, BenchError::BadSize { .. }), "{e}");
+            assert!(e.to_string().contains("available"), "{e}");
         }
     }
 
