@@ -1,0 +1,621 @@
+//! CPU tests of `ferry bench`: the CPU engine next to plain-Rust baselines.
+//!
+//! Every bandwidth test compares the engine with two baselines measured in the same run on the
+//! same buffers: one thread doing the obvious loop, and the same loop split into N chunks on N
+//! `std::thread::scope` threads spawned per call (N = the engine's worker threads).
+
+use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
+use crate::sizes::format_size;
+use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout, Plain};
+use std::hint::black_box;
+
+const fn cpu(
+    name: &'static str,
+    description: &'static str,
+    kind: Kind,
+    default_sizes: &'static str,
+) -> TestInfo {
+    TestInfo {
+        name,
+        description,
+        needs: Needs::Cpu,
+        kind,
+        default_sizes,
+    }
+}
+
+/// The CPU tests.
+pub static TESTS: &[TestInfo] = &[
+    cpu("cpu-contig", "contiguous copy, vs copy_from_slice and N plain threads", Kind::Bandwidth, "4K..256M"),
+    cpu("cpu-tile", "2-D tile (4 KiB rows) out of a pitched matrix twice as wide, vs a row loop on 1 and N threads", Kind::Bandwidth, "4K..256M"),
+    cpu("cpu-transpose-f32", "transpose of an f32 matrix, vs a 32x32-blocked loop on 1 and N threads", Kind::Bandwidth, "4K..64M"),
+    cpu("cpu-transpose-f64", "transpose of an f64 matrix, vs a 32x32-blocked loop on 1 and N threads", Kind::Bandwidth, "4K..64M"),
+    cpu("cpu-latency", "submit+wait of one small copy, engine default (inline at submit), vs copy_from_slice", Kind::Latency, "4,64,1K,4K,16K,64K"),
+    cpu("cpu-latency-queued", "submit+wait of one small copy, inline off (CpuConfig::inline_bytes(0)), vs copy_from_slice", Kind::Latency, "4,64,1K,4K,16K,64K"),
+];
+
+/// Row width of `cpu-tile`.
+pub const TILE_ROW: usize = 4096;
+
+/// Runs the CPU tests with one engine per configuration.
+pub struct CpuBench {
+    engine: CpuEngine,
+    queued: Option<CpuEngine>,
+    method: Method,
+}
+
+impl CpuBench {
+    /// Starts the engine with `threads` workers and default chunk/inline sizes.
+    pub fn new(threads: usize, method: Method) -> Result<CpuBench, BenchError> {
+        let engine = CpuEngine::with_config(CpuConfig::new(threads))
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        Ok(CpuBench {
+            engine,
+            queued: None,
+            method,
+        })
+    }
+
+    /// The default engine's settings.
+    pub fn engine_config(&self) -> CpuConfig {
+        self.engine.config()
+    }
+
+    /// Runs one test at one size.
+    pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Row, BenchError> {
+        let bad = |why: &str| BenchError::BadSize {
+            test: test.name.to_string(),
+            size: format_size(size),
+            why: why.to_string(),
+        };
+        let size = usize::try_from(size).map_err(|_| bad("larger than the address space"))?;
+        // Buffers each test allocates, as a multiple of the size: source + destination (the
+        // tile's source is twice as wide).
+        let factor = if test.name == "cpu-tile" { 3 } else { 2 };
+        let need = size
+            .checked_mul(factor)
+            .ok_or_else(|| bad("larger than the address space"))?;
+        if let Some(avail) = mem_available() {
+            if need as u64 > avail {
+                return Err(bad(&format!(
+                    "needs {} of memory, {} available",
+                    format_size(need as u64),
+                    format_size(avail)
+                )));
+            }
+        }
+        match test.name {
+            "cpu-contig" => self.contig(test, size),
+            "cpu-tile" => self.tile(test, size),
+            "cpu-transpose-f32" => self.transpose::<f32>(test, size),
+            "cpu-transpose-f64" => self.transpose::<f64>(test, size),
+            "cpu-latency" => self.latency(test, size, false),
+            "cpu-latency-queued" => self.latency(test, size, true),
+            _ => Err(BenchError::UnknownTest {
+                name: test.name.to_string(),
+                valid: TESTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    fn threads(&self) -> usize {
+        self.engine.config().threads.max(1)
+    }
+
+    fn contig(&mut self, test: &TestInfo, size: usize) -> Result<Row, BenchError> {
+        let ctx = Ctx::new(test, size);
+        let src = pattern_bytes(size);
+        let mut dst = vec![0u8; size];
+        let n = self.threads();
+        let verify = |d: &[u8]| first_diff(d, &src);
+        let mut series = vec![];
+        let ferry_name = format!("ferry {}", self.engine.name());
+        series.push(ctx.series(
+            &ferry_name,
+            Role::Ferry,
+            &self.method,
+            &mut dst,
+            size,
+            |d| engine_copy(&self.engine, d, &Layout::bytes(size).ok(), &src, None),
+            verify,
+        )?);
+        series.push(ctx.series(
+            "copy_from_slice",
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            size,
+            |d| {
+                d.copy_from_slice(black_box(&src));
+                Ok(())
+            },
+            verify,
+        )?);
+        series.push(ctx.series(
+            &format!("{} copy_from_slice", threads_label(n)),
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            size,
+            |d| {
+                par_copy(d, &src, n);
+                Ok(())
+            },
+            verify,
+        )?);
+        Ok(Row::new(
+            test.name,
+            test.kind,
+            size as u64,
+            size as u64,
+            "1-D contiguous".into(),
+            series,
+        ))
+    }
+
+    fn tile(&mut self, test: &TestInfo, size: usize) -> Result<Row, BenchError> {
+        let ctx = Ctx::new(test, size);
+        let (rows, w) = if size < TILE_ROW {
+            (1, size)
+        } else {
+            (size / TILE_ROW, TILE_ROW)
+        };
+        let (pitch, off) = (2 * w, w / 2);
+        let payload = rows * w;
+        let src = pattern_bytes(rows * pitch);
+        let mut dst = vec![0u8; payload];
+        let layout_err = |e: ferry::LayoutError| ctx.engine_err("layout", e.to_string());
+        let src_l = Layout::contiguous(&[rows, pitch], 1)
+            .and_then(|l| l.slice(1, off..off + w, 1))
+            .map_err(layout_err)?;
+        let dst_l = Layout::contiguous(&[rows, w], 1).map_err(layout_err)?;
+        let row_src = |r: usize| &src[r * pitch + off..r * pitch + off + w];
+        let verify = |d: &[u8]| {
+            (0..rows)
+                .find_map(|r| {
+                    first_diff(&d[r * w..(r + 1) * w], row_src(r))
+                        .err()
+                        .map(|o| r * w + o)
+                })
+                .map_or(Ok(()), Err)
+        };
+        let n = self.threads();
+        let mut series = vec![];
+        let ferry_name = format!("ferry {}", self.engine.name());
+        series.push(ctx.series(
+            &ferry_name,
+            Role::Ferry,
+            &self.method,
+            &mut dst,
+            payload,
+            |d| engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l)),
+            verify,
+        )?);
+        series.push(ctx.series(
+            "row loop",
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            payload,
+            |d| {
+                for (r, out) in d.chunks_exact_mut(w).enumerate() {
+                    out.copy_from_slice(black_box(row_src(r)));
+                }
+                Ok(())
+            },
+            verify,
+        )?);
+        let per = rows.div_ceil(n);
+        series.push(ctx.series(
+            &format!("{} row loop", threads_label(n)),
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            payload,
+            |d| {
+                std::thread::scope(|s| {
+                    for (k, part) in d.chunks_mut(per * w).enumerate() {
+                        s.spawn(move || {
+                            for (i, out) in part.chunks_exact_mut(w).enumerate() {
+                                out.copy_from_slice(row_src(k * per + i));
+                            }
+                        });
+                    }
+                });
+                Ok(())
+            },
+            verify,
+        )?);
+        let shape = format!("{rows} rows x {w} B, source pitch {pitch} B");
+        Ok(Row::new(
+            test.name,
+            test.kind,
+            size as u64,
+            payload as u64,
+            shape,
+            series,
+        ))
+    }
+
+    fn transpose<T: Elem>(&mut self, test: &TestInfo, size: usize) -> Result<Row, BenchError> {
+        let ctx = Ctx::new(test, size);
+        let es = std::mem::size_of::<T>();
+        let count = size / es;
+        if count == 0 {
+            return Err(BenchError::BadSize {
+                test: test.name.into(),
+                size: format_size(size as u64),
+                why: format!("smaller than one {es}-byte element"),
+            });
+        }
+        // n x m source (row-major), n a power of two near sqrt(count).
+        let n = 1usize << (count.ilog2() / 2);
+        let m = count / n;
+        let payload = n * m * es;
+        let src: Vec<T> = (0..n * m).map(T::from_index).collect();
+        let mut dst = vec![T::from_index(0); n * m];
+        let layout_err = |e: ferry::LayoutError| ctx.engine_err("layout", e.to_string());
+        let dst_l = Layout::contiguous(&[m, n], es).map_err(layout_err)?;
+        let src_l = Layout::contiguous(&[n, m], es)
+            .and_then(|l| l.transpose(0, 1))
+            .map_err(layout_err)?;
+        let verify = |d: &[T]| {
+            for j in 0..m {
+                for i in 0..n {
+                    if d[j * n + i] != src[i * m + j] {
+                        return Err((j * n + i) * es);
+                    }
+                }
+            }
+            Ok(())
+        };
+        let threads = self.threads();
+        let mut series = vec![];
+        let ferry_name = format!("ferry {}", self.engine.name());
+        series.push(ctx.series(
+            &ferry_name,
+            Role::Ferry,
+            &self.method,
+            &mut dst,
+            payload,
+            |d| engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l)),
+            verify,
+        )?);
+        series.push(ctx.series(
+            "blocked 32x32",
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            payload,
+            |d| {
+                transpose_rows(black_box(d), &src, n, m, 0);
+                Ok(())
+            },
+            verify,
+        )?);
+        let per = m.div_ceil(threads);
+        series.push(ctx.series(
+            &format!("{} blocked", threads_label(threads)),
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            payload,
+            |d| {
+                std::thread::scope(|s| {
+                    for (k, part) in d.chunks_mut(per * n).enumerate() {
+                        let src = &src;
+                        s.spawn(move || transpose_rows(part, src, n, m, k * per));
+                    }
+                });
+                Ok(())
+            },
+            verify,
+        )?);
+        let shape = format!("{n} x {m} -> {m} x {n}, {es} B elements");
+        Ok(Row::new(
+            test.name,
+            test.kind,
+            size as u64,
+            payload as u64,
+            shape,
+            series,
+        ))
+    }
+
+    fn latency(&mut self, test: &TestInfo, size: usize, queued: bool) -> Result<Row, BenchError> {
+        let ctx = Ctx::new(test, size);
+        if queued && self.queued.is_none() {
+            let cfg = self.engine.config().inline_bytes(0);
+            self.queued =
+                Some(CpuEngine::with_config(cfg).map_err(|e| BenchError::Setup(e.to_string()))?);
+        }
+        let engine = if queued {
+            self.queued.as_ref().unwrap_or(&self.engine)
+        } else {
+            &self.engine
+        };
+        let src = pattern_bytes(size);
+        let mut dst = vec![0u8; size];
+        let verify = |d: &[u8]| first_diff(d, &src);
+        let inline = size <= engine.config().inline_bytes;
+        let ferry_name = format!(
+            "ferry {} {}",
+            engine.name(),
+            if inline { "inline" } else { "queued" }
+        );
+        let mut series = vec![];
+        series.push(ctx.series(
+            &ferry_name,
+            Role::Ferry,
+            &self.method,
+            &mut dst,
+            size,
+            |d| engine_copy(engine, d, &Layout::bytes(size).ok(), &src, None),
+            verify,
+        )?);
+        series.push(ctx.series(
+            "copy_from_slice",
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            size,
+            |d| {
+                black_box(&mut *d).copy_from_slice(black_box(&src));
+                Ok(())
+            },
+            verify,
+        )?);
+        let shape = format!(
+            "1-D contiguous, {}",
+            if inline {
+                "run inline at submit"
+            } else {
+                "queued to a worker"
+            }
+        );
+        Ok(Row::new(
+            test.name,
+            test.kind,
+            size as u64,
+            size as u64,
+            shape,
+            series,
+        ))
+    }
+}
+
+/// Names for errors of one (test, size).
+struct Ctx {
+    test: &'static str,
+    kind: Kind,
+    size: String,
+}
+
+impl Ctx {
+    fn new(test: &TestInfo, size: usize) -> Ctx {
+        Ctx {
+            test: test.name,
+            kind: test.kind,
+            size: format_size(size as u64),
+        }
+    }
+
+    fn engine_err(&self, series: &str, message: String) -> BenchError {
+        BenchError::Engine {
+            test: self.test.into(),
+            series: series.into(),
+            size: self.size.clone(),
+            message,
+        }
+    }
+
+    /// Poisons `dst` (touching every page), measures `op`, then verifies `dst`.
+    #[allow(clippy::too_many_arguments)]
+    fn series<T: Elem>(
+        &self,
+        name: &str,
+        role: Role,
+        method: &Method,
+        dst: &mut [T],
+        payload: usize,
+        mut op: impl FnMut(&mut [T]) -> Result<(), String>,
+        verify: impl Fn(&[T]) -> Result<(), usize>,
+    ) -> Result<Series, BenchError> {
+        dst.fill(T::POISON);
+        let timing = measure(method, || op(dst)).map_err(|m| self.engine_err(name, m))?;
+        verify(dst).map_err(|offset| BenchError::Verify {
+            test: self.test.into(),
+            series: name.into(),
+            size: self.size.clone(),
+            offset,
+        })?;
+        Ok(Series::new(name, role, self.kind, payload as u64, timing))
+    }
+}
+
+/// Element types of the test buffers.
+trait Elem: Plain + PartialEq {
+    /// Written into destinations before each series.
+    const POISON: Self;
+    /// A distinct, finite value for index `i`.
+    fn from_index(i: usize) -> Self;
+}
+
+impl Elem for u8 {
+    const POISON: u8 = 0xA5;
+    fn from_index(i: usize) -> u8 {
+        (i.wrapping_mul(0x9E37_79B9) >> 11) as u8
+    }
+}
+impl Elem for f32 {
+    const POISON: f32 = -1.5;
+    fn from_index(i: usize) -> f32 {
+        (i & 0xFF_FFFF) as f32
+    }
+}
+impl Elem for f64 {
+    const POISON: f64 = -1.5;
+    fn from_index(i: usize) -> f64 {
+        i as f64
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (None where it cannot be read).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// A pseudo-random byte pattern (xorshift), every page written.
+fn pattern_bytes(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ len as u64;
+    for c in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    v
+}
+
+/// The first byte where `a` and `b` differ.
+fn first_diff(a: &[u8], b: &[u8]) -> Result<(), usize> {
+    if a == b {
+        return Ok(());
+    }
+    Err(a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len())))
+}
+
+/// One submit + wait through the safe scoped API. `dst_l`/`src_l` None: whole buffers.
+fn engine_copy<T: Elem>(
+    engine: &CpuEngine,
+    dst: &mut [T],
+    dst_l: &Option<Layout>,
+    src: &[T],
+    src_l: Option<Layout>,
+) -> Result<(), String> {
+    let r = engine.scope(|s| {
+        let req = match (dst_l, src_l) {
+            (Some(d), Some(sl)) => s.copy(dst, d, src, &sl),
+            _ => s.memcpy(dst, src),
+        };
+        req.map_err(|e| e.to_string())?
+            .wait()
+            .map_err(|e| e.to_string())
+    });
+    r.map_err(|e| e.to_string())?
+}
+
+/// `1 thread`, `2 threads`, ...
+fn threads_label(n: usize) -> String {
+    if n == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{n} threads")
+    }
+}
+
+/// `dst.copy_from_slice(src)` split into `n` chunks on `n` scoped threads.
+fn par_copy(dst: &mut [u8], src: &[u8], n: usize) {
+    let chunk = src.len().div_ceil(n).max(1);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
+/// Writes rows `j0..` of the `m x n` transpose of the `n x m` matrix `src` into `dst`
+/// (`dst.len() / n` rows), in 32 x 32 blocks.
+fn transpose_rows<T: Copy>(dst: &mut [T], src: &[T], n: usize, m: usize, j0: usize) {
+    const B: usize = 32;
+    let rows = dst.len() / n;
+    for jb in (0..rows).step_by(B) {
+        for ib in (0..n).step_by(B) {
+            for j in jb..(jb + B).min(rows) {
+                for i in ib..(ib + B).min(n) {
+                    dst[j * n + i] = src[i * m + j0 + j];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quick() -> Method {
+        Method {
+            warmup: 1,
+            samples: 2,
+            min_sample_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn sizes_beyond_memory_are_refused_not_allocated() {
+        let mut b = CpuBench::new(1, quick()).unwrap();
+        if mem_available().is_none() {
+            eprintln!("skipped: /proc/meminfo not readable");
+            return;
+        }
+        for t in TESTS {
+            let e = b.run(t, 1 << 50).unwrap_err();
+            assert!(matches!(e, BenchError::BadSize { .. }), "{e}");
+            assert!(e.to_string().contains("available"), "{e}");
+        }
+    }
+
+    #[test]
+    fn every_cpu_test_runs_and_verifies() {
+        let mut b = CpuBench::new(2, quick()).unwrap();
+        for t in TESTS {
+            for size in [4u64, 4096, 100_000, 1 << 20] {
+                if t.name == "cpu-transpose-f64" && size == 4 {
+                    assert!(matches!(b.run(t, size), Err(BenchError::BadSize { .. })));
+                    continue;
+                }
+                let row = b
+                    .run(t, size)
+                    .unwrap_or_else(|e| panic!("{} {size}: {e}", t.name));
+                assert_eq!(
+                    row.series.len(),
+                    if t.kind == Kind::Latency { 2 } else { 3 }
+                );
+                assert!(row
+                    .series
+                    .iter()
+                    .all(|s| s.verified && s.median.is_finite() && s.median > 0.0));
+                assert!(
+                    row.ratio.is_finite() && row.payload_bytes <= size && row.payload_bytes > 0
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_baseline_is_a_transpose() {
+        let (n, m) = (3, 5);
+        let src: Vec<u32> = (0..15).collect();
+        let mut dst = vec![0u32; 15];
+        transpose_rows(&mut dst, &src, n, m, 0);
+        assert_eq!(&dst[..6], &[0, 5, 10, 1, 6, 11]);
+        let mut part = vec![0u32; 6];
+        transpose_rows(&mut part, &src, n, m, 2);
+        assert_eq!(part, &dst[6..12]);
+    }
+
+    #[test]
+    fn verification_catches_a_wrong_byte() {
+        assert_eq!(first_diff(&[1, 2, 3], &[1, 9, 3]), Err(1));
+        assert_eq!(first_diff(&[1, 2], &[1, 2]), Ok(()));
+    }
+}

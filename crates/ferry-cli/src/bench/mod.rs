@@ -1,0 +1,717 @@
+//! `ferry bench`: a registry of tests and one measurement core shared by all of them.
+//!
+//! - A [`TestInfo`] names a test, says what it needs ([`Needs`]), whether it measures
+//!   bandwidth or latency ([`Kind`]) and its default size sweep.
+//! - [`measure`] is the only timing loop: warm-up calls, one calibration call, then samples of
+//!   `reps` back-to-back calls each (reps chosen so a sample lasts at least
+//!   [`Method::min_sample_s`]); the per-call time of each sample is kept, and the median, min
+//!   and max reported.
+//! - Each backend module (`cpu`, later `cuda`) turns (test, size) into a [`Row`]: ferry and its
+//!   baselines measured in the same run on the same buffers, each result verified afterwards.
+
+pub mod cpu;
+pub mod cuda;
+
+use serde::Serialize;
+use std::time::Instant;
+use thiserror::Error;
+
+/// The method, as printed in `--help` and in the report header.
+pub const METHOD: &str = "\
+Method: for every test and size, ferry and each baseline run on the same buffers, one after
+the other, in the same process. Buffers are allocated and written (every page touched) before
+timing, so no first-touch page fault is timed. Each series runs W warm-up calls, one
+calibration call, then S samples; a sample is R back-to-back calls timed with a monotonic clock
+(R chosen so a sample lasts >= 1 ms; R = 1 for large copies), recorded as time per call. Reported:
+median (min..max) over the samples. GB/s = 10^9 bytes/s of payload (bytes copied, not bytes
+touched). After each series the destination is compared with the source / a reference; a
+mismatch fails the run. Ratio: ferry / better baseline (bandwidth), ferry time / better
+baseline time (latency). Small sizes are cache-resident: they show the per-call cost, not DRAM.";
+
+/// Errors of `ferry bench`.
+#[derive(Debug, Error)]
+pub enum BenchError {
+    /// `--test` named a test that does not exist.
+    #[error("unknown test `{name}`; valid tests: {valid}")]
+    UnknownTest {
+        /// The name given.
+        name: String,
+        /// Every valid name, comma separated.
+        valid: String,
+    },
+    /// `--engine` named an engine that does not exist.
+    #[error("unknown engine `{0}`; valid engines: cpu, cuda, all")]
+    UnknownEngine(String),
+    /// Nothing selected can run on this machine.
+    #[error("no test can run: {0}")]
+    NothingToRun(String),
+    /// The engine refused or failed a copy.
+    #[error("{test} {series} at {size}: the engine failed: {message}")]
+    Engine {
+        /// Test name.
+        test: String,
+        /// Series name.
+        series: String,
+        /// Size label.
+        size: String,
+        /// The engine's error text.
+        message: String,
+    },
+    /// A result did not match the reference after the run.
+    #[error("{test} {series} at {size}: wrong result at byte {offset} of the destination")]
+    Verify {
+        /// Test name.
+        test: String,
+        /// Series name.
+        series: String,
+        /// Size label.
+        size: String,
+        /// First differing byte.
+        offset: usize,
+    },
+    /// A size cannot be set up for this test.
+    #[error("{test}: size {size} cannot be used: {why}")]
+    BadSize {
+        /// Test name.
+        test: String,
+        /// Size label.
+        size: String,
+        /// Why.
+        why: String,
+    },
+    /// Engine setup failed.
+    #[error("cannot start the engine: {0}")]
+    Setup(String),
+    /// `--samples 0`.
+    #[error("--samples must be at least 1")]
+    NoSamples,
+}
+
+/// What a test needs to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Needs {
+    /// The CPU engine (always present).
+    Cpu,
+    /// The CUDA engine and a GPU.
+    Cuda,
+}
+
+/// What a test measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// GB/s (10^9 bytes/s of payload); higher is better.
+    Bandwidth,
+    /// Microseconds per submit+wait; lower is better.
+    Latency,
+}
+
+impl Kind {
+    /// The unit of the figures.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Kind::Bandwidth => "GB/s",
+            Kind::Latency => "us",
+        }
+    }
+}
+
+/// One entry of the test registry.
+#[derive(Debug, Clone)]
+pub struct TestInfo {
+    /// Name used by `--test`.
+    pub name: &'static str,
+    /// One-line description shown by `--list`.
+    pub description: &'static str,
+    /// Engine and paths it needs.
+    pub needs: Needs,
+    /// Bandwidth or latency.
+    pub kind: Kind,
+    /// Default size sweep (`--sizes` replaces it for bandwidth tests, `--latency-sizes` for
+    /// latency tests).
+    pub default_sizes: &'static str,
+}
+
+/// Every test, CPU and GPU.
+pub fn registry() -> Vec<TestInfo> {
+    cpu::TESTS.iter().chain(cuda::TESTS).cloned().collect()
+}
+
+/// Whether tests needing `needs` can run in this build on this machine, or why not.
+pub fn availability(needs: Needs) -> Result<(), String> {
+    match needs {
+        Needs::Cpu => Ok(()),
+        Needs::Cuda => cuda::available(),
+    }
+}
+
+/// Which engines `--engine` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineSel {
+    /// CPU tests only.
+    Cpu,
+    /// GPU tests only.
+    Cuda,
+    /// Both (default).
+    All,
+}
+
+impl std::str::FromStr for EngineSel {
+    type Err = BenchError;
+    fn from_str(s: &str) -> Result<Self, BenchError> {
+        match s {
+            "cpu" => Ok(EngineSel::Cpu),
+            "cuda" => Ok(EngineSel::Cuda),
+            "all" => Ok(EngineSel::All),
+            _ => Err(BenchError::UnknownEngine(s.to_string())),
+        }
+    }
+}
+
+/// The tests chosen and those left out (with why).
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// Tests to run, in registry order.
+    pub run: Vec<TestInfo>,
+    /// Tests selected but unavailable: (name, reason).
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Resolves `--test a,b` (None: all) and `--engine` against the registry.
+pub fn select(tests: Option<&str>, engine: EngineSel) -> Result<Selection, BenchError> {
+    let reg = registry();
+    let wanted: Vec<TestInfo> = match tests {
+        None => reg.clone(),
+        Some(list) => {
+            let mut out = vec![];
+            for name in list.split(',').map(str::trim) {
+                match reg.iter().find(|t| t.name == name) {
+                    Some(t) if !out.iter().any(|o: &TestInfo| o.name == name) => {
+                        out.push(t.clone())
+                    }
+                    Some(_) => {}
+                    None => {
+                        let valid = reg.iter().map(|t| t.name).collect::<Vec<_>>().join(", ");
+                        return Err(BenchError::UnknownTest {
+                            name: name.to_string(),
+                            valid,
+                        });
+                    }
+                }
+            }
+            out
+        }
+    };
+    let mut sel = Selection {
+        run: vec![],
+        skipped: vec![],
+    };
+    for t in wanted {
+        let engine_ok = match engine {
+            EngineSel::All => true,
+            EngineSel::Cpu => t.needs == Needs::Cpu,
+            EngineSel::Cuda => t.needs == Needs::Cuda,
+        };
+        if !engine_ok {
+            continue;
+        }
+        match availability(t.needs) {
+            Ok(()) => sel.run.push(t),
+            Err(why) => sel.skipped.push((t.name.to_string(), why)),
+        }
+    }
+    Ok(sel)
+}
+
+/// How to measure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Method {
+    /// Warm-up calls per series (not timed).
+    pub warmup: usize,
+    /// Timed samples per series.
+    pub samples: usize,
+    /// A sample repeats the call until it lasts at least this long (seconds).
+    pub min_sample_s: f64,
+}
+
+impl Default for Method {
+    fn default() -> Self {
+        Method {
+            warmup: 3,
+            samples: 10,
+            min_sample_s: 1e-3,
+        }
+    }
+}
+
+/// Timing of one series: seconds per call.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    /// Seconds per call of each sample.
+    pub samples_s: Vec<f64>,
+    /// Calls per sample.
+    pub reps: u64,
+    /// Median seconds per call.
+    pub median_s: f64,
+    /// Fastest sample.
+    pub min_s: f64,
+    /// Slowest sample.
+    pub max_s: f64,
+}
+
+/// Times `op` as [`METHOD`] describes. `op` returns an error to stop the measurement.
+pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
+    for _ in 0..method.warmup {
+        op()?;
+    }
+    let t0 = Instant::now();
+    op()?;
+    let one = t0.elapsed().as_secs_f64();
+    let reps = if one >= method.min_sample_s {
+        1
+    } else {
+        (method.min_sample_s / one.max(1e-9)).ceil().min(1e6) as u64
+    };
+    let mut samples_s = Vec::with_capacity(method.samples);
+    for _ in 0..method.samples.max(1) {
+        let t = Instant::now();
+        for _ in 0..reps {
+            op()?;
+        }
+        samples_s.push(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    let mut sorted = samples_s.clone();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median_s = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    Ok(Timing {
+        reps,
+        median_s,
+        min_s: sorted[0],
+        max_s: sorted[n - 1],
+        samples_s,
+    })
+}
+
+/// Who a series is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A ferry engine.
+    Ferry,
+    /// A plain baseline the ratio is taken against.
+    Baseline,
+}
+
+/// One measured series of a row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    /// e.g. `ferry cpu(2)`, `copy_from_slice`, `2 threads`.
+    pub name: String,
+    /// Ferry or baseline.
+    pub role: Role,
+    /// Median figure in the row's unit (GB/s or us).
+    pub median: f64,
+    /// Worst sample (lowest GB/s, highest us).
+    pub worst: f64,
+    /// Best sample (highest GB/s, lowest us).
+    pub best: f64,
+    /// Raw timing.
+    pub timing: Timing,
+    /// The result was compared with the reference after the run and matched.
+    pub verified: bool,
+}
+
+impl Series {
+    /// Builds a series from a timing: GB/s of `payload` bytes, or microseconds.
+    pub fn new(
+        name: impl Into<String>,
+        role: Role,
+        kind: Kind,
+        payload: u64,
+        timing: Timing,
+    ) -> Series {
+        let fig = |s: f64| match kind {
+            Kind::Bandwidth => payload as f64 / s / 1e9,
+            Kind::Latency => s * 1e6,
+        };
+        // The slowest sample is the worst figure in both units.
+        let (worst, best) = (fig(timing.max_s), fig(timing.min_s));
+        Series {
+            name: name.into(),
+            role,
+            median: fig(timing.median_s),
+            worst,
+            best,
+            timing,
+            verified: true,
+        }
+    }
+}
+
+/// One (test, size) result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Test name.
+    pub test: String,
+    /// Bandwidth or latency.
+    pub kind: Kind,
+    /// Unit of every figure in the row.
+    pub unit: &'static str,
+    /// Requested size in bytes.
+    pub size_bytes: u64,
+    /// Bytes actually copied per call (may be below `size_bytes` when the shape rounds).
+    pub payload_bytes: u64,
+    /// Shape of the copy, in words.
+    pub shape: String,
+    /// Every series: the ferry one first, then baselines.
+    pub series: Vec<Series>,
+    /// Name of the better baseline.
+    pub best_baseline: String,
+    /// ferry / better baseline (bandwidth: GB/s ratio, >1 is faster; latency: time ratio,
+    /// <1 is faster).
+    pub ratio: f64,
+    /// Fraction of the link's limit (GPU rows; null for CPU rows).
+    pub link_limit_fraction: Option<f64>,
+}
+
+impl Row {
+    /// Builds a row; the ratio is taken against the better baseline.
+    pub fn new(
+        test: &str,
+        kind: Kind,
+        size: u64,
+        payload: u64,
+        shape: String,
+        series: Vec<Series>,
+    ) -> Row {
+        let ferry = series
+            .iter()
+            .find(|s| s.role == Role::Ferry)
+            .map_or(f64::NAN, |s| s.median);
+        let better = |a: f64, b: f64| match kind {
+            Kind::Bandwidth => a > b,
+            Kind::Latency => a < b,
+        };
+        let mut best: Option<&Series> = None;
+        for s in series.iter().filter(|s| s.role == Role::Baseline) {
+            if best.map_or(true, |b| better(s.median, b.median)) {
+                best = Some(s);
+            }
+        }
+        let (best_baseline, ratio) = best.map_or((String::new(), f64::NAN), |b| {
+            (b.name.clone(), ferry / b.median)
+        });
+        Row {
+            test: test.to_string(),
+            kind,
+            unit: kind.unit(),
+            size_bytes: size,
+            payload_bytes: payload,
+            shape,
+            series,
+            best_baseline,
+            ratio,
+            link_limit_fraction: None,
+        }
+    }
+
+    /// The ferry series.
+    pub fn ferry(&self) -> Option<&Series> {
+        self.series.iter().find(|s| s.role == Role::Ferry)
+    }
+
+    /// The better baseline series.
+    pub fn baseline(&self) -> Option<&Series> {
+        self.series
+            .iter()
+            .find(|s| s.role == Role::Baseline && s.name == self.best_baseline)
+    }
+}
+
+/// Settings of one `ferry bench` run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Tests to run.
+    pub tests: Vec<TestInfo>,
+    /// Sizes for bandwidth tests (None: each test's default).
+    pub sizes: Option<Vec<u64>>,
+    /// Sizes for latency tests (None: each test's default).
+    pub latency_sizes: Option<Vec<u64>>,
+    /// CPU engine worker threads.
+    pub threads: usize,
+    /// Timing method.
+    pub method: Method,
+}
+
+/// Everything a run produced: what `--json` writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Schema tag: `ferry-bench/1`.
+    pub schema: &'static str,
+    /// ferry version.
+    pub ferry_version: &'static str,
+    /// Seconds since the Unix epoch at the start of the run.
+    pub started_unix_s: u64,
+    /// Host facts.
+    pub host: Host,
+    /// Method settings and text.
+    pub method: MethodReport,
+    /// CPU engine settings used.
+    pub cpu_engine: CpuEngineReport,
+    /// Tests selected but not run (name and reason), and (test, size) pairs left out
+    /// (`"<test> <size>"` and reason).
+    pub skipped: Vec<Skipped>,
+    /// Results, in run order.
+    pub results: Vec<Row>,
+}
+
+/// Host facts in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Host {
+    /// Logical cores.
+    pub cores: usize,
+    /// `std::env::consts::OS`.
+    pub os: &'static str,
+    /// `std::env::consts::ARCH`.
+    pub arch: &'static str,
+}
+
+/// Method in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct MethodReport {
+    /// Settings.
+    #[serde(flatten)]
+    pub settings: Method,
+    /// Statistic shown as the figure.
+    pub statistic: &'static str,
+    /// Definition of GB/s.
+    pub gbps: &'static str,
+    /// The method text.
+    pub text: &'static str,
+}
+
+/// CPU engine settings in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuEngineReport {
+    /// Worker threads.
+    pub threads: usize,
+    /// Smallest chunk of a split copy.
+    pub chunk_bytes: usize,
+    /// Inline threshold of the default engine.
+    pub inline_bytes: usize,
+}
+
+/// A test left out.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// Test name.
+    pub test: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Runs every selected test over its sizes. `progress` is called after each (test, size)
+/// with (done, total).
+pub fn run(
+    cfg: &BenchConfig,
+    skipped: &[(String, String)],
+    mut progress: impl FnMut(usize, usize, &str),
+) -> Result<Report, BenchError> {
+    if cfg.method.samples == 0 {
+        return Err(BenchError::NoSamples);
+    }
+    let started_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let plan: Vec<(TestInfo, Vec<u64>)> = cfg
+        .tests
+        .iter()
+        .map(|t| {
+            let own = match t.kind {
+                Kind::Bandwidth => cfg.sizes.clone(),
+                Kind::Latency => cfg.latency_sizes.clone(),
+            };
+            let sizes = own
+                .unwrap_or_else(|| crate::sizes::parse_sizes(t.default_sizes).unwrap_or_default());
+            (t.clone(), sizes)
+        })
+        .collect();
+    let total = plan.iter().map(|(_, s)| s.len()).sum();
+    let mut cpu = cpu::CpuBench::new(cfg.threads, cfg.method.clone())?;
+    let mut results = vec![];
+    let mut size_skips = vec![];
+    let mut done = 0;
+    for (t, sizes) in &plan {
+        for &size in sizes {
+            progress(
+                done,
+                total,
+                &format!("{} {}", t.name, crate::sizes::format_size(size)),
+            );
+            let row = match t.needs {
+                Needs::Cpu => cpu.run(t, size),
+                Needs::Cuda => cuda::run(t, size),
+            };
+            match row {
+                Ok(row) => results.push(row),
+                // A size this test cannot take (e.g. below one element) is left out, not fatal.
+                Err(BenchError::BadSize { why, .. }) => size_skips.push(Skipped {
+                    test: format!("{} {}", t.name, crate::sizes::format_size(size)),
+                    reason: why,
+                }),
+                Err(e) => return Err(e),
+            }
+            done += 1;
+        }
+    }
+    progress(done, total, "done");
+    let c = cpu.engine_config();
+    Ok(Report {
+        schema: "ferry-bench/1",
+        ferry_version: env!("CARGO_PKG_VERSION"),
+        started_unix_s,
+        host: Host {
+            cores: ferry::engine::cpu::probe().cores,
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+        },
+        method: MethodReport {
+            settings: cfg.method.clone(),
+            statistic: "median",
+            gbps: "1e9 bytes/s of payload",
+            text: METHOD,
+        },
+        cpu_engine: CpuEngineReport {
+            threads: c.threads,
+            chunk_bytes: c.chunk_bytes,
+            inline_bytes: c.inline_bytes,
+        },
+        skipped: skipped
+            .iter()
+            .map(|(t, r)| Skipped {
+                test: t.clone(),
+                reason: r.clone(),
+            })
+            .chain(size_skips)
+            .collect(),
+        results,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_by_name_and_engine() {
+        let s = select(Some("cpu-contig,cpu-tile"), EngineSel::All).unwrap();
+        assert_eq!(
+            s.run.iter().map(|t| t.name).collect::<Vec<_>>(),
+            ["cpu-contig", "cpu-tile"]
+        );
+        let s = select(None, EngineSel::Cpu).unwrap();
+        assert!(s.run.iter().all(|t| t.needs == Needs::Cpu) && !s.run.is_empty());
+        assert!(s.skipped.is_empty());
+    }
+
+    #[test]
+    fn unknown_test_lists_valid_names() {
+        let e = select(Some("cpu-contig,nope"), EngineSel::All).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("`nope`"), "{msg}");
+        for t in registry() {
+            assert!(msg.contains(t.name), "{msg} lacks {}", t.name);
+        }
+    }
+
+    #[test]
+    fn gpu_tests_listed_as_unavailable_without_cuda() {
+        let reg = registry();
+        assert!(reg.iter().any(|t| t.needs == Needs::Cuda));
+        if cuda::available().is_err() {
+            let s = select(None, EngineSel::All).unwrap();
+            assert!(s.skipped.iter().all(|(_, why)| !why.is_empty()));
+            assert_eq!(
+                s.skipped.len(),
+                reg.iter().filter(|t| t.needs == Needs::Cuda).count()
+            );
+        }
+    }
+
+    #[test]
+    fn default_sizes_parse() {
+        for t in registry() {
+            assert!(
+                !crate::sizes::parse_sizes(t.default_sizes)
+                    .unwrap()
+                    .is_empty(),
+                "{}",
+                t.name
+            );
+        }
+    }
+
+    #[test]
+    fn measure_takes_median_min_max() {
+        let mut n = 0u32;
+        let t = measure(
+            &Method {
+                warmup: 1,
+                samples: 5,
+                min_sample_s: 0.0,
+            },
+            || {
+                n += 1;
+                Ok::<(), ()>(())
+            },
+        )
+        .unwrap();
+        // 1 warm-up + 1 calibration + 5 samples of 1 rep each.
+        assert_eq!((n, t.reps, t.samples_s.len()), (7, 1, 5));
+        assert!(t.min_s <= t.median_s && t.median_s <= t.max_s);
+    }
+
+    #[test]
+    fn ratio_uses_better_baseline() {
+        let tm = |s: f64| Timing {
+            samples_s: vec![s],
+            reps: 1,
+            median_s: s,
+            min_s: s,
+            max_s: s,
+        };
+        let row = Row::new(
+            "x",
+            Kind::Bandwidth,
+            1000,
+            1000,
+            String::new(),
+            vec![
+                Series::new("f", Role::Ferry, Kind::Bandwidth, 1000, tm(1e-6)),
+                Series::new("a", Role::Baseline, Kind::Bandwidth, 1000, tm(2e-6)),
+                Series::new("b", Role::Baseline, Kind::Bandwidth, 1000, tm(4e-6)),
+            ],
+        );
+        assert_eq!(row.best_baseline, "a");
+        assert!((row.ratio - 2.0).abs() < 1e-9);
+        assert!((row.ferry().unwrap().median - 1.0).abs() < 1e-9);
+        let lat = Row::new(
+            "y",
+            Kind::Latency,
+            4,
+            4,
+            String::new(),
+            vec![
+                Series::new("f", Role::Ferry, Kind::Latency, 4, tm(2e-6)),
+                Series::new("a", Role::Baseline, Kind::Latency, 4, tm(1e-6)),
+            ],
+        );
+        assert!((lat.ratio - 2.0).abs() < 1e-9 && (lat.ferry().unwrap().median - 2.0).abs() < 1e-9);
+    }
+}

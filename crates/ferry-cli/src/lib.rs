@@ -1,0 +1,11 @@
+//! The `ferry` command-line tool as a library: `ferry info` and `ferry bench`.
+//!
+//! The binary (`src/main.rs`) only parses arguments and calls into these modules, so the
+//! same code is reachable from tests.
+#![warn(missing_docs)]
+
+pub mod bench;
+pub mod info;
+pub mod plot;
+pub mod report;
+pub mod sizes;

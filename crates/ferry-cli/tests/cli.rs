@@ -1,0 +1,275 @@
+//! End-to-end tests of the `ferry` binary: arguments, JSON schema, plots. CPU only.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ferry(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .output()
+        .expect("run ferry")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferry-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A tiny bench: two bandwidth tests, one latency test, small sizes, few samples.
+fn tiny(json: &Path, plots: &[&Path]) -> Output {
+    let mut args = vec![
+        "bench",
+        "--test",
+        "cpu-contig,cpu-tile,cpu-latency",
+        "--sizes",
+        "4K,64K",
+        "--latency-sizes",
+        "4,4K",
+        "--samples",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    for p in plots {
+        args.push("--plot");
+        args.push(p.to_str().unwrap());
+    }
+    let o = ferry(&args);
+    assert!(o.status.success(), "ferry bench failed: {}", stderr(&o));
+    o
+}
+
+#[test]
+fn unknown_test_lists_valid_names() {
+    let o = ferry(&["bench", "--test", "cpu-contig,bogus"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("unknown test `bogus`"), "{e}");
+    for name in [
+        "cpu-contig",
+        "cpu-tile",
+        "cpu-transpose-f32",
+        "cpu-latency",
+        "cuda-h2d-pinned",
+    ] {
+        assert!(e.contains(name), "{e} lacks {name}");
+    }
+}
+
+#[test]
+fn bad_sizes_and_engine_are_refused_clearly() {
+    for (args, want) in [
+        (vec!["bench", "--sizes", "4Q"], "bad size `4Q`"),
+        (
+            vec!["bench", "--sizes", "1G..4K"],
+            "start is larger than the end",
+        ),
+        (vec!["bench", "--sizes", "0"], "is zero"),
+        (
+            vec!["bench", "--engine", "tpu"],
+            "valid engines: cpu, cuda, all",
+        ),
+        (vec!["bench", "--samples", "0"], "--samples"),
+        (vec!["bench", "--plot", "x.jpg"], "must end in .svg or .png"),
+    ] {
+        let o = ferry(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn list_shows_every_test_and_gpu_reason() {
+    let o = ferry(&["bench", "--list"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    for t in ferry_cli::bench::registry() {
+        assert!(out.contains(t.name), "{out} lacks {}", t.name);
+    }
+    if ferry_cli::bench::cuda::available().is_err() {
+        assert!(out.contains("unavailable: no CUDA engine"), "{out}");
+    }
+}
+
+#[test]
+fn help_prints_the_method() {
+    let o = ferry(&["bench", "--help"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("Method:") && out.contains("median") && out.contains("10^9"),
+        "{out}"
+    );
+}
+
+#[test]
+fn info_json_has_cpu_and_gpu_sections() {
+    let o = ferry(&["info", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["cpu"]["cores"].as_u64().unwrap() >= 1);
+    assert!(v["cpu"]["default_threads"].as_u64().unwrap() >= 1);
+    assert!(v["cpu"]["inline_bytes"].is_u64() && v["cpu"]["chunk_bytes"].is_u64());
+    assert!(v["gpu"]["cuda_engine_in_build"].is_boolean());
+}
+
+#[test]
+fn json_report_follows_the_schema() {
+    let json = tmp("tiny.json");
+    let o = tiny(&json, &[]);
+    if ferry_cli::bench::cuda::available().is_err() {
+        let e = stderr(&o);
+        assert_eq!(
+            e.lines().filter(|l| l.contains("GPU test")).count(),
+            0,
+            "GPU not selected, no line expected: {e}"
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["schema"], "ferry-bench/1");
+    assert!(v["started_unix_s"].as_u64().unwrap() > 1_600_000_000);
+    assert_eq!(v["method"]["samples"], 2);
+    assert_eq!(v["method"]["warmup"], 1);
+    assert_eq!(v["method"]["statistic"], "median");
+    assert_eq!(v["cpu_engine"]["threads"], 2);
+    let results = v["results"].as_array().unwrap();
+    // 2 bandwidth tests x 2 sizes + 1 latency test x 2 sizes.
+    assert_eq!(results.len(), 6);
+    for r in results {
+        let kind = r["kind"].as_str().unwrap();
+        assert_eq!(r["unit"], if kind == "bandwidth" { "GB/s" } else { "us" });
+        assert!(r["size_bytes"].as_u64().unwrap() >= r["payload_bytes"].as_u64().unwrap());
+        assert!(r["ratio"].as_f64().unwrap() > 0.0);
+        assert!(r["link_limit_fraction"].is_null());
+        let series = r["series"].as_array().unwrap();
+        assert_eq!(series.iter().filter(|s| s["role"] == "ferry").count(), 1);
+        assert!(series
+            .iter()
+            .any(|s| s["name"] == r["best_baseline"] && s["role"] == "baseline"));
+        for s in series {
+            let (med, worst, best) = (
+                s["median"].as_f64().unwrap(),
+                s["worst"].as_f64().unwrap(),
+                s["best"].as_f64().unwrap(),
+            );
+            assert!(med > 0.0 && s["verified"] == true);
+            if kind == "bandwidth" {
+                assert!(worst <= med && med <= best);
+            } else {
+                assert!(best <= med && med <= worst);
+            }
+            let t = &s["timing"];
+            assert_eq!(t["samples_s"].as_array().unwrap().len(), 2);
+            assert!(t["reps"].as_u64().unwrap() >= 1);
+        }
+    }
+    let sizes: Vec<u64> = results
+        .iter()
+        .filter(|r| r["test"] == "cpu-contig")
+        .map(|r| r["size_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4096, 65536]);
+}
+
+#[test]
+fn plots_are_valid_svg_and_png_with_one_series_per_path() {
+    let (json, svg, png) = (tmp("p.json"), tmp("p.svg"), tmp("p.png"));
+    tiny(&json, &[svg.as_path(), png.as_path()]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("valid SVG/XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let texts: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(str::trim)
+        .collect();
+    // Legend: ferry + better baseline for each bandwidth test, nothing for latency tests.
+    for label in [
+        "cpu-contig: ferry",
+        "cpu-contig: better baseline",
+        "cpu-tile: ferry",
+        "cpu-tile: better baseline",
+    ] {
+        assert_eq!(
+            texts.iter().filter(|t| **t == label).count(),
+            1,
+            "{label} in {texts:?}"
+        );
+    }
+    assert!(!texts.iter().any(|t| t.contains("cpu-latency")));
+    // Axis labels with K suffixes.
+    assert!(texts.contains(&"4K") && texts.contains(&"64K"), "{texts:?}");
+    // 4 data lines + 4 legend samples (polylines or paths).
+    let lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline") || n.has_tag_name("path"))
+        .count();
+    assert!(lines >= 8, "{lines} line elements");
+    let png_bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&png_bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(png_bytes.len() > 10_000);
+}
+
+#[test]
+fn gpu_only_run_says_why_and_fails() {
+    if ferry_cli::bench::cuda::available().is_ok() {
+        eprintln!("skipped: a CUDA engine is present");
+        return;
+    }
+    let o = ferry(&["bench", "--engine", "cuda"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(
+        e.lines()
+            .filter(|l| l.contains("GPU test(s) left out"))
+            .count(),
+        1,
+        "{e}"
+    );
+    assert!(e.contains("no test can run"), "{e}");
+}
+
+#[test]
+fn default_run_prints_one_line_about_gpu_tests() {
+    if ferry_cli::bench::cuda::available().is_ok() {
+        eprintln!("skipped: a CUDA engine is present");
+        return;
+    }
+    let json = tmp("d.json");
+    let o = ferry(&[
+        "bench",
+        "--test",
+        "cpu-contig,cuda-d2d,cuda-tile",
+        "--sizes",
+        "4K",
+        "--samples",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert_eq!(
+        e.lines()
+            .filter(|l| l.contains("GPU test(s) left out"))
+            .count(),
+        1,
+        "{e}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["skipped"].as_array().unwrap().len(), 2);
+    assert_eq!(v["results"].as_array().unwrap().len(), 1);
+}
