@@ -33,6 +33,8 @@ pub struct GpuInfo {
     pub cuda_engine_in_build: bool,
     /// Why no GPU is usable, when none is.
     pub unavailable_reason: Option<String>,
+    /// What the CUDA probe found (driver, devices, peer matrix, nvidia-fs).
+    pub cuda: ferry::cuda::CudaProbe,
 }
 
 /// Gathers the report.
@@ -45,13 +47,10 @@ pub fn gather() -> Info {
         chunk_bytes: cfg.chunk_bytes,
         inline_bytes: cfg.inline_bytes,
     };
-    // GPU: `ferry::engine::cuda::probe()` goes here once the CUDA engine lands. It will fill:
-    // driver version (or why none), and per GPU: name, memory, async copy engines, PCIe
-    // generation x width, NUMA node; the peer-access matrix; unified addressing; host
-    // registration; nvidia-fs present or cuFile compat mode only.
     let gpu = GpuInfo {
-        cuda_engine_in_build: false,
-        unavailable_reason: Some(crate::bench::cuda::available().err().unwrap_or_default()),
+        cuda_engine_in_build: true,
+        unavailable_reason: crate::bench::cuda::available().err(),
+        cuda: ferry::cuda::probe(),
     };
     Info {
         ferry_version: env!("CARGO_PKG_VERSION"),
@@ -74,11 +73,84 @@ pub fn render(info: &Info) -> String {
         format_size(c.inline_bytes as u64)
     );
     s += "\nGPU\n";
-    // ---- GPU section: print `ferry::engine::cuda::probe()` here when the CUDA engine lands ----
-    if !info.gpu.cuda_engine_in_build {
+    if let Some(why) = &info.gpu.unavailable_reason {
+        s += &format!("  not available: {why}\n");
+    }
+    let p = &info.gpu.cuda;
+    if let Ok(v) = p.driver {
+        s += &format!("  CUDA driver          {}.{}\n", v / 1000, (v % 1000) / 10);
+    }
+    let opt = |o: Option<String>| o.unwrap_or_else(|| "unknown".into());
+    for d in &p.devices {
+        s += &format!("  GPU {}                {}\n", d.ordinal, d.name);
         s += &format!(
-            "  not available: {}\n",
-            info.gpu.unavailable_reason.as_deref().unwrap_or("unknown")
+            "    memory             {}\n",
+            opt(d.total_mem.map(|m| format_size(m as u64)))
+        );
+        s += &format!(
+            "    copy engines       {}\n",
+            opt(d.async_engines.map(|n| n.to_string()))
+        );
+        s += &format!(
+            "    SMs                {}\n",
+            opt(d.sm_count.map(|n| n.to_string()))
+        );
+        s += &format!(
+            "    compute capability {}\n",
+            opt(d.compute_capability.map(|(a, b)| format!("{a}.{b}")))
+        );
+        s += &format!(
+            "    PCIe               {}\n",
+            match (d.pcie_gen, d.pcie_width) {
+                (Some(g), Some(w)) => format!("gen {g} x{w}"),
+                _ => "not reported".into(),
+            }
+        );
+        s += &format!("    PCI bus id         {}\n", opt(d.pci_bus_id.clone()));
+        s += &format!(
+            "    NUMA node          {}\n",
+            opt(d.numa_node.map(|n| n.to_string()))
+        );
+        s += &format!(
+            "    unified addressing {}\n",
+            opt(d.unified_addressing.map(|b| b.to_string()))
+        );
+        s += &format!(
+            "    host registration  {}\n",
+            opt(d.host_register.map(|b| b.to_string()))
+        );
+        s += &format!(
+            "    map host memory    {}\n",
+            opt(d.can_map_host_memory.map(|b| b.to_string()))
+        );
+    }
+    if p.devices.len() > 1 {
+        s += "  peer access (row reads/writes column)\n";
+        for (i, row) in p.peer.iter().enumerate() {
+            let cells: Vec<&str> = row
+                .iter()
+                .enumerate()
+                .map(|(j, &b)| {
+                    if i == j {
+                        "-"
+                    } else if b {
+                        "yes"
+                    } else {
+                        "no"
+                    }
+                })
+                .collect();
+            s += &format!("    GPU {i}: {}\n", cells.join(" "));
+        }
+    }
+    if p.driver.is_ok() {
+        s += &format!(
+            "  GPUDirect Storage    {}\n",
+            if p.nvidia_fs {
+                "nvidia-fs module present"
+            } else {
+                "nvidia-fs module absent: compat path only"
+            }
         );
     }
     s

@@ -1,12 +1,18 @@
-//! GPU tests of `ferry bench`.
+//! GPU tests of `ferry bench`: the CUDA engine next to raw driver calls, in the same run, on
+//! the same buffers.
 //!
-//! This build has no CUDA engine (`ferry::engine::cuda` is a placeholder), so the tests below
-//! are listed, and reported as unavailable with the reason; none is measured. When the CUDA
-//! engine lands, this module gets the runners: [`available`] calls
-//! `ferry::engine::cuda::probe()`, and [`run`] measures each test with
-//! [`super::measure`] and fills [`super::Row::link_limit_fraction`] from the probed PCIe link.
+//! Every bandwidth series does one *batch* per timed call: `batch` copies released together
+//! (ferry: `batch` requests submitted back to back, then waited; raw: `batch` driver calls on
+//! one stream, then one synchronize), so that queueing is not timed, as nvbandwidth does.
+//! `batch` is 8 below 16 MiB and 1 above. Destinations are poisoned before each series and
+//! compared with the source after it. The link limit is PCIe generation x width as the probe
+//! reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 
-use super::{BenchError, Kind, Needs, Row, TestInfo};
+use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
+use crate::sizes::format_size;
+use ferry::cuda::{self, CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier, WaitMode};
+use ferry::{Engine, EngineExt, Layout, Memory, Op, OpError, Operator, Program};
+use std::sync::Arc;
 
 const fn gpu(
     name: &'static str,
@@ -23,68 +29,589 @@ const fn gpu(
     }
 }
 
-/// The GPU tests (same paths as the design notes' H200 table).
+/// The GPU tests (the same paths as the design notes' H200 table).
 pub static TESTS: &[TestInfo] = &[
-    gpu(
-        "cuda-h2d-pinned",
-        "host (pinned) -> device copy, vs raw cuMemcpyHtoDAsync",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-d2h-pinned",
-        "device -> host (pinned) copy, vs raw cuMemcpyDtoHAsync",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-h2d-pageable",
-        "host (pageable) -> device copy, vs raw driver copy",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-d2h-pageable",
-        "device -> host (pageable) copy, vs raw driver copy",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-d2d",
-        "device -> device copy on one GPU, vs raw cuMemcpyDtoDAsync",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-bidir",
-        "host -> device and device -> host at once (pinned)",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-tile",
-        "2-D tile host (pinned) -> device, vs raw cuMemcpy2DAsync",
-        Kind::Bandwidth,
-        "4K..256M",
-    ),
-    gpu(
-        "cuda-latency",
-        "submit+wait of a small pinned host -> device copy",
-        Kind::Latency,
-        "4,64,1K,4K,64K",
-    ),
+    gpu("cuda-h2d-pinned", "host (pinned) -> device, vs raw cuMemcpyHtoDAsync", Kind::Bandwidth, "64K,1M,16M,256M"),
+    gpu("cuda-d2h-pinned", "device -> host (pinned), vs raw cuMemcpyDtoHAsync", Kind::Bandwidth, "64K,1M,16M,256M"),
+    gpu("cuda-h2d-pageable", "host (pageable) -> device, ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
+    gpu("cuda-d2h-pageable", "device -> host (pageable), ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
+    gpu("cuda-d2d", "device -> device on one GPU, vs raw cuMemcpyDtoDAsync", Kind::Bandwidth, "1M,16M,256M"),
+    gpu("cuda-bidir", "host -> device and device -> host at once (pinned), payload both ways", Kind::Bandwidth, "1M,16M,256M"),
+    gpu("cuda-tile", "2-D tile (4 KiB rows of a pinned matrix twice as wide) -> device, vs raw cuMemcpy2DAsync and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,256M"),
+    gpu("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Kind::Bandwidth, "1K,4K,64K"),
+    gpu("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Kind::Latency, "4,64,1K,4K,64K"),
+    gpu("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Kind::Latency, "4,64,1K,4K,64K"),
 ];
 
 /// Whether the GPU tests can run, or why not.
 pub fn available() -> Result<(), String> {
-    Err("no CUDA engine in this build (ferry::engine::cuda has not landed)".to_string())
+    let p = cuda::probe();
+    match p.driver {
+        Err(why) => Err(why),
+        Ok(_) if p.devices.is_empty() => Err("the CUDA driver sees no GPU".to_string()),
+        Ok(_) => Ok(()),
+    }
 }
 
-/// Runs one GPU test at one size. Never reached while [`available`] says no.
-pub fn run(test: &TestInfo, _size: u64) -> Result<Row, BenchError> {
-    Err(BenchError::NothingToRun(format!(
-        "{}: {}",
-        test.name,
-        available().err().unwrap_or_default()
-    )))
+/// The GPU side of a bench run: engines on device 0 and a raw copier, created once.
+pub struct CudaBench {
+    engine: CudaEngine,
+    spin: CudaEngine,
+    raw: RawCopier,
+    method: Method,
+    link_gbps: Option<f64>,
+}
+
+/// PCIe link limit per direction in GB/s.
+fn link_limit(gen: u32, width: u32) -> Option<f64> {
+    let (gts, enc) = match gen {
+        1 => (2.5, 0.8),
+        2 => (5.0, 0.8),
+        3 => (8.0, 128.0 / 130.0),
+        4 => (16.0, 128.0 / 130.0),
+        5 => (32.0, 128.0 / 130.0),
+        6 => (64.0, 1.0),
+        _ => return None,
+    };
+    Some(gts * enc * width as f64 / 8.0)
+}
+
+fn setup(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Setup(e.to_string())
+}
+
+impl CudaBench {
+    /// Engines on device 0 (default wait, and spin wait for the latency test).
+    pub fn new(method: Method) -> Result<CudaBench, BenchError> {
+        let engine = CudaEngine::new(0).map_err(setup)?;
+        let spin =
+            CudaEngine::with_config(CudaConfig::new(0).wait_mode(WaitMode::Spin)).map_err(setup)?;
+        let raw = RawCopier::new(0).map_err(setup)?;
+        let link_gbps = cuda::probe()
+            .devices
+            .first()
+            .and_then(|d| link_limit(d.pcie_gen?, d.pcie_width?));
+        Ok(CudaBench {
+            engine,
+            spin,
+            raw,
+            method,
+            link_gbps,
+        })
+    }
+
+    /// Runs one GPU test at one size.
+    pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Row, BenchError> {
+        let ctx = Ctx {
+            test: test.name,
+            size: format_size(size),
+            kind: test.kind,
+        };
+        let size = usize::try_from(size).map_err(|_| ctx.bad("larger than the address space"))?;
+        let mut row = match test.name {
+            "cuda-h2d-pinned" => self.h2d(&ctx, size, true)?,
+            "cuda-d2h-pinned" => self.d2h(&ctx, size, true)?,
+            "cuda-h2d-pageable" => self.h2d(&ctx, size, false)?,
+            "cuda-d2h-pageable" => self.d2h(&ctx, size, false)?,
+            "cuda-d2d" => self.d2d(&ctx, size)?,
+            "cuda-bidir" => self.bidir(&ctx, size)?,
+            "cuda-tile" => self.tile(&ctx, size)?,
+            "cuda-scatter" => self.scatter(&ctx, size)?,
+            "cuda-latency" => self.latency(&ctx, size, false)?,
+            "cuda-latency-spin" => self.latency(&ctx, size, true)?,
+            _ => {
+                return Err(BenchError::UnknownTest {
+                    name: test.name.into(),
+                    valid: TESTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
+                })
+            }
+        };
+        let host_link = !matches!(test.name, "cuda-d2d") && test.kind == Kind::Bandwidth;
+        if let (true, Some(limit), Some(f)) =
+            (host_link, self.link_gbps, row.ferry().map(|s| s.median))
+        {
+            // Both directions at once: each direction has its own lanes.
+            let limit = if test.name == "cuda-bidir" {
+                2.0 * limit
+            } else {
+                limit
+            };
+            row.link_limit_fraction = Some(f / limit);
+        }
+        Ok(row)
+    }
+
+    /// Host -> device: pinned or pageable source.
+    fn h2d(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
+        let batch = batch(size);
+        let data = pattern(size);
+        let mut devs = dev_bufs(batch, size)?;
+        let (shape, series) = if pinned {
+            let mut src = PinnedBuffer::new(size).map_err(setup)?;
+            src.copy_from_slice(&data);
+            (
+                "pinned -> device",
+                self.h2d_series(ctx, &mut devs, &src, size, &data)?,
+            )
+        } else {
+            (
+                "pageable -> device",
+                self.h2d_series(ctx, &mut devs, &data, size, &data)?,
+            )
+        };
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            (size * batch) as u64,
+            shape.into(),
+            series,
+        ))
+    }
+
+    fn h2d_series<S: Memory + ?Sized>(
+        &self,
+        ctx: &Ctx,
+        devs: &mut [DeviceBuffer],
+        src: &S,
+        size: usize,
+        data: &[u8],
+    ) -> Result<Vec<Series>, BenchError> {
+        let batch = devs.len();
+        let payload = (size * batch) as u64;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let f = ctx.series(
+            &format!("ferry {}", self.engine.name()),
+            Role::Ferry,
+            payload,
+            || {
+                let e = &self.engine;
+                poison_devs(devs)?;
+                let t = measure(&self.method, || {
+                    e.scope(|s| {
+                        devs.iter_mut()
+                            .try_for_each(|d| s.copy(d, &l, src, &l).map(drop))
+                    })
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())
+                })?;
+                Ok((t, devs_check(devs, data)))
+            },
+        )?;
+        let r = ctx.series("raw driver", Role::Baseline, payload, || {
+            poison_devs(devs)?;
+            let t = measure(&self.method, || {
+                devs.iter_mut()
+                    .try_for_each(|d| self.raw.copy(d, src, size, 1).map_err(|e| e.to_string()))
+            })?;
+            Ok((t, devs_check(devs, data)))
+        })?;
+        Ok(vec![f, r])
+    }
+
+    /// Device -> host: pinned or pageable destination.
+    fn d2h(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
+        let batch = batch(size);
+        let data = pattern(size);
+        let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
+        let payload = (size * batch) as u64;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let mut series = vec![];
+        macro_rules! run_with {
+            ($hosts:expr, $shape:expr) => {{
+                let mut hosts = $hosts;
+                for (name, role) in [
+                    (format!("ferry {}", self.engine.name()), Role::Ferry),
+                    ("raw driver".to_string(), Role::Baseline),
+                ] {
+                    series.push(ctx.series(&name, role, payload, || {
+                        hosts.iter_mut().for_each(|h| h.fill(0xA5));
+                        let t = if role == Role::Ferry {
+                            measure(&self.method, || {
+                                self.engine
+                                    .scope(|s| {
+                                        hosts
+                                            .iter_mut()
+                                            .try_for_each(|h| s.copy(h, &l, &src, &l).map(drop))
+                                    })
+                                    .map_err(|e| e.to_string())?
+                                    .map_err(|e| e.to_string())
+                            })?
+                        } else {
+                            measure(&self.method, || {
+                                hosts.iter_mut().try_for_each(|h| {
+                                    self.raw.copy(h, &src, size, 1).map_err(|e| e.to_string())
+                                })
+                            })?
+                        };
+                        Ok((t, hosts.iter().all(|h| h[..] == data[..])))
+                    })?);
+                }
+                $shape
+            }};
+        }
+        let shape = if pinned {
+            run_with!(
+                (0..batch)
+                    .map(|_| PinnedBuffer::new(size))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(setup)?,
+                "device -> pinned"
+            )
+        } else {
+            run_with!(
+                (0..batch).map(|_| vec![0u8; size]).collect::<Vec<_>>(),
+                "device -> pageable"
+            )
+        };
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            payload,
+            shape.into(),
+            series,
+        ))
+    }
+
+    fn d2d(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let batch = batch(size);
+        let data = pattern(size);
+        let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
+        let mut devs = dev_bufs(batch, size)?;
+        let series = self.h2d_series(ctx, &mut devs, &src, size, &data)?;
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            (size * batch) as u64,
+            "device -> device".into(),
+            series,
+        ))
+    }
+
+    fn bidir(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let data = pattern(size);
+        let mut up_src = PinnedBuffer::new(size).map_err(setup)?;
+        up_src.copy_from_slice(&data);
+        let down_src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
+        let mut up_dst = DeviceBuffer::new(0, size).map_err(setup)?;
+        let mut down_dst = PinnedBuffer::new(size).map_err(setup)?;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let payload = 2 * size as u64;
+        let check = |up: &DeviceBuffer, down: &PinnedBuffer| {
+            up.to_vec().is_ok_and(|v| v == data) && down[..] == data[..]
+        };
+        let f = ctx.series(
+            &format!("ferry {}", self.engine.name()),
+            Role::Ferry,
+            payload,
+            || {
+                down_dst.fill(0xA5);
+                let t = measure(&self.method, || {
+                    self.engine
+                        .scope(|s| {
+                            let _up = s.copy(&mut up_dst, &l, &up_src, &l)?;
+                            s.copy(&mut down_dst, &l, &down_src, &l).map(drop)
+                        })
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())
+                })?;
+                Ok((t, check(&up_dst, &down_dst)))
+            },
+        )?;
+        let r = ctx.series("raw driver (2 streams)", Role::Baseline, payload, || {
+            down_dst.fill(0xA5);
+            let t = measure(&self.method, || {
+                self.raw
+                    .bidir(&mut up_dst, &up_src, &mut down_dst, &down_src, size, 1)
+                    .map_err(|e| e.to_string())
+            })?;
+            Ok((t, check(&up_dst, &down_dst)))
+        })?;
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            payload,
+            "pinned <-> device, both at once".into(),
+            vec![f, r],
+        ))
+    }
+
+    /// A tile of 4 KiB rows out of a pinned matrix with 8 KiB rows, into a dense device buffer.
+    fn tile(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        const ROW: usize = 4096;
+        let rows = size / ROW;
+        if rows == 0 {
+            return Err(ctx.bad("below one 4 KiB row"));
+        }
+        let size = rows * ROW;
+        let mut host = PinnedBuffer::new(2 * size).map_err(setup)?;
+        host.copy_from_slice(&pattern(2 * size));
+        let src_l = Layout::pitched(&[rows, ROW], 1, 2 * ROW).map_err(setup)?;
+        let dst_l = Layout::contiguous(&[rows, ROW], 1).map_err(setup)?;
+        let want: Vec<u8> = host
+            .chunks(2 * ROW)
+            .flat_map(|r| r[..ROW].to_vec())
+            .collect();
+        let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
+        let plan = ferry::Plan::new(&dst_l, &src_l).map_err(setup)?;
+        let flat = Layout::bytes(size).map_err(setup)?;
+        let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
+        let payload = size as u64;
+        let f = ctx.series(
+            &format!("ferry {} 2-D", self.engine.name()),
+            Role::Ferry,
+            payload,
+            || {
+                poison_devs(std::slice::from_mut(&mut dev))?;
+                let t = measure(&self.method, || {
+                    self.engine
+                        .scope(|s| s.copy(&mut dev, &dst_l, &*host, &src_l).map(drop))
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())
+                })?;
+                Ok((t, verify(&dev)))
+            },
+        )?;
+        let r = ctx.series("raw cuMemcpy2DAsync", Role::Baseline, payload, || {
+            poison_devs(std::slice::from_mut(&mut dev))?;
+            let t = measure(&self.method, || {
+                self.raw
+                    .copy_plan(&mut dev, &*host, &plan, 1)
+                    .map_err(|e| e.to_string())
+            })?;
+            Ok((t, verify(&dev)))
+        })?;
+        let c = ctx.series(
+            "ferry contiguous, same bytes",
+            Role::Baseline,
+            payload,
+            || {
+                let t = measure(&self.method, || {
+                    self.engine
+                        .scope(|s| s.copy(&mut dev, &flat, &*host, &flat).map(drop))
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())
+                })?;
+                Ok((t, dev.to_vec().is_ok_and(|v| v[..] == host[..size])))
+            },
+        )?;
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            payload,
+            format!("{rows} rows x 4 KiB, pitch 8 KiB"),
+            vec![f, r, c],
+        ))
+    }
+
+    /// Many scattered segments of `seg` bytes (a permutation of slots) pinned -> device.
+    fn scatter(&self, ctx: &Ctx, seg: usize) -> Result<Row, BenchError> {
+        if seg == 0 {
+            return Err(ctx.bad("zero-byte segments"));
+        }
+        let count = 100_000.min((1usize << 30) / seg).max(1);
+        let total = count * seg;
+        let mut host = PinnedBuffer::new(total).map_err(setup)?;
+        host.copy_from_slice(&pattern(total));
+        // Segment i of the destination comes from slot perm(i) of the source.
+        let segs: Vec<(usize, usize, usize)> = (0..count)
+            .map(|i| (i * seg, (i.wrapping_mul(7919) % count) * seg, seg))
+            .collect();
+        let want: Vec<u8> = segs
+            .iter()
+            .flat_map(|&(_, s, n)| host[s..s + n].to_vec())
+            .collect();
+        let mut dev = DeviceBuffer::new(0, total).map_err(setup)?;
+        let op: Arc<dyn Operator> = Arc::new(Segments(segs.clone()));
+        let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
+        let payload = total as u64;
+        let f = ctx.series(
+            &format!("ferry {} segment list", self.engine.name()),
+            Role::Ferry,
+            payload,
+            || {
+                poison_devs(std::slice::from_mut(&mut dev))?;
+                let t = measure(&self.method, || {
+                    self.engine
+                        .scope(|s| {
+                            s.submit(&mut dev, Some(&*host), Op::Custom(Arc::clone(&op)), &[])
+                                .map(drop)
+                        })
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())
+                })?;
+                Ok((t, verify(&dev)))
+            },
+        )?;
+        let r = ctx.series(
+            "raw cuMemcpyAsync per segment",
+            Role::Baseline,
+            payload,
+            || {
+                poison_devs(std::slice::from_mut(&mut dev))?;
+                let t = measure(&self.method, || {
+                    self.raw
+                        .copy_segments(&mut dev, &*host, &segs, 1)
+                        .map_err(|e| e.to_string())
+                })?;
+                Ok((t, verify(&dev)))
+            },
+        )?;
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            seg as u64,
+            payload,
+            format!("{count} segments of {}", format_size(seg as u64)),
+            vec![f, r],
+        ))
+    }
+
+    fn latency(&self, ctx: &Ctx, size: usize, spin: bool) -> Result<Row, BenchError> {
+        let engine = if spin { &self.spin } else { &self.engine };
+        let mut src = PinnedBuffer::new(size).map_err(setup)?;
+        let data = pattern(size);
+        src.copy_from_slice(&data);
+        let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == data);
+        let name = format!("ferry {}{}", engine.name(), if spin { " spin" } else { "" });
+        let f = ctx.series(&name, Role::Ferry, size as u64, || {
+            poison_devs(std::slice::from_mut(&mut dev))?;
+            let t = measure(&self.method, || {
+                engine
+                    .scope(|s| {
+                        s.copy(&mut dev, &l, &*src, &l)?
+                            .wait()
+                            .map_err(ferry::Error::from)
+                    })
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())
+            })?;
+            Ok((t, verify(&dev)))
+        })?;
+        let r = ctx.series(
+            "cuMemcpyAsync + cuStreamSynchronize",
+            Role::Baseline,
+            size as u64,
+            || {
+                poison_devs(std::slice::from_mut(&mut dev))?;
+                let t = measure(&self.method, || {
+                    self.raw
+                        .copy(&mut dev, &*src, size, 1)
+                        .map_err(|e| e.to_string())
+                })?;
+                Ok((t, verify(&dev)))
+            },
+        )?;
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            size as u64,
+            "pinned -> device".into(),
+            vec![f, r],
+        ))
+    }
+}
+
+/// A custom operator: a list of `(dst_offset, src_offset, len)` segments.
+struct Segments(Vec<(usize, usize, usize)>);
+
+impl Operator for Segments {
+    fn name(&self) -> &str {
+        "segments"
+    }
+    fn lower(&self, prog: &mut Program) -> Result<(), OpError> {
+        for &(d, s, n) in &self.0 {
+            prog.copy(
+                &Layout::bytes(n)?.with_offset(d)?,
+                &Layout::bytes(n)?.with_offset(s)?,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+struct Ctx {
+    test: &'static str,
+    size: String,
+    kind: Kind,
+}
+
+impl Ctx {
+    fn bad(&self, why: &str) -> BenchError {
+        BenchError::BadSize {
+            test: self.test.into(),
+            size: self.size.clone(),
+            why: why.into(),
+        }
+    }
+    /// Runs `body` (which poisons, times and reports whether the result verified) as one series.
+    fn series(
+        &self,
+        name: &str,
+        role: Role,
+        payload: u64,
+        body: impl FnOnce() -> Result<(super::Timing, bool), String>,
+    ) -> Result<Series, BenchError> {
+        let (t, ok) = body().map_err(|message| BenchError::Engine {
+            test: self.test.into(),
+            series: name.into(),
+            size: self.size.clone(),
+            message,
+        })?;
+        if !ok {
+            return Err(BenchError::Verify {
+                test: self.test.into(),
+                series: name.into(),
+                size: self.size.clone(),
+                offset: 0,
+            });
+        }
+        Ok(Series::new(name, role, self.kind, payload, t))
+    }
+}
+
+fn batch(size: usize) -> usize {
+    if size < 16 << 20 {
+        8
+    } else {
+        1
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ len as u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn dev_bufs(n: usize, size: usize) -> Result<Vec<DeviceBuffer>, BenchError> {
+    (0..n)
+        .map(|_| DeviceBuffer::new(0, size).map_err(setup))
+        .collect()
+}
+
+fn poison_devs(devs: &mut [DeviceBuffer]) -> Result<(), String> {
+    for d in devs {
+        let n = d.len();
+        d.copy_from_host(&vec![0xA5; n])
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn devs_check(devs: &[DeviceBuffer], data: &[u8]) -> bool {
+    devs.iter().all(|d| d.to_vec().is_ok_and(|v| v == data))
 }

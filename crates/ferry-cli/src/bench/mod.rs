@@ -400,7 +400,7 @@ impl Row {
         };
         let mut best: Option<&Series> = None;
         for s in series.iter().filter(|s| s.role == Role::Baseline) {
-            if best.map_or(true, |b| better(s.median, b.median)) {
+            if best.is_none_or(|b| better(s.median, b.median)) {
                 best = Some(s);
             }
         }
@@ -544,6 +544,7 @@ pub fn run(
         .collect();
     let total = plan.iter().map(|(_, s)| s.len()).sum();
     let mut cpu = cpu::CpuBench::new(cfg.threads, cfg.method.clone())?;
+    let mut gpu: Option<cuda::CudaBench> = None;
     let mut results = vec![];
     let mut size_skips = vec![];
     let mut done = 0;
@@ -556,7 +557,12 @@ pub fn run(
             );
             let row = match t.needs {
                 Needs::Cpu => cpu.run(t, size),
-                Needs::Cuda => cuda::run(t, size),
+                Needs::Cuda => match &mut gpu {
+                    Some(g) => g.run(t, size),
+                    None => gpu
+                        .insert(cuda::CudaBench::new(cfg.method.clone())?)
+                        .run(t, size),
+                },
             };
             match row {
                 Ok(row) => results.push(row),

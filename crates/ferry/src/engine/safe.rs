@@ -223,7 +223,7 @@ impl<D, S> Transfer<D, S> {
     }
     /// True once the copy completed. Never blocks.
     pub fn is_done(&self) -> bool {
-        self.req.as_ref().map_or(true, Request::is_done)
+        self.req.as_ref().is_none_or(Request::is_done)
     }
     fn finish(&mut self, r: Result<(), RequestError>) -> Result<(D, S), Failed<D, S>> {
         // `bufs` is taken only here and in Drop, after the request completed.

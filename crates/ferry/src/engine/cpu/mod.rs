@@ -110,7 +110,7 @@ impl Engine for CpuEngine {
     }
 
     fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
-        dst.host_accessible() && src.map_or(true, MemKind::host_accessible)
+        dst.host_accessible() && src.is_none_or(MemKind::host_accessible)
     }
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {

@@ -37,10 +37,12 @@ mod event;
 mod exec;
 mod memory;
 mod probe;
+mod raw;
 
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
+pub use raw::RawCopier;
 
 use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
@@ -342,7 +344,7 @@ impl Engine for CudaEngine {
             MemKind::Device { ordinal } => self.reaches(ordinal),
             _ => true,
         };
-        if !dev_ok(dst) || !src.map_or(true, dev_ok) {
+        if !dev_ok(dst) || !src.is_none_or(dev_ok) {
             return false;
         }
         match src {

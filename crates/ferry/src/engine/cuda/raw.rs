@@ -1,0 +1,240 @@
+//! Raw driver copies, for baselines: what a user writing the driver calls by hand does, with
+//! none of ferry's planning, events or staging. `ferry bench` and the benches measure ferry
+//! next to these in the same run.
+//!
+//! Each method enqueues its copies on the copier's own streams and waits for them
+//! (`cuStreamSynchronize`) before returning, so the borrows of the buffers outlive the copies
+//! and the methods are safe.
+
+use super::driver::{self, check, DrvErr};
+use super::exec::{self, End};
+use super::CudaError;
+use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
+use crate::plan::Plan;
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use std::sync::Arc;
+
+/// Raw driver copies on one device, for baselines. See the [module documentation](self).
+pub struct RawCopier {
+    ctx: Arc<CudaContext>,
+    streams: [Arc<CudaStream>; 2],
+}
+
+impl std::fmt::Debug for RawCopier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawCopier").finish_non_exhaustive()
+    }
+}
+
+impl RawCopier {
+    /// Two streams of their own on device `ordinal`'s primary context.
+    pub fn new(ordinal: u32) -> Result<RawCopier, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        let mk = || {
+            ctx.new_stream().map_err(|e| CudaError::Driver {
+                call: "cuStreamCreate",
+                msg: driver::error_string(e.0),
+            })
+        };
+        let streams = [mk()?, mk()?];
+        Ok(RawCopier { ctx, streams })
+    }
+
+    fn end(&self, b: RawBuf) -> End {
+        let ctx = match b.kind {
+            MemKind::Device { .. } => self.ctx.cu_ctx(),
+            _ => std::ptr::null_mut(),
+        };
+        End {
+            addr: b.addr,
+            kind: b.kind,
+            ctx,
+        }
+    }
+
+    fn sync(&self, i: usize) -> Result<(), DrvErr> {
+        // SAFETY: a live stream of this copier.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.streams[i].cu_stream())
+        })
+    }
+
+    /// `reps` back-to-back copies of the first `bytes` bytes of `src` into `dst`, each one
+    /// driver call (`cuMemcpyHtoDAsync`, `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync` or
+    /// `cuMemcpyAsync` by the buffers' kinds), then one stream synchronize.
+    pub fn copy<D, S>(
+        &self,
+        dst: &mut D,
+        src: &S,
+        bytes: usize,
+        reps: usize,
+    ) -> Result<(), CudaError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let (d, s) = (dst.raw_mut(), src.raw());
+        if bytes > d.len || bytes > s.len {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {bytes} bytes between buffers of {} and {} bytes",
+                d.len, s.len
+            )));
+        }
+        driver::bind(&self.ctx)?;
+        let st = self.streams[0].cu_stream();
+        let host = |k: MemKind| k.host_accessible() && k != MemKind::Managed;
+        for _ in 0..reps {
+            // SAFETY: both ranges lie inside buffers borrowed until after the synchronize
+            // below; the kinds decide which call reads which address as host or device.
+            let r = unsafe {
+                match (host(d.kind), host(s.kind)) {
+                    (false, true) => check(
+                        "cuMemcpyHtoDAsync",
+                        sys::cuMemcpyHtoDAsync_v2(d.addr, s.addr as *const _, bytes, st),
+                    ),
+                    (true, false) => check(
+                        "cuMemcpyDtoHAsync",
+                        sys::cuMemcpyDtoHAsync_v2(d.addr as *mut _, s.addr, bytes, st),
+                    ),
+                    (false, false) => check(
+                        "cuMemcpyDtoDAsync",
+                        sys::cuMemcpyDtoDAsync_v2(d.addr, s.addr, bytes, st),
+                    ),
+                    (true, true) => check(
+                        "cuMemcpyAsync",
+                        sys::cuMemcpyAsync(d.addr, s.addr, bytes, st),
+                    ),
+                }
+            };
+            if let Err(e) = r {
+                let _ = self.sync(0);
+                return Err(e.into());
+            }
+        }
+        Ok(self.sync(0)?)
+    }
+
+    /// `reps` rounds of a host-to-device and a device-to-host copy of `bytes` bytes at once,
+    /// on two streams, then both synchronized.
+    pub fn bidir<A, B, C, D>(
+        &self,
+        dev_dst: &mut A,
+        host_src: &B,
+        host_dst: &mut C,
+        dev_src: &D,
+        bytes: usize,
+        reps: usize,
+    ) -> Result<(), CudaError>
+    where
+        A: MemoryMut + ?Sized,
+        B: Memory + ?Sized,
+        C: MemoryMut + ?Sized,
+        D: Memory + ?Sized,
+    {
+        let (a, b, c, d) = (
+            dev_dst.raw_mut(),
+            host_src.raw(),
+            host_dst.raw_mut(),
+            dev_src.raw(),
+        );
+        if [a.len, b.len, c.len, d.len].iter().any(|&l| l < bytes) {
+            return Err(CudaError::InvalidArgument(format!(
+                "bidirectional copy of {bytes} bytes: a buffer is shorter"
+            )));
+        }
+        driver::bind(&self.ctx)?;
+        let (s0, s1) = (self.streams[0].cu_stream(), self.streams[1].cu_stream());
+        for _ in 0..reps {
+            // SAFETY: ranges inside buffers borrowed until after the synchronizes below.
+            let r = unsafe {
+                check(
+                    "cuMemcpyHtoDAsync",
+                    sys::cuMemcpyHtoDAsync_v2(a.addr, b.addr as *const _, bytes, s0),
+                )
+                .and_then(|()| {
+                    check(
+                        "cuMemcpyDtoHAsync",
+                        sys::cuMemcpyDtoHAsync_v2(c.addr as *mut _, d.addr, bytes, s1),
+                    )
+                })
+            };
+            if let Err(e) = r {
+                let _ = (self.sync(0), self.sync(1));
+                return Err(e.into());
+            }
+        }
+        self.sync(0)?;
+        Ok(self.sync(1)?)
+    }
+
+    /// `reps` times: every run of `plan` with the fewest plain driver calls (one
+    /// `cuMemcpy2DAsync` for a pitched plan), then one synchronize.
+    pub fn copy_plan<D, S>(
+        &self,
+        dst: &mut D,
+        src: &S,
+        plan: &Plan,
+        reps: usize,
+    ) -> Result<(), CudaError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let (d, s) = (dst.raw_mut(), src.raw());
+        if plan.dst_end() > d.len || plan.src_end() > s.len {
+            return Err(CudaError::InvalidArgument(
+                "plan reaches outside its buffers".into(),
+            ));
+        }
+        driver::bind(&self.ctx)?;
+        let st = self.streams[0].cu_stream();
+        for _ in 0..reps {
+            // SAFETY: the plan lies inside both buffers (checked above), borrowed until after
+            // the synchronize.
+            if let Err(e) = unsafe { exec::copy_plan(st, self.end(d), self.end(s), plan) } {
+                let _ = self.sync(0);
+                return Err(e.into());
+            }
+        }
+        Ok(self.sync(0)?)
+    }
+
+    /// `reps` times: one `cuMemcpyAsync` per segment `(dst_offset, src_offset, len)`, then one
+    /// synchronize. What a user with a list of scattered pieces writes by hand.
+    pub fn copy_segments<D, S>(
+        &self,
+        dst: &mut D,
+        src: &S,
+        segs: &[(usize, usize, usize)],
+        reps: usize,
+    ) -> Result<(), CudaError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let (d, s) = (dst.raw_mut(), src.raw());
+        if segs
+            .iter()
+            .any(|&(a, b, n)| a.saturating_add(n) > d.len || b.saturating_add(n) > s.len)
+        {
+            return Err(CudaError::InvalidArgument(
+                "a segment reaches outside its buffer".into(),
+            ));
+        }
+        driver::bind(&self.ctx)?;
+        let st = self.streams[0].cu_stream();
+        for _ in 0..reps {
+            for &(a, b, n) in segs {
+                // SAFETY: each segment lies inside both buffers (checked above), borrowed
+                // until after the synchronize.
+                if let Err(e) = check("cuMemcpyAsync", unsafe {
+                    sys::cuMemcpyAsync(d.addr + a as u64, s.addr + b as u64, n, st)
+                }) {
+                    let _ = self.sync(0);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(self.sync(0)?)
+    }
+}
