@@ -333,6 +333,49 @@ impl Plan {
         }
     }
 
+    /// True when the two innermost outer dims walk the source against its grain (the outer of
+    /// the two has the smaller source stride, as in a transpose): [`Plan::for_each_run_tiled`]
+    /// then keeps both sides in cache.
+    pub fn is_transposing(&self) -> bool {
+        let n = self.n;
+        n >= 2 && self.src_strides[n - 2] < self.src_strides[n - 1]
+    }
+
+    /// Calls `f(dst_offset, src_offset)` for each run, as [`Plan::for_each_run`] does, but walks
+    /// the two innermost outer dims in `tile` x `tile` blocks (cache blocking for transposes).
+    /// Same runs, another order.
+    pub fn for_each_run_tiled(&self, tile: usize, mut f: impl FnMut(usize, usize)) {
+        let n = self.n;
+        if n < 2 || tile < 2 {
+            return self.for_each_run(f);
+        }
+        let (ca, cb) = (self.counts[n - 2], self.counts[n - 1]);
+        let (da, db) = (self.dst_strides[n - 2], self.dst_strides[n - 1]);
+        let (sa, sb) = (self.src_strides[n - 2], self.src_strides[n - 1]);
+        // The dims outside the tile, walked as a plan of their own.
+        let mut outer = *self;
+        outer.n = n - 2;
+        outer.for_each_run(|d0, s0| {
+            for ib in (0..ca).step_by(tile) {
+                for jb in (0..cb).step_by(tile) {
+                    for i in ib..(ib + tile).min(ca) {
+                        let mut d = d0
+                            .wrapping_add(i.wrapping_mul(da))
+                            .wrapping_add(jb.wrapping_mul(db));
+                        let mut s = s0
+                            .wrapping_add(i.wrapping_mul(sa))
+                            .wrapping_add(jb.wrapping_mul(sb));
+                        for _ in jb..(jb + tile).min(cb) {
+                            f(d, s);
+                            d = d.wrapping_add(db);
+                            s = s.wrapping_add(sb);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
     /// Splits the plan into at most `parts` plans that together cover the same runs, each of
     /// at least `min_bytes` where possible. Splits the outermost dim, or the run itself for a
     /// contiguous plan (at multiples of `align` bytes).

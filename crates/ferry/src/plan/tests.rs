@@ -238,3 +238,30 @@ fn split_covers_the_same_runs() {
     assert_eq!(c.split(8, 400, 1).len(), 2);
     assert_eq!(c.split(8, 2000, 1).len(), 1);
 }
+
+#[test]
+fn tiled_walk_visits_the_same_runs_as_the_plain_walk() {
+    // A 3-D transpose-like copy: dst row-major, src with its dims reversed.
+    let src = Layout::contiguous(&[5, 37, 70], 4)
+        .unwrap()
+        .permute(&[2, 1, 0])
+        .unwrap();
+    let dst = Layout::contiguous(&[70, 37, 5], 4).unwrap();
+    let plan = Plan::new(&dst, &src).unwrap();
+    assert!(plan.is_transposing(), "{plan:?} {src:?}");
+    let mut plain = Vec::new();
+    plan.for_each_run(|d, s| plain.push((d, s)));
+    for tile in [2, 3, 32, 100] {
+        let mut tiled = Vec::new();
+        plan.for_each_run_tiled(tile, |d, s| tiled.push((d, s)));
+        // Tiles smaller than the inner dim (5) reorder the walk; larger ones keep it.
+        assert_eq!(tiled != plain, tile < 5, "tile {tile}");
+        tiled.sort_unstable();
+        let mut sorted = plain.clone();
+        sorted.sort_unstable();
+        assert!(tiled == sorted, "tile {tile} visits other runs");
+    }
+    // A plan that does not transpose is walked in plain order.
+    let c = Plan::new(&dst, &dst).unwrap();
+    assert!(!c.is_transposing());
+}
