@@ -44,9 +44,9 @@ fn main() -> Result<(), ferry::Error> {
     let src = vec![1u8; 1 << 20];
     let (mut a, mut b, mut c) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
     let r = engine.scope(|s| -> Result<(), ferry::Error> {
-        let _ = s.memcpy(&mut a, &src)?;
-        let _ = s.custom(&mut b, &src, Arc::new(Broken))?;
-        let _ = s.memcpy(&mut c, &src)?;
+        s.memcpy(&mut a, &src).map(drop)?;
+        s.custom(&mut b, &src, Arc::new(Broken)).map(drop)?;
+        s.memcpy(&mut c, &src).map(drop)?;
         Ok(())
     });
     match r {
