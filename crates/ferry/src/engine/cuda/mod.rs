@@ -1,1 +1,4 @@
 //! The CUDA engine (cudarc, loaded at run time). Placeholder until the CUDA engine lands.
+
+pub mod gather;
+pub mod staged;
