@@ -661,7 +661,13 @@ impl Stager {
         src: u64,
         plan: &Plan,
     ) -> Result<(), StagedError> {
-        let chunker = Chunker::new(plan, self.cfg.chunk_bytes);
+        // Copies of a few chunks or less pipeline over smaller pieces (at least 1 MiB, so the
+        // per-chunk overhead stays small), else the first chunk's host copy is not overlapped.
+        let chunk = self
+            .cfg
+            .chunk_bytes
+            .min((plan.total_bytes() / 4).max(1 << 20));
+        let chunker = Chunker::new(plan, chunk);
         let n = chunker.count();
         if n == 0 {
             return Ok(());
