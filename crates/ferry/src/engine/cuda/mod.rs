@@ -35,9 +35,11 @@
 mod driver;
 mod event;
 mod exec;
+pub mod gather;
 mod memory;
 mod probe;
 mod raw;
+pub mod staged;
 
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};

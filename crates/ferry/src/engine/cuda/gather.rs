@@ -1,0 +1,617 @@
+//! Copies of many small segments (gather/scatter) between device memory and pinned or mapped
+//! host memory, or within device memory.
+//!
+//! One driver call per segment costs about 2.6 us, so 100,000 scattered 4 KiB pieces move at
+//! about 1.6 GB/s that way; the driver's batched copy does little better. A [`Gatherer`] instead
+//! runs a small gather kernel (compiled once per context with NVRTC for the device's compute
+//! capability) that reads and writes both sides through their device-accessible addresses,
+//! 16 bytes per load where the two sides are equally aligned. The segment table is uploaded once
+//! per call through a pinned buffer and an async copy on the caller's stream.
+//!
+//! [`Strategy`] picks the mechanism: the kernel, the driver's batch copy
+//! (`cuMemcpyBatchAsync`), one `cuMemcpyAsync` per segment, or [`Strategy::Auto`], which picks
+//! by segment count and size (thresholds measured on an H200, see [`Strategy::Auto`]).
+//!
+//! ```no_run
+//! use ferry::engine::cuda::gather::{Gatherer, Segment, Strategy};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! if !ferry::engine::cuda::staged::driver_present() {
+//!     return Ok(());
+//! }
+//! let ctx = cudarc::driver::CudaContext::new(0)?;
+//! let stream = ctx.new_stream()?;
+//! let g = Gatherer::new(ctx.clone())?;
+//! let (dst, src) = unsafe { (cudarc::driver::result::malloc_sync(1 << 20)?, cudarc::driver::result::malloc_sync(1 << 20)?) };
+//! let segs: Vec<Segment> = (0..256).map(|i| Segment::new(i * 4096, (255 - i) * 4096, 4096)).collect();
+//! // SAFETY: both buffers hold 1 MiB of device memory of this context, unused by anyone else.
+//! let used = unsafe { g.copy(&stream, dst, 1 << 20, src, 1 << 20, &segs, Strategy::Auto)? };
+//! stream.synchronize()?;
+//! println!("copied with {used:?}");
+//! # Ok(()) }
+//! ```
+
+use cudarc::driver::result::{self as cu, DriverError};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+
+/// One segment of a gather/scatter: `len` bytes from `src + src_off` to `dst + dst_off`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Segment {
+    /// Byte offset in the destination buffer.
+    pub dst_off: u64,
+    /// Byte offset in the source buffer.
+    pub src_off: u64,
+    /// Bytes to copy.
+    pub len: u64,
+}
+
+impl Segment {
+    /// A segment of `len` bytes from `src_off` to `dst_off`.
+    pub fn new(dst_off: u64, src_off: u64, len: u64) -> Segment {
+        Segment {
+            dst_off,
+            src_off,
+            len,
+        }
+    }
+}
+
+/// How a [`Gatherer`] moves the segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// The NVRTC gather kernel on the SMs. Both buffers must be device-accessible (device
+    /// memory, or pinned/registered host memory).
+    Kernel,
+    /// The driver's batched copy, `cuMemcpyBatchAsync` (CUDA 12.8+; not on the legacy default
+    /// stream).
+    Batch,
+    /// One `cuMemcpyAsync` per segment (copy engines; works for any memory, pageable included).
+    PerSegment,
+    /// Pick by measurement (H200, PCIe 5.0; `bench/results/h200-paths.md`): one driver call
+    /// each for at most [`AUTO_FEW_SEGMENTS`] segments; the batch copy where segments average at
+    /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
+    /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
+    /// device-accessible, pageable memory getting one call per segment.
+    Auto,
+}
+
+/// [`Strategy::Auto`] copies this many segments or fewer with one driver call each.
+pub const AUTO_FEW_SEGMENTS: usize = 4;
+/// [`Strategy::Auto`] copies segments averaging this many bytes or more on the copy engines (the
+/// batch copy, else one call each): they then run at link speed and leave the SMs free.
+pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
+
+/// Why a gather/scatter failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum GatherError {
+    /// A segment reaches past its buffer.
+    #[error("segment {index} ({seg:?}) is out of bounds: destination holds {dst_len} bytes, source {src_len}")]
+    OutOfBounds {
+        /// Index in the segment list.
+        index: usize,
+        /// The segment.
+        seg: Segment,
+        /// Destination buffer length.
+        dst_len: usize,
+        /// Source buffer length.
+        src_len: usize,
+    },
+    /// The kernel was asked for but a buffer is not device-accessible (pageable host memory).
+    #[error("the {side} buffer at {addr:#x} is not device-accessible (pageable host memory?); use Strategy::PerSegment or pin it")]
+    NotDeviceAccessible {
+        /// `"source"` or `"destination"`.
+        side: &'static str,
+        /// Its address.
+        addr: u64,
+    },
+    /// The NVRTC library could not be loaded.
+    #[error("NVRTC (libnvrtc) is not available, so the gather kernel cannot be built")]
+    NvrtcMissing,
+    /// NVRTC rejected the kernel (a bug); the compiler log is kept.
+    #[error("NVRTC failed to compile the gather kernel: {0}")]
+    Compile(String),
+    /// The batched copy was asked for but is unusable here.
+    #[error("cuMemcpyBatchAsync is unavailable: {0}")]
+    BatchUnavailable(&'static str),
+    /// A CUDA driver call failed; `op` names it, `source` keeps the driver's error.
+    #[error("{op} failed: {source}")]
+    Driver {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// The driver's batched copy failed.
+    #[error("cuMemcpyBatchAsync failed: {0}")]
+    Batch(#[source] DriverError),
+}
+
+fn drv(op: &'static str) -> impl FnOnce(DriverError) -> GatherError {
+    move |source| GatherError::Driver { op, source }
+}
+
+const KERNEL_SRC: &str = r#"
+typedef unsigned long long u64;
+template <typename T>
+__device__ __forceinline__ void copy_seg(unsigned char* d, const unsigned char* s, u64 len, unsigned lane, unsigned g) {
+    const u64 a = sizeof(T);
+    u64 head = (a - ((u64)d & (a - 1))) & (a - 1);
+    if (head > len) head = len;
+    for (u64 i = lane; i < head; i += g) d[i] = s[i];
+    u64 nv = (len - head) / a;
+    T* dv = (T*)(d + head);
+    const T* sv = (const T*)(s + head);
+    u64 i = lane;
+    for (; i + 3ull * g < nv; i += 4ull * g) {
+        T x0 = sv[i], x1 = sv[i + g], x2 = sv[i + 2ull * g], x3 = sv[i + 3ull * g];
+        dv[i] = x0; dv[i + g] = x1; dv[i + 2ull * g] = x2; dv[i + 3ull * g] = x3;
+    }
+    for (; i < nv; i += g) dv[i] = sv[i];
+    for (u64 j = head + nv * a + lane; j < len; j += g) d[j] = s[j];
+}
+extern "C" __global__ void ferry_gather(unsigned char* dst, const unsigned char* src, const u64* table, u64 n, unsigned g) {
+    unsigned lane = threadIdx.x % g;
+    u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
+    u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    for (u64 k = group; k < n; k += groups) {
+        u64 doff = table[3 * k], soff = table[3 * k + 1], len = table[3 * k + 2];
+        unsigned char* d = dst + doff;
+        const unsigned char* s = src + soff;
+        u64 x = (u64)d ^ (u64)s;
+        if ((x & 15) == 0) copy_seg<uint4>(d, s, len, lane, g);
+        else if ((x & 7) == 0) copy_seg<u64>(d, s, len, lane, g);
+        else if ((x & 3) == 0) copy_seg<unsigned>(d, s, len, lane, g);
+        else copy_seg<unsigned char>(d, s, len, lane, g);
+    }
+}
+"#;
+
+const BLOCK: u32 = 256;
+
+/// The per-call segment table: a pinned staging copy and its device copy, reused across calls.
+struct Table {
+    host: *mut u8,
+    host_cap: usize,
+    dev: u64,
+    dev_cap: usize,
+    uploaded: CudaEvent,
+    upload_pending: bool,
+    used: CudaEvent,
+    use_pending: bool,
+}
+
+// SAFETY: the raw buffers are owned by the table and only touched under the gatherer's lock.
+unsafe impl Send for Table {}
+
+impl Table {
+    fn free(&mut self) {
+        if self.upload_pending {
+            let _ = self.uploaded.synchronize();
+        }
+        if self.use_pending {
+            let _ = self.used.synchronize();
+        }
+        if !self.host.is_null() {
+            // SAFETY: allocated by `cuMemHostAlloc`, no copy reads it any more (synchronized).
+            let _ = unsafe { cu::free_host(self.host as *mut _) };
+            self.host = std::ptr::null_mut();
+        }
+        if self.dev != 0 {
+            // SAFETY: allocated by `cuMemAlloc`, no kernel reads it any more (synchronized).
+            let _ = unsafe { cu::free_sync(self.dev) };
+            self.dev = 0;
+        }
+    }
+}
+
+/// Gather/scatter of segment lists for one context: the compiled kernel (made on first use) and
+/// the reusable segment table. See the [module documentation](self).
+pub struct Gatherer {
+    ctx: Arc<CudaContext>,
+    func: Mutex<Option<CudaFunction>>,
+    table: Mutex<Table>,
+    sms: u32,
+}
+
+impl std::fmt::Debug for Gatherer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gatherer")
+            .field("device", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+impl Drop for Gatherer {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        self.table
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .free();
+    }
+}
+
+impl Gatherer {
+    /// Makes a gatherer for `ctx`. Cheap: the kernel is compiled on its first use.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<Gatherer, GatherError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("cuDeviceGetAttribute"))?
+            .max(1) as u32;
+        let ev = || {
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(drv("cuEventCreate"))
+        };
+        let table = Table {
+            host: std::ptr::null_mut(),
+            host_cap: 0,
+            dev: 0,
+            dev_cap: 0,
+            uploaded: ev()?,
+            upload_pending: false,
+            used: ev()?,
+            use_pending: false,
+        };
+        Ok(Gatherer {
+            ctx,
+            func: Mutex::new(None),
+            table: Mutex::new(table),
+            sms,
+        })
+    }
+
+    /// The context this gatherer belongs to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Compiles (once) and returns the gather kernel. Errors: [`GatherError::NvrtcMissing`],
+    /// [`GatherError::Compile`], [`GatherError::Driver`] (module load).
+    pub fn kernel(&self) -> Result<CudaFunction, GatherError> {
+        let mut f = self.func.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = f.as_ref() {
+            return Ok(k.clone());
+        }
+        // SAFETY: only tries to dlopen the library by its candidate names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(GatherError::NvrtcMissing);
+        }
+        let (maj, min) = self
+            .ctx
+            .compute_capability()
+            .map_err(drv("cuDeviceGetAttribute"))?;
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![
+                format!("--gpu-architecture=compute_{maj}{min}"),
+                "-std=c++17".into(),
+            ],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SRC, opts)
+            .map_err(|e| GatherError::Compile(format!("{e:?}")))?;
+        let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
+        let k = module
+            .load_function("ferry_gather")
+            .map_err(drv("cuModuleGetFunction"))?;
+        *f = Some(k.clone());
+        Ok(k)
+    }
+
+    /// Whether the driver exports the batched copy (`cuMemcpyBatchAsync_v2`).
+    pub fn batch_supported() -> bool {
+        if !super::staged::driver_present() {
+            return false;
+        }
+        // SAFETY: the library is present (checked above); looking a symbol up calls nothing.
+        unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync_v2")
+                .is_ok()
+        }
+    }
+
+    /// The device-accessible address of the buffer at `addr`, or None for memory the device
+    /// cannot reach (pageable host memory).
+    fn device_address(&self, addr: u64) -> Option<u64> {
+        let mut ty: u32 = 0;
+        // SAFETY: queries one attribute into a local of the documented size (unsigned int).
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut ty as *mut u32 as *mut _,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                addr,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        if ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+            let mut d: u64 = 0;
+            // SAFETY: `addr` is pinned host memory (the driver said so); writes one pointer.
+            let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut _, 0) };
+            (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
+        } else {
+            Some(addr)
+        }
+    }
+
+    /// Enqueues a copy of every segment, `len` bytes from `src + src_off` to `dst + dst_off`, on
+    /// `stream`, and returns the strategy used. The copy is asynchronous: synchronize the stream
+    /// (or record an event) before reading the destination. Addresses are unified (UVA)
+    /// addresses: device pointers, or host pointers of pinned/registered/mapped memory (pageable
+    /// host memory only with [`Strategy::PerSegment`]). `dst_len`/`src_len` bound the segments.
+    ///
+    /// Errors: [`GatherError::OutOfBounds`] (checked before anything runs),
+    /// [`GatherError::NotDeviceAccessible`] (kernel on pageable memory),
+    /// [`GatherError::BatchUnavailable`], compile and driver errors.
+    ///
+    /// # Safety
+    /// 1. `dst .. dst + dst_len` is writable memory that nothing else reads or writes until the
+    ///    stream has passed this copy; `src .. src + src_len` is readable, initialized memory
+    ///    nothing writes until then. Both stay allocated until then.
+    /// 2. Both buffers belong to (or are accessible from) this gatherer's context, and `stream`
+    ///    belongs to it.
+    /// 3. Destination segments may overlap each other only if the caller accepts either value
+    ///    in the shared bytes; source and destination bytes must not overlap.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        dst_len: usize,
+        src: u64,
+        src_len: usize,
+        segs: &[Segment],
+        strategy: Strategy,
+    ) -> Result<Strategy, GatherError> {
+        let mut total = 0u64;
+        for (index, s) in segs.iter().enumerate() {
+            let ok = s
+                .dst_off
+                .checked_add(s.len)
+                .is_some_and(|e| e <= dst_len as u64)
+                && s.src_off
+                    .checked_add(s.len)
+                    .is_some_and(|e| e <= src_len as u64);
+            if !ok {
+                return Err(GatherError::OutOfBounds {
+                    index,
+                    seg: *s,
+                    dst_len,
+                    src_len,
+                });
+            }
+            total += s.len;
+        }
+        if segs.is_empty() || total == 0 {
+            return Ok(if strategy == Strategy::Auto {
+                Strategy::PerSegment
+            } else {
+                strategy
+            });
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let strategy = match strategy {
+            Strategy::Auto => self.choose(stream, dst, src, segs.len(), total),
+            s => s,
+        };
+        match strategy {
+            // SAFETY: forwarded contract.
+            Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, segs)? },
+            // SAFETY: forwarded contract.
+            Strategy::Batch => unsafe { self.copy_batch(stream, dst, src, segs)? },
+            // SAFETY: forwarded contract.
+            Strategy::PerSegment | Strategy::Auto => unsafe {
+                self.copy_each(stream, dst, src, segs)?
+            },
+        }
+        Ok(strategy)
+    }
+
+    fn choose(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        src: u64,
+        n: usize,
+        total: u64,
+    ) -> Strategy {
+        if n <= AUTO_FEW_SEGMENTS {
+            return Strategy::PerSegment;
+        }
+        // Pageable memory goes one call per segment (the driver stages it anyway).
+        let reachable = self.device_address(dst).is_some() && self.device_address(src).is_some();
+        let batch = reachable && Self::batch_supported() && !stream.cu_stream().is_null();
+        if total / n as u64 >= AUTO_LARGE_SEGMENT {
+            return if batch {
+                Strategy::Batch
+            } else {
+                Strategy::PerSegment
+            };
+        }
+        if reachable && self.kernel().is_ok() {
+            return Strategy::Kernel;
+        }
+        if batch {
+            return Strategy::Batch;
+        }
+        Strategy::PerSegment
+    }
+
+    /// # Safety
+    /// As [`Gatherer::copy`].
+    unsafe fn copy_each(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        src: u64,
+        segs: &[Segment],
+    ) -> Result<(), GatherError> {
+        let cs = stream.cu_stream();
+        for s in segs.iter().filter(|s| s.len > 0) {
+            // SAFETY: the segment lies in both buffers (checked), which are valid by contract.
+            unsafe { sys::cuMemcpyAsync(dst + s.dst_off, src + s.src_off, s.len as usize, cs) }
+                .result()
+                .map_err(drv("cuMemcpyAsync"))?;
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`Gatherer::copy`].
+    unsafe fn copy_batch(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        src: u64,
+        segs: &[Segment],
+    ) -> Result<(), GatherError> {
+        if !Self::batch_supported() {
+            return Err(GatherError::BatchUnavailable(
+                "the driver does not export cuMemcpyBatchAsync_v2",
+            ));
+        }
+        let cs = stream.cu_stream();
+        if cs.is_null() {
+            return Err(GatherError::BatchUnavailable(
+                "it does not run on the legacy default stream",
+            ));
+        }
+        let live = segs.iter().filter(|s| s.len > 0);
+        let mut dsts: Vec<u64> = live.clone().map(|s| dst + s.dst_off).collect();
+        let mut srcs: Vec<u64> = live.clone().map(|s| src + s.src_off).collect();
+        let mut sizes: Vec<usize> = live.map(|s| s.len as usize).collect();
+        let loc = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID,
+            id: 0,
+        };
+        let mut attr = sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: loc,
+            dstLocHint: loc,
+            flags: 0,
+        };
+        let mut idx = [0usize];
+        // SAFETY: the arrays hold `sizes.len()` entries each and are read during the call only;
+        // every segment lies in its buffers (checked), valid by contract; one attribute applies
+        // from index 0.
+        unsafe {
+            sys::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                sizes.len(),
+                &mut attr,
+                idx.as_mut_ptr(),
+                1,
+                cs,
+            )
+        }
+        .result()
+        .map_err(GatherError::Batch)
+    }
+
+    /// # Safety
+    /// As [`Gatherer::copy`].
+    unsafe fn copy_kernel(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        src: u64,
+        segs: &[Segment],
+    ) -> Result<(), GatherError> {
+        let ddst = self
+            .device_address(dst)
+            .ok_or(GatherError::NotDeviceAccessible {
+                side: "destination",
+                addr: dst,
+            })?;
+        let dsrc = self
+            .device_address(src)
+            .ok_or(GatherError::NotDeviceAccessible {
+                side: "source",
+                addr: src,
+            })?;
+        let func = self.kernel()?;
+        let bytes = std::mem::size_of_val(segs);
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        // The pinned table may still feed the previous call's upload.
+        if t.upload_pending {
+            t.uploaded
+                .synchronize()
+                .map_err(drv("cuEventSynchronize"))?;
+            t.upload_pending = false;
+        }
+        if t.host_cap < bytes {
+            let cap = bytes.next_power_of_two().max(64 << 10);
+            if !t.host.is_null() {
+                // SAFETY: no upload reads it any more (synchronized above).
+                unsafe { cu::free_host(t.host as *mut _) }.map_err(drv("cuMemFreeHost"))?;
+                t.host = std::ptr::null_mut();
+                t.host_cap = 0;
+            }
+            // SAFETY: a plain allocation, owned by the table.
+            t.host = unsafe { cu::malloc_host(cap, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                .map_err(drv("cuMemHostAlloc"))? as *mut u8;
+            t.host_cap = cap;
+        }
+        if t.dev_cap < bytes {
+            let cap = bytes.next_power_of_two().max(64 << 10);
+            if t.dev != 0 {
+                if t.use_pending {
+                    t.used.synchronize().map_err(drv("cuEventSynchronize"))?;
+                    t.use_pending = false;
+                }
+                // SAFETY: no kernel reads it any more (synchronized above).
+                unsafe { cu::free_sync(t.dev) }.map_err(drv("cuMemFree"))?;
+                t.dev = 0;
+                t.dev_cap = 0;
+            }
+            // SAFETY: a plain allocation, owned by the table.
+            t.dev = unsafe { cu::malloc_sync(cap) }.map_err(drv("cuMemAlloc"))?;
+            t.dev_cap = cap;
+        }
+        // SAFETY: `Segment` is repr(C) plain data; the pinned buffer holds at least `bytes`
+        // and no copy reads it now.
+        unsafe { std::ptr::copy_nonoverlapping(segs.as_ptr() as *const u8, t.host, bytes) };
+        // A kernel of an earlier call (maybe on another stream) may still read the device table.
+        if t.use_pending {
+            stream.wait(&t.used).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        // SAFETY: both buffers hold `bytes`; the pinned one stays untouched until `uploaded`.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(t.dev, t.host as *const _, bytes, stream.cu_stream()) }
+            .result()
+            .map_err(drv("cuMemcpyHtoDAsync"))?;
+        t.uploaded.record(stream).map_err(drv("cuEventRecord"))?;
+        t.upload_pending = true;
+
+        let n = segs.len() as u64;
+        let avg = segs.iter().map(|s| s.len).sum::<u64>() / n;
+        // Threads per segment: one 16-byte load each, 32..=256.
+        let g: u32 = (avg.div_ceil(16).next_power_of_two() as u32).clamp(32, BLOCK);
+        let per_block = (BLOCK / g) as u64;
+        let blocks = n.div_ceil(per_block).min(self.sms as u64 * 8).max(1) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let table = t.dev;
+        let mut launch = stream.launch_builder(&func);
+        launch.arg(&ddst).arg(&dsrc).arg(&table).arg(&n).arg(&g);
+        // SAFETY: the kernel's arguments match its signature (two byte pointers, the table, the
+        // count, the group size); every segment lies in its buffer (checked), which the device
+        // can address (translated above).
+        unsafe { launch.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
+        t.used.record(stream).map_err(drv("cuEventRecord"))?;
+        t.use_pending = true;
+        Ok(())
+    }
+}
