@@ -172,6 +172,7 @@ fn staged_strided() {
     let Some((ctx, stream)) = setup() else { return };
     let st = small_stager(&ctx);
     // (dims, dst strides, src strides, elem): for H2D dst is the device side, for D2H the host.
+    #[allow(clippy::type_complexity)]
     let cases: Vec<(Vec<usize>, Vec<usize>, Vec<usize>, usize)> = vec![
         // Pitched rows one side, dense the other.
         (vec![300, 200], vec![800, 4], vec![1000, 4], 4),

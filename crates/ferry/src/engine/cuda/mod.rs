@@ -15,9 +15,19 @@
 //!   `cuStreamWaitEvent` (no host round trip); other dependencies are waited on the submitting
 //!   thread.
 //!
+//! - Pageable host memory: copies of at least 1 MiB between pageable memory and this device go
+//!   through a ring of pinned staging buffers ([`staged`]), filled and drained by several CPU
+//!   threads while the copy engine moves the previous chunk, on one background thread per
+//!   direction; smaller ones take the driver's own pageable path. [`CudaConfig::staging`] tunes
+//!   or disables it.
+//! - Segment lists: a program that would take many driver calls (a custom operator's list of
+//!   small copies, an N-D plan of many planes) goes through [`gather`]: an SM gather kernel
+//!   compiled with NVRTC, the driver's batched copy, or one call per segment, whichever was
+//!   measured faster for the segment sizes.
+//!
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
-//! dependencies and that copies from or to pageable host memory return once the driver has
-//! consumed the host side. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins
+//! dependencies and that copies under 1 MiB from or to pageable host memory return once the
+//! driver has consumed the host side. A staged request's dependents wait for it on the host. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins
 //! ([`WaitMode::Spin`]). `barrier` waits for everything.
 //!
 //! ```no_run
@@ -37,6 +47,7 @@ mod event;
 mod exec;
 pub mod gather;
 mod memory;
+mod paths;
 mod probe;
 mod raw;
 pub mod staged;
@@ -140,6 +151,9 @@ pub struct CudaConfig {
     /// Put every copy on this direction's stream instead of inferring it from the buffers'
     /// kinds (as AML's `aml_dma_cuda_create(kind)`).
     pub direction: Option<Direction>,
+    /// How copies between pageable host memory and the device are staged through pinned
+    /// buffers; `None` hands them to the driver's own pageable path.
+    pub staging: Option<staged::StagingConfig>,
 }
 
 impl CudaConfig {
@@ -149,7 +163,13 @@ impl CudaConfig {
             ordinal,
             wait: WaitMode::Blocking,
             direction: None,
+            staging: Some(staged::StagingConfig::new()),
         }
+    }
+    /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
+    pub fn staging(mut self, staging: Option<staged::StagingConfig>) -> CudaConfig {
+        self.staging = staging;
+        self
     }
     /// Sets how `wait` waits.
     pub fn wait_mode(mut self, wait: WaitMode) -> CudaConfig {
@@ -180,6 +200,7 @@ pub struct CudaEngine {
     inflight: InFlight,
     waker_tx: Sender<Arc<event::Inner>>,
     events: Arc<event::EventPool>,
+    paths: paths::Paths,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -222,13 +243,14 @@ impl CudaEngine {
             .map_err(|e| CudaError::Thread(e.to_string()))?;
         Ok(CudaEngine {
             cfg,
-            ctx,
             streams,
             can_access,
             peers: Mutex::new((0..count).map(|_| None).collect()),
             inflight: InFlight::new(),
             waker_tx,
             events: Arc::default(),
+            paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            ctx,
         })
     }
 
@@ -327,6 +349,110 @@ impl CudaEngine {
         }
     }
 
+    /// Pageable host memory <-> this device, large enough: the staged ring, on the direction's
+    /// staging thread. `Ok(None)`: not for staging.
+    fn try_stage(
+        &self,
+        job: &Job,
+        steps: &[crate::op::Step],
+    ) -> Result<Option<Request>, SubmitError> {
+        let own = |k: MemKind| {
+            k == MemKind::Device {
+                ordinal: self.cfg.ordinal,
+            }
+        };
+        let (Some(_), Some(src)) = (self.cfg.staging, job.src) else {
+            return Ok(None);
+        };
+        let dir = match (job.dst.kind, src.kind) {
+            (d, MemKind::Pageable) if own(d) => staged::Direction::HostToDevice,
+            (MemKind::Pageable, s) if own(s) => staged::Direction::DeviceToHost,
+            _ => return Ok(None),
+        };
+        let plans: Option<Vec<crate::plan::Plan>> = steps
+            .iter()
+            .map(|s| match s {
+                crate::op::Step::Copy(p) => Some(*p),
+                crate::op::Step::Fill { .. } => None,
+            })
+            .collect();
+        let Some(plans) = plans else { return Ok(None) };
+        if plans.iter().map(|p| p.total_bytes()).sum::<usize>() < paths::STAGE_MIN_BYTES {
+            return Ok(None);
+        }
+        let stream = match dir {
+            staged::Direction::HostToDevice => Direction::HostToDevice,
+            staged::Direction::DeviceToHost => Direction::DeviceToHost,
+        };
+        let signal = Arc::new(crate::request::Signal::new());
+        self.paths
+            .stage(paths::StagedTask {
+                dir,
+                stream: Arc::clone(&self.streams[stream as usize]),
+                dst: job.dst.addr,
+                src: src.addr,
+                plans,
+                after: job.after.iter().map(Request::share).collect(),
+                signal: Arc::clone(&signal),
+            })
+            .map_err(|msg| SubmitError::Driver {
+                call: "staged copy",
+                msg,
+            })?;
+        Ok(Some(Request::new(signal)))
+    }
+
+    /// Long segment lists (many small copies) through the gatherer, on `stream`'s direction.
+    /// Returns false (nothing enqueued) where the program is not one, or the gatherer cannot
+    /// take it; the caller then runs the steps one by one.
+    ///
+    /// # Safety
+    /// As [`exec::run_step`] for every step.
+    unsafe fn try_gather(
+        &self,
+        steps: &[crate::op::Step],
+        dst: End,
+        src: Option<End>,
+        job: &Job,
+        dk: MemKind,
+        sk: Option<MemKind>,
+    ) -> bool {
+        let (Some(src), Some(src_buf)) = (src, job.src) else {
+            return false;
+        };
+        let reachable = |k: MemKind| match k {
+            MemKind::Pageable => false,
+            MemKind::Device { ordinal } => ordinal == self.cfg.ordinal,
+            _ => true,
+        };
+        if !reachable(dst.kind) || !reachable(src.kind) {
+            return false;
+        }
+        let Some(segs) = paths::segment_list(steps) else {
+            return false;
+        };
+        let Some(g) = self.paths.gatherer() else {
+            return false;
+        };
+        let stream = &self.streams[self.direction(dk, sk) as usize];
+        // SAFETY: the segments are the program's runs, inside both buffers (3); the buffers
+        // are valid until the request completes (2); this engine's context and stream (1).
+        let r = unsafe {
+            g.copy(
+                stream,
+                dst.addr,
+                job.dst.len,
+                src.addr,
+                src_buf.len,
+                &segs,
+                paths::GATHER_STRATEGY,
+            )
+        };
+        // A failed gather may have enqueued part of the copy; the per-step path then writes
+        // the same bytes again, in stream order.
+        r.is_ok()
+    }
+
     fn track(&self, req: Request) -> Request {
         self.inflight.track(&req);
         req
@@ -372,6 +498,9 @@ impl Engine for CudaEngine {
                 Err(e) => return Ok(self.track(Request::ready(Err(e)))),
             }
         };
+        if let Some(req) = self.try_stage(&job, &steps)? {
+            return Ok(self.track(req));
+        }
         // Dependencies: CUDA requests become stream waits; others are waited here.
         let mut events = Vec::new();
         for dep in &job.after {
@@ -405,7 +534,9 @@ impl Engine for CudaEngine {
             })?;
         }
         let mut keep = Vec::new();
-        for step in &steps {
+        // SAFETY: as for the steps below; the gatherer takes the same buffers and stream.
+        let gathered = unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
+        for step in steps.iter().filter(|_| !gathered) {
             // SAFETY: context current, stream ours (1); buffers valid until the request
             // completes, by this function's contract (2); steps checked by the program (3).
             if let Err(e) =
@@ -444,6 +575,8 @@ impl Engine for CudaEngine {
 
 impl Drop for CudaEngine {
     fn drop(&mut self) {
+        // Staged copies finish on their threads first.
+        self.paths.shutdown();
         // Work in flight finishes before the streams go; requests keep their own events.
         if driver::bind(&self.ctx).is_ok() {
             for s in &self.streams {

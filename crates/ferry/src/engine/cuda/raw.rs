@@ -14,7 +14,8 @@ use crate::plan::Plan;
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::sync::Arc;
 
-/// Raw driver copies on one device, for baselines. See the [module documentation](self).
+/// Raw driver copies on one device, for baselines: each method enqueues its copies on the
+/// copier's own streams and synchronizes before returning, so the borrows outlive the copies.
 pub struct RawCopier {
     ctx: Arc<CudaContext>,
     streams: [Arc<CudaStream>; 2],
