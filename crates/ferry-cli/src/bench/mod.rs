@@ -26,7 +26,13 @@ calibration call, then S samples; a sample is R back-to-back calls timed with a 
 median (min..max) over the samples. GB/s = 10^9 bytes/s of payload (bytes copied, not bytes
 touched). After each series the destination is compared with the source / a reference; a
 mismatch fails the run. Ratio: ferry / better baseline (bandwidth), ferry time / better
-baseline time (latency). Small sizes are cache-resident: they show the per-call cost, not DRAM.";
+baseline time (latency). Small sizes are cache-resident: they show the per-call cost, not DRAM.
+GPU tests: ferry's CUDA engine and raw driver calls (cuMemcpy*Async, cuMemcpy2DAsync, one
+cuMemcpyAsync per segment) on the same device buffers; a call is a batch of copies released
+together (8 below 16 MiB, else 1: ferry submits them all then waits, raw issues them all on one
+stream then synchronizes), timed on the host around submit..completion, so queueing between
+copies is not timed. The link column is ferry's figure over PCIe generation x width as the
+driver and sysfs report it (both directions: twice that).";
 
 /// Errors of `ferry bench`.
 #[derive(Debug, Error)]

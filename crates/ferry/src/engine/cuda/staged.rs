@@ -85,16 +85,26 @@ impl Default for StagingConfig {
 impl StagingConfig {
     /// The defaults: 16 MiB chunks, a ring of 4 per direction, three quarters of the cores as
     /// worker threads (1 to 12), cached (not write-combined) staging memory, non-temporal stores.
+    ///
+    /// Each default can be overridden from the environment, as KvikIO's `KVIKIO_*` variables
+    /// do, so that a deployed program is tuned without a rebuild: `FERRY_STAGING_CHUNK` (bytes),
+    /// `FERRY_STAGING_DEPTH`, `FERRY_STAGING_THREADS`, `FERRY_STAGING_NT` (`0` or `1`). A value
+    /// that does not parse is ignored; the setters below still apply on top.
     pub fn new() -> Self {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2);
+        let env = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+        };
         StagingConfig {
-            chunk_bytes: 16 << 20,
-            ring_depth: 4,
-            threads: (cores * 3 / 4).clamp(1, 12),
+            chunk_bytes: env("FERRY_STAGING_CHUNK").unwrap_or(16 << 20),
+            ring_depth: env("FERRY_STAGING_DEPTH").unwrap_or(4),
+            threads: env("FERRY_STAGING_THREADS").unwrap_or((cores * 3 / 4).clamp(1, 12)),
             write_combined: false,
-            non_temporal: true,
+            non_temporal: env("FERRY_STAGING_NT") != Some(0),
         }
     }
     /// Bytes per staging buffer (one DMA per chunk). Must be at least 4096.
