@@ -364,11 +364,14 @@ impl Layout {
                 while axis > 0 {
                     axis -= 1;
                     idx[axis] += 1;
-                    off += self.strides[axis];
+                    // Wrapping: past the last index of a dim (of extent 1 with a huge stride,
+                    // say) the running offset may leave usize for a moment; the subtraction
+                    // brings it back, exactly, modulo 2^64.
+                    off = off.wrapping_add(self.strides[axis]);
                     if idx[axis] < self.dims[axis] {
                         break;
                     }
-                    off -= self.strides[axis] * self.dims[axis];
+                    off = off.wrapping_sub(self.strides[axis].wrapping_mul(self.dims[axis]));
                     idx[axis] = 0;
                 }
             }
