@@ -204,7 +204,7 @@ impl Pool {
             }
             Task::Start { job, prog, state, parts, chunk } => {
                 for dep in &job.after {
-                    if let Err(e) = self.wait_helping(dep.completion()) {
+                    if let Err(e) = self.wait_dependency(dep.completion()) {
                         fail(&state, RequestError::Dependency(Box::new(e)));
                         state.signal.complete(Err(take_error(&state)));
                         return;
@@ -239,6 +239,27 @@ impl Pool {
                 return r;
             }
             match self.pop() {
+                Some(t) => self.run(t),
+                None => return c.wait(),
+            }
+        }
+    }
+
+    /// Waits for a dependency inside a `Start` task, running only queued chunks meanwhile:
+    /// chunks never block, whereas a nested `Start` may wait for the very request whose `Start`
+    /// is suspended below it on this thread (a deadlock). Dependencies were queued before their
+    /// dependents, so their `Start` tasks are already taken by this or another thread.
+    fn wait_dependency(&self, c: &dyn Completion) -> Result<(), RequestError> {
+        loop {
+            if let Some(r) = c.poll_done() {
+                return r;
+            }
+            let chunk = {
+                let mut st = self.lock();
+                let i = st.queue.iter().position(|t| matches!(t, Task::Chunk { .. }));
+                i.and_then(|i| st.queue.remove(i))
+            };
+            match chunk {
                 Some(t) => self.run(t),
                 None => return c.wait(),
             }
