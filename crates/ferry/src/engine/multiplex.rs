@@ -169,7 +169,9 @@ impl Engine for MultiplexEngine {
                 Request::new(Join::new(reqs))
             }
             None => {
-                let bytes = job.op.lower(job.dst.len, job.src.map(|s| s.len)).map_or(0, |p| p.total_bytes());
+                // Custom operators are lowered by the engine that runs them (where a panic or an
+                // error fails only the request), never here on the submitting thread.
+                let bytes = if job.op.is_builtin() { job.op.lower(job.dst.len, job.src.map(|s| s.len)).map_or(0, |p| p.total_bytes()) } else { 0 };
                 let i = self.route(&candidates, bytes);
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { self.engines[i].0.submit_raw(job)? }
