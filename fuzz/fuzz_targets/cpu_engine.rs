@@ -16,7 +16,9 @@ use std::sync::OnceLock;
 fn engines() -> &'static [Box<dyn Engine>] {
     static E: OnceLock<Vec<Box<dyn Engine>>> = OnceLock::new();
     E.get_or_init(|| {
-        let cpu = |c: CpuConfig| Box::new(CpuEngine::with_config(c).expect("cpu engine")) as Box<dyn Engine>;
+        let cpu = |c: CpuConfig| {
+            Box::new(CpuEngine::with_config(c).expect("cpu engine")) as Box<dyn Engine>
+        };
         vec![
             cpu(CpuConfig::new(0).inline_bytes(0).chunk_bytes(16)),
             cpu(CpuConfig::new(1).inline_bytes(0).chunk_bytes(7)),
@@ -24,7 +26,11 @@ fn engines() -> &'static [Box<dyn Engine>] {
             cpu(CpuConfig::new(2)),
             Box::new(
                 MultiplexEngine::new()
-                    .with(CpuEngine::with_config(CpuConfig::new(1).inline_bytes(0).chunk_bytes(8)).expect("cpu"), 1.0)
+                    .with(
+                        CpuEngine::with_config(CpuConfig::new(1).inline_bytes(0).chunk_bytes(8))
+                            .expect("cpu"),
+                        1.0,
+                    )
                     .with(CpuEngine::new(0).expect("cpu"), 2.0)
                     .split_bytes(1),
             ),
@@ -37,33 +43,61 @@ fuzz_target!(|input: (Pair, u8, u8, u8, i8, i8, bool)| {
     let engine = &engines()[which as usize % engines().len()];
     // Buffers sized around the layouts' spans; a negative slack makes them too short.
     let size = |end: usize, slack: i8| (end as isize + slack as isize / 16).max(1) as usize;
-    let (dlen, slen) = (size(dst.span().end, dst_slack), size(src.span().end, src_slack));
-    let src_buf: Vec<u8> = (0..slen).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    let (dlen, slen) = (
+        size(dst.span().end, dst_slack),
+        size(src.span().end, src_slack),
+    );
+    let src_buf: Vec<u8> = (0..slen)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
     let mut got = vec![poison; dlen];
     let mut want = got.clone();
     if fill {
-        let pattern: Vec<u8> = (0..dst.elem_size()).map(|i| seed.wrapping_add(i as u8 * 7)).collect();
+        let pattern: Vec<u8> = (0..dst.elem_size())
+            .map(|i| seed.wrapping_add(i as u8 * 7))
+            .collect();
         let ok = dst.check_buffer(dlen).is_ok() && Plan::fill(&dst).is_ok();
         let r = engine.scope(|s| s.fill(&mut got[..], &dst, &pattern).map(|r| r.wait()));
         match r.expect("barrier") {
             Ok(w) => {
-                assert!(ok, "fill accepted but the reference refuses {dst:?} in {dlen} bytes");
+                assert!(
+                    ok,
+                    "fill accepted but the reference refuses {dst:?} in {dlen} bytes"
+                );
                 w.expect("fill failed");
                 reference_fill(&mut want, &dst, &pattern);
             }
-            Err(e) => assert!(!ok, "fill refused ({e}) but the reference accepts {dst:?} in {dlen} bytes"),
+            Err(e) => assert!(
+                !ok,
+                "fill refused ({e}) but the reference accepts {dst:?} in {dlen} bytes"
+            ),
         }
     } else {
-        let ok = dst.check_buffer(dlen).is_ok() && src.check_buffer(slen).is_ok() && Plan::new(&dst, &src).is_ok();
-        let r = engine.scope(|s| s.copy(&mut got[..], &dst, &src_buf[..], &src).map(|r| r.wait()));
+        let ok = dst.check_buffer(dlen).is_ok()
+            && src.check_buffer(slen).is_ok()
+            && Plan::new(&dst, &src).is_ok();
+        let r = engine.scope(|s| {
+            s.copy(&mut got[..], &dst, &src_buf[..], &src)
+                .map(|r| r.wait())
+        });
         match r.expect("barrier") {
             Ok(w) => {
-                assert!(ok, "copy accepted but the reference refuses {dst:?} <- {src:?}");
+                assert!(
+                    ok,
+                    "copy accepted but the reference refuses {dst:?} <- {src:?}"
+                );
                 w.expect("copy failed");
                 reference_copy(&mut want, &dst, &src_buf, &src);
             }
-            Err(e) => assert!(!ok, "copy refused ({e}) but the reference accepts {dst:?} ({dlen}) <- {src:?} ({slen})"),
+            Err(e) => assert!(
+                !ok,
+                "copy refused ({e}) but the reference accepts {dst:?} ({dlen}) <- {src:?} ({slen})"
+            ),
         }
     }
-    assert!(got == want, "{} differs from the reference: {dst:?} <- {src:?}", engine.name());
+    assert!(
+        got == want,
+        "{} differs from the reference: {dst:?} <- {src:?}",
+        engine.name()
+    );
 });

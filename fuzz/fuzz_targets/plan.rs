@@ -38,10 +38,20 @@ fuzz_target!(|input: (Pair, u8, u16, u8)| {
         _ => PlanKind::Segments,
     };
     assert_eq!(plan.kind(), kind);
-    assert_eq!(plan.total_bytes(), dst.size_bytes(), "{plan:?} for {dst:?} <- {src:?}");
+    assert_eq!(
+        plan.total_bytes(),
+        dst.size_bytes(),
+        "{plan:?} for {dst:?} <- {src:?}"
+    );
     assert!(plan.run() >= dst.elem_size() && plan.run() % dst.elem_size() == 0);
-    assert!(plan.dst_end() <= dst.span().end, "{plan:?} writes past {dst:?}");
-    assert!(plan.src_end() <= src.span().end, "{plan:?} reads past {src:?}");
+    assert!(
+        plan.dst_end() <= dst.span().end,
+        "{plan:?} writes past {dst:?}"
+    );
+    assert!(
+        plan.src_end() <= src.span().end,
+        "{plan:?} reads past {src:?}"
+    );
     assert!(plan.dst_offset() >= dst.span().start && plan.src_offset() >= src.span().start);
     let want = reference_map(&dst, &src);
     let got = plan_map(&plan);
@@ -53,14 +63,23 @@ fuzz_target!(|input: (Pair, u8, u16, u8)| {
     let mut union = std::collections::BTreeMap::new();
     for p in &pieces {
         for (d, s) in plan_map(p) {
-            assert!(union.insert(d, s).is_none(), "split pieces of {plan:?} overlap at {d}");
+            assert!(
+                union.insert(d, s).is_none(),
+                "split pieces of {plan:?} overlap at {d}"
+            );
         }
     }
-    assert_eq!(union, want, "split({parts}, {min_bytes}, {align}) of {plan:?}");
+    assert_eq!(
+        union, want,
+        "split({parts}, {min_bytes}, {align}) of {plan:?}"
+    );
 
     // A fill plan covers exactly the destination's bytes.
     let fill = Plan::fill(&dst).expect("fill of a non-overlapping destination");
     assert!(fill.src_strides().iter().all(|&s| s == 0));
     let fill_bytes: Vec<usize> = plan_map(&fill).into_keys().collect();
-    assert!(fill_bytes.iter().eq(want.keys()), "fill plan {fill:?} of {dst:?}");
+    assert!(
+        fill_bytes.iter().eq(want.keys()),
+        "fill plan {fill:?} of {dst:?}"
+    );
 });

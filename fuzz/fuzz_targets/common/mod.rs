@@ -35,20 +35,40 @@ fn nums(v: &[Num]) -> Vec<usize> {
 /// One of the public layout constructors, with arbitrary arguments.
 #[derive(Arbitrary, Debug)]
 pub enum Ctor {
-    New { dims: Vec<Num>, strides: Vec<Num>, elem: Num },
-    Contiguous { dims: Vec<Num>, elem: Num },
-    ColumnMajor { dims: Vec<Num>, elem: Num },
-    Pitched { dims: Vec<Num>, elem: Num, pitch: Num },
+    New {
+        dims: Vec<Num>,
+        strides: Vec<Num>,
+        elem: Num,
+    },
+    Contiguous {
+        dims: Vec<Num>,
+        elem: Num,
+    },
+    ColumnMajor {
+        dims: Vec<Num>,
+        elem: Num,
+    },
+    Pitched {
+        dims: Vec<Num>,
+        elem: Num,
+        pitch: Num,
+    },
     Bytes(Num),
 }
 
 impl Ctor {
     pub fn build(&self) -> std::result::Result<Layout, ferry::LayoutError> {
         match self {
-            Ctor::New { dims, strides, elem } => Layout::new(&nums(dims), &nums(strides), elem.get()),
+            Ctor::New {
+                dims,
+                strides,
+                elem,
+            } => Layout::new(&nums(dims), &nums(strides), elem.get()),
             Ctor::Contiguous { dims, elem } => Layout::contiguous(&nums(dims), elem.get()),
             Ctor::ColumnMajor { dims, elem } => Layout::column_major(&nums(dims), elem.get()),
-            Ctor::Pitched { dims, elem, pitch } => Layout::pitched(&nums(dims), elem.get(), pitch.get()),
+            Ctor::Pitched { dims, elem, pitch } => {
+                Layout::pitched(&nums(dims), elem.get(), pitch.get())
+            }
             Ctor::Bytes(n) => Layout::bytes(n.get()),
         }
     }
@@ -57,8 +77,16 @@ impl Ctor {
 /// One layout transformation, with arbitrary arguments.
 #[derive(Arbitrary, Debug)]
 pub enum LOp {
-    Slice { axis: u8, start: Num, end: Num, step: Num },
-    Index { axis: u8, index: Num },
+    Slice {
+        axis: u8,
+        start: Num,
+        end: Num,
+        step: Num,
+    },
+    Index {
+        axis: u8,
+        index: Num,
+    },
     Permute(Vec<u8>),
     Transpose(u8, u8),
     Reshape(Vec<Num>),
@@ -68,7 +96,12 @@ pub enum LOp {
 impl LOp {
     pub fn apply(&self, l: &Layout) -> std::result::Result<Layout, ferry::LayoutError> {
         match self {
-            LOp::Slice { axis, start, end, step } => l.slice(*axis as usize, start.get()..end.get(), step.get()),
+            LOp::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => l.slice(*axis as usize, start.get()..end.get(), step.get()),
             LOp::Index { axis, index } => l.index(*axis as usize, index.get()),
             LOp::Permute(o) => l.permute(&o.iter().map(|&x| x as usize).collect::<Vec<_>>()),
             LOp::Transpose(a, b) => l.transpose(*a as usize, *b as usize),
@@ -97,7 +130,11 @@ pub fn check_layout(l: &Layout) {
     assert!(l.elem_size() >= 1);
     assert!(l.dims().iter().all(|&d| d >= 1), "zero dim in {l:?}");
     // Element count and byte size do not overflow.
-    let len = l.dims().iter().try_fold(1usize, |a, &d| a.checked_mul(d)).expect("len overflows");
+    let len = l
+        .dims()
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .expect("len overflows");
     assert_eq!(l.len(), len);
     assert_eq!(len.checked_mul(l.elem_size()), Some(l.size_bytes()));
     // The span is exact and does not overflow.
@@ -105,12 +142,20 @@ pub fn check_layout(l: &Layout) {
         .dims()
         .iter()
         .zip(l.strides())
-        .try_fold(l.elem_size(), |a, (&d, &s)| (d - 1).checked_mul(s).and_then(|x| x.checked_add(a)))
+        .try_fold(l.elem_size(), |a, (&d, &s)| {
+            (d - 1).checked_mul(s).and_then(|x| x.checked_add(a))
+        })
         .expect("extent overflows");
     let end = l.offset().checked_add(extent).expect("span overflows");
     assert_eq!(l.span(), l.offset()..end, "{l:?}");
     assert!(l.check_buffer(end).is_ok(), "{l:?} must fit in {end} bytes");
-    assert!(matches!(l.check_buffer(end - 1), Err(ferry::LayoutError::OutOfBounds { .. })), "{l:?}");
+    assert!(
+        matches!(
+            l.check_buffer(end - 1),
+            Err(ferry::LayoutError::OutOfBounds { .. })
+        ),
+        "{l:?}"
+    );
     if len > WALK_LIMIT {
         return;
     }
@@ -118,9 +163,17 @@ pub fn check_layout(l: &Layout) {
     let offs: Vec<usize> = l.element_offsets().collect();
     assert_eq!(offs.len(), len);
     for (k, &o) in offs.iter().enumerate() {
-        assert!(o >= l.offset() && o + l.elem_size() <= end, "element {k} at {o} outside {:?}", l.span());
+        assert!(
+            o >= l.offset() && o + l.elem_size() <= end,
+            "element {k} at {o} outside {:?}",
+            l.span()
+        );
         if k % 97 == 0 || k + 1 == len {
-            assert_eq!(l.offset_of(&unravel(l.dims(), k)), Ok(o), "offset_of({k}) of {l:?}");
+            assert_eq!(
+                l.offset_of(&unravel(l.dims(), k)),
+                Ok(o),
+                "offset_of({k}) of {l:?}"
+            );
         }
     }
     assert_eq!(*offs.iter().min().unwrap(), l.offset());
@@ -129,22 +182,39 @@ pub fn check_layout(l: &Layout) {
     sorted.sort_unstable();
     let disjoint = sorted.windows(2).all(|w| w[1] >= w[0] + l.elem_size());
     if l.is_non_overlapping() {
-        assert!(disjoint, "is_non_overlapping but elements share bytes: {l:?}");
+        assert!(
+            disjoint,
+            "is_non_overlapping but elements share bytes: {l:?}"
+        );
     }
     if l.is_dense() {
-        assert!(disjoint && extent == l.size_bytes(), "is_dense but not dense: {l:?}");
+        assert!(
+            disjoint && extent == l.size_bytes(),
+            "is_dense but not dense: {l:?}"
+        );
     }
     if l.is_contiguous() {
         for (k, &o) in offs.iter().enumerate() {
-            assert_eq!(o, l.offset() + k * l.elem_size(), "is_contiguous but element {k} misplaced: {l:?}");
+            assert_eq!(
+                o,
+                l.offset() + k * l.elem_size(),
+                "is_contiguous but element {k} misplaced: {l:?}"
+            );
         }
     }
     let inner = l.contiguous_inner_bytes();
     assert!(inner >= l.elem_size() && inner % l.elem_size() == 0);
     let per = inner / l.elem_size();
-    assert!(per <= len && len % per == 0, "inner run of {per} elements in {len}: {l:?}");
+    assert!(
+        per <= len && len % per == 0,
+        "inner run of {per} elements in {len}: {l:?}"
+    );
     for k in 0..per {
-        assert_eq!(offs[k], l.offset() + k * l.elem_size(), "inner run broken at {k}: {l:?}");
+        assert_eq!(
+            offs[k],
+            l.offset() + k * l.elem_size(),
+            "inner run broken at {k}: {l:?}"
+        );
     }
 }
 
@@ -154,13 +224,19 @@ pub fn check_transform(l: &Layout, op: &LOp, out: &Layout) {
         return;
     }
     match op {
-        LOp::Slice { axis, start, step, .. } => {
+        LOp::Slice {
+            axis, start, step, ..
+        } => {
             let (a, s0, st) = (*axis as usize, start.get(), step.get());
             for k in 0..out.len() {
                 let idx = unravel(out.dims(), k);
                 let mut orig = idx.clone();
                 orig[a] = s0 + idx[a] * st;
-                assert_eq!(out.offset_of(&idx), l.offset_of(&orig), "slice {op:?} of {l:?}");
+                assert_eq!(
+                    out.offset_of(&idx),
+                    l.offset_of(&orig),
+                    "slice {op:?} of {l:?}"
+                );
             }
         }
         LOp::Index { axis, index } => {
@@ -173,7 +249,11 @@ pub fn check_transform(l: &Layout, op: &LOp, out: &Layout) {
                 } else {
                     orig.insert(a, index.get());
                 }
-                assert_eq!(out.offset_of(&idx), l.offset_of(&orig), "index {op:?} of {l:?}");
+                assert_eq!(
+                    out.offset_of(&idx),
+                    l.offset_of(&orig),
+                    "index {op:?} of {l:?}"
+                );
             }
         }
         LOp::Permute(_) | LOp::Transpose(..) => {
@@ -192,11 +272,18 @@ pub fn check_transform(l: &Layout, op: &LOp, out: &Layout) {
                 for (i, &o) in order.iter().enumerate() {
                     orig[o] = idx[i];
                 }
-                assert_eq!(out.offset_of(&idx), l.offset_of(&orig), "permute {op:?} of {l:?}");
+                assert_eq!(
+                    out.offset_of(&idx),
+                    l.offset_of(&orig),
+                    "permute {op:?} of {l:?}"
+                );
             }
         }
         LOp::Reshape(_) => {
-            assert!(out.element_offsets().eq(l.element_offsets()), "reshape {op:?} of {l:?} changed the elements: {out:?}");
+            assert!(
+                out.element_offsets().eq(l.element_offsets()),
+                "reshape {op:?} of {l:?} changed the elements: {out:?}"
+            );
         }
         LOp::WithOffset(n) => {
             assert_eq!(out.offset(), n.get());
@@ -244,21 +331,34 @@ impl Placement {
         // Base dim i holds target dim perm[i], with a step and room around it.
         let step: Vec<usize> = (0..n).map(|i| 1 + (self.steps[i] % 3) as usize).collect();
         let start: Vec<usize> = (0..n).map(|i| (self.starts[i] % 3) as usize).collect();
-        let base_dims: Vec<usize> =
-            (0..n).map(|i| start[i] + (dims[perm[i]] - 1) * step[i] + 1 + (self.extra[i] % 2) as usize).collect();
+        let base_dims: Vec<usize> = (0..n)
+            .map(|i| start[i] + (dims[perm[i]] - 1) * step[i] + 1 + (self.extra[i] % 2) as usize)
+            .collect();
         let base = match self.kind % 4 {
             0 => Layout::contiguous(&base_dims, elem),
             1 => Layout::column_major(&base_dims, elem),
-            2 => Layout::pitched(&base_dims, elem, base_dims[n - 1] * elem + (self.pad % 17) as usize),
+            2 => Layout::pitched(
+                &base_dims,
+                elem,
+                base_dims[n - 1] * elem + (self.pad % 17) as usize,
+            ),
             _ => {
-                let st: Vec<usize> = (0..n).map(|i| (self.strides[i] as usize % 64) * elem.max(1) / 2).collect();
+                let st: Vec<usize> = (0..n)
+                    .map(|i| (self.strides[i] as usize % 64) * elem.max(1) / 2)
+                    .collect();
                 Layout::new(&base_dims, &st, elem)
             }
         }
         .ok()?;
         let mut l = base.with_offset(self.offset as usize % 32).ok()?;
         for i in 0..n {
-            l = l.slice(i, start[i]..start[i] + (dims[perm[i]] - 1) * step[i] + 1, step[i]).ok()?;
+            l = l
+                .slice(
+                    i,
+                    start[i]..start[i] + (dims[perm[i]] - 1) * step[i] + 1,
+                    step[i],
+                )
+                .ok()?;
         }
         // Base dim i is target dim perm[i]: result dim j is base dim inv[j].
         let mut inv = vec![0; n];
@@ -272,11 +372,19 @@ impl Placement {
             let mut s = l.strides().to_vec();
             d.insert(u, 1);
             s.insert(u, (self.pad as usize) * 8);
-            l = Layout::new(&d, &s, elem).ok()?.with_offset(l.offset()).ok()?;
+            l = Layout::new(&d, &s, elem)
+                .ok()?
+                .with_offset(l.offset())
+                .ok()?;
         }
-        debug_assert_eq!(l.dims().iter().copied().filter(|&d| d != 1).collect::<Vec<_>>(), {
-            dims.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>()
-        });
+        debug_assert_eq!(
+            l.dims()
+                .iter()
+                .copied()
+                .filter(|&d| d != 1)
+                .collect::<Vec<_>>(),
+            { dims.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>() }
+        );
         Some(l)
     }
 }
@@ -299,7 +407,11 @@ impl<'a> Arbitrary<'a> for Pair {
         let dp: Placement = u.arbitrary()?;
         let sp: Placement = u.arbitrary()?;
         let mismatch = u.ratio(1u8, 16)?;
-        let src_elem = if mismatch { *u.choose(&[1usize, 2, 4, 8])? } else { elem };
+        let src_elem = if mismatch {
+            *u.choose(&[1usize, 2, 4, 8])?
+        } else {
+            elem
+        };
         let src_dims = if mismatch && u.arbitrary()? {
             let mut d = dims.clone();
             d[0] += 1;
@@ -307,8 +419,12 @@ impl<'a> Arbitrary<'a> for Pair {
         } else {
             dims.clone()
         };
-        let dst = dp.place(&dims, elem).ok_or(arbitrary::Error::IncorrectFormat)?;
-        let src = sp.place(&src_dims, src_elem).ok_or(arbitrary::Error::IncorrectFormat)?;
+        let dst = dp
+            .place(&dims, elem)
+            .ok_or(arbitrary::Error::IncorrectFormat)?;
+        let src = sp
+            .place(&src_dims, src_elem)
+            .ok_or(arbitrary::Error::IncorrectFormat)?;
         Ok(Pair { dst, src })
     }
 }
@@ -318,7 +434,11 @@ pub fn reference_map(dst: &Layout, src: &Layout) -> BTreeMap<usize, usize> {
     let mut m = BTreeMap::new();
     for (d, s) in dst.element_offsets().zip(src.element_offsets()) {
         for b in 0..dst.elem_size() {
-            assert!(m.insert(d + b, s + b).is_none(), "reference writes byte {} twice", d + b);
+            assert!(
+                m.insert(d + b, s + b).is_none(),
+                "reference writes byte {} twice",
+                d + b
+            );
         }
     }
     m
@@ -331,10 +451,19 @@ pub fn plan_map(p: &Plan) -> BTreeMap<usize, usize> {
     p.for_each_run(|d, s| {
         runs += 1;
         for b in 0..p.run() {
-            assert!(m.insert(d + b, s + b).is_none(), "plan {p:?} writes byte {} twice", d + b);
+            assert!(
+                m.insert(d + b, s + b).is_none(),
+                "plan {p:?} writes byte {} twice",
+                d + b
+            );
         }
     });
-    assert_eq!(runs, p.run_count(), "for_each_run visited {runs} runs, run_count says {}", p.run_count());
+    assert_eq!(
+        runs,
+        p.run_count(),
+        "for_each_run visited {runs} runs, run_count says {}",
+        p.run_count()
+    );
     m
 }
 
