@@ -204,7 +204,7 @@ fn quiet_panics() {
 #[test]
 #[cfg_attr(
     miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
+    ignore = "MiB buffers: too slow under Miri; small_cases_for_miri covers these paths"
 )]
 fn failing_and_panicking_operators_fail_only_their_requests() {
     quiet_panics();
@@ -257,7 +257,7 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
 #[test]
 #[cfg_attr(
     miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
+    ignore = "MiB buffers: too slow under Miri; small_cases_for_miri covers these paths"
 )]
 fn panics_do_not_poison_cpu_workers() {
     quiet_panics();
@@ -310,10 +310,6 @@ fn panics_do_not_poison_cpu_workers() {
 /// A failing or panicking custom operator submitted through a multiplex engine fails only its
 /// request: it must not panic on the submitting thread.
 #[test]
-#[cfg_attr(
-    miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
-)]
 fn multiplex_custom_operator_panic_fails_only_its_request() {
     quiet_panics();
     let mux = MultiplexEngine::new()
@@ -334,10 +330,6 @@ fn multiplex_custom_operator_panic_fails_only_its_request() {
 
 /// Failures nobody waited for are reported by the engine's barrier, one entry each, once.
 #[test]
-#[cfg_attr(
-    miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
-)]
 fn unobserved_failures_are_reported_by_barrier_once() {
     quiet_panics();
     for (name, engine) in engines() {
@@ -379,10 +371,6 @@ fn unobserved_failures_are_reported_by_barrier_once() {
 /// A dependency that fails makes its dependents fail with `RequestError::Dependency` without
 /// running them, along a chain and across engines; a good dependency orders the copies.
 #[test]
-#[cfg_attr(
-    miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
-)]
 fn failed_dependency_fails_dependents() {
     quiet_panics();
     let list = engines();
@@ -447,10 +435,6 @@ fn failed_dependency_fails_dependents() {
 /// A chain A -> B -> C where each copies the previous one's destination: the dependency orders
 /// them (raw submission: the safe scope cannot lend one buffer as a destination and a source).
 #[test]
-#[cfg_attr(
-    miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
-)]
 fn good_dependency_chain_orders_copies() {
     for (name, engine) in engines() {
         for round in 0..20u8 {
@@ -500,10 +484,6 @@ fn good_dependency_chain_orders_copies() {
 /// Dropping an engine with a slow failing request and queued copies in flight: the drop
 /// finishes the work, the failing request reports its own error, the copies are complete.
 #[test]
-#[cfg_attr(
-    miri,
-    ignore = "large buffers or many rounds: small_cases_for_miri covers these paths under Miri"
-)]
 fn engine_dropped_with_failing_request_in_flight() {
     quiet_panics();
     for threads in [0usize, 1, 3] {
