@@ -214,11 +214,17 @@ impl InFlight {
     pub fn new() -> InFlight {
         InFlight::default()
     }
-    /// Tracks `req` until the next barrier. Completed, observed requests are pruned here.
+    /// Tracks `req` until the next barrier. Completed requests that succeeded or whose failure
+    /// was observed are pruned here.
     pub fn track(&self, req: &Request) {
         let mut l = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         if l.len() >= 64 && l.len().is_power_of_two() {
-            l.retain(|r| !(r.is_done() && r.shared.observed.load(Ordering::Acquire)));
+            // Completed successes have nothing left to report; failures stay until observed.
+            l.retain(|r| match r.shared.completion.poll_done() {
+                None => true,
+                Some(Ok(())) => false,
+                Some(Err(_)) => !r.shared.observed.load(Ordering::Acquire),
+            });
         }
         l.push(req.share());
     }
