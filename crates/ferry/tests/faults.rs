@@ -724,3 +724,69 @@ fn small_cases_for_miri() {
         assert_eq!(out, src, "{name}");
     }
 }
+
+/// Runs the ignored test `name` alone in a child process with one test thread; returns its
+/// output (the parent fails if the child fails).
+fn run_child(name: &str) -> String {
+    let exe = std::env::current_exe().expect("test binary path");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .output()
+        .expect("run the child test");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{name} failed:\n{text}");
+    assert!(text.contains("1 passed"), "{name} did not run:\n{text}");
+    text
+}
+
+/// Run by `dropped_requests_do_not_accumulate` in a child process.
+#[test]
+#[ignore = "run by dropped_requests_do_not_accumulate in a child process"]
+fn inflight_child() {
+    let engine = CpuEngine::new(1).expect("engine");
+    let round = |n: usize| {
+        for _ in 0..n {
+            // Dropping a Transfer waits for it; nobody observes its (successful) result.
+            drop(
+                engine
+                    .memcpy_owned(vec![0u8; 64], vec![1u8; 64])
+                    .map_err(|r| r.error)
+                    .expect("submit"),
+            );
+        }
+    };
+    round(1000);
+    engine.barrier().expect("barrier");
+    let before = LIVE_ALLOCS.load(Ordering::SeqCst);
+    round(20_000);
+    let grown = LIVE_ALLOCS.load(Ordering::SeqCst) - before;
+    engine.barrier().expect("barrier");
+    let after_barrier = LIVE_ALLOCS.load(Ordering::SeqCst) - before;
+    println!("inflight: live allocations grew by {grown} over 20000 dropped transfers, {after_barrier} after a barrier");
+    assert!(
+        grown < 1000,
+        "completed, successful requests accumulate until a barrier: {grown} live allocations"
+    );
+}
+
+/// An engine used without barriers (a long-running server that drops its transfers) must not
+/// keep every completed request: memory would grow without bound.
+#[test]
+#[cfg_attr(miri, ignore = "spawns a process")]
+fn dropped_requests_do_not_accumulate() {
+    let text = run_child("inflight_child");
+    println!(
+        "{}",
+        text.lines().find(|l| l.contains("inflight:")).unwrap_or("")
+    );
+}
