@@ -149,12 +149,36 @@ impl Pool {
     }
 
     fn request(self: &Arc<Self>, signal: Arc<Signal>) -> Request {
-        let helper = if self.threads == 0 {
-            Some(Arc::clone(self))
+        let (helper, own) = if self.threads == 0 {
+            (Some(Arc::clone(self)), None)
         } else {
-            None
+            (None, Some(Arc::clone(self)))
         };
-        Request::new(CpuCompletion { signal, helper })
+        Request::new(CpuCompletion {
+            signal,
+            helper,
+            own,
+        })
+    }
+
+    /// Runs the queued chunks of the request completing `signal` on this (waiting) thread,
+    /// rather than sleeping while a worker wakes up to run them. Chunks never block, and only
+    /// this request's are taken, so this cannot nest into other work.
+    fn help_own(&self, signal: &Arc<Signal>) {
+        loop {
+            let chunk = {
+                let mut st = self.lock();
+                let mine = |t: &Task| matches!(t, Task::Chunk { state, .. } if Arc::ptr_eq(&state.signal, signal));
+                match st.queue.iter().position(mine) {
+                    Some(i) => st.queue.remove(i),
+                    None => None,
+                }
+            };
+            match chunk {
+                Some(t) => self.run(t),
+                None => return,
+            }
+        }
     }
 
     fn push(&self, task: Task, front: bool) {
@@ -484,14 +508,19 @@ fn finish_chunk(state: &JobState) {
     }
 }
 
-/// A CPU request's completion. In zero-thread mode, waiting runs queued work.
+/// A CPU request's completion. In zero-thread mode, waiting runs queued work; with workers,
+/// waiting runs the request's own chunks that no worker has taken yet.
 struct CpuCompletion {
     signal: Arc<Signal>,
     helper: Option<Arc<Pool>>,
+    own: Option<Arc<Pool>>,
 }
 
 impl Completion for CpuCompletion {
     fn wait(&self) -> Result<(), RequestError> {
+        if let Some(pool) = &self.own {
+            pool.help_own(&self.signal);
+        }
         match &self.helper {
             Some(pool) => pool.wait_helping(&*self.signal),
             None => self.signal.wait(),
