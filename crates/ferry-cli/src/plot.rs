@@ -102,7 +102,23 @@ pub fn write(rep: &Report, path: &Path) -> Result<(), PlotError> {
     })
 }
 
+/// Registers the embedded DejaVu Sans as "sans-serif" (once): the plots need no system fonts
+/// or fontconfig, so the binary runs on bare GPU hosts.
+fn register_font() -> Result<(), String> {
+    static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        plotters::style::register_font(
+            "sans-serif",
+            plotters::style::FontStyle::Normal,
+            dejavu::sans::regular(),
+        )
+        .map_err(|_| "the embedded font could not be read".to_string())
+    })
+    .clone()
+}
+
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Result<(), String> {
+    register_font()?;
     let e = |x: &dyn std::fmt::Display| x.to_string();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let xs = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
@@ -117,7 +133,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
     let headroom = 1.05 / (1.0 - legend_frac.min(0.6));
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "ferry bench: bandwidth vs size (median; dashed: better plain-Rust baseline)",
+            "ferry bench: bandwidth vs size (median; dashed: better baseline)",
             ("sans-serif", 22),
         )
         .margin(16)
