@@ -66,7 +66,7 @@ fn plan_code(e: &PlanError) -> c_int {
 /// The code for an operator error.
 pub(crate) fn op_code(e: &OpError) -> c_int {
     match e {
-        OpError::Layout(_) => FERRY_ELAYOUT,
+        OpError::Layout(_) | OpError::Dst(_) | OpError::Src(_) => FERRY_ELAYOUT,
         OpError::Plan(p) => plan_code(p),
         OpError::Custom(_) => FERRY_EOP,
         _ => FERRY_EINVAL,

@@ -336,3 +336,29 @@ fn staged_pageable_strided() {
     check_copy(&e, Kind::Device, Kind::Pageable, &l, n, &l, n, 93);
     check_copy(&e, Kind::Pageable, Kind::Device, &l, n, &l, n, 94);
 }
+
+/// Pinned memory seen through a plain slice (`&mut *pinned`) is recognised as pinned through
+/// unified addressing: a fill, which the engine refuses for pageable memory, is accepted, and
+/// a copy from it is correct.
+#[test]
+fn pinned_memory_behind_a_slice_is_recognised() {
+    let Some(e) = cuda_or_skip() else { return };
+    let mut pinned = ferry::cuda::PinnedBuffer::new(1 << 20).unwrap();
+    let l = Layout::bytes(1 << 20).unwrap();
+    let slice: &mut [u8] = &mut pinned;
+    e.scope(|s| {
+        s.fill(slice, &l, &[0x5A])?
+            .wait()
+            .map_err(ferry::Error::from)
+    })
+    .unwrap()
+    .unwrap();
+    assert!(pinned.iter().all(|&b| b == 0x5A));
+    // Plain pageable memory is still refused for fills.
+    let mut v = vec![0u8; 1 << 20];
+    let r = e.scope(|s| s.fill(&mut v, &l, &[1]).map(drop)).unwrap();
+    assert!(
+        matches!(r, Err(ferry::SubmitError::Unsupported { .. })),
+        "{r:?}"
+    );
+}

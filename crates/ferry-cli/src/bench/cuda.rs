@@ -4,7 +4,9 @@
 //! Every bandwidth series does one *batch* per timed call: `batch` copies released together
 //! (ferry: `batch` requests submitted back to back, then waited; raw: `batch` driver calls on
 //! one stream, then one synchronize), so that queueing is not timed, as nvbandwidth does.
-//! `batch` is 8 below 16 MiB and 1 above. Destinations are poisoned before each series and
+//! `batch` is 8 below 16 MiB and 1 above. Bandwidth rows use an engine with
+//! [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by default; the latency
+//! rows show the default blocking wait and the spin wait. Destinations are poisoned before each series and
 //! compared with the source after it. The link limit is PCIe generation x width as the probe
 //! reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 
@@ -181,11 +183,11 @@ impl CudaBench {
         let payload = (size * batch) as u64;
         let l = Layout::bytes(size).map_err(setup)?;
         let f = ctx.series(
-            &format!("ferry {}", self.engine.name()),
+            &format!("ferry {} spin", self.spin.name()),
             Role::Ferry,
             payload,
             || {
-                let e = &self.engine;
+                let e = &self.spin;
                 poison_devs(devs)?;
                 let t = measure(&self.method, || {
                     e.scope(|s| {
@@ -221,14 +223,14 @@ impl CudaBench {
             ($hosts:expr, $shape:expr) => {{
                 let mut hosts = $hosts;
                 for (name, role) in [
-                    (format!("ferry {}", self.engine.name()), Role::Ferry),
+                    (format!("ferry {} spin", self.spin.name()), Role::Ferry),
                     ("raw driver".to_string(), Role::Baseline),
                 ] {
                     series.push(ctx.series(&name, role, payload, || {
                         hosts.iter_mut().for_each(|h| h.fill(0xA5));
                         let t = if role == Role::Ferry {
                             measure(&self.method, || {
-                                self.engine
+                                self.spin
                                     .scope(|s| {
                                         hosts
                                             .iter_mut()
@@ -303,13 +305,13 @@ impl CudaBench {
             up.to_vec().is_ok_and(|v| v == data) && down[..] == data[..]
         };
         let f = ctx.series(
-            &format!("ferry {}", self.engine.name()),
+            &format!("ferry {} spin", self.spin.name()),
             Role::Ferry,
             payload,
             || {
                 down_dst.fill(0xA5);
                 let t = measure(&self.method, || {
-                    self.engine
+                    self.spin
                         .scope(|s| {
                             let _up = s.copy(&mut up_dst, &l, &up_src, &l)?;
                             s.copy(&mut down_dst, &l, &down_src, &l).map(drop)
@@ -361,14 +363,14 @@ impl CudaBench {
         let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
         let payload = size as u64;
         let f = ctx.series(
-            &format!("ferry {} 2-D", self.engine.name()),
+            &format!("ferry {} spin 2-D", self.spin.name()),
             Role::Ferry,
             payload,
             || {
                 poison_devs(std::slice::from_mut(&mut dev))?;
                 let t = measure(&self.method, || {
-                    self.engine
-                        .scope(|s| s.copy(&mut dev, &dst_l, &*host, &src_l).map(drop))
+                    self.spin
+                        .scope(|s| s.copy(&mut dev, &dst_l, &host, &src_l).map(drop))
                         .map_err(|e| e.to_string())?
                         .map_err(|e| e.to_string())
                 })?;
@@ -379,7 +381,7 @@ impl CudaBench {
             poison_devs(std::slice::from_mut(&mut dev))?;
             let t = measure(&self.method, || {
                 self.raw
-                    .copy_plan(&mut dev, &*host, &plan, 1)
+                    .copy_plan(&mut dev, &host, &plan, 1)
                     .map_err(|e| e.to_string())
             })?;
             Ok((t, verify(&dev)))
@@ -390,8 +392,8 @@ impl CudaBench {
             payload,
             || {
                 let t = measure(&self.method, || {
-                    self.engine
-                        .scope(|s| s.copy(&mut dev, &flat, &*host, &flat).map(drop))
+                    self.spin
+                        .scope(|s| s.copy(&mut dev, &flat, &host, &flat).map(drop))
                         .map_err(|e| e.to_string())?
                         .map_err(|e| e.to_string())
                 })?;
@@ -430,15 +432,15 @@ impl CudaBench {
         let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
         let payload = total as u64;
         let f = ctx.series(
-            &format!("ferry {} segment list", self.engine.name()),
+            &format!("ferry {} spin segment list", self.spin.name()),
             Role::Ferry,
             payload,
             || {
                 poison_devs(std::slice::from_mut(&mut dev))?;
                 let t = measure(&self.method, || {
-                    self.engine
+                    self.spin
                         .scope(|s| {
-                            s.submit(&mut dev, Some(&*host), Op::Custom(Arc::clone(&op)), &[])
+                            s.submit(&mut dev, Some(&host), Op::Custom(Arc::clone(&op)), &[])
                                 .map(drop)
                         })
                         .map_err(|e| e.to_string())?
@@ -455,7 +457,7 @@ impl CudaBench {
                 poison_devs(std::slice::from_mut(&mut dev))?;
                 let t = measure(&self.method, || {
                     self.raw
-                        .copy_segments(&mut dev, &*host, &segs, 1)
+                        .copy_segments(&mut dev, &host, &segs, 1)
                         .map_err(|e| e.to_string())
                 })?;
                 Ok((t, verify(&dev)))
@@ -485,7 +487,7 @@ impl CudaBench {
             let t = measure(&self.method, || {
                 engine
                     .scope(|s| {
-                        s.copy(&mut dev, &l, &*src, &l)?
+                        s.copy(&mut dev, &l, &src, &l)?
                             .wait()
                             .map_err(ferry::Error::from)
                     })
@@ -502,7 +504,7 @@ impl CudaBench {
                 poison_devs(std::slice::from_mut(&mut dev))?;
                 let t = measure(&self.method, || {
                     self.raw
-                        .copy(&mut dev, &*src, size, 1)
+                        .copy(&mut dev, &src, size, 1)
                         .map_err(|e| e.to_string())
                 })?;
                 Ok((t, verify(&dev)))

@@ -31,7 +31,9 @@ GPU tests: ferry's CUDA engine and raw driver calls (cuMemcpy*Async, cuMemcpy2DA
 cuMemcpyAsync per segment) on the same device buffers; a call is a batch of copies released
 together (8 below 16 MiB, else 1: ferry submits them all then waits, raw issues them all on one
 stream then synchronizes), timed on the host around submit..completion, so queueing between
-copies is not timed. The link column is ferry's figure over PCIe generation x width as the
+copies is not timed. Both sides of a bandwidth row wait by spinning (raw: the driver's
+default synchronize; ferry: WaitMode::Spin), so the rows compare copies, not sleep/wake-up
+costs; cuda-latency shows ferry's default blocking wait. The link column is ferry's figure over PCIe generation x width as the
 driver and sysfs report it (both directions: twice that).";
 
 /// Errors of `ferry bench`.

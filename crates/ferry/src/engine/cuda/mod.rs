@@ -453,6 +453,44 @@ impl CudaEngine {
         r.is_ok()
     }
 
+    /// Host memory passed as plain (pageable) memory that is in fact page-locked (a
+    /// `PinnedBuffer` or `Registered` seen through a slice, memory registered elsewhere) is
+    /// recognised through unified addressing and copied as pinned memory: no staging needed.
+    fn refine_kinds(&self, mut job: Job) -> Job {
+        let pinned = |addr: u64| -> bool {
+            if driver::bind(&self.ctx).is_err() {
+                return false;
+            }
+            let mut ty: u32 = 0;
+            // SAFETY: `ty` is a valid out-pointer for the attribute (an unsigned int); the
+            // driver only looks the address up in its tables and never dereferences it.
+            let r = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&mut ty as *mut u32).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    addr,
+                )
+            };
+            r == sys::CUresult::CUDA_SUCCESS && ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+        };
+        // Both ends of the range: a registration covers whole pages of one range.
+        let whole = |b: &crate::memory::RawBuf| {
+            b.kind == MemKind::Pageable
+                && b.len > 0
+                && pinned(b.addr)
+                && pinned(b.addr + b.len as u64 - 1)
+        };
+        if whole(&job.dst) {
+            job.dst.kind = MemKind::Pinned;
+        }
+        if let Some(src) = job.src.as_mut() {
+            if whole(src) {
+                src.kind = MemKind::Pinned;
+            }
+        }
+        job
+    }
+
     fn track(&self, req: Request) -> Request {
         self.inflight.track(&req);
         req
@@ -483,6 +521,7 @@ impl Engine for CudaEngine {
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
         job.check()?;
+        let job = self.refine_kinds(job);
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
         if !self.supports(dk, sk) {
             return Err(self.unsupported(dk, sk));

@@ -74,6 +74,7 @@ pub struct StagingConfig {
     threads: usize,
     write_combined: bool,
     non_temporal: bool,
+    non_temporal_h2d: bool,
 }
 
 impl Default for StagingConfig {
@@ -105,6 +106,7 @@ impl StagingConfig {
             threads: env("FERRY_STAGING_THREADS").unwrap_or((cores * 3 / 4).clamp(1, 12)),
             write_combined: false,
             non_temporal: env("FERRY_STAGING_NT") != Some(0),
+            non_temporal_h2d: env("FERRY_STAGING_NT_H2D") == Some(1),
         }
     }
     /// Bytes per staging buffer (one DMA per chunk). Must be at least 4096.
@@ -128,11 +130,19 @@ impl StagingConfig {
         self.write_combined = on;
         self
     }
-    /// Copy between pageable memory and the ring with non-temporal (streaming) stores on
-    /// x86-64, which skip the read-for-ownership of each destination line: host memory
-    /// bandwidth, shared by the CPU copy and the DMA, is what caps a staged copy.
+    /// Copy from the device -> host ring into pageable memory with non-temporal (streaming)
+    /// stores on x86-64, which skip the read-for-ownership of each destination line: host
+    /// memory bandwidth, shared by the CPU copy and the DMA, is what caps a staged copy. On by
+    /// default (`FERRY_STAGING_NT=0` turns it off).
     pub fn non_temporal(mut self, on: bool) -> Self {
         self.non_temporal = on;
+        self
+    }
+    /// The same for the host -> device fill of the ring. Off by default: on the H200 host
+    /// plain stores filled the ring faster (40.0 against 32.6 GB/s for 256 MiB, one run each,
+    /// `bench/results/h200.md`); `FERRY_STAGING_NT_H2D=1` turns it on.
+    pub fn non_temporal_h2d(mut self, on: bool) -> Self {
+        self.non_temporal_h2d = on;
         self
     }
     /// Whether the workers use non-temporal stores.
@@ -786,7 +796,11 @@ impl Stager {
         let host = SendPtr(job.host);
         let sides = job.sides;
         let run = job.chunker.run;
-        let nt = self.cfg.non_temporal;
+        let nt = if to_slot {
+            self.cfg.non_temporal_h2d
+        } else {
+            self.cfg.non_temporal
+        };
         let copy = |a: *const u8, b: *mut u8, len: usize| {
             // SAFETY: `a`/`b` lie in the caller's buffers (contract of `Stager::copy`) or in the
             // slot, for `len` bytes; the workers' ranges are disjoint.
