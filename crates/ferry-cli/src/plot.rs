@@ -40,6 +40,7 @@ const COLORS: [RGBColor; 8] = [
 ];
 
 /// One plotted line: label, points (log2 size, GB/s), dashed or not, colour.
+#[derive(Clone)]
 struct Line {
     label: String,
     points: Vec<(f64, f64)>,
@@ -127,6 +128,32 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .fold(0.0, f64::max);
+    let ymin = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .filter(|&y| y > 0.0)
+        .fold(f64::MAX, f64::min);
+    // Figures spanning more than 20x (device-to-device next to PCIe) get a log10 y axis, so
+    // that every path stays readable.
+    let logy = ymin < f64::MAX && ymax / ymin > 20.0;
+    let owned: Vec<Line>;
+    let lines = if logy {
+        owned = lines
+            .iter()
+            .map(|l| Line {
+                points: l
+                    .points
+                    .iter()
+                    .filter(|p| p.1 > 0.0)
+                    .map(|&(x, y)| (x, y.log10()))
+                    .collect(),
+                ..l.clone()
+            })
+            .collect();
+        &owned[..]
+    } else {
+        lines
+    };
     let (x0, x1) = (x0.floor() - 0.25, x1.ceil() + 0.25);
     // Free the top of the plot for the legend (about 22 px per entry of ~560 px).
     let legend_frac = (lines.len() as f64 * 22.0 + 20.0) / 560.0;
@@ -139,13 +166,24 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         .margin(16)
         .x_label_area_size(50)
         .y_label_area_size(70)
-        .build_cartesian_2d(x0..x1, 0.0..(ymax * headroom).max(1e-3))
+        .build_cartesian_2d(
+            x0..x1,
+            if logy {
+                (ymin.log10().floor())..(ymax.log10() + (ymax / ymin).log10() * (headroom - 1.0))
+            } else {
+                0.0..(ymax * headroom).max(1e-3)
+            },
+        )
         .map_err(|x| e(&x))?;
     let ticks = (x1 - x0).floor() as usize + 1;
     chart
         .configure_mesh()
         .x_desc("copy size (bytes, log2 scale)")
-        .y_desc("GB/s (10^9 B/s of payload)")
+        .y_desc(if logy {
+            "GB/s (10^9 B/s of payload, log10 scale)"
+        } else {
+            "GB/s (10^9 B/s of payload)"
+        })
         .x_labels(ticks.min(40))
         .x_label_formatter(&|x| {
             if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
@@ -154,7 +192,18 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
                 String::new()
             }
         })
-        .y_label_formatter(&|y| format!("{y:.1}"))
+        .y_label_formatter(&|y| {
+            if logy {
+                let v = 10f64.powf(*y);
+                if v >= 10.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.2}")
+                }
+            } else {
+                format!("{y:.1}")
+            }
+        })
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()
