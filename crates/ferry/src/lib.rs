@@ -38,6 +38,6 @@ pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Tr
 pub use error::Error;
 pub use layout::{Layout, LayoutError, MAX_DIMS};
 pub use memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};
-pub use op::{Op, OpError, Operator, Program, Step};
+pub use op::{Op, OpError, Operator, Program, Segment, Step};
 pub use plan::{Plan, PlanError, PlanKind};
 pub use request::{BarrierError, Completion, Request, RequestError};

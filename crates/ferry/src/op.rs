@@ -54,9 +54,89 @@ pub enum OpError {
         /// Element size.
         elem: usize,
     },
+    /// A segment reaches past its buffer (or its end overflows).
+    #[error("segment {index} ({seg:?}) reaches past its buffer: destination holds {dst_len} bytes, source {src_len}")]
+    SegmentOutOfBounds {
+        /// Index in the list.
+        index: usize,
+        /// The segment.
+        seg: Segment,
+        /// Destination length.
+        dst_len: usize,
+        /// Source length.
+        src_len: usize,
+    },
+    /// Two segments write the same destination bytes.
+    #[error("segments {a} and {b} write overlapping destination bytes")]
+    SegmentOverlap {
+        /// Index of one segment.
+        a: usize,
+        /// Index of the other.
+        b: usize,
+    },
     /// The operator's own failure.
     #[error("{0}")]
     Custom(String),
+}
+
+/// One piece of a segment list: `len` bytes from `src_off` in the source buffer to `dst_off`
+/// in the destination buffer. Plain data, laid out as the GPU gather kernel reads it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Segment {
+    /// Byte offset in the destination buffer.
+    pub dst_off: u64,
+    /// Byte offset in the source buffer.
+    pub src_off: u64,
+    /// Bytes to copy.
+    pub len: u64,
+}
+
+impl Segment {
+    /// A segment of `len` bytes from `src_off` to `dst_off`.
+    pub fn new(dst_off: u64, src_off: u64, len: u64) -> Segment {
+        Segment {
+            dst_off,
+            src_off,
+            len,
+        }
+    }
+}
+
+/// Checks a segment list against the buffers: every segment inside both, no two destination
+/// ranges overlapping (one linear pass when the list is sorted by destination, else a sort).
+/// Returns the bytes the list copies.
+pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Result<usize, OpError> {
+    let mut total = 0usize;
+    let mut sorted = true;
+    let mut prev_end = 0u64;
+    for (index, seg) in segs.iter().enumerate() {
+        let fits = |off: u64, len: usize| off.checked_add(seg.len).is_some_and(|e| e <= len as u64);
+        if !fits(seg.dst_off, dst_len) || !fits(seg.src_off, src_len) {
+            return Err(OpError::SegmentOutOfBounds {
+                index,
+                seg: *seg,
+                dst_len,
+                src_len,
+            });
+        }
+        if seg.len > 0 {
+            sorted &= seg.dst_off >= prev_end;
+            prev_end = seg.dst_off + seg.len;
+        }
+        total += seg.len as usize;
+    }
+    if !sorted {
+        let mut order: Vec<usize> = (0..segs.len()).filter(|&i| segs[i].len > 0).collect();
+        order.sort_unstable_by_key(|&i| segs[i].dst_off);
+        for w in order.windows(2) {
+            let (a, b) = (&segs[w[0]], &segs[w[1]]);
+            if a.dst_off + a.len > b.dst_off {
+                return Err(OpError::SegmentOverlap { a: w[0], b: w[1] });
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// One engine-independent step, in byte offsets of the request's buffers.
@@ -71,6 +151,25 @@ pub enum Step {
         /// One element's bytes.
         pattern: Box<[u8]>,
     },
+    /// Copy the segments `segs[range]` (checked: inside the buffers, destinations disjoint).
+    Segments {
+        /// The whole list (shared, not copied, when a step is split).
+        segs: std::sync::Arc<[Segment]>,
+        /// The part of the list this step copies.
+        range: std::ops::Range<usize>,
+        /// Bytes this step copies.
+        bytes: usize,
+    },
+}
+
+impl Step {
+    /// Bytes the step writes.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Step::Copy(p) | Step::Fill { plan: p, .. } => p.total_bytes(),
+            Step::Segments { bytes, .. } => *bytes,
+        }
+    }
 }
 
 /// The steps of one request, checked against its buffers as they are added.
@@ -113,6 +212,15 @@ impl Program {
         });
         Ok(())
     }
+    /// Adds a copy of every segment of `segs` (a scattered list of pieces). Errors: a segment
+    /// outside its buffer, two segments writing the same destination bytes.
+    pub fn segments(&mut self, segs: std::sync::Arc<[Segment]>) -> Result<(), OpError> {
+        let src_len = self.src_len.ok_or(OpError::NoSource)?;
+        let bytes = check_segments(&segs, self.dst_len, src_len)?;
+        let range = 0..segs.len();
+        self.steps.push(Step::Segments { segs, range, bytes });
+        Ok(())
+    }
     /// The steps so far.
     pub fn steps(&self) -> &[Step] {
         &self.steps
@@ -123,12 +231,7 @@ impl Program {
     }
     /// Bytes the program writes.
     pub fn total_bytes(&self) -> usize {
-        self.steps
-            .iter()
-            .map(|s| match s {
-                Step::Copy(p) | Step::Fill { plan: p, .. } => p.total_bytes(),
-            })
-            .sum()
+        self.steps.iter().map(Step::bytes).sum()
     }
 }
 
@@ -166,6 +269,9 @@ pub enum Op {
         /// One element's bytes.
         pattern: Box<[u8]>,
     },
+    /// Copy a list of scattered segments (e.g. 100,000 pieces of 4 KiB): one request, run as
+    /// a gather/scatter by the engine (an SM kernel or the driver's batched copy on a GPU).
+    Segments(std::sync::Arc<[Segment]>),
     /// A custom operator.
     Custom(std::sync::Arc<dyn Operator>),
 }
@@ -183,6 +289,7 @@ impl std::fmt::Debug for Op {
                 .field("dst", dst)
                 .field("pattern", pattern)
                 .finish(),
+            Op::Segments(s) => write!(f, "Segments({} segments)", s.len()),
             Op::Custom(o) => write!(f, "Custom({})", o.name()),
         }
     }
@@ -194,6 +301,7 @@ impl Op {
         match self {
             Op::Copy { .. } => "copy",
             Op::Fill { .. } => "fill",
+            Op::Segments(_) => "segments",
             Op::Custom(o) => o.name(),
         }
     }
@@ -207,6 +315,7 @@ impl Op {
         match self {
             Op::Copy { dst, src } => prog.copy(dst, src)?,
             Op::Fill { dst, pattern } => prog.fill(dst, pattern)?,
+            Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs))?,
             Op::Custom(o) => o.lower(&mut prog)?,
         }
         Ok(prog)

@@ -465,3 +465,65 @@ fn operator_without_source() {
     says(&err, &["no source buffer"]);
     assert_eq!(dst, vec![0u8; 8]);
 }
+
+#[test]
+fn segment_lists_copy_and_reject_bad_lists() {
+    use ferry::{CpuConfig, CpuEngine, EngineExt, OpError, Segment, SubmitError};
+    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    for threads in [0, 1, 2] {
+        let e = CpuEngine::with_config(CpuConfig::new(threads).chunk_bytes(64).inline_bytes(0))
+            .unwrap();
+        // 300 segments in scrambled destination order, so both the sort check and the split run.
+        let segs: Vec<Segment> = (0..300u64)
+            .map(|i| Segment::new((i * 37 % 300) * 12, i * 13, 1 + i % 12))
+            .collect();
+        let mut dst = vec![0xA5u8; 300 * 12];
+        let mut want = dst.clone();
+        for g in &segs {
+            let (d, s, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
+            want[d..d + n].copy_from_slice(&src[s..s + n]);
+        }
+        e.scope(|s| s.segments(&mut dst, &src, segs.clone()).map(drop))
+            .unwrap()
+            .unwrap();
+        assert_eq!(dst, want, "threads {threads}");
+
+        // Out of bounds: index, segment and lengths in the message.
+        let mut small = vec![0u8; 16];
+        let bad = vec![Segment::new(0, 0, 4), Segment::new(14, 0, 4)];
+        let r = e
+            .scope(|s| s.segments(&mut small, &src, bad).map(drop))
+            .unwrap();
+        match r {
+            Err(SubmitError::Op(OpError::SegmentOutOfBounds { index, dst_len, .. })) => {
+                assert_eq!((index, dst_len), (1, 16));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(small.iter().all(|&b| b == 0), "nothing written");
+        // Overlapping destinations.
+        let overlap = vec![
+            Segment::new(8, 0, 4),
+            Segment::new(0, 0, 4),
+            Segment::new(2, 0, 4),
+        ];
+        let r = e
+            .scope(|s| s.segments(&mut small, &src, overlap).map(drop))
+            .unwrap();
+        let err = r.unwrap_err();
+        assert!(
+            matches!(err, SubmitError::Op(OpError::SegmentOverlap { .. })),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("overlapping"), "{err}");
+        // An offset whose end overflows u64 is out of bounds, not a panic.
+        let huge = vec![Segment::new(u64::MAX - 1, 0, 4)];
+        let r = e
+            .scope(|s| s.segments(&mut small, &src, huge).map(drop))
+            .unwrap();
+        assert!(matches!(
+            r,
+            Err(SubmitError::Op(OpError::SegmentOutOfBounds { .. }))
+        ));
+    }
+}

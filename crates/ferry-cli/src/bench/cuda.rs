@@ -13,7 +13,7 @@
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
 use ferry::cuda::{self, CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier, WaitMode};
-use ferry::{Engine, EngineExt, Layout, Memory, Op, OpError, Operator, Program};
+use ferry::{Engine, EngineExt, Layout, Memory};
 use std::sync::Arc;
 
 const fn gpu(
@@ -428,7 +428,10 @@ impl CudaBench {
             .flat_map(|&(_, s, n)| host[s..s + n].to_vec())
             .collect();
         let mut dev = DeviceBuffer::new(0, total).map_err(setup)?;
-        let op: Arc<dyn Operator> = Arc::new(Segments(segs.clone()));
+        let list: Arc<[ferry::Segment]> = segs
+            .iter()
+            .map(|&(d, s, n)| ferry::Segment::new(d as u64, s as u64, n as u64))
+            .collect();
         let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
         let payload = total as u64;
         let f = ctx.series(
@@ -439,10 +442,7 @@ impl CudaBench {
                 poison_devs(std::slice::from_mut(&mut dev))?;
                 let t = measure(&self.method, || {
                     self.spin
-                        .scope(|s| {
-                            s.submit(&mut dev, Some(&host), Op::Custom(Arc::clone(&op)), &[])
-                                .map(drop)
-                        })
+                        .scope(|s| s.segments(&mut dev, &host, Arc::clone(&list)).map(drop))
                         .map_err(|e| e.to_string())?
                         .map_err(|e| e.to_string())
                 })?;
@@ -518,24 +518,6 @@ impl CudaBench {
             "pinned -> device".into(),
             vec![f, r],
         ))
-    }
-}
-
-/// A custom operator: a list of `(dst_offset, src_offset, len)` segments.
-struct Segments(Vec<(usize, usize, usize)>);
-
-impl Operator for Segments {
-    fn name(&self) -> &str {
-        "segments"
-    }
-    fn lower(&self, prog: &mut Program) -> Result<(), OpError> {
-        for &(d, s, n) in &self.0 {
-            prog.copy(
-                &Layout::bytes(n)?.with_offset(d)?,
-                &Layout::bytes(n)?.with_offset(s)?,
-            )?;
-        }
-        Ok(())
     }
 }
 

@@ -107,6 +107,7 @@ impl MultiplexEngine {
         let (plan, pattern) = match step {
             Step::Copy(p) => (p, None),
             Step::Fill { plan, pattern } => (plan, Some(pattern.clone())),
+            Step::Segments { .. } => return Ok(None),
         };
         if plan.total_bytes() < self.split_bytes {
             return Ok(None);

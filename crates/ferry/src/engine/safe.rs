@@ -363,6 +363,32 @@ impl<'scope> Scope<'scope, '_> {
         )
     }
 
+    /// Copies a list of scattered segments from `src` to `dst` (destinations must not
+    /// overlap). On a GPU this is one gather/scatter, not one copy per segment.
+    ///
+    /// ```
+    /// use ferry::{CpuEngine, EngineExt, Segment};
+    /// let engine = CpuEngine::new(2)?;
+    /// let src: Vec<u8> = (0..=255).collect();
+    /// let mut dst = vec![0u8; 8];
+    /// let segs = vec![Segment::new(0, 200, 4), Segment::new(4, 10, 4)];
+    /// engine.scope(|s| s.segments(&mut dst, &src, segs).map(drop))??;
+    /// assert_eq!(dst, [200, 201, 202, 203, 10, 11, 12, 13]);
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    pub fn segments<D, S>(
+        &self,
+        dst: &'scope mut D,
+        src: &'scope S,
+        segs: impl Into<Arc<[crate::op::Segment]>>,
+    ) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        self.submit(dst, Some(src), Op::Segments(segs.into()), &[])
+    }
+
     /// Runs a custom operator over `dst` and `src`.
     pub fn custom<D, S>(
         &self,

@@ -13,6 +13,21 @@ use crate::op::Step;
 pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
     let d = dst.addr as *mut u8;
     match step {
+        Step::Segments { segs, range, .. } => {
+            let Some(src) = src else { return };
+            let s = src.addr as *const u8;
+            for seg in &segs[range.clone()] {
+                // SAFETY: every segment lies inside both buffers (2: checked by
+                // `check_segments`); destinations of one list never overlap; buffers valid (1).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.add(seg.src_off as usize),
+                        d.add(seg.dst_off as usize),
+                        seg.len as usize,
+                    )
+                };
+            }
+        }
         Step::Copy(plan) => {
             let Some(src) = src else { return };
             let s = src.addr as *const u8;

@@ -444,10 +444,16 @@ fn steps_disjoint(steps: &[Step]) -> bool {
     if steps.len() < 2 {
         return true;
     }
+    // A segment list's own destinations are disjoint (checked), but its span is not known
+    // without a scan: next to other steps, treat it as overlapping them.
+    if steps.iter().any(|s| matches!(s, Step::Segments { .. })) {
+        return false;
+    }
     let mut spans: Vec<(usize, usize)> = steps
         .iter()
-        .map(|s| match s {
-            Step::Copy(p) | Step::Fill { plan: p, .. } => (p.dst_offset(), p.dst_end()),
+        .filter_map(|s| match s {
+            Step::Copy(p) | Step::Fill { plan: p, .. } => Some((p.dst_offset(), p.dst_end())),
+            Step::Segments { .. } => None,
         })
         .collect();
     spans.sort_unstable();
@@ -455,13 +461,31 @@ fn steps_disjoint(steps: &[Step]) -> bool {
 }
 
 fn step_bytes(s: &Step) -> usize {
-    match s {
-        Step::Copy(p) | Step::Fill { plan: p, .. } => p.total_bytes(),
-    }
+    s.bytes()
 }
 
 fn split_step(s: &Step, parts: usize, chunk: usize) -> Vec<Step> {
     match s {
+        Step::Segments { segs, range, bytes } => {
+            // Equal counts of segments per piece (destinations are disjoint, so pieces may run
+            // at once).
+            let parts = parts
+                .min((bytes / chunk.max(1)).max(1))
+                .min(range.len().max(1));
+            let per = range.len().div_ceil(parts.max(1)).max(1);
+            (range.start..range.end)
+                .step_by(per)
+                .map(|a| {
+                    let r = a..(a + per).min(range.end);
+                    let bytes = segs[r.clone()].iter().map(|g| g.len as usize).sum();
+                    Step::Segments {
+                        segs: segs.clone(),
+                        range: r,
+                        bytes,
+                    }
+                })
+                .collect()
+        }
         Step::Copy(p) => p
             .split(parts, chunk, 64)
             .into_iter()

@@ -55,6 +55,21 @@ pub(crate) unsafe fn run_step(
     keep: &mut Vec<DeviceBuffer>,
 ) -> Result<(), DrvErr> {
     match step {
+        Step::Segments { segs, range, .. } => {
+            let Some(src) = src else { return Ok(()) };
+            for seg in &segs[range.clone()] {
+                // SAFETY: each segment lies inside both buffers (3); forwarded guarantees.
+                unsafe {
+                    copy1d(
+                        stream,
+                        dst.at(seg.dst_off as usize),
+                        src.at(seg.src_off as usize),
+                        seg.len as usize,
+                    )?
+                };
+            }
+            Ok(())
+        }
         Step::Copy(plan) => {
             let Some(src) = src else { return Ok(()) };
             if dst.kind == MemKind::Pageable || src.kind == MemKind::Pageable {

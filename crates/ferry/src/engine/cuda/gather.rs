@@ -37,28 +37,9 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
-/// One segment of a gather/scatter: `len` bytes from `src + src_off` to `dst + dst_off`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Segment {
-    /// Byte offset in the destination buffer.
-    pub dst_off: u64,
-    /// Byte offset in the source buffer.
-    pub src_off: u64,
-    /// Bytes to copy.
-    pub len: u64,
-}
-
-impl Segment {
-    /// A segment of `len` bytes from `src_off` to `dst_off`.
-    pub fn new(dst_off: u64, src_off: u64, len: u64) -> Segment {
-        Segment {
-            dst_off,
-            src_off,
-            len,
-        }
-    }
-}
+/// One segment of a gather/scatter: `len` bytes from `src + src_off` to `dst + dst_off` (the
+/// core's segment type, `#[repr(C)]` as the kernel reads it).
+pub use crate::op::Segment;
 
 /// How a [`Gatherer`] moves the segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

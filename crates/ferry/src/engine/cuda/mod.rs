@@ -373,7 +373,7 @@ impl CudaEngine {
             .iter()
             .map(|s| match s {
                 crate::op::Step::Copy(p) => Some(*p),
-                crate::op::Step::Fill { .. } => None,
+                crate::op::Step::Fill { .. } | crate::op::Step::Segments { .. } => None,
             })
             .collect();
         let Some(plans) = plans else { return Ok(None) };
@@ -428,8 +428,17 @@ impl CudaEngine {
         if !reachable(dst.kind) || !reachable(src.kind) {
             return false;
         }
-        let Some(segs) = paths::segment_list(steps) else {
-            return false;
+        let owned;
+        let segs: &[crate::op::Segment] = match steps {
+            // A segment list as given: no copy of the list.
+            [crate::op::Step::Segments { segs, range, .. }] => &segs[range.clone()],
+            _ => match paths::segment_list(steps) {
+                Some(s) => {
+                    owned = s;
+                    &owned
+                }
+                None => return false,
+            },
         };
         let Some(g) = self.paths.gatherer() else {
             return false;
@@ -444,7 +453,7 @@ impl CudaEngine {
                 job.dst.len,
                 src.addr,
                 src_buf.len,
-                &segs,
+                segs,
                 paths::GATHER_STRATEGY,
             )
         };

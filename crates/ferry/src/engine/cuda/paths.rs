@@ -158,18 +158,32 @@ pub(crate) fn segment_list(steps: &[Step]) -> Option<Vec<Segment>> {
     let mut n = 0usize;
     let mut runs = 0usize;
     for s in steps {
-        let Step::Copy(p) = s else { return None };
-        n += calls(p);
-        runs += p.run_count();
+        match s {
+            Step::Copy(p) => {
+                n += calls(p);
+                runs += p.run_count();
+            }
+            Step::Segments { range, .. } => {
+                n += range.len();
+                runs += range.len();
+            }
+            Step::Fill { .. } => return None,
+        }
     }
     if n < GATHER_MIN_CALLS {
         return None;
     }
     let mut segs = Vec::with_capacity(runs);
     for s in steps {
-        if let Step::Copy(p) = s {
-            let run = p.run() as u64;
-            p.for_each_run(|d, s| segs.push(Segment::new(d as u64, s as u64, run)));
+        match s {
+            Step::Copy(p) => {
+                let run = p.run() as u64;
+                p.for_each_run(|d, s| segs.push(Segment::new(d as u64, s as u64, run)));
+            }
+            Step::Segments {
+                segs: list, range, ..
+            } => segs.extend_from_slice(&list[range.clone()]),
+            Step::Fill { .. } => {}
         }
     }
     Some(segs)
