@@ -32,6 +32,14 @@ enum Cmd {
     /// Measure ferry's engines against plain baselines (bandwidth and submit+wait latency).
     #[command(after_long_help = bench::METHOD)]
     Bench(BenchArgs),
+    /// Re-plot a saved `ferry bench --json` file.
+    Plot {
+        /// The JSON file.
+        json: PathBuf,
+        /// Output FILE.svg or FILE.png (repeat for both).
+        #[arg(long, value_name = "FILE", required = true)]
+        plot: Vec<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -73,6 +81,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Info { json } => info(json),
         Cmd::Bench(args) => run_bench(args),
+        Cmd::Plot { json, plot } => replot(&json, &plot),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -190,6 +199,19 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
     for p in &a.plot {
         ferry_cli::plot::write(&rep, p)?;
         eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn replot(json: &std::path::Path, outs: &[PathBuf]) -> Result<(), AnyError> {
+    let text = std::fs::read_to_string(json)
+        .map_err(|e| format!("cannot read {}: {e}", json.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", json.display()))?;
+    let rows = ferry_cli::plot::rows_from_json(&v)?;
+    for p in outs {
+        ferry_cli::plot::write_rows(&rows, p)?;
+        println!("wrote {}", p.display());
     }
     Ok(())
 }

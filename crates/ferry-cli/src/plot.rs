@@ -15,6 +15,9 @@ pub enum PlotError {
     /// The file name ends in neither `.svg` nor `.png`.
     #[error("plot file `{0}` must end in .svg or .png")]
     Format(String),
+    /// A saved JSON file that is not a `ferry bench --json` report.
+    #[error("cannot read the results: {0}")]
+    Json(String),
     /// No bandwidth result to plot.
     #[error("nothing to plot: no bandwidth test was run")]
     Empty,
@@ -48,9 +51,85 @@ struct Line {
     color: RGBColor,
 }
 
-fn lines(rep: &Report) -> Vec<Line> {
+/// What a plot needs of one result row: the same from a fresh [`Report`] or a saved JSON file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlotRow {
+    /// Test name.
+    pub test: String,
+    /// Bytes copied per call (the x axis).
+    pub payload_bytes: u64,
+    /// ferry's median GB/s.
+    pub ferry: Option<f64>,
+    /// The better baseline's median GB/s.
+    pub baseline: Option<f64>,
+}
+
+/// The bandwidth rows of a report.
+pub fn rows_of(rep: &Report) -> Vec<PlotRow> {
+    rep.results
+        .iter()
+        .filter(|r| r.kind == Kind::Bandwidth)
+        .map(|r| PlotRow {
+            test: r.test.clone(),
+            payload_bytes: r.payload_bytes,
+            ferry: r.ferry().map(|s| s.median),
+            baseline: r.baseline().map(|s| s.median),
+        })
+        .collect()
+}
+
+/// The bandwidth rows of a `--json` file (schema `ferry-bench/1`), for re-plotting saved runs.
+pub fn rows_from_json(v: &serde_json::Value) -> Result<Vec<PlotRow>, PlotError> {
+    let bad = |why: &str| PlotError::Json(why.to_string());
+    if v.get("schema").and_then(|s| s.as_str()) != Some("ferry-bench/1") {
+        return Err(bad("not a ferry-bench/1 file (field `schema`)"));
+    }
+    let results = v
+        .get("results")
+        .and_then(|r| r.as_array())
+        .ok_or_else(|| bad("no `results` array"))?;
+    let mut out = vec![];
+    for r in results {
+        if r.get("kind").and_then(|k| k.as_str()) != Some("bandwidth") {
+            continue;
+        }
+        let series = r
+            .get("series")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| bad("a row without `series`"))?;
+        let best = r
+            .get("best_baseline")
+            .and_then(|b| b.as_str())
+            .unwrap_or_default();
+        let median = |pick: &dyn Fn(&serde_json::Value) -> bool| {
+            series
+                .iter()
+                .find(|s| pick(s))
+                .and_then(|s| s.get("median")?.as_f64())
+        };
+        out.push(PlotRow {
+            test: r
+                .get("test")
+                .and_then(|t| t.as_str())
+                .ok_or_else(|| bad("a row without `test`"))?
+                .to_string(),
+            payload_bytes: r
+                .get("payload_bytes")
+                .and_then(|p| p.as_u64())
+                .ok_or_else(|| bad("a row without `payload_bytes`"))?,
+            ferry: median(&|s| s.get("role").and_then(|x| x.as_str()) == Some("ferry")),
+            baseline: median(&|s| {
+                s.get("role").and_then(|x| x.as_str()) == Some("baseline")
+                    && s.get("name").and_then(|x| x.as_str()) == Some(best)
+            }),
+        });
+    }
+    Ok(out)
+}
+
+fn lines(rows: &[PlotRow]) -> Vec<Line> {
     let mut tests: Vec<&str> = vec![];
-    for r in rep.results.iter().filter(|r| r.kind == Kind::Bandwidth) {
+    for r in rows {
         if !tests.contains(&r.test.as_str()) {
             tests.push(&r.test);
         }
@@ -58,21 +137,21 @@ fn lines(rep: &Report) -> Vec<Line> {
     let mut out = vec![];
     for (i, t) in tests.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let rows: Vec<_> = rep.results.iter().filter(|r| r.test == *t).collect();
-        let pts = |f: &dyn Fn(&crate::bench::Row) -> Option<f64>| {
-            rows.iter()
+        let mine: Vec<&PlotRow> = rows.iter().filter(|r| r.test == *t).collect();
+        let pts = |f: &dyn Fn(&PlotRow) -> Option<f64>| {
+            mine.iter()
                 .filter_map(|r| Some(((r.payload_bytes as f64).log2(), f(r)?)))
                 .collect::<Vec<_>>()
         };
         out.push(Line {
             label: format!("{t}: ferry"),
-            points: pts(&|r| r.ferry().map(|s| s.median)),
+            points: pts(&|r| r.ferry),
             dashed: false,
             color,
         });
         out.push(Line {
             label: format!("{t}: better baseline"),
-            points: pts(&|r| r.baseline().map(|s| s.median)),
+            points: pts(&|r| r.baseline),
             dashed: true,
             color,
         });
@@ -80,14 +159,19 @@ fn lines(rep: &Report) -> Vec<Line> {
     out
 }
 
-/// Writes the plot; the format follows the file extension.
+/// Writes the plot of a report; the format follows the file extension.
 pub fn write(rep: &Report, path: &Path) -> Result<(), PlotError> {
+    write_rows(&rows_of(rep), path)
+}
+
+/// Writes the plot of some rows (e.g. [`rows_from_json`]); the format follows the extension.
+pub fn write_rows(rows: &[PlotRow], path: &Path) -> Result<(), PlotError> {
     let name = path.display().to_string();
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
-    let lines = lines(rep);
+    let lines = lines(rows);
     if lines.is_empty() {
         return Err(PlotError::Empty);
     }
@@ -155,10 +239,11 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         lines
     };
     let (x0, x1) = (x0.floor() - 0.25, x1.ceil() + 0.25);
-    // Free the top of the plot for the legend (about 22 px per entry of ~560 px).
-    let legend_frac = (lines.len() as f64 * 22.0 + 20.0) / 560.0;
-    let headroom = 1.05 / (1.0 - legend_frac.min(0.6));
-    let mut chart = ChartBuilder::on(&root)
+    // The legend gets its own column at the right, so it never covers a line.
+    let headroom = 1.05;
+    let (w, _) = root.dim_in_pixel();
+    let (plot_area, legend_area) = root.split_horizontally(w as i32 - 300);
+    let mut chart = ChartBuilder::on(&plot_area)
         .caption(
             "ferry bench: bandwidth vs size (median; dashed: better baseline)",
             ("sans-serif", 22),
@@ -169,7 +254,10 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         .build_cartesian_2d(
             x0..x1,
             if logy {
-                (ymin.log10().floor())..(ymax.log10() + (ymax / ymin).log10() * (headroom - 1.0))
+                {
+                    let lo = ymin.log10().floor();
+                    lo..lo + (ymax.log10() - lo) * headroom
+                }
             } else {
                 0.0..(ymax * headroom).max(1e-3)
             },
@@ -214,52 +302,48 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
             filled: false,
             stroke_width: 2,
         };
-        let c = l.color;
         if l.dashed {
             chart
                 .draw_series(DashedLineSeries::new(l.points.clone(), 8, 6, style))
-                .map_err(|x| e(&x))?
-                .label(&l.label)
-                .legend(move |(x, y)| {
-                    DashedPathElement::new(
-                        vec![(x, y), (x + 24, y)],
-                        5,
-                        3,
-                        ShapeStyle {
-                            color: c.to_rgba(),
-                            filled: false,
-                            stroke_width: 2,
-                        },
-                    )
-                });
+                .map_err(|x| e(&x))?;
         } else {
             chart
                 .draw_series(LineSeries::new(l.points.clone(), style))
-                .map_err(|x| e(&x))?
-                .label(&l.label)
-                .legend(move |(x, y)| {
-                    PathElement::new(
-                        vec![(x, y), (x + 24, y)],
-                        ShapeStyle {
-                            color: c.to_rgba(),
-                            filled: false,
-                            stroke_width: 2,
-                        },
-                    )
-                });
+                .map_err(|x| e(&x))?;
             chart
-                .draw_series(l.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+                .draw_series(
+                    l.points
+                        .iter()
+                        .map(|&p| Circle::new(p, 3, l.color.filled())),
+                )
                 .map_err(|x| e(&x))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .draw()
-        .map_err(|x| e(&x))?;
+    // Legend: one sample line and label per series, top to bottom.
+    for (i, l) in lines.iter().enumerate() {
+        let y = 70 + i as i32 * 22;
+        let style = ShapeStyle {
+            color: l.color.to_rgba(),
+            filled: false,
+            stroke_width: 2,
+        };
+        if l.dashed {
+            legend_area
+                .draw(&DashedPathElement::new(vec![(6, y), (34, y)], 5, 3, style))
+                .map_err(|x| e(&x))?;
+        } else {
+            legend_area
+                .draw(&PathElement::new(vec![(6, y), (34, y)], style))
+                .map_err(|x| e(&x))?;
+        }
+        legend_area
+            .draw(&Text::new(
+                l.label.clone(),
+                (42, y - 8),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(|x| e(&x))?;
+    }
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }

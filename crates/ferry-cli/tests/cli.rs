@@ -273,3 +273,38 @@ fn default_run_prints_one_line_about_gpu_tests() {
     assert_eq!(v["skipped"].as_array().unwrap().len(), 2);
     assert_eq!(v["results"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn saved_json_is_replotted_and_foreign_json_refused() {
+    let (json, svg) = (tmp("r.json"), tmp("r.svg"));
+    tiny(&json, &[]);
+    let o = ferry(&[
+        "plot",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("valid SVG/XML");
+    let texts: Vec<&str> = doc
+        .descendants()
+        .filter_map(|n| n.text())
+        .map(str::trim)
+        .collect();
+    assert!(texts.contains(&"cpu-contig: ferry"), "{texts:?}");
+    assert!(texts.contains(&"cpu-contig: better baseline"), "{texts:?}");
+    // A JSON file that is not a ferry bench report: a clear error, no file written.
+    let other = tmp("other.json");
+    std::fs::write(&other, "{\"results\": []}").unwrap();
+    let out = tmp("other.svg");
+    let o = ferry(&[
+        "plot",
+        other.to_str().unwrap(),
+        "--plot",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ferry-bench/1"), "{}", stderr(&o));
+    assert!(!out.exists());
+}
