@@ -22,6 +22,7 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
     let head = vec![
         "test".to_string(),
         "size".into(),
+        "payload".into(),
         format!("ferry {u}"),
         "(min..max)".into(),
         "better baseline".into(),
@@ -37,6 +38,7 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
         let verified = r.series.iter().all(|s| s.verified);
         cells.push(vec![
             r.test.clone(),
+            format_size(r.size_bytes),
             format_size(r.payload_bytes),
             f.map_or("-".into(), |s| fmt_fig(kind, s.median)),
             f.map_or("-".into(), |s| match kind {
