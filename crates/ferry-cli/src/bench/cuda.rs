@@ -203,8 +203,9 @@ impl CudaBench {
         let r = ctx.series("raw driver", Role::Baseline, payload, || {
             poison_devs(devs)?;
             let t = measure(&self.method, || {
-                devs.iter_mut()
-                    .try_for_each(|d| self.raw.copy(d, src, size, 1).map_err(|e| e.to_string()))
+                self.raw
+                    .copy_into_each(devs, src, size)
+                    .map_err(|e| e.to_string())
             })?;
             Ok((t, devs_check(devs, data)))
         })?;
@@ -241,9 +242,9 @@ impl CudaBench {
                             })?
                         } else {
                             measure(&self.method, || {
-                                hosts.iter_mut().try_for_each(|h| {
-                                    self.raw.copy(h, &src, size, 1).map_err(|e| e.to_string())
-                                })
+                                self.raw
+                                    .copy_into_each(&mut hosts, &src, size)
+                                    .map_err(|e| e.to_string())
                             })?
                         };
                         Ok((t, hosts.iter().all(|h| h[..] == data[..])))

@@ -74,19 +74,47 @@ impl RawCopier {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        let (d, s) = (dst.raw_mut(), src.raw());
-        if bytes > d.len || bytes > s.len {
-            return Err(CudaError::InvalidArgument(format!(
-                "copy of {bytes} bytes between buffers of {} and {} bytes",
-                d.len, s.len
-            )));
+        let d = dst.raw_mut();
+        self.copies(std::iter::repeat_n(d, reps), src.raw(), bytes)
+    }
+
+    /// One copy of the first `bytes` bytes of `src` into each of `dsts`, all issued back to
+    /// back, then one stream synchronize: copies released together.
+    pub fn copy_into_each<D, S>(
+        &self,
+        dsts: &mut [D],
+        src: &S,
+        bytes: usize,
+    ) -> Result<(), CudaError>
+    where
+        D: MemoryMut,
+        S: Memory + ?Sized,
+    {
+        let ds: Vec<RawBuf> = dsts.iter_mut().map(|d| d.raw_mut()).collect();
+        self.copies(ds.into_iter(), src.raw(), bytes)
+    }
+
+    fn copies(
+        &self,
+        dsts: impl Iterator<Item = RawBuf> + Clone,
+        s: RawBuf,
+        bytes: usize,
+    ) -> Result<(), CudaError> {
+        for d in dsts.clone() {
+            if bytes > d.len || bytes > s.len {
+                return Err(CudaError::InvalidArgument(format!(
+                    "copy of {bytes} bytes between buffers of {} and {} bytes",
+                    d.len, s.len
+                )));
+            }
         }
         driver::bind(&self.ctx)?;
         let st = self.streams[0].cu_stream();
         let host = |k: MemKind| k.host_accessible() && k != MemKind::Managed;
-        for _ in 0..reps {
-            // SAFETY: both ranges lie inside buffers borrowed until after the synchronize
-            // below; the kinds decide which call reads which address as host or device.
+        for d in dsts {
+            // SAFETY: both ranges lie inside buffers borrowed by the caller until after the
+            // synchronize below; the kinds decide which call reads which address as host or
+            // device.
             let r = unsafe {
                 match (host(d.kind), host(s.kind)) {
                     (false, true) => check(
