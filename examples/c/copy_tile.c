@@ -206,7 +206,8 @@ int main(void) {
     printf("short source: %d (%s): %s\n", rc, ferry_strerror(rc), ferry_last_error_message());
     ferry_dma *cuda = NULL;
     rc = ferry_dma_cuda_create(&cuda, 0);
-    CHECK(rc == -FERRY_ENOTAVAIL && cuda == NULL, "cuda: %d", rc);
+    CHECK((rc == FERRY_SUCCESS && cuda != NULL) || (rc == -FERRY_ENOTAVAIL && cuda == NULL), "cuda: %d", rc);
+    if (cuda != NULL) ferry_dma_destroy(&cuda);
     printf("cuda: %d (%s)\n", rc, ferry_strerror(rc));
 
     /* ---- teardown: destroy waits for work in flight */

@@ -48,7 +48,7 @@ extern "C" {
 #define FERRY_ESHAPE 3       /* layouts cannot be copied into each other (shape, elem size) */
 #define FERRY_EOVERLAP 4     /* source and destination overlap (ferry does not copy in place) */
 #define FERRY_EUNSUPPORTED 5 /* the engine cannot reach memory of these kinds */
-#define FERRY_ENOTAVAIL 6    /* backend not available in this build (or on this machine) */
+#define FERRY_ENOTAVAIL 6    /* backend not available on this machine (e.g. no CUDA driver) */
 #define FERRY_ESHUTDOWN 7    /* the engine is shut down */
 #define FERRY_EDRIVER 8      /* a driver/system call failed (message keeps its own text) */
 #define FERRY_EREQUEST 9     /* the request ran and failed (message says why) */
@@ -128,9 +128,10 @@ int ferry_dma_cpu_create(ferry_dma **out, int threads);
 int ferry_dma_multiplex_create(ferry_dma **out, ferry_dma **engines, const double *weights,
                                size_t count, size_t split_bytes);
 
-/* CUDA engine on GPU `device` (AML: aml_dma_cuda_create).
- * NOT AVAILABLE IN THIS BUILD: always returns -FERRY_ENOTAVAIL and leaves *out unchanged;
- * it is the place where the CUDA backend will be wired in. Check the return code. */
+/* CUDA engine on GPU `device` (AML: aml_dma_cuda_create): one stream per direction, one
+ * event per request, direction inferred from the buffers' kinds.
+ * -FERRY_ENOTAVAIL: no CUDA driver on this machine (*out unchanged); -FERRY_EINVAL: negative
+ * or absent device; -FERRY_EDRIVER: a driver call failed (see ferry_last_error_message). */
 int ferry_dma_cuda_create(ferry_dma **out, int device);
 
 /* Waits for every request submitted to dma so far (may block) and reports each failed

@@ -161,9 +161,12 @@ pub unsafe extern "C" fn ferry_dma_multiplex_create(
     })
 }
 
-/// The place for the CUDA engine. **Not available in this build**: always returns
-/// `-FERRY_ENOTAVAIL` and leaves `*out` unchanged. It will create an engine on GPU `device`
-/// once the CUDA backend is wired into the C interface.
+/// Creates the CUDA engine of GPU `device` (AML's `aml_dma_cuda_create`): one stream per
+/// direction, one event per request, direction inferred from the buffers' kinds.
+///
+/// Returns `FERRY_SUCCESS`, `-FERRY_ENOTAVAIL` (no CUDA driver on this machine; `*out`
+/// unchanged), `-FERRY_EINVAL` (negative or absent device), `-FERRY_EDRIVER` (a driver call
+/// failed; the message says which).
 ///
 /// # Safety
 /// 1. `out` is NULL or valid for one write.
@@ -171,11 +174,20 @@ pub unsafe extern "C" fn ferry_dma_multiplex_create(
 pub unsafe extern "C" fn ferry_dma_cuda_create(out: *mut *mut FerryDma, device: c_int) -> c_int {
     guard(|| {
         // SAFETY: (1).
-        unsafe { crate::error::out(out, "out") }?;
-        Err(Fail::new(
-            FERRY_ENOTAVAIL,
-            format!("ferry_dma_cuda_create(device {device}): the CUDA engine is not available in this build of the C interface"),
-        ))
+        let out = unsafe { crate::error::out(out, "out") }?;
+        let ordinal = u32::try_from(device)
+            .map_err(|_| Fail::inval(format!("device is {device}; devices are numbered from 0")))?;
+        match ferry::cuda::CudaEngine::new(ordinal) {
+            Ok(engine) => {
+                *out = FerryDma::boxed(Box::new(engine));
+                Ok(FERRY_SUCCESS)
+            }
+            Err(e @ ferry::cuda::CudaError::NoDriver(_)) => {
+                Err(Fail::new(FERRY_ENOTAVAIL, e.to_string()))
+            }
+            Err(e @ ferry::cuda::CudaError::NoDevice { .. }) => Err(Fail::inval(e.to_string())),
+            Err(e) => Err(Fail::new(crate::error::FERRY_EDRIVER, e.to_string())),
+        }
     })
 }
 

@@ -169,7 +169,7 @@ pub(crate) fn strerror(code: c_int) -> &'static std::ffi::CStr {
         FERRY_ESHAPE => c"layouts cannot be copied into each other",
         FERRY_EOVERLAP => c"source and destination overlap",
         FERRY_EUNSUPPORTED => c"engine cannot reach memory of these kinds",
-        FERRY_ENOTAVAIL => c"not available in this build",
+        FERRY_ENOTAVAIL => c"not available on this machine",
         FERRY_ESHUTDOWN => c"engine is shut down",
         FERRY_EDRIVER => c"driver call failed",
         FERRY_EREQUEST => c"request failed",
