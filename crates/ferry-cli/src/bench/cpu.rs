@@ -469,7 +469,7 @@ fn mem_available() -> Option<u64> {
 }
 
 /// A pseudo-random byte pattern (xorshift), every page written.
-fn pattern_bytes(len: usize) -> Vec<u8> {
+pub(super) fn pattern_bytes(len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ len as u64;
     for c in v.chunks_mut(8) {

@@ -10,6 +10,7 @@
 //! compared with the source after it. The link limit is PCIe generation x width as the probe
 //! reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 
+use super::cpu::pattern_bytes;
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
 use ferry::cuda::{self, CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier, WaitMode};
@@ -146,7 +147,7 @@ impl CudaBench {
     /// Host -> device: pinned or pageable source.
     fn h2d(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
         let batch = batch(size);
-        let data = pattern(size);
+        let data = pattern_bytes(size);
         let mut devs = dev_bufs(batch, size)?;
         let (shape, series) = if pinned {
             let mut src = PinnedBuffer::new(size).map_err(setup)?;
@@ -215,7 +216,7 @@ impl CudaBench {
     /// Device -> host: pinned or pageable destination.
     fn d2h(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
         let batch = batch(size);
-        let data = pattern(size);
+        let data = pattern_bytes(size);
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
         let payload = (size * batch) as u64;
         let l = Layout::bytes(size).map_err(setup)?;
@@ -279,7 +280,7 @@ impl CudaBench {
 
     fn d2d(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let batch = batch(size);
-        let data = pattern(size);
+        let data = pattern_bytes(size);
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
         let mut devs = dev_bufs(batch, size)?;
         let series = self.h2d_series(ctx, &mut devs, &src, size, &data)?;
@@ -294,7 +295,7 @@ impl CudaBench {
     }
 
     fn bidir(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
-        let data = pattern(size);
+        let data = pattern_bytes(size);
         let mut up_src = PinnedBuffer::new(size).map_err(setup)?;
         up_src.copy_from_slice(&data);
         let down_src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
@@ -351,7 +352,7 @@ impl CudaBench {
         }
         let size = rows * ROW;
         let mut host = PinnedBuffer::new(2 * size).map_err(setup)?;
-        host.copy_from_slice(&pattern(2 * size));
+        host.copy_from_slice(&pattern_bytes(2 * size));
         let src_l = Layout::pitched(&[rows, ROW], 1, 2 * ROW).map_err(setup)?;
         let dst_l = Layout::contiguous(&[rows, ROW], 1).map_err(setup)?;
         let want: Vec<u8> = host
@@ -419,7 +420,7 @@ impl CudaBench {
         let count = 100_000.min((1usize << 30) / seg).max(1);
         let total = count * seg;
         let mut host = PinnedBuffer::new(total).map_err(setup)?;
-        host.copy_from_slice(&pattern(total));
+        host.copy_from_slice(&pattern_bytes(total));
         // Segment i of the destination comes from slot perm(i) of the source.
         let segs: Vec<(usize, usize, usize)> = (0..count)
             .map(|i| (i * seg, (i.wrapping_mul(7919) % count) * seg, seg))
@@ -477,7 +478,7 @@ impl CudaBench {
     fn latency(&self, ctx: &Ctx, size: usize, spin: bool) -> Result<Row, BenchError> {
         let engine = if spin { &self.spin } else { &self.engine };
         let mut src = PinnedBuffer::new(size).map_err(setup)?;
-        let data = pattern(size);
+        let data = pattern_bytes(size);
         src.copy_from_slice(&data);
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let l = Layout::bytes(size).map_err(setup)?;
@@ -568,18 +569,6 @@ fn batch(size: usize) -> usize {
     } else {
         1
     }
-}
-
-fn pattern(len: usize) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ len as u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 fn dev_bufs(n: usize, size: usize) -> Result<Vec<DeviceBuffer>, BenchError> {
