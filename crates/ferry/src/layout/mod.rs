@@ -144,7 +144,8 @@ impl Layout {
         Layout::new(dims, &strides[..n], elem_size)
     }
 
-    /// The same layout moved `bytes` further into its buffer.
+    /// The same layout with its first element at byte `bytes` of the buffer (the offset is
+    /// set, not added to). Errors: the span overflows `usize`.
     pub fn with_offset(mut self, bytes: usize) -> Result<Layout, LayoutError> {
         self.offset = bytes;
         self.span_checked()?;
