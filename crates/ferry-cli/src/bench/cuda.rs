@@ -39,6 +39,13 @@ pub static TESTS: &[TestInfo] = &[
     gpu("cuda-h2d-pageable", "host (pageable) -> device, ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-d2h-pageable", "device -> host (pageable), ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-d2d", "device -> device on one GPU, vs raw cuMemcpyDtoDAsync", Kind::Bandwidth, "1M,16M,256M"),
+    TestInfo {
+        name: "cuda-peer",
+        description: "device 0 -> device 1 (peer copy), vs raw cuMemcpyDtoDAsync between the two",
+        needs: Needs::Cuda2,
+        kind: Kind::Bandwidth,
+        default_sizes: "1M,16M,256M",
+    },
     gpu("cuda-bidir", "host -> device and device -> host at once (pinned), payload both ways", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-tile", "2-D tile (4 KiB rows of a pinned matrix twice as wide) -> device, vs raw cuMemcpy2DAsync and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Kind::Bandwidth, "1K,4K,64K"),
@@ -53,6 +60,15 @@ pub fn available() -> Result<(), String> {
         Err(why) => Err(why),
         Ok(_) if p.devices.is_empty() => Err("the CUDA driver sees no GPU".to_string()),
         Ok(_) => Ok(()),
+    }
+}
+
+/// Whether the tests between GPUs can run (at least two GPUs), or why not.
+pub fn available_two() -> Result<(), String> {
+    available()?;
+    match cuda::probe().devices.len() {
+        n if n >= 2 => Ok(()),
+        n => Err(format!("needs 2 GPUs; this machine has {n}")),
     }
 }
 
@@ -116,7 +132,8 @@ impl CudaBench {
             "cuda-d2h-pinned" => self.d2h(&ctx, size, true)?,
             "cuda-h2d-pageable" => self.h2d(&ctx, size, false)?,
             "cuda-d2h-pageable" => self.d2h(&ctx, size, false)?,
-            "cuda-d2d" => self.d2d(&ctx, size)?,
+            "cuda-d2d" => self.d2d(&ctx, size, 0)?,
+            "cuda-peer" => self.d2d(&ctx, size, 1)?,
             "cuda-bidir" => self.bidir(&ctx, size)?,
             "cuda-tile" => self.tile(&ctx, size)?,
             "cuda-scatter" => self.scatter(&ctx, size)?,
@@ -129,7 +146,8 @@ impl CudaBench {
                 })
             }
         };
-        let host_link = !matches!(test.name, "cuda-d2d") && test.kind == Kind::Bandwidth;
+        let host_link =
+            !matches!(test.name, "cuda-d2d" | "cuda-peer") && test.kind == Kind::Bandwidth;
         if let (true, Some(limit), Some(f)) =
             (host_link, self.link_gbps, row.ferry().map(|s| s.median))
         {
@@ -148,7 +166,7 @@ impl CudaBench {
     fn h2d(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
         let batch = batch(size);
         let data = pattern_bytes(size);
-        let mut devs = dev_bufs(batch, size)?;
+        let mut devs = dev_bufs(batch, size, 0)?;
         let (shape, series) = if pinned {
             let mut src = PinnedBuffer::new(size).map_err(setup)?;
             src.copy_from_slice(&data);
@@ -278,18 +296,24 @@ impl CudaBench {
         ))
     }
 
-    fn d2d(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+    /// Device 0 -> device `to` (0: on one GPU; 1: a peer copy).
+    fn d2d(&self, ctx: &Ctx, size: usize, to: u32) -> Result<Row, BenchError> {
         let batch = batch(size);
         let data = pattern_bytes(size);
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
-        let mut devs = dev_bufs(batch, size)?;
+        let mut devs = dev_bufs(batch, size, to)?;
         let series = self.h2d_series(ctx, &mut devs, &src, size, &data)?;
+        let shape = if to == 0 {
+            "device -> device".to_string()
+        } else {
+            format!("device 0 -> device {to}")
+        };
         Ok(Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             (size * batch) as u64,
-            "device -> device".into(),
+            shape,
             series,
         ))
     }
@@ -571,9 +595,9 @@ fn batch(size: usize) -> usize {
     }
 }
 
-fn dev_bufs(n: usize, size: usize) -> Result<Vec<DeviceBuffer>, BenchError> {
+fn dev_bufs(n: usize, size: usize, ordinal: u32) -> Result<Vec<DeviceBuffer>, BenchError> {
     (0..n)
-        .map(|_| DeviceBuffer::new(0, size).map_err(setup))
+        .map(|_| DeviceBuffer::new(ordinal, size).map_err(setup))
         .collect()
 }
 

@@ -103,6 +103,16 @@ pub enum Needs {
     Cpu,
     /// The CUDA engine and a GPU.
     Cuda,
+    /// The CUDA engine and at least two GPUs.
+    #[serde(rename = "cuda2")]
+    Cuda2,
+}
+
+impl Needs {
+    /// True for the GPU tests.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, Needs::Cuda | Needs::Cuda2)
+    }
 }
 
 /// What a test measures.
@@ -151,6 +161,7 @@ pub fn availability(needs: Needs) -> Result<(), String> {
     match needs {
         Needs::Cpu => Ok(()),
         Needs::Cuda => cuda::available(),
+        Needs::Cuda2 => cuda::available_two(),
     }
 }
 
@@ -219,7 +230,7 @@ pub fn select(tests: Option<&str>, engine: EngineSel) -> Result<Selection, Bench
         let engine_ok = match engine {
             EngineSel::All => true,
             EngineSel::Cpu => t.needs == Needs::Cpu,
-            EngineSel::Cuda => t.needs == Needs::Cuda,
+            EngineSel::Cuda => t.needs.is_gpu(),
         };
         if !engine_ok {
             continue;
@@ -565,7 +576,7 @@ pub fn run(
             );
             let row = match t.needs {
                 Needs::Cpu => cpu.run(t, size),
-                Needs::Cuda => match &mut gpu {
+                Needs::Cuda | Needs::Cuda2 => match &mut gpu {
                     Some(g) => g.run(t, size),
                     None => gpu
                         .insert(cuda::CudaBench::new(cfg.method.clone())?)
@@ -653,7 +664,7 @@ mod tests {
             assert!(s.skipped.iter().all(|(_, why)| !why.is_empty()));
             assert_eq!(
                 s.skipped.len(),
-                reg.iter().filter(|t| t.needs == Needs::Cuda).count()
+                reg.iter().filter(|t| t.needs.is_gpu()).count()
             );
         }
     }
