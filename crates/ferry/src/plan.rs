@@ -116,9 +116,10 @@ impl Plan {
                 src: src.elem_size(),
             });
         }
-        let dd: Vec<usize> = dst.dims().iter().copied().filter(|&d| d != 1).collect();
-        let sd: Vec<usize> = src.dims().iter().copied().filter(|&d| d != 1).collect();
-        if dd != sd {
+        // Dims of extent 1 dropped, on the stack (planning allocates nothing).
+        let (dt, dn) = non_unit(dst, 0);
+        let (st, sn) = non_unit(src, 0);
+        if dn != sn || (0..dn).any(|i| dt[i].0 != st[i].0) {
             return Err(PlanError::ShapeMismatch {
                 dst: dst.dims().to_vec(),
                 src: src.dims().to_vec(),
@@ -130,19 +131,12 @@ impl Plan {
                 strides: dst.strides().to_vec(),
             });
         }
-        let pick = |l: &Layout| -> Vec<usize> {
-            l.dims()
-                .iter()
-                .zip(l.strides())
-                .filter(|(&d, _)| d != 1)
-                .map(|(_, &s)| s)
-                .collect()
-        };
-        let (ds, ss) = (pick(dst), pick(src));
-        let triples: Vec<(usize, usize, usize)> =
-            (0..dd.len()).map(|i| (dd[i], ds[i], ss[i])).collect();
+        let mut triples = dt;
+        for i in 0..dn {
+            triples[i].2 = st[i].1;
+        }
         Ok(Plan::build(
-            triples,
+            &mut triples[..dn],
             dst.elem_size(),
             dst.offset(),
             src.offset(),
@@ -159,15 +153,9 @@ impl Plan {
                 strides: dst.strides().to_vec(),
             });
         }
-        let triples: Vec<(usize, usize, usize)> = dst
-            .dims()
-            .iter()
-            .zip(dst.strides())
-            .filter(|(&d, _)| d != 1)
-            .map(|(&d, &s)| (d, s, 0))
-            .collect();
+        let (mut triples, n) = non_unit(dst, 0);
         Ok(Plan::build(
-            triples,
+            &mut triples[..n],
             dst.elem_size(),
             dst.offset(),
             0,
@@ -189,18 +177,21 @@ impl Plan {
     }
 
     fn build(
-        mut t: Vec<(usize, usize, usize)>,
+        t: &mut [(usize, usize, usize)],
         elem: usize,
         dst_offset: usize,
         src_offset: usize,
         src_matters: bool,
     ) -> Plan {
         // Outermost first: descending destination stride, then source stride.
-        t.sort_by_key(|a| std::cmp::Reverse((a.1, a.2)));
+        // (Unstable sort, which does not allocate: two dims with equal strides in both layouts
+        // would make the destination overlap itself, which was rejected.)
+        t.sort_unstable_by_key(|a| std::cmp::Reverse((a.1, a.2)));
         // Merge neighbours contiguous in both.
-        let mut merged: Vec<(usize, usize, usize)> = Vec::with_capacity(t.len());
-        for (d, ds, ss) in t {
-            if let Some(last) = merged.last_mut() {
+        let mut merged = [(0usize, 0usize, 0usize); MAX_DIMS];
+        let mut m = 0usize;
+        for &mut (d, ds, ss) in t {
+            if let Some(last) = m.checked_sub(1).map(|i| &mut merged[i]) {
                 // Checked: a huge stride times its extent may not fit in usize (the layout
                 // only guarantees `stride * (extent - 1)` does); then the dims do not merge.
                 let fits = |outer: usize, inner: usize| inner.checked_mul(d) == Some(outer);
@@ -209,19 +200,20 @@ impl Plan {
                     continue;
                 }
             }
-            merged.push((d, ds, ss));
+            merged[m] = (d, ds, ss);
+            m += 1;
         }
         // Widen the element into the innermost run.
         let mut run = elem;
-        if let Some(&(d, ds, ss)) = merged.last() {
+        if let Some(&(d, ds, ss)) = m.checked_sub(1).map(|i| &merged[i]) {
             if ds == elem && (!src_matters || ss == elem) {
                 run = elem * d;
-                merged.pop();
+                m -= 1;
             }
         }
         let mut p = Plan::contiguous(dst_offset, src_offset, run);
-        p.n = merged.len();
-        for (i, (d, ds, ss)) in merged.into_iter().enumerate() {
+        p.n = m;
+        for (i, &(d, ds, ss)) in merged[..m].iter().enumerate() {
             p.counts[i] = d;
             p.dst_strides[i] = ds;
             p.src_strides[i] = if src_matters { ss } else { 0 };
@@ -436,6 +428,20 @@ impl Plan {
         self.src_offset += src;
         self
     }
+}
+
+/// The (extent, stride, `fill`) triples of a layout's dims of extent other than 1, in order,
+/// and how many there are.
+fn non_unit(l: &Layout, fill: usize) -> ([(usize, usize, usize); MAX_DIMS], usize) {
+    let mut out = [(0usize, 0usize, 0usize); MAX_DIMS];
+    let mut n = 0;
+    for (&d, &s) in l.dims().iter().zip(l.strides()) {
+        if d != 1 {
+            out[n] = (d, s, fill);
+            n += 1;
+        }
+    }
+    (out, n)
 }
 
 #[cfg(test)]

@@ -309,6 +309,9 @@ impl Completion for Signal {
     fn wait(&self) -> Result<(), RequestError> {
         // A short spin first: work that finishes within microseconds (a small copy on another
         // thread) then costs no sleep and wake-up, which is tens of microseconds on some VMs.
+        if let Some(r) = self.poll_done() {
+            return r;
+        }
         let spin_until = std::time::Instant::now() + std::time::Duration::from_micros(20);
         while std::time::Instant::now() < spin_until {
             if let Some(r) = self.poll_done() {

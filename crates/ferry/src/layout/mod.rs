@@ -223,10 +223,9 @@ impl Layout {
     /// True when the elements fill their span with no gap and no repeat, in some dim order
     /// (row-major, column-major or any permutation).
     pub fn is_dense(&self) -> bool {
-        let mut order: Vec<usize> = (0..self.ndim).filter(|&i| self.dims[i] != 1).collect();
-        order.sort_by_key(|&i| self.strides[i]);
+        let (order, n) = self.by_stride();
         let mut expect = self.elem_size;
-        for i in order {
+        for &i in &order[..n] {
             if self.strides[i] != expect {
                 return false;
             }
@@ -254,10 +253,9 @@ impl Layout {
     /// each stride is at least the extent of the dims inside it). A layout that fails this test
     /// may still be free of overlap; ferry treats it as overlapping.
     pub fn is_non_overlapping(&self) -> bool {
-        let mut order: Vec<usize> = (0..self.ndim).filter(|&i| self.dims[i] != 1).collect();
-        order.sort_by_key(|&i| self.strides[i]);
+        let (order, n) = self.by_stride();
         let mut extent = self.elem_size;
-        for i in order {
+        for &i in &order[..n] {
             if self.strides[i] < extent {
                 return false;
             }
@@ -426,6 +424,19 @@ impl Layout {
             }
             off
         })
+    }
+
+    /// The axes of extent other than 1, by increasing stride (on the stack: queries allocate
+    /// nothing), and how many there are.
+    fn by_stride(&self) -> ([usize; MAX_DIMS], usize) {
+        let mut order = [0usize; MAX_DIMS];
+        let mut n = 0;
+        for i in (0..self.ndim).filter(|&i| self.dims[i] != 1) {
+            order[n] = i;
+            n += 1;
+        }
+        order[..n].sort_unstable_by_key(|&i| self.strides[i]);
+        (order, n)
     }
 
     fn check_axis(&self, axis: usize) -> Result<(), LayoutError> {

@@ -107,17 +107,21 @@ impl Pool {
         if self.lock().shutdown {
             return Err(SubmitError::ShutDown(format!("cpu({})", self.threads)));
         }
-        let signal = Arc::new(Signal::new());
-        let state = Arc::new(JobState {
-            dst: job.dst,
-            src: job.src,
-            remaining: AtomicUsize::new(0),
-            error: Mutex::new(None),
-            signal: Arc::clone(&signal),
-        });
         let parts = self.threads.max(1);
         let chunk = cfg.chunk_bytes.max(1);
         let mut prog = None;
+        // Allocated only for work that leaves this thread (an inline copy needs neither).
+        let shared = |job: &Job| {
+            let signal = Arc::new(Signal::new());
+            let state = Arc::new(JobState {
+                dst: job.dst,
+                src: job.src,
+                remaining: AtomicUsize::new(0),
+                error: Mutex::new(None),
+                signal: Arc::clone(&signal),
+            });
+            (signal, state)
+        };
         if job.op.is_builtin() {
             // Built-ins are checked here, at submit: a bad layout is a SubmitError.
             let p = job.op.lower(job.dst.len, job.src.map(|s| s.len))?;
@@ -130,11 +134,13 @@ impl Pool {
                     }
                     return Ok(Request::ready(Ok(())));
                 }
+                let (signal, state) = shared(&job);
                 self.fan_out(&state, p.into_steps(), parts, chunk, false);
                 return Ok(self.request(signal));
             }
             prog = Some(p.into_steps());
         }
+        let (signal, state) = shared(&job);
         self.push(
             Task::Start {
                 job: Box::new(job),
