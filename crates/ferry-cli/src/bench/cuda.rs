@@ -385,45 +385,42 @@ impl CudaBench {
             .collect();
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let plan = ferry::Plan::new(&dst_l, &src_l).map_err(setup)?;
-        let flat = Layout::bytes(size).map_err(setup)?;
-        let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
+        let flat_l = Layout::bytes(size).map_err(setup)?;
         let payload = size as u64;
-        let f = ctx.series(
-            &format!("ferry {} spin 2-D", self.spin.name()),
-            Role::Ferry,
+        let m = &self.method;
+        let name = format!("ferry {} spin 2-D", self.spin.name());
+        let f = ctx.dev_series(m, &name, Role::Ferry, payload, &mut dev, &want, |d| {
+            flat(
+                self.spin
+                    .scope(|s| s.copy(d, &dst_l, &host, &src_l).map(drop)),
+            )
+        })?;
+        let r = ctx.dev_series(
+            m,
+            "raw cuMemcpy2DAsync",
+            Role::Baseline,
             payload,
-            || {
-                poison_devs(std::slice::from_mut(&mut dev))?;
-                let t = measure(&self.method, || {
-                    self.spin
-                        .scope(|s| s.copy(&mut dev, &dst_l, &host, &src_l).map(drop))
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())
-                })?;
-                Ok((t, verify(&dev)))
+            &mut dev,
+            &want,
+            |d| {
+                self.raw
+                    .copy_plan(d, &host, &plan, 1)
+                    .map_err(|e| e.to_string())
             },
         )?;
-        let r = ctx.series("raw cuMemcpy2DAsync", Role::Baseline, payload, || {
-            poison_devs(std::slice::from_mut(&mut dev))?;
-            let t = measure(&self.method, || {
-                self.raw
-                    .copy_plan(&mut dev, &host, &plan, 1)
-                    .map_err(|e| e.to_string())
-            })?;
-            Ok((t, verify(&dev)))
-        })?;
-        let c = ctx.series(
+        let same = &host[..size];
+        let c = ctx.dev_series(
+            m,
             "ferry contiguous, same bytes",
             Role::Baseline,
             payload,
-            || {
-                let t = measure(&self.method, || {
+            &mut dev,
+            same,
+            |d| {
+                flat(
                     self.spin
-                        .scope(|s| s.copy(&mut dev, &flat, &host, &flat).map(drop))
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())
-                })?;
-                Ok((t, dev.to_vec().is_ok_and(|v| v[..] == host[..size])))
+                        .scope(|s| s.copy(d, &flat_l, &host, &flat_l).map(drop)),
+                )
             },
         )?;
         Ok(Row::new(
@@ -458,37 +455,21 @@ impl CudaBench {
             .iter()
             .map(|&(d, s, n)| ferry::Segment::new(d as u64, s as u64, n as u64))
             .collect();
-        let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == want);
         let payload = total as u64;
-        let f = ctx.series(
-            &format!("ferry {} spin segment list", self.spin.name()),
-            Role::Ferry,
-            payload,
-            || {
-                poison_devs(std::slice::from_mut(&mut dev))?;
-                let t = measure(&self.method, || {
-                    self.spin
-                        .scope(|s| s.segments(&mut dev, &host, Arc::clone(&list)).map(drop))
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())
-                })?;
-                Ok((t, verify(&dev)))
-            },
-        )?;
-        let r = ctx.series(
-            "raw cuMemcpyAsync per segment",
-            Role::Baseline,
-            payload,
-            || {
-                poison_devs(std::slice::from_mut(&mut dev))?;
-                let t = measure(&self.method, || {
-                    self.raw
-                        .copy_segments(&mut dev, &host, &segs, 1)
-                        .map_err(|e| e.to_string())
-                })?;
-                Ok((t, verify(&dev)))
-            },
-        )?;
+        let m = &self.method;
+        let name = format!("ferry {} spin segment list", self.spin.name());
+        let f = ctx.dev_series(m, &name, Role::Ferry, payload, &mut dev, &want, |d| {
+            flat(
+                self.spin
+                    .scope(|s| s.segments(d, &host, Arc::clone(&list)).map(drop)),
+            )
+        })?;
+        let per = "raw cuMemcpyAsync per segment";
+        let r = ctx.dev_series(m, per, Role::Baseline, payload, &mut dev, &want, |d| {
+            self.raw
+                .copy_segments(d, &host, &segs, 1)
+                .map_err(|e| e.to_string())
+        })?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -506,36 +487,15 @@ impl CudaBench {
         src.copy_from_slice(&data);
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let l = Layout::bytes(size).map_err(setup)?;
-        let verify = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == data);
         let name = format!("ferry {}{}", engine.name(), if spin { " spin" } else { "" });
-        let f = ctx.series(&name, Role::Ferry, size as u64, || {
-            poison_devs(std::slice::from_mut(&mut dev))?;
-            let t = measure(&self.method, || {
-                engine
-                    .scope(|s| {
-                        s.copy(&mut dev, &l, &src, &l)?
-                            .wait()
-                            .map_err(ferry::Error::from)
-                    })
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())
-            })?;
-            Ok((t, verify(&dev)))
+        let (m, n) = (&self.method, size as u64);
+        let f = ctx.dev_series(m, &name, Role::Ferry, n, &mut dev, &data, |d| {
+            flat(engine.scope(|s| s.copy(d, &l, &src, &l)?.wait().map_err(ferry::Error::from)))
         })?;
-        let r = ctx.series(
-            "cuMemcpyAsync + cuStreamSynchronize",
-            Role::Baseline,
-            size as u64,
-            || {
-                poison_devs(std::slice::from_mut(&mut dev))?;
-                let t = measure(&self.method, || {
-                    self.raw
-                        .copy(&mut dev, &src, size, 1)
-                        .map_err(|e| e.to_string())
-                })?;
-                Ok((t, verify(&dev)))
-            },
-        )?;
+        let raw = "cuMemcpyAsync + cuStreamSynchronize";
+        let r = ctx.dev_series(m, raw, Role::Baseline, n, &mut dev, &data, |d| {
+            self.raw.copy(d, &src, size, 1).map_err(|e| e.to_string())
+        })?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -585,6 +545,33 @@ impl Ctx {
         }
         Ok(Series::new(name, role, self.kind, payload, t))
     }
+
+    /// A series whose destination is one device buffer: poison it, time `op`, compare the
+    /// buffer with `want` (the whole buffer).
+    #[allow(clippy::too_many_arguments)]
+    fn dev_series(
+        &self,
+        method: &Method,
+        name: &str,
+        role: Role,
+        payload: u64,
+        dev: &mut DeviceBuffer,
+        want: &[u8],
+        mut op: impl FnMut(&mut DeviceBuffer) -> Result<(), String>,
+    ) -> Result<Series, BenchError> {
+        self.series(name, role, payload, || {
+            poison_devs(std::slice::from_mut(dev))?;
+            let t = measure(method, || op(dev))?;
+            Ok((t, dev.to_vec().is_ok_and(|v| v == want)))
+        })
+    }
+}
+
+/// A scope's two layers of errors (the scope's barrier, the closure's own) as one message.
+fn flat<T, E: std::fmt::Display, F: std::fmt::Display>(
+    r: Result<Result<T, E>, F>,
+) -> Result<T, String> {
+    r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
 }
 
 fn batch(size: usize) -> usize {
