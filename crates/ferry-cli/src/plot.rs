@@ -127,6 +127,17 @@ pub fn rows_from_json(v: &serde_json::Value) -> Result<Vec<PlotRow>, PlotError> 
     Ok(out)
 }
 
+impl Line {
+    /// The stroke of the line and of its legend sample.
+    fn style(&self) -> ShapeStyle {
+        ShapeStyle {
+            color: self.color.to_rgba(),
+            filled: false,
+            stroke_width: 2,
+        }
+    }
+}
+
 fn lines(rows: &[PlotRow]) -> Vec<Line> {
     let mut tests: Vec<&str> = vec![];
     for r in rows {
@@ -297,11 +308,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
         .draw()
         .map_err(|x| e(&x))?;
     for l in lines {
-        let style = ShapeStyle {
-            color: l.color.to_rgba(),
-            filled: false,
-            stroke_width: 2,
-        };
+        let style = l.style();
         if l.dashed {
             chart
                 .draw_series(DashedLineSeries::new(l.points.clone(), 8, 6, style))
@@ -322,11 +329,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
     // Legend: one sample line and label per series, top to bottom.
     for (i, l) in lines.iter().enumerate() {
         let y = 70 + i as i32 * 22;
-        let style = ShapeStyle {
-            color: l.color.to_rgba(),
-            filled: false,
-            stroke_width: 2,
-        };
+        let style = l.style();
         if l.dashed {
             legend_area
                 .draw(&DashedPathElement::new(vec![(6, y), (34, y)], 5, 3, style))

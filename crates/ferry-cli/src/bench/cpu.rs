@@ -13,15 +13,9 @@ const fn cpu(
     name: &'static str,
     description: &'static str,
     kind: Kind,
-    default_sizes: &'static str,
+    sizes: &'static str,
 ) -> TestInfo {
-    TestInfo {
-        name,
-        description,
-        needs: Needs::Cpu,
-        kind,
-        default_sizes,
-    }
+    TestInfo::new(name, description, Needs::Cpu, kind, sizes)
 }
 
 /// The CPU tests.

@@ -21,15 +21,9 @@ const fn gpu(
     name: &'static str,
     description: &'static str,
     kind: Kind,
-    default_sizes: &'static str,
+    sizes: &'static str,
 ) -> TestInfo {
-    TestInfo {
-        name,
-        description,
-        needs: Needs::Cuda,
-        kind,
-        default_sizes,
-    }
+    TestInfo::new(name, description, Needs::Cuda, kind, sizes)
 }
 
 /// The GPU tests (the same paths as the design notes' H200 table).
@@ -39,13 +33,13 @@ pub static TESTS: &[TestInfo] = &[
     gpu("cuda-h2d-pageable", "host (pageable) -> device, ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-d2h-pageable", "device -> host (pageable), ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-d2d", "device -> device on one GPU, vs raw cuMemcpyDtoDAsync", Kind::Bandwidth, "1M,16M,256M"),
-    TestInfo {
-        name: "cuda-peer",
-        description: "device 0 -> device 1 (peer copy), vs raw cuMemcpyDtoDAsync between the two",
-        needs: Needs::Cuda2,
-        kind: Kind::Bandwidth,
-        default_sizes: "1M,16M,256M",
-    },
+    TestInfo::new(
+        "cuda-peer",
+        "device 0 -> device 1 (peer copy), vs raw cuMemcpyDtoDAsync between the two",
+        Needs::Cuda2,
+        Kind::Bandwidth,
+        "1M,16M,256M",
+    ),
     gpu("cuda-bidir", "host -> device and device -> host at once (pinned), payload both ways", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-tile", "2-D tile (4 KiB rows of a pinned matrix twice as wide) -> device, vs raw cuMemcpy2DAsync and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Kind::Bandwidth, "1K,4K,64K"),

@@ -151,6 +151,25 @@ pub struct TestInfo {
     pub default_sizes: &'static str,
 }
 
+impl TestInfo {
+    /// A registry entry (usable in `static` tables).
+    pub const fn new(
+        name: &'static str,
+        description: &'static str,
+        needs: Needs,
+        kind: Kind,
+        default_sizes: &'static str,
+    ) -> TestInfo {
+        TestInfo {
+            name,
+            description,
+            needs,
+            kind,
+            default_sizes,
+        }
+    }
+}
+
 /// Every test, CPU and GPU.
 pub fn registry() -> Vec<TestInfo> {
     cpu::TESTS.iter().chain(cuda::TESTS).cloned().collect()
