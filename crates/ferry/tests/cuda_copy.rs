@@ -277,27 +277,12 @@ fn segment_lists_every_kind_pair() {
                 })
                 .collect();
             let len = count * slot + 64;
-            let src_h = bytes(len, seed);
-            let dst_h = bytes(len, seed ^ 0xBEEF);
-            let mut want = dst_h.clone();
-            for &(d, s, n) in &segs {
-                want[d..d + n].copy_from_slice(&src_h[s..s + n]);
-            }
-            let src = Buf::new(sk, &src_h);
-            let mut dst = Buf::new(dk, &dst_h);
-            let op: std::sync::Arc<dyn ferry::Operator> =
-                std::sync::Arc::new(Segments(segs.clone()));
-            e.scope(|s| {
-                s.custom(&mut dst, &src, op)?
-                    .wait()
-                    .map_err(ferry::Error::from)
-            })
-            .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: barrier {err}"))
-            .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: {err}"));
-            let got = dst.to_vec();
-            if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
-                panic!("{dk:?} <- {sk:?}: first wrong byte at {i}");
-            }
+            let list: Vec<ferry::Segment> = segs
+                .iter()
+                .map(|&(d, s, n)| ferry::Segment::new(d as u64, s as u64, n as u64))
+                .collect();
+            let op = ferry::Op::Custom(std::sync::Arc::new(Segments(segs)));
+            check_segments(&e, dk, sk, len, &list, op, seed);
             seed += 1;
         }
     }
@@ -387,27 +372,42 @@ fn builtin_segment_lists_every_kind_pair() {
                     )
                 })
                 .collect();
-            let src_h = bytes(len, seed);
-            let dst_h = bytes(len, seed ^ 0xABCD);
-            let mut want = dst_h.clone();
-            for g in &segs {
-                let (d, s, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
-                want[d..d + n].copy_from_slice(&src_h[s..s + n]);
-            }
-            let src = Buf::new(sk, &src_h);
-            let mut dst = Buf::new(dk, &dst_h);
-            e.scope(|s| {
-                s.segments(&mut dst, &src, segs)?
-                    .wait()
-                    .map_err(ferry::Error::from)
-            })
-            .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: barrier {err}"))
-            .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: {err}"));
-            let got = dst.to_vec();
-            if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
-                panic!("{dk:?} <- {sk:?}: first wrong byte at {i}");
-            }
+            let op = ferry::Op::Segments(segs.clone().into());
+            check_segments(&e, dk, sk, len, &segs, op, seed);
             seed += 1;
         }
+    }
+}
+
+/// Runs `op` (a copy of `segs`) between buffers of kinds `dk` <- `sk` of `len` bytes and checks
+/// every destination byte: the segments copied, everything between them untouched.
+fn check_segments(
+    e: &ferry::cuda::CudaEngine,
+    dk: Kind,
+    sk: Kind,
+    len: usize,
+    segs: &[ferry::Segment],
+    op: ferry::Op,
+    seed: u64,
+) {
+    let src_h = bytes(len, seed);
+    let dst_h = bytes(len, seed ^ 0xBEEF);
+    let mut want = dst_h.clone();
+    for g in segs {
+        let (d, s, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
+        want[d..d + n].copy_from_slice(&src_h[s..s + n]);
+    }
+    let src = Buf::new(sk, &src_h);
+    let mut dst = Buf::new(dk, &dst_h);
+    e.scope(|s| {
+        s.submit(&mut dst, Some(&src), op, &[])?
+            .wait()
+            .map_err(ferry::Error::from)
+    })
+    .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: barrier {err}"))
+    .unwrap_or_else(|err| panic!("{dk:?} <- {sk:?}: {err}"));
+    let got = dst.to_vec();
+    if let Some(i) = (0..len).find(|&i| got[i] != want[i]) {
+        panic!("{dk:?} <- {sk:?}: first wrong byte at {i}");
     }
 }
