@@ -124,7 +124,9 @@ pub enum WaitMode {
     /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used.
     #[default]
     Blocking,
-    /// Poll `cuEventQuery` in a loop: the lowest latency, one core busy while waiting.
+    /// Let the driver spin on the request's event (an event without `BLOCKING_SYNC`, waited
+    /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default): the lowest
+    /// latency, one core busy while waiting.
     Spin,
     /// Poll for up to this long, then sleep as `Blocking` does.
     SpinThenBlock(std::time::Duration),
