@@ -5,6 +5,11 @@
 //! large pinned staging buffers per direction and a pool of persistent CPU worker threads: while
 //! the copy engine moves chunk `k` between the ring and the device, the workers copy chunk `k+1`
 //! between pageable memory and the ring (host -> device), or drain chunk `k-1` (device -> host).
+//! The workers take the chunks' parts in order from a shared counter, with no barrier between
+//! chunks, and the calling thread issues each chunk's DMA the moment its last part is in: on the
+//! H200 host this moved 256 MiB host -> device at 45.8 GB/s against 43.9 for the earlier design
+//! (every worker on one chunk, then a barrier), 45.6 against 36.7 with non-temporal stores, in
+//! one run (`bench/results/h200/run17/paths.txt`).
 //!
 //! A [`Stager`] is made once per device and reused by many copies. Each direction has its own
 //! ring, allocated on first use, so one host -> device and one device -> host copy may run at the
@@ -140,8 +145,8 @@ impl StagingConfig {
         self
     }
     /// The same for the host -> device fill of the ring. Off by default: on the H200 host
-    /// plain stores filled the ring faster (40.0 against 32.6 GB/s for 256 MiB, one run each,
-    /// `bench/results/h200.md`); `FERRY_STAGING_NT_H2D=1` turns it on.
+    /// plain stores filled the ring as fast (45.8 against 45.6 GB/s for 256 MiB, one run,
+    /// `bench/results/h200/run17/paths.txt`); `FERRY_STAGING_NT_H2D=1` turns it on.
     pub fn non_temporal_h2d(mut self, on: bool) -> Self {
         self.non_temporal_h2d = on;
         self
@@ -433,11 +438,6 @@ impl Pool {
         }
     }
 
-    /// Runs `f(i)` on every worker `i` and waits for all of them.
-    fn run(&self, f: &(dyn Fn(usize) + Sync)) -> Result<(), StagedError> {
-        self.run_with(f, || Ok(()))
-    }
-
     /// Runs `f(i)` on every worker `i` while `main` runs on the calling thread, then waits for
     /// every worker. Returns `main`'s error first, else `WorkerPanicked` if a worker panicked.
     fn run_with(
@@ -627,9 +627,6 @@ pub struct Stager {
     pool: Pool,
     h2d: Mutex<Option<Ring>>,
     d2h: Mutex<Option<Ring>>,
-    /// The earlier pipeline (all workers on one chunk, a barrier per chunk), kept for an A/B
-    /// measurement against [`Stager::flow`]: `FERRY_STAGING_FORKJOIN=1`.
-    fork_join: bool,
 }
 
 impl std::fmt::Debug for Stager {
@@ -689,7 +686,6 @@ impl Stager {
             pool,
             h2d: Mutex::new(None),
             d2h: Mutex::new(None),
-            fork_join: std::env::var("FERRY_STAGING_FORKJOIN").is_ok_and(|v| v.trim() == "1"),
         })
     }
 
@@ -772,11 +768,7 @@ impl Stager {
                     )?);
                 }
                 let ring = guard.as_mut().expect("ring was just made");
-                let r = if self.fork_join {
-                    self.h2d_loop(ring, &job, n)
-                } else {
-                    self.flow(ring, &job, n, dir)
-                };
+                let r = self.flow(ring, &job, n, dir);
                 let d = ring.drain();
                 r.and(d)
             }
@@ -790,71 +782,10 @@ impl Stager {
                     )?);
                 }
                 let ring = guard.as_mut().expect("ring was just made");
-                let r = if self.fork_join {
-                    self.d2h_loop(ring, &job, n)
-                } else {
-                    self.flow(ring, &job, n, dir)
-                };
+                let r = self.flow(ring, &job, n, dir);
                 let d = ring.drain();
                 r.and(d)
             }
-        }
-    }
-
-    fn h2d_loop(&self, ring: &mut Ring, job: &Staging<'_>, n: usize) -> Result<(), StagedError> {
-        let depth = ring.slots.len();
-        for k in 0..n {
-            let slot = k % depth;
-            ring.wait(slot)?;
-            let chunk = job.chunker.get(k);
-            let buf = SendPtr(ring.slots[slot].ptr);
-            self.host_side(job, chunk, buf, true)?;
-            // SAFETY: the slot holds the chunk's bytes (just filled) and stays untouched until
-            // its event, recorded next, completes; the device range is valid by `copy`'s contract.
-            unsafe { job.device_side(chunk, buf.0, true)? };
-            ring.record(slot, job.stream)?;
-        }
-        Ok(())
-    }
-
-    fn d2h_loop(&self, ring: &mut Ring, job: &Staging<'_>, n: usize) -> Result<(), StagedError> {
-        let depth = ring.slots.len();
-        let (mut issued, mut drained) = (0usize, 0usize);
-        while drained < n {
-            while issued < n && issued - drained < depth {
-                let slot = issued % depth;
-                let chunk = job.chunker.get(issued);
-                // SAFETY: the slot was drained (or never used), so the DMA may overwrite it; the
-                // device range is valid by `copy`'s contract.
-                unsafe { job.device_side(chunk, ring.slots[slot].ptr, false)? };
-                ring.record(slot, job.stream)?;
-                issued += 1;
-            }
-            let slot = drained % depth;
-            ring.wait(slot)?;
-            let chunk = job.chunker.get(drained);
-            self.host_side(job, chunk, SendPtr(ring.slots[slot].ptr), false)?;
-            drained += 1;
-        }
-        Ok(())
-    }
-
-    /// Copies a chunk between host memory and a ring slot on the worker pool (`to_slot`: host ->
-    /// slot, else slot -> host), all workers on the one chunk.
-    fn host_side(
-        &self,
-        job: &Staging<'_>,
-        chunk: Chunk,
-        slot: SendPtr,
-        to_slot: bool,
-    ) -> Result<(), StagedError> {
-        let t = self.pool.threads();
-        let f = move |i: usize| self.part(job, chunk, slot, to_slot, i, t);
-        if chunk_bytes(job.chunker, chunk) <= 1 << 20 {
-            (0..t).for_each(f);
-            Ok(())
-        } else {
-            self.pool.run(&f)
         }
     }
 
@@ -1059,14 +990,6 @@ impl Stager {
             }
         }
         Ok(())
-    }
-}
-
-/// Bytes a chunk holds.
-fn chunk_bytes(chunker: &Chunker, chunk: Chunk) -> usize {
-    match chunk {
-        Chunk::Piece { len, .. } => len,
-        Chunk::Runs { count, .. } => count * chunker.run,
     }
 }
 
