@@ -18,7 +18,7 @@ export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 rm -rf "$bundle"
 mkdir -p "$bundle/tests"
 
-json=$(cargo test --release -p ferry --no-run --message-format=json --test 'cuda_*')
+json=$(cargo test --release -p ferry -p ferry-capi --no-run --message-format=json --test 'cuda_*')
 exes=$(printf '%s\n' "$json" | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("test"))) | "\(.target.name) \(.executable)"')
 if [ -z "$exes" ]; then
   echo "no cuda_* test binaries found" >&2
