@@ -414,7 +414,7 @@ fn main() {
         std::env::set_var("FERRY_STAGING_FORKJOIN", if fork_join { "1" } else { "0" });
         let st = Stager::new(ctx.clone(), cfg).unwrap();
         std::env::remove_var("FERRY_STAGING_FORKJOIN");
-        staged_rows(&ctx, &stream, &st, &[256 << 20], false, label);
+        staged_rows(&ctx, &stream, &st, &[16 << 20, 256 << 20], false, label);
     }
 
     let stager = Stager::new(ctx.clone(), StagingConfig::new()).unwrap();
