@@ -7,6 +7,7 @@
 #
 #   scripts/gpu-bundle.sh [BUNDLE_DIR]      # here
 #   bash BUNDLE_DIR/run.sh LOGDIR           # on the GPU host; exit status 0 iff all passed
+#   bash BUNDLE_DIR/sanitize.sh LOGDIR      # the tests again under compute-sanitizer
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -18,7 +19,9 @@ export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 rm -rf "$bundle"
 mkdir -p "$bundle/tests"
 
-json=$(cargo test --release -p ferry -p ferry-capi --no-run --message-format=json --test 'cuda_*')
+# The tests are built with the `fault-injection` hooks (tests/cuda_faults.rs arms them; they are
+# disarmed otherwise, a relaxed atomic load per staged chunk).
+json=$(cargo test --release -p ferry -p ferry-capi --features ferry/fault-injection --no-run --message-format=json --test 'cuda_*')
 exes=$(printf '%s\n' "$json" | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("test"))) | "\(.target.name) \(.executable)"')
 if [ -z "$exes" ]; then
   echo "no cuda_* test binaries found" >&2
@@ -79,5 +82,69 @@ done
 exit $fail
 RUN
 chmod +x "$bundle/run.sh"
+
+cat >"$bundle/sanitize.sh" <<'SAN'
+#!/usr/bin/env bash
+# Runs every test binary of this bundle under compute-sanitizer, one tool after the other
+# (memcheck first), each binary with one test thread. Logs in LOGDIR (default ./sanitize-logs):
+# NAME.TOOL.san (the sanitizer's report) and NAME.TOOL.out (the tests' output); one summary line
+# per binary and tool on stdout. Exit status 0 iff every run passed with 0 sanitizer errors.
+#
+#   bash sanitize.sh [LOGDIR]
+#
+# Environment:
+#   TOOLS            tools to run (default "memcheck racecheck"; also initcheck, synccheck)
+#   SAN_TIMEOUT      seconds per binary and tool before it is stopped (default 150)
+#   SAN_ONLY         only binaries whose name matches this regex (default all)
+#   SAN_SKIP         test names to skip, space-separated (default: device_out_of_memory, which
+#                    fills the card and would also starve the sanitizer's own device memory)
+#   SAN_API_ERRORS   --report-api-errors (default "no": ferry asks cuPointerGetAttribute about
+#                    plain host memory to recognise pinned memory, and the fault tests provoke
+#                    out-of-memory errors, both expected; "explicit" shows them)
+#   COMPUTE_SANITIZER  the sanitizer binary (default: on PATH, else /usr/local/cuda*/bin)
+# The stress test is sized down here (FERRY_STRESS_OPS/SECS/MAX_MIB, overridable).
+here=$(cd "$(dirname "$0")" && pwd)
+log=${1:-sanitize-logs}
+mkdir -p "$log"
+log=$(cd "$log" && pwd)
+san=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls -d /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | tail -1)}
+if [ -z "$san" ] || [ ! -x "$san" ]; then
+  echo "compute-sanitizer not found (set COMPUTE_SANITIZER)" >&2
+  exit 2
+fi
+"$san" --version | tail -1
+tools=${TOOLS:-memcheck racecheck}
+limit=${SAN_TIMEOUT:-150}
+skip_list=${SAN_SKIP-device_out_of_memory}
+skip=()
+for t in $skip_list; do skip+=(--skip "$t"); done
+export FERRY_STRESS_OPS=${FERRY_STRESS_OPS:-150} FERRY_STRESS_SECS=${FERRY_STRESS_SECS:-30} \
+  FERRY_STRESS_MAX_MIB=${FERRY_STRESS_MAX_MIB:-8} FERRY_STRESS_THREADS=${FERRY_STRESS_THREADS:-4}
+fail=0
+for tool in $tools; do
+  for t in "$here"/tests/*; do
+    name=$(basename "$t")
+    if [ -n "${SAN_ONLY:-}" ] && ! [[ $name =~ $SAN_ONLY ]]; then continue; fi
+    start=$(date +%s)
+    timeout -k 10 "$limit" "$san" --tool "$tool" --error-exitcode 86 --print-limit 50 \
+      --report-api-errors "${SAN_API_ERRORS:-no}" --log-file "$log/$name.$tool.san" \
+      "$t" --test-threads=1 --nocapture "${skip[@]}" >"$log/$name.$tool.out" 2>&1
+    rc=$?
+    secs=$(($(date +%s) - start))
+    errors=$(grep -hoE 'ERROR SUMMARY: [0-9]+' "$log/$name.$tool.san" 2>/dev/null | awk '{s += $3} END {print s + 0}')
+    case $rc in
+      0) status=ok ;;
+      86) status=ERRORS ;;
+      124 | 137) status=TIMEOUT ;;
+      *) status=FAIL ;;
+    esac
+    [ "$status" = ok ] || fail=1
+    printf '%-7s %-10s %-16s %5d s  sanitizer errors: %-4s %s\n' "$status" "$tool" "$name" "$secs" "$errors" \
+      "$(grep -E '^test result' "$log/$name.$tool.out" | tail -1)"
+  done
+done
+exit $fail
+SAN
+chmod +x "$bundle/sanitize.sh"
 du -sh "$bundle"
 ls -l "$bundle" "$bundle/tests"

@@ -25,6 +25,8 @@
 
 pub mod engine;
 mod error;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod layout;
 pub mod memory;
 pub mod op;

@@ -212,3 +212,50 @@ pub fn kind_of(k: Kind) -> MemKind {
         Kind::Device => MemKind::Device { ordinal: 0 },
     }
 }
+
+/// Free device memory of device 0 in bytes (`cuMemGetInfo`); the whole device, so other
+/// processes count too (the GPU host runs one test binary at a time).
+pub fn device_free() -> usize {
+    let ctx = cudarc::driver::CudaContext::new(0).expect("device 0");
+    ctx.bind_to_thread().expect("bind");
+    cudarc::driver::result::mem_get_info()
+        .expect("cuMemGetInfo")
+        .0
+}
+
+/// Threads of this process: (all, those ferry started, named `ferry-*`).
+pub fn threads() -> (usize, usize) {
+    let mut all = 0;
+    let mut ferry = 0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        all += 1;
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        ferry += usize::from(comm.starts_with("ferry-"));
+    }
+    (all, ferry)
+}
+
+/// Threads once ferry's have settled to at most `ferry_target` (threads of dropped engines
+/// exit asynchronously: a waiter thread ends when the last request holding its channel goes),
+/// or after `secs` seconds.
+pub fn settled_threads(ferry_target: usize, secs: u64) -> (usize, usize) {
+    let t = std::time::Instant::now();
+    loop {
+        let now = threads();
+        if now.1 <= ferry_target || t.elapsed().as_secs() >= secs {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Device memory that may stay allocated after a workload although everything it made was
+/// dropped: the driver grows some per-context resources on first use and keeps them for the
+/// context's lifetime (the local-memory pool of kernel launches, the gather kernel's module,
+/// event and stream pools, internal staging of pageable copies). `cuMemGetInfo` also counts in
+/// 2 MiB pages. A leak of per-request device memory grows with the number of requests (each
+/// case allocates up to tens of MiB) and exceeds this after a few operations.
+pub const DEVICE_SLACK: usize = 64 << 20;

@@ -10,6 +10,7 @@ use crate::op::Step;
 use crate::plan::{Plan, PlanKind};
 use crate::request::{Request, RequestError, Signal};
 use cudarc::driver::{CudaContext, CudaStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
@@ -79,7 +80,17 @@ impl Paths {
                 ))
                 .spawn(move || {
                     for t in rx {
-                        let r = run_staged(&ctx, cfg, &stager, &t);
+                        // A panic here (a bug) fails this request only: the thread goes on
+                        // with the next one, after every DMA the request issued has finished.
+                        let r =
+                            catch_unwind(AssertUnwindSafe(|| run_staged(&ctx, cfg, &stager, &t)))
+                                .unwrap_or_else(|p| {
+                                    let _ = t.stream.synchronize();
+                                    Err(RequestError::Panicked {
+                                        op: "staged copy".into(),
+                                        msg: crate::op::panic_message(&p),
+                                    })
+                                });
                         t.signal.complete(r);
                     }
                 })
@@ -118,6 +129,10 @@ fn run_staged(
     stager: &OnceLock<Result<Stager, String>>,
     t: &StagedTask,
 ) -> Result<(), RequestError> {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::fire(crate::fault::Fault::StagingThreadPanic) {
+        panic!("injected panic");
+    }
     for dep in &t.after {
         dep.completion()
             .wait()

@@ -424,9 +424,16 @@ impl Pool {
                 st.job
             };
             let ok = match job {
-                // SAFETY: `run` keeps the closure alive until `remaining` reaches 0, which
-                // happens only after this call returns.
-                Some(j) => catch_unwind(AssertUnwindSafe(|| unsafe { (*j)(index) })).is_ok(),
+                Some(j) => catch_unwind(AssertUnwindSafe(|| {
+                    #[cfg(feature = "fault-injection")]
+                    if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
+                        panic!("injected panic");
+                    }
+                    // SAFETY: `run` keeps the closure alive until `remaining` reaches 0, which
+                    // happens only after this call returns.
+                    unsafe { (*j)(index) }
+                }))
+                .is_ok(),
                 None => true,
             };
             let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -1038,6 +1045,17 @@ impl Staging<'_> {
         slot: *mut u8,
         h2d: bool,
     ) -> Result<(), StagedError> {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::fire(crate::fault::Fault::StagedChunk) {
+            return Err(StagedError::Driver {
+                op: if h2d {
+                    "cuMemcpyHtoDAsync"
+                } else {
+                    "cuMemcpyDtoHAsync"
+                },
+                source: DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            });
+        }
         let cs = self.stream.cu_stream();
         let one = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
             if h2d {

@@ -1,0 +1,69 @@
+//! Fault injection for reliability tests (cargo feature `fault-injection`, off by default; the
+//! library has no hook and no cost without it).
+//!
+//! A few points inside the library ask [`fire`] whether to fail there. A test [`arm`]s a point
+//! to fire once, after the point has been passed a given number of times, then checks that the
+//! failure is reported to the one request it hit and that the engine stays usable and leaks
+//! nothing. The points:
+//!
+//! - [`Fault::StagedChunk`]: the device-side copy of a chunk of a staged (pinned ring) copy
+//!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, in either direction, after earlier chunks were
+//!   issued (device out of memory in the middle of staging).
+//! - [`Fault::StagingWorkerPanic`]: a staging worker thread panics while copying its part of a
+//!   chunk between pageable memory and the ring.
+//! - [`Fault::StagingThreadPanic`]: the engine's staging thread (the one that runs staged
+//!   requests) panics at the start of a request.
+//!
+//! The state is global to the process: tests that arm faults must not run at the same time as
+//! other staged copies they do not expect to fail.
+//!
+//! ```
+//! use ferry::fault::{arm, disarm_all, Fault};
+//! arm(Fault::StagedChunk, 2); // the third staged chunk from now fails
+//! disarm_all();
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A point where a fault can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The device-side copy of one chunk of a staged copy fails (out of memory).
+    StagedChunk,
+    /// A staging worker thread panics while copying its share of a chunk.
+    StagingWorkerPanic,
+    /// The staging thread panics at the start of a staged request.
+    StagingThreadPanic,
+}
+
+/// Per point: 0 = off; n > 0 = fire when the count reaches 1, n - 1 passes from now.
+static ARMED: [AtomicUsize; 3] = [
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
+    AtomicUsize::new(0),
+];
+
+/// Makes `fault` fire once, at the pass after `skip` passes of its point.
+pub fn arm(fault: Fault, skip: usize) {
+    ARMED[fault as usize].store(skip.saturating_add(1), Ordering::SeqCst);
+}
+
+/// Turns every point off.
+pub fn disarm_all() {
+    for a in &ARMED {
+        a.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Whether `fault` is still armed (it has not fired yet).
+pub fn is_armed(fault: Fault) -> bool {
+    ARMED[fault as usize].load(Ordering::SeqCst) != 0
+}
+
+/// Called at the point of `fault`: true exactly once per [`arm`], at the chosen pass.
+pub(crate) fn fire(fault: Fault) -> bool {
+    ARMED[fault as usize]
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok_and(|n| n == 1)
+}
