@@ -18,7 +18,7 @@
 
 mod cuda_common;
 use cuda_common::*;
-use ferry::cuda::{CudaConfig, CudaEngine, CudaError, DeviceBuffer, PinnedBuffer};
+use ferry::cuda::{CudaEngine, CudaError, DeviceBuffer};
 use ferry::{
     CpuEngine, Engine, EngineExt, Layout, MultiplexEngine, Op, OpError, Operator, Program, Request,
     RequestError, Segment,
@@ -471,6 +471,7 @@ fn custom_operator_faults_fail_only_their_requests() {
 mod injected {
     use super::*;
     use ferry::cuda::staged::StagingConfig;
+    use ferry::cuda::{CudaConfig, PinnedBuffer};
     use ferry::fault::{arm, disarm_all, is_armed, Fault};
 
     /// 64 MiB in 4 MiB chunks (16 chunks), ring of 3, 4 workers.
