@@ -11,8 +11,9 @@
 //!
 //! Leaks: after a warm-up, free device memory (`cuMemGetInfo`) and the process's threads (all,
 //! and ferry's `ferry-*` threads) are counted; after the run, once every engine and buffer is
-//! dropped, the threads must be back to the same counts and the free device memory within
-//! [`DEVICE_SLACK`] of it. Ferry keeps no count of pinned host allocations, so those are not
+//! dropped, ferry's threads must be back to the same count (all threads: at most
+//! `DRIVER_THREADS` more, for the driver's own) and the free device memory within
+//! `DEVICE_SLACK` of it. Ferry keeps no count of pinned host allocations, so those are not
 //! checked here (compute-sanitizer's leak check covers device allocations too).
 //!
 //! Bounded by count and by time, whichever comes first. Default: 2,000 operations or 40 s,
@@ -72,6 +73,9 @@ fn cfg() -> Cfg {
         max_bytes: env::<usize>("FERRY_STRESS_MAX_MIB").unwrap_or(32).max(2) << 20,
     }
 }
+
+/// Threads the CUDA driver may start (and keep) during the run, beyond those of the warm-up.
+const DRIVER_THREADS: usize = 4;
 
 // ---------------------------------------------------------------------------------------------
 // Engines.
@@ -705,7 +709,20 @@ fn cuda_stress_random_mix() {
         total >= cfg.threads.min(cfg.ops),
         "every thread ran at least one operation"
     );
-    assert_eq!(threads1, threads0, "seed {}: threads leaked", cfg.seed);
+    assert_eq!(
+        threads1.1, threads0.1,
+        "seed {}: ferry threads leaked",
+        cfg.seed
+    );
+    // Threads that are not ferry's belong to the driver and NVRTC, which may start a few on
+    // first use of a feature and keep them.
+    assert!(
+        threads1.0 <= threads0.0 + DRIVER_THREADS,
+        "seed {}: {} threads after, {} before",
+        cfg.seed,
+        threads1.0,
+        threads0.0
+    );
     assert!(
         free1 + DEVICE_SLACK >= free0,
         "seed {}: device memory leaked: {} MiB free before, {} MiB after",

@@ -52,11 +52,50 @@ pub const KINDS: [Kind; 6] = [
     Kind::Device,
 ];
 
+/// A `Vec<u8>` whose bytes start 64 bytes into a page of their own and whose last page holds
+/// nothing else: `cuMemHostRegister` works on whole pages and refuses a page already
+/// registered (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`), so two small `Vec`s from the
+/// allocator, which may share a page, cannot both be registered at the same time.
+pub struct PageVec {
+    v: Vec<u8>,
+    at: usize,
+    len: usize,
+}
+
+impl PageVec {
+    pub fn new(data: &[u8]) -> PageVec {
+        // SAFETY: sysconf only reads a system setting.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+            .unwrap_or(4096)
+            .max(4096);
+        let mut v = vec![0u8; data.len() + 3 * page];
+        let at = v.as_ptr().align_offset(page) + 64;
+        v[at..at + data.len()].copy_from_slice(data);
+        PageVec {
+            v,
+            at,
+            len: data.len(),
+        }
+    }
+}
+
+impl std::ops::Deref for PageVec {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.v[self.at..self.at + self.len]
+    }
+}
+impl std::ops::DerefMut for PageVec {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.v[self.at..self.at + self.len]
+    }
+}
+
 /// A buffer of any kind, made from and read back to host bytes.
 pub enum Buf {
     Pageable(Vec<u8>),
     Pinned(PinnedBuffer),
-    Registered(Registered<Vec<u8>>),
+    Registered(Registered<PageVec>),
     Mapped(MappedBuffer),
     Managed(ManagedBuffer),
     Device(DeviceBuffer),
@@ -71,9 +110,11 @@ impl Buf {
                 b.copy_from_slice(data);
                 Buf::Pinned(b)
             }
-            Kind::Registered => {
-                Buf::Registered(Registered::new(data.to_vec()).map_err(|(e, _)| e).unwrap())
-            }
+            Kind::Registered => Buf::Registered(
+                Registered::new(PageVec::new(data))
+                    .map_err(|(e, _)| e)
+                    .unwrap(),
+            ),
             Kind::Mapped => {
                 let mut b = MappedBuffer::new(data.len()).unwrap();
                 b.copy_from_slice(data);
