@@ -94,7 +94,9 @@ cat >"$bundle/sanitize.sh" <<'SAN'
 #
 # Environment:
 #   TOOLS            tools to run (default "memcheck racecheck"; also initcheck, synccheck)
-#   SAN_TIMEOUT      seconds per binary and tool before it is stopped (default 150)
+#   SAN_TIMEOUT      seconds per binary and tool before it is stopped (default 120)
+#   SAN_TOTAL        seconds for the whole pass (default 540, under the GPU host's 10-minute
+#                    command limit): runs that would start later are listed as NOT RUN
 #   SAN_ONLY         only binaries whose name matches this regex (default all)
 #   SAN_SKIP         test names to skip, space-separated (default: device_out_of_memory, which
 #                    fills the card and would also starve the sanitizer's own device memory)
@@ -114,7 +116,8 @@ if [ -z "$san" ] || [ ! -x "$san" ]; then
 fi
 "$san" --version | tail -1
 tools=${TOOLS:-memcheck racecheck}
-limit=${SAN_TIMEOUT:-150}
+limit=${SAN_TIMEOUT:-120}
+deadline=$(($(date +%s) + ${SAN_TOTAL:-540}))
 skip_list=${SAN_SKIP-device_out_of_memory}
 skip=()
 for t in $skip_list; do skip+=(--skip "$t"); done
@@ -126,7 +129,14 @@ for tool in $tools; do
     name=$(basename "$t")
     if [ -n "${SAN_ONLY:-}" ] && ! [[ $name =~ $SAN_ONLY ]]; then continue; fi
     start=$(date +%s)
-    timeout -k 10 "$limit" "$san" --tool "$tool" --error-exitcode 86 --print-limit 50 \
+    left=$((deadline - start))
+    if [ "$left" -lt 20 ]; then
+      printf '%-7s %-10s %-16s (SAN_TOTAL reached)\n' "NOT RUN" "$tool" "$name"
+      fail=1
+      continue
+    fi
+    [ "$left" -lt "$limit" ] && run_limit=$left || run_limit=$limit
+    timeout -k 10 "$run_limit" "$san" --tool "$tool" --error-exitcode 86 --print-limit 50 \
       --report-api-errors "${SAN_API_ERRORS:-no}" --log-file "$log/$name.$tool.san" \
       "$t" --test-threads=1 --nocapture "${skip[@]}" >"$log/$name.$tool.out" 2>&1
     rc=$?

@@ -2,8 +2,9 @@
 //! batch, failed dependencies, engines dropped with failing work in flight, and leak checks
 //! (threads, file descriptors, heap allocations) over many engine lifetimes.
 //!
-//! Not covered here (need a GPU or files; later): device out of memory mid-staging, a file read
-//! error mid-load, a driver error on one stream.
+//! The CUDA engine's faults (device out of memory, also in the middle of a staged copy; staging
+//! threads panicking; custom operators in a CUDA batch) are in `cuda_faults.rs`. Not covered:
+//! a file read error mid-load, a driver error on one stream.
 
 use ferry::{
     CpuConfig, CpuEngine, Engine, EngineExt, Job, Layout, MultiplexEngine, Op, OpError, Operator,

@@ -10,7 +10,8 @@
 //! `FERRY_STRESS_SEED` replays a run (the seed is printed at the start and in every failure);
 //! `FERRY_STRESS_THREADS` sets the submitting threads (default 6).
 //!
-//! The engine list is [`factories`]: add GPU engines there (behind their probe) when they exist.
+//! The engine list is [`factories`]; the CUDA engines have their own stress test, with GPU memory
+//! kinds and leak counts: `cuda_stress.rs`.
 
 use ferry::{
     CpuConfig, CpuEngine, Engine, EngineExt, Job, Layout, MemKind, MultiplexEngine, RawBuf, Request,
@@ -63,8 +64,7 @@ fn cfg() -> Cfg {
 
 type Factory = (&'static str, fn() -> Box<dyn Engine>);
 
-/// Every engine kind under stress. GPU engines go here (created only where their probe finds a
-/// device) when the CUDA backend exists.
+/// Every host engine kind under stress (the CUDA engines: `cuda_stress.rs`).
 fn factories() -> Vec<Factory> {
     fn cpu(c: CpuConfig) -> CpuEngine {
         CpuEngine::with_config(c).expect("cpu engine")
