@@ -9,8 +9,8 @@
 //! - [`Fault::StagedChunk`]: the device-side copy of a chunk of a staged (pinned ring) copy
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, in either direction, after earlier chunks were
 //!   issued (device out of memory in the middle of staging).
-//! - [`Fault::StagingWorkerPanic`]: a staging worker thread panics while copying its part of a
-//!   chunk between pageable memory and the ring.
+//! - [`Fault::StagingWorkerPanic`]: a staging worker thread panics at the start of its part of
+//!   a chunk's copy between pageable memory and the ring (parts are counted across workers).
 //! - [`Fault::StagingThreadPanic`]: the engine's staging thread (the one that runs staged
 //!   requests) panics at the start of a request.
 //!

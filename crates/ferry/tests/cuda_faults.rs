@@ -10,7 +10,7 @@
 //!   (and of a CPU + CUDA multiplex batch): only their requests fail.
 //! - With the cargo feature `fault-injection` (see `ferry::fault`; `scripts/gpu-bundle.sh`
 //!   builds the GPU tests with it): out of memory on chunk k of a staged copy, both directions,
-//!   with a dependent request; a staging worker thread panicking mid-chunk; the staging thread
+//!   with a dependent request; a staging worker thread panicking mid-copy; the staging thread
 //!   panicking at the start of a request.
 //!
 //! The tests take one lock each: they fill the card or arm process-wide faults. Prints
@@ -583,7 +583,8 @@ mod injected {
         leaks.check("staged chunk out of memory");
     }
 
-    /// A staging worker thread panics mid-chunk: the request fails, the pool keeps its threads,
+    /// A staging worker thread panics in the middle of a copy (the 6th part: chunk 1, part 1 of
+    /// 4): the request fails, the pool keeps its threads,
     /// the next copies are correct.
     #[test]
     fn staging_worker_panics() {
@@ -601,7 +602,7 @@ mod injected {
                 let (a, _, _, _) = staged_pair(&e, h2d, 7);
                 assert_eq!(a, Ok(()));
                 let before = threads().1;
-                arm(Fault::StagingWorkerPanic, 3);
+                arm(Fault::StagingWorkerPanic, 5);
                 let (a, b, _, _) = staged_pair(&e, h2d, 8);
                 let fired = !is_armed(Fault::StagingWorkerPanic);
                 disarm_all();

@@ -424,16 +424,9 @@ impl Pool {
                 st.job
             };
             let ok = match job {
-                Some(j) => catch_unwind(AssertUnwindSafe(|| {
-                    #[cfg(feature = "fault-injection")]
-                    if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
-                        panic!("injected panic");
-                    }
-                    // SAFETY: `run` keeps the closure alive until `remaining` reaches 0, which
-                    // happens only after this call returns.
-                    unsafe { (*j)(index) }
-                }))
-                .is_ok(),
+                // SAFETY: `run` keeps the closure alive until `remaining` reaches 0, which
+                // happens only after this call returns.
+                Some(j) => catch_unwind(AssertUnwindSafe(|| unsafe { (*j)(index) })).is_ok(),
                 None => true,
             };
             let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -807,6 +800,10 @@ impl Stager {
         i: usize,
         t: usize,
     ) {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
+            panic!("injected panic");
+        }
         let host = job.host;
         let sides = job.sides;
         let run = job.chunker.run;
