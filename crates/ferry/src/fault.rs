@@ -1,10 +1,10 @@
 //! Fault injection for reliability tests (cargo feature `fault-injection`, off by default; the
 //! library has no hook and no cost without it).
 //!
-//! A few points inside the library ask [`fire`] whether to fail there. A test [`arm`]s a point
-//! to fire once, after the point has been passed a given number of times, then checks that the
-//! failure is reported to the one request it hit and that the engine stays usable and leaks
-//! nothing. The points:
+//! A few points inside the library ask (through a crate-private `fire`) whether to fail there.
+//! A test [`arm`]s a point to fire once, after the point has been passed a given number of
+//! times, then checks that the failure is reported to the one request it hit and that the
+//! engine stays usable and leaks nothing. The points:
 //!
 //! - [`Fault::StagedChunk`]: the device-side copy of a chunk of a staged (pinned ring) copy
 //!   fails with `CUDA_ERROR_OUT_OF_MEMORY`, in either direction, after earlier chunks were
