@@ -27,8 +27,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-fn serial() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+/// The lock every test here runs under, or `None` after printing `skipped: no CUDA driver`.
+/// Taken before anything of CUDA is made, so that no other test's threads are still exiting
+/// while a test counts them.
+fn serial_with_driver() -> Option<MutexGuard<'static, ()>> {
+    let g = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    if ferry::cuda::probe().driver.is_err() {
+        println!("skipped: no CUDA driver");
+        return None;
+    }
+    Some(g)
 }
 
 fn quiet_panics() {
@@ -174,11 +182,9 @@ fn fill_the_card() -> Vec<DeviceBuffer> {
 /// clear error; nothing panics; afterwards the engine works on every path and nothing leaked.
 #[test]
 fn device_out_of_memory() {
-    let Some(probe_e) = cuda_or_skip() else {
+    let Some(_g) = serial_with_driver() else {
         return;
     };
-    drop(probe_e);
-    let _g = serial();
     let leaks = Leaks::start();
     {
         let e = CudaEngine::new(0).unwrap();
@@ -376,10 +382,9 @@ fn op_for(k: OpKind) -> Op {
 
 #[test]
 fn custom_operator_faults_fail_only_their_requests() {
-    if cuda_or_skip().is_none() {
+    let Some(_g) = serial_with_driver() else {
         return;
-    }
-    let _g = serial();
+    };
     quiet_panics();
     let leaks = Leaks::start();
     {
@@ -547,10 +552,9 @@ mod injected {
     /// driver's error, its dependent fails as such, the next copy is correct, nothing leaks.
     #[test]
     fn staged_chunk_out_of_memory() {
-        if cuda_or_skip().is_none() {
+        let Some(_g) = serial_with_driver() else {
             return;
-        }
-        let _g = serial();
+        };
         let leaks = Leaks::start();
         {
             let e = engine();
@@ -588,10 +592,9 @@ mod injected {
     /// the next copies are correct.
     #[test]
     fn staging_worker_panics() {
-        if cuda_or_skip().is_none() {
+        let Some(_g) = serial_with_driver() else {
             return;
-        }
-        let _g = serial();
+        };
         quiet_panics();
         let leaks = Leaks::start();
         {
@@ -631,10 +634,9 @@ mod injected {
     /// does not hang), the thread goes on, the next staged copies are correct.
     #[test]
     fn staging_thread_panics() {
-        if cuda_or_skip().is_none() {
+        let Some(_g) = serial_with_driver() else {
             return;
-        }
-        let _g = serial();
+        };
         quiet_panics();
         let leaks = Leaks::start();
         {

@@ -20,7 +20,7 @@
 //! 8 threads, large cases up to 32 MiB (well under a minute on an H100/H200). Knobs:
 //! `FERRY_STRESS_OPS`, `FERRY_STRESS_SECS`, `FERRY_STRESS_THREADS`, `FERRY_STRESS_MAX_MIB`,
 //! `FERRY_STRESS_SEED` (replays a run; printed at the start and in every failure). Large run:
-//! `FERRY_STRESS_SECS=600 FERRY_STRESS_OPS=100000000 FERRY_STRESS_THREADS=16
+//! `FERRY_STRESS_SECS=480 FERRY_STRESS_OPS=100000000 FERRY_STRESS_THREADS=16
 //! FERRY_STRESS_MAX_MIB=64 .gpu/tests/cuda_stress --nocapture`.
 //!
 //! Prints `skipped: no CUDA driver` without a GPU.
