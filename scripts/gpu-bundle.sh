@@ -141,7 +141,7 @@ for tool in $tools; do
       "$t" --test-threads=1 --nocapture "${skip[@]}" >"$log/$name.$tool.out" 2>&1
     rc=$?
     secs=$(($(date +%s) - start))
-    errors=$(grep -hoE 'ERROR SUMMARY: [0-9]+' "$log/$name.$tool.san" 2>/dev/null | awk '{s += $3} END {print s + 0}')
+    summary=$(grep -hE 'SUMMARY' "$log/$name.$tool.san" 2>/dev/null | sed 's/^=* *//' | paste -sd ';' -)
     case $rc in
       0) status=ok ;;
       86) status=ERRORS ;;
@@ -149,7 +149,7 @@ for tool in $tools; do
       *) status=FAIL ;;
     esac
     [ "$status" = ok ] || fail=1
-    printf '%-7s %-10s %-16s %5d s  sanitizer errors: %-4s %s\n' "$status" "$tool" "$name" "$secs" "$errors" \
+    printf '%-7s %-10s %-16s %5d s  %s | %s\n' "$status" "$tool" "$name" "$secs" "${summary:-no sanitizer summary}" \
       "$(grep -E '^test result' "$log/$name.$tool.out" | tail -1)"
   done
 done
