@@ -14,6 +14,11 @@
 //! - [`Fault::StagingThreadPanic`]: the engine's staging thread (the one that runs staged
 //!   requests) panics at the start of a request.
 //!
+//! With the feature, ferry also counts the driver allocations it holds ([`live`]): page-locked
+//! host memory (pinned and mapped buffers, registrations, staging rings, the gather table's host
+//! side) and device memory (device and managed buffers, the gather table), so that a test can
+//! check that none is left open after a fault.
+//!
 //! The state is global to the process: tests that arm faults must not run at the same time as
 //! other staged copies they do not expect to fail.
 //!
@@ -23,7 +28,7 @@
 //! disarm_all();
 //! ```
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
 /// A point where a fault can be injected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,4 +71,27 @@ pub(crate) fn fire(fault: Fault) -> bool {
     ARMED[fault as usize]
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
         .is_ok_and(|n| n == 1)
+}
+
+/// A kind of driver allocation ferry counts (with this feature).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resource {
+    /// Page-locked host memory: `cuMemHostAlloc` allocations and `cuMemHostRegister`
+    /// registrations.
+    PinnedHost,
+    /// Device memory: `cuMemAlloc` and `cuMemAllocManaged` allocations.
+    Device,
+}
+
+static LIVE: [AtomicIsize; 2] = [AtomicIsize::new(0), AtomicIsize::new(0)];
+
+/// Allocations of this kind that ferry made and has not freed yet, in this process.
+pub fn live(r: Resource) -> isize {
+    LIVE[r as usize].load(Ordering::SeqCst)
+}
+
+/// Records `delta` allocations of `r` (+1 made, -1 freed).
+pub(crate) fn count(r: Resource, delta: isize) {
+    LIVE[r as usize].fetch_add(delta, Ordering::SeqCst);
 }

@@ -23,6 +23,15 @@
 //! ```
 #![warn(missing_docs)]
 
+/// Counts a driver allocation made (`+1`) or freed (`-1`) for `fault::live`; nothing without
+/// the `fault-injection` feature.
+macro_rules! count_alloc {
+    ($r:ident, $d:expr) => {
+        #[cfg(feature = "fault-injection")]
+        crate::fault::count(crate::fault::Resource::$r, $d);
+    };
+}
+
 pub mod engine;
 mod error;
 #[cfg(feature = "fault-injection")]

@@ -1,7 +1,9 @@
 //! Fault injection on the CUDA engine. Each fault must be reported to the requests it hits
 //! (a clear error, no panic, no hang), leave the engine usable (checked by copies on every
-//! path afterwards), and leak nothing: ferry's threads (`ferry-*`) and free device memory
-//! (`cuMemGetInfo`, within `DEVICE_SLACK`) are counted before and after.
+//! path afterwards), and leak nothing: ferry's threads (`ferry-*`), free device memory
+//! (`cuMemGetInfo`, within `DEVICE_SLACK`) and, with the `fault-injection` feature, the driver
+//! allocations ferry holds open (page-locked host, device; `ferry::fault::live`) are counted
+//! before and after.
 //!
 //! - Device out of memory: the card filled until allocation fails, then copies, fills that need
 //!   a scratch pattern block, segment lists that need the gather table, staged copies, new
@@ -57,6 +59,7 @@ fn quiet_panics() {
 struct Leaks {
     ferry_threads: usize,
     free: usize,
+    allocs: Option<(isize, isize)>,
 }
 
 impl Leaks {
@@ -64,6 +67,7 @@ impl Leaks {
         Leaks {
             ferry_threads: settled_threads(0, 5).1,
             free: device_free(),
+            allocs: open_allocs(),
         }
     }
     fn check(self, what: &str) {
@@ -76,6 +80,12 @@ impl Leaks {
             free >> 20
         );
         assert_eq!(ferry, self.ferry_threads, "{what}: ferry threads leaked");
+        let allocs = open_allocs();
+        println!(
+            "{what}: open allocations (pinned host, device) {:?} -> {allocs:?}",
+            self.allocs
+        );
+        assert_eq!(allocs, self.allocs, "{what}: driver allocations left open");
         assert!(
             free + DEVICE_SLACK >= self.free,
             "{what}: device memory leaked ({} MiB free before, {} MiB after)",

@@ -13,8 +13,10 @@
 //! and ferry's `ferry-*` threads) are counted; after the run, once every engine and buffer is
 //! dropped, ferry's threads must be back to the same count (all threads: at most
 //! `DRIVER_THREADS` more, for the driver's own) and the free device memory within
-//! `DEVICE_SLACK` of it. Ferry keeps no count of pinned host allocations, so those are not
-//! checked here (compute-sanitizer's leak check covers device allocations too).
+//! `DEVICE_SLACK` of it. With the `fault-injection` feature (as the GPU bundle builds it), ferry
+//! also counts the driver allocations it holds (page-locked host: pinned and mapped buffers,
+//! registrations, staging rings, the gather table; device: device and managed buffers, the
+//! gather table): those must be back to the same counts exactly.
 //!
 //! Bounded by count and by time, whichever comes first. Default: 2,000 operations or 40 s,
 //! 8 threads, large cases up to 32 MiB (well under a minute on an H100/H200). Knobs:
@@ -28,7 +30,9 @@
 mod cuda_common;
 mod stress_common;
 
-use cuda_common::{device_free, kind_of, settled_threads, threads, Buf, Kind, DEVICE_SLACK, KINDS};
+use cuda_common::{
+    device_free, kind_of, open_allocs, settled_threads, threads, Buf, Kind, DEVICE_SLACK, KINDS,
+};
 use ferry::cuda::staged::StagingConfig;
 use ferry::cuda::{CudaConfig, CudaEngine, WaitMode};
 use ferry::{
@@ -651,6 +655,7 @@ fn cuda_stress_random_mix() {
     warm_up(&cfg);
     let threads0 = settled_threads(0, 5);
     let free0 = device_free();
+    let allocs0 = open_allocs();
     let factories = factories();
     let shared = Shared {
         slots: factories
@@ -696,10 +701,12 @@ fn cuda_stress_random_mix() {
     drop(slots);
     let threads1 = settled_threads(threads0.1, 10);
     let free1 = device_free();
+    let allocs1 = open_allocs();
     println!(
         "cuda stress: seed {}, {total} ops in {elapsed:.1} s [{}], {gib:.2} GiB verified; threads \
          (all, ferry-*) {threads0:?} before, {busy:?} at the end of the run, {threads1:?} after \
-         dropping the engines; free device memory {} MiB before, {} MiB after",
+         dropping the engines; free device memory {} MiB before, {} MiB after; open driver \
+         allocations (pinned host, device) {allocs0:?} before, {allocs1:?} after",
         cfg.seed,
         counts.join(", "),
         free0 >> 20,
@@ -708,6 +715,11 @@ fn cuda_stress_random_mix() {
     assert!(
         total >= cfg.threads.min(cfg.ops),
         "every thread ran at least one operation"
+    );
+    assert_eq!(
+        allocs1, allocs0,
+        "seed {}: driver allocations left open",
+        cfg.seed
     );
     assert_eq!(
         threads1.1, threads0.1,

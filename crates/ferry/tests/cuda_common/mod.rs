@@ -300,3 +300,17 @@ pub fn settled_threads(ferry_target: usize, secs: u64) -> (usize, usize) {
 /// 2 MiB pages. A leak of per-request device memory grows with the number of requests (each
 /// case allocates up to tens of MiB) and exceeds this after a few operations.
 pub const DEVICE_SLACK: usize = 64 << 20;
+
+/// Driver allocations ferry holds open: (page-locked host, device), counted by the library
+/// with the `fault-injection` feature (`ferry::fault::live`); `None` without it.
+#[cfg(feature = "fault-injection")]
+pub fn open_allocs() -> Option<(isize, isize)> {
+    use ferry::fault::{live, Resource};
+    Some((live(Resource::PinnedHost), live(Resource::Device)))
+}
+
+/// Driver allocations ferry holds open: not counted without the `fault-injection` feature.
+#[cfg(not(feature = "fault-injection"))]
+pub fn open_allocs() -> Option<(isize, isize)> {
+    None
+}

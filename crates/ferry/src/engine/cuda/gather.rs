@@ -180,12 +180,16 @@ impl Table {
         }
         if !self.host.is_null() {
             // SAFETY: allocated by `cuMemHostAlloc`, no copy reads it any more (synchronized).
-            let _ = unsafe { cu::free_host(self.host as *mut _) };
+            if unsafe { cu::free_host(self.host as *mut _) }.is_ok() {
+                count_alloc!(PinnedHost, -1);
+            }
             self.host = std::ptr::null_mut();
         }
         if self.dev != 0 {
             // SAFETY: allocated by `cuMemAlloc`, no kernel reads it any more (synchronized).
-            let _ = unsafe { cu::free_sync(self.dev) };
+            if unsafe { cu::free_sync(self.dev) }.is_ok() {
+                count_alloc!(Device, -1);
+            }
             self.dev = 0;
         }
     }
@@ -535,12 +539,14 @@ impl Gatherer {
             if !t.host.is_null() {
                 // SAFETY: no upload reads it any more (synchronized above).
                 unsafe { cu::free_host(t.host as *mut _) }.map_err(drv("cuMemFreeHost"))?;
+                count_alloc!(PinnedHost, -1);
                 t.host = std::ptr::null_mut();
                 t.host_cap = 0;
             }
             // SAFETY: a plain allocation, owned by the table.
             t.host = unsafe { cu::malloc_host(cap, sys::CU_MEMHOSTALLOC_PORTABLE) }
                 .map_err(drv("cuMemHostAlloc"))? as *mut u8;
+            count_alloc!(PinnedHost, 1);
             t.host_cap = cap;
         }
         if t.dev_cap < bytes {
@@ -552,11 +558,13 @@ impl Gatherer {
                 }
                 // SAFETY: no kernel reads it any more (synchronized above).
                 unsafe { cu::free_sync(t.dev) }.map_err(drv("cuMemFree"))?;
+                count_alloc!(Device, -1);
                 t.dev = 0;
                 t.dev_cap = 0;
             }
             // SAFETY: a plain allocation, owned by the table.
             t.dev = unsafe { cu::malloc_sync(cap) }.map_err(drv("cuMemAlloc"))?;
+            count_alloc!(Device, 1);
             t.dev_cap = cap;
         }
         // SAFETY: `Segment` is repr(C) plain data; the pinned buffer holds at least `bytes`

@@ -64,6 +64,7 @@ impl DeviceBuffer {
             sys::cuMemAlloc_v2(&mut ptr, len.max(1))
         })
         .map_err(|e| alloc_err("device memory", len, e))?;
+        count_alloc!(Device, 1);
         Ok(DeviceBuffer {
             ptr,
             len,
@@ -140,7 +141,10 @@ impl Drop for DeviceBuffer {
         if driver::bind(&self.ctx).is_ok() {
             // SAFETY: `ptr` came from cuMemAlloc and is freed once; the safe APIs guarantee no
             // copy still uses it.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            let r = unsafe { sys::cuMemFree_v2(self.ptr) };
+            if r == sys::CUresult::CUDA_SUCCESS {
+                count_alloc!(Device, -1);
+            }
         }
     }
 }
@@ -182,6 +186,7 @@ impl HostAlloc {
             sys::cuMemHostAlloc(&mut p, len.max(1), flags)
         })
         .map_err(|e| alloc_err(what, len, e))?;
+        count_alloc!(PinnedHost, 1);
         let ptr = p.cast::<u8>();
         // SAFETY: fresh allocation of at least `len` bytes; zeroed so that it reads as `[u8]`.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
@@ -204,7 +209,9 @@ impl HostAlloc {
 impl Drop for HostAlloc {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
-        let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+        if unsafe { sys::cuMemFreeHost(self.ptr.cast()) } == sys::CUresult::CUDA_SUCCESS {
+            count_alloc!(PinnedHost, -1);
+        }
     }
 }
 
@@ -402,6 +409,7 @@ where
         }) {
             return Err((alloc_err("host registration", len, e), buf));
         }
+        count_alloc!(PinnedHost, 1);
         Ok(Registered {
             inner: Some(buf),
             ptr,
@@ -422,7 +430,9 @@ impl<T> Registered<T> {
     fn unregister(&mut self) {
         if !self.ptr.is_null() {
             // SAFETY: `ptr` was registered by `new` and is unregistered once.
-            let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+            if unsafe { sys::cuMemHostUnregister(self.ptr.cast()) } == sys::CUresult::CUDA_SUCCESS {
+                count_alloc!(PinnedHost, -1);
+            }
             self.ptr = std::ptr::null_mut();
         }
     }
@@ -502,6 +512,7 @@ impl ManagedBuffer {
             )
         })
         .map_err(|e| alloc_err("managed memory", len, e))?;
+        count_alloc!(Device, 1);
         let b = ManagedBuffer { ptr, len, ctx };
         // SAFETY: the allocation holds at least `len` bytes; synchronous memset.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(b.ptr, 0, len) })?;
@@ -562,7 +573,9 @@ impl Drop for ManagedBuffer {
     fn drop(&mut self) {
         if driver::bind(&self.ctx).is_ok() {
             // SAFETY: `ptr` came from cuMemAllocManaged and is freed once.
-            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+            if unsafe { sys::cuMemFree_v2(self.ptr) } == sys::CUresult::CUDA_SUCCESS {
+                count_alloc!(Device, -1);
+            }
         }
     }
 }

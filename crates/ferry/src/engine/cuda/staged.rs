@@ -265,6 +265,7 @@ impl Pinned {
         // SAFETY: a plain allocation call; the pointer is owned by the returned value and freed
         // once in `Drop`.
         let ptr = unsafe { cu::malloc_host(len, flags) }.map_err(drv("cuMemHostAlloc"))?;
+        count_alloc!(PinnedHost, 1);
         Ok(Pinned {
             ptr: ptr as *mut u8,
         })
@@ -275,7 +276,9 @@ impl Drop for Pinned {
     fn drop(&mut self) {
         // SAFETY: `ptr` came from `cuMemHostAlloc` and is freed exactly once; the ring's users
         // synchronize every DMA touching it before the stager (and so this) is dropped.
-        let _ = unsafe { cu::free_host(self.ptr as *mut std::ffi::c_void) };
+        if unsafe { cu::free_host(self.ptr as *mut std::ffi::c_void) }.is_ok() {
+            count_alloc!(PinnedHost, -1);
+        }
     }
 }
 
