@@ -98,7 +98,7 @@ cat >"$bundle/sanitize.sh" <<'SAN'
 #   SAN_TOTAL        seconds for the whole pass (default 540, under the GPU host's 10-minute
 #                    command limit): runs that would start later are listed as NOT RUN
 #   SAN_ONLY         only binaries whose name matches this regex (default all)
-#   SAN_SKIP         test names to skip, space-separated (default: device_out_of_memory, which
+#   SAN_SKIP         test names to skip, space-separated (default: card_filled_out_of_memory, which
 #                    fills the card and would also starve the sanitizer's own device memory)
 #   SAN_API_ERRORS   --report-api-errors (default "no": ferry asks cuPointerGetAttribute about
 #                    plain host memory to recognise pinned memory, and the fault tests provoke
@@ -118,7 +118,7 @@ fi
 tools=${TOOLS:-memcheck racecheck}
 limit=${SAN_TIMEOUT:-120}
 deadline=$(($(date +%s) + ${SAN_TOTAL:-540}))
-skip_list=${SAN_SKIP-device_out_of_memory}
+skip_list=${SAN_SKIP-card_filled_out_of_memory}
 skip=()
 for t in $skip_list; do skip+=(--skip "$t"); done
 export FERRY_STRESS_OPS=${FERRY_STRESS_OPS:-150} FERRY_STRESS_SECS=${FERRY_STRESS_SECS:-30} \

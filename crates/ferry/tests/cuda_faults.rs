@@ -191,7 +191,7 @@ fn fill_the_card() -> Vec<DeviceBuffer> {
 /// The card filled: every submission either succeeds with the right bytes or fails with a
 /// clear error; nothing panics; afterwards the engine works on every path and nothing leaked.
 #[test]
-fn device_out_of_memory() {
+fn card_filled_out_of_memory() {
     let Some(_g) = serial_with_driver() else {
         return;
     };
@@ -308,7 +308,7 @@ fn device_out_of_memory() {
         // A fresh engine too (its gatherer is made now, with memory available).
         still_works(&CudaEngine::new(0).unwrap(), 200);
     }
-    leaks.check("device out of memory");
+    leaks.check("card filled");
 }
 
 // ---------------------------------------------------------------------------------------------
