@@ -57,12 +57,14 @@ mod probe;
 mod raw;
 pub mod staged;
 pub mod strided;
+mod timer;
 
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
 pub use raw::RawCopier;
 pub use strided::KernelCopies;
+pub use timer::StreamTimer;
 
 use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
