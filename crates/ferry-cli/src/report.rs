@@ -12,6 +12,18 @@ fn fmt_fig(kind: Kind, v: f64) -> String {
     }
 }
 
+/// How the row was timed: every clock its series used, ferry's first (`events`, `host`,
+/// `events/host`).
+fn clock(r: &Row) -> String {
+    let mut names: Vec<&str> = vec![];
+    for s in &r.series {
+        if !names.contains(&s.clock.short()) {
+            names.push(s.clock.short());
+        }
+    }
+    names.join("/")
+}
+
 /// Renders rows of one kind as an aligned table.
 pub fn table(rows: &[&Row], kind: Kind) -> String {
     let u = kind.unit();
@@ -29,6 +41,7 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
         format!("base {u}"),
         ratio_head,
         "link".into(),
+        "clock".into(),
         "ok".into(),
     ];
     let mut cells = vec![head];
@@ -50,6 +63,7 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
             format!("{:.2}", r.ratio),
             r.link_limit_fraction
                 .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+            clock(r),
             if verified { "yes".into() } else { "NO".into() },
         ]);
     }

@@ -64,7 +64,7 @@ pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuff
 pub use probe::{probe, CudaProbe, DeviceInfo};
 pub use raw::RawCopier;
 pub use strided::KernelCopies;
-pub use timer::StreamTimer;
+pub use timer::{StreamTimer, LATCH_TIMEOUT};
 
 use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;

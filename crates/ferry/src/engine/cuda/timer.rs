@@ -2,14 +2,17 @@
 //! latch (`cuStreamWaitValue32` on a flag in mapped host memory), then records a start event;
 //! the caller enqueues its copies; then an end event is recorded and the host releases the
 //! latch. The copies thus start together, once all are queued, and the events time the GPU's
-//! work only: neither the submission of the copies nor the host's wait is in the figure.
+//! work only: neither the submission of the copies nor the host's wait is in the figure. A
+//! watchdog thread opens a latch left closed for [`LATCH_TIMEOUT`] (a call that waited for the
+//! stream inside the timed section), and the timing then reports an error instead of hanging.
 
 use super::driver::{self, check};
 use super::memory::MappedBuffer;
 use super::CudaError;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Times the work enqueued on one stream between a start and an end event, with the work
 /// released together behind a latch. See the [module documentation](self).
@@ -28,18 +31,53 @@ use std::sync::Arc;
 /// ```
 pub struct StreamTimer {
     ctx: Arc<CudaContext>,
-    flag: MappedBuffer,
-    /// The flag's host address, taken once from the exclusively owned buffer.
-    flag_ptr: *mut u32,
+    latch: Arc<Latch>,
     start: CudaEvent,
     end: CudaEvent,
 }
 
-// SAFETY: the flag is only accessed atomically through `flag_ptr`; the events and context are
-// usable from any thread.
-unsafe impl Send for StreamTimer {}
+/// How long the latch may stay closed before the watchdog opens it: a call inside
+/// [`StreamTimer::time`] that waited for the stream would otherwise hang for ever.
+pub const LATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The flag (in mapped host memory) and the watchdog's view of it.
+struct Latch {
+    /// Owns the flag's memory for as long as anyone (the watchdog included) may write it.
+    mem: MappedBuffer,
+    /// The flag's host address, taken once from the exclusively owned buffer.
+    ptr: *mut u32,
+    /// When the latch was closed, while it is.
+    closed_at: Mutex<Option<Instant>>,
+    /// The watchdog opened the latch since the last `time`.
+    fired: AtomicBool,
+}
+
+// SAFETY: the flag is only accessed atomically through `ptr`; the buffer is never lent out.
+unsafe impl Send for Latch {}
 // SAFETY: as above; shared use only stores and loads the flag atomically.
-unsafe impl Sync for StreamTimer {}
+unsafe impl Sync for Latch {}
+
+impl Latch {
+    fn flag(&self) -> &AtomicU32 {
+        // SAFETY: `ptr` points into `mem` (64 bytes, page-aligned), owned by `self` and never
+        // lent out; the host only accesses it atomically (here) and the GPU only reads it.
+        unsafe { AtomicU32::from_ptr(self.ptr) }
+    }
+    fn close(&self) {
+        self.flag().store(0, Ordering::Release);
+        *self
+            .closed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+    fn open(&self) {
+        *self
+            .closed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.flag().store(1, Ordering::Release);
+    }
+}
 
 impl std::fmt::Debug for StreamTimer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -49,24 +87,49 @@ impl std::fmt::Debug for StreamTimer {
     }
 }
 
-/// Releases the latch even if the enqueueing closure panics or fails, so that the stream never
+/// Opens the latch even if the enqueueing closure panics or fails, so that the stream never
 /// stays blocked.
-struct Release<'a>(&'a AtomicU32);
+struct Release<'a>(&'a Latch);
 
 impl Drop for Release<'_> {
     fn drop(&mut self) {
-        self.0.store(1, Ordering::Release);
+        self.0.open();
     }
 }
 
 impl StreamTimer {
-    /// A timer on device `ordinal`: a flag in mapped host memory and two timing events.
-    /// Errors: no driver, no device, allocation or event creation failures.
+    /// A timer on device `ordinal`: a flag in mapped host memory, two timing events, and a
+    /// watchdog thread that opens a latch left closed for [`LATCH_TIMEOUT`]. Errors: no
+    /// driver, no device, allocation, event creation or thread start failures.
     pub fn new(ordinal: u32) -> Result<StreamTimer, CudaError> {
         let ctx = driver::context(ordinal)?;
         driver::bind(&ctx)?;
-        let mut flag = MappedBuffer::new(64)?;
-        let flag_ptr = flag.as_mut_ptr().cast::<u32>();
+        let mut mem = MappedBuffer::new(64)?;
+        let ptr = mem.as_mut_ptr().cast::<u32>();
+        let latch = Arc::new(Latch {
+            mem,
+            ptr,
+            closed_at: Mutex::new(None),
+            fired: AtomicBool::new(false),
+        });
+        latch.open();
+        let weak = Arc::downgrade(&latch);
+        std::thread::Builder::new()
+            .name("ferry-latch-watchdog".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(50));
+                let Some(l) = weak.upgrade() else { return };
+                let late = l
+                    .closed_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some_and(|t| t.elapsed() > LATCH_TIMEOUT);
+                if late {
+                    l.fired.store(true, Ordering::Release);
+                    l.open();
+                }
+            })
+            .map_err(|e| CudaError::Thread(e.to_string()))?;
         let ev = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(|e| CudaError::Driver {
@@ -78,16 +141,8 @@ impl StreamTimer {
             start: ev()?,
             end: ev()?,
             ctx,
-            flag,
-            flag_ptr,
+            latch,
         })
-    }
-
-    fn flag(&self) -> &AtomicU32 {
-        // SAFETY: `flag_ptr` points into the mapped buffer (64 bytes, page-aligned) that `self`
-        // owns and never lends out; the host only accesses it atomically (here) and the GPU
-        // only reads it (the stream wait).
-        unsafe { AtomicU32::from_ptr(self.flag_ptr) }
     }
 
     /// Enqueues on `stream`: a wait for the latch, the start event, whatever `enqueue` puts on
@@ -107,10 +162,10 @@ impl StreamTimer {
         enqueue: impl FnOnce() -> T,
     ) -> Result<T, CudaError> {
         driver::bind(&self.ctx)?;
-        let flag = self.flag();
-        flag.store(0, Ordering::Release);
-        let release = Release(flag);
-        let addr = self.flag.device_ptr();
+        self.latch.fired.store(false, Ordering::Release);
+        self.latch.close();
+        let release = Release(&self.latch);
+        let addr = self.latch.mem.device_ptr();
         // SAFETY: `addr` is the device address of the mapped flag, which outlives the wait
         // (the timer owns it; `release` sets it before this function returns); `stream` is a
         // live stream of this context.
@@ -136,7 +191,8 @@ impl StreamTimer {
     }
 
     /// Seconds between the start and end events of the last [`StreamTimer::time`]; waits
-    /// for the end event first.
+    /// for the end event first. Errors: an event failed, or the watchdog had to open the
+    /// latch (a call inside `time` waited for the stream: the figure would be wrong).
     pub fn seconds(&self) -> Result<f64, CudaError> {
         let ms = self
             .start
@@ -145,6 +201,13 @@ impl StreamTimer {
                 call: "cuEventElapsedTime",
                 msg: driver::error_string(e.0),
             })?;
+        if self.latch.fired.load(Ordering::Acquire) {
+            return Err(CudaError::InvalidArgument(format!(
+                "the latch stayed closed for {} s and was opened by the watchdog: a call inside \
+                 StreamTimer::time waited for the stream",
+                LATCH_TIMEOUT.as_secs()
+            )));
+        }
         Ok(f64::from(ms) / 1e3)
     }
 }
