@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Times the work enqueued on one stream between a start and an end event, with the work
-/// released together behind a latch. See the [module documentation](self).
+/// released together behind a latch, as nvbandwidth does: the stream waits on a flag in mapped
+/// host memory (`cuStreamWaitValue32`), records the start event, runs what the caller enqueued,
+/// records the end event; the host then opens the latch. A watchdog opens a latch left closed
+/// for [`LATCH_TIMEOUT`].
 ///
 /// ```no_run
 /// use ferry::cuda::{CudaEngine, Direction, DeviceBuffer, PinnedBuffer, StreamTimer};
