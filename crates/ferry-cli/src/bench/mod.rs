@@ -37,8 +37,10 @@ event; then the host releases the latch, so submission and queueing are not time
 GPU's work from start to end event. The table's clock column says events for these.
 Host-clock rows (clock: host): the pageable tests (ferry's staged path runs on CPU threads, and the
 driver's pageable copies may wait for the stream, so no latch can hold them), cuda-bidir (two
-streams), the latency tests (submit+wait is what they measure), and any row where the latch
-could not be set up; they are timed on the host around submit..completion of the batch.
+streams), cuda-transpose* and cuda-scatter (their raw baselines make thousands of driver calls,
+more than a stream's queue holds behind a closed latch), the latency tests (submit+wait is what
+they measure), and any row where the latch could not be set up; they are timed on the host
+around submit..completion of the batch.
 Host-clock series wait by spinning (raw: the driver's default synchronize; ferry:
 WaitMode::Spin), so the rows compare copies, not sleep/wake-up costs; cuda-latency shows
 ferry's default blocking wait. The link column is ferry's figure over PCIe generation x width
