@@ -495,13 +495,15 @@ impl CudaEngine {
         dk: MemKind,
         sk: Option<MemKind>,
     ) -> bool {
-        let Some(src) = src else { return false };
+        let mode = self.cfg.kernel_copies;
+        let Some(src) = src.filter(|_| mode != KernelCopies::Never && !steps.is_empty()) else {
+            return false;
+        };
         let reachable = |k: MemKind| match k {
             MemKind::Pageable => false,
             MemKind::Device { ordinal } => ordinal == self.cfg.ordinal,
             _ => true,
         };
-        let mode = self.cfg.kernel_copies;
         let takes = |s: &crate::op::Step| match s {
             crate::op::Step::Copy(p) => mode.takes(p),
             _ => false,
