@@ -1,8 +1,9 @@
 //! SM copies of strided plans (`ferry::cuda::strided`): transposes of every element size, odd
 //! shapes, 3-D and 4-D permutations, offsets, every device-accessible memory kind, each engine
 //! mode (`KernelCopies::Auto`, `Always`, `Never`), and the kernels called directly; every
-//! destination byte is checked against the CPU engine's result. The last test prints SM and
-//! copy-engine timings of transposes by run length, for setting `strided::AUTO_MAX_RUN`.
+//! destination byte is checked against the CPU engine's result. The last two tests print SM and
+//! copy-engine timings of transposes by run length and by run count, for setting
+//! `strided::AUTO_MAX_RUN` and `strided::AUTO_MIN_RUNS`.
 //! Prints `skipped: no CUDA driver` without a GPU.
 
 mod cuda_common;
@@ -327,6 +328,47 @@ fn transpose_timings_by_run_length() {
             times.sort_by(f64::total_cmp);
             let med = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
             line += &format!(" {name} {:.1} GB/s", dn as f64 / med / 1e9);
+        }
+        println!("{line}");
+    }
+}
+
+/// Prints, for small square transposes of f32 (64 to 65,536 runs), the submit+wait time on the
+/// SMs and on the copy engines (median of 21 after a warm-up), for choosing
+/// `strided::AUTO_MIN_RUNS`; checks the bytes of each.
+#[test]
+fn small_transpose_timings_by_run_count() {
+    let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
+        return;
+    };
+    for side in [8usize, 16, 32, 64, 128, 256] {
+        let (dl, dn, sl, sn) = transpose(side, side, 4);
+        let src_h = bytes(sn, side as u64);
+        let src = DeviceBuffer::from_host(0, &src_h).unwrap();
+        let want = reference_copy(&vec![0u8; dn], &dl, &src_h, &sl);
+        let mut line = format!("transpose {side}x{side} f32 ({} runs):", side * side);
+        for (name, e) in [("SM", &sm), ("copy engines", &ce)] {
+            let mut dst = DeviceBuffer::zeroed(0, dn).unwrap();
+            let mut times = vec![];
+            for i in 0..22 {
+                let t = Instant::now();
+                e.scope(|s| {
+                    s.copy(&mut dst, &dl, &src, &sl)?
+                        .wait()
+                        .map_err(ferry::Error::from)
+                })
+                .unwrap()
+                .unwrap();
+                if i > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            assert!(
+                dst.to_vec().unwrap() == want,
+                "{name} side {side}: wrong bytes"
+            );
+            times.sort_by(f64::total_cmp);
+            line += &format!(" {name} {:.1} us", times[times.len() / 2] * 1e6);
         }
         println!("{line}");
     }

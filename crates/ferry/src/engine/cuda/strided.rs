@@ -37,12 +37,14 @@ pub const TILE_MAX_RUN: usize = 32;
 /// bytes (and there are at least [`AUTO_MIN_RUNS`] of them).
 ///
 /// Provisional: the value is not yet measured. The lead sets it from a measurement on the GPU
-/// host (`ferry bench --test cuda-transpose` and `cuda_strided`'s timing test: the run length
-/// below which the kernel beats `cuMemcpy2DAsync`/`cuMemcpy3DAsync` on the copy engines).
+/// host (`ferry bench --test cuda-transpose` and `cuda_strided`'s
+/// `transpose_timings_by_run_length`: the run length up to which the kernel beats
+/// `cuMemcpy2DAsync`/`cuMemcpy3DAsync` on the copy engines).
 pub const AUTO_MAX_RUN: usize = 16;
 
 /// [`KernelCopies::Auto`] leaves plans of fewer runs than this on the copy engines (a few driver
-/// calls cost about as much as one launch). Provisional, as [`AUTO_MAX_RUN`].
+/// calls cost about as much as one launch). Provisional, as [`AUTO_MAX_RUN`]: the lead sets it
+/// from `cuda_strided`'s `small_transpose_timings_by_run_count` on the GPU host.
 pub const AUTO_MIN_RUNS: usize = 1024;
 
 /// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
