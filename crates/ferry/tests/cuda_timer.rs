@@ -59,20 +59,28 @@ fn latch_holds_the_stream_until_released() {
     let raw = RawCopier::new(0).unwrap();
     let n = 1 << 20;
     let data = bytes(n, 9);
-    let mut host = PinnedBuffer::new(n).unwrap();
-    host.copy_from_slice(&data);
-    let mut dev = DeviceBuffer::zeroed(0, n).unwrap();
-    // Inside `timed` the copy is only enqueued: sleeping there must not let it run; the events
-    // time the copy, not the sleep.
+    let src = DeviceBuffer::from_host(0, &data).unwrap();
+    // The destination is mapped host memory, so the CPU sees whether the copy has run.
+    let mut dst = MappedBuffer::new(n).unwrap();
+    dst.fill(0xA5);
+    let mut untouched = false;
     let s = raw
         .timed(&timer, |r| {
-            r.copy(&mut dev, &host, n, 1)?;
+            r.copy(&mut dst, &src, n, 1)?;
+            // Enqueued only: while the latch is closed, the copy must not run.
             std::thread::sleep(Duration::from_millis(200));
+            let p = dst.as_ptr();
+            // SAFETY: reads inside the mapped buffer; volatile, as the GPU could write it.
+            untouched = (0..n)
+                .step_by(4096)
+                .all(|i| unsafe { p.add(i).read_volatile() } == 0xA5);
             Ok(())
         })
         .unwrap();
+    assert!(untouched, "the copy ran before the latch opened");
+    // The events time the copy, not the host's sleep.
     assert!(s < 0.1, "the events timed the host's sleep: {s} s");
-    assert!(dev.to_vec().unwrap() == data);
+    assert!(dst[..] == data[..]);
 }
 
 #[test]
