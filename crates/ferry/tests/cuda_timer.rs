@@ -125,3 +125,40 @@ fn watchdog_turns_a_hang_into_an_error() {
     timer.time(&stream, || ()).unwrap();
     assert!(timer.seconds().unwrap() >= 0.0);
 }
+
+#[test]
+fn both_directions_behind_one_latch() {
+    let Some(e) = cuda_or_skip() else { return };
+    let timer = StreamTimer::new(0).unwrap();
+    let n = 32 << 20;
+    let (up, down) = (bytes(n, 21), bytes(n, 22));
+    let mut up_src = PinnedBuffer::new(n).unwrap();
+    up_src.copy_from_slice(&up);
+    let down_src = DeviceBuffer::from_host(0, &down).unwrap();
+    let mut up_dst = DeviceBuffer::zeroed(0, n).unwrap();
+    let mut down_dst = PinnedBuffer::new(n).unwrap();
+    let streams = [
+        &**e.stream(Direction::HostToDevice),
+        &**e.stream(Direction::DeviceToHost),
+    ];
+    e.scope(|s| -> Result<(), ferry::Error> {
+        let (a, b) = timer.time_all(&streams, || -> Result<_, ferry::Error> {
+            Ok((
+                s.memcpy(&mut up_dst, &up_src)?,
+                s.memcpy(&mut down_dst, &down_src)?,
+            ))
+        })??;
+        a.wait()?;
+        b.wait()?;
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+    let secs = timer.seconds().unwrap();
+    println!(
+        "32 MiB each way at once: {:.1} GB/s by events",
+        (2 * n) as f64 / secs / 1e9
+    );
+    assert!(secs > 0.0);
+    assert!(up_dst.to_vec().unwrap() == up && down_dst[..] == down[..]);
+}

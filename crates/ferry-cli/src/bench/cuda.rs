@@ -4,10 +4,10 @@
 //! Every bandwidth series does one *batch* per timed call: `batch` copies released together
 //! (ferry: `batch` requests submitted back to back, then waited; raw: `batch` driver calls on
 //! one stream, then one synchronize). `batch` is 8 below 16 MiB and 1 above. Where the copies
-//! run on one stream, only enqueue, and take few driver calls (every bandwidth test but the
-//! pageable ones, `cuda-bidir`, `cuda-transpose*` and `cuda-scatter`, whose raw baselines make
-//! thousands of calls: more than a stream's queue holds behind a closed latch), the batch is
-//! timed with CUDA events behind a latch ([`StreamTimer`]), as
+//! only enqueue and take few driver calls (every bandwidth test but the pageable ones,
+//! `cuda-transpose*` and `cuda-scatter`, whose raw baselines make thousands of calls: more than
+//! a stream's queue holds behind a closed latch), the batch is timed with CUDA events behind a
+//! latch ([`StreamTimer`]; `cuda-bidir`: both streams behind one latch), as
 //! nvbandwidth does: ferry's side on the engine's stream for the copy's direction
 //! ([`CudaEngine::stream`]), the raw side on the raw copier's stream
 //! ([`RawCopier::timed`]). The other rows, and all rows if the latch cannot be set up here, are
@@ -407,7 +407,8 @@ impl CudaBench {
         ))
     }
 
-    /// Both directions at once, on two streams: host clock (one latch holds one stream).
+    /// Both directions at once, on two streams (ferry: its host-to-device and device-to-host
+    /// streams; raw: the copier's two), both behind the latch.
     fn bidir(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let data = pattern_bytes(size);
         let mut up_src = PinnedBuffer::new(size).map_err(setup)?;
@@ -420,32 +421,32 @@ impl CudaBench {
         let check = |up: &DeviceBuffer, down: &PinnedBuffer| {
             up.to_vec().is_ok_and(|v| v == data) && down[..] == data[..]
         };
+        let timer = self.clock(true);
+        let e = &self.spin;
         let f = ctx.series(
-            &format!("ferry {} spin", self.spin.name()),
+            &format!("ferry {} spin", e.name()),
             Role::Ferry,
             payload,
             || {
                 down_dst.fill(0xA5);
-                let t = measure(&self.method, || {
-                    self.spin
-                        .scope(|s| {
-                            let _up = s.copy(&mut up_dst, &l, &up_src, &l)?;
-                            s.copy(&mut down_dst, &l, &down_src, &l).map(drop)
-                        })
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())
+                let dirs = [Direction::HostToDevice, Direction::DeviceToHost];
+                let (t, c) = self.time(timer, |tm| {
+                    ferry_batches(e, &dirs, tm, |s| {
+                        let _up = s.copy(&mut up_dst, &l, &up_src, &l)?;
+                        s.copy(&mut down_dst, &l, &down_src, &l).map(drop)
+                    })
                 })?;
-                Ok((t, check(&up_dst, &down_dst), Clock::Host))
+                Ok((t, check(&up_dst, &down_dst), c))
             },
         )?;
         let r = ctx.series("raw driver (2 streams)", Role::Baseline, payload, || {
             down_dst.fill(0xA5);
-            let t = measure(&self.method, || {
-                self.raw
-                    .bidir(&mut up_dst, &up_src, &mut down_dst, &down_src, size, 1)
-                    .map_err(|e| e.to_string())
+            let (t, c) = self.time(timer, |tm| {
+                self.raw_batch(tm, |raw| {
+                    raw.bidir(&mut up_dst, &up_src, &mut down_dst, &down_src, size, 1)
+                })
             })?;
-            Ok((t, check(&up_dst, &down_dst), Clock::Host))
+            Ok((t, check(&up_dst, &down_dst), c))
         })?;
         Ok(Row::new(
             ctx.test,
@@ -887,11 +888,25 @@ where
     F: for<'s> FnOnce(&'s ferry::Scope<'s, 'env>) -> Result<(), E>,
     E: std::fmt::Display,
 {
+    ferry_batches(e, &[dir], timer, submit)
+}
+
+/// As [`ferry_batch`], with copies on the streams of several directions, all behind the latch.
+fn ferry_batches<'env, F, E>(
+    e: &'env CudaEngine,
+    dirs: &[Direction],
+    timer: Option<&StreamTimer>,
+    submit: F,
+) -> Result<Option<f64>, String>
+where
+    F: for<'s> FnOnce(&'s ferry::Scope<'s, 'env>) -> Result<(), E>,
+    E: std::fmt::Display,
+{
     match timer {
         None => flat(e.scope(submit)).map(|()| None),
         Some(t) => {
-            let stream = e.stream(dir);
-            flat(e.scope(|s| t.time(stream, || submit(s))))?.map_err(|e| e.to_string())?;
+            let streams: Vec<_> = dirs.iter().map(|&d| &**e.stream(d)).collect();
+            flat(e.scope(|s| t.time_all(&streams, || submit(s))))?.map_err(|e| e.to_string())?;
             t.seconds().map(Some).map_err(|e| e.to_string())
         }
     }

@@ -34,11 +34,12 @@ events, as nvbandwidth does: on the stream that does the copies, a cuStreamWaitV
 a flag in mapped host memory, the start event, the batch (ferry: its requests submitted on the
 engine's stream for the direction; raw: driver calls on the raw copier's stream), the end
 event; then the host releases the latch, so submission and queueing are not timed, only the
-GPU's work from start to end event. The table's clock column says events for these.
-Host-clock rows (clock: host): the pageable tests (ferry's staged path runs on CPU threads, and the
-driver's pageable copies may wait for the stream, so no latch can hold them), cuda-bidir (two
-streams), cuda-transpose* and cuda-scatter (their raw baselines make thousands of driver calls,
-more than a stream's queue holds behind a closed latch), the latency tests (submit+wait is what
+GPU's work from start to end event (cuda-bidir: both streams behind one latch, from the
+earliest start to the latest end). The table's clock column says events for these.
+Host-clock rows (clock: host): the pageable tests (ferry's staged path runs on CPU threads,
+and the driver's pageable copies may wait for the stream, so no latch can hold them),
+cuda-transpose* and cuda-scatter (their raw baselines make thousands of driver calls, more
+than a stream's queue holds behind a closed latch), the latency tests (submit+wait is what
 they measure), and any row where the latch could not be set up; they are timed on the host
 around submit..completion of the batch.
 Host-clock series wait by spinning (raw: the driver's default synchronize; ferry:

@@ -74,18 +74,17 @@ impl RawCopier {
         })
     }
 
-    /// Runs `f` (calls of this copier) with its copies on the first stream released together
-    /// behind `timer`'s latch and timed by CUDA events, as nvbandwidth does; returns the seconds
-    /// between the events. Every copy has finished when it returns. The second stream (the
-    /// device-to-host half of [`RawCopier::bidir`]) is not behind the latch. Not for concurrent
-    /// use of one copier from several threads.
+    /// Runs `f` (calls of this copier) with its copies released together behind `timer`'s
+    /// latch on both of the copier's streams and timed by CUDA events, as nvbandwidth does;
+    /// returns the seconds from the earliest start event to the latest end event. Every copy
+    /// has finished when it returns. Not for concurrent use of one copier from several threads.
     pub fn timed(
         &self,
         timer: &StreamTimer,
         f: impl FnOnce(&RawCopier) -> Result<(), CudaError>,
     ) -> Result<f64, CudaError> {
         self.defer.store(true, Ordering::Relaxed);
-        let r = timer.time(&self.streams[0], || f(self));
+        let r = timer.time_all(&[&self.streams[0], &self.streams[1]], || f(self));
         self.defer.store(false, Ordering::Relaxed);
         let synced = self.sync(0).and(self.sync(1));
         r??;

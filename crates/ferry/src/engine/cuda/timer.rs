@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 pub struct StreamTimer {
     ctx: Arc<CudaContext>,
     latch: Arc<Latch>,
-    start: CudaEvent,
-    end: CudaEvent,
+    /// (start, end) events per stream, and how many the last timing used.
+    events: Mutex<(Vec<(CudaEvent, CudaEvent)>, usize)>,
 }
 
 /// How long the latch may stay closed before the watchdog opens it: a call inside
@@ -133,19 +133,18 @@ impl StreamTimer {
                 }
             })
             .map_err(|e| CudaError::Thread(e.to_string()))?;
-        let ev = || {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| CudaError::Driver {
-                    call: "cuEventCreate",
-                    msg: driver::error_string(e.0),
-                })
-        };
-        Ok(StreamTimer {
-            start: ev()?,
-            end: ev()?,
+        let t = StreamTimer {
             ctx,
             latch,
-        })
+            events: Mutex::new((Vec::new(), 0)),
+        };
+        let pair = (t.event()?, t.event()?);
+        t.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .push(pair);
+        Ok(t)
     }
 
     /// Enqueues on `stream`: a wait for the latch, the start event, whatever `enqueue` puts on
@@ -155,8 +154,9 @@ impl StreamTimer {
     /// `enqueue` must only enqueue work on `stream` (ferry's requests submitted on the
     /// engine's stream for this direction, driver calls on the stream): a call that waits for
     /// the stream to progress would wait forever, since the latch opens only after it
-    /// returns. Pageable-memory copies are such calls (the driver may wait for the stream
-    /// while it stages them), and so is ferry's staged pageable path (its own threads).
+    /// returns (the watchdog opens it after [`LATCH_TIMEOUT`], and `seconds` then fails).
+    /// Pageable-memory copies are such calls (the driver may wait for the stream while it
+    /// stages them), and so is ferry's staged pageable path (its own threads).
     ///
     /// Errors (outer): the stream wait or an event record failed (nothing is left blocked).
     pub fn time<T>(
@@ -164,46 +164,90 @@ impl StreamTimer {
         stream: &CudaStream,
         enqueue: impl FnOnce() -> T,
     ) -> Result<T, CudaError> {
+        self.time_all(&[stream], enqueue)
+    }
+
+    /// As [`StreamTimer::time`] for work on several streams released together (e.g. both
+    /// directions at once): each stream waits for the one latch and has its own start and end
+    /// events; [`StreamTimer::seconds`] is then from the earliest start to the latest end.
+    pub fn time_all<T>(
+        &self,
+        streams: &[&CudaStream],
+        enqueue: impl FnOnce() -> T,
+    ) -> Result<T, CudaError> {
         driver::bind(&self.ctx)?;
+        let mut evs = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        evs.1 = 0;
+        while evs.0.len() < streams.len() {
+            let pair = (self.event()?, self.event()?);
+            evs.0.push(pair);
+        }
         self.latch.fired.store(false, Ordering::Release);
         self.latch.close();
         let release = Release(&self.latch);
         let addr = self.latch.mem.device_ptr();
-        // SAFETY: `addr` is the device address of the mapped flag, which outlives the wait
-        // (the timer owns it; `release` sets it before this function returns); `stream` is a
-        // live stream of this context.
-        check("cuStreamWaitValue32", unsafe {
-            sys::cuStreamWaitValue32_v2(
-                stream.cu_stream(),
-                addr,
-                1,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        })?;
-        let rec = |e: &CudaEvent| {
+        let rec = |e: &CudaEvent, stream: &CudaStream| {
             e.record(stream).map_err(|e| CudaError::Driver {
                 call: "cuEventRecord",
                 msg: driver::error_string(e.0),
             })
         };
-        rec(&self.start)?;
+        for (stream, (start, _)) in streams.iter().zip(&evs.0) {
+            // SAFETY: `addr` is the device address of the mapped flag, which outlives the wait
+            // (the timer owns it; `release` sets it before this function returns); `stream`
+            // is a live stream of this context.
+            check("cuStreamWaitValue32", unsafe {
+                sys::cuStreamWaitValue32_v2(
+                    stream.cu_stream(),
+                    addr,
+                    1,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+            })?;
+            rec(start, stream)?;
+        }
         let out = enqueue();
-        rec(&self.end)?;
+        for (stream, (_, end)) in streams.iter().zip(&evs.0) {
+            rec(end, stream)?;
+        }
+        evs.1 = streams.len();
         drop(release);
         Ok(out)
     }
 
-    /// Seconds between the start and end events of the last [`StreamTimer::time`]; waits
-    /// for the end event first. Errors: an event failed, or the watchdog had to open the
-    /// latch (a call inside `time` waited for the stream: the figure would be wrong).
-    pub fn seconds(&self) -> Result<f64, CudaError> {
-        let ms = self
-            .start
-            .elapsed_ms(&self.end)
+    fn event(&self) -> Result<CudaEvent, CudaError> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| CudaError::Driver {
+                call: "cuEventCreate",
+                msg: driver::error_string(e.0),
+            })
+    }
+
+    /// Seconds from the earliest start event to the latest end event of the last
+    /// [`StreamTimer::time`] or [`StreamTimer::time_all`]; waits for the end events first.
+    /// Errors: nothing was timed, an event failed, or the watchdog had to open the latch (a
+    /// call inside `time` waited for the stream: the figure would be wrong).
+    pub fn seconds(&self) -> Result<f64, CudaError> {
+        let evs = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let used = &evs.0[..evs.1];
+        let Some((first, _)) = used.first() else {
+            return Err(CudaError::InvalidArgument(
+                "StreamTimer::seconds: nothing was timed".into(),
+            ));
+        };
+        // Milliseconds from the first stream's start to each event (negative for earlier ones).
+        let since = |e: &CudaEvent| {
+            first.elapsed_ms(e).map_err(|e| CudaError::Driver {
                 call: "cuEventElapsedTime",
                 msg: driver::error_string(e.0),
-            })?;
+            })
+        };
+        let (mut lo, mut hi) = (0f32, f32::MIN);
+        for (start, end) in used {
+            lo = lo.min(since(start)?);
+            hi = hi.max(since(end)?);
+        }
         if self.latch.fired.load(Ordering::Acquire) {
             return Err(CudaError::InvalidArgument(format!(
                 "the latch stayed closed for {} s and was opened by the watchdog: a call inside \
@@ -211,6 +255,6 @@ impl StreamTimer {
                 LATCH_TIMEOUT.as_secs()
             )));
         }
-        Ok(f64::from(ms) / 1e3)
+        Ok(f64::from(hi - lo) / 1e3)
     }
 }
