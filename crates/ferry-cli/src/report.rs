@@ -12,6 +12,18 @@ fn fmt_fig(kind: Kind, v: f64) -> String {
     }
 }
 
+/// How the row was timed: every clock its series used, ferry's first (`events`, `host`,
+/// `events/host`).
+fn clock(r: &Row) -> String {
+    let mut names: Vec<&str> = vec![];
+    for s in &r.series {
+        if !names.contains(&s.clock.short()) {
+            names.push(s.clock.short());
+        }
+    }
+    names.join("/")
+}
+
 /// Renders rows of one kind as an aligned table.
 pub fn table(rows: &[&Row], kind: Kind) -> String {
     let u = kind.unit();
@@ -29,6 +41,7 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
         format!("base {u}"),
         ratio_head,
         "link".into(),
+        "clock".into(),
         "ok".into(),
     ];
     let mut cells = vec![head];
@@ -50,6 +63,7 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
             format!("{:.2}", r.ratio),
             r.link_limit_fraction
                 .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+            clock(r),
             if verified { "yes".into() } else { "NO".into() },
         ]);
     }
@@ -155,4 +169,54 @@ pub fn tile_vs_contig(rep: &Report) -> Vec<(u64, f64)> {
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{Clock, Role, Series, Timing};
+
+    fn series(name: &str, role: Role, clock: Clock) -> Series {
+        let t = Timing {
+            samples_s: vec![1e-3],
+            reps: 1,
+            median_s: 1e-3,
+            min_s: 1e-3,
+            max_s: 1e-3,
+        };
+        Series::new(name, role, Kind::Bandwidth, 1 << 20, t).clocked(clock)
+    }
+
+    #[test]
+    fn table_shows_how_each_row_was_timed() {
+        let events = Row::new(
+            "cuda-d2d",
+            Kind::Bandwidth,
+            1 << 20,
+            1 << 20,
+            String::new(),
+            vec![
+                series("ferry", Role::Ferry, Clock::CudaEvents),
+                series("raw", Role::Baseline, Clock::CudaEvents),
+            ],
+        );
+        let mixed = Row::new(
+            "cuda-x",
+            Kind::Bandwidth,
+            1 << 20,
+            1 << 20,
+            String::new(),
+            vec![
+                series("ferry", Role::Ferry, Clock::Host),
+                series("raw", Role::Baseline, Clock::CudaEvents),
+            ],
+        );
+        assert_eq!(clock(&events), "events");
+        assert_eq!(clock(&mixed), "host/events");
+        let t = table(&[&events, &mixed], Kind::Bandwidth);
+        let head = t.lines().next().unwrap();
+        assert!(head.contains("clock"), "{t}");
+        assert!(t.lines().nth(2).unwrap().contains(" events "), "{t}");
+        assert!(t.lines().nth(3).unwrap().contains(" host/events "), "{t}");
+    }
 }

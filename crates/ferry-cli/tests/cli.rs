@@ -169,6 +169,8 @@ fn json_report_follows_the_schema() {
             }
             let t = &s["timing"];
             assert_eq!(t["samples_s"].as_array().unwrap().len(), 2);
+            // CPU rows are timed on the host; GPU rows may say "cuda-events".
+            assert_eq!(s["clock"], "host");
             assert!(t["reps"].as_u64().unwrap() >= 1);
         }
     }
@@ -237,6 +239,42 @@ fn gpu_only_run_says_why_and_fails() {
         "{e}"
     );
     assert!(e.contains("no test can run"), "{e}");
+}
+
+#[test]
+fn new_gpu_tests_are_selectable_by_name() {
+    let names = [
+        "cuda-h2d-mapped",
+        "cuda-d2h-mapped",
+        "cuda-transpose",
+        "cuda-transpose-h2d",
+    ];
+    let o = ferry(&["bench", "--list"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    for n in names {
+        assert!(out.contains(n), "{out} lacks {n}");
+    }
+    let sel = ferry_cli::bench::select(
+        Some("cuda-h2d-mapped,cuda-d2h-mapped,cuda-transpose,cuda-transpose-h2d"),
+        ferry_cli::bench::EngineSel::Cuda,
+    )
+    .unwrap();
+    let mut got: Vec<&str> = sel.run.iter().map(|t| t.name).collect();
+    got.extend(sel.skipped.iter().map(|(n, _)| n.as_str()));
+    got.sort_unstable();
+    let mut want = names.to_vec();
+    want.sort_unstable();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn help_prints_the_event_timing_method() {
+    let o = ferry(&["bench", "--help"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    for want in ["CUDA", "events", "cuStreamWaitValue32", "latch", "median"] {
+        assert!(out.contains(want), "--help lacks {want}: {out}");
+    }
 }
 
 #[test]

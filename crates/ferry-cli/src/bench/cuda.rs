@@ -3,17 +3,30 @@
 //!
 //! Every bandwidth series does one *batch* per timed call: `batch` copies released together
 //! (ferry: `batch` requests submitted back to back, then waited; raw: `batch` driver calls on
-//! one stream, then one synchronize), so that queueing is not timed, as nvbandwidth does.
-//! `batch` is 8 below 16 MiB and 1 above. Bandwidth rows use an engine with
+//! one stream, then one synchronize). `batch` is 8 below 16 MiB and 1 above. Where the copies
+//! only enqueue and take few driver calls (every bandwidth test but the pageable ones,
+//! `cuda-transpose*` and `cuda-scatter`, whose raw baselines make thousands of calls: more than
+//! a stream's queue holds behind a closed latch), the batch is timed with CUDA events behind a
+//! latch ([`StreamTimer`]; `cuda-bidir`: both streams behind one latch), as
+//! nvbandwidth does: ferry's side on the engine's stream for the copy's direction
+//! ([`CudaEngine::stream`]), the raw side on the raw copier's stream
+//! ([`RawCopier::timed`]). The other rows, and all rows if the latch cannot be set up here, are
+//! timed on the host ([`Clock`] says which, per series). Bandwidth rows use an engine with
 //! [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by default; the latency
-//! rows show the default blocking wait and the spin wait. Destinations are poisoned before each series and
-//! compared with the source after it. The link limit is PCIe generation x width as the probe
-//! reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
+//! rows show the default blocking wait and the spin wait. Destinations are poisoned before
+//! each series and compared with the source after it. The link limit is PCIe generation x
+//! width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 
 use super::cpu::pattern_bytes;
-use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
+use super::{
+    measure, measure_with, BenchError, Clock, Kind, Method, Needs, Role, Row, Series, TestInfo,
+    Timing,
+};
 use crate::sizes::format_size;
-use ferry::cuda::{self, CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier, WaitMode};
+use ferry::cuda::{
+    self, CudaConfig, CudaEngine, DeviceBuffer, Direction, KernelCopies, MappedBuffer,
+    PinnedBuffer, RawCopier, StreamTimer, WaitMode,
+};
 use ferry::{Engine, EngineExt, Layout, Memory};
 use std::sync::Arc;
 
@@ -42,6 +55,10 @@ pub static TESTS: &[TestInfo] = &[
     ),
     gpu("cuda-bidir", "host -> device and device -> host at once (pinned), payload both ways", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-tile", "2-D tile (4 KiB rows of a pinned matrix twice as wide) -> device, vs raw cuMemcpy2DAsync and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,256M"),
+    gpu("cuda-h2d-mapped", "host (mapped, zero-copy) -> device read by the SMs (KernelCopies::Always), vs a plain SM kernel launch and cuMemcpyAsync on the copy engine", Kind::Bandwidth, "64K,1M,16M,256M"),
+    gpu("cuda-d2h-mapped", "device -> host (mapped, zero-copy) written by the SMs (KernelCopies::Always), vs a plain SM kernel launch and cuMemcpyAsync on the copy engine", Kind::Bandwidth, "64K,1M,16M,256M"),
+    gpu("cuda-transpose", "transpose of a square f32 matrix (size = matrix bytes), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,64M"),
+    gpu("cuda-transpose-h2d", "transpose of a square f32 matrix, pinned host -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,64M"),
     gpu("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Kind::Bandwidth, "1K,4K,64K"),
     gpu("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Kind::Latency, "4,64,1K,4K,64K"),
     gpu("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Kind::Latency, "4,64,1K,4K,64K"),
@@ -70,7 +87,11 @@ pub fn available_two() -> Result<(), String> {
 pub struct CudaBench {
     engine: CudaEngine,
     spin: CudaEngine,
+    /// Spin waits, every copy between device-accessible buffers on the SMs.
+    sm: CudaEngine,
     raw: RawCopier,
+    /// The latch and events; `None` where they cannot work here (host clock then).
+    timer: Option<StreamTimer>,
     method: Method,
     link_gbps: Option<f64>,
 }
@@ -99,7 +120,18 @@ impl CudaBench {
         let engine = CudaEngine::new(0).map_err(setup)?;
         let spin =
             CudaEngine::with_config(CudaConfig::new(0).wait_mode(WaitMode::Spin)).map_err(setup)?;
+        let sm = CudaEngine::with_config(
+            CudaConfig::new(0)
+                .wait_mode(WaitMode::Spin)
+                .kernel_copies(KernelCopies::Always),
+        )
+        .map_err(setup)?;
         let raw = RawCopier::new(0).map_err(setup)?;
+        // The latch must work on this driver: one empty timed batch, else the host clock.
+        let timer = StreamTimer::new(0).ok().filter(|t| {
+            let st = spin.stream(Direction::DeviceToDevice);
+            t.time(st, || ()).is_ok() && t.seconds().is_ok()
+        });
         let link_gbps = cuda::probe()
             .devices
             .first()
@@ -107,7 +139,9 @@ impl CudaBench {
         Ok(CudaBench {
             engine,
             spin,
+            sm,
             raw,
+            timer,
             method,
             link_gbps,
         })
@@ -130,6 +164,10 @@ impl CudaBench {
             "cuda-peer" => self.d2d(&ctx, size, 1)?,
             "cuda-bidir" => self.bidir(&ctx, size)?,
             "cuda-tile" => self.tile(&ctx, size)?,
+            "cuda-h2d-mapped" => self.h2d_mapped(&ctx, size)?,
+            "cuda-d2h-mapped" => self.d2h_mapped(&ctx, size)?,
+            "cuda-transpose" => self.transpose(&ctx, size, false)?,
+            "cuda-transpose-h2d" => self.transpose(&ctx, size, true)?,
             "cuda-scatter" => self.scatter(&ctx, size)?,
             "cuda-latency" => self.latency(&ctx, size, false)?,
             "cuda-latency-spin" => self.latency(&ctx, size, true)?,
@@ -140,8 +178,8 @@ impl CudaBench {
                 })
             }
         };
-        let host_link =
-            !matches!(test.name, "cuda-d2d" | "cuda-peer") && test.kind == Kind::Bandwidth;
+        let host_link = !matches!(test.name, "cuda-d2d" | "cuda-peer" | "cuda-transpose")
+            && test.kind == Kind::Bandwidth;
         if let (true, Some(limit), Some(f)) =
             (host_link, self.link_gbps, row.ferry().map(|s| s.median))
         {
@@ -156,22 +194,86 @@ impl CudaBench {
         Ok(row)
     }
 
+    /// The latch and events, where `events` asks for them and they work here.
+    fn clock(&self, events: bool) -> Option<&StreamTimer> {
+        self.timer.as_ref().filter(|_| events)
+    }
+
+    /// Times `call` (one batch per call): with CUDA events when `timer` is given (`call` then
+    /// returns the events' seconds; one untimed call runs first, outside the latch), else with
+    /// the host clock.
+    fn time(
+        &self,
+        timer: Option<&StreamTimer>,
+        mut call: impl FnMut(Option<&StreamTimer>) -> Result<Option<f64>, String>,
+    ) -> Result<(Timing, Clock), String> {
+        match timer {
+            Some(t) => {
+                // One untimed call outside the latch first: lazy set-up (kernel compiles,
+                // table and staging allocations, peer access) may wait for the device.
+                call(None)?;
+                let tm = measure_with(&self.method, || {
+                    call(Some(t))?.ok_or_else(|| "the batch was not timed by events".to_string())
+                })?;
+                Ok((tm, Clock::CudaEvents))
+            }
+            None => Ok((measure(&self.method, || call(None).map(drop))?, Clock::Host)),
+        }
+    }
+
+    /// One batch of the raw copier's calls, behind the latch when `timer` is given.
+    fn raw_batch(
+        &self,
+        timer: Option<&StreamTimer>,
+        f: impl FnOnce(&RawCopier) -> Result<(), cuda::CudaError>,
+    ) -> Result<Option<f64>, String> {
+        match timer {
+            None => f(&self.raw).map(|()| None),
+            Some(t) => self.raw.timed(t, f).map(Some),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    /// A series whose destination is one device buffer: poison it, time `op` (one batch per
+    /// call, given the timer when events apply), compare the buffer with `want`.
+    #[allow(clippy::too_many_arguments)]
+    fn dev_series(
+        &self,
+        ctx: &Ctx,
+        timer: Option<&StreamTimer>,
+        name: &str,
+        role: Role,
+        payload: u64,
+        dev: &mut DeviceBuffer,
+        want: &[u8],
+        mut op: impl FnMut(&mut DeviceBuffer, Option<&StreamTimer>) -> Result<Option<f64>, String>,
+    ) -> Result<Series, BenchError> {
+        ctx.series(name, role, payload, || {
+            poison_devs(std::slice::from_mut(dev))?;
+            let (t, c) = self.time(timer, |tm| op(dev, tm))?;
+            Ok((t, dev.to_vec().is_ok_and(|v| v == want), c))
+        })
+    }
+
     /// Host -> device: pinned or pageable source.
     fn h2d(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
         let batch = batch(size);
         let data = pattern_bytes(size);
         let mut devs = dev_bufs(batch, size, 0)?;
+        let dir = Direction::HostToDevice;
         let (shape, series) = if pinned {
             let mut src = PinnedBuffer::new(size).map_err(setup)?;
             src.copy_from_slice(&data);
             (
                 "pinned -> device",
-                self.h2d_series(ctx, &mut devs, &src, size, &data)?,
+                self.h2d_series(ctx, &mut devs, &src, &data, dir, true)?,
             )
         } else {
+            // Pageable: ferry's staged path runs on CPU threads and the driver's pageable copy
+            // may wait for the stream: host clock.
             (
                 "pageable -> device",
-                self.h2d_series(ctx, &mut devs, &data, size, &data)?,
+                self.h2d_series(ctx, &mut devs, &data, &data, dir, false)?,
             )
         };
         Ok(Row::new(
@@ -184,43 +286,38 @@ impl CudaBench {
         ))
     }
 
+    /// `data.len()` bytes of `src` into each of `devs`: ferry (on `dir`'s stream) and the raw
+    /// driver; CUDA events where `events`.
     fn h2d_series<S: Memory + ?Sized>(
         &self,
         ctx: &Ctx,
         devs: &mut [DeviceBuffer],
         src: &S,
-        size: usize,
         data: &[u8],
+        dir: Direction,
+        events: bool,
     ) -> Result<Vec<Series>, BenchError> {
-        let batch = devs.len();
-        let payload = (size * batch) as u64;
+        let size = data.len();
+        let payload = (size * devs.len()) as u64;
         let l = Layout::bytes(size).map_err(setup)?;
-        let f = ctx.series(
-            &format!("ferry {} spin", self.spin.name()),
-            Role::Ferry,
-            payload,
-            || {
-                let e = &self.spin;
-                poison_devs(devs)?;
-                let t = measure(&self.method, || {
-                    e.scope(|s| {
-                        devs.iter_mut()
-                            .try_for_each(|d| s.copy(d, &l, src, &l).map(drop))
-                    })
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())
-                })?;
-                Ok((t, devs_check(devs, data)))
-            },
-        )?;
+        let timer = self.clock(events);
+        let name = format!("ferry {} spin", self.spin.name());
+        let f = ctx.series(&name, Role::Ferry, payload, || {
+            poison_devs(devs)?;
+            let (t, c) = self.time(timer, |tm| {
+                ferry_batch(&self.spin, dir, tm, |s| {
+                    devs.iter_mut()
+                        .try_for_each(|d| s.copy(d, &l, src, &l).map(drop))
+                })
+            })?;
+            Ok((t, devs_check(devs, data), c))
+        })?;
         let r = ctx.series("raw driver", Role::Baseline, payload, || {
             poison_devs(devs)?;
-            let t = measure(&self.method, || {
-                self.raw
-                    .copy_into_each(devs, src, size)
-                    .map_err(|e| e.to_string())
+            let (t, c) = self.time(timer, |tm| {
+                self.raw_batch(tm, |raw| raw.copy_into_each(devs, src, size))
             })?;
-            Ok((t, devs_check(devs, data)))
+            Ok((t, devs_check(devs, data), c))
         })?;
         Ok(vec![f, r])
     }
@@ -232,6 +329,8 @@ impl CudaBench {
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
         let payload = (size * batch) as u64;
         let l = Layout::bytes(size).map_err(setup)?;
+        let timer = self.clock(pinned);
+        let dir = Direction::DeviceToHost;
         let mut series = vec![];
         macro_rules! run_with {
             ($hosts:expr, $shape:expr) => {{
@@ -242,25 +341,20 @@ impl CudaBench {
                 ] {
                     series.push(ctx.series(&name, role, payload, || {
                         hosts.iter_mut().for_each(|h| h.fill(0xA5));
-                        let t = if role == Role::Ferry {
-                            measure(&self.method, || {
-                                self.spin
-                                    .scope(|s| {
-                                        hosts
-                                            .iter_mut()
-                                            .try_for_each(|h| s.copy(h, &l, &src, &l).map(drop))
-                                    })
-                                    .map_err(|e| e.to_string())?
-                                    .map_err(|e| e.to_string())
+                        let (t, c) = if role == Role::Ferry {
+                            self.time(timer, |tm| {
+                                ferry_batch(&self.spin, dir, tm, |s| {
+                                    hosts
+                                        .iter_mut()
+                                        .try_for_each(|h| s.copy(h, &l, &src, &l).map(drop))
+                                })
                             })?
                         } else {
-                            measure(&self.method, || {
-                                self.raw
-                                    .copy_into_each(&mut hosts, &src, size)
-                                    .map_err(|e| e.to_string())
+                            self.time(timer, |tm| {
+                                self.raw_batch(tm, |raw| raw.copy_into_each(&mut hosts, &src, size))
                             })?
                         };
-                        Ok((t, hosts.iter().all(|h| h[..] == data[..])))
+                        Ok((t, hosts.iter().all(|h| h[..] == data[..]), c))
                     })?);
                 }
                 $shape
@@ -296,7 +390,8 @@ impl CudaBench {
         let data = pattern_bytes(size);
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
         let mut devs = dev_bufs(batch, size, to)?;
-        let series = self.h2d_series(ctx, &mut devs, &src, size, &data)?;
+        let dir = Direction::DeviceToDevice;
+        let series = self.h2d_series(ctx, &mut devs, &src, &data, dir, true)?;
         let shape = if to == 0 {
             "device -> device".to_string()
         } else {
@@ -312,6 +407,8 @@ impl CudaBench {
         ))
     }
 
+    /// Both directions at once, on two streams (ferry: its host-to-device and device-to-host
+    /// streams; raw: the copier's two), both behind the latch.
     fn bidir(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let data = pattern_bytes(size);
         let mut up_src = PinnedBuffer::new(size).map_err(setup)?;
@@ -324,32 +421,32 @@ impl CudaBench {
         let check = |up: &DeviceBuffer, down: &PinnedBuffer| {
             up.to_vec().is_ok_and(|v| v == data) && down[..] == data[..]
         };
+        let timer = self.clock(true);
+        let e = &self.spin;
         let f = ctx.series(
-            &format!("ferry {} spin", self.spin.name()),
+            &format!("ferry {} spin", e.name()),
             Role::Ferry,
             payload,
             || {
                 down_dst.fill(0xA5);
-                let t = measure(&self.method, || {
-                    self.spin
-                        .scope(|s| {
-                            let _up = s.copy(&mut up_dst, &l, &up_src, &l)?;
-                            s.copy(&mut down_dst, &l, &down_src, &l).map(drop)
-                        })
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())
+                let dirs = [Direction::HostToDevice, Direction::DeviceToHost];
+                let (t, c) = self.time(timer, |tm| {
+                    ferry_batches(e, &dirs, tm, |s| {
+                        let _up = s.copy(&mut up_dst, &l, &up_src, &l)?;
+                        s.copy(&mut down_dst, &l, &down_src, &l).map(drop)
+                    })
                 })?;
-                Ok((t, check(&up_dst, &down_dst)))
+                Ok((t, check(&up_dst, &down_dst), c))
             },
         )?;
         let r = ctx.series("raw driver (2 streams)", Role::Baseline, payload, || {
             down_dst.fill(0xA5);
-            let t = measure(&self.method, || {
-                self.raw
-                    .bidir(&mut up_dst, &up_src, &mut down_dst, &down_src, size, 1)
-                    .map_err(|e| e.to_string())
+            let (t, c) = self.time(timer, |tm| {
+                self.raw_batch(tm, |raw| {
+                    raw.bidir(&mut up_dst, &up_src, &mut down_dst, &down_src, size, 1)
+                })
             })?;
-            Ok((t, check(&up_dst, &down_dst)))
+            Ok((t, check(&up_dst, &down_dst), c))
         })?;
         Ok(Row::new(
             ctx.test,
@@ -381,40 +478,47 @@ impl CudaBench {
         let plan = ferry::Plan::new(&dst_l, &src_l).map_err(setup)?;
         let flat_l = Layout::bytes(size).map_err(setup)?;
         let payload = size as u64;
-        let m = &self.method;
+        let (tm, dir) = (self.clock(true), Direction::HostToDevice);
         let name = format!("ferry {} spin 2-D", self.spin.name());
-        let f = ctx.dev_series(m, &name, Role::Ferry, payload, &mut dev, &want, |d| {
-            flat(
-                self.spin
-                    .scope(|s| s.copy(d, &dst_l, &host, &src_l).map(drop)),
-            )
-        })?;
-        let r = ctx.dev_series(
-            m,
-            "raw cuMemcpy2DAsync",
+        let f = self.dev_series(
+            ctx,
+            tm,
+            &name,
+            Role::Ferry,
+            payload,
+            &mut dev,
+            &want,
+            |d, t| {
+                ferry_batch(&self.spin, dir, t, |s| {
+                    s.copy(d, &dst_l, &host, &src_l).map(drop)
+                })
+            },
+        )?;
+        let raw2d = "raw cuMemcpy2DAsync";
+        let r = self.dev_series(
+            ctx,
+            tm,
+            raw2d,
             Role::Baseline,
             payload,
             &mut dev,
             &want,
-            |d| {
-                self.raw
-                    .copy_plan(d, &host, &plan, 1)
-                    .map_err(|e| e.to_string())
-            },
+            |d, t| self.raw_batch(t, |raw| raw.copy_plan(d, &host, &plan, 1)),
         )?;
         let same = &host[..size];
-        let c = ctx.dev_series(
-            m,
-            "ferry contiguous, same bytes",
+        let contig = "ferry contiguous, same bytes";
+        let c = self.dev_series(
+            ctx,
+            tm,
+            contig,
             Role::Baseline,
             payload,
             &mut dev,
             same,
-            |d| {
-                flat(
-                    self.spin
-                        .scope(|s| s.copy(d, &flat_l, &host, &flat_l).map(drop)),
-                )
+            |d, t| {
+                ferry_batch(&self.spin, dir, t, |s| {
+                    s.copy(d, &flat_l, &host, &flat_l).map(drop)
+                })
             },
         )?;
         Ok(Row::new(
@@ -424,6 +528,207 @@ impl CudaBench {
             payload,
             format!("{rows} rows x 4 KiB, pitch 8 KiB"),
             vec![f, r, c],
+        ))
+    }
+
+    /// Mapped (zero-copy) host memory -> device, read by the SMs: ferry with
+    /// `KernelCopies::Always`, a plain kernel launch, and the copy engine.
+    fn h2d_mapped(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let batch = batch(size);
+        let data = pattern_bytes(size);
+        let mut src = MappedBuffer::new(size).map_err(setup)?;
+        src.copy_from_slice(&data);
+        let mut devs = dev_bufs(batch, size, 0)?;
+        let payload = (size * batch) as u64;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let (tm, dir) = (self.clock(true), Direction::HostToDevice);
+        let mut series = vec![];
+        let name = format!("ferry {} SM (KernelCopies::Always)", self.sm.name());
+        series.push(ctx.series(&name, Role::Ferry, payload, || {
+            poison_devs(&mut devs)?;
+            let (t, c) = self.time(tm, |t| {
+                ferry_batch(&self.sm, dir, t, |s| {
+                    devs.iter_mut()
+                        .try_for_each(|d| s.copy(d, &l, &src, &l).map(drop))
+                })
+            })?;
+            Ok((t, devs_check(&devs, &data), c))
+        })?);
+        for (name, sm) in [
+            ("raw SM kernel launch", true),
+            ("raw cuMemcpyAsync (copy engine)", false),
+        ] {
+            series.push(ctx.series(name, Role::Baseline, payload, || {
+                poison_devs(&mut devs)?;
+                let (t, c) = self.time(tm, |t| {
+                    self.raw_batch(t, |raw| {
+                        if sm {
+                            devs.iter_mut()
+                                .try_for_each(|d| raw.kernel_copy(d, &src, size, 1))
+                        } else {
+                            raw.copy_into_each(&mut devs, &src, size)
+                        }
+                    })
+                })?;
+                Ok((t, devs_check(&devs, &data), c))
+            })?);
+        }
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            payload,
+            "mapped host -> device".into(),
+            series,
+        ))
+    }
+
+    /// Device -> mapped (zero-copy) host memory, written by the SMs.
+    fn d2h_mapped(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let batch = batch(size);
+        let data = pattern_bytes(size);
+        let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
+        let mut hosts = (0..batch)
+            .map(|_| MappedBuffer::new(size))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(setup)?;
+        let payload = (size * batch) as u64;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let (tm, dir) = (self.clock(true), Direction::DeviceToHost);
+        let check = |hs: &[MappedBuffer]| hs.iter().all(|h| h[..] == data[..]);
+        let mut series = vec![];
+        let name = format!("ferry {} SM (KernelCopies::Always)", self.sm.name());
+        series.push(ctx.series(&name, Role::Ferry, payload, || {
+            hosts.iter_mut().for_each(|h| h.fill(0xA5));
+            let (t, c) = self.time(tm, |t| {
+                ferry_batch(&self.sm, dir, t, |s| {
+                    hosts
+                        .iter_mut()
+                        .try_for_each(|h| s.copy(h, &l, &src, &l).map(drop))
+                })
+            })?;
+            Ok((t, check(&hosts), c))
+        })?);
+        for (name, sm) in [
+            ("raw SM kernel launch", true),
+            ("raw cuMemcpyAsync (copy engine)", false),
+        ] {
+            series.push(ctx.series(name, Role::Baseline, payload, || {
+                hosts.iter_mut().for_each(|h| h.fill(0xA5));
+                let (t, c) = self.time(tm, |t| {
+                    self.raw_batch(t, |raw| {
+                        if sm {
+                            hosts
+                                .iter_mut()
+                                .try_for_each(|h| raw.kernel_copy(h, &src, size, 1))
+                        } else {
+                            raw.copy_into_each(&mut hosts, &src, size)
+                        }
+                    })
+                })?;
+                Ok((t, check(&hosts), c))
+            })?);
+        }
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            payload,
+            "device -> mapped host".into(),
+            series,
+        ))
+    }
+
+    /// Transpose of a square f32 matrix of about `size` bytes, into a device buffer, from a
+    /// device buffer or (`from_host`) from pinned memory.
+    fn transpose(&self, ctx: &Ctx, size: usize, from_host: bool) -> Result<Row, BenchError> {
+        const ELEM: usize = 4;
+        let side = ((size / ELEM) as f64).sqrt() as usize;
+        if side < 2 {
+            return Err(ctx.bad("below a 2 x 2 matrix of f32"));
+        }
+        let bytes = side * side * ELEM;
+        let data = pattern_bytes(bytes);
+        let m = Layout::contiguous(&[side, side], ELEM).map_err(setup)?;
+        let src_l = m.transpose(0, 1).map_err(setup)?;
+        let plan = ferry::Plan::new(&m, &src_l).map_err(setup)?;
+        // want[j][i] = data[i][j].
+        let mut want = vec![0u8; bytes];
+        for i in 0..side {
+            for j in 0..side {
+                let (d, s) = ((j * side + i) * ELEM, (i * side + j) * ELEM);
+                want[d..d + ELEM].copy_from_slice(&data[s..s + ELEM]);
+            }
+        }
+        let mut dev = DeviceBuffer::new(0, bytes).map_err(setup)?;
+        let flat_l = Layout::bytes(bytes).map_err(setup)?;
+        let payload = bytes as u64;
+        // Host clock: the raw baseline is one driver call per plane (thousands), more than a
+        // stream's queue holds while a latch keeps it from starting.
+        let tm = self.clock(false);
+        macro_rules! run_from {
+            ($src:expr, $dir:expr, $shape:expr) => {{
+                let src = $src;
+                let dir = $dir;
+                let name = format!("ferry {} spin (SM kernel: Auto)", self.spin.name());
+                let f = self.dev_series(
+                    ctx,
+                    tm,
+                    &name,
+                    Role::Ferry,
+                    payload,
+                    &mut dev,
+                    &want,
+                    |d, t| {
+                        ferry_batch(&self.spin, dir, t, |s| {
+                            s.copy(d, &m, &src, &src_l).map(drop)
+                        })
+                    },
+                )?;
+                let raw = "raw cuMemcpy2D/3DAsync";
+                let r = self.dev_series(
+                    ctx,
+                    tm,
+                    raw,
+                    Role::Baseline,
+                    payload,
+                    &mut dev,
+                    &want,
+                    |d, t| self.raw_batch(t, |raw| raw.copy_plan(d, &src, &plan, 1)),
+                )?;
+                let contig = "ferry contiguous, same bytes";
+                let c = self.dev_series(
+                    ctx,
+                    tm,
+                    contig,
+                    Role::Baseline,
+                    payload,
+                    &mut dev,
+                    &data,
+                    |d, t| {
+                        ferry_batch(&self.spin, dir, t, |s| {
+                            s.copy(d, &flat_l, &src, &flat_l).map(drop)
+                        })
+                    },
+                )?;
+                (vec![f, r, c], format!("{side} x {side} f32, {}", $shape))
+            }};
+        }
+        let (series, shape) = if from_host {
+            let mut host = PinnedBuffer::new(bytes).map_err(setup)?;
+            host.copy_from_slice(&data);
+            run_from!(host, Direction::HostToDevice, "pinned -> device")
+        } else {
+            let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
+            run_from!(src, Direction::DeviceToDevice, "device -> device")
+        };
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            size as u64,
+            payload,
+            shape,
+            series,
         ))
     }
 
@@ -450,20 +755,35 @@ impl CudaBench {
             .map(|&(d, s, n)| ferry::Segment::new(d as u64, s as u64, n as u64))
             .collect();
         let payload = total as u64;
-        let m = &self.method;
+        // Host clock: the raw baseline is 100,000 driver calls, more than a stream's queue
+        // holds while a latch keeps it from starting.
+        let (tm, dir) = (self.clock(false), Direction::HostToDevice);
         let name = format!("ferry {} spin segment list", self.spin.name());
-        let f = ctx.dev_series(m, &name, Role::Ferry, payload, &mut dev, &want, |d| {
-            flat(
-                self.spin
-                    .scope(|s| s.segments(d, &host, Arc::clone(&list)).map(drop)),
-            )
-        })?;
+        let f = self.dev_series(
+            ctx,
+            tm,
+            &name,
+            Role::Ferry,
+            payload,
+            &mut dev,
+            &want,
+            |d, t| {
+                ferry_batch(&self.spin, dir, t, |s| {
+                    s.segments(d, &host, Arc::clone(&list)).map(drop)
+                })
+            },
+        )?;
         let per = "raw cuMemcpyAsync per segment";
-        let r = ctx.dev_series(m, per, Role::Baseline, payload, &mut dev, &want, |d| {
-            self.raw
-                .copy_segments(d, &host, &segs, 1)
-                .map_err(|e| e.to_string())
-        })?;
+        let r = self.dev_series(
+            ctx,
+            tm,
+            per,
+            Role::Baseline,
+            payload,
+            &mut dev,
+            &want,
+            |d, t| self.raw_batch(t, |raw| raw.copy_segments(d, &host, &segs, 1)),
+        )?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -474,6 +794,7 @@ impl CudaBench {
         ))
     }
 
+    /// Submit+wait of one copy: host clock (the wait is what is measured).
     fn latency(&self, ctx: &Ctx, size: usize, spin: bool) -> Result<Row, BenchError> {
         let engine = if spin { &self.spin } else { &self.engine };
         let mut src = PinnedBuffer::new(size).map_err(setup)?;
@@ -482,14 +803,27 @@ impl CudaBench {
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let l = Layout::bytes(size).map_err(setup)?;
         let name = format!("ferry {}{}", engine.name(), if spin { " spin" } else { "" });
-        let (m, n) = (&self.method, size as u64);
-        let f = ctx.dev_series(m, &name, Role::Ferry, n, &mut dev, &data, |d| {
+        let n = size as u64;
+        let f = self.dev_series(ctx, None, &name, Role::Ferry, n, &mut dev, &data, |d, _| {
             flat(engine.scope(|s| s.copy(d, &l, &src, &l)?.wait().map_err(ferry::Error::from)))
+                .map(|()| None)
         })?;
         let raw = "cuMemcpyAsync + cuStreamSynchronize";
-        let r = ctx.dev_series(m, raw, Role::Baseline, n, &mut dev, &data, |d| {
-            self.raw.copy(d, &src, size, 1).map_err(|e| e.to_string())
-        })?;
+        let r = self.dev_series(
+            ctx,
+            None,
+            raw,
+            Role::Baseline,
+            n,
+            &mut dev,
+            &data,
+            |d, _| {
+                self.raw
+                    .copy(d, &src, size, 1)
+                    .map_err(|e| e.to_string())
+                    .map(|()| None)
+            },
+        )?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -515,15 +849,16 @@ impl Ctx {
             why: why.into(),
         }
     }
-    /// Runs `body` (which poisons, times and reports whether the result verified) as one series.
+    /// Runs `body` (which poisons, times and reports whether the result verified, and how it
+    /// was timed) as one series.
     fn series(
         &self,
         name: &str,
         role: Role,
         payload: u64,
-        body: impl FnOnce() -> Result<(super::Timing, bool), String>,
+        body: impl FnOnce() -> Result<(Timing, bool, Clock), String>,
     ) -> Result<Series, BenchError> {
-        let (t, ok) = body().map_err(|message| BenchError::Engine {
+        let (t, ok, clock) = body().map_err(|message| BenchError::Engine {
             test: self.test.into(),
             series: name.into(),
             size: self.size.clone(),
@@ -537,27 +872,43 @@ impl Ctx {
                 offset: 0,
             });
         }
-        Ok(Series::new(name, role, self.kind, payload, t))
+        Ok(Series::new(name, role, self.kind, payload, t).clocked(clock))
     }
+}
 
-    /// A series whose destination is one device buffer: poison it, time `op`, compare the
-    /// buffer with `want` (the whole buffer).
-    #[allow(clippy::too_many_arguments)]
-    fn dev_series(
-        &self,
-        method: &Method,
-        name: &str,
-        role: Role,
-        payload: u64,
-        dev: &mut DeviceBuffer,
-        want: &[u8],
-        mut op: impl FnMut(&mut DeviceBuffer) -> Result<(), String>,
-    ) -> Result<Series, BenchError> {
-        self.series(name, role, payload, || {
-            poison_devs(std::slice::from_mut(dev))?;
-            let t = measure(method, || op(dev))?;
-            Ok((t, dev.to_vec().is_ok_and(|v| v == want)))
-        })
+/// One batch of ferry copies, submitted by `submit` in a scope of `e` and waited; behind
+/// `timer`'s latch on `e`'s stream for `dir` when given (then returns the events' seconds).
+fn ferry_batch<'env, F, E>(
+    e: &'env CudaEngine,
+    dir: Direction,
+    timer: Option<&StreamTimer>,
+    submit: F,
+) -> Result<Option<f64>, String>
+where
+    F: for<'s> FnOnce(&'s ferry::Scope<'s, 'env>) -> Result<(), E>,
+    E: std::fmt::Display,
+{
+    ferry_batches(e, &[dir], timer, submit)
+}
+
+/// As [`ferry_batch`], with copies on the streams of several directions, all behind the latch.
+fn ferry_batches<'env, F, E>(
+    e: &'env CudaEngine,
+    dirs: &[Direction],
+    timer: Option<&StreamTimer>,
+    submit: F,
+) -> Result<Option<f64>, String>
+where
+    F: for<'s> FnOnce(&'s ferry::Scope<'s, 'env>) -> Result<(), E>,
+    E: std::fmt::Display,
+{
+    match timer {
+        None => flat(e.scope(submit)).map(|()| None),
+        Some(t) => {
+            let streams: Vec<_> = dirs.iter().map(|&d| &**e.stream(d)).collect();
+            flat(e.scope(|s| t.time_all(&streams, || submit(s))))?.map_err(|e| e.to_string())?;
+            t.seconds().map(Some).map_err(|e| e.to_string())
+        }
     }
 }
 

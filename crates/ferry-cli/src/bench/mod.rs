@@ -28,13 +28,24 @@ touched). After each series the destination is compared with the source / a refe
 mismatch fails the run. Ratio: ferry / better baseline (bandwidth), ferry time / better
 baseline time (latency). Small sizes are cache-resident: they show the per-call cost, not DRAM.
 GPU tests: ferry's CUDA engine and raw driver calls (cuMemcpy*Async, cuMemcpy2DAsync, one
-cuMemcpyAsync per segment) on the same device buffers; a call is a batch of copies released
-together (8 below 16 MiB, else 1: ferry submits them all then waits, raw issues them all on one
-stream then synchronizes), timed on the host around submit..completion, so queueing between
-copies is not timed. Both sides of a bandwidth row wait by spinning (raw: the driver's
-default synchronize; ferry: WaitMode::Spin), so the rows compare copies, not sleep/wake-up
-costs; cuda-latency shows ferry's default blocking wait. The link column is ferry's figure over PCIe generation x width as the
-driver and sysfs report it (both directions: twice that).";
+cuMemcpyAsync per segment, a plain SM kernel launch) on the same buffers; a call is a batch of
+copies released together (8 below 16 MiB, else 1). GPU bandwidth rows are timed with CUDA
+events, as nvbandwidth does: on the stream that does the copies, a cuStreamWaitValue32 latch on
+a flag in mapped host memory, the start event, the batch (ferry: its requests submitted on the
+engine's stream for the direction; raw: driver calls on the raw copier's stream), the end
+event; then the host releases the latch, so submission and queueing are not timed, only the
+GPU's work from start to end event (cuda-bidir: both streams behind one latch, from the
+earliest start to the latest end). The table's clock column says events for these.
+Host-clock rows (clock: host): the pageable tests (ferry's staged path runs on CPU threads,
+and the driver's pageable copies may wait for the stream, so no latch can hold them),
+cuda-transpose* and cuda-scatter (their raw baselines make thousands of driver calls, more
+than a stream's queue holds behind a closed latch), the latency tests (submit+wait is what
+they measure), and any row where the latch could not be set up; they are timed on the host
+around submit..completion of the batch.
+Host-clock series wait by spinning (raw: the driver's default synchronize; ferry:
+WaitMode::Spin), so the rows compare copies, not sleep/wake-up costs; cuda-latency shows
+ferry's default blocking wait. The link column is ferry's figure over PCIe generation x width
+as the driver and sysfs report it (both directions: twice that).";
 
 /// Errors of `ferry bench`.
 #[derive(Debug, Error)]
@@ -298,19 +309,15 @@ pub struct Timing {
     pub max_s: f64,
 }
 
-/// Times `op` as [`METHOD`] describes. `op` returns an error to stop the measurement.
+/// Times `op` as [`METHOD`] describes, with the host's monotonic clock around each sample of
+/// R calls. `op` returns an error to stop the measurement.
 pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
     for _ in 0..method.warmup {
         op()?;
     }
     let t0 = Instant::now();
     op()?;
-    let one = t0.elapsed().as_secs_f64();
-    let reps = if one >= method.min_sample_s {
-        1
-    } else {
-        (method.min_sample_s / one.max(1e-9)).ceil().min(1e6) as u64
-    };
+    let reps = reps_for(method, t0.elapsed().as_secs_f64());
     let mut samples_s = Vec::with_capacity(method.samples);
     for _ in 0..method.samples.max(1) {
         let t = Instant::now();
@@ -319,21 +326,58 @@ pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Res
         }
         samples_s.push(t.elapsed().as_secs_f64() / reps as f64);
     }
-    let mut sorted = samples_s.clone();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    let median_s = if n % 2 == 1 {
-        sorted[n / 2]
+    Ok(Timing::of(samples_s, reps))
+}
+
+/// Times `op` as [`measure`] does, but each call reports its own duration in seconds (the GPU
+/// time between two CUDA events); a sample is the mean over its R calls.
+pub fn measure_with<E>(
+    method: &Method,
+    mut op: impl FnMut() -> Result<f64, E>,
+) -> Result<Timing, E> {
+    for _ in 0..method.warmup {
+        op()?;
+    }
+    let reps = reps_for(method, op()?);
+    let mut samples_s = Vec::with_capacity(method.samples);
+    for _ in 0..method.samples.max(1) {
+        let mut total = 0.0;
+        for _ in 0..reps {
+            total += op()?;
+        }
+        samples_s.push(total / reps as f64);
+    }
+    Ok(Timing::of(samples_s, reps))
+}
+
+/// Calls per sample so that a sample lasts at least `min_sample_s`, from one call's time.
+fn reps_for(method: &Method, one: f64) -> u64 {
+    if one >= method.min_sample_s {
+        1
     } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    };
-    Ok(Timing {
-        reps,
-        median_s,
-        min_s: sorted[0],
-        max_s: sorted[n - 1],
-        samples_s,
-    })
+        (method.min_sample_s / one.max(1e-9)).ceil().min(1e6) as u64
+    }
+}
+
+impl Timing {
+    /// Median, min and max of the samples (at least one).
+    fn of(samples_s: Vec<f64>, reps: u64) -> Timing {
+        let mut sorted = samples_s.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median_s = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Timing {
+            reps,
+            median_s,
+            min_s: sorted[0],
+            max_s: sorted[n - 1],
+            samples_s,
+        }
+    }
 }
 
 /// Who a series is.
@@ -344,6 +388,27 @@ pub enum Role {
     Ferry,
     /// A plain baseline the ratio is taken against.
     Baseline,
+}
+
+/// How a series was timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Clock {
+    /// The host's monotonic clock around each call (or sample of calls).
+    #[serde(rename = "host")]
+    Host,
+    /// CUDA events on the copies' stream, the batch released together behind a latch.
+    #[serde(rename = "cuda-events")]
+    CudaEvents,
+}
+
+impl Clock {
+    /// Short name for the terminal table.
+    pub fn short(self) -> &'static str {
+        match self {
+            Clock::Host => "host",
+            Clock::CudaEvents => "events",
+        }
+    }
 }
 
 /// One measured series of a row.
@@ -363,6 +428,8 @@ pub struct Series {
     pub timing: Timing,
     /// The result was compared with the reference after the run and matched.
     pub verified: bool,
+    /// How it was timed.
+    pub clock: Clock,
 }
 
 impl Series {
@@ -388,7 +455,14 @@ impl Series {
             best,
             timing,
             verified: true,
+            clock: Clock::Host,
         }
+    }
+
+    /// The same series, marked as timed by `clock`.
+    pub fn clocked(mut self, clock: Clock) -> Series {
+        self.clock = clock;
+        self
     }
 }
 
@@ -719,6 +793,37 @@ mod tests {
         // 1 warm-up + 1 calibration + 5 samples of 1 rep each.
         assert_eq!((n, t.reps, t.samples_s.len()), (7, 1, 5));
         assert!(t.min_s <= t.median_s && t.median_s <= t.max_s);
+    }
+
+    #[test]
+    fn measure_with_uses_the_reported_times() {
+        let mut n = 0u32;
+        let m = Method {
+            warmup: 2,
+            samples: 3,
+            min_sample_s: 1e-3,
+        };
+        // Each call reports 0.4 ms: 3 calls per sample reach 1 ms; the sample is their mean.
+        let t = measure_with(&m, || {
+            n += 1;
+            Ok::<f64, ()>(4e-4)
+        })
+        .unwrap();
+        assert_eq!((t.reps, t.samples_s.len(), n), (3, 3, 2 + 1 + 9));
+        assert!((t.median_s - 4e-4).abs() < 1e-12 && (t.max_s - 4e-4).abs() < 1e-12);
+        let e = measure_with(&m, || Err::<f64, &str>("stop")).unwrap_err();
+        assert_eq!(e, "stop");
+    }
+
+    #[test]
+    fn series_clock_defaults_to_host_and_serializes() {
+        let tm = Timing::of(vec![1e-6], 1);
+        let s = Series::new("f", Role::Ferry, Kind::Bandwidth, 1000, tm.clone());
+        assert_eq!(s.clock, Clock::Host);
+        let v = serde_json::to_value(s.clocked(Clock::CudaEvents)).unwrap();
+        assert_eq!(v["clock"], "cuda-events");
+        let v = serde_json::to_value(Series::new("f", Role::Ferry, Kind::Latency, 1, tm)).unwrap();
+        assert_eq!(v["clock"], "host");
     }
 
     #[test]

@@ -24,6 +24,11 @@
 //!   small copies, an N-D plan of many planes) goes through [`gather`]: an SM gather kernel
 //!   compiled with NVRTC, the driver's batched copy, or one call per segment, whichever was
 //!   measured faster for the segment sizes.
+//! - SM copies: strided plans with short runs (a transpose of small elements) between
+//!   device-accessible buffers run as one kernel ([`strided`]) instead of many 2-D/3-D rows of a
+//!   few bytes on the copy engines; [`CudaConfig::kernel_copies`] chooses where the SMs are used
+//!   ([`KernelCopies::Always`]: every such copy, e.g. zero-copy reads and writes of mapped host
+//!   memory, as nvbandwidth's SM copies).
 //!
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
 //! dependencies and that copies under 1 MiB from or to pageable host memory return once the
@@ -51,11 +56,15 @@ mod paths;
 mod probe;
 mod raw;
 pub mod staged;
+pub mod strided;
+mod timer;
 
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
 pub use raw::RawCopier;
+pub use strided::KernelCopies;
+pub use timer::{StreamTimer, LATCH_TIMEOUT};
 
 use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
@@ -158,6 +167,9 @@ pub struct CudaConfig {
     /// How copies between pageable host memory and the device are staged through pinned
     /// buffers; `None` hands them to the driver's own pageable path.
     pub staging: Option<staged::StagingConfig>,
+    /// Which copies between device-accessible buffers run on the SMs (a kernel) instead of the
+    /// copy engines.
+    pub kernel_copies: KernelCopies,
 }
 
 impl CudaConfig {
@@ -168,7 +180,13 @@ impl CudaConfig {
             wait: WaitMode::Blocking,
             direction: None,
             staging: Some(staged::StagingConfig::new()),
+            kernel_copies: KernelCopies::Auto,
         }
+    }
+    /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
+    pub fn kernel_copies(mut self, k: KernelCopies) -> CudaConfig {
+        self.kernel_copies = k;
+        self
     }
     /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
     pub fn staging(mut self, staging: Option<staged::StagingConfig>) -> CudaConfig {
@@ -466,6 +484,49 @@ impl CudaEngine {
         r.is_ok()
     }
 
+    /// Copies that [`CudaConfig::kernel_copies`] sends to the SMs: every step a copy plan it
+    /// takes, both buffers device-accessible. Returns false where not, or where the kernels
+    /// cannot be made (nothing enqueued then, or, after a failed launch, the per-step path
+    /// writes the same bytes again in stream order).
+    ///
+    /// # Safety
+    /// As [`exec::run_step`] for every step.
+    unsafe fn try_sm(
+        &self,
+        steps: &[crate::op::Step],
+        dst: End,
+        src: Option<End>,
+        dk: MemKind,
+        sk: Option<MemKind>,
+    ) -> bool {
+        let mode = self.cfg.kernel_copies;
+        let Some(src) = src.filter(|_| mode != KernelCopies::Never && !steps.is_empty()) else {
+            return false;
+        };
+        let reachable = |k: MemKind| match k {
+            MemKind::Pageable => false,
+            MemKind::Device { ordinal } => ordinal == self.cfg.ordinal,
+            _ => true,
+        };
+        let takes = |s: &crate::op::Step| match s {
+            crate::op::Step::Copy(p) => mode.takes(p),
+            _ => false,
+        };
+        if !reachable(dst.kind) || !reachable(src.kind) || !steps.iter().all(takes) {
+            return false;
+        }
+        let Some(sm) = self.paths.sm() else {
+            return false;
+        };
+        let stream = &self.streams[self.direction(dk, sk) as usize];
+        steps.iter().all(|s| match s {
+            // SAFETY: the plan is the program's, checked inside both buffers (1); buffers valid
+            // until the request completes (caller); this engine's context and stream (2).
+            crate::op::Step::Copy(p) => unsafe { sm.copy(stream, dst.addr, src.addr, p) }.is_ok(),
+            _ => false,
+        })
+    }
+
     /// Host memory passed as plain (pageable) memory that is in fact page-locked (a
     /// `PinnedBuffer` or `Registered` seen through a slice, memory registered elsewhere) is
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
@@ -586,8 +647,10 @@ impl Engine for CudaEngine {
             })?;
         }
         let mut keep = Vec::new();
-        // SAFETY: as for the steps below; the gatherer takes the same buffers and stream.
-        let gathered = unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
+        // SAFETY: as for the steps below; the SM copier and the gatherer take the same buffers
+        // and stream.
+        let gathered = unsafe { self.try_sm(&steps, dst, src, dk, sk) }
+            || unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
         for step in steps.iter().filter(|_| !gathered) {
             // SAFETY: context current, stream ours (1); buffers valid until the request
             // completes, by this function's contract (2); steps checked by the program (3).

@@ -2,10 +2,12 @@
 //! host memory and the device go through the staged pinned ring ([`super::staged`]) on one
 //! background thread per direction, and long segment lists go through the gatherer
 //! ([`super::gather`]: an SM kernel, the driver's batched copy, or one call per segment, by
-//! measurement). Both are created on first use.
+//! measurement), and short-run strided plans go to the SM copier ([`super::strided`]). All are
+//! created on first use.
 
 use super::gather::{Gatherer, Segment, Strategy};
 use super::staged::{self, Stager, StagingConfig};
+use super::strided::SmCopier;
 use crate::op::Step;
 use crate::plan::{Plan, PlanKind};
 use crate::request::{Request, RequestError, Signal};
@@ -45,6 +47,7 @@ pub(crate) struct Paths {
     staging: StagingConfig,
     stager: Arc<OnceLock<Result<Stager, String>>>,
     gatherer: OnceLock<Result<Gatherer, String>>,
+    sm: OnceLock<Result<SmCopier, String>>,
     workers: Mutex<[Option<Worker>; 2]>,
 }
 
@@ -55,6 +58,7 @@ impl Paths {
             staging,
             stager: Arc::default(),
             gatherer: OnceLock::new(),
+            sm: OnceLock::new(),
             workers: Mutex::new([None, None]),
         }
     }
@@ -108,6 +112,19 @@ impl Paths {
     pub(crate) fn gatherer(&self) -> Option<&Gatherer> {
         self.gatherer
             .get_or_init(|| Gatherer::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string()))
+            .as_ref()
+            .ok()
+    }
+
+    /// The SM copier with its kernels compiled (on first use); `None` if they cannot be made
+    /// here (no NVRTC).
+    pub(crate) fn sm(&self) -> Option<&SmCopier> {
+        self.sm
+            .get_or_init(|| {
+                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
+                c.compile().map_err(|e| e.to_string())?;
+                Ok(c)
+            })
             .as_ref()
             .ok()
     }

@@ -8,17 +8,23 @@
 
 use super::driver::{self, check, DrvErr};
 use super::exec::{self, End};
-use super::CudaError;
+use super::strided::SmCopier;
+use super::{CudaError, StreamTimer};
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
 use crate::plan::Plan;
 use cudarc::driver::{sys, CudaContext, CudaStream};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Raw driver copies on one device, for baselines: each method enqueues its copies on the
 /// copier's own streams and synchronizes before returning, so the borrows outlive the copies.
 pub struct RawCopier {
     ctx: Arc<CudaContext>,
     streams: [Arc<CudaStream>; 2],
+    /// Inside [`RawCopier::timed`]: the methods leave the synchronize to it.
+    defer: AtomicBool,
+    /// The SM copy kernels, made on first use of [`RawCopier::kernel_copy`].
+    sm: OnceLock<Result<SmCopier, String>>,
 }
 
 impl std::fmt::Debug for RawCopier {
@@ -38,7 +44,12 @@ impl RawCopier {
             })
         };
         let streams = [mk()?, mk()?];
-        Ok(RawCopier { ctx, streams })
+        Ok(RawCopier {
+            ctx,
+            streams,
+            defer: AtomicBool::new(false),
+            sm: OnceLock::new(),
+        })
     }
 
     fn end(&self, b: RawBuf) -> End {
@@ -54,10 +65,31 @@ impl RawCopier {
     }
 
     fn sync(&self, i: usize) -> Result<(), DrvErr> {
+        if self.defer.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         // SAFETY: a live stream of this copier.
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(self.streams[i].cu_stream())
         })
+    }
+
+    /// Runs `f` (calls of this copier) with its copies released together behind `timer`'s
+    /// latch on both of the copier's streams and timed by CUDA events, as nvbandwidth does;
+    /// returns the seconds from the earliest start event to the latest end event. Every copy
+    /// has finished when it returns. Not for concurrent use of one copier from several threads.
+    pub fn timed(
+        &self,
+        timer: &StreamTimer,
+        f: impl FnOnce(&RawCopier) -> Result<(), CudaError>,
+    ) -> Result<f64, CudaError> {
+        self.defer.store(true, Ordering::Relaxed);
+        let r = timer.time_all(&[&self.streams[0], &self.streams[1]], || f(self));
+        self.defer.store(false, Ordering::Relaxed);
+        let synced = self.sync(0).and(self.sync(1));
+        r??;
+        synced?;
+        timer.seconds()
     }
 
     /// `reps` back-to-back copies of the first `bytes` bytes of `src` into `dst`, each one
@@ -138,6 +170,56 @@ impl RawCopier {
             if let Err(e) = r {
                 let _ = self.sync(0);
                 return Err(e.into());
+            }
+        }
+        Ok(self.sync(0)?)
+    }
+
+    /// `reps` copies of the first `bytes` bytes of `src` into `dst` by a plain kernel launch
+    /// each (the SM copy kernel of [`super::strided`], one launch per copy, no engine around
+    /// it), then one synchronize: the SM baseline for zero-copy (mapped) memory, as
+    /// nvbandwidth's SM copies. Both buffers must be device-accessible (not pageable).
+    pub fn kernel_copy<D, S>(
+        &self,
+        dst: &mut D,
+        src: &S,
+        bytes: usize,
+        reps: usize,
+    ) -> Result<(), CudaError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let (d, s) = (dst.raw_mut(), src.raw());
+        if bytes > d.len || bytes > s.len {
+            return Err(CudaError::InvalidArgument(format!(
+                "copy of {bytes} bytes between buffers of {} and {} bytes",
+                d.len, s.len
+            )));
+        }
+        let sm = self
+            .sm
+            .get_or_init(|| {
+                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
+                c.compile().map_err(|e| e.to_string())?;
+                Ok(c)
+            })
+            .as_ref()
+            .map_err(|msg| CudaError::Driver {
+                call: "SM copy kernel setup",
+                msg: msg.clone(),
+            })?;
+        driver::bind(&self.ctx)?;
+        let plan = Plan::contiguous(0, 0, bytes);
+        for _ in 0..reps {
+            // SAFETY: `bytes` lie inside both buffers (checked above), borrowed until after the
+            // synchronize below; the stream is this copier's, of the buffers' context.
+            if let Err(e) = unsafe { sm.copy(&self.streams[0], d.addr, s.addr, &plan) } {
+                let _ = self.sync(0);
+                return Err(CudaError::Driver {
+                    call: "SM copy kernel",
+                    msg: e.to_string(),
+                });
             }
         }
         Ok(self.sync(0)?)

@@ -1,0 +1,575 @@
+//! Copies on the SMs: small NVRTC kernels that move a whole [`Plan`] (contiguous, pitched, or
+//! N-D strided) between device-accessible buffers (device memory of this GPU, pinned,
+//! registered, mapped and managed memory), reading and writing both sides through their
+//! device-accessible addresses.
+//!
+//! Why: the copy engines move a plan as `cuMemcpy2DAsync`/`cuMemcpy3DAsync` calls whose rows are
+//! the plan's runs. With long runs that is as fast as a contiguous copy; with runs of a few bytes
+//! (a transpose of 4- or 8-byte elements: one run per element) the copy engines crawl, and a
+//! transpose that `cuMemcpy3DAsync` cannot express becomes one 2-D call per plane. A kernel moves
+//! such a plan at memory speed. For mapped (zero-copy) host memory, the kernel is also the
+//! nvbandwidth "SM copy": the SMs read or write host memory over the bus themselves.
+//!
+//! Four kernels, chosen by the plan ([`SmKernel`]):
+//! - [`SmKernel::Linear`]: a contiguous plan, grid-stride, 16-byte words where both sides are
+//!   equally aligned.
+//! - [`SmKernel::Tiled`]: a transposing plan (the two innermost outer dims walk the source against
+//!   its grain) with runs of at most [`TILE_MAX_RUN`] bytes: 32 x 32 runs go through shared
+//!   memory, so that both the reads and the writes of a warp are coalesced. Outer dims beyond the
+//!   two innermost are walked by the grid.
+//! - [`SmKernel::Each`]: other plans with runs of at most [`TILE_MAX_RUN`] bytes: one thread per
+//!   run.
+//! - [`SmKernel::Rows`]: longer runs: a group of threads per run.
+//!
+//! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](super::CudaConfig)).
+
+use crate::plan::Plan;
+use cudarc::driver::result::DriverError;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+
+/// Runs of at most this many bytes go through the tiled or one-thread-per-run kernels (the tile
+/// of 32 x 33 runs lives in 33 KiB of shared memory).
+pub const TILE_MAX_RUN: usize = 32;
+
+/// [`KernelCopies::Auto`] moves a strided plan on the SMs when its runs are at most this many
+/// bytes (and there are at least [`AUTO_MIN_RUNS`] of them).
+///
+/// Provisional: the value is not yet measured. The lead sets it from a measurement on the GPU
+/// host (`ferry bench --test cuda-transpose` and `cuda_strided`'s
+/// `transpose_timings_by_run_length`: the run length up to which the kernel beats
+/// `cuMemcpy2DAsync`/`cuMemcpy3DAsync` on the copy engines).
+pub const AUTO_MAX_RUN: usize = 16;
+
+/// [`KernelCopies::Auto`] leaves plans of fewer runs than this on the copy engines (a few driver
+/// calls cost about as much as one launch). Provisional, as [`AUTO_MAX_RUN`]: the lead sets it
+/// from `cuda_strided`'s `small_transpose_timings_by_run_count` on the GPU host.
+pub const AUTO_MIN_RUNS: usize = 1024;
+
+/// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
+/// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
+/// device memory of the engine's own GPU) can go to the SMs; the others always use the copy
+/// engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelCopies {
+    /// Strided plans with short runs (at most [`AUTO_MAX_RUN`] bytes, at least
+    /// [`AUTO_MIN_RUNS`] runs: transposes of small elements) on the SMs; everything else on the
+    /// copy engines.
+    #[default]
+    Auto,
+    /// Everything on the copy engines (as before the SM path existed).
+    Never,
+    /// Every copy between device-accessible buffers on the SMs, contiguous ones included: the
+    /// zero-copy SM path for mapped host memory (as nvbandwidth's SM copy tests), or to keep the
+    /// copy engines free for other work. Fills and segment lists keep their own paths.
+    Always,
+}
+
+impl KernelCopies {
+    /// Whether a copy of `plan` between device-accessible buffers goes to the SMs.
+    pub fn takes(self, plan: &Plan) -> bool {
+        match self {
+            KernelCopies::Never => false,
+            KernelCopies::Always => true,
+            KernelCopies::Auto => {
+                !plan.counts().is_empty()
+                    && plan.run() <= AUTO_MAX_RUN
+                    && plan.run_count() >= AUTO_MIN_RUNS
+            }
+        }
+    }
+}
+
+/// Which kernel moved a plan; see the [module documentation](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SmKernel {
+    /// A contiguous copy.
+    Linear,
+    /// Runs of a transposing plan through shared-memory tiles.
+    Tiled,
+    /// One thread per short run.
+    Each,
+    /// A group of threads per run.
+    Rows,
+}
+
+impl SmKernel {
+    /// The kernel for a plan.
+    pub fn for_plan(plan: &Plan) -> SmKernel {
+        if plan.counts().is_empty() {
+            SmKernel::Linear
+        } else if plan.run() > TILE_MAX_RUN {
+            SmKernel::Rows
+        } else if plan.is_transposing() {
+            SmKernel::Tiled
+        } else {
+            SmKernel::Each
+        }
+    }
+}
+
+/// Why an SM copy could not be made.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SmError {
+    /// A buffer is not device-accessible (pageable host memory).
+    #[error("the {side} buffer at {addr:#x} is not device-accessible (pageable host memory?)")]
+    NotDeviceAccessible {
+        /// `"source"` or `"destination"`.
+        side: &'static str,
+        /// Its address.
+        addr: u64,
+    },
+    /// The NVRTC library could not be loaded.
+    #[error("NVRTC (libnvrtc) is not available, so the copy kernels cannot be built")]
+    NvrtcMissing,
+    /// NVRTC rejected the kernels (a bug); the compiler log is kept.
+    #[error("NVRTC failed to compile the copy kernels: {0}")]
+    Compile(String),
+    /// A CUDA driver call failed.
+    #[error("{op} failed: {source}")]
+    Driver {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+}
+
+fn drv(op: &'static str) -> impl FnOnce(DriverError) -> SmError {
+    move |source| SmError::Driver { op, source }
+}
+
+const KERNEL_SRC: &str = r#"
+typedef unsigned long long u64;
+#define MAXD 16
+#define TILE 32
+#define MAXRUN 32
+struct Params {
+    u64 dst, src, run, runs;
+    u64 c[MAXD], ds[MAXD], ss[MAXD];
+    unsigned n, word, load_b, store_b;
+};
+// Byte offsets of run k (innermost dim fastest) over dims [0, n) on each side.
+__device__ __forceinline__ void offsets(const Params& p, unsigned n, u64 k, u64& d, u64& s) {
+    d = 0; s = 0;
+    for (int i = (int)n - 1; i >= 0; --i) {
+        u64 c = p.c[i], x = k % c;
+        k /= c;
+        d += x * p.ds[i];
+        s += x * p.ss[i];
+    }
+}
+// `len` bytes by `g` threads (this one is `lane`), in words of T past an unaligned head.
+template <typename T>
+__device__ __forceinline__ void copy_seg(unsigned char* d, const unsigned char* s, u64 len, u64 lane, u64 g) {
+    const u64 a = sizeof(T);
+    u64 head = (a - ((u64)d & (a - 1))) & (a - 1);
+    if (head > len) head = len;
+    for (u64 i = lane; i < head; i += g) d[i] = s[i];
+    u64 nv = (len - head) / a;
+    T* dv = (T*)(d + head);
+    const T* sv = (const T*)(s + head);
+    u64 i = lane;
+    for (; i + 3ull * g < nv; i += 4ull * g) {
+        T x0 = sv[i], x1 = sv[i + g], x2 = sv[i + 2ull * g], x3 = sv[i + 3ull * g];
+        dv[i] = x0; dv[i + g] = x1; dv[i + 2ull * g] = x2; dv[i + 3ull * g] = x3;
+    }
+    for (; i < nv; i += g) dv[i] = sv[i];
+    for (u64 j = head + nv * a + lane; j < len; j += g) d[j] = s[j];
+}
+__device__ __forceinline__ void copy_any(unsigned char* d, const unsigned char* s, u64 len, u64 lane, u64 g) {
+    u64 x = (u64)d ^ (u64)s;
+    if ((x & 15) == 0) copy_seg<uint4>(d, s, len, lane, g);
+    else if ((x & 7) == 0) copy_seg<u64>(d, s, len, lane, g);
+    else if ((x & 3) == 0) copy_seg<unsigned>(d, s, len, lane, g);
+    else copy_seg<unsigned char>(d, s, len, lane, g);
+}
+extern "C" __global__ void ferry_sm_linear(Params p) {
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x, g = (u64)gridDim.x * blockDim.x;
+    copy_any((unsigned char*)p.dst, (const unsigned char*)p.src, p.run, t, g);
+}
+extern "C" __global__ void ferry_sm_rows(Params p) {
+    const u64 g = 32;
+    u64 lane = threadIdx.x % g;
+    u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
+    u64 groups = ((u64)gridDim.x * blockDim.x) / g;
+    for (u64 k = group; k < p.runs; k += groups) {
+        u64 d, s;
+        offsets(p, p.n, k, d, s);
+        copy_any((unsigned char*)(p.dst + d), (const unsigned char*)(p.src + s), p.run, lane, g);
+    }
+}
+template <typename W>
+__device__ __forceinline__ void each_body(const Params& p) {
+    u64 words = p.run / sizeof(W);
+    u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x, g = (u64)gridDim.x * blockDim.x;
+    for (u64 k = t; k < p.runs; k += g) {
+        u64 d, s;
+        offsets(p, p.n, k, d, s);
+        W* dp = (W*)(p.dst + d);
+        const W* sp = (const W*)(p.src + s);
+        for (u64 w = 0; w < words; ++w) dp[w] = sp[w];
+    }
+}
+extern "C" __global__ void ferry_sm_each(Params p) {
+    switch (p.word) {
+    case 16: each_body<uint4>(p); break;
+    case 8: each_body<u64>(p); break;
+    case 4: each_body<unsigned>(p); break;
+    case 2: each_body<unsigned short>(p); break;
+    default: each_body<unsigned char>(p); break;
+    }
+}
+// One phase of a tile: runs (i along dim a, j along dim b) between a side's memory and the
+// shared tile. `fast_b`: the thread index's fast dim walks dim b.
+template <typename W, bool LOAD>
+__device__ __forceinline__ void tile_phase(const Params& p, unsigned char* tile, u64 base, u64 ta, u64 tb, unsigned fast_b, const u64* st) {
+    unsigned n = p.n;
+    u64 ca = p.c[n - 2], cb = p.c[n - 1], sa = st[n - 2], sb = st[n - 1];
+    u64 words = p.run / sizeof(W);
+    for (unsigned y = threadIdx.y; y < TILE; y += blockDim.y) {
+        unsigned x = threadIdx.x;
+        unsigned i = fast_b ? y : x, j = fast_b ? x : y;
+        u64 ia = ta * TILE + i, jb = tb * TILE + j;
+        if (ia < ca && jb < cb) {
+            W* mem = (W*)(base + ia * sa + jb * sb);
+            W* e = (W*)(tile + (u64)(i * (TILE + 1) + j) * p.run);
+            if (LOAD) { for (u64 w = 0; w < words; ++w) e[w] = mem[w]; }
+            else { for (u64 w = 0; w < words; ++w) mem[w] = e[w]; }
+        }
+    }
+}
+template <typename W>
+__device__ __forceinline__ void tiled_body(const Params& p, unsigned char* tile) {
+    unsigned n = p.n;
+    u64 ca = p.c[n - 2], cb = p.c[n - 1];
+    u64 na = (ca + TILE - 1) / TILE, nb = (cb + TILE - 1) / TILE;
+    u64 total = (p.runs / (ca * cb)) * na * nb;
+    for (u64 t = blockIdx.x; t < total; t += gridDim.x) {
+        u64 tb = t % nb, r = t / nb, ta = r % na, bi = r / na;
+        u64 d, s;
+        offsets(p, n - 2, bi, d, s);
+        tile_phase<W, true>(p, tile, p.src + s, ta, tb, p.load_b, p.ss);
+        __syncthreads();
+        tile_phase<W, false>(p, tile, p.dst + d, ta, tb, p.store_b, p.ds);
+        __syncthreads();
+    }
+}
+extern "C" __global__ void ferry_sm_tiled(Params p) {
+    __shared__ __align__(16) unsigned char tile[TILE * (TILE + 1) * MAXRUN];
+    switch (p.word) {
+    case 16: tiled_body<uint4>(p, tile); break;
+    case 8: tiled_body<u64>(p, tile); break;
+    case 4: tiled_body<unsigned>(p, tile); break;
+    case 2: tiled_body<unsigned short>(p, tile); break;
+    default: tiled_body<unsigned char>(p, tile); break;
+    }
+}
+"#;
+
+/// The kernels' argument block (`struct Params` in the kernel source).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Params {
+    dst: u64,
+    src: u64,
+    run: u64,
+    runs: u64,
+    c: [u64; crate::MAX_DIMS],
+    ds: [u64; crate::MAX_DIMS],
+    ss: [u64; crate::MAX_DIMS],
+    n: u32,
+    word: u32,
+    load_b: u32,
+    store_b: u32,
+}
+
+// SAFETY: plain `#[repr(C)]` data, laid out as the kernel's `struct Params` (u64 fields, then
+// four 32-bit fields; no padding in either).
+unsafe impl cudarc::driver::DeviceRepr for Params {}
+
+struct Kernels {
+    linear: CudaFunction,
+    tiled: CudaFunction,
+    each: CudaFunction,
+    rows: CudaFunction,
+}
+
+/// SM copies of plans for one context: the kernels, compiled with NVRTC on first use. See the
+/// [module documentation](self).
+pub struct SmCopier {
+    ctx: Arc<CudaContext>,
+    kernels: Mutex<Option<Arc<Kernels>>>,
+    sms: u32,
+}
+
+impl std::fmt::Debug for SmCopier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmCopier")
+            .field("device", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+/// The device-accessible address of the memory at unified address `addr`, or None for memory
+/// the device cannot reach (pageable host memory).
+pub(crate) fn device_address(addr: u64) -> Option<u64> {
+    let mut ty: u32 = 0;
+    // SAFETY: queries one attribute into a local of the documented size (unsigned int); the
+    // driver only looks the address up.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            &mut ty as *mut u32 as *mut _,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    if ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        let mut d: u64 = 0;
+        // SAFETY: `addr` is page-locked host memory (the driver said so); writes one pointer.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut _, 0) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
+    } else {
+        Some(addr)
+    }
+}
+
+/// The widest word (1..=16 bytes) every access of the plan is aligned to.
+fn word(dst: u64, src: u64, plan: &Plan) -> u32 {
+    let mut bits = dst | src | plan.run() as u64;
+    for &s in plan.dst_strides().iter().chain(plan.src_strides()) {
+        bits |= s as u64;
+    }
+    1 << bits.trailing_zeros().min(4)
+}
+
+impl SmCopier {
+    /// An SM copier for `ctx`. Cheap: the kernels are compiled on first use.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<SmCopier, SmError> {
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("cuDeviceGetAttribute"))?
+            .max(1) as u32;
+        Ok(SmCopier {
+            ctx,
+            kernels: Mutex::new(None),
+            sms,
+        })
+    }
+
+    /// Compiles the kernels (once). Errors: [`SmError::NvrtcMissing`], [`SmError::Compile`],
+    /// [`SmError::Driver`] (module load).
+    pub fn compile(&self) -> Result<(), SmError> {
+        self.kernels().map(drop)
+    }
+
+    fn kernels(&self) -> Result<Arc<Kernels>, SmError> {
+        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = k.as_ref() {
+            return Ok(Arc::clone(k));
+        }
+        // SAFETY: only tries to dlopen the library by its candidate names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(SmError::NvrtcMissing);
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let (maj, min) = self
+            .ctx
+            .compute_capability()
+            .map_err(drv("cuDeviceGetAttribute"))?;
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: vec![
+                format!("--gpu-architecture=compute_{maj}{min}"),
+                "-std=c++17".into(),
+            ],
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SRC, opts)
+            .map_err(|e| SmError::Compile(format!("{e:?}")))?;
+        let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
+        let f = |name| {
+            module
+                .load_function(name)
+                .map_err(drv("cuModuleGetFunction"))
+        };
+        let ks = Arc::new(Kernels {
+            linear: f("ferry_sm_linear")?,
+            tiled: f("ferry_sm_tiled")?,
+            each: f("ferry_sm_each")?,
+            rows: f("ferry_sm_rows")?,
+        });
+        *k = Some(Arc::clone(&ks));
+        Ok(ks)
+    }
+
+    /// Enqueues `plan` on `stream` as one kernel launch and returns the kernel used. `dst` and
+    /// `src` are the unified addresses of the buffers' starts (the plan's offsets are added
+    /// here): device pointers of this context's device, or pinned/registered/mapped/managed
+    /// host memory. Asynchronous: synchronize the stream (or record an event) before reading the
+    /// destination.
+    ///
+    /// Errors: [`SmError::NotDeviceAccessible`] (checked before anything is enqueued), compile
+    /// and driver errors (nothing is enqueued when the launch fails).
+    ///
+    /// # Safety
+    /// 1. Every run of `plan` lies inside the destination and the source buffers, which stay
+    ///    allocated until the stream has passed this copy; nothing else writes the destination's
+    ///    runs or the source's runs until then, and the two do not overlap.
+    /// 2. Device memory belongs to this copier's context (or is accessible from it), and
+    ///    `stream` belongs to it.
+    pub unsafe fn copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: u64,
+        src: u64,
+        plan: &Plan,
+    ) -> Result<SmKernel, SmError> {
+        let kind = SmKernel::for_plan(plan);
+        if plan.total_bytes() == 0 {
+            return Ok(kind);
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let d = device_address(dst).ok_or(SmError::NotDeviceAccessible {
+            side: "destination",
+            addr: dst,
+        })?;
+        let s = device_address(src).ok_or(SmError::NotDeviceAccessible {
+            side: "source",
+            addr: src,
+        })?;
+        let ks = self.kernels()?;
+        let n = plan.counts().len();
+        let mut p = Params {
+            dst: d + plan.dst_offset() as u64,
+            src: s + plan.src_offset() as u64,
+            run: plan.run() as u64,
+            runs: plan.run_count() as u64,
+            c: [1; crate::MAX_DIMS],
+            ds: [0; crate::MAX_DIMS],
+            ss: [0; crate::MAX_DIMS],
+            n: n as u32,
+            word: 1,
+            load_b: 1,
+            store_b: 1,
+        };
+        for i in 0..n {
+            p.c[i] = plan.counts()[i] as u64;
+            p.ds[i] = plan.dst_strides()[i] as u64;
+            p.ss[i] = plan.src_strides()[i] as u64;
+        }
+        p.word = word(p.dst, p.src, plan);
+        let most = u64::from(self.sms) * 16;
+        let (func, cfg) = match kind {
+            SmKernel::Linear => {
+                let blocks = p.run.div_ceil(256 * 16 * 4).clamp(1, most);
+                (&ks.linear, linear_cfg(blocks))
+            }
+            SmKernel::Each => {
+                let blocks = p.runs.div_ceil(256).clamp(1, most * 4);
+                (&ks.each, linear_cfg(blocks))
+            }
+            SmKernel::Rows => {
+                let blocks = p.runs.div_ceil(8).clamp(1, most);
+                (&ks.rows, linear_cfg(blocks))
+            }
+            SmKernel::Tiled => {
+                // The thread index's fast dim walks the dim of smaller stride, in each phase.
+                let (a, b) = (n - 2, n - 1);
+                p.load_b = u32::from(p.ss[b] <= p.ss[a]);
+                p.store_b = u32::from(p.ds[b] <= p.ds[a]);
+                let tiles =
+                    (p.runs / (p.c[a] * p.c[b])) * p.c[a].div_ceil(32) * p.c[b].div_ceil(32);
+                let blocks = tiles.clamp(1, u64::from(self.sms) * 8) as u32;
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (32, 8, 1),
+                    shared_mem_bytes: 0,
+                };
+                (&ks.tiled, cfg)
+            }
+        };
+        let mut launch = stream.launch_builder(func);
+        launch.arg(&p);
+        // SAFETY: the kernel takes one `Params` by value (matching layout); every run lies in
+        // its buffer (caller, 1), each addressed through its device-accessible address; the
+        // stream belongs to this context (2).
+        unsafe { launch.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
+        Ok(kind)
+    }
+}
+
+/// A 1-D launch of `blocks` blocks of 256 threads.
+fn linear_cfg(blocks: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.min(i32::MAX as u64) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Layout;
+
+    #[test]
+    fn kernel_choice_follows_the_plan() {
+        let l = Layout::bytes(1000).unwrap();
+        assert_eq!(
+            SmKernel::for_plan(&Plan::new(&l, &l).unwrap()),
+            SmKernel::Linear
+        );
+        let m = Layout::contiguous(&[64, 96], 4).unwrap();
+        let t = Layout::contiguous(&[96, 64], 4).unwrap();
+        let tr = Plan::new(&t, &m.transpose(0, 1).unwrap()).unwrap();
+        assert_eq!(SmKernel::for_plan(&tr), SmKernel::Tiled);
+        let rows = Layout::contiguous(&[300, 4], 4).unwrap();
+        let odd = rows.slice(0, 0..300, 2).unwrap();
+        let packed = Layout::contiguous(&[150, 4], 4).unwrap();
+        let p = Plan::new(&packed, &odd).unwrap();
+        assert_eq!(SmKernel::for_plan(&p), SmKernel::Each);
+        let wide = Layout::pitched(&[10, 4096], 1, 8192).unwrap();
+        let dense = Layout::contiguous(&[10, 4096], 1).unwrap();
+        assert_eq!(
+            SmKernel::for_plan(&Plan::new(&dense, &wide).unwrap()),
+            SmKernel::Rows
+        );
+    }
+
+    #[test]
+    fn auto_takes_only_many_short_runs() {
+        let m = Layout::contiguous(&[64, 64], 4).unwrap();
+        let tr = Plan::new(&m, &m.transpose(0, 1).unwrap()).unwrap();
+        assert!(KernelCopies::Auto.takes(&tr));
+        assert!(KernelCopies::Always.takes(&tr) && !KernelCopies::Never.takes(&tr));
+        let small = Layout::contiguous(&[8, 8], 4).unwrap();
+        let tr_small = Plan::new(&small, &small.transpose(0, 1).unwrap()).unwrap();
+        assert!(
+            !KernelCopies::Auto.takes(&tr_small),
+            "fewer runs than AUTO_MIN_RUNS"
+        );
+        let l = Layout::bytes(1 << 20).unwrap();
+        let flat = Plan::new(&l, &l).unwrap();
+        assert!(!KernelCopies::Auto.takes(&flat) && KernelCopies::Always.takes(&flat));
+    }
+
+    #[test]
+    fn word_is_the_common_alignment() {
+        let m = Layout::contiguous(&[64, 64], 8).unwrap();
+        let tr = Plan::new(&m, &m.transpose(0, 1).unwrap()).unwrap();
+        assert_eq!(word(0x1000, 0x2000, &tr), 8);
+        assert_eq!(word(0x1004, 0x2000, &tr), 4);
+        let l = Layout::bytes(4096).unwrap();
+        assert_eq!(word(0x1000, 0x2000, &Plan::new(&l, &l).unwrap()), 16);
+        let b = Layout::contiguous(&[64, 64], 3).unwrap();
+        let trb = Plan::new(&b, &b.transpose(0, 1).unwrap()).unwrap();
+        assert_eq!(word(0x1000, 0x2000, &trb), 1);
+    }
+}
