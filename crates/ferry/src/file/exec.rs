@@ -103,8 +103,9 @@ fn worker(st: &(Mutex<PoolState>, Condvar)) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The bounce ring: `depth` buffers of `chunk` bytes, page-aligned, pinned when a CUDA driver is
-// present (so a GPU's copy engine reaches them), plain aligned host memory otherwise.
+// The bounce ring: `depth` buffers of `chunk` bytes, page-aligned; pinned when the file engine
+// has an engine to DMA from them and a CUDA driver is present, plain aligned host memory
+// otherwise.
 
 static LIVE_SLOTS: AtomicUsize = AtomicUsize::new(0);
 
@@ -131,8 +132,14 @@ pub(crate) struct Slot {
 unsafe impl Send for Slot {}
 
 impl Slot {
-    fn new(len: usize) -> Result<Slot, FileError> {
-        let mem = match crate::cuda::PinnedBuffer::new(len) {
+    /// `pinned`: try page-locked memory first (needed only when an engine DMAs from the slot).
+    fn new(len: usize, pinned: bool) -> Result<Slot, FileError> {
+        let pinned = if pinned {
+            crate::cuda::PinnedBuffer::new(len)
+        } else {
+            Err(crate::cuda::CudaError::NoDriver("not asked for".into()))
+        };
+        let mem = match pinned {
             Ok(p) => SlotMem::Pinned(p),
             Err(crate::cuda::CudaError::NoDriver(_)) => {
                 let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN)
@@ -190,9 +197,10 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    pub(crate) fn new(depth: usize, chunk: usize) -> Result<Ring, FileError> {
+    /// `depth` buffers of `chunk` bytes; `pinned`: page-locked when a CUDA driver is present.
+    pub(crate) fn new(depth: usize, chunk: usize, pinned: bool) -> Result<Ring, FileError> {
         let slots = (0..depth)
-            .map(|_| Slot::new(chunk))
+            .map(|_| Slot::new(chunk, pinned))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = slots.first().map_or(MemKind::Pageable, Slot::kind);
         Ok(Ring {

@@ -11,9 +11,11 @@
 //!   bounce ring for device buffers where the `nvidia-fs` module exists: [`gds_status`] says
 //!   why it is not used here, and every device transfer's [`IoReport`] carries that reason.
 //! - `O_DIRECT` ([`FileConfig::direct`]): the file is opened a second time with `O_DIRECT`, and
-//!   every piece whose file offset, memory address and length are multiples of 4096 uses it (the
-//!   bounce buffers are page-aligned, so device transfers at aligned offsets are direct
-//!   throughout); unaligned heads and tails run buffered. A filesystem that refuses `O_DIRECT`,
+//!   every piece whose file offset, memory address and length are multiples of 4096 uses it.
+//!   The bounce buffers are page-aligned, so device transfers at aligned file offsets are
+//!   direct throughout, and so are host transfers at aligned offsets into unaligned buffers (a
+//!   `Vec<u8>`): those go through the bounce ring too, copied by the worker. Unaligned file
+//!   offsets and the unaligned tail of a length run buffered. A filesystem that refuses `O_DIRECT`,
 //!   at open or at the first transfer, is not an error: the file runs buffered from then on.
 //!   Each [`IoReport`] says how many bytes took which path and why `O_DIRECT` was not used.
 //! - Errors: a read or write that fails, a file shorter than the range (checked at submit, and
@@ -170,8 +172,9 @@ pub struct IoReport {
     pub direct_bytes: u64,
     /// Bytes read or written through the page cache.
     pub buffered_bytes: u64,
-    /// Kind of the bounce buffers the bytes went through (`Pinned`, or `Pageable` without a
-    /// CUDA driver); `None` when they went straight to or from the buffer.
+    /// Kind of the bounce buffers the bytes went through (`Pinned` for an engine made with
+    /// [`FileEngine::with_engine`] on a machine with a CUDA driver, else `Pageable`); `None`
+    /// when they went straight to or from the buffer.
     pub bounce: Option<MemKind>,
     /// Why `O_DIRECT` was not used for some or all bytes (`None` when every byte was direct).
     pub direct_note: Option<String>,
@@ -405,28 +408,22 @@ impl FileEngine {
             }
         }
         let host = buf.kind.host_accessible();
-        let ring = if len > 0 && (!host || self.cfg.staged) {
+        // Through the engine: buffers the CPU cannot reach, or all with `staged`.
+        let moved = !host || self.cfg.staged;
+        // `O_DIRECT` into a host buffer whose address is not aligned (a `Vec<u8>`) at an
+        // aligned file offset: bounce through the aligned ring, copied by the worker itself.
+        let align = DIRECT_ALIGN as u64;
+        let bounce_direct = self.cfg.direct
+            && host
+            && len >= DIRECT_ALIGN
+            && offset % align == 0
+            && buf.addr % align != 0
+            && self.cfg.chunk_bytes % DIRECT_ALIGN == 0
+            && file.direct().is_ok();
+        let ring = if len > 0 && (moved || bounce_direct) {
             let ring = self.ring()?;
-            if let Some(m) = &self.mover {
-                let ok = match op {
-                    IoOp::Read => m.supports(buf.kind, Some(ring.kind)),
-                    IoOp::Write => m.supports(ring.kind, Some(buf.kind)),
-                };
-                if !ok {
-                    return Err(FileError::Unsupported {
-                        kind: buf.kind,
-                        why: format!(
-                            "engine `{}` cannot copy it from {} memory",
-                            m.name(),
-                            ring.kind
-                        ),
-                    });
-                }
-            } else if !host {
-                return Err(FileError::Unsupported {
-                    kind: buf.kind,
-                    why: "this file engine has no engine for it (FileEngine::with_engine)".into(),
-                });
+            if moved {
+                self.check_mover(buf.kind, ring.kind, op)?;
             }
             Some(ring)
         } else {
@@ -457,11 +454,7 @@ impl FileEngine {
             buf,
             chunk,
             chunks,
-            mover: if ring.is_some() {
-                self.mover.clone()
-            } else {
-                None
-            },
+            mover: if moved { self.mover.clone() } else { None },
             ring,
             direct: self.cfg.direct,
             next: AtomicUsize::new(0),
@@ -488,13 +481,43 @@ impl FileEngine {
         Ok((req, x))
     }
 
+    /// Checks that the buffer can be reached from the ring: by the mover engine, or by the
+    /// worker itself for host memory.
+    fn check_mover(&self, kind: MemKind, ring: MemKind, op: IoOp) -> Result<(), FileError> {
+        match &self.mover {
+            Some(m) => {
+                let ok = match op {
+                    IoOp::Read => m.supports(kind, Some(ring)),
+                    IoOp::Write => m.supports(ring, Some(kind)),
+                };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(FileError::Unsupported {
+                        kind,
+                        why: format!("engine `{}` cannot copy it from {ring} memory", m.name()),
+                    })
+                }
+            }
+            None if kind.host_accessible() => Ok(()),
+            None => Err(FileError::Unsupported {
+                kind,
+                why: "this file engine has no engine for it (FileEngine::with_engine)".into(),
+            }),
+        }
+    }
+
     fn ring(&self) -> Result<Arc<Ring>, FileError> {
         let mut g = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(r) = &*g {
             return Ok(Arc::clone(r));
         }
         let depth = self.cfg.ring_depth.min(self.cfg.threads);
-        let r = Arc::new(Ring::new(depth, self.cfg.chunk_bytes)?);
+        let r = Arc::new(Ring::new(
+            depth,
+            self.cfg.chunk_bytes,
+            self.mover.is_some(),
+        )?);
         *g = Some(Arc::clone(&r));
         Ok(r)
     }
