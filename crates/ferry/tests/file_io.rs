@@ -683,3 +683,102 @@ proptest! {
         prop_assert!(back[back.len() - len..] == data[off..off + len]);
     }
 }
+
+/// A real file that is truncated by the first read (after the length was checked at submit):
+/// the operating system's `pread` then returns end of file inside the range.
+struct TruncatesOnFirstRead {
+    inner: ferry::file::OsFile,
+    path: PathBuf,
+    keep: u64,
+    done: std::sync::Once,
+}
+
+impl FileIo for TruncatesOnFirstRead {
+    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
+        self.done.call_once(|| {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&self.path)
+                .unwrap();
+            f.set_len(self.keep).unwrap();
+        });
+        self.inner.read_at(buf, offset, direct)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
+        self.inner.write_at(buf, offset, direct)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        self.inner.file_len()
+    }
+    fn direct(&self) -> Result<(), String> {
+        self.inner.direct()
+    }
+}
+
+#[test]
+fn real_file_truncated_during_load_fails_with_eof() {
+    let _g = serial();
+    let data = bytes(1 << 20, 18);
+    for (name, cfg) in configs() {
+        let t = Temp::new("truncated", &data);
+        let fe = FileEngine::new(cfg).unwrap();
+        let inner = ferry::file::OsFile::open(&t.0, OpenMode::Read, cfg.direct).unwrap();
+        let f = FileHandle::from_io(
+            t.0.clone(),
+            TruncatesOnFirstRead {
+                inner,
+                path: t.0.clone(),
+                keep: 100_000,
+                done: std::sync::Once::new(),
+            },
+        );
+        let err = fe
+            .load_into(&f, 0, &mut vec![0u8; 1 << 20][..])
+            .unwrap_err();
+        match &err {
+            FileError::UnexpectedEof {
+                path,
+                offset,
+                missing,
+            } => {
+                assert_eq!(path, &t.0, "{name}");
+                assert!(*offset >= 100_000 && *missing > 0, "{name}: {err}");
+            }
+            other => panic!("{name}: expected end of file, got {other}"),
+        }
+        assert!(
+            err.to_string().contains(&t.0.display().to_string()),
+            "{err}"
+        );
+        // The whole (now short) file still loads.
+        let g = fe.open(&t.0, OpenMode::Read).unwrap();
+        let mut buf = vec![0u8; 100_000];
+        fe.load_into(&g, 0, &mut buf[..]).unwrap();
+        assert!(buf == data[..100_000], "{name}");
+    }
+}
+
+#[test]
+fn no_file_descriptors_or_threads_left_after_failures() {
+    let _g = serial();
+    let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let data = bytes(300_000, 19);
+    let t = Temp::new("fds", &data);
+    let (fd0, th0, b0) = (fds(), threads_now(), live_bounce_buffers());
+    for (name, cfg) in configs() {
+        let fe = FileEngine::with_engine(cfg, Arc::new(CpuEngine::new(1).unwrap())).unwrap();
+        for _ in 0..10 {
+            let f = fe.open(&t.0, OpenMode::Read).unwrap();
+            // Refused (past the end), failed (missing file), then fine.
+            assert!(fe.load(&f, 1, vec![0u8; 300_000]).is_err(), "{name}");
+            assert!(fe.open(t.0.with_extension("nope"), OpenMode::Read).is_err());
+            let mut buf = vec![0u8; 300_000];
+            fe.load_into(&f, 0, &mut buf[..]).unwrap();
+            assert!(buf == data, "{name}");
+        }
+    }
+    assert_eq!(
+        (fds(), threads_now(), live_bounce_buffers()),
+        (fd0, th0, b0)
+    );
+}
