@@ -105,15 +105,17 @@ fn loads_ranges_every_byte() {
             assert!(buf == data[off..off + len], "{name} {off} {len}");
             assert_eq!(r.bytes, len as u64);
             assert_eq!(r.direct_bytes + r.buffered_bytes, len as u64, "{name}: {r}");
-            // O_DIRECT at an aligned offset into a Vec (unaligned address) bounces too.
-            let bounce_direct = cfg.direct && off % 4096 == 0 && len >= 4096 && f.direct().is_ok();
+            // O_DIRECT reads where the buffer and the offset are not both aligned bounce
+            // through the ring, and read the aligned span around each chunk: all direct.
+            let in_place = buf.as_ptr() as usize % 4096 == 0 && off % 4096 == 0;
+            let bounce_direct = cfg.direct && !in_place && len >= 4096 && f.direct().is_ok();
             assert_eq!(
                 r.bounce.is_some(),
                 cfg.staged || bounce_direct,
                 "{name}: {r}"
             );
             if bounce_direct {
-                assert_eq!(r.direct_bytes, (len / 4096 * 4096) as u64, "{name}: {r}");
+                assert_eq!(r.direct_bytes, len as u64, "{name}: {r}");
             }
         }
     }
@@ -188,12 +190,23 @@ fn direct_io_on_aligned_pieces_or_says_why_not() {
             println!("O_DIRECT refused here: {why}");
         }
     }
-    // Unaligned offset: buffered, and the report says why.
+    // Unaligned offset: the aligned span around it is read direct into a bounce buffer.
     let mut v = vec![0u8; 10_000];
     let r = e.load_into(&f, 3, &mut v[..]).unwrap();
     assert!(v == data[3..10_003]);
-    assert_eq!(r.direct_bytes, 0);
+    if f.direct().is_ok() {
+        assert_eq!((r.direct_bytes, r.bounce.is_some()), (10_000, true), "{r}");
+    } else {
+        assert_eq!(r.direct_bytes, 0);
+        assert!(r.direct_note.is_some(), "{r}");
+    }
+    // An unaligned store offset cannot be direct: buffered, and the report says why.
+    let t2 = Temp::new("direct-store", &[]);
+    let g = e.open(&t2.0, OpenMode::Create).unwrap();
+    let r = e.store_from(&g, 3, &data[..10_000]).unwrap();
+    assert_eq!(r.direct_bytes, 0, "{r}");
     assert!(r.direct_note.is_some(), "{r}");
+    assert!(std::fs::read(&t2.0).unwrap()[3..] == data[..10_000]);
     // Without `direct`, the report says it was not asked for.
     let e2 = FileEngine::new(FileConfig::new().threads(1)).unwrap();
     let f2 = e2.open(&t.0, OpenMode::Read).unwrap();
@@ -650,7 +663,7 @@ proptest! {
     fn any_range_any_chunking_matches_the_file(
         off in 0usize..70_000,
         len in 0usize..70_000,
-        chunk in 1usize..20_000,
+        chunk in prop_oneof![1usize..20_000, (1usize..6).prop_map(|k| k * 4096)],
         threads in 1usize..4,
         direct: bool,
         staged: bool,

@@ -199,8 +199,13 @@ pub(crate) struct Ring {
 impl Ring {
     /// `depth` buffers of `chunk` bytes; `pinned`: page-locked when a CUDA driver is present.
     pub(crate) fn new(depth: usize, chunk: usize, pinned: bool) -> Result<Ring, FileError> {
+        // Room for the aligned span around a chunk at an unaligned offset (`O_DIRECT`).
+        let room = chunk
+            .div_ceil(DIRECT_ALIGN)
+            .saturating_add(1)
+            .saturating_mul(DIRECT_ALIGN);
         let slots = (0..depth)
-            .map(|_| Slot::new(chunk, pinned))
+            .map(|_| Slot::new(room, pinned))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = slots.first().map_or(MemKind::Pageable, Slot::kind);
         Ok(Ring {
@@ -356,27 +361,29 @@ impl Xfer {
         let foff = self.offset + at as u64;
         match self.op {
             IoOp::Read => {
-                self.read_full(slot.bytes(len), foff)?;
-                self.move_chunk(slot, at, len, true)
+                let skip = self.read_slot(slot, foff, len)?;
+                self.move_chunk(slot, skip, at, len, true)
             }
             IoOp::Write => {
-                self.move_chunk(slot, at, len, false)?;
+                self.move_chunk(slot, 0, at, len, false)?;
                 self.write_full(slot.bytes(len), foff)
             }
         }
     }
 
-    /// Moves `len` bytes between the slot and the buffer at `at` (`to_buf`: slot -> buffer),
-    /// and returns once they have arrived.
+    /// Moves `len` bytes between the slot (from `skip` bytes in) and the buffer at `at`
+    /// (`to_buf`: slot -> buffer), and returns once they have arrived.
     fn move_chunk(
         &self,
         slot: &mut Slot,
+        skip: usize,
         at: usize,
         len: usize,
         to_buf: bool,
     ) -> Result<(), FileError> {
         let kind = slot.kind();
-        let s = RawBuf::host(slot.ptr(), len, kind);
+        debug_assert!(skip + len <= slot.len);
+        let s = RawBuf::host(slot.ptr().wrapping_add(skip), len, kind);
         let b = RawBuf {
             addr: self.buf.addr + at as u64,
             len,
@@ -412,15 +419,31 @@ impl Xfer {
 
     /// `pread` until `b` is full: short reads continue, end of file is an error.
     fn read_full(&self, b: &mut [u8], off: u64) -> Result<(), FileError> {
-        let mut pos = 0;
+        let need = b.len();
+        let (d, n) = self.read_at_least(b, off, need)?;
+        self.count(true, d);
+        self.count(false, n - d);
+        Ok(())
+    }
+
+    /// `pread` into `b` until at least `need` bytes are in (more may come, up to `b.len()`):
+    /// short reads continue, end of file before `need` is an error. Returns (bytes read with
+    /// `O_DIRECT`, bytes read in all).
+    fn read_at_least(
+        &self,
+        b: &mut [u8],
+        off: u64,
+        need: usize,
+    ) -> Result<(usize, usize), FileError> {
+        let (mut pos, mut direct_n) = (0, 0);
         let mut direct = self.use_direct(b.as_ptr(), b.len(), off);
-        while pos < b.len() {
+        while pos < need {
             // Direct only while everything stays aligned (the tail of an unaligned length, or
             // after a short read, goes buffered).
             let want = if direct {
                 (b.len() - pos) / DIRECT_ALIGN * DIRECT_ALIGN
             } else {
-                b.len() - pos
+                need - pos
             };
             if want == 0 {
                 direct = false;
@@ -432,12 +455,14 @@ impl Xfer {
                     return Err(FileError::UnexpectedEof {
                         path: self.file.path.clone(),
                         offset: at,
-                        missing: b.len() - pos,
+                        missing: need - pos,
                     })
                 }
                 Ok(n) => {
                     let n = n.min(want);
-                    self.count(direct, n);
+                    if direct {
+                        direct_n += n;
+                    }
                     pos += n;
                     if n % DIRECT_ALIGN != 0 {
                         direct = false;
@@ -452,7 +477,27 @@ impl Xfer {
                 Err(e) => return Err(FileError::io(IoOp::Read, &self.file.path, at, want, &e)),
             }
         }
-        Ok(())
+        Ok((direct_n, pos))
+    }
+
+    /// Reads the chunk's `len` bytes at `foff` into the slot and returns where they start in
+    /// it. With `O_DIRECT` at an unaligned offset or length, the aligned span around the chunk
+    /// is read (the slot has room for it) so that the read can be direct.
+    fn read_slot(&self, slot: &mut Slot, foff: u64, len: usize) -> Result<usize, FileError> {
+        let a = DIRECT_ALIGN as u64;
+        let skip = (foff % a) as usize;
+        let span = (skip + len).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let aligned = skip == 0 && len % DIRECT_ALIGN == 0;
+        if aligned || !self.direct || span > slot.len || self.file.direct_ok().is_err() {
+            self.read_full(slot.bytes(len), foff)?;
+            return Ok(0);
+        }
+        let (d, _) = self.read_at_least(slot.bytes(span), foff - skip as u64, skip + len)?;
+        // Account for the chunk's own bytes: direct if the span was read direct.
+        let direct = d.saturating_sub(skip).min(len);
+        self.count(true, direct);
+        self.count(false, len - direct);
+        Ok(skip)
     }
 
     /// `pwrite` until all of `b` is written.

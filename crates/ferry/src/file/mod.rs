@@ -13,9 +13,10 @@
 //! - `O_DIRECT` ([`FileConfig::direct`]): the file is opened a second time with `O_DIRECT`, and
 //!   every piece whose file offset, memory address and length are multiples of 4096 uses it.
 //!   The bounce buffers are page-aligned, so device transfers at aligned file offsets are
-//!   direct throughout, and so are host transfers at aligned offsets into unaligned buffers (a
-//!   `Vec<u8>`): those go through the bounce ring too, copied by the worker. Unaligned file
-//!   offsets and the unaligned tail of a length run buffered. A filesystem that refuses `O_DIRECT`,
+//!   direct throughout; reads at unaligned offsets read the aligned span around each chunk
+//!   into the bounce buffer, so they are direct too. Host transfers into or out of unaligned
+//!   buffers (a `Vec<u8>`) go through the bounce ring as well, copied by the worker. Writes at
+//!   unaligned offsets, and the unaligned tail of a write, run buffered. A filesystem that refuses `O_DIRECT`,
 //!   at open or at the first transfer, is not an error: the file runs buffered from then on.
 //!   Each [`IoReport`] says how many bytes took which path and why `O_DIRECT` was not used.
 //! - Errors: a read or write that fails, a file shorter than the range (checked at submit, and
@@ -410,14 +411,16 @@ impl FileEngine {
         let host = buf.kind.host_accessible();
         // Through the engine: buffers the CPU cannot reach, or all with `staged`.
         let moved = !host || self.cfg.staged;
-        // `O_DIRECT` into a host buffer whose address is not aligned (a `Vec<u8>`) at an
-        // aligned file offset: bounce through the aligned ring, copied by the worker itself.
+        // `O_DIRECT` where the buffer and the offset are not both aligned (a `Vec<u8>`): bounce
+        // through the aligned ring, copied by the worker itself (reads at unaligned offsets
+        // read the aligned span around each chunk; writes there stay buffered).
         let align = DIRECT_ALIGN as u64;
+        let in_place = buf.addr % align == 0 && offset % align == 0;
         let bounce_direct = self.cfg.direct
             && host
             && len >= DIRECT_ALIGN
-            && offset % align == 0
-            && buf.addr % align != 0
+            && !in_place
+            && (op == IoOp::Read || offset % align == 0)
             && self.cfg.chunk_bytes % DIRECT_ALIGN == 0
             && file.direct().is_ok();
         let ring = if len > 0 && (moved || bounce_direct) {
