@@ -795,3 +795,34 @@ fn no_file_descriptors_or_threads_left_after_failures() {
         (fd0, th0, b0)
     );
 }
+
+/// A buffer with a null address; refused before it is touched.
+struct Null;
+// SAFETY: never read or written: refused at submit.
+unsafe impl Memory for Null {
+    fn raw(&self) -> RawBuf {
+        RawBuf {
+            addr: 0,
+            len: 16,
+            kind: MemKind::Pageable,
+        }
+    }
+}
+// SAFETY: as above.
+unsafe impl MemoryMut for Null {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.raw()
+    }
+}
+
+#[test]
+fn null_buffer_is_refused() {
+    let _g = serial();
+    let t = Temp::new("null", &[1u8; 64]);
+    let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+    let f = fe.open(&t.0, OpenMode::Read).unwrap();
+    let e = fe.load_into(&f, 0, &mut Null).unwrap_err();
+    assert!(matches!(e, FileError::BadRange(_)), "{e}");
+    let e = fe.store_from(&f, 0, &Null).unwrap_err();
+    assert!(matches!(e, FileError::BadRange(_)), "{e}");
+}

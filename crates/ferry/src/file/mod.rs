@@ -408,6 +408,9 @@ impl FileEngine {
                 });
             }
         }
+        if len > 0 && buf.addr == 0 {
+            return Err(FileError::BadRange("null buffer address".into()));
+        }
         let host = buf.kind.host_accessible();
         // Through the engine: buffers the CPU cannot reach, or all with `staged`.
         let moved = !host || self.cfg.staged;
@@ -432,9 +435,6 @@ impl FileEngine {
         } else {
             None
         };
-        if len > 0 && buf.addr == 0 {
-            return Err(FileError::BadRange("null buffer address".into()));
-        }
         // Host transfers spread over every worker (chunks of at least 256 KiB, multiples of
         // the direct alignment); ring transfers use whole bounce buffers.
         let chunk = if ring.is_some() {
