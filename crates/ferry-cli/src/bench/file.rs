@@ -158,7 +158,7 @@ impl FileBench {
             },
         )?);
         series.push(ctx.series(
-            &format!("pread {n} threads"),
+            &format!("pread {}", threads_label(n)),
             Role::Baseline,
             &self.method,
             &mut dst,
@@ -235,7 +235,7 @@ impl FileBench {
             },
         )?);
         series.push(dev_series(
-            &format!("pread {n} threads into pinned + cuMemcpyHtoD"),
+            &format!("pread {} into pinned + cuMemcpyHtoD", threads_label(n)),
             Role::Baseline,
             &mut |d| {
                 par_pread(&std_file, &mut pinned, n)?;
@@ -270,6 +270,15 @@ fn par_pread(f: &std::fs::File, dst: &mut [u8], n: usize) -> Result<(), String> 
         }
         Ok(())
     })
+}
+
+/// `1 thread`, `2 threads`, ...
+fn threads_label(n: usize) -> String {
+    if n == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{n} threads")
+    }
 }
 
 fn first_diff(a: &[u8], b: &[u8]) -> Result<(), usize> {
