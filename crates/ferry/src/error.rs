@@ -25,6 +25,9 @@ pub enum Error {
     /// A barrier saw failures.
     #[error(transparent)]
     Barrier(#[from] crate::request::BarrierError),
+    /// A file load or store.
+    #[error(transparent)]
+    File(#[from] crate::file::FileError),
     /// Creating an engine or a buffer.
     #[error("{0}")]
     Setup(String),

@@ -8,6 +8,9 @@
 //!   awaited, each with its own error; [`EngineExt`] for the safe, borrow-checked API.
 //! - Backends: [`CpuEngine`] (a thread pool that splits large copies), [`MultiplexEngine`]
 //!   (several engines behind one, by weight), and the CUDA engine in [`engine::cuda`].
+//! - Files: [`file::FileEngine`] loads byte ranges of files into host or device buffers and
+//!   stores them back (parallel `pread`/`pwrite`, optional `O_DIRECT`, a pinned bounce ring
+//!   for GPUs).
 //!
 //! ```
 //! use ferry::{CpuEngine, EngineExt, Layout};
@@ -36,6 +39,7 @@ pub mod engine;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub mod file;
 pub mod layout;
 pub mod memory;
 pub mod op;

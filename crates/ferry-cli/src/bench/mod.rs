@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod file;
 
 use serde::Serialize;
 use std::time::Instant;
@@ -183,7 +184,12 @@ impl TestInfo {
 
 /// Every test, CPU and GPU.
 pub fn registry() -> Vec<TestInfo> {
-    cpu::TESTS.iter().chain(cuda::TESTS).cloned().collect()
+    cpu::TESTS
+        .iter()
+        .chain(cuda::TESTS)
+        .chain(file::TESTS)
+        .cloned()
+        .collect()
 }
 
 /// Whether tests needing `needs` can run in this build on this machine, or why not.
@@ -657,6 +663,7 @@ pub fn run(
     let total = plan.iter().map(|(_, s)| s.len()).sum();
     let mut cpu = cpu::CpuBench::new(cfg.threads, cfg.method.clone())?;
     let mut gpu: Option<cuda::CudaBench> = None;
+    let mut files: Option<file::FileBench> = None;
     let mut results = vec![];
     let mut size_skips = vec![];
     let mut done = 0;
@@ -668,6 +675,12 @@ pub fn run(
                 &format!("{} {}", t.name, crate::sizes::format_size(size)),
             );
             let row = match t.needs {
+                _ if file::owns(t.name) => match &mut files {
+                    Some(f) => f.run(t, size),
+                    None => files
+                        .insert(file::FileBench::new(cfg.threads, cfg.method.clone())?)
+                        .run(t, size),
+                },
                 Needs::Cpu => cpu.run(t, size),
                 Needs::Cuda | Needs::Cuda2 => match &mut gpu {
                     Some(g) => g.run(t, size),

@@ -1,0 +1,383 @@
+//! File tests of `ferry bench`: ferry's file engine next to plain reads, in the same run, on the
+//! same file and buffers.
+//!
+//! The file is written once per size into the temp dir (`std::env::temp_dir()`, removed at the
+//! end) and read by every series; the warm-up calls bring it into the page cache, so the rows
+//! show the speed of the path itself, not the disk's (the design notes' H200 host reads
+//! 1.6-2.2 GB/s from disk with `O_DIRECT`). `FERRY_FILE_DIRECT=1` makes ferry's series use
+//! `O_DIRECT` (then it reads the disk; the shape column says which path ran).
+
+use super::cpu::pattern_bytes;
+use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
+use crate::sizes::format_size;
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier};
+use ferry::file::{FileConfig, FileEngine, FileHandle, OpenMode};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The file tests.
+pub static TESTS: &[TestInfo] = &[
+    TestInfo::new(
+        "file-read",
+        "file (page cache warm) -> pageable host, ferry's file engine vs File::read_exact on 1 thread and pread on N threads",
+        Needs::Cpu,
+        Kind::Bandwidth,
+        "16M,256M",
+    ),
+    TestInfo::new(
+        "cuda-file-read",
+        "file (page cache warm) -> device through ferry's pinned bounce ring, vs read into pinned memory (1 and N threads) + cuMemcpyHtoD",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "16M,256M",
+    ),
+];
+
+/// True for the tests of this module.
+pub fn owns(name: &str) -> bool {
+    TESTS.iter().any(|t| t.name == name)
+}
+
+/// A test file, removed on drop.
+struct TempFile {
+    path: PathBuf,
+    data: Vec<u8>,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Runs the file tests: one file engine (and, for the GPU test, a CUDA engine), made once.
+pub struct FileBench {
+    threads: usize,
+    method: Method,
+    host: FileEngine,
+    gpu: Option<(FileEngine, RawCopier)>,
+    file: Option<TempFile>,
+}
+
+fn setup(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Setup(e.to_string())
+}
+
+impl FileBench {
+    /// A file engine with `threads` workers (the N of the threaded baselines).
+    pub fn new(threads: usize, method: Method) -> Result<FileBench, BenchError> {
+        let threads = threads.max(1);
+        let host = FileEngine::new(FileConfig::new().threads(threads)).map_err(setup)?;
+        Ok(FileBench {
+            threads,
+            method,
+            host,
+            gpu: None,
+            file: None,
+        })
+    }
+
+    /// Runs one file test at one size.
+    pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Row, BenchError> {
+        let ctx = Ctx {
+            test: test.name,
+            size: format_size(size),
+        };
+        let size = usize::try_from(size).map_err(|_| ctx.bad("larger than the address space"))?;
+        if size == 0 {
+            return Err(ctx.bad("zero bytes"));
+        }
+        self.file_of(size, &ctx)?;
+        match test.name {
+            "file-read" => self.read_host(&ctx, size),
+            "cuda-file-read" => self.read_device(&ctx, size),
+            _ => Err(BenchError::UnknownTest {
+                name: test.name.into(),
+                valid: TESTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
+            }),
+        }
+    }
+
+    /// Makes (or reuses) the test file of `size` bytes.
+    fn file_of(&mut self, size: usize, ctx: &Ctx) -> Result<(), BenchError> {
+        if self.file.as_ref().is_some_and(|f| f.data.len() == size) {
+            return Ok(());
+        }
+        self.file = None;
+        let path =
+            std::env::temp_dir().join(format!("ferry-bench-file-{}-{size}", std::process::id()));
+        let data = pattern_bytes(size);
+        std::fs::write(&path, &data)
+            .map_err(|e| ctx.bad(&format!("cannot write {}: {e}", path.display())))?;
+        self.file = Some(TempFile { path, data });
+        Ok(())
+    }
+
+    fn temp(&self) -> &TempFile {
+        self.file.as_ref().expect("file_of made the file")
+    }
+
+    fn read_host(&mut self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let tf = self.temp();
+        let f = self
+            .host
+            .open(&tf.path, OpenMode::Read)
+            .map_err(|e| ctx.err("open", e.to_string()))?;
+        let mut std_file =
+            std::fs::File::open(&tf.path).map_err(|e| ctx.err("open", e.to_string()))?;
+        let n = self.threads;
+        let mut dst = vec![0u8; size];
+        let mut path_ran = String::new();
+        let verify = |d: &[u8]| first_diff(d, &tf.data);
+        let ferry_name = format!("ferry file({n})");
+        let mut series = vec![ctx.series(
+            &ferry_name,
+            Role::Ferry,
+            &self.method,
+            &mut dst,
+            &verify,
+            |d| {
+                let r = self.host.load_into(&f, 0, d).map_err(|e| e.to_string())?;
+                path_ran = r.path().to_string();
+                Ok(())
+            },
+        )?];
+        series.push(ctx.series(
+            "File::read_exact 1 thread",
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            &verify,
+            |d| {
+                std_file
+                    .seek(SeekFrom::Start(0))
+                    .map_err(|e| e.to_string())?;
+                std_file.read_exact(d).map_err(|e| e.to_string())
+            },
+        )?);
+        series.push(ctx.series(
+            &format!("pread {}", threads_label(n)),
+            Role::Baseline,
+            &self.method,
+            &mut dst,
+            &verify,
+            |d| par_pread(&std_file, d, n),
+        )?);
+        Ok(Row::new(
+            ctx.test,
+            Kind::Bandwidth,
+            size as u64,
+            size as u64,
+            format!("file -> pageable host, page cache warm; ferry: {path_ran}"),
+            series,
+        ))
+    }
+
+    fn read_device(&mut self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        if self.gpu.is_none() {
+            let cuda = Arc::new(CudaEngine::new(0).map_err(setup)?);
+            let fe = FileEngine::with_engine(FileConfig::new().threads(self.threads), cuda)
+                .map_err(setup)?;
+            self.gpu = Some((fe, RawCopier::new(0).map_err(setup)?));
+        }
+        let (fe, raw) = self.gpu.as_ref().expect("made above");
+        let tf = self.file.as_ref().expect("file_of made the file");
+        let f: FileHandle = fe
+            .open(&tf.path, OpenMode::Read)
+            .map_err(|e| ctx.err("open", e.to_string()))?;
+        let mut std_file =
+            std::fs::File::open(&tf.path).map_err(|e| ctx.err("open", e.to_string()))?;
+        let n = self.threads;
+        let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
+        let mut pinned = PinnedBuffer::new(size).map_err(setup)?;
+        let poison = vec![0xA5u8; size];
+        let mut path_ran = String::new();
+        let mut series = vec![];
+        // Each device series: poison the device buffer, time, read it back and compare.
+        let mut dev_series = |name: &str,
+                              role: Role,
+                              op: &mut dyn FnMut(&mut DeviceBuffer) -> Result<(), String>|
+         -> Result<Series, BenchError> {
+            dev.copy_from_host(&poison).map_err(setup)?;
+            let timing = measure(&self.method, || op(&mut dev)).map_err(|m| ctx.err(name, m))?;
+            let back = dev.to_vec().map_err(setup)?;
+            first_diff(&back, &tf.data).map_err(|offset| ctx.verify(name, offset))?;
+            Ok(Series::new(
+                name,
+                role,
+                Kind::Bandwidth,
+                size as u64,
+                timing,
+            ))
+        };
+        series.push(dev_series(
+            &format!("ferry file({n}) + cuda:0"),
+            Role::Ferry,
+            &mut |d| {
+                let r = fe.load_into(&f, 0, d).map_err(|e| e.to_string())?;
+                path_ran = format!("{}, {}", r.path(), r.gds_note.unwrap_or_default());
+                Ok(())
+            },
+        )?);
+        series.push(dev_series(
+            "read_exact into pinned + cuMemcpyHtoD",
+            Role::Baseline,
+            &mut |d| {
+                std_file
+                    .seek(SeekFrom::Start(0))
+                    .map_err(|e| e.to_string())?;
+                std_file
+                    .read_exact(&mut pinned)
+                    .map_err(|e| e.to_string())?;
+                raw.copy(d, &*pinned, size, 1).map_err(|e| e.to_string())
+            },
+        )?);
+        series.push(dev_series(
+            &format!("pread {} into pinned + cuMemcpyHtoD", threads_label(n)),
+            Role::Baseline,
+            &mut |d| {
+                par_pread(&std_file, &mut pinned, n)?;
+                raw.copy(d, &*pinned, size, 1).map_err(|e| e.to_string())
+            },
+        )?);
+        Ok(Row::new(
+            ctx.test,
+            Kind::Bandwidth,
+            size as u64,
+            size as u64,
+            format!("file -> device, page cache warm; ferry: {path_ran}"),
+            series,
+        ))
+    }
+}
+
+/// `read_exact_at` of `dst.len()` bytes from offset 0, split into `n` chunks on `n` scoped
+/// threads.
+fn par_pread(f: &std::fs::File, dst: &mut [u8], n: usize) -> Result<(), String> {
+    let chunk = dst.len().div_ceil(n).max(1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = dst
+            .chunks_mut(chunk)
+            .enumerate()
+            .map(|(i, d)| s.spawn(move || f.read_exact_at(d, (i * chunk) as u64)))
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| "a pread thread panicked".to_string())?
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+}
+
+/// `1 thread`, `2 threads`, ...
+fn threads_label(n: usize) -> String {
+    if n == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{n} threads")
+    }
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> Result<(), usize> {
+    if a == b {
+        return Ok(());
+    }
+    Err(a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len())))
+}
+
+/// Names for errors of one (test, size).
+struct Ctx {
+    test: &'static str,
+    size: String,
+}
+
+impl Ctx {
+    fn bad(&self, why: &str) -> BenchError {
+        BenchError::BadSize {
+            test: self.test.into(),
+            size: self.size.clone(),
+            why: why.into(),
+        }
+    }
+    fn err(&self, series: &str, message: String) -> BenchError {
+        BenchError::Engine {
+            test: self.test.into(),
+            series: series.into(),
+            size: self.size.clone(),
+            message,
+        }
+    }
+    fn verify(&self, series: &str, offset: usize) -> BenchError {
+        BenchError::Verify {
+            test: self.test.into(),
+            series: series.into(),
+            size: self.size.clone(),
+            offset,
+        }
+    }
+    /// Poisons `dst`, measures `op`, then verifies `dst`.
+    fn series(
+        &self,
+        name: &str,
+        role: Role,
+        method: &Method,
+        dst: &mut [u8],
+        verify: &dyn Fn(&[u8]) -> Result<(), usize>,
+        mut op: impl FnMut(&mut [u8]) -> Result<(), String>,
+    ) -> Result<Series, BenchError> {
+        dst.fill(0xA5);
+        let timing = measure(method, || op(dst)).map_err(|m| self.err(name, m))?;
+        verify(dst).map_err(|offset| self.verify(name, offset))?;
+        Ok(Series::new(
+            name,
+            role,
+            Kind::Bandwidth,
+            dst.len() as u64,
+            timing,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_read_runs_and_verifies() {
+        let mut b = FileBench::new(
+            2,
+            Method {
+                warmup: 1,
+                samples: 2,
+                min_sample_s: 0.0,
+            },
+        )
+        .unwrap();
+        for size in [4096u64, 1 << 20, 1_000_001] {
+            let row = b.run(&TESTS[0], size).unwrap();
+            assert_eq!(row.series.len(), 3);
+            assert!(row.series.iter().all(|s| s.verified && s.median > 0.0));
+            assert!(
+                row.shape.contains("buffered") || row.shape.contains("O_DIRECT"),
+                "{}",
+                row.shape
+            );
+        }
+        let path = b.temp().path.clone();
+        drop(b);
+        assert!(!path.exists(), "the bench file is removed");
+    }
+
+    #[test]
+    fn cuda_file_read_needs_cuda() {
+        assert_eq!(TESTS[1].needs, Needs::Cuda);
+        assert!(owns("cuda-file-read") && owns("file-read") && !owns("cpu-contig"));
+    }
+}

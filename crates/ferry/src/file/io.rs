@@ -1,0 +1,224 @@
+//! Files as the engine sees them: positioned reads and writes ([`FileIo`]), the operating
+//! system's implementation (buffered descriptor plus an optional `O_DIRECT` one), and the
+//! cloneable [`FileHandle`] requests take.
+
+use super::error::FileError;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Alignment `O_DIRECT` transfers keep: file offset, memory address and length are multiples
+/// of it (4096 covers every logical block size in use).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Positioned I/O on one file: what the engine's workers call, from several threads at once.
+/// [`OsFile`] is the real one; tests implement it to inject faults (a read that fails at a
+/// given byte). A future cuFile backend sits beside the bounce ring, not here: this trait is
+/// host memory only.
+pub trait FileIo: Send + Sync + 'static {
+    /// Reads up to `buf.len()` bytes at `offset` (`pread`). `direct`: through the `O_DIRECT`
+    /// descriptor (the engine asks only when [`FileIo::direct`] said yes and `offset`, the
+    /// buffer's address and its length are multiples of [`DIRECT_ALIGN`]). Returns the bytes
+    /// read; 0 at end of file. May return fewer bytes than asked.
+    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize>;
+    /// Writes up to `buf.len()` bytes at `offset` (`pwrite`), as `read_at` for `direct`.
+    /// Returns the bytes written.
+    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize>;
+    /// The file's current length in bytes.
+    fn file_len(&self) -> io::Result<u64>;
+    /// `Ok` when `direct` transfers can be asked for, else why not.
+    fn direct(&self) -> Result<(), String>;
+}
+
+/// How [`FileHandle::open`] opens a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpenMode {
+    /// Read only (loads).
+    Read,
+    /// Read and write an existing file.
+    ReadWrite,
+    /// Read and write; created if missing, truncated to 0 bytes if present.
+    Create,
+}
+
+/// A file opened by the operating system: a buffered descriptor always, and an `O_DIRECT`
+/// descriptor when asked for and the filesystem accepted it.
+#[derive(Debug)]
+pub struct OsFile {
+    buffered: std::fs::File,
+    direct: Result<std::fs::File, String>,
+}
+
+impl OsFile {
+    /// Opens `path`; with `direct`, also an `O_DIRECT` descriptor (its refusal is kept as the
+    /// reason, not an error: transfers then run buffered).
+    pub fn open(path: &Path, mode: OpenMode, direct: bool) -> io::Result<OsFile> {
+        let opts = |extra: i32| {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true);
+            match mode {
+                OpenMode::Read => {}
+                OpenMode::ReadWrite => {
+                    o.write(true);
+                }
+                OpenMode::Create => {
+                    o.write(true).create(true);
+                }
+            }
+            o.custom_flags(extra);
+            o
+        };
+        let buffered = {
+            let mut o = opts(0);
+            if mode == OpenMode::Create {
+                o.truncate(true);
+            }
+            o.open(path)?
+        };
+        let direct = if !direct {
+            Err("not asked for (FileConfig::direct is off)".to_string())
+        } else {
+            // The file exists now (created above): no create or truncate here.
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true).write(mode != OpenMode::Read);
+            o.custom_flags(libc::O_DIRECT);
+            o.open(path)
+                .map_err(|e| format!("the filesystem refused O_DIRECT: {e}"))
+        };
+        Ok(OsFile { buffered, direct })
+    }
+}
+
+impl FileIo for OsFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
+        match (&self.direct, direct) {
+            (Ok(f), true) => f.read_at(buf, offset),
+            _ => self.buffered.read_at(buf, offset),
+        }
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
+        match (&self.direct, direct) {
+            (Ok(f), true) => f.write_at(buf, offset),
+            _ => self.buffered.write_at(buf, offset),
+        }
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(self.buffered.metadata()?.len())
+    }
+    fn direct(&self) -> Result<(), String> {
+        self.direct.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+}
+
+pub(crate) struct FileInner {
+    pub(crate) path: PathBuf,
+    pub(crate) io: Box<dyn FileIo>,
+    /// Set once a direct transfer was refused at run time (`EINVAL`): later ones go buffered.
+    pub(crate) direct_refused: Mutex<Option<String>>,
+}
+
+impl FileInner {
+    /// `Ok` if direct transfers may be tried now, else why not.
+    pub(crate) fn direct_ok(&self) -> Result<(), String> {
+        self.io.direct()?;
+        match &*self
+            .direct_refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+    pub(crate) fn refuse_direct(&self, why: String) {
+        let mut g = self
+            .direct_refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if g.is_none() {
+            *g = Some(why);
+        }
+    }
+}
+
+/// An open file that loads and stores take. Cheap to clone (shared); requests keep it open
+/// until they complete.
+///
+/// ```
+/// use ferry::file::{FileHandle, OpenMode};
+/// let path = std::env::temp_dir().join(format!("ferry-doc-handle-{}", std::process::id()));
+/// std::fs::write(&path, b"hello")?;
+/// let f = FileHandle::open(&path, OpenMode::Read, false)?;
+/// assert_eq!(f.len()?, 5);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct FileHandle {
+    pub(crate) inner: Arc<FileInner>,
+}
+
+impl std::fmt::Debug for FileHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileHandle")
+            .field("path", &self.inner.path)
+            .field("direct", &self.inner.direct_ok())
+            .finish()
+    }
+}
+
+impl FileHandle {
+    /// Opens `path`. With `direct`, an `O_DIRECT` descriptor is opened too; a filesystem that
+    /// refuses it (tmpfs on older kernels, some network filesystems) is not an error: the
+    /// handle then runs buffered and [`FileHandle::direct`] says why.
+    pub fn open(
+        path: impl AsRef<Path>,
+        mode: OpenMode,
+        direct: bool,
+    ) -> Result<FileHandle, FileError> {
+        let path = path.as_ref();
+        let io = OsFile::open(path, mode, direct).map_err(|e| FileError::Open {
+            path: path.to_path_buf(),
+            kind: e.kind(),
+            msg: e.to_string(),
+        })?;
+        Ok(FileHandle::from_io(path, io))
+    }
+
+    /// A handle over any [`FileIo`] (tests inject faults this way). `path` names it in errors.
+    pub fn from_io(path: impl Into<PathBuf>, io: impl FileIo) -> FileHandle {
+        FileHandle {
+            inner: Arc::new(FileInner {
+                path: path.into(),
+                io: Box::new(io),
+                direct_refused: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The path the handle was opened with.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The file's current length.
+    pub fn len(&self) -> Result<u64, FileError> {
+        self.inner.io.file_len().map_err(|e| FileError::Open {
+            path: self.inner.path.clone(),
+            kind: e.kind(),
+            msg: e.to_string(),
+        })
+    }
+
+    /// True when the file is empty now.
+    pub fn is_empty(&self) -> Result<bool, FileError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// `Ok` when transfers may use `O_DIRECT`, else why not (not asked for, refused at open,
+    /// or refused by a transfer since).
+    pub fn direct(&self) -> Result<(), String> {
+        self.inner.direct_ok()
+    }
+}

@@ -1,0 +1,682 @@
+//! Files <-> host memory and GPUs: byte ranges of a file loaded into any buffer ferry knows, and
+//! stored back, in chunks read and written in parallel by a small pool of threads.
+//!
+//! - Host buffers (pageable, pinned, mapped, managed): each worker `pread`s (`pwrite`s) its
+//!   chunks straight into (out of) the buffer.
+//! - Other buffers (a GPU's memory): each chunk goes through one buffer of a ring of pinned
+//!   bounce buffers: `pread` into the bounce buffer, then the engine given to
+//!   [`FileEngine::with_engine`] (a [`CudaEngine`](crate::cuda::CudaEngine)) copies it to the
+//!   device on its copy engine, while the other workers read the next chunks. Stores run the
+//!   other way. This is KvikIO's "compat mode"; GPUDirect Storage (cuFile) would replace the
+//!   bounce ring for device buffers where the `nvidia-fs` module exists: [`gds_status`] says
+//!   why it is not used here, and every device transfer's [`IoReport`] carries that reason.
+//! - `O_DIRECT` ([`FileConfig::direct`]): the file is opened a second time with `O_DIRECT`, and
+//!   every piece whose file offset, memory address and length are multiples of 4096 uses it.
+//!   The bounce buffers are page-aligned, so device transfers at aligned file offsets are
+//!   direct throughout; reads at unaligned offsets read the aligned span around each chunk
+//!   into the bounce buffer, so they are direct too. Host transfers into or out of unaligned
+//!   buffers (a `Vec<u8>`) go through the bounce ring as well, copied by the worker. Writes at
+//!   unaligned offsets, and the unaligned tail of a write, run buffered. A filesystem that refuses `O_DIRECT`,
+//!   at open or at the first transfer, is not an error: the file runs buffered from then on.
+//!   Each [`IoReport`] says how many bytes took which path and why `O_DIRECT` was not used.
+//! - Errors: a read or write that fails, a file shorter than the range (checked at submit, and
+//!   again by every read: a file that shrinks during a load fails it), are [`FileError`]s that
+//!   name the file and the offset. Partial data is never reported as success. A failed request
+//!   leaves the engine usable; nothing leaks (workers are persistent, bounce buffers return to
+//!   the ring on every path).
+//!
+//! Requests: [`FileEngine::load`] and [`FileEngine::store`] take the buffer by value and return a
+//! [`FileTransfer`] (wait, poll, or `.await` it; it hands the buffer back with an [`IoReport`]),
+//! built on a [`Request`] like every engine's. [`FileEngine::load_into`] and
+//! [`FileEngine::store_from`] borrow the buffer and block.
+//!
+//! ```
+//! use ferry::file::{FileConfig, FileEngine, OpenMode};
+//! let path = std::env::temp_dir().join(format!("ferry-doc-file-{}", std::process::id()));
+//! let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7) as u8).collect();
+//! std::fs::write(&path, &data)?;
+//!
+//! let engine = FileEngine::new(FileConfig::new().threads(2))?;
+//! let file = engine.open(&path, OpenMode::Read)?;
+//! // 64 KiB at offset 4096, into an owned buffer handed back on completion.
+//! let t = engine.load(&file, 4096, vec![0u8; 64 << 10]).map_err(|f| f.error)?;
+//! let (buf, report) = t.wait().map_err(|f| f.error)?;
+//! assert_eq!(&buf[..], &data[4096..4096 + (64 << 10)]);
+//! println!("{report}"); // bytes moved, and which path (O_DIRECT or buffered) they took
+//! # std::fs::remove_file(&path).ok();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Which calls block: `load`/`store` validate (they read the file's length) and queue; the
+//! first transfer through the bounce ring allocates it. `wait`, `load_into`, `store_from`,
+//! `barrier` and dropping a [`FileTransfer`] block until the work is done.
+
+mod error;
+mod exec;
+mod io;
+mod probe;
+
+pub use error::{FileError, IoOp};
+pub use exec::live_bounce_buffers;
+pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
+pub use probe::gds_status;
+
+use crate::engine::Engine;
+use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
+use crate::request::{BarrierError, InFlight, Request, Signal};
+use exec::{Pool, Ring, Xfer};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+/// Settings of a [`FileEngine`]. Plain data: [`FileConfig::new`] then chained setters.
+///
+/// ```
+/// let cfg = ferry::file::FileConfig::new().threads(4).chunk_bytes(8 << 20).direct(true);
+/// assert_eq!(cfg.threads, 4);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileConfig {
+    /// Worker threads (1 to 256).
+    pub threads: usize,
+    /// Largest chunk one worker reads or writes at a time, and the size of each bounce buffer
+    /// (at least 1).
+    pub chunk_bytes: usize,
+    /// Bounce buffers in the ring (at least 1; more than `threads` is never used).
+    pub ring_depth: usize,
+    /// Open files with `O_DIRECT` too (see the [module documentation](self)).
+    pub direct: bool,
+    /// Send host buffers through the bounce ring (and the engine, if any) as well, the path
+    /// device buffers take. For tests of that path without a GPU.
+    pub staged: bool,
+}
+
+impl Default for FileConfig {
+    fn default() -> Self {
+        FileConfig::new()
+    }
+}
+
+impl FileConfig {
+    /// The defaults: one thread per core (1 to 16), 4 MiB chunks, one bounce buffer per
+    /// thread, buffered I/O. Each can be set from the environment as the staging path's are:
+    /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH`, `FERRY_FILE_DIRECT`
+    /// (`0` or `1`); a value that does not parse is ignored.
+    pub fn new() -> FileConfig {
+        let env = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = env("FERRY_FILE_THREADS").unwrap_or(cores.clamp(1, 16));
+        FileConfig {
+            threads,
+            chunk_bytes: env("FERRY_FILE_CHUNK").unwrap_or(4 << 20),
+            ring_depth: env("FERRY_FILE_DEPTH").unwrap_or(threads),
+            direct: env("FERRY_FILE_DIRECT") == Some(1),
+            staged: false,
+        }
+    }
+    /// Sets the worker threads (the ring depth follows unless set after).
+    pub fn threads(mut self, n: usize) -> FileConfig {
+        self.threads = n;
+        self.ring_depth = n;
+        self
+    }
+    /// Sets the chunk (and bounce buffer) size.
+    pub fn chunk_bytes(mut self, bytes: usize) -> FileConfig {
+        self.chunk_bytes = bytes;
+        self
+    }
+    /// Sets the number of bounce buffers.
+    pub fn ring_depth(mut self, depth: usize) -> FileConfig {
+        self.ring_depth = depth;
+        self
+    }
+    /// Opens files with `O_DIRECT` as well (used where alignment allows).
+    pub fn direct(mut self, on: bool) -> FileConfig {
+        self.direct = on;
+        self
+    }
+    /// Routes host buffers through the bounce ring too.
+    pub fn staged(mut self, on: bool) -> FileConfig {
+        self.staged = on;
+        self
+    }
+    fn check(&self) -> Result<(), FileError> {
+        let bad = |s: String| Err(FileError::BadConfig(s));
+        if self.threads == 0 || self.threads > 256 {
+            return bad(format!("threads {} is not in 1..=256", self.threads));
+        }
+        if self.chunk_bytes == 0 {
+            return bad("chunk_bytes is 0".into());
+        }
+        if self.ring_depth == 0 {
+            return bad("ring_depth is 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one load or store did: bytes, and which path they took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoReport {
+    /// Bytes moved (the whole range: a request that did not move every byte fails instead).
+    pub bytes: u64,
+    /// Of those, bytes read or written with `O_DIRECT`.
+    pub direct_bytes: u64,
+    /// Bytes read or written through the page cache.
+    pub buffered_bytes: u64,
+    /// Kind of the bounce buffers the bytes went through (`Pinned` for an engine made with
+    /// [`FileEngine::with_engine`] on a machine with a CUDA driver, else `Pageable`); `None`
+    /// when they went straight to or from the buffer.
+    pub bounce: Option<MemKind>,
+    /// Why `O_DIRECT` was not used for some or all bytes (`None` when every byte was direct).
+    pub direct_note: Option<String>,
+    /// For buffers the CPU cannot reach: why GPUDirect Storage was not used ([`gds_status`]).
+    pub gds_note: Option<String>,
+}
+
+impl IoReport {
+    /// `"O_DIRECT"`, `"buffered"` or `"O_DIRECT + buffered"`.
+    pub fn path(&self) -> &'static str {
+        match (self.direct_bytes > 0, self.buffered_bytes > 0) {
+            (true, false) => "O_DIRECT",
+            (true, true) => "O_DIRECT + buffered",
+            _ => "buffered",
+        }
+    }
+}
+
+impl std::fmt::Display for IoReport {
+    /// `1048576 bytes, buffered (direct 0, buffered 1048576); O_DIRECT not used: ...`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes, {} (direct {}, buffered {})",
+            self.bytes,
+            self.path(),
+            self.direct_bytes,
+            self.buffered_bytes
+        )?;
+        if let Some(k) = self.bounce {
+            write!(f, " through {k} bounce buffers")?;
+        }
+        if let Some(n) = &self.direct_note {
+            write!(f, "; O_DIRECT not used: {n}")?;
+        }
+        if let Some(n) = &self.gds_note {
+            write!(f, "; {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A load or store that failed or was refused, with the buffer handed back (its bytes are
+/// unspecified after a failed load).
+#[derive(Debug)]
+pub struct FileFailed<B> {
+    /// Why.
+    pub error: FileError,
+    /// The buffer.
+    pub buf: B,
+}
+
+impl<B> std::fmt::Display for FileFailed<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+impl<B: std::fmt::Debug> std::error::Error for FileFailed<B> {}
+
+/// Moves byte ranges between files and buffers. See the [module documentation](self).
+pub struct FileEngine {
+    cfg: FileConfig,
+    pool: Pool,
+    mover: Option<Arc<dyn Engine>>,
+    ring: Mutex<Option<Arc<Ring>>>,
+    inflight: InFlight,
+}
+
+impl std::fmt::Debug for FileEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileEngine")
+            .field("cfg", &self.cfg)
+            .field("mover", &self.mover.as_ref().map(|e| e.name()))
+            .finish()
+    }
+}
+
+impl FileEngine {
+    /// An engine for host buffers. Errors: [`FileError::BadConfig`], [`FileError::Setup`].
+    pub fn new(cfg: FileConfig) -> Result<FileEngine, FileError> {
+        cfg.check()?;
+        Ok(FileEngine {
+            cfg,
+            pool: Pool::start(cfg.threads)?,
+            mover: None,
+            ring: Mutex::new(None),
+            inflight: InFlight::new(),
+        })
+    }
+
+    /// An engine that also reaches the buffers `engine` reaches from bounce buffers: with a
+    /// [`CudaEngine`](crate::cuda::CudaEngine), device memory.
+    pub fn with_engine(cfg: FileConfig, engine: Arc<dyn Engine>) -> Result<FileEngine, FileError> {
+        let mut e = FileEngine::new(cfg)?;
+        e.mover = Some(engine);
+        Ok(e)
+    }
+
+    /// The engine's settings.
+    pub fn config(&self) -> FileConfig {
+        self.cfg
+    }
+
+    /// Opens `path` for this engine: with `O_DIRECT` too if the config asks for it.
+    pub fn open(&self, path: impl AsRef<Path>, mode: OpenMode) -> Result<FileHandle, FileError> {
+        FileHandle::open(path, mode, self.cfg.direct)
+    }
+
+    /// Bounce buffers this engine holds (0 until the first transfer through the ring, then
+    /// [`FileConfig::ring_depth`]).
+    pub fn bounce_buffers(&self) -> usize {
+        self.ring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |r| r.depth)
+    }
+
+    /// Loads `buf.len()` bytes at `offset` of `file` into `buf`, which the transfer owns until
+    /// it completes. Refused (the buffer handed back) if the range does not fit in the file,
+    /// or no engine reaches the buffer.
+    pub fn load<B>(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        buf: B,
+    ) -> Result<FileTransfer<B>, FileFailed<B>>
+    where
+        B: MemoryMut + Send + 'static,
+    {
+        let bufp = NonNull::from(Box::leak(Box::new(buf)));
+        // SAFETY: just leaked from a Box: valid, not aliased.
+        let raw = unsafe { (*bufp.as_ptr()).raw_mut() };
+        // SAFETY: the buffer is owned by the transfer through a raw pointer until the request
+        // completed (in wait or Drop); nothing else touches it meanwhile.
+        match unsafe { self.submit(file, offset, raw, IoOp::Read) } {
+            Ok((req, x)) => Ok(FileTransfer::new(req, x, bufp)),
+            Err(error) => Err(FileFailed {
+                error,
+                // SAFETY: refused, so nothing uses the buffer; from Box::leak, taken once.
+                buf: *unsafe { Box::from_raw(bufp.as_ptr()) },
+            }),
+        }
+    }
+
+    /// Stores all of `buf` at `offset` of `file` (the file grows as needed), owning the buffer
+    /// until the transfer completes.
+    pub fn store<B>(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        buf: B,
+    ) -> Result<FileTransfer<B>, FileFailed<B>>
+    where
+        B: Memory + Send + 'static,
+    {
+        let bufp = NonNull::from(Box::leak(Box::new(buf)));
+        // SAFETY: just leaked from a Box: valid.
+        let raw = unsafe { (*bufp.as_ptr()).raw() };
+        // SAFETY: as in `load`; a store only reads the buffer.
+        match unsafe { self.submit(file, offset, raw, IoOp::Write) } {
+            Ok((req, x)) => Ok(FileTransfer::new(req, x, bufp)),
+            Err(error) => Err(FileFailed {
+                error,
+                // SAFETY: refused, so nothing uses the buffer; from Box::leak, taken once.
+                buf: *unsafe { Box::from_raw(bufp.as_ptr()) },
+            }),
+        }
+    }
+
+    /// Loads `buf.len()` bytes at `offset` into the borrowed `buf` and returns when done.
+    pub fn load_into<B: MemoryMut + ?Sized>(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        buf: &mut B,
+    ) -> Result<IoReport, FileError> {
+        let raw = buf.raw_mut();
+        // SAFETY: `buf` is mutably borrowed for this call, and `finish_now` waits for the
+        // request right after submit (nothing in between can unwind) before the borrow ends.
+        let (req, x) = unsafe { self.submit(file, offset, raw, IoOp::Read)? };
+        finish_now(req, &x)
+    }
+
+    /// Stores all of the borrowed `buf` at `offset` and returns when done.
+    pub fn store_from<B: Memory + ?Sized>(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        buf: &B,
+    ) -> Result<IoReport, FileError> {
+        let raw = buf.raw();
+        // SAFETY: as in `load_into`; the borrow outlives the wait.
+        let (req, x) = unsafe { self.submit(file, offset, raw, IoOp::Write)? };
+        finish_now(req, &x)
+    }
+
+    /// Waits for every transfer submitted so far and reports every failure not already seen
+    /// through `wait`/`try_wait`. May block.
+    pub fn barrier(&self) -> Result<(), BarrierError> {
+        self.inflight.barrier()
+    }
+
+    /// Validates and queues one transfer.
+    ///
+    /// # Safety
+    /// 1. `buf` describes memory of its kind valid for writes (`Read`) or reads (`Write`) of
+    ///    its whole length until the returned request completes.
+    /// 2. Nothing else reads or writes (`Read`), or writes (`Write`), those bytes until then.
+    unsafe fn submit(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        buf: RawBuf,
+        op: IoOp,
+    ) -> Result<(Request, Arc<Xfer>), FileError> {
+        let len = buf.len;
+        let path = &file.inner.path;
+        let end = offset.checked_add(len as u64).ok_or_else(|| {
+            FileError::BadRange(format!("offset {offset} + {len} bytes overflows"))
+        })?;
+        if op == IoOp::Read && len > 0 {
+            let file_len = file.len()?;
+            if end > file_len {
+                return Err(FileError::OutOfRange {
+                    path: path.clone(),
+                    offset,
+                    len: len as u64,
+                    file_len,
+                });
+            }
+        }
+        if len > 0 && buf.addr == 0 {
+            return Err(FileError::BadRange("null buffer address".into()));
+        }
+        let host = buf.kind.host_accessible();
+        // Through the engine: buffers the CPU cannot reach, or all with `staged`.
+        let moved = !host || self.cfg.staged;
+        // `O_DIRECT` where the buffer and the offset are not both aligned (a `Vec<u8>`): bounce
+        // through the aligned ring, copied by the worker itself (reads at unaligned offsets
+        // read the aligned span around each chunk; writes there stay buffered).
+        let align = DIRECT_ALIGN as u64;
+        let in_place = buf.addr % align == 0 && offset % align == 0;
+        let bounce_direct = self.cfg.direct
+            && host
+            && len >= DIRECT_ALIGN
+            && !in_place
+            && (op == IoOp::Read || offset % align == 0)
+            && self.cfg.chunk_bytes % DIRECT_ALIGN == 0
+            && file.direct().is_ok();
+        let ring = if len > 0 && (moved || bounce_direct) {
+            let ring = self.ring()?;
+            if moved {
+                self.check_mover(buf.kind, ring.kind, op)?;
+            }
+            Some(ring)
+        } else {
+            None
+        };
+        // Host transfers spread over every worker (chunks of at least 256 KiB, multiples of
+        // the direct alignment); ring transfers use whole bounce buffers.
+        let chunk = if ring.is_some() {
+            self.cfg.chunk_bytes
+        } else {
+            let spread = len
+                .div_ceil(self.cfg.threads)
+                .div_ceil(DIRECT_ALIGN)
+                .saturating_mul(DIRECT_ALIGN)
+                .max(256 << 10);
+            self.cfg.chunk_bytes.min(spread)
+        };
+        let chunks = len.div_ceil(chunk);
+        let signal = Arc::new(Signal::new());
+        let runners = chunks.min(self.cfg.threads);
+        let x = Arc::new(Xfer {
+            file: Arc::clone(&file.inner),
+            op,
+            offset,
+            buf,
+            chunk,
+            chunks,
+            mover: if moved { self.mover.clone() } else { None },
+            ring,
+            direct: self.cfg.direct,
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+            runners: AtomicUsize::new(runners),
+            error: Mutex::new(None),
+            direct_bytes: AtomicU64::new(0),
+            buffered_bytes: AtomicU64::new(0),
+            signal: Arc::clone(&signal),
+        });
+        if chunks == 0 {
+            signal.complete(Ok(()));
+            return Ok((Request::new(signal), x));
+        }
+        let tasks = (0..runners)
+            .map(|_| {
+                let x = Arc::clone(&x);
+                Box::new(move || x.run()) as Box<dyn FnOnce() + Send>
+            })
+            .collect();
+        self.pool.push(tasks)?;
+        let req = Request::new(signal);
+        self.inflight.track(&req);
+        Ok((req, x))
+    }
+
+    /// Checks that the buffer can be reached from the ring: by the mover engine, or by the
+    /// worker itself for host memory.
+    fn check_mover(&self, kind: MemKind, ring: MemKind, op: IoOp) -> Result<(), FileError> {
+        match &self.mover {
+            Some(m) => {
+                let ok = match op {
+                    IoOp::Read => m.supports(kind, Some(ring)),
+                    IoOp::Write => m.supports(ring, Some(kind)),
+                };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(FileError::Unsupported {
+                        kind,
+                        why: format!("engine `{}` cannot copy it from {ring} memory", m.name()),
+                    })
+                }
+            }
+            None if kind.host_accessible() => Ok(()),
+            None => Err(FileError::Unsupported {
+                kind,
+                why: "this file engine has no engine for it (FileEngine::with_engine)".into(),
+            }),
+        }
+    }
+
+    fn ring(&self) -> Result<Arc<Ring>, FileError> {
+        let mut g = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = &*g {
+            return Ok(Arc::clone(r));
+        }
+        let depth = self.cfg.ring_depth.min(self.cfg.threads);
+        let r = Arc::new(Ring::new(
+            depth,
+            self.cfg.chunk_bytes,
+            self.mover.is_some(),
+        )?);
+        *g = Some(Arc::clone(&r));
+        Ok(r)
+    }
+}
+
+impl Drop for FileEngine {
+    fn drop(&mut self) {
+        // Queued transfers run to the end (their owners may still wait on them), then the
+        // workers stop; the ring is freed after the last runner let go of it.
+        self.pool.shutdown();
+    }
+}
+
+/// Waits for a just-submitted request and builds its report (the blocking API).
+fn finish_now(req: Request, x: &Arc<Xfer>) -> Result<IoReport, FileError> {
+    // The result is read from the transfer's own typed error.
+    let _ = req.wait();
+    result_of(x)
+}
+
+fn result_of(x: &Xfer) -> Result<IoReport, FileError> {
+    if let Some(e) = x
+        .error
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+    {
+        return Err(e);
+    }
+    let direct_bytes = x.direct_bytes.load(Ordering::Acquire);
+    let buffered_bytes = x.buffered_bytes.load(Ordering::Acquire);
+    let bytes = x.buf.len as u64;
+    let direct_note = (direct_bytes < bytes).then(|| match x.file.direct_ok() {
+        Err(why) => why,
+        Ok(()) => format!(
+            "pieces not aligned to {DIRECT_ALIGN} bytes (file offset, address or length) run buffered"
+        ),
+    });
+    Ok(IoReport {
+        bytes,
+        direct_bytes,
+        buffered_bytes,
+        bounce: x.ring.as_ref().map(|r| r.kind),
+        direct_note: if x.direct {
+            direct_note
+        } else {
+            Some("not asked for (FileConfig::direct is off)".into())
+        },
+        gds_note: (!x.buf.kind.host_accessible()).then(|| gds_status().err().unwrap_or_default()),
+    })
+}
+
+/// A load or store in flight that owns its buffer. [`FileTransfer::wait`] (or `.await`) hands
+/// the buffer back with an [`IoReport`]; dropping it waits.
+#[must_use = "dropping a FileTransfer blocks until the transfer completes"]
+pub struct FileTransfer<B> {
+    req: Option<Request>,
+    x: Arc<Xfer>,
+    /// The buffer, from `Box::leak`, rebuilt into a Box only once the request completed.
+    buf: Option<NonNull<B>>,
+    _own: PhantomData<B>,
+}
+
+// SAFETY: the transfer owns the buffer (as a Box would); the workers' access to it ends before
+// it is handed back or dropped.
+unsafe impl<B: Send> Send for FileTransfer<B> {}
+// SAFETY: `&FileTransfer` gives no access to the buffer.
+unsafe impl<B> Sync for FileTransfer<B> {}
+
+impl<B> std::fmt::Debug for FileTransfer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileTransfer")
+            .field("request", &self.req)
+            .field("path", &self.x.file.path)
+            .field("offset", &self.x.offset)
+            .field("len", &self.x.buf.len)
+            .finish()
+    }
+}
+
+impl<B> FileTransfer<B> {
+    fn new(req: Request, x: Arc<Xfer>, buf: NonNull<B>) -> FileTransfer<B> {
+        FileTransfer {
+            req: Some(req),
+            x,
+            buf: Some(buf),
+            _own: PhantomData,
+        }
+    }
+
+    /// Blocks until the transfer completes; returns the buffer and what was done, or the
+    /// error with the buffer.
+    pub fn wait(mut self) -> Result<(B, IoReport), FileFailed<B>> {
+        if let Some(r) = self.req.take() {
+            let _ = r.wait();
+        }
+        self.finish()
+    }
+
+    /// `Some(result)` once the transfer completed, `None` while in flight. Never blocks; the
+    /// buffer stays in the transfer until [`FileTransfer::wait`].
+    pub fn try_wait(&mut self) -> Option<Result<IoReport, FileError>> {
+        match self.req.as_mut() {
+            Some(r) => r.try_wait().map(|_| result_of(&self.x)),
+            None => Some(result_of(&self.x)),
+        }
+    }
+
+    /// True once the transfer completed. Never blocks.
+    pub fn is_done(&self) -> bool {
+        self.req.as_ref().is_none_or(Request::is_done)
+    }
+
+    /// The request underneath (its error is the [`FileError`]'s text, as
+    /// [`RequestError::Io`](crate::RequestError::Io)).
+    pub fn request(&self) -> Option<&Request> {
+        self.req.as_ref()
+    }
+
+    fn finish(&mut self) -> Result<(B, IoReport), FileFailed<B>> {
+        let buf = match self.buf.take() {
+            // SAFETY: the request completed, so no worker uses the buffer; the pointer came
+            // from Box::leak and is taken (here or in Drop) once.
+            Some(b) => *unsafe { Box::from_raw(b.as_ptr()) },
+            None => unreachable!("a FileTransfer's buffer is taken once"),
+        };
+        match result_of(&self.x) {
+            Ok(r) => Ok((buf, r)),
+            Err(error) => Err(FileFailed { error, buf }),
+        }
+    }
+}
+
+impl<B: Unpin> Future for FileTransfer<B> {
+    type Output = Result<(B, IoReport), FileFailed<B>>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Some(req) = this.req.as_mut() {
+            if Pin::new(req).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+        this.req = None;
+        Poll::Ready(this.finish())
+    }
+}
+
+impl<B> Drop for FileTransfer<B> {
+    fn drop(&mut self) {
+        if let Some(req) = self.req.take() {
+            // An unobserved failure is still reported by the engine's barrier.
+            let _ = req.settle_keep();
+        }
+        if let Some(b) = self.buf.take() {
+            // SAFETY: the request completed (waited above or before); from Box::leak, once.
+            drop(unsafe { Box::from_raw(b.as_ptr()) });
+        }
+    }
+}
