@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod multiplex;
+pub mod nccl;
 
 use crate::memory::{MemKind, RawBuf};
 use crate::op::{Op, OpError};

@@ -42,8 +42,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod driver;
-mod event;
+pub(crate) mod driver;
+pub(crate) mod event;
 mod exec;
 pub mod gather;
 mod memory;
