@@ -142,8 +142,14 @@ fn send_recv_every_byte() {
                     .unwrap();
                 let got = dst.to_vec().unwrap();
                 let want = bytes(n.max(1), seed);
-                assert!(got[..n] == want[..n], "size {n} from rank {from}: payload differs");
-                assert!(got[n..] == poison[n..], "size {n}: bytes past the count were written");
+                assert!(
+                    got[..n] == want[..n],
+                    "size {n} from rank {from}: payload differs"
+                );
+                assert!(
+                    got[n..] == poison[n..],
+                    "size {n}: bytes past the count were written"
+                );
             }
         }
     }
@@ -193,12 +199,18 @@ fn grouped_exchange_every_byte() {
         })
         .unwrap()
         .unwrap();
-        assert!(ra.to_vec().unwrap() == bytes(n, 1000 + peer as u64), "round {round}: a");
+        assert!(
+            ra.to_vec().unwrap() == bytes(n, 1000 + peer as u64),
+            "round {round}: a"
+        );
         assert!(
             rb.to_vec().unwrap() == bytes(n / 2 + 1, 2000 + peer as u64),
             "round {round}: b"
         );
-        assert!(rme.to_vec().unwrap() == bytes(n, 3000 + rank as u64), "round {round}: self");
+        assert!(
+            rme.to_vec().unwrap() == bytes(n, 3000 + rank as u64),
+            "round {round}: self"
+        );
         for buf in [&mut ra, &mut rb, &mut rme] {
             let len = buf.len();
             buf.copy_from_host(&vec![0xA5; len]).unwrap();
@@ -300,7 +312,10 @@ fn peer_never_arrives_times_out() {
     let took = start.elapsed();
     println!("init without the peer: {e} after {took:?}");
     assert!(matches!(e, NcclError::Timeout { .. }), "{e:?}");
-    assert!(took >= limit && took < limit + Duration::from_secs(30), "{took:?}");
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(30),
+        "{took:?}"
+    );
 }
 
 #[test]
@@ -346,7 +361,10 @@ fn unmatched_send_times_out() {
         };
         assert!(msg.contains("timed out"), "{msg}");
         assert!(took < Duration::from_secs(60), "{took:?}");
-        let later = e.scope(|s| s.send(&src, n, 1).map(drop)).unwrap().unwrap_err();
+        let later = e
+            .scope(|s| s.send(&src, n, 1).map(drop))
+            .unwrap()
+            .unwrap_err();
         assert!(matches!(later, NcclError::Aborted(_)), "{later:?}");
         std::fs::write(&done, "done").unwrap();
     } else {

@@ -47,9 +47,11 @@ pub(crate) mod event;
 mod exec;
 pub mod gather;
 mod memory;
+pub mod multi;
 mod paths;
 mod probe;
 mod raw;
+pub mod split;
 pub mod staged;
 
 pub use event::CudaCompletion;
@@ -154,6 +156,10 @@ pub struct CudaConfig {
     /// How copies between pageable host memory and the device are staged through pinned
     /// buffers; `None` hands them to the driver's own pageable path.
     pub staging: Option<staged::StagingConfig>,
+    /// Percent of a contiguous device-to-device copy on this GPU (of at least
+    /// [`split::SPLIT_MIN_BYTES`]) done by an SM copy kernel while a copy engine does the rest
+    /// ([`split`]); `None` (default): copy engine only.
+    pub d2d_sm_share: Option<u8>,
 }
 
 impl CudaConfig {
@@ -164,7 +170,14 @@ impl CudaConfig {
             wait: WaitMode::Blocking,
             direction: None,
             staging: Some(staged::StagingConfig::new()),
+            d2d_sm_share: None,
         }
+    }
+    /// Splits large device-to-device copies on this GPU: `percent` (1..=100) of the bytes by
+    /// an SM copy kernel, the rest by a copy engine, at once. 0 turns it off.
+    pub fn d2d_sm_share(mut self, percent: u8) -> CudaConfig {
+        self.d2d_sm_share = (percent > 0).then_some(percent.min(100));
+        self
     }
     /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
     pub fn staging(mut self, staging: Option<staged::StagingConfig>) -> CudaConfig {
@@ -201,6 +214,7 @@ pub struct CudaEngine {
     waker_tx: Sender<Arc<event::Inner>>,
     events: Arc<event::EventPool>,
     paths: paths::Paths,
+    split: std::sync::OnceLock<Result<split::Splitter, String>>,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -250,6 +264,7 @@ impl CudaEngine {
             waker_tx,
             events: Arc::default(),
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            split: std::sync::OnceLock::new(),
             ctx,
         })
     }
@@ -462,6 +477,63 @@ impl CudaEngine {
         r.is_ok()
     }
 
+    /// A large contiguous copy within this GPU's memory, split between a copy engine and the
+    /// SM copy kernel when [`CudaConfig::d2d_sm_share`] asks for it. `Ok(false)`: not split
+    /// (nothing enqueued).
+    ///
+    /// # Safety
+    /// As [`exec::run_step`] for every step; `stream` is this engine's and its context current.
+    unsafe fn try_split(
+        &self,
+        steps: &[crate::op::Step],
+        dst: End,
+        src: Option<End>,
+        stream: sys::CUstream,
+    ) -> Result<bool, SubmitError> {
+        let (Some(pct), Some(src)) = (self.cfg.d2d_sm_share, src) else {
+            return Ok(false);
+        };
+        let own = MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        };
+        let [crate::op::Step::Copy(plan)] = steps else {
+            return Ok(false);
+        };
+        let n = plan.total_bytes();
+        if dst.kind != own
+            || src.kind != own
+            || plan.kind() != crate::plan::PlanKind::Contiguous
+            || n < split::SPLIT_MIN_BYTES
+        {
+            return Ok(false);
+        }
+        let splitter = self.split.get_or_init(|| {
+            split::Splitter::new(Arc::clone(&self.ctx))
+                .and_then(|s| s.ready().map(|()| s))
+                .map_err(|e| e.to_string())
+        });
+        let Ok(splitter) = splitter else {
+            return Ok(false); // no NVRTC or no kernel: the copy engine does it all
+        };
+        // The kernel's share, rounded down to 4 KiB so both parts stay aligned.
+        let sm_bytes = (n as u128 * pct as u128 / 100) as usize & !4095;
+        let (d, s) = (
+            dst.addr + plan.dst_offset() as u64,
+            src.addr + plan.src_offset() as u64,
+        );
+        // SAFETY: the plan's contiguous run lies inside both buffers of this device (3, 2);
+        // our stream and current context (1).
+        unsafe { splitter.copy(stream, d, s, n, sm_bytes) }.map_err(|e| {
+            // SAFETY: our live stream: what was enqueued finishes before the error is seen.
+            let _ = unsafe { sys::cuStreamSynchronize(stream) };
+            SubmitError::Driver {
+                call: "split device copy",
+                msg: e.to_string(),
+            }
+        })?;
+        Ok(true)
+    }
+
     /// Host memory passed as plain (pageable) memory that is in fact page-locked (a
     /// `PinnedBuffer` or `Registered` seen through a slice, memory registered elsewhere) is
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
@@ -584,6 +656,8 @@ impl Engine for CudaEngine {
         let mut keep = Vec::new();
         // SAFETY: as for the steps below; the gatherer takes the same buffers and stream.
         let gathered = unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
+        // SAFETY: as for the steps below.
+        let gathered = gathered || unsafe { self.try_split(&steps, dst, src, stream)? };
         for step in steps.iter().filter(|_| !gathered) {
             // SAFETY: context current, stream ours (1); buffers valid until the request
             // completes, by this function's contract (2); steps checked by the program (3).
@@ -618,6 +692,13 @@ impl Engine for CudaEngine {
 
     fn barrier(&self) -> Result<(), BarrierError> {
         self.inflight.barrier()
+    }
+
+    /// This GPU's device memory.
+    fn home(&self) -> Option<MemKind> {
+        Some(MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        })
     }
 }
 

@@ -98,13 +98,13 @@ impl Comm {
                 self.abort_locked(st, &e.to_string());
                 return Err(e);
             }
-            std::thread::sleep(Duration::from_micros(if start.elapsed()
-                < Duration::from_millis(1)
-            {
-                10
-            } else {
-                500
-            }));
+            std::thread::sleep(Duration::from_micros(
+                if start.elapsed() < Duration::from_millis(1) {
+                    10
+                } else {
+                    500
+                },
+            ));
         }
     }
 

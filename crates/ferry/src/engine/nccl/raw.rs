@@ -107,7 +107,12 @@ impl RawNccl {
                     (self.lib.recv)(b.addr as *mut _, bytes, sys::UINT8, p as i32, self.comm, st)
                 });
                 let d = (self.lib.group_end)();
-                [("ncclGroupStart", a), ("ncclSend", b), ("ncclRecv", c), ("ncclGroupEnd", d)]
+                [
+                    ("ncclGroupStart", a),
+                    ("ncclSend", b),
+                    ("ncclRecv", c),
+                    ("ncclGroupEnd", d),
+                ]
             };
             if let Some((call, code)) = codes.into_iter().find(|(_, c)| *c != sys::SUCCESS) {
                 // SAFETY: our live stream.

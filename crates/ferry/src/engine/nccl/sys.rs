@@ -102,6 +102,8 @@ fn candidates() -> Vec<String> {
     c
 }
 
+// Each transmute's target is the `Lib` field it initialises, whose type spells the signature.
+#[allow(clippy::missing_transmute_annotations)]
 fn load() -> Result<Lib, String> {
     if std::env::var_os("FERRY_NO_NCCL").is_some() {
         return Err("disabled by FERRY_NO_NCCL".into());
