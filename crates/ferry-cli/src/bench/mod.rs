@@ -11,6 +11,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod multi;
 
 use serde::Serialize;
 use std::time::Instant;
@@ -106,12 +107,15 @@ pub enum Needs {
     /// The CUDA engine and at least two GPUs.
     #[serde(rename = "cuda2")]
     Cuda2,
+    /// At least two GPUs and the NCCL library.
+    #[serde(rename = "nccl2")]
+    Nccl2,
 }
 
 impl Needs {
     /// True for the GPU tests.
     pub fn is_gpu(self) -> bool {
-        matches!(self, Needs::Cuda | Needs::Cuda2)
+        matches!(self, Needs::Cuda | Needs::Cuda2 | Needs::Nccl2)
     }
 }
 
@@ -172,7 +176,12 @@ impl TestInfo {
 
 /// Every test, CPU and GPU.
 pub fn registry() -> Vec<TestInfo> {
-    cpu::TESTS.iter().chain(cuda::TESTS).cloned().collect()
+    cpu::TESTS
+        .iter()
+        .chain(cuda::TESTS)
+        .chain(multi::TESTS)
+        .cloned()
+        .collect()
 }
 
 /// Whether tests needing `needs` can run in this build on this machine, or why not.
@@ -181,6 +190,7 @@ pub fn availability(needs: Needs) -> Result<(), String> {
         Needs::Cpu => Ok(()),
         Needs::Cuda => cuda::available(),
         Needs::Cuda2 => cuda::available_two(),
+        Needs::Nccl2 => multi::available_nccl(),
     }
 }
 
@@ -583,6 +593,7 @@ pub fn run(
     let total = plan.iter().map(|(_, s)| s.len()).sum();
     let mut cpu = cpu::CpuBench::new(cfg.threads, cfg.method.clone())?;
     let mut gpu: Option<cuda::CudaBench> = None;
+    let mut multi_gpu: Option<multi::MultiBench> = None;
     let mut results = vec![];
     let mut size_skips = vec![];
     let mut done = 0;
@@ -593,17 +604,25 @@ pub fn run(
                 total,
                 &format!("{} {}", t.name, crate::sizes::format_size(size)),
             );
-            let row = match t.needs {
-                Needs::Cpu => cpu.run(t, size),
-                Needs::Cuda | Needs::Cuda2 => match &mut gpu {
+            let in_multi = multi::TESTS.iter().any(|m| m.name == t.name);
+            let rows = match t.needs {
+                _ if in_multi => match &mut multi_gpu {
+                    Some(g) => g.run(t, size),
+                    None => multi_gpu
+                        .insert(multi::MultiBench::new(cfg.method.clone())?)
+                        .run(t, size),
+                },
+                Needs::Cpu => cpu.run(t, size).map(|r| vec![r]),
+                Needs::Cuda | Needs::Cuda2 | Needs::Nccl2 => match &mut gpu {
                     Some(g) => g.run(t, size),
                     None => gpu
                         .insert(cuda::CudaBench::new(cfg.method.clone())?)
                         .run(t, size),
-                },
+                }
+                .map(|r| vec![r]),
             };
-            match row {
-                Ok(row) => results.push(row),
+            match rows {
+                Ok(rows) => results.extend(rows),
                 // A size this test cannot take (e.g. below one element) is left out, not fatal.
                 Err(BenchError::BadSize { why, .. }) => size_skips.push(Skipped {
                     test: format!("{} {}", t.name, crate::sizes::format_size(size)),

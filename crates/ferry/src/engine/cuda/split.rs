@@ -145,6 +145,38 @@ impl SmCopy {
     }
 }
 
+impl SmCopy {
+    /// `reps` kernel copies of the first `bytes` bytes of `src` into `dst` on `stream`, then a
+    /// synchronize: the kernel alone, as a baseline. Both buffers must be on this device.
+    pub fn copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: &mut super::DeviceBuffer,
+        src: &super::DeviceBuffer,
+        bytes: usize,
+        reps: usize,
+    ) -> Result<(), CudaError> {
+        let me = self.ctx.ordinal() as u32;
+        if bytes > dst.len() || bytes > src.len() || dst.ordinal() != me || src.ordinal() != me {
+            return Err(CudaError::InvalidArgument(format!(
+                "SM copy of {bytes} bytes needs two buffers of that size on device {me}"
+            )));
+        }
+        driver::bind(&self.ctx)?;
+        for _ in 0..reps {
+            // SAFETY: both ranges lie in distinct device buffers of this device (checked),
+            // borrowed until after the synchronize below.
+            if let Err(e) =
+                unsafe { self.launch(stream, dst.device_ptr(), src.device_ptr(), bytes) }
+            {
+                let _ = stream.synchronize();
+                return Err(e);
+            }
+        }
+        stream.synchronize().map_err(drv("cuStreamSynchronize"))
+    }
+}
+
 /// The engine's splitter: the kernel, its stream, and the two events that join it to the
 /// request's stream. Serialized by a lock (the events are re-recorded by each split).
 pub(crate) struct Splitter {
