@@ -1,7 +1,7 @@
 //! Several GPUs behind one engine: one [`CudaEngine`] per GPU in a [`MultiplexEngine`], so
 //! that a large transfer between host memory and several devices is striped over every GPU's
 //! own link at once (each part on the engine of the GPU it touches: see
-//! [`Engine::home`](crate::Engine::home)), and peer copies between any two GPUs (peer access
+//! [`Engine::home`]), and peer copies between any two GPUs (peer access
 //! is enabled on first use).
 //!
 //! ```no_run

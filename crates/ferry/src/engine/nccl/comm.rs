@@ -98,13 +98,12 @@ impl Comm {
                 self.abort_locked(st, &e.to_string());
                 return Err(e);
             }
-            std::thread::sleep(Duration::from_micros(
-                if start.elapsed() < Duration::from_millis(1) {
-                    10
-                } else {
-                    500
-                },
-            ));
+            // Enqueueing a group takes tens of microseconds: yield at first, then sleep.
+            if start.elapsed() < super::event::SPIN_FOR {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(500));
+            }
         }
     }
 

@@ -14,6 +14,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
+/// How long a wait only yields between looks at its event.
+pub(crate) const SPIN_FOR: Duration = Duration::from_millis(10);
+/// How often a spinning wait also checks the communicator's error and the deadline.
+const CHECK_EVERY: Duration = Duration::from_millis(1);
+
 struct State {
     result: Option<Result<(), RequestError>>,
     wakers: Vec<Waker>,
@@ -109,17 +114,35 @@ impl Inner {
         None
     }
 
-    /// Polls until complete: spins briefly, then sleeps in short steps.
+    /// Polls until complete: for the first [`SPIN_FOR`] it only yields between looks at the
+    /// event (the communicator's error and the deadline are checked every [`CHECK_EVERY`]), so
+    /// that copies of a few milliseconds end when the GPU finishes them; then it sleeps in
+    /// short steps, so that a long wait (a slow peer) does not keep a core busy.
     pub(crate) fn wait(&self) -> Result<(), RequestError> {
         let start = Instant::now();
+        let mut last_check = start;
         loop {
-            if let Some(r) = self.poll() {
+            if let Some(r) = self.done() {
                 return r;
             }
-            if start.elapsed() < Duration::from_micros(200) {
-                std::hint::spin_loop();
+            let now = Instant::now();
+            let spinning = now - start < SPIN_FOR;
+            if !spinning || now - last_check >= CHECK_EVERY {
+                last_check = now;
+                if let Some(r) = self.poll() {
+                    return r;
+                }
             } else {
-                std::thread::sleep(Duration::from_micros(50));
+                match self.query() {
+                    Ok(true) => return self.finish(Ok(())),
+                    Ok(false) => {}
+                    Err(e) => return self.finish(Err(e.into())),
+                }
+            }
+            if spinning {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
     }
