@@ -104,9 +104,13 @@ fn spawn_ranks(name: &str, ranks: u32) {
     assert!(failed.is_empty(), "{name}: {}", failed.join("; "));
 }
 
+/// Rank `rank` on GPU `rank`: 120 s to join, `timeout` for each request.
 fn engine(rank: u32, nranks: u32, id_file: &Path, timeout: Duration) -> NcclEngine {
     let id = NcclId::exchange_file(id_file, rank, Duration::from_secs(60)).unwrap();
-    NcclEngine::new(NcclConfig::new(rank, rank, nranks, id).timeout(timeout)).unwrap()
+    let cfg = NcclConfig::new(rank, rank, nranks, id)
+        .init_timeout(Duration::from_secs(120))
+        .op_timeout(timeout);
+    NcclEngine::new(cfg).unwrap()
 }
 
 fn dev(rank: u32, n: usize, seed: u64) -> DeviceBuffer {
@@ -308,7 +312,7 @@ fn peer_never_arrives_times_out() {
     let id = NcclId::new().unwrap();
     let limit = Duration::from_secs(3);
     let start = Instant::now();
-    let e = NcclEngine::new(NcclConfig::new(0, 0, 2, id).timeout(limit)).unwrap_err();
+    let e = NcclEngine::new(NcclConfig::new(0, 0, 2, id).init_timeout(limit)).unwrap_err();
     let took = start.elapsed();
     println!("init without the peer: {e} after {took:?}");
     assert!(matches!(e, NcclError::Timeout { .. }), "{e:?}");
@@ -326,7 +330,7 @@ fn unmatched_send_times_out() {
         }
         return;
     };
-    let e = engine(rank, 2, &file, Duration::from_secs(4));
+    let e = engine(rank, 2, &file, Duration::from_secs(10));
     let done = file.with_extension("done");
     let n = 1 << 20;
     // A first exchange connects the two ranks.

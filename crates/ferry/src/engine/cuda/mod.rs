@@ -515,8 +515,11 @@ impl CudaEngine {
         let Ok(splitter) = splitter else {
             return Ok(false); // no NVRTC or no kernel: the copy engine does it all
         };
-        // The kernel's share, rounded down to 4 KiB so both parts stay aligned.
-        let sm_bytes = (n as u128 * pct as u128 / 100) as usize & !4095;
+        // The copy engine's part ends on a 4 KiB boundary, so that the kernel's part starts
+        // as aligned as the buffers (16-byte loads).
+        let sm_target = (n as u128 * pct as u128 / 100) as usize;
+        let ce = (n - sm_target).next_multiple_of(4096).min(n);
+        let sm_bytes = n - ce;
         let (d, s) = (
             dst.addr + plan.dst_offset() as u64,
             src.addr + plan.src_offset() as u64,

@@ -11,8 +11,8 @@
 //! - Errors: a small enum, [`NcclError`]; bad input (a peer outside the communicator, a buffer
 //!   shorter than the count, host memory) is refused before NCCL is called. Timeouts: the
 //!   communicator is created non-blocking and every wait polls `ncclCommGetAsyncError`; when
-//!   [`NcclConfig::timeout`] passes (a peer that never arrives, never posts the matching
-//!   receive, or died) the communicator is aborted (`ncclCommAbort`, which stops its kernels)
+//!   [`NcclConfig::timeout`] (or [`NcclConfig::init_timeout`] while joining) passes (a peer
+//!   that never arrives, never posts the matching receive, or died) the communicator is aborted (`ncclCommAbort`, which stops its kernels)
 //!   and the request fails with [`RequestError::Timeout`](crate::RequestError::Timeout); later submits fail with
 //!   [`NcclError::Aborted`].
 //! - Without the NCCL library (or without a CUDA driver) every constructor returns an error
@@ -20,8 +20,10 @@
 //!   there. The library is found as `$FERRY_NCCL_LIB`, `libnccl.so.2` or `libnccl.so`
 //!   through the dynamic loader (`LD_LIBRARY_PATH`); for the `nvidia-nccl-cu13` Python wheel
 //!   that is `$(python3 -c "import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__))")/lib`.
-//!   ferry sets `NCCL_NVLS_ENABLE=0` (no NVLink multicast) before loading NCCL unless it is
-//!   already set: ferry uses only point-to-point operations.
+//!   ferry sets `NCCL_NVLS_ENABLE=0` (no NVLink multicast) when it first creates a
+//!   communicator, unless it is already set: ferry uses only point-to-point operations.
+//!   Changing the environment while other threads read it is not thread-safe in C: set the
+//!   variable before starting threads (the GPU bundle's `run.sh` does) to leave it untouched.
 //!
 //! # Setting up ranks
 //!
@@ -189,7 +191,10 @@ pub struct NcclConfig {
     pub nranks: u32,
     /// The id shared by every rank.
     pub id: NcclId,
-    /// How long creation, a submit, or a request may take before the communicator is aborted.
+    /// How long joining the communicator may take (every rank must arrive) before it is
+    /// aborted.
+    pub init_timeout: Duration,
+    /// How long a submit or a request may take before the communicator is aborted.
     pub timeout: Duration,
 }
 
@@ -197,7 +202,7 @@ pub struct NcclConfig {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl NcclConfig {
-    /// Rank `rank` of `nranks` on GPU `ordinal`, with the shared `id`; timeout
+    /// Rank `rank` of `nranks` on GPU `ordinal`, with the shared `id`; both timeouts
     /// [`DEFAULT_TIMEOUT`].
     pub fn new(ordinal: u32, rank: u32, nranks: u32, id: NcclId) -> NcclConfig {
         NcclConfig {
@@ -205,11 +210,23 @@ impl NcclConfig {
             rank,
             nranks,
             id,
+            init_timeout: DEFAULT_TIMEOUT,
             timeout: DEFAULT_TIMEOUT,
         }
     }
-    /// Sets the timeout.
+    /// Sets both timeouts (joining, and each submit and request).
     pub fn timeout(mut self, t: Duration) -> NcclConfig {
+        self.init_timeout = t;
+        self.timeout = t;
+        self
+    }
+    /// Sets the timeout of joining the communicator only.
+    pub fn init_timeout(mut self, t: Duration) -> NcclConfig {
+        self.init_timeout = t;
+        self
+    }
+    /// Sets the timeout of each submit and request only.
+    pub fn op_timeout(mut self, t: Duration) -> NcclConfig {
         self.timeout = t;
         self
     }
@@ -236,8 +253,8 @@ impl NcclConfig {
                 self.rank, self.nranks
             ));
         }
-        if self.timeout.is_zero() {
-            return bad("the timeout must be above zero".into());
+        if self.timeout.is_zero() || self.init_timeout.is_zero() {
+            return bad("the timeouts must be above zero".into());
         }
         Ok(())
     }
@@ -401,7 +418,7 @@ impl NcclEngine {
                     "all {} ranks to join the communicator (this is rank {})",
                     cfg.nranks, cfg.rank
                 ),
-                cfg.timeout,
+                cfg.init_timeout,
             )?;
             // NCCL's view of the communicator must be the configured one.
             let query = |f: unsafe extern "C" fn(sys::Comm, *mut i32) -> sys::NcclResult| {
