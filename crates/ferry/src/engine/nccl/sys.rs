@@ -95,39 +95,50 @@ pub(crate) fn lib() -> Result<&'static Lib, String> {
 fn candidates() -> Vec<String> {
     let mut c = Vec::new();
     if let Some(p) = std::env::var_os("FERRY_NCCL_LIB") {
-        c.push(p.to_string_lossy().into_owned());
+        // An empty name would make dlopen return the program itself.
+        if !p.is_empty() {
+            c.push(p.to_string_lossy().into_owned());
+        }
     }
     c.push("libnccl.so.2".into());
     c.push("libnccl.so".into());
     c
 }
 
-// Each transmute's target is the `Lib` field it initialises, whose type spells the signature.
-#[allow(clippy::missing_transmute_annotations)]
 fn load() -> Result<Lib, String> {
     if std::env::var_os("FERRY_NO_NCCL").is_some() {
         return Err("disabled by FERRY_NO_NCCL".into());
     }
     let names = candidates();
-    let mut handle = std::ptr::null_mut();
-    let mut path = String::new();
+    // The first candidate that opens and has every entry point; else the first complaint.
+    let mut first_err = None;
     for name in &names {
         let Ok(c) = CString::new(name.as_str()) else {
             continue;
         };
-        // SAFETY: a NUL-terminated name; dlopen runs the library's initialisers only.
-        handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if !handle.is_null() {
-            path = name.clone();
-            break;
+        // SAFETY: a NUL-terminated, non-empty name; dlopen runs the library's initialisers.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            continue;
+        }
+        match resolve(handle, name) {
+            Ok(lib) => return Ok(lib),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
         }
     }
-    if handle.is_null() {
-        return Err(format!(
+    Err(first_err.unwrap_or_else(|| {
+        format!(
             "the NCCL library was not found (tried {}; set LD_LIBRARY_PATH or FERRY_NCCL_LIB)",
             names.join(", ")
-        ));
-    }
+        )
+    }))
+}
+
+// Each transmute's target is the `Lib` field it initialises, whose type spells the signature.
+#[allow(clippy::missing_transmute_annotations)]
+fn resolve(handle: *mut c_void, path: &str) -> Result<Lib, String> {
     let sym = |name: &str| -> Result<*mut c_void, String> {
         let c = CString::new(name).map_err(|e| e.to_string())?;
         // SAFETY: a live handle and a NUL-terminated symbol name; looking up calls nothing.
@@ -169,7 +180,7 @@ fn load() -> Result<Lib, String> {
         group_end: f!("ncclGroupEnd"),
         send: f!("ncclSend"),
         recv: f!("ncclRecv"),
-        path,
+        path: path.to_string(),
     })
 }
 
