@@ -161,7 +161,7 @@ impl From<NcclError> for crate::Error {
 }
 
 /// What this machine has for NCCL: the library (path and version) or why not.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NcclProbe {
     /// The library's name as it was opened, and its version (e.g. 22703 for 2.27.3), or why
     /// it is unusable.
