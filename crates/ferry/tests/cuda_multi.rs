@@ -32,6 +32,7 @@ fn pairs(n: u32) -> Vec<(u32, u32)> {
 #[test]
 fn peer_copy_every_pair_one_way() {
     let Some(n) = gpus_or_skip(2) else { return };
+    println!("peer access matrix: {:?}", ferry::cuda::probe().peer);
     let engines: Vec<CudaEngine> = (0..n).map(|g| CudaEngine::new(g).unwrap()).collect();
     for size in [1, (1 << 20) + 3, 64 << 20] {
         for (a, b) in pairs(n) {

@@ -340,7 +340,9 @@ impl CudaEngine {
             });
         }
         let peer = slot.as_mut().ok_or_else(|| self.unsupported(kind, None))?;
-        if !peer.enabled {
+        // Without direct access (no P2P between the two), `cuMemcpyPeerAsync` still copies,
+        // staged by the driver; only enable access where the devices allow it.
+        if !peer.enabled && self.reaches(ordinal) {
             // SAFETY: this engine's context is current (bound in submit); the peer context is
             // a live primary context. Already-enabled access is not an error.
             let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
@@ -588,13 +590,22 @@ impl Engine for CudaEngine {
 
     /// Every pair that involves memory a GPU can address: device memory of this GPU or of a
     /// peer it can access, pinned, mapped, managed, and pageable host memory on one side of a
-    /// copy. Not: pageable to pageable, fills of pageable memory (the CPU engine does those).
+    /// copy; copies between device memory of any two GPUs of the machine (`cuMemcpyPeerAsync`,
+    /// which the driver stages where the two have no direct access). Not: pageable to
+    /// pageable, fills of pageable memory (the CPU engine does those), fills of a GPU this one
+    /// cannot access.
     fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        let count = self.can_access.len() as u32;
         let dev_ok = |k: MemKind| match k {
             MemKind::Device { ordinal } => self.reaches(ordinal),
             _ => true,
         };
-        if !dev_ok(dst) || !src.is_none_or(dev_ok) {
+        let peer_copy = matches!(
+            (dst, src),
+            (MemKind::Device { ordinal: a }, Some(MemKind::Device { ordinal: b }))
+                if a < count && b < count && (a == self.cfg.ordinal || b == self.cfg.ordinal)
+        );
+        if !peer_copy && (!dev_ok(dst) || !src.is_none_or(dev_ok)) {
             return false;
         }
         match src {
