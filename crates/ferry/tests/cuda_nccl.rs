@@ -12,7 +12,6 @@ mod cuda_common;
 use cuda_common::{block_on, bytes};
 use ferry::cuda::DeviceBuffer;
 use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclError, NcclId};
-use ferry::RequestError;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -135,15 +134,19 @@ fn send_recv_every_byte() {
             let seed = 100 + 10 * i as u64 + from as u64;
             if rank == from {
                 let src = dev(rank, n.max(1), seed);
-                e.scope(|s| s.send(&src, n, peer)?.wait().map_err(failed))
+                e.scope(|s| s.send(&src, n, peer)?.wait().map_err(ferry::Error::from))
                     .unwrap()
                     .unwrap();
             } else {
                 let poison = bytes(n + 4096, 7);
                 let mut dst = DeviceBuffer::from_host(rank, &poison).unwrap();
-                e.scope(|s| s.recv(&mut dst, n, peer)?.wait().map_err(failed))
-                    .unwrap()
-                    .unwrap();
+                e.scope(|s| {
+                    s.recv(&mut dst, n, peer)?
+                        .wait()
+                        .map_err(ferry::Error::from)
+                })
+                .unwrap()
+                .unwrap();
                 let got = dst.to_vec().unwrap();
                 let want = bytes(n.max(1), seed);
                 assert!(
@@ -159,11 +162,6 @@ fn send_recv_every_byte() {
     }
     e.barrier().unwrap();
     println!("rank {rank}: {} sizes both ways verified", SIZES.len());
-}
-
-/// For `?` inside a scope: a failed request as an engine error (the test only prints it).
-fn failed(e: RequestError) -> NcclError {
-    NcclError::InvalidArgument(format!("request failed: {e}"))
 }
 
 #[test]
@@ -196,9 +194,9 @@ fn grouped_exchange_every_byte() {
                 g.recv(&mut rme, n, rank);
             })?;
             if round == 2 {
-                block_on(req).map_err(failed)
+                block_on(req).map_err(ferry::Error::from)
             } else {
-                req.wait().map_err(failed)
+                req.wait().map_err(ferry::Error::from)
             }
         })
         .unwrap()
@@ -239,7 +237,7 @@ fn self_exchange_one_rank() {
                 g.recv(&mut dst, n, 0);
             })?
             .wait()
-            .map_err(failed)
+            .map_err(ferry::Error::from)
         })
         .unwrap()
         .unwrap();
@@ -291,7 +289,7 @@ fn bad_input_is_refused() {
             g.recv(&mut dst, 4096, 0);
         })?
         .wait()
-        .map_err(failed)
+        .map_err(ferry::Error::from)
     })
     .unwrap()
     .unwrap();
@@ -342,7 +340,7 @@ fn unmatched_send_times_out() {
             g.recv(&mut dst, n, 1 - rank);
         })?
         .wait()
-        .map_err(failed)
+        .map_err(ferry::Error::from)
     })
     .unwrap()
     .unwrap();

@@ -154,12 +154,6 @@ impl From<driver::DrvErr> for NcclError {
     }
 }
 
-impl From<NcclError> for crate::Error {
-    fn from(e: NcclError) -> Self {
-        crate::Error::Setup(e.to_string())
-    }
-}
-
 /// What this machine has for NCCL: the library (path and version) or why not.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct NcclProbe {
