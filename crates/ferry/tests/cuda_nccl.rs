@@ -12,6 +12,7 @@ mod cuda_common;
 use cuda_common::{block_on, bytes};
 use ferry::cuda::DeviceBuffer;
 use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclError, NcclId};
+use ferry::{EngineExt, RequestError};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -244,6 +245,42 @@ fn self_exchange_one_rank() {
         let got = dst.to_vec().unwrap();
         assert!(got[..n] == src.to_vec().unwrap()[..n], "size {n}");
     }
+    // After a CUDA engine's copy (waited on the GPU), and after a failed request (not run).
+    let cuda = ferry::cuda::CudaEngine::new(0).unwrap();
+    let n = 8 << 20;
+    let host = bytes(n, 61);
+    let mut staged = DeviceBuffer::zeroed(0, n).unwrap();
+    let src = dev(0, n, 62);
+    let mut dst = DeviceBuffer::from_host(0, &vec![0xA5; n]).unwrap();
+    cuda.scope(|cs| {
+        let copy = cs.memcpy(&mut staged, &host)?;
+        e.scope(|s| {
+            s.group_after(&[&copy], |g| {
+                g.send(&src, n, 0);
+                g.recv(&mut dst, n, 0);
+            })?
+            .wait()
+            .map_err(ferry::Error::from)
+        })?
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(dst.to_vec().unwrap(), bytes(n, 62));
+    assert_eq!(staged.to_vec().unwrap(), host);
+    let mut untouched = DeviceBuffer::from_host(0, &vec![0xA5; n]).unwrap();
+    let failed = ferry::Request::ready(Err(RequestError::Aborted("test".into())));
+    let r = e
+        .scope(|s| {
+            s.group_after(&[&failed], |g| {
+                g.send(&src, n, 0);
+                g.recv(&mut untouched, n, 0);
+            })
+            .map(|req| req.wait())
+        })
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Err(RequestError::Dependency(_))), "{r:?}");
+    assert!(untouched.to_vec().unwrap().iter().all(|&b| b == 0xA5));
 }
 
 #[test]

@@ -76,7 +76,7 @@ use crate::engine::cuda::driver;
 use crate::engine::cuda::event::Event;
 use crate::engine::cuda::{CudaError, WaitMode};
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
-use crate::request::{BarrierError, InFlight, Request};
+use crate::request::{BarrierError, InFlight, Request, RequestError};
 use comm::Comm;
 use cudarc::driver::{sys as cu, CudaStream};
 use std::marker::PhantomData;
@@ -505,8 +505,11 @@ impl NcclEngine {
         Ok(())
     }
 
-    /// Submits sends and receives as one group (one request). Checks every operation first;
-    /// nothing is started when one is refused.
+    /// Submits sends and receives as one group (one request), to start after `after`: a CUDA
+    /// engine's request becomes a `cuStreamWaitEvent` (no host round trip, e.g. a copy into
+    /// the buffer that is then sent), any other request is waited here; a failed dependency
+    /// fails this request without starting it. Checks every operation first; nothing is
+    /// started when one is refused.
     ///
     /// Which calls block: this call waits (up to the timeout) until NCCL has enqueued the
     /// group; the first exchange with a peer also sets up the connection to it, which needs
@@ -516,9 +519,31 @@ impl NcclEngine {
     /// 1. Each buffer is valid for reads (`Send`) or writes (`Recv`) of `bytes` bytes, of the
     ///    kind it claims, until the returned request completes.
     /// 2. Nothing else writes a sent buffer, or reads or writes a received one, until then.
-    pub unsafe fn submit_raw(&self, ops: &[P2p]) -> Result<Request, NcclError> {
+    pub unsafe fn submit_raw(&self, ops: &[P2p], after: &[&Request]) -> Result<Request, NcclError> {
         for op in ops {
             self.check(op)?;
+        }
+        let mut events = Vec::new();
+        for dep in after {
+            let c = dep.completion();
+            let known = match c
+                .as_any()
+                .downcast_ref::<crate::engine::cuda::CudaCompletion>()
+            {
+                Some(cc) => match cc.known() {
+                    None => {
+                        events.push(cc.event());
+                        Some(Ok(()))
+                    }
+                    k => k,
+                },
+                None => Some(c.wait()),
+            };
+            if let Some(Err(e)) = known {
+                let req = Request::ready(Err(RequestError::Dependency(Box::new(e))));
+                self.inflight.track(&req);
+                return Ok(req);
+            }
         }
         if ops.is_empty() {
             return Ok(Request::ready(Ok(())));
@@ -529,6 +554,13 @@ impl NcclEngine {
             return Err(NcclError::Aborted(why.clone()));
         }
         self.comm.bind()?;
+        for e in events {
+            // SAFETY: our live stream; a live event held by the dependency's request, which the
+            // caller holds until this call returns (the wait is enqueued by then).
+            driver::check("cuStreamWaitEvent", unsafe {
+                cu::cuStreamWaitEvent(self.stream.cu_stream(), e, 0)
+            })?;
+        }
         let stream = self.stream.cu_stream() as *mut std::ffi::c_void;
         // SAFETY: no arguments; opens a group closed below on every path.
         let r = unsafe { (lib.group_start)() };
@@ -712,6 +744,15 @@ impl<'scope> Group<'scope> {
 impl<'scope> NcclScope<'scope, '_> {
     /// Submits the sends and receives `f` adds, as one NCCL group (one request).
     pub fn group(&self, f: impl FnOnce(&mut Group<'scope>)) -> Result<Request, NcclError> {
+        self.group_after(&[], f)
+    }
+    /// As [`group`](Self::group), started only after `after` complete (see
+    /// [`NcclEngine::submit_raw`]; a CUDA engine's request is waited on the GPU, not here).
+    pub fn group_after(
+        &self,
+        after: &[&Request],
+        f: impl FnOnce(&mut Group<'scope>),
+    ) -> Result<Request, NcclError> {
         let mut g = Group {
             ops: Vec::new(),
             _scope: PhantomData,
@@ -719,7 +760,7 @@ impl<'scope> NcclScope<'scope, '_> {
         f(&mut g);
         // SAFETY: every buffer is borrowed for 'scope (shared for sends, exclusive for
         // receives), which ends only after the scope waited for every request tracked here.
-        let req = unsafe { self.engine.submit_raw(&g.ops)? };
+        let req = unsafe { self.engine.submit_raw(&g.ops, after)? };
         self.inflight.track(&req);
         Ok(req)
     }
