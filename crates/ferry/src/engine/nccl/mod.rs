@@ -13,7 +13,7 @@
 //!   communicator is created non-blocking and every wait polls `ncclCommGetAsyncError`; when
 //!   [`NcclConfig::timeout`] (or [`NcclConfig::init_timeout`] while joining) passes (a peer
 //!   that never arrives, never posts the matching receive, or died) the communicator is aborted (`ncclCommAbort`, which stops its kernels)
-//!   and the request fails with [`RequestError::Timeout`](crate::RequestError::Timeout); later submits fail with
+//!   and the request fails with [`RequestError::Timeout`]; later submits fail with
 //!   [`NcclError::Aborted`].
 //! - Without the NCCL library (or without a CUDA driver) every constructor returns an error
 //!   ([`NcclError::NoLibrary`], [`NcclError::Cuda`]); nothing panics. [`probe`] says what is
