@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds every GPU test binary (tests/cuda_*.rs), the measurement examples (examples/cuda_*.rs)
+# Builds every GPU test binary (tests/cuda_*.rs), the measurement examples (examples/cuda_*.rs),
+# the path benchmarks (benches/cuda_*.rs, run by hand from BUNDLE/benches/)
 # and the `ferry` CLI in release mode without
 # debug info, strips them, and copies them into a bundle folder (default `.gpu/`) with a
 # `run.sh` that runs them all on a GPU host with no Rust toolchain:
@@ -17,7 +18,7 @@ export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 rm -rf "$bundle"
 mkdir -p "$bundle/tests"
 
-json=$(cargo test --release -p ferry --no-run --message-format=json --test 'cuda_*')
+json=$(cargo test --release -p ferry -p ferry-capi --no-run --message-format=json --test 'cuda_*')
 exes=$(printf '%s\n' "$json" | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("test"))) | "\(.target.name) \(.executable)"')
 if [ -z "$exes" ]; then
   echo "no cuda_* test binaries found" >&2
@@ -36,6 +37,15 @@ while read -r name exe; do
   cp "$exe" "$bundle/examples/$name"
   strip "$bundle/examples/$name" 2>/dev/null || true
 done <<<"$ex"
+
+# Benchmarks of the library's paths (benches/cuda_*.rs), run by hand: BUNDLE/benches/NAME.
+mkdir -p "$bundle/benches"
+bx=$(cargo bench -p ferry --no-run --bench 'cuda_*' --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("bench"))) | "\(.target.name) \(.executable)"')
+while read -r name exe; do
+  [ -n "$name" ] || continue
+  cp "$exe" "$bundle/benches/$name"
+  strip "$bundle/benches/$name" 2>/dev/null || true
+done <<<"$bx"
 
 cli=$(cargo build --release -p ferry-cli --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .target.name == "ferry") | .executable')
 if [ -n "$cli" ]; then

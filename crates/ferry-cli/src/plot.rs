@@ -56,8 +56,8 @@ struct Line {
 pub struct PlotRow {
     /// Test name.
     pub test: String,
-    /// Bytes copied per call (the x axis).
-    pub payload_bytes: u64,
+    /// The row's size (the x axis): bytes per copy, or per segment for segment lists.
+    pub size_bytes: u64,
     /// ferry's median GB/s.
     pub ferry: Option<f64>,
     /// The better baseline's median GB/s.
@@ -71,7 +71,7 @@ pub fn rows_of(rep: &Report) -> Vec<PlotRow> {
         .filter(|r| r.kind == Kind::Bandwidth)
         .map(|r| PlotRow {
             test: r.test.clone(),
-            payload_bytes: r.payload_bytes,
+            size_bytes: r.size_bytes,
             ferry: r.ferry().map(|s| s.median),
             baseline: r.baseline().map(|s| s.median),
         })
@@ -113,10 +113,10 @@ pub fn rows_from_json(v: &serde_json::Value) -> Result<Vec<PlotRow>, PlotError> 
                 .and_then(|t| t.as_str())
                 .ok_or_else(|| bad("a row without `test`"))?
                 .to_string(),
-            payload_bytes: r
-                .get("payload_bytes")
+            size_bytes: r
+                .get("size_bytes")
                 .and_then(|p| p.as_u64())
-                .ok_or_else(|| bad("a row without `payload_bytes`"))?,
+                .ok_or_else(|| bad("a row without `size_bytes`"))?,
             ferry: median(&|s| s.get("role").and_then(|x| x.as_str()) == Some("ferry")),
             baseline: median(&|s| {
                 s.get("role").and_then(|x| x.as_str()) == Some("baseline")
@@ -151,7 +151,7 @@ fn lines(rows: &[PlotRow]) -> Vec<Line> {
         let mine: Vec<&PlotRow> = rows.iter().filter(|r| r.test == *t).collect();
         let pts = |f: &dyn Fn(&PlotRow) -> Option<f64>| {
             mine.iter()
-                .filter_map(|r| Some(((r.payload_bytes as f64).log2(), f(r)?)))
+                .filter_map(|r| Some(((r.size_bytes as f64).log2(), f(r)?)))
                 .collect::<Vec<_>>()
         };
         out.push(Line {
@@ -277,7 +277,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Res
     let ticks = (x1 - x0).floor() as usize + 1;
     chart
         .configure_mesh()
-        .x_desc("copy size (bytes, log2 scale)")
+        .x_desc("size (bytes per copy, or per segment; log2 scale)")
         .y_desc(if logy {
             "GB/s (10^9 B/s of payload, log10 scale)"
         } else {

@@ -107,6 +107,7 @@ fn staged_rows(
     stager: &Stager,
     sizes: &[usize],
     baseline: bool,
+    label: &str,
 ) {
     let cs = stream.cu_stream();
     for &n in sizes {
@@ -148,11 +149,7 @@ fn staged_rows(
             });
             row_staged("H2D", mib, n, t_ferry, t_page, t_pin);
         } else {
-            println!(
-                "| H2D | {mib} MiB | {:?} | {:.1} |",
-                stager.config(),
-                gbs(n, t_ferry)
-            );
+            println!("| H2D | {mib} MiB | {label} | {:.1} |", gbs(n, t_ferry));
         }
         // D2H
         let t_ferry = time(|| unsafe {
@@ -182,11 +179,7 @@ fn staged_rows(
             });
             row_staged("D2H", mib, n, t_ferry, t_page, t_pin);
         } else {
-            println!(
-                "| D2H | {mib} MiB | {:?} | {:.1} |",
-                stager.config(),
-                gbs(n, t_ferry)
-            );
+            println!("| D2H | {mib} MiB | {label} | {:.1} |", gbs(n, t_ferry));
         }
     }
 }
@@ -376,22 +369,52 @@ fn main() {
     // Variations around the default staging configuration, 256 MiB.
     println!("\n| dir | size | config | staged GB/s |\n|---|---|---|---|");
     let base = StagingConfig::new();
+    println!("default config: {base:?}");
+    // (label, config, earlier fork-join pipeline)
     let mut variants = vec![
-        base,
-        base.non_temporal(false),
-        base.threads(8),
-        base.threads(16),
+        ("default (flow)", base, false),
+        ("fork-join", base, true),
+        ("flow, NT h2d", base.non_temporal_h2d(true), false),
+        ("flow, WC h2d ring", base.write_combined(true), false),
+        ("flow, 8 threads", base.threads(8), false),
+        ("flow, 16 threads", base.threads(16), false),
     ];
     if std::env::var("FERRY_BENCH_SWEEP").is_ok() {
         variants.extend([
-            base.chunk_bytes(8 << 20).ring_depth(6),
-            base.chunk_bytes(32 << 20).ring_depth(3),
-            base.write_combined(true),
+            (
+                "flow, 4 MiB x 8",
+                base.chunk_bytes(4 << 20).ring_depth(8),
+                false,
+            ),
+            (
+                "flow, 8 MiB x 6",
+                base.chunk_bytes(8 << 20).ring_depth(6),
+                false,
+            ),
+            (
+                "flow, 32 MiB x 3",
+                base.chunk_bytes(32 << 20).ring_depth(3),
+                false,
+            ),
+            (
+                "flow, WC + NT h2d",
+                base.write_combined(true).non_temporal_h2d(true),
+                false,
+            ),
+            (
+                "flow, 16 threads, NT h2d",
+                base.threads(16).non_temporal_h2d(true),
+                false,
+            ),
+            ("fork-join, NT h2d", base.non_temporal_h2d(true), true),
         ]);
     }
-    for cfg in variants {
+    for (label, cfg, fork_join) in variants {
+        // The stager reads this once, when made (an A/B switch for this measurement only).
+        std::env::set_var("FERRY_STAGING_FORKJOIN", if fork_join { "1" } else { "0" });
         let st = Stager::new(ctx.clone(), cfg).unwrap();
-        staged_rows(&ctx, &stream, &st, &[256 << 20], false);
+        std::env::remove_var("FERRY_STAGING_FORKJOIN");
+        staged_rows(&ctx, &stream, &st, &[16 << 20, 256 << 20], false, label);
     }
 
     let stager = Stager::new(ctx.clone(), StagingConfig::new()).unwrap();
@@ -404,6 +427,7 @@ fn main() {
         &stager,
         &[16 << 20, 256 << 20, 1 << 30],
         true,
+        "",
     );
 
     let g = Gatherer::new(ctx.clone()).unwrap();

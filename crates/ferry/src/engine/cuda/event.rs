@@ -120,19 +120,17 @@ impl Inner {
             .clone()
     }
 
-    /// Waits for the event (sleeping, or spinning on `cuEventQuery`) and records the result.
+    /// Waits for the event (sleeping, or spinning) and records the result.
     pub(crate) fn wait_event(&self, mode: WaitMode) -> Result<(), RequestError> {
         if let Some(r) = self.done() {
             return r;
         }
         let r = match mode {
-            WaitMode::Blocking => self.sync(),
-            WaitMode::Spin => loop {
-                match self.query() {
-                    Some(r) => break r,
-                    None => std::hint::spin_loop(),
-                }
-            },
+            // `Blocking` events carry `BLOCKING_SYNC`: the driver sleeps. `Spin` events do not:
+            // the driver spins on the event's completion word itself, as `cuStreamSynchronize`
+            // does in the default scheduling mode, which notices completion sooner than a loop
+            // of `cuEventQuery` calls (each a trip through the driver's locks).
+            WaitMode::Blocking | WaitMode::Spin => self.sync(),
             WaitMode::SpinThenBlock(limit) => {
                 let start = std::time::Instant::now();
                 loop {
@@ -153,7 +151,8 @@ impl Inner {
         self.event.as_ref().map_or(std::ptr::null_mut(), Event::raw)
     }
 
-    /// Blocks in `cuEventSynchronize` (sleeping, for events made with `BLOCKING_SYNC`).
+    /// Blocks in `cuEventSynchronize` (sleeping for events made with `BLOCKING_SYNC`, else
+    /// spinning as the context's scheduling flags say).
     fn sync(&self) -> Result<(), RequestError> {
         let _ = driver::bind(&self.ctx);
         // SAFETY: a live event handle.

@@ -206,11 +206,30 @@ unsafe fn copy1d(stream: sys::CUstream, d: End, s: End, n: usize) -> Result<(), 
                 sys::cuMemcpyPeerAsync(d.addr, d.ctx, s.addr, s.ctx, n, stream)
             })
         }
+        // The typed calls spare the driver the lookup of both addresses that `cuMemcpyAsync`
+        // does to find the direction (part of the per-request cost of small copies).
+        (Some(_), Some(_)) => check("cuMemcpyDtoDAsync", unsafe {
+            // SAFETY: both ranges valid device memory (caller).
+            sys::cuMemcpyDtoDAsync_v2(d.addr, s.addr, n, stream)
+        }),
+        (Some(_), None) if is_host(s.kind) => check("cuMemcpyHtoDAsync", unsafe {
+            // SAFETY: `s` is host memory valid for `n` bytes, `d` device memory (caller).
+            sys::cuMemcpyHtoDAsync_v2(d.addr, s.addr as *const std::ffi::c_void, n, stream)
+        }),
+        (None, Some(_)) if is_host(d.kind) => check("cuMemcpyDtoHAsync", unsafe {
+            // SAFETY: `d` is host memory valid for `n` bytes, `s` device memory (caller).
+            sys::cuMemcpyDtoHAsync_v2(d.addr as *mut std::ffi::c_void, s.addr, n, stream)
+        }),
         // SAFETY: both ranges valid (caller); unified addresses.
         _ => check("cuMemcpyAsync", unsafe {
             sys::cuMemcpyAsync(d.addr, s.addr, n, stream)
         }),
     }
+}
+
+/// Host memory, by its kind (managed memory is neither host nor device here).
+fn is_host(k: MemKind) -> bool {
+    matches!(k, MemKind::Pageable | MemKind::Pinned | MemKind::Mapped)
 }
 
 fn mem_type(kind: MemKind) -> sys::CUmemorytype {

@@ -119,14 +119,18 @@ impl From<CudaError> for crate::Error {
 /// How a thread waits for a request.
 ///
 /// Measured on an H200 host (4 KiB pinned host-to-device copy, submitted and waited, median of
-/// 2000): `Blocking` 27.7 us, `Spin` 9.1 us, `SpinThenBlock(50 us)` 10.1 us; the sleep and
-/// wake-up of a blocking wait cost about 18 us. `SpinThenBlock` gets the spin latency for short copies and sleeps on long ones.
+/// 2000, `bench/results/h200/run17/cuda_rates.txt`): `Blocking` 23.5 us, `Spin` 7.8 us,
+/// `SpinThenBlock(50 us)` 8.4 us (a raw `cuMemcpyAsync` + `cuStreamSynchronize`: about 7.3 us);
+/// the sleep and wake-up of a blocking wait cost about 15 us. `SpinThenBlock` gets the spin
+/// latency for short copies and sleeps on long ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used.
     #[default]
     Blocking,
-    /// Poll `cuEventQuery` in a loop: the lowest latency, one core busy while waiting.
+    /// Let the driver spin on the request's event (an event without `BLOCKING_SYNC`, waited
+    /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default): the lowest
+    /// latency, one core busy while waiting.
     Spin,
     /// Poll for up to this long, then sleep as `Blocking` does.
     SpinThenBlock(std::time::Duration),
