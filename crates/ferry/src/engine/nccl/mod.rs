@@ -38,7 +38,8 @@
 //! [`NcclConfig::from_env`] reads the whole set-up from the environment: `FERRY_NCCL_RANK`,
 //! `FERRY_NCCL_NRANKS`, optionally `FERRY_NCCL_DEVICE` (default: the rank modulo the GPUs
 //! of this host), `FERRY_NCCL_ID` (hex) or `FERRY_NCCL_ID_FILE` (a path, exchanged as above),
-//! optionally `FERRY_NCCL_TIMEOUT_S` (default 120).
+//! optionally `FERRY_NCCL_TIMEOUT_S` (default 120) and `FERRY_NCCL_INIT_TIMEOUT_S` (default:
+//! the former).
 //!
 //! ```no_run
 //! use ferry::engine::nccl::{NcclConfig, NcclEngine};
@@ -255,7 +256,7 @@ impl NcclConfig {
 
     /// The set-up from the environment (see the [module documentation](self)):
     /// `FERRY_NCCL_RANK`, `FERRY_NCCL_NRANKS`, `FERRY_NCCL_DEVICE`, `FERRY_NCCL_ID` or
-    /// `FERRY_NCCL_ID_FILE`, `FERRY_NCCL_TIMEOUT_S`. With an id file, rank 0 makes the id and
+    /// `FERRY_NCCL_ID_FILE`, `FERRY_NCCL_TIMEOUT_S`, `FERRY_NCCL_INIT_TIMEOUT_S`. With an id file, rank 0 makes the id and
     /// writes it, the others wait for it (up to the timeout).
     pub fn from_env() -> Result<NcclConfig, NcclError> {
         NcclConfig::from_lookup(&|k| std::env::var(k).ok())
@@ -279,9 +280,13 @@ impl NcclConfig {
         };
         let rank = small("FERRY_NCCL_RANK", need("FERRY_NCCL_RANK")?)?;
         let nranks = small("FERRY_NCCL_NRANKS", need("FERRY_NCCL_NRANKS")?)?;
-        let timeout = match num("FERRY_NCCL_TIMEOUT_S")? {
-            Some(s) => Duration::from_secs(s),
-            None => DEFAULT_TIMEOUT,
+        let secs = |k: &str| -> Result<Duration, NcclError> {
+            Ok(num(k)?.map_or(DEFAULT_TIMEOUT, Duration::from_secs))
+        };
+        let timeout = secs("FERRY_NCCL_TIMEOUT_S")?;
+        let init_timeout = match get("FERRY_NCCL_INIT_TIMEOUT_S") {
+            Some(_) => secs("FERRY_NCCL_INIT_TIMEOUT_S")?,
+            None => timeout,
         };
         let placeholder = NcclConfig::new(0, rank, nranks, NcclId::from_bytes([0; 128]));
         placeholder.timeout(timeout).validate()?;
@@ -302,7 +307,9 @@ impl NcclConfig {
                 ))
             }
         };
-        Ok(NcclConfig::new(ordinal, rank, nranks, id).timeout(timeout))
+        Ok(NcclConfig::new(ordinal, rank, nranks, id)
+            .op_timeout(timeout)
+            .init_timeout(init_timeout))
     }
 }
 
@@ -824,6 +831,17 @@ mod tests {
         assert_eq!((c.rank, c.nranks, c.ordinal), (1, 4, 3));
         assert_eq!(c.id, NcclId::from_bytes([9; 128]));
         assert_eq!(c.timeout, Duration::from_secs(7));
+        assert_eq!(c.init_timeout, Duration::from_secs(7));
+        let c = NcclConfig::from_lookup(&lookup(&[
+            ("FERRY_NCCL_RANK", "0"),
+            ("FERRY_NCCL_NRANKS", "1"),
+            ("FERRY_NCCL_DEVICE", "0"),
+            ("FERRY_NCCL_ID", &hex),
+            ("FERRY_NCCL_INIT_TIMEOUT_S", "300"),
+        ]))
+        .unwrap();
+        assert_eq!(c.init_timeout, Duration::from_secs(300));
+        assert_eq!(c.timeout, DEFAULT_TIMEOUT);
 
         let err = |pairs: &[(&str, &str)]| {
             NcclConfig::from_lookup(&lookup(pairs))
