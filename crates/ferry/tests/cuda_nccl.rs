@@ -49,6 +49,12 @@ fn child() -> Option<(u32, PathBuf)> {
 /// Runs test `name` of this binary in `ranks` child processes (rank r on GPU r), each under the
 /// watchdog, and fails unless every child passed. Prints each child's output.
 fn spawn_ranks(name: &str, ranks: u32) {
+    // One multi-process test at a time (the test harness runs tests on parallel threads): the
+    // timeouts then measure NCCL, not contention between tests.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = std::env::temp_dir().join(format!(
         "ferry-nccl-{}-{}-{}",
         name,
