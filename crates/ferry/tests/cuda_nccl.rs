@@ -233,24 +233,36 @@ fn self_exchange_one_rank() {
     if skip(1) {
         return;
     }
-    let id = NcclId::new().unwrap();
-    let e = NcclEngine::new(NcclConfig::new(0, 0, 1, id).timeout(Duration::from_secs(60))).unwrap();
-    for (i, &n) in SIZES.iter().enumerate() {
-        let src = dev(0, n.max(1), 50 + i as u64);
-        let mut dst = DeviceBuffer::zeroed(0, n.max(1)).unwrap();
-        e.scope(|s| {
-            s.group(|g| {
-                g.send(&src, n, 0);
-                g.recv(&mut dst, n, 0);
-            })?
-            .wait()
-            .map_err(ferry::Error::from)
-        })
-        .unwrap()
-        .unwrap();
-        let got = dst.to_vec().unwrap();
-        assert!(got[..n] == src.to_vec().unwrap()[..n], "size {n}");
+    // A blocking communicator, then the default non-blocking one (kept for the rest).
+    let mut engine = None;
+    for blocking in [true, false] {
+        let id = NcclId::new().unwrap();
+        let cfg = NcclConfig::new(0, 0, 1, id)
+            .timeout(Duration::from_secs(60))
+            .blocking(blocking);
+        let e = NcclEngine::new(cfg).unwrap();
+        for (i, &n) in SIZES.iter().enumerate() {
+            let src = dev(0, n.max(1), 50 + i as u64);
+            let mut dst = DeviceBuffer::zeroed(0, n.max(1)).unwrap();
+            e.scope(|s| {
+                s.group(|g| {
+                    g.send(&src, n, 0);
+                    g.recv(&mut dst, n, 0);
+                })?
+                .wait()
+                .map_err(ferry::Error::from)
+            })
+            .unwrap()
+            .unwrap();
+            let got = dst.to_vec().unwrap();
+            assert!(
+                got[..n] == src.to_vec().unwrap()[..n],
+                "size {n}, blocking {blocking}"
+            );
+        }
+        engine = Some(e);
     }
+    let e = engine.unwrap();
     // After a CUDA engine's copy (waited on the GPU), and after a failed request (not run).
     let cuda = ferry::cuda::CudaEngine::new(0).unwrap();
     let n = 8 << 20;

@@ -11,7 +11,7 @@
 //!   bytes per GPU, striped by [`MultiGpu`] vs the sum of each GPU's raw
 //!   `cuMemcpyHtoDAsync`/`DtoH` rate measured alone (computed per sample: total bytes over the
 //!   summed rates).
-//! - `multi-nccl`: NCCL send GPU 0 -> GPU 1, two ranks on two threads of this process, through
+//! - `multi-nccl` (`multi-nccl-blocking`: a blocking communicator): NCCL send GPU 0 -> GPU 1, two ranks on two threads of this process, through
 //!   ferry's [`NcclEngine`] vs NCCL's own `ncclSend`/`ncclRecv` on a blocking communicator
 //!   ([`RawNccl`]). A timed call: rank 0 signals rank 1, both post, rank 0 waits for its send
 //!   and rank 1's acknowledgement (the same for both series).
@@ -49,6 +49,7 @@ pub static TESTS: &[TestInfo] = &[
     t("multi-h2d-striped", "pinned host -> every GPU (size per GPU) striped over all links by MultiGpu, vs the sum of each GPU's raw cuMemcpyHtoDAsync rate alone", Needs::Cuda2, "16M,256M"),
     t("multi-d2h-striped", "every GPU -> pinned host (size per GPU) striped by MultiGpu, vs the sum of each GPU's raw cuMemcpyDtoHAsync rate alone", Needs::Cuda2, "16M,256M"),
     t("multi-nccl", "NCCL send GPU 0 -> GPU 1 (two ranks, one thread each): ferry's NcclEngine vs NCCL's own ncclSend/ncclRecv", Needs::Nccl2, "1M,16M,256M"),
+    t("multi-nccl-blocking", "as multi-nccl with NcclConfig::blocking(true) (no NCCL thread per group; joining cannot time out)", Needs::Nccl2, "1M,16M,256M"),
     t("cuda-d2d-split", "device -> device on GPU 0 split between a copy engine and an SM kernel (FERRY_D2D_SM_SHARE percent, default 50), vs raw cuMemcpyDtoDAsync and the SM kernel alone", Needs::Cuda, "16M,256M,1G"),
 ];
 
@@ -212,7 +213,8 @@ impl MultiBench {
             }
             "multi-h2d-striped" => Ok(vec![self.striped(&ctx, size, true)?]),
             "multi-d2h-striped" => Ok(vec![self.striped(&ctx, size, false)?]),
-            "multi-nccl" => Ok(vec![nccl(&ctx, &self.method, size)?]),
+            "multi-nccl" => Ok(vec![nccl(&ctx, &self.method, size, false)?]),
+            "multi-nccl-blocking" => Ok(vec![nccl(&ctx, &self.method, size, true)?]),
             "cuda-d2d-split" => Ok(vec![self.d2d_split(&ctx, size)?]),
             _ => Err(BenchError::UnknownTest {
                 name: test.name.into(),
@@ -546,7 +548,7 @@ enum Cmd {
 }
 
 /// NCCL send 0 -> 1 on two threads: ferry's engine and NCCL's own calls.
-fn nccl(ctx: &Ctx, method: &Method, size: usize) -> Result<Row, BenchError> {
+fn nccl(ctx: &Ctx, method: &Method, size: usize, blocking: bool) -> Result<Row, BenchError> {
     let data = pattern(size, 42);
     let id = NcclId::new().map_err(setup)?;
     let raw_id = NcclId::new().map_err(setup)?;
@@ -557,7 +559,8 @@ fn nccl(ctx: &Ctx, method: &Method, size: usize) -> Result<Row, BenchError> {
         let want = &data;
         // Rank 1: receives, on command.
         let peer = sc.spawn(move || -> Result<(), String> {
-            let e = NcclEngine::new(NcclConfig::new(1, 1, 2, id)).map_err(|e| e.to_string())?;
+            let e = NcclEngine::new(NcclConfig::new(1, 1, 2, id).blocking(blocking))
+                .map_err(|e| e.to_string())?;
             let mut raw = RawNccl::new(1, 1, 2, raw_id).map_err(|e| e.to_string())?;
             let mut dst = DeviceBuffer::new(1, size).map_err(|e| e.to_string())?;
             ack_tx.send(Ok(true)).map_err(|e| e.to_string())?;
@@ -587,7 +590,8 @@ fn nccl(ctx: &Ctx, method: &Method, size: usize) -> Result<Row, BenchError> {
         });
         // Rank 0 on this thread's scope: sends.
         let run = || -> Result<Row, BenchError> {
-            let e = NcclEngine::new(NcclConfig::new(0, 0, 2, id)).map_err(setup)?;
+            let e =
+                NcclEngine::new(NcclConfig::new(0, 0, 2, id).blocking(blocking)).map_err(setup)?;
             let mut raw = RawNccl::new(0, 0, 2, raw_id).map_err(setup)?;
             let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
             let ack = |rx: &mpsc::Receiver<Result<bool, String>>| -> Result<bool, String> {

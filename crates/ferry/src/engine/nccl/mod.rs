@@ -191,6 +191,12 @@ pub struct NcclConfig {
     pub init_timeout: Duration,
     /// How long a submit or a request may take before the communicator is aborted.
     pub timeout: Duration,
+    /// A blocking communicator (default false: non-blocking). Non-blocking, NCCL runs each
+    /// group's set-up on a thread of its own (one `pthread_create` per group) and every wait
+    /// can time out. Blocking saves that per-group cost, but joining and a first exchange
+    /// with a peer block inside NCCL until the peers arrive: only the wait for a request's
+    /// completion keeps its timeout (and aborts as before).
+    pub blocking: bool,
 }
 
 /// Default [`NcclConfig::timeout`].
@@ -207,7 +213,13 @@ impl NcclConfig {
             id,
             init_timeout: DEFAULT_TIMEOUT,
             timeout: DEFAULT_TIMEOUT,
+            blocking: false,
         }
+    }
+    /// Sets the `blocking` field: a blocking communicator.
+    pub fn blocking(mut self, on: bool) -> NcclConfig {
+        self.blocking = on;
+        self
     }
     /// Sets both timeouts (joining, and each submit and request).
     pub fn timeout(mut self, t: Duration) -> NcclConfig {
@@ -382,7 +394,7 @@ impl NcclEngine {
             msg: driver::error_string(e.0),
         })?;
         let mut raw: sys::Comm = std::ptr::null_mut();
-        let mut conf = sys::Config::blocking(false);
+        let mut conf = sys::Config::blocking(cfg.blocking);
         // SAFETY: valid out-pointer and config; the id is 128 bytes by value; this device's
         // context is current (NCCL takes the current device).
         let r = unsafe {
