@@ -8,13 +8,14 @@
 //!   for several at once (`ncclGroupStart`/`ncclGroupEnd`: all of them progress together, so
 //!   an exchange in both directions cannot deadlock). Buffers are device memory of the
 //!   engine's GPU, borrowed for the scope, which waits for every request before it returns.
-//! - Errors: a small enum, [`NcclError`]; bad input (a peer outside the communicator, a buffer
-//!   shorter than the count, host memory) is refused before NCCL is called. Timeouts: the
-//!   communicator is created non-blocking and every wait polls `ncclCommGetAsyncError`; when
+//! - Errors: a small enum, [`NcclError`] (also [`crate::Error::Nccl`]); bad input (a peer
+//!   outside the communicator, a buffer shorter than the count, host memory) is refused
+//!   before NCCL is called. Timeouts: the communicator is created non-blocking (unless
+//!   [`NcclConfig::blocking`]) and every wait polls `ncclCommGetAsyncError`; when
 //!   [`NcclConfig::timeout`] (or [`NcclConfig::init_timeout`] while joining) passes (a peer
-//!   that never arrives, never posts the matching receive, or died) the communicator is aborted (`ncclCommAbort`, which stops its kernels)
-//!   and the request fails with [`RequestError::Timeout`]; later submits fail with
-//!   [`NcclError::Aborted`].
+//!   that never arrives, never posts the matching receive, or died) the communicator is
+//!   aborted (`ncclCommAbort`, which stops its kernels) and the request fails with
+//!   [`RequestError::Timeout`]; later submits fail with [`NcclError::Aborted`].
 //! - Without the NCCL library (or without a CUDA driver) every constructor returns an error
 //!   ([`NcclError::NoLibrary`], [`NcclError::Cuda`]); nothing panics. [`probe`] says what is
 //!   there. The library is found as `$FERRY_NCCL_LIB`, `libnccl.so.2` or `libnccl.so`
