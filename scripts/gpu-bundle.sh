@@ -61,6 +61,14 @@ cat >"$bundle/run.sh" <<'RUN'
 # Runs every test binary of this bundle; one log per binary in LOGDIR (default ./logs), and a
 # summary line per binary on stdout. Exit status 0 iff every binary passed.
 here=$(cd "$(dirname "$0")" && pwd)
+# Never NVLink multicast (NVLS); ferry's NCCL engine uses point-to-point operations only.
+export NCCL_NVLS_ENABLE=0
+# NCCL from the nvidia-nccl-cu13 Python wheel, where present (ferry loads libnccl.so.2 at run
+# time; without it the NCCL tests print `skipped: no NCCL library`).
+nccl_dir=$(python3 -c 'import nvidia.nccl as m, os; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])' 2>/dev/null || true)
+if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/lib/libnccl.so.2" ]; then
+  export LD_LIBRARY_PATH="$nccl_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 log=${1:-logs}
 mkdir -p "$log"
 log=$(cd "$log" && pwd)
@@ -79,6 +87,15 @@ for x in "$here"/examples/*; do
   name=$(basename "$x")
   if "$x" >"$log/$name.txt" 2>&1; then echo "ok   $name (output in $name.txt)"; else echo "FAIL $name"; fail=1; fi
 done
+# Optional: `FERRY_BENCH_TESTS=a,b bash run.sh LOGDIR` also runs those `ferry bench` tests in
+# this environment (NCCL found as above), writing bench.txt and bench.json.
+if [ -n "${FERRY_BENCH_TESTS:-}" ] && [ -x "$here/ferry" ]; then
+  if "$here/ferry" bench --test "$FERRY_BENCH_TESTS" --json "$log/bench.json" >"$log/bench.txt" 2>&1; then
+    echo "ok   ferry bench $FERRY_BENCH_TESTS (output in bench.txt, bench.json)"
+  else
+    echo "FAIL ferry bench $FERRY_BENCH_TESTS (see bench.txt)"; fail=1
+  fi
+fi
 exit $fail
 RUN
 chmod +x "$bundle/run.sh"

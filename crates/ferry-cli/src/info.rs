@@ -35,6 +35,8 @@ pub struct GpuInfo {
     pub unavailable_reason: Option<String>,
     /// What the CUDA probe found (driver, devices, peer matrix, nvidia-fs).
     pub cuda: ferry::cuda::CudaProbe,
+    /// The NCCL library (name and version) or why it is unusable.
+    pub nccl: ferry::engine::nccl::NcclProbe,
 }
 
 /// Gathers the report.
@@ -51,6 +53,7 @@ pub fn gather() -> Info {
         cuda_engine_in_build: true,
         unavailable_reason: crate::bench::cuda::available().err(),
         cuda: ferry::cuda::probe(),
+        nccl: ferry::engine::nccl::probe(),
     };
     Info {
         ferry_version: env!("CARGO_PKG_VERSION"),
@@ -153,5 +156,12 @@ pub fn render(info: &Info) -> String {
             }
         );
     }
+    s += &format!(
+        "  NCCL                 {}\n",
+        match &info.gpu.nccl.library {
+            Ok((lib, v)) => format!("{lib}, version {}.{}.{}", v / 10000, v / 100 % 100, v % 100),
+            Err(why) => format!("none ({why})"),
+        }
+    );
     s
 }

@@ -31,4 +31,7 @@ pub enum Error {
     /// Creating an engine or a buffer.
     #[error("{0}")]
     Setup(String),
+    /// The NCCL engine: set-up, a refused send/receive, a timeout or an abort.
+    #[error(transparent)]
+    Nccl(#[from] crate::engine::nccl::NcclError),
 }

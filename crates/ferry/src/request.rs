@@ -57,6 +57,15 @@ pub enum RequestError {
     /// File I/O failed.
     #[error("I/O error: {0}")]
     Io(String),
+    /// The work did not complete in time and the engine gave up on it (the NCCL engine aborts
+    /// its communicator: later requests on it fail too).
+    #[error("timed out after {after:?}: {what}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit.
+        after: std::time::Duration,
+    },
 }
 
 /// How an engine reports completion. Engines implement this; users see [`Request`].

@@ -12,6 +12,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod file;
+pub mod multi;
 
 use serde::Serialize;
 use std::time::Instant;
@@ -118,12 +119,15 @@ pub enum Needs {
     /// The CUDA engine and at least two GPUs.
     #[serde(rename = "cuda2")]
     Cuda2,
+    /// At least two GPUs and the NCCL library.
+    #[serde(rename = "nccl2")]
+    Nccl2,
 }
 
 impl Needs {
     /// True for the GPU tests.
     pub fn is_gpu(self) -> bool {
-        matches!(self, Needs::Cuda | Needs::Cuda2)
+        matches!(self, Needs::Cuda | Needs::Cuda2 | Needs::Nccl2)
     }
 }
 
@@ -188,6 +192,7 @@ pub fn registry() -> Vec<TestInfo> {
         .iter()
         .chain(cuda::TESTS)
         .chain(file::TESTS)
+        .chain(multi::TESTS)
         .cloned()
         .collect()
 }
@@ -198,6 +203,7 @@ pub fn availability(needs: Needs) -> Result<(), String> {
         Needs::Cpu => Ok(()),
         Needs::Cuda => cuda::available(),
         Needs::Cuda2 => cuda::available_two(),
+        Needs::Nccl2 => multi::available_nccl(),
     }
 }
 
@@ -664,6 +670,7 @@ pub fn run(
     let mut cpu = cpu::CpuBench::new(cfg.threads, cfg.method.clone())?;
     let mut gpu: Option<cuda::CudaBench> = None;
     let mut files: Option<file::FileBench> = None;
+    let mut multi_gpu: Option<multi::MultiBench> = None;
     let mut results = vec![];
     let mut size_skips = vec![];
     let mut done = 0;
@@ -674,23 +681,32 @@ pub fn run(
                 total,
                 &format!("{} {}", t.name, crate::sizes::format_size(size)),
             );
-            let row = match t.needs {
+            let in_multi = multi::TESTS.iter().any(|m| m.name == t.name);
+            let rows = match t.needs {
                 _ if file::owns(t.name) => match &mut files {
                     Some(f) => f.run(t, size),
                     None => files
                         .insert(file::FileBench::new(cfg.threads, cfg.method.clone())?)
                         .run(t, size),
+                }
+                .map(|r| vec![r]),
+                _ if in_multi => match &mut multi_gpu {
+                    Some(g) => g.run(t, size),
+                    None => multi_gpu
+                        .insert(multi::MultiBench::new(cfg.method.clone())?)
+                        .run(t, size),
                 },
-                Needs::Cpu => cpu.run(t, size),
-                Needs::Cuda | Needs::Cuda2 => match &mut gpu {
+                Needs::Cpu => cpu.run(t, size).map(|r| vec![r]),
+                Needs::Cuda | Needs::Cuda2 | Needs::Nccl2 => match &mut gpu {
                     Some(g) => g.run(t, size),
                     None => gpu
                         .insert(cuda::CudaBench::new(cfg.method.clone())?)
                         .run(t, size),
-                },
+                }
+                .map(|r| vec![r]),
             };
-            match row {
-                Ok(row) => results.push(row),
+            match rows {
+                Ok(rows) => results.extend(rows),
                 // A size this test cannot take (e.g. below one element) is left out, not fatal.
                 Err(BenchError::BadSize { why, .. }) => size_skips.push(Skipped {
                     test: format!("{} {}", t.name, crate::sizes::format_size(size)),

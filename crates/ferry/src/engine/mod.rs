@@ -11,6 +11,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod multiplex;
+pub mod nccl;
 
 use crate::memory::{MemKind, RawBuf};
 use crate::op::{Op, OpError};
@@ -170,6 +171,14 @@ pub trait Engine: Send + Sync {
     /// Waits for every request submitted so far and reports every failure not already seen
     /// through `wait`/`try_wait`, not just the first. May block.
     fn barrier(&self) -> Result<(), BarrierError>;
+
+    /// The memory this engine sits next to (a CUDA engine: its GPU's device memory), if any.
+    /// [`MultiplexEngine`](multiplex::MultiplexEngine) sends a copy that touches that memory to
+    /// this engine rather than to one that reaches it from afar (a peer GPU's engine), so that
+    /// copies to several GPUs run on each GPU's own link.
+    fn home(&self) -> Option<MemKind> {
+        None
+    }
 }
 
 mod safe;
@@ -189,6 +198,9 @@ impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
     fn barrier(&self) -> Result<(), BarrierError> {
         (**self).barrier()
     }
+    fn home(&self) -> Option<MemKind> {
+        (**self).home()
+    }
 }
 
 impl<E: Engine + ?Sized> Engine for Box<E> {
@@ -204,5 +216,8 @@ impl<E: Engine + ?Sized> Engine for Box<E> {
     }
     fn barrier(&self) -> Result<(), BarrierError> {
         (**self).barrier()
+    }
+    fn home(&self) -> Option<MemKind> {
+        (**self).home()
     }
 }

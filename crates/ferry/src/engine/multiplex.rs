@@ -1,5 +1,8 @@
 //! Several engines behind one: whole requests spread by weight, one large copy split across
-//! engines by weight.
+//! engines by weight. A copy that touches an engine's [home](Engine::home) memory (a GPU's
+//! device memory) goes to the engines at home there: one CUDA engine per GPU behind one
+//! multiplex engine stripes copies to several GPUs over each GPU's own link
+//! ([`crate::cuda::multi`]).
 //!
 //! AML's multiplex DMA sends each whole request to one DMA, unlocked, and leaks on error.
 //! Here routing is under a lock, a large copy (at least [`MultiplexEngine::split_bytes`]) is
@@ -206,9 +209,24 @@ impl Engine for MultiplexEngine {
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
         job.check()?;
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
-        let candidates: Vec<usize> = (0..self.engines.len())
+        let mut candidates: Vec<usize> = (0..self.engines.len())
             .filter(|&i| self.engines[i].0.supports(dk, sk))
             .collect();
+        // Locality: engines next to the memory the copy touches (a GPU's own engine for its
+        // device memory) take it; the others only reach it from afar.
+        let local: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| {
+                self.engines[i]
+                    .0
+                    .home()
+                    .is_some_and(|h| h == dk || Some(h) == sk)
+            })
+            .collect();
+        if !local.is_empty() {
+            candidates = local;
+        }
         if candidates.is_empty() {
             return Err(SubmitError::Unsupported {
                 engine: self.name(),
@@ -276,5 +294,90 @@ impl Engine for MultiplexEngine {
         } else {
             Err(BarrierError { failures })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cpu::CpuEngine;
+    use crate::engine::EngineExt;
+    use crate::memory::RawBuf;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A CPU engine that claims a home memory kind and counts what it was given.
+    struct Homed(CpuEngine, Option<MemKind>, Arc<AtomicUsize>);
+
+    impl Engine for Homed {
+        fn name(&self) -> String {
+            format!("homed({:?})", self.1)
+        }
+        fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+            self.0.supports(dst, src)
+        }
+        unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+            self.2.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { self.0.submit_raw(job) }
+        }
+        fn barrier(&self) -> Result<(), BarrierError> {
+            self.0.barrier()
+        }
+        fn home(&self) -> Option<MemKind> {
+            self.1
+        }
+    }
+
+    #[test]
+    fn copies_go_to_the_engine_at_home() {
+        let counts: Vec<Arc<AtomicUsize>> = (0..3).map(|_| Arc::default()).collect();
+        // Heavier weights elsewhere: without locality most copies would go there.
+        let mux = MultiplexEngine::new()
+            .with(
+                Homed(CpuEngine::new(1).unwrap(), None, counts[0].clone()),
+                10.0,
+            )
+            .with(
+                Homed(
+                    CpuEngine::new(1).unwrap(),
+                    Some(MemKind::Mapped),
+                    counts[1].clone(),
+                ),
+                1.0,
+            )
+            .with(
+                Homed(CpuEngine::new(1).unwrap(), None, counts[2].clone()),
+                10.0,
+            )
+            .split_bytes(1 << 10);
+        let src: Vec<u8> = (0..1 << 16).map(|i| (i % 251) as u8).collect();
+        for round in 0..4 {
+            let mut dst = vec![0u8; 1 << 16];
+            let l = Layout::bytes(1 << 16).unwrap();
+            // The destination claims to be the second engine's home kind.
+            let job = Job::copy(
+                RawBuf::host(dst.as_mut_ptr(), dst.len(), MemKind::Mapped),
+                l,
+                RawBuf::host(src.as_ptr(), src.len(), MemKind::Pageable),
+                l,
+            );
+            // SAFETY: both vectors outlive the wait below and nothing else touches them.
+            unsafe { mux.submit_raw(job) }.unwrap().wait().unwrap();
+            assert_eq!(dst, src, "round {round}");
+        }
+        let n: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(
+            n,
+            [0, 4, 0],
+            "every copy (whole, unsplit) on the engine at home"
+        );
+        // Copies between memory no engine calls home still spread and split by weight.
+        let mut dst = vec![0u8; 1 << 16];
+        mux.scope(|s| s.memcpy(&mut dst, &src).map(drop))
+            .unwrap()
+            .unwrap();
+        assert_eq!(dst, src);
+        assert!(counts[0].load(Ordering::Relaxed) > 0 && counts[2].load(Ordering::Relaxed) > 0);
     }
 }

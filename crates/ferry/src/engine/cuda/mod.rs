@@ -47,14 +47,16 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod driver;
-mod event;
+pub(crate) mod driver;
+pub(crate) mod event;
 mod exec;
 pub mod gather;
 mod memory;
+pub mod multi;
 mod paths;
 mod probe;
 mod raw;
+pub mod split;
 pub mod staged;
 pub mod strided;
 mod timer;
@@ -170,6 +172,10 @@ pub struct CudaConfig {
     /// Which copies between device-accessible buffers run on the SMs (a kernel) instead of the
     /// copy engines.
     pub kernel_copies: KernelCopies,
+    /// Percent of a contiguous device-to-device copy on this GPU (of at least
+    /// [`split::SPLIT_MIN_BYTES`]) done by an SM copy kernel while a copy engine does the rest
+    /// ([`split`]); `None` (default): copy engine only.
+    pub d2d_sm_share: Option<u8>,
 }
 
 impl CudaConfig {
@@ -181,11 +187,18 @@ impl CudaConfig {
             direction: None,
             staging: Some(staged::StagingConfig::new()),
             kernel_copies: KernelCopies::Auto,
+            d2d_sm_share: None,
         }
     }
     /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
     pub fn kernel_copies(mut self, k: KernelCopies) -> CudaConfig {
         self.kernel_copies = k;
+        self
+    }
+    /// Splits large device-to-device copies on this GPU: `percent` (1..=100) of the bytes by
+    /// an SM copy kernel, the rest by a copy engine, at once. 0 turns it off.
+    pub fn d2d_sm_share(mut self, percent: u8) -> CudaConfig {
+        self.d2d_sm_share = (percent > 0).then_some(percent.min(100));
         self
     }
     /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
@@ -223,6 +236,7 @@ pub struct CudaEngine {
     waker_tx: Sender<Arc<event::Inner>>,
     events: Arc<event::EventPool>,
     paths: paths::Paths,
+    split: std::sync::OnceLock<Result<split::Splitter, String>>,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -272,6 +286,7 @@ impl CudaEngine {
             waker_tx,
             events: Arc::default(),
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            split: std::sync::OnceLock::new(),
             ctx,
         })
     }
@@ -347,7 +362,9 @@ impl CudaEngine {
             });
         }
         let peer = slot.as_mut().ok_or_else(|| self.unsupported(kind, None))?;
-        if !peer.enabled {
+        // Without direct access (no P2P between the two), `cuMemcpyPeerAsync` still copies,
+        // staged by the driver; only enable access where the devices allow it.
+        if !peer.enabled && self.reaches(ordinal) {
             // SAFETY: this engine's context is current (bound in submit); the peer context is
             // a live primary context. Already-enabled access is not an error.
             let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
@@ -527,6 +544,66 @@ impl CudaEngine {
         })
     }
 
+    /// A large contiguous copy within this GPU's memory, split between a copy engine and the
+    /// SM copy kernel when [`CudaConfig::d2d_sm_share`] asks for it. `Ok(false)`: not split
+    /// (nothing enqueued).
+    ///
+    /// # Safety
+    /// As [`exec::run_step`] for every step; `stream` is this engine's and its context current.
+    unsafe fn try_split(
+        &self,
+        steps: &[crate::op::Step],
+        dst: End,
+        src: Option<End>,
+        stream: sys::CUstream,
+    ) -> Result<bool, SubmitError> {
+        let (Some(pct), Some(src)) = (self.cfg.d2d_sm_share, src) else {
+            return Ok(false);
+        };
+        let own = MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        };
+        let [crate::op::Step::Copy(plan)] = steps else {
+            return Ok(false);
+        };
+        let n = plan.total_bytes();
+        if dst.kind != own
+            || src.kind != own
+            || plan.kind() != crate::plan::PlanKind::Contiguous
+            || n < split::SPLIT_MIN_BYTES
+        {
+            return Ok(false);
+        }
+        let splitter = self.split.get_or_init(|| {
+            split::Splitter::new(Arc::clone(&self.ctx))
+                .and_then(|s| s.ready().map(|()| s))
+                .map_err(|e| e.to_string())
+        });
+        let Ok(splitter) = splitter else {
+            return Ok(false); // no NVRTC or no kernel: the copy engine does it all
+        };
+        // The copy engine's part ends on a 4 KiB boundary, so that the kernel's part starts
+        // as aligned as the buffers (16-byte loads).
+        let sm_target = (n as u128 * pct as u128 / 100) as usize;
+        let ce = (n - sm_target).next_multiple_of(4096).min(n);
+        let sm_bytes = n - ce;
+        let (d, s) = (
+            dst.addr + plan.dst_offset() as u64,
+            src.addr + plan.src_offset() as u64,
+        );
+        // SAFETY: the plan's contiguous run lies inside both buffers of this device (3, 2);
+        // our stream and current context (1).
+        unsafe { splitter.copy(stream, d, s, n, sm_bytes) }.map_err(|e| {
+            // SAFETY: our live stream: what was enqueued finishes before the error is seen.
+            let _ = unsafe { sys::cuStreamSynchronize(stream) };
+            SubmitError::Driver {
+                call: "split device copy",
+                msg: e.to_string(),
+            }
+        })?;
+        Ok(true)
+    }
+
     /// Host memory passed as plain (pageable) memory that is in fact page-locked (a
     /// `PinnedBuffer` or `Registered` seen through a slice, memory registered elsewhere) is
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
@@ -578,13 +655,22 @@ impl Engine for CudaEngine {
 
     /// Every pair that involves memory a GPU can address: device memory of this GPU or of a
     /// peer it can access, pinned, mapped, managed, and pageable host memory on one side of a
-    /// copy. Not: pageable to pageable, fills of pageable memory (the CPU engine does those).
+    /// copy; copies between device memory of any two GPUs of the machine (`cuMemcpyPeerAsync`,
+    /// which the driver stages where the two have no direct access). Not: pageable to
+    /// pageable, fills of pageable memory (the CPU engine does those), fills of a GPU this one
+    /// cannot access.
     fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        let count = self.can_access.len() as u32;
         let dev_ok = |k: MemKind| match k {
             MemKind::Device { ordinal } => self.reaches(ordinal),
             _ => true,
         };
-        if !dev_ok(dst) || !src.is_none_or(dev_ok) {
+        let peer_copy = matches!(
+            (dst, src),
+            (MemKind::Device { ordinal: a }, Some(MemKind::Device { ordinal: b }))
+                if a < count && b < count && (a == self.cfg.ordinal || b == self.cfg.ordinal)
+        );
+        if !peer_copy && (!dev_ok(dst) || !src.is_none_or(dev_ok)) {
             return false;
         }
         match src {
@@ -651,6 +737,8 @@ impl Engine for CudaEngine {
         // and stream.
         let gathered = unsafe { self.try_sm(&steps, dst, src, dk, sk) }
             || unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
+        // SAFETY: as for the steps below.
+        let gathered = gathered || unsafe { self.try_split(&steps, dst, src, stream)? };
         for step in steps.iter().filter(|_| !gathered) {
             // SAFETY: context current, stream ours (1); buffers valid until the request
             // completes, by this function's contract (2); steps checked by the program (3).
@@ -685,6 +773,13 @@ impl Engine for CudaEngine {
 
     fn barrier(&self) -> Result<(), BarrierError> {
         self.inflight.barrier()
+    }
+
+    /// This GPU's device memory.
+    fn home(&self) -> Option<MemKind> {
+        Some(MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        })
     }
 }
 

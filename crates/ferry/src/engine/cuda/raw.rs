@@ -9,7 +9,7 @@
 use super::driver::{self, check, DrvErr};
 use super::exec::{self, End};
 use super::strided::SmCopier;
-use super::{CudaError, StreamTimer};
+use super::{CudaError, DeviceBuffer, StreamTimer};
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
 use crate::plan::Plan;
 use cudarc::driver::{sys, CudaContext, CudaStream};
@@ -223,6 +223,67 @@ impl RawCopier {
             }
         }
         Ok(self.sync(0)?)
+    }
+
+    /// Peer copies as a user writes them: for every `(copier, dst, src)`, `bytes` bytes with
+    /// `cuMemcpyPeerAsync` on that copier's stream, `reps` rounds, all issued before any is
+    /// waited (so copies on different copiers run at once), then each copier synchronizes.
+    /// Peer access is enabled first where the devices allow it, as ferry's engine does.
+    pub fn peer_all(
+        copies: &mut [(&RawCopier, &mut DeviceBuffer, &DeviceBuffer)],
+        bytes: usize,
+        reps: usize,
+    ) -> Result<(), CudaError> {
+        let mut ends = Vec::with_capacity(copies.len());
+        for (c, d, s) in copies.iter_mut() {
+            if bytes > d.len() || bytes > s.len() {
+                return Err(CudaError::InvalidArgument(format!(
+                    "peer copy of {bytes} bytes between buffers of {} and {} bytes",
+                    d.len(),
+                    s.len()
+                )));
+            }
+            let (dc, sc) = (driver::context(d.ordinal())?, driver::context(s.ordinal())?);
+            driver::bind(&c.ctx)?;
+            for other in [&dc, &sc] {
+                if other.cu_ctx() != c.ctx.cu_ctx() {
+                    // SAFETY: the copier's context is current; `other` is a live primary
+                    // context. Already enabled, or not possible (no P2P): the copy still works.
+                    let _ = unsafe { sys::cuCtxEnablePeerAccess(other.cu_ctx(), 0) };
+                }
+            }
+            ends.push((d.device_ptr(), dc, s.device_ptr(), sc));
+        }
+        let mut result = Ok(());
+        'rounds: for _ in 0..reps {
+            for ((c, _, _), (d, dc, s, sc)) in copies.iter().zip(&ends) {
+                driver::bind(&c.ctx)?;
+                // SAFETY: both ranges lie inside device buffers borrowed until after the
+                // synchronizes below; the contexts are those buffers' devices'.
+                let r = check("cuMemcpyPeerAsync", unsafe {
+                    sys::cuMemcpyPeerAsync(
+                        *d,
+                        dc.cu_ctx(),
+                        *s,
+                        sc.cu_ctx(),
+                        bytes,
+                        c.streams[0].cu_stream(),
+                    )
+                });
+                if let Err(e) = r {
+                    result = Err(e.into());
+                    break 'rounds;
+                }
+            }
+        }
+        for (c, _, _) in copies.iter() {
+            let _ = driver::bind(&c.ctx);
+            let r = c.sync(0);
+            if result.is_ok() {
+                result = r.map_err(CudaError::from);
+            }
+        }
+        result
     }
 
     /// `reps` rounds of a host-to-device and a device-to-host copy of `bytes` bytes at once,

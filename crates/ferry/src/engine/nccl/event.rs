@@ -1,0 +1,237 @@
+//! One event per request, as in the CUDA engine, plus what a collective library needs: while a
+//! request waits, the communicator's asynchronous error is polled and the request's deadline
+//! checked; an error or a deadline passed aborts the communicator (`ncclCommAbort`, which
+//! stops its kernels), so a peer that never arrives fails the request instead of hanging it.
+
+use super::comm::Comm;
+use crate::engine::cuda::driver::{check, DrvErr};
+use crate::engine::cuda::event::Event;
+use crate::request::{Completion, RequestError};
+use cudarc::driver::sys;
+use std::any::Any;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+/// How long a wait only yields between looks at its event.
+pub(crate) const SPIN_FOR: Duration = Duration::from_millis(10);
+/// How often a spinning wait also checks the communicator's error and the deadline.
+const CHECK_EVERY: Duration = Duration::from_millis(1);
+
+struct State {
+    result: Option<Result<(), RequestError>>,
+    wakers: Vec<Waker>,
+    queued: bool,
+}
+
+/// The shared part of an NCCL request.
+pub(crate) struct Inner {
+    event: Event,
+    comm: Arc<Comm>,
+    what: String,
+    timeout: Duration,
+    deadline: Instant,
+    state: Mutex<State>,
+}
+
+impl Inner {
+    fn done(&self) -> Option<Result<(), RequestError>> {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .result
+            .clone()
+    }
+
+    fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
+        let wakers = {
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(prev) = &st.result {
+                return prev.clone();
+            }
+            st.result = Some(r.clone());
+            std::mem::take(&mut st.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+        r
+    }
+
+    fn query(&self) -> Result<bool, DrvErr> {
+        // SAFETY: a live event handle, owned by this request.
+        match unsafe { sys::cuEventQuery(self.event.raw()) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            c => Err(DrvErr::new("cuEventQuery", c)),
+        }
+    }
+
+    /// After an abort the communicator's kernels exit; the request completes only once they
+    /// have, so that its buffers are free when the error is seen.
+    fn settle_after_abort(&self, err: RequestError) -> Result<(), RequestError> {
+        let _ = self.comm.bind();
+        // SAFETY: a live event handle.
+        let _ = check("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.event.raw())
+        });
+        self.finish(Err(err))
+    }
+
+    /// One look: `Some(result)` once complete (or failed), `None` while in flight.
+    pub(crate) fn poll(&self) -> Option<Result<(), RequestError>> {
+        if let Some(r) = self.done() {
+            return Some(r);
+        }
+        match self.query() {
+            Ok(true) => return Some(self.finish(Ok(()))),
+            Ok(false) => {}
+            Err(e) => return Some(self.finish(Err(e.into()))),
+        }
+        if let Some(why) = self.comm.aborted() {
+            return Some(self.settle_after_abort(RequestError::Aborted(why)));
+        }
+        if let Err(msg) = self.comm.check_async("ncclCommGetAsyncError") {
+            let msg = msg.to_string();
+            self.comm.abort(&msg);
+            return Some(self.settle_after_abort(RequestError::Driver {
+                call: "ncclCommGetAsyncError",
+                msg,
+            }));
+        }
+        if Instant::now() >= self.deadline {
+            let what = format!("{} (communicator aborted)", self.what);
+            self.comm.abort(&format!(
+                "a request timed out after {:?}: {}",
+                self.timeout, self.what
+            ));
+            return Some(self.settle_after_abort(RequestError::Timeout {
+                what,
+                after: self.timeout,
+            }));
+        }
+        None
+    }
+
+    /// Polls until complete: for the first [`SPIN_FOR`] it only yields between looks at the
+    /// event (the communicator's error and the deadline are checked every [`CHECK_EVERY`]), so
+    /// that copies of a few milliseconds end when the GPU finishes them; then it sleeps in
+    /// short steps, so that a long wait (a slow peer) does not keep a core busy.
+    pub(crate) fn wait(&self) -> Result<(), RequestError> {
+        let start = Instant::now();
+        let mut last_check = start;
+        loop {
+            if let Some(r) = self.done() {
+                return r;
+            }
+            let now = Instant::now();
+            let spinning = now - start < SPIN_FOR;
+            if !spinning || now - last_check >= CHECK_EVERY {
+                last_check = now;
+                if let Some(r) = self.poll() {
+                    return r;
+                }
+            } else {
+                match self.query() {
+                    Ok(true) => return self.finish(Ok(())),
+                    Ok(false) => {}
+                    Err(e) => return self.finish(Err(e.into())),
+                }
+            }
+            if spinning {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+}
+
+/// The completion of one NCCL request (a send, a receive, or a group of them).
+pub struct NcclCompletion {
+    inner: Arc<Inner>,
+    waker_tx: Sender<Arc<Inner>>,
+}
+
+impl NcclCompletion {
+    pub(crate) fn new(
+        event: Event,
+        comm: Arc<Comm>,
+        what: String,
+        timeout: Duration,
+        waker_tx: Sender<Arc<Inner>>,
+    ) -> NcclCompletion {
+        NcclCompletion {
+            inner: Arc::new(Inner {
+                event,
+                comm,
+                what,
+                timeout,
+                deadline: Instant::now() + timeout,
+                state: Mutex::new(State {
+                    result: None,
+                    wakers: Vec::new(),
+                    queued: false,
+                }),
+            }),
+            waker_tx,
+        }
+    }
+}
+
+impl Completion for NcclCompletion {
+    fn wait(&self) -> Result<(), RequestError> {
+        self.inner.wait()
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        self.inner.poll()
+    }
+    fn register_waker(&self, waker: &Waker) {
+        let mut st = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if st.result.is_some() {
+            drop(st);
+            waker.wake_by_ref();
+            return;
+        }
+        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+            st.wakers.push(waker.clone());
+        }
+        if !st.queued {
+            st.queued = true;
+            drop(st);
+            if self.waker_tx.send(Arc::clone(&self.inner)).is_err() {
+                let _ = self.inner.wait();
+            }
+        }
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The event and the communicator outlive the work: a dropped request still completes
+        // (or times out) before its event goes.
+        if self.done().is_none() {
+            let _ = self.wait();
+        }
+    }
+}
+
+/// The engine's waiter thread for futures: waits requests in registration order and wakes
+/// their wakers. Ends when every sender is gone.
+pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Inner>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Arc<Inner>>();
+    std::thread::Builder::new().name(name).spawn(move || {
+        while let Ok(inner) = rx.recv() {
+            let _ = inner.wait();
+        }
+    })?;
+    Ok(tx)
+}

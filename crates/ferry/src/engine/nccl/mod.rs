@@ -1,0 +1,915 @@
+//! The NCCL engine: copies between device buffers of different ranks (processes or threads,
+//! one GPU each, on one host or across hosts) with NCCL's send/receive, as ferry requests.
+//!
+//! - [`NcclEngine`]: owns one rank of a communicator, made from an [`NcclConfig`] (device,
+//!   rank, number of ranks, the shared [`NcclId`], a timeout). Its requests are
+//!   [`Request`]s like every engine's: one CUDA event each, waited, polled or awaited.
+//! - Sends and receives: [`NcclScope::send`], [`NcclScope::recv`], and [`NcclScope::group`]
+//!   for several at once (`ncclGroupStart`/`ncclGroupEnd`: all of them progress together, so
+//!   an exchange in both directions cannot deadlock). Buffers are device memory of the
+//!   engine's GPU, borrowed for the scope, which waits for every request before it returns.
+//! - Errors: a small enum, [`NcclError`] (also [`crate::Error::Nccl`]); bad input (a peer
+//!   outside the communicator, a buffer shorter than the count, host memory) is refused
+//!   before NCCL is called. Timeouts: the communicator is created non-blocking (unless
+//!   [`NcclConfig::blocking`]) and every wait polls `ncclCommGetAsyncError`; when
+//!   [`NcclConfig::timeout`] (or [`NcclConfig::init_timeout`] while joining) passes (a peer
+//!   that never arrives, never posts the matching receive, or died) the communicator is
+//!   aborted (`ncclCommAbort`, which stops its kernels) and the request fails with
+//!   [`RequestError::Timeout`]; later submits fail with [`NcclError::Aborted`].
+//! - Without the NCCL library (or without a CUDA driver) every constructor returns an error
+//!   ([`NcclError::NoLibrary`], [`NcclError::Cuda`]); nothing panics. [`probe`] says what is
+//!   there. The library is found as `$FERRY_NCCL_LIB`, `libnccl.so.2` or `libnccl.so`
+//!   through the dynamic loader (`LD_LIBRARY_PATH`); for the `nvidia-nccl-cu13` Python wheel
+//!   that is `$(python3 -c "import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__))")/lib`.
+//!   ferry sets `NCCL_NVLS_ENABLE=0` (no NVLink multicast) when it first creates a
+//!   communicator, unless it is already set: ferry uses only point-to-point operations.
+//!   Changing the environment while other threads read it is not thread-safe in C: set the
+//!   variable before starting threads (the GPU bundle's `run.sh` does) to leave it untouched.
+//!
+//! # Setting up ranks
+//!
+//! Every rank needs the same [`NcclId`], made by rank 0. Two ways to hand it over:
+//!
+//! - **A file** every rank can read (`/tmp` on one host, a shared file system across hosts):
+//!   [`NcclId::exchange_file`] (rank 0 writes it atomically, the others wait for it). Use a
+//!   path that is new for each job.
+//! - **An environment variable**: the launcher runs rank 0's `NcclId::new()` (or any program
+//!   printing [`NcclId::to_hex`]) and passes the hex text to every rank; [`NcclId::from_env`].
+//!
+//! [`NcclConfig::from_env`] reads the whole set-up from the environment: `FERRY_NCCL_RANK`,
+//! `FERRY_NCCL_NRANKS`, optionally `FERRY_NCCL_DEVICE` (default: the rank modulo the GPUs
+//! of this host), `FERRY_NCCL_ID` (hex) or `FERRY_NCCL_ID_FILE` (a path, exchanged as above),
+//! optionally `FERRY_NCCL_TIMEOUT_S` (default 120) and `FERRY_NCCL_INIT_TIMEOUT_S` (default:
+//! the former).
+//!
+//! ```no_run
+//! use ferry::engine::nccl::{NcclConfig, NcclEngine};
+//! use ferry::cuda::DeviceBuffer;
+//! // Two processes: FERRY_NCCL_RANK=0|1 FERRY_NCCL_NRANKS=2 FERRY_NCCL_ID_FILE=/tmp/job42.id
+//! let engine = NcclEngine::new(NcclConfig::from_env()?)?;
+//! let n = 64 << 20;
+//! let peer = 1 - engine.rank();
+//! let out = DeviceBuffer::from_host(engine.ordinal(), &vec![engine.rank() as u8; n])?;
+//! let mut inbox = DeviceBuffer::new(engine.ordinal(), n)?;
+//! engine.scope(|s| {
+//!     // Both directions at once, in one group.
+//!     s.group(|g| {
+//!         g.send(&out, n, peer);
+//!         g.recv(&mut inbox, n, peer);
+//!     })?
+//!     .wait()?;
+//!     Ok::<(), Box<dyn std::error::Error>>(())
+//! })??;
+//! assert!(inbox.to_vec()?.iter().all(|&b| b == peer as u8));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod comm;
+mod event;
+pub mod id;
+mod raw;
+mod sys;
+
+pub use event::NcclCompletion;
+pub use id::NcclId;
+pub use raw::RawNccl;
+
+use crate::engine::cuda::driver;
+use crate::engine::cuda::event::Event;
+use crate::engine::cuda::{CudaError, WaitMode};
+use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
+use crate::request::{BarrierError, InFlight, Request, RequestError};
+use comm::Comm;
+use cudarc::driver::{sys as cu, CudaStream};
+use std::marker::PhantomData;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Why an NCCL engine could not be made or a send/receive could not be submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum NcclError {
+    /// The NCCL library is not there (or too old); the reason says what was tried.
+    #[error("no NCCL library: {0}")]
+    NoLibrary(String),
+    /// The CUDA side failed (no driver, no such device, a stream or event).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// The set-up is inconsistent (rank not below the number of ranks, a missing variable).
+    #[error("invalid NCCL configuration: {0}")]
+    InvalidConfig(String),
+    /// A unique id could not be parsed.
+    #[error("bad NCCL unique id: {0}")]
+    BadId(String),
+    /// Reading or writing the id file failed.
+    #[error("{path}: {msg}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The system's error.
+        msg: String,
+    },
+    /// Something did not happen in time (a peer that never arrived); the communicator, if
+    /// there was one, was aborted.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit.
+        after: Duration,
+    },
+    /// An NCCL call failed; NCCL's own error string is kept.
+    #[error("{call} failed: {msg}")]
+    Nccl {
+        /// The call.
+        call: &'static str,
+        /// NCCL's result code.
+        code: i32,
+        /// NCCL's error string (and its last error text, where it has one).
+        msg: String,
+    },
+    /// The communicator was aborted after an earlier error or timeout; make a new engine.
+    #[error("the NCCL communicator was aborted: {0}")]
+    Aborted(String),
+    /// A send or receive that cannot be right (peer outside the communicator, a buffer shorter
+    /// than the count, memory that is not on this engine's GPU).
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+impl NcclError {
+    fn nccl(call: &'static str, code: i32, comm: Option<(&sys::Lib, sys::Comm)>) -> NcclError {
+        let msg = match (comm, sys::lib()) {
+            (Some((lib, c)), _) => lib.message(code, Some(c)),
+            (None, Ok(lib)) => lib.message(code, None),
+            (None, Err(_)) => format!("NCCL error {code}"),
+        };
+        NcclError::Nccl { call, code, msg }
+    }
+}
+
+impl From<driver::DrvErr> for NcclError {
+    fn from(e: driver::DrvErr) -> Self {
+        NcclError::Cuda(e.into())
+    }
+}
+
+/// What this machine has for NCCL: the library (path and version) or why not.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NcclProbe {
+    /// The library's name as it was opened, and its version (e.g. 22703 for 2.27.3), or why
+    /// it is unusable.
+    pub library: Result<(String, i32), String>,
+}
+
+/// Looks for the NCCL library. Never panics; needs no GPU.
+pub fn probe() -> NcclProbe {
+    NcclProbe {
+        library: sys::lib().and_then(|l| {
+            l.version()
+                .map(|v| (l.path.clone(), v))
+                .map_err(|c| format!("ncclGetVersion failed: {}", l.message(c, None)))
+        }),
+    }
+}
+
+/// Settings of an [`NcclEngine`]: plain struct, `NcclConfig::new(..)` then chained setters,
+/// or [`NcclConfig::from_env`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NcclConfig {
+    /// The GPU this rank uses (an ordinal of this host).
+    pub ordinal: u32,
+    /// This rank, `0..nranks`.
+    pub rank: u32,
+    /// Ranks in the communicator.
+    pub nranks: u32,
+    /// The id shared by every rank.
+    pub id: NcclId,
+    /// How long joining the communicator may take (every rank must arrive) before it is
+    /// aborted.
+    pub init_timeout: Duration,
+    /// How long a submit or a request may take before the communicator is aborted.
+    pub timeout: Duration,
+    /// A blocking communicator (default false: non-blocking). Non-blocking, NCCL runs each
+    /// group's set-up on a thread of its own (one `pthread_create` per group) and every wait
+    /// can time out. Blocking saves that per-group cost, but joining and a first exchange
+    /// with a peer block inside NCCL until the peers arrive: only the wait for a request's
+    /// completion keeps its timeout (and aborts as before).
+    pub blocking: bool,
+}
+
+/// Default [`NcclConfig::timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl NcclConfig {
+    /// Rank `rank` of `nranks` on GPU `ordinal`, with the shared `id`; both timeouts
+    /// [`DEFAULT_TIMEOUT`].
+    pub fn new(ordinal: u32, rank: u32, nranks: u32, id: NcclId) -> NcclConfig {
+        NcclConfig {
+            ordinal,
+            rank,
+            nranks,
+            id,
+            init_timeout: DEFAULT_TIMEOUT,
+            timeout: DEFAULT_TIMEOUT,
+            blocking: false,
+        }
+    }
+    /// Sets the `blocking` field: a blocking communicator.
+    pub fn blocking(mut self, on: bool) -> NcclConfig {
+        self.blocking = on;
+        self
+    }
+    /// Sets both timeouts (joining, and each submit and request).
+    pub fn timeout(mut self, t: Duration) -> NcclConfig {
+        self.init_timeout = t;
+        self.timeout = t;
+        self
+    }
+    /// Sets the timeout of joining the communicator only.
+    pub fn init_timeout(mut self, t: Duration) -> NcclConfig {
+        self.init_timeout = t;
+        self
+    }
+    /// Sets the timeout of each submit and request only.
+    pub fn op_timeout(mut self, t: Duration) -> NcclConfig {
+        self.timeout = t;
+        self
+    }
+    /// Checks what can be checked without NCCL: at least one rank, the rank below the count,
+    /// a counts that fits NCCL's `int`, a non-zero timeout.
+    ///
+    /// ```
+    /// use ferry::engine::nccl::{NcclConfig, NcclId};
+    /// let id = NcclId::from_bytes([0; 128]);
+    /// assert!(NcclConfig::new(0, 1, 2, id).validate().is_ok());
+    /// assert!(NcclConfig::new(0, 2, 2, id).validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), NcclError> {
+        let bad = |m: String| Err(NcclError::InvalidConfig(m));
+        if self.nranks == 0 {
+            return bad("the communicator needs at least one rank".into());
+        }
+        if self.nranks > i32::MAX as u32 {
+            return bad(format!("{} ranks is more than NCCL takes", self.nranks));
+        }
+        if self.rank >= self.nranks {
+            return bad(format!(
+                "rank {} is not below the number of ranks ({})",
+                self.rank, self.nranks
+            ));
+        }
+        if self.timeout.is_zero() || self.init_timeout.is_zero() {
+            return bad("the timeouts must be above zero".into());
+        }
+        Ok(())
+    }
+
+    /// The set-up from the environment (see the [module documentation](self)):
+    /// `FERRY_NCCL_RANK`, `FERRY_NCCL_NRANKS`, `FERRY_NCCL_DEVICE`, `FERRY_NCCL_ID` or
+    /// `FERRY_NCCL_ID_FILE`, `FERRY_NCCL_TIMEOUT_S`, `FERRY_NCCL_INIT_TIMEOUT_S`. With an id file, rank 0 makes the id and
+    /// writes it, the others wait for it (up to the timeout).
+    pub fn from_env() -> Result<NcclConfig, NcclError> {
+        NcclConfig::from_lookup(&|k| std::env::var(k).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over any lookup (tests, config files).
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<NcclConfig, NcclError> {
+        let num = |k: &str| -> Result<Option<u64>, NcclError> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                    NcclError::InvalidConfig(format!("${k}={v:?} is not a whole number"))
+                }),
+            }
+        };
+        let need = |k: &str| -> Result<u64, NcclError> {
+            num(k)?.ok_or_else(|| NcclError::InvalidConfig(format!("${k} is not set")))
+        };
+        let small = |k: &str, v: u64| -> Result<u32, NcclError> {
+            u32::try_from(v).map_err(|_| NcclError::InvalidConfig(format!("${k}={v} is too large")))
+        };
+        let rank = small("FERRY_NCCL_RANK", need("FERRY_NCCL_RANK")?)?;
+        let nranks = small("FERRY_NCCL_NRANKS", need("FERRY_NCCL_NRANKS")?)?;
+        let secs = |k: &str| -> Result<Duration, NcclError> {
+            Ok(num(k)?.map_or(DEFAULT_TIMEOUT, Duration::from_secs))
+        };
+        let timeout = secs("FERRY_NCCL_TIMEOUT_S")?;
+        let init_timeout = match get("FERRY_NCCL_INIT_TIMEOUT_S") {
+            Some(_) => secs("FERRY_NCCL_INIT_TIMEOUT_S")?,
+            None => timeout,
+        };
+        let placeholder = NcclConfig::new(0, rank, nranks, NcclId::from_bytes([0; 128]));
+        placeholder.timeout(timeout).validate()?;
+        let ordinal = match num("FERRY_NCCL_DEVICE")? {
+            Some(d) => small("FERRY_NCCL_DEVICE", d)?,
+            None => {
+                let gpus = crate::engine::cuda::probe().devices.len().max(1) as u32;
+                rank % gpus
+            }
+        };
+        let id = match (get("FERRY_NCCL_ID"), get("FERRY_NCCL_ID_FILE")) {
+            (Some(hex), _) => NcclId::from_hex(&hex)
+                .map_err(|e| NcclError::BadId(format!("$FERRY_NCCL_ID: {e}")))?,
+            (None, Some(path)) => NcclId::exchange_file(path.as_ref(), rank, timeout)?,
+            (None, None) => {
+                return Err(NcclError::InvalidConfig(
+                    "set $FERRY_NCCL_ID (hex) or $FERRY_NCCL_ID_FILE (a path)".into(),
+                ))
+            }
+        };
+        Ok(NcclConfig::new(ordinal, rank, nranks, id)
+            .op_timeout(timeout)
+            .init_timeout(init_timeout))
+    }
+}
+
+/// Send or receive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum P2pKind {
+    /// `ncclSend`: the buffer is read.
+    Send,
+    /// `ncclRecv`: the buffer is written.
+    Recv,
+}
+
+/// One send or receive of `bytes` bytes from the start of `buf`, to or from rank `peer`.
+/// Plain descriptor for [`NcclEngine::submit_raw`].
+#[derive(Debug, Clone, Copy)]
+pub struct P2p {
+    /// Send or receive.
+    pub kind: P2pKind,
+    /// The buffer (device memory of the engine's GPU).
+    pub buf: RawBuf,
+    /// Bytes to move (the peer's matching call must use the same count).
+    pub bytes: usize,
+    /// The other rank (may be this rank: a send to itself needs the matching receive in the
+    /// same group).
+    pub peer: u32,
+}
+
+/// One rank of an NCCL communicator. See the [module documentation](self).
+pub struct NcclEngine {
+    cfg: NcclConfig,
+    comm: Arc<Comm>,
+    stream: Arc<CudaStream>,
+    inflight: InFlight,
+    waker_tx: Sender<Arc<event::Inner>>,
+}
+
+impl std::fmt::Debug for NcclEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclEngine")
+            .field("rank", &self.cfg.rank)
+            .field("nranks", &self.cfg.nranks)
+            .field("device", &self.cfg.ordinal)
+            .finish()
+    }
+}
+
+/// Sets `NCCL_NVLS_ENABLE=0` unless the user set it: ferry never uses NVLink multicast.
+fn no_multicast() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+        }
+    });
+}
+
+impl NcclEngine {
+    /// Joins the communicator: blocks until every rank has joined or the timeout passes.
+    /// Errors: [`NcclError::InvalidConfig`], [`NcclError::NoLibrary`], [`NcclError::Cuda`],
+    /// [`NcclError::Timeout`] (a rank never arrived; the half-made communicator is aborted),
+    /// [`NcclError::Nccl`].
+    pub fn new(cfg: NcclConfig) -> Result<NcclEngine, NcclError> {
+        cfg.validate()?;
+        no_multicast();
+        let lib = sys::lib().map_err(NcclError::NoLibrary)?;
+        let ctx = driver::context(cfg.ordinal)?;
+        driver::bind(&ctx)?;
+        let stream = ctx.new_stream().map_err(|e| CudaError::Driver {
+            call: "cuStreamCreate",
+            msg: driver::error_string(e.0),
+        })?;
+        let mut raw: sys::Comm = std::ptr::null_mut();
+        let mut conf = sys::Config::blocking(cfg.blocking);
+        // SAFETY: valid out-pointer and config; the id is 128 bytes by value; this device's
+        // context is current (NCCL takes the current device).
+        let r = unsafe {
+            (lib.comm_init_rank_config)(
+                &mut raw,
+                cfg.nranks as i32,
+                cfg.id.raw(),
+                cfg.rank as i32,
+                &mut conf,
+            )
+        };
+        if r != sys::SUCCESS && r != sys::IN_PROGRESS {
+            let e = NcclError::nccl("ncclCommInitRankConfig", r, None);
+            if !raw.is_null() {
+                // SAFETY: a communicator handle NCCL returned; freed once, here.
+                let _ = unsafe { (lib.comm_abort)(raw) };
+            }
+            return Err(e);
+        }
+        if raw.is_null() {
+            return Err(NcclError::Nccl {
+                call: "ncclCommInitRankConfig",
+                code: r,
+                msg: "returned no communicator".into(),
+            });
+        }
+        let comm = Arc::new(Comm::new(raw, lib, ctx));
+        {
+            let mut st = comm.lock();
+            comm.wait_ready_locked(
+                &mut st,
+                "ncclCommInitRankConfig",
+                &format!(
+                    "all {} ranks to join the communicator (this is rank {})",
+                    cfg.nranks, cfg.rank
+                ),
+                cfg.init_timeout,
+            )?;
+            // NCCL's view of the communicator must be the configured one.
+            let query = |f: unsafe extern "C" fn(sys::Comm, *mut i32) -> sys::NcclResult| {
+                let mut v = -1;
+                // SAFETY: a live, ready communicator (lock held); `v` a valid out-pointer.
+                let r = unsafe { f(comm.raw, &mut v) };
+                (r == sys::SUCCESS).then_some(v)
+            };
+            let seen = (
+                query(lib.comm_count),
+                query(lib.comm_user_rank),
+                query(lib.comm_cu_device),
+            );
+            let want = (
+                Some(cfg.nranks as i32),
+                Some(cfg.rank as i32),
+                Some(cfg.ordinal as i32),
+            );
+            if seen != want {
+                return Err(NcclError::InvalidConfig(format!(
+                    "NCCL reports (ranks, rank, device) = {seen:?}, configured {want:?}"
+                )));
+            }
+        }
+        let waker_tx = event::spawn_waiter(format!("ferry-nccl{}-waiter", cfg.rank))
+            .map_err(|e| CudaError::Thread(e.to_string()))?;
+        Ok(NcclEngine {
+            cfg,
+            comm,
+            stream,
+            inflight: InFlight::new(),
+            waker_tx,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &NcclConfig {
+        &self.cfg
+    }
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.cfg.rank
+    }
+    /// Ranks in the communicator.
+    pub fn nranks(&self) -> u32 {
+        self.cfg.nranks
+    }
+    /// The GPU of this rank.
+    pub fn ordinal(&self) -> u32 {
+        self.cfg.ordinal
+    }
+    /// The stream the engine's work runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// A short name (`nccl:1/2@cuda:1`).
+    pub fn name(&self) -> String {
+        format!(
+            "nccl:{}/{}@cuda:{}",
+            self.cfg.rank, self.cfg.nranks, self.cfg.ordinal
+        )
+    }
+
+    fn check(&self, op: &P2p) -> Result<(), NcclError> {
+        let bad = |m: String| Err(NcclError::InvalidArgument(m));
+        if op.peer >= self.cfg.nranks {
+            return bad(format!(
+                "peer rank {} is outside the communicator (ranks 0..{})",
+                op.peer, self.cfg.nranks
+            ));
+        }
+        if op.bytes > op.buf.len {
+            return bad(format!(
+                "{:?} of {} bytes from a buffer of {} bytes",
+                op.kind, op.bytes, op.buf.len
+            ));
+        }
+        let here = MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        };
+        if op.bytes > 0 && op.buf.kind != here {
+            return bad(format!(
+                "NCCL buffers must be device memory of GPU {} (this rank's), not {} memory",
+                self.cfg.ordinal, op.buf.kind
+            ));
+        }
+        if op.bytes > 0 && op.buf.addr == 0 {
+            return bad("null buffer address".into());
+        }
+        Ok(())
+    }
+
+    /// Submits sends and receives as one group (one request), to start after `after`: a CUDA
+    /// engine's request becomes a `cuStreamWaitEvent` (no host round trip, e.g. a copy into
+    /// the buffer that is then sent), any other request is waited here; a failed dependency
+    /// fails this request without starting it. Checks every operation first; nothing is
+    /// started when one is refused.
+    ///
+    /// Which calls block: this call waits (up to the timeout) until NCCL has enqueued the
+    /// group; the first exchange with a peer also sets up the connection to it, which needs
+    /// the peer to post its side.
+    ///
+    /// # Safety
+    /// 1. Each buffer is valid for reads (`Send`) or writes (`Recv`) of `bytes` bytes, of the
+    ///    kind it claims, until the returned request completes.
+    /// 2. Nothing else writes a sent buffer, or reads or writes a received one, until then.
+    pub unsafe fn submit_raw(&self, ops: &[P2p], after: &[&Request]) -> Result<Request, NcclError> {
+        for op in ops {
+            self.check(op)?;
+        }
+        let mut events = Vec::new();
+        for dep in after {
+            let c = dep.completion();
+            let known = match c
+                .as_any()
+                .downcast_ref::<crate::engine::cuda::CudaCompletion>()
+            {
+                Some(cc) => match cc.known() {
+                    None => {
+                        events.push(cc.event());
+                        Some(Ok(()))
+                    }
+                    k => k,
+                },
+                None => Some(c.wait()),
+            };
+            if let Some(Err(e)) = known {
+                let req = Request::ready(Err(RequestError::Dependency(Box::new(e))));
+                self.inflight.track(&req);
+                return Ok(req);
+            }
+        }
+        if ops.is_empty() {
+            return Ok(Request::ready(Ok(())));
+        }
+        let lib = self.comm.lib;
+        let mut st = self.comm.lock();
+        if let Some(why) = &*st {
+            return Err(NcclError::Aborted(why.clone()));
+        }
+        self.comm.bind()?;
+        for e in events {
+            // SAFETY: our live stream; a live event held by the dependency's request, which the
+            // caller holds until this call returns (the wait is enqueued by then).
+            driver::check("cuStreamWaitEvent", unsafe {
+                cu::cuStreamWaitEvent(self.stream.cu_stream(), e, 0)
+            })?;
+        }
+        let stream = self.stream.cu_stream() as *mut std::ffi::c_void;
+        // SAFETY: no arguments; opens a group closed below on every path.
+        let r = unsafe { (lib.group_start)() };
+        if r != sys::SUCCESS {
+            return Err(NcclError::nccl("ncclGroupStart", r, None));
+        }
+        let mut first_err = None;
+        for op in ops {
+            // SAFETY: the communicator is live (not aborted, lock held) and ours; the stream
+            // belongs to its device; each buffer holds `bytes` bytes of this device's memory
+            // (checked) and stays valid until the request completes (1, 2).
+            let (call, r) = unsafe {
+                match op.kind {
+                    P2pKind::Send => (
+                        "ncclSend",
+                        (lib.send)(
+                            op.buf.addr as *const _,
+                            op.bytes,
+                            sys::UINT8,
+                            op.peer as i32,
+                            self.comm.raw,
+                            stream,
+                        ),
+                    ),
+                    P2pKind::Recv => (
+                        "ncclRecv",
+                        (lib.recv)(
+                            op.buf.addr as *mut _,
+                            op.bytes,
+                            sys::UINT8,
+                            op.peer as i32,
+                            self.comm.raw,
+                            stream,
+                        ),
+                    ),
+                }
+            };
+            if r != sys::SUCCESS && r != sys::IN_PROGRESS && first_err.is_none() {
+                first_err = Some(NcclError::nccl(call, r, Some((lib, self.comm.raw))));
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let r = unsafe { (lib.group_end)() };
+        if let Some(e) = first_err {
+            // The group may have enqueued nothing or part; make sure nothing runs on.
+            self.comm.wait_ready_locked(
+                &mut st,
+                "ncclGroupEnd",
+                "a failed group to settle",
+                self.cfg.timeout,
+            )?;
+            // SAFETY: our live stream.
+            let _ = unsafe { cu::cuStreamSynchronize(self.stream.cu_stream()) };
+            return Err(e);
+        }
+        if r != sys::SUCCESS && r != sys::IN_PROGRESS {
+            return Err(NcclError::nccl(
+                "ncclGroupEnd",
+                r,
+                Some((lib, self.comm.raw)),
+            ));
+        }
+        let what = describe(self.cfg.rank, ops);
+        self.comm.wait_ready_locked(
+            &mut st,
+            "ncclGroupEnd",
+            &format!("NCCL to enqueue {what}"),
+            self.cfg.timeout,
+        )?;
+        let ev = Event::new(WaitMode::Spin)?;
+        // SAFETY: a live event and stream of this context.
+        if let Err(e) = driver::check("cuEventRecord", unsafe {
+            cu::cuEventRecord(ev.raw(), self.stream.cu_stream())
+        }) {
+            // SAFETY: our live stream; the work must end before the buffers are handed back.
+            let _ = unsafe { cu::cuStreamSynchronize(self.stream.cu_stream()) };
+            return Err(e.into());
+        }
+        drop(st);
+        let c = NcclCompletion::new(
+            ev,
+            Arc::clone(&self.comm),
+            what,
+            self.cfg.timeout,
+            self.waker_tx.clone(),
+        );
+        let req = Request::new(c);
+        self.inflight.track(&req);
+        Ok(req)
+    }
+
+    /// Waits for every request submitted so far; reports every failure not already seen.
+    pub fn barrier(&self) -> Result<(), BarrierError> {
+        self.inflight.barrier()
+    }
+
+    /// Runs `f` with a scope whose sends and receives borrow buffers; waits for every request
+    /// of the scope before returning (even if `f` panics) and reports unobserved failures.
+    pub fn scope<'env, T>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope NcclScope<'scope, 'env>) -> T,
+    ) -> Result<T, BarrierError> {
+        let scope = NcclScope {
+            engine: self,
+            inflight: InFlight::new(),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        struct WaitAll<'a>(&'a InFlight);
+        impl Drop for WaitAll<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.barrier();
+            }
+        }
+        let guard = WaitAll(&scope.inflight);
+        let out = f(&scope);
+        std::mem::forget(guard);
+        scope.inflight.barrier().map(|()| out)
+    }
+
+    /// Aborts the communicator now (every rank's pending work with this rank fails or times
+    /// out); later submits fail with [`NcclError::Aborted`].
+    pub fn abort(&self) {
+        self.comm.abort("aborted by the user");
+    }
+}
+
+fn describe(rank: u32, ops: &[P2p]) -> String {
+    let parts: Vec<String> = ops
+        .iter()
+        .map(|o| match o.kind {
+            P2pKind::Send => format!("send {} B {rank}->{}", o.bytes, o.peer),
+            P2pKind::Recv => format!("recv {} B {}->{rank}", o.bytes, o.peer),
+        })
+        .collect();
+    parts.join(", ")
+}
+
+impl Drop for NcclEngine {
+    fn drop(&mut self) {
+        // Requests finish (or time out) before the communicator can go; they hold it too.
+        let _ = self.inflight.barrier();
+    }
+}
+
+/// A scope of borrowed sends and receives; see [`NcclEngine::scope`].
+pub struct NcclScope<'scope, 'env: 'scope> {
+    engine: &'env NcclEngine,
+    inflight: InFlight,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+/// The operations of one group, collected by [`NcclScope::group`].
+pub struct Group<'scope> {
+    ops: Vec<P2p>,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+}
+
+impl<'scope> Group<'scope> {
+    /// Sends the first `bytes` bytes of `buf` to rank `peer`.
+    pub fn send<B: Memory + ?Sized>(&mut self, buf: &'scope B, bytes: usize, peer: u32) {
+        self.ops.push(P2p {
+            kind: P2pKind::Send,
+            buf: buf.raw(),
+            bytes,
+            peer,
+        });
+    }
+    /// Receives `bytes` bytes from rank `peer` into the start of `buf`.
+    pub fn recv<B: MemoryMut + ?Sized>(&mut self, buf: &'scope mut B, bytes: usize, peer: u32) {
+        self.ops.push(P2p {
+            kind: P2pKind::Recv,
+            buf: buf.raw_mut(),
+            bytes,
+            peer,
+        });
+    }
+}
+
+impl<'scope> NcclScope<'scope, '_> {
+    /// Submits the sends and receives `f` adds, as one NCCL group (one request).
+    pub fn group(&self, f: impl FnOnce(&mut Group<'scope>)) -> Result<Request, NcclError> {
+        self.group_after(&[], f)
+    }
+    /// As [`group`](Self::group), started only after `after` complete (see
+    /// [`NcclEngine::submit_raw`]; a CUDA engine's request is waited on the GPU, not here).
+    pub fn group_after(
+        &self,
+        after: &[&Request],
+        f: impl FnOnce(&mut Group<'scope>),
+    ) -> Result<Request, NcclError> {
+        let mut g = Group {
+            ops: Vec::new(),
+            _scope: PhantomData,
+        };
+        f(&mut g);
+        // SAFETY: every buffer is borrowed for 'scope (shared for sends, exclusive for
+        // receives), which ends only after the scope waited for every request tracked here.
+        let req = unsafe { self.engine.submit_raw(&g.ops, after)? };
+        self.inflight.track(&req);
+        Ok(req)
+    }
+    /// Sends the first `bytes` bytes of `buf` to rank `peer`.
+    pub fn send<B: Memory + ?Sized>(
+        &self,
+        buf: &'scope B,
+        bytes: usize,
+        peer: u32,
+    ) -> Result<Request, NcclError> {
+        self.group(|g| g.send(buf, bytes, peer))
+    }
+    /// Receives `bytes` bytes from rank `peer` into the start of `buf`.
+    pub fn recv<B: MemoryMut + ?Sized>(
+        &self,
+        buf: &'scope mut B,
+        bytes: usize,
+        peer: u32,
+    ) -> Result<Request, NcclError> {
+        self.group(|g| g.recv(buf, bytes, peer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn config_validation() {
+        let id = NcclId::from_bytes([1; 128]);
+        assert!(NcclConfig::new(0, 0, 1, id).validate().is_ok());
+        let e = NcclConfig::new(0, 3, 2, id).validate().unwrap_err();
+        assert!(e.to_string().contains("rank 3"), "{e}");
+        assert!(NcclConfig::new(0, 0, 0, id).validate().is_err());
+        assert!(NcclConfig::new(0, 0, 1, id)
+            .timeout(Duration::ZERO)
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn config_from_lookup() {
+        let hex = NcclId::from_bytes([9; 128]).to_hex();
+        let c = NcclConfig::from_lookup(&lookup(&[
+            ("FERRY_NCCL_RANK", "1"),
+            ("FERRY_NCCL_NRANKS", "4"),
+            ("FERRY_NCCL_DEVICE", "3"),
+            ("FERRY_NCCL_ID", &hex),
+            ("FERRY_NCCL_TIMEOUT_S", "7"),
+        ]))
+        .unwrap();
+        assert_eq!((c.rank, c.nranks, c.ordinal), (1, 4, 3));
+        assert_eq!(c.id, NcclId::from_bytes([9; 128]));
+        assert_eq!(c.timeout, Duration::from_secs(7));
+        assert_eq!(c.init_timeout, Duration::from_secs(7));
+        let c = NcclConfig::from_lookup(&lookup(&[
+            ("FERRY_NCCL_RANK", "0"),
+            ("FERRY_NCCL_NRANKS", "1"),
+            ("FERRY_NCCL_DEVICE", "0"),
+            ("FERRY_NCCL_ID", &hex),
+            ("FERRY_NCCL_INIT_TIMEOUT_S", "300"),
+        ]))
+        .unwrap();
+        assert_eq!(c.init_timeout, Duration::from_secs(300));
+        assert_eq!(c.timeout, DEFAULT_TIMEOUT);
+
+        let err = |pairs: &[(&str, &str)]| {
+            NcclConfig::from_lookup(&lookup(pairs))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(&[("FERRY_NCCL_NRANKS", "2")]).contains("FERRY_NCCL_RANK"));
+        assert!(err(&[("FERRY_NCCL_RANK", "x"), ("FERRY_NCCL_NRANKS", "2")])
+            .contains("not a whole number"));
+        assert!(err(&[("FERRY_NCCL_RANK", "2"), ("FERRY_NCCL_NRANKS", "2")]).contains("rank 2"));
+        assert!(err(&[
+            ("FERRY_NCCL_RANK", "0"),
+            ("FERRY_NCCL_NRANKS", "2"),
+            ("FERRY_NCCL_DEVICE", "0")
+        ])
+        .contains("FERRY_NCCL_ID_FILE"));
+        assert!(err(&[
+            ("FERRY_NCCL_RANK", "0"),
+            ("FERRY_NCCL_NRANKS", "2"),
+            ("FERRY_NCCL_DEVICE", "0"),
+            ("FERRY_NCCL_ID", "abc")
+        ])
+        .contains("$FERRY_NCCL_ID"));
+    }
+
+    #[test]
+    fn describe_names_every_operation() {
+        let b = RawBuf {
+            addr: 1,
+            len: 8,
+            kind: MemKind::Device { ordinal: 0 },
+        };
+        let ops = [
+            P2p {
+                kind: P2pKind::Send,
+                buf: b,
+                bytes: 8,
+                peer: 1,
+            },
+            P2p {
+                kind: P2pKind::Recv,
+                buf: b,
+                bytes: 4,
+                peer: 1,
+            },
+        ];
+        assert_eq!(describe(0, &ops), "send 8 B 0->1, recv 4 B 1->0");
+    }
+
+    #[test]
+    fn probe_never_panics() {
+        // With or without the library: either a version or a reason.
+        match probe().library {
+            Ok((path, v)) => assert!(!path.is_empty() && v > 0),
+            Err(why) => assert!(!why.is_empty()),
+        }
+    }
+}
