@@ -3,8 +3,9 @@
 //! (threads, file descriptors, heap allocations) over many engine lifetimes.
 //!
 //! The CUDA engine's faults (device out of memory, also in the middle of a staged copy; staging
-//! threads panicking; custom operators in a CUDA batch) are in `cuda_faults.rs`. Not covered:
-//! a file read error mid-load, a driver error on one stream.
+//! threads panicking; custom operators in a CUDA batch) are in `cuda_faults.rs`; the file
+//! engine's (read/write errors mid-load, a file shrinking during a load, a panicking reader) in
+//! `file_io.rs`. Not covered: a driver error on one stream.
 
 use ferry::{
     CpuConfig, CpuEngine, Engine, EngineExt, Job, Layout, MultiplexEngine, Op, OpError, Operator,
