@@ -284,52 +284,88 @@ fn sm_copier_kernels_directly() {
     assert!(r.is_err(), "pageable source accepted: {r:?}");
 }
 
-/// Prints, per run length, a square transpose device -> device on the SMs and on the copy
-/// engines (median of 5 after a warm-up; once if a call takes over 1 s), for choosing `strided::AUTO_MAX_RUN`; checks the
-/// bytes of each.
+/// GB/s of one `src` -> `dst` copy by engine `e` (median of 5 after a warm-up; once if a call
+/// takes over 1 s: the copy engines on 1-byte runs); checks the destination's bytes.
+#[allow(clippy::too_many_arguments)]
+fn copy_gbps(
+    e: &CudaEngine,
+    dk: Kind,
+    sk: Kind,
+    dl: &Layout,
+    dn: usize,
+    sl: &Layout,
+    sn: usize,
+    seed: u64,
+) -> f64 {
+    let src_h = bytes(sn, seed);
+    let src = Buf::new(sk, &src_h);
+    let want = reference_copy(&vec![0u8; dn], dl, &src_h, sl);
+    let mut dst = Buf::new(dk, &vec![0u8; dn]);
+    let mut times = vec![];
+    for i in 0..6 {
+        let t = Instant::now();
+        e.scope(|s| {
+            s.copy(&mut dst, dl, &src, sl)?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap()
+        .unwrap();
+        let took = t.elapsed().as_secs_f64();
+        if i > 0 || took > 1.0 {
+            times.push(took);
+        }
+        if took > 1.0 {
+            break;
+        }
+    }
+    assert!(
+        dst.to_vec() == want,
+        "{dk:?} <- {sk:?}, seed {seed}: wrong bytes"
+    );
+    times.sort_by(f64::total_cmp);
+    dl.size_bytes() as f64 / times[times.len() / 2] / 1e9
+}
+
+/// Prints, per run length, the SM and copy-engine rates of square transposes (device ->
+/// device, and pinned host -> device) and of 2-D tiles (rows of the run length out of a pitch
+/// twice as wide, 16 MiB, device -> device, pinned -> device, device -> pinned): for choosing
+/// `strided::AUTO_MAX_RUN`. Checks the bytes of each.
 #[test]
 fn transpose_timings_by_run_length() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
         return;
     };
-    for elem in [1usize, 2, 4, 8, 16, 32, 64, 128, 256] {
-        // About 16 MiB, square.
-        let side = (((16usize << 20) / elem) as f64).sqrt() as usize;
-        let (dl, dn, sl, sn) = transpose(side, side, elem);
-        let src_h = bytes(sn, elem as u64);
-        let src = DeviceBuffer::from_host(0, &src_h).unwrap();
-        let want = reference_copy(&vec![0u8; dn], &dl, &src_h, &sl);
-        let mut line = format!("transpose {side}x{side} of {elem}-byte elements:");
-        for (name, e) in [("SM", &sm), ("copy engines", &ce)] {
-            let mut dst = DeviceBuffer::zeroed(0, dn).unwrap();
-            let mut times = vec![];
-            for i in 0..6 {
-                let t = Instant::now();
-                e.scope(|s| {
-                    s.copy(&mut dst, &dl, &src, &sl)?
-                        .wait()
-                        .map_err(ferry::Error::from)
-                })
-                .unwrap()
-                .unwrap();
-                let took = t.elapsed().as_secs_f64();
-                // A slow path (the copy engines on 1-byte runs) is timed once, warm-up included.
-                if i > 0 || took > 1.0 {
-                    times.push(took);
-                }
-                if took > 1.0 {
-                    break;
-                }
-            }
-            assert!(
-                dst.to_vec().unwrap() == want,
-                "{name} elem {elem}: wrong bytes"
-            );
-            times.sort_by(f64::total_cmp);
-            let med = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
-            line += &format!(" {name} {:.1} GB/s", dn as f64 / med / 1e9);
+    let pair = |what: String, dk, sk, dl: &Layout, dn, sl: &Layout, sn, seed| {
+        let a = copy_gbps(&sm, dk, sk, dl, dn, sl, sn, seed);
+        let b = copy_gbps(&ce, dk, sk, dl, dn, sl, sn, seed);
+        println!("{what}: SM {a:.1} GB/s copy engines {b:.1} GB/s");
+    };
+    for (dk, sk) in [(Kind::Device, Kind::Device), (Kind::Device, Kind::Pinned)] {
+        for elem in [1usize, 2, 4, 8, 16, 32, 64, 128, 256] {
+            // About 16 MiB, square.
+            let side = (((16usize << 20) / elem) as f64).sqrt() as usize;
+            let (dl, dn, sl, sn) = transpose(side, side, elem);
+            let what = format!("transpose {side}x{side} of {elem}-byte elements {dk:?} <- {sk:?}");
+            pair(what, dk, sk, &dl, dn, &sl, sn, elem as u64);
         }
-        println!("{line}");
+    }
+    for (dk, sk) in [
+        (Kind::Device, Kind::Device),
+        (Kind::Device, Kind::Pinned),
+        (Kind::Pinned, Kind::Device),
+    ] {
+        for run in [4usize, 16, 64, 256, 1024, 4096] {
+            let rows = (16usize << 20) / run;
+            let sl = Layout::pitched(&[rows, run], 1, 2 * run).unwrap();
+            let dl = Layout::contiguous(&[rows, run], 1).unwrap();
+            let what = format!(
+                "tile {rows} rows of {run} B (pitch {}) {dk:?} <- {sk:?}",
+                2 * run
+            );
+            let (dn, sn) = (dl.size_bytes(), rows * 2 * run);
+            pair(what, dk, sk, &dl, dn, &sl, sn, run as u64);
+        }
     }
 }
 

@@ -2,6 +2,11 @@
 //! timed and SM-kernel baselines: the copies land whole, the figures are plausible, the latch
 //! holds the stream until released, and the watchdog turns a hang into an error. Prints
 //! `skipped: no CUDA driver` without a GPU.
+//!
+//! The tests run one at a time: a closed latch holds its stream, and any driver call of another
+//! thread that waits for the whole context (a module load, an implicitly synchronizing free)
+//! would wait for it too, and hold up that test's own timed section (H200 run 18: two tests
+//! ran into the watchdog while the watchdog test held its latch for 10 s).
 
 mod cuda_common;
 use cuda_common::*;
@@ -9,11 +14,22 @@ use ferry::cuda::{
     DeviceBuffer, Direction, MappedBuffer, PinnedBuffer, RawCopier, StreamTimer, LATCH_TIMEOUT,
 };
 use ferry::EngineExt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// The CUDA engine (or `None`: skipped) with this binary's test lock held.
+fn serial_engine() -> Option<(MutexGuard<'static, ()>, ferry::cuda::CudaEngine)> {
+    let g = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    cuda_or_skip().map(|e| (g, e))
+}
 
 #[test]
 fn ferry_copies_timed_by_events() {
-    let Some(e) = cuda_or_skip() else { return };
+    let Some((_serial, e)) = serial_engine() else {
+        return;
+    };
     let timer = StreamTimer::new(0).unwrap();
     let n = 64 << 20;
     let data = bytes(n, 5);
@@ -52,9 +68,9 @@ fn ferry_copies_timed_by_events() {
 
 #[test]
 fn latch_holds_the_stream_until_released() {
-    if cuda_or_skip().is_none() {
+    let Some((_serial, _)) = serial_engine() else {
         return;
-    }
+    };
     let timer = StreamTimer::new(0).unwrap();
     let raw = RawCopier::new(0).unwrap();
     let n = 1 << 20;
@@ -85,11 +101,15 @@ fn latch_holds_the_stream_until_released() {
 
 #[test]
 fn raw_kernel_copy_through_mapped_memory() {
-    if cuda_or_skip().is_none() {
+    let Some((_serial, _)) = serial_engine() else {
         return;
-    }
+    };
     let timer = StreamTimer::new(0).unwrap();
     let raw = RawCopier::new(0).unwrap();
+    // The first SM copy compiles and loads the kernel: not inside a timed section.
+    let mut warm = DeviceBuffer::zeroed(0, 1).unwrap();
+    raw.kernel_copy(&mut warm, &DeviceBuffer::zeroed(0, 1).unwrap(), 1, 1)
+        .unwrap();
     for n in [1usize, 4097, (16 << 20) + 5] {
         let data = bytes(n, n as u64);
         let mut mapped = MappedBuffer::new(n).unwrap();
@@ -108,7 +128,9 @@ fn raw_kernel_copy_through_mapped_memory() {
 
 #[test]
 fn watchdog_turns_a_hang_into_an_error() {
-    let Some(e) = cuda_or_skip() else { return };
+    let Some((_serial, e)) = serial_engine() else {
+        return;
+    };
     let timer = StreamTimer::new(0).unwrap();
     let stream = e.stream(Direction::DeviceToDevice).clone();
     let t0 = Instant::now();
@@ -128,7 +150,9 @@ fn watchdog_turns_a_hang_into_an_error() {
 
 #[test]
 fn both_directions_behind_one_latch() {
-    let Some(e) = cuda_or_skip() else { return };
+    let Some((_serial, e)) = serial_engine() else {
+        return;
+    };
     let timer = StreamTimer::new(0).unwrap();
     let n = 32 << 20;
     let (up, down) = (bytes(n, 21), bytes(n, 22));

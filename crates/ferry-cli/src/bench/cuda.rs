@@ -46,13 +46,6 @@ pub static TESTS: &[TestInfo] = &[
     gpu("cuda-h2d-pageable", "host (pageable) -> device, ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-d2h-pageable", "device -> host (pageable), ferry's pageable path, vs the driver's own pageable copy", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-d2d", "device -> device on one GPU, vs raw cuMemcpyDtoDAsync", Kind::Bandwidth, "1M,16M,256M"),
-    TestInfo::new(
-        "cuda-peer",
-        "device 0 -> device 1 (peer copy), vs raw cuMemcpyDtoDAsync between the two",
-        Needs::Cuda2,
-        Kind::Bandwidth,
-        "1M,16M,256M",
-    ),
     gpu("cuda-bidir", "host -> device and device -> host at once (pinned), payload both ways", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-tile", "2-D tile (4 KiB rows of a pinned matrix twice as wide) -> device, vs raw cuMemcpy2DAsync and a contiguous copy of the same bytes", Kind::Bandwidth, "1M,16M,256M"),
     gpu("cuda-h2d-mapped", "host (mapped, zero-copy) -> device read by the SMs (KernelCopies::Always), vs a plain SM kernel launch and cuMemcpyAsync on the copy engine", Kind::Bandwidth, "64K,1M,16M,256M"),
@@ -160,8 +153,7 @@ impl CudaBench {
             "cuda-d2h-pinned" => self.d2h(&ctx, size, true)?,
             "cuda-h2d-pageable" => self.h2d(&ctx, size, false)?,
             "cuda-d2h-pageable" => self.d2h(&ctx, size, false)?,
-            "cuda-d2d" => self.d2d(&ctx, size, 0)?,
-            "cuda-peer" => self.d2d(&ctx, size, 1)?,
+            "cuda-d2d" => self.d2d(&ctx, size)?,
             "cuda-bidir" => self.bidir(&ctx, size)?,
             "cuda-tile" => self.tile(&ctx, size)?,
             "cuda-h2d-mapped" => self.h2d_mapped(&ctx, size)?,
@@ -178,8 +170,8 @@ impl CudaBench {
                 })
             }
         };
-        let host_link = !matches!(test.name, "cuda-d2d" | "cuda-peer" | "cuda-transpose")
-            && test.kind == Kind::Bandwidth;
+        let host_link =
+            !matches!(test.name, "cuda-d2d" | "cuda-transpose") && test.kind == Kind::Bandwidth;
         if let (true, Some(limit), Some(f)) =
             (host_link, self.link_gbps, row.ferry().map(|s| s.median))
         {
@@ -385,24 +377,19 @@ impl CudaBench {
     }
 
     /// Device 0 -> device `to` (0: on one GPU; 1: a peer copy).
-    fn d2d(&self, ctx: &Ctx, size: usize, to: u32) -> Result<Row, BenchError> {
+    fn d2d(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let batch = batch(size);
         let data = pattern_bytes(size);
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
-        let mut devs = dev_bufs(batch, size, to)?;
+        let mut devs = dev_bufs(batch, size, 0)?;
         let dir = Direction::DeviceToDevice;
         let series = self.h2d_series(ctx, &mut devs, &src, &data, dir, true)?;
-        let shape = if to == 0 {
-            "device -> device".to_string()
-        } else {
-            format!("device 0 -> device {to}")
-        };
         Ok(Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             (size * batch) as u64,
-            shape,
+            "device -> device".to_string(),
             series,
         ))
     }

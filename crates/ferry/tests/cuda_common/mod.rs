@@ -297,9 +297,13 @@ pub fn settled_threads(ferry_target: usize, secs: u64) -> (usize, usize) {
 /// dropped: the driver grows some per-context resources on first use and keeps them for the
 /// context's lifetime (the local-memory pool of kernel launches, the gather kernel's module,
 /// event and stream pools, internal staging of pageable copies). `cuMemGetInfo` also counts in
-/// 2 MiB pages. A leak of per-request device memory grows with the number of requests (each
-/// case allocates up to tens of MiB) and exceeds this after a few operations.
-pub const DEVICE_SLACK: usize = 64 << 20;
+/// 2 MiB pages. On the H200 (run 18) such driver memory came to 68-84 MiB after the stress and
+/// custom-operator tests, with ferry's own allocation counters back at exactly zero (the
+/// `fault-injection` check), and was given back later in the process. A leak of per-request
+/// device memory grows with the number of requests (each case allocates up to tens of MiB,
+/// thousands of requests) and exceeds this after a few operations; ferry's own allocations are
+/// compared exactly by the counters.
+pub const DEVICE_SLACK: usize = 256 << 20;
 
 /// Driver allocations ferry holds open: (page-locked host, device), counted by the library
 /// with the `fault-injection` feature (`ferry::fault::live`); `None` without it.

@@ -3,7 +3,7 @@
 //! or beside their single user.
 
 use super::CudaError;
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, DriverError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// A failed driver call: which call, and the driver's own error name and string.
@@ -139,6 +139,22 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
     })?;
     ctxs[ordinal as usize] = Some(Arc::clone(&c));
     Ok(c)
+}
+
+/// Kernel `name` of `module`, loaded onto the device now. Under lazy module loading (the
+/// driver's default since CUDA 12.2) a kernel is otherwise loaded at its first launch, and that
+/// load may wait for the whole context to go idle: behind a stream held by a
+/// [`super::StreamTimer`] latch it waited until the watchdog opened it (H200 run 18), and in
+/// general it stalls the first copy behind unrelated work. `cuFuncLoad` (driver 12.4 and later;
+/// older drivers load at first launch as before) loads it here instead.
+pub(crate) fn kernel(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, DriverError> {
+    let f = module.load_function(name)?;
+    if driver().is_ok_and(|v| v >= 12040) {
+        // SAFETY: a live function handle of a live module; the driver exports `cuFuncLoad`
+        // from 12.4 on (checked above, so the dynamic loader finds it).
+        unsafe { sys::cuFuncLoad(f.cu_function()) }.result()?;
+    }
+    Ok(f)
 }
 
 /// Makes `ctx` current on this thread.

@@ -282,9 +282,7 @@ impl Gatherer {
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SRC, opts)
             .map_err(|e| GatherError::Compile(format!("{e:?}")))?;
         let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-        let k = module
-            .load_function("ferry_gather")
-            .map_err(drv("cuModuleGetFunction"))?;
+        let k = super::driver::kernel(&module, "ferry_gather").map_err(drv("cuFuncLoad"))?;
         *f = Some(k.clone());
         Ok(k)
     }

@@ -178,7 +178,9 @@ impl RawCopier {
     /// `reps` copies of the first `bytes` bytes of `src` into `dst` by a plain kernel launch
     /// each (the SM copy kernel of [`super::strided`], one launch per copy, no engine around
     /// it), then one synchronize: the SM baseline for zero-copy (mapped) memory, as
-    /// nvbandwidth's SM copies. Both buffers must be device-accessible (not pageable).
+    /// nvbandwidth's SM copies. Both buffers must be device-accessible (not pageable). The
+    /// first call of a copier compiles (NVRTC) and loads the kernel; make it before a
+    /// [`RawCopier::timed`] section, as loading a module may wait for the context's streams.
     pub fn kernel_copy<D, S>(
         &self,
         dst: &mut D,

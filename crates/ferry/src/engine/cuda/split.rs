@@ -102,9 +102,7 @@ impl SmCopy {
             }
         })?;
         let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-        let k = module
-            .load_function("ferry_sm_copy")
-            .map_err(drv("cuModuleGetFunction"))?;
+        let k = super::driver::kernel(&module, "ferry_sm_copy").map_err(drv("cuFuncLoad"))?;
         *f = Some(k.clone());
         Ok(k)
     }

@@ -156,7 +156,10 @@ impl StreamTimer {
     /// the stream to progress would wait forever, since the latch opens only after it
     /// returns (the watchdog opens it after [`LATCH_TIMEOUT`], and `seconds` then fails).
     /// Pageable-memory copies are such calls (the driver may wait for the stream while it
-    /// stages them), and so is ferry's staged pageable path (its own threads).
+    /// stages them), and so is ferry's staged pageable path (its own threads). Calls that wait
+    /// for the whole context (loading a module, e.g. the first SM copy of an engine; freeing
+    /// memory) wait for the latch as well, from any thread of the process: make those before,
+    /// and time from one thread at a time.
     ///
     /// Errors (outer): the stream wait or an event record failed (nothing is left blocked).
     pub fn time<T>(
