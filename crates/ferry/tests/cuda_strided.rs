@@ -3,7 +3,7 @@
 //! mode (`KernelCopies::Auto`, `Always`, `Never`), and the kernels called directly; every
 //! destination byte is checked against the CPU engine's result. The last two tests print SM and
 //! copy-engine timings of transposes by run length and by run count, for setting
-//! `strided::AUTO_MAX_RUN` and `strided::AUTO_MIN_RUNS`.
+//! `strided::AUTO_MAX_RUN`, `AUTO_MIN_RUNS`, `AUTO_MAX_RUN_CALLS` and `AUTO_MIN_CALLS`.
 //! Prints `skipped: no CUDA driver` without a GPU.
 
 mod cuda_common;
@@ -330,7 +330,7 @@ fn copy_gbps(
 /// Prints, per run length, the SM and copy-engine rates of square transposes (device ->
 /// device, and pinned host -> device) and of 2-D tiles (rows of the run length out of a pitch
 /// twice as wide, 16 MiB, device -> device, pinned -> device, device -> pinned): for choosing
-/// `strided::AUTO_MAX_RUN`. Checks the bytes of each.
+/// `strided::AUTO_MAX_RUN` and `AUTO_MAX_RUN_CALLS`. Checks the bytes of each.
 #[test]
 fn transpose_timings_by_run_length() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
@@ -371,7 +371,8 @@ fn transpose_timings_by_run_length() {
 
 /// Prints, for small square transposes of f32 (64 to 65,536 runs), the submit+wait time on the
 /// SMs and on the copy engines (median of 21 after a warm-up), for choosing
-/// `strided::AUTO_MIN_RUNS`; checks the bytes of each.
+/// `strided::AUTO_MIN_CALLS` (an n x n transpose is n driver calls on the copy engines); checks
+/// the bytes of each.
 #[test]
 fn small_transpose_timings_by_run_count() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {

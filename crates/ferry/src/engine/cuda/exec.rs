@@ -170,6 +170,55 @@ pub(crate) unsafe fn copy_plan(
     }
 }
 
+/// How many copy calls [`copy_plan`] makes for `plan` between two buffers of one device (where
+/// the driver takes every 2-D and 3-D shape offered): what the copy engines cost next to one
+/// kernel launch ([`super::strided::KernelCopies::Auto`] weighs it).
+pub(crate) fn driver_calls(plan: &Plan) -> usize {
+    let (w, c, ds, ss) = (
+        plan.run(),
+        plan.counts(),
+        plan.dst_strides(),
+        plan.src_strides(),
+    );
+    let calls2d = |h: usize, dp: usize, sp: usize| if one_2d_call(w, h, dp, sp) { 1 } else { h };
+    let calls3d = |c: [usize; 2], ds: [usize; 2], ss: [usize; 2]| {
+        if one_3d_call(w, c, ds, ss) {
+            1
+        } else {
+            c[0] * calls2d(c[1], ds[1], ss[1])
+        }
+    };
+    match plan.kind() {
+        PlanKind::Contiguous => 1,
+        PlanKind::Pitched2D => calls2d(c[0], ds[0], ss[0]),
+        PlanKind::Pitched3D => calls3d([c[0], c[1]], [ds[0], ds[1]], [ss[0], ss[1]]),
+        PlanKind::Segments => {
+            let n = c.len();
+            let outer: usize = c[..n - 2].iter().product();
+            outer
+                * calls3d(
+                    [c[n - 2], c[n - 1]],
+                    [ds[n - 2], ds[n - 1]],
+                    [ss[n - 2], ss[n - 1]],
+                )
+        }
+    }
+}
+
+/// Whether `h` rows of `w` bytes at pitches `dp`, `sp` are one `cuMemcpy2DAsync`.
+fn one_2d_call(w: usize, h: usize, dp: usize, sp: usize) -> bool {
+    h > 1 && dp >= w && sp >= w
+}
+
+/// Whether `c[0]` planes of `c[1]` rows of `w` bytes are one `cuMemcpy3DAsync`: each plane
+/// stride a whole number of row pitches (pitches at least the row, planes at least `c[1]`
+/// rows).
+fn one_3d_call(w: usize, c: [usize; 2], ds: [usize; 2], ss: [usize; 2]) -> bool {
+    let fits =
+        |st: [usize; 2]| st[1] >= w && st[1] > 0 && st[0] % st[1] == 0 && st[0] / st[1] >= c[1];
+    c[0] > 1 && fits(ds) && fits(ss)
+}
+
 /// Calls `f` with every index of an odometer over `counts` (once with `[]` if empty).
 fn for_each_index(counts: &[usize], mut f: impl FnMut(&[usize])) {
     let mut idx = vec![0usize; counts.len()];
@@ -270,7 +319,7 @@ unsafe fn copy2d(
         Ok(())
     };
     let peer = matches!((d.ordinal(), s.ordinal()), (Some(a), Some(b)) if a != b);
-    if h == 1 || dp < w || sp < w || peer {
+    if !one_2d_call(w, h, dp, sp) || peer {
         return rows(stream);
     }
     let m = sys::CUDA_MEMCPY2D {
@@ -332,10 +381,8 @@ unsafe fn copy3d(
         }
         Ok(())
     };
-    let fits =
-        |st: [usize; 2]| st[1] >= w && st[1] > 0 && st[0] % st[1] == 0 && st[0] / st[1] >= c[1];
     let peer = matches!((d.ordinal(), s.ordinal()), (Some(a), Some(b)) if a != b);
-    if c[0] == 1 || !fits(ds) || !fits(ss) || peer {
+    if !one_3d_call(w, c, ds, ss) || peer {
         return planes(stream);
     }
     let m = sys::CUDA_MEMCPY3D {

@@ -34,21 +34,34 @@ use thiserror::Error;
 pub const TILE_MAX_RUN: usize = 32;
 
 /// [`KernelCopies::Auto`] moves a strided plan on the SMs when its runs are at most this many
-/// bytes (and there are at least [`AUTO_MIN_RUNS`] of them).
+/// bytes and there are at least [`AUTO_MIN_RUNS`] of them, even where the copy engines take the
+/// plan in one 2-D or 3-D call.
 ///
-/// Measured on the H200 (run 18, `cuda_strided`'s `transpose_timings_by_run_length`,
-/// device-to-device transposes of 16 MiB): the kernels beat `cuMemcpy2DAsync`/`cuMemcpy3DAsync`
-/// on the copy engines at every run length tried, from 1 byte (91.8 vs 0.4 GB/s) to 256 bytes
-/// (260.3 vs 15.2 GB/s). Longer runs were not measured and stay on the copy engines, which
-/// leave the SMs to the user's kernels.
-pub const AUTO_MAX_RUN: usize = 256;
+/// Measured on the H200 (run 19, `cuda_strided`'s `transpose_timings_by_run_length`: 2-D tiles
+/// of 16 MiB, rows out of a pitch twice as wide, SM vs one `cuMemcpy2DAsync`): at 4-byte rows
+/// the kernel moved 220.5 vs 25.9 GB/s device to device, 15.8 vs 1.6 pinned to device, 42.1 vs
+/// 3.1 device to pinned; at 16-byte rows 232.1 vs 85.8, 20.2 vs 9.7, 40.2 vs 11.5. From 64-byte
+/// rows on the copy engines were as fast or faster with host memory (64 B: 31.8 vs 23.7 GB/s
+/// pinned to device) and they leave the SMs to the user's kernels.
+pub const AUTO_MAX_RUN: usize = 16;
 
-/// [`KernelCopies::Auto`] leaves plans of fewer runs than this on the copy engines. Measured on
-/// the H200 (run 18, `cuda_strided`'s `small_transpose_timings_by_run_count`): an f32 transpose
-/// of 64 runs took 31.6 us on the SMs and 72.1 us on the copy engines, the smallest tried; the
-/// SM time is one launch at every count tried (30-32 us, host-timed), the copy engines' grows
-/// with the runs.
-pub const AUTO_MIN_RUNS: usize = 64;
+/// [`KernelCopies::Auto`] leaves one-call plans of fewer runs than this on the copy engines.
+/// A kernel launch costs a few microseconds more than one copy call (run 19: an 8x8 f32
+/// transpose on the SMs took 30.6 us submit+wait with blocking waits), which the copy engines'
+/// per-row cost at short rows (0.15 ns device to device, 2.5 ns pinned to device at 4 bytes,
+/// from the rates above) makes up only after thousands of rows.
+pub const AUTO_MIN_RUNS: usize = 4096;
+
+/// [`KernelCopies::Auto`] also moves on the SMs plans of runs up to this many bytes that the
+/// copy engines would need at least [`AUTO_MIN_CALLS`] driver calls for (transposes: one 2-D
+/// call per column). Run 19, square transposes of 16 MiB: with 256-byte elements the kernels
+/// moved 234.3 vs 11.5 GB/s device to device and 27.8 vs 9.3 pinned to device; they were ahead
+/// at every element size from 1 to 256 bytes.
+pub const AUTO_MAX_RUN_CALLS: usize = 256;
+
+/// See [`AUTO_MAX_RUN_CALLS`]. Run 19: an 8x8 f32 transpose (8 driver calls) took 86.1 us on
+/// the copy engines and 30.6 us on the SMs.
+pub const AUTO_MIN_CALLS: usize = 4;
 
 /// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
 /// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
@@ -56,9 +69,10 @@ pub const AUTO_MIN_RUNS: usize = 64;
 /// engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KernelCopies {
-    /// Strided plans with short runs (at most [`AUTO_MAX_RUN`] bytes, at least
-    /// [`AUTO_MIN_RUNS`] runs: transposes of small elements) on the SMs; everything else on the
-    /// copy engines.
+    /// Strided plans with short runs on the SMs (runs of at most [`AUTO_MAX_RUN`] bytes, at
+    /// least [`AUTO_MIN_RUNS`] of them; or runs of at most [`AUTO_MAX_RUN_CALLS`] bytes that
+    /// the copy engines would need [`AUTO_MIN_CALLS`] or more calls for, as transposes);
+    /// everything else on the copy engines.
     #[default]
     Auto,
     /// Everything on the copy engines (as before the SM path existed).
@@ -76,9 +90,11 @@ impl KernelCopies {
             KernelCopies::Never => false,
             KernelCopies::Always => true,
             KernelCopies::Auto => {
+                let run = plan.run();
                 !plan.counts().is_empty()
-                    && plan.run() <= AUTO_MAX_RUN
-                    && plan.run_count() >= AUTO_MIN_RUNS
+                    && ((run <= AUTO_MAX_RUN && plan.run_count() >= AUTO_MIN_RUNS)
+                        || (run <= AUTO_MAX_RUN_CALLS
+                            && super::exec::driver_calls(plan) >= AUTO_MIN_CALLS))
             }
         }
     }
@@ -548,13 +564,26 @@ mod tests {
         let tr = Plan::new(&m, &m.transpose(0, 1).unwrap()).unwrap();
         assert!(KernelCopies::Auto.takes(&tr));
         assert!(KernelCopies::Always.takes(&tr) && !KernelCopies::Never.takes(&tr));
-        let small = Layout::contiguous(&[4, 4], 4).unwrap();
+        // Two columns: two driver calls.
+        let small = Layout::contiguous(&[2, 2], 4).unwrap();
         let tr_small = Plan::new(&small, &small.transpose(0, 1).unwrap()).unwrap();
-        assert!(tr_small.run_count() < AUTO_MIN_RUNS);
         assert!(
             !KernelCopies::Auto.takes(&tr_small),
-            "fewer runs than AUTO_MIN_RUNS"
+            "fewer calls than AUTO_MIN_CALLS"
         );
+        // A transpose of 256-byte elements: many calls.
+        let wide = Layout::contiguous(&[8, 8], 256).unwrap();
+        let tr_wide = Plan::new(&wide, &wide.transpose(0, 1).unwrap()).unwrap();
+        assert!(KernelCopies::Auto.takes(&tr_wide));
+        // Tiles (one 2-D call): short rows only when there are many.
+        let tile = |rows: usize, run: usize| {
+            let src = Layout::pitched(&[rows, run], 1, 2 * run).unwrap();
+            let dst = Layout::contiguous(&[rows, run], 1).unwrap();
+            Plan::new(&dst, &src).unwrap()
+        };
+        assert!(KernelCopies::Auto.takes(&tile(AUTO_MIN_RUNS, 4)));
+        assert!(!KernelCopies::Auto.takes(&tile(AUTO_MIN_RUNS - 1, 4)));
+        assert!(!KernelCopies::Auto.takes(&tile(1 << 20, 64)));
         let l = Layout::bytes(1 << 20).unwrap();
         let flat = Plan::new(&l, &l).unwrap();
         assert!(!KernelCopies::Auto.takes(&flat) && KernelCopies::Always.takes(&flat));
