@@ -331,11 +331,31 @@ fn copy_gbps(
 /// device, and pinned host -> device) and of 2-D tiles (rows of the run length out of a pitch
 /// twice as wide, 16 MiB, device -> device, pinned -> device, device -> pinned): for choosing
 /// `strided::AUTO_MAX_RUN` and `AUTO_MAX_RUN_CALLS`. Checks the bytes of each.
+/// `CudaEngine::compile_kernels` makes the kernels ahead of the first copy; a second engine on
+/// the device reuses the compiled program (prints both times), and copies right away.
+#[test]
+fn kernels_compiled_ahead_and_shared_between_engines() {
+    let (Some(a), Some(b)) = (engine(KernelCopies::Auto), engine(KernelCopies::Auto)) else {
+        return;
+    };
+    let t = Instant::now();
+    a.compile_kernels().unwrap();
+    let first = t.elapsed();
+    let t = Instant::now();
+    b.compile_kernels().unwrap();
+    let second = t.elapsed();
+    println!("compile_kernels: first engine {first:?}, second engine {second:?}");
+    let (dl, dn, sl, sn) = transpose(300, 200, 4);
+    check_copy(&b, Kind::Device, Kind::Device, &dl, dn, &sl, sn, 77);
+}
+
 #[test]
 fn transpose_timings_by_run_length() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
         return;
     };
+    // The first SM copy would otherwise carry the compile.
+    sm.compile_kernels().unwrap();
     let pair = |what: String, dk, sk, dl: &Layout, dn, sl: &Layout, sn, seed| {
         let a = copy_gbps(&sm, dk, sk, dl, dn, sl, sn, seed);
         let b = copy_gbps(&ce, dk, sk, dl, dn, sl, sn, seed);
@@ -378,6 +398,7 @@ fn small_transpose_timings_by_run_count() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
         return;
     };
+    sm.compile_kernels().unwrap();
     for side in [8usize, 16, 32, 64, 128, 256] {
         let (dl, dn, sl, sn) = transpose(side, side, 4);
         let src_h = bytes(sn, side as u64);

@@ -113,6 +113,17 @@ pub enum GatherError {
     Batch(#[source] DriverError),
 }
 
+impl From<super::driver::ProgramError> for GatherError {
+    fn from(e: super::driver::ProgramError) -> GatherError {
+        use super::driver::ProgramError as P;
+        match e {
+            P::NvrtcMissing => GatherError::NvrtcMissing,
+            P::Compile(log) => GatherError::Compile(log),
+            P::Driver { op, source } => GatherError::Driver { op, source },
+        }
+    }
+}
+
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> GatherError {
     move |source| GatherError::Driver { op, source }
 }
@@ -264,25 +275,7 @@ impl Gatherer {
         if let Some(k) = f.as_ref() {
             return Ok(k.clone());
         }
-        // SAFETY: only tries to dlopen the library by its candidate names.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(GatherError::NvrtcMissing);
-        }
-        let (maj, min) = self
-            .ctx
-            .compute_capability()
-            .map_err(drv("cuDeviceGetAttribute"))?;
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![
-                format!("--gpu-architecture=compute_{maj}{min}"),
-                "-std=c++17".into(),
-            ],
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SRC, opts)
-            .map_err(|e| GatherError::Compile(format!("{e:?}")))?;
-        let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-        let k = super::driver::kernel(&module, "ferry_gather").map_err(drv("cuFuncLoad"))?;
+        let k = super::driver::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0);
         *f = Some(k.clone());
         Ok(k)
     }

@@ -307,6 +307,29 @@ impl CudaEngine {
         &self.streams[d as usize]
     }
 
+    /// Compiles (NVRTC) and loads this engine's kernels now: the SM copy kernels of
+    /// [`KernelCopies`] and the segment-list gather kernel. Otherwise the first copy that needs
+    /// one pays for it (about a second on the H200 host, run 20), which a latency-bound or
+    /// timed first copy should not. Errors: no NVRTC library, a compile or module-load failure
+    /// (the copies then keep to the copy engines and the driver's calls, as without this call).
+    ///
+    /// ```no_run
+    /// let engine = ferry::cuda::CudaEngine::new(0)?;
+    /// engine.compile_kernels()?;
+    /// # Ok::<(), ferry::cuda::CudaError>(())
+    /// ```
+    pub fn compile_kernels(&self) -> Result<(), CudaError> {
+        let failed = |what: &'static str| move |msg: String| CudaError::Driver { call: what, msg };
+        self.paths.sm_copier().map_err(failed("SM copy kernels"))?;
+        let g = self
+            .paths
+            .gatherer_or_why()
+            .map_err(failed("gather kernel"))?;
+        g.kernel()
+            .map(drop)
+            .map_err(|e| failed("gather kernel")(e.to_string()))
+    }
+
     /// True if this engine can copy to or from device `ordinal`'s memory.
     fn reaches(&self, ordinal: u32) -> bool {
         ordinal == self.cfg.ordinal

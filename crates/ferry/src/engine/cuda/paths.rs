@@ -110,15 +110,25 @@ impl Paths {
 
     /// The gatherer, compiled on first use; `None` if it cannot be made here.
     pub(crate) fn gatherer(&self) -> Option<&Gatherer> {
+        self.gatherer_or_why().ok()
+    }
+
+    /// The gatherer, or why it cannot be made here.
+    pub(crate) fn gatherer_or_why(&self) -> Result<&Gatherer, String> {
         self.gatherer
             .get_or_init(|| Gatherer::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string()))
             .as_ref()
-            .ok()
+            .map_err(String::clone)
     }
 
     /// The SM copier with its kernels compiled (on first use); `None` if they cannot be made
     /// here (no NVRTC).
     pub(crate) fn sm(&self) -> Option<&SmCopier> {
+        self.sm_copier().ok()
+    }
+
+    /// The SM copier with its kernels compiled (on first use), or why they cannot be made.
+    pub(crate) fn sm_copier(&self) -> Result<&SmCopier, String> {
         self.sm
             .get_or_init(|| {
                 let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
@@ -126,7 +136,7 @@ impl Paths {
                 Ok(c)
             })
             .as_ref()
-            .ok()
+            .map_err(String::clone)
     }
 
     /// Finishes every staged job and stops the staging threads.

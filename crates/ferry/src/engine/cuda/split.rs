@@ -80,29 +80,12 @@ impl SmCopy {
         if let Some(k) = f.as_ref() {
             return Ok(k.clone());
         }
-        // SAFETY: only tries to dlopen the library by its candidate names.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(CudaError::Driver {
-                call: "nvrtcCompileProgram",
-                msg: "NVRTC (libnvrtc) is not available".into(),
-            });
-        }
-        let (maj, min) = self
-            .ctx
-            .compute_capability()
-            .map_err(drv("cuDeviceGetAttribute"))?;
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![format!("--gpu-architecture=compute_{maj}{min}")],
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SRC, opts).map_err(|e| {
-            CudaError::Driver {
-                call: "nvrtcCompileProgram",
-                msg: format!("{e:?}"),
-            }
-        })?;
-        let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-        let k = super::driver::kernel(&module, "ferry_sm_copy").map_err(drv("cuFuncLoad"))?;
+        let k = super::driver::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
+            .map_err(|e| CudaError::Driver {
+                call: "SM copy kernel",
+                msg: e.to_string(),
+            })?
+            .remove(0);
         *f = Some(k.clone());
         Ok(k)
     }

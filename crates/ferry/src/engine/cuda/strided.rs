@@ -157,6 +157,17 @@ pub enum SmError {
     },
 }
 
+impl From<super::driver::ProgramError> for SmError {
+    fn from(e: super::driver::ProgramError) -> SmError {
+        use super::driver::ProgramError as P;
+        match e {
+            P::NvrtcMissing => SmError::NvrtcMissing,
+            P::Compile(log) => SmError::Compile(log),
+            P::Driver { op, source } => SmError::Driver { op, source },
+        }
+    }
+}
+
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> SmError {
     move |source| SmError::Driver { op, source }
 }
@@ -462,31 +473,20 @@ impl SmCopier {
         if let Some(k) = k.as_ref() {
             return Ok(Arc::clone(k));
         }
-        // SAFETY: only tries to dlopen the library by its candidate names.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(SmError::NvrtcMissing);
-        }
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let (maj, min) = self
-            .ctx
-            .compute_capability()
-            .map_err(drv("cuDeviceGetAttribute"))?;
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![
-                format!("--gpu-architecture=compute_{maj}{min}"),
-                "-std=c++17".into(),
-            ],
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SRC, opts)
-            .map_err(|e| SmError::Compile(format!("{e:?}")))?;
-        let module = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-        let f = |name| super::driver::kernel(&module, name).map_err(drv("cuFuncLoad"));
+        let names = [
+            "ferry_sm_linear",
+            "ferry_sm_tiled",
+            "ferry_sm_each",
+            "ferry_sm_rows",
+        ];
+        let [linear, tiled, each, rows] =
+            <[CudaFunction; 4]>::try_from(super::driver::program(&self.ctx, KERNEL_SRC, &names)?)
+                .map_err(|_| SmError::Compile("kernels missing from the program".into()))?;
         let ks = Arc::new(Kernels {
-            linear: f("ferry_sm_linear")?,
-            tiled: f("ferry_sm_tiled")?,
-            each: f("ferry_sm_each")?,
-            rows: f("ferry_sm_rows")?,
+            linear,
+            tiled,
+            each,
+            rows,
         });
         *k = Some(Arc::clone(&ks));
         Ok(ks)
