@@ -4,6 +4,8 @@
 //! destination byte is checked against the CPU engine's result. The last two tests print SM and
 //! copy-engine timings of transposes by run length and by run count, for setting
 //! `strided::AUTO_MAX_RUN`, `AUTO_MIN_RUNS`, `AUTO_MAX_RUN_CALLS` and `AUTO_MIN_CALLS`.
+//! The timings mean something only with the GPU to themselves:
+//! `cuda_strided --test-threads=1 --nocapture timings`.
 //! Prints `skipped: no CUDA driver` without a GPU.
 
 mod cuda_common;

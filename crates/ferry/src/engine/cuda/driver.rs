@@ -3,8 +3,7 @@
 //! or beside their single user.
 
 use super::CudaError;
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, DriverError};
-use std::collections::HashMap;
+use cudarc::driver::{result, sys, CudaContext};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// A failed driver call: which call, and the driver's own error name and string.
@@ -140,88 +139,6 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
     })?;
     ctxs[ordinal as usize] = Some(Arc::clone(&c));
     Ok(c)
-}
-
-/// Why [`program`] could not make its kernels.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ProgramError {
-    /// No NVRTC library to compile with.
-    #[error("NVRTC (libnvrtc) is not available")]
-    NvrtcMissing,
-    /// NVRTC refused the source (its log).
-    #[error("NVRTC could not compile the kernels: {0}")]
-    Compile(String),
-    /// A driver call failed.
-    #[error("{op} failed: {source}")]
-    Driver {
-        op: &'static str,
-        source: DriverError,
-    },
-}
-
-/// The kernels `names` of the CUDA C++ program `src`, loaded into `ctx`. NVRTC compiles a
-/// program once per process and device architecture (about a second on the H200 host, run 20),
-/// and every engine on such a device loads that PTX; each kernel is then loaded eagerly
-/// ([`kernel`]).
-pub(crate) fn program(
-    ctx: &Arc<CudaContext>,
-    src: &'static str,
-    names: &[&str],
-) -> Result<Vec<CudaFunction>, ProgramError> {
-    let drv = |op| move |source| ProgramError::Driver { op, source };
-    // SAFETY: only tries to dlopen the library by its candidate names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(ProgramError::NvrtcMissing);
-    }
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-    let (maj, min) = ctx
-        .compute_capability()
-        .map_err(drv("cuDeviceGetAttribute"))?;
-    type Cache = Mutex<HashMap<(usize, i32, i32), cudarc::nvrtc::Ptx>>;
-    static PTX: OnceLock<Cache> = OnceLock::new();
-    let ptx = {
-        // Held while compiling: two engines starting at once compile once.
-        let mut cache = PTX
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match cache.entry((src.as_ptr() as usize, maj, min)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let opts = cudarc::nvrtc::CompileOptions {
-                    options: vec![
-                        format!("--gpu-architecture=compute_{maj}{min}"),
-                        "-std=c++17".into(),
-                    ],
-                    ..Default::default()
-                };
-                let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
-                    .map_err(|e| ProgramError::Compile(format!("{e:?}")))?;
-                e.insert(ptx).clone()
-            }
-        }
-    };
-    let module = ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-    names
-        .iter()
-        .map(|n| kernel(&module, n).map_err(drv("cuFuncLoad")))
-        .collect()
-}
-
-/// Kernel `name` of `module`, loaded onto the device now. Under lazy module loading (the
-/// driver's default since CUDA 12.2) a kernel is otherwise loaded at its first launch, and that
-/// load may wait for the whole context to go idle: behind a stream held by a
-/// [`super::StreamTimer`] latch it waited until the watchdog opened it (H200 run 18), and in
-/// general it stalls the first copy behind unrelated work. `cuFuncLoad` (driver 12.4 and later;
-/// older drivers load at first launch as before) loads it here instead.
-fn kernel(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, DriverError> {
-    let f = module.load_function(name)?;
-    if driver().is_ok_and(|v| v >= 12040) {
-        // SAFETY: a live function handle of a live module; the driver exports `cuFuncLoad`
-        // from 12.4 on (checked above, so the dynamic loader finds it).
-        unsafe { sys::cuFuncLoad(f.cu_function()) }.result()?;
-    }
-    Ok(f)
 }
 
 /// Makes `ctx` current on this thread.

@@ -113,9 +113,9 @@ pub enum GatherError {
     Batch(#[source] DriverError),
 }
 
-impl From<super::driver::ProgramError> for GatherError {
-    fn from(e: super::driver::ProgramError) -> GatherError {
-        use super::driver::ProgramError as P;
+impl From<super::program::ProgramError> for GatherError {
+    fn from(e: super::program::ProgramError) -> GatherError {
+        use super::program::ProgramError as P;
         match e {
             P::NvrtcMissing => GatherError::NvrtcMissing,
             P::Compile(log) => GatherError::Compile(log),
@@ -275,7 +275,7 @@ impl Gatherer {
         if let Some(k) = f.as_ref() {
             return Ok(k.clone());
         }
-        let k = super::driver::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0);
+        let k = super::program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0);
         *f = Some(k.clone());
         Ok(k)
     }

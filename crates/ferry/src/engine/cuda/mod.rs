@@ -55,6 +55,7 @@ mod memory;
 pub mod multi;
 mod paths;
 mod probe;
+mod program;
 mod raw;
 pub mod split;
 pub mod staged;

@@ -80,7 +80,7 @@ impl SmCopy {
         if let Some(k) = f.as_ref() {
             return Ok(k.clone());
         }
-        let k = super::driver::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
+        let k = super::program::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
             .map_err(|e| CudaError::Driver {
                 call: "SM copy kernel",
                 msg: e.to_string(),

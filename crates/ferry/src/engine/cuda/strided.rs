@@ -157,9 +157,9 @@ pub enum SmError {
     },
 }
 
-impl From<super::driver::ProgramError> for SmError {
-    fn from(e: super::driver::ProgramError) -> SmError {
-        use super::driver::ProgramError as P;
+impl From<super::program::ProgramError> for SmError {
+    fn from(e: super::program::ProgramError) -> SmError {
+        use super::program::ProgramError as P;
         match e {
             P::NvrtcMissing => SmError::NvrtcMissing,
             P::Compile(log) => SmError::Compile(log),
@@ -480,7 +480,7 @@ impl SmCopier {
             "ferry_sm_rows",
         ];
         let [linear, tiled, each, rows] =
-            <[CudaFunction; 4]>::try_from(super::driver::program(&self.ctx, KERNEL_SRC, &names)?)
+            <[CudaFunction; 4]>::try_from(super::program::program(&self.ctx, KERNEL_SRC, &names)?)
                 .map_err(|_| SmError::Compile("kernels missing from the program".into()))?;
         let ks = Arc::new(Kernels {
             linear,
