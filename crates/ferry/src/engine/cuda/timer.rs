@@ -232,8 +232,19 @@ impl StreamTimer {
     /// Errors: nothing was timed, an event failed, or the watchdog had to open the latch (a
     /// call inside `time` waited for the stream: the figure would be wrong).
     pub fn seconds(&self) -> Result<f64, CudaError> {
+        self.seconds_of(|_| true)
+    }
+
+    /// As [`StreamTimer::seconds`] over the streams (by their index in the last `time_all`)
+    /// that `keep` names.
+    pub(crate) fn seconds_of(&self, keep: impl Fn(usize) -> bool) -> Result<f64, CudaError> {
         let evs = self.events.lock().unwrap_or_else(PoisonError::into_inner);
-        let used = &evs.0[..evs.1];
+        let used: Vec<_> = evs.0[..evs.1]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+            .map(|(_, e)| e)
+            .collect();
         let Some((first, _)) = used.first() else {
             return Err(CudaError::InvalidArgument(
                 "StreamTimer::seconds: nothing was timed".into(),
