@@ -31,7 +31,8 @@ pub enum PlotError {
     },
 }
 
-const COLORS: [RGBColor; 8] = [
+/// One colour per test; 16, so that a full GPU run (15 tests) repeats none.
+const COLORS: [RGBColor; 16] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -40,6 +41,14 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(23, 190, 207),
+    RGBColor(188, 189, 34),
+    RGBColor(0, 0, 128),
+    RGBColor(127, 127, 127),
+    RGBColor(0, 100, 0),
+    RGBColor(170, 0, 170),
+    RGBColor(0, 128, 128),
+    RGBColor(204, 153, 0),
+    RGBColor(0, 0, 0),
 ];
 
 /// One plotted line: label, points (log2 size, GB/s), dashed or not, colour.
