@@ -411,3 +411,63 @@ fn check_segments(
         panic!("{dk:?} <- {sk:?}: first wrong byte at {i}");
     }
 }
+
+/// Setup calls land before the engine's next copy: `DeviceBuffer::from_host` and
+/// `DeviceBuffer::zeroed` run on the legacy stream, which ferry's streams do not wait for, and
+/// the driver returns from them before the DMA or memset ends; and a fill with a pattern no
+/// memset can write copies from a pattern block it uploads itself. Each is followed at once by
+/// an engine copy of the same memory (H200 run 22: the stress test saw a fill read its pattern
+/// block before the upload landed).
+#[test]
+fn setup_calls_land_before_the_next_engine_copy() {
+    use ferry::cuda::{DeviceBuffer, PinnedBuffer};
+    let Some(e) = cuda_or_skip() else { return };
+    let n = 64 << 20;
+    let mut host = PinnedBuffer::new(n).unwrap();
+    for round in 0..4u64 {
+        let data = bytes(n, 100 + round);
+        let dev = DeviceBuffer::from_host(0, &data).unwrap();
+        e.scope(|s| {
+            s.memcpy(&mut host, &dev)?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap()
+        .unwrap();
+        assert!(host[..] == data[..], "round {round}: from_host then copy");
+        let mut zero = DeviceBuffer::zeroed(0, n).unwrap();
+        e.scope(|s| {
+            s.memcpy(&mut zero, &host)?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap()
+        .unwrap();
+        assert!(
+            zero.to_vec().unwrap() == data,
+            "round {round}: zeroed then copy"
+        );
+    }
+    let pattern: Vec<u8> = (1..=16).collect();
+    for round in 0..16usize {
+        let len = 80_557 + round;
+        let mut b = PinnedBuffer::new(len).unwrap();
+        b.fill(0);
+        let l = Layout::bytes(len - 13)
+            .unwrap()
+            .with_offset(1 + round % 7)
+            .unwrap();
+        e.scope(|s| {
+            s.fill(&mut b, &l, &pattern)?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap()
+        .unwrap();
+        let want = reference_fill(&vec![0u8; len], &l, &pattern);
+        assert!(
+            b[..] == want[..],
+            "round {round}: 16-byte fill of pinned memory"
+        );
+    }
+}

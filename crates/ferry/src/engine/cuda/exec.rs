@@ -480,10 +480,22 @@ unsafe fn fill_plan(
     // A pattern memset cannot write: copy from a block of whole patterns on the device.
     let block_len = run.min((FILL_BLOCK / pattern.len()).max(1) * pattern.len());
     let block: Vec<u8> = pattern.iter().copied().cycle().take(block_len).collect();
-    let scratch = DeviceBuffer::from_host(ordinal, &block).map_err(|e| DrvErr {
+    let scratch = DeviceBuffer::new(ordinal, block_len).map_err(|e| DrvErr {
         call: "cuMemAlloc",
         code: sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
         msg: format!("fill pattern block: {e}"),
+    })?;
+    // The block is written on `stream`, so the copies below follow it in stream order (a
+    // synchronous upload on the legacy stream could land after them: H200 run 22). From
+    // pageable memory the call returns once `block` has been read.
+    // SAFETY: `block` holds `block_len` bytes, the scratch buffer as many; our stream.
+    check("cuMemcpyHtoDAsync", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(
+            scratch.device_ptr(),
+            block.as_ptr().cast(),
+            block_len,
+            stream,
+        )
     })?;
     let src = End {
         addr: scratch.device_ptr(),

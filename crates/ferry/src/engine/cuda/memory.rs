@@ -11,6 +11,18 @@ use cudarc::driver::{sys, CudaContext};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+/// Waits for the work of the current context's legacy stream. `cuMemcpyHtoD` from pageable
+/// memory returns once the data is staged, and `cuMemsetD8` on device memory returns at once,
+/// both before the device memory holds the bytes; ferry's streams do not wait for the legacy
+/// stream (they are non-blocking), so a copy queued next could read or overwrite the bytes
+/// before they land (the H200 stress test, run 22, saw a fill read a pattern block too early).
+fn legacy_sync() -> Result<(), driver::DrvErr> {
+    // SAFETY: the null stream is the current context's legacy stream; only waits.
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
+    })
+}
+
 fn alloc_err(what: &'static str, bytes: usize, e: driver::DrvErr) -> CudaError {
     CudaError::Alloc {
         what,
@@ -75,17 +87,20 @@ impl DeviceBuffer {
     /// `len` zero bytes on device `ordinal`.
     pub fn zeroed(ordinal: u32, len: usize) -> Result<DeviceBuffer, CudaError> {
         let b = DeviceBuffer::new(ordinal, len)?;
-        // SAFETY: the allocation holds at least `len` bytes; synchronous memset.
+        // SAFETY: the allocation holds at least `len` bytes; the memset runs on the legacy
+        // stream of the current context (bound by `new`).
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(b.ptr, 0, len) })?;
+        legacy_sync()?;
         Ok(b)
     }
-    /// A device copy of `data` (synchronous; for tests and setup).
+    /// A device copy of `data` (synchronous: the bytes are on the device when it returns).
     pub fn from_host(ordinal: u32, data: &[u8]) -> Result<DeviceBuffer, CudaError> {
         let mut b = DeviceBuffer::new(ordinal, data.len())?;
         b.copy_from_host(data)?;
         Ok(b)
     }
-    /// Overwrites the start of the buffer with `data` (synchronous). Errors if it does not fit.
+    /// Overwrites the start of the buffer with `data` (synchronous: the bytes are on the device
+    /// when it returns). Errors if it does not fit.
     pub fn copy_from_host(&mut self, data: &[u8]) -> Result<(), CudaError> {
         if data.len() > self.len {
             return Err(CudaError::InvalidArgument(format!(
@@ -99,10 +114,11 @@ impl DeviceBuffer {
         }
         driver::bind(&self.ctx)?;
         // SAFETY: `data` is valid for reads of its length, the buffer for writes of at least as
-        // many bytes (checked above); the copy is synchronous.
+        // many bytes (checked above); the call returns once `data` has been read.
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr().cast(), data.len())
         })?;
+        legacy_sync()?;
         Ok(())
     }
     /// The buffer's bytes, copied to the host (synchronous).
