@@ -453,7 +453,8 @@ fn setup_calls_land_before_the_next_engine_copy() {
         let len = 80_557 + round;
         let mut b = PinnedBuffer::new(len).unwrap();
         b.fill(0);
-        let l = Layout::bytes(len - 13)
+        // 16-byte elements at an odd offset, as the stress case that failed.
+        let l = Layout::contiguous(&[(len - 13) / 16], 16)
             .unwrap()
             .with_offset(1 + round % 7)
             .unwrap();
