@@ -141,6 +141,35 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
     Ok(c)
 }
 
+/// The driver's memory type of unified address `addr` (`CU_MEMORYTYPE_*`), or None for an
+/// address the driver does not know (pageable host memory).
+pub(crate) fn memory_type(addr: u64) -> Option<u32> {
+    let mut ty: u32 = 0;
+    // SAFETY: queries one attribute into a local of the documented size (unsigned int); the
+    // driver only looks the address up in its tables and never dereferences it.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ty as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(ty)
+}
+
+/// The device-accessible address of the memory at unified address `addr` (the mapped address
+/// of page-locked host memory, else `addr`), or None for memory the device cannot reach
+/// (pageable host memory).
+pub(crate) fn device_address(addr: u64) -> Option<u64> {
+    if memory_type(addr)? != sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
+        return Some(addr);
+    }
+    let mut d: u64 = 0;
+    // SAFETY: `addr` is page-locked host memory (the driver said so); writes one pointer.
+    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut _, 0) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
+}
+
 /// Makes `ctx` current on this thread.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DrvErr> {
     ctx.bind_to_thread()

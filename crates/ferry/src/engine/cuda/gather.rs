@@ -293,31 +293,6 @@ impl Gatherer {
         }
     }
 
-    /// The device-accessible address of the buffer at `addr`, or None for memory the device
-    /// cannot reach (pageable host memory).
-    fn device_address(&self, addr: u64) -> Option<u64> {
-        let mut ty: u32 = 0;
-        // SAFETY: queries one attribute into a local of the documented size (unsigned int).
-        let r = unsafe {
-            sys::cuPointerGetAttribute(
-                &mut ty as *mut u32 as *mut _,
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                addr,
-            )
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return None;
-        }
-        if ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
-            let mut d: u64 = 0;
-            // SAFETY: `addr` is pinned host memory (the driver said so); writes one pointer.
-            let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut _, 0) };
-            (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
-        } else {
-            Some(addr)
-        }
-    }
-
     /// Enqueues a copy of every segment, `len` bytes from `src + src_off` to `dst + dst_off`, on
     /// `stream`, and returns the strategy used. The copy is asynchronous: synchronize the stream
     /// (or record an event) before reading the destination. Addresses are unified (UVA)
@@ -403,7 +378,8 @@ impl Gatherer {
             return Strategy::PerSegment;
         }
         // Pageable memory goes one call per segment (the driver stages it anyway).
-        let reachable = self.device_address(dst).is_some() && self.device_address(src).is_some();
+        let reachable = super::driver::device_address(dst).is_some()
+            && super::driver::device_address(src).is_some();
         let batch = reachable && Self::batch_supported() && !stream.cu_stream().is_null();
         if total / n as u64 >= AUTO_LARGE_SEGMENT {
             return if batch {
@@ -503,18 +479,14 @@ impl Gatherer {
         src: u64,
         segs: &[Segment],
     ) -> Result<(), GatherError> {
-        let ddst = self
-            .device_address(dst)
-            .ok_or(GatherError::NotDeviceAccessible {
-                side: "destination",
-                addr: dst,
-            })?;
-        let dsrc = self
-            .device_address(src)
-            .ok_or(GatherError::NotDeviceAccessible {
-                side: "source",
-                addr: src,
-            })?;
+        let ddst = super::driver::device_address(dst).ok_or(GatherError::NotDeviceAccessible {
+            side: "destination",
+            addr: dst,
+        })?;
+        let dsrc = super::driver::device_address(src).ok_or(GatherError::NotDeviceAccessible {
+            side: "source",
+            addr: src,
+        })?;
         let func = self.kernel()?;
         let bytes = std::mem::size_of_val(segs);
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());

@@ -633,20 +633,8 @@ impl CudaEngine {
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
     fn refine_kinds(&self, mut job: Job) -> Job {
         let pinned = |addr: u64| -> bool {
-            if driver::bind(&self.ctx).is_err() {
-                return false;
-            }
-            let mut ty: u32 = 0;
-            // SAFETY: `ty` is a valid out-pointer for the attribute (an unsigned int); the
-            // driver only looks the address up in its tables and never dereferences it.
-            let r = unsafe {
-                sys::cuPointerGetAttribute(
-                    (&mut ty as *mut u32).cast(),
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                    addr,
-                )
-            };
-            r == sys::CUresult::CUDA_SUCCESS && ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+            driver::bind(&self.ctx).is_ok()
+                && driver::memory_type(addr) == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
         };
         // Both ends of the range: a registration covers whole pages of one range.
         let whole = |b: &crate::memory::RawBuf| {

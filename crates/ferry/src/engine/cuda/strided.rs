@@ -412,32 +412,6 @@ impl std::fmt::Debug for SmCopier {
     }
 }
 
-/// The device-accessible address of the memory at unified address `addr`, or None for memory
-/// the device cannot reach (pageable host memory).
-pub(crate) fn device_address(addr: u64) -> Option<u64> {
-    let mut ty: u32 = 0;
-    // SAFETY: queries one attribute into a local of the documented size (unsigned int); the
-    // driver only looks the address up.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            &mut ty as *mut u32 as *mut _,
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            addr,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return None;
-    }
-    if ty == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 {
-        let mut d: u64 = 0;
-        // SAFETY: `addr` is page-locked host memory (the driver said so); writes one pointer.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, addr as *mut _, 0) };
-        (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
-    } else {
-        Some(addr)
-    }
-}
-
 /// The widest word (1..=16 bytes) every access of the plan is aligned to.
 fn word(dst: u64, src: u64, plan: &Plan) -> u32 {
     let mut bits = dst | src | plan.run() as u64;
@@ -519,11 +493,11 @@ impl SmCopier {
             return Ok(kind);
         }
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let d = device_address(dst).ok_or(SmError::NotDeviceAccessible {
+        let d = super::driver::device_address(dst).ok_or(SmError::NotDeviceAccessible {
             side: "destination",
             addr: dst,
         })?;
-        let s = device_address(src).ok_or(SmError::NotDeviceAccessible {
+        let s = super::driver::device_address(src).ok_or(SmError::NotDeviceAccessible {
             side: "source",
             addr: src,
         })?;
