@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds every GPU test binary (tests/cuda_*.rs), the measurement examples (examples/cuda_*.rs),
+# Builds every GPU test binary (tests/cuda_*.rs), the examples (numbered ones and cuda_*.rs),
 # the path benchmarks (benches/cuda_*.rs, run by hand from BUNDLE/benches/)
 # and the `ferry` CLI in release mode without
 # debug info, strips them, and copies them into a bundle folder (default `.gpu/`) with a
@@ -32,9 +32,9 @@ while read -r name exe; do
   strip "$bundle/tests/$name" 2>/dev/null || true
 done <<<"$exes"
 
-# Measurement examples (examples/cuda_*.rs), run after the tests.
+# Every example (the numbered ones and the measurement examples/cuda_*.rs), run after the tests.
 mkdir -p "$bundle/examples"
-ex=$(cargo build --release -p ferry --example 'cuda_*' --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.name) \(.executable)"')
+ex=$(cargo build --release -p ferry --examples --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.name) \(.executable)"')
 while read -r name exe; do
   [ -n "$name" ] || continue
   cp "$exe" "$bundle/examples/$name"
