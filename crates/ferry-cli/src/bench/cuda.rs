@@ -247,6 +247,59 @@ impl CudaBench {
         })
     }
 
+    /// A strided copy into `dev` as three series: ferry's copy of `src` from `src_l` into
+    /// `dst_l` (its name ends in `names.0`), the raw driver's calls for the same plan (named
+    /// `names.1`), and ferry's contiguous copy of the first `dev.len()` bytes of `src`. `want`:
+    /// the strided result; `same`: those first bytes.
+    #[allow(clippy::too_many_arguments)]
+    fn strided_series<S: Memory + Sync + ?Sized>(
+        &self,
+        ctx: &Ctx,
+        tm: Option<&StreamTimer>,
+        dir: Direction,
+        dev: &mut DeviceBuffer,
+        src: &S,
+        (dst_l, src_l): (&Layout, &Layout),
+        (want, same): (&[u8], &[u8]),
+        names: (&str, &str),
+    ) -> Result<Vec<Series>, BenchError> {
+        let plan = ferry::Plan::new(dst_l, src_l).map_err(setup)?;
+        let flat_l = Layout::bytes(dev.len()).map_err(setup)?;
+        let payload = dev.len() as u64;
+        let name = format!("ferry {} spin {}", self.spin.name(), names.0);
+        let f = self.dev_series(ctx, tm, &name, Role::Ferry, payload, dev, want, |d, t| {
+            ferry_batch(&self.spin, dir, t, |s| {
+                s.copy(d, dst_l, src, src_l).map(drop)
+            })
+        })?;
+        let r = self.dev_series(
+            ctx,
+            tm,
+            names.1,
+            Role::Baseline,
+            payload,
+            dev,
+            want,
+            |d, t| self.raw_batch(t, |raw| raw.copy_plan(d, src, &plan, 1)),
+        )?;
+        let contig = "ferry contiguous, same bytes";
+        let c = self.dev_series(
+            ctx,
+            tm,
+            contig,
+            Role::Baseline,
+            payload,
+            dev,
+            same,
+            |d, t| {
+                ferry_batch(&self.spin, dir, t, |s| {
+                    s.copy(d, &flat_l, src, &flat_l).map(drop)
+                })
+            },
+        )?;
+        Ok(vec![f, r, c])
+    }
+
     /// Host -> device: pinned or pageable source.
     fn h2d(&self, ctx: &Ctx, size: usize, pinned: bool) -> Result<Row, BenchError> {
         let batch = batch(size);
@@ -462,59 +515,23 @@ impl CudaBench {
             .flat_map(|r| r[..ROW].to_vec())
             .collect();
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
-        let plan = ferry::Plan::new(&dst_l, &src_l).map_err(setup)?;
-        let flat_l = Layout::bytes(size).map_err(setup)?;
-        let payload = size as u64;
-        let (tm, dir) = (self.clock(true), Direction::HostToDevice);
-        let name = format!("ferry {} spin 2-D", self.spin.name());
-        let f = self.dev_series(
+        let series = self.strided_series(
             ctx,
-            tm,
-            &name,
-            Role::Ferry,
-            payload,
+            self.clock(true),
+            Direction::HostToDevice,
             &mut dev,
-            &want,
-            |d, t| {
-                ferry_batch(&self.spin, dir, t, |s| {
-                    s.copy(d, &dst_l, &host, &src_l).map(drop)
-                })
-            },
-        )?;
-        let raw2d = "raw cuMemcpy2DAsync";
-        let r = self.dev_series(
-            ctx,
-            tm,
-            raw2d,
-            Role::Baseline,
-            payload,
-            &mut dev,
-            &want,
-            |d, t| self.raw_batch(t, |raw| raw.copy_plan(d, &host, &plan, 1)),
-        )?;
-        let same = &host[..size];
-        let contig = "ferry contiguous, same bytes";
-        let c = self.dev_series(
-            ctx,
-            tm,
-            contig,
-            Role::Baseline,
-            payload,
-            &mut dev,
-            same,
-            |d, t| {
-                ferry_batch(&self.spin, dir, t, |s| {
-                    s.copy(d, &flat_l, &host, &flat_l).map(drop)
-                })
-            },
+            &host,
+            (&dst_l, &src_l),
+            (&want, &host[..size]),
+            ("2-D", "raw cuMemcpy2DAsync"),
         )?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
-            payload,
+            size as u64,
             format!("{rows} rows x 4 KiB, pitch 8 KiB"),
-            vec![f, r, c],
+            series,
         ))
     }
 
@@ -638,7 +655,6 @@ impl CudaBench {
         let data = pattern_bytes(bytes);
         let m = Layout::contiguous(&[side, side], ELEM).map_err(setup)?;
         let src_l = m.transpose(0, 1).map_err(setup)?;
-        let plan = ferry::Plan::new(&m, &src_l).map_err(setup)?;
         // want[j][i] = data[i][j].
         let mut want = vec![0u8; bytes];
         for i in 0..side {
@@ -648,73 +664,31 @@ impl CudaBench {
             }
         }
         let mut dev = DeviceBuffer::new(0, bytes).map_err(setup)?;
-        let flat_l = Layout::bytes(bytes).map_err(setup)?;
-        let payload = bytes as u64;
         // Host clock: the raw baseline is one driver call per plane (thousands), more than a
         // stream's queue holds while a latch keeps it from starting.
         let tm = self.clock(false);
-        macro_rules! run_from {
-            ($src:expr, $dir:expr, $shape:expr) => {{
-                let src = $src;
-                let dir = $dir;
-                let name = format!("ferry {} spin (SM kernel: Auto)", self.spin.name());
-                let f = self.dev_series(
-                    ctx,
-                    tm,
-                    &name,
-                    Role::Ferry,
-                    payload,
-                    &mut dev,
-                    &want,
-                    |d, t| {
-                        ferry_batch(&self.spin, dir, t, |s| {
-                            s.copy(d, &m, &src, &src_l).map(drop)
-                        })
-                    },
-                )?;
-                let raw = "raw cuMemcpy2D/3DAsync";
-                let r = self.dev_series(
-                    ctx,
-                    tm,
-                    raw,
-                    Role::Baseline,
-                    payload,
-                    &mut dev,
-                    &want,
-                    |d, t| self.raw_batch(t, |raw| raw.copy_plan(d, &src, &plan, 1)),
-                )?;
-                let contig = "ferry contiguous, same bytes";
-                let c = self.dev_series(
-                    ctx,
-                    tm,
-                    contig,
-                    Role::Baseline,
-                    payload,
-                    &mut dev,
-                    &data,
-                    |d, t| {
-                        ferry_batch(&self.spin, dir, t, |s| {
-                            s.copy(d, &flat_l, &src, &flat_l).map(drop)
-                        })
-                    },
-                )?;
-                (vec![f, r, c], format!("{side} x {side} f32, {}", $shape))
-            }};
-        }
+        let names = ("(SM kernel: Auto)", "raw cuMemcpy2D/3DAsync");
+        let (layouts, bytes_of) = ((&m, &src_l), (&want[..], &data[..]));
         let (series, shape) = if from_host {
             let mut host = PinnedBuffer::new(bytes).map_err(setup)?;
             host.copy_from_slice(&data);
-            run_from!(host, Direction::HostToDevice, "pinned -> device")
+            let dir = Direction::HostToDevice;
+            let series =
+                self.strided_series(ctx, tm, dir, &mut dev, &host, layouts, bytes_of, names)?;
+            (series, "pinned -> device")
         } else {
             let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
-            run_from!(src, Direction::DeviceToDevice, "device -> device")
+            let dir = Direction::DeviceToDevice;
+            let series =
+                self.strided_series(ctx, tm, dir, &mut dev, &src, layouts, bytes_of, names)?;
+            (series, "device -> device")
         };
         Ok(Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
-            payload,
-            shape,
+            bytes as u64,
+            format!("{side} x {side} f32, {shape}"),
             series,
         ))
     }
