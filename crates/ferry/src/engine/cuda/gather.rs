@@ -90,12 +90,9 @@ pub enum GatherError {
         /// Its address.
         addr: u64,
     },
-    /// The NVRTC library could not be loaded.
-    #[error("NVRTC (libnvrtc) is not available, so the gather kernel cannot be built")]
-    NvrtcMissing,
-    /// NVRTC rejected the kernel (a bug); the compiler log is kept.
-    #[error("NVRTC failed to compile the gather kernel: {0}")]
-    Compile(String),
+    /// The kernels could not be made (no NVRTC, a compile or module-load failure).
+    #[error(transparent)]
+    Kernel(#[from] super::KernelError),
     /// The batched copy was asked for but is unusable here.
     #[error("cuMemcpyBatchAsync is unavailable: {0}")]
     BatchUnavailable(&'static str),
@@ -111,17 +108,6 @@ pub enum GatherError {
     /// The driver's batched copy failed.
     #[error("cuMemcpyBatchAsync failed: {0}")]
     Batch(#[source] DriverError),
-}
-
-impl From<super::program::ProgramError> for GatherError {
-    fn from(e: super::program::ProgramError) -> GatherError {
-        use super::program::ProgramError as P;
-        match e {
-            P::NvrtcMissing => GatherError::NvrtcMissing,
-            P::Compile(log) => GatherError::Compile(log),
-            P::Driver { op, source } => GatherError::Driver { op, source },
-        }
-    }
 }
 
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> GatherError {
@@ -268,8 +254,7 @@ impl Gatherer {
         &self.ctx
     }
 
-    /// Compiles (once) and returns the gather kernel. Errors: [`GatherError::NvrtcMissing`],
-    /// [`GatherError::Compile`], [`GatherError::Driver`] (module load).
+    /// Compiles (once) and returns the gather kernel. Errors: [`GatherError::Kernel`].
     pub fn kernel(&self) -> Result<CudaFunction, GatherError> {
         let mut f = self.func.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = f.as_ref() {

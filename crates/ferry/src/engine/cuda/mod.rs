@@ -65,6 +65,7 @@ mod timer;
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
+pub use program::KernelError;
 pub use raw::RawCopier;
 pub use strided::KernelCopies;
 pub use timer::{StreamTimer, LATCH_TIMEOUT};

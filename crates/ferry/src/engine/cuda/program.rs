@@ -17,19 +17,24 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// Why [`program`] could not make its kernels.
+/// Why ferry's kernels (the SM copy kernels, the gather kernel, the split kernel) could not be
+/// made; the copies that need them then keep to the copy engines and the driver's calls.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ProgramError {
-    /// No NVRTC library to compile with.
-    #[error("NVRTC (libnvrtc) is not available")]
+#[non_exhaustive]
+pub enum KernelError {
+    /// No NVRTC library (`libnvrtc`) to compile them with.
+    #[error("NVRTC (libnvrtc) is not available, so ferry's kernels cannot be built")]
     NvrtcMissing,
-    /// NVRTC refused the source (its log).
-    #[error("NVRTC could not compile the kernels: {0}")]
+    /// NVRTC rejected the source (a bug in ferry); the compiler log is kept.
+    #[error("NVRTC could not compile ferry's kernels: {0}")]
     Compile(String),
-    /// A driver call failed.
+    /// A driver call failed (loading the module or a kernel).
     #[error("{op} failed: {source}")]
     Driver {
+        /// The driver call.
         op: &'static str,
+        /// The driver's error.
+        #[source]
         source: DriverError,
     },
 }
@@ -40,8 +45,8 @@ pub(crate) fn program(
     ctx: &Arc<CudaContext>,
     src: &'static str,
     names: &[&str],
-) -> Result<Vec<CudaFunction>, ProgramError> {
-    let drv = |op| move |source| ProgramError::Driver { op, source };
+) -> Result<Vec<CudaFunction>, KernelError> {
+    let drv = |op| move |source| KernelError::Driver { op, source };
     ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
     let (maj, min) = ctx
         .compute_capability()
@@ -74,34 +79,32 @@ pub(crate) fn program(
     Ok(ks)
 }
 
-fn compile(src: &str, arch: &str) -> Result<Ptx, ProgramError> {
+fn compile(src: &str, arch: &str) -> Result<Ptx, KernelError> {
     // SAFETY: only tries to dlopen the library by its candidate names.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(ProgramError::NvrtcMissing);
+        return Err(KernelError::NvrtcMissing);
     }
     let opts = cudarc::nvrtc::CompileOptions {
         options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
         ..Default::default()
     };
     cudarc::nvrtc::compile_ptx_with_opts(src, opts)
-        .map_err(|e| ProgramError::Compile(format!("{e:?}")))
+        .map_err(|e| KernelError::Compile(format!("{e:?}")))
 }
 
 fn load(
     ctx: &Arc<CudaContext>,
     ptx: Ptx,
     names: &[&str],
-) -> Result<Vec<CudaFunction>, ProgramError> {
-    let module = ctx
-        .load_module(ptx)
-        .map_err(|source| ProgramError::Driver {
-            op: "cuModuleLoadData",
-            source,
-        })?;
+) -> Result<Vec<CudaFunction>, KernelError> {
+    let module = ctx.load_module(ptx).map_err(|source| KernelError::Driver {
+        op: "cuModuleLoadData",
+        source,
+    })?;
     names
         .iter()
         .map(|n| {
-            kernel(&module, n).map_err(|source| ProgramError::Driver {
+            kernel(&module, n).map_err(|source| KernelError::Driver {
                 op: "cuFuncLoad",
                 source,
             })

@@ -23,6 +23,7 @@
 //!
 //! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](super::CudaConfig)).
 
+use super::program::KernelError;
 use crate::plan::Plan;
 use cudarc::driver::result::DriverError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -140,12 +141,9 @@ pub enum SmError {
         /// Its address.
         addr: u64,
     },
-    /// The NVRTC library could not be loaded.
-    #[error("NVRTC (libnvrtc) is not available, so the copy kernels cannot be built")]
-    NvrtcMissing,
-    /// NVRTC rejected the kernels (a bug); the compiler log is kept.
-    #[error("NVRTC failed to compile the copy kernels: {0}")]
-    Compile(String),
+    /// The kernels could not be made (no NVRTC, a compile or module-load failure).
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
     /// A CUDA driver call failed.
     #[error("{op} failed: {source}")]
     Driver {
@@ -155,17 +153,6 @@ pub enum SmError {
         #[source]
         source: DriverError,
     },
-}
-
-impl From<super::program::ProgramError> for SmError {
-    fn from(e: super::program::ProgramError) -> SmError {
-        use super::program::ProgramError as P;
-        match e {
-            P::NvrtcMissing => SmError::NvrtcMissing,
-            P::Compile(log) => SmError::Compile(log),
-            P::Driver { op, source } => SmError::Driver { op, source },
-        }
-    }
 }
 
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> SmError {
@@ -436,8 +423,7 @@ impl SmCopier {
         })
     }
 
-    /// Compiles the kernels (once). Errors: [`SmError::NvrtcMissing`], [`SmError::Compile`],
-    /// [`SmError::Driver`] (module load).
+    /// Compiles the kernels (once). Errors: [`SmError::Kernel`].
     pub fn compile(&self) -> Result<(), SmError> {
         self.kernels().map(drop)
     }
@@ -455,7 +441,7 @@ impl SmCopier {
         ];
         let [linear, tiled, each, rows] =
             <[CudaFunction; 4]>::try_from(super::program::program(&self.ctx, KERNEL_SRC, &names)?)
-                .map_err(|_| SmError::Compile("kernels missing from the program".into()))?;
+                .map_err(|_| KernelError::Compile("kernels missing from the program".into()))?;
         let ks = Arc::new(Kernels {
             linear,
             tiled,
