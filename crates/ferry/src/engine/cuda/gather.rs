@@ -114,25 +114,9 @@ fn drv(op: &'static str) -> impl FnOnce(DriverError) -> GatherError {
     move |source| GatherError::Driver { op, source }
 }
 
-const KERNEL_SRC: &str = r#"
-typedef unsigned long long u64;
-template <typename T>
-__device__ __forceinline__ void copy_seg(unsigned char* d, const unsigned char* s, u64 len, unsigned lane, unsigned g) {
-    const u64 a = sizeof(T);
-    u64 head = (a - ((u64)d & (a - 1))) & (a - 1);
-    if (head > len) head = len;
-    for (u64 i = lane; i < head; i += g) d[i] = s[i];
-    u64 nv = (len - head) / a;
-    T* dv = (T*)(d + head);
-    const T* sv = (const T*)(s + head);
-    u64 i = lane;
-    for (; i + 3ull * g < nv; i += 4ull * g) {
-        T x0 = sv[i], x1 = sv[i + g], x2 = sv[i + 2ull * g], x3 = sv[i + 3ull * g];
-        dv[i] = x0; dv[i + g] = x1; dv[i + 2ull * g] = x2; dv[i + 3ull * g] = x3;
-    }
-    for (; i < nv; i += g) dv[i] = sv[i];
-    for (u64 j = head + nv * a + lane; j < len; j += g) d[j] = s[j];
-}
+const KERNEL_SRC: &str = concat!(
+    super::program::kernel_prelude!(),
+    r#"
 extern "C" __global__ void ferry_gather(unsigned char* dst, const unsigned char* src, const u64* table, u64 n, unsigned g) {
     unsigned lane = threadIdx.x % g;
     u64 group = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / g;
@@ -141,14 +125,11 @@ extern "C" __global__ void ferry_gather(unsigned char* dst, const unsigned char*
         u64 doff = table[3 * k], soff = table[3 * k + 1], len = table[3 * k + 2];
         unsigned char* d = dst + doff;
         const unsigned char* s = src + soff;
-        u64 x = (u64)d ^ (u64)s;
-        if ((x & 15) == 0) copy_seg<uint4>(d, s, len, lane, g);
-        else if ((x & 7) == 0) copy_seg<u64>(d, s, len, lane, g);
-        else if ((x & 3) == 0) copy_seg<unsigned>(d, s, len, lane, g);
-        else copy_seg<unsigned char>(d, s, len, lane, g);
+        copy_any(d, s, len, lane, g);
     }
 }
-"#;
+"#
+);
 
 const BLOCK: u32 = 256;
 

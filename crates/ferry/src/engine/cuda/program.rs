@@ -17,6 +17,43 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+/// CUDA C++ that more than one of ferry's kernel programs uses, as a literal for `concat!`:
+/// `u64`, and `copy_any`, which copies `len` bytes by `g` threads (this one `lane`) in the
+/// widest words the two addresses' alignment allows.
+macro_rules! kernel_prelude {
+    () => {
+        r#"
+typedef unsigned long long u64;
+// `len` bytes by `g` threads (this one is `lane`), in words of T past an unaligned head.
+template <typename T>
+__device__ __forceinline__ void copy_seg(unsigned char* d, const unsigned char* s, u64 len, u64 lane, u64 g) {
+    const u64 a = sizeof(T);
+    u64 head = (a - ((u64)d & (a - 1))) & (a - 1);
+    if (head > len) head = len;
+    for (u64 i = lane; i < head; i += g) d[i] = s[i];
+    u64 nv = (len - head) / a;
+    T* dv = (T*)(d + head);
+    const T* sv = (const T*)(s + head);
+    u64 i = lane;
+    for (; i + 3ull * g < nv; i += 4ull * g) {
+        T x0 = sv[i], x1 = sv[i + g], x2 = sv[i + 2ull * g], x3 = sv[i + 3ull * g];
+        dv[i] = x0; dv[i + g] = x1; dv[i + 2ull * g] = x2; dv[i + 3ull * g] = x3;
+    }
+    for (; i < nv; i += g) dv[i] = sv[i];
+    for (u64 j = head + nv * a + lane; j < len; j += g) d[j] = s[j];
+}
+__device__ __forceinline__ void copy_any(unsigned char* d, const unsigned char* s, u64 len, u64 lane, u64 g) {
+    u64 x = (u64)d ^ (u64)s;
+    if ((x & 15) == 0) copy_seg<uint4>(d, s, len, lane, g);
+    else if ((x & 7) == 0) copy_seg<u64>(d, s, len, lane, g);
+    else if ((x & 3) == 0) copy_seg<unsigned>(d, s, len, lane, g);
+    else copy_seg<unsigned char>(d, s, len, lane, g);
+}
+"#
+    };
+}
+pub(crate) use kernel_prelude;
+
 /// Why ferry's kernels (the SM copy kernels, the gather kernel, the split kernel) could not be
 /// made; the copies that need them then keep to the copy engines and the driver's calls.
 #[derive(Debug, thiserror::Error)]

@@ -159,8 +159,9 @@ fn drv(op: &'static str) -> impl FnOnce(DriverError) -> SmError {
     move |source| SmError::Driver { op, source }
 }
 
-const KERNEL_SRC: &str = r#"
-typedef unsigned long long u64;
+const KERNEL_SRC: &str = concat!(
+    super::program::kernel_prelude!(),
+    r#"
 #define MAXD 16
 #define TILE 32
 #define MAXRUN 32
@@ -186,31 +187,6 @@ __device__ __forceinline__ void offsets(const Params& p, unsigned n, u64 k, u64&
         d += x * p.ds[i];
         s += x * p.ss[i];
     }
-}
-// `len` bytes by `g` threads (this one is `lane`), in words of T past an unaligned head.
-template <typename T>
-__device__ __forceinline__ void copy_seg(unsigned char* d, const unsigned char* s, u64 len, u64 lane, u64 g) {
-    const u64 a = sizeof(T);
-    u64 head = (a - ((u64)d & (a - 1))) & (a - 1);
-    if (head > len) head = len;
-    for (u64 i = lane; i < head; i += g) d[i] = s[i];
-    u64 nv = (len - head) / a;
-    T* dv = (T*)(d + head);
-    const T* sv = (const T*)(s + head);
-    u64 i = lane;
-    for (; i + 3ull * g < nv; i += 4ull * g) {
-        T x0 = sv[i], x1 = sv[i + g], x2 = sv[i + 2ull * g], x3 = sv[i + 3ull * g];
-        dv[i] = x0; dv[i + g] = x1; dv[i + 2ull * g] = x2; dv[i + 3ull * g] = x3;
-    }
-    for (; i < nv; i += g) dv[i] = sv[i];
-    for (u64 j = head + nv * a + lane; j < len; j += g) d[j] = s[j];
-}
-__device__ __forceinline__ void copy_any(unsigned char* d, const unsigned char* s, u64 len, u64 lane, u64 g) {
-    u64 x = (u64)d ^ (u64)s;
-    if ((x & 15) == 0) copy_seg<uint4>(d, s, len, lane, g);
-    else if ((x & 7) == 0) copy_seg<u64>(d, s, len, lane, g);
-    else if ((x & 3) == 0) copy_seg<unsigned>(d, s, len, lane, g);
-    else copy_seg<unsigned char>(d, s, len, lane, g);
 }
 extern "C" __global__ void ferry_sm_linear(Params p) {
     u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x, g = (u64)gridDim.x * blockDim.x;
@@ -353,7 +329,8 @@ extern "C" __global__ void ferry_sm_tiled(Params p) {
     default: tiled_body<unsigned char>(p, tile); break;
     }
 }
-"#;
+"#
+);
 
 /// The kernels' argument block (`struct Params` in the kernel source).
 #[repr(C)]
