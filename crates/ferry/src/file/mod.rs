@@ -309,16 +309,8 @@ impl FileEngine {
         let bufp = NonNull::from(Box::leak(Box::new(buf)));
         // SAFETY: just leaked from a Box: valid, not aliased.
         let raw = unsafe { (*bufp.as_ptr()).raw_mut() };
-        // SAFETY: the buffer is owned by the transfer through a raw pointer until the request
-        // completed (in wait or Drop); nothing else touches it meanwhile.
-        match unsafe { self.submit(file, offset, raw, IoOp::Read) } {
-            Ok((req, x)) => Ok(FileTransfer::new(req, x, bufp)),
-            Err(error) => Err(FileFailed {
-                error,
-                // SAFETY: refused, so nothing uses the buffer; from Box::leak, taken once.
-                buf: *unsafe { Box::from_raw(bufp.as_ptr()) },
-            }),
-        }
+        // SAFETY: from Box::leak just above, and `raw` is its memory.
+        unsafe { self.submit_owned(file, offset, bufp, raw, IoOp::Read) }
     }
 
     /// Stores all of `buf` at `offset` of `file` (the file grows as needed), owning the buffer
@@ -335,8 +327,25 @@ impl FileEngine {
         let bufp = NonNull::from(Box::leak(Box::new(buf)));
         // SAFETY: just leaked from a Box: valid.
         let raw = unsafe { (*bufp.as_ptr()).raw() };
-        // SAFETY: as in `load`; a store only reads the buffer.
-        match unsafe { self.submit(file, offset, raw, IoOp::Write) } {
+        // SAFETY: from Box::leak just above, and `raw` is its memory; a store only reads it.
+        unsafe { self.submit_owned(file, offset, bufp, raw, IoOp::Write) }
+    }
+
+    /// Submits `op` on `raw`, the memory of the leaked buffer `bufp`, which the transfer then
+    /// owns until the request completed (in wait or Drop); refused: the buffer is handed back.
+    ///
+    /// # Safety
+    /// `bufp` comes from `Box::leak` and nothing else uses it; `raw` describes its memory.
+    unsafe fn submit_owned<B>(
+        &self,
+        file: &FileHandle,
+        offset: u64,
+        bufp: NonNull<B>,
+        raw: RawBuf,
+        op: IoOp,
+    ) -> Result<FileTransfer<B>, FileFailed<B>> {
+        // SAFETY: the buffer stays alive and untouched until the request completed (caller).
+        match unsafe { self.submit(file, offset, raw, op) } {
             Ok((req, x)) => Ok(FileTransfer::new(req, x, bufp)),
             Err(error) => Err(FileFailed {
                 error,
