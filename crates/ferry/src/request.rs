@@ -82,10 +82,11 @@ pub trait Completion: Send + Sync + 'static {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-pub(crate) struct Shared {
-    completion: Box<dyn Completion>,
+/// One allocation per request: the completion is stored inline (unsized), not boxed apart.
+pub(crate) struct Shared<C: ?Sized = dyn Completion> {
     observed: AtomicBool,
     id: u64,
+    completion: C,
 }
 
 /// A submitted copy. Wait on it, poll it, or `.await` it (any executor).
@@ -121,9 +122,9 @@ impl Request {
     pub fn new(completion: impl Completion) -> Request {
         Request {
             shared: Arc::new(Shared {
-                completion: Box::new(completion),
                 observed: AtomicBool::new(false),
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                completion,
             }),
         }
     }
@@ -163,7 +164,7 @@ impl Request {
 
     /// The engine's completion object (for engines that chain their own requests).
     pub fn completion(&self) -> &dyn Completion {
-        &*self.shared.completion
+        &self.shared.completion
     }
 
     /// A second handle to the same request, for engines' and scopes' bookkeeping.
@@ -281,6 +282,9 @@ pub struct Signal {
 struct SignalState {
     result: Option<Result<(), RequestError>>,
     wakers: Vec<Waker>,
+    /// Threads asleep on the condition variable: completion wakes them only if there are any
+    /// (a wake-up is a system call even with nobody to wake, a large part of a small copy).
+    sleepers: usize,
 }
 
 impl Default for Signal {
@@ -299,15 +303,17 @@ impl Signal {
     }
     /// Completes the signal (the first result wins) and wakes every waiter.
     pub fn complete(&self, result: Result<(), RequestError>) {
-        let wakers = {
+        let (wakers, sleepers) = {
             let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             if st.result.is_some() {
                 return;
             }
             st.result = Some(result);
-            std::mem::take(&mut st.wakers)
+            (std::mem::take(&mut st.wakers), st.sleepers)
         };
-        self.cond.notify_all();
+        if sleepers > 0 {
+            self.cond.notify_all();
+        }
         for w in wakers {
             w.wake();
         }
@@ -333,7 +339,11 @@ impl Completion for Signal {
             if let Some(r) = &st.result {
                 return r.clone();
             }
+            // Counted under the lock that `complete` takes before it reads the count, so a
+            // completion after this point sees the sleeper and wakes it.
+            st.sleepers += 1;
             st = self.cond.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st.sleepers -= 1;
         }
     }
     fn poll_done(&self) -> Option<Result<(), RequestError>> {

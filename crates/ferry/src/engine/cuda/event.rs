@@ -6,7 +6,7 @@ use crate::request::{Completion, RequestError};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Waker;
 
 /// An owned CUDA event handle.
@@ -89,8 +89,10 @@ pub(crate) struct Inner {
     pool: Arc<EventPool>,
     ctx: Arc<CudaContext>,
     mode: WaitMode,
+    /// The result once known, and the futures' wakers. Waiting threads block in the driver
+    /// (`cuEventSynchronize`), not on this lock, so no condition variable is needed (and no
+    /// futex wake-up is paid per request).
     state: Mutex<State>,
-    cond: Condvar,
     /// Scratch memory the request's work reads (fill patterns); freed after it completes.
     _keep: Vec<DeviceBuffer>,
 }
@@ -105,7 +107,6 @@ impl Inner {
             st.result = Some(r.clone());
             std::mem::take(&mut st.wakers)
         };
-        self.cond.notify_all();
         for w in wakers {
             w.wake();
         }
@@ -218,7 +219,6 @@ impl CudaCompletion {
                 ctx,
                 mode,
                 state: Mutex::new(state),
-                cond: Condvar::new(),
                 _keep: keep,
             }),
             waker_tx,
