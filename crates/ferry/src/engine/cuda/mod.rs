@@ -15,11 +15,11 @@
 //!   `cuStreamWaitEvent` (no host round trip); other dependencies are waited on the submitting
 //!   thread.
 //!
-//! - Pageable host memory: copies of at least 1 MiB between pageable memory and this device go
-//!   through a ring of pinned staging buffers ([`staged`]), filled and drained by several CPU
-//!   threads while the copy engine moves the previous chunk, on one background thread per
-//!   direction; smaller ones take the driver's own pageable path. [`CudaConfig::staging`] tunes
-//!   or disables it.
+//! - Pageable host memory: copies between pageable memory and this device of at least 2 MiB
+//!   (host to device) or 1 MiB (device to host) go through a ring of pinned staging buffers
+//!   ([`staged`]), filled and drained by several CPU threads while the copy engine moves the
+//!   previous chunk, on one background thread per direction; smaller ones take the driver's own
+//!   pageable path. [`CudaConfig::staging`] tunes or disables it.
 //! - Segment lists: a program that would take many driver calls (a custom operator's list of
 //!   small copies, an N-D plan of many planes) goes through [`gather`]: an SM gather kernel
 //!   compiled with NVRTC, the driver's batched copy, or one call per segment, whichever was
@@ -31,9 +31,10 @@
 //!   memory, as nvbandwidth's SM copies).
 //!
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
-//! dependencies and that copies under 1 MiB from or to pageable host memory return once the
-//! driver has consumed the host side. A staged request's dependents wait for it on the host. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins
-//! ([`WaitMode::Spin`]). `barrier` waits for everything.
+//! dependencies and that copies from or to pageable host memory below the staging sizes return
+//! once the driver has consumed the host side. A staged request's dependents wait for it on the
+//! host. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins ([`WaitMode::Spin`]).
+//! `barrier` waits for everything.
 //!
 //! ```no_run
 //! use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
@@ -441,7 +442,7 @@ impl CudaEngine {
             })
             .collect();
         let Some(plans) = plans else { return Ok(None) };
-        if plans.iter().map(|p| p.total_bytes()).sum::<usize>() < paths::STAGE_MIN_BYTES {
+        if plans.iter().map(|p| p.total_bytes()).sum::<usize>() < paths::stage_min_bytes(dir) {
             return Ok(None);
         }
         let stream = match dir {

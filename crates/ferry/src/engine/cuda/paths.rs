@@ -18,8 +18,17 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 
 /// Copies at least this large between pageable memory and the device are staged; smaller ones
-/// take the driver's own pageable path (a hand-off to the staging thread costs more).
-pub(crate) const STAGE_MIN_BYTES: usize = 1 << 20;
+/// take the driver's own pageable path (the hand-off to the staging thread and the ring's
+/// start-up cost more). Measured on the H200 host (run 24, `ferry bench --test
+/// cuda-h2d-pageable,cuda-d2h-pageable --sizes 1M,2M,4M,8M,16M,32M`, batches of 8): host to
+/// device, staged / driver = 0.86x at 1 MiB, 1.14x at 2 MiB, 1.35x at 4 MiB; device to host,
+/// 1.35x at 1 MiB, 1.58x at 2 MiB (the driver's pageable read-back is the slower of the two).
+pub(crate) fn stage_min_bytes(dir: staged::Direction) -> usize {
+    match dir {
+        staged::Direction::HostToDevice => 2 << 20,
+        staged::Direction::DeviceToHost => 1 << 20,
+    }
+}
 
 /// Programs that would take at least this many driver calls go to the gatherer.
 pub(crate) const GATHER_MIN_CALLS: usize = 64;
