@@ -44,6 +44,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ok("cuEventCreate", unsafe {
         sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
     });
+    // 64 events used in turn, as a pool of events cycles through requests kept alive.
+    let ring: Vec<sys::CUevent> = (0..64)
+        .map(|_| {
+            let mut e = std::ptr::null_mut();
+            // SAFETY: valid out-pointer, context current.
+            ok("cuEventCreate", unsafe {
+                sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            });
+            e
+        })
+        .collect();
+    let turn = std::cell::Cell::new(0usize);
     let (d, s) = (dev.raw_mut().addr, src.raw().addr);
     // SAFETY (every raw variant): `dev` and `src` hold `bytes` bytes and outlive the waits
     // that end each call; the stream and event belong to the current context.
@@ -90,6 +102,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 copy(st);
                 record(st);
                 event_sync()
+            }),
+        ),
+        (
+            "raw copy + cuEventRecord + cuEventSynchronize, 64 events in turn",
+            Box::new(|| {
+                copy(st);
+                let e = ring[turn.get() % ring.len()];
+                turn.set(turn.get() + 1);
+                // SAFETY: live events of this context and our stream.
+                unsafe {
+                    ok("cuEventRecord", sys::cuEventRecord(e, st));
+                    ok("cuEventSynchronize", sys::cuEventSynchronize(e));
+                }
             }),
         ),
         (
@@ -140,8 +165,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    // SAFETY: the event is idle (every variant waited) and destroyed once.
-    ok("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(ev) });
     println!(
         "{bytes} B pinned -> device, submit+wait, us per call ({ROUNDS} rounds x {PER_ROUND} calls, interleaved):"
     );
@@ -152,9 +175,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let p10 = t[t.len() / 10];
         let b = *base.get_or_insert(med);
         println!(
-            "  {name:<55} median {med:7.3}  p10 {p10:7.3}  {:5.2}x",
+            "  {name:<66} median {med:7.3}  p10 {p10:7.3}  {:5.2}x",
             med / b
         );
+    }
+    drop(variants);
+    // SAFETY: the event is idle (every variant waited) and destroyed once.
+    ok("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(ev) });
+    for e in ring {
+        // SAFETY: idle events, each destroyed once.
+        ok("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(e) });
     }
     Ok(())
 }

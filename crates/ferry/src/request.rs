@@ -234,7 +234,10 @@ impl InFlight {
     /// Tracks `req` until the next barrier. Completed, observed requests are pruned here.
     pub fn track(&self, req: &Request) {
         let mut l = self.list.lock().unwrap_or_else(PoisonError::into_inner);
-        if l.len() >= 64 && l.len().is_power_of_two() {
+        // Pruned at 16, 32, 64, ... entries: one poll per tracked request, amortized, at any
+        // threshold; a low one lets completed requests go soon (a CUDA request's event then
+        // returns to its engine's pool while still warm in the driver's caches).
+        if l.len() >= 16 && l.len().is_power_of_two() {
             // Nothing left to report: done and either observed or successful. (Keeping
             // successful requests that were dropped unwaited would grow the list without bound.)
             l.retain(|r| match r.shared.completion.poll_done() {
