@@ -350,14 +350,26 @@ impl Ring {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A persistent fork-join pool: `run(f)` calls `f(i)` once on each worker `i` and returns when all
-// have returned.
+/// Workers for a staged copy of `bytes`: one per 2 MiB, at least 4, at most the pool's. On the
+/// H200 host (run 27, `ferry bench --test cuda-h2d-pageable`, staged / the driver's pageable
+/// path) 12 workers gave 0.97x / 0.56x / 0.81x / 1.36x at 2 / 4 / 8 / 16 MiB, 4 workers 1.18x /
+/// 1.18x / 1.34x / 1.46x, 8 workers 1.26x / 1.28x / 1.03x / 1.61x; 256 MiB needs all 12 for its
+/// 45+ GB/s. Device to host, 8 MiB: 4 workers 27.8 GB/s, 12 workers 21.1.
+fn workers_for(pool: usize, bytes: usize) -> usize {
+    (bytes / (2 << 20)).max(4).min(pool.max(1))
+}
+
+// A persistent fork-join pool: `run_with(n, f, main)` calls `f(i)` for i in 0..n on n of its
+// workers (only those are woken) and returns when all n have returned.
 
 type Job = dyn Fn(usize) + Sync;
 
 struct PoolState {
     generation: u64,
     job: Option<*const Job>,
+    /// Workers the current job wants, and how many have taken their index (0..wanted).
+    wanted: usize,
+    taken: usize,
     remaining: usize,
     panicked: bool,
     shutdown: bool,
@@ -385,6 +397,8 @@ impl Pool {
             state: Mutex::new(PoolState {
                 generation: 0,
                 job: None,
+                wanted: 0,
+                taken: 0,
                 remaining: 0,
                 panicked: false,
                 shutdown: false,
@@ -401,7 +415,7 @@ impl Pool {
             let sh = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ferry-stage-{i}"))
-                .spawn(move || Pool::worker(sh, i))
+                .spawn(move || Pool::worker(sh))
                 .map_err(StagedError::Spawn)?;
             pool.handles.push(h);
         }
@@ -412,19 +426,27 @@ impl Pool {
         self.handles.len()
     }
 
-    fn worker(sh: Arc<PoolShared>, index: usize) {
+    fn worker(sh: Arc<PoolShared>) {
         let mut seen = 0u64;
         loop {
-            let job = {
+            // A worker takes the next index of a job it has not seen while any is left. Every
+            // index is taken: `run_with` wakes as many sleepers as it wants workers, and workers
+            // not asleep at that moment look at the state before they sleep again.
+            let (job, index) = {
                 let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
-                while st.generation == seen && !st.shutdown {
+                loop {
+                    if st.shutdown {
+                        return;
+                    }
+                    if st.generation != seen {
+                        seen = st.generation;
+                        if st.taken < st.wanted {
+                            st.taken += 1;
+                            break (st.job, st.taken - 1);
+                        }
+                    }
                     st = sh.work.wait(st).unwrap_or_else(|e| e.into_inner());
                 }
-                if st.shutdown {
-                    return;
-                }
-                seen = st.generation;
-                st.job
             };
             let ok = match job {
                 // SAFETY: `run` keeps the closure alive until `remaining` reaches 0, which
@@ -441,13 +463,16 @@ impl Pool {
         }
     }
 
-    /// Runs `f(i)` on every worker `i` while `main` runs on the calling thread, then waits for
-    /// every worker. Returns `main`'s error first, else `WorkerPanicked` if a worker panicked.
+    /// Runs `f(i)` for each `i` in `0..n` on `n` workers (at most all of them) while `main`
+    /// runs on the calling thread, then waits for those workers. Returns `main`'s error first,
+    /// else `WorkerPanicked` if a worker panicked.
     fn run_with(
         &self,
+        n: usize,
         f: &(dyn Fn(usize) + Sync),
         main: impl FnOnce() -> Result<(), StagedError>,
     ) -> Result<(), StagedError> {
+        let n = n.clamp(1, self.handles.len());
         let _turn = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: erases the borrow's lifetime; the pointer is used only until every worker has
         // decremented `remaining`, which this function waits for before returning (also when
@@ -457,10 +482,21 @@ impl Pool {
         {
             let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             st.job = Some(ptr);
-            st.remaining = self.handles.len();
+            st.wanted = n;
+            st.taken = 0;
+            st.remaining = n;
             st.panicked = false;
             st.generation += 1;
+        }
+        // Only as many wake-ups as workers wanted (each costs a system call and a thread's
+        // start on a core; waking all twelve made 4-8 MiB staged copies slower than the
+        // driver's own pageable path on the H200 host, run 27).
+        if n == self.handles.len() {
             self.shared.work.notify_all();
+        } else {
+            for _ in 0..n {
+                self.shared.work.notify_one();
+            }
         }
         /// Waits for every worker to be done with the job, also when `main` panics.
         struct Finish<'a>(&'a PoolShared);
@@ -865,7 +901,7 @@ impl Stager {
         n: usize,
         dir: Direction,
     ) -> Result<(), StagedError> {
-        let t = self.pool.threads();
+        let t = workers_for(self.pool.threads(), job.sides.plan.total_bytes());
         let depth = ring.slots.len();
         let slots: Vec<SendPtr> = ring.slots.iter().map(|p| SendPtr(p.ptr)).collect();
         let h2d = dir == Direction::HostToDevice;
@@ -910,7 +946,7 @@ impl Stager {
             }
             r
         };
-        self.pool.run_with(&worker, coordinate)
+        self.pool.run_with(t, &worker, coordinate)
     }
 
     /// Host -> device coordinator of [`Stager::flow`].
@@ -1149,7 +1185,84 @@ impl Staging<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::copy_bytes;
+    use super::{copy_bytes, workers_for, Pool};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    #[test]
+    fn pool_runs_each_index_once_on_distinct_workers() {
+        let pool = Pool::new(6).expect("pool");
+        for round in 0..3000usize {
+            // Every count from 1 to past the pool's size, in a changing order.
+            let want = (round * 7) % 9 + 1;
+            let n = want.min(6);
+            let hits: Vec<AtomicUsize> = (0..8).map(|_| AtomicUsize::new(0)).collect();
+            let threads = Mutex::new(Vec::new());
+            let main_ran = AtomicUsize::new(0);
+            pool.run_with(
+                want,
+                &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                    threads
+                        .lock()
+                        .expect("lock")
+                        .push(std::thread::current().id());
+                },
+                || {
+                    main_ran.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                },
+            )
+            .expect("run");
+            assert_eq!(main_ran.load(Ordering::Relaxed), 1);
+            for (i, h) in hits.iter().enumerate() {
+                let want_hits = usize::from(i < n);
+                assert_eq!(
+                    h.load(Ordering::Relaxed),
+                    want_hits,
+                    "round {round} index {i}"
+                );
+            }
+            let mut t = threads.into_inner().expect("lock");
+            t.sort_by_key(|id| format!("{id:?}"));
+            t.dedup();
+            assert_eq!(t.len(), n, "round {round}: one worker per index");
+        }
+    }
+
+    #[test]
+    fn pool_reports_a_panicking_worker_and_keeps_working() {
+        let pool = Pool::new(3).expect("pool");
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let r = pool.run_with(2, &|i| assert!(i != 1, "worker 1 fails"), || Ok(()));
+        std::panic::set_hook(prev);
+        assert!(
+            matches!(r, Err(super::StagedError::WorkerPanicked)),
+            "{r:?}"
+        );
+        let count = AtomicUsize::new(0);
+        pool.run_with(
+            3,
+            &|_| {
+                count.fetch_add(1, Ordering::Relaxed);
+            },
+            || Ok(()),
+        )
+        .expect("run after a panic");
+        assert_eq!(count.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn workers_scale_with_the_copy() {
+        assert_eq!(workers_for(12, 1 << 20), 4);
+        assert_eq!(workers_for(12, 8 << 20), 4);
+        assert_eq!(workers_for(12, 16 << 20), 8);
+        assert_eq!(workers_for(12, 256 << 20), 12);
+        assert_eq!(workers_for(2, 256 << 20), 2);
+        assert_eq!(workers_for(1, 1 << 20), 1);
+        assert_eq!(workers_for(0, 1 << 20), 1);
+    }
 
     #[test]
     fn non_temporal_copy_every_alignment_and_length() {
