@@ -4,6 +4,7 @@
 //! `skipped: no CUDA driver` without a GPU.
 
 mod cuda_common;
+mod threads_common;
 use cuda_common::*;
 use ferry::cuda::{CudaEngine, DeviceBuffer};
 use ferry::file::{
@@ -14,6 +15,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use threads_common::threads_now;
 
 static LOCK: Mutex<()> = Mutex::new(());
 fn serial() -> MutexGuard<'static, ()> {
@@ -37,35 +39,6 @@ impl Drop for Temp {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-/// ferry's own threads (named `ferry-*`), once the count has held still for 20 ms (at most
-/// 2 s): not every thread of the process (the harness's thread of the test before may still be
-/// exiting, a test without the lock may be running), and not before new threads have named
-/// themselves or finished threads have gone.
-fn threads_now() -> usize {
-    let count = || {
-        std::fs::read_dir("/proc/self/task").map_or(0, |d| {
-            d.filter_map(Result::ok)
-                .filter(|t| {
-                    std::fs::read_to_string(t.path().join("comm"))
-                        .is_ok_and(|c| c.starts_with("ferry-"))
-                })
-                .count()
-        })
-    };
-    let start = std::time::Instant::now();
-    let (mut last, mut since) = (count(), std::time::Instant::now());
-    while since.elapsed() < std::time::Duration::from_millis(20)
-        && start.elapsed() < std::time::Duration::from_secs(2)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let c = count();
-        if c != last {
-            (last, since) = (c, std::time::Instant::now());
-        }
-    }
-    last
 }
 
 fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
