@@ -359,17 +359,16 @@ fn workers_for(pool: usize, bytes: usize) -> usize {
     (bytes / (2 << 20)).max(4).min(pool.max(1))
 }
 
-// A persistent fork-join pool: `run_with(n, f, main)` calls `f(i)` for i in 0..n on n of its
-// workers (only those are woken) and returns when all n have returned.
+// A persistent fork-join pool: `run_with(n, f, main)` calls `f(i)` on worker `i` for i in 0..n
+// (only those are woken, always the same low-numbered ones) and returns when all n have returned.
 
 type Job = dyn Fn(usize) + Sync;
 
 struct PoolState {
     generation: u64,
     job: Option<*const Job>,
-    /// Workers the current job wants, and how many have taken their index (0..wanted).
+    /// Workers the current job wants: those numbered 0..wanted.
     wanted: usize,
-    taken: usize,
     remaining: usize,
     panicked: bool,
     shutdown: bool,
@@ -381,7 +380,8 @@ unsafe impl Send for PoolState {}
 
 struct PoolShared {
     state: Mutex<PoolState>,
-    work: Condvar,
+    /// One per worker, so that a job wakes exactly the workers it wants.
+    work: Vec<Condvar>,
     done: Condvar,
 }
 
@@ -398,12 +398,11 @@ impl Pool {
                 generation: 0,
                 job: None,
                 wanted: 0,
-                taken: 0,
                 remaining: 0,
                 panicked: false,
                 shutdown: false,
             }),
-            work: Condvar::new(),
+            work: (0..threads).map(|_| Condvar::new()).collect(),
             done: Condvar::new(),
         });
         let mut pool = Pool {
@@ -415,7 +414,7 @@ impl Pool {
             let sh = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("ferry-stage-{i}"))
-                .spawn(move || Pool::worker(sh))
+                .spawn(move || Pool::worker(sh, i))
                 .map_err(StagedError::Spawn)?;
             pool.handles.push(h);
         }
@@ -426,13 +425,13 @@ impl Pool {
         self.handles.len()
     }
 
-    fn worker(sh: Arc<PoolShared>) {
+    fn worker(sh: Arc<PoolShared>, index: usize) {
         let mut seen = 0u64;
         loop {
-            // A worker takes the next index of a job it has not seen while any is left. Every
-            // index is taken: `run_with` wakes as many sleepers as it wants workers, and workers
-            // not asleep at that moment look at the state before they sleep again.
-            let (job, index) = {
+            // Worker `index` runs each job that wants it once. `run_with` wakes it through its
+            // own condition variable; if it was not asleep then, it sees the job here before it
+            // sleeps again.
+            let job = {
                 let mut st = sh.state.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
                     if st.shutdown {
@@ -440,12 +439,11 @@ impl Pool {
                     }
                     if st.generation != seen {
                         seen = st.generation;
-                        if st.taken < st.wanted {
-                            st.taken += 1;
-                            break (st.job, st.taken - 1);
+                        if index < st.wanted {
+                            break st.job;
                         }
                     }
-                    st = sh.work.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st = sh.work[index].wait(st).unwrap_or_else(|e| e.into_inner());
                 }
             };
             let ok = match job {
@@ -483,20 +481,15 @@ impl Pool {
             let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             st.job = Some(ptr);
             st.wanted = n;
-            st.taken = 0;
             st.remaining = n;
             st.panicked = false;
             st.generation += 1;
         }
-        // Only as many wake-ups as workers wanted (each costs a system call and a thread's
-        // start on a core; waking all twelve made 4-8 MiB staged copies slower than the
-        // driver's own pageable path on the H200 host, run 27).
-        if n == self.handles.len() {
-            self.shared.work.notify_all();
-        } else {
-            for _ in 0..n {
-                self.shared.work.notify_one();
-            }
+        // Only the workers wanted, and always the same ones (0..n): waking 4 of 12 workers
+        // through one shared condition variable rotated through all twelve, each waking cold,
+        // and left 1-8 MiB staged copies as slow as with all twelve (H200 run 28).
+        for w in &self.shared.work[..n] {
+            w.notify_one();
         }
         /// Waits for every worker to be done with the job, also when `main` panics.
         struct Finish<'a>(&'a PoolShared);
@@ -531,7 +524,9 @@ impl Drop for Pool {
         {
             let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
             st.shutdown = true;
-            self.shared.work.notify_all();
+            for w in &self.shared.work {
+                w.notify_one();
+            }
         }
         for h in self.handles.drain(..) {
             let _ = h.join();
@@ -1203,6 +1198,11 @@ mod tests {
                 want,
                 &|i| {
                     hits[i].fetch_add(1, Ordering::Relaxed);
+                    // Index i always runs on worker i (the same warm threads every time).
+                    assert_eq!(
+                        std::thread::current().name(),
+                        Some(format!("ferry-stage-{i}").as_str())
+                    );
                     threads
                         .lock()
                         .expect("lock")
