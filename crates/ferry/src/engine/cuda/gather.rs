@@ -60,11 +60,7 @@ pub enum Strategy {
     Auto,
 }
 
-/// [`Strategy::Auto`] copies this many segments or fewer with one driver call each.
-pub const AUTO_FEW_SEGMENTS: usize = 4;
-/// [`Strategy::Auto`] copies segments averaging this many bytes or more on the copy engines (the
-/// batch copy, else one call each): they then run at link speed and leave the SMs free.
-pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
+pub use super::route::{AUTO_FEW_SEGMENTS, AUTO_LARGE_SEGMENT};
 
 /// Why a gather/scatter failed.
 #[derive(Debug, Error)]
@@ -340,27 +336,13 @@ impl Gatherer {
         n: usize,
         total: u64,
     ) -> Strategy {
-        if n <= AUTO_FEW_SEGMENTS {
-            return Strategy::PerSegment;
-        }
         // Pageable memory goes one call per segment (the driver stages it anyway).
-        let reachable = super::driver::device_address(dst).is_some()
-            && super::driver::device_address(src).is_some();
-        let batch = reachable && Self::batch_supported() && !stream.cu_stream().is_null();
-        if total / n as u64 >= AUTO_LARGE_SEGMENT {
-            return if batch {
-                Strategy::Batch
-            } else {
-                Strategy::PerSegment
-            };
-        }
-        if reachable && self.kernel().is_ok() {
-            return Strategy::Kernel;
-        }
-        if batch {
-            return Strategy::Batch;
-        }
-        Strategy::PerSegment
+        let reachable = || {
+            super::driver::device_address(dst).is_some()
+                && super::driver::device_address(src).is_some()
+        };
+        let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
+        super::route::gather_strategy(n, total, reachable, batch, || self.kernel().is_ok())
     }
 
     /// # Safety

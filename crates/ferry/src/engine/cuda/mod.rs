@@ -30,6 +30,12 @@
 //!   ([`KernelCopies::Always`]: every such copy, e.g. zero-copy reads and writes of mapped host
 //!   memory, as nvbandwidth's SM copies).
 //!
+//! Which path a copy takes (staged, SM kernel, gather, split, driver calls, and on which
+//! stream) is decided once per request by one pure function (`route.rs`, with the measured
+//! thresholds and their CPU tests); `submit_raw` then only runs the chosen route (`paths.rs`
+//! for the staged and kernel paths, `exec.rs` for driver calls). Settings are in
+//! [`CudaConfig`], set-up errors in [`CudaError`].
+//!
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
 //! dependencies and that copies from or to pageable host memory below the staging sizes return
 //! once the driver has consumed the host side. A staged request's dependents wait for it on the
@@ -48,7 +54,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod config;
 pub(crate) mod driver;
+mod error;
 pub(crate) mod event;
 mod exec;
 pub mod gather;
@@ -58,17 +66,20 @@ mod paths;
 mod probe;
 mod program;
 mod raw;
+mod route;
 pub mod split;
 pub mod staged;
 pub mod strided;
 mod timer;
 
+pub use config::{CudaConfig, Direction, WaitMode};
+pub use error::CudaError;
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
 pub use program::KernelError;
 pub use raw::RawCopier;
-pub use strided::KernelCopies;
+pub use route::KernelCopies;
 pub use timer::{StreamTimer, LATCH_TIMEOUT};
 
 use super::{Engine, Job, SubmitError};
@@ -77,149 +88,9 @@ use crate::request::{BarrierError, InFlight, Request, RequestError};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use driver::{check, DrvErr};
 use exec::End;
+use route::{Path, Route};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
-use thiserror::Error;
-
-/// Why a CUDA engine or buffer could not be created.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum CudaError {
-    /// No usable CUDA driver on this machine (the reason says which part is missing).
-    #[error("no CUDA driver: {0}")]
-    NoDriver(String),
-    /// No device with this ordinal.
-    #[error("no CUDA device {ordinal} (this machine has {count})")]
-    NoDevice {
-        /// The ordinal asked for.
-        ordinal: u32,
-        /// Devices present.
-        count: u32,
-    },
-    /// An allocation or registration failed (out of memory included).
-    #[error("cannot allocate {bytes} bytes of {what}: {msg}")]
-    Alloc {
-        /// What was being allocated.
-        what: &'static str,
-        /// Bytes asked for.
-        bytes: usize,
-        /// The driver's error string.
-        msg: String,
-    },
-    /// A driver call failed.
-    #[error("{call} failed: {msg}")]
-    Driver {
-        /// The driver call.
-        call: &'static str,
-        /// The driver's error string.
-        msg: String,
-    },
-    /// A bad argument (e.g. data larger than its buffer).
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// A thread could not be started.
-    #[error("cannot start thread: {0}")]
-    Thread(String),
-}
-
-impl From<CudaError> for crate::Error {
-    fn from(e: CudaError) -> Self {
-        crate::Error::Setup(e.to_string())
-    }
-}
-
-/// How a thread waits for a request.
-///
-/// Measured on an H200 host (4 KiB pinned host-to-device copy, submitted and waited, median of
-/// 2000, `bench/results/h200/run17/cuda_rates.txt`): `Blocking` 23.5 us, `Spin` 7.8 us,
-/// `SpinThenBlock(50 us)` 8.4 us (a raw `cuMemcpyAsync` + `cuStreamSynchronize`: about 7.3 us);
-/// the sleep and wake-up of a blocking wait cost about 15 us. `SpinThenBlock` gets the spin
-/// latency for short copies and sleeps on long ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WaitMode {
-    /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used.
-    #[default]
-    Blocking,
-    /// Let the driver spin on the request's event (an event without `BLOCKING_SYNC`, waited
-    /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default): the lowest
-    /// latency, one core busy while waiting.
-    Spin,
-    /// Poll for up to this long, then sleep as `Blocking` does.
-    SpinThenBlock(std::time::Duration),
-}
-
-/// Which of the engine's streams (and so which copy engine) a copy runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// Host memory to device memory.
-    HostToDevice,
-    /// Device memory to host memory.
-    DeviceToHost,
-    /// Device to device (also peer copies and fills of device memory).
-    DeviceToDevice,
-}
-
-/// Settings of a [`CudaEngine`]. Plain struct: `CudaConfig::new(ordinal)` then chained setters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CudaConfig {
-    /// The device the engine's streams belong to.
-    pub ordinal: u32,
-    /// How `wait` waits.
-    pub wait: WaitMode,
-    /// Put every copy on this direction's stream instead of inferring it from the buffers'
-    /// kinds (as AML's `aml_dma_cuda_create(kind)`).
-    pub direction: Option<Direction>,
-    /// How copies between pageable host memory and the device are staged through pinned
-    /// buffers; `None` hands them to the driver's own pageable path.
-    pub staging: Option<staged::StagingConfig>,
-    /// Which copies between device-accessible buffers run on the SMs (a kernel) instead of the
-    /// copy engines.
-    pub kernel_copies: KernelCopies,
-    /// Percent of a contiguous device-to-device copy on this GPU (of at least
-    /// [`split::SPLIT_MIN_BYTES`]) done by an SM copy kernel while a copy engine does the rest
-    /// ([`split`]); `None` (default): copy engine only.
-    pub d2d_sm_share: Option<u8>,
-}
-
-impl CudaConfig {
-    /// Device `ordinal`, blocking waits, directions inferred.
-    pub fn new(ordinal: u32) -> CudaConfig {
-        CudaConfig {
-            ordinal,
-            wait: WaitMode::Blocking,
-            direction: None,
-            staging: Some(staged::StagingConfig::new()),
-            kernel_copies: KernelCopies::Auto,
-            d2d_sm_share: None,
-        }
-    }
-    /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
-    pub fn kernel_copies(mut self, k: KernelCopies) -> CudaConfig {
-        self.kernel_copies = k;
-        self
-    }
-    /// Splits large device-to-device copies on this GPU: `percent` (1..=100) of the bytes by
-    /// an SM copy kernel, the rest by a copy engine, at once. 0 turns it off.
-    pub fn d2d_sm_share(mut self, percent: u8) -> CudaConfig {
-        self.d2d_sm_share = (percent > 0).then_some(percent.min(100));
-        self
-    }
-    /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
-    pub fn staging(mut self, staging: Option<staged::StagingConfig>) -> CudaConfig {
-        self.staging = staging;
-        self
-    }
-    /// Sets how `wait` waits.
-    pub fn wait_mode(mut self, wait: WaitMode) -> CudaConfig {
-        self.wait = wait;
-        self
-    }
-    /// Forces every copy onto one direction's stream.
-    pub fn direction(mut self, d: Direction) -> CudaConfig {
-        self.direction = Some(d);
-        self
-    }
-}
 
 struct Peer {
     ctx: Arc<CudaContext>,
@@ -239,7 +110,6 @@ pub struct CudaEngine {
     waker_tx: Sender<Arc<event::Inner>>,
     events: Arc<event::EventPool>,
     paths: paths::Paths,
-    split: std::sync::OnceLock<Result<split::Splitter, String>>,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -289,7 +159,6 @@ impl CudaEngine {
             waker_tx,
             events: Arc::default(),
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
-            split: std::sync::OnceLock::new(),
             ctx,
         })
     }
@@ -333,30 +202,6 @@ impl CudaEngine {
             .map_err(|e| failed("gather kernel")(e.to_string()))
     }
 
-    /// True if this engine can copy to or from device `ordinal`'s memory.
-    fn reaches(&self, ordinal: u32) -> bool {
-        ordinal == self.cfg.ordinal
-            || self
-                .can_access
-                .get(ordinal as usize)
-                .copied()
-                .unwrap_or(false)
-    }
-
-    fn direction(&self, dst: MemKind, src: Option<MemKind>) -> Direction {
-        if let Some(d) = self.cfg.direction {
-            return d;
-        }
-        let on_dev = |k: MemKind| matches!(k, MemKind::Device { .. } | MemKind::Managed);
-        match (on_dev(dst), src.map(on_dev)) {
-            (true, None | Some(true)) => Direction::DeviceToDevice,
-            (true, Some(false)) => Direction::HostToDevice,
-            (false, Some(true)) => Direction::DeviceToHost,
-            (false, None) => Direction::DeviceToHost,
-            (false, Some(false)) => Direction::HostToDevice,
-        }
-    }
-
     /// The end of a copy for a buffer, enabling peer access on first use of another device.
     fn end(&self, addr: u64, kind: MemKind) -> Result<End, SubmitError> {
         let MemKind::Device { ordinal } = kind else {
@@ -390,7 +235,12 @@ impl CudaEngine {
         let peer = slot.as_mut().ok_or_else(|| self.unsupported(kind, None))?;
         // Without direct access (no P2P between the two), `cuMemcpyPeerAsync` still copies,
         // staged by the driver; only enable access where the devices allow it.
-        if !peer.enabled && self.reaches(ordinal) {
+        let direct = self
+            .can_access
+            .get(ordinal as usize)
+            .copied()
+            .unwrap_or(false);
+        if !peer.enabled && direct {
             // SAFETY: this engine's context is current (bound in submit); the peer context is
             // a live primary context. Already-enabled access is not an error.
             let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
@@ -414,245 +264,12 @@ impl CudaEngine {
         }
     }
 
-    /// Pageable host memory <-> this device, large enough: the staged ring, on the direction's
-    /// staging thread. `Ok(None)`: not for staging.
-    fn try_stage(
-        &self,
-        job: &Job,
-        steps: &[crate::op::Step],
-    ) -> Result<Option<Request>, SubmitError> {
-        let own = |k: MemKind| {
-            k == MemKind::Device {
-                ordinal: self.cfg.ordinal,
-            }
-        };
-        let (Some(_), Some(src)) = (self.cfg.staging, job.src) else {
-            return Ok(None);
-        };
-        let dir = match (job.dst.kind, src.kind) {
-            (d, MemKind::Pageable) if own(d) => staged::Direction::HostToDevice,
-            (MemKind::Pageable, s) if own(s) => staged::Direction::DeviceToHost,
-            _ => return Ok(None),
-        };
-        let plans: Option<Vec<crate::plan::Plan>> = steps
-            .iter()
-            .map(|s| match s {
-                crate::op::Step::Copy(p) => Some(*p),
-                crate::op::Step::Fill { .. } | crate::op::Step::Segments { .. } => None,
-            })
-            .collect();
-        let Some(plans) = plans else { return Ok(None) };
-        if plans.iter().map(|p| p.total_bytes()).sum::<usize>() < paths::stage_min_bytes(dir) {
-            return Ok(None);
-        }
-        let stream = match dir {
-            staged::Direction::HostToDevice => Direction::HostToDevice,
-            staged::Direction::DeviceToHost => Direction::DeviceToHost,
-        };
-        let signal = Arc::new(crate::request::Signal::new());
-        self.paths
-            .stage(paths::StagedTask {
-                dir,
-                stream: Arc::clone(&self.streams[stream as usize]),
-                dst: job.dst.addr,
-                src: src.addr,
-                plans,
-                after: job.after.iter().map(Request::share).collect(),
-                signal: Arc::clone(&signal),
-            })
-            .map_err(|msg| SubmitError::Driver {
-                call: "staged copy",
-                msg,
-            })?;
-        Ok(Some(Request::new(signal)))
-    }
-
-    /// Long segment lists (many small copies) through the gatherer, on `stream`'s direction.
-    /// Returns false (nothing enqueued) where the program is not one, or the gatherer cannot
-    /// take it; the caller then runs the steps one by one.
-    ///
-    /// # Safety
-    /// As [`exec::run_step`] for every step.
-    unsafe fn try_gather(
-        &self,
-        steps: &[crate::op::Step],
-        dst: End,
-        src: Option<End>,
-        job: &Job,
-        dk: MemKind,
-        sk: Option<MemKind>,
-    ) -> bool {
-        let (Some(src), Some(src_buf)) = (src, job.src) else {
-            return false;
-        };
-        let reachable = |k: MemKind| match k {
-            MemKind::Pageable => false,
-            MemKind::Device { ordinal } => ordinal == self.cfg.ordinal,
-            _ => true,
-        };
-        if !reachable(dst.kind) || !reachable(src.kind) {
-            return false;
-        }
-        let owned;
-        let segs: &[crate::op::Segment] = match steps {
-            // A segment list as given: no copy of the list.
-            [crate::op::Step::Segments { segs, range, .. }] => &segs[range.clone()],
-            _ => match paths::segment_list(steps) {
-                Some(s) => {
-                    owned = s;
-                    &owned
-                }
-                None => return false,
-            },
-        };
-        let Some(g) = self.paths.gatherer() else {
-            return false;
-        };
-        let stream = &self.streams[self.direction(dk, sk) as usize];
-        // SAFETY: the segments are the program's runs, inside both buffers (3); the buffers
-        // are valid until the request completes (2); this engine's context and stream (1).
-        let r = unsafe {
-            g.copy(
-                stream,
-                dst.addr,
-                job.dst.len,
-                src.addr,
-                src_buf.len,
-                segs,
-                paths::GATHER_STRATEGY,
-            )
-        };
-        // A failed gather may have enqueued part of the copy; the per-step path then writes
-        // the same bytes again, in stream order.
-        r.is_ok()
-    }
-
-    /// Copies that [`CudaConfig::kernel_copies`] sends to the SMs: every step a copy plan it
-    /// takes, both buffers device-accessible. Returns false where not, or where the kernels
-    /// cannot be made (nothing enqueued then, or, after a failed launch, the per-step path
-    /// writes the same bytes again in stream order).
-    ///
-    /// # Safety
-    /// As [`exec::run_step`] for every step.
-    unsafe fn try_sm(
-        &self,
-        steps: &[crate::op::Step],
-        dst: End,
-        src: Option<End>,
-        dk: MemKind,
-        sk: Option<MemKind>,
-    ) -> bool {
-        let mode = self.cfg.kernel_copies;
-        let Some(src) = src.filter(|_| mode != KernelCopies::Never && !steps.is_empty()) else {
-            return false;
-        };
-        let reachable = |k: MemKind| match k {
-            MemKind::Pageable => false,
-            MemKind::Device { ordinal } => ordinal == self.cfg.ordinal,
-            _ => true,
-        };
-        let takes = |s: &crate::op::Step| match s {
-            crate::op::Step::Copy(p) => mode.takes(p),
-            _ => false,
-        };
-        if !reachable(dst.kind) || !reachable(src.kind) || !steps.iter().all(takes) {
-            return false;
-        }
-        let Some(sm) = self.paths.sm() else {
-            return false;
-        };
-        let stream = &self.streams[self.direction(dk, sk) as usize];
-        steps.iter().all(|s| match s {
-            // SAFETY: the plan is the program's, checked inside both buffers (1); buffers valid
-            // until the request completes (caller); this engine's context and stream (2).
-            crate::op::Step::Copy(p) => unsafe { sm.copy(stream, dst.addr, src.addr, p) }.is_ok(),
-            _ => false,
-        })
-    }
-
-    /// A large contiguous copy within this GPU's memory, split between a copy engine and the
-    /// SM copy kernel when [`CudaConfig::d2d_sm_share`] asks for it. `Ok(false)`: not split
-    /// (nothing enqueued).
-    ///
-    /// # Safety
-    /// As [`exec::run_step`] for every step; `stream` is this engine's and its context current.
-    unsafe fn try_split(
-        &self,
-        steps: &[crate::op::Step],
-        dst: End,
-        src: Option<End>,
-        stream: sys::CUstream,
-    ) -> Result<bool, SubmitError> {
-        let (Some(pct), Some(src)) = (self.cfg.d2d_sm_share, src) else {
-            return Ok(false);
-        };
-        let own = MemKind::Device {
-            ordinal: self.cfg.ordinal,
-        };
-        let [crate::op::Step::Copy(plan)] = steps else {
-            return Ok(false);
-        };
-        let n = plan.total_bytes();
-        if dst.kind != own
-            || src.kind != own
-            || plan.kind() != crate::plan::PlanKind::Contiguous
-            || n < split::SPLIT_MIN_BYTES
-        {
-            return Ok(false);
-        }
-        let splitter = self.split.get_or_init(|| {
-            split::Splitter::new(Arc::clone(&self.ctx))
-                .and_then(|s| s.ready().map(|()| s))
-                .map_err(|e| e.to_string())
-        });
-        let Ok(splitter) = splitter else {
-            return Ok(false); // no NVRTC or no kernel: the copy engine does it all
-        };
-        // The copy engine's part ends on a 4 KiB boundary, so that the kernel's part starts
-        // as aligned as the buffers (16-byte loads).
-        let sm_target = (n as u128 * pct as u128 / 100) as usize;
-        let ce = (n - sm_target).next_multiple_of(4096).min(n);
-        let sm_bytes = n - ce;
-        let (d, s) = (
-            dst.addr + plan.dst_offset() as u64,
-            src.addr + plan.src_offset() as u64,
-        );
-        // SAFETY: the plan's contiguous run lies inside both buffers of this device (3, 2);
-        // our stream and current context (1).
-        unsafe { splitter.copy(stream, d, s, n, sm_bytes) }.map_err(|e| {
-            // SAFETY: our live stream: what was enqueued finishes before the error is seen.
-            let _ = unsafe { sys::cuStreamSynchronize(stream) };
-            SubmitError::Driver {
-                call: "split device copy",
-                msg: e.to_string(),
-            }
-        })?;
-        Ok(true)
-    }
-
     /// Host memory passed as plain (pageable) memory that is in fact page-locked (a
     /// `PinnedBuffer` or `Registered` seen through a slice, memory registered elsewhere) is
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
-    ///
-    /// Asked (a driver query per buffer) only where the answer changes the path: staging, the
-    /// gather and SM paths, copies between two host buffers. A small contiguous copy takes the
-    /// same driver call either way (the driver itself copies page-locked memory without
-    /// staging) and skips the query: about a microsecond, 10% of a 256 KiB pageable copy on the
-    /// H200 host (run 25).
-    fn refine_kinds(&self, mut job: Job, steps: &[crate::op::Step]) -> Job {
-        let small_contiguous = match (steps, job.src) {
-            ([crate::op::Step::Copy(p)], Some(src)) => {
-                p.kind() == crate::plan::PlanKind::Contiguous
-                    && p.total_bytes()
-                        < paths::stage_min_bytes(staged::Direction::HostToDevice)
-                            .min(paths::stage_min_bytes(staged::Direction::DeviceToHost))
-                    && job.dst.kind.host_accessible() != src.kind.host_accessible()
-            }
-            _ => false,
-        };
-        if small_contiguous {
-            return job;
-        }
+    /// Asked (a driver query per buffer end) only where [`route::asks_page_lock`] says the
+    /// answer can change the path.
+    fn refine_kinds(&self, mut job: Job) -> Job {
         let pinned = |addr: u64| -> bool {
             driver::bind(&self.ctx).is_ok()
                 && driver::memory_type(addr) == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
@@ -675,6 +292,111 @@ impl CudaEngine {
         job
     }
 
+    /// Runs a route's paths in order on this engine's stream until one has enqueued the
+    /// program: a kernel path that cannot be made here (no NVRTC) or whose launch failed before
+    /// anything was enqueued falls through to the next, and the driver steps close the list.
+    ///
+    /// # Safety
+    /// As [`exec::run_step`] for every step: this engine's context is current, the buffers are
+    /// valid until the request completes, the steps lie inside them.
+    unsafe fn run_route(
+        &self,
+        route: &Route,
+        steps: &[crate::op::Step],
+        job: &Job,
+        dst: End,
+        src: Option<End>,
+        keep: &mut Vec<memory::DeviceBuffer>,
+    ) -> Result<(), SubmitError> {
+        let stream = &self.streams[route.stream as usize];
+        for path in route.paths() {
+            let src_len = job.src.map_or(0, |s| s.len);
+            // SAFETY (every arm): forwarded with this function's contract; the route checked
+            // that both sides are reachable where a kernel path was chosen.
+            let done = match (path, src) {
+                (Path::Sm, Some(src)) => unsafe { self.paths.run_sm(stream, dst, src, steps) },
+                (Path::Gather, Some(src)) => unsafe {
+                    self.paths
+                        .run_gather(stream, dst, job.dst.len, src, src_len, steps)
+                },
+                (Path::Split { sm_bytes }, Some(src)) => unsafe {
+                    self.paths.run_split(stream, dst, src, steps, sm_bytes)?
+                },
+                (Path::Driver, _) => {
+                    unsafe { self.run_steps(stream.cu_stream(), steps, dst, src, keep)? };
+                    true
+                }
+                _ => false,
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The program's steps as driver calls, one after the other.
+    ///
+    /// # Safety
+    /// As [`exec::run_step`].
+    unsafe fn run_steps(
+        &self,
+        stream: sys::CUstream,
+        steps: &[crate::op::Step],
+        dst: End,
+        src: Option<End>,
+        keep: &mut Vec<memory::DeviceBuffer>,
+    ) -> Result<(), SubmitError> {
+        for step in steps {
+            // SAFETY: context current, stream ours (1); buffers valid until the request
+            // completes, by this function's contract (2); steps checked by the program (3).
+            if let Err(e) =
+                unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, keep) }
+            {
+                // Work enqueued before the failure still uses the buffers: finish it before
+                // handing the error (and, in the safe API, the buffers) back.
+                // SAFETY: our live stream.
+                let _ = unsafe { sys::cuStreamSynchronize(stream) };
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// A staged request: handed to the direction's staging thread, which waits for the
+    /// dependencies, moves the bytes through the pinned ring and completes the request.
+    fn stage(
+        &self,
+        job: &Job,
+        route: &Route,
+        dir: staged::Direction,
+        steps: Vec<crate::op::Step>,
+    ) -> Result<Request, SubmitError> {
+        let plans = steps
+            .into_iter()
+            .filter_map(|s| match s {
+                crate::op::Step::Copy(p) => Some(p),
+                _ => None, // the route stages programs of copies only
+            })
+            .collect();
+        let signal = Arc::new(crate::request::Signal::new());
+        self.paths
+            .stage(paths::StagedTask {
+                dir,
+                stream: Arc::clone(&self.streams[route.stream as usize]),
+                dst: job.dst.addr,
+                src: job.src.map_or(0, |s| s.addr),
+                plans,
+                after: job.after.iter().map(Request::share).collect(),
+                signal: Arc::clone(&signal),
+            })
+            .map_err(|msg| SubmitError::Driver {
+                call: "staged copy",
+                msg,
+            })?;
+        Ok(Request::new(signal))
+    }
+
     fn track(&self, req: Request) -> Request {
         self.inflight.track(&req);
         req
@@ -693,23 +415,7 @@ impl Engine for CudaEngine {
     /// pageable, fills of pageable memory (the CPU engine does those), fills of a GPU this one
     /// cannot access.
     fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
-        let count = self.can_access.len() as u32;
-        let dev_ok = |k: MemKind| match k {
-            MemKind::Device { ordinal } => self.reaches(ordinal),
-            _ => true,
-        };
-        let peer_copy = matches!(
-            (dst, src),
-            (MemKind::Device { ordinal: a }, Some(MemKind::Device { ordinal: b }))
-                if a < count && b < count && (a == self.cfg.ordinal || b == self.cfg.ordinal)
-        );
-        if !peer_copy && (!dev_ok(dst) || !src.is_none_or(dev_ok)) {
-            return false;
-        }
-        match src {
-            None => dst != MemKind::Pageable,
-            Some(s) => !(dst == MemKind::Pageable && s == MemKind::Pageable),
-        }
+        route::supports(self.cfg.ordinal, &self.can_access, dst, src)
     }
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
@@ -725,13 +431,19 @@ impl Engine for CudaEngine {
                 Err(e) => return Ok(self.track(Request::ready(Err(e)))),
             }
         };
-        let job = self.refine_kinds(job, &steps);
+        let job = if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), &steps) {
+            self.refine_kinds(job)
+        } else {
+            job
+        };
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
         if !self.supports(dk, sk) {
             return Err(self.unsupported(dk, sk));
         }
-        if let Some(req) = self.try_stage(&job, &steps)? {
-            return Ok(self.track(req));
+        // Decide, then run.
+        let route = route::route(&self.cfg, dk, sk, &steps);
+        if let Path::Staged(dir) = route.first() {
+            return Ok(self.track(self.stage(&job, &route, dir, steps)?));
         }
         // Dependencies: CUDA requests become stream waits; others are waited here.
         let mut events = Vec::new();
@@ -757,7 +469,7 @@ impl Engine for CudaEngine {
             None => None,
         };
         let ev = self.events.take(self.cfg.wait)?;
-        let stream = self.streams[self.direction(dk, sk) as usize].cu_stream();
+        let stream = self.streams[route.stream as usize].cu_stream();
         for e in events {
             // SAFETY: live stream of this context and a live event (held by the dependency's
             // request, which the job holds).
@@ -766,25 +478,10 @@ impl Engine for CudaEngine {
             })?;
         }
         let mut keep = Vec::new();
-        // SAFETY: as for the steps below; the SM copier and the gatherer take the same buffers
-        // and stream.
-        let gathered = unsafe { self.try_sm(&steps, dst, src, dk, sk) }
-            || unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
-        // SAFETY: as for the steps below.
-        let gathered = gathered || unsafe { self.try_split(&steps, dst, src, stream)? };
-        for step in steps.iter().filter(|_| !gathered) {
-            // SAFETY: context current, stream ours (1); buffers valid until the request
-            // completes, by this function's contract (2); steps checked by the program (3).
-            if let Err(e) =
-                unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, &mut keep) }
-            {
-                // Work enqueued before the failure still uses the buffers: finish it before
-                // handing the error (and, in the safe API, the buffers) back.
-                // SAFETY: our live stream.
-                let _ = unsafe { sys::cuStreamSynchronize(stream) };
-                return Err(e.into());
-            }
-        }
+        // SAFETY: context current (bound above), the stream is the route's, of this engine;
+        // the buffers are valid until the request completes by this function's contract; the
+        // steps were checked against the buffers by the program.
+        unsafe { self.run_route(&route, &steps, &job, dst, src, &mut keep)? };
         // SAFETY: live event and stream of this context.
         if let Err(e) = check("cuEventRecord", unsafe {
             sys::cuEventRecord(ev.raw(), stream)

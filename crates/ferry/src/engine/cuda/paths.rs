@@ -5,33 +5,21 @@
 //! measurement), and short-run strided plans go to the SM copier ([`super::strided`]). All are
 //! created on first use.
 
+use super::exec::End;
 use super::gather::{Gatherer, Segment, Strategy};
+use super::split::Splitter;
 use super::staged::{self, Stager, StagingConfig};
 use super::strided::SmCopier;
+use crate::engine::SubmitError;
 use crate::op::Step;
-use crate::plan::{Plan, PlanKind};
+use crate::plan::Plan;
 use crate::request::{Request, RequestError, Signal};
+use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
-
-/// Copies at least this large between pageable memory and the device are staged; smaller ones
-/// take the driver's own pageable path (the hand-off to the staging thread and the ring's
-/// start-up cost more). Measured on the H200 host (run 24, `ferry bench --test
-/// cuda-h2d-pageable,cuda-d2h-pageable --sizes 1M,2M,4M,8M,16M,32M`, batches of 8): host to
-/// device, staged / driver = 0.86x at 1 MiB, 1.14x at 2 MiB, 1.35x at 4 MiB; device to host,
-/// 1.35x at 1 MiB, 1.58x at 2 MiB (the driver's pageable read-back is the slower of the two).
-pub(crate) fn stage_min_bytes(dir: staged::Direction) -> usize {
-    match dir {
-        staged::Direction::HostToDevice => 2 << 20,
-        staged::Direction::DeviceToHost => 1 << 20,
-    }
-}
-
-/// Programs that would take at least this many driver calls go to the gatherer.
-pub(crate) const GATHER_MIN_CALLS: usize = 64;
 
 /// One staged job, run on the direction's staging thread.
 pub(crate) struct StagedTask {
@@ -57,6 +45,7 @@ pub(crate) struct Paths {
     stager: Arc<OnceLock<Result<Stager, String>>>,
     gatherer: OnceLock<Result<Gatherer, String>>,
     sm: OnceLock<Result<SmCopier, String>>,
+    split: OnceLock<Result<Splitter, String>>,
     workers: Mutex<[Option<Worker>; 2]>,
 }
 
@@ -68,6 +57,7 @@ impl Paths {
             stager: Arc::default(),
             gatherer: OnceLock::new(),
             sm: OnceLock::new(),
+            split: OnceLock::new(),
             workers: Mutex::new([None, None]),
         }
     }
@@ -148,6 +138,109 @@ impl Paths {
             .map_err(String::clone)
     }
 
+    /// [`Path::Sm`](super::route::Path::Sm): each copy step as one SM kernel. False where the
+    /// kernels cannot be made here or a launch failed (nothing enqueued then, or the next path
+    /// writes the same bytes again in stream order).
+    ///
+    /// # Safety
+    /// As `exec::run_step` for every step; both sides device-accessible by this GPU.
+    pub(crate) unsafe fn run_sm(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: End,
+        src: End,
+        steps: &[Step],
+    ) -> bool {
+        let Some(sm) = self.sm() else {
+            return false;
+        };
+        steps.iter().all(|s| match s {
+            // SAFETY: the plan is the program's, checked inside both buffers (1); buffers valid
+            // until the request completes (caller); this engine's context and stream (2).
+            Step::Copy(p) => unsafe { sm.copy(stream, dst.addr, src.addr, p) }.is_ok(),
+            _ => false,
+        })
+    }
+
+    /// [`Path::Gather`](super::route::Path::Gather): the program as one segment list. False
+    /// where the gatherer cannot be made or failed (a failed gather may have enqueued part of
+    /// the copy; the next path writes the same bytes again, in stream order).
+    ///
+    /// # Safety
+    /// As `exec::run_step` for every step; `dst_len`/`src_len` are the buffers' lengths.
+    pub(crate) unsafe fn run_gather(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: End,
+        dst_len: usize,
+        src: End,
+        src_len: usize,
+        steps: &[Step],
+    ) -> bool {
+        let Some(g) = self.gatherer() else {
+            return false;
+        };
+        let segs = segments(steps);
+        // SAFETY: the segments are the program's runs, inside both buffers (3); the buffers
+        // are valid until the request completes (2); this engine's context and stream (1).
+        unsafe {
+            g.copy(
+                stream,
+                dst.addr,
+                dst_len,
+                src.addr,
+                src_len,
+                &segs,
+                GATHER_STRATEGY,
+            )
+        }
+        .is_ok()
+    }
+
+    /// [`Path::Split`](super::route::Path::Split): one contiguous copy within this GPU, its
+    /// last `sm_bytes` by an SM kernel, the rest by a copy engine. `Ok(false)`: the kernel
+    /// cannot be made here (nothing enqueued).
+    ///
+    /// # Safety
+    /// As `exec::run_step` for the program's one step; `stream` is this engine's and its
+    /// context current.
+    pub(crate) unsafe fn run_split(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: End,
+        src: End,
+        steps: &[Step],
+        sm_bytes: usize,
+    ) -> Result<bool, SubmitError> {
+        let [Step::Copy(plan)] = steps else {
+            return Ok(false); // the route splits one-copy programs only
+        };
+        let splitter = self.split.get_or_init(|| {
+            Splitter::new(Arc::clone(&self.ctx))
+                .and_then(|s| s.ready().map(|()| s))
+                .map_err(|e| e.to_string())
+        });
+        let Ok(splitter) = splitter else {
+            return Ok(false); // no NVRTC or no kernel: the copy engine does it all
+        };
+        let (d, s) = (
+            dst.addr + plan.dst_offset() as u64,
+            src.addr + plan.src_offset() as u64,
+        );
+        let cs = stream.cu_stream();
+        // SAFETY: the plan's contiguous run lies inside both buffers of this device (3, 2);
+        // our stream and current context (1).
+        unsafe { splitter.copy(cs, d, s, plan.total_bytes(), sm_bytes) }.map_err(|e| {
+            // SAFETY: our live stream: what was enqueued finishes before the error is seen.
+            let _ = unsafe { sys::cuStreamSynchronize(cs) };
+            SubmitError::Driver {
+                call: "split device copy",
+                msg: e.to_string(),
+            }
+        })?;
+        Ok(true)
+    }
+
     /// Finishes every staged job and stops the staging threads.
     pub(crate) fn shutdown(&self) {
         let workers =
@@ -196,34 +289,20 @@ fn run_staged(
     Ok(())
 }
 
-/// Driver calls `exec::copy_plan` would make for a plan (3-D copies counted as one).
-fn calls(p: &Plan) -> usize {
-    match p.kind() {
-        PlanKind::Contiguous | PlanKind::Pitched2D | PlanKind::Pitched3D => 1,
-        PlanKind::Segments => p.counts()[..p.counts().len() - 2].iter().product(),
+/// The program as one segment list (the route said it is all copies; fills add nothing). A
+/// single segment list step is lent as it is, with no copy of the list.
+pub(crate) fn segments(steps: &[Step]) -> std::borrow::Cow<'_, [Segment]> {
+    if let [Step::Segments { segs, range, .. }] = steps {
+        return std::borrow::Cow::Borrowed(&segs[range.clone()]);
     }
-}
-
-/// The program as a segment list, where it is all copies that would take many driver calls.
-pub(crate) fn segment_list(steps: &[Step]) -> Option<Vec<Segment>> {
-    let mut n = 0usize;
-    let mut runs = 0usize;
-    for s in steps {
-        match s {
-            Step::Copy(p) => {
-                n += calls(p);
-                runs += p.run_count();
-            }
-            Step::Segments { range, .. } => {
-                n += range.len();
-                runs += range.len();
-            }
-            Step::Fill { .. } => return None,
-        }
-    }
-    if n < GATHER_MIN_CALLS {
-        return None;
-    }
+    let runs = steps
+        .iter()
+        .map(|s| match s {
+            Step::Copy(p) => p.run_count(),
+            Step::Segments { range, .. } => range.len(),
+            Step::Fill { .. } => 0,
+        })
+        .sum();
     let mut segs = Vec::with_capacity(runs);
     for s in steps {
         match s {
@@ -237,7 +316,7 @@ pub(crate) fn segment_list(steps: &[Step]) -> Option<Vec<Segment>> {
             Step::Fill { .. } => {}
         }
     }
-    Some(segs)
+    std::borrow::Cow::Owned(segs)
 }
 
 /// The strategy the engine asks the gatherer for.

@@ -13,8 +13,7 @@ use super::CudaError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Copies below this many bytes are never split (two launches cost more than they save).
-pub const SPLIT_MIN_BYTES: usize = 8 << 20;
+pub use super::route::SPLIT_MIN_BYTES;
 
 const KERNEL_SRC: &str = r#"
 typedef unsigned long long u64;

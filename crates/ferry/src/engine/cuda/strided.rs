@@ -21,7 +21,8 @@
 //!   run.
 //! - [`SmKernel::Rows`]: longer runs: a group of threads per run.
 //!
-//! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](super::CudaConfig)).
+//! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](super::CudaConfig)),
+//! decided with the other paths in `route.rs`.
 
 use super::program::KernelError;
 use crate::plan::Plan;
@@ -34,72 +35,9 @@ use thiserror::Error;
 /// of 32 x 33 runs lives in 33 KiB of shared memory).
 pub const TILE_MAX_RUN: usize = 32;
 
-/// [`KernelCopies::Auto`] moves a strided plan on the SMs when its runs are at most this many
-/// bytes and there are at least [`AUTO_MIN_RUNS`] of them, even where the copy engines take the
-/// plan in one 2-D or 3-D call.
-///
-/// Measured on the H200 (run 19, `cuda_strided`'s `transpose_timings_by_run_length`: 2-D tiles
-/// of 16 MiB, rows out of a pitch twice as wide, SM vs one `cuMemcpy2DAsync`): at 4-byte rows
-/// the kernel moved 220.5 vs 25.9 GB/s device to device, 15.8 vs 1.6 pinned to device, 42.1 vs
-/// 3.1 device to pinned; at 16-byte rows 232.1 vs 85.8, 20.2 vs 9.7, 40.2 vs 11.5. From 64-byte
-/// rows on the copy engines were as fast or faster with host memory (64 B: 31.8 vs 23.7 GB/s
-/// pinned to device) and they leave the SMs to the user's kernels.
-pub const AUTO_MAX_RUN: usize = 16;
-
-/// [`KernelCopies::Auto`] leaves one-call plans of fewer runs than this on the copy engines.
-/// A kernel launch costs a few microseconds more than one copy call (run 19: an 8x8 f32
-/// transpose on the SMs took 30.6 us submit+wait with blocking waits), which the copy engines'
-/// per-row cost at short rows (0.15 ns device to device, 2.5 ns pinned to device at 4 bytes,
-/// from the rates above) makes up only after thousands of rows.
-pub const AUTO_MIN_RUNS: usize = 4096;
-
-/// [`KernelCopies::Auto`] also moves on the SMs plans of runs up to this many bytes that the
-/// copy engines would need at least [`AUTO_MIN_CALLS`] driver calls for (transposes: one 2-D
-/// call per column). Run 19, square transposes of 16 MiB: with 256-byte elements the kernels
-/// moved 234.3 vs 11.5 GB/s device to device and 27.8 vs 9.3 pinned to device; they were ahead
-/// at every element size from 1 to 256 bytes.
-pub const AUTO_MAX_RUN_CALLS: usize = 256;
-
-/// See [`AUTO_MAX_RUN_CALLS`]. Run 19: an 8x8 f32 transpose (8 driver calls) took 86.1 us on
-/// the copy engines and 30.6 us on the SMs.
-pub const AUTO_MIN_CALLS: usize = 4;
-
-/// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
-/// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
-/// device memory of the engine's own GPU) can go to the SMs; the others always use the copy
-/// engines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KernelCopies {
-    /// Strided plans with short runs on the SMs (runs of at most [`AUTO_MAX_RUN`] bytes, at
-    /// least [`AUTO_MIN_RUNS`] of them; or runs of at most [`AUTO_MAX_RUN_CALLS`] bytes that
-    /// the copy engines would need [`AUTO_MIN_CALLS`] or more calls for, as transposes);
-    /// everything else on the copy engines.
-    #[default]
-    Auto,
-    /// Everything on the copy engines (as before the SM path existed).
-    Never,
-    /// Every copy between device-accessible buffers on the SMs, contiguous ones included: the
-    /// zero-copy SM path for mapped host memory (as nvbandwidth's SM copy tests), or to keep the
-    /// copy engines free for other work. Fills and segment lists keep their own paths.
-    Always,
-}
-
-impl KernelCopies {
-    /// Whether a copy of `plan` between device-accessible buffers goes to the SMs.
-    pub fn takes(self, plan: &Plan) -> bool {
-        match self {
-            KernelCopies::Never => false,
-            KernelCopies::Always => true,
-            KernelCopies::Auto => {
-                let run = plan.run();
-                !plan.counts().is_empty()
-                    && ((run <= AUTO_MAX_RUN && plan.run_count() >= AUTO_MIN_RUNS)
-                        || (run <= AUTO_MAX_RUN_CALLS
-                            && super::exec::driver_calls(plan) >= AUTO_MIN_CALLS))
-            }
-        }
-    }
-}
+pub use super::route::{
+    KernelCopies, AUTO_MAX_RUN, AUTO_MAX_RUN_CALLS, AUTO_MIN_CALLS, AUTO_MIN_RUNS,
+};
 
 /// Which kernel moved a plan; see the [module documentation](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,97 @@
+//! The CUDA engine's settings: which device, how waits wait, which stream a copy takes, and
+//! which paths are on (staging, SM copies, split device copies).
+
+use super::{staged, KernelCopies};
+
+/// How a thread waits for a request.
+///
+/// Measured on an H200 host (4 KiB pinned host-to-device copy, submitted and waited, median of
+/// 2000, `bench/results/h200/run17/cuda_rates.txt`): `Blocking` 23.5 us, `Spin` 7.8 us,
+/// `SpinThenBlock(50 us)` 8.4 us (a raw `cuMemcpyAsync` + `cuStreamSynchronize`: about 7.3 us);
+/// the sleep and wake-up of a blocking wait cost about 15 us. `SpinThenBlock` gets the spin
+/// latency for short copies and sleeps on long ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitMode {
+    /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used.
+    #[default]
+    Blocking,
+    /// Let the driver spin on the request's event (an event without `BLOCKING_SYNC`, waited
+    /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default): the lowest
+    /// latency, one core busy while waiting.
+    Spin,
+    /// Poll for up to this long, then sleep as `Blocking` does.
+    SpinThenBlock(std::time::Duration),
+}
+
+/// Which of the engine's streams (and so which copy engine) a copy runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Host memory to device memory.
+    HostToDevice,
+    /// Device memory to host memory.
+    DeviceToHost,
+    /// Device to device (also peer copies and fills of device memory).
+    DeviceToDevice,
+}
+
+/// Settings of a [`CudaEngine`](super::CudaEngine). Plain struct: `CudaConfig::new(ordinal)` then chained setters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// The device the engine's streams belong to.
+    pub ordinal: u32,
+    /// How `wait` waits.
+    pub wait: WaitMode,
+    /// Put every copy on this direction's stream instead of inferring it from the buffers'
+    /// kinds (as AML's `aml_dma_cuda_create(kind)`).
+    pub direction: Option<Direction>,
+    /// How copies between pageable host memory and the device are staged through pinned
+    /// buffers; `None` hands them to the driver's own pageable path.
+    pub staging: Option<staged::StagingConfig>,
+    /// Which copies between device-accessible buffers run on the SMs (a kernel) instead of the
+    /// copy engines.
+    pub kernel_copies: KernelCopies,
+    /// Percent of a contiguous device-to-device copy on this GPU (of at least
+    /// [`SPLIT_MIN_BYTES`](super::split::SPLIT_MIN_BYTES)) done by an SM copy kernel while a copy engine does the rest
+    /// ([`split`](super::split)); `None` (default): copy engine only.
+    pub d2d_sm_share: Option<u8>,
+}
+
+impl CudaConfig {
+    /// Device `ordinal`, blocking waits, directions inferred.
+    pub fn new(ordinal: u32) -> CudaConfig {
+        CudaConfig {
+            ordinal,
+            wait: WaitMode::Blocking,
+            direction: None,
+            staging: Some(staged::StagingConfig::new()),
+            kernel_copies: KernelCopies::Auto,
+            d2d_sm_share: None,
+        }
+    }
+    /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
+    pub fn kernel_copies(mut self, k: KernelCopies) -> CudaConfig {
+        self.kernel_copies = k;
+        self
+    }
+    /// Splits large device-to-device copies on this GPU: `percent` (1..=100) of the bytes by
+    /// an SM copy kernel, the rest by a copy engine, at once. 0 turns it off.
+    pub fn d2d_sm_share(mut self, percent: u8) -> CudaConfig {
+        self.d2d_sm_share = (percent > 0).then_some(percent.min(100));
+        self
+    }
+    /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
+    pub fn staging(mut self, staging: Option<staged::StagingConfig>) -> CudaConfig {
+        self.staging = staging;
+        self
+    }
+    /// Sets how `wait` waits.
+    pub fn wait_mode(mut self, wait: WaitMode) -> CudaConfig {
+        self.wait = wait;
+        self
+    }
+    /// Forces every copy onto one direction's stream.
+    pub fn direction(mut self, d: Direction) -> CudaConfig {
+        self.direction = Some(d);
+        self
+    }
+}

@@ -1,0 +1,367 @@
+//! Which path a copy takes: one pure function of the memory kinds, the lowered program and the
+//! engine's settings, decided once per request before anything runs. The code that runs a path
+//! (`paths`, `exec`) never re-decides it. Every threshold measured on the H200 lives here, next
+//! to the figures that set it, and the CPU tests at the bottom pin each one: changing a
+//! threshold is a one-line diff here and a failing test that names it.
+//!
+//! The paths, in the order a [`Route`] tries them:
+//! - [`Path::Staged`]: pageable host memory <-> this GPU through the pinned ring
+//!   ([`super::staged`]), on a staging thread. Exclusive: nothing else is tried.
+//! - [`Path::Sm`]: every step a copy plan that [`KernelCopies`] sends to the SMs, both sides
+//!   reachable by this GPU's kernels ([`super::strided`]).
+//! - [`Path::Gather`]: a program that would take at least [`GATHER_MIN_CALLS`] driver calls, as
+//!   one segment list ([`super::gather`], whose own strategy is [`gather_strategy`]).
+//! - [`Path::Split`]: one large contiguous copy within this GPU split between a copy engine and
+//!   an SM kernel ([`super::split`], off unless [`CudaConfig::d2d_sm_share`] is set).
+//! - [`Path::Driver`]: the program's steps as driver calls (`cuMemcpy*Async`, `cuMemset*Async`,
+//!   `cuMemcpyPeerAsync`), always last: a kernel path that cannot be made here (no NVRTC) falls
+//!   through to the next one.
+
+use super::gather::Strategy;
+use super::{staged, CudaConfig, Direction};
+use crate::memory::MemKind;
+use crate::op::Step;
+use crate::plan::{Plan, PlanKind};
+
+/// Copies at least this large from pageable memory to the device are staged; smaller ones take
+/// the driver's own pageable path (the hand-off to the staging thread and the ring's start-up
+/// cost more). Measured on the H200 host (run 24, `ferry bench --test
+/// cuda-h2d-pageable,cuda-d2h-pageable --sizes 1M,2M,4M,8M,16M,32M`, batches of 8): staged /
+/// driver = 0.86x at 1 MiB, 1.14x at 2 MiB, 1.35x at 4 MiB.
+pub const STAGE_MIN_H2D: usize = 2 << 20;
+
+/// As [`STAGE_MIN_H2D`], device to pageable host memory: staged / driver = 1.35x at 1 MiB,
+/// 1.58x at 2 MiB (run 24; the driver's pageable read-back is the slower of the two).
+pub const STAGE_MIN_D2H: usize = 1 << 20;
+
+/// Programs that would take at least this many driver calls go to the gatherer.
+pub const GATHER_MIN_CALLS: usize = 64;
+
+/// [`KernelCopies::Auto`] moves a strided plan on the SMs when its runs are at most this many
+/// bytes and there are at least [`AUTO_MIN_RUNS`] of them, even where the copy engines take the
+/// plan in one 2-D or 3-D call.
+///
+/// Measured on the H200 (run 19, `cuda_strided`'s `transpose_timings_by_run_length`: 2-D tiles
+/// of 16 MiB, rows out of a pitch twice as wide, SM vs one `cuMemcpy2DAsync`): at 4-byte rows
+/// the kernel moved 220.5 vs 25.9 GB/s device to device, 15.8 vs 1.6 pinned to device, 42.1 vs
+/// 3.1 device to pinned; at 16-byte rows 232.1 vs 85.8, 20.2 vs 9.7, 40.2 vs 11.5. From 64-byte
+/// rows on the copy engines were as fast or faster with host memory (64 B: 31.8 vs 23.7 GB/s
+/// pinned to device) and they leave the SMs to the user's kernels.
+pub const AUTO_MAX_RUN: usize = 16;
+
+/// [`KernelCopies::Auto`] leaves one-call plans of fewer runs than this on the copy engines.
+/// A kernel launch costs a few microseconds more than one copy call (run 19: an 8x8 f32
+/// transpose on the SMs took 30.6 us submit+wait with blocking waits), which the copy engines'
+/// per-row cost at short rows (0.15 ns device to device, 2.5 ns pinned to device at 4 bytes,
+/// from the rates above) makes up only after thousands of rows.
+pub const AUTO_MIN_RUNS: usize = 4096;
+
+/// [`KernelCopies::Auto`] also moves on the SMs plans of runs up to this many bytes that the
+/// copy engines would need at least [`AUTO_MIN_CALLS`] driver calls for (transposes: one 2-D
+/// call per column). Run 19, square transposes of 16 MiB: with 256-byte elements the kernels
+/// moved 234.3 vs 11.5 GB/s device to device and 27.8 vs 9.3 pinned to device; they were ahead
+/// at every element size from 1 to 256 bytes.
+pub const AUTO_MAX_RUN_CALLS: usize = 256;
+
+/// See [`AUTO_MAX_RUN_CALLS`]. Run 19: an 8x8 f32 transpose (8 driver calls) took 86.1 us on
+/// the copy engines and 30.6 us on the SMs.
+pub const AUTO_MIN_CALLS: usize = 4;
+
+/// Contiguous device copies below this many bytes are never split between a copy engine and
+/// the SMs (two launches cost more than they save).
+pub const SPLIT_MIN_BYTES: usize = 8 << 20;
+
+/// The copy engine's part of a split copy ends on this boundary, so that the kernel's part
+/// starts as aligned as the buffers (16-byte loads).
+const SPLIT_ALIGN: usize = 4096;
+
+/// [`Strategy::Auto`] copies this many segments or fewer with one driver call each.
+pub const AUTO_FEW_SEGMENTS: usize = 4;
+
+/// [`Strategy::Auto`] copies segments averaging this many bytes or more on the copy engines (the
+/// batch copy, else one call each): they then run at link speed and leave the SMs free.
+/// Measured on the H200 (`bench/results/h200.md`, scattered segments): the batch copy 52 GB/s
+/// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB.
+pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
+
+/// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
+/// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
+/// device memory of the engine's own GPU) can go to the SMs; the others always use the copy
+/// engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelCopies {
+    /// Strided plans with short runs on the SMs (runs of at most [`AUTO_MAX_RUN`] bytes, at
+    /// least [`AUTO_MIN_RUNS`] of them; or runs of at most [`AUTO_MAX_RUN_CALLS`] bytes that
+    /// the copy engines would need [`AUTO_MIN_CALLS`] or more calls for, as transposes);
+    /// everything else on the copy engines.
+    #[default]
+    Auto,
+    /// Everything on the copy engines (as before the SM path existed).
+    Never,
+    /// Every copy between device-accessible buffers on the SMs, contiguous ones included: the
+    /// zero-copy SM path for mapped host memory (as nvbandwidth's SM copy tests), or to keep the
+    /// copy engines free for other work. Fills and segment lists keep their own paths.
+    Always,
+}
+
+impl KernelCopies {
+    /// Whether a copy of `plan` between device-accessible buffers goes to the SMs.
+    pub fn takes(self, plan: &Plan) -> bool {
+        match self {
+            KernelCopies::Never => false,
+            KernelCopies::Always => true,
+            KernelCopies::Auto => {
+                let run = plan.run();
+                !plan.counts().is_empty()
+                    && ((run <= AUTO_MAX_RUN && plan.run_count() >= AUTO_MIN_RUNS)
+                        || (run <= AUTO_MAX_RUN_CALLS
+                            && super::exec::driver_calls(plan) >= AUTO_MIN_CALLS))
+            }
+        }
+    }
+}
+
+/// One way of running a request's program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Through the pinned staging ring, on the direction's staging thread.
+    Staged(staged::Direction),
+    /// Each copy step as one SM kernel.
+    Sm,
+    /// The whole program as one segment list through the gatherer.
+    Gather,
+    /// One contiguous device copy: `sm_bytes` at its end by an SM kernel, the rest by a copy
+    /// engine, at once.
+    Split {
+        /// Bytes the kernel copies (the last ones of the run).
+        sm_bytes: usize,
+    },
+    /// The steps as driver calls, one after the other.
+    Driver,
+}
+
+/// The decision for one request: which stream it runs on, and the paths to try in order (the
+/// first that can be made here runs; [`Path::Driver`] closes every list but a staged one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The engine stream (and so the copy engine) the request's work and event go on.
+    pub stream: Direction,
+    paths: [Option<Path>; 4],
+}
+
+impl Route {
+    fn new(stream: Direction) -> Route {
+        Route {
+            stream,
+            paths: [None; 4],
+        }
+    }
+    fn then(mut self, p: Path) -> Route {
+        if let Some(slot) = self.paths.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(p);
+        }
+        self
+    }
+    /// The paths in the order to try them.
+    pub fn paths(&self) -> impl Iterator<Item = Path> + '_ {
+        self.paths.iter().map_while(|p| *p)
+    }
+    /// The first path (the one that runs where every kernel can be made).
+    pub fn first(&self) -> Path {
+        self.paths[0].unwrap_or(Path::Driver)
+    }
+}
+
+/// Whether a copy touches only memory this GPU's kernels can address: not pageable host memory,
+/// no other GPU's memory.
+fn kernel_reachable(me: u32, k: MemKind) -> bool {
+    match k {
+        MemKind::Pageable => false,
+        MemKind::Device { ordinal } => ordinal == me,
+        MemKind::Pinned | MemKind::Mapped | MemKind::Managed => true,
+    }
+}
+
+/// Whether an engine on GPU `me` (which can access the devices `can_access[j]` directly) takes
+/// jobs between memory of these kinds. Every pair that involves memory a GPU can address:
+/// device memory of this GPU or of a peer it can access, pinned, mapped, managed, and pageable
+/// host memory on one side of a copy; copies between device memory of any two GPUs of the
+/// machine (`cuMemcpyPeerAsync`, which the driver stages where the two have no direct access).
+/// Not: pageable to pageable, fills of pageable memory, fills of a GPU this one cannot access.
+pub(crate) fn supports(me: u32, can_access: &[bool], dst: MemKind, src: Option<MemKind>) -> bool {
+    let count = can_access.len() as u32;
+    let reaches = |o: u32| o == me || can_access.get(o as usize).copied().unwrap_or(false);
+    let dev_ok = |k: MemKind| match k {
+        MemKind::Device { ordinal } => reaches(ordinal),
+        _ => true,
+    };
+    let peer_copy = matches!(
+        (dst, src),
+        (MemKind::Device { ordinal: a }, Some(MemKind::Device { ordinal: b }))
+            if a < count && b < count && (a == me || b == me)
+    );
+    if !peer_copy && (!dev_ok(dst) || !src.is_none_or(dev_ok)) {
+        return false;
+    }
+    match src {
+        None => dst != MemKind::Pageable,
+        Some(s) => !(dst == MemKind::Pageable && s == MemKind::Pageable),
+    }
+}
+
+/// The stream a copy between these kinds runs on: the configured one, else inferred (host ->
+/// device, device -> host, device -> device; fills by their destination).
+pub(crate) fn direction(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>) -> Direction {
+    if let Some(d) = cfg.direction {
+        return d;
+    }
+    let on_dev = |k: MemKind| matches!(k, MemKind::Device { .. } | MemKind::Managed);
+    match (on_dev(dst), src.map(on_dev)) {
+        (true, None | Some(true)) => Direction::DeviceToDevice,
+        (true, Some(false)) | (false, Some(false)) => Direction::HostToDevice,
+        (false, Some(true) | None) => Direction::DeviceToHost,
+    }
+}
+
+/// Whether the engine should ask the driver if `Pageable` buffers are in fact page-locked
+/// (a `PinnedBuffer` seen through a slice, memory registered elsewhere) before routing: only
+/// where the answer can change the path (staging, the gather and SM paths, copies between two
+/// host buffers). A small contiguous copy between host and device takes the same driver call
+/// either way (the driver copies page-locked memory without staging) and skips the query:
+/// about a microsecond, 10% of a 256 KiB pageable copy on the H200 host (run 25).
+pub(crate) fn asks_page_lock(dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> bool {
+    let small_contiguous = match (steps, src) {
+        ([Step::Copy(p)], Some(src)) => {
+            p.kind() == PlanKind::Contiguous
+                && p.total_bytes() < STAGE_MIN_H2D.min(STAGE_MIN_D2H)
+                && dst.host_accessible() != src.host_accessible()
+        }
+        _ => false,
+    };
+    !small_contiguous
+}
+
+/// The route of a request between memory of kinds `dst` and `src` (already refined by the
+/// page-lock query where [`asks_page_lock`] said so, and checked by [`supports`]) whose
+/// program is `steps`, on the engine configured by `cfg`.
+pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+    let me = cfg.ordinal;
+    let own = MemKind::Device { ordinal: me };
+    let Some(src) = src else {
+        // Fills: memsets or pattern copies, as driver calls.
+        return Route::new(direction(cfg, dst, None)).then(Path::Driver);
+    };
+    // Staged: pageable <-> this GPU, every step a copy, large enough.
+    if cfg.staging.is_some() {
+        let staged = match (dst, src) {
+            (d, MemKind::Pageable) if d == own => Some(staged::Direction::HostToDevice),
+            (MemKind::Pageable, s) if s == own => Some(staged::Direction::DeviceToHost),
+            _ => None,
+        };
+        let copies = steps.iter().all(|s| matches!(s, Step::Copy(_)));
+        if let (Some(dir), true) = (staged, copies) {
+            let min = match dir {
+                staged::Direction::HostToDevice => STAGE_MIN_H2D,
+                staged::Direction::DeviceToHost => STAGE_MIN_D2H,
+            };
+            let bytes: usize = steps.iter().map(Step::bytes).sum();
+            if bytes >= min {
+                let stream = match dir {
+                    staged::Direction::HostToDevice => Direction::HostToDevice,
+                    staged::Direction::DeviceToHost => Direction::DeviceToHost,
+                };
+                return Route::new(stream).then(Path::Staged(dir));
+            }
+        }
+    }
+    let mut r = Route::new(direction(cfg, dst, Some(src)));
+    let reachable = kernel_reachable(me, dst) && kernel_reachable(me, src);
+    let mode = cfg.kernel_copies;
+    let sm = reachable
+        && mode != KernelCopies::Never
+        && !steps.is_empty()
+        && steps.iter().all(|s| match s {
+            Step::Copy(p) => mode.takes(p),
+            _ => false,
+        });
+    if sm {
+        r = r.then(Path::Sm);
+    }
+    // A segment list as given goes to the gatherer at any length (it picks one call each for
+    // a few segments); other programs from GATHER_MIN_CALLS driver calls on.
+    let gather = match steps {
+        [Step::Segments { .. }] => true,
+        _ => gather_calls(steps).is_some_and(|n| n >= GATHER_MIN_CALLS),
+    };
+    if reachable && gather {
+        r = r.then(Path::Gather);
+    }
+    if let (Some(pct), [Step::Copy(plan)]) = (cfg.d2d_sm_share, steps) {
+        let n = plan.total_bytes();
+        if dst == own && src == own && plan.kind() == PlanKind::Contiguous && n >= SPLIT_MIN_BYTES {
+            let sm_target = (n as u128 * pct as u128 / 100) as usize;
+            let ce = (n - sm_target).next_multiple_of(SPLIT_ALIGN).min(n);
+            r = r.then(Path::Split { sm_bytes: n - ce });
+        }
+    }
+    r.then(Path::Driver)
+}
+
+/// Driver calls `exec::copy_plan` would make for a plan between host and device (3-D copies
+/// counted as one): what the gatherer saves.
+fn plan_calls(p: &Plan) -> usize {
+    match p.kind() {
+        PlanKind::Contiguous | PlanKind::Pitched2D | PlanKind::Pitched3D => 1,
+        PlanKind::Segments => p.counts()[..p.counts().len() - 2].iter().product(),
+    }
+}
+
+/// Driver calls the program would take one step at a time, where it is all copies (a fill
+/// cannot be gathered).
+pub(crate) fn gather_calls(steps: &[Step]) -> Option<usize> {
+    let mut n = 0usize;
+    for s in steps {
+        n += match s {
+            Step::Copy(p) => plan_calls(p),
+            Step::Segments { range, .. } => range.len(),
+            Step::Fill { .. } => return None,
+        };
+    }
+    Some(n)
+}
+
+/// What the gatherer's [`Strategy::Auto`] does with `n` segments of `total` bytes. The facts
+/// it needs are asked only when the answer matters (each costs driver calls, the kernel a
+/// compile the first time): `reachable`, both buffers are device-accessible; `batch`, the driver
+/// has `cuMemcpyBatchAsync` and the stream is not the legacy one; `kernel`, the gather kernel
+/// can be made.
+pub(crate) fn gather_strategy(
+    n: usize,
+    total: u64,
+    reachable: impl FnOnce() -> bool,
+    batch: impl FnOnce() -> bool,
+    kernel: impl FnOnce() -> bool,
+) -> Strategy {
+    if n <= AUTO_FEW_SEGMENTS {
+        return Strategy::PerSegment;
+    }
+    let reachable = reachable();
+    let batch = reachable && batch();
+    if total / n as u64 >= AUTO_LARGE_SEGMENT {
+        return if batch {
+            Strategy::Batch
+        } else {
+            Strategy::PerSegment
+        };
+    }
+    if reachable && kernel() {
+        Strategy::Kernel
+    } else if batch {
+        Strategy::Batch
+    } else {
+        Strategy::PerSegment
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,408 @@
+//! The routing table, on the CPU. Thresholds are written here as numbers, not as the constants:
+//! a changed threshold fails the test that names it, and the diff of the test says what moved.
+
+use super::*;
+use crate::layout::Layout;
+use crate::op::Segment;
+use std::sync::Arc;
+
+const ME: u32 = 0;
+const OWN: MemKind = MemKind::Device { ordinal: ME };
+const PEER: MemKind = MemKind::Device { ordinal: 1 };
+const PAGEABLE: MemKind = MemKind::Pageable;
+const PINNED: MemKind = MemKind::Pinned;
+const MAPPED: MemKind = MemKind::Mapped;
+const MANAGED: MemKind = MemKind::Managed;
+const HOST_KINDS: [MemKind; 4] = [PAGEABLE, PINNED, MAPPED, MANAGED];
+
+fn cfg() -> CudaConfig {
+    CudaConfig::new(ME)
+}
+
+fn contiguous(bytes: usize) -> Vec<Step> {
+    vec![Step::Copy(Plan::contiguous(0, 0, bytes))]
+}
+
+/// A copy of `rows` rows of `row` bytes out of a pitch twice as wide (one 2-D call).
+fn tile(rows: usize, row: usize) -> Vec<Step> {
+    let src = Layout::pitched(&[rows, row], 1, 2 * row).unwrap();
+    let dst = Layout::contiguous(&[rows, row], 1).unwrap();
+    vec![Step::Copy(Plan::new(&dst, &src).unwrap())]
+}
+
+/// A square transpose of `n` x `n` elements of `elem` bytes.
+fn transpose(n: usize, elem: usize) -> Vec<Step> {
+    let src = Layout::contiguous(&[n, n], elem)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap();
+    let dst = Layout::contiguous(&[n, n], elem).unwrap();
+    vec![Step::Copy(Plan::new(&dst, &src).unwrap())]
+}
+
+fn segments(n: usize, len: u64) -> Vec<Step> {
+    let segs: Arc<[Segment]> = (0..n as u64)
+        .map(|i| Segment::new(i * len, i * 2 * len, len))
+        .collect();
+    vec![Step::Segments {
+        segs,
+        range: 0..n,
+        bytes: n * len as usize,
+    }]
+}
+
+fn fill(bytes: usize) -> Vec<Step> {
+    vec![Step::Fill {
+        plan: Plan::contiguous(0, 0, bytes),
+        pattern: Box::new([7]),
+    }]
+}
+
+fn paths(r: Route) -> Vec<Path> {
+    r.paths().collect()
+}
+
+#[test]
+fn staging_host_to_device_from_2_mib() {
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &contiguous(2 << 20));
+    assert_eq!(paths(r), [Path::Staged(staged::Direction::HostToDevice)]);
+    assert_eq!(r.stream, Direction::HostToDevice);
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &contiguous((2 << 20) - 1));
+    assert_eq!(paths(r), [Path::Driver]);
+    assert_eq!(r.stream, Direction::HostToDevice);
+}
+
+#[test]
+fn staging_device_to_host_from_1_mib() {
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &contiguous(1 << 20));
+    assert_eq!(paths(r), [Path::Staged(staged::Direction::DeviceToHost)]);
+    assert_eq!(r.stream, Direction::DeviceToHost);
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &contiguous((1 << 20) - 1));
+    assert_eq!(paths(r), [Path::Driver]);
+}
+
+#[test]
+fn staging_counts_every_copy_step_and_never_takes_fills_or_segments() {
+    let two = [contiguous(1 << 20), contiguous(1 << 20)].concat();
+    assert_eq!(
+        route(&cfg(), OWN, Some(PAGEABLE), &two).first(),
+        Path::Staged(staged::Direction::HostToDevice)
+    );
+    let mixed = [contiguous(4 << 20), segments(1, 4096)].concat();
+    assert_ne!(
+        route(&cfg(), OWN, Some(PAGEABLE), &mixed).first(),
+        Path::Staged(staged::Direction::HostToDevice)
+    );
+}
+
+#[test]
+fn staging_off_peer_memory_and_pinned_are_never_staged() {
+    let big = contiguous(256 << 20);
+    let off = cfg().staging(None);
+    assert_eq!(
+        paths(route(&off, OWN, Some(PAGEABLE), &big)),
+        [Path::Driver]
+    );
+    assert_eq!(
+        paths(route(&cfg(), PEER, Some(PAGEABLE), &big)),
+        [Path::Driver]
+    );
+    for k in [PINNED, MAPPED, MANAGED] {
+        assert_eq!(
+            paths(route(&cfg(), OWN, Some(k), &big)),
+            [Path::Driver],
+            "{k}"
+        );
+        assert_eq!(
+            paths(route(&cfg(), k, Some(OWN), &big)),
+            [Path::Driver],
+            "{k}"
+        );
+    }
+}
+
+#[test]
+fn staged_stream_follows_the_staging_direction_even_when_a_direction_is_forced() {
+    let forced = cfg().direction(Direction::DeviceToDevice);
+    let r = route(&forced, OWN, Some(PAGEABLE), &contiguous(4 << 20));
+    assert_eq!(r.stream, Direction::HostToDevice);
+    let r = route(&forced, OWN, Some(PINNED), &contiguous(4 << 20));
+    assert_eq!(r.stream, Direction::DeviceToDevice);
+}
+
+#[test]
+fn direction_of_every_kind_pair() {
+    let on_dev = |k: MemKind| matches!(k, MemKind::Device { .. } | MemKind::Managed);
+    let all = [PAGEABLE, PINNED, MAPPED, MANAGED, OWN, PEER];
+    for d in all {
+        let fill_dir = direction(&cfg(), d, None);
+        let want = if on_dev(d) {
+            Direction::DeviceToDevice
+        } else {
+            Direction::DeviceToHost
+        };
+        assert_eq!(fill_dir, want, "fill of {d}");
+        for s in all {
+            let want = match (on_dev(d), on_dev(s)) {
+                (true, true) => Direction::DeviceToDevice,
+                (false, true) => Direction::DeviceToHost,
+                (_, false) => Direction::HostToDevice,
+            };
+            assert_eq!(direction(&cfg(), d, Some(s)), want, "{s} -> {d}");
+        }
+    }
+}
+
+#[test]
+fn supports_every_kind_pair() {
+    // GPU 0 of three; it can access GPU 1 directly, not GPU 2.
+    let access = [false, true, false];
+    let far = MemKind::Device { ordinal: 2 };
+    let absent = MemKind::Device { ordinal: 3 };
+    let host = HOST_KINDS;
+    for d in host {
+        for s in host {
+            let want = !(d == PAGEABLE && s == PAGEABLE);
+            assert_eq!(supports(ME, &access, d, Some(s)), want, "{s} -> {d}");
+        }
+        for dev in [OWN, PEER] {
+            assert!(supports(ME, &access, d, Some(dev)), "{dev} -> {d}");
+            assert!(supports(ME, &access, dev, Some(d)), "{d} -> {dev}");
+        }
+        assert!(!supports(ME, &access, d, Some(far)), "{far} -> {d}");
+        assert!(!supports(ME, &access, far, Some(d)), "{d} -> {far}");
+        assert_eq!(supports(ME, &access, d, None), d != PAGEABLE, "fill {d}");
+    }
+    // Device <-> device: any two GPUs of the machine with this one on a side.
+    for other in [OWN, PEER, far] {
+        assert!(supports(ME, &access, OWN, Some(other)));
+        assert!(supports(ME, &access, other, Some(OWN)));
+    }
+    assert!(supports(ME, &access, PEER, Some(PEER)));
+    assert!(!supports(ME, &access, far, Some(PEER)));
+    assert!(!supports(ME, &access, absent, Some(OWN)));
+    assert!(supports(ME, &access, PEER, None));
+    assert!(!supports(ME, &access, far, None));
+}
+
+#[test]
+fn page_lock_query_skipped_only_for_small_contiguous_host_device_copies() {
+    let small = contiguous((1 << 20) - 1);
+    assert!(!asks_page_lock(OWN, Some(PAGEABLE), &small));
+    assert!(!asks_page_lock(PAGEABLE, Some(OWN), &small));
+    // From the smaller staging threshold (1 MiB) on the answer can change the path.
+    assert!(asks_page_lock(OWN, Some(PAGEABLE), &contiguous(1 << 20)));
+    // Host <-> host: pinned memory is reachable by the kernels.
+    assert!(asks_page_lock(PAGEABLE, Some(PAGEABLE), &small));
+    assert!(asks_page_lock(OWN, Some(PAGEABLE), &tile(64, 64)));
+    assert!(asks_page_lock(OWN, None, &fill(64)));
+}
+
+#[test]
+fn auto_sm_takes_short_runs_from_4096_of_them() {
+    // Runs of 16 bytes: one 2-D call for the copy engines; SMs from 4096 rows.
+    for k in [OWN, PINNED, MAPPED, MANAGED] {
+        let r = route(&cfg(), OWN, Some(k), &tile(4096, 16));
+        assert_eq!(paths(r), [Path::Sm, Path::Driver], "{k}");
+        let r = route(&cfg(), OWN, Some(k), &tile(4095, 16));
+        assert_eq!(paths(r), [Path::Driver], "{k}");
+    }
+    // 17-byte runs stay on the copy engines at any count (one call).
+    let r = route(&cfg(), OWN, Some(OWN), &tile(1 << 16, 17));
+    assert_eq!(paths(r), [Path::Driver]);
+}
+
+#[test]
+fn auto_sm_takes_transposes_of_runs_up_to_256_bytes_from_4_calls() {
+    // A transpose: one 2-D call per column.
+    assert_eq!(
+        route(&cfg(), OWN, Some(OWN), &transpose(4, 256)).first(),
+        Path::Sm
+    );
+    assert_eq!(
+        route(&cfg(), OWN, Some(OWN), &transpose(3, 256)).first(),
+        Path::Driver
+    );
+    assert_eq!(
+        route(&cfg(), OWN, Some(OWN), &transpose(64, 257)).first(),
+        Path::Driver
+    );
+    assert_eq!(
+        route(&cfg(), OWN, Some(OWN), &transpose(8, 4)).first(),
+        Path::Sm
+    );
+}
+
+#[test]
+fn sm_needs_both_sides_reachable_and_copies_only() {
+    let t = transpose(64, 4);
+    assert_eq!(route(&cfg(), OWN, Some(PAGEABLE), &t).first(), Path::Driver);
+    assert_eq!(route(&cfg(), PAGEABLE, Some(OWN), &t).first(), Path::Driver);
+    assert_eq!(route(&cfg(), PEER, Some(OWN), &t).first(), Path::Driver);
+    assert_eq!(route(&cfg(), OWN, Some(PEER), &t).first(), Path::Driver);
+    assert_eq!(
+        route(&cfg(), OWN, None, &fill(1 << 20)).first(),
+        Path::Driver
+    );
+    let never = cfg().kernel_copies(KernelCopies::Never);
+    assert_eq!(paths(route(&never, OWN, Some(OWN), &t)), [Path::Driver]);
+    // Always: contiguous copies too, but not fills or segment lists.
+    let always = cfg().kernel_copies(KernelCopies::Always);
+    let r = route(&always, MAPPED, Some(OWN), &contiguous(4096));
+    assert_eq!(paths(r), [Path::Sm, Path::Driver]);
+    assert_ne!(
+        route(&always, OWN, Some(OWN), &segments(100, 64)).first(),
+        Path::Sm
+    );
+    assert_eq!(
+        route(&always, OWN, Some(PAGEABLE), &contiguous(4096)).first(),
+        Path::Driver
+    );
+}
+
+#[test]
+fn gather_from_64_driver_calls() {
+    // 64 segments: 64 calls.
+    let r = route(
+        &cfg(),
+        OWN,
+        Some(PINNED),
+        &[segments(32, 64), segments(32, 64)].concat(),
+    );
+    assert_eq!(paths(r), [Path::Gather, Path::Driver]);
+    let r = route(
+        &cfg(),
+        OWN,
+        Some(PINNED),
+        &[segments(32, 64), segments(31, 64)].concat(),
+    );
+    assert_eq!(paths(r), [Path::Driver]);
+    // A program of 64 one-call copies.
+    let many: Vec<Step> = (0..64).flat_map(|_| contiguous(64)).collect();
+    assert_eq!(route(&cfg(), OWN, Some(OWN), &many).first(), Path::Gather);
+    assert_eq!(
+        route(&cfg(), OWN, Some(OWN), &many[..63]).first(),
+        Path::Driver
+    );
+    // Never with pageable memory or another GPU; never with a fill in the program.
+    assert_eq!(
+        route(&cfg(), OWN, Some(PAGEABLE), &many).first(),
+        Path::Driver
+    );
+    assert_eq!(route(&cfg(), PEER, Some(OWN), &many).first(), Path::Driver);
+    let with_fill = [many.clone(), fill(64)].concat();
+    assert_eq!(gather_calls(&with_fill), None);
+}
+
+#[test]
+fn one_segment_list_is_gathered_at_any_length() {
+    let r = route(&cfg(), OWN, Some(OWN), &segments(3, 64));
+    assert_eq!(paths(r), [Path::Gather, Path::Driver]);
+}
+
+#[test]
+fn sm_then_gather_then_driver_for_a_many_call_4d_permutation() {
+    // Dims reversed: 4-byte runs; the copy engines need one 3-D call per index of the two
+    // outer dims, 8 x 8 = 64 of them.
+    let src = Layout::contiguous(&[4, 4, 8, 8], 4)
+        .unwrap()
+        .permute(&[3, 2, 1, 0])
+        .unwrap();
+    let dst = Layout::contiguous(&[8, 8, 4, 4], 4).unwrap();
+    let steps = vec![Step::Copy(Plan::new(&dst, &src).unwrap())];
+    let r = route(&cfg(), OWN, Some(OWN), &steps);
+    assert_eq!(paths(r), [Path::Sm, Path::Gather, Path::Driver]);
+    // A square transpose is one 3-D plan: counted as one call, never gathered.
+    let r = route(&cfg(), OWN, Some(OWN), &transpose(64, 4));
+    assert_eq!(paths(r), [Path::Sm, Path::Driver]);
+}
+
+#[test]
+fn split_only_when_asked_from_8_mib_within_this_gpu() {
+    let n = 8 << 20;
+    assert_eq!(
+        paths(route(&cfg(), OWN, Some(OWN), &contiguous(n))),
+        [Path::Driver]
+    );
+    let half = cfg().d2d_sm_share(50);
+    let r = route(&half, OWN, Some(OWN), &contiguous(n));
+    assert_eq!(paths(r), [Path::Split { sm_bytes: n / 2 }, Path::Driver]);
+    let r = route(&half, OWN, Some(OWN), &contiguous(n - 1));
+    assert_eq!(paths(r), [Path::Driver]);
+    assert_eq!(
+        route(&half, OWN, Some(PEER), &contiguous(n)).first(),
+        Path::Driver
+    );
+    assert_eq!(
+        route(&half, OWN, Some(PINNED), &contiguous(n)).first(),
+        Path::Driver
+    );
+    assert_eq!(
+        route(&half, OWN, Some(OWN), &tile(4096, 4096)).first(),
+        Path::Driver
+    );
+}
+
+#[test]
+fn split_copy_engine_part_ends_on_a_4_kib_boundary() {
+    let n = (8 << 20) + 100;
+    let r = route(&cfg().d2d_sm_share(30), OWN, Some(OWN), &contiguous(n));
+    let Path::Split { sm_bytes } = r.first() else {
+        panic!("not split: {r:?}");
+    };
+    assert_eq!((n - sm_bytes) % 4096, 0);
+    assert!((n - sm_bytes) >= n * 70 / 100);
+    let all = route(&cfg().d2d_sm_share(100), OWN, Some(OWN), &contiguous(n));
+    assert_eq!(all.first(), Path::Split { sm_bytes: n });
+}
+
+#[test]
+fn gather_strategy_thresholds() {
+    let yes = || true;
+    // At most 4 segments: one call each.
+    assert_eq!(
+        gather_strategy(4, 1 << 30, || true, || true, yes),
+        Strategy::PerSegment
+    );
+    // Segments averaging 1 MiB or more: the batch copy where it can run.
+    assert_eq!(
+        gather_strategy(5, 5 << 20, || true, || true, yes),
+        Strategy::Batch
+    );
+    assert_eq!(
+        gather_strategy(5, 5 << 20, || true, || false, yes),
+        Strategy::PerSegment
+    );
+    assert_eq!(
+        gather_strategy(5, 5 << 20, || false, || true, yes),
+        Strategy::PerSegment
+    );
+    // Smaller segments: the kernel, else the batch copy, else one call each.
+    assert_eq!(
+        gather_strategy(5, (5 << 20) - 1, || true, || true, yes),
+        Strategy::Kernel
+    );
+    assert_eq!(
+        gather_strategy(5, 5 << 10, || true, || true, || false),
+        Strategy::Batch
+    );
+    assert_eq!(
+        gather_strategy(5, 5 << 10, || true, || false, || false),
+        Strategy::PerSegment
+    );
+    assert_eq!(
+        gather_strategy(5, 5 << 10, || false, || true, yes),
+        Strategy::PerSegment
+    );
+}
+
+#[test]
+fn fills_run_as_driver_calls_on_their_destination_stream() {
+    let r = route(&cfg(), OWN, None, &fill(1 << 30));
+    assert_eq!(paths(r), [Path::Driver]);
+    assert_eq!(r.stream, Direction::DeviceToDevice);
+    assert_eq!(
+        route(&cfg(), PINNED, None, &fill(64)).stream,
+        Direction::DeviceToHost
+    );
+}
