@@ -28,10 +28,41 @@ pub enum Error {
     /// A file load or store.
     #[error(transparent)]
     File(#[from] crate::file::FileError),
-    /// Creating an engine or a buffer.
+    /// Creating a CUDA engine, a buffer or one of its helpers.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
+    /// A bad argument to a call that takes several buffers (e.g. parts that do not add up).
     #[error("{0}")]
-    Setup(String),
+    InvalidArgument(String),
+    /// A thread could not be started (the operating system's message).
+    #[error("cannot start thread: {0}")]
+    Thread(String),
     /// The NCCL engine: set-up, a refused send/receive, a timeout or an abort.
     #[error(transparent)]
     Nccl(#[from] crate::engine::nccl::NcclError),
+}
+
+impl Error {
+    /// The failed CUDA driver call behind this error, if one is, wherever it sits (a submit, a
+    /// request, a barrier's first failure, a file transfer's copy, an engine's set-up).
+    ///
+    /// ```
+    /// # fn f(r: Result<(), ferry::Error>) {
+    /// if let Err(e) = r {
+    ///     if e.driver_error().is_some_and(|d| d.is_out_of_memory()) {
+    ///         // free something and try again
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            Error::Submit(e) => e.driver_error(),
+            Error::Request(e) => e.driver_error(),
+            Error::Barrier(b) => b.failures.iter().find_map(|(_, e)| e.driver_error()),
+            Error::Cuda(e) => e.driver_error(),
+            Error::File(e) => e.driver_error(),
+            _ => None,
+        }
+    }
 }

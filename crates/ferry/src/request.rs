@@ -40,14 +40,17 @@ pub enum RequestError {
         /// The panic message.
         msg: String,
     },
-    /// A driver call failed; the driver's own error string is kept.
-    #[error("{call} failed: {msg}")]
-    Driver {
-        /// The driver call.
-        call: &'static str,
-        /// The driver's error string.
-        msg: String,
-    },
+    /// A driver call failed; the driver's own code is kept (match out-of-memory with
+    /// [`DriverError::is_out_of_memory`](crate::cuda::DriverError::is_out_of_memory)).
+    #[error(transparent)]
+    Driver(crate::cuda::DriverError),
+    /// A helper the request needed could not be made (the staging ring's pinned memory or
+    /// threads).
+    #[error(transparent)]
+    Cuda(crate::cuda::CudaError),
+    /// An NCCL operation failed (NCCL's result code kept in [`NcclError::Nccl`](crate::engine::nccl::NcclError::Nccl)).
+    #[error(transparent)]
+    Nccl(crate::engine::nccl::NcclError),
     /// A request this one depends on failed, so this one did not run.
     #[error("dependency failed: {0}")]
     Dependency(Box<RequestError>),
@@ -66,6 +69,28 @@ pub enum RequestError {
         /// The limit.
         after: std::time::Duration,
     },
+}
+
+impl RequestError {
+    /// The failed driver call behind this error (or behind the failed dependency that stopped
+    /// it), if one is.
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            RequestError::Driver(d) => Some(*d),
+            RequestError::Cuda(e) => e.driver_error(),
+            RequestError::Dependency(e) => e.driver_error(),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::cuda::CudaError> for RequestError {
+    fn from(e: crate::cuda::CudaError) -> Self {
+        match e {
+            crate::cuda::CudaError::Driver(d) => RequestError::Driver(d),
+            e => RequestError::Cuda(e),
+        }
+    }
 }
 
 /// How an engine reports completion. Engines implement this; users see [`Request`].

@@ -140,34 +140,37 @@ fn still_works(e: &CudaEngine, seed: u64) {
     assert!(e.barrier().is_ok());
 }
 
-/// A submit error or a request error, as text.
-fn flat<E: std::fmt::Display, F: std::fmt::Display>(
+/// A submit error or a request error, as ferry's error (the driver's code kept).
+fn flat<E: Into<ferry::Error>, F: Into<ferry::Error>>(
     r: Result<Result<(), F>, E>,
-) -> Result<(), String> {
+) -> Result<(), ferry::Error> {
     match r {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("request failed: {e}")),
-        Err(e) => Err(format!("submit failed: {e}")),
+        Ok(Err(e)) => Err(e.into()),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// With the card full, an operation either works (`verify` checks its bytes) or fails with
 /// the driver's out-of-memory error; anything else fails the test.
-fn under_oom(what: &str, r: Result<(), String>, outcomes: &mut Vec<String>, verify: impl FnOnce()) {
+fn under_oom(
+    what: &str,
+    r: Result<(), ferry::Error>,
+    outcomes: &mut Vec<String>,
+    verify: impl FnOnce(),
+) {
     match r {
         Ok(()) => {
             verify();
             outcomes.push(format!("{what}: ok, bytes checked"));
         }
-        Err(msg) => {
-            assert!(is_oom(&msg), "{what} with the card full: {msg}");
-            outcomes.push(format!("{what}: {msg}"));
+        Err(e) => {
+            // Matched on the driver's code, not on text.
+            let oom = e.driver_error().is_some_and(|d| d.is_out_of_memory());
+            assert!(oom, "{what} with the card full: {e:?}");
+            outcomes.push(format!("{what}: {e}"));
         }
     }
-}
-
-fn is_oom(msg: &str) -> bool {
-    msg.contains("OUT_OF_MEMORY") || msg.contains("out of memory")
 }
 
 /// Allocates device memory until the driver refuses even 2 MiB; returns the buffers.
@@ -177,8 +180,8 @@ fn fill_the_card() -> Vec<DeviceBuffer> {
         loop {
             match DeviceBuffer::new(0, size) {
                 Ok(b) => hog.push(b),
-                Err(CudaError::Alloc { msg, .. }) => {
-                    assert!(is_oom(&msg), "allocation failed with {msg}");
+                Err(CudaError::Alloc { source, .. }) => {
+                    assert!(source.is_out_of_memory(), "allocation failed with {source}");
                     break;
                 }
                 Err(e) => panic!("allocation failed with an unexpected error: {e}"),
@@ -212,7 +215,7 @@ fn card_filled_out_of_memory() {
 
         let total = ferry::cuda::probe().devices[0].total_mem.unwrap();
         match DeviceBuffer::new(0, total + (1 << 30)) {
-            Err(CudaError::Alloc { msg, .. }) => assert!(is_oom(&msg), "{msg}"),
+            Err(CudaError::Alloc { source, .. }) => assert!(source.is_out_of_memory(), "{source}"),
             other => panic!("a buffer larger than the card: expected Alloc, got {other:?}"),
         }
         let hog = fill_the_card();
@@ -279,7 +282,7 @@ fn card_filled_out_of_memory() {
         });
         // New buffers and engines: a clear error or success, never a panic.
         match DeviceBuffer::new(0, 64 << 20) {
-            Err(CudaError::Alloc { msg, .. }) => assert!(is_oom(&msg), "{msg}"),
+            Err(CudaError::Alloc { source, .. }) => assert!(source.is_out_of_memory(), "{source}"),
             Ok(_) => outcomes.push("a 64 MiB buffer was allocated after all".into()),
             Err(other) => panic!("{other:?}"),
         }
@@ -577,9 +580,8 @@ mod injected {
                     disarm_all();
                     assert!(fired, "{what}: the copy had fewer chunks than expected");
                     match &a {
-                        Err(RequestError::Driver { call, msg }) => {
-                            assert_eq!(*call, "staged copy", "{what}");
-                            assert!(is_oom(msg), "{what}: {msg}");
+                        Err(RequestError::Driver(d)) => {
+                            assert!(d.is_out_of_memory(), "{what}: {d}");
                         }
                         other => panic!("{what}: expected the injected error, got {other:?}"),
                     }

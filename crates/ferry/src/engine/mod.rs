@@ -44,14 +44,33 @@ pub enum SubmitError {
     /// The engine has been shut down or its workers are gone.
     #[error("engine `{0}` is shut down")]
     ShutDown(String),
-    /// A driver call failed while submitting.
-    #[error("{call} failed: {msg}")]
-    Driver {
-        /// The driver call.
-        call: &'static str,
-        /// The driver's error string.
-        msg: String,
-    },
+    /// A driver call failed while submitting (the driver's code kept: match out-of-memory
+    /// with [`DriverError::is_out_of_memory`](crate::cuda::DriverError::is_out_of_memory)).
+    #[error(transparent)]
+    Driver(crate::cuda::DriverError),
+    /// A helper the engine needed could not be made (a thread, a peer GPU's context).
+    #[error(transparent)]
+    Cuda(crate::cuda::CudaError),
+}
+
+impl SubmitError {
+    /// The failed driver call behind this error, if one is.
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            SubmitError::Driver(d) => Some(*d),
+            SubmitError::Cuda(e) => e.driver_error(),
+            _ => None,
+        }
+    }
+}
+
+impl From<crate::cuda::CudaError> for SubmitError {
+    fn from(e: crate::cuda::CudaError) -> Self {
+        match e {
+            crate::cuda::CudaError::Driver(d) => SubmitError::Driver(d),
+            e => SubmitError::Cuda(e),
+        }
+    }
 }
 
 fn kinds_message(dst: MemKind, src: Option<MemKind>) -> String {

@@ -87,21 +87,24 @@ pub enum FileError {
         why: String,
     },
     /// The engine that moves bytes between the bounce ring and the buffer failed.
-    #[error("moving the bytes at offset {offset} of {} through the bounce ring failed: {msg}", path.display())]
+    #[error("moving the bytes at offset {offset} of {} through the bounce ring failed: {source}", path.display())]
     Transfer {
         /// The file.
         path: PathBuf,
         /// File offset of the chunk.
         offset: u64,
-        /// The engine's error.
-        msg: String,
+        /// The engine's error, as it is (a driver's code kept).
+        source: Box<crate::Error>,
     },
     /// A configuration value is out of range.
     #[error("bad file engine config: {0}")]
     BadConfig(String),
-    /// Threads or bounce buffers could not be set up.
+    /// Threads or host bounce buffers could not be set up.
     #[error("file engine setup failed: {0}")]
     Setup(String),
+    /// The pinned bounce buffers could not be made (the driver's error kept).
+    #[error("file engine bounce buffers: {0}")]
+    Cuda(#[from] crate::cuda::CudaError),
     /// Code run by a worker panicked (a bug); the engine stays usable.
     #[error("a file worker panicked at offset {offset} of {}: {msg}", path.display())]
     Panicked {
@@ -139,5 +142,16 @@ impl FileError {
 impl From<FileError> for crate::request::RequestError {
     fn from(e: FileError) -> Self {
         crate::request::RequestError::Io(e.to_string())
+    }
+}
+
+impl FileError {
+    /// The failed CUDA driver call behind this error, if one is.
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            FileError::Transfer { source, .. } => source.driver_error(),
+            FileError::Cuda(e) => e.driver_error(),
+            _ => None,
+        }
     }
 }

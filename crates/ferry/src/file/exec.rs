@@ -153,7 +153,7 @@ impl Slot {
                 }
                 SlotMem::Host { ptr, layout }
             }
-            Err(e) => return Err(FileError::Setup(format!("bounce buffer: {e}"))),
+            Err(e) => return Err(e.into()),
         };
         LIVE_SLOTS.fetch_add(1, Ordering::AcqRel);
         Ok(Slot { mem, len })
@@ -389,10 +389,10 @@ impl Xfer {
             len,
             kind: self.buf.kind,
         };
-        let err = |msg: String| FileError::Transfer {
+        let err = |e: crate::Error| FileError::Transfer {
             path: self.file.path.clone(),
             offset: self.offset + at as u64,
-            msg,
+            source: Box::new(e),
         };
         let Some(engine) = &self.mover else {
             let (src, dst) = if to_buf { (s, b) } else { (b, s) };
@@ -404,7 +404,7 @@ impl Xfer {
             };
             return Ok(());
         };
-        let l = crate::Layout::bytes(len).map_err(|e| err(e.to_string()))?;
+        let l = crate::Layout::bytes(len).map_err(|e| err(e.into()))?;
         let job = if to_buf {
             Job::copy(b, l, s, l)
         } else {
@@ -413,8 +413,8 @@ impl Xfer {
         // SAFETY: the slot is held by this runner until the wait below returns; the buffer's
         // chunk is valid memory of its kind, unshared until the whole request completes
         // (submit's contract), which happens after this wait.
-        let req = unsafe { engine.submit_raw(job) }.map_err(|e| err(e.to_string()))?;
-        req.wait().map_err(|e| err(e.to_string()))
+        let req = unsafe { engine.submit_raw(job) }.map_err(|e| err(e.into()))?;
+        req.wait().map_err(|e| err(e.into()))
     }
 
     /// `pread` until `b` is full: short reads continue, end of file is an error.

@@ -87,7 +87,7 @@ impl CpuEngine {
     /// An engine with the given settings. Errors if a worker thread cannot be started.
     pub fn with_config(cfg: CpuConfig) -> Result<CpuEngine, crate::Error> {
         let pool = Pool::start(cfg.threads)
-            .map_err(|e| crate::Error::Setup(format!("cannot start CPU worker: {e}")))?;
+            .map_err(|e| crate::Error::Thread(format!("CPU worker: {e}")))?;
         Ok(CpuEngine {
             pool,
             inflight: InFlight::new(),

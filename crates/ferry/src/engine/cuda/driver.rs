@@ -6,59 +6,29 @@ use super::CudaError;
 use cudarc::driver::{result, sys, CudaContext};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// A failed driver call: which call, and the driver's own error name and string.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DrvErr {
-    pub call: &'static str,
-    pub code: sys::CUresult,
-    pub msg: String,
-}
-
-impl DrvErr {
-    pub(crate) fn new(call: &'static str, code: sys::CUresult) -> DrvErr {
-        DrvErr {
-            call,
-            code,
-            msg: error_string(code),
-        }
-    }
-}
+/// The name ferry's backend files use for a failed driver call.
+pub(crate) use super::error::DriverError as DrvErr;
 
 impl From<DrvErr> for crate::engine::SubmitError {
     fn from(e: DrvErr) -> Self {
-        crate::engine::SubmitError::Driver {
-            call: e.call,
-            msg: e.msg,
-        }
+        crate::engine::SubmitError::Driver(e)
     }
 }
 
 impl From<DrvErr> for crate::request::RequestError {
     fn from(e: DrvErr) -> Self {
-        crate::request::RequestError::Driver {
-            call: e.call,
-            msg: e.msg,
-        }
+        crate::request::RequestError::Driver(e)
     }
 }
 
-impl From<DrvErr> for CudaError {
-    fn from(e: DrvErr) -> Self {
-        CudaError::Driver {
-            call: e.call,
-            msg: e.msg,
-        }
-    }
-}
-
-/// `CUDA_ERROR_X: description`, as the driver words it.
+/// `CUDA_ERROR_X: description`, as the driver words it (the name alone where the driver
+/// library is not loaded: asking it would panic).
 pub(crate) fn error_string(code: sys::CUresult) -> String {
-    let e = result::DriverError(code);
-    let name = e
-        .error_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{code:?}"));
-    let text = e
+    let name = format!("{code:?}");
+    if !super::staged::driver_present() {
+        return name;
+    }
+    let text = result::DriverError(code)
         .error_string()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -99,7 +69,7 @@ pub(crate) fn driver() -> Result<i32, CudaError> {
             check("cuDriverGetVersion", unsafe {
                 sys::cuDriverGetVersion(&mut v)
             })
-            .map_err(|e| e.msg)?;
+            .map_err(|e| e.to_string())?;
             Ok(v)
         })
         .clone()
@@ -109,10 +79,7 @@ pub(crate) fn driver() -> Result<i32, CudaError> {
 /// Number of devices the driver sees (0 when there is no driver).
 pub(crate) fn device_count() -> Result<u32, CudaError> {
     driver()?;
-    let n = result::device::get_count().map_err(|e| CudaError::Driver {
-        call: "cuDeviceGetCount",
-        msg: error_string(e.0),
-    })?;
+    let n = result::device::get_count().map_err(|e| DrvErr::from_cudarc("cuDeviceGetCount", e))?;
     Ok(n.max(0) as u32)
 }
 
@@ -133,10 +100,8 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
     if let Some(c) = &ctxs[ordinal as usize] {
         return Ok(Arc::clone(c));
     }
-    let c = CudaContext::new(ordinal as usize).map_err(|e| CudaError::Driver {
-        call: "cuDevicePrimaryCtxRetain",
-        msg: error_string(e.0),
-    })?;
+    let c = CudaContext::new(ordinal as usize)
+        .map_err(|e| DrvErr::from_cudarc("cuDevicePrimaryCtxRetain", e))?;
     ctxs[ordinal as usize] = Some(Arc::clone(&c));
     Ok(c)
 }
@@ -173,5 +138,5 @@ pub(crate) fn device_address(addr: u64) -> Option<u64> {
 /// Makes `ctx` current on this thread.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DrvErr> {
     ctx.bind_to_thread()
-        .map_err(|e| DrvErr::new("cuCtxSetCurrent", e.0))
+        .map_err(|e| DrvErr::from_cudarc("cuCtxSetCurrent", e))
 }

@@ -480,10 +480,12 @@ unsafe fn fill_plan(
     // A pattern memset cannot write: copy from a block of whole patterns on the device.
     let block_len = run.min((FILL_BLOCK / pattern.len()).max(1) * pattern.len());
     let block: Vec<u8> = pattern.iter().copied().cycle().take(block_len).collect();
-    let scratch = DeviceBuffer::new(ordinal, block_len).map_err(|e| DrvErr {
-        call: "cuMemAlloc",
-        code: sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-        msg: format!("fill pattern block: {e}"),
+    let scratch = DeviceBuffer::new(ordinal, block_len).map_err(|e| {
+        // The allocation's own driver error (out of memory, most likely).
+        e.driver_error().unwrap_or(DrvErr::new(
+            "cuMemAlloc",
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        ))
     })?;
     // The block is written on `stream`, so the copies below follow it in stream order (a
     // synchronous upload on the legacy stream could land after them: H200 run 22). From

@@ -27,7 +27,7 @@ fn alloc_err(what: &'static str, bytes: usize, e: driver::DrvErr) -> CudaError {
     CudaError::Alloc {
         what,
         bytes,
-        msg: e.msg,
+        source: e,
     }
 }
 

@@ -73,7 +73,7 @@ pub mod strided;
 mod timer;
 
 pub use config::{CudaConfig, Direction, WaitMode};
-pub use error::CudaError;
+pub use error::{CudaError, DriverError};
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
@@ -191,15 +191,9 @@ impl CudaEngine {
     /// # Ok::<(), ferry::cuda::CudaError>(())
     /// ```
     pub fn compile_kernels(&self) -> Result<(), CudaError> {
-        let failed = |what: &'static str| move |msg: String| CudaError::Driver { call: what, msg };
-        self.paths.sm_copier().map_err(failed("SM copy kernels"))?;
-        let g = self
-            .paths
-            .gatherer_or_why()
-            .map_err(failed("gather kernel"))?;
-        g.kernel()
-            .map(drop)
-            .map_err(|e| failed("gather kernel")(e.to_string()))
+        self.paths.sm_copier()?;
+        let g = self.paths.gatherer_or_why()?;
+        g.kernel().map(drop).map_err(CudaError::from)
     }
 
     /// The end of a copy for a buffer, enabling peer access on first use of another device.
@@ -223,10 +217,7 @@ impl CudaEngine {
             .get_mut(ordinal as usize)
             .ok_or_else(|| self.unsupported(kind, None))?;
         if slot.is_none() {
-            let ctx = driver::context(ordinal).map_err(|e| SubmitError::Driver {
-                call: "cuDevicePrimaryCtxRetain",
-                msg: e.to_string(),
-            })?;
+            let ctx = driver::context(ordinal)?;
             *slot = Some(Peer {
                 ctx,
                 enabled: false,
@@ -380,20 +371,15 @@ impl CudaEngine {
             })
             .collect();
         let signal = Arc::new(crate::request::Signal::new());
-        self.paths
-            .stage(paths::StagedTask {
-                dir,
-                stream: Arc::clone(&self.streams[route.stream as usize]),
-                dst: job.dst.addr,
-                src: job.src.map_or(0, |s| s.addr),
-                plans,
-                after: job.after.iter().map(Request::share).collect(),
-                signal: Arc::clone(&signal),
-            })
-            .map_err(|msg| SubmitError::Driver {
-                call: "staged copy",
-                msg,
-            })?;
+        self.paths.stage(paths::StagedTask {
+            dir,
+            stream: Arc::clone(&self.streams[route.stream as usize]),
+            dst: job.dst.addr,
+            src: job.src.map_or(0, |s| s.addr),
+            plans,
+            after: job.after.iter().map(Request::share).collect(),
+            signal: Arc::clone(&signal),
+        })?;
         Ok(Request::new(signal))
     }
 

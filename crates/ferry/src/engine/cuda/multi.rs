@@ -92,7 +92,7 @@ impl MultiGpu {
     ) -> Result<(), crate::Error> {
         let total: usize = dsts.iter().map(DeviceBuffer::len).sum();
         if total > src.raw().len {
-            return Err(crate::Error::Setup(format!(
+            return Err(crate::Error::InvalidArgument(format!(
                 "scatter of {total} bytes from a buffer of {}",
                 src.raw().len
             )));
@@ -120,7 +120,7 @@ impl MultiGpu {
         let total: usize = srcs.iter().map(DeviceBuffer::len).sum();
         let raw = dst.raw_mut();
         if total > raw.len {
-            return Err(crate::Error::Setup(format!(
+            return Err(crate::Error::InvalidArgument(format!(
                 "gather of {total} bytes into a buffer of {}",
                 raw.len
             )));

@@ -10,6 +10,7 @@ use super::gather::{Gatherer, Segment, Strategy};
 use super::split::Splitter;
 use super::staged::{self, Stager, StagingConfig};
 use super::strided::SmCopier;
+use super::CudaError;
 use crate::engine::SubmitError;
 use crate::op::Step;
 use crate::plan::Plan;
@@ -42,10 +43,10 @@ type Worker = (Sender<StagedTask>, JoinHandle<()>);
 pub(crate) struct Paths {
     ctx: Arc<CudaContext>,
     staging: StagingConfig,
-    stager: Arc<OnceLock<Result<Stager, String>>>,
-    gatherer: OnceLock<Result<Gatherer, String>>,
-    sm: OnceLock<Result<SmCopier, String>>,
-    split: OnceLock<Result<Splitter, String>>,
+    stager: Arc<OnceLock<Result<Stager, CudaError>>>,
+    gatherer: OnceLock<Result<Gatherer, CudaError>>,
+    sm: OnceLock<Result<SmCopier, CudaError>>,
+    split: OnceLock<Result<Splitter, CudaError>>,
     workers: Mutex<[Option<Worker>; 2]>,
 }
 
@@ -63,7 +64,7 @@ impl Paths {
     }
 
     /// Hands a staged job to its direction's thread (started on first use).
-    pub(crate) fn stage(&self, task: StagedTask) -> Result<(), String> {
+    pub(crate) fn stage(&self, task: StagedTask) -> Result<(), SubmitError> {
         let i = match task.dir {
             staged::Direction::HostToDevice => 0,
             staged::Direction::DeviceToHost => 1,
@@ -97,14 +98,14 @@ impl Paths {
                         t.signal.complete(r);
                     }
                 })
-                .map_err(|e| format!("cannot start the staging thread: {e}"))?;
+                .map_err(|e| CudaError::Thread(format!("staging thread: {e}")))?;
             workers[i] = Some((tx, h));
         }
+        let stopped = || SubmitError::ShutDown("cuda staging thread".into());
         let Some((tx, _)) = &workers[i] else {
-            return Err("no staging thread".into());
+            return Err(stopped());
         };
-        tx.send(task)
-            .map_err(|_| "the staging thread has stopped".to_string())
+        tx.send(task).map_err(|_| stopped())
     }
 
     /// The gatherer, compiled on first use; `None` if it cannot be made here.
@@ -113,11 +114,11 @@ impl Paths {
     }
 
     /// The gatherer, or why it cannot be made here.
-    pub(crate) fn gatherer_or_why(&self) -> Result<&Gatherer, String> {
+    pub(crate) fn gatherer_or_why(&self) -> Result<&Gatherer, CudaError> {
         self.gatherer
-            .get_or_init(|| Gatherer::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string()))
+            .get_or_init(|| Ok(Gatherer::new(Arc::clone(&self.ctx))?))
             .as_ref()
-            .map_err(String::clone)
+            .map_err(Clone::clone)
     }
 
     /// The SM copier with its kernels compiled (on first use); `None` if they cannot be made
@@ -127,15 +128,15 @@ impl Paths {
     }
 
     /// The SM copier with its kernels compiled (on first use), or why they cannot be made.
-    pub(crate) fn sm_copier(&self) -> Result<&SmCopier, String> {
+    pub(crate) fn sm_copier(&self) -> Result<&SmCopier, CudaError> {
         self.sm
             .get_or_init(|| {
-                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
-                c.compile().map_err(|e| e.to_string())?;
+                let c = SmCopier::new(Arc::clone(&self.ctx))?;
+                c.compile()?;
                 Ok(c)
             })
             .as_ref()
-            .map_err(String::clone)
+            .map_err(Clone::clone)
     }
 
     /// [`Path::Sm`](super::route::Path::Sm): each copy step as one SM kernel. False where the
@@ -216,9 +217,7 @@ impl Paths {
             return Ok(false); // the route splits one-copy programs only
         };
         let splitter = self.split.get_or_init(|| {
-            Splitter::new(Arc::clone(&self.ctx))
-                .and_then(|s| s.ready().map(|()| s))
-                .map_err(|e| e.to_string())
+            Splitter::new(Arc::clone(&self.ctx)).and_then(|s| s.ready().map(|()| s))
         });
         let Ok(splitter) = splitter else {
             return Ok(false); // no NVRTC or no kernel: the copy engine does it all
@@ -233,10 +232,7 @@ impl Paths {
         unsafe { splitter.copy(cs, d, s, plan.total_bytes(), sm_bytes) }.map_err(|e| {
             // SAFETY: our live stream: what was enqueued finishes before the error is seen.
             let _ = unsafe { sys::cuStreamSynchronize(cs) };
-            SubmitError::Driver {
-                call: "split device copy",
-                msg: e.to_string(),
-            }
+            SubmitError::from(e)
         })?;
         Ok(true)
     }
@@ -255,7 +251,7 @@ impl Paths {
 fn run_staged(
     ctx: &Arc<CudaContext>,
     cfg: StagingConfig,
-    stager: &OnceLock<Result<Stager, String>>,
+    stager: &OnceLock<Result<Stager, CudaError>>,
     t: &StagedTask,
 ) -> Result<(), RequestError> {
     #[cfg(feature = "fault-injection")]
@@ -268,23 +264,15 @@ fn run_staged(
             .map_err(|e| RequestError::Dependency(Box::new(e)))?;
     }
     let stager = stager
-        .get_or_init(|| Stager::new(Arc::clone(ctx), cfg).map_err(|e| e.to_string()))
+        .get_or_init(|| Ok(Stager::new(Arc::clone(ctx), cfg)?))
         .as_ref()
-        .map_err(|e| RequestError::Driver {
-            call: "staging ring setup",
-            msg: e.clone(),
-        })?;
+        .map_err(|e| RequestError::from(e.clone()))?;
     for plan in &t.plans {
         // SAFETY: the addresses and plans come from a job whose submitter guarantees, by
         // `Engine::submit_raw`'s contract, valid and unshared memory until this request
         // completes (1, 2, 4); the program checked each plan against the buffers' lengths; the
         // device memory is this engine's device and the stream this engine's (3).
-        unsafe { stager.copy(&t.stream, t.dir, t.dst, t.src, plan) }.map_err(|e| {
-            RequestError::Driver {
-                call: "staged copy",
-                msg: e.to_string(),
-            }
-        })?;
+        unsafe { stager.copy(&t.stream, t.dir, t.dst, t.src, plan) }.map_err(RequestError::from)?;
     }
     Ok(())
 }

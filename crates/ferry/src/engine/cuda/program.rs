@@ -56,7 +56,7 @@ pub(crate) use kernel_prelude;
 
 /// Why ferry's kernels (the SM copy kernels, the gather kernel, the split kernel) could not be
 /// made; the copies that need them then keep to the copy engines and the driver's calls.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KernelError {
     /// No NVRTC library (`libnvrtc`) to compile them with.
@@ -74,6 +74,18 @@ pub enum KernelError {
         #[source]
         source: DriverError,
     },
+}
+
+impl KernelError {
+    /// The failed driver call behind this error, if one is.
+    pub fn driver_error(&self) -> Option<super::DriverError> {
+        match self {
+            KernelError::Driver { op, source } => {
+                Some(super::DriverError::from_cudarc(op, *source))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The kernels `names` of the CUDA C++ program `src`, loaded into `ctx` (see the [module

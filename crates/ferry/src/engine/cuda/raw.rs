@@ -26,7 +26,7 @@ pub struct RawCopier {
     /// Inside [`RawCopier::timed`]: the streams the methods used (bit i: stream i).
     used: AtomicU8,
     /// The SM copy kernels, made on first use of [`RawCopier::kernel_copy`].
-    sm: OnceLock<Result<SmCopier, String>>,
+    sm: OnceLock<Result<SmCopier, CudaError>>,
 }
 
 impl std::fmt::Debug for RawCopier {
@@ -40,9 +40,8 @@ impl RawCopier {
     pub fn new(ordinal: u32) -> Result<RawCopier, CudaError> {
         let ctx = driver::context(ordinal)?;
         let mk = || {
-            ctx.new_stream().map_err(|e| CudaError::Driver {
-                call: "cuStreamCreate",
-                msg: driver::error_string(e.0),
+            ctx.new_stream().map_err(|e| {
+                CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuStreamCreate", e))
             })
         };
         let streams = [mk()?, mk()?];
@@ -212,15 +211,12 @@ impl RawCopier {
         let sm = self
             .sm
             .get_or_init(|| {
-                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
-                c.compile().map_err(|e| e.to_string())?;
+                let c = SmCopier::new(Arc::clone(&self.ctx))?;
+                c.compile()?;
                 Ok(c)
             })
             .as_ref()
-            .map_err(|msg| CudaError::Driver {
-                call: "SM copy kernel setup",
-                msg: msg.clone(),
-            })?;
+            .map_err(Clone::clone)?;
         driver::bind(&self.ctx)?;
         let plan = Plan::contiguous(0, 0, bytes);
         for _ in 0..reps {
@@ -228,10 +224,7 @@ impl RawCopier {
             // synchronize below; the stream is this copier's, of the buffers' context.
             if let Err(e) = unsafe { sm.copy(&self.streams[0], d.addr, s.addr, &plan) } {
                 let _ = self.sync(0);
-                return Err(CudaError::Driver {
-                    call: "SM copy kernel",
-                    msg: e.to_string(),
-                });
+                return Err(e.into());
             }
         }
         Ok(self.sync(0)?)

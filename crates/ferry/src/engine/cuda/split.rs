@@ -53,10 +53,7 @@ impl std::fmt::Debug for SmCopy {
 }
 
 fn drv(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
-    move |e| CudaError::Driver {
-        call,
-        msg: driver::error_string(e.0),
-    }
+    move |e| CudaError::Driver(super::DriverError::from_cudarc(call, e))
 }
 
 impl SmCopy {
@@ -80,10 +77,7 @@ impl SmCopy {
             return Ok(k.clone());
         }
         let k = super::program::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
-            .map_err(|e| CudaError::Driver {
-                call: "SM copy kernel",
-                msg: e.to_string(),
-            })?
+            .map_err(CudaError::Kernel)?
             .remove(0);
         *f = Some(k.clone());
         Ok(k)

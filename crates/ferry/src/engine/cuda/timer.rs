@@ -190,9 +190,8 @@ impl StreamTimer {
         let release = Release(&self.latch);
         let addr = self.latch.mem.device_ptr();
         let rec = |e: &CudaEvent, stream: &CudaStream| {
-            e.record(stream).map_err(|e| CudaError::Driver {
-                call: "cuEventRecord",
-                msg: driver::error_string(e.0),
+            e.record(stream).map_err(|e| {
+                CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuEventRecord", e))
             })
         };
         for (stream, (start, _)) in streams.iter().zip(&evs.0) {
@@ -221,9 +220,8 @@ impl StreamTimer {
     fn event(&self) -> Result<CudaEvent, CudaError> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| CudaError::Driver {
-                call: "cuEventCreate",
-                msg: driver::error_string(e.0),
+            .map_err(|e| {
+                CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuEventCreate", e))
             })
     }
 
@@ -252,9 +250,11 @@ impl StreamTimer {
         };
         // Milliseconds from the first stream's start to each event (negative for earlier ones).
         let since = |e: &CudaEvent| {
-            first.elapsed_ms(e).map_err(|e| CudaError::Driver {
-                call: "cuEventElapsedTime",
-                msg: driver::error_string(e.0),
+            first.elapsed_ms(e).map_err(|e| {
+                CudaError::Driver(crate::cuda::DriverError::from_cudarc(
+                    "cuEventElapsedTime",
+                    e,
+                ))
             })
         };
         let (mut lo, mut hi) = (0f32, f32::MIN);

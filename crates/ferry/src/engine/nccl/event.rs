@@ -92,13 +92,9 @@ impl Inner {
         if let Some(why) = self.comm.aborted() {
             return Some(self.settle_after_abort(RequestError::Aborted(why)));
         }
-        if let Err(msg) = self.comm.check_async("ncclCommGetAsyncError") {
-            let msg = msg.to_string();
-            self.comm.abort(&msg);
-            return Some(self.settle_after_abort(RequestError::Driver {
-                call: "ncclCommGetAsyncError",
-                msg,
-            }));
+        if let Err(e) = self.comm.check_async("ncclCommGetAsyncError") {
+            self.comm.abort(&e.to_string());
+            return Some(self.settle_after_abort(RequestError::Nccl(e)));
         }
         if Instant::now() >= self.deadline {
             let what = format!("{} (communicator aborted)", self.what);

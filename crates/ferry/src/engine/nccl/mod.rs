@@ -390,9 +390,8 @@ impl NcclEngine {
         let lib = sys::lib().map_err(NcclError::NoLibrary)?;
         let ctx = driver::context(cfg.ordinal)?;
         driver::bind(&ctx)?;
-        let stream = ctx.new_stream().map_err(|e| CudaError::Driver {
-            call: "cuStreamCreate",
-            msg: driver::error_string(e.0),
+        let stream = ctx.new_stream().map_err(|e| {
+            CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuStreamCreate", e))
         })?;
         let mut raw: sys::Comm = std::ptr::null_mut();
         let mut conf = sys::Config::blocking(cfg.blocking);

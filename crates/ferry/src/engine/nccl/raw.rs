@@ -40,9 +40,8 @@ impl RawNccl {
         let lib = sys::lib().map_err(NcclError::NoLibrary)?;
         let ctx = driver::context(ordinal)?;
         driver::bind(&ctx)?;
-        let stream = ctx.new_stream().map_err(|e| CudaError::Driver {
-            call: "cuStreamCreate",
-            msg: driver::error_string(e.0),
+        let stream = ctx.new_stream().map_err(|e| {
+            CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuStreamCreate", e))
         })?;
         let mut comm = std::ptr::null_mut();
         // SAFETY: valid out-pointer; id by value; the device's context is current.
