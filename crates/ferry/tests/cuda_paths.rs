@@ -388,6 +388,7 @@ fn gather_rejects_bad_input() {
         matches!(r, Err(GatherError::OutOfBounds { index: 1, .. })),
         "{r:?}"
     );
+    // SAFETY: nothing is copied: the bounds check fails first.
     let r = unsafe {
         g.copy(
             &stream,
@@ -406,6 +407,7 @@ fn gather_rejects_bad_input() {
     // The kernel cannot read pageable memory; per-segment copies can.
     let mut host = vec![7u8; 4096];
     let segs = [Segment::new(0, 0, 4096)];
+    // SAFETY: nothing is copied: the kernel strategy refuses pageable memory first.
     let r = unsafe {
         g.copy(
             &stream,

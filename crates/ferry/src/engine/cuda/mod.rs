@@ -769,14 +769,17 @@ impl Engine for CudaEngine {
         // SAFETY: as for the steps below; the SM copier and the gatherer take the same buffers
         // and stream.
         let gathered = unsafe { self.try_sm(&steps, dst, src, dk, sk) }
+            // SAFETY: as above.
             || unsafe { self.try_gather(&steps, dst, src, &job, dk, sk) };
         // SAFETY: as for the steps below.
         let gathered = gathered || unsafe { self.try_split(&steps, dst, src, stream)? };
         for step in steps.iter().filter(|_| !gathered) {
-            // SAFETY: context current, stream ours (1); buffers valid until the request
-            // completes, by this function's contract (2); steps checked by the program (3).
             if let Err(e) =
-                unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, &mut keep) }
+                // SAFETY: context current, stream ours (1); buffers valid until the request
+                // completes, by this function's contract (2); steps checked by the program (3).
+                unsafe {
+                    exec::run_step(stream, dst, src, step, self.cfg.ordinal, &mut keep)
+                }
             {
                 // Work enqueued before the failure still uses the buffers: finish it before
                 // handing the error (and, in the safe API, the buffers) back.
