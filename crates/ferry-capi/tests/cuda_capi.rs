@@ -77,6 +77,7 @@ unsafe fn run(
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn cuda_dma_through_the_c_interface() {
     if ferry::cuda::probe().driver.is_err() {
         println!("skipped: no CUDA driver");
