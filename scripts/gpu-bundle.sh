@@ -19,9 +19,10 @@ export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 rm -rf "$bundle"
 mkdir -p "$bundle/tests"
 
-# The tests are built with the `fault-injection` hooks (tests/cuda_faults.rs arms them; they are
-# disarmed otherwise, a relaxed atomic load per staged chunk).
-json=$(cargo test --release -p ferry -p ferry-capi --features ferry/fault-injection --no-run --message-format=json --test 'cuda_*')
+# The tests are built with the `gpu` feature (without it they are marked ignored) and the
+# `fault-injection` hooks (tests/cuda_faults.rs arms them; they are disarmed otherwise, a relaxed
+# atomic load per staged chunk).
+json=$(cargo test --release -p ferry -p ferry-capi --features ferry/gpu,ferry-capi/gpu,ferry/fault-injection --no-run --message-format=json --test 'cuda_*')
 exes=$(printf '%s\n' "$json" | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("test"))) | "\(.target.name) \(.executable)"')
 if [ -z "$exes" ]; then
   echo "no cuda_* test binaries found" >&2

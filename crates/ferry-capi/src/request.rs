@@ -396,10 +396,10 @@ pub unsafe extern "C" fn ferry_request_destroy(
     req: *mut *mut FerryRequest,
 ) -> c_int {
     guard(|| {
-        // SAFETY: (1).
         let d = if dma.is_null() {
             None
         } else {
+            // SAFETY: (1): not NULL, so a dma not yet destroyed.
             Some(unsafe { dma_ref(dma) }?)
         };
         // SAFETY: (2).

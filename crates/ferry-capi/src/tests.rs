@@ -14,8 +14,8 @@ fn last() -> String {
 
 fn cpu(threads: c_int) -> *mut FerryDma {
     let mut d = null_mut();
-    // SAFETY: valid out-pointer.
     assert_eq!(
+        // SAFETY: valid out-pointer.
         unsafe { ferry_dma_cpu_create(&mut d, threads) },
         FERRY_SUCCESS,
         "{}",
@@ -26,8 +26,8 @@ fn cpu(threads: c_int) -> *mut FerryDma {
 
 fn dense(dims: &[usize], elem: usize) -> *mut FerryLayout {
     let mut l = null_mut();
-    // SAFETY: valid pointers, `dims.len()` values.
     assert_eq!(
+        // SAFETY: valid pointers, `dims.len()` values.
         unsafe {
             ferry_layout_create_dense(
                 &mut l,
@@ -140,8 +140,8 @@ fn layouts_create_slice_reshape_permute_describe() {
     let whole = dense(&[6, 8], 4);
     assert_eq!(describe(whole), (vec![6, 8], vec![32, 4], 4, 0));
     let mut col = null_mut();
-    // SAFETY: valid pointers.
     assert_eq!(
+        // SAFETY: valid pointers.
         unsafe {
             ferry_layout_create_dense(&mut col, 2, [6, 8].as_ptr(), 4, FERRY_ORDER_COLUMN_MAJOR)
         },
@@ -150,8 +150,8 @@ fn layouts_create_slice_reshape_permute_describe() {
     assert_eq!(describe(col), (vec![6, 8], vec![4, 24], 4, 0));
 
     let mut s = null_mut();
-    // SAFETY: valid pointers.
     assert_eq!(
+        // SAFETY: valid pointers.
         unsafe { ferry_layout_slice(whole, &mut s, 1, 1, 8, 3) },
         0,
         "{}",
@@ -159,15 +159,15 @@ fn layouts_create_slice_reshape_permute_describe() {
     );
     assert_eq!(describe(s), (vec![6, 3], vec![32, 12], 4, 4));
     let mut p = null_mut();
-    // SAFETY: valid pointers.
     assert_eq!(
+        // SAFETY: valid pointers.
         unsafe { ferry_layout_permute(s, &mut p, 2, [1, 0].as_ptr()) },
         0
     );
     assert_eq!(describe(p), (vec![3, 6], vec![12, 32], 4, 4));
     let mut r = null_mut();
-    // SAFETY: valid pointers.
     assert_eq!(
+        // SAFETY: valid pointers.
         unsafe { ferry_layout_reshape(whole, &mut r, 3, [2, 3, 8].as_ptr()) },
         0
     );
@@ -820,8 +820,8 @@ fn operator(name: &CStr, lower: FerryLowerFn, destroy: bool) -> *mut FerryOp {
         user_data: 42 as *mut c_void,
     };
     let mut op = null_mut();
-    // SAFETY: valid table and out-pointer.
     assert_eq!(
+        // SAFETY: valid table and out-pointer.
         unsafe { ferry_operator_create(&mut op, &t) },
         0,
         "{}",
@@ -1162,8 +1162,8 @@ unsafe extern "C" fn lower_counting(
 fn lower_may_run_more_than_once_per_request() {
     let mut parts = [cpu(1), cpu(1)];
     let mut mux = null_mut();
-    // SAFETY: valid pointers.
     assert_eq!(
+        // SAFETY: valid pointers.
         unsafe { ferry_dma_multiplex_create(&mut mux, parts.as_mut_ptr(), null(), 2, 0) },
         0
     );

@@ -77,6 +77,7 @@ unsafe fn run(
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn cuda_dma_through_the_c_interface() {
     if ferry::cuda::probe().driver.is_err() {
         println!("skipped: no CUDA driver");
@@ -106,7 +107,7 @@ fn cuda_dma_through_the_c_interface() {
     let rc = unsafe { ferry_layout_permute(cr_layout, &mut transposed, 2, [1usize, 0].as_ptr()) };
     assert_eq!(rc, FERRY_SUCCESS, "{}", last());
 
-    // SAFETY (all requests below): the buffers live until the end of the test and are used by
+    // SAFETY: for all requests below, the buffers live until the end of the test and are used by
     // one request at a time.
     unsafe {
         let op = &ferry_op_copy as *const FerryOp;

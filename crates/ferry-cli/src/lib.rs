@@ -2,7 +2,6 @@
 //!
 //! The binary (`src/main.rs`) only parses arguments and calls into these modules, so the
 //! same code is reachable from tests.
-#![warn(missing_docs)]
 
 pub mod bench;
 pub mod info;

@@ -122,6 +122,8 @@ fn staged_rows(
         let plan = Plan::contiguous(0, 0, n);
         let mib = n >> 20;
         // H2D
+        // SAFETY: `host` and `dev` hold `n` bytes each, distinct allocations of this context,
+        // untouched by anything else during the copy; the stream is this context's.
         let t_ferry = time(|| unsafe {
             stager
                 .copy(
@@ -135,12 +137,15 @@ fn staged_rows(
         });
         assert!(dev.read() == host, "staged h2d verification failed");
         if baseline {
+            // SAFETY: `n` bytes at each end, alive until the synchronize; a live stream of
+            // the current context.
             let t_page = time(|| unsafe {
                 sys::cuMemcpyHtoDAsync_v2(dev.0, host.as_ptr() as *const _, n, cs)
                     .result()
                     .unwrap();
                 stream.synchronize().unwrap();
             });
+            // SAFETY: as above.
             let t_pin = time(|| unsafe {
                 sys::cuMemcpyHtoDAsync_v2(dev.0, pinned.0 as *const _, n, cs)
                     .result()
@@ -152,6 +157,8 @@ fn staged_rows(
             println!("| H2D | {mib} MiB | {label} | {:.1} |", gbs(n, t_ferry));
         }
         // D2H
+        // SAFETY: `dev` and `back` hold `n` bytes each, distinct allocations of this context,
+        // untouched by anything else during the copy; the stream is this context's.
         let t_ferry = time(|| unsafe {
             stager
                 .copy(
@@ -165,12 +172,15 @@ fn staged_rows(
         });
         assert!(back == host, "staged d2h verification failed");
         if baseline {
+            // SAFETY: `n` bytes at each end, alive until the synchronize; a live stream of
+            // the current context.
             let t_page = time(|| unsafe {
                 sys::cuMemcpyDtoHAsync_v2(back.as_mut_ptr() as *mut _, dev.0, n, cs)
                     .result()
                     .unwrap();
                 stream.synchronize().unwrap();
             });
+            // SAFETY: as above.
             let t_pin = time(|| unsafe {
                 sys::cuMemcpyDtoHAsync_v2(pinned.0 as *mut _, dev.0, n, cs)
                     .result()
@@ -294,6 +304,8 @@ fn gather_rows(
             (_, Some(d)) => d.write(&vec![0x5Au8; dst_len]),
             _ => unreachable!(),
         }
+        // SAFETY: `dst` and `src` are distinct live buffers of `dst_len` and `src_len` bytes of
+        // this context, synchronized below before they are read or reused.
         let used = match unsafe { g.copy(stream, dst, dst_len, src, src_len, &segs, s) } {
             Ok(u) => u,
             Err(e) => {
@@ -316,6 +328,7 @@ fn gather_rows(
             );
         }
         let t = time(|| {
+            // SAFETY: as above.
             unsafe { g.copy(stream, dst, dst_len, src, src_len, &segs, s) }.unwrap();
             stream.synchronize().unwrap();
         });

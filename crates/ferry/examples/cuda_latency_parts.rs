@@ -57,17 +57,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let turn = std::cell::Cell::new(0usize);
     let (d, s) = (dev.raw_mut().addr, src.raw().addr);
-    // SAFETY (every raw variant): `dev` and `src` hold `bytes` bytes and outlive the waits
-    // that end each call; the stream and event belong to the current context.
+    // The raw variants below are called with `st` or `est`, live streams of the current
+    // context, and `ev`, a live event of it.
+    // SAFETY: `dev` and `src` hold `bytes` bytes and outlive the waits that end each call.
     let copy = |stream| unsafe {
         ok(
             "cuMemcpyHtoDAsync",
             sys::cuMemcpyHtoDAsync_v2(d, s as *const _, bytes, stream),
         )
     };
+    // SAFETY: a live stream of the current context.
     let stream_sync =
         |stream| unsafe { ok("cuStreamSynchronize", sys::cuStreamSynchronize(stream)) };
+    // SAFETY: a live event and stream of the current context.
     let record = |stream| unsafe { ok("cuEventRecord", sys::cuEventRecord(ev, stream)) };
+    // SAFETY: a live event of the current context.
     let event_sync = || unsafe { ok("cuEventSynchronize", sys::cuEventSynchronize(ev)) };
     let event_poll = || loop {
         // SAFETY: as above.

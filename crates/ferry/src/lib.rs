@@ -24,7 +24,6 @@
 //! assert_eq!(tile[0], (256 * 1024 + 512) as f64);
 //! # Ok::<(), ferry::Error>(())
 //! ```
-#![warn(missing_docs)]
 
 /// Counts a driver allocation made (`+1`) or freed (`-1`) for `fault::live`; nothing without
 /// the `fault-injection` feature.

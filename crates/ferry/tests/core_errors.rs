@@ -185,6 +185,7 @@ fn overlapping_source_and_destination_in_one_buffer() {
         );
         says(&err, &[&a.to_string(), &(b + 512).to_string(), "overlap"]);
         // Disjoint halves of one allocation are fine.
+        // SAFETY: 512 is inside `buf` (1024 bytes long).
         let src = RawBuf::host(unsafe { p.add(512) }, 512, MemKind::Pageable);
         // SAFETY: disjoint views inside `buf`, which is not touched until the request is waited.
         let r = unsafe { e.submit_raw(Job::copy(dst, l, src, l)) }.unwrap();

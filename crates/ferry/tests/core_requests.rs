@@ -174,6 +174,7 @@ fn barrier_reports_every_failure_once() {
         // SAFETY: buffers outlive the barrier.
         let r1 =
             unsafe { e.submit_raw(Job::custom(raw(&mut d1), None, Arc::new(Fails(1)))) }.unwrap();
+        // SAFETY: as above.
         let r2 =
             unsafe { e.submit_raw(Job::custom(raw(&mut d2), None, Arc::new(Fails(2)))) }.unwrap();
         let id2 = r2.id();

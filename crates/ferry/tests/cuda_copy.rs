@@ -6,6 +6,7 @@ use cuda_common::*;
 use ferry::{EngineExt, Layout, Plan, PlanKind};
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn contiguous_every_kind_pair() {
     let Some(e) = cuda_or_skip() else { return };
     let mut seed = 1;
@@ -128,6 +129,7 @@ fn plan_kinds_of_the_strided_cases() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn strided_every_kind_pair() {
     let Some(e) = cuda_or_skip() else { return };
     let mut seed = 100;
@@ -150,6 +152,7 @@ fn strided_every_kind_pair() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn fills_every_pattern_width() {
     let Some(e) = cuda_or_skip() else { return };
     let big = Layout::contiguous(&[96, 160], 8).unwrap();
@@ -252,6 +255,7 @@ impl ferry::Operator for Segments {
 /// both sides are device-accessible, and one copy per segment otherwise: every byte checked,
 /// bytes between the segments untouched.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn segment_lists_every_kind_pair() {
     let Some(e) = cuda_or_skip() else { return };
     let mut seed = 7u64;
@@ -290,6 +294,7 @@ fn segment_lists_every_kind_pair() {
 
 /// Large pageable copies go through the staged pinned ring; strided ones too.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_pageable_strided() {
     let Some(e) = cuda_or_skip() else { return };
     // 2048 rows of 3000 bytes out of a pageable matrix with 4096-byte rows: 6 MB, staged.
@@ -326,6 +331,7 @@ fn staged_pageable_strided() {
 /// unified addressing: a fill, which the engine refuses for pageable memory, is accepted, and
 /// a copy from it is correct.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn pinned_memory_behind_a_slice_is_recognised() {
     let Some(e) = cuda_or_skip() else { return };
     let mut pinned = ferry::cuda::PinnedBuffer::new(1 << 20).unwrap();
@@ -351,6 +357,7 @@ fn pinned_memory_behind_a_slice_is_recognised() {
 /// The built-in segment list (`Scope::segments`): 20,000 scattered 4 KiB-ish pieces between
 /// every pair of kinds, every byte checked, bytes between the segments untouched.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn builtin_segment_lists_every_kind_pair() {
     let Some(e) = cuda_or_skip() else { return };
     let count = 20_000usize;
@@ -419,6 +426,7 @@ fn check_segments(
 /// an engine copy of the same memory (H200 run 22: the stress test saw a fill read its pattern
 /// block before the upload landed).
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn setup_calls_land_before_the_next_engine_copy() {
     use ferry::cuda::{DeviceBuffer, PinnedBuffer};
     let Some(e) = cuda_or_skip() else { return };

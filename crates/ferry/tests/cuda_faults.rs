@@ -194,6 +194,7 @@ fn fill_the_card() -> Vec<DeviceBuffer> {
 /// The card filled: every submission either succeeds with the right bytes or fails with a
 /// clear error; nothing panics; afterwards the engine works on every path and nothing leaked.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn card_filled_out_of_memory() {
     let Some(_g) = serial_with_driver() else {
         return;
@@ -394,6 +395,7 @@ fn op_for(k: OpKind) -> Op {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn custom_operator_faults_fail_only_their_requests() {
     let Some(_g) = serial_with_driver() else {
         return;
@@ -564,6 +566,7 @@ mod injected {
     /// Out of memory on chunk k of a staged copy, both directions: the request fails with the
     /// driver's error, its dependent fails as such, the next copy is correct, nothing leaks.
     #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
     fn staged_chunk_out_of_memory() {
         let Some(_g) = serial_with_driver() else {
             return;
@@ -603,6 +606,7 @@ mod injected {
     /// 4): the request fails, the pool keeps its threads,
     /// the next copies are correct.
     #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
     fn staging_worker_panics() {
         let Some(_g) = serial_with_driver() else {
             return;
@@ -645,6 +649,7 @@ mod injected {
     /// The staging thread itself panics at the start of a request: that request fails (it
     /// does not hang), the thread goes on, the next staged copies are correct.
     #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
     fn staging_thread_panics() {
         let Some(_g) = serial_with_driver() else {
             return;

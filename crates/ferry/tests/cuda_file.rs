@@ -65,6 +65,7 @@ fn configs() -> Vec<(&'static str, FileConfig)> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn file_to_device_every_byte() {
     let _g = serial();
     let Some(cuda) = engines() else { return };
@@ -97,6 +98,7 @@ fn file_to_device_every_byte() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn owned_device_load_and_future() {
     let _g = serial();
     let Some(cuda) = engines() else { return };
@@ -116,6 +118,7 @@ fn owned_device_load_and_future() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn device_to_file_every_byte() {
     let _g = serial();
     let Some(cuda) = engines() else { return };
@@ -150,6 +153,7 @@ fn device_to_file_every_byte() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn loads_into_every_buffer_kind() {
     let _g = serial();
     let Some(cuda) = engines() else { return };
@@ -211,6 +215,7 @@ impl FileIo for Faulty {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn read_error_mid_device_load_reported_nothing_leaked() {
     let _g = serial();
     let Some(cuda) = engines() else { return };

@@ -30,6 +30,7 @@ fn pairs(n: u32) -> Vec<(u32, u32)> {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn peer_copy_every_pair_one_way() {
     let Some(n) = gpus_or_skip(2) else { return };
     println!("peer access matrix: {:?}", ferry::cuda::probe().peer);
@@ -55,6 +56,7 @@ fn peer_copy_every_pair_one_way() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn peer_copy_both_ways_and_all_pairs_at_once() {
     let Some(n) = gpus_or_skip(2) else { return };
     let gpus = MultiGpu::all().unwrap();
@@ -90,6 +92,7 @@ fn peer_copy_both_ways_and_all_pairs_at_once() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn peer_copy_strided_between_gpus() {
     let Some(_) = gpus_or_skip(2) else { return };
     let e = CudaEngine::new(0).unwrap();
@@ -108,6 +111,7 @@ fn peer_copy_strided_between_gpus() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn striped_scatter_and_gather_every_byte() {
     // One GPU works too (one part); with several, each part runs on its own GPU's link.
     let Some(n) = gpus_or_skip(1) else { return };
@@ -145,6 +149,7 @@ fn striped_scatter_and_gather_every_byte() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn d2d_split_between_copy_engine_and_sms_every_byte() {
     let Some(_) = gpus_or_skip(1) else { return };
     for share in [1u8, 30, 50, 100] {

@@ -71,8 +71,16 @@ fn spawn_ranks(name: &str, ranks: u32) {
         let log = dir.join(format!("rank{r}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
+        // `--include-ignored`: the child runs the test also where it is marked ignored (built
+        // without the `gpu` feature, the parent run with `--ignored`).
         let child = Command::new(&exe)
-            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                name,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(RANK_VAR, r.to_string())
             .env(FILE_VAR, &id_file)
             .env("NCCL_NVLS_ENABLE", "0")
@@ -126,6 +134,7 @@ fn dev(rank: u32, n: usize, seed: u64) -> DeviceBuffer {
 const SIZES: [usize; 6] = [0, 1, 4097, (1 << 20) + 3, 16 << 20, 256 << 20];
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn send_recv_every_byte() {
     let Some((rank, file)) = child() else {
         if !skip(2) {
@@ -172,6 +181,7 @@ fn send_recv_every_byte() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn grouped_exchange_every_byte() {
     let Some((rank, file)) = child() else {
         if !skip(2) {
@@ -229,6 +239,7 @@ fn grouped_exchange_every_byte() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn self_exchange_one_rank() {
     if skip(1) {
         return;
@@ -302,6 +313,7 @@ fn self_exchange_one_rank() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn bad_input_is_refused() {
     if skip(1) {
         return;
@@ -352,6 +364,7 @@ fn bad_input_is_refused() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn peer_never_arrives_times_out() {
     let Some((rank, _file)) = child() else {
         if !skip(1) {
@@ -376,6 +389,7 @@ fn peer_never_arrives_times_out() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn unmatched_send_times_out() {
     let Some((rank, file)) = child() else {
         if !skip(2) {

@@ -1,6 +1,7 @@
 //! GPU tests of the staged pageable path and the segment gather/scatter. Every byte of every
 //! destination buffer is checked against a host reference, poison outside the copied bytes
-//! included. Without a CUDA driver each test prints `skipped: no CUDA driver` and passes.
+//! included. With the `gpu` feature but without a CUDA driver, each test prints
+//! `skipped: no CUDA driver`.
 
 use cudarc::driver::result as cu;
 use cudarc::driver::{CudaContext, CudaStream, PinnedHostSlice};
@@ -143,6 +144,7 @@ fn small_stager(ctx: &Arc<CudaContext>) -> Stager {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_contiguous_sizes() {
     let Some((ctx, stream)) = setup() else { return };
     let st = small_stager(&ctx);
@@ -157,6 +159,7 @@ fn staged_contiguous_sizes() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_default_config_larger_than_ring() {
     let Some((ctx, stream)) = setup() else { return };
     let st = Stager::new(ctx.clone(), StagingConfig::new()).expect("stager");
@@ -168,6 +171,7 @@ fn staged_default_config_larger_than_ring() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_strided() {
     let Some((ctx, stream)) = setup() else { return };
     let st = small_stager(&ctx);
@@ -213,6 +217,7 @@ fn staged_strided() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_bad_config() {
     let Some((ctx, _stream)) = setup() else {
         return;
@@ -299,6 +304,7 @@ impl Side {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn gather_every_strategy_and_direction() {
     let Some((ctx, stream)) = setup() else { return };
     let g = Gatherer::new(ctx.clone()).expect("gatherer");
@@ -366,6 +372,7 @@ fn gather_every_strategy_and_direction() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn gather_rejects_bad_input() {
     let Some((ctx, stream)) = setup() else { return };
     let g = Gatherer::new(ctx.clone()).expect("gatherer");
@@ -388,6 +395,7 @@ fn gather_rejects_bad_input() {
         matches!(r, Err(GatherError::OutOfBounds { index: 1, .. })),
         "{r:?}"
     );
+    // SAFETY: nothing is copied: the bounds check fails first.
     let r = unsafe {
         g.copy(
             &stream,
@@ -406,6 +414,7 @@ fn gather_rejects_bad_input() {
     // The kernel cannot read pageable memory; per-segment copies can.
     let mut host = vec![7u8; 4096];
     let segs = [Segment::new(0, 0, 4096)];
+    // SAFETY: nothing is copied: the kernel strategy refuses pageable memory first.
     let r = unsafe {
         g.copy(
             &stream,

@@ -15,6 +15,7 @@ fn copy_op(n: usize) -> Op {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn chain_across_streams_runs_in_order() {
     let Some(e) = cuda_or_skip() else { return };
     // H2D, then D2D, then D2H: three streams, ordered only by event dependencies.
@@ -43,6 +44,7 @@ fn chain_across_streams_runs_in_order() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn host_dependency_and_failed_dependency() {
     let Some(e) = cuda_or_skip() else { return };
     let cpu = CpuEngine::new(2).unwrap();
@@ -118,6 +120,7 @@ fn staging_raw(p: &PinnedBuffer) -> ferry::RawBuf {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn futures_complete() {
     let Some(e) = cuda_or_skip() else { return };
     let n = 32 << 20;
@@ -157,6 +160,7 @@ fn futures_complete() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn barrier_after_many_requests() {
     let Some(e) = cuda_or_skip() else { return };
     let k = 2000;
@@ -183,6 +187,7 @@ fn barrier_after_many_requests() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn many_threads_submit_at_once() {
     let Some(e) = cuda_or_skip() else { return };
     let e = Arc::new(e);
@@ -213,6 +218,7 @@ fn many_threads_submit_at_once() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn spin_mode_and_forced_direction() {
     if cuda_or_skip().is_none() {
         return;
@@ -240,6 +246,7 @@ fn spin_mode_and_forced_direction() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn try_wait_polls_to_completion() {
     let Some(e) = cuda_or_skip() else { return };
     let n = 256 << 20;
@@ -262,6 +269,7 @@ fn try_wait_polls_to_completion() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn drops_with_work_in_flight_are_safe() {
     let Some(e) = cuda_or_skip() else { return };
     let n = 128 << 20;

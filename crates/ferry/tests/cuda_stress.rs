@@ -636,6 +636,7 @@ fn warm_up(cfg: &Cfg) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn cuda_stress_random_mix() {
     if ferry::cuda::probe().driver.is_err() {
         println!("skipped: no CUDA driver");

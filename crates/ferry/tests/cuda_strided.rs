@@ -48,6 +48,7 @@ fn transpose(rows: usize, cols: usize, elem: usize) -> (Layout, usize, Layout, u
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn transposes_every_element_size_and_odd_shapes() {
     let mut seed = 1;
     for mode in MODES {
@@ -63,6 +64,7 @@ fn transposes_every_element_size_and_odd_shapes() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn transposes_between_every_device_accessible_kind() {
     let mut seed = 1000;
     for mode in [KernelCopies::Auto, KernelCopies::Always] {
@@ -84,6 +86,7 @@ fn transposes_between_every_device_accessible_kind() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn permutations_of_3d_and_4d() {
     let mut seed = 2000;
     let orders3: [[usize; 3]; 6] = [
@@ -137,6 +140,7 @@ fn permutations_of_3d_and_4d() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn offsets_slices_and_unaligned_starts() {
     let mut seed = 3000;
     for mode in [KernelCopies::Auto, KernelCopies::Always] {
@@ -194,6 +198,7 @@ fn offsets_slices_and_unaligned_starts() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn always_moves_contiguous_copies_through_mapped_memory() {
     let Some(e) = engine(KernelCopies::Always) else {
         return;
@@ -228,6 +233,7 @@ fn always_moves_contiguous_copies_through_mapped_memory() {
 
 /// The kernels called directly: each plan kind picks its kernel and writes every byte.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn sm_copier_kernels_directly() {
     if cuda_or_skip().is_none() {
         return;
@@ -336,6 +342,7 @@ fn copy_gbps(
 /// `CudaEngine::compile_kernels` makes the kernels ahead of the first copy; a second engine on
 /// the device reuses the compiled program (prints both times), and copies right away.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn kernels_compiled_ahead_and_shared_between_engines() {
     let (Some(a), Some(b)) = (engine(KernelCopies::Auto), engine(KernelCopies::Auto)) else {
         return;
@@ -352,6 +359,7 @@ fn kernels_compiled_ahead_and_shared_between_engines() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn transpose_timings_by_run_length() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
         return;
@@ -396,6 +404,7 @@ fn transpose_timings_by_run_length() {
 /// `strided::AUTO_MIN_CALLS` (an n x n transpose is n driver calls on the copy engines); checks
 /// the bytes of each.
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn small_transpose_timings_by_run_count() {
     let (Some(sm), Some(ce)) = (engine(KernelCopies::Always), engine(KernelCopies::Never)) else {
         return;

@@ -26,6 +26,7 @@ fn serial_engine() -> Option<(MutexGuard<'static, ()>, ferry::cuda::CudaEngine)>
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn ferry_copies_timed_by_events() {
     let Some((_serial, e)) = serial_engine() else {
         return;
@@ -67,6 +68,7 @@ fn ferry_copies_timed_by_events() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn latch_holds_the_stream_until_released() {
     let Some((_serial, _)) = serial_engine() else {
         return;
@@ -100,6 +102,7 @@ fn latch_holds_the_stream_until_released() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn raw_kernel_copy_through_mapped_memory() {
     let Some((_serial, _)) = serial_engine() else {
         return;
@@ -127,6 +130,7 @@ fn raw_kernel_copy_through_mapped_memory() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn watchdog_turns_a_hang_into_an_error() {
     let Some((_serial, e)) = serial_engine() else {
         return;
@@ -149,6 +153,7 @@ fn watchdog_turns_a_hang_into_an_error() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn both_directions_behind_one_latch() {
     let Some((_serial, e)) = serial_engine() else {
         return;

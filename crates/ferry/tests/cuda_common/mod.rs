@@ -1,5 +1,12 @@
 //! Shared helpers of the CUDA integration tests: skip without a driver, buffers of every kind,
 //! a CPU reference, a tiny executor.
+//!
+//! Every test that needs a GPU carries
+//! `#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]`: a plain
+//! `cargo test` (CI, no GPU) lists it as ignored with that reason instead of passing it. The GPU
+//! bundle (`scripts/gpu-bundle.sh`) builds the tests with the `gpu` feature; a test then probes
+//! and, without a driver, prints `skipped: no CUDA driver` (see [`cuda_or_skip`]) and returns.
+//! Tests in these files that need no GPU carry no such attribute.
 #![allow(dead_code)]
 
 use ferry::cuda::{

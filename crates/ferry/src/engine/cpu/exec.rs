@@ -32,10 +32,11 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
             let Some(src) = src else { return };
             let s = src.addr as *const u8;
             let run = plan.run();
-            // SAFETY (both closures): offsets inside the buffers by (2); buffers valid by (1);
-            // source and destination do not overlap (checked by `Job::check` at submit).
-            let copy =
-                |doff: usize, soff: usize| unsafe { copy_run(d.add(doff), s.add(soff), run) };
+            let copy = |doff: usize, soff: usize| {
+                // SAFETY: the plan's runs lie inside both buffers (2), which are valid (1);
+                // source and destination do not overlap (checked by `Job::check` at submit).
+                unsafe { copy_run(d.add(doff), s.add(soff), run) }
+            };
             if run <= 64 && plan.is_transposing() {
                 // Small elements against the source's grain: 32 x 32 blocks keep both sides in
                 // cache (a transpose).

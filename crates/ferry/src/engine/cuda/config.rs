@@ -6,7 +6,7 @@ use super::{staged, KernelCopies};
 /// How a thread waits for a request.
 ///
 /// Measured on an H200 host (4 KiB pinned host-to-device copy, submitted and waited, median of
-/// 2000, `bench/results/h200/run17/cuda_rates.txt`): `Blocking` 23.5 us, `Spin` 7.8 us,
+/// 2000, run 17 in `bench/results/h200.md`): `Blocking` 23.5 us, `Spin` 7.8 us,
 /// `SpinThenBlock(50 us)` 8.4 us (a raw `cuMemcpyAsync` + `cuStreamSynchronize`: about 7.3 us);
 /// the sleep and wake-up of a blocking wait cost about 15 us. `SpinThenBlock` gets the spin
 /// latency for short copies and sleeps on long ones.

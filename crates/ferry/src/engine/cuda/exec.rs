@@ -128,10 +128,14 @@ pub(crate) unsafe fn copy_plan(
     if run == 0 || c.contains(&0) {
         return Ok(());
     }
-    // SAFETY (all arms): offsets and extents come from the plan, inside the buffers by (3).
     match plan.kind() {
+        // SAFETY: one run at the plan's offsets, inside both buffers (3); context, stream and
+        // buffers as the caller vouches (1, 2).
         PlanKind::Contiguous => unsafe { copy1d(stream, d, s, run) },
+        // SAFETY: the plan's rows and pitches, inside both buffers (3); the rest as (1, 2).
         PlanKind::Pitched2D => unsafe { copy2d(stream, d, s, run, c[0], ds[0], ss[0]) },
+        // SAFETY: the plan's rows, planes and pitches, inside both buffers (3); the rest as
+        // (1, 2).
         PlanKind::Pitched3D => unsafe {
             copy3d(
                 stream,
@@ -153,6 +157,9 @@ pub(crate) unsafe fn copy_plan(
                 }
                 let doff: usize = idx.iter().zip(ds).map(|(i, s)| i * s).sum();
                 let soff: usize = idx.iter().zip(ss).map(|(i, s)| i * s).sum();
+                // SAFETY: `idx` is inside the plan's outer counts, so this 3-D block (the two
+                // innermost dims at offsets `doff`, `soff`) lies inside both buffers (3); the
+                // rest as (1, 2).
                 result = unsafe {
                     copy3d(
                         stream,
@@ -533,28 +540,39 @@ unsafe fn memset2d(
     n: usize,
     h: usize,
 ) -> Result<(), DrvErr> {
-    // SAFETY (every call): the caller vouches for the rows.
     if h == 1 || pitch == n * w {
+        // The rows are back to back: one 1-D memset of `n * h` words.
         let total = n * h;
         return match w {
+            // SAFETY: `total` bytes at `at` are the caller's rows; context and stream as vouched.
             1 => check("cuMemsetD8Async", unsafe {
                 sys::cuMemsetD8Async(at, v as u8, total, stream)
             }),
+            // SAFETY: `total` 2-byte words at `at` are the caller's rows; context and stream as
+            // vouched.
             2 => check("cuMemsetD16Async", unsafe {
                 sys::cuMemsetD16Async(at, v as u16, total, stream)
             }),
+            // SAFETY: `total` 4-byte words at `at` are the caller's rows; context and stream as
+            // vouched.
             _ => check("cuMemsetD32Async", unsafe {
                 sys::cuMemsetD32Async(at, v, total, stream)
             }),
         };
     }
     let r = match w {
+        // SAFETY: `h` rows of `n` bytes, `pitch` apart, are the caller's; context and stream as
+        // vouched.
         1 => check("cuMemsetD2D8Async", unsafe {
             sys::cuMemsetD2D8Async(at, pitch, v as u8, n, h, stream)
         }),
+        // SAFETY: `h` rows of `n` 2-byte words, `pitch` apart, are the caller's; context and
+        // stream as vouched.
         2 => check("cuMemsetD2D16Async", unsafe {
             sys::cuMemsetD2D16Async(at, pitch, v as u16, n, h, stream)
         }),
+        // SAFETY: `h` rows of `n` 4-byte words, `pitch` apart, are the caller's; context and
+        // stream as vouched.
         _ => check("cuMemsetD2D32Async", unsafe {
             sys::cuMemsetD2D32Async(at, pitch, v, n, h, stream)
         }),

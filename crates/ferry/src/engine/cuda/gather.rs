@@ -52,7 +52,8 @@ pub enum Strategy {
     Batch,
     /// One `cuMemcpyAsync` per segment (copy engines; works for any memory, pageable included).
     PerSegment,
-    /// Pick by measurement (H200, PCIe 5.0; `bench/results/h200-paths.md`): one driver call
+    /// Pick by measurement (H200, PCIe 5.0; `bench/results/h200.md`, "The staging pipeline,
+    /// gather strategies and wait modes"): one driver call
     /// each for at most [`AUTO_FEW_SEGMENTS`] segments; the batch copy where segments average at
     /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
     /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are

@@ -181,8 +181,8 @@ impl CudaEngine {
 
     /// Compiles (NVRTC) and loads this engine's kernels now: the SM copy kernels of
     /// [`KernelCopies`] and the segment-list gather kernel. Otherwise the first copy that needs
-    /// one pays for it (about a second on the H200 host, run 20), which a latency-bound or
-    /// timed first copy should not. Errors: no NVRTC library, a compile or module-load failure
+    /// one pays for it (2.8-3.1 s on the H200 host in runs 21-22, once per machine with the PTX
+    /// cache), which a latency-bound or timed first copy should not. Errors: no NVRTC library, a compile or module-load failure
     /// (the copies then keep to the copy engines and the driver's calls, as without this call).
     ///
     /// ```no_run
@@ -302,18 +302,23 @@ impl CudaEngine {
         let stream = &self.streams[route.stream as usize];
         for path in route.paths() {
             let src_len = job.src.map_or(0, |s| s.len);
-            // SAFETY (every arm): forwarded with this function's contract; the route checked
-            // that both sides are reachable where a kernel path was chosen.
+            // The route chose a kernel path only where both sides are reachable by this GPU.
             let done = match (path, src) {
+                // SAFETY: forwarded with this function's contract (context, stream, buffers).
                 (Path::Sm, Some(src)) => unsafe { self.paths.run_sm(stream, dst, src, steps) },
-                (Path::Gather, Some(src)) => unsafe {
-                    self.paths
-                        .run_gather(stream, dst, job.dst.len, src, src_len, steps)
-                },
-                (Path::Split { sm_bytes }, Some(src)) => unsafe {
-                    self.paths.run_split(stream, dst, src, steps, sm_bytes)?
-                },
+                (Path::Gather, Some(src)) => {
+                    // SAFETY: as above; the lengths are the job's buffers'.
+                    unsafe {
+                        self.paths
+                            .run_gather(stream, dst, job.dst.len, src, src_len, steps)
+                    }
+                }
+                (Path::Split { sm_bytes }, Some(src)) => {
+                    // SAFETY: as above; the route splits one contiguous plan within this GPU.
+                    unsafe { self.paths.run_split(stream, dst, src, steps, sm_bytes)? }
+                }
                 (Path::Driver, _) => {
+                    // SAFETY: forwarded with this function's contract.
                     unsafe { self.run_steps(stream.cu_stream(), steps, dst, src, keep)? };
                     true
                 }
@@ -339,9 +344,9 @@ impl CudaEngine {
         keep: &mut Vec<memory::DeviceBuffer>,
     ) -> Result<(), SubmitError> {
         for step in steps {
-            // SAFETY: context current, stream ours (1); buffers valid until the request
-            // completes, by this function's contract (2); steps checked by the program (3).
             if let Err(e) =
+                // SAFETY: context current, stream ours (1); buffers valid until the request
+                // completes, by this function's contract (2); steps checked by the program (3).
                 unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, keep) }
             {
                 // Work enqueued before the failure still uses the buffers: finish it before

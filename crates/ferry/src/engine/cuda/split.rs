@@ -140,9 +140,9 @@ impl SmCopy {
         for _ in 0..reps {
             // SAFETY: both ranges lie in distinct device buffers of this device (checked),
             // borrowed until after the synchronize below.
-            if let Err(e) =
-                unsafe { self.launch(stream, dst.device_ptr(), src.device_ptr(), bytes) }
-            {
+            let launched =
+                unsafe { self.launch(stream, dst.device_ptr(), src.device_ptr(), bytes) };
+            if let Err(e) = launched {
                 let _ = stream.synchronize();
                 return Err(e);
             }
@@ -205,8 +205,9 @@ impl Splitter {
         let ce = n - sm_bytes;
         let ev = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         let side = self.stream.cu_stream();
-        // SAFETY (all calls): live events and streams of the current context; the ranges are
-        // valid by the caller's contract.
+        // SAFETY: every call gets live events and streams of the current context (the
+        // splitter's own, and `stream` by the caller's contract); the ranges are valid by the
+        // caller's contract.
         unsafe {
             check("cuEventRecord", sys::cuEventRecord(ev[0], stream))?;
             check("cuStreamWaitEvent", sys::cuStreamWaitEvent(side, ev[0], 0))?;

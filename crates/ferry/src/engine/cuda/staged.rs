@@ -9,7 +9,8 @@
 //! chunks, and the calling thread issues each chunk's DMA the moment its last part is in: on the
 //! H200 host this moved 256 MiB host -> device at 45.8 GB/s against 43.9 for the earlier design
 //! (every worker on one chunk, then a barrier), 45.6 against 36.7 with non-temporal stores, in
-//! one run (`bench/results/h200/run17/paths.txt`).
+//! one run (run 17 in `bench/results/h200.md`, "The staging pipeline, gather strategies and
+//! wait modes").
 //!
 //! A [`Stager`] is made once per device and reused by many copies. Each direction has its own
 //! ring, allocated on first use, so one host -> device and one device -> host copy may run at the
@@ -146,7 +147,7 @@ impl StagingConfig {
     }
     /// The same for the host -> device fill of the ring. Off by default: on the H200 host
     /// plain stores filled the ring as fast (45.8 against 45.6 GB/s for 256 MiB, one run,
-    /// `bench/results/h200/run17/paths.txt`); `FERRY_STAGING_NT_H2D=1` turns it on.
+    /// run 17 in `bench/results/h200.md`); `FERRY_STAGING_NT_H2D=1` turns it on.
     pub fn non_temporal_h2d(mut self, on: bool) -> Self {
         self.non_temporal_h2d = on;
         self
