@@ -277,7 +277,7 @@ impl InFlight {
     }
 }
 
-/// A completion signalled from host code: a [`Slot`] whose waiters sleep on a condition
+/// A completion signalled from host code: a completion slot whose waiters sleep on a condition
 /// variable. Engines whose work finishes on host threads (the CPU engine, files, joins) use it.
 #[derive(Default)]
 pub struct Signal {
