@@ -19,6 +19,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
 
+mod slot;
+pub(crate) use slot::{spawn_waiter, Slot};
+
 /// Why one request failed. Other requests are not affected.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
@@ -299,96 +302,34 @@ impl InFlight {
     }
 }
 
-/// A completion signalled from host code: a mutex, a condvar and the wakers to wake.
-/// Engines whose work finishes on host threads (the CPU engine, joins) use it.
-pub struct Signal {
-    state: Mutex<SignalState>,
-    cond: Condvar,
-}
-
+/// A completion signalled from host code: a completion slot whose waiters sleep on a condition
+/// variable. Engines whose work finishes on host threads (the CPU engine, files, joins) use it.
 #[derive(Default)]
-struct SignalState {
-    result: Option<Result<(), RequestError>>,
-    wakers: Vec<Waker>,
-    /// Threads asleep on the condition variable: completion wakes them only if there are any
-    /// (a wake-up is a system call even with nobody to wake, a large part of a small copy).
-    sleepers: usize,
-}
-
-impl Default for Signal {
-    fn default() -> Self {
-        Signal::new()
-    }
+pub struct Signal {
+    slot: Slot<Condvar>,
 }
 
 impl Signal {
     /// A signal not yet completed.
     pub fn new() -> Signal {
-        Signal {
-            state: Mutex::new(SignalState::default()),
-            cond: Condvar::new(),
-        }
+        Signal::default()
     }
     /// Completes the signal (the first result wins) and wakes every waiter.
     pub fn complete(&self, result: Result<(), RequestError>) {
-        let (wakers, sleepers) = {
-            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if st.result.is_some() {
-                return;
-            }
-            st.result = Some(result);
-            (std::mem::take(&mut st.wakers), st.sleepers)
-        };
-        if sleepers > 0 {
-            self.cond.notify_all();
-        }
-        for w in wakers {
-            w.wake();
-        }
+        let _ = self.slot.complete(result);
     }
 }
 
 impl Completion for Signal {
     fn wait(&self) -> Result<(), RequestError> {
-        // A short spin first: work that finishes within microseconds (a small copy on another
-        // thread) then costs no sleep and wake-up, which is tens of microseconds on some VMs.
-        if let Some(r) = self.poll_done() {
-            return r;
-        }
-        let spin_until = std::time::Instant::now() + std::time::Duration::from_micros(20);
-        while std::time::Instant::now() < spin_until {
-            if let Some(r) = self.poll_done() {
-                return r;
-            }
-            std::hint::spin_loop();
-        }
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            if let Some(r) = &st.result {
-                return r.clone();
-            }
-            // Counted under the lock that `complete` takes before it reads the count, so a
-            // completion after this point sees the sleeper and wakes it.
-            st.sleepers += 1;
-            st = self.cond.wait(st).unwrap_or_else(PoisonError::into_inner);
-            st.sleepers -= 1;
-        }
+        self.slot.wait()
     }
     fn poll_done(&self) -> Option<Result<(), RequestError>> {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .result
-            .clone()
+        self.slot.get()
     }
     fn register_waker(&self, waker: &Waker) {
-        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if st.result.is_some() {
-            drop(st);
-            waker.wake_by_ref();
-        } else if !st.wakers.iter().any(|w| w.will_wake(waker)) {
-            st.wakers.push(waker.clone());
-        }
+        // Host threads complete it: no waiter to arrange.
+        self.slot.register_waker(waker);
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -202,6 +202,7 @@ pub trait Engine: Send + Sync {
 
 mod safe;
 pub use safe::{EngineExt, Failed, Refused, Scope, Transfer};
+pub(crate) use safe::{Lent, ScopeCore};
 
 impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
     fn name(&self) -> String {

@@ -7,6 +7,12 @@
 //! - [`EngineExt::copy_owned`]: the engine takes the buffers and [`Transfer::wait`] hands them
 //!   back, failed or not. Dropping a `Transfer` waits; forgetting one leaks the buffers, never
 //!   frees them under the copy.
+//!
+//! The two mechanisms underneath serve every engine with borrowed or owned buffers, not only
+//! [`Engine`]s: [`ScopeCore`] (a scope's requests, all waited for before the borrows end, on
+//! return or unwind) is also the NCCL engine's scope, and [`Lent`] (buffers held from submit
+//! until the request completed) is also the file engine's
+//! [`FileTransfer`](crate::file::FileTransfer).
 
 use super::{Engine, Job, SubmitError};
 use crate::layout::Layout;
@@ -79,21 +85,9 @@ pub trait EngineExt: Engine {
     {
         let scope = Scope {
             engine: self,
-            inflight: InFlight::new(),
-            _scope: PhantomData,
-            _env: PhantomData,
+            core: ScopeCore::new(),
         };
-        // Waits even if `f` unwinds: the borrows end only after every request is done.
-        struct WaitAll<'a>(&'a InFlight);
-        impl Drop for WaitAll<'_> {
-            fn drop(&mut self) {
-                let _ = self.0.barrier();
-            }
-        }
-        let guard = WaitAll(&scope.inflight);
-        let out = f(&scope);
-        std::mem::forget(guard);
-        scope.inflight.barrier().map(|()| out)
+        scope.core.run(|| f(&scope))
     }
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`, taking ownership of both until
@@ -110,26 +104,15 @@ pub trait EngineExt: Engine {
         S: Memory + Send + 'static,
         Self: Sized,
     {
-        let bufs = NonNull::from(Box::leak(Box::new((dst, src))));
-        // SAFETY: `bufs` was just leaked from a Box: valid and not aliased.
-        let job = unsafe {
-            let b = &mut *bufs.as_ptr();
-            Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout)
-        };
-        // SAFETY: the buffers are owned by the Transfer through a raw pointer, so their memory
-        // stays valid and untouched until the Transfer has waited for the request (in wait or
-        // in Drop); no Box (which asserts unique access) exists while the request runs.
-        match unsafe { self.submit_raw(job) } {
-            Ok(req) => Ok(Transfer {
-                req: Some(req),
-                bufs: Some(bufs),
-                _own: PhantomData,
-            }),
-            Err(error) => {
-                // SAFETY: refused, so nothing uses the buffers; `bufs` came from Box::leak.
-                let (dst, src) = *unsafe { Box::from_raw(bufs.as_ptr()) };
-                Err(Refused { error, dst, src })
-            }
+        let lent = Lent::submit((dst, src), |b| {
+            let job = Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout);
+            // SAFETY: the buffers are lent: their memory stays valid and untouched until the
+            // request completed (`Lent::submit`).
+            unsafe { self.submit_raw(job) }.map(|req| (req, ()))
+        });
+        match lent {
+            Ok((lent, ())) => Ok(Transfer { lent }),
+            Err((error, (dst, src))) => Err(Refused { error, dst, src }),
         }
     }
 
@@ -144,9 +127,7 @@ pub trait EngineExt: Engine {
         if src.raw().len == 0 {
             // Nothing to copy: no request, the buffers come straight back.
             return Ok(Transfer {
-                req: None,
-                bufs: Some(NonNull::from(Box::leak(Box::new((dst, src))))),
-                _own: PhantomData,
+                lent: Lent::done((dst, src)),
             });
         }
         match Layout::bytes(src.raw().len) {
@@ -194,22 +175,13 @@ pub struct Failed<D, S> {
 /// An owned transfer in flight. [`Transfer::wait`] (or `.await`) hands the buffers back.
 #[must_use = "dropping a Transfer blocks until the copy completes"]
 pub struct Transfer<D, S> {
-    req: Option<Request>,
-    /// The buffers, from `Box::leak`, rebuilt into a Box only once the request completed.
-    bufs: Option<NonNull<(D, S)>>,
-    _own: PhantomData<(D, S)>,
+    lent: Lent<(D, S)>,
 }
-
-// SAFETY: the Transfer owns the buffers (as a Box would); the engine's access to them ends
-// before they are handed back or dropped.
-unsafe impl<D: Send, S: Send> Send for Transfer<D, S> {}
-// SAFETY: `&Transfer` gives no access to the buffers.
-unsafe impl<D, S> Sync for Transfer<D, S> {}
 
 impl<D, S> std::fmt::Debug for Transfer<D, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transfer")
-            .field("request", &self.req)
+            .field("request", &self.lent.request())
             .field("done", &self.is_done())
             .finish()
     }
@@ -217,46 +189,132 @@ impl<D, S> std::fmt::Debug for Transfer<D, S> {
 
 impl<D, S> Transfer<D, S> {
     /// Blocks until the copy completes and returns the buffers.
-    pub fn wait(mut self) -> Result<(D, S), Failed<D, S>> {
-        let r = self.req.take().map_or(Ok(()), Request::wait);
-        self.finish(r)
+    pub fn wait(self) -> Result<(D, S), Failed<D, S>> {
+        let (bufs, r) = self.lent.wait();
+        finish(bufs, r)
     }
     /// True once the copy completed. Never blocks.
     pub fn is_done(&self) -> bool {
-        self.req.as_ref().is_none_or(Request::is_done)
+        self.lent.is_done()
     }
-    fn finish(&mut self, r: Result<(), RequestError>) -> Result<(D, S), Failed<D, S>> {
-        // `bufs` is taken only here and in Drop, after the request completed.
-        let (dst, src) = match self.bufs.take() {
-            // SAFETY: the request completed, so nothing else uses the buffers; the pointer came
-            // from Box::leak and is taken (here or in Drop) once.
-            Some(b) => *unsafe { Box::from_raw(b.as_ptr()) },
-            None => unreachable!("a Transfer's buffers are taken once"),
-        };
-        match r {
-            Ok(()) => Ok((dst, src)),
-            Err(error) => Err(Failed { error, dst, src }),
-        }
+}
+
+fn finish<D, S>((dst, src): (D, S), r: Result<(), RequestError>) -> Result<(D, S), Failed<D, S>> {
+    match r {
+        Ok(()) => Ok((dst, src)),
+        Err(error) => Err(Failed { error, dst, src }),
     }
 }
 
 impl<D: Unpin, S: Unpin> Future for Transfer<D, S> {
     type Output = Result<(D, S), Failed<D, S>>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let r = match this.req.as_mut() {
+        self.get_mut()
+            .lent
+            .poll(cx)
+            .map(|(bufs, r)| finish(bufs, r))
+    }
+}
+
+/// Buffers lent to an engine from submit until the request completed: what [`Transfer`] and
+/// [`FileTransfer`](crate::file::FileTransfer) are made of. The buffers are leaked from a Box
+/// while the request runs (no Box, which asserts unique access, exists meanwhile) and rebuilt
+/// only once it completed: handed back by [`Lent::wait`] or [`Lent::poll`], or dropped after a
+/// wait in Drop. Forgetting a `Lent` leaks them, never frees them under the work.
+pub(crate) struct Lent<T> {
+    req: Option<Request>,
+    /// From `Box::leak`; rebuilt into a Box (in `take`) once, after the request completed.
+    bufs: Option<NonNull<T>>,
+    _own: PhantomData<T>,
+}
+
+// SAFETY: a Lent owns the buffers (as a Box would); the engine's access to them ends before
+// they are handed back or dropped.
+unsafe impl<T: Send> Send for Lent<T> {}
+// SAFETY: `&Lent` gives no access to the buffers.
+unsafe impl<T> Sync for Lent<T> {}
+
+impl<T> Lent<T> {
+    /// Lends `bufs` to the request that `submit` makes over their memory (plus anything else
+    /// `submit` returns). The memory stays valid, and nothing but that request touches it,
+    /// until the request completed: `submit` may rely on that to call an engine's `unsafe`
+    /// submit. Refused: the error and the buffers come back.
+    pub(crate) fn submit<X, E>(
+        bufs: T,
+        submit: impl FnOnce(&mut T) -> Result<(Request, X), E>,
+    ) -> Result<(Lent<T>, X), (E, T)> {
+        let ptr = NonNull::from(Box::leak(Box::new(bufs)));
+        // SAFETY: just leaked from a Box: valid, and not aliased during the call.
+        match submit(unsafe { &mut *ptr.as_ptr() }) {
+            Ok((req, x)) => Ok((
+                Lent {
+                    req: Some(req),
+                    bufs: Some(ptr),
+                    _own: PhantomData,
+                },
+                x,
+            )),
+            // SAFETY: refused, so nothing uses the buffers; from Box::leak just above, once.
+            Err(e) => Err((e, *unsafe { Box::from_raw(ptr.as_ptr()) })),
+        }
+    }
+
+    /// Buffers with no work on them (an empty copy): handed back as they are.
+    pub(crate) fn done(bufs: T) -> Lent<T> {
+        Lent {
+            req: None,
+            bufs: Some(NonNull::from(Box::leak(Box::new(bufs)))),
+            _own: PhantomData,
+        }
+    }
+
+    /// The request, until its result was taken (`None` for [`Lent::done`]).
+    pub(crate) fn request(&self) -> Option<&Request> {
+        self.req.as_ref()
+    }
+
+    /// Blocks until the request completes; hands the buffers back with its result.
+    pub(crate) fn wait(mut self) -> (T, Result<(), RequestError>) {
+        let r = self.req.take().map_or(Ok(()), Request::wait);
+        (self.take(), r)
+    }
+
+    /// `Some(result)` once complete, `None` while in flight; never blocks. The buffers stay
+    /// lent until [`Lent::wait`].
+    pub(crate) fn try_wait(&mut self) -> Option<Result<(), RequestError>> {
+        self.req.as_mut().map_or(Some(Ok(())), Request::try_wait)
+    }
+
+    /// True once the request completed. Never blocks.
+    pub(crate) fn is_done(&self) -> bool {
+        self.req.as_ref().is_none_or(Request::is_done)
+    }
+
+    /// Polls the request; once complete, hands the buffers back with its result.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<(T, Result<(), RequestError>)> {
+        let r = match self.req.as_mut() {
             Some(req) => match Pin::new(req).poll(cx) {
                 Poll::Ready(r) => r,
                 Poll::Pending => return Poll::Pending,
             },
             None => Ok(()),
         };
-        this.req = None;
-        Poll::Ready(this.finish(r))
+        self.req = None;
+        Poll::Ready((self.take(), r))
+    }
+
+    /// The buffers, once the request completed (`req` is `None`).
+    fn take(&mut self) -> T {
+        match self.bufs.take() {
+            // SAFETY: the request completed, so nothing else uses the buffers; the pointer
+            // came from Box::leak and is taken (here or in Drop) once.
+            Some(b) => *unsafe { Box::from_raw(b.as_ptr()) },
+            None => unreachable!("lent buffers are handed back once"),
+        }
     }
 }
 
-impl<D, S> Drop for Transfer<D, S> {
+impl<T> Drop for Lent<T> {
     fn drop(&mut self) {
         if let Some(req) = self.req.take() {
             // The error is not lost: an unobserved failure is reported by the engine's barrier.
@@ -269,12 +327,54 @@ impl<D, S> Drop for Transfer<D, S> {
     }
 }
 
-/// A scope whose requests borrow buffers; see [`EngineExt::scope`].
-pub struct Scope<'scope, 'env: 'scope> {
-    engine: &'env dyn Engine,
+/// What every scope of borrowed buffers is made of ([`Scope`], and the NCCL engine's
+/// [`NcclScope`](crate::engine::nccl::NcclScope)): the requests it submitted, all waited for
+/// before the borrows end. `'scope` is the borrows' lifetime and `'env` the environment's; both
+/// are invariant, as in [`std::thread::Scope`], so that a buffer handed to the scope stays
+/// borrowed until [`ScopeCore::run`] returns.
+pub(crate) struct ScopeCore<'scope, 'env: 'scope> {
     inflight: InFlight,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
+}
+
+impl ScopeCore<'_, '_> {
+    /// A scope with no requests yet.
+    pub(crate) fn new() -> Self {
+        ScopeCore {
+            inflight: InFlight::new(),
+            _scope: PhantomData,
+            _env: PhantomData,
+        }
+    }
+
+    /// Tracks a request over the scope's borrowed buffers: [`ScopeCore::run`] waits for it.
+    pub(crate) fn track(&self, req: &Request) {
+        self.inflight.track(req);
+    }
+
+    /// Runs `body` (the user's closure over the scope), then waits for every tracked request
+    /// and reports every failure not already seen through `wait`/`try_wait`. Waits even if
+    /// `body` unwinds (the panic goes on; the failures are not reported then). May block.
+    pub(crate) fn run<T>(&self, body: impl FnOnce() -> T) -> Result<T, BarrierError> {
+        // Waits even if `body` unwinds: the borrows end only after every request is done.
+        struct WaitAll<'a>(&'a InFlight);
+        impl Drop for WaitAll<'_> {
+            fn drop(&mut self) {
+                let _ = self.0.barrier();
+            }
+        }
+        let guard = WaitAll(&self.inflight);
+        let out = body();
+        std::mem::forget(guard);
+        self.inflight.barrier().map(|()| out)
+    }
+}
+
+/// A scope whose requests borrow buffers; see [`EngineExt::scope`].
+pub struct Scope<'scope, 'env: 'scope> {
+    engine: &'env dyn Engine,
+    core: ScopeCore<'scope, 'env>,
 }
 
 impl<'scope> Scope<'scope, '_> {
@@ -300,7 +400,7 @@ impl<'scope> Scope<'scope, '_> {
         // after `scope()` has waited for every request tracked here, so the memory stays valid
         // and nothing else touches it while the request runs.
         let req = unsafe { self.engine.submit_raw(job)? };
-        self.inflight.track(&req);
+        self.core.track(&req);
         Ok(req)
     }
 

@@ -27,8 +27,14 @@
 //!
 //! Requests: [`FileEngine::load`] and [`FileEngine::store`] take the buffer by value and return a
 //! [`FileTransfer`] (wait, poll, or `.await` it; it hands the buffer back with an [`IoReport`]),
-//! built on a [`Request`] like every engine's. [`FileEngine::load_into`] and
-//! [`FileEngine::store_from`] borrow the buffer and block.
+//! built on a [`Request`] like every engine's, and on the safe API's owned-buffer machinery
+//! (the one under [`Transfer`](crate::Transfer)). [`FileEngine::load_into`] and
+//! [`FileEngine::store_from`] borrow the buffer and block: they wait before they return, so
+//! they need no scope.
+//!
+//! Not an [`Engine`]: a load or store moves bytes between a file and a buffer, and a
+//! [`Job`](crate::Job) is two buffers of memory with layouts. A `FileEngine` takes an
+//! [`Engine`] instead, for the buffers it cannot reach itself ([`FileEngine::with_engine`]).
 //!
 //! ```
 //! use ferry::file::{FileConfig, FileEngine, OpenMode};
@@ -61,15 +67,13 @@ pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
 pub use probe::gds_status;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Lent};
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
 use crate::request::{BarrierError, InFlight, Request, Signal};
 use exec::{Pool, Ring, Xfer};
 use std::future::Future;
-use std::marker::PhantomData;
 use std::path::Path;
 use std::pin::Pin;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -306,11 +310,7 @@ impl FileEngine {
     where
         B: MemoryMut + Send + 'static,
     {
-        let bufp = NonNull::from(Box::leak(Box::new(buf)));
-        // SAFETY: just leaked from a Box: valid, not aliased.
-        let raw = unsafe { (*bufp.as_ptr()).raw_mut() };
-        // SAFETY: from Box::leak just above, and `raw` is its memory.
-        unsafe { self.submit_owned(file, offset, bufp, raw, IoOp::Read) }
+        self.lend(file, offset, buf, IoOp::Read, |b| b.raw_mut())
     }
 
     /// Stores all of `buf` at `offset` of `file` (the file grows as needed), owning the buffer
@@ -324,34 +324,28 @@ impl FileEngine {
     where
         B: Memory + Send + 'static,
     {
-        let bufp = NonNull::from(Box::leak(Box::new(buf)));
-        // SAFETY: just leaked from a Box: valid.
-        let raw = unsafe { (*bufp.as_ptr()).raw() };
-        // SAFETY: from Box::leak just above, and `raw` is its memory; a store only reads it.
-        unsafe { self.submit_owned(file, offset, bufp, raw, IoOp::Write) }
+        self.lend(file, offset, buf, IoOp::Write, |b| b.raw())
     }
 
-    /// Submits `op` on `raw`, the memory of the leaked buffer `bufp`, which the transfer then
-    /// owns until the request completed (in wait or Drop); refused: the buffer is handed back.
-    ///
-    /// # Safety
-    /// `bufp` comes from `Box::leak` and nothing else uses it; `raw` describes its memory.
-    unsafe fn submit_owned<B>(
+    /// Submits `op` on the memory `raw` finds in `buf`, which the transfer then owns until the
+    /// request completed (the safe API's [`Lent`]); refused: the buffer is handed back.
+    fn lend<B>(
         &self,
         file: &FileHandle,
         offset: u64,
-        bufp: NonNull<B>,
-        raw: RawBuf,
+        buf: B,
         op: IoOp,
+        raw: impl FnOnce(&mut B) -> RawBuf,
     ) -> Result<FileTransfer<B>, FileFailed<B>> {
-        // SAFETY: the buffer stays alive and untouched until the request completed (caller).
-        match unsafe { self.submit(file, offset, raw, op) } {
-            Ok((req, x)) => Ok(FileTransfer::new(req, x, bufp)),
-            Err(error) => Err(FileFailed {
-                error,
-                // SAFETY: refused, so nothing uses the buffer; from Box::leak, taken once.
-                buf: *unsafe { Box::from_raw(bufp.as_ptr()) },
-            }),
+        let lent = Lent::submit(buf, |b| {
+            let raw = raw(b);
+            // SAFETY: the buffer is lent: its memory stays valid and untouched until the
+            // request completed (`Lent::submit`); a store only reads it.
+            unsafe { self.submit(file, offset, raw, op) }
+        });
+        match lent {
+            Ok((lent, x)) => Ok(FileTransfer { lent, x }),
+            Err((error, buf)) => Err(FileFailed { error, buf }),
         }
     }
 
@@ -586,23 +580,15 @@ fn result_of(x: &Xfer) -> Result<IoReport, FileError> {
 /// the buffer back with an [`IoReport`]; dropping it waits.
 #[must_use = "dropping a FileTransfer blocks until the transfer completes"]
 pub struct FileTransfer<B> {
-    req: Option<Request>,
+    /// The buffer, lent to the workers until the request completed (dropping it waits).
+    lent: Lent<B>,
     x: Arc<Xfer>,
-    /// The buffer, from `Box::leak`, rebuilt into a Box only once the request completed.
-    buf: Option<NonNull<B>>,
-    _own: PhantomData<B>,
 }
-
-// SAFETY: the transfer owns the buffer (as a Box would); the workers' access to it ends before
-// it is handed back or dropped.
-unsafe impl<B: Send> Send for FileTransfer<B> {}
-// SAFETY: `&FileTransfer` gives no access to the buffer.
-unsafe impl<B> Sync for FileTransfer<B> {}
 
 impl<B> std::fmt::Debug for FileTransfer<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileTransfer")
-            .field("request", &self.req)
+            .field("request", &self.lent.request())
             .field("path", &self.x.file.path)
             .field("offset", &self.x.offset)
             .field("len", &self.x.buf.len)
@@ -611,55 +597,36 @@ impl<B> std::fmt::Debug for FileTransfer<B> {
 }
 
 impl<B> FileTransfer<B> {
-    fn new(req: Request, x: Arc<Xfer>, buf: NonNull<B>) -> FileTransfer<B> {
-        FileTransfer {
-            req: Some(req),
-            x,
-            buf: Some(buf),
-            _own: PhantomData,
-        }
-    }
-
     /// Blocks until the transfer completes; returns the buffer and what was done, or the
     /// error with the buffer.
-    pub fn wait(mut self) -> Result<(B, IoReport), FileFailed<B>> {
-        if let Some(r) = self.req.take() {
-            let _ = r.wait();
-        }
-        self.finish()
+    pub fn wait(self) -> Result<(B, IoReport), FileFailed<B>> {
+        // The result is read from the transfer's own typed error.
+        let (buf, _) = self.lent.wait();
+        finish(buf, &self.x)
     }
 
     /// `Some(result)` once the transfer completed, `None` while in flight. Never blocks; the
     /// buffer stays in the transfer until [`FileTransfer::wait`].
     pub fn try_wait(&mut self) -> Option<Result<IoReport, FileError>> {
-        match self.req.as_mut() {
-            Some(r) => r.try_wait().map(|_| result_of(&self.x)),
-            None => Some(result_of(&self.x)),
-        }
+        self.lent.try_wait().map(|_| result_of(&self.x))
     }
 
     /// True once the transfer completed. Never blocks.
     pub fn is_done(&self) -> bool {
-        self.req.as_ref().is_none_or(Request::is_done)
+        self.lent.is_done()
     }
 
     /// The request underneath (its error is the [`FileError`]'s text, as
     /// [`RequestError::Io`](crate::RequestError::Io)).
     pub fn request(&self) -> Option<&Request> {
-        self.req.as_ref()
+        self.lent.request()
     }
+}
 
-    fn finish(&mut self) -> Result<(B, IoReport), FileFailed<B>> {
-        let buf = match self.buf.take() {
-            // SAFETY: the request completed, so no worker uses the buffer; the pointer came
-            // from Box::leak and is taken (here or in Drop) once.
-            Some(b) => *unsafe { Box::from_raw(b.as_ptr()) },
-            None => unreachable!("a FileTransfer's buffer is taken once"),
-        };
-        match result_of(&self.x) {
-            Ok(r) => Ok((buf, r)),
-            Err(error) => Err(FileFailed { error, buf }),
-        }
+fn finish<B>(buf: B, x: &Xfer) -> Result<(B, IoReport), FileFailed<B>> {
+    match result_of(x) {
+        Ok(r) => Ok((buf, r)),
+        Err(error) => Err(FileFailed { error, buf }),
     }
 }
 
@@ -667,25 +634,6 @@ impl<B: Unpin> Future for FileTransfer<B> {
     type Output = Result<(B, IoReport), FileFailed<B>>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let Some(req) = this.req.as_mut() {
-            if Pin::new(req).poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
-        this.req = None;
-        Poll::Ready(this.finish())
-    }
-}
-
-impl<B> Drop for FileTransfer<B> {
-    fn drop(&mut self) {
-        if let Some(req) = self.req.take() {
-            // An unobserved failure is still reported by the engine's barrier.
-            let _ = req.settle_keep();
-        }
-        if let Some(b) = self.buf.take() {
-            // SAFETY: the request completed (waited above or before); from Box::leak, once.
-            drop(unsafe { Box::from_raw(b.as_ptr()) });
-        }
+        this.lent.poll(cx).map(|(buf, _)| finish(buf, &this.x))
     }
 }

@@ -2,7 +2,7 @@
 
 use super::driver::{self, check, DrvErr};
 use super::{memory::DeviceBuffer, WaitMode};
-use crate::request::{Completion, RequestError};
+use crate::request::{Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
 use std::sync::mpsc::Sender;
@@ -76,12 +76,6 @@ impl Drop for Event {
     }
 }
 
-struct State {
-    result: Option<Result<(), RequestError>>,
-    wakers: Vec<Waker>,
-    queued: bool,
-}
-
 /// The shared part of a CUDA request.
 pub(crate) struct Inner {
     /// Always `Some` until dropped (then handed back to the pool).
@@ -90,40 +84,17 @@ pub(crate) struct Inner {
     ctx: Arc<CudaContext>,
     mode: WaitMode,
     /// The result once known, and the futures' wakers. Waiting threads block in the driver
-    /// (`cuEventSynchronize`), not on this lock, so no condition variable is needed (and no
-    /// futex wake-up is paid per request).
-    state: Mutex<State>,
+    /// (`cuEventSynchronize`), not on the slot, so it has no condition variable (and no futex
+    /// wake-up is paid per request).
+    slot: Slot,
     /// Scratch memory the request's work reads (fill patterns); freed after it completes.
     _keep: Vec<DeviceBuffer>,
 }
 
 impl Inner {
-    fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
-        let wakers = {
-            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(prev) = &st.result {
-                return prev.clone();
-            }
-            st.result = Some(r.clone());
-            std::mem::take(&mut st.wakers)
-        };
-        for w in wakers {
-            w.wake();
-        }
-        r
-    }
-
-    fn done(&self) -> Option<Result<(), RequestError>> {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .result
-            .clone()
-    }
-
     /// Waits for the event (sleeping, or spinning) and records the result.
     pub(crate) fn wait_event(&self, mode: WaitMode) -> Result<(), RequestError> {
-        if let Some(r) = self.done() {
+        if let Some(r) = self.slot.get() {
             return r;
         }
         let r = match mode {
@@ -145,7 +116,7 @@ impl Inner {
                 }
             }
         };
-        self.finish(r)
+        self.slot.complete(r)
     }
 
     fn raw(&self) -> sys::CUevent {
@@ -178,7 +149,7 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         // Drop synchronizes: the scratch buffers and the event outlive the work.
-        let ok = match self.done() {
+        let ok = match self.slot.get() {
             Some(r) => r.is_ok(),
             None => self.sync().is_ok(),
         };
@@ -207,18 +178,13 @@ impl CudaCompletion {
         keep: Vec<DeviceBuffer>,
         waker_tx: Sender<Arc<Inner>>,
     ) -> CudaCompletion {
-        let state = State {
-            result: None,
-            wakers: Vec::new(),
-            queued: false,
-        };
         CudaCompletion {
             inner: Arc::new(Inner {
                 event: Some(event),
                 pool,
                 ctx,
                 mode,
-                state: Mutex::new(state),
+                slot: Slot::new(),
                 _keep: keep,
             }),
             waker_tx,
@@ -230,7 +196,7 @@ impl CudaCompletion {
     }
     /// The result, if the request is known to have completed (no driver call).
     pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {
-        self.inner.done()
+        self.inner.slot.get()
     }
 }
 
@@ -239,33 +205,18 @@ impl Completion for CudaCompletion {
         self.inner.wait_event(self.inner.mode)
     }
     fn poll_done(&self) -> Option<Result<(), RequestError>> {
-        if let Some(r) = self.inner.done() {
+        if let Some(r) = self.inner.slot.get() {
             return Some(r);
         }
         let r = self.inner.query()?;
-        Some(self.inner.finish(r))
+        Some(self.inner.slot.complete(r))
     }
     fn register_waker(&self, waker: &Waker) {
-        let mut st = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if st.result.is_some() {
-            drop(st);
-            waker.wake_by_ref();
-            return;
-        }
-        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
-            st.wakers.push(waker.clone());
-        }
-        if !st.queued {
-            st.queued = true;
-            drop(st);
-            if self.waker_tx.send(Arc::clone(&self.inner)).is_err() {
-                // The waiter thread is gone: wait here rather than never waking.
-                self.inner.wait_event(WaitMode::Blocking).ok();
-            }
+        if self.inner.slot.register_waker(waker)
+            && self.waker_tx.send(Arc::clone(&self.inner)).is_err()
+        {
+            // The waiter thread is gone: wait here rather than never waking.
+            self.inner.wait_event(WaitMode::Blocking).ok();
         }
     }
     fn as_any(&self) -> &dyn Any {
@@ -276,11 +227,7 @@ impl Completion for CudaCompletion {
 /// The engine's waiter thread: waits events in the order futures registered them and wakes
 /// their wakers. Ends when every sender (the engine and its requests) is gone.
 pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Inner>>> {
-    let (tx, rx) = std::sync::mpsc::channel::<Arc<Inner>>();
-    std::thread::Builder::new().name(name).spawn(move || {
-        while let Ok(inner) = rx.recv() {
-            let _ = inner.wait_event(WaitMode::Blocking);
-        }
-    })?;
-    Ok(tx)
+    crate::request::spawn_waiter(name, |inner: &Arc<Inner>| {
+        let _ = inner.wait_event(WaitMode::Blocking);
+    })
 }

@@ -8,6 +8,10 @@ use cudarc::driver::CudaContext;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+/// How long a wait (for the communicator here, for a request in `event.rs`) only yields
+/// between looks before it sleeps in short steps.
+pub(crate) const SPIN_FOR: Duration = Duration::from_millis(10);
+
 pub(crate) struct Comm {
     pub(crate) raw: sys::Comm,
     pub(crate) lib: &'static sys::Lib,
@@ -99,7 +103,7 @@ impl Comm {
                 return Err(e);
             }
             // Enqueueing a group takes tens of microseconds: yield at first, then sleep.
-            if start.elapsed() < super::event::SPIN_FOR {
+            if start.elapsed() < SPIN_FOR {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(Duration::from_micros(500));

@@ -3,27 +3,19 @@
 //! checked; an error or a deadline passed aborts the communicator (`ncclCommAbort`, which
 //! stops its kernels), so a peer that never arrives fails the request instead of hanging it.
 
-use super::comm::Comm;
+use super::comm::{Comm, SPIN_FOR};
 use crate::engine::cuda::driver::{check, DrvErr};
 use crate::engine::cuda::event::Event;
-use crate::request::{Completion, RequestError};
+use crate::request::{Completion, RequestError, Slot};
 use cudarc::driver::sys;
 use std::any::Any;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-/// How long a wait only yields between looks at its event.
-pub(crate) const SPIN_FOR: Duration = Duration::from_millis(10);
 /// How often a spinning wait also checks the communicator's error and the deadline.
 const CHECK_EVERY: Duration = Duration::from_millis(1);
-
-struct State {
-    result: Option<Result<(), RequestError>>,
-    wakers: Vec<Waker>,
-    queued: bool,
-}
 
 /// The shared part of an NCCL request.
 pub(crate) struct Inner {
@@ -32,33 +24,11 @@ pub(crate) struct Inner {
     what: String,
     timeout: Duration,
     deadline: Instant,
-    state: Mutex<State>,
+    /// The result and the futures' wakers (waiters poll the event, never sleep on the slot).
+    slot: Slot,
 }
 
 impl Inner {
-    fn done(&self) -> Option<Result<(), RequestError>> {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .result
-            .clone()
-    }
-
-    fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
-        let wakers = {
-            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(prev) = &st.result {
-                return prev.clone();
-            }
-            st.result = Some(r.clone());
-            std::mem::take(&mut st.wakers)
-        };
-        for w in wakers {
-            w.wake();
-        }
-        r
-    }
-
     fn query(&self) -> Result<bool, DrvErr> {
         // SAFETY: a live event handle, owned by this request.
         match unsafe { sys::cuEventQuery(self.event.raw()) } {
@@ -76,18 +46,18 @@ impl Inner {
         let _ = check("cuEventSynchronize", unsafe {
             sys::cuEventSynchronize(self.event.raw())
         });
-        self.finish(Err(err))
+        self.slot.complete(Err(err))
     }
 
     /// One look: `Some(result)` once complete (or failed), `None` while in flight.
     pub(crate) fn poll(&self) -> Option<Result<(), RequestError>> {
-        if let Some(r) = self.done() {
+        if let Some(r) = self.slot.get() {
             return Some(r);
         }
         match self.query() {
-            Ok(true) => return Some(self.finish(Ok(()))),
+            Ok(true) => return Some(self.slot.complete(Ok(()))),
             Ok(false) => {}
-            Err(e) => return Some(self.finish(Err(e.into()))),
+            Err(e) => return Some(self.slot.complete(Err(e.into()))),
         }
         if let Some(why) = self.comm.aborted() {
             return Some(self.settle_after_abort(RequestError::Aborted(why)));
@@ -118,7 +88,7 @@ impl Inner {
         let start = Instant::now();
         let mut last_check = start;
         loop {
-            if let Some(r) = self.done() {
+            if let Some(r) = self.slot.get() {
                 return r;
             }
             let now = Instant::now();
@@ -130,9 +100,9 @@ impl Inner {
                 }
             } else {
                 match self.query() {
-                    Ok(true) => return self.finish(Ok(())),
+                    Ok(true) => return self.slot.complete(Ok(())),
                     Ok(false) => {}
-                    Err(e) => return self.finish(Err(e.into())),
+                    Err(e) => return self.slot.complete(Err(e.into())),
                 }
             }
             if spinning {
@@ -165,11 +135,7 @@ impl NcclCompletion {
                 what,
                 timeout,
                 deadline: Instant::now() + timeout,
-                state: Mutex::new(State {
-                    result: None,
-                    wakers: Vec::new(),
-                    queued: false,
-                }),
+                slot: Slot::new(),
             }),
             waker_tx,
         }
@@ -184,25 +150,11 @@ impl Completion for NcclCompletion {
         self.inner.poll()
     }
     fn register_waker(&self, waker: &Waker) {
-        let mut st = self
-            .inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if st.result.is_some() {
-            drop(st);
-            waker.wake_by_ref();
-            return;
-        }
-        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
-            st.wakers.push(waker.clone());
-        }
-        if !st.queued {
-            st.queued = true;
-            drop(st);
-            if self.waker_tx.send(Arc::clone(&self.inner)).is_err() {
-                let _ = self.inner.wait();
-            }
+        if self.inner.slot.register_waker(waker)
+            && self.waker_tx.send(Arc::clone(&self.inner)).is_err()
+        {
+            // The waiter thread is gone: wait here rather than never waking.
+            let _ = self.inner.wait();
         }
     }
     fn as_any(&self) -> &dyn Any {
@@ -214,7 +166,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // The event and the communicator outlive the work: a dropped request still completes
         // (or times out) before its event goes.
-        if self.done().is_none() {
+        if self.slot.get().is_none() {
             let _ = self.wait();
         }
     }
@@ -223,11 +175,7 @@ impl Drop for Inner {
 /// The engine's waiter thread for futures: waits requests in registration order and wakes
 /// their wakers. Ends when every sender is gone.
 pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Inner>>> {
-    let (tx, rx) = std::sync::mpsc::channel::<Arc<Inner>>();
-    std::thread::Builder::new().name(name).spawn(move || {
-        while let Ok(inner) = rx.recv() {
-            let _ = inner.wait();
-        }
-    })?;
-    Ok(tx)
+    crate::request::spawn_waiter(name, |inner: &Arc<Inner>| {
+        let _ = inner.wait();
+    })
 }

@@ -7,7 +7,11 @@
 //! - Sends and receives: [`NcclScope::send`], [`NcclScope::recv`], and [`NcclScope::group`]
 //!   for several at once (`ncclGroupStart`/`ncclGroupEnd`: all of them progress together, so
 //!   an exchange in both directions cannot deadlock). Buffers are device memory of the
-//!   engine's GPU, borrowed for the scope, which waits for every request before it returns.
+//!   engine's GPU, borrowed for the scope, which waits for every request before it returns
+//!   (the safe API's scope machinery, as [`EngineExt::scope`](crate::EngineExt::scope)).
+//! - Not an [`Engine`](crate::Engine): a send or a receive is one buffer and a peer rank, and
+//!   it completes only when the peer posts its side, not a [`Job`](crate::Job) (a destination
+//!   and a source of this process, with layouts) that one engine runs alone.
 //! - Errors: a small enum, [`NcclError`] (also [`crate::Error::Nccl`]); bad input (a peer
 //!   outside the communicator, a buffer shorter than the count, host memory) is refused
 //!   before NCCL is called. Timeouts: the communicator is created non-blocking (unless
@@ -67,21 +71,24 @@
 mod comm;
 mod event;
 pub mod id;
+mod probe;
 mod raw;
+mod scope;
 mod sys;
 
 pub use event::NcclCompletion;
 pub use id::NcclId;
+pub use probe::{probe, NcclProbe};
 pub use raw::RawNccl;
+pub use scope::{Group, NcclScope};
 
 use crate::engine::cuda::driver;
 use crate::engine::cuda::event::Event;
 use crate::engine::cuda::{CudaError, WaitMode};
-use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
+use crate::memory::{MemKind, RawBuf};
 use crate::request::{BarrierError, InFlight, Request, RequestError};
 use comm::Comm;
 use cudarc::driver::{sys as cu, CudaStream};
-use std::marker::PhantomData;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,25 +160,6 @@ impl NcclError {
 impl From<driver::DrvErr> for NcclError {
     fn from(e: driver::DrvErr) -> Self {
         NcclError::Cuda(e.into())
-    }
-}
-
-/// What this machine has for NCCL: the library (path and version) or why not.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct NcclProbe {
-    /// The library's name as it was opened, and its version (e.g. 22703 for 2.27.3), or why
-    /// it is unusable.
-    pub library: Result<(String, i32), String>,
-}
-
-/// Looks for the NCCL library. Never panics; needs no GPU.
-pub fn probe() -> NcclProbe {
-    NcclProbe {
-        library: sys::lib().and_then(|l| {
-            l.version()
-                .map(|v| (l.path.clone(), v))
-                .map_err(|c| format!("ncclGetVersion failed: {}", l.message(c, None)))
-        }),
     }
 }
 
@@ -676,30 +664,6 @@ impl NcclEngine {
         self.inflight.barrier()
     }
 
-    /// Runs `f` with a scope whose sends and receives borrow buffers; waits for every request
-    /// of the scope before returning (even if `f` panics) and reports unobserved failures.
-    pub fn scope<'env, T>(
-        &'env self,
-        f: impl for<'scope> FnOnce(&'scope NcclScope<'scope, 'env>) -> T,
-    ) -> Result<T, BarrierError> {
-        let scope = NcclScope {
-            engine: self,
-            inflight: InFlight::new(),
-            _scope: PhantomData,
-            _env: PhantomData,
-        };
-        struct WaitAll<'a>(&'a InFlight);
-        impl Drop for WaitAll<'_> {
-            fn drop(&mut self) {
-                let _ = self.0.barrier();
-            }
-        }
-        let guard = WaitAll(&scope.inflight);
-        let out = f(&scope);
-        std::mem::forget(guard);
-        scope.inflight.barrier().map(|()| out)
-    }
-
     /// Aborts the communicator now (every rank's pending work with this rank fails or times
     /// out); later submits fail with [`NcclError::Aborted`].
     pub fn abort(&self) {
@@ -722,84 +686,6 @@ impl Drop for NcclEngine {
     fn drop(&mut self) {
         // Requests finish (or time out) before the communicator can go; they hold it too.
         let _ = self.inflight.barrier();
-    }
-}
-
-/// A scope of borrowed sends and receives; see [`NcclEngine::scope`].
-pub struct NcclScope<'scope, 'env: 'scope> {
-    engine: &'env NcclEngine,
-    inflight: InFlight,
-    _scope: PhantomData<&'scope mut &'scope ()>,
-    _env: PhantomData<&'env mut &'env ()>,
-}
-
-/// The operations of one group, collected by [`NcclScope::group`].
-pub struct Group<'scope> {
-    ops: Vec<P2p>,
-    _scope: PhantomData<&'scope mut &'scope ()>,
-}
-
-impl<'scope> Group<'scope> {
-    /// Sends the first `bytes` bytes of `buf` to rank `peer`.
-    pub fn send<B: Memory + ?Sized>(&mut self, buf: &'scope B, bytes: usize, peer: u32) {
-        self.ops.push(P2p {
-            kind: P2pKind::Send,
-            buf: buf.raw(),
-            bytes,
-            peer,
-        });
-    }
-    /// Receives `bytes` bytes from rank `peer` into the start of `buf`.
-    pub fn recv<B: MemoryMut + ?Sized>(&mut self, buf: &'scope mut B, bytes: usize, peer: u32) {
-        self.ops.push(P2p {
-            kind: P2pKind::Recv,
-            buf: buf.raw_mut(),
-            bytes,
-            peer,
-        });
-    }
-}
-
-impl<'scope> NcclScope<'scope, '_> {
-    /// Submits the sends and receives `f` adds, as one NCCL group (one request).
-    pub fn group(&self, f: impl FnOnce(&mut Group<'scope>)) -> Result<Request, NcclError> {
-        self.group_after(&[], f)
-    }
-    /// As [`group`](Self::group), started only after `after` complete (see
-    /// [`NcclEngine::submit_raw`]; a CUDA engine's request is waited on the GPU, not here).
-    pub fn group_after(
-        &self,
-        after: &[&Request],
-        f: impl FnOnce(&mut Group<'scope>),
-    ) -> Result<Request, NcclError> {
-        let mut g = Group {
-            ops: Vec::new(),
-            _scope: PhantomData,
-        };
-        f(&mut g);
-        // SAFETY: every buffer is borrowed for 'scope (shared for sends, exclusive for
-        // receives), which ends only after the scope waited for every request tracked here.
-        let req = unsafe { self.engine.submit_raw(&g.ops, after)? };
-        self.inflight.track(&req);
-        Ok(req)
-    }
-    /// Sends the first `bytes` bytes of `buf` to rank `peer`.
-    pub fn send<B: Memory + ?Sized>(
-        &self,
-        buf: &'scope B,
-        bytes: usize,
-        peer: u32,
-    ) -> Result<Request, NcclError> {
-        self.group(|g| g.send(buf, bytes, peer))
-    }
-    /// Receives `bytes` bytes from rank `peer` into the start of `buf`.
-    pub fn recv<B: MemoryMut + ?Sized>(
-        &self,
-        buf: &'scope mut B,
-        bytes: usize,
-        peer: u32,
-    ) -> Result<Request, NcclError> {
-        self.group(|g| g.recv(buf, bytes, peer))
     }
 }
 
@@ -901,14 +787,5 @@ mod tests {
             },
         ];
         assert_eq!(describe(0, &ops), "send 8 B 0->1, recv 4 B 1->0");
-    }
-
-    #[test]
-    fn probe_never_panics() {
-        // With or without the library: either a version or a reason.
-        match probe().library {
-            Ok((path, v)) => assert!(!path.is_empty() && v > 0),
-            Err(why) => assert!(!why.is_empty()),
-        }
     }
 }

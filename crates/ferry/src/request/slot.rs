@@ -1,0 +1,268 @@
+//! The completion slot every engine's completion is built on (CPU, CUDA, NCCL, files): the
+//! result (the first one set wins), the wakers of the futures waiting for it and, for
+//! completions signalled from host threads, the threads asleep on it.
+//!
+//! Two kinds of waiting, chosen by the slot's [`Sleep`] parameter:
+//! - `Slot<Condvar>` ([`Signal`](super::Signal)): work finished by host threads; a waiting
+//!   thread spins briefly, then sleeps on the condition variable. Completion wakes it only if a
+//!   thread is asleep (a wake-up is a system call even with nobody to wake, a large part of a
+//!   small copy).
+//! - `Slot<()>` (CUDA and NCCL requests): waiting threads block in the driver
+//!   (`cuEventSynchronize`) or poll it, never on the slot, so the slot has no condition variable
+//!   and completion pays no futex wake-up. Futures are woken by the engine's waiter thread
+//!   ([`spawn_waiter`]), which the first registered waker starts waiting.
+
+use super::RequestError;
+use std::sync::mpsc::Sender;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+/// How threads waiting on a [`Slot`] sleep: `()` where they wait elsewhere (in the driver),
+/// [`Condvar`] where they sleep on the slot.
+pub(crate) trait Sleep: Default + Send + Sync {
+    /// Wakes every thread asleep on the slot (called only when one is).
+    fn wake_all(&self);
+}
+
+impl Sleep for () {
+    fn wake_all(&self) {}
+}
+
+impl Sleep for Condvar {
+    fn wake_all(&self) {
+        self.notify_all();
+    }
+}
+
+/// A request's completion: result, wakers, sleepers, under one lock. Stored inline in the
+/// completion that owns it (no allocation of its own).
+#[derive(Default)]
+pub(crate) struct Slot<S: Sleep = ()> {
+    state: Mutex<State>,
+    sleep: S,
+}
+
+#[derive(Default)]
+struct State {
+    result: Option<Result<(), RequestError>>,
+    wakers: Vec<Waker>,
+    /// Threads asleep on the slot's condition variable (always 0 for `Slot<()>`): counted
+    /// under the lock that `complete` takes before it reads the count, so a completion after a
+    /// thread went to sleep sees it and wakes it.
+    sleepers: usize,
+    /// Set by the first waker registered while pending: the owner then arranges for someone to
+    /// complete the slot (the engine's waiter thread).
+    watched: bool,
+}
+
+impl<S: Sleep> Slot<S> {
+    /// A slot not yet completed.
+    pub(crate) fn new() -> Slot<S> {
+        Slot::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Completes the slot: the first result wins, and is returned (this one or an earlier
+    /// one). Wakes every registered waker once, and the sleeping threads if there are any.
+    pub(crate) fn complete(&self, result: Result<(), RequestError>) -> Result<(), RequestError> {
+        let (wakers, sleepers) = {
+            let mut st = self.lock();
+            if let Some(prev) = &st.result {
+                return prev.clone();
+            }
+            st.result = Some(result.clone());
+            (std::mem::take(&mut st.wakers), st.sleepers)
+        };
+        if sleepers > 0 {
+            self.sleep.wake_all();
+        }
+        for w in wakers {
+            w.wake();
+        }
+        result
+    }
+
+    /// The result once complete; never blocks (beyond the slot's lock).
+    pub(crate) fn get(&self) -> Option<Result<(), RequestError>> {
+        self.lock().result.clone()
+    }
+
+    /// Arranges for `waker` to be woken on completion; wakes it at once if complete. Returns
+    /// true exactly once, for the first waker registered while pending: the caller then
+    /// arranges for the slot to be completed (a waiter thread) if nothing else will.
+    pub(crate) fn register_waker(&self, waker: &Waker) -> bool {
+        let mut st = self.lock();
+        if st.result.is_some() {
+            drop(st);
+            waker.wake_by_ref();
+            return false;
+        }
+        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+            st.wakers.push(waker.clone());
+        }
+        !std::mem::replace(&mut st.watched, true)
+    }
+}
+
+impl Slot<Condvar> {
+    /// Blocks until complete. A short spin first: work that finishes within microseconds (a
+    /// small copy on another thread) then costs no sleep and wake-up, which is tens of
+    /// microseconds on some VMs. Then it sleeps on the condition variable.
+    pub(crate) fn wait(&self) -> Result<(), RequestError> {
+        if let Some(r) = self.get() {
+            return r;
+        }
+        let spin_until = Instant::now() + Duration::from_micros(20);
+        while Instant::now() < spin_until {
+            if let Some(r) = self.get() {
+                return r;
+            }
+            std::hint::spin_loop();
+        }
+        let mut st = self.lock();
+        loop {
+            if let Some(r) = &st.result {
+                return r.clone();
+            }
+            st.sleepers += 1;
+            st = self.sleep.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st.sleepers -= 1;
+        }
+    }
+}
+
+/// Starts an engine's waiter thread for futures: it waits for each item sent to it, in the
+/// order sent (`wait` completes the item's slot, which wakes its wakers). Ends when every
+/// sender (the engine and its requests) is gone.
+pub(crate) fn spawn_waiter<T: Send + 'static>(
+    name: String,
+    wait: fn(&T),
+) -> std::io::Result<Sender<T>> {
+    let (tx, rx) = std::sync::mpsc::channel::<T>();
+    std::thread::Builder::new().name(name).spawn(move || {
+        while let Ok(item) = rx.recv() {
+            wait(&item);
+        }
+    })?;
+    Ok(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    impl Count {
+        fn get(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A `Sleep` that counts its wake-ups (nobody sleeps on it).
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+    impl Sleep for Wakes {
+        fn wake_all(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn failed(msg: &str) -> Result<(), RequestError> {
+        Err(RequestError::Io(msg.into()))
+    }
+
+    #[test]
+    fn first_result_wins() {
+        let s: Slot = Slot::new();
+        assert_eq!(s.get(), None);
+        assert_eq!(s.complete(failed("first")), failed("first"));
+        assert_eq!(s.complete(Ok(())), failed("first"));
+        assert_eq!(s.get(), Some(failed("first")));
+    }
+
+    #[test]
+    fn wakers_woken_once() {
+        let s: Slot = Slot::new();
+        let (a, b) = (Arc::new(Count::default()), Arc::new(Count::default()));
+        let (wa, wb) = (Waker::from(Arc::clone(&a)), Waker::from(Arc::clone(&b)));
+        // Only the first registration asks for a watcher; a waker registered twice is kept once.
+        assert!(s.register_waker(&wa));
+        assert!(!s.register_waker(&wa));
+        assert!(!s.register_waker(&wb));
+        assert_eq!((a.get(), b.get()), (0, 0));
+        assert_eq!(s.complete(Ok(())), Ok(()));
+        assert_eq!((a.get(), b.get()), (1, 1));
+        assert_eq!(s.complete(failed("late")), Ok(()));
+        assert_eq!((a.get(), b.get()), (1, 1));
+        // Registered after completion: woken at once, no watcher needed.
+        assert!(!s.register_waker(&wa));
+        assert_eq!(a.get(), 2);
+    }
+
+    #[test]
+    fn no_wake_up_without_sleepers() {
+        let s: Slot<Wakes> = Slot::new();
+        let c = Arc::new(Count::default());
+        s.register_waker(&Waker::from(Arc::clone(&c)));
+        assert_eq!(s.complete(Ok(())), Ok(()));
+        assert_eq!(c.get(), 1);
+        assert_eq!(
+            s.sleep.0.load(Ordering::SeqCst),
+            0,
+            "nobody slept: no wake-up"
+        );
+    }
+
+    #[test]
+    fn sleeping_waiter_is_woken() {
+        let s = Arc::new(Slot::<Condvar>::new());
+        let t = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || s.wait())
+        };
+        // Wait until the waiter is asleep on the condition variable (past its spin).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.lock().sleepers == 0 {
+            assert!(Instant::now() < deadline, "the waiter never went to sleep");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(s.complete(failed("done")), failed("done"));
+        assert_eq!(t.join().unwrap(), failed("done"));
+        assert_eq!(s.lock().sleepers, 0);
+        // Already complete: returns at once.
+        assert_eq!(s.wait(), failed("done"));
+    }
+
+    #[test]
+    fn waiter_thread_waits_in_order() {
+        let done = Arc::new(Mutex::new(Vec::new()));
+        type Item = (u32, Arc<Mutex<Vec<u32>>>);
+        let tx = spawn_waiter::<Item>("slot-test-waiter".into(), |(i, d)| {
+            d.lock().unwrap().push(*i)
+        })
+        .unwrap();
+        for i in 0..3 {
+            tx.send((i, Arc::clone(&done))).unwrap();
+        }
+        drop(tx);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while done.lock().unwrap().len() < 3 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*done.lock().unwrap(), [0, 1, 2]);
+    }
+}
