@@ -204,40 +204,29 @@ mod safe;
 pub use safe::{EngineExt, Failed, Refused, Scope, Transfer};
 pub(crate) use safe::{Lent, ScopeCore};
 
-impl<E: Engine + ?Sized> Engine for std::sync::Arc<E> {
-    fn name(&self) -> String {
-        (**self).name()
-    }
-    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
-        (**self).supports(dst, src)
-    }
-    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { (**self).submit_raw(job) }
-    }
-    fn barrier(&self) -> Result<(), BarrierError> {
-        (**self).barrier()
-    }
-    fn home(&self) -> Option<MemKind> {
-        (**self).home()
-    }
+/// Engines behind a pointer are engines: every call forwarded to the pointee.
+macro_rules! forward_engine {
+    ($($ptr:ident)::+) => {
+        impl<E: Engine + ?Sized> Engine for $($ptr)::+<E> {
+            fn name(&self) -> String {
+                (**self).name()
+            }
+            fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+                (**self).supports(dst, src)
+            }
+            unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).submit_raw(job) }
+            }
+            fn barrier(&self) -> Result<(), BarrierError> {
+                (**self).barrier()
+            }
+            fn home(&self) -> Option<MemKind> {
+                (**self).home()
+            }
+        }
+    };
 }
 
-impl<E: Engine + ?Sized> Engine for Box<E> {
-    fn name(&self) -> String {
-        (**self).name()
-    }
-    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
-        (**self).supports(dst, src)
-    }
-    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { (**self).submit_raw(job) }
-    }
-    fn barrier(&self) -> Result<(), BarrierError> {
-        (**self).barrier()
-    }
-    fn home(&self) -> Option<MemKind> {
-        (**self).home()
-    }
-}
+forward_engine!(std::sync::Arc);
+forward_engine!(Box);
