@@ -13,9 +13,9 @@ use thiserror::Error;
 /// let e = ferry::ConfigError {
 ///     var: "FERRY_FILE_CHUNK",
 ///     value: "4M".into(),
-///     expected: "a whole number of bytes",
+///     expected: "a whole number",
 /// };
-/// assert_eq!(e.to_string(), "$FERRY_FILE_CHUNK=\"4M\" is not a whole number of bytes");
+/// assert_eq!(e.to_string(), "$FERRY_FILE_CHUNK=\"4M\" is not a whole number");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("${var}={value:?} is not {expected}")]
