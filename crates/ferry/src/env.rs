@@ -82,6 +82,18 @@ pub(crate) fn var<T: EnvValue>(
     }
 }
 
+/// Sets `field` to variable `name` from `get` when it is set; as [`var`] otherwise.
+pub(crate) fn apply<T: EnvValue>(
+    get: Lookup<'_>,
+    name: &'static str,
+    field: &mut T,
+) -> Result<(), ConfigError> {
+    if let Some(v) = var(get, name)? {
+        *field = v;
+    }
+    Ok(())
+}
+
 /// A [`Lookup`] over fixed pairs, for tests.
 #[cfg(test)]
 pub(crate) fn pairs<'a>(kv: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

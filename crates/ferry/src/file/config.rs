@@ -62,15 +62,9 @@ impl FileConfig {
         if let Some(n) = env::var(get, "FERRY_FILE_THREADS")? {
             c = c.threads(n);
         }
-        if let Some(n) = env::var(get, "FERRY_FILE_CHUNK")? {
-            c.chunk_bytes = n;
-        }
-        if let Some(n) = env::var(get, "FERRY_FILE_DEPTH")? {
-            c.ring_depth = n;
-        }
-        if let Some(on) = env::var(get, "FERRY_FILE_DIRECT")? {
-            c.direct = on;
-        }
+        env::apply(get, "FERRY_FILE_CHUNK", &mut c.chunk_bytes)?;
+        env::apply(get, "FERRY_FILE_DEPTH", &mut c.ring_depth)?;
+        env::apply(get, "FERRY_FILE_DIRECT", &mut c.direct)?;
         Ok(c)
     }
     /// Sets the worker threads (the ring depth follows unless set after).

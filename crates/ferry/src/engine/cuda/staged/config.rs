@@ -68,21 +68,11 @@ impl StagingConfig {
     /// [`from_env`](Self::from_env) over any lookup.
     pub(crate) fn from_lookup(get: env::Lookup<'_>) -> Result<Self, ConfigError> {
         let mut c = Self::new();
-        if let Some(v) = env::var(get, "FERRY_STAGING_CHUNK")? {
-            c.chunk_bytes = v;
-        }
-        if let Some(v) = env::var(get, "FERRY_STAGING_DEPTH")? {
-            c.ring_depth = v;
-        }
-        if let Some(v) = env::var(get, "FERRY_STAGING_THREADS")? {
-            c.threads = v;
-        }
-        if let Some(v) = env::var(get, "FERRY_STAGING_NT")? {
-            c.non_temporal = v;
-        }
-        if let Some(v) = env::var(get, "FERRY_STAGING_NT_H2D")? {
-            c.non_temporal_h2d = v;
-        }
+        env::apply(get, "FERRY_STAGING_CHUNK", &mut c.chunk_bytes)?;
+        env::apply(get, "FERRY_STAGING_DEPTH", &mut c.ring_depth)?;
+        env::apply(get, "FERRY_STAGING_THREADS", &mut c.threads)?;
+        env::apply(get, "FERRY_STAGING_NT", &mut c.non_temporal)?;
+        env::apply(get, "FERRY_STAGING_NT_H2D", &mut c.non_temporal_h2d)?;
         Ok(c)
     }
     /// Bytes per staging buffer (one DMA per chunk). Must be at least 4096.

@@ -34,6 +34,21 @@ impl SendPtr {
     }
 }
 
+/// What the workers and the coordinator of one staged copy share.
+struct Progress {
+    /// Chunks in the copy.
+    n: usize,
+    /// Parts per chunk (one per worker).
+    t: usize,
+    /// Workers may work on chunk `k` once `open > k`: its slot is free (host -> device) or its
+    /// DMA is done (device -> host).
+    open: AtomicUsize,
+    /// Per slot: the parts finished of the slot's current chunk.
+    done: Vec<AtomicUsize>,
+    /// Set when a worker panicked or the coordinator failed: everyone stops.
+    stop: AtomicBool,
+}
+
 impl Stager {
     /// Part `i` of `t` of a chunk's host-side copy (`to_slot`: host -> slot, else slot ->
     /// host). The parts of one chunk touch disjoint bytes; together they cover the chunk.
@@ -112,12 +127,15 @@ impl Stager {
         let depth = ring.slots.len();
         let slots: Vec<SendPtr> = ring.slots.iter().map(|p| SendPtr(p.ptr())).collect();
         let h2d = dir == Direction::HostToDevice;
-        // Workers may work on chunk `k` once `open > k`: its slot is free (h2d) or its DMA
-        // is done (d2h). `done[slot]` counts the parts finished of the slot's current chunk.
-        let open = AtomicUsize::new(if h2d { depth.min(n) } else { 0 });
+        let progress = Progress {
+            n,
+            t,
+            open: AtomicUsize::new(if h2d { depth.min(n) } else { 0 }),
+            done: (0..depth).map(|_| AtomicUsize::new(0)).collect(),
+            stop: AtomicBool::new(false),
+        };
+        let (open, done, stop) = (&progress.open, &progress.done, &progress.stop);
         let next = AtomicUsize::new(0);
-        let stop = AtomicBool::new(false);
-        let done: Vec<AtomicUsize> = (0..depth).map(|_| AtomicUsize::new(0)).collect();
         let worker = |_: usize| loop {
             let p = next.fetch_add(1, Ordering::Relaxed);
             if p >= n * t {
@@ -144,9 +162,9 @@ impl Stager {
         };
         let coordinate = || -> Result<(), StagedError> {
             let r = if h2d {
-                self.flow_h2d(ring, job, n, t, &open, &done, &stop)
+                self.flow_h2d(ring, job, &progress)
             } else {
-                self.flow_d2h(ring, job, n, t, &open, &done, &stop)
+                self.flow_d2h(ring, job, &progress)
             };
             if r.is_err() {
                 stop.store(true, Ordering::Relaxed);
@@ -157,17 +175,13 @@ impl Stager {
     }
 
     /// Host -> device coordinator of [`Stager::flow`].
-    #[allow(clippy::too_many_arguments)]
     fn flow_h2d(
         &self,
         ring: &mut Ring,
         job: &Staging<'_>,
-        n: usize,
-        t: usize,
-        open: &AtomicUsize,
-        done: &[AtomicUsize],
-        stop: &AtomicBool,
+        p: &Progress,
     ) -> Result<(), StagedError> {
+        let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
         let depth = ring.slots.len();
         let (mut issued, mut retired) = (0usize, 0usize);
         let mut spin = Backoff::new();
@@ -199,17 +213,13 @@ impl Stager {
     }
 
     /// Device -> host coordinator of [`Stager::flow`].
-    #[allow(clippy::too_many_arguments)]
     fn flow_d2h(
         &self,
         ring: &mut Ring,
         job: &Staging<'_>,
-        n: usize,
-        t: usize,
-        open: &AtomicUsize,
-        done: &[AtomicUsize],
-        stop: &AtomicBool,
+        p: &Progress,
     ) -> Result<(), StagedError> {
+        let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
         let depth = ring.slots.len();
         let (mut issued, mut landed, mut drained) = (0usize, 0usize, 0usize);
         let mut spin = Backoff::new();

@@ -2,14 +2,15 @@
 //! worker `i` for `i` in `0..n` (only those are woken, always the same low-numbered ones), runs
 //! `main` on the calling thread meanwhile, and returns when all `n` have returned.
 //!
-//! Why this is not the CPU engine's pool (`engine/cpu/pool.rs`): that one is a queue of
-//! independent tasks, any worker taking the next; a staged copy needs `n` workers running one
-//! job at the same time, side by side with the coordinating thread, and it must wake exactly
-//! those `n`, always the same warm ones. Each worker sleeps on its own condition variable for
-//! that: with one shared condition variable, waking 4 of 12 workers rotated through all twelve,
-//! each waking cold, and 1-8 MiB staged copies ran as slowly as with all twelve (H200 run 28,
-//! commit a7006da); waking workers 0..n gave 1.09-1.15x the driver's pageable path at 4-8 MiB
-//! (run 29, see [`workers_for`](super::workers_for)).
+//! Why this is not the CPU engine's pool (`engine/cpu/pool.rs`) nor the file engine's
+//! (`file/exec.rs`): those are queues of independent tasks, any worker taking the next; a
+//! staged copy needs `n` workers running one job at the same time, side by side with the
+//! coordinating thread, and it must wake exactly those `n`, always the same warm ones. Each
+//! worker sleeps on its own condition variable for that: with one shared condition variable,
+//! waking 4 of 12 workers rotated through all twelve, each waking cold, and 1-8 MiB staged
+//! copies ran as slowly as with all twelve (H200 run 28, commit a7006da); waking workers 0..n
+//! gave 1.09-1.15x the driver's pageable path at 4-8 MiB host -> device (run 29, see
+//! [`workers_for`](super::workers_for)).
 
 use super::StagedError;
 use std::panic::{catch_unwind, AssertUnwindSafe};
