@@ -139,6 +139,10 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
             return Err(ferry_cli::plot::PlotError::Format(p.display().to_string()).into());
         }
     }
+    // The engines read FERRY_STAGING_* and FERRY_FILE_* where they are made; a value that
+    // does not parse stops the run here, before anything is measured.
+    ferry::cuda::staged::StagingConfig::from_env()?;
+    ferry::file::FileConfig::from_env()?;
     let sel = bench::select(a.tests.as_deref(), a.engine)?;
     if !sel.skipped.is_empty() {
         let mut reasons: Vec<&str> = sel.skipped.iter().map(|(_, r)| r.as_str()).collect();

@@ -346,3 +346,34 @@ fn saved_json_is_replotted_and_foreign_json_refused() {
     assert!(stderr(&o).contains("ferry-bench/1"), "{}", stderr(&o));
     assert!(!out.exists());
 }
+
+#[test]
+fn bad_ferry_env_values_are_refused_clearly() {
+    for (var, value) in [
+        ("FERRY_STAGING_CHUNK", "1M"),
+        ("FERRY_STAGING_NT", "yes"),
+        ("FERRY_FILE_DIRECT", "2"),
+        ("FERRY_FILE_THREADS", "four"),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["bench", "--test", "cpu-contig", "--sizes", "4K"])
+            .env(var, value)
+            .output()
+            .expect("run ferry");
+        assert!(!o.status.success(), "{var}={value} was accepted");
+        let e = stderr(&o);
+        assert!(e.contains(&format!("${var}=\"{value}\"")), "{var}: {e}");
+    }
+}
+
+#[test]
+fn valid_ferry_file_values_are_accepted() {
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["bench", "--test", "file-read", "--sizes", "256K"])
+        .args(["--samples", "1", "--warmup", "0", "--threads", "2"])
+        .env("FERRY_FILE_CHUNK", "65536")
+        .env("FERRY_FILE_DIRECT", "0")
+        .output()
+        .expect("run ferry");
+    assert!(o.status.success(), "{}", stderr(&o));
+}

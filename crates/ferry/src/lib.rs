@@ -35,6 +35,7 @@ macro_rules! count_alloc {
 }
 
 pub mod engine;
+mod env;
 mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
@@ -49,6 +50,7 @@ pub use engine::cpu::{CpuConfig, CpuEngine};
 pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
 pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
+pub use env::ConfigError;
 pub use error::Error;
 pub use layout::{Layout, LayoutError, MAX_DIMS};
 pub use memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};

@@ -110,12 +110,12 @@ fn setup(e: impl std::fmt::Display) -> BenchError {
 impl CudaBench {
     /// Engines on device 0 (default wait, and spin wait for the latency test).
     pub fn new(method: Method) -> Result<CudaBench, BenchError> {
-        let engine = CudaEngine::new(0).map_err(setup)?;
-        let spin =
-            CudaEngine::with_config(CudaConfig::new(0).wait_mode(WaitMode::Spin)).map_err(setup)?;
+        // FERRY_STAGING_* tune the staged path, as in any program that asks for them.
+        let base = CudaConfig::from_env(0).map_err(setup)?;
+        let engine = CudaEngine::with_config(base).map_err(setup)?;
+        let spin = CudaEngine::with_config(base.wait_mode(WaitMode::Spin)).map_err(setup)?;
         let sm = CudaEngine::with_config(
-            CudaConfig::new(0)
-                .wait_mode(WaitMode::Spin)
+            base.wait_mode(WaitMode::Spin)
                 .kernel_copies(KernelCopies::Always),
         )
         .map_err(setup)?;

@@ -10,7 +10,7 @@
 use super::cpu::pattern_bytes;
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
-use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier};
+use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier};
 use ferry::file::{FileConfig, FileEngine, FileHandle, OpenMode};
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -69,7 +69,9 @@ impl FileBench {
     /// A file engine with `threads` workers (the N of the threaded baselines).
     pub fn new(threads: usize, method: Method) -> Result<FileBench, BenchError> {
         let threads = threads.max(1);
-        let host = FileEngine::new(FileConfig::new().threads(threads)).map_err(setup)?;
+        // FERRY_FILE_* tune the engine (--threads sets the workers).
+        let cfg = FileConfig::from_env().map_err(setup)?;
+        let host = FileEngine::new(cfg.threads(threads)).map_err(setup)?;
         Ok(FileBench {
             threads,
             method,
@@ -177,9 +179,10 @@ impl FileBench {
 
     fn read_device(&mut self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         if self.gpu.is_none() {
-            let cuda = Arc::new(CudaEngine::new(0).map_err(setup)?);
-            let fe = FileEngine::with_engine(FileConfig::new().threads(self.threads), cuda)
-                .map_err(setup)?;
+            let cuda = CudaConfig::from_env(0).map_err(setup)?;
+            let cuda = Arc::new(CudaEngine::with_config(cuda).map_err(setup)?);
+            let cfg = FileConfig::from_env().map_err(setup)?.threads(self.threads);
+            let fe = FileEngine::with_engine(cfg, cuda).map_err(setup)?;
             self.gpu = Some((fe, RawCopier::new(0).map_err(setup)?));
         }
         let (fe, raw) = self.gpu.as_ref().expect("made above");

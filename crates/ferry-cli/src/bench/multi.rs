@@ -25,6 +25,7 @@ use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInf
 use crate::sizes::format_size;
 use ferry::cuda::multi::MultiGpu;
 use ferry::cuda::split::SmCopy;
+use ferry::cuda::staged::StagingConfig;
 use ferry::cuda::{
     CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer, RawCopier, WaitMode,
 };
@@ -57,6 +58,13 @@ pub static TESTS: &[TestInfo] = &[
 pub fn available_nccl() -> Result<(), String> {
     super::cuda::available_two()?;
     ferry::engine::nccl::probe().library.map(drop)
+}
+
+/// GPU `g`'s engine settings here: spin waits, the staging tuned by `FERRY_STAGING_*`.
+fn spin_config(g: u32, staging: StagingConfig) -> CudaConfig {
+    CudaConfig::new(g)
+        .wait_mode(WaitMode::Spin)
+        .staging(Some(staging))
 }
 
 fn setup(e: impl std::fmt::Display) -> BenchError {
@@ -138,7 +146,8 @@ impl MultiBench {
     /// Engines and raw copiers on every GPU (spin waits, as the raw side's synchronize spins).
     pub fn new(method: Method) -> Result<MultiBench, BenchError> {
         let n = ferry::cuda::probe().devices.len() as u32;
-        let cfg = |g| CudaConfig::new(g).wait_mode(WaitMode::Spin);
+        let staging = StagingConfig::from_env().map_err(setup)?;
+        let cfg = |g| spin_config(g, staging);
         let engines = (0..n)
             .map(|g| CudaEngine::with_config(cfg(g)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
@@ -156,8 +165,8 @@ impl MultiBench {
     /// The multiplex engine over every GPU, made on first use.
     fn gpus(&mut self) -> Result<&MultiGpu, BenchError> {
         if self.gpus.is_none() {
-            let g = MultiGpu::with_configs(|g| CudaConfig::new(g).wait_mode(WaitMode::Spin))
-                .map_err(setup)?;
+            let staging = StagingConfig::from_env().map_err(setup)?;
+            let g = MultiGpu::with_configs(|g| spin_config(g, staging)).map_err(setup)?;
             self.gpus = Some(g);
         }
         self.gpus.as_ref().ok_or_else(|| setup("no GPUs"))
@@ -461,12 +470,9 @@ impl MultiBench {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(50);
-        let e = CudaEngine::with_config(
-            CudaConfig::new(0)
-                .wait_mode(WaitMode::Spin)
-                .d2d_sm_share(share),
-        )
-        .map_err(setup)?;
+        let staging = StagingConfig::from_env().map_err(setup)?;
+        let e =
+            CudaEngine::with_config(spin_config(0, staging).d2d_sm_share(share)).map_err(setup)?;
         let data = pattern(size, 5);
         let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
         let mut dst = DeviceBuffer::new(0, size).map_err(setup)?;

@@ -13,7 +13,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 // ---------------------------------------------------------------------------------------------
-// Worker threads: a FIFO of tasks, run to the end of the queue on shutdown.
+// Worker threads: a FIFO of tasks, run to the end of the queue on shutdown. Not the CPU
+// engine's pool (`engine/cpu/pool.rs`): its waiters run queued work inline, which is sound only
+// for work that never blocks, and these tasks block on the file and on the bounce ring.
 
 type Task = Box<dyn FnOnce() + Send>;
 

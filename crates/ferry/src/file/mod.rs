@@ -57,11 +57,13 @@
 //! first transfer through the bounce ring allocates it. `wait`, `load_into`, `store_from`,
 //! `barrier` and dropping a [`FileTransfer`] block until the work is done.
 
+mod config;
 mod error;
 mod exec;
 mod io;
 mod probe;
 
+pub use config::FileConfig;
 pub use error::{FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
@@ -77,96 +79,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-
-/// Settings of a [`FileEngine`]. Plain data: [`FileConfig::new`] then chained setters.
-///
-/// ```
-/// let cfg = ferry::file::FileConfig::new().threads(4).chunk_bytes(8 << 20).direct(true);
-/// assert_eq!(cfg.threads, 4);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileConfig {
-    /// Worker threads (1 to 256).
-    pub threads: usize,
-    /// Largest chunk one worker reads or writes at a time, and the size of each bounce buffer
-    /// (at least 1).
-    pub chunk_bytes: usize,
-    /// Bounce buffers in the ring (at least 1; more than `threads` is never used).
-    pub ring_depth: usize,
-    /// Open files with `O_DIRECT` too (see the [module documentation](self)).
-    pub direct: bool,
-    /// Send host buffers through the bounce ring (and the engine, if any) as well, the path
-    /// device buffers take. For tests of that path without a GPU.
-    pub staged: bool,
-}
-
-impl Default for FileConfig {
-    fn default() -> Self {
-        FileConfig::new()
-    }
-}
-
-impl FileConfig {
-    /// The defaults: one thread per core (1 to 16), 4 MiB chunks, one bounce buffer per
-    /// thread, buffered I/O. Each can be set from the environment as the staging path's are:
-    /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH`, `FERRY_FILE_DIRECT`
-    /// (`0` or `1`); a value that does not parse is ignored.
-    pub fn new() -> FileConfig {
-        let env = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-        };
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = env("FERRY_FILE_THREADS").unwrap_or(cores.clamp(1, 16));
-        FileConfig {
-            threads,
-            chunk_bytes: env("FERRY_FILE_CHUNK").unwrap_or(4 << 20),
-            ring_depth: env("FERRY_FILE_DEPTH").unwrap_or(threads),
-            direct: env("FERRY_FILE_DIRECT") == Some(1),
-            staged: false,
-        }
-    }
-    /// Sets the worker threads (the ring depth follows unless set after).
-    pub fn threads(mut self, n: usize) -> FileConfig {
-        self.threads = n;
-        self.ring_depth = n;
-        self
-    }
-    /// Sets the chunk (and bounce buffer) size.
-    pub fn chunk_bytes(mut self, bytes: usize) -> FileConfig {
-        self.chunk_bytes = bytes;
-        self
-    }
-    /// Sets the number of bounce buffers.
-    pub fn ring_depth(mut self, depth: usize) -> FileConfig {
-        self.ring_depth = depth;
-        self
-    }
-    /// Opens files with `O_DIRECT` as well (used where alignment allows).
-    pub fn direct(mut self, on: bool) -> FileConfig {
-        self.direct = on;
-        self
-    }
-    /// Routes host buffers through the bounce ring too.
-    pub fn staged(mut self, on: bool) -> FileConfig {
-        self.staged = on;
-        self
-    }
-    fn check(&self) -> Result<(), FileError> {
-        let bad = |s: String| Err(FileError::BadConfig(s));
-        if self.threads == 0 || self.threads > 256 {
-            return bad(format!("threads {} is not in 1..=256", self.threads));
-        }
-        if self.chunk_bytes == 0 {
-            return bad("chunk_bytes is 0".into());
-        }
-        if self.ring_depth == 0 {
-            return bad("ring_depth is 0".into());
-        }
-        Ok(())
-    }
-}
 
 /// What one load or store did: bytes, and which path they took.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -57,7 +57,8 @@ pub struct CudaConfig {
 }
 
 impl CudaConfig {
-    /// Device `ordinal`, blocking waits, directions inferred.
+    /// Device `ordinal`, blocking waits, directions inferred, the default staging. Reads
+    /// nothing from the environment ([`CudaConfig::from_env`] does).
     pub fn new(ordinal: u32) -> CudaConfig {
         CudaConfig {
             ordinal,
@@ -67,6 +68,12 @@ impl CudaConfig {
             kernel_copies: KernelCopies::Auto,
             d2d_sm_share: None,
         }
+    }
+    /// [`CudaConfig::new`] with the staging tuned from the environment
+    /// ([`StagingConfig::from_env`](staged::StagingConfig::from_env): `FERRY_STAGING_*`).
+    /// Errors: [`ConfigError`](crate::ConfigError) naming a variable whose value does not parse.
+    pub fn from_env(ordinal: u32) -> Result<CudaConfig, crate::ConfigError> {
+        Ok(CudaConfig::new(ordinal).staging(Some(staged::StagingConfig::from_env()?)))
     }
     /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
     pub fn kernel_copies(mut self, k: KernelCopies) -> CudaConfig {

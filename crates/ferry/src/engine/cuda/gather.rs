@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+use super::memory::{HostAlloc, PinFlags};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -132,8 +133,8 @@ const BLOCK: u32 = 256;
 
 /// The per-call segment table: a pinned staging copy and its device copy, reused across calls.
 struct Table {
-    host: *mut u8,
-    host_cap: usize,
+    /// The pinned staging copy (its length is the capacity), made on first use.
+    host: Option<HostAlloc>,
     dev: u64,
     dev_cap: usize,
     uploaded: CudaEvent,
@@ -153,13 +154,8 @@ impl Table {
         if self.use_pending {
             let _ = self.used.synchronize();
         }
-        if !self.host.is_null() {
-            // SAFETY: allocated by `cuMemHostAlloc`, no copy reads it any more (synchronized).
-            if unsafe { cu::free_host(self.host as *mut _) }.is_ok() {
-                count_alloc!(PinnedHost, -1);
-            }
-            self.host = std::ptr::null_mut();
-        }
+        // No copy reads it any more (synchronized above).
+        self.host = None;
         if self.dev != 0 {
             // SAFETY: allocated by `cuMemAlloc`, no kernel reads it any more (synchronized).
             if unsafe { cu::free_sync(self.dev) }.is_ok() {
@@ -210,8 +206,7 @@ impl Gatherer {
                 .map_err(drv("cuEventCreate"))
         };
         let table = Table {
-            host: std::ptr::null_mut(),
-            host_cap: 0,
+            host: None,
             dev: 0,
             dev_cap: 0,
             uploaded: ev()?,
@@ -446,21 +441,19 @@ impl Gatherer {
                 .map_err(drv("cuEventSynchronize"))?;
             t.upload_pending = false;
         }
-        if t.host_cap < bytes {
+        if t.host.as_ref().is_none_or(|h| h.len() < bytes) {
             let cap = bytes.next_power_of_two().max(64 << 10);
-            if !t.host.is_null() {
-                // SAFETY: no upload reads it any more (synchronized above).
-                unsafe { cu::free_host(t.host as *mut _) }.map_err(drv("cuMemFreeHost"))?;
-                count_alloc!(PinnedHost, -1);
-                t.host = std::ptr::null_mut();
-                t.host_cap = 0;
-            }
-            // SAFETY: a plain allocation, owned by the table.
-            t.host = unsafe { cu::malloc_host(cap, sys::CU_MEMHOSTALLOC_PORTABLE) }
-                .map_err(drv("cuMemHostAlloc"))? as *mut u8;
-            count_alloc!(PinnedHost, 1);
-            t.host_cap = cap;
+            // No upload reads the old one any more (synchronized above).
+            t.host = None;
+            let host = HostAlloc::new(&self.ctx, cap, PinFlags::PORTABLE).map_err(|e| {
+                GatherError::Driver {
+                    op: e.call,
+                    source: DriverError(e.code),
+                }
+            })?;
+            t.host = Some(host);
         }
+        let host = t.host.as_ref().expect("the table was just made").ptr();
         if t.dev_cap < bytes {
             let cap = bytes.next_power_of_two().max(64 << 10);
             if t.dev != 0 {
@@ -481,13 +474,13 @@ impl Gatherer {
         }
         // SAFETY: `Segment` is repr(C) plain data; the pinned buffer holds at least `bytes`
         // and no copy reads it now.
-        unsafe { std::ptr::copy_nonoverlapping(segs.as_ptr() as *const u8, t.host, bytes) };
+        unsafe { std::ptr::copy_nonoverlapping(segs.as_ptr() as *const u8, host, bytes) };
         // A kernel of an earlier call (maybe on another stream) may still read the device table.
         if t.use_pending {
             stream.wait(&t.used).map_err(drv("cuStreamWaitEvent"))?;
         }
         // SAFETY: both buffers hold `bytes`; the pinned one stays untouched until `uploaded`.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(t.dev, t.host as *const _, bytes, stream.cu_stream()) }
+        unsafe { sys::cuMemcpyHtoDAsync_v2(t.dev, host as *const _, bytes, stream.cu_stream()) }
             .result()
             .map_err(drv("cuMemcpyHtoDAsync"))?;
         t.uploaded.record(stream).map_err(drv("cuEventRecord"))?;

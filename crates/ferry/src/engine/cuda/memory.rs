@@ -184,57 +184,119 @@ unsafe impl MemoryMut for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory from `cuMemHostAlloc`, shared by [`PinnedBuffer`] and
-/// [`MappedBuffer`].
-struct HostAlloc {
+/// How a page-locked allocation is made (the `CU_MEMHOSTALLOC_*` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct PinFlags {
+    /// Page-locked for every context, not only the one it was made in (`PORTABLE`).
+    pub(crate) portable: bool,
+    /// Mapped into the devices' address space (`DEVICEMAP`).
+    pub(crate) mapped: bool,
+    /// Write-combined: fast for the CPU to write and the GPU to read, very slow for the CPU to
+    /// read (`WRITECOMBINED`).
+    pub(crate) write_combined: bool,
+}
+
+impl PinFlags {
+    /// Portable and mapped: what [`PinnedBuffer`] and [`MappedBuffer`] use.
+    pub(crate) const MAPPED: PinFlags = PinFlags {
+        portable: true,
+        mapped: true,
+        write_combined: false,
+    };
+    /// Portable only: the staging ring and the gather table.
+    pub(crate) const PORTABLE: PinFlags = PinFlags {
+        portable: true,
+        mapped: false,
+        write_combined: false,
+    };
+    fn bits(self) -> u32 {
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        bit(self.portable, sys::CU_MEMHOSTALLOC_PORTABLE)
+            | bit(self.mapped, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+            | bit(self.write_combined, sys::CU_MEMHOSTALLOC_WRITECOMBINED)
+    }
+}
+
+/// One page-locked host allocation (`cuMemHostAlloc`), freed on drop: the crate's only owner
+/// of such memory, under [`PinnedBuffer`], [`MappedBuffer`], the staging ring
+/// (`staged/ring.rs`) and the gather table (`gather.rs`). Its bytes start uninitialised; it
+/// hands out its address, not a slice.
+pub(crate) struct HostAlloc {
     ptr: *mut u8,
     len: usize,
+    /// Keeps the context (and so the allocation's registration) alive until the free.
     _ctx: Arc<CudaContext>,
 }
 
 impl HostAlloc {
-    fn new(len: usize, flags: u32, what: &'static str) -> Result<HostAlloc, CudaError> {
-        let ctx = driver::context(0)?;
-        driver::bind(&ctx)?;
+    /// `len` bytes (at least one is allocated, so the address is valid and distinct) in `ctx`,
+    /// which is made current on this thread. Errors: the failed driver call (out of memory
+    /// included).
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        len: usize,
+        flags: PinFlags,
+    ) -> Result<HostAlloc, driver::DrvErr> {
+        driver::bind(ctx)?;
         let mut p = std::ptr::null_mut();
-        // SAFETY: `p` is a valid out-pointer; a context is current.
+        // SAFETY: `p` is a valid out-pointer; `ctx` is current. The pointer is owned by the
+        // returned value and freed once, in `Drop`.
         check("cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut p, len.max(1), flags)
-        })
-        .map_err(|e| alloc_err(what, len, e))?;
+            sys::cuMemHostAlloc(&mut p, len.max(1), flags.bits())
+        })?;
         count_alloc!(PinnedHost, 1);
-        let ptr = p.cast::<u8>();
-        // SAFETY: fresh allocation of at least `len` bytes; zeroed so that it reads as `[u8]`.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
         Ok(HostAlloc {
-            ptr,
+            ptr: p.cast::<u8>(),
             len,
-            _ctx: ctx,
+            _ctx: Arc::clone(ctx),
         })
     }
-    fn slice(&self) -> &[u8] {
-        // SAFETY: `len` initialised bytes owned by `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    /// The host address of the first byte.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
     }
-    fn slice_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, borrowed exclusively.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    /// Bytes asked for.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 
 impl Drop for HostAlloc {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
+        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once; the owners wait for every
+        // copy that uses it before they drop it.
         if unsafe { sys::cuMemFreeHost(self.ptr.cast()) } == sys::CUresult::CUDA_SUCCESS {
             count_alloc!(PinnedHost, -1);
         }
     }
 }
 
-// SAFETY: plain owned host memory.
+// SAFETY: plain owned host memory; its owners order the accesses to its bytes.
 unsafe impl Send for HostAlloc {}
-// SAFETY: shared access is read-only through `&[u8]`.
+// SAFETY: shared access only reads the address and length.
 unsafe impl Sync for HostAlloc {}
+
+/// A zeroed [`HostAlloc`] seen as `[u8]`: the memory of [`PinnedBuffer`] and [`MappedBuffer`].
+struct ZeroedHost(HostAlloc);
+
+impl ZeroedHost {
+    fn new(len: usize, flags: PinFlags, what: &'static str) -> Result<ZeroedHost, CudaError> {
+        let ctx = driver::context(0)?;
+        driver::bind(&ctx)?;
+        let mem = HostAlloc::new(&ctx, len, flags).map_err(|e| alloc_err(what, len, e))?;
+        // SAFETY: fresh allocation of at least `len` bytes; zeroed so that it reads as `[u8]`.
+        unsafe { std::ptr::write_bytes(mem.ptr(), 0, len) };
+        Ok(ZeroedHost(mem))
+    }
+    fn slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes, initialised (zeroed) in `new`, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.0.ptr(), self.0.len()) }
+    }
+    fn slice_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.0.ptr(), self.0.len()) }
+    }
+}
 
 /// Page-locked host memory (`cuMemHostAlloc`, portable to every device, mapped). Cached, so the
 /// CPU reads it at full speed; [`PinnedBuffer::write_combined`] for upload-only staging.
@@ -246,27 +308,27 @@ unsafe impl Sync for HostAlloc {}
 /// # Ok::<(), ferry::cuda::CudaError>(())
 /// ```
 pub struct PinnedBuffer {
-    mem: HostAlloc,
+    mem: ZeroedHost,
     write_combined: bool,
 }
 
 impl PinnedBuffer {
     /// `len` zeroed bytes of pinned, cached host memory.
     pub fn new(len: usize) -> Result<PinnedBuffer, CudaError> {
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         Ok(PinnedBuffer {
-            mem: HostAlloc::new(len, flags, "pinned host memory")?,
+            mem: ZeroedHost::new(len, PinFlags::MAPPED, "pinned host memory")?,
             write_combined: false,
         })
     }
     /// `len` zeroed bytes of pinned write-combined memory: fast for the CPU to write and the
     /// GPU to read, very slow for the CPU to read. For upload staging only.
     pub fn write_combined(len: usize) -> Result<PinnedBuffer, CudaError> {
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE
-            | sys::CU_MEMHOSTALLOC_DEVICEMAP
-            | sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+        let flags = PinFlags {
+            write_combined: true,
+            ..PinFlags::MAPPED
+        };
         Ok(PinnedBuffer {
-            mem: HostAlloc::new(len, flags, "write-combined host memory")?,
+            mem: ZeroedHost::new(len, flags, "write-combined host memory")?,
             write_combined: true,
         })
     }
@@ -281,7 +343,9 @@ impl std::fmt::Debug for PinnedBuffer {
         write!(
             f,
             "PinnedBuffer {{ ptr: {:p}, len: {}, write_combined: {} }}",
-            self.mem.ptr, self.mem.len, self.write_combined
+            self.mem.0.ptr(),
+            self.mem.0.len(),
+            self.write_combined
         )
     }
 }
@@ -300,7 +364,7 @@ impl DerefMut for PinnedBuffer {
 // SAFETY: a live page-locked allocation of `len` bytes, host-addressable at `ptr`.
 unsafe impl Memory for PinnedBuffer {
     fn raw(&self) -> RawBuf {
-        RawBuf::host(self.mem.ptr, self.mem.len, MemKind::Pinned)
+        RawBuf::host(self.mem.0.ptr(), self.mem.0.len(), MemKind::Pinned)
     }
 }
 // SAFETY: as above; `&mut self` is exclusive.
@@ -313,22 +377,18 @@ unsafe impl MemoryMut for PinnedBuffer {
 /// Page-locked host memory mapped into the GPUs' address space (zero-copy): kernels read and
 /// write it over the bus through [`MappedBuffer::device_ptr`]. Dereferences to `[u8]`.
 pub struct MappedBuffer {
-    mem: HostAlloc,
+    mem: ZeroedHost,
     dptr: u64,
 }
 
 impl MappedBuffer {
     /// `len` zeroed bytes of mapped pinned memory.
     pub fn new(len: usize) -> Result<MappedBuffer, CudaError> {
-        let mem = HostAlloc::new(
-            len,
-            sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
-            "mapped host memory",
-        )?;
+        let mem = ZeroedHost::new(len, PinFlags::MAPPED, "mapped host memory")?;
         let mut dptr = 0;
         // SAFETY: `mem.ptr` came from cuMemHostAlloc with DEVICEMAP; `dptr` is an out-pointer.
         check("cuMemHostGetDevicePointer", unsafe {
-            sys::cuMemHostGetDevicePointer_v2(&mut dptr, mem.ptr.cast(), 0)
+            sys::cuMemHostGetDevicePointer_v2(&mut dptr, mem.0.ptr().cast(), 0)
         })?;
         Ok(MappedBuffer { mem, dptr })
     }
@@ -344,7 +404,9 @@ impl std::fmt::Debug for MappedBuffer {
         write!(
             f,
             "MappedBuffer {{ ptr: {:p}, device_ptr: {:#x}, len: {} }}",
-            self.mem.ptr, self.dptr, self.mem.len
+            self.mem.0.ptr(),
+            self.dptr,
+            self.mem.0.len()
         )
     }
 }
@@ -362,7 +424,7 @@ impl DerefMut for MappedBuffer {
 // SAFETY: a live page-locked, mapped allocation of `len` bytes, host-addressable at `ptr`.
 unsafe impl Memory for MappedBuffer {
     fn raw(&self) -> RawBuf {
-        RawBuf::host(self.mem.ptr, self.mem.len, MemKind::Mapped)
+        RawBuf::host(self.mem.0.ptr(), self.mem.0.len(), MemKind::Mapped)
     }
 }
 // SAFETY: as above; `&mut self` is exclusive.

@@ -1,0 +1,295 @@
+//! Staged copies between pageable host memory and a device, through a ring of pinned buffers.
+//!
+//! The driver copies pageable memory slowly (about 9-15 GB/s on a PCIe 5.0 host) because it
+//! stages through its own small pinned buffers with one CPU thread. A [`Stager`] keeps a ring of
+//! large pinned staging buffers per direction and a pool of persistent CPU worker threads: while
+//! the copy engine moves chunk `k` between the ring and the device, the workers copy chunk `k+1`
+//! between pageable memory and the ring (host -> device), or drain chunk `k-1` (device -> host).
+//! The workers take the chunks' parts in order from a shared counter, with no barrier between
+//! chunks, and the calling thread issues each chunk's DMA the moment its last part is in: on the
+//! H200 host this moved 256 MiB host -> device at 45.8 GB/s against 43.9 for the earlier design
+//! (every worker on one chunk, then a barrier), 45.6 against 36.7 with non-temporal stores, in
+//! one run (run 17 in `bench/results/h200.md`, "The staging pipeline, gather strategies and
+//! wait modes").
+//!
+//! A [`Stager`] is made once per device and reused by many copies. Each direction has its own
+//! ring, allocated on first use, so one host -> device and one device -> host copy may run at the
+//! same time; two copies in the same direction take turns.
+//!
+//! Plans with a strided host side are gathered into (or scattered out of) the ring run by run;
+//! a pitched device side is written from the ring with `cuMemcpy2DAsync`.
+//!
+//! The parts, one file each: this file holds the API ([`Stager`], [`Direction`],
+//! [`StagedError`]); `config.rs` the tuning ([`StagingConfig`], `FERRY_STAGING_*`); `chunk.rs`
+//! which bytes each chunk carries; `ring.rs` the pinned slots and their events; `pool.rs` the
+//! worker threads; `nt_copy.rs` the workers' (non-temporal) copy; `pipeline.rs` the loop that
+//! drives the workers, the ring and the DMAs.
+//!
+//! ```no_run
+//! use ferry::engine::cuda::staged::{Direction, Stager, StagingConfig};
+//! use ferry::Plan;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! if !ferry::engine::cuda::staged::driver_present() {
+//!     return Ok(()); // no CUDA driver on this machine
+//! }
+//! let ctx = cudarc::driver::CudaContext::new(0)?;
+//! let stream = ctx.new_stream()?;
+//! let stager = Stager::new(ctx.clone(), StagingConfig::new().threads(8))?;
+//! let host = vec![7u8; 1 << 20];
+//! let dev = unsafe { cudarc::driver::result::malloc_sync(host.len())? };
+//! // SAFETY: `dev` holds `host.len()` bytes, `host` is live for the call, nothing else uses them.
+//! unsafe {
+//!     stager.copy(&stream, Direction::HostToDevice, dev, host.as_ptr() as u64, &Plan::contiguous(0, 0, host.len()))?;
+//! }
+//! # Ok(()) }
+//! ```
+
+mod chunk;
+mod config;
+mod nt_copy;
+mod pipeline;
+mod pool;
+mod ring;
+
+pub use config::StagingConfig;
+
+use crate::engine::cuda::driver::DrvErr;
+use crate::engine::cuda::memory::PinFlags;
+use crate::Plan;
+use chunk::{add, Chunker, Sides};
+use cudarc::driver::result::DriverError;
+use cudarc::driver::{sys, CudaContext, CudaStream};
+use pipeline::{SendPtr, Staging};
+use pool::Pool;
+use ring::Ring;
+use std::sync::{Arc, Mutex, OnceLock};
+use thiserror::Error;
+
+/// Whether the CUDA driver library (`libcuda`) can be loaded on this machine. Never panics;
+/// the answer is computed once and cached.
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to open the library by its candidate names
+    // (dlopen); it calls no driver function.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Which way a staged copy goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Pageable host memory (`src`) to device memory (`dst`).
+    HostToDevice,
+    /// Device memory (`src`) to pageable host memory (`dst`).
+    DeviceToHost,
+}
+
+/// Why a staged copy (or making a [`Stager`]) failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StagedError {
+    /// A configuration value is out of range.
+    #[error("bad staging config: {0}")]
+    BadConfig(String),
+    /// A CUDA driver call failed; `op` names it, `source` keeps the driver's error.
+    #[error("{op} failed: {source}")]
+    Driver {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// An address computation overflowed (a plan too large for the given base addresses).
+    #[error("address overflow: base {base:#x} + {bytes} bytes")]
+    AddressOverflow {
+        /// Base address.
+        base: u64,
+        /// Byte offset past it.
+        bytes: usize,
+    },
+    /// A worker thread panicked while copying (a bug; the copy's bytes are unspecified).
+    #[error("a staging worker thread panicked")]
+    WorkerPanicked,
+    /// The worker threads could not be started.
+    #[error("could not start staging worker threads: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+fn drv(op: &'static str) -> impl FnOnce(DriverError) -> StagedError {
+    move |source| StagedError::Driver { op, source }
+}
+
+/// A failed call of the backend's shared driver helpers, as a staging error.
+fn driver_error(e: DrvErr) -> StagedError {
+    StagedError::Driver {
+        op: e.call,
+        source: DriverError(e.code),
+    }
+}
+
+/// Persistent staging machinery for one device: two pinned rings (allocated on first use in each
+/// direction) and a pool of CPU worker threads. See the [module documentation](self).
+pub struct Stager {
+    ctx: Arc<CudaContext>,
+    cfg: StagingConfig,
+    pool: Pool,
+    h2d: Mutex<Option<Ring>>,
+    d2h: Mutex<Option<Ring>>,
+}
+
+impl std::fmt::Debug for Stager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stager")
+            .field("device", &self.ctx.ordinal())
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// Workers for a staged copy of `bytes`: one per 2 MiB, at least 4, at most the pool's. On the
+/// H200 host (run 27, `ferry bench --test cuda-h2d-pageable`, staged / the driver's pageable
+/// path) 12 workers gave 0.97x / 0.56x / 0.81x / 1.36x at 2 / 4 / 8 / 16 MiB, 4 workers 1.18x /
+/// 1.18x / 1.34x / 1.46x; 256 MiB needs all 12 for its 45+ GB/s (4 workers: 30 GB/s, run 29).
+/// With this choice and the pool waking workers 0..n (run 29): host to device 0.93-1.12x at
+/// 2 MiB, 1.09-1.15x at 4-8 MiB, 48.8 GB/s at 256 MiB; device to host 1.5x at 1 MiB, 51 GB/s
+/// at 256 MiB.
+fn workers_for(pool: usize, bytes: usize) -> usize {
+    (bytes / (2 << 20)).max(4).min(pool.max(1))
+}
+
+impl Stager {
+    /// Makes a stager for `ctx`'s device and starts its worker threads. Pinned rings are
+    /// allocated on the first copy in each direction (`ring_depth x chunk_bytes` each).
+    ///
+    /// Errors: [`StagedError::BadConfig`] (chunk < 4096, ring < 2, threads 0 or > 256),
+    /// [`StagedError::Spawn`].
+    pub fn new(ctx: Arc<CudaContext>, cfg: StagingConfig) -> Result<Stager, StagedError> {
+        if cfg.chunk_bytes < 4096 {
+            return Err(StagedError::BadConfig(format!(
+                "chunk_bytes {} is under 4096",
+                cfg.chunk_bytes
+            )));
+        }
+        if cfg.ring_depth < 2 {
+            return Err(StagedError::BadConfig(format!(
+                "ring_depth {} is under 2",
+                cfg.ring_depth
+            )));
+        }
+        if cfg.threads == 0 || cfg.threads > 256 {
+            return Err(StagedError::BadConfig(format!(
+                "threads {} is not in 1..=256",
+                cfg.threads
+            )));
+        }
+        let pool = Pool::new(cfg.threads)?;
+        Ok(Stager {
+            ctx,
+            cfg,
+            pool,
+            h2d: Mutex::new(None),
+            d2h: Mutex::new(None),
+        })
+    }
+
+    /// The configuration this stager runs with.
+    pub fn config(&self) -> &StagingConfig {
+        &self.cfg
+    }
+
+    /// The context this stager belongs to.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Copies the runs of `plan` from `src` to `dst` through the pinned ring, and returns when
+    /// every byte has arrived (it blocks; call it from a background thread). `dst` and `src` are
+    /// base addresses to which the plan's offsets are added: for
+    /// [`Direction::HostToDevice`] `dst` is a device pointer (`CUdeviceptr`) and `src` a host
+    /// pointer; for [`Direction::DeviceToHost`] the reverse. Host memory may be pageable.
+    ///
+    /// On error the copy stops, every DMA already issued is waited for, and the destination's
+    /// bytes are unspecified.
+    ///
+    /// # Safety
+    /// 1. Every byte the plan reads (`src + plan.src_offset() .. src + plan.src_end()`, at the
+    ///    plan's runs) is valid, initialized memory of the right kind, not written by anyone
+    ///    during the call.
+    /// 2. Every byte the plan writes is valid memory of the right kind that nothing else reads
+    ///    or writes during the call.
+    /// 3. Device memory belongs to (or is accessible from) this stager's context, and `stream`
+    ///    belongs to this stager's context.
+    /// 4. Source and destination bytes do not overlap.
+    pub unsafe fn copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        dir: Direction,
+        dst: u64,
+        src: u64,
+        plan: &Plan,
+    ) -> Result<(), StagedError> {
+        // Copies of a few chunks or less pipeline over smaller pieces (at least 1 MiB, so the
+        // per-chunk overhead stays small), else the first chunk's host copy is not overlapped.
+        let chunk = self
+            .cfg
+            .chunk_bytes
+            .min((plan.total_bytes() / 4).max(1 << 20));
+        let chunker = Chunker::new(plan, chunk);
+        let n = chunker.count();
+        if n == 0 {
+            return Ok(());
+        }
+        // Bounds of the address arithmetic, checked once.
+        add(dst, plan.dst_end())?;
+        add(src, plan.src_end())?;
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let sides = Sides { plan, dir };
+        let (dev_base, host_base) = match dir {
+            Direction::HostToDevice => (dst, src),
+            Direction::DeviceToHost => (src, dst),
+        };
+        let job = Staging {
+            sides,
+            chunker: &chunker,
+            dev: dev_base,
+            host: SendPtr(host_base as *mut u8),
+            stream,
+        };
+        // Each direction has its own ring, made on first use; the device -> host ring is never
+        // write-combined (the CPU reads it).
+        let (ring, flags) = match dir {
+            Direction::HostToDevice => (
+                &self.h2d,
+                PinFlags {
+                    write_combined: self.cfg.write_combined,
+                    ..PinFlags::PORTABLE
+                },
+            ),
+            Direction::DeviceToHost => (&self.d2h, PinFlags::PORTABLE),
+        };
+        let mut guard = ring.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(Ring::new(&self.ctx, &self.cfg, flags)?);
+        }
+        let ring = guard.as_mut().expect("ring was just made");
+        let r = self.flow(ring, &job, n, dir);
+        let d = ring.drain();
+        r.and(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workers_for;
+
+    #[test]
+    fn workers_scale_with_the_copy() {
+        assert_eq!(workers_for(12, 1 << 20), 4);
+        assert_eq!(workers_for(12, 8 << 20), 4);
+        assert_eq!(workers_for(12, 16 << 20), 8);
+        assert_eq!(workers_for(12, 256 << 20), 12);
+        assert_eq!(workers_for(2, 256 << 20), 2);
+        assert_eq!(workers_for(1, 1 << 20), 1);
+        assert_eq!(workers_for(0, 1 << 20), 1);
+    }
+}

@@ -1,0 +1,401 @@
+//! The pipeline that drives a staged copy: the workers copy parts of chunks between host
+//! memory and the ring's slots, the calling thread issues each chunk's DMA between a slot and
+//! the device and retires it through the slot's event.
+
+use super::chunk::{add, Chunk, Chunker, Sides};
+use super::nt_copy::copy_bytes;
+use super::ring::Ring;
+use super::{drv, workers_for, Direction, StagedError, Stager};
+use cudarc::driver::{sys, CudaStream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+#[cfg(feature = "fault-injection")]
+use cudarc::driver::result::DriverError;
+
+/// Largest pitch `cuMemcpy2D` takes on every device we know (CU_DEVICE_ATTRIBUTE_MAX_PITCH is
+/// 2^31 - 1 on current GPUs).
+const MAX_PITCH: usize = (1 << 31) - 1;
+
+/// A raw pointer that may cross to worker threads (the workers touch disjoint bytes).
+#[derive(Clone, Copy)]
+pub(super) struct SendPtr(pub(super) *mut u8);
+// SAFETY: used only to hand disjoint byte ranges to the pool's workers, which finish before the
+// copy returns.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The address `off` bytes on (a method, so closures capture the `Sync` wrapper).
+    fn at(self, off: usize) -> *mut u8 {
+        self.0.wrapping_add(off)
+    }
+}
+
+/// What the workers and the coordinator of one staged copy share.
+struct Progress {
+    /// Chunks in the copy.
+    n: usize,
+    /// Parts per chunk (one per worker).
+    t: usize,
+    /// Workers may work on chunk `k` once `open > k`: its slot is free (host -> device) or its
+    /// DMA is done (device -> host).
+    open: AtomicUsize,
+    /// Per slot: the parts finished of the slot's current chunk.
+    done: Vec<AtomicUsize>,
+    /// Set when a worker panicked or the coordinator failed: everyone stops.
+    stop: AtomicBool,
+}
+
+impl Stager {
+    /// Part `i` of `t` of a chunk's host-side copy (`to_slot`: host -> slot, else slot ->
+    /// host). The parts of one chunk touch disjoint bytes; together they cover the chunk.
+    fn part(
+        &self,
+        job: &Staging<'_>,
+        chunk: Chunk,
+        slot: SendPtr,
+        to_slot: bool,
+        i: usize,
+        t: usize,
+    ) {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
+            panic!("injected panic");
+        }
+        let host = job.host;
+        let sides = job.sides;
+        let run = job.chunker.run;
+        let nt = if to_slot {
+            self.cfg.non_temporal_h2d
+        } else {
+            self.cfg.non_temporal
+        };
+        let copy = |a: *const u8, b: *mut u8, len: usize| {
+            // SAFETY: `a`/`b` lie in the caller's buffers (contract of `Stager::copy`) or in the
+            // slot, for `len` bytes; the parts' ranges are disjoint.
+            unsafe { copy_bytes(a, b, len, nt) }
+        };
+        match chunk {
+            Chunk::Piece { run: r, at, len } => {
+                let (_, h) = sides.run_at(r);
+                let h = h + at;
+                // Split at 4 KiB boundaries; small pieces stay on few parts.
+                let per = len.div_ceil(t).div_ceil(4096) * 4096;
+                let start = i * per;
+                if start >= len {
+                    return;
+                }
+                let l = per.min(len - start);
+                let (hp, sp) = (host.at(h + start), slot.at(start));
+                if to_slot {
+                    copy(hp, sp, l)
+                } else {
+                    copy(sp, hp, l)
+                }
+            }
+            Chunk::Runs { first, count } => {
+                let (a, b) = (count * i / t, count * (i + 1) / t);
+                for k in a..b {
+                    let (_, h) = sides.run_at(first + k);
+                    let (hp, sp) = (host.at(h), slot.at(k * run));
+                    if to_slot {
+                        copy(hp, sp, run)
+                    } else {
+                        copy(sp, hp, run)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The flowing pipeline: the workers take parts of chunks in order from a shared counter
+    /// (no barrier between chunks: a worker done with its part of chunk `k` starts on chunk
+    /// `k+1` while others finish `k`), and this thread issues each chunk's DMA as soon as all its
+    /// parts are in (host -> device), or opens a chunk to the workers as soon as its DMA is done
+    /// (device -> host), polling the ring's events.
+    pub(super) fn flow(
+        &self,
+        ring: &mut Ring,
+        job: &Staging<'_>,
+        n: usize,
+        dir: Direction,
+    ) -> Result<(), StagedError> {
+        let t = workers_for(self.pool.threads(), job.sides.plan.total_bytes());
+        let depth = ring.slots.len();
+        let slots: Vec<SendPtr> = ring.slots.iter().map(|p| SendPtr(p.ptr())).collect();
+        let h2d = dir == Direction::HostToDevice;
+        let progress = Progress {
+            n,
+            t,
+            open: AtomicUsize::new(if h2d { depth.min(n) } else { 0 }),
+            done: (0..depth).map(|_| AtomicUsize::new(0)).collect(),
+            stop: AtomicBool::new(false),
+        };
+        let (open, done, stop) = (&progress.open, &progress.done, &progress.stop);
+        let next = AtomicUsize::new(0);
+        let worker = |_: usize| loop {
+            let p = next.fetch_add(1, Ordering::Relaxed);
+            if p >= n * t {
+                return;
+            }
+            let (k, i) = (p / t, p % t);
+            let mut spin = Backoff::new();
+            while open.load(Ordering::Acquire) <= k {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                spin.snooze();
+            }
+            let chunk = job.chunker.get(k);
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                self.part(job, chunk, slots[k % depth], h2d, i, t)
+            }));
+            if r.is_err() {
+                stop.store(true, Ordering::Relaxed);
+                // Re-raised as the pool's `WorkerPanicked`.
+                std::panic::resume_unwind(Box::new("staging part panicked"));
+            }
+            done[k % depth].fetch_add(1, Ordering::Release);
+        };
+        let coordinate = || -> Result<(), StagedError> {
+            let r = if h2d {
+                self.flow_h2d(ring, job, &progress)
+            } else {
+                self.flow_d2h(ring, job, &progress)
+            };
+            if r.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            r
+        };
+        self.pool.run_with(t, &worker, coordinate)
+    }
+
+    /// Host -> device coordinator of [`Stager::flow`].
+    fn flow_h2d(
+        &self,
+        ring: &mut Ring,
+        job: &Staging<'_>,
+        p: &Progress,
+    ) -> Result<(), StagedError> {
+        let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
+        let depth = ring.slots.len();
+        let (mut issued, mut retired) = (0usize, 0usize);
+        let mut spin = Backoff::new();
+        while issued < n {
+            if stop.load(Ordering::Relaxed) {
+                return Err(StagedError::WorkerPanicked);
+            }
+            let slot = issued % depth;
+            if done[slot].load(Ordering::Acquire) == t {
+                // No worker touches this slot again until `open` passes `issued + depth`,
+                // which needs this chunk's DMA done: resetting the count here is safe.
+                done[slot].store(0, Ordering::Relaxed);
+                // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
+                // Acquire above) and stays untouched until its event, recorded next, completes;
+                // the device range is valid by `copy`'s contract.
+                unsafe { job.device_side(job.chunker.get(issued), ring.slots[slot].ptr(), true)? };
+                ring.record(slot, job.stream)?;
+                issued += 1;
+                spin = Backoff::new();
+            } else if retired < issued && ring.poll(retired % depth)? {
+                retired += 1;
+                open.store((retired + depth).min(n), Ordering::Release);
+                spin = Backoff::new();
+            } else {
+                spin.snooze();
+            }
+        }
+        Ok(())
+    }
+
+    /// Device -> host coordinator of [`Stager::flow`].
+    fn flow_d2h(
+        &self,
+        ring: &mut Ring,
+        job: &Staging<'_>,
+        p: &Progress,
+    ) -> Result<(), StagedError> {
+        let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
+        let depth = ring.slots.len();
+        let (mut issued, mut landed, mut drained) = (0usize, 0usize, 0usize);
+        let mut spin = Backoff::new();
+        while drained < n {
+            if stop.load(Ordering::Relaxed) {
+                return Err(StagedError::WorkerPanicked);
+            }
+            if issued < n && issued < drained + depth {
+                let slot = issued % depth;
+                // SAFETY: the slot was drained (or never used), so the DMA may overwrite it;
+                // the device range is valid by `copy`'s contract.
+                unsafe { job.device_side(job.chunker.get(issued), ring.slots[slot].ptr(), false)? };
+                ring.record(slot, job.stream)?;
+                issued += 1;
+                spin = Backoff::new();
+            } else if landed < issued && ring.poll(landed % depth)? {
+                landed += 1;
+                open.store(landed, Ordering::Release);
+                spin = Backoff::new();
+            } else if done[drained % depth].load(Ordering::Acquire) == t {
+                // Every part of chunk `drained` is out of its slot; its next use is a DMA
+                // issued above, after this reset.
+                done[drained % depth].store(0, Ordering::Relaxed);
+                drained += 1;
+                spin = Backoff::new();
+            } else {
+                spin.snooze();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Waiting for another thread's progress: spin briefly, then yield the core (a few hundred
+/// microseconds: a chunk's DMA takes about that long, and a sleep would oversleep it by the
+/// timer slack), then nap (so a pipeline stalled for longer does not burn every core).
+struct Backoff {
+    step: u32,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff { step: 0 }
+    }
+    fn snooze(&mut self) {
+        if self.step < 64 {
+            std::hint::spin_loop();
+        } else if self.step < 4096 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        self.step = self.step.saturating_add(1);
+    }
+}
+
+/// One copy in flight: what the loops need.
+pub(super) struct Staging<'a> {
+    pub(super) sides: Sides<'a>,
+    pub(super) chunker: &'a Chunker,
+    pub(super) dev: u64,
+    pub(super) host: SendPtr,
+    pub(super) stream: &'a Arc<CudaStream>,
+}
+
+impl Staging<'_> {
+    /// Issues the DMA between a ring slot and the device for one chunk (`h2d`: slot -> device).
+    ///
+    /// # Safety
+    /// 1. `slot` holds at least the chunk's bytes and stays valid until the stream reaches the
+    ///    event recorded after this call.
+    /// 2. The chunk's device bytes are valid device memory of the stream's context.
+    unsafe fn device_side(
+        &self,
+        chunk: Chunk,
+        slot: *mut u8,
+        h2d: bool,
+    ) -> Result<(), StagedError> {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::fire(crate::fault::Fault::StagedChunk) {
+            return Err(StagedError::Driver {
+                op: if h2d {
+                    "cuMemcpyHtoDAsync"
+                } else {
+                    "cuMemcpyDtoHAsync"
+                },
+                source: DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+            });
+        }
+        let cs = self.stream.cu_stream();
+        let one = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
+            if h2d {
+                // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` valid device bytes
+                // (this function's contract).
+                unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
+                    .result()
+                    .map_err(drv("cuMemcpyHtoDAsync"))
+            } else {
+                // SAFETY: as above, the other way.
+                unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, len, cs) }
+                    .result()
+                    .map_err(drv("cuMemcpyDtoHAsync"))
+            }
+        };
+        match chunk {
+            Chunk::Piece { run, at, len } => {
+                let (d, _) = self.sides.run_at(run);
+                one(add(self.dev, d + at)?, slot, len)
+            }
+            Chunk::Runs { first, count } => {
+                let run = self.chunker.run;
+                let Some((pitch, inner)) = self.sides.dev_inner() else {
+                    let (d, _) = self.sides.run_at(first);
+                    return one(add(self.dev, d)?, slot, run * count);
+                };
+                let two_d = pitch >= run && pitch <= MAX_PITCH;
+                let mut k = 0;
+                while k < count {
+                    // Runs k.. up to the end of this sweep of the innermost dim share one pitch.
+                    let j = (first + k) % inner;
+                    let rows = (inner - j).min(count - k);
+                    let (d, _) = self.sides.run_at(first + k);
+                    let sp = slot.wrapping_add(k * run);
+                    if pitch == run || rows == 1 {
+                        one(add(self.dev, d)?, sp, run * rows)?;
+                    } else if two_d {
+                        let dev = add(self.dev, d)?;
+                        let (host_t, dev_t) = (
+                            sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                        );
+                        let mut p = sys::CUDA_MEMCPY2D {
+                            srcXInBytes: 0,
+                            srcY: 0,
+                            srcMemoryType: dev_t,
+                            srcHost: std::ptr::null(),
+                            srcDevice: 0,
+                            srcArray: std::ptr::null_mut(),
+                            srcPitch: 0,
+                            dstXInBytes: 0,
+                            dstY: 0,
+                            dstMemoryType: dev_t,
+                            dstHost: std::ptr::null_mut(),
+                            dstDevice: 0,
+                            dstArray: std::ptr::null_mut(),
+                            dstPitch: 0,
+                            WidthInBytes: run,
+                            Height: rows,
+                        };
+                        if h2d {
+                            p.srcMemoryType = host_t;
+                            p.srcHost = sp as *const _;
+                            p.srcPitch = run;
+                            p.dstDevice = dev;
+                            p.dstPitch = pitch;
+                        } else {
+                            p.srcDevice = dev;
+                            p.srcPitch = pitch;
+                            p.dstMemoryType = host_t;
+                            p.dstHost = sp as *mut _;
+                            p.dstPitch = run;
+                        }
+                        // SAFETY: the descriptor names `rows` rows of `run` bytes in the slot and
+                        // in valid device memory (this function's contract).
+                        unsafe { sys::cuMemcpy2DAsync_v2(&p, cs) }
+                            .result()
+                            .map_err(drv("cuMemcpy2DAsync"))?;
+                    } else {
+                        for r in 0..rows {
+                            one(add(self.dev, d + r * pitch)?, sp.wrapping_add(r * run), run)?;
+                        }
+                    }
+                    k += rows;
+                }
+                Ok(())
+            }
+        }
+    }
+}
