@@ -177,7 +177,10 @@ pub unsafe extern "C" fn ferry_dma_cuda_create(out: *mut *mut FerryDma, device: 
         let out = unsafe { crate::error::out(out, "out") }?;
         let ordinal = u32::try_from(device)
             .map_err(|_| Fail::inval(format!("device is {device}; devices are numbered from 0")))?;
-        match ferry::cuda::CudaEngine::new(ordinal) {
+        // The C API tunes staging from FERRY_STAGING_* as the CLI does; a bad value is refused.
+        let cfg =
+            ferry::cuda::CudaConfig::from_env(ordinal).map_err(|e| Fail::inval(e.to_string()))?;
+        match ferry::cuda::CudaEngine::with_config(cfg) {
             Ok(engine) => {
                 *out = FerryDma::boxed(Box::new(engine));
                 Ok(FERRY_SUCCESS)

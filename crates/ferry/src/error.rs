@@ -34,6 +34,9 @@ pub enum Error {
     /// A bad argument to a call that takes several buffers (e.g. parts that do not add up).
     #[error("{0}")]
     InvalidArgument(String),
+    /// An environment variable ferry reads (`from_env`) does not parse.
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
     /// A thread could not be started (the operating system's message).
     #[error("cannot start thread: {0}")]
     Thread(String),

@@ -466,10 +466,14 @@ impl MultiBench {
     }
 
     fn d2d_split(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
-        let share: u8 = std::env::var("FERRY_D2D_SM_SHARE")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(50);
+        let share: u8 = match std::env::var("FERRY_D2D_SM_SHARE") {
+            Err(_) => 50,
+            Ok(s) => s.trim().parse().map_err(|_| {
+                BenchError::Setup(format!(
+                    "$FERRY_D2D_SM_SHARE={s:?} is not a percentage (0..=255, capped at 100)"
+                ))
+            })?,
+        };
         let staging = StagingConfig::from_env().map_err(setup)?;
         let e =
             CudaEngine::with_config(spin_config(0, staging).d2d_sm_share(share)).map_err(setup)?;
