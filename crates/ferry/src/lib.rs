@@ -35,6 +35,8 @@ macro_rules! count_alloc {
     };
 }
 
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod engine;
 mod error;
 #[cfg(feature = "fault-injection")]

@@ -25,9 +25,10 @@ use super::{
 use crate::sizes::format_size;
 use ferry::cuda::{
     self, CudaConfig, CudaEngine, DeviceBuffer, Direction, KernelCopies, MappedBuffer,
-    PinnedBuffer, RawCopier, StreamTimer, WaitMode,
+    PinnedBuffer, WaitMode,
 };
 use ferry::{Engine, EngineExt, Layout, Memory};
+use ferry_bench::{BaselineError, RawCopier, StreamTimer};
 use std::sync::Arc;
 
 const fn gpu(
@@ -217,7 +218,7 @@ impl CudaBench {
     fn raw_batch(
         &self,
         timer: Option<&StreamTimer>,
-        f: impl FnOnce(&RawCopier) -> Result<(), cuda::CudaError>,
+        f: impl FnOnce(&RawCopier) -> Result<(), BaselineError>,
     ) -> Result<Option<f64>, String> {
         match timer {
             None => f(&self.raw).map(|()| None),

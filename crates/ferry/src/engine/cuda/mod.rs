@@ -50,26 +50,22 @@
 
 pub(crate) mod driver;
 pub(crate) mod event;
-mod exec;
+pub(crate) mod exec;
 pub mod gather;
 mod memory;
 pub mod multi;
 mod paths;
 mod probe;
 mod program;
-mod raw;
 pub mod split;
 pub mod staged;
 pub mod strided;
-mod timer;
 
 pub use event::CudaCompletion;
 pub use memory::{DeviceBuffer, Location, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered};
 pub use probe::{probe, CudaProbe, DeviceInfo};
 pub use program::KernelError;
-pub use raw::RawCopier;
 pub use strided::KernelCopies;
-pub use timer::{StreamTimer, LATCH_TIMEOUT};
 
 use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;

@@ -67,12 +67,12 @@
 mod comm;
 mod event;
 pub mod id;
-mod raw;
+#[cfg(feature = "bench")]
+pub(crate) mod raw;
 mod sys;
 
 pub use event::NcclCompletion;
 pub use id::NcclId;
-pub use raw::RawNccl;
 
 use crate::engine::cuda::driver;
 use crate::engine::cuda::event::Event;
