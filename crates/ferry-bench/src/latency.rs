@@ -4,7 +4,7 @@
 //! times.
 
 use crate::error::{check, BaselineError};
-use crate::raw::{copy_call, RawCopier};
+use crate::raw::{copy_call, fits, RawCopier};
 use crate::timer::bind;
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use ferry::cuda::CudaEngine;
@@ -108,12 +108,7 @@ impl RawCopier {
         S: Memory + ?Sized,
     {
         let (d, s) = (dst.raw_mut(), src.raw());
-        if bytes > d.len || bytes > s.len {
-            return Err(BaselineError::InvalidArgument(format!(
-                "copy of {bytes} bytes between buffers of {} and {} bytes",
-                d.len, s.len
-            )));
-        }
+        fits(bytes, d, s)?;
         if stream.is_some_and(|st| st.context().cu_ctx() != self.ctx.cu_ctx()) {
             return Err(BaselineError::InvalidArgument(
                 "a stream of another context than the copier's".into(),

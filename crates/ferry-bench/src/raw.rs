@@ -132,12 +132,7 @@ impl RawCopier {
         bytes: usize,
     ) -> Result<(), BaselineError> {
         for d in dsts.clone() {
-            if bytes > d.len || bytes > s.len {
-                return Err(BaselineError::InvalidArgument(format!(
-                    "copy of {bytes} bytes between buffers of {} and {} bytes",
-                    d.len, s.len
-                )));
-            }
+            fits(bytes, d, s)?;
         }
         bind(&self.ctx)?;
         let st = self.streams[0].cu_stream();
@@ -170,12 +165,7 @@ impl RawCopier {
         S: Memory + ?Sized,
     {
         let (d, s) = (dst.raw_mut(), src.raw());
-        if bytes > d.len || bytes > s.len {
-            return Err(BaselineError::InvalidArgument(format!(
-                "copy of {bytes} bytes between buffers of {} and {} bytes",
-                d.len, s.len
-            )));
-        }
+        fits(bytes, d, s)?;
         let sm = self
             .sm
             .get_or_init(|| {
@@ -424,4 +414,15 @@ pub(crate) unsafe fn copy_call(
             ),
         }
     }
+}
+
+/// Refuses a copy of `bytes` bytes that does not fit in both buffers.
+pub(crate) fn fits(bytes: usize, d: RawBuf, s: RawBuf) -> Result<(), BaselineError> {
+    if bytes > d.len || bytes > s.len {
+        return Err(BaselineError::InvalidArgument(format!(
+            "copy of {bytes} bytes between buffers of {} and {} bytes",
+            d.len, s.len
+        )));
+    }
+    Ok(())
 }
