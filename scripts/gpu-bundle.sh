@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Builds every GPU test binary (tests/cuda_*.rs), the examples (numbered ones and cuda_*.rs),
-# the path benchmarks (benches/cuda_*.rs, run by hand from BUNDLE/benches/)
-# and the `ferry` CLI in release mode without
-# debug info, strips them, and copies them into a bundle folder (default `.gpu/`) with a
-# `run.sh` that runs them all on a GPU host with no Rust toolchain:
+# Builds every GPU test binary (tests/cuda_*.rs of ferry, ferry-capi and ferry-bench), the
+# numbered examples and the `ferry` CLI (whose `ferry bench` holds every timing) in release
+# mode without debug info, strips them, and copies them into a bundle folder (default `.gpu/`)
+# with a `run.sh` that runs them all on a GPU host with no Rust toolchain:
 #
 #   scripts/gpu-bundle.sh [BUNDLE_DIR]      # here
 #   bash BUNDLE_DIR/run.sh LOGDIR           # on the GPU host; exit status 0 iff all passed
@@ -22,7 +21,7 @@ mkdir -p "$bundle/tests"
 # The tests are built with the `gpu` feature (without it they are marked ignored) and the
 # `fault-injection` hooks (tests/cuda_faults.rs arms them; they are disarmed otherwise, a relaxed
 # atomic load per staged chunk).
-json=$(cargo test --release -p ferry -p ferry-capi --features ferry/gpu,ferry-capi/gpu,ferry/fault-injection --no-run --message-format=json --test 'cuda_*')
+json=$(cargo test --release -p ferry -p ferry-capi -p ferry-bench --features ferry/gpu,ferry-capi/gpu,ferry-bench/gpu,ferry/fault-injection --no-run --message-format=json --test 'cuda_*')
 exes=$(printf '%s\n' "$json" | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("test"))) | "\(.target.name) \(.executable)"')
 if [ -z "$exes" ]; then
   echo "no cuda_* test binaries found" >&2
@@ -33,7 +32,7 @@ while read -r name exe; do
   strip "$bundle/tests/$name" 2>/dev/null || true
 done <<<"$exes"
 
-# Every example (the numbered ones and the measurement examples/cuda_*.rs), run after the tests.
+# Every example (the numbered ones), run after the tests.
 mkdir -p "$bundle/examples"
 ex=$(cargo build --release -p ferry --examples --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | "\(.target.name) \(.executable)"')
 while read -r name exe; do
@@ -41,15 +40,6 @@ while read -r name exe; do
   cp "$exe" "$bundle/examples/$name"
   strip "$bundle/examples/$name" 2>/dev/null || true
 done <<<"$ex"
-
-# Benchmarks of the library's paths (benches/cuda_*.rs), run by hand: BUNDLE/benches/NAME.
-mkdir -p "$bundle/benches"
-bx=$(cargo bench -p ferry --no-run --bench 'cuda_*' --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null and (.target.kind | index("bench"))) | "\(.target.name) \(.executable)"')
-while read -r name exe; do
-  [ -n "$name" ] || continue
-  cp "$exe" "$bundle/benches/$name"
-  strip "$bundle/benches/$name" 2>/dev/null || true
-done <<<"$bx"
 
 cli=$(cargo build --release -p ferry-cli --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .target.name == "ferry") | .executable')
 if [ -n "$cli" ]; then

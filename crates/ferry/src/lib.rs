@@ -34,6 +34,8 @@ macro_rules! count_alloc {
     };
 }
 
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod engine;
 mod env;
 mod error;

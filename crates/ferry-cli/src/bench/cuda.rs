@@ -17,6 +17,8 @@
 //! each series and compared with the source after it. The link limit is PCIe generation x
 //! width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 
+mod parts;
+
 use super::cpu::pattern_bytes;
 use super::{
     measure, measure_with, BenchError, Clock, Kind, Method, Needs, Role, Row, Series, TestInfo,
@@ -25,9 +27,10 @@ use super::{
 use crate::sizes::format_size;
 use ferry::cuda::{
     self, CudaConfig, CudaEngine, DeviceBuffer, Direction, KernelCopies, MappedBuffer,
-    PinnedBuffer, RawCopier, StreamTimer, WaitMode,
+    PinnedBuffer, WaitMode,
 };
 use ferry::{Engine, EngineExt, Layout, Memory};
+use ferry_bench::{BaselineError, RawCopier, StreamTimer};
 use std::sync::Arc;
 
 const fn gpu(
@@ -55,6 +58,8 @@ pub static TESTS: &[TestInfo] = &[
     gpu("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Kind::Bandwidth, "1K,4K,64K"),
     gpu("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Kind::Latency, "4,64,1K,4K,64K"),
     gpu("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Kind::Latency, "4,64,1K,4K,64K"),
+    gpu("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Kind::Latency, "4,4K,64K"),
+    gpu("cuda-latency-parts", "where a small submit+wait's time goes: ferry (spin) through the scope and through submit_raw, vs raw cuMemcpyAsync waited by stream sync (own stream, ferry's), event sync (one event, 64 in turn), event + stream sync, event query loop", Kind::Latency, "4,4K,64K"),
 ];
 
 /// Whether the GPU tests can run, or why not.
@@ -161,8 +166,14 @@ impl CudaBench {
             "cuda-transpose" => self.transpose(&ctx, size, false)?,
             "cuda-transpose-h2d" => self.transpose(&ctx, size, true)?,
             "cuda-scatter" => self.scatter(&ctx, size)?,
-            "cuda-latency" => self.latency(&ctx, size, false)?,
-            "cuda-latency-spin" => self.latency(&ctx, size, true)?,
+            "cuda-latency" => self.latency(&ctx, size, &self.engine, "")?,
+            "cuda-latency-spin" => self.latency(&ctx, size, &self.spin, " spin")?,
+            "cuda-latency-hybrid" => {
+                let wait = WaitMode::SpinThenBlock(std::time::Duration::from_micros(50));
+                let e = CudaEngine::with_config(CudaConfig::new(0).wait_mode(wait));
+                self.latency(&ctx, size, &e.map_err(setup)?, " spin-then-block")?
+            }
+            "cuda-latency-parts" => self.latency_parts(&ctx, size)?,
             _ => {
                 return Err(BenchError::UnknownTest {
                     name: test.name.into(),
@@ -217,7 +228,7 @@ impl CudaBench {
     fn raw_batch(
         &self,
         timer: Option<&StreamTimer>,
-        f: impl FnOnce(&RawCopier) -> Result<(), cuda::CudaError>,
+        f: impl FnOnce(&RawCopier) -> Result<(), BaselineError>,
     ) -> Result<Option<f64>, String> {
         match timer {
             None => f(&self.raw).map(|()| None),
@@ -755,15 +766,21 @@ impl CudaBench {
         ))
     }
 
-    /// Submit+wait of one copy: host clock (the wait is what is measured).
-    fn latency(&self, ctx: &Ctx, size: usize, spin: bool) -> Result<Row, BenchError> {
-        let engine = if spin { &self.spin } else { &self.engine };
+    /// Submit+wait of one copy through `engine` (its series named `ferry NAME{wait}`): host
+    /// clock (the wait is what is measured).
+    fn latency(
+        &self,
+        ctx: &Ctx,
+        size: usize,
+        engine: &CudaEngine,
+        wait: &str,
+    ) -> Result<Row, BenchError> {
         let mut src = PinnedBuffer::new(size).map_err(setup)?;
         let data = pattern_bytes(size);
         src.copy_from_slice(&data);
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let l = Layout::bytes(size).map_err(setup)?;
-        let name = format!("ferry {}{}", engine.name(), if spin { " spin" } else { "" });
+        let name = format!("ferry {}{wait}", engine.name());
         let n = size as u64;
         let f = self.dev_series(ctx, None, &name, Role::Ferry, n, &mut dev, &data, |d, _| {
             flat(engine.scope(|s| s.copy(d, &l, &src, &l)?.wait().map_err(ferry::Error::from)))

@@ -10,8 +10,9 @@
 use super::cpu::pattern_bytes;
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, RawCopier};
+use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::file::{FileConfig, FileEngine, FileHandle, OpenMode};
+use ferry_bench::RawCopier;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;

@@ -26,11 +26,10 @@ use crate::sizes::format_size;
 use ferry::cuda::multi::MultiGpu;
 use ferry::cuda::split::SmCopy;
 use ferry::cuda::staged::StagingConfig;
-use ferry::cuda::{
-    CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer, RawCopier, WaitMode,
-};
-use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclId, RawNccl};
+use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer, WaitMode};
+use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclId};
 use ferry::{Engine, EngineExt};
+use ferry_bench::{RawCopier, RawNccl};
 use std::sync::mpsc;
 
 const fn t(

@@ -164,7 +164,7 @@ fn load(
 /// Kernel `name` of `module`, loaded onto the device now. Under lazy module loading (the
 /// driver's default since CUDA 12.2) a kernel is otherwise loaded at its first launch, and that
 /// load may wait for the whole context to go idle: behind a stream held by a
-/// [`super::StreamTimer`] latch it waited until the watchdog opened it (H200 run 18), and in
+/// `StreamTimer` latch (crates/ferry-bench) it waited until the watchdog opened it (H200 run 18), and in
 /// general it stalls the first copy behind unrelated work. `cuFuncLoad` (driver 12.4 and later;
 /// older drivers load at first launch as before) loads it here instead.
 fn kernel(module: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, DriverError> {

@@ -72,14 +72,14 @@ mod comm;
 mod event;
 pub mod id;
 mod probe;
-mod raw;
+#[cfg(feature = "bench")]
+pub(crate) mod raw;
 mod scope;
 mod sys;
 
 pub use event::NcclCompletion;
 pub use id::NcclId;
 pub use probe::{probe, NcclProbe};
-pub use raw::RawNccl;
 pub use scope::{Group, NcclScope};
 
 use crate::engine::cuda::driver;

@@ -65,6 +65,9 @@ pub(crate) struct Lib {
     pub get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
     pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     pub get_last_error: Option<unsafe extern "C" fn(Comm) -> *const c_char>,
+    /// Used by the blocking baseline only (`ferry::bench::RawNccl`, feature `bench`); loaded
+    /// always, so that the set of symbols a library must have does not depend on the feature.
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> NcclResult,
     pub comm_init_rank_config:
         unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int, *mut Config) -> NcclResult,

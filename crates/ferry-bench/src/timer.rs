@@ -6,10 +6,9 @@
 //! watchdog thread opens a latch left closed for [`LATCH_TIMEOUT`] (a call that waited for the
 //! stream inside the timed section), and the timing then reports an error instead of hanging.
 
-use super::driver::{self, check};
-use super::memory::MappedBuffer;
-use super::CudaError;
+use crate::error::{check, BaselineError};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
+use ferry::cuda::MappedBuffer;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -21,8 +20,9 @@ use std::time::{Duration, Instant};
 /// for [`LATCH_TIMEOUT`].
 ///
 /// ```no_run
-/// use ferry::cuda::{CudaEngine, Direction, DeviceBuffer, PinnedBuffer, StreamTimer};
+/// use ferry::cuda::{CudaEngine, Direction, DeviceBuffer, PinnedBuffer};
 /// use ferry::EngineExt;
+/// use ferry_bench::StreamTimer;
 /// let engine = CudaEngine::new(0)?;
 /// let timer = StreamTimer::new(0)?;
 /// let host = PinnedBuffer::new(1 << 26)?;
@@ -104,9 +104,9 @@ impl StreamTimer {
     /// A timer on device `ordinal`: a flag in mapped host memory, two timing events, and a
     /// watchdog thread that opens a latch left closed for [`LATCH_TIMEOUT`]. Errors: no
     /// driver, no device, allocation, event creation or thread start failures.
-    pub fn new(ordinal: u32) -> Result<StreamTimer, CudaError> {
-        let ctx = driver::context(ordinal)?;
-        driver::bind(&ctx)?;
+    pub fn new(ordinal: u32) -> Result<StreamTimer, BaselineError> {
+        let ctx = ferry::bench::context(ordinal)?;
+        bind(&ctx)?;
         let mut mem = MappedBuffer::new(64)?;
         let ptr = mem.as_mut_ptr().cast::<u32>();
         let latch = Arc::new(Latch {
@@ -132,7 +132,7 @@ impl StreamTimer {
                     l.open();
                 }
             })
-            .map_err(|e| CudaError::Thread(e.to_string()))?;
+            .map_err(|e| BaselineError::Thread(e.to_string()))?;
         let t = StreamTimer {
             ctx,
             latch,
@@ -166,7 +166,7 @@ impl StreamTimer {
         &self,
         stream: &CudaStream,
         enqueue: impl FnOnce() -> T,
-    ) -> Result<T, CudaError> {
+    ) -> Result<T, BaselineError> {
         self.time_all(&[stream], enqueue)
     }
 
@@ -177,8 +177,8 @@ impl StreamTimer {
         &self,
         streams: &[&CudaStream],
         enqueue: impl FnOnce() -> T,
-    ) -> Result<T, CudaError> {
-        driver::bind(&self.ctx)?;
+    ) -> Result<T, BaselineError> {
+        bind(&self.ctx)?;
         let mut evs = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         evs.1 = 0;
         while evs.0.len() < streams.len() {
@@ -190,9 +190,8 @@ impl StreamTimer {
         let release = Release(&self.latch);
         let addr = self.latch.mem.device_ptr();
         let rec = |e: &CudaEvent, stream: &CudaStream| {
-            e.record(stream).map_err(|e| {
-                CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuEventRecord", e))
-            })
+            e.record(stream)
+                .map_err(|e| BaselineError::driver("cuEventRecord", e.0))
         };
         for (stream, (start, _)) in streams.iter().zip(&evs.0) {
             // SAFETY: `addr` is the device address of the mapped flag, which outlives the wait
@@ -217,25 +216,23 @@ impl StreamTimer {
         Ok(out)
     }
 
-    fn event(&self) -> Result<CudaEvent, CudaError> {
+    fn event(&self) -> Result<CudaEvent, BaselineError> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| {
-                CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuEventCreate", e))
-            })
+            .map_err(|e| BaselineError::driver("cuEventCreate", e.0))
     }
 
     /// Seconds from the earliest start event to the latest end event of the last
     /// [`StreamTimer::time`] or [`StreamTimer::time_all`]; waits for the end events first.
     /// Errors: nothing was timed, an event failed, or the watchdog had to open the latch (a
     /// call inside `time` waited for the stream: the figure would be wrong).
-    pub fn seconds(&self) -> Result<f64, CudaError> {
+    pub fn seconds(&self) -> Result<f64, BaselineError> {
         self.seconds_of(|_| true)
     }
 
     /// As [`StreamTimer::seconds`] over the streams (by their index in the last `time_all`)
     /// that `keep` names.
-    pub(crate) fn seconds_of(&self, keep: impl Fn(usize) -> bool) -> Result<f64, CudaError> {
+    pub(crate) fn seconds_of(&self, keep: impl Fn(usize) -> bool) -> Result<f64, BaselineError> {
         let evs = self.events.lock().unwrap_or_else(PoisonError::into_inner);
         let used: Vec<_> = evs.0[..evs.1]
             .iter()
@@ -244,18 +241,13 @@ impl StreamTimer {
             .map(|(_, e)| e)
             .collect();
         let Some((first, _)) = used.first() else {
-            return Err(CudaError::InvalidArgument(
-                "StreamTimer::seconds: nothing was timed".into(),
-            ));
+            return Err(BaselineError::NothingTimed);
         };
         // Milliseconds from the first stream's start to each event (negative for earlier ones).
         let since = |e: &CudaEvent| {
-            first.elapsed_ms(e).map_err(|e| {
-                CudaError::Driver(crate::cuda::DriverError::from_cudarc(
-                    "cuEventElapsedTime",
-                    e,
-                ))
-            })
+            first
+                .elapsed_ms(e)
+                .map_err(|e| BaselineError::driver("cuEventElapsedTime", e.0))
         };
         let (mut lo, mut hi) = (0f32, f32::MIN);
         for (start, end) in used {
@@ -263,12 +255,14 @@ impl StreamTimer {
             hi = hi.max(since(end)?);
         }
         if self.latch.fired.load(Ordering::Acquire) {
-            return Err(CudaError::InvalidArgument(format!(
-                "the latch stayed closed for {} s and was opened by the watchdog: a call inside \
-                 StreamTimer::time waited for the stream",
-                LATCH_TIMEOUT.as_secs()
-            )));
+            return Err(BaselineError::Watchdog);
         }
         Ok(f64::from(hi - lo) / 1e3)
     }
+}
+
+/// Makes `ctx` current on this thread.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<(), BaselineError> {
+    ctx.bind_to_thread()
+        .map_err(|e| BaselineError::driver("cuCtxSetCurrent", e.0))
 }

@@ -1,6 +1,6 @@
 //! `StreamTimer` (CUDA events behind a latch, as nvbandwidth times copies) and the raw copier's
-//! timed and SM-kernel baselines: the copies land whole, the figures are plausible, the latch
-//! holds the stream until released, and the watchdog turns a hang into an error. Prints
+//! timed, SM-kernel and waited baselines: the copies land whole, the figures are plausible, the
+//! latch holds the stream until released, and the watchdog turns a hang into an error. Prints
 //! `skipped: no CUDA driver` without a GPU.
 //!
 //! The tests run one at a time: a closed latch holds its stream, and any driver call of another
@@ -8,21 +8,34 @@
 //! would wait for it too, and hold up that test's own timed section (H200 run 18: two tests
 //! ran into the watchdog while the watchdog test held its latch for 10 s).
 
-mod cuda_common;
-use cuda_common::*;
-use ferry::cuda::{
-    DeviceBuffer, Direction, MappedBuffer, PinnedBuffer, RawCopier, StreamTimer, LATCH_TIMEOUT,
-};
+use ferry::cuda::{CudaEngine, DeviceBuffer, Direction, MappedBuffer, PinnedBuffer};
 use ferry::EngineExt;
+use ferry_bench::{RawCopier, RawWait, StreamTimer, LATCH_TIMEOUT};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-/// The CUDA engine (or `None`: skipped) with this binary's test lock held.
-fn serial_engine() -> Option<(MutexGuard<'static, ()>, ferry::cuda::CudaEngine)> {
+/// The CUDA engine on device 0 with this binary's test lock held, or `None` after printing
+/// exactly `skipped: no CUDA driver`.
+fn serial_engine() -> Option<(MutexGuard<'static, ()>, CudaEngine)> {
     let g = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
-    cuda_or_skip().map(|e| (g, e))
+    if ferry::cuda::probe().driver.is_err() {
+        println!("skipped: no CUDA driver");
+        return None;
+    }
+    Some((
+        g,
+        CudaEngine::new(0).expect("a driver is present: device 0"),
+    ))
+}
+
+/// `n` bytes that differ per seed and along the buffer (a multiplicative hash).
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let k = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n as u64)
+        .map(|i| ((i ^ seed).wrapping_mul(k) >> 29) as u8)
+        .collect()
 }
 
 #[test]
@@ -170,7 +183,7 @@ fn both_directions_behind_one_latch() {
         &**e.stream(Direction::HostToDevice),
         &**e.stream(Direction::DeviceToHost),
     ];
-    e.scope(|s| -> Result<(), ferry::Error> {
+    e.scope(|s| -> Result<(), Box<dyn std::error::Error>> {
         let (a, b) = timer.time_all(&streams, || -> Result<_, ferry::Error> {
             Ok((
                 s.memcpy(&mut up_dst, &up_src)?,
@@ -190,4 +203,41 @@ fn both_directions_behind_one_latch() {
     );
     assert!(secs > 0.0);
     assert!(up_dst.to_vec().unwrap() == up && down_dst[..] == down[..]);
+}
+
+#[test]
+fn small_copies_waited_every_way() {
+    let Some((_serial, e)) = serial_engine() else {
+        return;
+    };
+    let raw = RawCopier::new(0).unwrap();
+    let n = 4096;
+    let data = bytes(n, 31);
+    let mut src = PinnedBuffer::new(n).unwrap();
+    src.copy_from_slice(&data);
+    let engine_stream = e.stream(Direction::HostToDevice).clone();
+    let ways = [
+        RawWait::StreamSync,
+        RawWait::EventSync,
+        RawWait::EventRing,
+        RawWait::EventThenStreamSync,
+        RawWait::EventQuery,
+    ];
+    for wait in ways {
+        for stream in [None, Some(&*engine_stream)] {
+            // More than the ring's 64 events, so it wraps.
+            for _ in 0..70 {
+                let mut dev = DeviceBuffer::zeroed(0, n).unwrap();
+                raw.copy_waited(&mut dev, &src, n, stream, wait).unwrap();
+                assert!(dev.to_vec().unwrap() == data, "{wait:?}");
+            }
+        }
+    }
+    let mut dev = DeviceBuffer::zeroed(0, n).unwrap();
+    let l = ferry::Layout::bytes(n).unwrap();
+    ferry_bench::submit_raw_and_wait(&e, &mut dev, &src, l).unwrap();
+    assert!(dev.to_vec().unwrap() == data);
+    assert!(raw
+        .copy_waited(&mut dev, &src, n + 1, None, RawWait::StreamSync)
+        .is_err());
 }

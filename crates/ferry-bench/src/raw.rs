@@ -1,32 +1,34 @@
 //! Raw driver copies, for baselines: what a user writing the driver calls by hand does, with
-//! none of ferry's planning, events or staging. `ferry bench` and the benches measure ferry
-//! next to these in the same run.
+//! none of ferry's planning, events or staging. `ferry bench` measures ferry next to these in
+//! the same run.
 //!
 //! Each method enqueues its copies on the copier's own streams and waits for them
 //! (`cuStreamSynchronize`) before returning, so the borrows of the buffers outlive the copies
 //! and the methods are safe.
 
-use super::driver::{self, check, DrvErr};
-use super::exec::{self, End};
-use super::strided::SmCopier;
-use super::{CudaError, DeviceBuffer, StreamTimer};
-use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
-use crate::plan::Plan;
+use crate::error::{check, BaselineError};
+use crate::latency::Events;
+use crate::timer::{bind, StreamTimer};
 use cudarc::driver::{sys, CudaContext, CudaStream};
+use ferry::cuda::strided::SmCopier;
+use ferry::cuda::DeviceBuffer;
+use ferry::{MemKind, Memory, MemoryMut, Plan, RawBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Raw driver copies on one device, for baselines: each method enqueues its copies on the
 /// copier's own streams and synchronizes before returning, so the borrows outlive the copies.
 pub struct RawCopier {
-    ctx: Arc<CudaContext>,
-    streams: [Arc<CudaStream>; 2],
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) streams: [Arc<CudaStream>; 2],
     /// Inside [`RawCopier::timed`]: the methods leave the synchronize to it.
     defer: AtomicBool,
     /// Inside [`RawCopier::timed`]: the streams the methods used (bit i: stream i).
     used: AtomicU8,
     /// The SM copy kernels, made on first use of [`RawCopier::kernel_copy`].
-    sm: OnceLock<Result<SmCopier, CudaError>>,
+    sm: OnceLock<Result<SmCopier, String>>,
+    /// The events of [`RawCopier::copy_waited`], made on its first use.
+    pub(crate) events: OnceLock<Result<Events, sys::CUresult>>,
 }
 
 impl std::fmt::Debug for RawCopier {
@@ -37,12 +39,11 @@ impl std::fmt::Debug for RawCopier {
 
 impl RawCopier {
     /// Two streams of their own on device `ordinal`'s primary context.
-    pub fn new(ordinal: u32) -> Result<RawCopier, CudaError> {
-        let ctx = driver::context(ordinal)?;
+    pub fn new(ordinal: u32) -> Result<RawCopier, BaselineError> {
+        let ctx = ferry::bench::context(ordinal)?;
         let mk = || {
-            ctx.new_stream().map_err(|e| {
-                CudaError::Driver(crate::cuda::DriverError::from_cudarc("cuStreamCreate", e))
-            })
+            ctx.new_stream()
+                .map_err(|e| BaselineError::driver("cuStreamCreate", e.0))
         };
         let streams = [mk()?, mk()?];
         Ok(RawCopier {
@@ -51,22 +52,11 @@ impl RawCopier {
             defer: AtomicBool::new(false),
             used: AtomicU8::new(0),
             sm: OnceLock::new(),
+            events: OnceLock::new(),
         })
     }
 
-    fn end(&self, b: RawBuf) -> End {
-        let ctx = match b.kind {
-            MemKind::Device { .. } => self.ctx.cu_ctx(),
-            _ => std::ptr::null_mut(),
-        };
-        End {
-            addr: b.addr,
-            kind: b.kind,
-            ctx,
-        }
-    }
-
-    fn sync(&self, i: usize) -> Result<(), DrvErr> {
+    pub(crate) fn sync(&self, i: usize) -> Result<(), BaselineError> {
         if self.defer.load(Ordering::Relaxed) {
             self.used.fetch_or(1 << i, Ordering::Relaxed);
             return Ok(());
@@ -85,8 +75,8 @@ impl RawCopier {
     pub fn timed(
         &self,
         timer: &StreamTimer,
-        f: impl FnOnce(&RawCopier) -> Result<(), CudaError>,
-    ) -> Result<f64, CudaError> {
+        f: impl FnOnce(&RawCopier) -> Result<(), BaselineError>,
+    ) -> Result<f64, BaselineError> {
         self.used.store(0, Ordering::Relaxed);
         self.defer.store(true, Ordering::Relaxed);
         let r = timer.time_all(&[&self.streams[0], &self.streams[1]], || f(self));
@@ -110,7 +100,7 @@ impl RawCopier {
         src: &S,
         bytes: usize,
         reps: usize,
-    ) -> Result<(), CudaError>
+    ) -> Result<(), BaselineError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
@@ -126,7 +116,7 @@ impl RawCopier {
         dsts: &mut [D],
         src: &S,
         bytes: usize,
-    ) -> Result<(), CudaError>
+    ) -> Result<(), BaselineError>
     where
         D: MemoryMut,
         S: Memory + ?Sized,
@@ -140,52 +130,25 @@ impl RawCopier {
         dsts: impl Iterator<Item = RawBuf> + Clone,
         s: RawBuf,
         bytes: usize,
-    ) -> Result<(), CudaError> {
+    ) -> Result<(), BaselineError> {
         for d in dsts.clone() {
-            if bytes > d.len || bytes > s.len {
-                return Err(CudaError::InvalidArgument(format!(
-                    "copy of {bytes} bytes between buffers of {} and {} bytes",
-                    d.len, s.len
-                )));
-            }
+            fits(bytes, d, s)?;
         }
-        driver::bind(&self.ctx)?;
+        bind(&self.ctx)?;
         let st = self.streams[0].cu_stream();
-        let host = |k: MemKind| k.host_accessible() && k != MemKind::Managed;
         for d in dsts {
             // SAFETY: both ranges lie inside buffers borrowed by the caller until after the
-            // synchronize below; the kinds decide which call reads which address as host or
-            // device.
-            let r = unsafe {
-                match (host(d.kind), host(s.kind)) {
-                    (false, true) => check(
-                        "cuMemcpyHtoDAsync",
-                        sys::cuMemcpyHtoDAsync_v2(d.addr, s.addr as *const _, bytes, st),
-                    ),
-                    (true, false) => check(
-                        "cuMemcpyDtoHAsync",
-                        sys::cuMemcpyDtoHAsync_v2(d.addr as *mut _, s.addr, bytes, st),
-                    ),
-                    (false, false) => check(
-                        "cuMemcpyDtoDAsync",
-                        sys::cuMemcpyDtoDAsync_v2(d.addr, s.addr, bytes, st),
-                    ),
-                    (true, true) => check(
-                        "cuMemcpyAsync",
-                        sys::cuMemcpyAsync(d.addr, s.addr, bytes, st),
-                    ),
-                }
-            };
-            if let Err(e) = r {
+            // synchronize below.
+            if let Err(e) = unsafe { copy_call(st, d, s, bytes) } {
                 let _ = self.sync(0);
-                return Err(e.into());
+                return Err(e);
             }
         }
-        Ok(self.sync(0)?)
+        self.sync(0)
     }
 
     /// `reps` copies of the first `bytes` bytes of `src` into `dst` by a plain kernel launch
-    /// each (the SM copy kernel of [`super::strided`], one launch per copy, no engine around
+    /// each (the SM copy kernel of `ferry::cuda::strided`, one launch per copy, no engine around
     /// it), then one synchronize: the SM baseline for zero-copy (mapped) memory, as
     /// nvbandwidth's SM copies. Both buffers must be device-accessible (not pageable). The
     /// first call of a copier compiles (NVRTC) and loads the kernel; make it before a
@@ -196,38 +159,39 @@ impl RawCopier {
         src: &S,
         bytes: usize,
         reps: usize,
-    ) -> Result<(), CudaError>
+    ) -> Result<(), BaselineError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
         let (d, s) = (dst.raw_mut(), src.raw());
-        if bytes > d.len || bytes > s.len {
-            return Err(CudaError::InvalidArgument(format!(
-                "copy of {bytes} bytes between buffers of {} and {} bytes",
-                d.len, s.len
-            )));
-        }
+        fits(bytes, d, s)?;
         let sm = self
             .sm
             .get_or_init(|| {
-                let c = SmCopier::new(Arc::clone(&self.ctx))?;
-                c.compile()?;
+                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
+                c.compile().map_err(|e| e.to_string())?;
                 Ok(c)
             })
             .as_ref()
-            .map_err(Clone::clone)?;
-        driver::bind(&self.ctx)?;
+            .map_err(|msg| BaselineError::Kernel {
+                call: "SM copy kernel setup",
+                msg: msg.clone(),
+            })?;
+        bind(&self.ctx)?;
         let plan = Plan::contiguous(0, 0, bytes);
         for _ in 0..reps {
             // SAFETY: `bytes` lie inside both buffers (checked above), borrowed until after the
             // synchronize below; the stream is this copier's, of the buffers' context.
             if let Err(e) = unsafe { sm.copy(&self.streams[0], d.addr, s.addr, &plan) } {
                 let _ = self.sync(0);
-                return Err(e.into());
+                return Err(BaselineError::Kernel {
+                    call: "SM copy kernel",
+                    msg: e.to_string(),
+                });
             }
         }
-        Ok(self.sync(0)?)
+        self.sync(0)
     }
 
     /// Peer copies as a user writes them: for every `(copier, dst, src)`, `bytes` bytes with
@@ -238,18 +202,21 @@ impl RawCopier {
         copies: &mut [(&RawCopier, &mut DeviceBuffer, &DeviceBuffer)],
         bytes: usize,
         reps: usize,
-    ) -> Result<(), CudaError> {
+    ) -> Result<(), BaselineError> {
         let mut ends = Vec::with_capacity(copies.len());
         for (c, d, s) in copies.iter_mut() {
             if bytes > d.len() || bytes > s.len() {
-                return Err(CudaError::InvalidArgument(format!(
+                return Err(BaselineError::InvalidArgument(format!(
                     "peer copy of {bytes} bytes between buffers of {} and {} bytes",
                     d.len(),
                     s.len()
                 )));
             }
-            let (dc, sc) = (driver::context(d.ordinal())?, driver::context(s.ordinal())?);
-            driver::bind(&c.ctx)?;
+            let (dc, sc) = (
+                ferry::bench::context(d.ordinal())?,
+                ferry::bench::context(s.ordinal())?,
+            );
+            bind(&c.ctx)?;
             for other in [&dc, &sc] {
                 if other.cu_ctx() != c.ctx.cu_ctx() {
                     // SAFETY: the copier's context is current; `other` is a live primary
@@ -262,7 +229,7 @@ impl RawCopier {
         let mut result = Ok(());
         'rounds: for _ in 0..reps {
             for ((c, _, _), (d, dc, s, sc)) in copies.iter().zip(&ends) {
-                driver::bind(&c.ctx)?;
+                bind(&c.ctx)?;
                 // SAFETY: both ranges lie inside device buffers borrowed until after the
                 // synchronizes below; the contexts are those buffers' devices'.
                 let r = check("cuMemcpyPeerAsync", unsafe {
@@ -276,16 +243,16 @@ impl RawCopier {
                     )
                 });
                 if let Err(e) = r {
-                    result = Err(e.into());
+                    result = Err(e);
                     break 'rounds;
                 }
             }
         }
         for (c, _, _) in copies.iter() {
-            let _ = driver::bind(&c.ctx);
+            let _ = bind(&c.ctx);
             let r = c.sync(0);
             if result.is_ok() {
-                result = r.map_err(CudaError::from);
+                result = r;
             }
         }
         result
@@ -301,7 +268,7 @@ impl RawCopier {
         dev_src: &D,
         bytes: usize,
         reps: usize,
-    ) -> Result<(), CudaError>
+    ) -> Result<(), BaselineError>
     where
         A: MemoryMut + ?Sized,
         B: Memory + ?Sized,
@@ -315,11 +282,11 @@ impl RawCopier {
             dev_src.raw(),
         );
         if [a.len, b.len, c.len, d.len].iter().any(|&l| l < bytes) {
-            return Err(CudaError::InvalidArgument(format!(
+            return Err(BaselineError::InvalidArgument(format!(
                 "bidirectional copy of {bytes} bytes: a buffer is shorter"
             )));
         }
-        driver::bind(&self.ctx)?;
+        bind(&self.ctx)?;
         let (s0, s1) = (self.streams[0].cu_stream(), self.streams[1].cu_stream());
         for _ in 0..reps {
             // SAFETY: ranges inside buffers borrowed until after the synchronizes below.
@@ -337,11 +304,11 @@ impl RawCopier {
             };
             if let Err(e) = r {
                 let _ = (self.sync(0), self.sync(1));
-                return Err(e.into());
+                return Err(e);
             }
         }
         self.sync(0)?;
-        Ok(self.sync(1)?)
+        self.sync(1)
     }
 
     /// `reps` times: every run of `plan` with the fewest plain driver calls (one
@@ -352,28 +319,22 @@ impl RawCopier {
         src: &S,
         plan: &Plan,
         reps: usize,
-    ) -> Result<(), CudaError>
+    ) -> Result<(), BaselineError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
         let (d, s) = (dst.raw_mut(), src.raw());
-        if plan.dst_end() > d.len || plan.src_end() > s.len {
-            return Err(CudaError::InvalidArgument(
-                "plan reaches outside its buffers".into(),
-            ));
-        }
-        driver::bind(&self.ctx)?;
-        let st = self.streams[0].cu_stream();
         for _ in 0..reps {
-            // SAFETY: the plan lies inside both buffers (checked above), borrowed until after
-            // the synchronize.
-            if let Err(e) = unsafe { exec::copy_plan(st, self.end(d), self.end(s), plan) } {
+            // SAFETY: both buffers are borrowed until after the synchronize below (on every
+            // path); `enqueue_plan` refuses a plan reaching outside them; the stream is this
+            // copier's, alive as long as it.
+            if let Err(e) = unsafe { ferry::bench::enqueue_plan(&self.streams[0], d, s, plan) } {
                 let _ = self.sync(0);
                 return Err(e.into());
             }
         }
-        Ok(self.sync(0)?)
+        self.sync(0)
     }
 
     /// `reps` times: one `cuMemcpyAsync` per segment `(dst_offset, src_offset, len)`, then one
@@ -384,7 +345,7 @@ impl RawCopier {
         src: &S,
         segs: &[(usize, usize, usize)],
         reps: usize,
-    ) -> Result<(), CudaError>
+    ) -> Result<(), BaselineError>
     where
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
@@ -394,11 +355,11 @@ impl RawCopier {
             .iter()
             .any(|&(a, b, n)| a.saturating_add(n) > d.len || b.saturating_add(n) > s.len)
         {
-            return Err(CudaError::InvalidArgument(
+            return Err(BaselineError::InvalidArgument(
                 "a segment reaches outside its buffer".into(),
             ));
         }
-        driver::bind(&self.ctx)?;
+        bind(&self.ctx)?;
         let st = self.streams[0].cu_stream();
         for _ in 0..reps {
             for &(a, b, n) in segs {
@@ -408,10 +369,60 @@ impl RawCopier {
                     sys::cuMemcpyAsync(d.addr + a as u64, s.addr + b as u64, n, st)
                 }) {
                     let _ = self.sync(0);
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
-        Ok(self.sync(0)?)
+        self.sync(0)
     }
+}
+
+/// Enqueues one copy of `bytes` bytes from `s` to `d` on `st` by the plain call for the
+/// buffers' kinds: `cuMemcpyHtoDAsync`, `cuMemcpyDtoHAsync`, `cuMemcpyDtoDAsync`, or
+/// `cuMemcpyAsync` (managed memory, host to host).
+///
+/// # Safety
+/// 1. The current context is that of `st`, a live stream, and of any device memory here.
+/// 2. `d` and `s` are memory of the kinds they claim, valid for `bytes` bytes until the copy
+///    has completed.
+pub(crate) unsafe fn copy_call(
+    st: sys::CUstream,
+    d: RawBuf,
+    s: RawBuf,
+    bytes: usize,
+) -> Result<(), BaselineError> {
+    let host = |k: MemKind| k.host_accessible() && k != MemKind::Managed;
+    // SAFETY: valid ranges and stream (1, 2); the kinds decide which call reads which address
+    // as host or device.
+    unsafe {
+        match (host(d.kind), host(s.kind)) {
+            (false, true) => check(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(d.addr, s.addr as *const _, bytes, st),
+            ),
+            (true, false) => check(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(d.addr as *mut _, s.addr, bytes, st),
+            ),
+            (false, false) => check(
+                "cuMemcpyDtoDAsync",
+                sys::cuMemcpyDtoDAsync_v2(d.addr, s.addr, bytes, st),
+            ),
+            (true, true) => check(
+                "cuMemcpyAsync",
+                sys::cuMemcpyAsync(d.addr, s.addr, bytes, st),
+            ),
+        }
+    }
+}
+
+/// Refuses a copy of `bytes` bytes that does not fit in both buffers.
+pub(crate) fn fits(bytes: usize, d: RawBuf, s: RawBuf) -> Result<(), BaselineError> {
+    if bytes > d.len || bytes > s.len {
+        return Err(BaselineError::InvalidArgument(format!(
+            "copy of {bytes} bytes between buffers of {} and {} bytes",
+            d.len, s.len
+        )));
+    }
+    Ok(())
 }

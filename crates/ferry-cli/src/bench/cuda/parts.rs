@@ -1,0 +1,114 @@
+//! `cuda-latency-parts`: where the time of one small submit+wait goes. One pinned -> device
+//! copy waited at once, by ferry (the safe scope as `cuda-latency-spin` times it, and the unsafe
+//! `submit_raw` with no scope) and by raw driver calls in several shapes: the plain copy and
+//! stream synchronize, the same on ferry's own host -> device stream, and the copy followed by
+//! an event waited in each of the driver's ways. Host clock, spinning waits, as the other
+//! latency tests. (Was `examples/cuda_latency_parts.rs` until commit eaaeb62, which ran the
+//! variants interleaved in rounds; here each is a series of the usual method, one after the
+//! other.)
+
+use super::{setup, Ctx, CudaBench};
+use crate::bench::cpu::pattern_bytes;
+use crate::bench::{BenchError, Role, Row};
+use ferry::cuda::{DeviceBuffer, Direction, PinnedBuffer};
+use ferry::{Engine, EngineExt, Layout};
+use ferry_bench::{submit_raw_and_wait, RawWait};
+
+impl CudaBench {
+    /// Submit+wait of one copy of `size` bytes in each shape: host clock.
+    pub(super) fn latency_parts(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let mut src = PinnedBuffer::new(size).map_err(setup)?;
+        let data = pattern_bytes(size);
+        src.copy_from_slice(&data);
+        let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let n = size as u64;
+        let e = &self.spin;
+        let ferry = format!("ferry {} spin", e.name());
+        let mut series = vec![
+            self.dev_series(
+                ctx,
+                None,
+                &format!("{ferry}: scope + copy + wait"),
+                Role::Ferry,
+                n,
+                &mut dev,
+                &data,
+                |d, _| {
+                    super::flat(
+                        e.scope(|s| s.copy(d, &l, &src, &l)?.wait().map_err(ferry::Error::from)),
+                    )
+                    .map(|()| None)
+                },
+            )?,
+            self.dev_series(
+                ctx,
+                None,
+                &format!("{ferry}: submit_raw + wait"),
+                Role::Ferry,
+                n,
+                &mut dev,
+                &data,
+                |d, _| {
+                    submit_raw_and_wait(e, d, &src, l)
+                        .map_err(|e| e.to_string())
+                        .map(|()| None)
+                },
+            )?,
+        ];
+        let ferry_stream = &**e.stream(Direction::HostToDevice);
+        let raw = [
+            ("raw copy + cuStreamSynchronize", None, RawWait::StreamSync),
+            (
+                "raw copy on ferry's H2D stream + cuStreamSynchronize",
+                Some(ferry_stream),
+                RawWait::StreamSync,
+            ),
+            (
+                "raw copy + cuEventRecord + cuEventSynchronize",
+                None,
+                RawWait::EventSync,
+            ),
+            (
+                "raw copy + cuEventRecord + cuEventSynchronize, 64 events in turn",
+                None,
+                RawWait::EventRing,
+            ),
+            (
+                "raw copy + cuEventRecord + cuStreamSynchronize",
+                None,
+                RawWait::EventThenStreamSync,
+            ),
+            (
+                "raw copy + cuEventRecord + cuEventQuery loop",
+                None,
+                RawWait::EventQuery,
+            ),
+        ];
+        for (name, stream, wait) in raw {
+            series.push(self.dev_series(
+                ctx,
+                None,
+                name,
+                Role::Baseline,
+                n,
+                &mut dev,
+                &data,
+                |d, _| {
+                    self.raw
+                        .copy_waited(d, &src, size, stream, wait)
+                        .map_err(|e| e.to_string())
+                        .map(|()| None)
+                },
+            )?);
+        }
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            n,
+            n,
+            "pinned -> device".into(),
+            series,
+        ))
+    }
+}
