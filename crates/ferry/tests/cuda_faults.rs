@@ -627,7 +627,7 @@ mod injected {
                 disarm_all();
                 assert!(fired, "{what}: the worker fault point was never reached");
                 match &a {
-                    Err(RequestError::Driver { msg, .. }) => {
+                    Err(RequestError::Panicked { msg, .. }) => {
                         assert!(msg.contains("panicked"), "{what}: {msg}")
                     }
                     other => panic!("{what}: expected a worker panic error, got {other:?}"),
