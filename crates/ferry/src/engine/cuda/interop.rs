@@ -30,7 +30,7 @@
 
 use super::driver::{self, check, DrvErr};
 use super::event::Event;
-use super::{CudaCompletion, CudaEngine};
+use super::{CudaCompletion, CudaEngine, Direction};
 use crate::engine::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
 use crate::request::{BarrierError, Request, RequestError};
@@ -296,6 +296,12 @@ impl CudaEngine {
     /// the device shares.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// The stream this engine would run a copy between memory of kinds `dst` and `src` on when
+    /// it is not staged (the pipeline times its copies on it).
+    pub(crate) fn direction_for(&self, dst: MemKind, src: MemKind) -> Direction {
+        super::route::direction(&self.cfg, dst, Some(src))
     }
 
     /// A completion around an event recorded by this engine.
