@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod gantt;
 pub mod info;
 pub mod plot;
 pub mod report;
