@@ -106,11 +106,16 @@ fn verify(
     got: &[u8],
     rounds: u32,
 ) -> Result<(), BenchError> {
-    match (0..src.len())
+    let bad = (0..src.len())
         .step_by(4099)
         .chain([src.len().saturating_sub(1)])
-        .find(|&i| got[i] != lcg(src[i], rounds))
-    {
+        .find(|&i| got[i] != lcg(src[i], rounds));
+    mismatch(test, series, size, bad)
+}
+
+/// A verification failure at `offset`, if any.
+fn mismatch(test: &str, series: &str, size: u64, offset: Option<usize>) -> Result<(), BenchError> {
+    match offset {
         Some(offset) => Err(BenchError::Verify {
             test: test.into(),
             series: series.into(),

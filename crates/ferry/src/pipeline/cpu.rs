@@ -6,7 +6,7 @@
 
 use super::core::{self, Lanes};
 use super::{
-    check_dest, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
+    plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
     Timeline, TimelineClock,
 };
 use crate::engine::{Engine, Job};
@@ -93,8 +93,7 @@ impl<'e> CpuPipeline<'e> {
         E: Into<StageError>,
     {
         let t0 = Instant::now();
-        let (chunks, _) = src.chunks(&self.cfg, dst.is_some());
-        check_dest(&chunks, dst.as_ref())?;
+        let chunks = plan(&self.cfg, &src, dst.as_ref())?;
         let host = |v: &mut Vec<u8>| RawBuf::host(v.as_mut_ptr(), v.len(), MemKind::Pageable);
         let ins: Vec<RawBuf> = self.ins.iter_mut().map(host).collect();
         let outs: Vec<RawBuf> = self.outs.iter_mut().map(host).collect();
@@ -200,13 +199,12 @@ impl<'e> CpuPipeline<'e> {
         result?;
         let times =
             std::mem::take(&mut shared.lock().unwrap_or_else(PoisonError::into_inner).times);
-        Ok(RunReport {
-            chunks: chunks.len(),
-            bytes_in: src.len() as u64,
-            bytes_out: chunks.iter().map(|c| c.out_len as u64).sum(),
-            elapsed: t0.elapsed(),
-            timeline: timed.map(|_| Timeline::build(TimelineClock::Host, &chunks, times)),
-        })
+        Ok(RunReport::of(
+            &chunks,
+            &src,
+            t0,
+            timed.map(|_| Timeline::build(TimelineClock::Host, &chunks, times)),
+        ))
     }
 }
 

@@ -26,7 +26,7 @@
 
 use super::core::{self, Lanes};
 use super::{
-    check_dest, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
+    plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
     Timeline, TimelineClock,
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError};
@@ -162,8 +162,7 @@ impl<'e> CudaPipeline<'e> {
         E: Into<StageError>,
     {
         let t0 = Instant::now();
-        let (chunks, _) = src.chunks(&self.cfg, dst.is_some());
-        check_dest(&chunks, dst.as_ref())?;
+        let chunks = plan(&self.cfg, &src, dst.as_ref())?;
         let timing = match self.cfg.timeline {
             true => Some(Timing::new(&self.compute)?),
             false => None,

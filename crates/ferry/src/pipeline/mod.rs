@@ -217,7 +217,7 @@ impl<'a> Source<'a> {
 
     /// The chunks for input slots of `chunk_bytes` (outputs only `with_output`), and the
     /// bytes of the largest.
-    fn chunks(&self, cfg: &PipelineConfig, with_output: bool) -> (Vec<Chunk>, usize) {
+    pub(crate) fn chunks(&self, cfg: &PipelineConfig, with_output: bool) -> (Vec<Chunk>, usize) {
         let (step, total) = match self.layout {
             None => (cfg.chunk_bytes, self.buf.len),
             Some(l) => {
@@ -416,6 +416,35 @@ impl PipelineError {
             | PipelineError::Submit { chunk, .. }
             | PipelineError::Copy { chunk, .. } => Some(*chunk),
             _ => None,
+        }
+    }
+}
+
+/// A run's chunks, checked against its destination (which must hold every output).
+fn plan(
+    cfg: &PipelineConfig,
+    src: &Source<'_>,
+    dst: Option<&Dest<'_>>,
+) -> Result<Vec<Chunk>, PipelineError> {
+    let (chunks, _) = src.chunks(cfg, dst.is_some());
+    check_dest(&chunks, dst)?;
+    Ok(chunks)
+}
+
+impl RunReport {
+    /// The report of a run of `chunks` over `src` that started at `t0`.
+    fn of(
+        chunks: &[Chunk],
+        src: &Source<'_>,
+        t0: std::time::Instant,
+        timeline: Option<Timeline>,
+    ) -> RunReport {
+        RunReport {
+            chunks: chunks.len(),
+            bytes_in: src.len() as u64,
+            bytes_out: chunks.iter().map(|c| c.out_len as u64).sum(),
+            elapsed: t0.elapsed(),
+            timeline,
         }
     }
 }

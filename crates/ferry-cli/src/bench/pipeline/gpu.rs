@@ -1,7 +1,7 @@
 //! `cuda-pipeline`: ferry's GPU pipeline, the sequential loop and a raw driver loop on the same
 //! pinned buffers, the kernel's rounds calibrated so that compute and copy of a chunk balance.
 
-use super::{failed, keep_trace, tracing, verify, SLOTS};
+use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::cpu::pattern_bytes;
 use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
@@ -60,15 +60,12 @@ fn launch(
 
 /// The first byte where a baseline's output differs from ferry's (verified) output.
 fn compare(test: &str, series: &str, size: u64, got: &[u8], want: &[u8]) -> Result<(), BenchError> {
-    match got.iter().zip(want).position(|(a, b)| a != b) {
-        Some(offset) => Err(BenchError::Verify {
-            test: test.into(),
-            series: series.into(),
-            size: format_size(size),
-            offset,
-        }),
-        None => Ok(()),
-    }
+    mismatch(
+        test,
+        series,
+        size,
+        got.iter().zip(want).position(|(a, b)| a != b),
+    )
 }
 
 fn drv(call: &'static str, r: sys::CUresult) -> Result<(), String> {

@@ -131,8 +131,8 @@ impl CudaEngine {
     /// Makes the caller's `stream` wait for `req` (a request of any engine), so that work the
     /// caller enqueues on it afterwards sees everything the request wrote. A request of a CUDA
     /// engine with an event: a `cuStreamWaitEvent`, no host round trip ([`StreamWait::Event`]).
-    /// A request completed by a host thread (a staged copy, see the [module
-    /// documentation](self)): waits for it here ([`StreamWait::Host`]). May block only then.
+    /// A request completed by a host thread (a staged copy of pageable memory, another
+    /// engine's request): waits for it here ([`StreamWait::Host`]). May block only then.
     ///
     /// Errors: the request is known to have failed ([`InteropError::Request`]; the stream is
     /// not made to wait), `stream` is of another device ([`InteropError::WrongContext`]), a
@@ -263,8 +263,9 @@ impl CudaEngine {
     /// engine's stream), and the stream waits for it before any work enqueued afterwards
     /// ([`CudaEngine::stream_wait`]). The route (path and copy engine) is decided as for this
     /// engine's own copies; each copy keeps its own request, event and error, and this
-    /// engine's barrier counts it. A copy the route stages (pageable host memory, see the
-    /// [module documentation](self)) returns from submit only once done.
+    /// engine's barrier counts it. A copy the route stages (pageable host memory of at least
+    /// 2 MiB to the device, 1 MiB back) returns from submit only once done: its completion is
+    /// signalled by the staging thread, which no stream can wait for.
     pub fn on_stream<'a>(
         &'a self,
         stream: &'a CudaStream,
