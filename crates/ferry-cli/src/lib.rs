@@ -4,6 +4,7 @@
 //! same code is reachable from tests.
 
 pub mod bench;
+pub mod gantt;
 pub mod info;
 pub mod plot;
 pub mod report;

@@ -74,6 +74,14 @@ struct BenchArgs {
     /// Plot bandwidth against size into FILE.svg or FILE.png (repeat for both).
     #[arg(long, value_name = "FILE")]
     plot: Vec<PathBuf>,
+    /// Write the timeline of the tests that have one (pipeline, cuda-pipeline: one more run
+    /// each) as Chrome trace JSON (open in Perfetto or chrome://tracing); with several, FILE
+    /// gets the last and FILE.<test>-<size>.json each.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Draw the last timeline as a Gantt chart into FILE.svg or FILE.png (repeat for both).
+    #[arg(long, value_name = "FILE")]
+    gantt: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -160,6 +168,7 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
             .map_or("no test selected".to_string(), |(_, r)| r.clone());
         return Err(bench::BenchError::NothingToRun(why).into());
     }
+    bench::pipeline::set_trace(a.trace.is_some() || !a.gantt.is_empty());
     let cfg = BenchConfig {
         tests: sel.run,
         sizes: a.sizes.map(|s| s.0),
@@ -202,6 +211,37 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
     }
     for p in &a.plot {
         ferry_cli::plot::write(&rep, p)?;
+        eprintln!("wrote {}", p.display());
+    }
+    write_traces(a.trace.as_deref(), &a.gantt)
+}
+
+/// `--trace` and `--gantt`: the timelines the pipeline tests kept.
+fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<(), AnyError> {
+    let traces = bench::pipeline::take_traces();
+    let Some((last_name, last)) = traces.last() else {
+        if trace.is_some() || !gantt.is_empty() {
+            eprintln!("ferry bench: no test with a timeline ran (pipeline, cuda-pipeline)");
+        }
+        return Ok(());
+    };
+    if let Some(path) = trace {
+        let write = |p: &std::path::Path, name: &str, t: &ferry::pipeline::Timeline| {
+            std::fs::write(p, t.to_chrome_trace(name))
+                .map_err(|e| format!("cannot write {}: {e}", p.display()))
+        };
+        write(path, last_name, last)?;
+        eprintln!("wrote {}", path.display());
+        if traces.len() > 1 {
+            for (name, t) in &traces {
+                let p = path.with_extension(format!("{}.json", name.replace(' ', "-")));
+                write(&p, name, t)?;
+                eprintln!("wrote {}", p.display());
+            }
+        }
+    }
+    for p in gantt {
+        ferry_cli::gantt::write(last, last_name, p)?;
         eprintln!("wrote {}", p.display());
     }
     Ok(())

@@ -209,7 +209,7 @@ pub fn write_rows(rows: &[PlotRow], path: &Path) -> Result<(), PlotError> {
 
 /// Registers the embedded DejaVu Sans as "sans-serif" (once): the plots need no system fonts
 /// or fontconfig, so the binary runs on bare GPU hosts.
-fn register_font() -> Result<(), String> {
+pub(crate) fn register_font() -> Result<(), String> {
     static DONE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         plotters::style::register_font(

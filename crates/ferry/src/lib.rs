@@ -11,6 +11,8 @@
 //! - Files: [`file::FileEngine`] loads byte ranges of files into host or device buffers and
 //!   stores them back (parallel `pread`/`pwrite`, optional `O_DIRECT`, a pinned bounce ring
 //!   for GPUs).
+//! - [`pipeline`]: double/triple buffering of a large source through device (or host) slots,
+//!   a user stage per chunk, results copied back; a timeline of every step.
 //!
 //! ```
 //! use ferry::{CpuEngine, EngineExt, Layout};
@@ -45,6 +47,7 @@ pub mod file;
 pub mod layout;
 pub mod memory;
 pub mod op;
+pub mod pipeline;
 pub mod plan;
 pub mod request;
 

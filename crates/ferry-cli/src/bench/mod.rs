@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod file;
 pub mod multi;
+pub mod pipeline;
 
 use serde::Serialize;
 use std::time::Instant;
@@ -193,6 +194,7 @@ pub fn registry() -> Vec<TestInfo> {
         .chain(cuda::TESTS)
         .chain(file::TESTS)
         .chain(multi::TESTS)
+        .chain(pipeline::TESTS)
         .cloned()
         .collect()
 }
@@ -683,6 +685,9 @@ pub fn run(
             );
             let in_multi = multi::TESTS.iter().any(|m| m.name == t.name);
             let rows = match t.needs {
+                _ if pipeline::owns(t.name) => {
+                    pipeline::run(t, size, cfg.threads, &cfg.method).map(|r| vec![r])
+                }
                 _ if file::owns(t.name) => match &mut files {
                     Some(f) => f.run(t, size),
                     None => files

@@ -1,0 +1,421 @@
+//! The pipeline on a GPU: uploads and downloads are requests of a
+//! [`CudaEngine`](crate::cuda::CudaEngine) on its copy-engine streams, the stage enqueues its
+//! kernels on the pipeline's compute stream, and every order between them is an event waited
+//! on by a stream ([`CudaEngine::stream_wait`], a request as a job dependency): the host never
+//! waits for a chunk, except to bound the work queued ahead.
+//!
+//! - Upload of chunk `i` on the engine's host-to-device stream (or the staging thread for a
+//!   pageable source), after the compute of chunk `i - K` (an event recorded on the compute
+//!   stream after the stage's work, [`CudaEngine::record`]).
+//! - Compute of chunk `i`: the compute stream waits for the upload's event and for the
+//!   download of chunk `i - K`; the stage enqueues; an event is recorded.
+//! - Download of chunk `i` on the engine's device-to-host (or device-to-device) stream, after
+//!   that event.
+//!
+//! With a pageable source, uploads of 2 MiB or more are staged (see the
+//! [engine](crate::cuda::CudaEngine)): their completion is signalled by the staging thread,
+//! so the submitting thread waits for upload `i` before it enqueues compute `i`, while the
+//! uploads of the next K-1 chunks are already queued; the copy engine and the SMs still
+//! overlap. The same holds for downloads into pageable memory of 1 MiB or more, waited for
+//! when their output slot is next needed.
+//!
+//! Timeline (on request): timing events recorded on the stream of each step around it (the
+//! upload's and download's start after the stream has waited for their dependency, so waiting
+//! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
+//! timeline when the compute stream next learned of it, later than it did.
+
+use super::core::{self, Lanes};
+use super::{
+    plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
+    Timeline, TimelineClock,
+};
+use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError};
+use crate::engine::{Engine, Job};
+use crate::layout::Layout;
+use crate::memory::{MemKind, RawBuf};
+use crate::request::{Request, RequestError};
+use cudarc::driver::{sys, CudaEvent, CudaStream};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A pipeline whose slots are device memory of one GPU and whose stage enqueues work on a
+/// compute stream; see the [module documentation](super).
+pub struct CudaPipeline<'e> {
+    engine: &'e CudaEngine,
+    cfg: PipelineConfig,
+    compute: Arc<CudaStream>,
+    ins: Vec<DeviceBuffer>,
+    outs: Vec<DeviceBuffer>,
+}
+
+impl std::fmt::Debug for CudaPipeline<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaPipeline")
+            .field("engine", &self.engine.name())
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// What a GPU stage gets for one chunk: device addresses valid for the work it enqueues on
+/// [`GpuChunk::stream`], and only for that work (the slots are reused once it has finished).
+#[derive(Debug)]
+pub struct GpuChunk<'a> {
+    chunk: Chunk,
+    input: u64,
+    output: Option<u64>,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl GpuChunk<'_> {
+    /// The chunk.
+    pub fn chunk(&self) -> &Chunk {
+        &self.chunk
+    }
+    /// Device address of the chunk's input (`chunk().len` bytes, densely packed).
+    pub fn input(&self) -> u64 {
+        self.input
+    }
+    /// Device address of the chunk's output slot (`chunk().out_len` bytes are copied to the
+    /// destination), or `None` without a destination or output.
+    pub fn output(&self) -> Option<u64> {
+        self.output
+    }
+    /// The compute stream: enqueue the chunk's work here, and only here.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+}
+
+fn setup(e: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Setup(e.to_string())
+}
+
+impl<'e> CudaPipeline<'e> {
+    /// A pipeline on `engine`'s GPU with a new compute stream and its K input slots of
+    /// `cfg.chunk_bytes` (and K output slots) allocated now. Errors: a bad setting, out of
+    /// device memory, a failed stream creation.
+    pub fn new(
+        engine: &'e CudaEngine,
+        cfg: PipelineConfig,
+    ) -> Result<CudaPipeline<'e>, PipelineError> {
+        let compute = engine.context().new_stream().map_err(setup)?;
+        CudaPipeline::with_stream(engine, cfg, compute)
+    }
+
+    /// As [`CudaPipeline::new`], with the caller's compute stream (of the engine's device).
+    pub fn with_stream(
+        engine: &'e CudaEngine,
+        cfg: PipelineConfig,
+        compute: Arc<CudaStream>,
+    ) -> Result<CudaPipeline<'e>, PipelineError> {
+        cfg.check()?;
+        if compute.context().cu_ctx() != engine.context().cu_ctx() {
+            return Err(PipelineError::Config(
+                "the compute stream is of another device".into(),
+            ));
+        }
+        let slot = |n: usize| DeviceBuffer::new(engine.ordinal(), n).map_err(setup);
+        let out = cfg.output.of(cfg.chunk_bytes);
+        Ok(CudaPipeline {
+            engine,
+            cfg,
+            ins: (0..cfg.slots)
+                .map(|_| slot(cfg.chunk_bytes))
+                .collect::<Result<_, _>>()?,
+            outs: if out == 0 {
+                Vec::new()
+            } else {
+                (0..cfg.slots)
+                    .map(|_| slot(out))
+                    .collect::<Result<_, _>>()?
+            },
+            compute,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> PipelineConfig {
+        self.cfg
+    }
+
+    /// The compute stream the stage enqueues on.
+    pub fn compute_stream(&self) -> &Arc<CudaStream> {
+        &self.compute
+    }
+
+    /// Streams `src` through the slots: `stage` enqueues each chunk's work on the compute
+    /// stream (reading [`GpuChunk::input`], writing [`GpuChunk::output`]) and returns; the
+    /// output's first `chunk.out_len` bytes are then copied to `dst` at `chunk.out_offset`.
+    /// Returns once every step of every chunk has completed on the GPU, or with the first
+    /// failure (see the [module documentation](super)); after a failure, and when the stage
+    /// panics (the panic goes on once the work in flight is done), the compute stream is
+    /// synchronized, so nothing a failing stage enqueued outlives the run. Blocks.
+    pub fn run<F, E>(
+        &mut self,
+        src: Source<'_>,
+        dst: Option<Dest<'_>>,
+        stage: F,
+    ) -> Result<RunReport, PipelineError>
+    where
+        F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
+        E: Into<StageError>,
+    {
+        let t0 = Instant::now();
+        let chunks = plan(&self.cfg, &src, dst.as_ref())?;
+        let timing = match self.cfg.timeline {
+            true => Some(Timing::new(&self.compute)?),
+            false => None,
+        };
+        let mut lanes = GpuLanes {
+            engine: self.engine,
+            compute: &self.compute,
+            k: self.cfg.slots,
+            ins: self.ins.iter().map(DeviceBuffer::device_ptr).collect(),
+            outs: self.outs.iter().map(DeviceBuffer::device_ptr).collect(),
+            src: &src,
+            dst: dst.as_ref(),
+            stage,
+            timing,
+        };
+        // Work a failing (or panicking) stage enqueued is not followed by an event ferry
+        // waits for: synchronize the compute stream before the slots can be reused.
+        struct SyncUnlessDone<'a>(&'a CudaStream, bool);
+        impl Drop for SyncUnlessDone<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    let _ = self.0.synchronize();
+                }
+            }
+        }
+        let mut guard = SyncUnlessDone(&self.compute, false);
+        let depth = self.cfg.effective_depth();
+        core::drive(&mut lanes, &chunks, self.cfg.slots, depth, dst.is_some())?;
+        guard.1 = true;
+        let timeline = match lanes.timing.take() {
+            Some(t) => Some(t.finish(&self.compute, &chunks)?),
+            None => None,
+        };
+        Ok(RunReport {
+            chunks: chunks.len(),
+            bytes_in: src.len() as u64,
+            bytes_out: chunks.iter().map(|c| c.out_len as u64).sum(),
+            elapsed: t0.elapsed(),
+            timeline,
+        })
+    }
+}
+
+/// Timing events of one run: a base, then (chunk, phase, start, end) for each step.
+struct Timing {
+    base: CudaEvent,
+    marks: Vec<(usize, Phase, CudaEvent, CudaEvent)>,
+    /// Steps whose end could not be recorded on their own stream (host-signalled).
+    open: Vec<(usize, Phase, CudaEvent)>,
+}
+
+fn timing_event(stream: &CudaStream) -> Result<CudaEvent, PipelineError> {
+    stream
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(setup)
+}
+
+impl Timing {
+    fn new(compute: &CudaStream) -> Result<Timing, PipelineError> {
+        Ok(Timing {
+            base: timing_event(compute)?,
+            marks: Vec::new(),
+            open: Vec::new(),
+        })
+    }
+
+    /// Ends the open steps now, on `stream`.
+    fn close_open(&mut self, stream: &CudaStream) -> Result<(), PipelineError> {
+        for (c, p, start) in std::mem::take(&mut self.open) {
+            self.marks.push((c, p, start, timing_event(stream)?));
+        }
+        Ok(())
+    }
+
+    /// The timeline, once every event has completed (waits for them).
+    fn finish(mut self, compute: &CudaStream, chunks: &[Chunk]) -> Result<Timeline, PipelineError> {
+        self.close_open(compute)?;
+        let us = |e: &CudaEvent| {
+            self.base
+                .elapsed_ms(e)
+                .map(|ms| f64::from(ms) * 1e3)
+                .map_err(setup)
+        };
+        let mut times = Vec::with_capacity(self.marks.len());
+        for (c, p, s, e) in &self.marks {
+            times.push((*c, *p, us(s)?, us(e)?));
+        }
+        Ok(Timeline::build(TimelineClock::CudaEvents, chunks, times))
+    }
+}
+
+struct GpuLanes<'r, F> {
+    engine: &'r CudaEngine,
+    compute: &'r Arc<CudaStream>,
+    k: usize,
+    ins: Vec<u64>,
+    outs: Vec<u64>,
+    src: &'r Source<'r>,
+    dst: Option<&'r Dest<'r>>,
+    stage: F,
+    timing: Option<Timing>,
+}
+
+/// The error of a stream wait for a dependency of `chunk`'s `phase`.
+fn waited(chunk: usize, phase: Phase) -> impl FnOnce(InteropError) -> PipelineError {
+    move |e| match e {
+        InteropError::Request(r) => PipelineError::Copy {
+            chunk,
+            phase,
+            source: r,
+        },
+        other => setup(other),
+    }
+}
+
+impl<F, E> GpuLanes<'_, F>
+where
+    F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
+    E: Into<StageError>,
+{
+    /// Submits a copy of chunk `c` after `after`, timed on the stream it runs on.
+    fn copy(
+        &mut self,
+        c: &Chunk,
+        phase: Phase,
+        job: Job,
+        after: Option<&Request>,
+    ) -> Result<Request, PipelineError> {
+        let start = match self.timing.is_some() {
+            true => {
+                let kinds = (job.dst.kind, job.src.map_or(job.dst.kind, |s| s.kind));
+                let stream = self
+                    .engine
+                    .stream(self.engine.direction_for(kinds.0, kinds.1));
+                if let Some(a) = after {
+                    let dep = |e| PipelineError::Copy {
+                        chunk: c.index,
+                        phase,
+                        source: RequestError::Dependency(Box::new(e)),
+                    };
+                    self.engine.stream_wait(stream, a).map_err(|e| match e {
+                        InteropError::Request(r) => dep(r),
+                        other => setup(other),
+                    })?;
+                }
+                Some((stream, timing_event(stream)?))
+            }
+            false => None,
+        };
+        // SAFETY: the source and destination are borrowed for the run and the slots are the
+        // pipeline's; `run` returns only after every request completed (core::InFlight); the
+        // schedule orders each slot's writes after its last reader's event and before its
+        // next reader's wait, so nothing else touches the bytes while this copy runs.
+        let req = unsafe { self.engine.submit_raw(job) }.map_err(|e| PipelineError::Submit {
+            chunk: c.index,
+            phase,
+            source: e,
+        })?;
+        if let (Some(t), Some((stream, ev))) = (&mut self.timing, start) {
+            if req.completion().as_any().is::<CudaCompletion>() {
+                t.marks.push((c.index, phase, ev, timing_event(stream)?));
+            } else {
+                t.open.push((c.index, phase, ev));
+            }
+        }
+        Ok(req)
+    }
+
+    fn device(&self, addr: u64, len: usize) -> RawBuf {
+        RawBuf {
+            addr,
+            len,
+            kind: MemKind::Device {
+                ordinal: self.engine.ordinal(),
+            },
+        }
+    }
+}
+
+impl<F, E> Lanes for GpuLanes<'_, F>
+where
+    F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
+    E: Into<StageError>,
+{
+    fn upload(
+        &mut self,
+        c: &Chunk,
+        slot: usize,
+        after: Option<&Request>,
+    ) -> Result<Request, PipelineError> {
+        let (from, from_l) = self.src.part(c)?;
+        let to = self.device(self.ins[slot], c.len);
+        let mut job = Job::copy(to, self.src.slot_layout(c)?, from, from_l);
+        if let Some(a) = after {
+            job = job.after(a);
+        }
+        self.copy(c, Phase::Upload, job, after)
+    }
+
+    fn compute(
+        &mut self,
+        c: &Chunk,
+        slot: usize,
+        upload: &Request,
+        out_free: Option<&Request>,
+    ) -> Result<Request, PipelineError> {
+        let cs = self.compute;
+        self.engine
+            .stream_wait(cs, upload)
+            .map_err(waited(c.index, Phase::Upload))?;
+        if let Some(d) = out_free {
+            self.engine
+                .stream_wait(cs, d)
+                .map_err(waited(c.index - self.k, Phase::Download))?;
+        }
+        let start = match &mut self.timing {
+            Some(t) => {
+                t.close_open(cs)?;
+                Some(timing_event(cs)?)
+            }
+            None => None,
+        };
+        let g = GpuChunk {
+            chunk: *c,
+            input: self.ins[slot],
+            output: self.outs.get(slot).copied().filter(|_| c.out_len > 0),
+            stream: cs,
+        };
+        (self.stage)(&g).map_err(|e| PipelineError::Stage {
+            chunk: c.index,
+            source: e.into(),
+        })?;
+        if let (Some(t), Some(start)) = (&mut self.timing, start) {
+            t.marks
+                .push((c.index, Phase::Compute, start, timing_event(cs)?));
+        }
+        self.engine.record(cs).map_err(setup)
+    }
+
+    fn download(
+        &mut self,
+        c: &Chunk,
+        slot: usize,
+        computed: &Request,
+    ) -> Result<Request, PipelineError> {
+        let (Some(dst), Some(&out)) = (self.dst, self.outs.get(slot)) else {
+            return Ok(Request::ready(Ok(())));
+        };
+        if c.out_len == 0 {
+            return Ok(Request::ready(Ok(())));
+        }
+        let bytes = Layout::bytes(c.out_len).map_err(|e| PipelineError::Config(e.to_string()))?;
+        let job = Job::copy(dst.part(c), bytes, self.device(out, c.out_len), bytes).after(computed);
+        self.copy(c, Phase::Download, job, Some(computed))
+    }
+}

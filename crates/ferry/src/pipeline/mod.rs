@@ -1,0 +1,464 @@
+//! Double/triple buffering: stream a large source through K slots while the previous chunks
+//! are computed and their results copied back. The seed's loop (load batch N+1, compute batch
+//! N, write back batch N-1, all at once), correct by construction.
+//!
+//! A [`Source`] (host memory of any kind, or a strided [`Layout`] over it) is cut into
+//! [`Chunk`]s of [`PipelineConfig::chunk_bytes`]; chunk `i` goes to slot `i % K`
+//! ([`PipelineConfig::slots`], K >= 1: 2 is double, 3 triple buffering). For each chunk:
+//! 1. *upload*: the engine copies it into its input slot, once the slot's previous reader
+//!    (the compute of chunk `i - K`) has finished;
+//! 2. *compute*: the user's stage runs on the input slot and may write an output slot, once
+//!    the upload is done and the output slot's previous download (chunk `i - K`) has finished;
+//! 3. *download* (when a [`Dest`] is given): the engine copies the output slot's first
+//!    [`OutLen`] bytes to the destination, after the compute.
+//!
+//! Each arrow is a dependency between requests, never a wait of the submitting thread: on the
+//! GPU ([`CudaPipeline`]) an event waited on by a stream (`cuStreamWaitEvent`), the stage
+//! enqueues its kernels on the pipeline's compute stream, and uploads run ahead by K-1 chunks,
+//! so the copy engines and the SMs are busy at once. On the CPU ([`CpuPipeline`]) the three
+//! steps run on three lane threads, each in order like a stream, the copies on any
+//! [`Engine`](crate::Engine) (a [`CpuEngine`](crate::CpuEngine)) and the stage a closure. The
+//! submitting thread waits only to bound the work queued ahead ([`PipelineConfig::depth`]
+//! chunks), on a chunk `depth` behind the newest, and at the end.
+//!
+//! The slots belong to the pipeline; a stage sees its chunk's slots only for the call (GPU:
+//! device addresses valid for the work it enqueues on the compute stream; CPU: slices), so no
+//! caller code can reach a slot while a copy or an earlier chunk's compute still uses it: the
+//! reuse order above is the pipeline's, not the caller's care. `run` borrows the source and
+//! the destination, and returns (or unwinds, if the stage panics) only once every request it
+//! made has completed.
+//!
+//! Errors: the first failure in chunk order stops the pipeline: a stage error (GPU: returned
+//! while enqueueing; CPU: returned by the closure) is [`PipelineError::Stage`] with the chunk
+//! and the stage's own error; a failed copy is [`PipelineError::Copy`] with the chunk and the
+//! step. Nothing more is submitted, everything in flight is waited for, every request's result
+//! is observed (the engine's next barrier does not report them again), and the pipeline and
+//! the engine stay usable.
+//!
+//! A [`Timeline`] of every chunk's upload, compute and download (GPU: CUDA events; CPU: the
+//! clock) is kept on request ([`PipelineConfig::timeline`]) and exported as Chrome trace JSON.
+//!
+//! ```
+//! use ferry::pipeline::{CpuPipeline, Dest, OutLen, PipelineConfig, Source};
+//! let engine = ferry::CpuEngine::new(2)?;
+//! let src: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+//! let mut dst = vec![0u8; src.len()];
+//! let cfg = PipelineConfig::new(16 << 10, 3).output(OutLen::Same);
+//! let mut p = CpuPipeline::new(&engine, cfg)?;
+//! p.run(Source::new(&src), Some(Dest::new(&mut dst)), |_c, input: &[u8], out: &mut [u8]| {
+//!     for (o, i) in out.iter_mut().zip(input) {
+//!         *o = i.wrapping_mul(2);
+//!     }
+//!     Ok::<(), std::convert::Infallible>(())
+//! })?;
+//! assert!(dst.iter().zip(&src).all(|(d, s)| *d == s.wrapping_mul(2)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod core;
+mod cpu;
+mod cuda;
+mod timeline;
+
+pub use cpu::CpuPipeline;
+pub use cuda::{CudaPipeline, GpuChunk};
+pub use timeline::{ChunkTimes, Span, Timeline, TimelineClock};
+
+use crate::engine::SubmitError;
+use crate::layout::Layout;
+use crate::memory::{Memory, MemoryMut, RawBuf};
+use crate::request::RequestError;
+use std::marker::PhantomData;
+use thiserror::Error;
+
+/// A stage's own error, kept as it was returned.
+pub type StageError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Settings of a pipeline. Plain struct: [`PipelineConfig::new`] then chained setters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PipelineConfig {
+    /// Bytes per chunk (the input slots' size); a strided source takes whole rows of its
+    /// outermost dimension, as many as fit (at least one).
+    pub chunk_bytes: usize,
+    /// Slots K (>= 1): chunks in the slots at once.
+    pub slots: usize,
+    /// Output bytes per chunk (when a [`Dest`] is given).
+    pub output: OutLen,
+    /// Chunks submitted ahead of the oldest unfinished one before the submitting thread waits
+    /// (0: `max(2 K, 4)`).
+    pub depth: usize,
+    /// Keep a [`Timeline`] of the run.
+    pub timeline: bool,
+}
+
+impl PipelineConfig {
+    /// Chunks of `chunk_bytes` through `slots` slots; output as long as each chunk's input;
+    /// no timeline.
+    pub fn new(chunk_bytes: usize, slots: usize) -> PipelineConfig {
+        PipelineConfig {
+            chunk_bytes,
+            slots,
+            output: OutLen::Same,
+            depth: 0,
+            timeline: false,
+        }
+    }
+    /// Sets the output bytes per chunk.
+    pub fn output(mut self, output: OutLen) -> PipelineConfig {
+        self.output = output;
+        self
+    }
+    /// Sets how many chunks may be submitted ahead (0: automatic).
+    pub fn depth(mut self, chunks: usize) -> PipelineConfig {
+        self.depth = chunks;
+        self
+    }
+    /// Keeps a timeline of every run.
+    pub fn timeline(mut self, on: bool) -> PipelineConfig {
+        self.timeline = on;
+        self
+    }
+
+    fn check(&self) -> Result<(), PipelineError> {
+        if self.chunk_bytes == 0 || self.slots == 0 {
+            return Err(PipelineError::Config(
+                "chunk_bytes and slots must be at least 1".into(),
+            ));
+        }
+        if let OutLen::Ratio { den: 0, .. } = self.output {
+            return Err(PipelineError::Config("OutLen::Ratio with den = 0".into()));
+        }
+        Ok(())
+    }
+
+    /// The effective depth: at least K (a slot's previous chunk must be in flight).
+    fn effective_depth(&self) -> usize {
+        if self.depth == 0 {
+            (2 * self.slots).max(4)
+        } else {
+            self.depth.max(self.slots)
+        }
+    }
+}
+
+/// How many output bytes a chunk of `len` input bytes has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutLen {
+    /// As many as its input.
+    Same,
+    /// This many for every chunk (a per-chunk reduction).
+    Fixed(usize),
+    /// `len * num / den`, rounded up (e.g. f64 in, f32 out: 1/2).
+    Ratio {
+        /// Numerator.
+        num: usize,
+        /// Denominator (not 0).
+        den: usize,
+    },
+}
+
+impl OutLen {
+    /// Output bytes of a chunk of `len` input bytes.
+    pub fn of(self, len: usize) -> usize {
+        match self {
+            OutLen::Same => len,
+            OutLen::Fixed(n) => n,
+            OutLen::Ratio { num, den } => (len * num).div_ceil(den.max(1)),
+        }
+    }
+}
+
+/// What a pipeline reads: host memory of any kind (pageable, pinned, registered, mapped,
+/// managed) or device memory, whole or through a strided layout. Borrowed for the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    buf: RawBuf,
+    layout: Option<Layout>,
+    _borrow: PhantomData<&'a [u8]>,
+}
+
+impl<'a> Source<'a> {
+    /// All of `mem`, in order.
+    pub fn new<M: Memory + ?Sized>(mem: &'a M) -> Source<'a> {
+        Source {
+            buf: mem.raw(),
+            layout: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The elements of `layout` over `mem`, in the layout's order; chunks are whole rows of its
+    /// outermost dimension, packed densely in the slots. Errors: the layout reaches outside
+    /// `mem`.
+    pub fn strided<M: Memory + ?Sized>(
+        mem: &'a M,
+        layout: Layout,
+    ) -> Result<Source<'a>, PipelineError> {
+        let buf = mem.raw();
+        layout
+            .check_buffer(buf.len)
+            .map_err(|e| PipelineError::Config(format!("source layout: {e}")))?;
+        Ok(Source {
+            buf,
+            layout: Some(layout),
+            _borrow: PhantomData,
+        })
+    }
+
+    /// Bytes of data the source holds.
+    pub fn len(&self) -> usize {
+        self.layout.map_or(self.buf.len, |l| l.size_bytes())
+    }
+
+    /// True when there is nothing to read.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The chunks for input slots of `chunk_bytes` (outputs only `with_output`), and the
+    /// bytes of the largest.
+    pub(crate) fn chunks(&self, cfg: &PipelineConfig, with_output: bool) -> (Vec<Chunk>, usize) {
+        let (step, total) = match self.layout {
+            None => (cfg.chunk_bytes, self.buf.len),
+            Some(l) => {
+                let row = l.size_bytes() / l.dims()[0];
+                ((cfg.chunk_bytes / row).max(1) * row, l.size_bytes())
+            }
+        };
+        let (mut out, mut off, mut out_off) = (Vec::new(), 0, 0);
+        while off < total {
+            let len = step.min(total - off);
+            let out_len = if with_output { cfg.output.of(len) } else { 0 };
+            out.push(Chunk {
+                index: out.len(),
+                offset: off,
+                len,
+                out_offset: out_off,
+                out_len,
+            });
+            off += len;
+            out_off += out_len;
+        }
+        (out, step.min(total))
+    }
+
+    /// The source side of chunk `c`'s upload: a buffer and the layout of the chunk in it.
+    fn part(&self, c: &Chunk) -> Result<(RawBuf, Layout), PipelineError> {
+        let bad = |e: crate::LayoutError| PipelineError::Config(format!("chunk layout: {e}"));
+        match self.layout {
+            None => {
+                let buf = RawBuf {
+                    addr: self.buf.addr + c.offset as u64,
+                    len: c.len,
+                    kind: self.buf.kind,
+                };
+                Ok((buf, Layout::bytes(c.len).map_err(bad)?))
+            }
+            Some(l) => {
+                let row = l.size_bytes() / l.dims()[0];
+                let rows = c.offset / row..(c.offset + c.len) / row;
+                Ok((self.buf, l.slice(0, rows, 1).map_err(bad)?))
+            }
+        }
+    }
+
+    /// The dense layout chunk `c` takes in its slot.
+    fn slot_layout(&self, c: &Chunk) -> Result<Layout, PipelineError> {
+        let bad = |e: crate::LayoutError| PipelineError::Config(format!("chunk layout: {e}"));
+        match self.layout {
+            None => Layout::bytes(c.len).map_err(bad),
+            Some(l) => {
+                let row = l.size_bytes() / l.dims()[0];
+                let mut dims = [0usize; crate::MAX_DIMS];
+                dims[..l.ndim()].copy_from_slice(l.dims());
+                dims[0] = c.len / row;
+                Layout::contiguous(&dims[..l.ndim()], l.elem_size()).map_err(bad)
+            }
+        }
+    }
+}
+
+/// Where a pipeline writes the chunks' outputs, one after the other from its start: host
+/// memory of any kind or device memory. Borrowed for the run.
+#[derive(Debug)]
+pub struct Dest<'a> {
+    buf: RawBuf,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Dest<'a> {
+    /// All of `mem`.
+    pub fn new<M: MemoryMut + ?Sized>(mem: &'a mut M) -> Dest<'a> {
+        Dest {
+            buf: mem.raw_mut(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Chunk `c`'s part of the destination.
+    fn part(&self, c: &Chunk) -> RawBuf {
+        RawBuf {
+            addr: self.buf.addr + c.out_offset as u64,
+            len: c.out_len,
+            kind: self.buf.kind,
+        }
+    }
+}
+
+/// One chunk of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Its number, from 0.
+    pub index: usize,
+    /// Byte offset of its data in the source's order (the source's element order for a
+    /// strided source).
+    pub offset: usize,
+    /// Bytes of input.
+    pub len: usize,
+    /// Byte offset of its output in the destination.
+    pub out_offset: usize,
+    /// Bytes of output ([`PipelineConfig::output`] of `len`; 0 without a destination).
+    pub out_len: usize,
+}
+
+/// One of a chunk's three steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Source to input slot.
+    Upload,
+    /// The stage.
+    Compute,
+    /// Output slot to destination.
+    Download,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Upload => "upload",
+            Phase::Compute => "compute",
+            Phase::Download => "download",
+        })
+    }
+}
+
+/// What a completed run did.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// Chunks run.
+    pub chunks: usize,
+    /// Bytes read from the source.
+    pub bytes_in: u64,
+    /// Bytes written to the destination.
+    pub bytes_out: u64,
+    /// Host time from the call to the end of the last chunk.
+    pub elapsed: std::time::Duration,
+    /// Every chunk's steps, when [`PipelineConfig::timeline`] is set.
+    pub timeline: Option<Timeline>,
+}
+
+/// Why a pipeline run failed (or could not start). The pipeline and its engine stay usable.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum PipelineError {
+    /// Bad settings or buffers (zero slots, a destination too short, a layout outside its
+    /// buffer).
+    #[error("invalid pipeline: {0}")]
+    Config(String),
+    /// Slots, streams, events or lane threads could not be made.
+    #[error("cannot set up the pipeline: {0}")]
+    Setup(String),
+    /// The stage returned an error on this chunk.
+    #[error("the stage failed on chunk {chunk}: {source}")]
+    Stage {
+        /// The chunk.
+        chunk: usize,
+        /// The stage's own error.
+        source: StageError,
+    },
+    /// The stage panicked on this chunk (CPU pipelines; a GPU stage's panic unwinds through
+    /// `run`, which waits for everything in flight first).
+    #[error("the stage panicked on chunk {chunk}: {msg}")]
+    Panicked {
+        /// The chunk.
+        chunk: usize,
+        /// The panic message.
+        msg: String,
+    },
+    /// The engine refused a copy.
+    #[error("{phase} of chunk {chunk} refused: {source}")]
+    Submit {
+        /// The chunk.
+        chunk: usize,
+        /// The step.
+        phase: Phase,
+        /// The engine's error.
+        source: SubmitError,
+    },
+    /// A copy (or the wait that orders a step after another) failed.
+    #[error("{phase} of chunk {chunk} failed: {source}")]
+    Copy {
+        /// The chunk.
+        chunk: usize,
+        /// The step.
+        phase: Phase,
+        /// The request's error.
+        source: RequestError,
+    },
+}
+
+impl PipelineError {
+    /// The chunk the failure happened on, if it is a chunk's.
+    pub fn chunk(&self) -> Option<usize> {
+        match self {
+            PipelineError::Stage { chunk, .. }
+            | PipelineError::Panicked { chunk, .. }
+            | PipelineError::Submit { chunk, .. }
+            | PipelineError::Copy { chunk, .. } => Some(*chunk),
+            _ => None,
+        }
+    }
+}
+
+/// A run's chunks, checked against its destination (which must hold every output).
+fn plan(
+    cfg: &PipelineConfig,
+    src: &Source<'_>,
+    dst: Option<&Dest<'_>>,
+) -> Result<Vec<Chunk>, PipelineError> {
+    let (chunks, _) = src.chunks(cfg, dst.is_some());
+    check_dest(&chunks, dst)?;
+    Ok(chunks)
+}
+
+impl RunReport {
+    /// The report of a run of `chunks` over `src` that started at `t0`.
+    fn of(
+        chunks: &[Chunk],
+        src: &Source<'_>,
+        t0: std::time::Instant,
+        timeline: Option<Timeline>,
+    ) -> RunReport {
+        RunReport {
+            chunks: chunks.len(),
+            bytes_in: src.len() as u64,
+            bytes_out: chunks.iter().map(|c| c.out_len as u64).sum(),
+            elapsed: t0.elapsed(),
+            timeline,
+        }
+    }
+}
+
+/// Checks a run's buffers against its chunks: the destination holds every output.
+fn check_dest(chunks: &[Chunk], dst: Option<&Dest<'_>>) -> Result<(), PipelineError> {
+    if let (Some(d), Some(last)) = (dst, chunks.last()) {
+        let need = last.out_offset + last.out_len;
+        if need > d.buf.len {
+            return Err(PipelineError::Config(format!(
+                "the destination holds {} bytes, the outputs need {need}",
+                d.buf.len
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,485 @@
+//! The pipeline on the GPU and the stream/event interop: outputs identical to a sequential
+//! reference (K = 1..4, random, ragged, short and empty sources, pinned and pageable), failing
+//! and panicking stages (nothing leaked, engine usable), two pipelines on one engine, the
+//! timeline; a kernel reading a buffer right after a ferry upload through a stream wait (10,000
+//! times), downloads that wait for a kernel. Kernels compiled with NVRTC. Prints `skipped: no
+//! CUDA driver` without a GPU.
+
+mod cuda_common;
+use cuda_common::*;
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use ferry::cuda::{CudaEngine, DeviceBuffer, InteropError, PinnedBuffer, StreamWait};
+use ferry::pipeline::{
+    Chunk, CudaPipeline, Dest, GpuChunk, OutLen, Phase, PipelineConfig, PipelineError, Source,
+};
+use ferry::{Engine, Job, Layout, Memory, MemoryMut, RawBuf, Request};
+use std::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const KERNELS: &str = r#"
+typedef unsigned long long u64;
+extern "C" __global__ void xform(const unsigned char* in, unsigned char* out, u64 n, unsigned int chunk) {
+    for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += (u64)gridDim.x * blockDim.x)
+        out[j] = (unsigned char)((unsigned char)(in[j] * 3u + chunk) ^ (unsigned char)j);
+}
+extern "C" __global__ void checksum(const unsigned char* in, u64 n, unsigned int chunk, u64* out) {
+    __shared__ u64 part[256];
+    u64 s = 0;
+    for (u64 j = threadIdx.x; j < n; j += blockDim.x) s += in[j];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = part[0] + chunk;
+}
+extern "C" __global__ void count_ne(const unsigned char* buf, u64 n, unsigned char v, unsigned int* bad) {
+    for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += (u64)gridDim.x * blockDim.x)
+        if (buf[j] != v) atomicAdd(bad, 1u);
+}
+extern "C" __global__ void fill(unsigned char* buf, u64 n, unsigned char v) {
+    for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += (u64)gridDim.x * blockDim.x)
+        buf[j] = v;
+}
+"#;
+
+struct Kernels {
+    xform: CudaFunction,
+    checksum: CudaFunction,
+    count_ne: CudaFunction,
+    fill: CudaFunction,
+}
+
+fn kernels(e: &CudaEngine) -> Kernels {
+    let ptx = cudarc::nvrtc::compile_ptx(KERNELS).expect("NVRTC compiles the test kernels");
+    let m = e.context().load_module(ptx).expect("module loads");
+    let f = |n| m.load_function(n).expect("kernel");
+    Kernels {
+        xform: f("xform"),
+        checksum: f("checksum"),
+        count_ne: f("count_ne"),
+        fill: f("fill"),
+    }
+}
+
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 1024) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The CPU twin of the stage the tests enqueue.
+fn stage_ref(c: &Chunk, input: &[u8], out: &mut [u8]) {
+    if out.len() == 8 && c.len != 8 {
+        let sum: u64 = input.iter().map(|&b| u64::from(b)).sum::<u64>() + c.index as u64;
+        out.copy_from_slice(&sum.to_le_bytes());
+        return;
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = input[j].wrapping_mul(3).wrapping_add(c.index as u8) ^ (j as u8);
+    }
+}
+
+fn reference(src: &[u8], chunk: usize, out: OutLen) -> Vec<u8> {
+    let mut res = Vec::new();
+    for (index, input) in src.chunks(chunk).enumerate() {
+        let c = Chunk {
+            index,
+            offset: index * chunk,
+            len: input.len(),
+            out_offset: res.len(),
+            out_len: out.of(input.len()),
+        };
+        let mut o = vec![0u8; c.out_len];
+        stage_ref(&c, input, &mut o);
+        res.extend_from_slice(&o);
+    }
+    res
+}
+
+/// Enqueues the test stage for chunk `g`.
+fn stage(k: &Kernels, g: &GpuChunk<'_>) -> Result<(), cudarc::driver::DriverError> {
+    let c = g.chunk();
+    let (input, n, idx) = (g.input(), c.len as u64, c.index as u32);
+    let Some(out) = g.output() else { return Ok(()) };
+    let s: &CudaStream = g.stream();
+    // SAFETY: the addresses are the pipeline's slots, valid for work on this stream; the
+    // kernels stay inside `n` bytes of input and `out_len` bytes of output.
+    unsafe {
+        if c.out_len == 8 && c.len != 8 {
+            s.launch_builder(&k.checksum)
+                .arg(&input)
+                .arg(&n)
+                .arg(&idx)
+                .arg(&out)
+                .launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        } else {
+            s.launch_builder(&k.xform)
+                .arg(&input)
+                .arg(&out)
+                .arg(&n)
+                .arg(&idx)
+                .launch(grid(c.len))?;
+        }
+    }
+    Ok(())
+}
+
+fn run_case(
+    e: &CudaEngine,
+    k: &Kernels,
+    src: &[u8],
+    chunk: usize,
+    slots: usize,
+    out: OutLen,
+    pinned: bool,
+) -> Result<(), PipelineError> {
+    let want = reference(src, chunk, out);
+    let mut dst = vec![0xAAu8; want.len() + 3];
+    let mut p = CudaPipeline::new(e, PipelineConfig::new(chunk, slots).output(out))?;
+    let host;
+    let source = if pinned {
+        let mut h = PinnedBuffer::new(src.len().max(1)).unwrap();
+        h[..src.len()].copy_from_slice(src);
+        host = h;
+        Source::new(&host[..src.len()])
+    } else {
+        Source::new(src)
+    };
+    p.run(source, Some(Dest::new(&mut dst)), |g| stage(k, g))?;
+    assert_eq!(&dst[want.len()..], &[0xAA; 3], "wrote past the outputs");
+    assert!(
+        dst[..want.len()] == want[..],
+        "output differs from the reference"
+    );
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn matches_reference_for_random_chunks_every_k_pinned_and_pageable() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let mut x = 0x1234_5678u64;
+    let mut below = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for round in 0..32 {
+        let n = 1 + below(24 << 20);
+        let chunk = 1 + below(6 << 20);
+        let slots = 1 + round % 4;
+        let out = [OutLen::Same, OutLen::Fixed(8)][round % 2];
+        let src = bytes(n, round as u64);
+        run_case(&e, &k, &src, chunk, slots, out, round % 3 != 0)
+            .unwrap_or_else(|err| panic!("n {n} chunk {chunk} k {slots} {out:?}: {err}"));
+    }
+    e.barrier().unwrap();
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn ragged_short_and_empty_sources() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    for slots in 1..=4 {
+        for pinned in [true, false] {
+            run_case(
+                &e,
+                &k,
+                &bytes((4 << 20) + 17, 1),
+                1 << 20,
+                slots,
+                OutLen::Same,
+                pinned,
+            )
+            .unwrap();
+            run_case(&e, &k, &bytes(123, 2), 1 << 20, slots, OutLen::Same, pinned).unwrap();
+        }
+    }
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(4096, 2)).unwrap();
+    let mut dst = vec![9u8; 4];
+    let rep = p
+        .run(
+            Source::new(&[0u8; 0][..]),
+            Some(Dest::new(&mut dst)),
+            |_| Err::<(), _>("must not run"),
+        )
+        .unwrap();
+    assert_eq!(rep.chunks, 0);
+    assert_eq!(dst, [9; 4]);
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn failing_stage_stops_at_its_chunk_and_leaks_nothing() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let (free0, threads0, allocs0) = (device_free(), threads().1, open_allocs());
+    let src = bytes(64 << 20, 3);
+    for (round, bad) in [0usize, 5, 31, 63].into_iter().enumerate() {
+        let slots = 1 + round % 4;
+        let mut dst = vec![0u8; src.len()];
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(1 << 20, slots)).unwrap();
+        let err = p
+            .run(Source::new(&src), Some(Dest::new(&mut dst)), |g| {
+                if g.chunk().index == bad {
+                    return Err(format!("bad chunk {bad}"));
+                }
+                stage(&k, g).map_err(|d| d.to_string())
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&err, PipelineError::Stage { chunk, .. } if *chunk == bad),
+            "{err}"
+        );
+        let want = reference(&src[..bad << 20], 1 << 20, OutLen::Same);
+        assert!(
+            dst[..want.len()] == want[..],
+            "chunks before {bad} written back"
+        );
+        // The same pipeline works afterwards.
+        p.run(Source::new(&src), Some(Dest::new(&mut dst)), |g| {
+            stage(&k, g)
+        })
+        .unwrap();
+        e.barrier().unwrap();
+    }
+    assert!(settled_threads(threads0, 5).1 <= threads0, "threads leaked");
+    assert!(
+        device_free() + DEVICE_SLACK >= free0,
+        "device memory leaked"
+    );
+    assert_eq!(open_allocs(), allocs0, "driver allocations leaked");
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn panicking_stage_waits_for_work_in_flight_then_unwinds() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let src = bytes(32 << 20, 4);
+    let mut dst = vec![0u8; src.len()];
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(1 << 20, 3)).unwrap();
+        let _ = p.run(Source::new(&src), Some(Dest::new(&mut dst)), |g| {
+            if g.chunk().index == 17 {
+                panic!("stage gave up");
+            }
+            stage(&k, g)
+        });
+    }));
+    assert!(r.is_err());
+    let want = reference(&src[..17 << 20], 1 << 20, OutLen::Same);
+    assert!(dst[..want.len()] == want[..]);
+    run_case(&e, &k, &src, 4 << 20, 2, OutLen::Same, true).unwrap();
+    e.barrier().unwrap();
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn two_pipelines_share_one_engine() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let (a, b) = (bytes(40 << 20, 5), bytes(33 << 20, 6));
+    std::thread::scope(|s| {
+        let ha = s.spawn(|| run_case(&e, &k, &a, 3 << 20, 2, OutLen::Same, true).unwrap());
+        let hb = s.spawn(|| run_case(&e, &k, &b, 1 << 20, 3, OutLen::Fixed(8), false).unwrap());
+        ha.join().unwrap();
+        hb.join().unwrap();
+    });
+    e.barrier().unwrap();
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn timeline_from_cuda_events() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let src = bytes(64 << 20, 7);
+    let mut host = PinnedBuffer::new(src.len()).unwrap();
+    host.copy_from_slice(&src);
+    let mut dst = PinnedBuffer::new(src.len()).unwrap();
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(4 << 20, 3).timeline(true)).unwrap();
+    let rep = p
+        .run(Source::new(&host), Some(Dest::new(&mut dst)), |g| {
+            stage(&k, g)
+        })
+        .unwrap();
+    let t = rep.timeline.unwrap();
+    assert_eq!(t.chunks.len(), 16);
+    for c in &t.chunks {
+        let (u, k, d) = (c.upload.unwrap(), c.compute.unwrap(), c.download.unwrap());
+        assert!(
+            u.end_us <= k.start_us + 1.0 && k.end_us <= d.start_us + 1.0,
+            "{c:?}"
+        );
+    }
+    println!(
+        "upload {:.0} us, compute {:.0} us, download {:.0} us, wall {:.0} us, upload||compute {:.0} us",
+        t.busy_us(Phase::Upload),
+        t.busy_us(Phase::Compute),
+        t.busy_us(Phase::Download),
+        t.wall_us(),
+        t.overlap_us(Phase::Upload, Phase::Compute)
+    );
+    assert!(t.to_chrome_trace("gpu").matches("\"ph\":\"X\"").count() == 48);
+    let want = reference(&src, 4 << 20, OutLen::Same);
+    assert!(dst[..] == want[..]);
+}
+
+/// A kernel on the caller's stream reads a buffer right after a ferry upload, ordered by a
+/// stream wait only (no host synchronization), 10,000 times in a row; the next upload into the
+/// buffer waits for the kernel through a recorded point of the stream.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn kernel_after_upload_sees_every_byte_10000_times() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let compute = e.context().new_stream().unwrap();
+    let n = 256 << 10;
+    let patterns = 16;
+    let mut host = PinnedBuffer::new(n * patterns).unwrap();
+    for p in 0..patterns {
+        host[p * n..(p + 1) * n].fill(p as u8 + 1);
+    }
+    let mut dev = DeviceBuffer::new(0, n).unwrap();
+    let bad = DeviceBuffer::zeroed(0, 4).unwrap();
+    let (dev_ptr, bad_ptr, n64) = (dev.device_ptr(), bad.device_ptr(), n as u64);
+    let dev_raw = dev.raw_mut();
+    let mut read_done: Option<Request> = None;
+    let mut on_gpu = 0;
+    for i in 0..10_000usize {
+        let p = i % patterns;
+        let src = RawBuf {
+            len: n,
+            addr: host.raw().addr + (p * n) as u64,
+            ..host.raw()
+        };
+        let l = Layout::bytes(n).unwrap();
+        let mut job = Job::copy(dev_raw, l, src, l);
+        if let Some(r) = &read_done {
+            job = job.after(r);
+        }
+        // SAFETY: `dev` is written only by this copy, which waits for the previous kernel that
+        // read it; `host` is never written while copies run; both outlive the final sync.
+        let up = unsafe { e.submit_raw(job) }.unwrap();
+        if e.stream_wait(&compute, &up).unwrap() == StreamWait::Event {
+            on_gpu += 1;
+        }
+        let v = p as u8 + 1;
+        // SAFETY: `dev` holds n bytes, `bad` one u32; both outlive the sync below.
+        unsafe {
+            compute
+                .launch_builder(&k.count_ne)
+                .arg(&dev_ptr)
+                .arg(&n64)
+                .arg(&v)
+                .arg(&bad_ptr)
+                .launch(grid(n))
+                .unwrap();
+        }
+        read_done = Some(e.record(&compute).unwrap());
+    }
+    compute.synchronize().unwrap();
+    e.barrier().unwrap();
+    assert!(
+        on_gpu > 9_000,
+        "only {on_gpu} of 10000 waits were on the GPU"
+    );
+    let bad = u32::from_le_bytes(bad.to_vec().unwrap()[..4].try_into().unwrap());
+    assert_eq!(bad, 0, "a kernel saw bytes of another upload");
+}
+
+/// Downloads that wait for a kernel (through a recorded stream point, a caller's event, and a
+/// copy ordered in the caller's stream) see the kernel's output.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn download_after_kernel_sees_its_output() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let compute = e.context().new_stream().unwrap();
+    let n = 8 << 20;
+    let out = DeviceBuffer::new(0, n).unwrap();
+    let (out_ptr, n64) = (out.device_ptr(), n as u64);
+    let mut host = PinnedBuffer::new(n).unwrap();
+    let l = Layout::bytes(n).unwrap();
+    for i in 0..300u32 {
+        let v = (i % 250) as u8 + 1;
+        // SAFETY: `out` holds n bytes and outlives the waits below.
+        unsafe {
+            compute
+                .launch_builder(&k.fill)
+                .arg(&out_ptr)
+                .arg(&n64)
+                .arg(&v)
+                .launch(grid(n))
+                .unwrap();
+        }
+        let job = Job::copy(host.raw_mut(), l, out.raw(), l);
+        let req = match i % 3 {
+            0 => {
+                let at = e.record(&compute).unwrap();
+                // SAFETY: `host` and `out` outlive the wait; nothing else touches them.
+                unsafe { e.submit_raw(job.after(&at)) }.unwrap()
+            }
+            1 => {
+                let ev = compute.record_event(None).unwrap();
+                let at = e.after_event(&ev).unwrap();
+                drop(ev); // ferry captured the event's state: dropping it is allowed.
+                          // SAFETY: as above.
+                unsafe { e.submit_raw(job.after(&at)) }.unwrap()
+            }
+            _ => {
+                let se = e.on_stream(&compute).unwrap();
+                // SAFETY: as above.
+                unsafe { se.submit_raw(job) }.unwrap()
+            }
+        };
+        req.wait().unwrap();
+        assert!(
+            host.iter().all(|&b| b == v),
+            "iteration {i}: download before the kernel"
+        );
+    }
+    compute.synchronize().unwrap();
+    e.barrier().unwrap();
+}
+
+/// A failed request is not waited on by a stream: the caller learns of it.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn stream_wait_on_failed_request_is_an_error() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let compute = e.context().new_stream().unwrap();
+    let failed = Request::ready(Err(ferry::RequestError::Aborted("test".into())));
+    assert!(matches!(
+        e.stream_wait(&compute, &failed),
+        Err(InteropError::Request(_))
+    ));
+    let done = Request::ready(Ok(()));
+    assert_eq!(e.stream_wait(&compute, &done).unwrap(), StreamWait::Host);
+}
