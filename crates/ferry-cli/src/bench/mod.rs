@@ -18,6 +18,8 @@ pub mod cuda;
 pub mod file;
 pub mod multi;
 
+mod ctx;
+mod data;
 mod measure;
 mod report;
 mod row;
