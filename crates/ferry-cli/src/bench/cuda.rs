@@ -10,12 +10,17 @@
 //! latch ([`StreamTimer`]; `cuda-bidir`: both streams behind one latch), as
 //! nvbandwidth does: ferry's side on the engine's stream for the copy's direction
 //! ([`CudaEngine::stream`]), the raw side on the raw copier's stream
-//! ([`RawCopier::timed`]). The other rows, and all rows if the latch cannot be set up here, are
-//! timed on the host ([`Clock`] says which, per series). Bandwidth rows use an engine with
-//! [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by default; the latency
-//! rows show the default blocking wait and the spin wait. Destinations are poisoned before
-//! each series and compared with the source after it. The link limit is PCIe generation x
-//! width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
+//! ([`RawCopier::timed`]). The other rows, and all rows if the latch cannot be set up here,
+//! are timed on the host ([`Clock`](super::Clock) says which, per series). Bandwidth rows use
+//! an engine with [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by
+//! default; the latency rows show the default blocking wait and the spin wait. Destinations
+//! are poisoned before each series and compared with the source after it. The link limit is
+//! PCIe generation x width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
+//!
+//! Files: this one holds the test table, the engines and the dispatch; `cuda/timing.rs` how a
+//! series is timed and checked; the tests in `cuda/contiguous.rs` (pinned, pageable, d2d,
+//! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`
+//! and `cuda/parts.rs` (`cuda-latency-parts`).
 
 mod contiguous;
 mod latency;

@@ -41,8 +41,8 @@ pub struct Timing {
     pub max_s: f64,
 }
 
-/// Times `op` as [`METHOD`](super::METHOD) describes, with the host's monotonic clock around each sample of
-/// R calls. `op` returns an error to stop the measurement.
+/// Times `op` as [`METHOD`](super::METHOD) describes, with the host's monotonic clock around
+/// each sample of R calls. `op` returns an error to stop the measurement.
 pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
     for _ in 0..method.warmup {
         op()?;

@@ -11,10 +11,12 @@
 //!   bytes per GPU, striped by [`MultiGpu`] vs the sum of each GPU's raw
 //!   `cuMemcpyHtoDAsync`/`DtoH` rate measured alone (computed per sample: total bytes over the
 //!   summed rates).
-//! - `multi-nccl` (`multi-nccl-blocking`: a blocking communicator): NCCL send GPU 0 -> GPU 1, two ranks on two threads of this process, through
-//!   ferry's [`NcclEngine`] vs NCCL's own `ncclSend`/`ncclRecv` on a blocking communicator
-//!   ([`RawNccl`]). A timed call: rank 0 signals rank 1, both post, rank 0 waits for its send
-//!   and rank 1's acknowledgement (the same for both series).
+//! - `multi-nccl` (`multi-nccl-blocking`: a blocking communicator): NCCL send GPU 0 -> GPU 1,
+//!   two ranks on two threads of this process, through ferry's
+//!   [`NcclEngine`](ferry::engine::nccl::NcclEngine) vs NCCL's own `ncclSend`/`ncclRecv` on a
+//!   blocking communicator ([`RawNccl`](ferry_bench::RawNccl)). A timed call: rank 0 signals
+//!   rank 1, both post, rank 0 waits for its send and rank 1's acknowledgement (the same for
+//!   both series); see `multi/nccl.rs`.
 //! - `cuda-d2d-split`: device to device on GPU 0 with [`CudaConfig::d2d_sm_share`] percent
 //!   (`FERRY_D2D_SM_SHARE`, default 50) done by an SM kernel, vs raw `cuMemcpyDtoDAsync` and
 //!   the kernel alone.

@@ -4,8 +4,8 @@
 use super::{NcclError, NcclId};
 use std::time::Duration;
 
-/// Settings of an [`NcclEngine`](super::NcclEngine): plain struct, `NcclConfig::new(..)` then chained setters,
-/// or [`NcclConfig::from_env`].
+/// Settings of an [`NcclEngine`](super::NcclEngine): plain struct, `NcclConfig::new(..)` then
+/// chained setters, or [`NcclConfig::from_env`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NcclConfig {
     /// The GPU this rank uses (an ordinal of this host).
