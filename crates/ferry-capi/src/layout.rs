@@ -182,16 +182,8 @@ pub unsafe extern "C" fn ferry_layout_reshape(
     ndims: usize,
     dims: *const usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: (1).
-        let l = unsafe { layout_ref(r#in, "in") }?;
-        // SAFETY: (2).
-        let out = unsafe { crate::error::out(out, "out") }?;
-        check_ndims(ndims)?;
-        // SAFETY: (3).
-        let dims = unsafe { array(dims, ndims, "dims") }?;
-        emit(out, l.reshape(dims)?)
-    })
+    // SAFETY: the caller's guarantees (1) to (3) are `derive`'s.
+    unsafe { derive(r#in, out, (ndims, dims, "dims"), Layout::reshape) }
 }
 
 /// Creates a layout whose dim `i` is dim `order[i]` of `in` (a transpose for 2 dims).
@@ -209,6 +201,23 @@ pub unsafe extern "C" fn ferry_layout_permute(
     ndims: usize,
     order: *const usize,
 ) -> c_int {
+    // SAFETY: the caller's guarantees (1) to (3) are `derive`'s.
+    unsafe { derive(r#in, out, (ndims, order, "order"), Layout::permute) }
+}
+
+/// The body of [`ferry_layout_reshape`] and [`ferry_layout_permute`]: the layout `f` makes of
+/// `in` and the `ndims` values at `vals` (named `what` in errors), written to `out`.
+///
+/// # Safety
+/// 1. `in` is NULL or a layout from `ferry_layout_create_*` not yet destroyed.
+/// 2. `out` is NULL or valid for one write.
+/// 3. `vals` is NULL or valid for reads of `ndims` values.
+unsafe fn derive(
+    r#in: *const FerryLayout,
+    out: *mut *mut FerryLayout,
+    (ndims, vals, what): (usize, *const usize, &'static str),
+    f: fn(&Layout, &[usize]) -> Result<Layout, ferry::LayoutError>,
+) -> c_int {
     guard(|| {
         // SAFETY: (1).
         let l = unsafe { layout_ref(r#in, "in") }?;
@@ -216,8 +225,8 @@ pub unsafe extern "C" fn ferry_layout_permute(
         let out = unsafe { crate::error::out(out, "out") }?;
         check_ndims(ndims)?;
         // SAFETY: (3).
-        let order = unsafe { array(order, ndims, "order") }?;
-        emit(out, l.permute(order)?)
+        let vals = unsafe { array(vals, ndims, what) }?;
+        emit(out, f(l, vals)?)
     })
 }
 

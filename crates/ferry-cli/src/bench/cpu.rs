@@ -4,28 +4,21 @@
 //! same buffers: one thread doing the obvious loop, and the same loop split into N chunks on N
 //! `std::thread::scope` threads spawned per call (N = the engine's worker threads).
 
-use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
+use super::ctx::{setup, threads_label, Ctx, HostSeries};
+use super::data::{first_diff, pattern_bytes};
+use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
 use crate::sizes::format_size;
 use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout, Plain};
 use std::hint::black_box;
 
-const fn cpu(
-    name: &'static str,
-    description: &'static str,
-    kind: Kind,
-    sizes: &'static str,
-) -> TestInfo {
-    TestInfo::new(name, description, Needs::Cpu, kind, sizes)
-}
-
 /// The CPU tests.
 pub static TESTS: &[TestInfo] = &[
-    cpu("cpu-contig", "contiguous copy, vs copy_from_slice and N plain threads", Kind::Bandwidth, "4K..256M"),
-    cpu("cpu-tile", "2-D tile (4 KiB rows) out of a pitched matrix twice as wide, vs a row loop on 1 and N threads", Kind::Bandwidth, "4K..256M"),
-    cpu("cpu-transpose-f32", "transpose of an f32 matrix, vs a 32x32-blocked loop on 1 and N threads", Kind::Bandwidth, "4K..64M"),
-    cpu("cpu-transpose-f64", "transpose of an f64 matrix, vs a 32x32-blocked loop on 1 and N threads", Kind::Bandwidth, "4K..64M"),
-    cpu("cpu-latency", "submit+wait of one small copy, engine default (inline at submit), vs copy_from_slice", Kind::Latency, "4,64,1K,4K,16K,64K"),
-    cpu("cpu-latency-queued", "submit+wait of one small copy, inline off (CpuConfig::inline_bytes(0)), vs copy_from_slice", Kind::Latency, "4,64,1K,4K,16K,64K"),
+    TestInfo::new("cpu-contig", "contiguous copy, vs copy_from_slice and N plain threads", Needs::Cpu, Kind::Bandwidth, "4K..256M"),
+    TestInfo::new("cpu-tile", "2-D tile (4 KiB rows) out of a pitched matrix twice as wide, vs a row loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..256M"),
+    TestInfo::new("cpu-transpose-f32", "transpose of an f32 matrix, vs a 32x32-blocked loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..64M"),
+    TestInfo::new("cpu-transpose-f64", "transpose of an f64 matrix, vs a 32x32-blocked loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..64M"),
+    TestInfo::new("cpu-latency", "submit+wait of one small copy, engine default (inline at submit), vs copy_from_slice", Needs::Cpu, Kind::Latency, "4,64,1K,4K,16K,64K"),
+    TestInfo::new("cpu-latency-queued", "submit+wait of one small copy, inline off (CpuConfig::inline_bytes(0)), vs copy_from_slice", Needs::Cpu, Kind::Latency, "4,64,1K,4K,16K,64K"),
 ];
 
 /// Row width of `cpu-tile`.
@@ -41,8 +34,7 @@ pub struct CpuBench {
 impl CpuBench {
     /// Starts the engine with `threads` workers and default chunk/inline sizes.
     pub fn new(threads: usize, method: Method) -> Result<CpuBench, BenchError> {
-        let engine = CpuEngine::with_config(CpuConfig::new(threads))
-            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let engine = CpuEngine::with_config(CpuConfig::new(threads)).map_err(setup)?;
         Ok(CpuBench {
             engine,
             queued: None,
@@ -57,21 +49,17 @@ impl CpuBench {
 
     /// Runs one test at one size.
     pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Row, BenchError> {
-        let bad = |why: &str| BenchError::BadSize {
-            test: test.name.to_string(),
-            size: format_size(size),
-            why: why.to_string(),
-        };
-        let size = usize::try_from(size).map_err(|_| bad("larger than the address space"))?;
+        let ctx = Ctx::new(test, size);
+        let size = usize::try_from(size).map_err(|_| ctx.bad("larger than the address space"))?;
         // Buffers each test allocates, as a multiple of the size: source + destination (the
         // tile's source is twice as wide).
         let factor = if test.name == "cpu-tile" { 3 } else { 2 };
         let need = size
             .checked_mul(factor)
-            .ok_or_else(|| bad("larger than the address space"))?;
+            .ok_or_else(|| ctx.bad("larger than the address space"))?;
         if let Some(avail) = mem_available() {
             if need as u64 > avail {
-                return Err(bad(&format!(
+                return Err(ctx.bad(&format!(
                     "needs {} of memory, {} available",
                     format_size(need as u64),
                     format_size(avail)
@@ -79,12 +67,12 @@ impl CpuBench {
             }
         }
         match test.name {
-            "cpu-contig" => self.contig(test, size),
-            "cpu-tile" => self.tile(test, size),
-            "cpu-transpose-f32" => self.transpose::<f32>(test, size),
-            "cpu-transpose-f64" => self.transpose::<f64>(test, size),
-            "cpu-latency" => self.latency(test, size, false),
-            "cpu-latency-queued" => self.latency(test, size, true),
+            "cpu-contig" => self.contig(&ctx, size),
+            "cpu-tile" => self.tile(&ctx, size),
+            "cpu-transpose-f32" => self.transpose::<f32>(&ctx, size),
+            "cpu-transpose-f64" => self.transpose::<f64>(&ctx, size),
+            "cpu-latency" => self.latency(&ctx, size, false),
+            "cpu-latency-queued" => self.latency(&ctx, size, true),
             _ => Err(BenchError::UnknownTest {
                 name: test.name.to_string(),
                 valid: TESTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
@@ -96,50 +84,33 @@ impl CpuBench {
         self.engine.config().threads.max(1)
     }
 
-    fn contig(&mut self, test: &TestInfo, size: usize) -> Result<Row, BenchError> {
-        let ctx = Ctx::new(test, size);
+    /// `ferry cpu(N)`: the default engine's series name.
+    fn ferry_name(&self) -> String {
+        format!("ferry {}", self.engine.name())
+    }
+
+    fn contig(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let src = pattern_bytes(size);
         let mut dst = vec![0u8; size];
         let n = self.threads();
         let verify = |d: &[u8]| first_diff(d, &src);
-        let mut series = vec![];
-        let ferry_name = format!("ferry {}", self.engine.name());
-        series.push(ctx.series(
-            &ferry_name,
-            Role::Ferry,
-            &self.method,
-            &mut dst,
-            size,
-            |d| engine_copy(&self.engine, d, &Layout::bytes(size).ok(), &src, None),
-            verify,
-        )?);
-        series.push(ctx.series(
-            "copy_from_slice",
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            size,
-            |d| {
-                d.copy_from_slice(black_box(&src));
-                Ok(())
-            },
-            verify,
-        )?);
-        series.push(ctx.series(
-            &format!("{} copy_from_slice", threads_label(n)),
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            size,
-            |d| {
-                par_copy(d, &src, n);
-                Ok(())
-            },
-            verify,
-        )?);
+        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, u8::POISON), size, verify);
+        s.run(&self.ferry_name(), Role::Ferry, |d| {
+            engine_copy(&self.engine, d, &Layout::bytes(size).ok(), &src, None)
+        })?;
+        s.run("copy_from_slice", Role::Baseline, |d| {
+            d.copy_from_slice(black_box(&src));
+            Ok(())
+        })?;
+        let name = format!("{} copy_from_slice", threads_label(n));
+        s.run(&name, Role::Baseline, |d| {
+            par_copy(d, &src, n);
+            Ok(())
+        })?;
+        let series = s.done();
         Ok(Row::new(
-            test.name,
-            test.kind,
+            ctx.test,
+            ctx.kind,
             size as u64,
             size as u64,
             "1-D contiguous".into(),
@@ -147,8 +118,7 @@ impl CpuBench {
         ))
     }
 
-    fn tile(&mut self, test: &TestInfo, size: usize) -> Result<Row, BenchError> {
-        let ctx = Ctx::new(test, size);
+    fn tile(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let (rows, w) = if size < TILE_ROW {
             (1, size)
         } else {
@@ -174,38 +144,20 @@ impl CpuBench {
                 .map_or(Ok(()), Err)
         };
         let n = self.threads();
-        let mut series = vec![];
-        let ferry_name = format!("ferry {}", self.engine.name());
-        series.push(ctx.series(
-            &ferry_name,
-            Role::Ferry,
-            &self.method,
-            &mut dst,
-            payload,
-            |d| engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l)),
-            verify,
-        )?);
-        series.push(ctx.series(
-            "row loop",
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            payload,
-            |d| {
-                for (r, out) in d.chunks_exact_mut(w).enumerate() {
-                    out.copy_from_slice(black_box(row_src(r)));
-                }
-                Ok(())
-            },
-            verify,
-        )?);
+        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, u8::POISON), payload, verify);
+        s.run(&self.ferry_name(), Role::Ferry, |d| {
+            engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l))
+        })?;
+        s.run("row loop", Role::Baseline, |d| {
+            for (r, out) in d.chunks_exact_mut(w).enumerate() {
+                out.copy_from_slice(black_box(row_src(r)));
+            }
+            Ok(())
+        })?;
         let per = rows.div_ceil(n);
-        series.push(ctx.series(
+        s.run(
             &format!("{} row loop", threads_label(n)),
             Role::Baseline,
-            &self.method,
-            &mut dst,
-            payload,
             |d| {
                 std::thread::scope(|s| {
                     for (k, part) in d.chunks_mut(per * w).enumerate() {
@@ -218,12 +170,12 @@ impl CpuBench {
                 });
                 Ok(())
             },
-            verify,
-        )?);
+        )?;
         let shape = format!("{rows} rows x {w} B, source pitch {pitch} B");
+        let series = s.done();
         Ok(Row::new(
-            test.name,
-            test.kind,
+            ctx.test,
+            ctx.kind,
             size as u64,
             payload as u64,
             shape,
@@ -231,16 +183,11 @@ impl CpuBench {
         ))
     }
 
-    fn transpose<T: Elem>(&mut self, test: &TestInfo, size: usize) -> Result<Row, BenchError> {
-        let ctx = Ctx::new(test, size);
+    fn transpose<T: Elem>(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
         let es = std::mem::size_of::<T>();
         let count = size / es;
         if count == 0 {
-            return Err(BenchError::BadSize {
-                test: test.name.into(),
-                size: format_size(size as u64),
-                why: format!("smaller than one {es}-byte element"),
-            });
+            return Err(ctx.bad(&format!("smaller than one {es}-byte element")));
         }
         // n x m source (row-major), n a power of two near sqrt(count).
         let n = 1usize << (count.ilog2() / 2);
@@ -264,51 +211,30 @@ impl CpuBench {
             Ok(())
         };
         let threads = self.threads();
-        let mut series = vec![];
-        let ferry_name = format!("ferry {}", self.engine.name());
-        series.push(ctx.series(
-            &ferry_name,
-            Role::Ferry,
-            &self.method,
-            &mut dst,
-            payload,
-            |d| engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l)),
-            verify,
-        )?);
-        series.push(ctx.series(
-            "blocked 32x32",
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            payload,
-            |d| {
-                transpose_rows(black_box(d), &src, n, m, 0);
-                Ok(())
-            },
-            verify,
-        )?);
+        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, T::POISON), payload, verify);
+        s.run(&self.ferry_name(), Role::Ferry, |d| {
+            engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l))
+        })?;
+        s.run("blocked 32x32", Role::Baseline, |d| {
+            transpose_rows(black_box(d), &src, n, m, 0);
+            Ok(())
+        })?;
         let per = m.div_ceil(threads);
-        series.push(ctx.series(
-            &format!("{} blocked", threads_label(threads)),
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            payload,
-            |d| {
-                std::thread::scope(|s| {
-                    for (k, part) in d.chunks_mut(per * n).enumerate() {
-                        let src = &src;
-                        s.spawn(move || transpose_rows(part, src, n, m, k * per));
-                    }
-                });
-                Ok(())
-            },
-            verify,
-        )?);
+        let name = format!("{} blocked", threads_label(threads));
+        s.run(&name, Role::Baseline, |d| {
+            std::thread::scope(|s| {
+                for (k, part) in d.chunks_mut(per * n).enumerate() {
+                    let src = &src;
+                    s.spawn(move || transpose_rows(part, src, n, m, k * per));
+                }
+            });
+            Ok(())
+        })?;
         let shape = format!("{n} x {m} -> {m} x {n}, {es} B elements");
+        let series = s.done();
         Ok(Row::new(
-            test.name,
-            test.kind,
+            ctx.test,
+            ctx.kind,
             size as u64,
             payload as u64,
             shape,
@@ -316,12 +242,10 @@ impl CpuBench {
         ))
     }
 
-    fn latency(&mut self, test: &TestInfo, size: usize, queued: bool) -> Result<Row, BenchError> {
-        let ctx = Ctx::new(test, size);
+    fn latency(&mut self, ctx: &Ctx, size: usize, queued: bool) -> Result<Row, BenchError> {
         if queued && self.queued.is_none() {
             let cfg = self.engine.config().inline_bytes(0);
-            self.queued =
-                Some(CpuEngine::with_config(cfg).map_err(|e| BenchError::Setup(e.to_string()))?);
+            self.queued = Some(CpuEngine::with_config(cfg).map_err(setup)?);
         }
         let engine = if queued {
             self.queued.as_ref().unwrap_or(&self.engine)
@@ -337,28 +261,14 @@ impl CpuBench {
             engine.name(),
             if inline { "inline" } else { "queued" }
         );
-        let mut series = vec![];
-        series.push(ctx.series(
-            &ferry_name,
-            Role::Ferry,
-            &self.method,
-            &mut dst,
-            size,
-            |d| engine_copy(engine, d, &Layout::bytes(size).ok(), &src, None),
-            verify,
-        )?);
-        series.push(ctx.series(
-            "copy_from_slice",
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            size,
-            |d| {
-                black_box(&mut *d).copy_from_slice(black_box(&src));
-                Ok(())
-            },
-            verify,
-        )?);
+        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, u8::POISON), size, verify);
+        s.run(&ferry_name, Role::Ferry, |d| {
+            engine_copy(engine, d, &Layout::bytes(size).ok(), &src, None)
+        })?;
+        s.run("copy_from_slice", Role::Baseline, |d| {
+            black_box(&mut *d).copy_from_slice(black_box(&src));
+            Ok(())
+        })?;
         let shape = format!(
             "1-D contiguous, {}",
             if inline {
@@ -367,63 +277,15 @@ impl CpuBench {
                 "queued to a worker"
             }
         );
+        let series = s.done();
         Ok(Row::new(
-            test.name,
-            test.kind,
+            ctx.test,
+            ctx.kind,
             size as u64,
             size as u64,
             shape,
             series,
         ))
-    }
-}
-
-/// Names for errors of one (test, size).
-struct Ctx {
-    test: &'static str,
-    kind: Kind,
-    size: String,
-}
-
-impl Ctx {
-    fn new(test: &TestInfo, size: usize) -> Ctx {
-        Ctx {
-            test: test.name,
-            kind: test.kind,
-            size: format_size(size as u64),
-        }
-    }
-
-    fn engine_err(&self, series: &str, message: String) -> BenchError {
-        BenchError::Engine {
-            test: self.test.into(),
-            series: series.into(),
-            size: self.size.clone(),
-            message,
-        }
-    }
-
-    /// Poisons `dst` (touching every page), measures `op`, then verifies `dst`.
-    #[allow(clippy::too_many_arguments)]
-    fn series<T: Elem>(
-        &self,
-        name: &str,
-        role: Role,
-        method: &Method,
-        dst: &mut [T],
-        payload: usize,
-        mut op: impl FnMut(&mut [T]) -> Result<(), String>,
-        verify: impl Fn(&[T]) -> Result<(), usize>,
-    ) -> Result<Series, BenchError> {
-        dst.fill(T::POISON);
-        let timing = measure(method, || op(dst)).map_err(|m| self.engine_err(name, m))?;
-        verify(dst).map_err(|offset| BenchError::Verify {
-            test: self.test.into(),
-            series: name.into(),
-            size: self.size.clone(),
-            offset,
-        })?;
-        Ok(Series::new(name, role, self.kind, payload as u64, timing))
     }
 }
 
@@ -462,31 +324,6 @@ fn mem_available() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// A pseudo-random byte pattern (xorshift), every page written.
-pub(super) fn pattern_bytes(len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ len as u64;
-    for c in v.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-    }
-    v
-}
-
-/// The first byte where `a` and `b` differ.
-fn first_diff(a: &[u8], b: &[u8]) -> Result<(), usize> {
-    if a == b {
-        return Ok(());
-    }
-    Err(a
-        .iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .unwrap_or(a.len().min(b.len())))
-}
-
 /// One submit + wait through the safe scoped API. `dst_l`/`src_l` None: whole buffers.
 fn engine_copy<T: Elem>(
     engine: &CpuEngine,
@@ -505,15 +342,6 @@ fn engine_copy<T: Elem>(
             .map_err(|e| e.to_string())
     });
     r.map_err(|e| e.to_string())?
-}
-
-/// `1 thread`, `2 threads`, ...
-fn threads_label(n: usize) -> String {
-    if n == 1 {
-        "1 thread".to_string()
-    } else {
-        format!("{n} threads")
-    }
 }
 
 /// `dst.copy_from_slice(src)` split into `n` chunks on `n` scoped threads.
@@ -605,11 +433,5 @@ mod tests {
         let mut part = vec![0u32; 6];
         transpose_rows(&mut part, &src, n, m, 2);
         assert_eq!(part, &dst[6..12]);
-    }
-
-    #[test]
-    fn verification_catches_a_wrong_byte() {
-        assert_eq!(first_diff(&[1, 2, 3], &[1, 9, 3]), Err(1));
-        assert_eq!(first_diff(&[1, 2], &[1, 2]), Ok(()));
     }
 }

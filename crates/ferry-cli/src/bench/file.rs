@@ -7,9 +7,9 @@
 //! 1.6-2.2 GB/s from disk with `O_DIRECT`). `FERRY_FILE_DIRECT=1` makes ferry's series use
 //! `O_DIRECT` (then it reads the disk; the shape column says which path ran).
 
-use super::cpu::pattern_bytes;
+use super::ctx::{setup, threads_label, Ctx, HostSeries};
+use super::data::{first_diff, pattern_bytes};
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
-use crate::sizes::format_size;
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::file::{FileConfig, FileEngine, FileHandle, OpenMode};
 use ferry_bench::RawCopier;
@@ -62,10 +62,6 @@ pub struct FileBench {
     file: Option<TempFile>,
 }
 
-fn setup(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Setup(e.to_string())
-}
-
 impl FileBench {
     /// A file engine with `threads` workers (the N of the threaded baselines).
     pub fn new(threads: usize, method: Method) -> Result<FileBench, BenchError> {
@@ -84,10 +80,7 @@ impl FileBench {
 
     /// Runs one file test at one size.
     pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Row, BenchError> {
-        let ctx = Ctx {
-            test: test.name,
-            size: format_size(size),
-        };
+        let ctx = Ctx::new(test, size);
         let size = usize::try_from(size).map_err(|_| ctx.bad("larger than the address space"))?;
         if size == 0 {
             return Err(ctx.bad("zero bytes"));
@@ -127,47 +120,31 @@ impl FileBench {
         let f = self
             .host
             .open(&tf.path, OpenMode::Read)
-            .map_err(|e| ctx.err("open", e.to_string()))?;
+            .map_err(|e| ctx.engine_err("open", e.to_string()))?;
         let mut std_file =
-            std::fs::File::open(&tf.path).map_err(|e| ctx.err("open", e.to_string()))?;
+            std::fs::File::open(&tf.path).map_err(|e| ctx.engine_err("open", e.to_string()))?;
         let n = self.threads;
         let mut dst = vec![0u8; size];
         let mut path_ran = String::new();
         let verify = |d: &[u8]| first_diff(d, &tf.data);
-        let ferry_name = format!("ferry file({n})");
-        let mut series = vec![ctx.series(
-            &ferry_name,
-            Role::Ferry,
-            &self.method,
-            &mut dst,
-            &verify,
-            |d| {
-                let r = self.host.load_into(&f, 0, d).map_err(|e| e.to_string())?;
-                path_ran = r.path().to_string();
-                Ok(())
-            },
-        )?];
-        series.push(ctx.series(
-            "File::read_exact 1 thread",
-            Role::Baseline,
-            &self.method,
-            &mut dst,
-            &verify,
-            |d| {
-                std_file
-                    .seek(SeekFrom::Start(0))
-                    .map_err(|e| e.to_string())?;
-                std_file.read_exact(d).map_err(|e| e.to_string())
-            },
-        )?);
-        series.push(ctx.series(
+        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, 0xA5), size, verify);
+        s.run(&format!("ferry file({n})"), Role::Ferry, |d| {
+            let r = self.host.load_into(&f, 0, d).map_err(|e| e.to_string())?;
+            path_ran = r.path().to_string();
+            Ok(())
+        })?;
+        s.run("File::read_exact 1 thread", Role::Baseline, |d| {
+            std_file
+                .seek(SeekFrom::Start(0))
+                .map_err(|e| e.to_string())?;
+            std_file.read_exact(d).map_err(|e| e.to_string())
+        })?;
+        s.run(
             &format!("pread {}", threads_label(n)),
             Role::Baseline,
-            &self.method,
-            &mut dst,
-            &verify,
             |d| par_pread(&std_file, d, n),
-        )?);
+        )?;
+        let series = s.done();
         Ok(Row::new(
             ctx.test,
             Kind::Bandwidth,
@@ -190,9 +167,9 @@ impl FileBench {
         let tf = self.file.as_ref().expect("file_of made the file");
         let f: FileHandle = fe
             .open(&tf.path, OpenMode::Read)
-            .map_err(|e| ctx.err("open", e.to_string()))?;
+            .map_err(|e| ctx.engine_err("open", e.to_string()))?;
         let mut std_file =
-            std::fs::File::open(&tf.path).map_err(|e| ctx.err("open", e.to_string()))?;
+            std::fs::File::open(&tf.path).map_err(|e| ctx.engine_err("open", e.to_string()))?;
         let n = self.threads;
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let mut pinned = PinnedBuffer::new(size).map_err(setup)?;
@@ -205,9 +182,10 @@ impl FileBench {
                               op: &mut dyn FnMut(&mut DeviceBuffer) -> Result<(), String>|
          -> Result<Series, BenchError> {
             dev.copy_from_host(&poison).map_err(setup)?;
-            let timing = measure(&self.method, || op(&mut dev)).map_err(|m| ctx.err(name, m))?;
+            let timing =
+                measure(&self.method, || op(&mut dev)).map_err(|m| ctx.engine_err(name, m))?;
             let back = dev.to_vec().map_err(setup)?;
-            first_diff(&back, &tf.data).map_err(|offset| ctx.verify(name, offset))?;
+            first_diff(&back, &tf.data).map_err(|offset| ctx.verify_err(name, offset))?;
             Ok(Series::new(
                 name,
                 role,
@@ -274,79 +252,6 @@ fn par_pread(f: &std::fs::File, dst: &mut [u8], n: usize) -> Result<(), String> 
         }
         Ok(())
     })
-}
-
-/// `1 thread`, `2 threads`, ...
-fn threads_label(n: usize) -> String {
-    if n == 1 {
-        "1 thread".to_string()
-    } else {
-        format!("{n} threads")
-    }
-}
-
-fn first_diff(a: &[u8], b: &[u8]) -> Result<(), usize> {
-    if a == b {
-        return Ok(());
-    }
-    Err(a
-        .iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .unwrap_or(a.len().min(b.len())))
-}
-
-/// Names for errors of one (test, size).
-struct Ctx {
-    test: &'static str,
-    size: String,
-}
-
-impl Ctx {
-    fn bad(&self, why: &str) -> BenchError {
-        BenchError::BadSize {
-            test: self.test.into(),
-            size: self.size.clone(),
-            why: why.into(),
-        }
-    }
-    fn err(&self, series: &str, message: String) -> BenchError {
-        BenchError::Engine {
-            test: self.test.into(),
-            series: series.into(),
-            size: self.size.clone(),
-            message,
-        }
-    }
-    fn verify(&self, series: &str, offset: usize) -> BenchError {
-        BenchError::Verify {
-            test: self.test.into(),
-            series: series.into(),
-            size: self.size.clone(),
-            offset,
-        }
-    }
-    /// Poisons `dst`, measures `op`, then verifies `dst`.
-    fn series(
-        &self,
-        name: &str,
-        role: Role,
-        method: &Method,
-        dst: &mut [u8],
-        verify: &dyn Fn(&[u8]) -> Result<(), usize>,
-        mut op: impl FnMut(&mut [u8]) -> Result<(), String>,
-    ) -> Result<Series, BenchError> {
-        dst.fill(0xA5);
-        let timing = measure(method, || op(dst)).map_err(|m| self.err(name, m))?;
-        verify(dst).map_err(|offset| self.verify(name, offset))?;
-        Ok(Series::new(
-            name,
-            role,
-            Kind::Bandwidth,
-            dst.len() as u64,
-            timing,
-        ))
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //!   and max reported.
 //! - Each backend module (`cpu`, later `cuda`) turns (test, size) into a [`Row`]: ferry and its
 //!   baselines measured in the same run on the same buffers, each result verified afterwards.
+//!
+//! Files: this one holds the registry, the selection and the run loop; `measure.rs` the timing
+//! loop and its statistics, `row.rs` the [`Series`] and [`Row`] types, `report.rs` what
+//! `--json` writes.
 
 pub mod cpu;
 pub mod cuda;
@@ -15,8 +19,17 @@ pub mod file;
 pub mod multi;
 pub mod pipeline;
 
+mod ctx;
+mod data;
+mod measure;
+mod report;
+mod row;
+
+pub use measure::{measure, measure_with, Method, Timing};
+pub use report::{CpuEngineReport, Host, MethodReport, Report, Skipped};
+pub use row::{Clock, Role, Row, Series};
+
 use serde::Serialize;
-use std::time::Instant;
 use thiserror::Error;
 
 /// The method, as printed in `--help` and in the report header.
@@ -287,279 +300,6 @@ pub fn select(tests: Option<&str>, engine: EngineSel) -> Result<Selection, Bench
     Ok(sel)
 }
 
-/// How to measure.
-#[derive(Debug, Clone, Serialize)]
-pub struct Method {
-    /// Warm-up calls per series (not timed).
-    pub warmup: usize,
-    /// Timed samples per series.
-    pub samples: usize,
-    /// A sample repeats the call until it lasts at least this long (seconds).
-    pub min_sample_s: f64,
-}
-
-impl Default for Method {
-    fn default() -> Self {
-        Method {
-            warmup: 3,
-            samples: 10,
-            min_sample_s: 1e-3,
-        }
-    }
-}
-
-/// Timing of one series: seconds per call.
-#[derive(Debug, Clone, Serialize)]
-pub struct Timing {
-    /// Seconds per call of each sample.
-    pub samples_s: Vec<f64>,
-    /// Calls per sample.
-    pub reps: u64,
-    /// Median seconds per call.
-    pub median_s: f64,
-    /// Fastest sample.
-    pub min_s: f64,
-    /// Slowest sample.
-    pub max_s: f64,
-}
-
-/// Times `op` as [`METHOD`] describes, with the host's monotonic clock around each sample of
-/// R calls. `op` returns an error to stop the measurement.
-pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
-    for _ in 0..method.warmup {
-        op()?;
-    }
-    let t0 = Instant::now();
-    op()?;
-    let reps = reps_for(method, t0.elapsed().as_secs_f64());
-    let mut samples_s = Vec::with_capacity(method.samples);
-    for _ in 0..method.samples.max(1) {
-        let t = Instant::now();
-        for _ in 0..reps {
-            op()?;
-        }
-        samples_s.push(t.elapsed().as_secs_f64() / reps as f64);
-    }
-    Ok(Timing::of(samples_s, reps))
-}
-
-/// Times `op` as [`measure`] does, but each call reports its own duration in seconds (the GPU
-/// time between two CUDA events); a sample is the mean over its R calls.
-pub fn measure_with<E>(
-    method: &Method,
-    mut op: impl FnMut() -> Result<f64, E>,
-) -> Result<Timing, E> {
-    for _ in 0..method.warmup {
-        op()?;
-    }
-    let reps = reps_for(method, op()?);
-    let mut samples_s = Vec::with_capacity(method.samples);
-    for _ in 0..method.samples.max(1) {
-        let mut total = 0.0;
-        for _ in 0..reps {
-            total += op()?;
-        }
-        samples_s.push(total / reps as f64);
-    }
-    Ok(Timing::of(samples_s, reps))
-}
-
-/// Calls per sample so that a sample lasts at least `min_sample_s`, from one call's time.
-fn reps_for(method: &Method, one: f64) -> u64 {
-    if one >= method.min_sample_s {
-        1
-    } else {
-        (method.min_sample_s / one.max(1e-9)).ceil().min(1e6) as u64
-    }
-}
-
-impl Timing {
-    /// Median, min and max of the samples (at least one).
-    fn of(samples_s: Vec<f64>, reps: u64) -> Timing {
-        let mut sorted = samples_s.clone();
-        sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let median_s = if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-        };
-        Timing {
-            reps,
-            median_s,
-            min_s: sorted[0],
-            max_s: sorted[n - 1],
-            samples_s,
-        }
-    }
-}
-
-/// Who a series is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// A ferry engine.
-    Ferry,
-    /// A plain baseline the ratio is taken against.
-    Baseline,
-}
-
-/// How a series was timed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Clock {
-    /// The host's monotonic clock around each call (or sample of calls).
-    #[serde(rename = "host")]
-    Host,
-    /// CUDA events on the copies' stream, the batch released together behind a latch.
-    #[serde(rename = "cuda-events")]
-    CudaEvents,
-}
-
-impl Clock {
-    /// Short name for the terminal table.
-    pub fn short(self) -> &'static str {
-        match self {
-            Clock::Host => "host",
-            Clock::CudaEvents => "events",
-        }
-    }
-}
-
-/// One measured series of a row.
-#[derive(Debug, Clone, Serialize)]
-pub struct Series {
-    /// e.g. `ferry cpu(2)`, `copy_from_slice`, `2 threads`.
-    pub name: String,
-    /// Ferry or baseline.
-    pub role: Role,
-    /// Median figure in the row's unit (GB/s or us).
-    pub median: f64,
-    /// Worst sample (lowest GB/s, highest us).
-    pub worst: f64,
-    /// Best sample (highest GB/s, lowest us).
-    pub best: f64,
-    /// Raw timing.
-    pub timing: Timing,
-    /// The result was compared with the reference after the run and matched.
-    pub verified: bool,
-    /// How it was timed.
-    pub clock: Clock,
-}
-
-impl Series {
-    /// Builds a series from a timing: GB/s of `payload` bytes, or microseconds.
-    pub fn new(
-        name: impl Into<String>,
-        role: Role,
-        kind: Kind,
-        payload: u64,
-        timing: Timing,
-    ) -> Series {
-        let fig = |s: f64| match kind {
-            Kind::Bandwidth => payload as f64 / s / 1e9,
-            Kind::Latency => s * 1e6,
-        };
-        // The slowest sample is the worst figure in both units.
-        let (worst, best) = (fig(timing.max_s), fig(timing.min_s));
-        Series {
-            name: name.into(),
-            role,
-            median: fig(timing.median_s),
-            worst,
-            best,
-            timing,
-            verified: true,
-            clock: Clock::Host,
-        }
-    }
-
-    /// The same series, marked as timed by `clock`.
-    pub fn clocked(mut self, clock: Clock) -> Series {
-        self.clock = clock;
-        self
-    }
-}
-
-/// One (test, size) result.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// Test name.
-    pub test: String,
-    /// Bandwidth or latency.
-    pub kind: Kind,
-    /// Unit of every figure in the row.
-    pub unit: &'static str,
-    /// Requested size in bytes.
-    pub size_bytes: u64,
-    /// Bytes actually copied per call (may be below `size_bytes` when the shape rounds).
-    pub payload_bytes: u64,
-    /// Shape of the copy, in words.
-    pub shape: String,
-    /// Every series: the ferry one first, then baselines.
-    pub series: Vec<Series>,
-    /// Name of the better baseline.
-    pub best_baseline: String,
-    /// ferry / better baseline (bandwidth: GB/s ratio, >1 is faster; latency: time ratio,
-    /// <1 is faster).
-    pub ratio: f64,
-    /// Fraction of the link's limit (GPU rows; null for CPU rows).
-    pub link_limit_fraction: Option<f64>,
-}
-
-impl Row {
-    /// Builds a row; the ratio is taken against the better baseline.
-    pub fn new(
-        test: &str,
-        kind: Kind,
-        size: u64,
-        payload: u64,
-        shape: String,
-        series: Vec<Series>,
-    ) -> Row {
-        let ferry = series
-            .iter()
-            .find(|s| s.role == Role::Ferry)
-            .map_or(f64::NAN, |s| s.median);
-        let better = |a: f64, b: f64| match kind {
-            Kind::Bandwidth => a > b,
-            Kind::Latency => a < b,
-        };
-        let mut best: Option<&Series> = None;
-        for s in series.iter().filter(|s| s.role == Role::Baseline) {
-            if best.is_none_or(|b| better(s.median, b.median)) {
-                best = Some(s);
-            }
-        }
-        let (best_baseline, ratio) = best.map_or((String::new(), f64::NAN), |b| {
-            (b.name.clone(), ferry / b.median)
-        });
-        Row {
-            test: test.to_string(),
-            kind,
-            unit: kind.unit(),
-            size_bytes: size,
-            payload_bytes: payload,
-            shape,
-            series,
-            best_baseline,
-            ratio,
-            link_limit_fraction: None,
-        }
-    }
-
-    /// The ferry series.
-    pub fn ferry(&self) -> Option<&Series> {
-        self.series.iter().find(|s| s.role == Role::Ferry)
-    }
-
-    /// The better baseline series.
-    pub fn baseline(&self) -> Option<&Series> {
-        self.series
-            .iter()
-            .find(|s| s.role == Role::Baseline && s.name == self.best_baseline)
-    }
-}
-
 /// Settings of one `ferry bench` run.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
@@ -573,73 +313,6 @@ pub struct BenchConfig {
     pub threads: usize,
     /// Timing method.
     pub method: Method,
-}
-
-/// Everything a run produced: what `--json` writes.
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// Schema tag: `ferry-bench/1`.
-    pub schema: &'static str,
-    /// ferry version.
-    pub ferry_version: &'static str,
-    /// Seconds since the Unix epoch at the start of the run.
-    pub started_unix_s: u64,
-    /// Host facts.
-    pub host: Host,
-    /// Method settings and text.
-    pub method: MethodReport,
-    /// CPU engine settings used.
-    pub cpu_engine: CpuEngineReport,
-    /// Tests selected but not run (name and reason), and (test, size) pairs left out
-    /// (`"<test> <size>"` and reason).
-    pub skipped: Vec<Skipped>,
-    /// Results, in run order.
-    pub results: Vec<Row>,
-}
-
-/// Host facts in the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct Host {
-    /// Logical cores.
-    pub cores: usize,
-    /// `std::env::consts::OS`.
-    pub os: &'static str,
-    /// `std::env::consts::ARCH`.
-    pub arch: &'static str,
-}
-
-/// Method in the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct MethodReport {
-    /// Settings.
-    #[serde(flatten)]
-    pub settings: Method,
-    /// Statistic shown as the figure.
-    pub statistic: &'static str,
-    /// Definition of GB/s.
-    pub gbps: &'static str,
-    /// The method text.
-    pub text: &'static str,
-}
-
-/// CPU engine settings in the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct CpuEngineReport {
-    /// Worker threads.
-    pub threads: usize,
-    /// Smallest chunk of a split copy.
-    pub chunk_bytes: usize,
-    /// Inline threshold of the default engine.
-    pub inline_bytes: usize,
-}
-
-/// A test left out.
-#[derive(Debug, Clone, Serialize)]
-pub struct Skipped {
-    /// Test name.
-    pub test: String,
-    /// Why.
-    pub reason: String,
 }
 
 /// Runs every selected test over its sizes. `progress` is called after each (test, size)
@@ -807,94 +480,5 @@ mod tests {
                 t.name
             );
         }
-    }
-
-    #[test]
-    fn measure_takes_median_min_max() {
-        let mut n = 0u32;
-        let t = measure(
-            &Method {
-                warmup: 1,
-                samples: 5,
-                min_sample_s: 0.0,
-            },
-            || {
-                n += 1;
-                Ok::<(), ()>(())
-            },
-        )
-        .unwrap();
-        // 1 warm-up + 1 calibration + 5 samples of 1 rep each.
-        assert_eq!((n, t.reps, t.samples_s.len()), (7, 1, 5));
-        assert!(t.min_s <= t.median_s && t.median_s <= t.max_s);
-    }
-
-    #[test]
-    fn measure_with_uses_the_reported_times() {
-        let mut n = 0u32;
-        let m = Method {
-            warmup: 2,
-            samples: 3,
-            min_sample_s: 1e-3,
-        };
-        // Each call reports 0.4 ms: 3 calls per sample reach 1 ms; the sample is their mean.
-        let t = measure_with(&m, || {
-            n += 1;
-            Ok::<f64, ()>(4e-4)
-        })
-        .unwrap();
-        assert_eq!((t.reps, t.samples_s.len(), n), (3, 3, 2 + 1 + 9));
-        assert!((t.median_s - 4e-4).abs() < 1e-12 && (t.max_s - 4e-4).abs() < 1e-12);
-        let e = measure_with(&m, || Err::<f64, &str>("stop")).unwrap_err();
-        assert_eq!(e, "stop");
-    }
-
-    #[test]
-    fn series_clock_defaults_to_host_and_serializes() {
-        let tm = Timing::of(vec![1e-6], 1);
-        let s = Series::new("f", Role::Ferry, Kind::Bandwidth, 1000, tm.clone());
-        assert_eq!(s.clock, Clock::Host);
-        let v = serde_json::to_value(s.clocked(Clock::CudaEvents)).unwrap();
-        assert_eq!(v["clock"], "cuda-events");
-        let v = serde_json::to_value(Series::new("f", Role::Ferry, Kind::Latency, 1, tm)).unwrap();
-        assert_eq!(v["clock"], "host");
-    }
-
-    #[test]
-    fn ratio_uses_better_baseline() {
-        let tm = |s: f64| Timing {
-            samples_s: vec![s],
-            reps: 1,
-            median_s: s,
-            min_s: s,
-            max_s: s,
-        };
-        let row = Row::new(
-            "x",
-            Kind::Bandwidth,
-            1000,
-            1000,
-            String::new(),
-            vec![
-                Series::new("f", Role::Ferry, Kind::Bandwidth, 1000, tm(1e-6)),
-                Series::new("a", Role::Baseline, Kind::Bandwidth, 1000, tm(2e-6)),
-                Series::new("b", Role::Baseline, Kind::Bandwidth, 1000, tm(4e-6)),
-            ],
-        );
-        assert_eq!(row.best_baseline, "a");
-        assert!((row.ratio - 2.0).abs() < 1e-9);
-        assert!((row.ferry().unwrap().median - 1.0).abs() < 1e-9);
-        let lat = Row::new(
-            "y",
-            Kind::Latency,
-            4,
-            4,
-            String::new(),
-            vec![
-                Series::new("f", Role::Ferry, Kind::Latency, 4, tm(2e-6)),
-                Series::new("a", Role::Baseline, Kind::Latency, 4, tm(1e-6)),
-            ],
-        );
-        assert!((lat.ratio - 2.0).abs() < 1e-9 && (lat.ferry().unwrap().median - 2.0).abs() < 1e-9);
     }
 }

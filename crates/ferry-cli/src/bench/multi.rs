@@ -11,46 +11,42 @@
 //!   bytes per GPU, striped by [`MultiGpu`] vs the sum of each GPU's raw
 //!   `cuMemcpyHtoDAsync`/`DtoH` rate measured alone (computed per sample: total bytes over the
 //!   summed rates).
-//! - `multi-nccl` (`multi-nccl-blocking`: a blocking communicator): NCCL send GPU 0 -> GPU 1, two ranks on two threads of this process, through
-//!   ferry's [`NcclEngine`] vs NCCL's own `ncclSend`/`ncclRecv` on a blocking communicator
-//!   ([`RawNccl`]). A timed call: rank 0 signals rank 1, both post, rank 0 waits for its send
-//!   and rank 1's acknowledgement (the same for both series).
+//! - `multi-nccl` (`multi-nccl-blocking`: a blocking communicator): NCCL send GPU 0 -> GPU 1,
+//!   two ranks on two threads of this process, through ferry's
+//!   [`NcclEngine`](ferry::engine::nccl::NcclEngine) vs NCCL's own `ncclSend`/`ncclRecv` on a
+//!   blocking communicator ([`RawNccl`](ferry_bench::RawNccl)). A timed call: rank 0 signals
+//!   rank 1, both post, rank 0 waits for its send and rank 1's acknowledgement (the same for
+//!   both series); see `multi/nccl.rs`.
 //! - `cuda-d2d-split`: device to device on GPU 0 with [`CudaConfig::d2d_sm_share`] percent
 //!   (`FERRY_D2D_SM_SHARE`, default 50) done by an SM kernel, vs raw `cuMemcpyDtoDAsync` and
 //!   the kernel alone.
 //!
 //! Destinations are poisoned before each series and compared with the source after it.
 
+mod nccl;
+
+use super::ctx::{flat, setup, Ctx};
+use super::cuda::batch;
+use super::data::pattern;
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo, Timing};
 use crate::sizes::format_size;
 use ferry::cuda::multi::MultiGpu;
 use ferry::cuda::split::SmCopy;
 use ferry::cuda::staged::StagingConfig;
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer, WaitMode};
-use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclId};
 use ferry::{Engine, EngineExt};
-use ferry_bench::{RawCopier, RawNccl};
-use std::sync::mpsc;
-
-const fn t(
-    name: &'static str,
-    description: &'static str,
-    needs: Needs,
-    sizes: &'static str,
-) -> TestInfo {
-    TestInfo::new(name, description, needs, Kind::Bandwidth, sizes)
-}
+use ferry_bench::RawCopier;
 
 /// The tests of this file.
 pub static TESTS: &[TestInfo] = &[
-    t("multi-peer", "peer copy GPU a -> GPU b, every ordered pair (rows multi-peer[a->b]), ferry's engine on GPU a vs raw cuMemcpyPeerAsync", Needs::Cuda2, "1M,16M,256M"),
-    t("multi-peer-bidir", "both directions of each pair of GPUs at once (rows multi-peer-bidir[a<->b]), ferry multiplex vs raw cuMemcpyPeerAsync on both GPUs' streams, payload both ways", Needs::Cuda2, "16M,256M"),
-    t("multi-peer-all", "every ordered pair of GPUs at once, ferry multiplex vs raw cuMemcpyPeerAsync, payload summed", Needs::Cuda2, "16M,256M"),
-    t("multi-h2d-striped", "pinned host -> every GPU (size per GPU) striped over all links by MultiGpu, vs the sum of each GPU's raw cuMemcpyHtoDAsync rate alone", Needs::Cuda2, "16M,256M"),
-    t("multi-d2h-striped", "every GPU -> pinned host (size per GPU) striped by MultiGpu, vs the sum of each GPU's raw cuMemcpyDtoHAsync rate alone", Needs::Cuda2, "16M,256M"),
-    t("multi-nccl", "NCCL send GPU 0 -> GPU 1 (two ranks, one thread each): ferry's NcclEngine vs NCCL's own ncclSend/ncclRecv", Needs::Nccl2, "1M,16M,256M"),
-    t("multi-nccl-blocking", "as multi-nccl with NcclConfig::blocking(true) (no NCCL thread per group; joining cannot time out)", Needs::Nccl2, "1M,16M,256M"),
-    t("cuda-d2d-split", "device -> device on GPU 0 split between a copy engine and an SM kernel (FERRY_D2D_SM_SHARE percent, default 50), vs raw cuMemcpyDtoDAsync and the SM kernel alone", Needs::Cuda, "16M,256M,1G"),
+    TestInfo::new("multi-peer", "peer copy GPU a -> GPU b, every ordered pair (rows multi-peer[a->b]), ferry's engine on GPU a vs raw cuMemcpyPeerAsync", Needs::Cuda2, Kind::Bandwidth, "1M,16M,256M"),
+    TestInfo::new("multi-peer-bidir", "both directions of each pair of GPUs at once (rows multi-peer-bidir[a<->b]), ferry multiplex vs raw cuMemcpyPeerAsync on both GPUs' streams, payload both ways", Needs::Cuda2, Kind::Bandwidth, "16M,256M"),
+    TestInfo::new("multi-peer-all", "every ordered pair of GPUs at once, ferry multiplex vs raw cuMemcpyPeerAsync, payload summed", Needs::Cuda2, Kind::Bandwidth, "16M,256M"),
+    TestInfo::new("multi-h2d-striped", "pinned host -> every GPU (size per GPU) striped over all links by MultiGpu, vs the sum of each GPU's raw cuMemcpyHtoDAsync rate alone", Needs::Cuda2, Kind::Bandwidth, "16M,256M"),
+    TestInfo::new("multi-d2h-striped", "every GPU -> pinned host (size per GPU) striped by MultiGpu, vs the sum of each GPU's raw cuMemcpyDtoHAsync rate alone", Needs::Cuda2, Kind::Bandwidth, "16M,256M"),
+    TestInfo::new("multi-nccl", "NCCL send GPU 0 -> GPU 1 (two ranks, one thread each): ferry's NcclEngine vs NCCL's own ncclSend/ncclRecv", Needs::Nccl2, Kind::Bandwidth, "1M,16M,256M"),
+    TestInfo::new("multi-nccl-blocking", "as multi-nccl with NcclConfig::blocking(true) (no NCCL thread per group; joining cannot time out)", Needs::Nccl2, Kind::Bandwidth, "1M,16M,256M"),
+    TestInfo::new("cuda-d2d-split", "device -> device on GPU 0 split between a copy engine and an SM kernel (FERRY_D2D_SM_SHARE percent, default 50), vs raw cuMemcpyDtoDAsync and the SM kernel alone", Needs::Cuda, Kind::Bandwidth, "16M,256M,1G"),
 ];
 
 /// Whether the NCCL test can run: two GPUs and the NCCL library.
@@ -66,40 +62,9 @@ fn spin_config(g: u32, staging: StagingConfig) -> CudaConfig {
         .staging(Some(staging))
 }
 
-fn setup(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Setup(e.to_string())
-}
-
-/// Deterministic bytes, different per seed (xorshift).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    let mut x = (0x9E37_79B9_7F4A_7C15u64 ^ len as u64).wrapping_add(seed.wrapping_mul(0xD1B5)) | 1;
-    for c in v.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-    }
-    v
-}
-
-fn batch(size: usize) -> usize {
-    if size < 16 << 20 {
-        8
-    } else {
-        1
-    }
-}
-
 fn poison(d: &mut DeviceBuffer) -> Result<(), String> {
     let n = d.len();
     d.copy_from_host(&vec![0xA5; n]).map_err(|e| e.to_string())
-}
-
-fn flat<T, E: std::fmt::Display, F: std::fmt::Display>(
-    r: Result<Result<T, E>, F>,
-) -> Result<T, String> {
-    r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
 }
 
 /// The multi-GPU side of a bench run: one spin-waiting engine and one raw copier per GPU.
@@ -108,37 +73,6 @@ pub struct MultiBench {
     engines: Vec<CudaEngine>,
     raw: Vec<RawCopier>,
     gpus: Option<MultiGpu>,
-}
-
-struct Ctx {
-    test: &'static str,
-    size: String,
-}
-
-impl Ctx {
-    fn series(
-        &self,
-        name: &str,
-        role: Role,
-        payload: u64,
-        body: impl FnOnce() -> Result<(Timing, bool), String>,
-    ) -> Result<Series, BenchError> {
-        let (t, ok) = body().map_err(|message| BenchError::Engine {
-            test: self.test.into(),
-            series: name.into(),
-            size: self.size.clone(),
-            message,
-        })?;
-        if !ok {
-            return Err(BenchError::Verify {
-                test: self.test.into(),
-                series: name.into(),
-                size: self.size.clone(),
-                offset: 0,
-            });
-        }
-        Ok(Series::new(name, role, Kind::Bandwidth, payload, t))
-    }
 }
 
 impl MultiBench {
@@ -184,21 +118,10 @@ impl MultiBench {
 
     /// Runs one test at one size; matrix tests return one row per pair.
     pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Vec<Row>, BenchError> {
-        let ctx = Ctx {
-            test: test.name,
-            size: format_size(size),
-        };
-        let size = usize::try_from(size).map_err(|_| BenchError::BadSize {
-            test: test.name.into(),
-            size: ctx.size.clone(),
-            why: "larger than the address space".into(),
-        })?;
+        let ctx = Ctx::new(test, size);
+        let size = usize::try_from(size).map_err(|_| ctx.bad("larger than the address space"))?;
         if size == 0 {
-            return Err(BenchError::BadSize {
-                test: test.name.into(),
-                size: ctx.size.clone(),
-                why: "zero bytes".into(),
-            });
+            return Err(ctx.bad("zero bytes"));
         }
         match test.name {
             "multi-peer" => self
@@ -221,8 +144,8 @@ impl MultiBench {
             }
             "multi-h2d-striped" => Ok(vec![self.striped(&ctx, size, true)?]),
             "multi-d2h-striped" => Ok(vec![self.striped(&ctx, size, false)?]),
-            "multi-nccl" => Ok(vec![nccl(&ctx, &self.method, size, false)?]),
-            "multi-nccl-blocking" => Ok(vec![nccl(&ctx, &self.method, size, true)?]),
+            "multi-nccl" => Ok(vec![nccl::nccl(&ctx, &self.method, size, false)?]),
+            "multi-nccl-blocking" => Ok(vec![nccl::nccl(&ctx, &self.method, size, true)?]),
             "cuda-d2d-split" => Ok(vec![self.d2d_split(&ctx, size)?]),
             _ => Err(BenchError::UnknownTest {
                 name: test.name.into(),
@@ -548,122 +471,6 @@ fn summed(alone: &[Series], per_gpu: u64, payload: u64) -> Timing {
     }
 }
 
-/// What rank 1's thread is asked to do.
-enum Cmd {
-    Poison,
-    Ferry,
-    Raw,
-    Check,
-}
-
-/// NCCL send 0 -> 1 on two threads: ferry's engine and NCCL's own calls.
-fn nccl(ctx: &Ctx, method: &Method, size: usize, blocking: bool) -> Result<Row, BenchError> {
-    let data = pattern(size, 42);
-    let id = NcclId::new().map_err(setup)?;
-    let raw_id = NcclId::new().map_err(setup)?;
-    let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>();
-    let (ack_tx, ack_rx) = mpsc::channel::<Result<bool, String>>();
-    let payload = size as u64;
-    std::thread::scope(|sc| {
-        let want = &data;
-        // Rank 1: receives, on command.
-        let peer = sc.spawn(move || -> Result<(), String> {
-            let e = NcclEngine::new(NcclConfig::new(1, 1, 2, id).blocking(blocking))
-                .map_err(|e| e.to_string())?;
-            let mut raw = RawNccl::new(1, 1, 2, raw_id).map_err(|e| e.to_string())?;
-            let mut dst = DeviceBuffer::new(1, size).map_err(|e| e.to_string())?;
-            ack_tx.send(Ok(true)).map_err(|e| e.to_string())?;
-            while let Ok(cmd) = cmd_rx.recv() {
-                let r = match cmd {
-                    Cmd::Poison => poison(&mut dst).map(|()| true),
-                    Cmd::Ferry => flat(e.scope(|s| {
-                        s.recv(&mut dst, size, 0)
-                            .map_err(|e| e.to_string())?
-                            .wait()
-                            .map_err(|e| e.to_string())
-                    }))
-                    .map(|()| true),
-                    Cmd::Raw => raw
-                        .exchange(None::<(&DeviceBuffer, u32)>, Some((&mut dst, 0)), size, 1)
-                        .map(|()| true)
-                        .map_err(|e| e.to_string()),
-                    Cmd::Check => Ok(dst.to_vec().is_ok_and(|v| v == *want)),
-                };
-                let failed = r.is_err();
-                ack_tx.send(r).map_err(|e| e.to_string())?;
-                if failed {
-                    break;
-                }
-            }
-            Ok(())
-        });
-        // Rank 0 on this thread's scope: sends.
-        let run = || -> Result<Row, BenchError> {
-            let e =
-                NcclEngine::new(NcclConfig::new(0, 0, 2, id).blocking(blocking)).map_err(setup)?;
-            let mut raw = RawNccl::new(0, 0, 2, raw_id).map_err(setup)?;
-            let src = DeviceBuffer::from_host(0, &data).map_err(setup)?;
-            let ack = |rx: &mpsc::Receiver<Result<bool, String>>| -> Result<bool, String> {
-                rx.recv().map_err(|_| "rank 1 stopped".to_string())?
-            };
-            ack(&ack_rx).map_err(setup)?;
-            let ask = |c: Cmd| cmd_tx.send(c).map_err(|_| "rank 1 stopped".to_string());
-            let mut series = vec![];
-            for (name, role, ferry) in [
-                (format!("ferry {} send", e.name()), Role::Ferry, true),
-                (
-                    "NCCL ncclSend/ncclRecv (blocking comm)".to_string(),
-                    Role::Baseline,
-                    false,
-                ),
-            ] {
-                series.push(ctx.series(&name, role, payload, || {
-                    ask(Cmd::Poison)?;
-                    ack(&ack_rx)?;
-                    let t = measure(method, || {
-                        ask(if ferry { Cmd::Ferry } else { Cmd::Raw })?;
-                        if ferry {
-                            flat(e.scope(|s| {
-                                s.send(&src, size, 1)
-                                    .map_err(|e| e.to_string())?
-                                    .wait()
-                                    .map_err(|e| e.to_string())
-                            }))?;
-                        } else {
-                            raw.exchange(
-                                Some((&src, 1)),
-                                None::<(&mut DeviceBuffer, u32)>,
-                                size,
-                                1,
-                            )
-                            .map_err(|e| e.to_string())?;
-                        }
-                        ack(&ack_rx).map(drop)
-                    })?;
-                    ask(Cmd::Check)?;
-                    Ok((t, ack(&ack_rx)?))
-                })?);
-            }
-            Ok(Row::new(
-                ctx.test,
-                Kind::Bandwidth,
-                size as u64,
-                payload,
-                "device 0 -> device 1, NCCL ranks 0 and 1".into(),
-                series,
-            ))
-        };
-        let row = run();
-        drop(cmd_tx);
-        let peer = peer.join().map_err(|_| setup("rank 1's thread panicked"))?;
-        match (row, peer) {
-            (Ok(r), Ok(())) => Ok(r),
-            (Err(e), _) => Err(e),
-            (Ok(_), Err(e)) => Err(setup(format!("rank 1: {e}"))),
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,9 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn patterns_differ_by_seed_and_registry_names_are_unique() {
-        assert_ne!(pattern(4096, 1), pattern(4096, 2));
-        assert_eq!(pattern(4099, 3), pattern(4099, 3));
+    fn registry_names_are_unique() {
         let all = super::super::registry();
         for t in TESTS {
             assert_eq!(

@@ -7,8 +7,9 @@
 //! variants interleaved in rounds; here each is a series of the usual method, one after the
 //! other.)
 
-use super::{setup, Ctx, CudaBench};
-use crate::bench::cpu::pattern_bytes;
+use super::CudaBench;
+use crate::bench::ctx::{flat, setup, Ctx};
+use crate::bench::data::pattern_bytes;
 use crate::bench::{BenchError, Role, Row};
 use ferry::cuda::{DeviceBuffer, Direction, PinnedBuffer};
 use ferry::{Engine, EngineExt, Layout};
@@ -35,10 +36,8 @@ impl CudaBench {
                 &mut dev,
                 &data,
                 |d, _| {
-                    super::flat(
-                        e.scope(|s| s.copy(d, &l, &src, &l)?.wait().map_err(ferry::Error::from)),
-                    )
-                    .map(|()| None)
+                    flat(e.scope(|s| s.copy(d, &l, &src, &l)?.wait().map_err(ferry::Error::from)))
+                        .map(|()| None)
                 },
             )?,
             self.dev_series(

@@ -298,6 +298,37 @@ impl ZeroedHost {
     }
 }
 
+/// `Deref`/`DerefMut` to `[u8]` and `Memory`/`MemoryMut` of kind `$kind` for a buffer type
+/// whose memory is its field `mem: ZeroedHost` ([`PinnedBuffer`], [`MappedBuffer`]).
+macro_rules! zeroed_host_memory {
+    ($ty:ty, $kind:expr) => {
+        impl Deref for $ty {
+            type Target = [u8];
+            fn deref(&self) -> &[u8] {
+                self.mem.slice()
+            }
+        }
+        impl DerefMut for $ty {
+            fn deref_mut(&mut self) -> &mut [u8] {
+                self.mem.slice_mut()
+            }
+        }
+        // SAFETY: `mem` is a live page-locked allocation (mapped for `MemKind::Mapped`) of
+        // `len` bytes, host-addressable at `ptr`, owned by the buffer.
+        unsafe impl Memory for $ty {
+            fn raw(&self) -> RawBuf {
+                RawBuf::host(self.mem.0.ptr(), self.mem.0.len(), $kind)
+            }
+        }
+        // SAFETY: as above; `&mut self` is exclusive.
+        unsafe impl MemoryMut for $ty {
+            fn raw_mut(&mut self) -> RawBuf {
+                self.raw()
+            }
+        }
+    };
+}
+
 /// Page-locked host memory (`cuMemHostAlloc`, portable to every device, mapped). Cached, so the
 /// CPU reads it at full speed; [`PinnedBuffer::write_combined`] for upload-only staging.
 /// Dereferences to `[u8]`.
@@ -350,29 +381,7 @@ impl std::fmt::Debug for PinnedBuffer {
     }
 }
 
-impl Deref for PinnedBuffer {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.mem.slice()
-    }
-}
-impl DerefMut for PinnedBuffer {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        self.mem.slice_mut()
-    }
-}
-// SAFETY: a live page-locked allocation of `len` bytes, host-addressable at `ptr`.
-unsafe impl Memory for PinnedBuffer {
-    fn raw(&self) -> RawBuf {
-        RawBuf::host(self.mem.0.ptr(), self.mem.0.len(), MemKind::Pinned)
-    }
-}
-// SAFETY: as above; `&mut self` is exclusive.
-unsafe impl MemoryMut for PinnedBuffer {
-    fn raw_mut(&mut self) -> RawBuf {
-        self.raw()
-    }
-}
+zeroed_host_memory!(PinnedBuffer, MemKind::Pinned);
 
 /// Page-locked host memory mapped into the GPUs' address space (zero-copy): kernels read and
 /// write it over the bus through [`MappedBuffer::device_ptr`]. Dereferences to `[u8]`.
@@ -410,29 +419,7 @@ impl std::fmt::Debug for MappedBuffer {
         )
     }
 }
-impl Deref for MappedBuffer {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.mem.slice()
-    }
-}
-impl DerefMut for MappedBuffer {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        self.mem.slice_mut()
-    }
-}
-// SAFETY: a live page-locked, mapped allocation of `len` bytes, host-addressable at `ptr`.
-unsafe impl Memory for MappedBuffer {
-    fn raw(&self) -> RawBuf {
-        RawBuf::host(self.mem.0.ptr(), self.mem.0.len(), MemKind::Mapped)
-    }
-}
-// SAFETY: as above; `&mut self` is exclusive.
-unsafe impl MemoryMut for MappedBuffer {
-    fn raw_mut(&mut self) -> RawBuf {
-        self.raw()
-    }
-}
+zeroed_host_memory!(MappedBuffer, MemKind::Mapped);
 
 /// An existing host buffer (a `Vec<T>`, a boxed slice...) page-locked in place with
 /// `cuMemHostRegister`, so that copies from and to it run at the pinned rate. Unregistered on

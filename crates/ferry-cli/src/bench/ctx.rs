@@ -1,0 +1,160 @@
+//! One (test, size) being measured: [`Ctx`] names it in errors and runs one series (measure,
+//! then verify); [`HostSeries`] runs the series of a row whose destination is one host slice.
+
+use super::{measure, BenchError, Clock, Kind, Method, Role, Series, TestInfo, Timing};
+use crate::sizes::format_size;
+
+/// Names for errors of one (test, size), and the row's kind.
+pub(super) struct Ctx {
+    /// Test name.
+    pub(super) test: &'static str,
+    /// Bandwidth or latency.
+    pub(super) kind: Kind,
+    /// Size label.
+    pub(super) size: String,
+}
+
+impl Ctx {
+    /// The context of `test` at `size` bytes.
+    pub(super) fn new(test: &TestInfo, size: u64) -> Ctx {
+        Ctx {
+            test: test.name,
+            kind: test.kind,
+            size: format_size(size),
+        }
+    }
+
+    /// This size cannot be used by this test.
+    pub(super) fn bad(&self, why: &str) -> BenchError {
+        BenchError::BadSize {
+            test: self.test.into(),
+            size: self.size.clone(),
+            why: why.into(),
+        }
+    }
+
+    /// Series `series` failed in the engine (or a baseline) with `message`.
+    pub(super) fn engine_err(&self, series: &str, message: String) -> BenchError {
+        BenchError::Engine {
+            test: self.test.into(),
+            series: series.into(),
+            size: self.size.clone(),
+            message,
+        }
+    }
+
+    /// Series `series` left a wrong byte at `offset` of the destination.
+    pub(super) fn verify_err(&self, series: &str, offset: usize) -> BenchError {
+        BenchError::Verify {
+            test: self.test.into(),
+            series: series.into(),
+            size: self.size.clone(),
+            offset,
+        }
+    }
+
+    /// Runs `body` (which poisons, times and reports whether the result verified) as one
+    /// series timed on the host clock.
+    pub(super) fn series(
+        &self,
+        name: &str,
+        role: Role,
+        payload: u64,
+        body: impl FnOnce() -> Result<(Timing, bool), String>,
+    ) -> Result<Series, BenchError> {
+        self.clocked_series(name, role, payload, || {
+            body().map(|(t, ok)| (t, ok, Clock::Host))
+        })
+    }
+
+    /// As [`Ctx::series`], `body` also saying how it was timed.
+    pub(super) fn clocked_series(
+        &self,
+        name: &str,
+        role: Role,
+        payload: u64,
+        body: impl FnOnce() -> Result<(Timing, bool, Clock), String>,
+    ) -> Result<Series, BenchError> {
+        let (t, ok, clock) = body().map_err(|message| self.engine_err(name, message))?;
+        if !ok {
+            return Err(self.verify_err(name, 0));
+        }
+        Ok(Series::new(name, role, self.kind, payload, t).clocked(clock))
+    }
+}
+
+/// The series of one row whose destination is one host slice: each poisons the slice
+/// (touching every page), is measured, then verified.
+pub(super) struct HostSeries<'a, T, V> {
+    ctx: &'a Ctx,
+    method: &'a Method,
+    dst: &'a mut [T],
+    poison: T,
+    payload: u64,
+    verify: V,
+    series: Vec<Series>,
+}
+
+impl<'a, T: Copy, V: Fn(&[T]) -> Result<(), usize>> HostSeries<'a, T, V> {
+    /// No series yet; each will move `payload` bytes into `dst` per call, written with
+    /// `poison` before it and checked by `verify` (the first wrong byte) after it.
+    pub(super) fn new(
+        ctx: &'a Ctx,
+        method: &'a Method,
+        (dst, poison): (&'a mut [T], T),
+        payload: usize,
+        verify: V,
+    ) -> Self {
+        HostSeries {
+            ctx,
+            method,
+            dst,
+            poison,
+            payload: payload as u64,
+            verify,
+            series: vec![],
+        }
+    }
+
+    /// Poisons the destination, measures `op`, verifies the destination, keeps the series.
+    pub(super) fn run(
+        &mut self,
+        name: &str,
+        role: Role,
+        mut op: impl FnMut(&mut [T]) -> Result<(), String>,
+    ) -> Result<(), BenchError> {
+        self.dst.fill(self.poison);
+        let dst = &mut *self.dst;
+        let timing = measure(self.method, || op(dst)).map_err(|m| self.ctx.engine_err(name, m))?;
+        (self.verify)(self.dst).map_err(|offset| self.ctx.verify_err(name, offset))?;
+        let s = Series::new(name, role, self.ctx.kind, self.payload, timing);
+        self.series.push(s);
+        Ok(())
+    }
+
+    /// The series, in the order they ran.
+    pub(super) fn done(self) -> Vec<Series> {
+        self.series
+    }
+}
+
+/// A setup failure.
+pub(super) fn setup(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Setup(e.to_string())
+}
+
+/// A scope's two layers of errors (the scope's barrier, the closure's own) as one message.
+pub(super) fn flat<T, E: std::fmt::Display, F: std::fmt::Display>(
+    r: Result<Result<T, E>, F>,
+) -> Result<T, String> {
+    r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+}
+
+/// `1 thread`, `2 threads`, ...
+pub(super) fn threads_label(n: usize) -> String {
+    if n == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{n} threads")
+    }
+}

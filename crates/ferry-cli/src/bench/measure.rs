@@ -1,0 +1,158 @@
+//! The timing loop and its statistics: [`Method`] says how to measure, [`measure`] and
+//! [`measure_with`] run the warm-up, calibration and samples, and [`Timing`] keeps the
+//! per-call seconds of each sample with their median, min and max.
+
+use serde::Serialize;
+use std::time::Instant;
+
+/// How to measure.
+#[derive(Debug, Clone, Serialize)]
+pub struct Method {
+    /// Warm-up calls per series (not timed).
+    pub warmup: usize,
+    /// Timed samples per series.
+    pub samples: usize,
+    /// A sample repeats the call until it lasts at least this long (seconds).
+    pub min_sample_s: f64,
+}
+
+impl Default for Method {
+    fn default() -> Self {
+        Method {
+            warmup: 3,
+            samples: 10,
+            min_sample_s: 1e-3,
+        }
+    }
+}
+
+/// Timing of one series: seconds per call.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timing {
+    /// Seconds per call of each sample.
+    pub samples_s: Vec<f64>,
+    /// Calls per sample.
+    pub reps: u64,
+    /// Median seconds per call.
+    pub median_s: f64,
+    /// Fastest sample.
+    pub min_s: f64,
+    /// Slowest sample.
+    pub max_s: f64,
+}
+
+/// Times `op` as [`METHOD`](super::METHOD) describes, with the host's monotonic clock around
+/// each sample of R calls. `op` returns an error to stop the measurement.
+pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
+    for _ in 0..method.warmup {
+        op()?;
+    }
+    let t0 = Instant::now();
+    op()?;
+    let reps = reps_for(method, t0.elapsed().as_secs_f64());
+    let mut samples_s = Vec::with_capacity(method.samples);
+    for _ in 0..method.samples.max(1) {
+        let t = Instant::now();
+        for _ in 0..reps {
+            op()?;
+        }
+        samples_s.push(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    Ok(Timing::of(samples_s, reps))
+}
+
+/// Times `op` as [`measure`] does, but each call reports its own duration in seconds (the GPU
+/// time between two CUDA events); a sample is the mean over its R calls.
+pub fn measure_with<E>(
+    method: &Method,
+    mut op: impl FnMut() -> Result<f64, E>,
+) -> Result<Timing, E> {
+    for _ in 0..method.warmup {
+        op()?;
+    }
+    let reps = reps_for(method, op()?);
+    let mut samples_s = Vec::with_capacity(method.samples);
+    for _ in 0..method.samples.max(1) {
+        let mut total = 0.0;
+        for _ in 0..reps {
+            total += op()?;
+        }
+        samples_s.push(total / reps as f64);
+    }
+    Ok(Timing::of(samples_s, reps))
+}
+
+/// Calls per sample so that a sample lasts at least `min_sample_s`, from one call's time.
+fn reps_for(method: &Method, one: f64) -> u64 {
+    if one >= method.min_sample_s {
+        1
+    } else {
+        (method.min_sample_s / one.max(1e-9)).ceil().min(1e6) as u64
+    }
+}
+
+impl Timing {
+    /// Median, min and max of the samples (at least one).
+    pub(super) fn of(samples_s: Vec<f64>, reps: u64) -> Timing {
+        let mut sorted = samples_s.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median_s = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Timing {
+            reps,
+            median_s,
+            min_s: sorted[0],
+            max_s: sorted[n - 1],
+            samples_s,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measure_takes_median_min_max() {
+        let mut n = 0u32;
+        let t = measure(
+            &Method {
+                warmup: 1,
+                samples: 5,
+                min_sample_s: 0.0,
+            },
+            || {
+                n += 1;
+                Ok::<(), ()>(())
+            },
+        )
+        .unwrap();
+        // 1 warm-up + 1 calibration + 5 samples of 1 rep each.
+        assert_eq!((n, t.reps, t.samples_s.len()), (7, 1, 5));
+        assert!(t.min_s <= t.median_s && t.median_s <= t.max_s);
+    }
+
+    #[test]
+    fn measure_with_uses_the_reported_times() {
+        let mut n = 0u32;
+        let m = Method {
+            warmup: 2,
+            samples: 3,
+            min_sample_s: 1e-3,
+        };
+        // Each call reports 0.4 ms: 3 calls per sample reach 1 ms; the sample is their mean.
+        let t = measure_with(&m, || {
+            n += 1;
+            Ok::<f64, ()>(4e-4)
+        })
+        .unwrap();
+        assert_eq!((t.reps, t.samples_s.len(), n), (3, 3, 2 + 1 + 9));
+        assert!((t.median_s - 4e-4).abs() < 1e-12 && (t.max_s - 4e-4).abs() < 1e-12);
+        let e = measure_with(&m, || Err::<f64, &str>("stop")).unwrap_err();
+        assert_eq!(e, "stop");
+    }
+}
