@@ -2,7 +2,7 @@
 //! where a destination differs from what it should hold.
 
 /// A pseudo-random byte pattern (xorshift), every page written.
-pub(super) fn pattern_bytes(len: usize) -> Vec<u8> {
+pub(crate) fn pattern_bytes(len: usize) -> Vec<u8> {
     xorshift_bytes(len, 0x9E37_79B9_7F4A_7C15u64 ^ len as u64)
 }
 

@@ -12,7 +12,7 @@
 //! `--trace FILE` / `--gantt FILE`: each test runs once more with a timeline; [`take_traces`]
 //! hands the timelines to the binary.
 
-use super::cpu::pattern_bytes;
+use super::data::pattern_bytes;
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
 use ferry::pipeline::{Chunk, CpuPipeline, Dest, PipelineConfig, Source, Timeline};

@@ -2,7 +2,7 @@
 //! pinned buffers, the kernel's rounds calibrated so that compute and copy of a chunk balance.
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
-use crate::bench::cpu::pattern_bytes;
+use crate::bench::data::pattern_bytes;
 use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
 use cudarc::driver::{sys, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
