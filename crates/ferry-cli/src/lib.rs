@@ -3,6 +3,7 @@
 //! The binary (`src/main.rs`) only parses arguments and calls into these modules, so the
 //! same code is reachable from tests.
 
+pub mod args;
 pub mod bench;
 pub mod gantt;
 pub mod info;

@@ -1,103 +1,39 @@
 //! `ferry`: the command-line tool. `ferry info` shows what ferry finds on this machine;
-//! `ferry bench` measures ferry's engines next to plain baselines.
+//! `ferry bench` measures ferry's engines against plain baselines.
 
-use clap::{Parser, Subcommand};
-use ferry_cli::bench::{self, BenchConfig, EngineSel, Method};
-use ferry_cli::sizes::Sizes;
+use ferry_cli::args::{self, ArgError, BenchPlan, Plan};
+use ferry_cli::bench;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-#[derive(Parser)]
-#[command(
-    name = "ferry",
-    version,
-    about = "Move bytes between host memory, GPUs and files on DMA engines: inspect and measure"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Show CPU cores, CPU engine defaults and the GPU section.
-    Info {
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Measure ferry's engines against plain baselines (bandwidth and submit+wait latency).
-    #[command(after_long_help = bench::METHOD)]
-    Bench(BenchArgs),
-    /// Re-plot a saved `ferry bench --json` file.
-    Plot {
-        /// The JSON file.
-        json: PathBuf,
-        /// Output FILE.svg or FILE.png (repeat for both).
-        #[arg(long, value_name = "FILE", required = true)]
-        plot: Vec<PathBuf>,
-    },
-}
-
-#[derive(clap::Args)]
-struct BenchArgs {
-    /// List the tests (with why a test cannot run here) and exit.
-    #[arg(long)]
-    list: bool,
-    /// Tests to run, comma separated (default: every test available here). See --list.
-    #[arg(long = "test", value_name = "NAMES")]
-    tests: Option<String>,
-    /// Engines whose tests run: cpu, cuda or all.
-    #[arg(long, default_value = "all", value_parser = |s: &str| s.parse::<EngineSel>().map_err(|e| e.to_string()))]
-    engine: EngineSel,
-    /// Sizes of bandwidth tests: a doubling range `4K..1G` or a list `4K,1M,256M` (K/M/G = 2^10/2^20/2^30).
-    #[arg(long, value_name = "SIZES")]
-    sizes: Option<Sizes>,
-    /// Sizes of latency tests (default 4,64,1K,4K,16K,64K), same syntax as --sizes.
-    #[arg(long, value_name = "SIZES")]
-    latency_sizes: Option<Sizes>,
-    /// CPU engine worker threads (default: one per core); the threaded baseline uses as many.
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Timed samples per series (median, min and max are reported).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
-    samples: u32,
-    /// Untimed warm-up calls per series.
-    #[arg(long, default_value_t = 3)]
-    warmup: u32,
-    /// Write every result as JSON (schema: README, "ferry bench JSON schema").
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Plot bandwidth against size into FILE.svg or FILE.png (repeat for both).
-    #[arg(long, value_name = "FILE")]
-    plot: Vec<PathBuf>,
-    /// Write the timeline of the tests that have one (pipeline, cuda-pipeline: one more run
-    /// each) as Chrome trace JSON (open in Perfetto or chrome://tracing); with several, FILE
-    /// gets the last and FILE.<test>-<size>.json each.
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// Draw the last timeline as a Gantt chart into FILE.svg or FILE.png (repeat for both).
-    #[arg(long, value_name = "FILE")]
-    gantt: Vec<PathBuf>,
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let res = match cli.cmd {
-        Cmd::Info { json } => info(json),
-        Cmd::Bench(args) => run_bench(args),
-        Cmd::Plot { json, plot } => replot(&json, &plot),
+    // Every check that needs no work runs here, before anything is measured or written.
+    let plan = match args::validate(std::env::args_os()) {
+        Ok(plan) => plan,
+        Err(ArgError::Clap(e)) => e.exit(),
+        Err(e) => return fail(&e),
+    };
+    let res = match plan {
+        Plan::Info { json } => info(json),
+        Plan::List => {
+            list();
+            Ok(())
+        }
+        Plan::Bench(plan) => run_bench(&plan),
+        Plan::Plot { json, outs } => replot(&json, &outs),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("ferry: error: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) => fail(&*e),
     }
+}
+
+fn fail(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("ferry: error: {e}");
+    ExitCode::FAILURE
 }
 
 type AnyError = Box<dyn std::error::Error>;
@@ -121,7 +57,7 @@ fn list() {
             Err(why) => format!("unavailable: {why}"),
         };
         println!(
-            "{:<w$}  {:<9}  {:<4}  sizes {:<18}  {}\n{:<w$}  {}",
+            "{:<w$}  {:<9}  {:<5}  sizes {:<18}  {}\n{:<w$}  {}",
             t.name,
             format!("{:?}", t.kind).to_lowercase(),
             format!("{:?}", t.needs).to_lowercase(),
@@ -133,55 +69,12 @@ fn list() {
     }
 }
 
-fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
-    if a.list {
-        list();
-        return Ok(());
+fn run_bench(plan: &BenchPlan) -> Result<(), AnyError> {
+    args::preflight(plan)?;
+    if let Some(line) = args::left_out(&plan.skipped) {
+        eprintln!("ferry bench: {line}");
     }
-    for p in &a.plot {
-        let ext = p
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        if !matches!(ext.as_deref(), Some("svg" | "png")) {
-            return Err(ferry_cli::plot::PlotError::Format(p.display().to_string()).into());
-        }
-    }
-    // The engines read FERRY_STAGING_* and FERRY_FILE_* where they are made; a value that
-    // does not parse stops the run here, before anything is measured.
-    ferry::cuda::staged::StagingConfig::from_env()?;
-    ferry::file::FileConfig::from_env()?;
-    let sel = bench::select(a.tests.as_deref(), a.engine)?;
-    if !sel.skipped.is_empty() {
-        let mut reasons: Vec<&str> = sel.skipped.iter().map(|(_, r)| r.as_str()).collect();
-        reasons.dedup();
-        eprintln!(
-            "ferry bench: {} GPU test(s) left out: {}",
-            sel.skipped.len(),
-            reasons.join("; ")
-        );
-    }
-    if sel.run.is_empty() {
-        let why = sel
-            .skipped
-            .first()
-            .map_or("no test selected".to_string(), |(_, r)| r.clone());
-        return Err(bench::BenchError::NothingToRun(why).into());
-    }
-    bench::pipeline::set_trace(a.trace.is_some() || !a.gantt.is_empty());
-    let cfg = BenchConfig {
-        tests: sel.run,
-        sizes: a.sizes.map(|s| s.0),
-        latency_sizes: a.latency_sizes.map(|s| s.0),
-        threads: a
-            .threads
-            .unwrap_or_else(|| ferry::CpuConfig::default().threads),
-        method: Method {
-            warmup: a.warmup as usize,
-            samples: a.samples as usize,
-            ..Method::default()
-        },
-    };
+    bench::pipeline::set_trace(plan.trace.is_some() || !plan.gantt.is_empty());
     // Progress on stderr, only on a terminal, and only once the run has lasted 1 s.
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
     bar.set_style(
@@ -191,7 +84,7 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
     let tty = std::io::stderr().is_terminal();
     let t0 = Instant::now();
     let mut shown = false;
-    let rep = bench::run(&cfg, &sel.skipped, |done, total, what| {
+    let rep = bench::run(&plan.cfg, &plan.skipped, |done, total, what| {
         if tty && !shown && t0.elapsed() > Duration::from_secs(1) {
             bar.set_draw_target(ProgressDrawTarget::stderr());
             bar.enable_steady_tick(Duration::from_millis(250));
@@ -204,18 +97,17 @@ fn run_bench(a: BenchArgs) -> Result<(), AnyError> {
     bar.finish_and_clear();
     let rep = rep?;
     print!("{}", ferry_cli::report::render(&rep));
-    if let Some(path) = &a.json {
+    if let Some(path) = &plan.json {
         std::fs::write(path, serde_json::to_string_pretty(&rep)?)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    for p in &a.plot {
+    for p in &plan.plot {
         ferry_cli::plot::write(&rep, p)?;
         eprintln!("wrote {}", p.display());
     }
-    write_traces(a.trace.as_deref(), &a.gantt)
+    write_traces(plan.trace.as_deref(), &plan.gantt)
 }
-
 /// `--trace` and `--gantt`: the timelines the pipeline tests kept.
 fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<(), AnyError> {
     let traces = bench::pipeline::take_traces();
@@ -248,8 +140,10 @@ fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<()
 }
 
 fn replot(json: &std::path::Path, outs: &[PathBuf]) -> Result<(), AnyError> {
-    let text = std::fs::read_to_string(json)
-        .map_err(|e| format!("cannot read {}: {e}", json.display()))?;
+    for p in outs {
+        args::check_writable(p)?;
+    }
+    let text = args::read_report(json)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", json.display()))?;
     let rows = ferry_cli::plot::rows_from_json(&v)?;

@@ -11,6 +11,9 @@ pub enum SizeError {
     /// A size does not parse.
     #[error("bad size `{0}`: expected a number with an optional K, M, G or T suffix (powers of 1024), e.g. 4K or 256M")]
     Bad(String),
+    /// A size is negative.
+    #[error("size `{0}` is negative: sizes must be positive, e.g. 4K")]
+    Negative(String),
     /// A size is zero.
     #[error("size `{0}` is zero: sizes must be at least 1 byte")]
     Zero(String),
@@ -31,6 +34,9 @@ pub enum SizeError {
 /// ```
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let t = text.trim();
+    if t.starts_with('-') {
+        return Err(SizeError::Negative(text.to_string()));
+    }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);
     if digits.is_empty() {
@@ -146,7 +152,7 @@ mod tests {
     fn bad_sizes() {
         assert_eq!(parse_size("K"), Err(SizeError::Bad("K".into())));
         assert_eq!(parse_size("4X"), Err(SizeError::Bad("4X".into())));
-        assert_eq!(parse_size("-4"), Err(SizeError::Bad("-4".into())));
+        assert_eq!(parse_size("-4"), Err(SizeError::Negative("-4".into())));
         assert_eq!(parse_size("1.5M"), Err(SizeError::Bad("1.5M".into())));
         assert_eq!(parse_size("0"), Err(SizeError::Zero("0".into())));
         assert_eq!(

@@ -1,6 +1,6 @@
 //! End-to-end tests of the `ferry` binary: arguments, JSON schema, plots. CPU only.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn ferry(args: &[&str]) -> Output {
@@ -10,10 +10,12 @@ fn ferry(args: &[&str]) -> Output {
         .expect("run ferry")
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferry-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A fresh temp folder, removed (with what the test wrote in it) when dropped.
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("ferry-cli-test-")
+        .tempdir()
+        .unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -123,7 +125,8 @@ fn info_json_has_cpu_and_gpu_sections() {
 
 #[test]
 fn json_report_follows_the_schema() {
-    let json = tmp("tiny.json");
+    let dir = tmpdir();
+    let json = dir.path().join("tiny.json");
     let o = tiny(&json, &[]);
     if ferry_cli::bench::cuda::available().is_err() {
         let e = stderr(&o);
@@ -184,7 +187,12 @@ fn json_report_follows_the_schema() {
 
 #[test]
 fn plots_are_valid_svg_and_png_with_one_series_per_path() {
-    let (json, svg, png) = (tmp("p.json"), tmp("p.svg"), tmp("p.png"));
+    let dir = tmpdir();
+    let (json, svg, png) = (
+        dir.path().join("p.json"),
+        dir.path().join("p.svg"),
+        dir.path().join("p.png"),
+    );
     tiny(&json, &[svg.as_path(), png.as_path()]);
     let text = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("valid SVG/XML");
@@ -283,7 +291,8 @@ fn default_run_prints_one_line_about_gpu_tests() {
         eprintln!("skipped: a CUDA engine is present");
         return;
     }
-    let json = tmp("d.json");
+    let dir = tmpdir();
+    let json = dir.path().join("d.json");
     let o = ferry(&[
         "bench",
         "--test",
@@ -314,7 +323,8 @@ fn default_run_prints_one_line_about_gpu_tests() {
 
 #[test]
 fn saved_json_is_replotted_and_foreign_json_refused() {
-    let (json, svg) = (tmp("r.json"), tmp("r.svg"));
+    let dir = tmpdir();
+    let (json, svg) = (dir.path().join("r.json"), dir.path().join("r.svg"));
     tiny(&json, &[]);
     let o = ferry(&[
         "plot",
@@ -333,9 +343,9 @@ fn saved_json_is_replotted_and_foreign_json_refused() {
     assert!(texts.contains(&"cpu-contig: ferry"), "{texts:?}");
     assert!(texts.contains(&"cpu-contig: better baseline"), "{texts:?}");
     // A JSON file that is not a ferry bench report: a clear error, no file written.
-    let other = tmp("other.json");
+    let other = dir.path().join("other.json");
     std::fs::write(&other, "{\"results\": []}").unwrap();
-    let out = tmp("other.svg");
+    let out = dir.path().join("other.svg");
     let o = ferry(&[
         "plot",
         other.to_str().unwrap(),

@@ -7,6 +7,7 @@
 use super::ctx::{setup, threads_label, Ctx, HostSeries};
 use super::data::{first_diff, pattern_bytes};
 use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
+use crate::args::mem_available;
 use crate::sizes::format_size;
 use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout, Plain};
 use std::hint::black_box;
@@ -314,14 +315,6 @@ impl Elem for f64 {
     fn from_index(i: usize) -> f64 {
         i as f64
     }
-}
-
-/// `MemAvailable` of `/proc/meminfo` in bytes (None where it cannot be read).
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// One submit + wait through the safe scoped API. `dst_l`/`src_l` None: whole buffers.

@@ -1,8 +1,8 @@
 //! File tests of `ferry bench`: ferry's file engine next to plain reads, in the same run, on the
 //! same file and buffers.
 //!
-//! The file is written once per size into the temp dir (`std::env::temp_dir()`, removed at the
-//! end) and read by every series; the warm-up calls bring it into the page cache, so the rows
+//! The file is written once per size into the temp dir (`std::env::temp_dir()`, nameless, so
+//! it never outlives the run) and read by every series; the warm-up calls bring it into the page cache, so the rows
 //! show the speed of the path itself, not the disk's (the design notes' H200 host reads
 //! 1.6-2.2 GB/s from disk with `O_DIRECT`). `FERRY_FILE_DIRECT=1` makes ferry's series use
 //! `O_DIRECT` (then it reads the disk; the shape column says which path ran).
@@ -41,15 +41,49 @@ pub fn owns(name: &str) -> bool {
     TESTS.iter().any(|t| t.name == name)
 }
 
-/// A test file, removed on drop.
+/// A test file with no name: made in the temp dir and unlinked at once (`O_TMPFILE`), so it
+/// never outlives the process, even one killed by a signal. The engines open it again through
+/// `/proc/self/fd/N`; where that is missing, a named file removed on drop is used instead.
 struct TempFile {
     path: PathBuf,
     data: Vec<u8>,
+    /// Keeps the nameless file alive (or, for the fallback, removes the named one on drop).
+    _keep: Keep,
 }
 
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+enum Keep {
+    Nameless { _file: std::fs::File },
+    Named { _path: tempfile::TempPath },
+}
+
+impl TempFile {
+    fn new(data: Vec<u8>) -> std::io::Result<TempFile> {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        if std::path::Path::new("/proc/self/fd").is_dir() {
+            let mut f = tempfile::tempfile()?;
+            f.write_all(&data)?;
+            f.flush()?;
+            let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+            return Ok(TempFile {
+                path,
+                data,
+                _keep: Keep::Nameless { _file: f },
+            });
+        }
+        let mut f = tempfile::Builder::new()
+            .prefix("ferry-bench-file-")
+            .tempfile()?;
+        f.write_all(&data)?;
+        f.flush()?;
+        let path = f.path().to_path_buf();
+        Ok(TempFile {
+            path,
+            data,
+            _keep: Keep::Named {
+                _path: f.into_temp_path(),
+            },
+        })
     }
 }
 
@@ -102,12 +136,13 @@ impl FileBench {
             return Ok(());
         }
         self.file = None;
-        let path =
-            std::env::temp_dir().join(format!("ferry-bench-file-{}-{size}", std::process::id()));
-        let data = pattern_bytes(size);
-        std::fs::write(&path, &data)
-            .map_err(|e| ctx.bad(&format!("cannot write {}: {e}", path.display())))?;
-        self.file = Some(TempFile { path, data });
+        let file = TempFile::new(pattern_bytes(size)).map_err(|e| {
+            ctx.bad(&format!(
+                "cannot write a test file in {}: {e}",
+                std::env::temp_dir().display()
+            ))
+        })?;
+        self.file = Some(file);
         Ok(())
     }
 

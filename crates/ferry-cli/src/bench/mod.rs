@@ -77,6 +77,9 @@ pub enum BenchError {
     /// `--engine` named an engine that does not exist.
     #[error("unknown engine `{0}`; valid engines: cpu, cuda, all")]
     UnknownEngine(String),
+    /// `--test` named no test (only commas or spaces).
+    #[error("--test names no test; valid tests: {0}")]
+    NoTestNamed(String),
     /// Nothing selected can run on this machine.
     #[error("no test can run: {0}")]
     NothingToRun(String),
@@ -261,7 +264,8 @@ pub fn select(tests: Option<&str>, engine: EngineSel) -> Result<Selection, Bench
         None => reg.clone(),
         Some(list) => {
             let mut out = vec![];
-            for name in list.split(',').map(str::trim) {
+            // Empty items (`cpu-contig,`) are ignored; a list of nothing but commas is refused.
+            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                 match reg.iter().find(|t| t.name == name) {
                     Some(t) if !out.iter().any(|o: &TestInfo| o.name == name) => {
                         out.push(t.clone())
@@ -275,6 +279,10 @@ pub fn select(tests: Option<&str>, engine: EngineSel) -> Result<Selection, Bench
                         });
                     }
                 }
+            }
+            if out.is_empty() {
+                let valid = reg.iter().map(|t| t.name).collect::<Vec<_>>().join(", ");
+                return Err(BenchError::NoTestNamed(valid));
             }
             out
         }
@@ -396,6 +404,16 @@ pub fn run(
         }
     }
     progress(done, total, "done");
+    if results.is_empty() {
+        let why: Vec<String> = size_skips
+            .iter()
+            .map(|s| format!("{}: {}", s.test, s.reason))
+            .collect();
+        return Err(BenchError::NothingToRun(format!(
+            "every size was left out ({})",
+            why.join("; ")
+        )));
+    }
     let c = cpu.engine_config();
     Ok(Report {
         schema: "ferry-bench/1",

@@ -1,0 +1,443 @@
+//! The command line: clap's argument types and the checks that run before any work.
+//!
+//! [`validate`] turns an argument vector into a [`Plan`] without touching files or measuring
+//! anything (the fuzz target and the property tests call it with arbitrary vectors);
+//! [`preflight`] then checks what the plan needs of this machine: memory for the largest size
+//! of each test ([`memory_needed`]), and that every output path can be written. Both run before
+//! the first measurement, so a bad input costs nothing.
+
+use crate::bench::{self, BenchConfig, BenchError, EngineSel, Kind, Method, Needs, TestInfo};
+use crate::plot::PlotError;
+use crate::sizes::{format_size, parse_sizes, Sizes};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The most worker threads `--threads` accepts.
+pub const MAX_THREADS: usize = 1024;
+
+/// `ferry`'s arguments.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ferry",
+    version,
+    about = "Move bytes between host memory, GPUs and files on DMA engines: inspect and measure"
+)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// `ferry`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Show CPU cores, CPU engine defaults and the GPU section.
+    Info {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure ferry's engines against plain baselines (bandwidth and submit+wait latency).
+    #[command(after_long_help = bench::METHOD)]
+    Bench(BenchArgs),
+    /// Re-plot a saved `ferry bench --json` file.
+    Plot {
+        /// The JSON file.
+        json: PathBuf,
+        /// Output FILE.svg or FILE.png (repeat for both).
+        #[arg(long, value_name = "FILE", required = true)]
+        plot: Vec<PathBuf>,
+    },
+}
+
+/// `ferry bench`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// List the tests (with why a test cannot run here) and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Tests to run, comma separated (default: every test available here). See --list.
+    #[arg(long = "test", value_name = "NAMES")]
+    pub tests: Option<String>,
+    /// Engines whose tests run: cpu, cuda or all.
+    #[arg(long, default_value = "all", value_parser = |s: &str| s.parse::<EngineSel>().map_err(|e| e.to_string()))]
+    pub engine: EngineSel,
+    /// Sizes of bandwidth tests: a doubling range `4K..1G` or a list `4K,1M,256M` (K/M/G = 2^10/2^20/2^30).
+    #[arg(long, value_name = "SIZES", allow_hyphen_values = true)]
+    pub sizes: Option<Sizes>,
+    /// Sizes of latency tests (default 4,64,1K,4K,16K,64K), same syntax as --sizes.
+    #[arg(long, value_name = "SIZES", allow_hyphen_values = true)]
+    pub latency_sizes: Option<Sizes>,
+    /// CPU engine worker threads, at most 1024 (default: one per core); the threaded baseline
+    /// uses as many.
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_threads)]
+    pub threads: Option<usize>,
+    /// Timed samples per series (median, min and max are reported).
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
+    pub samples: u32,
+    /// Untimed warm-up calls per series.
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub warmup: u32,
+    /// Write every result as JSON (schema: README, "ferry bench JSON schema").
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Plot bandwidth against size into FILE.svg or FILE.png (repeat for both).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Vec<PathBuf>,
+    /// Write the timeline of the tests that have one (pipeline, cuda-pipeline: one more run
+    /// each) as Chrome trace JSON (open in Perfetto or chrome://tracing); with several, FILE
+    /// gets the last and FILE.TEST-SIZE.json each.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Draw the last timeline as a Gantt chart into FILE.svg or FILE.png (repeat for both).
+    #[arg(long, value_name = "FILE")]
+    pub gantt: Vec<PathBuf>,
+}
+
+fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))?;
+    match usize::try_from(n) {
+        Ok(n) if n <= MAX_THREADS => Ok(n),
+        _ => Err(format!("must be 0..={MAX_THREADS}")),
+    }
+}
+
+/// Why the arguments were refused before any work started.
+#[derive(Debug, Error)]
+pub enum ArgError {
+    /// clap refused the arguments (or `--help`/`--version` was asked: see [`clap::Error::exit`]).
+    #[error("{0}")]
+    Clap(#[from] clap::Error),
+    /// A test selection or setting that cannot run.
+    #[error(transparent)]
+    Bench(#[from] BenchError),
+    /// A plot or Gantt path with the wrong extension.
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    /// A `FERRY_*` environment variable that does not parse.
+    #[error("{0}")]
+    Env(String),
+    /// A test's largest size needs more memory than the machine has.
+    #[error(
+        "{test} at {} needs at least {} of {what} memory; {} {}: give smaller --sizes",
+        format_size(*size),
+        format_size(*need),
+        format_size(*avail),
+        if *what == "host" { "available" } else { "on the device" }
+    )]
+    Memory {
+        /// Test name.
+        test: String,
+        /// The size in bytes.
+        size: u64,
+        /// Bytes it needs.
+        need: u64,
+        /// "host" or "device".
+        what: &'static str,
+        /// Bytes available (host: `MemAvailable`; device: the smallest GPU's memory).
+        avail: u64,
+    },
+    /// An output path that cannot be written.
+    #[error("cannot write {path}: {why}")]
+    Output {
+        /// The path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    /// An input file that cannot be read.
+    #[error("cannot read {path}: {why}")]
+    Input {
+        /// The path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// A `ferry bench` run whose arguments passed [`validate`].
+#[derive(Debug, Clone)]
+pub struct BenchPlan {
+    /// Tests to run and their settings.
+    pub cfg: BenchConfig,
+    /// Tests selected but unavailable here: (name, reason).
+    pub skipped: Vec<(String, String)>,
+    /// `--json`.
+    pub json: Option<PathBuf>,
+    /// `--plot` files.
+    pub plot: Vec<PathBuf>,
+    /// `--trace`.
+    pub trace: Option<PathBuf>,
+    /// `--gantt` files.
+    pub gantt: Vec<PathBuf>,
+}
+
+impl BenchPlan {
+    /// The sizes each test will run at (its own sweep or the `--sizes`/`--latency-sizes` one).
+    pub fn sizes_of(&self, t: &TestInfo) -> Vec<u64> {
+        let own = match t.kind {
+            Kind::Bandwidth => self.cfg.sizes.clone(),
+            Kind::Latency => self.cfg.latency_sizes.clone(),
+        };
+        own.unwrap_or_else(|| parse_sizes(t.default_sizes).unwrap_or_default())
+    }
+}
+
+/// What the command line asks for, checked.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// `ferry info [--json]`.
+    Info {
+        /// JSON instead of text.
+        json: bool,
+    },
+    /// `ferry bench --list`.
+    List,
+    /// `ferry bench ...`.
+    Bench(Box<BenchPlan>),
+    /// `ferry plot JSON --plot FILE...`.
+    Plot {
+        /// The saved report.
+        json: PathBuf,
+        /// The pictures to write.
+        outs: Vec<PathBuf>,
+    },
+}
+
+/// Parses and checks an argument vector (the first item is the program name) without doing
+/// any work: no file is opened or written and nothing is measured. Environment variables
+/// `FERRY_STAGING_*`/`FERRY_FILE_*` are read and checked, and the CUDA driver is probed to
+/// tell which tests can run.
+pub fn validate<I, T>(argv: I) -> Result<Plan, ArgError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(argv)?;
+    match cli.cmd {
+        Cmd::Info { json } => Ok(Plan::Info { json }),
+        Cmd::Plot { json, plot } => {
+            for p in &plot {
+                check_picture_ext(p)?;
+            }
+            Ok(Plan::Plot { json, outs: plot })
+        }
+        Cmd::Bench(a) if a.list => Ok(Plan::List),
+        Cmd::Bench(a) => validate_bench(a).map(|p| Plan::Bench(Box::new(p))),
+    }
+}
+
+fn validate_bench(a: BenchArgs) -> Result<BenchPlan, ArgError> {
+    for p in a.plot.iter().chain(&a.gantt) {
+        check_picture_ext(p)?;
+    }
+    // The engines read FERRY_STAGING_* and FERRY_FILE_* where they are made; a value that
+    // does not parse stops the run here, before anything is measured.
+    ferry::cuda::staged::StagingConfig::from_env().map_err(|e| ArgError::Env(e.to_string()))?;
+    ferry::file::FileConfig::from_env().map_err(|e| ArgError::Env(e.to_string()))?;
+    let sel = bench::select(a.tests.as_deref(), a.engine)?;
+    if sel.run.is_empty() {
+        let why = match left_out(&sel.skipped) {
+            Some(line) => line,
+            None => "no test selected".to_string(),
+        };
+        return Err(BenchError::NothingToRun(why).into());
+    }
+    Ok(BenchPlan {
+        cfg: BenchConfig {
+            tests: sel.run,
+            sizes: a.sizes.map(|s| s.0),
+            latency_sizes: a.latency_sizes.map(|s| s.0),
+            threads: a
+                .threads
+                .unwrap_or_else(|| ferry::CpuConfig::default().threads),
+            method: Method {
+                warmup: a.warmup as usize,
+                samples: a.samples as usize,
+                ..Method::default()
+            },
+        },
+        skipped: sel.skipped,
+        json: a.json,
+        plot: a.plot,
+        trace: a.trace,
+        gantt: a.gantt,
+    })
+}
+
+/// "N GPU test(s) left out: why; why" (None when none was).
+pub fn left_out(skipped: &[(String, String)]) -> Option<String> {
+    if skipped.is_empty() {
+        return None;
+    }
+    let mut reasons: Vec<&str> = skipped.iter().map(|(_, r)| r.as_str()).collect();
+    reasons.dedup();
+    Some(format!(
+        "{} GPU test(s) left out: {}",
+        skipped.len(),
+        reasons.join("; ")
+    ))
+}
+
+fn check_picture_ext(p: &Path) -> Result<(), PlotError> {
+    let ext = p
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("svg" | "png") => Ok(()),
+        _ => Err(PlotError::Format(p.display().to_string())),
+    }
+}
+
+/// Memory a test needs at one size, at least: (host bytes, device bytes); None where the
+/// figure overflows 64 bits. An estimate from the buffers each test allocates (source,
+/// destination and reference), so a run refused by [`check_memory`] could not have fit.
+pub fn memory_needed(t: &TestInfo, size: u64) -> Option<(u64, u64)> {
+    // cuda-scatter: `size` is one segment of 100,000.
+    let payload = if t.name == "cuda-scatter" {
+        size.checked_mul(100_000)?
+    } else {
+        size
+    };
+    let (host, device) = match (t.name, t.needs) {
+        ("cpu-tile", _) => (3, 0),
+        ("cuda-tile", _) => (3, 1),
+        (_, Needs::Cpu) => (2, 0),
+        (_, Needs::Cuda | Needs::Cuda2 | Needs::Nccl2) if t.kind == Kind::Latency => (2, 1),
+        ("cuda-d2d" | "cuda-transpose" | "cuda-d2d-split", _) => (1, 2),
+        _ => (2, 1),
+    };
+    Some((payload.checked_mul(host)?, payload.checked_mul(device)?))
+}
+
+/// Refuses a plan whose largest size of some test needs more memory than `host_avail` (host,
+/// e.g. `MemAvailable`) or `device_total` (the smallest GPU's memory); None: not known, not
+/// checked.
+pub fn check_memory(
+    plan: &BenchPlan,
+    host_avail: Option<u64>,
+    device_total: Option<u64>,
+) -> Result<(), ArgError> {
+    for t in &plan.cfg.tests {
+        for size in plan.sizes_of(t) {
+            let (host, device) = memory_needed(t, size).unwrap_or((u64::MAX, u64::MAX));
+            let refuse = |need: u64, what, avail: u64| ArgError::Memory {
+                test: t.name.to_string(),
+                size,
+                need,
+                what,
+                avail,
+            };
+            if let Some(avail) = host_avail.filter(|&a| host > a) {
+                return Err(refuse(host, "host", avail));
+            }
+            if t.needs.is_gpu() {
+                if let Some(total) = device_total.filter(|&a| device > a) {
+                    return Err(refuse(device, "device", total));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (None where it cannot be read).
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The smallest GPU's memory in bytes (None without a GPU or where the driver does not say).
+pub fn device_memory() -> Option<u64> {
+    let p = ferry::cuda::probe();
+    p.devices
+        .iter()
+        .filter_map(|d| d.total_mem)
+        .min()
+        .map(|m| m as u64)
+}
+
+/// Checks that `path` can be written, leaving it as it was: an existing file is opened for
+/// writing (not truncated); for a new one, a nameless file is made and dropped in its folder.
+pub fn check_writable(path: &Path) -> Result<(), ArgError> {
+    let out = |why: String| ArgError::Output {
+        path: path.display().to_string(),
+        why,
+    };
+    if path.is_dir() {
+        return Err(out("it is a directory".into()));
+    }
+    if path.exists() {
+        return std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(drop)
+            .map_err(|e| out(e.to_string()));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(out(format!("folder {} does not exist", dir.display())));
+    }
+    tempfile::tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| out(format!("cannot create files in {}: {e}", dir.display())))
+}
+
+/// Checks what a bench plan needs of this machine before it starts: memory for every test's
+/// largest size and every output path writable.
+pub fn preflight(plan: &BenchPlan) -> Result<(), ArgError> {
+    let gpu = plan.cfg.tests.iter().any(|t| t.needs.is_gpu());
+    check_memory(
+        plan,
+        mem_available(),
+        if gpu { device_memory() } else { None },
+    )?;
+    let outs = plan
+        .json
+        .iter()
+        .chain(&plan.plot)
+        .chain(&plan.trace)
+        .chain(&plan.gantt);
+    for p in outs {
+        check_writable(p)?;
+    }
+    Ok(())
+}
+
+/// The largest saved report `ferry plot` reads.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Reads a saved report for `ferry plot`: a regular file of at most [`MAX_JSON_BYTES`].
+pub fn read_report(path: &Path) -> Result<String, ArgError> {
+    use std::io::Read;
+    let bad = |why: String| ArgError::Input {
+        path: path.display().to_string(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(bad("not a regular file".into()));
+    }
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(bad(format!(
+            "{} is larger than a saved report can be ({})",
+            format_size(meta.len()),
+            format_size(MAX_JSON_BYTES)
+        )));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_JSON_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(text)
+}

@@ -1,0 +1,199 @@
+//! Every bad input of issue 15 gets a clear message and a non-zero exit before any work
+//! starts. None of these allocates much memory or runs a measurement longer than a moment.
+
+use ferry_cli::args::{check_memory, validate, ArgError, Plan};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn ferry(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(args)
+        .output()
+        .expect("run ferry")
+}
+
+fn refused(args: &[&str], want: &str) -> String {
+    let t0 = Instant::now();
+    let o = ferry(args);
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{args:?} succeeded: {e}");
+    assert!(e.contains(want), "{args:?}: {e}");
+    assert!(
+        !e.contains("Os {") && !e.contains("Err("),
+        "{args:?}: Debug text: {e}"
+    );
+    // Refused up front: no results table, and quickly.
+    assert!(o.stdout.is_empty(), "{args:?} printed results");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{args:?} ran");
+    e
+}
+
+fn plan(args: &[&str]) -> ferry_cli::args::BenchPlan {
+    let argv = std::iter::once("ferry").chain(args.iter().copied());
+    match validate(argv) {
+        Ok(Plan::Bench(p)) => *p,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
+
+#[test]
+fn sizes_beyond_host_memory_are_refused_before_allocating() {
+    // 64T needs 128T: beyond any machine's MemAvailable (was: abort on allocation, rc 134).
+    let e = refused(
+        &["bench", "--test", "file-read", "--sizes", "64T"],
+        "needs at least 128T of host memory",
+    );
+    assert!(e.contains("available"), "{e}");
+    refused(
+        &["bench", "--test", "cpu-contig", "--sizes", "4K,64T"],
+        "cpu-contig at 64T",
+    );
+}
+
+#[test]
+fn memory_check_refuses_what_does_not_fit() {
+    // `--sizes 16G` on a machine with 24 GiB available (was: OOM-killed, 16 GiB left in /tmp).
+    let p = plan(&["bench", "--test", "file-read", "--sizes", "16G"]);
+    let e = check_memory(&p, Some(24 << 30), None).unwrap_err();
+    assert!(matches!(e, ArgError::Memory { .. }), "{e}");
+    assert!(e.to_string().contains("32G"), "{e}");
+    assert!(check_memory(&p, Some(64 << 30), None).is_ok());
+    assert!(
+        check_memory(&p, None, None).is_ok(),
+        "unknown memory: not checked"
+    );
+    // The default sweep of every CPU test fits in 4 GiB.
+    let p = plan(&["bench", "--engine", "cpu"]);
+    assert!(check_memory(&p, Some(4 << 30), None).is_ok());
+}
+
+#[test]
+fn replot_refuses_non_regular_files() {
+    // Was: hangs reading /dev/zero for ever.
+    refused(
+        &["plot", "/dev/zero", "--plot", "x.svg"],
+        "not a regular file",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    refused(&["plot", d, "--plot", "x.svg"], "not a regular file");
+}
+
+#[test]
+fn unwritable_outputs_are_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let base = ["bench", "--test", "cpu-contig", "--sizes", "4K"];
+    for (flag, path, want) in [
+        (
+            "--json",
+            "/nonexistent/x.json".to_string(),
+            "folder /nonexistent does not exist",
+        ),
+        (
+            "--plot",
+            "/nonexistent/x.png".to_string(),
+            "cannot write /nonexistent/x.png",
+        ),
+        (
+            "--trace",
+            "/nonexistent/t.json".to_string(),
+            "cannot write /nonexistent/t.json",
+        ),
+        (
+            "--gantt",
+            "/nonexistent/g.svg".to_string(),
+            "cannot write /nonexistent/g.svg",
+        ),
+        ("--json", d.clone(), "is a directory"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend([flag, path.as_str()]);
+        refused(&args, want);
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "left files"
+    );
+}
+
+#[test]
+fn a_run_with_every_size_left_out_fails() {
+    // 4 bytes is less than one f64: the only size is left out (was: exit 0, no results).
+    let o = ferry(&[
+        "bench",
+        "--test",
+        "cpu-transpose-f64",
+        "--sizes",
+        "4",
+        "--samples",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("every size was left out") && e.contains("8-byte"),
+        "{e}"
+    );
+}
+
+#[test]
+fn negative_sizes_and_counts_get_a_clear_message() {
+    // Was: "unexpected argument '-4' found".
+    refused(
+        &["bench", "--sizes", "-4K"],
+        "is negative: sizes must be positive",
+    );
+    refused(&["bench", "--latency-sizes", "-4"], "is negative");
+    refused(&["bench", "--threads", "-1"], "must be 0..=1024");
+    refused(&["bench", "--threads", "100000"], "must be 0..=1024");
+    refused(&["bench", "--samples", "-1"], "invalid value '-1'");
+}
+
+#[test]
+fn empty_test_items_are_ignored_and_only_commas_refused() {
+    // Was: unknown test ``.
+    let p = plan(&["bench", "--test", "cpu-contig,", "--sizes", "4K"]);
+    assert_eq!(p.cfg.tests.len(), 1);
+    let p = plan(&["bench", "--test", " ,cpu-tile, ,cpu-contig"]);
+    assert_eq!(p.cfg.tests.len(), 2);
+    refused(&["bench", "--test", ","], "--test names no test");
+    refused(&["bench", "--test", ""], "--test names no test");
+}
+
+#[test]
+fn bad_plot_formats_are_refused_for_every_picture() {
+    refused(&["bench", "--gantt", "g.jpg"], "must end in .svg or .png");
+    refused(
+        &["plot", "r.json", "--plot", "x.pdf"],
+        "must end in .svg or .png",
+    );
+}
+
+#[test]
+fn the_file_test_leaves_no_file_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "bench",
+            "--test",
+            "file-read",
+            "--sizes",
+            "4K",
+            "--samples",
+            "1",
+        ])
+        .args(["--warmup", "0"])
+        .env("TMPDIR", dir.path())
+        .output()
+        .expect("run ferry");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "left files"
+    );
+}
