@@ -669,12 +669,11 @@ proptest! {
         mover: bool,
     ) {
         let _g = serial();
-        static DATA: std::sync::OnceLock<(Vec<u8>, Temp)> = std::sync::OnceLock::new();
-        let (data, t) = DATA.get_or_init(|| {
-            let d = bytes(140_000, 17);
-            let t = Temp::new("prop", &d);
-            (d, t)
-        });
+        // The data is made once; the file each case (a file kept in a static would never be
+        // removed: statics are not dropped).
+        static DATA: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let data = DATA.get_or_init(|| bytes(140_000, 17));
+        let t = Temp::new("prop", data);
         let cfg = FileConfig::new().threads(threads).chunk_bytes(chunk).direct(direct).staged(staged);
         let fe = if mover {
             FileEngine::with_engine(cfg, Arc::new(CpuEngine::new(1).unwrap())).unwrap()
