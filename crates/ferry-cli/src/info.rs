@@ -26,17 +26,45 @@ pub struct CpuInfo {
     pub inline_bytes: usize,
 }
 
-/// The GPU section.
+/// The GPU section: plain fields only (an absent value is `null`, a reason a string).
 #[derive(Debug, Clone, Serialize)]
 pub struct GpuInfo {
     /// Whether the CUDA engine is compiled into this build.
     pub cuda_engine_in_build: bool,
     /// Why no GPU is usable, when none is.
     pub unavailable_reason: Option<String>,
-    /// What the CUDA probe found (driver, devices, peer matrix, nvidia-fs).
-    pub cuda: ferry::cuda::CudaProbe,
-    /// The NCCL library (name and version) or why it is unusable.
-    pub nccl: ferry::engine::nccl::NcclProbe,
+    /// The CUDA driver's version (`13.0`), when a driver was found.
+    pub driver_version: Option<String>,
+    /// One entry per device, by ordinal.
+    pub devices: Vec<ferry::cuda::DeviceInfo>,
+    /// `peer[i][j]`: device `i` can access memory of device `j` directly.
+    pub peer: Vec<Vec<bool>>,
+    /// Whether the `nvidia-fs` kernel module (GPUDirect Storage) is loaded.
+    pub nvidia_fs: bool,
+    /// GPUDirect Storage.
+    pub gds: GdsInfo,
+    /// The NCCL library.
+    pub nccl: NcclInfo,
+}
+
+/// GPUDirect Storage (cuFile): used or why not (`ferry::file::gds_status`).
+#[derive(Debug, Clone, Serialize)]
+pub struct GdsInfo {
+    /// Whether device file loads and stores go through cuFile.
+    pub used: bool,
+    /// Why not, when not.
+    pub reason: Option<String>,
+}
+
+/// The NCCL library, or why it is unusable.
+#[derive(Debug, Clone, Serialize)]
+pub struct NcclInfo {
+    /// The library's name as it was opened.
+    pub library: Option<String>,
+    /// Its version (`2.27.3`).
+    pub version: Option<String>,
+    /// Why it is unusable, when it is.
+    pub unavailable_reason: Option<String>,
 }
 
 /// Gathers the report.
@@ -49,11 +77,36 @@ pub fn gather() -> Info {
         chunk_bytes: cfg.chunk_bytes,
         inline_bytes: cfg.inline_bytes,
     };
+    let cuda = ferry::cuda::probe();
+    let gds = ferry::file::gds_status();
+    let (library, version, nccl_why) = match ferry::engine::nccl::probe().library {
+        Ok((lib, v)) => (
+            Some(lib),
+            Some(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)),
+            None,
+        ),
+        Err(why) => (None, None, Some(why)),
+    };
     let gpu = GpuInfo {
         cuda_engine_in_build: true,
         unavailable_reason: crate::bench::cuda::available().err(),
-        cuda: ferry::cuda::probe(),
-        nccl: ferry::engine::nccl::probe(),
+        driver_version: cuda
+            .driver
+            .as_ref()
+            .ok()
+            .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)),
+        devices: cuda.devices,
+        peer: cuda.peer,
+        nvidia_fs: cuda.nvidia_fs,
+        gds: GdsInfo {
+            used: gds.is_ok(),
+            reason: gds.err(),
+        },
+        nccl: NcclInfo {
+            library,
+            version,
+            unavailable_reason: nccl_why,
+        },
     };
     Info {
         ferry_version: env!("CARGO_PKG_VERSION"),
@@ -75,13 +128,21 @@ pub fn render(info: &Info) -> String {
         "    inline             {} (copies up to this size run on the submitting thread)\n",
         format_size(c.inline_bytes as u64)
     );
+    let p = &info.gpu;
     s += "\nGPU\n";
-    if let Some(why) = &info.gpu.unavailable_reason {
+    s += &format!(
+        "  CUDA engine          {}\n",
+        if p.cuda_engine_in_build {
+            "in this build"
+        } else {
+            "not in this build"
+        }
+    );
+    if let Some(why) = &p.unavailable_reason {
         s += &format!("  not available: {why}\n");
     }
-    let p = &info.gpu.cuda;
-    if let Ok(v) = p.driver {
-        s += &format!("  CUDA driver          {}.{}\n", v / 1000, (v % 1000) / 10);
+    if let Some(v) = &p.driver_version {
+        s += &format!("  CUDA driver          {v}\n");
     }
     let opt = |o: Option<String>| o.unwrap_or_else(|| "unknown".into());
     for d in &p.devices {
@@ -126,6 +187,10 @@ pub fn render(info: &Info) -> String {
             "    map host memory    {}\n",
             opt(d.can_map_host_memory.map(|b| b.to_string()))
         );
+        s += &format!(
+            "    managed access     {}\n",
+            opt(d.concurrent_managed_access.map(|b| b.to_string()))
+        );
     }
     if p.devices.len() > 1 {
         s += "  peer access (row reads/writes column)\n";
@@ -146,21 +211,27 @@ pub fn render(info: &Info) -> String {
             s += &format!("    GPU {i}: {}\n", cells.join(" "));
         }
     }
-    if p.driver.is_ok() {
-        s += &format!(
-            "  GPUDirect Storage    {}\n",
-            if p.nvidia_fs {
-                "nvidia-fs module present"
-            } else {
-                "nvidia-fs module absent: compat path only"
-            }
-        );
-    }
+    s += &format!(
+        "  nvidia-fs module     {}\n",
+        if p.nvidia_fs { "loaded" } else { "not loaded" }
+    );
+    s += &format!(
+        "  GPUDirect Storage    {}\n",
+        match &p.gds.reason {
+            None if p.gds.used => "used".to_string(),
+            None => "not used".to_string(),
+            Some(why) => format!(
+                "not used: {}",
+                why.trim_start_matches("GPUDirect Storage not used: ")
+            ),
+        }
+    );
     s += &format!(
         "  NCCL                 {}\n",
-        match &info.gpu.nccl.library {
-            Ok((lib, v)) => format!("{lib}, version {}.{}.{}", v / 10000, v / 100 % 100, v % 100),
-            Err(why) => format!("none ({why})"),
+        match (&p.nccl.library, &p.nccl.version, &p.nccl.unavailable_reason) {
+            (Some(lib), Some(v), _) => format!("{lib}, version {v}"),
+            (_, _, Some(why)) => format!("none ({why})"),
+            _ => "none".to_string(),
         }
     );
     s

@@ -48,23 +48,40 @@ fn info(json: bool) -> Result<(), AnyError> {
     Ok(())
 }
 
+/// `bench --list`: one line per test in aligned columns, then why it cannot run here.
 fn list() {
     let reg = bench::registry();
-    let w = reg.iter().map(|t| t.name.len()).max().unwrap_or(0);
-    for t in reg {
+    let rows: Vec<[String; 4]> = reg
+        .iter()
+        .map(|t| {
+            [
+                t.name.to_string(),
+                format!("{:?}", t.kind).to_lowercase(),
+                format!("{:?}", t.needs).to_lowercase(),
+                format!("sizes {}", t.default_sizes),
+            ]
+        })
+        .collect();
+    let w: Vec<usize> = (0..4)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    for (t, r) in reg.iter().zip(&rows) {
         let status = match bench::availability(t.needs) {
             Ok(()) => "available".to_string(),
             Err(why) => format!("unavailable: {why}"),
         };
         println!(
-            "{:<w$}  {:<9}  {:<5}  sizes {:<18}  {}\n{:<w$}  {}",
-            t.name,
-            format!("{:?}", t.kind).to_lowercase(),
-            format!("{:?}", t.needs).to_lowercase(),
-            t.default_sizes,
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}\n{:<w0$}  {status}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
             t.description,
             "",
-            status
+            w0 = w[0],
+            w1 = w[1],
+            w2 = w[2],
+            w3 = w[3],
         );
     }
 }

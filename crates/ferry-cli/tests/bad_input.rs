@@ -197,3 +197,42 @@ fn the_file_test_leaves_no_file_behind() {
         "left files"
     );
 }
+
+#[test]
+fn info_json_is_plain_and_text_shows_all_of_it() {
+    let o = ferry(&["info", "--json"]);
+    assert!(o.status.success());
+    let json = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !json.contains("\"Err\"") && !json.contains("\"Ok\""),
+        "{json}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(v["gpu"]["gds"]["used"].is_boolean(), "{json}");
+    assert!(v["gpu"]["nvidia_fs"].is_boolean(), "{json}");
+    let o = ferry(&["info"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "GPUDirect Storage",
+        "nvidia-fs module",
+        "NCCL",
+        "CUDA engine",
+        "cores",
+    ] {
+        assert!(text.contains(want), "{text} lacks {want}");
+    }
+    if let Some(why) = v["gpu"]["gds"]["reason"].as_str() {
+        let short = why.trim_start_matches("GPUDirect Storage not used: ");
+        assert!(text.contains(short), "{text} lacks {short}");
+    }
+}
+
+#[test]
+fn list_columns_are_aligned() {
+    let o = ferry(&["bench", "--list"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let firsts: Vec<&str> = out.lines().step_by(2).collect();
+    let col = |l: &str, word: &str| l.find(word);
+    let sizes: Vec<_> = firsts.iter().map(|l| col(l, "sizes ")).collect();
+    assert!(sizes.iter().all(|c| c.is_some() && *c == sizes[0]), "{out}");
+}
