@@ -93,6 +93,10 @@ pub struct BenchArgs {
     /// Draw the last timeline as a Gantt chart into FILE.svg or FILE.png (repeat for both).
     #[arg(long, value_name = "FILE")]
     pub gantt: Vec<PathBuf>,
+    /// Print the method (how each figure is measured; also at the end of --help) before the
+    /// tables.
+    #[arg(long, short)]
+    pub verbose: bool,
 }
 
 fn parse_threads(s: &str) -> Result<usize, String> {
@@ -174,6 +178,8 @@ pub struct BenchPlan {
     pub trace: Option<PathBuf>,
     /// `--gantt` files.
     pub gantt: Vec<PathBuf>,
+    /// `--verbose`: print the method before the tables.
+    pub verbose: bool,
 }
 
 impl BenchPlan {
@@ -266,6 +272,7 @@ fn validate_bench(a: BenchArgs) -> Result<BenchPlan, ArgError> {
         plot: a.plot,
         trace: a.trace,
         gantt: a.gantt,
+        verbose: a.verbose,
     })
 }
 

@@ -113,7 +113,7 @@ fn run_bench(plan: &BenchPlan) -> Result<(), AnyError> {
     });
     bar.finish_and_clear();
     let rep = rep?;
-    print!("{}", ferry_cli::report::render(&rep));
+    print!("{}", ferry_cli::report::render(&rep, plan.verbose));
     if let Some(path) = &plan.json {
         std::fs::write(path, serde_json::to_string_pretty(&rep)?)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

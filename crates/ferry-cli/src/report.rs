@@ -99,14 +99,45 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
     out
 }
 
-/// The header printed above the tables: engine, method settings.
+/// How to read the figures, printed under the header.
+pub const READING: &str = "\
+Reading: GB/s = 10^9 payload bytes/s, median of the samples (min..max beside it). ratio =
+ferry / the better of the plain baselines measured in the same run on the same buffers (the
+baseline column names it): above 1 ferry is faster; for latency rows it is ferry's time over
+the baseline's, below 1 ferry is faster. link = ferry's figure as a fraction of the PCIe link.
+The method: `ferry bench --help`, or `--verbose` to print it here.
+Small sizes (below about 64 KiB) fit in cache and show the per-call cost; CPU rows there swing
+from run to run with where the allocator places the buffers (4 KiB aliasing).
+";
+
+/// The header printed above the tables: build, host, CPU and GPU models, engine settings.
 pub fn header(rep: &Report) -> String {
     let m = &rep.method.settings;
     let e = &rep.cpu_engine;
+    let h = &rep.host;
+    let unknown = || "unknown".to_string();
+    let gpus = if h.gpu_models.is_empty() {
+        "none".to_string()
+    } else {
+        let mut names: Vec<(String, usize)> = vec![];
+        for g in &h.gpu_models {
+            match names.iter_mut().find(|(n, _)| n == g) {
+                Some((_, k)) => *k += 1,
+                None => names.push((g.clone(), 1)),
+            }
+        }
+        let parts: Vec<String> = names.iter().map(|(n, k)| format!("{k} x {n}")).collect();
+        parts.join(", ")
+    };
     format!(
-        "ferry bench {} | {} cores | CPU engine: {} threads, chunk {}, inline {} | warm-up {}, samples {}, median (min..max)\n",
+        "ferry bench {} (commit {}) on {} | CPU: {}, {} cores | GPU: {}\n\
+         CPU engine: {} threads, chunk {}, inline {} | warm-up {}, samples {}, median (min..max)\n",
         rep.ferry_version,
-        rep.host.cores,
+        rep.commit.unwrap_or("unknown"),
+        h.hostname.clone().unwrap_or_else(unknown),
+        h.cpu_model.clone().unwrap_or_else(unknown),
+        h.cores,
+        gpus,
         e.threads,
         format_size(e.chunk_bytes as u64),
         format_size(e.inline_bytes as u64),
@@ -115,11 +146,16 @@ pub fn header(rep: &Report) -> String {
     )
 }
 
-/// Everything printed after a run: header, method, one table per kind, summary lines.
-pub fn render(rep: &Report) -> String {
+/// Everything printed after a run: header, how to read it (and the method with `verbose`), one
+/// table per kind, left-out sizes, the summary per test family.
+pub fn render(rep: &Report, verbose: bool) -> String {
     let mut out = header(rep);
-    out += crate::bench::METHOD;
-    out += "\n";
+    out += READING;
+    if verbose {
+        out += "\n";
+        out += crate::bench::METHOD;
+        out += "\n";
+    }
     let rows: Vec<&Row> = rep.results.iter().collect();
     for kind in [Kind::Bandwidth, Kind::Latency] {
         if rows.iter().any(|r| r.kind == kind) {
@@ -146,6 +182,105 @@ pub fn render(rep: &Report) -> String {
             out += &format!(" {} {:.2}x", format_size(size), r);
         }
         out.push('\n');
+    }
+    out += &summary(&rows);
+    out
+}
+
+/// The family a test belongs to in the summary (and, later, the plot's panels).
+pub fn family(test: &str) -> &'static str {
+    match test {
+        t if t.contains("latency") => "latency",
+        t if t.starts_with("cpu-") => "CPU",
+        "file-read" | "cuda-file-read" => "files",
+        "pipeline" | "cuda-pipeline" => "pipeline",
+        "cuda-scatter" => "scattered",
+        t if t.starts_with("cuda-tile") || t.starts_with("cuda-transpose") => "strided",
+        t if t.starts_with("cuda-d2d")
+            || t.starts_with("multi-peer")
+            || t.starts_with("multi-nccl") =>
+        {
+            "device"
+        }
+        _ => "host<->device",
+    }
+}
+
+/// Families in the order the summary lists them.
+const FAMILIES: [&str; 8] = [
+    "host<->device",
+    "device",
+    "strided",
+    "scattered",
+    "files",
+    "CPU",
+    "pipeline",
+    "latency",
+];
+
+/// The closing summary: per family, the geometric mean of ferry's ratio to the better baseline
+/// (and its range), the best fraction of the physical limit where one is known, and the rows
+/// where ferry falls short (more than 10% behind the baseline), in words.
+pub fn summary(rows: &[&Row]) -> String {
+    let mut out = String::from(
+        "\nsummary (ratio: geometric mean over sizes of ferry / better baseline, min..max; \
+         limit: best fraction of the PCIe link)\n",
+    );
+    let w = FAMILIES.iter().map(|f| f.len()).max().unwrap_or(0);
+    for fam in FAMILIES {
+        let rs: Vec<&&Row> = rows
+            .iter()
+            .filter(|r| family(&r.test) == fam && r.ratio.is_finite() && r.ratio > 0.0)
+            .collect();
+        if rs.is_empty() {
+            continue;
+        }
+        let latency = fam == "latency";
+        let geo = (rs.iter().map(|r| r.ratio.ln()).sum::<f64>() / rs.len() as f64).exp();
+        let lo = rs.iter().map(|r| r.ratio).fold(f64::INFINITY, f64::min);
+        let hi = rs.iter().map(|r| r.ratio).fold(0.0, f64::max);
+        let limit = rs
+            .iter()
+            .filter_map(|r| r.link_limit_fraction)
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        let limit = limit.map_or("not measured".to_string(), |x| format!("{:.0}%", x * 100.0));
+        // Short: ferry more than 10% behind the baseline.
+        let short: Vec<String> = rs
+            .iter()
+            .filter(|r| {
+                if latency {
+                    r.ratio > 1.1
+                } else {
+                    r.ratio < 0.9
+                }
+            })
+            .map(|r| format!("{} {} ({:.2})", r.test, format_size(r.size_bytes), r.ratio))
+            .collect();
+        let verdict = if short.is_empty() {
+            "at or above the baseline everywhere".to_string()
+        } else {
+            let shown = short.iter().take(4).cloned().collect::<Vec<_>>().join(", ");
+            let more = short.len().saturating_sub(4);
+            let what = if latency { "slower than" } else { "behind" };
+            format!(
+                "{what} the baseline in {} of {} rows: {shown}{}",
+                short.len(),
+                rs.len(),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        };
+        out += &format!(
+            "  {fam:<w$}  ratio {geo:.2} ({lo:.2}..{hi:.2}{})  limit {limit}  {verdict}\n",
+            if latency {
+                ", time: lower is better"
+            } else {
+                ""
+            }
+        );
     }
     out
 }

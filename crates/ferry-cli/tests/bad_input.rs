@@ -236,3 +236,45 @@ fn list_columns_are_aligned() {
     let sizes: Vec<_> = firsts.iter().map(|l| col(l, "sizes ")).collect();
     assert!(sizes.iter().all(|c| c.is_some() && *c == sizes[0]), "{out}");
 }
+
+#[test]
+fn report_has_header_reading_and_summary_and_method_only_when_verbose() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--test",
+            "cpu-contig,cpu-latency",
+            "--sizes",
+            "4K",
+            "--latency-sizes",
+            "4",
+            "--samples",
+            "1",
+            "--warmup",
+            "0",
+        ];
+        args.extend(extra);
+        let o = ferry(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let out = run(&[]);
+    let first = out.lines().next().unwrap();
+    for want in ["(commit ", " on ", "CPU: ", "GPU: "] {
+        assert!(first.contains(want), "{first} lacks {want}");
+    }
+    assert!(
+        out.contains("Reading:") && out.contains("4 KiB aliasing"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("Method:"),
+        "method printed without --verbose: {out}"
+    );
+    let summary = out.split("\nsummary").nth(1).expect("a summary");
+    assert!(
+        summary.contains("CPU") && summary.contains("latency"),
+        "{summary}"
+    );
+    assert!(run(&["--verbose"]).contains("Method:"));
+}

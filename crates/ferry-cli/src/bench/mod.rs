@@ -418,12 +418,9 @@ pub fn run(
     Ok(Report {
         schema: "ferry-bench/1",
         ferry_version: env!("CARGO_PKG_VERSION"),
+        commit: option_env!("FERRY_GIT_COMMIT"),
         started_unix_s,
-        host: Host {
-            cores: ferry::engine::cpu::probe().cores,
-            os: std::env::consts::OS,
-            arch: std::env::consts::ARCH,
-        },
+        host: Host::gather(),
         method: MethodReport {
             settings: cfg.method.clone(),
             statistic: "median",

@@ -11,6 +11,9 @@ pub struct Report {
     pub schema: &'static str,
     /// ferry version.
     pub ferry_version: &'static str,
+    /// The commit the binary was built from (`git rev-parse` at build time, or the
+    /// `FERRY_COMMIT` variable then; `-dirty` when the work tree had changes), if known.
+    pub commit: Option<&'static str>,
     /// Seconds since the Unix epoch at the start of the run.
     pub started_unix_s: u64,
     /// Host facts.
@@ -29,6 +32,12 @@ pub struct Report {
 /// Host facts in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Host {
+    /// The machine's host name, if known.
+    pub hostname: Option<String>,
+    /// The CPU model (`model name` of `/proc/cpuinfo`), if known.
+    pub cpu_model: Option<String>,
+    /// The name of each GPU the CUDA driver sees, by ordinal (empty without one).
+    pub gpu_models: Vec<String>,
     /// Logical cores.
     pub cores: usize,
     /// `std::env::consts::OS`.
@@ -69,4 +78,31 @@ pub struct Skipped {
     pub test: String,
     /// Why.
     pub reason: String,
+}
+
+impl Host {
+    /// Facts about this machine.
+    pub fn gather() -> Host {
+        let read = |p: &str| std::fs::read_to_string(p).ok();
+        let cpu_model = read("/proc/cpuinfo").and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        });
+        Host {
+            hostname: read("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty()),
+            cpu_model,
+            gpu_models: ferry::cuda::probe()
+                .devices
+                .into_iter()
+                .map(|d| d.name)
+                .collect(),
+            cores: ferry::engine::cpu::probe().cores,
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+        }
+    }
 }
