@@ -374,30 +374,34 @@ pub fn device_memory() -> Option<u64> {
 /// Checks that `path` can be written, leaving it as it was: an existing file is opened for
 /// writing (not truncated); for a new one, a nameless file is made and dropped in its folder.
 pub fn check_writable(path: &Path) -> Result<(), ArgError> {
-    let out = |why: String| ArgError::Output {
+    writable(path).map_err(|why| ArgError::Output {
         path: path.display().to_string(),
         why,
-    };
+    })
+}
+
+/// [`check_writable`]'s test, with why not in words.
+pub(crate) fn writable(path: &Path) -> Result<(), String> {
     if path.is_dir() {
-        return Err(out("it is a directory".into()));
+        return Err("it is a directory".into());
     }
     if path.exists() {
         return std::fs::OpenOptions::new()
             .write(true)
             .open(path)
             .map(drop)
-            .map_err(|e| out(e.to_string()));
+            .map_err(|e| e.to_string());
     }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     if !dir.is_dir() {
-        return Err(out(format!("folder {} does not exist", dir.display())));
+        return Err(format!("folder {} does not exist", dir.display()));
     }
     tempfile::tempfile_in(dir)
         .map(drop)
-        .map_err(|e| out(format!("cannot create files in {}: {e}", dir.display())))
+        .map_err(|e| format!("cannot create files in {}: {e}", dir.display()))
 }
 
 /// Checks what a bench plan needs of this machine before it starts: memory for every test's

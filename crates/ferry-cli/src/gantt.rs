@@ -33,8 +33,9 @@ pub fn write(t: &Timeline, title: &str, path: &Path) -> Result<(), PlotError> {
         _ => return Err(PlotError::Format(name)),
     };
     res.map_err(|message| PlotError::Draw {
+        // plotters' error text is a Debug chain; where the file is the cause, say so plainly.
+        message: crate::args::writable(path).err().unwrap_or(message),
         path: name,
-        message,
     })
 }
 
