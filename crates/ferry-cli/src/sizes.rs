@@ -34,7 +34,9 @@ pub enum SizeError {
 /// ```
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let t = text.trim();
-    if t.starts_with('-') {
+    if t.strip_prefix('-')
+        .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+    {
         return Err(SizeError::Negative(text.to_string()));
     }
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -153,6 +155,8 @@ mod tests {
         assert_eq!(parse_size("K"), Err(SizeError::Bad("K".into())));
         assert_eq!(parse_size("4X"), Err(SizeError::Bad("4X".into())));
         assert_eq!(parse_size("-4"), Err(SizeError::Negative("-4".into())));
+        // A flag taken as the value (`--sizes --test x`) is not called negative.
+        assert_eq!(parse_size("--test"), Err(SizeError::Bad("--test".into())));
         assert_eq!(parse_size("1.5M"), Err(SizeError::Bad("1.5M".into())));
         assert_eq!(parse_size("0"), Err(SizeError::Zero("0".into())));
         assert_eq!(
