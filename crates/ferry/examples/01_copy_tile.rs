@@ -14,7 +14,7 @@ fn main() -> Result<(), ferry::Error> {
         .slice(1, 512..640, 1)?;
     let dst = Layout::contiguous(&[128, 128], 8)?;
     println!("plan: {:?}", Plan::new(&dst, &src)?);
-    engine.scope(|s| s.copy(&mut tile, &dst, &big, &src).map(|_| ()))??;
+    engine.scope(|s| -> ferry::Result<()> { Ok(s.copy(&mut tile, &dst, &big, &src)?.wait()?) })?;
     assert_eq!(tile[0], (256 * 1024 + 512) as f64);
     assert_eq!(tile[128 * 128 - 1], (383 * 1024 + 639) as f64);
     println!(

@@ -22,7 +22,7 @@
 //! let mut tile = vec![0f64; 128 * 128];
 //! let src = Layout::contiguous(&[1024, 1024], 8)?.slice(0, 256..384, 1)?.slice(1, 512..640, 1)?;
 //! let dst = Layout::contiguous(&[128, 128], 8)?;
-//! engine.scope(|s| s.copy(&mut tile, &dst, &big, &src).map(|_| ()))??;
+//! engine.scope(|s| -> ferry::Result<()> { Ok(s.copy(&mut tile, &dst, &big, &src)?.wait()?) })?;
 //! assert_eq!(tile[0], (256 * 1024 + 512) as f64);
 //! # Ok::<(), ferry::Error>(())
 //! ```
@@ -56,7 +56,7 @@ pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
 pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
 pub use env::ConfigError;
-pub use error::Error;
+pub use error::{Error, Result};
 pub use layout::{Layout, LayoutError, MAX_DIMS};
 pub use memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};
 pub use op::{Op, OpError, Operator, Program, Segment, Step};

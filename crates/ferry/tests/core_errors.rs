@@ -44,7 +44,7 @@ fn refused<E: Engine>(
     let src = vec![1u8; src_len];
     let mut dst = vec![0u8; dst_len];
     let r = e
-        .scope(|s| s.copy(&mut dst, dl, &src, sl).map(|_| ()))
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.copy(&mut dst, dl, &src, sl).map(|_| ())))
         .unwrap();
     assert!(dst.iter().all(|&b| b == 0), "a refused copy wrote");
     r.unwrap_err()
@@ -54,7 +54,7 @@ fn refused<E: Engine>(
 fn still_usable<E: Engine>(e: &E) {
     let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     let mut dst = vec![0u8; 5000];
-    e.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))
+    e.scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut dst, &src).map(|_| ())))
         .unwrap()
         .unwrap();
     assert_eq!(dst, src);
@@ -115,7 +115,7 @@ fn layout_larger_than_its_buffer() {
         let src = vec![1u8; 100];
         let mut dst = vec![0u8; 99];
         let err = e
-            .scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut dst, &src).map(|_| ())))
             .unwrap()
             .unwrap_err();
         assert_eq!(
@@ -144,7 +144,9 @@ fn destination_overlapping_itself() {
         let src = vec![0u8; 4];
         let mut dst = vec![0u8; 4];
         let err = e
-            .scope(|s| s.fill(&mut dst, &b, &[1, 2, 3, 4]).map(|_| ()))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &b, &[1, 2, 3, 4]).map(|_| ()))
+            })
             .unwrap()
             .unwrap_err();
         assert!(
@@ -157,7 +159,7 @@ fn destination_overlapping_itself() {
         // A broadcast source is fine.
         let dl = Layout::contiguous(&[4], 4).unwrap();
         let mut dst = vec![0u8; 16];
-        e.scope(|s| s.copy(&mut dst, &dl, &src, &b).map(|_| ()))
+        e.scope(|s| Ok::<_, ferry::BarrierError>(s.copy(&mut dst, &dl, &src, &b).map(|_| ())))
             .unwrap()
             .unwrap();
         still_usable(&e);
@@ -250,7 +252,7 @@ fn fill_pattern_of_the_wrong_size() {
         let l = Layout::contiguous(&[8], 4).unwrap();
         let mut dst = vec![0u8; 32];
         let err = e
-            .scope(|s| s.fill(&mut dst, &l, &[1, 2, 3]).map(|_| ()))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &l, &[1, 2, 3]).map(|_| ())))
             .unwrap()
             .unwrap_err();
         assert_eq!(
@@ -262,7 +264,7 @@ fn fill_pattern_of_the_wrong_size() {
         );
         says(&err, &["3 bytes", "4 bytes"]);
         let err = e
-            .scope(|s| s.fill(&mut dst, &l, &[]).map(|_| ()))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &l, &[]).map(|_| ())))
             .unwrap()
             .unwrap_err();
         assert_eq!(
@@ -381,12 +383,14 @@ fn failing_and_panicking_operators_fail_only_their_request() {
             vec![0u8; 64],
         );
         let r = e.scope(|s| {
-            let r1 = s.memcpy(&mut a, &src).unwrap();
-            let bad = s.custom(&mut b, &src, Arc::new(Fails)).unwrap();
-            let r2 = s.memcpy(&mut c, &src).unwrap();
-            let boom = s.custom(&mut d, &src, Arc::new(Panics)).unwrap();
-            let far = s.custom(&mut f, &src, Arc::new(TooFar)).unwrap();
-            (r1.wait(), bad.wait(), r2.wait(), boom.wait(), far.wait())
+            Ok::<_, ferry::BarrierError>({
+                let r1 = s.memcpy(&mut a, &src).unwrap();
+                let bad = s.custom(&mut b, &src, Arc::new(Fails)).unwrap();
+                let r2 = s.memcpy(&mut c, &src).unwrap();
+                let boom = s.custom(&mut d, &src, Arc::new(Panics)).unwrap();
+                let far = s.custom(&mut f, &src, Arc::new(TooFar)).unwrap();
+                (r1.wait(), bad.wait(), r2.wait(), boom.wait(), far.wait())
+            })
         });
         let (r1, bad, r2, boom, far) = r.unwrap();
         assert_eq!(r1, Ok(()));
@@ -427,7 +431,9 @@ fn failing_and_panicking_operators_fail_only_their_request() {
     let mut d = vec![0u8; 8];
     for _ in 0..4 {
         let r = cpu
-            .scope(|s| s.custom(&mut d, &src, Arc::new(Panics)).map(|_| ()))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.custom(&mut d, &src, Arc::new(Panics)).map(|_| ()))
+            })
             .unwrap_err();
         assert_eq!(r.failures.len(), 1);
     }
@@ -484,16 +490,18 @@ fn segment_lists_copy_and_reject_bad_lists() {
             let (d, s, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
             want[d..d + n].copy_from_slice(&src[s..s + n]);
         }
-        e.scope(|s| s.segments(&mut dst, &src, segs.clone()).map(drop))
-            .unwrap()
-            .unwrap();
+        e.scope(|s| {
+            Ok::<_, ferry::BarrierError>(s.segments(&mut dst, &src, segs.clone()).map(drop))
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(dst, want, "threads {threads}");
 
         // Out of bounds: index, segment and lengths in the message.
         let mut small = vec![0u8; 16];
         let bad = vec![Segment::new(0, 0, 4), Segment::new(14, 0, 4)];
         let r = e
-            .scope(|s| s.segments(&mut small, &src, bad).map(drop))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.segments(&mut small, &src, bad).map(drop)))
             .unwrap();
         match r {
             Err(SubmitError::Op(OpError::SegmentOutOfBounds { index, dst_len, .. })) => {
@@ -509,7 +517,9 @@ fn segment_lists_copy_and_reject_bad_lists() {
             Segment::new(2, 0, 4),
         ];
         let r = e
-            .scope(|s| s.segments(&mut small, &src, overlap).map(drop))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.segments(&mut small, &src, overlap).map(drop))
+            })
             .unwrap();
         let err = r.unwrap_err();
         assert!(
@@ -520,7 +530,7 @@ fn segment_lists_copy_and_reject_bad_lists() {
         // An offset whose end overflows u64 is out of bounds, not a panic.
         let huge = vec![Segment::new(u64::MAX - 1, 0, 4)];
         let r = e
-            .scope(|s| s.segments(&mut small, &src, huge).map(drop))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.segments(&mut small, &src, huge).map(drop)))
             .unwrap();
         assert!(matches!(
             r,

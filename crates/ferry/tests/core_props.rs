@@ -244,7 +244,9 @@ fn copies_match_reference_on_every_engine() {
             for (name, engine) in &engines {
                 let mut dst = poison(dlen);
                 engine
-                    .scope(|s| s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                    .scope(|s| {
+                        Ok::<_, ferry::BarrierError>(s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                    })
                     .map_err(|e| TestCaseError::fail(format!("{name}: barrier {e}")))?
                     .map_err(|e| TestCaseError::fail(format!("{name}: submit {e}")))?;
                 if dst != want {
@@ -349,7 +351,9 @@ fn fills_match_reference_on_every_engine() {
         for (name, engine) in &engines {
             let mut dst = poison(dlen);
             engine
-                .scope(|s| s.fill(&mut dst, &dl, &pattern).map(|_| ()))
+                .scope(|s| {
+                    Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &dl, &pattern).map(|_| ()))
+                })
                 .map_err(|e| TestCaseError::fail(format!("{name}: barrier {e}")))?
                 .map_err(|e| TestCaseError::fail(format!("{name}: submit {e}")))?;
             prop_assert!(dst == want, "{}: fill of {:?} with {:?}", name, dl, pattern);
@@ -382,7 +386,9 @@ fn large_copies_split_across_workers_and_engines() {
         for (name, engine) in &engines {
             let mut dst = poison(dl.span().end + 7);
             engine
-                .scope(|s| s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                .scope(|s| {
+                    Ok::<_, ferry::BarrierError>(s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                })
                 .unwrap()
                 .unwrap();
             assert!(dst == want, "{name}: {rows}x{cols}x{elem}");

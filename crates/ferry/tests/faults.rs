@@ -223,19 +223,21 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
         let mut dsts = vec![vec![POISON; N]; 24];
         let results: Vec<(Kind, Result<(), RequestError>)> = engine
             .scope(|s| {
-                let reqs: Vec<(Kind, Request)> = dsts
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(k, d)| {
-                        let kind = kinds[k % kinds.len()];
-                        (
-                            kind,
-                            s.submit(&mut d[..], Some(&src[..]), op_for(kind, k), &[])
-                                .expect("submit"),
-                        )
-                    })
-                    .collect();
-                reqs.into_iter().map(|(kind, r)| (kind, r.wait())).collect()
+                Ok::<_, ferry::BarrierError>({
+                    let reqs: Vec<(Kind, Request)> = dsts
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(k, d)| {
+                            let kind = kinds[k % kinds.len()];
+                            (
+                                kind,
+                                s.submit(&mut d[..], Some(&src[..]), op_for(kind, k), &[])
+                                    .expect("submit"),
+                            )
+                        })
+                        .collect();
+                    reqs.into_iter().map(|(kind, r)| (kind, r.wait())).collect()
+                })
             })
             .expect("every failure was observed by wait: the barrier is clean");
         for (k, ((kind, r), d)) in results.iter().zip(&dsts).enumerate() {
@@ -245,7 +247,11 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
         let big_src: Vec<u8> = (0..(4 << 20)).map(|i: usize| (i % 251) as u8).collect();
         let mut big_dst = vec![0u8; 4 << 20];
         engine
-            .scope(|s| s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(
+                    s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait),
+                )
+            })
             .expect("barrier")
             .expect("submit")
             .expect("copy");
@@ -289,6 +295,7 @@ fn panics_do_not_poison_cpu_workers() {
                             &format!("cpu({threads}) round {round}"),
                         );
                     }
+                    Ok::<_, ferry::BarrierError>(())
                 })
                 .expect("barrier");
             assert_eq!(
@@ -300,7 +307,11 @@ fn panics_do_not_poison_cpu_workers() {
         let big_src: Vec<u8> = (0..(8 << 20)).map(|i: usize| (i % 253) as u8).collect();
         let mut big_dst = vec![0u8; 8 << 20];
         engine
-            .scope(|s| s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(
+                    s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait),
+                )
+            })
             .expect("barrier")
             .expect("submit")
             .expect("copy");
@@ -321,8 +332,10 @@ fn multiplex_custom_operator_panic_fails_only_its_request() {
     let mut dst = vec![POISON; N];
     let submitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         mux.scope(|s| {
-            s.custom(&mut dst[..], &src[..], Arc::new(Panics))
-                .map(Request::wait)
+            Ok::<_, ferry::BarrierError>({
+                s.custom(&mut dst[..], &src[..], Arc::new(Panics))
+                    .map(Request::wait)
+            })
         })
     }));
     let r = submitted.expect("submit to a multiplex must not panic on the caller's thread");
@@ -345,6 +358,7 @@ fn unobserved_failures_are_reported_by_barrier_once() {
                         .expect("submit"),
                 );
             }
+            Ok::<_, ferry::BarrierError>(())
         });
         let err = out.expect_err("the scope reports the dropped failures");
         assert_eq!(err.failures.len(), 8, "{name}: {err}");
@@ -408,11 +422,10 @@ fn failed_dependency_fails_dependents() {
                             matches!(r0.wait(), Err(RequestError::Operator { .. })),
                             "{ctx}"
                         );
-                        out
+                        Ok::<_, ferry::BarrierError>(out)
                     })
-                    .expect("inner barrier")
                 })
-                .expect("outer barrier");
+                .expect("barrier");
             match &r1 {
                 Err(RequestError::Dependency(e)) => {
                     assert!(matches!(**e, RequestError::Operator { .. }), "{ctx}: {e:?}")
@@ -565,27 +578,29 @@ fn churn_round(round: usize) {
         let src = src_bytes(round as u8);
         let mut bufs = vec![vec![POISON; N]; 6];
         let _ = engine.scope(|s| {
-            let mut it = bufs.iter_mut();
-            let mut next = || &mut it.next().expect("buffer")[..];
-            let a = s
-                .submit(next(), Some(&src[..]), op_for(Kind::Fail, round), &[])
-                .expect("submit");
-            let b = s
-                .submit(next(), Some(&src[..]), op_for(Kind::Copy, round), &[&a])
-                .expect("submit");
-            drop(
-                s.submit(next(), Some(&src[..]), op_for(Kind::Panic, round), &[])
-                    .expect("submit"),
-            );
-            let c = s
-                .submit(next(), Some(&src[..]), op_for(Kind::Custom, round), &[])
-                .expect("submit");
-            let d = s
-                .fill(next(), &Layout::bytes(N).expect("layout"), &[1])
-                .expect("submit");
-            let _ = (a.wait(), b.wait(), c.wait());
-            drop(d);
-            s.memcpy(next(), &src[..]).expect("submit")
+            Ok::<_, ferry::BarrierError>({
+                let mut it = bufs.iter_mut();
+                let mut next = || &mut it.next().expect("buffer")[..];
+                let a = s
+                    .submit(next(), Some(&src[..]), op_for(Kind::Fail, round), &[])
+                    .expect("submit");
+                let b = s
+                    .submit(next(), Some(&src[..]), op_for(Kind::Copy, round), &[&a])
+                    .expect("submit");
+                drop(
+                    s.submit(next(), Some(&src[..]), op_for(Kind::Panic, round), &[])
+                        .expect("submit"),
+                );
+                let c = s
+                    .submit(next(), Some(&src[..]), op_for(Kind::Custom, round), &[])
+                    .expect("submit");
+                let d = s
+                    .fill(next(), &Layout::bytes(N).expect("layout"), &[1])
+                    .expect("submit");
+                let _ = (a.wait(), b.wait(), c.wait());
+                drop(d);
+                s.memcpy(next(), &src[..]).expect("submit")
+            })
         });
         let _ = engine.barrier();
         let t = engine
@@ -704,6 +719,7 @@ fn small_cases_for_miri() {
                     "{name}: {fr:?}"
                 );
                 drop(g);
+                Ok::<_, ferry::BarrierError>(())
             })
             .expect_err("the dropped dependent's failure is reported");
         for i in 0..8 {

@@ -332,16 +332,14 @@ fn engine_copy<T: Elem>(
     src: &[T],
     src_l: Option<Layout>,
 ) -> Result<(), String> {
-    let r = engine.scope(|s| {
+    let r = engine.scope(|s| -> Result<(), ferry::Error> {
         let req = match (dst_l, src_l) {
             (Some(d), Some(sl)) => s.copy(dst, d, src, &sl),
             _ => s.memcpy(dst, src),
         };
-        req.map_err(|e| e.to_string())?
-            .wait()
-            .map_err(|e| e.to_string())
+        Ok(req?.wait()?)
     });
-    r.map_err(|e| e.to_string())?
+    r.map_err(|e| e.to_string())
 }
 
 /// `dst.copy_from_slice(src)` split into `n` chunks on `n` scoped threads.

@@ -18,7 +18,7 @@
 //!     .split_bytes(1 << 20);
 //! let src = vec![9u8; 32 << 20];
 //! let mut dst = vec![0u8; 32 << 20];
-//! mux.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))??;
+//! mux.scope(|s| -> ferry::Result<()> { Ok(s.memcpy(&mut dst, &src)?.wait()?) })?;
 //! assert_eq!(dst, src);
 //! # Ok::<(), ferry::Error>(())
 //! ```
@@ -374,7 +374,7 @@ mod tests {
         );
         // Copies between memory no engine calls home still spread and split by weight.
         let mut dst = vec![0u8; 1 << 16];
-        mux.scope(|s| s.memcpy(&mut dst, &src).map(drop))
+        mux.scope(|s| Ok::<_, crate::BarrierError>(s.memcpy(&mut dst, &src).map(drop)))
             .unwrap()
             .unwrap();
         assert_eq!(dst, src);

@@ -68,8 +68,8 @@ impl Default for CpuConfig {
 /// ```
 /// use ferry::{CpuEngine, EngineExt};
 /// let engine = CpuEngine::new(2)?;
-/// let t = engine.memcpy_owned(vec![0u8; 8 << 20], vec![1u8; 8 << 20]).map_err(|r| r.error)?;
-/// let (dst, _src) = t.wait().map_err(|f| f.error)?;
+/// let t = engine.memcpy_owned(vec![0u8; 8 << 20], vec![1u8; 8 << 20])?;
+/// let (dst, _src) = t.wait()?;
 /// assert!(dst.iter().all(|&b| b == 1));
 /// # Ok::<(), ferry::Error>(())
 /// ```
