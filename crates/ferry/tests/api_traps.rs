@@ -98,3 +98,98 @@ fn scope_and_owned_copies_on_dyn_engine() {
         .unwrap();
     assert_eq!(dst, src);
 }
+
+/// Element strides (PyTorch's `stride()`) are the default; the same numbers given as byte
+/// strides over a typed buffer are refused instead of copying the wrong bytes.
+#[test]
+fn element_strides_by_default_byte_strides_over_typed_buffers_refused() {
+    use ferry::{Layout, LayoutError, OpError};
+    let engine = CpuEngine::new(2).unwrap();
+    let src: Vec<f32> = (0..12).map(|i| i as f32).collect(); // 3 x 4, row-major
+    let mut dst = vec![0f32; 12]; // 4 x 3: the transpose
+    let dl = Layout::of::<f32>(&[4, 3]).unwrap();
+    // src viewed as 4 x 3 with element strides [1, 4]: the transpose.
+    let sl = Layout::with_strides::<f32>(&[4, 3], &[1, 4]).unwrap();
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.copy(&mut dst, &dl, &src, &sl)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    let want: Vec<f32> = (0..4)
+        .flat_map(|j| (0..3).map(move |i| (i * 4 + j) as f32))
+        .collect();
+    assert_eq!(dst, want);
+    // The same strides as bytes: refused at submit, destination untouched.
+    let bad = Layout::with_byte_strides(&[4, 3], &[1, 4], 4).unwrap();
+    let mut dst = vec![0f32; 12];
+    let err = engine
+        .scope(|s| -> ferry::Result<()> {
+            drop(s.copy(&mut dst, &dl, &src, &bad)?);
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ferry::Error::Submit(SubmitError::Op(OpError::Src(
+                LayoutError::NotWholeElements {
+                    what: "stride",
+                    value: 1,
+                    elem: 4
+                }
+            )))
+        ),
+        "{err:?}"
+    );
+    assert!(dst.iter().all(|&x| x == 0.0));
+    // A 2-byte element over f32 buffers: refused too (owned copies as well).
+    let half = Layout::contiguous(&[24], 2).unwrap();
+    let r = engine.copy_owned(vec![0f32; 12], &half, src.clone(), &half);
+    assert!(matches!(
+        r.map(drop),
+        Err(ferry::Refused {
+            error: SubmitError::Op(OpError::Dst(LayoutError::NotWholeElements { .. })),
+            ..
+        })
+    ));
+    // Bytes are bytes: a byte layout over byte buffers, and memcpy of any types, still work.
+    let (dst, _) = engine
+        .memcpy_owned(vec![0u8; 48], src.clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(dst[4..8], 1f32.to_ne_bytes());
+}
+
+/// Buffers of `half`'s `bf16` and `f16` (through `bytemuck::Pod`) copy, strided too.
+#[test]
+fn bf16_and_f16_buffers_copy() {
+    use ferry::Layout;
+    use half::{bf16, f16};
+    let engine = CpuEngine::new(2).unwrap();
+    let src: Vec<bf16> = (0..64).map(|i| bf16::from_f32(i as f32)).collect();
+    let mut dst = vec![bf16::ZERO; 64];
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.memcpy(&mut dst, &src)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(dst, src);
+    // Every other element, into a dense f16 buffer of half the length.
+    let src: Vec<f16> = (0..64).map(|i| f16::from_f32(i as f32)).collect();
+    let mut dst = vec![f16::ZERO; 32];
+    let sl = Layout::with_strides::<f16>(&[32], &[2]).unwrap();
+    let dl = Layout::of::<f16>(&[32]).unwrap();
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.copy(&mut dst, &dl, &src, &sl)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(dst
+        .iter()
+        .enumerate()
+        .all(|(i, x)| x.to_f32() == (2 * i) as f32));
+}

@@ -129,7 +129,7 @@ fn layout_larger_than_its_buffer() {
 #[test]
 fn destination_overlapping_itself() {
     for e in engines() {
-        let dl = Layout::new(&[4, 4], &[4, 2], 4).unwrap();
+        let dl = Layout::with_byte_strides(&[4, 4], &[4, 2], 4).unwrap();
         let sl = Layout::contiguous(&[4, 4], 4).unwrap();
         let err = refused(&e, 64, &dl, 64, &sl);
         assert_eq!(
@@ -140,7 +140,7 @@ fn destination_overlapping_itself() {
             }))
         );
         says(&err, &["overlaps itself", "[4, 2]"]);
-        let b = Layout::new(&[4], &[0], 4).unwrap();
+        let b = Layout::with_byte_strides(&[4], &[0], 4).unwrap();
         let src = vec![0u8; 4];
         let mut dst = vec![0u8; 4];
         let err = e
@@ -296,7 +296,7 @@ fn layout_errors_are_specific_and_readable() {
     let e = l.slice(0, 0..4, 0).unwrap_err();
     assert_eq!(e, LayoutError::ZeroStep { axis: 0 });
     says(&e, &["axis 0"]);
-    let e = Layout::new(&[3, 0, 2], &[1, 1, 1], 1).unwrap_err();
+    let e = Layout::with_byte_strides(&[3, 0, 2], &[1, 1, 1], 1).unwrap_err();
     assert_eq!(e, LayoutError::ZeroDim { axis: 1 });
     says(&e, &["dimension 1", "extent 0"]);
     let e = Layout::contiguous(&[4], 0).unwrap_err();
@@ -329,7 +329,7 @@ fn layout_errors_are_specific_and_readable() {
         }
     );
     says(&e, &["[1, 1]", "2 axes"]);
-    let e = Layout::new(&[3, 3], &[4], 4).unwrap_err();
+    let e = Layout::with_byte_strides(&[3, 3], &[4], 4).unwrap_err();
     assert_eq!(
         e,
         LayoutError::StridesLength {

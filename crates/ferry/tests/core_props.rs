@@ -88,7 +88,7 @@ fn build(dims: &[usize], elem: usize, s: &Side) -> (Layout, usize) {
         stride = stride * under[axis] + s.pad[axis];
     }
     let dims_mem: Vec<usize> = s.order.iter().map(|&a| under[a]).collect();
-    let base = Layout::new(&dims_mem, &strides_mem, elem)
+    let base = Layout::with_byte_strides(&dims_mem, &strides_mem, elem)
         .unwrap()
         .with_offset(s.offset)
         .unwrap();

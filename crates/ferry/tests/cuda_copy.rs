@@ -71,7 +71,7 @@ fn strided_cases() -> Vec<(&'static str, Layout, usize, Layout, usize)> {
     let dbox = Layout::contiguous(&[6, 57, 190], 2).unwrap();
     v.push(("3-D box", dbox, dbox.size_bytes(), bx, vol.size_bytes()));
     // 3-D whose plane stride is not a multiple of the row pitch (loop of 2-D copies).
-    let odd = Layout::new(&[5, 40, 100], &[40 * 128 + 24, 128, 1], 1).unwrap();
+    let odd = Layout::with_byte_strides(&[5, 40, 100], &[40 * 128 + 24, 128, 1], 1).unwrap();
     let dodd = Layout::contiguous(&[5, 40, 100], 1).unwrap();
     v.push((
         "3-D odd planes",

@@ -8,7 +8,8 @@ use super::ctx::{setup, threads_label, Ctx, HostSeries};
 use super::data::{first_diff, pattern_bytes};
 use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
 use crate::sizes::format_size;
-use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout, Plain};
+use ferry::bytemuck::Pod;
+use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout};
 use std::hint::black_box;
 
 /// The CPU tests.
@@ -290,7 +291,7 @@ impl CpuBench {
 }
 
 /// Element types of the test buffers.
-trait Elem: Plain + PartialEq {
+trait Elem: Pod + Send + Sync + PartialEq {
     /// Written into destinations before each series.
     const POISON: Self;
     /// A distinct, finite value for index `i`.

@@ -45,7 +45,7 @@ pub trait EngineExt: Engine {
     /// let engine = CpuEngine::new(2)?;
     /// let src: Vec<f32> = (0..64 * 64).map(|i| i as f32).collect();
     /// let mut dst = vec![0f32; 64 * 64];
-    /// let m = Layout::contiguous(&[64, 64], 4)?;
+    /// let m = Layout::of::<f32>(&[64, 64])?;
     /// engine.scope(|s| -> ferry::Result<()> {
     ///     // dst = transpose(src)
     ///     s.copy(&mut dst, &m, &src, &m.transpose(0, 1)?)?;
@@ -109,7 +109,8 @@ pub trait EngineExt: Engine {
     }
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`, taking ownership of both until
-    /// the copy completes. Errors at submit hand the buffers back.
+    /// the copy completes. Errors at submit hand the buffers back (a layout that a typed
+    /// buffer cannot hold, see [`Layout::check_elem`], is one).
     fn copy_owned<D, S>(
         &self,
         dst: D,
@@ -121,20 +122,18 @@ pub trait EngineExt: Engine {
         D: MemoryMut + Send + 'static,
         S: Memory + Send + 'static,
     {
-        let lent = Lent::submit((dst, src), |b| {
-            let job = Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout);
-            // SAFETY: the buffers are lent: their memory stays valid and untouched until the
-            // request completed (`Lent::submit`).
-            unsafe { self.submit_raw(job) }.map(|req| (req, ()))
-        });
-        match lent {
-            Ok((lent, ())) => Ok(Transfer { lent }),
-            Err((error, (dst, src))) => Err(Refused { error, dst, src }),
+        let op = Op::Copy {
+            dst: *dst_layout,
+            src: *src_layout,
+        };
+        match check_elems(&op, dst.elem_size(), Some(src.elem_size())) {
+            Ok(()) => lend_copy(self, dst, dst_layout, src, src_layout),
+            Err(error) => Err(Refused { error, dst, src }),
         }
     }
 
-    /// Copies all of `src` into the start of `dst`, owning both until done. An empty `src`
-    /// completes at once.
+    /// Copies all of `src`'s bytes into the start of `dst`, owning both until done (any element
+    /// types: a byte copy). An empty `src` completes at once.
     fn memcpy_owned<D, S>(&self, dst: D, src: S) -> Result<Transfer<D, S>, Refused<D, S>>
     where
         D: MemoryMut + Send + 'static,
@@ -147,7 +146,7 @@ pub trait EngineExt: Engine {
             });
         }
         match Layout::bytes(src.raw().len) {
-            Ok(l) => self.copy_owned(dst, &l, src, &l),
+            Ok(l) => lend_copy(self, dst, &l, src, &l),
             Err(e) => Err(Refused {
                 error: SubmitError::Op(e.into()),
                 dst,
@@ -155,6 +154,47 @@ pub trait EngineExt: Engine {
             }),
         }
     }
+}
+
+/// The owned copy of [`EngineExt::copy_owned`], without the typed-buffer check.
+fn lend_copy<E, D, S>(
+    engine: &E,
+    dst: D,
+    dst_layout: &Layout,
+    src: S,
+    src_layout: &Layout,
+) -> Result<Transfer<D, S>, Refused<D, S>>
+where
+    E: Engine + ?Sized,
+    D: MemoryMut + Send + 'static,
+    S: Memory + Send + 'static,
+{
+    let lent = Lent::submit((dst, src), |b| {
+        let job = Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout);
+        // SAFETY: the buffers are lent: their memory stays valid and untouched until the
+        // request completed (`Lent::submit`).
+        unsafe { engine.submit_raw(job) }.map(|req| (req, ()))
+    });
+    match lent {
+        Ok((lent, ())) => Ok(Transfer { lent }),
+        Err((error, (dst, src))) => Err(Refused { error, dst, src }),
+    }
+}
+
+/// The typed-buffer check of the safe API: the layouts of a copy or a fill fit the element
+/// sizes of their buffers ([`Layout::check_elem`]). Other operators check their own.
+fn check_elems(op: &Op, dst_elem: usize, src_elem: Option<usize>) -> Result<(), SubmitError> {
+    use crate::op::OpError;
+    match op {
+        Op::Copy { dst, src } => {
+            dst.check_elem(dst_elem).map_err(OpError::Dst)?;
+            src.check_elem(src_elem.unwrap_or(1))
+                .map_err(OpError::Src)?;
+        }
+        Op::Fill { dst, .. } => dst.check_elem(dst_elem).map_err(OpError::Dst)?,
+        _ => {}
+    }
+    Ok(())
 }
 
 impl<E: Engine + ?Sized> EngineExt for E {}
@@ -477,8 +517,25 @@ pub struct Scope<'scope, 'env: 'scope> {
 }
 
 impl<'scope> Scope<'scope, '_> {
-    /// Submits a job over borrowed buffers: the general form of the methods below.
+    /// Submits a job over borrowed buffers: the general form of the methods below. A layout
+    /// that a typed buffer cannot hold ([`Layout::check_elem`]) is refused.
     pub fn submit<D, S>(
+        &self,
+        dst: &'scope mut D,
+        src: Option<&'scope S>,
+        op: Op,
+        after: &[&Request],
+    ) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        check_elems(&op, dst.elem_size(), src.map(|s| s.elem_size()))?;
+        self.submit_bytes(dst, src, op, after)
+    }
+
+    /// [`Scope::submit`] without the typed-buffer check.
+    fn submit_bytes<D, S>(
         &self,
         dst: &'scope mut D,
         src: Option<&'scope S>,
@@ -526,8 +583,8 @@ impl<'scope> Scope<'scope, '_> {
         )
     }
 
-    /// Copies all of `src` into the start of `dst` (error if `dst` is shorter). An empty `src`
-    /// completes at once.
+    /// Copies all of `src`'s bytes into the start of `dst` (error if `dst` is shorter); any
+    /// element types (a byte copy). An empty `src` completes at once.
     pub fn memcpy<D, S>(&self, dst: &'scope mut D, src: &'scope S) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
@@ -538,7 +595,7 @@ impl<'scope> Scope<'scope, '_> {
             return Ok(Request::ready(Ok(())));
         }
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
-        self.copy(dst, &l, src, &l)
+        self.submit_bytes(dst, Some(src), Op::Copy { dst: l, src: l }, &[])
     }
 
     /// Writes `pattern` (one element) into every element of `layout` in `dst`.
