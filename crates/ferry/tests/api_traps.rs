@@ -193,3 +193,25 @@ fn bf16_and_f16_buffers_copy() {
         .enumerate()
         .all(|(i, x)| x.to_f32() == (2 * i) as f32));
 }
+
+/// "0 threads" means one worker per core, as in the C API (`ferry_dma_cpu_create(&dma, 0)`,
+/// tested in ferry-capi); the caller-runs mode has its own name.
+#[test]
+fn zero_threads_means_one_worker_per_core() {
+    use ferry::engine::cpu::probe;
+    use ferry::CpuConfig;
+    let cores = probe().cores;
+    let e = CpuEngine::new(0).unwrap();
+    assert_eq!(e.config().threads, cores);
+    assert_eq!(e.name(), format!("cpu({cores})"));
+    assert_eq!(CpuConfig::new(0), CpuConfig::default());
+    let caller = CpuEngine::caller_runs().unwrap();
+    assert_eq!(caller.config().threads, 0);
+    // Caller-runs still copies (the work runs in wait).
+    let (dst, _) = caller
+        .memcpy_owned(vec![0u8; 1 << 20], vec![9u8; 1 << 20])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(dst.iter().all(|&b| b == 9));
+}

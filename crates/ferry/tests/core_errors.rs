@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 fn engines() -> Vec<Box<dyn Engine>> {
     vec![
-        Box::new(CpuEngine::new(0).unwrap()),
+        Box::new(CpuEngine::caller_runs().unwrap()),
         Box::new(
             CpuEngine::with_config(CpuConfig::new(2).chunk_bytes(64).inline_bytes(0)).unwrap(),
         ),
@@ -478,8 +478,15 @@ fn segment_lists_copy_and_reject_bad_lists() {
     use ferry::{CpuConfig, CpuEngine, EngineExt, OpError, Segment, SubmitError};
     let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     for threads in [0, 1, 2] {
-        let e = CpuEngine::with_config(CpuConfig::new(threads).chunk_bytes(64).inline_bytes(0))
-            .unwrap();
+        let e = CpuEngine::with_config(
+            CpuConfig {
+                threads,
+                ..CpuConfig::caller_runs()
+            }
+            .chunk_bytes(64)
+            .inline_bytes(0),
+        )
+        .unwrap();
         // 300 segments in scrambled destination order, so both the sort check and the split run.
         let segs: Vec<Segment> = (0..300u64)
             .map(|i| Segment::new((i * 37 % 300) * 12, i * 13, 1 + i % 12))

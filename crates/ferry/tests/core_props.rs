@@ -175,9 +175,12 @@ fn reference_copy(dst: &mut [u8], dl: &Layout, src: &[u8], sl: &Layout) {
 fn engines() -> Vec<(String, Box<dyn Engine>)> {
     let cpu = |threads: usize, chunk: usize, inline: usize| {
         CpuEngine::with_config(
-            CpuConfig::new(threads)
-                .chunk_bytes(chunk)
-                .inline_bytes(inline),
+            CpuConfig {
+                threads,
+                ..CpuConfig::caller_runs()
+            }
+            .chunk_bytes(chunk)
+            .inline_bytes(inline),
         )
         .unwrap()
     };

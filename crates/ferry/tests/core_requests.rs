@@ -12,7 +12,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn cpu(threads: usize) -> CpuEngine {
-    CpuEngine::with_config(CpuConfig::new(threads).chunk_bytes(4096).inline_bytes(0)).unwrap()
+    CpuEngine::with_config(
+        CpuConfig {
+            threads,
+            ..CpuConfig::caller_runs()
+        }
+        .chunk_bytes(4096)
+        .inline_bytes(0),
+    )
+    .unwrap()
 }
 
 fn data(len: usize, seed: u8) -> Vec<u8> {

@@ -121,14 +121,14 @@ fn src_bytes(seed: u8) -> Vec<u8> {
 fn engines() -> Vec<(String, Box<dyn Engine>)> {
     let cpu = |c: CpuConfig| CpuEngine::with_config(c).expect("cpu engine");
     let mut v: Vec<Box<dyn Engine>> = vec![
-        Box::new(cpu(CpuConfig::new(0))),
+        Box::new(cpu(CpuConfig::caller_runs())),
         Box::new(cpu(CpuConfig::new(1).inline_bytes(0))),
         Box::new(cpu(CpuConfig::new(3).inline_bytes(0).chunk_bytes(512))),
     ];
     v.push(Box::new(
         MultiplexEngine::new()
             .with(cpu(CpuConfig::new(1).inline_bytes(0)), 1.0)
-            .with(cpu(CpuConfig::new(0)), 1.0)
+            .with(cpu(CpuConfig::caller_runs()), 1.0)
             .with(cpu(CpuConfig::new(2).inline_bytes(0).chunk_bytes(256)), 2.0),
     ));
     v.into_iter().map(|e| (e.name(), e)).collect()
@@ -270,9 +270,15 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
 fn panics_do_not_poison_cpu_workers() {
     quiet_panics();
     for threads in [1usize, 2, 4] {
-        let engine =
-            CpuEngine::with_config(CpuConfig::new(threads).inline_bytes(0).chunk_bytes(4096))
-                .expect("engine");
+        let engine = CpuEngine::with_config(
+            CpuConfig {
+                threads,
+                ..CpuConfig::caller_runs()
+            }
+            .inline_bytes(0)
+            .chunk_bytes(4096),
+        )
+        .expect("engine");
         assert_eq!(engine.live_workers(), threads);
         let src = src_bytes(1);
         for round in 0..10 {
@@ -504,8 +510,14 @@ fn engine_dropped_with_failing_request_in_flight() {
     for threads in [0usize, 1, 3] {
         for round in 0..5 {
             let ctx = format!("cpu({threads}) round {round}");
-            let engine =
-                CpuEngine::with_config(CpuConfig::new(threads).inline_bytes(0)).expect("engine");
+            let engine = CpuEngine::with_config(
+                CpuConfig {
+                    threads,
+                    ..CpuConfig::caller_runs()
+                }
+                .inline_bytes(0),
+            )
+            .expect("engine");
             let src = src_bytes(round);
             let mut fail_dst = vec![POISON; N];
             let mut panic_dst = vec![POISON; N];

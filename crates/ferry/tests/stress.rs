@@ -70,7 +70,7 @@ fn factories() -> Vec<Factory> {
         CpuEngine::with_config(c).expect("cpu engine")
     }
     vec![
-        ("cpu(0)", || Box::new(cpu(CpuConfig::new(0)))),
+        ("cpu(0)", || Box::new(cpu(CpuConfig::caller_runs()))),
         ("cpu(1) queued", || {
             Box::new(cpu(CpuConfig::new(1).inline_bytes(0)))
         }),
@@ -82,7 +82,7 @@ fn factories() -> Vec<Factory> {
             Box::new(
                 MultiplexEngine::new()
                     .with(cpu(CpuConfig::new(1).inline_bytes(0)), 1.0)
-                    .with(cpu(CpuConfig::new(0)), 1.0)
+                    .with(cpu(CpuConfig::caller_runs()), 1.0)
                     .with(cpu(CpuConfig::new(2).chunk_bytes(8192)), 2.0)
                     .split_bytes(256 << 10),
             )
