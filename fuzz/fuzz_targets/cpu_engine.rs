@@ -20,7 +20,7 @@ fn engines() -> &'static [Box<dyn Engine>] {
             Box::new(CpuEngine::with_config(c).expect("cpu engine")) as Box<dyn Engine>
         };
         vec![
-            cpu(CpuConfig::new(0).inline_bytes(0).chunk_bytes(16)),
+            cpu(CpuConfig::caller_runs().inline_bytes(0).chunk_bytes(16)),
             cpu(CpuConfig::new(1).inline_bytes(0).chunk_bytes(7)),
             cpu(CpuConfig::new(2).inline_bytes(0).chunk_bytes(32)),
             cpu(CpuConfig::new(2)),
@@ -31,7 +31,7 @@ fn engines() -> &'static [Box<dyn Engine>] {
                             .expect("cpu"),
                         1.0,
                     )
-                    .with(CpuEngine::new(0).expect("cpu"), 2.0)
+                    .with(CpuEngine::caller_runs().expect("cpu"), 2.0)
                     .split_bytes(1),
             ),
         ]
@@ -57,7 +57,9 @@ fuzz_target!(|input: (Pair, u8, u8, u8, i8, i8, bool)| {
             .map(|i| seed.wrapping_add(i as u8 * 7))
             .collect();
         let ok = dst.check_buffer(dlen).is_ok() && Plan::fill(&dst).is_ok();
-        let r = engine.scope(|s| s.fill(&mut got[..], &dst, &pattern).map(|r| r.wait()));
+        let r = engine.scope(|s| {
+            Ok::<_, ferry::BarrierError>(s.fill(&mut got[..], &dst, &pattern).map(|r| r.wait()))
+        });
         match r.expect("barrier") {
             Ok(w) => {
                 assert!(
@@ -77,8 +79,10 @@ fuzz_target!(|input: (Pair, u8, u8, u8, i8, i8, bool)| {
             && src.check_buffer(slen).is_ok()
             && Plan::new(&dst, &src).is_ok();
         let r = engine.scope(|s| {
-            s.copy(&mut got[..], &dst, &src_buf[..], &src)
-                .map(|r| r.wait())
+            Ok::<_, ferry::BarrierError>(
+                s.copy(&mut got[..], &dst, &src_buf[..], &src)
+                    .map(|r| r.wait()),
+            )
         });
         match r.expect("barrier") {
             Ok(w) => {

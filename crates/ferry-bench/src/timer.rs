@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 /// let host = PinnedBuffer::new(1 << 26)?;
 /// let mut dev = DeviceBuffer::new(0, 1 << 26)?;
 /// let stream = engine.stream(Direction::HostToDevice).clone();
-/// engine.scope(|s| timer.time(&stream, || s.memcpy(&mut dev, &host).map(drop)))???;
+/// engine.scope(|s| -> Result<(), Box<dyn std::error::Error>> {
+///     timer.time(&stream, || s.memcpy(&mut dev, &host).map(drop))??;
+///     Ok(())
+/// })?;
 /// println!("{:.1} GB/s", (1u64 << 26) as f64 / timer.seconds()? / 1e9);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -115,9 +115,9 @@ int ferry_layout_destroy(ferry_layout **layout);
 /* A DMA engine. Any ferry engine (CPU thread pool, multiplex, CUDA) behind one type. */
 typedef struct ferry_dma ferry_dma;
 
-/* CPU engine: a pool of `threads` workers (0: one per core) that splits large copies across
- * workers. Reaches host memory of every kind. -FERRY_EINVAL: NULL out, threads < 0.
- * -FERRY_EDRIVER: a worker thread could not be started. */
+/* CPU engine: a pool of `threads` workers (0: one per core, as Rust's CpuEngine::new(0)) that
+ * splits large copies across workers. Reaches host memory of every kind. -FERRY_EINVAL: NULL
+ * out, threads < 0. -FERRY_EDRIVER: a worker thread could not be started. */
 int ferry_dma_cpu_create(ferry_dma **out, int threads);
 
 /* Multiplex engine over `count` engines: each request goes to the engine with the least bytes

@@ -63,7 +63,8 @@ pub(crate) unsafe fn dma_ref<'a>(p: *const FerryDma) -> Result<&'a FerryDma, Fai
     Ok(d)
 }
 
-/// Creates a CPU engine: a pool of `threads` worker threads (0: one per core) that splits
+/// Creates a CPU engine: a pool of `threads` worker threads (0: one per core, the meaning of
+/// `CpuEngine::new(0)` in Rust too) that splits
 /// large copies across workers. Reaches host memory of every kind.
 ///
 /// Returns `FERRY_SUCCESS`, `-FERRY_EINVAL` (NULL `out`, negative `threads`) or
@@ -77,7 +78,7 @@ pub unsafe extern "C" fn ferry_dma_cpu_create(out: *mut *mut FerryDma, threads: 
         // SAFETY: (1).
         let out = unsafe { crate::error::out(out, "out") }?;
         let cfg = match usize::try_from(threads) {
-            Ok(0) => CpuConfig::default(),
+            // 0: one per core, as in Rust.
             Ok(n) => CpuConfig::new(n),
             Err(_) => {
                 return Err(Fail::inval(format!(

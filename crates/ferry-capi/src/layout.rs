@@ -135,7 +135,7 @@ pub unsafe extern "C" fn ferry_layout_create_strided(
         let strides = unsafe { array(byte_strides, ndims, "byte_strides") }?;
         emit(
             out,
-            Layout::new(dims, strides, elem_size)?.with_offset(offset)?,
+            Layout::with_byte_strides(dims, strides, elem_size)?.with_offset(offset)?,
         )
     })
 }

@@ -686,7 +686,14 @@ fn engines_cpu_multiplex_cuda() {
             destroy(out);
             out = null_mut();
         }
+        // 0 threads: one worker per core, the same engine as Rust's CpuEngine::new(0).
         let default = cpu(0);
+        let cores = ferry::engine::cpu::probe().cores;
+        assert_eq!((*default).engine.name(), format!("cpu({cores})"));
+        assert_eq!(
+            (*default).engine.name(),
+            ferry::Engine::name(&ferry::CpuEngine::new(0).unwrap())
+        );
         destroy(default);
 
         let mut parts = [cpu(1), cpu(2)];

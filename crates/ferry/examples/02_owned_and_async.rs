@@ -33,10 +33,8 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 fn main() -> Result<(), ferry::Error> {
     let engine = CpuEngine::new(2)?;
     // Owned: the engine holds the buffers until the copy completes, then hands them back.
-    let t = engine
-        .memcpy_owned(vec![0u8; 64 << 20], vec![3u8; 64 << 20])
-        .map_err(|r| r.error)?;
-    let (dst, _src) = block_on(t).map_err(|f| f.error)?;
+    let t = engine.memcpy_owned(vec![0u8; 64 << 20], vec![3u8; 64 << 20])?;
+    let (dst, _src) = block_on(t)?;
     assert!(dst.iter().all(|&b| b == 3));
     println!("owned 64 MiB copy done");
 
@@ -44,14 +42,14 @@ fn main() -> Result<(), ferry::Error> {
     let src = vec![1u8; 1 << 20];
     let (mut a, mut b, mut c) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
     let r = engine.scope(|s| -> Result<(), ferry::Error> {
-        s.memcpy(&mut a, &src).map(drop)?;
-        s.custom(&mut b, &src, Arc::new(Broken)).map(drop)?;
-        s.memcpy(&mut c, &src).map(drop)?;
+        drop(s.memcpy(&mut a, &src)?);
+        drop(s.custom(&mut b, &src, Arc::new(Broken))?);
+        drop(s.memcpy(&mut c, &src)?);
         Ok(())
     });
     match r {
-        Err(e) => println!("the scope reported: {e}"),
-        Ok(inner) => inner?,
+        Err(ferry::Error::Barrier(e)) => println!("the scope reported: {e}"),
+        other => other?,
     }
     assert!(
         a.iter().chain(&c).all(|&x| x == 1),

@@ -27,13 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let up = s.copy(&mut dev, &dense, &host, &tile)?;
         up.wait()?;
         Ok(())
-    })??;
+    })?;
     let up = t.elapsed();
-    engine.scope(|s| {
-        s.memcpy(&mut back, &dev)?
-            .wait()
-            .map_err(ferry::Error::from)
-    })??;
+    engine.scope(|s| -> ferry::Result<()> { Ok(s.memcpy(&mut back, &dev)?.wait()?) })?;
     let first = f32::from_ne_bytes(back[..4].try_into()?);
     assert_eq!(first, (2048 * n + 2048) as f32);
     println!("uploaded a 16 MiB tile (pageable, strided) in {up:?}; first element {first}");

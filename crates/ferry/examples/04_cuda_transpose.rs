@@ -27,11 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Mapped host -> device, read by the SMs.
     let sm = CudaEngine::with_config(CudaConfig::new(0).kernel_copies(KernelCopies::Always))?;
-    sm.scope(|s| {
-        s.memcpy(&mut dev, &host)?
-            .wait()
-            .map_err(ferry::Error::from)
-    })??;
+    sm.scope(|s| -> ferry::Result<()> { Ok(s.memcpy(&mut dev, &host)?.wait()?) })?;
 
     // Device -> device transpose: element (i, j) of the result is element (j, i) of `dev`.
     let engine = CudaEngine::new(0)?;
@@ -39,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     engine.scope(|s| -> Result<(), ferry::Error> {
         s.copy(&mut dev_t, &m, &dev, &m.transpose(0, 1)?)?.wait()?;
         Ok(())
-    })??;
+    })?;
     let took = t.elapsed();
     let back = dev_t.to_vec()?;
     let at =

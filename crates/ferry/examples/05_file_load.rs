@@ -34,11 +34,7 @@ fn run(
     let engine = FileEngine::new(cfg)?;
     let file = engine.open(src_path, OpenMode::Read)?;
     let t = std::time::Instant::now();
-    let (buf, report) = engine
-        .load(&file, off as u64, vec![0u8; len])
-        .map_err(|f| f.error)?
-        .wait()
-        .map_err(|f| f.error)?;
+    let (buf, report) = engine.load(&file, off as u64, vec![0u8; len])?.wait()?;
     assert!(buf == data[off..off + len]);
     println!("file -> host in {:?}: {report}", t.elapsed());
 

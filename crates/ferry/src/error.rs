@@ -3,6 +3,10 @@
 
 use thiserror::Error;
 
+/// `Result` with [`ferry::Error`](enum@Error) as its default error: the usual return type of a
+/// [`scope`](crate::EngineExt::scope) closure (`|s| -> ferry::Result<()> { ... }`).
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
 /// Any ferry error. Each operation returns its own small error type; this one wraps them.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]

@@ -20,9 +20,9 @@
 //! // Copy a 128 x 128 tile out of a 1024 x 1024 f64 matrix into a dense buffer.
 //! let big: Vec<f64> = (0..1024 * 1024).map(|i| i as f64).collect();
 //! let mut tile = vec![0f64; 128 * 128];
-//! let src = Layout::contiguous(&[1024, 1024], 8)?.slice(0, 256..384, 1)?.slice(1, 512..640, 1)?;
-//! let dst = Layout::contiguous(&[128, 128], 8)?;
-//! engine.scope(|s| s.copy(&mut tile, &dst, &big, &src).map(|_| ()))??;
+//! let src = Layout::of::<f64>(&[1024, 1024])?.slice(0, 256..384, 1)?.slice(1, 512..640, 1)?;
+//! let dst = Layout::of::<f64>(&[128, 128])?;
+//! engine.scope(|s| -> ferry::Result<()> { Ok(s.copy(&mut tile, &dst, &big, &src)?.wait()?) })?;
 //! assert_eq!(tile[0], (256 * 1024 + 512) as f64);
 //! # Ok::<(), ferry::Error>(())
 //! ```
@@ -51,14 +51,17 @@ pub mod pipeline;
 pub mod plan;
 pub mod request;
 
+/// The element-type trait of typed buffers ([`bytemuck::Pod`]), re-exported so that a user
+/// type can implement it without naming the crate in its own manifest.
+pub use bytemuck;
 pub use engine::cpu::{CpuConfig, CpuEngine};
 pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
 pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
 pub use env::ConfigError;
-pub use error::Error;
+pub use error::{Error, Result};
 pub use layout::{Layout, LayoutError, MAX_DIMS};
-pub use memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};
+pub use memory::{MemKind, Memory, MemoryMut, RawBuf};
 pub use op::{Op, OpError, Operator, Program, Segment, Step};
 pub use plan::{Plan, PlanError, PlanKind};
 pub use request::{BarrierError, Completion, Request, RequestError};

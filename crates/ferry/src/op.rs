@@ -17,7 +17,7 @@
 //!     fn name(&self) -> &str { "diagonal" }
 //!     fn lower(&self, prog: &mut Program) -> Result<(), OpError> {
 //!         let n = self.0;
-//!         let diag = Layout::new(&[n], &[(n + 1) * 4], 4)?;
+//!         let diag = Layout::with_byte_strides(&[n], &[(n + 1) * 4], 4)?;
 //!         prog.copy(&Layout::contiguous(&[n], 4)?, &diag)
 //!     }
 //! }

@@ -117,22 +117,26 @@ pub(crate) struct Shared<C: ?Sized = dyn Completion> {
     completion: C,
 }
 
-/// A submitted copy. Wait on it, poll it, or `.await` it (any executor).
+/// A submitted copy. Wait on it, poll it, or `.await` it (any executor). Dropping it does
+/// not cancel nor wait: the copy runs on, and a failure nobody waited for is reported by the
+/// enclosing [`scope`](crate::EngineExt::scope) or the engine's next
+/// [`barrier`](crate::Engine::barrier) (so `drop(s.memcpy(..)?)` in a scope loses nothing).
 ///
 /// ```
 /// use ferry::{CpuEngine, Engine, EngineExt};
 /// let engine = CpuEngine::new(2)?;
 /// let src = vec![7u8; 1 << 20];
 /// let mut dst = vec![0u8; 1 << 20];
-/// engine.scope(|s| {
+/// engine.scope(|s| -> ferry::Result<()> {
 ///     let req = s.memcpy(&mut dst, &src)?;
 ///     req.wait()?; // or: futures::executor::block_on(req)
-///     Ok::<(), ferry::Error>(())
-/// })??;
+///     Ok(())
+/// })?;
 /// assert_eq!(dst, src);
 /// # Ok::<(), ferry::Error>(())
 /// ```
-#[must_use = "a request that is dropped still runs; wait on it to see its result"]
+#[must_use = "a dropped request still runs, and only the enclosing scope or the engine's next \
+              barrier reports its failure: `.wait()?` it to see its result here, or `drop()` it"]
 pub struct Request {
     shared: Arc<Shared>,
 }

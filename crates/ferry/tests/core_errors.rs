@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 fn engines() -> Vec<Box<dyn Engine>> {
     vec![
-        Box::new(CpuEngine::new(0).unwrap()),
+        Box::new(CpuEngine::caller_runs().unwrap()),
         Box::new(
             CpuEngine::with_config(CpuConfig::new(2).chunk_bytes(64).inline_bytes(0)).unwrap(),
         ),
@@ -44,7 +44,7 @@ fn refused<E: Engine>(
     let src = vec![1u8; src_len];
     let mut dst = vec![0u8; dst_len];
     let r = e
-        .scope(|s| s.copy(&mut dst, dl, &src, sl).map(|_| ()))
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.copy(&mut dst, dl, &src, sl).map(|_| ())))
         .unwrap();
     assert!(dst.iter().all(|&b| b == 0), "a refused copy wrote");
     r.unwrap_err()
@@ -54,7 +54,7 @@ fn refused<E: Engine>(
 fn still_usable<E: Engine>(e: &E) {
     let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     let mut dst = vec![0u8; 5000];
-    e.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))
+    e.scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut dst, &src).map(|_| ())))
         .unwrap()
         .unwrap();
     assert_eq!(dst, src);
@@ -115,7 +115,7 @@ fn layout_larger_than_its_buffer() {
         let src = vec![1u8; 100];
         let mut dst = vec![0u8; 99];
         let err = e
-            .scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut dst, &src).map(|_| ())))
             .unwrap()
             .unwrap_err();
         assert_eq!(
@@ -129,7 +129,7 @@ fn layout_larger_than_its_buffer() {
 #[test]
 fn destination_overlapping_itself() {
     for e in engines() {
-        let dl = Layout::new(&[4, 4], &[4, 2], 4).unwrap();
+        let dl = Layout::with_byte_strides(&[4, 4], &[4, 2], 4).unwrap();
         let sl = Layout::contiguous(&[4, 4], 4).unwrap();
         let err = refused(&e, 64, &dl, 64, &sl);
         assert_eq!(
@@ -140,11 +140,13 @@ fn destination_overlapping_itself() {
             }))
         );
         says(&err, &["overlaps itself", "[4, 2]"]);
-        let b = Layout::new(&[4], &[0], 4).unwrap();
+        let b = Layout::with_byte_strides(&[4], &[0], 4).unwrap();
         let src = vec![0u8; 4];
         let mut dst = vec![0u8; 4];
         let err = e
-            .scope(|s| s.fill(&mut dst, &b, &[1, 2, 3, 4]).map(|_| ()))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &b, &[1, 2, 3, 4]).map(|_| ()))
+            })
             .unwrap()
             .unwrap_err();
         assert!(
@@ -157,7 +159,7 @@ fn destination_overlapping_itself() {
         // A broadcast source is fine.
         let dl = Layout::contiguous(&[4], 4).unwrap();
         let mut dst = vec![0u8; 16];
-        e.scope(|s| s.copy(&mut dst, &dl, &src, &b).map(|_| ()))
+        e.scope(|s| Ok::<_, ferry::BarrierError>(s.copy(&mut dst, &dl, &src, &b).map(|_| ())))
             .unwrap()
             .unwrap();
         still_usable(&e);
@@ -250,7 +252,7 @@ fn fill_pattern_of_the_wrong_size() {
         let l = Layout::contiguous(&[8], 4).unwrap();
         let mut dst = vec![0u8; 32];
         let err = e
-            .scope(|s| s.fill(&mut dst, &l, &[1, 2, 3]).map(|_| ()))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &l, &[1, 2, 3]).map(|_| ())))
             .unwrap()
             .unwrap_err();
         assert_eq!(
@@ -262,7 +264,7 @@ fn fill_pattern_of_the_wrong_size() {
         );
         says(&err, &["3 bytes", "4 bytes"]);
         let err = e
-            .scope(|s| s.fill(&mut dst, &l, &[]).map(|_| ()))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &l, &[]).map(|_| ())))
             .unwrap()
             .unwrap_err();
         assert_eq!(
@@ -294,7 +296,7 @@ fn layout_errors_are_specific_and_readable() {
     let e = l.slice(0, 0..4, 0).unwrap_err();
     assert_eq!(e, LayoutError::ZeroStep { axis: 0 });
     says(&e, &["axis 0"]);
-    let e = Layout::new(&[3, 0, 2], &[1, 1, 1], 1).unwrap_err();
+    let e = Layout::with_byte_strides(&[3, 0, 2], &[1, 1, 1], 1).unwrap_err();
     assert_eq!(e, LayoutError::ZeroDim { axis: 1 });
     says(&e, &["dimension 1", "extent 0"]);
     let e = Layout::contiguous(&[4], 0).unwrap_err();
@@ -327,7 +329,7 @@ fn layout_errors_are_specific_and_readable() {
         }
     );
     says(&e, &["[1, 1]", "2 axes"]);
-    let e = Layout::new(&[3, 3], &[4], 4).unwrap_err();
+    let e = Layout::with_byte_strides(&[3, 3], &[4], 4).unwrap_err();
     assert_eq!(
         e,
         LayoutError::StridesLength {
@@ -381,12 +383,14 @@ fn failing_and_panicking_operators_fail_only_their_request() {
             vec![0u8; 64],
         );
         let r = e.scope(|s| {
-            let r1 = s.memcpy(&mut a, &src).unwrap();
-            let bad = s.custom(&mut b, &src, Arc::new(Fails)).unwrap();
-            let r2 = s.memcpy(&mut c, &src).unwrap();
-            let boom = s.custom(&mut d, &src, Arc::new(Panics)).unwrap();
-            let far = s.custom(&mut f, &src, Arc::new(TooFar)).unwrap();
-            (r1.wait(), bad.wait(), r2.wait(), boom.wait(), far.wait())
+            Ok::<_, ferry::BarrierError>({
+                let r1 = s.memcpy(&mut a, &src).unwrap();
+                let bad = s.custom(&mut b, &src, Arc::new(Fails)).unwrap();
+                let r2 = s.memcpy(&mut c, &src).unwrap();
+                let boom = s.custom(&mut d, &src, Arc::new(Panics)).unwrap();
+                let far = s.custom(&mut f, &src, Arc::new(TooFar)).unwrap();
+                (r1.wait(), bad.wait(), r2.wait(), boom.wait(), far.wait())
+            })
         });
         let (r1, bad, r2, boom, far) = r.unwrap();
         assert_eq!(r1, Ok(()));
@@ -427,7 +431,9 @@ fn failing_and_panicking_operators_fail_only_their_request() {
     let mut d = vec![0u8; 8];
     for _ in 0..4 {
         let r = cpu
-            .scope(|s| s.custom(&mut d, &src, Arc::new(Panics)).map(|_| ()))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.custom(&mut d, &src, Arc::new(Panics)).map(|_| ()))
+            })
             .unwrap_err();
         assert_eq!(r.failures.len(), 1);
     }
@@ -472,8 +478,15 @@ fn segment_lists_copy_and_reject_bad_lists() {
     use ferry::{CpuConfig, CpuEngine, EngineExt, OpError, Segment, SubmitError};
     let src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     for threads in [0, 1, 2] {
-        let e = CpuEngine::with_config(CpuConfig::new(threads).chunk_bytes(64).inline_bytes(0))
-            .unwrap();
+        let e = CpuEngine::with_config(
+            CpuConfig {
+                threads,
+                ..CpuConfig::caller_runs()
+            }
+            .chunk_bytes(64)
+            .inline_bytes(0),
+        )
+        .unwrap();
         // 300 segments in scrambled destination order, so both the sort check and the split run.
         let segs: Vec<Segment> = (0..300u64)
             .map(|i| Segment::new((i * 37 % 300) * 12, i * 13, 1 + i % 12))
@@ -484,16 +497,18 @@ fn segment_lists_copy_and_reject_bad_lists() {
             let (d, s, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
             want[d..d + n].copy_from_slice(&src[s..s + n]);
         }
-        e.scope(|s| s.segments(&mut dst, &src, segs.clone()).map(drop))
-            .unwrap()
-            .unwrap();
+        e.scope(|s| {
+            Ok::<_, ferry::BarrierError>(s.segments(&mut dst, &src, segs.clone()).map(drop))
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(dst, want, "threads {threads}");
 
         // Out of bounds: index, segment and lengths in the message.
         let mut small = vec![0u8; 16];
         let bad = vec![Segment::new(0, 0, 4), Segment::new(14, 0, 4)];
         let r = e
-            .scope(|s| s.segments(&mut small, &src, bad).map(drop))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.segments(&mut small, &src, bad).map(drop)))
             .unwrap();
         match r {
             Err(SubmitError::Op(OpError::SegmentOutOfBounds { index, dst_len, .. })) => {
@@ -509,7 +524,9 @@ fn segment_lists_copy_and_reject_bad_lists() {
             Segment::new(2, 0, 4),
         ];
         let r = e
-            .scope(|s| s.segments(&mut small, &src, overlap).map(drop))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.segments(&mut small, &src, overlap).map(drop))
+            })
             .unwrap();
         let err = r.unwrap_err();
         assert!(
@@ -520,7 +537,7 @@ fn segment_lists_copy_and_reject_bad_lists() {
         // An offset whose end overflows u64 is out of bounds, not a panic.
         let huge = vec![Segment::new(u64::MAX - 1, 0, 4)];
         let r = e
-            .scope(|s| s.segments(&mut small, &src, huge).map(drop))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.segments(&mut small, &src, huge).map(drop)))
             .unwrap();
         assert!(matches!(
             r,

@@ -88,7 +88,7 @@ fn build(dims: &[usize], elem: usize, s: &Side) -> (Layout, usize) {
         stride = stride * under[axis] + s.pad[axis];
     }
     let dims_mem: Vec<usize> = s.order.iter().map(|&a| under[a]).collect();
-    let base = Layout::new(&dims_mem, &strides_mem, elem)
+    let base = Layout::with_byte_strides(&dims_mem, &strides_mem, elem)
         .unwrap()
         .with_offset(s.offset)
         .unwrap();
@@ -175,9 +175,12 @@ fn reference_copy(dst: &mut [u8], dl: &Layout, src: &[u8], sl: &Layout) {
 fn engines() -> Vec<(String, Box<dyn Engine>)> {
     let cpu = |threads: usize, chunk: usize, inline: usize| {
         CpuEngine::with_config(
-            CpuConfig::new(threads)
-                .chunk_bytes(chunk)
-                .inline_bytes(inline),
+            CpuConfig {
+                threads,
+                ..CpuConfig::caller_runs()
+            }
+            .chunk_bytes(chunk)
+            .inline_bytes(inline),
         )
         .unwrap()
     };
@@ -244,7 +247,9 @@ fn copies_match_reference_on_every_engine() {
             for (name, engine) in &engines {
                 let mut dst = poison(dlen);
                 engine
-                    .scope(|s| s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                    .scope(|s| {
+                        Ok::<_, ferry::BarrierError>(s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                    })
                     .map_err(|e| TestCaseError::fail(format!("{name}: barrier {e}")))?
                     .map_err(|e| TestCaseError::fail(format!("{name}: submit {e}")))?;
                 if dst != want {
@@ -349,7 +354,9 @@ fn fills_match_reference_on_every_engine() {
         for (name, engine) in &engines {
             let mut dst = poison(dlen);
             engine
-                .scope(|s| s.fill(&mut dst, &dl, &pattern).map(|_| ()))
+                .scope(|s| {
+                    Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &dl, &pattern).map(|_| ()))
+                })
                 .map_err(|e| TestCaseError::fail(format!("{name}: barrier {e}")))?
                 .map_err(|e| TestCaseError::fail(format!("{name}: submit {e}")))?;
             prop_assert!(dst == want, "{}: fill of {:?} with {:?}", name, dl, pattern);
@@ -382,7 +389,9 @@ fn large_copies_split_across_workers_and_engines() {
         for (name, engine) in &engines {
             let mut dst = poison(dl.span().end + 7);
             engine
-                .scope(|s| s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                .scope(|s| {
+                    Ok::<_, ferry::BarrierError>(s.copy(&mut dst, &dl, &src, &sl).map(|_| ()))
+                })
                 .unwrap()
                 .unwrap();
             assert!(dst == want, "{name}: {rows}x{cols}x{elem}");

@@ -12,7 +12,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn cpu(threads: usize) -> CpuEngine {
-    CpuEngine::with_config(CpuConfig::new(threads).chunk_bytes(4096).inline_bytes(0)).unwrap()
+    CpuEngine::with_config(
+        CpuConfig {
+            threads,
+            ..CpuConfig::caller_runs()
+        }
+        .chunk_bytes(4096)
+        .inline_bytes(0),
+    )
+    .unwrap()
 }
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
@@ -52,25 +60,30 @@ fn wait_and_try_wait() {
         let src = data(1 << 20, 1);
         let mut dst = vec![0u8; 1 << 20];
         e.scope(|s| {
-            let mut r = s.memcpy(&mut dst, &src).unwrap();
-            if threads > 0 {
-                // Poll until done; never blocks.
-                let t = Instant::now();
-                let res = loop {
-                    if let Some(res) = r.try_wait() {
-                        break res;
+            {
+                {
+                    let mut r = s.memcpy(&mut dst, &src).unwrap();
+                    if threads > 0 {
+                        // Poll until done; never blocks.
+                        let t = Instant::now();
+                        let res = loop {
+                            if let Some(res) = r.try_wait() {
+                                break res;
+                            }
+                            assert!(t.elapsed() < Duration::from_secs(20));
+                            std::thread::yield_now();
+                        };
+                        assert_eq!(res, Ok(()));
+                        assert!(r.is_done());
+                        assert_eq!(r.try_wait(), Some(Ok(())));
+                    } else {
+                        // Zero threads: nothing runs until someone waits.
+                        assert_eq!(r.try_wait(), None);
+                        assert!(!r.is_done());
+                        r.wait().unwrap();
                     }
-                    assert!(t.elapsed() < Duration::from_secs(20));
-                    std::thread::yield_now();
                 };
-                assert_eq!(res, Ok(()));
-                assert!(r.is_done());
-                assert_eq!(r.try_wait(), Some(Ok(())));
-            } else {
-                // Zero threads: nothing runs until someone waits.
-                assert_eq!(r.try_wait(), None);
-                assert!(!r.is_done());
-                r.wait().unwrap();
+                Ok::<_, ferry::BarrierError>(())
             }
         })
         .unwrap();
@@ -91,6 +104,7 @@ fn futures_block_on_and_join_all() {
             let reqs: Vec<Request> = it.map(|(d, src)| s.memcpy(d, src).unwrap()).collect();
             let results = futures::executor::block_on(futures::future::join_all(reqs));
             assert!(results.iter().all(Result::is_ok));
+            Ok::<_, ferry::BarrierError>(())
         })
         .unwrap();
         assert_eq!(dsts, srcs, "threads {threads}");
@@ -107,6 +121,7 @@ fn futures_block_on_and_join_all() {
                     msg: "failure 9".into()
                 }
             );
+            Ok::<_, ferry::BarrierError>(())
         })
         .unwrap();
     }
@@ -200,6 +215,7 @@ fn scope_barrier_reports_failures_and_engine_does_not_repeat_them() {
                     drop(s.memcpy(d, &src).unwrap());
                 }
             }
+            Ok::<_, ferry::BarrierError>(())
         })
         .unwrap_err();
     assert_eq!(err.failures.len(), 3);
@@ -288,6 +304,7 @@ fn scope_submit_with_dependencies() {
             .unwrap();
         r2.wait().unwrap();
         assert!(r1.is_done(), "a dependent completed before its dependency");
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
     assert_eq!(a, src);
@@ -408,7 +425,7 @@ fn scope_waits_even_when_the_closure_panics() {
     let src = data(8 << 20, 6);
     let mut dst = vec![0u8; 8 << 20];
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let _ = e.scope(|s| {
+        let _ = e.scope(|s| -> ferry::Result<()> {
             drop(s.memcpy(&mut dst, &src).unwrap());
             panic!("closure panics with a copy in flight");
         });
@@ -498,7 +515,7 @@ fn transfers_return_buffers_and_drop_waits() {
         .unwrap();
     assert!(d.is_empty() && s.is_empty());
     let (mut d, s) = (vec![5u8; 4], Vec::<u8>::new());
-    e.scope(|sc| sc.memcpy(&mut d, &s).unwrap().wait().unwrap())
+    e.scope(|sc| -> ferry::Result<()> { Ok(sc.memcpy(&mut d, &s)?.wait()?) })
         .unwrap();
     assert_eq!(d, vec![5u8; 4]);
     // Arrays held inline are owned and returned too.
@@ -582,7 +599,8 @@ fn overlapping_steps_of_one_program_run_in_order() {
             s.custom(&mut dst, &src, Arc::new(FillThenCopy(n)))
                 .unwrap()
                 .wait()
-                .unwrap()
+                .unwrap();
+            Ok::<_, ferry::BarrierError>(())
         })
         .unwrap();
         assert_eq!(&dst[..8], &[1u8; 8]);
@@ -601,12 +619,12 @@ fn multiplex_splits_fills_and_copies() {
     let n = 6 << 20;
     let mut dst = vec![0u8; n];
     let l = Layout::contiguous(&[n / 4], 4).unwrap();
-    mux.scope(|s| s.fill(&mut dst, &l, &[1, 2, 3, 4]).map(|_| ()))
+    mux.scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut dst, &l, &[1, 2, 3, 4]).map(|_| ())))
         .unwrap()
         .unwrap();
     assert!(dst.chunks(4).all(|c| c == [1, 2, 3, 4]));
     let src = data(n, 3);
-    mux.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))
+    mux.scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut dst, &src).map(|_| ())))
         .unwrap()
         .unwrap();
     assert_eq!(dst, src);

@@ -76,9 +76,13 @@ fn bad_device_and_unsupported_kinds() {
     // Pageable to pageable and fills of pageable memory belong to the CPU engine.
     let mut a = vec![0u8; 64];
     let b = vec![1u8; 64];
-    let r = e.scope(|s| s.memcpy(&mut a, &b).map(|_| ())).unwrap();
+    let r = e
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut a, &b).map(|_| ())))
+        .unwrap();
     assert!(matches!(r, Err(SubmitError::Unsupported { .. })), "{r:?}");
-    let r = e.scope(|s| s.fill(&mut a, &l, &[1]).map(|_| ())).unwrap();
+    let r = e
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut a, &l, &[1]).map(|_| ())))
+        .unwrap();
     assert!(matches!(r, Err(SubmitError::Unsupported { .. })), "{r:?}");
     still_works(&e);
 }
@@ -91,7 +95,7 @@ fn layout_larger_than_buffer() {
     let src = vec![0u8; 4096];
     let l = Layout::bytes(4096).unwrap();
     let r = e
-        .scope(|s| s.copy(&mut dev, &l, &src[..], &l).map(|_| ()))
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.copy(&mut dev, &l, &src[..], &l).map(|_| ())))
         .unwrap();
     match r {
         Err(err @ SubmitError::Op(_)) => println!("too large: {err}"),
@@ -99,7 +103,7 @@ fn layout_larger_than_buffer() {
     }
     let big = Layout::contiguous(&[100, 100], 1).unwrap();
     let r = e
-        .scope(|s| s.fill(&mut dev, &big, &[1]).map(|_| ()))
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.fill(&mut dev, &big, &[1]).map(|_| ())))
         .unwrap();
     assert!(matches!(r, Err(SubmitError::Op(_))), "{r:?}");
     still_works(&e);
@@ -146,7 +150,7 @@ fn peer_copies() {
     let src = DeviceBuffer::from_host(1, &data).unwrap();
     let mut dst = DeviceBuffer::new(0, n).unwrap();
     let r = e0
-        .scope(|s| s.memcpy(&mut dst, &src).map(|r| r.wait()))
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut dst, &src).map(|r| r.wait())))
         .unwrap();
     if p.peer[0][1] {
         r.unwrap().unwrap();

@@ -120,7 +120,8 @@ fn still_works(e: &CudaEngine, seed: u64) {
         s.segments(&mut dst, &src, segs)
             .unwrap()
             .wait()
-            .expect("segment list")
+            .expect("segment list");
+        Ok::<_, ferry::BarrierError>(())
     })
     .expect("barrier");
     assert!(dst.to_vec() == want, "segment list after the fault");
@@ -129,8 +130,11 @@ fn still_works(e: &CudaEngine, seed: u64) {
         let want = reference_fill(&vec![0u8; n], &fl, &pat.repeat(16 / pat.len()));
         let mut d = Buf::new(Kind::Device, &vec![0u8; n]);
         let fl = Layout::contiguous(&[n / pat.len()], pat.len()).unwrap();
-        e.scope(|s| s.fill(&mut d, &fl, pat).unwrap().wait().expect("fill"))
-            .expect("barrier");
+        e.scope(|s| {
+            s.fill(&mut d, &fl, pat).unwrap().wait().expect("fill");
+            Ok::<_, ferry::BarrierError>(())
+        })
+        .expect("barrier");
         assert!(
             d.to_vec() == want,
             "fill of {} bytes after the fault",
@@ -231,13 +235,19 @@ fn card_filled_out_of_memory() {
         // fill's pattern block; the gather module and table of a long segment list).
         let mut outcomes = Vec::new();
         let r = e
-            .scope(|s| s.copy(&mut dev_a, &l, &pinned, &l).map(Request::wait))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(s.copy(&mut dev_a, &l, &pinned, &l).map(Request::wait))
+            })
             .unwrap();
         under_oom("pinned -> device", flat(r), &mut outcomes, || {
             assert!(dev_a.to_vec() == data)
         });
         let r = e
-            .scope(|s| s.copy(&mut back[..], &l, &dev_a, &l).map(Request::wait))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(
+                    s.copy(&mut back[..], &l, &dev_a, &l).map(Request::wait),
+                )
+            })
             .unwrap();
         under_oom("staged device -> pageable", flat(r), &mut outcomes, || {
             assert!(back == data)
@@ -267,8 +277,10 @@ fn card_filled_out_of_memory() {
             .collect();
         let r = e
             .scope(|s| {
-                s.segments(&mut dev_b, &dev_a, segs.clone())
-                    .map(Request::wait)
+                Ok::<_, ferry::BarrierError>({
+                    s.segments(&mut dev_b, &dev_a, segs.clone())
+                        .map(Request::wait)
+                })
             })
             .unwrap();
         under_oom("segment list", flat(r), &mut outcomes, || {
@@ -291,7 +303,11 @@ fn card_filled_out_of_memory() {
             Ok(e2) => {
                 outcomes.push("a new engine opened".into());
                 let r = e2
-                    .scope(|s| s.copy(&mut dev_b, &l, &pinned, &l).map(Request::wait))
+                    .scope(|s| {
+                        Ok::<_, ferry::BarrierError>(
+                            s.copy(&mut dev_b, &l, &pinned, &l).map(Request::wait),
+                        )
+                    })
                     .unwrap();
                 under_oom(
                     "copy on an engine made with the card full",
@@ -435,16 +451,18 @@ fn custom_operator_faults_fail_only_their_requests() {
                 let mut dsts: Vec<Buf> = (0..24).map(|_| Buf::new(dk, &[POISON; N])).collect();
                 let results: Vec<(OpKind, Result<(), RequestError>)> = engine
                     .scope(|s| {
-                        let reqs: Vec<(OpKind, Request)> = dsts
-                            .iter_mut()
-                            .enumerate()
-                            .map(|(k, d)| {
-                                let kind = kinds[k % kinds.len()];
-                                let r = s.submit(d, Some(&src), op_for(kind), &[]);
-                                (kind, r.expect("submit"))
-                            })
-                            .collect();
-                        reqs.into_iter().map(|(k, r)| (k, r.wait())).collect()
+                        Ok::<_, ferry::BarrierError>({
+                            let reqs: Vec<(OpKind, Request)> = dsts
+                                .iter_mut()
+                                .enumerate()
+                                .map(|(k, d)| {
+                                    let kind = kinds[k % kinds.len()];
+                                    let r = s.submit(d, Some(&src), op_for(kind), &[]);
+                                    (kind, r.expect("submit"))
+                                })
+                                .collect();
+                            reqs.into_iter().map(|(k, r)| (k, r.wait())).collect()
+                        })
                     })
                     .expect("every failure was observed by wait: the barrier is clean");
                 for (k, ((kind, r), d)) in results.iter().zip(&dsts).enumerate() {
@@ -544,19 +562,21 @@ mod injected {
             let small = Layout::bytes(4096).unwrap();
             let (a, b) = e
                 .scope(|s| {
-                    let a = s.copy(&mut host[..], &l, &dev, &l).unwrap();
-                    let b = s
-                        .submit(
-                            &mut dev2,
-                            Some(&dev),
-                            Op::Copy {
-                                dst: small,
-                                src: small,
-                            },
-                            &[&a],
-                        )
-                        .unwrap();
-                    (a.wait(), b.wait())
+                    Ok::<_, ferry::BarrierError>({
+                        let a = s.copy(&mut host[..], &l, &dev, &l).unwrap();
+                        let b = s
+                            .submit(
+                                &mut dev2,
+                                Some(&dev),
+                                Op::Copy {
+                                    dst: small,
+                                    src: small,
+                                },
+                                &[&a],
+                            )
+                            .unwrap();
+                        (a.wait(), b.wait())
+                    })
                 })
                 .unwrap_or_else(|e| panic!("barrier: {e}"));
             (a, b, host, data)

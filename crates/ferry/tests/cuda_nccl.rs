@@ -151,7 +151,6 @@ fn send_recv_every_byte() {
             if rank == from {
                 let src = dev(rank, n.max(1), seed);
                 e.scope(|s| s.send(&src, n, peer)?.wait().map_err(ferry::Error::from))
-                    .unwrap()
                     .unwrap();
             } else {
                 let poison = bytes(n + 4096, 7);
@@ -161,7 +160,6 @@ fn send_recv_every_byte() {
                         .wait()
                         .map_err(ferry::Error::from)
                 })
-                .unwrap()
                 .unwrap();
                 let got = dst.to_vec().unwrap();
                 let want = bytes(n.max(1), seed);
@@ -216,7 +214,6 @@ fn grouped_exchange_every_byte() {
                 req.wait().map_err(ferry::Error::from)
             }
         })
-        .unwrap()
         .unwrap();
         assert!(
             ra.to_vec().unwrap() == bytes(n, 1000 + peer as u64),
@@ -263,7 +260,6 @@ fn self_exchange_one_rank() {
                 .wait()
                 .map_err(ferry::Error::from)
             })
-            .unwrap()
             .unwrap();
             let got = dst.to_vec().unwrap();
             assert!(
@@ -290,9 +286,8 @@ fn self_exchange_one_rank() {
             })?
             .wait()
             .map_err(ferry::Error::from)
-        })?
+        })
     })
-    .unwrap()
     .unwrap();
     assert_eq!(dst.to_vec().unwrap(), bytes(n, 62));
     assert_eq!(staged.to_vec().unwrap(), host);
@@ -300,11 +295,13 @@ fn self_exchange_one_rank() {
     let failed = ferry::Request::ready(Err(RequestError::Aborted("test".into())));
     let r = e
         .scope(|s| {
-            s.group_after(&[&failed], |g| {
-                g.send(&src, n, 0);
-                g.recv(&mut untouched, n, 0);
+            Ok::<_, ferry::BarrierError>({
+                s.group_after(&[&failed], |g| {
+                    g.send(&src, n, 0);
+                    g.recv(&mut untouched, n, 0);
+                })
+                .map(|req| req.wait())
             })
-            .map(|req| req.wait())
         })
         .unwrap()
         .unwrap();
@@ -324,10 +321,12 @@ fn bad_input_is_refused() {
     let mut small = DeviceBuffer::zeroed(0, 100).unwrap();
     let host = vec![0u8; 4096];
     let r = e.scope(|s| {
-        let wrong_rank = s.send(&buf, 4096, 1).unwrap_err();
-        let too_small = s.recv(&mut small, 4096, 0).unwrap_err();
-        let on_host = s.send(&host, 4096, 0).unwrap_err();
-        (wrong_rank, too_small, on_host)
+        Ok::<_, ferry::BarrierError>({
+            let wrong_rank = s.send(&buf, 4096, 1).unwrap_err();
+            let too_small = s.recv(&mut small, 4096, 0).unwrap_err();
+            let on_host = s.send(&host, 4096, 0).unwrap_err();
+            (wrong_rank, too_small, on_host)
+        })
     });
     let (wrong_rank, too_small, on_host) = r.unwrap();
     for (e, what) in [
@@ -340,7 +339,9 @@ fn bad_input_is_refused() {
     }
     if ferry::cuda::probe().devices.len() >= 2 {
         let other = dev(1, 4096, 2);
-        let err = e.scope(|s| s.send(&other, 4096, 0).unwrap_err()).unwrap();
+        let err = e
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.send(&other, 4096, 0).unwrap_err()))
+            .unwrap();
         assert!(err.to_string().contains("GPU 0"), "{err}");
     }
     // Bad configurations never reach NCCL.
@@ -358,7 +359,6 @@ fn bad_input_is_refused() {
         .wait()
         .map_err(ferry::Error::from)
     })
-    .unwrap()
     .unwrap();
     assert_eq!(dst.to_vec().unwrap(), bytes(4096, 1));
 }
@@ -411,7 +411,6 @@ fn unmatched_send_times_out() {
         .wait()
         .map_err(ferry::Error::from)
     })
-    .unwrap()
     .unwrap();
     assert_eq!(dst.to_vec().unwrap(), bytes(n, 9));
     if rank == 0 {
@@ -419,9 +418,11 @@ fn unmatched_send_times_out() {
         // hold, so the send cannot complete on its own.
         let big = dev(0, 64 << 20, 10);
         let start = Instant::now();
-        let r = e.scope(|s| match s.send(&big, 64 << 20, 1) {
-            Ok(req) => req.wait().map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        let r = e.scope(|s| {
+            Ok::<_, ferry::BarrierError>(match s.send(&big, 64 << 20, 1) {
+                Ok(req) => req.wait().map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            })
         });
         let took = start.elapsed();
         println!("unmatched send: {r:?} after {took:?}");
@@ -433,7 +434,7 @@ fn unmatched_send_times_out() {
         assert!(msg.contains("timed out"), "{msg}");
         assert!(took < Duration::from_secs(60), "{took:?}");
         let later = e
-            .scope(|s| s.send(&src, n, 1).map(drop))
+            .scope(|s| Ok::<_, ferry::BarrierError>(s.send(&src, n, 1).map(drop)))
             .unwrap()
             .unwrap_err();
         assert!(matches!(later, NcclError::Aborted(_)), "{later:?}");

@@ -208,8 +208,8 @@ fn staged_strided() {
         (vec![1000, 333], vec![333, 1], vec![400, 1], 1),
     ];
     for (i, (dims, ds, ss, elem)) in cases.into_iter().enumerate() {
-        let dl = Layout::new(&dims, &ds, elem).expect("dst layout");
-        let sl = Layout::new(&dims, &ss, elem).expect("src layout");
+        let dl = Layout::with_byte_strides(&dims, &ds, elem).expect("dst layout");
+        let sl = Layout::with_byte_strides(&dims, &ss, elem).expect("src layout");
         let plan = Plan::new(&dl, &sl).expect("plan");
         check_plan(&st, &stream, &plan, 100 + i as u64);
         check_plan(&st, &stream, &plan.offset_by(5, 11), 200 + i as u64);

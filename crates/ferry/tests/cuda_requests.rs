@@ -75,6 +75,7 @@ fn host_dependency_and_failed_dependency() {
             .submit(&mut dev, Some(&src[..]), copy_op(n), &[&failed])
             .unwrap();
         assert!(matches!(r.wait(), Err(RequestError::Dependency(_))));
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
     assert!(
@@ -130,11 +131,13 @@ fn futures_complete() {
     e.scope(|s| {
         let r = s.memcpy(&mut dev, &data[..]).unwrap();
         block_on(r).unwrap();
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
     e.scope(|s| {
         let r = s.memcpy(&mut back[..], &dev).unwrap();
         block_on(r).unwrap();
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
     assert!(back == data);
@@ -144,14 +147,17 @@ fn futures_complete() {
         .map(|_| DeviceBuffer::new(0, 1 << 20).unwrap())
         .collect();
     e.scope(|s| {
-        let mut reqs: Vec<Request> = devs
-            .iter_mut()
-            .zip(&srcs)
-            .map(|(d, h)| s.memcpy(d, &h[..]).unwrap())
-            .collect();
-        while let Some(r) = reqs.pop() {
-            block_on(r).unwrap();
+        {
+            let mut reqs: Vec<Request> = devs
+                .iter_mut()
+                .zip(&srcs)
+                .map(|(d, h)| s.memcpy(d, &h[..]).unwrap())
+                .collect();
+            while let Some(r) = reqs.pop() {
+                block_on(r).unwrap();
+            }
         }
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
     for (d, h) in devs.iter().zip(&srcs) {
@@ -264,6 +270,7 @@ fn try_wait_polls_to_completion() {
         };
         res.unwrap();
         println!("256 MiB H2D polled {polls} times before completion");
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
 }
@@ -288,6 +295,7 @@ fn drops_with_work_in_flight_are_safe() {
     let mut dev2 = DeviceBuffer::new(0, n).unwrap();
     e.scope(|s| {
         drop(s.memcpy(&mut dev2, &data[..]).unwrap());
+        Ok::<_, ferry::BarrierError>(())
     })
     .unwrap();
     assert!(dev2.to_vec().unwrap() == data);

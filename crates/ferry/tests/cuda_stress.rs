@@ -445,6 +445,7 @@ fn run_cases(r: &mut Rng, engine: &Arc<dyn Engine>, cases: &[Case], ctx: &str) -
                 };
                 assert_eq!(res, Ok(()), "{ctx}: request {k} ({})", cases[k].describe());
             }
+            Ok::<_, ferry::BarrierError>(())
         })
         .unwrap_or_else(|e| panic!("{ctx}: scope barrier: {e}"));
     let mut bytes = 0;

@@ -317,7 +317,6 @@ fn copy_gbps(
                 .wait()
                 .map_err(ferry::Error::from)
         })
-        .unwrap()
         .unwrap();
         let took = t.elapsed().as_secs_f64();
         if i > 0 || took > 1.0 {
@@ -426,7 +425,6 @@ fn small_transpose_timings_by_run_count() {
                         .wait()
                         .map_err(ferry::Error::from)
                 })
-                .unwrap()
                 .unwrap();
                 if i > 0 {
                     times.push(t.elapsed().as_secs_f64());

@@ -121,14 +121,14 @@ fn src_bytes(seed: u8) -> Vec<u8> {
 fn engines() -> Vec<(String, Box<dyn Engine>)> {
     let cpu = |c: CpuConfig| CpuEngine::with_config(c).expect("cpu engine");
     let mut v: Vec<Box<dyn Engine>> = vec![
-        Box::new(cpu(CpuConfig::new(0))),
+        Box::new(cpu(CpuConfig::caller_runs())),
         Box::new(cpu(CpuConfig::new(1).inline_bytes(0))),
         Box::new(cpu(CpuConfig::new(3).inline_bytes(0).chunk_bytes(512))),
     ];
     v.push(Box::new(
         MultiplexEngine::new()
             .with(cpu(CpuConfig::new(1).inline_bytes(0)), 1.0)
-            .with(cpu(CpuConfig::new(0)), 1.0)
+            .with(cpu(CpuConfig::caller_runs()), 1.0)
             .with(cpu(CpuConfig::new(2).inline_bytes(0).chunk_bytes(256)), 2.0),
     ));
     v.into_iter().map(|e| (e.name(), e)).collect()
@@ -223,19 +223,21 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
         let mut dsts = vec![vec![POISON; N]; 24];
         let results: Vec<(Kind, Result<(), RequestError>)> = engine
             .scope(|s| {
-                let reqs: Vec<(Kind, Request)> = dsts
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(k, d)| {
-                        let kind = kinds[k % kinds.len()];
-                        (
-                            kind,
-                            s.submit(&mut d[..], Some(&src[..]), op_for(kind, k), &[])
-                                .expect("submit"),
-                        )
-                    })
-                    .collect();
-                reqs.into_iter().map(|(kind, r)| (kind, r.wait())).collect()
+                Ok::<_, ferry::BarrierError>({
+                    let reqs: Vec<(Kind, Request)> = dsts
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(k, d)| {
+                            let kind = kinds[k % kinds.len()];
+                            (
+                                kind,
+                                s.submit(&mut d[..], Some(&src[..]), op_for(kind, k), &[])
+                                    .expect("submit"),
+                            )
+                        })
+                        .collect();
+                    reqs.into_iter().map(|(kind, r)| (kind, r.wait())).collect()
+                })
             })
             .expect("every failure was observed by wait: the barrier is clean");
         for (k, ((kind, r), d)) in results.iter().zip(&dsts).enumerate() {
@@ -245,7 +247,11 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
         let big_src: Vec<u8> = (0..(4 << 20)).map(|i: usize| (i % 251) as u8).collect();
         let mut big_dst = vec![0u8; 4 << 20];
         engine
-            .scope(|s| s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(
+                    s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait),
+                )
+            })
             .expect("barrier")
             .expect("submit")
             .expect("copy");
@@ -264,9 +270,15 @@ fn failing_and_panicking_operators_fail_only_their_requests() {
 fn panics_do_not_poison_cpu_workers() {
     quiet_panics();
     for threads in [1usize, 2, 4] {
-        let engine =
-            CpuEngine::with_config(CpuConfig::new(threads).inline_bytes(0).chunk_bytes(4096))
-                .expect("engine");
+        let engine = CpuEngine::with_config(
+            CpuConfig {
+                threads,
+                ..CpuConfig::caller_runs()
+            }
+            .inline_bytes(0)
+            .chunk_bytes(4096),
+        )
+        .expect("engine");
         assert_eq!(engine.live_workers(), threads);
         let src = src_bytes(1);
         for round in 0..10 {
@@ -289,6 +301,7 @@ fn panics_do_not_poison_cpu_workers() {
                             &format!("cpu({threads}) round {round}"),
                         );
                     }
+                    Ok::<_, ferry::BarrierError>(())
                 })
                 .expect("barrier");
             assert_eq!(
@@ -300,7 +313,11 @@ fn panics_do_not_poison_cpu_workers() {
         let big_src: Vec<u8> = (0..(8 << 20)).map(|i: usize| (i % 253) as u8).collect();
         let mut big_dst = vec![0u8; 8 << 20];
         engine
-            .scope(|s| s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait))
+            .scope(|s| {
+                Ok::<_, ferry::BarrierError>(
+                    s.memcpy(&mut big_dst[..], &big_src[..]).map(Request::wait),
+                )
+            })
             .expect("barrier")
             .expect("submit")
             .expect("copy");
@@ -321,8 +338,10 @@ fn multiplex_custom_operator_panic_fails_only_its_request() {
     let mut dst = vec![POISON; N];
     let submitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         mux.scope(|s| {
-            s.custom(&mut dst[..], &src[..], Arc::new(Panics))
-                .map(Request::wait)
+            Ok::<_, ferry::BarrierError>({
+                s.custom(&mut dst[..], &src[..], Arc::new(Panics))
+                    .map(Request::wait)
+            })
         })
     }));
     let r = submitted.expect("submit to a multiplex must not panic on the caller's thread");
@@ -345,6 +364,7 @@ fn unobserved_failures_are_reported_by_barrier_once() {
                         .expect("submit"),
                 );
             }
+            Ok::<_, ferry::BarrierError>(())
         });
         let err = out.expect_err("the scope reports the dropped failures");
         assert_eq!(err.failures.len(), 8, "{name}: {err}");
@@ -408,11 +428,10 @@ fn failed_dependency_fails_dependents() {
                             matches!(r0.wait(), Err(RequestError::Operator { .. })),
                             "{ctx}"
                         );
-                        out
+                        Ok::<_, ferry::BarrierError>(out)
                     })
-                    .expect("inner barrier")
                 })
-                .expect("outer barrier");
+                .expect("barrier");
             match &r1 {
                 Err(RequestError::Dependency(e)) => {
                     assert!(matches!(**e, RequestError::Operator { .. }), "{ctx}: {e:?}")
@@ -491,8 +510,14 @@ fn engine_dropped_with_failing_request_in_flight() {
     for threads in [0usize, 1, 3] {
         for round in 0..5 {
             let ctx = format!("cpu({threads}) round {round}");
-            let engine =
-                CpuEngine::with_config(CpuConfig::new(threads).inline_bytes(0)).expect("engine");
+            let engine = CpuEngine::with_config(
+                CpuConfig {
+                    threads,
+                    ..CpuConfig::caller_runs()
+                }
+                .inline_bytes(0),
+            )
+            .expect("engine");
             let src = src_bytes(round);
             let mut fail_dst = vec![POISON; N];
             let mut panic_dst = vec![POISON; N];
@@ -565,27 +590,29 @@ fn churn_round(round: usize) {
         let src = src_bytes(round as u8);
         let mut bufs = vec![vec![POISON; N]; 6];
         let _ = engine.scope(|s| {
-            let mut it = bufs.iter_mut();
-            let mut next = || &mut it.next().expect("buffer")[..];
-            let a = s
-                .submit(next(), Some(&src[..]), op_for(Kind::Fail, round), &[])
-                .expect("submit");
-            let b = s
-                .submit(next(), Some(&src[..]), op_for(Kind::Copy, round), &[&a])
-                .expect("submit");
-            drop(
-                s.submit(next(), Some(&src[..]), op_for(Kind::Panic, round), &[])
-                    .expect("submit"),
-            );
-            let c = s
-                .submit(next(), Some(&src[..]), op_for(Kind::Custom, round), &[])
-                .expect("submit");
-            let d = s
-                .fill(next(), &Layout::bytes(N).expect("layout"), &[1])
-                .expect("submit");
-            let _ = (a.wait(), b.wait(), c.wait());
-            drop(d);
-            s.memcpy(next(), &src[..]).expect("submit")
+            Ok::<_, ferry::BarrierError>({
+                let mut it = bufs.iter_mut();
+                let mut next = || &mut it.next().expect("buffer")[..];
+                let a = s
+                    .submit(next(), Some(&src[..]), op_for(Kind::Fail, round), &[])
+                    .expect("submit");
+                let b = s
+                    .submit(next(), Some(&src[..]), op_for(Kind::Copy, round), &[&a])
+                    .expect("submit");
+                drop(
+                    s.submit(next(), Some(&src[..]), op_for(Kind::Panic, round), &[])
+                        .expect("submit"),
+                );
+                let c = s
+                    .submit(next(), Some(&src[..]), op_for(Kind::Custom, round), &[])
+                    .expect("submit");
+                let d = s
+                    .fill(next(), &Layout::bytes(N).expect("layout"), &[1])
+                    .expect("submit");
+                let _ = (a.wait(), b.wait(), c.wait());
+                drop(d);
+                s.memcpy(next(), &src[..]).expect("submit")
+            })
         });
         let _ = engine.barrier();
         let t = engine
@@ -704,6 +731,7 @@ fn small_cases_for_miri() {
                     "{name}: {fr:?}"
                 );
                 drop(g);
+                Ok::<_, ferry::BarrierError>(())
             })
             .expect_err("the dropped dependent's failure is reported");
         for i in 0..8 {

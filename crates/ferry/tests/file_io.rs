@@ -7,7 +7,7 @@
 use ferry::file::{
     live_bounce_buffers, FileConfig, FileEngine, FileError, FileHandle, FileIo, IoOp, OpenMode,
 };
-use ferry::{CpuEngine, MemKind, Memory, MemoryMut, Plain, RawBuf};
+use ferry::{CpuEngine, MemKind, Memory, MemoryMut, RawBuf};
 use proptest::prelude::*;
 use std::io;
 use std::path::PathBuf;
@@ -60,8 +60,10 @@ impl Drop for Temp {
 #[derive(Clone, Copy)]
 #[repr(C, align(4096))]
 struct Page([u8; 4096]);
-// SAFETY: an array of bytes with no padding (size equals alignment); every bit pattern valid.
-unsafe impl Plain for Page {}
+// SAFETY: an array of bytes with no padding (size equals alignment); all zeroes is valid.
+unsafe impl ferry::bytemuck::Zeroable for Page {}
+// SAFETY: as above; every bit pattern valid, `Copy`, `repr(C)`.
+unsafe impl ferry::bytemuck::Pod for Page {}
 
 fn pages(n: usize) -> Vec<Page> {
     vec![Page([0xA5; 4096]); n]

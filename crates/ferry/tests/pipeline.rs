@@ -266,7 +266,7 @@ fn panicking_stage_mid_run_is_reported_and_everything_is_dropped() {
     assert_eq!(threads_now(), before, "lane threads leaked");
     let mut out = vec![0u8; 16];
     engine
-        .scope(|s| s.memcpy(&mut out, &src[..16]).map(drop))
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.memcpy(&mut out, &src[..16]).map(drop)))
         .unwrap()
         .unwrap();
     assert_eq!(out, src[..16]);

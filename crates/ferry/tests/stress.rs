@@ -70,7 +70,7 @@ fn factories() -> Vec<Factory> {
         CpuEngine::with_config(c).expect("cpu engine")
     }
     vec![
-        ("cpu(0)", || Box::new(cpu(CpuConfig::new(0)))),
+        ("cpu(0)", || Box::new(cpu(CpuConfig::caller_runs()))),
         ("cpu(1) queued", || {
             Box::new(cpu(CpuConfig::new(1).inline_bytes(0)))
         }),
@@ -82,7 +82,7 @@ fn factories() -> Vec<Factory> {
             Box::new(
                 MultiplexEngine::new()
                     .with(cpu(CpuConfig::new(1).inline_bytes(0)), 1.0)
-                    .with(cpu(CpuConfig::new(0)), 1.0)
+                    .with(cpu(CpuConfig::caller_runs()), 1.0)
                     .with(cpu(CpuConfig::new(2).chunk_bytes(8192)), 2.0)
                     .split_bytes(256 << 10),
             )
@@ -235,42 +235,47 @@ fn op_scoped(r: &mut Rng, engine: &Arc<dyn Engine>, ctx: &str) {
     let how: Vec<usize> = cases.iter().map(|_| r.below(4)).collect();
     engine
         .scope(|s| {
-            let reqs: Vec<Request> = cases
-                .iter_mut()
-                .map(|c| {
-                    let req = match &c.pattern {
-                        Some(p) => s.fill(&mut c.dst[..], &c.dst_layout, p),
-                        None => s.copy(&mut c.dst[..], &c.dst_layout, &c.src[..], &c.src_layout),
-                    };
-                    req.unwrap_or_else(|e| panic!("{ctx}: submit refused: {e}"))
-                })
-                .collect();
-            for (k, (mut req, h)) in reqs.into_iter().zip(&how).enumerate() {
-                let res = match h {
-                    0 => req.wait(),
-                    // Polling: a zero-thread engine makes progress only in wait/barrier (as
-                    // documented), so after a while the poller falls back to wait.
-                    1 => {
-                        let t = Instant::now();
-                        loop {
-                            if let Some(res) = req.try_wait() {
-                                break res;
+            {
+                let reqs: Vec<Request> = cases
+                    .iter_mut()
+                    .map(|c| {
+                        let req = match &c.pattern {
+                            Some(p) => s.fill(&mut c.dst[..], &c.dst_layout, p),
+                            None => {
+                                s.copy(&mut c.dst[..], &c.dst_layout, &c.src[..], &c.src_layout)
                             }
-                            if t.elapsed() > Duration::from_millis(20) {
-                                let zero = engine.name().contains("cpu(0)");
-                                FALLBACKS[usize::from(!zero)].fetch_add(1, Ordering::Relaxed);
-                                break req.wait();
+                        };
+                        req.unwrap_or_else(|e| panic!("{ctx}: submit refused: {e}"))
+                    })
+                    .collect();
+                for (k, (mut req, h)) in reqs.into_iter().zip(&how).enumerate() {
+                    let res = match h {
+                        0 => req.wait(),
+                        // Polling: a zero-thread engine makes progress only in wait/barrier (as
+                        // documented), so after a while the poller falls back to wait.
+                        1 => {
+                            let t = Instant::now();
+                            loop {
+                                if let Some(res) = req.try_wait() {
+                                    break res;
+                                }
+                                if t.elapsed() > Duration::from_millis(20) {
+                                    let zero = engine.name().contains("cpu(0)");
+                                    FALLBACKS[usize::from(!zero)].fetch_add(1, Ordering::Relaxed);
+                                    break req.wait();
+                                }
+                                std::thread::yield_now();
                             }
-                            std::thread::yield_now();
                         }
-                    }
-                    2 => block_on(req, ctx),
-                    _ => {
-                        drop(req);
-                        Ok(())
-                    }
-                };
-                assert_eq!(res, Ok(()), "{ctx}: request {k}");
+                        2 => block_on(req, ctx),
+                        _ => {
+                            drop(req);
+                            Ok(())
+                        }
+                    };
+                    assert_eq!(res, Ok(()), "{ctx}: request {k}");
+                }
+                Ok::<_, ferry::BarrierError>(())
             }
         })
         .unwrap_or_else(|e| panic!("{ctx}: scope barrier: {e}"));

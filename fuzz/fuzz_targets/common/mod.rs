@@ -63,7 +63,7 @@ impl Ctor {
                 dims,
                 strides,
                 elem,
-            } => Layout::new(&nums(dims), &nums(strides), elem.get()),
+            } => Layout::with_byte_strides(&nums(dims), &nums(strides), elem.get()),
             Ctor::Contiguous { dims, elem } => Layout::contiguous(&nums(dims), elem.get()),
             Ctor::ColumnMajor { dims, elem } => Layout::column_major(&nums(dims), elem.get()),
             Ctor::Pitched { dims, elem, pitch } => {
@@ -346,7 +346,7 @@ impl Placement {
                 let st: Vec<usize> = (0..n)
                     .map(|i| (self.strides[i] as usize % 64) * elem.max(1) / 2)
                     .collect();
-                Layout::new(&base_dims, &st, elem)
+                Layout::with_byte_strides(&base_dims, &st, elem)
             }
         }
         .ok()?;
@@ -372,7 +372,7 @@ impl Placement {
             let mut s = l.strides().to_vec();
             d.insert(u, 1);
             s.insert(u, (self.pad as usize) * 8);
-            l = Layout::new(&d, &s, elem)
+            l = Layout::with_byte_strides(&d, &s, elem)
                 .ok()?
                 .with_offset(l.offset())
                 .ok()?;

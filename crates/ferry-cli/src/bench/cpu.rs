@@ -9,7 +9,8 @@ use super::data::{first_diff, pattern_bytes};
 use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
 use crate::args::mem_available;
 use crate::sizes::format_size;
-use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout, Plain};
+use ferry::bytemuck::Pod;
+use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout};
 use std::hint::black_box;
 
 /// The CPU tests.
@@ -291,7 +292,7 @@ impl CpuBench {
 }
 
 /// Element types of the test buffers.
-trait Elem: Plain + PartialEq {
+trait Elem: Pod + Send + Sync + PartialEq {
     /// Written into destinations before each series.
     const POISON: Self;
     /// A distinct, finite value for index `i`.
@@ -325,16 +326,14 @@ fn engine_copy<T: Elem>(
     src: &[T],
     src_l: Option<Layout>,
 ) -> Result<(), String> {
-    let r = engine.scope(|s| {
+    let r = engine.scope(|s| -> Result<(), ferry::Error> {
         let req = match (dst_l, src_l) {
             (Some(d), Some(sl)) => s.copy(dst, d, src, &sl),
             _ => s.memcpy(dst, src),
         };
-        req.map_err(|e| e.to_string())?
-            .wait()
-            .map_err(|e| e.to_string())
+        Ok(req?.wait()?)
     });
-    r.map_err(|e| e.to_string())?
+    r.map_err(|e| e.to_string())
 }
 
 /// `dst.copy_from_slice(src)` split into `n` chunks on `n` scoped threads.

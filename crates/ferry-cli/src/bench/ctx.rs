@@ -143,11 +143,31 @@ pub(super) fn setup(e: impl std::fmt::Display) -> BenchError {
     BenchError::Setup(e.to_string())
 }
 
-/// A scope's two layers of errors (the scope's barrier, the closure's own) as one message.
-pub(super) fn flat<T, E: std::fmt::Display, F: std::fmt::Display>(
-    r: Result<Result<T, E>, F>,
-) -> Result<T, String> {
-    r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+/// A scope's error (the closure's own, or the barrier's converted into it) as a message.
+pub(super) fn flat<T, E: std::fmt::Display>(r: Result<T, E>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())
+}
+
+/// A message that also takes a scope's barrier failures: the error of scope closures whose
+/// own errors are messages, so that the scope can return it.
+pub(super) struct Msg(pub String);
+
+impl From<String> for Msg {
+    fn from(s: String) -> Self {
+        Msg(s)
+    }
+}
+
+impl From<ferry::BarrierError> for Msg {
+    fn from(e: ferry::BarrierError) -> Self {
+        Msg(e.to_string())
+    }
+}
+
+impl std::fmt::Display for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// `1 thread`, `2 threads`, ...

@@ -172,8 +172,9 @@ impl MultiBench {
                 dsts.iter_mut().try_for_each(poison)?;
                 let t = measure(&self.method, || {
                     flat(e.scope(|s| {
-                        dsts.iter_mut()
-                            .try_for_each(|d| s.memcpy(d, &src).map(drop))
+                        dsts.iter_mut().try_for_each(|d| {
+                            s.memcpy(d, &src).map(drop).map_err(ferry::Error::from)
+                        })
                     }))
                 })?;
                 Ok((t, check(&dsts)))
@@ -238,9 +239,9 @@ impl MultiBench {
                 dsts.iter_mut().try_for_each(poison)?;
                 let t = measure(&method, || {
                     flat(mux.scope(|s| {
-                        dsts.iter_mut()
-                            .zip(&srcs)
-                            .try_for_each(|(d, src)| s.memcpy(d, src).map(drop))
+                        dsts.iter_mut().zip(&srcs).try_for_each(|(d, src)| {
+                            s.memcpy(d, src).map(drop).map_err(ferry::Error::from)
+                        })
                     }))
                 })?;
                 Ok((t, check(&dsts)))
@@ -411,7 +412,13 @@ impl MultiBench {
             payload,
             || {
                 poison(&mut dst)?;
-                let t = measure(m, || flat(e.scope(|s| s.memcpy(&mut dst, &src).map(drop))))?;
+                let t = measure(m, || {
+                    flat(e.scope(|s| {
+                        s.memcpy(&mut dst, &src)
+                            .map(drop)
+                            .map_err(ferry::Error::from)
+                    }))
+                })?;
                 Ok((t, check(&dst)))
             },
         )?;

@@ -18,7 +18,7 @@
 //!     .split_bytes(1 << 20);
 //! let src = vec![9u8; 32 << 20];
 //! let mut dst = vec![0u8; 32 << 20];
-//! mux.scope(|s| s.memcpy(&mut dst, &src).map(|_| ()))??;
+//! mux.scope(|s| -> ferry::Result<()> { Ok(s.memcpy(&mut dst, &src)?.wait()?) })?;
 //! assert_eq!(dst, src);
 //! # Ok::<(), ferry::Error>(())
 //! ```
@@ -165,9 +165,9 @@ impl MultiplexEngine {
 fn piece_layouts(p: &Plan) -> Result<(Layout, Layout), SubmitError> {
     let mk = |off: usize, strides: &[usize]| -> Result<Layout, SubmitError> {
         let l = if strides.is_empty() {
-            Layout::new(&[1], &[0], p.run())
+            Layout::with_byte_strides(&[1], &[0], p.run())
         } else {
-            Layout::new(p.counts(), strides, p.run())
+            Layout::with_byte_strides(p.counts(), strides, p.run())
         };
         l.and_then(|l| l.with_offset(off))
             .map_err(|e| SubmitError::Op(e.into()))
@@ -187,7 +187,7 @@ fn fill_piece_layout(p: &Plan, elem: usize) -> Result<Layout, SubmitError> {
         dims.push(p.run() / elem);
         strides.push(elem);
     }
-    Layout::new(&dims, &strides, elem)
+    Layout::with_byte_strides(&dims, &strides, elem)
         .and_then(|l| l.with_offset(p.dst_offset()))
         .map_err(|e| SubmitError::Op(e.into()))
 }
@@ -374,7 +374,7 @@ mod tests {
         );
         // Copies between memory no engine calls home still spread and split by weight.
         let mut dst = vec![0u8; 1 << 16];
-        mux.scope(|s| s.memcpy(&mut dst, &src).map(drop))
+        mux.scope(|s| Ok::<_, crate::BarrierError>(s.memcpy(&mut dst, &src).map(drop)))
             .unwrap()
             .unwrap();
         assert_eq!(dst, src);

@@ -32,20 +32,31 @@ pub trait EngineExt: Engine {
     /// Waits for every request of the scope before returning, and reports every failure that
     /// was not already seen through `wait`/`try_wait`. May block.
     ///
+    /// `f` returns a `Result` whose error type takes the barrier's error (`E:
+    /// From<BarrierError>`: [`ferry::Error`](crate::Error), `Box<dyn Error>`, ...), and the
+    /// scope returns that same `Result`: `f`'s error if it returned one (the requests are
+    /// still waited for), else the barrier's failures converted into `E`, else `f`'s value.
+    /// One `?` propagates both. A closure that returns a bare `Result<Request, SubmitError>`
+    /// does not compile (the submit error cannot hold a barrier's failures): return
+    /// `Result<_, ferry::Error>` instead, as below.
+    ///
     /// ```
     /// use ferry::{CpuEngine, EngineExt, Layout};
     /// let engine = CpuEngine::new(2)?;
     /// let src: Vec<f32> = (0..64 * 64).map(|i| i as f32).collect();
     /// let mut dst = vec![0f32; 64 * 64];
-    /// let m = Layout::contiguous(&[64, 64], 4)?;
-    /// engine.scope(|s| {
+    /// let m = Layout::of::<f32>(&[64, 64])?;
+    /// engine.scope(|s| -> ferry::Result<()> {
     ///     // dst = transpose(src)
     ///     s.copy(&mut dst, &m, &src, &m.transpose(0, 1)?)?;
-    ///     Ok::<(), ferry::Error>(())
-    /// })??;
+    ///     Ok(())
+    /// })?;
     /// assert_eq!(dst[1], src[64]);
     /// # Ok::<(), ferry::Error>(())
     /// ```
+    ///
+    /// On an engine behind `&dyn Engine` the same call works (through the inherent
+    /// [`scope`](trait.Engine.html#method.scope) of `dyn Engine`).
     ///
     /// A buffer handed to the scope stays borrowed until the scope has waited for every
     /// request, so it cannot be read, written or freed inside the scope, and a buffer that
@@ -56,11 +67,11 @@ pub trait EngineExt: Engine {
     /// let engine = CpuEngine::new(1)?;
     /// let src = vec![1u8; 1 << 20];
     /// let mut dst = vec![0u8; 1 << 20];
-    /// engine.scope(|s| {
+    /// engine.scope(|s| -> ferry::Result<()> {
     ///     s.memcpy(&mut dst, &src)?;
     ///     dst[0] = 7; // error: `dst` is mutably borrowed by the in-flight copy
-    ///     Ok::<(), ferry::Error>(())
-    /// })??;
+    ///     Ok(())
+    /// })?;
     /// # Ok::<(), ferry::Error>(())
     /// ```
     ///
@@ -68,30 +79,38 @@ pub trait EngineExt: Engine {
     /// use ferry::{CpuEngine, EngineExt};
     /// let engine = CpuEngine::new(1)?;
     /// let src = vec![1u8; 1 << 20];
-    /// let mut dst = vec![0u8; 1 << 20];
-    /// engine.scope(|s| {
+    /// engine.scope(|s| -> ferry::Result<()> {
     ///     let mut tmp = vec![0u8; 1 << 20];
     ///     s.memcpy(&mut tmp, &src)?; // error: `tmp` would be freed at the end of the closure,
-    ///     Ok::<(), ferry::Error>(())  // before the scope waits for the copy
-    /// })??;
+    ///     Ok(())                      // before the scope waits for the copy
+    /// })?;
     /// # Ok::<(), ferry::Error>(())
     /// ```
-    fn scope<'env, T>(
+    ///
+    /// A submit error is never dropped: the closure's error type must take the barrier's, so
+    /// the bare submit result does not compile as the closure's value:
+    ///
+    /// ```compile_fail
+    /// use ferry::{CpuEngine, EngineExt};
+    /// let engine = CpuEngine::new(1)?;
+    /// let (src, mut dst) = (vec![1u8; 8], vec![0u8; 4]);
+    /// engine.scope(|s| s.memcpy(&mut dst, &src))?; // error: SubmitError: From<BarrierError>
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    fn scope<'env, T, E>(
         &'env self,
-        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> T,
-    ) -> Result<T, BarrierError>
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<T, E>,
+    ) -> Result<T, E>
     where
+        E: From<BarrierError>,
         Self: Sized,
     {
-        let scope = Scope {
-            engine: self,
-            core: ScopeCore::new(),
-        };
-        scope.core.run(|| f(&scope))
+        run_scope(self, f)
     }
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`, taking ownership of both until
-    /// the copy completes. Errors at submit hand the buffers back.
+    /// the copy completes. Errors at submit hand the buffers back (a layout that a typed
+    /// buffer cannot hold, see [`Layout::check_elem`], is one).
     fn copy_owned<D, S>(
         &self,
         dst: D,
@@ -102,27 +121,23 @@ pub trait EngineExt: Engine {
     where
         D: MemoryMut + Send + 'static,
         S: Memory + Send + 'static,
-        Self: Sized,
     {
-        let lent = Lent::submit((dst, src), |b| {
-            let job = Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout);
-            // SAFETY: the buffers are lent: their memory stays valid and untouched until the
-            // request completed (`Lent::submit`).
-            unsafe { self.submit_raw(job) }.map(|req| (req, ()))
-        });
-        match lent {
-            Ok((lent, ())) => Ok(Transfer { lent }),
-            Err((error, (dst, src))) => Err(Refused { error, dst, src }),
+        let op = Op::Copy {
+            dst: *dst_layout,
+            src: *src_layout,
+        };
+        match check_elems(&op, dst.elem_size(), Some(src.elem_size())) {
+            Ok(()) => lend_copy(self, dst, dst_layout, src, src_layout),
+            Err(error) => Err(Refused { error, dst, src }),
         }
     }
 
-    /// Copies all of `src` into the start of `dst`, owning both until done. An empty `src`
-    /// completes at once.
+    /// Copies all of `src`'s bytes into the start of `dst`, owning both until done (any element
+    /// types: a byte copy). An empty `src` completes at once.
     fn memcpy_owned<D, S>(&self, dst: D, src: S) -> Result<Transfer<D, S>, Refused<D, S>>
     where
         D: MemoryMut + Send + 'static,
         S: Memory + Send + 'static,
-        Self: Sized,
     {
         if src.raw().len == 0 {
             // Nothing to copy: no request, the buffers come straight back.
@@ -131,7 +146,7 @@ pub trait EngineExt: Engine {
             });
         }
         match Layout::bytes(src.raw().len) {
-            Ok(l) => self.copy_owned(dst, &l, src, &l),
+            Ok(l) => lend_copy(self, dst, &l, src, &l),
             Err(e) => Err(Refused {
                 error: SubmitError::Op(e.into()),
                 dst,
@@ -141,10 +156,93 @@ pub trait EngineExt: Engine {
     }
 }
 
+/// The owned copy of [`EngineExt::copy_owned`], without the typed-buffer check.
+fn lend_copy<E, D, S>(
+    engine: &E,
+    dst: D,
+    dst_layout: &Layout,
+    src: S,
+    src_layout: &Layout,
+) -> Result<Transfer<D, S>, Refused<D, S>>
+where
+    E: Engine + ?Sized,
+    D: MemoryMut + Send + 'static,
+    S: Memory + Send + 'static,
+{
+    let lent = Lent::submit((dst, src), |b| {
+        let job = Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout);
+        // SAFETY: the buffers are lent: their memory stays valid and untouched until the
+        // request completed (`Lent::submit`).
+        unsafe { engine.submit_raw(job) }.map(|req| (req, ()))
+    });
+    match lent {
+        Ok((lent, ())) => Ok(Transfer { lent }),
+        Err((error, (dst, src))) => Err(Refused { error, dst, src }),
+    }
+}
+
+/// The typed-buffer check of the safe API: the layouts of a copy or a fill fit the element
+/// sizes of their buffers ([`Layout::check_elem`]). Other operators check their own.
+fn check_elems(op: &Op, dst_elem: usize, src_elem: Option<usize>) -> Result<(), SubmitError> {
+    use crate::op::OpError;
+    match op {
+        Op::Copy { dst, src } => {
+            dst.check_elem(dst_elem).map_err(OpError::Dst)?;
+            src.check_elem(src_elem.unwrap_or(1))
+                .map_err(OpError::Src)?;
+        }
+        Op::Fill { dst, .. } => dst.check_elem(dst_elem).map_err(OpError::Dst)?,
+        _ => {}
+    }
+    Ok(())
+}
+
 impl<E: Engine + ?Sized> EngineExt for E {}
 
-/// A job refused at submit, with the buffers handed back.
-#[derive(Debug)]
+impl<'a> dyn Engine + 'a {
+    /// [`EngineExt::scope`] on an engine behind `&dyn Engine` (the trait's method needs a
+    /// sized engine, to hand the scope a `&dyn Engine`; this one already has it). Same
+    /// contract: `f`'s error, else the barrier's failures converted into `E`, else `f`'s value.
+    ///
+    /// ```
+    /// use ferry::{CpuEngine, Engine, EngineExt};
+    /// let cpu = CpuEngine::new(1)?;
+    /// let engine: &dyn Engine = &cpu;
+    /// let (src, mut dst) = (vec![1u8; 8], vec![0u8; 8]);
+    /// engine.scope(|s| -> ferry::Result<()> {
+    ///     s.memcpy(&mut dst, &src)?;
+    ///     Ok(())
+    /// })?;
+    /// let (dst, _src) = engine.memcpy_owned(dst, src)?.wait()?; // owned copies work too
+    /// assert_eq!(dst, [1; 8]);
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    pub fn scope<'env, T, E>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<BarrierError>,
+    {
+        run_scope(self, f)
+    }
+}
+
+/// The one body of both `scope`s: a scope over `engine`, run by [`ScopeCore::run`].
+fn run_scope<'env, T, E: From<BarrierError>>(
+    engine: &'env dyn Engine,
+    f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<T, E>,
+) -> Result<T, E> {
+    let scope = Scope {
+        engine,
+        core: ScopeCore::new(),
+    };
+    scope.core.run(|| f(&scope))
+}
+
+/// A job refused at submit, with the buffers handed back. An [`Error`](std::error::Error)
+/// (its Debug form leaves the buffers out) that converts into [`ferry::Error`](crate::Error),
+/// so `?` works in a function returning either; the buffers are dropped then.
 pub struct Refused<D, S> {
     /// Why.
     pub error: SubmitError,
@@ -154,15 +252,9 @@ pub struct Refused<D, S> {
     pub src: S,
 }
 
-impl<D, S> std::fmt::Display for Refused<D, S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.error.fmt(f)
-    }
-}
-impl<D: std::fmt::Debug, S: std::fmt::Debug> std::error::Error for Refused<D, S> {}
-
-/// A failed transfer, with the buffers handed back.
-#[derive(Debug)]
+/// A failed transfer, with the buffers handed back. An [`Error`](std::error::Error) (its
+/// Debug form leaves the buffers out) that converts into [`ferry::Error`](crate::Error), so
+/// `transfer.wait()?` works in a function returning either; the buffers are dropped then.
 pub struct Failed<D, S> {
     /// Why.
     pub error: RequestError,
@@ -172,8 +264,47 @@ pub struct Failed<D, S> {
     pub src: S,
 }
 
+/// Display, Debug (without the buffers, which may be large), `Error` and the conversion into
+/// [`crate::Error`] of a handed-back failure.
+macro_rules! handed_back_error {
+    ($name:ident) => {
+        impl<D, S> std::fmt::Debug for $name<D, S> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("error", &self.error)
+                    .field("dst", &std::any::type_name::<D>())
+                    .field("src", &std::any::type_name::<S>())
+                    .finish()
+            }
+        }
+        impl<D, S> std::fmt::Display for $name<D, S> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.error.fmt(f)
+            }
+        }
+        impl<D, S> std::error::Error for $name<D, S> {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.error)
+            }
+        }
+        impl<D, S> From<$name<D, S>> for crate::Error {
+            fn from(e: $name<D, S>) -> Self {
+                e.error.into()
+            }
+        }
+    };
+}
+handed_back_error!(Refused);
+handed_back_error!(Failed);
+
 /// An owned transfer in flight. [`Transfer::wait`] (or `.await`) hands the buffers back.
-#[must_use = "dropping a Transfer blocks until the copy completes"]
+///
+/// Dropping a `Transfer` blocks until the copy completes (the buffers cannot be freed under
+/// it), then drops the buffers; its failure, if any, is then reported by the engine's next
+/// [`barrier`](Engine::barrier). To let a copy run on without waiting, keep the `Transfer`
+/// (in a collection, a task) and wait later; [`std::mem::forget`] is the only detach that
+/// never blocks, and it leaks the buffers (never frees them under the copy).
+#[must_use = "dropping a Transfer blocks until the copy completes; call .wait() or .await it"]
 pub struct Transfer<D, S> {
     lent: Lent<(D, S)>,
 }
@@ -354,9 +485,14 @@ impl ScopeCore<'_, '_> {
     }
 
     /// Runs `body` (the user's closure over the scope), then waits for every tracked request
-    /// and reports every failure not already seen through `wait`/`try_wait`. Waits even if
-    /// `body` unwinds (the panic goes on; the failures are not reported then). May block.
-    pub(crate) fn run<T>(&self, body: impl FnOnce() -> T) -> Result<T, BarrierError> {
+    /// and reports every failure not already seen through `wait`/`try_wait`. Returns `body`'s
+    /// error if it returned one (the requests are still waited for), else the barrier's
+    /// failures converted into `E`, else `body`'s value. Waits even if `body` unwinds (the
+    /// panic goes on; the failures are not reported then). May block.
+    pub(crate) fn run<T, E: From<BarrierError>>(
+        &self,
+        body: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         // Waits even if `body` unwinds: the borrows end only after every request is done.
         struct WaitAll<'a>(&'a InFlight);
         impl Drop for WaitAll<'_> {
@@ -367,7 +503,10 @@ impl ScopeCore<'_, '_> {
         let guard = WaitAll(&self.inflight);
         let out = body();
         std::mem::forget(guard);
-        self.inflight.barrier().map(|()| out)
+        let barrier = self.inflight.barrier();
+        let out = out?;
+        barrier?;
+        Ok(out)
     }
 }
 
@@ -378,8 +517,25 @@ pub struct Scope<'scope, 'env: 'scope> {
 }
 
 impl<'scope> Scope<'scope, '_> {
-    /// Submits a job over borrowed buffers: the general form of the methods below.
+    /// Submits a job over borrowed buffers: the general form of the methods below. A layout
+    /// that a typed buffer cannot hold ([`Layout::check_elem`]) is refused.
     pub fn submit<D, S>(
+        &self,
+        dst: &'scope mut D,
+        src: Option<&'scope S>,
+        op: Op,
+        after: &[&Request],
+    ) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        check_elems(&op, dst.elem_size(), src.map(|s| s.elem_size()))?;
+        self.submit_bytes(dst, src, op, after)
+    }
+
+    /// [`Scope::submit`] without the typed-buffer check.
+    fn submit_bytes<D, S>(
         &self,
         dst: &'scope mut D,
         src: Option<&'scope S>,
@@ -427,8 +583,8 @@ impl<'scope> Scope<'scope, '_> {
         )
     }
 
-    /// Copies all of `src` into the start of `dst` (error if `dst` is shorter). An empty `src`
-    /// completes at once.
+    /// Copies all of `src`'s bytes into the start of `dst` (error if `dst` is shorter); any
+    /// element types (a byte copy). An empty `src` completes at once.
     pub fn memcpy<D, S>(&self, dst: &'scope mut D, src: &'scope S) -> Result<Request, SubmitError>
     where
         D: MemoryMut + ?Sized,
@@ -439,7 +595,7 @@ impl<'scope> Scope<'scope, '_> {
             return Ok(Request::ready(Ok(())));
         }
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
-        self.copy(dst, &l, src, &l)
+        self.submit_bytes(dst, Some(src), Op::Copy { dst: l, src: l }, &[])
     }
 
     /// Writes `pattern` (one element) into every element of `layout` in `dst`.
@@ -472,7 +628,7 @@ impl<'scope> Scope<'scope, '_> {
     /// let src: Vec<u8> = (0..=255).collect();
     /// let mut dst = vec![0u8; 8];
     /// let segs = vec![Segment::new(0, 200, 4), Segment::new(4, 10, 4)];
-    /// engine.scope(|s| s.segments(&mut dst, &src, segs).map(drop))??;
+    /// engine.scope(|s| -> ferry::Result<()> { Ok(s.segments(&mut dst, &src, segs)?.wait()?) })?;
     /// assert_eq!(dst, [200, 201, 202, 203, 10, 11, 12, 13]);
     /// # Ok::<(), ferry::Error>(())
     /// ```

@@ -45,8 +45,8 @@
 //! let engine = FileEngine::new(FileConfig::new().threads(2))?;
 //! let file = engine.open(&path, OpenMode::Read)?;
 //! // 64 KiB at offset 4096, into an owned buffer handed back on completion.
-//! let t = engine.load(&file, 4096, vec![0u8; 64 << 10]).map_err(|f| f.error)?;
-//! let (buf, report) = t.wait().map_err(|f| f.error)?;
+//! let t = engine.load(&file, 4096, vec![0u8; 64 << 10])?;
+//! let (buf, report) = t.wait()?;
 //! assert_eq!(&buf[..], &data[4096..4096 + (64 << 10)]);
 //! println!("{report}"); // bytes moved, and which path (O_DIRECT or buffered) they took
 //! # std::fs::remove_file(&path).ok();
@@ -135,8 +135,9 @@ impl std::fmt::Display for IoReport {
 }
 
 /// A load or store that failed or was refused, with the buffer handed back (its bytes are
-/// unspecified after a failed load).
-#[derive(Debug)]
+/// unspecified after a failed load). An [`Error`](std::error::Error) (its Debug form leaves the
+/// buffer out) that converts into [`ferry::Error`](crate::Error), so `?` works in a function
+/// returning either; the buffer is dropped then.
 pub struct FileFailed<B> {
     /// Why.
     pub error: FileError,
@@ -149,7 +150,24 @@ impl<B> std::fmt::Display for FileFailed<B> {
         self.error.fmt(f)
     }
 }
-impl<B: std::fmt::Debug> std::error::Error for FileFailed<B> {}
+impl<B> std::fmt::Debug for FileFailed<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileFailed")
+            .field("error", &self.error)
+            .field("buf", &std::any::type_name::<B>())
+            .finish()
+    }
+}
+impl<B> std::error::Error for FileFailed<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+impl<B> From<FileFailed<B>> for crate::Error {
+    fn from(e: FileFailed<B>) -> Self {
+        e.error.into()
+    }
+}
 
 /// Moves byte ranges between files and buffers. See the [module documentation](self).
 pub struct FileEngine {

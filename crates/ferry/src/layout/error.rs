@@ -122,4 +122,18 @@ pub enum LayoutError {
         /// Dims asked for.
         to: Vec<usize>,
     },
+    /// A typed buffer holds whole elements of its type, where they are aligned: the layout's
+    /// element size, offset and strides must be multiples of the buffer's element size.
+    #[error(
+        "the layout's {what} of {value} bytes is not a multiple of the buffer's {elem}-byte \
+         elements (give strides in elements with Layout::with_strides, or use Layout::of)"
+    )]
+    NotWholeElements {
+        /// `element size`, `offset` or `stride`.
+        what: &'static str,
+        /// The layout's value, in bytes.
+        value: usize,
+        /// The buffer's element size.
+        elem: usize,
+    },
 }

@@ -2,7 +2,8 @@
 //!
 //! A [`Layout`] describes where the elements of an N-D array live inside one buffer. Dimension 0
 //! is the outermost (row-major order: the last dimension varies fastest in
-//! [`Layout::contiguous`]). Strides are in bytes and never negative; a stride of 0 repeats an
+//! [`Layout::contiguous`]). Strides are stored in bytes and never negative (give them in elements
+//! with [`Layout::with_strides`], or in bytes with [`Layout::with_byte_strides`]); a stride of 0 repeats an
 //! element (a broadcast source). Every constructor and transformation checks its input and
 //! returns a [`LayoutError`] in every build: nothing here panics on user input.
 //!
@@ -52,11 +53,53 @@ impl std::fmt::Debug for Layout {
 }
 
 impl Layout {
-    /// A general layout from dims (outermost first), byte strides and an element size.
+    /// A dense row-major layout of elements of type `T`: [`Layout::contiguous`] with
+    /// `size_of::<T>()` as the element size.
+    ///
+    /// ```
+    /// let l = ferry::Layout::of::<f32>(&[2, 3])?;
+    /// assert_eq!((l.elem_size(), l.strides()), (4, &[12, 4][..]));
+    /// # Ok::<(), ferry::LayoutError>(())
+    /// ```
+    pub fn of<T>(dims: &[usize]) -> Result<Layout, LayoutError> {
+        Layout::contiguous(dims, std::mem::size_of::<T>())
+    }
+
+    /// A layout of elements of type `T` from dims (outermost first) and strides counted in
+    /// elements, as PyTorch's `Tensor.stride()` and NumPy's `strides / itemsize` give them.
+    ///
+    /// ```
+    /// // The transpose of a 2 x 3 row-major f32 matrix: element strides [1, 3].
+    /// let t = ferry::Layout::with_strides::<f32>(&[3, 2], &[1, 3])?;
+    /// assert_eq!(t.strides(), &[4, 12]); // in bytes
+    /// # Ok::<(), ferry::LayoutError>(())
+    /// ```
+    ///
+    /// Errors: as [`Layout::with_byte_strides`], and a stride whose byte count overflows.
+    pub fn with_strides<T>(dims: &[usize], elem_strides: &[usize]) -> Result<Layout, LayoutError> {
+        let size = std::mem::size_of::<T>();
+        let mut bytes = [0usize; MAX_DIMS];
+        for (b, &s) in bytes.iter_mut().zip(elem_strides) {
+            *b = s.checked_mul(size).ok_or(LayoutError::Overflow)?;
+        }
+        // More strides than MAX_DIMS: keep the count so that the length check reports it.
+        let n = elem_strides.len();
+        if n > MAX_DIMS {
+            return Layout::with_byte_strides(dims, elem_strides, size);
+        }
+        Layout::with_byte_strides(dims, &bytes[..n], size)
+    }
+
+    /// A general layout from dims (outermost first), strides in **bytes**, and an element size
+    /// in bytes. For strides counted in elements use [`Layout::with_strides`].
     ///
     /// Errors: more than [`MAX_DIMS`] dims, no dims, a zero dim or element size, dims and strides
     /// of different lengths, or a byte span that overflows `usize`.
-    pub fn new(dims: &[usize], strides: &[usize], elem_size: usize) -> Result<Layout, LayoutError> {
+    pub fn with_byte_strides(
+        dims: &[usize],
+        strides: &[usize],
+        elem_size: usize,
+    ) -> Result<Layout, LayoutError> {
         if dims.len() != strides.len() {
             return Err(LayoutError::StridesLength {
                 dims: dims.len(),
@@ -101,7 +144,35 @@ impl Layout {
     /// ```
     pub fn contiguous(dims: &[usize], elem_size: usize) -> Result<Layout, LayoutError> {
         let strides = dense_strides(dims, elem_size, false)?;
-        Layout::new(dims, &strides[..dims.len().min(MAX_DIMS)], elem_size)
+        Layout::with_byte_strides(dims, &strides[..dims.len().min(MAX_DIMS)], elem_size)
+    }
+
+    /// Checks that a buffer of `elem`-byte elements can hold this layout: its element size,
+    /// offset and the strides of dims longer than 1 are multiples of `elem` (the safe API checks
+    /// this at submit for typed buffers such as `Vec<f32>`).
+    ///
+    /// ```
+    /// use ferry::Layout;
+    /// assert!(Layout::of::<f32>(&[4, 4])?.check_elem(4).is_ok());
+    /// // Element strides [4, 1] given as byte strides: elements overlap, rows are 4 bytes.
+    /// assert!(Layout::with_byte_strides(&[4, 4], &[4, 1], 4)?.check_elem(4).is_err());
+    /// assert!(Layout::with_strides::<f32>(&[4, 4], &[4, 1])?.check_elem(4).is_ok());
+    /// # Ok::<(), ferry::LayoutError>(())
+    /// ```
+    pub fn check_elem(&self, elem: usize) -> Result<(), LayoutError> {
+        let elem = elem.max(1);
+        let stride = (0..self.ndim)
+            .filter(|&i| self.dims[i] > 1)
+            .map(|i| self.strides[i])
+            .find(|s| s % elem != 0);
+        let bad = [("element size", self.elem_size), ("offset", self.offset)]
+            .into_iter()
+            .find(|(_, v)| v % elem != 0)
+            .or(stride.map(|s| ("stride", s)));
+        match bad {
+            Some((what, value)) => Err(LayoutError::NotWholeElements { what, value, elem }),
+            None => Ok(()),
+        }
     }
 
     /// A dense 1-D layout of `bytes` bytes (element size 1).
@@ -118,13 +189,13 @@ impl Layout {
     /// ```
     pub fn column_major(dims: &[usize], elem_size: usize) -> Result<Layout, LayoutError> {
         let strides = dense_strides(dims, elem_size, true)?;
-        Layout::new(dims, &strides[..dims.len().min(MAX_DIMS)], elem_size)
+        Layout::with_byte_strides(dims, &strides[..dims.len().min(MAX_DIMS)], elem_size)
     }
 
     /// A row-major layout whose rows (the last dim) start every `pitch` bytes, as returned by
     /// `cudaMallocPitch`; outer dims are dense over padded rows.
     ///
-    /// Errors: `pitch` smaller than one row, and everything [`Layout::new`] checks.
+    /// Errors: `pitch` smaller than one row, and everything [`Layout::with_byte_strides`] checks.
     pub fn pitched(dims: &[usize], elem_size: usize, pitch: usize) -> Result<Layout, LayoutError> {
         let mut strides = dense_strides(dims, elem_size, false)?;
         let n = dims.len();
@@ -141,7 +212,7 @@ impl Layout {
                 s = s.checked_mul(dims[i]).ok_or(LayoutError::Overflow)?;
             }
         }
-        Layout::new(dims, &strides[..n], elem_size)
+        Layout::with_byte_strides(dims, &strides[..n], elem_size)
     }
 
     /// The same layout with its first element at byte `bytes` of the buffer (the offset is
@@ -483,7 +554,7 @@ impl Layout {
         dims: &[usize],
         strides: &[usize],
     ) -> Result<Layout, LayoutError> {
-        Layout::new(dims, strides, elem_size)?.with_offset(offset)
+        Layout::with_byte_strides(dims, strides, elem_size)?.with_offset(offset)
     }
 }
 

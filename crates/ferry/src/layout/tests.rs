@@ -40,22 +40,24 @@ fn pitched_rows() {
 
 #[test]
 fn size_one_dims_do_not_matter_for_predicates() {
-    let l = Layout::new(&[1, 4, 1, 3], &[999, 12, 7, 4], 4).unwrap();
+    let l = Layout::with_byte_strides(&[1, 4, 1, 3], &[999, 12, 7, 4], 4).unwrap();
     assert!(l.is_contiguous() && l.is_dense() && l.is_non_overlapping());
     assert_eq!(l.contiguous_inner_bytes(), 48);
 }
 
 #[test]
 fn broadcast_and_overlap() {
-    let b = Layout::new(&[4, 3], &[0, 4], 4).unwrap();
+    let b = Layout::with_byte_strides(&[4, 3], &[0, 4], 4).unwrap();
     assert!(!b.is_non_overlapping() && !b.is_dense() && !b.is_contiguous());
     // Strides smaller than the element.
-    assert!(!Layout::new(&[4], &[2], 4).unwrap().is_non_overlapping());
+    assert!(!Layout::with_byte_strides(&[4], &[2], 4)
+        .unwrap()
+        .is_non_overlapping());
     // Interleaved but disjoint: [2, 2] with strides [4, 8] over 4-byte elements is dense.
-    let t = Layout::new(&[2, 2], &[4, 8], 4).unwrap();
+    let t = Layout::with_byte_strides(&[2, 2], &[4, 8], 4).unwrap();
     assert!(t.is_dense() && t.is_non_overlapping() && !t.is_contiguous());
     // Gaps: dense fails, non-overlapping holds.
-    let g = Layout::new(&[3], &[8], 4).unwrap();
+    let g = Layout::with_byte_strides(&[3], &[8], 4).unwrap();
     assert!(!g.is_dense() && g.is_non_overlapping());
 }
 
@@ -225,36 +227,42 @@ fn reshape_impossible_cases() {
 fn reshape_huge_strides_do_not_overflow() {
     // Regression: the contiguity test multiplied stride x extent unchecked and panicked.
     let big = usize::MAX - 10;
-    let l = Layout::new(&[2, 2], &[0, big], 1).unwrap();
+    let l = Layout::with_byte_strides(&[2, 2], &[0, big], 1).unwrap();
     assert!(matches!(
         l.reshape(&[4]),
         Err(LayoutError::ReshapeNeedsCopy { .. })
     ));
     // Regression: a leading new dim of extent 1 over a huge stride overflowed.
-    let l = Layout::new(&[2], &[big], 1).unwrap();
+    let l = Layout::with_byte_strides(&[2], &[big], 1).unwrap();
     let r = l.reshape(&[1, 2]).unwrap();
     assert_eq!(offsets(&r), offsets(&l));
 }
 
 #[test]
 fn constructor_errors() {
-    assert_eq!(Layout::new(&[], &[], 1), Err(LayoutError::NoDims));
     assert_eq!(
-        Layout::new(&[2, 3], &[3], 1),
+        Layout::with_byte_strides(&[], &[], 1),
+        Err(LayoutError::NoDims)
+    );
+    assert_eq!(
+        Layout::with_byte_strides(&[2, 3], &[3], 1),
         Err(LayoutError::StridesLength {
             dims: 2,
             strides: 1
         })
     );
-    assert_eq!(Layout::new(&[2], &[1], 0), Err(LayoutError::ZeroElemSize));
-    let e = Layout::new(&[2, 0], &[1, 1], 1).unwrap_err();
+    assert_eq!(
+        Layout::with_byte_strides(&[2], &[1], 0),
+        Err(LayoutError::ZeroElemSize)
+    );
+    let e = Layout::with_byte_strides(&[2, 0], &[1, 1], 1).unwrap_err();
     assert_eq!(e, LayoutError::ZeroDim { axis: 1 });
     assert!(e.to_string().contains("dimension 1"));
     let e = Layout::contiguous(&[1; 17], 1).unwrap_err();
     assert_eq!(e, LayoutError::TooManyDims { ndim: 17, max: 16 });
     assert!(e.to_string().contains("17") && e.to_string().contains("16"));
     assert_eq!(
-        Layout::new(&[1; 17], &[1; 17], 1),
+        Layout::with_byte_strides(&[1; 17], &[1; 17], 1),
         Err(LayoutError::TooManyDims { ndim: 17, max: 16 })
     );
     assert_eq!(
@@ -262,11 +270,11 @@ fn constructor_errors() {
         Err(LayoutError::Overflow)
     );
     assert_eq!(
-        Layout::new(&[3], &[usize::MAX / 2 + 1], 1),
+        Layout::with_byte_strides(&[3], &[usize::MAX / 2 + 1], 1),
         Err(LayoutError::Overflow)
     );
     assert_eq!(
-        Layout::new(&[2], &[1], usize::MAX),
+        Layout::with_byte_strides(&[2], &[1], usize::MAX),
         Err(LayoutError::Overflow)
     );
     assert_eq!(Layout::bytes(usize::MAX).unwrap().span(), 0..usize::MAX);
@@ -320,7 +328,7 @@ fn check_buffer_reports_numbers() {
 
 #[test]
 fn element_offsets_match_offset_of() {
-    let l = Layout::new(&[2, 3, 2], &[100, 7, 40], 3)
+    let l = Layout::with_byte_strides(&[2, 3, 2], &[100, 7, 40], 3)
         .unwrap()
         .with_offset(5)
         .unwrap();
@@ -339,6 +347,6 @@ fn element_offsets_match_offset_of() {
 fn element_offsets_with_huge_strides() {
     // Regression: stepping one stride past the last element overflowed and panicked.
     let h = usize::MAX / 2 + 1;
-    let l = Layout::new(&[2, 2], &[1, h], 1).unwrap();
+    let l = Layout::with_byte_strides(&[2, 2], &[1, h], 1).unwrap();
     assert_eq!(offsets(&l), vec![0, h, 1, h + 1]);
 }

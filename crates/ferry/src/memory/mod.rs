@@ -1,9 +1,13 @@
 //! Memory kinds and the raw views engines work on.
 //!
 //! Engines see a buffer as a [`RawBuf`]: an address, a length and a [`MemKind`]. The safe API
-//! takes anything that implements [`Memory`] (read) or [`MemoryMut`] (write): plain slices and
-//! `Vec`s of [`Plain`] element types here, and the CUDA buffer types (pinned, registered,
-//! mapped, device, managed) in [`crate::engine::cuda`].
+//! takes anything that implements [`Memory`] (read) or [`MemoryMut`] (write): slices, arrays
+//! and `Vec`s of [`bytemuck::Pod`] element types here (the numeric primitives, `half::f16` and
+//! `bf16` with `half`'s `bytemuck` feature, a user's `#[repr(C)]` struct that implements `Pod`),
+//! and the CUDA buffer types (pinned, registered, mapped, device, managed) in
+//! [`crate::engine::cuda`].
+
+use bytemuck::Pod;
 
 /// Where a buffer lives, which decides which engines and which hardware paths can reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,6 +84,12 @@ impl RawBuf {
 pub unsafe trait Memory {
     /// The raw view.
     fn raw(&self) -> RawBuf;
+    /// The size in bytes of the buffer's element type: 1 for untyped memory (the default), 4
+    /// for a `[f32]`. The safe API refuses a layout whose element size, offset or strides are
+    /// not multiples of it (a typed buffer holds whole elements, where they are aligned).
+    fn elem_size(&self) -> usize {
+        1
+    }
 }
 
 /// Memory an engine may write.
@@ -92,26 +102,9 @@ pub unsafe trait MemoryMut: Memory {
     fn raw_mut(&mut self) -> RawBuf;
 }
 
-/// Element types whose every bit pattern is valid and which have no padding, so that bytes
-/// copied into them make a valid value.
-///
-/// # Safety
-/// Implement only for such types.
-pub unsafe trait Plain: Copy + Send + Sync + 'static {}
-
-macro_rules! plain {
-    ($($t:ty),*) => { $(
-        // SAFETY: primitive numeric types: no padding, every bit pattern valid.
-        unsafe impl Plain for $t {}
-    )* };
-}
-plain!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64);
-// SAFETY: arrays of plain types are plain (no padding between elements).
-unsafe impl<T: Plain, const N: usize> Plain for [T; N] {}
-
 // SAFETY: a shared slice is valid for reads of its bytes while borrowed; ordinary heap or stack
 // memory is pageable host memory.
-unsafe impl<T: Plain> Memory for [T] {
+unsafe impl<T: Pod> Memory for [T] {
     fn raw(&self) -> RawBuf {
         RawBuf::host(
             self.as_ptr().cast(),
@@ -119,9 +112,13 @@ unsafe impl<T: Plain> Memory for [T] {
             MemKind::Pageable,
         )
     }
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
 }
-// SAFETY: a mutable slice is valid for writes and unaliased while mutably borrowed.
-unsafe impl<T: Plain> MemoryMut for [T] {
+// SAFETY: a mutable slice is valid for writes and unaliased while mutably borrowed; `T: Pod`
+// makes any bytes written into it a valid value.
+unsafe impl<T: Pod> MemoryMut for [T] {
     fn raw_mut(&mut self) -> RawBuf {
         RawBuf::host(
             self.as_mut_ptr().cast(),
@@ -130,40 +127,44 @@ unsafe impl<T: Plain> MemoryMut for [T] {
         )
     }
 }
-// SAFETY: as for slices: a Vec's buffer does not move while the Vec is borrowed.
-unsafe impl<T: Plain> Memory for Vec<T> {
-    fn raw(&self) -> RawBuf {
-        self.as_slice().raw()
-    }
+
+/// `Memory`/`MemoryMut` of a container of `[T]` (`T: Pod`) through its slice.
+macro_rules! via_slice {
+    ($([$($g:tt)*] $t:ty),*) => { $(
+        // SAFETY: as for slices: the container's buffer does not move while it is borrowed.
+        unsafe impl<T: Pod, $($g)*> Memory for $t {
+            fn raw(&self) -> RawBuf {
+                self.as_slice().raw()
+            }
+            fn elem_size(&self) -> usize {
+                std::mem::size_of::<T>()
+            }
+        }
+        // SAFETY: as for slices.
+        unsafe impl<T: Pod, $($g)*> MemoryMut for $t {
+            fn raw_mut(&mut self) -> RawBuf {
+                self.as_mut_slice().raw_mut()
+            }
+        }
+    )* };
 }
-// SAFETY: as for slices.
-unsafe impl<T: Plain> MemoryMut for Vec<T> {
-    fn raw_mut(&mut self) -> RawBuf {
-        self.as_mut_slice().raw_mut()
-    }
-}
-// SAFETY: as for slices.
-unsafe impl<T: Plain, const N: usize> Memory for [T; N] {
-    fn raw(&self) -> RawBuf {
-        self.as_slice().raw()
-    }
-}
-// SAFETY: as for slices.
-unsafe impl<T: Plain, const N: usize> MemoryMut for [T; N] {
-    fn raw_mut(&mut self) -> RawBuf {
-        self.as_mut_slice().raw_mut()
-    }
-}
+via_slice!([] Vec<T>, [const N: usize] [T; N]);
 // SAFETY: forwards to the referent, borrowed for at least as long.
 unsafe impl<M: Memory + ?Sized> Memory for &M {
     fn raw(&self) -> RawBuf {
         (**self).raw()
+    }
+    fn elem_size(&self) -> usize {
+        (**self).elem_size()
     }
 }
 // SAFETY: forwards to the referent, borrowed for at least as long.
 unsafe impl<M: Memory + ?Sized> Memory for &mut M {
     fn raw(&self) -> RawBuf {
         (**self).raw()
+    }
+    fn elem_size(&self) -> usize {
+        (**self).elem_size()
     }
 }
 // SAFETY: forwards to the referent, mutably borrowed for at least as long.

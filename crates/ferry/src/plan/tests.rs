@@ -132,7 +132,7 @@ fn strided_gather_widens_nothing() {
 
 #[test]
 fn broadcast_source() {
-    let src = Layout::new(&[5, 4], &[0, 2], 2).unwrap();
+    let src = Layout::with_byte_strides(&[5, 4], &[0, 2], 2).unwrap();
     let dst = Layout::contiguous(&[5, 4], 2).unwrap();
     let p = check(&dst, &src);
     assert_eq!(
@@ -154,7 +154,7 @@ fn fill_plans() {
     assert_eq!(runs, vec![(0, 0), (16, 0), (32, 0), (48, 0)]);
     let c = Plan::fill(&Layout::contiguous(&[4, 6], 2).unwrap()).unwrap();
     assert_eq!((c.kind(), c.run()), (PlanKind::Contiguous, 48));
-    let b = Layout::new(&[4], &[0], 2).unwrap();
+    let b = Layout::with_byte_strides(&[4], &[0], 2).unwrap();
     assert!(matches!(
         Plan::fill(&b),
         Err(PlanError::DstSelfOverlap { .. })
@@ -179,7 +179,7 @@ fn errors_name_the_numbers() {
     let e = Plan::new(&a, &Layout::contiguous(&[4, 6], 2).unwrap()).unwrap_err();
     assert_eq!(e, PlanError::ElemSizeMismatch { dst: 4, src: 2 });
     assert!(e.to_string().contains("destination 4") && e.to_string().contains("source 2"));
-    let bad = Layout::new(&[4, 6], &[4, 4], 4).unwrap();
+    let bad = Layout::with_byte_strides(&[4, 6], &[4, 4], 4).unwrap();
     let e = Plan::new(&bad, &a).unwrap_err();
     assert_eq!(
         e,
@@ -194,7 +194,7 @@ fn errors_name_the_numbers() {
 #[test]
 fn huge_strides_do_not_overflow_the_merge() {
     // Regression: merging computed stride x extent unchecked and panicked on overflow.
-    let src = Layout::new(&[2, 2], &[0, usize::MAX / 2 + 1], 1).unwrap();
+    let src = Layout::with_byte_strides(&[2, 2], &[0, usize::MAX / 2 + 1], 1).unwrap();
     let dst = Layout::contiguous(&[2, 2], 1).unwrap();
     let p = Plan::new(&dst, &src).unwrap();
     assert_eq!(p.run_count(), 4);

@@ -96,7 +96,7 @@ pub fn place(r: &mut Rng, dims: &[usize], elem: usize) -> Layout {
                 strides[a] = s;
                 s = s * base_dims[a] + r.below(2) * elem;
             }
-            Layout::new(&base_dims, &strides, elem)
+            Layout::with_byte_strides(&base_dims, &strides, elem)
         }
     }
     .expect("base layout");

@@ -3,7 +3,7 @@
 //! poisoning and comparison.
 
 use super::CudaBench;
-use crate::bench::ctx::{flat, setup, Ctx};
+use crate::bench::ctx::{flat, setup, Ctx, Msg};
 use crate::bench::{measure, measure_with, BenchError, Clock, Role, Series, Timing};
 use ferry::cuda::{CudaEngine, DeviceBuffer, Direction};
 use ferry::EngineExt;
@@ -99,10 +99,15 @@ where
     E: std::fmt::Display,
 {
     match timer {
-        None => flat(e.scope(submit)).map(|()| None),
+        None => flat(e.scope(|s| submit(s).map_err(|x| Msg(x.to_string())))).map(|()| None),
         Some(t) => {
             let streams: Vec<_> = dirs.iter().map(|&d| &**e.stream(d)).collect();
-            flat(e.scope(|s| t.time_all(&streams, || submit(s))))?.map_err(|e| e.to_string())?;
+            flat(e.scope(|s| -> Result<(), Msg> {
+                t.time_all(&streams, || submit(s))
+                    .map_err(|x| x.to_string())?
+                    .map_err(|x| x.to_string())?;
+                Ok(())
+            }))?;
             t.seconds().map(Some).map_err(|e| e.to_string())
         }
     }

@@ -43,11 +43,8 @@ pub(super) fn nccl(
             while let Ok(cmd) = cmd_rx.recv() {
                 let r = match cmd {
                     Cmd::Poison => poison(&mut dst).map(|()| true),
-                    Cmd::Ferry => flat(e.scope(|s| {
-                        s.recv(&mut dst, size, 0)
-                            .map_err(|e| e.to_string())?
-                            .wait()
-                            .map_err(|e| e.to_string())
+                    Cmd::Ferry => flat(e.scope(|s| -> Result<(), ferry::Error> {
+                        Ok(s.recv(&mut dst, size, 0)?.wait()?)
                     }))
                     .map(|()| true),
                     Cmd::Raw => raw
@@ -90,11 +87,8 @@ pub(super) fn nccl(
                     let t = measure(method, || {
                         ask(if ferry { Cmd::Ferry } else { Cmd::Raw })?;
                         if ferry {
-                            flat(e.scope(|s| {
-                                s.send(&src, size, 1)
-                                    .map_err(|e| e.to_string())?
-                                    .wait()
-                                    .map_err(|e| e.to_string())
+                            flat(e.scope(|s| -> Result<(), ferry::Error> {
+                                Ok(s.send(&src, size, 1)?.wait()?)
                             }))?;
                         } else {
                             raw.exchange(

@@ -4,8 +4,10 @@
 //!   least [`CpuConfig::chunk_bytes`] each); each chunk runs on its own worker.
 //! - Small copies (at most [`CpuConfig::inline_bytes`]) run on the submitting thread during
 //!   submit: handing them to a worker would cost more than the copy. Set it to 0 to queue all.
-//! - Zero-thread mode (`threads = 0`): nothing runs in the background; the caller makes
-//!   progress in `wait` and `barrier`.
+//! - Threads: `CpuEngine::new(0)` (and `CpuConfig::new(0)`, and the C API's
+//!   `ferry_dma_cpu_create(&dma, 0)`) means one worker per core.
+//! - Caller-runs mode ([`CpuEngine::caller_runs`], [`CpuConfig::caller_runs`]): no workers,
+//!   nothing runs in the background; the caller makes progress in `wait` and `barrier`.
 //! - Each request completes on its own with its own error; a panicking custom operator fails
 //!   only its request and the worker lives on.
 //! - Dropping the engine finishes the queued work first; dropping a request does not cancel it.
@@ -27,7 +29,8 @@ use std::sync::Arc;
 /// Settings of a [`CpuEngine`]. Plain struct: `CpuConfig::new(threads)` then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuConfig {
-    /// Worker threads; 0 runs work on the waiting caller.
+    /// Worker threads. [`CpuConfig::new`] turns 0 into one per core; 0 here (as set by
+    /// [`CpuConfig::caller_runs`]) means no workers: the waiting caller runs the work.
     pub threads: usize,
     /// Smallest chunk a copy is split into, in bytes (default 1 MiB).
     pub chunk_bytes: usize,
@@ -36,12 +39,25 @@ pub struct CpuConfig {
 }
 
 impl CpuConfig {
-    /// `threads` workers and the default chunk and inline sizes.
+    /// `threads` workers (0: one per core, as the C API's `ferry_dma_cpu_create`) and the
+    /// default chunk and inline sizes.
     pub fn new(threads: usize) -> CpuConfig {
+        let threads = match threads {
+            0 => probe().default_threads,
+            n => n,
+        };
         CpuConfig {
             threads,
             chunk_bytes: 1 << 20,
             inline_bytes: 64 << 10,
+        }
+    }
+    /// No workers: work runs on the caller, in `wait` and `barrier` (and small copies at
+    /// submit). For tests and single-threaded programs.
+    pub fn caller_runs() -> CpuConfig {
+        CpuConfig {
+            threads: 0,
+            ..CpuConfig::new(1)
         }
     }
     /// Sets the smallest chunk (at least 1 byte).
@@ -59,7 +75,7 @@ impl CpuConfig {
 impl Default for CpuConfig {
     /// One worker per core.
     fn default() -> Self {
-        CpuConfig::new(probe().default_threads)
+        CpuConfig::new(0)
     }
 }
 
@@ -68,8 +84,8 @@ impl Default for CpuConfig {
 /// ```
 /// use ferry::{CpuEngine, EngineExt};
 /// let engine = CpuEngine::new(2)?;
-/// let t = engine.memcpy_owned(vec![0u8; 8 << 20], vec![1u8; 8 << 20]).map_err(|r| r.error)?;
-/// let (dst, _src) = t.wait().map_err(|f| f.error)?;
+/// let t = engine.memcpy_owned(vec![0u8; 8 << 20], vec![1u8; 8 << 20])?;
+/// let (dst, _src) = t.wait()?;
 /// assert!(dst.iter().all(|&b| b == 1));
 /// # Ok::<(), ferry::Error>(())
 /// ```
@@ -80,9 +96,15 @@ pub struct CpuEngine {
 }
 
 impl CpuEngine {
-    /// An engine with `threads` workers (0: the caller runs the work in `wait`/`barrier`).
+    /// An engine with `threads` workers (0: one per core, as the C API's
+    /// `ferry_dma_cpu_create(&dma, 0)`).
     pub fn new(threads: usize) -> Result<CpuEngine, crate::Error> {
         CpuEngine::with_config(CpuConfig::new(threads))
+    }
+    /// An engine without workers: the caller runs the work in `wait`/`barrier`
+    /// ([`CpuConfig::caller_runs`]).
+    pub fn caller_runs() -> Result<CpuEngine, crate::Error> {
+        CpuEngine::with_config(CpuConfig::caller_runs())
     }
     /// An engine with the given settings. Errors if a worker thread cannot be started.
     pub fn with_config(cfg: CpuConfig) -> Result<CpuEngine, crate::Error> {

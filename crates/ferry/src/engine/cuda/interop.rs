@@ -134,7 +134,7 @@ impl CudaEngine {
     ///     engine.stream_wait(&compute, &up)?;
     ///     // ... launch a kernel reading `dev` on `compute` ...
     ///     Ok(())
-    /// })??;
+    /// })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stream_wait(
@@ -183,12 +183,12 @@ impl CudaEngine {
     /// let mut host = PinnedBuffer::new(1 << 20)?;
     /// // ... a kernel writing `out` enqueued on `compute` ...
     /// let kernel_done = engine.record(&compute)?;
-    /// engine.scope(|s| {
+    /// engine.scope(|s| -> ferry::Result<()> {
     ///     let l = ferry::Layout::bytes(1 << 20)?;
     ///     let op = ferry::Op::Copy { dst: l, src: l };
     ///     s.submit(&mut host, Some(&out), op, &[&kernel_done])?.wait()?;
-    ///     Ok::<(), ferry::Error>(())
-    /// })??;
+    ///     Ok(())
+    /// })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn record(&self, stream: &CudaStream) -> Result<Request, InteropError> {

@@ -6,7 +6,8 @@
 
 use super::driver::{self, check};
 use super::CudaError;
-use crate::memory::{MemKind, Memory, MemoryMut, Plain, RawBuf};
+use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
+use bytemuck::Pod;
 use cudarc::driver::{sys, CudaContext};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -447,7 +448,7 @@ unsafe impl<T: Sync> Sync for Registered<T> {}
 impl<T, E> Registered<T>
 where
     T: DerefMut<Target = [E]>,
-    E: Plain,
+    E: Pod,
 {
     /// Registers `buf`'s memory. On error the buffer is handed back with the reason.
     pub fn new(mut buf: T) -> Result<Registered<T>, (CudaError, T)> {
@@ -526,13 +527,16 @@ impl<T> std::fmt::Debug for Registered<T> {
     }
 }
 // SAFETY: the registered, live memory of the owned buffer (page-locked, so `Pinned`).
-unsafe impl<T: Deref<Target = [E]>, E: Plain> Memory for Registered<T> {
+unsafe impl<T: Deref<Target = [E]>, E: Pod> Memory for Registered<T> {
     fn raw(&self) -> RawBuf {
         RawBuf::host(self.deref().as_ptr().cast(), self.len, MemKind::Pinned)
     }
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<E>()
+    }
 }
 // SAFETY: as above; `&mut self` is exclusive.
-unsafe impl<T: DerefMut<Target = [E]>, E: Plain> MemoryMut for Registered<T> {
+unsafe impl<T: DerefMut<Target = [E]>, E: Pod> MemoryMut for Registered<T> {
     fn raw_mut(&mut self) -> RawBuf {
         let len = self.len;
         RawBuf::host(self.deref_mut().as_mut_ptr().cast(), len, MemKind::Pinned)

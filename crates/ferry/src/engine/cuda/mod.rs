@@ -49,7 +49,7 @@
 //! let mut host = PinnedBuffer::new(1 << 20)?;
 //! host.fill(7);
 //! let mut dev = DeviceBuffer::new(0, 1 << 20)?;
-//! engine.scope(|s| s.memcpy(&mut dev, &host)?.wait().map_err(ferry::Error::from))??;
+//! engine.scope(|s| -> ferry::Result<()> { Ok(s.memcpy(&mut dev, &host)?.wait()?) })?;
 //! assert!(dev.to_vec()?.iter().all(|&b| b == 7));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -97,18 +97,17 @@ impl MultiGpu {
                 src.raw().len
             )));
         }
-        self.mux.scope(|s| {
+        self.mux.scope(|s| -> Result<(), crate::Error> {
             let mut off = 0;
             for d in dsts.iter_mut() {
                 let n = d.len();
                 let l = Layout::bytes(n)?;
                 // The scope waits for every request.
-                s.copy(d, &l, src, &l.with_offset(off)?).map(drop)?;
+                drop(s.copy(d, &l, src, &l.with_offset(off)?)?);
                 off += n;
             }
-            Ok::<(), crate::Error>(())
-        })??;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The reverse of [`scatter`](Self::scatter): `srcs[i]` into part `i` of `dst`, all at once.

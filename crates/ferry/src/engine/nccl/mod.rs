@@ -55,15 +55,15 @@
 //! let peer = 1 - engine.rank();
 //! let out = DeviceBuffer::from_host(engine.ordinal(), &vec![engine.rank() as u8; n])?;
 //! let mut inbox = DeviceBuffer::new(engine.ordinal(), n)?;
-//! engine.scope(|s| {
+//! engine.scope(|s| -> Result<(), Box<dyn std::error::Error>> {
 //!     // Both directions at once, in one group.
 //!     s.group(|g| {
 //!         g.send(&out, n, peer);
 //!         g.recv(&mut inbox, n, peer);
 //!     })?
 //!     .wait()?;
-//!     Ok::<(), Box<dyn std::error::Error>>(())
-//! })??;
+//!     Ok(())
+//! })?;
 //! assert!(inbox.to_vec()?.iter().all(|&b| b == peer as u8));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -11,6 +11,9 @@ use std::marker::PhantomData;
 impl NcclEngine {
     /// Runs `f` with a scope whose sends and receives borrow buffers; waits for every request
     /// of the scope before returning (even if `f` panics) and reports unobserved failures.
+    /// As [`EngineExt::scope`](crate::EngineExt::scope), `f` returns a `Result` whose error
+    /// takes the barrier's (`E: From<BarrierError>`), and the scope returns `f`'s error, else
+    /// the barrier's failures converted into `E`, else `f`'s value: one `?` for both.
     ///
     /// A buffer handed to the scope stays borrowed until the scope has waited for every
     /// request (as with [`EngineExt::scope`](crate::EngineExt::scope)):
@@ -19,16 +22,17 @@ impl NcclEngine {
     /// use ferry::engine::nccl::NcclEngine;
     /// use ferry::cuda::DeviceBuffer;
     /// fn f(engine: &NcclEngine, mut inbox: DeviceBuffer) {
-    ///     let _ = engine.scope(|s| {
-    ///         s.recv(&mut inbox, 64, 0).unwrap();
+    ///     let _ = engine.scope(|s| -> ferry::Result<()> {
+    ///         s.recv(&mut inbox, 64, 0)?;
     ///         let _ = inbox.len(); // error: `inbox` is mutably borrowed by the receive
+    ///         Ok(())
     ///     });
     /// }
     /// ```
-    pub fn scope<'env, T>(
+    pub fn scope<'env, T, E: From<BarrierError>>(
         &'env self,
-        f: impl for<'scope> FnOnce(&'scope NcclScope<'scope, 'env>) -> T,
-    ) -> Result<T, BarrierError> {
+        f: impl for<'scope> FnOnce(&'scope NcclScope<'scope, 'env>) -> Result<T, E>,
+    ) -> Result<T, E> {
         let scope = NcclScope {
             engine: self,
             core: ScopeCore::new(),

@@ -1,0 +1,217 @@
+//! The traps a new user met in the safe API (issue 15), each one a test that failed on the
+//! old code: a scope that returned `Ok` with its destination untouched, `wait()?` that did not
+//! convert, layouts that took element strides as byte strides, buffers of `half`'s types, and
+//! two meanings of "0 threads".
+
+use ferry::{CpuEngine, Engine, EngineExt, SubmitError};
+
+/// One `?` on a scope propagates a submit error: an 8-byte copy into a 4-byte destination is
+/// an error, not `Ok` with the destination untouched.
+#[test]
+fn single_question_mark_scope_reports_the_submit_error() {
+    fn copy(engine: &CpuEngine, dst: &mut [u8], src: &[u8]) -> ferry::Result<()> {
+        engine.scope(|s| -> ferry::Result<()> {
+            s.memcpy(dst, src)?.wait()?;
+            Ok(())
+        })?;
+        Ok(())
+    }
+    let engine = CpuEngine::new(1).unwrap();
+    let (src8, mut dst4) = ([7u8; 8], [0u8; 4]);
+    let err = copy(&engine, &mut dst4, &src8).unwrap_err();
+    assert!(
+        matches!(err, ferry::Error::Submit(SubmitError::Op(_))),
+        "{err:?}"
+    );
+    assert_eq!(dst4, [0; 4]);
+    let mut dst8 = [0u8; 8];
+    copy(&engine, &mut dst8, &src8).unwrap();
+    assert_eq!(dst8, src8);
+}
+
+/// A failure seen only by the scope's barrier comes back through the same `?`.
+#[test]
+fn scope_returns_the_barriers_failure_as_the_closures_error() {
+    struct Fails;
+    impl ferry::Operator for Fails {
+        fn name(&self) -> &str {
+            "fails"
+        }
+        fn lower(&self, _: &mut ferry::Program) -> Result<(), ferry::OpError> {
+            Err(ferry::OpError::Custom("no".into()))
+        }
+    }
+    let engine = CpuEngine::new(1).unwrap();
+    let (src, mut dst) = (vec![1u8; 64], vec![0u8; 64]);
+    let r = engine.scope(|s| -> ferry::Result<()> {
+        drop(s.custom(&mut dst, &src, std::sync::Arc::new(Fails))?);
+        Ok(())
+    });
+    assert!(matches!(r, Err(ferry::Error::Barrier(_))), "{r:?}");
+}
+
+/// `Failed` and `Refused` are errors that `?` turns into `ferry::Error` or `Box<dyn Error>`.
+#[test]
+fn owned_failures_convert_with_question_mark() {
+    fn into_ferry(engine: &CpuEngine) -> ferry::Result<Vec<u8>> {
+        let (dst, _src) = engine.memcpy_owned(vec![0u8; 4], vec![1u8; 8])?.wait()?;
+        Ok(dst)
+    }
+    fn into_box(engine: &CpuEngine) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let (dst, _src) = engine.memcpy_owned(vec![0u8; 4], vec![1u8; 8])?.wait()?;
+        Ok(dst)
+    }
+    let engine = CpuEngine::new(1).unwrap();
+    assert!(matches!(into_ferry(&engine), Err(ferry::Error::Submit(_))));
+    let e = into_box(&engine).unwrap_err();
+    // Debug leaves the buffers out.
+    assert!(!format!("{e:?}").contains("[0, 0, 0, 0]"), "{e:?}");
+}
+
+/// `scope` and `copy_owned` work on an engine behind `&dyn Engine`.
+#[test]
+fn scope_and_owned_copies_on_dyn_engine() {
+    let cpu = CpuEngine::new(2).unwrap();
+    let engine: &dyn Engine = &cpu;
+    let (src, mut dst) = (vec![3u8; 4096], vec![0u8; 4096]);
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.memcpy(&mut dst, &src)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(dst, src);
+    let l = ferry::Layout::bytes(4096).unwrap();
+    let (dst, _) = engine
+        .copy_owned(vec![0u8; 4096], &l, src.clone(), &l)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(dst, src);
+    let boxed: Box<dyn Engine> = Box::new(CpuEngine::new(1).unwrap());
+    let mut dst = vec![0u8; 4096];
+    boxed
+        .scope(|s| -> ferry::Result<()> {
+            s.memcpy(&mut dst, &src)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(dst, src);
+}
+
+/// Element strides (PyTorch's `stride()`) are the default; the same numbers given as byte
+/// strides over a typed buffer are refused instead of copying the wrong bytes.
+#[test]
+fn element_strides_by_default_byte_strides_over_typed_buffers_refused() {
+    use ferry::{Layout, LayoutError, OpError};
+    let engine = CpuEngine::new(2).unwrap();
+    let src: Vec<f32> = (0..12).map(|i| i as f32).collect(); // 3 x 4, row-major
+    let mut dst = vec![0f32; 12]; // 4 x 3: the transpose
+    let dl = Layout::of::<f32>(&[4, 3]).unwrap();
+    // src viewed as 4 x 3 with element strides [1, 4]: the transpose.
+    let sl = Layout::with_strides::<f32>(&[4, 3], &[1, 4]).unwrap();
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.copy(&mut dst, &dl, &src, &sl)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    let want: Vec<f32> = (0..4)
+        .flat_map(|j| (0..3).map(move |i| (i * 4 + j) as f32))
+        .collect();
+    assert_eq!(dst, want);
+    // The same strides as bytes: refused at submit, destination untouched.
+    let bad = Layout::with_byte_strides(&[4, 3], &[1, 4], 4).unwrap();
+    let mut dst = vec![0f32; 12];
+    let err = engine
+        .scope(|s| -> ferry::Result<()> {
+            drop(s.copy(&mut dst, &dl, &src, &bad)?);
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ferry::Error::Submit(SubmitError::Op(OpError::Src(
+                LayoutError::NotWholeElements {
+                    what: "stride",
+                    value: 1,
+                    elem: 4
+                }
+            )))
+        ),
+        "{err:?}"
+    );
+    assert!(dst.iter().all(|&x| x == 0.0));
+    // A 2-byte element over f32 buffers: refused too (owned copies as well).
+    let half = Layout::contiguous(&[24], 2).unwrap();
+    let r = engine.copy_owned(vec![0f32; 12], &half, src.clone(), &half);
+    assert!(matches!(
+        r.map(drop),
+        Err(ferry::Refused {
+            error: SubmitError::Op(OpError::Dst(LayoutError::NotWholeElements { .. })),
+            ..
+        })
+    ));
+    // Bytes are bytes: a byte layout over byte buffers, and memcpy of any types, still work.
+    let (dst, _) = engine
+        .memcpy_owned(vec![0u8; 48], src.clone())
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(dst[4..8], 1f32.to_ne_bytes());
+}
+
+/// Buffers of `half`'s `bf16` and `f16` (through `bytemuck::Pod`) copy, strided too.
+#[test]
+fn bf16_and_f16_buffers_copy() {
+    use ferry::Layout;
+    use half::{bf16, f16};
+    let engine = CpuEngine::new(2).unwrap();
+    let src: Vec<bf16> = (0..64).map(|i| bf16::from_f32(i as f32)).collect();
+    let mut dst = vec![bf16::ZERO; 64];
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.memcpy(&mut dst, &src)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(dst, src);
+    // Every other element, into a dense f16 buffer of half the length.
+    let src: Vec<f16> = (0..64).map(|i| f16::from_f32(i as f32)).collect();
+    let mut dst = vec![f16::ZERO; 32];
+    let sl = Layout::with_strides::<f16>(&[32], &[2]).unwrap();
+    let dl = Layout::of::<f16>(&[32]).unwrap();
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.copy(&mut dst, &dl, &src, &sl)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert!(dst
+        .iter()
+        .enumerate()
+        .all(|(i, x)| x.to_f32() == (2 * i) as f32));
+}
+
+/// "0 threads" means one worker per core, as in the C API (`ferry_dma_cpu_create(&dma, 0)`,
+/// tested in ferry-capi); the caller-runs mode has its own name.
+#[test]
+fn zero_threads_means_one_worker_per_core() {
+    use ferry::engine::cpu::probe;
+    use ferry::CpuConfig;
+    let cores = probe().cores;
+    let e = CpuEngine::new(0).unwrap();
+    assert_eq!(e.config().threads, cores);
+    assert_eq!(e.name(), format!("cpu({cores})"));
+    assert_eq!(CpuConfig::new(0), CpuConfig::default());
+    let caller = CpuEngine::caller_runs().unwrap();
+    assert_eq!(caller.config().threads, 0);
+    // Caller-runs still copies (the work runs in wait).
+    let (dst, _) = caller
+        .memcpy_owned(vec![0u8; 1 << 20], vec![9u8; 1 << 20])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert!(dst.iter().all(|&b| b == 9));
+}
