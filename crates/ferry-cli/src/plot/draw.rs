@@ -159,13 +159,19 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
         })
         .y_label_formatter(&|y| {
             let v = if log { 10f64.powf(*y) } else { *y };
-            // As many decimals as the figure's first significant digit needs.
-            let decimals = if v > 0.0 {
-                (-v.log10().floor()).max(0.0)
-            } else {
-                0.0
+            // Log axes: as many decimals as the first significant digit needs; linear axes:
+            // up to two, trailing zeros dropped (0.25, 1.5, 2).
+            let decimals = match (log, v > 0.0) {
+                (true, true) => (-v.log10().floor()).max(0.0) as usize,
+                (true, false) => 0,
+                (false, _) => 2,
             };
-            format!("{v:.*}", decimals as usize)
+            let t = format!("{v:.decimals$}");
+            if t.contains('.') {
+                t.trim_end_matches('0').trim_end_matches('.').to_string()
+            } else {
+                t
+            }
         })
         .light_line_style(WHITE.mix(0.0))
         .label_style(("sans-serif", 13))
