@@ -71,6 +71,11 @@ fn ty(log: bool, v: f64) -> f64 {
     }
 }
 
+/// Whether no size of `sizes` lies strictly between `a` and `b`: only such points are joined.
+fn neighbours(sizes: &[u64], a: u64, b: u64) -> bool {
+    !sizes.iter().any(|&s| s > a.min(b) && s < a.max(b))
+}
+
 fn marker_style(c: &Curve, color: RGBColor) -> ShapeStyle {
     if c.ferry {
         color.filled()
@@ -188,7 +193,7 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
         let line = color.stroke_width(2);
         for w in c.points.windows(2) {
             let (a, b) = (w[0], w[1]);
-            if sizes.iter().any(|&s| s > a.0 && s < b.0) {
+            if !neighbours(&sizes, a.0, b.0) {
                 continue;
             }
             let seg = vec![
@@ -240,4 +245,25 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
             .map_err(|x| e(&x))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_neighbouring_measured_sizes_are_joined() {
+        let sizes = [4096, 65536, 1 << 20, 1 << 24];
+        assert!(neighbours(&sizes, 4096, 65536));
+        assert!(neighbours(&sizes, 1 << 24, 1 << 20));
+        // A series measured at 4K and 16M only, in a panel that also measured 64K and 1M.
+        assert!(!neighbours(&sizes, 4096, 1 << 24));
+    }
+
+    #[test]
+    fn the_grid_has_at_most_three_columns() {
+        assert_eq!(size(1), (PANEL_W, TITLE_H + PANEL_H));
+        assert_eq!(size(4), (2 * PANEL_W, TITLE_H + 2 * PANEL_H));
+        assert_eq!(size(10), (3 * PANEL_W, TITLE_H + 4 * PANEL_H));
+    }
 }
