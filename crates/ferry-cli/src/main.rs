@@ -163,9 +163,9 @@ fn replot(json: &std::path::Path, outs: &[PathBuf]) -> Result<(), AnyError> {
     let text = args::read_report(json)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", json.display()))?;
-    let rows = ferry_cli::plot::rows_from_json(&v)?;
+    let plot = ferry_cli::plot::Plot::from_json(&v)?;
     for p in outs {
-        ferry_cli::plot::write_rows(&rows, p)?;
+        plot.write(p)?;
         println!("wrote {}", p.display());
     }
     Ok(())

@@ -1,13 +1,20 @@
-//! `--plot FILE.svg|FILE.png`: bandwidth against size, one solid line per test (ferry) and one
-//! dashed line per test (its better baseline at each size), log-2 size axis.
+//! `--plot FILE.svg|FILE.png`: one image, a grid of small panels, one per test family (the
+//! summary's families, [`crate::report::family`]); a family with more than [`MAX_SERIES`]
+//! series gets several panels. Each series is ferry's or one named baseline's, drawn with a
+//! marker and min..max whiskers at each measured size and joined only to its neighbouring
+//! measured sizes; bandwidth in GB/s, latency in microseconds, log-2 size axes. The title names
+//! the build (commit) and the CPU and GPU models.
 
-use crate::bench::{Kind, Report};
-use crate::sizes::format_size;
-use plotters::coord::Shift;
-use plotters::element::DashedPathElement;
-use plotters::prelude::*;
+mod draw;
+
+use crate::bench::{Kind, Report, Role};
+use crate::report::{family, gpu_list, FAMILIES};
+use plotters::prelude::{BitMapBackend, SVGBackend};
 use std::path::Path;
 use thiserror::Error;
+
+/// The most series one panel holds.
+pub const MAX_SERIES: usize = 6;
 
 /// Why a plot was not written.
 #[derive(Debug, Error)]
@@ -18,8 +25,8 @@ pub enum PlotError {
     /// A saved JSON file that is not a `ferry bench --json` report.
     #[error("cannot read the results: {0}")]
     Json(String),
-    /// No bandwidth result to plot.
-    #[error("nothing to plot: no bandwidth test was run")]
+    /// No result to plot.
+    #[error("nothing to plot: no test was run")]
     Empty,
     /// The drawing library failed (e.g. cannot write the file, or no font).
     #[error("cannot draw `{path}`: {message}")]
@@ -31,33 +38,19 @@ pub enum PlotError {
     },
 }
 
-/// One colour per test; 16, so that a full GPU run (15 tests) repeats none.
-const COLORS: [RGBColor; 16] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-    RGBColor(255, 127, 14),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(23, 190, 207),
-    RGBColor(188, 189, 34),
-    RGBColor(0, 0, 128),
-    RGBColor(127, 127, 127),
-    RGBColor(0, 100, 0),
-    RGBColor(170, 0, 170),
-    RGBColor(0, 128, 128),
-    RGBColor(204, 153, 0),
-    RGBColor(0, 0, 0),
-];
-
-/// One plotted line: label, points (log2 size, GB/s), dashed or not, colour.
-#[derive(Clone)]
-struct Line {
-    label: String,
-    points: Vec<(f64, f64)>,
-    dashed: bool,
-    color: RGBColor,
+/// One measured series at one size: ferry's or one baseline's figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlotSeries {
+    /// The series' name (`ferry cpu(2)`, `copy_from_slice`, ...).
+    pub name: String,
+    /// ferry's series (else a baseline).
+    pub ferry: bool,
+    /// Median figure (GB/s, or us for latency).
+    pub median: f64,
+    /// Worst sample's figure.
+    pub worst: f64,
+    /// Best sample's figure.
+    pub best: f64,
 }
 
 /// What a plot needs of one result row: the same from a fresh [`Report`] or a saved JSON file.
@@ -65,147 +58,279 @@ struct Line {
 pub struct PlotRow {
     /// Test name.
     pub test: String,
+    /// A latency row (figures in us) rather than a bandwidth row (GB/s).
+    pub latency: bool,
     /// The row's size (the x axis): bytes per copy, or per segment for segment lists.
     pub size_bytes: u64,
-    /// ferry's median GB/s.
-    pub ferry: Option<f64>,
-    /// The better baseline's median GB/s.
-    pub baseline: Option<f64>,
+    /// Every series of the row, ferry's first.
+    pub series: Vec<PlotSeries>,
 }
 
-/// The bandwidth rows of a report.
-pub fn rows_of(rep: &Report) -> Vec<PlotRow> {
-    rep.results
-        .iter()
-        .filter(|r| r.kind == Kind::Bandwidth)
-        .map(|r| PlotRow {
-            test: r.test.clone(),
-            size_bytes: r.size_bytes,
-            ferry: r.ferry().map(|s| s.median),
-            baseline: r.baseline().map(|s| s.median),
-        })
-        .collect()
+/// A picture's content: its title and rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plot {
+    /// The title: version, commit, CPU and GPU models.
+    pub title: String,
+    /// The rows, in run order.
+    pub rows: Vec<PlotRow>,
 }
 
-/// The bandwidth rows of a `--json` file (schema `ferry-bench/1`), for re-plotting saved runs.
-pub fn rows_from_json(v: &serde_json::Value) -> Result<Vec<PlotRow>, PlotError> {
-    let bad = |why: &str| PlotError::Json(why.to_string());
-    if v.get("schema").and_then(|s| s.as_str()) != Some("ferry-bench/1") {
-        return Err(bad("not a ferry-bench/1 file (field `schema`)"));
-    }
-    let results = v
-        .get("results")
-        .and_then(|r| r.as_array())
-        .ok_or_else(|| bad("no `results` array"))?;
-    let mut out = vec![];
-    for r in results {
-        if r.get("kind").and_then(|k| k.as_str()) != Some("bandwidth") {
-            continue;
+/// One plotted series: one test's ferry or baseline figures over sizes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    /// Legend text: `test: series name`.
+    pub label: String,
+    /// ferry's series (else a baseline).
+    pub ferry: bool,
+    /// (size in bytes, median, worst, best), by size.
+    pub points: Vec<(u64, f64, f64, f64)>,
+}
+
+/// One panel of the grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Panel {
+    /// The panel's caption: the family, `(2/3)` where it takes several panels, and the unit.
+    pub title: String,
+    /// Latency (us) rather than bandwidth (GB/s).
+    pub latency: bool,
+    /// The tests drawn, in run order.
+    pub tests: Vec<String>,
+    /// At most [`MAX_SERIES`] series.
+    pub curves: Vec<Curve>,
+}
+
+/// The picture's title from what the run recorded; unknown parts say so.
+fn title(
+    version: &str,
+    commit: Option<&str>,
+    cpu: Option<&str>,
+    cores: Option<u64>,
+    gpus: Option<&[String]>,
+) -> String {
+    let cores = cores.map_or(String::new(), |c| format!(", {c} cores"));
+    format!(
+        "ferry bench {version} (commit {}) | CPU: {}{cores} | GPU: {}",
+        commit.unwrap_or("unknown"),
+        cpu.unwrap_or("unknown"),
+        gpus.map_or("unknown".to_string(), gpu_list)
+    )
+}
+
+impl Plot {
+    /// The picture of a fresh report.
+    pub fn of(rep: &Report) -> Plot {
+        let h = &rep.host;
+        let rows = rep
+            .results
+            .iter()
+            .map(|r| PlotRow {
+                test: r.test.clone(),
+                latency: r.kind == Kind::Latency,
+                size_bytes: r.size_bytes,
+                series: r
+                    .series
+                    .iter()
+                    .map(|s| PlotSeries {
+                        name: s.name.clone(),
+                        ferry: s.role == Role::Ferry,
+                        median: s.median,
+                        worst: s.worst,
+                        best: s.best,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Plot {
+            title: title(
+                rep.ferry_version,
+                rep.commit,
+                h.cpu_model.as_deref(),
+                Some(h.cores as u64),
+                Some(&h.gpu_models),
+            ),
+            rows,
         }
-        let series = r
-            .get("series")
-            .and_then(|s| s.as_array())
-            .ok_or_else(|| bad("a row without `series`"))?;
-        let best = r
-            .get("best_baseline")
-            .and_then(|b| b.as_str())
-            .unwrap_or_default();
-        let median = |pick: &dyn Fn(&serde_json::Value) -> bool| {
-            series
+    }
+
+    /// The picture of a `--json` file (schema `ferry-bench/1`), for re-plotting saved runs;
+    /// files written before `commit` and the host's models were recorded plot as well.
+    pub fn from_json(v: &serde_json::Value) -> Result<Plot, PlotError> {
+        let bad = |why: &str| PlotError::Json(why.to_string());
+        if v.get("schema").and_then(|s| s.as_str()) != Some("ferry-bench/1") {
+            return Err(bad("not a ferry-bench/1 file (field `schema`)"));
+        }
+        let results = v
+            .get("results")
+            .and_then(|r| r.as_array())
+            .ok_or_else(|| bad("no `results` array"))?;
+        fn str_of<'a>(v: &'a serde_json::Value, k: &str) -> Option<&'a str> {
+            v.get(k).and_then(|x| x.as_str())
+        }
+        let mut rows = vec![];
+        for r in results {
+            let latency = match str_of(r, "kind") {
+                Some("bandwidth") => false,
+                Some("latency") => true,
+                _ => continue,
+            };
+            let series = r
+                .get("series")
+                .and_then(|s| s.as_array())
+                .ok_or_else(|| bad("a row without `series`"))?;
+            let series = series
                 .iter()
-                .find(|s| pick(s))
-                .and_then(|s| s.get("median")?.as_f64())
-        };
-        out.push(PlotRow {
-            test: r
-                .get("test")
-                .and_then(|t| t.as_str())
-                .ok_or_else(|| bad("a row without `test`"))?
-                .to_string(),
-            size_bytes: r
-                .get("size_bytes")
-                .and_then(|p| p.as_u64())
-                .ok_or_else(|| bad("a row without `size_bytes`"))?,
-            ferry: median(&|s| s.get("role").and_then(|x| x.as_str()) == Some("ferry")),
-            baseline: median(&|s| {
-                s.get("role").and_then(|x| x.as_str()) == Some("baseline")
-                    && s.get("name").and_then(|x| x.as_str()) == Some(best)
-            }),
-        });
-    }
-    Ok(out)
-}
-
-impl Line {
-    /// The stroke of the line and of its legend sample.
-    fn style(&self) -> ShapeStyle {
-        ShapeStyle {
-            color: self.color.to_rgba(),
-            filled: false,
-            stroke_width: 2,
+                .filter_map(|s| {
+                    let f = |k: &str| s.get(k).and_then(|x| x.as_f64());
+                    let median = f("median")?;
+                    Some(PlotSeries {
+                        name: str_of(s, "name").unwrap_or("?").to_string(),
+                        ferry: str_of(s, "role") == Some("ferry"),
+                        median,
+                        worst: f("worst").unwrap_or(median),
+                        best: f("best").unwrap_or(median),
+                    })
+                })
+                .collect();
+            rows.push(PlotRow {
+                test: str_of(r, "test")
+                    .ok_or_else(|| bad("a row without `test`"))?
+                    .to_string(),
+                latency,
+                size_bytes: r
+                    .get("size_bytes")
+                    .and_then(|p| p.as_u64())
+                    .ok_or_else(|| bad("a row without `size_bytes`"))?,
+                series,
+            });
         }
+        let host = v.get("host");
+        // Files written before the models were recorded: "unknown", not "none".
+        let gpus: Option<Vec<String>> = host
+            .and_then(|h| h.get("gpu_models"))
+            .and_then(|g| g.as_array())
+            .map(|g| {
+                g.iter()
+                    .filter_map(|x| Some(x.as_str()?.to_string()))
+                    .collect()
+            });
+        let title = title(
+            str_of(v, "ferry_version").unwrap_or("?"),
+            str_of(v, "commit"),
+            host.and_then(|h| str_of(h, "cpu_model")),
+            host.and_then(|h| h.get("cores")).and_then(|c| c.as_u64()),
+            gpus.as_deref(),
+        );
+        Ok(Plot { title, rows })
     }
-}
 
-fn lines(rows: &[PlotRow]) -> Vec<Line> {
-    let mut tests: Vec<&str> = vec![];
-    for r in rows {
-        if !tests.contains(&r.test.as_str()) {
-            tests.push(&r.test);
+    /// The panels: per family (in the summary's order), the family's tests in run order, a
+    /// new panel wherever the next test's series would pass [`MAX_SERIES`] (a test with more
+    /// keeps ferry's and its first baselines).
+    pub fn panels(&self) -> Vec<Panel> {
+        let mut out = vec![];
+        for fam in FAMILIES {
+            let mut tests: Vec<(&str, bool)> = vec![];
+            for r in self.rows.iter().filter(|r| family(&r.test) == fam) {
+                if !tests.iter().any(|t| t.0 == r.test) {
+                    tests.push((&r.test, r.latency));
+                }
+            }
+            let first = out.len();
+            for (test, latency) in tests {
+                let curves = self.curves(test);
+                let fits = out.last().is_some_and(|p: &Panel| {
+                    out.len() > first
+                        && p.latency == latency
+                        && p.curves.len() + curves.len() <= MAX_SERIES
+                });
+                if !fits {
+                    out.push(Panel {
+                        title: fam.to_string(),
+                        latency,
+                        tests: vec![],
+                        curves: vec![],
+                    });
+                }
+                let p = out.last_mut().expect("a panel was pushed");
+                p.tests.push(test.to_string());
+                p.curves.extend(curves);
+            }
+            let n = out.len() - first;
+            for (i, p) in out[first..].iter_mut().enumerate() {
+                if n > 1 {
+                    p.title += &format!(" ({}/{n})", i + 1);
+                }
+                p.title += if p.latency {
+                    ": us per copy, lower is better"
+                } else {
+                    ": GB/s"
+                };
+            }
         }
+        out
     }
-    let mut out = vec![];
-    for (i, t) in tests.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let mine: Vec<&PlotRow> = rows.iter().filter(|r| r.test == *t).collect();
-        let pts = |f: &dyn Fn(&PlotRow) -> Option<f64>| {
-            mine.iter()
-                .filter_map(|r| Some(((r.size_bytes as f64).log2(), f(r)?)))
-                .collect::<Vec<_>>()
+
+    /// One test's series: ferry's first, then each baseline by name, at most [`MAX_SERIES`].
+    fn curves(&self, test: &str) -> Vec<Curve> {
+        let mut out: Vec<Curve> = vec![];
+        let mut rows: Vec<&PlotRow> = self.rows.iter().filter(|r| r.test == test).collect();
+        rows.sort_by_key(|r| r.size_bytes);
+        for r in rows {
+            for s in &r.series {
+                let label = if s.ferry {
+                    format!("{test}: ferry")
+                } else {
+                    format!("{test}: {}", s.name)
+                };
+                let i = match out.iter().position(|c| c.label == label) {
+                    Some(i) => i,
+                    None => {
+                        out.push(Curve {
+                            label,
+                            ferry: s.ferry,
+                            points: vec![],
+                        });
+                        out.len() - 1
+                    }
+                };
+                out[i]
+                    .points
+                    .push((r.size_bytes, s.median, s.worst, s.best));
+            }
+        }
+        out.sort_by_key(|c| !c.ferry);
+        out.truncate(MAX_SERIES);
+        out
+    }
+
+    /// Writes the picture; the format follows the file extension.
+    pub fn write(&self, path: &Path) -> Result<(), PlotError> {
+        let name = path.display().to_string();
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let panels = self.panels();
+        if panels.is_empty() {
+            return Err(PlotError::Empty);
+        }
+        let size = draw::size(panels.len());
+        let res = match ext.as_deref() {
+            Some("svg") => draw::grid(SVGBackend::new(path, size), &self.title, &panels),
+            Some("png") => draw::grid(BitMapBackend::new(path, size), &self.title, &panels),
+            _ => return Err(PlotError::Format(name)),
         };
-        out.push(Line {
-            label: format!("{t}: ferry"),
-            points: pts(&|r| r.ferry),
-            dashed: false,
-            color,
-        });
-        out.push(Line {
-            label: format!("{t}: better baseline"),
-            points: pts(&|r| r.baseline),
-            dashed: true,
-            color,
-        });
+        res.map_err(|message| PlotError::Draw {
+            // plotters' error text is a Debug chain; where the file is the cause, say so plainly.
+            message: crate::args::writable(path).err().unwrap_or(message),
+            path: name,
+        })
     }
-    out
 }
 
-/// Writes the plot of a report; the format follows the file extension.
+/// Writes the picture of a report; the format follows the file extension.
 pub fn write(rep: &Report, path: &Path) -> Result<(), PlotError> {
-    write_rows(&rows_of(rep), path)
-}
-
-/// Writes the plot of some rows (e.g. [`rows_from_json`]); the format follows the extension.
-pub fn write_rows(rows: &[PlotRow], path: &Path) -> Result<(), PlotError> {
-    let name = path.display().to_string();
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    let lines = lines(rows);
-    if lines.is_empty() {
-        return Err(PlotError::Empty);
-    }
-    let size = (1100, 680);
-    let res = match ext.as_deref() {
-        Some("svg") => draw(SVGBackend::new(path, size).into_drawing_area(), &lines),
-        Some("png") => draw(BitMapBackend::new(path, size).into_drawing_area(), &lines),
-        _ => return Err(PlotError::Format(name)),
-    };
-    res.map_err(|message| PlotError::Draw {
-        // plotters' error text is a Debug chain; where the file is the cause, say so plainly.
-        message: crate::args::writable(path).err().unwrap_or(message),
-        path: name,
-    })
+    Plot::of(rep).write(path)
 }
 
 /// Registers the embedded DejaVu Sans as "sans-serif" (once): the plots need no system fonts
@@ -223,140 +348,116 @@ pub(crate) fn register_font() -> Result<(), String> {
     .clone()
 }
 
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, lines: &[Line]) -> Result<(), String> {
-    register_font()?;
-    let e = |x: &dyn std::fmt::Display| x.to_string();
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let xs = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
-    let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    let ymax = lines
-        .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.1))
-        .fold(0.0, f64::max);
-    let ymin = lines
-        .iter()
-        .flat_map(|l| l.points.iter().map(|p| p.1))
-        .filter(|&y| y > 0.0)
-        .fold(f64::MAX, f64::min);
-    // Figures spanning more than 20x (device-to-device next to PCIe) get a log10 y axis, so
-    // that every path stays readable.
-    let logy = ymin < f64::MAX && ymax / ymin > 20.0;
-    let owned: Vec<Line>;
-    let lines = if logy {
-        owned = lines
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::registry;
+
+    /// A row of `test` at `size` with ferry's series and `baselines` named baselines.
+    fn row(test: &str, latency: bool, size: u64, baselines: usize) -> PlotRow {
+        let s = |name: String, ferry| PlotSeries {
+            name,
+            ferry,
+            median: 2.0,
+            worst: 1.0,
+            best: 3.0,
+        };
+        let mut series = vec![s("ferry".into(), true)];
+        series.extend((0..baselines).map(|i| s(format!("base {i}"), false)));
+        PlotRow {
+            test: test.to_string(),
+            latency,
+            size_bytes: size,
+            series,
+        }
+    }
+
+    #[test]
+    fn every_test_is_in_one_family_and_no_panel_has_more_than_six_series() {
+        // Every registered test (as a full GPU run would produce it), 1 to 3 baselines each.
+        let mut rows = vec![];
+        for (i, t) in registry().iter().enumerate() {
+            let latency = t.kind == Kind::Latency;
+            for size in [4096, 1 << 20, 1 << 24] {
+                rows.push(row(t.name, latency, size, 1 + i % 3));
+            }
+        }
+        let plot = Plot {
+            title: String::new(),
+            rows,
+        };
+        let panels = plot.panels();
+        for t in registry() {
+            let fam = family(t.name);
+            assert!(FAMILIES.contains(&fam), "{} in no family", t.name);
+            let holding: Vec<&Panel> = panels
+                .iter()
+                .filter(|p| p.tests.iter().any(|x| x == t.name))
+                .collect();
+            assert_eq!(holding.len(), 1, "{} in {} panels", t.name, holding.len());
+            let p = holding[0];
+            assert!(p.title.starts_with(fam), "{} in panel {}", t.name, p.title);
+            assert_eq!(p.latency, t.kind == Kind::Latency, "{}", t.name);
+            let mine = p.curves.iter().filter(|c| c.label.starts_with(t.name));
+            assert!(mine.count() >= 2, "{}: ferry and a baseline", t.name);
+        }
+        for p in &panels {
+            assert!(
+                (1..=MAX_SERIES).contains(&p.curves.len()),
+                "{}: {} series",
+                p.title,
+                p.curves.len()
+            );
+            // Baselines are named, never "better baseline".
+            assert!(p.curves.iter().all(|c| !c.label.contains("better")));
+        }
+        // A family split over several panels says so.
+        assert!(panels
             .iter()
-            .map(|l| Line {
-                points: l
-                    .points
-                    .iter()
-                    .filter(|p| p.1 > 0.0)
-                    .map(|&(x, y)| (x, y.log10()))
-                    .collect(),
-                ..l.clone()
-            })
-            .collect();
-        &owned[..]
-    } else {
-        lines
-    };
-    let (x0, x1) = (x0.floor() - 0.25, x1.ceil() + 0.25);
-    // The legend gets its own column at the right, so it never covers a line.
-    let headroom = 1.05;
-    let (w, _) = root.dim_in_pixel();
-    let (plot_area, legend_area) = root.split_horizontally(w as i32 - 300);
-    let mut chart = ChartBuilder::on(&plot_area)
-        .caption(
-            "ferry bench: bandwidth vs size (median; dashed: better baseline)",
-            ("sans-serif", 22),
-        )
-        .margin(16)
-        .x_label_area_size(50)
-        .y_label_area_size(70)
-        .build_cartesian_2d(
-            x0..x1,
-            if logy {
-                {
-                    let lo = ymin.log10().floor();
-                    lo..lo + (ymax.log10() - lo) * headroom
-                }
-            } else {
-                0.0..(ymax * headroom).max(1e-3)
-            },
-        )
-        .map_err(|x| e(&x))?;
-    let ticks = (x1 - x0).floor() as usize + 1;
-    chart
-        .configure_mesh()
-        .x_desc("size (bytes per copy, or per segment; log2 scale)")
-        .y_desc(if logy {
-            "GB/s (10^9 B/s of payload, log10 scale)"
-        } else {
-            "GB/s (10^9 B/s of payload)"
-        })
-        .x_labels(ticks.min(40))
-        .x_label_formatter(&|x| {
-            if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
-                format_size(2f64.powf(x.round()) as u64)
-            } else {
-                String::new()
-            }
-        })
-        .y_label_formatter(&|y| {
-            if logy {
-                let v = 10f64.powf(*y);
-                if v >= 10.0 {
-                    format!("{v:.0}")
-                } else {
-                    format!("{v:.2}")
-                }
-            } else {
-                format!("{y:.1}")
-            }
-        })
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(|x| e(&x))?;
-    for l in lines {
-        let style = l.style();
-        if l.dashed {
-            chart
-                .draw_series(DashedLineSeries::new(l.points.clone(), 8, 6, style))
-                .map_err(|x| e(&x))?;
-        } else {
-            chart
-                .draw_series(LineSeries::new(l.points.clone(), style))
-                .map_err(|x| e(&x))?;
-            chart
-                .draw_series(
-                    l.points
-                        .iter()
-                        .map(|&p| Circle::new(p, 3, l.color.filled())),
-                )
-                .map_err(|x| e(&x))?;
-        }
+            .any(|p| p.title.starts_with("host<->device (1/")));
     }
-    // Legend: one sample line and label per series, top to bottom.
-    for (i, l) in lines.iter().enumerate() {
-        let y = 70 + i as i32 * 22;
-        let style = l.style();
-        if l.dashed {
-            legend_area
-                .draw(&DashedPathElement::new(vec![(6, y), (34, y)], 5, 3, style))
-                .map_err(|x| e(&x))?;
-        } else {
-            legend_area
-                .draw(&PathElement::new(vec![(6, y), (34, y)], style))
-                .map_err(|x| e(&x))?;
-        }
-        legend_area
-            .draw(&Text::new(
-                l.label.clone(),
-                (42, y - 8),
-                ("sans-serif", 14).into_font(),
-            ))
-            .map_err(|x| e(&x))?;
+
+    #[test]
+    fn one_test_with_many_baselines_keeps_ferry_and_the_first_five() {
+        let plot = Plot {
+            title: String::new(),
+            rows: vec![row("cpu-contig", false, 4096, 9)],
+        };
+        let panels = plot.panels();
+        assert_eq!(panels.len(), 1);
+        let c = &panels[0].curves;
+        assert_eq!(c.len(), MAX_SERIES);
+        assert!(c[0].ferry && c[0].label == "cpu-contig: ferry");
+        assert_eq!(c[1].label, "cpu-contig: base 0");
     }
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
+
+    #[test]
+    fn old_json_without_commit_or_models_plots_with_unknowns() {
+        let v = serde_json::json!({
+            "schema": "ferry-bench/1",
+            "ferry_version": "0.1.0",
+            "host": {"cores": 16, "os": "linux", "arch": "x86_64"},
+            "results": [
+                {"test": "cuda-latency", "kind": "latency", "size_bytes": 4, "series": [
+                    {"name": "ferry cuda:0", "role": "ferry", "median": 9.0, "worst": 12.0, "best": 8.0},
+                    {"name": "raw", "role": "baseline", "median": 7.0}]},
+                {"test": "cuda-d2d", "kind": "bandwidth", "size_bytes": 1048576, "series": [
+                    {"name": "ferry", "role": "ferry", "median": 900.0, "worst": 800.0, "best": 950.0}]}
+            ]
+        });
+        let plot = Plot::from_json(&v).unwrap();
+        assert_eq!(
+            plot.title,
+            "ferry bench 0.1.0 (commit unknown) | CPU: unknown, 16 cores | GPU: unknown"
+        );
+        let panels = plot.panels();
+        let titles: Vec<&str> = panels.iter().map(|p| p.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            ["device: GB/s", "latency: us per copy, lower is better"]
+        );
+        // A series without min..max: its median stands for both.
+        assert_eq!(panels[1].curves[1].points, [(4, 7.0, 7.0, 7.0)]);
+        assert_eq!(panels[1].curves[1].label, "cuda-latency: raw");
+    }
 }

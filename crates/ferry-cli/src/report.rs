@@ -116,19 +116,7 @@ pub fn header(rep: &Report) -> String {
     let e = &rep.cpu_engine;
     let h = &rep.host;
     let unknown = || "unknown".to_string();
-    let gpus = if h.gpu_models.is_empty() {
-        "none".to_string()
-    } else {
-        let mut names: Vec<(String, usize)> = vec![];
-        for g in &h.gpu_models {
-            match names.iter_mut().find(|(n, _)| n == g) {
-                Some((_, k)) => *k += 1,
-                None => names.push((g.clone(), 1)),
-            }
-        }
-        let parts: Vec<String> = names.iter().map(|(n, k)| format!("{k} x {n}")).collect();
-        parts.join(", ")
-    };
+    let gpus = gpu_list(&h.gpu_models);
     format!(
         "ferry bench {} (commit {}) on {} | CPU: {}, {} cores | GPU: {}\n\
          CPU engine: {} threads, chunk {}, inline {} | warm-up {}, samples {}, median (min..max)\n",
@@ -144,6 +132,22 @@ pub fn header(rep: &Report) -> String {
         m.warmup,
         m.samples
     )
+}
+
+/// The GPU models in words, equal names counted: `2 x NVIDIA H200, 1 x NVIDIA L4`, or `none`.
+pub fn gpu_list(models: &[String]) -> String {
+    if models.is_empty() {
+        return "none".to_string();
+    }
+    let mut names: Vec<(&str, usize)> = vec![];
+    for g in models {
+        match names.iter_mut().find(|(n, _)| n == g) {
+            Some((_, k)) => *k += 1,
+            None => names.push((g, 1)),
+        }
+    }
+    let parts: Vec<String> = names.iter().map(|(n, k)| format!("{k} x {n}")).collect();
+    parts.join(", ")
 }
 
 /// Everything printed after a run: header, how to read it (and the method with `verbose`), one
@@ -187,7 +191,7 @@ pub fn render(rep: &Report, verbose: bool) -> String {
     out
 }
 
-/// The family a test belongs to in the summary (and, later, the plot's panels).
+/// The family a test belongs to: the summary's lines and the plot's panels.
 pub fn family(test: &str) -> &'static str {
     match test {
         t if t.contains("latency") => "latency",
@@ -206,8 +210,8 @@ pub fn family(test: &str) -> &'static str {
     }
 }
 
-/// Families in the order the summary lists them.
-const FAMILIES: [&str; 8] = [
+/// Families in the order the summary lists them and the plot draws them.
+pub const FAMILIES: [&str; 8] = [
     "host<->device",
     "device",
     "strided",

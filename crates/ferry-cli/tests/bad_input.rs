@@ -281,13 +281,22 @@ fn report_has_header_reading_and_summary_and_method_only_when_verbose() {
 
 #[test]
 fn a_picture_that_cannot_be_written_is_reported_plainly_by_the_library() {
-    let rows = [ferry_cli::plot::PlotRow {
-        test: "cpu-contig".into(),
-        size_bytes: 4096,
-        ferry: Some(1.0),
-        baseline: Some(2.0),
-    }];
-    let e = ferry_cli::plot::write_rows(&rows, std::path::Path::new("/nonexistent/x.png"));
+    let plot = ferry_cli::plot::Plot {
+        title: "t".into(),
+        rows: vec![ferry_cli::plot::PlotRow {
+            test: "cpu-contig".into(),
+            latency: false,
+            size_bytes: 4096,
+            series: vec![ferry_cli::plot::PlotSeries {
+                name: "ferry".into(),
+                ferry: true,
+                median: 1.0,
+                worst: 0.9,
+                best: 1.1,
+            }],
+        }],
+    };
+    let e = plot.write(std::path::Path::new("/nonexistent/x.png"));
     let msg = e.unwrap_err().to_string();
     assert!(msg.contains("folder /nonexistent does not exist"), "{msg}");
     assert!(!msg.contains("Os {"), "{msg}");

@@ -203,12 +203,16 @@ fn plots_are_valid_svg_and_png_with_one_series_per_path() {
         .filter_map(|n| n.text())
         .map(str::trim)
         .collect();
-    // Legend: ferry + better baseline for each bandwidth test, nothing for latency tests.
+    // Legend: ferry and each named baseline for every test, latency included; one panel per
+    // family, titled.
     for label in [
         "cpu-contig: ferry",
-        "cpu-contig: better baseline",
+        "cpu-contig: copy_from_slice",
         "cpu-tile: ferry",
-        "cpu-tile: better baseline",
+        "cpu-latency: ferry",
+        "cpu-latency: copy_from_slice",
+        "CPU: GB/s",
+        "latency: us per copy, lower is better",
     ] {
         assert_eq!(
             texts.iter().filter(|t| **t == label).count(),
@@ -216,7 +220,10 @@ fn plots_are_valid_svg_and_png_with_one_series_per_path() {
             "{label} in {texts:?}"
         );
     }
-    assert!(!texts.iter().any(|t| t.contains("cpu-latency")));
+    assert!(!texts.iter().any(|t| t.contains("better baseline")));
+    assert!(texts
+        .iter()
+        .any(|t| t.starts_with("ferry bench ") && t.contains("commit")));
     // Axis labels with K suffixes.
     assert!(texts.contains(&"4K") && texts.contains(&"64K"), "{texts:?}");
     // 4 data lines + 4 legend samples (polylines or paths).
@@ -341,7 +348,7 @@ fn saved_json_is_replotted_and_foreign_json_refused() {
         .map(str::trim)
         .collect();
     assert!(texts.contains(&"cpu-contig: ferry"), "{texts:?}");
-    assert!(texts.contains(&"cpu-contig: better baseline"), "{texts:?}");
+    assert!(texts.contains(&"cpu-contig: copy_from_slice"), "{texts:?}");
     // A JSON file that is not a ferry bench report: a clear error, no file written.
     let other = dir.path().join("other.json");
     std::fs::write(&other, "{\"results\": []}").unwrap();

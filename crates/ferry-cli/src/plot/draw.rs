@@ -1,0 +1,269 @@
+//! Drawing the grid of panels: size, layout, axes, series (markers, whiskers, segments between
+//! neighbouring measured sizes) and each panel's legend.
+
+use super::{Curve, Panel};
+use crate::sizes::format_size;
+use plotters::coord::{CoordTranslate, Shift};
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+
+/// One colour per series of a panel (at most six), told apart also in grey print.
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(0, 0, 0),
+];
+const PANEL_W: u32 = 640;
+const PANEL_H: u32 = 480;
+const TITLE_H: u32 = 44;
+/// Height of one legend line.
+const LEGEND_LINE: i32 = 17;
+
+fn columns(panels: usize) -> usize {
+    match panels {
+        0 | 1 => 1,
+        2..=4 => 2,
+        _ => 3,
+    }
+}
+
+/// The picture's size in pixels for `panels` panels.
+pub(super) fn size(panels: usize) -> (u32, u32) {
+    let cols = columns(panels);
+    let rows = panels.div_ceil(cols).max(1);
+    (cols as u32 * PANEL_W, TITLE_H + rows as u32 * PANEL_H)
+}
+
+/// Draws `panels` under `title` on `backend` (sized by [`size`]).
+pub(super) fn grid<DB: DrawingBackend>(
+    backend: DB,
+    title: &str,
+    panels: &[Panel],
+) -> Result<(), String> {
+    super::register_font()?;
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let root = backend.into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let (top, body) = root.split_vertically(TITLE_H);
+    top.draw(&Text::new(
+        title.to_string(),
+        (12, 12),
+        ("sans-serif", 20).into_font(),
+    ))
+    .map_err(|x| e(&x))?;
+    let cols = columns(panels.len());
+    let rows = panels.len().div_ceil(cols).max(1);
+    for (area, p) in body.split_evenly((rows, cols)).iter().zip(panels) {
+        panel(area, p)?;
+    }
+    root.present().map_err(|x| e(&x))
+}
+
+/// A figure on the y axis: log10 of it on a log axis.
+fn ty(log: bool, v: f64) -> f64 {
+    if log {
+        v.max(1e-12).log10()
+    } else {
+        v
+    }
+}
+
+/// Whether no size of `sizes` lies strictly between `a` and `b`: only such points are joined.
+fn neighbours(sizes: &[u64], a: u64, b: u64) -> bool {
+    !sizes.iter().any(|&s| s > a.min(b) && s < a.max(b))
+}
+
+fn marker_style(c: &Curve, color: RGBColor) -> ShapeStyle {
+    if c.ferry {
+        color.filled()
+    } else {
+        color.stroke_width(2)
+    }
+}
+
+/// Draws the marker of series `i` of a panel at `at`: ferry's a filled circle, baselines
+/// hollow triangles and squares in turn.
+fn marker<DB: DrawingBackend, CT: CoordTranslate>(
+    area: &DrawingArea<DB, CT>,
+    c: &Curve,
+    i: usize,
+    at: CT::From,
+    color: RGBColor,
+) -> Result<(), String>
+where
+    CT::From: Clone,
+{
+    let st = marker_style(c, color);
+    let at = EmptyElement::at(at);
+    if c.ferry {
+        area.draw(&(at + Circle::new((0, 0), 4, st)))
+    } else if i % 2 == 1 {
+        area.draw(&(at + TriangleMarker::new((0, 0), 5, st)))
+    } else {
+        area.draw(&(at + Rectangle::new([(-4, -4), (4, 4)], st)))
+    }
+    .map_err(|x| x.to_string())
+}
+
+fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result<(), String> {
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    // The same room for every legend, so that the axes of a row of panels line up.
+    let legend_h = LEGEND_LINE * super::MAX_SERIES as i32 + 16;
+    let (_, h) = area.dim_in_pixel();
+    let (plot_area, legend) = area.split_vertically(h as i32 - legend_h);
+    let pts = || p.curves.iter().flat_map(|c| c.points.iter());
+    let xs = pts().map(|q| (q.0 as f64).log2());
+    let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let ys = || {
+        pts()
+            .flat_map(|q| [q.1, q.2, q.3])
+            .filter(|y| y.is_finite())
+    };
+    let ymax = ys().fold(0.0, f64::max);
+    let ymin = ys().filter(|&y| y > 0.0).fold(f64::MAX, f64::min);
+    // Latency always, bandwidth spanning more than 20x (device next to PCIe): a log10 y axis.
+    let log = ymin < f64::MAX && (p.latency || ymax / ymin > 20.0);
+    let y_range = if log {
+        let (lo, hi) = (ymin.log10().floor(), ymax.log10());
+        lo..hi + (hi - lo).max(0.5) * 0.06
+    } else {
+        0.0..(ymax * 1.08).max(1e-3)
+    };
+    let (x0, x1) = (x0.floor() - 0.5, x1.ceil() + 0.5);
+    let mut chart = ChartBuilder::on(&plot_area)
+        .caption(&p.title, ("sans-serif", 17))
+        .margin(10)
+        .margin_right(20)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x0..x1, y_range)
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc(if p.tests.iter().any(|t| t.contains("scatter")) {
+            "size (bytes per copy or per segment)"
+        } else {
+            "size (bytes per copy)"
+        })
+        .y_desc(match (p.latency, log) {
+            (true, _) => "us (log scale)",
+            (false, true) => "GB/s (log scale)",
+            (false, false) => "GB/s",
+        })
+        .x_labels(9)
+        .y_labels(7)
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
+                format_size(2f64.powf(x.round()) as u64)
+            } else {
+                String::new()
+            }
+        })
+        .y_label_formatter(&|y| {
+            let v = if log { 10f64.powf(*y) } else { *y };
+            // Log axes: as many decimals as the first significant digit needs; linear axes:
+            // up to two, trailing zeros dropped (0.25, 1.5, 2).
+            let decimals = match (log, v > 0.0) {
+                (true, true) => (-v.log10().floor()).max(0.0) as usize,
+                (true, false) => 0,
+                (false, _) => 2,
+            };
+            let t = format!("{v:.decimals$}");
+            if t.contains('.') {
+                t.trim_end_matches('0').trim_end_matches('.').to_string()
+            } else {
+                t
+            }
+        })
+        .light_line_style(WHITE.mix(0.0))
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
+        .draw()
+        .map_err(|x| e(&x))?;
+    // Sizes measured in this panel: a series is joined only to its neighbour when no other
+    // measured size lies between them.
+    let mut sizes: Vec<u64> = pts().map(|q| q.0).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for (i, c) in p.curves.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let line = color.stroke_width(2);
+        for w in c.points.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if !neighbours(&sizes, a.0, b.0) {
+                continue;
+            }
+            let seg = vec![
+                ((a.0 as f64).log2(), ty(log, a.1)),
+                ((b.0 as f64).log2(), ty(log, b.1)),
+            ];
+            if c.ferry {
+                chart.draw_series(LineSeries::new(seg, line))
+            } else {
+                chart.draw_series(DashedLineSeries::new(seg, 7, 5, line))
+            }
+            .map_err(|x| e(&x))?;
+        }
+        for &(s, med, worst, best) in &c.points {
+            let x = (s as f64).log2();
+            let (lo, hi) = (ty(log, worst.min(best)), ty(log, worst.max(best)));
+            let thin = color.stroke_width(1);
+            let cap = |y| EmptyElement::at((x, y)) + PathElement::new(vec![(-4, 0), (4, 0)], thin);
+            chart
+                .draw_series([PathElement::new(vec![(x, lo), (x, hi)], thin)])
+                .map_err(|x| e(&x))?;
+            chart.draw_series([cap(lo), cap(hi)]).map_err(|x| e(&x))?;
+            marker(chart.plotting_area(), c, i, (x, ty(log, med)), color)?;
+        }
+    }
+    // The legend under the axes: one line per series, its sample and marker, then its name.
+    for (i, c) in p.curves.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let y = 6 + LEGEND_LINE * i as i32 + LEGEND_LINE / 2;
+        let (x0, x1) = (60, 92);
+        let line = color.stroke_width(2);
+        if c.ferry {
+            legend.draw(&PathElement::new(vec![(x0, y), (x1, y)], line))
+        } else {
+            legend.draw(&DashedPathElement::new(vec![(x0, y), (x1, y)], 5, 3, line))
+        }
+        .map_err(|x| e(&x))?;
+        marker(&legend, c, i, ((x0 + x1) / 2, y), color)?;
+        let mut label = c.label.clone();
+        if label.chars().count() > 72 {
+            label = label.chars().take(71).collect::<String>() + "…";
+        }
+        legend
+            .draw(&Text::new(
+                label,
+                (x1 + 8, y - 7),
+                ("sans-serif", 13).into_font(),
+            ))
+            .map_err(|x| e(&x))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_neighbouring_measured_sizes_are_joined() {
+        let sizes = [4096, 65536, 1 << 20, 1 << 24];
+        assert!(neighbours(&sizes, 4096, 65536));
+        assert!(neighbours(&sizes, 1 << 24, 1 << 20));
+        // A series measured at 4K and 16M only, in a panel that also measured 64K and 1M.
+        assert!(!neighbours(&sizes, 4096, 1 << 24));
+    }
+
+    #[test]
+    fn the_grid_has_at_most_three_columns() {
+        assert_eq!(size(1), (PANEL_W, TITLE_H + PANEL_H));
+        assert_eq!(size(4), (2 * PANEL_W, TITLE_H + 2 * PANEL_H));
+        assert_eq!(size(10), (3 * PANEL_W, TITLE_H + 4 * PANEL_H));
+    }
+}
