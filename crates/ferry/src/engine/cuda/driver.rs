@@ -6,17 +6,16 @@ use super::CudaError;
 use cudarc::driver::{result, sys, CudaContext};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// The name ferry's backend files use for a failed driver call.
-pub(crate) use super::error::DriverError as DrvErr;
+use super::error::DriverError;
 
-impl From<DrvErr> for crate::engine::SubmitError {
-    fn from(e: DrvErr) -> Self {
+impl From<DriverError> for crate::engine::SubmitError {
+    fn from(e: DriverError) -> Self {
         crate::engine::SubmitError::Driver(e)
     }
 }
 
-impl From<DrvErr> for crate::request::RequestError {
-    fn from(e: DrvErr) -> Self {
+impl From<DriverError> for crate::request::RequestError {
+    fn from(e: DriverError) -> Self {
         crate::request::RequestError::Driver(e)
     }
 }
@@ -40,11 +39,11 @@ pub(crate) fn error_string(code: sys::CUresult) -> String {
 }
 
 /// Turns a driver result into `Result`, naming the call.
-pub(crate) fn check(call: &'static str, code: sys::CUresult) -> Result<(), DrvErr> {
+pub(crate) fn check(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> {
     if code == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
-        Err(DrvErr::new(call, code))
+        Err(DriverError::new(call, code))
     }
 }
 
@@ -79,7 +78,8 @@ pub(crate) fn driver() -> Result<i32, CudaError> {
 /// Number of devices the driver sees (0 when there is no driver).
 pub(crate) fn device_count() -> Result<u32, CudaError> {
     driver()?;
-    let n = result::device::get_count().map_err(|e| DrvErr::from_cudarc("cuDeviceGetCount", e))?;
+    let n =
+        result::device::get_count().map_err(|e| DriverError::from_cudarc("cuDeviceGetCount", e))?;
     Ok(n.max(0) as u32)
 }
 
@@ -101,7 +101,7 @@ pub(crate) fn context(ordinal: u32) -> Result<Arc<CudaContext>, CudaError> {
         return Ok(Arc::clone(c));
     }
     let c = CudaContext::new(ordinal as usize)
-        .map_err(|e| DrvErr::from_cudarc("cuDevicePrimaryCtxRetain", e))?;
+        .map_err(|e| DriverError::from_cudarc("cuDevicePrimaryCtxRetain", e))?;
     ctxs[ordinal as usize] = Some(Arc::clone(&c));
     Ok(c)
 }
@@ -136,7 +136,7 @@ pub(crate) fn device_address(addr: u64) -> Option<u64> {
 }
 
 /// Makes `ctx` current on this thread.
-pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DrvErr> {
+pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
     ctx.bind_to_thread()
-        .map_err(|e| DrvErr::from_cudarc("cuCtxSetCurrent", e))
+        .map_err(|e| DriverError::from_cudarc("cuCtxSetCurrent", e))
 }

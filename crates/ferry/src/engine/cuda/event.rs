@@ -1,7 +1,8 @@
 //! One event per request: waiting on a request waits on its event only, never on the stream.
 
-use super::driver::{self, check, DrvErr};
+use super::driver::{self, check};
 use super::{memory::DeviceBuffer, WaitMode};
+use crate::engine::cuda::DriverError;
 use crate::request::{Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
@@ -22,7 +23,7 @@ unsafe impl Sync for Event {}
 impl Event {
     /// A timing-free event; with `BLOCKING_SYNC` unless the mode only spins, so that a waiting
     /// thread sleeps. The context must be current.
-    pub(crate) fn new(mode: WaitMode) -> Result<Event, DrvErr> {
+    pub(crate) fn new(mode: WaitMode) -> Result<Event, DriverError> {
         let mut flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         if mode != WaitMode::Spin {
             flags |= sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
@@ -49,7 +50,7 @@ pub(crate) struct EventPool {
 impl EventPool {
     const MAX: usize = 256;
     /// A free event, or a new one (the context must be current).
-    pub(crate) fn take(&self, mode: WaitMode) -> Result<Event, DrvErr> {
+    pub(crate) fn take(&self, mode: WaitMode) -> Result<Event, DriverError> {
         match self
             .free
             .lock()
@@ -141,7 +142,7 @@ impl Inner {
         match code {
             sys::CUresult::CUDA_SUCCESS => Some(Ok(())),
             sys::CUresult::CUDA_ERROR_NOT_READY => None,
-            c => Some(Err(DrvErr::new("cuEventQuery", c).into())),
+            c => Some(Err(DriverError::new("cuEventQuery", c).into())),
         }
     }
 }

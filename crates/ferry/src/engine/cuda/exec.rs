@@ -5,8 +5,9 @@
 //! Every function here must be called with the engine's context current and only enqueues
 //! work: nothing waits for the copy.
 
-use super::driver::{check, DrvErr};
+use super::driver::check;
 use super::memory::DeviceBuffer;
+use crate::engine::cuda::DriverError;
 use crate::memory::MemKind;
 use crate::op::Step;
 use crate::plan::{Plan, PlanKind};
@@ -53,7 +54,7 @@ pub(crate) unsafe fn run_step(
     step: &Step,
     ordinal: u32,
     keep: &mut Vec<DeviceBuffer>,
-) -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
     match step {
         Step::Segments { segs, range, .. } => {
             let Some(src) = src else { return Ok(()) };
@@ -103,7 +104,7 @@ pub(crate) unsafe fn host_pageable(
     dst: End,
     src: End,
     plan: &Plan,
-) -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
     // SAFETY: forwarded with the caller's guarantees.
     unsafe { copy_plan(stream, dst, src, plan) }
 }
@@ -117,7 +118,7 @@ pub(crate) unsafe fn copy_plan(
     dst: End,
     src: End,
     plan: &Plan,
-) -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
     let (run, c, ds, ss) = (
         plan.run(),
         plan.counts(),
@@ -251,7 +252,7 @@ fn for_each_index(counts: &[usize], mut f: impl FnMut(&[usize])) {
 ///
 /// # Safety
 /// As [`run_step`], for `n` bytes at each end.
-unsafe fn copy1d(stream: sys::CUstream, d: End, s: End, n: usize) -> Result<(), DrvErr> {
+unsafe fn copy1d(stream: sys::CUstream, d: End, s: End, n: usize) -> Result<(), DriverError> {
     if n == 0 {
         return Ok(());
     }
@@ -300,7 +301,7 @@ fn mem_type(kind: MemKind) -> sys::CUmemorytype {
 
 /// A driver answer that means "these strides are not for this call": fall back to smaller
 /// copies.
-fn shape_refused(e: &DrvErr) -> bool {
+fn shape_refused(e: &DriverError) -> bool {
     matches!(e.code, sys::CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
@@ -317,8 +318,8 @@ unsafe fn copy2d(
     h: usize,
     dp: usize,
     sp: usize,
-) -> Result<(), DrvErr> {
-    let rows = |stream| -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
+    let rows = |stream| -> Result<(), DriverError> {
         for i in 0..h {
             // SAFETY: row `i` lies inside both buffers (caller).
             unsafe { copy1d(stream, d.at(i * dp), s.at(i * sp), w)? };
@@ -370,8 +371,8 @@ unsafe fn copy3d(
     c: [usize; 2],
     ds: [usize; 2],
     ss: [usize; 2],
-) -> Result<(), DrvErr> {
-    let planes = |stream| -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
+    let planes = |stream| -> Result<(), DriverError> {
         for k in 0..c[0] {
             // SAFETY: plane `k` lies inside both buffers (caller).
             unsafe {
@@ -456,7 +457,7 @@ unsafe fn fill_plan(
     pattern: &[u8],
     ordinal: u32,
     keep: &mut Vec<DeviceBuffer>,
-) -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
     let (run, c, ds) = (plan.run(), plan.counts(), plan.dst_strides());
     if run == 0 || c.contains(&0) || pattern.is_empty() {
         return Ok(());
@@ -489,7 +490,7 @@ unsafe fn fill_plan(
     let block: Vec<u8> = pattern.iter().copied().cycle().take(block_len).collect();
     let scratch = DeviceBuffer::new(ordinal, block_len).map_err(|e| {
         // The allocation's own driver error (out of memory, most likely).
-        e.driver_error().unwrap_or(DrvErr::new(
+        e.driver_error().unwrap_or(DriverError::new(
             "cuMemAlloc",
             sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
         ))
@@ -539,7 +540,7 @@ unsafe fn memset2d(
     v: u32,
     n: usize,
     h: usize,
-) -> Result<(), DrvErr> {
+) -> Result<(), DriverError> {
     if h == 1 || pitch == n * w {
         // The rows are back to back: one 1-D memset of `n * h` words.
         let total = n * h;

@@ -28,9 +28,10 @@
 //! caller may record it again or destroy it afterwards), or for the life of the
 //! [`StreamEngine`]. The raw-handle functions are `unsafe`, with the same rules written out.
 
-use super::driver::{self, check, DrvErr};
+use super::driver::{self, check};
 use super::event::Event;
 use super::{CudaCompletion, CudaEngine, Direction};
+use crate::engine::cuda::DriverError;
 use crate::engine::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
 use crate::request::{BarrierError, Request, RequestError};
@@ -67,7 +68,7 @@ pub enum InteropError {
     },
     /// A driver call failed; the driver's own code is kept.
     #[error(transparent)]
-    Driver(#[from] DrvErr),
+    Driver(#[from] DriverError),
 }
 
 impl From<InteropError> for SubmitError {
@@ -314,7 +315,7 @@ impl CudaEngine {
 
 /// A marker stream of `ctx` with nothing pending: one of the pool's, else a new one. Streams
 /// live for the process (primary contexts do too), one per marker pending at once.
-fn marker_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DrvErr> {
+fn marker_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
     static POOL: OnceLock<Mutex<Vec<Arc<CudaStream>>>> = OnceLock::new();
     let mut pool = POOL
         .get_or_init(Default::default)
@@ -330,7 +331,7 @@ fn marker_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DrvErr> {
     }
     let s = ctx
         .new_stream()
-        .map_err(|e| DrvErr::new("cuStreamCreate", e.0))?;
+        .map_err(|e| DriverError::new("cuStreamCreate", e.0))?;
     pool.push(Arc::clone(&s));
     Ok(s)
 }

@@ -17,14 +17,14 @@ use std::sync::Arc;
 /// both before the device memory holds the bytes; ferry's streams do not wait for the legacy
 /// stream (they are non-blocking), so a copy queued next could read or overwrite the bytes
 /// before they land (the H200 stress test, run 22, saw a fill read a pattern block too early).
-fn legacy_sync() -> Result<(), driver::DrvErr> {
+fn legacy_sync() -> Result<(), super::DriverError> {
     // SAFETY: the null stream is the current context's legacy stream; only waits.
     check("cuStreamSynchronize", unsafe {
         sys::cuStreamSynchronize(std::ptr::null_mut())
     })
 }
 
-fn alloc_err(what: &'static str, bytes: usize, e: driver::DrvErr) -> CudaError {
+fn alloc_err(what: &'static str, bytes: usize, e: super::DriverError) -> CudaError {
     CudaError::Alloc {
         what,
         bytes,
@@ -237,7 +237,7 @@ impl HostAlloc {
         ctx: &Arc<CudaContext>,
         len: usize,
         flags: PinFlags,
-    ) -> Result<HostAlloc, driver::DrvErr> {
+    ) -> Result<HostAlloc, super::DriverError> {
         driver::bind(ctx)?;
         let mut p = std::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; `ctx` is current. The pointer is owned by the

@@ -84,7 +84,7 @@ use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
 use crate::request::{BarrierError, InFlight, Request, RequestError};
 use cudarc::driver::{sys, CudaContext, CudaStream};
-use driver::{check, DrvErr};
+use driver::check;
 use exec::End;
 use route::{Path, Route};
 use std::sync::mpsc::Sender;
@@ -130,7 +130,7 @@ impl CudaEngine {
         let ctx = driver::context(cfg.ordinal)?;
         let stream = || {
             ctx.new_stream()
-                .map_err(|e| DrvErr::new("cuStreamCreate", e.0))
+                .map_err(|e| DriverError::new("cuStreamCreate", e.0))
         };
         let streams = [stream()?, stream()?, stream()?];
         let count = driver::device_count()?;
@@ -189,8 +189,8 @@ impl CudaEngine {
     /// # Ok::<(), ferry::cuda::CudaError>(())
     /// ```
     pub fn compile_kernels(&self) -> Result<(), CudaError> {
-        self.paths.sm_copier()?;
-        let g = self.paths.gatherer_or_why()?;
+        self.paths.sm()?;
+        let g = self.paths.gatherer()?;
         g.kernel().map(drop).map_err(CudaError::from)
     }
 
@@ -298,8 +298,8 @@ impl CudaEngine {
         keep: &mut Vec<memory::DeviceBuffer>,
     ) -> Result<(), SubmitError> {
         let stream = &self.streams[route.stream as usize];
+        let src_len = job.src.map_or(0, |s| s.len);
         for path in route.paths() {
-            let src_len = job.src.map_or(0, |s| s.len);
             // The route chose a kernel path only where both sides are reachable by this GPU.
             let done = match (path, src) {
                 // SAFETY: forwarded with this function's contract (context, stream, buffers).

@@ -108,27 +108,17 @@ impl Paths {
         tx.send(task).map_err(|_| stopped())
     }
 
-    /// The gatherer, compiled on first use; `None` if it cannot be made here.
-    pub(crate) fn gatherer(&self) -> Option<&Gatherer> {
-        self.gatherer_or_why().ok()
-    }
-
-    /// The gatherer, or why it cannot be made here.
-    pub(crate) fn gatherer_or_why(&self) -> Result<&Gatherer, CudaError> {
+    /// The gatherer (made on first use), or why it cannot be made here.
+    pub(crate) fn gatherer(&self) -> Result<&Gatherer, CudaError> {
         self.gatherer
             .get_or_init(|| Ok(Gatherer::new(Arc::clone(&self.ctx))?))
             .as_ref()
             .map_err(Clone::clone)
     }
 
-    /// The SM copier with its kernels compiled (on first use); `None` if they cannot be made
-    /// here (no NVRTC).
-    pub(crate) fn sm(&self) -> Option<&SmCopier> {
-        self.sm_copier().ok()
-    }
-
-    /// The SM copier with its kernels compiled (on first use), or why they cannot be made.
-    pub(crate) fn sm_copier(&self) -> Result<&SmCopier, CudaError> {
+    /// The SM copier with its kernels compiled (on first use), or why they cannot be made
+    /// (no NVRTC).
+    pub(crate) fn sm(&self) -> Result<&SmCopier, CudaError> {
         self.sm
             .get_or_init(|| {
                 let c = SmCopier::new(Arc::clone(&self.ctx))?;
@@ -152,7 +142,7 @@ impl Paths {
         src: End,
         steps: &[Step],
     ) -> bool {
-        let Some(sm) = self.sm() else {
+        let Ok(sm) = self.sm() else {
             return false;
         };
         steps.iter().all(|s| match s {
@@ -178,7 +168,7 @@ impl Paths {
         src_len: usize,
         steps: &[Step],
     ) -> bool {
-        let Some(g) = self.gatherer() else {
+        let Ok(g) = self.gatherer() else {
             return false;
         };
         let segs = segments(steps);

@@ -3,7 +3,8 @@
 //! finalized and destroyed when its last user goes.
 
 use super::{sys, NcclError};
-use crate::engine::cuda::driver::{self, DrvErr};
+use crate::engine::cuda::driver;
+use crate::engine::cuda::DriverError;
 use cudarc::driver::CudaContext;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -40,7 +41,7 @@ impl Comm {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn bind(&self) -> Result<(), DrvErr> {
+    pub(crate) fn bind(&self) -> Result<(), DriverError> {
         driver::bind(&self.ctx)
     }
 

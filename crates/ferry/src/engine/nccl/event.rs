@@ -4,8 +4,9 @@
 //! stops its kernels), so a peer that never arrives fails the request instead of hanging it.
 
 use super::comm::{Comm, SPIN_FOR};
-use crate::engine::cuda::driver::{check, DrvErr};
+use crate::engine::cuda::driver::check;
 use crate::engine::cuda::event::Event;
+use crate::engine::cuda::DriverError;
 use crate::request::{Completion, RequestError, Slot};
 use cudarc::driver::sys;
 use std::any::Any;
@@ -29,12 +30,12 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    fn query(&self) -> Result<bool, DrvErr> {
+    fn query(&self) -> Result<bool, DriverError> {
         // SAFETY: a live event handle, owned by this request.
         match unsafe { sys::cuEventQuery(self.event.raw()) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            c => Err(DrvErr::new("cuEventQuery", c)),
+            c => Err(DriverError::new("cuEventQuery", c)),
         }
     }
 

@@ -159,8 +159,8 @@ impl NcclError {
     }
 }
 
-impl From<driver::DrvErr> for NcclError {
-    fn from(e: driver::DrvErr) -> Self {
+impl From<crate::engine::cuda::DriverError> for NcclError {
+    fn from(e: crate::engine::cuda::DriverError) -> Self {
         NcclError::Cuda(e.into())
     }
 }

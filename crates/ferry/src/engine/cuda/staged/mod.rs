@@ -53,7 +53,7 @@ mod ring;
 
 pub use config::StagingConfig;
 
-use crate::engine::cuda::driver::DrvErr;
+use crate::engine::cuda::error::DriverError as FerryDriverError;
 use crate::engine::cuda::memory::PinFlags;
 use crate::Plan;
 use chunk::{add, Chunker, Sides};
@@ -120,7 +120,7 @@ fn drv(op: &'static str) -> impl FnOnce(DriverError) -> StagedError {
 }
 
 /// A failed call of the backend's shared driver helpers, as a staging error.
-fn driver_error(e: DrvErr) -> StagedError {
+fn driver_error(e: FerryDriverError) -> StagedError {
     StagedError::Driver {
         op: e.call,
         source: DriverError(e.code),
