@@ -106,8 +106,9 @@ ferry / the better of the plain baselines measured in the same run on the same b
 baseline column names it): above 1 ferry is faster; for latency rows it is ferry's time over
 the baseline's, below 1 ferry is faster. link = ferry's figure as a fraction of the PCIe link.
 The method: `ferry bench --help`, or `--verbose` to print it here.
-Small sizes (below about 64 KiB) fit in cache and show the per-call cost; CPU rows there swing
-from run to run with where the allocator places the buffers (4 KiB aliasing).
+Small sizes (below about 64 KiB) fit in cache and show the per-call cost. CPU rows place the
+source 64 B into a page and the destination 2 KiB further in (no 4 KiB aliasing between loads
+and stores, which made these sizes swing from run to run with where the allocator put them).
 ";
 
 /// The header printed above the tables: build, host, CPU and GPU models, engine settings.

@@ -5,7 +5,7 @@
 //! `std::thread::scope` threads spawned per call (N = the engine's worker threads).
 
 use super::ctx::{setup, threads_label, Ctx, HostSeries};
-use super::data::{first_diff, pattern_bytes};
+use super::data::{first_diff, pattern_bytes, Placed};
 use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
 use crate::args::mem_available;
 use crate::sizes::format_size;
@@ -92,21 +92,21 @@ impl CpuBench {
     }
 
     fn contig(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
-        let src = pattern_bytes(size);
-        let mut dst = vec![0u8; size];
+        let mut place = Placed::new(&pattern_bytes(size), size);
+        let (src, dst) = place.parts();
         let n = self.threads();
-        let verify = |d: &[u8]| first_diff(d, &src);
-        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, u8::POISON), size, verify);
+        let verify = |d: &[u8]| first_diff(d, src);
+        let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), size, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
-            engine_copy(&self.engine, d, &Layout::bytes(size).ok(), &src, None)
+            engine_copy(&self.engine, d, &Layout::bytes(size).ok(), src, None)
         })?;
         s.run("copy_from_slice", Role::Baseline, |d| {
-            d.copy_from_slice(black_box(&src));
+            d.copy_from_slice(black_box(src));
             Ok(())
         })?;
         let name = format!("{} copy_from_slice", threads_label(n));
         s.run(&name, Role::Baseline, |d| {
-            par_copy(d, &src, n);
+            par_copy(d, src, n);
             Ok(())
         })?;
         let series = s.done();
@@ -128,8 +128,8 @@ impl CpuBench {
         };
         let (pitch, off) = (2 * w, w / 2);
         let payload = rows * w;
-        let src = pattern_bytes(rows * pitch);
-        let mut dst = vec![0u8; payload];
+        let mut place = Placed::new(&pattern_bytes(rows * pitch), payload);
+        let (src, dst) = place.parts();
         let layout_err = |e: ferry::LayoutError| ctx.engine_err("layout", e.to_string());
         let src_l = Layout::contiguous(&[rows, pitch], 1)
             .and_then(|l| l.slice(1, off..off + w, 1))
@@ -146,9 +146,9 @@ impl CpuBench {
                 .map_or(Ok(()), Err)
         };
         let n = self.threads();
-        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, u8::POISON), payload, verify);
+        let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), payload, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
-            engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l))
+            engine_copy(&self.engine, d, &Some(dst_l), src, Some(src_l))
         })?;
         s.run("row loop", Role::Baseline, |d| {
             for (r, out) in d.chunks_exact_mut(w).enumerate() {
@@ -195,8 +195,9 @@ impl CpuBench {
         let n = 1usize << (count.ilog2() / 2);
         let m = count / n;
         let payload = n * m * es;
-        let src: Vec<T> = (0..n * m).map(T::from_index).collect();
-        let mut dst = vec![T::from_index(0); n * m];
+        let data: Vec<T> = (0..n * m).map(T::from_index).collect();
+        let mut place = Placed::new(&data, n * m);
+        let (src, dst) = place.parts();
         let layout_err = |e: ferry::LayoutError| ctx.engine_err("layout", e.to_string());
         let dst_l = Layout::contiguous(&[m, n], es).map_err(layout_err)?;
         let src_l = Layout::contiguous(&[n, m], es)
@@ -213,12 +214,12 @@ impl CpuBench {
             Ok(())
         };
         let threads = self.threads();
-        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, T::POISON), payload, verify);
+        let mut s = HostSeries::new(ctx, &self.method, (dst, T::POISON), payload, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
-            engine_copy(&self.engine, d, &Some(dst_l), &src, Some(src_l))
+            engine_copy(&self.engine, d, &Some(dst_l), src, Some(src_l))
         })?;
         s.run("blocked 32x32", Role::Baseline, |d| {
-            transpose_rows(black_box(d), &src, n, m, 0);
+            transpose_rows(black_box(d), src, n, m, 0);
             Ok(())
         })?;
         let per = m.div_ceil(threads);
@@ -226,7 +227,6 @@ impl CpuBench {
         s.run(&name, Role::Baseline, |d| {
             std::thread::scope(|s| {
                 for (k, part) in d.chunks_mut(per * n).enumerate() {
-                    let src = &src;
                     s.spawn(move || transpose_rows(part, src, n, m, k * per));
                 }
             });
@@ -254,21 +254,21 @@ impl CpuBench {
         } else {
             &self.engine
         };
-        let src = pattern_bytes(size);
-        let mut dst = vec![0u8; size];
-        let verify = |d: &[u8]| first_diff(d, &src);
+        let mut place = Placed::new(&pattern_bytes(size), size);
+        let (src, dst) = place.parts();
+        let verify = |d: &[u8]| first_diff(d, src);
         let inline = size <= engine.config().inline_bytes;
         let ferry_name = format!(
             "ferry {} {}",
             engine.name(),
             if inline { "inline" } else { "queued" }
         );
-        let mut s = HostSeries::new(ctx, &self.method, (&mut dst, u8::POISON), size, verify);
+        let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), size, verify);
         s.run(&ferry_name, Role::Ferry, |d| {
-            engine_copy(engine, d, &Layout::bytes(size).ok(), &src, None)
+            engine_copy(engine, d, &Layout::bytes(size).ok(), src, None)
         })?;
         s.run("copy_from_slice", Role::Baseline, |d| {
-            black_box(&mut *d).copy_from_slice(black_box(&src));
+            black_box(&mut *d).copy_from_slice(black_box(src));
             Ok(())
         })?;
         let shape = format!(
