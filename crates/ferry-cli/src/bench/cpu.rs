@@ -5,7 +5,7 @@
 //! `std::thread::scope` threads spawned per call (N = the engine's worker threads).
 
 use super::ctx::{setup, threads_label, Ctx, HostSeries};
-use super::data::{first_diff, pattern_bytes, Placed};
+use super::data::{fill_pattern, first_diff, Placed};
 use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
 use crate::args::mem_available;
 use crate::sizes::format_size;
@@ -92,7 +92,7 @@ impl CpuBench {
     }
 
     fn contig(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
-        let mut place = Placed::new(&pattern_bytes(size), size);
+        let mut place = Placed::new(size, size, fill_pattern);
         let (src, dst) = place.parts();
         let n = self.threads();
         let verify = |d: &[u8]| first_diff(d, src);
@@ -128,7 +128,7 @@ impl CpuBench {
         };
         let (pitch, off) = (2 * w, w / 2);
         let payload = rows * w;
-        let mut place = Placed::new(&pattern_bytes(rows * pitch), payload);
+        let mut place = Placed::new(rows * pitch, payload, fill_pattern);
         let (src, dst) = place.parts();
         let layout_err = |e: ferry::LayoutError| ctx.engine_err("layout", e.to_string());
         let src_l = Layout::contiguous(&[rows, pitch], 1)
@@ -195,8 +195,11 @@ impl CpuBench {
         let n = 1usize << (count.ilog2() / 2);
         let m = count / n;
         let payload = n * m * es;
-        let data: Vec<T> = (0..n * m).map(T::from_index).collect();
-        let mut place = Placed::new(&data, n * m);
+        let mut place = Placed::new(n * m, n * m, |s: &mut [T]| {
+            s.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = T::from_index(i))
+        });
         let (src, dst) = place.parts();
         let layout_err = |e: ferry::LayoutError| ctx.engine_err("layout", e.to_string());
         let dst_l = Layout::contiguous(&[m, n], es).map_err(layout_err)?;
@@ -254,7 +257,7 @@ impl CpuBench {
         } else {
             &self.engine
         };
-        let mut place = Placed::new(&pattern_bytes(size), size);
+        let mut place = Placed::new(size, size, fill_pattern);
         let (src, dst) = place.parts();
         let verify = |d: &[u8]| first_diff(d, src);
         let inline = size <= engine.config().inline_bytes;

@@ -3,25 +3,32 @@
 
 /// A pseudo-random byte pattern (xorshift), every page written.
 pub(crate) fn pattern_bytes(len: usize) -> Vec<u8> {
-    xorshift_bytes(len, 0x9E37_79B9_7F4A_7C15u64 ^ len as u64)
+    let mut v = vec![0u8; len];
+    fill_pattern(&mut v);
+    v
+}
+
+/// Writes [`pattern_bytes`]`(b.len())` into `b`.
+pub(super) fn fill_pattern(b: &mut [u8]) {
+    xorshift_fill(b, 0x9E37_79B9_7F4A_7C15u64 ^ b.len() as u64);
 }
 
 /// Deterministic bytes, different per seed (xorshift).
 pub(super) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let x = (0x9E37_79B9_7F4A_7C15u64 ^ len as u64).wrapping_add(seed.wrapping_mul(0xD1B5)) | 1;
-    xorshift_bytes(len, x)
+    let mut v = vec![0u8; len];
+    xorshift_fill(&mut v, x);
+    v
 }
 
-/// `len` bytes of the xorshift sequence started at `x`, eight at a time.
-fn xorshift_bytes(len: usize, mut x: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
+/// Fills `v` with the xorshift sequence started at `x`, eight bytes at a time.
+fn xorshift_fill(v: &mut [u8], mut x: u64) {
     for c in v.chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
     }
-    v
 }
 
 /// The first byte where `a` and `b` differ.
@@ -56,23 +63,25 @@ const SRC_OFFSET: usize = 64;
 const DST_SHIFT: usize = 2048;
 
 impl<T: ferry::bytemuck::Pod> Placed<T> {
-    /// A copy of `src` and a zeroed destination of `dst_len` elements, placed as the type says.
-    pub(super) fn new(src: &[T], dst_len: usize) -> Placed<T> {
+    /// A source of `src_len` elements written by `fill` and a zeroed destination of `dst_len`
+    /// elements, placed as the type says (the source is filled in place: no second copy of it
+    /// is ever resident).
+    pub(super) fn new(src_len: usize, dst_len: usize, fill: impl FnOnce(&mut [T])) -> Placed<T> {
         let es = std::mem::size_of::<T>().max(1);
         let slack = 3 * PAGE / es + 1;
-        let mut buf = vec![T::zeroed(); src.len() + dst_len + slack];
+        let mut buf = vec![T::zeroed(); src_len + dst_len + slack];
         let addr = buf.as_ptr() as usize;
         let (s0, d0) = if PAGE % es == 0 && addr % es == 0 {
             let s_byte = (PAGE - addr % PAGE) % PAGE + SRC_OFFSET;
-            let d_byte = s_byte + (src.len() * es).next_multiple_of(PAGE) + DST_SHIFT;
+            let d_byte = s_byte + (src_len * es).next_multiple_of(PAGE) + DST_SHIFT;
             (s_byte / es, d_byte / es)
         } else {
-            (0, src.len())
+            (0, src_len)
         };
-        buf[s0..s0 + src.len()].copy_from_slice(src);
+        fill(&mut buf[s0..s0 + src_len]);
         Placed {
             buf,
-            src: s0..s0 + src.len(),
+            src: s0..s0 + src_len,
             dst: d0..d0 + dst_len,
         }
     }
@@ -104,7 +113,7 @@ mod tests {
     fn placed_buffers_never_share_a_page_offset() {
         for len in [0usize, 1, 7, 4096, 4099, 65536] {
             let src: Vec<u8> = pattern_bytes(len);
-            let mut p = Placed::new(&src, len + 3);
+            let mut p = Placed::new(len, len + 3, fill_pattern);
             let (s, d) = p.parts();
             assert_eq!(s, &src[..]);
             assert_eq!(d.len(), len + 3);
@@ -115,7 +124,7 @@ mod tests {
             assert!(sa + len <= da, "source and destination overlap");
         }
         let f: Vec<f64> = (0..1000).map(f64::from).collect();
-        let mut p = Placed::new(&f, 1000);
+        let mut p = Placed::new(1000, 1000, |s| s.copy_from_slice(&f));
         let (s, d) = p.parts();
         assert_eq!(s, &f[..]);
         assert_eq!(
