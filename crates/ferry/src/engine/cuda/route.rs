@@ -84,6 +84,45 @@ pub const AUTO_FEW_SEGMENTS: usize = 4;
 /// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB.
 pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 
+/// A plan the SM transpose kernel ([`super::transpose`]) moves: two of its dims swap grain
+/// between the sides. `r` is the dim the source walks fastest (its smallest stride) and `c` the
+/// dim the destination walks fastest, `r != c`; every other dim is a batch (`[B, R, C] -> [B,
+/// C, R]`, or any 2-axis swap with dims between the two). Elements (the plan's runs) of 1, 2, 4,
+/// 8 or 16 bytes; each count and the batch fit in 31 bits (the kernel's index math). Plans of
+/// one row or one column are not transposes: the planner merges them into one contiguous run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Transpose {
+    /// Element (run) bytes.
+    pub elem: usize,
+    /// Plan dim of the source's grain.
+    pub r: usize,
+    /// Plan dim of the destination's grain.
+    pub c: usize,
+    /// Product of the other dims' counts (1 for a plain 2-D transpose).
+    pub batch: usize,
+}
+
+/// The transpose `plan` is, if it is one (see [`Transpose`]).
+pub(crate) fn transpose_of(plan: &Plan) -> Option<Transpose> {
+    let (counts, ds, ss) = (plan.counts(), plan.dst_strides(), plan.src_strides());
+    if counts.len() < 2 || !matches!(plan.run(), 1 | 2 | 4 | 8 | 16) {
+        return None;
+    }
+    let min_by = |st: &[usize]| (0..st.len()).min_by_key(|&i| (st[i], std::cmp::Reverse(i)));
+    let (r, c) = (min_by(ss)?, min_by(ds)?);
+    let fits = |n: usize| n <= i32::MAX as usize;
+    let batch: usize = (0..counts.len())
+        .filter(|&i| i != r && i != c)
+        .map(|i| counts[i])
+        .product();
+    (r != c && fits(counts[r]) && fits(counts[c]) && fits(batch)).then_some(Transpose {
+        elem: plan.run(),
+        r,
+        c,
+        batch,
+    })
+}
+
 /// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
 /// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
 /// device memory of the engine's own GPU) can go to the SMs; the others always use the copy
