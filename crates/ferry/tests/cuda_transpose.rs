@@ -48,37 +48,15 @@ const SHAPES: [(usize, usize); 11] = [
     (300, 500),
 ];
 
-#[test]
-#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
-fn every_element_size_and_shape_device_to_device() {
-    let mut seed = 1;
+/// Transposes of every element size and each of `shapes` between each pair of `kinds`
+/// (destination, source), by engines with `KernelCopies::Auto` and `Always`.
+fn transposes(kinds: &[(Kind, Kind)], shapes: &[(usize, usize)], mut seed: u64) {
     for mode in [KernelCopies::Auto, KernelCopies::Always] {
         let Some(e) = engine(mode) else { return };
         for elem in ELEMS {
-            for (r, c) in SHAPES {
+            for &(r, c) in shapes {
                 let (dl, dn, sl, sn) = transpose(r, c, elem);
-                check_copy(&e, Kind::Device, Kind::Device, &dl, dn, &sl, sn, seed);
-                seed += 1;
-            }
-        }
-    }
-}
-
-#[test]
-#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
-fn pinned_to_device_and_device_to_pinned() {
-    let mut seed = 1000;
-    for mode in [KernelCopies::Auto, KernelCopies::Always] {
-        let Some(e) = engine(mode) else { return };
-        for elem in ELEMS {
-            for (r, c) in [(129, 200), (256, 512), (64, 1), (77, 300)] {
-                let (dl, dn, sl, sn) = transpose(r, c, elem);
-                for (dk, sk) in [
-                    (Kind::Device, Kind::Pinned),
-                    (Kind::Pinned, Kind::Device),
-                    (Kind::Device, Kind::Mapped),
-                    (Kind::Mapped, Kind::Device),
-                ] {
+                for &(dk, sk) in kinds {
                     check_copy(&e, dk, sk, &dl, dn, &sl, sn, seed);
                     seed += 1;
                 }
@@ -89,11 +67,39 @@ fn pinned_to_device_and_device_to_pinned() {
 
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn every_element_size_and_shape_device_to_device() {
+    transposes(&[(Kind::Device, Kind::Device)], &SHAPES, 1);
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn pinned_to_device_and_device_to_pinned() {
+    let kinds = [
+        (Kind::Device, Kind::Pinned),
+        (Kind::Pinned, Kind::Device),
+        (Kind::Device, Kind::Mapped),
+        (Kind::Mapped, Kind::Device),
+    ];
+    transposes(&kinds, &[(129, 200), (256, 512), (64, 1), (77, 300)], 1000);
+}
+
+/// `check_copy` of `src` (in a buffer of `src_len` bytes) into the whole of `dst`, a new seed
+/// each call.
+fn checker(e: &CudaEngine, mut seed: u64) -> impl FnMut(Kind, Kind, &Layout, &Layout, usize) + '_ {
+    move |dk, sk, dst, src, src_len| {
+        check_copy(e, dk, sk, dst, dst.size_bytes(), src, src_len, seed);
+        seed += 1;
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn padded_strides_offsets_and_unaligned_starts() {
     let Some(e) = engine(KernelCopies::Auto) else {
         return;
     };
-    let mut seed = 2000;
+    let mut check = checker(&e, 2000);
+    let dev = Kind::Device;
     for elem in ELEMS {
         // Source rows padded to a pitch: a multiple of 4 bytes, and (for 1- and 2-byte
         // elements) not.
@@ -103,111 +109,60 @@ fn padded_strides_offsets_and_unaligned_starts() {
             let m = Layout::pitched(&[r, c], elem, pitch).unwrap();
             let sl = m.transpose(0, 1).unwrap();
             let dl = Layout::contiguous(&[c, r], elem).unwrap();
-            check_copy(
-                &e,
-                Kind::Device,
-                Kind::Device,
-                &dl,
-                dl.size_bytes(),
-                &sl,
-                m.size_bytes(),
-                seed,
-            );
-            seed += 1;
+            check(dev, dev, &dl, &sl, m.size_bytes());
             // Destination rows padded too.
             let dp = Layout::pitched(&[c, r], elem, (r + 3) * elem).unwrap();
-            check_copy(
-                &e,
-                Kind::Device,
-                Kind::Pinned,
-                &dp,
-                dp.size_bytes(),
-                &sl,
-                m.size_bytes(),
-                seed,
-            );
-            seed += 1;
+            check(Kind::Pinned, dev, &dp, &sl, m.size_bytes());
         }
         // A window out of a larger matrix, starting one element in (an unaligned start for
         // 1- and 2-byte elements: no 4-byte words).
         let big = Layout::contiguous(&[90, 150], elem).unwrap();
         let win = big.slice(0, 1..81, 1).unwrap().slice(1, 1..131, 1).unwrap();
-        let sl = win.transpose(0, 1).unwrap();
         let dl = Layout::contiguous(&[130, 80], elem).unwrap();
-        check_copy(
-            &e,
-            Kind::Device,
-            Kind::Device,
+        check(
+            dev,
+            dev,
             &dl,
-            dl.size_bytes(),
-            &sl,
+            &win.transpose(0, 1).unwrap(),
             big.size_bytes(),
-            seed,
         );
-        seed += 1;
         // Every other column: the source's grain has a stride of two elements.
         let every_other = big.slice(1, 0..150, 2).unwrap().transpose(0, 1).unwrap();
         let dl = Layout::contiguous(&[75, 90], elem).unwrap();
-        check_copy(
-            &e,
-            Kind::Device,
-            Kind::Device,
-            &dl,
-            dl.size_bytes(),
-            &every_other,
-            big.size_bytes(),
-            seed,
-        );
-        seed += 1;
+        check(dev, dev, &dl, &every_other, big.size_bytes());
     }
 }
 
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn batched_transposes_and_axis_swaps() {
-    let mut seed = 3000;
-    for mode in [KernelCopies::Auto, KernelCopies::Always] {
+    for (mode, seed) in [(KernelCopies::Auto, 3000), (KernelCopies::Always, 4000)] {
         let Some(e) = engine(mode) else { return };
+        let mut check = checker(&e, seed);
+        let dev = Kind::Device;
         for elem in ELEMS {
             // [B, R, C] -> [B, C, R].
             for (b, r, c) in [(16, 64, 64), (3, 70, 130), (5, 1, 40), (7, 33, 200)] {
                 let m = Layout::contiguous(&[b, r, c], elem).unwrap();
                 let sl = m.transpose(1, 2).unwrap();
                 let dl = Layout::contiguous(&[b, c, r], elem).unwrap();
-                for (dk, sk) in [(Kind::Device, Kind::Device), (Kind::Device, Kind::Pinned)] {
-                    check_copy(&e, dk, sk, &dl, dl.size_bytes(), &sl, m.size_bytes(), seed);
-                    seed += 1;
-                }
+                check(dev, dev, &dl, &sl, m.size_bytes());
+                check(dev, Kind::Pinned, &dl, &sl, m.size_bytes());
             }
             // Axes 0 and 2 of a cube swapped (the middle one is the batch), and 4-D.
             let cube = Layout::contiguous(&[7, 37, 23], elem).unwrap();
-            let sl = cube.transpose(0, 2).unwrap();
             let dl = Layout::contiguous(&[23, 37, 7], elem).unwrap();
-            check_copy(
-                &e,
-                Kind::Device,
-                Kind::Device,
+            check(
+                dev,
+                dev,
                 &dl,
-                dl.size_bytes(),
-                &sl,
+                &cube.transpose(0, 2).unwrap(),
                 cube.size_bytes(),
-                seed,
             );
-            seed += 1;
             let h = Layout::contiguous(&[3, 5, 40, 33], elem).unwrap();
             let sl = h.permute(&[1, 0, 3, 2]).unwrap();
             let dl = Layout::contiguous(&[5, 3, 33, 40], elem).unwrap();
-            check_copy(
-                &e,
-                Kind::Pinned,
-                Kind::Device,
-                &dl,
-                dl.size_bytes(),
-                &sl,
-                h.size_bytes(),
-                seed,
-            );
-            seed += 1;
+            check(Kind::Pinned, dev, &dl, &sl, h.size_bytes());
         }
     }
 }

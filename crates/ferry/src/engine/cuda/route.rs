@@ -8,7 +8,9 @@
 //! - [`Path::Staged`]: pageable host memory <-> this GPU through the pinned ring
 //!   ([`super::staged`]), on a staging thread. Exclusive: nothing else is tried.
 //! - [`Path::Sm`]: every step a copy plan that [`KernelCopies`] sends to the SMs, both sides
-//!   reachable by this GPU's kernels ([`super::strided`]).
+//!   reachable by this GPU's kernels ([`super::strided`]; the transposes that [`transpose_of`]
+//!   recognises by the tiled kernel of [`super::transpose`], pinned host memory read or
+//!   written in place).
 //! - [`Path::Gather`]: a program that would take at least [`GATHER_MIN_CALLS`] driver calls, as
 //!   one segment list ([`super::gather`], whose own strategy is [`gather_strategy`]).
 //! - [`Path::Split`]: one large contiguous copy within this GPU split between a copy engine and
