@@ -171,6 +171,10 @@ pub(crate) struct TParams {
 // SAFETY: plain `#[repr(C)]` data, laid out as the kernel's `struct TParams` (u64 fields, then
 // six 32-bit fields: 456 bytes, no padding in either).
 unsafe impl cudarc::driver::DeviceRepr for TParams {}
+const _: () = assert!(
+    std::mem::size_of::<TParams>() == 456,
+    "TParams must match the kernel"
+);
 
 /// Elements per 4-byte word each thread moves: `4 / elem` for 1- and 2-byte elements where the
 /// source is dense along `r`, the destination dense along `c`, and every address a thread
