@@ -316,7 +316,14 @@ pub fn memory_needed(t: &TestInfo, size: u64) -> Option<(u64, u64)> {
         ("cuda-tile", _) => (3, 1),
         (_, Needs::Cpu) => (2, 0),
         (_, Needs::Cuda | Needs::Cuda2 | Needs::Nccl2) if t.kind == Kind::Latency => (2, 1),
-        ("cuda-d2d" | "cuda-transpose" | "cuda-d2d-split", _) => (1, 2),
+        (
+            "cuda-d2d"
+            | "cuda-transpose"
+            | "cuda-transpose-bf16"
+            | "cuda-transpose-batched"
+            | "cuda-d2d-split",
+            _,
+        ) => (1, 2),
         _ => (2, 1),
     };
     Some((payload.checked_mul(host)?, payload.checked_mul(device)?))

@@ -263,6 +263,9 @@ fn new_gpu_tests_are_selectable_by_name() {
         "cuda-d2h-mapped",
         "cuda-transpose",
         "cuda-transpose-h2d",
+        "cuda-transpose-bf16",
+        "cuda-transpose-h2d-bf16",
+        "cuda-transpose-batched",
     ];
     let o = ferry(&["bench", "--list"]);
     let out = String::from_utf8_lossy(&o.stdout);
@@ -270,7 +273,7 @@ fn new_gpu_tests_are_selectable_by_name() {
         assert!(out.contains(n), "{out} lacks {n}");
     }
     let sel = ferry_cli::bench::select(
-        Some("cuda-h2d-mapped,cuda-d2h-mapped,cuda-transpose,cuda-transpose-h2d"),
+        Some("cuda-h2d-mapped,cuda-d2h-mapped,cuda-transpose,cuda-transpose-h2d,cuda-transpose-bf16,cuda-transpose-h2d-bf16,cuda-transpose-batched"),
         ferry_cli::bench::EngineSel::Cuda,
     )
     .unwrap();

@@ -249,8 +249,11 @@ fn sm_copier_kernels_directly() {
     let wide = Layout::pitched(&[100, 1000], 1, 1500).unwrap();
     let packed = Layout::contiguous(&[100, 1000], 1).unwrap();
     let flat = Layout::bytes(600_000).unwrap();
+    let m12 = Layout::contiguous(&[100, 500], 12).unwrap();
+    let t12 = Layout::contiguous(&[500, 100], 12).unwrap();
     let cases = [
-        (SmKernel::Tiled, t, m.transpose(0, 1).unwrap()),
+        (SmKernel::Transpose, t, m.transpose(0, 1).unwrap()),
+        (SmKernel::Tiled, t12, m12.transpose(0, 1).unwrap()),
         (SmKernel::Each, dense, sparse),
         (SmKernel::Rows, packed, wide),
         (SmKernel::Linear, flat, flat),

@@ -45,8 +45,11 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-tile", "2-D tile (4 KiB rows of a pinned matrix twice as wide) -> device, vs raw cuMemcpy2DAsync and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,256M"),
     TestInfo::new("cuda-h2d-mapped", "host (mapped, zero-copy) -> device read by the SMs (KernelCopies::Always), vs a plain SM kernel launch and cuMemcpyAsync on the copy engine", Needs::Cuda, Kind::Bandwidth, "64K,1M,16M,256M"),
     TestInfo::new("cuda-d2h-mapped", "device -> host (mapped, zero-copy) written by the SMs (KernelCopies::Always), vs a plain SM kernel launch and cuMemcpyAsync on the copy engine", Needs::Cuda, Kind::Bandwidth, "64K,1M,16M,256M"),
-    TestInfo::new("cuda-transpose", "transpose of a square f32 matrix (size = matrix bytes), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,64M"),
-    TestInfo::new("cuda-transpose-h2d", "transpose of a square f32 matrix, pinned host -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,64M"),
+    TestInfo::new("cuda-transpose", "transpose of a square f32 matrix (size = matrix bytes; 256M = 8192 x 8192), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,64M,256M"),
+    TestInfo::new("cuda-transpose-h2d", "transpose of a square f32 matrix, pinned host -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,64M,256M"),
+    TestInfo::new("cuda-transpose-bf16", "transpose of a square bf16 matrix (size = matrix bytes; 128M = 8192 x 8192), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,128M"),
+    TestInfo::new("cuda-transpose-h2d-bf16", "transpose of a square bf16 matrix, pinned host -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,128M"),
+    TestInfo::new("cuda-transpose-batched", "batched transpose [16, n, n] -> last two axes swapped, f32 (size = all 16 matrices), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "16M,256M"),
     TestInfo::new("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
     TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
@@ -156,8 +159,11 @@ impl CudaBench {
             "cuda-tile" => self.tile(&ctx, size)?,
             "cuda-h2d-mapped" => self.h2d_mapped(&ctx, size)?,
             "cuda-d2h-mapped" => self.d2h_mapped(&ctx, size)?,
-            "cuda-transpose" => self.transpose(&ctx, size, false)?,
-            "cuda-transpose-h2d" => self.transpose(&ctx, size, true)?,
+            "cuda-transpose" => self.transpose(&ctx, size, (4, 1), false)?,
+            "cuda-transpose-h2d" => self.transpose(&ctx, size, (4, 1), true)?,
+            "cuda-transpose-bf16" => self.transpose(&ctx, size, (2, 1), false)?,
+            "cuda-transpose-h2d-bf16" => self.transpose(&ctx, size, (2, 1), true)?,
+            "cuda-transpose-batched" => self.transpose(&ctx, size, (4, 16), false)?,
             "cuda-scatter" => self.scatter(&ctx, size)?,
             "cuda-latency" => self.latency(&ctx, size, &self.engine, "")?,
             "cuda-latency-spin" => self.latency(&ctx, size, &self.spin, " spin")?,
@@ -174,8 +180,10 @@ impl CudaBench {
                 })
             }
         };
-        let host_link =
-            !matches!(test.name, "cuda-d2d" | "cuda-transpose") && test.kind == Kind::Bandwidth;
+        let host_link = !matches!(
+            test.name,
+            "cuda-d2d" | "cuda-transpose" | "cuda-transpose-bf16" | "cuda-transpose-batched"
+        ) && test.kind == Kind::Bandwidth;
         if let (true, Some(limit), Some(f)) =
             (host_link, self.link_gbps, row.ferry().map(|s| s.median))
         {

@@ -104,29 +104,39 @@ impl CudaBench {
         ))
     }
 
-    /// Transpose of a square f32 matrix of about `size` bytes, into a device buffer, from a
-    /// device buffer or (`from_host`) from pinned memory.
+    /// Transpose of `batch` square matrices of `elem`-byte elements, about `size` bytes in all
+    /// (`[batch, n, n] -> [batch, n, n]` with the last two axes swapped), into a device buffer,
+    /// from a device buffer or (`from_host`) from pinned memory.
     pub(super) fn transpose(
         &self,
         ctx: &Ctx,
         size: usize,
+        (elem, batch): (usize, usize),
         from_host: bool,
     ) -> Result<Row, BenchError> {
-        const ELEM: usize = 4;
-        let side = ((size / ELEM) as f64).sqrt() as usize;
+        let ty = match elem {
+            2 => "bf16".to_string(),
+            4 => "f32".to_string(),
+            _ => format!("{elem}-byte"),
+        };
+        let side = ((size / elem / batch) as f64).sqrt() as usize;
         if side < 2 {
-            return Err(ctx.bad("below a 2 x 2 matrix of f32"));
+            return Err(ctx.bad("below a 2 x 2 matrix per batch"));
         }
-        let bytes = side * side * ELEM;
+        let plane = side * side * elem;
+        let bytes = batch * plane;
         let data = pattern_bytes(bytes);
-        let m = Layout::contiguous(&[side, side], ELEM).map_err(setup)?;
-        let src_l = m.transpose(0, 1).map_err(setup)?;
-        // want[j][i] = data[i][j].
+        let m = Layout::contiguous(&[batch, side, side], elem).map_err(setup)?;
+        let src_l = m.transpose(1, 2).map_err(setup)?;
+        // want[b][j][i] = data[b][i][j].
         let mut want = vec![0u8; bytes];
-        for i in 0..side {
-            for j in 0..side {
-                let (d, s) = ((j * side + i) * ELEM, (i * side + j) * ELEM);
-                want[d..d + ELEM].copy_from_slice(&data[s..s + ELEM]);
+        for b in 0..batch {
+            for i in 0..side {
+                for j in 0..side {
+                    let d = b * plane + (j * side + i) * elem;
+                    let s = b * plane + (i * side + j) * elem;
+                    want[d..d + elem].copy_from_slice(&data[s..s + elem]);
+                }
             }
         }
         let mut dev = DeviceBuffer::new(0, bytes).map_err(setup)?;
@@ -149,12 +159,16 @@ impl CudaBench {
                 self.strided_series(ctx, tm, dir, &mut dev, &src, layouts, bytes_of, names)?;
             (series, "device -> device")
         };
+        let what = match batch {
+            1 => format!("{side} x {side} {ty}, {shape}"),
+            _ => format!("{batch} x {side} x {side} {ty} (last two axes), {shape}"),
+        };
         Ok(Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             bytes as u64,
-            format!("{side} x {side} f32, {shape}"),
+            what,
             series,
         ))
     }

@@ -70,6 +70,7 @@ mod route;
 pub mod split;
 pub mod staged;
 pub mod strided;
+mod transpose;
 
 pub use config::{CudaConfig, Direction, WaitMode};
 pub use error::{CudaError, DriverError};

@@ -8,7 +8,9 @@
 //! - [`Path::Staged`]: pageable host memory <-> this GPU through the pinned ring
 //!   ([`super::staged`]), on a staging thread. Exclusive: nothing else is tried.
 //! - [`Path::Sm`]: every step a copy plan that [`KernelCopies`] sends to the SMs, both sides
-//!   reachable by this GPU's kernels ([`super::strided`]).
+//!   reachable by this GPU's kernels ([`super::strided`]; the transposes that [`transpose_of`]
+//!   recognises by the tiled kernel of [`super::transpose`], pinned host memory read or
+//!   written in place).
 //! - [`Path::Gather`]: a program that would take at least [`GATHER_MIN_CALLS`] driver calls, as
 //!   one segment list ([`super::gather`], whose own strategy is [`gather_strategy`]).
 //! - [`Path::Split`]: one large contiguous copy within this GPU split between a copy engine and
@@ -83,6 +85,45 @@ pub const AUTO_FEW_SEGMENTS: usize = 4;
 /// Measured on the H200 (`bench/results/h200.md`, scattered segments): the batch copy 52 GB/s
 /// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB.
 pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
+
+/// A plan the SM transpose kernel ([`super::transpose`]) moves: two of its dims swap grain
+/// between the sides. `r` is the dim the source walks fastest (its smallest stride) and `c` the
+/// dim the destination walks fastest, `r != c`; every other dim is a batch (`[B, R, C] -> [B,
+/// C, R]`, or any 2-axis swap with dims between the two). Elements (the plan's runs) of 1, 2, 4,
+/// 8 or 16 bytes; each count and the batch fit in 31 bits (the kernel's index math). Plans of
+/// one row or one column are not transposes: the planner merges them into one contiguous run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Transpose {
+    /// Element (run) bytes.
+    pub elem: usize,
+    /// Plan dim of the source's grain.
+    pub r: usize,
+    /// Plan dim of the destination's grain.
+    pub c: usize,
+    /// Product of the other dims' counts (1 for a plain 2-D transpose).
+    pub batch: usize,
+}
+
+/// The transpose `plan` is, if it is one (see [`Transpose`]).
+pub(crate) fn transpose_of(plan: &Plan) -> Option<Transpose> {
+    let (counts, ds, ss) = (plan.counts(), plan.dst_strides(), plan.src_strides());
+    if counts.len() < 2 || !matches!(plan.run(), 1 | 2 | 4 | 8 | 16) {
+        return None;
+    }
+    let min_by = |st: &[usize]| (0..st.len()).min_by_key(|&i| (st[i], std::cmp::Reverse(i)));
+    let (r, c) = (min_by(ss)?, min_by(ds)?);
+    let fits = |n: usize| n <= i32::MAX as usize;
+    let batch: usize = (0..counts.len())
+        .filter(|&i| i != r && i != c)
+        .map(|i| counts[i])
+        .product();
+    (r != c && fits(counts[r]) && fits(counts[c]) && fits(batch)).then_some(Transpose {
+        elem: plan.run(),
+        r,
+        c,
+        batch,
+    })
+}
 
 /// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
 /// engines. Only copies whose both sides are device-accessible (not pageable host memory, and

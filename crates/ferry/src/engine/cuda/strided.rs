@@ -10,13 +10,16 @@
 //! such a plan at memory speed. For mapped (zero-copy) host memory, the kernel is also the
 //! nvbandwidth "SM copy": the SMs read or write host memory over the bus themselves.
 //!
-//! Four kernels, chosen by the plan ([`SmKernel`]):
+//! Five kernels, chosen by the plan ([`SmKernel`]):
 //! - [`SmKernel::Linear`]: a contiguous plan, grid-stride, 16-byte words where both sides are
 //!   equally aligned.
-//! - [`SmKernel::Tiled`]: a transposing plan (the two innermost outer dims walk the source against
-//!   its grain) with runs of at most [`TILE_MAX_RUN`] bytes: 32 x 32 runs go through shared
-//!   memory, so that both the reads and the writes of a warp are coalesced. Outer dims beyond the
-//!   two innermost are walked by the grid.
+//! - [`SmKernel::Transpose`]: a transpose of 1-, 2-, 4-, 8- or 16-byte elements, batched or not
+//!   (two dims swap grain between the sides, as `route.rs` recognises them): the tiled kernel of
+//!   `transpose.rs`, 4-byte words per thread for 1- and 2-byte elements.
+//! - [`SmKernel::Tiled`]: other transposing plans (the two innermost outer dims walk the source
+//!   against its grain) with runs of at most [`TILE_MAX_RUN`] bytes (3-, 12-, 32-byte elements):
+//!   32 x 32 runs go through shared memory, so that both the reads and the writes of a warp are
+//!   coalesced. Outer dims beyond the two innermost are walked by the grid.
 //! - [`SmKernel::Each`]: other plans with runs of at most [`TILE_MAX_RUN`] bytes: one thread per
 //!   run.
 //! - [`SmKernel::Rows`]: longer runs: a group of threads per run.
@@ -44,7 +47,9 @@ pub use super::route::{
 pub enum SmKernel {
     /// A contiguous copy.
     Linear,
-    /// Runs of a transposing plan through shared-memory tiles.
+    /// A (batched) transpose of 1-, 2-, 4-, 8- or 16-byte elements.
+    Transpose,
+    /// Runs of another transposing plan through shared-memory tiles.
     Tiled,
     /// One thread per short run.
     Each,
@@ -57,6 +62,8 @@ impl SmKernel {
     pub fn for_plan(plan: &Plan) -> SmKernel {
         if plan.counts().is_empty() {
             SmKernel::Linear
+        } else if super::route::transpose_of(plan).is_some() {
+            SmKernel::Transpose
         } else if plan.run() > TILE_MAX_RUN {
             SmKernel::Rows
         } else if plan.is_transposing() {
@@ -99,6 +106,7 @@ fn drv(op: &'static str) -> impl FnOnce(DriverError) -> SmError {
 
 const KERNEL_SRC: &str = concat!(
     super::program::kernel_prelude!(),
+    super::transpose::transpose_kernel!(),
     r#"
 #define MAXD 16
 #define TILE 32
@@ -200,65 +208,8 @@ __device__ __forceinline__ void tiled_body(const Params& p, unsigned char* tile)
         __syncthreads();
     }
 }
-// The tiled kernel's rows of threads (its launch is 32 x ROWS).
-#define ROWS 8
-// One word per run (the common transpose of 1-, 2-, 4-, 8- or 16-byte elements): each thread
-// loads its TILE / ROWS words of a tile into registers before writing any, so that they are in
-// flight together, then the same from the shared tile to the other side.
-template <typename W>
-__device__ __forceinline__ void tiled_word(const Params& p, W* tile) {
-    unsigned n = p.n;
-    u64 ca = p.c[n - 2], cb = p.c[n - 1];
-    u64 na = (ca + TILE - 1) / TILE, nb = (cb + TILE - 1) / TILE;
-    u64 total = (p.runs / (ca * cb)) * na * nb;
-    for (u64 t = blockIdx.x; t < total; t += gridDim.x) {
-        u64 tb = t % nb, r = t / nb, ta = r % na, bi = r / na;
-        u64 d, s;
-        offsets(p, n - 2, bi, d, s);
-        W v[TILE / ROWS];
-        const unsigned char* src = (const unsigned char*)(p.src + s);
-        #pragma unroll
-        for (int k = 0; k < TILE / ROWS; ++k) {
-            unsigned y = threadIdx.y + k * ROWS, x = threadIdx.x;
-            unsigned i = p.load_b ? y : x, j = p.load_b ? x : y;
-            u64 ia = ta * TILE + i, jb = tb * TILE + j;
-            if (ia < ca && jb < cb) v[k] = *(const W*)(src + ia * p.ss[n - 2] + jb * p.ss[n - 1]);
-        }
-        #pragma unroll
-        for (int k = 0; k < TILE / ROWS; ++k) {
-            unsigned y = threadIdx.y + k * ROWS, x = threadIdx.x;
-            unsigned i = p.load_b ? y : x, j = p.load_b ? x : y;
-            if (ta * TILE + i < ca && tb * TILE + j < cb) tile[i * (TILE + 1) + j] = v[k];
-        }
-        __syncthreads();
-        unsigned char* dst = (unsigned char*)(p.dst + d);
-        #pragma unroll
-        for (int k = 0; k < TILE / ROWS; ++k) {
-            unsigned y = threadIdx.y + k * ROWS, x = threadIdx.x;
-            unsigned i = p.store_b ? y : x, j = p.store_b ? x : y;
-            if (ta * TILE + i < ca && tb * TILE + j < cb) v[k] = tile[i * (TILE + 1) + j];
-        }
-        #pragma unroll
-        for (int k = 0; k < TILE / ROWS; ++k) {
-            unsigned y = threadIdx.y + k * ROWS, x = threadIdx.x;
-            unsigned i = p.store_b ? y : x, j = p.store_b ? x : y;
-            u64 ia = ta * TILE + i, jb = tb * TILE + j;
-            if (ia < ca && jb < cb) *(W*)(dst + ia * p.ds[n - 2] + jb * p.ds[n - 1]) = v[k];
-        }
-        __syncthreads();
-    }
-}
 extern "C" __global__ void ferry_sm_tiled(Params p) {
     __shared__ __align__(16) unsigned char tile[TILE * (TILE + 1) * MAXRUN];
-    if (p.run == p.word) {
-        switch (p.word) {
-        case 16: tiled_word<uint4>(p, (uint4*)tile); return;
-        case 8: tiled_word<u64>(p, (u64*)tile); return;
-        case 4: tiled_word<unsigned>(p, (unsigned*)tile); return;
-        case 2: tiled_word<unsigned short>(p, (unsigned short*)tile); return;
-        default: tiled_word<unsigned char>(p, tile); return;
-        }
-    }
     switch (p.word) {
     case 16: tiled_body<uint4>(p, tile); break;
     case 8: tiled_body<u64>(p, tile); break;
@@ -293,6 +244,8 @@ unsafe impl cudarc::driver::DeviceRepr for Params {}
 
 struct Kernels {
     linear: CudaFunction,
+    /// By element size: 1, 2, 4, 8, 16 bytes.
+    transpose: [CudaFunction; 5],
     tiled: CudaFunction,
     each: CudaFunction,
     rows: CudaFunction,
@@ -353,12 +306,18 @@ impl SmCopier {
             "ferry_sm_tiled",
             "ferry_sm_each",
             "ferry_sm_rows",
+            "ferry_sm_transpose1",
+            "ferry_sm_transpose2",
+            "ferry_sm_transpose4",
+            "ferry_sm_transpose8",
+            "ferry_sm_transpose16",
         ];
-        let [linear, tiled, each, rows] =
-            <[CudaFunction; 4]>::try_from(super::program::program(&self.ctx, KERNEL_SRC, &names)?)
+        let [linear, tiled, each, rows, t1, t2, t4, t8, t16] =
+            <[CudaFunction; 9]>::try_from(super::program::program(&self.ctx, KERNEL_SRC, &names)?)
                 .map_err(|_| KernelError::Compile("kernels missing from the program".into()))?;
         let ks = Arc::new(Kernels {
             linear,
+            transpose: [t1, t2, t4, t8, t16],
             tiled,
             each,
             rows,
@@ -403,10 +362,23 @@ impl SmCopier {
             addr: src,
         })?;
         let ks = self.kernels()?;
+        let (d, s) = (d + plan.dst_offset() as u64, s + plan.src_offset() as u64);
+        if let (SmKernel::Transpose, Some(t)) = (kind, super::route::transpose_of(plan)) {
+            let (p, cfg) = super::transpose::launch(&t, plan, d, s);
+            // Elements of 1, 2, 4, 8, 16 bytes: kernel 0..5.
+            let func = &ks.transpose[t.elem.trailing_zeros().min(4) as usize];
+            let mut launch = stream.launch_builder(func);
+            launch.arg(&p);
+            // SAFETY: the kernel takes one `TParams` by value (matching layout); every element
+            // lies in its buffer (caller, 1), each addressed through its device-accessible
+            // address; the stream belongs to this context (2).
+            unsafe { launch.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
+            return Ok(kind);
+        }
         let n = plan.counts().len();
         let mut p = Params {
-            dst: d + plan.dst_offset() as u64,
-            src: s + plan.src_offset() as u64,
+            dst: d,
+            src: s,
             run: plan.run() as u64,
             runs: plan.run_count() as u64,
             c: [1; crate::MAX_DIMS],
@@ -437,7 +409,8 @@ impl SmCopier {
                 let blocks = p.runs.div_ceil(8).clamp(1, most);
                 (&ks.rows, linear_cfg(blocks))
             }
-            SmKernel::Tiled => {
+            // (A transpose launched above; this arm is never reached with one.)
+            SmKernel::Tiled | SmKernel::Transpose => {
                 // The thread index's fast dim walks the dim of smaller stride, in each phase.
                 let (a, b) = (n - 2, n - 1);
                 p.load_b = u32::from(p.ss[b] <= p.ss[a]);
@@ -487,7 +460,11 @@ mod tests {
         let m = Layout::contiguous(&[64, 96], 4).unwrap();
         let t = Layout::contiguous(&[96, 64], 4).unwrap();
         let tr = Plan::new(&t, &m.transpose(0, 1).unwrap()).unwrap();
-        assert_eq!(SmKernel::for_plan(&tr), SmKernel::Tiled);
+        assert_eq!(SmKernel::for_plan(&tr), SmKernel::Transpose);
+        let m12 = Layout::contiguous(&[64, 96], 12).unwrap();
+        let t12 = Layout::contiguous(&[96, 64], 12).unwrap();
+        let tr12 = Plan::new(&t12, &m12.transpose(0, 1).unwrap()).unwrap();
+        assert_eq!(SmKernel::for_plan(&tr12), SmKernel::Tiled);
         let rows = Layout::contiguous(&[300, 4], 4).unwrap();
         let odd = rows.slice(0, 0..300, 2).unwrap();
         let packed = Layout::contiguous(&[150, 4], 4).unwrap();

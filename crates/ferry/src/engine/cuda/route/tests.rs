@@ -406,3 +406,117 @@ fn fills_run_as_driver_calls_on_their_destination_stream() {
         Direction::DeviceToHost
     );
 }
+
+/// The plan of copying `src` into a dense layout of the same shape.
+fn packed_plan(src: &Layout) -> Plan {
+    let dst = Layout::contiguous(src.dims(), src.elem_size()).unwrap();
+    Plan::new(&dst, src).unwrap()
+}
+
+/// (elem, rows, cols, batch) of the transpose `plan` is, rows along the source's grain.
+fn shape(plan: &Plan) -> Option<(usize, usize, usize, usize)> {
+    let t = transpose_of(plan)?;
+    Some((t.elem, plan.counts()[t.r], plan.counts()[t.c], t.batch))
+}
+
+#[test]
+fn transposes_of_every_element_size_and_shape() {
+    for elem in [1, 2, 4, 8, 16] {
+        for (r, c) in [(8192, 8192), (33, 47), (1000, 17), (3, 1029), (2, 2)] {
+            let m = Layout::contiguous(&[r, c], elem).unwrap();
+            let p = packed_plan(&m.transpose(0, 1).unwrap());
+            // The source is read along its columns (c of them per row), written along rows.
+            assert_eq!(shape(&p), Some((elem, c, r, 1)), "{r} x {c} of {elem} B");
+            let [Step::Copy(q)] = &transpose(64, elem)[..] else {
+                unreachable!()
+            };
+            assert_eq!(shape(q), Some((elem, 64, 64, 1)));
+        }
+    }
+    // Elements the kernel has no word for go to the general SM kernels.
+    for elem in [3, 6, 12, 32, 256] {
+        let [Step::Copy(p)] = &transpose(64, elem)[..] else {
+            unreachable!()
+        };
+        assert_eq!(transpose_of(p), None, "{elem}-byte elements");
+    }
+}
+
+#[test]
+fn one_row_one_column_and_plain_copies_are_not_transposes() {
+    for (r, c) in [(1, 1000), (1000, 1)] {
+        let m = Layout::contiguous(&[r, c], 4).unwrap();
+        let p = packed_plan(&m.transpose(0, 1).unwrap());
+        assert_eq!(p.kind(), PlanKind::Contiguous);
+        assert_eq!(transpose_of(&p), None, "{r} x {c}");
+    }
+    let [Step::Copy(t)] = &tile(4096, 4)[..] else {
+        unreachable!()
+    };
+    assert_eq!(
+        transpose_of(t),
+        None,
+        "rows out of a pitch: same grain on both sides"
+    );
+    assert_eq!(transpose_of(&Plan::contiguous(0, 0, 1 << 20)), None);
+    // Every other element of each row: short runs, same grain.
+    let m = Layout::contiguous(&[100, 64], 4).unwrap();
+    assert_eq!(
+        transpose_of(&packed_plan(&m.slice(1, 0..64, 2).unwrap())),
+        None
+    );
+}
+
+#[test]
+fn transposes_with_padded_strides() {
+    // A 100 x 63 bf16 matrix in rows of 128 bytes: the source's other stride is the pitch.
+    let m = Layout::pitched(&[100, 63], 2, 128).unwrap();
+    let p = packed_plan(&m.transpose(0, 1).unwrap());
+    let t = transpose_of(&p).unwrap();
+    assert_eq!((t.elem, p.counts()[t.r], p.counts()[t.c]), (2, 63, 100));
+    assert_eq!((p.src_strides()[t.r], p.src_strides()[t.c]), (2, 128));
+    // Every other column of an f32 matrix: the source's grain has stride 8.
+    let m = Layout::contiguous(&[50, 80], 4).unwrap();
+    let every_other = m.slice(1, 0..80, 2).unwrap().transpose(0, 1).unwrap();
+    let p = packed_plan(&every_other);
+    let t = transpose_of(&p).unwrap();
+    assert_eq!((p.counts()[t.r], p.counts()[t.c]), (40, 50));
+    assert_eq!(p.src_strides()[t.r], 8);
+}
+
+#[test]
+fn batched_transposes_and_two_axis_swaps() {
+    // [B, R, C] -> [B, C, R], bf16.
+    let m = Layout::contiguous(&[16, 300, 500], 2).unwrap();
+    let p = packed_plan(&m.transpose(1, 2).unwrap());
+    assert_eq!(shape(&p), Some((2, 500, 300, 16)));
+    // Axes 0 and 2 of [A, B, C] swapped: B lies between the two and is the batch.
+    let m = Layout::contiguous(&[7, 37, 23], 4).unwrap();
+    let p = packed_plan(&m.transpose(0, 2).unwrap());
+    assert_eq!(shape(&p), Some((4, 23, 7, 37)));
+    // 4-D: two batch dims.
+    let m = Layout::contiguous(&[3, 5, 40, 33], 8).unwrap();
+    let p = packed_plan(&m.permute(&[1, 0, 3, 2]).unwrap());
+    assert_eq!(shape(&p), Some((8, 33, 40, 15)));
+    // A batch of one is a plain transpose.
+    let m = Layout::contiguous(&[1, 64, 32], 4).unwrap();
+    assert_eq!(
+        shape(&packed_plan(&m.transpose(1, 2).unwrap())),
+        Some((4, 32, 64, 1))
+    );
+}
+
+#[test]
+fn transposes_take_the_sm_path_where_both_sides_are_reachable() {
+    let steps = transpose(8192, 2);
+    for (dst, src) in [(OWN, OWN), (OWN, PINNED), (PINNED, OWN)] {
+        assert_eq!(route(&cfg(), dst, Some(src), &steps).first(), Path::Sm);
+    }
+    let [Step::Copy(p)] = &steps[..] else {
+        unreachable!()
+    };
+    assert_eq!(
+        crate::engine::cuda::strided::SmKernel::for_plan(p),
+        crate::engine::cuda::strided::SmKernel::Transpose
+    );
+}
