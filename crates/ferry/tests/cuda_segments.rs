@@ -9,25 +9,14 @@
 //! (each chunk through device scratch and the gatherer).
 
 mod cuda_common;
+mod stress_common;
 
 use cuda_common::{bytes, cuda_or_skip};
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer};
 use ferry::engine::cuda::staged::StagingConfig;
 use ferry::{EngineExt, Segment};
 use std::sync::Arc;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use stress_common::Rng;
 
 /// How one side of a list lies in its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +38,9 @@ fn list(
     dl: Lay,
     sl: Lay,
 ) -> (Vec<Segment>, usize, usize) {
-    let lens: Vec<u64> = (0..n).map(|_| min + rng.below(max - min + 1)).collect();
+    let lens: Vec<u64> = (0..n)
+        .map(|_| rng.range(min as usize, max as usize) as u64)
+        .collect();
     let slot = max + 64;
     let mut side = |lay: Lay| -> (Vec<u64>, usize) {
         match lay {
@@ -68,19 +59,22 @@ fn list(
             Lay::Scattered => {
                 let mut slots: Vec<u64> = (0..n as u64).collect();
                 for i in (1..slots.len()).rev() {
-                    let j = rng.below(i as u64 + 1) as usize;
+                    let j = rng.below(i + 1);
                     slots.swap(i, j);
                 }
                 let offs = slots
                     .iter()
                     .zip(&lens)
-                    .map(|(&s, &l)| s * slot + rng.below(slot - l + 1))
+                    .map(|(&s, &l)| s * slot + rng.below((slot - l + 1) as usize) as u64)
                     .collect();
                 (offs, (n as u64 * slot) as usize)
             }
             Lay::Anywhere => {
                 let len = (lens.iter().sum::<u64>() / 2).max(max + 1);
-                let offs = lens.iter().map(|&l| rng.below(len - l + 1)).collect();
+                let offs = lens
+                    .iter()
+                    .map(|&l| rng.below((len - l + 1) as usize) as u64)
+                    .collect();
                 (offs, len as usize)
             }
         }
@@ -124,115 +118,99 @@ fn first_diff(got: &[u8], want: &[u8], segs: &[Segment]) -> Option<String> {
     ))
 }
 
-/// Pageable host -> device: copies `segs` and checks every destination byte.
-fn check_h2d(
+/// Copies `segs` from pageable host memory to the device (`h2d`) or back, and checks every
+/// destination byte.
+fn check(
     e: &CudaEngine,
+    h2d: bool,
     segs: &[Segment],
-    dst_len: usize,
-    src_len: usize,
+    (dst_len, src_len): (usize, usize),
     seed: u64,
     what: &str,
 ) {
     let src = bytes(src_len, seed);
     let init = bytes(dst_len, seed ^ 0xBEEF);
     let want = reference(&init, &src, segs);
-    let mut dev = DeviceBuffer::from_host(0, &init).expect("device buffer");
     let list: Arc<[Segment]> = segs.into();
-    e.scope(|s| {
-        s.segments(&mut dev, &src, list)?
-            .wait()
-            .map_err(ferry::Error::from)
-    })
-    .unwrap_or_else(|err| panic!("{what}: host -> device failed: {err}"));
-    let got = dev.to_vec().expect("read back");
+    let (got, way) = if h2d {
+        let mut dev = DeviceBuffer::from_host(0, &init).expect("device buffer");
+        e.scope(|s| {
+            s.segments(&mut dev, &src, list)?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap_or_else(|err| panic!("{what}: host -> device failed: {err}"));
+        (dev.to_vec().expect("read back"), "host -> device")
+    } else {
+        let dev = DeviceBuffer::from_host(0, &src).expect("device buffer");
+        let mut host = init.clone();
+        e.scope(|s| {
+            s.segments(&mut host, &dev, list)?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap_or_else(|err| panic!("{what}: device -> host failed: {err}"));
+        (host, "device -> host")
+    };
     if let Some(m) = first_diff(&got, &want, segs) {
-        panic!("{what}: host -> device, {} segments: {m}", segs.len());
+        panic!("{what}: {way}, {} segments: {m}", segs.len());
     }
 }
 
-/// Device -> pageable host: copies `segs` and checks every destination byte.
-fn check_d2h(
-    e: &CudaEngine,
-    segs: &[Segment],
-    dst_len: usize,
-    src_len: usize,
-    seed: u64,
-    what: &str,
-) {
-    let src = bytes(src_len, seed);
-    let init = bytes(dst_len, seed ^ 0xF00D);
-    let want = reference(&init, &src, segs);
-    let dev = DeviceBuffer::from_host(0, &src).expect("device buffer");
-    let mut host = init.clone();
-    let list: Arc<[Segment]> = segs.into();
-    e.scope(|s| {
-        s.segments(&mut host, &dev, list)?
-            .wait()
-            .map_err(ferry::Error::from)
-    })
-    .unwrap_or_else(|err| panic!("{what}: device -> host failed: {err}"));
-    if let Some(m) = first_diff(&host, &want, segs) {
-        panic!("{what}: device -> host, {} segments: {m}", segs.len());
-    }
-}
-
-/// Random sizes from 1 byte, unaligned offsets, segments spanning the 64 KiB chunks, ragged
-/// last chunks; destinations packed and scattered.
-#[test]
-#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
-fn host_to_device_random_lists() {
+/// Random lists in one direction: sizes from 1 byte, unaligned offsets, segments spanning the
+/// 64 KiB chunks, ragged last chunks, each pair of layouts (destination, source) of `lays`.
+fn random_lists(h2d: bool, seed: u64, lays: [(Lay, Lay); 3]) {
     if cuda_or_skip().is_none() {
         return;
     }
     let e = small_chunks();
-    let mut rng = Rng(0x5E6);
-    let mut seed = 1;
+    let mut rng = Rng(seed);
+    let mut seed = seed;
     for (n, sizes) in [
         (64, (1, 1)),
         (5000, (1, 3000)),
         (3000, (4096, 4096)),
         (200, (1, 200_000)),
     ] {
-        for (dl, sl) in [
-            (Lay::Packed, Lay::Anywhere),
-            (Lay::Scattered, Lay::Anywhere),
-            (Lay::Scattered, Lay::Scattered),
-        ] {
+        for (dl, sl) in lays {
             let (segs, dst_len, src_len) = list(&mut rng, n, sizes, dl, sl);
             let what = format!("{n} segments of {sizes:?} bytes, dst {dl:?}, src {sl:?}");
-            check_h2d(&e, &segs, dst_len, src_len, seed, &what);
+            check(&e, h2d, &segs, (dst_len, src_len), seed, &what);
             seed += 1;
         }
     }
+}
+
+/// Host -> device: destinations (the device side) packed or scattered.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn host_to_device_random_lists() {
+    use Lay::*;
+    random_lists(
+        true,
+        0x5E6,
+        [
+            (Packed, Anywhere),
+            (Scattered, Anywhere),
+            (Scattered, Scattered),
+        ],
+    );
 }
 
 /// The reverse: scattered pageable destinations, the device side packed or scattered.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn device_to_host_random_lists() {
-    if cuda_or_skip().is_none() {
-        return;
-    }
-    let e = small_chunks();
-    let mut rng = Rng(0xD2A);
-    let mut seed = 100;
-    for (n, sizes) in [
-        (64, (1, 1)),
-        (5000, (1, 3000)),
-        (3000, (4096, 4096)),
-        (200, (1, 200_000)),
-    ] {
-        for (dl, sl) in [
-            (Lay::Scattered, Lay::Packed),
-            (Lay::Packed, Lay::Scattered),
-            (Lay::Scattered, Lay::Anywhere),
-        ] {
-            let (segs, dst_len, src_len) = list(&mut rng, n, sizes, dl, sl);
-            let what = format!("{n} segments of {sizes:?} bytes, dst {dl:?}, src {sl:?}");
-            check_d2h(&e, &segs, dst_len, src_len, seed, &what);
-            seed += 1;
-        }
-    }
+    use Lay::*;
+    random_lists(
+        false,
+        0xD2A,
+        [
+            (Scattered, Packed),
+            (Packed, Scattered),
+            (Scattered, Anywhere),
+        ],
+    );
 }
 
 /// Segments several chunks long next to 1-byte ones, both directions.
@@ -254,12 +232,26 @@ fn runs_longer_than_a_chunk() {
         s += l + 17;
     }
     let (dst_len, src_len) = (d as usize + 9, s as usize + 9);
-    check_h2d(&e, &segs, dst_len, src_len, 7, "runs longer than a chunk");
+    check(
+        &e,
+        true,
+        &segs,
+        (dst_len, src_len),
+        7,
+        "runs longer than a chunk",
+    );
     let rev: Vec<Segment> = segs
         .iter()
         .map(|g| Segment::new(g.src_off, g.dst_off, g.len))
         .collect();
-    check_d2h(&e, &rev, src_len, dst_len, 8, "runs longer than a chunk");
+    check(
+        &e,
+        false,
+        &rev,
+        (src_len, dst_len),
+        8,
+        "runs longer than a chunk",
+    );
 }
 
 /// 100,000 segments with the default configuration (16 MiB chunks), both directions, the device
@@ -273,9 +265,9 @@ fn hundred_thousand_segments_default_config() {
     for (k, dev_lay) in [Lay::Packed, Lay::Scattered].into_iter().enumerate() {
         let (segs, dst_len, src_len) = list(&mut rng, n, (1, 4096), dev_lay, Lay::Scattered);
         let what = format!("100,000 segments of 1-4096 bytes, device side {dev_lay:?}");
-        check_h2d(&e, &segs, dst_len, src_len, 50 + k as u64, &what);
+        check(&e, true, &segs, (dst_len, src_len), 50 + k as u64, &what);
         let (segs, dst_len, src_len) = list(&mut rng, n, (1, 4096), Lay::Scattered, dev_lay);
-        check_d2h(&e, &segs, dst_len, src_len, 60 + k as u64, &what);
+        check(&e, false, &segs, (dst_len, src_len), 60 + k as u64, &what);
     }
 }
 

@@ -6,7 +6,9 @@
 //!
 //! The paths, in the order a [`Route`] tries them:
 //! - [`Path::Staged`]: pageable host memory <-> this GPU through the pinned ring
-//!   ([`super::staged`]), on a staging thread. Exclusive: nothing else is tried.
+//!   ([`super::staged`]), on a staging thread: programs of copies, or one segment list (its
+//!   runs packed into the ring's chunks, [`STAGE_MIN_SEGMENTS`]). Exclusive: nothing else is
+//!   tried.
 //! - [`Path::Sm`]: every step a copy plan that [`KernelCopies`] sends to the SMs, both sides
 //!   reachable by this GPU's kernels ([`super::strided`]).
 //! - [`Path::Gather`]: a program that would take at least [`GATHER_MIN_CALLS`] driver calls, as

@@ -23,7 +23,8 @@
 //! [`StagedError`]); `config.rs` the tuning ([`StagingConfig`], `FERRY_STAGING_*`); `chunk.rs`
 //! which bytes each chunk carries; `ring.rs` the pinned slots and their events; `pool.rs` the
 //! worker threads; `nt_copy.rs` the workers' (non-temporal) copy; `pipeline.rs` the loop that
-//! drives the workers, the ring and the DMAs.
+//! drives the workers, the ring and the DMAs; `segments.rs` segment lists
+//! ([`Stager::copy_segments`]: many runs of pageable memory packed into the ring's chunks).
 //!
 //! ```no_run
 //! use ferry::engine::cuda::staged::{Direction, Stager, StagingConfig};

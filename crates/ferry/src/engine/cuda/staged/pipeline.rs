@@ -275,6 +275,32 @@ unsafe fn issue(
     unsafe { job.device_side(k, slot, ptr, h2d) }
 }
 
+/// One DMA of `len` bytes between pinned host memory at `host` and device memory at `dev` on
+/// `cs` (`h2d`: host -> device).
+///
+/// # Safety
+/// 1. `host` is `len` bytes of pinned memory, `dev` `len` bytes of device memory of the
+///    stream's context, both valid and untouched by others until the stream passes the copy.
+pub(super) unsafe fn dma(
+    cs: sys::CUstream,
+    dev: u64,
+    host: *mut u8,
+    len: usize,
+    h2d: bool,
+) -> Result<(), StagedError> {
+    if h2d {
+        // SAFETY: this function's contract.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
+            .result()
+            .map_err(drv("cuMemcpyHtoDAsync"))
+    } else {
+        // SAFETY: this function's contract.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, len, cs) }
+            .result()
+            .map_err(drv("cuMemcpyDtoHAsync"))
+    }
+}
+
 /// One copy in flight: what the loops need.
 pub(super) struct Staging<'a> {
     pub(super) sides: Sides<'a>,
@@ -352,18 +378,9 @@ impl Chunks for Staging<'_> {
         let chunk = self.chunker.get(k);
         let cs = self.stream.cu_stream();
         let one = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
-            if h2d {
-                // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` valid device bytes
-                // (this function's contract).
-                unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
-                    .result()
-                    .map_err(drv("cuMemcpyHtoDAsync"))
-            } else {
-                // SAFETY: as above, the other way.
-                unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, len, cs) }
-                    .result()
-                    .map_err(drv("cuMemcpyDtoHAsync"))
-            }
+            // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` valid device bytes
+            // (this function's contract).
+            unsafe { dma(cs, dev, host, len, h2d) }
         };
         match chunk {
             Chunk::Piece { run, at, len } => {

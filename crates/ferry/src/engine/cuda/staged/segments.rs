@@ -12,11 +12,11 @@
 //! of one copy.
 
 use super::nt_copy::copy_bytes;
-use super::pipeline::{Chunks, SendPtr};
-use super::{add, drv, Direction, StagedError};
+use super::pipeline::{dma, Chunks, SendPtr};
+use super::{add, Direction, StagedError};
 use crate::engine::cuda::gather::{Gatherer, Segment, Strategy};
 use crate::engine::cuda::route;
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 /// Workers split a chunk at multiples of this many bytes (no two share a cache line or page of
@@ -219,19 +219,11 @@ impl Chunks for SegStaging<'_> {
         let bytes = hi - lo;
         let runs = &self.runs[k];
         let cs = self.stream.cu_stream();
-        let dma = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
-            if h2d {
-                // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` valid device
-                // bytes (this function's contract; the runs were checked in the buffer).
-                unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
-                    .result()
-                    .map_err(drv("cuMemcpyHtoDAsync"))
-            } else {
-                // SAFETY: as above, the other way.
-                unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, len, cs) }
-                    .result()
-                    .map_err(drv("cuMemcpyDtoHAsync"))
-            }
+        let one = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
+            // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` bytes of the device
+            // buffer (the runs were checked inside it) or of the slot's device scratch, valid
+            // by this function's contract.
+            unsafe { dma(cs, dev, host, len, h2d) }
         };
         let scatter = match self.scatter {
             Some((g, scratch)) if route::staged_scatters(runs.len(), bytes) => {
@@ -241,7 +233,7 @@ impl Chunks for SegStaging<'_> {
         };
         let Some((g, sc)) = scatter else {
             for r in runs {
-                dma(
+                one(
                     add(self.dev, r.dev as usize)?,
                     ptr.wrapping_add(r.at as usize),
                     r.len as usize,
@@ -263,7 +255,7 @@ impl Chunks for SegStaging<'_> {
             .collect();
         let (dev, dev_len, len) = (self.dev, self.dev_len, self.scratch_len);
         if h2d {
-            dma(sc, ptr, bytes as usize)?;
+            one(sc, ptr, bytes as usize)?;
             // SAFETY: the scratch chunk is this slot's, untouched until the slot's event
             // (recorded after this call) completes; the device buffer is valid (contract) and
             // the runs inside it and the chunk (checked); both of this stream's context.
@@ -271,7 +263,7 @@ impl Chunks for SegStaging<'_> {
         } else {
             // SAFETY: as above, the runs packed from the device buffer into the scratch.
             unsafe { g.copy(self.stream, sc, len, dev, dev_len, &list, Strategy::Auto) }?;
-            dma(sc, ptr, bytes as usize)?;
+            one(sc, ptr, bytes as usize)?;
         }
         Ok(())
     }
