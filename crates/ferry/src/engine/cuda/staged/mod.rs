@@ -400,7 +400,26 @@ fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::workers_for;
+    use super::{check_segments, segs_bytes, workers_for, GatherError, Segment, StagedError};
+
+    #[test]
+    fn segment_lists_are_checked_against_both_buffers() {
+        let ok = [Segment::new(0, 10, 5), Segment::new(5, 0, 5)];
+        assert!(check_segments(&ok, 10, 15).is_ok());
+        assert_eq!(segs_bytes(&ok), 10);
+        for (bad, index) in [
+            ([Segment::new(0, 0, 1), Segment::new(6, 0, 5)], 1), // destination past 10
+            ([Segment::new(0, 11, 5), Segment::new(0, 0, 1)], 0), // source past 15
+            ([Segment::new(u64::MAX, 0, 2), Segment::new(0, 0, 1)], 0), // overflow
+        ] {
+            match check_segments(&bad, 10, 15) {
+                Err(StagedError::Segments(GatherError::OutOfBounds { index: i, .. })) => {
+                    assert_eq!(i, index)
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn workers_scale_with_the_copy() {
