@@ -305,12 +305,10 @@ impl Stager {
             Direction::HostToDevice => (dst, dst_len, src),
             Direction::DeviceToHost => (src, src_len, dst),
         };
-        let on_dev = segments::dev_off(dir);
-        let runs: Vec<_> = (0..n).map(|k| pack.runs(segs, k, &on_dev)).collect();
-        let scatters = runs.iter().enumerate().any(|(k, r)| {
-            let (lo, hi) = pack.chunk(k);
-            crate::engine::cuda::route::staged_scatters(r.len(), hi - lo)
-        });
+        // The device scratch is made where some chunk may scatter on the device: the whole
+        // list's runs would (each chunk decides for itself as it goes).
+        let runs = segments::count_runs(segs, segments::dev_off(dir));
+        let scatters = crate::engine::cuda::route::staged_scatters(runs, pack.total());
         let scratch_len = self.cfg.chunk_bytes;
         self.with_ring(dir, |ring| {
             let scratch = match (scatters, gatherer) {
@@ -320,7 +318,6 @@ impl Stager {
             let job = SegStaging {
                 segs,
                 pack: &pack,
-                runs: &runs,
                 dir,
                 dev,
                 dev_len,

@@ -144,8 +144,6 @@ impl Packing {
 pub(super) struct SegStaging<'a> {
     pub(super) segs: &'a [Segment],
     pub(super) pack: &'a Packing,
-    /// Each chunk's device-side runs.
-    pub(super) runs: &'a [Vec<Run>],
     pub(super) dir: Direction,
     /// The device buffer and its length.
     pub(super) dev: u64,
@@ -167,6 +165,22 @@ impl SegStaging<'_> {
             Direction::DeviceToHost => s.dst_off,
         }
     }
+}
+
+/// How many runs the device side of `segs` makes in all (list order, adjacent segments merged,
+/// empty ones skipped), ignoring chunk edges: what decides whether a copy may need the device
+/// scratch at all.
+pub(super) fn count_runs(segs: &[Segment], dev_off: impl Fn(&Segment) -> u64) -> usize {
+    let mut n = 0;
+    let mut end = None;
+    for s in segs.iter().filter(|s| s.len > 0) {
+        let d = dev_off(s);
+        if end != Some(d) {
+            n += 1;
+        }
+        end = Some(d + s.len);
+    }
+    n
 }
 
 /// A segment's offset on the device side of a copy going `dir`.
@@ -217,7 +231,8 @@ impl Chunks for SegStaging<'_> {
     ) -> Result<(), StagedError> {
         let (lo, hi) = self.pack.chunk(k);
         let bytes = hi - lo;
-        let runs = &self.runs[k];
+        // Worked out here, per chunk, while the workers fill the next ones.
+        let runs = self.pack.runs(self.segs, k, dev_off(self.dir));
         let cs = self.stream.cu_stream();
         let one = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
             // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` bytes of the device
@@ -232,7 +247,7 @@ impl Chunks for SegStaging<'_> {
             _ => None,
         };
         let Some((g, sc)) = scatter else {
-            for r in runs {
+            for r in &runs {
                 one(
                     add(self.dev, r.dev as usize)?,
                     ptr.wrapping_add(r.at as usize),
@@ -271,7 +286,7 @@ impl Chunks for SegStaging<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{dev_off, Packing, Piece, Run};
+    use super::{count_runs, dev_off, Packing, Piece, Run};
     use crate::engine::cuda::gather::Segment;
     use crate::engine::cuda::staged::Direction;
 
@@ -410,6 +425,23 @@ mod tests {
                 assert_eq!(at, hi, "chunk {k}, {t} parts cover it");
             }
         }
+    }
+
+    #[test]
+    fn whole_list_runs_count_merged_segments() {
+        let h2d = dev_off(Direction::HostToDevice);
+        assert_eq!(count_runs(&lens(&[4096; 1000]), &h2d), 1);
+        assert_eq!(count_runs(&[], &h2d), 0);
+        let gaps = [
+            Segment::new(0, 0, 4),
+            Segment::new(4, 9, 0), // empty: skipped
+            Segment::new(4, 9, 2),
+            Segment::new(7, 0, 1), // a gap
+            Segment::new(0, 0, 1), // backwards
+        ];
+        assert_eq!(count_runs(&gaps, &h2d), 3);
+        // Device -> host: the sources are the device side.
+        assert_eq!(count_runs(&gaps, dev_off(Direction::DeviceToHost)), 4);
     }
 
     #[test]
