@@ -305,15 +305,21 @@ fn check_picture_ext(p: &Path) -> Result<(), PlotError> {
 /// figure overflows 64 bits. An estimate from the buffers each test allocates (source,
 /// destination and reference), so a run refused by [`check_memory`] could not have fit.
 pub fn memory_needed(t: &TestInfo, size: u64) -> Option<(u64, u64)> {
-    // cuda-scatter: `size` is one segment of 100,000.
-    let payload = if t.name == "cuda-scatter" {
-        size.checked_mul(100_000)?
+    // The scattered-segment tests: `size` is one segment of 100,000 (at most 1 GiB in all).
+    let payload = if matches!(
+        t.name,
+        "cuda-scatter" | "cuda-scatter-pageable" | "cuda-gather-pageable"
+    ) {
+        let count = (100_000u64).min((1u64 << 30) / size.max(1)).max(1);
+        size.checked_mul(count)?
     } else {
         size
     };
     let (host, device) = match (t.name, t.needs) {
         ("cpu-tile", _) => (3, 0),
         ("cuda-tile", _) => (3, 1),
+        // Source, reference, pinned staging, and (device -> host) the destination.
+        ("cuda-scatter-pageable" | "cuda-gather-pageable", _) => (4, 1),
         (_, Needs::Cpu) => (2, 0),
         (_, Needs::Cuda | Needs::Cuda2 | Needs::Nccl2) if t.kind == Kind::Latency => (2, 1),
         (

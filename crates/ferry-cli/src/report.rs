@@ -199,7 +199,7 @@ pub fn family(test: &str) -> &'static str {
         t if t.starts_with("cpu-") => "CPU",
         "file-read" | "cuda-file-read" => "files",
         "pipeline" | "cuda-pipeline" => "pipeline",
-        "cuda-scatter" => "scattered",
+        "cuda-scatter" | "cuda-scatter-pageable" | "cuda-gather-pageable" => "scattered",
         t if t.starts_with("cuda-tile") || t.starts_with("cuda-transpose") => "strided",
         t if t.starts_with("cuda-d2d")
             || t.starts_with("multi-peer")

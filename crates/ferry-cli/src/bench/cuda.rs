@@ -19,13 +19,14 @@
 //!
 //! Files: this one holds the test table, the engines and the dispatch; `cuda/timing.rs` how a
 //! series is timed and checked; the tests in `cuda/contiguous.rs` (pinned, pageable, d2d,
-//! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`
-//! and `cuda/parts.rs` (`cuda-latency-parts`).
+//! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`,
+//! `cuda/parts.rs` (`cuda-latency-parts`) and `cuda/segments.rs` (pageable segment lists).
 
 mod contiguous;
 mod latency;
 mod mapped;
 mod parts;
+mod segments;
 mod strided;
 mod timing;
 
@@ -51,6 +52,8 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-transpose-h2d-bf16", "transpose of a square bf16 matrix, pinned host -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,128M"),
     TestInfo::new("cuda-transpose-batched", "batched transpose [16, n, n] -> last two axes swapped, f32 (size = all 16 matrices), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "16M,256M"),
     TestInfo::new("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
+    TestInfo::new("cuda-scatter-pageable", "100,000 scattered segments (size = segment) pageable -> device, vs one cuMemcpyAsync per segment and a 1-thread CPU gather to pinned + one cuMemcpyAsync; CPU time per GB", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
+    TestInfo::new("cuda-gather-pageable", "device -> 100,000 scattered segments (size = segment) of pageable memory, vs one cuMemcpyAsync per segment and one cuMemcpyAsync to pinned + a 1-thread CPU scatter; CPU time per GB", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
     TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Needs::Cuda, Kind::Latency, "4,4K,64K"),
@@ -165,6 +168,8 @@ impl CudaBench {
             "cuda-transpose-h2d-bf16" => self.transpose(&ctx, size, (2, 1), true)?,
             "cuda-transpose-batched" => self.transpose(&ctx, size, (4, 16), false)?,
             "cuda-scatter" => self.scatter(&ctx, size)?,
+            "cuda-scatter-pageable" => self.pageable_segments(&ctx, size, true)?,
+            "cuda-gather-pageable" => self.pageable_segments(&ctx, size, false)?,
             "cuda-latency" => self.latency(&ctx, size, &self.engine, "")?,
             "cuda-latency-spin" => self.latency(&ctx, size, &self.spin, " spin")?,
             "cuda-latency-hybrid" => {

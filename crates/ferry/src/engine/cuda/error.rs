@@ -118,6 +118,7 @@ impl From<super::staged::StagedError> for CudaError {
             S::Driver { op, source } => CudaError::Driver(DriverError::from_cudarc(op, source)),
             S::Spawn(io) => CudaError::Thread(io.to_string()),
             e @ S::WorkerPanicked => CudaError::Thread(e.to_string()),
+            S::Segments(g) => CudaError::from(g),
             e @ (S::BadConfig(_) | S::AddressOverflow { .. }) => {
                 CudaError::InvalidArgument(e.to_string())
             }

@@ -367,20 +367,24 @@ impl CudaEngine {
         dir: staged::Direction,
         steps: Vec<crate::op::Step>,
     ) -> Result<Request, SubmitError> {
-        let plans = steps
-            .into_iter()
-            .filter_map(|s| match s {
-                crate::op::Step::Copy(p) => Some(p),
-                _ => None, // the route stages programs of copies only
-            })
-            .collect();
+        let work = match <[_; 1]>::try_from(steps) {
+            Ok([crate::op::Step::Segments { segs, range, .. }]) => paths::StagedWork::Segments {
+                segs,
+                range,
+                dst_len: job.dst.len,
+                src_len: job.src.map_or(0, |s| s.len),
+            },
+            // The route stages programs of copies only, or one segment list.
+            Ok(one) => paths::StagedWork::Plans(paths::plan_steps(one)),
+            Err(steps) => paths::StagedWork::Plans(paths::plan_steps(steps)),
+        };
         let signal = Arc::new(crate::request::Signal::new());
         self.paths.stage(paths::StagedTask {
             dir,
             stream: Arc::clone(&self.streams[route.stream as usize]),
             dst: job.dst.addr,
             src: job.src.map_or(0, |s| s.addr),
-            plans,
+            work,
             after: job.after.iter().map(Request::share).collect(),
             signal: Arc::clone(&signal),
         })?;

@@ -22,13 +22,26 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 
+/// What a staged job moves.
+pub(crate) enum StagedWork {
+    /// The program's copy plans, one after the other.
+    Plans(Vec<Plan>),
+    /// One segment list (`segs[range]`) between buffers of these lengths.
+    Segments {
+        segs: Arc<[Segment]>,
+        range: std::ops::Range<usize>,
+        dst_len: usize,
+        src_len: usize,
+    },
+}
+
 /// One staged job, run on the direction's staging thread.
 pub(crate) struct StagedTask {
     pub dir: staged::Direction,
     pub stream: Arc<CudaStream>,
     pub dst: u64,
     pub src: u64,
-    pub plans: Vec<Plan>,
+    pub work: StagedWork,
     pub after: Vec<Request>,
     pub signal: Arc<Signal>,
 }
@@ -39,12 +52,13 @@ pub(crate) struct StagedTask {
 unsafe impl Send for StagedTask {}
 
 type Worker = (Sender<StagedTask>, JoinHandle<()>);
+type Cell<T> = Arc<OnceLock<Result<T, CudaError>>>;
 
 pub(crate) struct Paths {
     ctx: Arc<CudaContext>,
     staging: StagingConfig,
-    stager: Arc<OnceLock<Result<Stager, CudaError>>>,
-    gatherer: OnceLock<Result<Gatherer, CudaError>>,
+    stager: Cell<Stager>,
+    gatherer: Cell<Gatherer>,
     sm: OnceLock<Result<SmCopier, CudaError>>,
     split: OnceLock<Result<Splitter, CudaError>>,
     workers: Mutex<[Option<Worker>; 2]>,
@@ -56,7 +70,7 @@ impl Paths {
             ctx,
             staging,
             stager: Arc::default(),
-            gatherer: OnceLock::new(),
+            gatherer: Arc::default(),
             sm: OnceLock::new(),
             split: OnceLock::new(),
             workers: Mutex::new([None, None]),
@@ -72,10 +86,11 @@ impl Paths {
         let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
         if workers[i].is_none() {
             let (tx, rx) = channel::<StagedTask>();
-            let (ctx, cfg, stager) = (
+            let (ctx, cfg, stager, gatherer) = (
                 Arc::clone(&self.ctx),
                 self.staging,
                 Arc::clone(&self.stager),
+                Arc::clone(&self.gatherer),
             );
             let h = std::thread::Builder::new()
                 .name(format!(
@@ -86,15 +101,16 @@ impl Paths {
                     for t in rx {
                         // A panic here (a bug) fails this request only: the thread goes on
                         // with the next one, after every DMA the request issued has finished.
-                        let r =
-                            catch_unwind(AssertUnwindSafe(|| run_staged(&ctx, cfg, &stager, &t)))
-                                .unwrap_or_else(|p| {
-                                    let _ = t.stream.synchronize();
-                                    Err(RequestError::Panicked {
-                                        op: "staged copy".into(),
-                                        msg: crate::op::panic_message(&p),
-                                    })
-                                });
+                        let r = catch_unwind(AssertUnwindSafe(|| {
+                            run_staged(&ctx, cfg, (&stager, &gatherer), &t)
+                        }))
+                        .unwrap_or_else(|p| {
+                            let _ = t.stream.synchronize();
+                            Err(RequestError::Panicked {
+                                op: "staged copy".into(),
+                                msg: crate::op::panic_message(&p),
+                            })
+                        });
                         t.signal.complete(r);
                     }
                 })
@@ -110,10 +126,7 @@ impl Paths {
 
     /// The gatherer (made on first use), or why it cannot be made here.
     pub(crate) fn gatherer(&self) -> Result<&Gatherer, CudaError> {
-        self.gatherer
-            .get_or_init(|| Ok(Gatherer::new(Arc::clone(&self.ctx))?))
-            .as_ref()
-            .map_err(Clone::clone)
+        gatherer(&self.gatherer, &self.ctx)
     }
 
     /// The SM copier with its kernels compiled (on first use), or why they cannot be made
@@ -238,10 +251,20 @@ impl Paths {
     }
 }
 
+/// The gatherer in `cell` (made on first use), or why it cannot be made here.
+fn gatherer<'a>(
+    cell: &'a OnceLock<Result<Gatherer, CudaError>>,
+    ctx: &Arc<CudaContext>,
+) -> Result<&'a Gatherer, CudaError> {
+    cell.get_or_init(|| Ok(Gatherer::new(Arc::clone(ctx))?))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
 fn run_staged(
     ctx: &Arc<CudaContext>,
     cfg: StagingConfig,
-    stager: &OnceLock<Result<Stager, CudaError>>,
+    (stager, gather): (&Cell<Stager>, &Cell<Gatherer>),
     t: &StagedTask,
 ) -> Result<(), RequestError> {
     #[cfg(feature = "fault-injection")]
@@ -257,7 +280,28 @@ fn run_staged(
         .get_or_init(|| Ok(Stager::new(Arc::clone(ctx), cfg)?))
         .as_ref()
         .map_err(|e| RequestError::from(e.clone()))?;
-    for plan in &t.plans {
+    let plans = match &t.work {
+        StagedWork::Plans(plans) => plans,
+        StagedWork::Segments {
+            segs,
+            range,
+            dst_len,
+            src_len,
+        } => {
+            // A gatherer that cannot be made leaves the device side to one DMA per run.
+            let g = gatherer(gather, ctx).ok();
+            let (d, s) = ((t.dst, *dst_len), (t.src, *src_len));
+            // SAFETY: as for the plans below: the buffers (of these lengths) stay valid and
+            // unshared until this request completes (1); the program checked the segments
+            // against them and their destinations for overlap (3); this engine's device,
+            // stream and gatherer (2).
+            return unsafe {
+                stager.copy_segments(&t.stream, t.dir, d, s, &segs[range.clone()], g)
+            }
+            .map_err(RequestError::from);
+        }
+    };
+    for plan in plans {
         // SAFETY: the addresses and plans come from a job whose submitter guarantees, by
         // `Engine::submit_raw`'s contract, valid and unshared memory until this request
         // completes (1, 2, 4); the program checked each plan against the buffers' lengths; the
@@ -299,3 +343,14 @@ pub(crate) fn segments(steps: &[Step]) -> std::borrow::Cow<'_, [Segment]> {
 
 /// The strategy the engine asks the gatherer for.
 pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
+
+/// The copy plans of a staged program (the route stages programs of copies only).
+pub(crate) fn plan_steps(steps: impl IntoIterator<Item = Step>) -> Vec<Plan> {
+    steps
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::Copy(p) => Some(p),
+            _ => None,
+        })
+        .collect()
+}

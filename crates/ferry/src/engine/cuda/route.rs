@@ -6,7 +6,9 @@
 //!
 //! The paths, in the order a [`Route`] tries them:
 //! - [`Path::Staged`]: pageable host memory <-> this GPU through the pinned ring
-//!   ([`super::staged`]), on a staging thread. Exclusive: nothing else is tried.
+//!   ([`super::staged`]), on a staging thread: programs of copies, or one segment list (its
+//!   runs packed into the ring's chunks, [`STAGE_MIN_SEGMENTS`]). Exclusive: nothing else is
+//!   tried.
 //! - [`Path::Sm`]: every step a copy plan that [`KernelCopies`] sends to the SMs, both sides
 //!   reachable by this GPU's kernels ([`super::strided`]; the transposes that [`transpose_of`]
 //!   recognises by the tiled kernel of [`super::transpose`], pinned host memory read or
@@ -35,6 +37,24 @@ pub const STAGE_MIN_H2D: usize = 2 << 20;
 /// As [`STAGE_MIN_H2D`], device to pageable host memory: staged / driver = 1.35x at 1 MiB,
 /// 1.58x at 2 MiB (run 24; the driver's pageable read-back is the slower of the two).
 pub const STAGE_MIN_D2H: usize = 1 << 20;
+
+/// A segment list between pageable host memory and this GPU of at least this many segments is
+/// staged whatever its size (as is one of at least [`STAGE_MIN_H2D`] / [`STAGE_MIN_D2H`]
+/// bytes): the staging workers pack the runs into the pinned ring and each chunk moves in one
+/// DMA. Set from the H200 figures (not yet a sweep of this threshold): the driver's pageable
+/// path took 2.5 us per 4 KiB segment (1.6 GB/s, 100,000 segments), so 64 segments cost about
+/// 160 us of driver calls, more than a staged copy's hand-off and start (a staged 2 MiB copy
+/// breaks even with the driver's ~12 GB/s pageable copy, run 24: under 175 us all told).
+pub const STAGE_MIN_SEGMENTS: usize = 64;
+
+/// A staged segment list's chunk whose device-side runs (adjacent segments merged) number at
+/// most this many, or average at least [`AUTO_LARGE_SEGMENT`] bytes, moves between the pinned
+/// slot and the device with one DMA per run; more, shorter runs land in a device scratch chunk
+/// in one DMA and the gatherer scatters them on the device (or packs them there, device ->
+/// host): one driver call per run costs ~2.5 us (the 4 KiB figure above), the device-side
+/// pass one launch and a copy at device bandwidth (the gather kernel: 47 GB/s at 4 KiB
+/// segments from pinned memory, far more device to device).
+pub const STAGED_DIRECT_MAX_RUNS: usize = AUTO_FEW_SEGMENTS;
 
 /// Programs that would take at least this many driver calls go to the gatherer.
 pub const GATHER_MIN_CALLS: usize = 64;
@@ -292,7 +312,8 @@ pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps:
         // Fills: memsets or pattern copies, as driver calls.
         return Route::new(direction(cfg, dst, None)).then(Path::Driver);
     };
-    // Staged: pageable <-> this GPU, every step a copy, large enough.
+    // Staged: pageable <-> this GPU, every step a copy, large enough; or one segment list of
+    // enough segments or bytes.
     if cfg.staging.is_some() {
         let staged = match (dst, src) {
             (d, MemKind::Pageable) if d == own => Some(staged::Direction::HostToDevice),
@@ -300,13 +321,17 @@ pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps:
             _ => None,
         };
         let copies = steps.iter().all(|s| matches!(s, Step::Copy(_)));
-        if let (Some(dir), true) = (staged, copies) {
+        let list = match steps {
+            [Step::Segments { range, .. }] => Some(range.len()),
+            _ => None,
+        };
+        if let (Some(dir), true) = (staged, copies || list.is_some()) {
             let min = match dir {
                 staged::Direction::HostToDevice => STAGE_MIN_H2D,
                 staged::Direction::DeviceToHost => STAGE_MIN_D2H,
             };
             let bytes: usize = steps.iter().map(Step::bytes).sum();
-            if bytes >= min {
+            if bytes >= min || list.is_some_and(|n| n >= STAGE_MIN_SEGMENTS) {
                 let stream = match dir {
                     staged::Direction::HostToDevice => Direction::HostToDevice,
                     staged::Direction::DeviceToHost => Direction::DeviceToHost,
@@ -346,6 +371,13 @@ pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps:
         }
     }
     r.then(Path::Driver)
+}
+
+/// Whether a staged segment list's chunk whose device side is `runs` runs of `bytes` in all goes
+/// through device scratch and the gatherer (true) or one DMA per run (false); see
+/// [`STAGED_DIRECT_MAX_RUNS`].
+pub(crate) fn staged_scatters(runs: usize, bytes: u64) -> bool {
+    runs > STAGED_DIRECT_MAX_RUNS && bytes / (runs as u64) < AUTO_LARGE_SEGMENT
 }
 
 /// Driver calls `exec::copy_plan` would make for a plan between host and device (3-D copies

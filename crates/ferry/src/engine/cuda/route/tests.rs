@@ -82,7 +82,7 @@ fn staging_device_to_host_from_1_mib() {
 }
 
 #[test]
-fn staging_counts_every_copy_step_and_never_takes_fills_or_segments() {
+fn staging_counts_every_copy_step_and_never_takes_fills_or_mixed_programs() {
     let two = [contiguous(1 << 20), contiguous(1 << 20)].concat();
     assert_eq!(
         route(&cfg(), OWN, Some(PAGEABLE), &two).first(),
@@ -93,6 +93,52 @@ fn staging_counts_every_copy_step_and_never_takes_fills_or_segments() {
         route(&cfg(), OWN, Some(PAGEABLE), &mixed).first(),
         Path::Staged(staged::Direction::HostToDevice)
     );
+}
+
+#[test]
+fn pageable_segment_lists_staged_from_64_segments_or_the_byte_thresholds() {
+    let h2d = Path::Staged(staged::Direction::HostToDevice);
+    let d2h = Path::Staged(staged::Direction::DeviceToHost);
+    // 64 tiny segments are staged; 63 go to the driver, one call each.
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(64, 1));
+    assert_eq!(paths(r), [h2d]);
+    assert_eq!(r.stream, Direction::HostToDevice);
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(63, 4096));
+    assert_eq!(paths(r), [Path::Driver]);
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &segments(64, 1));
+    assert_eq!(paths(r), [d2h]);
+    assert_eq!(r.stream, Direction::DeviceToHost);
+    // Few large segments: by bytes, as a contiguous copy (2 MiB up, 1 MiB down).
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(2, 1 << 20));
+    assert_eq!(paths(r), [h2d]);
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(2, (1 << 20) - 1));
+    assert_eq!(paths(r), [Path::Driver]);
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &segments(1, 1 << 20));
+    assert_eq!(paths(r), [d2h]);
+    // The bench's case: 100,000 x 4 KiB.
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(100_000, 4096));
+    assert_eq!(paths(r), [h2d]);
+    // Without staging, pinned memory, or another GPU's memory: not staged.
+    let off = cfg().staging(None);
+    let r = route(&off, OWN, Some(PAGEABLE), &segments(100_000, 4096));
+    assert_eq!(paths(r), [Path::Driver]);
+    let r = route(&cfg(), OWN, Some(PINNED), &segments(100_000, 4096));
+    assert_eq!(paths(r), [Path::Gather, Path::Driver]);
+    let r = route(&cfg(), PEER, Some(PAGEABLE), &segments(100_000, 4096));
+    assert_eq!(r.first(), Path::Driver);
+}
+
+#[test]
+fn staged_chunks_scatter_on_the_device_from_5_short_runs() {
+    // Up to 4 runs: one DMA each, whatever their length.
+    assert!(!staged_scatters(1, 16 << 20));
+    assert!(!staged_scatters(4, 4));
+    // 5 runs or more averaging under 1 MiB: device scratch and the gatherer.
+    assert!(staged_scatters(5, 5 * ((1 << 20) - 1)));
+    assert!(staged_scatters(4096, 16 << 20));
+    // Runs averaging 1 MiB or more: one DMA each.
+    assert!(!staged_scatters(5, 5 << 20));
+    assert!(!staged_scatters(16, 16 << 20));
 }
 
 #[test]

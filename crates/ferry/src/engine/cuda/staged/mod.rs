@@ -23,7 +23,8 @@
 //! [`StagedError`]); `config.rs` the tuning ([`StagingConfig`], `FERRY_STAGING_*`); `chunk.rs`
 //! which bytes each chunk carries; `ring.rs` the pinned slots and their events; `pool.rs` the
 //! worker threads; `nt_copy.rs` the workers' (non-temporal) copy; `pipeline.rs` the loop that
-//! drives the workers, the ring and the DMAs.
+//! drives the workers, the ring and the DMAs; `segments.rs` segment lists
+//! ([`Stager::copy_segments`]: many runs of pageable memory packed into the ring's chunks).
 //!
 //! ```no_run
 //! use ferry::engine::cuda::staged::{Direction, Stager, StagingConfig};
@@ -50,10 +51,12 @@ mod nt_copy;
 mod pipeline;
 mod pool;
 mod ring;
+mod segments;
 
 pub use config::StagingConfig;
 
 use crate::engine::cuda::error::DriverError as FerryDriverError;
+use crate::engine::cuda::gather::{GatherError, Gatherer, Segment};
 use crate::engine::cuda::memory::PinFlags;
 use crate::Plan;
 use chunk::{add, Chunker, Sides};
@@ -62,6 +65,7 @@ use cudarc::driver::{sys, CudaContext, CudaStream};
 use pipeline::{SendPtr, Staging};
 use pool::Pool;
 use ring::Ring;
+use segments::{Packing, SegStaging};
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
 
@@ -113,6 +117,10 @@ pub enum StagedError {
     /// The worker threads could not be started.
     #[error("could not start staging worker threads: {0}")]
     Spawn(#[source] std::io::Error),
+    /// A staged segment list: a segment out of its buffer (checked before anything runs), or
+    /// the device-side scatter (gather) of a chunk failed.
+    #[error("staged segment list: {0}")]
+    Segments(#[from] crate::engine::cuda::gather::GatherError),
 }
 
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> StagedError {
@@ -228,13 +236,7 @@ impl Stager {
         src: u64,
         plan: &Plan,
     ) -> Result<(), StagedError> {
-        // Copies of a few chunks or less pipeline over smaller pieces (at least 1 MiB, so the
-        // per-chunk overhead stays small), else the first chunk's host copy is not overlapped.
-        let chunk = self
-            .cfg
-            .chunk_bytes
-            .min((plan.total_bytes() / 4).max(1 << 20));
-        let chunker = Chunker::new(plan, chunk);
+        let chunker = Chunker::new(plan, self.chunk_for(plan.total_bytes()));
         let n = chunker.count();
         if n == 0 {
             return Ok(());
@@ -255,6 +257,93 @@ impl Stager {
             host: SendPtr(host_base as *mut u8),
             stream,
         };
+        self.with_ring(dir, |ring| self.flow(ring, &job, dir))
+    }
+
+    /// Copies every segment of `segs` (`len` bytes from `src + src_off` to `dst + dst_off`)
+    /// through the pinned ring, and returns when every byte has arrived (it blocks; call it from
+    /// a background thread). For [`Direction::HostToDevice`] `dst` is a device pointer and
+    /// `src` a host pointer (pageable or not), for [`Direction::DeviceToHost`] the reverse;
+    /// `dst_len` / `src_len` are the buffers' lengths, which bound the segments. The workers
+    /// gather the host runs into ring-sized chunks (or scatter them out of the chunks) in
+    /// parallel, and each chunk moves in one DMA; a chunk with many short runs on the device
+    /// side goes through device scratch, and `gatherer` (where given) scatters (gathers) them
+    /// on the device; without one, each device run is its own DMA. See `segments.rs`.
+    ///
+    /// Errors: [`StagedError::Segments`] (a segment out of bounds, checked before anything
+    /// runs, or a device-side scatter failed), driver errors. On error every DMA already issued
+    /// is waited for and the destination's bytes are unspecified.
+    ///
+    /// # Safety
+    /// 1. `src .. src + src_len` is valid, initialized memory of the right kind, not written by
+    ///    anyone during the call; `dst .. dst + dst_len` valid memory of the right kind that
+    ///    nothing else reads or writes during the call.
+    /// 2. Device memory belongs to (or is accessible from) this stager's context, as do
+    ///    `stream` and `gatherer`.
+    /// 3. Destination segments do not overlap each other (else either value lands in the
+    ///    shared bytes); source and destination bytes do not overlap.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn copy_segments(
+        &self,
+        stream: &Arc<CudaStream>,
+        dir: Direction,
+        (dst, dst_len): (u64, usize),
+        (src, src_len): (u64, usize),
+        segs: &[Segment],
+        gatherer: Option<&Gatherer>,
+    ) -> Result<(), StagedError> {
+        check_segments(segs, dst_len, src_len)?;
+        add(dst, dst_len)?;
+        add(src, src_len)?;
+        let pack = Packing::new(segs, self.chunk_for(segs_bytes(segs)));
+        let n = pack.count();
+        if n == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let (dev, dev_len, host) = match dir {
+            Direction::HostToDevice => (dst, dst_len, src),
+            Direction::DeviceToHost => (src, src_len, dst),
+        };
+        // The device scratch is made where some chunk may scatter on the device: the whole
+        // list's runs would (each chunk decides for itself as it goes).
+        let runs = segments::count_runs(segs, segments::dev_off(dir));
+        let scatters = crate::engine::cuda::route::staged_scatters(runs, pack.total());
+        let scratch_len = self.cfg.chunk_bytes;
+        self.with_ring(dir, |ring| {
+            let scratch = match (scatters, gatherer) {
+                (true, Some(_)) => ring.scratch(scratch_len)?,
+                _ => Vec::new(),
+            };
+            let job = SegStaging {
+                segs,
+                pack: &pack,
+                dir,
+                dev,
+                dev_len,
+                host: SendPtr(host as *mut u8),
+                stream,
+                scatter: gatherer.map(|g| (g, &scratch[..])),
+                scratch_len,
+            };
+            self.flow(ring, &job, dir)
+        })
+    }
+
+    /// The chunk size of a copy of `bytes`: copies of a few chunks or less pipeline over
+    /// smaller pieces (at least 1 MiB, so the per-chunk overhead stays small), else the first
+    /// chunk's host copy is not overlapped.
+    fn chunk_for(&self, bytes: usize) -> usize {
+        self.cfg.chunk_bytes.min((bytes / 4).max(1 << 20))
+    }
+
+    /// Runs `f` on the direction's ring (made on first use), then waits for every DMA it
+    /// issued, also when `f` failed.
+    fn with_ring(
+        &self,
+        dir: Direction,
+        f: impl FnOnce(&mut Ring) -> Result<(), StagedError>,
+    ) -> Result<(), StagedError> {
         // Each direction has its own ring, made on first use; the device -> host ring is never
         // write-combined (the CPU reads it).
         let (ring, flags) = match dir {
@@ -272,15 +361,62 @@ impl Stager {
             *guard = Some(Ring::new(&self.ctx, &self.cfg, flags)?);
         }
         let ring = guard.as_mut().expect("ring was just made");
-        let r = self.flow(ring, &job, n, dir);
+        let r = f(ring);
         let d = ring.drain();
         r.and(d)
     }
 }
 
+/// Bytes of a segment list (saturating; the list was checked against its buffers).
+fn segs_bytes(segs: &[Segment]) -> usize {
+    segs.iter()
+        .fold(0u64, |a, s| a.saturating_add(s.len))
+        .try_into()
+        .unwrap_or(usize::MAX)
+}
+
+/// Every segment inside both buffers, or [`GatherError::OutOfBounds`] naming the first that is
+/// not.
+fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Result<(), StagedError> {
+    let fits =
+        |off: u64, len: u64, cap: usize| off.checked_add(len).is_some_and(|e| e <= cap as u64);
+    match segs
+        .iter()
+        .position(|s| !fits(s.dst_off, s.len, dst_len) || !fits(s.src_off, s.len, src_len))
+    {
+        Some(index) => Err(GatherError::OutOfBounds {
+            index,
+            seg: segs[index],
+            dst_len,
+            src_len,
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::workers_for;
+    use super::{check_segments, segs_bytes, workers_for, GatherError, Segment, StagedError};
+
+    #[test]
+    fn segment_lists_are_checked_against_both_buffers() {
+        let ok = [Segment::new(0, 10, 5), Segment::new(5, 0, 5)];
+        assert!(check_segments(&ok, 10, 15).is_ok());
+        assert_eq!(segs_bytes(&ok), 10);
+        for (bad, index) in [
+            ([Segment::new(0, 0, 1), Segment::new(6, 0, 5)], 1), // destination past 10
+            ([Segment::new(0, 11, 5), Segment::new(0, 0, 1)], 0), // source past 15
+            ([Segment::new(u64::MAX, 0, 2), Segment::new(0, 0, 1)], 0), // overflow
+        ] {
+            match check_segments(&bad, 10, 15) {
+                Err(StagedError::Segments(GatherError::OutOfBounds { index: i, .. })) => {
+                    assert_eq!(i, index)
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn workers_scale_with_the_copy() {

@@ -29,7 +29,7 @@ unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
     /// The address `off` bytes on (a method, so closures capture the `Sync` wrapper).
-    fn at(self, off: usize) -> *mut u8 {
+    pub(super) fn at(self, off: usize) -> *mut u8 {
         self.0.wrapping_add(off)
     }
 }
@@ -50,65 +50,19 @@ struct Progress {
 }
 
 impl Stager {
-    /// Part `i` of `t` of a chunk's host-side copy (`to_slot`: host -> slot, else slot ->
+    /// Part `i` of `t` of chunk `k`'s host-side copy (`to_slot`: host -> slot, else slot ->
     /// host). The parts of one chunk touch disjoint bytes; together they cover the chunk.
-    fn part(
-        &self,
-        job: &Staging<'_>,
-        chunk: Chunk,
-        slot: SendPtr,
-        to_slot: bool,
-        i: usize,
-        t: usize,
-    ) {
+    fn part(&self, job: &dyn Chunks, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize) {
         #[cfg(feature = "fault-injection")]
         if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
             panic!("injected panic");
         }
-        let host = job.host;
-        let sides = job.sides;
-        let run = job.chunker.run;
         let nt = if to_slot {
             self.cfg.non_temporal_h2d
         } else {
             self.cfg.non_temporal
         };
-        let copy = |a: *const u8, b: *mut u8, len: usize| {
-            // SAFETY: `a`/`b` lie in the caller's buffers (contract of `Stager::copy`) or in the
-            // slot, for `len` bytes; the parts' ranges are disjoint.
-            unsafe { copy_bytes(a, b, len, nt) }
-        };
-        match chunk {
-            Chunk::Piece { run: r, at, len } => {
-                let (_, h) = sides.run_at(r);
-                let h = h + at;
-                // Split at 4 KiB boundaries; small pieces stay on few parts.
-                let per = len.div_ceil(t).div_ceil(4096) * 4096;
-                let start = i * per;
-                if start >= len {
-                    return;
-                }
-                let l = per.min(len - start);
-                let (hp, sp) = (host.at(h + start), slot.at(start));
-                if to_slot {
-                    copy(hp, sp, l)
-                } else {
-                    copy(sp, hp, l)
-                }
-            }
-            Chunk::Runs { first, count } => {
-                let (a, b) = (count * i / t, count * (i + 1) / t);
-                for k in a..b {
-                    let (_, h) = sides.run_at(first + k);
-                    let (hp, sp) = (host.at(h), slot.at(k * run));
-                    if to_slot {
-                        copy(hp, sp, run)
-                    } else {
-                        copy(sp, hp, run)
-                    }
-                }
-            }
-        }
+        job.part(k, slot, to_slot, i, t, nt);
     }
 
     /// The flowing pipeline: the workers take parts of chunks in order from a shared counter
@@ -119,11 +73,11 @@ impl Stager {
     pub(super) fn flow(
         &self,
         ring: &mut Ring,
-        job: &Staging<'_>,
-        n: usize,
+        job: &dyn Chunks,
         dir: Direction,
     ) -> Result<(), StagedError> {
-        let t = workers_for(self.pool.threads(), job.sides.plan.total_bytes());
+        let n = job.count();
+        let t = workers_for(self.pool.threads(), job.bytes());
         let depth = ring.slots.len();
         let slots: Vec<SendPtr> = ring.slots.iter().map(|p| SendPtr(p.ptr())).collect();
         let h2d = dir == Direction::HostToDevice;
@@ -149,9 +103,8 @@ impl Stager {
                 }
                 spin.snooze();
             }
-            let chunk = job.chunker.get(k);
             let r = catch_unwind(AssertUnwindSafe(|| {
-                self.part(job, chunk, slots[k % depth], h2d, i, t)
+                self.part(job, k, slots[k % depth], h2d, i, t)
             }));
             if r.is_err() {
                 stop.store(true, Ordering::Relaxed);
@@ -175,12 +128,7 @@ impl Stager {
     }
 
     /// Host -> device coordinator of [`Stager::flow`].
-    fn flow_h2d(
-        &self,
-        ring: &mut Ring,
-        job: &Staging<'_>,
-        p: &Progress,
-    ) -> Result<(), StagedError> {
+    fn flow_h2d(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
         let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
         let depth = ring.slots.len();
         let (mut issued, mut retired) = (0usize, 0usize);
@@ -197,8 +145,8 @@ impl Stager {
                 // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
                 // Acquire above) and stays untouched until its event, recorded next, completes;
                 // the device range is valid by `copy`'s contract.
-                unsafe { job.device_side(job.chunker.get(issued), ring.slots[slot].ptr(), true)? };
-                ring.record(slot, job.stream)?;
+                unsafe { issue(job, issued, slot, ring.slots[slot].ptr(), true)? };
+                ring.record(slot, job.stream())?;
                 issued += 1;
                 spin = Backoff::new();
             } else if retired < issued && ring.poll(retired % depth)? {
@@ -213,12 +161,7 @@ impl Stager {
     }
 
     /// Device -> host coordinator of [`Stager::flow`].
-    fn flow_d2h(
-        &self,
-        ring: &mut Ring,
-        job: &Staging<'_>,
-        p: &Progress,
-    ) -> Result<(), StagedError> {
+    fn flow_d2h(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
         let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
         let depth = ring.slots.len();
         let (mut issued, mut landed, mut drained) = (0usize, 0usize, 0usize);
@@ -231,8 +174,8 @@ impl Stager {
                 let slot = issued % depth;
                 // SAFETY: the slot was drained (or never used), so the DMA may overwrite it;
                 // the device range is valid by `copy`'s contract.
-                unsafe { job.device_side(job.chunker.get(issued), ring.slots[slot].ptr(), false)? };
-                ring.record(slot, job.stream)?;
+                unsafe { issue(job, issued, slot, ring.slots[slot].ptr(), false)? };
+                ring.record(slot, job.stream())?;
                 issued += 1;
                 spin = Backoff::new();
             } else if landed < issued && ring.poll(landed % depth)? {
@@ -276,6 +219,88 @@ impl Backoff {
     }
 }
 
+/// One staged copy as the pipeline drives it: its chunks, the workers' host-side part of each
+/// and the coordinator's device-side DMA of each. A plan ([`Staging`]) and a segment list
+/// (`segments::SegStaging`) are the two kinds.
+pub(super) trait Chunks: Sync {
+    /// How many chunks.
+    fn count(&self) -> usize;
+    /// Bytes the copy moves (sets how many workers it gets).
+    fn bytes(&self) -> usize;
+    /// The stream the DMAs go on.
+    fn stream(&self) -> &Arc<CudaStream>;
+    /// Part `i` of `t` of chunk `k`'s host-side copy between host memory and the ring slot
+    /// `slot` (`to_slot`: host -> slot), with non-temporal stores when `nt`. The parts of one
+    /// chunk touch disjoint bytes; together they cover the chunk.
+    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool);
+    /// Issues the device side of chunk `k` between the ring slot number `slot` (at `ptr`) and
+    /// the device (`h2d`: slot -> device), on [`Chunks::stream`].
+    ///
+    /// # Safety
+    /// 1. `ptr` holds at least the chunk's bytes and stays valid until the stream reaches the
+    ///    event recorded after this call.
+    /// 2. The chunk's device bytes are valid device memory of the stream's context.
+    unsafe fn device_side(
+        &self,
+        k: usize,
+        slot: usize,
+        ptr: *mut u8,
+        h2d: bool,
+    ) -> Result<(), StagedError>;
+}
+
+/// [`Chunks::device_side`], or the injected failure of a chunk's DMA.
+///
+/// # Safety
+/// As [`Chunks::device_side`].
+unsafe fn issue(
+    job: &dyn Chunks,
+    k: usize,
+    slot: usize,
+    ptr: *mut u8,
+    h2d: bool,
+) -> Result<(), StagedError> {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::fire(crate::fault::Fault::StagedChunk) {
+        return Err(StagedError::Driver {
+            op: if h2d {
+                "cuMemcpyHtoDAsync"
+            } else {
+                "cuMemcpyDtoHAsync"
+            },
+            source: DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        });
+    }
+    // SAFETY: forwarded contract.
+    unsafe { job.device_side(k, slot, ptr, h2d) }
+}
+
+/// One DMA of `len` bytes between pinned host memory at `host` and device memory at `dev` on
+/// `cs` (`h2d`: host -> device).
+///
+/// # Safety
+/// 1. `host` is `len` bytes of pinned memory, `dev` `len` bytes of device memory of the
+///    stream's context, both valid and untouched by others until the stream passes the copy.
+pub(super) unsafe fn dma(
+    cs: sys::CUstream,
+    dev: u64,
+    host: *mut u8,
+    len: usize,
+    h2d: bool,
+) -> Result<(), StagedError> {
+    if h2d {
+        // SAFETY: this function's contract.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
+            .result()
+            .map_err(drv("cuMemcpyHtoDAsync"))
+    } else {
+        // SAFETY: this function's contract.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, len, cs) }
+            .result()
+            .map_err(drv("cuMemcpyDtoHAsync"))
+    }
+}
+
 /// One copy in flight: what the loops need.
 pub(super) struct Staging<'a> {
     pub(super) sides: Sides<'a>,
@@ -285,8 +310,59 @@ pub(super) struct Staging<'a> {
     pub(super) stream: &'a Arc<CudaStream>,
 }
 
-impl Staging<'_> {
-    /// Issues the DMA between a ring slot and the device for one chunk (`h2d`: slot -> device).
+impl Chunks for Staging<'_> {
+    fn count(&self) -> usize {
+        self.chunker.count()
+    }
+    fn bytes(&self) -> usize {
+        self.sides.plan.total_bytes()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
+        let host = self.host;
+        let sides = self.sides;
+        let run = self.chunker.run;
+        let copy = |a: *const u8, b: *mut u8, len: usize| {
+            // SAFETY: `a`/`b` lie in the caller's buffers (contract of `Stager::copy`) or in the
+            // slot, for `len` bytes; the parts' ranges are disjoint.
+            unsafe { copy_bytes(a, b, len, nt) }
+        };
+        match self.chunker.get(k) {
+            Chunk::Piece { run: r, at, len } => {
+                let (_, h) = sides.run_at(r);
+                let h = h + at;
+                // Split at 4 KiB boundaries; small pieces stay on few parts.
+                let per = len.div_ceil(t).div_ceil(4096) * 4096;
+                let start = i * per;
+                if start >= len {
+                    return;
+                }
+                let l = per.min(len - start);
+                let (hp, sp) = (host.at(h + start), slot.at(start));
+                if to_slot {
+                    copy(hp, sp, l)
+                } else {
+                    copy(sp, hp, l)
+                }
+            }
+            Chunk::Runs { first, count } => {
+                let (a, b) = (count * i / t, count * (i + 1) / t);
+                for k in a..b {
+                    let (_, h) = sides.run_at(first + k);
+                    let (hp, sp) = (host.at(h), slot.at(k * run));
+                    if to_slot {
+                        copy(hp, sp, run)
+                    } else {
+                        copy(sp, hp, run)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Issues the DMA between a ring slot and the device for chunk `k` (`h2d`: slot -> device).
     ///
     /// # Safety
     /// 1. `slot` holds at least the chunk's bytes and stays valid until the stream reaches the
@@ -294,35 +370,17 @@ impl Staging<'_> {
     /// 2. The chunk's device bytes are valid device memory of the stream's context.
     unsafe fn device_side(
         &self,
-        chunk: Chunk,
+        k: usize,
+        _slot: usize,
         slot: *mut u8,
         h2d: bool,
     ) -> Result<(), StagedError> {
-        #[cfg(feature = "fault-injection")]
-        if crate::fault::fire(crate::fault::Fault::StagedChunk) {
-            return Err(StagedError::Driver {
-                op: if h2d {
-                    "cuMemcpyHtoDAsync"
-                } else {
-                    "cuMemcpyDtoHAsync"
-                },
-                source: DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
-            });
-        }
+        let chunk = self.chunker.get(k);
         let cs = self.stream.cu_stream();
         let one = |dev: u64, host: *mut u8, len: usize| -> Result<(), StagedError> {
-            if h2d {
-                // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` valid device bytes
-                // (this function's contract).
-                unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
-                    .result()
-                    .map_err(drv("cuMemcpyHtoDAsync"))
-            } else {
-                // SAFETY: as above, the other way.
-                unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, len, cs) }
-                    .result()
-                    .map_err(drv("cuMemcpyDtoHAsync"))
-            }
+            // SAFETY: `host` is `len` bytes of the pinned slot, `dev` `len` valid device bytes
+            // (this function's contract).
+            unsafe { dma(cs, dev, host, len, h2d) }
         };
         match chunk {
             Chunk::Piece { run, at, len } => {

@@ -3,6 +3,7 @@
 
 use super::{driver_error, drv, StagedError, StagingConfig};
 use crate::engine::cuda::memory::{HostAlloc, PinFlags};
+use cudarc::driver::result as cu;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::Arc;
 
@@ -12,6 +13,22 @@ pub(super) struct Ring {
     pub(super) slots: Vec<HostAlloc>,
     events: Vec<CudaEvent>,
     pending: Vec<bool>,
+    /// Device scratch, one per slot, `chunk_bytes` each (made on first need): where a staged
+    /// segment list's chunk lands before the device scatters it, or is packed before its DMA.
+    scratch: Vec<DevScratch>,
+}
+
+/// One device allocation of a ring's scratch, freed on drop.
+struct DevScratch(u64);
+
+impl Drop for DevScratch {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `cuMemAlloc` in `Ring::scratch`; the ring drains every DMA and
+        // scatter before a copy returns, so nothing uses it any more.
+        if unsafe { cu::free_sync(self.0) }.is_ok() {
+            count_alloc!(Device, -1);
+        }
+    }
 }
 
 impl Ring {
@@ -34,7 +51,19 @@ impl Ring {
             pending: vec![false; slots.len()],
             slots,
             events,
+            scratch: Vec::new(),
         })
+    }
+    /// The device scratch buffers, one per slot of `bytes` each (`bytes` is the ring's slot
+    /// size; made on the first call, the ring's context current).
+    pub(super) fn scratch(&mut self, bytes: usize) -> Result<Vec<u64>, StagedError> {
+        while self.scratch.len() < self.slots.len() {
+            // SAFETY: a plain allocation in the current context, owned by the ring.
+            let p = unsafe { cu::malloc_sync(bytes.max(1)) }.map_err(drv("cuMemAlloc"))?;
+            count_alloc!(Device, 1);
+            self.scratch.push(DevScratch(p));
+        }
+        Ok(self.scratch.iter().map(|d| d.0).collect())
     }
     /// Waits for the slot's DMA, if one is pending.
     fn wait(&mut self, slot: usize) -> Result<(), StagedError> {
