@@ -5,6 +5,8 @@
 //! `cuMemcpyHtoDAsync` + `cuStreamSynchronize` per copy), on the same buffers in the same run.
 //! One row per thread count (`cuda-threads[N]`); a timed call is one *round*: every thread's
 //! [`copies_per_round`] copies, released together, host clock until the last thread is done.
+//! Two more ferry series follow the default one (the row's ratio is the default's): the same
+//! with spin waits, and an engine of one stream per direction (as before the pool).
 //! Payload: threads x copies x size bytes. Every device buffer is poisoned before a series and
 //! compared with its thread's own pattern after it.
 
@@ -58,40 +60,51 @@ impl CudaBench {
             .collect::<Result<Vec<_>, BenchError>>()?;
         let copies = copies_per_round(size);
         let payload = (n * copies * size) as u64;
-        let engine = &self.engine;
-        let name = format!("ferry {} (one engine, {})", engine.name(), threads_label(n));
-        let f = ctx.series(&name, Role::Ferry, payload, || {
-            let t = rounds(
-                &self.method,
-                &mut lanes,
-                copies,
-                || Ok(()),
-                |(), l| ferry_copy(engine, l),
-            )?;
-            Ok((t, check(&lanes)?))
-        })?;
+        // The default engine first (the row's ratio), then two diagnostics: the same with spin
+        // waits (what the default wait costs), and one stream per direction (without the pool).
+        let single = CudaEngine::with_config(self.engine.config().streams(1)).map_err(setup)?;
+        let engines = [
+            (&self.engine, "one engine, default config"),
+            (&self.spin, "one engine, spin waits"),
+            (&single, "one engine, one stream per direction"),
+        ];
+        let mut series = Vec::new();
+        for (engine, what) in engines {
+            let name = format!("ferry {} ({what}, {})", engine.name(), threads_label(n));
+            series.push(ctx.series(&name, Role::Ferry, payload, || {
+                let t = rounds(
+                    &self.method,
+                    &mut lanes,
+                    copies,
+                    || Ok(()),
+                    |(), l| ferry_copy(engine, l),
+                )?;
+                Ok((t, check(&lanes)?))
+            })?);
+        }
         let raw = format!(
             "raw cuMemcpyHtoDAsync + cuStreamSynchronize (a stream per thread, {})",
             threads_label(n)
         );
-        let r = ctx.series(&raw, Role::Baseline, payload, || {
+        series.push(ctx.series(&raw, Role::Baseline, payload, || {
             let open = || RawCopier::new(0).map_err(|e| e.to_string());
             let t = rounds(&self.method, &mut lanes, copies, open, |raw, l| {
                 raw.copy(&mut l.dev, &l.src, size, 1)
                     .map_err(|e| e.to_string())
             })?;
             Ok((t, check(&lanes)?))
-        })?;
+        })?);
+        let shape = format!(
+            "pinned -> device, {}, {copies} copies of {size} bytes each per round",
+            threads_label(n)
+        );
         let mut row = Row::new(
             ctx.test,
             Kind::Bandwidth,
             size as u64,
             payload,
-            format!(
-                "pinned -> device, {}, {copies} copies of {size} bytes each per round",
-                threads_label(n)
-            ),
-            vec![f, r],
+            shape,
+            series,
         );
         row.test = format!("{}[{n}]", ctx.test);
         row.link_limit_fraction = self

@@ -54,7 +54,7 @@ pub struct CudaConfig {
     /// [`SPLIT_MIN_BYTES`](super::split::SPLIT_MIN_BYTES)) done by an SM copy kernel while a copy engine does the rest
     /// ([`split`](super::split)); `None` (default): copy engine only.
     pub d2d_sm_share: Option<u8>,
-    /// Streams per direction in the engine's pool (at least 1): each submitting thread keeps
+    /// Streams per direction in the engine's pool (1 to 256): each submitting thread keeps
     /// one of them (see the [engine's ordering](super#ordering)). Default: the host's cores, up
     /// to 16; lane 0's streams are made with the engine, the others on first use.
     /// `FERRY_CUDA_STREAMS` in [`CudaConfig::from_env`].

@@ -54,13 +54,19 @@ pub(crate) fn thread_number() -> usize {
 }
 
 impl Lanes {
-    /// `n` lanes (at least one) on `ctx`; lane 0's three streams made now.
+    /// The most lanes an engine has (a larger [`CudaConfig::streams`](super::CudaConfig::streams)
+    /// counts as this many): far more than threads that can submit at once on any host.
+    pub(crate) const MAX: usize = 256;
+
+    /// `n` lanes (1 to [`Lanes::MAX`]) on `ctx`; lane 0's three streams made now.
     pub(crate) fn new(ctx: &Arc<CudaContext>, n: usize) -> Result<Lanes, DriverError> {
         let first = [new_stream(ctx)?, new_stream(ctx)?, new_stream(ctx)?];
         Ok(Lanes {
             ctx: Arc::clone(ctx),
             first,
-            lanes: (0..n.max(1)).map(|_| Lane::default()).collect(),
+            lanes: (0..n.clamp(1, Lanes::MAX))
+                .map(|_| Lane::default())
+                .collect(),
         })
     }
 
