@@ -10,7 +10,6 @@ use cudarc::driver::sys;
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer};
 use ferry::{Engine, EngineExt, Job, Layout, Memory, MemoryMut, RawBuf, Request};
 use std::sync::mpsc::channel;
-use std::sync::Barrier;
 
 /// An engine on device 0 with a pool of `streams` streams per direction, or `None` after
 /// printing `skipped: no CUDA driver`.
@@ -23,23 +22,37 @@ fn pooled_or_skip(streams: usize) -> Option<CudaEngine> {
     )
 }
 
-/// Submits a flat copy of all of `src` into `dst` after `after`.
+/// Submits a flat copy of all of `src` into `dst` after `after`; the error names the copy.
 ///
 /// # Safety
 /// As [`Engine::submit_raw`].
-unsafe fn copy_after(e: &CudaEngine, dst: RawBuf, src: RawBuf, after: Option<&Request>) -> Request {
-    let l = Layout::bytes(src.len).unwrap();
+unsafe fn try_copy_after(
+    e: &CudaEngine,
+    dst: RawBuf,
+    src: RawBuf,
+    after: Option<&Request>,
+) -> Result<Request, String> {
+    let l = Layout::bytes(src.len).map_err(|err| err.to_string())?;
     let mut job = Job::copy(dst, l, src, l);
     if let Some(a) = after {
         job = job.after(a);
     }
     // SAFETY: the caller's guarantees.
-    unsafe { e.submit_raw(job) }.unwrap_or_else(|err| {
-        panic!(
+    unsafe { e.submit_raw(job) }.map_err(|err| {
+        format!(
             "submit of {} bytes {:?} -> {:?}: {err}",
             src.len, src.kind, dst.kind
         )
     })
+}
+
+/// [`try_copy_after`], panicking on a refused submit.
+///
+/// # Safety
+/// As [`Engine::submit_raw`].
+unsafe fn copy_after(e: &CudaEngine, dst: RawBuf, src: RawBuf, after: Option<&Request>) -> Request {
+    // SAFETY: the caller's guarantees.
+    unsafe { try_copy_after(e, dst, src, after) }.unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// The first byte where `got` differs from `want`, as a message naming `what`.
@@ -134,7 +147,8 @@ fn many_threads_chain_copies_in_every_direction_through_one_engine() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn a_request_after_one_of_another_thread_sees_its_bytes() {
-    // Three threads (three lanes of the pool): A uploads, B copies on the device after A's
+    // Three threads (usually three lanes of the pool; threads take lanes in the order they
+    // first submit, process-wide): A uploads, B copies on the device after A's
     // request, C downloads after B's. A's copy is large, so that B starting early would read the
     // poison.
     let Some(e) = pooled_or_skip(8) else { return };
@@ -155,52 +169,69 @@ fn a_request_after_one_of_another_thread_sees_its_bytes() {
     let wants: Vec<Vec<u8>> = (0..rounds).map(|r| bytes(n, 77 + r as u64)).collect();
     let (to_b, at_b) = channel::<Request>();
     let (to_c, at_c) = channel::<Request>();
-    let round_done = Barrier::new(2);
+    // The main thread lets A start the next round once it has checked this one.
+    let (next_round, at_a) = channel::<()>();
+    let mut failures: Vec<String> = Vec::new();
     let e = &e;
     std::thread::scope(|sc| {
-        let (wants, round_done) = (&wants, &round_done);
+        let wants = &wants;
         // Thread A fills the pinned source, so it owns it; the main thread checks `out`.
         let src_w = src.raw_mut();
         sc.spawn(move || {
             for want in wants {
                 // SAFETY: nothing reads the source until A's copy is submitted below, and the
-                // previous round has finished (the barrier at its end).
+                // previous round has finished (the main thread said so).
                 unsafe { std::slice::from_raw_parts_mut(src_w.addr as *mut u8, n) }
                     .copy_from_slice(want);
-                // SAFETY: the buffers outlive the thread scope; each round ends (C's wait, then
-                // the barrier) before the next one writes them.
+                // SAFETY: the buffers outlive the thread scope; each round ends (the main
+                // thread's wait and check) before the next one writes them.
                 let up = unsafe { copy_after(e, x_w, src_r, None) };
-                to_b.send(up).unwrap();
-                round_done.wait();
+                // (B may have ended on a failure: the main thread reports it.)
+                let _ = to_b.send(up);
+                if at_a.recv().is_err() {
+                    return; // the main thread is done (or failed)
+                }
             }
         });
         sc.spawn(move || {
             for up in at_b.iter() {
                 // SAFETY: as above; reads `x` after A's request.
                 let across = unsafe { copy_after(e, y_w, x_r, Some(&up)) };
-                to_c.send(across).unwrap();
+                let _ = to_c.send(across);
             }
         });
+        // Failures are collected and reported after the scope, so that every thread ends.
         for (r, want) in wants.iter().enumerate() {
-            let across = at_c.recv().unwrap();
-            // SAFETY: as above; reads `y` after B's request.
-            let down = unsafe { copy_after(e, out_w, y_r, Some(&across)) };
-            down.wait()
-                .unwrap_or_else(|err| panic!("round {r}: the chain failed: {err}"));
-            // SAFETY: the download completed; nothing else writes `out` now.
-            let got = unsafe { std::slice::from_raw_parts(out_w.addr as *const u8, n) };
-            assert_bytes(
-                &format!("round {r}: 64 MiB across three threads"),
-                got,
-                want,
-            );
+            let checked = at_c
+                .recv()
+                .map_err(|_| "thread B ended early (see its panic)".to_string())
+                .and_then(|across| {
+                    // SAFETY: as above; reads `y` after B's request.
+                    let down = unsafe { try_copy_after(e, out_w, y_r, Some(&across)) }?;
+                    down.wait()
+                        .map_err(|err| format!("the chain failed: {err}"))?;
+                    // SAFETY: the download completed; nothing else writes `out` now.
+                    let got = unsafe { std::slice::from_raw_parts(out_w.addr as *const u8, n) };
+                    first_diff("64 MiB across three threads", got, want).map_or(Ok(()), Err)
+                });
+            if let Err(m) = checked {
+                failures.push(format!("round {r}: {m}"));
+                // Whatever is still in flight finishes before the buffers are written again.
+                let _ = e.barrier();
+            }
             // Poison the device buffers for the next round (nothing is in flight: C's request
             // waited for B's, which waited for A's).
-            x.copy_from_host(&vec![0xA5; n]).unwrap();
-            y.copy_from_host(&vec![0x5A; n]).unwrap();
-            round_done.wait();
+            if let Err(err) = x.copy_from_host(&vec![0xA5; n]) {
+                failures.push(format!("round {r}: poisoning x: {err}"));
+            }
+            if let Err(err) = y.copy_from_host(&vec![0x5A; n]) {
+                failures.push(format!("round {r}: poisoning y: {err}"));
+            }
+            let _ = next_round.send(());
         }
+        drop(next_round);
     });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     drop((src, x, y, out));
     e.barrier().unwrap();
 }
