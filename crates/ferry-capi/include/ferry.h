@@ -128,8 +128,9 @@ int ferry_dma_cpu_create(ferry_dma **out, int threads);
 int ferry_dma_multiplex_create(ferry_dma **out, ferry_dma **engines, const double *weights,
                                size_t count, size_t split_bytes);
 
-/* CUDA engine on GPU `device` (AML: aml_dma_cuda_create): one stream per direction, one
- * event per request, direction inferred from the buffers' kinds.
+/* CUDA engine on GPU `device` (AML: aml_dma_cuda_create): a pool of streams per direction
+ * (each submitting thread keeps one: its requests in one direction run in order), one event
+ * per request, direction inferred from the buffers' kinds.
  * -FERRY_ENOTAVAIL: no CUDA driver on this machine (*out unchanged); -FERRY_EINVAL: negative
  * or absent device; -FERRY_EDRIVER: a driver call failed (see ferry_last_error_message). */
 int ferry_dma_cuda_create(ferry_dma **out, int device);

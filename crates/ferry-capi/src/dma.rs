@@ -162,8 +162,9 @@ pub unsafe extern "C" fn ferry_dma_multiplex_create(
     })
 }
 
-/// Creates the CUDA engine of GPU `device` (AML's `aml_dma_cuda_create`): one stream per
-/// direction, one event per request, direction inferred from the buffers' kinds.
+/// Creates the CUDA engine of GPU `device` (AML's `aml_dma_cuda_create`): a pool of streams
+/// per direction (each submitting thread keeps one), one event per request, direction inferred
+/// from the buffers' kinds.
 ///
 /// Returns `FERRY_SUCCESS`, `-FERRY_ENOTAVAIL` (no CUDA driver on this machine; `*out`
 /// unchanged), `-FERRY_EINVAL` (negative or absent device), `-FERRY_EDRIVER` (a driver call

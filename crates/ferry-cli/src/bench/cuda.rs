@@ -20,7 +20,9 @@
 //! Files: this one holds the test table, the engines and the dispatch; `cuda/timing.rs` how a
 //! series is timed and checked; the tests in `cuda/contiguous.rs` (pinned, pageable, d2d,
 //! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`,
-//! `cuda/parts.rs` (`cuda-latency-parts`) and `cuda/segments.rs` (pageable segment lists).
+//! `cuda/parts.rs` (`cuda-latency-parts`), `cuda/segments.rs` (pageable segment lists) and
+//! `cuda/threads.rs` (`cuda-threads`: many submitting threads, host clock, one row per thread
+//! count).
 
 mod contiguous;
 mod latency;
@@ -28,6 +30,7 @@ mod mapped;
 mod parts;
 mod segments;
 mod strided;
+mod threads;
 mod timing;
 
 use super::ctx::{setup, Ctx};
@@ -57,6 +60,7 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Needs::Cuda, Kind::Latency, "4,4K,64K"),
+    TestInfo::new("cuda-threads", "1, 2, 8, 16 threads each copying its own pinned buffer -> its own device buffer (size = one copy), submit+wait per copy through ONE shared engine (default config) vs a raw stream per thread (cuMemcpyHtoDAsync + cuStreamSynchronize); rows cuda-threads[N]", Needs::Cuda, Kind::Bandwidth, "64K,4M"),
     TestInfo::new("cuda-latency-parts", "where a small submit+wait's time goes: ferry (spin) through the scope and through submit_raw, vs raw cuMemcpyAsync waited by stream sync (own stream, ferry's), event sync (one event, 64 in turn), event + stream sync, event query loop", Needs::Cuda, Kind::Latency, "4,4K,64K"),
 ];
 
@@ -148,8 +152,8 @@ impl CudaBench {
         })
     }
 
-    /// Runs one GPU test at one size.
-    pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Row, BenchError> {
+    /// Runs one GPU test at one size: one row, or one per thread count (`cuda-threads`).
+    pub fn run(&mut self, test: &TestInfo, size: u64) -> Result<Vec<Row>, BenchError> {
         let ctx = Ctx::new(test, size);
         let size = usize::try_from(size).map_err(|_| ctx.bad("larger than the address space"))?;
         let mut row = match test.name {
@@ -178,6 +182,7 @@ impl CudaBench {
                 self.latency(&ctx, size, &e.map_err(setup)?, " spin-then-block")?
             }
             "cuda-latency-parts" => self.latency_parts(&ctx, size)?,
+            "cuda-threads" => return self.threads(&ctx, size),
             _ => {
                 return Err(BenchError::UnknownTest {
                     name: test.name.into(),
@@ -200,6 +205,6 @@ impl CudaBench {
             };
             row.link_limit_fraction = Some(f / limit);
         }
-        Ok(row)
+        Ok(vec![row])
     }
 }

@@ -388,8 +388,7 @@ pub fn run(
                     None => gpu
                         .insert(cuda::CudaBench::new(cfg.method.clone())?)
                         .run(t, size),
-                }
-                .map(|r| vec![r]),
+                },
             };
             match rows {
                 Ok(rows) => results.extend(rows),

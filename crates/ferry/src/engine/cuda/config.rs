@@ -54,6 +54,11 @@ pub struct CudaConfig {
     /// [`SPLIT_MIN_BYTES`](super::split::SPLIT_MIN_BYTES)) done by an SM copy kernel while a copy engine does the rest
     /// ([`split`](super::split)); `None` (default): copy engine only.
     pub d2d_sm_share: Option<u8>,
+    /// Streams per direction in the engine's pool (1 to 256): each submitting thread keeps
+    /// one of them (see the [engine's ordering](super#ordering)). Default: the host's cores, up
+    /// to 16; lane 0's streams are made with the engine, the others on first use.
+    /// `FERRY_CUDA_STREAMS` in [`CudaConfig::from_env`].
+    pub streams: usize,
 }
 
 impl CudaConfig {
@@ -67,13 +72,24 @@ impl CudaConfig {
             staging: Some(staged::StagingConfig::new()),
             kernel_copies: KernelCopies::Auto,
             d2d_sm_share: None,
+            streams: super::route::default_streams(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
         }
     }
     /// [`CudaConfig::new`] with the staging tuned from the environment
-    /// ([`StagingConfig::from_env`](staged::StagingConfig::from_env): `FERRY_STAGING_*`).
+    /// ([`StagingConfig::from_env`](staged::StagingConfig::from_env): `FERRY_STAGING_*`) and
+    /// `FERRY_CUDA_STREAMS` ([`CudaConfig::streams`]).
     /// Errors: [`ConfigError`](crate::ConfigError) naming a variable whose value does not parse.
     pub fn from_env(ordinal: u32) -> Result<CudaConfig, crate::ConfigError> {
-        Ok(CudaConfig::new(ordinal).staging(Some(staged::StagingConfig::from_env()?)))
+        let mut c = CudaConfig::new(ordinal).staging(Some(staged::StagingConfig::from_env()?));
+        crate::env::apply(&crate::env::process, "FERRY_CUDA_STREAMS", &mut c.streams)?;
+        Ok(c.streams(c.streams))
+    }
+    /// Sets the number of streams per direction in the engine's pool (0 counts as 1).
+    pub fn streams(mut self, n: usize) -> CudaConfig {
+        self.streams = n.max(1);
+        self
     }
     /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
     pub fn kernel_copies(mut self, k: KernelCopies) -> CudaConfig {

@@ -207,7 +207,7 @@ impl CudaEngine {
     ///    only while it is recorded).
     pub unsafe fn record_raw(&self, stream: sys::CUstream) -> Result<Request, InteropError> {
         driver::bind(&self.ctx)?;
-        let ev = self.events.take(self.cfg.wait)?;
+        let ev = self.lane_events().take(self.cfg.wait)?;
         // SAFETY: a live event of this context and a live stream of it (1, 2).
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(ev.raw(), stream)
@@ -290,11 +290,17 @@ impl CudaEngine {
         super::route::direction(&self.cfg, dst, Some(src))
     }
 
-    /// A completion around an event recorded by this engine.
+    /// The event pool of the calling thread's lane (where [`CudaEngine::completion`] returns
+    /// the event).
+    fn lane_events(&self) -> &Arc<super::event::EventPool> {
+        &self.lanes.lane(self.lanes.mine()).events
+    }
+
+    /// A completion around an event taken from [`CudaEngine::lane_events`].
     fn completion(&self, ev: Event) -> CudaCompletion {
         CudaCompletion::new(
             ev,
-            Arc::clone(&self.events),
+            Arc::clone(self.lane_events()),
             Arc::clone(&self.ctx),
             self.cfg.wait,
             Vec::new(),

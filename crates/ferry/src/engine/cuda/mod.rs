@@ -9,7 +9,9 @@
 //!   every engine's safe API takes them.
 //! - [`CudaEngine`]: one per device. Separate non-blocking streams per direction (host to
 //!   device, device to host, device to device), so that the directions run on different copy
-//!   engines at once. One event per request: waiting on one request never waits for the rest of
+//!   engines at once, and a small pool of them per direction ([`CudaConfig::streams`]), so
+//!   that threads submitting through one engine do not queue behind each other (see
+//!   [Ordering](#ordering)). One event per request: waiting on one request never waits for the rest of
 //!   its stream. Strided layouts become `cuMemcpy2DAsync`/`cuMemcpy3DAsync`; fills become
 //!   `cuMemsetD8/16/32Async` where the pattern allows. A dependency on another CUDA request is a
 //!   `cuStreamWaitEvent` (no host round trip); other dependencies are waited on the submitting
@@ -42,6 +44,22 @@
 //! host. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins ([`WaitMode::Spin`]).
 //! `barrier` waits for everything.
 //!
+//! # Ordering
+//!
+//! - Independent requests (no `after` between them) may run concurrently and complete in any
+//!   order, also requests of one thread in different directions.
+//! - One thread's requests in one direction run in the order it submitted them: each thread
+//!   keeps one stream of the pool per direction for its life (threads are spread over the
+//!   pool's [`CudaConfig::streams`] streams in the order they first submit). Staged requests
+//!   (pageable memory from the staging sizes up) run on the staging thread and are ordered
+//!   only by dependencies.
+//! - Dependencies always hold: a request submitted with `after(r)` starts after `r` completed,
+//!   whichever thread submitted `r` and whichever stream it ran on (a CUDA request becomes a
+//!   `cuStreamWaitEvent` on the dependent's stream, no host wait).
+//! - [`CudaEngine::stream`] is the calling thread's stream for a direction: work the thread
+//!   enqueues there is ordered with its copies in that direction.
+//! - `barrier` waits for the requests of every thread.
+//!
 //! ```no_run
 //! use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
 //! use ferry::EngineExt;
@@ -61,6 +79,7 @@ pub(crate) mod event;
 pub(crate) mod exec;
 pub mod gather;
 mod interop;
+mod lanes;
 mod memory;
 pub mod multi;
 mod paths;
@@ -83,7 +102,7 @@ pub use route::KernelCopies;
 
 use super::{Engine, Job, SubmitError};
 use crate::memory::MemKind;
-use crate::request::{BarrierError, InFlight, Request, RequestError};
+use crate::request::{BarrierError, Request, RequestError};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use driver::check;
 use exec::End;
@@ -100,14 +119,12 @@ struct Peer {
 pub struct CudaEngine {
     cfg: CudaConfig,
     ctx: Arc<CudaContext>,
-    /// Streams by direction: H2D, D2H, D2D.
-    streams: [Arc<CudaStream>; 3],
+    /// The stream pool: a stream per direction, an event pool and an in-flight list per lane.
+    lanes: lanes::Lanes,
     /// `can_access[j]`: this device can access device `j` directly.
     can_access: Vec<bool>,
     peers: Mutex<Vec<Option<Peer>>>,
-    inflight: InFlight,
     waker_tx: Sender<Arc<event::Inner>>,
-    events: Arc<event::EventPool>,
     paths: paths::Paths,
 }
 
@@ -129,11 +146,7 @@ impl CudaEngine {
     /// [`CudaError::NoDevice`], a failed stream creation.
     pub fn with_config(cfg: CudaConfig) -> Result<CudaEngine, CudaError> {
         let ctx = driver::context(cfg.ordinal)?;
-        let stream = || {
-            ctx.new_stream()
-                .map_err(|e| DriverError::new("cuStreamCreate", e.0))
-        };
-        let streams = [stream()?, stream()?, stream()?];
+        let lanes = lanes::Lanes::new(&ctx, cfg.streams)?;
         let count = driver::device_count()?;
         let me = ctx.cu_device();
         let can_access = (0..count)
@@ -151,12 +164,10 @@ impl CudaEngine {
             .map_err(|e| CudaError::Thread(e.to_string()))?;
         Ok(CudaEngine {
             cfg,
-            streams,
+            lanes,
             can_access,
             peers: Mutex::new((0..count).map(|_| None).collect()),
-            inflight: InFlight::new(),
             waker_tx,
-            events: Arc::default(),
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
             ctx,
         })
@@ -172,10 +183,13 @@ impl CudaEngine {
         self.cfg.ordinal
     }
 
-    /// The stream used for a direction (for interop, e.g. launching kernels ordered with
-    /// ferry's copies).
+    /// The stream the calling thread's copies in direction `d` run on (for interop, e.g.
+    /// launching kernels ordered with ferry's copies, or timing them with events): the engine
+    /// keeps a pool of [`CudaConfig::streams`] streams per direction and each submitting
+    /// thread keeps one of them (see [Ordering](self#ordering)). Another thread may get
+    /// another stream: ask on the thread that submits.
     pub fn stream(&self, d: Direction) -> &Arc<CudaStream> {
-        &self.streams[d as usize]
+        self.lanes.stream(self.lanes.mine(), d)
     }
 
     /// Compiles (NVRTC) and loads this engine's kernels now: the SM copy kernels of
@@ -282,7 +296,8 @@ impl CudaEngine {
         job
     }
 
-    /// Runs a route's paths in order on this engine's stream until one has enqueued the
+    /// Runs a route's paths in order on `stream` (the route's direction in the submitting
+    /// thread's lane) until one has enqueued the
     /// program: a kernel path that cannot be made here (no NVRTC) or whose launch failed before
     /// anything was enqueued falls through to the next, and the driver steps close the list.
     ///
@@ -294,11 +309,10 @@ impl CudaEngine {
         route: &Route,
         steps: &[crate::op::Step],
         job: &Job,
-        dst: End,
-        src: Option<End>,
+        (dst, src): (End, Option<End>),
+        stream: &Arc<CudaStream>,
         keep: &mut Vec<memory::DeviceBuffer>,
     ) -> Result<(), SubmitError> {
-        let stream = &self.streams[route.stream as usize];
         let src_len = job.src.map_or(0, |s| s.len);
         for path in route.paths() {
             // The route chose a kernel path only where both sides are reachable by this GPU.
@@ -363,7 +377,7 @@ impl CudaEngine {
     fn stage(
         &self,
         job: &Job,
-        route: &Route,
+        stream: &Arc<CudaStream>,
         dir: staged::Direction,
         steps: Vec<crate::op::Step>,
     ) -> Result<Request, SubmitError> {
@@ -381,7 +395,7 @@ impl CudaEngine {
         let signal = Arc::new(crate::request::Signal::new());
         self.paths.stage(paths::StagedTask {
             dir,
-            stream: Arc::clone(&self.streams[route.stream as usize]),
+            stream: Arc::clone(stream),
             dst: job.dst.addr,
             src: job.src.map_or(0, |s| s.addr),
             work,
@@ -391,8 +405,9 @@ impl CudaEngine {
         Ok(Request::new(signal))
     }
 
-    fn track(&self, req: Request) -> Request {
-        self.inflight.track(&req);
+    /// Tracks `req` in lane `lane`'s in-flight list (for barriers).
+    fn track(&self, lane: usize, req: Request) -> Request {
+        self.lanes.lane(lane).inflight.track(&req);
         req
     }
 }
@@ -414,6 +429,9 @@ impl Engine for CudaEngine {
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
         job.check()?;
+        // The submitting thread's lane: its stream for the route's direction, its events and
+        // its in-flight list (see the module documentation, "Ordering").
+        let lane = self.lanes.mine();
         // Prepare: build and check the program (custom operators fail only their request).
         let steps = if job.op.is_builtin() {
             job.op
@@ -422,7 +440,7 @@ impl Engine for CudaEngine {
         } else {
             match job.op.lower_catching(job.dst.len, job.src.map(|s| s.len)) {
                 Ok(p) => p.into_steps(),
-                Err(e) => return Ok(self.track(Request::ready(Err(e)))),
+                Err(e) => return Ok(self.track(lane, Request::ready(Err(e)))),
             }
         };
         let job = if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), &steps) {
@@ -436,8 +454,9 @@ impl Engine for CudaEngine {
         }
         // Decide, then run.
         let route = route::route(&self.cfg, dk, sk, &steps);
+        let stream = self.lanes.stream(lane, route.stream);
         if let Path::Staged(dir) = route.first() {
-            return Ok(self.track(self.stage(&job, &route, dir, steps)?));
+            return Ok(self.track(lane, self.stage(&job, stream, dir, steps)?));
         }
         // Dependencies: CUDA requests become stream waits; others are waited here.
         let mut events = Vec::new();
@@ -445,15 +464,19 @@ impl Engine for CudaEngine {
             if let Some(c) = dep.completion().as_any().downcast_ref::<CudaCompletion>() {
                 match c.known() {
                     Some(Err(e)) => {
-                        return Ok(
-                            self.track(Request::ready(Err(RequestError::Dependency(Box::new(e)))))
-                        )
+                        return Ok(self.track(
+                            lane,
+                            Request::ready(Err(RequestError::Dependency(Box::new(e)))),
+                        ))
                     }
                     Some(Ok(())) => {}
                     None => events.push(c.event()),
                 }
             } else if let Err(e) = dep.completion().wait() {
-                return Ok(self.track(Request::ready(Err(RequestError::Dependency(Box::new(e))))));
+                return Ok(self.track(
+                    lane,
+                    Request::ready(Err(RequestError::Dependency(Box::new(e)))),
+                ));
             }
         }
         driver::bind(&self.ctx)?;
@@ -462,41 +485,42 @@ impl Engine for CudaEngine {
             Some(s) => Some(self.end(s.addr, s.kind)?),
             None => None,
         };
-        let ev = self.events.take(self.cfg.wait)?;
-        let stream = self.streams[route.stream as usize].cu_stream();
+        let events_pool = &self.lanes.lane(lane).events;
+        let ev = events_pool.take(self.cfg.wait)?;
+        let raw_stream = stream.cu_stream();
         for e in events {
             // SAFETY: live stream of this context and a live event (held by the dependency's
             // request, which the job holds).
             check("cuStreamWaitEvent", unsafe {
-                sys::cuStreamWaitEvent(stream, e, 0)
+                sys::cuStreamWaitEvent(raw_stream, e, 0)
             })?;
         }
         let mut keep = Vec::new();
         // SAFETY: context current (bound above), the stream is the route's, of this engine;
         // the buffers are valid until the request completes by this function's contract; the
         // steps were checked against the buffers by the program.
-        unsafe { self.run_route(&route, &steps, &job, dst, src, &mut keep)? };
+        unsafe { self.run_route(&route, &steps, &job, (dst, src), stream, &mut keep)? };
         // SAFETY: live event and stream of this context.
         if let Err(e) = check("cuEventRecord", unsafe {
-            sys::cuEventRecord(ev.raw(), stream)
+            sys::cuEventRecord(ev.raw(), raw_stream)
         }) {
             // SAFETY: our live stream.
-            let _ = unsafe { sys::cuStreamSynchronize(stream) };
+            let _ = unsafe { sys::cuStreamSynchronize(raw_stream) };
             return Err(e.into());
         }
         let c = CudaCompletion::new(
             ev,
-            Arc::clone(&self.events),
+            Arc::clone(events_pool),
             Arc::clone(&self.ctx),
             self.cfg.wait,
             keep,
             self.waker_tx.clone(),
         );
-        Ok(self.track(Request::new(c)))
+        Ok(self.track(lane, Request::new(c)))
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {
-        self.inflight.barrier()
+        self.lanes.barrier()
     }
 
     /// This GPU's device memory.
@@ -513,7 +537,7 @@ impl Drop for CudaEngine {
         self.paths.shutdown();
         // Work in flight finishes before the streams go; requests keep their own events.
         if driver::bind(&self.ctx).is_ok() {
-            for s in &self.streams {
+            for s in self.lanes.streams() {
                 let _ = s.synchronize();
             }
         }

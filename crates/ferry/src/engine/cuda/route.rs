@@ -20,6 +20,10 @@
 //! - [`Path::Driver`]: the program's steps as driver calls (`cuMemcpy*Async`, `cuMemset*Async`,
 //!   `cuMemcpyPeerAsync`), always last: a kernel path that cannot be made here (no NVRTC) falls
 //!   through to the next one.
+//!
+//! The route's stream is a direction ([`direction`]); which of the engine's pool of streams
+//! for that direction runs it is the submitting thread's lane ([`lane`]), so that one thread's
+//! requests in one direction stay in order on one stream while other threads use others.
 
 use super::gather::Strategy;
 use super::{staged, CudaConfig, Direction};
@@ -143,6 +147,27 @@ pub(crate) fn transpose_of(plan: &Plan) -> Option<Transpose> {
         c,
         batch,
     })
+}
+
+/// The default size of an engine's stream pool ([`CudaConfig::streams`]) is the host's core
+/// count up to this many streams per direction: one per thread that can submit at the same
+/// time. Lanes beyond lane 0 are made only when a thread submits through them. Issue 14 (H200
+/// host, 16 cores): eight threads submitting 64 KiB pinned copies through one stream per
+/// direction moved 0.52x what eight threads with a raw stream each moved; `ferry bench --test
+/// cuda-threads` measures the pool against a raw stream per thread at 1-16 threads.
+pub const MAX_DEFAULT_STREAMS: usize = 16;
+
+/// The default pool size on a host with `cores` cores: see [`MAX_DEFAULT_STREAMS`].
+pub(crate) fn default_streams(cores: usize) -> usize {
+    cores.clamp(1, MAX_DEFAULT_STREAMS)
+}
+
+/// The lane (stream of the pool, per direction) of the thread numbered `thread` (threads are
+/// numbered in the order they first submit) on an engine of `lanes` lanes: round-robin over
+/// the threads, fixed for a thread's life, so that its requests in one direction keep their
+/// order and threads that start together get different streams.
+pub(crate) fn lane(thread: usize, lanes: usize) -> usize {
+    thread % lanes.max(1)
 }
 
 /// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy

@@ -566,3 +566,41 @@ fn transposes_take_the_sm_path_where_both_sides_are_reachable() {
         crate::engine::cuda::strided::SmKernel::Transpose
     );
 }
+
+#[test]
+fn the_default_pool_is_one_stream_per_core_up_to_16() {
+    assert_eq!(default_streams(0), 1);
+    assert_eq!(default_streams(1), 1);
+    assert_eq!(default_streams(2), 2);
+    assert_eq!(default_streams(16), 16);
+    assert_eq!(default_streams(128), 16);
+}
+
+#[test]
+fn threads_take_the_pool_round_robin_and_keep_their_lane() {
+    // Eight threads that start together on a pool of eight: one stream each.
+    let lanes: Vec<usize> = (0..8).map(|t| lane(t, 8)).collect();
+    assert_eq!(lanes, [0, 1, 2, 3, 4, 5, 6, 7]);
+    // Sixteen on eight: two each, whichever thread number the first one had.
+    for first in [0, 3, 1000] {
+        let mut per = [0; 8];
+        (first..first + 16).for_each(|t| per[lane(t, 8)] += 1);
+        assert_eq!(per, [2; 8], "threads {first}..{}", first + 16);
+    }
+    // The same thread, the same lane (a pure function of its number).
+    assert_eq!(lane(13, 8), lane(13, 8));
+    // One lane (or a pool of 0, counted as 1): everybody on lane 0.
+    assert!((0..50).all(|t| lane(t, 1) == 0 && lane(t, 0) == 0));
+}
+
+#[test]
+fn the_pool_choice_leaves_the_direction_alone() {
+    // The lane picks a stream among the direction's: the route's direction is the same for
+    // every thread (the pool is per direction).
+    let c = cfg().streams(4);
+    assert_eq!(c.streams, 4);
+    assert_eq!(cfg().streams(0).streams, 1);
+    let r = route(&c, OWN, Some(PINNED), &contiguous(64 << 10));
+    assert_eq!(r.stream, Direction::HostToDevice);
+    assert_eq!(r.first(), Path::Driver);
+}

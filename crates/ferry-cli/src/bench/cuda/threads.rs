@@ -1,0 +1,206 @@
+//! `cuda-threads`: many threads submitting through one engine. 1, 2, 8 and 16 threads each copy
+//! their own pinned buffer into their own device buffer, `size` bytes per copy, one copy
+//! submitted and waited at a time: through ONE shared engine with the default config (a scope,
+//! `memcpy`, `wait` per copy, as a user writes it), and raw (a stream of the thread's own,
+//! `cuMemcpyHtoDAsync` + `cuStreamSynchronize` per copy), on the same buffers in the same run.
+//! One row per thread count (`cuda-threads[N]`); a timed call is one *round*: every thread's
+//! [`copies_per_round`] copies, released together, host clock until the last thread is done.
+//! Two more ferry series follow the default one (the row's ratio is the default's): the same
+//! with spin waits, and an engine of one stream per direction (as before the pool).
+//! Payload: threads x copies x size bytes. Every device buffer is poisoned before a series and
+//! compared with its thread's own pattern after it.
+
+use super::CudaBench;
+use crate::bench::ctx::{flat, setup, threads_label, Ctx};
+use crate::bench::data::pattern;
+use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Timing};
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
+use ferry::{Engine, EngineExt};
+use ferry_bench::RawCopier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Barrier, Mutex, PoisonError};
+
+/// Submitting threads, one row each.
+const THREADS: [usize; 4] = [1, 2, 8, 16];
+
+/// Copies each thread makes per timed round: 16 MiB per thread, 1 to 64 copies.
+fn copies_per_round(size: usize) -> usize {
+    ((16 << 20) / size.max(1)).clamp(1, 64)
+}
+
+/// One thread's buffers and the bytes its destination must hold.
+struct Lane {
+    src: PinnedBuffer,
+    dev: DeviceBuffer,
+    want: Vec<u8>,
+}
+
+impl CudaBench {
+    /// The rows of `cuda-threads` at `size` bytes per copy.
+    pub(super) fn threads(&self, ctx: &Ctx, size: usize) -> Result<Vec<Row>, BenchError> {
+        if size == 0 {
+            return Err(ctx.bad("zero bytes"));
+        }
+        let mut rows = Vec::new();
+        for n in THREADS {
+            rows.push(self.threads_row(ctx, size, n)?);
+        }
+        Ok(rows)
+    }
+
+    fn threads_row(&self, ctx: &Ctx, size: usize, n: usize) -> Result<Row, BenchError> {
+        let mut lanes = (0..n)
+            .map(|i| {
+                let want = pattern(size, 7000 + i as u64);
+                let mut src = PinnedBuffer::new(size).map_err(setup)?;
+                src.copy_from_slice(&want);
+                let dev = DeviceBuffer::new(0, size).map_err(setup)?;
+                Ok(Lane { src, dev, want })
+            })
+            .collect::<Result<Vec<_>, BenchError>>()?;
+        let copies = copies_per_round(size);
+        let payload = (n * copies * size) as u64;
+        // The default engine first (the row's ratio), then two diagnostics: the same with spin
+        // waits (what the default wait costs), and one stream per direction (without the pool).
+        let single = CudaEngine::with_config(self.engine.config().streams(1)).map_err(setup)?;
+        let engines = [
+            (&self.engine, "one engine, default config"),
+            (&self.spin, "one engine, spin waits"),
+            (&single, "one engine, one stream per direction"),
+        ];
+        let mut series = Vec::new();
+        for (engine, what) in engines {
+            let name = format!("ferry {} ({what}, {})", engine.name(), threads_label(n));
+            series.push(ctx.series(&name, Role::Ferry, payload, || {
+                let t = rounds(
+                    &self.method,
+                    &mut lanes,
+                    copies,
+                    || Ok(()),
+                    |(), l| ferry_copy(engine, l),
+                )?;
+                Ok((t, check(&lanes)?))
+            })?);
+        }
+        let raw = format!(
+            "raw cuMemcpyHtoDAsync + cuStreamSynchronize (a stream per thread, {})",
+            threads_label(n)
+        );
+        series.push(ctx.series(&raw, Role::Baseline, payload, || {
+            let open = || RawCopier::new(0).map_err(|e| e.to_string());
+            let t = rounds(&self.method, &mut lanes, copies, open, |raw, l| {
+                raw.copy(&mut l.dev, &l.src, size, 1)
+                    .map_err(|e| e.to_string())
+            })?;
+            Ok((t, check(&lanes)?))
+        })?);
+        let shape = format!(
+            "pinned -> device, {}, {copies} copies of {size} bytes each per round",
+            threads_label(n)
+        );
+        let mut row = Row::new(
+            ctx.test,
+            Kind::Bandwidth,
+            size as u64,
+            payload,
+            shape,
+            series,
+        );
+        row.test = format!("{}[{n}]", ctx.test);
+        row.link_limit_fraction = self
+            .link_gbps
+            .zip(row.ferry().map(|s| s.median))
+            .map(|(limit, f)| f / limit);
+        Ok(row)
+    }
+}
+
+/// One submit+wait through the shared engine, as a user writes it.
+fn ferry_copy(engine: &CudaEngine, l: &mut Lane) -> Result<(), String> {
+    let Lane { src, dev, .. } = l;
+    flat(engine.scope(|s| s.memcpy(dev, &*src)?.wait().map_err(ferry::Error::from)))
+}
+
+/// Whether every thread's device buffer holds its own pattern (an error names the first
+/// thread and byte that do not).
+fn check(lanes: &[Lane]) -> Result<bool, String> {
+    for (i, l) in lanes.iter().enumerate() {
+        let got = l.dev.to_vec().map_err(|e| e.to_string())?;
+        if let Some(at) = got.iter().zip(&l.want).position(|(a, b)| a != b) {
+            return Err(format!(
+                "thread {i}'s device buffer: byte {at} is {:#04x}, its pattern has {:#04x}",
+                got[at], l.want[at]
+            ));
+        }
+    }
+    Ok(true)
+}
+
+fn poison(lanes: &mut [Lane]) -> Result<(), String> {
+    for l in lanes {
+        let n = l.dev.len();
+        l.dev
+            .copy_from_host(&vec![0xA5; n])
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Times rounds of one thread per lane, each making `copies` calls of `copy` per round with
+/// its own session (`open`, made on the thread), all released together by a barrier; a round
+/// ends when the last thread is done. The first error of any thread fails the series.
+fn rounds<S>(
+    method: &Method,
+    lanes: &mut [Lane],
+    copies: usize,
+    open: impl Fn() -> Result<S, String> + Sync,
+    copy: impl Fn(&S, &mut Lane) -> Result<(), String> + Sync,
+) -> Result<Timing, String> {
+    poison(lanes)?;
+    let (start, end) = (Barrier::new(lanes.len() + 1), Barrier::new(lanes.len() + 1));
+    let stop = AtomicBool::new(false);
+    let error: Mutex<Option<String>> = Mutex::new(None);
+    let fail = |e: String| {
+        error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(e);
+    };
+    std::thread::scope(|sc| {
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            let (start, end, stop, fail, open, copy) = (&start, &end, &stop, &fail, &open, &copy);
+            sc.spawn(move || {
+                let session = open().map_err(|e| format!("thread {i}: {e}"));
+                loop {
+                    start.wait();
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    match &session {
+                        Ok(s) => {
+                            for k in 0..copies {
+                                if let Err(e) = copy(s, lane) {
+                                    fail(format!("thread {i}, copy {k} of the round: {e}"));
+                                    break;
+                                }
+                            }
+                        }
+                        Err(e) => fail(e.clone()),
+                    }
+                    end.wait();
+                }
+            });
+        }
+        let t = measure(method, || {
+            start.wait();
+            end.wait();
+            match error.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        });
+        stop.store(true, Ordering::Release);
+        start.wait();
+        t
+    })
+}
