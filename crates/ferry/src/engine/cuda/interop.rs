@@ -296,7 +296,14 @@ impl CudaEngine {
             ev,
             Arc::clone(&self.events),
             Arc::clone(&self.ctx),
-            self.cfg.wait,
+            (
+                self.cfg.wait,
+                // Unknown work: no sleep, poll, then nap.
+                super::wait::Expect {
+                    submitted: std::time::Instant::now(),
+                    expected: None,
+                },
+            ),
             Vec::new(),
             self.waker_tx.clone(),
         )

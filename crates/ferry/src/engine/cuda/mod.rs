@@ -39,7 +39,9 @@
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
 //! dependencies and that copies from or to pageable host memory below the staging sizes return
 //! once the driver has consumed the host side. A staged request's dependents wait for it on the
-//! host. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins ([`WaitMode::Spin`]).
+//! host. `Request::wait` sleeps until shortly before the request's expected end and then polls
+//! ([`WaitMode::Auto`], default), sleeps in the driver ([`WaitMode::Blocking`]) or spins
+//! ([`WaitMode::Spin`]).
 //! `barrier` waits for everything.
 //!
 //! ```no_run
@@ -70,6 +72,7 @@ mod route;
 pub mod split;
 pub mod staged;
 pub mod strided;
+mod wait;
 
 pub use config::{CudaConfig, Direction, WaitMode};
 pub use error::{CudaError, DriverError};
@@ -108,6 +111,8 @@ pub struct CudaEngine {
     waker_tx: Sender<Arc<event::Inner>>,
     events: Arc<event::EventPool>,
     paths: paths::Paths,
+    /// Upper bounds on this GPU's path rates, for [`WaitMode::Auto`]'s expected end times.
+    rates: wait::Rates,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -146,6 +151,10 @@ impl CudaEngine {
                 j != cfg.ordinal && r == sys::CUresult::CUDA_SUCCESS && can != 0
             })
             .collect();
+        let rates = wait::Rates::probe(
+            me,
+            probe::device_info(cfg.ordinal, me).pci_bus_id.as_deref(),
+        );
         let waker_tx = event::spawn_waiter(format!("ferry-cuda{}-waiter", cfg.ordinal))
             .map_err(|e| CudaError::Thread(e.to_string()))?;
         Ok(CudaEngine {
@@ -157,6 +166,7 @@ impl CudaEngine {
             waker_tx,
             events: Arc::default(),
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            rates,
             ctx,
         })
     }
@@ -434,6 +444,14 @@ impl Engine for CudaEngine {
         if let Path::Staged(dir) = route.first() {
             return Ok(self.track(self.stage(&job, &route, dir, steps)?));
         }
+        // For `WaitMode::Auto`: the earliest end (bytes over the path's rate bound from now).
+        let expect = wait::Expect {
+            submitted: std::time::Instant::now(),
+            expected: wait::expected(
+                steps.iter().map(crate::op::Step::bytes).sum(),
+                self.rates.for_kinds(dk, sk),
+            ),
+        };
         // Dependencies: CUDA requests become stream waits; others are waited here.
         let mut events = Vec::new();
         for dep in &job.after {
@@ -483,7 +501,7 @@ impl Engine for CudaEngine {
             ev,
             Arc::clone(&self.events),
             Arc::clone(&self.ctx),
-            self.cfg.wait,
+            (self.cfg.wait, expect),
             keep,
             self.waker_tx.clone(),
         );
