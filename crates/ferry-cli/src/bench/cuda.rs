@@ -13,15 +13,23 @@
 //! ([`RawCopier::timed`]). The other rows, and all rows if the latch cannot be set up here,
 //! are timed on the host ([`Clock`](super::Clock) says which, per series). Bandwidth rows use
 //! an engine with [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by
-//! default; the latency rows show the default blocking wait and the spin wait. Destinations
+//! default; the latency rows show the default wait ([`WaitMode::Auto`]) and the spin wait.
+//! Beside the GPU-event figure, the contiguous rows (pinned and pageable h2d/d2h, d2d) carry
+//! the caller's view (`cuda/caller.rs`, [`CallerView`](super::CallerView)): one copy per call
+//! through the public API on the default-config engine, host clock around scope + copy + wait,
+//! next to a raw `cuMemcpyAsync` + `cuStreamSynchronize` timed the same way on the same
+//! buffers; and each series's process CPU time per GB moved. `cuda-wait-cpu` meters the
+//! waiting thread's CPU time during one long copy. Destinations
 //! are poisoned before each series and compared with the source after it. The link limit is
 //! PCIe generation x width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 //!
 //! Files: this one holds the test table, the engines and the dispatch; `cuda/timing.rs` how a
 //! series is timed and checked; the tests in `cuda/contiguous.rs` (pinned, pageable, d2d,
 //! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`
-//! and `cuda/parts.rs` (`cuda-latency-parts`).
+//! and `cuda/parts.rs` (`cuda-latency-parts`), `cuda/caller.rs` (the caller's view, CPU
+//! metering, `cuda-wait-cpu`).
 
+mod caller;
 mod contiguous;
 mod latency;
 mod mapped;
@@ -48,9 +56,10 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-transpose", "transpose of a square f32 matrix (size = matrix bytes), device -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,64M"),
     TestInfo::new("cuda-transpose-h2d", "transpose of a square f32 matrix, pinned host -> device, vs raw cuMemcpy2D/3DAsync of the same plan and a contiguous copy of the same bytes", Needs::Cuda, Kind::Bandwidth, "1M,16M,64M"),
     TestInfo::new("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
-    TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
+    TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default wait (WaitMode::Auto), vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Needs::Cuda, Kind::Latency, "4,4K,64K"),
+    TestInfo::new("cuda-wait-cpu", "the waiting thread's CPU time (getrusage RUSAGE_THREAD, wait_cpu_share) during one pinned -> device copy: default wait, Spin, raw cuStreamSynchronize", Needs::Cuda, Kind::Latency, "256M"),
     TestInfo::new("cuda-latency-parts", "where a small submit+wait's time goes: ferry (spin) through the scope and through submit_raw, vs raw cuMemcpyAsync waited by stream sync (own stream, ferry's), event sync (one event, 64 in turn), event + stream sync, event query loop", Needs::Cuda, Kind::Latency, "4,4K,64K"),
 ];
 
@@ -167,6 +176,7 @@ impl CudaBench {
                 self.latency(&ctx, size, &e.map_err(setup)?, " spin-then-block")?
             }
             "cuda-latency-parts" => self.latency_parts(&ctx, size)?,
+            "cuda-wait-cpu" => self.wait_cpu(&ctx, size)?,
             _ => {
                 return Err(BenchError::UnknownTest {
                     name: test.name.into(),
