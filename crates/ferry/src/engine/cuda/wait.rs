@@ -8,8 +8,8 @@
 //! rate ([`Rates`]), so the estimate is never late for an idle stream. The waiter then
 //! 1. spins in the driver (`cuEventSynchronize` on an event without `BLOCKING_SYNC`, as
 //!    [`WaitMode::Spin`](super::WaitMode::Spin)) when the expected time is below
-//!    [`SPIN_ONLY_BELOW`]: a sleep cannot pay off there (Linux oversleeps by its 50 us timer
-//!    slack), and the driver's spin notices completion sooner than a `cuEventQuery` loop (the
+//!    [`SPIN_ONLY_BELOW`]: a sleep cannot pay off there (a sleep and wake-up cost about as much),
+//!    and the driver's spin notices completion sooner than a `cuEventQuery` loop (the
 //!    4 KiB row: 7.8 us against 8.4 us for a query loop, run 17). Cost: such a request queued
 //!    behind long work spins a core until that work is done;
 //! 2. otherwise sleeps (`std::thread::sleep`) until [`SLEEP_MARGIN`] before the expected end,
@@ -20,14 +20,17 @@
 //!    time waited so far and at most [`NAP_MAX`], so a long unexpected wait costs a few wake-ups
 //!    per millisecond and at most about 6% of its length in late notice.
 //!
+//! Every sleep runs with the thread's timer slack lowered to 1 us ([`sleep`]; Linux's default of
+//! 50 us would make each nap up to 50 us late), restored after it.
+//!
 //! The figures: Auto's latency and CPU use are to be measured (`ferry bench -t cuda-latency`,
 //! `cuda-wait-cpu`).
 
 use crate::MemKind;
 use std::time::{Duration, Instant};
 
-/// The sleep ends this long before the expected end: Linux's default timer slack (50 us for a
-/// normal thread) plus a wake-up.
+/// The sleep ends this long before the expected end: a wake-up (several microseconds) plus
+/// Linux's default timer slack (50 us for a normal thread), in case [`sleep`] could not lower it.
 pub(crate) const SLEEP_MARGIN: Duration = Duration::from_micros(100);
 /// Requests expected to take less than this spin in the driver.
 pub(crate) const SPIN_ONLY_BELOW: Duration = Duration::from_micros(30);
@@ -64,8 +67,12 @@ impl Rates {
         let sysfs = |file: &str| {
             std::fs::read_to_string(format!("/sys/bus/pci/devices/{}/{file}", pci?)).ok()
         };
+        // A GPU that reads host memory through the host's page tables (Grace Hopper's
+        // NVLink-C2C) may reach the host faster than its PCIe function says: no bound.
+        let c2c = attr(A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES)
+            .is_some_and(|v| v != 0);
         let link = match (sysfs("max_link_speed"), sysfs("max_link_width")) {
-            (Some(s), Some(w)) => w.trim().parse().ok().and_then(|w| link_rate(&s, w)),
+            (Some(s), Some(w)) if !c2c => w.trim().parse().ok().and_then(|w| link_rate(&s, w)),
             _ => None,
         };
         let memory = match (
@@ -175,7 +182,7 @@ pub(crate) fn wait<R>(
             if let Some(r) = query() {
                 return r;
             }
-            std::thread::sleep(t - now);
+            sleep(t - now);
         }
     }
     loop {
@@ -193,8 +200,33 @@ pub(crate) fn wait<R>(
             return r;
         }
         nap = next_nap(nap, e.submitted.elapsed());
-        std::thread::sleep(nap);
+        sleep(nap);
     }
+}
+
+/// `std::thread::sleep(d)` with the calling thread's timer slack at 1 us meanwhile (Linux
+/// otherwise lets a normal thread's sleep end up to 50 us late), restored after it; a plain
+/// sleep where the slack cannot be read or set.
+#[cfg(target_os = "linux")]
+pub(crate) fn sleep(d: Duration) {
+    const SLACK_NS: libc::c_ulong = 1000;
+    // SAFETY: PR_GET_TIMERSLACK reads the calling thread's slack (ns, the return value); the
+    // other arguments are unused zeroes.
+    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    let lowered = libc::c_ulong::try_from(old).is_ok_and(|o| o > SLACK_NS)
+        // SAFETY: PR_SET_TIMERSLACK sets the calling thread's slack to a plain number.
+        && unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, SLACK_NS, 0, 0, 0) } == 0;
+    std::thread::sleep(d);
+    if lowered {
+        // SAFETY: as above; `old` is the positive value read before.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, old as libc::c_ulong, 0, 0, 0) };
+    }
+}
+
+/// `std::thread::sleep` (no timer slack to lower here).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn sleep(d: Duration) {
+    std::thread::sleep(d);
 }
 
 #[cfg(test)]

@@ -165,3 +165,21 @@ fn wait_sleeps_no_later_than_the_expected_end_and_naps_past_it() {
     assert!(took >= Duration::from_millis(5));
     assert!(took < Duration::from_millis(500), "{took:?}");
 }
+
+/// The calling thread's timer slack, ns (`PR_GET_TIMERSLACK`).
+#[cfg(target_os = "linux")]
+fn slack() -> i32 {
+    // SAFETY: reads the calling thread's slack; no pointers.
+    unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) }
+}
+
+#[test]
+fn sleep_sleeps_and_restores_the_timer_slack() {
+    #[cfg(target_os = "linux")]
+    let before = slack();
+    let t = Instant::now();
+    sleep(Duration::from_millis(2));
+    assert!(t.elapsed() >= Duration::from_millis(2));
+    #[cfg(target_os = "linux")]
+    assert_eq!(slack(), before);
+}
