@@ -14,11 +14,12 @@
 //! are timed on the host ([`Clock`](super::Clock) says which, per series). Bandwidth rows use
 //! an engine with [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by
 //! default; the latency rows show the default wait ([`WaitMode::Auto`]) and the spin wait.
-//! Beside the GPU-event figure, the contiguous rows (pinned and pageable h2d/d2h, d2d) carry
+//! Beside the GPU-event figure, the single-copy rows (pinned, pageable and mapped h2d/d2h,
+//! d2d; not yet bidir, tile, transpose, scatter) carry
 //! the caller's view (`cuda/caller.rs`, [`CallerView`](super::CallerView)): one copy per call
 //! through the public API on the default-config engine, host clock around scope + copy + wait,
 //! next to a raw `cuMemcpyAsync` + `cuStreamSynchronize` timed the same way on the same
-//! buffers; and each series's process CPU time per GB moved. `cuda-wait-cpu` meters the
+//! buffers; and the contiguous rows each series's process CPU time per GB moved. `cuda-wait-cpu` meters the
 //! waiting thread's CPU time during one long copy. Destinations
 //! are poisoned before each series and compared with the source after it. The link limit is
 //! PCIe generation x width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).

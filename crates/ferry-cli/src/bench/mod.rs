@@ -60,8 +60,8 @@ they measure), and any row where the latch could not be set up; they are timed o
 around submit..completion of the batch.
 Host-clock series wait by spinning (raw: the driver's default synchronize; ferry:
 WaitMode::Spin), so the rows compare copies, not sleep/wake-up costs; cuda-latency shows
-ferry's default wait (WaitMode::Auto). Beside them, every contiguous GPU row (h2d/d2h pinned
-and pageable, d2d) reports the caller's view: one copy per call through the public API with
+ferry's default wait (WaitMode::Auto). Beside them, the single-copy GPU rows (h2d/d2h pinned,
+pageable and mapped, d2d) report the caller's view: one copy per call through the public API with
 the default config (CudaConfig::from_env(0)), host clock around scope + copy + wait, with its
 own ratio to a raw cuMemcpyAsync + cuStreamSynchronize on the same buffers timed the same way;
 and each series's process CPU seconds per GB moved (getrusage RUSAGE_SELF over the timed

@@ -2,6 +2,7 @@
 //! a series costs the process, and `cuda-wait-cpu` (the waiting thread's CPU time during one
 //! long copy, issue 14).
 
+use super::timing::poison_devs;
 use super::CudaBench;
 use crate::bench::ctx::{flat, setup, Ctx, Msg};
 use crate::bench::data::pattern_bytes;
@@ -76,6 +77,24 @@ impl CudaBench {
             Ok((t, check(dst), Clock::Host))
         })?;
         Ok(CallerView::new(f, r))
+    }
+
+    /// [`CudaBench::caller_view`] of `data.len()` bytes of `src` into the device buffer `dst`.
+    pub(super) fn dev_caller_view<S: Memory + ?Sized>(
+        &self,
+        ctx: &Ctx,
+        dst: &mut DeviceBuffer,
+        src: &S,
+        data: &[u8],
+    ) -> Result<CallerView, BenchError> {
+        self.caller_view(
+            ctx,
+            dst,
+            src,
+            data.len(),
+            |d| poison_devs(std::slice::from_mut(d)),
+            |d| d.to_vec().is_ok_and(|v| v == data),
+        )
     }
 
     /// `cuda-wait-cpu`: one pinned host -> device copy of `size` submitted, then waited; the

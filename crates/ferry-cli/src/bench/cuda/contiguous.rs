@@ -6,7 +6,7 @@ use super::timing::{dev_bufs, devs_check, ferry_batch, ferry_batches, poison_dev
 use super::{batch, CudaBench};
 use crate::bench::ctx::{setup, Ctx};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{BenchError, CallerView, Role, Row, Series};
+use crate::bench::{BenchError, Role, Row, Series};
 use ferry::cuda::{DeviceBuffer, Direction, PinnedBuffer};
 use ferry::{Engine, Layout, Memory};
 
@@ -44,24 +44,6 @@ impl CudaBench {
         );
         row.caller = Some(caller);
         Ok(row)
-    }
-
-    /// [`CudaBench::caller_view`] of `data.len()` bytes of `src` into the device buffer `dst`.
-    fn dev_caller_view<S: Memory + ?Sized>(
-        &self,
-        ctx: &Ctx,
-        dst: &mut DeviceBuffer,
-        src: &S,
-        data: &[u8],
-    ) -> Result<CallerView, BenchError> {
-        self.caller_view(
-            ctx,
-            dst,
-            src,
-            data.len(),
-            |d| poison_devs(std::slice::from_mut(d)),
-            |d| d.to_vec().is_ok_and(|v| v == data),
-        )
     }
 
     /// `data.len()` bytes of `src` into each of `devs`: ferry (on `dir`'s stream) and the raw
