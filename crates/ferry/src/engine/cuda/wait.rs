@@ -37,6 +37,8 @@ pub(crate) const SPIN_ONLY_BELOW: Duration = Duration::from_micros(30);
 /// Polling lasts at least this long past the expected end before the naps begin (a small copy's
 /// fixed latency on the H200 is 7-20 us).
 pub(crate) const POLL_MIN: Duration = Duration::from_micros(200);
+/// The longest expected time a schedule uses (a lower bound stays one when lowered).
+pub(crate) const EXPECTED_MAX: Duration = Duration::from_secs(3600);
 /// The first nap.
 pub(crate) const NAP_FIRST: Duration = Duration::from_micros(20);
 /// The longest nap.
@@ -145,7 +147,8 @@ pub(crate) fn schedule(e: Expect) -> Schedule {
     match e.expected {
         Some(x) if x < SPIN_ONLY_BELOW => Schedule::DriverSpin,
         x => {
-            let x = x.unwrap_or(Duration::ZERO);
+            // Clamped (still a lower bound) so that no clock arithmetic can overflow.
+            let x = x.unwrap_or(Duration::ZERO).min(EXPECTED_MAX);
             let end = e.submitted + x;
             Schedule::Poll {
                 sleep_until: (x > SLEEP_MARGIN).then(|| end - SLEEP_MARGIN),

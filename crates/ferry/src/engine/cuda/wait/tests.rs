@@ -82,6 +82,18 @@ fn long_requests_sleep_until_the_margin_then_poll() {
             poll_until: t + 2 * x,
         }
     );
+    // Absurd sizes are clamped, not overflowed.
+    let far = schedule(Expect {
+        submitted: t,
+        expected: Some(Duration::from_secs(u64::MAX / 4)),
+    });
+    assert_eq!(
+        far,
+        Schedule::Poll {
+            sleep_until: Some(t + EXPECTED_MAX - SLEEP_MARGIN),
+            poll_until: t + 2 * EXPECTED_MAX,
+        }
+    );
     // Shorter than the margin: no sleep, poll at least POLL_MIN past the end.
     assert_eq!(
         schedule(Expect {
