@@ -9,6 +9,8 @@
 //!   nvbandwidth times copies; [`RawCopier::timed`] times the copier's own calls with it.
 //! - [`RawNccl`]: NCCL's own blocking `ncclSend`/`ncclRecv` (from `ferry::bench`, which loads
 //!   NCCL the way ferry's NCCL engine does).
+//! - [`cpu_time`]: CPU time (user + system) of the process or of the calling thread
+//!   (`getrusage`), for the CPU cost of staged copies and of a waiting thread.
 //! - [`submit_raw_and_wait`]: ferry's unsafe submit followed at once by the wait, the
 //!   engine's cost without the safe scope, for the latency decomposition.
 //!
@@ -16,11 +18,13 @@
 //! such call sits in an `unsafe` block with its `// SAFETY:` reason. Without a driver every
 //! constructor returns an error; nothing panics.
 
+mod cputime;
 mod error;
 mod latency;
 mod raw;
 mod timer;
 
+pub use cputime::{cpu_time, CpuOf};
 pub use error::BaselineError;
 pub use ferry::bench::RawNccl;
 pub use latency::{submit_raw_and_wait, RawWait};

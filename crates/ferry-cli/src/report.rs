@@ -24,6 +24,15 @@ fn clock(r: &Row) -> String {
     names.join("/")
 }
 
+/// ferry's CPU cost: CPU seconds per GB moved, or the waiting thread's share of the wait.
+fn cpu_cell(s: &crate::bench::Series) -> String {
+    match (s.cpu_s_per_gb, s.wait_cpu_share) {
+        (_, Some(x)) => format!("{:.0}% wait", x * 100.0),
+        (Some(x), None) => format!("{x:.3} s/GB"),
+        (None, None) => "-".into(),
+    }
+}
+
 /// Renders rows of one kind as an aligned table.
 pub fn table(rows: &[&Row], kind: Kind) -> String {
     let u = kind.unit();
@@ -41,6 +50,8 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
         format!("base {u}"),
         ratio_head,
         "link".into(),
+        "caller (ratio)".into(),
+        "cpu".into(),
         "clock".into(),
         "ok".into(),
     ];
@@ -63,6 +74,10 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
             format!("{:.2}", r.ratio),
             r.link_limit_fraction
                 .map_or("-".into(), |x| format!("{:.0}%", x * 100.0)),
+            r.caller.as_ref().map_or("-".into(), |c| {
+                format!("{} ({:.2})", fmt_fig(kind, c.ferry.median), c.ratio)
+            }),
+            f.map_or("-".into(), cpu_cell),
             clock(r),
             if verified { "yes".into() } else { "NO".into() },
         ]);
@@ -105,6 +120,10 @@ Reading: GB/s = 10^9 payload bytes/s, median of the samples (min..max beside it)
 ferry / the better of the plain baselines measured in the same run on the same buffers (the
 baseline column names it): above 1 ferry is faster; for latency rows it is ferry's time over
 the baseline's, below 1 ferry is faster. link = ferry's figure as a fraction of the PCIe link.
+caller (ratio) = GPU rows: one copy per call through the public API with the default config,
+host clock around scope + copy + wait (ratio to raw cuMemcpyAsync + cuStreamSynchronize timed
+the same way). cpu = ferry's process CPU seconds per GB moved, or (cuda-wait-cpu) the waiting
+thread's CPU time as a share of the wait.
 The method: `ferry bench --help`, or `--verbose` to print it here.
 Small sizes (below about 64 KiB) fit in cache and show the per-call cost. CPU rows place the
 source 64 B into a page and the destination 2 KiB further in (no 4 KiB aliasing between loads

@@ -13,17 +13,25 @@
 //! ([`RawCopier::timed`]). The other rows, and all rows if the latch cannot be set up here,
 //! are timed on the host ([`Clock`](super::Clock) says which, per series). Bandwidth rows use
 //! an engine with [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by
-//! default; the latency rows show the default blocking wait and the spin wait. Destinations
+//! default; the latency rows show the default wait ([`WaitMode::Auto`]) and the spin wait.
+//! Beside the GPU-event figure, the single-copy rows (pinned, pageable and mapped h2d/d2h,
+//! d2d; not yet bidir, tile, transpose, scatter) carry
+//! the caller's view (`cuda/caller.rs`, [`CallerView`](super::CallerView)): one copy per call
+//! through the public API on the default-config engine, host clock around scope + copy + wait,
+//! next to a raw `cuMemcpyAsync` + `cuStreamSynchronize` timed the same way on the same
+//! buffers; and the contiguous rows each series's process CPU time per GB moved. `cuda-wait-cpu` meters the
+//! waiting thread's CPU time during one long copy. Destinations
 //! are poisoned before each series and compared with the source after it. The link limit is
 //! PCIe generation x width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).
 //!
 //! Files: this one holds the test table, the engines and the dispatch; `cuda/timing.rs` how a
 //! series is timed and checked; the tests in `cuda/contiguous.rs` (pinned, pageable, d2d,
 //! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`,
-//! `cuda/parts.rs` (`cuda-latency-parts`), `cuda/segments.rs` (pageable segment lists) and
+//! `cuda/parts.rs` (`cuda-latency-parts`), `cuda/segments.rs` (pageable segment lists),
 //! `cuda/threads.rs` (`cuda-threads`: many submitting threads, host clock, one row per thread
-//! count).
+//! count) and `cuda/caller.rs` (the caller's view, CPU metering, `cuda-wait-cpu`).
 
+mod caller;
 mod contiguous;
 mod latency;
 mod mapped;
@@ -57,9 +65,10 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
     TestInfo::new("cuda-scatter-pageable", "100,000 scattered segments (size = segment) pageable -> device, vs one cuMemcpyAsync per segment and a 1-thread CPU gather to pinned + one cuMemcpyAsync; CPU time per GB", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
     TestInfo::new("cuda-gather-pageable", "device -> 100,000 scattered segments (size = segment) of pageable memory, vs one cuMemcpyAsync per segment and one cuMemcpyAsync to pinned + a 1-thread CPU scatter; CPU time per GB", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
-    TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default (blocking) wait, vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
+    TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default wait (WaitMode::Auto), vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Needs::Cuda, Kind::Latency, "4,4K,64K"),
+    TestInfo::new("cuda-wait-cpu", "the waiting thread's CPU time (getrusage RUSAGE_THREAD, wait_cpu_share) during one pinned -> device copy: default wait, Spin, raw cuStreamSynchronize", Needs::Cuda, Kind::Latency, "256M"),
     TestInfo::new("cuda-threads", "1, 2, 8, 16 threads each copying its own pinned buffer -> its own device buffer (size = one copy), submit+wait per copy through ONE shared engine (default config) vs a raw stream per thread (cuMemcpyHtoDAsync + cuStreamSynchronize); rows cuda-threads[N]", Needs::Cuda, Kind::Bandwidth, "64K,4M"),
     TestInfo::new("cuda-latency-parts", "where a small submit+wait's time goes: ferry (spin) through the scope and through submit_raw, vs raw cuMemcpyAsync waited by stream sync (own stream, ferry's), event sync (one event, 64 in turn), event + stream sync, event query loop", Needs::Cuda, Kind::Latency, "4,4K,64K"),
 ];
@@ -183,6 +192,7 @@ impl CudaBench {
             }
             "cuda-latency-parts" => self.latency_parts(&ctx, size)?,
             "cuda-threads" => return self.threads(&ctx, size),
+            "cuda-wait-cpu" => self.wait_cpu(&ctx, size)?,
             _ => {
                 return Err(BenchError::UnknownTest {
                     name: test.name.into(),

@@ -27,7 +27,7 @@ mod row;
 
 pub use measure::{measure, measure_with, Method, Timing};
 pub use report::{CpuEngineReport, Host, MethodReport, Report, Skipped};
-pub use row::{Clock, Role, Row, Series};
+pub use row::{CallerView, Clock, Role, Row, Series};
 
 use serde::Serialize;
 use thiserror::Error;
@@ -60,7 +60,13 @@ they measure), and any row where the latch could not be set up; they are timed o
 around submit..completion of the batch.
 Host-clock series wait by spinning (raw: the driver's default synchronize; ferry:
 WaitMode::Spin), so the rows compare copies, not sleep/wake-up costs; cuda-latency shows
-ferry's default blocking wait. The link column is ferry's figure over PCIe generation x width
+ferry's default wait (WaitMode::Auto). Beside them, the single-copy GPU rows (h2d/d2h pinned,
+pageable and mapped, d2d) report the caller's view: one copy per call through the public API with
+the default config (CudaConfig::from_env(0)), host clock around scope + copy + wait, with its
+own ratio to a raw cuMemcpyAsync + cuStreamSynchronize on the same buffers timed the same way;
+and each series's process CPU seconds per GB moved (getrusage RUSAGE_SELF over the timed
+calls). cuda-wait-cpu reports the waiting thread's CPU time (RUSAGE_THREAD around each wait)
+as a share of the wait's wall time. The link column is ferry's figure over PCIe generation x width
 as the driver and sysfs report it (both directions: twice that).";
 
 /// Errors of `ferry bench`.

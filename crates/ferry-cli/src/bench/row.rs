@@ -55,6 +55,13 @@ pub struct Series {
     pub verified: bool,
     /// How it was timed.
     pub clock: Clock,
+    /// CPU seconds (user + system, every thread of the process: `getrusage(RUSAGE_SELF)`) per
+    /// GB moved over the timed calls; set on the contiguous GPU rows (the staged pageable
+    /// ones are where it matters: their copies run on CPU threads).
+    pub cpu_s_per_gb: Option<f64>,
+    /// The waiting thread's CPU time (`getrusage(RUSAGE_THREAD)` around each wait) as a
+    /// fraction of the waits' wall time; set by `cuda-wait-cpu`.
+    pub wait_cpu_share: Option<f64>,
 }
 
 impl Series {
@@ -81,7 +88,21 @@ impl Series {
             timing,
             verified: true,
             clock: Clock::Host,
+            cpu_s_per_gb: None,
+            wait_cpu_share: None,
         }
+    }
+
+    /// The same series with its CPU cost: `cpu` spent over `calls` calls of `payload` bytes.
+    pub fn with_cpu(
+        mut self,
+        cpu: Option<std::time::Duration>,
+        calls: u64,
+        payload: u64,
+    ) -> Series {
+        let gb = calls as f64 * payload as f64 / 1e9;
+        self.cpu_s_per_gb = cpu.filter(|_| gb > 0.0).map(|c| c.as_secs_f64() / gb);
+        self
     }
 
     /// The same series, marked as timed by `clock`.
@@ -115,6 +136,31 @@ pub struct Row {
     pub ratio: f64,
     /// Fraction of the link's limit (GPU rows; null for CPU rows).
     pub link_limit_fraction: Option<f64>,
+    /// What a program waits for (GPU bandwidth rows; null elsewhere): see [`CallerView`].
+    pub caller: Option<CallerView>,
+}
+
+/// The caller's view of a GPU bandwidth row (issue 14): one copy of the row's size per call,
+/// the host clock around `scope` + copy + `wait` through the public API with the default
+/// configuration (`CudaConfig::from_env(0)`, so `WaitMode::Auto`), beside a raw
+/// `cuMemcpyAsync` + `cuStreamSynchronize` on the same buffers, timed the same way. The row's
+/// own series time the GPU's work (events, spin waits); this one what a user's thread waits.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallerView {
+    /// ferry, default configuration.
+    pub ferry: Series,
+    /// The raw driver, one copy then one stream synchronize.
+    pub raw: Series,
+    /// `ferry` / `raw` in GB/s (above 1 ferry is faster).
+    pub ratio: f64,
+}
+
+impl CallerView {
+    /// The view of two series; the ratio of their medians.
+    pub fn new(ferry: Series, raw: Series) -> CallerView {
+        let ratio = ferry.median / raw.median;
+        CallerView { ferry, raw, ratio }
+    }
 }
 
 impl Row {
@@ -155,6 +201,7 @@ impl Row {
             best_baseline,
             ratio,
             link_limit_fraction: None,
+            caller: None,
         }
     }
 
@@ -184,6 +231,37 @@ mod tests {
         assert_eq!(v["clock"], "cuda-events");
         let v = serde_json::to_value(Series::new("f", Role::Ferry, Kind::Latency, 1, tm)).unwrap();
         assert_eq!(v["clock"], "host");
+    }
+
+    #[test]
+    fn caller_view_and_cpu_columns_serialize() {
+        let tm = |s: f64| Timing::of(vec![s], 1);
+        let f = Series::new("f", Role::Ferry, Kind::Bandwidth, 1000, tm(1e-6)).with_cpu(
+            Some(std::time::Duration::from_millis(2)),
+            1_000_000,
+            1000,
+        );
+        // 2 ms of CPU over 1 GB moved.
+        assert!((f.cpu_s_per_gb.unwrap() - 0.002).abs() < 1e-12);
+        let r = Series::new("r", Role::Baseline, Kind::Bandwidth, 1000, tm(0.5e-6));
+        let mut row = Row::new(
+            "x",
+            Kind::Bandwidth,
+            1000,
+            1000,
+            String::new(),
+            vec![f.clone()],
+        );
+        row.caller = Some(CallerView::new(f, r));
+        assert!((row.caller.as_ref().unwrap().ratio - 0.5).abs() < 1e-9);
+        let v = serde_json::to_value(&row).unwrap();
+        assert!((v["caller"]["ratio"].as_f64().unwrap() - 0.5).abs() < 1e-9);
+        assert_eq!(v["caller"]["raw"]["name"], "r");
+        assert!(v["series"][0]["cpu_s_per_gb"].as_f64().is_some());
+        assert!(v["series"][0]["wait_cpu_share"].is_null());
+        let none =
+            Series::new("n", Role::Ferry, Kind::Bandwidth, 1000, tm(1e-6)).with_cpu(None, 3, 1000);
+        assert!(none.cpu_s_per_gb.is_none());
     }
 
     #[test]

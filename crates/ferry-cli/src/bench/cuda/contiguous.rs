@@ -1,6 +1,7 @@
 //! Contiguous copies: host (pinned or pageable) <-> device, device -> device, and both
 //! directions at once.
 
+use super::caller::cpu_metered;
 use super::timing::{dev_bufs, devs_check, ferry_batch, ferry_batches, poison_devs};
 use super::{batch, CudaBench};
 use crate::bench::ctx::{setup, Ctx};
@@ -16,12 +17,13 @@ impl CudaBench {
         let data = pattern_bytes(size);
         let mut devs = dev_bufs(batch, size, 0)?;
         let dir = Direction::HostToDevice;
-        let (shape, series) = if pinned {
+        let (shape, series, caller) = if pinned {
             let mut src = PinnedBuffer::new(size).map_err(setup)?;
             src.copy_from_slice(&data);
             (
                 "pinned -> device",
                 self.h2d_series(ctx, &mut devs, &src, &data, dir, true)?,
+                self.dev_caller_view(ctx, &mut devs[0], &*src, &data)?,
             )
         } else {
             // Pageable: ferry's staged path runs on CPU threads and the driver's pageable copy
@@ -29,16 +31,19 @@ impl CudaBench {
             (
                 "pageable -> device",
                 self.h2d_series(ctx, &mut devs, &data, &data, dir, false)?,
+                self.dev_caller_view(ctx, &mut devs[0], &data[..], &data)?,
             )
         };
-        Ok(Row::new(
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             (size * batch) as u64,
             shape.into(),
             series,
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 
     /// `data.len()` bytes of `src` into each of `devs`: ferry (on `dir`'s stream) and the raw
@@ -57,23 +62,38 @@ impl CudaBench {
         let l = Layout::bytes(size).map_err(setup)?;
         let timer = self.clock(events);
         let name = format!("ferry {} spin", self.spin.name());
-        let f = ctx.clocked_series(&name, Role::Ferry, payload, || {
-            poison_devs(devs)?;
-            let (t, c) = self.time(timer, |tm| {
-                ferry_batch(&self.spin, dir, tm, |s| {
-                    devs.iter_mut()
-                        .try_for_each(|d| s.copy(d, &l, src, &l).map(drop))
-                })
-            })?;
-            Ok((t, devs_check(devs, data), c))
-        })?;
-        let r = ctx.clocked_series("raw driver", Role::Baseline, payload, || {
-            poison_devs(devs)?;
-            let (t, c) = self.time(timer, |tm| {
-                self.raw_batch(tm, |raw| raw.copy_into_each(devs, src, size))
-            })?;
-            Ok((t, devs_check(devs, data), c))
-        })?;
+        let mut cpu = (None, 0);
+        let f = ctx
+            .clocked_series(&name, Role::Ferry, payload, || {
+                poison_devs(devs)?;
+                let (r, spent, calls) = cpu_metered(|n| {
+                    self.time(timer, |tm| {
+                        n.set(n.get() + 1);
+                        ferry_batch(&self.spin, dir, tm, |s| {
+                            devs.iter_mut()
+                                .try_for_each(|d| s.copy(d, &l, src, &l).map(drop))
+                        })
+                    })
+                });
+                let (t, c) = r?;
+                cpu = (spent, calls);
+                Ok((t, devs_check(devs, data), c))
+            })?
+            .with_cpu(cpu.0, cpu.1, payload);
+        let r = ctx
+            .clocked_series("raw driver", Role::Baseline, payload, || {
+                poison_devs(devs)?;
+                let (r, spent, calls) = cpu_metered(|n| {
+                    self.time(timer, |tm| {
+                        n.set(n.get() + 1);
+                        self.raw_batch(tm, |raw| raw.copy_into_each(devs, src, size))
+                    })
+                });
+                let (t, c) = r?;
+                cpu = (spent, calls);
+                Ok((t, devs_check(devs, data), c))
+            })?
+            .with_cpu(cpu.0, cpu.1, payload);
         Ok(vec![f, r])
     }
 
@@ -87,6 +107,7 @@ impl CudaBench {
         let timer = self.clock(pinned);
         let dir = Direction::DeviceToHost;
         let mut series = vec![];
+        let caller;
         macro_rules! run_with {
             ($hosts:expr, $shape:expr) => {{
                 let mut hosts = $hosts;
@@ -94,24 +115,44 @@ impl CudaBench {
                     (format!("ferry {} spin", self.spin.name()), Role::Ferry),
                     ("raw driver".to_string(), Role::Baseline),
                 ] {
-                    series.push(ctx.clocked_series(&name, role, payload, || {
-                        hosts.iter_mut().for_each(|h| h.fill(0xA5));
-                        let (t, c) = if role == Role::Ferry {
-                            self.time(timer, |tm| {
-                                ferry_batch(&self.spin, dir, tm, |s| {
-                                    hosts
-                                        .iter_mut()
-                                        .try_for_each(|h| s.copy(h, &l, &src, &l).map(drop))
+                    let mut cpu = (None, 0);
+                    series.push(
+                        ctx.clocked_series(&name, role, payload, || {
+                            hosts.iter_mut().for_each(|h| h.fill(0xA5));
+                            let (r, spent, calls) = cpu_metered(|n| {
+                                self.time(timer, |tm| {
+                                    n.set(n.get() + 1);
+                                    if role == Role::Ferry {
+                                        ferry_batch(&self.spin, dir, tm, |s| {
+                                            hosts
+                                                .iter_mut()
+                                                .try_for_each(|h| s.copy(h, &l, &src, &l).map(drop))
+                                        })
+                                    } else {
+                                        self.raw_batch(tm, |raw| {
+                                            raw.copy_into_each(&mut hosts, &src, size)
+                                        })
+                                    }
                                 })
-                            })?
-                        } else {
-                            self.time(timer, |tm| {
-                                self.raw_batch(tm, |raw| raw.copy_into_each(&mut hosts, &src, size))
-                            })?
-                        };
-                        Ok((t, hosts.iter().all(|h| h[..] == data[..]), c))
-                    })?);
+                            });
+                            let (t, c) = r?;
+                            cpu = (spent, calls);
+                            Ok((t, hosts.iter().all(|h| h[..] == data[..]), c))
+                        })?
+                        .with_cpu(cpu.0, cpu.1, payload),
+                    );
                 }
+                caller = Some(self.caller_view(
+                    ctx,
+                    &mut hosts[0],
+                    &src,
+                    size,
+                    |h| {
+                        h.fill(0xA5);
+                        Ok(())
+                    },
+                    |h| h[..] == data[..],
+                )?);
                 $shape
             }};
         }
@@ -129,14 +170,16 @@ impl CudaBench {
                 "device -> pageable"
             )
         };
-        Ok(Row::new(
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             payload,
             shape.into(),
             series,
-        ))
+        );
+        row.caller = caller;
+        Ok(row)
     }
 
     /// Device 0 -> device `to` (0: on one GPU; 1: a peer copy).
@@ -147,14 +190,17 @@ impl CudaBench {
         let mut devs = dev_bufs(batch, size, 0)?;
         let dir = Direction::DeviceToDevice;
         let series = self.h2d_series(ctx, &mut devs, &src, &data, dir, true)?;
-        Ok(Row::new(
+        let caller = self.dev_caller_view(ctx, &mut devs[0], &src, &data)?;
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             (size * batch) as u64,
             "device -> device".to_string(),
             series,
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 
     /// Both directions at once, on two streams (ferry: its host-to-device and device-to-host

@@ -52,14 +52,17 @@ impl CudaBench {
                 Ok((t, devs_check(&devs, &data), c))
             })?);
         }
-        Ok(Row::new(
+        let caller = self.dev_caller_view(ctx, &mut devs[0], &src, &data)?;
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             payload,
             "mapped host -> device".into(),
             series,
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 
     /// Device -> mapped (zero-copy) host memory, written by the SMs.
@@ -108,13 +111,22 @@ impl CudaBench {
                 Ok((t, check(&hosts), c))
             })?);
         }
-        Ok(Row::new(
+        let poison = |h: &mut MappedBuffer| {
+            h.fill(0xA5);
+            Ok(())
+        };
+        let caller = self.caller_view(ctx, &mut hosts[0], &src, size, poison, |h| {
+            h[..] == data[..]
+        })?;
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             payload,
             "device -> mapped host".into(),
             series,
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 }

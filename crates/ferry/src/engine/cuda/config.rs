@@ -8,12 +8,19 @@ use super::{staged, KernelCopies};
 /// Measured on an H200 host (4 KiB pinned host-to-device copy, submitted and waited, median of
 /// 2000, run 17 in `bench/results/h200.md`): `Blocking` 23.5 us, `Spin` 7.8 us,
 /// `SpinThenBlock(50 us)` 8.4 us (a raw `cuMemcpyAsync` + `cuStreamSynchronize`: about 7.3 us);
-/// the sleep and wake-up of a blocking wait cost about 15 us. `SpinThenBlock` gets the spin
-/// latency for short copies and sleeps on long ones.
+/// the sleep and wake-up of a blocking wait cost about 15 us, and 100-150 us per request at
+/// 16 MiB-1 GiB (issue 14: 0.80-0.97x the raw submit + sync, `Spin` 1.00x). `Auto` (default)
+/// aims at `Spin`'s latency without `Spin`'s busy core on long copies; its figures are to be
+/// measured (`ferry bench -t cuda-latency,cuda-wait-cpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
-    /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used.
+    /// Sleep until the request's expected end (its bytes over an upper bound on its path's
+    /// rate: the PCIe link, the device memory), poll, then nap in growing sleeps if it is late;
+    /// requests expected under 30 us spin as `Spin` does. See the engine's `wait` module doc.
     #[default]
+    Auto,
+    /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used,
+    /// 15-150 us of wake-up per request.
     Blocking,
     /// Let the driver spin on the request's event (an event without `BLOCKING_SYNC`, waited
     /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default): the lowest
@@ -62,12 +69,12 @@ pub struct CudaConfig {
 }
 
 impl CudaConfig {
-    /// Device `ordinal`, blocking waits, directions inferred, the default staging. Reads
+    /// Device `ordinal`, [`WaitMode::Auto`] waits, directions inferred, the default staging. Reads
     /// nothing from the environment ([`CudaConfig::from_env`] does).
     pub fn new(ordinal: u32) -> CudaConfig {
         CudaConfig {
             ordinal,
-            wait: WaitMode::Blocking,
+            wait: WaitMode::Auto,
             direction: None,
             staging: Some(staged::StagingConfig::new()),
             kernel_copies: KernelCopies::Auto,

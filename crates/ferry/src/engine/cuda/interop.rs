@@ -302,7 +302,14 @@ impl CudaEngine {
             ev,
             Arc::clone(self.lane_events()),
             Arc::clone(&self.ctx),
-            self.cfg.wait,
+            (
+                self.cfg.wait,
+                // Unknown work: no sleep, poll, then nap.
+                super::wait::Expect {
+                    submitted: std::time::Instant::now(),
+                    expected: None,
+                },
+            ),
             Vec::new(),
             self.waker_tx.clone(),
         )

@@ -41,7 +41,9 @@
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
 //! dependencies and that copies from or to pageable host memory below the staging sizes return
 //! once the driver has consumed the host side. A staged request's dependents wait for it on the
-//! host. `Request::wait` sleeps ([`WaitMode::Blocking`], default) or spins ([`WaitMode::Spin`]).
+//! host. `Request::wait` sleeps until shortly before the request's expected end and then polls
+//! ([`WaitMode::Auto`], default), sleeps in the driver ([`WaitMode::Blocking`]) or spins
+//! ([`WaitMode::Spin`]).
 //! `barrier` waits for everything.
 //!
 //! # Ordering
@@ -90,6 +92,7 @@ pub mod split;
 pub mod staged;
 pub mod strided;
 mod transpose;
+mod wait;
 
 pub use config::{CudaConfig, Direction, WaitMode};
 pub use error::{CudaError, DriverError};
@@ -126,6 +129,8 @@ pub struct CudaEngine {
     peers: Mutex<Vec<Option<Peer>>>,
     waker_tx: Sender<Arc<event::Inner>>,
     paths: paths::Paths,
+    /// Upper bounds on this GPU's path rates, for [`WaitMode::Auto`]'s expected end times.
+    rates: wait::Rates,
 }
 
 impl std::fmt::Debug for CudaEngine {
@@ -160,6 +165,10 @@ impl CudaEngine {
                 j != cfg.ordinal && r == sys::CUresult::CUDA_SUCCESS && can != 0
             })
             .collect();
+        let rates = wait::Rates::probe(
+            me,
+            probe::device_info(cfg.ordinal, me).pci_bus_id.as_deref(),
+        );
         let waker_tx = event::spawn_waiter(format!("ferry-cuda{}-waiter", cfg.ordinal))
             .map_err(|e| CudaError::Thread(e.to_string()))?;
         Ok(CudaEngine {
@@ -169,6 +178,7 @@ impl CudaEngine {
             peers: Mutex::new((0..count).map(|_| None).collect()),
             waker_tx,
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            rates,
             ctx,
         })
     }
@@ -458,6 +468,14 @@ impl Engine for CudaEngine {
         if let Path::Staged(dir) = route.first() {
             return Ok(self.track(lane, self.stage(&job, stream, dir, steps)?));
         }
+        // For `WaitMode::Auto`: the earliest end (bytes over the path's rate bound from now).
+        let expect = wait::Expect {
+            submitted: std::time::Instant::now(),
+            expected: wait::expected(
+                steps.iter().map(crate::op::Step::bytes).sum(),
+                self.rates.for_kinds(dk, sk),
+            ),
+        };
         // Dependencies: CUDA requests become stream waits; others are waited here.
         let mut events = Vec::new();
         for dep in &job.after {
@@ -512,7 +530,7 @@ impl Engine for CudaEngine {
             ev,
             Arc::clone(events_pool),
             Arc::clone(&self.ctx),
-            self.cfg.wait,
+            (self.cfg.wait, expect),
             keep,
             self.waker_tx.clone(),
         );

@@ -108,7 +108,7 @@ fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Option<i32> {
     unsafe { cudarc::driver::result::device::get_attribute(dev, a) }.ok()
 }
 
-fn device_info(ordinal: u32, dev: sys::CUdevice) -> DeviceInfo {
+pub(crate) fn device_info(ordinal: u32, dev: sys::CUdevice) -> DeviceInfo {
     use sys::CUdevice_attribute as A;
     let name = cudarc::driver::result::device::get_name(dev)
         .unwrap_or_else(|e| format!("<{}>", driver::error_string(e.0)));

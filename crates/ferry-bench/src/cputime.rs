@@ -1,0 +1,55 @@
+//! CPU time from `getrusage`: what a series costs the host besides its wall time.
+
+use std::time::Duration;
+
+/// Whose CPU time [`cpu_time`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuOf {
+    /// Every thread of the process (`RUSAGE_SELF`): a staged copy's worker threads included.
+    Process,
+    /// The calling thread only (`RUSAGE_THREAD`): a waiting thread's spin or sleep.
+    Thread,
+}
+
+/// User + system CPU time of `who` so far; `None` if `getrusage` fails.
+pub fn cpu_time(who: CpuOf) -> Option<Duration> {
+    let w = match who {
+        CpuOf::Process => libc::RUSAGE_SELF,
+        CpuOf::Thread => libc::RUSAGE_THREAD,
+    };
+    // SAFETY: rusage is plain data; all zeroes is a valid value for getrusage to overwrite.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out-pointer for the duration of the call.
+    if unsafe { libc::getrusage(w, &mut u) } != 0 {
+        return None;
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).ok()?)
+            .checked_add(Duration::from_micros(u64::try_from(t.tv_usec).ok()?))
+    };
+    tv(u.ru_utime)?.checked_add(tv(u.ru_stime)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_grows_with_work() {
+        let (p0, t0) = (
+            cpu_time(CpuOf::Process).unwrap(),
+            cpu_time(CpuOf::Thread).unwrap(),
+        );
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let (p1, t1) = (
+            cpu_time(CpuOf::Process).unwrap(),
+            cpu_time(CpuOf::Thread).unwrap(),
+        );
+        assert!(t1 > t0 && p1 > p0, "{t0:?} -> {t1:?}, {p0:?} -> {p1:?}");
+        assert!(p1 - p0 >= t1 - t0 - Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,161 @@
+//! What a program waits for: the caller's view of a bandwidth row ([`CallerView`]), the CPU
+//! a series costs the process, and `cuda-wait-cpu` (the waiting thread's CPU time during one
+//! long copy, issue 14).
+
+use super::timing::poison_devs;
+use super::CudaBench;
+use crate::bench::ctx::{flat, setup, Ctx, Msg};
+use crate::bench::data::pattern_bytes;
+use crate::bench::{measure, BenchError, CallerView, Clock, Role, Row};
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
+use ferry::{Engine, EngineExt, Layout, Memory, MemoryMut};
+use ferry_bench::{cpu_time, CpuOf};
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+/// Runs `body`, giving it a counter to bump once per timed call; returns its result, the
+/// process's CPU time spent meanwhile, and the count.
+pub(super) fn cpu_metered<T>(body: impl FnOnce(&Cell<u64>) -> T) -> (T, Option<Duration>, u64) {
+    let calls = Cell::new(0);
+    let c0 = cpu_time(CpuOf::Process);
+    let out = body(&calls);
+    let spent = match (c0, cpu_time(CpuOf::Process)) {
+        (Some(a), Some(b)) => b.checked_sub(a),
+        _ => None,
+    };
+    (out, spent, calls.get())
+}
+
+/// Runs `wait`, adding the calling thread's CPU time and the wall time it took to `acc`.
+fn metered<E>(
+    acc: &Cell<(Duration, Duration)>,
+    wait: impl FnOnce() -> Result<(), E>,
+) -> Result<(), E> {
+    let (c0, t0) = (cpu_time(CpuOf::Thread), Instant::now());
+    let out = wait();
+    let (wall, c1) = (t0.elapsed(), cpu_time(CpuOf::Thread));
+    let cpu = c0.zip(c1).and_then(|(a, b)| b.checked_sub(a));
+    let (c, w) = acc.get();
+    acc.set((c + cpu.unwrap_or_default(), w + wall));
+    out
+}
+
+impl CudaBench {
+    /// The caller's view of copying the first `size` bytes of `src` into `dst`: the default
+    /// engine and the raw driver, one copy per call, host clock; `poison` before and `check`
+    /// after each series.
+    pub(super) fn caller_view<D, S>(
+        &self,
+        ctx: &Ctx,
+        dst: &mut D,
+        src: &S,
+        size: usize,
+        poison: impl Fn(&mut D) -> Result<(), String>,
+        check: impl Fn(&D) -> bool,
+    ) -> Result<CallerView, BenchError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        let l = Layout::bytes(size).map_err(setup)?;
+        let n = size as u64;
+        let e = &self.engine;
+        let name = format!("ferry {} default (caller)", e.name());
+        let f = ctx.clocked_series(&name, Role::Ferry, n, || {
+            poison(dst)?;
+            let t = measure(&self.method, || {
+                flat(e.scope(|s| s.copy(dst, &l, src, &l)?.wait().map_err(ferry::Error::from)))
+            })?;
+            Ok((t, check(dst), Clock::Host))
+        })?;
+        let raw = "cuMemcpyAsync + cuStreamSynchronize (caller)";
+        let r = ctx.clocked_series(raw, Role::Baseline, n, || {
+            poison(dst)?;
+            let t = measure(&self.method, || {
+                self.raw.copy(dst, src, size, 1).map_err(|e| e.to_string())
+            })?;
+            Ok((t, check(dst), Clock::Host))
+        })?;
+        Ok(CallerView::new(f, r))
+    }
+
+    /// [`CudaBench::caller_view`] of `data.len()` bytes of `src` into the device buffer `dst`.
+    pub(super) fn dev_caller_view<S: Memory + ?Sized>(
+        &self,
+        ctx: &Ctx,
+        dst: &mut DeviceBuffer,
+        src: &S,
+        data: &[u8],
+    ) -> Result<CallerView, BenchError> {
+        self.caller_view(
+            ctx,
+            dst,
+            src,
+            data.len(),
+            |d| poison_devs(std::slice::from_mut(d)),
+            |d| d.to_vec().is_ok_and(|v| v == data),
+        )
+    }
+
+    /// `cuda-wait-cpu`: one pinned host -> device copy of `size` submitted, then waited; the
+    /// waiting thread's CPU time around each wait over the waits' wall time, for the default
+    /// wait, `Spin`, and a raw `cuStreamSynchronize` (the figure is microseconds per wait; the
+    /// share is `wait_cpu_share`). Issue 14's target: the default at most 20% at 256 MiB.
+    pub(super) fn wait_cpu(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+        let data = pattern_bytes(size);
+        let mut src = PinnedBuffer::new(size).map_err(setup)?;
+        src.copy_from_slice(&data);
+        let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
+        let l = Layout::bytes(size).map_err(setup)?;
+        let n = size as u64;
+        let check = |d: &DeviceBuffer| d.to_vec().is_ok_and(|v| v == data);
+        // (cpu, wall) summed over the waits of a series.
+        let acc = Cell::new((Duration::ZERO, Duration::ZERO));
+        let share = || {
+            let (c, w) = acc.replace((Duration::ZERO, Duration::ZERO));
+            (w > Duration::ZERO).then(|| c.as_secs_f64() / w.as_secs_f64())
+        };
+        let mut series = Vec::new();
+        let engines: [(&CudaEngine, &str, Role); 2] = [
+            (&self.engine, "default", Role::Ferry),
+            (&self.spin, "spin", Role::Baseline),
+        ];
+        for (e, how, role) in engines {
+            let name = format!("ferry {} {how}", e.name());
+            let mut s = ctx.clocked_series(&name, role, n, || {
+                dev.copy_from_host(&vec![0xA5; size])
+                    .map_err(|e| e.to_string())?;
+                let t = measure(&self.method, || {
+                    flat(e.scope(|s| {
+                        let r = s
+                            .copy(&mut dev, &l, &src, &l)
+                            .map_err(|x| Msg(x.to_string()))?;
+                        metered(&acc, || r.wait()).map_err(|x| Msg(x.to_string()))
+                    }))
+                })?;
+                Ok((t, check(&dev), Clock::Host))
+            })?;
+            s.wait_cpu_share = share();
+            series.push(s);
+        }
+        let mut r = ctx.clocked_series("raw cuStreamSynchronize", Role::Baseline, n, || {
+            dev.copy_from_host(&vec![0xA5; size])
+                .map_err(|e| e.to_string())?;
+            let t = measure(&self.method, || {
+                // The enqueue (a few microseconds) is metered with the synchronize.
+                metered(&acc, || self.raw.copy(&mut dev, &src, size, 1)).map_err(|e| e.to_string())
+            })?;
+            Ok((t, check(&dev), Clock::Host))
+        })?;
+        r.wait_cpu_share = share();
+        series.push(r);
+        Ok(Row::new(
+            ctx.test,
+            ctx.kind,
+            n,
+            n,
+            "pinned -> device, waited".into(),
+            series,
+        ))
+    }
+}

@@ -1,0 +1,236 @@
+//! How [`WaitMode::Auto`](super::WaitMode::Auto) waits: sleep until shortly before the
+//! request's expected end, poll, then nap.
+//!
+//! Why: a `BLOCKING_SYNC` event's sleep and wake-up cost 15 us on a 4 KiB copy and 100-150 us
+//! per request at 16 MiB-1 GiB on the H200 (0.80-0.97x a raw spinning `cuStreamSynchronize`,
+//! issue 14), while a spinning wait keeps a core busy for the whole copy. At submit the engine
+//! computes the earliest time the request can end: its bytes over an UPPER bound on its path's
+//! rate ([`Rates`]), so the estimate is never late for an idle stream. The waiter then
+//! 1. spins in the driver (`cuEventSynchronize` on an event without `BLOCKING_SYNC`, as
+//!    [`WaitMode::Spin`](super::WaitMode::Spin)) when the expected time is below
+//!    [`SPIN_ONLY_BELOW`]: a sleep cannot pay off there (a sleep and wake-up cost about as much),
+//!    and the driver's spin notices completion sooner than a `cuEventQuery` loop (the
+//!    4 KiB row: 7.8 us against 8.4 us for a query loop, run 17). Cost: such a request queued
+//!    behind long work spins a core until that work is done;
+//! 2. otherwise sleeps (`std::thread::sleep`) until [`SLEEP_MARGIN`] before the expected end,
+//!    polls (`cuEventQuery`) until the expected time has passed again (at least [`POLL_MIN`]
+//!    past it: the true rate is below the bound), and
+//! 3. if the request is still pending (queued behind other work, or the rate far below the
+//!    bound), naps in growing sleeps ([`next_nap`]) between queries, each at most 1/16 of the
+//!    time waited so far and at most [`NAP_MAX`], so a long unexpected wait costs a few wake-ups
+//!    per millisecond and at most about 6% of its length in late notice.
+//!
+//! Every sleep runs with the thread's timer slack lowered to 1 us ([`sleep`]; Linux's default of
+//! 50 us would make each nap up to 50 us late), restored after it.
+//!
+//! The figures: Auto's latency and CPU use are to be measured (`ferry bench -t cuda-latency`,
+//! `cuda-wait-cpu`).
+
+use crate::MemKind;
+use std::time::{Duration, Instant};
+
+/// The sleep ends this long before the expected end: a wake-up (several microseconds) plus
+/// Linux's default timer slack (50 us for a normal thread), in case [`sleep`] could not lower it.
+pub(crate) const SLEEP_MARGIN: Duration = Duration::from_micros(100);
+/// Requests expected to take less than this spin in the driver.
+pub(crate) const SPIN_ONLY_BELOW: Duration = Duration::from_micros(30);
+/// Polling lasts at least this long past the expected end before the naps begin (a small copy's
+/// fixed latency on the H200 is 7-20 us).
+pub(crate) const POLL_MIN: Duration = Duration::from_micros(200);
+/// The longest expected time a schedule uses (a lower bound stays one when lowered).
+pub(crate) const EXPECTED_MAX: Duration = Duration::from_secs(3600);
+/// The first nap.
+pub(crate) const NAP_FIRST: Duration = Duration::from_micros(20);
+/// The longest nap.
+pub(crate) const NAP_MAX: Duration = Duration::from_millis(1);
+
+/// Upper bounds on the rates of this GPU's paths, bytes per second; `None` where unknown (the
+/// wait then does not sleep before polling).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Rates {
+    /// The PCIe link to the host, one direction: `max_link_speed` x `max_link_width` from
+    /// sysfs, encoding overhead ignored (so an upper bound: gen5 x16 = 64 GB/s; the H200
+    /// moves 55 GB/s pinned). The maximum, not the current, speed: an idle link trains down.
+    pub link: Option<f64>,
+    /// Peak device memory bandwidth: 2 x memory clock x bus width (attributes
+    /// `MEMORY_CLOCK_RATE`, `GLOBAL_MEMORY_BUS_WIDTH`; H200: about 4.8 TB/s). A device copy
+    /// reads and writes each byte, so it moves at most half this (the H200 copies 2.1 TB/s).
+    pub memory: Option<f64>,
+}
+
+impl Rates {
+    /// The rates of device `dev` (PCI bus id `pci` as sysfs spells it, lower case).
+    pub(crate) fn probe(dev: cudarc::driver::sys::CUdevice, pci: Option<&str>) -> Rates {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let attr = |a| {
+            // SAFETY: `dev` came from the driver; the attribute is a plain enum value.
+            unsafe { cudarc::driver::result::device::get_attribute(dev, a) }.ok()
+        };
+        let sysfs = |file: &str| {
+            std::fs::read_to_string(format!("/sys/bus/pci/devices/{}/{file}", pci?)).ok()
+        };
+        // A GPU that reads host memory through the host's page tables (Grace Hopper's
+        // NVLink-C2C) may reach the host faster than its PCIe function says: no bound.
+        let c2c = attr(A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES)
+            .is_some_and(|v| v != 0);
+        let link = match (sysfs("max_link_speed"), sysfs("max_link_width")) {
+            (Some(s), Some(w)) if !c2c => w.trim().parse().ok().and_then(|w| link_rate(&s, w)),
+            _ => None,
+        };
+        let memory = match (
+            attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+            attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+        ) {
+            (Some(khz), Some(bits)) if khz > 0 && bits > 0 => {
+                Some(2.0 * f64::from(khz) * 1e3 * f64::from(bits) / 8.0)
+            }
+            _ => None,
+        };
+        Rates { link, memory }
+    }
+
+    /// The bound for a request writing `dst` from `src` (`None`: a fill): the link where host
+    /// memory is on one side and device memory on the other, half the memory bandwidth for a
+    /// copy between device memories (a peer link is slower still), the whole of it for a fill
+    /// of device memory; `None` otherwise (managed memory may be anywhere).
+    pub(crate) fn for_kinds(&self, dst: MemKind, src: Option<MemKind>) -> Option<f64> {
+        let dev = |k: MemKind| matches!(k, MemKind::Device { .. });
+        let host = |k: MemKind| matches!(k, MemKind::Pinned | MemKind::Pageable | MemKind::Mapped);
+        match src {
+            None if dev(dst) => self.memory,
+            None if host(dst) => self.link,
+            Some(s) if dev(dst) && dev(s) => self.memory.map(|m| m / 2.0),
+            Some(s) if (dev(dst) && host(s)) || (host(dst) && dev(s)) => self.link,
+            _ => None,
+        }
+    }
+}
+
+/// Upper bound of one direction of a PCIe link from sysfs's `max_link_speed` (`32.0 GT/s PCIe`)
+/// and width, bytes per second (transfers x lanes / 8, encoding ignored).
+pub(crate) fn link_rate(speed: &str, width: u32) -> Option<f64> {
+    let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
+    (gts > 0.0 && width > 0).then(|| gts * 1e9 * f64::from(width) / 8.0)
+}
+
+/// The shortest time `bytes` can take at `rate` bytes per second (`None` if unknown).
+pub(crate) fn expected(bytes: usize, rate: Option<f64>) -> Option<Duration> {
+    let rate = rate.filter(|r| r.is_finite() && *r > 0.0)?;
+    Duration::try_from_secs_f64(bytes as f64 / rate).ok()
+}
+
+/// When a request was submitted and how long it takes at the least.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Expect {
+    /// Host clock at submit.
+    pub submitted: Instant,
+    /// Its bytes over its path's rate bound; `None` if unknown.
+    pub expected: Option<Duration>,
+}
+
+/// What the waiter does first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Schedule {
+    /// Spin in the driver (`cuEventSynchronize`).
+    DriverSpin,
+    /// Sleep until `sleep_until` (if set), poll until `poll_until`, then nap.
+    Poll {
+        /// End of the first sleep.
+        sleep_until: Option<Instant>,
+        /// End of the polling.
+        poll_until: Instant,
+    },
+}
+
+/// The schedule of a request ([module doc](self)).
+pub(crate) fn schedule(e: Expect) -> Schedule {
+    match e.expected {
+        Some(x) if x < SPIN_ONLY_BELOW => Schedule::DriverSpin,
+        x => {
+            // Clamped (still a lower bound) so that no clock arithmetic can overflow.
+            let x = x.unwrap_or(Duration::ZERO).min(EXPECTED_MAX);
+            let end = e.submitted + x;
+            Schedule::Poll {
+                sleep_until: (x > SLEEP_MARGIN).then(|| end - SLEEP_MARGIN),
+                poll_until: end + x.max(POLL_MIN),
+            }
+        }
+    }
+}
+
+/// The nap after one of length `prev` (zero before the first), `waited` into the wait: twice
+/// the last, at least [`NAP_FIRST`], at most 1/16 of `waited` (so a late notice costs at most
+/// about 6%) and at most [`NAP_MAX`].
+pub(crate) fn next_nap(prev: Duration, waited: Duration) -> Duration {
+    (prev * 2).min(waited / 16).min(NAP_MAX).max(NAP_FIRST)
+}
+
+/// Waits by `schedule(e)`: `query` returns the result once known (`cuEventQuery`),
+/// `driver_spin` blocks until it is (`cuEventSynchronize`).
+pub(crate) fn wait<R>(
+    e: Expect,
+    mut query: impl FnMut() -> Option<R>,
+    driver_spin: impl FnOnce() -> R,
+) -> R {
+    let (sleep_until, poll_until) = match schedule(e) {
+        Schedule::DriverSpin => return driver_spin(),
+        Schedule::Poll {
+            sleep_until,
+            poll_until,
+        } => (sleep_until, poll_until),
+    };
+    if let Some(t) = sleep_until {
+        let now = Instant::now();
+        if t > now {
+            if let Some(r) = query() {
+                return r;
+            }
+            sleep(t - now);
+        }
+    }
+    loop {
+        if let Some(r) = query() {
+            return r;
+        }
+        if Instant::now() >= poll_until {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    let mut nap = Duration::ZERO;
+    loop {
+        if let Some(r) = query() {
+            return r;
+        }
+        nap = next_nap(nap, e.submitted.elapsed());
+        sleep(nap);
+    }
+}
+
+/// `std::thread::sleep(d)` with the calling thread's timer slack at 1 us meanwhile (Linux
+/// otherwise lets a normal thread's sleep end up to 50 us late), restored after it; a plain
+/// sleep where the slack cannot be read or set.
+#[cfg(target_os = "linux")]
+pub(crate) fn sleep(d: Duration) {
+    const SLACK_NS: libc::c_ulong = 1000;
+    // SAFETY: PR_GET_TIMERSLACK reads the calling thread's slack (ns, the return value); the
+    // other arguments are unused zeroes.
+    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    let lowered = libc::c_ulong::try_from(old).is_ok_and(|o| o > SLACK_NS)
+        // SAFETY: PR_SET_TIMERSLACK sets the calling thread's slack to a plain number.
+        && unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, SLACK_NS, 0, 0, 0) } == 0;
+    std::thread::sleep(d);
+    if lowered {
+        // SAFETY: as above; `old` is the positive value read before.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, old as libc::c_ulong, 0, 0, 0) };
+    }
+}
+
+/// `std::thread::sleep` (no timer slack to lower here).
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn sleep(d: Duration) {
+    std::thread::sleep(d);
+}
+
+#[cfg(test)]
+mod tests;
