@@ -36,7 +36,17 @@ use crate::memory::{MemKind, RawBuf};
 use crate::request::{Request, RequestError};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long the submitting thread polls a request (`cuEventQuery`) before it sleeps on the
+/// request's event. The engine's events are blocking-sync by default, and a thread asleep on
+/// one wakes 100-150 us after the event on the H200 host (DESIGN.md): at the end of a run that
+/// was 7% of a 64 MiB pipeline (run 30: 0.93x the raw loop, whose final
+/// `cuStreamSynchronize` spins). Chunk steps are shorter than this at every size the bench
+/// measures (16 MiB: about 330 us), so the last wait of a run polls; a thread that waits
+/// longer (huge chunks, a slow stage) sleeps after it, and pays the wake-up once per wait on
+/// a run that long.
+const SPIN: Duration = Duration::from_millis(2);
 
 /// A pipeline whose slots are device memory of one GPU and whose stage enqueues work on a
 /// compute stream; see the [module documentation](super).
@@ -347,6 +357,17 @@ where
     F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
     E: Into<StageError>,
 {
+    fn wait(&mut self, mut req: Request) -> Result<(), RequestError> {
+        let t = Instant::now();
+        while t.elapsed() < SPIN {
+            if let Some(r) = req.try_wait() {
+                return r;
+            }
+            std::hint::spin_loop();
+        }
+        req.wait()
+    }
+
     fn upload(
         &mut self,
         c: &Chunk,
