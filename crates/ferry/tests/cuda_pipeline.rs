@@ -567,3 +567,65 @@ fn scoped_copy_to_device_double_buffered_loop_sees_every_byte() {
     });
     assert!(r.is_err(), "a CPU engine took a copy into device memory");
 }
+
+/// A file streamed through the GPU pipeline, chunk by chunk into the device slots (the file
+/// engine's bounce ring and the CUDA engine's copies, no buffer of the whole file): outputs
+/// equal the reference for random ranges, chunk sizes and K; a range past the end fails the
+/// first chunk past it, and the pipeline stays usable.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn file_source_through_device_slots_matches_reference() {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let e = std::sync::Arc::new(e);
+    let k = kernels(&e);
+    let files = FileEngine::with_engine(FileConfig::new(), e.clone()).unwrap();
+    let data = bytes(40 << 20, 91);
+    let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-file-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    let file = files.open(&path, OpenMode::Read).unwrap();
+    let mut x = 0xF11E_u64;
+    let mut below = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    let run = |off: usize, n: usize, chunk: usize, slots: usize| -> Result<(), PipelineError> {
+        let want = reference(&data[off..off + n], chunk, OutLen::Same);
+        let mut dst = PinnedBuffer::new(want.len().max(1)).unwrap();
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots))?;
+        let src = Source::file(&files, &file, off as u64, n)?;
+        p.run(src, Some(Dest::new(&mut dst[..want.len()])), |g| {
+            stage(&k, g)
+        })?;
+        if let Some(b) = dst[..want.len()]
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+        {
+            panic!("offset {off} len {n} chunk {chunk} k {slots}: output differs at byte {b}");
+        }
+        Ok(())
+    };
+    for round in 0..12 {
+        let off = below(1 << 20);
+        let n = below(data.len() - off + 1);
+        let chunk = 1 + below(8 << 20);
+        let slots = 1 + round % 4;
+        run(off, n, chunk, slots)
+            .unwrap_or_else(|err| panic!("offset {off} len {n} chunk {chunk} k {slots}: {err}"));
+    }
+    let chunk = 4 << 20;
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, 3)).unwrap();
+    let mut dst = vec![0u8; data.len() + chunk];
+    let src = Source::file(&files, &file, 0, data.len() + chunk).unwrap();
+    let err = p
+        .run(src, Some(Dest::new(&mut dst)), |g| stage(&k, g))
+        .unwrap_err();
+    assert_eq!(err.chunk(), Some(data.len() / chunk), "{err}");
+    run(0, data.len(), chunk, 3).expect("the pipeline runs again after a failed file range");
+    std::fs::remove_file(&path).ok();
+    e.barrier().unwrap();
+}

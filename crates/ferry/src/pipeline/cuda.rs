@@ -19,6 +19,12 @@
 //! overlap. The same holds for downloads into pageable memory of 1 MiB or more, waited for
 //! when their output slot is next needed.
 //!
+//! A file source ([`Source::file`]) loads each chunk through the file engine (its pinned bounce
+//! ring, then the CUDA engine it was given) once the slot's last reader has finished, waited
+//! for on the submitting thread; its completion is signalled by the file engine's workers, so
+//! compute `i` is enqueued once upload `i` is done, as for staged uploads. File loads have no
+//! upload spans in the timeline.
+//!
 //! Timeline (on request): timing events recorded on the stream of each step around it (the
 //! upload's and download's start after the stream has waited for their dependency, so waiting
 //! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
@@ -374,8 +380,13 @@ where
         slot: usize,
         after: Option<&Request>,
     ) -> Result<Request, PipelineError> {
-        let (from, from_l) = self.src.part(c)?;
         let to = self.device(self.ins[slot], c.len);
+        // SAFETY: the slot is the pipeline's; `load` starts the file's load only after the
+        // slot's last reader (`after`) and `run` returns only after it completed.
+        if let Some(r) = unsafe { self.src.load(c, to, after) } {
+            return r;
+        }
+        let (from, from_l) = self.src.part(c)?;
         let mut job = Job::copy(to, self.src.slot_layout(c)?, from, from_l);
         if let Some(a) = after {
             job = job.after(a);
