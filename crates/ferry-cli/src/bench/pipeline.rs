@@ -51,6 +51,13 @@ pub static TESTS: &[TestInfo] = &[
         Kind::Bandwidth,
         "64M,256M",
     ),
+    TestInfo::new(
+        "cuda-pipeline-file",
+        "file (page cache) -> device -> kernel -> pinned, 3 slots: ferry's GPU pipeline from a file through a file engine vs the same from a pinned source (ratio file / pinned)",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "64M,256M",
+    ),
 ];
 
 /// True for the tests of this module.

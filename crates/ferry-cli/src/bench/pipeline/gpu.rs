@@ -8,7 +8,9 @@
 //!   array, vs a raw 2-stream event loop, the sequential loop, and the uploads alone and the
 //!   kernels alone (the row's notes give total / max(copy, compute) and sequential / total);
 //! - `cuda-pipeline-pageable` ([`up`]): the 3-step pipeline from a pageable source vs the same
-//!   from the pinned source (the ratio is pageable / pinned).
+//!   from the pinned source (the ratio is pageable / pinned);
+//! - `cuda-pipeline-file` ([`up`]): the same from a file (page cache) through a file engine,
+//!   vs the pinned source (the ratio is file / pinned).
 //!
 //! Chunks: 1/32 of the source, at least 4 MiB. A pipeline of N balanced chunks through three
 //! steps cannot take less than (N + 2) / N of one step's total (the first upload and the last
@@ -112,7 +114,7 @@ fn cu(r: Result<(), cudarc::driver::DriverError>) -> Result<(), String> {
 /// What every GPU row shares: the engine (default config), the kernel calibrated for the
 /// row's chunk, the pinned source, K device slots for the baselines, a stream and events.
 struct Bench {
-    engine: CudaEngine,
+    engine: Arc<CudaEngine>,
     ctx: Arc<CudaContext>,
     f: CudaFunction,
     n: usize,
@@ -131,7 +133,7 @@ impl Bench {
     fn new(test: &TestInfo, size: u64) -> Result<Bench, BenchError> {
         let n = size as usize;
         let chunk = chunk_for(n);
-        let engine = CudaEngine::new(0).map_err(setup)?;
+        let engine = Arc::new(CudaEngine::new(0).map_err(setup)?);
         let ctx = Arc::clone(engine.context());
         let ptx = cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| setup(format!("{e:?}")))?;
         let f = ctx
@@ -251,6 +253,7 @@ pub(super) fn run(test: &TestInfo, size: u64, method: &Method) -> Result<Row, Be
     match test.name {
         "cuda-pipeline-upcompute" => up::upcompute(&b, test, size, method),
         "cuda-pipeline-pageable" => up::pageable(&b, test, size, method),
+        "cuda-pipeline-file" => up::file(&b, test, size, method),
         _ => three_steps(&b, test, size, method),
     }
 }

@@ -199,3 +199,75 @@ pub(super) fn pageable(
         ],
     ))
 }
+
+/// `cuda-pipeline-file`: the 3-step pipeline from a file (written just before, so read from
+/// the page cache: the path's speed, not the disk's) through a file engine with the default
+/// config moving chunks to the device slots with the pipeline's engine, against the same
+/// pipeline from the pinned source holding the same bytes (the row's ratio: file / pinned).
+pub(super) fn file(
+    b: &Bench,
+    test: &TestInfo,
+    size: u64,
+    method: &Method,
+) -> Result<Row, BenchError> {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    use std::io::Write;
+    let rounds = b.rounds;
+    let mut tf = tempfile::NamedTempFile::new().map_err(setup)?;
+    tf.write_all(&b.src)
+        .and_then(|()| tf.flush())
+        .map_err(setup)?;
+    let files = FileEngine::with_engine(FileConfig::new(), b.engine.clone()).map_err(setup)?;
+    let handle = files.open(tf.path(), OpenMode::Read).map_err(setup)?;
+    let mut dst = PinnedBuffer::new(b.n).map_err(setup)?;
+    let stage = |g: &GpuChunk<'_>| {
+        let out = g.output().ok_or("no output slot")?;
+        launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
+    };
+    let cfg = PipelineConfig::new(b.chunk, SLOTS);
+    let name = format!("ferry pipeline, file source (K={SLOTS})");
+    let src = Source::file(&files, &handle, 0, b.n).map_err(setup)?;
+    let (file_t, timeline) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &name,
+        size,
+        method,
+        src,
+        &mut Some(&mut dst),
+        &stage,
+        true,
+    )?;
+    verify(test.name, &name, size, &b.src, &dst, rounds)?;
+    dst.fill(0);
+    let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
+    let (pinned_t, _) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &pinned_name,
+        size,
+        method,
+        Source::new(&b.src),
+        &mut Some(&mut dst),
+        &stage,
+        false,
+    )?;
+    verify(test.name, &pinned_name, size, &b.src, &dst, rounds)?;
+    let what = format!(
+        "file in the page cache -> file engine ({} threads, bounce ring) -> device slots, pinned destination; ratio: file / pinned source",
+        files.config().threads
+    );
+    Ok(Row::new(
+        test.name,
+        Kind::Bandwidth,
+        size,
+        size,
+        b.shape(&what, timeline.as_ref()),
+        vec![
+            Series::new(name, Role::Ferry, Kind::Bandwidth, size, file_t),
+            Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),
+        ],
+    ))
+}
