@@ -1,10 +1,11 @@
 //! Pipeline tests of `ferry bench`: ferry's pipeline (upload, compute, download overlapped
 //! through 3 slots) next to the sequential copy-then-compute loop, and on the GPU next to a
 //! hand-written loop of raw driver calls on three streams ordered by reused events, in the same
-//! run on the same buffers (and the upload + compute and pageable-source rows of [`gpu`]).
+//! run on the same buffers (and on the GPU upload + compute, pageable-source and file-source rows,
+//! see `pipeline/gpu.rs`).
 //! Each row's size is the source's bytes; GB/s is source bytes over the whole run's host time
 //! (submit to last byte back). Chunks are 1/16 of the source on the CPU; on the GPU see
-//! [`gpu`].
+//! `pipeline/gpu.rs`.
 //!
 //! The stage maps every byte through `rounds` steps of an LCG: on the CPU 4 rounds; on the GPU
 //! the rounds are calibrated before the row so that one chunk's kernel takes about as long as

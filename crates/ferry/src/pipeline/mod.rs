@@ -3,7 +3,7 @@
 //! N, write back batch N-1, all at once), correct by construction.
 //!
 //! A [`Source`] (host memory of any kind, a strided [`Layout`] over it, or a file range read
-//! through a [`FileEngine`](crate::file::FileEngine) chunk by chunk) is cut into
+//! through a [`FileEngine`] chunk by chunk) is cut into
 //! [`Chunk`]s of [`PipelineConfig::chunk_bytes`]; chunk `i` goes to slot `i % K`
 //! ([`PipelineConfig::slots`], K >= 1: 2 is double, 3 triple buffering). For each chunk:
 //! 1. *upload*: the engine copies it into its input slot, once the slot's previous reader

@@ -251,6 +251,14 @@ impl CudaEngine {
     /// engine's barrier counts it. A copy the route stages (pageable host memory of at least
     /// 2 MiB to the device, 1 MiB back) returns from submit only once done: its completion is
     /// signalled by the staging thread, which no stream can wait for.
+    ///
+    /// Cost: the copy runs on the engine's own stream, so each one takes an event recorded
+    /// on the caller's stream and a `cuStreamWaitEvent` each way, beyond its own event (a few
+    /// microseconds of driver calls; no host wait). Running driver-call routes on the caller's
+    /// stream itself (its own event recorded there, no extra event) needs `submit_raw` to take
+    /// the stream it runs on: left for the stream pool's restructuring of the submit path
+    /// (issue 14). SM-kernel, gather and split routes would keep this form (their kernels and
+    /// scratch belong to the engine's streams), staged ones the host wait.
     pub fn on_stream<'a>(
         &'a self,
         stream: &'a CudaStream,
