@@ -659,54 +659,10 @@ impl<'scope> Scope<'scope, '_> {
         self.submit(dst, Some(src), Op::Custom(op), &[])
     }
 
-    /// Copies `src_layout` of `src` into `dst_layout` of a device buffer the scope only
-    /// shares, after the requests `after` (on a [`CudaEngine`](crate::cuda::CudaEngine): GPU
-    /// waits, e.g. on [`CudaEngine::record`](crate::cuda::CudaEngine::record) of the compute
-    /// stream that last read the buffer). For loops that own their schedule (the seed's loop of
-    /// a copy stream, a compute stream and events): one device buffer written again and again
-    /// within one scope, each write ordered on the GPU, no host wait.
-    ///
-    /// Why it is safe with a shared borrow: the scope keeps `dst` allocated until every copy
-    /// has completed, and device memory is never Rust memory (a [`DeviceBuffer`] has no
-    /// `&[u8]` view), so another reader of the same bytes while a copy writes them (a kernel,
-    /// a `to_vec`, another copy) reads unspecified bytes but cannot corrupt the program. That
-    /// the readers see the bytes of the right copy is the caller's schedule: the stream that
-    /// reads waits for the returned request
-    /// ([`CudaEngine::stream_wait`](crate::cuda::CudaEngine::stream_wait)), and the next copy
-    /// into the buffer waits for the point after the last reader (`after`).
-    ///
-    /// [`DeviceBuffer`]: crate::cuda::DeviceBuffer
-    pub fn copy_to_device<S>(
-        &self,
-        dst: &'scope crate::cuda::DeviceBuffer,
-        dst_layout: &Layout,
-        src: &'scope S,
-        src_layout: &Layout,
-        after: &[&Request],
-    ) -> Result<Request, SubmitError>
-    where
-        S: Memory + ?Sized,
-    {
-        let op = Op::Copy {
-            dst: *dst_layout,
-            src: *src_layout,
-        };
-        check_elems(&op, 1, Some(src.elem_size()))?;
-        let job = Job {
-            dst: dst.raw(),
-            src: Some(src.raw()),
-            op,
-            after: after.iter().map(|r| r.share()).collect(),
-        };
-        // SAFETY: `dst` and `src` are borrowed for 'scope, which ends only after `scope()` has
-        // waited for every request tracked here: both stay allocated while the copy runs (1);
-        // `src` cannot be written (shared borrow). `dst` is device memory, which no Rust
-        // reference can point into: other readers or writers of its bytes during the copy are
-        // device-side races on values the caller orders (see above), not host memory shared
-        // with Rust code (2).
-        let req = unsafe { self.engine.submit_raw(job)? };
-        self.core.track(&req);
-        Ok(req)
+    /// Tracks a request over buffers borrowed for `'scope` (the CUDA interop's
+    /// [`Scope::copy_to_device`]): the scope waits for it before the borrows end.
+    pub(crate) fn track(&self, req: &Request) {
+        self.core.track(req);
     }
 
     /// The engine this scope submits to.
