@@ -8,7 +8,8 @@ use ferry::pipeline::{GpuChunk, OutLen, PipelineConfig, Source};
 
 /// Zeroes `n` bytes of device memory at `d` (between series, so that each is checked on its
 /// own output).
-fn zero(d: u64, n: usize) -> Result<(), BenchError> {
+fn zero(b: &Bench, d: u64, n: usize) -> Result<(), BenchError> {
+    b.ctx.bind_to_thread().map_err(setup)?;
     // SAFETY: `d` is a live device allocation of at least `n` bytes; synchronous, and nothing
     // else runs on it (every series synchronized before returning).
     let r = unsafe { sys::cuMemsetD8_v2(d, 0, n) };
@@ -55,7 +56,7 @@ pub(super) fn upcompute(
     )?;
     let ferry_out = read_back()?;
     verify(test.name, &name, size, &b.src, &ferry_out, rounds)?;
-    zero(out_ptr, n)?;
+    zero(b, out_ptr, n)?;
 
     // Sequential: copy a chunk in, wait, compute it, wait.
     let s = &b.s;
@@ -72,7 +73,7 @@ pub(super) fn upcompute(
     })
     .map_err(failed(test.name, seq_name, size))?;
     compare(test.name, seq_name, size, &read_back()?, &ferry_out)?;
-    zero(out_ptr, n)?;
+    zero(b, out_ptr, n)?;
 
     // Raw loop: an upload stream and a compute stream, events reused per slot, ferry's
     // schedule (an upload into a slot waits for the kernel that last read it).
