@@ -1,14 +1,17 @@
 //! The seed's loop, for users who own it: ferry uploads batch i on its copy stream while the
 //! caller's compute stream runs a kernel on batch i-1, double-buffered, ordered by events only
 //! (`stream_wait`: the compute stream waits for the upload; `record`: the next upload into a
-//! buffer waits for the kernel that read it). No pipeline object, no host wait per batch.
+//! buffer waits for the kernel that read it). No pipeline object, no host wait per batch, and
+//! no unsafe ferry call: the uploads go through a scope (`Scope::copy_to_device`, which writes
+//! a device buffer the scope shares with the kernels); the one `unsafe` block is cudarc's
+//! kernel launch.
 //! Prints `skipped: no CUDA driver` on a machine without one.
 //!
 //! `cargo run --release --example 07_own_loop`
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
-use ferry::{Engine, Job, Layout, Memory, MemoryMut, RawBuf, Request};
+use ferry::{EngineExt, Layout, Request};
 
 const KERNEL: &str = r#"
 extern "C" __global__ void process(const unsigned char* in, unsigned long long n, unsigned long long* out) {
@@ -38,51 +41,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (i, b) in host.iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
-    let mut d_input = [DeviceBuffer::new(0, batch)?, DeviceBuffer::new(0, batch)?];
+    let d_input = [DeviceBuffer::new(0, batch)?, DeviceBuffer::new(0, batch)?];
     let d_output = DeviceBuffer::zeroed(0, 8)?;
     let out_ptr = d_output.device_ptr();
-    // The point of the compute stream after the last kernel that read each buffer.
-    let mut read_done: [Option<Request>; 2] = [None, None];
     let l = Layout::bytes(batch)?;
     let t = std::time::Instant::now();
-    for i in 0..batches {
-        let buf = &mut d_input[i % 2];
-        let src = RawBuf {
-            addr: host.raw().addr + (i * batch) as u64,
-            len: batch,
-            ..host.raw()
-        };
-        // DMA: copy batch i to the GPU on ferry's copy stream, once the kernel that last read
-        // this buffer (batch i-2) is done: a cuStreamWaitEvent on the copy stream.
-        let mut job = Job::copy(buf.raw_mut(), l, src, l);
-        if let Some(r) = &read_done[i % 2] {
-            job = job.after(r);
+    // The scope keeps every buffer borrowed until all of ferry's copies have completed; the
+    // device buffers are shared with the kernels, ordered on the GPU by the events below.
+    engine.scope(|s| -> Result<(), Box<dyn std::error::Error>> {
+        // The point of the compute stream after the last kernel that read each buffer.
+        let mut read_done: [Option<Request>; 2] = [None, None];
+        for i in 0..batches {
+            let buf = &d_input[i % 2];
+            // DMA: copy batch i to the GPU on ferry's copy stream, once the kernel that last
+            // read this buffer (batch i-2) is done: a cuStreamWaitEvent on the copy stream.
+            let after: Vec<&Request> = read_done[i % 2].iter().collect();
+            let upload =
+                s.copy_to_device(buf, &l, &host[i * batch..(i + 1) * batch], &l, &after)?;
+            // Compute waits for the copy on the GPU (cudaStreamWaitEvent), then runs on batch i.
+            engine.stream_wait(&compute, &upload)?;
+            let (ptr, n) = (buf.device_ptr(), batch as u64);
+            // SAFETY: cudarc's kernel launch: the arguments match the kernel's signature;
+            // `ptr` holds `n` bytes and `out_ptr` one u64, both alive until the compute stream
+            // is synchronized below; the next write of `ptr` waits for this kernel.
+            unsafe {
+                compute
+                    .launch_builder(&process)
+                    .arg(&ptr)
+                    .arg(&n)
+                    .arg(&out_ptr)
+                    .launch(LaunchConfig {
+                        grid_dim: (264, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+            // cudaEventRecord on the compute stream: the next upload into this buffer waits
+            // for it.
+            read_done[i % 2] = Some(engine.record(&compute)?);
         }
-        // SAFETY: the device buffer is written only by this copy, ordered after its last
-        // reader; the host buffer is not written while copies run; both outlive the final
-        // synchronization below.
-        let upload = unsafe { engine.submit_raw(job)? };
-        // Compute waits for the copy on the GPU (cudaStreamWaitEvent), then runs on batch i.
-        engine.stream_wait(&compute, &upload)?;
-        let (ptr, n) = (buf.device_ptr(), batch as u64);
-        // SAFETY: `ptr` holds `n` bytes and `out_ptr` one u64, alive until the sync below.
-        unsafe {
-            compute
-                .launch_builder(&process)
-                .arg(&ptr)
-                .arg(&n)
-                .arg(&out_ptr)
-                .launch(LaunchConfig {
-                    grid_dim: (264, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })?;
-        }
-        // cudaEventRecord on the compute stream: the next upload into this buffer waits for it.
-        read_done[i % 2] = Some(engine.record(&compute)?);
-    }
-    compute.synchronize()?;
-    engine.barrier()?;
+        compute.synchronize()?;
+        Ok(())
+    })?;
     let gpu = u64::from_ne_bytes(d_output.to_vec()?[..8].try_into()?);
     let cpu: u64 = host.iter().map(|&b| u64::from(b)).sum();
     println!(

@@ -12,7 +12,7 @@ use ferry::cuda::{CudaEngine, DeviceBuffer, InteropError, PinnedBuffer, StreamWa
 use ferry::pipeline::{
     Chunk, CudaPipeline, Dest, GpuChunk, OutLen, Phase, PipelineConfig, PipelineError, Source,
 };
-use ferry::{Engine, Job, Layout, Memory, MemoryMut, RawBuf, Request};
+use ferry::{Engine, EngineExt, Job, Layout, Memory, MemoryMut, RawBuf, Request};
 use std::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -492,4 +492,140 @@ fn stream_wait_on_failed_request_is_an_error() {
     ));
     let done = Request::ready(Ok(()));
     assert_eq!(e.stream_wait(&compute, &done).unwrap(), StreamWait::Host);
+}
+
+/// The seed's loop through the safe API (`Scope::copy_to_device`, as example 07): two device
+/// buffers written again and again in one scope, each upload after the kernel that last read
+/// its buffer (`record`), each kernel after its upload (`stream_wait`), 4,000 times; every
+/// kernel checks every byte of its batch.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn scoped_copy_to_device_double_buffered_loop_sees_every_byte() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let compute = e.context().new_stream().unwrap();
+    let (n, patterns, rounds) = (1 << 20, 8, 4000usize);
+    let mut host = PinnedBuffer::new(n * patterns).unwrap();
+    for p in 0..patterns {
+        host[p * n..(p + 1) * n].fill(p as u8 + 1);
+    }
+    let bufs = [
+        DeviceBuffer::new(0, n).unwrap(),
+        DeviceBuffer::new(0, n).unwrap(),
+    ];
+    // One counter per round: a failure names the round.
+    let bad = DeviceBuffer::zeroed(0, 4 * rounds).unwrap();
+    let l = Layout::bytes(n).unwrap();
+    let n64 = n as u64;
+    e.scope(|s| -> Result<(), Box<dyn std::error::Error>> {
+        let mut read_done: [Option<Request>; 2] = [None, None];
+        for i in 0..rounds {
+            let (p, buf) = (i % patterns, &bufs[i % 2]);
+            let after: Vec<&Request> = read_done[i % 2].iter().collect();
+            let up = s.copy_to_device(buf, &l, &host[p * n..(p + 1) * n], &l, &after)?;
+            e.stream_wait(&compute, &up)?;
+            let (ptr, v, bad_i) = (
+                buf.device_ptr(),
+                p as u8 + 1,
+                bad.device_ptr() + 4 * i as u64,
+            );
+            // SAFETY: `buf` holds n bytes and `bad_i` one u32 of `bad`; both outlive the sync
+            // below; the next upload into `buf` waits for this kernel.
+            unsafe {
+                compute
+                    .launch_builder(&k.count_ne)
+                    .arg(&ptr)
+                    .arg(&n64)
+                    .arg(&v)
+                    .arg(&bad_i)
+                    .launch(grid(n))?;
+            }
+            read_done[i % 2] = Some(e.record(&compute)?);
+        }
+        compute.synchronize()?;
+        Ok(())
+    })
+    .unwrap();
+    let counts = bad.to_vec().unwrap();
+    for (i, c) in counts.chunks_exact(4).enumerate() {
+        let c = u32::from_le_bytes(c.try_into().unwrap());
+        assert_eq!(
+            c,
+            0,
+            "round {i}: the kernel saw {c} bytes of {n} that were not pattern {} (buffer {})",
+            i % patterns + 1,
+            i % 2
+        );
+    }
+    // Refused where it cannot run: a CPU engine does not take device memory.
+    let cpu = ferry::CpuEngine::new(1).unwrap();
+    let r = cpu.scope(|s| -> ferry::Result<()> {
+        s.copy_to_device(&bufs[0], &l, &host[..n], &l, &[])?
+            .wait()?;
+        Ok(())
+    });
+    assert!(r.is_err(), "a CPU engine took a copy into device memory");
+}
+
+/// A file streamed through the GPU pipeline, chunk by chunk into the device slots (the file
+/// engine's bounce ring and the CUDA engine's copies, no buffer of the whole file): outputs
+/// equal the reference for random ranges, chunk sizes and K; a range past the end fails the
+/// first chunk past it, and the pipeline stays usable.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn file_source_through_device_slots_matches_reference() {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let e = std::sync::Arc::new(e);
+    let k = kernels(&e);
+    let files = FileEngine::with_engine(FileConfig::new(), e.clone()).unwrap();
+    let data = bytes(40 << 20, 91);
+    let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-file-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    let file = files.open(&path, OpenMode::Read).unwrap();
+    let mut x = 0xF11E_u64;
+    let mut below = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    let run = |off: usize, n: usize, chunk: usize, slots: usize| -> Result<(), PipelineError> {
+        let want = reference(&data[off..off + n], chunk, OutLen::Same);
+        let mut dst = PinnedBuffer::new(want.len().max(1)).unwrap();
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots))?;
+        let src = Source::file(&files, &file, off as u64, n)?;
+        p.run(src, Some(Dest::new(&mut dst[..want.len()])), |g| {
+            stage(&k, g)
+        })?;
+        if let Some(b) = dst[..want.len()]
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+        {
+            panic!("offset {off} len {n} chunk {chunk} k {slots}: output differs at byte {b}");
+        }
+        Ok(())
+    };
+    for round in 0..12 {
+        let off = below(1 << 20);
+        let n = below(data.len() - off + 1);
+        let chunk = 1 + below(8 << 20);
+        let slots = 1 + round % 4;
+        run(off, n, chunk, slots)
+            .unwrap_or_else(|err| panic!("offset {off} len {n} chunk {chunk} k {slots}: {err}"));
+    }
+    let chunk = 4 << 20;
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, 3)).unwrap();
+    let mut dst = vec![0u8; data.len() + chunk];
+    let src = Source::file(&files, &file, 0, data.len() + chunk).unwrap();
+    let err = p
+        .run(src, Some(Dest::new(&mut dst)), |g| stage(&k, g))
+        .unwrap_err();
+    assert_eq!(err.chunk(), Some(data.len() / chunk), "{err}");
+    run(0, data.len(), chunk, 3).expect("the pipeline runs again after a failed file range");
+    std::fs::remove_file(&path).ok();
+    e.barrier().unwrap();
 }

@@ -1,8 +1,11 @@
 //! Pipeline tests of `ferry bench`: ferry's pipeline (upload, compute, download overlapped
 //! through 3 slots) next to the sequential copy-then-compute loop, and on the GPU next to a
 //! hand-written loop of raw driver calls on three streams ordered by reused events, in the same
-//! run on the same buffers. Each row's size is the source's bytes; GB/s is source bytes over
-//! the whole run's host time (submit to last byte back). Chunks are 1/16 of the source.
+//! run on the same buffers (and on the GPU upload + compute, pageable-source and file-source rows,
+//! see `pipeline/gpu.rs`).
+//! Each row's size is the source's bytes; GB/s is source bytes over the whole run's host time
+//! (submit to last byte back). Chunks are 1/16 of the source on the CPU; on the GPU see
+//! `pipeline/gpu.rs`.
 //!
 //! The stage maps every byte through `rounds` steps of an LCG: on the CPU 4 rounds; on the GPU
 //! the rounds are calibrated before the row so that one chunk's kernel takes about as long as
@@ -31,6 +34,27 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new(
         "cuda-pipeline",
         "pinned -> device -> kernel -> pinned, 3 slots, compute balanced with copies: ferry's GPU pipeline vs sequential loop and a raw 3-stream event loop",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "64M,256M",
+    ),
+    TestInfo::new(
+        "cuda-pipeline-upcompute",
+        "pinned -> device -> kernel into a device array (no download), 3 slots, balanced: ferry's GPU pipeline vs a raw 2-stream event loop and the sequential copy-then-compute loop; notes: total / max(uploads alone, kernels alone), sequential / total",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "64M,256M",
+    ),
+    TestInfo::new(
+        "cuda-pipeline-pageable",
+        "pageable -> device -> kernel -> pinned, 3 slots: ferry's GPU pipeline from a pageable source vs the same from a pinned source (ratio pageable / pinned)",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "64M,256M",
+    ),
+    TestInfo::new(
+        "cuda-pipeline-file",
+        "file (page cache) -> device -> kernel -> pinned, 3 slots: ferry's GPU pipeline from a file through a file engine vs the same from a pinned source (ratio file / pinned)",
         Needs::Cuda,
         Kind::Bandwidth,
         "64M,256M",

@@ -659,6 +659,12 @@ impl<'scope> Scope<'scope, '_> {
         self.submit(dst, Some(src), Op::Custom(op), &[])
     }
 
+    /// Tracks a request over buffers borrowed for `'scope` (the CUDA interop's
+    /// [`Scope::copy_to_device`]): the scope waits for it before the borrows end.
+    pub(crate) fn track(&self, req: &Request) {
+        self.core.track(req);
+    }
+
     /// The engine this scope submits to.
     pub fn engine(&self) -> &dyn Engine {
         self.engine

@@ -312,13 +312,13 @@ impl FileEngine {
         self.inflight.barrier()
     }
 
-    /// Validates and queues one transfer.
+    /// Validates and queues one transfer (the pipeline's file source loads its chunks here).
     ///
     /// # Safety
     /// 1. `buf` describes memory of its kind valid for writes (`Read`) or reads (`Write`) of
     ///    its whole length until the returned request completes.
     /// 2. Nothing else reads or writes (`Read`), or writes (`Write`), those bytes until then.
-    unsafe fn submit(
+    pub(crate) unsafe fn submit(
         &self,
         file: &FileHandle,
         offset: u64,

@@ -33,6 +33,13 @@ pub(crate) trait Lanes {
         slot: usize,
         computed: &Request,
     ) -> Result<Request, PipelineError>;
+    /// Waits for one of the run's requests (the submitting thread bounding the work queued
+    /// ahead, or waiting for the end of the run). The GPU lanes spin briefly first: a thread
+    /// asleep on a blocking-sync event wakes 100-150 us after the event (H200 host), which
+    /// the end of every run would pay.
+    fn wait(&mut self, req: Request) -> Result<(), RequestError> {
+        req.wait()
+    }
     /// The error to report for a failed request of `chunk`'s `phase` (a backend may know
     /// more than the request's error, e.g. the stage's own error).
     fn explain(&mut self, chunk: usize, phase: Phase, e: RequestError) -> PipelineError {
@@ -85,23 +92,31 @@ impl InFlight {
         None
     }
 
-    /// Waits for front requests until at most `max` are left; the first failure, if any.
-    fn bound(&mut self, max: usize) -> Option<Failure> {
+    /// Waits (with `wait`) for front requests until at most `max` are left; the first
+    /// failure, if any.
+    fn bound(
+        &mut self,
+        max: usize,
+        wait: &mut impl FnMut(Request) -> Result<(), RequestError>,
+    ) -> Option<Failure> {
         while self.list.len() > max {
             let t = self.list.pop_front()?;
-            if let Err(e) = t.req.wait() {
+            if let Err(e) = wait(t.req) {
                 return Some((t.chunk, t.phase, e));
             }
         }
         None
     }
 
-    /// Waits for every request; the first failure in submission order (a failure's cause is
-    /// submitted before the requests that depend on it).
-    fn wait_all(&mut self) -> Option<Failure> {
+    /// Waits (with `wait`) for every request; the first failure in submission order (a
+    /// failure's cause is submitted before the requests that depend on it).
+    fn wait_all(
+        &mut self,
+        wait: &mut impl FnMut(Request) -> Result<(), RequestError>,
+    ) -> Option<Failure> {
         let mut first = None;
         while let Some(t) = self.list.pop_front() {
-            if let Err(e) = t.req.wait() {
+            if let Err(e) = wait(t.req) {
                 first.get_or_insert((t.chunk, t.phase, e));
             }
         }
@@ -111,7 +126,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let _ = self.wait_all();
+        let _ = self.wait_all(&mut Request::wait);
     }
 }
 
@@ -128,7 +143,7 @@ pub(crate) fn drive<L: Lanes>(
     let mut fl = InFlight::default();
     let steps = if download { 3 } else { 2 };
     let stopped = schedule(lanes, chunks, k, depth * steps, download, &mut fl);
-    let tail = fl.wait_all();
+    let tail = fl.wait_all(&mut |r| lanes.wait(r));
     let failed = match stopped {
         Ok(Some(f)) => Some(f),
         Ok(None) => tail,
@@ -186,7 +201,7 @@ fn schedule<L: Lanes>(
         if let Some(f) = fl.poll() {
             return Ok(Some(f));
         }
-        if let Some(f) = fl.bound(max_requests) {
+        if let Some(f) = fl.bound(max_requests, &mut |r| lanes.wait(r)) {
             return Ok(Some(f));
         }
     }

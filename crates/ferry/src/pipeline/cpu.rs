@@ -103,11 +103,19 @@ impl<'e> CpuPipeline<'e> {
         let result = std::thread::scope(|s| {
             let (src, dst, ins, outs) = (&src, dst.as_ref(), &ins, &outs);
             let upload = move |c: &Chunk, slot: usize| {
-                let (from, from_l) = src.part(c)?;
                 let to = RawBuf {
                     len: c.len,
                     ..ins[slot]
                 };
+                // SAFETY: as the copy's below; the lane waited for the slot's last reader.
+                if let Some(r) = unsafe { src.load(c, to, None) } {
+                    return r?.wait().map_err(|e| PipelineError::Copy {
+                        chunk: c.index,
+                        phase: Phase::Upload,
+                        source: e,
+                    });
+                }
+                let (from, from_l) = src.part(c)?;
                 // SAFETY: the source is borrowed for the run, the slot is the pipeline's; the
                 // schedule orders this copy after the slot's last reader and before its next
                 // one, and the lane waits for the copy before the step completes.

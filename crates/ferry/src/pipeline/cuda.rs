@@ -19,6 +19,12 @@
 //! overlap. The same holds for downloads into pageable memory of 1 MiB or more, waited for
 //! when their output slot is next needed.
 //!
+//! A file source ([`Source::file`]) loads each chunk through the file engine (its pinned bounce
+//! ring, then the CUDA engine it was given) once the slot's last reader has finished, waited
+//! for on the submitting thread; its completion is signalled by the file engine's workers, so
+//! compute `i` is enqueued once upload `i` is done, as for staged uploads. File loads have no
+//! upload spans in the timeline.
+//!
 //! Timeline (on request): timing events recorded on the stream of each step around it (the
 //! upload's and download's start after the stream has waited for their dependency, so waiting
 //! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
@@ -36,7 +42,17 @@ use crate::memory::{MemKind, RawBuf};
 use crate::request::{Request, RequestError};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long the submitting thread polls a request (`cuEventQuery`) before it sleeps on the
+/// request's event. The engine's events are blocking-sync by default, and a thread asleep on
+/// one wakes 100-150 us after the event on the H200 host (DESIGN.md): at the end of a run that
+/// was 7% of a 64 MiB pipeline (run 30: 0.93x the raw loop, whose final
+/// `cuStreamSynchronize` spins). Chunk steps are shorter than this at every size the bench
+/// measures (16 MiB: about 330 us), so the last wait of a run polls; a thread that waits
+/// longer (huge chunks, a slow stage) sleeps after it, and pays the wake-up once per wait on
+/// a run that long.
+const SPIN: Duration = Duration::from_millis(2);
 
 /// A pipeline whose slots are device memory of one GPU and whose stage enqueues work on a
 /// compute stream; see the [module documentation](super).
@@ -347,14 +363,30 @@ where
     F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
     E: Into<StageError>,
 {
+    fn wait(&mut self, mut req: Request) -> Result<(), RequestError> {
+        let t = Instant::now();
+        while t.elapsed() < SPIN {
+            if let Some(r) = req.try_wait() {
+                return r;
+            }
+            std::hint::spin_loop();
+        }
+        req.wait()
+    }
+
     fn upload(
         &mut self,
         c: &Chunk,
         slot: usize,
         after: Option<&Request>,
     ) -> Result<Request, PipelineError> {
-        let (from, from_l) = self.src.part(c)?;
         let to = self.device(self.ins[slot], c.len);
+        // SAFETY: the slot is the pipeline's; `load` starts the file's load only after the
+        // slot's last reader (`after`) and `run` returns only after it completed.
+        if let Some(r) = unsafe { self.src.load(c, to, after) } {
+            return r;
+        }
+        let (from, from_l) = self.src.part(c)?;
         let mut job = Job::copy(to, self.src.slot_layout(c)?, from, from_l);
         if let Some(a) = after {
             job = job.after(a);

@@ -2,7 +2,8 @@
 //! are computed and their results copied back. The seed's loop (load batch N+1, compute batch
 //! N, write back batch N-1, all at once), correct by construction.
 //!
-//! A [`Source`] (host memory of any kind, or a strided [`Layout`] over it) is cut into
+//! A [`Source`] (host memory of any kind, a strided [`Layout`] over it, or a file range read
+//! through a [`FileEngine`] chunk by chunk) is cut into
 //! [`Chunk`]s of [`PipelineConfig::chunk_bytes`]; chunk `i` goes to slot `i % K`
 //! ([`PipelineConfig::slots`], K >= 1: 2 is double, 3 triple buffering). For each chunk:
 //! 1. *upload*: the engine copies it into its input slot, once the slot's previous reader
@@ -65,9 +66,10 @@ pub use cuda::{CudaPipeline, GpuChunk};
 pub use timeline::{ChunkTimes, Span, Timeline, TimelineClock};
 
 use crate::engine::SubmitError;
+use crate::file::{FileEngine, FileHandle, IoOp};
 use crate::layout::Layout;
 use crate::memory::{Memory, MemoryMut, RawBuf};
-use crate::request::RequestError;
+use crate::request::{Request, RequestError};
 use std::marker::PhantomData;
 use thiserror::Error;
 
@@ -169,12 +171,32 @@ impl OutLen {
 }
 
 /// What a pipeline reads: host memory of any kind (pageable, pinned, registered, mapped,
-/// managed) or device memory, whole or through a strided layout. Borrowed for the run.
+/// managed) or device memory, whole or through a strided layout, or a byte range of a file
+/// read chunk by chunk through a [`FileEngine`]. Borrowed for the run.
 #[derive(Debug, Clone, Copy)]
 pub struct Source<'a> {
     buf: RawBuf,
     layout: Option<Layout>,
+    file: Option<FileSource<'a>>,
     _borrow: PhantomData<&'a [u8]>,
+}
+
+/// A file range a [`Source`] reads: each chunk is one [`FileEngine`] load straight into its
+/// slot, no buffer of the whole range.
+#[derive(Clone, Copy)]
+struct FileSource<'a> {
+    engine: &'a FileEngine,
+    file: &'a FileHandle,
+    offset: u64,
+}
+
+impl std::fmt::Debug for FileSource<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSource")
+            .field("path", &self.file.path())
+            .field("offset", &self.offset)
+            .finish()
+    }
 }
 
 impl<'a> Source<'a> {
@@ -183,8 +205,80 @@ impl<'a> Source<'a> {
         Source {
             buf: mem.raw(),
             layout: None,
+            file: None,
             _borrow: PhantomData,
         }
+    }
+
+    /// `len` bytes of `file` from `offset`, each chunk loaded by `engine` straight into its
+    /// input slot (a GPU pipeline's slots are device memory: make the engine with
+    /// [`FileEngine::with_engine`] and the pipeline's [`CudaEngine`](crate::cuda::CudaEngine),
+    /// which moves each chunk through the file engine's pinned bounce ring). A chunk's load
+    /// starts once the slot's previous reader has finished, waited for on the submitting
+    /// thread (a file load takes no GPU-side dependency). Errors: the range overflows. A file
+    /// shorter than the range fails the first chunk that reaches past its end
+    /// ([`PipelineError::Copy`] of its upload, with the file's error).
+    pub fn file(
+        engine: &'a FileEngine,
+        file: &'a FileHandle,
+        offset: u64,
+        len: usize,
+    ) -> Result<Source<'a>, PipelineError> {
+        if offset.checked_add(len as u64).is_none() {
+            return Err(PipelineError::Config(format!(
+                "file range: offset {offset} + {len} bytes overflows"
+            )));
+        }
+        Ok(Source {
+            buf: RawBuf {
+                addr: 0,
+                len,
+                kind: crate::memory::MemKind::Pageable,
+            },
+            layout: None,
+            file: Some(FileSource {
+                engine,
+                file,
+                offset,
+            }),
+            _borrow: PhantomData,
+        })
+    }
+
+    /// For a file source: queues chunk `c`'s load into `to` (its input slot, `c.len` bytes)
+    /// once `after` (the slot's previous reader) has completed, waited for here. `None` for
+    /// memory sources.
+    ///
+    /// # Safety
+    /// 1. `to` is valid for writes of `c.len` bytes, of its kind, until the returned request
+    ///    completes, and nothing else reads or writes it until then.
+    pub(crate) unsafe fn load(
+        &self,
+        c: &Chunk,
+        to: RawBuf,
+        after: Option<&Request>,
+    ) -> Option<Result<Request, PipelineError>> {
+        let f = self.file?;
+        let failed = |e: RequestError| PipelineError::Copy {
+            chunk: c.index,
+            phase: Phase::Upload,
+            source: e,
+        };
+        Some((|| {
+            if let Some(a) = after {
+                a.completion()
+                    .wait()
+                    .map_err(|e| failed(RequestError::Dependency(Box::new(e))))?;
+            }
+            let to = RawBuf { len: c.len, ..to };
+            // SAFETY: the slot is valid and unshared until the request completes (1).
+            let (req, _) = unsafe {
+                f.engine
+                    .submit(f.file, f.offset + c.offset as u64, to, IoOp::Read)
+            }
+            .map_err(|e| failed(e.into()))?;
+            Ok(req)
+        })())
     }
 
     /// The elements of `layout` over `mem`, in the layout's order; chunks are whole rows of its
@@ -201,6 +295,7 @@ impl<'a> Source<'a> {
         Ok(Source {
             buf,
             layout: Some(layout),
+            file: None,
             _borrow: PhantomData,
         })
     }

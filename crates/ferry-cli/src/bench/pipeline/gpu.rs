@@ -1,15 +1,36 @@
-//! `cuda-pipeline`: ferry's GPU pipeline, the sequential loop and a raw driver loop on the same
-//! pinned buffers, the kernel's rounds calibrated so that compute and copy of a chunk balance.
+//! The GPU pipeline rows: ferry's pipeline through its public API with the default engine
+//! config, next to raw driver loops on the same buffers in the same process, the kernel's
+//! rounds calibrated so that one chunk's compute matches one chunk's upload (the balanced case
+//! of the issue's targets):
+//! - `cuda-pipeline`: upload, compute, download (3 slots) vs the sequential loop and a raw
+//!   3-stream event loop;
+//! - `cuda-pipeline-upcompute` ([`up`]): upload and compute only, the kernel writing a device
+//!   array, vs a raw 2-stream event loop, the sequential loop, and the uploads alone and the
+//!   kernels alone (the row's notes give total / max(copy, compute) and sequential / total);
+//! - `cuda-pipeline-pageable` ([`up`]): the 3-step pipeline from a pageable source vs the same
+//!   from the pinned source (the ratio is pageable / pinned);
+//! - `cuda-pipeline-file` ([`up`]): the same from a file (page cache) through a file engine,
+//!   vs the pinned source (the ratio is file / pinned).
+//!
+//! Chunks: 1/32 of the source, at least 4 MiB. A pipeline of N balanced chunks through three
+//! steps cannot take less than (N + 2) / N of one step's total (the first upload and the last
+//! compute and download run alone): 1.125x at 16 chunks, 1.06x at 32, so the 1.10x target
+//! needs more than 20; below 4 MiB a chunk's copy (80 us) nears the host's cost of submitting
+//! it.
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo};
+use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo, Timing};
 use crate::sizes::format_size;
-use cudarc::driver::{sys, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
-use ferry::pipeline::{CudaPipeline, Dest, GpuChunk, PipelineConfig, Source};
-use ferry::Memory;
+use ferry::pipeline::{CudaPipeline, Dest, GpuChunk, Phase, PipelineConfig, Source, Timeline};
+use ferry::{Memory, MemoryMut};
 use std::sync::Arc;
+
+mod up;
 
 const KERNEL: &str = r#"
 extern "C" __global__ void lcg(const unsigned char* in, unsigned char* out, unsigned long long n, unsigned int rounds) {
@@ -21,6 +42,16 @@ extern "C" __global__ void lcg(const unsigned char* in, unsigned char* out, unsi
     }
 }
 "#;
+
+/// Chunks per source (fewer where a chunk would be under [`MIN_CHUNK`]).
+const CHUNKS: usize = 32;
+/// Smallest chunk the rows use.
+const MIN_CHUNK: usize = 4 << 20;
+
+/// The chunk size of a row of `n` source bytes.
+fn chunk_for(n: usize) -> usize {
+    (n / CHUNKS).max(MIN_CHUNK).min(n).max(1)
+}
 
 fn setup(e: impl std::fmt::Display) -> BenchError {
     BenchError::Setup(e.to_string())
@@ -76,116 +107,219 @@ fn drv(call: &'static str, r: sys::CUresult) -> Result<(), String> {
     }
 }
 
-/// The raw baseline's pieces: three streams and K reused events per edge.
-struct Raw {
-    up: Arc<CudaStream>,
-    comp: Arc<CudaStream>,
-    down: Arc<CudaStream>,
-    uploaded: Vec<CudaEvent>,
-    computed: Vec<CudaEvent>,
-    downloaded: Vec<CudaEvent>,
+fn cu(r: Result<(), cudarc::driver::DriverError>) -> Result<(), String> {
+    r.map_err(|e| e.to_string())
 }
 
-pub(super) fn run(test: &TestInfo, size: u64, method: &Method) -> Result<Row, BenchError> {
-    let n = size as usize;
-    let chunk = (n / 16).max(1);
-    let engine = CudaEngine::new(0).map_err(setup)?;
-    let ctx = Arc::clone(engine.context());
-    let ptx = cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| setup(format!("{e:?}")))?;
-    let f = ctx
-        .load_module(ptx)
-        .and_then(|m| m.load_function("lcg"))
-        .map_err(setup)?;
-    let mut src = PinnedBuffer::new(n).map_err(setup)?;
-    src.copy_from_slice(&pattern_bytes(n));
-    let mut dst = PinnedBuffer::new(n).map_err(setup)?;
-    let fail = |s: &str| failed(test.name, s, size);
+/// What every GPU row shares: the engine (default config), the kernel calibrated for the
+/// row's chunk, the pinned source, K device slots for the baselines, a stream and events.
+struct Bench {
+    engine: Arc<CudaEngine>,
+    ctx: Arc<CudaContext>,
+    f: CudaFunction,
+    n: usize,
+    chunk: usize,
+    rounds: u32,
+    /// One chunk's upload and kernel (calibrated rounds), host clock, synchronized.
+    t_copy: f64,
+    t_kernel: f64,
+    src: PinnedBuffer,
+    ins: Vec<DeviceBuffer>,
+    outs: Vec<DeviceBuffer>,
+    s: Arc<CudaStream>,
+}
 
-    // Calibrate: one chunk's upload against the kernel at 64 rounds, host clock, synchronized.
-    let s = ctx.new_stream().map_err(setup)?;
-    let (din, dout) = (
-        DeviceBuffer::new(0, chunk).map_err(setup)?,
-        DeviceBuffer::new(0, chunk).map_err(setup)?,
-    );
-    let time = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
-        f()?;
-        let t = std::time::Instant::now();
-        for _ in 0..5 {
+impl Bench {
+    fn new(test: &TestInfo, size: u64) -> Result<Bench, BenchError> {
+        let n = size as usize;
+        let chunk = chunk_for(n);
+        let engine = Arc::new(CudaEngine::new(0).map_err(setup)?);
+        let ctx = Arc::clone(engine.context());
+        let ptx = cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| setup(format!("{e:?}")))?;
+        let f = ctx
+            .load_module(ptx)
+            .and_then(|m| m.load_function("lcg"))
+            .map_err(setup)?;
+        let mut src = PinnedBuffer::new(n).map_err(setup)?;
+        src.copy_from_slice(&pattern_bytes(n));
+        let slots = || -> Result<Vec<DeviceBuffer>, BenchError> {
+            (0..SLOTS)
+                .map(|_| DeviceBuffer::new(0, chunk).map_err(setup))
+                .collect()
+        };
+        let (ins, outs) = (slots()?, slots()?);
+        let s = ctx.new_stream().map_err(setup)?;
+        let mut b = Bench {
+            engine,
+            ctx,
+            f,
+            n,
+            chunk,
+            rounds: 64,
+            t_copy: 0.0,
+            t_kernel: 0.0,
+            src,
+            ins,
+            outs,
+            s,
+        };
+        b.calibrate()
+            .map_err(failed(test.name, "calibration", size))?;
+        Ok(b)
+    }
+
+    /// Times one chunk's upload and the kernel at 64 rounds; sets the rounds so that the
+    /// kernel takes as long as the upload.
+    fn calibrate(&mut self) -> Result<(), String> {
+        let time = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
             f()?;
-        }
-        Ok(t.elapsed().as_secs_f64() / 5.0)
-    };
-    let t_copy = time(&mut || {
-        // SAFETY: `din` holds `chunk` bytes, `src` at least that; synchronized below.
+            let t = std::time::Instant::now();
+            for _ in 0..5 {
+                f()?;
+            }
+            Ok(t.elapsed().as_secs_f64() / 5.0)
+        };
+        let (din, dout) = (self.ins[0].device_ptr(), self.outs[0].device_ptr());
+        let s = Arc::clone(&self.s);
+        self.t_copy = time(&mut || {
+            self.h2d(din, 0, self.chunk, &s)?;
+            cu(s.synchronize())
+        })?;
+        let t_k = time(&mut || {
+            launch(&self.f, &s, din, dout, self.chunk, 64)?;
+            cu(s.synchronize())
+        })?;
+        self.rounds = ((64.0 * self.t_copy / t_k.max(1e-9)) as u32).clamp(1, 1 << 20);
+        self.t_kernel = t_k * f64::from(self.rounds) / 64.0;
+        Ok(())
+    }
+
+    /// The chunks as (index, offset, len).
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.n)
+            .step_by(self.chunk)
+            .enumerate()
+            .map(|(i, off)| (i, off, self.chunk.min(self.n - off)))
+    }
+
+    /// Enqueues `len` source bytes at `off` into device address `d` on `st`.
+    fn h2d(&self, d: u64, off: usize, len: usize, st: &CudaStream) -> Result<(), String> {
+        // SAFETY: `d` is a slot of `chunk` >= len bytes (or a device array of the source's
+        // length), `src` holds `off + len`; every caller synchronizes before the buffers go.
         drv("cuMemcpyHtoDAsync", unsafe {
             sys::cuMemcpyHtoDAsync_v2(
-                din.device_ptr(),
-                src.raw().addr as *const _,
-                chunk,
-                s.cu_stream(),
+                d,
+                (self.src.raw().addr + off as u64) as *const _,
+                len,
+                st.cu_stream(),
             )
-        })?;
-        s.synchronize().map_err(|e| e.to_string())
-    })
-    .map_err(fail("calibration"))?;
-    let t_k = time(&mut || {
-        launch(&f, &s, din.device_ptr(), dout.device_ptr(), chunk, 64)?;
-        s.synchronize().map_err(|e| e.to_string())
-    })
-    .map_err(fail("calibration"))?;
-    let rounds = ((64.0 * t_copy / t_k.max(1e-9)) as u32).clamp(1, 1 << 20);
-    drop((din, dout));
+        })
+    }
 
-    // ferry's pipeline.
-    let name = format!("ferry pipeline (K={SLOTS})");
-    let cfg = PipelineConfig::new(chunk, SLOTS);
-    let mut pipe = CudaPipeline::new(&engine, cfg).map_err(setup)?;
-    let stage = |g: &GpuChunk<'_>| {
-        let out = g.output().ok_or("no output slot")?;
-        launch(&f, g.stream(), g.input(), out, g.chunk().len, rounds)
+    fn new_events(&self) -> Result<Vec<CudaEvent>, BenchError> {
+        (0..SLOTS)
+            .map(|_| self.ctx.new_event(None).map_err(setup))
+            .collect()
+    }
+
+    /// The row's notes: chunks, slots, the kernel, and what the timeline (if kept) showed.
+    fn shape(&self, what: &str, timeline: Option<&Timeline>) -> String {
+        let mut s = format!(
+            "{what}; chunks of {}, {SLOTS} slots, {}-round LCG kernel (one chunk: copy {:.0} us, kernel {:.0} us)",
+            format_size(self.chunk as u64),
+            self.rounds,
+            self.t_copy * 1e6,
+            self.t_kernel * 1e6,
+        );
+        if let Some(t) = timeline {
+            let busy = [Phase::Upload, Phase::Compute, Phase::Download].map(|p| t.busy_us(p));
+            let top = busy.iter().copied().fold(0.0, f64::max);
+            s += &format!(
+                "; timeline: busy upload {:.0} us, compute {:.0}, download {:.0}, wall {:.0} = {:.3}x the largest",
+                busy[0],
+                busy[1],
+                busy[2],
+                t.wall_us(),
+                t.wall_us() / top.max(1e-9)
+            );
+        }
+        s
+    }
+}
+
+/// Runs one GPU pipeline row.
+pub(super) fn run(test: &TestInfo, size: u64, method: &Method) -> Result<Row, BenchError> {
+    let b = Bench::new(test, size)?;
+    match test.name {
+        "cuda-pipeline-upcompute" => up::upcompute(&b, test, size, method),
+        "cuda-pipeline-pageable" => up::pageable(&b, test, size, method),
+        "cuda-pipeline-file" => up::file(&b, test, size, method),
+        _ => three_steps(&b, test, size, method),
+    }
+}
+
+/// ferry's pipeline with `stage` from `src` into `dst`, timed; once more with a timeline
+/// when tracing and `traced` (returned).
+#[allow(clippy::too_many_arguments)]
+fn time_pipeline(
+    b: &Bench,
+    cfg: PipelineConfig,
+    test: &str,
+    name: &str,
+    size: u64,
+    method: &Method,
+    src: Source<'_>,
+    dst: &mut Option<&mut PinnedBuffer>,
+    stage: &dyn Fn(&GpuChunk<'_>) -> Result<(), String>,
+    traced: bool,
+) -> Result<(Timing, Option<Timeline>), BenchError> {
+    let mut pipe = CudaPipeline::new(&b.engine, cfg).map_err(setup)?;
+    let mut once = |pipe: &mut CudaPipeline<'_>| {
+        let d = dst.as_deref_mut().map(Dest::new);
+        pipe.run(src, d, stage).map_err(|e| e.to_string())
     };
-    let ferry_t = measure(method, || {
-        pipe.run(Source::new(&src), Some(Dest::new(&mut dst)), stage)
-            .map(drop)
-            .map_err(|e| e.to_string())
-    })
-    .map_err(fail(&name))?;
-    verify(test.name, &name, size, &src, &dst, rounds)?;
-    let ferry_out = dst.to_vec();
-    if tracing() {
-        let mut p = CudaPipeline::new(&engine, cfg.timeline(true)).map_err(setup)?;
-        let rep = p
-            .run(Source::new(&src), Some(Dest::new(&mut dst)), stage)
-            .map_err(|e| fail(&name)(e.to_string()))?;
-        if let Some(t) = rep.timeline {
-            keep_trace(format!("{} {}", test.name, format_size(size)), t);
+    let t = measure(method, || once(&mut pipe).map(drop)).map_err(failed(test, name, size))?;
+    let mut timeline = None;
+    if traced && tracing() {
+        let mut p = CudaPipeline::new(&b.engine, cfg.timeline(true)).map_err(setup)?;
+        let rep = once(&mut p).map_err(failed(test, name, size))?;
+        if let Some(tl) = rep.timeline {
+            keep_trace(format!("{test} {}", format_size(size)), tl.clone());
+            timeline = Some(tl);
         }
     }
-    drop(pipe);
+    Ok((t, timeline))
+}
+
+/// `cuda-pipeline`: upload, compute, download.
+fn three_steps(b: &Bench, test: &TestInfo, size: u64, method: &Method) -> Result<Row, BenchError> {
+    let (n, chunk, rounds) = (b.n, b.chunk, b.rounds);
+    let mut dst = PinnedBuffer::new(n).map_err(setup)?;
+    let name = format!("ferry pipeline (K={SLOTS})");
+    let stage = |g: &GpuChunk<'_>| {
+        let out = g.output().ok_or("no output slot")?;
+        launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
+    };
+    let (ferry_t, timeline) = time_pipeline(
+        b,
+        PipelineConfig::new(chunk, SLOTS),
+        test.name,
+        &name,
+        size,
+        method,
+        Source::new(&b.src),
+        &mut Some(&mut dst),
+        &stage,
+        true,
+    )?;
+    verify(test.name, &name, size, &b.src, &dst, rounds)?;
+    let ferry_out = dst.to_vec();
     dst.fill(0);
 
-    // Slots for the baselines.
-    let ins: Vec<DeviceBuffer> = (0..SLOTS)
-        .map(|_| DeviceBuffer::new(0, chunk))
-        .collect::<Result<_, _>>()
-        .map_err(setup)?;
-    let outs: Vec<DeviceBuffer> = (0..SLOTS)
-        .map(|_| DeviceBuffer::new(0, chunk))
-        .collect::<Result<_, _>>()
-        .map_err(setup)?;
-    let (src_addr, dst_addr) = (src.raw().addr, {
-        use ferry::MemoryMut;
-        dst.raw_mut().addr
-    });
-    let h2d = |d: u64, off: usize, len: usize, st: &CudaStream| {
-        // SAFETY: `d` is a slot of `chunk` >= len bytes, `src` holds `off + len`; every caller
-        // synchronizes before the buffers go.
-        drv("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(d, (src_addr + off as u64) as *const _, len, st.cu_stream())
-        })
-    };
+    let dst_addr = dst.raw_mut().addr;
     let d2h = |off: usize, d: u64, len: usize, st: &CudaStream| {
-        // SAFETY: as above, into `dst`.
+        // SAFETY: `d` is a slot of at least `len` bytes, `dst` holds `off + len`; every caller
+        // synchronizes before the buffers go.
         drv("cuMemcpyDtoHAsync", unsafe {
             sys::cuMemcpyDtoHAsync_v2((dst_addr + off as u64) as *mut _, d, len, st.cu_stream())
         })
@@ -193,71 +327,61 @@ pub(super) fn run(test: &TestInfo, size: u64, method: &Method) -> Result<Row, Be
 
     // Sequential: copy in, compute, copy out, each waited for.
     let seq_name = "sequential copy-compute-copy (raw, synchronized)";
+    let s = &b.s;
     let seq_t = measure(method, || {
-        for (i, off) in (0..n).step_by(chunk).enumerate() {
-            let len = chunk.min(n - off);
-            let (din, dout) = (ins[i % SLOTS].device_ptr(), outs[i % SLOTS].device_ptr());
-            h2d(din, off, len, &s)?;
-            s.synchronize().map_err(|e| e.to_string())?;
-            launch(&f, &s, din, dout, len, rounds)?;
-            s.synchronize().map_err(|e| e.to_string())?;
-            d2h(off, dout, len, &s)?;
-            s.synchronize().map_err(|e| e.to_string())?;
+        for (i, off, len) in b.chunks() {
+            let (din, dout) = (
+                b.ins[i % SLOTS].device_ptr(),
+                b.outs[i % SLOTS].device_ptr(),
+            );
+            b.h2d(din, off, len, s)?;
+            cu(s.synchronize())?;
+            launch(&b.f, s, din, dout, len, rounds)?;
+            cu(s.synchronize())?;
+            d2h(off, dout, len, s)?;
+            cu(s.synchronize())?;
         }
         Ok(())
     })
-    .map_err(fail(seq_name))?;
+    .map_err(failed(test.name, seq_name, size))?;
     compare(test.name, seq_name, size, &dst, &ferry_out)?;
     dst.fill(0);
 
     // Raw loop: three streams, events reused per slot, the same schedule as ferry's.
     let raw_name = "raw driver loop (3 streams, events)";
-    let ev = || ctx.new_event(None).map_err(setup);
-    let stream = || ctx.new_stream().map_err(setup);
-    let raw = Raw {
-        up: stream()?,
-        comp: stream()?,
-        down: stream()?,
-        uploaded: (0..SLOTS).map(|_| ev()).collect::<Result<_, _>>()?,
-        computed: (0..SLOTS).map(|_| ev()).collect::<Result<_, _>>()?,
-        downloaded: (0..SLOTS).map(|_| ev()).collect::<Result<_, _>>()?,
-    };
-    let e = |r: Result<(), cudarc::driver::DriverError>| r.map_err(|e| e.to_string());
+    let stream = || b.ctx.new_stream().map_err(setup);
+    let (up, comp, down) = (stream()?, stream()?, stream()?);
+    let (uploaded, computed, downloaded) = (b.new_events()?, b.new_events()?, b.new_events()?);
     let raw_t = measure(method, || {
-        for (i, off) in (0..n).step_by(chunk).enumerate() {
-            let (k, len) = (i % SLOTS, chunk.min(n - off));
-            let (din, dout) = (ins[k].device_ptr(), outs[k].device_ptr());
+        for (i, off, len) in b.chunks() {
+            let k = i % SLOTS;
+            let (din, dout) = (b.ins[k].device_ptr(), b.outs[k].device_ptr());
             if i >= SLOTS {
-                e(raw.up.wait(&raw.computed[k]))?;
+                cu(up.wait(&computed[k]))?;
             }
-            h2d(din, off, len, &raw.up)?;
-            e(raw.uploaded[k].record(&raw.up))?;
-            e(raw.comp.wait(&raw.uploaded[k]))?;
+            b.h2d(din, off, len, &up)?;
+            cu(uploaded[k].record(&up))?;
+            cu(comp.wait(&uploaded[k]))?;
             if i >= SLOTS {
-                e(raw.comp.wait(&raw.downloaded[k]))?;
+                cu(comp.wait(&downloaded[k]))?;
             }
-            launch(&f, &raw.comp, din, dout, len, rounds)?;
-            e(raw.computed[k].record(&raw.comp))?;
-            e(raw.down.wait(&raw.computed[k]))?;
-            d2h(off, dout, len, &raw.down)?;
-            e(raw.downloaded[k].record(&raw.down))?;
+            launch(&b.f, &comp, din, dout, len, rounds)?;
+            cu(computed[k].record(&comp))?;
+            cu(down.wait(&computed[k]))?;
+            d2h(off, dout, len, &down)?;
+            cu(downloaded[k].record(&down))?;
         }
-        e(raw.down.synchronize())?;
-        e(raw.comp.synchronize())
+        cu(down.synchronize())?;
+        cu(comp.synchronize())
     })
-    .map_err(fail(raw_name))?;
+    .map_err(failed(test.name, raw_name, size))?;
     compare(test.name, raw_name, size, &dst, &ferry_out)?;
     Ok(Row::new(
         test.name,
         Kind::Bandwidth,
         size,
         size,
-        format!(
-            "chunks of {}, {SLOTS} slots, {rounds}-round LCG kernel (one chunk: copy {:.0} us, kernel {:.0} us)",
-            format_size(chunk as u64),
-            t_copy * 1e6,
-            t_k * 1e6 * f64::from(rounds) / 64.0
-        ),
+        b.shape("pinned source and destination", timeline.as_ref()),
         vec![
             Series::new(name, Role::Ferry, Kind::Bandwidth, size, ferry_t),
             Series::new(seq_name, Role::Baseline, Kind::Bandwidth, size, seq_t),

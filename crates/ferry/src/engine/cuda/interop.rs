@@ -30,10 +30,14 @@
 
 use super::driver::{self, check};
 use super::event::Event;
+use super::DeviceBuffer;
 use super::{CudaCompletion, CudaEngine, Direction};
 use crate::engine::cuda::DriverError;
-use crate::engine::{Engine, Job, SubmitError};
+use crate::engine::{Engine, Job, Scope, SubmitError};
+use crate::layout::Layout;
 use crate::memory::MemKind;
+use crate::memory::Memory;
+use crate::op::Op;
 use crate::request::{BarrierError, Request, RequestError};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::marker::PhantomData;
@@ -251,6 +255,14 @@ impl CudaEngine {
     /// engine's barrier counts it. A copy the route stages (pageable host memory of at least
     /// 2 MiB to the device, 1 MiB back) returns from submit only once done: its completion is
     /// signalled by the staging thread, which no stream can wait for.
+    ///
+    /// Cost: the copy runs on the engine's own stream, so each one takes an event recorded
+    /// on the caller's stream and a `cuStreamWaitEvent` each way, beyond its own event (a few
+    /// microseconds of driver calls; no host wait). Running driver-call routes on the caller's
+    /// stream itself (its own event recorded there, no extra event) needs `submit_raw` to take
+    /// the stream it runs on: left for the stream pool's restructuring of the submit path
+    /// (issue 14). SM-kernel, gather and split routes would keep this form (their kernels and
+    /// scratch belong to the engine's streams), staged ones the host wait.
     pub fn on_stream<'a>(
         &'a self,
         stream: &'a CudaStream,
@@ -413,5 +425,57 @@ impl Engine for StreamEngine<'_> {
 
     fn home(&self) -> Option<MemKind> {
         self.engine.home()
+    }
+}
+
+impl<'scope> Scope<'scope, '_> {
+    /// Copies `src_layout` of `src` into `dst_layout` of a device buffer the scope only
+    /// shares, after the requests `after` (on a [`CudaEngine`](crate::cuda::CudaEngine): GPU
+    /// waits, e.g. on [`CudaEngine::record`](crate::cuda::CudaEngine::record) of the compute
+    /// stream that last read the buffer). For loops that own their schedule (the seed's loop of
+    /// a copy stream, a compute stream and events): one device buffer written again and again
+    /// within one scope, each write ordered on the GPU, no host wait.
+    ///
+    /// Why it is safe with a shared borrow: the scope keeps `dst` allocated until every copy
+    /// has completed, and device memory is never Rust memory (a [`DeviceBuffer`] has no
+    /// `&[u8]` view), so another reader of the same bytes while a copy writes them (a kernel,
+    /// a `to_vec`, another copy) reads unspecified bytes but cannot corrupt the program. That
+    /// the readers see the bytes of the right copy is the caller's schedule: the stream that
+    /// reads waits for the returned request
+    /// ([`CudaEngine::stream_wait`](crate::cuda::CudaEngine::stream_wait)), and the next copy
+    /// into the buffer waits for the point after the last reader (`after`).
+    pub fn copy_to_device<S>(
+        &self,
+        dst: &'scope DeviceBuffer,
+        dst_layout: &Layout,
+        src: &'scope S,
+        src_layout: &Layout,
+        after: &[&Request],
+    ) -> Result<Request, SubmitError>
+    where
+        S: Memory + ?Sized,
+    {
+        let op = Op::Copy {
+            dst: *dst_layout,
+            src: *src_layout,
+        };
+        src_layout
+            .check_elem(src.elem_size())
+            .map_err(crate::op::OpError::Src)?;
+        let job = Job {
+            dst: dst.raw(),
+            src: Some(src.raw()),
+            op,
+            after: after.iter().map(|r| r.share()).collect(),
+        };
+        // SAFETY: `dst` and `src` are borrowed for 'scope, which ends only after `scope()` has
+        // waited for every request tracked here: both stay allocated while the copy runs (1);
+        // `src` cannot be written (shared borrow). `dst` is device memory, which no Rust
+        // reference can point into: other readers or writers of its bytes during the copy are
+        // device-side races on values the caller orders (see above), not host memory shared
+        // with Rust code (2).
+        let req = unsafe { self.engine().submit_raw(job)? };
+        self.track(&req);
+        Ok(req)
     }
 }

@@ -1,0 +1,274 @@
+//! `cuda-pipeline-upcompute` and `cuda-pipeline-pageable`; see the [parent](super).
+
+use super::{compare, cu, failed, launch, setup, time_pipeline, verify, Bench, SLOTS};
+use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo};
+use cudarc::driver::sys;
+use ferry::cuda::{DeviceBuffer, PinnedBuffer};
+use ferry::pipeline::{GpuChunk, OutLen, PipelineConfig, Source};
+
+/// Zeroes `n` bytes of device memory at `d` (between series, so that each is checked on its
+/// own output).
+fn zero(b: &Bench, d: u64, n: usize) -> Result<(), BenchError> {
+    b.ctx.bind_to_thread().map_err(setup)?;
+    // SAFETY: `d` is a live device allocation of at least `n` bytes; synchronous, and nothing
+    // else runs on it (every series synchronized before returning).
+    let r = unsafe { sys::cuMemsetD8_v2(d, 0, n) };
+    super::drv("cuMemsetD8", r).map_err(setup)
+}
+
+/// `cuda-pipeline-upcompute`: pinned -> device slot -> kernel writing a device array of the
+/// source's length (no download). ferry vs a raw 2-stream event loop (the ratio), the
+/// sequential copy-then-compute loop, the uploads alone and the kernels alone.
+pub(super) fn upcompute(
+    b: &Bench,
+    test: &TestInfo,
+    size: u64,
+    method: &Method,
+) -> Result<Row, BenchError> {
+    let (n, rounds) = (b.n, b.rounds);
+    let out = DeviceBuffer::new(0, n).map_err(setup)?;
+    let out_ptr = out.device_ptr();
+    let read_back = || out.to_vec().map_err(setup);
+    let name = format!("ferry pipeline, upload + compute (K={SLOTS})");
+    let stage = |g: &GpuChunk<'_>| {
+        let c = g.chunk();
+        launch(
+            &b.f,
+            g.stream(),
+            g.input(),
+            out_ptr + c.offset as u64,
+            c.len,
+            rounds,
+        )
+    };
+    let cfg = PipelineConfig::new(b.chunk, SLOTS).output(OutLen::Fixed(0));
+    let (ferry_t, timeline) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &name,
+        size,
+        method,
+        Source::new(&b.src),
+        &mut None,
+        &stage,
+        true,
+    )?;
+    let ferry_out = read_back()?;
+    verify(test.name, &name, size, &b.src, &ferry_out, rounds)?;
+    zero(b, out_ptr, n)?;
+
+    // Sequential: copy a chunk in, wait, compute it, wait.
+    let s = &b.s;
+    let seq_name = "sequential copy-then-compute (raw, synchronized)";
+    let seq_t = measure(method, || {
+        for (i, off, len) in b.chunks() {
+            let din = b.ins[i % SLOTS].device_ptr();
+            b.h2d(din, off, len, s)?;
+            cu(s.synchronize())?;
+            launch(&b.f, s, din, out_ptr + off as u64, len, rounds)?;
+            cu(s.synchronize())?;
+        }
+        Ok(())
+    })
+    .map_err(failed(test.name, seq_name, size))?;
+    compare(test.name, seq_name, size, &read_back()?, &ferry_out)?;
+    zero(b, out_ptr, n)?;
+
+    // Raw loop: an upload stream and a compute stream, events reused per slot, ferry's
+    // schedule (an upload into a slot waits for the kernel that last read it).
+    let raw_name = "raw driver loop (2 streams, events)";
+    let (up, comp) = (
+        b.ctx.new_stream().map_err(setup)?,
+        b.ctx.new_stream().map_err(setup)?,
+    );
+    let (uploaded, computed) = (b.new_events()?, b.new_events()?);
+    let raw_t = measure(method, || {
+        for (i, off, len) in b.chunks() {
+            let k = i % SLOTS;
+            let din = b.ins[k].device_ptr();
+            if i >= SLOTS {
+                cu(up.wait(&computed[k]))?;
+            }
+            b.h2d(din, off, len, &up)?;
+            cu(uploaded[k].record(&up))?;
+            cu(comp.wait(&uploaded[k]))?;
+            launch(&b.f, &comp, din, out_ptr + off as u64, len, rounds)?;
+            cu(computed[k].record(&comp))?;
+        }
+        cu(comp.synchronize())
+    })
+    .map_err(failed(test.name, raw_name, size))?;
+    compare(test.name, raw_name, size, &read_back()?, &ferry_out)?;
+
+    // The two totals the overlap is measured against: every upload alone, every kernel alone
+    // (one stream each, host clock, synchronized once).
+    let copy_t = measure(method, || {
+        for (i, off, len) in b.chunks() {
+            b.h2d(b.ins[i % SLOTS].device_ptr(), off, len, s)?;
+        }
+        cu(s.synchronize())
+    })
+    .map_err(failed(test.name, "uploads alone", size))?;
+    let kernel_t = measure(method, || {
+        for (i, off, len) in b.chunks() {
+            let din = b.ins[i % SLOTS].device_ptr();
+            launch(&b.f, s, din, out_ptr + off as u64, len, rounds)?;
+        }
+        cu(s.synchronize())
+    })
+    .map_err(failed(test.name, "kernels alone", size))?;
+    let (total, copy, kernel) = (ferry_t.median_s, copy_t.median_s, kernel_t.median_s);
+    let what = format!(
+        "upload + compute, no download; uploads alone {:.0} us, kernels alone {:.0} us; ferry total / max(copy, compute) = {:.3} (target <= 1.05); sequential / ferry = {:.2} (target >= 1.8)",
+        copy * 1e6,
+        kernel * 1e6,
+        total / copy.max(kernel).max(1e-12),
+        seq_t.median_s / total.max(1e-12),
+    );
+    Ok(Row::new(
+        test.name,
+        Kind::Bandwidth,
+        size,
+        size,
+        b.shape(&what, timeline.as_ref()),
+        vec![
+            Series::new(name, Role::Ferry, Kind::Bandwidth, size, ferry_t),
+            Series::new(seq_name, Role::Baseline, Kind::Bandwidth, size, seq_t),
+            Series::new(raw_name, Role::Baseline, Kind::Bandwidth, size, raw_t),
+        ],
+    ))
+}
+
+/// `cuda-pipeline-pageable`: the 3-step pipeline from a pageable copy of the source, against
+/// the same pipeline from the pinned source (the row's ratio: pageable / pinned).
+pub(super) fn pageable(
+    b: &Bench,
+    test: &TestInfo,
+    size: u64,
+    method: &Method,
+) -> Result<Row, BenchError> {
+    let rounds = b.rounds;
+    let pageable_src: Vec<u8> = b.src.to_vec();
+    let mut dst = PinnedBuffer::new(b.n).map_err(setup)?;
+    let stage = |g: &GpuChunk<'_>| {
+        let out = g.output().ok_or("no output slot")?;
+        launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
+    };
+    let cfg = PipelineConfig::new(b.chunk, SLOTS);
+    let name = format!("ferry pipeline, pageable source (K={SLOTS})");
+    let (pageable_t, timeline) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &name,
+        size,
+        method,
+        Source::new(&pageable_src),
+        &mut Some(&mut dst),
+        &stage,
+        true,
+    )?;
+    verify(test.name, &name, size, &b.src, &dst, rounds)?;
+    dst.fill(0);
+    let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
+    let (pinned_t, _) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &pinned_name,
+        size,
+        method,
+        Source::new(&b.src),
+        &mut Some(&mut dst),
+        &stage,
+        false,
+    )?;
+    verify(test.name, &pinned_name, size, &b.src, &dst, rounds)?;
+    Ok(Row::new(
+        test.name,
+        Kind::Bandwidth,
+        size,
+        size,
+        b.shape(
+            "pageable source (Vec<u8>), pinned destination; ratio: pageable / pinned source (target >= 0.9)",
+            timeline.as_ref(),
+        ),
+        vec![
+            Series::new(name, Role::Ferry, Kind::Bandwidth, size, pageable_t),
+            Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),
+        ],
+    ))
+}
+
+/// `cuda-pipeline-file`: the 3-step pipeline from a file (written just before, so read from
+/// the page cache: the path's speed, not the disk's) through a file engine with the default
+/// config moving chunks to the device slots with the pipeline's engine, against the same
+/// pipeline from the pinned source holding the same bytes (the row's ratio: file / pinned).
+pub(super) fn file(
+    b: &Bench,
+    test: &TestInfo,
+    size: u64,
+    method: &Method,
+) -> Result<Row, BenchError> {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    use std::io::Write;
+    let rounds = b.rounds;
+    let mut tf = tempfile::NamedTempFile::new().map_err(setup)?;
+    tf.write_all(&b.src)
+        .and_then(|()| tf.flush())
+        .map_err(setup)?;
+    let files = FileEngine::with_engine(FileConfig::new(), b.engine.clone()).map_err(setup)?;
+    let handle = files.open(tf.path(), OpenMode::Read).map_err(setup)?;
+    let mut dst = PinnedBuffer::new(b.n).map_err(setup)?;
+    let stage = |g: &GpuChunk<'_>| {
+        let out = g.output().ok_or("no output slot")?;
+        launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
+    };
+    let cfg = PipelineConfig::new(b.chunk, SLOTS);
+    let name = format!("ferry pipeline, file source (K={SLOTS})");
+    let src = Source::file(&files, &handle, 0, b.n).map_err(setup)?;
+    let (file_t, timeline) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &name,
+        size,
+        method,
+        src,
+        &mut Some(&mut dst),
+        &stage,
+        true,
+    )?;
+    verify(test.name, &name, size, &b.src, &dst, rounds)?;
+    dst.fill(0);
+    let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
+    let (pinned_t, _) = time_pipeline(
+        b,
+        cfg,
+        test.name,
+        &pinned_name,
+        size,
+        method,
+        Source::new(&b.src),
+        &mut Some(&mut dst),
+        &stage,
+        false,
+    )?;
+    verify(test.name, &pinned_name, size, &b.src, &dst, rounds)?;
+    let what = format!(
+        "file in the page cache -> file engine ({} threads, bounce ring) -> device slots, pinned destination; ratio: file / pinned source",
+        files.config().threads
+    );
+    Ok(Row::new(
+        test.name,
+        Kind::Bandwidth,
+        size,
+        size,
+        b.shape(&what, timeline.as_ref()),
+        vec![
+            Series::new(name, Role::Ferry, Kind::Bandwidth, size, file_t),
+            Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),
+        ],
+    ))
+}
