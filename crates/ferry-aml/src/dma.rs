@@ -9,7 +9,7 @@ use ferry_capi::Fail;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, PoisonError};
 
-mod plan;
+pub(crate) mod plan;
 pub(crate) use plan::planned_job;
 
 /// `aml_dma_operator`: a C function that performs the copy of `src` into `dst`, with the

@@ -77,6 +77,35 @@ impl Operator for Split {
     }
 }
 
+/// The copy of `s` into `d` as ferry layout pairs (offsets from each layout's pointer): one
+/// pair up to `MAX_DIMS` merged dims, else one per index of the outer dims.
+pub(crate) fn pairs(d: &Dense, s: &Dense) -> Result<Vec<(Layout, Layout)>, Fail> {
+    let (dims, db, sb) = merge(d, s)?;
+    if dims.len() <= MAX_DIMS {
+        return Ok(vec![(
+            layout(&dims, &db, d.elem, 0)?,
+            layout(&dims, &sb, d.elem, 0)?,
+        )]);
+    }
+    // Enumerate the outer dims (native order: dims[k..], innermost first).
+    let k = MAX_DIMS;
+    let outer = &dims[k..];
+    let mut steps = Vec::new();
+    let mut idx = vec![0usize; outer.len()];
+    loop {
+        let off = |bs: &[usize]| idx.iter().zip(&bs[k..]).map(|(i, b)| i * b).sum::<usize>();
+        steps.push((
+            layout(&dims[..k], &db[..k], d.elem, off(&db))?,
+            layout(&dims[..k], &sb[..k], d.elem, off(&sb))?,
+        ));
+        let Some(pos) = (0..outer.len()).find(|&i| idx[i] + 1 < outer[i]) else {
+            return Ok(steps);
+        };
+        idx[pos] += 1;
+        idx[..pos].iter_mut().for_each(|i| *i = 0);
+    }
+}
+
 /// The job copying AML layout `src` into `dst` (ferry's planned copy), the memory kinds from
 /// `kind`; `None` when either is not a dense layout of this library.
 ///
@@ -91,34 +120,16 @@ pub(crate) unsafe fn planned_job(
     let (Some(d), Some(s)) = (unsafe { Dense::of(dst) }?, unsafe { Dense::of(src) }?) else {
         return Ok(None);
     };
-    let (dims, db, sb) = merge(&d, &s)?;
     let buf = |l: &Dense| RawBuf {
         addr: l.ptr,
         len: l.span(),
         kind: kind(l.ptr),
     };
     let (dbuf, sbuf) = (buf(&d), buf(&s));
-    let k = dims.len().min(MAX_DIMS);
-    if dims.len() <= MAX_DIMS {
-        let dl = layout(&dims, &db, d.elem, 0)?;
-        let sl = layout(&dims, &sb, d.elem, 0)?;
+    let mut steps = pairs(&d, &s)?;
+    if steps.len() == 1 {
+        let (dl, sl) = steps.remove(0);
         return Ok(Some(Job::copy(dbuf, dl, sbuf, sl)));
-    }
-    // Enumerate the outer dims (native order: dims[k..], innermost first).
-    let outer = &dims[k..];
-    let mut steps = Vec::new();
-    let mut idx = vec![0usize; outer.len()];
-    loop {
-        let off = |bs: &[usize]| idx.iter().zip(&bs[k..]).map(|(i, b)| i * b).sum::<usize>();
-        steps.push((
-            layout(&dims[..k], &db[..k], d.elem, off(&db))?,
-            layout(&dims[..k], &sb[..k], d.elem, off(&sb))?,
-        ));
-        let Some(pos) = (0..outer.len()).find(|&i| idx[i] + 1 < outer[i]) else {
-            break;
-        };
-        idx[pos] += 1;
-        idx[..pos].iter_mut().for_each(|i| *i = 0);
     }
     Ok(Some(Job::custom(dbuf, Some(sbuf), Arc::new(Split(steps)))))
 }
