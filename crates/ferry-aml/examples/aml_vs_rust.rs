@@ -122,10 +122,8 @@ fn cpu(n: usize) {
     let bytes = dst.len() * 4;
     let mut dma: *mut AmlDma = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
-    assert_eq!(
-        unsafe { aml::linux::aml_dma_linux_create(&mut dma, threads) },
-        0
-    );
+    let rc = unsafe { aml::linux::aml_dma_linux_create(&mut dma, threads) };
+    assert_eq!(rc, 0);
     let (sub, dense) = aml_layouts(src.as_ptr().cast_mut().cast(), dst.as_mut_ptr().cast());
     let aml = time(n, || {
         // SAFETY: live dma and layouts over live buffers, waited before returning.
@@ -168,7 +166,8 @@ fn gpu(n: usize) {
     let mut dev = DeviceBuffer::new(0, boxed).expect("device");
     let mut dma: *mut AmlDma = std::ptr::null_mut();
     // SAFETY: a valid out-pointer (cudaMemcpyHostToDevice = 1).
-    assert_eq!(unsafe { aml::cuda::aml_dma_cuda_create(&mut dma, 1) }, 0);
+    let rc = unsafe { aml::cuda::aml_dma_cuda_create(&mut dma, 1) };
+    assert_eq!(rc, 0, "aml_dma_cuda_create");
     let (sub, dense) = aml_layouts(
         host.as_ptr().cast_mut().cast(),
         dev.device_ptr() as *mut c_void,

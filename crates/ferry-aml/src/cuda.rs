@@ -229,6 +229,11 @@ pub unsafe extern "C" fn aml_dma_cuda_request_create(
         if dest.is_null() || src.is_null() {
             return Err(inval("dest or src is NULL"));
         }
+        // Pointer kinds, the operator's driver calls and the recorded event: this device.
+        i.cuda
+            .context()
+            .bind_to_thread()
+            .map_err(|e| fail(crate::error::AML_FAILURE, format!("cuCtxSetCurrent: {e:?}")))?;
         let Some(op) = op else {
             // SAFETY: (2).
             let job = unsafe { planned_job(dest, src, cuda_sys::kind_of) }?.ok_or_else(|| {
@@ -240,10 +245,6 @@ pub unsafe extern "C" fn aml_dma_cuda_request_create(
             // SAFETY: (1), (2).
             return unsafe { i.backend.submit(req, job) };
         };
-        i.cuda
-            .context()
-            .bind_to_thread()
-            .map_err(|e| fail(crate::error::AML_FAILURE, format!("cuCtxSetCurrent: {e:?}")))?;
         let mut arg = AmlDmaCudaOpArg {
             data: (d as *const AmlDmaCudaData).cast_mut(),
             op_arg,
