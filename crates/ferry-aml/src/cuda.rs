@@ -11,7 +11,7 @@
 //! - Without a CUDA driver every call is `-AML_ENOTSUP`.
 
 use crate::cuda_sys;
-use crate::dma::{planned_job, print, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
+use crate::dma::{destroy_dma, planned_job, print, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
 use crate::error::{fail, guard, inval, AML_ENOTSUP, AML_SUCCESS};
 use crate::layout::AmlLayout;
 use ferry::cuda::{CudaConfig, CudaEngine, Direction};
@@ -182,29 +182,22 @@ pub unsafe extern "C" fn aml_dma_cuda_create(dma: *mut *mut AmlDma, kind: c_int)
 ///    afterwards (its unreleased requests may still be waited).
 #[no_mangle]
 pub unsafe extern "C" fn aml_dma_cuda_destroy(dma: *mut *mut AmlDma) -> c_int {
-    guard(|| {
+    let check = |data: *mut c_void| -> Result<(), Fail> {
         // SAFETY: (1).
-        let slot = unsafe { dma.as_mut() }.ok_or_else(|| inval("dma is NULL"))?;
-        if slot.is_null() {
-            return Ok(AML_SUCCESS);
-        }
-        // SAFETY: (1).
-        let (d, i) = unsafe { inner((**slot).data) }?;
+        let (d, i) = unsafe { inner(data) }?;
         if d.inner.is_null() {
             return Err(inval("the ready aml_dma_cuda is not destroyed"));
         }
         i.backend.barrier();
-        drop(i);
-        // SAFETY: (1): from `Box::into_raw`/`Arc::into_raw` in create; not used afterwards.
-        unsafe {
-            let mut data = Box::from_raw((**slot).data.cast::<AmlDmaCudaData>());
-            data.magic = 0;
-            drop(Arc::from_raw(data.inner));
-            drop(Box::from_raw(*slot));
-        }
-        *slot = std::ptr::null_mut();
-        Ok(AML_SUCCESS)
-    })
+        Ok(())
+    };
+    let retire = |d: &mut AmlDmaCudaData| {
+        d.magic = 0;
+        // SAFETY: (1): from `Arc::into_raw` in create, released once.
+        drop(unsafe { Arc::from_raw(d.inner) });
+    };
+    // SAFETY: (1): a CUDA DMA's data is a `Box<AmlDmaCudaData>`.
+    unsafe { destroy_dma(dma, check, retire) }
 }
 
 /// Submits a request: `op` (called here, on the DMA's stream, with an `aml_dma_cuda_op_arg`)

@@ -218,6 +218,42 @@ pub unsafe extern "C" fn aml_dma_fprintf(
     })
 }
 
+/// The body of every `aml_dma_*_destroy`: a NULL `dma` or `*dma` is a no-op; else `check`
+/// the data (and finish its work), `retire` it, free it and the dma, and set `*dma` to NULL.
+///
+/// # Safety
+/// 1. `dma` is NULL or valid for a read and a write; `*dma` NULL or a dma of this library
+///    whose data came from `Box::<T>::into_raw` (once `check` accepted it), not used
+///    afterwards.
+pub(crate) unsafe fn destroy_dma<T>(
+    dma: *mut *mut AmlDma,
+    check: impl FnOnce(*mut c_void) -> Result<(), Fail>,
+    retire: impl FnOnce(&mut T),
+) -> c_int {
+    guard(|| {
+        // SAFETY: (1).
+        let Some(slot) = (unsafe { dma.as_mut() }) else {
+            return Ok(AML_SUCCESS);
+        };
+        if slot.is_null() {
+            return Ok(AML_SUCCESS);
+        }
+        // SAFETY: (1).
+        check(unsafe { (**slot).data })?;
+        // SAFETY: (1): both from `Box::into_raw` in the dma's create; not used afterwards.
+        let (mut data, d) = unsafe {
+            (
+                Box::from_raw((**slot).data.cast::<T>()),
+                Box::from_raw(*slot),
+            )
+        };
+        retire(&mut data);
+        drop((data, d));
+        *slot = std::ptr::null_mut();
+        Ok(AML_SUCCESS)
+    })
+}
+
 /// Writes `text` after `prefix` on a C stream.
 ///
 /// # Safety

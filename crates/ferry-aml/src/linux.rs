@@ -8,7 +8,9 @@
 //! - An AML operator runs on a worker (as a ferry operator whose `lower` performs the copy);
 //!   its return value is the request's result.
 
-use crate::dma::{planned_job, print, AmlCall, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
+use crate::dma::{
+    destroy_dma, planned_job, print, AmlCall, AmlDma, AmlDmaOperator, AmlDmaOps, Backend,
+};
 use crate::error::{guard, inval, AML_SUCCESS};
 use crate::layout::{generic::dims_of, AmlLayout};
 use ferry::{CpuConfig, CpuEngine, Job, MemKind, RawBuf};
@@ -87,29 +89,17 @@ pub unsafe extern "C" fn aml_dma_linux_create(dma: *mut *mut AmlDma, num_threads
 ///    `aml_dma_linux_create` not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn aml_dma_linux_destroy(dma: *mut *mut AmlDma) -> c_int {
-    guard(|| {
-        // SAFETY: (1).
-        let Some(slot) = (unsafe { dma.as_mut() }) else {
-            return Ok(AML_SUCCESS);
-        };
-        if slot.is_null() {
-            return Ok(AML_SUCCESS);
-        }
-        // SAFETY: (1).
-        let l = unsafe { linux((**slot).data) }?;
-        l.backend.barrier();
-        // SAFETY: (1): both from `Box::into_raw` in create; not used afterwards.
-        let (mut data, d) = unsafe {
-            (
-                Box::from_raw((**slot).data.cast::<Linux>()),
-                Box::from_raw(*slot),
-            )
-        };
-        data.magic = 0;
-        drop((data, d));
-        *slot = std::ptr::null_mut();
-        Ok(AML_SUCCESS)
-    })
+    // SAFETY: (1): a Linux DMA's data is a `Box<Linux>`.
+    unsafe {
+        destroy_dma(
+            dma,
+            |data| {
+                linux(data)?.backend.barrier();
+                Ok(())
+            },
+            |l: &mut Linux| l.magic = 0,
+        )
+    }
 }
 
 /// Submits a request: `op` on a worker with `op_arg`, or (NULL `op`) ferry's planned copy of

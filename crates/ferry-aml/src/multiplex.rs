@@ -5,7 +5,7 @@
 //! `aml_dma_copy` macros) uses each dma's default operator.
 
 use crate::dma::{aml_dma_async_copy_custom, aml_dma_barrier, aml_dma_cancel, aml_dma_wait, print};
-use crate::dma::{AmlDma, AmlDmaOperator, AmlDmaOps};
+use crate::dma::{destroy_dma, AmlDma, AmlDmaOperator, AmlDmaOps};
 use crate::error::{fail, guard, inval, AML_ENOMEM, AML_SUCCESS};
 use crate::layout::AmlLayout;
 use ferry_capi::Fail;
@@ -154,28 +154,14 @@ pub unsafe extern "C" fn aml_dma_multiplex_create(
 /// 1. `dma` is NULL or valid; `*dma` NULL or a multiplex not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn aml_dma_multiplex_destroy(dma: *mut *mut AmlDma) -> c_int {
-    guard(|| {
-        // SAFETY: (1).
-        let Some(slot) = (unsafe { dma.as_mut() }) else {
-            return Ok(AML_SUCCESS);
-        };
-        if slot.is_null() {
-            return Ok(AML_SUCCESS);
-        }
-        // SAFETY: (1).
-        unsafe { mux((**slot).data) }?;
-        // SAFETY: (1): both from `Box::into_raw` in create.
-        let (mut data, d) = unsafe {
-            (
-                Box::from_raw((**slot).data.cast::<AmlDmaMultiplexData>()),
-                Box::from_raw(*slot),
-            )
-        };
-        data.magic = 0;
-        drop((data, d));
-        *slot = std::ptr::null_mut();
-        Ok(AML_SUCCESS)
-    })
+    // SAFETY: (1): a multiplex's data is a `Box<AmlDmaMultiplexData>`.
+    unsafe {
+        destroy_dma(
+            dma,
+            |data| mux(data).map(|_| ()),
+            |m: &mut AmlDmaMultiplexData| m.magic = 0,
+        )
+    }
 }
 
 /// Submits a request through `op` (NULL: `aml_dma_multiplex_copy_single`), which gets an

@@ -149,14 +149,24 @@ pub unsafe extern "C" fn aml_layout_order(layout: *const AmlLayout) -> c_int {
 /// 1. `layout` is NULL or valid; `dims` NULL or valid for `ndims` writes.
 #[no_mangle]
 pub unsafe extern "C" fn aml_layout_dims(layout: *const AmlLayout, dims: *mut usize) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { write_dims(layout, dims, false) }
+}
+
+/// The body of both dims calls: the layout's `dims` or `dims_native` op.
+///
+/// # Safety
+/// As [`aml_layout_dims`].
+unsafe fn write_dims(layout: *const AmlLayout, dims: *mut usize, native: bool) -> c_int {
     guard(|| {
         if dims.is_null() {
             return Err(inval("dims is NULL"));
         }
         // SAFETY: (1).
         let (o, d) = unsafe { ops(layout) }?;
+        let f = need(if native { o.dims_native } else { o.dims }, "dims")?;
         // SAFETY: (1).
-        Ok(unsafe { need(o.dims, "dims")?(d, dims) })
+        Ok(unsafe { f(d, dims) })
     })
 }
 
@@ -169,15 +179,8 @@ pub unsafe extern "C" fn aml_layout_dims_native(
     layout: *const AmlLayout,
     dims: *mut usize,
 ) -> c_int {
-    guard(|| {
-        if dims.is_null() {
-            return Err(inval("dims is NULL"));
-        }
-        // SAFETY: (1).
-        let (o, d) = unsafe { ops(layout) }?;
-        // SAFETY: (1).
-        Ok(unsafe { need(o.dims_native, "dims_native")?(d, dims) })
-    })
+    // SAFETY: forwarded.
+    unsafe { write_dims(layout, dims, true) }
 }
 
 /// The number of dims (0 with `aml_errno` for a NULL layout).
@@ -253,12 +256,8 @@ pub unsafe extern "C" fn aml_layout_slice(
     dims: *const usize,
     strides: *const usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: (1).
-        let (o, d) = unsafe { ops(layout) }?;
-        // SAFETY: (1).
-        Ok(unsafe { need(o.slice, "slice")?(d, output, offsets, dims, strides) })
-    })
+    // SAFETY: forwarded.
+    unsafe { slice(layout, output, (offsets, dims, strides), false) }
 }
 
 /// As `aml_layout_slice`, arguments in native (column-major) order.
@@ -273,11 +272,26 @@ pub unsafe extern "C" fn aml_layout_slice_native(
     dims: *const usize,
     strides: *const usize,
 ) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { slice(layout, output, (offsets, dims, strides), true) }
+}
+
+/// The body of both slice calls: the layout's `slice` or `slice_native` op.
+///
+/// # Safety
+/// As [`aml_layout_slice`].
+unsafe fn slice(
+    layout: *const AmlLayout,
+    output: Out,
+    (offsets, dims, strides): (*const usize, *const usize, *const usize),
+    native: bool,
+) -> c_int {
     guard(|| {
         // SAFETY: (1).
         let (o, d) = unsafe { ops(layout) }?;
+        let f = need(if native { o.slice_native } else { o.slice }, "slice")?;
         // SAFETY: (1).
-        Ok(unsafe { need(o.slice_native, "slice_native")?(d, output, offsets, dims, strides) })
+        Ok(unsafe { f(d, output, offsets, dims, strides) })
     })
 }
 
