@@ -4,7 +4,8 @@
 //!   the copies run on the caller's thread when it waits or calls the barrier (ferry's
 //!   caller-runs CPU engine).
 //! - NULL operator: ferry's planned layout copy (a large copy is split across the workers);
-//!   layouts of another type: AML's generic element-wise copy.
+//!   layouts of another type, or two layouts whose spans overlap in one buffer (which ferry
+//!   does not plan): AML's generic element-wise copy.
 //! - An AML operator runs on a worker (as a ferry operator whose `lower` performs the copy);
 //!   its return value is the request's result.
 
@@ -14,7 +15,7 @@ use crate::dma::{
 use crate::error::{guard, inval, AML_SUCCESS};
 use crate::layout::{generic::dims_of, AmlLayout};
 use ferry::{CpuConfig, CpuEngine, Job, MemKind, RawBuf};
-use ferry_capi::Fail;
+use ferry_capi::{Fail, FERRY_EOVERLAP};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
@@ -124,16 +125,25 @@ pub unsafe extern "C" fn aml_dma_linux_request_create(
         if dest.is_null() || src.is_null() {
             return Err(inval("dest or src is NULL"));
         }
+        let generic = || call_job(aml_dma_linux_copy_generic, dest, src, op_arg);
         let job = match op {
             Some(op) => call_job(op, dest, src, op_arg),
             // SAFETY: (2).
             None => match unsafe { planned_job(dest, src, |_| MemKind::Pageable) }? {
                 Some(job) => job,
-                None => call_job(aml_dma_linux_copy_generic, dest, src, op_arg),
+                None => generic(),
             },
         };
         // SAFETY: (1), (2).
-        unsafe { l.backend.submit(req, job) }
+        match unsafe { l.backend.submit(req, job) } {
+            // Layouts in one buffer whose spans overlap (ferry does not copy in place; AML
+            // copies element by element): the generic copy, as AML.
+            // SAFETY: (1), (2).
+            Err(f) if op.is_none() && f.code == FERRY_EOVERLAP => unsafe {
+                l.backend.submit(req, generic())
+            },
+            r => r,
+        }
     })
 }
 
