@@ -616,6 +616,36 @@ static void test_cuda(void)
 		aml_layout_destroy(&ld);
 		aml_layout_destroy(&lb);
 	}
+	/* the ready dma (stream 0) with AML's memcpy operator, as AML's own CUDA test uses it:
+	 * 64 copies nobody waits for, each way, each completed by one barrier */
+	{
+		enum { K = 64 };
+		const size_t chunk = 1 << 16;
+		char *hb = (char *)malloc(K * chunk), *bb = (char *)malloc(K * chunk);
+		void *db[K];
+		CHECK(hb != NULL && bb != NULL);
+		memset(bb, 0, K * chunk);
+		for (i = 0; i < K; i++) {
+			memset(hb + i * chunk, (int)i + 1, chunk);
+			db[i] = aml_area_mmap(&aml_area_cuda, chunk, NULL);
+			CHECK(db[i] != NULL);
+		}
+		for (i = 0; i < K; i++)
+			CHECK(aml_dma_async_copy_custom(&aml_dma_cuda, NULL, (struct aml_layout *)db[i],
+			                                (struct aml_layout *)(hb + i * chunk),
+			                                aml_dma_cuda_memcpy_op, (void *)chunk) == AML_SUCCESS);
+		CHECK(aml_dma_barrier(&aml_dma_cuda) == AML_SUCCESS);
+		for (i = 0; i < K; i++)
+			CHECK(aml_dma_async_copy_custom(&aml_dma_cuda, NULL, (struct aml_layout *)(bb + i * chunk),
+			                                (struct aml_layout *)db[i], aml_dma_cuda_memcpy_op,
+			                                (void *)chunk) == AML_SUCCESS);
+		CHECK(aml_dma_barrier(&aml_dma_cuda) == AML_SUCCESS);
+		CHECK(memcmp(hb, bb, K * chunk) == 0);
+		for (i = 0; i < K; i++)
+			CHECK(aml_area_munmap(&aml_area_cuda, db[i], chunk) == AML_SUCCESS);
+		free(hb);
+		free(bb);
+	}
 	/* a strided 3-D box to the device and back (planned copy), pinned host memory */
 	CHECK(aml_area_cuda_create(&pinned, -1, AML_AREA_CUDA_FLAG_ALLOC_HOST) == AML_SUCCESS);
 	pin = (double *)aml_area_mmap(pinned, bytes, NULL);
