@@ -47,6 +47,18 @@ if [ -n "$cli" ]; then
   strip "$bundle/ferry" 2>/dev/null || true
 fi
 
+# libaml (crates/ferry-aml, AML's API): installed in the bundle, its C test program built
+# against it through pkg-config (run with the tests: the CUDA DMA part runs where a GPU is),
+# and the AML-vs-Rust strided 3-D bench as an example.
+scripts/aml-install.sh "$bundle/aml" --release
+rm -f "$bundle/aml/lib/libaml.a"
+PKG_CONFIG_PATH="$bundle/aml/lib/pkgconfig" bash -c 'cc -std=c11 -D_GNU_SOURCE -O2 $(pkg-config --cflags aml) crates/ferry-aml/tests/c/test_aml.c -o "$0/tests/aml_c_test" $(pkg-config --libs aml) -lpthread -Wl,-rpath,\$ORIGIN/../aml/lib' "$bundle"
+ex=$(cargo build --release -p ferry-aml --examples --message-format=json | jq -r 'select(.reason == "compiler-artifact" and .executable != null) | .executable')
+for exe in $ex; do
+  cp "$exe" "$bundle/examples/"
+  strip "$bundle/examples/$(basename "$exe")" 2>/dev/null || true
+done
+
 cat >"$bundle/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every test binary of this bundle; one log per binary in LOGDIR (default ./logs), and a

@@ -65,7 +65,9 @@ const char *ferry_strerror(int code);
 /* ---------------------------------------------------------------- layouts */
 
 #define FERRY_MAX_DIMS 16
-#define FERRY_ORDER_ROW_MAJOR 0    /* C order: last dim contiguous (AML_LAYOUT_ORDER_C) */
+/* ferry's own values: NOT AML's (AML_LAYOUT_ORDER_C / ROW_MAJOR is 1, COLUMN_MAJOR /
+ * FORTRAN is 0). AML programs use libaml (crates/ferry-aml: aml/layout/dense.h). */
+#define FERRY_ORDER_ROW_MAJOR 0    /* C order: last dim contiguous */
 #define FERRY_ORDER_COLUMN_MAJOR 1 /* Fortran order: first dim contiguous */
 
 /* An N-D strided view of elements inside a buffer: dims (outermost first), byte strides,

@@ -31,21 +31,26 @@ pub const FERRY_EOP: c_int = 10;
 /// An internal error: a Rust panic was caught at the C boundary.
 pub const FERRY_EPANIC: c_int = 11;
 
-/// A failure on its way to C: a positive code and the message for `ferry_last_error_message`.
+/// A failure on its way to C: a positive `FERRY_E*` code and the message for
+/// `ferry_last_error_message`. ferry-aml (AML's API) maps the code to AML's.
 #[derive(Debug)]
-pub(crate) struct Fail {
-    pub(crate) code: c_int,
-    pub(crate) msg: String,
+pub struct Fail {
+    /// A positive `FERRY_E*` code.
+    pub code: c_int,
+    /// Why, for `ferry_last_error_message`.
+    pub msg: String,
 }
 
 impl Fail {
-    pub(crate) fn new(code: c_int, msg: impl Into<String>) -> Fail {
+    /// A failure with this code and message.
+    pub fn new(code: c_int, msg: impl Into<String>) -> Fail {
         Fail {
             code,
             msg: msg.into(),
         }
     }
-    pub(crate) fn inval(msg: impl Into<String>) -> Fail {
+    /// A `FERRY_EINVAL` failure.
+    pub fn inval(msg: impl Into<String>) -> Fail {
         Fail::new(FERRY_EINVAL, msg)
     }
 }
@@ -108,31 +113,40 @@ pub(crate) fn c_string(s: &str) -> CString {
     CString::new(s.replace('\0', " ")).unwrap_or_default()
 }
 
-pub(crate) fn set_last_error(msg: &str) {
+/// Sets the calling thread's last error message (`ferry_last_error_message`).
+pub fn set_last_error(msg: &str) {
     LAST_ERROR.with(|l| *l.borrow_mut() = c_string(msg));
 }
 
-/// Runs an entry point: returns its value, or stores the failure's message and returns its
-/// negative code; a panic becomes `-FERRY_EPANIC` and never unwinds into C.
-pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(fail)) => {
-            set_last_error(&fail.msg);
-            -fail.code
-        }
+/// Runs an entry point's body: its value, or its failure, with a panic turned into a
+/// `FERRY_EPANIC` failure (it never unwinds into C); the failure's message is stored for
+/// `ferry_last_error_message`. The one panic guard of both C APIs (ferry.h, and AML's in
+/// ferry-aml, which maps the code).
+pub fn catch(f: impl FnOnce() -> Result<c_int, Fail>) -> Result<c_int, Fail> {
+    let r = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
         Err(p) => {
             let msg = p
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "non-string panic payload".into());
-            set_last_error(&format!(
-                "internal error (panic caught at the C boundary): {msg}"
-            ));
-            -FERRY_EPANIC
+            Err(Fail::new(
+                FERRY_EPANIC,
+                format!("internal error (panic caught at the C boundary): {msg}"),
+            ))
         }
+    };
+    if let Err(fail) = &r {
+        set_last_error(&fail.msg);
     }
+    r
+}
+
+/// Runs an entry point: returns its value, or stores the failure's message and returns its
+/// negative code; a panic becomes `-FERRY_EPANIC` and never unwinds into C.
+pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
+    catch(f).unwrap_or_else(|fail| -fail.code)
 }
 
 /// The message of the last failure on the calling thread: the Rust error's `Display`, e.g.

@@ -1,0 +1,158 @@
+//! AML's error values, `aml_errno`, the strings, and the guard every entry point runs in
+//! (ferry-capi's panic guard, with ferry's codes mapped to AML's).
+
+use ferry_capi::{
+    Fail, FERRY_EINVAL, FERRY_ELAYOUT, FERRY_ENOTAVAIL, FERRY_EOVERLAP, FERRY_ESHAPE,
+    FERRY_EUNSUPPORTED,
+};
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// Success.
+pub const AML_SUCCESS: c_int = 0;
+/// Generic error.
+pub const AML_FAILURE: c_int = 1;
+/// Not enough memory.
+pub const AML_ENOMEM: c_int = 2;
+/// Invalid argument.
+pub const AML_EINVAL: c_int = 3;
+/// Value out of bound.
+pub const AML_EDOM: c_int = 4;
+/// Operation not supported (e.g. a CUDA call without a CUDA driver).
+pub const AML_ENOTSUP: c_int = 5;
+/// Underlying resource is not available for operation.
+pub const AML_EBUSY: c_int = 6;
+/// Insufficient permissions.
+pub const AML_EPERM: c_int = 7;
+/// One past the last error value.
+pub const AML_ERROR_MAX: c_int = 8;
+
+/// The error of the last failed call that returns a pointer (as AML: a process-wide `int`,
+/// holding a negated code). An `AtomicI32` has the layout of a C `int`.
+#[no_mangle]
+pub static aml_errno: AtomicI32 = AtomicI32::new(0);
+
+/// A failure with an AML code (positive) and a message for `ferry_last_error_message`.
+pub(crate) fn fail(code: c_int, msg: impl Into<String>) -> Fail {
+    // Stored with the AML code offset, so that `code_of` can tell it from ferry's own codes.
+    Fail::new(AML_BASE + code, msg)
+}
+
+/// `-AML_EINVAL` with a message.
+pub(crate) fn inval(msg: impl Into<String>) -> Fail {
+    fail(AML_EINVAL, msg)
+}
+
+/// AML codes travel in a [`Fail`] above ferry's codes (which are below 100).
+const AML_BASE: c_int = 1000;
+
+/// The AML code of a failure: its own, or ferry's code mapped.
+pub(crate) fn code_of(f: &Fail) -> c_int {
+    if f.code >= AML_BASE {
+        return f.code - AML_BASE;
+    }
+    match f.code {
+        FERRY_EINVAL | FERRY_ELAYOUT | FERRY_ESHAPE | FERRY_EOVERLAP => AML_EINVAL,
+        FERRY_EUNSUPPORTED | FERRY_ENOTAVAIL => AML_ENOTSUP,
+        _ => AML_FAILURE,
+    }
+}
+
+/// Runs an entry point returning an AML code: its value, or its failure's code negated (the
+/// message kept for `ferry_last_error_message`). A panic is `-AML_FAILURE`, never unwinding.
+pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
+    ferry_capi::catch(f).unwrap_or_else(|e| -code_of(&e))
+}
+
+/// Runs an entry point returning a pointer: the pointer, or NULL with `aml_errno` set to the
+/// negated code.
+pub(crate) fn guard_ptr<T>(f: impl FnOnce() -> Result<*mut T, Fail>) -> *mut T {
+    let mut p = std::ptr::null_mut();
+    let rc = guard(|| {
+        p = f()?;
+        Ok(AML_SUCCESS)
+    });
+    if rc != AML_SUCCESS {
+        aml_errno.store(rc, Ordering::Relaxed);
+        return std::ptr::null_mut();
+    }
+    p
+}
+
+/// Runs an entry point that returns nothing in C; a failure only sets `aml_errno`.
+pub(crate) fn guard_void(f: impl FnOnce() -> Result<c_int, Fail>) {
+    let rc = guard(f);
+    if rc < 0 {
+        aml_errno.store(rc, Ordering::Relaxed);
+    }
+}
+
+/// The AML code of a submit failure (out of device memory is `AML_ENOMEM`).
+pub(crate) fn submit_fail(e: ferry::SubmitError) -> Fail {
+    if e.driver_error().is_some_and(|d| d.is_out_of_memory()) {
+        return fail(AML_ENOMEM, e.to_string());
+    }
+    Fail::from(e)
+}
+
+/// The AML code of a failed request: an AML operator's own return value, else
+/// `-AML_FAILURE` (`-AML_ENOMEM` when the driver ran out of memory).
+pub(crate) fn request_code(e: &ferry::RequestError) -> c_int {
+    if let Some(rc) = crate::dma::operator_rc(e) {
+        return rc;
+    }
+    if e.driver_error().is_some_and(|d| d.is_out_of_memory()) {
+        return -AML_ENOMEM;
+    }
+    ferry_capi::set_last_error(&e.to_string());
+    -AML_FAILURE
+}
+
+fn strerror(err: c_int) -> &'static CStr {
+    match err.checked_abs().unwrap_or(-1) {
+        AML_SUCCESS => c"Success",
+        AML_FAILURE => c"Generic error",
+        AML_ENOMEM => c"Not enough memory",
+        AML_EINVAL => c"Invalid argument",
+        AML_EDOM => c"Value out of bound",
+        AML_ENOTSUP => c"Operation not supported",
+        AML_EBUSY => c"Underlying resource is not available for operation",
+        AML_EPERM => c"Insufficient permissions",
+        _ => c"Unknown error",
+    }
+}
+
+/// A static description of an AML error value, given as returned (negated) or positive
+/// (AML itself answers "Unknown error" for negated values, which its own tutorials pass).
+///
+/// # Safety
+/// 1. None: the string is static; the caller must not free or write it.
+#[no_mangle]
+pub unsafe extern "C" fn aml_strerror(err: c_int) -> *const c_char {
+    strerror(err).as_ptr()
+}
+
+/// Prints `msg:` and the description of `aml_errno` on standard error, then the reason of the
+/// last failure on this thread (`ferry_last_error_message`) when there is one.
+///
+/// # Safety
+/// 1. `msg` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn aml_perror(msg: *const c_char) {
+    let m = if msg.is_null() {
+        String::new()
+    } else {
+        // SAFETY: (1).
+        unsafe { CStr::from_ptr(msg) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let e = strerror(aml_errno.load(Ordering::Relaxed)).to_string_lossy();
+    // SAFETY: the last error message is a valid C string until the next ferry call here.
+    let why = unsafe { CStr::from_ptr(ferry_capi::ferry_last_error_message()) }.to_string_lossy();
+    if why.is_empty() {
+        eprintln!("{m}:{e}");
+    } else {
+        eprintln!("{m}:{e} ({why})");
+    }
+}
