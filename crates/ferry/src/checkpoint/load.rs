@@ -214,8 +214,12 @@ fn read_tensors(
                         r.at + r.len - len
                     }
                     None => {
+                        // Congruent to the tensor's data-section offset modulo `align`: what
+                        // is aligned in the file stays aligned in memory.
+                        let a = opts.align.max(1);
+                        let rel = (t.file_range.start - headers[fi].data_start) as usize % a;
                         let at = cursor
-                            .checked_next_multiple_of(opts.align.max(1))
+                            .checked_add((rel + a - cursor % a) % a)
                             .ok_or_else(|| too_big(u64::MAX))?;
                         runs.push(Run {
                             file: fi,

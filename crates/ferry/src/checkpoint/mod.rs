@@ -92,8 +92,10 @@ impl std::fmt::Display for Target {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Placement {
     /// One allocation for all tensors (the default). Tensors next to each other in the file
-    /// stay next to each other (their file alignment kept) and are read as one piece; each
-    /// such run starts at a multiple of [`LoadOptions::align`].
+    /// stay next to each other and are read as one piece; each tensor's offset in the
+    /// allocation equals its offset in the file's data section modulo [`LoadOptions::align`]
+    /// (the allocation itself is at least 256-byte aligned), so a tensor aligned in the file
+    /// (the reference writer aligns each to its dtype) is aligned in memory.
     #[default]
     Packed,
     /// One allocation per tensor, each read on its own (all in flight at once).
@@ -142,8 +144,8 @@ pub struct LoadOptions {
     pub placement: Placement,
     /// Which tensors.
     pub select: Select,
-    /// In a packed allocation, each run of tensors starts at a multiple of this (a power of
-    /// two; default 256, the CUDA allocator's alignment).
+    /// In a packed allocation, tensor offsets keep their data-section offsets modulo this (a
+    /// power of two; default 256, the CUDA allocator's alignment).
     pub align: usize,
 }
 
