@@ -1,6 +1,6 @@
 //! Checkpoints: safetensors files (and sharded checkpoints through their
 //! `*.safetensors.index.json`) loaded into GPU, pinned or pageable memory through the
-//! [`FileEngine`], and saved back.
+//! [`FileEngine`](crate::file::FileEngine), and saved back.
 //!
 //! - [`load`] reads the header (checked tensor by tensor, then by the `safetensors` crate,
 //!   the format's reference implementation), picks the tensors asked for
@@ -10,7 +10,7 @@
 //!   packed allocation, tensors next to each other in the file are read as one piece, so a
 //!   whole checkpoint is one large read per file. Device loads take the file engine's
 //!   file -> device path (its pinned bounce ring and the CUDA engine given to
-//!   [`FileEngine::with_engine`]).
+//!   [`FileEngine::with_engine`](crate::file::FileEngine::with_engine)).
 //! - [`Checkpoint`] holds the memory and, per tensor, its name, dtype, shape, byte range in
 //!   the file, and where it lies ([`Tensor::addr`]: a device address for a GPU).
 //! - [`save`] writes tensors from any memory the engine reaches (device buffers included) to
