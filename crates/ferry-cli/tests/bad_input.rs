@@ -1,7 +1,7 @@
 //! Every bad input of issue 15 gets a clear message and a non-zero exit before any work
 //! starts. None of these allocates much memory or runs a measurement longer than a moment.
 
-use ferry_cli::args::{check_memory, validate, ArgError, Plan};
+use ferry_cli::args::{check_memory, check_temp_space, validate, ArgError, Plan};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,31 @@ fn memory_check_refuses_what_does_not_fit() {
     // The default sweep of every CPU test fits in 4 GiB.
     let p = plan(&["bench", "--engine", "cpu"]);
     assert!(check_memory(&p, Some(4 << 30), None).is_ok());
+}
+
+#[test]
+fn file_tests_larger_than_the_temp_dir_are_refused() {
+    let p = plan(&["bench", "--test", "file-read", "--sizes", "1M,8G"]);
+    let dir = std::path::Path::new("/tmp");
+    let e = check_temp_space(&p, dir, Some(4 << 30)).unwrap_err();
+    assert!(
+        matches!(e, ArgError::Space { size, .. } if size == 8 << 30),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("/tmp") && e.to_string().contains("TMPDIR"),
+        "{e}"
+    );
+    assert!(check_temp_space(&p, dir, Some(16 << 30)).is_ok());
+    assert!(
+        check_temp_space(&p, dir, None).is_ok(),
+        "unknown space: not checked"
+    );
+    // Tests that write no file are not concerned.
+    let p = plan(&["bench", "--test", "cpu-contig", "--sizes", "8G"]);
+    assert!(check_temp_space(&p, dir, Some(1)).is_ok());
+    // And through the command line: a size that fits in memory nowhere is refused first.
+    refused(&["bench", "--test", "file-read", "--sizes", "64T"], "64T");
 }
 
 #[test]
