@@ -901,3 +901,30 @@ fn pinned_without_a_driver_is_an_allocation_error() {
         assert!(matches!(e, CheckpointError::Alloc { .. }), "{e}");
     }
 }
+
+#[test]
+fn progress_is_reported_in_batches_and_the_bytes_still_match() {
+    let dir = TempDir::new("progress");
+    // 140 MiB: batches of 64 MiB split the large tensor across three of them.
+    let want = vec![
+        owned("small", Dtype::U8, &[1000], 1),
+        owned("big", Dtype::F32, &[25 << 20], 2),
+        owned("tail", Dtype::U8, &[(40 << 20) + 3], 3),
+    ];
+    let path = dir.file("p.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(3)).unwrap();
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let c = calls.clone();
+        let opts = LoadOptions::new(Target::Pageable)
+            .placement(placement)
+            .progress(move |done, total| c.lock().unwrap().push((done, total)));
+        let ck = checkpoint::load(&fe, &path, &opts).unwrap();
+        check_loaded(&ck, &want, &format!("{placement:?}"));
+        let calls = calls.lock().unwrap();
+        let total = ck.report().bytes;
+        assert!(calls.len() >= 3, "{placement:?}: {calls:?}");
+        assert!(calls.windows(2).all(|w| w[0].0 < w[1].0), "{calls:?}");
+        assert_eq!(calls.last(), Some(&(total, total)), "{placement:?}");
+    }
+}

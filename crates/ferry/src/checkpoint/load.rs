@@ -244,9 +244,11 @@ fn read_tensors(
                 })
                 .collect();
             let t1 = Instant::now();
-            let io = engine
-                .load_pieces(&mut buf, &pieces)
-                .map_err(|e| name_failure(files, headers, e))?;
+            let io = match &opts.progress {
+                None => engine.load_pieces(&mut buf, &pieces),
+                Some(f) => in_batches(engine, &mut buf, &pieces, cursor as u64, &**f),
+            }
+            .map_err(|e| name_failure(files, headers, e))?;
             (vec![buf], io, runs.len(), t1)
         }
         Placement::PerTensor => {
@@ -270,10 +272,14 @@ fn read_tensors(
             }
             let mut io = IoReport::default();
             let mut back = Vec::with_capacity(inflight.len());
+            let total: u64 = chosen.iter().map(|(_, t)| t.len()).sum();
             for x in inflight {
                 match x.wait() {
                     Ok((b, r)) => {
                         io.add(r);
+                        if let Some(f) = &opts.progress {
+                            f(io.bytes, total);
+                        }
                         back.push(b);
                     }
                     Err(f) => {
@@ -335,6 +341,52 @@ fn read_tensors(
         metadata,
         report,
     })
+}
+
+/// A packed load in about 32 batches of pieces (long runs split), `progress` called after
+/// each.
+fn in_batches(
+    engine: &FileEngine,
+    buf: &mut TensorBuffer,
+    pieces: &[ReadPiece<'_>],
+    total: u64,
+    progress: &(dyn Fn(u64, u64) + Send + Sync),
+) -> Result<IoReport, FileError> {
+    let batch = (total / 32).max(64 << 20) as usize;
+    let mut io = IoReport::default();
+    let mut cur: Vec<ReadPiece<'_>> = Vec::new();
+    let mut cur_bytes = 0usize;
+    let mut flush = |cur: &mut Vec<ReadPiece<'_>>, io: &mut IoReport| -> Result<(), FileError> {
+        if !cur.is_empty() {
+            io.add(engine.load_pieces(buf, cur)?);
+            cur.clear();
+            progress(io.bytes, total);
+        }
+        Ok(())
+    };
+    for p in pieces {
+        let mut p = *p;
+        loop {
+            let take = p.len.min(batch - cur_bytes);
+            cur.push(ReadPiece { len: take, ..p });
+            cur_bytes += take;
+            if cur_bytes == batch {
+                flush(&mut cur, &mut io)?;
+                cur_bytes = 0;
+            }
+            if take == p.len {
+                break;
+            }
+            p = ReadPiece {
+                offset: p.offset + take as u64,
+                at: p.at + take,
+                len: p.len - take,
+                ..p
+            };
+        }
+    }
+    flush(&mut cur, &mut io)?;
+    Ok(io)
 }
 
 /// The failed read's error, with the file it was reading and the tensor whose bytes lie at

@@ -105,6 +105,9 @@ pub enum Placement {
 /// A predicate choosing tensors by their header entry.
 pub type Filter = Arc<dyn Fn(&TensorEntry) -> bool + Send + Sync>;
 
+/// Called during a load with (bytes loaded so far, bytes in all).
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
 /// Which tensors a load takes.
 #[derive(Clone, Default)]
 pub enum Select {
@@ -127,7 +130,8 @@ impl std::fmt::Debug for Select {
     }
 }
 
-/// How to load a checkpoint: [`LoadOptions::new`] then chained setters.
+/// How to load a checkpoint: [`LoadOptions::new`] then chained setters. Its `Debug` form
+/// shows the predicate and progress callback as set or not.
 ///
 /// ```
 /// use ferry::checkpoint::{LoadOptions, Placement, Target};
@@ -136,7 +140,7 @@ impl std::fmt::Debug for Select {
 ///     .filter(|t| t.name.starts_with("model.layers.0."));
 /// assert_eq!(o.target, Target::Device(0));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LoadOptions {
     /// Where the tensors go.
     pub target: Target,
@@ -147,6 +151,21 @@ pub struct LoadOptions {
     /// In a packed allocation, tensor offsets keep their data-section offsets modulo this (a
     /// power of two; default 256, the CUDA allocator's alignment).
     pub align: usize,
+    /// Called as the bytes arrive (for a progress bar). With it, a packed load is read in
+    /// about 32 batches, each waited for before the next, instead of all at once.
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("target", &self.target)
+            .field("placement", &self.placement)
+            .field("select", &self.select)
+            .field("align", &self.align)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 impl LoadOptions {
@@ -157,7 +176,13 @@ impl LoadOptions {
             placement: Placement::Packed,
             select: Select::All,
             align: 256,
+            progress: None,
         }
+    }
+    /// Calls `f(loaded, total)` as the bytes arrive.
+    pub fn progress(mut self, f: impl Fn(u64, u64) + Send + Sync + 'static) -> LoadOptions {
+        self.progress = Some(Arc::new(f));
+        self
     }
     /// Sets the placement.
     pub fn placement(mut self, p: Placement) -> LoadOptions {
@@ -196,8 +221,8 @@ pub enum TensorBuffer {
 }
 
 impl TensorBuffer {
-    /// `len` bytes of `target` memory.
-    fn new(target: Target, len: usize) -> Result<TensorBuffer, String> {
+    /// `len` bytes of `target` memory; the allocator's or driver's message when it fails.
+    pub fn new(target: Target, len: usize) -> Result<TensorBuffer, String> {
         Ok(match target {
             Target::Device(o) => {
                 TensorBuffer::Device(DeviceBuffer::new(o, len).map_err(|e| e.to_string())?)
