@@ -41,6 +41,12 @@ pub enum Cmd {
     /// Measure ferry's engines against plain baselines (bandwidth and submit+wait latency).
     #[command(after_long_help = bench::METHOD)]
     Bench(BenchArgs),
+    /// Load a file or a safetensors checkpoint into GPU (or host) memory through ferry's file
+    /// engine, and report what ran: bytes, seconds, GB/s, the I/O path and why, the page cache.
+    Load(crate::load::LoadArgs),
+    /// Load a file or checkpoint into --device, then write it from there to DST (the reverse
+    /// path: device -> file), and report both.
+    Save(crate::load::SaveArgs),
     /// Re-plot a saved `ferry bench --json` file.
     Plot {
         /// The JSON file.
@@ -221,6 +227,10 @@ pub enum Plan {
     List,
     /// `ferry bench ...`.
     Bench(Box<BenchPlan>),
+    /// `ferry load PATH ...`.
+    Load(Box<crate::load::LoadArgs>),
+    /// `ferry save SRC DST ...`.
+    Save(Box<crate::load::SaveArgs>),
     /// `ferry plot JSON --plot FILE...`.
     Plot {
         /// The saved report.
@@ -248,6 +258,8 @@ where
             }
             Ok(Plan::Plot { json, outs: plot })
         }
+        Cmd::Load(a) => Ok(Plan::Load(Box::new(a))),
+        Cmd::Save(a) => Ok(Plan::Save(Box::new(a))),
         Cmd::Bench(a) if a.list => Ok(Plan::List),
         Cmd::Bench(a) => validate_bench(a).map(|p| Plan::Bench(Box::new(p))),
     }
