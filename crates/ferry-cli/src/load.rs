@@ -387,10 +387,7 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
 /// (cached bytes, bytes) of the page cache before a load: see [`page_cache`].
 type Cached = Option<(u64, u64)>;
 
-fn load(
-    job: &Job,
-    fe: &FileEngine,
-) -> Result<(Cached, Loaded, serde_json::Value), AnyError> {
+fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value), AnyError> {
     let target = job.io.device;
     if job.checkpoint {
         let files = shard_paths(&job.path);

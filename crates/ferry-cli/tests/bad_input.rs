@@ -326,3 +326,95 @@ fn a_picture_that_cannot_be_written_is_reported_plainly_by_the_library() {
     assert!(msg.contains("folder /nonexistent does not exist"), "{msg}");
     assert!(!msg.contains("Os {"), "{msg}");
 }
+
+#[test]
+fn load_and_save_refuse_bad_input_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    let fe = ferry::file::FileEngine::new(ferry::file::FileConfig::new().threads(1)).unwrap();
+    let w = [0u8; 16];
+    let t = ferry::checkpoint::SaveTensor::new("w", ferry::checkpoint::Dtype::F32, &[4], &w);
+    ferry::checkpoint::save(&fe, &p, &[t], &Default::default()).unwrap();
+    let p = p.to_str().unwrap();
+    let raw = dir.path().join("raw.bin");
+    std::fs::write(&raw, vec![1u8; 10_000]).unwrap();
+    let r = raw.to_str().unwrap();
+    refused(
+        &["load", "/no/such/file", "--device", "host"],
+        "No such file",
+    );
+    refused(
+        &["load", "/dev/zero", "--device", "host"],
+        "not a regular file",
+    );
+    refused(
+        &["load", dir.path().to_str().unwrap(), "--device", "host"],
+        "not a regular file",
+    );
+    refused(
+        &["load", r, "--device", "host", "--offset", "20000"],
+        "past the end",
+    );
+    refused(
+        &[
+            "load", r, "--device", "host", "--offset", "5000", "--length", "6000",
+        ],
+        "runs past the end",
+    );
+    refused(
+        &["load", r, "--device", "host", "--length", "-1"],
+        "--length",
+    );
+    refused(
+        &["load", r, "--device", "gpu"],
+        "is not cuda:N, host or pinned",
+    );
+    refused(&["load", r, "--device", "cuda:x"], "not a number");
+    refused(
+        &["load", r, "--device", "host", "--threads", "0"],
+        "--threads",
+    );
+    refused(
+        &["load", p, "--device", "host", "--offset", "8"],
+        "add --raw",
+    );
+    refused(
+        &["load", r, "--device", "host", "--select", "w"],
+        "apply to safetensors",
+    );
+    refused(
+        &["save", r, r, "--device", "host"],
+        "the output is the input",
+    );
+    refused(
+        &["save", r, "/no/such/dir/out.bin", "--device", "host"],
+        "does not exist",
+    );
+    if ferry::cuda::probe().driver.is_err() {
+        refused(&["load", r], "use --device host or pinned");
+        refused(&["load", r, "--device", "pinned"], "needs a CUDA driver");
+    } else {
+        refused(&["load", r, "--device", "cuda:999"], "GPU(s)");
+    }
+    // A FIFO is refused at once, not read for ever.
+    let fifo = dir.path().join("pipe.safetensors");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    refused(
+        &["load", fifo.to_str().unwrap(), "--device", "host"],
+        "not a regular file",
+    );
+    // A malformed checkpoint is refused with the file and tensor named, nothing printed.
+    let bad = dir.path().join("bad.safetensors");
+    let hdr = br#"{"w":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}"#;
+    let mut f = (hdr.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(hdr);
+    f.extend_from_slice(&[0; 4]);
+    std::fs::write(&bad, f).unwrap();
+    let e = refused(
+        &["load", bad.to_str().unwrap(), "--device", "host"],
+        "unknown dtype",
+    );
+    assert!(e.contains("bad.safetensors") && e.contains("`w`"), "{e}");
+}

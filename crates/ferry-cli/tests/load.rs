@@ -1,12 +1,10 @@
-//! `ferry load` and `ferry save` end to end on the host (`--device host`), and every bad input
-//! refused with a clear message before any work. CPU only: the GPU runs the same code with
-//! `--device cuda:0`.
+//! `ferry load` and `ferry save` end to end on the host (`--device host`; bad input is in
+//! `bad_input.rs`). CPU only: the GPU runs the same code with `--device cuda:0`.
 
 use ferry::checkpoint::{self, Dtype, SaveOptions, SaveTensor};
 use ferry::file::{FileConfig, FileEngine};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 fn ferry(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferry"))
@@ -20,21 +18,6 @@ fn ok(args: &[&str]) -> String {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{args:?} failed: {err}");
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn refused(args: &[&str], want: &str) -> String {
-    let t0 = Instant::now();
-    let o = ferry(args);
-    let e = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(!o.status.success(), "{args:?} succeeded: {e}");
-    assert!(e.contains(want), "{args:?}: {e}");
-    assert!(
-        !e.contains("Os {") && !e.contains("Err("),
-        "{args:?}: Debug text: {e}"
-    );
-    assert!(o.stdout.is_empty(), "{args:?} printed results");
-    assert!(t0.elapsed() < Duration::from_secs(20), "{args:?} ran");
-    e
 }
 
 fn tmpdir() -> tempfile::TempDir {
@@ -174,92 +157,4 @@ fn save_a_checkpoint_through_host_memory() {
     .unwrap();
     assert_eq!(ck.host_bytes("w"), Some(&w[..]));
     assert_eq!(ck.host_bytes("b"), Some(&b[..]));
-}
-
-#[test]
-fn bad_input_is_refused_before_any_work() {
-    let dir = tmpdir();
-    let (p, _, _) = checkpoint_in(dir.path());
-    let p = p.to_str().unwrap();
-    let raw = dir.path().join("raw.bin");
-    std::fs::write(&raw, vec![1u8; 10_000]).unwrap();
-    let r = raw.to_str().unwrap();
-    refused(
-        &["load", "/no/such/file", "--device", "host"],
-        "No such file",
-    );
-    refused(
-        &["load", "/dev/zero", "--device", "host"],
-        "not a regular file",
-    );
-    refused(
-        &["load", dir.path().to_str().unwrap(), "--device", "host"],
-        "not a regular file",
-    );
-    refused(
-        &["load", r, "--device", "host", "--offset", "20000"],
-        "past the end",
-    );
-    refused(
-        &[
-            "load", r, "--device", "host", "--offset", "5000", "--length", "6000",
-        ],
-        "runs past the end",
-    );
-    refused(
-        &["load", r, "--device", "host", "--length", "-1"],
-        "--length",
-    );
-    refused(
-        &["load", r, "--device", "gpu"],
-        "is not cuda:N, host or pinned",
-    );
-    refused(&["load", r, "--device", "cuda:x"], "not a number");
-    refused(
-        &["load", r, "--device", "host", "--threads", "0"],
-        "--threads",
-    );
-    refused(
-        &["load", p, "--device", "host", "--offset", "8"],
-        "add --raw",
-    );
-    refused(
-        &["load", r, "--device", "host", "--select", "w"],
-        "apply to safetensors",
-    );
-    refused(
-        &["save", r, r, "--device", "host"],
-        "the output is the input",
-    );
-    refused(
-        &["save", r, "/no/such/dir/out.bin", "--device", "host"],
-        "does not exist",
-    );
-    if ferry::cuda::probe().driver.is_err() {
-        refused(&["load", r], "use --device host or pinned");
-        refused(&["load", r, "--device", "pinned"], "needs a CUDA driver");
-    } else {
-        refused(&["load", r, "--device", "cuda:999"], "GPU(s)");
-    }
-    // A FIFO is refused at once, not read for ever.
-    let fifo = dir.path().join("pipe.safetensors");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    refused(
-        &["load", fifo.to_str().unwrap(), "--device", "host"],
-        "not a regular file",
-    );
-    // A malformed checkpoint is refused with the file and tensor named, nothing printed.
-    let bad = dir.path().join("bad.safetensors");
-    let hdr = br#"{"w":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}"#;
-    let mut f = (hdr.len() as u64).to_le_bytes().to_vec();
-    f.extend_from_slice(hdr);
-    f.extend_from_slice(&[0; 4]);
-    std::fs::write(&bad, f).unwrap();
-    let e = refused(
-        &["load", bad.to_str().unwrap(), "--device", "host"],
-        "unknown dtype",
-    );
-    assert!(e.contains("bad.safetensors") && e.contains("`w`"), "{e}");
 }

@@ -6,58 +6,12 @@
 use ferry::checkpoint::{
     self, CheckpointError, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target,
 };
-use ferry::file::{FileConfig, FileEngine, FileError, FileHandle, FileIo, OpenMode};
+use ferry::file::{FileConfig, FileEngine, FileError, FileHandle, OpenMode};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Deterministic bytes, different per seed (xorshift).
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-/// A folder in the temp dir, removed on drop.
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ferry-ckpt-{}-{}-{tag}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-    fn file(&self, name: &str, data: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, data).expect("write temp file");
-        p
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn engines() -> Vec<(&'static str, FileEngine)> {
-    let base = FileConfig::new().threads(3).chunk_bytes(64 << 10);
-    vec![
-        ("buffered", FileEngine::new(base).unwrap()),
-        ("direct", FileEngine::new(base.direct(true)).unwrap()),
-        // Host buffers through the bounce ring: the path device loads take.
-        ("staged", FileEngine::new(base.staged(true)).unwrap()),
-    ]
-}
+mod files_common;
+use files_common::{bytes, engines, Hooked, TempDir};
 
 const ALL_DTYPES: [Dtype; 20] = [
     Dtype::BOOL,
@@ -634,63 +588,6 @@ fn empty_checkpoint_loads_nothing() {
     assert_eq!((ck.tensors().len(), ck.report().bytes), (0, 0));
 }
 
-/// A real file that is truncated to `keep` bytes by the first read at or past `at`.
-struct ShrinksAt {
-    inner: ferry::file::OsFile,
-    path: PathBuf,
-    at: u64,
-    keep: u64,
-    done: std::sync::Once,
-}
-
-impl FileIo for ShrinksAt {
-    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
-        if offset >= self.at {
-            self.done.call_once(|| {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&self.path)
-                    .unwrap();
-                f.set_len(self.keep).unwrap();
-            });
-        }
-        self.inner.read_at(buf, offset, direct)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
-        self.inner.write_at(buf, offset, direct)
-    }
-    fn file_len(&self) -> io::Result<u64> {
-        self.inner.file_len()
-    }
-    fn direct(&self) -> Result<(), String> {
-        self.inner.direct()
-    }
-}
-
-/// Reads fail with "permission denied" from offset `at` on.
-struct DeniedFrom {
-    inner: ferry::file::OsFile,
-    at: u64,
-}
-
-impl FileIo for DeniedFrom {
-    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
-        if offset + buf.len() as u64 > self.at {
-            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
-        }
-        self.inner.read_at(buf, offset, direct)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
-        self.inner.write_at(buf, offset, direct)
-    }
-    fn file_len(&self) -> io::Result<u64> {
-        self.inner.file_len()
-    }
-    fn direct(&self) -> Result<(), String> {
-        self.inner.direct()
-    }
-}
-
 #[test]
 fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
     let dir = TempDir::new("shrink");
@@ -703,13 +600,18 @@ fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
     for (name, fe) in engines() {
         for placement in [Placement::Packed, Placement::PerTensor] {
             let p = dir.file("shrinks.safetensors", &bytes);
-            let io = ShrinksAt {
-                inner: ferry::file::OsFile::open(&p, OpenMode::Read, fe.config().direct).unwrap(),
-                path: p.clone(),
-                at: header,
-                keep: header + (1 << 20) + 1000,
-                done: std::sync::Once::new(),
+            // The first read at or past the data section truncates the file.
+            let (keep, once) = (header + (1 << 20) + 1000, std::sync::Once::new());
+            let hook = move |path: &Path, _: &mut [u8], offset: u64| {
+                if offset >= header {
+                    once.call_once(|| {
+                        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                        f.set_len(keep).unwrap();
+                    });
+                }
+                None
             };
+            let io = Hooked::open(&p, fe.config().direct, Box::new(hook));
             let f = FileHandle::from_io(p.clone(), io);
             let opts = LoadOptions::new(Target::Pageable).placement(placement);
             let e = checkpoint::load_files(&fe, &[f], &opts).unwrap_err();
@@ -744,10 +646,14 @@ fn permission_denied_is_reported_with_file_and_tensor() {
     let at = bytes.len() as u64 - 4000 + 10;
     let f = FileHandle::from_io(
         p.clone(),
-        DeniedFrom {
-            inner: ferry::file::OsFile::open(&p, OpenMode::Read, false).unwrap(),
-            at,
-        },
+        Hooked::open(
+            &p,
+            false,
+            Box::new(move |_: &Path, buf: &mut [u8], offset: u64| {
+                (offset + buf.len() as u64 > at)
+                    .then(|| Err(io::Error::from(io::ErrorKind::PermissionDenied)))
+            }),
+        ),
     );
     let e = checkpoint::load_files(
         &fe,

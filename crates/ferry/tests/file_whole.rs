@@ -5,39 +5,16 @@ use ferry::file::{FileConfig, FileEngine, FileError, OpenMode, ReadPiece, WriteP
 use ferry::memory::{AlignedBuffer, Region};
 use std::path::PathBuf;
 
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+mod files_common;
+use files_common::{bytes, engines, TempDir};
 
-struct Temp(PathBuf);
+/// A file of `data` in its own temp folder.
+struct Temp(PathBuf, #[allow(dead_code)] TempDir);
 impl Temp {
     fn new(tag: &str, data: &[u8]) -> Temp {
-        let p = std::env::temp_dir().join(format!("ferry-file-whole-{}-{tag}", std::process::id()));
-        std::fs::write(&p, data).expect("write temp file");
-        Temp(p)
+        let d = TempDir::new(tag);
+        Temp(d.file("f", data), d)
     }
-}
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn engines() -> Vec<(&'static str, FileEngine)> {
-    let base = FileConfig::new().threads(3).chunk_bytes(64 << 10);
-    vec![
-        ("buffered", FileEngine::new(base).unwrap()),
-        ("direct", FileEngine::new(base.direct(true)).unwrap()),
-        ("staged", FileEngine::new(base.staged(true)).unwrap()),
-    ]
 }
 
 #[test]
