@@ -3,7 +3,7 @@
 //!
 //! [`check`] refuses bad input before any work (no such file, not a regular file, a range
 //! past the end, a device that is not there, more memory than the machine has, an output that
-//! cannot be written); [`run_load`] and [`run_save`] do the work.
+//! cannot be written); [`run_load`] does the work (for `ferry save`, the load and then the write).
 
 use crate::args::{check_writable, device_memory, mem_available, ArgError};
 use crate::sizes::{format_size, parse_size};
