@@ -174,12 +174,14 @@ pub fn check(
             "--offset {offset} + --length {length} runs past the end of the file ({file_len} bytes)"
         )));
     }
-    // Memory: the bytes where they go, and a host copy to compare against with --verify.
+    // Host memory: the bytes where they go, and with --verify the plain read to compare
+    // against (and, for a device, the bytes copied back).
     let need = if checkpoint { file_len } else { length };
-    let host_need = match io.device {
-        Target::Device(_) => 0,
-        _ => need,
-    } + if verify { need } else { 0 };
+    let host_need = match (io.device, verify) {
+        (Target::Device(_), false) => 0,
+        (_, true) => need.saturating_mul(2),
+        (_, false) => need,
+    };
     if let Some(avail) = mem_available().filter(|&a| host_need > a) {
         return Err(ArgError::Memory {
             test: format!("loading {}", path.display()),

@@ -351,6 +351,19 @@ fn bad_indexes_are_refused() {
     );
     let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
     assert!(e.to_string().contains("model-00009"), "{e}");
+    // Shards outside the index's folder.
+    for evil in ["/etc/passwd", "../model-00001-of-00002.safetensors"] {
+        let p = dir.file(
+            "evil.safetensors.index.json",
+            text.replace("model-00002-of-00002.safetensors", evil)
+                .as_bytes(),
+        );
+        let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("inside")),
+            "{e}"
+        );
+    }
     // Not JSON, no weight_map.
     for (name, body) in [
         ("notjson", "{\"weight_map\": "),

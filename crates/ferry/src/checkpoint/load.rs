@@ -29,7 +29,7 @@ pub fn load(
 
 /// Loads a sharded checkpoint through its index (`{"metadata": {...}, "weight_map":
 /// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths
-/// relative to the index's folder), checked against it (a tensor mapped to a shard that does
+/// inside the index's folder: an absolute path or `..` is refused), checked against it (a tensor mapped to a shard that does
 /// not hold it, or held by two shards, is an error before anything is loaded).
 pub fn load_index(
     engine: &FileEngine,
@@ -58,6 +58,14 @@ pub fn load_index(
         let shard = shard
             .as_str()
             .ok_or_else(|| bad(format!("tensor `{name}`: the shard is not a string")))?;
+        let plain = Path::new(shard)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain || shard.is_empty() {
+            return Err(bad(format!(
+                "tensor `{name}`: shard {shard:?} is not a path inside the index's folder"
+            )));
+        }
         let i = match shards.iter().position(|s| s == shard) {
             Some(i) => i,
             None => {
