@@ -353,6 +353,9 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
     let (cache, loaded, summary) = load(job, &fe)?;
     let mut out = summary;
     out["page_cache"] = cache_words(cache).into();
+    if let Some((h, n)) = cache.filter(|&(_, n)| n > 0) {
+        out["page_cache_fraction"] = (h as f64 / n as f64).into();
+    }
     if job.verify {
         verify(job, &loaded)?;
         out["verified"] = true.into();

@@ -80,6 +80,8 @@ fn load_a_checkpoint_on_the_host_with_table_and_json() {
         "{v}"
     );
     assert!(v["page_cache"].as_str().unwrap().contains('%'), "{v}");
+    let frac = v["page_cache_fraction"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&frac), "{v}");
     let per: serde_json::Value = serde_json::from_str(&ok(&[
         "load",
         p,
