@@ -41,6 +41,12 @@ pub enum Cmd {
     /// Measure ferry's engines against plain baselines (bandwidth and submit+wait latency).
     #[command(after_long_help = bench::METHOD)]
     Bench(BenchArgs),
+    /// Load a file or a safetensors checkpoint into GPU (or host) memory through ferry's file
+    /// engine, and report what ran: bytes, seconds, GB/s, the I/O path and why, the page cache.
+    Load(crate::load::LoadArgs),
+    /// Load a file or checkpoint into --device, then write it from there to DST (the reverse
+    /// path: device -> file), and report both.
+    Save(crate::load::SaveArgs),
     /// Re-plot a saved `ferry bench --json` file.
     Plot {
         /// The JSON file.
@@ -145,6 +151,22 @@ pub enum ArgError {
         /// Bytes available (host: `MemAvailable`; device: the smallest GPU's memory).
         avail: u64,
     },
+    /// A file test's largest size does not fit in the temp dir, where its file is written.
+    #[error(
+        "{test} at {} writes a file of that size in {dir}, which has {} free: give smaller --sizes or set TMPDIR",
+        format_size(*size),
+        format_size(*avail)
+    )]
+    Space {
+        /// Test name.
+        test: String,
+        /// The size in bytes.
+        size: u64,
+        /// The temp dir.
+        dir: String,
+        /// Bytes free there for this user.
+        avail: u64,
+    },
     /// An output path that cannot be written.
     #[error("cannot write {path}: {why}")]
     Output {
@@ -205,6 +227,10 @@ pub enum Plan {
     List,
     /// `ferry bench ...`.
     Bench(Box<BenchPlan>),
+    /// `ferry load PATH ...`.
+    Load(Box<crate::load::LoadArgs>),
+    /// `ferry save SRC DST ...`.
+    Save(Box<crate::load::SaveArgs>),
     /// `ferry plot JSON --plot FILE...`.
     Plot {
         /// The saved report.
@@ -232,6 +258,8 @@ where
             }
             Ok(Plan::Plot { json, outs: plot })
         }
+        Cmd::Load(a) => Ok(Plan::Load(Box::new(a))),
+        Cmd::Save(a) => Ok(Plan::Save(Box::new(a))),
         Cmd::Bench(a) if a.list => Ok(Plan::List),
         Cmd::Bench(a) => validate_bench(a).map(|p| Plan::Bench(Box::new(p))),
     }
@@ -317,6 +345,8 @@ pub fn memory_needed(t: &TestInfo, size: u64) -> Option<(u64, u64)> {
     };
     let (host, device) = match (t.name, t.needs) {
         ("cpu-tile", _) => (3, 0),
+        // The file's bytes, the pinned bounce, the poison pattern and the read-back copy.
+        ("cuda-file-read", _) => (4, 1),
         ("cuda-tile", _) => (3, 1),
         // Source, reference, pinned staging, and (device -> host) the destination.
         ("cuda-scatter-pageable" | "cuda-gather-pageable", _) => (4, 1),
@@ -364,6 +394,41 @@ pub fn check_memory(
         }
     }
     Ok(())
+}
+
+/// Refuses a plan whose file tests write a file larger than `free` bytes (the temp dir's free
+/// space; None: not known, not checked).
+pub fn check_temp_space(plan: &BenchPlan, dir: &Path, free: Option<u64>) -> Result<(), ArgError> {
+    let Some(free) = free else { return Ok(()) };
+    for t in plan
+        .cfg
+        .tests
+        .iter()
+        .filter(|t| crate::bench::file::owns(t.name))
+    {
+        if let Some(size) = plan.sizes_of(t).into_iter().find(|&s| s > free) {
+            return Err(ArgError::Space {
+                test: t.name.to_string(),
+                size,
+                dir: dir.display().to_string(),
+                avail: free,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Bytes free for this user in the filesystem holding `dir` (`statvfs`), None where unknown.
+pub fn free_space(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path; `st` is a valid out-pointer, read only
+    // after the call succeeded.
+    let st = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c.as_ptr(), &mut st) == 0).then_some(st)
+    }?;
+    (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
 }
 
 /// `MemAvailable` of `/proc/meminfo` in bytes (None where it cannot be read).
@@ -426,6 +491,8 @@ pub fn preflight(plan: &BenchPlan) -> Result<(), ArgError> {
         mem_available(),
         if gpu { device_memory() } else { None },
     )?;
+    let tmp = std::env::temp_dir();
+    check_temp_space(plan, &tmp, free_space(&tmp))?;
     let outs = plan
         .json
         .iter()

@@ -1,5 +1,6 @@
 //! `ferry`: the command-line tool. `ferry info` shows what ferry finds on this machine;
-//! `ferry bench` measures ferry's engines against plain baselines.
+//! `ferry bench` measures ferry's engines against plain baselines; `ferry load` and `ferry save`
+//! move a file or a safetensors checkpoint to a GPU (or host memory) and back.
 
 use ferry_cli::args::{self, ArgError, BenchPlan, Plan};
 use ferry_cli::bench;
@@ -24,6 +25,19 @@ fn main() -> ExitCode {
         }
         Plan::Bench(plan) => run_bench(&plan),
         Plan::Plot { json, outs } => replot(&json, &outs),
+        Plan::Load(a) => {
+            let a = *a;
+            load(ferry_cli::load::check(
+                &a.path, a.offset, a.length, a.verify, None, a.io,
+            ))
+        }
+        Plan::Save(a) => {
+            let a = *a;
+            let save = Some((a.dst, a.fsync));
+            load(ferry_cli::load::check(
+                &a.src, None, None, false, save, a.io,
+            ))
+        }
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -152,6 +166,18 @@ fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<()
     for p in gantt {
         ferry_cli::gantt::write(last, last_name, p)?;
         eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// `ferry load` and `ferry save`: input checked first (`check`), then the work and its summary.
+fn load(job: Result<ferry_cli::load::Job, ArgError>) -> Result<(), AnyError> {
+    let job = job?;
+    let summary = ferry_cli::load::run_load(&job)?;
+    if job.io.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", ferry_cli::load::render(&summary));
     }
     Ok(())
 }

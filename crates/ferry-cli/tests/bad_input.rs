@@ -1,7 +1,7 @@
 //! Every bad input of issue 15 gets a clear message and a non-zero exit before any work
 //! starts. None of these allocates much memory or runs a measurement longer than a moment.
 
-use ferry_cli::args::{check_memory, validate, ArgError, Plan};
+use ferry_cli::args::{check_memory, check_temp_space, validate, ArgError, Plan};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,31 @@ fn memory_check_refuses_what_does_not_fit() {
     // The default sweep of every CPU test fits in 4 GiB.
     let p = plan(&["bench", "--engine", "cpu"]);
     assert!(check_memory(&p, Some(4 << 30), None).is_ok());
+}
+
+#[test]
+fn file_tests_larger_than_the_temp_dir_are_refused() {
+    let p = plan(&["bench", "--test", "file-read", "--sizes", "1M,8G"]);
+    let dir = std::path::Path::new("/tmp");
+    let e = check_temp_space(&p, dir, Some(4 << 30)).unwrap_err();
+    assert!(
+        matches!(e, ArgError::Space { size, .. } if size == 8 << 30),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("/tmp") && e.to_string().contains("TMPDIR"),
+        "{e}"
+    );
+    assert!(check_temp_space(&p, dir, Some(16 << 30)).is_ok());
+    assert!(
+        check_temp_space(&p, dir, None).is_ok(),
+        "unknown space: not checked"
+    );
+    // Tests that write no file are not concerned.
+    let p = plan(&["bench", "--test", "cpu-contig", "--sizes", "8G"]);
+    assert!(check_temp_space(&p, dir, Some(1)).is_ok());
+    // And through the command line: a size that fits in memory nowhere is refused first.
+    refused(&["bench", "--test", "file-read", "--sizes", "64T"], "64T");
 }
 
 #[test]
@@ -300,4 +325,96 @@ fn a_picture_that_cannot_be_written_is_reported_plainly_by_the_library() {
     let msg = e.unwrap_err().to_string();
     assert!(msg.contains("folder /nonexistent does not exist"), "{msg}");
     assert!(!msg.contains("Os {"), "{msg}");
+}
+
+#[test]
+fn load_and_save_refuse_bad_input_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    let fe = ferry::file::FileEngine::new(ferry::file::FileConfig::new().threads(1)).unwrap();
+    let w = [0u8; 16];
+    let t = ferry::checkpoint::SaveTensor::new("w", ferry::checkpoint::Dtype::F32, &[4], &w);
+    ferry::checkpoint::save(&fe, &p, &[t], &Default::default()).unwrap();
+    let p = p.to_str().unwrap();
+    let raw = dir.path().join("raw.bin");
+    std::fs::write(&raw, vec![1u8; 10_000]).unwrap();
+    let r = raw.to_str().unwrap();
+    refused(
+        &["load", "/no/such/file", "--device", "host"],
+        "No such file",
+    );
+    refused(
+        &["load", "/dev/zero", "--device", "host"],
+        "not a regular file",
+    );
+    refused(
+        &["load", dir.path().to_str().unwrap(), "--device", "host"],
+        "not a regular file",
+    );
+    refused(
+        &["load", r, "--device", "host", "--offset", "20000"],
+        "past the end",
+    );
+    refused(
+        &[
+            "load", r, "--device", "host", "--offset", "5000", "--length", "6000",
+        ],
+        "runs past the end",
+    );
+    refused(
+        &["load", r, "--device", "host", "--length", "-1"],
+        "--length",
+    );
+    refused(
+        &["load", r, "--device", "gpu"],
+        "is not cuda:N, host or pinned",
+    );
+    refused(&["load", r, "--device", "cuda:x"], "not a number");
+    refused(
+        &["load", r, "--device", "host", "--threads", "0"],
+        "--threads",
+    );
+    refused(
+        &["load", p, "--device", "host", "--offset", "8"],
+        "add --raw",
+    );
+    refused(
+        &["load", r, "--device", "host", "--select", "w"],
+        "apply to safetensors",
+    );
+    refused(
+        &["save", r, r, "--device", "host"],
+        "the output is the input",
+    );
+    refused(
+        &["save", r, "/no/such/dir/out.bin", "--device", "host"],
+        "does not exist",
+    );
+    if ferry::cuda::probe().driver.is_err() {
+        refused(&["load", r], "use --device host or pinned");
+        refused(&["load", r, "--device", "pinned"], "needs a CUDA driver");
+    } else {
+        refused(&["load", r, "--device", "cuda:999"], "GPU(s)");
+    }
+    // A FIFO is refused at once, not read for ever.
+    let fifo = dir.path().join("pipe.safetensors");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    refused(
+        &["load", fifo.to_str().unwrap(), "--device", "host"],
+        "not a regular file",
+    );
+    // A malformed checkpoint is refused with the file and tensor named, nothing printed.
+    let bad = dir.path().join("bad.safetensors");
+    let hdr = br#"{"w":{"dtype":"F99","shape":[1],"data_offsets":[0,4]}}"#;
+    let mut f = (hdr.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(hdr);
+    f.extend_from_slice(&[0; 4]);
+    std::fs::write(&bad, f).unwrap();
+    let e = refused(
+        &["load", bad.to_str().unwrap(), "--device", "host"],
+        "unknown dtype",
+    );
+    assert!(e.contains("bad.safetensors") && e.contains("`w`"), "{e}");
 }

@@ -47,6 +47,9 @@ pub enum Error {
     /// The NCCL engine: set-up, a refused send/receive, a timeout or an abort.
     #[error(transparent)]
     Nccl(#[from] crate::engine::nccl::NcclError),
+    /// Reading, loading or saving a checkpoint ([`crate::checkpoint`]).
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
 }
 
 impl Error {
@@ -69,6 +72,10 @@ impl Error {
             Error::Barrier(b) => b.failures.iter().find_map(|(_, e)| e.driver_error()),
             Error::Cuda(e) => e.driver_error(),
             Error::File(e) => e.driver_error(),
+            Error::Checkpoint(e) => match &**e {
+                crate::checkpoint::CheckpointError::File { source, .. } => source.driver_error(),
+                _ => None,
+            },
             _ => None,
         }
     }

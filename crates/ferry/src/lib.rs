@@ -38,6 +38,7 @@ macro_rules! count_alloc {
 
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod checkpoint;
 pub mod engine;
 mod env;
 mod error;

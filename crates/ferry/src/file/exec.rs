@@ -118,10 +118,7 @@ pub fn live_bounce_buffers() -> usize {
 
 enum SlotMem {
     Pinned(crate::cuda::PinnedBuffer),
-    Host {
-        ptr: *mut u8,
-        layout: std::alloc::Layout,
-    },
+    Host(crate::memory::AlignedBuffer),
 }
 
 pub(crate) struct Slot {
@@ -143,18 +140,10 @@ impl Slot {
         };
         let mem = match pinned {
             Ok(p) => SlotMem::Pinned(p),
-            Err(crate::cuda::CudaError::NoDriver(_)) => {
-                let layout = std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN)
-                    .map_err(|e| FileError::BadConfig(format!("chunk of {len} bytes: {e}")))?;
-                // SAFETY: the layout has a non-zero size.
-                let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-                if ptr.is_null() {
-                    return Err(FileError::Setup(format!(
-                        "cannot allocate a bounce buffer of {len} bytes"
-                    )));
-                }
-                SlotMem::Host { ptr, layout }
-            }
+            Err(crate::cuda::CudaError::NoDriver(_)) => SlotMem::Host(
+                crate::memory::AlignedBuffer::new(len)
+                    .map_err(|e| FileError::Setup(format!("a bounce buffer: {e}")))?,
+            ),
             Err(e) => return Err(e.into()),
         };
         LIVE_SLOTS.fetch_add(1, Ordering::AcqRel);
@@ -163,13 +152,13 @@ impl Slot {
     pub(crate) fn kind(&self) -> MemKind {
         match self.mem {
             SlotMem::Pinned(_) => MemKind::Pinned,
-            SlotMem::Host { .. } => MemKind::Pageable,
+            SlotMem::Host(_) => MemKind::Pageable,
         }
     }
     fn ptr(&mut self) -> *mut u8 {
         match &mut self.mem {
             SlotMem::Pinned(p) => p.as_mut_ptr(),
-            SlotMem::Host { ptr, .. } => *ptr,
+            SlotMem::Host(b) => b.as_mut_ptr(),
         }
     }
     fn bytes(&mut self, len: usize) -> &mut [u8] {
@@ -183,10 +172,6 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let SlotMem::Host { ptr, layout } = self.mem {
-            // SAFETY: allocated with this layout in `Slot::new`, freed once.
-            unsafe { std::alloc::dealloc(ptr, layout) };
-        }
         LIVE_SLOTS.fetch_sub(1, Ordering::AcqRel);
     }
 }

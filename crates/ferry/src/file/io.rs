@@ -29,6 +29,11 @@ pub trait FileIo: Send + Sync + 'static {
     fn file_len(&self) -> io::Result<u64>;
     /// `Ok` when `direct` transfers can be asked for, else why not.
     fn direct(&self) -> Result<(), String>;
+    /// Flushes written bytes and the file's size to stable storage (`fsync`). The default
+    /// does nothing (memory-backed test files).
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// How [`FileHandle::open`] opens a file.
@@ -53,6 +58,11 @@ pub struct OsFile {
 impl OsFile {
     /// Opens `path`; with `direct`, also an `O_DIRECT` descriptor (its refusal is kept as the
     /// reason, not an error: transfers then run buffered).
+    ///
+    /// Only regular files and block devices are opened: a FIFO, socket, character device
+    /// (`/dev/zero`) or directory is refused with [`io::ErrorKind::InvalidInput`] naming what
+    /// it is, at once: the open itself uses `O_NONBLOCK` (cleared afterwards), so a FIFO with
+    /// no writer does not block it.
     pub fn open(path: &Path, mode: OpenMode, direct: bool) -> io::Result<OsFile> {
         let opts = |extra: i32| {
             let mut o = std::fs::OpenOptions::new();
@@ -70,12 +80,14 @@ impl OsFile {
             o
         };
         let buffered = {
-            let mut o = opts(0);
+            let mut o = opts(libc::O_NONBLOCK);
             if mode == OpenMode::Create {
                 o.truncate(true);
             }
             o.open(path)?
         };
+        check_file_type(&buffered)?;
+        clear_nonblock(&buffered)?;
         let direct = if !direct {
             Err("not asked for (FileConfig::direct is off)".to_string())
         } else {
@@ -104,11 +116,66 @@ impl FileIo for OsFile {
         }
     }
     fn file_len(&self) -> io::Result<u64> {
-        Ok(self.buffered.metadata()?.len())
+        use std::os::unix::fs::FileTypeExt;
+        let m = self.buffered.metadata()?;
+        if !m.file_type().is_block_device() {
+            return Ok(m.len());
+        }
+        // A block device's size is its end, not its inode's length (0).
+        use std::io::Seek;
+        (&self.buffered).seek(io::SeekFrom::End(0))
     }
     fn direct(&self) -> Result<(), String> {
         self.direct.as_ref().map(|_| ()).map_err(Clone::clone)
     }
+    fn sync(&self) -> io::Result<()> {
+        self.buffered.sync_all()
+    }
+}
+
+/// Refuses what is not a regular file or a block device (`fstat` on the open descriptor, so
+/// the check is about the file opened, not a path that may change).
+fn check_file_type(f: &std::fs::File) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = f.metadata()?.file_type();
+    let what = if t.is_file() || t.is_block_device() {
+        return Ok(());
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{what}: only regular files and block devices can be loaded or stored"),
+    ))
+}
+
+/// Clears the `O_NONBLOCK` the open used (reads of a regular file ignore it; cleared anyway so
+/// that the descriptor behaves as an ordinary one).
+fn clear_nonblock(f: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    // SAFETY: `fd` is a descriptor owned by `f`, open for the duration of both calls; F_GETFL
+    // and F_SETFL only read and set its status flags.
+    let r = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            flags
+        } else {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK)
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 pub(crate) struct FileInner {
@@ -208,6 +275,18 @@ impl FileHandle {
             path: self.inner.path.clone(),
             kind: e.kind(),
             msg: e.to_string(),
+        })
+    }
+
+    /// Flushes written bytes and the file's size to stable storage (`fsync`).
+    pub fn sync(&self) -> Result<(), FileError> {
+        self.inner.io.sync().map_err(|e| FileError::Io {
+            op: super::IoOp::Write,
+            path: self.inner.path.clone(),
+            offset: 0,
+            len: 0,
+            kind: e.kind(),
+            msg: format!("fsync failed: {e}"),
         })
     }
 

@@ -61,12 +61,14 @@ mod config;
 mod error;
 mod exec;
 mod io;
+mod pieces;
 mod probe;
 
 pub use config::FileConfig;
 pub use error::{FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
+pub use pieces::{ReadPiece, WritePiece};
 pub use probe::gds_status;
 
 use crate::engine::{Engine, Lent};
@@ -81,7 +83,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 /// What one load or store did: bytes, and which path they took.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct IoReport {
     /// Bytes moved (the whole range: a request that did not move every byte fails instead).
     pub bytes: u64,
@@ -100,6 +102,17 @@ pub struct IoReport {
 }
 
 impl IoReport {
+    /// Adds another transfer's report to this one (bytes summed, the first note of each kind
+    /// kept): one report over many transfers.
+    pub fn add(&mut self, r: IoReport) {
+        self.bytes += r.bytes;
+        self.direct_bytes += r.direct_bytes;
+        self.buffered_bytes += r.buffered_bytes;
+        self.bounce = self.bounce.or(r.bounce);
+        self.direct_note = self.direct_note.take().or(r.direct_note);
+        self.gds_note = self.gds_note.take().or(r.gds_note);
+    }
+
     /// `"O_DIRECT"`, `"buffered"` or `"O_DIRECT + buffered"`.
     pub fn path(&self) -> &'static str {
         match (self.direct_bytes > 0, self.buffered_bytes > 0) {

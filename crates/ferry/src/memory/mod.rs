@@ -9,6 +9,9 @@
 
 use bytemuck::Pod;
 
+mod aligned;
+pub use aligned::{AlignedBuffer, AllocError, PAGE_ALIGN};
+
 /// Where a buffer lives, which decides which engines and which hardware paths can reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MemKind {
@@ -171,5 +174,47 @@ unsafe impl<M: Memory + ?Sized> Memory for &mut M {
 unsafe impl<M: MemoryMut + ?Sized> MemoryMut for &mut M {
     fn raw_mut(&mut self) -> RawBuf {
         (**self).raw_mut()
+    }
+}
+
+/// A shared view of a byte range of any [`Memory`] (a tensor inside one device allocation),
+/// itself [`Memory`] of the same kind, borrowing the buffer for `'a`.
+///
+/// ```
+/// use ferry::memory::{Memory, Region};
+/// let v = vec![0u8; 100];
+/// let r = Region::of(&v, 10..30).expect("inside the buffer");
+/// assert_eq!(r.raw().len, 20);
+/// assert!(Region::of(&v, 90..110).is_none());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    raw: RawBuf,
+    _borrow: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Region<'a> {
+    /// `range` of `mem`'s bytes; `None` if it does not lie inside the buffer.
+    pub fn of<M: Memory + ?Sized>(mem: &'a M, range: std::ops::Range<usize>) -> Option<Region<'a>> {
+        let whole = mem.raw();
+        if range.start > range.end || range.end > whole.len {
+            return None;
+        }
+        Some(Region {
+            raw: RawBuf {
+                addr: whole.addr + range.start as u64,
+                len: range.end - range.start,
+                kind: whole.kind,
+            },
+            _borrow: std::marker::PhantomData,
+        })
+    }
+}
+
+// SAFETY: a sub-range of memory valid for reads while borrowed for `'a` (the view holds that
+// borrow), of the buffer's own kind.
+unsafe impl Memory for Region<'_> {
+    fn raw(&self) -> RawBuf {
+        self.raw
     }
 }

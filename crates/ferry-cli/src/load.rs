@@ -1,0 +1,653 @@
+//! `ferry load` and `ferry save`: a file or a safetensors checkpoint into GPU (or host) memory,
+//! and back out to a file, through ferry's file engine, with a summary of what ran and why.
+//!
+//! [`check`] refuses bad input before any work (no such file, not a regular file, a range
+//! past the end, a device that is not there, more memory than the machine has, an output that
+//! cannot be written); [`run_load`] does the work (for `ferry save`, the load and then the write).
+
+use crate::args::{check_writable, device_memory, mem_available, ArgError};
+use crate::sizes::{format_size, parse_size};
+use ferry::checkpoint::{
+    self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
+};
+use ferry::cuda::CudaEngine;
+use ferry::file::{FileConfig, FileEngine, IoReport, OpenMode, ReadPiece};
+use ferry::memory::Memory;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where `--device` puts the bytes: `cuda:N`, `host` (pageable) or `pinned`.
+pub fn parse_device(s: &str) -> Result<Target, String> {
+    match s {
+        "host" | "pageable" | "cpu" => Ok(Target::Pageable),
+        "pinned" => Ok(Target::Pinned),
+        _ => {
+            let n = s
+                .strip_prefix("cuda:")
+                .ok_or_else(|| format!("`{s}` is not cuda:N, host or pinned"))?;
+            n.parse::<u32>()
+                .map(Target::Device)
+                .map_err(|_| format!("`{s}`: the GPU ordinal `{n}` is not a number"))
+        }
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Options `ferry load` and `ferry save` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IoArgs {
+    /// Where the bytes go: cuda:N, host (pageable) or pinned.
+    #[arg(long, default_value = "cuda:0", value_parser = parse_device)]
+    pub device: Target,
+    /// Treat a .safetensors file as plain bytes.
+    #[arg(long)]
+    pub raw: bool,
+    /// Only these tensors of a checkpoint, comma separated.
+    #[arg(long, value_name = "NAMES")]
+    pub select: Option<String>,
+    /// One allocation per tensor (default: one for the whole checkpoint).
+    #[arg(long)]
+    pub per_tensor: bool,
+    /// Read with O_DIRECT where the filesystem and alignment allow.
+    #[arg(long)]
+    pub direct: bool,
+    /// File engine worker threads (default: FERRY_FILE_THREADS, else one per core up to 16).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Option<u16>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ferry load`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// The file: a safetensors checkpoint (.safetensors, or a sharded one's
+    /// .safetensors.index.json) or any file (its bytes).
+    pub path: PathBuf,
+    /// First byte of a plain file to load (K/M/G suffixes).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_bytes)]
+    pub offset: Option<u64>,
+    /// Bytes of a plain file to load (default: to its end).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_bytes)]
+    pub length: Option<u64>,
+    /// Read the bytes back and compare them with a plain read of the file.
+    #[arg(long)]
+    pub verify: bool,
+    /// Shared options.
+    #[command(flatten)]
+    pub io: IoArgs,
+}
+
+/// `ferry save`'s arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SaveArgs {
+    /// The file or checkpoint to load first (into --device).
+    pub src: PathBuf,
+    /// Where to write it from there (a checkpoint is written as one safetensors file).
+    pub dst: PathBuf,
+    /// fsync the file before reporting.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Shared options.
+    #[command(flatten)]
+    pub io: IoArgs,
+}
+
+/// A load or save whose input passed [`check`].
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The input.
+    pub path: PathBuf,
+    /// Safetensors (true) or plain bytes.
+    pub checkpoint: bool,
+    /// Plain files: the byte range.
+    pub offset: u64,
+    /// Plain files: bytes.
+    pub length: u64,
+    /// `--verify`.
+    pub verify: bool,
+    /// `ferry save`: the output and `--fsync`.
+    pub save: Option<(PathBuf, bool)>,
+    /// Shared options.
+    pub io: IoArgs,
+}
+
+fn is_checkpoint(p: &Path) -> bool {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
+}
+
+/// Checks a load (`save`: the output too) against this machine before any work.
+pub fn check(
+    path: &Path,
+    offset: Option<u64>,
+    length: Option<u64>,
+    verify: bool,
+    save: Option<(PathBuf, bool)>,
+    io: IoArgs,
+) -> Result<Job, ArgError> {
+    let bad = |why: String| ArgError::Input {
+        path: path.display().to_string(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    use std::os::unix::fs::FileTypeExt;
+    let ft = meta.file_type();
+    if !(ft.is_file() || ft.is_block_device()) {
+        return Err(bad(
+            "not a regular file (a FIFO, device or folder cannot be loaded)".into(),
+        ));
+    }
+    let checkpoint = is_checkpoint(path) && !io.raw;
+    if checkpoint && (offset.is_some() || length.is_some()) {
+        return Err(bad(
+            "--offset and --length apply to plain files: add --raw to load a checkpoint's bytes"
+                .into(),
+        ));
+    }
+    if !checkpoint && (io.select.is_some() || io.per_tensor) {
+        return Err(bad(
+            "--select and --per-tensor apply to safetensors checkpoints".into(),
+        ));
+    }
+    let file_len = if ft.is_block_device() {
+        std::fs::File::open(path)
+            .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
+            .map_err(|e| bad(e.to_string()))?
+    } else {
+        meta.len()
+    };
+    let offset = offset.unwrap_or(0);
+    if offset > file_len {
+        return Err(bad(format!(
+            "--offset {offset} is past the end of the file ({file_len} bytes)"
+        )));
+    }
+    let length = length.unwrap_or(file_len - offset);
+    if offset.checked_add(length).is_none_or(|e| e > file_len) {
+        return Err(bad(format!(
+            "--offset {offset} + --length {length} runs past the end of the file ({file_len} bytes)"
+        )));
+    }
+    // Host memory: the bytes where they go, and with --verify the plain read to compare
+    // against (and, for a device, the bytes copied back).
+    let need = if checkpoint { file_len } else { length };
+    let host_need = match (io.device, verify) {
+        (Target::Device(_), false) => 0,
+        (_, true) => need.saturating_mul(2),
+        (_, false) => need,
+    };
+    if let Some(avail) = mem_available().filter(|&a| host_need > a) {
+        return Err(ArgError::Memory {
+            test: format!("loading {}", path.display()),
+            size: need,
+            need: host_need,
+            what: "host",
+            avail,
+        });
+    }
+    match io.device {
+        Target::Device(n) => {
+            let p = ferry::cuda::probe();
+            if let Err(why) = &p.driver {
+                return Err(bad(format!(
+                    "--device cuda:{n}: {why} (use --device host or pinned)"
+                )));
+            }
+            if n as usize >= p.devices.len() {
+                return Err(bad(format!(
+                    "--device cuda:{n}: this machine has {} GPU(s)",
+                    p.devices.len()
+                )));
+            }
+            if let Some(total) = device_memory().filter(|&t| need > t) {
+                return Err(ArgError::Memory {
+                    test: format!("loading {}", path.display()),
+                    size: need,
+                    need,
+                    what: "device",
+                    avail: total,
+                });
+            }
+        }
+        Target::Pinned => {
+            if let Err(why) = ferry::cuda::probe().driver {
+                return Err(bad(format!(
+                    "--device pinned needs a CUDA driver: {why} (use --device host)"
+                )));
+            }
+        }
+        Target::Pageable => {}
+    }
+    if let Some((dst, _)) = &save {
+        if dst == path {
+            return Err(bad("the output is the input".into()));
+        }
+        check_writable(dst)?;
+    }
+    Ok(Job {
+        path: path.to_path_buf(),
+        checkpoint,
+        offset,
+        length,
+        verify,
+        save,
+        io,
+    })
+}
+
+type AnyError = Box<dyn std::error::Error>;
+
+/// The file engine a job uses: its threads and `--direct`, and a CUDA engine for a device.
+fn engine(job: &Job) -> Result<FileEngine, AnyError> {
+    let mut cfg = FileConfig::from_env()?.direct(job.io.direct);
+    if let Some(t) = job.io.threads {
+        cfg = cfg.threads(t as usize);
+    }
+    Ok(match job.io.device {
+        Target::Device(n) => FileEngine::with_engine(cfg, Arc::new(CudaEngine::new(n)?))?,
+        _ => FileEngine::new(cfg)?,
+    })
+}
+
+/// How much of `len` bytes at `offset` of `path` is in the page cache now (`mincore` over a
+/// read-only mapping): (cached bytes, bytes). None where it cannot be told.
+pub fn page_cache(path: &Path, offset: u64, len: u64) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    if len == 0 {
+        return Some((0, 0));
+    }
+    let f = std::fs::File::open(path).ok()?;
+    let page = 4096u64;
+    let start = offset / page * page;
+    let span = usize::try_from(offset + len - start).ok()?;
+    // SAFETY: a read-only shared mapping of an open file, never dereferenced, unmapped below;
+    // `vec` has one byte per page of the span, as mincore writes.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            start as libc::off_t,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let pages = span.div_ceil(page as usize);
+        let mut vec = vec![0u8; pages];
+        let r = libc::mincore(p, span, vec.as_mut_ptr());
+        libc::munmap(p, span);
+        if r != 0 {
+            return None;
+        }
+        let cached = vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page;
+        Some((cached.min(len), len))
+    }
+}
+
+fn cache_words(c: Option<(u64, u64)>) -> String {
+    match c {
+        None => "unknown".into(),
+        Some((_, 0)) => "nothing to read".into(),
+        Some((h, n)) => {
+            let pct = h as f64 * 100.0 / n as f64;
+            let state = if pct >= 99.0 {
+                "warm"
+            } else if pct <= 1.0 {
+                "cold"
+            } else {
+                "partly warm"
+            };
+            format!("{state} ({pct:.0}% of the bytes cached before the load)")
+        }
+    }
+}
+
+/// "O_DIRECT", "buffered" ... with the reasons, in words.
+fn path_words(io: &IoReport) -> String {
+    let mut s = io.path().to_string();
+    if let Some(k) = io.bounce {
+        s += &format!(" through {k} bounce buffers");
+    }
+    if let Some(n) = &io.direct_note {
+        let n = n.replace("FileConfig::direct is off", "--direct not given");
+        s += &format!("; O_DIRECT not used: {n}");
+    }
+    if let Some(n) = &io.gds_note {
+        s += &format!("; {n}");
+    }
+    s
+}
+
+fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} [{elapsed}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(bar)
+}
+
+/// What was loaded: a checkpoint, or a plain range in one buffer.
+enum Loaded {
+    Checkpoint(Box<Checkpoint>),
+    Raw(TensorBuffer),
+}
+
+/// Runs `ferry load` (and the load half of `ferry save`); returns the summary as JSON.
+pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
+    let fe = engine(job)?;
+    let (cache, loaded, summary) = load(job, &fe)?;
+    let mut out = summary;
+    out["page_cache"] = cache_words(cache).into();
+    if let Some((h, n)) = cache.filter(|&(_, n)| n > 0) {
+        out["page_cache_fraction"] = (h as f64 / n as f64).into();
+    }
+    if job.verify {
+        verify(job, &loaded)?;
+        out["verified"] = true.into();
+    }
+    if let Some((dst, fsync)) = &job.save {
+        let t0 = Instant::now();
+        let (bytes, io) = match &loaded {
+            Loaded::Checkpoint(ck) => {
+                let r = ck.save(&fe, dst, &SaveOptions::new().fsync(*fsync))?;
+                (r.bytes, r.io)
+            }
+            Loaded::Raw(buf) => {
+                let f = fe.open(dst, OpenMode::Create)?;
+                let r = fe.store_from(&f, 0, buf)?;
+                if *fsync {
+                    f.sync()?;
+                }
+                (r.bytes, r)
+            }
+        };
+        let s = t0.elapsed().as_secs_f64();
+        out["save"] = serde_json::json!({
+            "path": dst.display().to_string(),
+            "bytes": bytes,
+            "seconds": s,
+            "gb_per_s": bytes as f64 / s.max(1e-12) / 1e9,
+            "fsync": fsync,
+            "io_path": path_words(&io),
+        });
+    }
+    Ok(out)
+}
+
+/// (cached bytes, bytes) of the page cache before a load: see [`page_cache`].
+type Cached = Option<(u64, u64)>;
+
+fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value), AnyError> {
+    let target = job.io.device;
+    if job.checkpoint {
+        let files = shard_paths(&job.path);
+        let cache = files.iter().try_fold((0, 0), |(h, n), p| {
+            let len = std::fs::metadata(p).ok()?.len();
+            page_cache(p, 0, len).map(|(a, b)| (h + a, n + b))
+        });
+        let mut opts = LoadOptions::new(target);
+        if job.io.per_tensor {
+            opts = opts.placement(Placement::PerTensor);
+        }
+        if let Some(names) = &job.io.select {
+            opts = opts.names(names.split(',').map(str::trim).filter(|s| !s.is_empty()));
+        }
+        let bar = progress_bar(0);
+        if let Some(b) = bar.clone() {
+            opts = opts.progress(move |done, total| {
+                b.set_length(total);
+                b.set_position(done);
+            });
+        }
+        let ck = checkpoint::load(fe, &job.path, &opts)?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        let r = ck.report();
+        let tensors: Vec<serde_json::Value> = ck
+            .tensors()
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape,
+                    "bytes": t.len, "file": t.file.display().to_string(),
+                    "file_range": [t.file_range.start, t.file_range.end],
+                    "address": format!("{:#x}", t.addr),
+                })
+            })
+            .collect();
+        let summary = serde_json::json!({
+            "path": job.path.display().to_string(), "kind": "safetensors", "device": target.to_string(),
+            "bytes": r.bytes, "seconds": r.seconds, "gb_per_s": r.gb_per_s(),
+            "setup_seconds": r.setup_seconds, "files": r.files, "reads": r.reads,
+            "allocations": r.allocations, "io_path": path_words(&r.io), "tensors": tensors,
+        });
+        return Ok((cache, Loaded::Checkpoint(Box::new(ck)), summary));
+    }
+    let cache = page_cache(&job.path, job.offset, job.length);
+    let t0 = Instant::now();
+    let len = usize::try_from(job.length)?;
+    let mut buf = TensorBuffer::new(target, len).map_err(|m| {
+        format!(
+            "cannot allocate {} of {target} memory: {m}",
+            format_size(job.length)
+        )
+    })?;
+    let file = fe.open(&job.path, OpenMode::Read)?;
+    let setup = t0.elapsed().as_secs_f64();
+    let bar = progress_bar(job.length);
+    // With a bar: 32 batches (at least 64 MiB each), the bar moved after each; else one load.
+    let batch = match &bar {
+        Some(_) => (len / 32).max(64 << 20),
+        None => len.max(1),
+    };
+    let t1 = Instant::now();
+    let mut io = IoReport::default();
+    let mut at = 0;
+    while at < len || (len == 0 && at == 0) {
+        let n = batch.min(len - at);
+        let p = ReadPiece {
+            file: &file,
+            offset: job.offset + at as u64,
+            at,
+            len: n,
+        };
+        io.add(fe.load_pieces(&mut buf, &[p])?);
+        at += n;
+        if let Some(b) = &bar {
+            b.set_position(at as u64);
+        }
+        if len == 0 {
+            break;
+        }
+    }
+    let seconds = t1.elapsed().as_secs_f64();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let summary = serde_json::json!({
+        "path": job.path.display().to_string(), "kind": "raw", "device": target.to_string(),
+        "offset": job.offset, "bytes": job.length, "seconds": seconds,
+        "gb_per_s": job.length as f64 / seconds.max(1e-12) / 1e9, "setup_seconds": setup,
+        "address": format!("{:#x}", buf.raw().addr), "io_path": path_words(&io),
+    });
+    Ok((cache, Loaded::Raw(buf), summary))
+}
+
+/// The files of a checkpoint: the file itself, or the shards its index names.
+fn shard_paths(path: &Path) -> Vec<PathBuf> {
+    if !path.to_string_lossy().ends_with(".json") {
+        return vec![path.to_path_buf()];
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let v: Option<serde_json::Value> = std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let mut shards: Vec<PathBuf> = v
+        .as_ref()
+        .and_then(|v| v.get("weight_map")?.as_object().cloned())
+        .map(|m| {
+            m.values()
+                .filter_map(|s| s.as_str())
+                .map(|s| dir.join(s))
+                .collect()
+        })
+        .unwrap_or_default();
+    shards.sort();
+    shards.dedup();
+    shards
+}
+
+/// Host copies of the loaded buffers (device ones copied back).
+fn host_copy(b: &TensorBuffer) -> Result<Vec<u8>, AnyError> {
+    Ok(match b {
+        TensorBuffer::Device(d) => d.to_vec()?,
+        other => other.host_bytes().unwrap_or_default().to_vec(),
+    })
+}
+
+/// Compares what was loaded with a plain read of the file.
+fn verify(job: &Job, loaded: &Loaded) -> Result<(), AnyError> {
+    use std::os::unix::fs::FileExt;
+    let compare = |file: &Path, offset: u64, got: &[u8], what: &str| -> Result<(), AnyError> {
+        let f = std::fs::File::open(file)?;
+        let mut want = vec![0u8; got.len()];
+        f.read_exact_at(&mut want, offset)?;
+        if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            return Err(format!(
+                "verify failed: {what}: byte {i} (file offset {}) is {:#04x}, the file has {:#04x}",
+                offset + i as u64,
+                got[i],
+                want[i]
+            )
+            .into());
+        }
+        Ok(())
+    };
+    match loaded {
+        Loaded::Raw(b) => compare(
+            &job.path,
+            job.offset,
+            &host_copy(b)?,
+            &job.path.display().to_string(),
+        ),
+        Loaded::Checkpoint(ck) => {
+            let copies = ck
+                .buffers()
+                .iter()
+                .map(host_copy)
+                .collect::<Result<Vec<_>, _>>()?;
+            for t in ck.tensors() {
+                let got = &copies[t.buffer][t.offset..t.offset + t.len];
+                compare(
+                    &t.file,
+                    t.file_range.start,
+                    got,
+                    &format!("tensor `{}`", t.name),
+                )?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The summary in words, with the per-tensor table for a checkpoint.
+pub fn render(v: &serde_json::Value) -> String {
+    let g = |k: &str| v.get(k).cloned().unwrap_or_default();
+    let num = |k: &str| g(k).as_f64().unwrap_or(0.0);
+    let bytes = g("bytes").as_u64().unwrap_or(0);
+    let mut s = format!(
+        "loaded {} ({}) -> {}\n  bytes       {bytes} ({})\n  time        {:.4} s, {:.2} GB/s (setup {:.4} s: header, allocation, open)\n  path        {}\n  page cache  {}\n",
+        g("path").as_str().unwrap_or(""),
+        g("kind").as_str().unwrap_or(""),
+        g("device").as_str().unwrap_or(""),
+        format_size(bytes),
+        num("seconds"),
+        num("gb_per_s"),
+        num("setup_seconds"),
+        g("io_path").as_str().unwrap_or(""),
+        g("page_cache").as_str().unwrap_or(""),
+    );
+    if let Some(r) = g("reads").as_u64() {
+        s += &format!(
+            "  reads       {r} from {} file(s) into {} allocation(s)\n",
+            g("files"),
+            g("allocations")
+        );
+    }
+    if let Some(a) = g("address").as_str() {
+        s += &format!("  address     {a}\n");
+    }
+    if g("verified").as_bool() == Some(true) {
+        s += "  verify      ok: every byte matches a plain read of the file\n";
+    }
+    if let Some(sv) = v.get("save") {
+        s += &format!(
+            "saved {}: {} bytes in {:.4} s, {:.2} GB/s{}\n  path        {}\n",
+            sv["path"].as_str().unwrap_or(""),
+            sv["bytes"],
+            sv["seconds"].as_f64().unwrap_or(0.0),
+            sv["gb_per_s"].as_f64().unwrap_or(0.0),
+            if sv["fsync"].as_bool() == Some(true) {
+                ", fsynced"
+            } else {
+                ""
+            },
+            sv["io_path"].as_str().unwrap_or(""),
+        );
+    }
+    if let Some(ts) = g("tensors").as_array() {
+        let rows: Vec<[String; 5]> = ts
+            .iter()
+            .map(|t| {
+                [
+                    t["name"].as_str().unwrap_or("").to_string(),
+                    t["dtype"].as_str().unwrap_or("").to_string(),
+                    t["shape"].to_string(),
+                    t["bytes"].to_string(),
+                    t["address"].as_str().unwrap_or("").to_string(),
+                ]
+            })
+            .collect();
+        let head = ["tensor", "dtype", "shape", "bytes", "address"];
+        let w: Vec<usize> = (0..5)
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r[c].len())
+                    .chain([head[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for r in std::iter::once(head.map(String::from)).chain(rows) {
+            s += &format!(
+                "  {:<w0$}  {:<w1$}  {:<w2$}  {:>w3$}  {}\n",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2],
+                w3 = w[3]
+            );
+        }
+    }
+    s
+}

@@ -1,0 +1,270 @@
+//! The checkpoint path's error: every variant names the file, and the tensor where one is at
+//! fault.
+
+use crate::file::FileError;
+use safetensors::Dtype;
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why a checkpoint could not be read, loaded or saved. Nothing is reported as loaded when
+/// one is returned: the memory allocated for the load is freed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// Opening, reading or writing the file failed (the file engine's error, which names the
+    /// offset), in the bytes of `tensor` where the failure lies in one.
+    #[error("{}{}: {source}", path.display(), tensor.as_ref().map(|t| format!(", tensor `{t}`")).unwrap_or_default())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The tensor whose bytes the failed call was moving, if one.
+        tensor: Option<String>,
+        /// The file engine's error.
+        source: FileError,
+    },
+    /// The file is shorter than the 8-byte header length that starts every safetensors file.
+    #[error("{}: {file_len} bytes, too short for a safetensors file (8-byte header length first)", path.display())]
+    TooShort {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        file_len: u64,
+    },
+    /// The header length is larger than the format allows (100,000,000 bytes).
+    #[error("{}: header length {header_len} is over the format's limit of 100000000 bytes", path.display())]
+    HeaderTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The header length the file gives.
+        header_len: u64,
+    },
+    /// The header length runs past the end of the file.
+    #[error("{}: header of {header_len} bytes runs past the end of the file ({file_len} bytes)", path.display())]
+    HeaderBeyondFile {
+        /// The file.
+        path: PathBuf,
+        /// The header length the file gives.
+        header_len: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// The JSON header is not UTF-8.
+    #[error("{}: the header is not UTF-8 (invalid byte at header offset {valid_up_to})", path.display())]
+    NotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Bytes of the header that are valid UTF-8 before the first invalid one.
+        valid_up_to: usize,
+    },
+    /// The header is not a JSON object (truncated, or not JSON).
+    #[error("{}: the header is not valid JSON: {msg}", path.display())]
+    BadJson {
+        /// The file.
+        path: PathBuf,
+        /// serde_json's message (with line and column).
+        msg: String,
+    },
+    /// A tensor's dtype is not one of the format's.
+    #[error("{}: tensor `{tensor}` has unknown dtype {dtype:?}", path.display())]
+    UnknownDtype {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The dtype as written.
+        dtype: String,
+    },
+    /// A tensor's entry is malformed (a missing field, a negative dimension, ...).
+    #[error("{}: tensor `{tensor}`: bad header entry: {msg}", path.display())]
+    BadEntry {
+        /// The file.
+        path: PathBuf,
+        /// The tensor (or `__metadata__`).
+        tensor: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A tensor's data offsets are out of order (end before begin).
+    #[error("{}: tensor `{tensor}`: data offsets [{begin}, {end}] are out of order", path.display())]
+    BadOffsets {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Begin offset in the data section.
+        begin: u64,
+        /// End offset.
+        end: u64,
+    },
+    /// Two tensors' byte ranges overlap.
+    #[error("{}: tensor `{tensor}` overlaps tensor `{other}` in the data section", path.display())]
+    Overlap {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The tensor it overlaps.
+        other: String,
+    },
+    /// Bytes of the data section belong to no tensor (the format has no gaps).
+    #[error("{}: tensor `{tensor}` starts at data offset {begin}, but the previous tensor ends at {expected}: the format allows no gap", path.display())]
+    Gap {
+        /// The file.
+        path: PathBuf,
+        /// The tensor after the gap.
+        tensor: String,
+        /// Its begin offset.
+        begin: u64,
+        /// Where it should begin.
+        expected: u64,
+    },
+    /// A tensor ends beyond the file's data section.
+    #[error("{}: tensor `{tensor}` ends at data offset {end}, outside the data section ({data_len} bytes)", path.display())]
+    OutsideData {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its end offset.
+        end: u64,
+        /// Bytes of the file after the header.
+        data_len: u64,
+    },
+    /// A tensor's byte range does not match its shape times its dtype's size.
+    #[error("{}: tensor `{tensor}`: shape {shape:?} of {dtype} needs {} bytes, its byte range holds {bytes}", path.display(), need.map_or("a non-whole or overflowing number of".to_string(), |n| n.to_string()))]
+    SizeMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Bytes the shape needs (`None`: overflows, or not a whole number of bytes).
+        need: Option<u64>,
+        /// Bytes of its range.
+        bytes: u64,
+    },
+    /// The file goes on after the last tensor.
+    #[error("{}: {extra} bytes after the last tensor (the data section is {data_len} bytes)", path.display())]
+    TrailingBytes {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the tensors cover.
+        data_len: u64,
+        /// Bytes after them.
+        extra: u64,
+    },
+    /// The `safetensors` crate refused the header after ferry's own checks passed.
+    #[error("{}: bad header: {msg}", path.display())]
+    Header {
+        /// The file.
+        path: PathBuf,
+        /// The crate's message.
+        msg: String,
+    },
+    /// A sharded checkpoint's index (`*.safetensors.index.json`) is malformed or disagrees
+    /// with its shards.
+    #[error("{}: bad index: {msg}", path.display())]
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A tensor asked for by name is not in the checkpoint.
+    #[error("{}: no tensor `{tensor}`", path.display())]
+    Missing {
+        /// The file (or index).
+        path: PathBuf,
+        /// The name asked for.
+        tensor: String,
+    },
+    /// Two tensors share a name (in two shards, or in a save).
+    #[error("tensor `{tensor}` appears twice: in {} and in {}", first.display(), second.display())]
+    Duplicate {
+        /// The name.
+        tensor: String,
+        /// Where it was first seen.
+        first: PathBuf,
+        /// Where it was seen again.
+        second: PathBuf,
+    },
+    /// The memory for the tensors could not be allocated.
+    #[error("cannot allocate {bytes} bytes of {target} memory for {}: {msg}", path.display())]
+    Alloc {
+        /// The file being loaded.
+        path: PathBuf,
+        /// Where (`cuda:0`, `pinned`, `pageable`).
+        target: String,
+        /// Bytes asked for.
+        bytes: u64,
+        /// The allocator's or driver's message.
+        msg: String,
+    },
+    /// A tensor handed to a save does not hold what its dtype and shape say.
+    #[error("saving {}: tensor `{tensor}`: {msg}", path.display())]
+    BadTensor {
+        /// The file being written.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+impl CheckpointError {
+    /// The file the error is about.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        use CheckpointError::*;
+        match self {
+            File { path, .. }
+            | TooShort { path, .. }
+            | HeaderTooLarge { path, .. }
+            | HeaderBeyondFile { path, .. }
+            | NotUtf8 { path, .. }
+            | BadJson { path, .. }
+            | UnknownDtype { path, .. }
+            | BadEntry { path, .. }
+            | BadOffsets { path, .. }
+            | Overlap { path, .. }
+            | Gap { path, .. }
+            | OutsideData { path, .. }
+            | SizeMismatch { path, .. }
+            | TrailingBytes { path, .. }
+            | Header { path, .. }
+            | Index { path, .. }
+            | Missing { path, .. }
+            | Alloc { path, .. }
+            | BadTensor { path, .. } => Some(path),
+            Duplicate { second, .. } => Some(second),
+        }
+    }
+
+    /// The tensor the error is about, where one is.
+    pub fn tensor(&self) -> Option<&str> {
+        use CheckpointError::*;
+        match self {
+            File { tensor, .. } => tensor.as_deref(),
+            UnknownDtype { tensor, .. }
+            | BadEntry { tensor, .. }
+            | BadOffsets { tensor, .. }
+            | Overlap { tensor, .. }
+            | Gap { tensor, .. }
+            | OutsideData { tensor, .. }
+            | SizeMismatch { tensor, .. }
+            | Missing { tensor, .. }
+            | Duplicate { tensor, .. }
+            | BadTensor { tensor, .. } => Some(tensor),
+            _ => None,
+        }
+    }
+}
+
+impl From<CheckpointError> for crate::Error {
+    fn from(e: CheckpointError) -> Self {
+        crate::Error::Checkpoint(Box::new(e))
+    }
+}

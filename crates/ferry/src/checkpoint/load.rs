@@ -1,0 +1,423 @@
+//! Loading: headers, the choice of tensors, memory for them, and the reads.
+
+use super::header::{read_header, Header, TensorEntry};
+use super::{
+    Checkpoint, CheckpointError, LoadOptions, LoadReport, Placement, Select, Tensor, TensorBuffer,
+};
+use crate::file::{FileEngine, FileError, FileHandle, IoReport, OpenMode, ReadPiece};
+use crate::memory::Memory;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Loads the checkpoint at `path`: a safetensors file, or a sharded checkpoint when `path`
+/// ends in `.json` (its `*.safetensors.index.json`, see [`load_index`]).
+///
+/// Errors: [`CheckpointError`], naming the file and tensor; every buffer allocated is freed.
+pub fn load(
+    engine: &FileEngine,
+    path: impl AsRef<Path>,
+    opts: &LoadOptions,
+) -> Result<Checkpoint, CheckpointError> {
+    let path = path.as_ref();
+    if path.extension().is_some_and(|e| e == "json") {
+        return load_index(engine, path, opts);
+    }
+    let file = open(engine, path)?;
+    load_files(engine, &[file], opts)
+}
+
+/// Loads a sharded checkpoint through its index (`{"metadata": {...}, "weight_map":
+/// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths
+/// inside the index's folder: an absolute path or `..` is refused), checked against it (a tensor mapped to a shard that does
+/// not hold it, or held by two shards, is an error before anything is loaded).
+pub fn load_index(
+    engine: &FileEngine,
+    index: impl AsRef<Path>,
+    opts: &LoadOptions,
+) -> Result<Checkpoint, CheckpointError> {
+    let index = index.as_ref();
+    let bad = |msg: String| CheckpointError::Index {
+        path: index.to_path_buf(),
+        msg,
+    };
+    let handle = open(engine, index)?;
+    let (raw, _) = engine
+        .read_all(&handle)
+        .map_err(|source| file_err(index, None, source))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&raw).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut shards: Vec<String> = Vec::new();
+    let mut wanted: Vec<(String, usize)> = Vec::with_capacity(map.len());
+    for (name, shard) in map {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor `{name}`: the shard is not a string")))?;
+        let plain = Path::new(shard)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain || shard.is_empty() {
+            return Err(bad(format!(
+                "tensor `{name}`: shard {shard:?} is not a path inside the index's folder"
+            )));
+        }
+        let i = match shards.iter().position(|s| s == shard) {
+            Some(i) => i,
+            None => {
+                shards.push(shard.to_string());
+                shards.len() - 1
+            }
+        };
+        wanted.push((name.clone(), i));
+    }
+    let files = shards
+        .iter()
+        .map(|s| open(engine, &dir.join(s)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let headers = files
+        .iter()
+        .map(|f| read_header(engine, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (name, i) in &wanted {
+        if !headers[*i].tensors.iter().any(|t| &t.name == name) {
+            return Err(bad(format!(
+                "tensor `{name}` is mapped to {}, which does not hold it",
+                shards[*i]
+            )));
+        }
+    }
+    let mut metadata = BTreeMap::new();
+    if let Some(m) = json.get("metadata").and_then(|m| m.as_object()) {
+        for (k, v) in m {
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+            metadata.insert(k.clone(), v);
+        }
+    }
+    read_tensors(engine, &files, &headers, opts, index, metadata)
+}
+
+/// Loads the tensors of one or more open safetensors files (the shards of one checkpoint:
+/// a name in two of them is [`CheckpointError::Duplicate`]). Any [`FileHandle`] works,
+/// including one over a test's own [`FileIo`](crate::file::FileIo).
+pub fn load_files(
+    engine: &FileEngine,
+    files: &[FileHandle],
+    opts: &LoadOptions,
+) -> Result<Checkpoint, CheckpointError> {
+    let headers = files
+        .iter()
+        .map(|f| read_header(engine, f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = files
+        .first()
+        .map_or_else(PathBuf::new, |f| f.path().to_path_buf());
+    read_tensors(engine, files, &headers, opts, &first, BTreeMap::new())
+}
+
+fn open(engine: &FileEngine, path: &Path) -> Result<FileHandle, CheckpointError> {
+    engine
+        .open(path, OpenMode::Read)
+        .map_err(|source| file_err(path, None, source))
+}
+
+fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> CheckpointError {
+    CheckpointError::File {
+        path: path.to_path_buf(),
+        tensor,
+        source,
+    }
+}
+
+/// The tensors chosen, as (file index, entry), in file order.
+fn select<'h>(
+    headers: &'h [Header],
+    opts: &LoadOptions,
+    name_path: &Path,
+) -> Result<Vec<(usize, &'h TensorEntry)>, CheckpointError> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (fi, h) in headers.iter().enumerate() {
+        for t in &h.tensors {
+            if let Some(&other) = seen.get(t.name.as_str()) {
+                return Err(CheckpointError::Duplicate {
+                    tensor: t.name.clone(),
+                    first: headers[other].path.clone(),
+                    second: h.path.clone(),
+                });
+            }
+            seen.insert(&t.name, fi);
+        }
+    }
+    let all = headers
+        .iter()
+        .enumerate()
+        .flat_map(|(fi, h)| h.tensors.iter().map(move |t| (fi, t)));
+    Ok(match &opts.select {
+        Select::All => all.collect(),
+        Select::Filter(f) => all.filter(|(_, t)| f(t)).collect(),
+        Select::Names(names) => {
+            if let Some(n) = names.iter().find(|n| !seen.contains_key(n.as_str())) {
+                return Err(CheckpointError::Missing {
+                    path: name_path.to_path_buf(),
+                    tensor: n.clone(),
+                });
+            }
+            let want: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+            all.filter(|(_, t)| want.contains(t.name.as_str()))
+                .collect()
+        }
+    })
+}
+
+/// One read of a packed load: `len` bytes at `file_start` of file `file`, to `at`.
+struct Run {
+    file: usize,
+    file_start: u64,
+    len: usize,
+    at: usize,
+}
+
+fn read_tensors(
+    engine: &FileEngine,
+    files: &[FileHandle],
+    headers: &[Header],
+    opts: &LoadOptions,
+    name_path: &Path,
+    mut metadata: BTreeMap<String, String>,
+) -> Result<Checkpoint, CheckpointError> {
+    let t0 = Instant::now();
+    let chosen = select(headers, opts, name_path)?;
+    let too_big = |len: u64| CheckpointError::Alloc {
+        path: name_path.to_path_buf(),
+        target: opts.target.to_string(),
+        bytes: len,
+        msg: "larger than the address space".into(),
+    };
+    let alloc = |len: usize| {
+        TensorBuffer::new(opts.target, len).map_err(|msg| CheckpointError::Alloc {
+            path: name_path.to_path_buf(),
+            target: opts.target.to_string(),
+            bytes: len as u64,
+            msg,
+        })
+    };
+    // Where each chosen tensor goes: (buffer, offset).
+    let mut place: Vec<(usize, usize)> = Vec::with_capacity(chosen.len());
+    let (buffers, io, reads, t1) = match opts.placement {
+        Placement::Packed => {
+            let mut runs: Vec<Run> = Vec::new();
+            let mut cursor = 0usize;
+            for &(fi, t) in &chosen {
+                let len = usize::try_from(t.len()).map_err(|_| too_big(t.len()))?;
+                let next = runs
+                    .last_mut()
+                    .filter(|r| r.file == fi && r.file_start + r.len as u64 == t.file_range.start);
+                let at = match next {
+                    Some(r) => {
+                        r.len += len;
+                        r.at + r.len - len
+                    }
+                    None => {
+                        // Congruent to the tensor's data-section offset modulo `align`: what
+                        // is aligned in the file stays aligned in memory.
+                        let a = opts.align.max(1);
+                        let rel = (t.file_range.start - headers[fi].data_start) as usize % a;
+                        let at = cursor
+                            .checked_add((rel + a - cursor % a) % a)
+                            .ok_or_else(|| too_big(u64::MAX))?;
+                        runs.push(Run {
+                            file: fi,
+                            file_start: t.file_range.start,
+                            len,
+                            at,
+                        });
+                        at
+                    }
+                };
+                cursor = at.checked_add(len).ok_or_else(|| too_big(u64::MAX))?;
+                place.push((0, at));
+            }
+            let mut buf = alloc(cursor)?;
+            let pieces: Vec<ReadPiece<'_>> = runs
+                .iter()
+                .map(|r| ReadPiece {
+                    file: &files[r.file],
+                    offset: r.file_start,
+                    at: r.at,
+                    len: r.len,
+                })
+                .collect();
+            let t1 = Instant::now();
+            let io = match &opts.progress {
+                None => engine.load_pieces(&mut buf, &pieces),
+                Some(f) => in_batches(engine, &mut buf, &pieces, cursor as u64, &**f),
+            }
+            .map_err(|e| name_failure(files, headers, e))?;
+            (vec![buf], io, runs.len(), t1)
+        }
+        Placement::PerTensor => {
+            let mut bufs = Vec::with_capacity(chosen.len());
+            for (i, &(_, t)) in chosen.iter().enumerate() {
+                let len = usize::try_from(t.len()).map_err(|_| too_big(t.len()))?;
+                bufs.push(alloc(len)?);
+                place.push((i, 0));
+            }
+            let t1 = Instant::now();
+            let mut inflight = Vec::with_capacity(bufs.len());
+            let mut first_err = None;
+            for (buf, &(fi, t)) in bufs.into_iter().zip(&chosen) {
+                match engine.load(&files[fi], t.file_range.start, buf) {
+                    Ok(x) => inflight.push(x),
+                    Err(f) => {
+                        first_err = Some(f.error);
+                        break;
+                    }
+                }
+            }
+            let mut io = IoReport::default();
+            let mut back = Vec::with_capacity(inflight.len());
+            let total: u64 = chosen.iter().map(|(_, t)| t.len()).sum();
+            for x in inflight {
+                match x.wait() {
+                    Ok((b, r)) => {
+                        io.add(r);
+                        if let Some(f) = &opts.progress {
+                            f(io.bytes, total);
+                        }
+                        back.push(b);
+                    }
+                    Err(f) => {
+                        first_err.get_or_insert(f.error);
+                    }
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(name_failure(files, headers, e));
+            }
+            let n = back.len();
+            (back, io, n, t1)
+        }
+    };
+    let seconds = t1.elapsed().as_secs_f64();
+    let tensors: Vec<Tensor> = chosen
+        .iter()
+        .zip(&place)
+        .map(|(&(fi, t), &(b, offset))| {
+            let raw = buffers[b].raw();
+            Tensor {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                file: headers[fi].path.clone(),
+                file_range: t.file_range.clone(),
+                buffer: b,
+                offset,
+                len: t.len() as usize,
+                addr: raw.addr + offset as u64,
+                kind: raw.kind,
+            }
+        })
+        .collect();
+    if let Some(h) = headers.first() {
+        for (k, v) in &h.metadata {
+            metadata.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let by_name = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.clone(), i))
+        .collect();
+    let report = LoadReport {
+        bytes: tensors.iter().map(|t| t.len as u64).sum(),
+        tensors: tensors.len(),
+        files: files.len(),
+        reads,
+        allocations: buffers.len(),
+        seconds,
+        setup_seconds: (t1 - t0).as_secs_f64(),
+        io,
+    };
+    Ok(Checkpoint {
+        tensors,
+        by_name,
+        buffers,
+        metadata,
+        report,
+    })
+}
+
+/// A packed load in about 32 batches of pieces (long runs split), `progress` called after
+/// each.
+fn in_batches(
+    engine: &FileEngine,
+    buf: &mut TensorBuffer,
+    pieces: &[ReadPiece<'_>],
+    total: u64,
+    progress: &(dyn Fn(u64, u64) + Send + Sync),
+) -> Result<IoReport, FileError> {
+    let batch = (total / 32).max(64 << 20) as usize;
+    let mut io = IoReport::default();
+    let mut cur: Vec<ReadPiece<'_>> = Vec::new();
+    let mut cur_bytes = 0usize;
+    let mut flush = |cur: &mut Vec<ReadPiece<'_>>, io: &mut IoReport| -> Result<(), FileError> {
+        if !cur.is_empty() {
+            io.add(engine.load_pieces(buf, cur)?);
+            cur.clear();
+            progress(io.bytes, total);
+        }
+        Ok(())
+    };
+    for p in pieces {
+        let mut p = *p;
+        loop {
+            let take = p.len.min(batch - cur_bytes);
+            cur.push(ReadPiece { len: take, ..p });
+            cur_bytes += take;
+            if cur_bytes == batch {
+                flush(&mut cur, &mut io)?;
+                cur_bytes = 0;
+            }
+            if take == p.len {
+                break;
+            }
+            p = ReadPiece {
+                offset: p.offset + take as u64,
+                at: p.at + take,
+                len: p.len - take,
+                ..p
+            };
+        }
+    }
+    flush(&mut cur, &mut io)?;
+    Ok(io)
+}
+
+/// The failed read's error, with the file it was reading and the tensor whose bytes lie at
+/// the failed offset.
+fn name_failure(files: &[FileHandle], headers: &[Header], e: FileError) -> CheckpointError {
+    let at = match &e {
+        FileError::Io { path, offset, .. }
+        | FileError::OutOfRange { path, offset, .. }
+        | FileError::UnexpectedEof { path, offset, .. }
+        | FileError::Transfer { path, offset, .. }
+        | FileError::Panicked { path, offset, .. } => Some((path.clone(), *offset)),
+        _ => None,
+    };
+    let Some((path, offset)) = at else {
+        let path = files
+            .first()
+            .map_or_else(PathBuf::new, |f| f.path().to_path_buf());
+        return file_err(&path, None, e);
+    };
+    let tensor = files
+        .iter()
+        .position(|f| f.path() == path)
+        .and_then(|i| headers[i].tensor_at(offset))
+        .map(|t| t.name.clone());
+    file_err(&path, tensor, e)
+}

@@ -1,0 +1,849 @@
+//! Checkpoints on the CPU: safetensors round trips against the reference implementation
+//! (the `safetensors` crate) for every dtype, 0-d and empty tensors, thousands of tensors,
+//! sharded indexes, subsets; every malformed file refused with its own error naming the file
+//! and the tensor; files that shrink, fail or are not files.
+
+use ferry::checkpoint::{
+    self, CheckpointError, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target,
+};
+use ferry::file::{FileConfig, FileEngine, FileError, FileHandle, OpenMode};
+use std::io;
+use std::path::{Path, PathBuf};
+
+mod files_common;
+use files_common::{bytes, engines, Hooked, TempDir};
+
+const ALL_DTYPES: [Dtype; 20] = [
+    Dtype::BOOL,
+    Dtype::F4,
+    Dtype::F6_E2M3,
+    Dtype::F6_E3M2,
+    Dtype::U8,
+    Dtype::I8,
+    Dtype::F8_E5M2,
+    Dtype::F8_E4M3,
+    Dtype::F8_E8M0,
+    Dtype::I16,
+    Dtype::U16,
+    Dtype::F16,
+    Dtype::BF16,
+    Dtype::I32,
+    Dtype::U32,
+    Dtype::F32,
+    Dtype::C64,
+    Dtype::F64,
+    Dtype::I64,
+    Dtype::U64,
+];
+
+/// A tensor owned by a test: name, dtype, shape, bytes.
+#[derive(Debug, Clone)]
+struct Owned {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl safetensors::View for &Owned {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        (&self.data[..]).into()
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn owned(name: &str, dtype: Dtype, shape: &[usize], seed: u64) -> Owned {
+    let n = checkpoint::tensor_bytes(dtype, shape).expect("whole bytes") as usize;
+    Owned {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+        data: bytes(n, seed),
+    }
+}
+
+/// Every dtype in a few shapes (0-d where a single element is whole bytes, empty ones).
+fn every_dtype() -> Vec<Owned> {
+    let mut v = Vec::new();
+    for (i, &d) in ALL_DTYPES.iter().enumerate() {
+        let i = i as u64;
+        v.push(owned(&format!("{d}.vec"), d, &[8], i));
+        v.push(owned(&format!("{d}.mat"), d, &[3, 8], 100 + i));
+        v.push(owned(&format!("{d}.empty"), d, &[0], 200 + i));
+        v.push(owned(&format!("{d}.empty2"), d, &[4, 0, 2], 300 + i));
+        if d.bitsize() % 8 == 0 {
+            v.push(owned(&format!("{d}.scalar"), d, &[], 400 + i));
+        }
+    }
+    v
+}
+
+fn reference_bytes(tensors: &[Owned]) -> Vec<u8> {
+    safetensors::serialize(tensors.iter().map(|t| (t.name.clone(), t)), None).unwrap()
+}
+
+fn check_loaded(ck: &checkpoint::Checkpoint, want: &[Owned], ctx: &str) {
+    assert_eq!(ck.tensors().len(), want.len(), "{ctx}");
+    for w in want {
+        let t = ck
+            .get(&w.name)
+            .unwrap_or_else(|| panic!("{ctx}: {} missing", w.name));
+        assert_eq!(
+            (t.dtype, &t.shape),
+            (w.dtype, &w.shape),
+            "{ctx}: {}",
+            w.name
+        );
+        assert_eq!(t.len, w.data.len(), "{ctx}: {}", w.name);
+        let got = ck.host_bytes(&w.name).unwrap();
+        if let Some(i) = got.iter().zip(&w.data).position(|(a, b)| a != b) {
+            panic!("{ctx}: tensor {} differs at byte {i}", w.name);
+        }
+    }
+    assert_eq!(
+        ck.report().bytes,
+        want.iter().map(|w| w.data.len() as u64).sum::<u64>(),
+        "{ctx}"
+    );
+}
+
+#[test]
+fn reference_files_load_every_dtype_every_placement() {
+    let dir = TempDir::new("every-dtype");
+    let want = every_dtype();
+    let path = dir.file("every.safetensors", &reference_bytes(&want));
+    for (name, fe) in engines() {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let ctx = format!("{name} {placement:?}");
+            let opts = LoadOptions::new(Target::Pageable).placement(placement);
+            let ck = checkpoint::load(&fe, &path, &opts).unwrap();
+            check_loaded(&ck, &want, &ctx);
+            let r = ck.report();
+            match placement {
+                // The whole data section is one run: one read.
+                Placement::Packed => assert_eq!((r.reads, r.allocations), (1, 1), "{ctx}"),
+                Placement::PerTensor => {
+                    assert_eq!((r.reads, r.allocations), (want.len(), want.len()), "{ctx}")
+                }
+            }
+            for t in ck.tensors() {
+                assert_eq!(t.kind, ferry::MemKind::Pageable);
+                assert_eq!(t.file, path);
+                assert_eq!(t.file_range.end - t.file_range.start, t.len as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn saves_match_the_reference_writer_byte_for_byte() {
+    let dir = TempDir::new("save");
+    let want = every_dtype();
+    let fe = FileEngine::new(FileConfig::new().threads(3)).unwrap();
+    let tensors: Vec<SaveTensor<'_>> = want
+        .iter()
+        .map(|t| SaveTensor::new(&t.name, t.dtype, &t.shape, &t.data))
+        .collect();
+    let path = dir.0.join("ours.safetensors");
+    let report = checkpoint::save(&fe, &path, &tensors, &SaveOptions::new().fsync(true)).unwrap();
+    let ours = std::fs::read(&path).unwrap();
+    assert_eq!(report.bytes, ours.len() as u64);
+    assert!(report.synced);
+    assert!(
+        ours == reference_bytes(&want),
+        "file differs from safetensors::serialize"
+    );
+    // No partial file left beside it.
+    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    // And the reference reader reads it.
+    let st = safetensors::SafeTensors::deserialize(&ours).unwrap();
+    for w in &want {
+        let v = st.tensor(&w.name).unwrap();
+        assert_eq!(
+            (v.dtype(), v.shape(), v.data()),
+            (w.dtype, &w.shape[..], &w.data[..])
+        );
+    }
+}
+
+#[test]
+fn load_then_save_round_trip_keeps_metadata() {
+    let dir = TempDir::new("meta");
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let a = owned("a", Dtype::F32, &[16, 4], 1);
+    let b = owned("b", Dtype::I8, &[5], 2);
+    let src = dir.0.join("src.safetensors");
+    let opts = SaveOptions::new().metadata("format", "pt");
+    checkpoint::save(
+        &fe,
+        &src,
+        &[
+            SaveTensor::new("a", a.dtype, &a.shape, &a.data),
+            SaveTensor::new("b", b.dtype, &b.shape, &b.data),
+        ],
+        &opts,
+    )
+    .unwrap();
+    let ck = checkpoint::load(&fe, &src, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert_eq!(ck.metadata().get("format").map(String::as_str), Some("pt"));
+    let copy = dir.0.join("copy.safetensors");
+    ck.save(&fe, &copy, &SaveOptions::new()).unwrap();
+    assert!(std::fs::read(&src).unwrap() == std::fs::read(&copy).unwrap());
+}
+
+#[test]
+fn thousands_of_tensors_and_subsets() {
+    let dir = TempDir::new("many");
+    let want: Vec<Owned> = (0..5000)
+        .map(|i| {
+            owned(
+                &format!("layer.{i:05}.w"),
+                Dtype::F16,
+                &[i % 7, 3],
+                i as u64,
+            )
+        })
+        .collect();
+    let path = dir.file("many.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(3)).unwrap();
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let ck = checkpoint::load(
+            &fe,
+            &path,
+            &LoadOptions::new(Target::Pageable).placement(placement),
+        )
+        .unwrap();
+        check_loaded(&ck, &want, &format!("{placement:?}"));
+    }
+    // Every other tensor by predicate: one read per run of adjacent tensors chosen.
+    let even: Vec<Owned> = want
+        .iter()
+        .filter(|t| {
+            t.name.ends_with("0.w")
+                || t.name.ends_with("2.w")
+                || t.name.ends_with("4.w")
+                || t.name.ends_with("6.w")
+                || t.name.ends_with("8.w")
+        })
+        .cloned()
+        .collect();
+    let opts = LoadOptions::new(Target::Pageable).filter(|t| {
+        let n: usize = t.name[6..11].parse().unwrap();
+        n % 2 == 0
+    });
+    let ck = checkpoint::load(&fe, &path, &opts).unwrap();
+    check_loaded(&ck, &even, "filter");
+    assert!(ck.report().reads <= even.len(), "{}", ck.report());
+    // In a packed allocation, offsets keep the data section's alignment (mod 256).
+    let h = checkpoint::read_header(&fe, &fe.open(&path, OpenMode::Read).unwrap()).unwrap();
+    for t in ck.tensors() {
+        let rel = t.file_range.start - h.data_start;
+        assert_eq!(t.offset as u64 % 256, rel % 256, "{}", t.name);
+    }
+    // By name, in any order; a missing name is refused before anything is loaded.
+    let ck = checkpoint::load(
+        &fe,
+        &path,
+        &LoadOptions::new(Target::Pageable).names(["layer.04999.w", "layer.00001.w"]),
+    )
+    .unwrap();
+    check_loaded(&ck, &[want[1].clone(), want[4999].clone()], "names");
+    let e = checkpoint::load(
+        &fe,
+        &path,
+        &LoadOptions::new(Target::Pageable).names(["nope"]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Missing { tensor, .. } if tensor == "nope"),
+        "{e}"
+    );
+    assert_eq!(e.path(), Some(path.as_path()));
+}
+
+/// Writes two shards and their index; returns (index path, all tensors).
+fn sharded(dir: &TempDir) -> (PathBuf, Vec<Owned>) {
+    let s1: Vec<Owned> = (0..10)
+        .map(|i| owned(&format!("a.{i}"), Dtype::F32, &[i + 1], i as u64))
+        .collect();
+    let s2: Vec<Owned> = (0..7)
+        .map(|i| owned(&format!("b.{i}"), Dtype::BF16, &[2, i], 50 + i as u64))
+        .collect();
+    dir.file("model-00001-of-00002.safetensors", &reference_bytes(&s1));
+    dir.file("model-00002-of-00002.safetensors", &reference_bytes(&s2));
+    let mut map = serde_json::Map::new();
+    for t in &s1 {
+        map.insert(t.name.clone(), "model-00001-of-00002.safetensors".into());
+    }
+    for t in &s2 {
+        map.insert(t.name.clone(), "model-00002-of-00002.safetensors".into());
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 1234}, "weight_map": map});
+    let p = dir.file("model.safetensors.index.json", index.to_string().as_bytes());
+    (p, s1.into_iter().chain(s2).collect())
+}
+
+#[test]
+fn sharded_checkpoint_through_its_index() {
+    let dir = TempDir::new("sharded");
+    let (index, want) = sharded(&dir);
+    for (name, fe) in engines() {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let ck = checkpoint::load(
+                &fe,
+                &index,
+                &LoadOptions::new(Target::Pageable).placement(placement),
+            )
+            .unwrap();
+            check_loaded(&ck, &want, &format!("{name} {placement:?}"));
+            assert_eq!(ck.report().files, 2);
+            assert_eq!(
+                ck.metadata().get("total_size").map(String::as_str),
+                Some("1234")
+            );
+            if placement == Placement::Packed {
+                assert_eq!(ck.report().reads, 2, "one read per shard");
+                assert_eq!(ck.buffers().len(), 1);
+            }
+        }
+    }
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let ck = checkpoint::load(
+        &fe,
+        &index,
+        &LoadOptions::new(Target::Pageable).names(["b.3", "a.0"]),
+    )
+    .unwrap();
+    check_loaded(&ck, &[want[0].clone(), want[13].clone()], "subset");
+}
+
+#[test]
+fn bad_indexes_are_refused() {
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let dir = TempDir::new("bad-index");
+    let (index, _) = sharded(&dir);
+    let text = std::fs::read_to_string(&index).unwrap();
+    // A tensor mapped to a shard that does not hold it.
+    let p = dir.file(
+        "wrong.safetensors.index.json",
+        text.replace("\"a.3\":\"model-00001", "\"a.3\":\"model-00002")
+            .as_bytes(),
+    );
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("a.3")),
+        "{e}"
+    );
+    // A shard that does not exist: the error names it.
+    let p = dir.file(
+        "gone.safetensors.index.json",
+        text.replace("model-00002-of-00002", "model-00009")
+            .as_bytes(),
+    );
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(e.to_string().contains("model-00009"), "{e}");
+    // Shards outside the index's folder.
+    for evil in ["/etc/passwd", "../model-00001-of-00002.safetensors"] {
+        let p = dir.file(
+            "evil.safetensors.index.json",
+            text.replace("model-00002-of-00002.safetensors", evil)
+                .as_bytes(),
+        );
+        let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("inside")),
+            "{e}"
+        );
+    }
+    // Not JSON, no weight_map.
+    for (name, body) in [
+        ("notjson", "{\"weight_map\": "),
+        ("nomap", "{\"metadata\": {}}"),
+    ] {
+        let p = dir.file(&format!("{name}.index.json"), body.as_bytes());
+        let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+        assert!(matches!(e, CheckpointError::Index { .. }), "{name}: {e}");
+    }
+    // The same tensor in two shards.
+    let dup = reference_bytes(&[owned("a.1", Dtype::F32, &[2], 9)]);
+    dir.file("model-00002-of-00002.safetensors", &dup);
+    let e = checkpoint::load_files(
+        &fe,
+        &[
+            fe.open(
+                dir.0.join("model-00001-of-00002.safetensors"),
+                OpenMode::Read,
+            )
+            .unwrap(),
+            fe.open(
+                dir.0.join("model-00002-of-00002.safetensors"),
+                OpenMode::Read,
+            )
+            .unwrap(),
+        ],
+        &LoadOptions::new(Target::Pageable),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Duplicate { tensor, .. } if tensor == "a.1"),
+        "{e}"
+    );
+}
+
+/// A safetensors file from a header text and data bytes.
+fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+fn load_err(path: &Path) -> CheckpointError {
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let r = checkpoint::load(
+            &fe,
+            path,
+            &LoadOptions::new(Target::Pageable).placement(placement),
+        );
+        if r.is_ok() {
+            panic!("{} loaded", path.display());
+        }
+    }
+    let e = checkpoint::load(&fe, path, &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert_eq!(e.path(), Some(path), "{e}");
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+    e
+}
+
+#[test]
+fn every_bad_file_has_its_own_error() {
+    let dir = TempDir::new("bad");
+    let t = |name: &str, dtype: &str, shape: &str, b: u64, e: u64| {
+        format!("\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":{shape},\"data_offsets\":[{b},{e}]}}")
+    };
+    let hdr = |entries: &[String]| format!("{{{}}}", entries.join(","));
+
+    // Shorter than the 8-byte length.
+    let e = load_err(&dir.file("tiny", &[1, 2, 3]));
+    assert!(
+        matches!(e, CheckpointError::TooShort { file_len: 3, .. }),
+        "{e}"
+    );
+    // Header length beyond the file.
+    let mut f = raw_file(&hdr(&[t("x", "F32", "[1]", 0, 4)]), &[0; 4]);
+    f[..8].copy_from_slice(&1000u64.to_le_bytes());
+    let e = load_err(&dir.file("beyond", &f));
+    assert!(
+        matches!(
+            e,
+            CheckpointError::HeaderBeyondFile {
+                header_len: 1000,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut f2 = f.clone();
+    f2[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    let e = load_err(&dir.file("huge", &f2));
+    assert!(matches!(e, CheckpointError::HeaderTooLarge { .. }), "{e}");
+    // Truncated JSON (the length covers the file, the JSON stops early).
+    let full = hdr(&[t("x", "F32", "[1]", 0, 4)]);
+    let e = load_err(&dir.file("truncated", &raw_file(&full[..full.len() - 5], &[])));
+    assert!(matches!(e, CheckpointError::BadJson { .. }), "{e}");
+    // Non-UTF-8 header.
+    let mut f = raw_file(&full, &[0; 4]);
+    f[12] = 0xFF;
+    let e = load_err(&dir.file("utf8", &f));
+    assert!(
+        matches!(e, CheckpointError::NotUtf8 { valid_up_to: 4, .. }),
+        "{e}"
+    );
+    // Unknown dtype.
+    let e = load_err(&dir.file(
+        "dtype",
+        &raw_file(&hdr(&[t("w", "F17", "[1]", 0, 4)]), &[0; 4]),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::UnknownDtype { tensor, dtype, .. } if tensor == "w" && dtype == "F17"),
+        "{e}"
+    );
+    // A malformed entry.
+    let e = load_err(&dir.file(
+        "entry",
+        &raw_file(
+            "{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",
+            &[0; 4],
+        ),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::BadEntry { tensor, .. } if tensor == "w"),
+        "{e}"
+    );
+    // Offsets out of order.
+    let e = load_err(&dir.file(
+        "order",
+        &raw_file(&hdr(&[t("w", "U8", "[0]", 4, 0)]), &[0; 4]),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::BadOffsets { tensor, begin: 4, end: 0, .. } if tensor == "w"),
+        "{e}"
+    );
+    // Overlapping tensors.
+    let e = load_err(&dir.file(
+        "overlap",
+        &raw_file(
+            &hdr(&[t("a", "U8", "[4]", 0, 4), t("b", "U8", "[4]", 2, 6)]),
+            &[0; 6],
+        ),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::Overlap { tensor, other, .. } if tensor == "b" && other == "a"),
+        "{e}"
+    );
+    // A gap between tensors.
+    let e = load_err(&dir.file(
+        "gap",
+        &raw_file(
+            &hdr(&[t("a", "U8", "[4]", 0, 4), t("b", "U8", "[2]", 6, 8)]),
+            &[0; 8],
+        ),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::Gap { tensor, begin: 6, expected: 4, .. } if tensor == "b"),
+        "{e}"
+    );
+    // Outside the data section.
+    let e = load_err(&dir.file(
+        "outside",
+        &raw_file(
+            &hdr(&[t("a", "U8", "[4]", 0, 4), t("b", "U8", "[8]", 4, 12)]),
+            &[0; 6],
+        ),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::OutsideData { tensor, end: 12, data_len: 6, .. } if tensor == "b"),
+        "{e}"
+    );
+    // Shape x dtype not matching the byte range (and a sub-byte count).
+    let e = load_err(&dir.file(
+        "size",
+        &raw_file(&hdr(&[t("w", "F32", "[2,3]", 0, 20)]), &[0; 20]),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::SizeMismatch { tensor, need: Some(24), bytes: 20, .. } if tensor == "w"),
+        "{e}"
+    );
+    let e = load_err(&dir.file(
+        "nibble",
+        &raw_file(&hdr(&[t("w", "F4", "[3]", 0, 2)]), &[0; 2]),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::SizeMismatch { need: None, .. }),
+        "{e}"
+    );
+    let e = load_err(&dir.file(
+        "overflow",
+        &raw_file(
+            &hdr(&[t("w", "F64", "[4294967296,4294967296]", 0, 8)]),
+            &[0; 8],
+        ),
+    ));
+    assert!(
+        matches!(&e, CheckpointError::SizeMismatch { need: None, .. }),
+        "{e}"
+    );
+    // Bytes after the last tensor.
+    let e = load_err(&dir.file(
+        "trailing",
+        &raw_file(&hdr(&[t("w", "U8", "[4]", 0, 4)]), &[0; 9]),
+    ));
+    assert!(
+        matches!(
+            e,
+            CheckpointError::TrailingBytes {
+                data_len: 4,
+                extra: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A metadata entry that is not a string map.
+    let e = load_err(&dir.file("meta", &raw_file("{\"__metadata__\":{\"a\":1}}", &[])));
+    assert!(
+        matches!(&e, CheckpointError::BadEntry { tensor, .. } if tensor == "__metadata__"),
+        "{e}"
+    );
+    // The reference reader refuses every one of these too.
+    for f in std::fs::read_dir(&dir.0).unwrap() {
+        let b = std::fs::read(f.unwrap().path()).unwrap();
+        assert!(safetensors::SafeTensors::deserialize(&b).is_err());
+    }
+}
+
+#[test]
+fn empty_checkpoint_loads_nothing() {
+    let dir = TempDir::new("empty");
+    let p = dir.file("empty.safetensors", &raw_file("{}      ", &[]));
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert_eq!((ck.tensors().len(), ck.report().bytes), (0, 0));
+}
+
+#[test]
+fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
+    let dir = TempDir::new("shrink");
+    let want = vec![
+        owned("first", Dtype::U8, &[1 << 20], 1),
+        owned("second", Dtype::U8, &[1 << 20], 2),
+    ];
+    let bytes = reference_bytes(&want);
+    let header = bytes.len() as u64 - (2 << 20);
+    for (name, fe) in engines() {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let p = dir.file("shrinks.safetensors", &bytes);
+            // The first read at or past the data section truncates the file.
+            let (keep, once) = (header + (1 << 20) + 1000, std::sync::Once::new());
+            let hook = move |path: &Path, _: &mut [u8], offset: u64| {
+                if offset >= header {
+                    once.call_once(|| {
+                        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                        f.set_len(keep).unwrap();
+                    });
+                }
+                None
+            };
+            let io = Hooked::open(&p, fe.config().direct, Box::new(hook));
+            let f = FileHandle::from_io(p.clone(), io);
+            let opts = LoadOptions::new(Target::Pageable).placement(placement);
+            let e = checkpoint::load_files(&fe, &[f], &opts).unwrap_err();
+            let ctx = format!("{name} {placement:?}: {e}");
+            match &e {
+                // End of file inside a read, or (a later tensor's read submitted after the
+                // file shrank) a range beyond the end at submit.
+                CheckpointError::File {
+                    path,
+                    tensor,
+                    source: FileError::UnexpectedEof { .. } | FileError::OutOfRange { .. },
+                } => {
+                    assert_eq!(path, &p, "{ctx}");
+                    assert_eq!(tensor.as_deref(), Some("second"), "{ctx}");
+                }
+                _ => panic!("{ctx}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn permission_denied_is_reported_with_file_and_tensor() {
+    let dir = TempDir::new("perm");
+    let want = vec![
+        owned("a", Dtype::F32, &[1000], 1),
+        owned("b", Dtype::F32, &[1000], 2),
+    ];
+    let bytes = reference_bytes(&want);
+    let p = dir.file("perm.safetensors", &bytes);
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let at = bytes.len() as u64 - 4000 + 10;
+    let f = FileHandle::from_io(
+        p.clone(),
+        Hooked::open(
+            &p,
+            false,
+            Box::new(move |_: &Path, buf: &mut [u8], offset: u64| {
+                (offset + buf.len() as u64 > at)
+                    .then(|| Err(io::Error::from(io::ErrorKind::PermissionDenied)))
+            }),
+        ),
+    );
+    let e = checkpoint::load_files(
+        &fe,
+        &[f],
+        &LoadOptions::new(Target::Pageable).placement(Placement::PerTensor),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::File { tensor: Some(t), source: FileError::Io { kind: io::ErrorKind::PermissionDenied, .. }, .. } if t == "b"),
+        "{e}"
+    );
+    // A file the process may not open (root may open anything: then only the injected case).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
+    if std::fs::File::open(&p).is_err() {
+        let e = load_err(&p);
+        assert!(
+            matches!(
+                &e,
+                CheckpointError::File {
+                    source: FileError::Open {
+                        kind: io::ErrorKind::PermissionDenied,
+                        ..
+                    },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    } else {
+        println!("running as root: the open-time permission check cannot be shown here");
+    }
+}
+
+/// Runs `f` on a thread and fails if it takes longer than 10 s (a blocked open).
+fn within_10s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what}: blocked for 10 s"))
+}
+
+#[test]
+fn fifos_and_character_devices_are_refused_at_open() {
+    let dir = TempDir::new("fifo");
+    let fifo = dir.0.join("pipe.safetensors");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    for p in [
+        fifo.clone(),
+        PathBuf::from("/dev/zero"),
+        PathBuf::from("/dev/null"),
+        dir.0.clone(),
+    ] {
+        let p2 = p.clone();
+        let e = within_10s(&p.display().to_string(), move || {
+            let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+            checkpoint::load(&fe, &p2, &LoadOptions::new(Target::Pageable)).unwrap_err()
+        });
+        match &e {
+            CheckpointError::File {
+                path,
+                source:
+                    FileError::Open {
+                        kind: io::ErrorKind::InvalidInput,
+                        msg,
+                        ..
+                    },
+                ..
+            } => {
+                assert_eq!(path, &p);
+                assert!(
+                    msg.contains("FIFO")
+                        || msg.contains("character device")
+                        || msg.contains("directory"),
+                    "{e}"
+                );
+            }
+            _ => panic!("{}: {e}", p.display()),
+        }
+    }
+    // And for plain file engine opens, writers included.
+    let e = within_10s("fifo for writing", move || {
+        let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+        fe.open(&fifo, OpenMode::ReadWrite).unwrap_err()
+    });
+    assert!(matches!(e, FileError::Open { .. }), "{e}");
+}
+
+#[test]
+fn save_refuses_bad_tensors_and_leaves_no_file() {
+    let dir = TempDir::new("save-bad");
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let data = vec![0u8; 10];
+    let path = dir.0.join("out.safetensors");
+    let e = checkpoint::save(
+        &fe,
+        &path,
+        &[SaveTensor::new("w", Dtype::F32, &[3], &data)],
+        &SaveOptions::new(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::BadTensor { tensor, .. } if tensor == "w"),
+        "{e}"
+    );
+    let four = vec![0u8; 4];
+    let e = checkpoint::save(
+        &fe,
+        &path,
+        &[
+            SaveTensor::new("w", Dtype::F32, &[1], &four),
+            SaveTensor::new("w", Dtype::U8, &[4], &four),
+        ],
+        &SaveOptions::new(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Duplicate { tensor, .. } if tensor == "w"),
+        "{e}"
+    );
+    // Into a folder that does not exist: the open fails, naming the file.
+    let e = checkpoint::save(
+        &fe,
+        dir.0.join("no/such/dir/x.safetensors"),
+        &[],
+        &SaveOptions::new(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, CheckpointError::File { .. }), "{e}");
+    assert_eq!(std::fs::read_dir(&dir.0).unwrap().count(), 0);
+}
+
+#[test]
+fn pinned_without_a_driver_is_an_allocation_error() {
+    if ferry::cuda::probe().driver.is_ok() {
+        println!("skipped: a CUDA driver is present (tests/cuda_checkpoint.rs covers pinned)");
+        return;
+    }
+    let dir = TempDir::new("pinned");
+    let p = dir.file(
+        "p.safetensors",
+        &reference_bytes(&[owned("w", Dtype::U8, &[8], 1)]),
+    );
+    let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+    for target in [Target::Pinned, Target::Device(0)] {
+        let e = checkpoint::load(&fe, &p, &LoadOptions::new(target)).unwrap_err();
+        assert!(matches!(e, CheckpointError::Alloc { .. }), "{e}");
+    }
+}
+
+#[test]
+fn progress_is_reported_in_batches_and_the_bytes_still_match() {
+    let dir = TempDir::new("progress");
+    // 140 MiB: batches of 64 MiB split the large tensor across three of them.
+    let want = vec![
+        owned("small", Dtype::U8, &[1000], 1),
+        owned("big", Dtype::F32, &[25 << 20], 2),
+        owned("tail", Dtype::U8, &[(40 << 20) + 3], 3),
+    ];
+    let path = dir.file("p.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(3)).unwrap();
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let c = calls.clone();
+        let opts = LoadOptions::new(Target::Pageable)
+            .placement(placement)
+            .progress(move |done, total| c.lock().unwrap().push((done, total)));
+        let ck = checkpoint::load(&fe, &path, &opts).unwrap();
+        check_loaded(&ck, &want, &format!("{placement:?}"));
+        let calls = calls.lock().unwrap();
+        let total = ck.report().bytes;
+        assert!(calls.len() >= 3, "{placement:?}: {calls:?}");
+        assert!(calls.windows(2).all(|w| w[0].0 < w[1].0), "{calls:?}");
+        assert_eq!(calls.last(), Some(&(total, total)), "{placement:?}");
+    }
+}

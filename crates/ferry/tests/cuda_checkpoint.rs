@@ -1,0 +1,246 @@
+//! Checkpoints with a GPU: safetensors files loaded into device and pinned memory (packed and
+//! per tensor, buffered and `O_DIRECT`), every byte read back and checked; saves from device
+//! memory compared byte for byte with the source file. Prints `skipped: no CUDA driver`
+//! without a GPU.
+
+mod cuda_common;
+use cuda_common::*;
+use ferry::checkpoint::{
+    self, CheckpointError, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target,
+    TensorBuffer,
+};
+use ferry::cuda::{CudaEngine, DeviceBuffer};
+use ferry::file::{FileConfig, FileEngine, FileError};
+use ferry::memory::Region;
+use ferry::MemKind;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("ferry-cuda-ckpt-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// (name, dtype, shape, bytes) of a test checkpoint: mixed dtypes, empty and 0-d tensors,
+/// sizes from a few bytes to `big` bytes.
+fn tensors(big: usize) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+    let mut v = Vec::new();
+    let shapes: [(Dtype, Vec<usize>); 8] = [
+        (Dtype::F32, vec![big / 4]),
+        (Dtype::BF16, vec![1024, 513]),
+        (Dtype::F16, vec![0, 7]),
+        (Dtype::I64, vec![]),
+        (Dtype::U8, vec![3]),
+        (Dtype::F64, vec![33, 65]),
+        (Dtype::F8_E4M3, vec![1 << 20]),
+        (Dtype::F4, vec![4098]),
+    ];
+    for (i, (d, s)) in shapes.into_iter().enumerate() {
+        let n = checkpoint::tensor_bytes(d, &s).unwrap() as usize;
+        v.push((format!("t{i}.{d}"), d, s, bytes(n, i as u64 + 1)));
+    }
+    v
+}
+
+/// Writes the tensors with ferry's host save; returns the path.
+fn write(dir: &TempDir, name: &str, ts: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> PathBuf {
+    let fe = FileEngine::new(FileConfig::new()).unwrap();
+    let save: Vec<SaveTensor<'_>> = ts
+        .iter()
+        .map(|(n, d, s, b)| SaveTensor::new(n, *d, s, b))
+        .collect();
+    let p = dir.0.join(name);
+    checkpoint::save(&fe, &p, &save, &SaveOptions::new()).unwrap();
+    p
+}
+
+/// Every tensor of `ck` read back from wherever it lives and compared with `want`.
+fn check(ck: &checkpoint::Checkpoint, want: &[(String, Dtype, Vec<usize>, Vec<u8>)], ctx: &str) {
+    assert_eq!(ck.tensors().len(), want.len(), "{ctx}");
+    let host: Vec<Vec<u8>> = ck
+        .buffers()
+        .iter()
+        .map(|b| match b {
+            TensorBuffer::Device(d) => d.to_vec().expect("cuMemcpyDtoH of a loaded buffer"),
+            other => other.host_bytes().expect("host memory").to_vec(),
+        })
+        .collect();
+    for (n, d, s, b) in want {
+        let t = ck
+            .get(n)
+            .unwrap_or_else(|| panic!("{ctx}: tensor {n} missing"));
+        assert_eq!((&t.dtype, &t.shape), (d, s), "{ctx}: {n}");
+        let got = &host[t.buffer][t.offset..t.offset + t.len];
+        if let Some(i) = got
+            .iter()
+            .zip(b)
+            .position(|(x, y)| x != y)
+            .or((got.len() != b.len()).then_some(0))
+        {
+            panic!(
+                "{ctx}: tensor {n} ({} bytes at buffer {} offset {}) differs at byte {i}: got {:#04x}, want {:#04x}",
+                t.len, t.buffer, t.offset, got.get(i).copied().unwrap_or(0), b.get(i).copied().unwrap_or(0)
+            );
+        }
+    }
+}
+
+fn file_engines(cuda: &Arc<CudaEngine>) -> Vec<(&'static str, FileEngine)> {
+    let base = FileConfig::new().threads(8).chunk_bytes(4 << 20);
+    [("buffered", base), ("direct", base.direct(true))]
+        .into_iter()
+        .map(|(n, c)| (n, FileEngine::with_engine(c, cuda.clone()).unwrap()))
+        .collect()
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn device_loads_every_placement_byte_checked() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("device");
+    let want = tensors(64 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    for (name, fe) in file_engines(&cuda) {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let ctx = format!("{name} {placement:?}");
+            let ck = checkpoint::load(
+                &fe,
+                &p,
+                &LoadOptions::new(Target::Device(0)).placement(placement),
+            )
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            check(&ck, &want, &ctx);
+            for t in ck.tensors() {
+                assert_eq!(t.kind, MemKind::Device { ordinal: 0 }, "{ctx}");
+                let TensorBuffer::Device(b) = &ck.buffers()[t.buffer] else {
+                    panic!("{ctx}")
+                };
+                assert_eq!(
+                    t.addr,
+                    b.device_ptr() + t.offset as u64,
+                    "{ctx}: {}",
+                    t.name
+                );
+            }
+            println!("{ctx}: {}", ck.report());
+            assert!(
+                ck.report().io.gds_note.is_some(),
+                "{ctx}: the report says why not GDS"
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn subset_and_pinned_loads_byte_checked() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("pinned");
+    let want = tensors(8 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let fe = FileEngine::with_engine(FileConfig::new(), cuda).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pinned)).unwrap();
+    check(&ck, &want, "pinned");
+    assert!(ck.tensors().iter().all(|t| t.kind == MemKind::Pinned));
+    let some: Vec<_> = want
+        .iter()
+        .filter(|t| t.1 != Dtype::BF16)
+        .cloned()
+        .collect();
+    let ck = checkpoint::load(
+        &fe,
+        &p,
+        &LoadOptions::new(Target::Device(0)).filter(|t| t.dtype != Dtype::BF16),
+    )
+    .unwrap();
+    check(&ck, &some, "device subset");
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn saves_from_device_memory_match_the_source() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("save");
+    let want = tensors(16 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let src = std::fs::read(&p).unwrap();
+    for (name, fe) in file_engines(&cuda) {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let ctx = format!("{name} {placement:?}");
+            let ck = checkpoint::load(
+                &fe,
+                &p,
+                &LoadOptions::new(Target::Device(0)).placement(placement),
+            )
+            .unwrap();
+            let out = dir.0.join("out.safetensors");
+            let r = ck
+                .save(&fe, &out, &SaveOptions::new().fsync(true))
+                .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            let got = std::fs::read(&out).unwrap();
+            let diff = got.iter().zip(&src).position(|(a, b)| a != b);
+            assert!(
+                got.len() == src.len() && diff.is_none(),
+                "{ctx}: saved file differs at byte {diff:?} (len {} vs {})",
+                got.len(),
+                src.len()
+            );
+            println!("{ctx}: save {r}");
+        }
+    }
+    // Straight from device buffers the test owns.
+    let fe = FileEngine::with_engine(FileConfig::new(), cuda).unwrap();
+    let a = bytes(1 << 20, 9);
+    let dev = DeviceBuffer::from_host(0, &a).unwrap();
+    let half = Region::of(&dev, 0..(1 << 19)).unwrap();
+    let out = dir.0.join("direct.safetensors");
+    checkpoint::save(
+        &fe,
+        &out,
+        &[
+            SaveTensor::new("all", Dtype::U8, &[1 << 20], &dev),
+            SaveTensor::new("half", Dtype::F32, &[1 << 17], &half),
+        ],
+        &SaveOptions::new(),
+    )
+    .unwrap();
+    let ck = checkpoint::load(&fe, &out, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert!(ck.host_bytes("all").unwrap() == &a[..]);
+    assert!(ck.host_bytes("half").unwrap() == &a[..1 << 19]);
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn device_load_without_a_cuda_engine_is_refused() {
+    let Some(_cuda) = cuda_or_skip() else { return };
+    let dir = TempDir::new("no-engine");
+    let want = tensors(1 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let fe = FileEngine::new(FileConfig::new()).unwrap();
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Device(0))).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            CheckpointError::File {
+                source: FileError::Unsupported { .. },
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
