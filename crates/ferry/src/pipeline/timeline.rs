@@ -118,7 +118,8 @@ impl Timeline {
             .iter()
             .filter_map(|c| c.get(phase))
             .map(|s| s.len_us())
-            .sum()
+            // A fold from +0.0: `sum` of no spans is -0.0, printed "-0".
+            .fold(0.0, |a, b| a + b)
     }
 
     /// From the first start to the last end.
@@ -269,6 +270,9 @@ mod tests {
         assert_eq!(t.wall_us(), 50.0);
         assert_eq!(t.overlap_us(Phase::Upload, Phase::Compute), 10.0);
         assert_eq!(t.overlap_us(Phase::Upload, Phase::Download), 0.0);
+        // A step no chunk had (no downloads here) is busy for +0, not -0 ("-0" in the chart).
+        assert!(t.busy_us(Phase::Download).is_sign_positive());
+        assert_eq!(format!("{:.0}", t.busy_us(Phase::Download)), "0");
     }
 
     #[test]
