@@ -629,3 +629,113 @@ fn file_source_through_device_slots_matches_reference() {
     std::fs::remove_file(&path).ok();
     e.barrier().unwrap();
 }
+
+/// Pageable, strided-pageable and file sources go through the pipeline's K + 1 pinned bounce
+/// buffers: one pipeline per K (1..4) reused across runs of random chunk counts (many more
+/// chunks than bounce buffers, so every buffer is refilled after its DMA, and a ragged last
+/// chunk), sources alternating between pageable memory and a file, and a run after a failed
+/// file range; every output byte checked against the reference.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn pageable_and_file_sources_through_bounce_buffers_match_reference() {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let e = std::sync::Arc::new(e);
+    let k = kernels(&e);
+    let files = FileEngine::with_engine(FileConfig::new().chunk_bytes(256 << 10), e.clone())
+        .expect("a file engine");
+    let data = bytes(48 << 20, 77);
+    let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-bounce-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    let file = files.open(&path, OpenMode::Read).unwrap();
+    let mut x = 0xB0_0CE_u64;
+    let mut below = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    let check = |what: &str, got: &[u8], want: &[u8]| {
+        if let Some(b) = got.iter().zip(want).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: output byte {b} of {} is {:#04x}, the reference {:#04x}",
+                want.len(),
+                got[b],
+                want[b]
+            );
+        }
+    };
+    for slots in 1..=4 {
+        let chunk = (1 << 20) + below(3 << 20);
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots)).unwrap();
+        for run in 0..6 {
+            let off = below(1 << 20);
+            // At least 2 K + 3 chunks and a ragged last one (or a single short one).
+            let n = match run {
+                5 => 1 + below(chunk),
+                _ => (2 * slots + 3 + below(8)) * chunk + 1 + below(chunk - 1),
+            }
+            .min(data.len() - off);
+            let want = reference(&data[off..off + n], chunk, OutLen::Same);
+            let mut dst = PinnedBuffer::new(n.max(1)).unwrap();
+            let from_file = run % 2 == 1;
+            let what = format!(
+                "k {slots} chunk {chunk} offset {off} len {n} {}",
+                if from_file { "file" } else { "pageable" }
+            );
+            let src = match from_file {
+                true => Source::file(&files, &file, off as u64, n).unwrap(),
+                false => Source::new(&data[off..off + n]),
+            };
+            p.run(src, Some(Dest::new(&mut dst[..n])), |g| stage(&k, g))
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            check(&what, &dst[..n], &want);
+        }
+        // A file range past the end fails its first chunk past the end; the same pipeline
+        // (and its bounce buffers) runs again.
+        let mut dst = vec![0u8; data.len() + chunk];
+        let src = Source::file(&files, &file, 0, data.len() + chunk).unwrap();
+        let err = p
+            .run(src, Some(Dest::new(&mut dst)), |g| stage(&k, g))
+            .unwrap_err();
+        assert_eq!(err.chunk(), Some(data.len() / chunk), "k {slots}: {err}");
+        let n = 5 * chunk + 7;
+        let want = reference(&data[..n], chunk, OutLen::Same);
+        let mut dst = vec![0u8; n];
+        p.run(Source::new(&data[..n]), Some(Dest::new(&mut dst)), |g| {
+            stage(&k, g)
+        })
+        .unwrap_or_else(|err| panic!("k {slots}: the run after a failed file range: {err}"));
+        check(&format!("k {slots} after a failed range"), &dst, &want);
+    }
+    // A strided pageable source: columns 3..61 of 4-byte elements, packed into the bounce
+    // buffers by the fill workers.
+    let cols = 4096usize;
+    let rows = 3000usize;
+    let m = bytes(rows * cols * 4, 5);
+    let l = Layout::contiguous(&[rows, cols], 4)
+        .unwrap()
+        .slice(1, 3..cols - 3, 1)
+        .unwrap();
+    let row = (cols - 6) * 4;
+    let dense: Vec<u8> = (0..rows)
+        .flat_map(|r| m[(r * cols + 3) * 4..(r * cols + cols - 3) * 4].to_vec())
+        .collect();
+    for slots in 1..=4 {
+        let chunk = row * (7 + slots) + 5;
+        let step = (chunk / row) * row;
+        let want = reference(&dense, step, OutLen::Same);
+        let mut dst = vec![0u8; want.len()];
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots)).unwrap();
+        p.run(
+            Source::strided(&m, l).unwrap(),
+            Some(Dest::new(&mut dst)),
+            |g| stage(&k, g),
+        )
+        .unwrap_or_else(|err| panic!("strided k {slots}: {err}"));
+        check(&format!("strided k {slots} chunk {chunk}"), &dst, &want);
+    }
+    std::fs::remove_file(&path).ok();
+    e.barrier().unwrap();
+}
