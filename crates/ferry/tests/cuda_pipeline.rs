@@ -739,3 +739,70 @@ fn pageable_and_file_sources_through_bounce_buffers_match_reference() {
     std::fs::remove_file(&path).ok();
     e.barrier().unwrap();
 }
+
+/// Copies through `on_stream` run in the caller's stream's order with no host wait between
+/// them: upload, a kernel on the same stream, download, 200 times; the download's request is
+/// the only wait. Pinned <-> device copies (driver-call routes) run on the caller's stream
+/// itself; every fourth upload is from pageable memory (a staged route, ordered by events
+/// instead). Every byte of every output checked.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn copies_on_a_callers_stream_run_in_its_order() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let s = e.context().new_stream().unwrap();
+    let n = 4 << 20;
+    let (a, b) = (
+        DeviceBuffer::new(0, n).unwrap(),
+        DeviceBuffer::new(0, n).unwrap(),
+    );
+    let (a_ptr, b_ptr, n64) = (a.device_ptr(), b.device_ptr(), n as u64);
+    let mut pinned = PinnedBuffer::new(n).unwrap();
+    let mut pageable = vec![0u8; n];
+    let mut host = PinnedBuffer::new(n).unwrap();
+    let l = Layout::bytes(n).unwrap();
+    let se = e.on_stream(&s).unwrap();
+    for i in 0..200u32 {
+        let src = bytes(n, u64::from(i));
+        let from_pageable = i % 4 == 3;
+        let up = if from_pageable {
+            pageable.copy_from_slice(&src);
+            Job::copy(a.raw(), l, pageable.raw(), l)
+        } else {
+            pinned.copy_from_slice(&src);
+            Job::copy(a.raw(), l, pinned.raw(), l)
+        };
+        // SAFETY: the buffers outlive the download's wait below, which comes after every copy
+        // and the kernel (one stream); nothing else touches them meanwhile.
+        let up = unsafe { se.submit_raw(up) }.unwrap();
+        // SAFETY: `a` and `b` hold n bytes and outlive the wait below.
+        unsafe {
+            s.launch_builder(&k.xform)
+                .arg(&a_ptr)
+                .arg(&b_ptr)
+                .arg(&n64)
+                .arg(&i)
+                .launch(grid(n))
+                .unwrap();
+        }
+        // SAFETY: as above.
+        let down = unsafe { se.submit_raw(Job::copy(host.raw_mut(), l, b.raw(), l)) }.unwrap();
+        down.wait()
+            .unwrap_or_else(|err| panic!("iteration {i}: download: {err}"));
+        up.wait()
+            .unwrap_or_else(|err| panic!("iteration {i}: upload: {err}"));
+        let bad =
+            (0..n).find(|&j| host[j] != (src[j].wrapping_mul(3).wrapping_add(i as u8) ^ (j as u8)));
+        if let Some(j) = bad {
+            panic!(
+                "iteration {i} ({} source): byte {j} of {n} is {:#04x}, want {:#04x}",
+                if from_pageable { "pageable" } else { "pinned" },
+                host[j],
+                src[j].wrapping_mul(3).wrapping_add(i as u8) ^ (j as u8)
+            );
+        }
+    }
+    s.synchronize().unwrap();
+    e.barrier().unwrap();
+}
