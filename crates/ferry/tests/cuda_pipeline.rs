@@ -137,6 +137,17 @@ fn stage(k: &Kernels, g: &GpuChunk<'_>) -> Result<(), cudarc::driver::DriverErro
     Ok(())
 }
 
+/// A xorshift generator from `seed`: each call a number below its argument (at least 1).
+fn below_from(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed;
+    move |n| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    }
+}
+
 fn run_case(
     e: &CudaEngine,
     k: &Kernels,
@@ -173,13 +184,7 @@ fn matches_reference_for_random_chunks_every_k_pinned_and_pageable() {
     let _g = serial();
     let Some(e) = cuda_or_skip() else { return };
     let k = kernels(&e);
-    let mut x = 0x1234_5678u64;
-    let mut below = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut below = below_from(0x1234_5678u64);
     for round in 0..32 {
         let n = 1 + below(24 << 20);
         let chunk = 1 + below(6 << 20);
@@ -585,13 +590,7 @@ fn file_source_through_device_slots_matches_reference() {
     let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-file-{}", std::process::id()));
     std::fs::write(&path, &data).unwrap();
     let file = files.open(&path, OpenMode::Read).unwrap();
-    let mut x = 0xF11E_u64;
-    let mut below = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut below = below_from(0xF11E_u64);
     let run = |off: usize, n: usize, chunk: usize, slots: usize| -> Result<(), PipelineError> {
         let want = reference(&data[off..off + n], chunk, OutLen::Same);
         let mut dst = PinnedBuffer::new(want.len().max(1)).unwrap();
@@ -649,13 +648,7 @@ fn pageable_and_file_sources_through_bounce_buffers_match_reference() {
     let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-bounce-{}", std::process::id()));
     std::fs::write(&path, &data).unwrap();
     let file = files.open(&path, OpenMode::Read).unwrap();
-    let mut x = 0xB0_0CE_u64;
-    let mut below = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut below = below_from(0xB0_0CE_u64);
     let check = |what: &str, got: &[u8], want: &[u8]| {
         if let Some(b) = got.iter().zip(want).position(|(a, b)| a != b) {
             panic!(
