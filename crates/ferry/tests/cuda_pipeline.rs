@@ -574,7 +574,8 @@ fn scoped_copy_to_device_double_buffered_loop_sees_every_byte() {
 }
 
 /// A file streamed through the GPU pipeline, chunk by chunk into the device slots (the file
-/// engine's bounce ring and the CUDA engine's copies, no buffer of the whole file): outputs
+/// engine's reads into the pipeline's pinned bounce buffers, then DMAs; no buffer of the whole
+/// file): outputs
 /// equal the reference for random ranges, chunk sizes and K; a range past the end fails the
 /// first chunk past it, and the pipeline stays usable.
 #[test]
