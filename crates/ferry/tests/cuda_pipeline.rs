@@ -137,6 +137,17 @@ fn stage(k: &Kernels, g: &GpuChunk<'_>) -> Result<(), cudarc::driver::DriverErro
     Ok(())
 }
 
+/// A xorshift generator from `seed`: each call a number below its argument (at least 1).
+fn below_from(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed;
+    move |n| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    }
+}
+
 fn run_case(
     e: &CudaEngine,
     k: &Kernels,
@@ -173,13 +184,7 @@ fn matches_reference_for_random_chunks_every_k_pinned_and_pageable() {
     let _g = serial();
     let Some(e) = cuda_or_skip() else { return };
     let k = kernels(&e);
-    let mut x = 0x1234_5678u64;
-    let mut below = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut below = below_from(0x1234_5678u64);
     for round in 0..32 {
         let n = 1 + below(24 << 20);
         let chunk = 1 + below(6 << 20);
@@ -569,7 +574,8 @@ fn scoped_copy_to_device_double_buffered_loop_sees_every_byte() {
 }
 
 /// A file streamed through the GPU pipeline, chunk by chunk into the device slots (the file
-/// engine's bounce ring and the CUDA engine's copies, no buffer of the whole file): outputs
+/// engine's reads into the pipeline's pinned bounce buffers, then DMAs; no buffer of the whole
+/// file): outputs
 /// equal the reference for random ranges, chunk sizes and K; a range past the end fails the
 /// first chunk past it, and the pipeline stays usable.
 #[test]
@@ -585,13 +591,7 @@ fn file_source_through_device_slots_matches_reference() {
     let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-file-{}", std::process::id()));
     std::fs::write(&path, &data).unwrap();
     let file = files.open(&path, OpenMode::Read).unwrap();
-    let mut x = 0xF11E_u64;
-    let mut below = |n: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % n as u64) as usize
-    };
+    let mut below = below_from(0xF11E_u64);
     let run = |off: usize, n: usize, chunk: usize, slots: usize| -> Result<(), PipelineError> {
         let want = reference(&data[off..off + n], chunk, OutLen::Same);
         let mut dst = PinnedBuffer::new(want.len().max(1)).unwrap();
@@ -627,5 +627,176 @@ fn file_source_through_device_slots_matches_reference() {
     assert_eq!(err.chunk(), Some(data.len() / chunk), "{err}");
     run(0, data.len(), chunk, 3).expect("the pipeline runs again after a failed file range");
     std::fs::remove_file(&path).ok();
+    e.barrier().unwrap();
+}
+
+/// Pageable, strided-pageable and file sources go through the pipeline's K + 1 pinned bounce
+/// buffers: one pipeline per K (1..4) reused across runs of random chunk counts (many more
+/// chunks than bounce buffers, so every buffer is refilled after its DMA, and a ragged last
+/// chunk), sources alternating between pageable memory and a file, and a run after a failed
+/// file range; every output byte checked against the reference.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn pageable_and_file_sources_through_bounce_buffers_match_reference() {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let e = std::sync::Arc::new(e);
+    let k = kernels(&e);
+    let files = FileEngine::with_engine(FileConfig::new().chunk_bytes(256 << 10), e.clone())
+        .expect("a file engine");
+    let data = bytes(48 << 20, 77);
+    let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-bounce-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    let file = files.open(&path, OpenMode::Read).unwrap();
+    let mut below = below_from(0xB0_0CE_u64);
+    let check = |what: &str, got: &[u8], want: &[u8]| {
+        if let Some(b) = got.iter().zip(want).position(|(a, b)| a != b) {
+            panic!(
+                "{what}: output byte {b} of {} is {:#04x}, the reference {:#04x}",
+                want.len(),
+                got[b],
+                want[b]
+            );
+        }
+    };
+    for slots in 1..=4 {
+        let chunk = (1 << 20) + below(3 << 20);
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots)).unwrap();
+        for run in 0..6 {
+            let off = below(1 << 20);
+            // At least 2 K + 3 chunks and a ragged last one (or a single short one).
+            let n = match run {
+                5 => 1 + below(chunk),
+                _ => (2 * slots + 3 + below(8)) * chunk + 1 + below(chunk - 1),
+            }
+            .min(data.len() - off);
+            let want = reference(&data[off..off + n], chunk, OutLen::Same);
+            let mut dst = PinnedBuffer::new(n.max(1)).unwrap();
+            let from_file = run % 2 == 1;
+            let what = format!(
+                "k {slots} chunk {chunk} offset {off} len {n} {}",
+                if from_file { "file" } else { "pageable" }
+            );
+            let src = match from_file {
+                true => Source::file(&files, &file, off as u64, n).unwrap(),
+                false => Source::new(&data[off..off + n]),
+            };
+            p.run(src, Some(Dest::new(&mut dst[..n])), |g| stage(&k, g))
+                .unwrap_or_else(|err| panic!("{what}: {err}"));
+            check(&what, &dst[..n], &want);
+        }
+        // A file range past the end fails its first chunk past the end; the same pipeline
+        // (and its bounce buffers) runs again.
+        let mut dst = vec![0u8; data.len() + chunk];
+        let src = Source::file(&files, &file, 0, data.len() + chunk).unwrap();
+        let err = p
+            .run(src, Some(Dest::new(&mut dst)), |g| stage(&k, g))
+            .unwrap_err();
+        assert_eq!(err.chunk(), Some(data.len() / chunk), "k {slots}: {err}");
+        let n = 5 * chunk + 7;
+        let want = reference(&data[..n], chunk, OutLen::Same);
+        let mut dst = vec![0u8; n];
+        p.run(Source::new(&data[..n]), Some(Dest::new(&mut dst)), |g| {
+            stage(&k, g)
+        })
+        .unwrap_or_else(|err| panic!("k {slots}: the run after a failed file range: {err}"));
+        check(&format!("k {slots} after a failed range"), &dst, &want);
+    }
+    // A strided pageable source: columns 3..61 of 4-byte elements, packed into the bounce
+    // buffers by the fill workers.
+    let cols = 4096usize;
+    let rows = 3000usize;
+    let m = bytes(rows * cols * 4, 5);
+    let l = Layout::contiguous(&[rows, cols], 4)
+        .unwrap()
+        .slice(1, 3..cols - 3, 1)
+        .unwrap();
+    let row = (cols - 6) * 4;
+    let dense: Vec<u8> = (0..rows)
+        .flat_map(|r| m[(r * cols + 3) * 4..(r * cols + cols - 3) * 4].to_vec())
+        .collect();
+    for slots in 1..=4 {
+        let chunk = row * (7 + slots) + 5;
+        let step = (chunk / row) * row;
+        let want = reference(&dense, step, OutLen::Same);
+        let mut dst = vec![0u8; want.len()];
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots)).unwrap();
+        p.run(
+            Source::strided(&m, l).unwrap(),
+            Some(Dest::new(&mut dst)),
+            |g| stage(&k, g),
+        )
+        .unwrap_or_else(|err| panic!("strided k {slots}: {err}"));
+        check(&format!("strided k {slots} chunk {chunk}"), &dst, &want);
+    }
+    std::fs::remove_file(&path).ok();
+    e.barrier().unwrap();
+}
+
+/// Copies through `on_stream` run in the caller's stream's order with no host wait between
+/// them: upload, a kernel on the same stream, download, 200 times; the download's request is
+/// the only wait. Pinned <-> device copies (driver-call routes) run on the caller's stream
+/// itself; every fourth upload is from pageable memory (a staged route, ordered by events
+/// instead). Every byte of every output checked.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn copies_on_a_callers_stream_run_in_its_order() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let s = e.context().new_stream().unwrap();
+    let n = 4 << 20;
+    let (a, b) = (
+        DeviceBuffer::new(0, n).unwrap(),
+        DeviceBuffer::new(0, n).unwrap(),
+    );
+    let (a_ptr, b_ptr, n64) = (a.device_ptr(), b.device_ptr(), n as u64);
+    let mut pinned = PinnedBuffer::new(n).unwrap();
+    let mut pageable = vec![0u8; n];
+    let mut host = PinnedBuffer::new(n).unwrap();
+    let l = Layout::bytes(n).unwrap();
+    let se = e.on_stream(&s).unwrap();
+    for i in 0..200u32 {
+        let src = bytes(n, u64::from(i));
+        let from_pageable = i % 4 == 3;
+        let up = if from_pageable {
+            pageable.copy_from_slice(&src);
+            Job::copy(a.raw(), l, pageable.raw(), l)
+        } else {
+            pinned.copy_from_slice(&src);
+            Job::copy(a.raw(), l, pinned.raw(), l)
+        };
+        // SAFETY: the buffers outlive the download's wait below, which comes after every copy
+        // and the kernel (one stream); nothing else touches them meanwhile.
+        let up = unsafe { se.submit_raw(up) }.unwrap();
+        // SAFETY: `a` and `b` hold n bytes and outlive the wait below.
+        unsafe {
+            s.launch_builder(&k.xform)
+                .arg(&a_ptr)
+                .arg(&b_ptr)
+                .arg(&n64)
+                .arg(&i)
+                .launch(grid(n))
+                .unwrap();
+        }
+        // SAFETY: as above.
+        let down = unsafe { se.submit_raw(Job::copy(host.raw_mut(), l, b.raw(), l)) }.unwrap();
+        down.wait()
+            .unwrap_or_else(|err| panic!("iteration {i}: download: {err}"));
+        up.wait()
+            .unwrap_or_else(|err| panic!("iteration {i}: upload: {err}"));
+        let bad =
+            (0..n).find(|&j| host[j] != (src[j].wrapping_mul(3).wrapping_add(i as u8) ^ (j as u8)));
+        if let Some(j) = bad {
+            panic!(
+                "iteration {i} ({} source): byte {j} of {n} is {:#04x}, want {:#04x}",
+                if from_pageable { "pageable" } else { "pinned" },
+                host[j],
+                src[j].wrapping_mul(3).wrapping_add(i as u8) ^ (j as u8)
+            );
+        }
+    }
+    s.synchronize().unwrap();
     e.barrier().unwrap();
 }

@@ -4,41 +4,39 @@
 //! on by a stream ([`CudaEngine::stream_wait`], a request as a job dependency): the host never
 //! waits for a chunk, except to bound the work queued ahead.
 //!
-//! - Upload of chunk `i` on the engine's host-to-device stream (or the staging thread for a
-//!   pageable source), after the compute of chunk `i - K` (an event recorded on the compute
-//!   stream after the stage's work, [`CudaEngine::record`]).
+//! - Upload of chunk `i` on the engine's host-to-device stream, after the compute of chunk
+//!   `i - K` (an event recorded on the compute stream after the stage's work,
+//!   [`CudaEngine::record`]).
 //! - Compute of chunk `i`: the compute stream waits for the upload's event and for the
 //!   download of chunk `i - K`; the stage enqueues; an event is recorded.
 //! - Download of chunk `i` on the engine's device-to-host (or device-to-device) stream, after
 //!   that event.
 //!
-//! With a pageable source, uploads of 2 MiB or more are staged (see the
-//! [engine](crate::cuda::CudaEngine)): their completion is signalled by the staging thread,
-//! so the submitting thread waits for upload `i` before it enqueues compute `i`, while the
-//! uploads of the next K-1 chunks are already queued; the copy engine and the SMs still
-//! overlap. The same holds for downloads into pageable memory of 1 MiB or more, waited for
-//! when their output slot is next needed.
-//!
-//! A file source ([`Source::file`]) loads each chunk through the file engine (its pinned bounce
-//! ring, then the CUDA engine it was given) once the slot's last reader has finished, waited
-//! for on the submitting thread; its completion is signalled by the file engine's workers, so
-//! compute `i` is enqueued once upload `i` is done, as for staged uploads. File loads have no
-//! upload spans in the timeline.
+//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 1
+//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): the submitting
+//! thread fills chunk `i`'s buffer (pageable: a parallel copy on 8 CPU workers; file: the file
+//! engine's parallel reads straight into it), once the DMA that last read the buffer has
+//! completed, while the uploads queued before it run; the upload is then a pinned DMA, ordered
+//! on the GPU like any other. Downloads into pageable memory of 1 MiB or more are staged by the
+//! engine (see the [engine](crate::cuda::CudaEngine)), their completion signalled by its staging
+//! thread, waited for when their output slot is next needed.
 //!
 //! Timeline (on request): timing events recorded on the stream of each step around it (the
 //! upload's and download's start after the stream has waited for their dependency, so waiting
 //! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
 //! timeline when the compute stream next learned of it, later than it did.
 
+use super::bounce::{BounceRing, FILL_PIECE, FILL_THREADS};
 use super::core::{self, Lanes};
 use super::{
     plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
     Timeline, TimelineClock,
 };
-use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError};
+use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
+use crate::engine::cpu::{CpuConfig, CpuEngine};
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
-use crate::memory::{MemKind, RawBuf};
+use crate::memory::{MemKind, Memory, RawBuf};
 use crate::request::{Request, RequestError};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 use std::sync::Arc;
@@ -62,6 +60,43 @@ pub struct CudaPipeline<'e> {
     compute: Arc<CudaStream>,
     ins: Vec<DeviceBuffer>,
     outs: Vec<DeviceBuffer>,
+    /// Pinned bounce buffers and their filling CPU workers, made by the first run from a
+    /// pageable or file source (see [`super::bounce`]).
+    bounce: Option<Bounce>,
+}
+
+/// K + 1 pinned buffers of a chunk and the CPU engine that fills them from pageable memory.
+struct Bounce {
+    ring: BounceRing<PinnedBuffer>,
+    fill: CpuEngine,
+}
+
+impl Bounce {
+    /// A ring of `count` pinned buffers of `bytes`, and the fill workers.
+    fn new(count: usize, bytes: usize) -> Result<Bounce, PipelineError> {
+        let bufs = (0..count)
+            .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cfg = CpuConfig::new(FILL_THREADS)
+            .chunk_bytes(FILL_PIECE)
+            .inline_bytes(0);
+        Ok(Bounce {
+            ring: BounceRing::new(bufs),
+            fill: CpuEngine::with_config(cfg).map_err(setup)?,
+        })
+    }
+}
+
+/// Waits for `req`: polls it (`cuEventQuery`) for [`SPIN`], then sleeps on it.
+fn spin_wait(mut req: Request) -> Result<(), RequestError> {
+    let t = Instant::now();
+    while t.elapsed() < SPIN {
+        if let Some(r) = req.try_wait() {
+            return r;
+        }
+        std::hint::spin_loop();
+    }
+    req.wait()
 }
 
 impl std::fmt::Debug for CudaPipeline<'_> {
@@ -147,6 +182,7 @@ impl<'e> CudaPipeline<'e> {
                     .collect::<Result<_, _>>()?
             },
             compute,
+            bounce: None,
         })
     }
 
@@ -179,6 +215,13 @@ impl<'e> CudaPipeline<'e> {
     {
         let t0 = Instant::now();
         let chunks = plan(&self.cfg, &src, dst.as_ref())?;
+        let bounce = match src.file.is_some() || src.buf.kind == MemKind::Pageable {
+            true => {
+                self.make_bounce(&chunks)?;
+                self.bounce.as_mut()
+            }
+            false => None,
+        };
         let timing = match self.cfg.timeline {
             true => Some(Timing::new(&self.compute)?),
             false => None,
@@ -193,6 +236,7 @@ impl<'e> CudaPipeline<'e> {
             dst: dst.as_ref(),
             stage,
             timing,
+            bounce,
         };
         // Work a failing (or panicking) stage enqueued is not followed by an event ferry
         // waits for: synchronize the compute stream before the slots can be reused.
@@ -219,6 +263,26 @@ impl<'e> CudaPipeline<'e> {
             elapsed: t0.elapsed(),
             timeline,
         })
+    }
+}
+
+impl CudaPipeline<'_> {
+    /// The bounce buffers, (re)made to hold the largest of `chunks` (K + 1 of them: the fill
+    /// of chunk `i + 1` never waits for the DMA of chunk `i + 1 - K`, still queued behind the
+    /// K - 1 uploads ahead).
+    fn make_bounce(&mut self, chunks: &[Chunk]) -> Result<(), PipelineError> {
+        let need = chunks.iter().map(|c| c.len).max().unwrap_or(0);
+        let fits = |b: &Bounce| b.ring.slots().first().is_some_and(|p| p.len() >= need);
+        if !self.bounce.as_ref().is_some_and(fits) {
+            self.bounce = None;
+            let bytes = need.max(self.cfg.chunk_bytes);
+            self.bounce = Some(Bounce::new(self.cfg.slots + 1, bytes)?);
+        }
+        if let Some(b) = self.bounce.as_mut() {
+            // Every request of an earlier run completed before it returned.
+            b.ring.forget();
+        }
+        Ok(())
     }
 }
 
@@ -280,6 +344,7 @@ struct GpuLanes<'r, F> {
     dst: Option<&'r Dest<'r>>,
     stage: F,
     timing: Option<Timing>,
+    bounce: Option<&'r mut Bounce>,
 }
 
 /// The error of a stream wait for a dependency of `chunk`'s `phase`.
@@ -347,6 +412,59 @@ where
         Ok(req)
     }
 
+    /// Chunk `c` into its bounce buffer on host threads (once the buffer's last DMA has
+    /// completed), then a pinned DMA from it into `to` after `after`.
+    fn upload_bounced(
+        &mut self,
+        c: &Chunk,
+        to: RawBuf,
+        after: Option<&Request>,
+    ) -> Result<Request, PipelineError> {
+        let failed = |e: RequestError| PipelineError::Copy {
+            chunk: c.index,
+            phase: Phase::Upload,
+            source: e,
+        };
+        let Some(bounce) = self.bounce.as_deref_mut() else {
+            return Err(setup("no bounce buffers"));
+        };
+        let buf = bounce
+            .ring
+            .take(c.index, &mut spin_wait)
+            .map_err(|e| failed(RequestError::Dependency(Box::new(e))))?;
+        let pinned = RawBuf {
+            len: c.len,
+            ..buf.raw()
+        };
+        // SAFETY: the bounce buffer is the pipeline's and its last reader has completed
+        // (`take`); the fill is waited for below, before anything reads the buffer.
+        let fill = match unsafe { self.src.load(c, pinned, None) } {
+            Some(r) => r?,
+            None => {
+                let (from, from_l) = self.src.part(c)?;
+                let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
+                // SAFETY: the source is borrowed for the run and the bounce buffer is unshared
+                // (above); the request is waited for right here.
+                unsafe { bounce.fill.submit_raw(job) }.map_err(|e| PipelineError::Submit {
+                    chunk: c.index,
+                    phase: Phase::Upload,
+                    source: e,
+                })?
+            }
+        };
+        fill.wait().map_err(failed)?;
+        let bytes = Layout::bytes(c.len).map_err(|e| PipelineError::Config(e.to_string()))?;
+        let mut job = Job::copy(to, bytes, pinned, bytes);
+        if let Some(a) = after {
+            job = job.after(a);
+        }
+        let req = self.copy(c, Phase::Upload, job, after)?;
+        if let Some(b) = self.bounce.as_deref_mut() {
+            b.ring.lend(c.index, &req);
+        }
+        Ok(req)
+    }
+
     fn device(&self, addr: u64, len: usize) -> RawBuf {
         RawBuf {
             addr,
@@ -363,15 +481,8 @@ where
     F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
     E: Into<StageError>,
 {
-    fn wait(&mut self, mut req: Request) -> Result<(), RequestError> {
-        let t = Instant::now();
-        while t.elapsed() < SPIN {
-            if let Some(r) = req.try_wait() {
-                return r;
-            }
-            std::hint::spin_loop();
-        }
-        req.wait()
+    fn wait(&mut self, req: Request) -> Result<(), RequestError> {
+        spin_wait(req)
     }
 
     fn upload(
@@ -381,6 +492,9 @@ where
         after: Option<&Request>,
     ) -> Result<Request, PipelineError> {
         let to = self.device(self.ins[slot], c.len);
+        if self.bounce.is_some() {
+            return self.upload_bounced(c, to, after);
+        }
         // SAFETY: the slot is the pipeline's; `load` starts the file's load only after the
         // slot's last reader (`after`) and `run` returns only after it completed.
         if let Some(r) = unsafe { self.src.load(c, to, after) } {

@@ -56,6 +56,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod bounce;
 mod core;
 mod cpu;
 mod cuda;
@@ -210,14 +211,12 @@ impl<'a> Source<'a> {
         }
     }
 
-    /// `len` bytes of `file` from `offset`, each chunk loaded by `engine` straight into its
-    /// input slot (a GPU pipeline's slots are device memory: make the engine with
-    /// [`FileEngine::with_engine`] and the pipeline's [`CudaEngine`](crate::cuda::CudaEngine),
-    /// which moves each chunk through the file engine's pinned bounce ring). A chunk's load
-    /// starts once the slot's previous reader has finished, waited for on the submitting
-    /// thread (a file load takes no GPU-side dependency). Errors: the range overflows. A file
-    /// shorter than the range fails the first chunk that reaches past its end
-    /// ([`PipelineError::Copy`] of its upload, with the file's error).
+    /// `len` bytes of `file` from `offset`, each chunk loaded by `engine` (its parallel reads):
+    /// on the CPU straight into its input slot, once the slot's previous reader has finished
+    /// (waited for on the submitting thread); on the GPU into one of the pipeline's pinned
+    /// bounce buffers, then DMAed into the slot (as a pageable source, see [`CudaPipeline`]).
+    /// Errors: the range overflows. A file shorter than the range fails the first chunk that
+    /// reaches past its end ([`PipelineError::Copy`] of its upload, with the file's error).
     pub fn file(
         engine: &'a FileEngine,
         file: &'a FileHandle,

@@ -47,6 +47,12 @@ extern "C" __global__ void lcg(const unsigned char* in, unsigned char* out, unsi
 const CHUNKS: usize = 32;
 /// Smallest chunk the rows use.
 const MIN_CHUNK: usize = 4 << 20;
+/// How close (as a fraction) calibration brings a chunk's kernel time to its upload time.
+const BALANCE: f64 = 0.05;
+/// Most times calibration rescales the rounds and measures again.
+const CALIBRATION_ROUNDS: usize = 8;
+/// Timed passes of each calibration measurement (the median is kept).
+const CALIBRATION_REPEATS: usize = 3;
 
 /// The chunk size of a row of `n` source bytes.
 fn chunk_for(n: usize) -> usize {
@@ -120,7 +126,8 @@ struct Bench {
     n: usize,
     chunk: usize,
     rounds: u32,
-    /// One chunk's upload and kernel (calibrated rounds), host clock, synchronized.
+    /// One chunk's upload and kernel (calibrated rounds) as measured last by calibration:
+    /// every chunk back to back on one stream, per chunk.
     t_copy: f64,
     t_kernel: f64,
     src: PinnedBuffer,
@@ -168,29 +175,52 @@ impl Bench {
         Ok(b)
     }
 
-    /// Times one chunk's upload and the kernel at 64 rounds; sets the rounds so that the
-    /// kernel takes as long as the upload.
+    /// Sets the kernel's rounds so that a chunk's kernel takes as long as a chunk's upload,
+    /// both measured the way the rows run them: every chunk back to back on one stream,
+    /// synchronized once, after a warm-up pass (the GPU's clocks ramp up under load: run 31's
+    /// single cold kernel, timed alone, took 2.3x its time in the row), the median of
+    /// [`CALIBRATION_REPEATS`] passes over the chunk count. Rounds are rescaled and the kernel
+    /// measured again until it is within [`BALANCE`] of the upload, at most
+    /// [`CALIBRATION_ROUNDS`] times.
     fn calibrate(&mut self) -> Result<(), String> {
-        let time = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
+        let chunks = self.chunks().count() as f64;
+        let per_chunk = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
             f()?;
-            let t = std::time::Instant::now();
-            for _ in 0..5 {
+            let mut t = Vec::with_capacity(CALIBRATION_REPEATS);
+            for _ in 0..CALIBRATION_REPEATS {
+                let t0 = std::time::Instant::now();
                 f()?;
+                t.push(t0.elapsed().as_secs_f64() / chunks);
             }
-            Ok(t.elapsed().as_secs_f64() / 5.0)
+            t.sort_by(f64::total_cmp);
+            Ok(t[t.len() / 2])
         };
-        let (din, dout) = (self.ins[0].device_ptr(), self.outs[0].device_ptr());
         let s = Arc::clone(&self.s);
-        self.t_copy = time(&mut || {
-            self.h2d(din, 0, self.chunk, &s)?;
+        let this = &*self;
+        let t_copy = per_chunk(&mut || {
+            for (i, off, len) in this.chunks() {
+                this.h2d(this.ins[i % SLOTS].device_ptr(), off, len, &s)?;
+            }
             cu(s.synchronize())
         })?;
-        let t_k = time(&mut || {
-            launch(&self.f, &s, din, dout, self.chunk, 64)?;
-            cu(s.synchronize())
-        })?;
-        self.rounds = ((64.0 * self.t_copy / t_k.max(1e-9)) as u32).clamp(1, 1 << 20);
-        self.t_kernel = t_k * f64::from(self.rounds) / 64.0;
+        let mut rounds = 64u32;
+        let mut t_kernel = 0.0;
+        for _ in 0..CALIBRATION_ROUNDS {
+            t_kernel = per_chunk(&mut || {
+                for (i, _, len) in this.chunks() {
+                    let k = i % SLOTS;
+                    let (din, dout) = (this.ins[k].device_ptr(), this.outs[k].device_ptr());
+                    launch(&this.f, &s, din, dout, len, rounds)?;
+                }
+                cu(s.synchronize())
+            })?;
+            let ratio = t_kernel / t_copy.max(1e-12);
+            if (ratio - 1.0).abs() <= BALANCE {
+                break;
+            }
+            rounds = ((f64::from(rounds) / ratio.max(1e-9)).round() as u32).clamp(1, 1 << 20);
+        }
+        (self.rounds, self.t_copy, self.t_kernel) = (rounds, t_copy, t_kernel);
         Ok(())
     }
 
@@ -225,7 +255,7 @@ impl Bench {
     /// The row's notes: chunks, slots, the kernel, and what the timeline (if kept) showed.
     fn shape(&self, what: &str, timeline: Option<&Timeline>) -> String {
         let mut s = format!(
-            "{what}; chunks of {}, {SLOTS} slots, {}-round LCG kernel (one chunk: copy {:.0} us, kernel {:.0} us)",
+            "{what}; chunks of {}, {SLOTS} slots, {}-round LCG kernel (calibrated per chunk, every chunk back to back, warm: upload {:.0} us, kernel {:.0} us)",
             format_size(self.chunk as u64),
             self.rounds,
             self.t_copy * 1e6,

@@ -248,21 +248,23 @@ impl CudaEngine {
     }
 
     /// An engine whose copies are ordered in the caller's `stream`: each starts after the work
-    /// the stream holds when it is submitted (an event recorded on it, waited for on the
-    /// engine's stream), and the stream waits for it before any work enqueued afterwards
-    /// ([`CudaEngine::stream_wait`]). The route (path and copy engine) is decided as for this
+    /// the stream holds when it is submitted, and the stream's later work starts after it
+    /// (see "Where it runs" below). The route (path and copy engine) is decided as for this
     /// engine's own copies; each copy keeps its own request, event and error, and this
     /// engine's barrier counts it. A copy the route stages (pageable host memory of at least
     /// 2 MiB to the device, 1 MiB back) returns from submit only once done: its completion is
     /// signalled by the staging thread, which no stream can wait for.
     ///
-    /// Cost: the copy runs on the engine's own stream, so each one takes an event recorded
-    /// on the caller's stream and a `cuStreamWaitEvent` each way, beyond its own event (a few
-    /// microseconds of driver calls; no host wait). Running driver-call routes on the caller's
-    /// stream itself (its own event recorded there, no extra event) needs `submit_raw` to take
-    /// the stream it runs on: left for the stream pool's restructuring of the submit path
-    /// (issue 14). SM-kernel, gather and split routes would keep this form (their kernels and
-    /// scratch belong to the engine's streams), staged ones the host wait.
+    /// Where it runs: a copy whose route is driver calls (`cuMemcpyAsync` and its 2D/3D and
+    /// peer forms: every copy between pinned or device memory that no SM kernel serves better)
+    /// is enqueued on the caller's stream itself, its dependencies waited for there and its
+    /// own event recorded there after it: no extra event, no extra wait. The other routes keep
+    /// their own stream: SM-kernel, gather and split routes (their kernels and scratch belong
+    /// to the engine's streams) run there after an event recorded on the caller's stream, and
+    /// the caller's stream waits for their request (two extra event operations, no host wait);
+    /// staged routes as said above. A driver call that fails at submit synchronizes the stream
+    /// it ran on (here the caller's) before the error is returned, so that nothing enqueued
+    /// still uses the buffers.
     pub fn on_stream<'a>(
         &'a self,
         stream: &'a CudaStream,
@@ -287,6 +289,37 @@ impl CudaEngine {
             stream,
             _stream: PhantomData,
         }
+    }
+
+    /// A copy whose route is not driver calls (SM kernels, gather, split, staged), for a
+    /// caller's stream: run on the engine's stream after an event recorded on the caller's,
+    /// and the caller's stream made to wait for its request.
+    ///
+    /// # Safety
+    /// 1. As [`Engine::submit_raw`] for the job's buffers.
+    /// 2. `stream` is a live stream of this engine's context (or the null stream) until the
+    ///    call returns.
+    pub(super) unsafe fn around_stream(
+        &self,
+        job: Job,
+        stream: sys::CUstream,
+    ) -> Result<Request, SubmitError> {
+        // SAFETY: a live stream of this context (2).
+        let here = unsafe { self.record_raw(stream) }?;
+        // SAFETY: forwarded with the caller's guarantees on the buffers (1).
+        let req = unsafe { self.submit_raw(job.after(&here)) }?;
+        // SAFETY: as above (2).
+        match unsafe { self.stream_wait_raw(stream, &req) } {
+            // A failed request: its own error is in `req`; the stream has nothing to wait for
+            // (the copy wrote nothing the caller may rely on).
+            Ok(_) | Err(InteropError::Request(_)) => {}
+            Err(_) => {
+                // The stream could not be made to wait: wait here, so that the copy is done
+                // before anything the caller enqueues next. Its result stays in `req`.
+                let _ = req.completion().wait();
+            }
+        }
+        Ok(req)
     }
 
     /// The engine's device context, for the caller's own streams, events and kernels
@@ -401,22 +434,9 @@ impl Engine for StreamEngine<'_> {
     }
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
-        // SAFETY: the stream is live and of the engine's context for 'a (construction).
-        let here = unsafe { self.engine.record_raw(self.stream) }?;
-        // SAFETY: forwarded with the caller's guarantees on the buffers.
-        let req = unsafe { self.engine.submit_raw(job.after(&here)) }?;
-        // SAFETY: as above.
-        match unsafe { self.engine.stream_wait_raw(self.stream, &req) } {
-            // A failed request: its own error is in `req`; the stream has nothing to wait for
-            // (the copy wrote nothing the caller may rely on).
-            Ok(_) | Err(InteropError::Request(_)) => {}
-            Err(_) => {
-                // The stream could not be made to wait: wait here, so that the copy is done
-                // before anything the caller enqueues next. Its result stays in `req`.
-                let _ = req.completion().wait();
-            }
-        }
-        Ok(req)
+        // SAFETY: forwarded with the caller's guarantees on the buffers; the stream is live
+        // and of the engine's context for 'a (construction).
+        unsafe { self.engine.submit_on(job, Some(self.stream)) }
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {

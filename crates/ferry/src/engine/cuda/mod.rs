@@ -438,6 +438,38 @@ impl Engine for CudaEngine {
     }
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees; no caller stream.
+        unsafe { self.submit_on(job, None) }
+    }
+
+    fn barrier(&self) -> Result<(), BarrierError> {
+        self.lanes.barrier()
+    }
+
+    /// This GPU's device memory.
+    fn home(&self) -> Option<MemKind> {
+        Some(MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        })
+    }
+}
+
+impl CudaEngine {
+    /// [`Engine::submit_raw`], in the caller's stream `caller` when given
+    /// ([`CudaEngine::on_stream`]): a route whose first path is driver calls runs on that
+    /// stream itself (its dependencies waited for there, its event recorded there); any other
+    /// route runs on the engine's stream, ordered after and before the caller's stream by
+    /// events ([`CudaEngine::around_stream`]).
+    ///
+    /// # Safety
+    /// 1. As [`Engine::submit_raw`] for the job's buffers.
+    /// 2. `caller`, when given, is a live stream of this engine's context (or the null stream)
+    ///    until the call returns; the request's event is recorded on it.
+    pub(crate) unsafe fn submit_on(
+        &self,
+        job: Job,
+        caller: Option<sys::CUstream>,
+    ) -> Result<Request, SubmitError> {
         job.check()?;
         // The submitting thread's lane: its stream for the route's direction, its events and
         // its in-flight list (see the module documentation, "Ordering").
@@ -464,6 +496,10 @@ impl Engine for CudaEngine {
         }
         // Decide, then run.
         let route = route::route(&self.cfg, dk, sk, &steps);
+        if let (Some(c), false) = (caller, route.first() == Path::Driver) {
+            // SAFETY: forwarded (1, 2).
+            return unsafe { self.around_stream(job, c) };
+        }
         let stream = self.lanes.stream(lane, route.stream);
         if let Path::Staged(dir) = route.first() {
             return Ok(self.track(lane, self.stage(&job, stream, dir, steps)?));
@@ -505,7 +541,7 @@ impl Engine for CudaEngine {
         };
         let events_pool = &self.lanes.lane(lane).events;
         let ev = events_pool.take(self.cfg.wait)?;
-        let raw_stream = stream.cu_stream();
+        let raw_stream = caller.unwrap_or(stream.cu_stream());
         for e in events {
             // SAFETY: live stream of this context and a live event (held by the dependency's
             // request, which the job holds).
@@ -514,10 +550,14 @@ impl Engine for CudaEngine {
             })?;
         }
         let mut keep = Vec::new();
-        // SAFETY: context current (bound above), the stream is the route's, of this engine;
-        // the buffers are valid until the request completes by this function's contract; the
-        // steps were checked against the buffers by the program.
-        unsafe { self.run_route(&route, &steps, &job, (dst, src), stream, &mut keep)? };
+        match caller {
+            // SAFETY: context current (bound above), the caller's live stream of this context
+            // (2); the buffers are valid until the request completes (1); the steps were
+            // checked against the buffers by the program.
+            Some(c) => unsafe { self.run_steps(c, &steps, dst, src, &mut keep)? },
+            // SAFETY: as above, the stream the route's, of this engine.
+            None => unsafe { self.run_route(&route, &steps, &job, (dst, src), stream, &mut keep)? },
+        }
         // SAFETY: live event and stream of this context.
         if let Err(e) = check("cuEventRecord", unsafe {
             sys::cuEventRecord(ev.raw(), raw_stream)
@@ -535,17 +575,6 @@ impl Engine for CudaEngine {
             self.waker_tx.clone(),
         );
         Ok(self.track(lane, Request::new(c)))
-    }
-
-    fn barrier(&self) -> Result<(), BarrierError> {
-        self.lanes.barrier()
-    }
-
-    /// This GPU's device memory.
-    fn home(&self) -> Option<MemKind> {
-        Some(MemKind::Device {
-            ordinal: self.cfg.ordinal,
-        })
     }
 }
 
