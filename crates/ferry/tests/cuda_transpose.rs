@@ -83,11 +83,11 @@ fn pinned_to_device_and_device_to_pinned() {
     transposes(&kinds, &[(129, 200), (256, 512), (64, 1), (77, 300)], 1000);
 }
 
-/// `check_copy` of `src` (in a buffer of `src_len` bytes) into the whole of `dst`, a new seed
-/// each call.
+/// `check_copy` of `src` (in a buffer of `src_len` bytes) into a buffer that just holds `dst`
+/// (padding and offset included), a new seed each call.
 fn checker(e: &CudaEngine, mut seed: u64) -> impl FnMut(Kind, Kind, &Layout, &Layout, usize) + '_ {
     move |dk, sk, dst, src, src_len| {
-        check_copy(e, dk, sk, dst, dst.size_bytes(), src, src_len, seed);
+        check_copy(e, dk, sk, dst, dst.span().end, src, src_len, seed);
         seed += 1;
     }
 }
@@ -109,10 +109,11 @@ fn padded_strides_offsets_and_unaligned_starts() {
             let m = Layout::pitched(&[r, c], elem, pitch).unwrap();
             let sl = m.transpose(0, 1).unwrap();
             let dl = Layout::contiguous(&[c, r], elem).unwrap();
-            check(dev, dev, &dl, &sl, m.size_bytes());
+            // (The buffers hold the padded rows: span, not the elements' bytes.)
+            check(dev, dev, &dl, &sl, m.span().end);
             // Destination rows padded too.
             let dp = Layout::pitched(&[c, r], elem, (r + 3) * elem).unwrap();
-            check(Kind::Pinned, dev, &dp, &sl, m.size_bytes());
+            check(Kind::Pinned, dev, &dp, &sl, m.span().end);
         }
         // A window out of a larger matrix, starting one element in (an unaligned start for
         // 1- and 2-byte elements: no 4-byte words).
@@ -255,5 +256,91 @@ fn large_f32_and_bf16() {
         })
         .unwrap();
         check(&pinned_dst, "device -> pinned");
+    }
+}
+
+/// Every element size at every offset below it, on either side, with row pitches that are and
+/// are not multiples of the element or of 4 bytes: the transpose kernel where every address is
+/// aligned for its accesses, the general SM kernels (in narrower words) where not; no
+/// misaligned access (which would end the context: H200 run 31). Device -> device, and
+/// device -> pinned for the pitches, through `KernelCopies::Auto` and `Always`.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn every_element_size_at_every_offset_and_odd_pitches() {
+    for (mode, seed) in [(KernelCopies::Auto, 6000), (KernelCopies::Always, 7000)] {
+        let Some(e) = engine(mode) else { return };
+        let mut check = checker(&e, seed);
+        let dev = Kind::Device;
+        let (r, c) = (37, 70);
+        for elem in ELEMS {
+            for extra in [0usize, 1, 2, 3, elem] {
+                let m = Layout::pitched(&[r, c], elem, c * elem + extra).unwrap();
+                let dl = Layout::contiguous(&[c, r], elem).unwrap();
+                for off in 0..elem {
+                    let sl = m.transpose(0, 1).unwrap().with_offset(off).unwrap();
+                    check(dev, dev, &dl, &sl, sl.span().end + 3);
+                    let dl_off = dl.with_offset(off).unwrap();
+                    let sl0 = m.transpose(0, 1).unwrap();
+                    check(dev, dev, &dl_off, &sl0, m.span().end);
+                    if extra == 1 {
+                        check(Kind::Pinned, dev, &dl_off, &sl, sl.span().end);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// H200 run 31, `cuda_stress` (seed 1796305811726484851, warm-up on "cuda spin"): a bf16
+/// transpose into a device buffer at an odd offset (request 4) took the transpose kernel with
+/// 2-byte accesses, and the next request waited on (5, a fill) reported
+/// `CUDA_ERROR_MISALIGNED_ADDRESS`. Both, with those exact layouts, then a plain transpose on
+/// the same engine (the context must still work).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn run_31_stress_case_copy_and_fill() {
+    for mode in [KernelCopies::Auto, KernelCopies::Always] {
+        let Some(e) = engine(mode) else { return };
+        let dl = Layout::with_byte_strides(&[995, 4, 2], &[82, 2, 245262], 2)
+            .unwrap()
+            .with_offset(163597)
+            .unwrap();
+        let sl = Layout::with_byte_strides(&[995, 4, 2], &[6, 17904, 5968], 2)
+            .unwrap()
+            .with_offset(41778)
+            .unwrap();
+        let dev = Kind::Device;
+        check_copy(
+            &e,
+            dev,
+            dev,
+            &dl,
+            dl.span().end + 7,
+            &sl,
+            sl.span().end + 5,
+            8000,
+        );
+        let fl = Layout::with_byte_strides(&[21, 3], &[2, 42], 2)
+            .unwrap()
+            .with_offset(2)
+            .unwrap();
+        let init = bytes(fl.span().end + 9, 8001);
+        let want = reference_fill(&init, &fl, &[0xA5, 0x5A]);
+        let mut dst = Buf::new(dev, &init);
+        e.scope(|s| {
+            s.fill(&mut dst, &fl, &[0xA5, 0x5A])?
+                .wait()
+                .map_err(ferry::Error::from)
+        })
+        .unwrap_or_else(|err| panic!("{mode:?}: fill {fl:?}: {err}"));
+        let got = dst.to_vec();
+        if let Some(b) = (0..got.len()).find(|&b| got[b] != want[b]) {
+            panic!(
+                "{mode:?}: fill {fl:?}: first wrong byte at {b}: got {}, want {}",
+                got[b], want[b]
+            );
+        }
+        let (dl, dn, sl, sn) = transpose(300, 500, 2);
+        check_copy(&e, dev, dev, &dl, dn, &sl, sn, 8002);
     }
 }

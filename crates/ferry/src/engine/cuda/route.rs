@@ -149,6 +149,41 @@ pub(crate) fn transpose_of(plan: &Plan) -> Option<Transpose> {
     })
 }
 
+/// How the transpose kernel moves transpose `t` of `plan` between the device addresses `dst`
+/// and `src` (the plan's offsets added): how many elements each of its loads and stores moves,
+/// or `None` where it must not take the plan.
+///
+/// An access of `w` bytes needs its address aligned to `w` (else the kernel dies with
+/// `CUDA_ERROR_MISALIGNED_ADDRESS`, which ends the context: H200 run 31, a bf16 transpose into
+/// a buffer at an odd offset, and 4-byte elements at offset 3). Every address the kernel forms
+/// is a base plus a sum of strides (of dims of more than one element), so:
+/// - `Some(4 / elem)` (one 4-byte word per access) for 1- and 2-byte elements where the source
+///   is dense along `r`, the destination along `c`, and both bases and every other stride are
+///   multiples of 4;
+/// - `Some(1)` (one element per access) where both bases and every stride are multiples of
+///   the element size;
+/// - `None` otherwise (a buffer at an offset that is not a multiple of the element, a pitch or
+///   stride that is not): the general SM kernels take the plan, in words of the alignment that
+///   every address shares (single bytes at worst).
+pub(crate) fn transpose_access(t: &Transpose, plan: &Plan, dst: u64, src: u64) -> Option<usize> {
+    let (counts, ds, ss) = (plan.counts(), plan.dst_strides(), plan.src_strides());
+    // Whether `base` and the strides of every dim of more than one element but `skip` are
+    // multiples of `w`.
+    let aligned = |w: usize, base: u64, st: &[usize], skip: usize| {
+        base % w as u64 == 0 && (0..st.len()).all(|i| i == skip || counts[i] < 2 || st[i] % w == 0)
+    };
+    let none = usize::MAX;
+    if !(aligned(t.elem, dst, ds, none) && aligned(t.elem, src, ss, none)) {
+        return None;
+    }
+    let words = t.elem < 4
+        && ss[t.r] == t.elem
+        && ds[t.c] == t.elem
+        && aligned(4, dst, ds, t.c)
+        && aligned(4, src, ss, t.r);
+    Some(if words { 4 / t.elem } else { 1 })
+}
+
 /// The default size of an engine's stream pool ([`CudaConfig::streams`]) is the host's core
 /// count up to this many streams per direction: one per thread that can submit at the same
 /// time. Lanes beyond lane 0 are made only when a thread submits through them. Issue 14 (H200

@@ -58,11 +58,18 @@ pub enum SmKernel {
 }
 
 impl SmKernel {
-    /// The kernel for a plan.
+    /// The kernel for a plan between buffers whose addresses are aligned to its elements. (A
+    /// transpose whose elements are not, as one into a buffer at an odd offset, takes
+    /// [`SmKernel::Tiled`]: [`SmCopier::copy`] returns the kernel it used.)
     pub fn for_plan(plan: &Plan) -> SmKernel {
+        Self::pick(plan, super::route::transpose_of(plan).is_some())
+    }
+
+    /// The kernel for a plan, `transpose`: the transpose kernel takes it.
+    fn pick(plan: &Plan, transpose: bool) -> SmKernel {
         if plan.counts().is_empty() {
             SmKernel::Linear
-        } else if super::route::transpose_of(plan).is_some() {
+        } else if transpose {
             SmKernel::Transpose
         } else if plan.run() > TILE_MAX_RUN {
             SmKernel::Rows
@@ -348,9 +355,8 @@ impl SmCopier {
         src: u64,
         plan: &Plan,
     ) -> Result<SmKernel, SmError> {
-        let kind = SmKernel::for_plan(plan);
         if plan.total_bytes() == 0 {
-            return Ok(kind);
+            return Ok(SmKernel::for_plan(plan));
         }
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         let d = super::driver::device_address(dst).ok_or(SmError::NotDeviceAccessible {
@@ -363,8 +369,12 @@ impl SmCopier {
         })?;
         let ks = self.kernels()?;
         let (d, s) = (d + plan.dst_offset() as u64, s + plan.src_offset() as u64);
-        if let (SmKernel::Transpose, Some(t)) = (kind, super::route::transpose_of(plan)) {
-            let (p, cfg) = super::transpose::launch(&t, plan, d, s);
+        // The transpose kernel, where every element it touches is aligned for its accesses.
+        let transpose = super::route::transpose_of(plan)
+            .and_then(|t| Some((t, super::route::transpose_access(&t, plan, d, s)?)));
+        let kind = SmKernel::pick(plan, transpose.is_some());
+        if let Some((t, vec)) = transpose {
+            let (p, cfg) = super::transpose::launch(&t, vec, plan, d, s);
             // Elements of 1, 2, 4, 8, 16 bytes: kernel 0..5.
             let func = &ks.transpose[t.elem.trailing_zeros().min(4) as usize];
             let mut launch = stream.launch_builder(func);

@@ -7,7 +7,10 @@
 //! the source's grain (`r`), padded by 4 bytes (or one element) per row against bank
 //! conflicts. Each of the block's 32 x 8 threads moves `V` adjacent elements per access: `V =
 //! 4 / elem` for 1- and 2-byte elements (bf16, f16, int8) where both sides are dense along
-//! their grain and 4-byte aligned (so each thread's access is a 4-byte word), else 1. It loads
+//! their grain and 4-byte aligned (so each thread's access is a 4-byte word), else 1. Every
+//! access must be aligned to its size: [`route::transpose_access`](super::route::transpose_access)
+//! picks `V` and keeps plans with misaligned elements (a buffer at an odd offset, an odd
+//! pitch) off this kernel. It loads
 //! `TC / 8` words before storing any (all in flight together), and full tiles take no bounds
 //! checks; the ragged edge tiles check every element. The grid is (tiles along `r`, tiles
 //! along `c`, batch), with 32-bit index math: the per-tile cost of the strided kernel's 64-bit
@@ -176,30 +179,17 @@ const _: () = assert!(
     "TParams must match the kernel"
 );
 
-/// Elements per 4-byte word each thread moves: `4 / elem` for 1- and 2-byte elements where the
-/// source is dense along `r`, the destination dense along `c`, and every address a thread
-/// forms is 4-byte aligned; else 1.
-fn vector(t: &Transpose, plan: &Plan, dst: u64, src: u64) -> u32 {
-    let (ds, ss) = (plan.dst_strides(), plan.src_strides());
-    if t.elem >= 4 || ss[t.r] != t.elem || ds[t.c] != t.elem {
-        return 1;
-    }
-    // Strides of every dim but the grains, and the two bases.
-    let others = (0..ds.len())
-        .filter(|&i| i != t.r)
-        .map(|i| ss[i] as u64)
-        .chain((0..ds.len()).filter(|&i| i != t.c).map(|i| ds[i] as u64));
-    let aligned = others.chain([dst, src]).all(|x| x % 4 == 0);
-    if aligned {
-        (4 / t.elem) as u32
-    } else {
-        1
-    }
-}
-
 /// The kernel's arguments and launch for transpose `t` of `plan` between the device addresses
-/// `dst` and `src` (the plan's offsets already added).
-pub(crate) fn launch(t: &Transpose, plan: &Plan, dst: u64, src: u64) -> (TParams, LaunchConfig) {
+/// `dst` and `src` (the plan's offsets already added), `vec` elements per access
+/// ([`route::transpose_access`](super::route::transpose_access), which checked that every
+/// address is aligned to that access).
+pub(crate) fn launch(
+    t: &Transpose,
+    vec: usize,
+    plan: &Plan,
+    dst: u64,
+    src: u64,
+) -> (TParams, LaunchConfig) {
     let (counts, ds, ss) = (plan.counts(), plan.dst_strides(), plan.src_strides());
     let mut p = TParams {
         dst,
@@ -217,14 +207,13 @@ pub(crate) fn launch(t: &Transpose, plan: &Plan, dst: u64, src: u64) -> (TParams
         batch: t.batch as u32,
         nb: 0,
         elem: t.elem as u32,
-        vec: 1,
+        vec: vec as u32,
     };
     for i in (0..counts.len()).filter(|&i| i != t.r && i != t.c) {
         let k = p.nb as usize;
         (p.bc[k], p.bds[k], p.bss[k]) = (counts[i] as u64, ds[i] as u64, ss[i] as u64);
         p.nb += 1;
     }
-    p.vec = vector(t, plan, dst, src);
     // The tile's extents, as the kernel's instantiations have them.
     let tr = 32 * p.vec;
     let tc = match (t.elem, p.vec) {
@@ -263,7 +252,7 @@ mod tests {
     fn params_follow_the_plan() {
         let p = plan(100, 300, 4, None);
         let t = transpose_of(&p).unwrap();
-        let (a, cfg) = launch(&t, &p, 0x1000, 0x2000);
+        let (a, cfg) = launch(&t, 1, &p, 0x1000, 0x2000);
         // Source grain: the 300 columns (stride 4); destination grain: the 100 rows.
         assert_eq!((a.rows, a.cols, a.batch, a.nb), (300, 100, 1, 0));
         assert_eq!((a.sr, a.sc, a.dr, a.dc), (4, 1200, 400, 4));
@@ -273,29 +262,12 @@ mod tests {
     }
 
     #[test]
-    fn small_elements_pack_into_words_where_aligned() {
-        let p = plan(64, 64, 2, None);
-        let t = transpose_of(&p).unwrap();
-        assert_eq!(launch(&t, &p, 0x1000, 0x2000).0.vec, 2);
-        assert_eq!(
-            launch(&t, &p, 0x1002, 0x2000).0.vec,
-            1,
-            "unaligned destination"
-        );
+    fn word_tiles_are_128_bytes_wide() {
         let b = plan(128, 256, 1, None);
         let tb = transpose_of(&b).unwrap();
-        let (a, cfg) = launch(&tb, &b, 0, 0);
+        let (a, cfg) = launch(&tb, 4, &b, 0, 0);
         assert_eq!(a.vec, 4);
         assert_eq!(cfg.grid_dim, (2, 1, 1), "128 x 128-byte tiles");
-        // An odd row length: rows start at odd addresses.
-        let odd = plan(64, 63, 2, None);
-        assert_eq!(launch(&transpose_of(&odd).unwrap(), &odd, 0, 0).0.vec, 1);
-        // Padded rows of a multiple of 4 bytes keep the words.
-        let padded = plan(64, 63, 2, Some(128));
-        assert_eq!(
-            launch(&transpose_of(&padded).unwrap(), &padded, 0, 0).0.vec,
-            2
-        );
     }
 
     #[test]
@@ -305,7 +277,7 @@ mod tests {
         let dst = Layout::contiguous(&[5, 70, 40], 2).unwrap();
         let p = Plan::new(&dst, &src.transpose(1, 2).unwrap()).unwrap();
         let t = transpose_of(&p).unwrap();
-        let (a, cfg) = launch(&t, &p, 0, 0);
+        let (a, cfg) = launch(&t, 2, &p, 0, 0);
         assert_eq!((a.rows, a.cols, a.batch, a.nb), (70, 40, 5, 1));
         assert_eq!((a.bc[0], a.bds[0], a.bss[0]), (5, 5600, 5600));
         assert_eq!(a.vec, 2);

@@ -604,3 +604,122 @@ fn the_pool_choice_leaves_the_direction_alone() {
     assert_eq!(r.stream, Direction::HostToDevice);
     assert_eq!(r.first(), Path::Driver);
 }
+
+/// `transpose_access` of the plan `dst` <- `src` at these addresses (offsets added), where the
+/// plan is a transpose.
+fn access(dst: &Layout, src: &Layout, da: u64, sa: u64) -> Option<usize> {
+    let p = Plan::new(dst, src).unwrap();
+    let t = transpose_of(&p).expect("a transpose");
+    transpose_access(
+        &t,
+        &p,
+        da + p.dst_offset() as u64,
+        sa + p.src_offset() as u64,
+    )
+}
+
+/// A `rows` x `cols` matrix of `elem`-byte elements in rows of `pitch` bytes, transposed into a
+/// dense one: (destination, source).
+fn pitched_transpose(rows: usize, cols: usize, elem: usize, pitch: usize) -> (Layout, Layout) {
+    let m = Layout::pitched(&[rows, cols], elem, pitch).unwrap();
+    let t = Layout::contiguous(&[cols, rows], elem).unwrap();
+    (t, m.transpose(0, 1).unwrap())
+}
+
+#[test]
+fn transposes_take_words_only_where_every_address_is_aligned() {
+    // bf16, dense, aligned: 4-byte words (two elements).
+    let (d, s) = pitched_transpose(64, 64, 2, 128);
+    assert_eq!(access(&d, &s, 0x1000, 0x2000), Some(2));
+    // int8: four elements a word.
+    let (d, s) = pitched_transpose(128, 256, 1, 256);
+    assert_eq!(access(&d, &s, 0, 0), Some(4));
+    // A base 2 bytes into a word: bf16 elements one at a time.
+    assert_eq!(access(&d, &s, 0x1002, 0x2000), Some(1), "int8, dst + 2");
+    let (d, s) = pitched_transpose(64, 64, 2, 128);
+    assert_eq!(access(&d, &s, 0x1002, 0x2000), Some(1), "bf16, dst + 2");
+    assert_eq!(access(&d, &s, 0x1000, 0x2002), Some(1), "bf16, src + 2");
+    // An odd row length (63 bf16: 126-byte rows): rows start 2 bytes into a word.
+    let (d, s) = pitched_transpose(64, 63, 2, 126);
+    assert_eq!(access(&d, &s, 0, 0), Some(1));
+    // Padded to a multiple of 4 bytes: words again.
+    let (d, s) = pitched_transpose(64, 63, 2, 128);
+    assert_eq!(access(&d, &s, 0, 0), Some(2));
+    // Pitched rows that are not a multiple of 4 (int8, 130-byte rows): bytes.
+    let (d, s) = pitched_transpose(100, 127, 1, 130);
+    assert_eq!(access(&d, &s, 0, 0), Some(1));
+}
+
+#[test]
+fn misaligned_elements_keep_off_the_transpose_kernel() {
+    // Element sizes at every offset below them: only offset 0 takes the kernel.
+    for elem in [2usize, 4, 8, 16] {
+        let (d, s) = pitched_transpose(40, 70, elem, 70 * elem);
+        for off in 0..elem as u64 {
+            let got = access(&d, &s, 0x1000 + off, 0x2000);
+            assert_eq!(got.is_some(), off == 0, "{elem}-byte elements, dst + {off}");
+            let got = access(&d, &s, 0x1000, 0x2000 + off);
+            assert_eq!(got.is_some(), off == 0, "{elem}-byte elements, src + {off}");
+        }
+    }
+    // f32 at offset 2 (a layout offset, as `Layout::with_offset`).
+    let (d, s) = pitched_transpose(40, 70, 4, 280);
+    let d2 = d.with_offset(2).unwrap();
+    assert_eq!(access(&d2, &s, 0x1000, 0x2000), None);
+    // Odd strides: f32 rows of 283 bytes.
+    let (d, s) = pitched_transpose(40, 70, 4, 283);
+    assert_eq!(access(&d, &s, 0, 0), None);
+    // f32 rows of 282 bytes: 2-byte aligned only.
+    let (d, s) = pitched_transpose(40, 70, 4, 282);
+    assert_eq!(access(&d, &s, 0, 0), None);
+    // 8-byte elements in rows of 4 * 141 bytes: 4-byte aligned only.
+    let (d, s) = pitched_transpose(40, 70, 8, 564);
+    assert_eq!(access(&d, &s, 0, 0), None);
+    // 1-byte elements are aligned anywhere.
+    let (d, s) = pitched_transpose(40, 70, 1, 73);
+    assert_eq!(access(&d, &s, 0x1001, 0x2003), Some(1));
+}
+
+/// H200 run 31, `cuda_stress` (seed 1796305811726484851, warm-up on "cuda spin", request 4):
+/// a bf16 transpose into a device buffer at an odd offset took the transpose kernel with
+/// 2-byte accesses and died with `CUDA_ERROR_MISALIGNED_ADDRESS` (reported at request 5, a
+/// fill, the next one waited on).
+#[test]
+fn the_run_31_stress_case_keeps_off_the_transpose_kernel() {
+    let dst = Layout::with_byte_strides(&[995, 4, 2], &[82, 2, 245262], 2)
+        .unwrap()
+        .with_offset(163597)
+        .unwrap();
+    let src = Layout::with_byte_strides(&[995, 4, 2], &[6, 17904, 5968], 2)
+        .unwrap()
+        .with_offset(41778)
+        .unwrap();
+    let p = Plan::new(&dst, &src).unwrap();
+    // The engine takes it to the SMs, a transpose: but not to the transpose kernel.
+    assert_eq!(
+        route(&cfg(), OWN, Some(OWN), &[Step::Copy(p)]).first(),
+        Path::Sm
+    );
+    assert!(transpose_of(&p).is_some());
+    assert_eq!(access(&dst, &src, 0x7f00_0000_0000, 0x7f00_1000_0000), None);
+    // The same layouts at an even offset take it, one element at a time.
+    let even = dst.with_offset(163598).unwrap();
+    assert_eq!(
+        access(&even, &src, 0x7f00_0000_0000, 0x7f00_1000_0000),
+        Some(1)
+    );
+    // The request the error was reported at: a fill of [21, 3] strides [2, 42] at offset 2
+    // (one contiguous run of 126 bytes), which never goes to an SM kernel.
+    let fl = Layout::with_byte_strides(&[21, 3], &[2, 42], 2)
+        .unwrap()
+        .with_offset(2)
+        .unwrap();
+    let fill = vec![Step::Fill {
+        plan: Plan::fill(&fl).unwrap(),
+        pattern: Box::new([1, 2]),
+    }];
+    for mode in [KernelCopies::Auto, KernelCopies::Always] {
+        let r = route(&cfg().kernel_copies(mode), OWN, None, &fill);
+        assert_eq!(r.paths().collect::<Vec<_>>(), [Path::Driver], "{mode:?}");
+    }
+}
