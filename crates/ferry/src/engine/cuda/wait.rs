@@ -151,10 +151,34 @@ pub(crate) fn expected(bytes: usize, rate: Option<f64>) -> Option<Duration> {
 /// When a request was submitted and how long it takes at the least.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Expect {
-    /// Host clock at submit.
-    pub submitted: Instant,
+    /// Host clock at submit; `None` where the schedule does not use it (a request that spins in
+    /// the driver: [`Expect::now`] reads no clock for it) or nobody looked.
+    pub submitted: Option<Instant>,
     /// Its bytes over its path's rate bound; `None` if unknown.
     pub expected: Option<Duration>,
+}
+
+impl Expect {
+    /// For the modes other than [`WaitMode::Auto`](super::WaitMode::Auto), which never look.
+    pub(crate) const UNUSED: Expect = Expect {
+        submitted: None,
+        expected: None,
+    };
+
+    /// A request submitted now that takes at least `expected`. The clock is read only where
+    /// the schedule needs it: not for the short requests that spin in the driver (a clock read
+    /// per request saved on the small copies whose per-request cost issue 14 counts).
+    pub(crate) fn now(expected: Option<Duration>) -> Expect {
+        Expect {
+            submitted: (!spins(expected)).then(Instant::now),
+            expected,
+        }
+    }
+}
+
+/// Whether a request expected to take `expected` spins in the driver.
+fn spins(expected: Option<Duration>) -> bool {
+    expected.is_some_and(|x| x < SPIN_ONLY_BELOW)
 }
 
 /// What the waiter does first.
@@ -175,13 +199,14 @@ pub(crate) enum Schedule {
 }
 
 /// The schedule of a request ([module doc](self)).
+/// A request whose submit time is unknown counts from now.
 pub(crate) fn schedule(e: Expect) -> Schedule {
     match e.expected {
-        Some(x) if x < SPIN_ONLY_BELOW => Schedule::DriverSpin,
+        x if spins(x) => Schedule::DriverSpin,
         x => {
             // Clamped (still a lower bound) so that no clock arithmetic can overflow.
             let x = x.unwrap_or(Duration::ZERO).min(EXPECTED_MAX);
-            let end = e.submitted + x;
+            let end = e.submitted.unwrap_or_else(Instant::now) + x;
             Schedule::Poll {
                 sleep_until: (x > SLEEP_MARGIN).then(|| end - SLEEP_MARGIN),
                 poll_until: end + x.max(POLL_MIN),
@@ -217,6 +242,14 @@ pub(crate) fn wait<R>(
     mut query: impl FnMut() -> Option<R>,
     driver_spin: impl FnOnce() -> R,
 ) -> R {
+    if spins(e.expected) {
+        return driver_spin();
+    }
+    let submitted = e.submitted.unwrap_or_else(Instant::now);
+    let e = Expect {
+        submitted: Some(submitted),
+        ..e
+    };
     let (sleep_until, poll_until, poll_nap) = match schedule(e) {
         Schedule::DriverSpin => return driver_spin(),
         Schedule::Poll {
@@ -258,7 +291,7 @@ pub(crate) fn wait<R>(
         if let Some(r) = query() {
             return r;
         }
-        nap = next_nap(nap, e.submitted.elapsed());
+        nap = next_nap(nap, submitted.elapsed());
         sleep(nap);
     }
 }

@@ -65,7 +65,7 @@ fn expected_time_is_bytes_over_rate() {
 fn small_requests_spin_in_the_driver() {
     let t = Instant::now();
     let e = |x| Expect {
-        submitted: t,
+        submitted: Some(t),
         expected: x,
     };
     assert_eq!(schedule(e(Some(US))), Schedule::DriverSpin);
@@ -87,7 +87,7 @@ fn long_requests_sleep_until_the_margin_then_poll() {
     let x = 4190 * US;
     assert_eq!(
         schedule(Expect {
-            submitted: t,
+            submitted: Some(t),
             expected: Some(x)
         }),
         Schedule::Poll {
@@ -98,7 +98,7 @@ fn long_requests_sleep_until_the_margin_then_poll() {
     );
     // Absurd sizes are clamped, not overflowed.
     let far = schedule(Expect {
-        submitted: t,
+        submitted: Some(t),
         expected: Some(Duration::from_secs(u64::MAX / 4)),
     });
     assert_eq!(
@@ -112,7 +112,7 @@ fn long_requests_sleep_until_the_margin_then_poll() {
     // Shorter than the margin: no sleep, poll at least POLL_MIN past the end.
     assert_eq!(
         schedule(Expect {
-            submitted: t,
+            submitted: Some(t),
             expected: Some(35 * US)
         }),
         Schedule::Poll {
@@ -156,6 +156,32 @@ fn the_bound_covers_the_margin_on_the_h200() {
 }
 
 #[test]
+fn the_clock_is_read_only_where_the_schedule_uses_it() {
+    // Short: spins in the driver, no clock read.
+    assert_eq!(Expect::now(Some(US)).submitted, None);
+    assert_eq!(Expect::now(Some(29 * US)).submitted, None);
+    // Longer, or unknown: the submit time is kept.
+    let t = Instant::now();
+    for x in [Some(30 * US), Some(Duration::from_millis(5)), None] {
+        let e = Expect::now(x);
+        assert!(e.submitted.is_some_and(|s| s >= t), "{x:?}");
+        assert_eq!(e.expected, x);
+    }
+    // An unknown submit time counts from the schedule's call.
+    let before = Instant::now();
+    match schedule(Expect {
+        submitted: None,
+        expected: Some(Duration::from_millis(1)),
+    }) {
+        Schedule::Poll {
+            sleep_until: Some(s),
+            ..
+        } => assert!(s >= before + Duration::from_millis(1) - SLEEP_MARGIN),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn naps_grow_and_stay_bounded() {
     // Early in a wait: the first nap.
     assert_eq!(next_nap(Duration::ZERO, 100 * US), NAP_FIRST);
@@ -178,7 +204,7 @@ fn wait_returns_once_the_query_says_done() {
     let calls = Cell::new(0);
     let r = wait(
         Expect {
-            submitted: Instant::now(),
+            submitted: Some(Instant::now()),
             expected: None,
         },
         || {
@@ -191,7 +217,7 @@ fn wait_returns_once_the_query_says_done() {
     // Small: the driver spin only.
     let r = wait(
         Expect {
-            submitted: Instant::now(),
+            submitted: Some(Instant::now()),
             expected: Some(US),
         },
         || -> Option<i32> { unreachable!("a small request spins in the driver") },
@@ -209,7 +235,7 @@ fn wait_sleeps_no_later_than_the_expected_end_and_naps_past_it() {
     let done_at = start + Duration::from_millis(5);
     wait(
         Expect {
-            submitted: start,
+            submitted: Some(start),
             expected: Some(Duration::from_millis(2)),
         },
         || {
@@ -258,7 +284,7 @@ fn a_long_wait_restores_the_timer_slack() {
     let queries = Cell::new(0u32);
     wait(
         Expect {
-            submitted: start,
+            submitted: Some(start),
             expected: Some(Duration::from_millis(3)),
         },
         || {
