@@ -10,6 +10,7 @@ use cudarc::driver::{sys, CudaEvent, CudaStream};
 use ferry::cuda::CudaEngine;
 use ferry::{Engine, Job, Layout, Memory, MemoryMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// How [`RawCopier::copy_waited`] waits for its copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,13 +150,31 @@ where
     D: MemoryMut + ?Sized,
     S: Memory + ?Sized,
 {
+    submit_raw_parts(engine, dst, src, layout).map(drop)
+}
+
+/// [`submit_raw_and_wait`], timed in two parts by the host clock: the submit (`submit_raw`
+/// until it returns) and the wait (`Request::wait`), in that order.
+pub fn submit_raw_parts<D, S>(
+    engine: &CudaEngine,
+    dst: &mut D,
+    src: &S,
+    layout: Layout,
+) -> Result<(Duration, Duration), ferry::Error>
+where
+    D: MemoryMut + ?Sized,
+    S: Memory + ?Sized,
+{
     let job = Job::copy(dst.raw_mut(), layout, src.raw(), layout);
+    let t0 = Instant::now();
     // SAFETY: `dst` is borrowed exclusively and `src` shared until this returns, after the
     // request completed (waited below, or the engine's barrier on a failed wait); the engine
     // refuses a layout reaching outside the buffers.
     let req = unsafe { engine.submit_raw(job) }?;
+    let t1 = Instant::now();
     req.wait().map_err(|e| {
         let _ = engine.barrier();
-        e.into()
-    })
+        ferry::Error::from(e)
+    })?;
+    Ok((t1 - t0, t1.elapsed()))
 }

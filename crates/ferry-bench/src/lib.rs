@@ -27,6 +27,6 @@ mod timer;
 pub use cputime::{cpu_time, CpuOf};
 pub use error::BaselineError;
 pub use ferry::bench::RawNccl;
-pub use latency::{submit_raw_and_wait, RawWait};
+pub use latency::{submit_raw_and_wait, submit_raw_parts, RawWait};
 pub use raw::RawCopier;
 pub use timer::{StreamTimer, LATCH_TIMEOUT};

@@ -116,6 +116,21 @@ impl Plan {
                 src: src.elem_size(),
             });
         }
+        // The common case first (every `memcpy`, each small copy's per-request cost): the same
+        // dims, both contiguous. The general path below gives the same plan (tests: plan.rs
+        // `contiguous_fast_path_matches_the_general_one`) after sorting and merging the dims.
+        if dst.dims() == src.dims() && dst.is_contiguous() && src.is_contiguous() {
+            return Ok(Plan::contiguous(
+                dst.offset(),
+                src.offset(),
+                dst.size_bytes(),
+            ));
+        }
+        Plan::general(dst, src)
+    }
+
+    /// [`Plan::new`] by sorting and merging the dims (shapes, elements sizes checked).
+    fn general(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
         // Dims of extent 1 dropped, on the stack (planning allocates nothing).
         let (dt, dn) = non_unit(dst, 0);
         let (st, sn) = non_unit(src, 0);

@@ -70,7 +70,7 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Needs::Cuda, Kind::Latency, "4,4K,64K"),
     TestInfo::new("cuda-wait-cpu", "the waiting thread's CPU time (getrusage RUSAGE_THREAD, wait_cpu_share) during one pinned -> device copy: default wait, Spin, raw cuStreamSynchronize", Needs::Cuda, Kind::Latency, "256M"),
     TestInfo::new("cuda-threads", "1, 2, 8, 16 threads each copying its own pinned buffer -> its own device buffer (size = one copy), submit+wait per copy through ONE shared engine (default config) vs a raw stream per thread (cuMemcpyHtoDAsync + cuStreamSynchronize); rows cuda-threads[N]", Needs::Cuda, Kind::Bandwidth, "64K,4M"),
-    TestInfo::new("cuda-latency-parts", "where a small submit+wait's time goes: ferry (spin) through the scope and through submit_raw, vs raw cuMemcpyAsync waited by stream sync (own stream, ferry's), event sync (one event, 64 in turn), event + stream sync, event query loop", Needs::Cuda, Kind::Latency, "4,4K,64K"),
+    TestInfo::new("cuda-latency-parts", "where a small submit+wait's time goes: ferry through the scope (spin and default engines) and through submit_raw (spin; and its submit alone and its wait alone, spin and default), vs raw cuMemcpyAsync waited by stream sync (own stream, ferry's), event sync (one event, 64 in turn), event + stream sync, event query loop", Needs::Cuda, Kind::Latency, "4,4K,64K"),
 ];
 
 /// Whether the GPU tests can run, or why not.

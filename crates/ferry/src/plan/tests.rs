@@ -265,3 +265,44 @@ fn tiled_walk_visits_the_same_runs_as_the_plain_walk() {
     let c = Plan::new(&dst, &dst).unwrap();
     assert!(!c.is_transposing());
 }
+
+#[test]
+fn contiguous_fast_path_matches_the_general_one() {
+    let layouts = [
+        Layout::bytes(1).unwrap(),
+        Layout::bytes(65536).unwrap(),
+        Layout::contiguous(&[4, 8], 4).unwrap(),
+        Layout::contiguous(&[1, 3, 1, 5], 2).unwrap(),
+        Layout::contiguous(&[2, 3, 4], 8).unwrap(),
+        Layout::contiguous(&[1], 16).unwrap(),
+    ];
+    for l in layouts {
+        for (doff, soff) in [(0, 0), (64, 0), (0, 12), (7, 9)] {
+            let dst = Layout::with_byte_strides(l.dims(), l.strides(), l.elem_size())
+                .unwrap()
+                .with_offset(doff)
+                .unwrap();
+            let src = Layout::with_byte_strides(l.dims(), l.strides(), l.elem_size())
+                .unwrap()
+                .with_offset(soff)
+                .unwrap();
+            let fast = Plan::new(&dst, &src).unwrap();
+            assert_eq!(
+                fast,
+                Plan::general(&dst, &src).unwrap(),
+                "{l:?} {doff} {soff}"
+            );
+            assert_eq!(fast.kind(), PlanKind::Contiguous);
+            assert_eq!(fast.total_bytes(), l.size_bytes());
+        }
+    }
+    // Not both contiguous, or other dims: the general path (same errors as before).
+    let a = Layout::contiguous(&[4, 8], 4).unwrap();
+    let b = Layout::contiguous(&[8, 4], 4).unwrap();
+    assert!(matches!(
+        Plan::new(&a, &b),
+        Err(PlanError::ShapeMismatch { .. })
+    ));
+    let strided = Layout::with_byte_strides(&[4, 8], &[64, 4], 4).unwrap();
+    assert_eq!(Plan::new(&strided, &a).unwrap().kind(), PlanKind::Pitched2D);
+}

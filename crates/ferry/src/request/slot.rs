@@ -13,6 +13,7 @@
 //!   ([`spawn_waiter`]), which the first registered waker starts waiting.
 
 use super::RequestError;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
@@ -35,12 +36,29 @@ impl Sleep for Condvar {
     }
 }
 
-/// A request's completion: result, wakers, sleepers, under one lock. Stored inline in the
-/// completion that owns it (no allocation of its own).
+/// A request's completion: result, wakers, sleepers, under one lock, and the state of the
+/// result beside it ([`Done`]) so that asking a pending or successful slot takes no lock.
+/// Stored inline in the completion that owns it (no allocation of its own).
 #[derive(Default)]
 pub(crate) struct Slot<S: Sleep = ()> {
     state: Mutex<State>,
+    /// [`Done`] as a number: set (under the lock, after the result) by `complete`, read
+    /// without it by `get`. A CUDA request's slot is asked 4-5 times in its life (at the start
+    /// of its wait, by the scope's barrier, the engine's list's pruning, its drop): one lock
+    /// and unlock each before.
+    done: AtomicU8,
     sleep: S,
+}
+
+/// What [`Slot::done`] says.
+#[repr(u8)]
+enum Done {
+    /// No result yet.
+    Pending = 0,
+    /// Succeeded: `get` answers without the lock.
+    Ok = 1,
+    /// Failed: the error is read under the lock.
+    Failed = 2,
 }
 
 #[derive(Default)]
@@ -75,6 +93,13 @@ impl<S: Sleep> Slot<S> {
                 return prev.clone();
             }
             st.result = Some(result.clone());
+            let done = if result.is_ok() {
+                Done::Ok
+            } else {
+                Done::Failed
+            };
+            // Release: a `get` that sees it sees the result (set above, under the lock).
+            self.done.store(done as u8, Ordering::Release);
             (std::mem::take(&mut st.wakers), st.sleepers)
         };
         if sleepers > 0 {
@@ -86,9 +111,13 @@ impl<S: Sleep> Slot<S> {
         result
     }
 
-    /// The result once complete; never blocks (beyond the slot's lock).
+    /// The result once complete; never blocks (takes the slot's lock only for a failure).
     pub(crate) fn get(&self) -> Option<Result<(), RequestError>> {
-        self.lock().result.clone()
+        match self.done.load(Ordering::Acquire) {
+            d if d == Done::Pending as u8 => None,
+            d if d == Done::Ok as u8 => Some(Ok(())),
+            _ => self.lock().result.clone(),
+        }
     }
 
     /// Arranges for `waker` to be woken on completion; wakes it at once if complete. Returns
@@ -154,7 +183,7 @@ pub(crate) fn spawn_waiter<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
     use std::sync::Arc;
     use std::task::Wake;
 
@@ -191,6 +220,41 @@ mod tests {
         assert_eq!(s.complete(failed("first")), failed("first"));
         assert_eq!(s.complete(Ok(())), failed("first"));
         assert_eq!(s.get(), Some(failed("first")));
+    }
+
+    #[test]
+    fn get_answers_without_the_lock_unless_failed() {
+        let ok: Slot = Slot::new();
+        let guard = ok.lock();
+        // Pending and successful slots are answered while another thread holds the lock.
+        assert_eq!(ok.get(), None);
+        drop(guard);
+        assert_eq!(ok.complete(Ok(())), Ok(()));
+        let guard = ok.lock();
+        assert_eq!(ok.get(), Some(Ok(())));
+        drop(guard);
+        // A failure's error is read under the lock, and a later result does not change it.
+        let bad: Slot = Slot::new();
+        assert_eq!(bad.complete(failed("x")), failed("x"));
+        assert_eq!(bad.complete(Ok(())), failed("x"));
+        assert_eq!(bad.get(), Some(failed("x")));
+        assert_eq!(bad.done.load(Ordering::Acquire), Done::Failed as u8);
+    }
+
+    #[test]
+    fn completion_seen_across_threads() {
+        let s = Arc::new(Slot::<()>::new());
+        let t = {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || loop {
+                if let Some(r) = s.get() {
+                    break r;
+                }
+                std::hint::spin_loop();
+            })
+        };
+        assert_eq!(s.complete(Ok(())), Ok(()));
+        assert_eq!(t.join().unwrap(), Ok(()));
     }
 
     #[test]

@@ -350,10 +350,7 @@ impl CudaEngine {
             (
                 self.cfg.wait,
                 // Unknown work: no sleep, poll, then nap.
-                super::wait::Expect {
-                    submitted: std::time::Instant::now(),
-                    expected: None,
-                },
+                super::wait::Expect::now(None),
             ),
             Vec::new(),
             self.waker_tx.clone(),

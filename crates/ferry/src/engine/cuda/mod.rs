@@ -505,12 +505,13 @@ impl CudaEngine {
             return Ok(self.track(lane, self.stage(&job, stream, dir, steps)?));
         }
         // For `WaitMode::Auto`: the earliest end (bytes over the path's rate bound from now).
-        let expect = wait::Expect {
-            submitted: std::time::Instant::now(),
-            expected: wait::expected(
+        // The other modes never look (no clock read for them).
+        let expect = match self.cfg.wait {
+            WaitMode::Auto => wait::Expect::now(wait::expected(
                 steps.iter().map(crate::op::Step::bytes).sum(),
                 self.rates.for_kinds(dk, sk),
-            ),
+            )),
+            _ => wait::Expect::UNUSED,
         };
         // Dependencies: CUDA requests become stream waits; others are waited here.
         let mut events = Vec::new();

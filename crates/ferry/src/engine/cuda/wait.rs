@@ -14,29 +14,56 @@
 //!    behind long work spins a core until that work is done;
 //! 2. otherwise sleeps (`std::thread::sleep`) until [`SLEEP_MARGIN`] before the expected end,
 //!    polls (`cuEventQuery`) until the expected time has passed again (at least [`POLL_MIN`]
-//!    past it: the true rate is below the bound), and
+//!    past it: the true rate is below the bound): back to back for requests expected to take
+//!    less than [`POLL_NAPS_FROM`], with short naps ([`poll_nap`], at most [`POLL_NAP_MAX`])
+//!    between queries for longer ones, and
 //! 3. if the request is still pending (queued behind other work, or the rate far below the
 //!    bound), naps in growing sleeps ([`next_nap`]) between queries, each at most 1/16 of the
 //!    time waited so far and at most [`NAP_MAX`], so a long unexpected wait costs a few wake-ups
 //!    per millisecond and at most about 6% of its length in late notice.
 //!
-//! Every sleep runs with the thread's timer slack lowered to 1 us ([`sleep`]; Linux's default of
-//! 50 us would make each nap up to 50 us late), restored after it.
+//! The thread's timer slack is lowered to 1 us for the whole wait once it first sleeps
+//! ([`Slack`]; Linux's default of 50 us would make each sleep up to 50 us late), and restored
+//! when the wait returns (two system calls per wait, not per nap).
 //!
-//! The figures: Auto's latency and CPU use are to be measured (`ferry bench -t cuda-latency`,
-//! `cuda-wait-cpu`).
+//! The figures (H200, gen5 x16, run 31 at 9e926d9, before the payload factor, the shorter
+//! margin and the poll naps): a 256 MiB pinned upload took 4.89 ms (55 GB/s) against a bound of
+//! 4.19 ms (the raw 64 GB/s), so the waiter polled back to back for about 0.8 ms: 21% of the
+//! wait on the CPU (issue 14's target: at most 20%). With the bound at [`LINK_EFFICIENCY`] of
+//! the link (58.9 GB/s, 4.56 ms) and 40 us of margin the polling starts about 0.37 ms before
+//! the end, and napping 8.9 us between queries there costs a wake-up every 10-15 us: about 3%
+//! expected (to be measured: `ferry bench -t cuda-wait-cpu`), with at most a nap plus a
+//! wake-up (about 15 us, 0.3% of 4.9 ms) of late notice.
 
 use crate::MemKind;
 use std::time::{Duration, Instant};
 
-/// The sleep ends this long before the expected end: a wake-up (several microseconds) plus
-/// Linux's default timer slack (50 us for a normal thread), in case [`sleep`] could not lower it.
-pub(crate) const SLEEP_MARGIN: Duration = Duration::from_micros(100);
+/// The sleep ends this long before the expected end: a wake-up's lateness with the timer
+/// slack at 1 us ([`Slack`]; several microseconds, tens on a busy VM host), with room to spare.
+/// (It was 100 us, sized for Linux's default slack of 50 us; where the slack cannot be lowered
+/// the bound's own distance from the true end still covers the sleep's lateness: at least 7% of
+/// the copy, 20 us at 16 MiB pinned, plus the copy's start-up latency of 5-10 us.)
+pub(crate) const SLEEP_MARGIN: Duration = Duration::from_micros(40);
 /// Requests expected to take less than this spin in the driver.
 pub(crate) const SPIN_ONLY_BELOW: Duration = Duration::from_micros(30);
 /// Polling lasts at least this long past the expected end before the naps begin (a small copy's
 /// fixed latency on the H200 is 7-20 us).
 pub(crate) const POLL_MIN: Duration = Duration::from_micros(200);
+/// Requests expected to take at least this long (117 MiB at 58.9 GB/s) nap between the
+/// queries of their polling ([`poll_nap`]); shorter ones poll back to back.
+pub(crate) const POLL_NAPS_FROM: Duration = Duration::from_millis(2);
+/// The longest nap between two queries of the polling (late notice of at most this plus a
+/// wake-up: 0.3% of a 256 MiB copy, less beyond).
+pub(crate) const POLL_NAP_MAX: Duration = Duration::from_micros(10);
+/// The share of a PCIe link's raw rate that can carry payload, an upper bound: each
+/// transaction layer packet carries at most the max payload size (256 bytes on the H200 host
+/// and most GPUs' root ports) behind 20-26 bytes of header, sequence number, LCRC and framing
+/// (256 / 280 = 0.914), and gen3+ lines lose 2/130 more to encoding; flow-control and
+/// read-completion packets cost more still. 0.92 stays above every figure measured: the
+/// H200 moves at best 55.5 GB/s pinned on gen5 x16, 0.87 of the raw 64 GB/s (run 31). (A
+/// 512-byte max payload would allow 0.95: such a link's copies could end up to 3% before the
+/// bound, and be noticed that much late.)
+pub(crate) const LINK_EFFICIENCY: f64 = 0.92;
 /// The longest expected time a schedule uses (a lower bound stays one when lowered).
 pub(crate) const EXPECTED_MAX: Duration = Duration::from_secs(3600);
 /// The first nap.
@@ -49,8 +76,9 @@ pub(crate) const NAP_MAX: Duration = Duration::from_millis(1);
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub(crate) struct Rates {
     /// The PCIe link to the host, one direction: `max_link_speed` x `max_link_width` from
-    /// sysfs, encoding overhead ignored (so an upper bound: gen5 x16 = 64 GB/s; the H200
-    /// moves 55 GB/s pinned). The maximum, not the current, speed: an idle link trains down.
+    /// sysfs times [`LINK_EFFICIENCY`] (an upper bound on the payload rate: gen5 x16 = 58.9
+    /// GB/s; the H200 moves 55.5 GB/s pinned at best). The maximum, not the current, speed:
+    /// an idle link trains down.
     pub link: Option<f64>,
     /// Peak device memory bandwidth: 2 x memory clock x bus width (attributes
     /// `MEMORY_CLOCK_RATE`, `GLOBAL_MEMORY_BUS_WIDTH`; H200: about 4.8 TB/s). A device copy
@@ -106,11 +134,12 @@ impl Rates {
     }
 }
 
-/// Upper bound of one direction of a PCIe link from sysfs's `max_link_speed` (`32.0 GT/s PCIe`)
-/// and width, bytes per second (transfers x lanes / 8, encoding ignored).
+/// Upper bound on the payload rate of one direction of a PCIe link from sysfs's
+/// `max_link_speed` (`32.0 GT/s PCIe`) and width, bytes per second: transfers x lanes / 8 x
+/// [`LINK_EFFICIENCY`].
 pub(crate) fn link_rate(speed: &str, width: u32) -> Option<f64> {
     let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
-    (gts > 0.0 && width > 0).then(|| gts * 1e9 * f64::from(width) / 8.0)
+    (gts > 0.0 && width > 0).then(|| gts * 1e9 * f64::from(width) / 8.0 * LINK_EFFICIENCY)
 }
 
 /// The shortest time `bytes` can take at `rate` bytes per second (`None` if unknown).
@@ -122,10 +151,34 @@ pub(crate) fn expected(bytes: usize, rate: Option<f64>) -> Option<Duration> {
 /// When a request was submitted and how long it takes at the least.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Expect {
-    /// Host clock at submit.
-    pub submitted: Instant,
+    /// Host clock at submit; `None` where the schedule does not use it (a request that spins in
+    /// the driver: [`Expect::now`] reads no clock for it) or nobody looked.
+    pub submitted: Option<Instant>,
     /// Its bytes over its path's rate bound; `None` if unknown.
     pub expected: Option<Duration>,
+}
+
+impl Expect {
+    /// For the modes other than [`WaitMode::Auto`](super::WaitMode::Auto), which never look.
+    pub(crate) const UNUSED: Expect = Expect {
+        submitted: None,
+        expected: None,
+    };
+
+    /// A request submitted now that takes at least `expected`. The clock is read only where
+    /// the schedule needs it: not for the short requests that spin in the driver (a clock read
+    /// per request saved on the small copies whose per-request cost issue 14 counts).
+    pub(crate) fn now(expected: Option<Duration>) -> Expect {
+        Expect {
+            submitted: (!spins(expected)).then(Instant::now),
+            expected,
+        }
+    }
+}
+
+/// Whether a request expected to take `expected` spins in the driver.
+fn spins(expected: Option<Duration>) -> bool {
+    expected.is_some_and(|x| x < SPIN_ONLY_BELOW)
 }
 
 /// What the waiter does first.
@@ -133,28 +186,45 @@ pub(crate) struct Expect {
 pub(crate) enum Schedule {
     /// Spin in the driver (`cuEventSynchronize`).
     DriverSpin,
-    /// Sleep until `sleep_until` (if set), poll until `poll_until`, then nap.
+    /// Sleep until `sleep_until` (if set), poll until `poll_until` (napping `poll_nap`
+    /// between queries), then nap.
     Poll {
         /// End of the first sleep.
         sleep_until: Option<Instant>,
         /// End of the polling.
         poll_until: Instant,
+        /// The nap between two queries of the polling (zero: back to back).
+        poll_nap: Duration,
     },
 }
 
 /// The schedule of a request ([module doc](self)).
+/// A request whose submit time is unknown counts from now.
 pub(crate) fn schedule(e: Expect) -> Schedule {
     match e.expected {
-        Some(x) if x < SPIN_ONLY_BELOW => Schedule::DriverSpin,
+        x if spins(x) => Schedule::DriverSpin,
         x => {
             // Clamped (still a lower bound) so that no clock arithmetic can overflow.
             let x = x.unwrap_or(Duration::ZERO).min(EXPECTED_MAX);
-            let end = e.submitted + x;
+            let end = e.submitted.unwrap_or_else(Instant::now) + x;
             Schedule::Poll {
                 sleep_until: (x > SLEEP_MARGIN).then(|| end - SLEEP_MARGIN),
                 poll_until: end + x.max(POLL_MIN),
+                poll_nap: poll_nap(x),
             }
         }
+    }
+}
+
+/// The nap between two queries of the polling of a request expected to take `x`: none below
+/// [`POLL_NAPS_FROM`] (a sleep and wake-up cost about what a few microseconds of polling do),
+/// else 1/512 of `x` (late notice of at most 0.2% of the copy plus a wake-up), at most
+/// [`POLL_NAP_MAX`].
+pub(crate) fn poll_nap(x: Duration) -> Duration {
+    if x < POLL_NAPS_FROM {
+        Duration::ZERO
+    } else {
+        (x / 512).min(POLL_NAP_MAX)
     }
 }
 
@@ -172,12 +242,27 @@ pub(crate) fn wait<R>(
     mut query: impl FnMut() -> Option<R>,
     driver_spin: impl FnOnce() -> R,
 ) -> R {
-    let (sleep_until, poll_until) = match schedule(e) {
+    if spins(e.expected) {
+        return driver_spin();
+    }
+    let submitted = e.submitted.unwrap_or_else(Instant::now);
+    let e = Expect {
+        submitted: Some(submitted),
+        ..e
+    };
+    let (sleep_until, poll_until, poll_nap) = match schedule(e) {
         Schedule::DriverSpin => return driver_spin(),
         Schedule::Poll {
             sleep_until,
             poll_until,
-        } => (sleep_until, poll_until),
+            poll_nap,
+        } => (sleep_until, poll_until, poll_nap),
+    };
+    // Lowered on the first sleep, restored when the wait returns.
+    let mut slack: Option<Slack> = None;
+    let mut sleep = |d: Duration| {
+        slack.get_or_insert_with(Slack::lower);
+        std::thread::sleep(d);
     };
     if let Some(t) = sleep_until {
         let now = Instant::now();
@@ -195,40 +280,72 @@ pub(crate) fn wait<R>(
         if Instant::now() >= poll_until {
             break;
         }
-        std::hint::spin_loop();
+        if poll_nap.is_zero() {
+            std::hint::spin_loop();
+        } else {
+            sleep(poll_nap);
+        }
     }
     let mut nap = Duration::ZERO;
     loop {
         if let Some(r) = query() {
             return r;
         }
-        nap = next_nap(nap, e.submitted.elapsed());
+        nap = next_nap(nap, submitted.elapsed());
         sleep(nap);
     }
 }
 
-/// `std::thread::sleep(d)` with the calling thread's timer slack at 1 us meanwhile (Linux
-/// otherwise lets a normal thread's sleep end up to 50 us late), restored after it; a plain
-/// sleep where the slack cannot be read or set.
-#[cfg(target_os = "linux")]
-pub(crate) fn sleep(d: Duration) {
-    const SLACK_NS: libc::c_ulong = 1000;
-    // SAFETY: PR_GET_TIMERSLACK reads the calling thread's slack (ns, the return value); the
-    // other arguments are unused zeroes.
-    let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
-    let lowered = libc::c_ulong::try_from(old).is_ok_and(|o| o > SLACK_NS)
-        // SAFETY: PR_SET_TIMERSLACK sets the calling thread's slack to a plain number.
-        && unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, SLACK_NS, 0, 0, 0) } == 0;
-    std::thread::sleep(d);
-    if lowered {
-        // SAFETY: as above; `old` is the positive value read before.
-        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, old as libc::c_ulong, 0, 0, 0) };
+/// The calling thread's timer slack lowered to 1 us while this lives (Linux otherwise lets a
+/// normal thread's sleep end up to 50 us late), restored on drop; nothing where the slack
+/// cannot be read or set, or is already at most 1 us.
+pub(crate) struct Slack {
+    /// The slack to restore, ns (`None`: not changed).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    old: Option<u64>,
+}
+
+impl Slack {
+    /// The slack while lowered, ns.
+    const LOW_NS: u64 = 1000;
+
+    /// Lowers the calling thread's slack.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn lower() -> Slack {
+        // SAFETY: PR_GET_TIMERSLACK reads the calling thread's slack (ns, the return value);
+        // the other arguments are unused zeroes.
+        let old = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+        let old = u64::try_from(old).ok().filter(|&o| o > Self::LOW_NS);
+        let lowered = old.is_some()
+            // SAFETY: PR_SET_TIMERSLACK sets the calling thread's slack to a plain number.
+            && unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, Self::LOW_NS as libc::c_ulong, 0, 0, 0) }
+                == 0;
+        Slack {
+            old: old.filter(|_| lowered),
+        }
+    }
+
+    /// Nothing to lower here.
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn lower() -> Slack {
+        Slack { old: None }
     }
 }
 
-/// `std::thread::sleep` (no timer slack to lower here).
-#[cfg(not(target_os = "linux"))]
+impl Drop for Slack {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        if let Some(old) = self.old {
+            // SAFETY: as in `lower`; `old` is the positive value read there.
+            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, old as libc::c_ulong, 0, 0, 0) };
+        }
+    }
+}
+
+/// `std::thread::sleep(d)` with the calling thread's timer slack at 1 us meanwhile ([`Slack`]).
+#[cfg(test)]
 pub(crate) fn sleep(d: Duration) {
+    let _slack = Slack::lower();
     std::thread::sleep(d);
 }
 
