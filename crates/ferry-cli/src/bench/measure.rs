@@ -61,6 +61,46 @@ pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Res
     Ok(Timing::of(samples_s, reps))
 }
 
+/// Times `a` and `b` as [`measure`] does, but interleaved: sample i of each is taken right
+/// after (or before) the other's, the order swapped every sample, so that a drift of the
+/// machine over the run (clocks, caches, another process) falls on both alike. For two ways
+/// of doing the same thing whose ratio matters more than either figure.
+pub fn measure_pair<E>(
+    method: &Method,
+    mut a: impl FnMut() -> Result<(), E>,
+    mut b: impl FnMut() -> Result<(), E>,
+) -> Result<(Timing, Timing), E> {
+    for _ in 0..method.warmup {
+        a()?;
+        b()?;
+    }
+    let one = |op: &mut dyn FnMut() -> Result<(), E>| -> Result<f64, E> {
+        let t = Instant::now();
+        op()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let reps = reps_for(method, one(&mut a)?.min(one(&mut b)?));
+    let sample = |op: &mut dyn FnMut() -> Result<(), E>| -> Result<f64, E> {
+        let t = Instant::now();
+        for _ in 0..reps {
+            op()?;
+        }
+        Ok(t.elapsed().as_secs_f64() / reps as f64)
+    };
+    let n = method.samples.max(1);
+    let (mut sa, mut sb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        if i % 2 == 0 {
+            sa.push(sample(&mut a)?);
+            sb.push(sample(&mut b)?);
+        } else {
+            sb.push(sample(&mut b)?);
+            sa.push(sample(&mut a)?);
+        }
+    }
+    Ok((Timing::of(sa, reps), Timing::of(sb, reps)))
+}
+
 /// Times `op` as [`measure`] does, but each call reports its own duration in seconds (the GPU
 /// time between two CUDA events); a sample is the mean over its R calls.
 pub fn measure_with<E>(
@@ -134,6 +174,34 @@ mod tests {
         // 1 warm-up + 1 calibration + 5 samples of 1 rep each.
         assert_eq!((n, t.reps, t.samples_s.len()), (7, 1, 5));
         assert!(t.min_s <= t.median_s && t.median_s <= t.max_s);
+    }
+
+    #[test]
+    fn measure_pair_interleaves_and_swaps_the_order() {
+        let order = std::cell::RefCell::new(String::new());
+        let m = Method {
+            warmup: 1,
+            samples: 4,
+            min_sample_s: 0.0,
+        };
+        let (a, b) = measure_pair(
+            &m,
+            || {
+                order.borrow_mut().push('a');
+                Ok::<(), ()>(())
+            },
+            || {
+                order.borrow_mut().push('b');
+                Ok(())
+            },
+        )
+        .unwrap();
+        // Warm-up ab, calibration ab, then samples ab, ba, ab, ba (one rep each).
+        assert_eq!(order.into_inner(), "ababab".to_string() + "baabba");
+        assert_eq!(
+            (a.samples_s.len(), b.samples_s.len(), a.reps, b.reps),
+            (4, 4, 1, 1)
+        );
     }
 
     #[test]

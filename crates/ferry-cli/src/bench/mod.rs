@@ -25,7 +25,7 @@ mod measure;
 mod report;
 mod row;
 
-pub use measure::{measure, measure_with, Method, Timing};
+pub use measure::{measure, measure_pair, measure_with, Method, Timing};
 pub use report::{CpuEngineReport, Host, MethodReport, Report, Skipped};
 pub use row::{CallerView, Clock, Role, Row, Series};
 
