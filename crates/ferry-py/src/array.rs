@@ -31,6 +31,14 @@ impl Arr {
     /// Describes `obj`. `stream`: the CUDA stream a DLPack producer should order its export
     /// with (None: no synchronization asked).
     pub(crate) fn from_py(obj: &Bound<'_, PyAny>, stream: Option<usize>) -> PyResult<Arr> {
+        if let Some(a) = numpy_scalar(obj)? {
+            // A NumPy scalar's interface points into a temporary array: copy it into a 0-d
+            // array of its own (held with the rest), read-only as the scalar is.
+            let mut arr = Arr::from_py(&a, stream)?;
+            arr.readonly = true;
+            arr.keep.push(obj.clone().unbind());
+            return Ok(arr);
+        }
         if let Some(ai) = attr(obj, "__array_interface__")? {
             return interface(obj, &ai, false);
         }
@@ -61,6 +69,19 @@ impl Arr {
     pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+}
+
+/// `numpy.asarray(obj)` for a NumPy scalar (`numpy.generic`), else None. NumPy is only
+/// looked up if already imported.
+fn numpy_scalar<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = obj.py();
+    let Ok(np) = py.import("sys")?.getattr("modules")?.get_item("numpy") else {
+        return Ok(None);
+    };
+    if np.is_none() || !obj.is_instance(&np.getattr("generic")?)? {
+        return Ok(None);
+    }
+    Ok(Some(np.call_method1("array", (obj,))?))
 }
 
 /// `obj.name`, or None when absent (an error raised while getting it is raised).
