@@ -39,6 +39,9 @@ impl Arr {
             arr.keep.push(obj.clone().unbind());
             return Ok(arr);
         }
+        if let Some(a) = torch_tensor(obj)? {
+            return Ok(a);
+        }
         if let Some(ai) = attr(obj, "__array_interface__")? {
             return interface(obj, &ai, false);
         }
@@ -69,6 +72,32 @@ impl Arr {
     pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+}
+
+/// A PyTorch tensor read through its own accessors (`data_ptr()`, `shape`, `stride()`,
+/// `dtype`, `get_device()`): a few attribute calls, where a DLPack export costs microseconds
+/// (it matters for small copies). None for other objects, or a dtype this module does not
+/// name (DLPack then says why).
+fn torch_tensor(obj: &Bound<'_, PyAny>) -> PyResult<Option<Arr>> {
+    let ty = obj.get_type();
+    if !ty.module()?.to_cow()?.starts_with("torch") || !obj.hasattr("data_ptr")? {
+        return Ok(None);
+    }
+    let dt = obj.getattr("dtype")?.str()?;
+    let Some(dtype) = dt.to_cow()?.strip_prefix("torch.").and_then(dtype::by_name) else {
+        return Ok(None);
+    };
+    let addr: u64 = obj.call_method0("data_ptr")?.extract()?;
+    let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+    let strides: Vec<isize> = obj.call_method0("stride")?.extract()?;
+    let dev: i64 = obj.call_method0("get_device")?.extract()?;
+    let kind = match u32::try_from(dev) {
+        Ok(ordinal) => MemKind::Device { ordinal },
+        Err(_) if obj.getattr("is_cpu")?.is_truthy()? => MemKind::Pageable,
+        Err(_) => return Ok(None),
+    };
+    let strides = non_negative(&strides, dtype.size)?;
+    build(obj, None, addr, kind, shape, Some(strides), dtype, false).map(Some)
 }
 
 /// `numpy.asarray(obj)` for a NumPy scalar (`numpy.generic`), else None. NumPy is only

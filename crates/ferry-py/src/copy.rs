@@ -166,8 +166,8 @@ fn check_stream(eng: &Eng, stream: Option<usize>) -> PyResult<()> {
 
 /// Host buffers as the driver knows them (pinned or pageable) when a CUDA engine runs them.
 fn refine(eng: &Eng, a: &mut Arr) {
-    if matches!(eng, Eng::Cuda(_)) {
-        a.raw = engine::refine_host(a.raw);
+    if let Eng::Cuda(c) = eng {
+        a.raw = engine::refine_host(c, a.raw);
     }
 }
 

@@ -173,9 +173,10 @@ pub(crate) fn driver_present() -> bool {
 }
 
 /// The kind of host memory at `buf` as the driver knows it: `Pinned` for page-locked memory
-/// (allocated pinned or registered), else the kind given. Asked only when a driver is loaded.
-pub(crate) fn refine_host(buf: RawBuf) -> RawBuf {
-    if buf.kind != MemKind::Pageable || !driver_present() {
+/// (allocated pinned or registered), else the kind given. Asked of `eng`'s driver (its context
+/// made current on this thread for the query).
+pub(crate) fn refine_host(eng: &RsCuda, buf: RawBuf) -> RawBuf {
+    if buf.kind != MemKind::Pageable || eng.context().bind_to_thread().is_err() {
         return buf;
     }
     match pointer_attr(

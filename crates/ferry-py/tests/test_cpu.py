@@ -314,3 +314,33 @@ def test_checkpoint_errors(tmp_path):
         ferry.load_safetensors(bad, device="tpu")
     with pytest.raises(ferry.ArgumentError, match="contiguous"):
         ferry.save_safetensors({"x": np.zeros((4, 4)).T}, tmp_path / "x.safetensors")
+
+
+class _TorchLike:
+    """Stands in for a torch.Tensor on the CPU: the accessors ferry's fast path reads."""
+
+    __module__ = "torch"
+
+    def __init__(self, a):
+        self.a = a
+        self.shape = a.shape
+        self.dtype = f"torch.{a.dtype.name}"
+        self.is_cpu = True
+
+    def data_ptr(self):
+        return self.a.__array_interface__["data"][0]
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def get_device(self):
+        return -1
+
+
+def test_torch_fast_path_strided():
+    src = sample((40, 30), np.int16)
+    dst = np.zeros((30, 40), np.int16)
+    ferry.copy_(_TorchLike(dst), _TorchLike(src.T))
+    np.testing.assert_array_equal(dst, src.T)
+    with pytest.raises(ferry.ArgumentError, match="negative strides"):
+        ferry.copy_(_TorchLike(dst), _TorchLike(src.T[::-1]))
