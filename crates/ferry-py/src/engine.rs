@@ -46,13 +46,11 @@ impl PyCpuEngine {
     /// The engine's name.
     #[getter]
     fn name(&self) -> String {
-        ferry::Engine::name(&*self.eng)
+        ferry::Engine::name(&self.eng)
     }
     /// Waits for every copy submitted so far; raises if any failed.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        let e = self.eng.clone();
-        py.allow_threads(move || ferry::Engine::barrier(&*e))
-            .map_err(|e| errors::FerryError::new_err(e.to_string()))
+        barrier(py, self.eng.clone())
     }
     fn __repr__(&self) -> String {
         format!("ferry.CpuEngine({})", self.name())
@@ -83,17 +81,21 @@ impl PyCudaEngine {
     /// The engine's name.
     #[getter]
     fn name(&self) -> String {
-        ferry::Engine::name(&*self.eng)
+        ferry::Engine::name(&self.eng)
     }
     /// Waits for every copy submitted so far; raises if any failed.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        let e = self.eng.clone();
-        py.allow_threads(move || ferry::Engine::barrier(&*e))
-            .map_err(|e| errors::FerryError::new_err(e.to_string()))
+        barrier(py, self.eng.clone())
     }
     fn __repr__(&self) -> String {
         format!("ferry.CudaEngine({})", self.name())
     }
+}
+
+/// `engine.barrier()` without the GIL; every failure in the message.
+fn barrier(py: Python<'_>, e: Arc<dyn ferry::Engine>) -> PyResult<()> {
+    py.allow_threads(move || e.barrier())
+        .map_err(|e| errors::FerryError::new_err(e.to_string()))
 }
 
 /// The engine an `engine=` argument names (`None`: chosen from the buffers' kinds).
