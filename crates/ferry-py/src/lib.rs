@@ -1,15 +1,15 @@
 //! The Python module `ferry` (its compiled part, `ferry._ferry`): PyTorch, NumPy and CuPy
 //! arrays through ferry's engines. Importable without any of them installed.
 //!
-//! - [`array`]: any object with `__array_interface__`, `__dlpack__` or
+//! - `array`: any object with `__array_interface__`, `__dlpack__` or
 //!   `__cuda_array_interface__` as a ferry buffer and layout.
-//! - [`copy`]: `copy_(dst, src, non_blocking=False, engine=None, stream=None)` and
+//! - `copy`: `copy_(dst, src, non_blocking=False, engine=None, stream=None)` and
 //!   `gather(src, index, out)`, returning a `Request` (`wait()`, `done()`, `await`). The GIL
 //!   is released while ferry copies or waits.
-//! - [`ckpt`]: `load_safetensors` / `save_safetensors` through ferry's checkpoint module;
+//! - `ckpt`: `load_safetensors` / `save_safetensors` through ferry's checkpoint module;
 //!   loaded tensors are ferry-owned `Buffer`s handed out through DLPack without a copy.
-//! - [`engine`]: `CpuEngine`, `CudaEngine`, and the default engine per copy.
-//! - [`errors`]: `FerryError` and its subclasses.
+//! - `engine`: `CpuEngine`, `CudaEngine`, and the default engine per copy.
+//! - `errors`: `FerryError` and its subclasses.
 //!
 //! Built by maturin (`crates/ferry-py/pyproject.toml`); the Python wrapper in `python/ferry`
 //! adds the framework choice of `load_safetensors`.
