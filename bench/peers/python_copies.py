@@ -124,6 +124,9 @@ def small(rows, a):
     f, _ = timed(lambda: ferry.copy_(dst, src), a.runs, a.warmup, inner)
     p, _ = timed(peer, a.runs, a.warmup, inner)
     row(rows, "4 KiB pinned->gpu + wait", size, f, p, "copy_ + torch.cuda.synchronize()", 1.2, True)
+    # The same on ferry's own streams (stream="ferry": no ordering with PyTorch's stream).
+    f2, _ = timed(lambda: ferry.copy_(dst, src, stream="ferry"), a.runs, a.warmup, inner)
+    row(rows, "4 KiB ... stream='ferry'", size, f2, p, "copy_ + torch.cuda.synchronize()", 1.2, True)
 
 
 def gather(rows, a):

@@ -25,6 +25,8 @@ pub(crate) struct Arr {
     pub readonly: bool,
     /// The array and, for DLPack, its capsule: held until the copy completes.
     pub keep: Vec<PyObject>,
+    /// A PyTorch tensor in GPU memory (ordered with PyTorch's current stream by default).
+    pub torch_gpu: bool,
 }
 
 impl Arr {
@@ -97,7 +99,9 @@ fn torch_tensor(obj: &Bound<'_, PyAny>) -> PyResult<Option<Arr>> {
         Err(_) => return Ok(None),
     };
     let strides = non_negative(&strides, dtype.size)?;
-    build(obj, None, addr, kind, shape, Some(strides), dtype, false).map(Some)
+    let mut a = build(obj, None, addr, kind, shape, Some(strides), dtype, false)?;
+    a.torch_gpu = dev >= 0;
+    Ok(Some(a))
 }
 
 /// `numpy.asarray(obj)` for a NumPy scalar (`numpy.generic`), else None. NumPy is only
@@ -297,5 +301,6 @@ fn build(
         dtype,
         readonly,
         keep,
+        torch_gpu: false,
     })
 }

@@ -154,14 +154,71 @@ fn run(
     }
 }
 
-/// Checks `eng` can reach both buffers, and which stream: `stream=` needs a CUDA engine.
-fn check_stream(eng: &Eng, stream: Option<usize>) -> PyResult<()> {
-    if stream.is_some() && matches!(eng, Eng::Cpu(_)) {
-        return Err(arg(
-            "stream= needs a copy that involves GPU memory (a CUDA engine)",
-        ));
+/// The `stream=` argument.
+#[derive(Debug, Clone, Copy)]
+enum StreamArg {
+    /// None: PyTorch's current stream when a PyTorch GPU tensor takes part, else the legacy
+    /// default stream, as the CUDA array-interchange protocols assume.
+    Auto,
+    /// `"ferry"`: ferry's own streams, ordered with nothing (the caller orders its work).
+    Own,
+    /// An int: this stream handle (`torch.cuda.current_stream().cuda_stream`).
+    Raw(usize),
+}
+
+/// Reads `stream=`.
+fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
+    let Some(s) = stream.filter(|s| !s.is_none()) else {
+        return Ok(StreamArg::Auto);
+    };
+    if let Ok(n) = s.extract::<usize>() {
+        return Ok(StreamArg::Raw(n));
     }
-    Ok(())
+    if s.extract::<String>().is_ok_and(|t| t == "ferry") {
+        return Ok(StreamArg::Own);
+    }
+    Err(arg(
+        "stream= takes None (the current stream), a CUDA stream handle (int) or \"ferry\" (ferry's own streams)",
+    ))
+}
+
+/// The stream a copy on `eng` runs in (None: the engine's own streams).
+fn pick_stream(
+    py: Python<'_>,
+    eng: &Eng,
+    a: StreamArg,
+    torch_gpu: bool,
+) -> PyResult<Option<usize>> {
+    match (eng, a) {
+        (Eng::Cpu(_), StreamArg::Raw(_)) => Err(arg(
+            "stream= needs a copy that involves GPU memory (a CUDA engine)",
+        )),
+        (Eng::Cpu(_), _) | (_, StreamArg::Own) => Ok(None),
+        (Eng::Cuda(_), StreamArg::Raw(s)) => Ok(Some(s)),
+        (Eng::Cuda(c), StreamArg::Auto) if torch_gpu => torch_stream(py, c.ordinal()).map(Some),
+        (Eng::Cuda(_), StreamArg::Auto) => Ok(Some(0)),
+    }
+}
+
+/// PyTorch's current stream on device `ordinal` (its raw handle).
+fn torch_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
+    static RAW: pyo3::sync::GILOnceCell<PyObject> = pyo3::sync::GILOnceCell::new();
+    let f = RAW.get_or_try_init(py, || -> PyResult<PyObject> {
+        let torch = py.import("torch")?;
+        // The private accessor returns the handle without making a Stream object; the public
+        // one is the fallback.
+        match torch.getattr("_C")?.getattr("_cuda_getCurrentRawStream") {
+            Ok(f) => Ok(f.unbind()),
+            Err(_) => Ok(py
+                .eval(
+                    c"lambda d: __import__('torch').cuda.current_stream(d).cuda_stream",
+                    None,
+                    None,
+                )?
+                .unbind()),
+        }
+    })?;
+    f.call1(py, (ordinal,))?.extract(py)
 }
 
 /// Host buffers as the driver knows them (pinned or pageable) when a CUDA engine runs them.
@@ -180,10 +237,15 @@ pub(crate) fn copy_(
     src: &Bound<'_, PyAny>,
     non_blocking: bool,
     engine: Option<&Bound<'_, PyAny>>,
-    stream: Option<usize>,
+    stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
-    let mut d = Arr::from_py(dst, stream)?;
-    let mut s = Arr::from_py(src, stream)?;
+    let sa = stream_arg(stream)?;
+    let dl_stream = match sa {
+        StreamArg::Raw(s) => Some(s),
+        _ => None,
+    };
+    let mut d = Arr::from_py(dst, dl_stream)?;
+    let mut s = Arr::from_py(src, dl_stream)?;
     if d.readonly {
         return Err(arg(format!("destination {} is read-only", d.describe())));
     }
@@ -195,7 +257,7 @@ pub(crate) fn copy_(
         )));
     }
     let eng = engine::from_arg(py, engine, &[d.kind(), s.kind()])?;
-    check_stream(&eng, stream)?;
+    let stream = pick_stream(py, &eng, sa, d.torch_gpu || s.torch_gpu)?;
     let mut keep = std::mem::take(&mut d.keep);
     keep.append(&mut s.keep);
     let (Some(dl), Some(sl)) = (d.layout, s.layout) else {
@@ -230,10 +292,15 @@ pub(crate) fn gather(
     out: &Bound<'_, PyAny>,
     non_blocking: bool,
     engine: Option<&Bound<'_, PyAny>>,
-    stream: Option<usize>,
+    stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
-    let mut s = Arr::from_py(src, stream)?;
-    let mut o = Arr::from_py(out, stream)?;
+    let sa = stream_arg(stream)?;
+    let dl_stream = match sa {
+        StreamArg::Raw(s) => Some(s),
+        _ => None,
+    };
+    let mut s = Arr::from_py(src, dl_stream)?;
+    let mut o = Arr::from_py(out, dl_stream)?;
     let idx = Arr::from_py(index, None)?;
     if o.readonly {
         return Err(arg(format!("out {} is read-only", o.describe())));
@@ -261,7 +328,7 @@ pub(crate) fn gather(
         )));
     }
     let eng = engine::from_arg(py, engine, &[o.kind(), s.kind()])?;
-    check_stream(&eng, stream)?;
+    let stream = pick_stream(py, &eng, sa, o.torch_gpu || s.torch_gpu)?;
     let rows = s.shape[0];
     let mut keep = std::mem::take(&mut o.keep);
     keep.append(&mut s.keep);

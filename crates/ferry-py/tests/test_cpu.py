@@ -344,3 +344,14 @@ def test_torch_fast_path_strided():
     np.testing.assert_array_equal(dst, src.T)
     with pytest.raises(ferry.ArgumentError, match="negative strides"):
         ferry.copy_(_TorchLike(dst), _TorchLike(src.T[::-1]))
+
+
+def test_stream_argument_checked():
+    a, b = np.zeros(4), np.ones(4)
+    with pytest.raises(ferry.ArgumentError, match="needs a copy that involves GPU memory"):
+        ferry.copy_(a, b, stream=5)
+    with pytest.raises(ferry.ArgumentError, match="stream= takes"):
+        ferry.copy_(a, b, stream="mine")
+    ferry.copy_(a, b, stream="ferry")
+    ferry.copy_(a, b, stream=None)
+    assert (a == 1).all()

@@ -92,14 +92,25 @@ def test_errors():
         ferry.copy_(ro, torch.ones(4, device=DEV))
 
 
-def test_on_current_stream():
+@pytest.mark.parametrize("how", ["explicit", "current"])
+def test_on_current_stream(how):
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        x = torch.full((1 << 20,), 3.0, device=DEV)
-        y = x * 2  # queued on s
-        host = torch.zeros(1 << 20)
-        ferry.copy_(host, y, stream=s.cuda_stream)
-    assert bool((host == 6.0).all())
+        x = torch.full((1 << 24,), 3.0, device=DEV)
+        for _ in range(20):
+            x = x * 1.0  # queue work on s ahead of the copy
+        y = x * 2
+        host = torch.zeros(1 << 24)
+        if how == "explicit":
+            ferry.copy_(host, y, stream=s.cuda_stream)
+        else:
+            ferry.copy_(host, y)  # PyTorch's current stream (s) by default
+        back = torch.empty_like(y)
+        ferry.copy_(back, host, non_blocking=True)
+        z = back + 1  # ordered after the upload on s
+    torch.cuda.synchronize()
+    assert bool((host == 6.0).all()), f"{how}: copy ran before the stream's kernels"
+    assert bool((z == 7.0).all()), f"{how}: kernel ran before the upload"
 
 
 def test_gather_pageable_rows_to_gpu():
