@@ -89,6 +89,12 @@ fn torch_tensor(obj: &Bound<'_, PyAny>) -> PyResult<Option<Arr>> {
     let Some(dtype) = dt.to_cow()?.strip_prefix("torch.").and_then(dtype::by_name) else {
         return Ok(None);
     };
+    // A lazily conjugated view holds the unconjugated bytes: refuse rather than copy those.
+    if dtype.dl_code == 5 && obj.call_method0("is_conj")?.is_truthy()? {
+        return Err(arg(
+            "a conjugated view (tensor.conj()) holds unconjugated bytes: call .resolve_conj() first",
+        ));
+    }
     let addr: u64 = obj.call_method0("data_ptr")?.extract()?;
     let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
     let strides: Vec<isize> = obj.call_method0("stride")?.extract()?;

@@ -86,6 +86,8 @@ def test_errors():
         ferry.copy_(torch.zeros(4, device=DEV), torch.zeros(5))
     with pytest.raises(ferry.ArgumentError, match="mismatch"):
         ferry.copy_(torch.zeros(4, device=DEV), torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(ferry.ArgumentError, match="conj"):
+        ferry.copy_(torch.zeros(4, dtype=torch.complex64, device=DEV), torch.ones(4, dtype=torch.complex64).conj())
     ro = torch.zeros(4).numpy()
     ro.flags.writeable = False
     with pytest.raises(ferry.ArgumentError, match="read-only"):
