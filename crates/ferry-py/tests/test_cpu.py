@@ -355,3 +355,30 @@ def test_stream_argument_checked():
     ferry.copy_(a, b, stream="ferry")
     ferry.copy_(a, b, stream=None)
     assert (a == 1).all()
+
+
+class _DlpackOnly:
+    """Exposes an array through DLPack alone (as a PyTorch CPU tensor or JAX array does)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack__(self, stream=None, **kw):
+        return self.a.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int64, np.float16, np.complex128], ids=lambda d: np.dtype(d).name)
+def test_dlpack_in_strided(dtype):
+    src = sample((24, 36), dtype)
+    dst = np.zeros((36, 24), dtype)
+    ferry.copy_(dst, _DlpackOnly(src.T))
+    np.testing.assert_array_equal(dst, src.T)
+    # Through a ferry-owned buffer and back: DLPack out, DLPack in.
+    before = len(gc.get_objects())
+    for _ in range(200):
+        ferry.copy_(dst, _DlpackOnly(src.T), non_blocking=True).wait()
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
