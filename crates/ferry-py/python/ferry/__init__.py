@@ -1,0 +1,84 @@
+"""ferry: move bytes between host memory, GPUs and files on the hardware's DMA engines.
+
+Arrays are anything with ``__dlpack__``, ``__array_interface__`` or
+``__cuda_array_interface__`` (PyTorch tensors, NumPy and CuPy arrays). Nothing here imports
+PyTorch, NumPy or CuPy until asked to build one of their arrays.
+
+    import ferry, torch
+    src = torch.randn(1 << 20)                   # pageable host memory
+    dst = torch.empty(1 << 20, device="cuda")
+    ferry.copy_(dst, src)                        # blocking, as tensor.copy_
+    req = ferry.copy_(dst, src, non_blocking=True); req.wait()
+    weights = ferry.load_safetensors("model.safetensors", device="cuda:0")
+"""
+
+from ._ferry import (
+    ArgumentError,
+    Buffer,
+    CheckpointError,
+    CpuEngine,
+    CudaEngine,
+    DriverError,
+    FerryError,
+    Request,
+    _load_safetensors,
+    copy_,
+    gather,
+    info,
+    save_safetensors,
+)
+
+__all__ = [
+    "ArgumentError",
+    "Buffer",
+    "CheckpointError",
+    "CpuEngine",
+    "CudaEngine",
+    "DriverError",
+    "FerryError",
+    "Request",
+    "copy_",
+    "gather",
+    "info",
+    "load_safetensors",
+    "save_safetensors",
+]
+
+
+def _convert(buf, framework):
+    if framework == "torch":
+        import torch
+
+        return torch.from_dlpack(buf)
+    if framework == "numpy":
+        import numpy
+
+        if buf.dtype == "bfloat16":
+            raise ArgumentError("NumPy has no bfloat16: load with framework='torch' or 'ferry'")
+        return numpy.asarray(buf)
+    if framework == "cupy":
+        import cupy
+
+        return cupy.from_dlpack(buf)
+    if framework == "ferry":
+        return buf
+    raise ArgumentError(
+        f"framework={framework!r}: expected 'torch', 'numpy', 'cupy' or 'ferry'"
+    )
+
+
+def load_safetensors(path, device="cuda:0", names=None, framework="torch"):
+    """Loads a safetensors checkpoint (or a sharded one, through its ``*.index.json``).
+
+    ``device``: ``"cuda:N"``, ``"cpu"`` (pageable) or ``"pinned"``. ``names``: only these
+    tensors. ``framework``: ``"torch"`` (default), ``"numpy"`` (host devices only),
+    ``"cupy"`` or ``"ferry"`` (ferry's own ``Buffer`` objects). The arrays share ferry's
+    allocation without a copy (one allocation per checkpoint, freed when the last tensor
+    using it is).
+    """
+    if framework not in ("torch", "numpy", "cupy", "ferry"):
+        _convert(None, framework)
+    return {
+        name: _convert(buf, framework)
+        for name, buf in _load_safetensors(str(path), device, names)
+    }

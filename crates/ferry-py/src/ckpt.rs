@@ -1,0 +1,289 @@
+//! `load_safetensors` / `save_safetensors` through ferry's checkpoint module, and the
+//! ferry-owned tensors a load returns (handed to PyTorch, NumPy or CuPy through DLPack
+//! without a copy: the tensor keeps ferry's allocation alive).
+
+use crate::array::Arr;
+use crate::dlpack::{self, DlDataType, DlDevice};
+use crate::dtype::{self, DType};
+use crate::engine;
+use crate::errors::{self, arg, CheckpointError};
+use ferry::checkpoint::{self, LoadOptions, SaveOptions, SaveTensor, Target, TensorBuffer};
+use ferry::file::{FileConfig, FileEngine};
+use ferry::{MemKind, Memory, RawBuf};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+/// The process's file engine for `device` (None: host memory only), made once.
+fn file_engine(py: Python<'_>, device: Option<u32>) -> PyResult<Arc<FileEngine>> {
+    static ENGINES: OnceLock<Mutex<HashMap<Option<u32>, Arc<FileEngine>>>> = OnceLock::new();
+    let map = ENGINES.get_or_init(Default::default);
+    if let Some(e) = map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&device)
+    {
+        return Ok(e.clone());
+    }
+    let cfg = FileConfig::new();
+    let e = match device {
+        None => FileEngine::new(cfg),
+        Some(o) => {
+            let cuda: Arc<dyn ferry::Engine> = engine::cuda_engine(py, o)?;
+            FileEngine::with_engine(cfg, cuda)
+        }
+    }
+    .map_err(|e| errors::FerryError::new_err(e.to_string()))?;
+    Ok(map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(device)
+        .or_insert_with(|| Arc::new(e))
+        .clone())
+}
+
+/// `cuda:N` / `cuda` / `cpu` / `pinned` as a load target.
+fn target(device: &str) -> PyResult<Target> {
+    match device {
+        "cpu" => Ok(Target::Pageable),
+        "pinned" => Ok(Target::Pinned),
+        "cuda" => Ok(Target::Device(0)),
+        d => d
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Target::Device)
+            .ok_or_else(|| {
+                arg(format!(
+                    "device {d:?}: expected \"cpu\", \"pinned\" or \"cuda:N\""
+                ))
+            }),
+    }
+}
+
+/// A tensor in memory ferry allocated (a checkpoint's buffer), exported with `__dlpack__`,
+/// and with `__array_interface__` in host memory.
+#[pyclass(module = "ferry", name = "Buffer", frozen)]
+pub(crate) struct PyBuffer {
+    bufs: Arc<Vec<TensorBuffer>>,
+    index: usize,
+    offset: usize,
+    len: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    kind: MemKind,
+}
+
+impl PyBuffer {
+    fn addr(&self) -> u64 {
+        self.bufs[self.index].raw().addr + self.offset as u64
+    }
+    fn dl_device(&self) -> DlDevice {
+        match self.kind {
+            MemKind::Device { ordinal } => DlDevice {
+                device_type: dlpack::CUDA,
+                device_id: ordinal as i32,
+            },
+            _ => DlDevice {
+                device_type: dlpack::CPU,
+                device_id: 0,
+            },
+        }
+    }
+}
+
+#[pymethods]
+impl PyBuffer {
+    /// Dims.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+    /// Element type name (`float32`, `bfloat16`, ...).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype.name
+    }
+    /// Bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.len
+    }
+    /// `cpu`, `pinned` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        match self.kind {
+            MemKind::Device { ordinal } => format!("cuda:{ordinal}"),
+            MemKind::Pinned => "pinned".into(),
+            _ => "cpu".into(),
+        }
+    }
+    /// The DLPack device `(type, id)`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let d = self.dl_device();
+        (d.device_type, d.device_id)
+    }
+    /// A DLPack capsule over this memory (no copy; the capsule keeps the memory alive). The
+    /// data is complete before the load returned, so no stream needs to wait.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<PyObject>,
+        max_version: Option<PyObject>,
+        dl_device: Option<PyObject>,
+        copy: Option<bool>,
+    ) -> PyResult<PyObject> {
+        let _ = (stream, max_version, dl_device);
+        if copy == Some(true) {
+            return Err(arg("ferry.Buffer.__dlpack__: copy=True is not supported"));
+        }
+        let dtype = DlDataType {
+            code: self.dtype.dl_code,
+            bits: (self.dtype.size * 8) as u8,
+            lanes: 1,
+        };
+        dlpack::export(
+            py,
+            Box::new(self.bufs.clone()),
+            self.addr(),
+            self.dl_device(),
+            dtype,
+            &self.shape,
+        )
+    }
+    /// NumPy's array interface, for host memory.
+    #[getter]
+    fn __array_interface__(&self, py: Python<'_>) -> PyResult<PyObject> {
+        if !self.kind.host_accessible() {
+            return Err(pyo3::exceptions::PyAttributeError::new_err(
+                "__array_interface__: the buffer is in GPU memory",
+            ));
+        }
+        let d = PyDict::new(py);
+        d.set_item("shape", pyo3::types::PyTuple::new(py, &self.shape)?)?;
+        d.set_item("typestr", dtype::typestr(self.dtype))?;
+        d.set_item("data", (self.addr(), false))?;
+        d.set_item("strides", py.None())?;
+        d.set_item("version", 3)?;
+        Ok(d.into_any().unbind())
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "ferry.Buffer({}{:?}, {})",
+            self.dtype.name,
+            self.shape,
+            self.device()
+        )
+    }
+}
+
+/// `_load_safetensors(path, device, names)`: `[(name, Buffer)]` in file order.
+#[pyfunction]
+#[pyo3(signature = (path, device = "cuda:0", names = None))]
+pub(crate) fn _load_safetensors(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    device: &str,
+    names: Option<Vec<String>>,
+) -> PyResult<Py<PyList>> {
+    let target = target(device)?;
+    let fe = file_engine(
+        py,
+        match target {
+            Target::Device(o) => Some(o),
+            _ => None,
+        },
+    )?;
+    let mut opts = LoadOptions::new(target);
+    if let Some(n) = names {
+        opts = opts.names(n);
+    }
+    let ckpt = py
+        .allow_threads(|| checkpoint::load(&fe, &path, &opts))
+        .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+    let (bufs, tensors) = ckpt.into_parts();
+    let bufs = Arc::new(bufs);
+    let out = PyList::empty(py);
+    for t in tensors {
+        let dtype = dtype::from_safetensors(t.dtype).map_err(|m| {
+            CheckpointError::new_err(format!("{}: tensor {}: {m}", path.display(), t.name))
+        })?;
+        let b = PyBuffer {
+            bufs: bufs.clone(),
+            index: t.buffer,
+            offset: t.offset,
+            len: t.len,
+            dtype,
+            shape: t.shape,
+            kind: t.kind,
+        };
+        out.append((t.name, Py::new(py, b)?))?;
+    }
+    Ok(out.unbind())
+}
+
+/// Memory a Python array lends for the call.
+struct Lent(RawBuf);
+
+// SAFETY: the array it describes is kept alive (its `Arr` held) by `save_safetensors` for the
+// whole call, and is host memory or device memory of the kind it claims.
+unsafe impl Memory for Lent {
+    fn raw(&self) -> RawBuf {
+        self.0
+    }
+}
+
+/// `save_safetensors(tensors, path, metadata=None)`: a dict of name -> array (host or GPU,
+/// C-contiguous) written as one safetensors file.
+#[pyfunction]
+#[pyo3(signature = (tensors, path, metadata = None))]
+pub(crate) fn save_safetensors(
+    py: Python<'_>,
+    tensors: &Bound<'_, PyDict>,
+    path: std::path::PathBuf,
+    metadata: Option<HashMap<String, String>>,
+) -> PyResult<()> {
+    let mut arrs = Vec::with_capacity(tensors.len());
+    let mut gpu = None;
+    for (k, v) in tensors.iter() {
+        let name: String = k.extract().map_err(|_| arg("tensor names must be str"))?;
+        let a = Arr::from_py(&v, None)?;
+        if a.layout.as_ref().is_some_and(|l| !l.is_contiguous()) {
+            return Err(arg(format!(
+                "tensor {name}: {} is not C-contiguous (save a contiguous copy)",
+                a.describe()
+            )));
+        }
+        let st = dtype::to_safetensors(a.dtype).map_err(|m| arg(format!("tensor {name}: {m}")))?;
+        if let MemKind::Device { ordinal } = a.kind() {
+            gpu.get_or_insert(ordinal);
+        }
+        arrs.push((name, st, a));
+    }
+    let fe = file_engine(py, gpu)?;
+    let mut opts = SaveOptions::new();
+    for (k, v) in metadata.unwrap_or_default() {
+        opts = opts.metadata(k, v);
+    }
+    let lent: Vec<(String, ferry::checkpoint::Dtype, Vec<usize>, Lent)> = arrs
+        .iter()
+        .map(|(n, st, a)| {
+            let raw = RawBuf {
+                len: a.numel() * a.dtype.size,
+                ..a.raw
+            };
+            (n.clone(), *st, a.shape.clone(), Lent(raw))
+        })
+        .collect();
+    py.allow_threads(|| {
+        let list: Vec<SaveTensor<'_>> = lent
+            .iter()
+            .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
+            .collect();
+        checkpoint::save(&fe, &path, &list, &opts)
+    })
+    .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+    drop(arrs);
+    Ok(())
+}

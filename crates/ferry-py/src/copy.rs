@@ -1,0 +1,370 @@
+//! `ferry.copy_`, `ferry.gather` and the request they return.
+
+use crate::array::Arr;
+use crate::engine::{self, Eng};
+use crate::errors::{self, arg};
+use ferry::{Job, Op, Segment};
+use pyo3::prelude::*;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A copy in flight (or done): `wait()`, `done()`, `await request`. It holds the source and
+/// destination arrays until the copy completes; dropping an unfinished request waits for it.
+#[pyclass(module = "ferry", name = "Request")]
+pub(crate) struct PyRequest {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    req: Option<ferry::Request>,
+    result: Option<Result<(), ferry::RequestError>>,
+    keep: Vec<PyObject>,
+}
+
+impl PyRequest {
+    fn new(req: ferry::Request, keep: Vec<PyObject>) -> PyRequest {
+        PyRequest {
+            state: Mutex::new(State {
+                req: Some(req),
+                result: None,
+                keep,
+            }),
+        }
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    /// Stores the outcome and lets go of the arrays; raises a failure.
+    fn finish(&self, r: Result<(), ferry::RequestError>) -> PyResult<()> {
+        let keep = {
+            let mut s = self.lock();
+            s.result = Some(r.clone());
+            std::mem::take(&mut s.keep)
+        };
+        drop(keep);
+        r.map_err(|e| errors::request(&e))
+    }
+}
+
+#[pymethods]
+impl PyRequest {
+    /// Blocks (without the GIL) until the copy completes; raises its error if it failed.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let req = {
+            let mut s = self.lock();
+            if let Some(r) = &s.result {
+                return r.clone().map_err(|e| errors::request(&e));
+            }
+            match s.req.take() {
+                Some(req) => req,
+                None => {
+                    return Err(errors::FerryError::new_err(
+                        "request is being waited for by another thread",
+                    ))
+                }
+            }
+        };
+        let r = py.allow_threads(move || req.wait());
+        self.finish(r)
+    }
+    /// True once the copy completed (a failure is raised by `wait()`).
+    fn done(&self) -> bool {
+        let r = {
+            let mut s = self.lock();
+            if s.result.is_some() {
+                return true;
+            }
+            match s.req.as_mut().map(|r| r.try_wait()) {
+                Some(Some(r)) => {
+                    s.req = None;
+                    r
+                }
+                _ => return false,
+            }
+        };
+        // A failure stays stored for `wait()` to raise.
+        let _ = self.finish(r);
+        true
+    }
+    /// `await request`: waits on the event loop's default executor.
+    fn __await__(slf: Bound<'_, Self>) -> PyResult<PyObject> {
+        let py = slf.py();
+        let lp = py.import("asyncio")?.call_method0("get_running_loop")?;
+        let fut = lp.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
+        Ok(fut.call_method0("__await__")?.unbind())
+    }
+    fn __repr__(&self) -> String {
+        let s = self.lock();
+        match &s.result {
+            None => "ferry.Request(pending)".into(),
+            Some(Ok(())) => "ferry.Request(done)".into(),
+            Some(Err(e)) => format!("ferry.Request(failed: {e})"),
+        }
+    }
+}
+
+impl Drop for PyRequest {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(req) = s.req.take() {
+            // The arrays must outlive the copy: wait here, without the GIL.
+            let _ = Python::with_gil(|py| py.allow_threads(move || req.wait()));
+        }
+    }
+}
+
+/// Submits `job` on `eng` (on the caller's CUDA stream `stream` if given) and returns the
+/// request, waited for unless `non_blocking`.
+fn run(
+    py: Python<'_>,
+    eng: &Eng,
+    job: Job,
+    keep: Vec<PyObject>,
+    non_blocking: bool,
+    stream: Option<usize>,
+) -> PyResult<PyRequest> {
+    let eng = eng.clone();
+    let submitted = py.allow_threads(move || -> Result<_, ferry::SubmitError> {
+        let req = match (&eng, stream) {
+            (Eng::Cuda(c), Some(s)) => {
+                // SAFETY: the caller passed a live stream handle of this device's primary
+                // context (PyTorch's and CuPy's streams are), alive for this call; the
+                // stream engine is dropped before return. The job's buffers are the arrays
+                // held in `keep` until the request completes (`PyRequest`), and Python code
+                // is trusted, as with PyTorch's own copies, not to touch them meanwhile.
+                unsafe { ferry::Engine::submit_raw(&c.on_raw_stream(s as _), job)? }
+            }
+            // SAFETY: as above: the arrays stay alive and untouched until completion.
+            _ => unsafe { ferry::Engine::submit_raw(&*eng.dyn_engine(), job)? },
+        };
+        Ok(if non_blocking {
+            Ok(req)
+        } else {
+            Err(req.wait())
+        })
+    });
+    match submitted.map_err(errors::submit)? {
+        Ok(req) => Ok(PyRequest::new(req, keep)),
+        Err(waited) => {
+            let out = PyRequest::new(ferry::Request::ready(Ok(())), keep);
+            out.lock().req = None;
+            out.finish(waited)?;
+            Ok(out)
+        }
+    }
+}
+
+/// The `stream=` argument.
+#[derive(Debug, Clone, Copy)]
+enum StreamArg {
+    /// None: PyTorch's current stream when a PyTorch GPU tensor takes part, else the legacy
+    /// default stream, as the CUDA array-interchange protocols assume.
+    Auto,
+    /// `"ferry"`: ferry's own streams, ordered with nothing (the caller orders its work).
+    Own,
+    /// An int: this stream handle (`torch.cuda.current_stream().cuda_stream`).
+    Raw(usize),
+}
+
+/// Reads `stream=`.
+fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
+    let Some(s) = stream.filter(|s| !s.is_none()) else {
+        return Ok(StreamArg::Auto);
+    };
+    if let Ok(n) = s.extract::<usize>() {
+        return Ok(StreamArg::Raw(n));
+    }
+    if s.extract::<String>().is_ok_and(|t| t == "ferry") {
+        return Ok(StreamArg::Own);
+    }
+    Err(arg(
+        "stream= takes None (the current stream), a CUDA stream handle (int) or \"ferry\" (ferry's own streams)",
+    ))
+}
+
+/// The stream a copy on `eng` runs in (None: the engine's own streams).
+fn pick_stream(
+    py: Python<'_>,
+    eng: &Eng,
+    a: StreamArg,
+    torch_gpu: bool,
+) -> PyResult<Option<usize>> {
+    match (eng, a) {
+        (Eng::Cpu(_), StreamArg::Raw(_)) => Err(arg(
+            "stream= needs a copy that involves GPU memory (a CUDA engine)",
+        )),
+        (Eng::Cpu(_), _) | (_, StreamArg::Own) => Ok(None),
+        (Eng::Cuda(_), StreamArg::Raw(s)) => Ok(Some(s)),
+        (Eng::Cuda(c), StreamArg::Auto) if torch_gpu => torch_stream(py, c.ordinal()).map(Some),
+        (Eng::Cuda(_), StreamArg::Auto) => Ok(Some(0)),
+    }
+}
+
+/// PyTorch's current stream on device `ordinal` (its raw handle).
+fn torch_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
+    static RAW: pyo3::sync::GILOnceCell<PyObject> = pyo3::sync::GILOnceCell::new();
+    let f = RAW.get_or_try_init(py, || -> PyResult<PyObject> {
+        let torch = py.import("torch")?;
+        // The private accessor returns the handle without making a Stream object; the public
+        // one is the fallback.
+        match torch.getattr("_C")?.getattr("_cuda_getCurrentRawStream") {
+            Ok(f) => Ok(f.unbind()),
+            Err(_) => Ok(py
+                .eval(
+                    c"lambda d: __import__('torch').cuda.current_stream(d).cuda_stream",
+                    None,
+                    None,
+                )?
+                .unbind()),
+        }
+    })?;
+    f.call1(py, (ordinal,))?.extract(py)
+}
+
+/// Host buffers as the driver knows them (pinned or pageable) when a CUDA engine runs them.
+fn refine(eng: &Eng, a: &mut Arr) {
+    if let Eng::Cuda(c) = eng {
+        a.raw = engine::refine_host(c, a.raw);
+    }
+}
+
+/// `ferry.copy_(dst, src, non_blocking=False, engine=None, stream=None)`.
+#[pyfunction]
+#[pyo3(signature = (dst, src, non_blocking = false, engine = None, stream = None))]
+pub(crate) fn copy_(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    non_blocking: bool,
+    engine: Option<&Bound<'_, PyAny>>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyRequest> {
+    let sa = stream_arg(stream)?;
+    let dl_stream = match sa {
+        StreamArg::Raw(s) => Some(s),
+        _ => None,
+    };
+    let mut d = Arr::from_py(dst, dl_stream)?;
+    let mut s = Arr::from_py(src, dl_stream)?;
+    if d.readonly {
+        return Err(arg(format!("destination {} is read-only", d.describe())));
+    }
+    if d.shape != s.shape || d.dtype != s.dtype {
+        return Err(arg(format!(
+            "shape or dtype mismatch: destination {}, source {} (ferry.copy_ neither broadcasts nor converts)",
+            d.describe(),
+            s.describe()
+        )));
+    }
+    let eng = engine::from_arg(py, engine, &[d.kind(), s.kind()])?;
+    let stream = pick_stream(py, &eng, sa, d.torch_gpu || s.torch_gpu)?;
+    let mut keep = std::mem::take(&mut d.keep);
+    keep.append(&mut s.keep);
+    let (Some(dl), Some(sl)) = (d.layout, s.layout) else {
+        return Ok(PyRequest::new(ferry::Request::ready(Ok(())), Vec::new()));
+    };
+    if !dl.is_non_overlapping() {
+        return Err(arg(format!(
+            "destination {} has overlapping elements (a zero or overlapping stride)",
+            d.describe()
+        )));
+    }
+    refine(&eng, &mut d);
+    refine(&eng, &mut s);
+    run(
+        py,
+        &eng,
+        Job::copy(d.raw, dl, s.raw, sl),
+        keep,
+        non_blocking,
+        stream,
+    )
+}
+
+/// `ferry.gather(src, index, out, non_blocking=False, engine=None, stream=None)`: rows
+/// `index[i]` of the 2-D `src` into row `i` of `out`, as one segment-list request.
+#[pyfunction]
+#[pyo3(signature = (src, index, out, non_blocking = false, engine = None, stream = None))]
+pub(crate) fn gather(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    index: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    non_blocking: bool,
+    engine: Option<&Bound<'_, PyAny>>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyRequest> {
+    let sa = stream_arg(stream)?;
+    let dl_stream = match sa {
+        StreamArg::Raw(s) => Some(s),
+        _ => None,
+    };
+    let mut s = Arr::from_py(src, dl_stream)?;
+    let mut o = Arr::from_py(out, dl_stream)?;
+    let idx = Arr::from_py(index, None)?;
+    if o.readonly {
+        return Err(arg(format!("out {} is read-only", o.describe())));
+    }
+    if s.shape.len() != 2 || o.shape.len() != 2 {
+        return Err(arg(format!(
+            "gather takes 2-D src and out, got src {} and out {}",
+            s.describe(),
+            o.describe()
+        )));
+    }
+    if idx.shape.len() != 1 || idx.dtype.name != "int64" || !idx.raw.kind.host_accessible() {
+        return Err(arg(format!(
+            "index must be a 1-D int64 array in host memory, got {}",
+            idx.describe()
+        )));
+    }
+    let n = idx.shape[0];
+    if o.dtype != s.dtype || o.shape != [n, s.shape[1]] {
+        return Err(arg(format!(
+            "out must be {}[{n}, {}], got {}",
+            s.dtype.name,
+            s.shape[1],
+            o.describe()
+        )));
+    }
+    let eng = engine::from_arg(py, engine, &[o.kind(), s.kind()])?;
+    let stream = pick_stream(py, &eng, sa, o.torch_gpu || s.torch_gpu)?;
+    let rows = s.shape[0];
+    let mut keep = std::mem::take(&mut o.keep);
+    keep.append(&mut s.keep);
+    let (Some(sl), Some(ol), Some(il)) = (s.layout, o.layout, idx.layout) else {
+        return Ok(PyRequest::new(ferry::Request::ready(Ok(())), Vec::new()));
+    };
+    let row = s.shape[1] * s.dtype.size;
+    let inner = |l: &ferry::Layout| l.dims()[1] == 1 || l.strides()[1] == l.elem_size();
+    if !inner(&sl) || !inner(&ol) {
+        return Err(arg(
+            "gather needs src and out rows that are contiguous (last stride 1)",
+        ));
+    }
+    let (s_pitch, o_pitch, i_step) = (sl.strides()[0], ol.strides()[0], il.strides()[0]);
+    let mut segs = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: `idx` is host memory kept alive by `index` (borrowed for this call), and
+        // element `i` lies inside its layout (i < dims[0]); read unaligned as int64.
+        let v = unsafe { ((idx.raw.addr as usize + i * i_step) as *const i64).read_unaligned() };
+        let r = usize::try_from(v)
+            .ok()
+            .filter(|&r| r < rows)
+            .ok_or_else(|| arg(format!("index[{i}] = {v} is outside src's {rows} rows")))?;
+        segs.push(Segment::new(
+            (i * o_pitch) as u64,
+            (r * s_pitch) as u64,
+            row as u64,
+        ));
+    }
+    refine(&eng, &mut s);
+    refine(&eng, &mut o);
+    let job = Job {
+        dst: o.raw,
+        src: Some(s.raw),
+        op: Op::Segments(Arc::from(segs)),
+        after: Vec::new(),
+    };
+    run(py, &eng, job, keep, non_blocking, stream)
+}

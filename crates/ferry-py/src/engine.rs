@@ -1,0 +1,217 @@
+//! Engines as Python objects (`ferry.CpuEngine`, `ferry.CudaEngine`) and the default engine
+//! chosen per copy from where its buffers live.
+
+use crate::errors;
+use ferry::cuda::CudaEngine as RsCuda;
+use ferry::{CpuEngine as RsCpu, MemKind, RawBuf};
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+/// An engine of either kind, shared.
+#[derive(Clone)]
+pub(crate) enum Eng {
+    /// The CPU thread pool.
+    Cpu(Arc<RsCpu>),
+    /// One GPU's copy engines.
+    Cuda(Arc<RsCuda>),
+}
+
+impl Eng {
+    /// As the engine trait.
+    pub(crate) fn dyn_engine(&self) -> Arc<dyn ferry::Engine> {
+        match self {
+            Eng::Cpu(e) => e.clone(),
+            Eng::Cuda(e) => e.clone(),
+        }
+    }
+}
+
+/// `ferry.CpuEngine(threads=0)`: copies between host buffers on a thread pool (0: one thread
+/// per core).
+#[pyclass(module = "ferry", name = "CpuEngine", frozen)]
+pub(crate) struct PyCpuEngine {
+    pub(crate) eng: Arc<RsCpu>,
+}
+
+#[pymethods]
+impl PyCpuEngine {
+    #[new]
+    #[pyo3(signature = (threads = 0))]
+    fn new(threads: usize) -> PyResult<Self> {
+        Ok(PyCpuEngine {
+            eng: Arc::new(RsCpu::new(threads).map_err(errors::ferry)?),
+        })
+    }
+    /// The engine's name.
+    #[getter]
+    fn name(&self) -> String {
+        ferry::Engine::name(&self.eng)
+    }
+    /// Waits for every copy submitted so far; raises if any failed.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        barrier(py, self.eng.clone())
+    }
+    fn __repr__(&self) -> String {
+        format!("ferry.CpuEngine({})", self.name())
+    }
+}
+
+/// `ferry.CudaEngine(device=0)`: copies to, from and between GPU memory on the GPU's copy
+/// engines (pageable host memory staged through pinned buffers).
+#[pyclass(module = "ferry", name = "CudaEngine", frozen)]
+pub(crate) struct PyCudaEngine {
+    pub(crate) eng: Arc<RsCuda>,
+}
+
+#[pymethods]
+impl PyCudaEngine {
+    #[new]
+    #[pyo3(signature = (device = 0))]
+    fn new(py: Python<'_>, device: u32) -> PyResult<Self> {
+        Ok(PyCudaEngine {
+            eng: cuda_engine(py, device)?,
+        })
+    }
+    /// The device ordinal.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.eng.ordinal()
+    }
+    /// The engine's name.
+    #[getter]
+    fn name(&self) -> String {
+        ferry::Engine::name(&self.eng)
+    }
+    /// Waits for every copy submitted so far; raises if any failed.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        barrier(py, self.eng.clone())
+    }
+    fn __repr__(&self) -> String {
+        format!("ferry.CudaEngine({})", self.name())
+    }
+}
+
+/// `engine.barrier()` without the GIL; every failure in the message.
+fn barrier(py: Python<'_>, e: Arc<dyn ferry::Engine>) -> PyResult<()> {
+    py.allow_threads(move || e.barrier())
+        .map_err(|e| errors::FerryError::new_err(e.to_string()))
+}
+
+/// The engine an `engine=` argument names (`None`: chosen from the buffers' kinds).
+pub(crate) fn from_arg(
+    py: Python<'_>,
+    engine: Option<&Bound<'_, PyAny>>,
+    kinds: &[MemKind],
+) -> PyResult<Eng> {
+    match engine {
+        None => default_for(py, kinds),
+        Some(e) => {
+            if let Ok(c) = e.downcast::<PyCpuEngine>() {
+                Ok(Eng::Cpu(c.get().eng.clone()))
+            } else if let Ok(c) = e.downcast::<PyCudaEngine>() {
+                Ok(Eng::Cuda(c.get().eng.clone()))
+            } else {
+                Err(errors::arg(
+                    "engine= takes a ferry.CpuEngine or ferry.CudaEngine",
+                ))
+            }
+        }
+    }
+}
+
+/// The default engine for buffers of these kinds: the CUDA engine of the first GPU among
+/// them, else the CPU engine (one per process, one thread per core).
+pub(crate) fn default_for(py: Python<'_>, kinds: &[MemKind]) -> PyResult<Eng> {
+    let gpu = kinds.iter().find_map(|k| match k {
+        MemKind::Device { ordinal } => Some(*ordinal),
+        _ => None,
+    });
+    let managed = kinds.contains(&MemKind::Managed);
+    match (gpu, managed) {
+        (Some(o), _) => Ok(Eng::Cuda(cuda_engine(py, o)?)),
+        (None, true) => Ok(Eng::Cuda(cuda_engine(py, 0)?)),
+        (None, false) => Ok(Eng::Cpu(cpu_engine()?)),
+    }
+}
+
+/// The process's default CPU engine.
+pub(crate) fn cpu_engine() -> PyResult<Arc<RsCpu>> {
+    static CPU: OnceLock<Arc<RsCpu>> = OnceLock::new();
+    if let Some(e) = CPU.get() {
+        return Ok(e.clone());
+    }
+    let e = Arc::new(RsCpu::new(0).map_err(errors::ferry)?);
+    Ok(CPU.get_or_init(|| e).clone())
+}
+
+/// The process's CUDA engine of device `ordinal` (made once; the GIL released while it is).
+pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>> {
+    static CUDA: OnceLock<Mutex<HashMap<u32, Arc<RsCuda>>>> = OnceLock::new();
+    let map = CUDA.get_or_init(Default::default);
+    if let Some(e) = map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&ordinal)
+    {
+        return Ok(e.clone());
+    }
+    let e = Arc::new(
+        py.allow_threads(|| RsCuda::new(ordinal))
+            .map_err(errors::cuda)?,
+    );
+    Ok(map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(ordinal)
+        .or_insert(e)
+        .clone())
+}
+
+/// True when the CUDA driver loaded (probed once per process).
+pub(crate) fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| ferry::cuda::probe().driver.is_ok())
+}
+
+/// The kind of host memory at `buf` as the driver knows it: `Pinned` for page-locked memory
+/// (allocated pinned or registered), else the kind given. Asked of `eng`'s driver (its context
+/// made current on this thread for the query).
+pub(crate) fn refine_host(eng: &RsCuda, buf: RawBuf) -> RawBuf {
+    if buf.kind != MemKind::Pageable || eng.context().bind_to_thread().is_err() {
+        return buf;
+    }
+    match pointer_attr(
+        buf.addr,
+        cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    ) {
+        Some(t) if t == cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => RawBuf {
+            kind: MemKind::Pinned,
+            ..buf
+        },
+        _ => buf,
+    }
+}
+
+/// The ordinal of the GPU holding device address `addr`, if the driver knows it.
+pub(crate) fn device_of(addr: u64) -> Option<u32> {
+    if !driver_present() {
+        return None;
+    }
+    pointer_attr(
+        addr,
+        cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    )
+}
+
+/// One 32-bit pointer attribute of `addr`, or None when the driver does not know the address.
+fn pointer_attr(addr: u64, attr: cudarc::driver::sys::CUpointer_attribute) -> Option<u32> {
+    let mut v: u32 = 0;
+    // SAFETY: the driver library is loaded (`driver_present`); the attribute queried is a
+    // 32-bit value written into a local of that size; the driver only looks the address up in
+    // its tables and never dereferences it.
+    let r = unsafe {
+        cudarc::driver::sys::cuPointerGetAttribute((&mut v as *mut u32).cast(), attr, addr)
+    };
+    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(v)
+}

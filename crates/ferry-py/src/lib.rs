@@ -1,0 +1,84 @@
+//! The Python module `ferry` (its compiled part, `ferry._ferry`): PyTorch, NumPy and CuPy
+//! arrays through ferry's engines. Importable without any of them installed.
+//!
+//! - `array`: any object with `__array_interface__`, `__dlpack__` or
+//!   `__cuda_array_interface__` as a ferry buffer and layout.
+//! - `copy`: `copy_(dst, src, non_blocking=False, engine=None, stream=None)` and
+//!   `gather(src, index, out)`, returning a `Request` (`wait()`, `done()`, `await`). The GIL
+//!   is released while ferry copies or waits.
+//! - `ckpt`: `load_safetensors` / `save_safetensors` through ferry's checkpoint module;
+//!   loaded tensors are ferry-owned `Buffer`s handed out through DLPack without a copy.
+//! - `engine`: `CpuEngine`, `CudaEngine`, and the default engine per copy.
+//! - `errors`: `FerryError` and its subclasses.
+//!
+//! Built by maturin (`crates/ferry-py/pyproject.toml`); the Python wrapper in `python/ferry`
+//! adds the framework choice of `load_safetensors`.
+
+mod array;
+mod ckpt;
+mod copy;
+mod dlpack;
+mod dtype;
+mod engine;
+mod errors;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// `ferry.info()`: the version, the CUDA driver and devices as ferry sees them, the dtypes.
+#[pyfunction]
+fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("version", env!("CARGO_PKG_VERSION"))?;
+    d.set_item("abi", "abi3-py39")?;
+    let probe = py.allow_threads(ferry::cuda::probe);
+    match &probe.driver {
+        Ok(v) => {
+            d.set_item("cuda_driver", *v)?;
+            d.set_item("cuda_error", py.None())?;
+        }
+        Err(e) => {
+            d.set_item("cuda_driver", py.None())?;
+            d.set_item("cuda_error", e)?;
+        }
+    }
+    let devs = PyList::empty(py);
+    for dev in &probe.devices {
+        let x = PyDict::new(py);
+        x.set_item("ordinal", dev.ordinal)?;
+        x.set_item("name", &dev.name)?;
+        x.set_item("total_mem", dev.total_mem)?;
+        x.set_item("async_engines", dev.async_engines)?;
+        x.set_item("sm_count", dev.sm_count)?;
+        x.set_item("compute_capability", dev.compute_capability)?;
+        x.set_item("pci_bus_id", &dev.pci_bus_id)?;
+        x.set_item("pcie_gen", dev.pcie_gen)?;
+        x.set_item("pcie_width", dev.pcie_width)?;
+        devs.append(x)?;
+    }
+    d.set_item("devices", devs)?;
+    d.set_item("nvidia_fs", probe.nvidia_fs)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    d.set_item("cpu_threads", cpus)?;
+    d.set_item(
+        "dtypes",
+        dtype::ALL.iter().map(|t| t.name).collect::<Vec<_>>(),
+    )?;
+    Ok(d.unbind())
+}
+
+/// The module.
+#[pymodule]
+fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<engine::PyCpuEngine>()?;
+    m.add_class::<engine::PyCudaEngine>()?;
+    m.add_class::<copy::PyRequest>()?;
+    m.add_class::<ckpt::PyBuffer>()?;
+    m.add_function(wrap_pyfunction!(info, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::copy_, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::gather, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::_load_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::save_safetensors, m)?)?;
+    Ok(())
+}
