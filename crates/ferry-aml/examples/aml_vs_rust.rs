@@ -3,6 +3,11 @@
 //! the CPU (Linux DMA vs `CpuEngine`) and, where CUDA is present, host to device and back
 //! (CUDA DMA vs `CudaEngine`). Prints GB/s of each and the ratio AML / Rust (target >= 0.9).
 //!
+//! Both sides submit the same job (the NULL operator is ferry's planned copy: the unit test
+//! `null_operator_submits_the_rust_api_job` checks it), so the samples are interleaved, the
+//! order swapped every sample: timed one series after the other, a drift of the machine over
+//! the run (clocks, page placement, another process) fell on one side only.
+//!
 //! `cargo run --release -p ferry-aml --example aml_vs_rust [-- ITERATIONS]`
 
 use aml::dma::{aml_dma_copy_custom, AmlDma};
@@ -21,18 +26,32 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times `f` `n` times (after one warm-up), the median in seconds.
-fn time(n: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    median(
-        (0..n)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed().as_secs_f64()
-            })
-            .collect(),
-    )
+/// Times `a` and `b` `n` times each on `state`, interleaved (ab, ba, ab, ...), after one
+/// warm-up each; the medians in seconds.
+fn time_pair<T>(
+    n: usize,
+    state: &mut T,
+    mut a: impl FnMut(&mut T),
+    mut b: impl FnMut(&mut T),
+) -> (f64, f64) {
+    a(state);
+    b(state);
+    let mut one = |f: &mut dyn FnMut(&mut T)| {
+        let t = Instant::now();
+        f(state);
+        t.elapsed().as_secs_f64()
+    };
+    let (mut sa, mut sb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        if i % 2 == 0 {
+            sa.push(one(&mut a));
+            sb.push(one(&mut b));
+        } else {
+            sb.push(one(&mut b));
+            sa.push(one(&mut a));
+        }
+    }
+    (median(sa), median(sb))
 }
 
 /// The AML layouts: the box inside the source, the dense destination.
@@ -94,12 +113,12 @@ fn rust_layouts() -> (Layout, Layout) {
     (src, Layout::of::<f32>(&BOX).expect("layout"))
 }
 
-fn check(dst: &[f32], src: &[f32]) {
+fn check(dst: &[f32], src: &[f32], what: &str) {
     let (b1, b2) = (BOX[1], BOX[2]);
     for (i, v) in dst.iter().enumerate() {
         let (x, y, z) = (i / (b1 * b2), (i / b2) % b1, i % b2);
         let s = ((x + OFF[0]) * BIG[1] + y + OFF[1]) * BIG[2] + z + OFF[2];
-        assert_eq!(*v, src[s], "element {i}");
+        assert_eq!(*v, src[s], "{what}: element {i}");
     }
 }
 
@@ -125,23 +144,31 @@ fn cpu(n: usize) {
     let rc = unsafe { aml::linux::aml_dma_linux_create(&mut dma, threads) };
     assert_eq!(rc, 0);
     let (sub, dense) = aml_layouts(src.as_ptr().cast_mut().cast(), dst.as_mut_ptr().cast());
-    let aml = time(n, || {
-        // SAFETY: live dma and layouts over live buffers, waited before returning.
-        let rc = unsafe { aml_dma_copy_custom(dma, dense, sub, None, std::ptr::null_mut()) };
-        assert_eq!(rc, 0);
-    });
-    check(&dst, &src);
-    dst.fill(0.0);
     let engine = CpuEngine::new(threads).expect("engine");
     let (sl, dl) = rust_layouts();
-    let rust = time(n, || {
+    let aml_copy = |_: &mut Vec<f32>| {
+        // SAFETY: live dma and layouts over live buffers (`dst` is not borrowed while this
+        // runs), waited before returning.
+        let rc = unsafe { aml_dma_copy_custom(dma, dense, sub, None, std::ptr::null_mut()) };
+        assert_eq!(rc, 0);
+    };
+    let rust_copy = |dst: &mut Vec<f32>| {
         engine
             .scope(|s| -> ferry::Result<()> {
                 Ok(s.copy(&mut dst[..], &dl, &src[..], &sl)?.wait()?)
             })
             .expect("copy");
-    });
-    check(&dst, &src);
+    };
+    // Each side checked on its own, then timed.
+    for (what, copy) in [
+        ("AML", &aml_copy as &dyn Fn(&mut Vec<f32>)),
+        ("Rust", &rust_copy),
+    ] {
+        dst.fill(0.0);
+        copy(&mut dst);
+        check(&dst, &src, what);
+    }
+    let (aml, rust) = time_pair(n, &mut dst, aml_copy, rust_copy);
     report(&format!("cpu, {threads} threads"), bytes, aml, rust);
     // SAFETY: ours, not used afterwards.
     unsafe {
@@ -172,11 +199,6 @@ fn gpu(n: usize) {
         host.as_ptr().cast_mut().cast(),
         dev.device_ptr() as *mut c_void,
     );
-    let aml = time(n, || {
-        // SAFETY: live dma and layouts over live buffers, waited before returning.
-        let rc = unsafe { aml_dma_copy_custom(dma, dense, sub, None, std::ptr::null_mut()) };
-        assert_eq!(rc, 0);
-    });
     let src: Vec<f32> = host
         .chunks_exact(4)
         .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
@@ -188,15 +210,29 @@ fn gpu(n: usize) {
             .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
             .collect()
     };
-    check(&back(&dev), &src);
     let engine = CudaEngine::new(0).expect("engine");
     let (sl, dl) = rust_layouts();
-    let rust = time(n, || {
+    let aml_copy = |_: &mut DeviceBuffer| {
+        // SAFETY: live dma and layouts over live buffers (`dev` is not borrowed while this
+        // runs), waited before returning.
+        let rc = unsafe { aml_dma_copy_custom(dma, dense, sub, None, std::ptr::null_mut()) };
+        assert_eq!(rc, 0);
+    };
+    let rust_copy = |dev: &mut DeviceBuffer| {
         engine
-            .scope(|s| -> ferry::Result<()> { Ok(s.copy(&mut dev, &dl, &host, &sl)?.wait()?) })
+            .scope(|s| -> ferry::Result<()> { Ok(s.copy(dev, &dl, &host, &sl)?.wait()?) })
             .expect("copy");
-    });
-    check(&back(&dev), &src);
+    };
+    let zeros = vec![0u8; boxed];
+    for (what, copy) in [
+        ("AML", &aml_copy as &dyn Fn(&mut DeviceBuffer)),
+        ("Rust", &rust_copy),
+    ] {
+        dev.copy_from_host(&zeros).expect("clear the device buffer");
+        copy(&mut dev);
+        check(&back(&dev), &src, what);
+    }
+    let (aml, rust) = time_pair(n, &mut dev, aml_copy, rust_copy);
     report("gpu, pinned host -> device", boxed, aml, rust);
     // SAFETY: ours, not used afterwards.
     unsafe {
@@ -212,7 +248,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(20);
     println!(
-        "strided 3-D copy: box {BOX:?} at {OFF:?} of a {BIG:?} f32 array into a dense array, median of {n}"
+        "strided 3-D copy: box {BOX:?} at {OFF:?} of a {BIG:?} f32 array into a dense array, median of {n}, AML and Rust samples interleaved"
     );
     cpu(n);
     gpu(n);

@@ -187,3 +187,62 @@ fn null_operator_maps_native_coordinates_across_orders() {
     }
     assert_eq!(dst, src);
 }
+
+#[test]
+fn null_operator_submits_the_rust_api_job() {
+    // The strided 3-D copy of `examples/aml_vs_rust.rs`, smaller: a box of a row-major array
+    // into a dense one. Through AML, in either order, it must be the very job the Rust API
+    // submits (same layouts, the source offset moved into the buffer's address), so that the
+    // engine plans and splits it alike.
+    let (big, bx, off) = ([6usize, 7, 8], [3usize, 4, 5], [1usize, 2, 3]);
+    let src = vec![0f32; big.iter().product()];
+    let mut dst = vec![0f32; bx.iter().product()];
+    let mut sl = ferry::Layout::of::<f32>(&big).expect("layout");
+    for (axis, (o, n)) in off.iter().zip(bx).enumerate() {
+        sl = sl.slice(axis, *o..o + n, 1).expect("slice");
+    }
+    let dl = ferry::Layout::of::<f32>(&bx).expect("layout");
+    let rev = |a: [usize; 3]| [a[2], a[1], a[0]];
+    for order in [AML_LAYOUT_ORDER_ROW_MAJOR, AML_LAYOUT_ORDER_COLUMN_MAJOR] {
+        let user = |a: [usize; 3]| {
+            if order == AML_LAYOUT_ORDER_ROW_MAJOR {
+                a
+            } else {
+                rev(a)
+            }
+        };
+        let mut whole = create(src.as_ptr().cast_mut().cast(), order, &user(big));
+        let d = create(dst.as_mut_ptr().cast(), order, &user(bx));
+        let mut s = null_mut();
+        // SAFETY: live layouts over live buffers, valid arrays; nothing is copied.
+        let job = unsafe {
+            let (o, b) = (user(off), user(bx));
+            assert_eq!(
+                aml_layout_slice(whole, &mut s, o.as_ptr(), b.as_ptr(), null()),
+                0
+            );
+            crate::dma::planned_job(d, s, |_| ferry::MemKind::Pageable)
+        }
+        .expect("planned job")
+        .expect("dense layouts");
+        assert_eq!(job.dst.addr, dst.as_ptr() as u64, "order {order}");
+        assert_eq!(
+            job.src.map(|b| b.addr),
+            Some(src.as_ptr() as u64 + sl.offset() as u64),
+            "order {order}"
+        );
+        match job.op {
+            ferry::Op::Copy { dst: jd, src: js } => {
+                assert_eq!(jd, dl, "order {order}");
+                assert_eq!(js, sl.with_offset(0).expect("offset"), "order {order}");
+            }
+            other => panic!("order {order}: not a planned copy: {other:?}"),
+        }
+        // SAFETY: ours, not used afterwards.
+        unsafe {
+            aml_layout_destroy(&mut whole);
+            aml_layout_destroy(&mut { d });
+            aml_layout_destroy(&mut s);
+        }
+    }
+}
