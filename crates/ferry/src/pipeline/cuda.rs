@@ -12,12 +12,13 @@
 //! - Download of chunk `i` on the engine's device-to-host (or device-to-device) stream, after
 //!   that event.
 //!
-//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 1
-//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): the submitting
-//! thread fills chunk `i`'s buffer (pageable: a parallel copy on 8 CPU workers; file: the file
-//! engine's parallel reads straight into it), once the DMA that last read the buffer has
-//! completed, while the uploads queued before it run; the upload is then a pinned DMA, ordered
-//! on the GPU like any other. Downloads into pageable memory of 1 MiB or more are staged by the
+//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 2
+//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): right after chunk
+//! `i`'s upload is enqueued, the submitting thread starts filling chunk `i + 1`'s buffer
+//! (pageable: a parallel copy on the fill workers; file: the file engine's parallel reads
+//! straight into it) and goes on enqueuing without waiting for it; it waits for that fill only
+//! right before enqueuing chunk `i + 1`'s upload, then a pinned DMA ordered on the GPU like any
+//! other. A buffer is refilled only once the DMA that last read it has completed. Downloads into pageable memory of 1 MiB or more are staged by the
 //! engine (see the [engine](crate::cuda::CudaEngine)), their completion signalled by its staging
 //! thread, waited for when their output slot is next needed.
 //!
@@ -65,7 +66,7 @@ pub struct CudaPipeline<'e> {
     bounce: Option<Bounce>,
 }
 
-/// K + 1 pinned buffers of a chunk and the CPU engine that fills them from pageable memory.
+/// K + 2 pinned buffers of a chunk and the CPU engine that fills them from pageable memory.
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
     fill: CpuEngine,
@@ -237,6 +238,7 @@ impl<'e> CudaPipeline<'e> {
             stage,
             timing,
             bounce,
+            chunks: &chunks,
         };
         // Work a failing (or panicking) stage enqueued is not followed by an event ferry
         // waits for: synchronize the compute stream before the slots can be reused.
@@ -267,16 +269,16 @@ impl<'e> CudaPipeline<'e> {
 }
 
 impl CudaPipeline<'_> {
-    /// The bounce buffers, (re)made to hold the largest of `chunks` (K + 1 of them: the fill
-    /// of chunk `i + 1` never waits for the DMA of chunk `i + 1 - K`, still queued behind the
-    /// K - 1 uploads ahead).
+    /// The bounce buffers, (re)made to hold the largest of `chunks` (K + 2 of them: the fill
+    /// of chunk `i + 1`, started right after chunk `i`'s upload is enqueued, waits only for the
+    /// DMA of chunk `i - K - 1`, never for those of chunks `i - K..=i` still queued).
     fn make_bounce(&mut self, chunks: &[Chunk]) -> Result<(), PipelineError> {
         let need = chunks.iter().map(|c| c.len).max().unwrap_or(0);
         let fits = |b: &Bounce| b.ring.slots().first().is_some_and(|p| p.len() >= need);
         if !self.bounce.as_ref().is_some_and(fits) {
             self.bounce = None;
             let bytes = need.max(self.cfg.chunk_bytes);
-            self.bounce = Some(Bounce::new(self.cfg.slots + 1, bytes)?);
+            self.bounce = Some(Bounce::new(self.cfg.slots + 2, bytes)?);
         }
         if let Some(b) = self.bounce.as_mut() {
             // Every request of an earlier run completed before it returned.
@@ -345,6 +347,17 @@ struct GpuLanes<'r, F> {
     stage: F,
     timing: Option<Timing>,
     bounce: Option<&'r mut Bounce>,
+    /// The run's chunks (the fill of the next one starts after each bounced upload).
+    chunks: &'r [Chunk],
+}
+
+impl<F> Drop for GpuLanes<'_, F> {
+    /// Waits for the fills still in flight (a run stopped early): they read the run's source.
+    fn drop(&mut self) {
+        if let Some(b) = self.bounce.as_deref_mut() {
+            b.ring.settle(&mut spin_wait);
+        }
+    }
 }
 
 /// The error of a stream wait for a dependency of `chunk`'s `phase`.
@@ -412,8 +425,46 @@ where
         Ok(req)
     }
 
-    /// Chunk `c` into its bounce buffer on host threads (once the buffer's last DMA has
-    /// completed), then a pinned DMA from it into `to` after `after`.
+    /// Starts filling chunk `c`'s bounce buffer on host threads (pageable: the fill workers;
+    /// file: the file engine's reads), once the buffer's last DMA and fill have completed, and
+    /// returns without waiting for the fill.
+    fn prefetch(&mut self, c: &Chunk) -> Result<(), PipelineError> {
+        let failed = |e: RequestError| PipelineError::Copy {
+            chunk: c.index,
+            phase: Phase::Upload,
+            source: RequestError::Dependency(Box::new(e)),
+        };
+        let Some(bounce) = self.bounce.as_deref_mut() else {
+            return Err(setup("no bounce buffers"));
+        };
+        let buf = bounce.ring.take(c.index, &mut spin_wait).map_err(failed)?;
+        let pinned = RawBuf {
+            len: c.len,
+            ..buf.raw()
+        };
+        // SAFETY: the bounce buffer is the pipeline's, its last reader and writer have
+        // completed (`take`), and nothing reads it before `ready` waited for this fill; `run`
+        // waits for every fill before it returns (`GpuLanes`'s drop), so the source outlives it.
+        let fill = match unsafe { self.src.load(c, pinned, None) } {
+            Some(r) => r?,
+            None => {
+                let (from, from_l) = self.src.part(c)?;
+                let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
+                // SAFETY: as above.
+                unsafe { bounce.fill.submit_raw(job) }.map_err(|e| PipelineError::Submit {
+                    chunk: c.index,
+                    phase: Phase::Upload,
+                    source: e,
+                })?
+            }
+        };
+        bounce.ring.filling(c.index, fill);
+        Ok(())
+    }
+
+    /// A pinned DMA of chunk `c` from its bounce buffer into `to` after `after`, once its fill
+    /// (started by the previous chunk's upload, or now for the first) completed; then starts
+    /// the next chunk's fill, which runs while this DMA and the steps before it do.
     fn upload_bounced(
         &mut self,
         c: &Chunk,
@@ -425,34 +476,23 @@ where
             phase: Phase::Upload,
             source: e,
         };
+        if !self
+            .bounce
+            .as_ref()
+            .is_some_and(|b| b.ring.is_filling(c.index))
+        {
+            self.prefetch(c)?;
+        }
         let Some(bounce) = self.bounce.as_deref_mut() else {
             return Err(setup("no bounce buffers"));
         };
-        let buf = bounce
-            .ring
-            .take(c.index, &mut spin_wait)
-            .map_err(|e| failed(RequestError::Dependency(Box::new(e))))?;
+        let Some(buf) = bounce.ring.ready(c.index, &mut spin_wait).map_err(failed)? else {
+            return Err(setup("a bounce buffer read before its fill"));
+        };
         let pinned = RawBuf {
             len: c.len,
             ..buf.raw()
         };
-        // SAFETY: the bounce buffer is the pipeline's and its last reader has completed
-        // (`take`); the fill is waited for below, before anything reads the buffer.
-        let fill = match unsafe { self.src.load(c, pinned, None) } {
-            Some(r) => r?,
-            None => {
-                let (from, from_l) = self.src.part(c)?;
-                let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
-                // SAFETY: the source is borrowed for the run and the bounce buffer is unshared
-                // (above); the request is waited for right here.
-                unsafe { bounce.fill.submit_raw(job) }.map_err(|e| PipelineError::Submit {
-                    chunk: c.index,
-                    phase: Phase::Upload,
-                    source: e,
-                })?
-            }
-        };
-        fill.wait().map_err(failed)?;
         let bytes = Layout::bytes(c.len).map_err(|e| PipelineError::Config(e.to_string()))?;
         let mut job = Job::copy(to, bytes, pinned, bytes);
         if let Some(a) = after {
@@ -461,6 +501,9 @@ where
         let req = self.copy(c, Phase::Upload, job, after)?;
         if let Some(b) = self.bounce.as_deref_mut() {
             b.ring.lend(c.index, &req);
+        }
+        if let Some(next) = self.chunks.get(c.index + 1) {
+            self.prefetch(next)?;
         }
         Ok(req)
     }
