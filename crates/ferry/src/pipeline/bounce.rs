@@ -5,9 +5,10 @@
 //! drain on every chunk: on the H200 host 4-8 MiB pageable chunks moved at about 17 GB/s, and
 //! file chunks at about 18 GB/s (run 31: 0.28-0.40x the pinned-source pipeline), where the
 //! staged path reaches 46-51 GB/s only on 256 MiB-1 GiB requests. So the pipeline keeps K + 2
-//! pinned host buffers of a chunk: host threads fill chunk `i + 1`'s buffer (pageable: a
-//! parallel copy on [`FILL_THREADS`] CPU workers; file: the file engine's parallel reads
-//! straight into it) while chunk `i`'s DMA and the steps before it run, started as soon as
+//! pinned host buffers of a chunk: host threads fill chunk `i + 1`'s buffer (pageable: the
+//! staged path's workers and copy, queued to them (`engine/cuda/staged/fill.rs`), a strided
+//! chunk on [`FILL_THREADS`] CPU workers; file: the file engine's parallel reads straight into
+//! it) while chunk `i`'s DMA and the steps before it run, started as soon as
 //! chunk `i`'s upload is enqueued and waited for only before chunk `i + 1`'s; the upload is
 //! then a plain pinned DMA. (Run 32, filled on the submitting thread before each upload: 0.40-0.51x.)
 //!
@@ -18,10 +19,10 @@
 
 use crate::request::{Request, RequestError};
 
-/// CPU threads that fill a bounce buffer from pageable memory. One core copies 8-12 GB/s
-/// from cached pageable memory into pinned memory; the DMA reads about 53 GB/s (H200 host,
-/// PCIe gen5), so 8 threads (half the GPU host's 16 cores) keep ahead of it with room left
-/// for the submitting thread and the file engine's readers.
+/// CPU threads that fill a bounce buffer from a strided pageable source (contiguous chunks go
+/// to the staging workers). One core copies 8-12 GB/s from cached pageable memory into pinned
+/// memory; the DMA reads about 53 GB/s (H200 host, PCIe gen5), so 8 threads (half the GPU
+/// host's 16 cores) leave room for the submitting thread and the file engine's readers.
 pub(super) const FILL_THREADS: usize = 8;
 
 /// Smallest piece of a fill one CPU worker copies: 4 MiB chunks (the bench's smallest) split

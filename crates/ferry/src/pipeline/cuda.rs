@@ -15,7 +15,7 @@
 //! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 2
 //! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): right after chunk
 //! `i`'s upload is enqueued, the submitting thread starts filling chunk `i + 1`'s buffer
-//! (pageable: a parallel copy on the fill workers; file: the file engine's parallel reads
+//! (pageable: a parallel copy on the staging workers; file: the file engine's parallel reads
 //! straight into it) and goes on enqueuing without waiting for it; it waits for that fill only
 //! right before enqueuing chunk `i + 1`'s upload, then a pinned DMA ordered on the GPU like any
 //! other. A buffer is refilled only once the DMA that last read it has completed. Downloads into pageable memory of 1 MiB or more are staged by the
@@ -35,6 +35,7 @@ use super::{
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
+use crate::engine::cuda::staged::{Filler, StagingConfig};
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};
@@ -66,10 +67,13 @@ pub struct CudaPipeline<'e> {
     bounce: Option<Bounce>,
 }
 
-/// K + 2 pinned buffers of a chunk and the CPU engine that fills them from pageable memory.
+/// K + 2 pinned buffers of a chunk and the workers that fill them from pageable memory: the
+/// staged path's ([`Filler`]: its pool, pieces and copy) for contiguous chunks, a CPU engine
+/// (made on first use) for strided ones.
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
-    fill: CpuEngine,
+    fill: Filler,
+    strided: Option<CpuEngine>,
 }
 
 impl Bounce {
@@ -78,13 +82,25 @@ impl Bounce {
         let bufs = (0..count)
             .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
-        let cfg = CpuConfig::new(FILL_THREADS)
-            .chunk_bytes(FILL_PIECE)
-            .inline_bytes(0);
+        let cfg = StagingConfig::from_env().map_err(setup)?;
         Ok(Bounce {
             ring: BounceRing::new(bufs),
-            fill: CpuEngine::with_config(cfg).map_err(setup)?,
+            fill: Filler::new(cfg).map_err(setup)?,
+            strided: None,
         })
+    }
+
+    /// The CPU engine for strided fills, made on first use.
+    fn strided(&mut self) -> Result<&CpuEngine, PipelineError> {
+        if self.strided.is_none() {
+            let cfg = CpuConfig::new(FILL_THREADS)
+                .chunk_bytes(FILL_PIECE)
+                .inline_bytes(0);
+            self.strided = Some(CpuEngine::with_config(cfg).map_err(setup)?);
+        }
+        self.strided
+            .as_ref()
+            .ok_or_else(|| setup("no strided fill engine"))
     }
 }
 
@@ -449,13 +465,23 @@ where
             Some(r) => r?,
             None => {
                 let (from, from_l) = self.src.part(c)?;
-                let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
-                // SAFETY: as above.
-                unsafe { bounce.fill.submit_raw(job) }.map_err(|e| PipelineError::Submit {
+                let submit = |e| PipelineError::Submit {
                     chunk: c.index,
                     phase: Phase::Upload,
                     source: e,
-                })?
+                };
+                if from_l.is_contiguous() && from_l.size_bytes() == c.len {
+                    let at = from.addr + from_l.offset() as u64;
+                    // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
+                    // checked within `from` by `part`) and the pinned buffer's first `c.len`.
+                    unsafe { bounce.fill.queue(pinned.addr, at, c.len, self.src.len()) }
+                        .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
+                } else {
+                    let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
+                    let cpu = bounce.strided()?;
+                    // SAFETY: as above.
+                    unsafe { cpu.submit_raw(job) }.map_err(submit)?
+                }
             }
         };
         bounce.ring.filling(c.index, fill);
