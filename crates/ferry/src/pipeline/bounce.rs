@@ -80,6 +80,13 @@ impl<S> BounceRing<S> {
         self.fills[b].as_ref().is_some_and(|(i, _)| *i == index)
     }
 
+    /// Whether [`BounceRing::take`] of chunk `index` would wait for nothing: its buffer's last
+    /// reader has completed (or there is none) and no fill is writing it. Never blocks.
+    pub(super) fn is_free(&self, index: usize) -> bool {
+        let b = index % self.slots.len();
+        self.fills[b].is_none() && self.busy[b].as_ref().is_none_or(Request::is_done)
+    }
+
     /// Chunk `index`'s buffer to read, once its fill has completed (waited for with `wait`);
     /// `Ok(None)` when no fill of chunk `index` was started. The fill's error is returned.
     pub(super) fn ready(
@@ -232,6 +239,15 @@ mod tests {
         let pending = Arc::new(Signal::new());
         ring.take(1, &mut wait).unwrap();
         ring.filling(1, Request::new(Arc::clone(&pending)));
+        assert!(!ring.is_free(1), "a buffer being filled is not free");
+        assert!(!ring.is_free(4), "chunk 4 shares chunk 1's buffer");
+        assert!(ring.is_free(2));
+        let reader = Arc::new(Signal::new());
+        ring.take(2, &mut wait).unwrap();
+        ring.lend(2, &Request::new(Arc::clone(&reader)));
+        assert!(!ring.is_free(5), "chunk 2's DMA still reads the buffer");
+        reader.complete(Ok(()));
+        assert!(ring.is_free(5));
         pending.complete(Ok(()));
         let mut waited = 0;
         ring.settle(&mut |r| {

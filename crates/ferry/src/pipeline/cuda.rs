@@ -489,8 +489,9 @@ where
     }
 
     /// A pinned DMA of chunk `c` from its bounce buffer into `to` after `after`, once its fill
-    /// (started by the previous chunk's upload, or now for the first) completed; then starts
-    /// the next chunk's fill, which runs while this DMA and the steps before it do.
+    /// (started by an earlier chunk's upload, or now for the first) completed; then starts the
+    /// next chunk's fill (and the one after when its buffer is free), which runs while this
+    /// DMA and the steps before it do.
     fn upload_bounced(
         &mut self,
         c: &Chunk,
@@ -528,8 +529,24 @@ where
         if let Some(b) = self.bounce.as_deref_mut() {
             b.ring.lend(c.index, &req);
         }
-        if let Some(next) = self.chunks.get(c.index + 1) {
-            self.prefetch(next)?;
+        // The next chunk's fill (waiting for its buffer's last DMA if need be), and the one
+        // after it when its buffer is already free: queued behind the first, it keeps the fill
+        // workers busy while this thread waits on the GPU.
+        for (ahead, next) in self.chunks.iter().skip(c.index + 1).take(2).enumerate() {
+            let Some(b) = self.bounce.as_deref() else {
+                break;
+            };
+            if b.ring.is_filling(next.index) {
+                continue;
+            }
+            if ahead > 0 && !b.ring.is_free(next.index) {
+                break;
+            }
+            // A failure here is not this chunk's (its DMA is queued and must stay tracked):
+            // that chunk's upload starts its fill again and reports it.
+            if self.prefetch(next).is_err() {
+                break;
+            }
         }
         Ok(req)
     }
