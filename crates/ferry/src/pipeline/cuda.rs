@@ -12,12 +12,13 @@
 //! - Download of chunk `i` on the engine's device-to-host (or device-to-device) stream, after
 //!   that event.
 //!
-//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 1
-//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): the submitting
-//! thread fills chunk `i`'s buffer (pageable: a parallel copy on 8 CPU workers; file: the file
-//! engine's parallel reads straight into it), once the DMA that last read the buffer has
-//! completed, while the uploads queued before it run; the upload is then a pinned DMA, ordered
-//! on the GPU like any other. Downloads into pageable memory of 1 MiB or more are staged by the
+//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 2
+//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): right after chunk
+//! `i`'s upload is enqueued, the submitting thread starts filling chunk `i + 1`'s buffer
+//! (pageable: a parallel copy on the staging workers; file: the file engine's parallel reads
+//! straight into it) and goes on enqueuing without waiting for it; it waits for that fill only
+//! right before enqueuing chunk `i + 1`'s upload, then a pinned DMA ordered on the GPU like any
+//! other. A buffer is refilled only once the DMA that last read it has completed. Downloads into pageable memory of 1 MiB or more are staged by the
 //! engine (see the [engine](crate::cuda::CudaEngine)), their completion signalled by its staging
 //! thread, waited for when their output slot is next needed.
 //!
@@ -34,6 +35,7 @@ use super::{
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
+use crate::engine::cuda::staged::{Filler, StagingConfig};
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};
@@ -65,10 +67,13 @@ pub struct CudaPipeline<'e> {
     bounce: Option<Bounce>,
 }
 
-/// K + 1 pinned buffers of a chunk and the CPU engine that fills them from pageable memory.
+/// K + 2 pinned buffers of a chunk and the workers that fill them from pageable memory: the
+/// staged path's ([`Filler`]: its pool, pieces and copy) for contiguous chunks, a CPU engine
+/// (made on first use) for strided ones.
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
-    fill: CpuEngine,
+    fill: Filler,
+    strided: Option<CpuEngine>,
 }
 
 impl Bounce {
@@ -77,13 +82,25 @@ impl Bounce {
         let bufs = (0..count)
             .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
-        let cfg = CpuConfig::new(FILL_THREADS)
-            .chunk_bytes(FILL_PIECE)
-            .inline_bytes(0);
+        let cfg = StagingConfig::from_env().map_err(setup)?;
         Ok(Bounce {
             ring: BounceRing::new(bufs),
-            fill: CpuEngine::with_config(cfg).map_err(setup)?,
+            fill: Filler::new(cfg).map_err(setup)?,
+            strided: None,
         })
+    }
+
+    /// The CPU engine for strided fills, made on first use.
+    fn strided(&mut self) -> Result<&CpuEngine, PipelineError> {
+        if self.strided.is_none() {
+            let cfg = CpuConfig::new(FILL_THREADS)
+                .chunk_bytes(FILL_PIECE)
+                .inline_bytes(0);
+            self.strided = Some(CpuEngine::with_config(cfg).map_err(setup)?);
+        }
+        self.strided
+            .as_ref()
+            .ok_or_else(|| setup("no strided fill engine"))
     }
 }
 
@@ -237,6 +254,7 @@ impl<'e> CudaPipeline<'e> {
             stage,
             timing,
             bounce,
+            chunks: &chunks,
         };
         // Work a failing (or panicking) stage enqueued is not followed by an event ferry
         // waits for: synchronize the compute stream before the slots can be reused.
@@ -267,16 +285,16 @@ impl<'e> CudaPipeline<'e> {
 }
 
 impl CudaPipeline<'_> {
-    /// The bounce buffers, (re)made to hold the largest of `chunks` (K + 1 of them: the fill
-    /// of chunk `i + 1` never waits for the DMA of chunk `i + 1 - K`, still queued behind the
-    /// K - 1 uploads ahead).
+    /// The bounce buffers, (re)made to hold the largest of `chunks` (K + 2 of them: the fill
+    /// of chunk `i + 1`, started right after chunk `i`'s upload is enqueued, waits only for the
+    /// DMA of chunk `i - K - 1`, never for those of chunks `i - K..=i` still queued).
     fn make_bounce(&mut self, chunks: &[Chunk]) -> Result<(), PipelineError> {
         let need = chunks.iter().map(|c| c.len).max().unwrap_or(0);
         let fits = |b: &Bounce| b.ring.slots().first().is_some_and(|p| p.len() >= need);
         if !self.bounce.as_ref().is_some_and(fits) {
             self.bounce = None;
             let bytes = need.max(self.cfg.chunk_bytes);
-            self.bounce = Some(Bounce::new(self.cfg.slots + 1, bytes)?);
+            self.bounce = Some(Bounce::new(self.cfg.slots + 2, bytes)?);
         }
         if let Some(b) = self.bounce.as_mut() {
             // Every request of an earlier run completed before it returned.
@@ -345,6 +363,17 @@ struct GpuLanes<'r, F> {
     stage: F,
     timing: Option<Timing>,
     bounce: Option<&'r mut Bounce>,
+    /// The run's chunks (the fill of the next one starts after each bounced upload).
+    chunks: &'r [Chunk],
+}
+
+impl<F> Drop for GpuLanes<'_, F> {
+    /// Waits for the fills still in flight (a run stopped early): they read the run's source.
+    fn drop(&mut self) {
+        if let Some(b) = self.bounce.as_deref_mut() {
+            b.ring.settle(&mut spin_wait);
+        }
+    }
 }
 
 /// The error of a stream wait for a dependency of `chunk`'s `phase`.
@@ -412,8 +441,57 @@ where
         Ok(req)
     }
 
-    /// Chunk `c` into its bounce buffer on host threads (once the buffer's last DMA has
-    /// completed), then a pinned DMA from it into `to` after `after`.
+    /// Starts filling chunk `c`'s bounce buffer on host threads (pageable: the fill workers;
+    /// file: the file engine's reads), once the buffer's last DMA and fill have completed, and
+    /// returns without waiting for the fill.
+    fn prefetch(&mut self, c: &Chunk) -> Result<(), PipelineError> {
+        let failed = |e: RequestError| PipelineError::Copy {
+            chunk: c.index,
+            phase: Phase::Upload,
+            source: RequestError::Dependency(Box::new(e)),
+        };
+        let Some(bounce) = self.bounce.as_deref_mut() else {
+            return Err(setup("no bounce buffers"));
+        };
+        let buf = bounce.ring.take(c.index, &mut spin_wait).map_err(failed)?;
+        let pinned = RawBuf {
+            len: c.len,
+            ..buf.raw()
+        };
+        // SAFETY: the bounce buffer is the pipeline's, its last reader and writer have
+        // completed (`take`), and nothing reads it before `ready` waited for this fill; `run`
+        // waits for every fill before it returns (`GpuLanes`'s drop), so the source outlives it.
+        let fill = match unsafe { self.src.load(c, pinned, None) } {
+            Some(r) => r?,
+            None => {
+                let (from, from_l) = self.src.part(c)?;
+                let submit = |e| PipelineError::Submit {
+                    chunk: c.index,
+                    phase: Phase::Upload,
+                    source: e,
+                };
+                if from_l.is_contiguous() && from_l.size_bytes() == c.len {
+                    let at = from.addr + from_l.offset() as u64;
+                    // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
+                    // checked within `from` by `part`) and the pinned buffer's first `c.len`.
+                    unsafe { bounce.fill.queue(pinned.addr, at, c.len, self.src.len()) }
+                        .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
+                } else {
+                    let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
+                    let cpu = bounce.strided()?;
+                    // SAFETY: as above.
+                    unsafe { cpu.submit_raw(job) }.map_err(submit)?
+                }
+            }
+        };
+        bounce.ring.filling(c.index, fill);
+        Ok(())
+    }
+
+    /// A pinned DMA of chunk `c` from its bounce buffer into `to` after `after`, once its fill
+    /// (started by an earlier chunk's upload, or now for the first) completed; then starts the
+    /// next chunk's fill (and the one after when its buffer is free), which runs while this
+    /// DMA and the steps before it do.
     fn upload_bounced(
         &mut self,
         c: &Chunk,
@@ -425,34 +503,23 @@ where
             phase: Phase::Upload,
             source: e,
         };
+        if !self
+            .bounce
+            .as_ref()
+            .is_some_and(|b| b.ring.is_filling(c.index))
+        {
+            self.prefetch(c)?;
+        }
         let Some(bounce) = self.bounce.as_deref_mut() else {
             return Err(setup("no bounce buffers"));
         };
-        let buf = bounce
-            .ring
-            .take(c.index, &mut spin_wait)
-            .map_err(|e| failed(RequestError::Dependency(Box::new(e))))?;
+        let Some(buf) = bounce.ring.ready(c.index, &mut spin_wait).map_err(failed)? else {
+            return Err(setup("a bounce buffer read before its fill"));
+        };
         let pinned = RawBuf {
             len: c.len,
             ..buf.raw()
         };
-        // SAFETY: the bounce buffer is the pipeline's and its last reader has completed
-        // (`take`); the fill is waited for below, before anything reads the buffer.
-        let fill = match unsafe { self.src.load(c, pinned, None) } {
-            Some(r) => r?,
-            None => {
-                let (from, from_l) = self.src.part(c)?;
-                let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
-                // SAFETY: the source is borrowed for the run and the bounce buffer is unshared
-                // (above); the request is waited for right here.
-                unsafe { bounce.fill.submit_raw(job) }.map_err(|e| PipelineError::Submit {
-                    chunk: c.index,
-                    phase: Phase::Upload,
-                    source: e,
-                })?
-            }
-        };
-        fill.wait().map_err(failed)?;
         let bytes = Layout::bytes(c.len).map_err(|e| PipelineError::Config(e.to_string()))?;
         let mut job = Job::copy(to, bytes, pinned, bytes);
         if let Some(a) = after {
@@ -461,6 +528,25 @@ where
         let req = self.copy(c, Phase::Upload, job, after)?;
         if let Some(b) = self.bounce.as_deref_mut() {
             b.ring.lend(c.index, &req);
+        }
+        // The next chunk's fill (waiting for its buffer's last DMA if need be), and the one
+        // after it when its buffer is already free: queued behind the first, it keeps the fill
+        // workers busy while this thread waits on the GPU.
+        for (ahead, next) in self.chunks.iter().skip(c.index + 1).take(2).enumerate() {
+            let Some(b) = self.bounce.as_deref() else {
+                break;
+            };
+            if b.ring.is_filling(next.index) {
+                continue;
+            }
+            if ahead > 0 && !b.ring.is_free(next.index) {
+                break;
+            }
+            // A failure here is not this chunk's (its DMA is queued and must stay tracked):
+            // that chunk's upload starts its fill again and reports it.
+            if self.prefetch(next).is_err() {
+                break;
+            }
         }
         Ok(req)
     }

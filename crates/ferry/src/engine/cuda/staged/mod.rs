@@ -22,7 +22,8 @@
 //! The parts, one file each: this file holds the API ([`Stager`], [`Direction`],
 //! [`StagedError`]); `config.rs` the tuning ([`StagingConfig`], `FERRY_STAGING_*`); `chunk.rs`
 //! which bytes each chunk carries; `ring.rs` the pinned slots and their events; `pool.rs` the
-//! worker threads; `nt_copy.rs` the workers' (non-temporal) copy; `pipeline.rs` the loop that
+//! worker threads; `nt_copy.rs` the workers' (non-temporal) copy and its pieces; `fill.rs` the same
+//! workers filling the GPU pipeline's pinned bounce buffers, queued; `pipeline.rs` the loop that
 //! drives the workers, the ring and the DMAs; `segments.rs` segment lists
 //! ([`Stager::copy_segments`]: many runs of pageable memory packed into the ring's chunks).
 //!
@@ -47,6 +48,7 @@
 
 mod chunk;
 mod config;
+mod fill;
 mod nt_copy;
 mod pipeline;
 mod pool;
@@ -54,6 +56,7 @@ mod ring;
 mod segments;
 
 pub use config::StagingConfig;
+pub(crate) use fill::Filler;
 
 use crate::engine::cuda::error::DriverError as FerryDriverError;
 use crate::engine::cuda::gather::{GatherError, Gatherer, Segment};

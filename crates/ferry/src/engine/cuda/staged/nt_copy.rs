@@ -42,9 +42,32 @@ pub(super) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize, nt: bo
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+/// Worker `i`'s piece of a `len`-byte copy split across `t` workers, as `(offset, len)`: `t`
+/// equal pieces rounded up to 4 KiB (small copies stay on few workers), `None` past the end.
+pub(super) fn piece(len: usize, t: usize, i: usize) -> Option<(usize, usize)> {
+    let per = len.div_ceil(t.max(1)).div_ceil(4096) * 4096;
+    let start = i.checked_mul(per)?;
+    (start < len).then(|| (start, per.min(len - start)))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::copy_bytes;
+    use super::{copy_bytes, piece};
+
+    #[test]
+    fn pieces_cover_a_copy_once_on_4k_boundaries() {
+        for (len, t) in [(0, 4), (1, 4), (4096 * 3 + 5, 4), (9 << 20, 12), (100, 1)] {
+            let mut next = 0;
+            for i in 0..t + 2 {
+                if let Some((at, l)) = piece(len, t, i) {
+                    assert_eq!(at, next, "{len} {t} {i}");
+                    assert_eq!(at % 4096, 0);
+                    next = at + l;
+                }
+            }
+            assert_eq!(next, len, "{len} {t}");
+        }
+    }
 
     #[test]
     fn non_temporal_copy_every_alignment_and_length() {

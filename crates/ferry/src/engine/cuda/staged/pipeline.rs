@@ -3,7 +3,7 @@
 //! the device and retires it through the slot's event.
 
 use super::chunk::{add, Chunk, Chunker, Sides};
-use super::nt_copy::copy_bytes;
+use super::nt_copy::{copy_bytes, piece};
 use super::ring::Ring;
 use super::{drv, workers_for, Direction, StagedError, Stager};
 use cudarc::driver::{sys, CudaStream};
@@ -334,12 +334,9 @@ impl Chunks for Staging<'_> {
                 let (_, h) = sides.run_at(r);
                 let h = h + at;
                 // Split at 4 KiB boundaries; small pieces stay on few parts.
-                let per = len.div_ceil(t).div_ceil(4096) * 4096;
-                let start = i * per;
-                if start >= len {
+                let Some((start, l)) = piece(len, t, i) else {
                     return;
-                }
-                let l = per.min(len - start);
+                };
                 let (hp, sp) = (host.at(h + start), slot.at(start));
                 if to_slot {
                     copy(hp, sp, l)
