@@ -10,6 +10,7 @@
 //!   loaded tensors are ferry-owned `Buffer`s handed out through DLPack without a copy.
 //! - `engine`: `CpuEngine`, `CudaEngine`, and the default engine per copy.
 //! - `errors`: `FerryError` and its subclasses.
+//! - `pipe`: `pipeline(src, out, stage, ...)`, ferry's CPU pipeline with a Python stage.
 //!
 //! Built by maturin (`crates/ferry-py/pyproject.toml`); the Python wrapper in `python/ferry`
 //! adds the framework choice of `load_safetensors`.
@@ -21,6 +22,7 @@ mod dlpack;
 mod dtype;
 mod engine;
 mod errors;
+mod pipe;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -78,6 +80,7 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(info, m)?)?;
     m.add_function(wrap_pyfunction!(copy::copy_, m)?)?;
     m.add_function(wrap_pyfunction!(copy::gather, m)?)?;
+    m.add_function(wrap_pyfunction!(pipe::pipeline, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::_load_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::save_safetensors, m)?)?;
     Ok(())

@@ -25,6 +25,7 @@ from ._ferry import (
     copy_,
     gather,
     info,
+    pipeline,
     save_safetensors,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "gather",
     "info",
     "load_safetensors",
+    "pipeline",
     "save_safetensors",
 ]
 
