@@ -7,7 +7,8 @@
 //! bytes as its input) is copied to `out` (a C-contiguous, writable host array with as many
 //! bytes as `src`) at the chunk's offset. `inp` and `out` are 1-D `uint8` NumPy arrays viewing
 //! the slots without a copy (`.view(dtype)` reinterprets them), valid only during the call:
-//! the pipeline reuses the slots. The stage runs on one of ferry's threads, holding the GIL
+//! the pipeline reuses the slots (a view still referenced after the call
+//! fails the pipeline with an `ArgumentError`). The stage runs on one of ferry's threads, holding the GIL
 //! only for the call; ferry's copies and waits run with the GIL released. An exception in
 //! the stage stops the pipeline (nothing more submitted, everything in flight waited for) and
 //! is re-raised with `chunk` (the chunk's index) set on it and, on Python 3.11+, a note.
@@ -154,7 +155,15 @@ pub(crate) fn pipeline(
                     };
                     let i = view(input.as_ptr() as usize, input.len(), true)?;
                     let o = view(output.as_mut_ptr() as usize, output.len(), false)?;
-                    stage.call1(py, (i, o, c.index))?;
+                    stage.call1(py, (i.clone_ref(py), o.clone_ref(py), c.index))?;
+                    // A view kept past the call (or an array viewing it) would outlive the
+                    // slot's reuse and the pipeline's memory: refused.
+                    if i.get_refcnt(py) > 1 || o.get_refcnt(py) > 1 {
+                        return Err(arg(format!(
+                            "the stage kept a view of chunk {}'s slot past its call (copy it instead)",
+                            c.index
+                        )));
+                    }
                     Ok(())
                 })
             },

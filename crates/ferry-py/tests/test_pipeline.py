@@ -144,3 +144,13 @@ def test_no_leak():
     for _ in range(2000):
         ferry.pipeline(src, out, stage, chunk_bytes=1024, slots=2)
     assert threading.active_count() == threads
+
+
+def test_kept_view_refused():
+    kept = []
+    src = np.arange(1000, dtype=np.uint8)
+    out = np.empty_like(src)
+    with pytest.raises(ferry.ArgumentError, match="kept a view") as ei:
+        ferry.pipeline(src, out, lambda i, o, k: kept.append(i[1:]), chunk_bytes=100)
+    assert ei.value.chunk == 0
+    kept.clear()
