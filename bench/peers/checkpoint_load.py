@@ -83,6 +83,20 @@ def main():
     row("ferry load --device cuda:0 (its load)", inner, inner, inner, f"setup {setup * 1e3:.1f} ms; path: {loads[-1].get('io_path')}")
 
     try:
+        import ferry
+
+        def ferry_inproc():
+            d = ferry.load_safetensors(a.path, device="cuda:0")
+            torch.cuda.synchronize()
+            del d
+
+        row("ferry.load_safetensors(device='cuda:0'), in process", *timed(ferry_inproc, a.repeat),
+            "Python module; torch tensors")
+    except Exception as e:  # the module not installed
+        print(f"ferry module: not measured: {e}", flush=True)
+        res["ferry_module_error"] = str(e)
+
+    try:
         import cupy
         import kvikio
         import kvikio.defaults
