@@ -149,57 +149,16 @@ pub(super) fn pageable(
     size: u64,
     method: &Method,
 ) -> Result<Row, BenchError> {
-    let rounds = b.rounds;
     let pageable_src: Vec<u8> = b.src.to_vec();
-    let mut dst = PinnedBuffer::new(b.n).map_err(setup)?;
-    let stage = |g: &GpuChunk<'_>| {
-        let out = g.output().ok_or("no output slot")?;
-        launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
-    };
-    let cfg = PipelineConfig::new(b.chunk, SLOTS);
-    let name = format!("ferry pipeline, pageable source (K={SLOTS})");
-    let (pageable_t, timeline) = time_pipeline(
+    against_pinned(
         b,
-        cfg,
-        test.name,
-        &name,
+        test,
         size,
         method,
         Source::new(&pageable_src),
-        &mut Some(&mut dst),
-        &stage,
-        true,
-    )?;
-    verify(test.name, &name, size, &b.src, &dst, rounds)?;
-    dst.fill(0);
-    let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
-    let (pinned_t, _) = time_pipeline(
-        b,
-        cfg,
-        test.name,
-        &pinned_name,
-        size,
-        method,
-        Source::new(&b.src),
-        &mut Some(&mut dst),
-        &stage,
-        false,
-    )?;
-    verify(test.name, &pinned_name, size, &b.src, &dst, rounds)?;
-    Ok(Row::new(
-        test.name,
-        Kind::Bandwidth,
-        size,
-        size,
-        b.shape(
-            "pageable source (Vec<u8>) -> pinned bounce buffers (8 fill threads) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
-            timeline.as_ref(),
-        ),
-        vec![
-            Series::new(name, Role::Ferry, Kind::Bandwidth, size, pageable_t),
-            Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),
-        ],
-    ))
+        "pageable",
+        "pageable source (Vec<u8>) -> pinned bounce buffers (filled by the staging workers) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
+    )
 }
 
 /// `cuda-pipeline-file`: the 3-step pipeline from a file (written just before, so read from
@@ -214,7 +173,6 @@ pub(super) fn file(
 ) -> Result<Row, BenchError> {
     use ferry::file::{FileConfig, FileEngine, OpenMode};
     use std::io::Write;
-    let rounds = b.rounds;
     let mut tf = tempfile::NamedTempFile::new().map_err(setup)?;
     tf.write_all(&b.src)
         .and_then(|()| tf.flush())
@@ -224,56 +182,74 @@ pub(super) fn file(
     let fcfg = FileConfig::new().chunk_bytes((b.chunk / 16).max(256 << 10));
     let files = FileEngine::with_engine(fcfg, b.engine.clone()).map_err(setup)?;
     let handle = files.open(tf.path(), OpenMode::Read).map_err(setup)?;
+    let what = format!(
+        "file in the page cache -> file engine ({} threads, {} pieces) -> pinned bounce buffers -> device slots, pinned destination; ratio: file / pinned source (target >= 0.9)",
+        files.config().threads,
+        format_size(files.config().chunk_bytes as u64)
+    );
+    let src = Source::file(&files, &handle, 0, b.n).map_err(setup)?;
+    against_pinned(b, test, size, method, src, "file", &what)
+}
+
+/// The 3-step pipeline from `src` (traced, verified), then from the pinned source holding the
+/// same bytes (verified): one row, `src` as ferry's series and the pinned source as its
+/// baseline. `label` names the source in the series.
+fn against_pinned(
+    b: &Bench,
+    test: &TestInfo,
+    size: u64,
+    method: &Method,
+    src: Source<'_>,
+    label: &str,
+    what: &str,
+) -> Result<Row, BenchError> {
+    let rounds = b.rounds;
     let mut dst = PinnedBuffer::new(b.n).map_err(setup)?;
     let stage = |g: &GpuChunk<'_>| {
         let out = g.output().ok_or("no output slot")?;
         launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
     };
     let cfg = PipelineConfig::new(b.chunk, SLOTS);
-    let name = format!("ferry pipeline, file source (K={SLOTS})");
-    let src = Source::file(&files, &handle, 0, b.n).map_err(setup)?;
-    let (file_t, timeline) = time_pipeline(
-        b,
-        cfg,
-        test.name,
-        &name,
-        size,
-        method,
-        src,
-        &mut Some(&mut dst),
-        &stage,
-        true,
-    )?;
-    verify(test.name, &name, size, &b.src, &dst, rounds)?;
-    dst.fill(0);
-    let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
-    let (pinned_t, _) = time_pipeline(
-        b,
-        cfg,
-        test.name,
-        &pinned_name,
-        size,
-        method,
-        Source::new(&b.src),
-        &mut Some(&mut dst),
-        &stage,
-        false,
-    )?;
-    verify(test.name, &pinned_name, size, &b.src, &dst, rounds)?;
-    let what = format!(
-        "file in the page cache -> file engine ({} threads, {} pieces) -> pinned bounce buffers -> device slots, pinned destination; ratio: file / pinned source (target >= 0.9)",
-        files.config().threads,
-        format_size(files.config().chunk_bytes as u64)
-    );
+    let mut series = Vec::with_capacity(2);
+    let mut timeline = None;
+    for (name, src, role) in [
+        (
+            format!("ferry pipeline, {label} source (K={SLOTS})"),
+            src,
+            Role::Ferry,
+        ),
+        (
+            format!("ferry pipeline, pinned source (K={SLOTS})"),
+            Source::new(&b.src),
+            Role::Baseline,
+        ),
+    ] {
+        dst.fill(0);
+        let traced = role == Role::Ferry;
+        let (t, tl) = time_pipeline(
+            b,
+            cfg,
+            test.name,
+            &name,
+            size,
+            method,
+            src,
+            &mut Some(&mut dst),
+            &stage,
+            traced,
+        )?;
+        verify(test.name, &name, size, &b.src, &dst, rounds)?;
+        if traced {
+            timeline = tl;
+        }
+        series.push(Series::new(name, role, Kind::Bandwidth, size, t));
+    }
     Ok(Row::new(
         test.name,
         Kind::Bandwidth,
         size,
         size,
-        b.shape(&what, timeline.as_ref()),
-        vec![
-            Series::new(name, Role::Ferry, Kind::Bandwidth, size, file_t),
-            Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),
-        ],
+        b.shape(what, timeline.as_ref()),
+        series,
     ))
 }
