@@ -70,6 +70,14 @@ impl Arr {
         format!("{}{:?} ({})", self.dtype.name, self.shape, self.raw.kind)
     }
 
+    /// Refuses a read-only array as the `role` (e.g. "destination") a copy writes.
+    pub(crate) fn writable(&self, role: &str) -> PyResult<()> {
+        if self.readonly {
+            return Err(arg(format!("{role} {} is read-only", self.describe())));
+        }
+        Ok(())
+    }
+
     /// The number of elements.
     pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()

@@ -166,6 +166,16 @@ enum StreamArg {
     Raw(usize),
 }
 
+impl StreamArg {
+    /// The stream handle given as an int, if one was (DLPack producers synchronise with it).
+    fn raw(&self) -> Option<usize> {
+        match *self {
+            StreamArg::Raw(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
 /// Reads `stream=`.
 fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
     let Some(s) = stream.filter(|s| !s.is_none()) else {
@@ -240,15 +250,10 @@ pub(crate) fn copy_(
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
     let sa = stream_arg(stream)?;
-    let dl_stream = match sa {
-        StreamArg::Raw(s) => Some(s),
-        _ => None,
-    };
+    let dl_stream = sa.raw();
     let mut d = Arr::from_py(dst, dl_stream)?;
     let mut s = Arr::from_py(src, dl_stream)?;
-    if d.readonly {
-        return Err(arg(format!("destination {} is read-only", d.describe())));
-    }
+    d.writable("destination")?;
     if d.shape != s.shape || d.dtype != s.dtype {
         return Err(arg(format!(
             "shape or dtype mismatch: destination {}, source {} (ferry.copy_ neither broadcasts nor converts)",
@@ -295,16 +300,11 @@ pub(crate) fn gather(
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
     let sa = stream_arg(stream)?;
-    let dl_stream = match sa {
-        StreamArg::Raw(s) => Some(s),
-        _ => None,
-    };
+    let dl_stream = sa.raw();
     let mut s = Arr::from_py(src, dl_stream)?;
     let mut o = Arr::from_py(out, dl_stream)?;
     let idx = Arr::from_py(index, None)?;
-    if o.readonly {
-        return Err(arg(format!("out {} is read-only", o.describe())));
-    }
+    o.writable("out")?;
     if s.shape.len() != 2 || o.shape.len() != 2 {
         return Err(arg(format!(
             "gather takes 2-D src and out, got src {} and out {}",

@@ -95,9 +95,7 @@ pub(crate) fn pipeline(
     let d = Arr::from_py(out, None)?;
     host(&s, "source")?;
     host(&d, "destination")?;
-    if d.readonly {
-        return Err(arg(format!("destination {} is read-only", d.describe())));
-    }
+    d.writable("destination")?;
     if d.layout.is_some_and(|l| !l.is_contiguous()) {
         return Err(arg(format!(
             "destination {} is not C-contiguous",
