@@ -12,8 +12,9 @@ use super::{staged, KernelCopies};
 /// 16 MiB-1 GiB (issue 14: 0.80-0.97x the raw submit + sync, `Spin` 1.00x). `Auto` (default)
 /// aims at `Spin`'s latency without `Spin`'s busy core on long copies: in run 31 (H200) its
 /// caller's view was 0.98-1.00x raw at 16 MiB-1 GiB and its waiting thread used 21% of a 256
-/// MiB upload's wait; the tighter bound and the naps since are to be measured (`ferry bench -t
-/// cuda-h2d-pinned,cuda-wait-cpu`).
+/// MiB upload's wait; with the tighter bound and the naps (runs 32-33) 9% of that wait, a 4 KiB
+/// request 1.05x raw, and the caller's view 0.97-1.01x raw from 16 MiB up but 0.93-0.98x at
+/// 64 KiB-1 MiB (`ferry bench -t cuda-h2d-pinned,cuda-wait-cpu,cuda-latency`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Sleep until shortly before the request's expected end (its bytes over an upper bound on
