@@ -6,7 +6,7 @@ use crate::dlpack;
 use crate::dtype::{self, DType};
 use crate::engine;
 use crate::errors::arg;
-use ferry::{Layout, MemKind, RawBuf};
+use ferry::{Layout, MemKind, Memory, MemoryMut, RawBuf};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -27,6 +27,10 @@ pub(crate) struct Arr {
     pub keep: Vec<PyObject>,
     /// A PyTorch tensor in GPU memory (ordered with PyTorch's current stream by default).
     pub torch_gpu: bool,
+    /// The producer's stream of a `__cuda_array_interface__` (version 3 `stream`: 1 the legacy
+    /// default stream, 2 the per-thread one, else a handle) that a copy must wait for; None
+    /// when the producer asks for no synchronization.
+    pub stream: Option<usize>,
 }
 
 impl Arr {
@@ -82,6 +86,42 @@ impl Arr {
     pub(crate) fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+}
+
+/// Memory a Python array owns, described by its array interface.
+pub(crate) struct Held(pub RawBuf);
+
+// SAFETY: made only from an `Arr`'s `raw` (or a prefix of it) while the caller holds the
+// array (its `Arr::keep`) for as long as ferry uses the memory: valid for reads over `len`, of
+// the kind the raw buffer names.
+unsafe impl Memory for Held {
+    fn raw(&self) -> RawBuf {
+        self.0
+    }
+}
+
+// SAFETY: as above; used mutably only for an array whose producer did not mark it read-only
+// (`Arr::writable`, checked by each caller), and ferry is its only writer meanwhile (the
+// caller's thread is blocked in the call).
+unsafe impl MemoryMut for Held {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.0
+    }
+}
+
+/// `ferry._ferry._array_info(obj)`: how ferry reads an array (for tests and debugging): a
+/// dict of `kind`, `shape`, `dtype`, `readonly`, `stream` (the CUDA array interface's producer
+/// stream a copy waits for, or None).
+#[pyfunction]
+pub(crate) fn _array_info<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let a = Arr::from_py(obj, None)?;
+    let d = PyDict::new(obj.py());
+    d.set_item("kind", a.kind().to_string())?;
+    d.set_item("shape", a.shape.clone())?;
+    d.set_item("dtype", a.dtype.name)?;
+    d.set_item("readonly", a.readonly)?;
+    d.set_item("stream", a.stream)?;
+    Ok(d)
 }
 
 /// A PyTorch tensor read through its own accessors (`data_ptr()`, `shape`, `stride()`,
@@ -186,7 +226,11 @@ fn interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>, cuda: bool) -> PyRes
         Some(s) => Some(non_negative(&s, 1)?),
         None => None,
     };
-    build(
+    let stream = match (cuda, get("stream")?) {
+        (true, Some(s)) => Some(cai_stream(&s)?),
+        _ => None,
+    };
+    let mut a = build(
         obj,
         None,
         ptr as u64 + offset as u64,
@@ -195,7 +239,28 @@ fn interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>, cuda: bool) -> PyRes
         byte_strides,
         dtype,
         readonly,
-    )
+    )?;
+    a.stream = stream;
+    Ok(a)
+}
+
+/// A `__cuda_array_interface__` `stream` (not None): an int, 0 refused (the spec disallows it:
+/// ambiguous between the legacy and per-thread default streams).
+fn cai_stream(s: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let v: i64 = s
+        .extract()
+        .map_err(|_| arg("__cuda_array_interface__'s stream must be an int or None"))?;
+    match v {
+        0 => Err(arg(
+            "__cuda_array_interface__'s stream 0 is disallowed (use 1 for the legacy default \
+             stream, 2 for the per-thread default stream)",
+        )),
+        v => usize::try_from(v).map_err(|_| {
+            arg(format!(
+                "__cuda_array_interface__'s stream {v} is not a stream handle"
+            ))
+        }),
+    }
 }
 
 /// An array through `obj.__dlpack__()`.
@@ -316,5 +381,6 @@ fn build(
         readonly,
         keep,
         torch_gpu: false,
+        stream: None,
     })
 }

@@ -2,7 +2,7 @@
 //! ferry-owned tensors a load returns (handed to PyTorch, NumPy or CuPy through DLPack
 //! without a copy: the tensor keeps ferry's allocation alive).
 
-use crate::array::Arr;
+use crate::array::{Arr, Held};
 use crate::dlpack::{self, DlDataType, DlDevice};
 use crate::dtype::{self, DType};
 use crate::engine;
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The process's file engine for `device` (None: host memory only), made once.
-fn file_engine(py: Python<'_>, device: Option<u32>) -> PyResult<Arc<FileEngine>> {
+pub(crate) fn file_engine(py: Python<'_>, device: Option<u32>) -> PyResult<Arc<FileEngine>> {
     static ENGINES: OnceLock<Mutex<HashMap<Option<u32>, Arc<FileEngine>>>> = OnceLock::new();
     let map = ENGINES.get_or_init(Default::default);
     if let Some(e) = map
@@ -223,17 +223,6 @@ pub(crate) fn _load_safetensors(
     Ok(out.unbind())
 }
 
-/// Memory a Python array lends for the call.
-struct Lent(RawBuf);
-
-// SAFETY: the array it describes is kept alive (its `Arr` held) by `save_safetensors` for the
-// whole call, and is host memory or device memory of the kind it claims.
-unsafe impl Memory for Lent {
-    fn raw(&self) -> RawBuf {
-        self.0
-    }
-}
-
 /// `save_safetensors(tensors, path, metadata=None)`: a dict of name -> array (host or GPU,
 /// C-contiguous) written as one safetensors file.
 #[pyfunction]
@@ -262,18 +251,23 @@ pub(crate) fn save_safetensors(
         arrs.push((name, st, a));
     }
     let fe = file_engine(py, gpu)?;
+    // GPU tensors: their producers' queued work (PyTorch's current stream) comes first.
+    let mut waited = Vec::new();
+    for (_, _, a) in &arrs {
+        crate::fileio::after_producer(py, a, &mut waited)?;
+    }
     let mut opts = SaveOptions::new();
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
     }
-    let lent: Vec<(String, ferry::checkpoint::Dtype, Vec<usize>, Lent)> = arrs
+    let lent: Vec<(String, ferry::checkpoint::Dtype, Vec<usize>, Held)> = arrs
         .iter()
         .map(|(n, st, a)| {
             let raw = RawBuf {
                 len: a.numel() * a.dtype.size,
                 ..a.raw
             };
-            (n.clone(), *st, a.shape.clone(), Lent(raw))
+            (n.clone(), *st, a.shape.clone(), Held(raw))
         })
         .collect();
     py.allow_threads(|| {

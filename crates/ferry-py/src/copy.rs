@@ -211,7 +211,7 @@ fn pick_stream(
 }
 
 /// PyTorch's current stream on device `ordinal` (its raw handle).
-fn torch_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
+pub(crate) fn torch_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
     static RAW: pyo3::sync::GILOnceCell<PyObject> = pyo3::sync::GILOnceCell::new();
     let f = RAW.get_or_try_init(py, || -> PyResult<PyObject> {
         let torch = py.import("torch")?;
@@ -229,6 +229,37 @@ fn torch_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
         }
     })?;
     f.call1(py, (ordinal,))?.extract(py)
+}
+
+/// Requests that complete when the producers' streams (`__cuda_array_interface__`'s `stream`)
+/// reach the point they hold now: events recorded there, which the copy waits for on the GPU
+/// (no host wait). None for an array whose producer asked for no synchronization, or on the
+/// stream the copy itself runs in (`on`), which orders it already.
+fn producer_waits(eng: &Eng, arrs: &[&Arr], on: Option<usize>) -> PyResult<Vec<ferry::Request>> {
+    let Eng::Cuda(c) = eng else {
+        return Ok(Vec::new());
+    };
+    arrs.iter()
+        .filter_map(|a| a.stream)
+        // The null stream (0) is the legacy default stream (1).
+        .filter(|&s| Some(s) != on && !(s == 1 && on == Some(0)))
+        .map(|s| {
+            // SAFETY: the producer named its stream in the CUDA array interface: a live stream
+            // of the device's primary context while it exports the array (CuPy's and Numba's
+            // are), or the driver's legacy (1) or per-thread (2) default stream handle, the
+            // latter this thread's, which calls this.
+            unsafe { c.record_raw(s as _) }
+                .map_err(|e| errors::DriverError::new_err(format!("stream {s:#x}: {e}")))
+        })
+        .collect()
+}
+
+/// The job, after the requests.
+fn after_all(mut job: Job, reqs: &[ferry::Request]) -> Job {
+    for r in reqs {
+        job = job.after(r);
+    }
+    job
 }
 
 /// Host buffers as the driver knows them (pinned or pageable) when a CUDA engine runs them.
@@ -276,10 +307,11 @@ pub(crate) fn copy_(
     }
     refine(&eng, &mut d);
     refine(&eng, &mut s);
+    let waits = producer_waits(&eng, &[&d, &s], stream)?;
     run(
         py,
         &eng,
-        Job::copy(d.raw, dl, s.raw, sl),
+        after_all(Job::copy(d.raw, dl, s.raw, sl), &waits),
         keep,
         non_blocking,
         stream,
@@ -364,7 +396,7 @@ pub(crate) fn gather(
         dst: o.raw,
         src: Some(s.raw),
         op: Op::Segments(Arc::from(segs)),
-        after: Vec::new(),
+        after: producer_waits(&eng, &[&o, &s], stream)?,
     };
     run(py, &eng, job, keep, non_blocking, stream)
 }

@@ -10,7 +10,10 @@
 //!   loaded tensors are ferry-owned `Buffer`s handed out through DLPack without a copy.
 //! - `engine`: `CpuEngine`, `CudaEngine`, and the default engine per copy.
 //! - `errors`: `FerryError` and its subclasses.
-//! - `pipe`: `pipeline(src, out, stage, ...)`, ferry's CPU pipeline with a Python stage.
+//! - `fileio`: `read_file(path, out, *, offset, size)` and `write_file(path, src, *, offset)`
+//!   through ferry's file engine, as KvikIO's `pread`/`pwrite`.
+//! - `pipe`, `pipe_gpu`: `pipeline(src, out, stage, ...)`, ferry's CPU or GPU pipeline with a
+//!   Python stage.
 //!
 //! Built by maturin (`crates/ferry-py/pyproject.toml`); the Python wrapper in `python/ferry`
 //! adds the framework choice of `load_safetensors`.
@@ -22,7 +25,9 @@ mod dlpack;
 mod dtype;
 mod engine;
 mod errors;
+mod fileio;
 mod pipe;
+mod pipe_gpu;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -78,9 +83,12 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<copy::PyRequest>()?;
     m.add_class::<ckpt::PyBuffer>()?;
     m.add_function(wrap_pyfunction!(info, m)?)?;
+    m.add_function(wrap_pyfunction!(array::_array_info, m)?)?;
     m.add_function(wrap_pyfunction!(copy::copy_, m)?)?;
     m.add_function(wrap_pyfunction!(copy::gather, m)?)?;
     m.add_function(wrap_pyfunction!(pipe::pipeline, m)?)?;
+    m.add_function(wrap_pyfunction!(fileio::read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(fileio::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::_load_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::save_safetensors, m)?)?;
     Ok(())

@@ -1,45 +1,37 @@
 //! `ferry.pipeline(src, out, stage, chunk_bytes=1 << 20, slots=3, engine=None)`: ferry's
-//! CPU pipeline ([`ferry::pipeline::CpuPipeline`]) with a Python stage.
+//! pipeline ([`ferry::pipeline::CpuPipeline`], or [`ferry::pipeline::CudaPipeline`] on a CUDA
+//! engine) with a Python stage.
 //!
-//! `src` (any host array `copy_` takes, strided too) is cut into chunks of `chunk_bytes`
-//! (a strided source: whole rows of its outermost dimension); each chunk is copied into one
-//! of `slots` input slots, `stage(inp, out, index)` runs on it, and its output slot (as many
-//! bytes as its input) is copied to `out` (a C-contiguous, writable host array with as many
-//! bytes as `src`) at the chunk's offset. `inp` and `out` are 1-D `uint8` NumPy arrays viewing
-//! the slots without a copy (`.view(dtype)` reinterprets them), valid only during the call:
-//! the pipeline reuses the slots (a view still referenced after the call
-//! fails the pipeline with an `ArgumentError`). The stage runs on one of ferry's threads, holding the GIL
-//! only for the call; ferry's copies and waits run with the GIL released. An exception in
-//! the stage stops the pipeline (nothing more submitted, everything in flight waited for) and
-//! is re-raised with `chunk` (the chunk's index) set on it and, on Python 3.11+, a note.
-//! Only the CPU engine takes a Python stage (a `CudaEngine` is an `ArgumentError`).
+//! `src` (any array `copy_` takes, strided too) is cut into chunks of `chunk_bytes` (a strided
+//! source: whole rows of its outermost dimension); each chunk is copied into one of `slots`
+//! input slots, the stage runs on it, and its output slot (as many bytes as its input) is
+//! copied to `out` (a C-contiguous, writable array with as many bytes as `src`) at the chunk's
+//! offset. The engine: `engine=`, else a GPU's when `src` or `out` is in its memory, else the
+//! CPU's.
+//!
+//! CPU engine: `stage(inp, out, index)` gets 1-D `uint8` NumPy arrays viewing the slots without
+//! a copy (`.view(dtype)` reinterprets them), host arrays only; it runs on one of ferry's
+//! threads, holding the GIL only for the call. CUDA engine: `stage(inp, out, index, stream)`
+//! gets device slots (`_DeviceSlot`, see `pipe_gpu`) and the compute stream's handle, enqueues
+//! its work there and returns; it runs on the calling thread, the host never waiting for a
+//! chunk except to bound the work queued ahead. Either way the slots are valid only during the
+//! call: the pipeline reuses them (a view still referenced after the call fails the pipeline
+//! with an `ArgumentError`), and ferry's copies and waits run with the GIL released. An
+//! exception in the stage stops the pipeline (nothing more submitted, everything in flight
+//! waited for) and is re-raised with `chunk` (the chunk's index) set on it and, on Python
+//! 3.11+, a note.
 
-use crate::array::Arr;
+use crate::array::{Arr, Held};
 use crate::engine::{self, Eng};
 use crate::errors::{self, arg};
-use ferry::pipeline::{CpuPipeline, Dest, PipelineConfig, PipelineError, Source};
-use ferry::{Memory, MemoryMut, RawBuf};
+use ferry::cuda::CudaEngine;
+use ferry::pipeline::{
+    CpuPipeline, CudaPipeline, Dest, GpuChunk, PipelineConfig, PipelineError, Source,
+};
+use ferry::CpuEngine;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-
-/// Host memory a Python array owns, described by its array interface.
-struct Held(RawBuf);
-
-// SAFETY: the bytes belong to an array the caller holds (its `Arr::keep`) for the whole run,
-// host-accessible (checked by `host`), valid for reads over `len`.
-unsafe impl Memory for Held {
-    fn raw(&self) -> RawBuf {
-        self.0
-    }
-}
-
-// SAFETY: as above; the destination's producer did not mark it read-only (checked), and the
-// pipeline is its only writer during the run (the caller's thread is blocked in `pipeline`).
-unsafe impl MemoryMut for Held {
-    fn raw_mut(&mut self) -> RawBuf {
-        self.0
-    }
-}
+use std::sync::Arc;
 
 /// A slot seen from Python: `__array_interface__` over its bytes (1-D `uint8`).
 #[pyclass(module = "ferry", name = "_Slot", frozen)]
@@ -69,7 +61,8 @@ fn host(a: &Arr, what: &str) -> PyResult<()> {
         Ok(())
     } else {
         Err(arg(format!(
-            "{what} {} is not in host memory: only the CPU engine takes a Python stage",
+            "{what} {} is not in host memory: the CPU engine's pipeline takes host arrays \
+             (pass engine=ferry.CudaEngine(n) for a GPU's)",
             a.describe()
         )))
     }
@@ -89,12 +82,10 @@ pub(crate) fn pipeline(
     engine: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
     if !stage.is_callable() {
-        return Err(arg("stage must be callable as stage(inp, out, index)"));
+        return Err(arg("stage must be callable"));
     }
-    let s = Arr::from_py(src, None)?;
-    let d = Arr::from_py(out, None)?;
-    host(&s, "source")?;
-    host(&d, "destination")?;
+    let mut s = Arr::from_py(src, None)?;
+    let mut d = Arr::from_py(out, None)?;
     d.writable("destination")?;
     if d.layout.is_some_and(|l| !l.is_contiguous()) {
         return Err(arg(format!(
@@ -110,34 +101,74 @@ pub(crate) fn pipeline(
             s.describe()
         )));
     }
-    let eng = match engine {
-        None => engine::cpu_engine()?,
-        Some(_) => match engine::from_arg(py, engine, &[])? {
-            Eng::Cpu(c) => c,
-            Eng::Cuda(_) => {
-                return Err(arg(
-                    "only the CPU engine takes a Python stage: pass a ferry.CpuEngine",
-                ))
-            }
-        },
+    let eng = engine::from_arg(py, engine, &[s.kind(), d.kind()])?;
+    let stage = stage.clone().unbind();
+    let cfg = PipelineConfig::new(chunk_bytes, slots);
+    let result = match eng {
+        Eng::Cpu(c) => {
+            host(&s, "source")?;
+            host(&d, "destination")?;
+            run_cpu(py, &c, cfg, &s, &d, stage)?
+        }
+        Eng::Cuda(c) => {
+            s.raw = engine::refine_host(&c, s.raw);
+            d.raw = engine::refine_host(&c, d.raw);
+            run_gpu(py, &c, cfg, &s, &d, stage)
+        }
     };
+    match result {
+        Ok(chunks) => Ok(chunks),
+        Err(PipelineError::Stage { chunk, source }) => match source.downcast::<PyErr>() {
+            Ok(e) => {
+                let v = e.value(py);
+                // Best effort: an exception type may refuse new attributes; the error itself
+                // is re-raised either way.
+                let _ = v.setattr("chunk", chunk);
+                if v.hasattr("add_note").unwrap_or(false) {
+                    let _ = v.call_method1(
+                        "add_note",
+                        (format!("raised by ferry.pipeline's stage on chunk {chunk}"),),
+                    );
+                }
+                Err(*e)
+            }
+            Err(other) => Err(errors::FerryError::new_err(format!(
+                "the stage failed on chunk {chunk}: {other}"
+            ))),
+        },
+        Err(e @ PipelineError::Config(_)) => Err(arg(e.to_string())),
+        Err(e) => Err(errors::FerryError::new_err(e.to_string())),
+    }
+}
+
+/// The source as the pipeline reads it: whole, or through its strided layout.
+fn source<'a>(s: &Arr, mem: &'a Held) -> Result<Source<'a>, PipelineError> {
+    match s.layout {
+        Some(l) if !l.is_contiguous() => Source::strided(mem, l),
+        _ => Ok(Source::new(mem)),
+    }
+}
+
+/// The CPU engine's run: the stage on one of its threads with NumPy views of the slots.
+fn run_cpu(
+    py: Python<'_>,
+    eng: &CpuEngine,
+    cfg: PipelineConfig,
+    s: &Arr,
+    d: &Arr,
+    stage: PyObject,
+) -> PyResult<Result<usize, PipelineError>> {
     let asarray = py
         .import("numpy")
         .map_err(|_| arg("ferry.pipeline needs NumPy for the stage's views"))?
         .getattr("asarray")?
         .unbind();
-    let stage = stage.clone().unbind();
-    let cfg = PipelineConfig::new(chunk_bytes, slots);
     let src_mem = Held(s.raw);
     let mut dst_mem = Held(d.raw);
-    let result = py.allow_threads(|| {
-        let source = match s.layout {
-            Some(l) if !l.is_contiguous() => Source::strided(&src_mem, l)?,
-            _ => Source::new(&src_mem),
-        };
-        let mut p = CpuPipeline::new(&*eng, cfg)?;
+    Ok(py.allow_threads(|| {
+        let mut p = CpuPipeline::new(eng, cfg)?;
         p.run(
-            source,
+            source(s, &src_mem)?,
             Some(Dest::new(&mut dst_mem)),
             |c, input: &[u8], output: &mut [u8]| {
                 Python::with_gil(|py| -> PyResult<()> {
@@ -166,28 +197,28 @@ pub(crate) fn pipeline(
                 })
             },
         )
-    });
-    match result {
-        Ok(r) => Ok(r.chunks),
-        Err(PipelineError::Stage { chunk, source }) => match source.downcast::<PyErr>() {
-            Ok(e) => {
-                let v = e.value(py);
-                // Best effort: an exception type may refuse new attributes; the error itself
-                // is re-raised either way.
-                let _ = v.setattr("chunk", chunk);
-                if v.hasattr("add_note").unwrap_or(false) {
-                    let _ = v.call_method1(
-                        "add_note",
-                        (format!("raised by ferry.pipeline's stage on chunk {chunk}"),),
-                    );
-                }
-                Err(*e)
-            }
-            Err(other) => Err(errors::FerryError::new_err(format!(
-                "the stage failed on chunk {chunk}: {other}"
-            ))),
-        },
-        Err(e @ PipelineError::Config(_)) => Err(arg(e.to_string())),
-        Err(e) => Err(errors::FerryError::new_err(e.to_string())),
-    }
+        .map(|r| r.chunks)
+    }))
+}
+
+/// The CUDA engine's run: the stage on this thread with device slots and the compute stream.
+fn run_gpu(
+    py: Python<'_>,
+    eng: &Arc<CudaEngine>,
+    cfg: PipelineConfig,
+    s: &Arr,
+    d: &Arr,
+    stage: PyObject,
+) -> Result<usize, PipelineError> {
+    let src_mem = Held(s.raw);
+    let mut dst_mem = Held(d.raw);
+    py.allow_threads(|| {
+        let mut p = CudaPipeline::new(eng, cfg)?;
+        p.run(
+            source(s, &src_mem)?,
+            Some(Dest::new(&mut dst_mem)),
+            |g: &GpuChunk<'_>| Python::with_gil(|py| crate::pipe_gpu::call(py, &stage, eng, g)),
+        )
+        .map(|r| r.chunks)
+    })
 }

@@ -7,13 +7,8 @@ import pytest
 
 import ferry
 
-torch = pytest.importorskip("torch", reason="needs PyTorch")
-if ferry.info()["cuda_driver"] is None:
-    pytest.skip(f"skipped: no CUDA driver ({ferry.info()['cuda_error']})", allow_module_level=True)
-if not torch.cuda.is_available():
-    pytest.skip("skipped: PyTorch sees no GPU", allow_module_level=True)
+from _gpu import DEV, torch  # skips this module without PyTorch, a driver or a GPU
 
-DEV = "cuda:0"
 DTYPES = [
     torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,

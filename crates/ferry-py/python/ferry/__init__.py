@@ -26,7 +26,9 @@ from ._ferry import (
     gather,
     info,
     pipeline,
+    read_file,
     save_safetensors,
+    write_file,
 )
 
 __all__ = [
@@ -43,7 +45,9 @@ __all__ = [
     "info",
     "load_safetensors",
     "pipeline",
+    "read_file",
     "save_safetensors",
+    "write_file",
 ]
 
 
