@@ -96,29 +96,70 @@ def main():
         print(f"ferry module: not measured: {e}", flush=True)
         res["ferry_module_error"] = str(e)
 
+    # KvikIO's CuFile.read and ferry.read_file fill the same preallocated CuPy buffer with the
+    # same bytes (the whole file), timed alike; after each, the buffer's checksums are compared
+    # with the file's (read on the host), the buffer zeroed before each loader's runs.
     try:
         import cupy
-        import kvikio
-        import kvikio.defaults
+        import numpy
 
         buf = cupy.empty(size, dtype=cupy.uint8)
-        for threads in (1, 8, 16, 32):
-            try:
-                kvikio.defaults.set({"num_threads": threads})
-            except Exception:
-                kvikio.defaults.num_threads_reset(threads)
+        host = numpy.memmap(a.path, dtype=numpy.uint8, mode="r")
+        want = (int(host.sum(dtype=numpy.uint64)), int(host[1::7].sum(dtype=numpy.uint64)))
+        del host
+    except Exception as e:  # no CuPy
+        print(f"kvikio, ferry.read_file: not measured: {e}", flush=True)
+        res["cupy_error"] = str(e)
+        buf = None
 
-            def kv():
-                with kvikio.CuFile(a.path, "r") as f:
-                    f.read(buf)
+    def same_bytes(name):
+        got = (int(cupy.sum(buf, dtype=cupy.uint64)), int(cupy.sum(buf[1::7], dtype=cupy.uint64)))
+        res.setdefault("buffer_checks", {})[name] = got == want
+        if got != want:
+            print(f"{name}: the buffer's checksums {got} differ from the file's {want}", flush=True)
+
+    if buf is not None:
+        try:
+            import kvikio
+            import kvikio.defaults
+
+            for threads in (1, 8, 16, 32):
+                try:
+                    kvikio.defaults.set({"num_threads": threads})
+                except Exception:
+                    kvikio.defaults.num_threads_reset(threads)
+
+                def kv():
+                    with kvikio.CuFile(a.path, "r") as f:
+                        f.read(buf)
+                    cupy.cuda.runtime.deviceSynchronize()
+
+                buf.fill(0)
+                name = f"kvikio CuFile.read, {threads} threads"
+                row(name, *timed(kv, a.repeat),
+                    f"compat mode: {kvikio.defaults.is_compat_mode_preferred() if hasattr(kvikio.defaults, 'is_compat_mode_preferred') else '?'}")
+                same_bytes(name)
+        except Exception as e:  # not installed, or no cuFile
+            print(f"kvikio: not measured: {e}", flush=True)
+            res["kvikio_error"] = str(e)
+
+        try:
+            import ferry
+
+            def fr():
+                n = ferry.read_file(a.path, buf)
                 cupy.cuda.runtime.deviceSynchronize()
+                if n != size:
+                    raise RuntimeError(f"ferry.read_file read {n} of {size} bytes")
 
-            row(f"kvikio CuFile.read, {threads} threads", *timed(kv, a.repeat),
-                f"compat mode: {kvikio.defaults.is_compat_mode_preferred() if hasattr(kvikio.defaults, 'is_compat_mode_preferred') else '?'}")
+            buf.fill(0)
+            name = "ferry.read_file into the CuPy buffer"
+            row(name, *timed(fr, a.repeat), "same buffer and bytes as kvikio CuFile.read")
+            same_bytes(name)
+        except Exception as e:  # the module not installed
+            print(f"ferry.read_file: not measured: {e}", flush=True)
+            res["ferry_read_file_error"] = str(e)
         del buf
-    except Exception as e:  # not installed, or no cuFile
-        print(f"kvikio: not measured: {e}", flush=True)
-        res["kvikio_error"] = str(e)
 
     if a.cold:
         def drop():
