@@ -254,7 +254,7 @@ pub(crate) fn save_safetensors(
     // GPU tensors: their producers' queued work (PyTorch's current stream) comes first.
     let mut waited = Vec::new();
     for (_, _, a) in &arrs {
-        crate::fileio::after_producer(py, a, &mut waited)?;
+        crate::copy::after_producer(py, a, &mut waited)?;
     }
     let mut opts = SaveOptions::new();
     for (k, v) in metadata.unwrap_or_default() {

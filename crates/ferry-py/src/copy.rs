@@ -3,7 +3,7 @@
 use crate::array::Arr;
 use crate::engine::{self, Eng};
 use crate::errors::{self, arg};
-use ferry::{Job, Op, Segment};
+use ferry::{Job, MemKind, Op, Segment};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -260,6 +260,44 @@ fn after_all(mut job: Job, reqs: &[ferry::Request]) -> Job {
         job = job.after(r);
     }
     job
+}
+
+/// Waits on the host for the work a device array's producer queued so far, for a blocking
+/// call that reads or writes it on ferry's own streams: PyTorch's current stream for a PyTorch
+/// tensor, the stream its `__cuda_array_interface__` names, else the legacy default stream
+/// (a DLPack producer asked with `stream=1` orders its export there). Nothing for host
+/// memory, or for a (device, stream) of `waited` (already waited for by this call; added).
+pub(crate) fn after_producer(
+    py: Python<'_>,
+    a: &Arr,
+    waited: &mut Vec<(u32, usize)>,
+) -> PyResult<()> {
+    let MemKind::Device { ordinal } = a.kind() else {
+        return Ok(());
+    };
+    let stream = match (a.torch_gpu, a.stream) {
+        (true, _) => torch_stream(py, ordinal)?,
+        (false, Some(s)) => s,
+        (false, None) => 1,
+    };
+    if waited.contains(&(ordinal, stream)) {
+        return Ok(());
+    }
+    waited.push((ordinal, stream));
+    let eng = engine::cuda_engine(py, ordinal)?;
+    py.allow_threads(|| {
+        // SAFETY: PyTorch's current stream, the stream the array's producer named, or the
+        // driver's legacy default stream handle (1): each a live stream of the device's
+        // primary context for this call (PyTorch's and CuPy's are).
+        let req = unsafe { eng.record_raw(stream as _) }.map_err(|e| e.to_string())?;
+        req.wait().map_err(|e| e.to_string())
+    })
+    .map_err(|e| {
+        errors::DriverError::new_err(format!(
+            "waiting for the producer's stream {stream:#x} of {}: {e}",
+            a.describe()
+        ))
+    })
 }
 
 /// Host buffers as the driver knows them (pinned or pageable) when a CUDA engine runs them.

@@ -20,8 +20,7 @@
 
 use crate::array::{Arr, Held};
 use crate::ckpt::file_engine;
-use crate::copy::torch_stream;
-use crate::engine;
+use crate::copy::after_producer;
 use crate::errors::{self, arg};
 use ferry::file::{FileError, OpenMode};
 use ferry::{MemKind, RawBuf};
@@ -41,42 +40,6 @@ fn contiguous(a: &Arr, role: &str) -> PyResult<RawBuf> {
     Ok(RawBuf {
         len: a.numel() * a.dtype.size,
         ..a.raw
-    })
-}
-
-/// Waits on the host for the work a device array's producer queued so far (see the module
-/// documentation); nothing for host memory, or for a stream of `waited` (device, stream)
-/// already waited for in this call (added to it).
-pub(crate) fn after_producer(
-    py: Python<'_>,
-    a: &Arr,
-    waited: &mut Vec<(u32, usize)>,
-) -> PyResult<()> {
-    let MemKind::Device { ordinal } = a.kind() else {
-        return Ok(());
-    };
-    let stream = match (a.torch_gpu, a.stream) {
-        (true, _) => torch_stream(py, ordinal)?,
-        (false, Some(s)) => s,
-        (false, None) => 1,
-    };
-    if waited.contains(&(ordinal, stream)) {
-        return Ok(());
-    }
-    waited.push((ordinal, stream));
-    let eng = engine::cuda_engine(py, ordinal)?;
-    py.allow_threads(|| {
-        // SAFETY: PyTorch's current stream, the stream the array's producer named, or the
-        // driver's legacy default stream handle (1): each a live stream of the device's
-        // primary context for this call (PyTorch's and CuPy's are).
-        let req = unsafe { eng.record_raw(stream as _) }.map_err(|e| e.to_string())?;
-        req.wait().map_err(|e| e.to_string())
-    })
-    .map_err(|e| {
-        errors::DriverError::new_err(format!(
-            "waiting for the producer's stream {stream:#x} of {}: {e}",
-            a.describe()
-        ))
     })
 }
 

@@ -14,7 +14,8 @@
 //! threads, holding the GIL only for the call. CUDA engine: `stage(inp, out, index, stream)`
 //! gets device slots (`_DeviceSlot`, see `pipe_gpu`) and the compute stream's handle, enqueues
 //! its work there and returns; it runs on the calling thread, the host never waiting for a
-//! chunk except to bound the work queued ahead. Either way the slots are valid only during the
+//! chunk except to bound the work queued ahead (and, before the run, for the work the GPU
+//! arrays' producers queued: PyTorch's current stream, see `copy::after_producer`). Either way the slots are valid only during the
 //! call: the pipeline reuses them (a view still referenced after the call fails the pipeline
 //! with an `ArgumentError`), and ferry's copies and waits run with the GIL released. An
 //! exception in the stage stops the pipeline (nothing more submitted, everything in flight
@@ -22,6 +23,7 @@
 //! 3.11+, a note.
 
 use crate::array::{Arr, Held};
+use crate::copy::after_producer;
 use crate::engine::{self, Eng};
 use crate::errors::{self, arg};
 use ferry::cuda::CudaEngine;
@@ -84,8 +86,10 @@ pub(crate) fn pipeline(
     if !stage.is_callable() {
         return Err(arg("stage must be callable"));
     }
-    let mut s = Arr::from_py(src, None)?;
-    let mut d = Arr::from_py(out, None)?;
+    // A GPU array's DLPack producer orders its export with the legacy default stream, which
+    // the run then waits for (`after_producer`).
+    let mut s = Arr::from_py(src, Some(1))?;
+    let mut d = Arr::from_py(out, Some(1))?;
     d.writable("destination")?;
     if d.layout.is_some_and(|l| !l.is_contiguous()) {
         return Err(arg(format!(
@@ -111,6 +115,10 @@ pub(crate) fn pipeline(
             run_cpu(py, &c, cfg, &s, &d, stage)?
         }
         Eng::Cuda(c) => {
+            // The producers' queued work on the arrays comes first (the host waits for it).
+            let mut waited = Vec::new();
+            after_producer(py, &s, &mut waited)?;
+            after_producer(py, &d, &mut waited)?;
             s.raw = engine::refine_host(&c, s.raw);
             d.raw = engine::refine_host(&c, d.raw);
             run_gpu(py, &c, cfg, &s, &d, stage)

@@ -9,7 +9,9 @@
 //! consumer stream `s` other than the compute stream makes `s` wait for the compute stream (an
 //! event, no host wait), and once the stage returns the compute stream waits for `s` in turn
 //! (the download and the slot's next upload come after the work the stage put on `s`): a stage
-//! that works on PyTorch's current stream through `torch.from_dlpack` is ordered too.
+//! that works on PyTorch's current stream through `torch.from_dlpack` is ordered too (a stream
+//! so named must outlive the stage's call: PyTorch's always do; a CuPy stream made and dropped
+//! inside the stage must not be named).
 //! `__cuda_array_interface__` names the compute stream as its `stream` (version 3): its
 //! consumers synchronize with it (CuPy and Numba on the host), but work they enqueue is ordered
 //! with the pipeline only if it goes on the compute stream.
@@ -179,9 +181,10 @@ impl DeviceSlot {
 fn order(eng: &CudaEngine, first: usize, later: usize) -> PyResult<()> {
     let drv = |e: ferry::cuda::InteropError| errors::DriverError::new_err(e.to_string());
     // SAFETY: `first` is the pipeline's compute stream (alive for the run) or a stream a DLPack
-    // consumer named during the stage's call (the stage's own, alive during the call; 1 and 2
-    // are the driver's legacy and per-thread handles, the latter of this very thread, which
-    // runs the stage); both of the device's primary context, as PyTorch's and CuPy's are.
+    // consumer named during the stage's call, which the stage keeps alive until its call and
+    // this join are over (documented: PyTorch's streams are never destroyed; 1 and 2 are the
+    // driver's legacy and per-thread handles, the latter of this very thread, which runs the
+    // stage); both of the device's primary context, as PyTorch's and CuPy's are.
     let req = unsafe { eng.record_raw(first as _) }.map_err(drv)?;
     // SAFETY: as above, for `later`.
     unsafe { eng.stream_wait_raw(later as _, &req) }.map_err(drv)?;
