@@ -109,7 +109,7 @@ def main():
         del host
     except Exception as e:  # no CuPy
         print(f"kvikio, ferry.read_file: not measured: {e}", flush=True)
-        res["cupy_error"] = str(e)
+        res["cupy_error"] = res["kvikio_error"] = str(e)
         buf = None
 
     def same_bytes(name):
