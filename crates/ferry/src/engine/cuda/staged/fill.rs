@@ -229,6 +229,8 @@ impl Filler {
 impl Drop for Filler {
     fn drop(&mut self) {
         lock(&self.shared.queue).shutdown = true;
+        // Ends the polling of idle workers (they look at the queue again) and wakes the others.
+        self.shared.queued.fetch_add(1, Ordering::Release);
         self.shared.wake.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
