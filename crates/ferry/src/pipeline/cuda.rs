@@ -34,7 +34,6 @@ use super::bounce::{BounceRing, FILL_THREADS};
 use super::core::{self, Lanes};
 use super::{
     plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
-    Timeline, TimelineClock,
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
@@ -43,9 +42,12 @@ use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};
 use crate::request::{Request, RequestError};
-use cudarc::driver::{sys, CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use timing::Timing;
+
+mod timing;
 
 /// How long the submitting thread polls a request (`cuEventQuery`) before it sleeps on the
 /// request's event. The engine's events are blocking-sync by default, and a thread asleep on
@@ -243,7 +245,7 @@ impl<'e> CudaPipeline<'e> {
             false => None,
         };
         let timing = match self.cfg.timeline {
-            true => Some(Timing::new(&self.compute)?),
+            true => Some(Timing::new(&self.compute, chunks.len())?),
             false => None,
         };
         let mut lanes = GpuLanes {
@@ -308,54 +310,6 @@ impl CudaPipeline<'_> {
     }
 }
 
-/// Timing events of one run: a base, then (chunk, phase, start, end) for each step.
-struct Timing {
-    base: CudaEvent,
-    marks: Vec<(usize, Phase, CudaEvent, CudaEvent)>,
-    /// Steps whose end could not be recorded on their own stream (host-signalled).
-    open: Vec<(usize, Phase, CudaEvent)>,
-}
-
-fn timing_event(stream: &CudaStream) -> Result<CudaEvent, PipelineError> {
-    stream
-        .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(setup)
-}
-
-impl Timing {
-    fn new(compute: &CudaStream) -> Result<Timing, PipelineError> {
-        Ok(Timing {
-            base: timing_event(compute)?,
-            marks: Vec::new(),
-            open: Vec::new(),
-        })
-    }
-
-    /// Ends the open steps now, on `stream`.
-    fn close_open(&mut self, stream: &CudaStream) -> Result<(), PipelineError> {
-        for (c, p, start) in std::mem::take(&mut self.open) {
-            self.marks.push((c, p, start, timing_event(stream)?));
-        }
-        Ok(())
-    }
-
-    /// The timeline, once every event has completed (waits for them).
-    fn finish(mut self, compute: &CudaStream, chunks: &[Chunk]) -> Result<Timeline, PipelineError> {
-        self.close_open(compute)?;
-        let us = |e: &CudaEvent| {
-            self.base
-                .elapsed_ms(e)
-                .map(|ms| f64::from(ms) * 1e3)
-                .map_err(setup)
-        };
-        let mut times = Vec::with_capacity(self.marks.len());
-        for (c, p, s, e) in &self.marks {
-            times.push((*c, *p, us(s)?, us(e)?));
-        }
-        Ok(Timeline::build(TimelineClock::CudaEvents, chunks, times))
-    }
-}
-
 struct GpuLanes<'r, F> {
     engine: &'r CudaEngine,
     compute: &'r Arc<CudaStream>,
@@ -409,22 +363,24 @@ where
     ) -> Result<Request, PipelineError> {
         let start = match self.timing.is_some() {
             true => {
+                let engine = self.engine;
                 let kinds = (job.dst.kind, job.src.map_or(job.dst.kind, |s| s.kind));
-                let stream = self
-                    .engine
-                    .stream(self.engine.direction_for(kinds.0, kinds.1));
+                let stream = engine.stream(engine.direction_for(kinds.0, kinds.1));
                 if let Some(a) = after {
                     let dep = |e| PipelineError::Copy {
                         chunk: c.index,
                         phase,
                         source: RequestError::Dependency(Box::new(e)),
                     };
-                    self.engine.stream_wait(stream, a).map_err(|e| match e {
+                    engine.stream_wait(stream, a).map_err(|e| match e {
                         InteropError::Request(r) => dep(r),
                         other => setup(other),
                     })?;
                 }
-                Some((stream, timing_event(stream)?))
+                match self.timing.as_mut() {
+                    Some(t) => Some((stream, t.event(stream)?)),
+                    None => None,
+                }
             }
             false => None,
         };
@@ -439,7 +395,8 @@ where
         })?;
         if let (Some(t), Some((stream, ev))) = (&mut self.timing, start) {
             if req.completion().as_any().is::<CudaCompletion>() {
-                t.marks.push((c.index, phase, ev, timing_event(stream)?));
+                let end = t.event(stream)?;
+                t.marks.push((c.index, phase, ev, end));
             } else {
                 t.open.push((c.index, phase, ev));
             }
@@ -637,7 +594,7 @@ where
         let start = match &mut self.timing {
             Some(t) => {
                 t.close_open(cs)?;
-                Some(timing_event(cs)?)
+                Some(t.event(cs)?)
             }
             None => None,
         };
@@ -652,8 +609,8 @@ where
             source: e.into(),
         })?;
         if let (Some(t), Some(start)) = (&mut self.timing, start) {
-            t.marks
-                .push((c.index, Phase::Compute, start, timing_event(cs)?));
+            let end = t.event(cs)?;
+            t.marks.push((c.index, Phase::Compute, start, end));
         }
         self.engine.record(cs).map_err(setup)
     }
