@@ -630,6 +630,61 @@ fn file_source_through_device_slots_matches_reference() {
     e.barrier().unwrap();
 }
 
+/// The bounce buffers' fills run ahead of the uploads as far as the buffers allow, and an
+/// upload ahead of its chunk's compute is submitted only once its fill is done: byte-checked
+/// for K = 1..4 with a stage that holds the submitting thread (every fill runs K + 2 ahead
+/// and is done when its upload comes), a stage that returns at once on chunks of 64 KiB-1 MiB
+/// (uploads wait for fills still running, computes go first), and one that alternates, on
+/// pageable sources; the fill workers are gone once the pipelines are.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn bounce_fills_ahead_slow_and_fast_stages_match_reference() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let data = bytes(24 << 20, 41);
+    // Warm-up: the engine's own threads (staging) start on first use and stay.
+    run_case(&e, &k, &data[..4 << 20], 1 << 20, 2, OutLen::Same, false).unwrap();
+    let threads0 = threads().1;
+    let mut below = below_from(0xFA57_u64);
+    for slots in 1..=4 {
+        for (mode, chunk) in [(0, 1 << 20), (1, 64 << 10), (2, (256 << 10) + 4095)] {
+            let n = (3 * slots + 9) * chunk + below(chunk);
+            let off = below(4096);
+            let src = &data[off..off + n];
+            let want = reference(src, chunk, OutLen::Same);
+            let mut dst = vec![0u8; n];
+            let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots)).unwrap();
+            for run in 0..2 {
+                dst.fill(0);
+                p.run(Source::new(src), Some(Dest::new(&mut dst)), |g| {
+                    let i = g.chunk().index;
+                    if mode == 0 || (mode == 2 && i % 3 == 0) {
+                        std::thread::sleep(std::time::Duration::from_micros(300));
+                    }
+                    stage(&k, g)
+                })
+                .unwrap_or_else(|err| {
+                    panic!("k {slots} mode {mode} chunk {chunk} run {run}: {err}")
+                });
+                if let Some(b) = dst.iter().zip(&want).position(|(a, b)| a != b) {
+                    panic!(
+                        "k {slots} mode {mode} chunk {chunk} len {n} run {run}: output byte {b} (chunk {}) is {:#04x}, the reference {:#04x}",
+                        b / chunk,
+                        dst[b],
+                        want[b]
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        settled_threads(threads0, 5).1 <= threads0,
+        "fill workers left running after their pipelines were dropped"
+    );
+    e.barrier().unwrap();
+}
+
 /// Pageable, strided-pageable and file sources go through the pipeline's K + 1 pinned bounce
 /// buffers: one pipeline per K (1..4) reused across runs of random chunk counts (many more
 /// chunks than bounce buffers, so every buffer is refilled after its DMA, and a ragged last

@@ -13,36 +13,41 @@
 //!   that event.
 //!
 //! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 2
-//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): right after chunk
-//! `i`'s upload is enqueued, the submitting thread starts filling chunk `i + 1`'s buffer
-//! (pageable: a parallel copy on the staging workers; file: the file engine's parallel reads
-//! straight into it) and goes on enqueuing without waiting for it; it waits for that fill only
-//! right before enqueuing chunk `i + 1`'s upload, then a pinned DMA ordered on the GPU like any
-//! other. A buffer is refilled only once the DMA that last read it has completed. Downloads into pageable memory of 1 MiB or more are staged by the
-//! engine (see the [engine](crate::cuda::CudaEngine)), their completion signalled by its staging
-//! thread, waited for when their output slot is next needed.
+//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): the submitting
+//! thread starts filling the buffer of every next chunk whose buffer is free (its last DMA
+//! completed), in chunk order, each time it submits a step, never waiting for a buffer
+//! (pageable: a parallel copy on the fill workers; file: the file engine's parallel reads
+//! straight into it). An upload ahead of its chunk's compute is submitted only once its fill
+//! has completed ([`core::Lanes::upload_ready`]), so a fill still running never holds back the
+//! computes and downloads of earlier chunks; the upload a compute needs next waits for its fill.
+//! The upload is then a pinned DMA ordered on the GPU like any other. Downloads into pageable
+//! memory of 1 MiB or more are staged by the engine (see the
+//! [engine](crate::cuda::CudaEngine)), their completion signalled by its staging thread, waited
+//! for when their output slot is next needed.
 //!
 //! Timeline (on request): timing events recorded on the stream of each step around it (the
 //! upload's and download's start after the stream has waited for their dependency, so waiting
 //! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
 //! timeline when the compute stream next learned of it, later than it did.
 
-use super::bounce::{BounceRing, FILL_PIECE, FILL_THREADS};
+use super::bounce::{BounceRing, FILL_THREADS};
 use super::core::{self, Lanes};
 use super::{
     plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
-    Timeline, TimelineClock,
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
-use crate::engine::cuda::staged::{Filler, StagingConfig};
+use crate::engine::cuda::staged::{Filler, StagingConfig, FILL_PIECE};
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};
 use crate::request::{Request, RequestError};
-use cudarc::driver::{sys, CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use timing::Timing;
+
+mod timing;
 
 /// How long the submitting thread polls a request (`cuEventQuery`) before it sleeps on the
 /// request's event. The engine's events are blocking-sync by default, and a thread asleep on
@@ -68,7 +73,7 @@ pub struct CudaPipeline<'e> {
 }
 
 /// K + 2 pinned buffers of a chunk and the workers that fill them from pageable memory: the
-/// staged path's ([`Filler`]: its pool, pieces and copy) for contiguous chunks, a CPU engine
+/// staged path's copy on [`Filler`]'s workers for contiguous chunks, a CPU engine
 /// (made on first use) for strided ones.
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
@@ -240,7 +245,7 @@ impl<'e> CudaPipeline<'e> {
             false => None,
         };
         let timing = match self.cfg.timeline {
-            true => Some(Timing::new(&self.compute)?),
+            true => Some(Timing::new(&self.compute, chunks.len())?),
             false => None,
         };
         let mut lanes = GpuLanes {
@@ -255,6 +260,7 @@ impl<'e> CudaPipeline<'e> {
             timing,
             bounce,
             chunks: &chunks,
+            next_fill: 0,
         };
         // Work a failing (or panicking) stage enqueued is not followed by an event ferry
         // waits for: synchronize the compute stream before the slots can be reused.
@@ -304,54 +310,6 @@ impl CudaPipeline<'_> {
     }
 }
 
-/// Timing events of one run: a base, then (chunk, phase, start, end) for each step.
-struct Timing {
-    base: CudaEvent,
-    marks: Vec<(usize, Phase, CudaEvent, CudaEvent)>,
-    /// Steps whose end could not be recorded on their own stream (host-signalled).
-    open: Vec<(usize, Phase, CudaEvent)>,
-}
-
-fn timing_event(stream: &CudaStream) -> Result<CudaEvent, PipelineError> {
-    stream
-        .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        .map_err(setup)
-}
-
-impl Timing {
-    fn new(compute: &CudaStream) -> Result<Timing, PipelineError> {
-        Ok(Timing {
-            base: timing_event(compute)?,
-            marks: Vec::new(),
-            open: Vec::new(),
-        })
-    }
-
-    /// Ends the open steps now, on `stream`.
-    fn close_open(&mut self, stream: &CudaStream) -> Result<(), PipelineError> {
-        for (c, p, start) in std::mem::take(&mut self.open) {
-            self.marks.push((c, p, start, timing_event(stream)?));
-        }
-        Ok(())
-    }
-
-    /// The timeline, once every event has completed (waits for them).
-    fn finish(mut self, compute: &CudaStream, chunks: &[Chunk]) -> Result<Timeline, PipelineError> {
-        self.close_open(compute)?;
-        let us = |e: &CudaEvent| {
-            self.base
-                .elapsed_ms(e)
-                .map(|ms| f64::from(ms) * 1e3)
-                .map_err(setup)
-        };
-        let mut times = Vec::with_capacity(self.marks.len());
-        for (c, p, s, e) in &self.marks {
-            times.push((*c, *p, us(s)?, us(e)?));
-        }
-        Ok(Timeline::build(TimelineClock::CudaEvents, chunks, times))
-    }
-}
-
 struct GpuLanes<'r, F> {
     engine: &'r CudaEngine,
     compute: &'r Arc<CudaStream>,
@@ -363,8 +321,10 @@ struct GpuLanes<'r, F> {
     stage: F,
     timing: Option<Timing>,
     bounce: Option<&'r mut Bounce>,
-    /// The run's chunks (the fill of the next one starts after each bounced upload).
+    /// The run's chunks (fills start ahead of the uploads, see [`GpuLanes::top_up`]).
     chunks: &'r [Chunk],
+    /// The first chunk whose fill has not been started.
+    next_fill: usize,
 }
 
 impl<F> Drop for GpuLanes<'_, F> {
@@ -403,22 +363,24 @@ where
     ) -> Result<Request, PipelineError> {
         let start = match self.timing.is_some() {
             true => {
+                let engine = self.engine;
                 let kinds = (job.dst.kind, job.src.map_or(job.dst.kind, |s| s.kind));
-                let stream = self
-                    .engine
-                    .stream(self.engine.direction_for(kinds.0, kinds.1));
+                let stream = engine.stream(engine.direction_for(kinds.0, kinds.1));
                 if let Some(a) = after {
                     let dep = |e| PipelineError::Copy {
                         chunk: c.index,
                         phase,
                         source: RequestError::Dependency(Box::new(e)),
                     };
-                    self.engine.stream_wait(stream, a).map_err(|e| match e {
+                    engine.stream_wait(stream, a).map_err(|e| match e {
                         InteropError::Request(r) => dep(r),
                         other => setup(other),
                     })?;
                 }
-                Some((stream, timing_event(stream)?))
+                match self.timing.as_mut() {
+                    Some(t) => Some((stream, t.event(stream)?)),
+                    None => None,
+                }
             }
             false => None,
         };
@@ -433,7 +395,8 @@ where
         })?;
         if let (Some(t), Some((stream, ev))) = (&mut self.timing, start) {
             if req.completion().as_any().is::<CudaCompletion>() {
-                t.marks.push((c.index, phase, ev, timing_event(stream)?));
+                let end = t.event(stream)?;
+                t.marks.push((c.index, phase, ev, end));
             } else {
                 t.open.push((c.index, phase, ev));
             }
@@ -474,7 +437,7 @@ where
                     let at = from.addr + from_l.offset() as u64;
                     // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
                     // checked within `from` by `part`) and the pinned buffer's first `c.len`.
-                    unsafe { bounce.fill.queue(pinned.addr, at, c.len, self.src.len()) }
+                    unsafe { bounce.fill.queue(pinned.addr, at, c.len) }
                         .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
                 } else {
                     let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
@@ -488,10 +451,29 @@ where
         Ok(())
     }
 
+    /// Starts the fills of the next chunks, in order, while their buffers are free (the last
+    /// DMA that read each has completed and its last fill was read): never waits. A fill that
+    /// cannot be started stops here; that chunk's upload starts it again and reports the error
+    /// (the failure is not the chunk being submitted now, whose requests must stay tracked).
+    fn top_up(&mut self) {
+        while let Some(next) = self.chunks.get(self.next_fill) {
+            if !self
+                .bounce
+                .as_deref()
+                .is_some_and(|b| b.ring.is_free(next.index))
+            {
+                return;
+            }
+            if self.prefetch(next).is_err() {
+                return;
+            }
+            self.next_fill += 1;
+        }
+    }
+
     /// A pinned DMA of chunk `c` from its bounce buffer into `to` after `after`, once its fill
-    /// (started by an earlier chunk's upload, or now for the first) completed; then starts the
-    /// next chunk's fill (and the one after when its buffer is free), which runs while this
-    /// DMA and the steps before it do.
+    /// (started ahead by [`GpuLanes::top_up`], or now) completed; then starts the fills whose
+    /// buffers are free, which run while this DMA and the steps before it do.
     fn upload_bounced(
         &mut self,
         c: &Chunk,
@@ -508,8 +490,13 @@ where
             .as_ref()
             .is_some_and(|b| b.ring.is_filling(c.index))
         {
+            // Fills start in chunk order and every earlier chunk's fill has been read: this is
+            // the next fill (waiting for its buffer's last DMA if need be).
             self.prefetch(c)?;
+            self.next_fill = self.next_fill.max(c.index + 1);
         }
+        // The fills after it queue behind it (the workers take the oldest fill's pieces first).
+        self.top_up();
         let Some(bounce) = self.bounce.as_deref_mut() else {
             return Err(setup("no bounce buffers"));
         };
@@ -529,25 +516,7 @@ where
         if let Some(b) = self.bounce.as_deref_mut() {
             b.ring.lend(c.index, &req);
         }
-        // The next chunk's fill (waiting for its buffer's last DMA if need be), and the one
-        // after it when its buffer is already free: queued behind the first, it keeps the fill
-        // workers busy while this thread waits on the GPU.
-        for (ahead, next) in self.chunks.iter().skip(c.index + 1).take(2).enumerate() {
-            let Some(b) = self.bounce.as_deref() else {
-                break;
-            };
-            if b.ring.is_filling(next.index) {
-                continue;
-            }
-            if ahead > 0 && !b.ring.is_free(next.index) {
-                break;
-            }
-            // A failure here is not this chunk's (its DMA is queued and must stay tracked):
-            // that chunk's upload starts its fill again and reports it.
-            if self.prefetch(next).is_err() {
-                break;
-            }
-        }
+        self.top_up();
         Ok(req)
     }
 
@@ -569,6 +538,18 @@ where
 {
     fn wait(&mut self, req: Request) -> Result<(), RequestError> {
         spin_wait(req)
+    }
+
+    /// Not bounced: always. Bounced: starts the fills whose buffers are free, then says whether
+    /// chunk `c`'s fill has completed (its upload would not wait for it).
+    fn upload_ready(&mut self, c: &Chunk) -> bool {
+        if self.bounce.is_none() {
+            return true;
+        }
+        self.top_up();
+        self.bounce
+            .as_deref()
+            .is_some_and(|b| b.ring.is_filled(c.index))
     }
 
     fn upload(
@@ -613,7 +594,7 @@ where
         let start = match &mut self.timing {
             Some(t) => {
                 t.close_open(cs)?;
-                Some(timing_event(cs)?)
+                Some(t.event(cs)?)
             }
             None => None,
         };
@@ -628,8 +609,8 @@ where
             source: e.into(),
         })?;
         if let (Some(t), Some(start)) = (&mut self.timing, start) {
-            t.marks
-                .push((c.index, Phase::Compute, start, timing_event(cs)?));
+            let end = t.event(cs)?;
+            t.marks.push((c.index, Phase::Compute, start, end));
         }
         self.engine.record(cs).map_err(setup)
     }

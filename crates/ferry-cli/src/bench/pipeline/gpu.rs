@@ -12,11 +12,18 @@
 //! - `cuda-pipeline-file` ([`up`]): the same from a file (page cache) through a file engine,
 //!   vs the pinned source (the ratio is file / pinned).
 //!
-//! Chunks: 1/32 of the source, at least 4 MiB. A pipeline of N balanced chunks through three
-//! steps cannot take less than (N + 2) / N of one step's total (the first upload and the last
-//! compute and download run alone): 1.125x at 16 chunks, 1.06x at 32, so the 1.10x target
-//! needs more than 20; below 4 MiB a chunk's copy (80 us) nears the host's cost of submitting
-//! it.
+//! Chunks (`chunk_for`): 1/32 of the source, at least 2 MiB. A pipeline of N balanced chunks
+//! through three steps cannot take less than (N + 2) / N of one step's total (the first upload
+//! and the first compute run before the first download): 1.125x at 16 chunks, 1.06x at 32, so
+//! the 1.10x target needs more than 20, and two steps (N + 1) / N (1.06x at 16, 1.03x at 32,
+//! against the 1.05x target). Each chunk also costs its stream a gap of 2-3 us between one
+//! copy and the next (run 33's timeline, 4 MiB chunks: downloads back to back 2.2-7.5 us
+//! apart), which grows with N: the 3-step wall over the largest step's busy time is about
+//! (U + C + N g) / (N D) + 1 (U, C, D one chunk's upload, compute and download, g the gap),
+//! least near N = 32 at 64 MiB (about 1.12-1.13 from run 33's figures, against its 1.178 with
+//! 16 chunks of 4 MiB). A 2 MiB chunk's copy takes about 40 us, still above what the host
+//! spends submitting a chunk's three steps (a few driver calls each); the minimum stays there
+//! (at 1 MiB the gaps alone would be 10% of the copies).
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::data::pattern_bytes;
@@ -43,10 +50,12 @@ extern "C" __global__ void lcg(const unsigned char* in, unsigned char* out, unsi
 }
 "#;
 
-/// Chunks per source (fewer where a chunk would be under [`MIN_CHUNK`]).
+/// Chunks per source (fewer where a chunk would be under [`MIN_CHUNK`]); see the module
+/// documentation.
 const CHUNKS: usize = 32;
-/// Smallest chunk the rows use.
-const MIN_CHUNK: usize = 4 << 20;
+/// Smallest chunk the rows use (64 MiB: 32 chunks); see the module documentation. (4 MiB until
+/// run 34: 16 chunks at 64 MiB, which cannot reach the 3-step 1.10x target.)
+const MIN_CHUNK: usize = 2 << 20;
 /// How close (as a fraction) calibration brings a chunk's kernel time to its upload time.
 const BALANCE: f64 = 0.05;
 /// Most times calibration rescales the rounds and measures again.
@@ -54,7 +63,7 @@ const CALIBRATION_ROUNDS: usize = 8;
 /// Timed passes of each calibration measurement (the median is kept).
 const CALIBRATION_REPEATS: usize = 3;
 
-/// The chunk size of a row of `n` source bytes.
+/// The chunk size of a row of `n` source bytes: the one place the rows' chunking is decided.
 fn chunk_for(n: usize) -> usize {
     (n / CHUNKS).max(MIN_CHUNK).min(n).max(1)
 }

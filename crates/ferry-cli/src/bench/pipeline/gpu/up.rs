@@ -157,7 +157,7 @@ pub(super) fn pageable(
         method,
         Source::new(&pageable_src),
         "pageable",
-        "pageable source (Vec<u8>) -> pinned bounce buffers (filled by the staging workers) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
+        "pageable source (Vec<u8>) -> pinned bounce buffers (filled ahead by the fill workers, pieces of 256 KiB) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
     )
 }
 

@@ -22,8 +22,9 @@
 //! The parts, one file each: this file holds the API ([`Stager`], [`Direction`],
 //! [`StagedError`]); `config.rs` the tuning ([`StagingConfig`], `FERRY_STAGING_*`); `chunk.rs`
 //! which bytes each chunk carries; `ring.rs` the pinned slots and their events; `pool.rs` the
-//! worker threads; `nt_copy.rs` the workers' (non-temporal) copy and its pieces; `fill.rs` the same
-//! workers filling the GPU pipeline's pinned bounce buffers, queued; `pipeline.rs` the loop that
+//! worker threads; `nt_copy.rs` the workers' (non-temporal) copy and its pieces; `fill.rs` workers of
+//! their own filling the GPU pipeline's pinned bounce buffers with that copy, from a queue of
+//! pieces; `pipeline.rs` the loop that
 //! drives the workers, the ring and the DMAs; `segments.rs` segment lists
 //! ([`Stager::copy_segments`]: many runs of pageable memory packed into the ring's chunks).
 //!
@@ -56,7 +57,7 @@ mod ring;
 mod segments;
 
 pub use config::StagingConfig;
-pub(crate) use fill::Filler;
+pub(crate) use fill::{Filler, FILL_PIECE};
 
 use crate::engine::cuda::error::DriverError as FerryDriverError;
 use crate::engine::cuda::gather::{GatherError, Gatherer, Segment};
