@@ -111,7 +111,7 @@ pub(crate) struct Inner {
     /// When it was submitted and how long it takes at the least (for [`WaitMode::Auto`]).
     expect: Expect,
     /// The result once known, and the futures' wakers. Waiting threads block in the driver
-    /// (`cuEventSynchronize`), not on the slot, so it has no condition variable (and no futex
+    /// (`cuEventSynchronize`, `cuStreamSynchronize`), not on the slot, so it has no condition variable (and no futex
     /// wake-up is paid per request).
     slot: Slot,
     /// Scratch memory the request's work reads (fill patterns); freed after it completes.

@@ -26,9 +26,10 @@
 //! [`WaitMode`]'s schedule unchanged. Both are exact while the request is the stream's last
 //! work, and never early: work enqueued after it later only makes them return later (another
 //! thread of the same lane may enqueue while a wait is in the driver; the wait then also waits
-//! for that work, as a raw `cuStreamSynchronize` would). A request that completed before
-//! anything followed it never records an event: a small copy submitted and waited costs the
-//! raw pair's two calls plus the copy's, where it cost three.
+//! for that work, as a raw `cuStreamSynchronize` would). A request waited (or polled done)
+//! before anything followed it never records an event: a small copy submitted and waited costs
+//! the copy and `cuStreamSynchronize`, the raw pair's two calls, where it cost three (the tests
+//! below count them).
 //!
 //! Eager (an event at submit, as before): [`WaitMode::Blocking`] and
 //! [`WaitMode::SpinThenBlock`] (their sleep in the driver is a `BLOCKING_SYNC` event's); a
