@@ -34,25 +34,6 @@ fn engine(mode: WaitMode) -> Option<CudaEngine> {
     Some(CudaEngine::with_config(CudaConfig::new(0).wait_mode(mode)).expect("engine on device 0"))
 }
 
-/// The first differing byte, for the failure message.
-fn check(what: &str, got: &[u8], want: &[u8]) {
-    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!(
-            "{what}: byte {i} of {} is {:#04x}, want {:#04x}",
-            want.len(),
-            got[i],
-            want[i]
-        );
-    }
-    assert_eq!(got.len(), want.len(), "{what}: length");
-}
-
-fn pinned_with(data: &[u8]) -> PinnedBuffer {
-    let mut p = PinnedBuffer::new(data.len()).expect("cuMemHostAlloc");
-    p.copy_from_slice(data);
-    p
-}
-
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn every_mode_waits_byte_checked_copies() {

@@ -14,12 +14,13 @@
 //! are timed on the host ([`Clock`](super::Clock) says which, per series). Bandwidth rows use
 //! an engine with [`WaitMode::Spin`], as the raw side's `cuStreamSynchronize` spins by
 //! default; the latency rows show the default wait ([`WaitMode::Auto`]) and the spin wait.
-//! Beside the GPU-event figure, the single-copy rows (pinned, pageable and mapped h2d/d2h,
-//! d2d; not yet bidir, tile, transpose, scatter) carry
-//! the caller's view (`cuda/caller.rs`, [`CallerView`](super::CallerView)): one copy per call
-//! through the public API on the default-config engine, host clock around scope + copy + wait,
-//! next to a raw `cuMemcpyAsync` + `cuStreamSynchronize` timed the same way on the same
-//! buffers; and the contiguous rows each series's process CPU time per GB moved. `cuda-wait-cpu` meters the
+//! Beside the GPU-event figure, every bandwidth row with a raw submit + synchronize baseline
+//! (pinned, pageable and mapped h2d/d2h, d2d, bidir, tile, the transposes, scatter and the
+//! pageable segment lists; `cuda-threads` rows are host-clocked submit + wait already) carries
+//! the caller's view (`cuda/caller.rs`, [`CallerView`](super::CallerView), one function for
+//! every row: `CudaBench::caller_pair`): one operation per call through the public API on the
+//! default-config engine, host clock around scope + submit + wait, next to the row's raw driver
+//! calls and their `cuStreamSynchronize` timed the same way, interleaved, on the same buffers; and the contiguous rows each series's process CPU time per GB moved. `cuda-wait-cpu` meters the
 //! waiting thread's CPU time during one long copy. Destinations
 //! are poisoned before each series and compared with the source after it. The link limit is
 //! PCIe generation x width as the probe reads it (e.g. gen 5 x16 = 63.0 GB/s per direction).

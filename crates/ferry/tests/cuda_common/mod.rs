@@ -324,3 +324,23 @@ pub fn open_allocs() -> Option<(isize, isize)> {
 pub fn open_allocs() -> Option<(isize, isize)> {
     None
 }
+
+/// A pinned buffer holding `data`.
+pub fn pinned_with(data: &[u8]) -> PinnedBuffer {
+    let mut p = PinnedBuffer::new(data.len()).expect("cuMemHostAlloc");
+    p.copy_from_slice(data);
+    p
+}
+
+/// Panics naming `what` and the first byte where `got` differs from `want`.
+pub fn check(what: &str, got: &[u8], want: &[u8]) {
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: byte {i} of {} is {:#04x}, want {:#04x}",
+            want.len(),
+            got[i],
+            want[i]
+        );
+    }
+    assert_eq!(got.len(), want.len(), "{what}: length");
+}

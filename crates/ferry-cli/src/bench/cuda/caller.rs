@@ -8,9 +8,10 @@ use crate::bench::ctx::{flat, setup, Ctx, Msg};
 use crate::bench::data::pattern_bytes;
 use crate::bench::{measure, measure_pair, BenchError, CallerView, Clock, Role, Row};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
-use ferry::{Engine, EngineExt, Layout, Memory, MemoryMut};
-use ferry_bench::{cpu_time, CpuOf};
+use ferry::{Engine, EngineExt, Layout, Memory, MemoryMut, Segment};
+use ferry_bench::{cpu_time, CpuOf, RawCopier};
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Runs `body`, giving it a counter to bump once per timed call; returns its result, the
@@ -40,16 +41,35 @@ fn metered<E>(
     out
 }
 
+/// Poisons one device buffer (before a verified call).
+pub(super) fn poison_dev(d: &mut DeviceBuffer) -> Result<(), String> {
+    poison_devs(std::slice::from_mut(d))
+}
+
+/// Whether a device buffer holds `want`.
+pub(super) fn dev_is(want: &[u8]) -> impl Fn(&DeviceBuffer) -> bool + '_ {
+    move |d| d.to_vec().is_ok_and(|v| v == want)
+}
+
+/// What a caller's-view copy ([`CudaBench::caller_view`]) moves.
+#[derive(Clone, Copy)]
+pub(super) enum Moved<'a> {
+    /// The first so many bytes of the source, to the start of the destination.
+    Bytes(usize),
+    /// A segment list, and the same as `(dst offset, src offset, length)` for the raw calls.
+    Segments(&'a Arc<[Segment]>, &'a [(usize, usize, usize)]),
+}
+
 impl CudaBench {
-    /// The caller's view of copying the first `size` bytes of `src` into `dst`: the default
-    /// engine and the raw driver, one copy per call, host clock; `poison` before and `check`
-    /// after each series.
+    /// The caller's view of copying `what` from `src` into `dst`: the default engine and the
+    /// raw driver (one `cuMemcpyAsync`, or one per segment), one copy per call, host clock;
+    /// `poison` before and `check` after each series.
     pub(super) fn caller_view<D, S>(
         &self,
         ctx: &Ctx,
         dst: &mut D,
         src: &S,
-        size: usize,
+        what: Moved<'_>,
         poison: impl Fn(&mut D) -> Result<(), String>,
         check: impl Fn(&D) -> bool,
     ) -> Result<CallerView, BenchError>
@@ -57,33 +77,80 @@ impl CudaBench {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        let l = Layout::bytes(size).map_err(setup)?;
-        let n = size as u64;
+        let (n, raw_name) = match what {
+            Moved::Bytes(n) => (n, "cuMemcpyAsync + cuStreamSynchronize (caller)"),
+            Moved::Segments(_, segs) => (
+                segs.iter().map(|s| s.2).sum(),
+                "raw cuMemcpyAsync per segment + cuStreamSynchronize (caller)",
+            ),
+        };
+        let l = Layout::bytes(n).map_err(setup)?;
+        self.caller_pair(
+            ctx,
+            dst,
+            n as u64,
+            |e, d| {
+                flat(e.scope(|s| {
+                    match what {
+                        Moved::Bytes(_) => s.copy(d, &l, src, &l)?,
+                        Moved::Segments(list, _) => s.segments(d, src, Arc::clone(list))?,
+                    }
+                    .wait()
+                    .map_err(ferry::Error::from)
+                }))
+            },
+            (raw_name, |raw, d| {
+                match what {
+                    Moved::Bytes(_) => raw.copy(d, src, n, 1),
+                    Moved::Segments(_, segs) => raw.copy_segments(d, src, segs, 1),
+                }
+                .map_err(|e| e.to_string())
+            }),
+            poison,
+            check,
+        )
+    }
+
+    /// The caller's view of one operation on `target`, `payload` bytes per call
+    /// ([`CallerView`]): `ferry` runs it through the default-config engine (scope, submit,
+    /// wait), `raw` (named `raw.0`) with the raw driver's calls and their synchronize, on the
+    /// same buffers. Each side is verified on its own (`poison`, one call, `check`), then both
+    /// are timed interleaved (`measure_pair`) on the host clock: the two figures are a few
+    /// percent apart at 64 KiB-1 MiB, less than the drift between two series timed one after
+    /// the other. Every bandwidth row with a raw submit+sync baseline uses it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn caller_pair<T: ?Sized>(
+        &self,
+        ctx: &Ctx,
+        target: &mut T,
+        payload: u64,
+        ferry: impl Fn(&CudaEngine, &mut T) -> Result<(), String>,
+        raw: (&str, impl Fn(&RawCopier, &mut T) -> Result<(), String>),
+        poison: impl Fn(&mut T) -> Result<(), String>,
+        check: impl Fn(&T) -> bool,
+    ) -> Result<CallerView, BenchError> {
         let e = &self.engine;
         let name = format!("ferry {} default (caller)", e.name());
-        let raw = "cuMemcpyAsync + cuStreamSynchronize (caller)";
-        let ferry_op = |d: &mut D| {
-            flat(e.scope(|s| s.copy(d, &l, src, &l)?.wait().map_err(ferry::Error::from)))
-        };
-        let raw_op = |d: &mut D| self.raw.copy(d, src, size, 1).map_err(|e| e.to_string());
-        // Each side verified on its own (poisoned, one call, checked), then both timed
-        // interleaved (`measure_pair`): the two figures are a few percent apart at 64 KiB-1 MiB,
-        // less than the drift between two series timed one after the other.
-        let mut verified = |op: &dyn Fn(&mut D) -> Result<(), String>| -> Result<bool, String> {
-            poison(dst)?;
-            op(dst)?;
-            Ok(check(dst))
+        let (raw_name, raw_op) = raw;
+        let ferry_op = |t: &mut T| ferry(e, t);
+        let raw_op = |t: &mut T| raw_op(&self.raw, t);
+        let mut verified = |op: &dyn Fn(&mut T) -> Result<(), String>| -> Result<bool, String> {
+            poison(target)?;
+            op(target)?;
+            Ok(check(target))
         };
         let (ok_f, ok_r) = (verified(&ferry_op), verified(&raw_op));
-        let dst = std::cell::RefCell::new(dst);
+        let target = std::cell::RefCell::new(target);
         let (tf, tr) = measure_pair(
             &self.method,
-            || ferry_op(&mut dst.borrow_mut()),
-            || raw_op(&mut dst.borrow_mut()),
+            || ferry_op(&mut target.borrow_mut()),
+            || raw_op(&mut target.borrow_mut()),
         )
         .map_err(|m| ctx.engine_err(&name, m))?;
-        let f = ctx.clocked_series(&name, Role::Ferry, n, || Ok((tf, ok_f?, Clock::Host)))?;
-        let r = ctx.clocked_series(raw, Role::Baseline, n, || Ok((tr, ok_r?, Clock::Host)))?;
+        let f = ctx.clocked_series(&name, Role::Ferry, payload, || Ok((tf, ok_f?, Clock::Host)))?;
+        let r = ctx.clocked_series(raw_name, Role::Baseline, payload, || {
+            Ok((tr, ok_r?, Clock::Host))
+        })?;
         Ok(CallerView::new(f, r))
     }
 
@@ -99,10 +166,27 @@ impl CudaBench {
             ctx,
             dst,
             src,
-            data.len(),
-            |d| poison_devs(std::slice::from_mut(d)),
-            |d| d.to_vec().is_ok_and(|v| v == data),
+            Moved::Bytes(data.len()),
+            poison_dev,
+            dev_is(data),
         )
+    }
+
+    /// [`CudaBench::caller_pair`] of an operation writing the device buffer `dev`, whose
+    /// result must be `want` (`want.len()` bytes moved per call).
+    pub(super) fn dev_caller_pair(
+        &self,
+        ctx: &Ctx,
+        dev: &mut DeviceBuffer,
+        want: &[u8],
+        ferry: impl Fn(&CudaEngine, &mut DeviceBuffer) -> Result<(), String>,
+        raw: (
+            &str,
+            impl Fn(&RawCopier, &mut DeviceBuffer) -> Result<(), String>,
+        ),
+    ) -> Result<CallerView, BenchError> {
+        let n = want.len() as u64;
+        self.caller_pair(ctx, dev, n, ferry, raw, poison_dev, dev_is(want))
     }
 
     /// `cuda-wait-cpu`: one pinned host -> device copy of `size` submitted, then waited; the

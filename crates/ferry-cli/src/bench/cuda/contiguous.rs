@@ -1,14 +1,14 @@
 //! Contiguous copies: host (pinned or pageable) <-> device, device -> device, and both
 //! directions at once.
 
-use super::caller::cpu_metered;
+use super::caller::{cpu_metered, poison_dev, Moved};
 use super::timing::{dev_bufs, devs_check, ferry_batch, ferry_batches, poison_devs};
 use super::{batch, CudaBench};
-use crate::bench::ctx::{setup, Ctx};
+use crate::bench::ctx::{flat, setup, Ctx};
 use crate::bench::data::pattern_bytes;
 use crate::bench::{BenchError, Role, Row, Series};
 use ferry::cuda::{DeviceBuffer, Direction, PinnedBuffer};
-use ferry::{Engine, Layout, Memory};
+use ferry::{Engine, EngineExt, Layout, Memory};
 
 impl CudaBench {
     /// Host -> device: pinned or pageable source.
@@ -146,7 +146,7 @@ impl CudaBench {
                     ctx,
                     &mut hosts[0],
                     &src,
-                    size,
+                    Moved::Bytes(size),
                     |h| {
                         h.fill(0xA5);
                         Ok(())
@@ -244,13 +244,41 @@ impl CudaBench {
             })?;
             Ok((t, check(&up_dst, &down_dst), c))
         })?;
-        Ok(Row::new(
+        let mut outs = (up_dst, down_dst);
+        let caller = self.caller_pair(
+            ctx,
+            &mut outs,
+            payload,
+            |e, (up, down)| {
+                flat(e.scope(|s| {
+                    let u = s.copy(up, &l, &up_src, &l)?;
+                    let d = s.copy(down, &l, &down_src, &l)?;
+                    u.wait()?;
+                    d.wait().map_err(ferry::Error::from)
+                }))
+            },
+            (
+                "raw H2D + D2H on 2 streams + 2 cuStreamSynchronize (caller)",
+                |raw, (up, down)| {
+                    raw.bidir(up, &up_src, down, &down_src, size, 1)
+                        .map_err(|e| e.to_string())
+                },
+            ),
+            |(up, down)| {
+                down.fill(0xA5);
+                poison_dev(up)
+            },
+            |(up, down)| check(up, down),
+        )?;
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             payload,
             "pinned <-> device, both at once".into(),
             vec![f, r],
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 }

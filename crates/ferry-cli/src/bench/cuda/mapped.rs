@@ -1,6 +1,7 @@
 //! Mapped (zero-copy) host memory <-> device, moved by the SMs: ferry with
 //! `KernelCopies::Always` next to a plain kernel launch and the copy engine.
 
+use super::caller::Moved;
 use super::timing::{dev_bufs, devs_check, ferry_batch, poison_devs};
 use super::{batch, CudaBench};
 use crate::bench::ctx::{setup, Ctx};
@@ -115,9 +116,10 @@ impl CudaBench {
             h.fill(0xA5);
             Ok(())
         };
-        let caller = self.caller_view(ctx, &mut hosts[0], &src, size, poison, |h| {
-            h[..] == data[..]
-        })?;
+        let caller =
+            self.caller_view(ctx, &mut hosts[0], &src, Moved::Bytes(size), poison, |h| {
+                h[..] == data[..]
+            })?;
         let mut row = Row::new(
             ctx.test,
             ctx.kind,

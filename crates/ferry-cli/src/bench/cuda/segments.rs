@@ -10,11 +10,12 @@
 //! `RUSAGE_SELF`: every thread of the process, the staging workers included, over every call of
 //! the series, warm-up included).
 
+use super::caller::{dev_is, poison_dev, Moved};
 use super::timing::ferry_batch;
 use super::CudaBench;
 use crate::bench::ctx::{setup, Ctx};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{BenchError, Role, Row, Series};
+use crate::bench::{BenchError, CallerView, Role, Row, Series};
 use crate::sizes::format_size;
 use ferry::cuda::{DeviceBuffer, Direction, PinnedBuffer};
 use ferry::Engine;
@@ -109,7 +110,8 @@ impl CudaBench {
                 "raw 1 cuMemcpyAsync to pinned + 1-thread scatter",
             ]
         };
-        let series: Vec<Series> = if h2d {
+        // The caller's view: the default engine vs the raw per-segment calls + synchronize.
+        let (series, caller): (Vec<Series>, CallerView) = if h2d {
             let host = data;
             let mut dev = DeviceBuffer::new(0, total).map_err(setup)?;
             let dir = Direction::HostToDevice;
@@ -143,7 +145,15 @@ impl CudaBench {
                 self.raw_batch(None, |raw| raw.copy(d, &*pinned, total, 1))
                     .map(drop)
             })?;
-            vec![f, a, b]
+            let caller = self.caller_view(
+                ctx,
+                &mut dev,
+                &host[..],
+                Moved::Segments(&list, &segs),
+                poison_dev,
+                dev_is(&want),
+            )?;
+            (vec![f, a, b], caller)
         } else {
             let dev = DeviceBuffer::from_host(0, &data).map_err(setup)?;
             let mut host = vec![0u8; total];
@@ -175,7 +185,18 @@ impl CudaBench {
                 }
                 Ok(())
             })?;
-            vec![f, a, b]
+            let caller = self.caller_view(
+                ctx,
+                &mut host,
+                &dev,
+                Moved::Segments(&list, &segs),
+                |h| {
+                    h.fill(0xA5);
+                    Ok(())
+                },
+                |h| *h == want,
+            )?;
+            (vec![f, a, b], caller)
         };
         let ratio = |i: usize| series[0].median / series[i].median;
         let shape = format!(
@@ -191,8 +212,8 @@ impl CudaBench {
             if h2d { "gather" } else { "scatter" },
             meters[2].per_gb(),
         );
-        Ok(Row::new(
-            ctx.test, ctx.kind, seg as u64, payload, shape, series,
-        ))
+        let mut row = Row::new(ctx.test, ctx.kind, seg as u64, payload, shape, series);
+        row.caller = Some(caller);
+        Ok(row)
     }
 }

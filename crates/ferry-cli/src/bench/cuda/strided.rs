@@ -2,22 +2,24 @@
 //! each next to the raw driver's calls for the same plan and a contiguous copy of the same
 //! bytes.
 
+use super::caller::{dev_is, poison_dev, Moved};
 use super::timing::ferry_batch;
 use super::CudaBench;
-use crate::bench::ctx::{setup, Ctx};
+use crate::bench::ctx::{flat, setup, Ctx};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{BenchError, Role, Row, Series};
+use crate::bench::{BenchError, CallerView, Role, Row, Series};
 use crate::sizes::format_size;
 use ferry::cuda::{DeviceBuffer, Direction, PinnedBuffer};
-use ferry::{Engine, Layout, Memory};
+use ferry::{Engine, EngineExt, Error, Layout, Memory};
 use ferry_bench::StreamTimer;
 use std::sync::Arc;
 
 impl CudaBench {
     /// A strided copy into `dev` as three series: ferry's copy of `src` from `src_l` into
     /// `dst_l` (its name ends in `names.0`), the raw driver's calls for the same plan (named
-    /// `names.1`), and ferry's contiguous copy of the first `dev.len()` bytes of `src`. `want`:
-    /// the strided result; `same`: those first bytes.
+    /// `names.1`), and ferry's contiguous copy of the first `dev.len()` bytes of `src`; and the
+    /// caller's view of the strided copy (the default engine vs the raw calls + synchronize).
+    /// `want`: the strided result; `same`: those first bytes.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn strided_series<S: Memory + Sync + ?Sized>(
         &self,
@@ -29,7 +31,7 @@ impl CudaBench {
         (dst_l, src_l): (&Layout, &Layout),
         (want, same): (&[u8], &[u8]),
         names: (&str, &str),
-    ) -> Result<Vec<Series>, BenchError> {
+    ) -> Result<(Vec<Series>, CallerView), BenchError> {
         let plan = ferry::Plan::new(dst_l, src_l).map_err(setup)?;
         let flat_l = Layout::bytes(dev.len()).map_err(setup)?;
         let payload = dev.len() as u64;
@@ -64,7 +66,17 @@ impl CudaBench {
                 })
             },
         )?;
-        Ok(vec![f, r, c])
+        let caller = self.dev_caller_pair(
+            ctx,
+            dev,
+            want,
+            |e, d| flat(e.scope(|s| s.copy(d, dst_l, src, src_l)?.wait().map_err(Error::from))),
+            (
+                &format!("{} + cuStreamSynchronize (caller)", names.1),
+                |raw, d| raw.copy_plan(d, src, &plan, 1).map_err(|e| e.to_string()),
+            ),
+        )?;
+        Ok((vec![f, r, c], caller))
     }
 
     /// A tile of 4 KiB rows out of a pinned matrix with 8 KiB rows, into a dense device buffer.
@@ -84,7 +96,7 @@ impl CudaBench {
             .flat_map(|r| r[..ROW].to_vec())
             .collect();
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
-        let series = self.strided_series(
+        let (series, caller) = self.strided_series(
             ctx,
             self.clock(true),
             Direction::HostToDevice,
@@ -94,14 +106,16 @@ impl CudaBench {
             (&want, &host[..size]),
             ("2-D", "raw cuMemcpy2DAsync"),
         )?;
-        Ok(Row::new(
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             size as u64,
             size as u64,
             format!("{rows} rows x 4 KiB, pitch 8 KiB"),
             series,
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 
     /// Transpose of `batch` square matrices of `elem`-byte elements, about `size` bytes in all
@@ -145,7 +159,7 @@ impl CudaBench {
         let tm = self.clock(false);
         let names = ("(SM kernel: Auto)", "raw cuMemcpy2D/3DAsync");
         let (layouts, bytes_of) = ((&m, &src_l), (&want[..], &data[..]));
-        let (series, shape) = if from_host {
+        let ((series, caller), shape) = if from_host {
             let mut host = PinnedBuffer::new(bytes).map_err(setup)?;
             host.copy_from_slice(&data);
             let dir = Direction::HostToDevice;
@@ -163,14 +177,9 @@ impl CudaBench {
             1 => format!("{side} x {side} {ty}, {shape}"),
             _ => format!("{batch} x {side} x {side} {ty} (last two axes), {shape}"),
         };
-        Ok(Row::new(
-            ctx.test,
-            ctx.kind,
-            size as u64,
-            bytes as u64,
-            what,
-            series,
-        ))
+        let mut row = Row::new(ctx.test, ctx.kind, size as u64, bytes as u64, what, series);
+        row.caller = Some(caller);
+        Ok(row)
     }
 
     /// Many scattered segments of `seg` bytes (a permutation of slots) pinned -> device.
@@ -225,13 +234,23 @@ impl CudaBench {
             &want,
             |d, t| self.raw_batch(t, |raw| raw.copy_segments(d, &host, &segs, 1)),
         )?;
-        Ok(Row::new(
+        let caller = self.caller_view(
+            ctx,
+            &mut dev,
+            &*host,
+            Moved::Segments(&list, &segs),
+            poison_dev,
+            dev_is(&want),
+        )?;
+        let mut row = Row::new(
             ctx.test,
             ctx.kind,
             seg as u64,
             payload,
             format!("{count} segments of {}", format_size(seg as u64)),
             vec![f, r],
-        ))
+        );
+        row.caller = Some(caller);
+        Ok(row)
     }
 }

@@ -14,7 +14,11 @@ use super::{staged, KernelCopies};
 /// caller's view was 0.98-1.00x raw at 16 MiB-1 GiB and its waiting thread used 21% of a 256
 /// MiB upload's wait; with the tighter bound and the naps (runs 32-33) 9% of that wait, a 4 KiB
 /// request 1.05x raw, and the caller's view 0.97-1.01x raw from 16 MiB up but 0.93-0.98x at
-/// 64 KiB-1 MiB (`ferry bench -t cuda-h2d-pinned,cuda-wait-cpu,cuda-latency`).
+/// 64 KiB-1 MiB (`ferry bench -t cuda-h2d-pinned,cuda-wait-cpu,cuda-latency`). `Auto` and `Spin`
+/// record a request's completion event only when something needs it (a later request on its
+/// stream, a dependent on another stream, a future): a request waited while it is its stream's
+/// last work waits on the stream, as the raw `cuStreamSynchronize` does (the engine's `mark`
+/// module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WaitMode {
     /// Sleep until shortly before the request's expected end (its bytes over an upper bound on
@@ -27,8 +31,9 @@ pub enum WaitMode {
     /// 15-150 us of wake-up per request.
     Blocking,
     /// Let the driver spin on the request's event (an event without `BLOCKING_SYNC`, waited
-    /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default): the lowest
-    /// latency, one core busy while waiting.
+    /// with `cuEventSynchronize`, as `cuStreamSynchronize` waits by default), or on its stream
+    /// while it has no event (`cuStreamSynchronize`): the lowest latency, one core busy while
+    /// waiting.
     Spin,
     /// Poll for up to this long, then sleep as `Blocking` does.
     SpinThenBlock(std::time::Duration),

@@ -1,6 +1,9 @@
-//! One event per request: waiting on a request waits on its event only, never on the stream.
+//! A request's completion: its event (recorded at submit, later or never: [`super::mark`]
+//! decides) or, while it has none, its stream; its result slot and wakers. Waiting on a request
+//! with an event waits on that event only, never on the rest of its stream.
 
 use super::driver::{self, check};
+use super::mark::{self, Queue, WaitOn};
 use super::wait::{self, Expect};
 use super::{memory::DeviceBuffer, WaitMode};
 use crate::engine::cuda::DriverError;
@@ -8,7 +11,7 @@ use crate::request::{Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Waker;
 
 /// An owned CUDA event handle.
@@ -80,17 +83,35 @@ impl Drop for Event {
     }
 }
 
+/// How a request's end is marked when it is submitted ([`mark::marking`]).
+pub(crate) enum Marked {
+    /// An event recorded after its work.
+    Event(Event),
+    /// None yet: the request is the last work of this queue's stream.
+    Lazy(Arc<Queue>),
+}
+
+/// What a dependent (another stream, another engine) orders itself after.
+pub(crate) enum Mark {
+    /// The request's result is known: nothing to wait for (or a failure to report).
+    Known(Result<(), RequestError>),
+    /// The event recorded after the request's work (held by the request).
+    Event(sys::CUevent),
+}
+
 /// The shared part of a CUDA request.
 pub(crate) struct Inner {
-    /// Always `Some` until dropped (then handed back to the pool).
-    event: Option<Event>,
+    /// Set at submit, or later for a lazy request ([`mark`]); handed back to the pool on drop.
+    event: OnceLock<Event>,
+    /// A lazy request's queue (its stream): `None` for one with an event from submit.
+    lazy: Option<Arc<Queue>>,
     pool: Arc<EventPool>,
     ctx: Arc<CudaContext>,
     mode: WaitMode,
     /// When it was submitted and how long it takes at the least (for [`WaitMode::Auto`]).
     expect: Expect,
     /// The result once known, and the futures' wakers. Waiting threads block in the driver
-    /// (`cuEventSynchronize`), not on the slot, so it has no condition variable (and no futex
+    /// (`cuEventSynchronize`, `cuStreamSynchronize`), not on the slot, so it has no condition variable (and no futex
     /// wake-up is paid per request).
     slot: Slot,
     /// Scratch memory the request's work reads (fill patterns); freed after it completes.
@@ -126,29 +147,82 @@ impl Inner {
         self.slot.complete(r)
     }
 
-    fn raw(&self) -> sys::CUevent {
-        self.event.as_ref().map_or(std::ptr::null_mut(), Event::raw)
+    /// What the waits call on now: the event, or (a lazy request without one) the stream.
+    fn target(&self) -> (WaitOn, Option<&Event>, Option<&Queue>) {
+        let ev = self.event.get();
+        (mark::wait_on(ev.is_some()), ev, self.lazy.as_deref())
     }
 
     /// Blocks in `cuEventSynchronize` (sleeping for events made with `BLOCKING_SYNC`, else
-    /// spinning as the context's scheduling flags say).
+    /// spinning as the context's scheduling flags say), or in `cuStreamSynchronize` for a lazy
+    /// request without an event (spinning likewise; lazy requests never sleep in the driver).
     fn sync(&self) -> Result<(), RequestError> {
         let _ = driver::bind(&self.ctx);
-        // SAFETY: a live event handle.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.raw())
-        })
-        .map_err(RequestError::from)
+        let r = match self.target() {
+            // SAFETY: a live event handle.
+            (WaitOn::Event, Some(e), _) => check("cuEventSynchronize", unsafe {
+                sys::cuEventSynchronize(e.raw())
+            }),
+            // SAFETY: the queue's live stream (the queue holds it).
+            (_, _, Some(q)) => check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(q.raw())
+            }),
+            // Neither: not made by `CudaCompletion::new`.
+            _ => Ok(()),
+        };
+        r.map_err(RequestError::from)
     }
 
-    /// Non-blocking: `None` while the event is pending.
+    /// Non-blocking: `None` while pending (`cuEventQuery`, or `cuStreamQuery` for a lazy
+    /// request without an event: success there means everything enqueued before, the request
+    /// included, is done; "not ready" may also mean later work is pending, and is asked again).
     fn query(&self) -> Option<Result<(), RequestError>> {
-        // SAFETY: a live event handle.
-        let code = unsafe { sys::cuEventQuery(self.raw()) };
+        let (call, code) = match self.target() {
+            // SAFETY: a live event handle.
+            (WaitOn::Event, Some(e), _) => ("cuEventQuery", unsafe { sys::cuEventQuery(e.raw()) }),
+            // SAFETY: the queue's live stream.
+            (_, _, Some(q)) => ("cuStreamQuery", unsafe { sys::cuStreamQuery(q.raw()) }),
+            _ => return Some(Ok(())),
+        };
         match code {
             sys::CUresult::CUDA_SUCCESS => Some(Ok(())),
             sys::CUresult::CUDA_ERROR_NOT_READY => None,
-            c => Some(Err(DriverError::new("cuEventQuery", c).into())),
+            c => Some(Err(DriverError::new(call, c).into())),
+        }
+    }
+
+    /// Records this request's event on `stream` (its queue's, nothing enqueued after it since
+    /// its submit: the caller holds the queue's lock) unless it has one or is known done
+    /// ([`mark::seals`]).
+    pub(crate) fn seal(&self, stream: sys::CUstream) -> Result<(), DriverError> {
+        if !mark::seals(self.event.get().is_some(), self.slot.get().is_some()) {
+            return Ok(());
+        }
+        driver::bind(&self.ctx)?;
+        let ev = self.pool.take(self.mode)?;
+        // SAFETY: a live event of this context; the queue's live stream of it.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(ev.raw(), stream)
+        })?;
+        // Recorders hold the queue's lock, so it is unset; were it set, `ev` is just dropped.
+        let _ = self.event.set(ev);
+        Ok(())
+    }
+
+    /// What a dependent orders itself after: the known result, else the event (recorded now if
+    /// this lazy request is still its stream's last work). May change the calling thread's
+    /// current context; waits on the host only where no event can be recorded.
+    pub(crate) fn mark(&self) -> Mark {
+        if let Some(r) = self.slot.get() {
+            return Mark::Known(r);
+        }
+        if let Some(q) = self.lazy.as_deref().filter(|_| self.event.get().is_none()) {
+            // Not the last: a later submission recorded the event, or it completed first.
+            let _ = q.mark_last(self);
+        }
+        match self.event.get() {
+            Some(e) => Mark::Event(e.raw()),
+            None => Mark::Known(self.wait_event(self.mode)),
         }
     }
 }
@@ -178,16 +252,21 @@ pub struct CudaCompletion {
 
 impl CudaCompletion {
     pub(crate) fn new(
-        event: Event,
+        marked: Marked,
         pool: Arc<EventPool>,
         ctx: Arc<CudaContext>,
         (mode, expect): (WaitMode, Expect),
         keep: Vec<DeviceBuffer>,
         waker_tx: Sender<Arc<Inner>>,
     ) -> CudaCompletion {
+        let (event, lazy) = match marked {
+            Marked::Event(e) => (OnceLock::from(e), None),
+            Marked::Lazy(q) => (OnceLock::new(), Some(q)),
+        };
         CudaCompletion {
             inner: Arc::new(Inner {
-                event: Some(event),
+                event,
+                lazy,
                 pool,
                 ctx,
                 mode,
@@ -198,13 +277,9 @@ impl CudaCompletion {
             waker_tx,
         }
     }
-    /// The raw event recorded after the request's work.
-    pub(crate) fn event(&self) -> sys::CUevent {
-        self.inner.raw()
-    }
-    /// The result, if the request is known to have completed (no driver call).
-    pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {
-        self.inner.slot.get()
+    /// What a dependent orders itself after ([`Inner::mark`]).
+    pub(crate) fn mark(&self) -> Mark {
+        self.inner.mark()
     }
 }
 
@@ -220,11 +295,17 @@ impl Completion for CudaCompletion {
         Some(self.inner.slot.complete(r))
     }
     fn register_waker(&self, waker: &Waker) {
-        if self.inner.slot.register_waker(waker)
-            && self.waker_tx.send(Arc::clone(&self.inner)).is_err()
-        {
-            // The waiter thread is gone: wait here rather than never waking.
-            self.inner.wait_event(self.inner.mode).ok();
+        if !self.inner.slot.register_waker(waker) {
+            return;
+        }
+        // The waiter thread waits on the request's event (a lazy request records it now), so
+        // that work the caller submits on the same stream meanwhile never delays the wake-up.
+        // `Known`: the slot holds the result, and completing it woke the wakers.
+        if let Mark::Event(_) = self.inner.mark() {
+            if self.waker_tx.send(Arc::clone(&self.inner)).is_err() {
+                // The waiter thread is gone: wait here rather than never waking.
+                self.inner.wait_event(self.inner.mode).ok();
+            }
         }
     }
     fn as_any(&self) -> &dyn Any {

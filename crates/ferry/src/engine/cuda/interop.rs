@@ -29,7 +29,7 @@
 //! [`StreamEngine`]. The raw-handle functions are `unsafe`, with the same rules written out.
 
 use super::driver::{self, check};
-use super::event::Event;
+use super::event::{Event, Mark, Marked};
 use super::DeviceBuffer;
 use super::{CudaCompletion, CudaEngine, Direction};
 use crate::engine::cuda::DriverError;
@@ -95,20 +95,28 @@ impl From<InteropError> for crate::Error {
 }
 
 impl CudaCompletion {
-    /// Makes `stream` wait on the GPU for this request's event; nothing if it is known done.
+    /// Makes `stream` wait on the GPU for this request's event (recorded now if the request
+    /// had none yet: `mark.rs`); nothing if it is known done.
     ///
     /// # Safety
-    /// 1. `stream` is a live stream (or the legacy/per-thread stream handle) of a context
-    ///    current on this thread.
-    pub(crate) unsafe fn wait_on(&self, stream: sys::CUstream) -> Result<StreamWait, InteropError> {
-        match self.known() {
-            Some(Ok(())) => Ok(StreamWait::Done),
-            Some(Err(e)) => Err(InteropError::Request(e)),
-            None => {
+    /// 1. `stream` is a live stream (or the legacy/per-thread stream handle) of `ctx`, which
+    ///    is made current here.
+    pub(crate) unsafe fn wait_on(
+        &self,
+        stream: sys::CUstream,
+        ctx: &CudaContext,
+    ) -> Result<StreamWait, InteropError> {
+        // Marked first: recording a lazy request's event binds the request's own context.
+        let mark = self.mark();
+        driver::bind(ctx)?;
+        match mark {
+            Mark::Known(Ok(())) => Ok(StreamWait::Done),
+            Mark::Known(Err(e)) => Err(InteropError::Request(e)),
+            Mark::Event(ev) => {
                 // SAFETY: a live stream (1) and a live event, held by `self` for the call; the
                 // driver captures the event's last record now, so its later reuse is harmless.
                 check("cuStreamWaitEvent", unsafe {
-                    sys::cuStreamWaitEvent(stream, self.event(), 0)
+                    sys::cuStreamWaitEvent(stream, ev, 0)
                 })?;
                 Ok(StreamWait::Event)
             }
@@ -165,9 +173,8 @@ impl CudaEngine {
         req: &Request,
     ) -> Result<StreamWait, InteropError> {
         if let Some(c) = req.completion().as_any().downcast_ref::<CudaCompletion>() {
-            driver::bind(&self.ctx)?;
-            // SAFETY: the stream is of this context (1, 2), now current.
-            return unsafe { c.wait_on(stream) };
+            // SAFETY: the stream is of this context (1, 2), made current there.
+            return unsafe { c.wait_on(stream, &self.ctx) };
         }
         req.completion().wait().map_err(InteropError::Request)?;
         Ok(StreamWait::Host)
@@ -344,7 +351,7 @@ impl CudaEngine {
     /// A completion around an event taken from [`CudaEngine::lane_events`].
     fn completion(&self, ev: Event) -> CudaCompletion {
         CudaCompletion::new(
-            ev,
+            Marked::Event(ev),
             Arc::clone(self.lane_events()),
             Arc::clone(&self.ctx),
             (

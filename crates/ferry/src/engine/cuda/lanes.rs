@@ -10,9 +10,11 @@
 //! made with the engine; the others' on the first submission that needs them (a thread that
 //! never submits costs nothing); a lane whose stream cannot be made uses lane 0's for good, so
 //! the stream a thread is shown ([`super::CudaEngine::stream`]) is always the one its copies
-//! run on.
+//! run on. Each stream is held in a [`Queue`], which keeps its lazy requests' bookkeeping
+//! ([`super::mark`]); a lane that falls back on lane 0's stream shares its queue too.
 
 use super::event::EventPool;
+use super::mark::Queue;
 use super::{route, Direction, DriverError};
 use crate::request::{BarrierError, InFlight};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -23,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 /// record and the requests it has in flight.
 #[derive(Default)]
 pub(crate) struct Lane {
-    streams: [OnceLock<Arc<CudaStream>>; 3],
+    queues: [OnceLock<Arc<Queue>>; 3],
     /// Completed events of this lane's requests, for its next ones.
     pub(crate) events: Arc<EventPool>,
     /// This lane's requests, for the engine's barrier.
@@ -33,14 +35,15 @@ pub(crate) struct Lane {
 /// Every lane of one engine.
 pub(crate) struct Lanes {
     ctx: Arc<CudaContext>,
-    /// Lane 0's streams (H2D, D2H, D2D), made with the engine: the fallback of the others.
-    first: [Arc<CudaStream>; 3],
+    /// Lane 0's queues (H2D, D2H, D2D), made with the engine: the fallback of the others.
+    first: [Arc<Queue>; 3],
     lanes: Box<[Lane]>,
 }
 
-/// A new non-blocking stream of `ctx`.
-fn new_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
+/// A queue on a new non-blocking stream of `ctx`.
+fn new_queue(ctx: &Arc<CudaContext>) -> Result<Arc<Queue>, DriverError> {
     ctx.new_stream()
+        .map(|s| Arc::new(Queue::new(s)))
         .map_err(|e| DriverError::new("cuStreamCreate", e.0))
 }
 
@@ -60,7 +63,7 @@ impl Lanes {
 
     /// `n` lanes (1 to [`Lanes::MAX`]) on `ctx`; lane 0's three streams made now.
     pub(crate) fn new(ctx: &Arc<CudaContext>, n: usize) -> Result<Lanes, DriverError> {
-        let first = [new_stream(ctx)?, new_stream(ctx)?, new_stream(ctx)?];
+        let first = [new_queue(ctx)?, new_queue(ctx)?, new_queue(ctx)?];
         Ok(Lanes {
             ctx: Arc::clone(ctx),
             first,
@@ -80,23 +83,23 @@ impl Lanes {
         self.lanes.get(i).unwrap_or(&self.lanes[0])
     }
 
-    /// Lane `i`'s stream for direction `d`, made now if it is the first use (lane 0's stream
-    /// if it cannot be made).
-    pub(crate) fn stream(&self, i: usize, d: Direction) -> &Arc<CudaStream> {
+    /// Lane `i`'s queue for direction `d`, its stream made now if it is the first use (lane
+    /// 0's queue if it cannot be made).
+    pub(crate) fn queue(&self, i: usize, d: Direction) -> &Arc<Queue> {
         let first = &self.first[d as usize];
         match self.lanes.get(i) {
-            Some(lane) if i > 0 => lane.streams[d as usize]
-                .get_or_init(|| new_stream(&self.ctx).unwrap_or_else(|_| Arc::clone(first))),
+            Some(lane) if i > 0 => lane.queues[d as usize]
+                .get_or_init(|| new_queue(&self.ctx).unwrap_or_else(|_| Arc::clone(first))),
             _ => first,
         }
     }
 
     /// Every stream made so far (lane 0's, then the others').
     pub(crate) fn streams(&self) -> impl Iterator<Item = &Arc<CudaStream>> {
-        self.first.iter().chain(
+        self.first.iter().map(|q| q.stream()).chain(
             self.lanes
                 .iter()
-                .flat_map(|l| l.streams.iter().flat_map(OnceLock::get)),
+                .flat_map(|l| l.queues.iter().flat_map(OnceLock::get).map(|q| q.stream())),
         )
     }
 

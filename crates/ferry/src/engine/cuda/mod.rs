@@ -11,11 +11,15 @@
 //!   device, device to host, device to device), so that the directions run on different copy
 //!   engines at once, and a small pool of them per direction ([`CudaConfig::streams`]), so
 //!   that threads submitting through one engine do not queue behind each other (see
-//!   [Ordering](#ordering)). One event per request: waiting on one request never waits for the rest of
-//!   its stream. Strided layouts become `cuMemcpy2DAsync`/`cuMemcpy3DAsync`; fills become
-//!   `cuMemsetD8/16/32Async` where the pattern allows. A dependency on another CUDA request is a
-//!   `cuStreamWaitEvent` (no host round trip); other dependencies are waited on the submitting
-//!   thread.
+//!   [Ordering](#ordering)). Waiting on one request never waits for the rest of its stream:
+//!   a request records a completion event when something needs it (a later request on its
+//!   stream, a dependent elsewhere, a future; at submit for the blocking waits, a caller's
+//!   stream, a stream handed out); while it is its stream's last work its wait waits on the
+//!   stream, as a raw `cuStreamSynchronize` (`mark.rs` decides). Strided layouts become
+//!   `cuMemcpy2DAsync`/`cuMemcpy3DAsync`; fills become `cuMemsetD8/16/32Async` where the
+//!   pattern allows. A dependency on another CUDA request is a `cuStreamWaitEvent` (no host
+//!   round trip; a request without an event records it then); other dependencies are waited on
+//!   the submitting thread.
 //!
 //! - Pageable host memory: copies between pageable memory and this device of at least 2 MiB
 //!   (host to device) or 1 MiB (device to host) go through a ring of pinned staging buffers
@@ -82,6 +86,7 @@ pub(crate) mod exec;
 pub mod gather;
 mod interop;
 mod lanes;
+mod mark;
 mod memory;
 pub mod multi;
 mod paths;
@@ -197,9 +202,13 @@ impl CudaEngine {
     /// launching kernels ordered with ferry's copies, or timing them with events): the engine
     /// keeps a pool of [`CudaConfig::streams`] streams per direction and each submitting
     /// thread keeps one of them (see [Ordering](self#ordering)). Another thread may get
-    /// another stream: ask on the thread that submits.
+    /// another stream: ask on the thread that submits. From this call on, every request on
+    /// that stream records its completion event at submit (the caller's work may follow it on
+    /// the stream; see `mark.rs`).
     pub fn stream(&self, d: Direction) -> &Arc<CudaStream> {
-        self.lanes.stream(self.lanes.mine(), d)
+        let q = self.lanes.queue(self.lanes.mine(), d);
+        q.expose();
+        q.stream()
     }
 
     /// Compiles (NVRTC) and loads this engine's kernels now: the SM copy kernels of
@@ -387,7 +396,7 @@ impl CudaEngine {
     fn stage(
         &self,
         job: &Job,
-        stream: &Arc<CudaStream>,
+        queue: &Arc<mark::Queue>,
         dir: staged::Direction,
         steps: Vec<crate::op::Step>,
     ) -> Result<Request, SubmitError> {
@@ -405,7 +414,8 @@ impl CudaEngine {
         let signal = Arc::new(crate::request::Signal::new());
         self.paths.stage(paths::StagedTask {
             dir,
-            stream: Arc::clone(stream),
+            stream: Arc::clone(queue.stream()),
+            _foreign: queue.foreign(),
             dst: job.dst.addr,
             src: job.src.map_or(0, |s| s.addr),
             work,
@@ -500,9 +510,9 @@ impl CudaEngine {
             // SAFETY: forwarded (1, 2).
             return unsafe { self.around_stream(job, c) };
         }
-        let stream = self.lanes.stream(lane, route.stream);
+        let queue = self.lanes.queue(lane, route.stream);
         if let Path::Staged(dir) = route.first() {
-            return Ok(self.track(lane, self.stage(&job, stream, dir, steps)?));
+            return Ok(self.track(lane, self.stage(&job, queue, dir, steps)?));
         }
         // For `WaitMode::Auto`: the earliest end (bytes over the path's rate bound from now).
         // The other modes never look (no clock read for them).
@@ -513,21 +523,21 @@ impl CudaEngine {
             )),
             _ => wait::Expect::UNUSED,
         };
-        // Dependencies: CUDA requests become stream waits; others are waited here.
+        // Dependencies: CUDA requests become stream waits; others are waited here. Marked
+        // before this queue is locked: marking a lazy request takes its own queue's lock.
         let mut events = Vec::new();
         for dep in &job.after {
-            if let Some(c) = dep.completion().as_any().downcast_ref::<CudaCompletion>() {
-                match c.known() {
-                    Some(Err(e)) => {
-                        return Ok(self.track(
-                            lane,
-                            Request::ready(Err(RequestError::Dependency(Box::new(e)))),
-                        ))
+            let known = match dep.completion().as_any().downcast_ref::<CudaCompletion>() {
+                Some(c) => match c.mark() {
+                    event::Mark::Event(e) => {
+                        events.push(e);
+                        Ok(())
                     }
-                    Some(Ok(())) => {}
-                    None => events.push(c.event()),
-                }
-            } else if let Err(e) = dep.completion().wait() {
+                    event::Mark::Known(r) => r,
+                },
+                None => dep.completion().wait(),
+            };
+            if let Err(e) = known {
                 return Ok(self.track(
                     lane,
                     Request::ready(Err(RequestError::Dependency(Box::new(e)))),
@@ -541,8 +551,19 @@ impl CudaEngine {
             None => None,
         };
         let events_pool = &self.lanes.lane(lane).events;
-        let ev = events_pool.take(self.cfg.wait)?;
-        let raw_stream = caller.unwrap_or(stream.cu_stream());
+        // The engine's stream is held for the submission (its last lazy request gets its event
+        // first); the caller's is not the engine's to track.
+        let hold = caller.is_none().then(|| queue.enqueue());
+        let marking = mark::marking(
+            self.cfg.wait,
+            caller.is_some(),
+            hold.as_ref().is_some_and(mark::Enqueue::shared),
+        );
+        let ev = match marking {
+            mark::Marking::Event => Some(events_pool.take(self.cfg.wait)?),
+            mark::Marking::Lazy => None,
+        };
+        let raw_stream = caller.unwrap_or(queue.raw());
         for e in events {
             // SAFETY: live stream of this context and a live event (held by the dependency's
             // request, which the job holds).
@@ -557,24 +578,35 @@ impl CudaEngine {
             // checked against the buffers by the program.
             Some(c) => unsafe { self.run_steps(c, &steps, dst, src, &mut keep)? },
             // SAFETY: as above, the stream the route's, of this engine.
-            None => unsafe { self.run_route(&route, &steps, &job, (dst, src), stream, &mut keep)? },
+            None => unsafe {
+                self.run_route(&route, &steps, &job, (dst, src), queue.stream(), &mut keep)?
+            },
         }
-        // SAFETY: live event and stream of this context.
-        if let Err(e) = check("cuEventRecord", unsafe {
-            sys::cuEventRecord(ev.raw(), raw_stream)
-        }) {
-            // SAFETY: our live stream.
-            let _ = unsafe { sys::cuStreamSynchronize(raw_stream) };
-            return Err(e.into());
-        }
+        let marked = match ev {
+            Some(ev) => {
+                // SAFETY: live event and stream of this context.
+                if let Err(e) = check("cuEventRecord", unsafe {
+                    sys::cuEventRecord(ev.raw(), raw_stream)
+                }) {
+                    // SAFETY: our live stream.
+                    let _ = unsafe { sys::cuStreamSynchronize(raw_stream) };
+                    return Err(e.into());
+                }
+                event::Marked::Event(ev)
+            }
+            None => event::Marked::Lazy(Arc::clone(queue)),
+        };
         let c = CudaCompletion::new(
-            ev,
+            marked,
             Arc::clone(events_pool),
             Arc::clone(&self.ctx),
             (self.cfg.wait, expect),
             keep,
             self.waker_tx.clone(),
         );
+        if let (Some(h), mark::Marking::Lazy) = (hold, marking) {
+            h.push_lazy(&c.inner);
+        }
         Ok(self.track(lane, Request::new(c)))
     }
 }

@@ -39,6 +39,9 @@ pub(crate) enum StagedWork {
 pub(crate) struct StagedTask {
     pub dir: staged::Direction,
     pub stream: Arc<CudaStream>,
+    /// The stream is in use by this job until it is dropped (requests submitted on it
+    /// meanwhile record their events at submit: `mark.rs`).
+    pub _foreign: super::mark::Foreign,
     pub dst: u64,
     pub src: u64,
     pub work: StagedWork,

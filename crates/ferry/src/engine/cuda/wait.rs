@@ -236,8 +236,9 @@ pub(crate) fn next_nap(prev: Duration, waited: Duration) -> Duration {
     (prev * 2).min(waited / 16).min(NAP_MAX).max(NAP_FIRST)
 }
 
-/// Waits by `schedule(e)`: `query` returns the result once known (`cuEventQuery`),
-/// `driver_spin` blocks until it is (`cuEventSynchronize`).
+/// Waits by `schedule(e)`: `query` returns the result once known (`cuEventQuery`, or
+/// `cuStreamQuery` for a request without an event: `mark.rs`), `driver_spin` blocks until it is
+/// (`cuEventSynchronize`, `cuStreamSynchronize`).
 pub(crate) fn wait<R>(
     e: Expect,
     mut query: impl FnMut() -> Option<R>,

@@ -388,12 +388,13 @@ impl NcclEngine {
                 .as_any()
                 .downcast_ref::<crate::engine::cuda::CudaCompletion>()
             {
-                Some(cc) => match cc.known() {
-                    None => {
-                        events.push(cc.event());
+                // A lazy CUDA request records its event now (`cuda/mark.rs`).
+                Some(cc) => match cc.mark() {
+                    crate::engine::cuda::event::Mark::Event(e) => {
+                        events.push(e);
                         Some(Ok(()))
                     }
-                    k => k,
+                    crate::engine::cuda::event::Mark::Known(r) => Some(r),
                 },
                 None => Some(c.wait()),
             };

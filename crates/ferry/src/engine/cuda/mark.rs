@@ -1,0 +1,316 @@
+//! Where a request's end is marked on the GPU, and what its wait waits on: the one place that
+//! decides whether a request records a completion event (`cuEventRecord`) when it is
+//! submitted, later, or never.
+//!
+//! Why: a raw program waits for a small copy with `cuMemcpyAsync` + `cuStreamSynchronize`
+//! (two driver calls); ferry recorded an event after every request and waited on it (three:
+//! `cuEventRecord` costs about 0.9 us after a 64 KiB copy on the H200, 9.8 against 8.9 us per
+//! call in `cuda-latency-parts`), so the caller's view of 64 KiB-1 MiB pinned copies stayed at
+//! 0.93-0.98x raw (issue 14, runs 32-33). An event is needed only to mark the request's end
+//! once other work follows it on its stream, or to let another stream wait for it; while the
+//! request is the last work on its stream, the stream itself marks its end.
+//!
+//! The rule ([`marking`]): a request submitted on one of the engine's own streams ([`Queue`])
+//! in the [`WaitMode::Auto`] or [`WaitMode::Spin`] mode, on a stream nothing but the engine's
+//! own submissions uses, is *lazy*: it records no event at submit and becomes its queue's
+//! *last*. Its event is recorded later, only if something needs it while it is still pending
+//! and still the last work on its stream:
+//! - the next submission on the same stream (any route, from any thread of the lane, a staged
+//!   copy's DMAs included) records it first, before its own work ([`Queue::enqueue`]), so the
+//!   event marks exactly the request's end;
+//! - a dependency of a request on another stream or engine, a stream wait by the caller
+//!   (`CudaEngine::stream_wait`), a future's waker ([`Queue::mark_last`]).
+//!
+//! A lazy request without an event waits on its stream ([`wait_on`]): `cuStreamQuery` where
+//! the wait polls, `cuStreamSynchronize` where it spins in the driver, with
+//! [`WaitMode`]'s schedule unchanged. Both are exact while the request is the stream's last
+//! work, and never early: work enqueued after it later only makes them return later (another
+//! thread of the same lane may enqueue while a wait is in the driver; the wait then also waits
+//! for that work, as a raw `cuStreamSynchronize` would). A request waited (or polled done)
+//! before anything followed it never records an event: a small copy submitted and waited costs
+//! the copy and `cuStreamSynchronize`, the raw pair's two calls, where it cost three (the tests
+//! below count them).
+//!
+//! Eager (an event at submit, as before): [`WaitMode::Blocking`] and
+//! [`WaitMode::SpinThenBlock`] (their sleep in the driver is a `BLOCKING_SYNC` event's); a
+//! copy on the caller's stream (`CudaEngine::on_stream`: work the engine does not see follows
+//! it); a stream the caller has been handed (`CudaEngine::stream`: from then on, for good) or
+//! that a staged copy is using (its DMAs are enqueued later by the staging thread).
+
+use super::event::Inner;
+use super::{DriverError, WaitMode};
+use cudarc::driver::{sys, CudaStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+/// How a request marks its end on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Marking {
+    /// An event recorded after its work at submit.
+    Event,
+    /// No event at submit: recorded later, only if needed while it is its stream's last work
+    /// ([module doc](self)).
+    Lazy,
+}
+
+/// The marking of a request waited in `mode`, submitted on the caller's stream or not
+/// (`caller_stream`), on an engine stream that work outside the engine's submissions may
+/// follow (`shared`: handed to the caller, or in use by a staged copy).
+pub(crate) fn marking(mode: WaitMode, caller_stream: bool, shared: bool) -> Marking {
+    match mode {
+        WaitMode::Blocking | WaitMode::SpinThenBlock(_) => Marking::Event,
+        _ if caller_stream || shared => Marking::Event,
+        WaitMode::Auto | WaitMode::Spin => Marking::Lazy,
+    }
+}
+
+/// What a request's wait and query call on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitOn {
+    /// Its event (`cuEventQuery`, `cuEventSynchronize`).
+    Event,
+    /// Its stream (`cuStreamQuery`, `cuStreamSynchronize`): a lazy request with no event yet.
+    Stream,
+}
+
+/// What a request with an event (`has_event`) or without waits on.
+pub(crate) fn wait_on(has_event: bool) -> WaitOn {
+    if has_event {
+        WaitOn::Event
+    } else {
+        WaitOn::Stream
+    }
+}
+
+/// Whether a submission records the event of its queue's last lazy request first: only if
+/// that request has none yet and is not known to have completed (then nothing ever needs one).
+pub(crate) fn seals(last_has_event: bool, last_known_done: bool) -> bool {
+    !last_has_event && !last_known_done
+}
+
+/// One of the engine's streams with its lazy bookkeeping: the last lazy request submitted on
+/// it, and whether work outside the engine's submissions may follow (then every request
+/// records its event at submit).
+pub(crate) struct Queue {
+    stream: Arc<CudaStream>,
+    /// The last lazy request, while it has no event (a dropped request waited for itself).
+    last: Mutex<Weak<Inner>>,
+    /// The stream was handed to the caller (`CudaEngine::stream`).
+    exposed: AtomicBool,
+    /// Staged copies using the stream now ([`Foreign`]).
+    foreign: AtomicUsize,
+}
+
+impl Queue {
+    /// A queue on `stream`.
+    pub(crate) fn new(stream: Arc<CudaStream>) -> Queue {
+        Queue {
+            stream,
+            last: Mutex::new(Weak::new()),
+            exposed: AtomicBool::new(false),
+            foreign: AtomicUsize::new(0),
+        }
+    }
+
+    /// The stream.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The raw stream handle.
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Weak<Inner>> {
+        self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Locks the queue for one submission, after recording the last lazy request's event if it
+    /// is still pending ([`seals`]). Hold it while enqueueing; take no other queue's lock
+    /// meanwhile (dependencies are marked before).
+    pub(crate) fn enqueue(&self) -> Enqueue<'_> {
+        let mut last = self.lock();
+        if let Some(prev) = last.upgrade() {
+            // A failed record leaves `prev` without an event: its wait then waits on the
+            // stream (later, never early), its dependents on the host.
+            let _ = prev.seal(self.raw());
+        }
+        *last = Weak::new();
+        Enqueue { q: self, last }
+    }
+
+    /// Hands the stream to the caller: every later request on it records its event at submit,
+    /// and the last lazy one records its own now (the caller's work may follow it).
+    pub(crate) fn expose(&self) {
+        let _g = self.enqueue();
+        self.exposed.store(true, Ordering::Release);
+    }
+
+    /// A staged copy will enqueue DMAs on the stream from its staging thread until the
+    /// returned guard drops: the last lazy request records its event now, and requests
+    /// submitted meanwhile record theirs at submit.
+    pub(crate) fn foreign(self: &Arc<Self>) -> Foreign {
+        let _g = self.enqueue();
+        self.foreign.fetch_add(1, Ordering::AcqRel);
+        Foreign(Arc::clone(self))
+    }
+
+    /// Records `inner`'s event now if it is this queue's last lazy request (nothing enqueued
+    /// after it): `Ok(false)` if it is not (a later submission recorded it, or it completed
+    /// before anything followed it).
+    pub(crate) fn mark_last(&self, inner: &Inner) -> Result<bool, DriverError> {
+        let mut last = self.lock();
+        if !std::ptr::eq(last.as_ptr(), inner) {
+            return Ok(false);
+        }
+        *last = Weak::new();
+        inner.seal(self.raw()).map(|()| true)
+    }
+}
+
+/// A submission's hold on its [`Queue`].
+pub(crate) struct Enqueue<'a> {
+    q: &'a Queue,
+    last: MutexGuard<'a, Weak<Inner>>,
+}
+
+impl Enqueue<'_> {
+    /// Whether work outside the engine's submissions may follow on this stream.
+    pub(crate) fn shared(&self) -> bool {
+        self.q.exposed.load(Ordering::Acquire) || self.q.foreign.load(Ordering::Acquire) > 0
+    }
+
+    /// Makes the lazy request `inner` (just enqueued) the queue's last.
+    pub(crate) fn push_lazy(mut self, inner: &Arc<Inner>) {
+        *self.last = Arc::downgrade(inner);
+    }
+}
+
+/// A staged copy's use of a [`Queue`] ([`Queue::foreign`]); ends when dropped.
+pub(crate) struct Foreign(Arc<Queue>);
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        self.0.foreign.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cuda::wait::{self, Expect, Schedule};
+    use std::time::Duration;
+
+    #[test]
+    fn only_the_default_and_spin_waits_on_engine_streams_are_lazy() {
+        for mode in [WaitMode::Auto, WaitMode::Spin] {
+            assert_eq!(marking(mode, false, false), Marking::Lazy);
+            assert_eq!(
+                marking(mode, true, false),
+                Marking::Event,
+                "caller's stream"
+            );
+            assert_eq!(marking(mode, false, true), Marking::Event, "shared stream");
+        }
+        let hybrid = WaitMode::SpinThenBlock(Duration::from_micros(50));
+        for mode in [WaitMode::Blocking, hybrid] {
+            assert_eq!(marking(mode, false, false), Marking::Event, "{mode:?}");
+        }
+        assert_eq!(wait_on(true), WaitOn::Event);
+        assert_eq!(wait_on(false), WaitOn::Stream);
+        assert!(seals(false, false));
+        assert!(!seals(true, false), "already recorded");
+        assert!(!seals(false, true), "completed: nothing needs an event");
+    }
+
+    /// The driver calls of a run of copies of `bytes` on one engine stream in `mode`
+    /// (`waited[i]`: copy `i` is waited before copy `i + 1` is submitted; every copy is waited
+    /// in the end), as the engine makes them: the decisions above composed in the order
+    /// `submit_on` and `event::Inner`'s waits take them (the copy itself, then the marking's
+    /// record; a wait by [`wait::schedule`] on what [`wait_on`] says).
+    fn calls(mode: WaitMode, bytes: usize, waited: &[bool]) -> Vec<&'static str> {
+        let link = Some(58.9e9);
+        let mut out = Vec::new();
+        // Per copy: has an event, known done.
+        let mut reqs: Vec<(bool, bool)> = Vec::new();
+        let wait = |out: &mut Vec<&'static str>, r: &mut (bool, bool)| {
+            if r.1 {
+                return;
+            }
+            let spin = matches!(
+                wait::schedule(Expect::now(wait::expected(bytes, link))),
+                Schedule::DriverSpin
+            ) || mode != WaitMode::Auto;
+            out.push(match (wait_on(r.0), spin) {
+                (WaitOn::Event, true) => "cuEventSynchronize",
+                (WaitOn::Event, false) => "cuEventQuery",
+                (WaitOn::Stream, true) => "cuStreamSynchronize",
+                (WaitOn::Stream, false) => "cuStreamQuery",
+            });
+            r.1 = true;
+        };
+        for (i, &w) in waited.iter().enumerate() {
+            if let Some(last) = reqs.last_mut() {
+                if seals(last.0, last.1) {
+                    out.push("cuEventRecord");
+                    last.0 = true;
+                }
+            }
+            out.push("cuMemcpyHtoDAsync");
+            let ev = marking(mode, false, false) == Marking::Event;
+            if ev {
+                out.push("cuEventRecord");
+            }
+            reqs.push((ev, false));
+            if w {
+                wait(&mut out, &mut reqs[i]);
+            }
+        }
+        for r in &mut reqs {
+            wait(&mut out, r);
+        }
+        out
+    }
+
+    #[test]
+    fn a_small_copy_waited_costs_the_raw_pairs_calls() {
+        // 64 KiB, submitted and waited: the raw `cuMemcpyAsync` + `cuStreamSynchronize`.
+        let k64 = 64 << 10;
+        for mode in [WaitMode::Auto, WaitMode::Spin] {
+            assert_eq!(
+                calls(mode, k64, &[true]),
+                ["cuMemcpyHtoDAsync", "cuStreamSynchronize"],
+                "{mode:?}"
+            );
+            // Ten in a row, each waited: two calls per copy (three before: a record each).
+            assert_eq!(calls(mode, k64, &[true; 10]).len(), 20);
+        }
+        // Blocking keeps its event (three calls per copy, as every mode before).
+        assert_eq!(
+            calls(WaitMode::Blocking, k64, &[true]),
+            ["cuMemcpyHtoDAsync", "cuEventRecord", "cuEventSynchronize"]
+        );
+        // A 16 MiB copy polls (Auto): on the stream, no event.
+        assert_eq!(
+            calls(WaitMode::Auto, 16 << 20, &[true]),
+            ["cuMemcpyHtoDAsync", "cuStreamQuery"]
+        );
+    }
+
+    #[test]
+    fn a_copy_followed_before_its_wait_records_its_event_then() {
+        // Two copies submitted back to back, then both waited: the first's event is recorded
+        // by the second's submit, before its copy; the second (the last) waits on the stream.
+        assert_eq!(
+            calls(WaitMode::Auto, 64 << 10, &[false, false]),
+            [
+                "cuMemcpyHtoDAsync",
+                "cuEventRecord",
+                "cuMemcpyHtoDAsync",
+                "cuEventSynchronize",
+                "cuStreamSynchronize"
+            ]
+        );
+    }
+}
