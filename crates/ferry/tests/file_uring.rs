@@ -78,7 +78,7 @@ fn check_issue(name: &str, cfg: &FileConfig, aligned: bool, r: &ferry::file::IoR
         }
         (UringMode::Off, _) => assert_eq!(
             issued.to_string(),
-            "threads (io_uring off: FileConfig::uring)",
+            "threads (io_uring off: FileConfig::uring or FERRY_FILE_URING=off)",
             "{name}: {r}"
         ),
         _ => assert!(matches!(issued, IoIssue::Threads { .. }), "{name}: {r}"),

@@ -34,9 +34,9 @@ pub trait FileIo: Send + Sync + 'static {
     fn sync(&self) -> io::Result<()> {
         Ok(())
     }
-    /// The `O_DIRECT` descriptor, for io_uring to submit on ([`FileConfig::uring`]
-    /// (super::FileConfig::uring)); it must stay open as long as the value. `None` (the
-    /// default): this file's transfers use the worker threads.
+    /// The `O_DIRECT` descriptor, for io_uring to submit on
+    /// ([`FileConfig::uring`](super::FileConfig::uring)); it must stay open as long as the
+    /// value. `None` (the default): this file's transfers use the worker threads.
     fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

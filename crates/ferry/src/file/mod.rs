@@ -19,6 +19,10 @@
 //!   unaligned offsets, and the unaligned tail of a write, run buffered. A filesystem that refuses `O_DIRECT`,
 //!   at open or at the first transfer, is not an error: the file runs buffered from then on.
 //!   Each [`IoReport`] says how many bytes took which path and why `O_DIRECT` was not used.
+//! - io_uring ([`FileConfig::uring`], on where the kernel allows it): the `O_DIRECT` part of a
+//!   transfer is read (written) by fewer threads, each keeping up to
+//!   [`FileConfig::uring_depth`] chunks in flight, into the buffer or the bounce ring's slots;
+//!   [`IoReport::issued`] says whether io_uring or the threads issued them, and why.
 //! - Errors: a read or write that fails, a file shorter than the range (checked at submit, and
 //!   again by every read: a file that shrinks during a load fails it), are [`FileError`]s that
 //!   name the file and the offset. Partial data is never reported as success. A failed request

@@ -93,7 +93,7 @@ pub(crate) fn choose(
     fd: bool,
 ) -> IoIssue {
     let why = if mode == UringMode::Off {
-        "io_uring off: FileConfig::uring".to_string()
+        "io_uring off: FileConfig::uring or FERRY_FILE_URING=off".to_string()
     } else if let Err(e) = kernel {
         format!("io_uring unavailable: {}", errno_name(e))
     } else if let Err(why) = direct {

@@ -19,7 +19,7 @@ fn choose_takes_io_uring_only_with_every_condition() {
     );
     assert_eq!(
         choose(UringMode::Off, 32, Ok(()), Ok(()), true, true),
-        threads("io_uring off: FileConfig::uring")
+        threads("io_uring off: FileConfig::uring or FERRY_FILE_URING=off")
     );
     assert_eq!(
         choose(UringMode::Auto, 32, Err(libc::EPERM), Ok(()), true, true),
