@@ -5,27 +5,22 @@
 //! refuses io_uring (the threads' half still runs).
 
 mod cuda_common;
+mod files_common;
 use cuda_common::*;
 use ferry::cuda::DeviceBuffer;
 use ferry::file::{
     live_bounce_buffers, uring_ops_in_flight, FileConfig, FileEngine, IoIssue, OpenMode, UringMode,
 };
 use ferry::MemKind;
-use std::path::PathBuf;
+use files_common::TempDir;
 use std::sync::Arc;
 
-struct Temp(PathBuf);
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+/// Panics naming the case and the first wrong byte (or the length) unless `got == want`.
+fn same(got: &[u8], want: &[u8], case: &str) {
+    assert_eq!(got.len(), want.len(), "{case}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{case}: first wrong byte at {i}");
     }
-}
-
-fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
-    if got.len() != want.len() {
-        return Some(got.len().min(want.len()));
-    }
-    got.iter().zip(want).position(|(a, b)| a != b)
 }
 
 #[test]
@@ -34,8 +29,8 @@ fn device_load_and_store_through_io_uring() {
     let Some(cuda) = cuda_or_skip() else { return };
     let cuda = Arc::new(cuda);
     let data = bytes((48 << 20) + 4096, 11);
-    let t = Temp(std::env::temp_dir().join(format!("ferry-cuda-uring-{}", std::process::id())));
-    std::fs::write(&t.0, &data).expect("write temp file");
+    let dir = TempDir::new("cuda-uring");
+    let path = dir.file("data", &data);
     let base = FileConfig::new()
         .threads(4)
         .chunk_bytes(1 << 20)
@@ -58,16 +53,18 @@ fn device_load_and_store_through_io_uring() {
     let mut firsts: Vec<(&str, Vec<u8>)> = Vec::new();
     for (name, cfg) in &modes {
         let fe = FileEngine::with_engine(*cfg, cuda.clone()).unwrap();
-        let f = fe.open(&t.0, OpenMode::Read).unwrap();
+        let f = fe.open(&path, OpenMode::Read).unwrap();
         for (off, len) in cases {
             let mut dev = DeviceBuffer::zeroed(0, len).unwrap();
             let r = fe
                 .load_into(&f, off as u64, &mut dev)
                 .unwrap_or_else(|e| panic!("{name}: load of {len} at {off}: {e}"));
             let got = dev.to_vec().unwrap();
-            if let Some(i) = first_diff(&got, &data[off..off + len]) {
-                panic!("{name}: load of {len} at {off}: first wrong byte at {i} ({r})");
-            }
+            same(
+                &got,
+                &data[off..off + len],
+                &format!("{name}: load of {len} at {off}: {r}"),
+            );
             assert_eq!(r.bounce, Some(MemKind::Pinned), "{name}: {r}");
             let uring = cfg.uring == UringMode::On && len >= 4096;
             assert_eq!(
@@ -82,15 +79,18 @@ fn device_load_and_store_through_io_uring() {
             }
         }
         // Device -> file at an aligned offset: written by io_uring entries out of the slots.
-        let out = Temp(t.0.with_extension("out"));
-        let g = fe.open(&out.0, OpenMode::Create).unwrap();
+        let out = dir.0.join("out");
+        let g = fe.open(&out, OpenMode::Create).unwrap();
         let mut dev = DeviceBuffer::zeroed(0, 9 << 20).unwrap();
         fe.load_into(&f, 4096, &mut dev).unwrap();
         let r = fe.store_from(&g, 4096, &dev).unwrap();
-        let back = std::fs::read(&out.0).unwrap();
-        if let Some(i) = first_diff(&back[4096..], &data[4096..4096 + (9 << 20)]) {
-            panic!("{name}: store of 9 MiB at 4096: first wrong byte at {i} ({r})");
-        }
+        let back = std::fs::read(&out).unwrap();
+        let want = &data[4096..4096 + (9 << 20)];
+        same(
+            &back[4096..],
+            want,
+            &format!("{name}: store of 9 MiB at 4096: {r}"),
+        );
         assert_eq!(uring_ops_in_flight(), 0, "{name}");
         drop(fe);
         assert_eq!(live_bounce_buffers(), 0, "{name}");

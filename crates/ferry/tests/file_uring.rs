@@ -35,6 +35,18 @@ fn uring_or_skip(what: &str) -> bool {
     }
 }
 
+/// For the io_uring-only checks: a file of `n` bytes (seed `seed`) in a temp dir, or `None`
+/// after the skip line.
+fn uring_file(what: &str, n: usize, seed: u64) -> Option<(TempDir, Vec<u8>, PathBuf)> {
+    if !uring_or_skip(what) {
+        return None;
+    }
+    let dir = TempDir::new("uring");
+    let data = bytes(n, seed);
+    let path = dir.file("data", &data);
+    Some((dir, data, path))
+}
+
 fn base() -> FileConfig {
     FileConfig::new()
         .threads(3)
@@ -194,16 +206,17 @@ fn load_up_to_stops_at_the_end_of_the_file() {
     }
 }
 
-/// A real file (its `O_DIRECT` descriptor handed to io_uring) truncated to `keep` bytes right
-/// after the engine read its length at submit: the reads then meet the end of the file.
-struct TruncatesAfterLen {
+/// A real file whose `O_DIRECT` descriptor goes to io_uring, with one of two faults: truncated
+/// to `keep` bytes right after the engine read its length at submit (the reads then meet the
+/// end of the file), or `fd` handed to io_uring in its place (a write-only descriptor: every
+/// read entry fails with `EBADF`).
+struct Faulty {
     inner: OsFile,
-    path: PathBuf,
-    keep: u64,
-    done: Once,
+    truncate: Option<(PathBuf, u64, Once)>,
+    fd: Option<std::fs::File>,
 }
 
-impl FileIo for TruncatesAfterLen {
+impl FileIo for Faulty {
     fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
         self.inner.read_at(buf, offset, direct)
     }
@@ -212,17 +225,23 @@ impl FileIo for TruncatesAfterLen {
     }
     fn file_len(&self) -> io::Result<u64> {
         let n = self.inner.file_len()?;
-        self.done.call_once(|| {
-            let f = std::fs::OpenOptions::new().write(true).open(&self.path);
-            f.and_then(|f| f.set_len(self.keep)).expect("truncate");
-        });
+        if let Some((path, keep, once)) = &self.truncate {
+            once.call_once(|| {
+                let f = std::fs::OpenOptions::new().write(true).open(path);
+                f.and_then(|f| f.set_len(*keep)).expect("truncate");
+            });
+        }
         Ok(n)
     }
     fn direct(&self) -> Result<(), String> {
         self.inner.direct()
     }
     fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.direct_fd()
+        use std::os::fd::AsRawFd;
+        match &self.fd {
+            Some(f) => Some(f.as_raw_fd()),
+            None => self.inner.direct_fd(),
+        }
     }
 }
 
@@ -237,13 +256,13 @@ fn truncated_file_fails_with_eof_and_leaves_nothing_in_flight() {
             let path = dir.file("data", &data);
             let fe = FileEngine::new(cfg).unwrap();
             let inner = OsFile::open(&path, OpenMode::Read, true).unwrap();
+            let truncate = Some((path.clone(), keep, Once::new()));
             let f = FileHandle::from_io(
                 path.clone(),
-                TruncatesAfterLen {
+                Faulty {
                     inner,
-                    path: path.clone(),
-                    keep,
-                    done: Once::new(),
+                    truncate,
+                    fd: None,
                 },
             );
             let mut a = AlignedBuffer::new(16 << 20).unwrap();
@@ -277,12 +296,9 @@ fn truncated_file_fails_with_eof_and_leaves_nothing_in_flight() {
 #[test]
 fn dropped_in_the_middle_leaves_nothing_submitted() {
     let _g = serial();
-    if !uring_or_skip("drop in the middle") {
+    let Some((_dir, data, path)) = uring_file("drop in the middle", 32 << 20, 6) else {
         return;
-    }
-    let dir = TempDir::new("uring-drop");
-    let data = bytes(32 << 20, 6);
-    let path = dir.file("data", &data);
+    };
     for staged in [false, true] {
         let fe = FileEngine::new(base().uring(UringMode::On).staged(staged)).unwrap();
         let f = fe.open(&path, OpenMode::Read).unwrap();
@@ -312,41 +328,12 @@ fn dropped_in_the_middle_leaves_nothing_submitted() {
     }
 }
 
-/// A real file whose `O_DIRECT` descriptor for io_uring is write-only: every read entry fails
-/// with `EBADF`.
-struct WriteOnlyDirectFd {
-    inner: OsFile,
-    wo: std::fs::File,
-}
-
-impl FileIo for WriteOnlyDirectFd {
-    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
-        self.inner.read_at(buf, offset, direct)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
-        self.inner.write_at(buf, offset, direct)
-    }
-    fn file_len(&self) -> io::Result<u64> {
-        self.inner.file_len()
-    }
-    fn direct(&self) -> Result<(), String> {
-        self.inner.direct()
-    }
-    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        Some(self.wo.as_raw_fd())
-    }
-}
-
 #[test]
 fn io_uring_errors_name_the_file_and_the_errno() {
     let _g = serial();
-    if !uring_or_skip("errors") {
+    let Some((_dir, _, path)) = uring_file("errors", 8 << 20, 7) else {
         return;
-    }
-    let dir = TempDir::new("uring-err");
-    let data = bytes(8 << 20, 7);
-    let path = dir.file("data", &data);
+    };
     for staged in [false, true] {
         let fe = FileEngine::new(base().uring(UringMode::On).staged(staged)).unwrap();
         let wo = {
@@ -356,7 +343,14 @@ fn io_uring_errors_name_the_file_and_the_errno() {
             o.open(&path).unwrap()
         };
         let inner = OsFile::open(&path, OpenMode::Read, true).unwrap();
-        let f = FileHandle::from_io(path.clone(), WriteOnlyDirectFd { inner, wo });
+        let f = FileHandle::from_io(
+            path.clone(),
+            Faulty {
+                inner,
+                truncate: None,
+                fd: Some(wo),
+            },
+        );
         let mut a = AlignedBuffer::new(8 << 20).unwrap();
         let err = fe.load_into(&f, 0, &mut a[..]).unwrap_err();
         match &err {
