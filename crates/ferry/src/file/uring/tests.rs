@@ -98,3 +98,28 @@ fn mode_parses_from_the_environment_words() {
     assert_eq!(UringMode::parse_env("1"), None);
     assert_eq!(UringMode::default(), UringMode::Auto);
 }
+
+#[test]
+fn reports_add_keeps_io_uring_if_any_transfer_used_it() {
+    use crate::file::IoReport;
+    let r = |issued: Option<IoIssue>| IoReport {
+        bytes: 1,
+        issued,
+        ..IoReport::default()
+    };
+    let uring = Some(IoIssue::Uring { depth: 8 });
+    let mut sum = IoReport::default();
+    sum.add(r(Some(threads("a"))));
+    assert_eq!(sum.issued, Some(threads("a")));
+    sum.add(r(Some(threads("b"))));
+    assert_eq!(sum.issued, Some(threads("a")), "the first reason is kept");
+    sum.add(r(uring.clone()));
+    sum.add(r(Some(threads("c"))));
+    sum.add(r(None));
+    assert_eq!((sum.issued.clone(), sum.bytes), (uring, 5));
+    assert!(
+        sum.to_string().ends_with("; issued by io_uring, depth 8"),
+        "{sum}"
+    );
+    assert_eq!(IoReport::default().issued, None);
+}
