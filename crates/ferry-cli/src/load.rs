@@ -326,6 +326,13 @@ fn path_words(io: &IoReport) -> String {
     s
 }
 
+/// How the reads were issued: "io_uring, depth 32" or "threads (why)".
+fn issued_words(io: &IoReport) -> String {
+    io.issued
+        .as_ref()
+        .map_or_else(|| "nothing read".into(), ToString::to_string)
+}
+
 fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
@@ -384,6 +391,7 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
             "gb_per_s": bytes as f64 / s.max(1e-12) / 1e9,
             "fsync": fsync,
             "io_path": path_words(&io),
+            "issued": issued_words(&io),
         });
     }
     Ok(out)
@@ -435,7 +443,8 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
             "path": job.path.display().to_string(), "kind": "safetensors", "device": target.to_string(),
             "bytes": r.bytes, "seconds": r.seconds, "gb_per_s": r.gb_per_s(),
             "setup_seconds": r.setup_seconds, "files": r.files, "reads": r.reads,
-            "allocations": r.allocations, "io_path": path_words(&r.io), "tensors": tensors,
+            "allocations": r.allocations, "io_path": path_words(&r.io), "issued": issued_words(&r.io),
+            "tensors": tensors,
         });
         return Ok((cache, Loaded::Checkpoint(Box::new(ck)), summary));
     }
@@ -485,6 +494,7 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
         "offset": job.offset, "bytes": job.length, "seconds": seconds,
         "gb_per_s": job.length as f64 / seconds.max(1e-12) / 1e9, "setup_seconds": setup,
         "address": format!("{:#x}", buf.raw().addr), "io_path": path_words(&io),
+        "issued": issued_words(&io),
     });
     Ok((cache, Loaded::Raw(buf), summary))
 }
@@ -583,6 +593,9 @@ pub fn render(v: &serde_json::Value) -> String {
         g("io_path").as_str().unwrap_or(""),
         g("page_cache").as_str().unwrap_or(""),
     );
+    if let Some(i) = g("issued").as_str() {
+        s += &format!("  issued by   {i}\n");
+    }
     if let Some(r) = g("reads").as_u64() {
         s += &format!(
             "  reads       {r} from {} file(s) into {} allocation(s)\n",
@@ -610,6 +623,9 @@ pub fn render(v: &serde_json::Value) -> String {
             },
             sv["io_path"].as_str().unwrap_or(""),
         );
+        if let Some(i) = sv["issued"].as_str() {
+            s += &format!("  issued by   {i}\n");
+        }
     }
     if let Some(ts) = g("tensors").as_array() {
         let rows: Vec<[String; 5]> = ts

@@ -61,6 +61,7 @@ fn load_a_checkpoint_on_the_host_with_table_and_json() {
         "GB/s",
         "page cache",
         "verify      ok",
+        "issued by   threads (no O_DIRECT part",
         "tensor",
         "dtype",
         "step",
@@ -80,6 +81,10 @@ fn load_a_checkpoint_on_the_host_with_table_and_json() {
         "{v}"
     );
     assert!(v["page_cache"].as_str().unwrap().contains('%'), "{v}");
+    assert!(
+        v["issued"].as_str().unwrap().starts_with("threads ("),
+        "{v}"
+    );
     let frac = v["page_cache_fraction"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&frac), "{v}");
     let per: serde_json::Value = serde_json::from_str(&ok(&[
@@ -97,6 +102,12 @@ fn load_a_checkpoint_on_the_host_with_table_and_json() {
     assert_eq!(
         (per["allocations"].as_u64(), per["reads"].as_u64()),
         (Some(3), Some(3))
+    );
+    // --direct: io_uring where this kernel allows it, else the threads with the reason.
+    let issued = per["issued"].as_str().unwrap();
+    assert!(
+        issued.starts_with("io_uring, depth ") || issued.starts_with("threads ("),
+        "{per}"
     );
 }
 

@@ -18,6 +18,8 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod direct;
+
 /// The file tests.
 pub static TESTS: &[TestInfo] = &[
     TestInfo::new(
@@ -33,6 +35,20 @@ pub static TESTS: &[TestInfo] = &[
         Needs::Cuda,
         Kind::Bandwidth,
         "16M,256M",
+    ),
+    TestInfo::new(
+        "file-read-direct",
+        "file -> aligned host with O_DIRECT (cold: the disk), ferry's file engine through io_uring vs its threads vs pread O_DIRECT on N threads",
+        Needs::Cpu,
+        Kind::Bandwidth,
+        "64M,1G",
+    ),
+    TestInfo::new(
+        "cuda-file-read-direct",
+        "file -> device with O_DIRECT (cold: the disk) through the pinned bounce ring, slots filled by io_uring vs by ferry's threads",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "64M,1G",
     ),
 ];
 
@@ -123,6 +139,8 @@ impl FileBench {
         match test.name {
             "file-read" => self.read_host(&ctx, size),
             "cuda-file-read" => self.read_device(&ctx, size),
+            "file-read-direct" => self.read_host_direct(&ctx, size),
+            "cuda-file-read-direct" => self.read_device_direct(&ctx, size),
             _ => Err(BenchError::UnknownTest {
                 name: test.name.into(),
                 valid: TESTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
@@ -177,7 +195,7 @@ impl FileBench {
         s.run(
             &format!("pread {}", threads_label(n)),
             Role::Baseline,
-            |d| par_pread(&std_file, d, n),
+            |d| par_pread(&std_file, d, n, 1),
         )?;
         let series = s.done();
         Ok(Row::new(
@@ -255,7 +273,7 @@ impl FileBench {
             &format!("pread {} into pinned + cuMemcpyHtoD", threads_label(n)),
             Role::Baseline,
             &mut |d| {
-                par_pread(&std_file, &mut pinned, n)?;
+                par_pread(&std_file, &mut pinned, n, 1)?;
                 raw.copy(d, &*pinned, size, 1).map_err(|e| e.to_string())
             },
         )?);
@@ -270,10 +288,10 @@ impl FileBench {
     }
 }
 
-/// `read_exact_at` of `dst.len()` bytes from offset 0, split into `n` chunks on `n` scoped
-/// threads.
-fn par_pread(f: &std::fs::File, dst: &mut [u8], n: usize) -> Result<(), String> {
-    let chunk = dst.len().div_ceil(n).max(1);
+/// `read_exact_at` of `dst.len()` bytes from offset 0, split into `n` chunks (multiples of
+/// `align` bytes) on `n` scoped threads.
+fn par_pread(f: &std::fs::File, dst: &mut [u8], n: usize, align: usize) -> Result<(), String> {
+    let chunk = dst.len().div_ceil(n).div_ceil(align).max(1) * align;
     std::thread::scope(|s| {
         let hs: Vec<_> = dst
             .chunks_mut(chunk)

@@ -1,7 +1,7 @@
 //! [`FileConfig`]: the settings of a [`FileEngine`](super::FileEngine), from code or from the
 //! `FERRY_FILE_*` environment variables.
 
-use super::FileError;
+use super::{FileError, UringMode};
 use crate::env::{self, ConfigError};
 
 /// Settings of a [`FileEngine`](super::FileEngine). Plain data: [`FileConfig::new`] then chained setters.
@@ -24,6 +24,10 @@ pub struct FileConfig {
     /// Send host buffers through the bounce ring (and the engine, if any) as well, the path
     /// device buffers take. For tests of that path without a GPU.
     pub staged: bool,
+    /// Issue `O_DIRECT` reads and writes through io_uring ([`UringMode`]; default `Auto`).
+    pub uring: UringMode,
+    /// io_uring entries in flight per runner thread (1 to 4096; default 32).
+    pub uring_depth: usize,
 }
 
 impl Default for FileConfig {
@@ -44,12 +48,15 @@ impl FileConfig {
             ring_depth: threads,
             direct: false,
             staged: false,
+            uring: UringMode::Auto,
+            uring_depth: 32,
         }
     }
     /// The defaults with the environment's overrides, as the staging path's
     /// ([`StagingConfig::from_env`](crate::cuda::staged::StagingConfig::from_env)):
     /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH` (default: the
-    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`). Unset variables keep the default.
+    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_FILE_URING` (`off`,
+    /// `on` or `auto`), `FERRY_FILE_URING_DEPTH`. Unset variables keep the default.
     ///
     /// Errors: [`ConfigError`] naming a variable whose value does not parse.
     /// Ranges are checked by [`FileEngine::new`](super::FileEngine::new).
@@ -65,6 +72,8 @@ impl FileConfig {
         env::apply(get, "FERRY_FILE_CHUNK", &mut c.chunk_bytes)?;
         env::apply(get, "FERRY_FILE_DEPTH", &mut c.ring_depth)?;
         env::apply(get, "FERRY_FILE_DIRECT", &mut c.direct)?;
+        env::apply(get, "FERRY_FILE_URING", &mut c.uring)?;
+        env::apply(get, "FERRY_FILE_URING_DEPTH", &mut c.uring_depth)?;
         Ok(c)
     }
     /// Sets the worker threads (the ring depth follows unless set after).
@@ -88,6 +97,16 @@ impl FileConfig {
         self.direct = on;
         self
     }
+    /// Sets whether `O_DIRECT` transfers go through io_uring.
+    pub fn uring(mut self, mode: UringMode) -> FileConfig {
+        self.uring = mode;
+        self
+    }
+    /// Sets the io_uring queue depth (entries in flight per runner thread).
+    pub fn uring_depth(mut self, depth: usize) -> FileConfig {
+        self.uring_depth = depth;
+        self
+    }
     /// Routes host buffers through the bounce ring too.
     pub fn staged(mut self, on: bool) -> FileConfig {
         self.staged = on;
@@ -104,6 +123,12 @@ impl FileConfig {
         if self.ring_depth == 0 {
             return bad("ring_depth is 0".into());
         }
+        if self.uring_depth == 0 || self.uring_depth > 4096 {
+            return bad(format!(
+                "uring_depth {} is not in 1..=4096",
+                self.uring_depth
+            ));
+        }
         Ok(())
     }
 }
@@ -119,12 +144,12 @@ mod tests {
             ("FERRY_FILE_THREADS", "3"),
             ("FERRY_FILE_CHUNK", "65536"),
             ("FERRY_FILE_DIRECT", "1"),
+            ("FERRY_FILE_URING", "off"),
+            ("FERRY_FILE_URING_DEPTH", "8"),
         ]))
         .unwrap();
-        assert_eq!(
-            c,
-            FileConfig::new().threads(3).chunk_bytes(65536).direct(true)
-        );
+        let want = FileConfig::new().threads(3).chunk_bytes(65536).direct(true);
+        assert_eq!(c, want.uring(super::UringMode::Off).uring_depth(8));
         let c = FileConfig::from_lookup(&pairs(&[
             ("FERRY_FILE_DEPTH", "2"),
             ("FERRY_FILE_THREADS", "5"),
@@ -137,6 +162,11 @@ mod tests {
         );
         let e = FileConfig::from_lookup(&pairs(&[("FERRY_FILE_DIRECT", "yes")])).unwrap_err();
         assert_eq!((e.var, e.value.as_str()), ("FERRY_FILE_DIRECT", "yes"));
+        let e = FileConfig::from_lookup(&pairs(&[("FERRY_FILE_URING", "yes")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "$FERRY_FILE_URING=\"yes\" is not off, on or auto"
+        );
     }
 
     /// The only test of the file config that touches the process environment (no other test

@@ -3,6 +3,7 @@
 
 use super::error::{FileError, IoOp};
 use super::io::{FileInner, DIRECT_ALIGN};
+use super::uring::IoIssue;
 use crate::engine::{Engine, Job};
 use crate::memory::{MemKind, RawBuf};
 use crate::request::Signal;
@@ -123,7 +124,7 @@ enum SlotMem {
 
 pub(crate) struct Slot {
     mem: SlotMem,
-    len: usize,
+    pub(super) len: usize,
 }
 
 // SAFETY: a slot is plain memory owned by this value; one runner uses it at a time (it is taken
@@ -155,13 +156,13 @@ impl Slot {
             SlotMem::Host(_) => MemKind::Pageable,
         }
     }
-    fn ptr(&mut self) -> *mut u8 {
+    pub(super) fn ptr(&mut self) -> *mut u8 {
         match &mut self.mem {
             SlotMem::Pinned(p) => p.as_mut_ptr(),
             SlotMem::Host(b) => b.as_mut_ptr(),
         }
     }
-    fn bytes(&mut self, len: usize) -> &mut [u8] {
+    pub(super) fn bytes(&mut self, len: usize) -> &mut [u8] {
         let len = len.min(self.len);
         let p = self.ptr();
         // SAFETY: the slot owns `self.len >= len` initialised (zeroed at allocation) bytes,
@@ -203,7 +204,7 @@ impl Ring {
         })
     }
     /// Takes a free slot, waiting for one (each runner holds at most one, so one comes back).
-    fn take(self: &Arc<Self>) -> SlotGuard {
+    pub(super) fn take(self: &Arc<Self>) -> SlotGuard {
         let mut g = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(s) = g.pop() {
@@ -215,16 +216,29 @@ impl Ring {
             g = self.cond.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
     }
+
+    /// A free slot if one is there now (the io_uring runner's second and later slots).
+    pub(super) fn try_take(self: &Arc<Self>) -> Option<SlotGuard> {
+        let s = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        Some(SlotGuard {
+            ring: Arc::clone(self),
+            slot: Some(s),
+        })
+    }
 }
 
 /// A slot out of the ring; back into it on drop, on every path.
-struct SlotGuard {
+pub(crate) struct SlotGuard {
     ring: Arc<Ring>,
     slot: Option<Slot>,
 }
 
 impl SlotGuard {
-    fn slot(&mut self) -> &mut Slot {
+    pub(super) fn slot(&mut self) -> &mut Slot {
         self.slot
             .as_mut()
             .expect("a guard holds its slot until dropped")
@@ -263,6 +277,8 @@ pub(crate) struct Xfer {
     pub(crate) failed: AtomicBool,
     pub(crate) runners: AtomicUsize,
     pub(crate) error: Mutex<Option<FileError>>,
+    /// Threads or io_uring (`uring.rs`), with the reason.
+    pub(crate) issue: IoIssue,
     pub(crate) direct_bytes: AtomicU64,
     pub(crate) buffered_bytes: AtomicU64,
     pub(crate) signal: Arc<Signal>,
@@ -279,6 +295,42 @@ impl Xfer {
     /// The runner body: claims chunks until none are left or one failed; the last runner out
     /// completes the request.
     pub(crate) fn run(self: &Arc<Self>) {
+        let ran = match self.issue {
+            IoIssue::Uring { depth } => {
+                let r = catch_unwind(AssertUnwindSafe(|| super::uring::run(self, depth)));
+                match r.unwrap_or_else(|p| Err(self.panicked(self.offset, &p))) {
+                    Ok(ran) => ran,
+                    Err(e) => {
+                        self.fail(e);
+                        true
+                    }
+                }
+            }
+            IoIssue::Threads { .. } => false,
+        };
+        if !ran {
+            self.run_chunks();
+        }
+        if self.runners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let e = self
+                .error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            self.signal.complete(e.map_or(Ok(()), |e| Err(e.into())));
+        }
+    }
+
+    fn panicked(&self, offset: u64, p: &(dyn std::any::Any + Send)) -> FileError {
+        FileError::Panicked {
+            path: self.file.path.clone(),
+            offset,
+            msg: panic_text(p),
+        }
+    }
+
+    /// The threads' loop: one chunk at a time, one blocking call each.
+    fn run_chunks(self: &Arc<Self>) {
         while !self.failed.load(Ordering::Acquire) {
             let k = self.next.fetch_add(1, Ordering::AcqRel);
             if k >= self.chunks {
@@ -291,24 +343,9 @@ impl Xfer {
                 Some(ring) => self.staged_chunk(ring, at, len),
                 None => self.direct_chunk(at, len),
             }));
-            let r = r.unwrap_or_else(|p| {
-                Err(FileError::Panicked {
-                    path: self.file.path.clone(),
-                    offset: foff,
-                    msg: panic_text(&p),
-                })
-            });
-            if let Err(e) = r {
+            if let Err(e) = r.unwrap_or_else(|p| Err(self.panicked(foff, &p))) {
                 self.fail(e);
             }
-        }
-        if self.runners.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let e = self
-                .error
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            self.signal.complete(e.map_or(Ok(()), |e| Err(e.into())));
         }
     }
 
@@ -360,7 +397,7 @@ impl Xfer {
 
     /// Moves `len` bytes between the slot (from `skip` bytes in) and the buffer at `at`
     /// (`to_buf`: slot -> buffer), and returns once they have arrived.
-    fn move_chunk(
+    pub(super) fn move_chunk(
         &self,
         slot: &mut Slot,
         skip: usize,
@@ -416,7 +453,7 @@ impl Xfer {
     /// `pread` into `b` until at least `need` bytes are in (more may come, up to `b.len()`):
     /// short reads continue, end of file before `need` is an error. Returns (bytes read with
     /// `O_DIRECT`, bytes read in all).
-    fn read_at_least(
+    pub(super) fn read_at_least(
         &self,
         b: &mut [u8],
         off: u64,
@@ -488,7 +525,7 @@ impl Xfer {
     }
 
     /// `pwrite` until all of `b` is written.
-    fn write_full(&self, b: &[u8], off: u64) -> Result<(), FileError> {
+    pub(super) fn write_full(&self, b: &[u8], off: u64) -> Result<(), FileError> {
         let mut pos = 0;
         let mut direct = self.use_direct(b.as_ptr(), b.len(), off);
         while pos < b.len() {
@@ -527,7 +564,7 @@ impl Xfer {
         Ok(())
     }
 
-    fn use_direct(&self, p: *const u8, len: usize, off: u64) -> bool {
+    pub(super) fn use_direct(&self, p: *const u8, len: usize, off: u64) -> bool {
         self.direct
             && len >= DIRECT_ALIGN
             && (p as usize) % DIRECT_ALIGN == 0
@@ -535,7 +572,7 @@ impl Xfer {
             && self.file.direct_ok().is_ok()
     }
 
-    fn count(&self, direct: bool, n: usize) {
+    pub(super) fn count(&self, direct: bool, n: usize) {
         let c = if direct {
             &self.direct_bytes
         } else {

@@ -34,6 +34,12 @@ pub trait FileIo: Send + Sync + 'static {
     fn sync(&self) -> io::Result<()> {
         Ok(())
     }
+    /// The `O_DIRECT` descriptor, for io_uring to submit on
+    /// ([`FileConfig::uring`](super::FileConfig::uring)); it must stay open as long as the
+    /// value. `None` (the default): this file's transfers use the worker threads.
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// How [`FileHandle::open`] opens a file.
@@ -130,6 +136,10 @@ impl FileIo for OsFile {
     }
     fn sync(&self) -> io::Result<()> {
         self.buffered.sync_all()
+    }
+    fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.direct.as_ref().ok().map(AsRawFd::as_raw_fd)
     }
 }
 

@@ -19,6 +19,10 @@
 //!   unaligned offsets, and the unaligned tail of a write, run buffered. A filesystem that refuses `O_DIRECT`,
 //!   at open or at the first transfer, is not an error: the file runs buffered from then on.
 //!   Each [`IoReport`] says how many bytes took which path and why `O_DIRECT` was not used.
+//! - io_uring ([`FileConfig::uring`], on where the kernel allows it): the `O_DIRECT` part of a
+//!   transfer is read (written) by fewer threads, each keeping up to
+//!   [`FileConfig::uring_depth`] chunks in flight, into the buffer or the bounce ring's slots;
+//!   [`IoReport::issued`] says whether io_uring or the threads issued them, and why.
 //! - Errors: a read or write that fails, a file shorter than the range (checked at submit, and
 //!   again by every read: a file that shrinks during a load fails it), are [`FileError`]s that
 //!   name the file and the offset. Partial data is never reported as success. A failed request
@@ -63,6 +67,7 @@ mod exec;
 mod io;
 mod pieces;
 mod probe;
+mod uring;
 
 pub use config::FileConfig;
 pub use error::{FileError, IoOp};
@@ -70,6 +75,7 @@ pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
 pub use pieces::{ReadPiece, WritePiece};
 pub use probe::gds_status;
+pub use uring::{uring_ops_in_flight, IoIssue, UringMode};
 
 use crate::engine::{Engine, Lent};
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
@@ -99,6 +105,9 @@ pub struct IoReport {
     pub direct_note: Option<String>,
     /// For buffers the CPU cannot reach: why GPUDirect Storage was not used ([`gds_status`]).
     pub gds_note: Option<String>,
+    /// How the reads (writes) were issued: io_uring with its depth, or the worker threads and
+    /// why ([`FileConfig::uring`]). `None` only in an empty report.
+    pub issued: Option<IoIssue>,
 }
 
 impl IoReport {
@@ -111,6 +120,12 @@ impl IoReport {
         self.bounce = self.bounce.or(r.bounce);
         self.direct_note = self.direct_note.take().or(r.direct_note);
         self.gds_note = self.gds_note.take().or(r.gds_note);
+        // io_uring is reported if any transfer used it, else the first reason.
+        if !matches!(self.issued, Some(IoIssue::Uring { .. }))
+            && (self.issued.is_none() || matches!(r.issued, Some(IoIssue::Uring { .. })))
+        {
+            self.issued = r.issued;
+        }
     }
 
     /// `"O_DIRECT"`, `"buffered"` or `"O_DIRECT + buffered"`.
@@ -142,6 +157,9 @@ impl std::fmt::Display for IoReport {
         }
         if let Some(n) = &self.gds_note {
             write!(f, "; {n}")?;
+        }
+        if let Some(i) = &self.issued {
+            write!(f, "; issued by {i}")?;
         }
         Ok(())
     }
@@ -204,6 +222,7 @@ impl FileEngine {
     /// An engine for host buffers. Errors: [`FileError::BadConfig`], [`FileError::Setup`].
     pub fn new(cfg: FileConfig) -> Result<FileEngine, FileError> {
         cfg.check()?;
+        uring::require(cfg.uring)?;
         Ok(FileEngine {
             cfg,
             pool: Pool::start(cfg.threads)?,
@@ -395,7 +414,24 @@ impl FileEngine {
         };
         let chunks = len.div_ceil(chunk);
         let signal = Arc::new(Signal::new());
-        let runners = chunks.min(self.cfg.threads);
+        let aligned = self.cfg.direct
+            && len >= DIRECT_ALIGN
+            && (in_place || (ring.is_some() && (op == IoOp::Read || offset % align == 0)));
+        let issue = uring::choose(
+            self.cfg.uring,
+            self.cfg.uring_depth,
+            uring::kernel(),
+            file.direct(),
+            aligned,
+            file.inner.io.direct_fd().is_some(),
+        );
+        let runners = match issue {
+            IoIssue::Uring { depth } => {
+                let slots = ring.as_ref().map(|r| r.depth);
+                uring::runners(chunks, depth, slots, self.cfg.threads)
+            }
+            IoIssue::Threads { .. } => chunks.min(self.cfg.threads),
+        };
         let x = Arc::new(Xfer {
             file: Arc::clone(&file.inner),
             op,
@@ -410,6 +446,7 @@ impl FileEngine {
             failed: AtomicBool::new(false),
             runners: AtomicUsize::new(runners),
             error: Mutex::new(None),
+            issue,
             direct_bytes: AtomicU64::new(0),
             buffered_bytes: AtomicU64::new(0),
             signal: Arc::clone(&signal),
@@ -516,6 +553,7 @@ fn result_of(x: &Xfer) -> Result<IoReport, FileError> {
             Some("not asked for (FileConfig::direct is off)".into())
         },
         gds_note: (!x.buf.kind.host_accessible()).then(|| gds_status().err().unwrap_or_default()),
+        issued: Some(x.issue.clone()),
     })
 }
 
