@@ -636,10 +636,42 @@ fn bad_configs_are_errors() {
     }
 }
 
+/// This machine's answer, whatever it has: the first missing piece named, in the order
+/// `choose` checks them (libcufile, then nvidia-fs); `Ok` only with both.
 #[test]
-fn gds_status_gives_a_reason() {
-    let why = ferry::file::gds_status().unwrap_err();
-    assert!(why.contains("GPUDirect Storage not used"), "{why}");
+fn gds_status_names_the_first_missing_piece() {
+    use ferry::file::{gds_probe, gds_status, Transport, NO_NVIDIA_FS};
+    let p = gds_probe();
+    println!(
+        "libcufile {}, nvidia-fs {}: {}",
+        p.libcufile, p.nvidia_fs, p.auto
+    );
+    match (p.libcufile, p.nvidia_fs, gds_status()) {
+        (false, _, Err(why)) => assert!(why.contains("libcufile.so.0 was not found"), "{why}"),
+        (true, false, Err(why)) => assert_eq!(why, NO_NVIDIA_FS),
+        (true, true, Ok(())) => assert_eq!(p.auto.transport, Transport::CuFile { compat: false }),
+        (l, n, r) => panic!("libcufile {l}, nvidia-fs {n}: {r:?}"),
+    }
+}
+
+/// Host buffers never touch cuFile, whatever the mode: the workers read them.
+#[test]
+fn host_transfers_report_the_host_transport_in_every_cufile_mode() {
+    use ferry::file::{CuFileMode, Transport};
+    let data = bytes(100_000, 41);
+    let t = Temp::new("cufile-host", &data);
+    for mode in [CuFileMode::Auto, CuFileMode::On, CuFileMode::Off] {
+        let fe = FileEngine::new(FileConfig::new().threads(2).cufile(mode)).unwrap();
+        let f = fe.open(&t.0, OpenMode::Read).unwrap();
+        let mut buf = vec![0u8; data.len()];
+        let r = fe.load_into(&f, 0, &mut buf[..]).unwrap();
+        assert!(buf == data, "{mode}");
+        assert_eq!(
+            (r.transport, r.cufile_bytes, r.gds_note.is_none()),
+            (Transport::Host, 0, true),
+            "{mode}: {r}"
+        );
+    }
 }
 
 #[test]

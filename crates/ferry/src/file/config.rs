@@ -1,7 +1,7 @@
 //! [`FileConfig`]: the settings of a [`FileEngine`](super::FileEngine), from code or from the
 //! `FERRY_FILE_*` environment variables.
 
-use super::FileError;
+use super::{CuFileMode, FileError};
 use crate::env::{self, ConfigError};
 
 /// Settings of a [`FileEngine`](super::FileEngine). Plain data: [`FileConfig::new`] then chained setters.
@@ -24,6 +24,8 @@ pub struct FileConfig {
     /// Send host buffers through the bounce ring (and the engine, if any) as well, the path
     /// device buffers take. For tests of that path without a GPU.
     pub staged: bool,
+    /// When device buffers use cuFile (GPUDirect Storage) instead of the bounce ring.
+    pub cufile: CuFileMode,
 }
 
 impl Default for FileConfig {
@@ -44,12 +46,14 @@ impl FileConfig {
             ring_depth: threads,
             direct: false,
             staged: false,
+            cufile: CuFileMode::Auto,
         }
     }
     /// The defaults with the environment's overrides, as the staging path's
     /// ([`StagingConfig::from_env`](crate::cuda::staged::StagingConfig::from_env)):
     /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH` (default: the
-    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`). Unset variables keep the default.
+    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_CUFILE` (`auto`, `on` or `off`:
+    /// [`FileConfig::cufile`]). Unset variables keep the default.
     ///
     /// Errors: [`ConfigError`] naming a variable whose value does not parse.
     /// Ranges are checked by [`FileEngine::new`](super::FileEngine::new).
@@ -65,6 +69,7 @@ impl FileConfig {
         env::apply(get, "FERRY_FILE_CHUNK", &mut c.chunk_bytes)?;
         env::apply(get, "FERRY_FILE_DEPTH", &mut c.ring_depth)?;
         env::apply(get, "FERRY_FILE_DIRECT", &mut c.direct)?;
+        env::apply(get, "FERRY_CUFILE", &mut c.cufile)?;
         Ok(c)
     }
     /// Sets the worker threads (the ring depth follows unless set after).
@@ -86,6 +91,12 @@ impl FileConfig {
     /// Opens files with `O_DIRECT` as well (used where alignment allows).
     pub fn direct(mut self, on: bool) -> FileConfig {
         self.direct = on;
+        self
+    }
+    /// Sets when device buffers use cuFile ([`CuFileMode`]; `Auto` by default: where the
+    /// `nvidia-fs` module makes it real GPUDirect Storage).
+    pub fn cufile(mut self, mode: CuFileMode) -> FileConfig {
+        self.cufile = mode;
         self
     }
     /// Routes host buffers through the bounce ring too.
@@ -119,11 +130,16 @@ mod tests {
             ("FERRY_FILE_THREADS", "3"),
             ("FERRY_FILE_CHUNK", "65536"),
             ("FERRY_FILE_DIRECT", "1"),
+            ("FERRY_CUFILE", "on"),
         ]))
         .unwrap();
         assert_eq!(
             c,
-            FileConfig::new().threads(3).chunk_bytes(65536).direct(true)
+            FileConfig::new()
+                .threads(3)
+                .chunk_bytes(65536)
+                .direct(true)
+                .cufile(super::CuFileMode::On)
         );
         let c = FileConfig::from_lookup(&pairs(&[
             ("FERRY_FILE_DEPTH", "2"),
@@ -137,6 +153,11 @@ mod tests {
         );
         let e = FileConfig::from_lookup(&pairs(&[("FERRY_FILE_DIRECT", "yes")])).unwrap_err();
         assert_eq!((e.var, e.value.as_str()), ("FERRY_FILE_DIRECT", "yes"));
+        let e = FileConfig::from_lookup(&pairs(&[("FERRY_CUFILE", "yes")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "$FERRY_CUFILE=\"yes\" is not auto, on or off"
+        );
     }
 
     /// The only test of the file config that touches the process environment (no other test

@@ -96,6 +96,20 @@ pub enum FileError {
         /// The engine's error, as it is (a driver's code kept).
         source: Box<crate::Error>,
     },
+    /// A cuFile call failed (GPUDirect Storage), with cuFile's own code.
+    #[error("{call} of {len} bytes at offset {offset} of {} failed: {code}", path.display())]
+    CuFile {
+        /// `cuFileRead` or `cuFileWrite`.
+        call: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Byte offset in the file of the failed call.
+        offset: u64,
+        /// Bytes the call asked for.
+        len: usize,
+        /// cuFile's code.
+        code: super::cufile::CuFileCode,
+    },
     /// A configuration value is out of range.
     #[error("bad file engine config: {0}")]
     BadConfig(String),
