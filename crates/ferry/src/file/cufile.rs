@@ -26,7 +26,7 @@
 //!   or `"allow_compat_mode": true` in the cufile.json that `CUFILE_ENV_PATH_JSON` names).
 
 use super::error::{FileError, IoOp};
-use super::io::OpenMode;
+use super::io::{OpenMode, DIRECT_ALIGN};
 use super::{FileEngine, FileHandle};
 use crate::engine::cuda::driver as cuda;
 use crate::memory::{MemKind, RawBuf};
@@ -129,6 +129,11 @@ pub struct Facts {
     pub libcufile: bool,
     /// The `nvidia-fs` kernel module is loaded (real GPUDirect Storage).
     pub nvidia_fs: bool,
+    /// A load, or a store whose file range (and chunks) start and end on 4 KiB boundaries.
+    /// cuFile writes through an `O_DIRECT` descriptor, where a partial block is read, changed
+    /// and written back: two chunks or two stores sharing a block would race. Such stores go
+    /// through the bounce ring, whose unaligned writes are buffered.
+    pub aligned: bool,
     /// `cuFileDriverOpen` succeeded, or its error.
     pub driver: Result<(), String>,
     /// The file could be opened with `O_DIRECT`, or why not.
@@ -139,13 +144,14 @@ pub struct Facts {
 
 impl Facts {
     /// A device or host transfer under `mode` on a host with or without `libcufile` and
-    /// `nvidia-fs`; the tried facts `Ok` (set the fields to change them).
+    /// `nvidia-fs`; aligned, and the tried facts `Ok` (set the fields to change them).
     pub fn new(mode: CuFileMode, device: bool, libcufile: bool, nvidia_fs: bool) -> Facts {
         Facts {
             mode,
             device,
             libcufile,
             nvidia_fs,
+            aligned: true,
             driver: Ok(()),
             direct: Ok(()),
             registered: Ok(()),
@@ -203,6 +209,12 @@ pub fn choose(f: &Facts) -> Choice {
     }
     if !f.nvidia_fs && f.mode == CuFileMode::Auto {
         return ring(NO_NVIDIA_FS.into());
+    }
+    if !f.aligned {
+        return ring(format!(
+            "a store at a file offset or length that is not a multiple of {DIRECT_ALIGN} \
+             bytes: written buffered, as cuFile's O_DIRECT writes of shared blocks could race"
+        ));
     }
     if let Err(e) = &f.driver {
         return ring(format!("cuFile's driver did not open: {e}"));
@@ -528,8 +540,11 @@ impl FileEngine {
     /// The transport of a transfer of `buf` (device memory) to or from `file`: the facts
     /// gathered as far as [`choose`] needs them, then, for cuFile, the run state (the context
     /// bound on this thread, the buffer registered for large loads).
-    pub(super) fn gds_for(&self, file: &FileHandle, buf: RawBuf, op: IoOp) -> Gds {
+    pub(super) fn gds_for(&self, file: &FileHandle, offset: u64, buf: RawBuf, op: IoOp) -> Gds {
         let mut f = Facts::new(self.cfg.cufile, true, false, nvidia_fs_loaded());
+        let a = DIRECT_ALIGN as u64;
+        f.aligned = op == IoOp::Read
+            || (offset % a == 0 && buf.len as u64 % a == 0 && self.cfg.chunk_bytes as u64 % a == 0);
         if f.mode != CuFileMode::Off {
             f.libcufile = libcufile_present();
         }

@@ -388,7 +388,7 @@ impl FileEngine {
         }
         let host = buf.kind.host_accessible();
         // Buffers the CPU cannot reach: cuFile or the bounce ring (`cufile::choose`).
-        let gds = (!host).then(|| self.gds_for(file, buf, op));
+        let gds = (!host).then(|| self.gds_for(file, offset, buf, op));
         let cufile = gds.as_ref().is_some_and(|g| g.run.is_some());
         // Through the engine: buffers the CPU cannot reach, or all with `staged`.
         let moved = (!host || self.cfg.staged) && !cufile;

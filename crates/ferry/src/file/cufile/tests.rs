@@ -63,6 +63,9 @@ fn each_failed_step_falls_back_with_its_reason_in_order() {
     f.driver = Err("cuFileDriverOpen failed: CU_FILE_NVFS_DRIVER_ERROR (5010)".into());
     let c = choose(&f);
     assert!(c.reason.starts_with("cuFile's driver did not open"), "{c}");
+    f.aligned = false;
+    let c = choose(&f);
+    assert!(c.reason.contains("not a multiple of 4096"), "{c}");
     // Auto without nvidia-fs never gets as far as trying.
     f.mode = CuFileMode::Auto;
     assert_eq!(choose(&f).reason, NO_NVIDIA_FS);
