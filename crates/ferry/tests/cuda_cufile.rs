@@ -7,44 +7,18 @@
 //! driver` without a GPU, `skipped: no cuFile` without `libcufile`.
 
 mod cuda_common;
+mod files_common;
 use cuda_common::*;
 use ferry::cuda::{CudaEngine, DeviceBuffer};
 use ferry::file::{
     gds_probe, CuFileMode, FileConfig, FileEngine, FileError, OpenMode, Transport, NO_NVIDIA_FS,
 };
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use files_common::TempDir;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 
 static LOCK: Mutex<()> = Mutex::new(());
 fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-struct Temp(PathBuf);
-impl Temp {
-    fn new(tag: &str, data: &[u8]) -> Temp {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "ferry-cuda-cufile-{}-{}-{tag}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::write(&p, data).expect("write temp file");
-        Temp(p)
-    }
-}
-impl Drop for Temp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
-    if got.len() != want.len() {
-        return Some(got.len().min(want.len()));
-    }
-    got.iter().zip(want).position(|(a, b)| a != b)
 }
 
 /// A CUDA engine on device 0 with cuFile usable, or `None` after printing why not. Without
@@ -96,10 +70,11 @@ const OFFSETS: [u64; 3] = [0, 4096, 4099];
 fn file_to_device_through_cufile_every_byte() {
     let _g = serial();
     let Some(cuda) = cufile_or_skip() else { return };
+    let dir = TempDir::new("cufile");
     let data = bytes((64 << 20) + 8192, 3);
-    let t = Temp::new("load", &data);
+    let t = dir.file("load", &data);
     let fe = engine(&cuda, CuFileMode::On);
-    let f = fe.open(&t.0, OpenMode::Read).unwrap();
+    let f = fe.open(&t, OpenMode::Read).unwrap();
     for len in SIZES {
         for off in OFFSETS {
             let at = off as usize;
@@ -135,6 +110,7 @@ fn file_to_device_through_cufile_every_byte() {
 fn device_to_file_through_cufile_every_byte() {
     let _g = serial();
     let Some(cuda) = cufile_or_skip() else { return };
+    let dir = TempDir::new("cufile");
     let fe = engine(&cuda, CuFileMode::On);
     let mut sizes = SIZES.to_vec();
     sizes.push(1 << 20);
@@ -143,8 +119,8 @@ fn device_to_file_through_cufile_every_byte() {
             let at = off as usize;
             // The file around the range must stay as it was.
             let before = bytes(at + len + 100, 5);
-            let t = Temp::new("store", &before);
-            let f = fe.open(&t.0, OpenMode::ReadWrite).unwrap();
+            let t = dir.file(&format!("store-{len}-{off}"), &before);
+            let f = fe.open(&t, OpenMode::ReadWrite).unwrap();
             let src = bytes(len, 7 + len as u64);
             let dev = DeviceBuffer::from_host(0, &src).unwrap();
             let r = fe
@@ -153,7 +129,7 @@ fn device_to_file_through_cufile_every_byte() {
             drop(f);
             let mut want = before.clone();
             want[at..at + len].copy_from_slice(&src);
-            let got = std::fs::read(&t.0).unwrap();
+            let got = std::fs::read(&t).unwrap();
             if let Some(i) = first_diff(&got, &want) {
                 panic!(
                     "store of {len} bytes at {off}: first wrong byte of the file at {i} \
@@ -187,6 +163,7 @@ fn device_to_file_through_cufile_every_byte() {
 fn missing_truncated_and_shrinking_files_are_errors_that_name_the_file() {
     let _g = serial();
     let Some(cuda) = cufile_or_skip() else { return };
+    let dir = TempDir::new("cufile");
     let fe = engine(&cuda, CuFileMode::On);
     let missing = std::env::temp_dir().join("ferry-cuda-cufile-no-such-file");
     match fe.open(&missing, OpenMode::Read) {
@@ -194,18 +171,18 @@ fn missing_truncated_and_shrinking_files_are_errors_that_name_the_file() {
         other => panic!("open of a missing file: {other:?}"),
     }
     // A range beyond the end: refused at submit, nothing read.
-    let t = Temp::new("short", &bytes(100_000, 9));
-    let f = fe.open(&t.0, OpenMode::Read).unwrap();
+    let t = dir.file("short", &bytes(100_000, 9));
+    let f = fe.open(&t, OpenMode::Read).unwrap();
     let mut dev = DeviceBuffer::zeroed(0, 200_000).unwrap();
     match fe.load_into(&f, 0, &mut dev) {
         Err(e @ FileError::OutOfRange { .. }) => {
-            assert!(e.to_string().contains(&*t.0.to_string_lossy()), "{e}")
+            assert!(e.to_string().contains(&*t.to_string_lossy()), "{e}")
         }
         other => panic!("load beyond the end: {other:?}"),
     }
     // A file that shrinks while it loads: cuFileRead finds the end inside the range.
     let len = 128 << 20;
-    let t = Temp::new("shrink", &bytes(len, 11));
+    let t = dir.file("shrink", &bytes(len, 11));
     let fe1 = FileEngine::with_engine(
         FileConfig::new()
             .threads(1)
@@ -214,12 +191,12 @@ fn missing_truncated_and_shrinking_files_are_errors_that_name_the_file() {
         cuda.clone(),
     )
     .unwrap();
-    let f = fe1.open(&t.0, OpenMode::Read).unwrap();
+    let f = fe1.open(&t, OpenMode::Read).unwrap();
     let dev = DeviceBuffer::zeroed(0, len).unwrap();
     let tr = fe1.load(&f, 0, dev).unwrap();
     std::fs::OpenOptions::new()
         .write(true)
-        .open(&t.0)
+        .open(&t)
         .unwrap()
         .set_len(1 << 20)
         .unwrap();
@@ -234,14 +211,14 @@ fn missing_truncated_and_shrinking_files_are_errors_that_name_the_file() {
                 ),
                 "{e:?}"
             );
-            assert!(e.to_string().contains(&*t.0.to_string_lossy()), "{e}");
+            assert!(e.to_string().contains(&*t.to_string_lossy()), "{e}");
         }
         Ok((_, r)) => println!("the load finished before the file shrank (not checked): {r}"),
     }
     // The engine still works after a failure (the buffer was deregistered, the handle kept).
     let data = bytes(1 << 20, 13);
-    let t2 = Temp::new("after", &data);
-    let f2 = fe1.open(&t2.0, OpenMode::Read).unwrap();
+    let t2 = dir.file("after", &data);
+    let f2 = fe1.open(&t2, OpenMode::Read).unwrap();
     let mut dev = DeviceBuffer::zeroed(0, data.len()).unwrap();
     let r = fe1.load_into(&f2, 0, &mut dev).unwrap();
     assert!(dev.to_vec().unwrap() == data, "{r}");
@@ -253,9 +230,10 @@ fn missing_truncated_and_shrinking_files_are_errors_that_name_the_file() {
 fn a_store_to_a_read_only_handle_keeps_cufiles_error() {
     let _g = serial();
     let Some(cuda) = cufile_or_skip() else { return };
+    let dir = TempDir::new("cufile");
     let fe = engine(&cuda, CuFileMode::On);
-    let t = Temp::new("ro", &bytes(1 << 20, 15));
-    let f = fe.open(&t.0, OpenMode::Read).unwrap();
+    let t = dir.file("ro", &bytes(1 << 20, 15));
+    let f = fe.open(&t, OpenMode::Read).unwrap();
     let dev = DeviceBuffer::from_host(0, &bytes(1 << 20, 17)).unwrap();
     match fe.store_from(&f, 0, &dev) {
         Err(e @ FileError::CuFile { .. }) => {
@@ -271,11 +249,12 @@ fn a_store_to_a_read_only_handle_keeps_cufiles_error() {
 fn auto_and_off_choose_as_the_host_allows_and_say_why() {
     let _g = serial();
     let Some(cuda) = cufile_or_skip() else { return };
+    let dir = TempDir::new("cufile");
     let data = bytes(3 << 20, 19);
-    let t = Temp::new("modes", &data);
+    let t = dir.file("modes", &data);
     for mode in [CuFileMode::Auto, CuFileMode::Off] {
         let fe = engine(&cuda, mode);
-        let f = fe.open(&t.0, OpenMode::Read).unwrap();
+        let f = fe.open(&t, OpenMode::Read).unwrap();
         let mut dev = DeviceBuffer::zeroed(0, data.len()).unwrap();
         let r = fe.load_into(&f, 0, &mut dev).unwrap();
         assert!(dev.to_vec().unwrap() == data, "{mode}: {r}");

@@ -25,8 +25,9 @@
 //!   [`CuFileMode::On`], and only where cuFile itself allows it (`CUFILE_FORCE_COMPAT_MODE=true`,
 //!   or `"allow_compat_mode": true` in the cufile.json that `CUFILE_ENV_PATH_JSON` names).
 
-use super::error::{FileError, IoOp};
+use super::error::{CuFileCode, FileError, IoOp};
 use super::io::{OpenMode, DIRECT_ALIGN};
+use super::transport::{choose, Choice, Facts};
 use super::{FileEngine, FileHandle};
 use crate::engine::cuda::driver as cuda;
 use crate::memory::{MemKind, RawBuf};
@@ -37,217 +38,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// When device transfers use cuFile (see the [module documentation](self)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum CuFileMode {
-    /// cuFile where GPUDirect Storage is real (the `nvidia-fs` module is loaded), else the
-    /// bounce ring. The default.
-    #[default]
-    Auto,
-    /// Never cuFile: the bounce ring.
-    Off,
-    /// cuFile wherever it opens, in its compatibility mode too (tests, and users who ask).
-    On,
-}
-
-impl std::fmt::Display for CuFileMode {
-    /// `auto`, `off`, `on` (as `FERRY_CUFILE` and `--cufile` take them).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CuFileMode::Auto => "auto",
-            CuFileMode::Off => "off",
-            CuFileMode::On => "on",
-        })
-    }
-}
-
-impl std::str::FromStr for CuFileMode {
-    type Err = String;
-    /// `auto`, `on` or `off` (any case).
-    fn from_str(s: &str) -> Result<CuFileMode, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(CuFileMode::Auto),
-            "on" => Ok(CuFileMode::On),
-            "off" => Ok(CuFileMode::Off),
-            _ => Err(format!("{s:?} is not auto, on or off")),
-        }
-    }
-}
-
-impl crate::env::EnvValue for CuFileMode {
-    const EXPECTED: &'static str = "auto, on or off";
-    fn parse_env(text: &str) -> Option<CuFileMode> {
-        text.parse().ok()
-    }
-}
-
-/// How a transfer's bytes move between the file and the buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Transport {
-    /// Host memory: the workers `pread`/`pwrite` it themselves. The default.
-    #[default]
-    Host,
-    /// Device memory through the pinned bounce ring and the engine's copies.
-    BounceRing,
-    /// cuFile (`cuFileRead`/`cuFileWrite`); `compat`: in its compatibility mode (no
-    /// `nvidia-fs`: cuFile reads into its own host buffers and copies).
-    CuFile {
-        /// True without `nvidia-fs`.
-        compat: bool,
-    },
-}
-
-impl Transport {
-    /// True for either kind of cuFile.
-    pub fn is_cufile(self) -> bool {
-        matches!(self, Transport::CuFile { .. })
-    }
-}
-
-impl std::fmt::Display for Transport {
-    /// `host`, `bounce ring`, `cuFile`, `cuFile (compatibility mode)`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Transport::Host => "host",
-            Transport::BounceRing => "bounce ring",
-            Transport::CuFile { compat: false } => "cuFile",
-            Transport::CuFile { compat: true } => "cuFile (compatibility mode)",
-        })
-    }
-}
-
-/// What decides a transfer's transport ([`choose`]). The last three are checked by trying
-/// (opening the driver, the file with `O_DIRECT`, registering it): pass `Ok(())` for one not
-/// tried yet, to learn whether it matters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Facts {
-    /// The mode asked for.
-    pub mode: CuFileMode,
-    /// The buffer is device memory (the CPU cannot reach it).
-    pub device: bool,
-    /// `libcufile` loads.
-    pub libcufile: bool,
-    /// The `nvidia-fs` kernel module is loaded (real GPUDirect Storage).
-    pub nvidia_fs: bool,
-    /// A load, or a store whose file range (and chunks) start and end on 4 KiB boundaries.
-    /// cuFile writes through an `O_DIRECT` descriptor, where a partial block is read, changed
-    /// and written back: two chunks or two stores sharing a block would race. Such stores go
-    /// through the bounce ring, whose unaligned writes are buffered.
-    pub aligned: bool,
-    /// `cuFileDriverOpen` succeeded, or its error.
-    pub driver: Result<(), String>,
-    /// The file could be opened with `O_DIRECT`, or why not.
-    pub direct: Result<(), String>,
-    /// `cuFileHandleRegister` accepted the file, or its error.
-    pub registered: Result<(), String>,
-}
-
-impl Facts {
-    /// A device or host transfer under `mode` on a host with or without `libcufile` and
-    /// `nvidia-fs`; aligned, and the tried facts `Ok` (set the fields to change them).
-    pub fn new(mode: CuFileMode, device: bool, libcufile: bool, nvidia_fs: bool) -> Facts {
-        Facts {
-            mode,
-            device,
-            libcufile,
-            nvidia_fs,
-            aligned: true,
-            driver: Ok(()),
-            direct: Ok(()),
-            registered: Ok(()),
-        }
-    }
-}
-
-/// A transport and why it was chosen.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Choice {
-    /// The transport.
-    pub transport: Transport,
-    /// Why, in words (the first missing piece when cuFile is not used).
-    pub reason: String,
-}
-
-impl std::fmt::Display for Choice {
-    /// `bounce ring: nvidia-fs not loaded: ...`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.transport, self.reason)
-    }
-}
-
-/// The reason [`choose`] gives in [`CuFileMode::Auto`] on a host without `nvidia-fs`.
-pub const NO_NVIDIA_FS: &str = "nvidia-fs not loaded: cuFile would run in its compatibility mode; \
-     ferry's bounce ring is used (FERRY_CUFILE=on to force cuFile)";
-
-/// The transport of a transfer, and why: host memory is the workers'; device memory goes
-/// through cuFile when the mode allows it and every piece is there, else the bounce ring, with
-/// the first missing piece as the reason. Pure; see [`Facts`].
-///
-/// ```
-/// use ferry::file::{choose, CuFileMode, Facts, Transport};
-/// let c = choose(&Facts::new(CuFileMode::Auto, true, true, false));
-/// assert_eq!(c.transport, Transport::BounceRing);
-/// let c = choose(&Facts::new(CuFileMode::On, true, true, false));
-/// assert_eq!(c.transport, Transport::CuFile { compat: true });
-/// ```
-pub fn choose(f: &Facts) -> Choice {
-    let ring = |reason: String| Choice {
-        transport: Transport::BounceRing,
-        reason,
-    };
-    if !f.device {
-        return Choice {
-            transport: Transport::Host,
-            reason: "host memory: the workers read and write it themselves".into(),
-        };
-    }
-    if f.mode == CuFileMode::Off {
-        return ring("cuFile is off (FileConfig::cufile(Off), FERRY_CUFILE=off)".into());
-    }
-    if !f.libcufile {
-        return ring("libcufile.so.0 was not found: GPUDirect Storage is not installed".into());
-    }
-    if !f.nvidia_fs && f.mode == CuFileMode::Auto {
-        return ring(NO_NVIDIA_FS.into());
-    }
-    if !f.aligned {
-        return ring(format!(
-            "a store at a file offset or length that is not a multiple of {DIRECT_ALIGN} \
-             bytes: written buffered, as cuFile's O_DIRECT writes of shared blocks could race"
-        ));
-    }
-    if let Err(e) = &f.driver {
-        return ring(format!("cuFile's driver did not open: {e}"));
-    }
-    if let Err(e) = &f.direct {
-        return ring(format!(
-            "the file cannot be opened with O_DIRECT, which cuFile needs: {e}"
-        ));
-    }
-    if let Err(e) = &f.registered {
-        return ring(format!("cuFileHandleRegister refused the file: {e}"));
-    }
-    let asked = if f.mode == CuFileMode::On {
-        " (asked for: FileConfig::cufile(On) or FERRY_CUFILE=on)"
-    } else {
-        ""
-    };
-    if f.nvidia_fs {
-        Choice {
-            transport: Transport::CuFile { compat: false },
-            reason: format!("GPUDirect Storage, nvidia-fs is loaded{asked}"),
-        }
-    } else {
-        Choice {
-            transport: Transport::CuFile { compat: true },
-            reason: format!("nvidia-fs not loaded, cuFile runs in its compatibility mode{asked}"),
-        }
-    }
-}
-
-/// Whether the `nvidia-fs` kernel module is loaded.
+/// Whether the `nvidia-fs` kernel module is loaded (looked at once per process).
 pub(crate) fn nvidia_fs_loaded() -> bool {
-    Path::new("/proc/driver/nvidia-fs").exists() || Path::new("/sys/module/nvidia_fs").exists()
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    *LOADED.get_or_init(|| {
+        Path::new("/proc/driver/nvidia-fs").exists() || Path::new("/sys/module/nvidia_fs").exists()
+    })
 }
 
 /// Whether `libcufile` loads here (with every symbol ferry calls).
@@ -491,18 +287,8 @@ impl Run {
             let bad = |what: &str| FileError::BadRange(format!("{what} does not fit in off_t"));
             let file_off = i64::try_from(off).map_err(|_| bad("file offset"))?;
             let buf_off = i64::try_from(at + pos).map_err(|_| bad("buffer offset"))?;
-            let r = match op {
-                IoOp::Read => {
-                    self.handle
-                        .api
-                        .read(self.handle.handle, self.base, want, file_off, buf_off)
-                }
-                IoOp::Write => {
-                    self.handle
-                        .api
-                        .write(self.handle.handle, self.base, want, file_off, buf_off)
-                }
-            };
+            let h = &self.handle;
+            let r = h.api.io(op, h.handle, self.base, want, file_off, buf_off);
             match r {
                 Ok(0) if op == IoOp::Read => {
                     return Err(FileError::UnexpectedEof {
@@ -541,18 +327,21 @@ impl FileEngine {
     /// gathered as far as [`choose`] needs them, then, for cuFile, the run state (the context
     /// bound on this thread, the buffer registered for large loads).
     pub(super) fn gds_for(&self, file: &FileHandle, offset: u64, buf: RawBuf, op: IoOp) -> Gds {
-        let mut f = Facts::new(self.cfg.cufile, true, false, nvidia_fs_loaded());
+        // `libcufile` is loaded only once the cheaper facts allow cuFile (not in `Auto` without
+        // nvidia-fs): until then it counts as present.
+        let mut f = Facts::new(self.cfg.cufile, true, true, nvidia_fs_loaded());
         let a = DIRECT_ALIGN as u64;
         f.aligned = op == IoOp::Read
             || (offset % a == 0 && buf.len as u64 % a == 0 && self.cfg.chunk_bytes as u64 % a == 0);
-        if f.mode != CuFileMode::Off {
-            f.libcufile = libcufile_present();
-        }
         let ring = |f: &Facts| Gds {
             choice: choose(f),
             run: None,
         };
         if !choose(&f).transport.is_cufile() {
+            return ring(&f);
+        }
+        f.libcufile = libcufile_present();
+        if !f.libcufile {
             return ring(&f);
         }
         let MemKind::Device { ordinal } = buf.kind else {
@@ -572,6 +361,13 @@ impl FileEngine {
         }
         let driver = match self.gds.driver() {
             Ok(d) => d,
+            Err(e) if !f.nvidia_fs => {
+                f.driver = Err(format!(
+                    "{e} (without nvidia-fs cuFile opens only in its compatibility mode: \
+                     CUFILE_FORCE_COMPAT_MODE=true, or \"allow_compat_mode\": true in cufile.json)"
+                ));
+                return ring(&f);
+            }
             Err(e) => {
                 f.driver = Err(e);
                 return ring(&f);
@@ -624,113 +420,6 @@ impl FileEngine {
         }
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// Errors.
-
-/// A failed cuFile call's code, as cuFile gave it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CuFileCode {
-    /// cuFile's own error: its `CUfileOpError` value (kept raw, so that a value newer than this
-    /// build is kept too: [`CuFileCode::op_error`] names it), and the CUDA driver's `CUresult`
-    /// value where cuFile returned one (0 otherwise).
-    Op {
-        /// The `CUfileOpError` value (5001 and up).
-        code: u32,
-        /// The `CUresult` value, for `CU_FILE_CUDA_DRIVER_ERROR`.
-        cuda: u32,
-    },
-    /// The operating system's error (`cuFileRead`/`cuFileWrite` returned -1 and set `errno`).
-    Os {
-        /// The `errno` value.
-        errno: i32,
-    },
-}
-
-impl CuFileCode {
-    /// cudarc's name for an [`Op`](CuFileCode::Op) code, where this build knows it.
-    pub fn op_error(&self) -> Option<cf::CUfileOpError> {
-        match *self {
-            CuFileCode::Op { code, .. } => OP_ERRORS.iter().copied().find(|e| *e as u32 == code),
-            CuFileCode::Os { .. } => None,
-        }
-    }
-}
-
-impl std::fmt::Display for CuFileCode {
-    /// `CU_FILE_IO_NOT_SUPPORTED (5008)`, `... CUresult 700`, `errno 5: Input/output error`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            CuFileCode::Op { code, cuda } => {
-                match self.op_error() {
-                    Some(e) => write!(f, "{e:?} ({code})")?,
-                    None => write!(f, "CUfileOpError {code}")?,
-                }
-                if cuda != 0 {
-                    write!(f, ", CUresult {cuda}")?;
-                }
-                Ok(())
-            }
-            CuFileCode::Os { errno } => write!(
-                f,
-                "errno {errno}: {}",
-                std::io::Error::from_raw_os_error(errno)
-            ),
-        }
-    }
-}
-
-use cf::CUfileOpError as E;
-const OP_ERRORS: &[cf::CUfileOpError] = &[
-    E::CU_FILE_DRIVER_NOT_INITIALIZED,
-    E::CU_FILE_DRIVER_INVALID_PROPS,
-    E::CU_FILE_DRIVER_UNSUPPORTED_LIMIT,
-    E::CU_FILE_DRIVER_VERSION_MISMATCH,
-    E::CU_FILE_DRIVER_VERSION_READ_ERROR,
-    E::CU_FILE_DRIVER_CLOSING,
-    E::CU_FILE_PLATFORM_NOT_SUPPORTED,
-    E::CU_FILE_IO_NOT_SUPPORTED,
-    E::CU_FILE_DEVICE_NOT_SUPPORTED,
-    E::CU_FILE_NVFS_DRIVER_ERROR,
-    E::CU_FILE_CUDA_DRIVER_ERROR,
-    E::CU_FILE_CUDA_POINTER_INVALID,
-    E::CU_FILE_CUDA_MEMORY_TYPE_INVALID,
-    E::CU_FILE_CUDA_POINTER_RANGE_ERROR,
-    E::CU_FILE_CUDA_CONTEXT_MISMATCH,
-    E::CU_FILE_INVALID_MAPPING_SIZE,
-    E::CU_FILE_INVALID_MAPPING_RANGE,
-    E::CU_FILE_INVALID_FILE_TYPE,
-    E::CU_FILE_INVALID_FILE_OPEN_FLAG,
-    E::CU_FILE_DIO_NOT_SET,
-    E::CU_FILE_INVALID_VALUE,
-    E::CU_FILE_MEMORY_ALREADY_REGISTERED,
-    E::CU_FILE_MEMORY_NOT_REGISTERED,
-    E::CU_FILE_PERMISSION_DENIED,
-    E::CU_FILE_DRIVER_ALREADY_OPEN,
-    E::CU_FILE_HANDLE_NOT_REGISTERED,
-    E::CU_FILE_HANDLE_ALREADY_REGISTERED,
-    E::CU_FILE_DEVICE_NOT_FOUND,
-    E::CU_FILE_INTERNAL_ERROR,
-    E::CU_FILE_GETNEWFD_FAILED,
-    E::CU_FILE_NVFS_SETUP_ERROR,
-    E::CU_FILE_IO_DISABLED,
-    E::CU_FILE_BATCH_SUBMIT_FAILED,
-    E::CU_FILE_GPU_MEMORY_PINNING_FAILED,
-    E::CU_FILE_BATCH_FULL,
-    E::CU_FILE_ASYNC_NOT_SUPPORTED,
-    E::CU_FILE_INTERNAL_BATCH_SETUP_ERROR,
-    E::CU_FILE_INTERNAL_BATCH_SUBMIT_ERROR,
-    E::CU_FILE_INTERNAL_BATCH_GETSTATUS_ERROR,
-    E::CU_FILE_INTERNAL_BATCH_CANCEL_ERROR,
-    E::CU_FILE_NOMEM_ERROR,
-    E::CU_FILE_IO_ERROR,
-    E::CU_FILE_INTERNAL_BUF_REGISTER_ERROR,
-    E::CU_FILE_HASH_OPR_ERROR,
-    E::CU_FILE_INVALID_CONTEXT_ERROR,
-    E::CU_FILE_NVFS_INTERNAL_DRIVER_ERROR,
-    E::CU_FILE_BATCH_NOCOMPAT_ERROR,
-    E::CU_FILE_IO_MAX_ERROR,
-];
 
 #[cfg(test)]
 mod tests;
@@ -879,30 +568,26 @@ impl Api {
         // SAFETY: `addr` was registered by `buf_register` and is deregistered once (`BufReg`).
         unsafe { (self.buf_deregister)(addr as *const c_void) }.check()
     }
-    fn read(
+    /// `cuFileRead` (into) or `cuFileWrite` (from) `base + buf_off`, `len` bytes at `file_off`.
+    fn io(
         &self,
+        op: IoOp,
         h: cf::CUfileHandle_t,
         base: u64,
         len: usize,
         file_off: i64,
         buf_off: i64,
     ) -> Result<usize, CuFileCode> {
+        let p = base as *mut c_void;
         // SAFETY: `h` is registered; `base + buf_off .. + len` is a chunk of the transfer's
-        // device buffer, valid for writes and unshared until it completes (submit's contract),
-        // touched by this runner only.
-        let n = unsafe { (self.read)(h, base as *mut c_void, len, file_off, buf_off) };
-        result(n)
-    }
-    fn write(
-        &self,
-        h: cf::CUfileHandle_t,
-        base: u64,
-        len: usize,
-        file_off: i64,
-        buf_off: i64,
-    ) -> Result<usize, CuFileCode> {
-        // SAFETY: as `read`, for reads of the source buffer.
-        let n = unsafe { (self.write)(h, base as *const c_void, len, file_off, buf_off) };
+        // device buffer, valid for writes (reads for `cuFileWrite`) and unshared until it
+        // completes (submit's contract), touched by this runner only.
+        let n = unsafe {
+            match op {
+                IoOp::Read => (self.read)(h, p, len, file_off, buf_off),
+                IoOp::Write => (self.write)(h, p, len, file_off, buf_off),
+            }
+        };
         result(n)
     }
 }

@@ -66,16 +66,16 @@ mod exec;
 mod io;
 mod pieces;
 mod probe;
+mod transport;
 
 pub use config::FileConfig;
-pub use cufile::{
-    choose, Choice, CuFileCode, CuFileMode, Facts, Transport, NO_NVIDIA_FS, REGISTER_MIN,
-};
-pub use error::{FileError, IoOp};
+pub use cufile::REGISTER_MIN;
+pub use error::{CuFileCode, FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
 pub use pieces::{ReadPiece, WritePiece};
 pub use probe::{gds_probe, gds_status, GdsProbe};
+pub use transport::{choose, Choice, CuFileMode, Facts, Transport, NO_NVIDIA_FS};
 
 use crate::engine::{Engine, Lent};
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};

@@ -1,6 +1,7 @@
 //! Whether GPUDirect Storage (cuFile) moves file bytes to and from GPUs here, and why (not).
 
-use super::cufile::{self, choose, Choice, CuFileMode, Facts};
+use super::cufile;
+use super::transport::{choose, Choice, CuFileMode, Facts};
 
 /// What this host offers device transfers: `libcufile`, `nvidia-fs`, and the transport
 /// [`choose`] would pick for them with the default mode and with `FERRY_CUFILE`'s.

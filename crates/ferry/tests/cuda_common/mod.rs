@@ -324,3 +324,12 @@ pub fn open_allocs() -> Option<(isize, isize)> {
 pub fn open_allocs() -> Option<(isize, isize)> {
     None
 }
+
+/// The first index where `got` differs from `want` (the shorter length when they differ in
+/// length), or None when equal.
+pub fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
+    if got.len() != want.len() {
+        return Some(got.len().min(want.len()));
+    }
+    got.iter().zip(want).position(|(a, b)| a != b)
+}
