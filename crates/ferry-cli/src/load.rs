@@ -261,10 +261,22 @@ fn engine(job: &Job) -> Result<FileEngine, AnyError> {
     if let Some(m) = job.io.cufile {
         cfg = cfg.cufile(m);
     }
+    if cfg.cufile == CuFileMode::On {
+        allow_cufile_compat();
+    }
     Ok(match job.io.device {
         Target::Device(n) => FileEngine::with_engine(cfg, Arc::new(CudaEngine::new(n)?))?,
         _ => FileEngine::new(cfg)?,
     })
+}
+
+/// Without `nvidia-fs`, lets cuFile run in its compatibility mode when it is asked for
+/// (`--cufile on`, `FERRY_CUFILE=on`): sets `CUFILE_FORCE_COMPAT_MODE=true` unless the caller
+/// set it, before `libcufile` is loaded (call it before any engine or thread is made).
+pub fn allow_cufile_compat() {
+    if !ferry::file::nvidia_fs_loaded() && std::env::var_os("CUFILE_FORCE_COMPAT_MODE").is_none() {
+        std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
+    }
 }
 
 /// How much of `len` bytes at `offset` of `path` is in the page cache now (`mincore` over a

@@ -11,7 +11,8 @@ mod files_common;
 use cuda_common::*;
 use ferry::cuda::{CudaEngine, DeviceBuffer};
 use ferry::file::{
-    gds_probe, CuFileMode, FileConfig, FileEngine, FileError, OpenMode, Transport, NO_NVIDIA_FS,
+    gds_probe, nvidia_fs_loaded, CuFileMode, FileConfig, FileEngine, FileError, OpenMode,
+    Transport, NO_NVIDIA_FS,
 };
 use files_common::TempDir;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
@@ -25,14 +26,10 @@ fn serial() -> MutexGuard<'static, ()> {
 /// `nvidia-fs`, cuFile is told to run in its compatibility mode (before any driver open).
 fn cufile_or_skip() -> Option<Arc<CudaEngine>> {
     let cuda = cuda_or_skip()?;
-    let p = gds_probe();
-    if !p.libcufile {
-        println!("skipped: no cuFile");
-        return None;
-    }
+    // Before libcufile is loaded (gds_probe loads it), in case it reads them then.
     static ENV: Once = Once::new();
     ENV.call_once(|| {
-        if !p.nvidia_fs {
+        if !nvidia_fs_loaded() {
             std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
         }
         std::env::set_var(
@@ -40,6 +37,11 @@ fn cufile_or_skip() -> Option<Arc<CudaEngine>> {
             std::env::temp_dir().join("ferry-cuda-cufile.log"),
         );
     });
+    let p = gds_probe();
+    if !p.libcufile {
+        println!("skipped: no cuFile");
+        return None;
+    }
     println!(
         "nvidia-fs loaded: {}; Auto would choose {}",
         p.nvidia_fs, p.auto
@@ -50,7 +52,7 @@ fn cufile_or_skip() -> Option<Arc<CudaEngine>> {
 /// The transport `On` gives on this host.
 fn on_transport() -> Transport {
     Transport::CuFile {
-        compat: !gds_probe().nvidia_fs,
+        compat: !nvidia_fs_loaded(),
     }
 }
 
@@ -260,7 +262,7 @@ fn auto_and_off_choose_as_the_host_allows_and_say_why() {
         assert!(dev.to_vec().unwrap() == data, "{mode}: {r}");
         println!("{mode}: {r}");
         let note = r.gds_note.clone().unwrap_or_default();
-        match (mode, gds_probe().nvidia_fs) {
+        match (mode, nvidia_fs_loaded()) {
             (CuFileMode::Off, _) => {
                 assert_eq!(r.transport, Transport::BounceRing, "{r}");
                 assert!(note.contains("FERRY_CUFILE=off"), "{r}");

@@ -319,15 +319,11 @@ impl FileBench {
 }
 
 /// Refuses the cuFile row where `libcufile` is missing; without `nvidia-fs`, lets cuFile run in
-/// its compatibility mode (`CUFILE_FORCE_COMPAT_MODE=true`, unless the caller set it), before
-/// the first cuFile transfer of the process opens the driver.
+/// its compatibility mode first ([`allow_cufile_compat`](crate::load::allow_cufile_compat)).
 fn cufile_or_refuse() -> Result<(), BenchError> {
-    let p = ferry::file::gds_probe();
-    if !p.libcufile {
+    crate::load::allow_cufile_compat();
+    if !ferry::file::gds_probe().libcufile {
         return Err(setup("no cuFile: libcufile.so.0 was not found"));
-    }
-    if !p.nvidia_fs && std::env::var_os("CUFILE_FORCE_COMPAT_MODE").is_none() {
-        std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
     }
     Ok(())
 }

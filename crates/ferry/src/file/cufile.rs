@@ -38,8 +38,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// Whether the `nvidia-fs` kernel module is loaded (looked at once per process).
-pub(crate) fn nvidia_fs_loaded() -> bool {
+/// Whether the `nvidia-fs` kernel module (real GPUDirect Storage) is loaded, looked at once per
+/// process. Loads nothing: a program that wants cuFile's compatibility mode without it can set
+/// `CUFILE_FORCE_COMPAT_MODE=true` after asking this and before cuFile is first used.
+pub fn nvidia_fs_loaded() -> bool {
     static LOADED: OnceLock<bool> = OnceLock::new();
     *LOADED.get_or_init(|| {
         Path::new("/proc/driver/nvidia-fs").exists() || Path::new("/sys/module/nvidia_fs").exists()

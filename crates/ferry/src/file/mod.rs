@@ -69,7 +69,7 @@ mod probe;
 mod transport;
 
 pub use config::FileConfig;
-pub use cufile::REGISTER_MIN;
+pub use cufile::{nvidia_fs_loaded, REGISTER_MIN};
 pub use error::{CuFileCode, FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
