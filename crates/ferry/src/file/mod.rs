@@ -56,7 +56,9 @@
 //! ```
 //!
 //! Which calls block: `load`/`store` validate (they read the file's length) and queue; the
-//! first transfer through the bounce ring allocates it. `wait`, `load_into`, `store_from`,
+//! first transfer through the bounce ring allocates it; the first cuFile transfer of an engine
+//! opens cuFile's driver, the first of a file registers it, and a large load registers its
+//! buffer, all in the submitting call. `wait`, `load_into`, `store_from`,
 //! `barrier` and dropping a [`FileTransfer`] block until the work is done.
 
 mod config;
@@ -101,7 +103,8 @@ pub struct IoReport {
     /// [`FileEngine::with_engine`] on a machine with a CUDA driver, else `Pageable`); `None`
     /// when they went straight to or from the buffer.
     pub bounce: Option<MemKind>,
-    /// Why `O_DIRECT` was not used for some or all bytes (`None` when every byte was direct).
+    /// Why `O_DIRECT` was not used for some or all bytes (`None` when every byte was direct,
+    /// or cuFile moved them).
     pub direct_note: Option<String>,
     /// For buffers the CPU cannot reach: the transport used and why (`cuFile (compatibility
     /// mode): ...`, `bounce ring: nvidia-fs not loaded: ...`; see [`choose`]).
