@@ -654,6 +654,44 @@ fn gds_status_names_the_first_missing_piece() {
     }
 }
 
+/// A report over cuFile transfers: bytes summed, the device transport kept over host ones,
+/// the path and the text saying cuFile.
+#[test]
+fn io_report_adds_and_prints_cufile_transfers() {
+    use ferry::file::{IoReport, Transport};
+    let cu = IoReport {
+        bytes: 4096,
+        cufile_bytes: 4096,
+        transport: Transport::CuFile { compat: true },
+        gds_note: Some("cuFile (compatibility mode): asked for".into()),
+        ..IoReport::default()
+    };
+    let host = IoReport {
+        bytes: 10,
+        buffered_bytes: 10,
+        ..IoReport::default()
+    };
+    let mut total = host.clone();
+    total.add(cu.clone());
+    total.add(cu);
+    assert_eq!(
+        (total.bytes, total.cufile_bytes, total.transport),
+        (8202, 8192, Transport::CuFile { compat: true })
+    );
+    assert_eq!(total.path(), "cuFile + buffered");
+    let text = total.to_string();
+    assert!(
+        text.starts_with("8202 bytes, cuFile + buffered (direct 0, buffered 10, cuFile 8192)"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("; cuFile (compatibility mode): asked for"),
+        "{text}"
+    );
+    assert_eq!(host.path(), "buffered");
+    assert!(!host.to_string().contains("cuFile"), "{host}");
+}
+
 /// Host buffers never touch cuFile, whatever the mode: the workers read them.
 #[test]
 fn host_transfers_report_the_host_transport_in_every_cufile_mode() {
