@@ -51,6 +51,7 @@ impl crate::env::EnvValue for CuFileMode {
 
 /// How a transfer's bytes move between the file and the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Transport {
     /// Host memory: the workers `pread`/`pwrite` it themselves. The default.
     #[default]
@@ -88,6 +89,7 @@ impl std::fmt::Display for Transport {
 /// (opening the driver, the file with `O_DIRECT`, registering it): pass `Ok(())` for one not
 /// tried yet, to learn whether it matters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Facts {
     /// The mode asked for.
     pub mode: CuFileMode,
