@@ -346,7 +346,7 @@ pub fn memory_needed(t: &TestInfo, size: u64) -> Option<(u64, u64)> {
     let (host, device) = match (t.name, t.needs) {
         ("cpu-tile", _) => (3, 0),
         // The file's bytes, the pinned bounce, the poison pattern and the read-back copy.
-        ("cuda-file-read" | "cuda-file-read-direct", _) => (4, 1),
+        ("cuda-file-read" | "cuda-file-read-direct" | "cuda-file-read-cufile", _) => (4, 1),
         ("cuda-tile", _) => (3, 1),
         // Source, reference, pinned staging, and (device -> host) the destination.
         ("cuda-scatter-pageable" | "cuda-gather-pageable", _) => (4, 1),

@@ -47,13 +47,24 @@ pub struct GpuInfo {
     pub nccl: NcclInfo,
 }
 
-/// GPUDirect Storage (cuFile): used or why not (`ferry::file::gds_status`).
+/// GPUDirect Storage (cuFile): used or why not (`ferry::file::gds_probe`).
 #[derive(Debug, Clone, Serialize)]
 pub struct GdsInfo {
-    /// Whether device file loads and stores go through cuFile.
+    /// Whether device file loads and stores go through cuFile (by default, `FERRY_CUFILE`
+    /// unset).
     pub used: bool,
     /// Why not, when not.
     pub reason: Option<String>,
+    /// Whether `libcufile.so.0` loads.
+    pub libcufile: bool,
+    /// The transport device transfers take by default (`cuFile`, `bounce ring`).
+    pub transport: String,
+    /// Why (the reason whether used or not).
+    pub why: String,
+    /// `FERRY_CUFILE` as set (`auto`, `on`, `off`), or its bad value.
+    pub ferry_cufile: Option<String>,
+    /// The transport and reason under `FERRY_CUFILE`, when it is set to a valid value.
+    pub with_ferry_cufile: Option<String>,
 }
 
 /// The NCCL library, or why it is unusable.
@@ -78,7 +89,7 @@ pub fn gather() -> Info {
         inline_bytes: cfg.inline_bytes,
     };
     let cuda = ferry::cuda::probe();
-    let gds = ferry::file::gds_status();
+    let gds = ferry::file::gds_probe();
     let (library, version, nccl_why) = match ferry::engine::nccl::probe().library {
         Ok((lib, v)) => (
             Some(lib),
@@ -99,8 +110,17 @@ pub fn gather() -> Info {
         peer: cuda.peer,
         nvidia_fs: cuda.nvidia_fs,
         gds: GdsInfo {
-            used: gds.is_ok(),
-            reason: gds.err(),
+            used: gds.auto.transport.is_cufile(),
+            reason: (!gds.auto.transport.is_cufile()).then(|| gds.auto.reason.clone()),
+            libcufile: gds.libcufile,
+            transport: gds.auto.transport.to_string(),
+            why: gds.auto.reason.clone(),
+            ferry_cufile: gds.env_mode.as_ref().map(|m| match m {
+                Ok(m) => m.to_string(),
+                Err(e) => e.to_string(),
+            }),
+            with_ferry_cufile: matches!(gds.env_mode, Some(Ok(_)))
+                .then(|| gds.configured.to_string()),
         },
         nccl: NcclInfo {
             library,
@@ -216,16 +236,22 @@ pub fn render(info: &Info) -> String {
         if p.nvidia_fs { "loaded" } else { "not loaded" }
     );
     s += &format!(
-        "  GPUDirect Storage    {}\n",
-        match &p.gds.reason {
-            None if p.gds.used => "used".to_string(),
-            None => "not used".to_string(),
-            Some(why) => format!(
-                "not used: {}",
-                why.trim_start_matches("GPUDirect Storage not used: ")
-            ),
+        "  libcufile            {}\n",
+        if p.gds.libcufile {
+            "found"
+        } else {
+            "not found"
         }
     );
+    s += &format!(
+        "  GPUDirect Storage    {} for device file loads and stores: {}\n",
+        p.gds.transport, p.gds.why
+    );
+    match (&p.gds.ferry_cufile, &p.gds.with_ferry_cufile) {
+        (Some(m), Some(c)) => s += &format!("    with FERRY_CUFILE={m}: {c}\n"),
+        (Some(bad), None) => s += &format!("    {bad}: file engines refuse it\n"),
+        _ => {}
+    }
     s += &format!(
         "  NCCL                 {}\n",
         match (&p.nccl.library, &p.nccl.version, &p.nccl.unavailable_reason) {

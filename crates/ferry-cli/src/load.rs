@@ -11,7 +11,7 @@ use ferry::checkpoint::{
     self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
 };
 use ferry::cuda::CudaEngine;
-use ferry::file::{FileConfig, FileEngine, IoReport, OpenMode, ReadPiece};
+use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece};
 use ferry::memory::Memory;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,6 +31,10 @@ pub fn parse_device(s: &str) -> Result<Target, String> {
                 .map_err(|_| format!("`{s}`: the GPU ordinal `{n}` is not a number"))
         }
     }
+}
+
+fn parse_cufile(s: &str) -> Result<CuFileMode, String> {
+    s.parse()
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -55,6 +59,11 @@ pub struct IoArgs {
     /// Read with O_DIRECT where the filesystem and alignment allow.
     #[arg(long)]
     pub direct: bool,
+    /// GPUDirect Storage for device memory: auto (where nvidia-fs makes it real), on (cuFile
+    /// wherever it opens, its compatibility mode included) or off (default: FERRY_CUFILE, else
+    /// auto).
+    #[arg(long, value_name = "auto|on|off", value_parser = parse_cufile)]
+    pub cufile: Option<CuFileMode>,
     /// File engine worker threads (default: FERRY_FILE_THREADS, else one per core up to 16).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: Option<u16>,
@@ -249,10 +258,25 @@ fn engine(job: &Job) -> Result<FileEngine, AnyError> {
     if let Some(t) = job.io.threads {
         cfg = cfg.threads(t as usize);
     }
+    if let Some(m) = job.io.cufile {
+        cfg = cfg.cufile(m);
+    }
+    if cfg.cufile == CuFileMode::On {
+        allow_cufile_compat();
+    }
     Ok(match job.io.device {
         Target::Device(n) => FileEngine::with_engine(cfg, Arc::new(CudaEngine::new(n)?))?,
         _ => FileEngine::new(cfg)?,
     })
+}
+
+/// Without `nvidia-fs`, lets cuFile run in its compatibility mode when it is asked for
+/// (`--cufile on`, `FERRY_CUFILE=on`): sets `CUFILE_FORCE_COMPAT_MODE=true` unless the caller
+/// set it, before `libcufile` is loaded (call it before any engine or thread is made).
+pub fn allow_cufile_compat() {
+    if !ferry::file::nvidia_fs_loaded() && std::env::var_os("CUFILE_FORCE_COMPAT_MODE").is_none() {
+        std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
+    }
 }
 
 /// How much of `len` bytes at `offset` of `path` is in the page cache now (`mincore` over a
@@ -310,7 +334,15 @@ fn cache_words(c: Option<(u64, u64)>) -> String {
     }
 }
 
-/// "O_DIRECT", "buffered" ... with the reasons, in words.
+/// The transport (`host`, `bounce ring`, `cuFile`, ...) and why, into `v` as `transport` and
+/// `transport_reason` (null for host memory).
+fn add_transport(v: &mut serde_json::Value, io: &IoReport) {
+    v["transport"] = io.transport.to_string().into();
+    v["transport_reason"] = io.gds_note.clone().into();
+}
+
+/// "O_DIRECT", "buffered" ... with the reasons, in words (the transport's reason apart:
+/// [`add_transport`]).
 fn path_words(io: &IoReport) -> String {
     let mut s = io.path().to_string();
     if let Some(k) = io.bounce {
@@ -319,9 +351,6 @@ fn path_words(io: &IoReport) -> String {
     if let Some(n) = &io.direct_note {
         let n = n.replace("FileConfig::direct is off", "--direct not given");
         s += &format!("; O_DIRECT not used: {n}");
-    }
-    if let Some(n) = &io.gds_note {
-        s += &format!("; {n}");
     }
     s
 }
@@ -393,6 +422,7 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
             "io_path": path_words(&io),
             "issued": issued_words(&io),
         });
+        add_transport(&mut out["save"], &io);
     }
     Ok(out)
 }
@@ -446,6 +476,8 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
             "allocations": r.allocations, "io_path": path_words(&r.io), "issued": issued_words(&r.io),
             "tensors": tensors,
         });
+        let mut summary = summary;
+        add_transport(&mut summary, &r.io);
         return Ok((cache, Loaded::Checkpoint(Box::new(ck)), summary));
     }
     let cache = page_cache(&job.path, job.offset, job.length);
@@ -489,13 +521,14 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let summary = serde_json::json!({
+    let mut summary = serde_json::json!({
         "path": job.path.display().to_string(), "kind": "raw", "device": target.to_string(),
         "offset": job.offset, "bytes": job.length, "seconds": seconds,
         "gb_per_s": job.length as f64 / seconds.max(1e-12) / 1e9, "setup_seconds": setup,
         "address": format!("{:#x}", buf.raw().addr), "io_path": path_words(&io),
         "issued": issued_words(&io),
     });
+    add_transport(&mut summary, &io);
     Ok((cache, Loaded::Raw(buf), summary))
 }
 
@@ -576,6 +609,16 @@ fn verify(job: &Job, loaded: &Loaded) -> Result<(), AnyError> {
     }
 }
 
+/// `  transport   cuFile (compatibility mode): why` (the reason left out for host memory).
+fn transport_line(v: &serde_json::Value) -> String {
+    let t = v["transport"].as_str().unwrap_or("");
+    match v["transport_reason"].as_str() {
+        // The reason starts with the transport's name (`Choice`'s form).
+        Some(r) => format!("  transport   {r}\n"),
+        None => format!("  transport   {t}\n"),
+    }
+}
+
 /// The summary in words, with the per-tensor table for a checkpoint.
 pub fn render(v: &serde_json::Value) -> String {
     let g = |k: &str| v.get(k).cloned().unwrap_or_default();
@@ -596,6 +639,7 @@ pub fn render(v: &serde_json::Value) -> String {
     if let Some(i) = g("issued").as_str() {
         s += &format!("  issued by   {i}\n");
     }
+    s += &transport_line(v);
     if let Some(r) = g("reads").as_u64() {
         s += &format!(
             "  reads       {r} from {} file(s) into {} allocation(s)\n",
@@ -626,6 +670,7 @@ pub fn render(v: &serde_json::Value) -> String {
         if let Some(i) = sv["issued"].as_str() {
             s += &format!("  issued by   {i}\n");
         }
+        s += &transport_line(sv);
     }
     if let Some(ts) = g("tensors").as_array() {
         let rows: Vec<[String; 5]> = ts

@@ -216,7 +216,11 @@ pub fn family(test: &str) -> &'static str {
     match test {
         t if t.contains("latency") => "latency",
         t if t.starts_with("cpu-") => "CPU",
-        "file-read" | "cuda-file-read" | "file-read-direct" | "cuda-file-read-direct" => "files",
+        "file-read"
+        | "cuda-file-read"
+        | "file-read-direct"
+        | "cuda-file-read-direct"
+        | "cuda-file-read-cufile" => "files",
         t if t == "pipeline" || t.starts_with("cuda-pipeline") => "pipeline",
         "cuda-scatter" | "cuda-scatter-pageable" | "cuda-gather-pageable" => "scattered",
         t if t.starts_with("cuda-tile") || t.starts_with("cuda-transpose") => "strided",

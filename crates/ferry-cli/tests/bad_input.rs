@@ -247,9 +247,14 @@ fn info_json_is_plain_and_text_shows_all_of_it() {
         assert!(text.contains(want), "{text} lacks {want}");
     }
     if let Some(why) = v["gpu"]["gds"]["reason"].as_str() {
-        let short = why.trim_start_matches("GPUDirect Storage not used: ");
-        assert!(text.contains(short), "{text} lacks {short}");
+        assert!(text.contains(why), "{text} lacks {why}");
     }
+    assert!(text.contains("libcufile"), "{text}");
+    let t = v["gpu"]["gds"]["transport"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("GPUDirect Storage    {t} ")),
+        "{text}"
+    );
 }
 
 #[test]

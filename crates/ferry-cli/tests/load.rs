@@ -146,6 +146,41 @@ fn load_a_range_of_a_plain_file_and_save_it_back() {
     assert!(std::fs::read(&dst).unwrap() == data);
 }
 
+/// The transport line and fields, and `--cufile` (host memory never uses cuFile: the mode is
+/// accepted and changes nothing there).
+#[test]
+fn load_and_save_report_the_transport_and_take_cufile() {
+    let dir = tmpdir();
+    let src = dir.path().join("t.bin");
+    std::fs::write(&src, vec![7u8; 100_000]).unwrap();
+    let s = src.to_str().unwrap();
+    for mode in ["auto", "on", "off"] {
+        let out = ok(&["load", s, "--device", "host", "--cufile", mode]);
+        assert!(out.contains("  transport   host\n"), "{out}");
+        let v: serde_json::Value = serde_json::from_str(&ok(&[
+            "load", s, "--device", "host", "--cufile", mode, "--json",
+        ]))
+        .unwrap();
+        assert_eq!(v["transport"], "host", "{v}");
+        assert!(v["transport_reason"].is_null(), "{v}");
+    }
+    let dst = dir.path().join("u.bin");
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "save",
+        s,
+        dst.to_str().unwrap(),
+        "--device",
+        "host",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(v["save"]["transport"], "host", "{v}");
+    let o = ferry(&["load", s, "--device", "host", "--cufile", "maybe"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("not auto, on or off"), "{err}");
+}
+
 #[test]
 fn save_a_checkpoint_through_host_memory() {
     let dir = tmpdir();

@@ -41,13 +41,6 @@ impl Drop for Temp {
     }
 }
 
-fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
-    if got.len() != want.len() {
-        return Some(got.len().min(want.len()));
-    }
-    got.iter().zip(want).position(|(a, b)| a != b)
-}
-
 fn engines() -> Option<Arc<CudaEngine>> {
     cuda_or_skip().map(Arc::new)
 }

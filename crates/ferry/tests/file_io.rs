@@ -636,10 +636,80 @@ fn bad_configs_are_errors() {
     }
 }
 
+/// This machine's answer, whatever it has: the first missing piece named, in the order
+/// `choose` checks them (libcufile, then nvidia-fs); `Ok` only with both.
 #[test]
-fn gds_status_gives_a_reason() {
-    let why = ferry::file::gds_status().unwrap_err();
-    assert!(why.contains("GPUDirect Storage not used"), "{why}");
+fn gds_status_names_the_first_missing_piece() {
+    use ferry::file::{gds_probe, gds_status, Transport, NO_NVIDIA_FS};
+    let p = gds_probe();
+    println!(
+        "libcufile {}, nvidia-fs {}: {}",
+        p.libcufile, p.nvidia_fs, p.auto
+    );
+    match (p.libcufile, p.nvidia_fs, gds_status()) {
+        (false, _, Err(why)) => assert!(why.contains("libcufile.so.0 was not found"), "{why}"),
+        (true, false, Err(why)) => assert_eq!(why, NO_NVIDIA_FS),
+        (true, true, Ok(())) => assert_eq!(p.auto.transport, Transport::CuFile { compat: false }),
+        (l, n, r) => panic!("libcufile {l}, nvidia-fs {n}: {r:?}"),
+    }
+}
+
+/// A report over cuFile transfers: bytes summed, the device transport kept over host ones,
+/// the path and the text saying cuFile.
+#[test]
+fn io_report_adds_and_prints_cufile_transfers() {
+    use ferry::file::{IoReport, Transport};
+    let cu = IoReport {
+        bytes: 4096,
+        cufile_bytes: 4096,
+        transport: Transport::CuFile { compat: true },
+        gds_note: Some("cuFile (compatibility mode): asked for".into()),
+        ..IoReport::default()
+    };
+    let host = IoReport {
+        bytes: 10,
+        buffered_bytes: 10,
+        ..IoReport::default()
+    };
+    let mut total = host.clone();
+    total.add(cu.clone());
+    total.add(cu);
+    assert_eq!(
+        (total.bytes, total.cufile_bytes, total.transport),
+        (8202, 8192, Transport::CuFile { compat: true })
+    );
+    assert_eq!(total.path(), "cuFile + buffered");
+    let text = total.to_string();
+    assert!(
+        text.starts_with("8202 bytes, cuFile + buffered (direct 0, buffered 10, cuFile 8192)"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("; cuFile (compatibility mode): asked for"),
+        "{text}"
+    );
+    assert_eq!(host.path(), "buffered");
+    assert!(!host.to_string().contains("cuFile"), "{host}");
+}
+
+/// Host buffers never touch cuFile, whatever the mode: the workers read them.
+#[test]
+fn host_transfers_report_the_host_transport_in_every_cufile_mode() {
+    use ferry::file::{CuFileMode, Transport};
+    let data = bytes(100_000, 41);
+    let t = Temp::new("cufile-host", &data);
+    for mode in [CuFileMode::Auto, CuFileMode::On, CuFileMode::Off] {
+        let fe = FileEngine::new(FileConfig::new().threads(2).cufile(mode)).unwrap();
+        let f = fe.open(&t.0, OpenMode::Read).unwrap();
+        let mut buf = vec![0u8; data.len()];
+        let r = fe.load_into(&f, 0, &mut buf[..]).unwrap();
+        assert!(buf == data, "{mode}");
+        assert_eq!(
+            (r.transport, r.cufile_bytes, r.gds_note.is_none()),
+            (Transport::Host, 0, true),
+            "{mode}: {r}"
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ use super::ctx::{setup, threads_label, Ctx, HostSeries};
 use super::data::{first_diff, pattern_bytes};
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer};
-use ferry::file::{FileConfig, FileEngine, FileHandle, OpenMode};
+use ferry::file::{CuFileMode, FileConfig, FileEngine, FileHandle, OpenMode};
 use ferry_bench::RawCopier;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -49,6 +49,13 @@ pub static TESTS: &[TestInfo] = &[
         Needs::Cuda,
         Kind::Bandwidth,
         "64M,1G",
+    ),
+    TestInfo::new(
+        "cuda-file-read-cufile",
+        "file (page cache warm) -> device through cuFile (FileConfig::cufile(On); compat mode without nvidia-fs), vs ferry's bounce ring and pread on N threads into pinned + cuMemcpyHtoD",
+        Needs::Cuda,
+        Kind::Bandwidth,
+        "16M,256M",
     ),
 ];
 
@@ -108,7 +115,8 @@ pub struct FileBench {
     threads: usize,
     method: Method,
     host: FileEngine,
-    gpu: Option<(FileEngine, RawCopier)>,
+    /// The bounce ring's engine, the cuFile one (`CuFileMode::On`), and the raw copier.
+    gpu: Option<(FileEngine, FileEngine, RawCopier)>,
     file: Option<TempFile>,
 }
 
@@ -138,9 +146,10 @@ impl FileBench {
         self.file_of(size, &ctx)?;
         match test.name {
             "file-read" => self.read_host(&ctx, size),
-            "cuda-file-read" => self.read_device(&ctx, size),
             "file-read-direct" => self.read_host_direct(&ctx, size),
             "cuda-file-read-direct" => self.read_device_direct(&ctx, size),
+            "cuda-file-read" => self.read_device(&ctx, size, false),
+            "cuda-file-read-cufile" => self.read_device(&ctx, size, true),
             _ => Err(BenchError::UnknownTest {
                 name: test.name.into(),
                 valid: TESTS.iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
@@ -208,15 +217,20 @@ impl FileBench {
         ))
     }
 
-    fn read_device(&mut self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
+    /// `cufile`: the cuFile row (cuFile as ferry's series, the bounce ring as a baseline).
+    fn read_device(&mut self, ctx: &Ctx, size: usize, cufile: bool) -> Result<Row, BenchError> {
+        if cufile {
+            cufile_or_refuse()?;
+        }
         if self.gpu.is_none() {
             let cuda = CudaConfig::from_env(0).map_err(setup)?;
             let cuda = Arc::new(CudaEngine::with_config(cuda).map_err(setup)?);
             let cfg = FileConfig::from_env().map_err(setup)?.threads(self.threads);
-            let fe = FileEngine::with_engine(cfg, cuda).map_err(setup)?;
-            self.gpu = Some((fe, RawCopier::new(0).map_err(setup)?));
+            let fe = FileEngine::with_engine(cfg, cuda.clone()).map_err(setup)?;
+            let fc = FileEngine::with_engine(cfg.cufile(CuFileMode::On), cuda).map_err(setup)?;
+            self.gpu = Some((fe, fc, RawCopier::new(0).map_err(setup)?));
         }
-        let (fe, raw) = self.gpu.as_ref().expect("made above");
+        let (fe, fc, raw) = self.gpu.as_ref().expect("made above");
         let tf = self.file.as_ref().expect("file_of made the file");
         let f: FileHandle = fe
             .open(&tf.path, OpenMode::Read)
@@ -247,28 +261,62 @@ impl FileBench {
                 timing,
             ))
         };
-        series.push(dev_series(
-            &format!("ferry file({n}) + cuda:0"),
-            Role::Ferry,
-            &mut |d| {
-                let r = fe.load_into(&f, 0, d).map_err(|e| e.to_string())?;
-                path_ran = format!("{}, {}", r.path(), r.gds_note.unwrap_or_default());
-                Ok(())
-            },
-        )?);
-        series.push(dev_series(
-            "read_exact into pinned + cuMemcpyHtoD",
-            Role::Baseline,
-            &mut |d| {
-                std_file
-                    .seek(SeekFrom::Start(0))
-                    .map_err(|e| e.to_string())?;
-                std_file
-                    .read_exact(&mut pinned)
-                    .map_err(|e| e.to_string())?;
-                raw.copy(d, &*pinned, size, 1).map_err(|e| e.to_string())
-            },
-        )?);
+        if cufile {
+            // The cuFile engine opens the file itself (its handle is registered once).
+            let fcf = fc
+                .open(&tf.path, OpenMode::Read)
+                .map_err(|e| ctx.engine_err("open", e.to_string()))?;
+            let mut cufile_ran = String::new();
+            series.push(dev_series(
+                &format!("ferry cuFile file({n}) + cuda:0"),
+                Role::Ferry,
+                &mut |d| {
+                    let r = fc.load_into(&fcf, 0, d).map_err(|e| e.to_string())?;
+                    if !r.transport.is_cufile() {
+                        return Err(format!(
+                            "cuFile not used: {}",
+                            r.gds_note.unwrap_or_default()
+                        ));
+                    }
+                    cufile_ran = r.gds_note.unwrap_or_default();
+                    Ok(())
+                },
+            )?);
+            series.push(dev_series(
+                &format!("ferry bounce ring file({n}) + cuda:0"),
+                Role::Baseline,
+                &mut |d| {
+                    fe.load_into(&f, 0, d)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )?);
+            let ratio = series[0].median / series[1].median;
+            path_ran = format!("{cufile_ran}; cuFile / bounce ring {ratio:.2}x");
+        } else {
+            series.push(dev_series(
+                &format!("ferry file({n}) + cuda:0"),
+                Role::Ferry,
+                &mut |d| {
+                    let r = fe.load_into(&f, 0, d).map_err(|e| e.to_string())?;
+                    path_ran = format!("{}, {}", r.path(), r.gds_note.unwrap_or_default());
+                    Ok(())
+                },
+            )?);
+            series.push(dev_series(
+                "read_exact into pinned + cuMemcpyHtoD",
+                Role::Baseline,
+                &mut |d| {
+                    std_file
+                        .seek(SeekFrom::Start(0))
+                        .map_err(|e| e.to_string())?;
+                    std_file
+                        .read_exact(&mut pinned)
+                        .map_err(|e| e.to_string())?;
+                    raw.copy(d, &*pinned, size, 1).map_err(|e| e.to_string())
+                },
+            )?);
+        }
         series.push(dev_series(
             &format!("pread {} into pinned + cuMemcpyHtoD", threads_label(n)),
             Role::Baseline,
@@ -286,6 +334,16 @@ impl FileBench {
             series,
         ))
     }
+}
+
+/// Refuses the cuFile row where `libcufile` is missing; without `nvidia-fs`, lets cuFile run in
+/// its compatibility mode first ([`allow_cufile_compat`](crate::load::allow_cufile_compat)).
+fn cufile_or_refuse() -> Result<(), BenchError> {
+    crate::load::allow_cufile_compat();
+    if !ferry::file::gds_probe().libcufile {
+        return Err(setup("no cuFile: libcufile.so.0 was not found"));
+    }
+    Ok(())
 }
 
 /// `read_exact_at` of `dst.len()` bytes from offset 0, split into `n` chunks (multiples of
@@ -340,6 +398,8 @@ mod tests {
     #[test]
     fn cuda_file_read_needs_cuda() {
         assert_eq!(TESTS[1].needs, Needs::Cuda);
+        assert_eq!(TESTS[2].needs, Needs::Cuda);
+        assert!(owns("cuda-file-read-cufile"));
         assert!(owns("cuda-file-read") && owns("file-read") && !owns("cpu-contig"));
     }
 }

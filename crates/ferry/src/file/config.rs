@@ -1,7 +1,7 @@
 //! [`FileConfig`]: the settings of a [`FileEngine`](super::FileEngine), from code or from the
 //! `FERRY_FILE_*` environment variables.
 
-use super::{FileError, UringMode};
+use super::{CuFileMode, FileError, UringMode};
 use crate::env::{self, ConfigError};
 
 /// Settings of a [`FileEngine`](super::FileEngine). Plain data: [`FileConfig::new`] then chained setters.
@@ -28,6 +28,8 @@ pub struct FileConfig {
     pub uring: UringMode,
     /// io_uring entries in flight per runner thread (1 to 4096; default 32).
     pub uring_depth: usize,
+    /// When device buffers use cuFile (GPUDirect Storage) instead of the bounce ring.
+    pub cufile: CuFileMode,
 }
 
 impl Default for FileConfig {
@@ -50,6 +52,7 @@ impl FileConfig {
             staged: false,
             uring: UringMode::Auto,
             uring_depth: 32,
+            cufile: CuFileMode::Auto,
         }
     }
     /// The defaults with the environment's overrides, as the staging path's
@@ -57,6 +60,8 @@ impl FileConfig {
     /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH` (default: the
     /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_FILE_URING` (`off`,
     /// `on` or `auto`), `FERRY_FILE_URING_DEPTH`. Unset variables keep the default.
+    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_CUFILE` (`auto`, `on` or `off`:
+    /// [`FileConfig::cufile`]). Unset variables keep the default.
     ///
     /// Errors: [`ConfigError`] naming a variable whose value does not parse.
     /// Ranges are checked by [`FileEngine::new`](super::FileEngine::new).
@@ -74,6 +79,7 @@ impl FileConfig {
         env::apply(get, "FERRY_FILE_DIRECT", &mut c.direct)?;
         env::apply(get, "FERRY_FILE_URING", &mut c.uring)?;
         env::apply(get, "FERRY_FILE_URING_DEPTH", &mut c.uring_depth)?;
+        env::apply(get, "FERRY_CUFILE", &mut c.cufile)?;
         Ok(c)
     }
     /// Sets the worker threads (the ring depth follows unless set after).
@@ -105,6 +111,12 @@ impl FileConfig {
     /// Sets the io_uring queue depth (entries in flight per runner thread).
     pub fn uring_depth(mut self, depth: usize) -> FileConfig {
         self.uring_depth = depth;
+        self
+    }
+    /// Sets when device buffers use cuFile ([`CuFileMode`]; `Auto` by default: where the
+    /// `nvidia-fs` module makes it real GPUDirect Storage).
+    pub fn cufile(mut self, mode: CuFileMode) -> FileConfig {
+        self.cufile = mode;
         self
     }
     /// Routes host buffers through the bounce ring too.
@@ -146,10 +158,12 @@ mod tests {
             ("FERRY_FILE_DIRECT", "1"),
             ("FERRY_FILE_URING", "off"),
             ("FERRY_FILE_URING_DEPTH", "8"),
+            ("FERRY_CUFILE", "on"),
         ]))
         .unwrap();
         let want = FileConfig::new().threads(3).chunk_bytes(65536).direct(true);
-        assert_eq!(c, want.uring(super::UringMode::Off).uring_depth(8));
+        let want = want.uring(super::UringMode::Off).uring_depth(8);
+        assert_eq!(c, want.cufile(super::CuFileMode::On));
         let c = FileConfig::from_lookup(&pairs(&[
             ("FERRY_FILE_DEPTH", "2"),
             ("FERRY_FILE_THREADS", "5"),
@@ -166,6 +180,11 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "$FERRY_FILE_URING=\"yes\" is not off, on or auto"
+        );
+        let e = FileConfig::from_lookup(&pairs(&[("FERRY_CUFILE", "yes")])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "$FERRY_CUFILE=\"yes\" is not auto, on or off"
         );
     }
 

@@ -96,6 +96,20 @@ pub enum FileError {
         /// The engine's error, as it is (a driver's code kept).
         source: Box<crate::Error>,
     },
+    /// A cuFile call failed (GPUDirect Storage), with cuFile's own code.
+    #[error("{call} of {len} bytes at offset {offset} of {} failed: {code}", path.display())]
+    CuFile {
+        /// `cuFileRead` or `cuFileWrite`.
+        call: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Byte offset in the file of the failed call.
+        offset: u64,
+        /// Bytes the call asked for.
+        len: usize,
+        /// cuFile's code.
+        code: CuFileCode,
+    },
     /// A configuration value is out of range.
     #[error("bad file engine config: {0}")]
     BadConfig(String),
@@ -155,3 +169,107 @@ impl FileError {
         }
     }
 }
+
+/// A failed cuFile call's code, as cuFile gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CuFileCode {
+    /// cuFile's own error: its `CUfileOpError` value (kept raw, so that a value newer than this
+    /// build is kept too: [`CuFileCode::op_error`] names it), and the CUDA driver's `CUresult`
+    /// value where cuFile returned one (0 otherwise).
+    Op {
+        /// The `CUfileOpError` value (5001 and up).
+        code: u32,
+        /// The `CUresult` value, for `CU_FILE_CUDA_DRIVER_ERROR`.
+        cuda: u32,
+    },
+    /// The operating system's error (`cuFileRead`/`cuFileWrite` returned -1 and set `errno`).
+    Os {
+        /// The `errno` value.
+        errno: i32,
+    },
+}
+
+impl CuFileCode {
+    /// cudarc's name for an [`Op`](CuFileCode::Op) code, where this build knows it.
+    pub fn op_error(&self) -> Option<cudarc::cufile::sys::CUfileOpError> {
+        match *self {
+            CuFileCode::Op { code, .. } => OP_ERRORS.iter().copied().find(|e| *e as u32 == code),
+            CuFileCode::Os { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for CuFileCode {
+    /// `CU_FILE_IO_NOT_SUPPORTED (5008)`, `... CUresult 700`, `errno 5: Input/output error`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            CuFileCode::Op { code, cuda } => {
+                match self.op_error() {
+                    Some(e) => write!(f, "{e:?} ({code})")?,
+                    None => write!(f, "CUfileOpError {code}")?,
+                }
+                if cuda != 0 {
+                    write!(f, ", CUresult {cuda}")?;
+                }
+                Ok(())
+            }
+            CuFileCode::Os { errno } => write!(
+                f,
+                "errno {errno}: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ),
+        }
+    }
+}
+
+use cudarc::cufile::sys::CUfileOpError as E;
+const OP_ERRORS: &[cudarc::cufile::sys::CUfileOpError] = &[
+    E::CU_FILE_DRIVER_NOT_INITIALIZED,
+    E::CU_FILE_DRIVER_INVALID_PROPS,
+    E::CU_FILE_DRIVER_UNSUPPORTED_LIMIT,
+    E::CU_FILE_DRIVER_VERSION_MISMATCH,
+    E::CU_FILE_DRIVER_VERSION_READ_ERROR,
+    E::CU_FILE_DRIVER_CLOSING,
+    E::CU_FILE_PLATFORM_NOT_SUPPORTED,
+    E::CU_FILE_IO_NOT_SUPPORTED,
+    E::CU_FILE_DEVICE_NOT_SUPPORTED,
+    E::CU_FILE_NVFS_DRIVER_ERROR,
+    E::CU_FILE_CUDA_DRIVER_ERROR,
+    E::CU_FILE_CUDA_POINTER_INVALID,
+    E::CU_FILE_CUDA_MEMORY_TYPE_INVALID,
+    E::CU_FILE_CUDA_POINTER_RANGE_ERROR,
+    E::CU_FILE_CUDA_CONTEXT_MISMATCH,
+    E::CU_FILE_INVALID_MAPPING_SIZE,
+    E::CU_FILE_INVALID_MAPPING_RANGE,
+    E::CU_FILE_INVALID_FILE_TYPE,
+    E::CU_FILE_INVALID_FILE_OPEN_FLAG,
+    E::CU_FILE_DIO_NOT_SET,
+    E::CU_FILE_INVALID_VALUE,
+    E::CU_FILE_MEMORY_ALREADY_REGISTERED,
+    E::CU_FILE_MEMORY_NOT_REGISTERED,
+    E::CU_FILE_PERMISSION_DENIED,
+    E::CU_FILE_DRIVER_ALREADY_OPEN,
+    E::CU_FILE_HANDLE_NOT_REGISTERED,
+    E::CU_FILE_HANDLE_ALREADY_REGISTERED,
+    E::CU_FILE_DEVICE_NOT_FOUND,
+    E::CU_FILE_INTERNAL_ERROR,
+    E::CU_FILE_GETNEWFD_FAILED,
+    E::CU_FILE_NVFS_SETUP_ERROR,
+    E::CU_FILE_IO_DISABLED,
+    E::CU_FILE_BATCH_SUBMIT_FAILED,
+    E::CU_FILE_GPU_MEMORY_PINNING_FAILED,
+    E::CU_FILE_BATCH_FULL,
+    E::CU_FILE_ASYNC_NOT_SUPPORTED,
+    E::CU_FILE_INTERNAL_BATCH_SETUP_ERROR,
+    E::CU_FILE_INTERNAL_BATCH_SUBMIT_ERROR,
+    E::CU_FILE_INTERNAL_BATCH_GETSTATUS_ERROR,
+    E::CU_FILE_INTERNAL_BATCH_CANCEL_ERROR,
+    E::CU_FILE_NOMEM_ERROR,
+    E::CU_FILE_IO_ERROR,
+    E::CU_FILE_INTERNAL_BUF_REGISTER_ERROR,
+    E::CU_FILE_HASH_OPR_ERROR,
+    E::CU_FILE_INVALID_CONTEXT_ERROR,
+    E::CU_FILE_NVFS_INTERNAL_DRIVER_ERROR,
+    E::CU_FILE_BATCH_NOCOMPAT_ERROR,
+    E::CU_FILE_IO_MAX_ERROR,
+];

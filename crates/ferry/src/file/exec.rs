@@ -272,6 +272,8 @@ pub(crate) struct Xfer {
     /// Through the ring (and `mover`, if any) instead of straight into the buffer.
     pub(crate) ring: Option<Arc<Ring>>,
     pub(crate) mover: Option<Arc<dyn Engine>>,
+    /// Device buffers: the transport chosen and, for cuFile, its chunks' state.
+    pub(crate) gds: Option<super::cufile::Gds>,
     pub(crate) direct: bool,
     pub(crate) next: AtomicUsize,
     pub(crate) failed: AtomicBool,
@@ -312,6 +314,9 @@ impl Xfer {
             self.run_chunks();
         }
         if self.runners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(g) = &self.gds {
+                g.finish();
+            }
             let e = self
                 .error
                 .lock()
@@ -339,9 +344,11 @@ impl Xfer {
             let at = k * self.chunk;
             let len = self.chunk.min(self.buf.len - at);
             let foff = self.offset + at as u64;
-            let r = catch_unwind(AssertUnwindSafe(|| match &self.ring {
-                Some(ring) => self.staged_chunk(ring, at, len),
-                None => self.direct_chunk(at, len),
+            let cufile = self.gds.as_ref().and_then(|g| g.run.as_ref());
+            let r = catch_unwind(AssertUnwindSafe(|| match (cufile, &self.ring) {
+                (Some(c), _) => c.chunk(self.op, &self.file.path, foff, at, len),
+                (None, Some(ring)) => self.staged_chunk(ring, at, len),
+                (None, None) => self.direct_chunk(at, len),
             }));
             if let Err(e) = r.unwrap_or_else(|p| Err(self.panicked(foff, &p))) {
                 self.fail(e);

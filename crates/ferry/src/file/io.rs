@@ -14,8 +14,8 @@ pub const DIRECT_ALIGN: usize = 4096;
 
 /// Positioned I/O on one file: what the engine's workers call, from several threads at once.
 /// [`OsFile`] is the real one; tests implement it to inject faults (a read that fails at a
-/// given byte). A future cuFile backend sits beside the bounce ring, not here: this trait is
-/// host memory only.
+/// given byte). cuFile sits beside the bounce ring, not here (it opens the file's path itself,
+/// with `O_DIRECT`): this trait is host memory only.
 pub trait FileIo: Send + Sync + 'static {
     /// Reads up to `buf.len()` bytes at `offset` (`pread`). `direct`: through the `O_DIRECT`
     /// descriptor (the engine asks only when [`FileIo::direct`] said yes and `offset`, the
@@ -193,6 +193,8 @@ pub(crate) struct FileInner {
     pub(crate) io: Box<dyn FileIo>,
     /// Set once a direct transfer was refused at run time (`EINVAL`): later ones go buffered.
     pub(crate) direct_refused: Mutex<Option<String>>,
+    /// Its registration with cuFile, once a device transfer asked for it.
+    pub(crate) gds: super::cufile::FileGds,
 }
 
 impl FileInner {
@@ -260,7 +262,9 @@ impl FileHandle {
             kind: e.kind(),
             msg: e.to_string(),
         })?;
-        Ok(FileHandle::from_io(path, io))
+        let h = FileHandle::from_io(path, io);
+        h.inner.gds.set_os(mode);
+        Ok(h)
     }
 
     /// A handle over any [`FileIo`] (tests inject faults this way). `path` names it in errors.
@@ -270,6 +274,7 @@ impl FileHandle {
                 path: path.into(),
                 io: Box::new(io),
                 direct_refused: Mutex::new(None),
+                gds: Default::default(),
             }),
         }
     }

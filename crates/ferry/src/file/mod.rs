@@ -7,9 +7,11 @@
 //!   bounce buffers: `pread` into the bounce buffer, then the engine given to
 //!   [`FileEngine::with_engine`] (a [`CudaEngine`](crate::cuda::CudaEngine)) copies it to the
 //!   device on its copy engine, while the other workers read the next chunks. Stores run the
-//!   other way. This is KvikIO's "compat mode"; GPUDirect Storage (cuFile) would replace the
-//!   bounce ring for device buffers where the `nvidia-fs` module exists: [`gds_status`] says
-//!   why it is not used here, and every device transfer's [`IoReport`] carries that reason.
+//!   other way. This is KvikIO's "compat mode". Or GPUDirect Storage: each chunk is one
+//!   `cuFileRead`/`cuFileWrite` straight between the file and the device buffer, where the
+//!   `nvidia-fs` module exists, or wherever cuFile opens with [`CuFileMode::On`] (see
+//!   [`choose`]). [`gds_status`] says which this host gets, and every device transfer's
+//!   [`IoReport`] carries the transport used and why.
 //! - `O_DIRECT` ([`FileConfig::direct`]): the file is opened a second time with `O_DIRECT`, and
 //!   every piece whose file offset, memory address and length are multiples of 4096 uses it.
 //!   The bounce buffers are page-aligned, so device transfers at aligned file offsets are
@@ -58,23 +60,29 @@
 //! ```
 //!
 //! Which calls block: `load`/`store` validate (they read the file's length) and queue; the
-//! first transfer through the bounce ring allocates it. `wait`, `load_into`, `store_from`,
+//! first transfer through the bounce ring allocates it; the first cuFile transfer of an engine
+//! opens cuFile's driver, the first of a file registers it, and a large load registers its
+//! buffer, all in the submitting call. `wait`, `load_into`, `store_from`,
 //! `barrier` and dropping a [`FileTransfer`] block until the work is done.
 
 mod config;
+mod cufile;
 mod error;
 mod exec;
 mod io;
 mod pieces;
 mod probe;
+mod transport;
 mod uring;
 
 pub use config::FileConfig;
-pub use error::{FileError, IoOp};
+pub use cufile::{nvidia_fs_loaded, REGISTER_MIN};
+pub use error::{CuFileCode, FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
 pub use pieces::{ReadPiece, WritePiece};
-pub use probe::gds_status;
+pub use probe::{gds_probe, gds_status, GdsProbe};
+pub use transport::{choose, Choice, CuFileMode, Facts, Transport, NO_NVIDIA_FS};
 pub use uring::{uring_ops_in_flight, IoIssue, UringMode};
 
 use crate::engine::{Engine, Lent};
@@ -101,13 +109,20 @@ pub struct IoReport {
     /// [`FileEngine::with_engine`] on a machine with a CUDA driver, else `Pageable`); `None`
     /// when they went straight to or from the buffer.
     pub bounce: Option<MemKind>,
-    /// Why `O_DIRECT` was not used for some or all bytes (`None` when every byte was direct).
+    /// Why `O_DIRECT` was not used for some or all bytes (`None` when every byte was direct,
+    /// or cuFile moved them).
     pub direct_note: Option<String>,
-    /// For buffers the CPU cannot reach: why GPUDirect Storage was not used ([`gds_status`]).
+    /// For buffers the CPU cannot reach: the transport used and why (`cuFile (compatibility
+    /// mode): ...`, `bounce ring: nvidia-fs not loaded: ...`; see [`choose`]).
     pub gds_note: Option<String>,
     /// How the reads (writes) were issued: io_uring with its depth, or the worker threads and
     /// why ([`FileConfig::uring`]). `None` only in an empty report.
     pub issued: Option<IoIssue>,
+    /// How the bytes moved: [`Transport::Host`] for host buffers, cuFile or the bounce ring
+    /// for device buffers.
+    pub transport: Transport,
+    /// Of `bytes`, moved by cuFile (counted in neither `direct_bytes` nor `buffered_bytes`).
+    pub cufile_bytes: u64,
 }
 
 impl IoReport {
@@ -126,29 +141,44 @@ impl IoReport {
         {
             self.issued = r.issued;
         }
+        if self.transport == Transport::Host {
+            self.transport = r.transport;
+        }
+        self.cufile_bytes += r.cufile_bytes;
     }
 
-    /// `"O_DIRECT"`, `"buffered"` or `"O_DIRECT + buffered"`.
+    /// `"O_DIRECT"`, `"buffered"`, `"O_DIRECT + buffered"`, `"cuFile"`, or cuFile with either.
     pub fn path(&self) -> &'static str {
-        match (self.direct_bytes > 0, self.buffered_bytes > 0) {
-            (true, false) => "O_DIRECT",
-            (true, true) => "O_DIRECT + buffered",
-            _ => "buffered",
+        let d = self.direct_bytes > 0;
+        let b = self.buffered_bytes > 0;
+        match (self.cufile_bytes > 0, d, b) {
+            (false, true, false) => "O_DIRECT",
+            (false, true, true) => "O_DIRECT + buffered",
+            (false, false, _) => "buffered",
+            (true, false, false) => "cuFile",
+            (true, true, false) => "cuFile + O_DIRECT",
+            (true, false, true) => "cuFile + buffered",
+            (true, true, true) => "cuFile + O_DIRECT + buffered",
         }
     }
 }
 
 impl std::fmt::Display for IoReport {
-    /// `1048576 bytes, buffered (direct 0, buffered 1048576); O_DIRECT not used: ...`.
+    /// `1048576 bytes, buffered (direct 0, buffered 1048576); O_DIRECT not used: ...`; a
+    /// device transfer ends with its transport and why (`; bounce ring: ...`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} bytes, {} (direct {}, buffered {})",
+            "{} bytes, {} (direct {}, buffered {}",
             self.bytes,
             self.path(),
             self.direct_bytes,
             self.buffered_bytes
         )?;
+        if self.cufile_bytes > 0 {
+            write!(f, ", cuFile {}", self.cufile_bytes)?;
+        }
+        f.write_str(")")?;
         if let Some(k) = self.bounce {
             write!(f, " through {k} bounce buffers")?;
         }
@@ -207,6 +237,7 @@ pub struct FileEngine {
     mover: Option<Arc<dyn Engine>>,
     ring: Mutex<Option<Arc<Ring>>>,
     inflight: InFlight,
+    gds: cufile::EngineGds,
 }
 
 impl std::fmt::Debug for FileEngine {
@@ -229,6 +260,7 @@ impl FileEngine {
             mover: None,
             ring: Mutex::new(None),
             inflight: InFlight::new(),
+            gds: Default::default(),
         })
     }
 
@@ -377,8 +409,11 @@ impl FileEngine {
             return Err(FileError::BadRange("null buffer address".into()));
         }
         let host = buf.kind.host_accessible();
+        // Buffers the CPU cannot reach: cuFile or the bounce ring (`cufile::choose`).
+        let gds = (!host).then(|| self.gds_for(file, offset, buf, op));
+        let cufile = gds.as_ref().is_some_and(|g| g.run.is_some());
         // Through the engine: buffers the CPU cannot reach, or all with `staged`.
-        let moved = !host || self.cfg.staged;
+        let moved = (!host || self.cfg.staged) && !cufile;
         // `O_DIRECT` where the buffer and the offset are not both aligned (a `Vec<u8>`): bounce
         // through the aligned ring, copied by the worker itself (reads at unaligned offsets
         // read the aligned span around each chunk; writes there stay buffered).
@@ -402,7 +437,7 @@ impl FileEngine {
         };
         // Host transfers spread over every worker (chunks of at least 256 KiB, multiples of
         // the direct alignment); ring transfers use whole bounce buffers.
-        let chunk = if ring.is_some() {
+        let chunk = if ring.is_some() || cufile {
             self.cfg.chunk_bytes
         } else {
             let spread = len
@@ -417,14 +452,22 @@ impl FileEngine {
         let aligned = self.cfg.direct
             && len >= DIRECT_ALIGN
             && (in_place || (ring.is_some() && (op == IoOp::Read || offset % align == 0)));
-        let issue = uring::choose(
-            self.cfg.uring,
-            self.cfg.uring_depth,
-            uring::kernel(),
-            file.direct(),
-            aligned,
-            file.inner.io.direct_fd().is_some(),
-        );
+        // cuFile issues its own reads and writes (the workers call it); io_uring only feeds
+        // host memory and the bounce ring.
+        let issue = if cufile {
+            IoIssue::Threads {
+                why: "cuFile issues the reads and writes".into(),
+            }
+        } else {
+            uring::choose(
+                self.cfg.uring,
+                self.cfg.uring_depth,
+                uring::kernel(),
+                file.direct(),
+                aligned,
+                file.inner.io.direct_fd().is_some(),
+            )
+        };
         let runners = match issue {
             IoIssue::Uring { depth } => {
                 let slots = ring.as_ref().map(|r| r.depth);
@@ -441,6 +484,7 @@ impl FileEngine {
             chunks,
             mover: if moved { self.mover.clone() } else { None },
             ring,
+            gds,
             direct: self.cfg.direct,
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
@@ -536,6 +580,8 @@ fn result_of(x: &Xfer) -> Result<IoReport, FileError> {
     let direct_bytes = x.direct_bytes.load(Ordering::Acquire);
     let buffered_bytes = x.buffered_bytes.load(Ordering::Acquire);
     let bytes = x.buf.len as u64;
+    let cufile_bytes = x.gds.as_ref().map_or(0, |g| g.bytes());
+    let cufile = x.gds.as_ref().is_some_and(|g| g.run.is_some());
     let direct_note = (direct_bytes < bytes).then(|| match x.file.direct_ok() {
         Err(why) => why,
         Ok(()) => format!(
@@ -547,13 +593,20 @@ fn result_of(x: &Xfer) -> Result<IoReport, FileError> {
         direct_bytes,
         buffered_bytes,
         bounce: x.ring.as_ref().map(|r| r.kind),
-        direct_note: if x.direct {
+        direct_note: if cufile {
+            None
+        } else if x.direct {
             direct_note
         } else {
             Some("not asked for (FileConfig::direct is off)".into())
         },
-        gds_note: (!x.buf.kind.host_accessible()).then(|| gds_status().err().unwrap_or_default()),
         issued: Some(x.issue.clone()),
+        gds_note: x.gds.as_ref().map(|g| g.note()),
+        transport: x
+            .gds
+            .as_ref()
+            .map_or(Transport::Host, |g| g.choice.transport),
+        cufile_bytes,
     })
 }
 

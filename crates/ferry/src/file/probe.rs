@@ -1,44 +1,61 @@
-//! Whether GPUDirect Storage (cuFile) could move file bytes straight to a GPU here, and why not.
+//! Whether GPUDirect Storage (cuFile) moves file bytes to and from GPUs here, and why (not).
 
-/// Why device loads and stores go through the pinned bounce ring instead of cuFile, in words
-/// (KvikIO's users ask for exactly this: a clear reason when GDS is not used). `Ok` would mean
-/// that cuFile can be used; ferry has no cuFile path yet, so today this is always `Err`, with
-/// the first missing piece named: the `nvidia-fs` kernel module, the `libcufile` library, or
-/// ferry's own cuFile path.
+use super::cufile;
+use super::transport::{choose, Choice, CuFileMode, Facts};
+
+/// What this host offers device transfers: `libcufile`, `nvidia-fs`, and the transport
+/// [`choose`] would pick for them with the default mode and with `FERRY_CUFILE`'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GdsProbe {
+    /// `libcufile.so.0` (or `libcufile.so`) loads.
+    pub libcufile: bool,
+    /// The `nvidia-fs` kernel module is loaded.
+    pub nvidia_fs: bool,
+    /// `FERRY_CUFILE`, if set (or why its value does not parse).
+    pub env_mode: Option<Result<CuFileMode, crate::ConfigError>>,
+    /// The choice in [`CuFileMode::Auto`] (the driver, `O_DIRECT` and the file's registration
+    /// assumed to succeed: they are tried at the first transfer).
+    pub auto: Choice,
+    /// The choice in the mode `FERRY_CUFILE` asks for (`Auto` when unset or bad).
+    pub configured: Choice,
+}
+
+/// Probes `libcufile` (loads it, calling nothing) and `nvidia-fs`; opens no driver.
+pub fn gds_probe() -> GdsProbe {
+    let libcufile = cufile::libcufile_present();
+    let nvidia_fs = cufile::nvidia_fs_loaded();
+    let env_mode = crate::env::var::<CuFileMode>(&crate::env::process, "FERRY_CUFILE").transpose();
+    let mode = match &env_mode {
+        Some(Ok(m)) => *m,
+        _ => CuFileMode::Auto,
+    };
+    GdsProbe {
+        libcufile,
+        nvidia_fs,
+        env_mode,
+        auto: choose(&Facts::new(CuFileMode::Auto, true, libcufile, nvidia_fs)),
+        configured: choose(&Facts::new(mode, true, libcufile, nvidia_fs)),
+    }
+}
+
+/// Whether device loads and stores use cuFile in [`CuFileMode::Auto`]: `Ok` when GPUDirect
+/// Storage is real here (`libcufile` and the `nvidia-fs` module present; the driver and each
+/// file's registration are tried at the first transfer, which falls back to the bounce ring
+/// with its reason if they fail), else `Err` with the first missing piece, e.g.
+/// [`NO_NVIDIA_FS`](super::NO_NVIDIA_FS). KvikIO's users ask for exactly this: a clear reason
+/// when GDS is not used.
 ///
 /// ```
 /// match ferry::file::gds_status() {
-///     Ok(()) => println!("cuFile usable"),
+///     Ok(()) => println!("cuFile used"),
 ///     Err(why) => println!("bounce ring: {why}"),
 /// }
 /// ```
 pub fn gds_status() -> Result<(), String> {
-    let module = std::path::Path::new("/proc/driver/nvidia-fs").exists()
-        || std::path::Path::new("/sys/module/nvidia_fs").exists();
-    if !module {
-        return Err("GPUDirect Storage not used: the nvidia-fs kernel module is not loaded".into());
+    let c = gds_probe().auto;
+    if c.transport.is_cufile() {
+        Ok(())
+    } else {
+        Err(c.reason)
     }
-    if !libcufile_present() {
-        return Err("GPUDirect Storage not used: libcufile.so was not found".into());
-    }
-    Err("GPUDirect Storage not used: ferry has no cuFile path yet (nvidia-fs and libcufile are present)".into())
-}
-
-fn libcufile_present() -> bool {
-    ["libcufile.so.0", "libcufile.so"].iter().any(|name| {
-        let Ok(c) = std::ffi::CString::new(*name) else {
-            return false;
-        };
-        // SAFETY: `c` is a valid NUL-terminated string; the handle, if any, is closed at once.
-        // Loading runs only the library's initialisers.
-        unsafe {
-            let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
-            if h.is_null() {
-                false
-            } else {
-                libc::dlclose(h);
-                true
-            }
-        }
-    })
 }

@@ -344,3 +344,12 @@ pub fn check(what: &str, got: &[u8], want: &[u8]) {
     }
     assert_eq!(got.len(), want.len(), "{what}: length");
 }
+
+/// The first index where `got` differs from `want` (the shorter length when they differ in
+/// length), or None when equal.
+pub fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
+    if got.len() != want.len() {
+        return Some(got.len().min(want.len()));
+    }
+    got.iter().zip(want).position(|(a, b)| a != b)
+}

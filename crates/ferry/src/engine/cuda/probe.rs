@@ -61,8 +61,7 @@ pub struct DeviceInfo {
 
 /// Probes the driver and every device. Never panics.
 pub fn probe() -> CudaProbe {
-    let nvidia_fs = std::path::Path::new("/proc/driver/nvidia-fs").exists()
-        || std::path::Path::new("/sys/module/nvidia_fs").exists();
+    let nvidia_fs = crate::file::nvidia_fs_loaded();
     let version = match driver::driver() {
         Ok(v) => v,
         Err(e) => {
