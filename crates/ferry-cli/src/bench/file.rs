@@ -397,9 +397,15 @@ mod tests {
 
     #[test]
     fn cuda_file_read_needs_cuda() {
-        assert_eq!(TESTS[1].needs, Needs::Cuda);
-        assert_eq!(TESTS[2].needs, Needs::Cuda);
-        assert!(owns("cuda-file-read-cufile"));
+        for t in TESTS {
+            let want = if t.name.starts_with("cuda-") {
+                Needs::Cuda
+            } else {
+                Needs::Cpu
+            };
+            assert_eq!(t.needs, want, "{}", t.name);
+        }
+        assert!(owns("cuda-file-read-cufile") && owns("cuda-file-read-direct"));
         assert!(owns("cuda-file-read") && owns("file-read") && !owns("cpu-contig"));
     }
 }
