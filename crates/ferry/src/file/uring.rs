@@ -304,7 +304,10 @@ fn step(x: &Xfer, ring: &mut Uring, mut op: Op, res: i32) -> Result<(), FileErro
     if res < 0 {
         let e = std::io::Error::from_raw_os_error(-res);
         return match -res {
-            libc::EINTR | libc::EAGAIN => start(x, ring, op),
+            libc::EINTR => start(x, ring, op),
+            // Try again later: the blocking call below waits instead of resubmitting without
+            // bound.
+            libc::EAGAIN => finish_sync(x, op),
             // The filesystem takes `O_DIRECT` but not through io_uring: this chunk's rest by
             // the threads' code (still `O_DIRECT` where aligned).
             libc::EOPNOTSUPP => finish_sync(x, op),
