@@ -266,6 +266,19 @@ impl FileBench {
             let fcf = fc
                 .open(&tf.path, OpenMode::Read)
                 .map_err(|e| ctx.engine_err("open", e.to_string()))?;
+            // A host where cuFile refuses the file (on the H200 host libcufile finds no udev
+            // data for the disk and registers no file, compat mode included): the row is
+            // skipped with cuFile's reason, the other rows run.
+            let mut probe = DeviceBuffer::new(0, size.min(4096)).map_err(setup)?;
+            let r = fc
+                .load_into(&fcf, 0, &mut probe)
+                .map_err(|e| ctx.engine_err("cuFile probe", e.to_string()))?;
+            if !r.transport.is_cufile() {
+                return Err(BenchError::Unavailable {
+                    test: "cuda-file-read-cufile".into(),
+                    why: format!("cuFile not used: {}", r.gds_note.unwrap_or_default()),
+                });
+            }
             let mut cufile_ran = String::new();
             series.push(dev_series(
                 &format!("ferry cuFile file({n}) + cuda:0"),

@@ -123,6 +123,15 @@ pub enum BenchError {
         /// Why.
         why: String,
     },
+    /// What this test measures cannot run on this host (e.g. cuFile refuses every file): the
+    /// test is listed as skipped with the reason, the other tests run.
+    #[error("{test}: not available here: {why}")]
+    Unavailable {
+        /// Test name.
+        test: String,
+        /// Why.
+        why: String,
+    },
     /// Engine setup failed.
     #[error("cannot start the engine: {0}")]
     Setup(String),
@@ -399,10 +408,12 @@ pub fn run(
             match rows {
                 Ok(rows) => results.extend(rows),
                 // A size this test cannot take (e.g. below one element) is left out, not fatal.
-                Err(BenchError::BadSize { why, .. }) => size_skips.push(Skipped {
-                    test: format!("{} {}", t.name, crate::sizes::format_size(size)),
-                    reason: why,
-                }),
+                Err(BenchError::BadSize { why, .. } | BenchError::Unavailable { why, .. }) => {
+                    size_skips.push(Skipped {
+                        test: format!("{} {}", t.name, crate::sizes::format_size(size)),
+                        reason: why,
+                    })
+                }
                 Err(e) => return Err(e),
             }
             done += 1;
