@@ -1,10 +1,11 @@
 //! Checkpoints on the CPU: safetensors round trips against the reference implementation
 //! (the `safetensors` crate) for every dtype, 0-d and empty tensors, thousands of tensors,
-//! sharded indexes, subsets; every malformed file refused with its own error naming the file
-//! and the tensor; files that shrink, fail or are not files.
+//! sharded indexes, subsets; loads into the caller's memory (`load_into`); every malformed
+//! file refused with its own error naming the file and the tensor; files that shrink, fail or
+//! are not files.
 
 use ferry::checkpoint::{
-    self, CheckpointError, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target,
+    self, CheckpointError, Dest, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target,
 };
 use ferry::file::{FileConfig, FileEngine, FileError, FileHandle, OpenMode};
 use std::io;
@@ -845,5 +846,206 @@ fn progress_is_reported_in_batches_and_the_bytes_still_match() {
         assert!(calls.len() >= 3, "{placement:?}: {calls:?}");
         assert!(calls.windows(2).all(|w| w[0].0 < w[1].0), "{calls:?}");
         assert_eq!(calls.last(), Some(&(total, total)), "{placement:?}");
+    }
+}
+
+/// Destinations for `want`, filled with a pattern no tensor has (0xA5).
+fn sentinels(want: &[Owned]) -> Vec<Vec<u8>> {
+    want.iter().map(|w| vec![0xA5u8; w.data.len()]).collect()
+}
+
+#[test]
+fn load_into_fills_the_callers_memory_for_every_dtype() {
+    let dir = TempDir::new("into-every");
+    let want = every_dtype();
+    let path = dir.file("every.safetensors", &reference_bytes(&want));
+    for (name, fe) in engines() {
+        let mut outs = sentinels(&want);
+        let dests: Vec<Dest<'_>> = want
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(w, o)| Dest::new(w.name.clone(), o).dtype(w.dtype).shape(&w.shape))
+            .collect();
+        let r = checkpoint::load_into(&fe, &path, &dests).unwrap();
+        drop(dests);
+        for (w, o) in want.iter().zip(&outs) {
+            assert!(o == &w.data, "{name}: tensor {} differs", w.name);
+        }
+        let nonempty = want.iter().filter(|w| !w.data.is_empty()).count();
+        assert_eq!(
+            (r.tensors, r.reads, r.allocations, r.files),
+            (want.len(), nonempty, 0, 1),
+            "{name}"
+        );
+        assert_eq!(
+            r.bytes,
+            want.iter().map(|w| w.data.len() as u64).sum::<u64>()
+        );
+    }
+}
+
+#[test]
+fn load_into_a_subset_of_a_sharded_checkpoint() {
+    let dir = TempDir::new("into-sharded");
+    let (index, want) = sharded(&dir);
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    // One tensor from each shard, in the opposite order of the files, into typed memory.
+    let (b3, a4) = (&want[13], &want[4]);
+    assert_eq!((b3.name.as_str(), a4.name.as_str()), ("b.3", "a.4"));
+    let mut bf = vec![0u16; b3.data.len() / 2];
+    let mut f = vec![0f32; a4.data.len() / 4];
+    let r = checkpoint::load_into(
+        &fe,
+        &index,
+        &[
+            Dest::new("b.3", &mut bf).dtype(Dtype::BF16),
+            Dest::new("a.4", &mut f).shape(&[5]),
+        ],
+    )
+    .unwrap();
+    assert_eq!(bytemuck::cast_slice::<u16, u8>(&bf), &b3.data[..]);
+    assert_eq!(bytemuck::cast_slice::<f32, u8>(&f), &a4.data[..]);
+    assert_eq!((r.tensors, r.files, r.allocations), (2, 2, 0));
+    // Reloading into the same memory: no allocation, same bytes.
+    bf.fill(0);
+    checkpoint::load_into(&fe, &index, &[Dest::new("b.3", &mut bf)]).unwrap();
+    assert_eq!(bytemuck::cast_slice::<u16, u8>(&bf), &b3.data[..]);
+}
+
+#[test]
+fn load_into_refuses_what_does_not_fit_before_writing_anything() {
+    let dir = TempDir::new("into-bad");
+    let want = vec![
+        owned("w", Dtype::F32, &[2, 3], 1),
+        owned("b", Dtype::BF16, &[3], 2),
+    ];
+    let path = dir.file("m.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    // Each case: destinations for "w" (24 bytes) and something wrong; both untouched after.
+    type Case<'c> = &'c mut dyn FnMut(
+        &mut [u8],
+        &mut Vec<u8>,
+    ) -> Result<checkpoint::LoadReport, CheckpointError>;
+    let run = |case: &str, wrong: Case<'_>| {
+        let mut good = vec![0xA5u8; 24];
+        let mut other = vec![0xA5u8; 6];
+        let e = wrong(&mut good, &mut other).unwrap_err();
+        assert!(
+            good.iter().all(|&b| b == 0xA5),
+            "{case}: the good destination was written"
+        );
+        assert!(
+            other.iter().all(|&b| b == 0xA5),
+            "{case}: the bad destination was written"
+        );
+        assert_eq!(e.path(), Some(path.as_path()), "{case}: {e}");
+        e
+    };
+    let e = run("missing", &mut |g, o| {
+        checkpoint::load_into(&fe, &path, &[Dest::new("w", g), Dest::new("nope", o)])
+    });
+    assert!(
+        matches!(&e, CheckpointError::Missing { tensor, .. } if tensor == "nope"),
+        "{e}"
+    );
+    let e = run("twice", &mut |g, o| {
+        checkpoint::load_into(&fe, &path, &[Dest::new("w", g), Dest::new("w", o)])
+    });
+    assert!(
+        matches!(&e, CheckpointError::Destination { tensor, msg, .. } if tensor == "w" && msg.contains("twice")),
+        "{e}"
+    );
+    let e = run("short", &mut |g, o| {
+        o.truncate(5);
+        checkpoint::load_into(&fe, &path, &[Dest::new("w", g), Dest::new("b", o)])
+    });
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: tensor `b`: the destination holds 5 bytes, the tensor 6 (BF16 [3])",
+            path.display()
+        )
+    );
+    let e = run("dtype", &mut |g, o| {
+        checkpoint::load_into(
+            &fe,
+            &path,
+            &[Dest::new("w", g), Dest::new("b", o).dtype(Dtype::F16)],
+        )
+    });
+    assert!(
+        e.to_string()
+            .ends_with("the destination expects F16, the tensor is BF16"),
+        "{e}"
+    );
+    let e = run("shape", &mut |g, o| {
+        checkpoint::load_into(
+            &fe,
+            &path,
+            &[Dest::new("w", g).shape(&[3, 2]), Dest::new("b", o)],
+        )
+    });
+    assert_eq!(e.tensor(), Some("w"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("expects shape [3, 2], the tensor's is [2, 3]"),
+        "{e}"
+    );
+    // A bad file is the load's own error, the destinations untouched.
+    let bad = dir.file(
+        "bad.safetensors",
+        &raw_file(
+            r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}"#,
+            &[0; 10],
+        ),
+    );
+    let mut g = vec![0xA5u8; 24];
+    let e = checkpoint::load_into(&fe, &bad, &[Dest::new("w", &mut g)]).unwrap_err();
+    assert!(matches!(e, CheckpointError::OutsideData { .. }), "{e}");
+    assert!(g.iter().all(|&b| b == 0xA5));
+}
+
+#[test]
+fn load_into_a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
+    let dir = TempDir::new("into-shrink");
+    let want = vec![
+        owned("first", Dtype::U8, &[1 << 20], 1),
+        owned("second", Dtype::U8, &[1 << 20], 2),
+    ];
+    let bytes = reference_bytes(&want);
+    let header = bytes.len() as u64 - (2 << 20);
+    for (name, fe) in engines() {
+        let p = dir.file("shrinks.safetensors", &bytes);
+        // The first read at or past the data section truncates the file inside "second".
+        let (keep, once) = (header + (1 << 20) + 1000, std::sync::Once::new());
+        let hook = move |path: &Path, _: &mut [u8], offset: u64| {
+            if offset >= header {
+                once.call_once(|| {
+                    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                    f.set_len(keep).unwrap();
+                });
+            }
+            None
+        };
+        let io = Hooked::open(&p, fe.config().direct, Box::new(hook));
+        let f = FileHandle::from_io(p.clone(), io);
+        let (mut a, mut b) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+        let e = checkpoint::load_files_into(
+            &fe,
+            &[f],
+            &[Dest::new("first", &mut a), Dest::new("second", &mut b)],
+        )
+        .unwrap_err();
+        match &e {
+            CheckpointError::File {
+                path,
+                tensor,
+                source: FileError::UnexpectedEof { .. } | FileError::OutOfRange { .. },
+            } => {
+                assert_eq!(path, &p, "{name}: {e}");
+                assert_eq!(tensor.as_deref(), Some("second"), "{name}: {e}");
+            }
+            _ => panic!("{name}: {e}"),
+        }
     }
 }

@@ -244,3 +244,36 @@ fn device_load_without_a_cuda_engine_is_refused() {
         "{e}"
     );
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn load_into_device_buffers_the_caller_owns() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("into");
+    let want = tensors(32 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    for (name, fe) in file_engines(&cuda) {
+        // One device buffer per tensor (empty ones too), filled with a pattern first.
+        let mut bufs: Vec<DeviceBuffer> = want
+            .iter()
+            .map(|(_, _, _, b)| {
+                let mut d = DeviceBuffer::new(0, b.len()).unwrap();
+                d.copy_from_host(&vec![0xA5; b.len()]).unwrap();
+                d
+            })
+            .collect();
+        let dests: Vec<checkpoint::Dest<'_>> = want
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|((n, d, s, _), buf)| checkpoint::Dest::new(n.clone(), buf).dtype(*d).shape(s))
+            .collect();
+        let r = checkpoint::load_into(&fe, &p, &dests).unwrap();
+        drop(dests);
+        assert_eq!((r.allocations, r.tensors), (0, want.len()), "{name}");
+        for ((n, _, _, b), buf) in want.iter().zip(&bufs) {
+            assert!(&buf.to_vec().unwrap() == b, "{name}: tensor {n} differs");
+        }
+    }
+}

@@ -203,6 +203,17 @@ pub enum CheckpointError {
         /// The allocator's or driver's message.
         msg: String,
     },
+    /// A destination of [`load_into`](super::load_into) does not fit its tensor (byte count,
+    /// or the dtype or shape it expects), or names a tensor given twice.
+    #[error("{}: tensor `{tensor}`: the destination {msg}", path.display())]
+    Destination {
+        /// The file (or index) being loaded.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// What does not fit.
+        msg: String,
+    },
     /// A tensor handed to a save does not hold what its dtype and shape say.
     #[error("saving {}: tensor `{tensor}`: {msg}", path.display())]
     BadTensor {
@@ -238,6 +249,7 @@ impl CheckpointError {
             | Index { path, .. }
             | Missing { path, .. }
             | Alloc { path, .. }
+            | Destination { path, .. }
             | BadTensor { path, .. } => Some(path),
             Duplicate { second, .. } => Some(second),
         }
@@ -257,6 +269,7 @@ impl CheckpointError {
             | SizeMismatch { tensor, .. }
             | Missing { tensor, .. }
             | Duplicate { tensor, .. }
+            | Destination { tensor, .. }
             | BadTensor { tensor, .. } => Some(tensor),
             _ => None,
         }

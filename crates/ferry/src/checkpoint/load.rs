@@ -19,12 +19,36 @@ pub fn load(
     path: impl AsRef<Path>,
     opts: &LoadOptions,
 ) -> Result<Checkpoint, CheckpointError> {
-    let path = path.as_ref();
+    let c = open_checkpoint(engine, path.as_ref())?;
+    read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
+}
+
+/// A checkpoint's files, opened, with their headers read and checked.
+pub(super) struct Opened {
+    /// The files (one, or the shards an index names).
+    pub files: Vec<FileHandle>,
+    /// Their headers.
+    pub headers: Vec<Header>,
+    /// The index's `metadata` strings (empty for a single file).
+    pub metadata: BTreeMap<String, String>,
+    /// The path errors name: the file, or the index.
+    pub name_path: PathBuf,
+}
+
+/// Opens the checkpoint at `path` (a safetensors file, or an index when it ends in `.json`)
+/// and reads its headers.
+pub(super) fn open_checkpoint(engine: &FileEngine, path: &Path) -> Result<Opened, CheckpointError> {
     if path.extension().is_some_and(|e| e == "json") {
-        return load_index(engine, path, opts);
+        return open_index(engine, path);
     }
-    let file = open(engine, path)?;
-    load_files(engine, &[file], opts)
+    let files = vec![open(engine, path)?];
+    let headers = vec![read_header(engine, &files[0])?];
+    Ok(Opened {
+        files,
+        headers,
+        metadata: BTreeMap::new(),
+        name_path: path.to_path_buf(),
+    })
 }
 
 /// Loads a sharded checkpoint through its index (`{"metadata": {...}, "weight_map":
@@ -36,7 +60,12 @@ pub fn load_index(
     index: impl AsRef<Path>,
     opts: &LoadOptions,
 ) -> Result<Checkpoint, CheckpointError> {
-    let index = index.as_ref();
+    let c = open_index(engine, index.as_ref())?;
+    read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
+}
+
+/// Opens the shards an index names, checked against it, and reads their headers.
+fn open_index(engine: &FileEngine, index: &Path) -> Result<Opened, CheckpointError> {
     let bad = |msg: String| CheckpointError::Index {
         path: index.to_path_buf(),
         msg,
@@ -98,7 +127,12 @@ pub fn load_index(
             metadata.insert(k.clone(), v);
         }
     }
-    read_tensors(engine, &files, &headers, opts, index, metadata)
+    Ok(Opened {
+        files,
+        headers,
+        metadata,
+        name_path: index.to_path_buf(),
+    })
 }
 
 /// Loads the tensors of one or more open safetensors files (the shards of one checkpoint:
@@ -119,13 +153,13 @@ pub fn load_files(
     read_tensors(engine, files, &headers, opts, &first, BTreeMap::new())
 }
 
-fn open(engine: &FileEngine, path: &Path) -> Result<FileHandle, CheckpointError> {
+pub(super) fn open(engine: &FileEngine, path: &Path) -> Result<FileHandle, CheckpointError> {
     engine
         .open(path, OpenMode::Read)
         .map_err(|source| file_err(path, None, source))
 }
 
-fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> CheckpointError {
+pub(super) fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> CheckpointError {
     CheckpointError::File {
         path: path.to_path_buf(),
         tensor,
@@ -133,10 +167,11 @@ fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> Checkpoin
     }
 }
 
-/// The tensors chosen, as (file index, entry), in file order.
-fn select<'h>(
+/// The tensors chosen, as (file index, entry), in file order; a name in two files is
+/// [`CheckpointError::Duplicate`], a name asked for and absent [`CheckpointError::Missing`].
+pub(super) fn select<'h>(
     headers: &'h [Header],
-    opts: &LoadOptions,
+    choice: &Select,
     name_path: &Path,
 ) -> Result<Vec<(usize, &'h TensorEntry)>, CheckpointError> {
     let mut seen: HashMap<&str, usize> = HashMap::new();
@@ -156,7 +191,7 @@ fn select<'h>(
         .iter()
         .enumerate()
         .flat_map(|(fi, h)| h.tensors.iter().map(move |t| (fi, t)));
-    Ok(match &opts.select {
+    Ok(match choice {
         Select::All => all.collect(),
         Select::Filter(f) => all.filter(|(_, t)| f(t)).collect(),
         Select::Names(names) => {
@@ -190,7 +225,7 @@ fn read_tensors(
     mut metadata: BTreeMap<String, String>,
 ) -> Result<Checkpoint, CheckpointError> {
     let t0 = Instant::now();
-    let chosen = select(headers, opts, name_path)?;
+    let chosen = select(headers, &opts.select, name_path)?;
     let too_big = |len: u64| CheckpointError::Alloc {
         path: name_path.to_path_buf(),
         target: opts.target.to_string(),
@@ -399,7 +434,11 @@ fn in_batches(
 
 /// The failed read's error, with the file it was reading and the tensor whose bytes lie at
 /// the failed offset.
-fn name_failure(files: &[FileHandle], headers: &[Header], e: FileError) -> CheckpointError {
+pub(super) fn name_failure(
+    files: &[FileHandle],
+    headers: &[Header],
+    e: FileError,
+) -> CheckpointError {
     let at = match &e {
         FileError::Io { path, offset, .. }
         | FileError::OutOfRange { path, offset, .. }

@@ -80,7 +80,7 @@ pub use cufile::{nvidia_fs_loaded, REGISTER_MIN};
 pub use error::{CuFileCode, FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
-pub use pieces::{ReadPiece, WritePiece};
+pub use pieces::{ReadInto, ReadPiece, WritePiece};
 pub use probe::{gds_probe, gds_status, GdsProbe};
 pub use transport::{choose, Choice, CuFileMode, Facts, Transport, NO_NVIDIA_FS};
 pub use uring::{uring_ops_in_flight, IoIssue, UringMode};

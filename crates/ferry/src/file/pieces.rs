@@ -4,6 +4,7 @@
 use super::{finish_now, FileEngine, FileError, FileHandle, IoOp, IoReport};
 use crate::memory::{AlignedBuffer, Memory, MemoryMut, RawBuf};
 use crate::request::Request;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// One piece of a scattered load ([`FileEngine::load_pieces`]): `len` bytes at `offset` of
@@ -31,6 +32,60 @@ pub struct WritePiece<'a> {
     /// The bytes (any memory the engine reaches: a slice, a device buffer, a
     /// [`Region`](crate::memory::Region) of one).
     pub data: &'a dyn Memory,
+}
+
+/// One load of [`FileEngine::load_each`]: as many bytes as `dst` holds, at `offset` of
+/// `file`, into `dst` (its own buffer: a tensor the caller allocated, say), which stays
+/// mutably borrowed as long as the piece lives.
+pub struct ReadInto<'a> {
+    file: &'a FileHandle,
+    offset: u64,
+    dst: RawBuf,
+    _dst: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> ReadInto<'a> {
+    /// `dst.len()` bytes at `offset` of `file` into `dst` (any memory the engine reaches:
+    /// a slice, a `Vec`, a device buffer, a region of one).
+    pub fn new<M: MemoryMut + ?Sized>(file: &'a FileHandle, offset: u64, dst: &'a mut M) -> Self {
+        ReadInto {
+            file,
+            offset,
+            dst: dst.raw_mut(),
+            _dst: PhantomData,
+        }
+    }
+    /// A piece over memory the caller holds borrowed.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes and not accessed through anything else for `'a`, and no
+    /// other live piece covers any of its bytes.
+    pub(crate) unsafe fn from_raw(file: &'a FileHandle, offset: u64, dst: RawBuf) -> Self {
+        ReadInto {
+            file,
+            offset,
+            dst,
+            _dst: PhantomData,
+        }
+    }
+    /// Bytes it loads.
+    pub fn len(&self) -> usize {
+        self.dst.len
+    }
+    /// True when it loads nothing.
+    pub fn is_empty(&self) -> bool {
+        self.dst.len == 0
+    }
+}
+
+impl std::fmt::Debug for ReadInto<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadInto")
+            .field("file", &self.file.path())
+            .field("offset", &self.offset)
+            .field("dst", &self.dst)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for WritePiece<'_> {
@@ -156,6 +211,34 @@ impl FileEngine {
         });
         // SAFETY: every piece is a disjoint range inside the mutably borrowed `buf` (checked
         // above), and `run_all` waits for each before returning.
+        unsafe { self.run_all(raws, IoOp::Read) }
+    }
+
+    /// Loads every piece into its own buffer at once (in parallel, as
+    /// [`FileEngine::load_pieces`]) and returns when all are done, with one report over all
+    /// of them. Empty buffers are skipped. The first failure is returned, after every piece
+    /// submitted has finished; the buffers' bytes are then unspecified.
+    ///
+    /// ```
+    /// use ferry::file::{FileConfig, FileEngine, OpenMode, ReadInto};
+    /// let path = std::env::temp_dir().join(format!("ferry-doc-each-{}", std::process::id()));
+    /// std::fs::write(&path, b"0123456789")?;
+    /// let engine = FileEngine::new(FileConfig::new().threads(2))?;
+    /// let file = engine.open(&path, OpenMode::Read)?;
+    /// let (mut a, mut b) = ([0u8; 3], vec![0u8; 2]);
+    /// engine.load_each(&[ReadInto::new(&file, 7, &mut a), ReadInto::new(&file, 0, &mut b)])?;
+    /// assert_eq!((&a, &b[..]), (b"789", &b"01"[..]));
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn load_each(&self, pieces: &[ReadInto<'_>]) -> Result<IoReport, FileError> {
+        let raws = pieces
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| (p.file, p.offset, p.dst));
+        // SAFETY: each piece holds its buffer's exclusive borrow for as long as it lives
+        // (`ReadInto::new` takes `&mut`; pieces are not `Clone`), so no two overlap and the
+        // memory stays valid; `run_all` waits for each before returning.
         unsafe { self.run_all(raws, IoOp::Read) }
     }
 
