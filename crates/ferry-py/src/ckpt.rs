@@ -7,7 +7,7 @@ use crate::dlpack::{self, DlDataType, DlDevice};
 use crate::dtype::{self, DType};
 use crate::engine;
 use crate::errors::{self, arg, CheckpointError};
-use ferry::checkpoint::{self, LoadOptions, SaveOptions, SaveTensor, Target, TensorBuffer};
+use ferry::checkpoint::{self, Dest, LoadOptions, SaveOptions, SaveTensor, Target, TensorBuffer};
 use ferry::file::{FileConfig, FileEngine};
 use ferry::{MemKind, Memory, RawBuf};
 use pyo3::prelude::*;
@@ -221,6 +221,64 @@ pub(crate) fn _load_safetensors(
         out.append((t.name, Py::new(py, b)?))?;
     }
     Ok(out.unbind())
+}
+
+/// `_load_safetensors_into(path, out)`: the tensors named by `out`'s keys into its arrays
+/// (C-contiguous, writable; host, or one GPU), in place, nothing allocated. A destination
+/// whose dtype, shape or byte count differs from its tensor's is an `ArgumentError`, checked
+/// for all before a byte is read.
+#[pyfunction]
+pub(crate) fn _load_safetensors_into(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    out: &Bound<'_, PyDict>,
+) -> PyResult<()> {
+    let mut arrs = Vec::with_capacity(out.len());
+    let mut gpu: Option<u32> = None;
+    for (k, v) in out.iter() {
+        let name: String = k
+            .extract()
+            .map_err(|_| arg("out's keys must be str (the tensors' names)"))?;
+        let role = format!("out[{name:?}]");
+        let a = Arr::from_py(&v, None)?;
+        a.writable(&role)?;
+        let raw = crate::fileio::contiguous(&a, &role)?;
+        let st = dtype::to_safetensors(a.dtype).map_err(|m| arg(format!("{role}: {m}")))?;
+        if let MemKind::Device { ordinal } = a.kind() {
+            if gpu.is_some_and(|g| g != ordinal) {
+                return Err(arg(format!(
+                    "{role} is on cuda:{ordinal}, an earlier array on cuda:{}: one load fills one GPU's arrays",
+                    gpu.unwrap_or_default()
+                )));
+            }
+            gpu = Some(ordinal);
+        }
+        arrs.push((name, st, a, raw));
+    }
+    let fe = file_engine(py, gpu)?;
+    // The arrays' producers' queued work (PyTorch's current stream) comes before the writes.
+    let mut waited = Vec::new();
+    for (_, _, a, _) in &arrs {
+        crate::copy::after_producer(py, a, &mut waited)?;
+    }
+    let mut held: Vec<(String, ferry::checkpoint::Dtype, Vec<usize>, Held)> = arrs
+        .iter()
+        .map(|(n, st, a, raw)| (n.clone(), *st, a.shape.clone(), Held(*raw)))
+        .collect();
+    let r = py.allow_threads(|| {
+        let dests: Vec<Dest<'_>> = held
+            .iter_mut()
+            .map(|(n, st, shape, h)| Dest::new(n.clone(), h).dtype(*st).shape(shape))
+            .collect();
+        checkpoint::load_into(&fe, &path, &dests)
+    });
+    // The arrays were held (`arrs`) until the load returned.
+    drop(arrs);
+    match r {
+        Ok(_) => Ok(()),
+        Err(e @ checkpoint::CheckpointError::Destination { .. }) => Err(arg(e.to_string())),
+        Err(e) => Err(CheckpointError::new_err(e.to_string())),
+    }
 }
 
 /// `save_safetensors(tensors, path, metadata=None)`: a dict of name -> array (host or GPU,

@@ -30,7 +30,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 /// The array as one contiguous byte range, for the file engine.
-fn contiguous(a: &Arr, role: &str) -> PyResult<RawBuf> {
+pub(crate) fn contiguous(a: &Arr, role: &str) -> PyResult<RawBuf> {
     if a.layout.is_some_and(|l| !l.is_contiguous()) {
         return Err(arg(format!(
             "{role} {} is not C-contiguous (pass a contiguous array or a contiguous view)",

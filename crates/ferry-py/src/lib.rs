@@ -90,6 +90,7 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fileio::read_file, m)?)?;
     m.add_function(wrap_pyfunction!(fileio::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::_load_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::_load_safetensors_into, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::save_safetensors, m)?)?;
     Ok(())
 }

@@ -301,6 +301,51 @@ def test_sharded_checkpoint(tmp_path):
     np.testing.assert_array_equal(got["b"], np.ones((2, 2)))
 
 
+def test_load_into_existing_arrays(tmp_path):
+    tensors = {f"t_{np.dtype(d).name}": sample((3, 5, 7), d, seed=i) for i, d in enumerate(SAVE_DTYPES)}
+    tensors["scalar"] = np.array(3.5, np.float32)
+    tensors["empty"] = np.zeros((0, 3), np.float32)
+    path = tmp_path / "m.safetensors"
+    ferry.save_safetensors(tensors, path)
+    out = {k: np.zeros_like(v) for k, v in tensors.items()}
+    ids = {k: id(v) for k, v in out.items()}
+    assert ferry.load_safetensors(path, out=out) is out
+    for k, v in tensors.items():
+        assert id(out[k]) == ids[k], k  # filled in place
+        assert out[k].tobytes() == v.tobytes(), k
+    # A subset, reloaded into the same memory: a view into a larger array works (contiguous).
+    big = np.zeros(1000, np.int16)
+    view = big[100 : 100 + 105].reshape(3, 5, 7)
+    ferry.load_safetensors(path, out={"t_int16": view})
+    assert view.tobytes() == tensors["t_int16"].tobytes()
+    assert (big[:100] == 0).all() and (big[205:] == 0).all()
+
+
+def test_load_into_refuses_mismatches_before_writing(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ferry.save_safetensors({"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int8)}, path)
+
+    def untouched(out, msg, exc=ferry.ArgumentError):
+        with pytest.raises(exc, match=msg):
+            ferry.load_safetensors(path, out=out)
+        for k, v in out.items():
+            assert (v == 7).all(), f"{k} was written"
+
+    good = lambda: np.full((2, 3), 7, np.float32)  # noqa: E731
+    untouched({"w": good(), "b": np.full(3, 7, np.int16)}, "expects I16, the tensor is I8")
+    untouched({"w": good(), "b": np.full((3, 1), 7, np.int8)}, r"expects shape \[3, 1\]")
+    untouched({"w": np.full((3, 2), 7, np.float32)}, r"expects shape \[3, 2\], the tensor's is \[2, 3\]")
+    untouched({"w": good(), "nope": np.full(3, 7, np.int8)}, "no tensor `nope`", ferry.CheckpointError)
+    ro = good()
+    ro.flags.writeable = False
+    untouched({"w": ro}, "read-only")
+    untouched({"w": np.full((3, 2), 7, np.float32).T}, "contiguous")
+    with pytest.raises(ferry.ArgumentError, match="names or out"):
+        ferry.load_safetensors(path, names=["w"], out={"w": good()})
+    with pytest.raises(ferry.ArgumentError, match="keys must be str"):
+        ferry.load_safetensors(path, out={1: good()})
+
+
 def test_checkpoint_errors(tmp_path):
     with pytest.raises(ferry.CheckpointError, match="nope"):
         ferry.load_safetensors(tmp_path / "nope.safetensors", device="cpu", framework="numpy")

@@ -113,3 +113,25 @@ def test_cai_stream_none_and_legacy():
         np.testing.assert_array_equal(out, np.arange(1 << 20, dtype=np.int32), err_msg=f"stream={stream}")
     with pytest.raises(ferry.ArgumentError, match="stream 0"):
         ferry.copy_(np.zeros(1 << 20, dtype=np.int32), OnlyCai(x, 0))
+
+
+def test_load_safetensors_into_torch_tensors(tmp_path):
+    """out= fills existing GPU tensors in place (a model's state dict), byte-checked, after the
+    work PyTorch queued on them."""
+    ts = {
+        "w": torch.randn(1024, 513, device=DEV, dtype=torch.bfloat16),
+        "b": torch.arange(7, device=DEV, dtype=torch.int64),
+        "s": torch.tensor(2.5, device=DEV),
+    }
+    path = tmp_path / "m.safetensors"
+    ferry.save_safetensors(ts, path)
+    out = {k: torch.empty_like(v) for k, v in ts.items()}
+    ptrs = {k: v.data_ptr() for k, v in out.items()}
+    for v in out.values():
+        v.fill_(0)  # queued on the current stream: must land before the load's writes
+    assert ferry.load_safetensors(path, out=out) is out
+    for k, v in ts.items():
+        assert out[k].data_ptr() == ptrs[k], k
+        assert torch.equal(out[k], v), k
+    with pytest.raises(ferry.ArgumentError, match="expects"):
+        ferry.load_safetensors(path, out={"w": torch.empty(1024, 513, device=DEV)})

@@ -22,6 +22,7 @@ from ._ferry import (
     FerryError,
     Request,
     _load_safetensors,
+    _load_safetensors_into,
     copy_,
     gather,
     info,
@@ -73,7 +74,7 @@ def _convert(buf, framework):
     )
 
 
-def load_safetensors(path, device="cuda:0", names=None, framework="torch"):
+def load_safetensors(path, device="cuda:0", names=None, framework="torch", out=None):
     """Loads a safetensors checkpoint (or a sharded one, through its ``*.index.json``).
 
     ``device``: ``"cuda:N"``, ``"cpu"`` (pageable) or ``"pinned"``. ``names``: only these
@@ -81,7 +82,19 @@ def load_safetensors(path, device="cuda:0", names=None, framework="torch"):
     ``"cupy"`` or ``"ferry"`` (ferry's own ``Buffer`` objects). The arrays share ferry's
     allocation without a copy (one allocation per checkpoint, freed when the last tensor
     using it is).
+
+    ``out``: a dict of name -> array (``model.state_dict()``, or the dict an earlier load
+    returned) to fill in place instead: each array (C-contiguous, writable, host or one GPU)
+    receives the tensor of its name, nothing is allocated, and ``out`` is returned
+    (``device``, ``names`` and ``framework`` are then not used). Every array's dtype, shape
+    and size are checked against the file before a byte is read (``ArgumentError``); a name
+    the checkpoint lacks is a ``CheckpointError``.
     """
+    if out is not None:
+        if names is not None:
+            raise ArgumentError("give names or out, not both (out's keys name the tensors)")
+        _load_safetensors_into(str(path), out)
+        return out
     if framework not in ("torch", "numpy", "cupy", "ferry"):
         _convert(None, framework)
     return {
