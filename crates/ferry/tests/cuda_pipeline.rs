@@ -685,6 +685,67 @@ fn bounce_fills_ahead_slow_and_fast_stages_match_reference() {
     e.barrier().unwrap();
 }
 
+/// The fill workers start only for a source they fill: a file source's chunks are read by
+/// the file engine into the bounce buffers, and its pipeline runs no `ferry-fill-*` thread;
+/// a pageable run on the same pipeline starts them, and dropping the pipeline ends them.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn file_sources_start_no_fill_workers() {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let e = std::sync::Arc::new(e);
+    let k = kernels(&e);
+    let fill_threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .expect("/proc/self/task")
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("ferry-fill-"))
+            })
+            .count()
+    };
+    let files = FileEngine::with_engine(FileConfig::new(), e.clone()).expect("a file engine");
+    let data = bytes(8 << 20, 78);
+    let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-nofill-{}", std::process::id()));
+    std::fs::write(&path, &data).unwrap();
+    let file = files.open(&path, OpenMode::Read).unwrap();
+    let want = reference(&data, 1 << 20, OutLen::Same);
+    let before = fill_threads();
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(1 << 20, 2)).unwrap();
+    let mut dst = vec![0u8; data.len()];
+    let src = Source::file(&files, &file, 0, data.len()).unwrap();
+    p.run(src, Some(Dest::new(&mut dst)), |g| stage(&k, g))
+        .unwrap();
+    assert!(
+        dst == want,
+        "file source: output differs from the reference"
+    );
+    assert_eq!(fill_threads(), before, "a file source started fill workers");
+    dst.fill(0);
+    p.run(Source::new(&data), Some(Dest::new(&mut dst)), |g| {
+        stage(&k, g)
+    })
+    .unwrap();
+    assert!(
+        dst == want,
+        "pageable source: output differs from the reference"
+    );
+    assert!(
+        fill_threads() > before,
+        "a pageable source ran without fill workers"
+    );
+    drop(p);
+    assert_eq!(
+        fill_threads(),
+        before,
+        "fill workers outlived their pipeline"
+    );
+    std::fs::remove_file(&path).ok();
+    e.barrier().unwrap();
+}
+
 /// Pageable, strided-pageable and file sources go through the pipeline's K + 1 pinned bounce
 /// buffers: one pipeline per K (1..4) reused across runs of random chunk counts (many more
 /// chunks than bounce buffers, so every buffer is refilled after its DMA, and a ragged last

@@ -73,26 +73,37 @@ pub struct CudaPipeline<'e> {
 }
 
 /// K + 2 pinned buffers of a chunk and the workers that fill them from pageable memory: the
-/// staged path's copy on [`Filler`]'s workers for contiguous chunks, a CPU engine
-/// (made on first use) for strided ones.
+/// staged path's copy on [`Filler`]'s workers for contiguous chunks, a CPU engine for strided
+/// ones, each made on first use (a file source's chunks are filled by the file engine's
+/// reads and start neither).
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
-    fill: Filler,
+    fill: Option<Filler>,
     strided: Option<CpuEngine>,
 }
 
 impl Bounce {
-    /// A ring of `count` pinned buffers of `bytes`, and the fill workers.
+    /// A ring of `count` pinned buffers of `bytes`; the staging settings are checked now
+    /// (`FERRY_STAGING_*`), the fill workers started on first use.
     fn new(count: usize, bytes: usize) -> Result<Bounce, PipelineError> {
+        StagingConfig::from_env().map_err(setup)?;
         let bufs = (0..count)
             .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
-        let cfg = StagingConfig::from_env().map_err(setup)?;
         Ok(Bounce {
             ring: BounceRing::new(bufs),
-            fill: Filler::new(cfg).map_err(setup)?,
+            fill: None,
             strided: None,
         })
+    }
+
+    /// The fill workers for contiguous pageable chunks, started on first use.
+    fn filler(&mut self) -> Result<&Filler, PipelineError> {
+        if self.fill.is_none() {
+            let cfg = StagingConfig::from_env().map_err(setup)?;
+            self.fill = Some(Filler::new(cfg).map_err(setup)?);
+        }
+        self.fill.as_ref().ok_or_else(|| setup("no fill workers"))
     }
 
     /// The CPU engine for strided fills, made on first use.
@@ -435,9 +446,10 @@ where
                 };
                 if from_l.is_contiguous() && from_l.size_bytes() == c.len {
                     let at = from.addr + from_l.offset() as u64;
+                    let filler = bounce.filler()?;
                     // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
                     // checked within `from` by `part`) and the pinned buffer's first `c.len`.
-                    unsafe { bounce.fill.queue(pinned.addr, at, c.len) }
+                    unsafe { filler.queue(pinned.addr, at, c.len) }
                         .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
                 } else {
                     let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
