@@ -78,10 +78,18 @@ log=$(cd "$log" && pwd)
 fail=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 || true; } >"$log/gpu.txt"
 if [ -x "$here/ferry" ]; then "$here/ferry" info >>"$log/gpu.txt" 2>&1 || echo "ferry info failed" >>"$log/gpu.txt"; fi
+# Each binary under its own limit (FERRY_TEST_TIMEOUT seconds, default 300): a hang costs only
+# its own slot, listed as TIME, and the rest still run.
+limit=${FERRY_TEST_TIMEOUT:-300}
 for t in "$here"/tests/*; do
   name=$(basename "$t")
   start=$(date +%s%N)
-  if "$t" --nocapture >"$log/$name.log" 2>&1; then status=ok; else status=FAIL; fail=1; fi
+  timeout -k 5 "$limit" "$t" --nocapture >"$log/$name.log" 2>&1
+  case $? in
+    0) status=ok ;;
+    124 | 137) status=TIME; fail=1 ;;
+    *) status=FAIL; fail=1 ;;
+  esac
   end=$(date +%s%N)
   printf '%-4s %-20s %7d ms  %s\n' "$status" "$name" $(((end - start) / 1000000)) "$(grep -E '^test result' "$log/$name.log" | tail -1)"
 done

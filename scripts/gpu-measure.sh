@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# On the GPU host, from the repository's root (the copy the device tool carries): the GPU
+# tests, the Python module's tests, then the measurements the open issues ask for, each step
+# under its own time limit (a hang costs only its slot). One log per step in LOGDIR, one
+# summary line per step on stdout; bench JSON beside the logs.
+#
+# Here, first (the bundle and the wheel travel in ignored folders named in `carry`):
+#   CARGO_TARGET_DIR=... scripts/gpu-bundle.sh .gpu
+#   maturin build --release -m crates/ferry-py/Cargo.toml -o .whl   # + KvikIO's wheels in .whl
+# There, in one call:
+#   bash scripts/gpu-measure.sh "$OUT" [STEP...]     # default: every step, in this order
+# A device call is limited to 10 minutes: `tests python` in one call, `caller pipeline files`
+# in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
+#
+# Steps: tests python caller pipeline files. Environment: BUNDLE (default .gpu), WHEELS
+# (default .whl), STEP_TIMEOUT (seconds per bench step, default 240).
+set -uo pipefail
+log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
+shift
+mkdir -p "$log"
+log=$(cd "$log" && pwd)
+bundle=${BUNDLE:-.gpu}
+wheels=${WHEELS:-.whl}
+limit=${STEP_TIMEOUT:-240}
+ferry="$bundle/ferry"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(tests python caller pipeline files)
+export PYTHONUNBUFFERED=1
+fail=0
+
+# step NAME LIMIT CMD...: runs CMD with its output in NAME.txt; prints status and seconds.
+step() {
+  local name=$1 lim=$2 t0 rc status
+  shift 2
+  t0=$(date +%s)
+  timeout -k 5 "$lim" "$@" >"$log/$name.txt" 2>&1
+  rc=$?
+  case $rc in 0) status=ok ;; 124 | 137) status=TIME; fail=1 ;; *) status=FAIL; fail=1 ;; esac
+  printf '%-4s %-22s %4d s\n' "$status" "$name" $(($(date +%s) - t0))
+}
+
+bench() { # bench NAME ARGS...: one `ferry bench --engine cuda` step with its JSON
+  local name=$1
+  shift
+  step "$name" "$limit" "$ferry" bench --engine cuda "$@" --json "$log/$name.json"
+}
+
+for s in "${steps[@]}"; do
+  case $s in
+  tests)
+    step tests 560 bash "$bundle/run.sh" "$log/tests" ;;
+  python)
+    # The wheels into a private folder (no network there), then pytest with PyTorch.
+    step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site "$wheels"/*.whl
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step pytest 300 python3 -m pytest -q -rs crates/ferry-py/tests ;;
+  caller) # issue 14: the caller's view, small copies, threads
+    bench caller --test cuda-h2d-pinned,cuda-d2h-pinned,cuda-d2d --sizes 64K,1M,16M,256M,1G
+    bench latency --test cuda-latency,cuda-wait-cpu,cuda-threads ;;
+  pipeline) # issue 13: the pipelines and their sources
+    bench pipeline --test cuda-pipeline,cuda-pipeline-upcompute,cuda-pipeline-pageable,cuda-pipeline-file \
+      --sizes 64M,256M --trace "$log/pipeline-trace.json"
+    FERRY_STAGING_NT_H2D=1 bench pipeline-nt --test cuda-pipeline-pageable,cuda-pipeline-file --sizes 64M,256M ;;
+  files) # issue 16: checkpoints against safetensors and KvikIO, cold reads
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step checkpoint 300 python3 bench/peers/checkpoint_load.py --ferry "$ferry" --gib 4 --repeat 5 \
+      --out "$log/checkpoint.json"
+    bench file-read --test cuda-file-read,cuda-file-read-direct,cuda-file-read-cufile --sizes 256M,1G ;;
+  *)
+    echo "unknown step $s (tests python caller pipeline files)" >&2
+    fail=1 ;;
+  esac
+done
+exit $fail
