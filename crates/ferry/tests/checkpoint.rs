@@ -602,6 +602,38 @@ fn empty_checkpoint_loads_nothing() {
     assert_eq!((ck.tensors().len(), ck.report().bytes), (0, 0));
 }
 
+/// The safetensors file at `p` opened so that the first read at or past `header` (the data
+/// section) truncates it inside the second of two 1 MiB tensors.
+fn shrinking(p: &Path, header: u64, direct: bool) -> FileHandle {
+    let (keep, once) = (header + (1 << 20) + 1000, std::sync::Once::new());
+    let hook = move |path: &Path, _: &mut [u8], offset: u64| {
+        if offset >= header {
+            once.call_once(|| {
+                let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+                f.set_len(keep).unwrap();
+            });
+        }
+        None
+    };
+    FileHandle::from_io(p.to_path_buf(), Hooked::open(p, direct, Box::new(hook)))
+}
+
+/// End of file inside a read, or (a later tensor's read submitted after the file shrank) a
+/// range beyond the end at submit: either names the file and the tensor "second".
+fn assert_shrank(e: &CheckpointError, p: &Path, ctx: &str) {
+    match e {
+        CheckpointError::File {
+            path,
+            tensor,
+            source: FileError::UnexpectedEof { .. } | FileError::OutOfRange { .. },
+        } => {
+            assert_eq!(path, p, "{ctx}: {e}");
+            assert_eq!(tensor.as_deref(), Some("second"), "{ctx}: {e}");
+        }
+        _ => panic!("{ctx}: {e}"),
+    }
+}
+
 #[test]
 fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
     let dir = TempDir::new("shrink");
@@ -614,36 +646,18 @@ fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
     for (name, fe) in engines() {
         for placement in [Placement::Packed, Placement::PerTensor] {
             let p = dir.file("shrinks.safetensors", &bytes);
-            // The first read at or past the data section truncates the file.
-            let (keep, once) = (header + (1 << 20) + 1000, std::sync::Once::new());
-            let hook = move |path: &Path, _: &mut [u8], offset: u64| {
-                if offset >= header {
-                    once.call_once(|| {
-                        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                        f.set_len(keep).unwrap();
-                    });
-                }
-                None
-            };
-            let io = Hooked::open(&p, fe.config().direct, Box::new(hook));
-            let f = FileHandle::from_io(p.clone(), io);
+            let f = shrinking(&p, header, fe.config().direct);
             let opts = LoadOptions::new(Target::Pageable).placement(placement);
             let e = checkpoint::load_files(&fe, &[f], &opts).unwrap_err();
-            let ctx = format!("{name} {placement:?}: {e}");
-            match &e {
-                // End of file inside a read, or (a later tensor's read submitted after the
-                // file shrank) a range beyond the end at submit.
-                CheckpointError::File {
-                    path,
-                    tensor,
-                    source: FileError::UnexpectedEof { .. } | FileError::OutOfRange { .. },
-                } => {
-                    assert_eq!(path, &p, "{ctx}");
-                    assert_eq!(tensor.as_deref(), Some("second"), "{ctx}");
-                }
-                _ => panic!("{ctx}"),
-            }
+            assert_shrank(&e, &p, &format!("{name} {placement:?}"));
         }
+        // Into the caller's memory.
+        let p = dir.file("shrinks.safetensors", &bytes);
+        let f = shrinking(&p, header, fe.config().direct);
+        let (mut a, mut b) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+        let into = [Dest::new("first", &mut a), Dest::new("second", &mut b)];
+        let e = checkpoint::load_files_into(&fe, &[f], &into).unwrap_err();
+        assert_shrank(&e, &p, &format!("{name} into"));
     }
 }
 
@@ -1003,49 +1017,4 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
     let e = checkpoint::load_into(&fe, &bad, &[Dest::new("w", &mut g)]).unwrap_err();
     assert!(matches!(e, CheckpointError::OutsideData { .. }), "{e}");
     assert!(g.iter().all(|&b| b == 0xA5));
-}
-
-#[test]
-fn load_into_a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
-    let dir = TempDir::new("into-shrink");
-    let want = vec![
-        owned("first", Dtype::U8, &[1 << 20], 1),
-        owned("second", Dtype::U8, &[1 << 20], 2),
-    ];
-    let bytes = reference_bytes(&want);
-    let header = bytes.len() as u64 - (2 << 20);
-    for (name, fe) in engines() {
-        let p = dir.file("shrinks.safetensors", &bytes);
-        // The first read at or past the data section truncates the file inside "second".
-        let (keep, once) = (header + (1 << 20) + 1000, std::sync::Once::new());
-        let hook = move |path: &Path, _: &mut [u8], offset: u64| {
-            if offset >= header {
-                once.call_once(|| {
-                    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-                    f.set_len(keep).unwrap();
-                });
-            }
-            None
-        };
-        let io = Hooked::open(&p, fe.config().direct, Box::new(hook));
-        let f = FileHandle::from_io(p.clone(), io);
-        let (mut a, mut b) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-        let e = checkpoint::load_files_into(
-            &fe,
-            &[f],
-            &[Dest::new("first", &mut a), Dest::new("second", &mut b)],
-        )
-        .unwrap_err();
-        match &e {
-            CheckpointError::File {
-                path,
-                tensor,
-                source: FileError::UnexpectedEof { .. } | FileError::OutOfRange { .. },
-            } => {
-                assert_eq!(path, &p, "{name}: {e}");
-                assert_eq!(tensor.as_deref(), Some("second"), "{name}: {e}");
-            }
-            _ => panic!("{name}: {e}"),
-        }
-    }
 }
