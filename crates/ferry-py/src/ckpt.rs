@@ -266,11 +266,11 @@ pub(crate) fn _load_safetensors_into(
         .map(|(n, st, a, raw)| (n.clone(), *st, a.shape.clone(), Held(*raw)))
         .collect();
     let r = py.allow_threads(|| {
-        let dests: Vec<Dest<'_>> = held
+        let mut dests: Vec<Dest<'_>> = held
             .iter_mut()
             .map(|(n, st, shape, h)| Dest::new(n.clone(), h).dtype(*st).shape(shape))
             .collect();
-        checkpoint::load_into(&fe, &path, &dests)
+        checkpoint::load_into(&fe, &path, &mut dests)
     });
     // The arrays were held (`arrs`) until the load returned.
     drop(arrs);

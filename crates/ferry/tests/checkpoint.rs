@@ -655,8 +655,8 @@ fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
         let p = dir.file("shrinks.safetensors", &bytes);
         let f = shrinking(&p, header, fe.config().direct);
         let (mut a, mut b) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-        let into = [Dest::new("first", &mut a), Dest::new("second", &mut b)];
-        let e = checkpoint::load_files_into(&fe, &[f], &into).unwrap_err();
+        let mut into = [Dest::new("first", &mut a), Dest::new("second", &mut b)];
+        let e = checkpoint::load_files_into(&fe, &[f], &mut into).unwrap_err();
         assert_shrank(&e, &p, &format!("{name} into"));
     }
 }
@@ -875,12 +875,12 @@ fn load_into_fills_the_callers_memory_for_every_dtype() {
     let path = dir.file("every.safetensors", &reference_bytes(&want));
     for (name, fe) in engines() {
         let mut outs = sentinels(&want);
-        let dests: Vec<Dest<'_>> = want
+        let mut dests: Vec<Dest<'_>> = want
             .iter()
             .zip(outs.iter_mut())
             .map(|(w, o)| Dest::new(w.name.clone(), o).dtype(w.dtype).shape(&w.shape))
             .collect();
-        let r = checkpoint::load_into(&fe, &path, &dests).unwrap();
+        let r = checkpoint::load_into(&fe, &path, &mut dests).unwrap();
         drop(dests);
         for (w, o) in want.iter().zip(&outs) {
             assert!(o == &w.data, "{name}: tensor {} differs", w.name);
@@ -911,7 +911,7 @@ fn load_into_a_subset_of_a_sharded_checkpoint() {
     let r = checkpoint::load_into(
         &fe,
         &index,
-        &[
+        &mut [
             Dest::new("b.3", &mut bf).dtype(Dtype::BF16),
             Dest::new("a.4", &mut f).shape(&[5]),
         ],
@@ -922,7 +922,7 @@ fn load_into_a_subset_of_a_sharded_checkpoint() {
     assert_eq!((r.tensors, r.files, r.allocations), (2, 2, 0));
     // Reloading into the same memory: no allocation, same bytes.
     bf.fill(0);
-    checkpoint::load_into(&fe, &index, &[Dest::new("b.3", &mut bf)]).unwrap();
+    checkpoint::load_into(&fe, &index, &mut [Dest::new("b.3", &mut bf)]).unwrap();
     assert_eq!(bytemuck::cast_slice::<u16, u8>(&bf), &b3.data[..]);
 }
 
@@ -956,14 +956,14 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
         e
     };
     let e = run("missing", &mut |g, o| {
-        checkpoint::load_into(&fe, &path, &[Dest::new("w", g), Dest::new("nope", o)])
+        checkpoint::load_into(&fe, &path, &mut [Dest::new("w", g), Dest::new("nope", o)])
     });
     assert!(
         matches!(&e, CheckpointError::Missing { tensor, .. } if tensor == "nope"),
         "{e}"
     );
     let e = run("twice", &mut |g, o| {
-        checkpoint::load_into(&fe, &path, &[Dest::new("w", g), Dest::new("w", o)])
+        checkpoint::load_into(&fe, &path, &mut [Dest::new("w", g), Dest::new("w", o)])
     });
     assert!(
         matches!(&e, CheckpointError::Destination { tensor, msg, .. } if tensor == "w" && msg.contains("twice")),
@@ -971,7 +971,7 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
     );
     let e = run("short", &mut |g, o| {
         o.truncate(5);
-        checkpoint::load_into(&fe, &path, &[Dest::new("w", g), Dest::new("b", o)])
+        checkpoint::load_into(&fe, &path, &mut [Dest::new("w", g), Dest::new("b", o)])
     });
     assert_eq!(
         e.to_string(),
@@ -984,7 +984,7 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
         checkpoint::load_into(
             &fe,
             &path,
-            &[Dest::new("w", g), Dest::new("b", o).dtype(Dtype::F16)],
+            &mut [Dest::new("w", g), Dest::new("b", o).dtype(Dtype::F16)],
         )
     });
     assert!(
@@ -996,7 +996,7 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
         checkpoint::load_into(
             &fe,
             &path,
-            &[Dest::new("w", g).shape(&[3, 2]), Dest::new("b", o)],
+            &mut [Dest::new("w", g).shape(&[3, 2]), Dest::new("b", o)],
         )
     });
     assert_eq!(e.tensor(), Some("w"), "{e}");
@@ -1014,7 +1014,7 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
         ),
     );
     let mut g = vec![0xA5u8; 24];
-    let e = checkpoint::load_into(&fe, &bad, &[Dest::new("w", &mut g)]).unwrap_err();
+    let e = checkpoint::load_into(&fe, &bad, &mut [Dest::new("w", &mut g)]).unwrap_err();
     assert!(matches!(e, CheckpointError::OutsideData { .. }), "{e}");
     assert!(g.iter().all(|&b| b == 0xA5));
 }

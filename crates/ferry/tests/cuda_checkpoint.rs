@@ -264,12 +264,12 @@ fn load_into_device_buffers_the_caller_owns() {
                 d
             })
             .collect();
-        let dests: Vec<checkpoint::Dest<'_>> = want
+        let mut dests: Vec<checkpoint::Dest<'_>> = want
             .iter()
             .zip(bufs.iter_mut())
             .map(|((n, d, s, _), buf)| checkpoint::Dest::new(n.clone(), buf).dtype(*d).shape(s))
             .collect();
-        let r = checkpoint::load_into(&fe, &p, &dests).unwrap();
+        let r = checkpoint::load_into(&fe, &p, &mut dests).unwrap();
         drop(dests);
         assert_eq!((r.allocations, r.tensors), (0, want.len()), "{name}");
         for ((n, _, _, b), buf) in want.iter().zip(&bufs) {

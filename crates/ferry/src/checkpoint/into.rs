@@ -100,11 +100,11 @@ impl<'a> Dest<'a> {
 /// checkpoint::save(&engine, &path, &[SaveTensor::new("w", Dtype::F32, &[2, 3], &w)], &SaveOptions::new())?;
 ///
 /// let mut back = vec![0f32; 6];
-/// let report = checkpoint::load_into(&engine, &path, &[Dest::new("w", &mut back).shape(&[2, 3])])?;
+/// let report = checkpoint::load_into(&engine, &path, &mut [Dest::new("w", &mut back).shape(&[2, 3])])?;
 /// assert_eq!((back, report.bytes), (w, 24));
 ///
 /// let mut short = vec![0f32; 5];
-/// let e = checkpoint::load_into(&engine, &path, &[Dest::new("w", &mut short)]).unwrap_err();
+/// let e = checkpoint::load_into(&engine, &path, &mut [Dest::new("w", &mut short)]).unwrap_err();
 /// assert_eq!(e.tensor(), Some("w"));
 /// # std::fs::remove_file(&path).ok();
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -112,7 +112,7 @@ impl<'a> Dest<'a> {
 pub fn load_into(
     engine: &FileEngine,
     path: impl AsRef<Path>,
-    dests: &[Dest<'_>],
+    dests: &mut [Dest<'_>],
 ) -> Result<LoadReport, CheckpointError> {
     let t0 = Instant::now();
     let c = open_checkpoint(engine, path.as_ref())?;
@@ -124,7 +124,7 @@ pub fn load_into(
 pub fn load_files_into(
     engine: &FileEngine,
     files: &[FileHandle],
-    dests: &[Dest<'_>],
+    dests: &mut [Dest<'_>],
 ) -> Result<LoadReport, CheckpointError> {
     let t0 = Instant::now();
     let headers = files
@@ -146,7 +146,7 @@ pub fn load_files_into(
 fn read_into(
     engine: &FileEngine,
     c: &Opened,
-    dests: &[Dest<'_>],
+    dests: &mut [Dest<'_>],
     t0: Instant,
 ) -> Result<LoadReport, CheckpointError> {
     let path = c.name_path.as_path();
@@ -203,13 +203,13 @@ fn read_into(
         }
         bytes += t.len();
         // SAFETY: `d` holds its memory's exclusive borrow for longer than `pieces` lives
-        // (`Dest::new` took `&mut`; a `Dest` is not `Clone`), and each `Dest` is used once
-        // (names are unique, checked above).
+        // (`Dest::new` took `&mut`; a `Dest` is not `Clone`), and `dests` is borrowed
+        // mutably for this call: no other call writes through it meanwhile.
         pieces.push(unsafe { ReadInto::from_raw(&c.files[fi], t.file_range.start, d.memory) });
     }
     let t1 = Instant::now();
     let io = engine
-        .load_each(&pieces)
+        .load_each(&mut pieces)
         .map_err(|e| name_failure(&c.files, &c.headers, e))?;
     Ok(LoadReport {
         bytes,

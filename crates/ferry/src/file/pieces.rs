@@ -226,19 +226,20 @@ impl FileEngine {
     /// let engine = FileEngine::new(FileConfig::new().threads(2))?;
     /// let file = engine.open(&path, OpenMode::Read)?;
     /// let (mut a, mut b) = ([0u8; 3], vec![0u8; 2]);
-    /// engine.load_each(&[ReadInto::new(&file, 7, &mut a), ReadInto::new(&file, 0, &mut b)])?;
+    /// engine.load_each(&mut [ReadInto::new(&file, 7, &mut a), ReadInto::new(&file, 0, &mut b)])?;
     /// assert_eq!((&a, &b[..]), (b"789", &b"01"[..]));
     /// # std::fs::remove_file(&path).ok();
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn load_each(&self, pieces: &[ReadInto<'_>]) -> Result<IoReport, FileError> {
+    pub fn load_each(&self, pieces: &mut [ReadInto<'_>]) -> Result<IoReport, FileError> {
         let raws = pieces
             .iter()
             .filter(|p| !p.is_empty())
             .map(|p| (p.file, p.offset, p.dst));
         // SAFETY: each piece holds its buffer's exclusive borrow for as long as it lives
         // (`ReadInto::new` takes `&mut`; pieces are not `Clone`), so no two overlap and the
-        // memory stays valid; `run_all` waits for each before returning.
+        // memory stays valid; `pieces` is borrowed mutably, so no other call writes through
+        // them meanwhile; `run_all` waits for each before returning.
         unsafe { self.run_all(raws, IoOp::Read) }
     }
 
