@@ -1,11 +1,14 @@
 //! Save a small safetensors checkpoint, load it back (all of it, then a subset) into pageable
-//! memory, and, where a GPU is present, into device memory through the file engine's
+//! memory, reload two tensors into memory the program already has (`load_into`: no
+//! allocation, dtype and shape checked first), and, where a GPU is present, into device memory through the file engine's
 //! file -> device path; save it again from the device. Every tensor's name, dtype, shape, byte
 //! range and address is printed, with each load's report (bytes, reads, GB/s, the I/O path).
 //!
 //! `cargo run --release --example 08_load_checkpoint`
 
-use ferry::checkpoint::{self, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target};
+use ferry::checkpoint::{
+    self, Dest, Dtype, LoadOptions, Placement, SaveOptions, SaveTensor, Target,
+};
 use ferry::cuda::CudaEngine;
 use ferry::file::{FileConfig, FileEngine};
 use std::sync::Arc;
@@ -83,6 +86,28 @@ fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
         .filter(|t| t.name.ends_with(".bias"));
     let ck = checkpoint::load(&host, &path, &opts)?;
     println!("biases only: {}", ck.report());
+
+    // Into the program's own buffers (a model's parameters, say): nothing allocated.
+    let mut w0 = vec![0f32; 256 * 1024];
+    let mut b0 = vec![0u16; 1024];
+    let r = checkpoint::load_into(
+        &host,
+        &path,
+        &mut [
+            Dest::new("layers.0.weight", &mut w0)
+                .dtype(Dtype::F32)
+                .shape(&[256, 1024]),
+            Dest::new("layers.0.bias", &mut b0).dtype(Dtype::BF16),
+        ],
+    )?;
+    assert!(w0 == weights[0] && b0 == biases[0]);
+    println!("into existing buffers: {r}");
+    let mut wrong = vec![0f32; 1024];
+    let e = checkpoint::load_into(&host, &path, &mut [Dest::new("layers.0.bias", &mut wrong)]);
+    println!(
+        "a destination that does not fit: {}",
+        e.err().ok_or("accepted")?
+    );
 
     // Device: the same file into GPU memory, then saved again from there.
     if let Err(why) = ferry::cuda::probe().driver {
