@@ -36,7 +36,11 @@
 //! built on a [`Request`] like every engine's, and on the safe API's owned-buffer machinery
 //! (the one under [`Transfer`](crate::Transfer)). [`FileEngine::load_into`] and
 //! [`FileEngine::store_from`] borrow the buffer and block: they wait before they return, so
-//! they need no scope.
+//! they need no scope. Built on them (`pieces.rs`, all blocking): [`FileEngine::read_all`] (a
+//! whole file), [`FileEngine::load_up_to`] ("up to N bytes", as `pread` counts),
+//! [`FileEngine::load_pieces`] (many ranges into one buffer), [`FileEngine::load_each`] (many
+//! ranges, each into its own buffer) and [`FileEngine::store_pieces`], their transfers all in
+//! flight at once.
 //!
 //! Not an [`Engine`]: a load or store moves bytes between a file and a buffer, and a
 //! [`Job`](crate::Job) is two buffers of memory with layouts. A `FileEngine` takes an
