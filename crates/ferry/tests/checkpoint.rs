@@ -1018,3 +1018,69 @@ fn load_into_refuses_what_does_not_fit_before_writing_anything() {
     assert!(matches!(e, CheckpointError::OutsideData { .. }), "{e}");
     assert!(g.iter().all(|&b| b == 0xA5));
 }
+
+/// Host memory that says it is GPU 0's: nothing may write it through a host-only engine.
+struct ClaimsDevice(Vec<u8>);
+// SAFETY: the bytes of the Vec, valid while borrowed; only its kind is false, and the test
+// checks that no engine touches it.
+unsafe impl ferry::Memory for ClaimsDevice {
+    fn raw(&self) -> ferry::RawBuf {
+        ferry::RawBuf {
+            addr: self.0.as_ptr() as u64,
+            len: self.0.len(),
+            kind: ferry::MemKind::Device { ordinal: 0 },
+        }
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl ferry::MemoryMut for ClaimsDevice {
+    fn raw_mut(&mut self) -> ferry::RawBuf {
+        ferry::Memory::raw(self)
+    }
+}
+
+#[test]
+fn load_into_memory_the_engine_cannot_reach_is_refused_before_any_read() {
+    let dir = TempDir::new("into-reach");
+    let want = vec![
+        owned("a", Dtype::U8, &[1 << 20], 1),
+        owned("b", Dtype::U8, &[4096], 2),
+    ];
+    let path = dir.file("m.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let mut a = vec![0xA5u8; 1 << 20];
+    let mut b = ClaimsDevice(vec![0xA5u8; 4096]);
+    let e = checkpoint::load_into(
+        &fe,
+        &path,
+        &mut [Dest::new("a", &mut a), Dest::new("b", &mut b)],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::File { tensor: Some(t), source: FileError::Unsupported { .. }, .. } if t == "b"),
+        "{e}"
+    );
+    assert!(
+        a.iter().all(|&x| x == 0xA5),
+        "a was read before b was refused"
+    );
+    assert!(b.0.iter().all(|&x| x == 0xA5));
+    // The file engine's own many-piece call checks every buffer first as well.
+    let f = fe.open(&path, OpenMode::Read).unwrap();
+    let e = fe
+        .load_each(&mut [
+            ferry::file::ReadInto::new(&f, 0, &mut a),
+            ferry::file::ReadInto::new(&f, 0, &mut b),
+        ])
+        .unwrap_err();
+    assert!(matches!(e, FileError::Unsupported { .. }), "{e}");
+    assert!(
+        a.iter().all(|&x| x == 0xA5),
+        "a was read before b was refused"
+    );
+    // No files at all: nothing to load, and a name is missing.
+    let r = checkpoint::load_files_into(&fe, &[], &mut []).unwrap();
+    assert_eq!((r.tensors, r.bytes, r.files), (0, 0, 0));
+    let e = checkpoint::load_files_into(&fe, &[], &mut [Dest::new("a", &mut a)]).unwrap_err();
+    assert!(matches!(e, CheckpointError::Missing { .. }), "{e}");
+}

@@ -1,10 +1,10 @@
 //! Loading into memory the caller already has: each tensor into its own destination (a
-//! model's parameters, buffers kept from the previous load), with no allocation.
+//! model's parameters, the buffers of an earlier per-tensor load), with no allocation.
 
 use super::header::read_header;
 use super::load::{name_failure, open_checkpoint, select, Opened};
 use super::{CheckpointError, LoadReport, Select};
-use crate::file::{FileEngine, FileHandle, ReadInto};
+use crate::file::{FileEngine, FileHandle, IoOp, ReadInto};
 use crate::memory::{MemoryMut, RawBuf};
 use safetensors::Dtype;
 use std::collections::BTreeMap;
@@ -47,8 +47,8 @@ impl std::fmt::Debug for Dest<'_> {
 
 impl<'a> Dest<'a> {
     /// Tensor `name` into `memory` (any memory the file engine reaches: a slice, a `Vec`, a
-    /// device buffer, a region of one), mutably borrowed as long as the `Dest` lives; dtype
-    /// and shape unchecked (the byte count always is).
+    /// device or pinned buffer), mutably borrowed as long as the `Dest` lives; dtype and shape
+    /// unchecked (the byte count always is).
     pub fn new<M: MemoryMut + ?Sized>(name: impl Into<String>, memory: &'a mut M) -> Dest<'a> {
         Dest {
             name: name.into(),
@@ -86,8 +86,10 @@ impl<'a> Dest<'a> {
 /// Every destination is checked before a byte is read, so these errors leave all of them
 /// untouched: a name not in the checkpoint ([`CheckpointError::Missing`]); a name given
 /// twice, a destination whose byte count differs from the tensor's, or a dtype or shape
-/// other than the one asked for ([`CheckpointError::Destination`]); and every header error
-/// of [`load`](super::load). A read that fails ([`CheckpointError::File`], naming the
+/// other than the one asked for ([`CheckpointError::Destination`]); memory the file engine
+/// cannot reach (device memory without [`FileEngine::with_engine`]: a
+/// [`CheckpointError::File`] naming the tensor); and every header error of
+/// [`load`](super::load). A read that fails ([`CheckpointError::File`], naming the
 /// tensor) is returned after all reads have finished; the destinations' bytes are then
 /// unspecified.
 ///
@@ -200,6 +202,16 @@ fn read_into(
                     t.shape
                 ),
             ));
+        }
+        // Memory the engine cannot reach is refused here, before any read is submitted.
+        if !d.is_empty() {
+            engine
+                .check_reach(d.memory.kind, IoOp::Read)
+                .map_err(|source| CheckpointError::File {
+                    path: c.headers[fi].path.clone(),
+                    tensor: Some(d.name.clone()),
+                    source,
+                })?;
         }
         bytes += t.len();
         // SAFETY: `d` holds its memory's exclusive borrow for longer than `pieces` lives

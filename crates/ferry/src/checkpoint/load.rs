@@ -23,6 +23,36 @@ pub fn load(
     read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
 }
 
+/// Every tensor's header entry of the checkpoint at `path` (a safetensors file, or a sharded
+/// checkpoint's index), in file order (shard by shard), with the file that holds it; the
+/// headers are read and checked as [`load`] checks them, no tensor data is read.
+///
+/// ```
+/// use ferry::checkpoint::{self, Dtype, SaveOptions, SaveTensor};
+/// use ferry::file::{FileConfig, FileEngine};
+/// let path = std::env::temp_dir().join(format!("ferry-doc-entries-{}.safetensors", std::process::id()));
+/// let engine = FileEngine::new(FileConfig::new().threads(2))?;
+/// checkpoint::save(&engine, &path, &[SaveTensor::new("w", Dtype::F32, &[2], &[1f32, 2.0])], &SaveOptions::new())?;
+/// let entries = checkpoint::entries(&engine, &path)?;
+/// assert_eq!((entries[0].1.name.as_str(), &entries[0].1.shape[..]), ("w", &[2][..]));
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn entries(
+    engine: &FileEngine,
+    path: impl AsRef<Path>,
+) -> Result<Vec<(PathBuf, TensorEntry)>, CheckpointError> {
+    let c = open_checkpoint(engine, path.as_ref())?;
+    select(&c.headers, &Select::All, &c.name_path)?;
+    Ok(c.headers
+        .into_iter()
+        .flat_map(|h| {
+            let p = h.path;
+            h.tensors.into_iter().map(move |t| (p.clone(), t))
+        })
+        .collect())
+}
+
 /// A checkpoint's files, opened, with their headers read and checked.
 pub(super) struct Opened {
     /// The files (one, or the shards an index names).

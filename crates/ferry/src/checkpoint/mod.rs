@@ -13,8 +13,8 @@
 //!   [`FileEngine::with_engine`](crate::file::FileEngine::with_engine)).
 //! - [`load_into`] reads tensors into memory the caller already has ([`Dest`]: one
 //!   destination per tensor, byte count, dtype and shape checked before anything is read),
-//!   allocating nothing: reloading into a model's parameters, or into buffers kept from the
-//!   previous load.
+//!   allocating nothing: reloading into a model's parameters, or into the buffers of an
+//!   earlier [`Placement::PerTensor`] load.
 //! - [`Checkpoint`] holds the memory and, per tensor, its name, dtype, shape, byte range in
 //!   the file, and where it lies ([`Tensor::addr`]: a device address for a GPU).
 //! - [`save`] writes tensors from any memory the engine reaches (device buffers included) to
@@ -59,7 +59,7 @@ mod save;
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
 pub use into::{load_files_into, load_into, Dest};
-pub use load::{load, load_files, load_index};
+pub use load::{entries, load, load_files, load_index};
 pub use safetensors::Dtype;
 pub use save::{save, SaveOptions, SaveReport, SaveTensor};
 

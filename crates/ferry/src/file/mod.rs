@@ -517,6 +517,26 @@ impl FileEngine {
 
     /// Checks that the buffer can be reached from the ring: by the mover engine, or by the
     /// worker itself for host memory.
+    /// Whether a transfer of `op` into (out of) memory of `kind` can be submitted, as far as
+    /// that is known without opening cuFile or allocating the bounce ring: the calls that
+    /// submit many transfers check every buffer first, so none is refused after others ran.
+    pub(crate) fn check_reach(&self, kind: MemKind, op: IoOp) -> Result<(), FileError> {
+        if kind.host_accessible() {
+            return Ok(());
+        }
+        // cuFile may take it without an engine (`gds_for`'s first, cheap decision).
+        let f = Facts::new(self.cfg.cufile, true, true, nvidia_fs_loaded());
+        if choose(&f).transport.is_cufile() {
+            return Ok(());
+        }
+        // Else the bounce ring: pinned where there is an engine to move it.
+        let ring = match self.mover {
+            Some(_) => MemKind::Pinned,
+            None => MemKind::Pageable,
+        };
+        self.check_mover(kind, ring, op)
+    }
+
     fn check_mover(&self, kind: MemKind, ring: MemKind, op: IoOp) -> Result<(), FileError> {
         match &self.mover {
             Some(m) => {

@@ -46,7 +46,7 @@ pub struct ReadInto<'a> {
 
 impl<'a> ReadInto<'a> {
     /// `dst.len()` bytes at `offset` of `file` into `dst` (any memory the engine reaches:
-    /// a slice, a `Vec`, a device buffer, a region of one).
+    /// a slice, a `Vec`, a device or pinned buffer).
     pub fn new<M: MemoryMut + ?Sized>(file: &'a FileHandle, offset: u64, dst: &'a mut M) -> Self {
         ReadInto {
             file,
@@ -216,8 +216,9 @@ impl FileEngine {
 
     /// Loads every piece into its own buffer at once (in parallel, as
     /// [`FileEngine::load_pieces`]) and returns when all are done, with one report over all
-    /// of them. Empty buffers are skipped. The first failure is returned, after every piece
-    /// submitted has finished; the buffers' bytes are then unspecified.
+    /// of them. Empty buffers are skipped. A buffer the engine cannot reach is refused before
+    /// any piece is read ([`FileError::Unsupported`]); any other failure is returned after
+    /// every piece submitted has finished, the buffers' bytes then unspecified.
     ///
     /// ```
     /// use ferry::file::{FileConfig, FileEngine, OpenMode, ReadInto};
@@ -264,6 +265,11 @@ impl FileEngine {
         raws: impl Iterator<Item = (&'f FileHandle, u64, RawBuf)>,
         op: IoOp,
     ) -> Result<IoReport, FileError> {
+        let raws: Vec<_> = raws.collect();
+        // Every buffer checked first: none is refused after others were submitted.
+        for (_, _, raw) in &raws {
+            self.check_reach(raw.kind, op)?;
+        }
         let mut running: Vec<(Request, Arc<super::exec::Xfer>)> = Vec::new();
         let mut first_err = None;
         for (file, offset, raw) in raws {
