@@ -223,24 +223,34 @@ pub(crate) fn _load_safetensors(
     Ok(out.unbind())
 }
 
-/// `_load_safetensors_into(path, out)`: the tensors named by `out`'s keys into its arrays
-/// (C-contiguous, writable; host, or one GPU), in place, nothing allocated. A destination
-/// whose dtype, shape or byte count differs from its tensor's is an `ArgumentError`, checked
-/// for all before a byte is read.
+/// `_load_safetensors_into(path, out, strict)`: the tensors named by `out`'s keys into its
+/// arrays (C-contiguous, writable, not overlapping; host, or one GPU), in place, nothing
+/// allocated. A destination whose dtype, shape or byte count differs from its tensor's, or
+/// that shares memory with another, is an `ArgumentError`, checked for all before a byte is
+/// read. `strict=False` leaves the arrays whose names the checkpoint lacks untouched (tied
+/// weights that a file stores once) instead of raising `CheckpointError`; returns the names
+/// loaded.
 #[pyfunction]
+#[pyo3(signature = (path, out, strict = true))]
 pub(crate) fn _load_safetensors_into(
     py: Python<'_>,
     path: std::path::PathBuf,
-    out: &Bound<'_, PyDict>,
-) -> PyResult<()> {
-    let mut arrs = Vec::with_capacity(out.len());
+    out: &Bound<'_, PyAny>,
+    strict: bool,
+) -> PyResult<Vec<String>> {
+    // The items first (converting an array may run Python code that changes the mapping).
+    let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = out
+        .call_method0("items")
+        .and_then(|it| it.try_iter()?.map(|kv| kv?.extract()).collect())
+        .map_err(|_| arg("out must be a dict (or mapping) of tensor name -> array"))?;
+    let mut arrs = Vec::with_capacity(items.len());
     let mut gpu: Option<u32> = None;
-    for (k, v) in out.iter() {
+    for (k, v) in &items {
         let name: String = k
             .extract()
             .map_err(|_| arg("out's keys must be str (the tensors' names)"))?;
         let role = format!("out[{name:?}]");
-        let a = Arr::from_py(&v, None)?;
+        let a = Arr::from_py(v, None)?;
         a.writable(&role)?;
         let raw = crate::fileio::contiguous(&a, &role)?;
         let st = dtype::to_safetensors(a.dtype).map_err(|m| arg(format!("{role}: {m}")))?;
@@ -255,7 +265,17 @@ pub(crate) fn _load_safetensors_into(
         }
         arrs.push((name, st, a, raw));
     }
+    no_overlap(&arrs)?;
     let fe = file_engine(py, gpu)?;
+    if !strict {
+        let have: std::collections::HashSet<String> = py
+            .allow_threads(|| checkpoint::entries(&fe, &path))
+            .map_err(|e| CheckpointError::new_err(e.to_string()))?
+            .into_iter()
+            .map(|(_, t)| t.name)
+            .collect();
+        arrs.retain(|(n, ..)| have.contains(n));
+    }
     // The arrays' producers' queued work (PyTorch's current stream) comes before the writes.
     let mut waited = Vec::new();
     for (_, _, a, _) in &arrs {
@@ -273,12 +293,32 @@ pub(crate) fn _load_safetensors_into(
         checkpoint::load_into(&fe, &path, &mut dests)
     });
     // The arrays were held (`arrs`) until the load returned.
-    drop(arrs);
+    let names = arrs.into_iter().map(|(n, ..)| n).collect();
     match r {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(names),
         Err(e @ checkpoint::CheckpointError::Destination { .. }) => Err(arg(e.to_string())),
         Err(e) => Err(CheckpointError::new_err(e.to_string())),
     }
+}
+
+/// An `ArgumentError` where two destinations share bytes (the same tensor twice, overlapping
+/// views, tied weights): their reads would race.
+fn no_overlap(arrs: &[(String, ferry::checkpoint::Dtype, Arr, RawBuf)]) -> PyResult<()> {
+    let mut spans: Vec<(MemKind, u64, u64, &str)> = arrs
+        .iter()
+        .filter(|(.., raw)| raw.len > 0)
+        .map(|(n, _, _, raw)| (raw.kind, raw.addr, raw.addr + raw.len as u64, n.as_str()))
+        .collect();
+    spans.sort_by_key(|s| (s.1, s.2));
+    for w in spans.windows(2) {
+        if w[1].1 < w[0].2 {
+            return Err(arg(format!(
+                "out[{:?}] and out[{:?}] share memory (the same tensor twice, overlapping views, or tied weights): keep one of them in out",
+                w[0].3, w[1].3
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `save_safetensors(tensors, path, metadata=None)`: a dict of name -> array (host or GPU,

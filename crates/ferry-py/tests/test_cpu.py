@@ -344,6 +344,25 @@ def test_load_into_refuses_mismatches_before_writing(tmp_path):
         ferry.load_safetensors(path, names=["w"], out={"w": good()})
     with pytest.raises(ferry.ArgumentError, match="keys must be str"):
         ferry.load_safetensors(path, out={1: good()})
+    with pytest.raises(ferry.ArgumentError, match="dict"):
+        ferry.load_safetensors(path, out=[good()])
+    # Two names over the same memory (tied weights) or overlapping views: their reads would
+    # race, so both are refused before anything is read.
+    shared = good()
+    untouched({"w": shared, "w2": shared}, "share memory")
+    big = np.full(10, 7, np.int8)
+    untouched({"b": big[0:3], "c": big[2:5]}, "share memory")
+
+
+def test_load_into_strict_false_skips_names_the_file_lacks(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ferry.save_safetensors({"w": np.arange(6, dtype=np.float32)}, path)
+    out = {"w": np.zeros(6, np.float32), "lm_head": np.full(4, 7, np.float32)}
+    with pytest.raises(ferry.CheckpointError, match="lm_head"):
+        ferry.load_safetensors(path, out=out)
+    assert ferry.load_safetensors(path, out=out, strict=False) is out
+    np.testing.assert_array_equal(out["w"], np.arange(6))
+    assert (out["lm_head"] == 7).all()
 
 
 def test_checkpoint_errors(tmp_path):

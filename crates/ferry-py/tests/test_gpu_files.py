@@ -127,6 +127,7 @@ def test_load_safetensors_into_torch_tensors(tmp_path):
     ferry.save_safetensors(ts, path)
     out = {k: torch.empty_like(v) for k, v in ts.items()}
     ptrs = {k: v.data_ptr() for k, v in out.items()}
+    torch.cuda._sleep(50_000_000)  # keeps the stream busy for tens of ms before the fills
     for v in out.values():
         v.fill_(0)  # queued on the current stream: must land before the load's writes
     assert ferry.load_safetensors(path, out=out) is out

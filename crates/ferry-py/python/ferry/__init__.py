@@ -74,7 +74,7 @@ def _convert(buf, framework):
     )
 
 
-def load_safetensors(path, device="cuda:0", names=None, framework="torch", out=None):
+def load_safetensors(path, device="cuda:0", names=None, framework="torch", out=None, strict=True):
     """Loads a safetensors checkpoint (or a sharded one, through its ``*.index.json``).
 
     ``device``: ``"cuda:N"``, ``"cpu"`` (pageable) or ``"pinned"``. ``names``: only these
@@ -84,16 +84,18 @@ def load_safetensors(path, device="cuda:0", names=None, framework="torch", out=N
     using it is).
 
     ``out``: a dict of name -> array (``model.state_dict()``, or the dict an earlier load
-    returned) to fill in place instead: each array (C-contiguous, writable, host or one GPU)
-    receives the tensor of its name, nothing is allocated, and ``out`` is returned
-    (``device``, ``names`` and ``framework`` are then not used). Every array's dtype, shape
-    and size are checked against the file before a byte is read (``ArgumentError``); a name
-    the checkpoint lacks is a ``CheckpointError``.
+    returned) to fill in place instead: each array (C-contiguous, writable, host or one GPU,
+    no two sharing memory) receives the tensor of its name, nothing is allocated, and ``out``
+    is returned (``device``, ``names`` and ``framework`` are then not used). Every array's
+    dtype, shape and size are checked against the file before a byte is read
+    (``ArgumentError``). A name the checkpoint lacks is a ``CheckpointError``, or with
+    ``strict=False`` that array is left as it is (a model whose tied weights the file stores
+    once: drop the tied key from ``out``, as it shares memory with the one loaded).
     """
     if out is not None:
         if names is not None:
             raise ArgumentError("give names or out, not both (out's keys name the tensors)")
-        _load_safetensors_into(str(path), out)
+        _load_safetensors_into(str(path), out, strict)
         return out
     if framework not in ("torch", "numpy", "cupy", "ferry"):
         _convert(None, framework)
