@@ -78,20 +78,23 @@ pub struct CudaPipeline<'e> {
 /// reads and start neither).
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
+    /// The staging settings read when the ring was made, for the fill workers.
+    staging: StagingConfig,
     fill: Option<Filler>,
     strided: Option<CpuEngine>,
 }
 
 impl Bounce {
-    /// A ring of `count` pinned buffers of `bytes`; the staging settings are checked now
+    /// A ring of `count` pinned buffers of `bytes`; the staging settings are read now
     /// (`FERRY_STAGING_*`), the fill workers started on first use.
     fn new(count: usize, bytes: usize) -> Result<Bounce, PipelineError> {
-        StagingConfig::from_env().map_err(setup)?;
+        let staging = StagingConfig::from_env().map_err(setup)?;
         let bufs = (0..count)
             .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Bounce {
             ring: BounceRing::new(bufs),
+            staging,
             fill: None,
             strided: None,
         })
@@ -100,8 +103,7 @@ impl Bounce {
     /// The fill workers for contiguous pageable chunks, started on first use.
     fn filler(&mut self) -> Result<&Filler, PipelineError> {
         if self.fill.is_none() {
-            let cfg = StagingConfig::from_env().map_err(setup)?;
-            self.fill = Some(Filler::new(cfg).map_err(setup)?);
+            self.fill = Some(Filler::new(self.staging).map_err(setup)?);
         }
         self.fill.as_ref().ok_or_else(|| setup("no fill workers"))
     }
