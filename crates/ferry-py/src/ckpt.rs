@@ -226,8 +226,8 @@ pub(crate) fn _load_safetensors(
 /// `_load_safetensors_into(path, out, strict)`: the tensors named by `out`'s keys into its
 /// arrays (C-contiguous, writable, not overlapping; host, or one GPU), in place, nothing
 /// allocated. A destination whose dtype, shape or byte count differs from its tensor's, or
-/// that shares memory with another, is an `ArgumentError`, checked for all before a byte is
-/// read. `strict=False` leaves the arrays whose names the checkpoint lacks untouched (tied
+/// that shares memory with another (`checkpoint::load_into` checks both), is an
+/// `ArgumentError`, checked for all before a byte is read. `strict=False` leaves the arrays whose names the checkpoint lacks untouched (tied
 /// weights that a file stores once) instead of raising `CheckpointError`; returns the names
 /// loaded.
 #[pyfunction]
@@ -265,7 +265,6 @@ pub(crate) fn _load_safetensors_into(
         }
         arrs.push((name, st, a, raw));
     }
-    no_overlap(&arrs)?;
     let fe = file_engine(py, gpu)?;
     if !strict {
         let have: std::collections::HashSet<String> = py
@@ -299,26 +298,6 @@ pub(crate) fn _load_safetensors_into(
         Err(e @ checkpoint::CheckpointError::Destination { .. }) => Err(arg(e.to_string())),
         Err(e) => Err(CheckpointError::new_err(e.to_string())),
     }
-}
-
-/// An `ArgumentError` where two destinations share bytes (the same tensor twice, overlapping
-/// views, tied weights): their reads would race.
-fn no_overlap(arrs: &[(String, ferry::checkpoint::Dtype, Arr, RawBuf)]) -> PyResult<()> {
-    let mut spans: Vec<(MemKind, u64, u64, &str)> = arrs
-        .iter()
-        .filter(|(.., raw)| raw.len > 0)
-        .map(|(n, _, _, raw)| (raw.kind, raw.addr, raw.addr + raw.len as u64, n.as_str()))
-        .collect();
-    spans.sort_by_key(|s| (s.1, s.2));
-    for w in spans.windows(2) {
-        if w[1].1 < w[0].2 {
-            return Err(arg(format!(
-                "out[{:?}] and out[{:?}] share memory (the same tensor twice, overlapping views, or tied weights): keep one of them in out",
-                w[0].3, w[1].3
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// `save_safetensors(tensors, path, metadata=None)`: a dict of name -> array (host or GPU,

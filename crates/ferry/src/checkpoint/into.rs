@@ -5,7 +5,7 @@ use super::header::read_header;
 use super::load::{name_failure, open_checkpoint, select, Opened};
 use super::{CheckpointError, LoadReport, Select};
 use crate::file::{FileEngine, FileHandle, IoOp, ReadInto};
-use crate::memory::{MemoryMut, RawBuf};
+use crate::memory::{first_overlap, MemoryMut, RawBuf};
 use safetensors::Dtype;
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -85,8 +85,9 @@ impl<'a> Dest<'a> {
 ///
 /// Every destination is checked before a byte is read, so these errors leave all of them
 /// untouched: a name not in the checkpoint ([`CheckpointError::Missing`]); a name given
-/// twice, a destination whose byte count differs from the tensor's, or a dtype or shape
-/// other than the one asked for ([`CheckpointError::Destination`]); memory the file engine
+/// twice, two destinations over the same bytes, a destination whose byte count differs from
+/// the tensor's, or a dtype or shape other than the one asked for
+/// ([`CheckpointError::Destination`]); memory the file engine
 /// cannot reach (device memory without [`FileEngine::with_engine`]: a
 /// [`CheckpointError::File`] naming the tensor); and every header error of
 /// [`load`](super::load). A read that fails ([`CheckpointError::File`], naming the
@@ -162,6 +163,21 @@ fn read_into(
         if seen.insert(d.name.as_str(), ()).is_some() {
             return Err(bad(&d.name, "is given twice".into()));
         }
+    }
+    // Disjoint destinations: safe code cannot make two `Dest`s over the same bytes, but a
+    // `MemoryMut` over foreign memory (a Python array) can, and their reads would race.
+    let spans: Vec<_> = dests
+        .iter()
+        .map(|d| d.memory.addr..d.memory.addr + d.memory.len as u64)
+        .collect();
+    if let Some((a, b)) = first_overlap(&spans) {
+        return Err(bad(
+            &dests[b].name,
+            format!(
+                "and tensor `{}`'s share memory (the same memory twice, overlapping views, or tied weights): their reads would race",
+                dests[a].name
+            ),
+        ));
     }
     let names = Select::Names(dests.iter().map(|d| d.name.clone()).collect());
     let chosen = select(&c.headers, &names, path)?;

@@ -2,7 +2,7 @@
 //! (a scattered load into one buffer, a gathered store from many), all blocking.
 
 use super::{finish_now, FileEngine, FileError, FileHandle, IoOp, IoReport};
-use crate::memory::{AlignedBuffer, Memory, MemoryMut, RawBuf};
+use crate::memory::{first_overlap, AlignedBuffer, Memory, MemoryMut, RawBuf};
 use crate::request::Request;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -182,10 +182,10 @@ impl FileEngine {
         pieces: &[ReadPiece<'_>],
     ) -> Result<IoReport, FileError> {
         let whole = buf.raw_mut();
-        let mut spans: Vec<(usize, usize)> = Vec::with_capacity(pieces.len());
+        let mut spans = Vec::with_capacity(pieces.len());
         for p in pieces {
             match p.at.checked_add(p.len) {
-                Some(end) if end <= whole.len => spans.push((p.at, end)),
+                Some(end) if end <= whole.len => spans.push(p.at as u64..end as u64),
                 _ => {
                     return Err(FileError::BadRange(format!(
                         "a piece of {} bytes at {} does not fit a buffer of {}",
@@ -194,11 +194,10 @@ impl FileEngine {
                 }
             }
         }
-        spans.sort_unstable();
-        if let Some(w) = spans.windows(2).find(|w| w[0].1 > w[1].0) {
+        if let Some((a, b)) = first_overlap(&spans) {
             return Err(FileError::BadRange(format!(
-                "pieces overlap in the buffer: {}..{} and {}..{}",
-                w[0].0, w[0].1, w[1].0, w[1].1
+                "pieces overlap in the buffer: {:?} and {:?}",
+                spans[a], spans[b]
             )));
         }
         let raws = pieces.iter().map(|p| {
@@ -266,9 +265,13 @@ impl FileEngine {
         op: IoOp,
     ) -> Result<IoReport, FileError> {
         let raws: Vec<_> = raws.collect();
-        // Every buffer checked first: none is refused after others were submitted.
+        // Every kind of memory checked first: no buffer is refused after others were submitted.
+        let mut kinds: Vec<crate::memory::MemKind> = Vec::new();
         for (_, _, raw) in &raws {
-            self.check_reach(raw.kind, op)?;
+            if !kinds.contains(&raw.kind) {
+                self.check_reach(raw.kind, op)?;
+                kinds.push(raw.kind);
+            }
         }
         let mut running: Vec<(Request, Arc<super::exec::Xfer>)> = Vec::new();
         let mut first_err = None;

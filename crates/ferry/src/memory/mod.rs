@@ -95,6 +95,18 @@ pub unsafe trait Memory {
     }
 }
 
+/// The first two of `spans` (`start..end` byte ranges) that overlap, as their indices in
+/// `spans`, the earlier-starting first; empty ranges overlap nothing. The one check of
+/// disjoint destinations for the calls that write many ranges at once.
+pub(crate) fn first_overlap(spans: &[std::ops::Range<u64>]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..spans.len()).filter(|&i| !spans[i].is_empty()).collect();
+    order.sort_unstable_by_key(|&i| (spans[i].start, spans[i].end));
+    order
+        .windows(2)
+        .find(|w| spans[w[0]].end > spans[w[1]].start)
+        .map(|w| (w[0], w[1]))
+}
+
 /// Memory an engine may write.
 ///
 /// # Safety
@@ -216,5 +228,21 @@ impl<'a> Region<'a> {
 unsafe impl Memory for Region<'_> {
     fn raw(&self) -> RawBuf {
         self.raw
+    }
+}
+
+#[cfg(test)]
+mod overlap_tests {
+    use super::first_overlap;
+
+    #[test]
+    fn first_overlap_by_index_touching_and_empty_ranges_apart() {
+        assert_eq!(first_overlap(&[]), None);
+        assert_eq!(first_overlap(&[0..10, 10..20, 20..20, 5..5]), None);
+        assert_eq!(first_overlap(&[30..40, 0..10, 9..12]), Some((1, 2)));
+        assert_eq!(
+            first_overlap(&[100..200, 0..50, 150..150, 120..130]),
+            Some((0, 3))
+        );
     }
 }
