@@ -292,17 +292,7 @@ impl Run {
             let h = &self.handle;
             let r = h.api.io(op, h.handle, self.base, want, file_off, buf_off);
             match r {
-                Ok(0) if op == IoOp::Read => {
-                    return Err(FileError::UnexpectedEof {
-                        path: path.to_path_buf(),
-                        offset: off,
-                        missing: want,
-                    })
-                }
-                Ok(0) => {
-                    let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
-                    return Err(FileError::io(op, path, off, want, &e));
-                }
+                Ok(0) => return Err(FileError::no_progress(op, path, off, want)),
                 Ok(n) => pos += n.min(want),
                 Err(CuFileCode::Os { errno }) if errno == libc::EINTR => {}
                 Err(code) => {
@@ -325,13 +315,18 @@ impl Run {
 }
 
 impl FileEngine {
+    /// What is known about cuFile for a device transfer before `libcufile` is loaded (it is
+    /// loaded only once these cheaper facts allow cuFile: not in `Auto` without nvidia-fs):
+    /// until then it counts as present.
+    pub(super) fn cufile_facts(&self) -> Facts {
+        Facts::new(self.cfg.cufile, true, true, nvidia_fs_loaded())
+    }
+
     /// The transport of a transfer of `buf` (device memory) to or from `file`: the facts
     /// gathered as far as [`choose`] needs them, then, for cuFile, the run state (the context
     /// bound on this thread, the buffer registered for large loads).
     pub(super) fn gds_for(&self, file: &FileHandle, offset: u64, buf: RawBuf, op: IoOp) -> Gds {
-        // `libcufile` is loaded only once the cheaper facts allow cuFile (not in `Auto` without
-        // nvidia-fs): until then it counts as present.
-        let mut f = Facts::new(self.cfg.cufile, true, true, nvidia_fs_loaded());
+        let mut f = self.cufile_facts();
         let a = DIRECT_ALIGN as u64;
         f.aligned = op == IoOp::Read
             || (offset % a == 0 && buf.len as u64 % a == 0 && self.cfg.chunk_bytes as u64 % a == 0);

@@ -135,6 +135,27 @@ pub enum FileError {
 }
 
 impl FileError {
+    /// A read or write call that moved nothing: end of file inside a read's range
+    /// ([`FileError::UnexpectedEof`], `missing` bytes short), or a write that wrote nothing.
+    pub(crate) fn no_progress(
+        op: IoOp,
+        path: &std::path::Path,
+        offset: u64,
+        missing: usize,
+    ) -> FileError {
+        match op {
+            IoOp::Read => FileError::UnexpectedEof {
+                path: path.to_path_buf(),
+                offset,
+                missing,
+            },
+            IoOp::Write => {
+                let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
+                FileError::io(IoOp::Write, path, offset, missing, &e)
+            }
+        }
+    }
+
     pub(crate) fn io(
         op: IoOp,
         path: &std::path::Path,

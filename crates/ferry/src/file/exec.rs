@@ -337,13 +337,9 @@ impl Xfer {
     /// The threads' loop: one chunk at a time, one blocking call each.
     fn run_chunks(self: &Arc<Self>) {
         while !self.failed.load(Ordering::Acquire) {
-            let k = self.next.fetch_add(1, Ordering::AcqRel);
-            if k >= self.chunks {
+            let Some((at, len, foff)) = self.claim() else {
                 break;
-            }
-            let at = k * self.chunk;
-            let len = self.chunk.min(self.buf.len - at);
-            let foff = self.offset + at as u64;
+            };
             let cufile = self.gds.as_ref().and_then(|g| g.run.as_ref());
             let r = catch_unwind(AssertUnwindSafe(|| match (cufile, &self.ring) {
                 (Some(c), _) => c.chunk(self.op, &self.file.path, foff, at, len),
@@ -483,11 +479,12 @@ impl Xfer {
             let at = off + pos as u64;
             match self.file.io.read_at(&mut b[pos..pos + want], at, direct) {
                 Ok(0) => {
-                    return Err(FileError::UnexpectedEof {
-                        path: self.file.path.clone(),
-                        offset: at,
-                        missing: need - pos,
-                    })
+                    return Err(FileError::no_progress(
+                        IoOp::Read,
+                        &self.file.path,
+                        at,
+                        need - pos,
+                    ))
                 }
                 Ok(n) => {
                     let n = n.min(want);
@@ -515,19 +512,14 @@ impl Xfer {
     /// it. With `O_DIRECT` at an unaligned offset or length, the aligned span around the chunk
     /// is read (the slot has room for it) so that the read can be direct.
     fn read_slot(&self, slot: &mut Slot, foff: u64, len: usize) -> Result<usize, FileError> {
-        let a = DIRECT_ALIGN as u64;
-        let skip = (foff % a) as usize;
-        let span = (skip + len).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let (skip, span) = direct_span(foff, len);
         let aligned = skip == 0 && len % DIRECT_ALIGN == 0;
         if aligned || !self.direct || span > slot.len || self.file.direct_ok().is_err() {
             self.read_full(slot.bytes(len), foff)?;
             return Ok(0);
         }
         let (d, _) = self.read_at_least(slot.bytes(span), foff - skip as u64, skip + len)?;
-        // Account for the chunk's own bytes: direct if the span was read direct.
-        let direct = d.saturating_sub(skip).min(len);
-        self.count(true, direct);
-        self.count(false, len - direct);
+        self.count_read(d, skip, len);
         Ok(skip)
     }
 
@@ -548,8 +540,12 @@ impl Xfer {
             let at = off + pos as u64;
             match self.file.io.write_at(&b[pos..pos + want], at, direct) {
                 Ok(0) => {
-                    let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
-                    return Err(FileError::io(IoOp::Write, &self.file.path, at, want, &e));
+                    return Err(FileError::no_progress(
+                        IoOp::Write,
+                        &self.file.path,
+                        at,
+                        want,
+                    ))
                 }
                 Ok(n) => {
                     let n = n.min(want);
@@ -579,6 +575,30 @@ impl Xfer {
             && self.file.direct_ok().is_ok()
     }
 
+    /// The next chunk, claimed by the calling runner: (its offset in the buffer, its length,
+    /// its file offset); `None` once every chunk is claimed.
+    pub(super) fn claim(&self) -> Option<(usize, usize, u64)> {
+        let k = self.next.fetch_add(1, Ordering::AcqRel);
+        if k >= self.chunks {
+            return None;
+        }
+        let at = k * self.chunk;
+        Some((
+            at,
+            self.chunk.min(self.buf.len - at),
+            self.offset + at as u64,
+        ))
+    }
+
+    /// Counts a chunk of `len` bytes read as the aligned span around it, `skip` bytes before
+    /// its start, of which the first `direct` went `O_DIRECT`: the chunk's own bytes are
+    /// direct as far as the span's were.
+    pub(super) fn count_read(&self, direct: usize, skip: usize, len: usize) {
+        let direct = direct.saturating_sub(skip).min(len);
+        self.count(true, direct);
+        self.count(false, len - direct);
+    }
+
     pub(super) fn count(&self, direct: bool, n: usize) {
         let c = if direct {
             &self.direct_bytes
@@ -587,6 +607,13 @@ impl Xfer {
         };
         c.fetch_add(n as u64, Ordering::Relaxed);
     }
+}
+
+/// For a read of `len` bytes at file offset `foff`: the bytes before it in its first
+/// `O_DIRECT` block, and the aligned span that covers it from there.
+pub(super) fn direct_span(foff: u64, len: usize) -> (usize, usize) {
+    let skip = (foff % DIRECT_ALIGN as u64) as usize;
+    (skip, (skip + len).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN)
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {

@@ -525,8 +525,7 @@ impl FileEngine {
             return Ok(());
         }
         // cuFile may take it without an engine (`gds_for`'s first, cheap decision).
-        let f = Facts::new(self.cfg.cufile, true, true, nvidia_fs_loaded());
-        if choose(&f).transport.is_cufile() {
+        if choose(&self.cufile_facts()).transport.is_cufile() {
             return Ok(());
         }
         // Else the bounce ring: pinned where there is an engine to move it.

@@ -20,7 +20,7 @@
 //! Unsafe code is at the bottom of this file only.
 
 use super::error::{FileError, IoOp};
-use super::exec::{SlotGuard, Xfer};
+use super::exec::{direct_span, SlotGuard, Xfer};
 use super::io::DIRECT_ALIGN;
 use crate::env::EnvValue;
 use io_uring::{opcode, types, IoUring};
@@ -243,20 +243,15 @@ fn next_op(x: &Arc<Xfer>, may_wait: bool) -> Result<Option<Op>, FileError> {
         },
         None => None,
     };
-    let k = x.next.fetch_add(1, Ordering::AcqRel);
-    if k >= x.chunks {
+    let Some((at, len, foff)) = x.claim() else {
         return Ok(None);
-    }
-    let at = k * x.chunk;
-    let len = x.chunk.min(x.buf.len - at);
-    let foff = x.offset + at as u64;
+    };
     let (mut skip, mut span) = (0, len);
     if let Some(g) = &mut slot {
         let s = g.slot();
         match x.op {
             IoOp::Read => {
-                skip = (foff % DIRECT_ALIGN as u64) as usize;
-                span = (skip + len).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+                (skip, span) = direct_span(foff, len);
                 if span > s.len {
                     (skip, span) = (0, len);
                 }
@@ -321,17 +316,11 @@ fn step(x: &Xfer, ring: &mut Uring, mut op: Op, res: i32) -> Result<(), FileErro
     }
     let n = res as usize;
     if n == 0 {
-        return Err(match x.op {
-            IoOp::Read => FileError::UnexpectedEof {
-                path: x.file.path.clone(),
-                offset: at,
-                missing: op.need - op.pos,
-            },
-            IoOp::Write => {
-                let e = std::io::Error::from(std::io::ErrorKind::WriteZero);
-                FileError::io(IoOp::Write, &x.file.path, at, op.span - op.pos, &e)
-            }
-        });
+        let missing = match x.op {
+            IoOp::Read => op.need - op.pos,
+            IoOp::Write => op.span - op.pos,
+        };
+        return Err(FileError::no_progress(x.op, &x.file.path, at, missing));
     }
     op.pos += n;
     op.direct += n;
@@ -369,9 +358,7 @@ fn finish_sync(x: &Xfer, mut op: Op) -> Result<(), FileError> {
 fn complete(x: &Xfer, mut op: Op) -> Result<(), FileError> {
     match x.op {
         IoOp::Read => {
-            let direct = op.direct.saturating_sub(op.skip).min(op.len);
-            x.count(true, direct);
-            x.count(false, op.len - direct);
+            x.count_read(op.direct, op.skip, op.len);
             if let Some(g) = &mut op.slot {
                 x.move_chunk(g.slot(), op.skip, op.at, op.len, true)?;
             }
