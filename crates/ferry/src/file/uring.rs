@@ -199,8 +199,9 @@ impl Op {
     }
 }
 
-/// The runner body for an io_uring transfer. `Ok(false)`: no ring could be set up for this
-/// runner (the caller runs the threads' loop instead).
+/// The runner body for an io_uring transfer, on this thread's ring (kept between transfers).
+/// `Ok(false)`: no ring could be set up for this runner (the caller runs the threads' loop
+/// instead).
 pub(crate) fn run(x: &Arc<Xfer>, depth: usize) -> Result<bool, FileError> {
     let Some(fd) = x.file.io.direct_fd() else {
         return Ok(false);
@@ -213,6 +214,7 @@ pub(crate) fn run(x: &Arc<Xfer>, depth: usize) -> Result<bool, FileError> {
 }
 
 fn pump(x: &Arc<Xfer>, ring: &mut Uring) -> Result<(), FileError> {
+    let mut done = Vec::new();
     loop {
         while !x.failed.load(Ordering::Acquire) && ring.has_room() {
             match next_op(x, ring.in_flight() == 0)? {
@@ -223,7 +225,8 @@ fn pump(x: &Arc<Xfer>, ring: &mut Uring) -> Result<(), FileError> {
         if ring.in_flight() == 0 {
             return Ok(());
         }
-        for (op, res) in ring.wait(x)? {
+        ring.wait(x, &mut done)?;
+        for (op, res) in done.drain(..) {
             if !x.failed.load(Ordering::Acquire) {
                 step(x, ring, op, res)?;
             }
@@ -380,18 +383,38 @@ mod tests;
 /// One runner's io_uring instance and the ops it has in flight (each op owns its slot, so a
 /// slot cannot return to the bounce ring while the kernel may still write into it).
 struct Uring {
-    ring: IoUring,
+    /// Always `Some` while the `Uring` lives; taken by `Drop` to keep it for the next run.
+    ring: Option<IoUring>,
+    entries: u32,
     fd: types::Fd,
     ops: Vec<Option<Op>>,
     free: Vec<usize>,
     in_flight: usize,
 }
 
+thread_local! {
+    /// This runner thread's drained ring, kept for its next transfer: setting one up is an
+    /// `io_uring_setup` call and its mappings, which a load of many small tensors (one
+    /// transfer each) paid per tensor.
+    static SPARE: std::cell::RefCell<Option<(u32, IoUring)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 impl Uring {
     fn new(depth: usize, fd: std::os::fd::RawFd) -> std::io::Result<Uring> {
         let entries = u32::try_from(depth.next_power_of_two()).unwrap_or(1 << 15);
+        let spare = SPARE
+            .try_with(|s| s.borrow_mut().take())
+            .ok()
+            .flatten()
+            .filter(|(n, _)| *n == entries);
+        let ring = match spare {
+            Some((_, r)) => r,
+            None => IoUring::new(entries)?,
+        };
         Ok(Uring {
-            ring: IoUring::new(entries)?,
+            ring: Some(ring),
+            entries,
             fd: types::Fd(fd),
             ops: (0..depth).map(|_| None).collect(),
             free: (0..depth).rev().collect(),
@@ -422,6 +445,10 @@ impl Uring {
             IoOp::Write => opcode::Write::new(self.fd, p, len).offset(off).build(),
         }
         .user_data(i as u64);
+        let Some(ring) = self.ring.as_mut() else {
+            self.free.push(i);
+            return Err(op);
+        };
         // SAFETY: the entry's memory, `p..p+want`, lies inside the op's span: either its own
         // bounce slot (heap memory that does not move with the op, which is kept in
         // `self.ops[i]` until the completion is reaped; `Drop` reaps every completion before
@@ -429,8 +456,8 @@ impl Uring {
         // touched by no one else until the transfer completes (submit's contract); that happens
         // after every runner returned, and a runner's ring is drained before it returns. The
         // descriptor is the file's `O_DIRECT` one, kept open by the transfer's
-        // `Arc<FileInner>`.
-        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+        // `Arc<FileInner>`. A ring kept for a later transfer is kept only once drained.
+        if unsafe { ring.submission().push(&entry) }.is_err() {
             self.free.push(i);
             return Err(op);
         }
@@ -440,11 +467,11 @@ impl Uring {
         Ok(())
     }
 
-    /// Submits what is queued, waits for at least one completion, and returns every completed
-    /// op with its result (bytes, or `-errno`).
-    fn wait(&mut self, x: &Xfer) -> Result<Vec<(Op, i32)>, FileError> {
+    /// Submits what is queued, waits for at least one completion, and adds every completed op
+    /// with its result (bytes, or `-errno`) to `out`.
+    fn wait(&mut self, x: &Xfer, out: &mut Vec<(Op, i32)>) -> Result<(), FileError> {
         loop {
-            match self.ring.submit_and_wait(1) {
+            match self.submit_and_wait() {
                 Ok(_) => break,
                 Err(e) if retry(&e) => {}
                 Err(e) => {
@@ -452,25 +479,30 @@ impl Uring {
                 }
             }
         }
-        Ok(self.reap())
+        self.reap(out);
+        Ok(())
     }
 
-    fn reap(&mut self) -> Vec<(Op, i32)> {
-        let done: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        let mut out = Vec::with_capacity(done.len());
-        for (i, res) in done {
-            if let Some(op) = self.ops.get_mut(i as usize).and_then(Option::take) {
-                self.free.push(i as usize);
+    fn submit_and_wait(&mut self) -> std::io::Result<usize> {
+        match self.ring.as_mut() {
+            Some(r) => r.submit_and_wait(1),
+            None => Ok(0),
+        }
+    }
+
+    fn reap(&mut self, out: &mut Vec<(Op, i32)>) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        for c in ring.completion() {
+            let i = c.user_data() as usize;
+            if let Some(op) = self.ops.get_mut(i).and_then(Option::take) {
+                self.free.push(i);
                 self.in_flight -= 1;
                 IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-                out.push((op, res));
+                out.push((op, c.result()));
             }
         }
-        out
     }
 }
 
@@ -486,13 +518,20 @@ impl Drop for Uring {
     /// write lands in freed memory. Completions that `io_uring_enter` cannot wait for (an
     /// unexpected error) are polled for every millisecond.
     fn drop(&mut self) {
+        let mut done = Vec::new();
         while self.in_flight > 0 {
-            match self.ring.submit_and_wait(1) {
+            match self.submit_and_wait() {
                 Ok(_) => {}
                 Err(e) if retry(&e) => {}
                 Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
             }
-            drop(self.reap());
+            self.reap(&mut done);
+            done.clear();
+        }
+        // Drained: nothing of this run is left in it; kept for this thread's next run.
+        if let Some(r) = self.ring.take() {
+            let entries = self.entries;
+            let _ = SPARE.try_with(|s| *s.borrow_mut() = Some((entries, r)));
         }
     }
 }
