@@ -33,10 +33,6 @@ pub fn parse_device(s: &str) -> Result<Target, String> {
     }
 }
 
-fn parse_cufile(s: &str) -> Result<CuFileMode, String> {
-    s.parse()
-}
-
 fn parse_bytes(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
@@ -62,7 +58,7 @@ pub struct IoArgs {
     /// GPUDirect Storage for device memory: auto (where nvidia-fs makes it real), on (cuFile
     /// wherever it opens, its compatibility mode included) or off (default: FERRY_CUFILE, else
     /// auto).
-    #[arg(long, value_name = "auto|on|off", value_parser = parse_cufile)]
+    #[arg(long, value_name = "auto|on|off")]
     pub cufile: Option<CuFileMode>,
     /// File engine worker threads (default: FERRY_FILE_THREADS, else one per core up to 16).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]

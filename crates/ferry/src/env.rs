@@ -63,6 +63,16 @@ impl EnvValue for bool {
     }
 }
 
+/// The value of the word `text` names in `table`, in any case and with surrounding blanks:
+/// the one parser of the off/auto/on settings (environment and command line alike).
+pub(crate) fn word<T: Copy>(text: &str, table: &[(&str, T)]) -> Option<T> {
+    let text = text.trim();
+    table
+        .iter()
+        .find(|(w, _)| w.eq_ignore_ascii_case(text))
+        .map(|&(_, v)| v)
+}
+
 /// Variable `var` from `get` as a `T`: `Ok(None)` when unset, an error naming the variable and
 /// its value when it does not parse (surrounding whitespace is ignored).
 pub(crate) fn var<T: EnvValue>(

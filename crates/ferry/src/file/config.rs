@@ -170,6 +170,16 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((c.threads, c.ring_depth), (5, 2));
+        // The off/auto/on words in any case, as the command line takes them.
+        let c = FileConfig::from_lookup(&pairs(&[
+            ("FERRY_FILE_URING", " Off"),
+            ("FERRY_CUFILE", "ON"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (c.uring, c.cufile),
+            (super::UringMode::Off, super::CuFileMode::On)
+        );
         assert_eq!(
             FileConfig::from_lookup(&pairs(&[])).unwrap(),
             FileConfig::new()

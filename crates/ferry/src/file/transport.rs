@@ -33,12 +33,12 @@ impl std::str::FromStr for CuFileMode {
     type Err = String;
     /// `auto`, `on` or `off` (any case).
     fn from_str(s: &str) -> Result<CuFileMode, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(CuFileMode::Auto),
-            "on" => Ok(CuFileMode::On),
-            "off" => Ok(CuFileMode::Off),
-            _ => Err(format!("{s:?} is not auto, on or off")),
-        }
+        let modes = [
+            ("auto", CuFileMode::Auto),
+            ("on", CuFileMode::On),
+            ("off", CuFileMode::Off),
+        ];
+        crate::env::word(s, &modes).ok_or_else(|| format!("{s:?} is not auto, on or off"))
     }
 }
 

@@ -44,12 +44,14 @@ pub enum UringMode {
 impl EnvValue for UringMode {
     const EXPECTED: &'static str = "off, on or auto";
     fn parse_env(text: &str) -> Option<UringMode> {
-        match text {
-            "off" => Some(UringMode::Off),
-            "auto" => Some(UringMode::Auto),
-            "on" => Some(UringMode::On),
-            _ => None,
-        }
+        crate::env::word(
+            text,
+            &[
+                ("off", UringMode::Off),
+                ("auto", UringMode::Auto),
+                ("on", UringMode::On),
+            ],
+        )
     }
 }
 
