@@ -9,7 +9,7 @@
 
 use super::ctx::{setup, threads_label, Ctx, HostSeries};
 use super::data::{first_diff, pattern_bytes};
-use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo};
+use super::{BenchError, Kind, Method, Needs, Role, Row, TestInfo};
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::file::{CuFileMode, FileConfig, FileEngine, FileHandle, OpenMode};
 use ferry_bench::RawCopier;
@@ -240,27 +240,15 @@ impl FileBench {
         let n = self.threads;
         let mut dev = DeviceBuffer::new(0, size).map_err(setup)?;
         let mut pinned = PinnedBuffer::new(size).map_err(setup)?;
-        let poison = vec![0xA5u8; size];
         let mut path_ran = String::new();
         let mut series = vec![];
         // Each device series: poison the device buffer, time, read it back and compare.
-        let mut dev_series = |name: &str,
-                              role: Role,
-                              op: &mut dyn FnMut(&mut DeviceBuffer) -> Result<(), String>|
-         -> Result<Series, BenchError> {
-            dev.copy_from_host(&poison).map_err(setup)?;
-            let timing =
-                measure(&self.method, || op(&mut dev)).map_err(|m| ctx.engine_err(name, m))?;
-            let back = dev.to_vec().map_err(setup)?;
-            first_diff(&back, &tf.data).map_err(|offset| ctx.verify_err(name, offset))?;
-            Ok(Series::new(
-                name,
-                role,
-                Kind::Bandwidth,
-                size as u64,
-                timing,
-            ))
-        };
+        let mut dev_series =
+            |name: &str,
+             role: Role,
+             op: &mut dyn FnMut(&mut DeviceBuffer) -> Result<(), String>| {
+                direct::time_device(ctx, &self.method, &mut dev, &tf.data, name, role, op)
+            };
         if cufile {
             // The cuFile engine opens the file itself (its handle is registered once).
             let fcf = fc
