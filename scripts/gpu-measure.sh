@@ -12,7 +12,8 @@
 # A device call is limited to 10 minutes: `tests python` in one call, `caller pipeline files`
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
-# Steps: tests python caller pipeline files. Environment: BUNDLE (default .gpu), WHEELS
+# Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
+# records, scripts/cufile-udev.sh). Environment: BUNDLE (default .gpu), WHEELS
 # (default .whl), STEP_TIMEOUT (seconds per bench step, default 240).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
@@ -67,8 +68,14 @@ for s in "${steps[@]}"; do
     step checkpoint 300 python3 bench/peers/checkpoint_load.py --ferry "$ferry" --gib 4 --repeat 5 \
       --out "$log/checkpoint.json"
     bench file-read --test cuda-file-read,cuda-file-read-direct,cuda-file-read-cufile --sizes 256M,1G ;;
+  cufile) # issue 16: cuFile's compatibility mode, with the udev records a VM without udevd lacks
+    export CUFILE_FORCE_COMPAT_MODE=true
+    step cufile-tests 200 scripts/cufile-udev.sh "$bundle/tests/cuda_cufile" --nocapture --test-threads=1
+    step cufile-bench "$limit" scripts/cufile-udev.sh "$ferry" bench --engine cuda \
+      --test cuda-file-read-cufile --sizes 256M,1G --json "$log/cufile-bench.json"
+    unset CUFILE_FORCE_COMPAT_MODE ;;
   *)
-    echo "unknown step $s (tests python caller pipeline files)" >&2
+    echo "unknown step $s (tests python caller pipeline files cufile)" >&2
     fail=1 ;;
   esac
 done

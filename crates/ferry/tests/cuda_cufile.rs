@@ -56,7 +56,9 @@ fn registering_cufile_or_skip() -> Option<Arc<CudaEngine>> {
     // mode included: libcufile finds no udev data for the disk (no /run/udev; its log says
     // "udev property not found: ID_FS_USAGE vda ... failed to allocate file object"). Then
     // ferry must fall back to the bounce ring with cuFile's reason and move every byte right;
-    // that is checked here, and the cuFile-only checks print why they were skipped.
+    // that is checked here, and the cuFile-only checks print why they were skipped. With the
+    // udev records written (`scripts/cufile-udev.sh`), cuFile registers files there and every
+    // check below runs.
     let dir = TempDir::new("cufile-probe");
     let data = bytes(3 << 12, 9);
     let t = dir.file("probe", &data);

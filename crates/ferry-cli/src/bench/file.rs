@@ -66,7 +66,9 @@ pub fn owns(name: &str) -> bool {
 
 /// A test file with no name: made in the temp dir and unlinked at once (`O_TMPFILE`), so it
 /// never outlives the process, even one killed by a signal. The engines open it again through
-/// `/proc/self/fd/N`; where that is missing, a named file removed on drop is used instead.
+/// `/proc/self/fd/N`. A named file removed on drop (also when a row fails or panics; not after
+/// SIGKILL) is used instead where that is missing, and for cuFile, which reopens a file by its
+/// name and refuses one without (`CU_FILE_GETNEWFD_FAILED`).
 struct TempFile {
     path: PathBuf,
     data: Vec<u8>,
@@ -80,10 +82,11 @@ enum Keep {
 }
 
 impl TempFile {
-    fn new(data: Vec<u8>) -> std::io::Result<TempFile> {
+    /// `named`: a named file even where a nameless one can be made.
+    fn new(data: Vec<u8>, named: bool) -> std::io::Result<TempFile> {
         use std::io::Write;
         use std::os::fd::AsRawFd;
-        if std::path::Path::new("/proc/self/fd").is_dir() {
+        if !named && std::path::Path::new("/proc/self/fd").is_dir() {
             let mut f = tempfile::tempfile()?;
             f.write_all(&data)?;
             f.flush()?;
@@ -143,7 +146,7 @@ impl FileBench {
         if size == 0 {
             return Err(ctx.bad("zero bytes"));
         }
-        self.file_of(size, &ctx)?;
+        self.file_of(size, test.name == "cuda-file-read-cufile", &ctx)?;
         match test.name {
             "file-read" => self.read_host(&ctx, size),
             "file-read-direct" => self.read_host_direct(&ctx, size),
@@ -157,13 +160,14 @@ impl FileBench {
         }
     }
 
-    /// Makes (or reuses) the test file of `size` bytes.
-    fn file_of(&mut self, size: usize, ctx: &Ctx) -> Result<(), BenchError> {
-        if self.file.as_ref().is_some_and(|f| f.data.len() == size) {
+    /// Makes (or reuses) the test file of `size` bytes, `named` for cuFile ([`TempFile`]).
+    fn file_of(&mut self, size: usize, named: bool, ctx: &Ctx) -> Result<(), BenchError> {
+        let is_named = |f: &TempFile| matches!(f._keep, Keep::Named { .. });
+        if (self.file.as_ref()).is_some_and(|f| f.data.len() == size && (!named || is_named(f))) {
             return Ok(());
         }
         self.file = None;
-        let file = TempFile::new(pattern_bytes(size)).map_err(|e| {
+        let file = TempFile::new(pattern_bytes(size), named).map_err(|e| {
             ctx.bad(&format!(
                 "cannot write a test file in {}: {e}",
                 std::env::temp_dir().display()

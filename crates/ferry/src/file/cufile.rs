@@ -177,16 +177,41 @@ impl FileGds {
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .map_err(|e| Refused::Direct(e.to_string()))?;
-        let handle = driver
-            .api
-            .handle_register(&fd)
-            .map_err(|c| Refused::Register(c.to_string()))?;
+        let handle = driver.api.handle_register(&fd).map_err(|c| {
+            use std::os::unix::fs::MetadataExt;
+            let unlinked = fd.metadata().is_ok_and(|m| m.nlink() == 0);
+            let udev = Path::new(UDEV_DATA).is_dir();
+            Refused::Register(match register_hint(unlinked, udev) {
+                Some(hint) => format!("{c} ({hint})"),
+                None => c.to_string(),
+            })
+        })?;
         Ok(Arc::new(CuHandle {
             api: driver.api,
             handle,
             _fd: fd,
             _driver: Arc::clone(driver),
         }))
+    }
+}
+
+/// The udev database, where libcufile reads a file's filesystem attributes (`ID_FS_USAGE`).
+const UDEV_DATA: &str = "/run/udev/data";
+
+/// The likely cause of a refused registration that cuFile's own code does not name (it writes
+/// the cause to its log only): a file without a name (libcufile reopens files by path), or a
+/// host without a udev database (a VM or container without udevd: libcufile then finds no
+/// filesystem attributes for any file, compatibility mode included; seen on the H200 host).
+fn register_hint(unlinked: bool, udev: bool) -> Option<&'static str> {
+    if unlinked {
+        Some("the file has no name (unlinked): cuFile reopens files by path")
+    } else if !udev {
+        Some(
+            "this host has no udev database (/run/udev/data): libcufile reads the \
+             filesystem's attributes from it and registers no file without them",
+        )
+    } else {
+        None
     }
 }
 

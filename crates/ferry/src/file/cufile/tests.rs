@@ -35,3 +35,11 @@ fn codes_are_named_and_raw_values_kept() {
         })
     );
 }
+
+#[test]
+fn a_refused_registration_names_the_likely_cause() {
+    assert!(register_hint(true, true).is_some_and(|h| h.contains("unlinked")));
+    assert!(register_hint(true, false).is_some_and(|h| h.contains("unlinked")));
+    assert!(register_hint(false, false).is_some_and(|h| h.contains("/run/udev/data")));
+    assert_eq!(register_hint(false, true), None);
+}
