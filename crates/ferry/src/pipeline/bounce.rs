@@ -1,14 +1,14 @@
 //! Pinned bounce slots for GPU pipeline sources the copy engine cannot read directly
 //! (pageable host memory, whole or strided, and files).
 //!
-//! Sent through the engine one chunk at a time, such a source paid the staged path's fill and
-//! drain on every chunk: on the H200 host 4-8 MiB pageable chunks moved at about 17 GB/s, and
-//! file chunks at about 18 GB/s (run 31: 0.28-0.40x the pinned-source pipeline), where the
-//! staged path reaches 46-51 GB/s only on 256 MiB-1 GiB requests. So the pipeline keeps K + 2
-//! pinned host buffers of a chunk: host threads fill the buffers of the next chunks
-//! (pageable: the fill workers of `engine/cuda/staged/fill.rs`, pieces of every queued fill
-//! taken in order, a strided chunk on [`FILL_THREADS`] CPU workers; file: the file engine's
-//! parallel reads straight into it) while the DMAs and steps of earlier chunks run, each
+//! Sent through the engine one chunk at a time, such a source paid the staged path's fill and drain
+//! on every chunk: on the H200 host 4-8 MiB pageable chunks moved at about 17 GB/s, and file chunks
+//! at about 18 GB/s (run 31: 0.28-0.40x the pinned-source pipeline), where the staged path reaches
+//! 46-51 GB/s only on 256 MiB-1 GiB requests. So the pipeline keeps K + 2 or more
+//! (`PipelineConfig::bounce_count`) pinned host buffers of a chunk: host threads fill the buffers
+//! of the next chunks (pageable: the fill workers of `engine/cuda/staged/fill.rs`, pieces of every
+//! queued fill taken in order, a strided chunk on [`FILL_THREADS`] CPU workers; file: the file
+//! engine's parallel reads straight into it) while the DMAs and steps of earlier chunks run, each
 //! started as soon as its buffer is free and waited for only before its chunk's upload; the
 //! upload is then a plain pinned DMA. (Run 32, filled on the submitting thread before each
 //! upload: 0.40-0.51x. Run 33, the next one or two fills started after each upload, each fill

@@ -12,12 +12,12 @@
 //! - Download of chunk `i` on the engine's device-to-host (or device-to-device) stream, after
 //!   that event.
 //!
-//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through K + 2
-//! pinned bounce buffers of a chunk kept by the pipeline (see `bounce.rs`): the submitting
-//! thread starts filling the buffer of every next chunk whose buffer is free (its last DMA
-//! completed), in chunk order, each time it submits a step, never waiting for a buffer
-//! (pageable: a parallel copy on the fill workers; file: the file engine's parallel reads
-//! straight into it). An upload ahead of its chunk's compute is submitted only once its fill
+//! A pageable source (whole or strided) and a file source ([`Source::file`]) go through
+//! [`PipelineConfig::bounce_count`] pinned bounce buffers of a chunk kept by the pipeline (see
+//! `bounce.rs`): the submitting thread starts filling the buffer of every next chunk whose buffer
+//! is free (its last DMA completed), in chunk order, each time it submits a step, never waiting
+//! for a buffer (pageable: a parallel copy on the fill workers; file: the file engine's parallel
+//! reads straight into it). An upload ahead of its chunk's compute is submitted only once its fill
 //! has completed ([`core::Lanes::upload_ready`]), so a fill still running never holds back the
 //! computes and downloads of earlier chunks; the upload a compute needs next waits for its fill.
 //! The upload is then a pinned DMA ordered on the GPU like any other. Downloads into pageable
@@ -72,9 +72,9 @@ pub struct CudaPipeline<'e> {
     bounce: Option<Bounce>,
 }
 
-/// K + 2 pinned buffers of a chunk and the workers that fill them from pageable memory: the
-/// staged path's copy on [`Filler`]'s workers for contiguous chunks, a CPU engine for strided
-/// ones, each made on first use (a file source's chunks are filled by the file engine's
+/// Pinned buffers of a chunk ([`PipelineConfig::bounce_count`]) and the workers that fill them
+/// from pageable memory: the staged path's copy on [`Filler`]'s workers for contiguous chunks,
+/// a CPU engine for strided ones, each made on first use (a file source's chunks are filled by the file engine's
 /// reads and start neither).
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
@@ -304,16 +304,18 @@ impl<'e> CudaPipeline<'e> {
 }
 
 impl CudaPipeline<'_> {
-    /// The bounce buffers, (re)made to hold the largest of `chunks` (K + 2 of them: the fill
-    /// of chunk `i + 1`, started right after chunk `i`'s upload is enqueued, waits only for the
-    /// DMA of chunk `i - K - 1`, never for those of chunks `i - K..=i` still queued).
+    /// The bounce buffers, (re)made to hold the largest of `chunks`
+    /// ([`PipelineConfig::bounce_count`] of them).
     fn make_bounce(&mut self, chunks: &[Chunk]) -> Result<(), PipelineError> {
         let need = chunks.iter().map(|c| c.len).max().unwrap_or(0);
-        let fits = |b: &Bounce| b.ring.slots().first().is_some_and(|p| p.len() >= need);
+        let count = self.cfg.bounce_count(need.max(self.cfg.chunk_bytes));
+        let fits = |b: &Bounce| {
+            b.ring.slots().len() == count && b.ring.slots().first().is_some_and(|p| p.len() >= need)
+        };
         if !self.bounce.as_ref().is_some_and(fits) {
             self.bounce = None;
             let bytes = need.max(self.cfg.chunk_bytes);
-            self.bounce = Some(Bounce::new(self.cfg.slots + 2, bytes)?);
+            self.bounce = Some(Bounce::new(count, bytes)?);
         }
         if let Some(b) = self.bounce.as_mut() {
             // Every request of an earlier run completed before it returned.

@@ -77,6 +77,11 @@ use thiserror::Error;
 /// A stage's own error, kept as it was returned.
 pub type StageError = Box<dyn std::error::Error + Send + Sync>;
 
+/// [`PipelineConfig::bounce_count`] keeps at least this many bytes of bounce buffers.
+pub const BOUNCE_AHEAD_BYTES: usize = 16 << 20;
+/// [`PipelineConfig::bounce_count`]'s automatic count is at most this many buffers.
+pub const BOUNCE_MAX: usize = 32;
+
 /// Settings of a pipeline. Plain struct: [`PipelineConfig::new`] then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineConfig {
@@ -92,6 +97,10 @@ pub struct PipelineConfig {
     pub depth: usize,
     /// Keep a [`Timeline`] of the run.
     pub timeline: bool,
+    /// Pinned bounce buffers of a chunk for a pageable or file source on a GPU (0: automatic,
+    /// [`PipelineConfig::bounce_count`]). More let the fills run further ahead of the uploads,
+    /// at a chunk of pinned memory each.
+    pub bounce: usize,
 }
 
 impl PipelineConfig {
@@ -104,6 +113,7 @@ impl PipelineConfig {
             output: OutLen::Same,
             depth: 0,
             timeline: false,
+            bounce: 0,
         }
     }
     /// Sets the output bytes per chunk.
@@ -120,6 +130,32 @@ impl PipelineConfig {
     pub fn timeline(mut self, on: bool) -> PipelineConfig {
         self.timeline = on;
         self
+    }
+    /// Sets the number of bounce buffers (0: automatic).
+    pub fn bounce(mut self, buffers: usize) -> PipelineConfig {
+        self.bounce = buffers;
+        self
+    }
+
+    /// The bounce buffers a GPU pipeline keeps for a pageable or file source of chunks of
+    /// `chunk` bytes: [`PipelineConfig::bounce`] where set, else K + 2 (the fill of chunk
+    /// `i + 1`, started right after chunk `i`'s upload is enqueued, then waits only for the DMA
+    /// of chunk `i - K - 1`) and at least [`BOUNCE_AHEAD_BYTES`] of them, at most
+    /// [`BOUNCE_MAX`]: short chunks' fills then run several chunks ahead, so that one late
+    /// fill does not stall the uploads.
+    ///
+    /// ```
+    /// use ferry::pipeline::PipelineConfig;
+    /// assert_eq!(PipelineConfig::new(8 << 20, 3).bounce_count(8 << 20), 5);
+    /// assert_eq!(PipelineConfig::new(2 << 20, 3).bounce_count(2 << 20), 8);
+    /// assert_eq!(PipelineConfig::new(2 << 20, 3).bounce(5).bounce_count(2 << 20), 5);
+    /// ```
+    pub fn bounce_count(&self, chunk: usize) -> usize {
+        if self.bounce > 0 {
+            return self.bounce;
+        }
+        let ahead = BOUNCE_AHEAD_BYTES.div_ceil(chunk.max(1));
+        (self.slots + 2).max(ahead.min(BOUNCE_MAX))
     }
 
     fn check(&self) -> Result<(), PipelineError> {

@@ -209,7 +209,13 @@ fn against_pinned(
         let out = g.output().ok_or("no output slot")?;
         launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
     };
-    let cfg = PipelineConfig::new(b.chunk, SLOTS);
+    // FERRY_BENCH_BOUNCE=N: N bounce buffers for the pageable and file sources instead of
+    // the automatic count (`PipelineConfig::bounce_count`), to compare counts on one host.
+    let bounce = std::env::var("FERRY_BENCH_BOUNCE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let cfg = PipelineConfig::new(b.chunk, SLOTS).bounce(bounce);
     let mut series = Vec::with_capacity(2);
     let mut timeline = None;
     for (name, src, role) in [
