@@ -25,6 +25,7 @@
 
 use crate::layout::{Layout, LayoutError};
 use crate::plan::{Plan, PlanError};
+use crate::small_list::SmallList;
 use thiserror::Error;
 
 /// Why an operator could not build its program.
@@ -177,48 +178,9 @@ impl Step {
 pub struct Program {
     dst_len: usize,
     src_len: Option<usize>,
-    steps: Steps,
-}
-
-/// A program's steps: the one step of nearly every request inline (no allocation per request:
-/// a Step is about 430 bytes, and a `Vec` of them took glibc's slower path for large blocks),
-/// two or more in a `Vec`.
-#[derive(Debug, Default)]
-struct Steps {
-    /// The only step (`more` empty), or `None`.
-    one: Option<Step>,
-    /// Every step, once there are two or more (`one` then `None`).
-    more: Vec<Step>,
-}
-
-impl Steps {
-    /// Adds a step. Inlined into the `Program` methods, so that their step is built in
-    /// place (a call takes it by pointer and copies its 430 bytes).
-    #[inline(always)]
-    fn push(&mut self, step: Step) {
-        if self.one.is_none() && self.more.is_empty() {
-            self.one = Some(step);
-        } else {
-            self.push_more(step);
-        }
-    }
-    /// [`Steps::push`] of the second step on.
-    fn push_more(&mut self, step: Step) {
-        self.more.extend(self.one.take());
-        self.more.push(step);
-    }
-    fn as_slice(&self) -> &[Step] {
-        match &self.one {
-            Some(s) => std::slice::from_ref(s),
-            None => &self.more,
-        }
-    }
-    fn into_vec(self) -> Vec<Step> {
-        match self.one {
-            Some(s) => vec![s],
-            None => self.more,
-        }
-    }
+    /// The one step of nearly every request inline (no allocation per request: a Step is
+    /// about 430 bytes, and a `Vec` of them took glibc's slower path for large blocks).
+    steps: SmallList<Step>,
 }
 
 impl Program {
@@ -227,7 +189,7 @@ impl Program {
         Program {
             dst_len,
             src_len,
-            steps: Steps::default(),
+            steps: SmallList::default(),
         }
     }
     /// Adds a copy from `src` (in the source buffer) to `dst` (in the destination buffer).

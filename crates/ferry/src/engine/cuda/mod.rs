@@ -292,7 +292,7 @@ impl CudaEngine {
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
     /// Asked (a driver query per buffer end) only where [`route::asks_page_lock`] says the
     /// answer can change the path.
-    fn refine_kinds(&self, mut job: Job) -> Job {
+    fn refine_kinds(&self, job: &mut Job) {
         let pinned = |addr: u64| -> bool {
             driver::bind(&self.ctx).is_ok()
                 && driver::memory_type(addr) == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
@@ -312,7 +312,6 @@ impl CudaEngine {
                 src.kind = MemKind::Pinned;
             }
         }
-        job
     }
 
     /// Runs a route's paths in order on `stream` (the route's direction in the submitting
@@ -477,7 +476,7 @@ impl CudaEngine {
     ///    until the call returns; the request's event is recorded on it.
     pub(crate) unsafe fn submit_on(
         &self,
-        job: Job,
+        mut job: Job,
         caller: Option<sys::CUstream>,
     ) -> Result<Request, SubmitError> {
         job.check()?;
@@ -495,11 +494,9 @@ impl CudaEngine {
             }
         }
         let steps = prog.steps();
-        let job = if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), steps) {
-            self.refine_kinds(job)
-        } else {
-            job
-        };
+        if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), steps) {
+            self.refine_kinds(&mut job);
+        }
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
         if !self.supports(dk, sk) {
             return Err(self.unsupported(dk, sk));
