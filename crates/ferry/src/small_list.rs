@@ -40,7 +40,9 @@ impl<T> SmallList<T> {
 
     /// [`SmallList::push`] of the second element on.
     fn push_more(&mut self, x: T) {
-        self.more.extend(self.one.take());
+        if let Some(first) = self.one.take() {
+            self.more.push(first);
+        }
         self.more.push(x);
     }
 
