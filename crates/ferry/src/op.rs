@@ -25,6 +25,7 @@
 
 use crate::layout::{Layout, LayoutError};
 use crate::plan::{Plan, PlanError};
+use crate::small_list::SmallList;
 use thiserror::Error;
 
 /// Why an operator could not build its program.
@@ -177,7 +178,9 @@ impl Step {
 pub struct Program {
     dst_len: usize,
     src_len: Option<usize>,
-    steps: Vec<Step>,
+    /// The one step of nearly every request inline (no allocation per request: a Step is
+    /// about 430 bytes, and a `Vec` of them took glibc's slower path for large blocks).
+    steps: SmallList<Step>,
 }
 
 impl Program {
@@ -186,10 +189,7 @@ impl Program {
         Program {
             dst_len,
             src_len,
-            // Room for the one step of nearly every request: a Vec's first growth would make
-            // room for four (a Step is about 430 bytes: 1.7 KiB, past glibc's per-thread cache
-            // of small blocks, so each request's allocation took the slower path).
-            steps: Vec::with_capacity(1),
+            steps: SmallList::default(),
         }
     }
     /// Adds a copy from `src` (in the source buffer) to `dst` (in the destination buffer).
@@ -197,7 +197,12 @@ impl Program {
         let src_len = self.src_len.ok_or(OpError::NoSource)?;
         dst.check_buffer(self.dst_len).map_err(OpError::Dst)?;
         src.check_buffer(src_len).map_err(OpError::Src)?;
-        self.steps.push(Step::Copy(Plan::new(dst, src)?));
+        // `Plan::new`, each plan built where it stays (a request's one step is inline in the
+        // program: no move of the 416-byte plan through a `Result`).
+        match Plan::single_run(dst, src)? {
+            Some((d, s, bytes)) => self.steps.push(Step::Copy(Plan::contiguous(d, s, bytes))),
+            None => self.steps.push(Step::Copy(Plan::general(dst, src)?)),
+        }
         Ok(())
     }
     /// Adds a fill of every element of `dst` with `pattern` (`pattern.len()` = element size).
@@ -226,15 +231,15 @@ impl Program {
     }
     /// The steps so far.
     pub fn steps(&self) -> &[Step] {
-        &self.steps
+        self.steps.as_slice()
     }
     /// Takes the steps out.
     pub fn into_steps(self) -> Vec<Step> {
-        self.steps
+        self.steps.into_vec()
     }
     /// Bytes the program writes.
     pub fn total_bytes(&self) -> usize {
-        self.steps.iter().map(Step::bytes).sum()
+        self.steps().iter().map(Step::bytes).sum()
     }
 }
 
@@ -315,13 +320,19 @@ impl Op {
     /// Builds the program for buffers of the given lengths.
     pub fn lower(&self, dst_len: usize, src_len: Option<usize>) -> Result<Program, OpError> {
         let mut prog = Program::new(dst_len, src_len);
-        match self {
-            Op::Copy { dst, src } => prog.copy(dst, src)?,
-            Op::Fill { dst, pattern } => prog.fill(dst, pattern)?,
-            Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs))?,
-            Op::Custom(o) => o.lower(&mut prog)?,
-        }
+        self.lower_into(&mut prog)?;
         Ok(prog)
+    }
+    /// [`Op::lower`] into a program the caller holds (an empty [`Program::new`]): a program
+    /// holds its first step inline, so the engines' hot paths build it where it stays rather
+    /// than moving it out.
+    pub(crate) fn lower_into(&self, prog: &mut Program) -> Result<(), OpError> {
+        match self {
+            Op::Copy { dst, src } => prog.copy(dst, src),
+            Op::Fill { dst, pattern } => prog.fill(dst, pattern),
+            Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs)),
+            Op::Custom(o) => o.lower(prog),
+        }
     }
     /// Builds the program, turning a custom operator's error or panic into a request error.
     pub fn lower_catching(
@@ -354,5 +365,37 @@ pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_keep_their_order_inline_and_in_the_vec() {
+        for n in 0..4 {
+            let mut prog = Program::new(1024, Some(1024));
+            for i in 0..n {
+                let l = Layout::bytes(16 + i).unwrap().with_offset(64 * i).unwrap();
+                prog.copy(&l, &l).unwrap();
+            }
+            let bytes: Vec<usize> = prog.steps().iter().map(Step::bytes).collect();
+            assert_eq!(bytes, (16..16 + n).collect::<Vec<_>>(), "{n} steps");
+            assert_eq!(prog.total_bytes(), bytes.iter().sum::<usize>());
+            assert_eq!(
+                prog.into_steps()
+                    .iter()
+                    .map(Step::bytes)
+                    .collect::<Vec<_>>(),
+                bytes
+            );
+        }
+        // A refused step adds nothing.
+        let mut prog = Program::new(8, Some(8));
+        assert!(prog
+            .copy(&Layout::bytes(16).unwrap(), &Layout::bytes(16).unwrap())
+            .is_err());
+        assert!(prog.steps().is_empty());
     }
 }

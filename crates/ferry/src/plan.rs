@@ -110,27 +110,41 @@ impl Plan {
     /// Errors: [`PlanError::ShapeMismatch`], [`PlanError::ElemSizeMismatch`],
     /// [`PlanError::DstSelfOverlap`].
     pub fn new(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
+        match Plan::single_run(dst, src)? {
+            Some((dst_offset, src_offset, bytes)) => {
+                Ok(Plan::contiguous(dst_offset, src_offset, bytes))
+            }
+            None => Plan::general(dst, src),
+        }
+    }
+
+    /// [`Plan::new`]'s first half: the element sizes checked, then the common case (every
+    /// `memcpy`, each small copy's per-request cost): the same dims, both contiguous, which is
+    /// one run, `Some((dst_offset, src_offset, bytes))` for [`Plan::contiguous`]. `None`: the
+    /// general path ([`Plan::general`]), which gives the same plan for that case (tests:
+    /// plan.rs `contiguous_fast_path_matches_the_general_one`) after sorting and merging the
+    /// dims. Apart so that a program builds the plan where it stays (`Program::copy`) instead
+    /// of moving 416 bytes out of a `Result`.
+    #[inline]
+    pub(crate) fn single_run(
+        dst: &Layout,
+        src: &Layout,
+    ) -> Result<Option<(usize, usize, usize)>, PlanError> {
         if dst.elem_size() != src.elem_size() {
             return Err(PlanError::ElemSizeMismatch {
                 dst: dst.elem_size(),
                 src: src.elem_size(),
             });
         }
-        // The common case first (every `memcpy`, each small copy's per-request cost): the same
-        // dims, both contiguous. The general path below gives the same plan (tests: plan.rs
-        // `contiguous_fast_path_matches_the_general_one`) after sorting and merging the dims.
-        if dst.dims() == src.dims() && dst.is_contiguous() && src.is_contiguous() {
-            return Ok(Plan::contiguous(
-                dst.offset(),
-                src.offset(),
-                dst.size_bytes(),
-            ));
-        }
-        Plan::general(dst, src)
+        Ok(
+            (dst.dims() == src.dims() && dst.is_contiguous() && src.is_contiguous())
+                .then(|| (dst.offset(), src.offset(), dst.size_bytes())),
+        )
     }
 
-    /// [`Plan::new`] by sorting and merging the dims (shapes, elements sizes checked).
-    fn general(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
+    /// [`Plan::new`] by sorting and merging the dims (shapes; element sizes checked by
+    /// [`Plan::single_run`]).
+    pub(crate) fn general(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
         // Dims of extent 1 dropped, on the stack (planning allocates nothing).
         let (dt, dn) = non_unit(dst, 0);
         let (st, sn) = non_unit(src, 0);
@@ -179,6 +193,7 @@ impl Plan {
     }
 
     /// A single contiguous run of `bytes` bytes.
+    #[inline]
     pub fn contiguous(dst_offset: usize, src_offset: usize, bytes: usize) -> Plan {
         Plan {
             run: bytes,

@@ -20,6 +20,7 @@ use std::task::{Context, Poll, Waker};
 use thiserror::Error;
 
 mod slot;
+use crate::small_list::SmallList;
 pub(crate) use slot::{spawn_waiter, Slot};
 
 /// Why one request failed. Other requests are not affected.
@@ -255,7 +256,8 @@ fn summary(f: &[(u64, RequestError)]) -> String {
 /// The requests an engine (or a scope) has in flight, for barriers.
 #[derive(Default)]
 pub struct InFlight {
-    list: Mutex<Vec<Request>>,
+    /// A scope's one request inline (no allocation per scope).
+    list: Mutex<SmallList<Request>>,
 }
 
 impl InFlight {
@@ -283,10 +285,12 @@ impl InFlight {
     /// Waits for every tracked request and reports every unobserved failure. May block.
     pub fn barrier(&self) -> Result<(), BarrierError> {
         let taken = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
-        let failures: Vec<(u64, RequestError)> = taken
-            .iter()
-            .filter_map(|r| r.settle().err().map(|e| (r.id(), e)))
-            .collect();
+        let mut failures = Vec::new();
+        for r in taken.as_slice() {
+            if let Err(e) = r.settle() {
+                failures.push((r.id(), e));
+            }
+        }
         if failures.is_empty() {
             Ok(())
         } else {

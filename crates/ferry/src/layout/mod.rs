@@ -177,7 +177,23 @@ impl Layout {
 
     /// A dense 1-D layout of `bytes` bytes (element size 1).
     pub fn bytes(bytes: usize) -> Result<Layout, LayoutError> {
-        Layout::contiguous(&[bytes], 1)
+        // Every `memcpy` builds two of these: built directly, without the general checks,
+        // none of which can fail for one dim of one-byte elements but a zero length (the same
+        // layout and error as `Layout::contiguous(&[bytes], 1)`: tests.rs
+        // `bytes_matches_contiguous`).
+        if bytes == 0 {
+            return Err(LayoutError::ZeroDim { axis: 0 });
+        }
+        let mut l = Layout {
+            offset: 0,
+            elem_size: 1,
+            ndim: 1,
+            dims: [1; MAX_DIMS],
+            strides: [0; MAX_DIMS],
+        };
+        l.dims[0] = bytes;
+        l.strides[0] = 1;
+        Ok(l)
     }
 
     /// A dense column-major (Fortran order) layout: the first dim is contiguous.

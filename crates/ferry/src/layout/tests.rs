@@ -350,3 +350,10 @@ fn element_offsets_with_huge_strides() {
     let l = Layout::with_byte_strides(&[2, 2], &[1, h], 1).unwrap();
     assert_eq!(offsets(&l), vec![0, h, 1, h + 1]);
 }
+
+#[test]
+fn bytes_matches_contiguous() {
+    for n in [0, 1, 2, 4096, usize::MAX / 2, usize::MAX] {
+        assert_eq!(Layout::bytes(n), Layout::contiguous(&[n], 1), "{n}");
+    }
+}

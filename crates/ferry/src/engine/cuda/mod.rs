@@ -292,7 +292,7 @@ impl CudaEngine {
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
     /// Asked (a driver query per buffer end) only where [`route::asks_page_lock`] says the
     /// answer can change the path.
-    fn refine_kinds(&self, mut job: Job) -> Job {
+    fn refine_kinds(&self, job: &mut Job) {
         let pinned = |addr: u64| -> bool {
             driver::bind(&self.ctx).is_ok()
                 && driver::memory_type(addr) == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
@@ -312,7 +312,6 @@ impl CudaEngine {
                 src.kind = MemKind::Pinned;
             }
         }
-        job
     }
 
     /// Runs a route's paths in order on `stream` (the route's direction in the submitting
@@ -477,7 +476,7 @@ impl CudaEngine {
     ///    until the call returns; the request's event is recorded on it.
     pub(crate) unsafe fn submit_on(
         &self,
-        job: Job,
+        mut job: Job,
         caller: Option<sys::CUstream>,
     ) -> Result<Request, SubmitError> {
         job.check()?;
@@ -485,34 +484,32 @@ impl CudaEngine {
         // its in-flight list (see the module documentation, "Ordering").
         let lane = self.lanes.mine();
         // Prepare: build and check the program (custom operators fail only their request).
-        let steps = if job.op.is_builtin() {
-            job.op
-                .lower(job.dst.len, job.src.map(|s| s.len))?
-                .into_steps()
+        let mut prog = crate::op::Program::new(job.dst.len, job.src.map(|s| s.len));
+        if job.op.is_builtin() {
+            job.op.lower_into(&mut prog)?;
         } else {
             match job.op.lower_catching(job.dst.len, job.src.map(|s| s.len)) {
-                Ok(p) => p.into_steps(),
+                Ok(p) => prog = p,
                 Err(e) => return Ok(self.track(lane, Request::ready(Err(e)))),
             }
-        };
-        let job = if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), &steps) {
-            self.refine_kinds(job)
-        } else {
-            job
-        };
+        }
+        let steps = prog.steps();
+        if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), steps) {
+            self.refine_kinds(&mut job);
+        }
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
         if !self.supports(dk, sk) {
             return Err(self.unsupported(dk, sk));
         }
         // Decide, then run.
-        let route = route::route(&self.cfg, dk, sk, &steps);
+        let route = route::route(&self.cfg, dk, sk, steps);
         if let (Some(c), false) = (caller, route.first() == Path::Driver) {
             // SAFETY: forwarded (1, 2).
             return unsafe { self.around_stream(job, c) };
         }
         let queue = self.lanes.queue(lane, route.stream);
         if let Path::Staged(dir) = route.first() {
-            return Ok(self.track(lane, self.stage(&job, queue, dir, steps)?));
+            return Ok(self.track(lane, self.stage(&job, queue, dir, prog.into_steps())?));
         }
         // For `WaitMode::Auto`: the earliest end (bytes over the path's rate bound from now).
         // The other modes never look (no clock read for them).
@@ -576,10 +573,10 @@ impl CudaEngine {
             // SAFETY: context current (bound above), the caller's live stream of this context
             // (2); the buffers are valid until the request completes (1); the steps were
             // checked against the buffers by the program.
-            Some(c) => unsafe { self.run_steps(c, &steps, dst, src, &mut keep)? },
+            Some(c) => unsafe { self.run_steps(c, steps, dst, src, &mut keep)? },
             // SAFETY: as above, the stream the route's, of this engine.
             None => unsafe {
-                self.run_route(&route, &steps, &job, (dst, src), queue.stream(), &mut keep)?
+                self.run_route(&route, steps, &job, (dst, src), queue.stream(), &mut keep)?
             },
         }
         let marked = match ev {
