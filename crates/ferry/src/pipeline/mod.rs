@@ -78,6 +78,15 @@ use thiserror::Error;
 pub type StageError = Box<dyn std::error::Error + Send + Sync>;
 
 /// [`PipelineConfig::bounce_count`] keeps at least this many bytes of bounce buffers.
+///
+/// Measured on the H200 host (run 43, `FERRY_BENCH_BOUNCE=N ferry bench --engine cuda --test
+/// cuda-pipeline-pageable,cuda-pipeline-file --sizes 64M,256M`, two rounds; the pinned source
+/// moves 43.5 GB/s at 64 MiB, 47 at 256 MiB): with 2 MiB chunks (64 MiB), 5 buffers (K + 2)
+/// moved the pageable source at 28.0-28.1 GB/s, 8 (16 MiB) at 35.9-37.9, 12 at 35.5-35.6, 16-32
+/// at 32.1-34.7; the file source 22.5-23.9 with 5, 28.8-28.9 with 8, 29.2-33.2 with 12-32.
+/// With 8 MiB chunks (256 MiB), 5 or 8 buffers (40-64 MiB) moved 42.7-44.4 GB/s and 12 or
+/// more (96 MiB and up) 29.9-43.1, falling with the count: fills beyond some tens of MiB
+/// ahead no longer help, and the DMAs slow down as the buffers' bytes leave the CPU's cache.
 pub const BOUNCE_AHEAD_BYTES: usize = 16 << 20;
 /// [`PipelineConfig::bounce_count`]'s automatic count is at most this many buffers.
 pub const BOUNCE_MAX: usize = 32;
