@@ -118,6 +118,25 @@ pub(crate) struct Shared<C: ?Sized = dyn Completion> {
     completion: C,
 }
 
+impl<C: Completion> Shared<C> {
+    /// A request's shared part around `completion`, for an engine that keeps its own handle to
+    /// the allocation ([`Request::from_shared`]).
+    pub(crate) fn new(completion: C) -> Shared<C> {
+        Shared {
+            observed: AtomicBool::new(false),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            completion,
+        }
+    }
+}
+
+impl<C: ?Sized> Shared<C> {
+    /// The engine's completion.
+    pub(crate) fn completion(&self) -> &C {
+        &self.completion
+    }
+}
+
 /// A submitted copy. Wait on it, poll it, or `.await` it (any executor). Dropping it does
 /// not cancel nor wait: the copy runs on, and a failure nobody waited for is reported by the
 /// enclosing [`scope`](crate::EngineExt::scope) or the engine's next
@@ -153,13 +172,13 @@ impl std::fmt::Debug for Request {
 impl Request {
     /// Wraps an engine's completion. Engine implementations call this.
     pub fn new(completion: impl Completion) -> Request {
-        Request {
-            shared: Arc::new(Shared {
-                observed: AtomicBool::new(false),
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-                completion,
-            }),
-        }
+        Request::from_shared(Arc::new(Shared::new(completion)))
+    }
+
+    /// The request of an allocation the engine made (and may keep handles to: a CUDA
+    /// request's queue and waiter thread hold the same allocation, not one of their own).
+    pub(crate) fn from_shared(shared: Arc<Shared<impl Completion>>) -> Request {
+        Request { shared }
     }
 
     /// A request that has already completed with `result`.
