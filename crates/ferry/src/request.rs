@@ -118,6 +118,25 @@ pub(crate) struct Shared<C: ?Sized = dyn Completion> {
     completion: C,
 }
 
+impl<C: Completion> Shared<C> {
+    /// A request's shared part around `completion`, for an engine that keeps its own handle to
+    /// the allocation ([`Request::from_shared`]).
+    pub(crate) fn new(completion: C) -> Shared<C> {
+        Shared {
+            observed: AtomicBool::new(false),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            completion,
+        }
+    }
+}
+
+impl<C: ?Sized> Shared<C> {
+    /// The engine's completion.
+    pub(crate) fn completion(&self) -> &C {
+        &self.completion
+    }
+}
+
 /// A submitted copy. Wait on it, poll it, or `.await` it (any executor). Dropping it does
 /// not cancel nor wait: the copy runs on, and a failure nobody waited for is reported by the
 /// enclosing [`scope`](crate::EngineExt::scope) or the engine's next
@@ -153,13 +172,13 @@ impl std::fmt::Debug for Request {
 impl Request {
     /// Wraps an engine's completion. Engine implementations call this.
     pub fn new(completion: impl Completion) -> Request {
-        Request {
-            shared: Arc::new(Shared {
-                observed: AtomicBool::new(false),
-                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-                completion,
-            }),
-        }
+        Request::from_shared(Arc::new(Shared::new(completion)))
+    }
+
+    /// The request of an allocation the engine made (and may keep handles to: a CUDA
+    /// request's queue and waiter thread hold the same allocation, not one of their own).
+    pub(crate) fn from_shared(shared: Arc<Shared<impl Completion>>) -> Request {
+        Request { shared }
     }
 
     /// A request that has already completed with `result`.
@@ -257,7 +276,14 @@ fn summary(f: &[(u64, RequestError)]) -> String {
 #[derive(Default)]
 pub struct InFlight {
     /// A scope's one request inline (no allocation per scope).
-    list: Mutex<SmallList<Request>>,
+    list: Mutex<Tracked>,
+}
+
+#[derive(Default)]
+struct Tracked {
+    requests: SmallList<Request>,
+    /// How many requests the last pruning kept (0 after a barrier).
+    kept: usize,
 }
 
 impl InFlight {
@@ -267,11 +293,19 @@ impl InFlight {
     }
     /// Tracks `req` until the next barrier. Completed, observed requests are pruned here.
     pub fn track(&self, req: &Request) {
-        let mut l = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut t = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         // Pruned at 16, 32, 64, ... entries: one poll per tracked request, amortized, at any
         // threshold; a low one lets completed requests go soon (a CUDA request's event then
-        // returns to its engine's pool while still warm in the driver's caches).
-        if l.len() >= 16 && l.len().is_power_of_two() {
+        // returns to its engine's pool while still warm in the driver's caches). At 4 while
+        // the last pruning kept nothing (requests waited one by one): 16 requests freed at once
+        // overflowed the allocator's per-thread cache of 7 blocks a size, so that half of the
+        // next 16 allocations took malloc's slow path (about 150 instructions a request, on the
+        // null driver). Once a pruning keeps requests in flight, the rule is 16, 32, ... again,
+        // so that a pipeline's pending requests are not polled (a driver query each) at every
+        // fourth submit.
+        let start = if t.kept == 0 { 4 } else { 16 };
+        let l = &mut t.requests;
+        if l.len() >= start && l.len().is_power_of_two() {
             // Nothing left to report: done and either observed or successful. (Keeping
             // successful requests that were dropped unwaited would grow the list without bound.)
             l.retain(|r| match r.shared.completion.poll_done() {
@@ -279,12 +313,14 @@ impl InFlight {
                 Some(Err(_)) => !r.shared.observed.load(Ordering::Acquire),
                 None => true,
             });
+            t.kept = t.requests.len();
         }
-        l.push(req.share());
+        t.requests.push(req.share());
     }
     /// Waits for every tracked request and reports every unobserved failure. May block.
     pub fn barrier(&self) -> Result<(), BarrierError> {
-        let taken = std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner));
+        let taken =
+            std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner)).requests;
         let mut failures = Vec::new();
         for r in taken.as_slice() {
             if let Err(e) = r.settle() {
@@ -302,6 +338,7 @@ impl InFlight {
         self.list
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .requests
             .len()
     }
     /// True when nothing is tracked.

@@ -7,11 +7,11 @@ use super::mark::{self, Queue, WaitOn};
 use super::wait::{self, Expect};
 use super::{memory::DeviceBuffer, WaitMode};
 use crate::engine::cuda::DriverError;
-use crate::request::{Completion, RequestError, Slot};
+use crate::request::{self, Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Waker;
 
 /// An owned CUDA event handle.
@@ -83,6 +83,26 @@ impl Drop for Event {
     }
 }
 
+/// What every request of one lane holds (one `Arc` per request): the lane's event pool, the
+/// engine's context and its waiter thread.
+pub(crate) struct Home {
+    /// Completed events of the lane's requests, for its next ones.
+    pub(crate) events: EventPool,
+    ctx: Arc<CudaContext>,
+    waker_tx: Sender<Arc<Shared>>,
+}
+
+impl Home {
+    /// A lane's home on `ctx`, its requests' futures waited by the waiter thread `waker_tx`.
+    pub(crate) fn new(ctx: &Arc<CudaContext>, waker_tx: &Sender<Arc<Shared>>) -> Home {
+        Home {
+            events: EventPool::default(),
+            ctx: Arc::clone(ctx),
+            waker_tx: waker_tx.clone(),
+        }
+    }
+}
+
 /// How a request's end is marked when it is submitted ([`mark::marking`]).
 pub(crate) enum Marked {
     /// An event recorded after its work.
@@ -99,14 +119,20 @@ pub(crate) enum Mark {
     Event(sys::CUevent),
 }
 
-/// The shared part of a CUDA request.
+/// A CUDA request's one allocation: its [`crate::Request`]'s shared part with the completion
+/// inline. The queue's lazy bookkeeping ([`super::mark`]) and the waiter thread hold it too.
+pub(crate) type Shared = request::Shared<CudaCompletion>;
+
+/// The engine's part of a CUDA request.
 pub(crate) struct Inner {
+    /// The allocation this lives in (for the waiter thread and the queue's lazy bookkeeping).
+    pub(crate) me: Weak<Shared>,
     /// Set at submit, or later for a lazy request ([`mark`]); handed back to the pool on drop.
     event: OnceLock<Event>,
     /// A lazy request's queue (its stream): `None` for one with an event from submit.
     lazy: Option<Arc<Queue>>,
-    pool: Arc<EventPool>,
-    ctx: Arc<CudaContext>,
+    /// Its lane's event pool, context and waiter thread.
+    home: Arc<Home>,
     mode: WaitMode,
     /// When it was submitted and how long it takes at the least (for [`WaitMode::Auto`]).
     expect: Expect,
@@ -157,7 +183,7 @@ impl Inner {
     /// spinning as the context's scheduling flags say), or in `cuStreamSynchronize` for a lazy
     /// request without an event (spinning likewise; lazy requests never sleep in the driver).
     fn sync(&self) -> Result<(), RequestError> {
-        let _ = driver::bind(&self.ctx);
+        let _ = driver::bind(&self.home.ctx);
         let r = match self.target() {
             // SAFETY: a live event handle.
             (WaitOn::Event, Some(e), _) => check("cuEventSynchronize", unsafe {
@@ -198,8 +224,8 @@ impl Inner {
         if !mark::seals(self.event.get().is_some(), self.slot.get().is_some()) {
             return Ok(());
         }
-        driver::bind(&self.ctx)?;
-        let ev = self.pool.take(self.mode)?;
+        driver::bind(&self.home.ctx)?;
+        let ev = self.home.events.take(self.mode)?;
         // SAFETY: a live event of this context; the queue's live stream of it.
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(ev.raw(), stream)
@@ -237,7 +263,7 @@ impl Drop for Inner {
         if let Some(e) = self.event.take() {
             if ok {
                 // Complete, so a later record on any stream may reuse it.
-                self.pool.give(e);
+                self.home.events.give(e);
             }
         }
     }
@@ -246,36 +272,34 @@ impl Drop for Inner {
 /// The completion of one CUDA request. Recognised by [`super::CudaEngine`] in `Job::after`
 /// through [`Completion::as_any`], so that a dependency becomes a `cuStreamWaitEvent`.
 pub struct CudaCompletion {
-    pub(crate) inner: Arc<Inner>,
-    waker_tx: Sender<Arc<Inner>>,
+    pub(crate) inner: Inner,
 }
 
 impl CudaCompletion {
     pub(crate) fn new(
         marked: Marked,
-        pool: Arc<EventPool>,
-        ctx: Arc<CudaContext>,
+        home: Arc<Home>,
         (mode, expect): (WaitMode, Expect),
         keep: Vec<DeviceBuffer>,
-        waker_tx: Sender<Arc<Inner>>,
-    ) -> CudaCompletion {
+    ) -> Arc<Shared> {
         let (event, lazy) = match marked {
             Marked::Event(e) => (OnceLock::from(e), None),
             Marked::Lazy(q) => (OnceLock::new(), Some(q)),
         };
-        CudaCompletion {
-            inner: Arc::new(Inner {
-                event,
-                lazy,
-                pool,
-                ctx,
-                mode,
-                expect,
-                slot: Slot::new(),
-                _keep: keep,
-            }),
-            waker_tx,
-        }
+        Arc::new_cyclic(|me| {
+            Shared::new(CudaCompletion {
+                inner: Inner {
+                    me: Weak::clone(me),
+                    event,
+                    lazy,
+                    home,
+                    mode,
+                    expect,
+                    slot: Slot::new(),
+                    _keep: keep,
+                },
+            })
+        })
     }
     /// What a dependent orders itself after ([`Inner::mark`]).
     pub(crate) fn mark(&self) -> Mark {
@@ -302,7 +326,10 @@ impl Completion for CudaCompletion {
         // that work the caller submits on the same stream meanwhile never delays the wake-up.
         // `Known`: the slot holds the result, and completing it woke the wakers.
         if let Mark::Event(_) = self.inner.mark() {
-            if self.waker_tx.send(Arc::clone(&self.inner)).is_err() {
+            // `me` upgrades: the caller's request holds the allocation.
+            let sent = (self.inner.me.upgrade())
+                .is_some_and(|me| self.inner.home.waker_tx.send(me).is_ok());
+            if !sent {
                 // The waiter thread is gone: wait here rather than never waking.
                 self.inner.wait_event(self.inner.mode).ok();
             }
@@ -319,8 +346,9 @@ impl Completion for CudaCompletion {
 /// end, then polls), so a future wakes as soon as `wait` would return. (It used to wait every
 /// request as `Blocking`, paying the 15-150 us wake-up of a `BLOCKING_SYNC` event, and spinning
 /// instead on `Spin` events, which carry no `BLOCKING_SYNC`.)
-pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Inner>>> {
-    crate::request::spawn_waiter(name, |inner: &Arc<Inner>| {
+pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Shared>>> {
+    crate::request::spawn_waiter(name, |shared: &Arc<Shared>| {
+        let inner = &shared.completion().inner;
         let _ = inner.wait_event(inner.mode);
     })
 }

@@ -223,7 +223,7 @@ impl CudaEngine {
         check("cuEventRecord", unsafe {
             sys::cuEventRecord(ev.raw(), stream)
         })?;
-        Ok(Request::new(self.completion(ev)))
+        Ok(Request::from_shared(self.completion(ev)))
     }
 
     /// A request that completes when the caller's `event` completes (as it was last recorded
@@ -344,23 +344,26 @@ impl CudaEngine {
 
     /// The event pool of the calling thread's lane (where [`CudaEngine::completion`] returns
     /// the event).
-    fn lane_events(&self) -> &Arc<super::event::EventPool> {
-        &self.lanes.lane(self.lanes.mine()).events
+    fn lane_events(&self) -> &super::event::EventPool {
+        &self.lane_home().events
+    }
+
+    /// The calling thread's lane's [`super::event::Home`].
+    fn lane_home(&self) -> &Arc<super::event::Home> {
+        &self.lanes.lane(self.lanes.mine()).home
     }
 
     /// A completion around an event taken from [`CudaEngine::lane_events`].
-    fn completion(&self, ev: Event) -> CudaCompletion {
+    fn completion(&self, ev: Event) -> Arc<super::event::Shared> {
         CudaCompletion::new(
             Marked::Event(ev),
-            Arc::clone(self.lane_events()),
-            Arc::clone(&self.ctx),
+            Arc::clone(self.lane_home()),
             (
                 self.cfg.wait,
                 // Unknown work: no sleep, poll, then nap.
                 super::wait::Expect::now(None),
             ),
             Vec::new(),
-            self.waker_tx.clone(),
         )
     }
 

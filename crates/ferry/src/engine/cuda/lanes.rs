@@ -13,21 +13,22 @@
 //! run on. Each stream is held in a [`Queue`], which keeps its lazy requests' bookkeeping
 //! ([`super::mark`]); a lane that falls back on lane 0's stream shares its queue too.
 
-use super::event::EventPool;
+use super::event::{Home, Shared};
 use super::mark::Queue;
 use super::{route, Direction, DriverError};
 use crate::request::{BarrierError, InFlight};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 
 /// One lane: a stream per direction (made on first use, but lane 0's), the events its requests
 /// record and the requests it has in flight.
-#[derive(Default)]
 pub(crate) struct Lane {
     queues: [OnceLock<Arc<Queue>>; 3],
-    /// Completed events of this lane's requests, for its next ones.
-    pub(crate) events: Arc<EventPool>,
+    /// Completed events of this lane's requests, for its next ones, with what else each of its
+    /// requests holds.
+    pub(crate) home: Arc<Home>,
     /// This lane's requests, for the engine's barrier.
     pub(crate) inflight: InFlight,
 }
@@ -61,16 +62,30 @@ impl Lanes {
     /// counts as this many): far more than threads that can submit at once on any host.
     pub(crate) const MAX: usize = 256;
 
-    /// `n` lanes (1 to [`Lanes::MAX`]) on `ctx`; lane 0's three streams made now.
-    pub(crate) fn new(ctx: &Arc<CudaContext>, n: usize) -> Result<Lanes, DriverError> {
-        let first = [new_queue(ctx)?, new_queue(ctx)?, new_queue(ctx)?];
-        Ok(Lanes {
+    /// Lane 0's three queues on `ctx` (H2D, D2H, D2D), for [`Lanes::new`].
+    pub(crate) fn first(ctx: &Arc<CudaContext>) -> Result<[Arc<Queue>; 3], DriverError> {
+        Ok([new_queue(ctx)?, new_queue(ctx)?, new_queue(ctx)?])
+    }
+
+    /// `n` lanes (1 to [`Lanes::MAX`]) on `ctx`, lane 0's queues `first` ([`Lanes::first`]),
+    /// their requests' futures waited by the waiter thread `waker_tx`.
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        first: [Arc<Queue>; 3],
+        n: usize,
+        waker_tx: &Sender<Arc<Shared>>,
+    ) -> Lanes {
+        Lanes {
             ctx: Arc::clone(ctx),
             first,
             lanes: (0..n.clamp(1, Lanes::MAX))
-                .map(|_| Lane::default())
+                .map(|_| Lane {
+                    queues: Default::default(),
+                    home: Arc::new(Home::new(ctx, waker_tx)),
+                    inflight: InFlight::default(),
+                })
                 .collect(),
-        })
+        }
     }
 
     /// The calling thread's lane index.

@@ -37,7 +37,7 @@
 //! it); a stream the caller has been handed (`CudaEngine::stream`: from then on, for good) or
 //! that a staged copy is using (its DMAs are enqueued later by the staging thread).
 
-use super::event::Inner;
+use super::event::{Inner, Shared};
 use super::{DriverError, WaitMode};
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -94,7 +94,7 @@ pub(crate) fn seals(last_has_event: bool, last_known_done: bool) -> bool {
 pub(crate) struct Queue {
     stream: Arc<CudaStream>,
     /// The last lazy request, while it has no event (a dropped request waited for itself).
-    last: Mutex<Weak<Inner>>,
+    last: Mutex<Weak<Shared>>,
     /// The stream was handed to the caller (`CudaEngine::stream`).
     exposed: AtomicBool,
     /// Staged copies using the stream now ([`Foreign`]).
@@ -122,7 +122,7 @@ impl Queue {
         self.stream.cu_stream()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Weak<Inner>> {
+    fn lock(&self) -> MutexGuard<'_, Weak<Shared>> {
         self.last.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -134,7 +134,7 @@ impl Queue {
         if let Some(prev) = last.upgrade() {
             // A failed record leaves `prev` without an event: its wait then waits on the
             // stream (later, never early), its dependents on the host.
-            let _ = prev.seal(self.raw());
+            let _ = prev.completion().inner.seal(self.raw());
         }
         *last = Weak::new();
         Enqueue { q: self, last }
@@ -161,7 +161,7 @@ impl Queue {
     /// before anything followed it).
     pub(crate) fn mark_last(&self, inner: &Inner) -> Result<bool, DriverError> {
         let mut last = self.lock();
-        if !std::ptr::eq(last.as_ptr(), inner) {
+        if !Weak::ptr_eq(&last, &inner.me) {
             return Ok(false);
         }
         *last = Weak::new();
@@ -172,7 +172,7 @@ impl Queue {
 /// A submission's hold on its [`Queue`].
 pub(crate) struct Enqueue<'a> {
     q: &'a Queue,
-    last: MutexGuard<'a, Weak<Inner>>,
+    last: MutexGuard<'a, Weak<Shared>>,
 }
 
 impl Enqueue<'_> {
@@ -182,8 +182,8 @@ impl Enqueue<'_> {
     }
 
     /// Makes the lazy request `inner` (just enqueued) the queue's last.
-    pub(crate) fn push_lazy(mut self, inner: &Arc<Inner>) {
-        *self.last = Arc::downgrade(inner);
+    pub(crate) fn push_lazy(mut self, request: &Arc<Shared>) {
+        *self.last = Arc::downgrade(request);
     }
 }
 

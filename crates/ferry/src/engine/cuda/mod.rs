@@ -115,7 +115,6 @@ use cudarc::driver::{sys, CudaContext, CudaStream};
 use driver::check;
 use exec::End;
 use route::{Path, Route};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
 struct Peer {
@@ -132,7 +131,6 @@ pub struct CudaEngine {
     /// `can_access[j]`: this device can access device `j` directly.
     can_access: Vec<bool>,
     peers: Mutex<Vec<Option<Peer>>>,
-    waker_tx: Sender<Arc<event::Inner>>,
     paths: paths::Paths,
     /// Upper bounds on this GPU's path rates, for [`WaitMode::Auto`]'s expected end times.
     rates: wait::Rates,
@@ -156,7 +154,7 @@ impl CudaEngine {
     /// [`CudaError::NoDevice`], a failed stream creation.
     pub fn with_config(cfg: CudaConfig) -> Result<CudaEngine, CudaError> {
         let ctx = driver::context(cfg.ordinal)?;
-        let lanes = lanes::Lanes::new(&ctx, cfg.streams)?;
+        let first = lanes::Lanes::first(&ctx)?;
         let count = driver::device_count()?;
         let me = ctx.cu_device();
         let can_access = (0..count)
@@ -178,10 +176,9 @@ impl CudaEngine {
             .map_err(|e| CudaError::Thread(e.to_string()))?;
         Ok(CudaEngine {
             cfg,
-            lanes,
+            lanes: lanes::Lanes::new(&ctx, first, cfg.streams, &waker_tx),
             can_access,
             peers: Mutex::new((0..count).map(|_| None).collect()),
-            waker_tx,
             paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
             rates,
             ctx,
@@ -547,7 +544,7 @@ impl CudaEngine {
             Some(s) => Some(self.end(s.addr, s.kind)?),
             None => None,
         };
-        let events_pool = &self.lanes.lane(lane).events;
+        let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
         // first); the caller's is not the engine's to track.
         let hold = caller.is_none().then(|| queue.enqueue());
@@ -557,7 +554,7 @@ impl CudaEngine {
             hold.as_ref().is_some_and(mark::Enqueue::shared),
         );
         let ev = match marking {
-            mark::Marking::Event => Some(events_pool.take(self.cfg.wait)?),
+            mark::Marking::Event => Some(home.events.take(self.cfg.wait)?),
             mark::Marking::Lazy => None,
         };
         let raw_stream = caller.unwrap_or(queue.raw());
@@ -593,18 +590,11 @@ impl CudaEngine {
             }
             None => event::Marked::Lazy(Arc::clone(queue)),
         };
-        let c = CudaCompletion::new(
-            marked,
-            Arc::clone(events_pool),
-            Arc::clone(&self.ctx),
-            (self.cfg.wait, expect),
-            keep,
-            self.waker_tx.clone(),
-        );
+        let c = CudaCompletion::new(marked, Arc::clone(home), (self.cfg.wait, expect), keep);
         if let (Some(h), mark::Marking::Lazy) = (hold, marking) {
-            h.push_lazy(&c.inner);
+            h.push_lazy(&c);
         }
-        Ok(self.track(lane, Request::new(c)))
+        Ok(self.track(lane, Request::from_shared(c)))
     }
 }
 
