@@ -634,7 +634,17 @@ fn leak_child() {
     for round in 0..3 {
         churn_round(round);
     }
-    let before = snapshot();
+    // A worker joined in the warm-up may still be listed in /proc for a moment: wait until the
+    // thread count holds still, or `before` counts a thread that `after` no longer sees.
+    let mut before = snapshot();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(10));
+        let again = snapshot();
+        if again.0 == before.0 {
+            break;
+        }
+        before = again;
+    }
     for round in 0..60 {
         churn_round(round);
     }
