@@ -143,6 +143,22 @@ pub(super) fn setup(e: impl std::fmt::Display) -> BenchError {
     BenchError::Setup(e.to_string())
 }
 
+/// A bench-only number from the environment (`var`, e.g. `FERRY_BENCH_BOUNCE`): `None` when
+/// unset; a value that does not parse is a setup error naming the variable and `what` it is.
+pub(super) fn env_number<T: std::str::FromStr>(
+    var: &str,
+    what: &str,
+) -> Result<Option<T>, BenchError> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| BenchError::Setup(format!("${var}={s:?} is not {what}"))),
+    }
+}
+
 /// A scope's error (the closure's own, or the barrier's converted into it) as a message.
 pub(super) fn flat<T, E: std::fmt::Display>(r: Result<T, E>) -> Result<T, String> {
     r.map_err(|e| e.to_string())
@@ -176,5 +192,27 @@ pub(super) fn threads_label(n: usize) -> String {
         "1 thread".to_string()
     } else {
         format!("{n} threads")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_number_unset_set_and_bad() {
+        // A variable no other test touches.
+        const VAR: &str = "FERRY_BENCH_TEST_ENV_NUMBER";
+        std::env::remove_var(VAR);
+        assert_eq!(env_number::<usize>(VAR, "a count").unwrap(), None);
+        std::env::set_var(VAR, " 8 ");
+        assert_eq!(env_number::<usize>(VAR, "a count").unwrap(), Some(8));
+        std::env::set_var(VAR, "eight");
+        let e = env_number::<usize>(VAR, "a count").unwrap_err().to_string();
+        assert!(
+            e.contains(VAR) && e.contains("\"eight\"") && e.contains("a count"),
+            "{e}"
+        );
+        std::env::remove_var(VAR);
     }
 }

@@ -73,7 +73,7 @@ struct TempFile {
     path: PathBuf,
     data: Vec<u8>,
     /// Keeps the nameless file alive (or, for the fallback, removes the named one on drop).
-    _keep: Keep,
+    keep: Keep,
 }
 
 enum Keep {
@@ -94,7 +94,7 @@ impl TempFile {
             return Ok(TempFile {
                 path,
                 data,
-                _keep: Keep::Nameless { _file: f },
+                keep: Keep::Nameless { _file: f },
             });
         }
         let mut f = tempfile::Builder::new()
@@ -106,7 +106,7 @@ impl TempFile {
         Ok(TempFile {
             path,
             data,
-            _keep: Keep::Named {
+            keep: Keep::Named {
                 _path: f.into_temp_path(),
             },
         })
@@ -162,7 +162,7 @@ impl FileBench {
 
     /// Makes (or reuses) the test file of `size` bytes, `named` for cuFile ([`TempFile`]).
     fn file_of(&mut self, size: usize, named: bool, ctx: &Ctx) -> Result<(), BenchError> {
-        let is_named = |f: &TempFile| matches!(f._keep, Keep::Named { .. });
+        let is_named = |f: &TempFile| matches!(f.keep, Keep::Named { .. });
         if (self.file.as_ref()).is_some_and(|f| f.data.len() == size && (!named || is_named(f))) {
             return Ok(());
         }

@@ -25,7 +25,7 @@
 
 mod nccl;
 
-use super::ctx::{flat, setup, Ctx};
+use super::ctx::{env_number, flat, setup, Ctx};
 use super::cuda::batch;
 use super::data::pattern;
 use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInfo, Timing};
@@ -389,14 +389,11 @@ impl MultiBench {
     }
 
     fn d2d_split(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
-        let share: u8 = match std::env::var("FERRY_D2D_SM_SHARE") {
-            Err(_) => 50,
-            Ok(s) => s.trim().parse().map_err(|_| {
-                BenchError::Setup(format!(
-                    "$FERRY_D2D_SM_SHARE={s:?} is not a percentage (0..=255, capped at 100)"
-                ))
-            })?,
-        };
+        let share: u8 = env_number(
+            "FERRY_D2D_SM_SHARE",
+            "a percentage (0..=255, capped at 100)",
+        )?
+        .unwrap_or(50);
         let staging = StagingConfig::from_env().map_err(setup)?;
         let e =
             CudaEngine::with_config(spin_config(0, staging).d2d_sm_share(share)).map_err(setup)?;

@@ -1,6 +1,7 @@
 //! `cuda-pipeline-upcompute` and `cuda-pipeline-pageable`; see the [parent](super).
 
 use super::{compare, cu, failed, launch, setup, time_pipeline, verify, Bench, SLOTS};
+use crate::bench::ctx::env_number;
 use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
 use cudarc::driver::sys;
@@ -211,10 +212,7 @@ fn against_pinned(
     };
     // FERRY_BENCH_BOUNCE=N: N bounce buffers for the pageable and file sources instead of
     // the automatic count (`PipelineConfig::bounce_count`), to compare counts on one host.
-    let bounce = std::env::var("FERRY_BENCH_BOUNCE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    let bounce = env_number("FERRY_BENCH_BOUNCE", "a number of bounce buffers")?.unwrap_or(0);
     let cfg = PipelineConfig::new(b.chunk, SLOTS).bounce(bounce);
     let mut series = Vec::with_capacity(2);
     let mut timeline = None;
