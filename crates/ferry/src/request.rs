@@ -323,6 +323,13 @@ impl InFlight {
             std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner)).requests;
         let mut failures = Vec::new();
         for r in taken.as_slice() {
+            // Waited for and succeeded (a scope's request waited in its body, nearly always):
+            // nothing to wait for or report, known without a call into the completion.
+            if r.shared.observed.load(Ordering::Acquire)
+                && matches!(r.shared.completion.poll_done(), Some(Ok(())))
+            {
+                continue;
+            }
             if let Err(e) = r.settle() {
                 failures.push((r.id(), e));
             }

@@ -23,7 +23,7 @@ impl CudaBench {
             (
                 "pinned -> device",
                 self.h2d_series(ctx, &mut devs, &src, &data, dir, true)?,
-                self.dev_caller_view(ctx, &mut devs[0], &*src, &data)?,
+                self.dev_caller_view(ctx, &mut devs[0], &src, &data)?,
             )
         } else {
             // Pageable: ferry's staged path runs on CPU threads and the driver's pageable copy

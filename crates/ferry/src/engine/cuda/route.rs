@@ -366,6 +366,37 @@ pub(crate) fn asks_page_lock(dst: MemKind, src: Option<MemKind>, steps: &[Step])
 /// page-lock query where [`asks_page_lock`] said so, and checked by [`supports`]) whose
 /// program is `steps`, on the engine configured by `cfg`.
 pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+    match (steps, src) {
+        ([Step::Copy(p)], Some(s)) if p.kind() == PlanKind::Contiguous => {
+            one_run(cfg, dst, s, p.run()).unwrap_or_else(|| walk(cfg, dst, src, steps))
+        }
+        _ => walk(cfg, dst, src, steps),
+    }
+}
+
+/// [`route`] of one contiguous copy of `bytes` (nearly every request), decided without
+/// [`walk`]'s passes over the plan (the host work per small request is issue 14's figure): one
+/// run is one driver call, so [`KernelCopies::Auto`] leaves it to the copy engines (below
+/// [`AUTO_MIN_RUNS`] and [`AUTO_MIN_CALLS`]) and the gatherer never takes it (below
+/// [`GATHER_MIN_CALLS`]); only [`KernelCopies::Always`] sends it to the SMs, where both sides
+/// are reachable. `None` (ask [`walk`]): a split is configured, or pageable memory is on a side
+/// and the copy is large enough to be staged. The tests check that both agree on every copy.
+fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, bytes: usize) -> Option<Route> {
+    let pageable = dst == MemKind::Pageable || src == MemKind::Pageable;
+    let may_stage = cfg.staging.is_some() && bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H);
+    if cfg.d2d_sm_share.is_some() || (pageable && may_stage) {
+        return None;
+    }
+    let r = Route::new(direction(cfg, dst, Some(src)));
+    let me = cfg.ordinal;
+    let sm = cfg.kernel_copies == KernelCopies::Always
+        && kernel_reachable(me, dst)
+        && kernel_reachable(me, src);
+    Some(if sm { r.then(Path::Sm) } else { r }.then(Path::Driver))
+}
+
+/// [`route`] by the general rules, for any program.
+fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
     let me = cfg.ordinal;
     let own = MemKind::Device { ordinal: me };
     let Some(src) = src else {

@@ -723,3 +723,71 @@ fn the_run_31_stress_case_keeps_off_the_transpose_kernel() {
         assert_eq!(r.paths().collect::<Vec<_>>(), [Path::Driver], "{mode:?}");
     }
 }
+
+#[test]
+fn one_contiguous_run_is_routed_as_the_general_rules_route_it() {
+    let all = [PAGEABLE, PINNED, MAPPED, MANAGED, OWN, PEER];
+    let modes = [
+        KernelCopies::Auto,
+        KernelCopies::Never,
+        KernelCopies::Always,
+    ];
+    let forced = [
+        None,
+        Some(Direction::HostToDevice),
+        Some(Direction::DeviceToHost),
+        Some(Direction::DeviceToDevice),
+    ];
+    let sizes = [
+        0,
+        1,
+        4,
+        16,
+        256,
+        4 << 10,
+        64 << 10,
+        (1 << 20) - 1,
+        1 << 20,
+        2 << 20,
+        8 << 20,
+        1 << 30,
+    ];
+    let (mut fast, mut asked) = (0, 0);
+    for mode in modes {
+        for dir in forced {
+            for share in [None, Some(30)] {
+                for staging in [true, false] {
+                    let mut c = cfg().kernel_copies(mode);
+                    c.direction = dir;
+                    c.d2d_sm_share = share;
+                    if !staging {
+                        c.staging = None;
+                    }
+                    for d in all {
+                        for s in all {
+                            for n in sizes {
+                                let steps = contiguous(n);
+                                let general = walk(&c, d, Some(s), &steps);
+                                let at = format!("{s} -> {d}, {n} B, {mode:?}, {dir:?}");
+                                assert_eq!(route(&c, d, Some(s), &steps), general, "{at}");
+                                asked += 1;
+                                let pageable = d == PAGEABLE || s == PAGEABLE;
+                                let want_fast =
+                                    share.is_none() && !(pageable && staging && n >= 1 << 20);
+                                match one_run(&c, d, s, n) {
+                                    Some(r) => {
+                                        assert!(want_fast, "{at}");
+                                        assert_eq!(r, general, "one_run {at}");
+                                        fast += 1;
+                                    }
+                                    None => assert!(!want_fast, "{at}"),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(fast > asked / 3, "{fast} of {asked}");
+}
