@@ -7,7 +7,9 @@
 //! 46-51 GB/s only on 256 MiB-1 GiB requests. So the pipeline keeps K + 2 or more
 //! (`PipelineConfig::bounce_count`) pinned host buffers of a chunk: host threads fill the buffers
 //! of the next chunks (pageable: the fill workers of `engine/cuda/staged/fill.rs`, pieces of every
-//! queued fill taken in order, a strided chunk on [`FILL_THREADS`] CPU workers; file: the file
+//! queued fill taken in order, by default a multiple of the workers' count of them, the
+//! submitting thread copying pieces of a fill it waits for ([`super::BounceFill`]); a strided
+//! chunk on [`FILL_THREADS`] CPU workers; file: the file
 //! engine's parallel reads straight into it) while the DMAs and steps of earlier chunks run, each
 //! started as soon as its buffer is free and waited for only before its chunk's upload; the
 //! upload is then a plain pinned DMA. (Run 32, filled on the submitting thread before each

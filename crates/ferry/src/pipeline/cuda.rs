@@ -16,10 +16,11 @@
 //! [`PipelineConfig::bounce_count`] pinned bounce buffers of a chunk kept by the pipeline (see
 //! `bounce.rs`): the submitting thread starts filling the buffer of every next chunk whose buffer
 //! is free (its last DMA completed), in chunk order, each time it submits a step, never waiting
-//! for a buffer (pageable: a parallel copy on the fill workers; file: the file engine's parallel
-//! reads straight into it). An upload ahead of its chunk's compute is submitted only once its fill
+//! for a buffer (pageable: a parallel copy on the fill workers, cut as
+//! [`PipelineConfig::bounce_fill`] says; file: the file engine's parallel reads straight into it). An upload ahead of its chunk's compute is submitted only once its fill
 //! has completed ([`core::Lanes::upload_ready`]), so a fill still running never holds back the
-//! computes and downloads of earlier chunks; the upload a compute needs next waits for its fill.
+//! computes and downloads of earlier chunks; the upload a compute needs next waits for its fill
+//! (by default copying the fill's untaken pieces itself first, [`BounceFill::help`]).
 //! The upload is then a pinned DMA ordered on the GPU like any other. Downloads into pageable
 //! memory of 1 MiB or more are staged by the engine (see the
 //! [engine](crate::cuda::CudaEngine)), their completion signalled by its staging thread, waited
@@ -33,7 +34,8 @@
 use super::bounce::{BounceRing, FILL_THREADS};
 use super::core::{self, Lanes};
 use super::{
-    plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
+    plan, BounceFill, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source,
+    StageError,
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
@@ -274,6 +276,7 @@ impl<'e> CudaPipeline<'e> {
             bounce,
             chunks: &chunks,
             next_fill: 0,
+            fill: self.cfg.bounce_fill,
         };
         // Work a failing (or panicking) stage enqueued is not followed by an event ferry
         // waits for: synchronize the compute stream before the slots can be reused.
@@ -340,6 +343,8 @@ struct GpuLanes<'r, F> {
     chunks: &'r [Chunk],
     /// The first chunk whose fill has not been started.
     next_fill: usize,
+    /// How contiguous pageable fills are cut and waited for.
+    fill: BounceFill,
 }
 
 impl<F> Drop for GpuLanes<'_, F> {
@@ -453,7 +458,7 @@ where
                     let filler = bounce.filler()?;
                     // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
                     // checked within `from` by `part`) and the pinned buffer's first `c.len`.
-                    unsafe { filler.queue(pinned.addr, at, c.len) }
+                    unsafe { filler.queue(pinned.addr, at, c.len, self.fill.spread) }
                         .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
                 } else {
                     let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
@@ -513,10 +518,19 @@ where
         }
         // The fills after it queue behind it (the workers take the oldest fill's pieces first).
         self.top_up();
-        let Some(bounce) = self.bounce.as_deref_mut() else {
+        let Some(Bounce { ring, fill, .. }) = self.bounce.as_deref_mut() else {
             return Err(setup("no bounce buffers"));
         };
-        let Some(buf) = bounce.ring.ready(c.index, &mut spin_wait).map_err(failed)? else {
+        // With `help`, this thread, which has nothing to submit before this upload, copies the
+        // fill's untaken pieces itself (a contiguous pageable fill; others have none queued).
+        let helper = fill.as_ref().filter(|_| self.fill.help);
+        let mut wait = |r: Request| {
+            if let Some(f) = helper {
+                f.help(&r);
+            }
+            spin_wait(r)
+        };
+        let Some(buf) = ring.ready(c.index, &mut wait).map_err(failed)? else {
             return Err(setup("a bounce buffer read before its fill"));
         };
         let pinned = RawBuf {

@@ -110,6 +110,45 @@ pub struct PipelineConfig {
     /// [`PipelineConfig::bounce_count`]). More let the fills run further ahead of the uploads,
     /// at a chunk of pinned memory each.
     pub bounce: usize,
+    /// How host threads share the fills of those buffers from a contiguous pageable source
+    /// ([`BounceFill::SPREAD_HELP`] by default).
+    pub bounce_fill: BounceFill,
+}
+
+/// How a GPU pipeline fills its bounce buffers from a contiguous pageable source
+/// ([`PipelineConfig::bounce_fill`]): each fill is cut into pieces taken by the fill workers,
+/// the oldest fill's first, and the submitting thread waits for a fill only when the upload
+/// its next compute needs is not yet filled.
+///
+/// Why (64 MiB through 2 MiB chunks, K = 3, 8 buffers, 12 workers on the H200 host): a run
+/// queues the fills of chunks 0-7 at once, and its first DMA waits for chunk 0's fill. Cut in
+/// 256 KiB pieces, that fill is 8 pieces: 8 workers take it while the other 4 start chunk 1,
+/// so it takes one piece's time at 8/12 of the host's copy rate (about 47 GB/s for 12
+/// threads: some 65 us) instead of 2 MiB at the full rate (45 us), and nothing is on the
+/// copy engine meanwhile. Later, whenever the fills fall behind the DMAs (one core copies
+/// 8-12 GB/s, the DMA reads 53 GB/s), the submitting thread spins idle on the fill the next
+/// upload needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BounceFill {
+    /// Cut every fill into a multiple of the fill workers' count (pieces of 256 KiB at most,
+    /// 64 KiB at least), so that a fill queued alone, or first, has every worker at once.
+    pub spread: bool,
+    /// The submitting thread copies the untaken pieces of the fill it waits for (a core more on
+    /// it, and one that is awake) before it waits for the pieces still being copied.
+    pub help: bool,
+}
+
+impl BounceFill {
+    /// 256 KiB pieces; the submitting thread only waits (the behaviour before both settings).
+    pub const PIECES: BounceFill = BounceFill {
+        spread: false,
+        help: false,
+    };
+    /// Both settings: the default.
+    pub const SPREAD_HELP: BounceFill = BounceFill {
+        spread: true,
+        help: true,
+    };
 }
 
 impl PipelineConfig {
@@ -123,6 +162,7 @@ impl PipelineConfig {
             depth: 0,
             timeline: false,
             bounce: 0,
+            bounce_fill: BounceFill::SPREAD_HELP,
         }
     }
     /// Sets the output bytes per chunk.
@@ -143,6 +183,11 @@ impl PipelineConfig {
     /// Sets the number of bounce buffers (0: automatic).
     pub fn bounce(mut self, buffers: usize) -> PipelineConfig {
         self.bounce = buffers;
+        self
+    }
+    /// Sets how the bounce buffers are filled from a contiguous pageable source.
+    pub fn bounce_fill(mut self, fill: BounceFill) -> PipelineConfig {
+        self.bounce_fill = fill;
         self
     }
 

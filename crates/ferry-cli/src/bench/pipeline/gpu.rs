@@ -11,7 +11,8 @@
 //!   from the pinned source (the ratio is pageable / pinned);
 //! - `cuda-pipeline-file` ([`up`]): the same from a file (page cache) through a file engine,
 //!   vs the pinned source (the ratio is file / pinned). `FERRY_BENCH_BOUNCE=N` gives these two
-//!   sources N bounce buffers instead of the automatic count, to compare counts on one host.
+//!   sources N bounce buffers instead of the automatic count, to compare counts on one host;
+//!   `FERRY_BENCH_FILL=0..3` picks how the pageable source's buffers are filled (`up.rs`).
 //!
 //! Chunks (`chunk_for`): 1/32 of the source, at least 2 MiB. A pipeline of N balanced chunks
 //! through three steps cannot take less than (N + 2) / N of one step's total (the first upload

@@ -6,7 +6,7 @@ use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInf
 use crate::sizes::format_size;
 use cudarc::driver::sys;
 use ferry::cuda::{DeviceBuffer, PinnedBuffer};
-use ferry::pipeline::{GpuChunk, OutLen, PipelineConfig, Source};
+use ferry::pipeline::{BounceFill, GpuChunk, OutLen, PipelineConfig, Source};
 
 /// Zeroes `n` bytes of device memory at `d` (between series, so that each is checked on its
 /// own output).
@@ -158,7 +158,7 @@ pub(super) fn pageable(
         method,
         Source::new(&pageable_src),
         "pageable",
-        "pageable source (Vec<u8>) -> pinned bounce buffers (filled ahead by the fill workers, pieces of 256 KiB) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
+        "pageable source (Vec<u8>) -> pinned bounce buffers (filled ahead by the fill workers, pieces of 256 KiB or fewer, FERRY_BENCH_FILL) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
     )
 }
 
@@ -213,7 +213,9 @@ fn against_pinned(
     // FERRY_BENCH_BOUNCE=N: N bounce buffers for the pageable and file sources instead of
     // the automatic count (`PipelineConfig::bounce_count`), to compare counts on one host.
     let bounce = env_number("FERRY_BENCH_BOUNCE", "a number of bounce buffers")?.unwrap_or(0);
-    let cfg = PipelineConfig::new(b.chunk, SLOTS).bounce(bounce);
+    let cfg = PipelineConfig::new(b.chunk, SLOTS)
+        .bounce(bounce)
+        .bounce_fill(bounce_fill()?);
     let mut series = Vec::with_capacity(2);
     let mut timeline = None;
     for (name, src, role) in [
@@ -256,4 +258,23 @@ fn against_pinned(
         b.shape(what, timeline.as_ref()),
         series,
     ))
+}
+
+/// `FERRY_BENCH_FILL=N`: how the pageable source's bounce buffers are filled, to compare the
+/// ways on one host in one run ([`BounceFill`]): 0 256 KiB pieces, the submitting thread only
+/// waiting (the old way); 1 pieces spread over every fill worker; 2 the submitting thread
+/// copying pieces of the fill it waits for; 3 both (the default, also when unset).
+fn bounce_fill() -> Result<BounceFill, BenchError> {
+    const WHAT: &str = "a fill mode 0-3 (1: spread pieces, 2: the submitting thread helps)";
+    match env_number::<u8>("FERRY_BENCH_FILL", WHAT)? {
+        // The library's default.
+        None => Ok(PipelineConfig::new(1, 1).bounce_fill),
+        Some(n @ 0..=3) => Ok(BounceFill {
+            spread: n & 1 != 0,
+            help: n & 2 != 0,
+        }),
+        Some(n) => Err(BenchError::Setup(format!(
+            "$FERRY_BENCH_FILL=\"{n}\" is not {WHAT}"
+        ))),
+    }
 }

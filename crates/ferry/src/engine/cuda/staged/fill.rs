@@ -8,7 +8,10 @@
 //! queued copy is cut into pieces of [`FILL_PIECE`] and each worker takes the next piece of the
 //! oldest copy from one queue, so consecutive copies overlap (a worker done with its piece of
 //! copy `i` starts on copy `i + 1` while others finish `i`: no barrier between copies) and a
-//! copy ends as soon as its last piece does. An idle worker keeps polling for [`IDLE_SPIN`]
+//! copy ends as soon as its last piece does. A copy can be cut into a multiple of the workers
+//! ([`fill_pieces`]), so that a copy queued alone (a pipeline's first) has all of them at once,
+//! and the thread that needs a copy can copy its untaken pieces itself ([`Filler::help`])
+//! instead of only waiting. An idle worker keeps polling for [`IDLE_SPIN`]
 //! before it sleeps, so the copies of a running pipeline (one every chunk, 40-200 us apart on
 //! the H200 host) find the workers awake. The first version handed each copy from a
 //! dispatching thread to the fork-join pool, one at a time, every worker woken through its
@@ -26,10 +29,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Bytes of one piece of a copy, what a worker takes at a time: a 4 MiB bounce buffer (the
-/// bench's 64 MiB rows) is 16 pieces for the 12 default workers, an 8 MiB one 32, so the load
-/// stays balanced and the next copy's pieces fill the gaps. One piece is 25-35 us of one
-/// core's copy (8-10 GB/s), against well under a microsecond to take it from the queue.
+/// Bytes of one piece of a copy, at most: what a worker takes at a time. One piece is 25-35 us
+/// of one core's copy (8-10 GB/s), against well under a microsecond to take it from the queue.
+/// A 2 MiB bounce buffer (the bench's 64 MiB rows) is 8 such pieces: fewer than the 12 default
+/// workers, so [`fill_pieces`] can cut a copy finer, into a multiple of the workers.
 pub(crate) const FILL_PIECE: usize = 256 << 10;
 
 /// How long an idle worker polls the queue (spinning, then yielding its core) before it sleeps
@@ -39,8 +42,29 @@ pub(crate) const FILL_PIECE: usize = 256 << 10;
 /// millisecond.
 const IDLE_SPIN: Duration = Duration::from_micros(500);
 
+/// Smallest piece [`fill_pieces`] cuts when it spreads a copy over the workers: a piece of a
+/// few microseconds of copying still dwarfs the taking of it.
+const MIN_SPREAD_PIECE: usize = 64 << 10;
+
+/// How many pieces a copy of `len` bytes is cut into for `workers` workers: pieces of
+/// [`FILL_PIECE`]; with `spread`, that count rounded up to a multiple of `workers` (pieces of
+/// [`MIN_SPREAD_PIECE`] at least), so that every worker takes an equal part of a copy the queue
+/// holds alone, such as a pipeline's first fill: a 2 MiB copy is 8 pieces of 256 KiB, which
+/// leave 4 of 12 workers to the next copy while the first one waits for its slowest piece;
+/// spread, 12 pieces of 172 KiB, one per worker. At least one piece.
+pub(crate) fn fill_pieces(len: usize, workers: usize, spread: bool) -> usize {
+    let pieces = len.div_ceil(FILL_PIECE).max(1);
+    if !spread || workers <= 1 {
+        return pieces;
+    }
+    let even = pieces.div_ceil(workers) * workers;
+    even.min(len.div_ceil(MIN_SPREAD_PIECE)).max(pieces)
+}
+
 /// One queued copy: addresses as integers (the thread that queued it keeps them valid).
 struct Fill {
+    /// The id of the request `queue` returned for it ([`Request::id`]), for [`Filler::help`].
+    id: u64,
     dst: usize,
     src: usize,
     len: usize,
@@ -87,13 +111,8 @@ impl Shared {
             let seen = {
                 let mut q = lock(&self.queue);
                 loop {
-                    if let Some((fill, i)) = q.fills.front_mut() {
-                        let (fill, piece) = (Arc::clone(fill), *i);
-                        *i += 1;
-                        if *i >= fill.pieces {
-                            q.fills.pop_front();
-                        }
-                        return Some((fill, piece));
+                    if let Some(taken) = take_front(&mut q, None) {
+                        return Some(taken);
                     }
                     if q.shutdown {
                         return None;
@@ -119,35 +138,56 @@ impl Shared {
     fn worker(&self) {
         // Ends once the Filler is dropped, after the copies queued before.
         while let Some((f, i)) = self.next() {
-            let ok = match piece(f.len, f.pieces, i) {
-                // SAFETY: `queue`'s contract: both ranges are valid, disjoint and unshared
-                // until `done` completes, which needs this piece counted below; the pieces
-                // of one copy are disjoint.
-                Some((at, len)) => catch_unwind(AssertUnwindSafe(|| unsafe {
-                    copy_bytes(
-                        (f.src + at) as *const u8,
-                        (f.dst + at) as *mut u8,
-                        len,
-                        self.nt,
-                    )
-                }))
-                .is_ok(),
-                None => true,
-            };
-            if !ok {
-                f.failed.store(true, Ordering::Relaxed);
-            }
-            // AcqRel: the last piece's worker sees every other piece's bytes (and the failed
-            // flag) before it completes the request.
-            if f.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let r = match f.failed.load(Ordering::Relaxed) {
-                    true => Err(RequestError::from(StagedError::WorkerPanicked)),
-                    false => Ok(()),
-                };
-                f.done.complete(r);
-            }
+            self.copy_piece(&f, i);
         }
     }
+
+    /// Copies piece `i` of `f` (taken from the queue by this thread alone), and completes
+    /// `f`'s request if it was the last piece left.
+    fn copy_piece(&self, f: &Fill, i: usize) {
+        let ok = match piece(f.len, f.pieces, i) {
+            // SAFETY: `queue`'s contract: both ranges are valid, disjoint and unshared
+            // until `done` completes, which needs this piece counted below; the pieces
+            // of one copy are disjoint.
+            Some((at, len)) => catch_unwind(AssertUnwindSafe(|| unsafe {
+                copy_bytes(
+                    (f.src + at) as *const u8,
+                    (f.dst + at) as *mut u8,
+                    len,
+                    self.nt,
+                )
+            }))
+            .is_ok(),
+            None => true,
+        };
+        if !ok {
+            f.failed.store(true, Ordering::Relaxed);
+        }
+        // AcqRel: the last piece's worker sees every other piece's bytes (and the failed
+        // flag) before it completes the request.
+        if f.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let r = match f.failed.load(Ordering::Relaxed) {
+                true => Err(RequestError::from(StagedError::WorkerPanicked)),
+                false => Ok(()),
+            };
+            f.done.complete(r);
+        }
+    }
+}
+
+/// Takes the next piece of the oldest copy (only if its request's id is `only`, when given),
+/// removing the copy from the queue once its last piece is taken.
+fn take_front(q: &mut Queue, only: Option<u64>) -> Option<(Arc<Fill>, usize)> {
+    let (fill, i) = q.fills.front_mut()?;
+    if only.is_some_and(|id| id != fill.id) {
+        return None;
+    }
+    let (fill, piece) = (Arc::clone(fill), *i);
+    *i += 1;
+    if *i >= fill.pieces {
+        q.fills.pop_front();
+    }
+    Some((fill, piece))
 }
 
 impl Filler {
@@ -186,9 +226,9 @@ impl Filler {
         Ok(filler)
     }
 
-    /// Queues a copy of `len` bytes from `src` to `dst` and returns at once; the request
-    /// completes when the bytes are in `dst` (non-temporal stores fenced), or with
-    /// [`StagedError::WorkerPanicked`].
+    /// Queues a copy of `len` bytes from `src` to `dst` and returns at once, cut into
+    /// [`fill_pieces`] (`spread`: a multiple of the workers); the request completes when the
+    /// bytes are in `dst` (non-temporal stores fenced), or with [`StagedError::WorkerPanicked`].
     ///
     /// # Safety
     /// 1. `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
@@ -199,10 +239,13 @@ impl Filler {
         dst: u64,
         src: u64,
         len: usize,
+        spread: bool,
     ) -> Result<Request, StagedError> {
         let done = Arc::new(Signal::new());
-        let pieces = len.div_ceil(FILL_PIECE).max(1);
+        let req = Request::new(Arc::clone(&done));
+        let pieces = fill_pieces(len, self.threads.len(), spread);
         let f = Arc::new(Fill {
+            id: req.id(),
             dst: dst as usize,
             src: src as usize,
             len,
@@ -222,7 +265,28 @@ impl Filler {
         }
         self.shared.queued.fetch_add(1, Ordering::Release);
         self.shared.wake.notify_all();
-        Ok(Request::new(done))
+        Ok(req)
+    }
+
+    /// Copies, on the calling thread, pieces of the copy whose request is `req` (one
+    /// [`Filler::queue`] returned) that no worker has taken yet, until none is left; returns
+    /// how many it copied (0 when the copy is not the oldest one queued, or is no copy of this
+    /// filler). The copy may still be running on the workers after: wait for `req`.
+    ///
+    /// For a thread that would otherwise wait for `req`: it adds a core to the copy, and the
+    /// copy does not wait for sleeping workers to wake. It never takes another copy's piece,
+    /// so it returns at most one piece (tens of microseconds) after the copy's last piece was
+    /// taken.
+    pub(crate) fn help(&self, req: &Request) -> usize {
+        let mut copied = 0;
+        loop {
+            let taken = take_front(&mut lock(&self.shared.queue), Some(req.id()));
+            let Some((f, i)) = taken else {
+                return copied;
+            };
+            self.shared.copy_piece(&f, i);
+            copied += 1;
+        }
     }
 }
 
@@ -255,7 +319,7 @@ mod tests {
             .zip(lens)
             .map(|(d, len)| {
                 // SAFETY: both vectors outlive the requests, waited for below.
-                unsafe { filler.queue(d.as_mut_ptr() as u64, src.as_ptr() as u64, len) }
+                unsafe { filler.queue(d.as_mut_ptr() as u64, src.as_ptr() as u64, len, true) }
                     .expect("queue")
             })
             .collect();
@@ -282,9 +346,11 @@ mod tests {
             let mut dsts: Vec<Vec<u8>> = lens.iter().map(|&l| vec![0u8; l]).collect();
             let reqs: Vec<Request> = dsts
                 .iter_mut()
-                .map(|d| {
+                .enumerate()
+                .map(|(j, d)| {
+                    let (dst, len) = (d.as_mut_ptr() as u64, d.len());
                     // SAFETY: the vectors outlive the requests, waited for below.
-                    unsafe { filler.queue(d.as_mut_ptr() as u64, src.as_ptr() as u64, d.len()) }
+                    unsafe { filler.queue(dst, src.as_ptr() as u64, len, j % 2 == 0) }
                         .expect("queue")
                 })
                 .collect();
@@ -300,5 +366,97 @@ mod tests {
             // Past the idle spin: the next round wakes sleeping workers.
             std::thread::sleep(IDLE_SPIN * 3);
         }
+    }
+
+    #[test]
+    fn spread_fills_give_every_worker_an_equal_part() {
+        // The bench's chunks on the GPU host's 12 workers: 8 and 32 pieces of 256 KiB, spread
+        // 12 and 36; small copies keep pieces of 64 KiB or more.
+        assert_eq!(fill_pieces(2 << 20, 12, false), 8);
+        assert_eq!(fill_pieces(2 << 20, 12, true), 12);
+        assert_eq!(fill_pieces(8 << 20, 12, false), 32);
+        assert_eq!(fill_pieces(8 << 20, 12, true), 36);
+        assert_eq!(fill_pieces(100 << 10, 12, true), 2);
+        assert_eq!(fill_pieces(0, 12, true), 1);
+        assert_eq!(fill_pieces(5 << 20, 1, true), 20);
+        for workers in 1..=16 {
+            for len in [
+                1,
+                4096,
+                300_000,
+                1 << 20,
+                (2 << 20) + 12_345,
+                8 << 20,
+                33 << 20,
+            ] {
+                let (plain, spread) = (
+                    fill_pieces(len, workers, false),
+                    fill_pieces(len, workers, true),
+                );
+                assert!(spread >= plain, "{len} on {workers}: {spread} < {plain}");
+                // The pieces cover the copy once (the last may be empty: 4 KiB rounding).
+                let parts: Vec<_> = (0..spread).filter_map(|i| piece(len, spread, i)).collect();
+                let mut next = 0;
+                for &(at, l) in &parts {
+                    assert_eq!(at, next, "{len} on {workers}");
+                    next += l;
+                }
+                assert_eq!(next, len, "{len} on {workers}");
+                if len >= workers * MIN_SPREAD_PIECE {
+                    // Every worker has a piece of a copy queued alone, none over FILL_PIECE.
+                    assert_eq!(spread % workers, 0, "{len} on {workers}: {spread} pieces");
+                    assert!(parts.len() >= workers, "{len} on {workers}: {parts:?}");
+                    assert!(
+                        parts.iter().all(|p| p.1 <= FILL_PIECE),
+                        "{len} on {workers}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A thread waiting for a copy copies that copy's untaken pieces and no other copy's: it
+    /// returns once none of its copy's pieces is left in the queue, the copy's bytes are all
+    /// in place once its request completes, and a request of no queued copy gets no help.
+    #[test]
+    fn help_copies_pieces_of_its_own_copy_only() {
+        let filler = Filler::new(StagingConfig::new().threads(1)).expect("filler");
+        let src: Vec<u8> = (0..(16u32 << 20))
+            .map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8)
+            .collect();
+        let mut helped = 0;
+        for round in 0..3 {
+            let (mut a, mut b) = (vec![0u8; src.len()], vec![0u8; src.len()]);
+            // SAFETY: the vectors outlive the requests, waited for below.
+            let (ra, rb) = unsafe {
+                let s = src.as_ptr() as u64;
+                let ra = filler.queue(a.as_mut_ptr() as u64, s, a.len(), false);
+                let rb = filler.queue(b.as_mut_ptr() as u64, s, b.len(), false);
+                (ra.expect("queue a"), rb.expect("queue b"))
+            };
+            assert_eq!(filler.help(&Request::ready(Ok(()))), 0);
+            let by_a = filler.help(&ra);
+            assert!(
+                by_a <= fill_pieces(a.len(), 1, false),
+                "round {round}: {by_a}"
+            );
+            {
+                let q = lock(&filler.shared.queue);
+                assert!(
+                    q.fills.iter().all(|(f, _)| f.id != ra.id()),
+                    "round {round}: help returned with pieces of its copy left"
+                );
+            }
+            let by_b = filler.help(&rb);
+            ra.wait().expect("a");
+            rb.wait().expect("b");
+            assert!(a == src && b == src, "round {round}: a helped copy differs");
+            helped += by_a + by_b;
+            if helped > 0 {
+                break;
+            }
+        }
+        // 128 pieces of 256 KiB for one worker: the calling thread took some of them.
+        assert!(helped > 0, "the calling thread never copied a piece");
     }
 }
