@@ -13,7 +13,7 @@
 //!   ([`spawn_waiter`]), which the first registered waker starts waiting.
 
 use super::RequestError;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
@@ -42,11 +42,19 @@ impl Sleep for Condvar {
 #[derive(Default)]
 pub(crate) struct Slot<S: Sleep = ()> {
     state: Mutex<State>,
-    /// [`Done`] as a number: set (under the lock, after the result) by `complete`, read
-    /// without it by `get`. A CUDA request's slot is asked 4-5 times in its life (at the start
-    /// of its wait, by the scope's barrier, the engine's list's pruning, its drop): one lock
-    /// and unlock each before.
+    /// [`Done`] as a number, read without the lock by `get`. A success is set by one
+    /// compare-and-swap, without the lock (the result of nearly every request: a CUDA request's
+    /// completion then costs no lock, on the path between its copy's end and its caller's
+    /// return); a failure is set under the lock, after its error. A CUDA request's slot is asked
+    /// 4-5 times in its life (at the start of its wait, by the scope's barrier, the engine's
+    /// list's pruning, its drop).
     done: AtomicU8,
+    /// Set (under the lock) once a waker was registered or a thread went to sleep on the slot:
+    /// a success then takes the lock to wake them. Both sides use `SeqCst` on `done` and on
+    /// this flag, each writing its own and then reading the other's, so at least one sees the
+    /// other: either the completion sees the flag and wakes, or the registration (or the thread
+    /// about to sleep) sees the result and does not wait.
+    listeners: AtomicBool,
     sleep: S,
 }
 
@@ -63,6 +71,7 @@ enum Done {
 
 #[derive(Default)]
 struct State {
+    /// A failure's error (a success is only [`Slot::done`]).
     result: Option<Result<(), RequestError>>,
     wakers: Vec<Waker>,
     /// Threads asleep on the slot's condition variable (always 0 for `Slot<()>`): counted
@@ -87,28 +96,69 @@ impl<S: Sleep> Slot<S> {
     /// Completes the slot: the first result wins, and is returned (this one or an earlier
     /// one). Wakes every registered waker once, and the sleeping threads if there are any.
     pub(crate) fn complete(&self, result: Result<(), RequestError>) -> Result<(), RequestError> {
-        let (wakers, sleepers) = {
-            let mut st = self.lock();
-            if let Some(prev) = &st.result {
-                return prev.clone();
+        if result.is_ok() {
+            // The lock-free path: one compare-and-swap; the lock only if someone listens.
+            if self
+                .done
+                .compare_exchange(
+                    Done::Pending as u8,
+                    Done::Ok as u8,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_err()
+            {
+                return self.get().unwrap_or(Ok(()));
             }
-            st.result = Some(result.clone());
-            let done = if result.is_ok() {
-                Done::Ok
-            } else {
-                Done::Failed
-            };
-            // Release: a `get` that sees it sees the result (set above, under the lock).
-            self.done.store(done as u8, Ordering::Release);
-            (std::mem::take(&mut st.wakers), st.sleepers)
-        };
+            if self.listeners.load(Ordering::SeqCst) {
+                self.wake(self.lock());
+            }
+            return Ok(());
+        }
+        let mut st = self.lock();
+        if let Some(prev) = self.get_locked(&st) {
+            return prev;
+        }
+        st.result = Some(result.clone());
+        // Release (SeqCst): a `get` that sees it takes the lock, so it sees the error.
+        if self
+            .done
+            .compare_exchange(
+                Done::Pending as u8,
+                Done::Failed as u8,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            // A success won meanwhile (it takes no lock).
+            st.result = None;
+            return Ok(());
+        }
+        self.wake(st);
+        result
+    }
+
+    /// Wakes the registered wakers (once: they are taken) and the sleeping threads.
+    fn wake(&self, mut st: MutexGuard<'_, State>) {
+        let wakers = std::mem::take(&mut st.wakers);
+        let sleepers = st.sleepers;
+        drop(st);
         if sleepers > 0 {
             self.sleep.wake_all();
         }
         for w in wakers {
             w.wake();
         }
-        result
+    }
+
+    /// [`Slot::get`] with the lock held.
+    fn get_locked(&self, st: &State) -> Option<Result<(), RequestError>> {
+        match self.done.load(Ordering::SeqCst) {
+            d if d == Done::Pending as u8 => None,
+            d if d == Done::Ok as u8 => Some(Ok(())),
+            _ => st.result.clone(),
+        }
     }
 
     /// The result once complete; never blocks (takes the slot's lock only for a failure).
@@ -133,13 +183,17 @@ impl<S: Sleep> Slot<S> {
     /// arranges for the slot to be completed (a waiter thread) if nothing else will.
     pub(crate) fn register_waker(&self, waker: &Waker) -> bool {
         let mut st = self.lock();
-        if st.result.is_some() {
+        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
+            st.wakers.push(waker.clone());
+        }
+        // Flag first, then look (see `listeners`): a success that did not see the flag is
+        // seen here.
+        self.listeners.store(true, Ordering::SeqCst);
+        if self.get_locked(&st).is_some() {
+            st.wakers.retain(|w| !w.will_wake(waker));
             drop(st);
             waker.wake_by_ref();
             return false;
-        }
-        if !st.wakers.iter().any(|w| w.will_wake(waker)) {
-            st.wakers.push(waker.clone());
         }
         !std::mem::replace(&mut st.watched, true)
     }
@@ -162,8 +216,10 @@ impl Slot<Condvar> {
         }
         let mut st = self.lock();
         loop {
-            if let Some(r) = &st.result {
-                return r.clone();
+            // Flag first, then look (see `listeners`).
+            self.listeners.store(true, Ordering::SeqCst);
+            if let Some(r) = self.get_locked(&st) {
+                return r;
             }
             st.sleepers += 1;
             st = self.sleep.wait(st).unwrap_or_else(PoisonError::into_inner);
@@ -316,6 +372,54 @@ mod tests {
         assert_eq!(s.lock().sleepers, 0);
         // Already complete: returns at once.
         assert_eq!(s.wait(), failed("done"));
+    }
+
+    /// A success takes no lock: a waker registered at the same moment, or a thread going to
+    /// sleep at the same moment, is still woken (or sees the result), every time.
+    #[test]
+    fn lock_free_success_never_loses_a_waker_or_a_sleeper() {
+        for round in 0..2000 {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let c = Arc::new(Count::default());
+            let waker = Waker::from(Arc::clone(&c));
+            let sleeper = {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || s.wait())
+            };
+            let completer = {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || {
+                    if round % 3 == 0 {
+                        std::thread::yield_now();
+                    }
+                    s.complete(Ok(()))
+                })
+            };
+            s.register_waker(&waker);
+            assert_eq!(completer.join().unwrap(), Ok(()), "round {round}");
+            assert_eq!(sleeper.join().unwrap(), Ok(()), "round {round}");
+            assert!(c.get() >= 1, "round {round}: the waker was never woken");
+            assert_eq!(s.get(), Some(Ok(())));
+            // A later failure does not replace the success.
+            assert_eq!(s.complete(failed("late")), Ok(()));
+        }
+    }
+
+    /// A success and a failure racing: exactly one wins, and every later look agrees with it.
+    #[test]
+    fn racing_success_and_failure_agree_on_one_result() {
+        for _ in 0..2000 {
+            let s = Arc::new(Slot::<()>::new());
+            let ok = {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || s.complete(Ok(())))
+            };
+            let bad = s.complete(failed("racing"));
+            let ok = ok.join().unwrap();
+            let now = s.get().expect("complete");
+            assert_eq!(ok, now);
+            assert_eq!(bad, now);
+        }
     }
 
     #[test]
