@@ -128,6 +128,12 @@ pub struct PipelineConfig {
 /// copy engine meanwhile. Later, whenever the fills fall behind the DMAs (one core copies
 /// 8-12 GB/s, the DMA reads 53 GB/s), the submitting thread spins idle on the fill the next
 /// upload needs.
+///
+/// Measured (H200 host, runs 48-51 of `bench/results/h200.md`, `FERRY_BENCH_FILL` A/B in one
+/// machine's calls, `cuda-pipeline-pageable`): on a host whose pageable rows swung 14-37 GB/s
+/// from series to series, the median of the series' medians at 64 MiB was 35.2 GB/s with both
+/// settings against 22.6 with neither (spread alone 29.7, help alone 30.7), at 256 MiB 34.4
+/// against 28.9; the pinned-source pipeline moved 43-47 GB/s there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BounceFill {
     /// Cut every fill into a multiple of the fill workers' count (pieces of 256 KiB at most,
