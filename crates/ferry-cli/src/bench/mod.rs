@@ -2,7 +2,7 @@
 //!
 //! - A [`TestInfo`] names a test, says what it needs ([`Needs`]), whether it measures
 //!   bandwidth or latency ([`Kind`]) and its default size sweep.
-//! - [`measure`] is the only timing loop: warm-up calls, one calibration call, then samples of
+//! - [`measure`](fn@measure) is the only timing loop: warm-up calls, one calibration call, then samples of
 //!   `reps` back-to-back calls each (reps chosen so a sample lasts at least
 //!   [`Method::min_sample_s`]); the per-call time of each sample is kept, and the median, min
 //!   and max reported.

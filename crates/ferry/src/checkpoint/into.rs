@@ -90,7 +90,7 @@ impl<'a> Dest<'a> {
 /// ([`CheckpointError::Destination`]); memory the file engine
 /// cannot reach (device memory without [`FileEngine::with_engine`]: a
 /// [`CheckpointError::File`] naming the tensor); and every header error of
-/// [`load`](super::load). A read that fails ([`CheckpointError::File`], naming the
+/// [`load`](fn@super::load). A read that fails ([`CheckpointError::File`], naming the
 /// tensor) is returned after all reads have finished; the destinations' bytes are then
 /// unspecified.
 ///

@@ -2,7 +2,7 @@
 //! `*.safetensors.index.json`) loaded into GPU, pinned or pageable memory through the
 //! [`FileEngine`](crate::file::FileEngine), and saved back.
 //!
-//! - [`load`] reads the header (checked tensor by tensor, then by the `safetensors` crate,
+//! - [`load`](fn@load) reads the header (checked tensor by tensor, then by the `safetensors` crate,
 //!   the format's reference implementation), picks the tensors asked for
 //!   ([`LoadOptions::names`], [`LoadOptions::filter`]), allocates memory for them
 //!   ([`Target`]: a GPU, pinned or pageable host memory; [`Placement`]: one allocation for
@@ -17,7 +17,7 @@
 //!   earlier [`Placement::PerTensor`] load.
 //! - [`Checkpoint`] holds the memory and, per tensor, its name, dtype, shape, byte range in
 //!   the file, and where it lies ([`Tensor::addr`]: a device address for a GPU).
-//! - [`save`] writes tensors from any memory the engine reaches (device buffers included) to
+//! - [`save`](fn@save) writes tensors from any memory the engine reaches (device buffers included) to
 //!   a safetensors file, laid out as the reference writer does, through the file engine; the
 //!   file appears under its name only once complete ([`SaveOptions::fsync`] for durability).
 //! - Errors: [`CheckpointError`], one variant per fault, naming the file and the tensor;
@@ -347,7 +347,7 @@ impl std::fmt::Display for LoadReport {
     }
 }
 
-/// Tensors loaded into memory ([`load`]): the buffers, and each tensor's place in them.
+/// Tensors loaded into memory ([`load`](fn@load)): the buffers, and each tensor's place in them.
 #[derive(Debug)]
 pub struct Checkpoint {
     tensors: Vec<Tensor>,
@@ -386,7 +386,7 @@ impl Checkpoint {
         Some(&self.buffers[t.buffer].host_bytes()?[t.offset..t.offset + t.len])
     }
     /// The memory of tensor `name`, wherever it lives, as [`Memory`] for engines and
-    /// [`save`].
+    /// [`save`](fn@save).
     pub fn region(&self, name: &str) -> Option<crate::memory::Region<'_>> {
         let t = self.get(name)?;
         crate::memory::Region::of(&self.buffers[t.buffer], t.offset..t.offset + t.len)

@@ -2,7 +2,7 @@
 //! third way a chunk moves (beside a host buffer's own `pread`/`pwrite` and the bounce ring).
 //!
 //! - The transport of a device transfer is decided by one pure function, [`choose`], from
-//!   [`Facts`]: the [`CuFileMode`] asked for ([`FileConfig::cufile`](super::FileConfig::cufile),
+//!   [`Facts`]: the [`CuFileMode`](super::transport::CuFileMode) asked for ([`FileConfig::cufile`](super::FileConfig::cufile),
 //!   `FERRY_CUFILE`), whether `libcufile` loads, whether the `nvidia-fs` module is loaded, and
 //!   whether the driver, an `O_DIRECT` descriptor and the file's registration could be had.
 //!   Every device transfer's [`IoReport`](super::IoReport) carries the [`Choice`] and its reason.
@@ -12,7 +12,7 @@
 //! - Driver: opened (`cuFileDriverOpen`) by the first engine that chooses cuFile, closed
 //!   (`cuFileDriverClose`) when the last engine or file handle using it is dropped.
 //! - Files: a second descriptor, opened with `O_DIRECT`, registered (`cuFileHandleRegister`)
-//!   once per [`FileHandle`](super::FileHandle), deregistered and closed when it is dropped.
+//!   once per [`FileHandle`], deregistered and closed when it is dropped.
 //! - Buffers: a load of at least [`REGISTER_MIN`] bytes registers its destination
 //!   (`cuFileBufRegister`) for the transfer; it is deregistered when the last chunk finished,
 //!   errors included. A refused registration is no error: cuFile then reads through its own
@@ -22,7 +22,7 @@
 //!   is [`FileError::UnexpectedEof`]; a failed call is [`FileError::CuFile`] with cuFile's code.
 //! - Compatibility mode: without `nvidia-fs`, cuFile can still run (POSIX reads into its own
 //!   host buffers, then copies), slower than ferry's bounce ring: used only with
-//!   [`CuFileMode::On`], and only where cuFile itself allows it (`CUFILE_FORCE_COMPAT_MODE=true`,
+//!   [`CuFileMode::On`](super::transport::CuFileMode::On), and only where cuFile itself allows it (`CUFILE_FORCE_COMPAT_MODE=true`,
 //!   or `"allow_compat_mode": true` in the cufile.json that `CUFILE_ENV_PATH_JSON` names).
 
 use super::error::{CuFileCode, FileError, IoOp};

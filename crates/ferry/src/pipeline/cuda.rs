@@ -1,5 +1,5 @@
 //! The pipeline on a GPU: uploads and downloads are requests of a
-//! [`CudaEngine`](crate::cuda::CudaEngine) on its copy-engine streams, the stage enqueues its
+//! [`CudaEngine`] on its copy-engine streams, the stage enqueues its
 //! kernels on the pipeline's compute stream, and every order between them is an event waited
 //! on by a stream ([`CudaEngine::stream_wait`], a request as a job dependency): the host never
 //! waits for a chunk, except to bound the work queued ahead.

@@ -457,7 +457,7 @@ impl Engine for StreamEngine<'_> {
 
 impl<'scope> Scope<'scope, '_> {
     /// Copies `src_layout` of `src` into `dst_layout` of a device buffer the scope only
-    /// shares, after the requests `after` (on a [`CudaEngine`](crate::cuda::CudaEngine): GPU
+    /// shares, after the requests `after` (on a [`CudaEngine`]: GPU
     /// waits, e.g. on [`CudaEngine::record`](crate::cuda::CudaEngine::record) of the compute
     /// stream that last read the buffer). For loops that own their schedule (the seed's loop of
     /// a copy stream, a compute stream and events): one device buffer written again and again

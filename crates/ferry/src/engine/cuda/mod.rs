@@ -1,7 +1,7 @@
 //! The CUDA engine: copies on the GPU's copy engines through the driver API (cudarc, loaded at
 //! run time, so ferry builds and runs without CUDA installed).
 //!
-//! - [`probe`]: the driver, the devices and the links between them; never panics. Without a
+//! - [`probe`](fn@probe): the driver, the devices and the links between them; never panics. Without a
 //!   driver every constructor here returns [`CudaError::NoDriver`], and nothing else of the
 //!   driver is called.
 //! - Buffers ([`DeviceBuffer`], [`PinnedBuffer`], [`Registered`], [`MappedBuffer`],

@@ -1,4 +1,4 @@
-//! The SM transpose kernel: plans that [`route::transpose_of`] recognises (two dims swap grain
+//! The SM transpose kernel: plans that [`super::route::transpose_of`] recognises (two dims swap grain
 //! between the sides, elements of 1, 2, 4, 8 or 16 bytes, any number of batch dims) move
 //! through shared-memory tiles, so that a warp reads 128 contiguous bytes of the source and
 //! writes 128 contiguous bytes of the destination where the layouts are dense.

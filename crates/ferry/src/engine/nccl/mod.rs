@@ -21,7 +21,7 @@
 //!   aborted (`ncclCommAbort`, which stops its kernels) and the request fails with
 //!   [`RequestError::Timeout`]; later submits fail with [`NcclError::Aborted`].
 //! - Without the NCCL library (or without a CUDA driver) every constructor returns an error
-//!   ([`NcclError::NoLibrary`], [`NcclError::Cuda`]); nothing panics. [`probe`] says what is
+//!   ([`NcclError::NoLibrary`], [`NcclError::Cuda`]); nothing panics. [`probe`](fn@probe) says what is
 //!   there. The library is found as `$FERRY_NCCL_LIB`, `libnccl.so.2` or `libnccl.so`
 //!   through the dynamic loader (`LD_LIBRARY_PATH`); for the `nvidia-nccl-cu13` Python wheel
 //!   that is `$(python3 -c "import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__))")/lib`.
