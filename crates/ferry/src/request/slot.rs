@@ -53,7 +53,9 @@ pub(crate) struct Slot<S: Sleep = ()> {
     /// a success then takes the lock to wake them. Both sides use `SeqCst` on `done` and on
     /// this flag, each writing its own and then reading the other's, so at least one sees the
     /// other: either the completion sees the flag and wakes, or the registration (or the thread
-    /// about to sleep) sees the result and does not wait.
+    /// about to sleep) sees the result and does not wait. (Release/Acquire would not do: each
+    /// side's store must be ordered before its own later load, which only `SeqCst` orders; the
+    /// stress tests below cannot tell the two apart.)
     listeners: AtomicBool,
     sleep: S,
 }
@@ -406,20 +408,56 @@ mod tests {
     }
 
     /// A success and a failure racing: exactly one wins, and every later look agrees with it.
+    /// Both threads start together (a shared flag) and the success waits a varying spin, so
+    /// that it also lands while the failure holds the lock with its error set (the failure
+    /// then gives way).
     #[test]
     fn racing_success_and_failure_agree_on_one_result() {
-        for _ in 0..2000 {
+        let mut won = [0usize; 2];
+        for round in 0..20_000u32 {
             let s = Arc::new(Slot::<()>::new());
+            let go = Arc::new(AtomicUsize::new(0));
             let ok = {
-                let s = Arc::clone(&s);
-                std::thread::spawn(move || s.complete(Ok(())))
+                let (s, go) = (Arc::clone(&s), Arc::clone(&go));
+                std::thread::spawn(move || {
+                    while go.load(Ordering::Acquire) == 0 {
+                        std::hint::spin_loop();
+                    }
+                    for _ in 0..round % 64 {
+                        std::hint::spin_loop();
+                    }
+                    s.complete(Ok(()))
+                })
             };
+            go.store(1, Ordering::Release);
             let bad = s.complete(failed("racing"));
             let ok = ok.join().unwrap();
             let now = s.get().expect("complete");
-            assert_eq!(ok, now);
-            assert_eq!(bad, now);
+            assert_eq!(ok, now, "round {round}");
+            assert_eq!(bad, now, "round {round}");
+            won[usize::from(now.is_ok())] += 1;
         }
+        // Both outcomes happen (else the race was never run).
+        assert!(won[0] > 0 && won[1] > 0, "{won:?}");
+    }
+
+    /// A success (the lock-free path) wakes a thread asleep on the condition variable.
+    #[test]
+    fn success_wakes_a_sleeping_waiter() {
+        let s = Arc::new(Slot::<Condvar>::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || tx.send(s.wait()));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.lock().sleepers == 0 {
+            assert!(Instant::now() < deadline, "the waiter never went to sleep");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(s.complete(Ok(())), Ok(()));
+        let woken = rx.recv_timeout(Duration::from_secs(10));
+        assert_eq!(woken, Ok(Ok(())), "the sleeping waiter was not woken");
     }
 
     #[test]
