@@ -157,6 +157,13 @@ impl BounceFill {
     };
 }
 
+impl Default for BounceFill {
+    /// [`BounceFill::SPREAD_HELP`].
+    fn default() -> BounceFill {
+        BounceFill::SPREAD_HELP
+    }
+}
+
 impl PipelineConfig {
     /// Chunks of `chunk_bytes` through `slots` slots; output as long as each chunk's input;
     /// no timeline.
@@ -168,7 +175,7 @@ impl PipelineConfig {
             depth: 0,
             timeline: false,
             bounce: 0,
-            bounce_fill: BounceFill::SPREAD_HELP,
+            bounce_fill: BounceFill::default(),
         }
     }
     /// Sets the output bytes per chunk.

@@ -405,18 +405,19 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
     };
     // Staged: pageable <-> this GPU, every step a copy, large enough; or one segment list of
     // enough segments or bytes.
-    if cfg.staging.is_some() {
-        let staged = match (dst, src) {
-            (d, MemKind::Pageable) if d == own => Some(staged::Direction::HostToDevice),
-            (MemKind::Pageable, s) if s == own => Some(staged::Direction::DeviceToHost),
-            _ => None,
-        };
+    let staged = match (dst, src) {
+        _ if cfg.staging.is_none() => None,
+        (d, MemKind::Pageable) if d == own => Some(staged::Direction::HostToDevice),
+        (MemKind::Pageable, s) if s == own => Some(staged::Direction::DeviceToHost),
+        _ => None,
+    };
+    if let Some(dir) = staged {
         let copies = steps.iter().all(|s| matches!(s, Step::Copy(_)));
         let list = match steps {
             [Step::Segments { range, .. }] => Some(range.len()),
             _ => None,
         };
-        if let (Some(dir), true) = (staged, copies || list.is_some()) {
+        if copies || list.is_some() {
             let min = match dir {
                 staged::Direction::HostToDevice => STAGE_MIN_H2D,
                 staged::Direction::DeviceToHost => STAGE_MIN_D2H,

@@ -267,8 +267,7 @@ fn against_pinned(
 fn bounce_fill() -> Result<BounceFill, BenchError> {
     const WHAT: &str = "a fill mode 0-3 (1: spread pieces, 2: the submitting thread helps)";
     match env_number::<u8>("FERRY_BENCH_FILL", WHAT)? {
-        // The library's default.
-        None => Ok(PipelineConfig::new(1, 1).bounce_fill),
+        None => Ok(BounceFill::default()),
         Some(n @ 0..=3) => Ok(BounceFill {
             spread: n & 1 != 0,
             help: n & 2 != 0,
