@@ -140,6 +140,32 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
     Ok(total)
 }
 
+/// A copy from `src` to `dst` checked against buffers of `dst_len` and `src_len` bytes (both
+/// layouts inside their buffers, the same element size), and its one contiguous run
+/// `(dst offset, src offset, bytes)` where it is one ([`Plan::single_run`]); `None`: a general
+/// plan. What [`Program::copy`] checks, and all that an engine needs to run one run without
+/// building a program ([`Op::one_run`]).
+fn checked_run(
+    dst: &Layout,
+    src: &Layout,
+    dst_len: usize,
+    src_len: usize,
+) -> Result<Option<(usize, usize, usize)>, OpError> {
+    // The common case first, without the general passes over the dims (issue 14 counts the
+    // host work per small request): one run inside both buffers. A contiguous layout's span
+    // is its offset plus its bytes. Anything else, errors included, takes the general checks
+    // (tests: `one_run_agrees_with_the_general_checks`).
+    if let Ok(Some((d, s, n))) = Plan::single_run(dst, src) {
+        let fits = |off: usize, len: usize| off.checked_add(n).is_some_and(|end| end <= len);
+        if fits(d, dst_len) && fits(s, src_len) {
+            return Ok(Some((d, s, n)));
+        }
+    }
+    dst.check_buffer(dst_len).map_err(OpError::Dst)?;
+    src.check_buffer(src_len).map_err(OpError::Src)?;
+    Ok(Plan::single_run(dst, src)?)
+}
+
 /// One engine-independent step, in byte offsets of the request's buffers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -195,11 +221,9 @@ impl Program {
     /// Adds a copy from `src` (in the source buffer) to `dst` (in the destination buffer).
     pub fn copy(&mut self, dst: &Layout, src: &Layout) -> Result<(), OpError> {
         let src_len = self.src_len.ok_or(OpError::NoSource)?;
-        dst.check_buffer(self.dst_len).map_err(OpError::Dst)?;
-        src.check_buffer(src_len).map_err(OpError::Src)?;
         // `Plan::new`, each plan built where it stays (a request's one step is inline in the
         // program: no move of the 416-byte plan through a `Result`).
-        match Plan::single_run(dst, src)? {
+        match checked_run(dst, src, self.dst_len, src_len)? {
             Some((d, s, bytes)) => self.steps.push(Step::Copy(Plan::contiguous(d, s, bytes))),
             None => self.steps.push(Step::Copy(Plan::general(dst, src)?)),
         }
@@ -334,6 +358,20 @@ impl Op {
             Op::Custom(o) => o.lower(prog),
         }
     }
+    /// The one contiguous run `(dst offset, src offset, bytes)` of a copy whose layouts are
+    /// both contiguous with the same dims, checked as [`Program::copy`] checks it (the same
+    /// errors); `None` for any other operator or copy. For engines that run such a copy (nearly
+    /// every request) without building its program.
+    pub(crate) fn one_run(
+        &self,
+        dst_len: usize,
+        src_len: Option<usize>,
+    ) -> Result<Option<(usize, usize, usize)>, OpError> {
+        match (self, src_len) {
+            (Op::Copy { dst, src }, Some(src_len)) => checked_run(dst, src, dst_len, src_len),
+            _ => Ok(None),
+        }
+    }
     /// Builds the program, turning a custom operator's error or panic into a request error.
     pub fn lower_catching(
         &self,
@@ -371,6 +409,56 @@ pub(crate) fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_run_agrees_with_the_general_checks() {
+        // Contiguous layouts of several shapes, offsets and element sizes, against buffers
+        // shorter than, as long as and longer than their spans, and mismatched pairs.
+        let shapes: [&[usize]; 4] = [&[1], &[7], &[3, 5], &[2, 1, 4]];
+        for ds in &shapes {
+            for ss in &shapes {
+                for (de, se) in [(1, 1), (4, 4), (2, 4)] {
+                    for (doff, soff) in [(0, 0), (3 * de, 0), (0, 8 * se)] {
+                        let d = Layout::contiguous(ds, de)
+                            .unwrap()
+                            .with_offset(doff)
+                            .unwrap();
+                        let s = Layout::contiguous(ss, se)
+                            .unwrap()
+                            .with_offset(soff)
+                            .unwrap();
+                        for slack in [-1isize, 0, 5] {
+                            let dl = (d.span().end as isize + slack).max(0) as usize;
+                            let sl = (s.span().end as isize + slack).max(0) as usize;
+                            let general = d
+                                .check_buffer(dl)
+                                .map_err(OpError::Dst)
+                                .and_then(|()| s.check_buffer(sl).map_err(OpError::Src))
+                                .and_then(|()| Ok(Plan::single_run(&d, &s)?));
+                            let op = Op::Copy { dst: d, src: s };
+                            let fast = op.one_run(dl, Some(sl));
+                            assert_eq!(
+                                fast.map_err(|e| e.to_string()),
+                                general.map_err(|e| e.to_string()),
+                                "{ds:?}x{de} at {doff} / {ss:?}x{se} at {soff}, slack {slack}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Not one run: a transposed source; and operators other than copies.
+        let m = Layout::contiguous(&[4, 4], 1).unwrap();
+        let t = m.transpose(0, 1).unwrap();
+        let op = Op::Copy { dst: m, src: t };
+        assert_eq!(op.one_run(16, Some(16)).unwrap(), None);
+        assert_eq!(op.one_run(16, None).unwrap(), None);
+        let fill = Op::Fill {
+            dst: m,
+            pattern: [0u8].into(),
+        };
+        assert_eq!(fill.one_run(16, None).unwrap(), None);
+    }
 
     #[test]
     fn steps_keep_their_order_inline_and_in_the_vec() {

@@ -14,7 +14,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
@@ -111,9 +111,41 @@ pub trait Completion: Send + Sync + 'static {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Whether a request's result was seen through `wait`/`try_wait` (then a barrier does not
+/// report it again), and whether it was seen to succeed (then a barrier skips the request
+/// without asking its completion: the scope's end after a waited copy, issue 14).
+#[derive(Default)]
+struct Observed(AtomicU8);
+
+impl Observed {
+    const SEEN: u8 = 1;
+    const OK: u8 = 2;
+    /// Its result is being or was seen (set before a wait, so that a barrier racing the wait
+    /// never reports the same failure a second time).
+    fn see(&self) {
+        // A plain store: at worst it turns `OK` back into `SEEN`, and a barrier then asks the
+        // completion (as it did before this flag).
+        self.0.store(Self::SEEN, Ordering::Release);
+    }
+    /// Its result was seen and is a success.
+    fn see_ok(&self) {
+        self.0.store(Self::OK, Ordering::Release);
+    }
+    fn seen(&self) -> bool {
+        self.0.load(Ordering::Acquire) >= Self::SEEN
+    }
+    fn ok(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::OK
+    }
+    /// Marks it seen; true if it already was (the caller then reports nothing).
+    fn claim(&self) -> bool {
+        self.0.swap(Self::SEEN, Ordering::AcqRel) >= Self::SEEN
+    }
+}
+
 /// One allocation per request: the completion is stored inline (unsized), not boxed apart.
 pub(crate) struct Shared<C: ?Sized = dyn Completion> {
-    observed: AtomicBool,
+    observed: Observed,
     id: u64,
     completion: C,
 }
@@ -123,7 +155,7 @@ impl<C: Completion> Shared<C> {
     /// the allocation ([`Request::from_shared`]).
     pub(crate) fn new(completion: C) -> Shared<C> {
         Shared {
-            observed: AtomicBool::new(false),
+            observed: Observed::default(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             completion,
         }
@@ -195,16 +227,22 @@ impl Request {
 
     /// Blocks until the request completes; returns its own result. May block.
     pub fn wait(self) -> Result<(), RequestError> {
-        self.shared.observed.store(true, Ordering::Release);
-        self.shared.completion.wait()
+        self.shared.observed.see();
+        let r = self.shared.completion.wait();
+        if r.is_ok() {
+            self.shared.observed.see_ok();
+        }
+        r
     }
 
     /// Returns `Some(result)` once complete, `None` while in flight. Never blocks. Once it has
     /// returned `Some`, the barrier no longer reports this request's error.
     pub fn try_wait(&mut self) -> Option<Result<(), RequestError>> {
         let r = self.shared.completion.poll_done();
-        if r.is_some() {
-            self.shared.observed.store(true, Ordering::Release);
+        match r {
+            Some(Ok(())) => self.shared.observed.see_ok(),
+            Some(Err(_)) => self.shared.observed.see(),
+            None => {}
         }
         r
     }
@@ -234,7 +272,7 @@ impl Request {
     /// Waits and returns the error only if nobody has observed it yet.
     pub(crate) fn settle(&self) -> Result<(), RequestError> {
         let r = self.shared.completion.wait();
-        if self.shared.observed.swap(true, Ordering::AcqRel) {
+        if self.shared.observed.claim() {
             return Ok(());
         }
         r
@@ -310,7 +348,7 @@ impl InFlight {
             // successful requests that were dropped unwaited would grow the list without bound.)
             l.retain(|r| match r.shared.completion.poll_done() {
                 Some(Ok(())) => false,
-                Some(Err(_)) => !r.shared.observed.load(Ordering::Acquire),
+                Some(Err(_)) => !r.shared.observed.seen(),
                 None => true,
             });
             t.kept = t.requests.len();
@@ -325,9 +363,7 @@ impl InFlight {
         for r in taken.as_slice() {
             // Waited for and succeeded (a scope's request waited in its body, nearly always):
             // nothing to wait for or report, known without a call into the completion.
-            if r.shared.observed.load(Ordering::Acquire)
-                && matches!(r.shared.completion.poll_done(), Some(Ok(())))
-            {
+            if r.shared.observed.ok() {
                 continue;
             }
             if let Err(e) = r.settle() {
@@ -420,8 +456,11 @@ impl Completion for Join {
     fn wait(&self) -> Result<(), RequestError> {
         let mut first = Ok(());
         for p in &self.parts {
+            p.shared.observed.see();
             let r = p.shared.completion.wait();
-            p.shared.observed.store(true, Ordering::Release);
+            if r.is_ok() {
+                p.shared.observed.see_ok();
+            }
             if first.is_ok() {
                 first = r;
             }
@@ -437,7 +476,7 @@ impl Completion for Join {
             }
         }
         for p in &self.parts {
-            p.shared.observed.store(true, Ordering::Release);
+            p.shared.observed.see();
         }
         Some(first)
     }

@@ -17,7 +17,7 @@
 use super::{Engine, Job, SubmitError};
 use crate::layout::Layout;
 use crate::memory::{Memory, MemoryMut};
-use crate::op::{Op, Operator};
+use crate::op::{Op, OpError, Operator};
 use crate::request::{BarrierError, InFlight, Request, RequestError};
 use std::future::Future;
 use std::marker::PhantomData;
@@ -184,17 +184,22 @@ where
 /// The typed-buffer check of the safe API: the layouts of a copy or a fill fit the element
 /// sizes of their buffers ([`Layout::check_elem`]). Other operators check their own.
 fn check_elems(op: &Op, dst_elem: usize, src_elem: Option<usize>) -> Result<(), SubmitError> {
-    use crate::op::OpError;
     match op {
-        Op::Copy { dst, src } => {
-            dst.check_elem(dst_elem).map_err(OpError::Dst)?;
-            src.check_elem(src_elem.unwrap_or(1))
-                .map_err(OpError::Src)?;
-        }
-        Op::Fill { dst, .. } => dst.check_elem(dst_elem).map_err(OpError::Dst)?,
-        _ => {}
+        Op::Copy { dst, src } => check_copy(dst, dst_elem, src, src_elem.unwrap_or(1)),
+        Op::Fill { dst, .. } => Ok(dst.check_elem(dst_elem).map_err(OpError::Dst)?),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// [`check_elems`] of a copy between these layouts.
+fn check_copy(
+    dst: &Layout,
+    dst_elem: usize,
+    src: &Layout,
+    src_elem: usize,
+) -> Result<(), SubmitError> {
+    dst.check_elem(dst_elem).map_err(OpError::Dst)?;
+    Ok(src.check_elem(src_elem).map_err(OpError::Src)?)
 }
 
 impl<E: Engine + ?Sized> EngineExt for E {}
@@ -531,15 +536,17 @@ impl<'scope> Scope<'scope, '_> {
         S: Memory + ?Sized,
     {
         check_elems(&op, dst.elem_size(), src.map(|s| s.elem_size()))?;
-        self.submit_bytes(dst, src, op, after)
+        self.submit_bytes(dst, src, || op, after)
     }
 
-    /// [`Scope::submit`] without the typed-buffer check.
+    /// [`Scope::submit`] without the typed-buffer check, of the operator `op` builds: built
+    /// where it goes, in the job, rather than moved there (two layouts, about 300 bytes: a
+    /// `memcpy` per request on the path a small copy's caller waits for, issue 14).
     fn submit_bytes<D, S>(
         &self,
         dst: &'scope mut D,
         src: Option<&'scope S>,
-        op: Op,
+        op: impl FnOnce() -> Op,
         after: &[&Request],
     ) -> Result<Request, SubmitError>
     where
@@ -549,7 +556,7 @@ impl<'scope> Scope<'scope, '_> {
         let job = Job {
             dst: dst.raw_mut(),
             src: src.map(|s| s.raw()),
-            op,
+            op: op(),
             after: after.iter().map(|r| r.share()).collect(),
         };
         // SAFETY: `dst` is mutably and `src` immutably borrowed for 'scope, which ends only
@@ -572,15 +579,12 @@ impl<'scope> Scope<'scope, '_> {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        self.submit(
-            dst,
-            Some(src),
-            Op::Copy {
-                dst: *dst_layout,
-                src: *src_layout,
-            },
-            &[],
-        )
+        check_copy(dst_layout, dst.elem_size(), src_layout, src.elem_size())?;
+        let op = || Op::Copy {
+            dst: *dst_layout,
+            src: *src_layout,
+        };
+        self.submit_bytes(dst, Some(src), op, &[])
     }
 
     /// Copies all of `src`'s bytes into the start of `dst` (error if `dst` is shorter); any
@@ -595,7 +599,7 @@ impl<'scope> Scope<'scope, '_> {
             return Ok(Request::ready(Ok(())));
         }
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
-        self.submit_bytes(dst, Some(src), Op::Copy { dst: l, src: l }, &[])
+        self.submit_bytes(dst, Some(src), || Op::Copy { dst: l, src: l }, &[])
     }
 
     /// Writes `pattern` (one element) into every element of `layout` in `dst`.

@@ -23,7 +23,7 @@ pub(crate) struct End {
 }
 
 impl End {
-    fn at(self, off: usize) -> End {
+    pub(crate) fn at(self, off: usize) -> End {
         End {
             addr: self.addr + off as u64,
             ..self
@@ -252,7 +252,12 @@ fn for_each_index(counts: &[usize], mut f: impl FnMut(&[usize])) {
 ///
 /// # Safety
 /// As [`run_step`], for `n` bytes at each end.
-unsafe fn copy1d(stream: sys::CUstream, d: End, s: End, n: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn copy1d(
+    stream: sys::CUstream,
+    d: End,
+    s: End,
+    n: usize,
+) -> Result<(), DriverError> {
     if n == 0 {
         return Ok(());
     }

@@ -359,7 +359,8 @@ impl CudaEngine {
         Ok(())
     }
 
-    /// The program's steps as driver calls, one after the other.
+    /// The program's steps as driver calls, one after the other. An error returns at once
+    /// ([`CudaEngine::launch`] finishes the work enqueued before it).
     ///
     /// # Safety
     /// As [`exec::run_step`].
@@ -372,17 +373,9 @@ impl CudaEngine {
         keep: &mut Vec<memory::DeviceBuffer>,
     ) -> Result<(), SubmitError> {
         for step in steps {
-            if let Err(e) =
-                // SAFETY: context current, stream ours (1); buffers valid until the request
-                // completes, by this function's contract (2); steps checked by the program (3).
-                unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, keep) }
-            {
-                // Work enqueued before the failure still uses the buffers: finish it before
-                // handing the error (and, in the safe API, the buffers) back.
-                // SAFETY: our live stream.
-                let _ = unsafe { sys::cuStreamSynchronize(stream) };
-                return Err(e.into());
-            }
+            // SAFETY: context current, stream ours (1); buffers valid until the request
+            // completes, by this function's contract (2); steps checked by the program (3).
+            unsafe { exec::run_step(stream, dst, src, step, self.cfg.ordinal, keep)? };
         }
         Ok(())
     }
@@ -480,6 +473,16 @@ impl CudaEngine {
         // The submitting thread's lane: its stream for the route's direction, its events and
         // its in-flight list (see the module documentation, "Ordering").
         let lane = self.lanes.mine();
+        // One contiguous copy on the engine's stream without dependencies (nearly every
+        // request): checked, routed and run without building a program.
+        if caller.is_none() && job.after.is_empty() {
+            if let Some(run) = job.op.one_run(job.dst.len, job.src.map(|s| s.len))? {
+                // SAFETY: forwarded (1).
+                if let Some(req) = unsafe { self.submit_run(&job, lane, run)? } {
+                    return Ok(req);
+                }
+            }
+        }
         // Prepare: build and check the program (custom operators fail only their request).
         let mut prog = crate::op::Program::new(job.dst.len, job.src.map(|s| s.len));
         if job.op.is_builtin() {
@@ -508,15 +511,7 @@ impl CudaEngine {
         if let Path::Staged(dir) = route.first() {
             return Ok(self.track(lane, self.stage(&job, queue, dir, prog.into_steps())?));
         }
-        // For `WaitMode::Auto`: the earliest end (bytes over the path's rate bound from now).
-        // The other modes never look (no clock read for them).
-        let expect = match self.cfg.wait {
-            WaitMode::Auto => wait::Expect::now(wait::expected(
-                steps.iter().map(crate::op::Step::bytes).sum(),
-                self.rates.for_kinds(dk, sk),
-            )),
-            _ => wait::Expect::UNUSED,
-        };
+        let expect = self.expect(steps.iter().map(crate::op::Step::bytes).sum(), dk, sk);
         // Dependencies: CUDA requests become stream waits; others are waited here. Marked
         // before this queue is locked: marking a lazy request takes its own queue's lock.
         let mut events = Vec::new();
@@ -544,6 +539,104 @@ impl CudaEngine {
             Some(s) => Some(self.end(s.addr, s.kind)?),
             None => None,
         };
+        let on = Launch {
+            lane,
+            queue,
+            caller,
+            events,
+            expect,
+        };
+        // SAFETY: context current (bound above); the caller's stream, when given, a live
+        // stream of this context (2); the buffers are valid until the request completes (1);
+        // the steps were checked against the buffers by the program.
+        unsafe {
+            self.launch(on, |stream, keep| match caller {
+                Some(c) => self.run_steps(c, steps, dst, src, keep),
+                None => self.run_route(&route, steps, &job, (dst, src), stream, keep),
+            })
+        }
+    }
+
+    /// [`CudaEngine::submit_on`] of a copy that is one contiguous run `(dst offset, src offset,
+    /// bytes)`, on the engine's stream, without dependencies: routed by [`route::one_run`] and
+    /// run as one driver call. `Ok(None)` where that route is not one driver call (staging, SM
+    /// copies, a split) or pageable memory may need the page-lock query first: the general path
+    /// takes it then.
+    ///
+    /// # Safety
+    /// As [`Engine::submit_raw`] for the job's buffers; `run` is the job's, checked against
+    /// them ([`crate::Op`]'s `one_run`).
+    unsafe fn submit_run(
+        &self,
+        job: &Job,
+        lane: usize,
+        (d, s, n): (usize, usize, usize),
+    ) -> Result<Option<Request>, SubmitError> {
+        let Some(src) = job.src else { return Ok(None) };
+        let (dk, sk) = (job.dst.kind, src.kind);
+        let pageable = dk == MemKind::Pageable || sk == MemKind::Pageable;
+        if (pageable && route::asks_page_lock_run(dk, sk, n)) || !self.supports(dk, Some(sk)) {
+            return Ok(None);
+        }
+        let route = match route::one_run(&self.cfg, dk, sk, n) {
+            Some(r) if r.first() == Path::Driver => r,
+            _ => return Ok(None),
+        };
+        let queue = self.lanes.queue(lane, route.stream);
+        let expect = self.expect(n, dk, Some(sk));
+        driver::bind(&self.ctx)?;
+        let (dst, src) = (self.end(job.dst.addr, dk)?, self.end(src.addr, sk)?);
+        let on = Launch {
+            lane,
+            queue,
+            caller: None,
+            events: Vec::new(),
+            expect,
+        };
+        // SAFETY: context current (bound above), the stream the engine's; the run lies inside
+        // both buffers (checked by `one_run`), valid until the request completes (this
+        // function's contract).
+        unsafe {
+            self.launch(on, |stream, _| {
+                Ok(exec::copy1d(stream.cu_stream(), dst.at(d), src.at(s), n)?)
+            })
+        }
+        .map(Some)
+    }
+
+    /// For [`WaitMode::Auto`]: the earliest end of `bytes` between memory of these kinds
+    /// (bytes over the path's rate bound from now). The other modes never look (no clock read
+    /// for them).
+    fn expect(&self, bytes: usize, dk: MemKind, sk: Option<MemKind>) -> wait::Expect {
+        match self.cfg.wait {
+            WaitMode::Auto => {
+                wait::Expect::now(wait::expected(bytes, self.rates.for_kinds(dk, sk)))
+            }
+            _ => wait::Expect::UNUSED,
+        }
+    }
+
+    /// The end of every submission that runs on the submitting thread: holds the engine's
+    /// stream (its last lazy request gets its event first) or takes the caller's, makes it
+    /// wait for the dependencies' events, enqueues the work (`run`, given the engine's stream
+    /// and a list of device buffers to keep until the request completes), marks the request's
+    /// end (an event now, or lazily: [`mark`]) and tracks the request.
+    ///
+    /// # Safety
+    /// This engine's context is current; `on.caller`, when given, is a live stream of it; the
+    /// work `run` enqueues is valid to run there (as [`exec::run_step`]).
+    unsafe fn launch(
+        &self,
+        on: Launch<'_>,
+        run: impl FnOnce(&Arc<CudaStream>, &mut Vec<memory::DeviceBuffer>) -> Result<(), SubmitError>,
+    ) -> Result<Request, SubmitError> {
+        let Launch {
+            lane,
+            queue,
+            caller,
+            events,
+            expect,
+        } = on;
         let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
         // first); the caller's is not the engine's to track.
@@ -566,15 +659,12 @@ impl CudaEngine {
             })?;
         }
         let mut keep = Vec::new();
-        match caller {
-            // SAFETY: context current (bound above), the caller's live stream of this context
-            // (2); the buffers are valid until the request completes (1); the steps were
-            // checked against the buffers by the program.
-            Some(c) => unsafe { self.run_steps(c, steps, dst, src, &mut keep)? },
-            // SAFETY: as above, the stream the route's, of this engine.
-            None => unsafe {
-                self.run_route(&route, steps, &job, (dst, src), queue.stream(), &mut keep)?
-            },
+        if let Err(e) = run(queue.stream(), &mut keep) {
+            // Work enqueued before the failure still uses the buffers: finish it before
+            // handing the error (and, in the safe API, the buffers) back.
+            // SAFETY: a live stream of this context.
+            let _ = unsafe { sys::cuStreamSynchronize(raw_stream) };
+            return Err(e);
         }
         let marked = match ev {
             Some(ev) => {
@@ -596,6 +686,17 @@ impl CudaEngine {
         }
         Ok(self.track(lane, Request::from_shared(c)))
     }
+}
+
+/// Where [`CudaEngine::launch`] enqueues a request: the submitting thread's lane, the engine's
+/// queue for the route's direction, or the caller's stream; the dependencies' events to wait
+/// for first; the request's expected end ([`WaitMode::Auto`]).
+struct Launch<'a> {
+    lane: usize,
+    queue: &'a Arc<mark::Queue>,
+    caller: Option<sys::CUstream>,
+    events: Vec<sys::CUevent>,
+    expect: wait::Expect,
 }
 
 impl Drop for CudaEngine {

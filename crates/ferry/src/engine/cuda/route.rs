@@ -351,15 +351,17 @@ pub(crate) fn direction(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>) ->
 /// either way (the driver copies page-locked memory without staging) and skips the query:
 /// about a microsecond, 10% of a 256 KiB pageable copy on the H200 host (run 25).
 pub(crate) fn asks_page_lock(dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> bool {
-    let small_contiguous = match (steps, src) {
-        ([Step::Copy(p)], Some(src)) => {
-            p.kind() == PlanKind::Contiguous
-                && p.total_bytes() < STAGE_MIN_H2D.min(STAGE_MIN_D2H)
-                && dst.host_accessible() != src.host_accessible()
+    match (steps, src) {
+        ([Step::Copy(p)], Some(src)) if p.kind() == PlanKind::Contiguous => {
+            asks_page_lock_run(dst, src, p.total_bytes())
         }
-        _ => false,
-    };
-    !small_contiguous
+        _ => true,
+    }
+}
+
+/// [`asks_page_lock`] of one contiguous run of `bytes`.
+pub(crate) fn asks_page_lock_run(dst: MemKind, src: MemKind, bytes: usize) -> bool {
+    bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H) || dst.host_accessible() == src.host_accessible()
 }
 
 /// The route of a request between memory of kinds `dst` and `src` (already refined by the
@@ -381,7 +383,7 @@ pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps:
 /// [`GATHER_MIN_CALLS`]); only [`KernelCopies::Always`] sends it to the SMs, where both sides
 /// are reachable. `None` (ask [`walk`]): a split is configured, or pageable memory is on a side
 /// and the copy is large enough to be staged. The tests check that both agree on every copy.
-fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, bytes: usize) -> Option<Route> {
+pub(crate) fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, bytes: usize) -> Option<Route> {
     let pageable = dst == MemKind::Pageable || src == MemKind::Pageable;
     let may_stage = cfg.staging.is_some() && bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H);
     if cfg.d2d_sm_share.is_some() || (pageable && may_stage) {
