@@ -145,7 +145,7 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
 /// `(dst offset, src offset, bytes)` where it is one ([`Plan::single_run`]); `None`: a general
 /// plan. What [`Program::copy`] checks, and all that an engine needs to run one run without
 /// building a program ([`Op::one_run`]).
-fn checked_run(
+pub(crate) fn checked_run(
     dst: &Layout,
     src: &Layout,
     dst_len: usize,

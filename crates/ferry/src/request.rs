@@ -357,12 +357,22 @@ impl InFlight {
     }
     /// Waits for every tracked request and reports every unobserved failure. May block.
     pub fn barrier(&self) -> Result<(), BarrierError> {
-        let taken =
-            std::mem::take(&mut *self.list.lock().unwrap_or_else(PoisonError::into_inner)).requests;
+        let taken = {
+            let mut t = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+            // Every request seen to succeed (a scope's requests waited in its body, nearly
+            // always): nothing to wait for or report, known without a call into a completion;
+            // the list is emptied where it is (the scope's end is on the path a small copy's
+            // caller waits for, issue 14).
+            if t.requests.as_slice().iter().all(|r| r.shared.observed.ok()) {
+                t.requests.clear();
+                t.kept = 0;
+                return Ok(());
+            }
+            std::mem::take(&mut *t).requests
+        };
         let mut failures = Vec::new();
         for r in taken.as_slice() {
-            // Waited for and succeeded (a scope's request waited in its body, nearly always):
-            // nothing to wait for or report, known without a call into the completion.
+            // Waited for and succeeded: nothing to wait for or report.
             if r.shared.observed.ok() {
                 continue;
             }

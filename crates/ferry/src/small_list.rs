@@ -67,6 +67,12 @@ impl<T> SmallList<T> {
         self.more.retain(keep);
     }
 
+    /// Removes every element (the `Vec`'s allocation, if any, is kept).
+    pub(crate) fn clear(&mut self) {
+        self.one = None;
+        self.more.clear();
+    }
+
     /// The elements as a `Vec`, in order.
     pub(crate) fn into_vec(self) -> Vec<T> {
         match self.one {
@@ -93,6 +99,14 @@ mod tests {
             let odd: Vec<usize> = (0..n).filter(|x| x % 2 == 1).collect();
             assert_eq!((l.len(), l.as_slice()), (odd.len(), &odd[..]));
             l.push(9);
+            let mut c = SmallList::default();
+            for &x in l.as_slice() {
+                c.push(x);
+            }
+            c.clear();
+            assert_eq!(c.len(), 0);
+            c.push(7);
+            assert_eq!(c.as_slice(), [7], "after clear, {n}");
             assert_eq!(l.into_vec().last(), Some(&9));
         }
     }

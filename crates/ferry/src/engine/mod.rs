@@ -146,17 +146,22 @@ impl Job {
     /// Checks what can be checked without running the operator: null pointers and overlap of
     /// the two buffers' address ranges (ferry does not copy in place).
     pub fn check(&self) -> Result<(), SubmitError> {
-        if self.dst.addr == 0 || self.src.is_some_and(|s| s.addr == 0) {
-            return Err(SubmitError::Null);
-        }
-        if let Some(src) = self.src {
-            let (d, s) = (self.dst.range(), src.range());
-            if d.start < s.end && s.start < d.end && same_space(self.dst.kind, src.kind) {
-                return Err(crate::plan::PlanError::Overlap { dst: d, src: s }.into());
-            }
-        }
-        Ok(())
+        check_bufs(self.dst, self.src)
     }
+}
+
+/// [`Job::check`] of a job over these buffers.
+pub(crate) fn check_bufs(dst: RawBuf, src: Option<RawBuf>) -> Result<(), SubmitError> {
+    if dst.addr == 0 || src.is_some_and(|s| s.addr == 0) {
+        return Err(SubmitError::Null);
+    }
+    if let Some(src) = src {
+        let (d, s) = (dst.range(), src.range());
+        if d.start < s.end && s.start < d.end && same_space(dst.kind, src.kind) {
+            return Err(crate::plan::PlanError::Overlap { dst: d, src: s }.into());
+        }
+    }
+    Ok(())
 }
 
 /// Device pointers of different GPUs may coincide numerically without unified addressing;
@@ -186,6 +191,24 @@ pub trait Engine: Send + Sync {
     /// 2. No other code may read or write the destination bytes, nor write the source bytes,
     ///    until the request completes.
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError>;
+
+    /// [`Engine::submit_raw`] of [`Job::copy`]`(dst, dst_layout, src, src_layout)`, the layouts
+    /// borrowed: an engine may run a simple copy without building its job (the CUDA engine
+    /// submits one contiguous run so: the host work on the path a small copy's caller waits
+    /// for, issue 14). The default builds the job and submits it; the result is the same.
+    ///
+    /// # Safety
+    /// As [`Engine::submit_raw`], for `dst` and `src`.
+    unsafe fn submit_copy(
+        &self,
+        dst: RawBuf,
+        dst_layout: &crate::Layout,
+        src: RawBuf,
+        src_layout: &crate::Layout,
+    ) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
+    }
 
     /// Waits for every request submitted so far and reports every failure not already seen
     /// through `wait`/`try_wait`, not just the first. May block.
@@ -217,6 +240,16 @@ macro_rules! forward_engine {
             unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).submit_raw(job) }
+            }
+            unsafe fn submit_copy(
+                &self,
+                dst: RawBuf,
+                dst_layout: &crate::Layout,
+                src: RawBuf,
+                src_layout: &crate::Layout,
+            ) -> Result<Request, SubmitError> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).submit_copy(dst, dst_layout, src, src_layout) }
             }
             fn barrier(&self) -> Result<(), BarrierError> {
                 (**self).barrier()

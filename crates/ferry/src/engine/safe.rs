@@ -170,10 +170,10 @@ where
     S: Memory + Send + 'static,
 {
     let lent = Lent::submit((dst, src), |b| {
-        let job = Job::copy(b.0.raw_mut(), *dst_layout, b.1.raw(), *src_layout);
+        let (d, s) = (b.0.raw_mut(), b.1.raw());
         // SAFETY: the buffers are lent: their memory stays valid and untouched until the
         // request completed (`Lent::submit`).
-        unsafe { engine.submit_raw(job) }.map(|req| (req, ()))
+        unsafe { engine.submit_copy(d, dst_layout, s, src_layout) }.map(|req| (req, ()))
     });
     match lent {
         Ok((lent, ())) => Ok(Transfer { lent }),
@@ -536,17 +536,15 @@ impl<'scope> Scope<'scope, '_> {
         S: Memory + ?Sized,
     {
         check_elems(&op, dst.elem_size(), src.map(|s| s.elem_size()))?;
-        self.submit_bytes(dst, src, || op, after)
+        self.submit_bytes(dst, src, op, after)
     }
 
-    /// [`Scope::submit`] without the typed-buffer check, of the operator `op` builds: built
-    /// where it goes, in the job, rather than moved there (two layouts, about 300 bytes: a
-    /// `memcpy` per request on the path a small copy's caller waits for, issue 14).
+    /// [`Scope::submit`] without the typed-buffer check.
     fn submit_bytes<D, S>(
         &self,
         dst: &'scope mut D,
         src: Option<&'scope S>,
-        op: impl FnOnce() -> Op,
+        op: Op,
         after: &[&Request],
     ) -> Result<Request, SubmitError>
     where
@@ -556,7 +554,7 @@ impl<'scope> Scope<'scope, '_> {
         let job = Job {
             dst: dst.raw_mut(),
             src: src.map(|s| s.raw()),
-            op: op(),
+            op,
             after: after.iter().map(|r| r.share()).collect(),
         };
         // SAFETY: `dst` is mutably and `src` immutably borrowed for 'scope, which ends only
@@ -580,11 +578,30 @@ impl<'scope> Scope<'scope, '_> {
         S: Memory + ?Sized,
     {
         check_copy(dst_layout, dst.elem_size(), src_layout, src.elem_size())?;
-        let op = || Op::Copy {
-            dst: *dst_layout,
-            src: *src_layout,
+        self.submit_copy(dst, dst_layout, src, src_layout)
+    }
+
+    /// A copy without the typed-buffer check, through [`Engine::submit_copy`] (no job built
+    /// where the engine needs none).
+    fn submit_copy<D, S>(
+        &self,
+        dst: &'scope mut D,
+        dst_layout: &Layout,
+        src: &'scope S,
+        src_layout: &Layout,
+    ) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        // SAFETY: as in `submit_bytes`: both buffers are borrowed for 'scope, which ends only
+        // after the scope has waited for every request tracked here.
+        let req = unsafe {
+            self.engine
+                .submit_copy(dst.raw_mut(), dst_layout, src.raw(), src_layout)?
         };
-        self.submit_bytes(dst, Some(src), op, &[])
+        self.core.track(&req);
+        Ok(req)
     }
 
     /// Copies all of `src`'s bytes into the start of `dst` (error if `dst` is shorter); any
@@ -599,7 +616,7 @@ impl<'scope> Scope<'scope, '_> {
             return Ok(Request::ready(Ok(())));
         }
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
-        self.submit_bytes(dst, Some(src), || Op::Copy { dst: l, src: l }, &[])
+        self.submit_copy(dst, &l, src, &l)
     }
 
     /// Writes `pattern` (one element) into every element of `layout` in `dst`.

@@ -306,3 +306,37 @@ fn contiguous_fast_path_matches_the_general_one() {
     let strided = Layout::with_byte_strides(&[4, 8], &[64, 4], 4).unwrap();
     assert_eq!(Plan::new(&strided, &a).unwrap().kind(), PlanKind::Pitched2D);
 }
+
+#[test]
+fn single_run_of_one_dim() {
+    // Every one-dim pair (lengths, element sizes, byte strides, offsets): the one-dim shortcut
+    // of `single_run` says what the general test over the dims says.
+    let general = |d: &Layout, s: &Layout| {
+        (d.dims() == s.dims() && d.is_contiguous() && s.is_contiguous())
+            .then(|| (d.offset(), s.offset(), d.size_bytes()))
+    };
+    for (dn, sn) in [(1, 1), (5, 5), (5, 4), (1, 2)] {
+        for e in [1, 2, 8] {
+            for (dstride, sstride) in [(e, e), (2 * e, e), (e, 3 * e), (2 * e, 2 * e)] {
+                let d = Layout::with_byte_strides(&[dn], &[dstride], e)
+                    .unwrap()
+                    .with_offset(3 * e)
+                    .unwrap();
+                let s = Layout::with_byte_strides(&[sn], &[sstride], e).unwrap();
+                assert_eq!(
+                    Plan::single_run(&d, &s).unwrap(),
+                    general(&d, &s),
+                    "{dn}/{sn} x{e}, strides {dstride}/{sstride}"
+                );
+            }
+        }
+    }
+    let (a, b) = (
+        Layout::bytes(8).unwrap(),
+        Layout::contiguous(&[2], 4).unwrap(),
+    );
+    assert!(matches!(
+        Plan::single_run(&a, &b),
+        Err(PlanError::ElemSizeMismatch { dst: 1, src: 4 })
+    ));
+}

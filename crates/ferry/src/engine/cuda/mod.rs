@@ -109,7 +109,7 @@ pub use program::KernelError;
 pub use route::KernelCopies;
 
 use super::{Engine, Job, SubmitError};
-use crate::memory::MemKind;
+use crate::memory::{MemKind, RawBuf};
 use crate::request::{BarrierError, Request, RequestError};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use driver::check;
@@ -441,6 +441,28 @@ impl Engine for CudaEngine {
         unsafe { self.submit_on(job, None) }
     }
 
+    /// One contiguous run is checked, routed and submitted without building the job (as
+    /// `submit_raw` would, with the same checks and errors); any other copy through
+    /// `submit_raw`.
+    unsafe fn submit_copy(
+        &self,
+        dst: RawBuf,
+        dst_layout: &crate::Layout,
+        src: RawBuf,
+        src_layout: &crate::Layout,
+    ) -> Result<Request, SubmitError> {
+        super::check_bufs(dst, Some(src))?;
+        if let Some(run) = crate::op::checked_run(dst_layout, src_layout, dst.len, src.len)? {
+            // SAFETY: forwarded with the caller's guarantees.
+            if let Some(req) = unsafe { self.submit_run(dst, src, self.lanes.mine(), run)? } {
+                return Ok(req);
+            }
+        }
+        let job = Job::copy(dst, *dst_layout, src, *src_layout);
+        // SAFETY: forwarded with the caller's guarantees; no caller stream.
+        unsafe { self.submit_on(job, None) }
+    }
+
     fn barrier(&self) -> Result<(), BarrierError> {
         self.lanes.barrier()
     }
@@ -475,10 +497,10 @@ impl CudaEngine {
         let lane = self.lanes.mine();
         // One contiguous copy on the engine's stream without dependencies (nearly every
         // request): checked, routed and run without building a program.
-        if caller.is_none() && job.after.is_empty() {
-            if let Some(run) = job.op.one_run(job.dst.len, job.src.map(|s| s.len))? {
+        if let (None, true, Some(src)) = (caller, job.after.is_empty(), job.src) {
+            if let Some(run) = job.op.one_run(job.dst.len, Some(src.len))? {
                 // SAFETY: forwarded (1).
-                if let Some(req) = unsafe { self.submit_run(&job, lane, run)? } {
+                if let Some(req) = unsafe { self.submit_run(job.dst, src, lane, run)? } {
                     return Ok(req);
                 }
             }
@@ -564,16 +586,16 @@ impl CudaEngine {
     /// takes it then.
     ///
     /// # Safety
-    /// As [`Engine::submit_raw`] for the job's buffers; `run` is the job's, checked against
-    /// them ([`crate::Op`]'s `one_run`).
+    /// As [`Engine::submit_raw`] for `dst` and `src`; `run` lies inside both (checked by
+    /// `op::checked_run`).
     unsafe fn submit_run(
         &self,
-        job: &Job,
+        dst: RawBuf,
+        src: RawBuf,
         lane: usize,
         (d, s, n): (usize, usize, usize),
     ) -> Result<Option<Request>, SubmitError> {
-        let Some(src) = job.src else { return Ok(None) };
-        let (dk, sk) = (job.dst.kind, src.kind);
+        let (dk, sk) = (dst.kind, src.kind);
         let pageable = dk == MemKind::Pageable || sk == MemKind::Pageable;
         if (pageable && route::asks_page_lock_run(dk, sk, n)) || !self.supports(dk, Some(sk)) {
             return Ok(None);
@@ -585,7 +607,7 @@ impl CudaEngine {
         let queue = self.lanes.queue(lane, route.stream);
         let expect = self.expect(n, dk, Some(sk));
         driver::bind(&self.ctx)?;
-        let (dst, src) = (self.end(job.dst.addr, dk)?, self.end(src.addr, sk)?);
+        let (dst, src) = (self.end(dst.addr, dk)?, self.end(src.addr, sk)?);
         let on = Launch {
             lane,
             queue,
