@@ -192,6 +192,7 @@ fn check_elems(op: &Op, dst_elem: usize, src_elem: Option<usize>) -> Result<(), 
 }
 
 /// [`check_elems`] of a copy between these layouts.
+#[inline]
 fn check_copy(
     dst: &Layout,
     dst_elem: usize,

@@ -159,12 +159,18 @@ impl Layout {
     /// assert!(Layout::with_strides::<f32>(&[4, 4], &[4, 1])?.check_elem(4).is_ok());
     /// # Ok::<(), ferry::LayoutError>(())
     /// ```
+    #[inline]
     pub fn check_elem(&self, elem: usize) -> Result<(), LayoutError> {
         if elem <= 1 {
             // Every value is a multiple of one byte (the byte buffers of every `memcpy`: no
-            // pass over the dims on the path a small copy's caller waits for, issue 14).
+            // call, no pass over the dims on the path a small copy's caller waits for, issue 14).
             return Ok(());
         }
+        self.check_whole_elems(elem)
+    }
+
+    /// [`Layout::check_elem`] for elements of more than one byte.
+    fn check_whole_elems(&self, elem: usize) -> Result<(), LayoutError> {
         let stride = (0..self.ndim)
             .filter(|&i| self.dims[i] > 1)
             .map(|i| self.strides[i])

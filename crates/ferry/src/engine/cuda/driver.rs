@@ -135,8 +135,17 @@ pub(crate) fn device_address(addr: u64) -> Option<u64> {
     (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
 }
 
-/// Makes `ctx` current on this thread.
+/// Makes `ctx` current on this thread. Where it already is (every submission after a
+/// thread's first), one `cuCtxGetCurrent` and nothing else: cudarc's `bind_to_thread` also
+/// takes cudarc's own error state with an atomic swap each call (on the path a small copy's
+/// caller waits for, issue 14), which is cudarc's to report, not ferry's.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer for one context handle.
+    let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
+    if r == sys::CUresult::CUDA_SUCCESS && current == ctx.cu_ctx() {
+        return Ok(());
+    }
     ctx.bind_to_thread()
         .map_err(|e| DriverError::from_cudarc("cuCtxSetCurrent", e))
 }

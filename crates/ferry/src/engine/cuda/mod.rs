@@ -226,21 +226,21 @@ impl CudaEngine {
     }
 
     /// The end of a copy for a buffer, enabling peer access on first use of another device.
+    #[inline(always)]
     fn end(&self, addr: u64, kind: MemKind) -> Result<End, SubmitError> {
-        let MemKind::Device { ordinal } = kind else {
-            return Ok(End {
-                addr,
-                kind,
-                ctx: std::ptr::null_mut(),
-            });
+        let ctx = match kind {
+            MemKind::Device { ordinal } if ordinal != self.cfg.ordinal => {
+                return self.peer_end(addr, kind, ordinal);
+            }
+            MemKind::Device { .. } => self.ctx.cu_ctx(),
+            _ => std::ptr::null_mut(),
         };
-        if ordinal == self.cfg.ordinal {
-            return Ok(End {
-                addr,
-                kind,
-                ctx: self.ctx.cu_ctx(),
-            });
-        }
+        Ok(End { addr, kind, ctx })
+    }
+
+    /// [`CudaEngine::end`] in another GPU's memory.
+    #[cold]
+    fn peer_end(&self, addr: u64, kind: MemKind, ordinal: u32) -> Result<End, SubmitError> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = peers
             .get_mut(ordinal as usize)
