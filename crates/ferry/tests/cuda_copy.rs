@@ -476,3 +476,49 @@ fn setup_calls_land_before_the_next_engine_copy() {
         );
     }
 }
+
+/// One contiguous run at offsets in both buffers, in every kind pair: the engine's one-run
+/// path (`Engine::submit_copy`, no job built), with the default config and with kernel copies
+/// forced (the general path then: `route::one_run` leaves SM copies to it); a run that does not
+/// fit is refused with the same error through `submit_copy` as through `submit_raw`.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn one_run_at_offsets_every_kind_pair() {
+    use ferry::cuda::{CudaConfig, CudaEngine, KernelCopies};
+    use ferry::{Engine, Job, Memory, MemoryMut};
+    let Some(e) = cuda_or_skip() else { return };
+    let sm = CudaEngine::with_config(CudaConfig::new(0).kernel_copies(KernelCopies::Always))
+        .expect("engine with kernel copies");
+    let mut seed = 7;
+    for eng in [&e, &sm] {
+        for &dk in &KINDS {
+            for &sk in &KINDS {
+                if is_pageable(dk) && is_pageable(sk) {
+                    continue;
+                }
+                for (n, doff, soff) in [(1, 3, 0), (4093, 0, 11), (300_001, 4096, 17)] {
+                    let dl = Layout::bytes(n).unwrap().with_offset(doff).unwrap();
+                    let sl = Layout::bytes(n).unwrap().with_offset(soff).unwrap();
+                    check_copy(eng, dk, sk, &dl, doff + n + 5, &sl, soff + n, seed);
+                    seed += 1;
+                }
+            }
+        }
+    }
+    let src = Buf::new(Kind::Pinned, &[1u8; 64]);
+    let mut dst = Buf::new(Kind::Device, &[0u8; 64]);
+    let (whole, past) = (
+        Layout::bytes(64).unwrap(),
+        Layout::bytes(64).unwrap().with_offset(8).unwrap(),
+    );
+    for (dl, sl) in [(&past, &whole), (&whole, &past)] {
+        // SAFETY: refused at submit (the layout lies past its buffer's end): nothing runs.
+        let fast = unsafe { e.submit_copy(dst.raw_mut(), dl, src.raw(), sl) }.unwrap_err();
+        let job = Job::copy(dst.raw_mut(), *dl, src.raw(), *sl);
+        // SAFETY: as above.
+        let general = unsafe { e.submit_raw(job) }.unwrap_err();
+        assert_eq!(fast.to_string(), general.to_string());
+        assert!(matches!(fast, ferry::SubmitError::Op(_)), "{fast:?}");
+    }
+    e.barrier().expect("nothing failed after the refusals");
+}
