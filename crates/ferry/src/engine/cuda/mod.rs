@@ -39,7 +39,11 @@
 //! Which path a copy takes (staged, SM kernel, gather, split, driver calls, and on which
 //! stream) is decided once per request by one pure function (`route.rs`, with the measured
 //! thresholds and their CPU tests); `submit_raw` then only runs the chosen route (`paths.rs`
-//! for the staged and kernel paths, `exec.rs` for driver calls). Settings are in
+//! for the staged and kernel paths, `exec.rs` for driver calls). One contiguous copy (nearly
+//! every request) is checked, routed (`route::one_run`) and submitted without building its
+//! program, and through `Engine::submit_copy` (the safe API's copies) without building its job:
+//! the host work between one small copy's end and the next copy's start is what a caller
+//! waits for. Settings are in
 //! [`CudaConfig`], set-up errors in [`CudaError`].
 //!
 //! Which calls block: `submit_raw` enqueues and returns, except that it waits for non-CUDA
