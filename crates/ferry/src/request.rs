@@ -120,8 +120,9 @@ struct Observed(AtomicU8);
 impl Observed {
     const SEEN: u8 = 1;
     const OK: u8 = 2;
-    /// Its result is being or was seen (set before a wait, so that a barrier racing the wait
-    /// never reports the same failure a second time).
+    /// Its result is being or was seen: set before a wait, so that a barrier that settles the
+    /// request after the wait began does not report its failure again (a barrier that claimed
+    /// it first reports it too: two observers, as before this flag).
     fn see(&self) {
         // A plain store: at worst it turns `OK` back into `SEEN`, and a barrier then asks the
         // completion (as it did before this flag).

@@ -735,3 +735,70 @@ fn chains_waited_from_many_threads() {
         });
     }
 }
+
+#[test]
+fn scope_barrier_skips_what_was_seen_and_reports_the_rest() {
+    // Requests waited or polled to success (skipped by the barrier without asking their
+    // completion), failures seen through wait or try_wait (not reported again), and failures
+    // and successes dropped unseen (only the failures reported, each once), in one scope.
+    // Workers make the progress the polled requests wait for (a zero-thread engine makes none
+    // from `try_wait` alone).
+    for threads in [1, 2] {
+        let e = cpu(threads);
+        let src = data(256, 3);
+        let mut dsts = vec![vec![0u8; 256]; 12];
+        let mut dropped_failures = Vec::new();
+        let err = e
+            .scope(|s| {
+                for (i, d) in dsts.iter_mut().enumerate() {
+                    let fails = i % 3 == 1;
+                    let mut r = if fails {
+                        s.custom(d, &src, Arc::new(Fails(i as u32))).unwrap()
+                    } else {
+                        s.memcpy(d, &src).unwrap()
+                    };
+                    match i % 4 {
+                        0 => assert_eq!(r.wait().is_err(), fails),
+                        1 => {
+                            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                            let seen = loop {
+                                if let Some(x) = r.try_wait() {
+                                    break x;
+                                }
+                                assert!(std::time::Instant::now() < deadline, "no progress");
+                                std::thread::yield_now();
+                            };
+                            assert_eq!(seen.is_err(), fails);
+                        }
+                        _ => {
+                            if fails {
+                                dropped_failures.push(r.id());
+                            }
+                            drop(r);
+                        }
+                    }
+                }
+                Ok::<_, ferry::BarrierError>(())
+            })
+            .unwrap_err();
+        let mut reported: Vec<u64> = err.failures.iter().map(|f| f.0).collect();
+        reported.sort_unstable();
+        dropped_failures.sort_unstable();
+        assert_eq!(reported, dropped_failures, "{threads} threads");
+        assert!(dsts
+            .iter()
+            .enumerate()
+            .all(|(i, d)| i % 3 == 1 || *d == src));
+        // Everything seen or reported: the engine's barrier has nothing left.
+        e.barrier().unwrap();
+        // A scope whose requests were all waited to success returns Ok.
+        let mut d = vec![0u8; 256];
+        e.scope(|s| -> ferry::Result<()> {
+            s.memcpy(&mut d, &src)?.wait()?;
+            s.memcpy(&mut dsts[0], &src)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(d, src);
+    }
+}

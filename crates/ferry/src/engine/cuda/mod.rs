@@ -456,15 +456,17 @@ impl Engine for CudaEngine {
         src_layout: &crate::Layout,
     ) -> Result<Request, SubmitError> {
         super::check_bufs(dst, Some(src))?;
+        let lane = self.lanes.mine();
         if let Some(run) = crate::op::checked_run(dst_layout, src_layout, dst.len, src.len)? {
-            // SAFETY: forwarded with the caller's guarantees.
-            if let Some(req) = unsafe { self.submit_run(dst, src, self.lanes.mine(), run)? } {
+            // SAFETY: forwarded with the caller's guarantees; `run` lies inside both buffers
+            // (`checked_run`).
+            if let Some(req) = unsafe { self.submit_run(dst, src, lane, run)? } {
                 return Ok(req);
             }
         }
         let job = Job::copy(dst, *dst_layout, src, *src_layout);
-        // SAFETY: forwarded with the caller's guarantees; no caller stream.
-        unsafe { self.submit_on(job, None) }
+        // SAFETY: forwarded with the caller's guarantees; checked above; no caller stream.
+        unsafe { self.submit_program(job, lane, None) }
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {
@@ -492,7 +494,7 @@ impl CudaEngine {
     ///    until the call returns; the request's event is recorded on it.
     pub(crate) unsafe fn submit_on(
         &self,
-        mut job: Job,
+        job: Job,
         caller: Option<sys::CUstream>,
     ) -> Result<Request, SubmitError> {
         job.check()?;
@@ -503,12 +505,27 @@ impl CudaEngine {
         // request): checked, routed and run without building a program.
         if let (None, true, Some(src)) = (caller, job.after.is_empty(), job.src) {
             if let Some(run) = job.op.one_run(job.dst.len, Some(src.len))? {
-                // SAFETY: forwarded (1).
+                // SAFETY: forwarded (1); `run` lies inside both buffers (`one_run` checked it).
                 if let Some(req) = unsafe { self.submit_run(job.dst, src, lane, run)? } {
                     return Ok(req);
                 }
             }
         }
+        // SAFETY: forwarded (1, 2); the job was checked above.
+        unsafe { self.submit_program(job, lane, caller) }
+    }
+
+    /// [`CudaEngine::submit_on`] by the general rules, in the submitting thread's `lane`, of a
+    /// job already checked (`Job::check`): its program built, routed and run.
+    ///
+    /// # Safety
+    /// As [`CudaEngine::submit_on`].
+    unsafe fn submit_program(
+        &self,
+        mut job: Job,
+        lane: usize,
+        caller: Option<sys::CUstream>,
+    ) -> Result<Request, SubmitError> {
         // Prepare: build and check the program (custom operators fail only their request).
         let mut prog = crate::op::Program::new(job.dst.len, job.src.map(|s| s.len));
         if job.op.is_builtin() {
@@ -620,8 +637,8 @@ impl CudaEngine {
             expect,
         };
         // SAFETY: context current (bound above), the stream the engine's; the run lies inside
-        // both buffers (checked by `one_run`), valid until the request completes (this
-        // function's contract).
+        // both buffers (this function's contract: `op::checked_run` checked it), valid until
+        // the request completes (this function's contract).
         unsafe {
             self.launch(on, |stream, _| {
                 Ok(exec::copy1d(stream.cu_stream(), dst.at(d), src.at(s), n)?)
