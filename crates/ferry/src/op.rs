@@ -144,7 +144,7 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
 /// layouts inside their buffers, the same element size), and its one contiguous run
 /// `(dst offset, src offset, bytes)` where it is one ([`Plan::single_run`]); `None`: a general
 /// plan. What [`Program::copy`] checks, and all that an engine needs to run one run without
-/// building a program ([`Op::one_run`]).
+/// building a program (the CUDA engine's `submit_run`).
 pub(crate) fn checked_run(
     dst: &Layout,
     src: &Layout,
@@ -154,7 +154,7 @@ pub(crate) fn checked_run(
     // The common case first, without the general passes over the dims (issue 14 counts the
     // host work per small request): one run inside both buffers. A contiguous layout's span
     // is its offset plus its bytes. Anything else, errors included, takes the general checks
-    // (tests: `one_run_agrees_with_the_general_checks`).
+    // (tests: `checked_run_agrees_with_the_general_checks`).
     if let Ok(Some((d, s, n))) = Plan::single_run(dst, src) {
         let fits = |off: usize, len: usize| off.checked_add(n).is_some_and(|end| end <= len);
         if fits(d, dst_len) && fits(s, src_len) {
@@ -358,20 +358,6 @@ impl Op {
             Op::Custom(o) => o.lower(prog),
         }
     }
-    /// The one contiguous run `(dst offset, src offset, bytes)` of a copy whose layouts are
-    /// both contiguous with the same dims, checked as [`Program::copy`] checks it (the same
-    /// errors); `None` for any other operator or copy. For engines that run such a copy (nearly
-    /// every request) without building its program.
-    pub(crate) fn one_run(
-        &self,
-        dst_len: usize,
-        src_len: Option<usize>,
-    ) -> Result<Option<(usize, usize, usize)>, OpError> {
-        match (self, src_len) {
-            (Op::Copy { dst, src }, Some(src_len)) => checked_run(dst, src, dst_len, src_len),
-            _ => Ok(None),
-        }
-    }
     /// Builds the program, turning a custom operator's error or panic into a request error.
     pub fn lower_catching(
         &self,
@@ -411,7 +397,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_run_agrees_with_the_general_checks() {
+    fn checked_run_agrees_with_the_general_checks() {
         // Contiguous layouts of several shapes, offsets and element sizes, against buffers
         // shorter than, as long as and longer than their spans, and mismatched pairs.
         let shapes: [&[usize]; 4] = [&[1], &[7], &[3, 5], &[2, 1, 4]];
@@ -435,8 +421,7 @@ mod tests {
                                 .map_err(OpError::Dst)
                                 .and_then(|()| s.check_buffer(sl).map_err(OpError::Src))
                                 .and_then(|()| Ok(Plan::single_run(&d, &s)?));
-                            let op = Op::Copy { dst: d, src: s };
-                            let fast = op.one_run(dl, Some(sl));
+                            let fast = checked_run(&d, &s, dl, sl);
                             assert_eq!(
                                 fast.map_err(|e| e.to_string()),
                                 general.map_err(|e| e.to_string()),
@@ -447,17 +432,10 @@ mod tests {
                 }
             }
         }
-        // Not one run: a transposed source; and operators other than copies.
+        // Not one run: a transposed source.
         let m = Layout::contiguous(&[4, 4], 1).unwrap();
         let t = m.transpose(0, 1).unwrap();
-        let op = Op::Copy { dst: m, src: t };
-        assert_eq!(op.one_run(16, Some(16)).unwrap(), None);
-        assert_eq!(op.one_run(16, None).unwrap(), None);
-        let fill = Op::Fill {
-            dst: m,
-            pattern: [0u8].into(),
-        };
-        assert_eq!(fill.one_run(16, None).unwrap(), None);
+        assert_eq!(checked_run(&m, &t, 16, 16).unwrap(), None);
     }
 
     #[test]

@@ -170,6 +170,19 @@ impl<C: ?Sized> Shared<C> {
     }
 }
 
+impl Shared {
+    /// Waits for the completion, its result seen ([`Observed`]): marked before the wait, and
+    /// as a success after one.
+    fn wait_seen(&self) -> Result<(), RequestError> {
+        self.observed.see();
+        let r = self.completion.wait();
+        if r.is_ok() {
+            self.observed.see_ok();
+        }
+        r
+    }
+}
+
 /// A submitted copy. Wait on it, poll it, or `.await` it (any executor). Dropping it does
 /// not cancel nor wait: the copy runs on, and a failure nobody waited for is reported by the
 /// enclosing [`scope`](crate::EngineExt::scope) or the engine's next
@@ -228,12 +241,7 @@ impl Request {
 
     /// Blocks until the request completes; returns its own result. May block.
     pub fn wait(self) -> Result<(), RequestError> {
-        self.shared.observed.see();
-        let r = self.shared.completion.wait();
-        if r.is_ok() {
-            self.shared.observed.see_ok();
-        }
-        r
+        self.shared.wait_seen()
     }
 
     /// Returns `Some(result)` once complete, `None` while in flight. Never blocks. Once it has
@@ -467,11 +475,7 @@ impl Completion for Join {
     fn wait(&self) -> Result<(), RequestError> {
         let mut first = Ok(());
         for p in &self.parts {
-            p.shared.observed.see();
-            let r = p.shared.completion.wait();
-            if r.is_ok() {
-                p.shared.observed.see_ok();
-            }
+            let r = p.shared.wait_seen();
             if first.is_ok() {
                 first = r;
             }

@@ -561,7 +561,13 @@ impl<'scope> Scope<'scope, '_> {
         // SAFETY: `dst` is mutably and `src` immutably borrowed for 'scope, which ends only
         // after `scope()` has waited for every request tracked here, so the memory stays valid
         // and nothing else touches it while the request runs.
-        let req = unsafe { self.engine.submit_raw(job)? };
+        self.tracked(unsafe { self.engine.submit_raw(job) })
+    }
+
+    /// A request just submitted over buffers borrowed for `'scope`, tracked (the scope waits
+    /// for it before the borrows end); a refusal passed on.
+    fn tracked(&self, req: Result<Request, SubmitError>) -> Result<Request, SubmitError> {
+        let req = req?;
         self.core.track(&req);
         Ok(req)
     }
@@ -597,12 +603,10 @@ impl<'scope> Scope<'scope, '_> {
     {
         // SAFETY: as in `submit_bytes`: both buffers are borrowed for 'scope, which ends only
         // after the scope has waited for every request tracked here.
-        let req = unsafe {
+        self.tracked(unsafe {
             self.engine
-                .submit_copy(dst.raw_mut(), dst_layout, src.raw(), src_layout)?
-        };
-        self.core.track(&req);
-        Ok(req)
+                .submit_copy(dst.raw_mut(), dst_layout, src.raw(), src_layout)
+        })
     }
 
     /// Copies all of `src`'s bytes into the start of `dst` (error if `dst` is shorter); any

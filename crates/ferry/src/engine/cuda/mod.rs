@@ -503,9 +503,11 @@ impl CudaEngine {
         let lane = self.lanes.mine();
         // One contiguous copy on the engine's stream without dependencies (nearly every
         // request): checked, routed and run without building a program.
-        if let (None, true, Some(src)) = (caller, job.after.is_empty(), job.src) {
-            if let Some(run) = job.op.one_run(job.dst.len, Some(src.len))? {
-                // SAFETY: forwarded (1); `run` lies inside both buffers (`one_run` checked it).
+        if let (None, true, Some(src), crate::op::Op::Copy { dst: dl, src: sl }) =
+            (caller, job.after.is_empty(), job.src, &job.op)
+        {
+            if let Some(run) = crate::op::checked_run(dl, sl, job.dst.len, src.len)? {
+                // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
                 if let Some(req) = unsafe { self.submit_run(job.dst, src, lane, run)? } {
                     return Ok(req);
                 }
