@@ -14,6 +14,10 @@
 //!   sources N bounce buffers instead of the automatic count, to compare counts on one host;
 //!   `FERRY_BENCH_FILL=0..3` picks how the pageable source's buffers are filled (`up.rs`).
 //!
+//! Every series is first run once and checked on its own output; then ferry's series and the
+//! one its ratio is taken against (the raw loop; the pinned source) are timed in turns
+//! ([`timed_pair`]), so that the shared host's drift during a row moves both alike.
+//!
 //! Chunks (`chunk_for`): 1/32 of the source, at least 2 MiB. A pipeline of N balanced chunks
 //! through three steps cannot take less than (N + 2) / N of one step's total (the first upload
 //! and the first compute run before the first download): 1.125x at 16 chunks, 1.06x at 32, so
@@ -29,7 +33,9 @@
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo, Timing};
+use crate::bench::{
+    measure, measure_pair, BenchError, Kind, Method, Role, Row, Series, TestInfo, Timing,
+};
 use crate::sizes::format_size;
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -299,37 +305,58 @@ pub(super) fn run(test: &TestInfo, size: u64, method: &Method) -> Result<Row, Be
     }
 }
 
-/// ferry's pipeline with `stage` from `src` into `dst`, timed; once more with a timeline
-/// when tracing and `traced` (returned).
+/// One run of `pipe` from `src` into `dst` (if any) with `stage`.
+fn run_once(
+    pipe: &mut CudaPipeline<'_>,
+    src: Source<'_>,
+    dst: Option<&mut PinnedBuffer>,
+    stage: &dyn Fn(&GpuChunk<'_>) -> Result<(), String>,
+) -> Result<(), String> {
+    pipe.run(src, dst.map(Dest::new), stage)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// The run once more on a pipeline that keeps a timeline, kept for `--trace` and returned,
+/// when tracing (`None` otherwise).
 #[allow(clippy::too_many_arguments)]
-fn time_pipeline(
+fn traced(
     b: &Bench,
     cfg: PipelineConfig,
     test: &str,
     name: &str,
     size: u64,
-    method: &Method,
     src: Source<'_>,
-    dst: &mut Option<&mut PinnedBuffer>,
+    dst: Option<&mut PinnedBuffer>,
     stage: &dyn Fn(&GpuChunk<'_>) -> Result<(), String>,
-    traced: bool,
-) -> Result<(Timing, Option<Timeline>), BenchError> {
-    let mut pipe = CudaPipeline::new(&b.engine, cfg).map_err(setup)?;
-    let mut once = |pipe: &mut CudaPipeline<'_>| {
-        let d = dst.as_deref_mut().map(Dest::new);
-        pipe.run(src, d, stage).map_err(|e| e.to_string())
-    };
-    let t = measure(method, || once(&mut pipe).map(drop)).map_err(failed(test, name, size))?;
-    let mut timeline = None;
-    if traced && tracing() {
-        let mut p = CudaPipeline::new(&b.engine, cfg.timeline(true)).map_err(setup)?;
-        let rep = once(&mut p).map_err(failed(test, name, size))?;
-        if let Some(tl) = rep.timeline {
-            keep_trace(format!("{test} {}", format_size(size)), tl.clone());
-            timeline = Some(tl);
-        }
+) -> Result<Option<Timeline>, BenchError> {
+    if !tracing() {
+        return Ok(None);
     }
-    Ok((t, timeline))
+    let mut p = CudaPipeline::new(&b.engine, cfg.timeline(true)).map_err(setup)?;
+    let rep = p
+        .run(src, dst.map(Dest::new), stage)
+        .map_err(|e| failed(test, name, size)(e.to_string()))?;
+    Ok(rep.timeline.inspect(|tl| {
+        keep_trace(format!("{test} {}", format_size(size)), tl.clone());
+    }))
+}
+
+/// Times `a` and `b` taking turns sample by sample ([`measure_pair`]), so that a host whose
+/// speed drifts during the row (the GPU host is a shared VM: run 56's pageable rows swung
+/// 24-39 GB/s between series) moves both alike and their ratio stays fair; each one's error
+/// named by its series.
+fn timed_pair(
+    method: &Method,
+    (test, size): (&str, u64),
+    (a_name, mut a): (&str, impl FnMut() -> Result<(), String>),
+    (b_name, mut b): (&str, impl FnMut() -> Result<(), String>),
+) -> Result<(Timing, Timing), BenchError> {
+    measure_pair(
+        method,
+        || a().map_err(failed(test, a_name, size)),
+        || b().map_err(failed(test, b_name, size)),
+    )
 }
 
 /// `cuda-pipeline`: upload, compute, download.
@@ -341,18 +368,10 @@ fn three_steps(b: &Bench, test: &TestInfo, size: u64, method: &Method) -> Result
         let out = g.output().ok_or("no output slot")?;
         launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
     };
-    let (ferry_t, timeline) = time_pipeline(
-        b,
-        PipelineConfig::new(chunk, SLOTS),
-        test.name,
-        &name,
-        size,
-        method,
-        Source::new(&b.src),
-        &mut Some(&mut dst),
-        &stage,
-        true,
-    )?;
+    let cfg = PipelineConfig::new(chunk, SLOTS);
+    let mut pipe = CudaPipeline::new(&b.engine, cfg).map_err(setup)?;
+    let src = Source::new(&b.src);
+    run_once(&mut pipe, src, Some(&mut dst), &stage).map_err(failed(test.name, &name, size))?;
     verify(test.name, &name, size, &b.src, &dst, rounds)?;
     let ferry_out = dst.to_vec();
     dst.fill(0);
@@ -393,7 +412,7 @@ fn three_steps(b: &Bench, test: &TestInfo, size: u64, method: &Method) -> Result
     let stream = || b.ctx.new_stream().map_err(setup);
     let (up, comp, down) = (stream()?, stream()?, stream()?);
     let (uploaded, computed, downloaded) = (b.new_events()?, b.new_events()?, b.new_events()?);
-    let raw_t = measure(method, || {
+    let raw = || {
         for (i, off, len) in b.chunks() {
             let k = i % SLOTS;
             let (din, dout) = (b.ins[k].device_ptr(), b.outs[k].device_ptr());
@@ -414,9 +433,20 @@ fn three_steps(b: &Bench, test: &TestInfo, size: u64, method: &Method) -> Result
         }
         cu(down.synchronize())?;
         cu(comp.synchronize())
-    })
-    .map_err(failed(test.name, raw_name, size))?;
+    };
+    raw().map_err(failed(test.name, raw_name, size))?;
     compare(test.name, raw_name, size, &dst, &ferry_out)?;
+    dst.fill(0);
+
+    // ferry and the raw loop timed in turns (both write the same bytes into `dst`).
+    let (ferry_t, raw_t) = timed_pair(
+        method,
+        (test.name, size),
+        (&name, || run_once(&mut pipe, src, Some(&mut dst), &stage)),
+        (raw_name, raw),
+    )?;
+    compare(test.name, &name, size, &dst, &ferry_out)?;
+    let timeline = traced(b, cfg, test.name, &name, size, src, Some(&mut dst), &stage)?;
     Ok(Row::new(
         test.name,
         Kind::Bandwidth,

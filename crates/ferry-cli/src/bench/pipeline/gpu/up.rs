@@ -1,12 +1,14 @@
 //! `cuda-pipeline-upcompute` and `cuda-pipeline-pageable`; see the [parent](super).
 
-use super::{compare, cu, failed, launch, setup, time_pipeline, verify, Bench, SLOTS};
+use super::{
+    compare, cu, failed, launch, run_once, setup, timed_pair, traced, verify, Bench, SLOTS,
+};
 use crate::bench::ctx::env_number;
 use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Series, TestInfo};
 use crate::sizes::format_size;
 use cudarc::driver::sys;
 use ferry::cuda::{DeviceBuffer, PinnedBuffer};
-use ferry::pipeline::{BounceFill, GpuChunk, OutLen, PipelineConfig, Source};
+use ferry::pipeline::{BounceFill, CudaPipeline, GpuChunk, OutLen, PipelineConfig, Source};
 
 /// Zeroes `n` bytes of device memory at `d` (between series, so that each is checked on its
 /// own output).
@@ -44,18 +46,9 @@ pub(super) fn upcompute(
         )
     };
     let cfg = PipelineConfig::new(b.chunk, SLOTS).output(OutLen::Fixed(0));
-    let (ferry_t, timeline) = time_pipeline(
-        b,
-        cfg,
-        test.name,
-        &name,
-        size,
-        method,
-        Source::new(&b.src),
-        &mut None,
-        &stage,
-        true,
-    )?;
+    let mut pipe = CudaPipeline::new(&b.engine, cfg).map_err(setup)?;
+    let src = Source::new(&b.src);
+    run_once(&mut pipe, src, None, &stage).map_err(failed(test.name, &name, size))?;
     let ferry_out = read_back()?;
     verify(test.name, &name, size, &b.src, &ferry_out, rounds)?;
     zero(b, out_ptr, n)?;
@@ -85,7 +78,7 @@ pub(super) fn upcompute(
         b.ctx.new_stream().map_err(setup)?,
     );
     let (uploaded, computed) = (b.new_events()?, b.new_events()?);
-    let raw_t = measure(method, || {
+    let raw = || {
         for (i, off, len) in b.chunks() {
             let k = i % SLOTS;
             let din = b.ins[k].device_ptr();
@@ -99,9 +92,20 @@ pub(super) fn upcompute(
             cu(computed[k].record(&comp))?;
         }
         cu(comp.synchronize())
-    })
-    .map_err(failed(test.name, raw_name, size))?;
+    };
+    raw().map_err(failed(test.name, raw_name, size))?;
     compare(test.name, raw_name, size, &read_back()?, &ferry_out)?;
+    zero(b, out_ptr, n)?;
+
+    // ferry and the raw loop timed in turns (both write the same bytes).
+    let (ferry_t, raw_t) = timed_pair(
+        method,
+        (test.name, size),
+        (&name, || run_once(&mut pipe, src, None, &stage)),
+        (raw_name, raw),
+    )?;
+    compare(test.name, &name, size, &read_back()?, &ferry_out)?;
+    let timeline = traced(b, cfg, test.name, &name, size, src, None, &stage)?;
 
     // The two totals the overlap is measured against: every upload alone, every kernel alone
     // (one stream each, host clock, synchronized once).
@@ -192,9 +196,10 @@ pub(super) fn file(
     against_pinned(b, test, size, method, src, "file", &what)
 }
 
-/// The 3-step pipeline from `src` (traced, verified), then from the pinned source holding the
-/// same bytes (verified): one row, `src` as ferry's series and the pinned source as its
-/// baseline. `label` names the source in the series.
+/// The 3-step pipeline from `src` and from the pinned source holding the same bytes, each
+/// into its own destination, each checked, then timed in turns ([`timed_pair`]; `src`'s run
+/// traced): one row, `src` as ferry's series and the pinned source as its baseline. `label`
+/// names the source in the series.
 fn against_pinned(
     b: &Bench,
     test: &TestInfo,
@@ -216,40 +221,36 @@ fn against_pinned(
     let cfg = PipelineConfig::new(b.chunk, SLOTS)
         .bounce(bounce)
         .bounce_fill(bounce_fill()?);
-    let mut series = Vec::with_capacity(2);
-    let mut timeline = None;
-    for (name, src, role) in [
-        (
-            format!("ferry pipeline, {label} source (K={SLOTS})"),
-            src,
-            Role::Ferry,
-        ),
-        (
-            format!("ferry pipeline, pinned source (K={SLOTS})"),
-            Source::new(&b.src),
-            Role::Baseline,
-        ),
+    let name = format!("ferry pipeline, {label} source (K={SLOTS})");
+    let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
+    let pinned_src = Source::new(&b.src);
+    let mut pipe = CudaPipeline::new(&b.engine, cfg).map_err(setup)?;
+    let mut pinned_pipe = CudaPipeline::new(&b.engine, cfg).map_err(setup)?;
+    // Each into its own destination, checked there first, then both timed in turns.
+    let mut pinned_dst = PinnedBuffer::new(b.n).map_err(setup)?;
+    for (name, pipe, src, dst) in [
+        (&name, &mut pipe, src, &mut dst),
+        (&pinned_name, &mut pinned_pipe, pinned_src, &mut pinned_dst),
     ] {
         dst.fill(0);
-        let traced = role == Role::Ferry;
-        let (t, tl) = time_pipeline(
-            b,
-            cfg,
-            test.name,
-            &name,
-            size,
-            method,
-            src,
-            &mut Some(&mut dst),
-            &stage,
-            traced,
-        )?;
-        verify(test.name, &name, size, &b.src, &dst, rounds)?;
-        if traced {
-            timeline = tl;
-        }
-        series.push(Series::new(name, role, Kind::Bandwidth, size, t));
+        run_once(pipe, src, Some(dst), &stage).map_err(failed(test.name, name, size))?;
+        verify(test.name, name, size, &b.src, dst, rounds)?;
     }
+    let (t, pinned_t) = timed_pair(
+        method,
+        (test.name, size),
+        (&name, || run_once(&mut pipe, src, Some(&mut dst), &stage)),
+        (&pinned_name, || {
+            run_once(&mut pinned_pipe, pinned_src, Some(&mut pinned_dst), &stage)
+        }),
+    )?;
+    verify(test.name, &name, size, &b.src, &dst, rounds)?;
+    verify(test.name, &pinned_name, size, &b.src, &pinned_dst, rounds)?;
+    let timeline = traced(b, cfg, test.name, &name, size, src, Some(&mut dst), &stage)?;
+    let series = vec![
+        Series::new(name, Role::Ferry, Kind::Bandwidth, size, t),
+        Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),
+    ];
     Ok(Row::new(
         test.name,
         Kind::Bandwidth,
