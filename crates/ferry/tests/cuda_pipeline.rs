@@ -11,6 +11,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ferry::cuda::{CudaEngine, DeviceBuffer, InteropError, PinnedBuffer, StreamWait};
 use ferry::pipeline::{
     Chunk, CudaPipeline, Dest, GpuChunk, OutLen, Phase, PipelineConfig, PipelineError, Source,
+    FILL_THREADS_MAX,
 };
 use ferry::{Engine, EngineExt, Job, Layout, Memory, MemoryMut, RawBuf, Request};
 use std::sync::Mutex;
@@ -685,6 +686,80 @@ fn bounce_fills_ahead_slow_and_fast_stages_match_reference() {
     e.barrier().unwrap();
 }
 
+/// The process's fill worker threads (`ferry-fill-*`) now.
+fn fill_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("ferry-fill-"))
+        })
+        .count()
+}
+
+/// `PipelineConfig::fill_threads` is how many fill workers a pageable run starts (and the
+/// output is still the reference, from a whole and a strided source); more than
+/// `FILL_THREADS_MAX` is refused when the pipeline is made.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn fill_threads_setting_starts_that_many_workers() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let data = bytes(6 << 20, 91);
+    let want = reference(&data, 1 << 20, OutLen::Same);
+    let before = fill_threads();
+    for threads in [1, 3] {
+        let cfg = PipelineConfig::new(1 << 20, 3).fill_threads(threads);
+        let mut p = CudaPipeline::new(&e, cfg).unwrap();
+        let mut dst = vec![0u8; data.len()];
+        p.run(Source::new(&data), Some(Dest::new(&mut dst)), |g| {
+            stage(&k, g)
+        })
+        .unwrap();
+        assert!(
+            dst == want,
+            "{threads} fill threads: output differs from the reference"
+        );
+        assert_eq!(
+            fill_threads(),
+            before + threads,
+            "fill workers of fill_threads({threads})"
+        );
+        drop(p);
+        assert_eq!(
+            fill_threads(),
+            before,
+            "fill workers outlived their pipeline"
+        );
+    }
+    // A strided source (every other 4 KiB row of a pageable matrix) with two fill threads.
+    let rows = 512;
+    let m = bytes(rows * 8192, 92);
+    let l = Layout::pitched(&[rows, 4096], 1, 8192).unwrap();
+    let packed: Vec<u8> = m.chunks(8192).flat_map(|r| r[..4096].to_vec()).collect();
+    let want = reference(&packed, 1 << 20, OutLen::Same);
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(1 << 20, 2).fill_threads(2)).unwrap();
+    let mut dst = vec![0u8; packed.len()];
+    p.run(
+        Source::strided(&m, l).unwrap(),
+        Some(Dest::new(&mut dst)),
+        |g| stage(&k, g),
+    )
+    .unwrap();
+    assert!(
+        dst == want,
+        "strided source, 2 fill threads: output differs from the reference"
+    );
+    let too_many = PipelineConfig::new(1 << 20, 2).fill_threads(FILL_THREADS_MAX + 1);
+    assert!(matches!(
+        CudaPipeline::new(&e, too_many),
+        Err(PipelineError::Config(_))
+    ));
+    e.barrier().unwrap();
+}
+
 /// The fill workers start only for a source they fill: a file source's chunks are read by
 /// the file engine into the bounce buffers, and its pipeline runs no `ferry-fill-*` thread;
 /// a pageable run on the same pipeline starts them, and dropping the pipeline ends them.
@@ -696,16 +771,6 @@ fn file_sources_start_no_fill_workers() {
     let Some(e) = cuda_or_skip() else { return };
     let e = std::sync::Arc::new(e);
     let k = kernels(&e);
-    let fill_threads = || {
-        std::fs::read_dir("/proc/self/task")
-            .expect("/proc/self/task")
-            .flatten()
-            .filter(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| c.starts_with("ferry-fill-"))
-            })
-            .count()
-    };
     let files = FileEngine::with_engine(FileConfig::new(), e.clone()).expect("a file engine");
     let data = bytes(8 << 20, 78);
     let path = std::env::temp_dir().join(format!("ferry-cuda-pipe-nofill-{}", std::process::id()));

@@ -336,6 +336,11 @@ fn bad_settings_are_refused() {
         CpuPipeline::new(&engine, PipelineConfig::new(64, 0)),
         Err(PipelineError::Config(_))
     ));
+    let too_many = PipelineConfig::new(64, 2).fill_threads(ferry::pipeline::FILL_THREADS_MAX + 1);
+    assert!(matches!(
+        CpuPipeline::new(&engine, too_many),
+        Err(PipelineError::Config(m)) if m.contains("fill_threads")
+    ));
     let mut p = CpuPipeline::new(&engine, PipelineConfig::new(64, 2)).unwrap();
     let src = [1u8; 100];
     let mut short = [0u8; 99];

@@ -9,7 +9,8 @@
 //! of the next chunks (pageable: the fill workers of `engine/cuda/staged/fill.rs`, pieces of every
 //! queued fill taken in order, by default a multiple of the workers' count of them, the
 //! submitting thread copying pieces of a fill it waits for ([`super::BounceFill`]); a strided
-//! chunk on [`FILL_THREADS`] CPU workers; file: the file
+//! chunk on a CPU engine's workers; both [`super::PipelineConfig::fill_threads`] threads
+//! ([`super::FILL_THREADS`] by default); file: the file
 //! engine's parallel reads straight into it) while the DMAs and steps of earlier chunks run, each
 //! started as soon as its buffer is free and waited for only before its chunk's upload; the
 //! upload is then a plain pinned DMA. (Run 32, filled on the submitting thread before each
@@ -23,12 +24,6 @@
 //! the DMA only after waiting for chunk `i`'s fill, and nothing else reaches the buffers.
 
 use crate::request::{Request, RequestError};
-
-/// CPU threads that fill a bounce buffer from a strided pageable source (contiguous chunks go
-/// to the staging workers). One core copies 8-12 GB/s from cached pageable memory into pinned
-/// memory; the DMA reads about 53 GB/s (H200 host, PCIe gen5), so 8 threads (half the GPU
-/// host's 16 cores) leave room for the submitting thread and the file engine's readers.
-pub(super) const FILL_THREADS: usize = 8;
 
 /// B buffers (`S`: a pinned buffer on the GPU, anything in the CPU tests) lent in turn to
 /// chunk `i % B`: filled for chunk `i` ([`BounceRing::take`], then [`BounceRing::filling`]),

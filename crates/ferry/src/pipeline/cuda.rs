@@ -31,7 +31,7 @@
 //! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
 //! timeline when the compute stream next learned of it, later than it did.
 
-use super::bounce::{BounceRing, FILL_THREADS};
+use super::bounce::BounceRing;
 use super::core::{self, Lanes};
 use super::{
     plan, BounceFill, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source,
@@ -75,22 +75,25 @@ pub struct CudaPipeline<'e> {
 }
 
 /// Pinned buffers of a chunk ([`PipelineConfig::bounce_count`]) and the workers that fill them
-/// from pageable memory: the staged path's copy on [`Filler`]'s workers for contiguous chunks,
-/// a CPU engine for strided ones, each made on first use (a file source's chunks are filled by the file engine's
-/// reads and start neither).
+/// from pageable memory ([`PipelineConfig::effective_fill_threads`] of them): the staged path's
+/// copy on [`Filler`]'s workers for contiguous chunks, a CPU engine for strided ones, each made
+/// on first use (a file source's chunks are filled by the file engine's reads and start
+/// neither).
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
-    /// The staging settings read when the ring was made, for the fill workers.
+    /// The staging settings read when the ring was made (their stores), with the pipeline's
+    /// fill threads, for the fill workers.
     staging: StagingConfig,
     fill: Option<Filler>,
     strided: Option<CpuEngine>,
 }
 
 impl Bounce {
-    /// A ring of `count` pinned buffers of `bytes`; the staging settings are read now
-    /// (`FERRY_STAGING_*`), the fill workers started on first use.
-    fn new(count: usize, bytes: usize) -> Result<Bounce, PipelineError> {
-        let staging = StagingConfig::from_env().map_err(setup)?;
+    /// A ring of `count` pinned buffers of `bytes`, filled by `threads` workers; the staging
+    /// settings are read now (`FERRY_STAGING_*`, but for their thread count: that is the
+    /// engine's staged copies'), the fill workers started on first use.
+    fn new(count: usize, bytes: usize, threads: usize) -> Result<Bounce, PipelineError> {
+        let staging = StagingConfig::from_env().map_err(setup)?.threads(threads);
         let bufs = (0..count)
             .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
@@ -113,7 +116,7 @@ impl Bounce {
     /// The CPU engine for strided fills, made on first use.
     fn strided(&mut self) -> Result<&CpuEngine, PipelineError> {
         if self.strided.is_none() {
-            let cfg = CpuConfig::new(FILL_THREADS)
+            let cfg = CpuConfig::new(self.staging.get_threads())
                 .chunk_bytes(FILL_PIECE)
                 .inline_bytes(0);
             self.strided = Some(CpuEngine::with_config(cfg).map_err(setup)?);
@@ -318,7 +321,8 @@ impl CudaPipeline<'_> {
         if !self.bounce.as_ref().is_some_and(fits) {
             self.bounce = None;
             let bytes = need.max(self.cfg.chunk_bytes);
-            self.bounce = Some(Bounce::new(count, bytes)?);
+            let threads = self.cfg.effective_fill_threads();
+            self.bounce = Some(Bounce::new(count, bytes, threads)?);
         }
         if let Some(b) = self.bounce.as_mut() {
             // Every request of an earlier run completed before it returned.

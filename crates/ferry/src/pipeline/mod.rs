@@ -90,6 +90,26 @@ pub type StageError = Box<dyn std::error::Error + Send + Sync>;
 pub const BOUNCE_AHEAD_BYTES: usize = 16 << 20;
 /// [`PipelineConfig::bounce_count`]'s automatic count is at most this many buffers.
 pub const BOUNCE_MAX: usize = 32;
+/// The most CPU threads that fill a GPU pipeline's bounce buffers from a pageable source, whole
+/// or strided, unless [`PipelineConfig::fill_threads`] says otherwise (fewer on a host whose
+/// staged copies get fewer workers: [`StagingConfig::new`](crate::cuda::staged::StagingConfig::new)'s
+/// three quarters of the cores, so 8 on the 16-core H200 host, 1 on a 2-core one). One core copies 8-12 GB/s
+/// from cached pageable memory into pinned memory and the DMA reads about 53 GB/s (H200 host,
+/// PCIe gen5), so 8 threads keep up with it and leave half of that host's 16 cores to the
+/// submitting thread, the caller's program and the file engine's readers.
+///
+/// More threads are not faster: their bursts of copying share host memory with the DMAs that
+/// read the filled buffers, and the uploads slow down while fills run (13% at 64 MiB in run
+/// 62's timeline). Measured on the H200 host (runs 63-64 of `bench/results/h200.md`, one
+/// machine, `ferry bench --engine cuda --test cuda-pipeline-pageable --sizes 64M,256M`, the
+/// pageable and the pinned source timed in turns, five series each): the pageable source
+/// over the pinned one, 64 MiB in 2 MiB chunks, 0.88-0.89 with 8 threads against 0.82-0.88
+/// with 12 (the staging workers' count, used until then), 0.85-0.88 with 10, 0.68-0.80 with
+/// 16, 0.40-0.44 with 4; 256 MiB in 8 MiB chunks, 0.88-0.96 with 8 and 0.81-0.94 with 12.
+pub const FILL_THREADS: usize = 8;
+/// The most fill threads [`PipelineConfig::fill_threads`] may ask for (the staged copies'
+/// workers' limit).
+pub const FILL_THREADS_MAX: usize = 256;
 
 /// Settings of a pipeline. Plain struct: [`PipelineConfig::new`] then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +133,10 @@ pub struct PipelineConfig {
     /// How host threads share the fills of those buffers from a contiguous pageable source
     /// ([`BounceFill::SPREAD_HELP`] by default).
     pub bounce_fill: BounceFill,
+    /// CPU threads that fill those buffers from a pageable source, whole or strided (0:
+    /// automatic, [`PipelineConfig::effective_fill_threads`]; at most [`FILL_THREADS_MAX`]). Started on the first run that needs them, kept by the
+    /// pipeline. A file source's buffers are filled by its file engine's readers instead.
+    pub fill_threads: usize,
 }
 
 /// How a GPU pipeline fills its bounce buffers from a contiguous pageable source
@@ -120,7 +144,8 @@ pub struct PipelineConfig {
 /// the oldest fill's first, and the submitting thread waits for a fill only when the upload
 /// its next compute needs is not yet filled.
 ///
-/// Why (64 MiB through 2 MiB chunks, K = 3, 8 buffers, 12 workers on the H200 host): a run
+/// Why (64 MiB through 2 MiB chunks, K = 3, 8 buffers, 12 workers on the H200 host, as
+/// measured before [`FILL_THREADS`] became 8): a run
 /// queues the fills of chunks 0-7 at once, and its first DMA waits for chunk 0's fill. Cut in
 /// 256 KiB pieces, that fill is 8 pieces: 8 workers take it while the other 4 start chunk 1,
 /// so it takes one piece's time at 8/12 of the host's copy rate (about 47 GB/s for 12
@@ -176,6 +201,7 @@ impl PipelineConfig {
             timeline: false,
             bounce: 0,
             bounce_fill: BounceFill::default(),
+            fill_threads: 0,
         }
     }
     /// Sets the output bytes per chunk.
@@ -202,6 +228,30 @@ impl PipelineConfig {
     pub fn bounce_fill(mut self, fill: BounceFill) -> PipelineConfig {
         self.bounce_fill = fill;
         self
+    }
+    /// Sets the CPU threads that fill the bounce buffers from a pageable source (0:
+    /// automatic).
+    ///
+    /// ```
+    /// use ferry::pipeline::{PipelineConfig, FILL_THREADS};
+    /// let cfg = PipelineConfig::new(2 << 20, 3);
+    /// assert!((1..=FILL_THREADS).contains(&cfg.effective_fill_threads()));
+    /// assert_eq!(cfg.fill_threads(4).effective_fill_threads(), 4);
+    /// ```
+    pub fn fill_threads(mut self, threads: usize) -> PipelineConfig {
+        self.fill_threads = threads;
+        self
+    }
+    /// The fill threads a run from a pageable source starts: [`PipelineConfig::fill_threads`]
+    /// where set, else the staged copies' default worker count
+    /// ([`StagingConfig::new`](crate::cuda::staged::StagingConfig::new)), at most [`FILL_THREADS`].
+    pub fn effective_fill_threads(&self) -> usize {
+        match self.fill_threads {
+            0 => crate::cuda::staged::StagingConfig::new()
+                .get_threads()
+                .min(FILL_THREADS),
+            n => n,
+        }
     }
 
     /// The bounce buffers a GPU pipeline keeps for a pageable or file source of chunks of
@@ -233,6 +283,12 @@ impl PipelineConfig {
         }
         if let OutLen::Ratio { den: 0, .. } = self.output {
             return Err(PipelineError::Config("OutLen::Ratio with den = 0".into()));
+        }
+        if self.fill_threads > FILL_THREADS_MAX {
+            return Err(PipelineError::Config(format!(
+                "fill_threads {} is more than {FILL_THREADS_MAX}",
+                self.fill_threads
+            )));
         }
         Ok(())
     }

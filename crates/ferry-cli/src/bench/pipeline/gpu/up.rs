@@ -155,15 +155,13 @@ pub(super) fn pageable(
     method: &Method,
 ) -> Result<Row, BenchError> {
     let pageable_src: Vec<u8> = b.src.to_vec();
-    against_pinned(
-        b,
-        test,
-        size,
-        method,
-        Source::new(&pageable_src),
-        "pageable",
-        "pageable source (Vec<u8>) -> pinned bounce buffers (filled ahead by the fill workers, pieces of 256 KiB or fewer, FERRY_BENCH_FILL) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
-    )
+    let cfg = source_cfg(b)?;
+    let what = format!(
+        "pageable source (Vec<u8>) -> pinned bounce buffers (filled ahead by {} threads, FERRY_BENCH_FILL_THREADS; pieces of 256 KiB or fewer, FERRY_BENCH_FILL) -> device slots, pinned destination; ratio: pageable / pinned source (target >= 0.9)",
+        cfg.effective_fill_threads()
+    );
+    let src = Source::new(&pageable_src);
+    against_pinned(b, test, size, method, cfg, src, "pageable", &what)
 }
 
 /// `cuda-pipeline-file`: the 3-step pipeline from a file (written just before, so read from
@@ -193,18 +191,34 @@ pub(super) fn file(
         format_size(files.config().chunk_bytes as u64)
     );
     let src = Source::file(&files, &handle, 0, b.n).map_err(setup)?;
-    against_pinned(b, test, size, method, src, "file", &what)
+    against_pinned(b, test, size, method, source_cfg(b)?, src, "file", &what)
 }
 
-/// The 3-step pipeline from `src` and from the pinned source holding the same bytes, each
-/// into its own destination, each checked, then timed in turns ([`timed_pair`]; `src`'s run
-/// traced): one row, `src` as ferry's series and the pinned source as its baseline. `label`
-/// names the source in the series.
+/// The pipeline settings of the rows from a source that is filled into bounce buffers:
+/// `FERRY_BENCH_BOUNCE=N` gives N bounce buffers instead of the automatic count
+/// (`PipelineConfig::bounce_count`), `FERRY_BENCH_FILL_THREADS=N` N fill threads for a pageable
+/// source (`PipelineConfig::fill_threads`), `FERRY_BENCH_FILL` the fill's mode ([`bounce_fill`]),
+/// to compare settings on one host.
+fn source_cfg(b: &Bench) -> Result<PipelineConfig, BenchError> {
+    let bounce = env_number("FERRY_BENCH_BOUNCE", "a number of bounce buffers")?;
+    let threads = env_number("FERRY_BENCH_FILL_THREADS", "a number of fill threads")?;
+    Ok(PipelineConfig::new(b.chunk, SLOTS)
+        .bounce(bounce.unwrap_or(0))
+        .bounce_fill(bounce_fill()?)
+        .fill_threads(threads.unwrap_or(0)))
+}
+
+/// The 3-step pipeline with `cfg` from `src` and from the pinned source holding the same
+/// bytes, each into its own destination, each checked, then timed in turns ([`timed_pair`];
+/// `src`'s run traced): one row, `src` as ferry's series and the pinned source as its
+/// baseline. `label` names the source in the series.
+#[allow(clippy::too_many_arguments)]
 fn against_pinned(
     b: &Bench,
     test: &TestInfo,
     size: u64,
     method: &Method,
+    cfg: PipelineConfig,
     src: Source<'_>,
     label: &str,
     what: &str,
@@ -215,12 +229,6 @@ fn against_pinned(
         let out = g.output().ok_or("no output slot")?;
         launch(&b.f, g.stream(), g.input(), out, g.chunk().len, rounds)
     };
-    // FERRY_BENCH_BOUNCE=N: N bounce buffers for the pageable and file sources instead of
-    // the automatic count (`PipelineConfig::bounce_count`), to compare counts on one host.
-    let bounce = env_number("FERRY_BENCH_BOUNCE", "a number of bounce buffers")?.unwrap_or(0);
-    let cfg = PipelineConfig::new(b.chunk, SLOTS)
-        .bounce(bounce)
-        .bounce_fill(bounce_fill()?);
     let name = format!("ferry pipeline, {label} source (K={SLOTS})");
     let pinned_name = format!("ferry pipeline, pinned source (K={SLOTS})");
     let pinned_src = Source::new(&b.src);
