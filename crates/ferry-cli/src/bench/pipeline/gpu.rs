@@ -31,6 +31,13 @@
 //! 16 chunks of 4 MiB). A 2 MiB chunk's copy takes about 40 us, still above what the host
 //! spends submitting a chunk's three steps (a few driver calls each); the minimum stays there
 //! (at 1 MiB the gaps alone would be 10% of the copies).
+//!
+//! That model leaves out two things measured later (runs 61-65, `bench/results/h200.md`): with
+//! uploads and downloads running at once each direction moves about 43.6 GB/s on the H200 host
+//! against 51-54 GB/s alone, so the raw loop takes the same wall with 16, 24 or 32 chunks at
+//! 64 MiB; and the traced run's six timing events a chunk cost its wall about 8 us a chunk
+//! (1,786 us traced against 1,536 untraced at 64 MiB), which the row's wall / largest-step
+//! ratio, taken from the traced run, includes.
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::data::pattern_bytes;
