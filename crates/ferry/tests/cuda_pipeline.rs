@@ -686,16 +686,33 @@ fn bounce_fills_ahead_slow_and_fast_stages_match_reference() {
     e.barrier().unwrap();
 }
 
-/// The process's fill worker threads (`ferry-fill-*`) now.
-fn fill_threads() -> usize {
+/// The process's threads whose name starts with `prefix` now.
+fn threads_named(prefix: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
         .expect("/proc/self/task")
         .flatten()
         .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("ferry-fill-"))
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
         })
         .count()
+}
+
+/// The process's fill worker threads (`ferry-fill-*`) now.
+fn fill_threads() -> usize {
+    threads_named("ferry-fill-")
+}
+
+/// The count of threads named `prefix*` once it is `want`, or after 200 ms what it is then: a
+/// joined thread can leave `/proc/self/task` a moment after its join returned.
+fn settled(prefix: &str, want: usize) -> usize {
+    let t0 = std::time::Instant::now();
+    loop {
+        let n = threads_named(prefix);
+        if n == want || t0.elapsed() > std::time::Duration::from_millis(200) {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// `PipelineConfig::fill_threads` is how many fill workers a pageable run starts (and the
@@ -729,7 +746,7 @@ fn fill_threads_setting_starts_that_many_workers() {
         );
         drop(p);
         assert_eq!(
-            fill_threads(),
+            settled("ferry-fill-", before),
             before,
             "fill workers outlived their pipeline"
         );
@@ -740,6 +757,8 @@ fn fill_threads_setting_starts_that_many_workers() {
     let l = Layout::pitched(&[rows, 4096], 1, 8192).unwrap();
     let packed: Vec<u8> = m.chunks(8192).flat_map(|r| r[..4096].to_vec()).collect();
     let want = reference(&packed, 1 << 20, OutLen::Same);
+    // Strided fills run on a CPU engine's workers (`ferry-cpu-*`).
+    let cpu_before = threads_named("ferry-cpu-");
     let mut p = CudaPipeline::new(&e, PipelineConfig::new(1 << 20, 2).fill_threads(2)).unwrap();
     let mut dst = vec![0u8; packed.len()];
     p.run(
@@ -751,6 +770,17 @@ fn fill_threads_setting_starts_that_many_workers() {
     assert!(
         dst == want,
         "strided source, 2 fill threads: output differs from the reference"
+    );
+    assert_eq!(
+        threads_named("ferry-cpu-"),
+        cpu_before + 2,
+        "strided fill workers of fill_threads(2)"
+    );
+    drop(p);
+    assert_eq!(
+        settled("ferry-cpu-", cpu_before),
+        cpu_before,
+        "strided fill workers outlived their pipeline"
     );
     let too_many = PipelineConfig::new(1 << 20, 2).fill_threads(FILL_THREADS_MAX + 1);
     assert!(matches!(

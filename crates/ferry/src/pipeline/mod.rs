@@ -91,21 +91,26 @@ pub const BOUNCE_AHEAD_BYTES: usize = 16 << 20;
 /// [`PipelineConfig::bounce_count`]'s automatic count is at most this many buffers.
 pub const BOUNCE_MAX: usize = 32;
 /// The most CPU threads that fill a GPU pipeline's bounce buffers from a pageable source, whole
-/// or strided, unless [`PipelineConfig::fill_threads`] says otherwise (fewer on a host whose
-/// staged copies get fewer workers: [`StagingConfig::new`](crate::cuda::staged::StagingConfig::new)'s
-/// three quarters of the cores, so 8 on the 16-core H200 host, 1 on a 2-core one). One core copies 8-12 GB/s
-/// from cached pageable memory into pinned memory and the DMA reads about 53 GB/s (H200 host,
-/// PCIe gen5), so 8 threads keep up with it and leave half of that host's 16 cores to the
-/// submitting thread, the caller's program and the file engine's readers.
+/// or strided, unless [`PipelineConfig::fill_threads`] says otherwise: the automatic count is
+/// the staged copies' default worker count
+/// ([`StagingConfig::new`](crate::cuda::staged::StagingConfig::new): three quarters of the
+/// cores, 1 to 12, so 12 on the 16-core H200 host) capped at this, so 8 there and 1 on a 2-core
+/// host. One core copies 8-12 GB/s from cached pageable memory into pinned memory and the DMA
+/// reads about 53 GB/s (H200 host, PCIe gen5), so 8 threads keep up with it and leave half of
+/// that host's cores to the submitting thread, the caller's program and the file engine's
+/// readers.
 ///
 /// More threads are not faster: their bursts of copying share host memory with the DMAs that
 /// read the filled buffers, and the uploads slow down while fills run (13% at 64 MiB in run
 /// 62's timeline). Measured on the H200 host (runs 63-64 of `bench/results/h200.md`, one
 /// machine, `ferry bench --engine cuda --test cuda-pipeline-pageable --sizes 64M,256M`, the
-/// pageable and the pinned source timed in turns, five series each): the pageable source
-/// over the pinned one, 64 MiB in 2 MiB chunks, 0.88-0.89 with 8 threads against 0.82-0.88
-/// with 12 (the staging workers' count, used until then), 0.85-0.88 with 10, 0.68-0.80 with
-/// 16, 0.40-0.44 with 4; 256 MiB in 8 MiB chunks, 0.88-0.96 with 8 and 0.81-0.94 with 12.
+/// pageable and the pinned source timed in turns; five series with 8 and 12 threads, three
+/// with 10, two with 4 and 16): the pageable source over the pinned one, 64 MiB in 2 MiB
+/// chunks, 0.88-0.89 with 8 threads against 0.82-0.88 with 12 (the staging workers' count,
+/// used until then), 0.85-0.88 with 10, 0.68-0.80 with 16, 0.40-0.44 with 4; 256 MiB in 8 MiB
+/// chunks, 0.88-0.96 with 8 and 0.81-0.94 with 12. Run 65, another machine, in rounds
+/// alternating with 12 threads: 0.85-0.89 against 0.81-0.83 at 64 MiB, 0.83-0.96 against
+/// 0.91-0.95 at 256 MiB.
 pub const FILL_THREADS: usize = 8;
 /// The most fill threads [`PipelineConfig::fill_threads`] may ask for (the staged copies'
 /// workers' limit).
@@ -140,8 +145,10 @@ pub struct PipelineConfig {
     /// ([`BounceFill::SPREAD_HELP`] by default).
     pub bounce_fill: BounceFill,
     /// CPU threads that fill those buffers from a pageable source, whole or strided (0:
-    /// automatic, [`PipelineConfig::effective_fill_threads`]; at most [`FILL_THREADS_MAX`]). Started on the first run that needs them, kept by the
-    /// pipeline. A file source's buffers are filled by its file engine's readers instead.
+    /// automatic, [`PipelineConfig::effective_fill_threads`]; at most [`FILL_THREADS_MAX`]).
+    /// Started on the first run that needs them (whole and strided sources each their own set)
+    /// and kept by the pipeline, started anew when a run needs larger or more bounce buffers. A
+    /// file source's buffers are filled by its file engine's readers instead.
     pub fill_threads: usize,
 }
 

@@ -102,10 +102,21 @@ pub(super) fn upcompute(
         method,
         (test.name, size),
         (&name, || run_once(&mut pipe, src, None, &stage)),
-        (raw_name, raw),
+        (raw_name, &raw),
     )?;
+    // Each once more into a cleared array (either may have written it last), and the traced
+    // run, each checked.
+    zero(b, out_ptr, n)?;
+    raw().map_err(failed(test.name, raw_name, size))?;
+    compare(test.name, raw_name, size, &read_back()?, &ferry_out)?;
+    zero(b, out_ptr, n)?;
+    run_once(&mut pipe, src, None, &stage).map_err(failed(test.name, &name, size))?;
     compare(test.name, &name, size, &read_back()?, &ferry_out)?;
+    zero(b, out_ptr, n)?;
     let timeline = traced(b, cfg, test.name, &name, size, src, None, &stage)?;
+    if timeline.is_some() {
+        compare(test.name, &name, size, &read_back()?, &ferry_out)?;
+    }
 
     // The two totals the overlap is measured against: every upload alone, every kernel alone
     // (one stream each, host clock, synchronized once).
@@ -254,7 +265,11 @@ fn against_pinned(
     )?;
     verify(test.name, &name, size, &b.src, &dst, rounds)?;
     verify(test.name, &pinned_name, size, &b.src, &pinned_dst, rounds)?;
+    dst.fill(0);
     let timeline = traced(b, cfg, test.name, &name, size, src, Some(&mut dst), &stage)?;
+    if timeline.is_some() {
+        verify(test.name, &name, size, &b.src, &dst, rounds)?;
+    }
     let series = vec![
         Series::new(name, Role::Ferry, Kind::Bandwidth, size, t),
         Series::new(pinned_name, Role::Baseline, Kind::Bandwidth, size, pinned_t),

@@ -370,8 +370,9 @@ mod tests {
 
     #[test]
     fn spread_fills_give_every_worker_an_equal_part() {
-        // The bench's chunks on the GPU host's 12 workers: 8 and 32 pieces of 256 KiB, spread
-        // 12 and 36; small copies keep pieces of 64 KiB or more.
+        // The bench's chunks on 12 workers (the pipeline's fill workers on the GPU host until
+        // they became 8): 8 and 32 pieces of 256 KiB, spread 12 and 36; small copies keep
+        // pieces of 64 KiB or more.
         assert_eq!(fill_pieces(2 << 20, 12, false), 8);
         assert_eq!(fill_pieces(2 << 20, 12, true), 12);
         assert_eq!(fill_pieces(8 << 20, 12, false), 32);
