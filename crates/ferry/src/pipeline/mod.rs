@@ -110,7 +110,9 @@ pub const BOUNCE_MAX: usize = 32;
 /// used until then), 0.85-0.88 with 10, 0.68-0.80 with 16, 0.40-0.44 with 4; 256 MiB in 8 MiB
 /// chunks, 0.88-0.96 with 8 and 0.81-0.94 with 12. Run 65, another machine, in rounds
 /// alternating with 12 threads: 0.85-0.89 against 0.81-0.83 at 64 MiB, 0.83-0.96 against
-/// 0.91-0.95 at 256 MiB.
+/// 0.91-0.95 at 256 MiB; run 69, a noisier machine: 0.78-0.88 against 0.50-0.85 at 64 MiB,
+/// 0.76-0.82 against 0.44-0.91 at 256 MiB. Fewer threads win with short chunks; with 8 MiB
+/// chunks neither count is ahead on every machine, and 8 leaves the host four more cores.
 pub const FILL_THREADS: usize = 8;
 /// The most fill threads [`PipelineConfig::fill_threads`] may ask for (the staged copies'
 /// workers' limit).
