@@ -18,8 +18,8 @@
 //! Ferry's series and the one its ratio is taken against (the raw loop; the pinned source) are
 //! each first run once and checked on their own output, then timed in turns ([`timed_pair`]),
 //! so that the shared host's drift during a row moves both alike, then each run and checked
-//! once more (and the traced run checked too); the sequential loop is timed alone and checked
-//! after.
+//! once more (ferry's the traced run when tracing); the sequential loop is timed alone and
+//! checked after.
 //!
 //! Chunks (`chunk_for`): 1/32 of the source, at least 2 MiB. A pipeline of N balanced chunks
 //! through three steps cannot take less than (N + 2) / N of one step's total (the first upload
@@ -455,19 +455,17 @@ fn three_steps(b: &Bench, test: &TestInfo, size: u64, method: &Method) -> Result
         (&name, || run_once(&mut pipe, src, Some(&mut dst), &stage)),
         (raw_name, &raw),
     )?;
-    // Each once more into a cleared destination (either may have written it last), and the
-    // traced run, each checked.
+    // Each once more into a cleared destination (either may have written it last), checked;
+    // ferry's run is the traced one when tracing.
     dst.fill(0);
     raw().map_err(failed(test.name, raw_name, size))?;
     compare(test.name, raw_name, size, &dst, &ferry_out)?;
     dst.fill(0);
-    run_once(&mut pipe, src, Some(&mut dst), &stage).map_err(failed(test.name, &name, size))?;
-    compare(test.name, &name, size, &dst, &ferry_out)?;
-    dst.fill(0);
     let timeline = traced(b, cfg, test.name, &name, size, src, Some(&mut dst), &stage)?;
-    if timeline.is_some() {
-        compare(test.name, &name, size, &dst, &ferry_out)?;
+    if timeline.is_none() {
+        run_once(&mut pipe, src, Some(&mut dst), &stage).map_err(failed(test.name, &name, size))?;
     }
+    compare(test.name, &name, size, &dst, &ferry_out)?;
     Ok(Row::new(
         test.name,
         Kind::Bandwidth,
