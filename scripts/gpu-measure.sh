@@ -12,10 +12,9 @@
 # A device call is limited to 10 minutes: `tests python` in one call, `caller pipeline files`
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
-# Steps: tests python caller pipeline files cufile cupti (the last two only where asked: cufile
-# writes udev records, scripts/cufile-udev.sh; cupti needs CUPTI's library, found on the host).
-# Environment: BUNDLE (default .gpu), WHEELS (default .whl), STEP_TIMEOUT (seconds per bench
-# step, default 240).
+# Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
+# records, scripts/cufile-udev.sh). Environment: BUNDLE (default .gpu), WHEELS
+# (default .whl), STEP_TIMEOUT (seconds per bench step, default 240).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
 shift
@@ -64,12 +63,6 @@ for s in "${steps[@]}"; do
     bench pipeline --test cuda-pipeline,cuda-pipeline-upcompute,cuda-pipeline-pageable,cuda-pipeline-file \
       --sizes 64M,256M --trace "$log/pipeline-trace.json"
     FERRY_STAGING_NT_H2D=1 bench pipeline-nt --test cuda-pipeline-pageable,cuda-pipeline-file --sizes 64M,256M ;;
-  cupti) # issue 13: the 3-step row's untraced runs as CUPTI records them (bench/pipeline/gpu/cupti.rs)
-    lib=$(find /opt /usr/local /usr/lib \( -name 'libcupti.so' -o -name 'libcupti.so.*' \) -print 2>/dev/null | head -1)
-    [ -n "$lib" ] && export LD_LIBRARY_PATH=$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    echo "libcupti: ${lib:-not found}"
-    FERRY_BENCH_CUPTI=1 bench cupti-1 --test cuda-pipeline --sizes 64M,256M
-    FERRY_BENCH_CUPTI=1 bench cupti-2 --test cuda-pipeline --sizes 64M,256M ;;
   files) # issue 16: checkpoints against safetensors and KvikIO, cold reads
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step checkpoint 300 python3 bench/peers/checkpoint_load.py --ferry "$ferry" --gib 4 --repeat 5 \
@@ -82,7 +75,7 @@ for s in "${steps[@]}"; do
       --test cuda-file-read-cufile --sizes 256M,1G --json "$log/cufile-bench.json"
     unset CUFILE_FORCE_COMPAT_MODE ;;
   *)
-    echo "unknown step $s (tests python caller pipeline files cufile cupti)" >&2
+    echo "unknown step $s (tests python caller pipeline files cufile)" >&2
     fail=1 ;;
   esac
 done
