@@ -39,9 +39,7 @@
 //! against 51-54 GB/s alone, so the raw loop takes the same wall with 16, 24 or 32 chunks at
 //! 64 MiB; and the traced run's six timing events a chunk cost its wall about 8 us a chunk
 //! (1,786 us traced against 1,536 untraced at 64 MiB), which the row's wall / largest-step
-//! ratio, taken from the traced run, includes. `FERRY_BENCH_CUPTI=1` adds to the 3-step row
-//! the same ratio for one untraced run of ferry's pipeline and of the raw loop, from CUPTI's
-//! records of their copies and kernels ([`cupti`]).
+//! ratio, taken from the traced run, includes.
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::data::pattern_bytes;
@@ -57,7 +55,6 @@ use ferry::pipeline::{CudaPipeline, Dest, GpuChunk, Phase, PipelineConfig, Sourc
 use ferry::{Memory, MemoryMut};
 use std::sync::Arc;
 
-mod cupti;
 mod up;
 
 const KERNEL: &str = r#"
@@ -469,28 +466,12 @@ fn three_steps(b: &Bench, test: &TestInfo, size: u64, method: &Method) -> Result
         run_once(&mut pipe, src, Some(&mut dst), &stage).map_err(failed(test.name, &name, size))?;
     }
     compare(test.name, &name, size, &dst, &ferry_out)?;
-    let mut notes = b.shape("pinned source and destination", timeline.as_ref());
-    if cupti::wanted() {
-        // CUPTI's record of one more untraced run of each, checked.
-        dst.fill(0);
-        let f = cupti::record(|| run_once(&mut pipe, src, Some(&mut dst), &stage))
-            .map_err(failed(test.name, &name, size))?;
-        compare(test.name, &name, size, &dst, &ferry_out)?;
-        dst.fill(0);
-        let r = cupti::record(raw).map_err(failed(test.name, raw_name, size))?;
-        compare(test.name, raw_name, size, &dst, &ferry_out)?;
-        notes += &format!(
-            "; CUPTI, untraced: ferry {}; raw loop {}",
-            cupti::note(f, ferry_t.median_s),
-            cupti::note(r, raw_t.median_s)
-        );
-    }
     Ok(Row::new(
         test.name,
         Kind::Bandwidth,
         size,
         size,
-        notes,
+        b.shape("pinned source and destination", timeline.as_ref()),
         vec![
             Series::new(name, Role::Ferry, Kind::Bandwidth, size, ferry_t),
             Series::new(seq_name, Role::Baseline, Kind::Bandwidth, size, seq_t),
