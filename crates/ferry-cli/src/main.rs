@@ -5,7 +5,7 @@
 use ferry_cli::args::{self, ArgError, BenchPlan, Plan};
 use ferry_cli::bench;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -19,10 +19,7 @@ fn main() -> ExitCode {
     };
     let res = match plan {
         Plan::Info { json } => info(json),
-        Plan::List => {
-            list();
-            Ok(())
-        }
+        Plan::List => list(),
         Plan::Bench(plan) => run_bench(&plan),
         Plan::Plot { json, outs } => replot(&json, &outs),
         Plan::Load(a) => {
@@ -46,24 +43,42 @@ fn main() -> ExitCode {
 }
 
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("ferry: error: {e}");
+    note(&format!("ferry: error: {e}"));
     ExitCode::FAILURE
 }
 
 type AnyError = Box<dyn std::error::Error>;
 
+/// Writes `text` to standard output. A reader that went away (`ferry bench --list | head -1`)
+/// ends the output quietly; another failure (a full disk) is an error, never a panic (as
+/// `print!` would).
+fn out(text: &str) -> Result<(), AnyError> {
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("cannot write to standard output: {e}").into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes a line to standard error, where a failure has nowhere to be told (no panic, as
+/// `eprintln!` would).
+fn note(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 fn info(json: bool) -> Result<(), AnyError> {
     let info = ferry_cli::info::gather();
     if json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
+        out(&format!("{}\n", serde_json::to_string_pretty(&info)?))
     } else {
-        print!("{}", ferry_cli::info::render(&info));
+        out(&ferry_cli::info::render(&info))
     }
-    Ok(())
 }
 
 /// `bench --list`: one line per test in aligned columns, then why it cannot run here.
-fn list() {
+fn list() -> Result<(), AnyError> {
     let reg = bench::registry();
     let rows: Vec<[String; 4]> = reg
         .iter()
@@ -79,13 +94,14 @@ fn list() {
     let w: Vec<usize> = (0..4)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
+    let mut text = String::new();
     for (t, r) in reg.iter().zip(&rows) {
         let status = match bench::availability(t.needs) {
             Ok(()) => "available".to_string(),
             Err(why) => format!("unavailable: {why}"),
         };
-        println!(
-            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}\n{:<w0$}  {status}",
+        text += &format!(
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}\n{:<w0$}  {status}\n",
             r[0],
             r[1],
             r[2],
@@ -98,12 +114,13 @@ fn list() {
             w3 = w[3],
         );
     }
+    out(&text)
 }
 
 fn run_bench(plan: &BenchPlan) -> Result<(), AnyError> {
     args::preflight(plan)?;
     if let Some(line) = args::left_out(&plan.skipped) {
-        eprintln!("ferry bench: {line}");
+        note(&format!("ferry bench: {line}"));
     }
     bench::pipeline::set_trace(plan.trace.is_some() || !plan.gantt.is_empty());
     // Progress on stderr, only on a terminal, and only once the run has lasted 1 s.
@@ -127,24 +144,26 @@ fn run_bench(plan: &BenchPlan) -> Result<(), AnyError> {
     });
     bar.finish_and_clear();
     let rep = rep?;
-    print!("{}", ferry_cli::report::render(&rep, plan.verbose));
+    // The files are written even if the table cannot be shown: the run is not lost.
+    let shown = out(&ferry_cli::report::render(&rep, plan.verbose));
     if let Some(path) = &plan.json {
         std::fs::write(path, serde_json::to_string_pretty(&rep)?)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        note(&format!("wrote {}", path.display()));
     }
     for p in &plan.plot {
         ferry_cli::plot::write(&rep, p)?;
-        eprintln!("wrote {}", p.display());
+        note(&format!("wrote {}", p.display()));
     }
-    write_traces(plan.trace.as_deref(), &plan.gantt)
+    write_traces(plan.trace.as_deref(), &plan.gantt)?;
+    shown
 }
 /// `--trace` and `--gantt`: the timelines the pipeline tests kept.
 fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<(), AnyError> {
     let traces = bench::pipeline::take_traces();
     let Some((last_name, last)) = traces.last() else {
         if trace.is_some() || !gantt.is_empty() {
-            eprintln!("ferry bench: no test with a timeline ran (pipeline, cuda-pipeline)");
+            note("ferry bench: no test with a timeline ran (pipeline, cuda-pipeline)");
         }
         return Ok(());
     };
@@ -154,18 +173,18 @@ fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<()
                 .map_err(|e| format!("cannot write {}: {e}", p.display()))
         };
         write(path, last_name, last)?;
-        eprintln!("wrote {}", path.display());
+        note(&format!("wrote {}", path.display()));
         if traces.len() > 1 {
             for (name, t) in &traces {
                 let p = path.with_extension(format!("{}.json", name.replace(' ', "-")));
                 write(&p, name, t)?;
-                eprintln!("wrote {}", p.display());
+                note(&format!("wrote {}", p.display()));
             }
         }
     }
     for p in gantt {
         ferry_cli::gantt::write(last, last_name, p)?;
-        eprintln!("wrote {}", p.display());
+        note(&format!("wrote {}", p.display()));
     }
     Ok(())
 }
@@ -175,11 +194,10 @@ fn load(job: Result<ferry_cli::load::Job, ArgError>) -> Result<(), AnyError> {
     let job = job?;
     let summary = ferry_cli::load::run_load(&job)?;
     if job.io.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        out(&format!("{}\n", serde_json::to_string_pretty(&summary)?))
     } else {
-        print!("{}", ferry_cli::load::render(&summary));
+        out(&ferry_cli::load::render(&summary))
     }
-    Ok(())
 }
 
 fn replot(json: &std::path::Path, outs: &[PathBuf]) -> Result<(), AnyError> {
@@ -192,7 +210,7 @@ fn replot(json: &std::path::Path, outs: &[PathBuf]) -> Result<(), AnyError> {
     let plot = ferry_cli::plot::Plot::from_json(&v)?;
     for p in outs {
         plot.write(p)?;
-        println!("wrote {}", p.display());
+        out(&format!("wrote {}\n", p.display()))?;
     }
     Ok(())
 }
