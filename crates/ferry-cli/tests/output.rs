@@ -2,6 +2,7 @@
 //! (`ferry bench --list | head -1`) ends the output quietly; a full device is an error naming
 //! standard output, and a bench run's files are still written.
 
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Output, Stdio};
 
 fn ferry_into(stdout: impl Into<Stdio>, args: &[&str]) -> Output {
@@ -14,8 +15,13 @@ fn ferry_into(stdout: impl Into<Stdio>, args: &[&str]) -> Output {
 }
 
 /// A pipe whose read end is already closed: every write to it fails with a broken pipe.
-fn pipe_without_reader() -> std::io::PipeWriter {
-    let (reader, writer) = std::io::pipe().expect("pipe");
+/// (`libc::pipe`: `std::io::pipe` is newer than the workspace's minimum Rust.)
+fn pipe_without_reader() -> OwnedFd {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors `pipe` writes.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    // SAFETY: both descriptors were just opened by `pipe` and are owned by nothing else.
+    let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     drop(reader);
     writer
 }
