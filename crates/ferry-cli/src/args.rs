@@ -450,7 +450,9 @@ pub fn device_memory() -> Option<u64> {
 }
 
 /// Checks that `path` can be written, leaving it as it was: an existing file is opened for
-/// writing (not truncated); for a new one, a nameless file is made and dropped in its folder.
+/// writing (not truncated, and without waiting: a FIFO with no reader is refused, where a
+/// plain open would wait for one forever); for a new one, a nameless file is made and dropped
+/// in its folder. A path ending in `/` names a folder and is refused.
 pub fn check_writable(path: &Path) -> Result<(), ArgError> {
     writable(path).map_err(|why| ArgError::Output {
         path: path.display().to_string(),
@@ -463,12 +465,20 @@ pub(crate) fn writable(path: &Path) -> Result<(), String> {
     if path.is_dir() {
         return Err("it is a directory".into());
     }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err("it ends in `/`, which names a folder, not a file".into());
+    }
     if path.exists() {
+        use std::os::unix::fs::OpenOptionsExt;
         return std::fs::OpenOptions::new()
             .write(true)
+            .custom_flags(libc::O_NONBLOCK)
             .open(path)
             .map(drop)
-            .map_err(|e| e.to_string());
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENXIO) => "a FIFO with no reader (writing would wait for one)".into(),
+                _ => e.to_string(),
+            });
     }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

@@ -11,7 +11,7 @@ use ferry::checkpoint::{
     self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
 };
 use ferry::cuda::CudaEngine;
-use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece};
+use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece, Replacement};
 use ferry::memory::Memory;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -230,10 +230,7 @@ pub fn check(
         Target::Pageable => {}
     }
     if let Some((dst, _)) = &save {
-        if dst == path {
-            return Err(bad("the output is the input".into()));
-        }
-        check_writable(dst)?;
+        check_output(dst, path, checkpoint)?;
     }
     Ok(Job {
         path: path.to_path_buf(),
@@ -244,6 +241,42 @@ pub fn check(
         save,
         io,
     })
+}
+
+/// Checks `ferry save`'s output `dst` before any work: a new file in a folder that can be
+/// written, or an existing regular file that is not the input (`path`, or one of its shards),
+/// whose bytes are replaced whole once the new ones are written ([`Replacement`]).
+fn check_output(dst: &Path, path: &Path, checkpoint: bool) -> Result<(), ArgError> {
+    let refused = |why: String| ArgError::Output {
+        path: dst.display().to_string(),
+        why,
+    };
+    if let Ok(out) = std::fs::metadata(dst) {
+        if !out.is_file() {
+            return Err(refused(
+                "not a regular file: ferry save writes regular files (a device, FIFO or folder is never replaced)"
+                    .into(),
+            ));
+        }
+        let inputs = if checkpoint {
+            let mut v = shard_paths(path);
+            v.push(path.to_path_buf());
+            v
+        } else {
+            vec![path.to_path_buf()]
+        };
+        use std::os::unix::fs::MetadataExt;
+        let same = |p: &PathBuf| {
+            std::fs::metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == (out.dev(), out.ino()))
+        };
+        if let Some(input) = inputs.iter().find(|p| same(p)) {
+            return Err(refused(format!(
+                "the output is the input ({}): save to another file",
+                input.display()
+            )));
+        }
+    }
+    check_writable(dst)
 }
 
 type AnyError = Box<dyn std::error::Error>;
@@ -400,11 +433,19 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
                 (r.bytes, r.io)
             }
             Loaded::Raw(buf) => {
-                let f = fe.open(dst, OpenMode::Create)?;
+                // Written beside `dst` and renamed over it once complete: a failed write (a
+                // full disk) leaves an existing `dst` as it was.
+                let replacing = Replacement::new(dst)
+                    .map_err(|e| format!("cannot write {}: {e}", dst.display()))?;
+                let f = fe.open(replacing.temp_path(), OpenMode::Create)?;
                 let r = fe.store_from(&f, 0, buf)?;
                 if *fsync {
                     f.sync()?;
                 }
+                drop(f);
+                replacing
+                    .commit(*fsync)
+                    .map_err(|e| format!("cannot write {}: {e}", dst.display()))?;
                 (r.bytes, r)
             }
         };
@@ -615,6 +656,36 @@ fn transport_line(v: &serde_json::Value) -> String {
     }
 }
 
+/// The widest cell of the tensor table, in characters (`--json` keeps every name and shape
+/// whole).
+const CELL_MAX: usize = 96;
+
+/// A table cell: control characters escaped (a tensor's name comes from the file, and must not
+/// reach the terminal as escape sequences or line breaks), at most [`CELL_MAX`] characters, the
+/// middle of a longer one elided.
+fn cell(text: &str) -> String {
+    let esc: Vec<char> = text
+        .chars()
+        .flat_map(|c| {
+            let e: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            e
+        })
+        .collect();
+    if esc.len() <= CELL_MAX {
+        return esc.into_iter().collect();
+    }
+    let (head, tail) = ((CELL_MAX - 1).div_ceil(2), (CELL_MAX - 1) / 2);
+    esc[..head]
+        .iter()
+        .chain(&['…'])
+        .chain(&esc[esc.len() - tail..])
+        .collect()
+}
+
 /// The summary in words, with the per-tensor table for a checkpoint.
 pub fn render(v: &serde_json::Value) -> String {
     let g = |k: &str| v.get(k).cloned().unwrap_or_default();
@@ -673,19 +744,20 @@ pub fn render(v: &serde_json::Value) -> String {
             .iter()
             .map(|t| {
                 [
-                    t["name"].as_str().unwrap_or("").to_string(),
-                    t["dtype"].as_str().unwrap_or("").to_string(),
-                    t["shape"].to_string(),
-                    t["bytes"].to_string(),
-                    t["address"].as_str().unwrap_or("").to_string(),
+                    t["name"].as_str().unwrap_or(""),
+                    t["dtype"].as_str().unwrap_or(""),
+                    &t["shape"].to_string(),
+                    &t["bytes"].to_string(),
+                    t["address"].as_str().unwrap_or(""),
                 ]
+                .map(cell)
             })
             .collect();
         let head = ["tensor", "dtype", "shape", "bytes", "address"];
         let w: Vec<usize> = (0..5)
             .map(|c| {
                 rows.iter()
-                    .map(|r| r[c].len())
+                    .map(|r| r[c].chars().count())
                     .chain([head[c].len()])
                     .max()
                     .unwrap_or(0)
@@ -707,4 +779,37 @@ pub fn render(v: &serde_json::Value) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_escaped_and_bounded() {
+        assert_eq!(cell("w.0"), "w.0");
+        assert_eq!(cell("a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
+        let long = cell(&"x".repeat(100_000));
+        assert_eq!(long.chars().count(), CELL_MAX);
+        assert!(long.contains('…'), "{long}");
+    }
+
+    /// Rust's formatter refuses a width over 65,535: a tensor name or shape that long once
+    /// panicked the table.
+    #[test]
+    fn a_huge_name_or_shape_renders() {
+        let shape: Vec<u64> = vec![1; 100_000];
+        let v = serde_json::json!({
+            "tensors": [
+                {"name": "x".repeat(70_000), "dtype": "F32", "shape": [1], "bytes": 4, "address": "0x1"},
+                {"name": "y", "dtype": "F32", "shape": shape, "bytes": 4, "address": "0x2"},
+            ]
+        });
+        let text = render(&v);
+        assert!(
+            text.lines().all(|l| l.chars().count() < 6 * CELL_MAX),
+            "{text}"
+        );
+        assert!(text.contains("  y  "), "{text}");
+    }
 }

@@ -206,3 +206,141 @@ fn save_a_checkpoint_through_host_memory() {
     assert_eq!(ck.host_bytes("w"), Some(&w[..]));
     assert_eq!(ck.host_bytes("b"), Some(&b[..]));
 }
+
+fn refused(args: &[&str], want: &str) -> String {
+    let o = ferry(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    err
+}
+
+/// The output is the input under another spelling (`./`, a symbolic link, a hard link): refused
+/// before anything is written, so `--select` cannot drop the other tensors from the file.
+#[test]
+fn save_refuses_its_own_input_however_it_is_named() {
+    let dir = tmpdir();
+    let (p, _, _) = checkpoint_in(dir.path());
+    let before = std::fs::read(&p).unwrap();
+    let link = dir.path().join("link.safetensors");
+    std::os::unix::fs::symlink(&p, &link).unwrap();
+    let hard = dir.path().join("hard.safetensors");
+    std::fs::hard_link(&p, &hard).unwrap();
+    let dotted = dir.path().join(".").join("m.safetensors");
+    for dst in [&p, &dotted, &link, &hard] {
+        let args = [
+            "save",
+            p.to_str().unwrap(),
+            dst.to_str().unwrap(),
+            "--device",
+            "host",
+            "--select",
+            "w",
+        ];
+        refused(&args, "the output is the input");
+    }
+    assert!(std::fs::read(&p).unwrap() == before);
+}
+
+/// An existing destination that is not a regular file is never replaced (as root, `ferry
+/// save m.safetensors /dev/null` would otherwise have put a regular file in its place), and
+/// a FIFO with no reader is refused at once rather than waited on.
+#[test]
+fn save_refuses_what_is_not_a_regular_file() {
+    let dir = tmpdir();
+    let (p, _, _) = checkpoint_in(dir.path());
+    let raw = dir.path().join("raw.bin");
+    std::fs::write(&raw, vec![7u8; 1000]).unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    for src in [&p, &raw] {
+        for dst in [Path::new("/dev/null"), dir.path(), &fifo] {
+            let t0 = std::time::Instant::now();
+            let args = [
+                "save",
+                src.to_str().unwrap(),
+                dst.to_str().unwrap(),
+                "--device",
+                "host",
+            ];
+            refused(&args, "not a regular file");
+            assert!(t0.elapsed().as_secs() < 20, "{args:?} waited");
+        }
+    }
+    let meta = std::fs::metadata("/dev/null").unwrap();
+    assert!(!meta.is_file());
+}
+
+/// A raw save over an existing file writes beside it and renames: the old bytes stay until
+/// the new ones are complete, no temporary file is left, the file's permissions are kept, a
+/// symbolic link is written through, and a user's file of the old temporary name is untouched.
+#[test]
+fn save_replaces_whole_files_and_keeps_links_and_modes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmpdir();
+    let (p, _, _) = checkpoint_in(dir.path());
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, vec![9u8; 5000]).unwrap();
+    for (input, name) in [(&src, "out.bin"), (&p, "out.safetensors")] {
+        let real = dir.path().join(name);
+        std::fs::write(&real, b"old").unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join(format!("link-{name}"));
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let users = dir.path().join(format!("{name}.ferry-partial"));
+        std::fs::write(&users, b"mine").unwrap();
+        let args = [
+            "save",
+            input.to_str().unwrap(),
+            link.to_str().unwrap(),
+            "--device",
+            "host",
+        ];
+        ok(&args);
+        assert!(std::fs::read(&real).unwrap() == std::fs::read(input).unwrap());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let mode = std::fs::metadata(&real).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+        assert_eq!(std::fs::read(&users).unwrap(), b"mine");
+    }
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".ferry-partial-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A tensor name made to fill the table (over the 65,535 characters Rust's formatter pads to)
+/// or to drive the terminal is shown cut and escaped; `--json` keeps it whole.
+#[test]
+fn load_shows_huge_and_odd_names() {
+    let dir = tmpdir();
+    let p = dir.path().join("odd.safetensors");
+    let long = "x".repeat(70_000);
+    let odd = "a\nb\u{1b}[31m";
+    let v = [1u8, 2, 3, 4];
+    let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+    checkpoint::save(
+        &fe,
+        &p,
+        &[
+            SaveTensor::new(&long, Dtype::U8, &[4], &v),
+            SaveTensor::new(odd, Dtype::U8, &[4], &v),
+        ],
+        &SaveOptions::new(),
+    )
+    .unwrap();
+    let out = ok(&["load", p.to_str().unwrap(), "--device", "host"]);
+    assert!(out.contains('…'), "{out}");
+    assert!(out.contains("a\\nb\\u{1b}[31m"), "{out}");
+    assert!(!out.contains('\u{1b}'));
+    let json = ok(&["load", p.to_str().unwrap(), "--device", "host", "--json"]);
+    assert!(json.contains(&long));
+}

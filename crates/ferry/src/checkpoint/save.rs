@@ -2,11 +2,11 @@
 
 use super::header::tensor_bytes;
 use super::{Checkpoint, CheckpointError, Dtype};
-use crate::file::{FileEngine, FileError, IoReport, OpenMode, WritePiece};
+use crate::file::{FileEngine, FileError, IoReport, OpenMode, Replacement, WritePiece};
 use crate::memory::Memory;
 use safetensors::tensor::{Metadata, TensorInfo};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// One tensor to save: its name, dtype, shape and bytes (host or device memory).
@@ -108,8 +108,10 @@ impl std::fmt::Display for SaveReport {
 /// Writes `tensors` to a safetensors file at `path`, laid out as the reference writer lays it
 /// out (by dtype alignment, then name; header padded to 8 bytes), through `engine` (device
 /// memory needs a file engine made with [`FileEngine::with_engine`]). The bytes go to a
-/// temporary file beside `path` (`<name>.ferry-partial`), renamed to `path` once complete:
-/// a failed save leaves no file (and an existing `path` untouched).
+/// temporary file beside `path`, renamed to `path` once complete ([`Replacement`]): a failed
+/// save leaves no file (and an existing `path` untouched); a symbolic link is written through
+/// and an existing file's permission bits are kept; an existing `path` that is not a regular
+/// file (a device, FIFO or folder) is refused.
 ///
 /// Errors: [`CheckpointError::BadTensor`] (bytes that do not match dtype x shape),
 /// [`CheckpointError::Duplicate`], [`CheckpointError::File`] (naming the tensor being
@@ -168,28 +170,13 @@ pub fn save(
     let mut head = (header.len() as u64).to_le_bytes().to_vec();
     head.extend_from_slice(&header);
 
-    let tmp = partial_path(path);
     let t0 = Instant::now();
-    let result = write(engine, &tmp, &head, &order, opts.fsync);
-    let io = match result {
-        Ok(io) => io,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    let renamed = std::fs::rename(&tmp, path).map_err(|e| os_err(path, &e, "rename"));
-    if let Err(e) = renamed {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    if opts.fsync {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        let dir = dir.unwrap_or(Path::new("."));
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| os_err(dir, &e, "fsync of the folder"))?;
-    }
+    let replacing = Replacement::new(path).map_err(|e| os_err(path, &e, "replacing"))?;
+    // Dropped on an error: the temporary file goes, an existing `path` stays as it was.
+    let io = write(engine, replacing.temp_path(), &head, &order, opts.fsync)?;
+    replacing
+        .commit(opts.fsync)
+        .map_err(|e| os_err(path, &e, "the rename into place"))?;
     Ok(SaveReport {
         bytes: head.len() as u64 + offset as u64,
         tensors: order.len(),
@@ -197,12 +184,6 @@ pub fn save(
         synced: opts.fsync,
         io,
     })
-}
-
-fn partial_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".ferry-partial");
-    path.with_file_name(name)
 }
 
 fn os_err(path: &Path, e: &std::io::Error, what: &str) -> CheckpointError {

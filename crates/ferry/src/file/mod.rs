@@ -76,6 +76,7 @@ mod exec;
 mod io;
 mod pieces;
 mod probe;
+mod replace;
 mod transport;
 mod uring;
 
@@ -86,6 +87,7 @@ pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
 pub use pieces::{ReadInto, ReadPiece, WritePiece};
 pub use probe::{gds_probe, gds_status, GdsProbe};
+pub use replace::Replacement;
 pub use transport::{choose, Choice, CuFileMode, Facts, Transport, NO_NVIDIA_FS};
 pub use uring::{uring_ops_in_flight, IoIssue, UringMode};
 
