@@ -37,6 +37,23 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
+/// `--select`: a comma-separated list with at least one name (`''` or `,` selected nothing and
+/// loaded nothing, successfully).
+fn parse_select(s: &str) -> Result<String, String> {
+    if s.split(',').all(|n| n.trim().is_empty()) {
+        return Err("names no tensor: give at least one name".into());
+    }
+    Ok(s.to_string())
+}
+
+/// `--offset`: a size, or 0 (the file's start).
+fn parse_offset(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_bytes(s)
+}
+
 /// Options `ferry load` and `ferry save` share.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IoArgs {
@@ -46,8 +63,8 @@ pub struct IoArgs {
     /// Treat a .safetensors file as plain bytes.
     #[arg(long)]
     pub raw: bool,
-    /// Only these tensors of a checkpoint, comma separated.
-    #[arg(long, value_name = "NAMES")]
+    /// Only these tensors of a checkpoint, comma separated (at least one name).
+    #[arg(long, value_name = "NAMES", value_parser = parse_select)]
     pub select: Option<String>,
     /// One allocation per tensor (default: one for the whole checkpoint).
     #[arg(long)]
@@ -74,8 +91,8 @@ pub struct LoadArgs {
     /// The file: a safetensors checkpoint (.safetensors, or a sharded one's
     /// .safetensors.index.json) or any file (its bytes).
     pub path: PathBuf,
-    /// First byte of a plain file to load (K/M/G suffixes).
-    #[arg(long, allow_negative_numbers = true, value_parser = parse_bytes)]
+    /// First byte of a plain file to load (K/M/G suffixes; default 0).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_offset)]
     pub offset: Option<u64>,
     /// Bytes of a plain file to load (default: to its end).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_bytes)]

@@ -190,16 +190,22 @@ impl Plot {
                         best: f("best").unwrap_or(median),
                     })
                 })
-                .collect();
+                .collect::<Vec<_>>();
+            if series.is_empty() {
+                return Err(bad("a row with no series (no figure to draw)"));
+            }
+            // Sizes are drawn on a log axis: 0 would make it endless.
+            let size_bytes = r
+                .get("size_bytes")
+                .and_then(|p| p.as_u64())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad("a row without `size_bytes` of at least 1"))?;
             rows.push(PlotRow {
                 test: str_of(r, "test")
                     .ok_or_else(|| bad("a row without `test`"))?
                     .to_string(),
                 latency,
-                size_bytes: r
-                    .get("size_bytes")
-                    .and_then(|p| p.as_u64())
-                    .ok_or_else(|| bad("a row without `size_bytes`"))?,
+                size_bytes,
                 series,
             });
         }
@@ -429,6 +435,28 @@ mod tests {
         assert_eq!(c.len(), MAX_SERIES);
         assert!(c[0].ferry && c[0].label == "cpu-contig: ferry");
         assert_eq!(c[1].label, "cpu-contig: base 0");
+    }
+
+    /// A row of size 0 (its log2 is -inf) or without series made the drawing loop forever on
+    /// an endless axis: both are refused when the file is read.
+    #[test]
+    fn rows_of_size_zero_or_without_series_are_refused() {
+        let file = |size: u64, series: serde_json::Value| {
+            serde_json::json!({
+                "schema": "ferry-bench/1",
+                "results": [{"test": "cpu-contig", "kind": "bandwidth", "size_bytes": size, "series": series}]
+            })
+        };
+        let one = serde_json::json!([{"name": "ferry", "role": "ferry", "median": 1.0}]);
+        assert!(Plot::from_json(&file(4096, one.clone())).is_ok());
+        let Err(e) = Plot::from_json(&file(0, one)) else {
+            panic!("size 0 accepted")
+        };
+        assert!(e.to_string().contains("at least 1"), "{e}");
+        let Err(e) = Plot::from_json(&file(4096, serde_json::json!([]))) else {
+            panic!("no series accepted")
+        };
+        assert!(e.to_string().contains("no series"), "{e}");
     }
 
     #[test]

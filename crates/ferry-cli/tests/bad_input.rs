@@ -176,6 +176,39 @@ fn negative_sizes_and_counts_get_a_clear_message() {
     refused(&["bench", "--threads", "-1"], "must be 0..=1024");
     refused(&["bench", "--threads", "100000"], "must be 0..=1024");
     refused(&["bench", "--samples", "-1"], "invalid value '-1'");
+    // Was: an allocation of 34 GB of sample slots, aborted (SIGABRT).
+    refused(
+        &["bench", "--samples", "4294967295", "--warmup", "0"],
+        "is not in 1..=10000",
+    );
+    refused(&["bench", "--warmup", "10001"], "is not in 0..=10000");
+    let dir = tempfile::tempdir().unwrap();
+    let same = dir.path().join("same.json");
+    let same = same.to_str().unwrap();
+    refused(
+        &[
+            "bench", "--test", "pipeline", "--json", same, "--trace", same,
+        ],
+        "given for two outputs",
+    );
+    // Was: the check opened the FIFO for writing and waited for a reader forever.
+    let fifo = dir.path().join("fifo.json");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    refused(
+        &[
+            "bench",
+            "--test",
+            "cpu-contig",
+            "--json",
+            fifo.to_str().unwrap(),
+        ],
+        "a FIFO with no reader",
+    );
+    // Was: accepted, and the write failed after the whole run.
+    let slash = format!("{}/", dir.path().join("plot.svg").display());
+    refused(&["bench", "--plot", &slash], "names a folder");
 }
 
 #[test]
@@ -390,6 +423,15 @@ fn load_and_save_refuse_bad_input_before_any_work() {
     refused(
         &["save", r, r, "--device", "host"],
         "the output is the input",
+    );
+    // Was: nothing selected, nothing loaded, exit 0.
+    refused(
+        &["load", p, "--device", "host", "--select", ","],
+        "names no tensor",
+    );
+    refused(
+        &["load", p, "--device", "host", "--select", ""],
+        "names no tensor",
     );
     refused(
         &["save", r, "/no/such/dir/out.bin", "--device", "host"],

@@ -344,3 +344,26 @@ fn load_shows_huge_and_odd_names() {
     let json = ok(&["load", p.to_str().unwrap(), "--device", "host", "--json"]);
     assert!(json.contains(&long));
 }
+
+/// `--offset 0` is the file's start (it was refused as a zero size).
+#[test]
+fn offset_zero_is_the_start() {
+    let dir = tmpdir();
+    let p = dir.path().join("plain.bin");
+    std::fs::write(&p, vec![3u8; 4096]).unwrap();
+    let out = ok(&[
+        "load",
+        p.to_str().unwrap(),
+        "--device",
+        "host",
+        "--offset",
+        "0",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["offset"].as_u64(), v["bytes"].as_u64()),
+        (Some(0), Some(4096)),
+        "{out}"
+    );
+}

@@ -53,6 +53,7 @@ fn estimates_match_measured_peak_memory() {
         "cpu-transpose-f32",
         "cpu-transpose-f64",
         "file-read",
+        "pipeline",
     ] {
         let info = ferry_cli::bench::registry()
             .into_iter()

@@ -117,6 +117,11 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
     let pts = || p.curves.iter().flat_map(|c| c.points.iter());
     let xs = pts().map(|q| (q.0 as f64).log2());
     let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    // No point, or a size of 0 (log2: -inf): an axis without finite ends would never finish
+    // its labels.
+    if !(x0.is_finite() && x1.is_finite() && x0 > f64::MIN && x1 < f64::MAX) {
+        return Err(format!("panel {}: no size to draw", p.title));
+    }
     let ys = || {
         pts()
             .flat_map(|q| [q.1, q.2, q.3])
