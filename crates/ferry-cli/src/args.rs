@@ -137,13 +137,15 @@ pub enum ArgError {
     Env(String),
     /// A test's largest size needs more memory than the machine has.
     #[error(
-        "{test} at {} needs at least {} of {what} memory; {} {}: give smaller --sizes",
+        "{test} at {} needs at least {} of {what} memory; {} {}: {hint}",
         format_size(*size),
         format_size(*need),
         format_size(*avail),
         if *what == "host" { "available" } else { "on the device" }
     )]
     Memory {
+        /// What to change ("give smaller --sizes", ...).
+        hint: &'static str,
         /// Test name.
         test: String,
         /// The size in bytes.
@@ -187,6 +189,9 @@ pub enum ArgError {
         /// Why.
         why: String,
     },
+    /// A `--device` this machine does not have.
+    #[error("{0}")]
+    Device(String),
 }
 
 /// A `ferry bench` run whose arguments passed [`validate`].
@@ -388,6 +393,11 @@ pub fn check_memory(
         for size in plan.sizes_of(t) {
             let (host, device) = memory_needed(t, size).unwrap_or((u64::MAX, u64::MAX));
             let refuse = |need: u64, what, avail: u64| ArgError::Memory {
+                hint: if t.kind == Kind::Latency {
+                    "give smaller --latency-sizes"
+                } else {
+                    "give smaller --sizes"
+                },
                 test: t.name.to_string(),
                 size,
                 need,

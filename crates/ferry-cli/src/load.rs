@@ -40,10 +40,16 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 /// `--select`: a comma-separated list with at least one name (`''` or `,` selected nothing and
 /// loaded nothing, successfully).
 fn parse_select(s: &str) -> Result<String, String> {
-    if s.split(',').all(|n| n.trim().is_empty()) {
+    if select_names(s).next().is_none() {
         return Err("names no tensor: give at least one name".into());
     }
     Ok(s.to_string())
+}
+
+/// The tensor names of a `--select` list: comma separated, blanks around them and empty ones
+/// dropped.
+fn select_names(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|n| !n.is_empty())
 }
 
 /// `--offset`: a size, or 0 (the file's start).
@@ -198,7 +204,13 @@ pub fn check(
     }
     // Host memory: the bytes where they go, and with --verify the plain read to compare
     // against (and, for a device, the bytes copied back).
-    let need = if checkpoint { file_len } else { length };
+    // A checkpoint: the tensors loaded, only those of --select (a header that cannot be read
+    // needs nothing: the load stops on it, before any allocation, and says why).
+    let need = if checkpoint {
+        checkpoint_bytes(path, io.select.as_deref()).unwrap_or(0)
+    } else {
+        length
+    };
     let host_need = match (io.device, verify) {
         (Target::Device(_), false) => 0,
         (_, true) => need.saturating_mul(2),
@@ -206,6 +218,7 @@ pub fn check(
     };
     if let Some(avail) = mem_available().filter(|&a| host_need > a) {
         return Err(ArgError::Memory {
+            hint: "load less (--select, --length) or into --device cuda:N",
             test: format!("loading {}", path.display()),
             size: need,
             need: host_need,
@@ -217,18 +230,19 @@ pub fn check(
         Target::Device(n) => {
             let p = ferry::cuda::probe();
             if let Err(why) = &p.driver {
-                return Err(bad(format!(
+                return Err(ArgError::Device(format!(
                     "--device cuda:{n}: {why} (use --device host or pinned)"
                 )));
             }
             if n as usize >= p.devices.len() {
-                return Err(bad(format!(
+                return Err(ArgError::Device(format!(
                     "--device cuda:{n}: this machine has {} GPU(s)",
                     p.devices.len()
                 )));
             }
             if let Some(total) = device_memory().filter(|&t| need > t) {
                 return Err(ArgError::Memory {
+                    hint: "load less (--select, --length) or into --device host",
                     test: format!("loading {}", path.display()),
                     size: need,
                     need,
@@ -239,7 +253,7 @@ pub fn check(
         }
         Target::Pinned => {
             if let Err(why) = ferry::cuda::probe().driver {
-                return Err(bad(format!(
+                return Err(ArgError::Device(format!(
                     "--device pinned needs a CUDA driver: {why} (use --device host)"
                 )));
             }
@@ -258,6 +272,21 @@ pub fn check(
         save,
         io,
     })
+}
+
+/// Bytes of tensor data a load of the checkpoint at `path` moves: the tensors `select` names
+/// (every tensor without it), from the headers alone. None where they cannot be read.
+fn checkpoint_bytes(path: &Path, select: Option<&str>) -> Option<u64> {
+    let fe = FileEngine::new(FileConfig::new().threads(1)).ok()?;
+    let names: Option<std::collections::HashSet<&str>> = select.map(|s| select_names(s).collect());
+    let entries = checkpoint::entries(&fe, path).ok()?;
+    Some(
+        entries
+            .iter()
+            .filter(|(_, t)| names.as_ref().is_none_or(|n| n.contains(t.name.as_str())))
+            .map(|(_, t)| t.len())
+            .sum(),
+    )
 }
 
 /// Checks `ferry save`'s output `dst` before any work: a new file in a folder that can be
@@ -497,7 +526,7 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
             opts = opts.placement(Placement::PerTensor);
         }
         if let Some(names) = &job.io.select {
-            opts = opts.names(names.split(',').map(str::trim).filter(|s| !s.is_empty()));
+            opts = opts.names(select_names(names));
         }
         let bar = progress_bar(0);
         if let Some(b) = bar.clone() {

@@ -3,7 +3,7 @@
 
 use crate::file::FileError;
 use safetensors::Dtype;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 /// Why a checkpoint could not be read, loaded or saved. Nothing is reported as loaded when
@@ -181,8 +181,9 @@ pub enum CheckpointError {
         /// The name asked for.
         tensor: String,
     },
-    /// Two tensors share a name (in two shards, or in a save).
-    #[error("tensor `{tensor}` appears twice: in {} and in {}", first.display(), second.display())]
+    /// Two tensors share a name: in two shards, twice in one file's header, or twice in a save
+    /// (`first` and `second` are then the same file).
+    #[error("{}", duplicate_words(tensor, first, second))]
     Duplicate {
         /// The name.
         tensor: String,
@@ -190,6 +191,19 @@ pub enum CheckpointError {
         first: PathBuf,
         /// Where it was seen again.
         second: PathBuf,
+    },
+    /// A shard that a sharded checkpoint's index lists cannot be opened (missing, unreadable,
+    /// not a regular file).
+    #[error("{} lists {} (for tensor `{tensor}`): {source}", index.display(), shard.display())]
+    Shard {
+        /// The index (`*.safetensors.index.json`).
+        index: PathBuf,
+        /// The shard, as opened (inside the index's folder).
+        shard: PathBuf,
+        /// A tensor the index maps to it.
+        tensor: String,
+        /// The file engine's error.
+        source: FileError,
     },
     /// The memory for the tensors could not be allocated.
     #[error("cannot allocate {bytes} bytes of {target} memory for {}: {msg}", path.display())]
@@ -252,6 +266,7 @@ impl CheckpointError {
             | Destination { path, .. }
             | BadTensor { path, .. } => Some(path),
             Duplicate { second, .. } => Some(second),
+            Shard { shard, .. } => Some(shard),
         }
     }
 
@@ -269,10 +284,24 @@ impl CheckpointError {
             | SizeMismatch { tensor, .. }
             | Missing { tensor, .. }
             | Duplicate { tensor, .. }
+            | Shard { tensor, .. }
             | Destination { tensor, .. }
             | BadTensor { tensor, .. } => Some(tensor),
             _ => None,
         }
+    }
+}
+
+/// [`CheckpointError::Duplicate`] in words: one file named once, two files both.
+fn duplicate_words(tensor: &str, first: &Path, second: &Path) -> String {
+    if first == second {
+        format!("{}: tensor `{tensor}` is named twice", first.display())
+    } else {
+        format!(
+            "tensor `{tensor}` appears twice: in {} and in {}",
+            first.display(),
+            second.display()
+        )
     }
 }
 

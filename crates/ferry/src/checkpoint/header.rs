@@ -74,7 +74,8 @@ impl Header {
 /// [`Overlap`](CheckpointError::Overlap), [`Gap`](CheckpointError::Gap),
 /// [`OutsideData`](CheckpointError::OutsideData),
 /// [`SizeMismatch`](CheckpointError::SizeMismatch),
-/// [`TrailingBytes`](CheckpointError::TrailingBytes).
+/// [`TrailingBytes`](CheckpointError::TrailingBytes),
+/// [`Duplicate`](CheckpointError::Duplicate) (a name given twice in the header).
 pub fn read_header(engine: &FileEngine, file: &FileHandle) -> Result<Header, CheckpointError> {
     let path = file.path().to_path_buf();
     let ferr = |source| CheckpointError::File {
@@ -117,14 +118,20 @@ pub(crate) fn parse(
         path: path_buf(),
         valid_up_to: e.valid_up_to(),
     })?;
-    let map: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(text).map_err(|e| CheckpointError::BadJson {
-            path: path_buf(),
-            msg: e.to_string(),
-        })?;
+    let members: Members = serde_json::from_str(text).map_err(|e| CheckpointError::BadJson {
+        path: path_buf(),
+        msg: e.to_string(),
+    })?;
+    if let Some(name) = members.twice {
+        return Err(CheckpointError::Duplicate {
+            tensor: name,
+            first: path_buf(),
+            second: path_buf(),
+        });
+    }
     let mut metadata = BTreeMap::new();
-    let mut entries: Vec<(String, TensorInfo)> = Vec::with_capacity(map.len());
-    for (name, value) in map {
+    let mut entries: Vec<(String, TensorInfo)> = Vec::with_capacity(members.list.len());
+    for (name, value) in members.list {
         let bad = |msg: String| CheckpointError::BadEntry {
             path: path_buf(),
             tensor: name.clone(),
@@ -208,6 +215,47 @@ pub(crate) fn parse(
         tensors,
         metadata,
     })
+}
+
+/// A JSON object's members, sorted by name, and the first name found twice in it: serde_json's
+/// own map keeps the last of two members of one name and drops the other without a word (a
+/// header naming a tensor twice then failed as a gap in the data section).
+pub(super) struct Members {
+    /// The members (the first of two of one name), sorted by name.
+    pub list: Vec<(String, serde_json::Value)>,
+    /// The first name that appears more than once, if one does.
+    pub twice: Option<String>,
+}
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Members, A::Error> {
+                let mut seen = BTreeMap::new();
+                let mut twice = None;
+                while let Some((k, v)) = a.next_entry::<String, serde_json::Value>()? {
+                    if seen.contains_key(&k) {
+                        twice.get_or_insert(k);
+                    } else {
+                        seen.insert(k, v);
+                    }
+                }
+                Ok(Members {
+                    list: seen.into_iter().collect(),
+                    twice,
+                })
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// Bytes a tensor of `shape` and `dtype` holds: `None` if that overflows or is not a whole

@@ -1,6 +1,6 @@
 //! Loading: headers, the choice of tensors, memory for them, and the reads.
 
-use super::header::{read_header, Header, TensorEntry};
+use super::header::{read_header, Header, Members, TensorEntry};
 use super::{
     Checkpoint, CheckpointError, LoadOptions, LoadReport, Placement, Select, Tensor, TensorBuffer,
 };
@@ -84,7 +84,8 @@ pub(super) fn open_checkpoint(engine: &FileEngine, path: &Path) -> Result<Opened
 /// Loads a sharded checkpoint through its index (`{"metadata": {...}, "weight_map":
 /// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths
 /// inside the index's folder: an absolute path or `..` is refused), checked against it (a tensor mapped to a shard that does
-/// not hold it, or held by two shards, is an error before anything is loaded).
+/// not hold it, held by two shards or listed twice, is an error before anything is loaded; a
+/// shard that cannot be opened is [`CheckpointError::Shard`], naming the index).
 pub fn load_index(
     engine: &FileEngine,
     index: impl AsRef<Path>,
@@ -106,14 +107,27 @@ fn open_index(engine: &FileEngine, index: &Path) -> Result<Opened, CheckpointErr
         .map_err(|source| file_err(index, None, source))?;
     let json: serde_json::Value =
         serde_json::from_slice(&raw).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let map = json
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    if !json.get("weight_map").is_some_and(|m| m.is_object()) {
+        return Err(bad("no \"weight_map\" object".into()));
+    }
+    // Read again for the names given twice, which `serde_json::Value` drops silently.
+    #[derive(serde::Deserialize)]
+    struct WeightMap {
+        weight_map: Members,
+    }
+    let map = serde_json::from_slice::<WeightMap>(&raw)
+        .map_err(|e| bad(format!("\"weight_map\": {e}")))?
+        .weight_map;
+    if let Some(name) = map.twice {
+        return Err(bad(format!(
+            "tensor `{name}` is listed twice in \"weight_map\""
+        )));
+    }
+    let map = map.list;
     let dir = index.parent().unwrap_or(Path::new("."));
     let mut shards: Vec<String> = Vec::new();
     let mut wanted: Vec<(String, usize)> = Vec::with_capacity(map.len());
-    for (name, shard) in map {
+    for (name, shard) in &map {
         let shard = shard
             .as_str()
             .ok_or_else(|| bad(format!("tensor `{name}`: the shard is not a string")))?;
@@ -136,7 +150,21 @@ fn open_index(engine: &FileEngine, index: &Path) -> Result<Opened, CheckpointErr
     }
     let files = shards
         .iter()
-        .map(|s| open(engine, &dir.join(s)))
+        .enumerate()
+        .map(|(i, s)| {
+            let shard = dir.join(s);
+            engine
+                .open(&shard, OpenMode::Read)
+                .map_err(|source| CheckpointError::Shard {
+                    index: index.to_path_buf(),
+                    tensor: wanted
+                        .iter()
+                        .find(|w| w.1 == i)
+                        .map_or_else(String::new, |w| w.0.clone()),
+                    shard,
+                    source,
+                })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let headers = files
         .iter()
