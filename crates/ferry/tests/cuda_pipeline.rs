@@ -941,6 +941,26 @@ fn pageable_and_file_sources_through_bounce_buffers_match_reference() {
         .unwrap_or_else(|err| panic!("strided k {slots}: {err}"));
         check(&format!("strided k {slots} chunk {chunk}"), &dst, &want);
     }
+    // Chunks of fewer bytes than a row: each chunk is one whole row, more than the device
+    // slots were made for; they grow to it (sized to `chunk_bytes`, they were written past
+    // their end).
+    for slots in 1..=3 {
+        let chunk = row / (slots + 1);
+        let want = reference(&dense, row, OutLen::Same);
+        let mut dst = vec![0u8; want.len()];
+        let mut p = CudaPipeline::new(&e, PipelineConfig::new(chunk, slots)).unwrap();
+        p.run(
+            Source::strided(&m, l).unwrap(),
+            Some(Dest::new(&mut dst)),
+            |g| stage(&k, g),
+        )
+        .unwrap_or_else(|err| panic!("rows over small chunks, k {slots}: {err}"));
+        check(
+            &format!("rows over chunks of {chunk}, k {slots}"),
+            &dst,
+            &want,
+        );
+    }
     std::fs::remove_file(&path).ok();
     e.barrier().unwrap();
 }

@@ -188,6 +188,38 @@ fn strided_source_is_read_in_layout_order() {
         Source::strided(&m[..100], l).is_err(),
         "layout outside its buffer"
     );
+    // Chunks of fewer bytes than a row: each chunk is one whole row, more than the slots were
+    // made for; the slots grow to it (they were sized to `chunk_bytes` and written past their
+    // end). The same pipeline then runs a contiguous source of small chunks again.
+    let row = 58 * 4;
+    for (k, chunk) in [(1, 1), (2, 100), (3, row - 1)] {
+        let want = reference(&dense, row, OutLen::Same);
+        let mut dst = vec![0u8; want.len()];
+        let mut p = CpuPipeline::new(&engine, PipelineConfig::new(chunk, k)).unwrap();
+        p.run(
+            Source::strided(&m, l).unwrap(),
+            Some(Dest::new(&mut dst)),
+            |c, i, o| {
+                assert_eq!((c.len, i.len(), o.len()), (row, row, row));
+                stage(c, i, o);
+                Ok::<(), std::convert::Infallible>(())
+            },
+        )
+        .unwrap();
+        assert!(dst == want, "rows over chunks of {chunk}, k {k}");
+        let small: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+        let want = reference(&small, chunk, OutLen::Same);
+        let mut dst = vec![0u8; want.len()];
+        p.run(Source::new(&small), Some(Dest::new(&mut dst)), |c, i, o| {
+            stage(c, i, o);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .unwrap();
+        assert!(
+            dst == want,
+            "contiguous after rows, chunks of {chunk}, k {k}"
+        );
+    }
 }
 
 #[test]

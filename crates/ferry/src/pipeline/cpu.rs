@@ -6,8 +6,8 @@
 
 use super::core::{self, Lanes};
 use super::{
-    plan, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source, StageError,
-    Timeline, TimelineClock,
+    plan, slot_need, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source,
+    StageError, Timeline, TimelineClock,
 };
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
@@ -94,6 +94,14 @@ impl<'e> CpuPipeline<'e> {
     {
         let t0 = Instant::now();
         let chunks = plan(&self.cfg, &src, dst.as_ref())?;
+        // Slots as large as the largest chunk (a strided source's rows may be larger than
+        // `chunk_bytes`): the copies and the stage's slices below rely on it.
+        let (need_in, need_out) = slot_need(&chunks);
+        for (slots, need) in [(&mut self.ins, need_in), (&mut self.outs, need_out)] {
+            for s in slots.iter_mut().filter(|s| s.len() < need) {
+                s.resize(need, 0);
+            }
+        }
         let host = |v: &mut Vec<u8>| RawBuf::host(v.as_mut_ptr(), v.len(), MemKind::Pageable);
         let ins: Vec<RawBuf> = self.ins.iter_mut().map(host).collect();
         let outs: Vec<RawBuf> = self.outs.iter_mut().map(host).collect();

@@ -34,8 +34,8 @@
 use super::bounce::BounceRing;
 use super::core::{self, Lanes};
 use super::{
-    plan, BounceFill, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source,
-    StageError,
+    plan, slot_need, BounceFill, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport,
+    Source, StageError,
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
@@ -255,6 +255,7 @@ impl<'e> CudaPipeline<'e> {
     {
         let t0 = Instant::now();
         let chunks = plan(&self.cfg, &src, dst.as_ref())?;
+        self.fit_slots(&chunks)?;
         let bounce = match src.file.is_some() || src.buf.kind == MemKind::Pageable {
             true => {
                 self.make_bounce(&chunks)?;
@@ -310,6 +311,26 @@ impl<'e> CudaPipeline<'e> {
 }
 
 impl CudaPipeline<'_> {
+    /// The device slots, made anew where they are smaller than the largest of `chunks`
+    /// (a strided source's rows may be larger than `chunk_bytes`): the uploads, the stage's
+    /// kernels and the downloads rely on it.
+    fn fit_slots(&mut self, chunks: &[Chunk]) -> Result<(), PipelineError> {
+        let (need_in, need_out) = slot_need(chunks);
+        let (dev, k) = (self.engine.ordinal(), self.cfg.slots);
+        let fit = |slots: &mut Vec<DeviceBuffer>, need: usize| -> Result<(), PipelineError> {
+            if need > 0 && (slots.len() < k || slots.iter().any(|b| b.len() < need)) {
+                // The old slots go first: every request of an earlier run has completed.
+                slots.clear();
+                for _ in 0..k {
+                    slots.push(DeviceBuffer::new(dev, need).map_err(setup)?);
+                }
+            }
+            Ok(())
+        };
+        fit(&mut self.ins, need_in)?;
+        fit(&mut self.outs, need_out)
+    }
+
     /// The bounce buffers, (re)made to hold the largest of `chunks`
     /// ([`PipelineConfig::bounce_count`] of them).
     fn make_bounce(&mut self, chunks: &[Chunk]) -> Result<(), PipelineError> {

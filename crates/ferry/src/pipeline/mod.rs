@@ -717,6 +717,16 @@ impl RunReport {
     }
 }
 
+/// The slot sizes a run's chunks need: (the largest input, the largest output). A strided
+/// source's chunk is at least one whole row, which may be more than `chunk_bytes`: the
+/// pipelines grow their slots to these before the run (sized to `chunk_bytes` alone, such a
+/// chunk was once copied past its slot's end).
+pub(crate) fn slot_need(chunks: &[Chunk]) -> (usize, usize) {
+    chunks
+        .iter()
+        .fold((0, 0), |(i, o), c| (i.max(c.len), o.max(c.out_len)))
+}
+
 /// Checks a run's buffers against its chunks: the destination holds every output.
 fn check_dest(chunks: &[Chunk], dst: Option<&Dest<'_>>) -> Result<(), PipelineError> {
     if let (Some(d), Some(last)) = (dst, chunks.last()) {
