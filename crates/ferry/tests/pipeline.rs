@@ -373,6 +373,19 @@ fn bad_settings_are_refused() {
         CpuPipeline::new(&engine, too_many),
         Err(PipelineError::Config(m)) if m.contains("fill_threads")
     ));
+    // Were aborts: 2^40 slots asked for terabytes of slot headers, a chunk of 2^46 bytes for
+    // slots no machine has; 2^63 overflowed the allocator's size.
+    let slots = PipelineConfig::new(64, ferry::pipeline::SLOTS_MAX + 1);
+    assert!(matches!(
+        CpuPipeline::new(&engine, slots),
+        Err(PipelineError::Config(m)) if m.contains("slots")
+    ));
+    for huge in [1usize << 46, 1 << 63] {
+        assert!(matches!(
+            CpuPipeline::new(&engine, PipelineConfig::new(huge, 2)),
+            Err(PipelineError::Setup(m)) if m.contains("cannot allocate")
+        ));
+    }
     let mut p = CpuPipeline::new(&engine, PipelineConfig::new(64, 2)).unwrap();
     let src = [1u8; 100];
     let mut short = [0u8; 99];

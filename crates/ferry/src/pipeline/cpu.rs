@@ -54,6 +54,16 @@ struct Shared {
     times: Vec<(usize, Phase, f64, f64)>,
 }
 
+/// A slot of `n` zero bytes, or an error where the memory cannot be had (a huge
+/// `chunk_bytes` once aborted the process).
+fn zeroed(n: usize) -> Result<Vec<u8>, PipelineError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|e| PipelineError::Setup(format!("cannot allocate a slot of {n} bytes: {e}")))?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 impl<'e> CpuPipeline<'e> {
     /// A pipeline whose copies run on `engine`, with its K input slots of
     /// `cfg.chunk_bytes` (and K output slots) allocated now. Errors: a bad setting.
@@ -63,11 +73,14 @@ impl<'e> CpuPipeline<'e> {
     ) -> Result<CpuPipeline<'e>, PipelineError> {
         cfg.check()?;
         let out = cfg.output.of(cfg.chunk_bytes);
+        let slots = |n: usize| -> Result<Vec<Vec<u8>>, PipelineError> {
+            (0..cfg.slots).map(|_| zeroed(n)).collect()
+        };
         Ok(CpuPipeline {
             engine,
             cfg,
-            ins: (0..cfg.slots).map(|_| vec![0u8; cfg.chunk_bytes]).collect(),
-            outs: (0..cfg.slots).map(|_| vec![0u8; out]).collect(),
+            ins: slots(cfg.chunk_bytes)?,
+            outs: slots(out)?,
         })
     }
 
@@ -99,7 +112,7 @@ impl<'e> CpuPipeline<'e> {
         let (need_in, need_out) = slot_need(&chunks);
         for (slots, need) in [(&mut self.ins, need_in), (&mut self.outs, need_out)] {
             for s in slots.iter_mut().filter(|s| s.len() < need) {
-                s.resize(need, 0);
+                *s = zeroed(need)?;
             }
         }
         let host = |v: &mut Vec<u8>| RawBuf::host(v.as_mut_ptr(), v.len(), MemKind::Pageable);

@@ -118,13 +118,17 @@ pub const FILL_THREADS: usize = 8;
 /// workers' limit).
 pub const FILL_THREADS_MAX: usize = 256;
 
+/// The most slots [`PipelineConfig::slots`] may ask for (a pipeline keeps at most a few
+/// chunks in flight; 2^40 once asked for terabytes of slot headers and aborted).
+pub const SLOTS_MAX: usize = 1024;
+
 /// Settings of a pipeline. Plain struct: [`PipelineConfig::new`] then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineConfig {
     /// Bytes per chunk (the input slots' size); a strided source takes whole rows of its
     /// outermost dimension, as many as fit (at least one).
     pub chunk_bytes: usize,
-    /// Slots K (>= 1): chunks in the slots at once.
+    /// Slots K (1 to [`SLOTS_MAX`]): chunks in the slots at once.
     pub slots: usize,
     /// Output bytes per chunk (when a [`Dest`] is given).
     pub output: OutLen,
@@ -295,6 +299,12 @@ impl PipelineConfig {
             return Err(PipelineError::Config(
                 "chunk_bytes and slots must be at least 1".into(),
             ));
+        }
+        if self.slots > SLOTS_MAX {
+            return Err(PipelineError::Config(format!(
+                "slots {} is more than {SLOTS_MAX}",
+                self.slots
+            )));
         }
         if let OutLen::Ratio { den: 0, .. } = self.output {
             return Err(PipelineError::Config("OutLen::Ratio with den = 0".into()));
