@@ -33,14 +33,18 @@ use ferry::pipeline::{
 use ferry::CpuEngine;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A slot seen from Python: `__array_interface__` over its bytes (1-D `uint8`).
+/// A slot seen from Python: `__array_interface__` over its bytes (1-D `uint8`), valid during
+/// the stage's call only: afterwards (`over`) it refuses to make a view, so a slot object kept
+/// past the call (an array's `.base`) cannot reach the slot's memory again.
 #[pyclass(module = "ferry", name = "_Slot", frozen)]
 struct Slot {
     addr: usize,
     len: usize,
     readonly: bool,
+    over: AtomicBool,
 }
 
 #[pymethods]
@@ -48,6 +52,11 @@ impl Slot {
     /// NumPy's array interface (version 3).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.over.load(Ordering::Acquire) {
+            return Err(arg(
+                "a pipeline slot is only valid during its stage's call (copy the data instead)",
+            ));
+        }
         let d = PyDict::new(py);
         d.set_item("version", 3)?;
         d.set_item("shape", (self.len,))?;
@@ -173,39 +182,63 @@ fn run_cpu(
         .unbind();
     let src_mem = Held(s.raw);
     let mut dst_mem = Held(d.raw);
+    // Set when the stage kept a view or slot past its call: the pipeline's slot memory is
+    // then never freed (the view must not reach freed memory), and the run fails.
+    let kept = AtomicBool::new(false);
     Ok(py.allow_threads(|| {
         let mut p = CpuPipeline::new(eng, cfg)?;
-        p.run(
-            source(s, &src_mem)?,
-            Some(Dest::new(&mut dst_mem)),
-            |c, input: &[u8], output: &mut [u8]| {
-                Python::with_gil(|py| -> PyResult<()> {
-                    let view = |addr: usize, len: usize, readonly: bool| {
-                        asarray.call1(
-                            py,
-                            (Slot {
-                                addr,
-                                len,
-                                readonly,
-                            },),
-                        )
-                    };
-                    let i = view(input.as_ptr() as usize, input.len(), true)?;
-                    let o = view(output.as_mut_ptr() as usize, output.len(), false)?;
-                    stage.call1(py, (i.clone_ref(py), o.clone_ref(py), c.index))?;
-                    // A view kept past the call (or an array viewing it) would outlive the
-                    // slot's reuse and the pipeline's memory: refused.
-                    if i.get_refcnt(py) > 1 || o.get_refcnt(py) > 1 {
-                        return Err(arg(format!(
-                            "the stage kept a view of chunk {}'s slot past its call (copy it instead)",
-                            c.index
-                        )));
-                    }
-                    Ok(())
-                })
-            },
-        )
-        .map(|r| r.chunks)
+        let r = p
+            .run(
+                source(s, &src_mem)?,
+                Some(Dest::new(&mut dst_mem)),
+                |c, input: &[u8], output: &mut [u8]| {
+                    Python::with_gil(|py| -> PyResult<()> {
+                        let slot = |addr: usize, len: usize, readonly: bool| {
+                            Py::new(
+                                py,
+                                Slot {
+                                    addr,
+                                    len,
+                                    readonly,
+                                    over: AtomicBool::new(false),
+                                },
+                            )
+                        };
+                        let si = slot(input.as_ptr() as usize, input.len(), true)?;
+                        let so = slot(output.as_mut_ptr() as usize, output.len(), false)?;
+                        let i = asarray.call1(py, (si.clone_ref(py),))?;
+                        let o = asarray.call1(py, (so.clone_ref(py),))?;
+                        let called = stage.call1(py, (i.clone_ref(py), o.clone_ref(py), c.index));
+                        for sl in [&si, &so] {
+                            sl.get().over.store(true, Ordering::Release);
+                        }
+                        // A view kept past the call (an array viewing it, or the slot object
+                        // behind it, its `.base`) would outlive the slot's reuse: refused (and
+                        // noted even when the stage also failed).
+                        let views_kept = i.get_refcnt(py) > 1 || o.get_refcnt(py) > 1;
+                        drop((i, o));
+                        let any_kept =
+                            views_kept || si.get_refcnt(py) > 1 || so.get_refcnt(py) > 1;
+                        if any_kept {
+                            kept.store(true, Ordering::Release);
+                        }
+                        called?;
+                        if any_kept {
+                            return Err(arg(format!(
+                                "the stage kept a view of chunk {}'s slot past its call (copy it instead)",
+                                c.index
+                            )));
+                        }
+                        Ok(())
+                    })
+                },
+            )
+            .map(|r| r.chunks);
+        if kept.load(Ordering::Acquire) {
+            // A kept view still points into the slots: they stay allocated for good.
+            std::mem::forget(p);
+        }
+        r
     }))
 }
 

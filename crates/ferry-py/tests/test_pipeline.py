@@ -154,3 +154,31 @@ def test_kept_view_refused():
         ferry.pipeline(src, out, lambda i, o, k: kept.append(i[1:]), chunk_bytes=100)
     assert ei.value.chunk == 0
     kept.clear()
+
+
+def test_kept_slot_object_refused_and_dead():
+    # The array's `.base` (the slot object behind the view) kept past the call once gave a
+    # way back to the slot's memory after the pipeline freed it (a crash).
+    kept = []
+
+    def keep_base(i, o, k):
+        o[:] = i
+        kept.append(o.base)
+
+    src = np.arange(4 << 20, dtype=np.uint8)
+    out = np.zeros_like(src)
+    with pytest.raises(ferry.ArgumentError, match="kept a view") as ei:
+        ferry.pipeline(src, out, keep_base)
+    assert ei.value.chunk == 0
+    with pytest.raises(ferry.ArgumentError, match="only valid during"):
+        np.asarray(kept[0])
+    kept.clear()
+
+
+def test_rows_larger_than_chunks():
+    # A strided source's chunk is a whole row: rows of 2 MB through the default 1 MiB chunk
+    # (the slots were once written past their end).
+    a = np.arange(8 * 600_000, dtype=np.float32).reshape(8, 600_000)[:, :500_000]
+    out = np.zeros(8 * 500_000, np.float32)
+    ferry.pipeline(a, out, lambda i, o, k: o.__setitem__(slice(None), i))
+    assert np.array_equal(out, a.reshape(-1))
