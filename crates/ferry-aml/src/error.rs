@@ -6,6 +6,7 @@ use ferry_capi::{
     FERRY_EUNSUPPORTED,
 };
 use std::ffi::{c_char, c_int, CStr};
+use std::io::Write;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 /// Success.
@@ -150,9 +151,13 @@ pub unsafe extern "C" fn aml_perror(msg: *const c_char) {
     let e = strerror(aml_errno.load(Ordering::Relaxed)).to_string_lossy();
     // SAFETY: the last error message is a valid C string until the next ferry call here.
     let why = unsafe { CStr::from_ptr(ferry_capi::ferry_last_error_message()) }.to_string_lossy();
-    if why.is_empty() {
-        eprintln!("{m}:{e}");
+    // A standard error that cannot be written (a full disk, a closed pipe) is ignored, as
+    // AML's `fprintf` ignores it (`eprintln!` panicked, and the panic aborted across the C
+    // boundary).
+    let mut err = std::io::stderr().lock();
+    let _ = if why.is_empty() {
+        writeln!(err, "{m}:{e}")
     } else {
-        eprintln!("{m}:{e} ({why})");
-    }
+        writeln!(err, "{m}:{e} ({why})")
+    };
 }

@@ -204,9 +204,38 @@ pub unsafe extern "C" fn aml_dma_multiplex_request_create(
         // SAFETY: (1).
         if let Some(r) = unsafe { req.as_mut() } {
             *r = m_req.cast();
+            if !m_req.is_null() {
+                live_insert(m_req as usize);
+            }
         }
         Ok(rc)
     })
+}
+
+/// The multiplex requests handed out and not yet waited or destroyed, by address: a request
+/// of another dma given to the multiplex's wait (or destroy) is refused with `-AML_EINVAL`
+/// instead of being read as a multiplex request (it was, and its garbage `count` crashed).
+/// A list, not a hash set: a program has few requests pending, and a list's memory is freed
+/// once it is empty (valgrind's leak check counted a static hash table as possibly lost).
+static LIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn live_insert(req: usize) {
+    LIVE.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(req);
+}
+
+/// Removes `req` from [`LIVE`]; false if it was not there.
+fn live_remove(req: usize) -> bool {
+    let mut v = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(i) = v.iter().position(|&r| r == req) else {
+        return false;
+    };
+    v.swap_remove(i);
+    if v.is_empty() {
+        *v = Vec::new();
+    }
+    true
 }
 
 /// AML's multiplex operator: sends the copy to the next dma by weight, with that dma's
@@ -312,7 +341,15 @@ unsafe fn each(
         unsafe { mux(data) }?;
         // SAFETY: (1).
         let slot = unsafe { req.as_mut() }.ok_or_else(|| inval("req is NULL"))?;
-        // SAFETY: (1).
+        if slot.is_null() {
+            return Err(inval("*req is NULL"));
+        }
+        if !live_remove(*slot as usize) {
+            return Err(inval(
+                "*req is not a pending request of a multiplex dma (another dma's, or released)",
+            ));
+        }
+        // SAFETY: (1), and it was handed out by `aml_dma_multiplex_request_create`.
         let r = unsafe { slot.cast::<AmlDmaMultiplexRequest>().as_ref() }
             .ok_or_else(|| inval("*req is NULL"))?;
         let mut first = AML_SUCCESS;

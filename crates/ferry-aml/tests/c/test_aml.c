@@ -500,6 +500,21 @@ static void test_multiplex(void)
 	CHECK(aml_dma_cancel(m, &req) == AML_SUCCESS && req == NULL);
 	CHECK(aml_dma_barrier(m) == -AML_EDOM); /* the cancelled failure */
 	CHECK(aml_dma_multiplex_barrier(m->data) == AML_SUCCESS);
+	/* another dma's request, or one already released: refused, not read (it crashed) */
+	CHECK(aml_dma_async_copy(a, &req, ly, lx) == AML_SUCCESS);
+	{
+		struct aml_dma_request *other = req;
+		CHECK(aml_dma_wait(m, &req) == -AML_EINVAL && req == other);
+		CHECK(aml_dma_cancel(m, &req) == -AML_EINVAL && req == other);
+		CHECK(aml_dma_wait(a, &req) == AML_SUCCESS);
+	}
+	CHECK(aml_dma_async_copy(m, &req, ly, lx) == AML_SUCCESS);
+	{
+		struct aml_dma_request *stale = req;
+		CHECK(aml_dma_wait(m, &req) == AML_SUCCESS && req == NULL);
+		req = stale;
+		CHECK(aml_dma_wait(m, &req) == -AML_EINVAL);
+	}
 	aml_dma_fprintf(stdout, "dma: ", m);
 	/* bad arguments */
 	CHECK(aml_dma_multiplex_create(NULL, 3, list, w) == -AML_EINVAL);
