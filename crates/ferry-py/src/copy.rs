@@ -402,7 +402,24 @@ pub(crate) fn gather(
     let rows = s.shape[0];
     let mut keep = std::mem::take(&mut o.keep);
     keep.append(&mut s.keep);
-    let (Some(sl), Some(ol), Some(il)) = (s.layout, o.layout, idx.layout) else {
+    // Every index checked first, also where there is nothing to copy (src of 0 rows or 0
+    // columns once returned success with its index unread and `out` untouched).
+    let mut picked = Vec::with_capacity(n);
+    if let Some(il) = idx.layout {
+        let i_step = il.strides()[0];
+        for i in 0..n {
+            // SAFETY: `idx` is host memory kept alive by `index` (borrowed for this call), and
+            // element `i` lies inside its layout (i < dims[0]); read unaligned as int64.
+            let v =
+                unsafe { ((idx.raw.addr as usize + i * i_step) as *const i64).read_unaligned() };
+            let r = usize::try_from(v)
+                .ok()
+                .filter(|&r| r < rows)
+                .ok_or_else(|| arg(format!("index[{i}] = {v} is outside src's {rows} rows")))?;
+            picked.push(r);
+        }
+    }
+    let (Some(sl), Some(ol)) = (s.layout, o.layout) else {
         return Ok(PyRequest::new(ferry::Request::ready(Ok(())), Vec::new()));
     };
     let row = s.shape[1] * s.dtype.size;
@@ -412,22 +429,12 @@ pub(crate) fn gather(
             "gather needs src and out rows that are contiguous (last stride 1)",
         ));
     }
-    let (s_pitch, o_pitch, i_step) = (sl.strides()[0], ol.strides()[0], il.strides()[0]);
-    let mut segs = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: `idx` is host memory kept alive by `index` (borrowed for this call), and
-        // element `i` lies inside its layout (i < dims[0]); read unaligned as int64.
-        let v = unsafe { ((idx.raw.addr as usize + i * i_step) as *const i64).read_unaligned() };
-        let r = usize::try_from(v)
-            .ok()
-            .filter(|&r| r < rows)
-            .ok_or_else(|| arg(format!("index[{i}] = {v} is outside src's {rows} rows")))?;
-        segs.push(Segment::new(
-            (i * o_pitch) as u64,
-            (r * s_pitch) as u64,
-            row as u64,
-        ));
-    }
+    let (s_pitch, o_pitch) = (sl.strides()[0], ol.strides()[0]);
+    let segs: Vec<Segment> = picked
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| Segment::new((i * o_pitch) as u64, (r * s_pitch) as u64, row as u64))
+        .collect();
     refine(&eng, &mut s);
     refine(&eng, &mut o);
     let job = Job {

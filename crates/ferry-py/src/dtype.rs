@@ -73,7 +73,8 @@ pub(crate) fn from_typestr(s: &str) -> Result<DType, String> {
             ))
         }
     }
-    let size: usize = s[2..].parse().map_err(|_| bad())?;
+    // `get`: a string whose third byte is inside a character (`"<é"`) once panicked here.
+    let size: usize = s.get(2..).ok_or_else(bad)?.parse().map_err(|_| bad())?;
     let code = match b[1] {
         b'b' => 6,
         b'i' => 0,

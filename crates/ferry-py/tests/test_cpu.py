@@ -245,6 +245,28 @@ def test_gather_errors():
         ferry.gather(src, np.array([1, 2], np.int32), np.zeros((2, 4), np.float32))
     with pytest.raises(ferry.ArgumentError, match="out must be"):
         ferry.gather(src, np.array([1, 2], np.int64), np.zeros((3, 4), np.float32))
+    # Nothing to copy, the index still checked (these once returned success, out untouched).
+    out = np.full((2, 4), 7, np.float32)
+    with pytest.raises(ferry.ArgumentError, match="outside src's 0 rows"):
+        ferry.gather(np.zeros((0, 4), np.float32), np.array([0, 5], np.int64), out)
+    with pytest.raises(ferry.ArgumentError, match="outside src's 3 rows"):
+        ferry.gather(
+            np.zeros((3, 0), np.float32), np.array([-1, 99], np.int64), np.zeros((2, 0), np.float32)
+        )
+    ferry.gather(np.zeros((3, 0), np.float32), np.array([2, 0], np.int64), np.zeros((2, 0), np.float32))
+
+
+def test_odd_typestr_refused():
+    # A type string whose third byte is inside a character once panicked.
+    buf = np.zeros(4, np.uint8)
+
+    class A:
+        __array_interface__ = dict(
+            shape=(4,), typestr="<\u00e9", data=(buf.ctypes.data, False), version=3
+        )
+
+    with pytest.raises(ferry.ArgumentError, match="unsupported array type string"):
+        ferry.copy_(A(), A())
 
 
 SAVE_DTYPES = [d for d in DTYPES if d not in (np.complex64, np.complex128)]
