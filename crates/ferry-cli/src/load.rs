@@ -481,17 +481,18 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
             Loaded::Raw(buf) => {
                 // Written beside `dst` and renamed over it once complete: a failed write (a
                 // full disk) leaves an existing `dst` as it was.
-                let replacing = Replacement::new(dst)
-                    .map_err(|e| format!("cannot write {}: {e}", dst.display()))?;
-                let f = fe.open(replacing.temp_path(), OpenMode::Create)?;
-                let r = fe.store_from(&f, 0, buf)?;
+                let failed =
+                    |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", dst.display());
+                let replacing = Replacement::new(dst).map_err(|e| failed(&e))?;
+                let f = fe
+                    .open(replacing.temp_path(), OpenMode::Create)
+                    .map_err(|e| failed(&e))?;
+                let r = fe.store_from(&f, 0, buf).map_err(|e| failed(&e))?;
                 if *fsync {
-                    f.sync()?;
+                    f.sync().map_err(|e| failed(&e))?;
                 }
                 drop(f);
-                replacing
-                    .commit(*fsync)
-                    .map_err(|e| format!("cannot write {}: {e}", dst.display()))?;
+                replacing.commit(*fsync).map_err(|e| failed(&e))?;
                 (r.bytes, r)
             }
         };
@@ -706,14 +707,15 @@ fn transport_line(v: &serde_json::Value) -> String {
 /// whole).
 const CELL_MAX: usize = 96;
 
-/// A table cell: control characters escaped (a tensor's name comes from the file, and must not
-/// reach the terminal as escape sequences or line breaks), at most [`CELL_MAX`] characters, the
-/// middle of a longer one elided.
+/// A table cell: control characters, the invisible ones that reorder or hide text (bidi
+/// overrides, zero-width spaces) and backslashes escaped (a tensor's name comes from the
+/// file, and must not reach the terminal as escape sequences or line breaks, nor pass for
+/// another name), at most [`CELL_MAX`] characters, the middle of a longer one elided.
 fn cell(text: &str) -> String {
     let esc: Vec<char> = text
         .chars()
         .flat_map(|c| {
-            let e: Vec<char> = if c.is_control() {
+            let e: Vec<char> = if c.is_control() || c == '\\' || invisible(c) {
                 c.escape_default().collect()
             } else {
                 vec![c]
@@ -730,6 +732,13 @@ fn cell(text: &str) -> String {
         .chain(&['…'])
         .chain(&esc[esc.len() - tail..])
         .collect()
+}
+
+/// Unicode format characters a terminal shows as nothing while they hide or reorder the text
+/// around them: bidi marks, embeddings, overrides and isolates, zero-width spaces and joiners,
+/// line and paragraph separators, the byte order mark.
+fn invisible(c: char) -> bool {
+    matches!(c, '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}')
 }
 
 /// The summary in words, with the per-tensor table for a checkpoint.
@@ -835,6 +844,11 @@ mod tests {
     fn cells_are_escaped_and_bounded() {
         assert_eq!(cell("w.0"), "w.0");
         assert_eq!(cell("a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
+        // Text that reorders what follows it, or hides, or passes for an escape.
+        assert_eq!(cell("w\u{202e}gnp.exe"), "w\\u{202e}gnp.exe");
+        assert_eq!(cell("a\u{200b}b"), "a\\u{200b}b");
+        assert_eq!(cell("a\\nb"), "a\\\\nb");
+        assert_eq!(cell("über.é"), "über.é");
         let long = cell(&"x".repeat(100_000));
         assert_eq!(long.chars().count(), CELL_MAX);
         assert!(long.contains('…'), "{long}");

@@ -367,3 +367,142 @@ fn offset_zero_is_the_start() {
         "{out}"
     );
 }
+
+/// The host's `MemAvailable` in bytes (None where /proc/meminfo does not say).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1024)
+}
+
+/// `--select` of a 4-byte tensor beside one larger than the machine's free memory loads the
+/// small one: the memory check counts the tensors selected, not the whole file (the file is
+/// sparse: nothing of the large tensor is ever written or read).
+#[test]
+fn select_needs_memory_for_the_selected_tensors_only() {
+    let Some(avail) = mem_available() else {
+        println!("skipped: no MemAvailable in /proc/meminfo");
+        return;
+    };
+    let dir = tmpdir();
+    let p = dir.path().join("mixed.safetensors");
+    let huge = avail + (1 << 30);
+    let mut header = serde_json::json!({
+        "small": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+        "huge": {"dtype": "U8", "shape": [huge], "data_offsets": [4, 4 + huge]},
+    })
+    .to_string()
+    .into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(b"abcd");
+    std::fs::write(&p, &bytes).unwrap();
+    if std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .and_then(|f| f.set_len(bytes.len() as u64 + huge))
+        .is_err()
+    {
+        println!("skipped: the temp folder holds no sparse file of {huge} bytes");
+        return;
+    }
+    let p = p.to_str().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok(&[
+        "load", p, "--device", "host", "--select", "small", "--json", "--verify",
+    ]))
+    .unwrap();
+    assert_eq!(v["bytes"], 4);
+    assert_eq!(v["tensors"][0]["name"], "small");
+    for select in [None, Some("huge"), Some("small,huge")] {
+        let mut args = vec!["load", p, "--device", "host"];
+        args.extend(select.iter().flat_map(|s| ["--select", *s]));
+        refused(&args, "of host memory");
+    }
+}
+
+/// A save that fails part way (here the file size limit, as a full disk would) leaves the file
+/// it was to replace as it was and no temporary file, and the error names that file: a raw
+/// save once truncated the destination before writing.
+#[test]
+fn a_failed_save_keeps_the_file_it_would_replace() {
+    use std::os::unix::process::CommandExt;
+    let dir = tmpdir();
+    let (p, _, _) = checkpoint_in(dir.path());
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, vec![9u8; 64 << 10]).unwrap();
+    for (input, name) in [(&src, "out.bin"), (&p, "out.safetensors")] {
+        let dst = dir.path().join(name);
+        std::fs::write(&dst, b"the user's bytes").unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry"));
+        cmd.args(["save", input.to_str().unwrap(), dst.to_str().unwrap()])
+            .args(["--device", "host"]);
+        // SAFETY: setrlimit and signal are async-signal-safe; the closure touches no memory
+        // of the parent and allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 4096,
+                    rlim_max: 4096,
+                };
+                // Past the limit a write fails with EFBIG (SIGXFSZ ignored, not fatal).
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let o = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success(),
+            "{name}: saved under a 4 KiB file size limit"
+        );
+        assert!(err.contains(&dst.display().to_string()), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(std::fs::read(&dst).unwrap(), b"the user's bytes", "{name}");
+    }
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".ferry-partial-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A sharded checkpoint whose index lists a missing shard, or a file that names a tensor twice:
+/// the error names the index (and the tensor), or says the name is given twice.
+#[test]
+fn a_missing_shard_or_a_name_given_twice_is_named() {
+    let dir = tmpdir();
+    let (p, _, _) = checkpoint_in(dir.path());
+    let index = dir.path().join("m.safetensors.index.json");
+    std::fs::write(
+        &index,
+        r#"{"weight_map": {"w": "m.safetensors", "x": "m-9.safetensors"}}"#,
+    )
+    .unwrap();
+    let err = refused(
+        &["load", index.to_str().unwrap(), "--device", "host"],
+        "m-9.safetensors",
+    );
+    assert!(err.contains(&index.display().to_string()), "{err}");
+    assert!(err.contains("`x`"), "{err}");
+    drop(p);
+    let twice = dir.path().join("twice.safetensors");
+    let mut header = br#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#.to_vec();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(&[1; 8]);
+    std::fs::write(&twice, bytes).unwrap();
+    refused(
+        &["load", twice.to_str().unwrap(), "--device", "host"],
+        "tensor `a` is named twice",
+    );
+}

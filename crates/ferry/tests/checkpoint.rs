@@ -1084,3 +1084,92 @@ fn load_into_memory_the_engine_cannot_reach_is_refused_before_any_read() {
     let e = checkpoint::load_files_into(&fe, &[], &mut [Dest::new("a", &mut a)]).unwrap_err();
     assert!(matches!(e, CheckpointError::Missing { .. }), "{e}");
 }
+
+/// A header that names a tensor twice is refused as such: serde_json's map kept the last of
+/// the two silently, and the load failed on a gap in the data section instead. The same for
+/// an index that lists a tensor twice, and for `entries`.
+#[test]
+fn a_name_given_twice_is_refused_as_such() {
+    let dir = TempDir::new("twice");
+    let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+    let a = |b: u32, e: u32| {
+        format!("\"a\":{{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[{b},{e}]}}")
+    };
+    for (name, header) in [
+        ("two", format!("{{{},{}}}", a(0, 4), a(4, 8))),
+        ("same", format!("{{{},{}}}", a(0, 4), a(0, 4))),
+        (
+            "meta",
+            format!(
+                "{{\"__metadata__\":{{}},{},\"__metadata__\":{{}}}}",
+                a(0, 4)
+            ),
+        ),
+    ] {
+        let p = dir.file(&format!("{name}.safetensors"), &raw_file(&header, &[7; 8]));
+        let e = load_err(&p);
+        let want = if name == "meta" { "__metadata__" } else { "a" };
+        assert!(
+            matches!(&e, CheckpointError::Duplicate { tensor, first, second } if tensor == want && first == &p && second == &p),
+            "{name}: {e:?}"
+        );
+        assert!(
+            e.to_string()
+                .ends_with(&format!("tensor `{want}` is named twice")),
+            "{e}"
+        );
+        assert!(checkpoint::entries(&fe, &p).is_err(), "{name}");
+    }
+    // An index listing a tensor twice (the shard is fine).
+    let (index, _) = sharded(&dir);
+    let text = std::fs::read_to_string(&index).unwrap();
+    let twice = text.replacen(
+        "\"weight_map\":{",
+        "\"weight_map\":{\"a.1\":\"model-00002-of-00002.safetensors\",",
+        1,
+    );
+    assert_ne!(twice, text);
+    let p = dir.file("twice.safetensors.index.json", twice.as_bytes());
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("`a.1` is listed twice")),
+        "{e}"
+    );
+    // The original index still loads.
+    checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+}
+
+/// A shard that an index lists and that cannot be opened is named with the index that lists
+/// it and a tensor mapped to it (it was named alone, the index nowhere).
+#[test]
+fn a_missing_shard_names_its_index() {
+    let dir = TempDir::new("gone-shard");
+    let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+    let (index, _) = sharded(&dir);
+    std::fs::remove_file(dir.0.join("model-00002-of-00002.safetensors")).unwrap();
+    for e in [
+        checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap_err(),
+        checkpoint::entries(&fe, &index).unwrap_err(),
+    ] {
+        let CheckpointError::Shard {
+            index: i,
+            tensor,
+            source,
+        } = &e
+        else {
+            panic!("{e:?}")
+        };
+        let FileError::Open { path, kind, .. } = &**source else {
+            panic!("{e:?}")
+        };
+        assert_eq!(i, &index);
+        assert_eq!(path, &dir.0.join("model-00002-of-00002.safetensors"));
+        assert!(tensor.starts_with("b."), "{e}");
+        assert_eq!(*kind, io::ErrorKind::NotFound, "{e}");
+        assert_eq!(e.tensor(), Some(tensor.as_str()));
+        assert_eq!(e.path(), Some(index.as_path()));
+        let text = e.to_string();
+        assert!(text.starts_with(&index.display().to_string()), "{text}");
+        assert!(text.contains("model-00002-of-00002.safetensors"), "{text}");
+    }
+}

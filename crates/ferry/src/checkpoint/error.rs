@@ -193,17 +193,15 @@ pub enum CheckpointError {
         second: PathBuf,
     },
     /// A shard that a sharded checkpoint's index lists cannot be opened (missing, unreadable,
-    /// not a regular file).
-    #[error("{} lists {} (for tensor `{tensor}`): {source}", index.display(), shard.display())]
+    /// not a regular file): `source` names the shard.
+    #[error("{}: the shard it lists for tensor `{tensor}`: {source}", index.display())]
     Shard {
         /// The index (`*.safetensors.index.json`).
         index: PathBuf,
-        /// The shard, as opened (inside the index's folder).
-        shard: PathBuf,
-        /// A tensor the index maps to it.
+        /// A tensor the index maps to the shard.
         tensor: String,
-        /// The file engine's error.
-        source: FileError,
+        /// The file engine's error (boxed: the variant stays as small as the others).
+        source: Box<FileError>,
     },
     /// The memory for the tensors could not be allocated.
     #[error("cannot allocate {bytes} bytes of {target} memory for {}: {msg}", path.display())]
@@ -266,7 +264,7 @@ impl CheckpointError {
             | Destination { path, .. }
             | BadTensor { path, .. } => Some(path),
             Duplicate { second, .. } => Some(second),
-            Shard { shard, .. } => Some(shard),
+            Shard { index, .. } => Some(index),
         }
     }
 

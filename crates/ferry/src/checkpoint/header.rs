@@ -239,13 +239,17 @@ impl<'de> serde::Deserialize<'de> for Members {
                 self,
                 mut a: A,
             ) -> Result<Members, A::Error> {
+                use std::collections::btree_map::Entry;
                 let mut seen = BTreeMap::new();
                 let mut twice = None;
                 while let Some((k, v)) = a.next_entry::<String, serde_json::Value>()? {
-                    if seen.contains_key(&k) {
-                        twice.get_or_insert(k);
-                    } else {
-                        seen.insert(k, v);
+                    match seen.entry(k) {
+                        Entry::Occupied(o) => {
+                            twice.get_or_insert_with(|| o.key().clone());
+                        }
+                        Entry::Vacant(e) => {
+                            e.insert(v);
+                        }
                     }
                 }
                 Ok(Members {

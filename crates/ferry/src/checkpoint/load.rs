@@ -161,8 +161,7 @@ fn open_index(engine: &FileEngine, index: &Path) -> Result<Opened, CheckpointErr
                         .iter()
                         .find(|w| w.1 == i)
                         .map_or_else(String::new, |w| w.0.clone()),
-                    shard,
-                    source,
+                    source: Box::new(source),
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;

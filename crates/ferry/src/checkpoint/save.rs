@@ -173,7 +173,14 @@ pub fn save(
     let t0 = Instant::now();
     let replacing = Replacement::new(path).map_err(|e| os_err(path, &e, "replacing"))?;
     // Dropped on an error: the temporary file goes, an existing `path` stays as it was.
-    let io = write(engine, replacing.temp_path(), &head, &order, opts.fsync)?;
+    let io = write(
+        engine,
+        path,
+        replacing.temp_path(),
+        &head,
+        &order,
+        opts.fsync,
+    )?;
     replacing
         .commit(opts.fsync)
         .map_err(|e| os_err(path, &e, "the rename into place"))?;
@@ -201,16 +208,18 @@ fn os_err(path: &Path, e: &std::io::Error, what: &str) -> CheckpointError {
     }
 }
 
-/// Creates `tmp` and writes the header and every tensor (all in flight at once).
+/// Creates `tmp` and writes the header and every tensor (all in flight at once); errors name
+/// `path`, the file being replaced (the engine's own error names `tmp`).
 fn write(
     engine: &FileEngine,
+    path: &Path,
     tmp: &Path,
     head: &[u8],
     order: &[&SaveTensor<'_>],
     fsync: bool,
 ) -> Result<IoReport, CheckpointError> {
     let ferr = |tensor: Option<String>, source| CheckpointError::File {
-        path: tmp.to_path_buf(),
+        path: path.to_path_buf(),
         tensor,
         source,
     };
