@@ -7,7 +7,7 @@
 //! the first measurement, so a bad input costs nothing.
 
 use crate::bench::{self, BenchConfig, BenchError, EngineSel, Kind, Method, Needs, TestInfo};
-use crate::plot::PlotError;
+use crate::plot::{Format, PlotError};
 use crate::sizes::{format_size, parse_sizes, Sizes};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -79,8 +79,8 @@ pub struct BenchArgs {
     /// Sizes of latency tests (default 4,64,1K,4K,16K,64K), same syntax as --sizes.
     #[arg(long, value_name = "SIZES", allow_hyphen_values = true)]
     pub latency_sizes: Option<Sizes>,
-    /// CPU engine worker threads, at most 1024 (default, and 0: one per core); the threaded
-    /// baseline uses as many.
+    /// CPU engine worker threads, 1 to 1024 (default: one per core); the threaded baseline
+    /// uses as many.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// Timed samples per series, 1 to 10,000 (median, min and max are reported).
@@ -109,14 +109,18 @@ pub struct BenchArgs {
     pub verbose: bool,
 }
 
+/// `--threads`: 1 to [`MAX_THREADS`], as `ferry load --threads` (1 to 256) also counts: 0 is
+/// refused, leaving the option out gives one per core.
 fn parse_threads(s: &str) -> Result<usize, String> {
     let n: i64 = s
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a whole number"))?;
     match usize::try_from(n) {
-        Ok(n) if n <= MAX_THREADS => Ok(n),
-        _ => Err(format!("must be 0..={MAX_THREADS}")),
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{n} is not in 1..={MAX_THREADS} (leave --threads out for one per core)"
+        )),
     }
 }
 
@@ -129,7 +133,7 @@ pub enum ArgError {
     /// A test selection or setting that cannot run.
     #[error(transparent)]
     Bench(#[from] BenchError),
-    /// A plot or Gantt path with the wrong extension.
+    /// A plot or Gantt path with the wrong extension or no name.
     #[error(transparent)]
     Plot(#[from] PlotError),
     /// A `FERRY_*` environment variable that does not parse.
@@ -263,20 +267,25 @@ where
         Cmd::Info { json } => Ok(Plan::Info { json }),
         Cmd::Plot { json, plot } => {
             for p in &plot {
-                check_picture_ext(p)?;
+                Format::of(p)?;
             }
             Ok(Plan::Plot { json, outs: plot })
         }
         Cmd::Load(a) => Ok(Plan::Load(Box::new(a))),
         Cmd::Save(a) => Ok(Plan::Save(Box::new(a))),
-        Cmd::Bench(a) if a.list => Ok(Plan::List),
+        Cmd::Bench(a) if a.list => {
+            // `--list` lists every test, but a name it was given must still be one (was:
+            // `--list --test nope` listed and exited 0).
+            bench::select(a.tests.as_deref(), a.engine)?;
+            Ok(Plan::List)
+        }
         Cmd::Bench(a) => validate_bench(a).map(|p| Plan::Bench(Box::new(p))),
     }
 }
 
 fn validate_bench(a: BenchArgs) -> Result<BenchPlan, ArgError> {
     for p in a.plot.iter().chain(&a.gantt) {
-        check_picture_ext(p)?;
+        Format::of(p)?;
     }
     // The engines read FERRY_STAGING_* and FERRY_FILE_* where they are made; a value that
     // does not parse stops the run here, before anything is measured.
@@ -284,11 +293,30 @@ fn validate_bench(a: BenchArgs) -> Result<BenchPlan, ArgError> {
     ferry::file::FileConfig::from_env().map_err(|e| ArgError::Env(e.to_string()))?;
     let sel = bench::select(a.tests.as_deref(), a.engine)?;
     if sel.run.is_empty() {
-        let why = match left_out(&sel.skipped) {
-            Some(line) => line,
-            None => "no test selected".to_string(),
-        };
-        return Err(BenchError::NothingToRun(why).into());
+        // Why each selected test is out: unavailable here, or not of the `--engine` asked.
+        let all = bench::select(a.tests.as_deref(), EngineSel::All)?;
+        let chosen = |n: &str| sel.skipped.iter().any(|(s, _)| s == n);
+        let other: Vec<&str> = (all.run.iter().map(|t| t.name))
+            .chain(all.skipped.iter().map(|(n, _)| n.as_str()))
+            .filter(|n| !chosen(n))
+            .collect();
+        let mut why: Vec<String> = left_out(&sel.skipped).into_iter().collect();
+        // Only names given with --test: without it, every test of the other engine is out.
+        if a.tests.is_some() && !other.is_empty() {
+            let engine = match a.engine {
+                EngineSel::Cpu => "cpu",
+                EngineSel::Cuda => "cuda",
+                EngineSel::All => "all",
+            };
+            why.push(format!(
+                "--engine {engine} leaves out {} (not a {engine} test)",
+                other.join(", ")
+            ));
+        }
+        if why.is_empty() {
+            why.push("no test selected".to_string());
+        }
+        return Err(BenchError::NothingToRun(why.join("; ")).into());
     }
     Ok(BenchPlan {
         cfg: BenchConfig {
@@ -325,17 +353,6 @@ pub fn left_out(skipped: &[(String, String)]) -> Option<String> {
         skipped.len(),
         reasons.join("; ")
     ))
-}
-
-fn check_picture_ext(p: &Path) -> Result<(), PlotError> {
-    let ext = p
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match ext.as_deref() {
-        Some("svg" | "png") => Ok(()),
-        _ => Err(PlotError::Format(p.display().to_string())),
-    }
 }
 
 /// Memory a test needs at one size, at least: (host bytes, device bytes); None where the
@@ -470,10 +487,12 @@ pub fn device_memory() -> Option<u64> {
         .map(|m| m as u64)
 }
 
-/// Checks that `path` can be written, leaving it as it was: an existing file is opened for
-/// writing (not truncated, and without waiting: a FIFO with no reader is refused, where a
-/// plain open would wait for one forever); for a new one, a nameless file is made and dropped
-/// in its folder. A path ending in `/` names a folder and is refused.
+/// Checks that `path` can be written, leaving it as it was, without blocking: an existing
+/// file is opened for writing (never truncated, and with `O_NONBLOCK`: a FIFO with no reader is
+/// refused, where a plain open would wait for one forever; a FIFO with a reader is kept open,
+/// see below); for a new one, a nameless file is made and dropped in its folder. A path ending
+/// in `/` names a folder and is refused. What only a write can show (`/dev/full`, a disk that
+/// fills during the run) is found when the output is written.
 pub fn check_writable(path: &Path) -> Result<(), ArgError> {
     writable(path).map_err(|why| ArgError::Output {
         path: path.display().to_string(),
@@ -481,25 +500,49 @@ pub fn check_writable(path: &Path) -> Result<(), ArgError> {
     })
 }
 
+/// Write ends of the FIFOs and pipes [`writable`] found a reader on (`--json >(gzip > r.gz)`,
+/// `--json /dev/stdout | jq`, a named FIFO), held open until the process exits: closing the
+/// check's descriptor could leave the FIFO without a writer, which ends the reader's input
+/// (EOF) before the output is written; the output's own open would then wait for a new reader
+/// forever.
+static HELD_FIFOS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
 /// [`check_writable`]'s test, with why not in words.
 pub(crate) fn writable(path: &Path) -> Result<(), String> {
-    if path.is_dir() {
-        return Err("it is a directory".into());
-    }
-    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
-        return Err("it ends in `/`, which names a folder, not a file".into());
-    }
-    if path.exists() {
-        use std::os::unix::fs::OpenOptionsExt;
-        return std::fs::OpenOptions::new()
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let slash = path.as_os_str().as_encoded_bytes().ends_with(b"/");
+    // Stat first: what kind of thing the path names decides how it may be opened.
+    let meta = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Err("it is a directory".into()),
+        _ if slash => return Err("it ends in `/`, which names a folder, not a file".into()),
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e.to_string()),
+    };
+    if let Some(m) = meta {
+        let kind = m.file_type();
+        if kind.is_socket() {
+            return Err("it is a socket, not a file".into());
+        }
+        // O_NONBLOCK: a FIFO without a reader fails with ENXIO instead of waiting for one
+        // (and a device such as a serial line does not wait for its carrier).
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(path)
-            .map(drop)
             .map_err(|e| match e.raw_os_error() {
-                Some(libc::ENXIO) => "a FIFO with no reader (writing would wait for one)".into(),
+                Some(libc::ENXIO) if kind.is_fifo() => {
+                    "a FIFO with no reader (writing would wait for one)".to_string()
+                }
                 _ => e.to_string(),
-            });
+            })?;
+        if kind.is_fifo() {
+            HELD_FIFOS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(file);
+        }
+        return Ok(());
     }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
@@ -513,8 +556,89 @@ pub(crate) fn writable(path: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot create files in {}: {e}", dir.display()))
 }
 
+/// What an output path names, for telling two spellings of one file apart.
+#[derive(Debug, PartialEq)]
+enum Identity {
+    /// An existing regular file: device and inode (symbolic and hard links included).
+    File(u64, u64),
+    /// A file still to be made: its folder's canonical path joined with its name.
+    New(PathBuf),
+}
+
+/// `path`'s [`Identity`]; None for an existing device or FIFO (`/dev/stdout`, `/dev/null`),
+/// which may take several outputs one after the other.
+fn output_identity(path: &Path) -> Option<Identity> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Some(Identity::File(m.dev(), m.ino())),
+        Ok(_) => None,
+        Err(_) => {
+            let name = path.file_name()?;
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            Some(Identity::New(dir.join(name)))
+        }
+    }
+}
+
+/// Checks a run's output files, each given with its option (`--json`, ...): every one
+/// writable ([`check_writable`]) and no file given for two outputs (`--json r.json --trace
+/// ./r.json`: the second overwrote the first), compared after resolving links and `.`/`..`.
+pub fn check_outputs<'a>(
+    outs: impl IntoIterator<Item = (&'a str, &'a Path)>,
+) -> Result<(), ArgError> {
+    let mut seen: Vec<(&str, Identity)> = Vec::new();
+    for (flag, p) in outs {
+        check_writable(p)?;
+        let Some(id) = output_identity(p) else {
+            continue;
+        };
+        if let Some((first, _)) = seen.iter().find(|(_, s)| *s == id) {
+            let why = if *first == flag {
+                format!("given twice for {flag}: each output needs its own file")
+            } else {
+                format!("given for both {first} and {flag}: each output needs its own file")
+            };
+            return Err(ArgError::Output {
+                path: p.display().to_string(),
+                why,
+            });
+        }
+        seen.push((flag, id));
+    }
+    Ok(())
+}
+
+/// The file `--trace FILE` gets for the timeline of `run` (`pipeline 1M`) when a run keeps
+/// several: `FILE.pipeline-1M.json` beside FILE.
+pub fn trace_file(trace: &Path, run: &str) -> PathBuf {
+    trace.with_extension(format!("{}.json", run.replace(' ', "-")))
+}
+
+/// The per-run files `--trace` writes beside its own ([`trace_file`]): one per size of each
+/// test with a timeline, where there are several.
+pub fn trace_files(plan: &BenchPlan) -> Vec<PathBuf> {
+    let Some(trace) = &plan.trace else {
+        return vec![];
+    };
+    let runs: Vec<String> = (plan.cfg.tests.iter())
+        .filter(|t| bench::pipeline::owns(t.name))
+        .flat_map(|t| {
+            (plan.sizes_of(t).into_iter()).map(move |s| format!("{} {}", t.name, format_size(s)))
+        })
+        .collect();
+    if runs.len() < 2 {
+        return vec![];
+    }
+    runs.iter().map(|r| trace_file(trace, r)).collect()
+}
+
 /// Checks what a bench plan needs of this machine before it starts: memory for every test's
-/// largest size and every output path writable.
+/// largest size, room in the temp dir, and every output path ([`check_outputs`], the
+/// per-run trace files included).
 pub fn preflight(plan: &BenchPlan) -> Result<(), ArgError> {
     let gpu = plan.cfg.tests.iter().any(|t| t.needs.is_gpu());
     check_memory(
@@ -524,28 +648,18 @@ pub fn preflight(plan: &BenchPlan) -> Result<(), ArgError> {
     )?;
     let tmp = std::env::temp_dir();
     check_temp_space(plan, &tmp, free_space(&tmp))?;
-    let outs = plan
-        .json
-        .iter()
-        .chain(&plan.plot)
-        .chain(&plan.trace)
-        .chain(&plan.gantt);
-    let mut seen: Vec<PathBuf> = Vec::new();
-    for p in outs {
-        check_writable(p)?;
-        // One file for two outputs (`--json r.json --trace r.json`): the second overwrote
-        // the first.
-        let same = std::path::absolute(p).unwrap_or_else(|_| p.clone());
-        if seen.contains(&same) {
-            return Err(ArgError::Output {
-                path: p.display().to_string(),
-                why: "given for two outputs (--json, --plot, --trace, --gantt): each needs its own file"
-                    .into(),
-            });
-        }
-        seen.push(same);
-    }
-    Ok(())
+    let runs = trace_files(plan);
+    let outs: [(&str, &[PathBuf]); 5] = [
+        ("--json", plan.json.as_slice()),
+        ("--plot", &plan.plot),
+        ("--trace", plan.trace.as_slice()),
+        ("--trace (one file per run)", &runs),
+        ("--gantt", &plan.gantt),
+    ];
+    check_outputs(
+        outs.iter()
+            .flat_map(|&(flag, ps)| ps.iter().map(move |p| (flag, p.as_path()))),
+    )
 }
 
 /// The largest saved report `ferry plot` reads.

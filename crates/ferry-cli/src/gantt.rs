@@ -2,7 +2,7 @@
 //! per step (upload, compute, download), one bar per chunk (four colours in turn, so neighbours differ), so that the
 //! overlap of copies and compute is visible at a glance.
 
-use crate::plot::PlotError;
+use crate::plot::{Format, PlotError};
 use ferry::pipeline::{Phase, Timeline};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -19,18 +19,14 @@ const COLORS: [RGBColor; 4] = [
 /// Writes `t` as a Gantt chart titled `title`; the format follows the extension.
 pub fn write(t: &Timeline, title: &str, path: &Path) -> Result<(), PlotError> {
     let name = path.display().to_string();
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
+    let format = Format::of(path)?;
     if t.chunks.is_empty() {
         return Err(PlotError::Empty);
     }
     let size = (1400, 420);
-    let res = match ext.as_deref() {
-        Some("svg") => draw(SVGBackend::new(path, size).into_drawing_area(), t, title),
-        Some("png") => draw(BitMapBackend::new(path, size).into_drawing_area(), t, title),
-        _ => return Err(PlotError::Format(name)),
+    let res = match format {
+        Format::Svg => draw(SVGBackend::new(path, size).into_drawing_area(), t, title),
+        Format::Png => draw(BitMapBackend::new(path, size).into_drawing_area(), t, title),
     };
     res.map_err(|message| PlotError::Draw {
         // plotters' error text is a Debug chain; where the file is the cause, say so plainly.

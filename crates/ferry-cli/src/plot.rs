@@ -22,6 +22,9 @@ pub enum PlotError {
     /// The file name ends in neither `.svg` nor `.png`.
     #[error("plot file `{0}` must end in .svg or .png")]
     Format(String),
+    /// The file name is only the extension (`.svg`, `out/.png`): no name before it.
+    #[error("plot file `{0}` has no name before the extension: give e.g. `plot{1}`")]
+    NoName(String, String),
     /// A saved JSON file that is not a `ferry bench --json` report.
     #[error("cannot read the results: {0}")]
     Json(String),
@@ -36,6 +39,36 @@ pub enum PlotError {
         /// plotters' error text.
         message: String,
     },
+}
+
+/// A picture's file format, from the file name: the one rule for `--plot` and `--gantt`,
+/// checked before a run ([`crate::args::validate`]) and followed when writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `NAME.svg` (any case).
+    Svg,
+    /// `NAME.png` (any case).
+    Png,
+}
+
+impl Format {
+    /// The format of `path`: its name ends in `.svg` or `.png` (any case) after at least one
+    /// character (`.svg` alone is a hidden file without an extension: refused as such).
+    pub fn of(path: &Path) -> Result<Format, PlotError> {
+        let name = path.display().to_string();
+        let lower = |e: &std::ffi::OsStr| e.to_str().map(str::to_ascii_lowercase);
+        match path.extension().and_then(lower).as_deref() {
+            Some("svg") => return Ok(Format::Svg),
+            Some("png") => return Ok(Format::Png),
+            _ => {}
+        }
+        // `Path::extension` of `.svg` is None: the whole name is the extension.
+        let dotted = path.file_name().and_then(lower);
+        match dotted.as_deref() {
+            Some(ext @ (".svg" | ".png")) => Err(PlotError::NoName(name, ext.to_string())),
+            _ => Err(PlotError::Format(name)),
+        }
+    }
 }
 
 /// One measured series at one size: ferry's or one baseline's figures.
@@ -167,16 +200,23 @@ impl Plot {
             v.get(k).and_then(|x| x.as_str())
         }
         let mut rows = vec![];
-        for r in results {
+        for (i, r) in results.iter().enumerate() {
             let latency = match str_of(r, "kind") {
                 Some("bandwidth") => false,
                 Some("latency") => true,
                 _ => continue,
             };
+            // Which row is wrong: its place in `results` and its test (cut: a name can be long).
+            let test = str_of(r, "test");
+            let at = |why: &str| {
+                let name: String = test.unwrap_or("?").chars().take(48).collect();
+                PlotError::Json(format!("result {} (test `{name}`): {why}", i + 1))
+            };
+            let test = test.ok_or_else(|| at("no `test`"))?.to_string();
             let series = r
                 .get("series")
                 .and_then(|s| s.as_array())
-                .ok_or_else(|| bad("a row without `series`"))?;
+                .ok_or_else(|| at("no `series` array"))?;
             let series = series
                 .iter()
                 .filter_map(|s| {
@@ -191,23 +231,27 @@ impl Plot {
                     })
                 })
                 .collect::<Vec<_>>();
+            // An empty series list left the x axis without ends (it spun forever).
             if series.is_empty() {
-                return Err(bad("a row with no series (no figure to draw)"));
+                return Err(at("no series with a `median` (no figure to draw)"));
             }
-            // Sizes are drawn on a log axis: 0 would make it endless.
-            let size_bytes = r
-                .get("size_bytes")
-                .and_then(|p| p.as_u64())
-                .filter(|&n| n > 0)
-                .ok_or_else(|| bad("a row without `size_bytes` of at least 1"))?;
+            // Sizes are drawn on a log axis: 0 (log2: -inf) would make it endless.
+            let size_bytes = match r.get("size_bytes").and_then(|p| p.as_u64()) {
+                Some(0) => return Err(at("`size_bytes` is 0: sizes are at least 1 byte")),
+                Some(n) => n,
+                None => return Err(at("no `size_bytes` (a whole number of bytes)")),
+            };
             rows.push(PlotRow {
-                test: str_of(r, "test")
-                    .ok_or_else(|| bad("a row without `test`"))?
-                    .to_string(),
+                test,
                 latency,
                 size_bytes,
                 series,
             });
+        }
+        if rows.is_empty() && !results.is_empty() {
+            return Err(bad(
+                "no result of kind `bandwidth` or `latency` (nothing to draw)",
+            ));
         }
         let host = v.get("host");
         // Files written before the models were recorded: "unknown", not "none".
@@ -312,19 +356,15 @@ impl Plot {
     /// Writes the picture; the format follows the file extension.
     pub fn write(&self, path: &Path) -> Result<(), PlotError> {
         let name = path.display().to_string();
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
+        let format = Format::of(path)?;
         let panels = self.panels();
         if panels.is_empty() {
             return Err(PlotError::Empty);
         }
         let size = draw::size(panels.len());
-        let res = match ext.as_deref() {
-            Some("svg") => draw::grid(SVGBackend::new(path, size), &self.title, &panels),
-            Some("png") => draw::grid(BitMapBackend::new(path, size), &self.title, &panels),
-            _ => return Err(PlotError::Format(name)),
+        let res = match format {
+            Format::Svg => draw::grid(SVGBackend::new(path, size), &self.title, &panels),
+            Format::Png => draw::grid(BitMapBackend::new(path, size), &self.title, &panels),
         };
         res.map_err(|message| PlotError::Draw {
             // plotters' error text is a Debug chain; where the file is the cause, say so plainly.
@@ -452,7 +492,11 @@ mod tests {
         let Err(e) = Plot::from_json(&file(0, one)) else {
             panic!("size 0 accepted")
         };
-        assert!(e.to_string().contains("at least 1"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("result 1 (test `cpu-contig`): `size_bytes` is 0"),
+            "{e}"
+        );
         let Err(e) = Plot::from_json(&file(4096, serde_json::json!([]))) else {
             panic!("no series accepted")
         };

@@ -108,6 +108,47 @@ where
     .map_err(|x| x.to_string())
 }
 
+/// `lo..hi` where both ends are finite and `lo < hi` with a finite width, else None: plotters
+/// lays out its labels by stepping over the range, and an endless range (a size of 0 on the log
+/// axis, no point at all, a figure near `f64::MAX`) made it step forever.
+fn axis(lo: f64, hi: f64) -> Option<std::ops::Range<f64>> {
+    (lo.is_finite() && hi.is_finite() && lo < hi && (hi - lo).is_finite()).then_some(lo..hi)
+}
+
+/// A panel's axes: the x range (log2 of the size), the y range, and whether the y axis is
+/// log10. An error, never an endless range, where the panel's points do not give finite ends.
+fn ranges(p: &Panel) -> Result<(std::ops::Range<f64>, std::ops::Range<f64>, bool), String> {
+    // Sizes of 0 (log2: -inf) are refused when a file is read; here they are only left out.
+    let pts = || (p.curves.iter().flat_map(|c| c.points.iter())).filter(|q| q.0 > 0);
+    let xs = pts().map(|q| (q.0 as f64).log2());
+    let x0 = xs.clone().reduce(f64::min);
+    let x1 = xs.reduce(f64::max);
+    let (Some(x0), Some(x1)) = (x0, x1) else {
+        return Err(format!("panel {}: no size to draw", p.title));
+    };
+    let x_range = axis(x0.floor() - 0.5, x1.ceil() + 0.5)
+        .ok_or_else(|| format!("panel {}: no size to draw", p.title))?;
+    let ys = || {
+        pts()
+            .flat_map(|q| [q.1, q.2, q.3])
+            .filter(|y| y.is_finite())
+    };
+    let ymax = ys().fold(0.0, f64::max);
+    let ymin = ys().filter(|&y| y > 0.0).reduce(f64::min);
+    // Latency always, bandwidth spanning more than 20x (device next to PCIe), or figures too
+    // large for a linear axis's headroom: a log10 y axis.
+    let log = ymin.is_some_and(|m| p.latency || ymax / m > 20.0 || !(ymax * 1.08).is_finite());
+    let y_range = match ymin {
+        Some(m) if log => {
+            let (lo, hi) = (m.log10().floor(), ymax.log10());
+            axis(lo, hi + (hi - lo).max(0.5) * 0.06)
+        }
+        _ => axis(0.0, (ymax * 1.08).max(1e-3)),
+    }
+    .ok_or_else(|| format!("panel {}: no finite figure to draw", p.title))?;
+    Ok((x_range, y_range, log))
+}
+
 fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result<(), String> {
     let e = |x: &dyn std::fmt::Display| x.to_string();
     // The same room for every legend, so that the axes of a row of panels line up.
@@ -115,36 +156,14 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
     let (_, h) = area.dim_in_pixel();
     let (plot_area, legend) = area.split_vertically(h as i32 - legend_h);
     let pts = || p.curves.iter().flat_map(|c| c.points.iter());
-    let xs = pts().map(|q| (q.0 as f64).log2());
-    let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
-    // No point, or a size of 0 (log2: -inf): an axis without finite ends would never finish
-    // its labels.
-    if !(x0.is_finite() && x1.is_finite() && x0 > f64::MIN && x1 < f64::MAX) {
-        return Err(format!("panel {}: no size to draw", p.title));
-    }
-    let ys = || {
-        pts()
-            .flat_map(|q| [q.1, q.2, q.3])
-            .filter(|y| y.is_finite())
-    };
-    let ymax = ys().fold(0.0, f64::max);
-    let ymin = ys().filter(|&y| y > 0.0).fold(f64::MAX, f64::min);
-    // Latency always, bandwidth spanning more than 20x (device next to PCIe): a log10 y axis.
-    let log = ymin < f64::MAX && (p.latency || ymax / ymin > 20.0);
-    let y_range = if log {
-        let (lo, hi) = (ymin.log10().floor(), ymax.log10());
-        lo..hi + (hi - lo).max(0.5) * 0.06
-    } else {
-        0.0..(ymax * 1.08).max(1e-3)
-    };
-    let (x0, x1) = (x0.floor() - 0.5, x1.ceil() + 0.5);
+    let (x_range, y_span, log) = ranges(p)?;
     let mut chart = ChartBuilder::on(&plot_area)
         .caption(&p.title, ("sans-serif", 17))
         .margin(10)
         .margin_right(20)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(x0..x1, y_range)
+        .build_cartesian_2d(x_range, y_span.clone())
         .map_err(|x| e(&x))?;
     chart
         .configure_mesh()
@@ -193,6 +212,16 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
     let mut sizes: Vec<u64> = pts().map(|q| q.0).collect();
     sizes.sort_unstable();
     sizes.dedup();
+    // Where a point is drawn: None for a size of 0 or a figure that is not finite; figures
+    // beyond the axis are held a span past it (the area clips them; a point at -1e308 made a
+    // line of 2^31 pixels, dashed in millions of pieces).
+    let span = y_span.end - y_span.start;
+    let at = |s: u64, v: f64| -> Option<(f64, f64)> {
+        let x = (s as f64).log2();
+        let y = ty(log, v);
+        (x.is_finite() && v.is_finite() && y.is_finite())
+            .then(|| (x, y.clamp(y_span.start - span, y_span.end + span)))
+    };
     for (i, c) in p.curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let line = color.stroke_width(2);
@@ -201,10 +230,10 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
             if !neighbours(&sizes, a.0, b.0) {
                 continue;
             }
-            let seg = vec![
-                ((a.0 as f64).log2(), ty(log, a.1)),
-                ((b.0 as f64).log2(), ty(log, b.1)),
-            ];
+            let (Some(from), Some(to)) = (at(a.0, a.1), at(b.0, b.1)) else {
+                continue;
+            };
+            let seg = vec![from, to];
             if c.ferry {
                 chart.draw_series(LineSeries::new(seg, line))
             } else {
@@ -213,15 +242,17 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
             .map_err(|x| e(&x))?;
         }
         for &(s, med, worst, best) in &c.points {
-            let x = (s as f64).log2();
-            let (lo, hi) = (ty(log, worst.min(best)), ty(log, worst.max(best)));
+            let Some((x, mid)) = at(s, med) else { continue };
+            // A whisker end that is not finite: the median stands for it.
+            let end = |v: f64| at(s, v).map_or(mid, |p| p.1);
+            let (lo, hi) = (end(worst.min(best)), end(worst.max(best)));
             let thin = color.stroke_width(1);
             let cap = |y| EmptyElement::at((x, y)) + PathElement::new(vec![(-4, 0), (4, 0)], thin);
             chart
                 .draw_series([PathElement::new(vec![(x, lo), (x, hi)], thin)])
                 .map_err(|x| e(&x))?;
             chart.draw_series([cap(lo), cap(hi)]).map_err(|x| e(&x))?;
-            marker(chart.plotting_area(), c, i, (x, ty(log, med)), color)?;
+            marker(chart.plotting_area(), c, i, (x, mid), color)?;
         }
     }
     // The legend under the axes: one line per series, its sample and marker, then its name.
@@ -263,6 +294,57 @@ mod tests {
         assert!(neighbours(&sizes, 1 << 24, 1 << 20));
         // A series measured at 4K and 16M only, in a panel that also measured 64K and 1M.
         assert!(!neighbours(&sizes, 4096, 1 << 24));
+    }
+
+    fn panel_of(latency: bool, points: Vec<(u64, f64, f64, f64)>) -> Panel {
+        Panel {
+            title: "t".into(),
+            latency,
+            tests: vec!["cpu-contig".into()],
+            curves: vec![Curve {
+                label: "cpu-contig: ferry".into(),
+                ferry: true,
+                points,
+            }],
+        }
+    }
+
+    /// Draws `p` into a string: the call must return (it spun forever on endless axes).
+    fn draw(p: &Panel) -> Result<(), String> {
+        let mut svg = String::new();
+        grid(
+            SVGBackend::with_string(&mut svg, size(1)),
+            "t",
+            std::slice::from_ref(p),
+        )
+    }
+
+    #[test]
+    fn axes_are_finite_or_refused_never_endless() {
+        // A figure near f64::MAX: 1.08x headroom on a linear axis overflowed to inf (hung).
+        let huge = panel_of(false, vec![(4096, f64::MAX, f64::MAX, f64::MAX)]);
+        let (x, y, log) = ranges(&huge).unwrap();
+        assert!(log && y.end.is_finite() && x.end.is_finite(), "{y:?}");
+        draw(&huge).unwrap();
+        // No point, or only a size of 0 (log2: -inf): no x axis, an error.
+        for p in [
+            panel_of(false, vec![]),
+            panel_of(true, vec![(0, 1.0, 1.0, 1.0)]),
+        ] {
+            let e = draw(&p).unwrap_err();
+            assert!(e.contains("no size to draw"), "{e}");
+        }
+        // A size of 0 beside a real one is left out; no positive figure: a linear axis.
+        let p = panel_of(false, vec![(0, 1.0, 1.0, 1.0), (4096, 0.0, -1.0, f64::NAN)]);
+        let (x, y, log) = ranges(&p).unwrap();
+        assert_eq!((x, y, log), (11.5..12.5, 0.0..1e-3, false));
+        draw(&p).unwrap();
+        // The smallest and largest figures and sizes draw.
+        let p = panel_of(
+            true,
+            vec![(1, 5e-324, 5e-324, 1.0), (u64::MAX, 1e300, 1.0, 1e300)],
+        );
+        draw(&p).unwrap();
     }
 
     #[test]
