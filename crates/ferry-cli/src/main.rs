@@ -176,7 +176,7 @@ fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<()
         note(&format!("wrote {}", path.display()));
         if traces.len() > 1 {
             for (name, t) in &traces {
-                let p = path.with_extension(format!("{}.json", name.replace(' ', "-")));
+                let p = args::trace_file(path, name);
                 write(&p, name, t)?;
                 note(&format!("wrote {}", p.display()));
             }
@@ -201,9 +201,7 @@ fn load(job: Result<ferry_cli::load::Job, ArgError>) -> Result<(), AnyError> {
 }
 
 fn replot(json: &std::path::Path, outs: &[PathBuf]) -> Result<(), AnyError> {
-    for p in outs {
-        args::check_writable(p)?;
-    }
+    args::check_outputs(outs.iter().map(|p| ("--plot", p.as_path())))?;
     let text = args::read_report(json)?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", json.display()))?;

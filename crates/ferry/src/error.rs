@@ -74,6 +74,7 @@ impl Error {
             Error::File(e) => e.driver_error(),
             Error::Checkpoint(e) => match &**e {
                 crate::checkpoint::CheckpointError::File { source, .. } => source.driver_error(),
+                crate::checkpoint::CheckpointError::Shard { source, .. } => source.driver_error(),
                 _ => None,
             },
             _ => None,
