@@ -148,8 +148,25 @@ impl FileIo for OsFile {
 fn check_file_type(f: &std::fs::File) -> io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     let t = f.metadata()?.file_type();
-    let what = if t.is_file() || t.is_block_device() {
+    if t.is_file() || t.is_block_device() {
         return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "{}: only regular files and block devices can be loaded or stored",
+            kind_words(&t)
+        ),
+    ))
+}
+
+/// What a file type is, in words for messages ("a FIFO (named pipe)", "a directory", ...).
+pub(crate) fn kind_words(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        "a regular file"
+    } else if t.is_block_device() {
+        "a block device"
     } else if t.is_fifo() {
         "a FIFO (named pipe)"
     } else if t.is_char_device() {
@@ -160,11 +177,7 @@ fn check_file_type(f: &std::fs::File) -> io::Result<()> {
         "a directory"
     } else {
         "not a regular file"
-    };
-    Err(io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("{what}: only regular files and block devices can be loaded or stored"),
-    ))
+    }
 }
 
 /// Clears the `O_NONBLOCK` the open used (reads of a regular file ignore it; cleared anyway so

@@ -4,7 +4,7 @@
 //! save` of plain bytes write through it.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -66,7 +66,7 @@ impl Replacement {
                     return Err(invalid(format!(
                         "{} is {}, not a regular file: it cannot be replaced",
                         target.display(),
-                        kind_of(&meta.file_type())
+                        super::io::kind_words(&meta.file_type())
                     )));
                 }
                 (target, Some(meta.permissions().mode() & 0o7777))
@@ -135,23 +135,6 @@ impl Drop for Replacement {
         if !self.committed {
             let _ = std::fs::remove_file(&self.tmp);
         }
-    }
-}
-
-/// "a FIFO", "a character device", ... for messages.
-fn kind_of(t: &std::fs::FileType) -> &'static str {
-    if t.is_dir() {
-        "a folder"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
     }
 }
 
@@ -232,7 +215,7 @@ mod tests {
     fn what_is_not_a_regular_file_is_refused() {
         let d = tempfile::tempdir().unwrap();
         let e = Replacement::new(d.path()).unwrap_err();
-        assert!(e.to_string().contains("a folder"), "{e}");
+        assert!(e.to_string().contains("a directory"), "{e}");
         let fifo = d.path().join("fifo");
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: `c` is a NUL-terminated path.
