@@ -345,8 +345,12 @@ pub unsafe extern "C" fn aml_layout_dense_create(
             return Err(inval("a dim or stride is 0"));
         }
         let mut cpitch = vec![element_size; ndims];
+        // A dimension's extent, (dim - 1) x stride + 1, checked (it wrapped in release builds
+        // and let a too-small pitch through).
+        let extent = |i: usize| (d[i] - 1).checked_mul(s[i]).and_then(|x| x.checked_add(1));
         for i in 1..ndims {
-            if p[i - 1] < (d[i - 1] - 1) * s[i - 1] + 1 {
+            let need = extent(i - 1).ok_or_else(|| inval("dims x strides overflow"))?;
+            if p[i - 1] < need {
                 return Err(inval(format!(
                     "pitch {} is below what dim {} x stride {} needs",
                     p[i - 1],
@@ -358,6 +362,11 @@ pub unsafe extern "C" fn aml_layout_dense_create(
                 .checked_mul(p[i - 1])
                 .ok_or_else(|| inval("pitch overflows"))?;
         }
+        // The total pitch `alloc` stores, checked too.
+        cpitch[ndims - 1]
+            .checked_mul(d[ndims - 1])
+            .and_then(|x| x.checked_mul(s[ndims - 1]))
+            .ok_or_else(|| inval("the total pitch overflows"))?;
         // SAFETY: (1).
         unsafe { emit(layout, alloc(ptr, row, &d, &s, &cpitch)) }
     })

@@ -246,3 +246,35 @@ fn null_operator_submits_the_rust_api_job() {
         }
     }
 }
+
+/// dims {2^63 + 1, 2}, stride {2, 1}, pitch {1, 1}: (d - 1) x s + 1 wrapped to 1 in release
+/// builds and the too-small pitch was accepted; overflowing extents and total pitches are
+/// refused with `-AML_EINVAL`.
+#[test]
+fn overflowing_pitches_are_refused() {
+    let mut buf = [0u8; 64];
+    let mut create = |dims: [usize; 2], stride: [usize; 2], pitch: [usize; 2]| {
+        let mut l = null_mut();
+        // SAFETY: a valid out-pointer and arrays of two.
+        let rc = unsafe {
+            aml_layout_dense_create(
+                &mut l,
+                buf.as_mut_ptr().cast(),
+                AML_LAYOUT_ORDER_COLUMN_MAJOR,
+                1,
+                2,
+                dims.as_ptr(),
+                stride.as_ptr(),
+                pitch.as_ptr(),
+            )
+        };
+        if rc == 0 {
+            // SAFETY: made above.
+            unsafe { aml_layout_destroy(&mut l) };
+        }
+        rc
+    };
+    assert_eq!(create([4, 2], [1, 1], [4, 2]), 0);
+    assert_eq!(create([(1 << 63) + 1, 2], [2, 1], [1, 1]), -AML_EINVAL);
+    assert_eq!(create([4, usize::MAX], [1, 2], [4, 1]), -AML_EINVAL);
+}

@@ -152,8 +152,12 @@ pub unsafe extern "C" fn ferry_dma_multiplex_create(
         }
         for (slot, &w) in slots.iter_mut().zip(&weights) {
             // SAFETY: (2), checked above: a live dma from `Box::into_raw`, taken once.
-            let b = unsafe { Box::from_raw(*slot) };
+            let mut b = unsafe { Box::from_raw(*slot) };
             *slot = std::ptr::null_mut();
+            // A copy of the handle the caller kept (AML's multiplex does not own its dmas, so
+            // `ferry_dma_destroy` of it is a habit) is then usually caught as freed, as a
+            // destroyed dma's is.
+            b.magic = 0;
             let FerryDma { engine, .. } = *b;
             mux = mux.with(engine, w);
         }

@@ -38,7 +38,13 @@ pub(crate) struct PyCpuEngine {
 impl PyCpuEngine {
     #[new]
     #[pyo3(signature = (threads = 0))]
-    fn new(threads: usize) -> PyResult<Self> {
+    fn new(threads: i64) -> PyResult<Self> {
+        // Taken as any int: a negative count is an ArgumentError, not an OverflowError.
+        let threads = usize::try_from(threads).map_err(|_| {
+            errors::arg(format!(
+                "threads is {threads}; give 0 (one per core) or more"
+            ))
+        })?;
         Ok(PyCpuEngine {
             eng: Arc::new(RsCpu::new(threads).map_err(errors::ferry)?),
         })
@@ -68,7 +74,10 @@ pub(crate) struct PyCudaEngine {
 impl PyCudaEngine {
     #[new]
     #[pyo3(signature = (device = 0))]
-    fn new(py: Python<'_>, device: u32) -> PyResult<Self> {
+    fn new(py: Python<'_>, device: i64) -> PyResult<Self> {
+        // Taken as any int: a negative ordinal is an ArgumentError, not an OverflowError.
+        let device = u32::try_from(device)
+            .map_err(|_| errors::arg(format!("device is {device}; GPU ordinals are 0 or more")))?;
         Ok(PyCudaEngine {
             eng: cuda_engine(py, device)?,
         })

@@ -468,3 +468,13 @@ def test_dlpack_in_strided(dtype):
         ferry.copy_(dst, _DlpackOnly(src.T), non_blocking=True).wait()
     gc.collect()
     assert len(gc.get_objects()) - before < 50
+
+
+def test_engine_arguments_out_of_range():
+    # Negative counts were OverflowErrors, a million threads were started until the system
+    # refused one.
+    for bad in (lambda: ferry.CpuEngine(-1), lambda: ferry.CpuEngine(10**6)):
+        with pytest.raises(ferry.ArgumentError):
+            bad()
+    with pytest.raises(ferry.ArgumentError, match="ordinals are 0 or more"):
+        ferry.CudaEngine(-1)

@@ -56,7 +56,7 @@ mod small_list;
 /// The element-type trait of typed buffers ([`bytemuck::Pod`]), re-exported so that a user
 /// type can implement it without naming the crate in its own manifest.
 pub use bytemuck;
-pub use engine::cpu::{CpuConfig, CpuEngine};
+pub use engine::cpu::{CpuConfig, CpuEngine, THREADS_MAX as CPU_THREADS_MAX};
 pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
 pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};

@@ -26,6 +26,9 @@ use crate::request::{BarrierError, InFlight, Request};
 use pool::Pool;
 use std::sync::Arc;
 
+/// The most worker threads a [`CpuEngine`] starts (the CLI's `--threads` limit too).
+pub const THREADS_MAX: usize = 1024;
+
 /// Settings of a [`CpuEngine`]. Plain struct: `CpuConfig::new(threads)` then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuConfig {
@@ -106,8 +109,17 @@ impl CpuEngine {
     pub fn caller_runs() -> Result<CpuEngine, crate::Error> {
         CpuEngine::with_config(CpuConfig::caller_runs())
     }
-    /// An engine with the given settings. Errors if a worker thread cannot be started.
+    /// An engine with the given settings. Errors: more than [`THREADS_MAX`] workers
+    /// ([`crate::Error::InvalidArgument`]), a worker thread that cannot be started.
     pub fn with_config(cfg: CpuConfig) -> Result<CpuEngine, crate::Error> {
+        if cfg.threads > THREADS_MAX {
+            // Asked for 1,000,000 (Python) or INT_MAX (the C API), threads were started until
+            // the system refused one.
+            return Err(crate::Error::InvalidArgument(format!(
+                "{} worker threads asked for; at most {THREADS_MAX}",
+                cfg.threads
+            )));
+        }
         let pool = Pool::start(cfg.threads)
             .map_err(|e| crate::Error::Thread(format!("CPU worker: {e}")))?;
         Ok(CpuEngine {
