@@ -9,6 +9,7 @@ use crate::dma::{destroy_dma, AmlDma, AmlDmaOperator, AmlDmaOps};
 use crate::error::{fail, guard, inval, AML_ENOMEM, AML_SUCCESS};
 use crate::layout::AmlLayout;
 use ferry_capi::Fail;
+use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, PoisonError};
 
@@ -215,27 +216,23 @@ pub unsafe extern "C" fn aml_dma_multiplex_request_create(
 /// The multiplex requests handed out and not yet waited or destroyed, by address: a request
 /// of another dma given to the multiplex's wait (or destroy) is refused with `-AML_EINVAL`
 /// instead of being read as a multiplex request (it was, and its garbage `count` crashed).
-/// A list, not a hash set: a program has few requests pending, and a list's memory is freed
-/// once it is empty (valgrind's leak check counted a static hash table as possibly lost).
-static LIVE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// A hash set (a program may have many requests pending), dropped whenever it empties: a
+/// static table kept at exit counted as "possibly lost" in valgrind's leak check.
+static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
 fn live_insert(req: usize) {
-    LIVE.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(req);
+    let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    live.get_or_insert_with(HashSet::new).insert(req);
 }
 
 /// Removes `req` from [`LIVE`]; false if it was not there.
 fn live_remove(req: usize) -> bool {
-    let mut v = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
-    let Some(i) = v.iter().position(|&r| r == req) else {
-        return false;
-    };
-    v.swap_remove(i);
-    if v.is_empty() {
-        *v = Vec::new();
+    let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    let found = live.as_mut().is_some_and(|set| set.remove(&req));
+    if live.as_ref().is_some_and(HashSet::is_empty) {
+        *live = None;
     }
-    true
+    found
 }
 
 /// AML's multiplex operator: sends the copy to the next dma by weight, with that dma's

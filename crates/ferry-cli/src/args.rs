@@ -556,6 +556,12 @@ pub(crate) fn writable(path: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot create files in {}: {e}", dir.display()))
 }
 
+/// A file's (device, inode): the same for every spelling and link of one file.
+pub(crate) fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
 /// What an output path names, for telling two spellings of one file apart.
 #[derive(Debug, PartialEq)]
 enum Identity {
@@ -568,9 +574,11 @@ enum Identity {
 /// `path`'s [`Identity`]; None for an existing device or FIFO (`/dev/stdout`, `/dev/null`),
 /// which may take several outputs one after the other.
 fn output_identity(path: &Path) -> Option<Identity> {
-    use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => Some(Identity::File(m.dev(), m.ino())),
+        Ok(m) if m.is_file() => {
+            let (dev, ino) = file_id(&m);
+            Some(Identity::File(dev, ino))
+        }
         Ok(_) => None,
         Err(_) => {
             let name = path.file_name()?;

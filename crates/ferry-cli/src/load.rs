@@ -5,7 +5,7 @@
 //! past the end, a device that is not there, more memory than the machine has, an output that
 //! cannot be written); [`run_load`] does the work (for `ferry save`, the load and then the write).
 
-use crate::args::{check_writable, device_memory, mem_available, ArgError};
+use crate::args::{check_writable, device_memory, file_id, mem_available, ArgError};
 use crate::sizes::{format_size, parse_size};
 use ferry::checkpoint::{
     self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
@@ -311,10 +311,7 @@ fn check_output(dst: &Path, path: &Path, checkpoint: bool) -> Result<(), ArgErro
         } else {
             vec![path.to_path_buf()]
         };
-        use std::os::unix::fs::MetadataExt;
-        let same = |p: &PathBuf| {
-            std::fs::metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == (out.dev(), out.ino()))
-        };
+        let same = |p: &PathBuf| std::fs::metadata(p).is_ok_and(|m| file_id(&m) == file_id(&out));
         if let Some(input) = inputs.iter().find(|p| same(p)) {
             return Err(refused(format!(
                 "the output is the input ({}): save to another file",

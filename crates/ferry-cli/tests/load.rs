@@ -20,6 +20,16 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Asserts that no save left a temporary file (`NAME.ferry-partial-PID-N`) in `dir`.
+fn no_partial_files(dir: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".ferry-partial-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 fn tmpdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("ferry-cli-load-")
@@ -309,12 +319,7 @@ fn save_replaces_whole_files_and_keeps_links_and_modes() {
         assert_eq!(mode, 0o600, "{name}");
         assert_eq!(std::fs::read(&users).unwrap(), b"mine");
     }
-    let left: Vec<String> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".ferry-partial-"))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    no_partial_files(dir.path());
 }
 
 /// A tensor name made to fill the table (over the 65,535 characters Rust's formatter pads to)
@@ -467,12 +472,7 @@ fn a_failed_save_keeps_the_file_it_would_replace() {
         assert!(!err.contains("panicked"), "{err}");
         assert_eq!(std::fs::read(&dst).unwrap(), b"the user's bytes", "{name}");
     }
-    let left: Vec<String> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".ferry-partial-"))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    no_partial_files(dir.path());
 }
 
 /// A sharded checkpoint whose index lists a missing shard, or a file that names a tensor twice:

@@ -26,26 +26,27 @@ fn pipe_without_reader() -> OwnedFd {
     writer
 }
 
+/// A one-sample `cpu-contig` bench run whose results go to `json`.
+fn bench_into(json: &str) -> [&str; 9] {
+    [
+        "bench",
+        "--test",
+        "cpu-contig",
+        "--sizes",
+        "4K",
+        "--samples",
+        "1",
+        "--json",
+        json,
+    ]
+}
+
 #[test]
 fn a_reader_that_left_ends_the_output_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
     let json = json.to_str().unwrap();
-    let runs: [&[&str]; 3] = [
-        &["bench", "--list"],
-        &["info"],
-        &[
-            "bench",
-            "--test",
-            "cpu-contig",
-            "--sizes",
-            "4K",
-            "--samples",
-            "1",
-            "--json",
-            json,
-        ],
-    ];
+    let runs: [&[&str]; 3] = [&["bench", "--list"], &["info"], &bench_into(json)];
     for args in runs {
         let o = ferry_into(pipe_without_reader(), args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -71,18 +72,7 @@ fn a_full_device_is_an_error_and_the_results_are_kept() {
 
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
-    let args = [
-        "bench",
-        "--test",
-        "cpu-contig",
-        "--sizes",
-        "4K",
-        "--samples",
-        "1",
-        "--json",
-        json.to_str().unwrap(),
-    ];
-    let o = ferry_into(full, &args);
+    let o = ferry_into(full, &bench_into(json.to_str().unwrap()));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot write to standard output"), "{err}");
