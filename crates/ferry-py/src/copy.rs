@@ -93,7 +93,10 @@ impl PyRequest {
         let fut = lp.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
         Ok(fut.call_method0("__await__")?.unbind())
     }
+    /// `pending`, `done` or `failed: ...`; a request that completed since it was last asked
+    /// says so (the same check as `done()`).
     fn __repr__(&self) -> String {
+        self.done();
         let s = self.lock();
         match &s.result {
             None => "ferry.Request(pending)".into(),

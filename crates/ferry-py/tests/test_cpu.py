@@ -153,6 +153,17 @@ def test_non_blocking_request_wait_done_and_await():
     assert asyncio.run(main()).tobytes() == src.tobytes()
 
 
+def test_request_repr_says_done_once_complete():
+    src = sample((16,), np.uint8)
+    # An empty copy completes at submit; a small one soon after. Neither was waited for.
+    empty = ferry.copy_(np.zeros(0, np.uint8), src[:0], non_blocking=True)
+    assert repr(empty) == "ferry.Request(done)"
+    req = ferry.copy_(np.zeros_like(src), src, non_blocking=True)
+    while not req.done():
+        pass
+    assert repr(req) == "ferry.Request(done)"
+
+
 def test_request_keeps_arrays_alive():
     src = sample((1 << 24,), np.uint8)
     expect = src.tobytes()
