@@ -150,6 +150,14 @@ fn is_checkpoint(p: &Path) -> bool {
     name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
 }
 
+/// Whether a file whose size says 0 yields a byte when read (a file of `/proc`); false when
+/// it cannot be opened or read (the load then reports its own error).
+fn has_bytes(path: &Path) -> bool {
+    let mut b = [0u8; 1];
+    std::fs::File::open(path)
+        .is_ok_and(|mut f| std::io::Read::read(&mut f, &mut b).is_ok_and(|n| n > 0))
+}
+
 /// Checks a load (`save`: the output too) against this machine before any work.
 pub fn check(
     path: &Path,
@@ -169,6 +177,15 @@ pub fn check(
     if !(ft.is_file() || ft.is_block_device()) {
         return Err(bad(
             "not a regular file (a FIFO, device or folder cannot be loaded)".into(),
+        ));
+    }
+    if ft.is_file() && meta.len() == 0 && has_bytes(path) {
+        // /proc's files say 0 bytes and hold more: a load of 0 bytes would succeed (and
+        // --verify agree) while the file's content was never read.
+        return Err(bad(
+            "the file says it holds 0 bytes but has content (as /proc's files do): its size \
+             cannot be known before it is read; copy it to a regular file first"
+                .into(),
         ));
     }
     let checkpoint = is_checkpoint(path) && !io.raw;

@@ -389,6 +389,26 @@ fn load_and_save_refuse_bad_input_before_any_work() {
         &["load", dir.path().to_str().unwrap(), "--device", "host"],
         "not a regular file",
     );
+    // Was: 0 bytes loaded, and --verify agreed. /proc's files say 0 bytes and hold more.
+    if std::fs::metadata("/proc/self/status").is_ok_and(|m| m.len() == 0) {
+        for dev in ["host", "pinned"] {
+            refused(
+                &["load", "/proc/self/status", "--device", dev, "--verify"],
+                "says it holds 0 bytes but has content",
+            );
+        }
+    }
+    // An empty regular file still loads (0 bytes).
+    let empty = dir.path().join("empty.bin");
+    std::fs::write(&empty, b"").unwrap();
+    let o = ferry(&[
+        "load",
+        empty.to_str().unwrap(),
+        "--device",
+        "host",
+        "--verify",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     refused(
         &["load", r, "--device", "host", "--offset", "20000"],
         "past the end",
