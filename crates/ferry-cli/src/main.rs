@@ -147,11 +147,13 @@ fn run_bench(plan: &BenchPlan) -> Result<(), AnyError> {
     // The files are written even if the table cannot be shown: the run is not lost.
     let shown = out(&ferry_cli::report::render(&rep, plan.verbose));
     if let Some(path) = &plan.json {
+        args::check_writable(path)?;
         std::fs::write(path, serde_json::to_string_pretty(&rep)?)
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         note(&format!("wrote {}", path.display()));
     }
     for p in &plan.plot {
+        args::check_writable(p)?;
         ferry_cli::plot::write(&rep, p)?;
         note(&format!("wrote {}", p.display()));
     }
@@ -169,8 +171,9 @@ fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<()
     };
     if let Some(path) = trace {
         let write = |p: &std::path::Path, name: &str, t: &ferry::pipeline::Timeline| {
+            args::check_writable(p)?;
             std::fs::write(p, t.to_chrome_trace(name))
-                .map_err(|e| format!("cannot write {}: {e}", p.display()))
+                .map_err(|e| AnyError::from(format!("cannot write {}: {e}", p.display())))
         };
         write(path, last_name, last)?;
         note(&format!("wrote {}", path.display()));
@@ -183,6 +186,7 @@ fn write_traces(trace: Option<&std::path::Path>, gantt: &[PathBuf]) -> Result<()
         }
     }
     for p in gantt {
+        args::check_writable(p)?;
         ferry_cli::gantt::write(last, last_name, p)?;
         note(&format!("wrote {}", p.display()));
     }

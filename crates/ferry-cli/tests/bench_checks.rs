@@ -13,6 +13,15 @@ use std::time::{Duration, Instant};
 /// Runs ferry with `args`, killing it after `secs` seconds (then the test fails: it hung).
 /// Returns (success, stdout, stderr).
 fn ferry_within(secs: u64, args: &[&str]) -> (bool, String, String) {
+    ferry_within_then(secs, args, |_| {})
+}
+
+/// [`ferry_within`], calling `started` with the process id once it runs.
+fn ferry_within_then(
+    secs: u64,
+    args: &[&str],
+    started: impl FnOnce(u32),
+) -> (bool, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
         .args(args)
         .stdin(Stdio::null())
@@ -29,6 +38,7 @@ fn ferry_within(secs: u64, args: &[&str]) -> (bool, String, String) {
         let mut s = String::new();
         err.read_to_string(&mut s).map(|_| s).unwrap_or_default()
     });
+    started(child.id());
     let t0 = Instant::now();
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait for ferry") {
@@ -146,6 +156,57 @@ fn a_fifo_with_a_reader_gets_the_whole_output() {
     let text = reader.join().unwrap().unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).expect("the whole report");
     assert_eq!(v["results"][0]["test"], "cpu-contig", "{text}");
+}
+
+#[test]
+fn a_fifo_whose_reader_leaves_during_the_run_is_an_error_not_a_hang() {
+    // Was: the reader's end closed during the run, and the output's open at the end waited for
+    // a new reader forever. Now each output is checked again just before it is written.
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("r.json");
+    mkfifo(&fifo);
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    // A run of a few seconds: 1 GiB copies on one thread.
+    let args = [
+        "bench",
+        "--test",
+        "cpu-contig",
+        "--json",
+        s(&fifo),
+        "--sizes",
+        "1G",
+        "--samples",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+    ];
+    let (ok, out, err) = ferry_within_then(120, &args, |pid| {
+        // Once ferry holds the FIFO (its start-up check), the reader leaves.
+        let fd_dir = format!("/proc/{pid}/fd");
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(60) {
+            let holds = std::fs::read_dir(&fd_dir).is_ok_and(|fds| {
+                fds.flatten()
+                    .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == fifo))
+            });
+            if holds {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(reader);
+    });
+    assert!(!ok, "succeeded: {err}");
+    assert!(err.contains("a FIFO with no reader"), "{err}");
+    // The run's table was still shown.
+    assert!(out.contains("cpu-contig"), "{out}");
 }
 
 #[test]
