@@ -458,6 +458,33 @@ impl Completion for Arc<Signal> {
     }
 }
 
+/// Requests a call submitted over buffers it only borrows, waited for when dropped: a call that
+/// submits several and stops early (a refusal, an error, or an unwind out of code it does not
+/// own: an [`Engine`](crate::Engine) or a [`FileIo`](crate::file::FileIo) is safe to implement,
+/// so its methods may panic) must not return, nor unwind, while the earlier ones still read or
+/// write those buffers.
+#[derive(Default)]
+pub(crate) struct WaitOnDrop(Vec<Request>);
+
+impl WaitOnDrop {
+    /// Adds a request just submitted.
+    pub(crate) fn push(&mut self, req: Request) {
+        self.0.push(req);
+    }
+    /// The requests, in submission order, no longer waited for on drop: the caller takes over.
+    pub(crate) fn into_vec(mut self) -> Vec<Request> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for WaitOnDrop {
+    fn drop(&mut self) {
+        for r in self.0.drain(..) {
+            let _ = r.wait();
+        }
+    }
+}
+
 /// A completion made of several parts (a copy split across engines): done when every part is
 /// done, failed with the first part's error.
 pub struct Join {

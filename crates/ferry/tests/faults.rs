@@ -349,6 +349,68 @@ fn multiplex_custom_operator_panic_fails_only_its_request() {
     check_result(Kind::Panic, &r, &dst, &src, "multiplex");
 }
 
+/// An engine whose submit panics (engines are safe to implement), after starting a thread that
+/// completes `gate` a little later.
+struct PanicsAtSubmit(Arc<ferry::request::Signal>);
+
+impl Engine for PanicsAtSubmit {
+    fn name(&self) -> String {
+        "panics-at-submit".into()
+    }
+    fn supports(&self, _: ferry::MemKind, _: Option<ferry::MemKind>) -> bool {
+        true
+    }
+    unsafe fn submit_raw(&self, _: Job) -> Result<Request, ferry::SubmitError> {
+        let gate = Arc::clone(&self.0);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            gate.complete(Ok(()));
+        });
+        panic!("injected panic");
+    }
+    fn barrier(&self) -> Result<(), ferry::BarrierError> {
+        Ok(())
+    }
+}
+
+/// A copy split across a CPU engine and an engine whose submit panics: the scope unwinds only
+/// once the parts already submitted to the CPU engine have completed (they once ran on into
+/// the caller's freed buffers: a SIGSEGV with buffers of tens of MiB).
+#[test]
+fn multiplex_waits_for_submitted_parts_when_a_submit_panics() {
+    quiet_panics();
+    let gate = Arc::new(ferry::request::Signal::new());
+    let gate_req = Request::new(Arc::clone(&gate));
+    let mux = MultiplexEngine::new()
+        .with(CpuEngine::new(1).expect("cpu"), 1.0)
+        .with(PanicsAtSubmit(Arc::clone(&gate)), 1.0)
+        .split_bytes(1 << 10);
+    let (src, mut dst) = (vec![7u8; N], vec![0u8; N]);
+    let l = Layout::bytes(N).expect("layout");
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // The CPU engine's parts wait for the gate, which opens only after the panic.
+        mux.scope(|s| -> ferry::Result<()> {
+            drop(s.submit(
+                &mut dst[..],
+                Some(&src[..]),
+                Op::Copy { dst: l, src: l },
+                &[&gate_req],
+            )?);
+            Ok(())
+        })
+    }));
+    let copied = dst.iter().filter(|&&b| b == 7).count();
+    // Whatever happened, nothing may still write `dst` when it is dropped.
+    let _ = mux.barrier();
+    assert!(unwound.is_err(), "the engine's panic goes on to the caller");
+    assert_eq!(
+        copied,
+        N / 2,
+        "the CPU engine's parts (the first half: equal weights) were still running when the \
+         scope unwound"
+    );
+}
+
 /// Failures nobody waited for are reported by the engine's barrier, one entry each, once.
 #[test]
 fn unobserved_failures_are_reported_by_barrier_once() {
