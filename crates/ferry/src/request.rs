@@ -380,15 +380,15 @@ impl InFlight {
             std::mem::take(&mut *t).requests
         };
         let mut failures = Vec::new();
-        for r in taken.as_slice() {
+        wait_each(taken.as_slice(), |r| {
             // Waited for and succeeded: nothing to wait for or report.
             if r.shared.observed.ok() {
-                continue;
+                return;
             }
             if let Err(e) = r.settle() {
                 failures.push((r.id(), e));
             }
-        }
+        });
         if failures.is_empty() {
             Ok(())
         } else {
@@ -458,6 +458,50 @@ impl Completion for Arc<Signal> {
     }
 }
 
+/// Requests a call submitted over buffers it only borrows, waited for when dropped: a call that
+/// submits several and stops early (a refusal, an error, or an unwind out of code it does not
+/// own: an [`Engine`](crate::Engine) or a [`FileIo`](crate::file::FileIo) is safe to implement,
+/// so its methods may panic) must not return, nor unwind, while the earlier ones still read or
+/// write those buffers.
+#[derive(Default)]
+pub(crate) struct WaitOnDrop(Vec<Request>);
+
+impl WaitOnDrop {
+    /// Adds a request just submitted.
+    pub(crate) fn push(&mut self, req: Request) {
+        self.0.push(req);
+    }
+    /// The requests, in submission order, no longer waited for on drop: the caller takes over.
+    pub(crate) fn into_vec(mut self) -> Vec<Request> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for WaitOnDrop {
+    fn drop(&mut self) {
+        wait_each(self.0.drain(..), |r| {
+            let _ = r.wait();
+        });
+    }
+}
+
+/// Runs `wait` on each of `reqs`, every one even if one panics (any type may be a completion,
+/// the one of a caller's own engine behind a [`MultiplexEngine`](crate::MultiplexEngine): its
+/// `wait` may panic), then lets the first panic go on. A wait for several requests that stopped
+/// at a panic once let a scope end, its buffers' borrows with it, while the requests after the
+/// panicking one still copied into them.
+fn wait_each<T>(reqs: impl IntoIterator<Item = T>, mut wait: impl FnMut(T)) {
+    let mut panic = None;
+    for r in reqs {
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wait(r))) {
+            panic.get_or_insert(p);
+        }
+    }
+    if let Some(p) = panic {
+        std::panic::resume_unwind(p);
+    }
+}
+
 /// A completion made of several parts (a copy split across engines): done when every part is
 /// done, failed with the first part's error.
 pub struct Join {
@@ -474,12 +518,12 @@ impl Join {
 impl Completion for Join {
     fn wait(&self) -> Result<(), RequestError> {
         let mut first = Ok(());
-        for p in &self.parts {
+        wait_each(&self.parts, |p| {
             let r = p.shared.wait_seen();
             if first.is_ok() {
                 first = r;
             }
-        }
+        });
         first
     }
     fn poll_done(&self) -> Option<Result<(), RequestError>> {

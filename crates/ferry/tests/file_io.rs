@@ -6,6 +6,7 @@
 
 use ferry::file::{
     live_bounce_buffers, FileConfig, FileEngine, FileError, FileHandle, FileIo, IoOp, OpenMode,
+    ReadPiece,
 };
 use ferry::{CpuEngine, MemKind, Memory, MemoryMut, RawBuf};
 use proptest::prelude::*;
@@ -895,4 +896,82 @@ fn null_buffer_is_refused() {
     assert!(matches!(e, FileError::BadRange(_)), "{e}");
     let e = fe.store_from(&f, 0, &Null).unwrap_err();
     assert!(matches!(e, FileError::BadRange(_)), "{e}");
+}
+
+/// A file whose reads take a while: each fills its buffer with `0xab` after 200 ms.
+struct SlowFile;
+
+impl FileIo for SlowFile {
+    fn read_at(&self, buf: &mut [u8], _offset: u64, _direct: bool) -> io::Result<usize> {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        buf.fill(0xab);
+        Ok(buf.len())
+    }
+    fn write_at(&self, buf: &[u8], _offset: u64, _direct: bool) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(1 << 20)
+    }
+    fn direct(&self) -> Result<(), String> {
+        Err("in-memory test file".into())
+    }
+}
+
+/// A file whose length cannot be asked: `file_len` panics (a `FileIo` is safe to implement).
+struct LenPanics;
+
+impl FileIo for LenPanics {
+    fn read_at(&self, buf: &mut [u8], _offset: u64, _direct: bool) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn write_at(&self, buf: &[u8], _offset: u64, _direct: bool) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        panic!("injected panic in file_len")
+    }
+    fn direct(&self) -> Result<(), String> {
+        Err("in-memory test file".into())
+    }
+}
+
+/// A load of many pieces whose second file panics at submit: the call unwinds only once the
+/// first piece's transfer, already running, has finished writing the buffer (it once wrote on
+/// into the caller's freed buffer: a SIGSEGV with a buffer of tens of MiB).
+#[test]
+fn load_pieces_waits_for_running_transfers_when_a_submit_panics() {
+    let _g = serial();
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let (slow, bad) = (
+        FileHandle::from_io("/slow/file", SlowFile),
+        FileHandle::from_io("/panics/file", LenPanics),
+    );
+    let mut buf = vec![0u8; 2 << 20];
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let pieces = [
+            ReadPiece {
+                file: &slow,
+                offset: 0,
+                at: 0,
+                len: 1 << 20,
+            },
+            ReadPiece {
+                file: &bad,
+                offset: 0,
+                at: 1 << 20,
+                len: 1 << 20,
+            },
+        ];
+        fe.load_pieces(&mut buf, &pieces)
+    }));
+    let arrived = buf.iter().filter(|&&b| b == 0xab).count();
+    // Whatever happened, nothing may still write `buf` when it is dropped.
+    let _ = fe.barrier();
+    assert!(unwound.is_err(), "the file's panic goes on to the caller");
+    assert_eq!(
+        arrived,
+        1 << 20,
+        "the first piece's transfer was still running when the call unwound"
+    );
 }

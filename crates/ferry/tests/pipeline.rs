@@ -479,3 +479,23 @@ fn file_source_matches_reference_for_random_ranges_and_every_k() {
     assert!(dst == reference(&data, chunk, OutLen::Same));
     assert!(Source::file(&files, &file, u64::MAX, 2).is_err());
 }
+
+/// A ratio whose numerator times a chunk's length overflows `usize` (here 1:1 as
+/// `usize::MAX / usize::MAX`): each output is as long as its input (the product once
+/// overflowed: a panic in debug builds, one-byte outputs in release builds).
+#[test]
+fn ratio_with_a_huge_numerator_keeps_its_value() {
+    let _g = serial();
+    let engine = CpuEngine::new(2).unwrap();
+    let src = bytes(10_000, 17);
+    let same = OutLen::Ratio {
+        num: usize::MAX,
+        den: usize::MAX,
+    };
+    assert_eq!(same.of(4096), 4096);
+    let got = run_once(&engine, &src, 4096, 2, same).expect("run");
+    assert_eq!(
+        got,
+        run_once(&engine, &src, 4096, 2, OutLen::Same).expect("run")
+    );
+}

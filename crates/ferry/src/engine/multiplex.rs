@@ -28,7 +28,7 @@ use crate::layout::Layout;
 use crate::memory::MemKind;
 use crate::op::{Op, Step};
 use crate::plan::Plan;
-use crate::request::{BarrierError, InFlight, Join, Request};
+use crate::request::{BarrierError, InFlight, Join, Request, WaitOnDrop};
 use std::sync::{Mutex, PoisonError};
 
 /// Several engines behind one. See the [module documentation](self).
@@ -241,24 +241,18 @@ impl Engine for MultiplexEngine {
         };
         let req = match parts {
             Some(parts) => {
-                let mut reqs = Vec::with_capacity(parts.len());
+                // Parts already submitted read and write the caller's buffers: if a later part
+                // is refused, or its engine's submit panics (any type may be an engine), they
+                // are waited for before this returns or unwinds, so that the caller may reuse
+                // or free the buffers then (a panic once left them copying into freed memory).
+                let mut reqs = WaitOnDrop::default();
                 for (i, part) in parts {
                     // SAFETY: each part covers a subset of the caller's buffers, which the
-                    // caller keeps valid until the joined request (hence every part) completes.
-                    match unsafe { self.engines[i].0.submit_raw(part) } {
-                        Ok(r) => reqs.push(r),
-                        Err(e) => {
-                            // Parts already submitted still read and write the caller's
-                            // buffers: wait for them before reporting, so the caller may reuse
-                            // the buffers as soon as this returns.
-                            for r in reqs {
-                                let _ = r.wait();
-                            }
-                            return Err(e);
-                        }
-                    }
+                    // caller keeps valid until the joined request (hence every part) completes,
+                    // or until this call returns or unwinds (`reqs` waits for the parts then).
+                    reqs.push(unsafe { self.engines[i].0.submit_raw(part) }?);
                 }
-                Request::new(Join::new(reqs))
+                Request::new(Join::new(reqs.into_vec()))
             }
             None => {
                 // Only built-ins are lowered here: a custom operator runs once, on the engine

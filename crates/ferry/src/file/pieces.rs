@@ -1,11 +1,10 @@
 //! Calls built on one load or store: a whole file, "up to N bytes", and many pieces at once
 //! (a scattered load into one buffer, a gathered store from many), all blocking.
 
-use super::{finish_now, FileEngine, FileError, FileHandle, IoOp, IoReport};
+use super::{finish_now, result_of, FileEngine, FileError, FileHandle, IoOp, IoReport};
 use crate::memory::{first_overlap, AlignedBuffer, Memory, MemoryMut, RawBuf};
-use crate::request::Request;
+use crate::request::WaitOnDrop;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 /// One piece of a scattered load ([`FileEngine::load_pieces`]): `len` bytes at `offset` of
 /// `file` into the buffer, `at` bytes from its start.
@@ -273,22 +272,31 @@ impl FileEngine {
                 kinds.push(raw.kind);
             }
         }
-        let mut running: Vec<(Request, Arc<super::exec::Xfer>)> = Vec::new();
+        // The transfers submitted, waited for before this returns or unwinds: a later submit
+        // calls the next file's `FileIo` (its length), which may panic (the trait is safe to
+        // implement), and the transfers already running once wrote on into freed buffers.
+        let mut running = WaitOnDrop::default();
+        let mut xfers = Vec::new();
         let mut first_err = None;
         for (file, offset, raw) in raws {
             // SAFETY: the caller's contract, per buffer; every submitted transfer is waited
-            // for below before this function returns.
+            // for below (or by `running`'s drop) before this function returns or unwinds.
             match unsafe { self.submit(file, offset, raw, op) } {
-                Ok(t) => running.push(t),
+                Ok((req, x)) => {
+                    running.push(req);
+                    xfers.push(x);
+                }
                 Err(e) => {
                     first_err = Some(e);
                     break;
                 }
             }
         }
+        // All waited for before any result is read (reading one may ask a `FileIo` again).
+        drop(running);
         let mut total = IoReport::default();
-        for (req, x) in running {
-            match finish_now(req, &x) {
+        for x in xfers {
+            match result_of(&x) {
                 Ok(r) => total.add(r),
                 Err(e) => {
                     first_err.get_or_insert(e);

@@ -345,12 +345,24 @@ pub enum OutLen {
 }
 
 impl OutLen {
-    /// Output bytes of a chunk of `len` input bytes.
+    /// Output bytes of a chunk of `len` input bytes; `usize::MAX` where that does not fit (no
+    /// slot of it can be allocated: the pipeline reports that as an error).
+    ///
+    /// ```
+    /// use ferry::pipeline::OutLen;
+    /// let same = OutLen::Ratio { num: usize::MAX, den: usize::MAX };
+    /// assert_eq!(same.of(1 << 20), 1 << 20);
+    /// ```
     pub fn of(self, len: usize) -> usize {
         match self {
             OutLen::Same => len,
             OutLen::Fixed(n) => n,
-            OutLen::Ratio { num, den } => (len * num).div_ceil(den.max(1)),
+            // In 128 bits: `len * num` in `usize` overflowed for a large numerator (a panic in
+            // debug builds, a wrapped, far too short output in release builds).
+            OutLen::Ratio { num, den } => {
+                usize::try_from((len as u128 * num as u128).div_ceil(den.max(1) as u128))
+                    .unwrap_or(usize::MAX)
+            }
         }
     }
 }
