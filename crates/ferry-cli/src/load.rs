@@ -613,15 +613,21 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
     Ok((cache, Loaded::Raw(buf), summary))
 }
 
-/// The files of a checkpoint: the file itself, or the shards its index names.
+/// The files of a checkpoint: the file itself, or the shards its index names (none for an
+/// index over [`checkpoint::MAX_INDEX_BYTES`], which the load refuses: it is not read whole).
 fn shard_paths(path: &Path) -> Vec<PathBuf> {
+    use std::io::Read;
     if !path.to_string_lossy().ends_with(".json") {
         return vec![path.to_path_buf()];
     }
     let dir = path.parent().unwrap_or(Path::new("."));
-    let v: Option<serde_json::Value> = std::fs::read(path)
+    let mut b = Vec::new();
+    let read = std::fs::File::open(path)
+        .and_then(|f| f.take(checkpoint::MAX_INDEX_BYTES + 1).read_to_end(&mut b));
+    let v: Option<serde_json::Value> = read
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+        .filter(|&n| n as u64 <= checkpoint::MAX_INDEX_BYTES)
+        .and_then(|_| serde_json::from_slice(&b).ok());
     let mut shards: Vec<PathBuf> = v
         .as_ref()
         .and_then(|v| v.get("weight_map")?.as_object().cloned())

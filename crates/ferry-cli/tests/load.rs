@@ -506,3 +506,33 @@ fn a_missing_shard_or_a_name_given_twice_is_named() {
         "tensor `a` is named twice",
     );
 }
+
+/// An index larger than any real one (a sparse file here) is refused without being read: it
+/// was read whole into memory, three times (an 8 GB one: 8 GB and 40 s, then "not JSON").
+#[test]
+fn an_oversized_index_is_refused_unread() {
+    let dir = tmpdir();
+    let index = dir.path().join("m.safetensors.index.json");
+    std::fs::write(&index, r#"{"weight_map": {}}"#).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&index)
+        .unwrap()
+        .set_len(checkpoint::MAX_INDEX_BYTES + 1)
+        .unwrap();
+    let dst = dir.path().join("out.safetensors");
+    for args in [
+        vec!["load", index.to_str().unwrap(), "--device", "host"],
+        vec![
+            "save",
+            index.to_str().unwrap(),
+            dst.to_str().unwrap(),
+            "--device",
+            "host",
+        ],
+    ] {
+        let err = refused(&args, "over the limit of 100000000 bytes for an index");
+        assert!(err.contains(&index.display().to_string()), "{err}");
+    }
+    assert!(!dst.exists());
+}

@@ -400,6 +400,27 @@ fn bad_indexes_are_refused() {
     );
 }
 
+/// An index larger than any real one is refused before it is read (it was read whole into
+/// memory: a sparse 8 GB `*.index.json` cost 8 GB and 40 s before "not JSON").
+#[test]
+fn an_oversized_index_is_refused_unread() {
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let dir = TempDir::new("big-index");
+    let p = dir.file("model.safetensors.index.json", b"{\"weight_map\": {}}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(checkpoint::MAX_INDEX_BYTES + 1)
+        .unwrap();
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("over the limit")),
+        "{e}"
+    );
+    assert!(checkpoint::entries(&fe, &p).is_err());
+}
+
 /// A safetensors file from a header text and data bytes.
 fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
     let mut v = (header.len() as u64).to_le_bytes().to_vec();
