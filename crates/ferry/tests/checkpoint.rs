@@ -655,6 +655,58 @@ fn assert_shrank(e: &CheckpointError, p: &Path, ctx: &str) {
     }
 }
 
+/// A file that is empty when its length is first taken and whole afterwards: a writer
+/// filling it while the load starts.
+struct GrowsAfterLen {
+    inner: ferry::file::OsFile,
+    asked: std::sync::atomic::AtomicBool,
+}
+
+impl ferry::file::FileIo for GrowsAfterLen {
+    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
+        self.inner.read_at(buf, offset, direct)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
+        self.inner.write_at(buf, offset, direct)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        if self.asked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.file_len()
+        } else {
+            Ok(0)
+        }
+    }
+    fn direct(&self) -> Result<(), String> {
+        self.inner.direct()
+    }
+}
+
+/// The header's reader took the file's length, then read the 8-byte header length (which
+/// takes the length anew): a file that grew past 8 bytes in between underflowed `file_len -
+/// 8` (a panic in debug builds, a data section of 2^64 - 8 - n bytes and a nonsense error
+/// in release builds). It is too short as its length said.
+#[test]
+fn a_file_that_grows_while_its_header_is_read_is_too_short_not_a_panic() {
+    let dir = TempDir::new("grows");
+    let p = dir.file(
+        "grows.safetensors",
+        &reference_bytes(&[owned("w", Dtype::F32, &[4], 1)]),
+    );
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let f = FileHandle::from_io(
+        p.clone(),
+        GrowsAfterLen {
+            inner: ferry::file::OsFile::open(&p, OpenMode::Read, false).unwrap(),
+            asked: Default::default(),
+        },
+    );
+    let e = checkpoint::load_files(&fe, &[f], &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(
+        matches!(e, CheckpointError::TooShort { file_len: 0, .. }),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_file_that_shrinks_while_loading_fails_naming_the_tensor() {
     let dir = TempDir::new("shrink");
