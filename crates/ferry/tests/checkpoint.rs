@@ -614,6 +614,21 @@ fn every_bad_file_has_its_own_error() {
     }
 }
 
+/// `"__metadata__": null` is no metadata, as the reference reader takes it (it was refused as
+/// "not a map of strings").
+#[test]
+fn null_metadata_is_no_metadata() {
+    let dir = TempDir::new("null-meta");
+    let header = r#"{"__metadata__":null,"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+    let bytes = raw_file(header, &[1, 2, 3, 4]);
+    assert!(safetensors::SafeTensors::deserialize(&bytes).is_ok());
+    let p = dir.file("null-meta.safetensors", &bytes);
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert_eq!(ck.host_bytes("w"), Some(&[1u8, 2, 3, 4][..]));
+    assert!(ck.metadata().is_empty());
+}
+
 #[test]
 fn empty_checkpoint_loads_nothing() {
     let dir = TempDir::new("empty");

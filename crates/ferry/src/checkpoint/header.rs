@@ -139,6 +139,10 @@ pub(crate) fn parse(
             tensor: name.clone(),
             msg,
         };
+        // `null`: no metadata, as the reference reader (an `Option`) takes it.
+        if name == "__metadata__" && value.is_null() {
+            continue;
+        }
         if name == "__metadata__" {
             metadata = serde_json::from_value(value)
                 .map_err(|e| bad(format!("not a map of strings: {e}")))?;
