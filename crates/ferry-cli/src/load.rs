@@ -6,7 +6,7 @@
 //! cannot be written); [`run_load`] does the work (for `ferry save`, the load and then the write).
 
 use crate::args::{check_writable, device_memory, file_id, mem_available, ArgError};
-use crate::sizes::{format_size, parse_size};
+use crate::sizes::{format_size, parse_size, SizeError};
 use ferry::checkpoint::{
     self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
 };
@@ -52,12 +52,13 @@ fn select_names(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|n| !n.is_empty())
 }
 
-/// `--offset`: a size, or 0 (the file's start).
+/// `--offset`: a size, or 0 (the file's start) however written (`0`, `00`, `0K`, `0B`: the
+/// sizes' own parser refuses a zero as "at least 1 byte").
 fn parse_offset(s: &str) -> Result<u64, String> {
-    if s.trim() == "0" {
-        return Ok(0);
+    match parse_size(s) {
+        Err(SizeError::Zero(_)) => Ok(0),
+        r => r.map_err(|e| e.to_string()),
     }
-    parse_bytes(s)
 }
 
 /// Options `ferry load` and `ferry save` share.

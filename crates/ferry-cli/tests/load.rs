@@ -371,6 +371,43 @@ fn offset_zero_is_the_start() {
         (Some(0), Some(4096)),
         "{out}"
     );
+    // Zero however written: it was refused as "sizes must be at least 1 byte".
+    for zero in ["00", "0K", "0B", " 0 "] {
+        let out = ok(&[
+            "load",
+            p.to_str().unwrap(),
+            "--device",
+            "host",
+            "--offset",
+            zero,
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["offset"].as_u64(), Some(0), "{zero}: {out}");
+    }
+    // A zero --length is still refused, and a negative offset too.
+    refused(
+        &[
+            "load",
+            p.to_str().unwrap(),
+            "--device",
+            "host",
+            "--length",
+            "0K",
+        ],
+        "zero",
+    );
+    refused(
+        &[
+            "load",
+            p.to_str().unwrap(),
+            "--device",
+            "host",
+            "--offset",
+            "-0",
+        ],
+        "negative",
+    );
 }
 
 /// The host's `MemAvailable` in bytes (None where /proc/meminfo does not say).
