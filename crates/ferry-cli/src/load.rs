@@ -738,6 +738,23 @@ fn cell(text: &str) -> String {
         .collect()
 }
 
+/// An error message for the terminal: control characters other than line breaks, and the
+/// invisible ones [`cell`] escapes, written as escapes (`\u{1b}`). Messages quote tensor and
+/// shard names from the file, which must not reach the terminal as escape sequences (a
+/// retitled window, a cleared screen) nor reorder the text around them.
+pub fn terminal_text(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let e: Vec<char> = if (c.is_control() && c != '\n') || invisible(c) {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            e
+        })
+        .collect()
+}
+
 /// Unicode format characters a terminal shows as nothing while they hide or reorder the text
 /// around them: bidi marks, embeddings, overrides and isolates, zero-width spaces and joiners,
 /// line and paragraph separators, the byte order mark.

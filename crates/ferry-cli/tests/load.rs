@@ -573,3 +573,33 @@ fn an_oversized_index_is_refused_unread() {
     }
     assert!(!dst.exists());
 }
+
+/// Names from a file quoted in an error (a tensor named twice, a shard that cannot be opened)
+/// reach the terminal escaped, as in the tensor table: they were written raw, escape
+/// sequences (a window title, a cleared screen) and bidi overrides included.
+#[test]
+fn names_in_errors_are_escaped() {
+    let dir = tmpdir();
+    let name = "\u{1b}]0;pwned\u{7}\u{1b}[2Jred\u{202e}";
+    let json = serde_json::to_string(name).unwrap();
+    let mut header = format!(
+        r#"{{{json}:{{"dtype":"U8","shape":[4],"data_offsets":[0,4]}},{json}:{{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}}}"#
+    )
+    .into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(&[1; 8]);
+    let twice = dir.path().join("twice.safetensors");
+    std::fs::write(&twice, bytes).unwrap();
+    let index = dir.path().join("m.safetensors.index.json");
+    let map = serde_json::json!({"weight_map": {name: format!("gone{name}.safetensors")}});
+    std::fs::write(&index, map.to_string()).unwrap();
+    for p in [&twice, &index] {
+        let err = refused(
+            &["load", p.to_str().unwrap(), "--device", "host"],
+            "\\u{1b}]0;pwned\\u{7}\\u{1b}[2Jred\\u{202e}",
+        );
+        assert!(!err.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{err:?}");
+    }
+}
