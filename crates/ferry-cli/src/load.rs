@@ -6,7 +6,7 @@
 //! cannot be written); [`run_load`] does the work (for `ferry save`, the load and then the write).
 
 use crate::args::{check_writable, device_memory, file_id, mem_available, ArgError};
-use crate::sizes::{format_size, parse_size};
+use crate::sizes::{format_size, parse_size, SizeError};
 use ferry::checkpoint::{
     self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
 };
@@ -52,12 +52,13 @@ fn select_names(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|n| !n.is_empty())
 }
 
-/// `--offset`: a size, or 0 (the file's start).
+/// `--offset`: a size, or 0 (the file's start) however written (`0`, `00`, `0K`, `0B`: the
+/// sizes' own parser refuses a zero as "at least 1 byte").
 fn parse_offset(s: &str) -> Result<u64, String> {
-    if s.trim() == "0" {
-        return Ok(0);
+    match parse_size(s) {
+        Err(SizeError::Zero(_)) => Ok(0),
+        r => r.map_err(|e| e.to_string()),
     }
-    parse_bytes(s)
 }
 
 /// Options `ferry load` and `ferry save` share.
@@ -630,15 +631,21 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
     Ok((cache, Loaded::Raw(buf), summary))
 }
 
-/// The files of a checkpoint: the file itself, or the shards its index names.
+/// The files of a checkpoint: the file itself, or the shards its index names (none for an
+/// index over [`checkpoint::MAX_INDEX_BYTES`], which the load refuses: it is not read whole).
 fn shard_paths(path: &Path) -> Vec<PathBuf> {
+    use std::io::Read;
     if !path.to_string_lossy().ends_with(".json") {
         return vec![path.to_path_buf()];
     }
     let dir = path.parent().unwrap_or(Path::new("."));
-    let v: Option<serde_json::Value> = std::fs::read(path)
+    let mut b = Vec::new();
+    let read = std::fs::File::open(path)
+        .and_then(|f| f.take(checkpoint::MAX_INDEX_BYTES + 1).read_to_end(&mut b));
+    let v: Option<serde_json::Value> = read
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+        .filter(|&n| n as u64 <= checkpoint::MAX_INDEX_BYTES)
+        .and_then(|_| serde_json::from_slice(&b).ok());
     let mut shards: Vec<PathBuf> = v
         .as_ref()
         .and_then(|v| v.get("weight_map")?.as_object().cloned())
@@ -745,6 +752,23 @@ fn cell(text: &str) -> String {
         .iter()
         .chain(&['…'])
         .chain(&esc[esc.len() - tail..])
+        .collect()
+}
+
+/// An error message for the terminal: control characters other than line breaks, and the
+/// invisible ones [`cell`] escapes, written as escapes (`\u{1b}`). Messages quote tensor and
+/// shard names from the file, which must not reach the terminal as escape sequences (a
+/// retitled window, a cleared screen) nor reorder the text around them.
+pub fn terminal_text(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let e: Vec<char> = if (c.is_control() && c != '\n') || invisible(c) {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            e
+        })
         .collect()
 }
 

@@ -42,8 +42,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// Reports `e` (names from a file in it escaped: [`ferry_cli::load::terminal_text`]).
 fn fail(e: &dyn std::fmt::Display) -> ExitCode {
-    note(&format!("ferry: error: {e}"));
+    note(&format!(
+        "ferry: error: {}",
+        ferry_cli::load::terminal_text(&e.to_string())
+    ));
     ExitCode::FAILURE
 }
 

@@ -371,6 +371,43 @@ fn offset_zero_is_the_start() {
         (Some(0), Some(4096)),
         "{out}"
     );
+    // Zero however written: it was refused as "sizes must be at least 1 byte".
+    for zero in ["00", "0K", "0B", " 0 "] {
+        let out = ok(&[
+            "load",
+            p.to_str().unwrap(),
+            "--device",
+            "host",
+            "--offset",
+            zero,
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["offset"].as_u64(), Some(0), "{zero}: {out}");
+    }
+    // A zero --length is still refused, and a negative offset too.
+    refused(
+        &[
+            "load",
+            p.to_str().unwrap(),
+            "--device",
+            "host",
+            "--length",
+            "0K",
+        ],
+        "zero",
+    );
+    refused(
+        &[
+            "load",
+            p.to_str().unwrap(),
+            "--device",
+            "host",
+            "--offset",
+            "-0",
+        ],
+        "negative",
+    );
 }
 
 /// The host's `MemAvailable` in bytes (None where /proc/meminfo does not say).
@@ -505,4 +542,64 @@ fn a_missing_shard_or_a_name_given_twice_is_named() {
         &["load", twice.to_str().unwrap(), "--device", "host"],
         "tensor `a` is named twice",
     );
+}
+
+/// An index larger than any real one (a sparse file here) is refused without being read: it
+/// was read whole into memory, three times (an 8 GB one: 8 GB and 40 s, then "not JSON").
+#[test]
+fn an_oversized_index_is_refused_unread() {
+    let dir = tmpdir();
+    let index = dir.path().join("m.safetensors.index.json");
+    std::fs::write(&index, r#"{"weight_map": {}}"#).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&index)
+        .unwrap()
+        .set_len(checkpoint::MAX_INDEX_BYTES + 1)
+        .unwrap();
+    let dst = dir.path().join("out.safetensors");
+    for args in [
+        vec!["load", index.to_str().unwrap(), "--device", "host"],
+        vec![
+            "save",
+            index.to_str().unwrap(),
+            dst.to_str().unwrap(),
+            "--device",
+            "host",
+        ],
+    ] {
+        let err = refused(&args, "over the limit of 100000000 bytes for an index");
+        assert!(err.contains(&index.display().to_string()), "{err}");
+    }
+    assert!(!dst.exists());
+}
+
+/// Names from a file quoted in an error (a tensor named twice, a shard that cannot be opened)
+/// reach the terminal escaped, as in the tensor table: they were written raw, escape
+/// sequences (a window title, a cleared screen) and bidi overrides included.
+#[test]
+fn names_in_errors_are_escaped() {
+    let dir = tmpdir();
+    let name = "\u{1b}]0;pwned\u{7}\u{1b}[2Jred\u{202e}";
+    let json = serde_json::to_string(name).unwrap();
+    let mut header = format!(
+        r#"{{{json}:{{"dtype":"U8","shape":[4],"data_offsets":[0,4]}},{json}:{{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}}}"#
+    )
+    .into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(&[1; 8]);
+    let twice = dir.path().join("twice.safetensors");
+    std::fs::write(&twice, bytes).unwrap();
+    let index = dir.path().join("m.safetensors.index.json");
+    let map = serde_json::json!({"weight_map": {name: format!("gone{name}.safetensors")}});
+    std::fs::write(&index, map.to_string()).unwrap();
+    for p in [&twice, &index] {
+        let err = refused(
+            &["load", p.to_str().unwrap(), "--device", "host"],
+            "\\u{1b}]0;pwned\\u{7}\\u{1b}[2Jred\\u{202e}",
+        );
+        assert!(!err.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{err:?}");
+    }
 }

@@ -400,6 +400,27 @@ fn bad_indexes_are_refused() {
     );
 }
 
+/// An index larger than any real one is refused before it is read (it was read whole into
+/// memory: a sparse 8 GB `*.index.json` cost 8 GB and 40 s before "not JSON").
+#[test]
+fn an_oversized_index_is_refused_unread() {
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let dir = TempDir::new("big-index");
+    let p = dir.file("model.safetensors.index.json", b"{\"weight_map\": {}}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(checkpoint::MAX_INDEX_BYTES + 1)
+        .unwrap();
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("over the limit")),
+        "{e}"
+    );
+    assert!(checkpoint::entries(&fe, &p).is_err());
+}
+
 /// A safetensors file from a header text and data bytes.
 fn raw_file(header: &str, data: &[u8]) -> Vec<u8> {
     let mut v = (header.len() as u64).to_le_bytes().to_vec();
@@ -593,6 +614,21 @@ fn every_bad_file_has_its_own_error() {
     }
 }
 
+/// `"__metadata__": null` is no metadata, as the reference reader takes it (it was refused as
+/// "not a map of strings").
+#[test]
+fn null_metadata_is_no_metadata() {
+    let dir = TempDir::new("null-meta");
+    let header = r#"{"__metadata__":null,"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}}"#;
+    let bytes = raw_file(header, &[1, 2, 3, 4]);
+    assert!(safetensors::SafeTensors::deserialize(&bytes).is_ok());
+    let p = dir.file("null-meta.safetensors", &bytes);
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert_eq!(ck.host_bytes("w"), Some(&[1u8, 2, 3, 4][..]));
+    assert!(ck.metadata().is_empty());
+}
+
 #[test]
 fn empty_checkpoint_loads_nothing() {
     let dir = TempDir::new("empty");
@@ -632,6 +668,58 @@ fn assert_shrank(e: &CheckpointError, p: &Path, ctx: &str) {
         }
         _ => panic!("{ctx}: {e}"),
     }
+}
+
+/// A file that is empty when its length is first taken and whole afterwards: a writer
+/// filling it while the load starts.
+struct GrowsAfterLen {
+    inner: ferry::file::OsFile,
+    asked: std::sync::atomic::AtomicBool,
+}
+
+impl ferry::file::FileIo for GrowsAfterLen {
+    fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize> {
+        self.inner.read_at(buf, offset, direct)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, direct: bool) -> io::Result<usize> {
+        self.inner.write_at(buf, offset, direct)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        if self.asked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.file_len()
+        } else {
+            Ok(0)
+        }
+    }
+    fn direct(&self) -> Result<(), String> {
+        self.inner.direct()
+    }
+}
+
+/// The header's reader took the file's length, then read the 8-byte header length (which
+/// takes the length anew): a file that grew past 8 bytes in between underflowed `file_len -
+/// 8` (a panic in debug builds, a data section of 2^64 - 8 - n bytes and a nonsense error
+/// in release builds). It is too short as its length said.
+#[test]
+fn a_file_that_grows_while_its_header_is_read_is_too_short_not_a_panic() {
+    let dir = TempDir::new("grows");
+    let p = dir.file(
+        "grows.safetensors",
+        &reference_bytes(&[owned("w", Dtype::F32, &[4], 1)]),
+    );
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let f = FileHandle::from_io(
+        p.clone(),
+        GrowsAfterLen {
+            inner: ferry::file::OsFile::open(&p, OpenMode::Read, false).unwrap(),
+            asked: Default::default(),
+        },
+    );
+    let e = checkpoint::load_files(&fe, &[f], &LoadOptions::new(Target::Pageable)).unwrap_err();
+    assert!(
+        matches!(e, CheckpointError::TooShort { file_len: 0, .. }),
+        "{e}"
+    );
 }
 
 #[test]

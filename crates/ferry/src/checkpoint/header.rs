@@ -86,7 +86,9 @@ pub fn read_header(engine: &FileEngine, file: &FileHandle) -> Result<Header, Che
     let file_len = file.len().map_err(ferr)?;
     let mut n8 = [0u8; 8];
     let (got, _) = engine.load_up_to(file, 0, &mut n8).map_err(ferr)?;
-    if got < 8 {
+    // Both: the read takes the file's length anew, and a file that grew since `file_len`
+    // (a writer filling it) gives 8 bytes where `file_len` is still under 8.
+    if got < 8 || file_len < 8 {
         return Err(CheckpointError::TooShort { path, file_len });
     }
     let header_len = u64::from_le_bytes(n8);
@@ -137,6 +139,10 @@ pub(crate) fn parse(
             tensor: name.clone(),
             msg,
         };
+        // `null`: no metadata, as the reference reader (an `Option`) takes it.
+        if name == "__metadata__" && value.is_null() {
+            continue;
+        }
         if name == "__metadata__" {
             metadata = serde_json::from_value(value)
                 .map_err(|e| bad(format!("not a map of strings: {e}")))?;

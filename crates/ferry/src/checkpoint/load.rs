@@ -85,7 +85,8 @@ pub(super) fn open_checkpoint(engine: &FileEngine, path: &Path) -> Result<Opened
 /// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths
 /// inside the index's folder: an absolute path or `..` is refused), checked against it (a tensor mapped to a shard that does
 /// not hold it, held by two shards or listed twice, is an error before anything is loaded; a
-/// shard that cannot be opened is [`CheckpointError::Shard`], naming the index).
+/// shard that cannot be opened is [`CheckpointError::Shard`], naming the index; an index over
+/// [`MAX_INDEX_BYTES`] is [`CheckpointError::Index`], before it is read).
 pub fn load_index(
     engine: &FileEngine,
     index: impl AsRef<Path>,
@@ -95,6 +96,12 @@ pub fn load_index(
     read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
 }
 
+/// The largest sharded checkpoint index (`*.safetensors.index.json`) read, in bytes: as the
+/// format's limit on a header, 100,000,000 (the index of a checkpoint of hundreds of
+/// thousands of tensors is a few MB). A larger one is [`CheckpointError::Index`], refused
+/// before it is read: it was read whole into memory, however large.
+pub const MAX_INDEX_BYTES: u64 = 100_000_000;
+
 /// Opens the shards an index names, checked against it, and reads their headers.
 fn open_index(engine: &FileEngine, index: &Path) -> Result<Opened, CheckpointError> {
     let bad = |msg: String| CheckpointError::Index {
@@ -102,9 +109,20 @@ fn open_index(engine: &FileEngine, index: &Path) -> Result<Opened, CheckpointErr
         msg,
     };
     let handle = open(engine, index)?;
-    let (raw, _) = engine
-        .read_all(&handle)
+    let len = handle
+        .len()
         .map_err(|source| file_err(index, None, source))?;
+    if len > MAX_INDEX_BYTES {
+        return Err(bad(format!(
+            "{len} bytes, over the limit of {MAX_INDEX_BYTES} bytes for an index"
+        )));
+    }
+    // Read up to the length checked: a file that grows meanwhile costs no more memory.
+    let mut raw = vec![0u8; len as usize];
+    let (n, _) = engine
+        .load_up_to(&handle, 0, &mut raw[..])
+        .map_err(|source| file_err(index, None, source))?;
+    raw.truncate(n);
     let json: serde_json::Value =
         serde_json::from_slice(&raw).map_err(|e| bad(format!("not JSON: {e}")))?;
     if !json.get("weight_map").is_some_and(|m| m.is_object()) {

@@ -59,7 +59,7 @@ mod save;
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
 pub use into::{load_files_into, load_into, Dest};
-pub use load::{entries, load, load_files, load_index};
+pub use load::{entries, load, load_files, load_index, MAX_INDEX_BYTES};
 pub use safetensors::Dtype;
 pub use save::{save, SaveOptions, SaveReport, SaveTensor};
 
