@@ -130,6 +130,20 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
   }
 }
 
+CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p) {
+  // As the driver: an unknown address gets zeros and success.
+  int t = find(p);
+  for (unsigned i = 0; i < n; i++) {
+    switch (attrs[i]) {
+      case 2: *(unsigned *)data[i] = (unsigned)t; break;         // memory type
+      case 11: *(uint64_t *)data[i] = 0; break;                  // range start: unknown
+      case 12: *(size_t *)data[i] = 0; break;                    // range size: unknown
+      default: if (t && cuPointerGetAttribute(data[i], attrs[i], p) != OK) return INVALID;
+    }
+  }
+  return OK;
+}
+
 CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; memmove((void *)d, (void *)s, n); return OK; }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; memmove((void *)d, s, n); return OK; }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; memmove(d, (void *)s, n); return OK; }

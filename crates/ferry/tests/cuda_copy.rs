@@ -343,6 +343,52 @@ fn pinned_memory_behind_a_slice_is_recognised() {
     })
     .unwrap();
     assert!(pinned.iter().all(|&b| b == 0x5A));
+    // Parts of it: inside, at its end, one byte short at both ends (the driver's range covers
+    // them; one query each since run 76).
+    let fill = |buf: &mut [u8], v: u8| {
+        let l = Layout::bytes(buf.len()).unwrap();
+        e.scope(|s| Ok::<_, ferry::BarrierError>(s.fill(buf, &l, &[v]).map(|r| r.wait())))
+            .unwrap()
+    };
+    let n = 1 << 20;
+    for (k, (a, b)) in [(4096, n), (1, n - 1), (n - 1, n), (12345, 12346 + 65536)]
+        .into_iter()
+        .enumerate()
+    {
+        let v = 0x10 + k as u8;
+        assert!(matches!(fill(&mut pinned[a..b], v), Ok(Ok(()))), "{a}..{b}");
+        assert!(pinned[a..b].iter().all(|&x| x == v), "{a}..{b}");
+    }
+    // Memory page-locked by someone else, in the middle of a pageable buffer: the pages
+    // registered count as pinned, a range running one byte past them (or starting before
+    // them) does not.
+    let mut host = vec![0u8; 6 * 4096];
+    let base = host.as_ptr() as usize;
+    let first = base.next_multiple_of(4096) - base + 4096;
+    let (lo, hi) = (first, first + 2 * 4096);
+    e.context().bind_to_thread().unwrap();
+    // SAFETY: the two pages lie inside `host`, which outlives the registration (undone below).
+    let r = unsafe {
+        cudarc::driver::sys::cuMemHostRegister_v2(host[lo..].as_mut_ptr().cast(), hi - lo, 0)
+    };
+    assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    let inside = fill(&mut host[lo..hi], 7);
+    let past = fill(&mut host[lo..hi + 1], 8);
+    let before = fill(&mut host[lo - 1..hi], 9);
+    let middle = fill(&mut host[lo + 100..hi - 100], 6);
+    // SAFETY: registered above.
+    let r = unsafe { cudarc::driver::sys::cuMemHostUnregister(host[lo..].as_mut_ptr().cast()) };
+    assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    assert!(matches!(inside, Ok(Ok(()))), "{inside:?}");
+    assert!(matches!(middle, Ok(Ok(()))), "{middle:?}");
+    assert!(host[lo..lo + 100].iter().all(|&x| x == 7));
+    assert!(host[lo + 100..hi - 100].iter().all(|&x| x == 6));
+    for r in [past, before] {
+        assert!(
+            matches!(r, Err(ferry::SubmitError::Unsupported { .. })),
+            "{r:?}"
+        );
+    }
     // Plain pageable memory is still refused for fills.
     let mut v = vec![0u8; 1 << 20];
     let r = e

@@ -294,16 +294,13 @@ impl CudaEngine {
     /// Asked (a driver query per buffer end) only where [`route::asks_page_lock`] says the
     /// answer can change the path.
     fn refine_kinds(&self, job: &mut Job) {
-        let pinned = |addr: u64| -> bool {
-            driver::bind(&self.ctx).is_ok()
-                && driver::memory_type(addr) == Some(sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32)
-        };
-        // Both ends of the range: a registration covers whole pages of one range.
+        // The whole range: one allocation's, or both ends (a registration covers whole pages
+        // of one range).
         let whole = |b: &crate::memory::RawBuf| {
             b.kind == MemKind::Pageable
                 && b.len > 0
-                && pinned(b.addr)
-                && pinned(b.addr + b.len as u64 - 1)
+                && driver::bind(&self.ctx).is_ok()
+                && driver::page_locked(b.addr, b.len)
         };
         if whole(&job.dst) {
             job.dst.kind = MemKind::Pinned;
