@@ -271,6 +271,70 @@ fn thousands_of_tensors_and_subsets() {
     assert_eq!(e.path(), Some(path.as_path()));
 }
 
+/// `LoadOptions::align`: the setter rounds up to a power of two and stops at the largest one
+/// (`next_power_of_two` of more than 2^63 once panicked in debug builds and gave 0 in release
+/// builds); the field set directly to anything else is refused by the load, naming it, before
+/// a tensor is read (`usize::MAX` once overflowed the placement arithmetic). The largest
+/// alignment works: each run lands at its data-section offset.
+#[test]
+fn align_is_rounded_capped_and_checked() {
+    use ferry::checkpoint::MAX_ALIGN;
+    let o = || LoadOptions::new(Target::Pageable);
+    assert_eq!(MAX_ALIGN, 1 << (usize::BITS - 1));
+    for (asked, got) in [
+        (0, 1),
+        (1, 1),
+        (3, 4),
+        (4096, 4096),
+        (MAX_ALIGN - 1, MAX_ALIGN),
+        (MAX_ALIGN, MAX_ALIGN),
+        (MAX_ALIGN + 1, MAX_ALIGN),
+        (usize::MAX, MAX_ALIGN),
+    ] {
+        assert_eq!(o().align(asked).align, got, "align({asked})");
+    }
+
+    let dir = TempDir::new("align");
+    let want: Vec<Owned> = (0..6)
+        .map(|i| owned(&format!("t.{i}"), Dtype::U8, &[5 + i], i as u64))
+        .collect();
+    let path = dir.file("align.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let h = checkpoint::read_header(&fe, &fe.open(&path, OpenMode::Read).unwrap()).unwrap();
+    // Every other tensor: one run each, so each is placed by the alignment.
+    let odd: Vec<Owned> = want.iter().skip(1).step_by(2).cloned().collect();
+    let by_odd = |o: LoadOptions| o.names(odd.iter().map(|t| t.name.clone()));
+    for a in [1, 3, 256, MAX_ALIGN, usize::MAX] {
+        let ck = checkpoint::load(&fe, &path, &by_odd(o().align(a))).unwrap();
+        check_loaded(&ck, &odd, &format!("align({a})"));
+        let a = a.max(1).checked_next_power_of_two().unwrap_or(MAX_ALIGN) as u64;
+        for t in ck.tensors() {
+            let rel = t.file_range.start - h.data_start;
+            assert_eq!(t.offset as u64 % a, rel % a, "{}", t.name);
+        }
+    }
+    // The field itself: 0 counts as 1, a power of two is used as is, anything else refused.
+    for a in [0, 1, MAX_ALIGN] {
+        let mut opts = by_odd(o());
+        opts.align = a;
+        let ck = checkpoint::load(&fe, &path, &opts).unwrap();
+        check_loaded(&ck, &odd, &format!("align = {a}"));
+    }
+    for a in [3, 100, MAX_ALIGN + 1, usize::MAX] {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let mut opts = o().placement(placement);
+            opts.align = a;
+            let e = checkpoint::load(&fe, &path, &opts).unwrap_err();
+            assert!(
+                matches!(&e, CheckpointError::Align { align, .. } if *align == a),
+                "{a}: {e}"
+            );
+            assert_eq!(e.path(), Some(path.as_path()));
+            assert!(e.to_string().contains("not a power of two"), "{e}");
+        }
+    }
+}
+
 /// Writes two shards and their index; returns (index path, all tensors).
 fn sharded(dir: &TempDir) -> (PathBuf, Vec<Owned>) {
     let s1: Vec<Owned> = (0..10)

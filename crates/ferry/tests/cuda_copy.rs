@@ -400,6 +400,102 @@ fn pinned_memory_behind_a_slice_is_recognised() {
     );
 }
 
+/// A registered buffer is described by the slice its `Deref`/`DerefMut` give now, with that
+/// slice's own length (never the length recorded at registration), and as pinned only where
+/// that slice lies within the registered range: `Deref` and `DerefMut` are safe code and may
+/// disagree, and a type holding its data inline moves out of the range it registered. The
+/// view once took the current address with the registered length, so a copy could run past
+/// the slice, at an address reported pinned that was not registered.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn registered_buffer_is_described_by_its_current_slice() {
+    use ferry::cuda::{DeviceBuffer, Registered};
+    use ferry::{MemKind, Memory, MemoryMut};
+    use std::ops::{Deref, DerefMut};
+    let Some(e) = cuda_or_skip() else { return };
+    const N: usize = 64 << 10;
+    let l = Layout::bytes(N).unwrap();
+    // `DerefMut` (which registration uses) gives all N bytes, `Deref` only the first 16.
+    // (A `PageVec`: registered pages of its own, whatever other tests register meanwhile.)
+    struct Shrinks(PageVec);
+    impl Deref for Shrinks {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            &self.0[..16]
+        }
+    }
+    impl DerefMut for Shrinks {
+        fn deref_mut(&mut self) -> &mut [u8] {
+            &mut self.0[..]
+        }
+    }
+    let r = Registered::new(Shrinks(PageVec::new(&[7u8; N])))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let raw = r.raw();
+    assert_eq!(
+        (raw.addr, raw.len, raw.kind),
+        (r.as_ptr() as u64, 16, MemKind::Pinned)
+    );
+    // A copy of all N bytes from it is refused (the slice it lends holds 16).
+    let mut d = DeviceBuffer::new(0, N).unwrap();
+    let refused = e
+        .scope(|s| Ok::<_, ferry::BarrierError>(s.copy(&mut d, &l, &r, &l).map(drop)))
+        .unwrap();
+    assert!(refused.is_err(), "a copy past the slice was accepted");
+    drop(r);
+
+    // Data held inline moves with the value into `Registered`, away from the registered range:
+    // described as pageable at its current address, and copies through it are correct.
+    struct Inline([u8; N]);
+    impl Deref for Inline {
+        type Target = [u8];
+        fn deref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl DerefMut for Inline {
+        fn deref_mut(&mut self) -> &mut [u8] {
+            &mut self.0
+        }
+    }
+    let mut r = match Registered::new(Inline([9u8; N])) {
+        Ok(r) => r,
+        Err((err, _)) => {
+            println!("skipped the inline case: the driver refused its registration: {err}");
+            return;
+        }
+    };
+    let here = r.as_ptr() as u64;
+    let registered_here = format!("{r:?}").contains(&format!("{:p}", r.as_ptr()));
+    let want = if registered_here {
+        MemKind::Pinned
+    } else {
+        MemKind::Pageable
+    };
+    assert_eq!(
+        (r.raw().addr, r.raw().len, r.raw().kind),
+        (here, N, want),
+        "{r:?}"
+    );
+    assert_eq!((r.raw_mut().addr, r.raw_mut().kind), (here, want));
+    e.scope(|s| {
+        s.copy(&mut d, &l, &r, &l)?
+            .wait()
+            .map_err(ferry::Error::from)
+    })
+    .unwrap();
+    assert_eq!(d.to_vec().unwrap(), vec![9u8; N]);
+    d.copy_from_host(&[3u8; N]).unwrap();
+    e.scope(|s| {
+        s.copy(&mut r, &l, &d, &l)?
+            .wait()
+            .map_err(ferry::Error::from)
+    })
+    .unwrap();
+    assert!(r.iter().all(|&b| b == 3));
+}
+
 /// The built-in segment list (`Scope::segments`): 20,000 scattered 4 KiB-ish pieces between
 /// every pair of kinds, every byte checked, bytes between the segments untouched.
 #[test]

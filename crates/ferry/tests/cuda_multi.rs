@@ -146,6 +146,37 @@ fn striped_scatter_and_gather_every_byte() {
     assert!(gpus.gather(&mut short, &parts).is_err());
 }
 
+/// Empty parts copy nothing, in `scatter` and `gather`, wherever they are among the others. A
+/// zero-length source once made `gather` fail after its earlier copies were submitted and
+/// return without waiting for them, ending the destination's borrow while they still wrote it
+/// (the 64 MiB part first makes that window wide: the bytes below would be checked while it was
+/// still copying, or after the caller freed the buffer).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn scatter_and_gather_skip_empty_parts() {
+    let Some(n) = gpus_or_skip(1) else { return };
+    let gpus = MultiGpu::all().unwrap();
+    let sizes = [64usize << 20, 0, 4097, 0];
+    let total: usize = sizes.iter().sum();
+    let data = bytes(total, 77);
+    let mut parts: Vec<DeviceBuffer> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| DeviceBuffer::new(i as u32 % n, len).unwrap())
+        .collect();
+    gpus.scatter(&mut parts, &data).unwrap();
+    assert!(parts[0].to_vec().unwrap() == data[..64 << 20]);
+    assert!(parts[2].to_vec().unwrap() == data[64 << 20..]);
+    let mut back = vec![0x5Au8; total + 5];
+    gpus.gather(&mut back, &parts).unwrap();
+    assert!(back[..total] == data[..]);
+    assert!(back[total..].iter().all(|&b| b == 0x5A));
+    // Only empty parts: nothing to do.
+    let empty = [DeviceBuffer::new(0, 0).unwrap()];
+    gpus.gather(&mut back, &empty).unwrap();
+    assert!(back[..total] == data[..]);
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn d2d_split_between_copy_engine_and_sms_every_byte() {

@@ -499,3 +499,62 @@ fn ratio_with_a_huge_numerator_keeps_its_value() {
         run_once(&engine, &src, 4096, 2, OutLen::Same).expect("run")
     );
 }
+
+/// A run's chunk list is planned before it starts: one of more than `CHUNKS_MAX` chunks is
+/// refused with `PipelineError::Config` naming `chunk_bytes` and the smallest that fits, before
+/// anything is allocated or read (`chunk_bytes = 1` over a file range of 1 TiB once asked for a
+/// list of 2^40 chunks, 40 TiB, and aborted out of memory; 1 GiB asked for 40 GiB). The
+/// pipeline stays usable.
+#[test]
+fn too_many_chunks_are_refused_before_the_run() {
+    use ferry::file::{FileConfig, FileEngine, OpenMode};
+    use ferry::pipeline::CHUNKS_MAX;
+    let _g = serial();
+    let engine = CpuEngine::new(2).unwrap();
+    let files = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let data = bytes(4096, 5);
+    let tmp = TempFile::new("chunks", &data);
+    let file = files.open(&tmp.0, OpenMode::Read).unwrap();
+    let never = |_: &Chunk, _: &[u8], _: &mut [u8]| -> Result<(), std::convert::Infallible> {
+        panic!("the stage ran")
+    };
+    let mut p = CpuPipeline::new(&engine, PipelineConfig::new(1, 2)).unwrap();
+    for len in [1usize << 40, 1 << 30, CHUNKS_MAX + 1] {
+        let src = Source::file(&files, &file, 0, len).unwrap();
+        let e = p.run(src, None, never).unwrap_err();
+        let fits = len.div_ceil(CHUNKS_MAX);
+        assert!(
+            matches!(&e, PipelineError::Config(m)
+                if m.contains("chunk_bytes 1 ") && m.contains(&format!("at least {fits}"))),
+            "{len}: {e}"
+        );
+    }
+    // A memory source too: CHUNKS_MAX + 1 one-byte chunks.
+    let big = vec![0u8; CHUNKS_MAX + 1];
+    let e = p.run(Source::new(&big[..]), None, never).unwrap_err();
+    assert!(
+        matches!(&e, PipelineError::Config(m) if m.contains("at least 2")),
+        "{e}"
+    );
+    // A strided one: whole rows, so the smallest that fits is a multiple of the row.
+    let rows = Layout::contiguous(&[CHUNKS_MAX + 1, 1], 1).unwrap();
+    let e = p
+        .run(Source::strided(&big[..], rows).unwrap(), None, never)
+        .unwrap_err();
+    assert!(
+        matches!(&e, PipelineError::Config(m) if m.contains("at least 2")),
+        "{e}"
+    );
+    drop(big);
+    // Still usable: the same pipeline runs a plan that fits.
+    let mut dst = vec![0u8; data.len()];
+    let src = Source::file(&files, &file, 0, data.len()).unwrap();
+    let rep = p
+        .run(src, Some(Dest::new(&mut dst)), |c, i, o| {
+            stage(c, i, o);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .unwrap();
+    assert_eq!(rep.chunks, data.len());
+    assert!(dst == reference(&data, 1, OutLen::Same));
+}

@@ -226,6 +226,15 @@ pub enum CheckpointError {
         /// What does not fit.
         msg: String,
     },
+    /// [`LoadOptions::align`](super::LoadOptions::align) (the field) is not a power of two
+    /// (its setter rounds; a value set directly is checked before any tensor is read).
+    #[error("loading {}: LoadOptions::align {align} is not a power of two", path.display())]
+    Align {
+        /// The checkpoint being loaded.
+        path: PathBuf,
+        /// The alignment asked for.
+        align: usize,
+    },
     /// A tensor handed to a save does not hold what its dtype and shape say.
     #[error("saving {}: tensor `{tensor}`: {msg}", path.display())]
     BadTensor {
@@ -262,6 +271,7 @@ impl CheckpointError {
             | Missing { path, .. }
             | Alloc { path, .. }
             | Destination { path, .. }
+            | Align { path, .. }
             | BadTensor { path, .. } => Some(path),
             Duplicate { second, .. } => Some(second),
             Shard { index, .. } => Some(index),

@@ -300,6 +300,7 @@ fn read_tensors(
     mut metadata: BTreeMap<String, String>,
 ) -> Result<Checkpoint, CheckpointError> {
     let t0 = Instant::now();
+    let align = opts.checked_align(name_path)?;
     let chosen = select(headers, &opts.select, name_path)?;
     let too_big = |len: u64| CheckpointError::Alloc {
         path: name_path.to_path_buf(),
@@ -334,11 +335,14 @@ fn read_tensors(
                     None => {
                         // Congruent to the tensor's data-section offset modulo `align`: what
                         // is aligned in the file stays aligned in memory.
-                        let a = opts.align.max(1);
-                        let rel = (t.file_range.start - headers[fi].data_start) as usize % a;
-                        let at = cursor
-                            .checked_add((rel + a - cursor % a) % a)
-                            .ok_or_else(|| too_big(u64::MAX))?;
+                        // Overflow-free for any `align`: the padding is `rel - cursor % a`
+                        // modulo `a`, without forming `rel + a`.
+                        let a = align;
+                        let rel =
+                            ((t.file_range.start - headers[fi].data_start) % a as u64) as usize;
+                        let c = cursor % a;
+                        let pad = if rel >= c { rel - c } else { a - (c - rel) };
+                        let at = cursor.checked_add(pad).ok_or_else(|| too_big(u64::MAX))?;
                         runs.push(Run {
                             file: fi,
                             file_start: t.file_range.start,

@@ -155,7 +155,9 @@ pub struct LoadOptions {
     /// Which tensors.
     pub select: Select,
     /// In a packed allocation, tensor offsets keep their data-section offsets modulo this (a
-    /// power of two; default 256, the CUDA allocator's alignment).
+    /// power of two; default 256, the CUDA allocator's alignment; 0 counts as 1). Any other
+    /// value is refused by the load, [`CheckpointError::Align`], before any tensor is read: set it
+    /// with [`LoadOptions::align`], which rounds.
     pub align: usize,
     /// Called as the bytes arrive (for a progress bar). With it, a packed load is read in
     /// about 32 batches, each waited for before the next, instead of all at once.
@@ -208,10 +210,42 @@ impl LoadOptions {
         self.select = Select::Filter(Arc::new(f));
         self
     }
-    /// Sets the alignment of runs in a packed allocation (rounded up to a power of two).
+    /// Sets the alignment of runs in a packed allocation: `bytes` rounded up to a power of two
+    /// (0 to 1), and at most [`MAX_ALIGN`], the largest power of two a `usize` holds (what
+    /// anything above it gives: rounding up would overflow).
+    ///
+    /// ```
+    /// use ferry::checkpoint::{LoadOptions, Target, MAX_ALIGN};
+    /// assert_eq!(LoadOptions::new(Target::Pageable).align(100).align, 128);
+    /// assert_eq!(LoadOptions::new(Target::Pageable).align(usize::MAX).align, MAX_ALIGN);
+    /// ```
     pub fn align(mut self, bytes: usize) -> LoadOptions {
-        self.align = bytes.max(1).next_power_of_two();
+        self.align = bytes
+            .max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(MAX_ALIGN);
         self
+    }
+}
+
+/// The largest [`LoadOptions::align`]: the largest power of two a `usize` holds (2^63 on a
+/// 64-bit target).
+pub const MAX_ALIGN: usize = 1 << (usize::BITS - 1);
+
+impl LoadOptions {
+    /// The alignment a load uses: [`LoadOptions::align`] (the field), 0 taken as 1. Errors:
+    /// [`CheckpointError::Align`] when it is not a power of two (the placement arithmetic
+    /// relies on it; `usize::MAX` once overflowed it).
+    pub(crate) fn checked_align(&self, path: &std::path::Path) -> Result<usize, CheckpointError> {
+        let a = self.align.max(1);
+        if a.is_power_of_two() {
+            Ok(a)
+        } else {
+            Err(CheckpointError::Align {
+                path: path.to_path_buf(),
+                align: self.align,
+            })
+        }
     }
 }
 

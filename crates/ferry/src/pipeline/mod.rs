@@ -122,6 +122,13 @@ pub const FILL_THREADS_MAX: usize = 256;
 /// chunks in flight; 2^40 once asked for terabytes of slot headers and aborted).
 pub const SLOTS_MAX: usize = 1024;
 
+/// The most chunks one run may have: a run plans every chunk before it starts (40 bytes
+/// each, so at most 640 MiB of plan), and a run of more is refused with
+/// [`PipelineError::Config`] naming the smallest `chunk_bytes` that fits. `chunk_bytes = 1`
+/// over a file source of terabytes once asked for the list of every byte and aborted the
+/// process out of memory. 2^24 chunks of 64 KiB are 1 TiB.
+pub const CHUNKS_MAX: usize = 1 << 24;
+
 /// Settings of a pipeline. Plain struct: [`PipelineConfig::new`] then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PipelineConfig {
@@ -506,16 +513,42 @@ impl<'a> Source<'a> {
     }
 
     /// The chunks for input slots of `chunk_bytes` (outputs only `with_output`), and the
-    /// bytes of the largest.
-    pub(crate) fn chunks(&self, cfg: &PipelineConfig, with_output: bool) -> (Vec<Chunk>, usize) {
+    /// bytes of the largest. Errors ([`PipelineError::Config`]): more than [`CHUNKS_MAX`]
+    /// chunks (counted before anything is allocated), outputs that together overflow `usize`;
+    /// [`PipelineError::Setup`]: no memory for the list.
+    pub(crate) fn chunks(
+        &self,
+        cfg: &PipelineConfig,
+        with_output: bool,
+    ) -> Result<(Vec<Chunk>, usize), PipelineError> {
         let (step, total) = match self.layout {
-            None => (cfg.chunk_bytes, self.buf.len),
+            None => (cfg.chunk_bytes.max(1), self.buf.len),
             Some(l) => {
                 let row = l.size_bytes() / l.dims()[0];
-                ((cfg.chunk_bytes / row).max(1) * row, l.size_bytes())
+                // At most the whole source: `(chunk_bytes / row) * row` may overflow otherwise.
+                let rows = (cfg.chunk_bytes / row).clamp(1, l.dims()[0]);
+                (rows * row, l.size_bytes())
             }
         };
-        let (mut out, mut off, mut out_off) = (Vec::new(), 0, 0);
+        let count = total.div_ceil(step);
+        if count > CHUNKS_MAX {
+            let fits = match self.layout {
+                None => total.div_ceil(CHUNKS_MAX),
+                Some(l) => {
+                    let row = l.size_bytes() / l.dims()[0];
+                    l.dims()[0].div_ceil(CHUNKS_MAX) * row
+                }
+            };
+            return Err(PipelineError::Config(format!(
+                "chunk_bytes {} cuts {total} bytes into {count} chunks, more than \
+                 {CHUNKS_MAX}: chunk_bytes must be at least {fits}",
+                cfg.chunk_bytes
+            )));
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(count)
+            .map_err(|e| PipelineError::Setup(format!("the list of {count} chunks: {e}")))?;
+        let (mut off, mut out_off) = (0usize, 0usize);
         while off < total {
             let len = step.min(total - off);
             let out_len = if with_output { cfg.output.of(len) } else { 0 };
@@ -527,9 +560,14 @@ impl<'a> Source<'a> {
                 out_len,
             });
             off += len;
-            out_off += out_len;
+            out_off = out_off.checked_add(out_len).ok_or_else(|| {
+                PipelineError::Config(format!(
+                    "the outputs of {total} bytes of input need more than {} bytes",
+                    usize::MAX
+                ))
+            })?;
         }
-        (out, step.min(total))
+        Ok((out, step.min(total)))
     }
 
     /// The source side of chunk `c`'s upload: a buffer and the layout of the chunk in it.
@@ -716,7 +754,7 @@ fn plan(
     src: &Source<'_>,
     dst: Option<&Dest<'_>>,
 ) -> Result<Vec<Chunk>, PipelineError> {
-    let (chunks, _) = src.chunks(cfg, dst.is_some());
+    let (chunks, _) = src.chunks(cfg, dst.is_some())?;
     check_dest(&chunks, dst)?;
     Ok(chunks)
 }

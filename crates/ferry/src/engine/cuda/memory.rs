@@ -526,20 +526,54 @@ impl<T> std::fmt::Debug for Registered<T> {
         write!(f, "Registered {{ ptr: {:p}, len: {} }}", self.ptr, self.len)
     }
 }
-// SAFETY: the registered, live memory of the owned buffer (page-locked, so `Pinned`).
+/// The raw view of the slice `ptr..ptr + len` a registered buffer's `Deref`/`DerefMut` gives
+/// now: its own address and length always (never the length recorded at registration), and
+/// `Pinned` only when it lies within the registered range `reg..reg + reg_len`, else
+/// `Pageable`. `T`'s `Deref` and `DerefMut` are safe code that may return different slices,
+/// or slices that shrink or move (a type whose data is inline moves with it into
+/// [`Registered`]): the view once took the current address with the registered length, so a
+/// copy could run past the slice, at an address reported pinned that was not registered.
+fn registered_view(reg: *const u8, reg_len: usize, ptr: *const u8, len: usize) -> RawBuf {
+    let (reg, ptr) = (reg as usize, ptr as usize);
+    // Overflow-free: `ptr - reg` only when `ptr >= reg`, `reg_len - len` only when
+    // `len <= reg_len`. A null `reg` is no registration (after `unregister`).
+    let inside = reg != 0 && ptr >= reg && len <= reg_len && ptr - reg <= reg_len - len;
+    let kind = if inside {
+        MemKind::Pinned
+    } else {
+        MemKind::Pageable
+    };
+    RawBuf::host(ptr as *const u8, len, kind)
+}
+
+// SAFETY: the slice the owned buffer's `Deref` gives, valid for reads of its own length while
+// `self` is borrowed; `Pinned` only when it lies within the registered (page-locked) range,
+// else `Pageable` (`registered_view`).
 unsafe impl<T: Deref<Target = [E]>, E: Pod> Memory for Registered<T> {
     fn raw(&self) -> RawBuf {
-        RawBuf::host(self.deref().as_ptr().cast(), self.len, MemKind::Pinned)
+        let s: &[E] = self.deref();
+        registered_view(
+            self.ptr,
+            self.len,
+            s.as_ptr().cast(),
+            std::mem::size_of_val(s),
+        )
     }
     fn elem_size(&self) -> usize {
         std::mem::size_of::<E>()
     }
 }
-// SAFETY: as above; `&mut self` is exclusive.
+// SAFETY: as above, with the slice `DerefMut` gives; `&mut self` is exclusive.
 unsafe impl<T: DerefMut<Target = [E]>, E: Pod> MemoryMut for Registered<T> {
     fn raw_mut(&mut self) -> RawBuf {
-        let len = self.len;
-        RawBuf::host(self.deref_mut().as_mut_ptr().cast(), len, MemKind::Pinned)
+        let (reg, reg_len) = (self.ptr, self.len);
+        let s: &mut [E] = self.deref_mut();
+        registered_view(
+            reg,
+            reg_len,
+            s.as_mut_ptr().cast(),
+            std::mem::size_of_val(s),
+        )
     }
 }
 
@@ -662,5 +696,48 @@ unsafe impl Memory for ManagedBuffer {
 unsafe impl MemoryMut for ManagedBuffer {
     fn raw_mut(&mut self) -> RawBuf {
         self.raw()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_view_is_pinned_only_within_the_registration() {
+        let v = vec![0u8; 4096];
+        let reg = v.as_ptr();
+        let at = |off: usize| reg.wrapping_add(off);
+        // The registered slice itself, or any part of it: pinned, with its own length.
+        for (off, len) in [(0, 4096), (0, 16), (100, 3996), (4096, 0), (4000, 96)] {
+            assert_eq!(
+                registered_view(reg, 4096, at(off), len),
+                RawBuf::host(at(off), len, MemKind::Pinned),
+                "{off} + {len}"
+            );
+        }
+        // Past its end, before its start, elsewhere, or longer: pageable, with its own
+        // address and length (never the registered length).
+        for (p, len) in [
+            (at(1), 4096),
+            (at(4000), 97),
+            (at(4096), 1),
+            (reg.wrapping_sub(1), 2),
+            (at(0), 4097),
+            (at(8192), 16),
+            (at(0), usize::MAX),
+            (at(usize::MAX), 1),
+        ] {
+            assert_eq!(
+                registered_view(reg, 4096, p, len),
+                RawBuf::host(p, len, MemKind::Pageable),
+                "{p:p} + {len}"
+            );
+        }
+        // No registration (null): pageable.
+        assert_eq!(
+            registered_view(std::ptr::null(), 0, reg, 16).kind,
+            MemKind::Pageable
+        );
     }
 }

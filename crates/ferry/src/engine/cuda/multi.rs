@@ -24,6 +24,7 @@ use crate::engine::multiplex::MultiplexEngine;
 use crate::engine::{Engine, EngineExt};
 use crate::layout::Layout;
 use crate::memory::{Memory, MemoryMut};
+use crate::request::WaitOnDrop;
 
 /// One CUDA engine per GPU behind a [`MultiplexEngine`]. See the [module
 /// documentation](self).
@@ -82,9 +83,9 @@ impl MultiGpu {
     }
 
     /// Copies consecutive parts of `src` into `dsts` (part `i` is `dsts[i].len()` bytes, right
-    /// after part `i - 1`), every part on its GPU's engine, all at once; returns when all are
-    /// done. Errors: `src` shorter than the parts together; a failed copy (every failure is
-    /// reported).
+    /// after part `i - 1`; an empty one copies nothing), every part on its GPU's engine, all at
+    /// once; returns when all are done. Errors: `src` shorter than the parts together; a failed
+    /// copy (every failure is reported).
     pub fn scatter<S: Memory + ?Sized>(
         &self,
         dsts: &mut [DeviceBuffer],
@@ -99,7 +100,7 @@ impl MultiGpu {
         }
         self.mux.scope(|s| -> Result<(), crate::Error> {
             let mut off = 0;
-            for d in dsts.iter_mut() {
+            for d in dsts.iter_mut().filter(|d| !d.is_empty()) {
                 let n = d.len();
                 let l = Layout::bytes(n)?;
                 // The scope waits for every request.
@@ -110,7 +111,8 @@ impl MultiGpu {
         })
     }
 
-    /// The reverse of [`scatter`](Self::scatter): `srcs[i]` into part `i` of `dst`, all at once.
+    /// The reverse of [`scatter`](Self::scatter): `srcs[i]` into part `i` of `dst`, all at once
+    /// (an empty source copies nothing).
     pub fn gather<D: MemoryMut + ?Sized>(
         &self,
         dst: &mut D,
@@ -125,26 +127,22 @@ impl MultiGpu {
             )));
         }
         let mut off = 0;
-        let mut reqs = Vec::with_capacity(srcs.len());
-        for s in srcs {
+        // Every copy submitted writes `dst`: whatever stops this loop early (a refused submit, a
+        // layout error, an unwind) waits for them before the borrow of `dst` ends. A zero-length
+        // source once made `Layout::bytes` fail here and the call return while the copies
+        // already submitted still wrote `dst`.
+        let mut reqs = WaitOnDrop::default();
+        for s in srcs.iter().filter(|s| !s.is_empty()) {
             let l = Layout::bytes(s.len())?;
             let job = crate::Job::copy(raw, l.with_offset(off)?, s.raw(), l);
             off += s.len();
             // SAFETY: `dst` is borrowed mutably and `srcs` shared for this whole call, which
-            // waits for every request below before returning (also on error); the parts of
-            // `dst` are disjoint, so no two copies write the same bytes.
-            match unsafe { self.mux.submit_raw(job) } {
-                Ok(r) => reqs.push(r),
-                Err(e) => {
-                    for r in reqs {
-                        let _ = r.wait();
-                    }
-                    return Err(e.into());
-                }
-            }
+            // waits for every request below before returning or unwinding (`reqs`, also on
+            // error); the parts of `dst` are disjoint, so no two copies write the same bytes.
+            reqs.push(unsafe { self.mux.submit_raw(job) }?);
         }
         let mut first = Ok(());
-        for r in reqs {
+        for r in reqs.into_vec() {
             if let Err(e) = r.wait() {
                 if first.is_ok() {
                     first = Err(e.into());
