@@ -294,21 +294,22 @@ impl CudaEngine {
     /// Asked (a driver query per buffer end) only where [`route::asks_page_lock`] says the
     /// answer can change the path.
     fn refine_kinds(&self, job: &mut Job) {
-        // The whole range: one allocation's, or both ends (a registration covers whole pages
-        // of one range).
-        let whole = |b: &crate::memory::RawBuf| {
-            b.kind == MemKind::Pageable
-                && b.len > 0
-                && driver::bind(&self.ctx).is_ok()
-                && driver::page_locked(b.addr, b.len)
-        };
-        if whole(&job.dst) {
-            job.dst.kind = MemKind::Pinned;
-        }
+        self.refine(&mut job.dst);
         if let Some(src) = job.src.as_mut() {
-            if whole(src) {
-                src.kind = MemKind::Pinned;
-            }
+            self.refine(src);
+        }
+    }
+
+    /// [`CudaEngine::refine_kinds`] of one buffer: `Pinned` if it is `Pageable` and the whole
+    /// range is page-locked (one allocation's range, or both ends: a registration covers whole
+    /// pages of one range; [`driver::page_locked`]).
+    fn refine(&self, b: &mut RawBuf) {
+        if b.kind == MemKind::Pageable
+            && b.len > 0
+            && driver::bind(&self.ctx).is_ok()
+            && driver::page_locked(b.addr, b.len)
+        {
+            b.kind = MemKind::Pinned;
         }
     }
 
@@ -454,16 +455,18 @@ impl Engine for CudaEngine {
     ) -> Result<Request, SubmitError> {
         super::check_bufs(dst, Some(src))?;
         let lane = self.lanes.mine();
+        let (mut dst, mut src, mut asked) = (dst, src, false);
         if let Some(run) = crate::op::checked_run(dst_layout, src_layout, dst.len, src.len)? {
             // SAFETY: forwarded with the caller's guarantees; `run` lies inside both buffers
             // (`checked_run`).
-            if let Some(req) = unsafe { self.submit_run(dst, src, lane, run)? } {
-                return Ok(req);
+            match unsafe { self.submit_run(dst, src, lane, run)? } {
+                Run::Done(req) => return Ok(req),
+                Run::General(d, s, a) => (dst, src, asked) = (d, s, a),
             }
         }
         let job = Job::copy(dst, *dst_layout, src, *src_layout);
         // SAFETY: forwarded with the caller's guarantees; checked above; no caller stream.
-        unsafe { self.submit_program(job, lane, None) }
+        unsafe { self.submit_program(job, lane, None, asked) }
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {
@@ -491,7 +494,7 @@ impl CudaEngine {
     ///    until the call returns; the request's event is recorded on it.
     pub(crate) unsafe fn submit_on(
         &self,
-        job: Job,
+        mut job: Job,
         caller: Option<sys::CUstream>,
     ) -> Result<Request, SubmitError> {
         job.check()?;
@@ -505,13 +508,19 @@ impl CudaEngine {
         {
             if let Some(run) = crate::op::checked_run(dl, sl, job.dst.len, src.len)? {
                 // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
-                if let Some(req) = unsafe { self.submit_run(job.dst, src, lane, run)? } {
-                    return Ok(req);
+                match unsafe { self.submit_run(job.dst, src, lane, run)? } {
+                    Run::Done(req) => return Ok(req),
+                    Run::General(d, s, true) => {
+                        (job.dst, job.src) = (d, Some(s));
+                        // SAFETY: forwarded (1, 2); checked above; the kinds asked.
+                        return unsafe { self.submit_program(job, lane, caller, true) };
+                    }
+                    Run::General(..) => {}
                 }
             }
         }
         // SAFETY: forwarded (1, 2); the job was checked above.
-        unsafe { self.submit_program(job, lane, caller) }
+        unsafe { self.submit_program(job, lane, caller, false) }
     }
 
     /// [`CudaEngine::submit_on`] by the general rules, in the submitting thread's `lane`, of a
@@ -524,6 +533,7 @@ impl CudaEngine {
         mut job: Job,
         lane: usize,
         caller: Option<sys::CUstream>,
+        asked: bool,
     ) -> Result<Request, SubmitError> {
         // Prepare: build and check the program (custom operators fail only their request).
         let mut prog = crate::op::Program::new(job.dst.len, job.src.map(|s| s.len));
@@ -536,7 +546,7 @@ impl CudaEngine {
             }
         }
         let steps = prog.steps();
-        if route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), steps) {
+        if !asked && route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), steps) {
             self.refine_kinds(&mut job);
         }
         let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
@@ -601,28 +611,36 @@ impl CudaEngine {
 
     /// [`CudaEngine::submit_on`] of a copy that is one contiguous run `(dst offset, src offset,
     /// bytes)`, on the engine's stream, without dependencies: routed by [`route::one_run`] and
-    /// run as one driver call. `Ok(None)` where that route is not one driver call (staging, SM
-    /// copies, a split) or pageable memory may need the page-lock query first: the general path
-    /// takes it then.
+    /// run as one driver call. Pageable-kind buffers are first asked about where
+    /// [`route::asks_page_lock_run`] says so ([`CudaEngine::refine`]): a slice of pinned memory
+    /// then takes this path too (through the general path it cost a 1 MiB copy's caller
+    /// 0.5 us more than the `PinnedBuffer` itself on the H200 host, `bench/results/h200.md`
+    /// runs 78 and 80). [`Run::General`] where the route is not one driver call (staging, SM
+    /// copies, a split): the general path takes the buffers with their kinds as asked.
     ///
     /// # Safety
     /// As [`Engine::submit_raw`] for `dst` and `src`; `run` lies inside both (checked by
     /// `op::checked_run`).
     unsafe fn submit_run(
         &self,
-        dst: RawBuf,
-        src: RawBuf,
+        mut dst: RawBuf,
+        mut src: RawBuf,
         lane: usize,
         (d, s, n): (usize, usize, usize),
-    ) -> Result<Option<Request>, SubmitError> {
+    ) -> Result<Run, SubmitError> {
+        let pageable = dst.kind == MemKind::Pageable || src.kind == MemKind::Pageable;
+        let asked = pageable && route::asks_page_lock_run(dst.kind, src.kind, n);
+        if asked {
+            self.refine(&mut dst);
+            self.refine(&mut src);
+        }
         let (dk, sk) = (dst.kind, src.kind);
-        let pageable = dk == MemKind::Pageable || sk == MemKind::Pageable;
-        if (pageable && route::asks_page_lock_run(dk, sk, n)) || !self.supports(dk, Some(sk)) {
-            return Ok(None);
+        if !self.supports(dk, Some(sk)) {
+            return Ok(Run::General(dst, src, asked));
         }
         let route = match route::one_run(&self.cfg, dk, sk, n) {
             Some(r) if r.first() == Path::Driver => r,
-            _ => return Ok(None),
+            _ => return Ok(Run::General(dst, src, asked)),
         };
         let queue = self.lanes.queue(lane, route.stream);
         let expect = self.expect(n, dk, Some(sk));
@@ -643,7 +661,7 @@ impl CudaEngine {
                 Ok(exec::copy1d(stream.cu_stream(), dst.at(d), src.at(s), n)?)
             })
         }
-        .map(Some)
+        .map(Run::Done)
     }
 
     /// For [`WaitMode::Auto`]: the earliest end of `bytes` between memory of these kinds
@@ -728,6 +746,15 @@ impl CudaEngine {
         }
         Ok(self.track(lane, Request::from_shared(c)))
     }
+}
+
+/// What [`CudaEngine::submit_run`] did with a copy of one run.
+enum Run {
+    /// Submitted as one driver call.
+    Done(Request),
+    /// Left to the general path ([`CudaEngine::submit_program`]): the destination and source,
+    /// their kinds as asked, and whether the driver was asked (it is not asked twice).
+    General(RawBuf, RawBuf, bool),
 }
 
 /// Where [`CudaEngine::launch`] enqueues a request: the submitting thread's lane, the engine's
