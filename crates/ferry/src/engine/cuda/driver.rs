@@ -130,9 +130,10 @@ pub(crate) fn memory_type(addr: u64) -> Option<u32> {
 /// byte is asked on its own ([`memory_type`]), as a registration covers whole pages of one
 /// range.
 ///
-/// Why one call: with the two ends asked one by one, a 1 MiB copy from or to a slice of pinned
-/// memory cost its caller 0.4-0.7 us more than the same copy of the `PinnedBuffer` itself on
-/// the H200 host (0.97x the raw call against 0.98-0.99x; `bench/results/h200.md`, runs 76-77).
+/// Why one call (H200 host, driver 580, `bench/results/h200.md` run 79): on page-locked memory
+/// it costs 101-112 ns against 90-96 ns for each end asked on its own; on pageable memory, the
+/// usual answer, 200 ns against 743 ns for `cuPointerGetAttribute`, which fails there
+/// (`CUDA_ERROR_INVALID_VALUE`) and takes the driver's slower error path.
 pub(crate) fn page_locked(addr: u64, len: usize) -> bool {
     use sys::CUpointer_attribute as A;
     let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
