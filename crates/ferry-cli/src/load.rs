@@ -756,9 +756,9 @@ fn cell(text: &str) -> String {
 }
 
 /// An error message for the terminal: control characters other than line breaks, and the
-/// invisible ones [`cell`] escapes, written as escapes (`\u{1b}`). Messages quote tensor and
-/// shard names from the file, which must not reach the terminal as escape sequences (a
-/// retitled window, a cleared screen) nor reorder the text around them.
+/// invisible ones the summary table's cells escape, written as escapes (`\u{1b}`). Messages
+/// quote tensor and shard names from the file, which must not reach the terminal as escape
+/// sequences (a retitled window, a cleared screen) nor reorder the text around them.
 pub fn terminal_text(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
