@@ -346,8 +346,10 @@ pub(crate) fn copy_(
             d.describe()
         )));
     }
-    refine(&eng, &mut d);
-    refine(&eng, &mut s);
+    // Host arrays stay as described (pageable unless ferry allocated them): the engine asks
+    // the driver whether they are page-locked where the answer can change the copy's path
+    // (`CudaEngine::host_kind`); a small copy takes the same driver call either way, and asking
+    // here cost every call a driver query.
     let waits = producer_waits(&eng, &[&d, &s], stream)?;
     run(
         py,
