@@ -515,6 +515,7 @@ impl CudaEngine {
         // The submitting thread's lane: its stream for the route's direction, its events and
         // its in-flight list (see the module documentation, "Ordering").
         let lane = self.lanes.mine();
+        let mut asked = false;
         // One contiguous copy on the engine's stream without dependencies (nearly every
         // request): checked, routed and run without building a program.
         if let (None, true, Some(src), crate::op::Op::Copy { dst: dl, src: sl }) =
@@ -524,17 +525,13 @@ impl CudaEngine {
                 // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
                 match unsafe { self.submit_run(job.dst, src, lane, run)? } {
                     Run::Done(req) => return Ok(req),
-                    Run::General(d, s, true) => {
-                        (job.dst, job.src) = (d, Some(s));
-                        // SAFETY: forwarded (1, 2); checked above; the kinds asked.
-                        return unsafe { self.submit_program(job, lane, caller, true) };
-                    }
-                    Run::General(..) => {}
+                    Run::General(d, s, a) => (job.dst, job.src, asked) = (d, Some(s), a),
                 }
             }
         }
-        // SAFETY: forwarded (1, 2); the job was checked above.
-        unsafe { self.submit_program(job, lane, caller, false) }
+        // SAFETY: forwarded (1, 2); the job was checked above (its buffers' kinds at most
+        // refined by `submit_run`).
+        unsafe { self.submit_program(job, lane, caller, asked) }
     }
 
     /// [`CudaEngine::submit_on`] by the general rules, in the submitting thread's `lane`, of a
