@@ -303,13 +303,6 @@ pub(crate) fn after_producer(
     })
 }
 
-/// Host buffers as the driver knows them (pinned or pageable) when a CUDA engine runs them.
-fn refine(eng: &Eng, a: &mut Arr) {
-    if let Eng::Cuda(c) = eng {
-        a.raw = engine::refine_host(c, a.raw);
-    }
-}
-
 /// `ferry.copy_(dst, src, non_blocking=False, engine=None, stream=None)`.
 #[pyfunction]
 #[pyo3(signature = (dst, src, non_blocking = false, engine = None, stream = None))]
@@ -440,8 +433,7 @@ pub(crate) fn gather(
         .enumerate()
         .map(|(i, &r)| Segment::new((i * o_pitch) as u64, (r * s_pitch) as u64, row as u64))
         .collect();
-    refine(&eng, &mut s);
-    refine(&eng, &mut o);
+    // As in `copy_`, the engine asks the driver whether host arrays are page-locked.
     let job = Job {
         dst: o.raw,
         src: Some(s.raw),

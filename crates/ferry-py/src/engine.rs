@@ -3,7 +3,7 @@
 
 use crate::errors;
 use ferry::cuda::CudaEngine as RsCuda;
-use ferry::{CpuEngine as RsCpu, MemKind, RawBuf};
+use ferry::{CpuEngine as RsCpu, MemKind};
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -181,14 +181,6 @@ pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>>
 pub(crate) fn driver_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     *PRESENT.get_or_init(|| ferry::cuda::probe().driver.is_ok())
-}
-
-/// The kind of host memory at `buf` as the driver knows it: `Pinned` where its whole range is
-/// page-locked (allocated pinned or registered), else the kind given
-/// ([`ferry::cuda::CudaEngine::host_kind`]: one driver query; the start alone was asked before,
-/// with a call that fails slowly on pageable memory, 0.74 us per NumPy array on the H200 host).
-pub(crate) fn refine_host(eng: &RsCuda, buf: RawBuf) -> RawBuf {
-    eng.host_kind(buf)
 }
 
 /// The ordinal of the GPU holding device address `addr`, if the driver knows it.

@@ -128,8 +128,9 @@ pub(crate) fn pipeline(
             let mut waited = Vec::new();
             after_producer(py, &s, &mut waited)?;
             after_producer(py, &d, &mut waited)?;
-            s.raw = engine::refine_host(&c, s.raw);
-            d.raw = engine::refine_host(&c, d.raw);
+            // Host arrays as the driver knows them (pinned or pageable): one query each.
+            s.raw = c.host_kind(s.raw);
+            d.raw = c.host_kind(d.raw);
             run_gpu(py, &c, cfg, &s, &d, stage)
         }
     };
