@@ -176,6 +176,10 @@ impl std::fmt::Debug for LoadOptions {
     }
 }
 
+/// The largest [`LoadOptions::align`]: the largest power of two a `usize` holds (2^63 on a
+/// 64-bit target).
+pub const MAX_ALIGN: usize = 1 << (usize::BITS - 1);
+
 impl LoadOptions {
     /// Every tensor into `target`, packed in one allocation.
     pub fn new(target: Target) -> LoadOptions {
@@ -226,13 +230,7 @@ impl LoadOptions {
             .unwrap_or(MAX_ALIGN);
         self
     }
-}
 
-/// The largest [`LoadOptions::align`]: the largest power of two a `usize` holds (2^63 on a
-/// 64-bit target).
-pub const MAX_ALIGN: usize = 1 << (usize::BITS - 1);
-
-impl LoadOptions {
     /// The alignment a load uses: [`LoadOptions::align`] (the field), 0 taken as 1. Errors:
     /// [`CheckpointError::Align`] when it is not a power of two (the placement arithmetic
     /// relies on it; `usize::MAX` once overflowed it).

@@ -521,24 +521,19 @@ impl<'a> Source<'a> {
         cfg: &PipelineConfig,
         with_output: bool,
     ) -> Result<(Vec<Chunk>, usize), PipelineError> {
+        // A chunk is whole rows of a strided source, any bytes of a whole buffer.
+        let row = self.layout.map_or(1, |l| l.size_bytes() / l.dims()[0]);
         let (step, total) = match self.layout {
             None => (cfg.chunk_bytes.max(1), self.buf.len),
-            Some(l) => {
-                let row = l.size_bytes() / l.dims()[0];
-                // At most the whole source: `(chunk_bytes / row) * row` may overflow otherwise.
-                let rows = (cfg.chunk_bytes / row).clamp(1, l.dims()[0]);
-                (rows * row, l.size_bytes())
-            }
+            // At most the whole source: `(chunk_bytes / row) * row` may overflow otherwise.
+            Some(l) => (
+                (cfg.chunk_bytes / row).clamp(1, l.dims()[0]) * row,
+                l.size_bytes(),
+            ),
         };
         let count = total.div_ceil(step);
         if count > CHUNKS_MAX {
-            let fits = match self.layout {
-                None => total.div_ceil(CHUNKS_MAX),
-                Some(l) => {
-                    let row = l.size_bytes() / l.dims()[0];
-                    l.dims()[0].div_ceil(CHUNKS_MAX) * row
-                }
-            };
+            let fits = (total / row).div_ceil(CHUNKS_MAX) * row;
             return Err(PipelineError::Config(format!(
                 "chunk_bytes {} cuts {total} bytes into {count} chunks, more than \
                  {CHUNKS_MAX}: chunk_bytes must be at least {fits}",
