@@ -733,17 +733,7 @@ const CELL_MAX: usize = 96;
 /// file, and must not reach the terminal as escape sequences or line breaks, nor pass for
 /// another name), at most [`CELL_MAX`] characters, the middle of a longer one elided.
 fn cell(text: &str) -> String {
-    let esc: Vec<char> = text
-        .chars()
-        .flat_map(|c| {
-            let e: Vec<char> = if c.is_control() || c == '\\' || invisible(c) {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            e
-        })
-        .collect();
+    let esc: Vec<char> = escaped(text, |c| c.is_control() || c == '\\').collect();
     if esc.len() <= CELL_MAX {
         return esc.into_iter().collect();
     }
@@ -760,16 +750,20 @@ fn cell(text: &str) -> String {
 /// quote tensor and shard names from the file, which must not reach the terminal as escape
 /// sequences (a retitled window, a cleared screen) nor reorder the text around them.
 pub fn terminal_text(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let e: Vec<char> = if (c.is_control() && c != '\n') || invisible(c) {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            e
-        })
-        .collect()
+    escaped(text, |c| c.is_control() && c != '\n').collect()
+}
+
+/// `text` with the characters `escape` picks, and the [`invisible`] ones, written as escapes
+/// (`\u{1b}`): the one escaping of a table cell and of an error message.
+fn escaped(text: &str, escape: fn(char) -> bool) -> impl Iterator<Item = char> + '_ {
+    text.chars().flat_map(move |c| {
+        let e: Vec<char> = if escape(c) || invisible(c) {
+            c.escape_default().collect()
+        } else {
+            vec![c]
+        };
+        e
+    })
 }
 
 /// Unicode format characters a terminal shows as nothing while they hide or reorder the text
