@@ -350,6 +350,27 @@ fn timeline_from_cuda_events() {
             u.end_us <= k.start_us + 1.0 && k.end_us <= d.start_us + 1.0,
             "{c:?}"
         );
+        assert!(
+            u.len_us() > 0.0 && k.len_us() > 0.0 && d.len_us() > 0.0,
+            "{c:?}"
+        );
+    }
+    // One stream per step: a step starts after the previous chunk's same step ended, and a
+    // chunk's upload after the compute that last read its slot (3 slots).
+    for w in t.chunks.windows(2) {
+        for p in [Phase::Upload, Phase::Compute, Phase::Download] {
+            let (a, b) = (w[0].get(p).unwrap(), w[1].get(p).unwrap());
+            assert!(
+                a.end_us <= b.start_us + 1.0,
+                "{p}: {:?} then {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+    for (i, c) in t.chunks.iter().enumerate().skip(3) {
+        let reader = t.chunks[i - 3].compute.unwrap();
+        assert!(reader.end_us <= c.upload.unwrap().start_us + 1.0, "{c:?}");
     }
     println!(
         "upload {:.0} us, compute {:.0} us, download {:.0} us, wall {:.0} us, upload||compute {:.0} us",
@@ -362,6 +383,51 @@ fn timeline_from_cuda_events() {
     assert!(t.to_chrome_trace("gpu").matches("\"ph\":\"X\"").count() == 48);
     let want = reference(&src, 4 << 20, OutLen::Same);
     assert!(dst[..] == want[..]);
+}
+
+/// The timeline of a run whose uploads wait for their bounce buffers' fills (a pageable
+/// source: streams that go idle before a step is submitted) and whose downloads into pageable
+/// memory are staged (ended by a host thread): every step is there, in order on its stream.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn timeline_of_a_pageable_source_and_destination() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let src = bytes(32 << 20, 11);
+    let mut dst = vec![0u8; src.len()];
+    let mut p = CudaPipeline::new(&e, PipelineConfig::new(2 << 20, 3).timeline(true)).unwrap();
+    let rep = p
+        .run(Source::new(&src[..]), Some(Dest::new(&mut dst[..])), |g| {
+            stage(&k, g)
+        })
+        .unwrap();
+    let t = rep.timeline.unwrap();
+    assert_eq!(t.chunks.len(), 16);
+    for c in &t.chunks {
+        let (u, k, d) = (c.upload.unwrap(), c.compute.unwrap(), c.download.unwrap());
+        assert!(
+            u.end_us <= k.start_us + 1.0 && k.end_us <= d.end_us + 1.0,
+            "{c:?}"
+        );
+        assert!(
+            u.len_us() >= 0.0 && k.len_us() > 0.0 && d.len_us() >= 0.0,
+            "{c:?}"
+        );
+    }
+    for w in t.chunks.windows(2) {
+        for p in [Phase::Upload, Phase::Compute] {
+            let (a, b) = (w[0].get(p).unwrap(), w[1].get(p).unwrap());
+            assert!(
+                a.end_us <= b.start_us + 1.0,
+                "{p}: {:?} then {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+    let want = reference(&src, 2 << 20, OutLen::Same);
+    assert!(dst == want);
 }
 
 /// A kernel on the caller's stream reads a buffer right after a ferry upload, ordered by a

@@ -26,10 +26,11 @@
 //! [engine](crate::cuda::CudaEngine)), their completion signalled by its staging thread, waited
 //! for when their output slot is next needed.
 //!
-//! Timeline (on request): timing events recorded on the stream of each step around it (the
-//! upload's and download's start after the stream has waited for their dependency, so waiting
-//! is not counted as copying). A step completed by a host thread (a staged copy) ends in the
-//! timeline when the compute stream next learned of it, later than it did.
+//! Timeline (on request): a timing event recorded on the stream of each step after it, and the
+//! step's start from the events it follows, or from one more event where they cannot tell
+//! (`timing.rs`); waiting for a dependency is never counted as copying. A step completed by a
+//! host thread (a staged copy) ends in the timeline when the compute stream next learned of it,
+//! later than it did.
 
 use super::bounce::BounceRing;
 use super::core::{self, Lanes};
@@ -398,20 +399,21 @@ where
     F: FnMut(&GpuChunk<'_>) -> Result<(), E>,
     E: Into<StageError>,
 {
-    /// Submits a copy of chunk `c` after `after`, timed on the stream it runs on.
+    /// Submits a copy of chunk `c` after `after` (the request of the step `dep`: chunk, phase),
+    /// timed on the stream it runs on.
     fn copy(
         &mut self,
         c: &Chunk,
         phase: Phase,
         job: Job,
-        after: Option<&Request>,
+        after: Option<(&Request, (usize, Phase))>,
     ) -> Result<Request, PipelineError> {
         let start = match self.timing.is_some() {
             true => {
                 let engine = self.engine;
                 let kinds = (job.dst.kind, job.src.map_or(job.dst.kind, |s| s.kind));
                 let stream = engine.stream(engine.direction_for(kinds.0, kinds.1));
-                if let Some(a) = after {
+                if let Some((a, _)) = after {
                     let dep = |e| PipelineError::Copy {
                         chunk: c.index,
                         phase,
@@ -422,8 +424,9 @@ where
                         other => setup(other),
                     })?;
                 }
+                let deps: Vec<(usize, Phase)> = after.iter().map(|&(_, d)| d).collect();
                 match self.timing.as_mut() {
-                    Some(t) => Some((stream, t.event(stream)?)),
+                    Some(t) => Some((stream, t.begin(stream, &deps)?)),
                     None => None,
                 }
             }
@@ -438,12 +441,11 @@ where
             phase,
             source: e,
         })?;
-        if let (Some(t), Some((stream, ev))) = (&mut self.timing, start) {
+        if let (Some(t), Some((stream, start))) = (&mut self.timing, start) {
             if req.completion().as_any().is::<CudaCompletion>() {
-                let end = t.event(stream)?;
-                t.marks.push((c.index, phase, ev, end));
+                t.end(stream, c.index, phase, start)?;
             } else {
-                t.open.push((c.index, phase, ev));
+                t.open(stream, c.index, phase, start);
             }
         }
         Ok(req)
@@ -567,12 +569,18 @@ where
         if let Some(a) = after {
             job = job.after(a);
         }
-        let req = self.copy(c, Phase::Upload, job, after)?;
+        let req = self.copy(c, Phase::Upload, job, after.map(|a| (a, self.reader_of(c))))?;
         if let Some(b) = self.bounce.as_deref_mut() {
             b.ring.lend(c.index, &req);
         }
         self.top_up();
         Ok(req)
+    }
+
+    /// The step an upload of chunk `c` waits for (when it waits): the last reader of its
+    /// slot, the compute of chunk `c - K` (see `core::schedule`).
+    fn reader_of(&self, c: &Chunk) -> (usize, Phase) {
+        (c.index - self.k, Phase::Compute)
     }
 
     fn device(&self, addr: u64, len: usize) -> RawBuf {
@@ -627,7 +635,7 @@ where
         if let Some(a) = after {
             job = job.after(a);
         }
-        self.copy(c, Phase::Upload, job, after)
+        self.copy(c, Phase::Upload, job, after.map(|a| (a, self.reader_of(c))))
     }
 
     fn compute(
@@ -649,7 +657,9 @@ where
         let start = match &mut self.timing {
             Some(t) => {
                 t.close_open(cs)?;
-                Some(t.event(cs)?)
+                let out = out_free.map(|_| (c.index - self.k, Phase::Download));
+                let deps: Vec<_> = [(c.index, Phase::Upload)].into_iter().chain(out).collect();
+                Some(t.begin(cs, &deps)?)
             }
             None => None,
         };
@@ -664,8 +674,7 @@ where
             source: e.into(),
         })?;
         if let (Some(t), Some(start)) = (&mut self.timing, start) {
-            let end = t.event(cs)?;
-            t.marks.push((c.index, Phase::Compute, start, end));
+            t.end(cs, c.index, Phase::Compute, start)?;
         }
         self.engine.record(cs).map_err(setup)
     }
@@ -684,6 +693,11 @@ where
         }
         let bytes = Layout::bytes(c.out_len).map_err(|e| PipelineError::Config(e.to_string()))?;
         let job = Job::copy(dst.part(c), bytes, self.device(out, c.out_len), bytes).after(computed);
-        self.copy(c, Phase::Download, job, Some(computed))
+        self.copy(
+            c,
+            Phase::Download,
+            job,
+            Some((computed, (c.index, Phase::Compute))),
+        )
     }
 }

@@ -143,12 +143,14 @@ pub struct PipelineConfig {
     /// (0: `max(2 K, 4)`).
     pub depth: usize,
     /// Keep a [`Timeline`] of the run. On a GPU that costs the run time: each step is
-    /// bracketed by two timing-enabled CUDA events, and each such record cost the H200 host's
-    /// streams about 1.4 us (run 66 of `bench/results/h200.md`: a raw 3-stream loop of 32 chunks
-    /// of 2 MiB took 1,819-1,823 us with them against 1,543-1,563 without, and the same records
-    /// of events without timing cost nothing), so a traced 64 MiB pipeline of 2 MiB chunks ran
-    /// 16% longer than untraced (6% with 8 MiB chunks). Spans and overlap stay as they were; the
-    /// wall of a traced run is longer than an untraced one's.
+    /// followed by a timing-enabled CUDA event (and preceded by one where its start cannot be
+    /// known from the events it follows: the stream's first step, or a stream that went idle
+    /// before the step was submitted), and each such record cost the H200 host's streams about
+    /// 1.4 us (run 66 of `bench/results/h200.md`: a raw 3-stream loop of 32 chunks of 2 MiB took
+    /// 1,677-1,685 us with one after every step, 1,819-1,823 us with one before and after, against
+    /// 1,543-1,563 without; the same records of events without timing cost nothing). A step's
+    /// span runs from the moment its stream reached it (its previous work and its waits done) to
+    /// its end; the wall of a traced run is longer than an untraced one's.
     pub timeline: bool,
     /// Pinned bounce buffers of a chunk for a pageable or file source on a GPU (0: automatic,
     /// [`PipelineConfig::bounce_count`]). More let the fills run further ahead of the uploads,

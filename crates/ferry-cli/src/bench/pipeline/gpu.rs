@@ -39,7 +39,10 @@
 //! against 51-54 GB/s alone, so the raw loop takes the same wall with 16, 24 or 32 chunks at
 //! 64 MiB; and the traced run's six timing events a chunk cost its wall about 8 us a chunk
 //! (1,786 us traced against 1,536 untraced at 64 MiB), which the row's wall / largest-step
-//! ratio, taken from the traced run, includes.
+//! ratio, taken from the traced run, includes. The timeline now records one event a step
+//! where the stream was still busy with the step before (its start is then that step's end or
+//! its dependency's, whichever is later: `ferry::pipeline`'s `cuda/timing.rs`), about half
+//! that cost.
 
 use super::{failed, keep_trace, mismatch, tracing, verify, SLOTS};
 use crate::bench::data::pattern_bytes;
