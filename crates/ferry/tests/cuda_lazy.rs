@@ -4,7 +4,8 @@
 //! another lane's last request; many threads sharing few streams, each copy waited at once;
 //! futures woken while their thread submits more; the caller's stream waiting for a lazy
 //! request; a stream handed to the caller after a lazy request; small pinned copies while a
-//! staged copy uses the same stream. Every result byte-checked. Prints `skipped: no CUDA
+//! staged copy uses the same stream; stamped requests (waited by the word their stream writes)
+//! ending only after their bytes. Every result byte-checked. Prints `skipped: no CUDA
 //! driver` without a GPU.
 
 mod cuda_common;
@@ -412,4 +413,62 @@ fn small_pinned_copies_around_a_staged_copy_on_the_same_stream() {
         dev_check(&format!("small copy {i} around a staged one"), d, &ws[i]);
     }
     dev_check("staged 64 MiB", &db, &wb);
+}
+
+/// Stamped requests (`stamp.rs`: a copy submitted on an idle stream, waited by reading the word
+/// its stream writes after it): 2,000 downloads of 4 KiB-1 MiB each compared right after its
+/// wait (two sources alternating through the device, so a stale byte shows), uploads whose
+/// source is overwritten right after the wait, `is_done` polling of one, and one waited on
+/// another thread.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn stamped_requests_end_after_their_bytes() {
+    let Some(e) = engine_or_skip(None) else {
+        return;
+    };
+    for n in [4 << 10, 64 << 10, 1 << 20] {
+        let what = format!("{n} B");
+        let a = bytes(n, 3);
+        let b = bytes(n, 4);
+        let mut src = [PinnedBuffer::new(n).unwrap(), PinnedBuffer::new(n).unwrap()];
+        src[0].copy_from_slice(&a);
+        src[1].copy_from_slice(&b);
+        let mut dev = DeviceBuffer::new(0, n).unwrap();
+        let mut host = PinnedBuffer::new(n).unwrap();
+        for i in 0..2000 {
+            let s = &src[i % 2];
+            let want = if i % 2 == 0 { &a } else { &b };
+            // SAFETY: live buffers of n bytes; each request is waited before the next use.
+            unsafe {
+                copy(&e, &what, dev.raw_mut(), s.raw(), &[]).wait().unwrap();
+                copy(&e, &what, host.raw_mut(), dev.raw(), &[])
+                    .wait()
+                    .unwrap();
+            }
+            check(&format!("{what}: download {i}"), &host, want);
+        }
+        // An upload's source may be reused as soon as its wait returns.
+        let mut up = PinnedBuffer::new(n).unwrap();
+        up.copy_from_slice(&a);
+        // SAFETY: as above.
+        unsafe { copy(&e, &what, dev.raw_mut(), up.raw(), &[]) }
+            .wait()
+            .unwrap();
+        up.fill(0xEE);
+        dev_check(&format!("{what}: upload"), &dev, &a);
+        // Polled to done, then waited on another thread.
+        // SAFETY: as above.
+        let r = unsafe { copy(&e, &what, host.raw_mut(), dev.raw(), &[]) };
+        poll_done(&what, &r);
+        r.wait().unwrap();
+        check(&format!("{what}: polled"), &host, &a);
+        // SAFETY: as above; the request is waited on the spawned thread before the buffers
+        // are touched again (the join).
+        let r = unsafe { copy(&e, &what, dev.raw_mut(), src[1].raw(), &[]) };
+        std::thread::spawn(move || r.wait())
+            .join()
+            .unwrap()
+            .unwrap();
+        dev_check(&format!("{what}: waited elsewhere"), &dev, &b);
+    }
 }

@@ -15,6 +15,7 @@
 
 use super::event::{Home, Shared};
 use super::mark::Queue;
+use super::stamp::Stamp;
 use super::{route, Direction, DriverError};
 use crate::request::{BarrierError, InFlight};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -44,7 +45,7 @@ pub(crate) struct Lanes {
 /// A queue on a new non-blocking stream of `ctx`.
 fn new_queue(ctx: &Arc<CudaContext>) -> Result<Arc<Queue>, DriverError> {
     ctx.new_stream()
-        .map(|s| Arc::new(Queue::new(s)))
+        .map(|s| Arc::new(Queue::new(s, Stamp::new(ctx))))
         .map_err(|e| DriverError::new("cuStreamCreate", e.0))
 }
 

@@ -31,6 +31,13 @@
 //! the copy and `cuStreamSynchronize`, the raw pair's two calls, where it cost three (the tests
 //! below count them).
 //!
+//! Stamped ([`stamps`], `stamp.rs`): a lazy request of the [`WaitMode::Auto`] wait submitted
+//! while its queue had nothing pending (its last lazy request known done, or none) also has
+//! the stream write its number into the queue's completion word after its work; its waits and
+//! polls read that word (asking the driver only now and then, for errors), which sees the end
+//! sooner than `cuStreamSynchronize` does. A request submitted behind pending work gets none:
+//! the word's write would delay the work queued after it.
+//!
 //! Eager (an event at submit, as before): [`WaitMode::Blocking`] and
 //! [`WaitMode::SpinThenBlock`] (their sleep in the driver is a `BLOCKING_SYNC` event's); a
 //! copy on the caller's stream (`CudaEngine::on_stream`: work the engine does not see follows
@@ -38,6 +45,7 @@
 //! that a staged copy is using (its DMAs are enqueued later by the staging thread).
 
 use super::event::{Inner, Shared};
+use super::stamp::Stamp;
 use super::{DriverError, WaitMode};
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -88,25 +96,45 @@ pub(crate) fn seals(last_has_event: bool, last_known_done: bool) -> bool {
     !last_has_event && !last_known_done
 }
 
+/// Whether a request waited in `mode` and marked `marking` gets a stamp ([`super::stamp`]):
+/// a lazy one waited by [`WaitMode::Auto`] (`Spin` asks for the driver's spin), on a queue
+/// that was `idle` when it was submitted (a thread likely waits for it next; with work queued
+/// behind it the stamp's write would delay that work), whose stream has a completion word.
+pub(crate) fn stamps(mode: WaitMode, marking: Marking, idle: bool, has_word: bool) -> bool {
+    mode == WaitMode::Auto && marking == Marking::Lazy && idle && has_word
+}
+
 /// One of the engine's streams with its lazy bookkeeping: the last lazy request submitted on
 /// it, and whether work outside the engine's submissions may follow (then every request
 /// records its event at submit).
 pub(crate) struct Queue {
     stream: Arc<CudaStream>,
-    /// The last lazy request, while it has no event (a dropped request waited for itself).
-    last: Mutex<Weak<Shared>>,
+    /// The last lazy request and the last stamp number handed out.
+    tail: Mutex<Tail>,
+    /// The stream's completion word, where it could be made ([`stamps`]).
+    stamp: Option<Stamp>,
     /// The stream was handed to the caller (`CudaEngine::stream`).
     exposed: AtomicBool,
     /// Staged copies using the stream now ([`Foreign`]).
     foreign: AtomicUsize,
 }
 
+/// What a [`Queue`]'s lock guards.
+#[derive(Default)]
+pub(crate) struct Tail {
+    /// The last lazy request, while it has no event (a dropped request waited for itself).
+    last: Weak<Shared>,
+    /// The last number written to the stream's completion word (0: none yet).
+    seq: u32,
+}
+
 impl Queue {
-    /// A queue on `stream`.
-    pub(crate) fn new(stream: Arc<CudaStream>) -> Queue {
+    /// A queue on `stream`, with its completion word if it could be made.
+    pub(crate) fn new(stream: Arc<CudaStream>, stamp: Option<Stamp>) -> Queue {
         Queue {
             stream,
-            last: Mutex::new(Weak::new()),
+            tail: Mutex::new(Tail::default()),
+            stamp,
             exposed: AtomicBool::new(false),
             foreign: AtomicUsize::new(0),
         }
@@ -122,22 +150,39 @@ impl Queue {
         self.stream.cu_stream()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Weak<Shared>> {
-        self.last.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Tail> {
+        self.tail.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the stream's completion word has reached `seq` ([`stamp::reached`]).
+    pub(crate) fn stamp_reached(&self, seq: u32) -> bool {
+        self.stamp
+            .as_ref()
+            .is_some_and(|s| super::stamp::reached(s.word(), seq))
     }
 
     /// Locks the queue for one submission, after recording the last lazy request's event if it
     /// is still pending ([`seals`]). Hold it while enqueueing; take no other queue's lock
     /// meanwhile (dependencies are marked before).
     pub(crate) fn enqueue(&self) -> Enqueue<'_> {
-        let mut last = self.lock();
-        if let Some(prev) = last.upgrade() {
-            // A failed record leaves `prev` without an event: its wait then waits on the
-            // stream (later, never early), its dependents on the host.
-            let _ = prev.completion().inner.seal(self.raw());
+        let mut tail = self.lock();
+        let prev = std::mem::take(&mut tail.last).upgrade();
+        let idle = match &prev {
+            Some(p) => {
+                let inner = &p.completion().inner;
+                // A failed record leaves `prev` without an event: its wait then waits on the
+                // stream (later, never early), its dependents on the host.
+                let _ = inner.seal(self.raw());
+                inner.known_done()
+            }
+            None => true,
+        };
+        Enqueue {
+            q: self,
+            tail,
+            idle,
+            _prev: prev,
         }
-        *last = Weak::new();
-        Enqueue { q: self, last }
     }
 
     /// Hands the stream to the caller: every later request on it records its event at submit,
@@ -160,11 +205,11 @@ impl Queue {
     /// after it): `Ok(false)` if it is not (a later submission recorded it, or it completed
     /// before anything followed it).
     pub(crate) fn mark_last(&self, inner: &Inner) -> Result<bool, DriverError> {
-        let mut last = self.lock();
-        if !Weak::ptr_eq(&last, &inner.me) {
+        let mut tail = self.lock();
+        if !Weak::ptr_eq(&tail.last, &inner.me) {
             return Ok(false);
         }
-        *last = Weak::new();
+        tail.last = Weak::new();
         inner.seal(self.raw()).map(|()| true)
     }
 }
@@ -172,7 +217,13 @@ impl Queue {
 /// A submission's hold on its [`Queue`].
 pub(crate) struct Enqueue<'a> {
     q: &'a Queue,
-    last: MutexGuard<'a, Weak<Shared>>,
+    tail: MutexGuard<'a, Tail>,
+    /// Nothing the queue knew of was pending when it was locked: its last lazy request was
+    /// known done, or there was none ([`stamps`]).
+    idle: bool,
+    /// The previous last request, released after the submission (the guard's drop), so that
+    /// freeing it is not on the host's path to the next copy.
+    _prev: Option<Arc<Shared>>,
 }
 
 impl Enqueue<'_> {
@@ -183,7 +234,26 @@ impl Enqueue<'_> {
 
     /// Makes the lazy request `inner` (just enqueued) the queue's last.
     pub(crate) fn push_lazy(mut self, request: &Arc<Shared>) {
-        *self.last = Arc::downgrade(request);
+        self.tail.last = Arc::downgrade(request);
+    }
+
+    /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this hold: the next number,
+    /// written to the stream's completion word after its work, where [`stamps`] says so;
+    /// `None` otherwise or if the write could not be enqueued.
+    ///
+    /// # Safety
+    /// The queue's context is current on this thread.
+    pub(crate) unsafe fn stamp(&mut self, mode: WaitMode, marking: Marking) -> Option<u32> {
+        let word = self.q.stamp.as_ref();
+        if !stamps(mode, marking, self.idle, word.is_some()) {
+            return None;
+        }
+        let seq = self.tail.seq.wrapping_add(1);
+        // SAFETY: the queue's live stream, in the word's context, current (this function's
+        // contract).
+        unsafe { word?.write(self.q.raw(), seq) }.ok()?;
+        self.tail.seq = seq;
+        Some(seq)
     }
 }
 
@@ -228,14 +298,20 @@ mod tests {
     /// (`waited[i]`: copy `i` is waited before copy `i + 1` is submitted; every copy is waited
     /// in the end), as the engine makes them: the decisions above composed in the order
     /// `submit_on` and `event::Inner`'s waits take them (the copy itself, then the marking's
-    /// record; a wait by [`wait::schedule`] on what [`wait_on`] says).
+    /// record or the stamp's write; a wait on the stamp's word (no call), or by
+    /// [`wait::schedule`] on what [`wait_on`] says).
     fn calls(mode: WaitMode, bytes: usize, waited: &[bool]) -> Vec<&'static str> {
         let link = Some(58.9e9);
         let mut out = Vec::new();
-        // Per copy: has an event, known done.
-        let mut reqs: Vec<(bool, bool)> = Vec::new();
-        let wait = |out: &mut Vec<&'static str>, r: &mut (bool, bool)| {
+        // Per copy: has an event, known done, stamped.
+        let mut reqs: Vec<(bool, bool, bool)> = Vec::new();
+        let wait = |out: &mut Vec<&'static str>, r: &mut (bool, bool, bool)| {
             if r.1 {
+                return;
+            }
+            r.1 = true;
+            if r.2 {
+                // The word is read from host memory.
                 return;
             }
             let spin = matches!(
@@ -248,21 +324,27 @@ mod tests {
                 (WaitOn::Stream, true) => "cuStreamSynchronize",
                 (WaitOn::Stream, false) => "cuStreamQuery",
             });
-            r.1 = true;
         };
         for (i, &w) in waited.iter().enumerate() {
+            let mut idle = true;
             if let Some(last) = reqs.last_mut() {
                 if seals(last.0, last.1) {
                     out.push("cuEventRecord");
                     last.0 = true;
                 }
+                idle = last.1;
             }
             out.push("cuMemcpyHtoDAsync");
-            let ev = marking(mode, false, false) == Marking::Event;
+            let m = marking(mode, false, false);
+            let ev = m == Marking::Event;
             if ev {
                 out.push("cuEventRecord");
             }
-            reqs.push((ev, false));
+            let stamped = stamps(mode, m, idle, true);
+            if stamped {
+                out.push("cuStreamWriteValue32");
+            }
+            reqs.push((ev, false, stamped));
             if w {
                 wait(&mut out, &mut reqs[i]);
             }
@@ -274,36 +356,53 @@ mod tests {
     }
 
     #[test]
-    fn a_small_copy_waited_costs_the_raw_pairs_calls() {
-        // 64 KiB, submitted and waited: the raw `cuMemcpyAsync` + `cuStreamSynchronize`.
+    fn a_small_copy_waited_costs_two_driver_calls() {
+        // 64 KiB, submitted and waited: the copy and its stamp's write, the wait a read of
+        // host memory (the raw pair: `cuMemcpyAsync` + `cuStreamSynchronize`).
         let k64 = 64 << 10;
+        assert_eq!(
+            calls(WaitMode::Auto, k64, &[true]),
+            ["cuMemcpyHtoDAsync", "cuStreamWriteValue32"]
+        );
+        // Spin asks for the driver's spin: no stamp.
+        assert_eq!(
+            calls(WaitMode::Spin, k64, &[true]),
+            ["cuMemcpyHtoDAsync", "cuStreamSynchronize"]
+        );
         for mode in [WaitMode::Auto, WaitMode::Spin] {
-            assert_eq!(
-                calls(mode, k64, &[true]),
-                ["cuMemcpyHtoDAsync", "cuStreamSynchronize"],
-                "{mode:?}"
-            );
             // Ten in a row, each waited: two calls per copy (three before: a record each).
-            assert_eq!(calls(mode, k64, &[true; 10]).len(), 20);
+            assert_eq!(calls(mode, k64, &[true; 10]).len(), 20, "{mode:?}");
         }
         // Blocking keeps its event (three calls per copy, as every mode before).
         assert_eq!(
             calls(WaitMode::Blocking, k64, &[true]),
             ["cuMemcpyHtoDAsync", "cuEventRecord", "cuEventSynchronize"]
         );
-        // A 16 MiB copy polls (Auto): on the stream, no event.
+        // A 16 MiB copy polls (Auto): its word.
         assert_eq!(
             calls(WaitMode::Auto, 16 << 20, &[true]),
-            ["cuMemcpyHtoDAsync", "cuStreamQuery"]
+            ["cuMemcpyHtoDAsync", "cuStreamWriteValue32"]
         );
     }
 
     #[test]
     fn a_copy_followed_before_its_wait_records_its_event_then() {
-        // Two copies submitted back to back, then both waited: the first's event is recorded
-        // by the second's submit, before its copy; the second (the last) waits on the stream.
+        // Two copies submitted back to back, then both waited: the first (on an idle stream)
+        // is stamped, and its event is recorded by the second's submit, before its copy; the
+        // second (behind pending work: no stamp) waits on the stream.
         assert_eq!(
             calls(WaitMode::Auto, 64 << 10, &[false, false]),
+            [
+                "cuMemcpyHtoDAsync",
+                "cuStreamWriteValue32",
+                "cuEventRecord",
+                "cuMemcpyHtoDAsync",
+                "cuStreamSynchronize"
+            ]
+        );
+        // In Spin: no stamps, the first waits on its event.
+        assert_eq!(
+            calls(WaitMode::Spin, 64 << 10, &[false, false]),
             [
                 "cuMemcpyHtoDAsync",
                 "cuEventRecord",
@@ -312,5 +411,29 @@ mod tests {
                 "cuStreamSynchronize"
             ]
         );
+    }
+
+    #[test]
+    fn only_default_waits_of_lazy_requests_on_idle_streams_with_a_word_are_stamped() {
+        assert!(stamps(WaitMode::Auto, Marking::Lazy, true, true));
+        assert!(
+            !stamps(WaitMode::Auto, Marking::Lazy, false, true),
+            "work queued"
+        );
+        assert!(
+            !stamps(WaitMode::Auto, Marking::Lazy, true, false),
+            "no word"
+        );
+        assert!(
+            !stamps(WaitMode::Auto, Marking::Event, true, true),
+            "has an event"
+        );
+        for mode in [
+            WaitMode::Spin,
+            WaitMode::Blocking,
+            WaitMode::SpinThenBlock(Duration::from_micros(50)),
+        ] {
+            assert!(!stamps(mode, Marking::Lazy, true, true), "{mode:?}");
+        }
     }
 }

@@ -50,8 +50,9 @@
 //! dependencies and that copies from or to pageable host memory below the staging sizes return
 //! once the driver has consumed the host side. A staged request's dependents wait for it on the
 //! host. `Request::wait` sleeps until shortly before the request's expected end and then polls
-//! ([`WaitMode::Auto`], default), sleeps in the driver ([`WaitMode::Blocking`]) or spins
-//! ([`WaitMode::Spin`]).
+//! ([`WaitMode::Auto`], default; a request submitted on an idle stream is polled by reading a
+//! word its stream writes after it, `stamp.rs`), sleeps in the driver ([`WaitMode::Blocking`])
+//! or spins ([`WaitMode::Spin`]).
 //! `barrier` waits for everything.
 //!
 //! # Ordering
@@ -99,6 +100,7 @@ mod program;
 mod route;
 pub mod split;
 pub mod staged;
+mod stamp;
 pub mod strided;
 mod transpose;
 mod wait;
@@ -711,7 +713,7 @@ impl CudaEngine {
         let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
         // first); the caller's is not the engine's to track.
-        let hold = caller.is_none().then(|| queue.enqueue());
+        let mut hold = caller.is_none().then(|| queue.enqueue());
         let marking = mark::marking(
             self.cfg.wait,
             caller.is_some(),
@@ -749,7 +751,14 @@ impl CudaEngine {
                 }
                 event::Marked::Event(ev)
             }
-            None => event::Marked::Lazy(Arc::clone(queue)),
+            None => {
+                let stamp = match hold.as_mut() {
+                    // SAFETY: the context is current (this function's contract).
+                    Some(h) => unsafe { h.stamp(self.cfg.wait, marking) },
+                    None => None,
+                };
+                event::Marked::Lazy(Arc::clone(queue), stamp)
+            }
         };
         let c = CudaCompletion::new(marked, Arc::clone(home), (self.cfg.wait, expect), keep);
         if let (Some(h), mark::Marking::Lazy) = (hold, marking) {

@@ -1,0 +1,126 @@
+//! A stream's completion word: a 32-bit word of mapped pinned host memory into which the
+//! stream writes a request's sequence number after its work (`cuStreamWriteValue32`), so that
+//! a waiting thread sees the request's end by reading host memory.
+//!
+//! Why: the driver notices a copy's end late. On the H200 host (run 84 of
+//! `bench/results/h200.md`, the same buffers and stream, interleaved) a 4 KiB-1 MiB copy with
+//! a word written after it and the host spinning on that word returned 0.38-0.95 us sooner
+//! than the same copy waited with `cuStreamSynchronize` or `cuEventSynchronize`, in every
+//! direction: about 8% of a 64 KiB copy's wait, more than all of ferry's host work per request
+//! (issue 14: the caller's view of small copies). The write itself costs the stream about 1.6
+//! us before the driver's own end of the work (the same copy, word written, then
+//! `cuStreamSynchronize`: 1.5-1.8 us later than without the word), so a request gets a stamp
+//! only where a thread is likely to wait for it soon and nothing queues behind it: on an
+//! engine stream that was idle when it was submitted (`mark.rs` decides).
+//!
+//! The write's default flags put a system-scope memory barrier before it: the request's
+//! writes (a download's bytes in host memory) are visible before the word is (2,000
+//! downloads of 4 KiB-1 MiB in run 84, each compared as soon as the word was seen: none
+//! early). The word only ever grows in stream order, so a request is done once the word has
+//! reached its number ([`reached`], modulo 2^32). A request whose stream fails never sees
+//! its number: waits fall back to the driver (`event.rs`), which reports the error.
+
+use super::driver::{self, check};
+use super::DriverError;
+use cudarc::driver::{sys, CudaContext};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A completion word of one stream.
+pub(crate) struct Stamp {
+    /// The word, host side (mapped pinned memory, allocated by [`Stamp::new`]).
+    host: *mut u32,
+    /// The same word as the device writes it.
+    dev: sys::CUdeviceptr,
+}
+
+// SAFETY: the word is plain host memory the driver allocated; it is read atomically
+// (`Stamp::word`) and written only by the device; the handle may move between threads.
+unsafe impl Send for Stamp {}
+// SAFETY: as above: shared reads are atomic loads.
+unsafe impl Sync for Stamp {}
+
+impl Stamp {
+    /// A word in `ctx`, zero; `None` where mapped pinned memory cannot be had.
+    pub(crate) fn new(ctx: &CudaContext) -> Option<Stamp> {
+        driver::bind(ctx).ok()?;
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: a valid out-pointer; the context is current.
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut host, std::mem::size_of::<u32>(), flags)
+        })
+        .ok()?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated mapped just above; a valid out-pointer.
+        let mapped = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0)
+        });
+        let stamp = Stamp {
+            host: host.cast(),
+            dev,
+        };
+        // A failure drops `stamp`, which frees the word.
+        mapped.ok()?;
+        // SAFETY: the word is 4 bytes of host memory just allocated, aligned (page-aligned
+        // allocation), not yet shared with the device.
+        unsafe { stamp.host.write_volatile(0) };
+        Some(stamp)
+    }
+
+    /// Enqueues the write of `seq` into the word on `stream`, after the work enqueued there
+    /// before.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the context the word was allocated in, current on this
+    /// thread.
+    pub(crate) unsafe fn write(&self, stream: sys::CUstream, seq: u32) -> Result<(), DriverError> {
+        // SAFETY: the caller's stream; `dev` is the mapped word, alive while `self` is (the
+        // queue that owns it outlives its requests' waits; it frees the word only after its
+        // stream has finished, `Drop`).
+        check("cuStreamWriteValue32", unsafe {
+            sys::cuStreamWriteValue32_v2(stream, self.dev, seq, 0)
+        })
+    }
+
+    /// The word now (acquire: what the request wrote before it is visible after).
+    pub(crate) fn word(&self) -> u32 {
+        // SAFETY: `host` is a live, aligned u32 of host memory (freed only on drop); the device
+        // writes it with one 4-byte write, every host access is atomic.
+        unsafe { AtomicU32::from_ptr(self.host) }.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Stamp {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once; the owner drops it after its
+        // stream's work has completed (the queue's stream is synchronized by the engine's
+        // drop), and the driver waits for pending work before freeing pinned memory.
+        let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
+}
+
+/// Whether a word that reads `word` has reached `seq`: numbers are handed out in stream order
+/// modulo 2^32, and fewer than 2^31 are ever outstanding on one stream.
+pub(crate) fn reached(word: u32, seq: u32) -> bool {
+    (word.wrapping_sub(seq) as i32) >= 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reached;
+
+    #[test]
+    fn a_word_reaches_its_numbers_in_order_across_the_wrap() {
+        assert!(reached(5, 5));
+        assert!(reached(6, 5));
+        assert!(!reached(4, 5));
+        assert!(
+            !reached(0, 1),
+            "the word starts at 0, the first number is 1"
+        );
+        // Across 2^32: the word at 2 has passed u32::MAX.
+        assert!(reached(2, u32::MAX));
+        assert!(!reached(u32::MAX, 2));
+        assert!(!reached(5, 5 + (1 << 31) - 1));
+    }
+}
