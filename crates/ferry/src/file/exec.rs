@@ -135,7 +135,7 @@ impl Slot {
     /// `pinned`: try page-locked memory first (needed only when an engine DMAs from the slot).
     fn new(len: usize, pinned: bool) -> Result<Slot, FileError> {
         let pinned = if pinned {
-            crate::cuda::PinnedBuffer::new(len)
+            crate::cuda::PinnedBuffer::new(len.saturating_add(DIRECT_ALIGN))
         } else {
             Err(crate::cuda::CudaError::NoDriver("not asked for".into()))
         };
@@ -158,7 +158,14 @@ impl Slot {
     }
     pub(super) fn ptr(&mut self) -> *mut u8 {
         match &mut self.mem {
-            SlotMem::Pinned(p) => p.as_mut_ptr(),
+            // From the first `DIRECT_ALIGN` boundary: the driver aligns large pinned
+            // allocations to pages, but carves small ones from shared blocks, after which a
+            // 1 MiB one may start anywhere (run 85). In bounds: the buffer holds
+            // `DIRECT_ALIGN` bytes more than `len`.
+            SlotMem::Pinned(p) => {
+                let skip = (p.as_ptr() as usize).wrapping_neg() % DIRECT_ALIGN;
+                p[skip..].as_mut_ptr()
+            }
             SlotMem::Host(b) => b.as_mut_ptr(),
         }
     }

@@ -220,7 +220,8 @@ impl PinFlags {
 
 /// One page-locked host allocation (`cuMemHostAlloc`), freed on drop: the crate's only owner
 /// of such memory, under [`PinnedBuffer`], [`MappedBuffer`], the staging ring
-/// (`staged/ring.rs`) and the gather table (`gather.rs`). Its bytes start uninitialised; it
+/// (`staged/ring.rs`), the gather table (`gather.rs`) and the streams' completion words
+/// (`stamp.rs`). Its bytes start uninitialised; it
 /// hands out its address, not a slice.
 pub(crate) struct HostAlloc {
     ptr: *mut u8,

@@ -20,51 +20,41 @@
 //! reached its number ([`reached`], modulo 2^32). A request whose stream fails never sees
 //! its number: waits fall back to the driver (`event.rs`), which reports the error.
 
-use super::driver::{self, check};
+use super::driver::check;
+use super::memory::{HostAlloc, PinFlags};
 use super::DriverError;
 use cudarc::driver::{sys, CudaContext};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// A completion word of one stream.
 pub(crate) struct Stamp {
-    /// The word, host side (mapped pinned memory, allocated by [`Stamp::new`]).
-    host: *mut u32,
-    /// The same word as the device writes it.
+    /// A page of mapped pinned memory whose first 4 bytes are the word. A whole page: the
+    /// driver carves small pinned allocations from shared blocks, and three 4-byte ones left
+    /// later 1 MiB bounce buffers off their page boundaries (a file engine's `O_DIRECT` then
+    /// ran buffered; run 85).
+    mem: HostAlloc,
+    /// The word as the device writes it.
     dev: sys::CUdeviceptr,
 }
 
-// SAFETY: the word is plain host memory the driver allocated; it is read atomically
-// (`Stamp::word`) and written only by the device; the handle may move between threads.
-unsafe impl Send for Stamp {}
-// SAFETY: as above: shared reads are atomic loads.
-unsafe impl Sync for Stamp {}
-
 impl Stamp {
-    /// A word in `ctx`, zero; `None` where mapped pinned memory cannot be had.
-    pub(crate) fn new(ctx: &CudaContext) -> Option<Stamp> {
-        driver::bind(ctx).ok()?;
-        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: a valid out-pointer; the context is current.
-        check("cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut host, std::mem::size_of::<u32>(), flags)
+    /// Bytes allocated for a word.
+    const PAGE: usize = 4096;
+
+    /// A word in `ctx` (made current), zero; `None` where mapped pinned memory cannot be had.
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Option<Stamp> {
+        let mem = HostAlloc::new(ctx, Self::PAGE, PinFlags::MAPPED).ok()?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `mem` was allocated mapped (DEVICEMAP) just above; a valid out-pointer.
+        check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut dev, mem.ptr().cast(), 0)
         })
         .ok()?;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `host` was allocated mapped just above; a valid out-pointer.
-        let mapped = check("cuMemHostGetDevicePointer", unsafe {
-            sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0)
-        });
-        let stamp = Stamp {
-            host: host.cast(),
-            dev,
-        };
-        // A failure drops `stamp`, which frees the word.
-        mapped.ok()?;
-        // SAFETY: the word is 4 bytes of host memory just allocated, aligned (page-aligned
-        // allocation), not yet shared with the device.
-        unsafe { stamp.host.write_volatile(0) };
-        Some(stamp)
+        // SAFETY: the word is the first 4 bytes of the page just allocated (page-aligned), not
+        // yet shared with the device.
+        unsafe { mem.ptr().cast::<u32>().write_volatile(0) };
+        Some(Stamp { mem, dev })
     }
 
     /// Enqueues the write of `seq` into the word on `stream`, after the work enqueued there
@@ -75,8 +65,8 @@ impl Stamp {
     /// thread.
     pub(crate) unsafe fn write(&self, stream: sys::CUstream, seq: u32) -> Result<(), DriverError> {
         // SAFETY: the caller's stream; `dev` is the mapped word, alive while `self` is (the
-        // queue that owns it outlives its requests' waits; it frees the word only after its
-        // stream has finished, `Drop`).
+        // queue that owns it outlives its requests; the engine synchronizes its streams before
+        // they go, and freeing pinned memory waits for the device's pending work).
         check("cuStreamWriteValue32", unsafe {
             sys::cuStreamWriteValue32_v2(stream, self.dev, seq, 0)
         })
@@ -84,18 +74,9 @@ impl Stamp {
 
     /// The word now (acquire: what the request wrote before it is visible after).
     pub(crate) fn word(&self) -> u32 {
-        // SAFETY: `host` is a live, aligned u32 of host memory (freed only on drop); the device
-        // writes it with one 4-byte write, every host access is atomic.
-        unsafe { AtomicU32::from_ptr(self.host) }.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Stamp {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once; the owner drops it after its
-        // stream's work has completed (the queue's stream is synchronized by the engine's
-        // drop), and the driver waits for pending work before freeing pinned memory.
-        let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+        // SAFETY: the first 4 bytes of a live page of host memory (freed when `self` drops),
+        // aligned; the device writes them with one 4-byte write, every host access is atomic.
+        unsafe { AtomicU32::from_ptr(self.mem.ptr().cast::<u32>()) }.load(Ordering::Acquire)
     }
 }
 
