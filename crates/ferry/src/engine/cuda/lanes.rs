@@ -40,6 +40,9 @@ pub(crate) struct Lanes {
     /// Lane 0's queues (H2D, D2H, D2D), made with the engine: the fallback of the others.
     first: [Arc<Queue>; 3],
     lanes: Box<[Lane]>,
+    /// The thread that submitted last through this engine (`usize::MAX`: none yet), for
+    /// [`Lanes::alone`].
+    last_thread: AtomicUsize,
 }
 
 /// A queue on a new non-blocking stream of `ctx`.
@@ -86,7 +89,22 @@ impl Lanes {
                     inflight: InFlight::default(),
                 })
                 .collect(),
+            last_thread: AtomicUsize::new(usize::MAX),
         }
+    }
+
+    /// Whether the calling thread submits alone: the engine's previous submission came from
+    /// it too, or there was none (then a request's stamp cannot hold up another thread's
+    /// copies: run 86, eight threads copying 64 KiB each with a stamp after every copy moved
+    /// 13.5 GB/s against 16.2 waited by `cuStreamSynchronize`). Records the calling thread as
+    /// the last; the shared word is written only when the submitter changes.
+    pub(crate) fn alone(&self) -> bool {
+        let me = thread_number();
+        let prev = self.last_thread.load(Ordering::Relaxed);
+        if prev != me {
+            self.last_thread.store(me, Ordering::Relaxed);
+        }
+        prev == me || prev == usize::MAX
     }
 
     /// The calling thread's lane index.

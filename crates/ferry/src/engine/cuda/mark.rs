@@ -32,11 +32,13 @@
 //! below count them).
 //!
 //! Stamped ([`stamps`], `stamp.rs`): a lazy request of the [`WaitMode::Auto`] wait submitted
-//! while its queue had nothing pending (its last lazy request known done, or none) also has
-//! the stream write its number into the queue's completion word after its work; its waits and
-//! polls read that word (asking the driver only now and then, for errors), which sees the end
-//! sooner than `cuStreamSynchronize` does. A request submitted behind pending work gets none:
-//! the word's write would delay the work queued after it.
+//! while its queue had nothing pending (its last lazy request known done, or none), by the
+//! thread that also made the engine's previous submission, also has the stream write its
+//! number into the queue's completion word after its work; its waits and polls read that word
+//! (asking the driver only now and then, for errors), which sees the end sooner than
+//! `cuStreamSynchronize` does. A request submitted behind pending work gets none (the word's
+//! write would delay the work queued after it), nor one submitted while other threads submit
+//! (the write's memory barrier holds up their streams' copies as well).
 //!
 //! Eager (an event at submit, as before): [`WaitMode::Blocking`] and
 //! [`WaitMode::SpinThenBlock`] (their sleep in the driver is a `BLOCKING_SYNC` event's); a
@@ -99,9 +101,16 @@ pub(crate) fn seals(last_has_event: bool, last_known_done: bool) -> bool {
 /// Whether a request waited in `mode` and marked `marking` gets a stamp ([`super::stamp`]):
 /// a lazy one waited by [`WaitMode::Auto`] (`Spin` asks for the driver's spin), on a queue
 /// that was `idle` when it was submitted (a thread likely waits for it next; with work queued
-/// behind it the stamp's write would delay that work), whose stream has a completion word.
-pub(crate) fn stamps(mode: WaitMode, marking: Marking, idle: bool, has_word: bool) -> bool {
-    mode == WaitMode::Auto && marking == Marking::Lazy && idle && has_word
+/// behind it the stamp's write would delay that work), submitted by a thread `alone` on the
+/// engine (the write's memory barrier holds up the copy engine's work of other streams too),
+/// whose stream has a completion word.
+pub(crate) fn stamps(
+    mode: WaitMode,
+    marking: Marking,
+    (idle, alone): (bool, bool),
+    has_word: bool,
+) -> bool {
+    mode == WaitMode::Auto && marking == Marking::Lazy && idle && alone && has_word
 }
 
 /// One of the engine's streams with its lazy bookkeeping: the last lazy request submitted on
@@ -237,15 +246,21 @@ impl Enqueue<'_> {
         self.tail.last = Arc::downgrade(request);
     }
 
-    /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this hold: the next number,
-    /// written to the stream's completion word after its work, where [`stamps`] says so;
+    /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this
+    /// hold by a thread `alone` on the engine: the next number, written to the stream's
+    /// completion word after its work, where [`stamps`] says so;
     /// `None` otherwise or if the write could not be enqueued.
     ///
     /// # Safety
     /// The queue's context is current on this thread.
-    pub(crate) unsafe fn stamp(&mut self, mode: WaitMode, marking: Marking) -> Option<u32> {
+    pub(crate) unsafe fn stamp(
+        &mut self,
+        mode: WaitMode,
+        marking: Marking,
+        alone: bool,
+    ) -> Option<u32> {
         let word = self.q.stamp.as_ref();
-        if !stamps(mode, marking, self.idle, word.is_some()) {
+        if !stamps(mode, marking, (self.idle, alone), word.is_some()) {
             return None;
         }
         let seq = self.tail.seq.wrapping_add(1);
@@ -340,7 +355,7 @@ mod tests {
             if ev {
                 out.push("cuEventRecord");
             }
-            let stamped = stamps(mode, m, idle, true);
+            let stamped = stamps(mode, m, (idle, true), true);
             if stamped {
                 out.push("cuStreamWriteValue32");
             }
@@ -414,18 +429,20 @@ mod tests {
     }
 
     #[test]
-    fn only_default_waits_of_lazy_requests_on_idle_streams_with_a_word_are_stamped() {
-        assert!(stamps(WaitMode::Auto, Marking::Lazy, true, true));
+    fn only_default_waits_of_a_lone_thread_on_idle_streams_are_stamped() {
+        let auto = WaitMode::Auto;
+        assert!(stamps(auto, Marking::Lazy, (true, true), true));
         assert!(
-            !stamps(WaitMode::Auto, Marking::Lazy, false, true),
+            !stamps(auto, Marking::Lazy, (false, true), true),
             "work queued"
         );
         assert!(
-            !stamps(WaitMode::Auto, Marking::Lazy, true, false),
-            "no word"
+            !stamps(auto, Marking::Lazy, (true, false), true),
+            "other threads"
         );
+        assert!(!stamps(auto, Marking::Lazy, (true, true), false), "no word");
         assert!(
-            !stamps(WaitMode::Auto, Marking::Event, true, true),
+            !stamps(auto, Marking::Event, (true, true), true),
             "has an event"
         );
         for mode in [
@@ -433,7 +450,7 @@ mod tests {
             WaitMode::Blocking,
             WaitMode::SpinThenBlock(Duration::from_micros(50)),
         ] {
-            assert!(!stamps(mode, Marking::Lazy, true, true), "{mode:?}");
+            assert!(!stamps(mode, Marking::Lazy, (true, true), true), "{mode:?}");
         }
     }
 }

@@ -754,7 +754,7 @@ impl CudaEngine {
             None => {
                 let stamp = match hold.as_mut() {
                     // SAFETY: the context is current (this function's contract).
-                    Some(h) => unsafe { h.stamp(self.cfg.wait, marking) },
+                    Some(h) => unsafe { h.stamp(self.cfg.wait, marking, self.lanes.alone()) },
                     None => None,
                 };
                 event::Marked::Lazy(Arc::clone(queue), stamp)
