@@ -163,7 +163,7 @@ impl Queue {
         self.tail.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the stream's completion word has reached `seq` ([`stamp::reached`]).
+    /// Whether the stream's completion word has reached `seq` ([`super::stamp::reached`]).
     pub(crate) fn stamp_reached(&self, seq: u32) -> bool {
         self.stamp
             .as_ref()
