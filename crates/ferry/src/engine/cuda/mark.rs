@@ -32,8 +32,9 @@
 //! below count them).
 //!
 //! Stamped ([`stamps`], `stamp.rs`): a lazy request of the [`WaitMode::Auto`] wait submitted
-//! while its queue had nothing pending (its last lazy request known done, or none), by the
-//! thread that also made the engine's previous submission, also has the stream write its
+//! while its queue had nothing pending (its last lazy request known done, or none), by a
+//! thread that made the engine's last few submissions (`Lanes::alone`), also has the stream
+//! write its
 //! number into the queue's completion word after its work; its waits and polls read that word
 //! (asking the driver only now and then, for errors), which sees the end sooner than
 //! `cuStreamSynchronize` does. A request submitted behind pending work gets none (the word's
