@@ -114,7 +114,7 @@ impl Lanes {
     /// this one included, came from it (then a request's stamp cannot hold up another thread's
     /// copies: run 86, eight threads copying 64 KiB each with a stamp after every copy moved
     /// 13.5 GB/s against 16.2 waited by `cuStreamSynchronize`; with one submission of the
-    /// thread's own before, such threads still made one now and then, run 90). Counts this
+    /// thread's own before, such threads still made one now and then, run 88). Counts this
     /// submission; the shared word is written only while the streak is short or the
     /// submitter changes, so a thread alone reads it and nothing more.
     pub(crate) fn alone(&self) -> bool {
