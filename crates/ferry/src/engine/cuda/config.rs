@@ -25,7 +25,8 @@ pub enum WaitMode {
     /// its path's rate: the PCIe link's payload rate, the device memory), poll (with short naps
     /// for requests of 2 ms or more), then nap in growing sleeps if it is late;
     /// requests expected under 30 us spin. A request submitted on an engine stream with
-    /// nothing pending, while no other thread submits to the engine, gets a stamp: the stream writes its number into a word of mapped host
+    /// nothing pending, while no other thread submits to the engine (and not a host-to-device
+    /// copy under 1 KiB, which the driver ends sooner), gets a stamp: the stream writes its number into a word of mapped host
     /// memory after it (`cuStreamWriteValue32`), and the spin and the polls read that word
     /// instead of asking the driver, which sees a copy's end 0.4-0.9 us later (the engine's
     /// `stamp` module doc); other requests spin in the driver as `Spin` does. See the engine's

@@ -576,7 +576,8 @@ impl CudaEngine {
         if let Path::Staged(dir) = route.first() {
             return Ok(self.track(lane, self.stage(&job, queue, dir, prog.into_steps())?));
         }
-        let expect = self.expect(steps.iter().map(crate::op::Step::bytes).sum(), dk, sk);
+        let bytes = steps.iter().map(crate::op::Step::bytes).sum();
+        let expect = self.expect(bytes, dk, sk);
         // Dependencies: CUDA requests become stream waits; others are waited here. Marked
         // before this queue is locked: marking a lazy request takes its own queue's lock.
         let mut events = Vec::new();
@@ -610,6 +611,7 @@ impl CudaEngine {
             caller,
             events,
             expect,
+            worth: mark::worth_a_stamp(dk, sk, bytes),
         };
         // SAFETY: context current (bound above); the caller's stream, when given, a live
         // stream of this context (2); the buffers are valid until the request completes (1);
@@ -665,6 +667,7 @@ impl CudaEngine {
             caller: None,
             events: Vec::new(),
             expect,
+            worth: mark::worth_a_stamp(dk, Some(sk), n),
         };
         // SAFETY: context current (bound above), the stream the engine's; the run lies inside
         // both buffers (this function's contract: `op::checked_run` checked it), valid until
@@ -709,6 +712,7 @@ impl CudaEngine {
             caller,
             events,
             expect,
+            worth,
         } = on;
         let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
@@ -754,7 +758,9 @@ impl CudaEngine {
             None => {
                 let stamp = match hold.as_mut() {
                     // SAFETY: the context is current (this function's contract).
-                    Some(h) => unsafe { h.stamp(self.cfg.wait, marking, self.lanes.alone()) },
+                    Some(h) => unsafe {
+                        h.stamp(self.cfg.wait, marking, (self.lanes.alone(), worth))
+                    },
                     None => None,
                 };
                 event::Marked::Lazy(Arc::clone(queue), stamp)
@@ -786,6 +792,8 @@ struct Launch<'a> {
     caller: Option<sys::CUstream>,
     events: Vec<sys::CUevent>,
     expect: wait::Expect,
+    /// Whether the request is worth a stamp ([`mark::worth_a_stamp`]).
+    worth: bool,
 }
 
 impl Drop for CudaEngine {

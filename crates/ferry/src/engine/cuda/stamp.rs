@@ -11,7 +11,8 @@
 //! us before the driver's own end of the work (the same copy, word written, then
 //! `cuStreamSynchronize`: 1.5-1.8 us later than without the word), so a request gets a stamp
 //! only where a thread is likely to wait for it soon and nothing queues behind it: on an
-//! engine stream that was idle when it was submitted (`mark.rs` decides).
+//! engine stream that was idle when it was submitted, by a thread submitting alone, and not
+//! for uploads under 1 KiB, whose end the driver sees sooner (run 93; `mark.rs` decides).
 //!
 //! The write's default flags put a system-scope memory barrier before it: the request's
 //! writes (a download's bytes in host memory) are visible before the word is (2,000
