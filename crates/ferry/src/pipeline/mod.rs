@@ -145,7 +145,7 @@ pub struct PipelineConfig {
     /// Keep a [`Timeline`] of the run. On a GPU that costs the run time: each step is
     /// followed by a timing-enabled CUDA event (and preceded by one where its start cannot be
     /// known from the events it follows: the stream's first step, or a stream that went idle
-    /// before the step was submitted), and each such record cost the H200 host's streams about
+    /// before the step was begun), and each such record cost the H200 host's streams about
     /// 1.4 us (run 66 of `bench/results/h200.md`: a raw 3-stream loop of 32 chunks of 2 MiB took
     /// 1,677-1,685 us with one after every step, 1,819-1,823 us with one before and after, against
     /// 1,543-1,563 without; the same records of events without timing cost nothing). A step's

@@ -26,11 +26,12 @@ pub enum WaitMode {
     /// for requests of 2 ms or more), then nap in growing sleeps if it is late;
     /// requests expected under 30 us spin. A request submitted on an engine stream with
     /// nothing pending, while no other thread submits to the engine (and not a host-to-device
-    /// copy under 1 KiB, which the driver ends sooner), gets a stamp: the stream writes its number into a word of mapped host
-    /// memory after it (`cuStreamWriteValue32`), and the spin and the polls read that word
-    /// instead of asking the driver, which sees a copy's end 0.4-0.9 us later (the engine's
-    /// `stamp` module doc); other requests spin in the driver as `Spin` does. See the engine's
-    /// `wait` module doc.
+    /// copy under 1 KiB, which the driver ends sooner), gets a stamp: the stream writes its
+    /// number into a word of mapped host memory after it (`cuStreamWriteValue32`), and the
+    /// spin and the polls read that word instead of asking the driver, which sees a copy's end
+    /// 0.4-0.9 us later (the engine's `stamp` module doc); other requests expected under 30 us
+    /// spin in the driver as `Spin` does, longer ones sleep and poll the driver. See the
+    /// engine's `wait` module doc.
     #[default]
     Auto,
     /// Sleep until the copy is done (events made with `CU_EVENT_BLOCKING_SYNC`): no CPU used,

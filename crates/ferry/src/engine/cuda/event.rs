@@ -199,9 +199,18 @@ impl Inner {
         self.slot.complete(r)
     }
 
-    /// Whether its work is known done: its result is in, or its stamp was reached.
+    /// Whether its work is known done: its result is in, or its stamp was reached (the result
+    /// is then stored, so that it never depends on the word again: the next submission on its
+    /// queue asks this of it, and the word's numbers wrap after 2^32 stamps).
     pub(crate) fn known_done(&self) -> bool {
-        self.slot.get().is_some() || self.stamp_reached()
+        if self.slot.get().is_some() {
+            return true;
+        }
+        if self.stamp_reached() {
+            let _ = self.slot.complete(Ok(()));
+            return true;
+        }
+        false
     }
 
     /// Whether its queue's completion word has reached its stamp (`false` without one).

@@ -41,6 +41,11 @@
 //! write would delay the work queued after it), nor one submitted while other threads submit
 //! (the write's memory barrier holds up their streams' copies as well).
 //!
+//! "Idle" is the queue's best guess (no lazy request of its pending); a stamp only ever
+//! follows the request's own work, so a wrong guess costs the stream the write, never a wrong
+//! answer. A stream handed to the caller (below) gets no more stamps, as it gets no more lazy
+//! requests.
+//!
 //! Eager (an event at submit, as before): [`WaitMode::Blocking`] and
 //! [`WaitMode::SpinThenBlock`] (their sleep in the driver is a `BLOCKING_SYNC` event's); a
 //! copy on the caller's stream (`CudaEngine::on_stream`: work the engine does not see follows
@@ -141,6 +146,9 @@ pub(crate) struct Queue {
     tail: Mutex<Tail>,
     /// The stream's completion word, where it could be made ([`stamps`]).
     stamp: Option<Stamp>,
+    /// A write of the word failed once: no more stamps on this queue (the driver would refuse
+    /// each one again).
+    stamp_off: AtomicBool,
     /// The stream was handed to the caller (`CudaEngine::stream`).
     exposed: AtomicBool,
     /// Staged copies using the stream now ([`Foreign`]).
@@ -163,6 +171,7 @@ impl Queue {
             stream,
             tail: Mutex::new(Tail::default()),
             stamp,
+            stamp_off: AtomicBool::new(false),
             exposed: AtomicBool::new(false),
             foreign: AtomicUsize::new(0),
         }
@@ -279,14 +288,21 @@ impl Enqueue<'_> {
         marking: Marking,
         (alone, worth): (bool, bool),
     ) -> Option<u32> {
-        let word = self.q.stamp.as_ref();
+        let word = self
+            .q
+            .stamp
+            .as_ref()
+            .filter(|_| !self.q.stamp_off.load(Ordering::Relaxed));
         if !stamps(mode, marking, (self.idle, alone, worth), word.is_some()) {
             return None;
         }
         let seq = self.tail.seq.wrapping_add(1);
         // SAFETY: the queue's live stream, in the word's context, current (this function's
         // contract).
-        unsafe { word?.write(self.q.raw(), seq) }.ok()?;
+        if unsafe { word?.write(self.q.raw(), seq) }.is_err() {
+            self.q.stamp_off.store(true, Ordering::Relaxed);
+            return None;
+        }
         self.tail.seq = seq;
         Some(seq)
     }

@@ -50,8 +50,9 @@
 //! dependencies and that copies from or to pageable host memory below the staging sizes return
 //! once the driver has consumed the host side. A staged request's dependents wait for it on the
 //! host. `Request::wait` sleeps until shortly before the request's expected end and then polls
-//! ([`WaitMode::Auto`], default; a request submitted on an idle stream is polled by reading a
-//! word its stream writes after it, `stamp.rs`), sleeps in the driver ([`WaitMode::Blocking`])
+//! ([`WaitMode::Auto`], default; a request submitted on an idle stream by a thread submitting
+//! alone, other than an upload under 1 KiB, is waited by reading a word its stream writes after
+//! it, `stamp.rs` and `mark.rs`), sleeps in the driver ([`WaitMode::Blocking`])
 //! or spins ([`WaitMode::Spin`]).
 //! `barrier` waits for everything.
 //!
@@ -407,6 +408,10 @@ impl CudaEngine {
         dir: staged::Direction,
         steps: Vec<crate::op::Step>,
     ) -> Result<Request, SubmitError> {
+        // A staged copy's DMAs are submissions too: they end another thread's streak.
+        if self.cfg.wait == WaitMode::Auto {
+            self.lanes.alone();
+        }
         let work = match <[_; 1]>::try_from(steps) {
             Ok([crate::op::Step::Segments { segs, range, .. }]) => paths::StagedWork::Segments {
                 segs,
@@ -714,6 +719,9 @@ impl CudaEngine {
             expect,
             worth,
         } = on;
+        // Every submission of the default wait counts towards the submitting thread's streak
+        // (`Lanes::alone`), whether or not it can be stamped.
+        let alone = self.cfg.wait == WaitMode::Auto && self.lanes.alone();
         let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
         // first); the caller's is not the engine's to track.
@@ -758,9 +766,7 @@ impl CudaEngine {
             None => {
                 let stamp = match hold.as_mut() {
                     // SAFETY: the context is current (this function's contract).
-                    Some(h) => unsafe {
-                        h.stamp(self.cfg.wait, marking, (self.lanes.alone(), worth))
-                    },
+                    Some(h) => unsafe { h.stamp(self.cfg.wait, marking, (alone, worth)) },
                     None => None,
                 };
                 event::Marked::Lazy(Arc::clone(queue), stamp)

@@ -18,7 +18,8 @@
 //! writes (a download's bytes in host memory) are visible before the word is (2,000
 //! downloads of 4 KiB-1 MiB in run 84, each compared as soon as the word was seen: none
 //! early). The word only ever grows in stream order, so a request is done once the word has
-//! reached its number ([`reached`], modulo 2^32). A request whose stream fails never sees
+//! reached its number ([`reached`], modulo 2^32: the next submission on the same queue records
+//! the answer for good, `event::Inner::known_done`, long before the numbers could wrap). A request whose stream fails never sees
 //! its number: waits fall back to the driver (`event.rs`), which reports the error.
 
 use super::driver::check;
@@ -52,8 +53,8 @@ impl Stamp {
             sys::cuMemHostGetDevicePointer_v2(&mut dev, mem.ptr().cast(), 0)
         })
         .ok()?;
-        // SAFETY: the word is the first 4 bytes of the page just allocated (page-aligned), not
-        // yet shared with the device.
+        // SAFETY: the word is the first 4 bytes of the 4096 just allocated (the driver's
+        // allocations are at least 4-byte aligned), not yet shared with the device.
         unsafe { mem.ptr().cast::<u32>().write_volatile(0) };
         Some(Stamp { mem, dev })
     }
@@ -65,9 +66,10 @@ impl Stamp {
     /// `stream` is a live stream of the context the word was allocated in, current on this
     /// thread.
     pub(crate) unsafe fn write(&self, stream: sys::CUstream, seq: u32) -> Result<(), DriverError> {
-        // SAFETY: the caller's stream; `dev` is the mapped word, alive while `self` is (the
-        // queue that owns it outlives its requests; the engine synchronizes its streams before
-        // they go, and freeing pinned memory waits for the device's pending work).
+        // SAFETY: the caller's stream; `dev` is the mapped word, alive while `self` is. The
+        // queue that owns it outlives every request stamped on it (each holds the queue), a
+        // request's drop waits until its number is reached or its stream failed, and the
+        // engine synchronizes its streams before they go: no write is pending when it is freed.
         check("cuStreamWriteValue32", unsafe {
             sys::cuStreamWriteValue32_v2(stream, self.dev, seq, 0)
         })
@@ -82,7 +84,8 @@ impl Stamp {
 }
 
 /// Whether a word that reads `word` has reached `seq`: numbers are handed out in stream order
-/// modulo 2^32, and fewer than 2^31 are ever outstanding on one stream.
+/// modulo 2^32, and a request's answer is recorded at the next submission on its queue, far
+/// fewer than 2^31 numbers later.
 pub(crate) fn reached(word: u32, seq: u32) -> bool {
     (word.wrapping_sub(seq) as i32) >= 0
 }
