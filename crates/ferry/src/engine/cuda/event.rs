@@ -174,10 +174,9 @@ impl Inner {
                 let mut polls = 0u32;
                 let query = || {
                     polls = polls.wrapping_add(1);
-                    match self.stamp_reached() {
-                        true => Some(Ok(())),
-                        false if polls % STAMP_ASK_EVERY == 0 => self.query(),
-                        false => None,
+                    match polls % STAMP_ASK_EVERY {
+                        0 => self.query(),
+                        _ => self.stamp_reached().then_some(Ok(())),
                     }
                 };
                 wait::wait(self.expect, query, || self.spin_stamp())
@@ -199,18 +198,14 @@ impl Inner {
         self.slot.complete(r)
     }
 
-    /// Whether its work is known done: its result is in, or its stamp was reached (the result
-    /// is then stored, so that it never depends on the word again: the next submission on its
+    /// Its result where known without asking the driver: in its slot, or its stamp reached
+    /// (then stored, so that it never depends on the word again: the next submission on its
     /// queue asks this of it, and the word's numbers wrap after 2^32 stamps).
-    pub(crate) fn known_done(&self) -> bool {
-        if self.slot.get().is_some() {
-            return true;
+    pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {
+        match self.slot.get() {
+            Some(r) => Some(r),
+            None => self.stamp_reached().then(|| self.slot.complete(Ok(()))),
         }
-        if self.stamp_reached() {
-            let _ = self.slot.complete(Ok(()));
-            return true;
-        }
-        false
     }
 
     /// Whether its queue's completion word has reached its stamp (`false` without one).
@@ -269,8 +264,8 @@ impl Inner {
     /// request without an event: success there means everything enqueued before, the request
     /// included, is done; "not ready" may also mean later work is pending, and is asked again).
     fn query(&self) -> Option<Result<(), RequestError>> {
-        if self.stamp_reached() {
-            return Some(Ok(()));
+        if let Some(r) = self.known() {
+            return Some(r);
         }
         let (call, code) = match self.target() {
             // SAFETY: a live event handle.
@@ -290,7 +285,7 @@ impl Inner {
     /// its submit: the caller holds the queue's lock) unless it has one or is known done
     /// ([`mark::seals`]).
     pub(crate) fn seal(&self, stream: sys::CUstream) -> Result<(), DriverError> {
-        if !mark::seals(self.event.get().is_some(), self.known_done()) {
+        if !mark::seals(self.event.get().is_some(), self.known().is_some()) {
             return Ok(());
         }
         driver::bind(&self.home.ctx)?;
@@ -308,11 +303,8 @@ impl Inner {
     /// this lazy request is still its stream's last work). May change the calling thread's
     /// current context; waits on the host only where no event can be recorded.
     pub(crate) fn mark(&self) -> Mark {
-        if let Some(r) = self.slot.get() {
+        if let Some(r) = self.known() {
             return Mark::Known(r);
-        }
-        if self.stamp_reached() {
-            return Mark::Known(self.slot.complete(Ok(())));
         }
         if let Some(q) = self.lazy.as_deref().filter(|_| self.event.get().is_none()) {
             // Not the last: a later submission recorded the event, or it completed first.

@@ -210,7 +210,7 @@ impl Queue {
                 // A failed record leaves `prev` without an event: its wait then waits on the
                 // stream (later, never early), its dependents on the host.
                 let _ = inner.seal(self.raw());
-                inner.known_done()
+                inner.known().is_some()
             }
             None => true,
         };

@@ -409,9 +409,7 @@ impl CudaEngine {
         steps: Vec<crate::op::Step>,
     ) -> Result<Request, SubmitError> {
         // A staged copy's DMAs are submissions too: they end another thread's streak.
-        if self.cfg.wait == WaitMode::Auto {
-            self.lanes.alone();
-        }
+        self.counted_alone();
         let work = match <[_; 1]>::try_from(steps) {
             Ok([crate::op::Step::Segments { segs, range, .. }]) => paths::StagedWork::Segments {
                 segs,
@@ -435,6 +433,13 @@ impl CudaEngine {
             signal: Arc::clone(&signal),
         })?;
         Ok(Request::new(signal))
+    }
+
+    /// Counts a submission of the calling thread towards its streak ([`lanes::Lanes::alone`],
+    /// for stamps: every submission of the default wait counts, stampable or not); whether the
+    /// thread submits alone. Nothing is counted in the other wait modes (they never stamp).
+    fn counted_alone(&self) -> bool {
+        self.cfg.wait == WaitMode::Auto && self.lanes.alone()
     }
 
     /// Tracks `req` in lane `lane`'s in-flight list (for barriers).
@@ -719,9 +724,6 @@ impl CudaEngine {
             expect,
             worth,
         } = on;
-        // Every submission of the default wait counts towards the submitting thread's streak
-        // (`Lanes::alone`), whether or not it can be stamped.
-        let alone = self.cfg.wait == WaitMode::Auto && self.lanes.alone();
         let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
         // first); the caller's is not the engine's to track.
@@ -744,7 +746,10 @@ impl CudaEngine {
             })?;
         }
         let mut keep = Vec::new();
-        if let Err(e) = run(queue.stream(), &mut keep) {
+        let ran = run(queue.stream(), &mut keep);
+        // Counted after the work is enqueued: nothing more on the host's path to it.
+        let alone = self.counted_alone();
+        if let Err(e) = ran {
             // Work enqueued before the failure still uses the buffers: finish it before
             // handing the error (and, in the safe API, the buffers) back.
             // SAFETY: a live stream of this context.

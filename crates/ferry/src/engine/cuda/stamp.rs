@@ -19,8 +19,9 @@
 //! downloads of 4 KiB-1 MiB in run 84, each compared as soon as the word was seen: none
 //! early). The word only ever grows in stream order, so a request is done once the word has
 //! reached its number ([`reached`], modulo 2^32: the next submission on the same queue records
-//! the answer for good, `event::Inner::known_done`, long before the numbers could wrap). A request whose stream fails never sees
-//! its number: waits fall back to the driver (`event.rs`), which reports the error.
+//! the answer for good, `event::Inner::known`, long before the numbers could wrap). A request
+//! whose stream fails never sees its number: waits fall back to the driver (`event.rs`), which
+//! reports the error.
 
 use super::driver::check;
 use super::memory::{HostAlloc, PinFlags};

@@ -148,6 +148,20 @@ impl Timing {
         phase: Phase,
         start: Start,
     ) -> Result<(), PipelineError> {
+        let i = self.close(stream, chunk, phase, start)?;
+        *self.last_on(stream.cu_stream()) = Some(i);
+        Ok(())
+    }
+
+    /// Records chunk `chunk`'s `phase` (begun with `start`) as ended by an event on `stream`
+    /// now; its mark's index.
+    fn close(
+        &mut self,
+        stream: &CudaStream,
+        chunk: usize,
+        phase: Phase,
+        start: Start,
+    ) -> Result<usize, PipelineError> {
         let end = self.event(stream)?;
         let i = self.marks.len();
         self.marks.push(Mark {
@@ -156,11 +170,10 @@ impl Timing {
             start,
             end,
         });
-        *self.last_on(stream.cu_stream()) = Some(i);
         if let Some(s) = self.by_step.get_mut(chunk) {
             s[phase_index(phase)] = Some(i);
         }
-        Ok(())
+        Ok(i)
     }
 
     /// A step on `stream` whose end is signalled by a host thread: ended later by
@@ -177,17 +190,7 @@ impl Timing {
             return Ok(());
         }
         for (c, p, start) in open {
-            let end = self.event(stream)?;
-            let i = self.marks.len();
-            self.marks.push(Mark {
-                chunk: c,
-                phase: p,
-                start,
-                end,
-            });
-            if let Some(s) = self.by_step.get_mut(c) {
-                s[phase_index(p)] = Some(i);
-            }
+            self.close(stream, c, p, start)?;
         }
         *self.last_on(stream.cu_stream()) = None;
         Ok(())
