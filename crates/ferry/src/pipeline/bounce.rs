@@ -25,6 +25,29 @@
 
 use crate::request::{Request, RequestError};
 
+/// Bytes of later fills per fill worker after which a fill's lines have left the worker's
+/// private caches (see [`demoted_fill`]): each byte filled passes about two bytes of lines
+/// through the core (the source read, the destination written), so 1 MiB of fills cycles
+/// 2 MiB, the L2 of a core of the H200 host's Xeon.
+pub(super) const EVICT_BYTES_PER_WORKER: usize = 1 << 20;
+
+/// Whether the fill of the chunk of a contiguous pageable source that ends `end` bytes into a
+/// `total`-byte run moves its lines out of the fill workers' private caches once copied
+/// ([`super::BounceFill::demote_last`]): the chunks after which fewer than `workers` x
+/// [`EVICT_BYTES_PER_WORKER`] bytes of fills follow, the run's last ones.
+///
+/// Why: a DMA that reads host memory a core still holds modified in its private cache waits for
+/// that core to give up each line. In the middle of a run the fills of the chunks after a chunk
+/// push its lines out to the shared cache before its DMA reads them, and the DMA runs as fast
+/// as from pinned memory (45-47 us a 2 MiB chunk on the H200 host, as the pinned source's); the
+/// last chunks have too little filled after them, and their DMAs took 57-107 us (the traces of
+/// runs 96-104, `bench/results/h200.md`). Demoted, they took 44-52 us (one 64). The run's first chunk is read
+/// right after its fill too, but there it does not pay: demoting (or streaming) its lines
+/// lengthens the fill the first DMA waits for by about what it shortens that DMA.
+pub(super) fn demoted_fill(end: usize, total: usize, workers: usize) -> bool {
+    total.saturating_sub(end) < workers.saturating_mul(EVICT_BYTES_PER_WORKER)
+}
+
 /// B buffers (`S`: a pinned buffer on the GPU, anything in the CPU tests) lent in turn to
 /// chunk `i % B`: filled for chunk `i` ([`BounceRing::take`], then [`BounceRing::filling`]),
 /// read by chunk `i`'s DMA only once that fill completed ([`BounceRing::ready`]), and taken for
@@ -137,6 +160,25 @@ impl<S> BounceRing<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_fills_are_demoted() {
+        let mib = 1 << 20;
+        // 64 MiB in 2 MiB chunks, 8 workers: the four whose later fills are under 8 MiB.
+        let demoted: Vec<usize> = (0..32)
+            .filter(|&i| demoted_fill((i + 1) * 2 * mib, 64 * mib, 8))
+            .collect();
+        assert_eq!(demoted, [28, 29, 30, 31]);
+        // 256 MiB in 8 MiB chunks, 12 workers: the last two.
+        let demoted: Vec<usize> = (0..32)
+            .filter(|&i| demoted_fill((i + 1) * 8 * mib, 256 * mib, 12))
+            .collect();
+        assert_eq!(demoted, [30, 31]);
+        // One chunk; a chunk ending past the run's bytes; no workers.
+        assert!(demoted_fill(mib, mib, 8));
+        assert!(demoted_fill(9 * mib, 8 * mib, 8));
+        assert!(!demoted_fill(mib, 64 * mib, 0));
+    }
     use crate::request::{Completion, Signal};
     use std::sync::Arc;
 

@@ -32,7 +32,7 @@
 //! host thread (a staged copy) ends in the timeline when the compute stream next learned of it,
 //! later than it did.
 
-use super::bounce::BounceRing;
+use super::bounce::{demoted_fill, BounceRing};
 use super::core::{self, Lanes};
 use super::{
     plan, slot_need, BounceFill, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport,
@@ -482,10 +482,13 @@ where
                 };
                 if from_l.is_contiguous() && from_l.size_bytes() == c.len {
                     let at = from.addr + from_l.offset() as u64;
+                    let workers = bounce.staging.get_threads();
+                    let demote = self.fill.demote_last
+                        && demoted_fill(c.offset + c.len, self.src.len(), workers);
                     let filler = bounce.filler()?;
                     // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
                     // checked within `from` by `part`) and the pinned buffer's first `c.len`.
-                    unsafe { filler.queue(pinned.addr, at, c.len, self.fill.spread) }
+                    unsafe { filler.queue(pinned.addr, at, c.len, self.fill.spread, demote) }
                         .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
                 } else {
                     let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);

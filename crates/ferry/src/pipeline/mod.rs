@@ -157,7 +157,7 @@ pub struct PipelineConfig {
     /// at a chunk of pinned memory each.
     pub bounce: usize,
     /// How host threads share the fills of those buffers from a contiguous pageable source
-    /// ([`BounceFill::SPREAD_HELP`] by default).
+    /// ([`BounceFill::ALL`] by default).
     pub bounce_fill: BounceFill,
     /// CPU threads that fill those buffers from a pageable source, whole or strided (0:
     /// automatic, [`PipelineConfig::effective_fill_threads`]; at most [`FILL_THREADS_MAX`]).
@@ -195,25 +195,42 @@ pub struct BounceFill {
     /// The submitting thread copies the untaken pieces of the fill it waits for (a core more on
     /// it, and one that is awake) before it waits for the pieces still being copied.
     pub help: bool,
+    /// The run's last fills, after which too few bytes are filled to push their lines out of
+    /// the copying cores' private caches before their DMAs read them, move those lines to the
+    /// shared cache themselves (`CLDEMOTE` on x86-64 CPUs that have it, Sapphire Rapids Xeons
+    /// on; nothing elsewhere). On the H200 host (runs 96-104 of `bench/results/h200.md`) the last
+    /// 2 MiB uploads of a 64 MiB run took 57-107 us without, 44-52 us with (one 64), as from
+    /// pinned memory (45-47 us).
+    pub demote_last: bool,
 }
 
 impl BounceFill {
-    /// 256 KiB pieces; the submitting thread only waits (the behaviour before both settings).
+    /// 256 KiB pieces; the submitting thread only waits; nothing demoted (the behaviour
+    /// before any of the settings).
     pub const PIECES: BounceFill = BounceFill {
         spread: false,
         help: false,
+        demote_last: false,
     };
-    /// Both settings: the default.
+    /// Spread pieces and a helping submitting thread, nothing demoted (the default before
+    /// `demote_last`).
     pub const SPREAD_HELP: BounceFill = BounceFill {
         spread: true,
         help: true,
+        demote_last: false,
+    };
+    /// Every setting: the default.
+    pub const ALL: BounceFill = BounceFill {
+        spread: true,
+        help: true,
+        demote_last: true,
     };
 }
 
 impl Default for BounceFill {
-    /// [`BounceFill::SPREAD_HELP`].
+    /// [`BounceFill::ALL`].
     fn default() -> BounceFill {
-        BounceFill::SPREAD_HELP
+        BounceFill::ALL
     }
 }
 

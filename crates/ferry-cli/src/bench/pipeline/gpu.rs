@@ -12,7 +12,7 @@
 //! - `cuda-pipeline-file` ([`up`]): the same from a file (page cache) through a file engine,
 //!   vs the pinned source (the ratio is file / pinned). `FERRY_BENCH_BOUNCE=N` gives these two
 //!   sources N bounce buffers instead of the automatic count, to compare counts on one host;
-//!   `FERRY_BENCH_FILL=0..3` picks how the pageable source's buffers are filled and
+//!   `FERRY_BENCH_FILL=0..7` picks how the pageable source's buffers are filled and
 //!   `FERRY_BENCH_FILL_THREADS=N` by how many threads (`up.rs`).
 //!
 //! Ferry's series and the one its ratio is taken against (the raw loop; the pinned source) are

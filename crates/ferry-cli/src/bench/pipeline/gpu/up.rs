@@ -283,16 +283,19 @@ fn against_pinned(
 }
 
 /// `FERRY_BENCH_FILL=N`: how the pageable source's bounce buffers are filled, to compare the
-/// ways on one host in one run ([`BounceFill`]): 0 256 KiB pieces, the submitting thread only
-/// waiting (the old way); 1 pieces spread over every fill worker; 2 the submitting thread
-/// copying pieces of the fill it waits for; 3 both (the default, also when unset).
+/// ways on one host in one run ([`BounceFill`]), a sum of 1 (pieces spread over every fill
+/// worker), 2 (the submitting thread copies pieces of the fill it waits for) and 4 (the last
+/// chunks' fills demote their lines to the shared cache): 0 is the oldest way, 3 the default
+/// before the demoted ends, 7 the default (also when unset).
 fn bounce_fill() -> Result<BounceFill, BenchError> {
-    const WHAT: &str = "a fill mode 0-3 (1: spread pieces, 2: the submitting thread helps)";
+    const WHAT: &str =
+        "a fill mode 0-7 (1: spread pieces, 2: the submitting thread helps, 4: demoted ends)";
     match env_number::<u8>("FERRY_BENCH_FILL", WHAT)? {
         None => Ok(BounceFill::default()),
-        Some(n @ 0..=3) => Ok(BounceFill {
+        Some(n @ 0..=7) => Ok(BounceFill {
             spread: n & 1 != 0,
             help: n & 2 != 0,
+            demote_last: n & 4 != 0,
         }),
         Some(n) => Err(BenchError::Setup(format!(
             "$FERRY_BENCH_FILL=\"{n}\" is not {WHAT}"

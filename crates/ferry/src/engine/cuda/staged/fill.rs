@@ -19,7 +19,7 @@
 //! 200-250 us (16-20 GB/s) where the same workers' copy moves 46-51 GB/s in the staged path,
 //! whose workers flow from chunk to chunk without a barrier.
 
-use super::nt_copy::{copy_bytes, piece};
+use super::nt_copy::{copy_bytes, demote, piece};
 use super::{StagedError, StagingConfig};
 use crate::request::{Request, RequestError, Signal};
 use std::collections::VecDeque;
@@ -74,6 +74,8 @@ struct Fill {
     left: AtomicUsize,
     /// Set when a piece's copy panicked.
     failed: AtomicBool,
+    /// Demote each piece's lines once copied ([`demote`]).
+    demote: bool,
     done: Arc<Signal>,
 }
 
@@ -150,12 +152,11 @@ impl Shared {
             // until `done` completes, which needs this piece counted below; the pieces
             // of one copy are disjoint.
             Some((at, len)) => catch_unwind(AssertUnwindSafe(|| unsafe {
-                copy_bytes(
-                    (f.src + at) as *const u8,
-                    (f.dst + at) as *mut u8,
-                    len,
-                    self.nt,
-                )
+                let dst = (f.dst + at) as *mut u8;
+                copy_bytes((f.src + at) as *const u8, dst, len, self.nt);
+                if f.demote {
+                    demote(dst, len);
+                }
             }))
             .is_ok(),
             None => true,
@@ -227,8 +228,10 @@ impl Filler {
     }
 
     /// Queues a copy of `len` bytes from `src` to `dst` and returns at once, cut into
-    /// [`fill_pieces`] (`spread`: a multiple of the workers); the request completes when the
-    /// bytes are in `dst` (non-temporal stores fenced), or with [`StagedError::WorkerPanicked`].
+    /// [`fill_pieces`] (`spread`: a multiple of the workers), each piece's lines moved out of
+    /// its worker's private caches once copied where `demote` asks ([`demote`]: for a copy a
+    /// DMA reads soon after); the request completes when the bytes are in `dst` (non-temporal
+    /// stores fenced), or with [`StagedError::WorkerPanicked`].
     ///
     /// # Safety
     /// 1. `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
@@ -240,6 +243,7 @@ impl Filler {
         src: u64,
         len: usize,
         spread: bool,
+        demote: bool,
     ) -> Result<Request, StagedError> {
         let done = Arc::new(Signal::new());
         let req = Request::new(Arc::clone(&done));
@@ -252,6 +256,7 @@ impl Filler {
             pieces,
             left: AtomicUsize::new(pieces),
             failed: AtomicBool::new(false),
+            demote,
             done: Arc::clone(&done),
         });
         {
@@ -319,8 +324,16 @@ mod tests {
             .zip(lens)
             .map(|(d, len)| {
                 // SAFETY: both vectors outlive the requests, waited for below.
-                unsafe { filler.queue(d.as_mut_ptr() as u64, src.as_ptr() as u64, len, true) }
-                    .expect("queue")
+                unsafe {
+                    filler.queue(
+                        d.as_mut_ptr() as u64,
+                        src.as_ptr() as u64,
+                        len,
+                        true,
+                        len > 5000,
+                    )
+                }
+                .expect("queue")
             })
             .collect();
         for r in reqs {
@@ -350,7 +363,7 @@ mod tests {
                 .map(|(j, d)| {
                     let (dst, len) = (d.as_mut_ptr() as u64, d.len());
                     // SAFETY: the vectors outlive the requests, waited for below.
-                    unsafe { filler.queue(dst, src.as_ptr() as u64, len, j % 2 == 0) }
+                    unsafe { filler.queue(dst, src.as_ptr() as u64, len, j % 2 == 0, j % 3 == 0) }
                         .expect("queue")
                 })
                 .collect();
@@ -431,8 +444,8 @@ mod tests {
             // SAFETY: the vectors outlive the requests, waited for below.
             let (ra, rb) = unsafe {
                 let s = src.as_ptr() as u64;
-                let ra = filler.queue(a.as_mut_ptr() as u64, s, a.len(), false);
-                let rb = filler.queue(b.as_mut_ptr() as u64, s, b.len(), false);
+                let ra = filler.queue(a.as_mut_ptr() as u64, s, a.len(), false, false);
+                let rb = filler.queue(b.as_mut_ptr() as u64, s, b.len(), false, true);
                 (ra.expect("queue a"), rb.expect("queue b"))
             };
             assert_eq!(filler.help(&Request::ready(Ok(()))), 0);
