@@ -16,10 +16,10 @@
 //!   `FERRY_BENCH_FILL_THREADS=N` by how many threads (`up.rs`).
 //!
 //! Ferry's series and the one its ratio is taken against (the raw loop; the pinned source) are
-//! each first run once and checked on their own output, then timed in turns ([`timed_pair`]),
-//! so that the shared host's drift during a row moves both alike, then each run and checked
-//! once more (ferry's the traced run when tracing); the sequential loop is timed alone and
-//! checked after.
+//! each first run once and checked on their own output, then warmed up ([`WARMUP_RUNS`] runs at
+//! least) and timed in turns ([`timed_pair`]), so that the shared host's drift during a row
+//! moves both alike, then each run and checked once more (ferry's the traced run when
+//! tracing); the sequential loop is timed alone and checked after.
 //!
 //! Chunks (`chunk_for`): 1/32 of the source, at least 2 MiB. A pipeline of N balanced chunks
 //! through three steps cannot take less than (N + 2) / N of one step's total (the first upload
@@ -70,6 +70,14 @@ extern "C" __global__ void lcg(const unsigned char* in, unsigned char* out, unsi
     }
 }
 "#;
+
+/// Untimed runs of each series of a row before its samples, at least (`--warmup` asks for more,
+/// not fewer): a pageable or file source's fill threads start from cores left idle by the
+/// row's GPU-only calibration, and their runs speed up run after run for a dozen or so. In run
+/// 105 of `bench/results/h200.md`, after 3 warm-ups, the ten samples of a 64 MiB pipeline from
+/// a pageable source fell from 1,994-3,446 us to 1,714-2,086 us while the pinned source's
+/// stayed flat. A row reports the pipeline running, as a program streaming its data sees it.
+const WARMUP_RUNS: usize = 30;
 
 /// Chunks per source (fewer where a chunk would be under [`MIN_CHUNK`]); see the module
 /// documentation.
@@ -285,7 +293,7 @@ impl Bench {
     /// The row's notes: chunks, slots, the kernel, and what the timeline (if kept) showed.
     fn shape(&self, what: &str, timeline: Option<&Timeline>) -> String {
         let mut s = format!(
-            "{what}; chunks of {}, {SLOTS} slots, {}-round LCG kernel (calibrated per chunk, every chunk back to back, warm: upload {:.0} us, kernel {:.0} us)",
+            "{what}; chunks of {}, {SLOTS} slots, {}-round LCG kernel (calibrated per chunk, every chunk back to back, warm: upload {:.0} us, kernel {:.0} us); at least {WARMUP_RUNS} warm-up runs of each series",
             format_size(self.chunk as u64),
             self.rounds,
             self.t_copy * 1e6,
@@ -365,8 +373,12 @@ fn timed_pair(
     (a_name, mut a): (&str, impl FnMut() -> Result<(), String>),
     (b_name, mut b): (&str, impl FnMut() -> Result<(), String>),
 ) -> Result<(Timing, Timing), BenchError> {
+    let method = Method {
+        warmup: method.warmup.max(WARMUP_RUNS),
+        ..method.clone()
+    };
     measure_pair(
-        method,
+        &method,
         || a().map_err(failed(test, a_name, size)),
         || b().map_err(failed(test, b_name, size)),
     )
