@@ -5,19 +5,25 @@
 //! `cuMemcpyHtoDAsync` + `cuStreamSynchronize` per copy), on the same buffers in the same run.
 //! One row per thread count (`cuda-threads[N]`); a timed call is one *round*: every thread's
 //! [`copies_per_round`] copies, released together, host clock until the last thread is done.
-//! Two more ferry series follow the default one (the row's ratio is the default's): the same
-//! with spin waits, and an engine of one stream per direction (as before the pool).
-//! Payload: threads x copies x size bytes. Every device buffer is poisoned before a series and
-//! compared with its thread's own pattern after it.
+//! The default engine's rounds and the raw ones are timed in turns on the same threads
+//! (`measure_pair`), so that the host's drift moves both alike (timed one series after the
+//! other, one thread's 64 KiB copies read 0.94x raw in run 96 of `bench/results/h200.md`, where
+//! the same copies interleaved on one thread, main or spawned, ran 1.06-1.11x raw in run 109;
+//! this row, interleaved, 1.02 and 1.06 in run 110).
+//! Two more ferry series follow (the row's ratio is the default's): the same with spin waits,
+//! and an engine of one stream per direction (as before the pool), each timed on its own.
+//! Payload: threads x copies x size bytes. Every device buffer is poisoned before a series (or
+//! before a verifying round of each side of the pair) and compared with its thread's own
+//! pattern after it.
 
 use super::CudaBench;
 use crate::bench::ctx::{flat, setup, threads_label, Ctx};
 use crate::bench::data::pattern;
-use crate::bench::{measure, BenchError, Kind, Method, Role, Row, Timing};
+use crate::bench::{measure, measure_pair, BenchError, Kind, Role, Row};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::{Engine, EngineExt};
 use ferry_bench::RawCopier;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex, PoisonError};
 
 /// Submitting threads, one row each.
@@ -60,40 +66,53 @@ impl CudaBench {
             .collect::<Result<Vec<_>, BenchError>>()?;
         let copies = copies_per_round(size);
         let payload = (n * copies * size) as u64;
-        // The default engine first (the row's ratio), then two diagnostics: the same with spin
-        // waits (what the default wait costs), and one stream per direction (without the pool).
-        let single = CudaEngine::with_config(self.engine.config().streams(1)).map_err(setup)?;
-        let engines = [
-            (&self.engine, "one engine, default config"),
-            (&self.spin, "one engine, spin waits"),
-            (&single, "one engine, one stream per direction"),
-        ];
-        let mut series = Vec::new();
-        for (engine, what) in engines {
-            let name = format!("ferry {} ({what}, {})", engine.name(), threads_label(n));
-            series.push(ctx.series(&name, Role::Ferry, payload, || {
-                let t = rounds(
-                    &self.method,
-                    &mut lanes,
-                    copies,
-                    || Ok(()),
-                    |(), l| ferry_copy(engine, l),
-                )?;
-                Ok((t, check(&lanes)?))
-            })?);
-        }
-        let raw = format!(
+        // The default engine first (the row's ratio), timed in turns with raw; then two
+        // diagnostics: the same with spin waits (what the default wait costs), and one stream
+        // per direction (without the pool).
+        let label = |engine: &CudaEngine, what: &str| {
+            format!("ferry {} ({what}, {})", engine.name(), threads_label(n))
+        };
+        let raw_name = format!(
             "raw cuMemcpyHtoDAsync + cuStreamSynchronize (a stream per thread, {})",
             threads_label(n)
         );
-        series.push(ctx.series(&raw, Role::Baseline, payload, || {
-            let open = || RawCopier::new(0).map_err(|e| e.to_string());
-            let t = rounds(&self.method, &mut lanes, copies, open, |raw, l| {
-                raw.copy(&mut l.dev, &l.src, size, 1)
-                    .map_err(|e| e.to_string())
-            })?;
-            Ok((t, check(&lanes)?))
-        })?);
+        let open_raw = || RawCopier::new(0).map_err(|e| e.to_string());
+        let ferry_op = |_: &RawCopier, l: &mut Lane| ferry_copy(&self.engine, l);
+        let raw_op = |raw: &RawCopier, l: &mut Lane| {
+            raw.copy(&mut l.dev, &l.src, size, 1)
+                .map_err(|e| e.to_string())
+        };
+        // Each side verified on its own round, then both timed in turns.
+        let ok_f = verified_round(&mut lanes, copies, &open_raw, &ferry_op);
+        let ok_r = verified_round(&mut lanes, copies, &open_raw, &raw_op);
+        let times = rounds_of(
+            &mut lanes,
+            copies,
+            &open_raw,
+            &[&ferry_op, &raw_op],
+            |round| measure_pair(&self.method, || round(0), || round(1)),
+        );
+        let (tf, tr) = match times {
+            Ok((tf, tr)) => (Ok(tf), Ok(tr)),
+            Err(e) => (Err(e.clone()), Err(e)),
+        };
+        let default = label(&self.engine, "one engine, default config");
+        let mut series = vec![ctx.series(&default, Role::Ferry, payload, || Ok((tf?, ok_f?)))?];
+        let single = CudaEngine::with_config(self.engine.config().streams(1)).map_err(setup)?;
+        for (engine, what) in [
+            (&self.spin, "one engine, spin waits"),
+            (&single, "one engine, one stream per direction"),
+        ] {
+            series.push(ctx.series(&label(engine, what), Role::Ferry, payload, || {
+                poison(&mut lanes)?;
+                let op = |_: &(), l: &mut Lane| ferry_copy(engine, l);
+                let t = rounds_of(&mut lanes, copies, &|| Ok(()), &[&op], |round| {
+                    measure(&self.method, || round(0))
+                })?;
+                Ok((t, check(&lanes)?))
+            })?);
+        }
+        series.push(ctx.series(&raw_name, Role::Baseline, payload, || Ok((tr?, ok_r?)))?);
         let shape = format!(
             "pinned -> device, {}, {copies} copies of {size} bytes each per round",
             threads_label(n)
@@ -146,19 +165,34 @@ fn poison(lanes: &mut [Lane]) -> Result<(), String> {
     Ok(())
 }
 
-/// Times rounds of one thread per lane, each making `copies` calls of `copy` per round with
-/// its own session (`open`, made on the thread), all released together by a barrier; a round
-/// ends when the last thread is done. The first error of any thread fails the series.
-fn rounds<S>(
-    method: &Method,
+/// One thread's call with its session `S` on its lane.
+type Op<'a, S> = &'a (dyn Fn(&S, &mut Lane) -> Result<(), String> + Sync);
+
+/// Poisons every device buffer, runs one round of `op` ([`rounds_of`]), and checks them.
+fn verified_round<S>(
     lanes: &mut [Lane],
     copies: usize,
-    open: impl Fn() -> Result<S, String> + Sync,
-    copy: impl Fn(&S, &mut Lane) -> Result<(), String> + Sync,
-) -> Result<Timing, String> {
+    open: &(impl Fn() -> Result<S, String> + Sync),
+    op: Op<'_, S>,
+) -> Result<bool, String> {
     poison(lanes)?;
+    rounds_of(lanes, copies, open, &[op], |round| round(0))?;
+    check(lanes)
+}
+
+/// One thread per lane, each with its own session (`open`, made on the thread); `time` gets
+/// `round(i)`, which releases every thread at once (a barrier) to make `copies` calls of
+/// `ops[i]` and returns when the last thread is done, with the first error of any thread.
+fn rounds_of<S, T>(
+    lanes: &mut [Lane],
+    copies: usize,
+    open: &(impl Fn() -> Result<S, String> + Sync),
+    ops: &[Op<'_, S>],
+    time: impl FnOnce(&dyn Fn(usize) -> Result<(), String>) -> Result<T, String>,
+) -> Result<T, String> {
     let (start, end) = (Barrier::new(lanes.len() + 1), Barrier::new(lanes.len() + 1));
     let stop = AtomicBool::new(false);
+    let which = AtomicUsize::new(0);
     let error: Mutex<Option<String>> = Mutex::new(None);
     let fail = |e: String| {
         error
@@ -168,7 +202,7 @@ fn rounds<S>(
     };
     std::thread::scope(|sc| {
         for (i, lane) in lanes.iter_mut().enumerate() {
-            let (start, end, stop, fail, open, copy) = (&start, &end, &stop, &fail, &open, &copy);
+            let (start, end, stop, which, fail) = (&start, &end, &stop, &which, &fail);
             sc.spawn(move || {
                 let session = open().map_err(|e| format!("thread {i}: {e}"));
                 loop {
@@ -176,29 +210,33 @@ fn rounds<S>(
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    match &session {
-                        Ok(s) => {
+                    let op = ops.get(which.load(Ordering::Acquire)).copied();
+                    match (&session, op) {
+                        (Ok(s), Some(op)) => {
                             for k in 0..copies {
-                                if let Err(e) = copy(s, lane) {
+                                if let Err(e) = op(s, lane) {
                                     fail(format!("thread {i}, copy {k} of the round: {e}"));
                                     break;
                                 }
                             }
                         }
-                        Err(e) => fail(e.clone()),
+                        (Err(e), _) => fail(e.clone()),
+                        (_, None) => fail(format!("thread {i}: no such operation")),
                     }
                     end.wait();
                 }
             });
         }
-        let t = measure(method, || {
+        let round = |i: usize| {
+            which.store(i, Ordering::Release);
             start.wait();
             end.wait();
             match error.lock().unwrap_or_else(PoisonError::into_inner).take() {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
-        });
+        };
+        let t = time(&round);
         stop.store(true, Ordering::Release);
         start.wait();
         t
