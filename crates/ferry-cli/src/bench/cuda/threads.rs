@@ -104,12 +104,10 @@ impl CudaBench {
             (&single, "one engine, one stream per direction"),
         ] {
             series.push(ctx.series(&label(engine, what), Role::Ferry, payload, || {
-                poison(&mut lanes)?;
                 let op = |_: &(), l: &mut Lane| ferry_copy(engine, l);
-                let t = rounds_of(&mut lanes, copies, &|| Ok(()), &[&op], |round| {
+                checked(&mut lanes, copies, &|| Ok(()), &op, |round| {
                     measure(&self.method, || round(0))
-                })?;
-                Ok((t, check(&lanes)?))
+                })
             })?);
         }
         series.push(ctx.series(&raw_name, Role::Baseline, payload, || Ok((tr?, ok_r?)))?);
@@ -168,16 +166,28 @@ fn poison(lanes: &mut [Lane]) -> Result<(), String> {
 /// One thread's call with its session `S` on its lane.
 type Op<'a, S> = &'a (dyn Fn(&S, &mut Lane) -> Result<(), String> + Sync);
 
-/// Poisons every device buffer, runs one round of `op` ([`rounds_of`]), and checks them.
+/// Poisons every device buffer, runs rounds of `op` as `time` asks ([`rounds_of`]), and
+/// checks the buffers after: what `time` returned, and whether they hold their patterns.
+fn checked<S, T>(
+    lanes: &mut [Lane],
+    copies: usize,
+    open: &(impl Fn() -> Result<S, String> + Sync),
+    op: Op<'_, S>,
+    time: impl FnOnce(&dyn Fn(usize) -> Result<(), String>) -> Result<T, String>,
+) -> Result<(T, bool), String> {
+    poison(lanes)?;
+    let t = rounds_of(lanes, copies, open, &[op], time)?;
+    Ok((t, check(lanes)?))
+}
+
+/// One round of `op` on poisoned buffers ([`checked`]): whether they hold their patterns after.
 fn verified_round<S>(
     lanes: &mut [Lane],
     copies: usize,
     open: &(impl Fn() -> Result<S, String> + Sync),
     op: Op<'_, S>,
 ) -> Result<bool, String> {
-    poison(lanes)?;
-    rounds_of(lanes, copies, open, &[op], |round| round(0))?;
-    check(lanes)
+    checked(lanes, copies, open, op, |round| round(0)).map(|((), ok)| ok)
 }
 
 /// One thread per lane, each with its own session (`open`, made on the thread); `time` gets
