@@ -41,9 +41,9 @@ pub(super) const EVICT_BYTES_PER_WORKER: usize = 1 << 20;
 /// push its lines out to the shared cache before its DMA reads them, and the DMA runs as fast
 /// as from pinned memory (45-47 us a 2 MiB chunk on the H200 host, as the pinned source's); the
 /// last chunks have too little filled after them, and their DMAs took 57-107 us (the traces of
-/// runs 96-104, `bench/results/h200.md`). Demoted, they took 44-52 us (one 64). The run's first chunk is read
-/// right after its fill too, but there it does not pay: demoting (or streaming) its lines
-/// lengthens the fill the first DMA waits for by about what it shortens that DMA.
+/// runs 96-104, `bench/results/h200.md`). Demoted, they took 44-52 us (one 64). The run's first
+/// chunk is read right after its fill too, but there it does not pay: demoting (or streaming)
+/// its lines lengthens the fill the first DMA waits for by about what it shortens that DMA.
 pub(super) fn demoted_fill(end: usize, total: usize, workers: usize) -> bool {
     total.saturating_sub(end) < workers.saturating_mul(EVICT_BYTES_PER_WORKER)
 }
@@ -160,6 +160,8 @@ impl<S> BounceRing<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::{Completion, Signal};
+    use std::sync::Arc;
 
     #[test]
     fn the_last_fills_are_demoted() {
@@ -179,8 +181,6 @@ mod tests {
         assert!(demoted_fill(9 * mib, 8 * mib, 8));
         assert!(!demoted_fill(mib, 64 * mib, 0));
     }
-    use crate::request::{Completion, Signal};
-    use std::sync::Arc;
 
     #[test]
     fn a_buffer_comes_back_only_after_its_reader_completed() {

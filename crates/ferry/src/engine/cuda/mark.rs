@@ -34,9 +34,8 @@
 //! Stamped ([`stamps`], `stamp.rs`): a lazy request of the [`WaitMode::Auto`] wait submitted
 //! while its queue had nothing pending (its last lazy request known done, or none), by a
 //! thread that made the engine's last few submissions (`Lanes::alone`), also has the stream
-//! write its
-//! number into the queue's completion word after its work; its waits and polls read that word
-//! (asking the driver only now and then, for errors), which sees the end sooner than
+//! write its number into the queue's completion word after its work; its waits and polls read
+//! that word (asking the driver only now and then, for errors), which sees the end sooner than
 //! `cuStreamSynchronize` does. A request submitted behind pending work gets none (the word's
 //! write would delay the work queued after it), nor one submitted while other threads submit
 //! (the write's memory barrier holds up their streams' copies as well).
@@ -276,9 +275,8 @@ impl Enqueue<'_> {
 
     /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this
     /// hold by a thread `alone` on the engine, `worth` one ([`stamps`]): the next number,
-    /// written to the stream's
-    /// completion word after its work, where [`stamps`] says so;
-    /// `None` otherwise or if the write could not be enqueued.
+    /// written to the stream's completion word after its work, where [`stamps`] says so; `None`
+    /// otherwise or if the write could not be enqueued.
     ///
     /// # Safety
     /// The queue's context is current on this thread.

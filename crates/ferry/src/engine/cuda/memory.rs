@@ -221,8 +221,7 @@ impl PinFlags {
 /// One page-locked host allocation (`cuMemHostAlloc`), freed on drop: the crate's only owner
 /// of such memory, under [`PinnedBuffer`], [`MappedBuffer`], the staging ring
 /// (`staged/ring.rs`), the gather table (`gather.rs`) and the streams' completion words
-/// (`stamp.rs`). Its bytes start uninitialised; it
-/// hands out its address, not a slice.
+/// (`stamp.rs`). Its bytes start uninitialised; it hands out its address, not a slice.
 pub(crate) struct HostAlloc {
     ptr: *mut u8,
     len: usize,

@@ -52,8 +52,8 @@
 //! host. `Request::wait` sleeps until shortly before the request's expected end and then polls
 //! ([`WaitMode::Auto`], default; a request submitted on an idle stream by a thread submitting
 //! alone, other than an upload under 1 KiB, is waited by reading a word its stream writes after
-//! it, `stamp.rs` and `mark.rs`), sleeps in the driver ([`WaitMode::Blocking`])
-//! or spins ([`WaitMode::Spin`]).
+//! it, `stamp.rs` and `mark.rs`), sleeps in the driver ([`WaitMode::Blocking`]) or spins
+//! ([`WaitMode::Spin`]).
 //! `barrier` waits for everything.
 //!
 //! # Ordering
