@@ -46,6 +46,23 @@ pub enum WaitMode {
     SpinThenBlock(std::time::Duration),
 }
 
+/// How the engine knows that a request is done: the completion policy, one seam between the
+/// reference and the tuned machinery (the engine's `mark` module doc).
+///
+/// Every CUDA test runs under both (`FERRY_TEST_COMPLETION=plain|tuned` in the test suite's
+/// `cuda_common`); the tuned one is what the figures in `bench/results/` were measured with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompletionPolicy {
+    /// The reference: every request records its completion event when it is submitted, and
+    /// its wait waits on that event in the [`WaitMode`] chosen. No lazy events, no stamps.
+    Plain,
+    /// Lazy events (recorded only when something needs them), completion words (stamps) for a
+    /// thread submitting alone, and [`WaitMode::Auto`]'s expected-end schedule: the caller's
+    /// view of small copies at the raw driver pair's time or better.
+    #[default]
+    Tuned,
+}
+
 /// Which of the engine's streams (and so which copy engine) a copy runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Direction {
@@ -64,6 +81,8 @@ pub struct CudaConfig {
     pub ordinal: u32,
     /// How `wait` waits.
     pub wait: WaitMode,
+    /// How a request's end is marked and known ([`CompletionPolicy::Tuned`] by default).
+    pub completion: CompletionPolicy,
     /// Put every copy on this direction's stream instead of inferring it from the buffers'
     /// kinds (as AML's `aml_dma_cuda_create(kind)`).
     pub direction: Option<Direction>,
@@ -91,6 +110,7 @@ impl CudaConfig {
         CudaConfig {
             ordinal,
             wait: WaitMode::Auto,
+            completion: CompletionPolicy::Tuned,
             direction: None,
             staging: Some(staged::StagingConfig::new()),
             kernel_copies: KernelCopies::Auto,
@@ -133,6 +153,11 @@ impl CudaConfig {
     /// Sets how `wait` waits.
     pub fn wait_mode(mut self, wait: WaitMode) -> CudaConfig {
         self.wait = wait;
+        self
+    }
+    /// Sets the completion policy ([`CompletionPolicy`]).
+    pub fn completion(mut self, policy: CompletionPolicy) -> CudaConfig {
+        self.completion = policy;
         self
     }
     /// Forces every copy onto one direction's stream.

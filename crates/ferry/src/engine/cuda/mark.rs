@@ -53,7 +53,7 @@
 
 use super::event::{Inner, Shared};
 use super::stamp::Stamp;
-use super::{DriverError, WaitMode};
+use super::{CompletionPolicy, DriverError, WaitMode};
 use crate::MemKind;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -69,10 +69,19 @@ pub(crate) enum Marking {
     Lazy,
 }
 
-/// The marking of a request waited in `mode`, submitted on the caller's stream or not
-/// (`caller_stream`), on an engine stream that work outside the engine's submissions may
-/// follow (`shared`: handed to the caller, or in use by a staged copy).
-pub(crate) fn marking(mode: WaitMode, caller_stream: bool, shared: bool) -> Marking {
+/// The marking of a request waited in `mode` under `policy`, submitted on the caller's stream
+/// or not (`caller_stream`), on an engine stream that work outside the engine's submissions may
+/// follow (`shared`: handed to the caller, or in use by a staged copy). The plain policy marks
+/// every request with an event at submit.
+pub(crate) fn marking(
+    mode: WaitMode,
+    policy: CompletionPolicy,
+    caller_stream: bool,
+    shared: bool,
+) -> Marking {
+    if policy == CompletionPolicy::Plain {
+        return Marking::Event;
+    }
     match mode {
         WaitMode::Blocking | WaitMode::SpinThenBlock(_) => Marking::Event,
         _ if caller_stream || shared => Marking::Event,
@@ -322,19 +331,43 @@ mod tests {
     use std::time::Duration;
 
     #[test]
+    fn the_plain_policy_marks_every_request_with_an_event() {
+        let hybrid = WaitMode::SpinThenBlock(Duration::from_micros(50));
+        for mode in [WaitMode::Auto, WaitMode::Spin, WaitMode::Blocking, hybrid] {
+            for (caller, shared) in [(false, false), (true, false), (false, true)] {
+                let m = marking(mode, CompletionPolicy::Plain, caller, shared);
+                assert_eq!(m, Marking::Event, "{mode:?} {caller} {shared}");
+                // An eager request never gets a stamp, whatever else holds.
+                assert!(!stamps(mode, m, (true, true, true), true));
+            }
+        }
+    }
+
+    #[test]
     fn only_the_default_and_spin_waits_on_engine_streams_are_lazy() {
         for mode in [WaitMode::Auto, WaitMode::Spin] {
-            assert_eq!(marking(mode, false, false), Marking::Lazy);
             assert_eq!(
-                marking(mode, true, false),
+                marking(mode, CompletionPolicy::Tuned, false, false),
+                Marking::Lazy
+            );
+            assert_eq!(
+                marking(mode, CompletionPolicy::Tuned, true, false),
                 Marking::Event,
                 "caller's stream"
             );
-            assert_eq!(marking(mode, false, true), Marking::Event, "shared stream");
+            assert_eq!(
+                marking(mode, CompletionPolicy::Tuned, false, true),
+                Marking::Event,
+                "shared stream"
+            );
         }
         let hybrid = WaitMode::SpinThenBlock(Duration::from_micros(50));
         for mode in [WaitMode::Blocking, hybrid] {
-            assert_eq!(marking(mode, false, false), Marking::Event, "{mode:?}");
+            assert_eq!(
+                marking(mode, CompletionPolicy::Tuned, false, false),
+                Marking::Event,
+                "{mode:?}"
+            );
         }
         assert_eq!(wait_on(true), WaitOn::Event);
         assert_eq!(wait_on(false), WaitOn::Stream);
@@ -384,7 +417,7 @@ mod tests {
                 idle = last.1;
             }
             out.push("cuMemcpyHtoDAsync");
-            let m = marking(mode, false, false);
+            let m = marking(mode, CompletionPolicy::Tuned, false, false);
             let ev = m == Marking::Event;
             if ev {
                 out.push("cuEventRecord");

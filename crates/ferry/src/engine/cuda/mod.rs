@@ -106,7 +106,7 @@ pub mod strided;
 mod transpose;
 mod wait;
 
-pub use config::{CudaConfig, Direction, WaitMode};
+pub use config::{CompletionPolicy, CudaConfig, Direction, WaitMode};
 pub use error::{CudaError, DriverError};
 pub use event::CudaCompletion;
 pub use interop::{InteropError, StreamEngine, StreamWait};
@@ -730,6 +730,7 @@ impl CudaEngine {
         let mut hold = caller.is_none().then(|| queue.enqueue());
         let marking = mark::marking(
             self.cfg.wait,
+            self.cfg.completion,
             caller.is_some(),
             hold.as_ref().is_some_and(mark::Enqueue::shared),
         );
