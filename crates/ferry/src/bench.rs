@@ -14,8 +14,8 @@
 
 pub use crate::engine::nccl::raw::RawNccl;
 
-use crate::engine::cuda::driver;
-use crate::engine::cuda::exec::{self, End};
+use crate::engine::cuda::paths::calls::{self as exec, End};
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::CudaError;
 use crate::memory::{MemKind, RawBuf};
 use crate::plan::Plan;

@@ -554,3 +554,9 @@ impl Completion for Join {
         self
     }
 }
+
+impl From<crate::cuda::DriverError> for RequestError {
+    fn from(e: crate::cuda::DriverError) -> Self {
+        RequestError::Driver(e)
+    }
+}

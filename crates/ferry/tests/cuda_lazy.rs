@@ -1,4 +1,4 @@
-//! Requests that record their completion event only when something needs it (`mark.rs`, issue
+//! Requests that record their completion event only when something needs it (`engine/cuda/completion/mark.rs`, issue
 //! 14's caller's view): a request waited after a later one on the same stream returns at its
 //! own end; `is_done` polling of a stream's last request and of an earlier one; a dependency on
 //! another lane's last request; many threads sharing few streams, each copy waited at once;
@@ -415,7 +415,7 @@ fn small_pinned_copies_around_a_staged_copy_on_the_same_stream() {
     dev_check("staged 64 MiB", &db, &wb);
 }
 
-/// Stamped requests (`stamp.rs`: a copy submitted on an idle stream, waited by reading the word
+/// Stamped requests (`engine/cuda/completion/stamp.rs`: a copy submitted on an idle stream, waited by reading the word
 /// its stream writes after it): 2,000 downloads of 4 KiB-1 MiB each compared right after its
 /// wait (two sources alternating through the device, so a stale byte shows), uploads whose
 /// source is overwritten right after the wait, `is_done` polling of one, and one waited on

@@ -1,4 +1,4 @@
-//! The SM transpose kernel (`engine/cuda/transpose.rs`, picked as `SmKernel::Transpose` for the
+//! The SM transpose kernel (`engine/cuda/paths/transpose.rs`, picked as `SmKernel::Transpose` for the
 //! plans `route::transpose_of` recognises): elements of 1, 2, 4, 8 and 16 bytes, square and
 //! not, sizes that are not multiples of the tile, 1 x N and N x 1, padded strides, unaligned
 //! starts (no 4-byte words), batches and 2-axis swaps; device -> device, pinned host -> device

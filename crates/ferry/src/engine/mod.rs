@@ -263,3 +263,9 @@ macro_rules! forward_engine {
 
 forward_engine!(std::sync::Arc);
 forward_engine!(Box);
+
+impl From<crate::cuda::DriverError> for SubmitError {
+    fn from(e: crate::cuda::DriverError) -> Self {
+        SubmitError::Driver(e)
+    }
+}

@@ -56,7 +56,7 @@ impl FileConfig {
         }
     }
     /// The defaults with the environment's overrides, as the staging path's
-    /// ([`StagingConfig::from_env`](crate::cuda::staged::StagingConfig::from_env)):
+    /// ([`StagingConfig::from_env`](crate::engine::cuda::paths::staged::StagingConfig::from_env)):
     /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH` (default: the
     /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_FILE_URING` (`off`,
     /// `on` or `auto`), `FERRY_FILE_URING_DEPTH`. Unset variables keep the default.

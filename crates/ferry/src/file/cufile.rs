@@ -29,7 +29,7 @@ use super::error::{CuFileCode, FileError, IoOp};
 use super::io::{OpenMode, DIRECT_ALIGN};
 use super::transport::{choose, Choice, Facts};
 use super::{FileEngine, FileHandle};
-use crate::engine::cuda::driver as cuda;
+use crate::engine::cuda::sys::driver as cuda;
 use crate::memory::{MemKind, RawBuf};
 use cudarc::cufile::sys as cf;
 use cudarc::driver::CudaContext;

@@ -2,7 +2,7 @@
 //! allocates such memory (the file engine's host bounce buffers, checkpoints in pageable
 //! memory).
 
-use super::{MemKind, Memory, MemoryMut, RawBuf};
+use super::raw::{MemKind, Memory, MemoryMut, RawBuf};
 use std::ops::{Deref, DerefMut};
 
 /// Alignment of every [`AlignedBuffer`]: a page, which `O_DIRECT` transfers need and which any

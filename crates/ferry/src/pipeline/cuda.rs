@@ -40,7 +40,7 @@ use super::{
 };
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
-use crate::engine::cuda::staged::{Filler, StagingConfig, FILL_PIECE};
+use crate::engine::cuda::paths::staged::{Filler, StagingConfig, FILL_PIECE};
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};

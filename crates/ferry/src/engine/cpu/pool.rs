@@ -6,8 +6,8 @@
 //! (`file/exec.rs`) runs tasks that block on `pread`/`pwrite` and on its bounce ring, and the
 //! staging pool (`cuda/staged/pool.rs`) runs one job on workers `0..n` at once, woken by index.
 
+use super::config::CpuConfig;
 use super::exec;
-use super::CpuConfig;
 use crate::engine::{Job, SubmitError};
 use crate::memory::RawBuf;
 use crate::op::{Op, Step};

@@ -28,10 +28,12 @@
 //! caller may record it again or destroy it afterwards), or for the life of the
 //! [`StreamEngine`]. The raw-handle functions are `unsafe`, with the same rules written out.
 
-use super::driver::{self, check};
-use super::event::{Event, Mark, Marked};
+use super::completion::event::{Event, Mark, Marked};
+use super::sys::driver::{self, check};
+use super::CudaCompletion;
+use super::CudaEngine;
 use super::DeviceBuffer;
-use super::{CudaCompletion, CudaEngine, Direction};
+use super::Direction;
 use crate::engine::cuda::DriverError;
 use crate::engine::{Engine, Job, Scope, SubmitError};
 use crate::layout::Layout;
@@ -96,7 +98,7 @@ impl From<InteropError> for crate::Error {
 
 impl CudaCompletion {
     /// Makes `stream` wait on the GPU for this request's event (recorded now if the request
-    /// had none yet: `mark.rs`); nothing if it is known done.
+    /// had none yet: `completion/mark.rs`); nothing if it is known done.
     ///
     /// # Safety
     /// 1. `stream` is a live stream (or the legacy/per-thread stream handle) of `ctx`, which
@@ -344,24 +346,24 @@ impl CudaEngine {
 
     /// The event pool of the calling thread's lane (where [`CudaEngine::completion`] returns
     /// the event).
-    fn lane_events(&self) -> &super::event::EventPool {
+    fn lane_events(&self) -> &super::completion::event::EventPool {
         &self.lane_home().events
     }
 
-    /// The calling thread's lane's [`super::event::Home`].
-    fn lane_home(&self) -> &Arc<super::event::Home> {
+    /// The calling thread's lane's [`super::completion::event::Home`].
+    fn lane_home(&self) -> &Arc<super::completion::event::Home> {
         &self.lanes.lane(self.lanes.mine()).home
     }
 
     /// A completion around an event taken from [`CudaEngine::lane_events`].
-    fn completion(&self, ev: Event) -> Arc<super::event::Shared> {
+    fn completion(&self, ev: Event) -> Arc<super::completion::event::Shared> {
         CudaCompletion::new(
             Marked::Event(ev),
             Arc::clone(self.lane_home()),
             (
                 self.cfg.wait,
                 // Unknown work: no sleep, poll, then nap.
-                super::wait::Expect::now(None),
+                super::completion::wait::Expect::now(None),
             ),
             Vec::new(),
         )

@@ -11,12 +11,14 @@
 //! never submits costs nothing); a lane whose stream cannot be made uses lane 0's for good, so
 //! the stream a thread is shown ([`super::CudaEngine::stream`]) is always the one its copies
 //! run on. Each stream is held in a [`Queue`], which keeps its lazy requests' bookkeeping
-//! ([`super::mark`]); a lane that falls back on lane 0's stream shares its queue too.
+//! ([`super::completion::mark`]); a lane that falls back on lane 0's stream shares its queue too.
 
-use super::event::{Home, Shared};
-use super::mark::Queue;
-use super::stamp::Stamp;
-use super::{route, Direction, DriverError};
+use super::completion::event::{Home, Shared};
+use super::completion::mark::Queue;
+use super::completion::stamp::Stamp;
+use super::route;
+use super::Direction;
+use super::DriverError;
 use crate::request::{BarrierError, InFlight};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -19,7 +19,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::{CudaConfig, CudaEngine, CudaError, DeviceBuffer};
+use super::CudaConfig;
+use super::CudaEngine;
+use super::CudaError;
+use super::DeviceBuffer;
 use crate::engine::multiplex::MultiplexEngine;
 use crate::engine::{Engine, EngineExt};
 use crate::layout::Layout;
@@ -50,7 +53,7 @@ impl MultiGpu {
 
     /// Every GPU, with the settings `cfg(ordinal)` gives each engine.
     pub fn with_configs(cfg: impl Fn(u32) -> CudaConfig) -> Result<MultiGpu, CudaError> {
-        let count = super::driver::device_count()?;
+        let count = super::sys::driver::device_count()?;
         if count == 0 {
             return Err(CudaError::NoDevice { ordinal: 0, count });
         }

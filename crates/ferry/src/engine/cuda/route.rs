@@ -6,17 +6,17 @@
 //!
 //! The paths, in the order a [`Route`] tries them:
 //! - [`Path::Staged`]: pageable host memory <-> this GPU through the pinned ring
-//!   ([`super::staged`]), on a staging thread: programs of copies, or one segment list (its
+//!   ([`super::paths::staged`]), on a staging thread: programs of copies, or one segment list (its
 //!   runs packed into the ring's chunks, [`STAGE_MIN_SEGMENTS`]). Exclusive: nothing else is
 //!   tried.
 //! - [`Path::Sm`]: every step a copy plan that [`KernelCopies`] sends to the SMs, both sides
-//!   reachable by this GPU's kernels ([`super::strided`]; the transposes that [`transpose_of`]
-//!   recognises by the tiled kernel of [`super::transpose`], pinned host memory read or
+//!   reachable by this GPU's kernels ([`super::paths::strided`]; the transposes that [`transpose_of`]
+//!   recognises by the tiled kernel of [`super::paths::transpose`], pinned host memory read or
 //!   written in place).
 //! - [`Path::Gather`]: a program that would take at least [`GATHER_MIN_CALLS`] driver calls, as
-//!   one segment list ([`super::gather`], whose own strategy is [`gather_strategy`]).
+//!   one segment list ([`super::paths::gather`], whose own strategy is [`gather_strategy`]).
 //! - [`Path::Split`]: one large contiguous copy within this GPU split between a copy engine and
-//!   an SM kernel ([`super::split`], off unless [`CudaConfig::d2d_sm_share`] is set).
+//!   an SM kernel ([`super::paths::split`], off unless [`CudaConfig::d2d_sm_share`] is set).
 //! - [`Path::Driver`]: the program's steps as driver calls (`cuMemcpy*Async`, `cuMemset*Async`,
 //!   `cuMemcpyPeerAsync`), always last: a kernel path that cannot be made here (no NVRTC) falls
 //!   through to the next one.
@@ -25,8 +25,7 @@
 //! for that direction runs it is the submitting thread's lane ([`lane`]), so that one thread's
 //! requests in one direction stay in order on one stream while other threads use others.
 
-use super::gather::Strategy;
-use super::{staged, CudaConfig, Direction};
+use super::config::{CudaConfig, Direction, KernelCopies};
 use crate::memory::MemKind;
 use crate::op::Step;
 use crate::plan::{Plan, PlanKind};
@@ -110,7 +109,7 @@ pub const AUTO_FEW_SEGMENTS: usize = 4;
 /// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB.
 pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 
-/// A plan the SM transpose kernel ([`super::transpose`]) moves: two of its dims swap grain
+/// A plan the SM transpose kernel ([`super::paths::transpose`]) moves: two of its dims swap grain
 /// between the sides. `r` is the dim the source walks fastest (its smallest stride) and `c` the
 /// dim the destination walks fastest, `r != c`; every other dim is a batch (`[B, R, C] -> [B,
 /// C, R]`, or any 2-axis swap with dims between the two). Elements (the plan's runs) of 1, 2, 4,
@@ -184,45 +183,12 @@ pub(crate) fn transpose_access(t: &Transpose, plan: &Plan, dst: u64, src: u64) -
     Some(if words { 4 / t.elem } else { 1 })
 }
 
-/// The default size of an engine's stream pool ([`CudaConfig::streams`]) is the host's core
-/// count up to this many streams per direction: one per thread that can submit at the same
-/// time. Lanes beyond lane 0 are made only when a thread submits through them. Issue 14 (H200
-/// host, 16 cores): eight threads submitting 64 KiB pinned copies through one stream per
-/// direction moved 0.52x what eight threads with a raw stream each moved; `ferry bench --test
-/// cuda-threads` measures the pool against a raw stream per thread at 1-16 threads.
-pub const MAX_DEFAULT_STREAMS: usize = 16;
-
-/// The default pool size on a host with `cores` cores: see [`MAX_DEFAULT_STREAMS`].
-pub(crate) fn default_streams(cores: usize) -> usize {
-    cores.clamp(1, MAX_DEFAULT_STREAMS)
-}
-
 /// The lane (stream of the pool, per direction) of the thread numbered `thread` (threads are
 /// numbered in the order they first submit) on an engine of `lanes` lanes: round-robin over
 /// the threads, fixed for a thread's life, so that its requests in one direction keep their
 /// order and threads that start together get different streams.
 pub(crate) fn lane(thread: usize, lanes: usize) -> usize {
     thread % lanes.max(1)
-}
-
-/// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
-/// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
-/// device memory of the engine's own GPU) can go to the SMs; the others always use the copy
-/// engines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KernelCopies {
-    /// Strided plans with short runs on the SMs (runs of at most [`AUTO_MAX_RUN`] bytes, at
-    /// least [`AUTO_MIN_RUNS`] of them; or runs of at most [`AUTO_MAX_RUN_CALLS`] bytes that
-    /// the copy engines would need [`AUTO_MIN_CALLS`] or more calls for, as transposes);
-    /// everything else on the copy engines.
-    #[default]
-    Auto,
-    /// Everything on the copy engines (as before the SM path existed).
-    Never,
-    /// Every copy between device-accessible buffers on the SMs, contiguous ones included: the
-    /// zero-copy SM path for mapped host memory (as nvbandwidth's SM copy tests), or to keep the
-    /// copy engines free for other work. Fills and segment lists keep their own paths.
-    Always,
 }
 
 impl KernelCopies {
@@ -235,8 +201,7 @@ impl KernelCopies {
                 let run = plan.run();
                 !plan.counts().is_empty()
                     && ((run <= AUTO_MAX_RUN && plan.run_count() >= AUTO_MIN_RUNS)
-                        || (run <= AUTO_MAX_RUN_CALLS
-                            && super::exec::driver_calls(plan) >= AUTO_MIN_CALLS))
+                        || (run <= AUTO_MAX_RUN_CALLS && driver_calls(plan) >= AUTO_MIN_CALLS))
             }
         }
     }
@@ -246,7 +211,7 @@ impl KernelCopies {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Path {
     /// Through the pinned staging ring, on the direction's staging thread.
-    Staged(staged::Direction),
+    Staged(StagedDirection),
     /// Each copy step as one SM kernel.
     Sm,
     /// The whole program as one segment list through the gatherer.
@@ -409,8 +374,8 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
     // enough segments or bytes.
     let staged = match (dst, src) {
         _ if cfg.staging.is_none() => None,
-        (d, MemKind::Pageable) if d == own => Some(staged::Direction::HostToDevice),
-        (MemKind::Pageable, s) if s == own => Some(staged::Direction::DeviceToHost),
+        (d, MemKind::Pageable) if d == own => Some(StagedDirection::HostToDevice),
+        (MemKind::Pageable, s) if s == own => Some(StagedDirection::DeviceToHost),
         _ => None,
     };
     if let Some(dir) = staged {
@@ -421,14 +386,14 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
         };
         if copies || list.is_some() {
             let min = match dir {
-                staged::Direction::HostToDevice => STAGE_MIN_H2D,
-                staged::Direction::DeviceToHost => STAGE_MIN_D2H,
+                StagedDirection::HostToDevice => STAGE_MIN_H2D,
+                StagedDirection::DeviceToHost => STAGE_MIN_D2H,
             };
             let bytes: usize = steps.iter().map(Step::bytes).sum();
             if bytes >= min || list.is_some_and(|n| n >= STAGE_MIN_SEGMENTS) {
                 let stream = match dir {
-                    staged::Direction::HostToDevice => Direction::HostToDevice,
-                    staged::Direction::DeviceToHost => Direction::DeviceToHost,
+                    StagedDirection::HostToDevice => Direction::HostToDevice,
+                    StagedDirection::DeviceToHost => Direction::DeviceToHost,
                 };
                 return Route::new(stream).then(Path::Staged(dir));
             }
@@ -532,3 +497,81 @@ pub(crate) fn gather_strategy(
 
 #[cfg(test)]
 mod tests;
+
+/// How many copy calls [`copy_plan`](super::paths::calls::copy_plan) makes for `plan` between two buffers of one device (where
+/// the driver takes every 2-D and 3-D shape offered): what the copy engines cost next to one
+/// kernel launch ([`super::strided::KernelCopies::Auto`] weighs it).
+pub(crate) fn driver_calls(plan: &Plan) -> usize {
+    let (w, c, ds, ss) = (
+        plan.run(),
+        plan.counts(),
+        plan.dst_strides(),
+        plan.src_strides(),
+    );
+    let calls2d = |h: usize, dp: usize, sp: usize| if one_2d_call(w, h, dp, sp) { 1 } else { h };
+    let calls3d = |c: [usize; 2], ds: [usize; 2], ss: [usize; 2]| {
+        if one_3d_call(w, c, ds, ss) {
+            1
+        } else {
+            c[0] * calls2d(c[1], ds[1], ss[1])
+        }
+    };
+    match plan.kind() {
+        PlanKind::Contiguous => 1,
+        PlanKind::Pitched2D => calls2d(c[0], ds[0], ss[0]),
+        PlanKind::Pitched3D => calls3d([c[0], c[1]], [ds[0], ds[1]], [ss[0], ss[1]]),
+        PlanKind::Segments => {
+            let n = c.len();
+            let outer: usize = c[..n - 2].iter().product();
+            outer
+                * calls3d(
+                    [c[n - 2], c[n - 1]],
+                    [ds[n - 2], ds[n - 1]],
+                    [ss[n - 2], ss[n - 1]],
+                )
+        }
+    }
+}
+
+/// Whether `h` rows of `w` bytes at pitches `dp`, `sp` are one `cuMemcpy2DAsync`.
+pub(crate) fn one_2d_call(w: usize, h: usize, dp: usize, sp: usize) -> bool {
+    h > 1 && dp >= w && sp >= w
+}
+
+/// Whether `c[0]` planes of `c[1]` rows of `w` bytes are one `cuMemcpy3DAsync`: each plane
+/// stride a whole number of row pitches (pitches at least the row, planes at least `c[1]`
+/// rows).
+pub(crate) fn one_3d_call(w: usize, c: [usize; 2], ds: [usize; 2], ss: [usize; 2]) -> bool {
+    let fits =
+        |st: [usize; 2]| st[1] >= w && st[1] > 0 && st[0] % st[1] == 0 && st[0] / st[1] >= c[1];
+    c[0] > 1 && fits(ds) && fits(ss)
+}
+
+/// How a [`Gatherer`](super::gather::Gatherer) moves the segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// The NVRTC gather kernel on the SMs. Both buffers must be device-accessible (device
+    /// memory, or pinned/registered host memory).
+    Kernel,
+    /// The driver's batched copy, `cuMemcpyBatchAsync` (CUDA 12.8+; not on the legacy default
+    /// stream).
+    Batch,
+    /// One `cuMemcpyAsync` per segment (copy engines; works for any memory, pageable included).
+    PerSegment,
+    /// Pick by measurement (H200, PCIe 5.0; `bench/results/h200.md`, "The staging pipeline,
+    /// gather strategies and wait modes"): one driver call
+    /// each for at most [`AUTO_FEW_SEGMENTS`] segments; the batch copy where segments average at
+    /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
+    /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
+    /// device-accessible, pageable memory getting one call per segment.
+    Auto,
+}
+
+/// Which way a staged copy goes (public as `cuda::staged::Direction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StagedDirection {
+    /// Pageable host memory (`src`) to device memory (`dst`).
+    HostToDevice,
+    /// Device memory (`src`) to pageable host memory (`dst`).
+    DeviceToHost,
+}

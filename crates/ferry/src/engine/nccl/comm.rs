@@ -3,7 +3,7 @@
 //! finalized and destroyed when its last user goes.
 
 use super::{sys, NcclError};
-use crate::engine::cuda::driver;
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::DriverError;
 use cudarc::driver::CudaContext;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -4,8 +4,8 @@
 //! stops its kernels), so a peer that never arrives fails the request instead of hanging it.
 
 use super::comm::{Comm, SPIN_FOR};
-use crate::engine::cuda::driver::check;
-use crate::engine::cuda::event::Event;
+use crate::engine::cuda::completion::event::Event;
+use crate::engine::cuda::sys::driver::check;
 use crate::engine::cuda::DriverError;
 use crate::request::{Completion, RequestError, Slot};
 use cudarc::driver::sys;

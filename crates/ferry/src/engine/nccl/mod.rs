@@ -84,8 +84,8 @@ pub use id::NcclId;
 pub use probe::{probe, NcclProbe};
 pub use scope::{Group, NcclScope};
 
-use crate::engine::cuda::driver;
-use crate::engine::cuda::event::Event;
+use crate::engine::cuda::completion::event::Event;
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::{CudaError, WaitMode};
 use crate::memory::{MemKind, RawBuf};
 use crate::request::{BarrierError, InFlight, Request, RequestError};
@@ -390,11 +390,11 @@ impl NcclEngine {
             {
                 // A lazy CUDA request records its event now (`cuda/mark.rs`).
                 Some(cc) => match cc.mark() {
-                    crate::engine::cuda::event::Mark::Event(e) => {
+                    crate::engine::cuda::completion::event::Mark::Event(e) => {
                         events.push(e);
                         Some(Ok(()))
                     }
-                    crate::engine::cuda::event::Mark::Known(r) => Some(r),
+                    crate::engine::cuda::completion::event::Mark::Known(r) => Some(r),
                 },
                 None => Some(c.wait()),
             };

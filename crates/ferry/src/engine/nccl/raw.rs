@@ -3,7 +3,7 @@
 //! by hand does. No timeouts: use it only where every rank is known to be there.
 
 use super::{sys, NcclError, NcclId};
-use crate::engine::cuda::driver;
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::CudaError;
 use crate::memory::{MemKind, Memory, MemoryMut};
 use cudarc::driver::{sys as cu, CudaContext, CudaStream};

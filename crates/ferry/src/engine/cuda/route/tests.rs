@@ -2,6 +2,7 @@
 //! a changed threshold fails the test that names it, and the diff of the test says what moved.
 
 use super::*;
+use crate::engine::cuda::config::default_streams;
 use crate::layout::Layout;
 use crate::op::Segment;
 use std::sync::Arc;
@@ -65,7 +66,7 @@ fn paths(r: Route) -> Vec<Path> {
 #[test]
 fn staging_host_to_device_from_2_mib() {
     let r = route(&cfg(), OWN, Some(PAGEABLE), &contiguous(2 << 20));
-    assert_eq!(paths(r), [Path::Staged(staged::Direction::HostToDevice)]);
+    assert_eq!(paths(r), [Path::Staged(StagedDirection::HostToDevice)]);
     assert_eq!(r.stream, Direction::HostToDevice);
     let r = route(&cfg(), OWN, Some(PAGEABLE), &contiguous((2 << 20) - 1));
     assert_eq!(paths(r), [Path::Driver]);
@@ -75,7 +76,7 @@ fn staging_host_to_device_from_2_mib() {
 #[test]
 fn staging_device_to_host_from_1_mib() {
     let r = route(&cfg(), PAGEABLE, Some(OWN), &contiguous(1 << 20));
-    assert_eq!(paths(r), [Path::Staged(staged::Direction::DeviceToHost)]);
+    assert_eq!(paths(r), [Path::Staged(StagedDirection::DeviceToHost)]);
     assert_eq!(r.stream, Direction::DeviceToHost);
     let r = route(&cfg(), PAGEABLE, Some(OWN), &contiguous((1 << 20) - 1));
     assert_eq!(paths(r), [Path::Driver]);
@@ -86,19 +87,19 @@ fn staging_counts_every_copy_step_and_never_takes_fills_or_mixed_programs() {
     let two = [contiguous(1 << 20), contiguous(1 << 20)].concat();
     assert_eq!(
         route(&cfg(), OWN, Some(PAGEABLE), &two).first(),
-        Path::Staged(staged::Direction::HostToDevice)
+        Path::Staged(StagedDirection::HostToDevice)
     );
     let mixed = [contiguous(4 << 20), segments(1, 4096)].concat();
     assert_ne!(
         route(&cfg(), OWN, Some(PAGEABLE), &mixed).first(),
-        Path::Staged(staged::Direction::HostToDevice)
+        Path::Staged(StagedDirection::HostToDevice)
     );
 }
 
 #[test]
 fn pageable_segment_lists_staged_from_64_segments_or_the_byte_thresholds() {
-    let h2d = Path::Staged(staged::Direction::HostToDevice);
-    let d2h = Path::Staged(staged::Direction::DeviceToHost);
+    let h2d = Path::Staged(StagedDirection::HostToDevice);
+    let d2h = Path::Staged(StagedDirection::DeviceToHost);
     // 64 tiny segments are staged; 63 go to the driver, one call each.
     let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(64, 1));
     assert_eq!(paths(r), [h2d]);
@@ -562,8 +563,8 @@ fn transposes_take_the_sm_path_where_both_sides_are_reachable() {
         unreachable!()
     };
     assert_eq!(
-        crate::engine::cuda::strided::SmKernel::for_plan(p),
-        crate::engine::cuda::strided::SmKernel::Transpose
+        crate::engine::cuda::paths::strided::SmKernel::for_plan(p),
+        crate::engine::cuda::paths::strided::SmKernel::Transpose
     );
 }
 

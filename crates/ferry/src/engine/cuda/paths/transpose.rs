@@ -1,4 +1,4 @@
-//! The SM transpose kernel: plans that [`super::route::transpose_of`] recognises (two dims swap grain
+//! The SM transpose kernel: plans that [`crate::engine::cuda::route::transpose_of`] recognises (two dims swap grain
 //! between the sides, elements of 1, 2, 4, 8 or 16 bytes, any number of batch dims) move
 //! through shared-memory tiles, so that a warp reads 128 contiguous bytes of the source and
 //! writes 128 contiguous bytes of the destination where the layouts are dense.
@@ -8,7 +8,7 @@
 //! conflicts. Each of the block's 32 x 8 threads moves `V` adjacent elements per access: `V =
 //! 4 / elem` for 1- and 2-byte elements (bf16, f16, int8) where both sides are dense along
 //! their grain and 4-byte aligned (so each thread's access is a 4-byte word), else 1. Every
-//! access must be aligned to its size: [`route::transpose_access`](super::route::transpose_access)
+//! access must be aligned to its size: [`route::transpose_access`](crate::engine::cuda::route::transpose_access)
 //! picks `V` and keeps plans with misaligned elements (a buffer at an odd offset, an odd
 //! pitch) off this kernel. It loads
 //! `TC / 8` words before storing any (all in flight together), and full tiles take no bounds
@@ -25,7 +25,7 @@
 //! pipeline would add a scratch allocation, a second stream and event hand-offs for the last
 //! few percent at most. Writes to pinned memory are posted and coalesced the same way.
 
-use super::route::Transpose;
+use crate::engine::cuda::route::Transpose;
 use crate::plan::Plan;
 use cudarc::driver::LaunchConfig;
 
@@ -181,7 +181,7 @@ const _: () = assert!(
 
 /// The kernel's arguments and launch for transpose `t` of `plan` between the device addresses
 /// `dst` and `src` (the plan's offsets already added), `vec` elements per access
-/// ([`route::transpose_access`](super::route::transpose_access), which checked that every
+/// ([`route::transpose_access`](crate::engine::cuda::route::transpose_access), which checked that every
 /// address is aligned to that access).
 pub(crate) fn launch(
     t: &Transpose,
@@ -235,8 +235,8 @@ pub(crate) fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::super::route::transpose_of;
     use super::*;
+    use crate::engine::cuda::route::transpose_of;
     use crate::Layout;
 
     fn plan(rows: usize, cols: usize, elem: usize, pitch: Option<usize>) -> Plan {

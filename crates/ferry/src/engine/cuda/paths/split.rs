@@ -4,16 +4,16 @@
 //! stream waits for the kernel's part before the request completes.
 //!
 //! Whether this beats the copy engine alone depends on the GPU (both sides share the same
-//! memory bandwidth): it is off by default, [`CudaConfig::d2d_sm_share`](super::CudaConfig)
+//! memory bandwidth): it is off by default, [`CudaConfig::d2d_sm_share`](crate::engine::cuda::CudaConfig)
 //! turns it on for copies of at least [`SPLIT_MIN_BYTES`], and `ferry bench --test
 //! cuda-d2d-split` measures it next to `cuMemcpyDtoDAsync` and the kernel alone.
 
-use super::driver::{self, check};
-use super::CudaError;
+use crate::engine::cuda::sys::driver::{self, check};
+use crate::engine::cuda::CudaError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex, PoisonError};
 
-pub use super::route::SPLIT_MIN_BYTES;
+pub use crate::engine::cuda::route::SPLIT_MIN_BYTES;
 
 const KERNEL_SRC: &str = r#"
 typedef unsigned long long u64;
@@ -53,7 +53,7 @@ impl std::fmt::Debug for SmCopy {
 }
 
 fn drv(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
-    move |e| CudaError::Driver(super::DriverError::from_cudarc(call, e))
+    move |e| CudaError::Driver(crate::engine::cuda::DriverError::from_cudarc(call, e))
 }
 
 impl SmCopy {
@@ -76,9 +76,10 @@ impl SmCopy {
         if let Some(k) = f.as_ref() {
             return Ok(k.clone());
         }
-        let k = super::program::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
-            .map_err(CudaError::Kernel)?
-            .remove(0);
+        let k =
+            crate::engine::cuda::sys::program::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
+                .map_err(CudaError::Kernel)?
+                .remove(0);
         *f = Some(k.clone());
         Ok(k)
     }
@@ -125,8 +126,8 @@ impl SmCopy {
     pub fn copy(
         &self,
         stream: &Arc<CudaStream>,
-        dst: &mut super::DeviceBuffer,
-        src: &super::DeviceBuffer,
+        dst: &mut crate::engine::cuda::DeviceBuffer,
+        src: &crate::engine::cuda::DeviceBuffer,
         bytes: usize,
         reps: usize,
     ) -> Result<(), CudaError> {

@@ -1,9 +1,9 @@
-//! [`StagingConfig`]: the tuning of a [`Stager`](super::Stager), from code or from the
+//! [`StagingConfig`]: the tuning of a [`Stager`](crate::engine::cuda::paths::staged::Stager), from code or from the
 //! `FERRY_STAGING_*` environment variables.
 
 use crate::env::{self, ConfigError};
 
-/// Tuning of a [`Stager`](super::Stager): chunk size, ring depth, worker threads. Plain data; start from
+/// Tuning of a [`Stager`](crate::engine::cuda::paths::staged::Stager): chunk size, ring depth, worker threads. Plain data; start from
 /// [`StagingConfig::new`] (the defaults) and chain setters.
 ///
 /// ```
@@ -13,12 +13,12 @@ use crate::env::{self, ConfigError};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StagingConfig {
-    pub(super) chunk_bytes: usize,
-    pub(super) ring_depth: usize,
-    pub(super) threads: usize,
-    pub(super) write_combined: bool,
-    pub(super) non_temporal: bool,
-    pub(super) non_temporal_h2d: bool,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) ring_depth: usize,
+    pub(crate) threads: usize,
+    pub(crate) write_combined: bool,
+    pub(crate) non_temporal: bool,
+    pub(crate) non_temporal_h2d: bool,
 }
 
 impl Default for StagingConfig {
@@ -53,7 +53,7 @@ impl StagingConfig {
     /// apply on top.
     ///
     /// Errors: [`ConfigError`] naming a variable whose value does not parse. Ranges are checked
-    /// by [`Stager::new`](super::Stager::new).
+    /// by [`Stager::new`](crate::engine::cuda::paths::staged::Stager::new).
     ///
     /// ```
     /// use ferry::engine::cuda::staged::StagingConfig;

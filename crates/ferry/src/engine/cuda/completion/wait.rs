@@ -1,4 +1,4 @@
-//! How [`WaitMode::Auto`](super::WaitMode::Auto) waits: sleep until shortly before the
+//! How [`WaitMode::Auto`](crate::engine::cuda::WaitMode::Auto) waits: sleep until shortly before the
 //! request's expected end, poll, then nap.
 //!
 //! Why: a `BLOCKING_SYNC` event's sleep and wake-up cost 15 us on a 4 KiB copy and 100-150 us
@@ -7,7 +7,7 @@
 //! computes the earliest time the request can end: its bytes over an UPPER bound on its path's
 //! rate ([`Rates`]), so the estimate is never late for an idle stream. The waiter then
 //! 1. spins in the driver (`cuEventSynchronize` on an event without `BLOCKING_SYNC`, as
-//!    [`WaitMode::Spin`](super::WaitMode::Spin)) when the expected time is below
+//!    [`WaitMode::Spin`](crate::engine::cuda::WaitMode::Spin)) when the expected time is below
 //!    [`SPIN_ONLY_BELOW`]: a sleep cannot pay off there (a sleep and wake-up cost about as much),
 //!    and the driver's spin notices completion sooner than a `cuEventQuery` loop (the
 //!    4 KiB row: 7.8 us against 8.4 us for a query loop, run 17). Cost: such a request queued
@@ -160,7 +160,7 @@ pub(crate) struct Expect {
 }
 
 impl Expect {
-    /// For the modes other than [`WaitMode::Auto`](super::WaitMode::Auto), which never look.
+    /// For the modes other than [`WaitMode::Auto`](crate::engine::cuda::WaitMode::Auto), which never look.
     pub(crate) const UNUSED: Expect = Expect {
         submitted: None,
         expected: None,

@@ -53,7 +53,9 @@
 
 use super::event::{Inner, Shared};
 use super::stamp::Stamp;
-use super::{CompletionPolicy, DriverError, WaitMode};
+use crate::engine::cuda::CompletionPolicy;
+use crate::engine::cuda::DriverError;
+use crate::engine::cuda::WaitMode;
 use crate::MemKind;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -327,7 +329,7 @@ impl Drop for Foreign {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::cuda::wait::{self, Expect, Schedule};
+    use crate::engine::cuda::completion::wait::{self, Expect, Schedule};
     use std::time::Duration;
 
     #[test]

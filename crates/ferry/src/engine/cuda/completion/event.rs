@@ -2,11 +2,12 @@
 //! decides) or, while it has none, its stream; its result slot and wakers. Waiting on a request
 //! with an event waits on that event only, never on the rest of its stream.
 
-use super::driver::{self, check};
 use super::mark::{self, Queue, WaitOn};
 use super::wait::{self, Expect};
-use super::{memory::DeviceBuffer, WaitMode};
+use crate::engine::cuda::sys::driver::{self, check};
+use crate::engine::cuda::sys::memory::DeviceBuffer;
 use crate::engine::cuda::DriverError;
+use crate::engine::cuda::WaitMode;
 use crate::request::{self, Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
@@ -333,7 +334,7 @@ impl Drop for Inner {
     }
 }
 
-/// The completion of one CUDA request. Recognised by [`super::CudaEngine`] in `Job::after`
+/// The completion of one CUDA request. Recognised by [`crate::engine::cuda::CudaEngine`] in `Job::after`
 /// through [`Completion::as_any`], so that a dependency becomes a `cuStreamWaitEvent`.
 pub struct CudaCompletion {
     pub(crate) inner: Inner,

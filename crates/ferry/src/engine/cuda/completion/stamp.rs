@@ -23,9 +23,9 @@
 //! whose stream fails never sees its number: waits fall back to the driver (`event.rs`), which
 //! reports the error.
 
-use super::driver::check;
-use super::memory::{HostAlloc, PinFlags};
-use super::DriverError;
+use crate::engine::cuda::sys::driver::check;
+use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
+use crate::engine::cuda::DriverError;
 use cudarc::driver::{sys, CudaContext};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

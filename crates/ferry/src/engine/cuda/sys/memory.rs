@@ -5,7 +5,7 @@
 //! [`CudaError`]s, never panics; the process and its engines stay usable after one.
 
 use super::driver::{self, check};
-use super::CudaError;
+use crate::engine::cuda::CudaError;
 use crate::memory::{MemKind, Memory, MemoryMut, RawBuf};
 use bytemuck::Pod;
 use cudarc::driver::{sys, CudaContext};
@@ -17,14 +17,14 @@ use std::sync::Arc;
 /// both before the device memory holds the bytes; ferry's streams do not wait for the legacy
 /// stream (they are non-blocking), so a copy queued next could read or overwrite the bytes
 /// before they land (the H200 stress test, run 22, saw a fill read a pattern block too early).
-fn legacy_sync() -> Result<(), super::DriverError> {
+fn legacy_sync() -> Result<(), crate::engine::cuda::DriverError> {
     // SAFETY: the null stream is the current context's legacy stream; only waits.
     check("cuStreamSynchronize", unsafe {
         sys::cuStreamSynchronize(std::ptr::null_mut())
     })
 }
 
-fn alloc_err(what: &'static str, bytes: usize, e: super::DriverError) -> CudaError {
+fn alloc_err(what: &'static str, bytes: usize, e: crate::engine::cuda::DriverError) -> CudaError {
     CudaError::Alloc {
         what,
         bytes,
@@ -221,7 +221,7 @@ impl PinFlags {
 /// One page-locked host allocation (`cuMemHostAlloc`), freed on drop: the crate's only owner
 /// of such memory, under [`PinnedBuffer`], [`MappedBuffer`], the staging ring
 /// (`staged/ring.rs`), the gather table (`gather.rs`) and the streams' completion words
-/// (`stamp.rs`). Its bytes start uninitialised; it hands out its address, not a slice.
+/// (`completion/stamp.rs`). Its bytes start uninitialised; it hands out its address, not a slice.
 pub(crate) struct HostAlloc {
     ptr: *mut u8,
     len: usize,
@@ -237,7 +237,7 @@ impl HostAlloc {
         ctx: &Arc<CudaContext>,
         len: usize,
         flags: PinFlags,
-    ) -> Result<HostAlloc, super::DriverError> {
+    ) -> Result<HostAlloc, crate::engine::cuda::DriverError> {
         driver::bind(ctx)?;
         let mut p = std::ptr::null_mut();
         // SAFETY: `p` is a valid out-pointer; `ctx` is current. The pointer is owned by the

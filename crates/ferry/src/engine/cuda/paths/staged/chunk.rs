@@ -1,7 +1,8 @@
 //! Chunk arithmetic of a staged copy: which bytes of a plan each ring slot carries, and where
 //! each run lies on the host and on the device. Pure arithmetic, no driver.
 
-use super::{Direction, StagedError};
+use super::Direction;
+use super::StagedError;
 use crate::Plan;
 
 /// The host and device sides of a plan, whichever way it goes.
@@ -125,7 +126,7 @@ pub(super) fn add(base: u64, off: usize) -> Result<u64, StagedError> {
 #[cfg(test)]
 mod tests {
     use super::{add, Chunk, Chunker, Sides};
-    use crate::engine::cuda::staged::Direction;
+    use crate::engine::cuda::paths::staged::Direction;
     use crate::{Layout, Plan};
 
     #[test]

@@ -10,6 +10,7 @@
 //! version and the architecture; one that fails to load (a PTX newer than the driver, a
 //! damaged file) is compiled again and replaced. Cache errors never fail a copy.
 
+use super::error::KernelError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -53,40 +54,6 @@ __device__ __forceinline__ void copy_any(unsigned char* d, const unsigned char* 
     };
 }
 pub(crate) use kernel_prelude;
-
-/// Why ferry's kernels (the SM copy kernels, the gather kernel, the split kernel) could not be
-/// made; the copies that need them then keep to the copy engines and the driver's calls.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum KernelError {
-    /// No NVRTC library (`libnvrtc`) to compile them with.
-    #[error("NVRTC (libnvrtc) is not available, so ferry's kernels cannot be built")]
-    NvrtcMissing,
-    /// NVRTC rejected the source (a bug in ferry); the compiler log is kept.
-    #[error("NVRTC could not compile ferry's kernels: {0}")]
-    Compile(String),
-    /// A driver call failed (loading the module or a kernel).
-    #[error("{op} failed: {source}")]
-    Driver {
-        /// The driver call.
-        op: &'static str,
-        /// The driver's error.
-        #[source]
-        source: DriverError,
-    },
-}
-
-impl KernelError {
-    /// The failed driver call behind this error, if one is.
-    pub fn driver_error(&self) -> Option<super::DriverError> {
-        match self {
-            KernelError::Driver { op, source } => {
-                Some(super::DriverError::from_cudarc(op, *source))
-            }
-            _ => None,
-        }
-    }
-}
 
 /// The kernels `names` of the CUDA C++ program `src`, loaded into `ctx` (see the [module
 /// documentation](self) for where the PTX comes from).

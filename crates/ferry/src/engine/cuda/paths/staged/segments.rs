@@ -11,10 +11,12 @@
 //! [`Packing`] is the arithmetic (pure, tested on the CPU); [`SegStaging`] the pipeline's view
 //! of one copy.
 
+use super::add;
 use super::nt_copy::copy_bytes;
 use super::pipeline::{dma, Chunks, SendPtr};
-use super::{add, Direction, StagedError};
-use crate::engine::cuda::gather::{Gatherer, Segment, Strategy};
+use super::Direction;
+use super::StagedError;
+use crate::engine::cuda::paths::gather::{Gatherer, Segment, Strategy};
 use crate::engine::cuda::route;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
@@ -287,8 +289,8 @@ impl Chunks for SegStaging<'_> {
 #[cfg(test)]
 mod tests {
     use super::{count_runs, dev_off, Packing, Piece, Run};
-    use crate::engine::cuda::gather::Segment;
-    use crate::engine::cuda::staged::Direction;
+    use crate::engine::cuda::paths::gather::Segment;
+    use crate::engine::cuda::paths::staged::Direction;
 
     fn lens(l: &[u64]) -> Vec<Segment> {
         let mut at = 0;

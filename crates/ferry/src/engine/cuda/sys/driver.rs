@@ -2,41 +2,11 @@
 //! cudarc's `result`/`sys` layers that are shared by the other files of this backend live here
 //! or beside their single user.
 
-use super::CudaError;
+use super::error::{error_string, CudaError};
 use cudarc::driver::{result, sys, CudaContext};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use super::error::DriverError;
-
-impl From<DriverError> for crate::engine::SubmitError {
-    fn from(e: DriverError) -> Self {
-        crate::engine::SubmitError::Driver(e)
-    }
-}
-
-impl From<DriverError> for crate::request::RequestError {
-    fn from(e: DriverError) -> Self {
-        crate::request::RequestError::Driver(e)
-    }
-}
-
-/// `CUDA_ERROR_X: description`, as the driver words it (the name alone where the driver
-/// library is not loaded: asking it would panic).
-pub(crate) fn error_string(code: sys::CUresult) -> String {
-    let name = format!("{code:?}");
-    if !super::staged::driver_present() {
-        return name;
-    }
-    let text = result::DriverError(code)
-        .error_string()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if text.is_empty() {
-        name
-    } else {
-        format!("{name}: {text}")
-    }
-}
 
 /// Turns a driver result into `Result`, naming the call.
 pub(crate) fn check(call: &'static str, code: sys::CUresult) -> Result<(), DriverError> {

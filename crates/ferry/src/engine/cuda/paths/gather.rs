@@ -30,7 +30,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::memory::{HostAlloc, PinFlags};
+use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -42,27 +42,10 @@ use thiserror::Error;
 /// core's segment type, `#[repr(C)]` as the kernel reads it).
 pub use crate::op::Segment;
 
-/// How a [`Gatherer`] moves the segments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    /// The NVRTC gather kernel on the SMs. Both buffers must be device-accessible (device
-    /// memory, or pinned/registered host memory).
-    Kernel,
-    /// The driver's batched copy, `cuMemcpyBatchAsync` (CUDA 12.8+; not on the legacy default
-    /// stream).
-    Batch,
-    /// One `cuMemcpyAsync` per segment (copy engines; works for any memory, pageable included).
-    PerSegment,
-    /// Pick by measurement (H200, PCIe 5.0; `bench/results/h200.md`, "The staging pipeline,
-    /// gather strategies and wait modes"): one driver call
-    /// each for at most [`AUTO_FEW_SEGMENTS`] segments; the batch copy where segments average at
-    /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
-    /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
-    /// device-accessible, pageable memory getting one call per segment.
-    Auto,
-}
+pub use crate::engine::cuda::route::Strategy;
+use crate::engine::cuda::CudaError;
 
-pub use super::route::{AUTO_FEW_SEGMENTS, AUTO_LARGE_SEGMENT};
+pub use crate::engine::cuda::route::{AUTO_FEW_SEGMENTS, AUTO_LARGE_SEGMENT};
 
 /// Why a gather/scatter failed.
 #[derive(Debug, Error)]
@@ -90,7 +73,7 @@ pub enum GatherError {
     },
     /// The kernels could not be made (no NVRTC, a compile or module-load failure).
     #[error(transparent)]
-    Kernel(#[from] super::KernelError),
+    Kernel(#[from] crate::engine::cuda::KernelError),
     /// The batched copy was asked for but is unusable here.
     #[error("cuMemcpyBatchAsync is unavailable: {0}")]
     BatchUnavailable(&'static str),
@@ -113,7 +96,7 @@ fn drv(op: &'static str) -> impl FnOnce(DriverError) -> GatherError {
 }
 
 const KERNEL_SRC: &str = concat!(
-    super::program::kernel_prelude!(),
+    crate::engine::cuda::sys::program::kernel_prelude!(),
     r#"
 extern "C" __global__ void ferry_gather(unsigned char* dst, const unsigned char* src, const u64* table, u64 n, unsigned g) {
     unsigned lane = threadIdx.x % g;
@@ -233,14 +216,16 @@ impl Gatherer {
         if let Some(k) = f.as_ref() {
             return Ok(k.clone());
         }
-        let k = super::program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0);
+        let k =
+            crate::engine::cuda::sys::program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?
+                .remove(0);
         *f = Some(k.clone());
         Ok(k)
     }
 
     /// Whether the driver exports the batched copy (`cuMemcpyBatchAsync_v2`).
     pub fn batch_supported() -> bool {
-        if !super::staged::driver_present() {
+        if !crate::engine::cuda::sys::error::driver_present() {
             return false;
         }
         // SAFETY: the library is present (checked above); looking a symbol up calls nothing.
@@ -334,11 +319,13 @@ impl Gatherer {
     ) -> Strategy {
         // Pageable memory goes one call per segment (the driver stages it anyway).
         let reachable = || {
-            super::driver::device_address(dst).is_some()
-                && super::driver::device_address(src).is_some()
+            crate::engine::cuda::sys::driver::device_address(dst).is_some()
+                && crate::engine::cuda::sys::driver::device_address(src).is_some()
         };
         let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
-        super::route::gather_strategy(n, total, reachable, batch, || self.kernel().is_ok())
+        crate::engine::cuda::route::gather_strategy(n, total, reachable, batch, || {
+            self.kernel().is_ok()
+        })
     }
 
     /// # Safety
@@ -423,14 +410,18 @@ impl Gatherer {
         src: u64,
         segs: &[Segment],
     ) -> Result<(), GatherError> {
-        let ddst = super::driver::device_address(dst).ok_or(GatherError::NotDeviceAccessible {
-            side: "destination",
-            addr: dst,
-        })?;
-        let dsrc = super::driver::device_address(src).ok_or(GatherError::NotDeviceAccessible {
-            side: "source",
-            addr: src,
-        })?;
+        let ddst = crate::engine::cuda::sys::driver::device_address(dst).ok_or(
+            GatherError::NotDeviceAccessible {
+                side: "destination",
+                addr: dst,
+            },
+        )?;
+        let dsrc = crate::engine::cuda::sys::driver::device_address(src).ok_or(
+            GatherError::NotDeviceAccessible {
+                side: "source",
+                addr: src,
+            },
+        )?;
         let func = self.kernel()?;
         let bytes = std::mem::size_of_val(segs);
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -507,5 +498,22 @@ impl Gatherer {
         t.used.record(stream).map_err(drv("cuEventRecord"))?;
         t.use_pending = true;
         Ok(())
+    }
+}
+
+impl From<crate::engine::cuda::paths::gather::GatherError> for CudaError {
+    fn from(e: crate::engine::cuda::paths::gather::GatherError) -> Self {
+        use crate::engine::cuda::paths::gather::GatherError as G;
+        match e {
+            G::Kernel(k) => CudaError::Kernel(k),
+            G::Driver { op, source } => {
+                CudaError::Driver(crate::engine::cuda::DriverError::from_cudarc(op, source))
+            }
+            G::Batch(source) => CudaError::Driver(crate::engine::cuda::DriverError::from_cudarc(
+                "cuMemcpyBatchAsync",
+                source,
+            )),
+            e => CudaError::InvalidArgument(e.to_string()),
+        }
     }
 }

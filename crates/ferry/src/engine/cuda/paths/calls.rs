@@ -5,8 +5,9 @@
 //! Every function here must be called with the engine's context current and only enqueues
 //! work: nothing waits for the copy.
 
-use super::driver::check;
-use super::memory::DeviceBuffer;
+use crate::engine::cuda::route::{one_2d_call, one_3d_call};
+use crate::engine::cuda::sys::driver::check;
+use crate::engine::cuda::sys::memory::DeviceBuffer;
 use crate::engine::cuda::DriverError;
 use crate::memory::MemKind;
 use crate::op::Step;
@@ -176,55 +177,6 @@ pub(crate) unsafe fn copy_plan(
             result
         }
     }
-}
-
-/// How many copy calls [`copy_plan`] makes for `plan` between two buffers of one device (where
-/// the driver takes every 2-D and 3-D shape offered): what the copy engines cost next to one
-/// kernel launch ([`super::strided::KernelCopies::Auto`] weighs it).
-pub(crate) fn driver_calls(plan: &Plan) -> usize {
-    let (w, c, ds, ss) = (
-        plan.run(),
-        plan.counts(),
-        plan.dst_strides(),
-        plan.src_strides(),
-    );
-    let calls2d = |h: usize, dp: usize, sp: usize| if one_2d_call(w, h, dp, sp) { 1 } else { h };
-    let calls3d = |c: [usize; 2], ds: [usize; 2], ss: [usize; 2]| {
-        if one_3d_call(w, c, ds, ss) {
-            1
-        } else {
-            c[0] * calls2d(c[1], ds[1], ss[1])
-        }
-    };
-    match plan.kind() {
-        PlanKind::Contiguous => 1,
-        PlanKind::Pitched2D => calls2d(c[0], ds[0], ss[0]),
-        PlanKind::Pitched3D => calls3d([c[0], c[1]], [ds[0], ds[1]], [ss[0], ss[1]]),
-        PlanKind::Segments => {
-            let n = c.len();
-            let outer: usize = c[..n - 2].iter().product();
-            outer
-                * calls3d(
-                    [c[n - 2], c[n - 1]],
-                    [ds[n - 2], ds[n - 1]],
-                    [ss[n - 2], ss[n - 1]],
-                )
-        }
-    }
-}
-
-/// Whether `h` rows of `w` bytes at pitches `dp`, `sp` are one `cuMemcpy2DAsync`.
-fn one_2d_call(w: usize, h: usize, dp: usize, sp: usize) -> bool {
-    h > 1 && dp >= w && sp >= w
-}
-
-/// Whether `c[0]` planes of `c[1]` rows of `w` bytes are one `cuMemcpy3DAsync`: each plane
-/// stride a whole number of row pitches (pitches at least the row, planes at least `c[1]`
-/// rows).
-fn one_3d_call(w: usize, c: [usize; 2], ds: [usize; 2], ss: [usize; 2]) -> bool {
-    let fits =
-        |st: [usize; 2]| st[1] >= w && st[1] > 0 && st[0] % st[1] == 0 && st[0] / st[1] >= c[1];
-    c[0] > 1 && fits(ds) && fits(ss)
 }
 
 /// Calls `f` with every index of an odometer over `counts` (once with `[]` if empty).

@@ -13,7 +13,8 @@
 //! assert!(err.driver_error().is_some_and(|d| d.is_out_of_memory()));
 //! ```
 
-use cudarc::driver::sys;
+use cudarc::driver::{result, sys};
+use std::sync::OnceLock;
 use thiserror::Error;
 
 /// A failed CUDA driver call: which call, and the driver's result code.
@@ -48,12 +49,7 @@ impl std::fmt::Display for DriverError {
     /// `cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory` (the driver's own text,
     /// where its library is loaded).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} failed: {}",
-            self.call,
-            super::driver::error_string(self.code)
-        )
+        write!(f, "{} failed: {}", self.call, error_string(self.code))
     }
 }
 
@@ -90,7 +86,7 @@ pub enum CudaError {
     Driver(#[from] DriverError),
     /// ferry's kernels could not be made (no NVRTC, a compile or module-load failure).
     #[error(transparent)]
-    Kernel(#[from] super::KernelError),
+    Kernel(#[from] KernelError),
     /// A bad argument (e.g. data larger than its buffer, a staging setting out of range).
     #[error("{0}")]
     InvalidArgument(String),
@@ -111,55 +107,61 @@ impl CudaError {
     }
 }
 
-impl From<super::staged::StagedError> for CudaError {
-    fn from(e: super::staged::StagedError) -> Self {
-        use super::staged::StagedError as S;
-        match e {
-            S::Driver { op, source } => CudaError::Driver(DriverError::from_cudarc(op, source)),
-            S::Spawn(io) => CudaError::Thread(io.to_string()),
-            e @ S::WorkerPanicked => CudaError::Thread(e.to_string()),
-            S::Segments(g) => CudaError::from(g),
-            e @ (S::BadConfig(_) | S::AddressOverflow { .. }) => {
-                CudaError::InvalidArgument(e.to_string())
-            }
+/// Why ferry's kernels (the SM copy kernels, the gather kernel, the split kernel) could not be
+/// made; the copies that need them then keep to the copy engines and the driver's calls.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// No NVRTC library (`libnvrtc`) to compile them with.
+    #[error("NVRTC (libnvrtc) is not available, so ferry's kernels cannot be built")]
+    NvrtcMissing,
+    /// NVRTC rejected the source (a bug in ferry); the compiler log is kept.
+    #[error("NVRTC could not compile ferry's kernels: {0}")]
+    Compile(String),
+    /// A driver call failed (loading the module or a kernel).
+    #[error("{op} failed: {source}")]
+    Driver {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+}
+
+impl KernelError {
+    /// The failed driver call behind this error, if one is.
+    pub fn driver_error(&self) -> Option<DriverError> {
+        match self {
+            KernelError::Driver { op, source } => Some(DriverError::from_cudarc(op, *source)),
+            _ => None,
         }
     }
 }
 
-impl From<super::gather::GatherError> for CudaError {
-    fn from(e: super::gather::GatherError) -> Self {
-        use super::gather::GatherError as G;
-        match e {
-            G::Kernel(k) => CudaError::Kernel(k),
-            G::Driver { op, source } => CudaError::Driver(DriverError::from_cudarc(op, source)),
-            G::Batch(source) => {
-                CudaError::Driver(DriverError::from_cudarc("cuMemcpyBatchAsync", source))
-            }
-            e => CudaError::InvalidArgument(e.to_string()),
-        }
+/// `CUDA_ERROR_X: description`, as the driver words it (the name alone where the driver
+/// library is not loaded: asking it would panic).
+pub(crate) fn error_string(code: sys::CUresult) -> String {
+    let name = format!("{code:?}");
+    if !driver_present() {
+        return name;
+    }
+    let text = result::DriverError(code)
+        .error_string()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if text.is_empty() {
+        name
+    } else {
+        format!("{name}: {text}")
     }
 }
 
-impl From<super::strided::SmError> for CudaError {
-    fn from(e: super::strided::SmError) -> Self {
-        use super::strided::SmError as S;
-        match e {
-            S::Kernel(k) => CudaError::Kernel(k),
-            S::Driver { op, source } => CudaError::Driver(DriverError::from_cudarc(op, source)),
-            e => CudaError::InvalidArgument(e.to_string()),
-        }
-    }
-}
-
-impl From<super::staged::StagedError> for crate::RequestError {
-    /// A staged copy's failure: the driver's error as it is, a worker's panic as a panic.
-    fn from(e: super::staged::StagedError) -> Self {
-        match e {
-            e @ super::staged::StagedError::WorkerPanicked => crate::RequestError::Panicked {
-                op: "staged copy".into(),
-                msg: e.to_string(),
-            },
-            e => CudaError::from(e).into(),
-        }
-    }
+/// Whether the CUDA driver library (`libcuda`) can be loaded on this machine. Never panics;
+/// the answer is computed once and cached.
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to open the library by its candidate names
+    // (dlopen); it calls no driver function.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }

@@ -110,7 +110,7 @@ fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Option<i32> {
 pub(crate) fn device_info(ordinal: u32, dev: sys::CUdevice) -> DeviceInfo {
     use sys::CUdevice_attribute as A;
     let name = cudarc::driver::result::device::get_name(dev)
-        .unwrap_or_else(|e| format!("<{}>", driver::error_string(e.0)));
+        .unwrap_or_else(|e| format!("<{}>", super::error::error_string(e.0)));
     // SAFETY: `dev` came from cuDeviceGet.
     let total_mem = unsafe { cudarc::driver::result::device::total_mem(dev) }.ok();
     let cc = match (

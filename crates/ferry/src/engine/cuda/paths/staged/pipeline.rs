@@ -3,9 +3,13 @@
 //! the device and retires it through the slot's event.
 
 use super::chunk::{add, Chunk, Chunker, Sides};
+use super::drv;
 use super::nt_copy::{copy_bytes, piece};
 use super::ring::Ring;
-use super::{drv, workers_for, Direction, StagedError, Stager};
+use super::workers_for;
+use super::Direction;
+use super::StagedError;
+use super::Stager;
 use cudarc::driver::{sys, CudaStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -1,26 +1,33 @@
 //! The engine's fast paths beyond the plain driver copies of `exec`: copies between pageable
-//! host memory and the device go through the staged pinned ring ([`super::staged`]) on one
+//! host memory and the device go through the staged pinned ring ([`super::paths::staged`]) on one
 //! background thread per direction, and long segment lists go through the gatherer
-//! ([`super::gather`]: an SM kernel, the driver's batched copy, or one call per segment, by
-//! measurement), and short-run strided plans go to the SM copier ([`super::strided`]). All are
+//! ([`super::paths::gather`]: an SM kernel, the driver's batched copy, or one call per segment, by
+//! measurement), and short-run strided plans go to the SM copier ([`super::paths::strided`]). All are
 //! created on first use.
 
-use super::exec::End;
-use super::gather::{Gatherer, Segment, Strategy};
-use super::split::Splitter;
-use super::staged::{self, Stager, StagingConfig};
-use super::strided::SmCopier;
+pub(crate) mod calls;
+pub mod gather;
+pub mod split;
+pub mod staged;
+pub mod strided;
+pub(crate) mod transpose;
+
 use super::CudaError;
 use crate::engine::SubmitError;
 use crate::op::Step;
 use crate::plan::Plan;
 use crate::request::{Request, RequestError, Signal};
+use calls::End;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
+use gather::{Gatherer, Segment, Strategy};
+use split::Splitter;
+use staged::{Stager, StagingConfig};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
+use strided::SmCopier;
 
 /// What a staged job moves.
 pub(crate) enum StagedWork {
@@ -40,8 +47,8 @@ pub(crate) struct StagedTask {
     pub dir: staged::Direction,
     pub stream: Arc<CudaStream>,
     /// The stream is in use by this job until it is dropped (requests submitted on it
-    /// meanwhile record their events at submit: `mark.rs`).
-    pub _foreign: super::mark::Foreign,
+    /// meanwhile record their events at submit: `completion/mark.rs`).
+    pub _foreign: super::completion::mark::Foreign,
     pub dst: u64,
     pub src: u64,
     pub work: StagedWork,

@@ -24,10 +24,11 @@
 //!   run.
 //! - [`SmKernel::Rows`]: longer runs: a group of threads per run.
 //!
-//! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](super::CudaConfig)),
+//! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](crate::engine::cuda::CudaConfig)),
 //! decided with the other paths in `route.rs`.
 
-use super::program::KernelError;
+use crate::engine::cuda::sys::error::KernelError;
+use crate::engine::cuda::CudaError;
 use crate::plan::Plan;
 use cudarc::driver::result::DriverError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -38,8 +39,9 @@ use thiserror::Error;
 /// of 32 x 33 runs lives in 33 KiB of shared memory).
 pub const TILE_MAX_RUN: usize = 32;
 
-pub use super::route::{
-    KernelCopies, AUTO_MAX_RUN, AUTO_MAX_RUN_CALLS, AUTO_MIN_CALLS, AUTO_MIN_RUNS,
+pub use crate::engine::cuda::config::KernelCopies;
+pub use crate::engine::cuda::route::{
+    AUTO_MAX_RUN, AUTO_MAX_RUN_CALLS, AUTO_MIN_CALLS, AUTO_MIN_RUNS,
 };
 
 /// Which kernel moved a plan; see the [module documentation](self).
@@ -62,7 +64,10 @@ impl SmKernel {
     /// transpose whose elements are not, as one into a buffer at an odd offset, takes
     /// [`SmKernel::Tiled`]: [`SmCopier::copy`] returns the kernel it used.)
     pub fn for_plan(plan: &Plan) -> SmKernel {
-        Self::pick(plan, super::route::transpose_of(plan).is_some())
+        Self::pick(
+            plan,
+            crate::engine::cuda::route::transpose_of(plan).is_some(),
+        )
     }
 
     /// The kernel for a plan, `transpose`: the transpose kernel takes it.
@@ -112,7 +117,7 @@ fn drv(op: &'static str) -> impl FnOnce(DriverError) -> SmError {
 }
 
 const KERNEL_SRC: &str = concat!(
-    super::program::kernel_prelude!(),
+    crate::engine::cuda::sys::program::kernel_prelude!(),
     super::transpose::transpose_kernel!(),
     r#"
 #define MAXD 16
@@ -319,9 +324,10 @@ impl SmCopier {
             "ferry_sm_transpose8",
             "ferry_sm_transpose16",
         ];
-        let [linear, tiled, each, rows, t1, t2, t4, t8, t16] =
-            <[CudaFunction; 9]>::try_from(super::program::program(&self.ctx, KERNEL_SRC, &names)?)
-                .map_err(|_| KernelError::Compile("kernels missing from the program".into()))?;
+        let [linear, tiled, each, rows, t1, t2, t4, t8, t16] = <[CudaFunction; 9]>::try_from(
+            crate::engine::cuda::sys::program::program(&self.ctx, KERNEL_SRC, &names)?,
+        )
+        .map_err(|_| KernelError::Compile("kernels missing from the program".into()))?;
         let ks = Arc::new(Kernels {
             linear,
             transpose: [t1, t2, t4, t8, t16],
@@ -359,19 +365,27 @@ impl SmCopier {
             return Ok(SmKernel::for_plan(plan));
         }
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let d = super::driver::device_address(dst).ok_or(SmError::NotDeviceAccessible {
-            side: "destination",
-            addr: dst,
-        })?;
-        let s = super::driver::device_address(src).ok_or(SmError::NotDeviceAccessible {
-            side: "source",
-            addr: src,
-        })?;
+        let d = crate::engine::cuda::sys::driver::device_address(dst).ok_or(
+            SmError::NotDeviceAccessible {
+                side: "destination",
+                addr: dst,
+            },
+        )?;
+        let s = crate::engine::cuda::sys::driver::device_address(src).ok_or(
+            SmError::NotDeviceAccessible {
+                side: "source",
+                addr: src,
+            },
+        )?;
         let ks = self.kernels()?;
         let (d, s) = (d + plan.dst_offset() as u64, s + plan.src_offset() as u64);
         // The transpose kernel, where every element it touches is aligned for its accesses.
-        let transpose = super::route::transpose_of(plan)
-            .and_then(|t| Some((t, super::route::transpose_access(&t, plan, d, s)?)));
+        let transpose = crate::engine::cuda::route::transpose_of(plan).and_then(|t| {
+            Some((
+                t,
+                crate::engine::cuda::route::transpose_access(&t, plan, d, s)?,
+            ))
+        });
         let kind = SmKernel::pick(plan, transpose.is_some());
         if let Some((t, vec)) = transpose {
             let (p, cfg) = super::transpose::launch(&t, vec, plan, d, s);
@@ -452,6 +466,19 @@ fn linear_cfg(blocks: u64) -> LaunchConfig {
         grid_dim: (blocks.min(i32::MAX as u64) as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+impl From<crate::engine::cuda::paths::strided::SmError> for CudaError {
+    fn from(e: crate::engine::cuda::paths::strided::SmError) -> Self {
+        use crate::engine::cuda::paths::strided::SmError as S;
+        match e {
+            S::Kernel(k) => CudaError::Kernel(k),
+            S::Driver { op, source } => {
+                CudaError::Driver(crate::engine::cuda::DriverError::from_cudarc(op, source))
+            }
+            e => CudaError::InvalidArgument(e.to_string()),
+        }
     }
 }
 

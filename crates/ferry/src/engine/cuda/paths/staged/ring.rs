@@ -1,8 +1,11 @@
 //! The ring of a staged copy: pinned slots (the crate's one pinned allocation,
 //! [`HostAlloc`]), each with an event recorded after the DMA that reads or fills it.
 
-use super::{driver_error, drv, StagedError, StagingConfig};
-use crate::engine::cuda::memory::{HostAlloc, PinFlags};
+use super::driver_error;
+use super::drv;
+use super::StagedError;
+use super::StagingConfig;
+use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
 use cudarc::driver::result as cu;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::Arc;

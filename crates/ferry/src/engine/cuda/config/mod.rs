@@ -1,7 +1,8 @@
 //! The CUDA engine's settings: which device, how waits wait, which stream a copy takes, and
 //! which paths are on (staging, SM copies, split device copies).
 
-use super::{staged, KernelCopies};
+mod staging;
+pub use staging::StagingConfig;
 
 /// How a thread waits for a request.
 ///
@@ -88,13 +89,13 @@ pub struct CudaConfig {
     pub direction: Option<Direction>,
     /// How copies between pageable host memory and the device are staged through pinned
     /// buffers; `None` hands them to the driver's own pageable path.
-    pub staging: Option<staged::StagingConfig>,
+    pub staging: Option<StagingConfig>,
     /// Which copies between device-accessible buffers run on the SMs (a kernel) instead of the
     /// copy engines.
     pub kernel_copies: KernelCopies,
     /// Percent of a contiguous device-to-device copy on this GPU (of at least
-    /// [`SPLIT_MIN_BYTES`](super::split::SPLIT_MIN_BYTES)) done by an SM copy kernel while a copy engine does the rest
-    /// ([`split`](super::split)); `None` (default): copy engine only.
+    /// [`SPLIT_MIN_BYTES`](super::paths::split::SPLIT_MIN_BYTES)) done by an SM copy kernel while a copy engine does the rest
+    /// ([`split`](super::paths::split)); `None` (default): copy engine only.
     pub d2d_sm_share: Option<u8>,
     /// Streams per direction in the engine's pool (1 to 256): each submitting thread keeps
     /// one of them (see the [engine's ordering](super#ordering)). Default: the host's cores, up
@@ -112,20 +113,18 @@ impl CudaConfig {
             wait: WaitMode::Auto,
             completion: CompletionPolicy::Tuned,
             direction: None,
-            staging: Some(staged::StagingConfig::new()),
+            staging: Some(StagingConfig::new()),
             kernel_copies: KernelCopies::Auto,
             d2d_sm_share: None,
-            streams: super::route::default_streams(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ),
+            streams: default_streams(std::thread::available_parallelism().map_or(1, |n| n.get())),
         }
     }
     /// [`CudaConfig::new`] with the staging tuned from the environment
-    /// ([`StagingConfig::from_env`](staged::StagingConfig::from_env): `FERRY_STAGING_*`) and
+    /// ([`StagingConfig::from_env`](StagingConfig::from_env): `FERRY_STAGING_*`) and
     /// `FERRY_CUDA_STREAMS` ([`CudaConfig::streams`]).
     /// Errors: [`ConfigError`](crate::ConfigError) naming a variable whose value does not parse.
     pub fn from_env(ordinal: u32) -> Result<CudaConfig, crate::ConfigError> {
-        let mut c = CudaConfig::new(ordinal).staging(Some(staged::StagingConfig::from_env()?));
+        let mut c = CudaConfig::new(ordinal).staging(Some(StagingConfig::from_env()?));
         crate::env::apply(&crate::env::process, "FERRY_CUDA_STREAMS", &mut c.streams)?;
         Ok(c.streams(c.streams))
     }
@@ -146,7 +145,7 @@ impl CudaConfig {
         self
     }
     /// Sets the staging of pageable copies (`None`: the driver's own pageable path).
-    pub fn staging(mut self, staging: Option<staged::StagingConfig>) -> CudaConfig {
+    pub fn staging(mut self, staging: Option<StagingConfig>) -> CudaConfig {
         self.staging = staging;
         self
     }
@@ -165,4 +164,37 @@ impl CudaConfig {
         self.direction = Some(d);
         self
     }
+}
+
+/// The default size of an engine's stream pool ([`CudaConfig::streams`]) is the host's core
+/// count up to this many streams per direction: one per thread that can submit at the same
+/// time. Lanes beyond lane 0 are made only when a thread submits through them. Issue 14 (H200
+/// host, 16 cores): eight threads submitting 64 KiB pinned copies through one stream per
+/// direction moved 0.52x what eight threads with a raw stream each moved; `ferry bench --test
+/// cuda-threads` measures the pool against a raw stream per thread at 1-16 threads.
+pub const MAX_DEFAULT_STREAMS: usize = 16;
+
+/// The default pool size on a host with `cores` cores: see [`MAX_DEFAULT_STREAMS`].
+pub(crate) fn default_streams(cores: usize) -> usize {
+    cores.clamp(1, MAX_DEFAULT_STREAMS)
+}
+
+/// Where a [`CudaEngine`](super::CudaEngine) moves copies on the SMs instead of the copy
+/// engines. Only copies whose both sides are device-accessible (not pageable host memory, and
+/// device memory of the engine's own GPU) can go to the SMs; the others always use the copy
+/// engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelCopies {
+    /// Strided plans with short runs on the SMs (runs of at most [`AUTO_MAX_RUN`](super::strided::AUTO_MAX_RUN) bytes, at
+    /// least [`AUTO_MIN_RUNS`](super::strided::AUTO_MIN_RUNS) of them; or runs of at most [`AUTO_MAX_RUN_CALLS`](super::strided::AUTO_MAX_RUN_CALLS) bytes that
+    /// the copy engines would need [`AUTO_MIN_CALLS`](super::strided::AUTO_MIN_CALLS) or more calls for, as transposes);
+    /// everything else on the copy engines.
+    #[default]
+    Auto,
+    /// Everything on the copy engines (as before the SM path existed).
+    Never,
+    /// Every copy between device-accessible buffers on the SMs, contiguous ones included: the
+    /// zero-copy SM path for mapped host memory (as nvbandwidth's SM copy tests), or to keep the
+    /// copy engines free for other work. Fills and segment lists keep their own paths.
+    Always,
 }

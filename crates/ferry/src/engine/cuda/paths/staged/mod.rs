@@ -48,7 +48,6 @@
 //! ```
 
 mod chunk;
-mod config;
 mod fill;
 mod nt_copy;
 mod pipeline;
@@ -56,40 +55,25 @@ mod pool;
 mod ring;
 mod segments;
 
-pub use config::StagingConfig;
+pub use crate::engine::cuda::config::StagingConfig;
 pub(crate) use fill::{Filler, FILL_PIECE};
 
-use crate::engine::cuda::error::DriverError as FerryDriverError;
-use crate::engine::cuda::gather::{GatherError, Gatherer, Segment};
-use crate::engine::cuda::memory::PinFlags;
+use crate::engine::cuda::paths::gather::{GatherError, Gatherer, Segment};
+pub use crate::engine::cuda::route::StagedDirection as Direction;
+pub use crate::engine::cuda::sys::error::driver_present;
+use crate::engine::cuda::sys::error::DriverError as FerryDriverError;
+use crate::engine::cuda::sys::memory::PinFlags;
+use crate::engine::cuda::CudaError;
 use crate::Plan;
 use chunk::{add, Chunker, Sides};
 use cudarc::driver::result::DriverError;
-use cudarc::driver::{sys, CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream};
 use pipeline::{SendPtr, Staging};
 use pool::Pool;
 use ring::Ring;
 use segments::{Packing, SegStaging};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use thiserror::Error;
-
-/// Whether the CUDA driver library (`libcuda`) can be loaded on this machine. Never panics;
-/// the answer is computed once and cached.
-pub fn driver_present() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries to open the library by its candidate names
-    // (dlopen); it calls no driver function.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
-}
-
-/// Which way a staged copy goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// Pageable host memory (`src`) to device memory (`dst`).
-    HostToDevice,
-    /// Device memory (`src`) to pageable host memory (`dst`).
-    DeviceToHost,
-}
 
 /// Why a staged copy (or making a [`Stager`]) failed.
 #[derive(Debug, Error)]
@@ -124,7 +108,7 @@ pub enum StagedError {
     /// A staged segment list: a segment out of its buffer (checked before anything runs), or
     /// the device-side scatter (gather) of a chunk failed.
     #[error("staged segment list: {0}")]
-    Segments(#[from] crate::engine::cuda::gather::GatherError),
+    Segments(#[from] crate::engine::cuda::paths::gather::GatherError),
 }
 
 fn drv(op: &'static str) -> impl FnOnce(DriverError) -> StagedError {
@@ -396,6 +380,38 @@ fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Result<()
         }
         .into()),
         None => Ok(()),
+    }
+}
+
+impl From<crate::engine::cuda::paths::staged::StagedError> for CudaError {
+    fn from(e: crate::engine::cuda::paths::staged::StagedError) -> Self {
+        use crate::engine::cuda::paths::staged::StagedError as S;
+        match e {
+            S::Driver { op, source } => {
+                CudaError::Driver(crate::engine::cuda::DriverError::from_cudarc(op, source))
+            }
+            S::Spawn(io) => CudaError::Thread(io.to_string()),
+            e @ S::WorkerPanicked => CudaError::Thread(e.to_string()),
+            S::Segments(g) => CudaError::from(g),
+            e @ (S::BadConfig(_) | S::AddressOverflow { .. }) => {
+                CudaError::InvalidArgument(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<crate::engine::cuda::paths::staged::StagedError> for crate::RequestError {
+    /// A staged copy's failure: the driver's error as it is, a worker's panic as a panic.
+    fn from(e: crate::engine::cuda::paths::staged::StagedError) -> Self {
+        match e {
+            e @ crate::engine::cuda::paths::staged::StagedError::WorkerPanicked => {
+                crate::RequestError::Panicked {
+                    op: "staged copy".into(),
+                    msg: e.to_string(),
+                }
+            }
+            e => CudaError::from(e).into(),
+        }
     }
 }
 

@@ -20,7 +20,8 @@
 //! whose workers flow from chunk to chunk without a barrier.
 
 use super::nt_copy::{copy_bytes, demote, piece};
-use super::{StagedError, StagingConfig};
+use super::StagedError;
+use super::StagingConfig;
 use crate::request::{Request, RequestError, Signal};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,0 +1,189 @@
+//! The CUDA engine's public face: making one ([`CudaEngine::with_config`]), its streams and
+//! kernels for interop, the [`Engine`] contract (which hands every job to the submission path,
+//! `submit.rs`), and its orderly end.
+
+use super::completion;
+use super::lanes;
+use super::paths;
+use super::route;
+use super::submit::Run;
+use super::sys::{driver, probe};
+use super::{CudaConfig, CudaEngine, CudaError, Direction};
+use crate::engine::{Engine, Job, SubmitError};
+use crate::memory::{MemKind, RawBuf};
+use crate::request::{BarrierError, Request};
+use cudarc::driver::{sys as cu, CudaStream};
+use std::sync::{Arc, Mutex};
+
+impl std::fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaEngine")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+impl CudaEngine {
+    /// An engine on device `ordinal` with default settings.
+    pub fn new(ordinal: u32) -> Result<CudaEngine, CudaError> {
+        CudaEngine::with_config(CudaConfig::new(ordinal))
+    }
+
+    /// An engine with the given settings. Errors: [`CudaError::NoDriver`],
+    /// [`CudaError::NoDevice`], a failed stream creation.
+    pub fn with_config(cfg: CudaConfig) -> Result<CudaEngine, CudaError> {
+        let ctx = driver::context(cfg.ordinal)?;
+        let first = lanes::Lanes::first(&ctx)?;
+        let count = driver::device_count()?;
+        let me = ctx.cu_device();
+        let can_access = (0..count)
+            .map(|j| {
+                let Ok(dj) = cudarc::driver::result::device::get(j as i32) else {
+                    return false;
+                };
+                let mut can = 0;
+                // SAFETY: valid out-pointer and device handles.
+                let r = unsafe { cu::cuDeviceCanAccessPeer(&mut can, me, dj) };
+                j != cfg.ordinal && r == cu::CUresult::CUDA_SUCCESS && can != 0
+            })
+            .collect();
+        let rates = completion::wait::Rates::probe(
+            me,
+            probe::device_info(cfg.ordinal, me).pci_bus_id.as_deref(),
+        );
+        let waker_tx = completion::event::spawn_waiter(format!("ferry-cuda{}-waiter", cfg.ordinal))
+            .map_err(|e| CudaError::Thread(e.to_string()))?;
+        Ok(CudaEngine {
+            cfg,
+            lanes: lanes::Lanes::new(&ctx, first, cfg.streams, &waker_tx),
+            can_access,
+            peers: Mutex::new((0..count).map(|_| None).collect()),
+            paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            rates,
+            ctx,
+        })
+    }
+
+    /// The engine's settings.
+    pub fn config(&self) -> CudaConfig {
+        self.cfg
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.cfg.ordinal
+    }
+
+    /// The stream the calling thread's copies in direction `d` run on (for interop, e.g.
+    /// launching kernels ordered with ferry's copies, or timing them with events): the engine
+    /// keeps a pool of [`CudaConfig::streams`] streams per direction and each submitting
+    /// thread keeps one of them (see [Ordering](crate::engine::cuda#ordering)). Another thread may get
+    /// another stream: ask on the thread that submits. From this call on, every request on
+    /// that stream records its completion event at submit (the caller's work may follow it on
+    /// the stream; see `completion/mark.rs`).
+    pub fn stream(&self, d: Direction) -> &Arc<CudaStream> {
+        let q = self.lanes.queue(self.lanes.mine(), d);
+        q.expose();
+        q.stream()
+    }
+
+    /// Compiles (NVRTC) and loads this engine's kernels now: the SM copy kernels of
+    /// [`KernelCopies`](super::KernelCopies) and the segment-list gather kernel. Otherwise the first copy that needs
+    /// one pays for it (2.8-3.1 s on the H200 host in runs 21-22, once per machine with the PTX
+    /// cache), which a latency-bound or timed first copy should not. Errors: no NVRTC library, a compile or module-load failure
+    /// (the copies then keep to the copy engines and the driver's calls, as without this call).
+    ///
+    /// ```no_run
+    /// let engine = ferry::cuda::CudaEngine::new(0)?;
+    /// engine.compile_kernels()?;
+    /// # Ok::<(), ferry::cuda::CudaError>(())
+    /// ```
+    pub fn compile_kernels(&self) -> Result<(), CudaError> {
+        self.paths.sm()?;
+        let g = self.paths.gatherer()?;
+        g.kernel().map(drop).map_err(CudaError::from)
+    }
+
+    /// `buf` with its kind as this engine's driver knows it: [`MemKind::Pinned`] where a
+    /// [`MemKind::Pageable`] view's whole range is page-locked host memory (allocated pinned or
+    /// registered, by ferry or by another library such as PyTorch's `pin_memory`), else `buf`
+    /// unchanged. The engine asks this itself before routing a copy where the answer can
+    /// change the path; bindings that describe foreign host memory by address (ferry's Python
+    /// module) ask it before building a pipeline over it. One driver query
+    /// (`cuPointerGetAttributes`, about 0.1-0.2 us on the H200 host); nothing is dereferenced.
+    pub fn host_kind(&self, mut buf: RawBuf) -> RawBuf {
+        self.refine(&mut buf);
+        buf
+    }
+}
+
+impl Engine for CudaEngine {
+    fn name(&self) -> String {
+        format!("cuda:{}", self.cfg.ordinal)
+    }
+
+    /// Every pair that involves memory a GPU can address: device memory of this GPU or of a
+    /// peer it can access, pinned, mapped, managed, and pageable host memory on one side of a
+    /// copy; copies between device memory of any two GPUs of the machine (`cuMemcpyPeerAsync`,
+    /// which the driver stages where the two have no direct access). Not: pageable to
+    /// pageable, fills of pageable memory (the CPU engine does those), fills of a GPU this one
+    /// cannot access.
+    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        route::supports(self.cfg.ordinal, &self.can_access, dst, src)
+    }
+
+    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees; no caller stream.
+        unsafe { self.submit_on(job, None) }
+    }
+
+    /// One contiguous run is checked, routed and submitted without building the job (as
+    /// `submit_raw` would, with the same checks and errors); any other copy through
+    /// `submit_raw`.
+    unsafe fn submit_copy(
+        &self,
+        dst: RawBuf,
+        dst_layout: &crate::Layout,
+        src: RawBuf,
+        src_layout: &crate::Layout,
+    ) -> Result<Request, SubmitError> {
+        crate::engine::check_bufs(dst, Some(src))?;
+        let lane = self.lanes.mine();
+        let (mut dst, mut src, mut asked) = (dst, src, false);
+        if let Some(run) = crate::op::checked_run(dst_layout, src_layout, dst.len, src.len)? {
+            // SAFETY: forwarded with the caller's guarantees; `run` lies inside both buffers
+            // (`checked_run`).
+            match unsafe { self.submit_run(dst, src, lane, run)? } {
+                Run::Done(req) => return Ok(req),
+                Run::General(d, s, a) => (dst, src, asked) = (d, s, a),
+            }
+        }
+        let job = Job::copy(dst, *dst_layout, src, *src_layout);
+        // SAFETY: forwarded with the caller's guarantees; checked above; no caller stream.
+        unsafe { self.submit_program(job, lane, None, asked) }
+    }
+
+    fn barrier(&self) -> Result<(), BarrierError> {
+        self.lanes.barrier()
+    }
+
+    /// This GPU's device memory.
+    fn home(&self) -> Option<MemKind> {
+        Some(MemKind::Device {
+            ordinal: self.cfg.ordinal,
+        })
+    }
+}
+
+impl Drop for CudaEngine {
+    fn drop(&mut self) {
+        // Staged copies finish on their threads first.
+        self.paths.shutdown();
+        // Work in flight finishes before the streams go; requests keep their own events.
+        if driver::bind(&self.ctx).is_ok() {
+            for s in self.lanes.streams() {
+                let _ = s.synchronize();
+            }
+        }
+    }
+}
