@@ -92,7 +92,7 @@ impl From<SubmitError> for Fail {
             SubmitError::Overlap(p) => plan_code(p),
             SubmitError::Null => FERRY_EINVAL,
             SubmitError::ShutDown(_) => FERRY_ESHUTDOWN,
-            SubmitError::Driver { .. } => FERRY_EDRIVER,
+            SubmitError::Backend(_) if e.driver_error().is_some() => FERRY_EDRIVER,
             _ => FERRY_EINVAL,
         };
         Fail::new(code, e.to_string())

@@ -43,9 +43,7 @@ pub(crate) fn arg(msg: impl Into<String>) -> PyErr {
 /// The exception for a submit error: a driver failure, or a bad argument.
 pub(crate) fn submit(e: ferry::SubmitError) -> PyErr {
     match e {
-        ferry::SubmitError::Driver(_) | ferry::SubmitError::Cuda(_) => {
-            DriverError::new_err(e.to_string())
-        }
+        ferry::SubmitError::Backend(_) => DriverError::new_err(e.to_string()),
         ferry::SubmitError::ShutDown(_) => FerryError::new_err(e.to_string()),
         e => ArgumentError::new_err(e.to_string()),
     }

@@ -81,3 +81,30 @@ impl Error {
         }
     }
 }
+
+// Every operation's handed-back and own errors convert here, at the top, so that no module
+// below imports the umbrella error.
+
+impl<D, S> From<crate::engine::Refused<D, S>> for Error {
+    fn from(e: crate::engine::Refused<D, S>) -> Self {
+        e.error.into()
+    }
+}
+
+impl<D, S> From<crate::engine::Failed<D, S>> for Error {
+    fn from(e: crate::engine::Failed<D, S>) -> Self {
+        e.error.into()
+    }
+}
+
+impl<B> From<crate::file::FileFailed<B>> for Error {
+    fn from(e: crate::file::FileFailed<B>) -> Self {
+        e.error.into()
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for Error {
+    fn from(e: crate::checkpoint::CheckpointError) -> Self {
+        Error::Checkpoint(Box::new(e))
+    }
+}

@@ -19,83 +19,11 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
 
+mod error;
 mod slot;
 use crate::small_list::SmallList;
+pub use error::{BackendError, RequestError};
 pub(crate) use slot::{spawn_waiter, Slot};
-
-/// Why one request failed. Other requests are not affected.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[non_exhaustive]
-pub enum RequestError {
-    /// A custom operator returned an error.
-    #[error("operator `{op}` failed: {msg}")]
-    Operator {
-        /// The operator's name.
-        op: String,
-        /// Its message.
-        msg: String,
-    },
-    /// A custom operator (or other user code run by the engine) panicked. The engine stays
-    /// usable.
-    #[error("operator `{op}` panicked: {msg}")]
-    Panicked {
-        /// The operator's name.
-        op: String,
-        /// The panic message.
-        msg: String,
-    },
-    /// A driver call failed; the driver's own code is kept (match out-of-memory with
-    /// [`DriverError::is_out_of_memory`](crate::cuda::DriverError::is_out_of_memory)).
-    #[error(transparent)]
-    Driver(crate::cuda::DriverError),
-    /// A helper the request needed could not be made (the staging ring's pinned memory or
-    /// threads).
-    #[error(transparent)]
-    Cuda(crate::cuda::CudaError),
-    /// An NCCL operation failed (NCCL's result code kept in [`NcclError::Nccl`](crate::engine::nccl::NcclError::Nccl)).
-    #[error(transparent)]
-    Nccl(crate::engine::nccl::NcclError),
-    /// A request this one depends on failed, so this one did not run.
-    #[error("dependency failed: {0}")]
-    Dependency(Box<RequestError>),
-    /// The engine shut down or lost the worker before the request ran.
-    #[error("engine stopped before the request completed: {0}")]
-    Aborted(String),
-    /// File I/O failed.
-    #[error("I/O error: {0}")]
-    Io(String),
-    /// The work did not complete in time and the engine gave up on it (the NCCL engine aborts
-    /// its communicator: later requests on it fail too).
-    #[error("timed out after {after:?}: {what}")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// The limit.
-        after: std::time::Duration,
-    },
-}
-
-impl RequestError {
-    /// The failed driver call behind this error (or behind the failed dependency that stopped
-    /// it), if one is.
-    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
-        match self {
-            RequestError::Driver(d) => Some(*d),
-            RequestError::Cuda(e) => e.driver_error(),
-            RequestError::Dependency(e) => e.driver_error(),
-            _ => None,
-        }
-    }
-}
-
-impl From<crate::cuda::CudaError> for RequestError {
-    fn from(e: crate::cuda::CudaError) -> Self {
-        match e {
-            crate::cuda::CudaError::Driver(d) => RequestError::Driver(d),
-            e => RequestError::Cuda(e),
-        }
-    }
-}
 
 /// How an engine reports completion. Engines implement this; users see [`Request`].
 pub trait Completion: Send + Sync + 'static {
@@ -552,11 +480,5 @@ impl Completion for Join {
     }
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-impl From<crate::cuda::DriverError> for RequestError {
-    fn from(e: crate::cuda::DriverError) -> Self {
-        RequestError::Driver(e)
     }
 }

@@ -479,7 +479,7 @@ impl Engine for SlowEngine {
             }
             done.store(true, Ordering::SeqCst);
             s2.complete(if fail {
-                Err(RequestError::Driver(ferry::cuda::DriverError::new(
+                Err(RequestError::from(ferry::cuda::DriverError::new(
                     "slowCopy",
                     cudarc::driver::sys::CUresult::CUDA_ERROR_LAUNCH_FAILED,
                 )))
@@ -546,7 +546,7 @@ fn transfers_return_buffers_and_drop_waits() {
     let failed = t.wait().unwrap_err();
     assert_eq!(
         failed.error,
-        RequestError::Driver(ferry::cuda::DriverError::new(
+        RequestError::from(ferry::cuda::DriverError::new(
             "slowCopy",
             cudarc::driver::sys::CUresult::CUDA_ERROR_LAUNCH_FAILED
         ))

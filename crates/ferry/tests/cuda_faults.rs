@@ -602,8 +602,8 @@ mod injected {
                     let fired = !is_armed(Fault::StagedChunk);
                     disarm_all();
                     assert!(fired, "{what}: the copy had fewer chunks than expected");
-                    match &a {
-                        Err(RequestError::Driver(d)) => {
+                    match a.as_ref().map_err(RequestError::driver_error) {
+                        Err(Some(d)) => {
                             assert!(d.is_out_of_memory(), "{what}: {d}");
                         }
                         other => panic!("{what}: expected the injected error, got {other:?}"),

@@ -33,17 +33,6 @@ const CUDA_LAYERS: &[(&str, &[&str])] = &[
 const KNOWN_LOOPS: &[&[&str]] = &[
     &[
         "checkpoint/error.rs",
-        "engine/cuda/completion/event.rs",
-        "engine/cuda/completion/mark.rs",
-        "engine/cuda/sys/probe.rs",
-        "engine/mod.rs",
-        "engine/nccl/comm.rs",
-        "engine/nccl/config.rs",
-        "engine/nccl/event.rs",
-        "engine/nccl/id.rs",
-        "engine/nccl/mod.rs",
-        "engine/nccl/scope.rs",
-        "engine/safe.rs",
         "error.rs",
         "file/config.rs",
         "file/cufile.rs",
@@ -56,15 +45,16 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "file/replace.rs",
         "file/transport.rs",
         "file/uring.rs",
-        "op.rs",
-        "request.rs",
-        "request/slot.rs",
     ],
     &[
         "checkpoint/into.rs",
         "checkpoint/load.rs",
         "checkpoint/mod.rs",
         "checkpoint/save.rs",
+    ],
+    &[
+        "engine/cuda/completion/event.rs",
+        "engine/cuda/completion/mark.rs",
     ],
     &[
         "engine/cuda/paths/staged/chunk.rs",
@@ -74,6 +64,14 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "engine/cuda/paths/staged/pool.rs",
         "engine/cuda/paths/staged/ring.rs",
         "engine/cuda/paths/staged/segments.rs",
+    ],
+    &[
+        "engine/nccl/comm.rs",
+        "engine/nccl/config.rs",
+        "engine/nccl/event.rs",
+        "engine/nccl/id.rs",
+        "engine/nccl/mod.rs",
+        "engine/nccl/scope.rs",
     ],
     &[
         "pipeline/core.rs",

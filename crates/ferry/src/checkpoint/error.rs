@@ -312,9 +312,3 @@ fn duplicate_words(tensor: &str, first: &Path, second: &Path) -> String {
         )
     }
 }
-
-impl From<CheckpointError> for crate::Error {
-    fn from(e: CheckpointError) -> Self {
-        crate::Error::Checkpoint(Box::new(e))
-    }
-}

@@ -14,7 +14,7 @@
 //! until the request completed) is also the file engine's
 //! [`FileTransfer`](crate::file::FileTransfer).
 
-use super::{Engine, Job, SubmitError};
+use super::contract::{Engine, Job, SubmitError};
 use crate::layout::Layout;
 use crate::memory::{Memory, MemoryMut};
 use crate::op::{Op, OpError, Operator};
@@ -291,11 +291,6 @@ macro_rules! handed_back_error {
         impl<D, S> std::error::Error for $name<D, S> {
             fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
                 Some(&self.error)
-            }
-        }
-        impl<D, S> From<$name<D, S>> for crate::Error {
-            fn from(e: $name<D, S>) -> Self {
-                e.error.into()
             }
         }
     };

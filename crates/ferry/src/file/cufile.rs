@@ -38,16 +38,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// Whether the `nvidia-fs` kernel module (real GPUDirect Storage) is loaded, looked at once per
-/// process. Loads nothing: a program that wants cuFile's compatibility mode without it can set
-/// `CUFILE_FORCE_COMPAT_MODE=true` after asking this and before cuFile is first used.
-pub fn nvidia_fs_loaded() -> bool {
-    static LOADED: OnceLock<bool> = OnceLock::new();
-    *LOADED.get_or_init(|| {
-        Path::new("/proc/driver/nvidia-fs").exists() || Path::new("/sys/module/nvidia_fs").exists()
-    })
-}
-
 /// Whether `libcufile` loads here (with every symbol ferry calls).
 pub(crate) fn libcufile_present() -> bool {
     api().is_ok()
@@ -344,7 +334,12 @@ impl FileEngine {
     /// loaded only once these cheaper facts allow cuFile: not in `Auto` without nvidia-fs):
     /// until then it counts as present.
     pub(super) fn cufile_facts(&self) -> Facts {
-        Facts::new(self.cfg.cufile, true, true, nvidia_fs_loaded())
+        Facts::new(
+            self.cfg.cufile,
+            true,
+            true,
+            crate::engine::cuda::sys::probe::nvidia_fs_loaded(),
+        )
     }
 
     /// The transport of a transfer of `buf` (device memory) to or from `file`: the facts

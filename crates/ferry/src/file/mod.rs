@@ -80,8 +80,9 @@ mod replace;
 mod transport;
 mod uring;
 
+pub use crate::engine::cuda::sys::probe::nvidia_fs_loaded;
 pub use config::FileConfig;
-pub use cufile::{nvidia_fs_loaded, REGISTER_MIN};
+pub use cufile::REGISTER_MIN;
 pub use error::{CuFileCode, FileError, IoOp};
 pub use exec::live_bounce_buffers;
 pub use io::{FileHandle, FileIo, OpenMode, OsFile, DIRECT_ALIGN};
@@ -228,11 +229,6 @@ impl<B> std::fmt::Debug for FileFailed<B> {
 impl<B> std::error::Error for FileFailed<B> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
-    }
-}
-impl<B> From<FileFailed<B>> for crate::Error {
-    fn from(e: FileFailed<B>) -> Self {
-        e.error.into()
     }
 }
 

@@ -23,7 +23,7 @@ pub struct GdsProbe {
 /// Probes `libcufile` (loads it, calling nothing) and `nvidia-fs`; opens no driver.
 pub fn gds_probe() -> GdsProbe {
     let libcufile = cufile::libcufile_present();
-    let nvidia_fs = cufile::nvidia_fs_loaded();
+    let nvidia_fs = crate::engine::cuda::sys::probe::nvidia_fs_loaded();
     let env_mode = crate::env::var::<CuFileMode>(&crate::env::process, "FERRY_CUFILE").transpose();
     let mode = match &env_mode {
         Some(Ok(m)) => *m,

@@ -187,3 +187,71 @@ impl Drop for CudaEngine {
         }
     }
 }
+
+// The backend-neutral errors of the core, as the CUDA engine fills and reads them: its driver
+// errors and its own errors travel as `BackendError`s, and `driver_error()` finds the driver
+// call behind any of them.
+
+impl From<crate::cuda::DriverError> for crate::request::RequestError {
+    fn from(e: crate::cuda::DriverError) -> Self {
+        crate::request::RequestError::Backend(crate::request::BackendError::new(e))
+    }
+}
+
+impl From<crate::cuda::CudaError> for crate::request::RequestError {
+    /// A driver failure as the driver's error itself, anything else as the engine's error.
+    fn from(e: crate::cuda::CudaError) -> Self {
+        match e {
+            crate::cuda::CudaError::Driver(d) => d.into(),
+            e => crate::request::RequestError::Backend(crate::request::BackendError::new(e)),
+        }
+    }
+}
+
+impl From<crate::cuda::DriverError> for crate::engine::SubmitError {
+    fn from(e: crate::cuda::DriverError) -> Self {
+        crate::engine::SubmitError::Backend(crate::request::BackendError::new(e))
+    }
+}
+
+impl From<crate::cuda::CudaError> for crate::engine::SubmitError {
+    /// A driver failure as the driver's error itself, anything else as the engine's error.
+    fn from(e: crate::cuda::CudaError) -> Self {
+        match e {
+            crate::cuda::CudaError::Driver(d) => d.into(),
+            e => crate::engine::SubmitError::Backend(crate::request::BackendError::new(e)),
+        }
+    }
+}
+
+/// The CUDA driver call behind a backend error, if one is: a [`DriverError`](super::DriverError) itself, or the
+/// one a [`CudaError`] keeps.
+fn backend_driver_error(b: &crate::request::BackendError) -> Option<crate::cuda::DriverError> {
+    if let Some(d) = b.downcast_ref::<crate::cuda::DriverError>() {
+        return Some(*d);
+    }
+    b.downcast_ref::<crate::cuda::CudaError>()
+        .and_then(crate::cuda::CudaError::driver_error)
+}
+
+impl crate::request::RequestError {
+    /// The failed CUDA driver call behind this error (or behind the failed dependency that
+    /// stopped it), if one is: match out-of-memory with [`DriverError::is_out_of_memory`](crate::cuda::DriverError::is_out_of_memory).
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            crate::request::RequestError::Backend(b) => backend_driver_error(b),
+            crate::request::RequestError::Dependency(e) => e.driver_error(),
+            _ => None,
+        }
+    }
+}
+
+impl crate::engine::SubmitError {
+    /// The failed CUDA driver call behind this error, if one is.
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            crate::engine::SubmitError::Backend(b) => backend_driver_error(b),
+            _ => None,
+        }
+    }
+}

@@ -80,8 +80,8 @@ pub enum InteropError {
 impl From<InteropError> for SubmitError {
     fn from(e: InteropError) -> Self {
         match e {
-            InteropError::Driver(d) => SubmitError::Driver(d),
-            other => SubmitError::Cuda(super::CudaError::InvalidArgument(other.to_string())),
+            InteropError::Driver(d) => SubmitError::from(d),
+            other => SubmitError::from(super::CudaError::InvalidArgument(other.to_string())),
         }
     }
 }
@@ -90,7 +90,7 @@ impl From<InteropError> for crate::Error {
     fn from(e: InteropError) -> Self {
         match e {
             InteropError::Request(r) => crate::Error::Request(r),
-            InteropError::Driver(d) => crate::Error::Submit(SubmitError::Driver(d)),
+            InteropError::Driver(d) => crate::Error::Submit(SubmitError::from(d)),
             other => crate::Error::Cuda(super::CudaError::InvalidArgument(other.to_string())),
         }
     }

@@ -65,7 +65,11 @@ impl Inner {
         }
         if let Err(e) = self.comm.check_async("ncclCommGetAsyncError") {
             self.comm.abort(&e.to_string());
-            return Some(self.settle_after_abort(RequestError::Nccl(e)));
+            return Some(
+                self.settle_after_abort(RequestError::Backend(crate::request::BackendError::new(
+                    e,
+                ))),
+            );
         }
         if Instant::now() >= self.deadline {
             let what = format!("{} (communicator aborted)", self.what);

@@ -3,6 +3,8 @@
 use super::driver;
 use cudarc::driver::sys;
 use serde::Serialize;
+use std::path::Path;
+use std::sync::OnceLock;
 
 /// The driver, the devices and the links between them, as found at run time.
 ///
@@ -61,7 +63,7 @@ pub struct DeviceInfo {
 
 /// Probes the driver and every device. Never panics.
 pub fn probe() -> CudaProbe {
-    let nvidia_fs = crate::file::nvidia_fs_loaded();
+    let nvidia_fs = nvidia_fs_loaded();
     let version = match driver::driver() {
         Ok(v) => v,
         Err(e) => {
@@ -166,6 +168,16 @@ fn pcie_gen(speed: &str) -> Option<u32> {
         x if x >= 7.0 => 3,
         x if x >= 4.0 => 2,
         _ => 1,
+    })
+}
+
+/// Whether the `nvidia-fs` kernel module (real GPUDirect Storage) is loaded, looked at once per
+/// process. Loads nothing: a program that wants cuFile's compatibility mode without it can set
+/// `CUFILE_FORCE_COMPAT_MODE=true` after asking this and before cuFile is first used.
+pub fn nvidia_fs_loaded() -> bool {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    *LOADED.get_or_init(|| {
+        Path::new("/proc/driver/nvidia-fs").exists() || Path::new("/sys/module/nvidia_fs").exists()
     })
 }
 
