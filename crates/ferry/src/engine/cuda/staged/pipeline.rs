@@ -249,7 +249,7 @@ pub(super) trait Chunks: Sync {
     ) -> Result<(), StagedError>;
 }
 
-/// [`Chunks::device_side`], or the injected failure of a chunk's DMA.
+/// [`Chunks::device_side`], or the injected failure (or panic) of a chunk's device side.
 ///
 /// # Safety
 /// As [`Chunks::device_side`].
@@ -260,6 +260,10 @@ unsafe fn issue(
     ptr: *mut u8,
     h2d: bool,
 ) -> Result<(), StagedError> {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::fire(crate::fault::Fault::StagingCoordinatorPanic) {
+        panic!("injected panic");
+    }
     #[cfg(feature = "fault-injection")]
     if crate::fault::fire(crate::fault::Fault::StagedChunk) {
         return Err(StagedError::Driver {
@@ -288,6 +292,17 @@ pub(super) unsafe fn dma(
     len: usize,
     h2d: bool,
 ) -> Result<(), StagedError> {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::fire(crate::fault::Fault::StagedDma) {
+        return Err(StagedError::Driver {
+            op: if h2d {
+                "cuMemcpyHtoDAsync"
+            } else {
+                "cuMemcpyDtoHAsync"
+            },
+            source: DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+        });
+    }
     if h2d {
         // SAFETY: this function's contract.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }

@@ -90,6 +90,13 @@ impl Ring {
     }
     /// Records the slot's event on `stream`, after the slot's DMA.
     pub(super) fn record(&mut self, slot: usize, stream: &CudaStream) -> Result<(), StagedError> {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::fire(crate::fault::Fault::StagedRecord) {
+            return Err(StagedError::Driver {
+                op: "cuEventRecord",
+                source: cu::DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+            });
+        }
         self.events[slot]
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
