@@ -70,6 +70,7 @@ use pipeline::{SendPtr, Staging};
 use pool::Pool;
 use ring::Ring;
 use segments::{Packing, SegStaging};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
 use thiserror::Error;
 
@@ -342,7 +343,7 @@ impl Stager {
     }
 
     /// Runs `f` on the direction's ring (made on first use), then waits for every DMA it
-    /// issued, also when `f` failed.
+    /// issued, also when `f` failed or panicked (the panic goes on after the wait).
     fn with_ring(
         &self,
         dir: Direction,
@@ -365,9 +366,12 @@ impl Stager {
             *guard = Some(Ring::new(&self.ctx, &self.cfg, flags)?);
         }
         let ring = guard.as_mut().expect("ring was just made");
-        let r = f(ring);
+        let r = catch_unwind(AssertUnwindSafe(|| f(&mut *ring)));
         let d = ring.drain();
-        r.and(d)
+        match r {
+            Ok(r) => r.and(d),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 

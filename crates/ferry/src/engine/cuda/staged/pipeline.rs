@@ -92,7 +92,7 @@ impl Stager {
         let next = AtomicUsize::new(0);
         let worker = |_: usize| loop {
             let p = next.fetch_add(1, Ordering::Relaxed);
-            if p >= n * t {
+            if p >= n * t || stop.load(Ordering::Relaxed) {
                 return;
             }
             let (k, i) = (p / t, p % t);
@@ -114,15 +114,20 @@ impl Stager {
             done[k % depth].fetch_add(1, Ordering::Release);
         };
         let coordinate = || -> Result<(), StagedError> {
-            let r = if h2d {
-                self.flow_h2d(ring, job, &progress)
-            } else {
-                self.flow_d2h(ring, job, &progress)
-            };
-            if r.is_err() {
+            // Whether the coordinator fails or panics (a bug, in it or in a chunk's device
+            // side), the workers must stop: they wait for chunks it would open, and the pool
+            // waits for them before it returns (or unwinds).
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                if h2d {
+                    self.flow_h2d(ring, job, &progress)
+                } else {
+                    self.flow_d2h(ring, job, &progress)
+                }
+            }));
+            if !matches!(r, Ok(Ok(()))) {
                 stop.store(true, Ordering::Relaxed);
             }
-            r
+            r.unwrap_or_else(|p| std::panic::resume_unwind(p))
         };
         self.pool.run_with(t, &worker, coordinate)
     }
