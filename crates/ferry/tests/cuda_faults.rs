@@ -772,6 +772,208 @@ mod injected {
         leaks.check("staging coordinator panics");
     }
 
+    /// One staged copy of these tests: `M` bytes pageable <-> device, as one plan, or as a
+    /// segment list of 1 MiB runs spread over a device buffer of twice the size (not adjacent
+    /// there, so each is its own DMA: four driver calls per 4 MiB chunk).
+    struct Staged {
+        h2d: bool,
+        list: bool,
+        /// The pageable side.
+        host: Vec<u8>,
+        dev: DeviceBuffer,
+    }
+
+    const RUN: usize = 1 << 20;
+
+    impl Staged {
+        /// Source bytes from `seed`, destination poisoned.
+        fn new(h2d: bool, list: bool, seed: u64) -> Staged {
+            let dev_len = if list { 2 * M } else { M };
+            let data = bytes(M, seed);
+            let (host, dev) = if h2d {
+                (
+                    data,
+                    DeviceBuffer::from_host(0, &vec![POISON; dev_len]).unwrap(),
+                )
+            } else {
+                let mut d = vec![POISON; dev_len];
+                if list {
+                    for (i, c) in data.chunks(RUN).enumerate() {
+                        d[2 * i * RUN..2 * i * RUN + RUN].copy_from_slice(c);
+                    }
+                } else {
+                    d.copy_from_slice(&data);
+                }
+                (vec![POISON; M], DeviceBuffer::from_host(0, &d).unwrap())
+            };
+            Staged {
+                h2d,
+                list,
+                host,
+                dev,
+            }
+        }
+        /// Submits the copy (on the calling thread's stream of its direction).
+        fn submit(&mut self, e: &CudaEngine) -> Request {
+            let d = ferry::MemoryMut::raw_mut(&mut self.dev);
+            let h = ferry::RawBuf::host(self.host.as_mut_ptr(), M, ferry::MemKind::Pageable);
+            let (dst, src) = if self.h2d { (d, h) } else { (h, d) };
+            let op = if self.list {
+                let segs: Vec<Segment> = (0..(M / RUN) as u64)
+                    .map(|i| {
+                        let (dev, host) = (2 * i * RUN as u64, i * RUN as u64);
+                        if self.h2d {
+                            Segment::new(dev, host, RUN as u64)
+                        } else {
+                            Segment::new(host, dev, RUN as u64)
+                        }
+                    })
+                    .collect();
+                Op::Segments(segs.into())
+            } else {
+                let l = Layout::bytes(M).unwrap();
+                Op::Copy { dst: l, src: l }
+            };
+            let job = ferry::Job {
+                dst,
+                src: Some(src),
+                op,
+                after: Vec::new(),
+            };
+            // SAFETY: both buffers belong to `self`, which the callers keep alive and untouched
+            // until the request has completed (they wait for it before anything else).
+            unsafe { e.submit_raw(job) }.expect("submit")
+        }
+        /// The destination's bytes (a list's device side in packed order).
+        fn got(&self) -> Vec<u8> {
+            if self.h2d {
+                packed(self.dev.to_vec().unwrap(), self.list)
+            } else {
+                self.host.clone()
+            }
+        }
+        /// The source's bytes (a list's device side in packed order).
+        fn want(&self) -> Vec<u8> {
+            if self.h2d {
+                self.host.clone()
+            } else {
+                packed(self.dev.to_vec().unwrap(), self.list)
+            }
+        }
+        /// Overwrites the destination with `pattern` bytes, past any stream of the engine
+        /// (a synchronous copy on the legacy stream, which the engine's non-blocking streams do
+        /// not wait for; a plain write of host memory).
+        fn overwrite(&mut self, pattern: u8) {
+            if self.h2d {
+                let n = self.dev.len();
+                self.dev.copy_from_host(&vec![pattern; n]).unwrap();
+            } else {
+                self.host.fill(pattern);
+            }
+        }
+        /// Whether the destination still holds only `pattern` bytes.
+        fn holds(&self, pattern: u8) -> bool {
+            let all = if self.h2d {
+                self.dev.to_vec().unwrap()
+            } else {
+                self.host.clone()
+            };
+            all.iter().all(|&b| b == pattern)
+        }
+    }
+
+    /// The device side's bytes of a [`Staged`] copy in packed order: for a list, the first
+    /// half of every 2 MiB.
+    fn packed(dev: Vec<u8>, list: bool) -> Vec<u8> {
+        if !list {
+            return dev;
+        }
+        dev.chunks(2 * RUN)
+            .flat_map(|c| c[..RUN].to_vec())
+            .collect()
+    }
+
+    /// What of a staged copy may still run on `stream` (the copy's) the moment its request
+    /// has returned: `None` if nothing (the stream is idle; with the null CUDA driver, no
+    /// operation is pending either).
+    fn still_running(stream: &cudarc::driver::CudaStream) -> Option<String> {
+        // SAFETY: a live stream of the engine, queried only.
+        let q = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+        (q != cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+            .then(|| format!("the copy's stream is not idle: {q:?}"))
+    }
+
+    /// A staged copy fails after a chunk's device side was (partly) enqueued: its event could
+    /// not be recorded after its DMA (plans), or its second driver call failed after the first
+    /// was enqueued (segment lists, four calls per chunk). Both directions, early and late
+    /// chunks. The request fails with that driver error, and only once every DMA it issued has
+    /// ended: its stream is idle when `wait` returns (those DMAs used to be left running: the
+    /// slot was never marked pending, so the drain skipped it), and a destination overwritten
+    /// right then keeps what it was given while the next copy, which refills the ring, runs;
+    /// that copy is correct; nothing leaks.
+    #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+    fn staged_failure_waits_for_its_dmas() {
+        let Some(_g) = serial_with_driver() else {
+            return;
+        };
+        let leaks = Leaks::start();
+        {
+            let e = engine();
+            let dir = |h2d| {
+                if h2d {
+                    ferry::cuda::Direction::HostToDevice
+                } else {
+                    ferry::cuda::Direction::DeviceToHost
+                }
+            };
+            for (fault, list) in [(Fault::StagedRecord, false), (Fault::StagedDma, true)] {
+                for h2d in [true, false] {
+                    let stream = Arc::clone(e.stream(dir(h2d)));
+                    for k in [0usize, 3, 10] {
+                        let what = format!("{fault:?}, h2d {h2d}, chunk {k}");
+                        let mut failed = Staged::new(h2d, list, k as u64);
+                        // A list's chunk k makes calls 4k .. 4k + 3: its second fails.
+                        arm(fault, if list { 4 * k + 1 } else { k });
+                        let r = failed.submit(&e).wait();
+                        let running = still_running(&stream);
+                        let fired = !is_armed(fault);
+                        disarm_all();
+                        assert!(fired, "{what}: the copy had fewer chunks than expected");
+                        let call = match (fault, h2d) {
+                            (Fault::StagedRecord, _) => "cuEventRecord",
+                            (_, true) => "cuMemcpyHtoDAsync",
+                            (_, false) => "cuMemcpyDtoHAsync",
+                        };
+                        match &r {
+                            Err(RequestError::Driver(d)) => assert_eq!(d.call, call, "{what}: {d}"),
+                            other => panic!("{what}: expected the injected error, got {other:?}"),
+                        }
+                        assert_eq!(
+                            running, None,
+                            "{what}: the request completed before its DMAs"
+                        );
+                        failed.overwrite(0x3C);
+                        let mut next = Staged::new(h2d, list, 100 + k as u64);
+                        let r = next.submit(&e).wait();
+                        assert_eq!(r, Ok(()), "{what}: the copy after");
+                        assert!(next.got() == next.want(), "{what}: the copy after differs");
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        assert!(
+                            failed.holds(0x3C),
+                            "{what}: the failed copy's destination was written after it completed"
+                        );
+                    }
+                }
+            }
+            staged_still_work(&e, 800);
+            if !null_driver() {
+                still_works(&e, 800);
+            }
+        }
+        leaks.check("staged failure waits for its DMAs");
+    }
+
     /// The staging thread itself panics at the start of a request: that request fails (it
     /// does not hang), the thread goes on, the next staged copies are correct.
     #[test]

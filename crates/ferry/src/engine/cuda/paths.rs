@@ -102,13 +102,21 @@ impl Paths {
                 ))
                 .spawn(move || {
                     for t in rx {
-                        // A panic here (a bug) fails this request only: the thread goes on
-                        // with the next one, after every DMA the request issued has finished.
+                        // An error or a panic (a bug) fails this request only: the thread
+                        // goes on with the next one. Either way every DMA the request issued
+                        // has ended before it completes: the stager waits for them before it
+                        // returns or unwinds, and a panic outside it is followed by a
+                        // synchronization of the stream.
                         let r = catch_unwind(AssertUnwindSafe(|| {
                             run_staged(&ctx, cfg, (&stager, &gatherer), &t)
                         }))
                         .unwrap_or_else(|p| {
-                            let _ = t.stream.synchronize();
+                            // Raw, with the context bound: cudarc's `synchronize` returns an
+                            // error stored in the context instead of waiting, if one is.
+                            if super::driver::bind(&ctx).is_ok() {
+                                // SAFETY: the task's live stream, of this context; only waits.
+                                let _ = unsafe { sys::cuStreamSynchronize(t.stream.cu_stream()) };
+                            }
                             Err(RequestError::Panicked {
                                 op: "staged copy".into(),
                                 msg: crate::op::panic_message(&p),

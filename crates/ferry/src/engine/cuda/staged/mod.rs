@@ -221,8 +221,10 @@ impl Stager {
     /// [`Direction::HostToDevice`] `dst` is a device pointer (`CUdeviceptr`) and `src` a host
     /// pointer; for [`Direction::DeviceToHost`] the reverse. Host memory may be pageable.
     ///
-    /// On error the copy stops, every DMA already issued is waited for, and the destination's
-    /// bytes are unspecified.
+    /// On error the copy stops, every DMA already issued is waited for (an event per chunk; the
+    /// whole stream where a chunk's calls failed part-way or its event could not be recorded or
+    /// waited for), and the destination's bytes are unspecified. A panic of the mechanism (a
+    /// bug) leaves this call after the same wait; the stager stays usable.
     ///
     /// # Safety
     /// 1. Every byte the plan reads (`src + plan.src_offset() .. src + plan.src_end()`, at the
@@ -262,7 +264,7 @@ impl Stager {
             host: SendPtr(host_base as *mut u8),
             stream,
         };
-        self.with_ring(dir, |ring| self.flow(ring, &job, dir))
+        self.with_ring(dir, stream, |ring| self.flow(ring, &job, dir))
     }
 
     /// Copies every segment of `segs` (`len` bytes from `src + src_off` to `dst + dst_off`)
@@ -315,7 +317,7 @@ impl Stager {
         let runs = segments::count_runs(segs, segments::dev_off(dir));
         let scatters = crate::engine::cuda::route::staged_scatters(runs, pack.total());
         let scratch_len = self.cfg.chunk_bytes;
-        self.with_ring(dir, |ring| {
+        self.with_ring(dir, stream, |ring| {
             let scratch = match (scatters, gatherer) {
                 (true, Some(_)) => ring.scratch(scratch_len)?,
                 _ => Vec::new(),
@@ -343,10 +345,12 @@ impl Stager {
     }
 
     /// Runs `f` on the direction's ring (made on first use), then waits for every DMA it
-    /// issued, also when `f` failed or panicked (the panic goes on after the wait).
+    /// issued on `stream`, also when `f` failed or panicked (the panic goes on after the
+    /// wait), so that no DMA outlives the copy and the next copy finds every slot free.
     fn with_ring(
         &self,
         dir: Direction,
+        stream: &CudaStream,
         f: impl FnOnce(&mut Ring) -> Result<(), StagedError>,
     ) -> Result<(), StagedError> {
         // Each direction has its own ring, made on first use; the device -> host ring is never
@@ -366,8 +370,9 @@ impl Stager {
             *guard = Some(Ring::new(&self.ctx, &self.cfg, flags)?);
         }
         let ring = guard.as_mut().expect("ring was just made");
+        ring.ready()?;
         let r = catch_unwind(AssertUnwindSafe(|| f(&mut *ring)));
-        let d = ring.drain();
+        let d = ring.drain(stream);
         match r {
             Ok(r) => r.and(d),
             Err(panic) => std::panic::resume_unwind(panic),

@@ -147,11 +147,13 @@ impl Stager {
                 // No worker touches this slot again until `open` passes `issued + depth`,
                 // which needs this chunk's DMA done: resetting the count here is safe.
                 done[slot].store(0, Ordering::Relaxed);
-                // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
-                // Acquire above) and stays untouched until its event, recorded next, completes;
-                // the device range is valid by `copy`'s contract.
-                unsafe { issue(job, issued, slot, ring.slots[slot].ptr(), true)? };
-                ring.record(slot, job.stream())?;
+                ring.enqueue(slot, job.stream(), |ptr| {
+                    // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
+                    // Acquire above) and stays untouched until the ring knows its DMA ended
+                    // (its event, recorded by `enqueue`, or the drain's synchronization); the
+                    // device range is valid by `copy`'s contract.
+                    unsafe { issue(job, issued, slot, ptr, true) }
+                })?;
                 issued += 1;
                 spin = Backoff::new();
             } else if retired < issued && ring.poll(retired % depth)? {
@@ -177,10 +179,12 @@ impl Stager {
             }
             if issued < n && issued < drained + depth {
                 let slot = issued % depth;
-                // SAFETY: the slot was drained (or never used), so the DMA may overwrite it;
-                // the device range is valid by `copy`'s contract.
-                unsafe { issue(job, issued, slot, ring.slots[slot].ptr(), false)? };
-                ring.record(slot, job.stream())?;
+                ring.enqueue(slot, job.stream(), |ptr| {
+                    // SAFETY: the slot was drained (or never used), so the DMA may overwrite
+                    // it, and no worker reads it until the ring knows the DMA ended; the
+                    // device range is valid by `copy`'s contract.
+                    unsafe { issue(job, issued, slot, ptr, false) }
+                })?;
                 issued += 1;
                 spin = Backoff::new();
             } else if landed < issued && ring.poll(landed % depth)? {
@@ -242,8 +246,8 @@ pub(super) trait Chunks: Sync {
     /// the device (`h2d`: slot -> device), on [`Chunks::stream`].
     ///
     /// # Safety
-    /// 1. `ptr` holds at least the chunk's bytes and stays valid until the stream reaches the
-    ///    event recorded after this call.
+    /// 1. `ptr` holds at least the chunk's bytes and stays valid until the work enqueued here
+    ///    has ended (the ring's event recorded after this call, or a synchronization).
     /// 2. The chunk's device bytes are valid device memory of the stream's context.
     unsafe fn device_side(
         &self,
@@ -382,8 +386,8 @@ impl Chunks for Staging<'_> {
     /// Issues the DMA between a ring slot and the device for chunk `k` (`h2d`: slot -> device).
     ///
     /// # Safety
-    /// 1. `slot` holds at least the chunk's bytes and stays valid until the stream reaches the
-    ///    event recorded after this call.
+    /// 1. `slot` holds at least the chunk's bytes and stays valid until the work enqueued here
+    ///    has ended (the ring's event recorded after this call, or a synchronization).
     /// 2. The chunk's device bytes are valid device memory of the stream's context.
     unsafe fn device_side(
         &self,
