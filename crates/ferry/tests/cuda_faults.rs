@@ -41,15 +41,6 @@ fn serial_with_driver() -> Option<MutexGuard<'static, ()>> {
     Some(g)
 }
 
-/// Whether the driver is the null CUDA driver (`bench/null-cuda`), which has no kernels and
-/// no memsets: the checks that need them are left out there.
-fn null_driver() -> bool {
-    ferry::cuda::probe()
-        .devices
-        .first()
-        .is_some_and(|d| d.name == "null CUDA driver")
-}
-
 fn quiet_panics() {
     // The injected panics are expected; keep the test output readable.
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -520,6 +511,15 @@ mod injected {
     use ferry::cuda::staged::StagingConfig;
     use ferry::cuda::{CudaConfig, PinnedBuffer};
     use ferry::fault::{arm, disarm_all, is_armed, Fault};
+
+    /// Whether the driver is the null CUDA driver (`bench/null-cuda`), which has no kernels and
+    /// no memsets: the checks that need them are left out there.
+    fn null_driver() -> bool {
+        ferry::cuda::probe()
+            .devices
+            .first()
+            .is_some_and(|d| d.name == "null CUDA driver")
+    }
 
     /// 64 MiB in 4 MiB chunks (16 chunks), ring of 3, 4 workers.
     fn engine() -> CudaEngine {
