@@ -35,7 +35,10 @@ pub(crate) enum StagedWork {
     },
 }
 
-/// One staged job, run on the direction's staging thread.
+/// One staged job, run on the direction's staging thread. It is `Send` by its fields (no
+/// `unsafe impl`, so that a field that is not makes this fail to compile): the buffers are
+/// plain addresses, which `Engine::submit_raw`'s contract keeps valid and unshared until the
+/// request (completed by the staging thread through `signal`) completes.
 pub(crate) struct StagedTask {
     pub dir: staged::Direction,
     pub stream: Arc<CudaStream>,
@@ -48,11 +51,6 @@ pub(crate) struct StagedTask {
     pub after: Vec<Request>,
     pub signal: Arc<Signal>,
 }
-
-// SAFETY: the task holds plain addresses; `Engine::submit_raw`'s contract keeps the memory
-// valid and unshared until the request (completed by the staging thread through `signal`)
-// completes, so the addresses may move to that thread.
-unsafe impl Send for StagedTask {}
 
 type Worker = (Sender<StagedTask>, JoinHandle<()>);
 type Cell<T> = Arc<OnceLock<Result<T, CudaError>>>;

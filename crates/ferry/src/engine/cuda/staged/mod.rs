@@ -13,8 +13,17 @@
 //! wait modes").
 //!
 //! A [`Stager`] is made once per device and reused by many copies. Each direction has its own
-//! ring, allocated on first use, so one host -> device and one device -> host copy may run at the
-//! same time; two copies in the same direction take turns.
+//! ring, allocated on first use, but both share one pool of workers, which runs one copy at a
+//! time: a host -> device and a device -> host copy take turns at the workers (only the last
+//! DMAs of one, waited for after it leaves the pool, overlap the start of the other), and two
+//! copies in the same direction take turns at their ring as well. Running both directions at
+//! once would need workers for each (a pool per direction: up to twice the threads, competing
+//! for the cores and for host memory bandwidth, which already bounds one direction's copy);
+//! that is not measured, so not done.
+//!
+//! Failures fail cleanly: a copy returns (with its error, or with a panic of the mechanism,
+//! which goes on unwinding) only after every DMA it issued has ended, whatever failed, and the
+//! stager stays usable for the next copy.
 //!
 //! Plans with a strided host side are gathered into (or scattered out of) the ring run by run;
 //! a pitched device side is written from the ring with `cuMemcpy2DAsync`.
@@ -66,7 +75,7 @@ use crate::Plan;
 use chunk::{add, Chunker, Sides};
 use cudarc::driver::result::DriverError;
 use cudarc::driver::{sys, CudaContext, CudaStream};
-use pipeline::{SendPtr, Staging};
+use pipeline::{Staging, SyncPtr};
 use pool::Pool;
 use ring::Ring;
 use segments::{Packing, SegStaging};
@@ -261,7 +270,7 @@ impl Stager {
             sides,
             chunker: &chunker,
             dev: dev_base,
-            host: SendPtr(host_base as *mut u8),
+            host: SyncPtr(host_base as *mut u8),
             stream,
         };
         self.with_ring(dir, stream, |ring| self.flow(ring, &job, dir))
@@ -328,7 +337,7 @@ impl Stager {
                 dir,
                 dev,
                 dev_len,
-                host: SendPtr(host as *mut u8),
+                host: SyncPtr(host as *mut u8),
                 stream,
                 scatter: gatherer.map(|g| (g, &scratch[..])),
                 scratch_len,

@@ -18,16 +18,15 @@ use cudarc::driver::result::DriverError;
 /// 2^31 - 1 on current GPUs).
 const MAX_PITCH: usize = (1 << 31) - 1;
 
-/// A raw pointer that may cross to worker threads (the workers touch disjoint bytes).
+/// A raw pointer the pool's workers share (they touch disjoint bytes). `Sync` only: the
+/// workers reach it through the job they share, and copy it out on their own thread.
 #[derive(Clone, Copy)]
-pub(super) struct SendPtr(pub(super) *mut u8);
+pub(super) struct SyncPtr(pub(super) *mut u8);
 // SAFETY: used only to hand disjoint byte ranges to the pool's workers, which finish before the
 // copy returns.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
+unsafe impl Sync for SyncPtr {}
 
-impl SendPtr {
+impl SyncPtr {
     /// The address `off` bytes on (a method, so closures capture the `Sync` wrapper).
     pub(super) fn at(self, off: usize) -> *mut u8 {
         self.0.wrapping_add(off)
@@ -52,7 +51,7 @@ struct Progress {
 impl Stager {
     /// Part `i` of `t` of chunk `k`'s host-side copy (`to_slot`: host -> slot, else slot ->
     /// host). The parts of one chunk touch disjoint bytes; together they cover the chunk.
-    fn part(&self, job: &dyn Chunks, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize) {
+    fn part(&self, job: &dyn Chunks, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize) {
         #[cfg(feature = "fault-injection")]
         if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
             panic!("injected panic");
@@ -79,7 +78,7 @@ impl Stager {
         let n = job.count();
         let t = workers_for(self.pool.threads(), job.bytes());
         let depth = ring.slots.len();
-        let slots: Vec<SendPtr> = ring.slots.iter().map(|p| SendPtr(p.ptr())).collect();
+        let slots: Vec<SyncPtr> = ring.slots.iter().map(|p| SyncPtr(p.ptr())).collect();
         let h2d = dir == Direction::HostToDevice;
         let progress = Progress {
             n,
@@ -241,7 +240,7 @@ pub(super) trait Chunks: Sync {
     /// Part `i` of `t` of chunk `k`'s host-side copy between host memory and the ring slot
     /// `slot` (`to_slot`: host -> slot), with non-temporal stores when `nt`. The parts of one
     /// chunk touch disjoint bytes; together they cover the chunk.
-    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool);
+    fn part(&self, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize, nt: bool);
     /// Issues the device side of chunk `k` between the ring slot number `slot` (at `ptr`) and
     /// the device (`h2d`: slot -> device), on [`Chunks::stream`].
     ///
@@ -330,7 +329,7 @@ pub(super) struct Staging<'a> {
     pub(super) sides: Sides<'a>,
     pub(super) chunker: &'a Chunker,
     pub(super) dev: u64,
-    pub(super) host: SendPtr,
+    pub(super) host: SyncPtr,
     pub(super) stream: &'a Arc<CudaStream>,
 }
 
@@ -344,7 +343,7 @@ impl Chunks for Staging<'_> {
     fn stream(&self) -> &Arc<CudaStream> {
         self.stream
     }
-    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
+    fn part(&self, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
         let host = self.host;
         let sides = self.sides;
         let run = self.chunker.run;
