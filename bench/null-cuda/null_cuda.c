@@ -26,10 +26,11 @@
 //   cuEventQuery answer CUDA_ERROR_NOT_READY until the work is done; cuStreamSynchronize,
 //   cuEventSynchronize and cuCtxSynchronize block until it is; cuStreamWaitEvent makes the
 //   stream's worker wait for the event's last record; cuStreamWaitValue32/64 make it poll the
-//   word. Work on the legacy default stream (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD), the
-//   synchronous calls (cuMemcpyHtoD, cuMemsetD8, ...), cuMemFree, cuMemFreeHost and
-//   cuMemHostUnregister first wait for all work enqueued before them, then run at once (as
-//   the legacy stream orders itself after every blocking stream). A copy from or to pageable
+//   word. Work on the legacy default stream (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) and
+//   the synchronous calls (cuMemcpyHtoD, cuMemsetD8, ...) first wait for the work enqueued
+//   before them on every blocking stream (one made without CU_STREAM_NON_BLOCKING), as the
+//   legacy stream does, then run at once; cuCtxSynchronize, cuMemFree, cuMemFreeHost and
+//   cuMemHostUnregister wait for the work of every stream. A copy from or to pageable
 //   host memory waits for its stream and runs at once, as the driver's pageable copies return
 //   only once the host buffer may be reused. cuStreamDestroy waits for its stream's work; a
 //   destroyed event still waited on is freed when the wait is done.
@@ -326,23 +327,26 @@ int nullcuda_pending(void) { return atomic_load(&pending); }
 
 void nullcuda_async(int usec) { atomic_store(&delay_us, usec > 0 ? usec : 0); }
 
-// Waits until every operation enqueued before now, on any stream, is done. Lock held.
-static void drain_all_locked(void) {
-  uint64_t target = next_seq;
-  if (in_worker) return;
-  for (;;) {
-    int busy = 0;
-    for (struct stream *s = streams; s && !busy; s = s->next)
-      busy = s->head && s->head->seq < target;
-    if (!busy) return;
-    pthread_cond_wait(&done_cond, &q_lock);
-  }
+// Whether an operation enqueued before `target` is still queued on a stream (on a blocking
+// one only: one not made with CU_STREAM_NON_BLOCKING, which the legacy stream waits for). Lock
+// held.
+static int busy_locked(uint64_t target, int blocking_only) {
+  for (struct stream *s = streams; s; s = s->next)
+    if (s->head && s->head->seq < target && !(blocking_only && (s->flags & 1))) return 1;
+  return 0;
 }
 
-static void drain_all(void) {
+// Waits until every operation enqueued before now on any stream (on every blocking one) is
+// done. Lock held.
+static void drain_all_locked(int blocking_only) {
+  uint64_t target = next_seq;
+  while (!in_worker && busy_locked(target, blocking_only)) pthread_cond_wait(&done_cond, &q_lock);
+}
+
+static void drain_all(int blocking_only) {
   if (atomic_load(&pending) == 0) return;
   pthread_mutex_lock(&q_lock);
-  drain_all_locked();
+  drain_all_locked(blocking_only);
   pthread_mutex_unlock(&q_lock);
 }
 
@@ -539,10 +543,11 @@ static void run_now(struct op *o) {
 }
 
 // Enqueues `o` (a template, copied) on stream `s`, or runs it now: in the synchronous mode
-// when `s` has nothing queued, and on the legacy stream after all earlier work.
+// when `s` has nothing queued, and on the legacy stream after all earlier work of the blocking
+// streams.
 static CUresult submit(CUstream s, struct op *o) {
   if (legacy(s)) {
-    drain_all();
+    drain_all(1);
     run_now(o);
     return OK;
   }
@@ -664,7 +669,11 @@ CUresult cuCtxSetCurrent(CUcontext c) { ENTRY(); current = c; return OK; }
 CUresult cuCtxGetCurrent(CUcontext *c) { ENTRY(); *c = current; return OK; }
 CUresult cuCtxPushCurrent_v2(CUcontext c) { ENTRY(); current = c; return OK; }
 CUresult cuCtxPopCurrent_v2(CUcontext *c) { ENTRY(); if (c) *c = current; return OK; }
-CUresult cuCtxSynchronize(void) { ENTRY(); drain_all(); return OK; }
+CUresult cuCtxSynchronize(void) {
+  ENTRY();
+  drain_all(0);
+  return OK;
+}
 CUresult cuCtxGetDevice(CUdevice *d) { ENTRY(); *d = 0; return OK; }
 
 // ---------------------------------------------------------------------------------------------
@@ -710,7 +719,7 @@ CUresult cuStreamSynchronize(CUstream s) {
   ENTRY();
   if (atomic_load(&pending) == 0) return OK;
   pthread_mutex_lock(&q_lock);
-  if (legacy(s)) drain_all_locked();
+  if (legacy(s)) drain_all_locked(1);
   else drain_stream_locked(s);
   pthread_mutex_unlock(&q_lock);
   return OK;
@@ -718,9 +727,9 @@ CUresult cuStreamSynchronize(CUstream s) {
 CUresult cuStreamQuery(CUstream s) {
   ENTRY();
   if (atomic_load(&pending) == 0) return OK;
-  if (legacy(s)) return NOT_READY;  // it orders itself after every stream's work
   pthread_mutex_lock(&q_lock);
-  CUresult r = s->head ? NOT_READY : OK;
+  // The legacy stream orders itself after the work of every blocking stream.
+  CUresult r = (legacy(s) ? busy_locked(next_seq, 1) : s->head != NULL) ? NOT_READY : OK;
   pthread_mutex_unlock(&q_lock);
   return r;
 }
@@ -811,7 +820,7 @@ CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
 }
 static CUresult free_device(CUdeviceptr p) {
   if (!p) return OK;
-  drain_all();
+  drain_all(0);
   if (!is_device(del(p))) return INVALID_VALUE;
   free((void *)p);
   return OK;
@@ -832,7 +841,7 @@ CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
 CUresult cuMemAllocHost_v2(void **p, size_t n) { ENTRY(); return alloc_host(p, n); }
 CUresult cuMemFreeHost(void *p) {
   ENTRY();
-  drain_all();
+  drain_all(0);
   if (del((uint64_t)p) != A_PINNED) return INVALID_VALUE;
   free(p);
   return OK;
@@ -860,7 +869,7 @@ CUresult cuMemHostUnregister(void *p) {
   ENTRY();
   uint64_t b = 0;
   if (find((uint64_t)p, &b, NULL) != A_REGISTERED || b != (uint64_t)p) return NOT_REGISTERED;
-  drain_all();
+  drain_all(0);
   del((uint64_t)p);
   return OK;
 }
