@@ -512,15 +512,6 @@ mod injected {
     use ferry::cuda::{CudaConfig, PinnedBuffer};
     use ferry::fault::{arm, disarm_all, is_armed, Fault};
 
-    /// Whether the driver is the null CUDA driver (`bench/null-cuda`), which has no kernels and
-    /// no memsets: the checks that need them are left out there.
-    fn null_driver() -> bool {
-        ferry::cuda::probe()
-            .devices
-            .first()
-            .is_some_and(|d| d.name == "null CUDA driver")
-    }
-
     /// 64 MiB in 4 MiB chunks (16 chunks), ring of 3, 4 workers.
     fn engine() -> CudaEngine {
         let st = StagingConfig::new()
@@ -627,7 +618,7 @@ mod injected {
                 }
             }
             staged_still_work(&e, 400);
-            if !null_driver() {
+            if !null::is_null_driver() {
                 still_works(&e, 400);
             }
         }
@@ -674,7 +665,7 @@ mod injected {
                 assert!(got == want, "{what}: the copy after the panic differs");
             }
             staged_still_work(&e, 500);
-            if !null_driver() {
+            if !null::is_null_driver() {
                 still_works(&e, 500);
             }
         }
@@ -765,7 +756,7 @@ mod injected {
                 }
             }
             staged_still_work(&e, 700);
-            if !null_driver() {
+            if !null::is_null_driver() {
                 still_works(&e, 700);
             }
         }
@@ -893,10 +884,30 @@ mod injected {
             .collect()
     }
 
+    /// The engine's direction of a staged copy.
+    fn dir(h2d: bool) -> ferry::cuda::Direction {
+        if h2d {
+            ferry::cuda::Direction::HostToDevice
+        } else {
+            ferry::cuda::Direction::DeviceToHost
+        }
+    }
+
+    /// The call named by a request's driver error, or a panic naming `what`.
+    fn failed_call(what: &str, r: &Result<(), RequestError>) -> &'static str {
+        match r {
+            Err(RequestError::Driver(d)) => d.call,
+            other => panic!("{what}: expected a driver error, got {other:?}"),
+        }
+    }
+
     /// What of a staged copy may still run on `stream` (the copy's) the moment its request
     /// has returned: `None` if nothing (the stream is idle; with the null CUDA driver, no
     /// operation is pending either).
     fn still_running(stream: &cudarc::driver::CudaStream) -> Option<String> {
+        if let Some(n) = null::pending().filter(|&n| n > 0) {
+            return Some(format!("{n} operations pending in the null driver"));
+        }
         // SAFETY: a live stream of the engine, queried only.
         let q = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
         (q != cudarc::driver::sys::CUresult::CUDA_SUCCESS)
@@ -920,13 +931,6 @@ mod injected {
         let leaks = Leaks::start();
         {
             let e = engine();
-            let dir = |h2d| {
-                if h2d {
-                    ferry::cuda::Direction::HostToDevice
-                } else {
-                    ferry::cuda::Direction::DeviceToHost
-                }
-            };
             for (fault, list) in [(Fault::StagedRecord, false), (Fault::StagedDma, true)] {
                 for h2d in [true, false] {
                     let stream = Arc::clone(e.stream(dir(h2d)));
@@ -945,10 +949,7 @@ mod injected {
                             (_, true) => "cuMemcpyHtoDAsync",
                             (_, false) => "cuMemcpyDtoHAsync",
                         };
-                        match &r {
-                            Err(RequestError::Driver(d)) => assert_eq!(d.call, call, "{what}: {d}"),
-                            other => panic!("{what}: expected the injected error, got {other:?}"),
-                        }
+                        assert_eq!(failed_call(&what, &r), call, "{what}: {r:?}");
                         assert_eq!(
                             running, None,
                             "{what}: the request completed before its DMAs"
@@ -967,11 +968,111 @@ mod injected {
                 }
             }
             staged_still_work(&e, 800);
-            if !null_driver() {
+            if !null::is_null_driver() {
                 still_works(&e, 800);
             }
         }
         leaks.check("staged failure waits for its DMAs");
+    }
+
+    /// The staged path's own waits fail (null CUDA driver only, in its asynchronous mode: its
+    /// injected driver failures), both directions. A slot's `cuEventSynchronize` fails in the
+    /// drain: the copy still ends every DMA it issued before it completes, through the stream
+    /// (the failed wait used to forget the slot first, and the copy completed with its last
+    /// DMAs queued). A chunk's event cannot be recorded and `cuStreamSynchronize` fails too:
+    /// the context is synchronized instead. Even `cuCtxSynchronize` fails: the copy completes
+    /// with its error, and the next copy synchronizes the context before it touches the ring;
+    /// while that fails too the copy is refused (its destination untouched), and the one after
+    /// copies correctly.
+    #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+    fn staged_wait_failures_fall_back_to_synchronizing() {
+        let Some(_g) = serial_with_driver() else {
+            return;
+        };
+        let _null = null::exclusive();
+        if !null::is_null_driver() {
+            println!("skipped: needs the null CUDA driver (its control API)");
+            return;
+        }
+        null::set_async(500);
+        let code = cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN;
+        let leaks = Leaks::start();
+        {
+            let e = engine();
+            for h2d in [true, false] {
+                let stream = Arc::clone(e.stream(dir(h2d)));
+                let dma = if h2d {
+                    "cuMemcpyHtoDAsync"
+                } else {
+                    "cuMemcpyDtoHAsync"
+                };
+
+                // The drain's first event wait fails. Host -> device, the drain waits for the
+                // last chunks in flight; device -> host, the coordinator waits for every chunk
+                // itself, so a DMA fails first (chunk 5) and the drain waits for those before.
+                let what = format!("h2d {h2d}: cuEventSynchronize fails");
+                let mut failed = Staged::new(h2d, false, 1);
+                if !h2d {
+                    arm(Fault::StagedDma, 5);
+                }
+                assert!(null::fail("cuEventSynchronize", 1, code));
+                let r = failed.submit(&e).wait();
+                let running = still_running(&stream);
+                disarm_all();
+                null::clear();
+                let want = if h2d { "cuEventSynchronize" } else { dma };
+                assert_eq!(failed_call(&what, &r), want, "{what}: {r:?}");
+                assert_eq!(
+                    running, None,
+                    "{what}: the request completed before its DMAs"
+                );
+
+                // A chunk's event is not recorded, and the stream cannot be synchronized.
+                let what = format!("h2d {h2d}: cuEventRecord and cuStreamSynchronize fail");
+                let mut failed = Staged::new(h2d, false, 2);
+                arm(Fault::StagedRecord, 5);
+                assert!(null::fail("cuStreamSynchronize", 1, code));
+                let r = failed.submit(&e).wait();
+                let running = still_running(&stream);
+                disarm_all();
+                null::clear();
+                assert_eq!(failed_call(&what, &r), "cuEventRecord", "{what}: {r:?}");
+                assert_eq!(
+                    running, None,
+                    "{what}: the request completed before its DMAs"
+                );
+
+                // Nor the context: the copy cannot know its DMAs ended, and says its own error.
+                let what = format!("h2d {h2d}: no synchronization works");
+                let mut failed = Staged::new(h2d, false, 3);
+                arm(Fault::StagedRecord, 5);
+                assert!(null::fail("cuStreamSynchronize", 1, code));
+                assert!(null::fail("cuCtxSynchronize", 1, code));
+                let r = failed.submit(&e).wait();
+                disarm_all();
+                null::clear();
+                assert_eq!(failed_call(&what, &r), "cuEventRecord", "{what}: {r:?}");
+                // The next copy first synchronizes the context; while that fails, it is refused
+                // before it touches the ring or its buffers.
+                let mut refused = Staged::new(h2d, false, 4);
+                assert!(null::fail("cuCtxSynchronize", 1, code));
+                let r = refused.submit(&e).wait();
+                null::clear();
+                assert_eq!(failed_call(&what, &r), "cuCtxSynchronize", "{what}: {r:?}");
+                assert!(
+                    refused.holds(POISON),
+                    "{what}: a refused copy wrote its destination"
+                );
+                let mut next = Staged::new(h2d, false, 5);
+                let r = next.submit(&e).wait();
+                assert_eq!(r, Ok(()), "{what}: the copy after");
+                assert!(next.got() == next.want(), "{what}: the copy after differs");
+                assert_eq!(still_running(&stream), None, "{what}: the copy after");
+            }
+            staged_still_work(&e, 900);
+        }
+        leaks.check("staged wait failures");
     }
 
     /// The staging thread itself panics at the start of a request: that request fails (it
@@ -1009,7 +1110,7 @@ mod injected {
                 assert!(got == want, "{what}: the copy after the panic differs");
             }
             staged_still_work(&e, 600);
-            if !null_driver() {
+            if !null::is_null_driver() {
                 still_works(&e, 600);
             }
         }
