@@ -710,8 +710,9 @@ mod injected {
     /// The thread that coordinates a staged copy panics as it issues chunk k's device side,
     /// both directions: the request fails with the panic, within a deadline (it used to hang:
     /// the workers, never told to stop, waited for chunks the coordinator would open, and the
-    /// pool waited for them while holding the ring), its dependent fails as such, no staging
-    /// worker is lost, the next copies are correct, nothing leaks.
+    /// pool waited for them while holding the ring), with none of its DMAs left (with the null
+    /// driver: nothing pending), its dependent fails as such, no staging worker is lost, the
+    /// next copies are correct, nothing leaks.
     #[test]
     #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
     fn staging_coordinator_panics() {
@@ -733,8 +734,13 @@ mod injected {
                     let e2 = Arc::clone(&e);
                     let (a, b, _, _) =
                         deadline(&what, move || staged_pair(&e2, h2d, 21 + k as u64));
+                    let pending = null::pending();
                     let fired = !is_armed(Fault::StagingCoordinatorPanic);
                     disarm_all();
+                    assert!(
+                        pending.is_none_or(|n| n == 0),
+                        "{what}: {pending:?} operations pending in the null driver after the panic"
+                    );
                     assert!(fired, "{what}: the copy had fewer chunks than expected");
                     match &a {
                         Err(RequestError::Panicked { op, msg }) => {
