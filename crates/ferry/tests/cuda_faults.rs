@@ -13,10 +13,16 @@
 //! - With the cargo feature `fault-injection` (see `ferry::fault`; `scripts/gpu-bundle.sh`
 //!   builds the GPU tests with it): out of memory on chunk k of a staged copy, both directions,
 //!   with a dependent request; a staging worker thread panicking mid-copy; the staging thread
-//!   panicking at the start of a request.
+//!   panicking at the start of a request; the thread coordinating a staged copy panicking
+//!   (each such request waited under a deadline: it used to hang); a chunk's event not
+//!   recorded, or a chunk's second DMA call failing, after part of its work was enqueued (the
+//!   request must complete only once every DMA it issued has ended: its stream idle, nothing
+//!   pending in the null driver). With the null CUDA driver only (`cuda_common::null`): the
+//!   staged path's own event, stream and context synchronizations failing.
 //!
 //! The tests take one lock each: they fill the card or arm process-wide faults. Prints
-//! `skipped: no CUDA driver` without a GPU.
+//! `skipped: no CUDA driver` without a GPU. With the null CUDA driver, which has no kernels,
+//! the injected-fault tests check only staged copies afterwards.
 
 mod cuda_common;
 use cuda_common::*;
