@@ -13,6 +13,15 @@
 //!   a chunk's copy between pageable memory and the ring (parts are counted across workers).
 //! - [`Fault::StagingThreadPanic`]: the engine's staging thread (the one that runs staged
 //!   requests) panics at the start of a request.
+//! - [`Fault::StagingCoordinatorPanic`]: the thread coordinating a staged copy (the one that
+//!   issues each chunk's DMA while the workers copy) panics as it issues a chunk's device side
+//!   (chunks are counted).
+//! - [`Fault::StagedDma`]: one driver copy call of a staged copy fails with
+//!   `CUDA_ERROR_INVALID_VALUE` (calls are counted, so that a chunk whose device side is
+//!   several calls can fail after some of them were enqueued).
+//! - [`Fault::StagedRecord`]: recording a ring slot's event after a chunk's device side fails
+//!   with `CUDA_ERROR_INVALID_VALUE` (chunks are counted): the chunk's DMA is enqueued, with no
+//!   event after it.
 //!
 //! With the feature, ferry also counts the driver allocations it holds ([`live`]): page-locked
 //! host memory (pinned and mapped buffers, registrations, staging rings, the gather table's host
@@ -40,14 +49,19 @@ pub enum Fault {
     StagingWorkerPanic,
     /// The staging thread panics at the start of a staged request.
     StagingThreadPanic,
+    /// The thread coordinating a staged copy panics as it issues a chunk's device side.
+    StagingCoordinatorPanic,
+    /// One driver copy call of a staged copy fails (counted per call, not per chunk).
+    StagedDma,
+    /// Recording a ring slot's event after a chunk's device side fails.
+    StagedRecord,
 }
 
+/// How many points there are.
+const POINTS: usize = 6;
+
 /// Per point: 0 = off; n > 0 = fire when the count reaches 1, n - 1 passes from now.
-static ARMED: [AtomicUsize; 3] = [
-    AtomicUsize::new(0),
-    AtomicUsize::new(0),
-    AtomicUsize::new(0),
-];
+static ARMED: [AtomicUsize; POINTS] = [const { AtomicUsize::new(0) }; POINTS];
 
 /// Makes `fault` fire once, at the pass after `skip` passes of its point.
 pub fn arm(fault: Fault, skip: usize) {

@@ -13,10 +13,16 @@
 //! - With the cargo feature `fault-injection` (see `ferry::fault`; `scripts/gpu-bundle.sh`
 //!   builds the GPU tests with it): out of memory on chunk k of a staged copy, both directions,
 //!   with a dependent request; a staging worker thread panicking mid-copy; the staging thread
-//!   panicking at the start of a request.
+//!   panicking at the start of a request; the thread coordinating a staged copy panicking
+//!   (each such request waited under a deadline: it used to hang); a chunk's event not
+//!   recorded, or a chunk's second DMA call failing, after part of its work was enqueued (the
+//!   request must complete only once every DMA it issued has ended: its stream idle, nothing
+//!   pending in the null driver). With the null CUDA driver only (`cuda_common::null`): the
+//!   staged path's own event, stream and context synchronizations failing.
 //!
 //! The tests take one lock each: they fill the card or arm process-wide faults. Prints
-//! `skipped: no CUDA driver` without a GPU.
+//! `skipped: no CUDA driver` without a GPU. With the null CUDA driver, which has no kernels,
+//! the injected-fault tests check only staged copies afterwards.
 
 mod cuda_common;
 use cuda_common::*;
@@ -617,7 +623,10 @@ mod injected {
                     assert!(got == want, "{what}: the copy after the fault differs");
                 }
             }
-            still_works(&e, 400);
+            staged_still_work(&e, 400);
+            if !null::is_null_driver() {
+                still_works(&e, 400);
+            }
         }
         leaks.check("staged chunk out of memory");
     }
@@ -661,9 +670,421 @@ mod injected {
                 assert_eq!((a, b), (Ok(()), Ok(())), "{what}: the copy after");
                 assert!(got == want, "{what}: the copy after the panic differs");
             }
-            still_works(&e, 500);
+            staged_still_work(&e, 500);
+            if !null::is_null_driver() {
+                still_works(&e, 500);
+            }
         }
         leaks.check("staging worker panics");
+    }
+
+    /// How long a staged request of these tests may take before the test calls it hung.
+    const HUNG: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Runs `f` on a thread of its own and returns its result, or fails the test naming
+    /// `what` if it has not returned within [`HUNG`] (a deadlock: the thread is left behind,
+    /// holding what it holds, so that nothing here waits for it).
+    fn deadline<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        });
+        match rx.recv_timeout(HUNG) {
+            Ok(Ok(v)) => v,
+            Ok(Err(p)) => std::panic::resume_unwind(p),
+            Err(_) => panic!("{what}: no result after {HUNG:?}: the staged copy hangs"),
+        }
+    }
+
+    /// Staged copies of `M` bytes both ways (pageable <-> device), each checked: what is left
+    /// of [`still_works`] with the null CUDA driver, which has no kernels or memsets.
+    fn staged_still_work(e: &CudaEngine, seed: u64) {
+        for h2d in [true, false] {
+            let (a, b, got, want) = staged_pair(e, h2d, seed + u64::from(h2d));
+            assert_eq!(
+                (a, b),
+                (Ok(()), Ok(())),
+                "h2d {h2d}: a staged copy after the fault"
+            );
+            assert!(
+                got == want,
+                "h2d {h2d}: a staged copy after the fault differs"
+            );
+        }
+    }
+
+    /// The thread that coordinates a staged copy panics as it issues chunk k's device side,
+    /// both directions: the request fails with the panic, within a deadline (it used to hang:
+    /// the workers, never told to stop, waited for chunks the coordinator would open, and the
+    /// pool waited for them while holding the ring), with none of its DMAs left (with the null
+    /// driver: nothing pending), its dependent fails as such, no staging worker is lost, the
+    /// next copies are correct, nothing leaks.
+    #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+    fn staging_coordinator_panics() {
+        let Some(_g) = serial_with_driver() else {
+            return;
+        };
+        quiet_panics();
+        let leaks = Leaks::start();
+        {
+            let e = Arc::new(engine());
+            for h2d in [true, false] {
+                // The pool exists once a copy ran; count the threads with it.
+                let (a, _, _, _) = staged_pair(&e, h2d, 20);
+                assert_eq!(a, Ok(()));
+                let before = threads().1;
+                for k in [0usize, 2, 7] {
+                    let what = format!("{} chunk {k}", if h2d { "h2d" } else { "d2h" });
+                    arm(Fault::StagingCoordinatorPanic, k);
+                    let e2 = Arc::clone(&e);
+                    let (a, b, _, _) =
+                        deadline(&what, move || staged_pair(&e2, h2d, 21 + k as u64));
+                    let pending = null::pending();
+                    let fired = !is_armed(Fault::StagingCoordinatorPanic);
+                    disarm_all();
+                    assert!(
+                        pending.is_none_or(|n| n == 0),
+                        "{what}: {pending:?} operations pending in the null driver after the panic"
+                    );
+                    assert!(fired, "{what}: the copy had fewer chunks than expected");
+                    match &a {
+                        Err(RequestError::Panicked { op, msg }) => {
+                            assert_eq!(op, "staged copy", "{what}");
+                            assert_eq!(msg, "injected panic", "{what}");
+                        }
+                        other => panic!("{what}: expected the coordinator's panic, got {other:?}"),
+                    }
+                    assert!(
+                        matches!(b, Err(RequestError::Dependency(_))),
+                        "{what}: dependent got {b:?}"
+                    );
+                    assert_eq!(threads().1, before, "{what}: a staging thread was lost");
+                    let e2 = Arc::clone(&e);
+                    let (a, b, got, want) =
+                        deadline(&what, move || staged_pair(&e2, h2d, 40 + k as u64));
+                    assert_eq!((a, b), (Ok(()), Ok(())), "{what}: the copy after");
+                    assert!(got == want, "{what}: the copy after the panic differs");
+                }
+            }
+            staged_still_work(&e, 700);
+            if !null::is_null_driver() {
+                still_works(&e, 700);
+            }
+        }
+        leaks.check("staging coordinator panics");
+    }
+
+    /// One staged copy of these tests: `M` bytes pageable <-> device, as one plan, or as a
+    /// segment list of 1 MiB runs spread over a device buffer of twice the size (not adjacent
+    /// there, so each is its own DMA: four driver calls per 4 MiB chunk).
+    struct Staged {
+        h2d: bool,
+        list: bool,
+        /// The pageable side.
+        host: Vec<u8>,
+        dev: DeviceBuffer,
+    }
+
+    const RUN: usize = 1 << 20;
+
+    impl Staged {
+        /// Source bytes from `seed`, destination poisoned.
+        fn new(h2d: bool, list: bool, seed: u64) -> Staged {
+            let dev_len = if list { 2 * M } else { M };
+            let data = bytes(M, seed);
+            let (host, dev) = if h2d {
+                (
+                    data,
+                    DeviceBuffer::from_host(0, &vec![POISON; dev_len]).unwrap(),
+                )
+            } else {
+                let mut d = vec![POISON; dev_len];
+                if list {
+                    for (i, c) in data.chunks(RUN).enumerate() {
+                        d[2 * i * RUN..2 * i * RUN + RUN].copy_from_slice(c);
+                    }
+                } else {
+                    d.copy_from_slice(&data);
+                }
+                (vec![POISON; M], DeviceBuffer::from_host(0, &d).unwrap())
+            };
+            Staged {
+                h2d,
+                list,
+                host,
+                dev,
+            }
+        }
+        /// Submits the copy (on the calling thread's stream of its direction).
+        fn submit(&mut self, e: &CudaEngine) -> Request {
+            let d = ferry::MemoryMut::raw_mut(&mut self.dev);
+            let h = ferry::RawBuf::host(self.host.as_mut_ptr(), M, ferry::MemKind::Pageable);
+            let (dst, src) = if self.h2d { (d, h) } else { (h, d) };
+            let op = if self.list {
+                let segs: Vec<Segment> = (0..(M / RUN) as u64)
+                    .map(|i| {
+                        let (dev, host) = (2 * i * RUN as u64, i * RUN as u64);
+                        if self.h2d {
+                            Segment::new(dev, host, RUN as u64)
+                        } else {
+                            Segment::new(host, dev, RUN as u64)
+                        }
+                    })
+                    .collect();
+                Op::Segments(segs.into())
+            } else {
+                let l = Layout::bytes(M).unwrap();
+                Op::Copy { dst: l, src: l }
+            };
+            let job = ferry::Job {
+                dst,
+                src: Some(src),
+                op,
+                after: Vec::new(),
+            };
+            // SAFETY: both buffers belong to `self`, which the callers keep alive and untouched
+            // until the request has completed (they wait for it before anything else).
+            unsafe { e.submit_raw(job) }.expect("submit")
+        }
+        /// The destination's bytes (a list's device side in packed order).
+        fn got(&self) -> Vec<u8> {
+            if self.h2d {
+                packed(self.dev.to_vec().unwrap(), self.list)
+            } else {
+                self.host.clone()
+            }
+        }
+        /// The source's bytes (a list's device side in packed order).
+        fn want(&self) -> Vec<u8> {
+            if self.h2d {
+                self.host.clone()
+            } else {
+                packed(self.dev.to_vec().unwrap(), self.list)
+            }
+        }
+        /// Overwrites the destination with `pattern` bytes, past any stream of the engine
+        /// (a synchronous copy on the legacy stream, which the engine's non-blocking streams do
+        /// not wait for; a plain write of host memory).
+        fn overwrite(&mut self, pattern: u8) {
+            if self.h2d {
+                let n = self.dev.len();
+                self.dev.copy_from_host(&vec![pattern; n]).unwrap();
+            } else {
+                self.host.fill(pattern);
+            }
+        }
+        /// Whether the destination still holds only `pattern` bytes.
+        fn holds(&self, pattern: u8) -> bool {
+            let all = if self.h2d {
+                self.dev.to_vec().unwrap()
+            } else {
+                self.host.clone()
+            };
+            all.iter().all(|&b| b == pattern)
+        }
+    }
+
+    /// The device side's bytes of a [`Staged`] copy in packed order: for a list, the first
+    /// half of every 2 MiB.
+    fn packed(dev: Vec<u8>, list: bool) -> Vec<u8> {
+        if !list {
+            return dev;
+        }
+        dev.chunks(2 * RUN)
+            .flat_map(|c| c[..RUN].to_vec())
+            .collect()
+    }
+
+    /// The engine's direction of a staged copy.
+    fn dir(h2d: bool) -> ferry::cuda::Direction {
+        if h2d {
+            ferry::cuda::Direction::HostToDevice
+        } else {
+            ferry::cuda::Direction::DeviceToHost
+        }
+    }
+
+    /// The call named by a request's driver error, or a panic naming `what`.
+    fn failed_call(what: &str, r: &Result<(), RequestError>) -> &'static str {
+        match r.as_ref().map_err(RequestError::driver_error) {
+            Err(Some(d)) => d.call,
+            _ => panic!("{what}: expected a driver error, got {r:?}"),
+        }
+    }
+
+    /// What of a staged copy may still run on `stream` (the copy's) the moment its request
+    /// has returned: `None` if nothing (the stream is idle; with the null CUDA driver, no
+    /// operation is pending either).
+    fn still_running(stream: &cudarc::driver::CudaStream) -> Option<String> {
+        if let Some(n) = null::pending().filter(|&n| n > 0) {
+            return Some(format!("{n} operations pending in the null driver"));
+        }
+        // SAFETY: a live stream of the engine, queried only.
+        let q = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+        (q != cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+            .then(|| format!("the copy's stream is not idle: {q:?}"))
+    }
+
+    /// A staged copy fails after a chunk's device side was (partly) enqueued: its event could
+    /// not be recorded after its DMA (plans), or its second driver call failed after the first
+    /// was enqueued (segment lists, four calls per chunk). Both directions, early and late
+    /// chunks. The request fails with that driver error, and only once every DMA it issued has
+    /// ended: its stream is idle when `wait` returns (those DMAs used to be left running: the
+    /// slot was never marked pending, so the drain skipped it), and a destination overwritten
+    /// right then keeps what it was given while the next copy, which refills the ring, runs;
+    /// that copy is correct; nothing leaks.
+    #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+    fn staged_failure_waits_for_its_dmas() {
+        let Some(_g) = serial_with_driver() else {
+            return;
+        };
+        let leaks = Leaks::start();
+        {
+            let e = engine();
+            for (fault, list) in [(Fault::StagedRecord, false), (Fault::StagedDma, true)] {
+                for h2d in [true, false] {
+                    let stream = Arc::clone(e.stream(dir(h2d)));
+                    for k in [0usize, 3, 10] {
+                        let what = format!("{fault:?}, h2d {h2d}, chunk {k}");
+                        let mut failed = Staged::new(h2d, list, k as u64);
+                        // A list's chunk k makes calls 4k .. 4k + 3: its second fails.
+                        arm(fault, if list { 4 * k + 1 } else { k });
+                        let r = failed.submit(&e).wait();
+                        let running = still_running(&stream);
+                        let fired = !is_armed(fault);
+                        disarm_all();
+                        assert!(fired, "{what}: the copy had fewer chunks than expected");
+                        let call = match (fault, h2d) {
+                            (Fault::StagedRecord, _) => "cuEventRecord",
+                            (_, true) => "cuMemcpyHtoDAsync",
+                            (_, false) => "cuMemcpyDtoHAsync",
+                        };
+                        assert_eq!(failed_call(&what, &r), call, "{what}: {r:?}");
+                        assert_eq!(
+                            running, None,
+                            "{what}: the request completed before its DMAs"
+                        );
+                        failed.overwrite(0x3C);
+                        let mut next = Staged::new(h2d, list, 100 + k as u64);
+                        let r = next.submit(&e).wait();
+                        assert_eq!(r, Ok(()), "{what}: the copy after");
+                        assert!(next.got() == next.want(), "{what}: the copy after differs");
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        assert!(
+                            failed.holds(0x3C),
+                            "{what}: the failed copy's destination was written after it completed"
+                        );
+                    }
+                }
+            }
+            staged_still_work(&e, 800);
+            if !null::is_null_driver() {
+                still_works(&e, 800);
+            }
+        }
+        leaks.check("staged failure waits for its DMAs");
+    }
+
+    /// The staged path's own waits fail (null CUDA driver only, in its asynchronous mode: its
+    /// injected driver failures), both directions. A slot's `cuEventSynchronize` fails in the
+    /// drain: the copy still ends every DMA it issued before it completes, through the stream
+    /// (the failed wait used to forget the slot first, and the copy completed with its last
+    /// DMAs queued). A chunk's event cannot be recorded and `cuStreamSynchronize` fails too:
+    /// the context is synchronized instead. Even `cuCtxSynchronize` fails: the copy completes
+    /// with its error, and the next copy synchronizes the context before it touches the ring;
+    /// while that fails too the copy is refused (its destination untouched), and the one after
+    /// copies correctly.
+    #[test]
+    #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+    fn staged_wait_failures_fall_back_to_synchronizing() {
+        let Some(_g) = serial_with_driver() else {
+            return;
+        };
+        let _null = null::exclusive();
+        if !null::is_null_driver() {
+            println!("skipped: needs the null CUDA driver (its control API)");
+            return;
+        }
+        null::set_async(500);
+        let code = cudarc::driver::sys::CUresult::CUDA_ERROR_UNKNOWN;
+        let leaks = Leaks::start();
+        {
+            let e = engine();
+            for h2d in [true, false] {
+                let stream = Arc::clone(e.stream(dir(h2d)));
+                let dma = if h2d {
+                    "cuMemcpyHtoDAsync"
+                } else {
+                    "cuMemcpyDtoHAsync"
+                };
+
+                // The drain's first event wait fails. Host -> device, the drain waits for the
+                // last chunks in flight; device -> host, the coordinator waits for every chunk
+                // itself, so a DMA fails first (chunk 5) and the drain waits for those before.
+                let what = format!("h2d {h2d}: cuEventSynchronize fails");
+                let mut failed = Staged::new(h2d, false, 1);
+                if !h2d {
+                    arm(Fault::StagedDma, 5);
+                }
+                assert!(null::fail("cuEventSynchronize", 1, code));
+                let r = failed.submit(&e).wait();
+                let running = still_running(&stream);
+                disarm_all();
+                null::clear();
+                let want = if h2d { "cuEventSynchronize" } else { dma };
+                assert_eq!(failed_call(&what, &r), want, "{what}: {r:?}");
+                assert_eq!(
+                    running, None,
+                    "{what}: the request completed before its DMAs"
+                );
+
+                // A chunk's event is not recorded, and the stream cannot be synchronized.
+                let what = format!("h2d {h2d}: cuEventRecord and cuStreamSynchronize fail");
+                let mut failed = Staged::new(h2d, false, 2);
+                arm(Fault::StagedRecord, 5);
+                assert!(null::fail("cuStreamSynchronize", 1, code));
+                let r = failed.submit(&e).wait();
+                let running = still_running(&stream);
+                disarm_all();
+                null::clear();
+                assert_eq!(failed_call(&what, &r), "cuEventRecord", "{what}: {r:?}");
+                assert_eq!(
+                    running, None,
+                    "{what}: the request completed before its DMAs"
+                );
+
+                // Nor the context: the copy cannot know its DMAs ended, and says its own error.
+                let what = format!("h2d {h2d}: no synchronization works");
+                let mut failed = Staged::new(h2d, false, 3);
+                arm(Fault::StagedRecord, 5);
+                assert!(null::fail("cuStreamSynchronize", 1, code));
+                assert!(null::fail("cuCtxSynchronize", 1, code));
+                let r = failed.submit(&e).wait();
+                disarm_all();
+                null::clear();
+                assert_eq!(failed_call(&what, &r), "cuEventRecord", "{what}: {r:?}");
+                // The next copy first synchronizes the context; while that fails, it is refused
+                // before it touches the ring or its buffers.
+                let mut refused = Staged::new(h2d, false, 4);
+                assert!(null::fail("cuCtxSynchronize", 1, code));
+                let r = refused.submit(&e).wait();
+                null::clear();
+                assert_eq!(failed_call(&what, &r), "cuCtxSynchronize", "{what}: {r:?}");
+                assert!(
+                    refused.holds(POISON),
+                    "{what}: a refused copy wrote its destination"
+                );
+                let mut next = Staged::new(h2d, false, 5);
+                let r = next.submit(&e).wait();
+                assert_eq!(r, Ok(()), "{what}: the copy after");
+                assert!(next.got() == next.want(), "{what}: the copy after differs");
+                assert_eq!(still_running(&stream), None, "{what}: the copy after");
+            }
+            staged_still_work(&e, 900);
+        }
+        leaks.check("staged wait failures");
     }
 
     /// The staging thread itself panics at the start of a request: that request fails (it
@@ -700,7 +1121,10 @@ mod injected {
                 assert_eq!((a, b), (Ok(()), Ok(())), "{what}: the copy after");
                 assert!(got == want, "{what}: the copy after the panic differs");
             }
-            still_works(&e, 600);
+            staged_still_work(&e, 600);
+            if !null::is_null_driver() {
+                still_works(&e, 600);
+            }
         }
         leaks.check("staging thread panics");
     }

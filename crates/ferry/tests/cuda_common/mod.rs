@@ -7,7 +7,15 @@
 //! bundle (`scripts/gpu-bundle.sh`) builds the tests with the `gpu` feature; a test then probes
 //! and, without a driver, prints `skipped: no CUDA driver` (see [`cuda_or_skip`]) and returns.
 //! Tests in these files that need no GPU carry no such attribute.
+//!
+//! CI runs these tests against the null CUDA driver (`bench/null-cuda/null_cuda.c`): no GPU,
+//! host memory and memmove behind the driver's calls, work completing late and out of order
+//! in its asynchronous mode. A test it cannot serve (NVRTC kernels, several GPUs, timings only
+//! a GPU shows) returns after [`skip_on_null_driver`]; [`null`] reaches its controls (injected
+//! failures, the delay).
 #![allow(dead_code)]
+
+pub mod null;
 
 use ferry::cuda::{
     CudaEngine, DeviceBuffer, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered,
@@ -24,6 +32,21 @@ pub fn cuda_or_skip() -> Option<CudaEngine> {
         return None;
     }
     Some(CudaEngine::new(0).expect("a CUDA driver is present, so device 0 must open"))
+}
+
+/// Whether device 0 is the null CUDA driver's (its name is [`null::DEVICE_NAME`]); if so,
+/// prints `skipped: null CUDA driver: {reason}` and the test returns. For tests the null
+/// driver cannot serve: say precisely what is missing there.
+pub fn skip_on_null_driver(reason: &str) -> bool {
+    let p = ferry::cuda::probe();
+    let null = p
+        .devices
+        .first()
+        .is_some_and(|d| d.name == null::DEVICE_NAME);
+    if null {
+        println!("skipped: null CUDA driver: {reason}");
+    }
+    null
 }
 
 /// Deterministic pseudo-random bytes (xorshift), different per seed.

@@ -42,7 +42,10 @@ pub(crate) enum StagedWork {
     },
 }
 
-/// One staged job, run on the direction's staging thread.
+/// One staged job, run on the direction's staging thread. It is `Send` by its fields (no
+/// `unsafe impl`, so that a field that is not makes this fail to compile): the buffers are
+/// plain addresses, which `Engine::submit_raw`'s contract keeps valid and unshared until the
+/// request (completed by the staging thread through `signal`) completes.
 pub(crate) struct StagedTask {
     pub dir: staged::Direction,
     pub stream: Arc<CudaStream>,
@@ -55,11 +58,6 @@ pub(crate) struct StagedTask {
     pub after: Vec<Request>,
     pub signal: Arc<Signal>,
 }
-
-// SAFETY: the task holds plain addresses; `Engine::submit_raw`'s contract keeps the memory
-// valid and unshared until the request (completed by the staging thread through `signal`)
-// completes, so the addresses may move to that thread.
-unsafe impl Send for StagedTask {}
 
 type Worker = (Sender<StagedTask>, JoinHandle<()>);
 type Cell<T> = Arc<OnceLock<Result<T, CudaError>>>;
@@ -109,13 +107,21 @@ impl Paths {
                 ))
                 .spawn(move || {
                     for t in rx {
-                        // A panic here (a bug) fails this request only: the thread goes on
-                        // with the next one, after every DMA the request issued has finished.
+                        // An error or a panic (a bug) fails this request only: the thread
+                        // goes on with the next one. Either way every DMA the request issued
+                        // has ended before it completes: the stager waits for them before it
+                        // returns or unwinds, and a panic outside it is followed by a
+                        // synchronization of the stream.
                         let r = catch_unwind(AssertUnwindSafe(|| {
                             run_staged(&ctx, cfg, (&stager, &gatherer), &t)
                         }))
                         .unwrap_or_else(|p| {
-                            let _ = t.stream.synchronize();
+                            // Raw, with the context bound: cudarc's `synchronize` returns an
+                            // error stored in the context instead of waiting, if one is.
+                            if super::sys::driver::bind(&ctx).is_ok() {
+                                // SAFETY: the task's live stream, of this context; only waits.
+                                let _ = unsafe { sys::cuStreamSynchronize(t.stream.cu_stream()) };
+                            }
                             Err(RequestError::Panicked {
                                 op: "staged copy".into(),
                                 msg: crate::op::panic_message(&p),

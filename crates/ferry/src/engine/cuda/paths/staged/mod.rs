@@ -13,8 +13,17 @@
 //! wait modes").
 //!
 //! A [`Stager`] is made once per device and reused by many copies. Each direction has its own
-//! ring, allocated on first use, so one host -> device and one device -> host copy may run at the
-//! same time; two copies in the same direction take turns.
+//! ring, allocated on first use, but both share one pool of workers, which runs one copy at a
+//! time: a host -> device and a device -> host copy take turns at the workers (only the last
+//! DMAs of one, waited for after it leaves the pool, overlap the start of the other), and two
+//! copies in the same direction take turns at their ring as well. Running both directions at
+//! once would need workers for each (a pool per direction: up to twice the threads, competing
+//! for the cores and for host memory bandwidth, which already bounds one direction's copy);
+//! that is not measured, so not done.
+//!
+//! Failures fail cleanly: a copy returns (with its error, or with a panic of the mechanism,
+//! which goes on unwinding) only after every DMA it issued has ended, whatever failed, and the
+//! stager stays usable for the next copy.
 //!
 //! Plans with a strided host side are gathered into (or scattered out of) the ring run by run;
 //! a pitched device side is written from the ring with `cuMemcpy2DAsync`.
@@ -68,10 +77,11 @@ use crate::Plan;
 use chunk::{add, Chunker, Sides};
 use cudarc::driver::result::DriverError;
 use cudarc::driver::{CudaContext, CudaStream};
-use pipeline::{SendPtr, Staging};
+use pipeline::{Staging, SyncPtr};
 use pool::Pool;
 use ring::Ring;
 use segments::{Packing, SegStaging};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
@@ -204,8 +214,10 @@ impl Stager {
     /// [`Direction::HostToDevice`] `dst` is a device pointer (`CUdeviceptr`) and `src` a host
     /// pointer; for [`Direction::DeviceToHost`] the reverse. Host memory may be pageable.
     ///
-    /// On error the copy stops, every DMA already issued is waited for, and the destination's
-    /// bytes are unspecified.
+    /// On error the copy stops, every DMA already issued is waited for (an event per chunk; the
+    /// whole stream where a chunk's calls failed part-way or its event could not be recorded or
+    /// waited for), and the destination's bytes are unspecified. A panic of the mechanism (a
+    /// bug) leaves this call after the same wait; the stager stays usable.
     ///
     /// # Safety
     /// 1. Every byte the plan reads (`src + plan.src_offset() .. src + plan.src_end()`, at the
@@ -242,10 +254,10 @@ impl Stager {
             sides,
             chunker: &chunker,
             dev: dev_base,
-            host: SendPtr(host_base as *mut u8),
+            host: SyncPtr(host_base as *mut u8),
             stream,
         };
-        self.with_ring(dir, |ring| self.flow(ring, &job, dir))
+        self.with_ring(dir, stream, |ring| self.flow(ring, &job, dir))
     }
 
     /// Copies every segment of `segs` (`len` bytes from `src + src_off` to `dst + dst_off`)
@@ -298,7 +310,7 @@ impl Stager {
         let runs = segments::count_runs(segs, segments::dev_off(dir));
         let scatters = crate::engine::cuda::route::staged_scatters(runs, pack.total());
         let scratch_len = self.cfg.chunk_bytes;
-        self.with_ring(dir, |ring| {
+        self.with_ring(dir, stream, |ring| {
             let scratch = match (scatters, gatherer) {
                 (true, Some(_)) => ring.scratch(scratch_len)?,
                 _ => Vec::new(),
@@ -309,7 +321,7 @@ impl Stager {
                 dir,
                 dev,
                 dev_len,
-                host: SendPtr(host as *mut u8),
+                host: SyncPtr(host as *mut u8),
                 stream,
                 scatter: gatherer.map(|g| (g, &scratch[..])),
                 scratch_len,
@@ -326,10 +338,12 @@ impl Stager {
     }
 
     /// Runs `f` on the direction's ring (made on first use), then waits for every DMA it
-    /// issued, also when `f` failed.
+    /// issued on `stream`, also when `f` failed or panicked (the panic goes on after the
+    /// wait), so that no DMA outlives the copy and the next copy finds every slot free.
     fn with_ring(
         &self,
         dir: Direction,
+        stream: &CudaStream,
         f: impl FnOnce(&mut Ring) -> Result<(), StagedError>,
     ) -> Result<(), StagedError> {
         // Each direction has its own ring, made on first use; the device -> host ring is never
@@ -349,9 +363,13 @@ impl Stager {
             *guard = Some(Ring::new(&self.ctx, &self.cfg, flags)?);
         }
         let ring = guard.as_mut().expect("ring was just made");
-        let r = f(ring);
-        let d = ring.drain();
-        r.and(d)
+        ring.ready()?;
+        let r = catch_unwind(AssertUnwindSafe(|| f(&mut *ring)));
+        let d = ring.drain(stream);
+        match r {
+            Ok(r) => r.and(d),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 }
 

@@ -22,16 +22,15 @@ use cudarc::driver::result::DriverError;
 /// 2^31 - 1 on current GPUs).
 const MAX_PITCH: usize = (1 << 31) - 1;
 
-/// A raw pointer that may cross to worker threads (the workers touch disjoint bytes).
+/// A raw pointer the pool's workers share (they touch disjoint bytes). `Sync` only: the
+/// workers reach it through the job they share, and copy it out on their own thread.
 #[derive(Clone, Copy)]
-pub(super) struct SendPtr(pub(super) *mut u8);
+pub(super) struct SyncPtr(pub(super) *mut u8);
 // SAFETY: used only to hand disjoint byte ranges to the pool's workers, which finish before the
 // copy returns.
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
+unsafe impl Sync for SyncPtr {}
 
-impl SendPtr {
+impl SyncPtr {
     /// The address `off` bytes on (a method, so closures capture the `Sync` wrapper).
     pub(super) fn at(self, off: usize) -> *mut u8 {
         self.0.wrapping_add(off)
@@ -56,7 +55,7 @@ struct Progress {
 impl Stager {
     /// Part `i` of `t` of chunk `k`'s host-side copy (`to_slot`: host -> slot, else slot ->
     /// host). The parts of one chunk touch disjoint bytes; together they cover the chunk.
-    fn part(&self, job: &dyn Chunks, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize) {
+    fn part(&self, job: &dyn Chunks, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize) {
         #[cfg(feature = "fault-injection")]
         if crate::fault::fire(crate::fault::Fault::StagingWorkerPanic) {
             panic!("injected panic");
@@ -83,7 +82,7 @@ impl Stager {
         let n = job.count();
         let t = workers_for(self.pool.threads(), job.bytes());
         let depth = ring.slots.len();
-        let slots: Vec<SendPtr> = ring.slots.iter().map(|p| SendPtr(p.ptr())).collect();
+        let slots: Vec<SyncPtr> = ring.slots.iter().map(|p| SyncPtr(p.ptr())).collect();
         let h2d = dir == Direction::HostToDevice;
         let progress = Progress {
             n,
@@ -96,7 +95,7 @@ impl Stager {
         let next = AtomicUsize::new(0);
         let worker = |_: usize| loop {
             let p = next.fetch_add(1, Ordering::Relaxed);
-            if p >= n * t {
+            if p >= n * t || stop.load(Ordering::Relaxed) {
                 return;
             }
             let (k, i) = (p / t, p % t);
@@ -118,15 +117,20 @@ impl Stager {
             done[k % depth].fetch_add(1, Ordering::Release);
         };
         let coordinate = || -> Result<(), StagedError> {
-            let r = if h2d {
-                self.flow_h2d(ring, job, &progress)
-            } else {
-                self.flow_d2h(ring, job, &progress)
-            };
-            if r.is_err() {
+            // Whether the coordinator fails or panics (a bug, in it or in a chunk's device
+            // side), the workers must stop: they wait for chunks it would open, and the pool
+            // waits for them before it returns (or unwinds).
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                if h2d {
+                    self.flow_h2d(ring, job, &progress)
+                } else {
+                    self.flow_d2h(ring, job, &progress)
+                }
+            }));
+            if !matches!(r, Ok(Ok(()))) {
                 stop.store(true, Ordering::Relaxed);
             }
-            r
+            r.unwrap_or_else(|p| std::panic::resume_unwind(p))
         };
         self.pool.run_with(t, &worker, coordinate)
     }
@@ -146,11 +150,13 @@ impl Stager {
                 // No worker touches this slot again until `open` passes `issued + depth`,
                 // which needs this chunk's DMA done: resetting the count here is safe.
                 done[slot].store(0, Ordering::Relaxed);
-                // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
-                // Acquire above) and stays untouched until its event, recorded next, completes;
-                // the device range is valid by `copy`'s contract.
-                unsafe { issue(job, issued, slot, ring.slots[slot].ptr(), true)? };
-                ring.record(slot, job.stream())?;
+                ring.enqueue(slot, job.stream(), |ptr| {
+                    // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
+                    // Acquire above) and stays untouched until the ring knows its DMA ended
+                    // (its event, recorded by `enqueue`, or the drain's synchronization); the
+                    // device range is valid by `copy`'s contract.
+                    unsafe { issue(job, issued, slot, ptr, true) }
+                })?;
                 issued += 1;
                 spin = Backoff::new();
             } else if retired < issued && ring.poll(retired % depth)? {
@@ -176,10 +182,12 @@ impl Stager {
             }
             if issued < n && issued < drained + depth {
                 let slot = issued % depth;
-                // SAFETY: the slot was drained (or never used), so the DMA may overwrite it;
-                // the device range is valid by `copy`'s contract.
-                unsafe { issue(job, issued, slot, ring.slots[slot].ptr(), false)? };
-                ring.record(slot, job.stream())?;
+                ring.enqueue(slot, job.stream(), |ptr| {
+                    // SAFETY: the slot was drained (or never used), so the DMA may overwrite
+                    // it, and no worker reads it until the ring knows the DMA ended; the
+                    // device range is valid by `copy`'s contract.
+                    unsafe { issue(job, issued, slot, ptr, false) }
+                })?;
                 issued += 1;
                 spin = Backoff::new();
             } else if landed < issued && ring.poll(landed % depth)? {
@@ -236,13 +244,13 @@ pub(super) trait Chunks: Sync {
     /// Part `i` of `t` of chunk `k`'s host-side copy between host memory and the ring slot
     /// `slot` (`to_slot`: host -> slot), with non-temporal stores when `nt`. The parts of one
     /// chunk touch disjoint bytes; together they cover the chunk.
-    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool);
+    fn part(&self, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize, nt: bool);
     /// Issues the device side of chunk `k` between the ring slot number `slot` (at `ptr`) and
     /// the device (`h2d`: slot -> device), on [`Chunks::stream`].
     ///
     /// # Safety
-    /// 1. `ptr` holds at least the chunk's bytes and stays valid until the stream reaches the
-    ///    event recorded after this call.
+    /// 1. `ptr` holds at least the chunk's bytes and stays valid until the work enqueued here
+    ///    has ended (the ring's event recorded after this call, or a synchronization).
     /// 2. The chunk's device bytes are valid device memory of the stream's context.
     unsafe fn device_side(
         &self,
@@ -253,7 +261,7 @@ pub(super) trait Chunks: Sync {
     ) -> Result<(), StagedError>;
 }
 
-/// [`Chunks::device_side`], or the injected failure of a chunk's DMA.
+/// [`Chunks::device_side`], or the injected failure (or panic) of a chunk's device side.
 ///
 /// # Safety
 /// As [`Chunks::device_side`].
@@ -264,6 +272,10 @@ unsafe fn issue(
     ptr: *mut u8,
     h2d: bool,
 ) -> Result<(), StagedError> {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::fire(crate::fault::Fault::StagingCoordinatorPanic) {
+        panic!("injected panic");
+    }
     #[cfg(feature = "fault-injection")]
     if crate::fault::fire(crate::fault::Fault::StagedChunk) {
         return Err(StagedError::Driver {
@@ -292,6 +304,17 @@ pub(super) unsafe fn dma(
     len: usize,
     h2d: bool,
 ) -> Result<(), StagedError> {
+    #[cfg(feature = "fault-injection")]
+    if crate::fault::fire(crate::fault::Fault::StagedDma) {
+        return Err(StagedError::Driver {
+            op: if h2d {
+                "cuMemcpyHtoDAsync"
+            } else {
+                "cuMemcpyDtoHAsync"
+            },
+            source: DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+        });
+    }
     if h2d {
         // SAFETY: this function's contract.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, len, cs) }
@@ -310,7 +333,7 @@ pub(super) struct Staging<'a> {
     pub(super) sides: Sides<'a>,
     pub(super) chunker: &'a Chunker,
     pub(super) dev: u64,
-    pub(super) host: SendPtr,
+    pub(super) host: SyncPtr,
     pub(super) stream: &'a Arc<CudaStream>,
 }
 
@@ -324,7 +347,7 @@ impl Chunks for Staging<'_> {
     fn stream(&self) -> &Arc<CudaStream> {
         self.stream
     }
-    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
+    fn part(&self, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
         let host = self.host;
         let sides = self.sides;
         let run = self.chunker.run;
@@ -366,8 +389,8 @@ impl Chunks for Staging<'_> {
     /// Issues the DMA between a ring slot and the device for chunk `k` (`h2d`: slot -> device).
     ///
     /// # Safety
-    /// 1. `slot` holds at least the chunk's bytes and stays valid until the stream reaches the
-    ///    event recorded after this call.
+    /// 1. `slot` holds at least the chunk's bytes and stays valid until the work enqueued here
+    ///    has ended (the ring's event recorded after this call, or a synchronization).
     /// 2. The chunk's device bytes are valid device memory of the stream's context.
     unsafe fn device_side(
         &self,

@@ -1,6 +1,7 @@
 //! The staging workers: a persistent fork-join pool. `run_with(n, f, main)` calls `f(i)` on
 //! worker `i` for `i` in `0..n` (only those are woken, always the same low-numbered ones), runs
-//! `main` on the calling thread meanwhile, and returns when all `n` have returned.
+//! `main` on the calling thread meanwhile, and returns when all `n` have returned. It runs one
+//! job at a time: a second `run_with`, from another thread, waits for the first to return.
 //!
 //! Why this is not the CPU engine's pool (`engine/cpu/pool.rs`) nor the file engine's
 //! (`file/exec.rs`): those are queues of independent tasks, any worker taking the next; a
@@ -118,8 +119,11 @@ impl Pool {
     }
 
     /// Runs `f(i)` for each `i` in `0..n` on `n` workers (at most all of them) while `main`
-    /// runs on the calling thread, then waits for those workers. Returns `main`'s error first,
-    /// else `WorkerPanicked` if a worker panicked.
+    /// runs on the calling thread, then waits for those workers (after one job of another
+    /// thread, if one is running). Returns `main`'s error first, else `WorkerPanicked` if a
+    /// worker panicked. If `main` panics, the panic goes on once the workers have returned:
+    /// `f` must then return without `main` (the staged pipeline's workers watch a stop flag
+    /// that its coordinator sets when it fails or panics), else this waits forever.
     pub(super) fn run_with(
         &self,
         n: usize,

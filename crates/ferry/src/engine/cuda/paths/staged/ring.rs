@@ -11,11 +11,22 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::Arc;
 
 /// A ring of pinned slots with one event per slot (recorded after the slot's DMA).
+///
+/// What it keeps true: no copy uses a slot (its workers write or read it, a new DMA is issued
+/// on it) and no copy returns while driver work it issued on a slot may still run. `pending`
+/// and `unsure` say what is not known to have ended; [`Ring::drain`] ends a copy only once
+/// nothing is left, synchronizing the stream where an event cannot tell, and
+/// [`Ring::ready`] refuses a copy while something is left.
 pub(super) struct Ring {
     /// The slots, `chunk_bytes` each.
     pub(super) slots: Vec<HostAlloc>,
     events: Vec<CudaEvent>,
+    /// Per slot: its event was recorded and has not been seen complete.
     pending: Vec<bool>,
+    /// Driver work may be running that no pending event covers: a chunk's device side failed
+    /// after some of its calls were enqueued, its event could not be recorded, or a slot's
+    /// event could not be waited for. Only synchronizing the stream (or the context) ends it.
+    unsure: bool,
     /// Device scratch, one per slot, `chunk_bytes` each (made on first need): where a staged
     /// segment list's chunk lands before the device scatters it, or is packed before its DMA.
     scratch: Vec<DevScratch>,
@@ -52,6 +63,7 @@ impl Ring {
         }
         Ok(Ring {
             pending: vec![false; slots.len()],
+            unsure: false,
             slots,
             events,
             scratch: Vec::new(),
@@ -68,17 +80,17 @@ impl Ring {
         }
         Ok(self.scratch.iter().map(|d| d.0).collect())
     }
-    /// Waits for the slot's DMA, if one is pending.
+    /// Waits for the slot's DMA, if one is pending. The slot stays pending if the wait fails.
     fn wait(&mut self, slot: usize) -> Result<(), StagedError> {
         if self.pending[slot] {
-            self.pending[slot] = false;
             self.events[slot]
                 .synchronize()
                 .map_err(drv("cuEventSynchronize"))?;
+            self.pending[slot] = false;
         }
         Ok(())
     }
-    /// Whether the slot's DMA is done (no wait).
+    /// Whether the slot's DMA is done (no wait). The slot stays pending if the query fails.
     pub(super) fn poll(&mut self, slot: usize) -> Result<bool, StagedError> {
         if self.pending[slot] {
             if !self.events[slot]
@@ -91,24 +103,95 @@ impl Ring {
         }
         Ok(true)
     }
+    /// Enqueues a chunk's device side on `stream` (`issue`, given the slot's address: driver
+    /// work that reads or fills the slot), then records the slot's event after it. If `issue`
+    /// fails after enqueuing part of its work, or the event cannot be recorded, the work is
+    /// counted as unsure: [`Ring::drain`] then synchronizes the stream.
+    pub(super) fn enqueue(
+        &mut self,
+        slot: usize,
+        stream: &CudaStream,
+        issue: impl FnOnce(*mut u8) -> Result<(), StagedError>,
+    ) -> Result<(), StagedError> {
+        let before = self.unsure;
+        self.unsure = true;
+        issue(self.slots[slot].ptr())?;
+        self.record(slot, stream)?;
+        self.unsure = before;
+        Ok(())
+    }
     /// Records the slot's event on `stream`, after the slot's DMA.
-    pub(super) fn record(&mut self, slot: usize, stream: &CudaStream) -> Result<(), StagedError> {
+    fn record(&mut self, slot: usize, stream: &CudaStream) -> Result<(), StagedError> {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::fire(crate::fault::Fault::StagedRecord) {
+            return Err(StagedError::Driver {
+                op: "cuEventRecord",
+                source: cu::DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+            });
+        }
         self.events[slot]
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
         self.pending[slot] = true;
         Ok(())
     }
-    /// Waits for every slot (also on the error path, so no DMA outlives the copy).
-    pub(super) fn drain(&mut self) -> Result<(), StagedError> {
+    /// Waits for every DMA the copy issued (also on the error path, so that no DMA outlives
+    /// the copy): each pending slot's event, then, where something is unsure (work with no
+    /// event after it, an event that could not be waited for), the whole of `stream`, or
+    /// failing that the context. `stream` is the one every DMA of the copy went on; the
+    /// context is current. Returns the first failure; the ring is settled unless even the
+    /// synchronization failed (then [`Ring::ready`] tries again before the next copy).
+    pub(super) fn drain(&mut self, stream: &CudaStream) -> Result<(), StagedError> {
         let mut first = Ok(());
         for s in 0..self.slots.len() {
             if let Err(e) = self.wait(s) {
-                if first.is_ok() {
-                    first = Err(e);
-                }
+                first = first.and(Err(e));
+            }
+        }
+        if self.unsure || self.pending.contains(&true) {
+            // SAFETY: `stream` is a live stream of this ring's context (the caller's).
+            let by_stream = unsafe { sys::cuStreamSynchronize(stream.cu_stream()) }
+                .result()
+                .map_err(drv("cuStreamSynchronize"));
+            if let Err(e) = by_stream.or_else(|_| self.settle()) {
+                first = first.and(Err(e));
+            } else {
+                self.settled();
             }
         }
         first
+    }
+    /// Whether a copy may use the ring: nothing of an earlier copy is left running. After a
+    /// drain that could not confirm that, the whole context is synchronized (the context is
+    /// current); if even that fails the copy is refused before it touches a slot.
+    pub(super) fn ready(&mut self) -> Result<(), StagedError> {
+        if self.unsure || self.pending.contains(&true) {
+            self.settle()?;
+            self.settled();
+        }
+        Ok(())
+    }
+    /// Synchronizes the current context: every DMA issued on the ring has ended after it.
+    fn settle(&self) -> Result<(), StagedError> {
+        cu::ctx::synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+    /// Every DMA issued on the ring is known to have ended.
+    fn settled(&mut self) {
+        self.pending.fill(false);
+        self.unsure = false;
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // A ring dropped unsettled (its last copy's drain could not synchronize): its pinned
+        // slots are freed only after one more try at waiting for the context.
+        if self.unsure || self.pending.contains(&true) {
+            if let Some(ctx) = self.events.first().map(|e| Arc::clone(e.context())) {
+                if crate::engine::cuda::sys::driver::bind(&ctx).is_ok() {
+                    let _ = self.settle();
+                }
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@
 
 use super::add;
 use super::nt_copy::copy_bytes;
-use super::pipeline::{dma, Chunks, SendPtr};
+use super::pipeline::{dma, Chunks, SyncPtr};
 use super::Direction;
 use super::StagedError;
 use crate::engine::cuda::paths::gather::{Gatherer, Segment, Strategy};
@@ -151,7 +151,7 @@ pub(super) struct SegStaging<'a> {
     pub(super) dev: u64,
     pub(super) dev_len: usize,
     /// The host buffer.
-    pub(super) host: SendPtr,
+    pub(super) host: SyncPtr,
     pub(super) stream: &'a Arc<CudaStream>,
     /// The gatherer and one device scratch chunk per ring slot (of `scratch_len` bytes), where
     /// some chunk scatters on the device.
@@ -203,7 +203,7 @@ impl Chunks for SegStaging<'_> {
     fn stream(&self) -> &Arc<CudaStream> {
         self.stream
     }
-    fn part(&self, k: usize, slot: SendPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
+    fn part(&self, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize, nt: bool) {
         let (lo, _) = self.pack.chunk(k);
         let (a, b) = self.pack.part(k, i, t);
         self.pack.pieces(a, b, |p| {
