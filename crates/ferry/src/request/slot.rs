@@ -11,8 +11,24 @@
 //!   (`cuEventSynchronize`) or poll it, never on the slot, so the slot has no condition variable
 //!   and completion pays no futex wake-up. Futures are woken by the engine's waiter thread
 //!   ([`spawn_waiter`]), which the first registered waker starts waiting.
+//!
+//! Wakers are the executor's code, run on whatever thread completes the slot (an engine's
+//! worker, waiter or staging thread, or a thread that polls a request and finds it done), so
+//! the slot runs them the way that cannot harm the engine:
+//! - never under the slot's lock, nor under an engine lock: code that may complete a slot while
+//!   it holds a lock (an engine's in-flight list pruning its done requests, a CUDA queue
+//!   recording its last request's event) takes a [`HoldWakes`] guard first, and the wakers
+//!   found meanwhile run when the thread's last guard drops, after the lock was released. A
+//!   waker that submits on the same engine from inside `wake` (an executor that polls inline)
+//!   then takes those locks again without deadlock.
+//! - each one on its own: a waker that panics stops neither the wakers after it nor the thread
+//!   that completed the slot (whose loss would leave the requests queued behind it pending for
+//!   good). The panic hook has reported the panic; the slot drops it.
 
 use super::RequestError;
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -141,7 +157,9 @@ impl<S: Sleep> Slot<S> {
         result
     }
 
-    /// Wakes the registered wakers (once: they are taken) and the sleeping threads.
+    /// Wakes the sleeping threads and the registered wakers (once: they are taken), the
+    /// wakers after the slot's lock is released ([`wake_all`]: later still if this thread holds
+    /// its wake-ups, each one guarded).
     fn wake(&self, mut st: MutexGuard<'_, State>) {
         let wakers = std::mem::take(&mut st.wakers);
         let sleepers = st.sleepers;
@@ -149,9 +167,7 @@ impl<S: Sleep> Slot<S> {
         if sleepers > 0 {
             self.sleep.wake_all();
         }
-        for w in wakers {
-            w.wake();
-        }
+        wake_all(wakers);
     }
 
     /// [`Slot::get`] with the lock held.
@@ -230,17 +246,107 @@ impl Slot<Condvar> {
     }
 }
 
+/// This thread's [`HoldWakes`] guards: how many are alive, and whether wakers were held.
+#[derive(Clone, Copy)]
+struct Hold {
+    depth: usize,
+    held: bool,
+}
+
+std::thread_local! {
+    static HOLD: Cell<Hold> = const { Cell::new(Hold { depth: 0, held: false }) };
+    /// The wakers held by this thread's guards, woken when the last one drops.
+    static HELD: RefCell<Vec<Waker>> = const { RefCell::new(Vec::new()) };
+}
+
+/// While alive, the wakers of the slots this thread completes are not woken but held, and
+/// woken when the thread's last such guard drops. Take one before a lock under which a slot
+/// may complete, and let it drop after the lock's guard (declare it first: locals drop in
+/// reverse order; a struct's fields in their order), so that no waker runs under the lock.
+/// Not `Send`: it counts on the thread that made it.
+#[must_use = "wake-ups are held only while the guard lives"]
+pub(crate) struct HoldWakes(PhantomData<*const ()>);
+
+/// Holds this thread's wake-ups until the returned guard (and every other one of this thread)
+/// drops ([`HoldWakes`]). Costs two thread-local accesses when nothing is held.
+pub(crate) fn hold_wakes() -> HoldWakes {
+    HOLD.with(|h| {
+        let mut s = h.get();
+        s.depth += 1;
+        h.set(s);
+    });
+    HoldWakes(PhantomData)
+}
+
+impl Drop for HoldWakes {
+    fn drop(&mut self) {
+        let wake = HOLD.with(|h| {
+            let mut s = h.get();
+            s.depth -= 1;
+            let wake = s.depth == 0 && s.held;
+            if wake {
+                s.held = false;
+            }
+            h.set(s);
+            wake
+        });
+        if wake {
+            let held = HELD.with(|w| std::mem::take(&mut *w.borrow_mut()));
+            wake_each(held);
+        }
+    }
+}
+
+/// Wakes `wakers`: now, or, while this thread holds its wake-ups ([`hold_wakes`]), when it
+/// stops; each one guarded ([`wake_each`]).
+fn wake_all(wakers: Vec<Waker>) {
+    if wakers.is_empty() {
+        return;
+    }
+    let hold = HOLD.with(|h| {
+        let mut s = h.get();
+        if s.depth > 0 {
+            s.held = true;
+            h.set(s);
+        }
+        s.depth > 0
+    });
+    if hold {
+        HELD.with(|w| w.borrow_mut().extend(wakers));
+    } else {
+        wake_each(wakers);
+    }
+}
+
+/// Wakes each of `wakers`, every one even if one panics; the panics are dropped (the panic
+/// hook has reported them), not passed to the thread that completed the slot.
+fn wake_each(wakers: Vec<Waker>) {
+    for w in wakers {
+        let _ = catch_unwind(AssertUnwindSafe(|| w.wake()));
+    }
+}
+
 /// Starts an engine's waiter thread for futures: it waits for each item sent to it, in the
-/// order sent (`wait` completes the item's slot, which wakes its wakers). Ends when every
-/// sender (the engine and its requests) is gone.
+/// order sent (`wait` completes the item's slot, which wakes its wakers). A `wait` that panics
+/// (a bug) has its item settled by `settle` (given the panic as [`RequestError::Panicked`]: it
+/// completes the slot once the item's work is done, never before, its buffers being freed
+/// then), and the thread goes on with the next one: ended, it would leave every later item's
+/// futures pending for good. Ends when every sender (the engine and its requests) is gone.
 pub(crate) fn spawn_waiter<T: Send + 'static>(
     name: String,
     wait: fn(&T),
+    settle: fn(&T, RequestError),
 ) -> std::io::Result<Sender<T>> {
     let (tx, rx) = std::sync::mpsc::channel::<T>();
     std::thread::Builder::new().name(name).spawn(move || {
         while let Ok(item) = rx.recv() {
-            wait(&item);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| wait(&item))) {
+                let e = RequestError::Panicked {
+                    op: "wait".into(),
+                    msg: crate::op::panic_message(&p),
+                };
+                let _ = catch_unwind(AssertUnwindSafe(|| settle(&item, e)));
+            }
         }
     })?;
     Ok(tx)
@@ -481,13 +587,122 @@ mod tests {
         assert_eq!(woken, Ok(Ok(())), "the sleeping waiter was not woken");
     }
 
+    /// Panics when woken (an executor's bug).
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("waker panicked");
+        }
+    }
+
+    /// Regression: a waker that panicked unwound out of `complete` into the thread completing
+    /// the slot (an engine's thread), and the wakers registered after it were never woken.
+    #[test]
+    fn a_panicking_waker_stops_neither_the_others_nor_the_completer() {
+        for result in [Ok(()), failed("x")] {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let (a, b) = (Arc::new(Count::default()), Arc::new(Count::default()));
+            s.register_waker(&Waker::from(Arc::clone(&a)));
+            s.register_waker(&Waker::from(Arc::new(Panics)));
+            s.register_waker(&Waker::from(Arc::clone(&b)));
+            let sleeper = {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || s.wait())
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while s.lock().sleepers == 0 {
+                assert!(Instant::now() < deadline, "the waiter never went to sleep");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let completed = std::panic::catch_unwind(|| s.complete(result.clone()));
+            assert_eq!(completed.ok(), Some(result.clone()), "complete unwound");
+            assert_eq!((a.get(), b.get()), (1, 1), "{result:?}");
+            assert_eq!(sleeper.join().unwrap(), result);
+        }
+    }
+
+    /// Wakers of slots completed while the thread holds its wake-ups run when the last hold
+    /// ends, after the lock it guards was released; the slot itself is complete at once.
+    #[test]
+    fn held_wake_ups_run_when_the_last_hold_ends() {
+        /// Counts, and checks that `lock` is free when woken.
+        struct FreeLock(Arc<Mutex<()>>, AtomicUsize);
+        impl Wake for FreeLock {
+            fn wake(self: Arc<Self>) {
+                assert!(self.0.try_lock().is_ok(), "woken under the lock");
+                self.1.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let lock = Arc::new(Mutex::new(()));
+        let w = Arc::new(FreeLock(Arc::clone(&lock), AtomicUsize::new(0)));
+        let (s1, s2): (Slot, Slot) = (Slot::new(), Slot::new());
+        s1.register_waker(&Waker::from(Arc::clone(&w)));
+        s2.register_waker(&Waker::from(Arc::clone(&w)));
+        s2.register_waker(&Waker::from(Arc::new(Panics)));
+        {
+            let _outer = hold_wakes();
+            let guard = lock.lock().unwrap();
+            {
+                let _inner = hold_wakes();
+                assert_eq!(s1.complete(Ok(())), Ok(()));
+            }
+            assert_eq!(s2.complete(failed("y")), failed("y"));
+            assert_eq!(s1.get(), Some(Ok(())));
+            assert_eq!(w.1.load(Ordering::SeqCst), 0, "woken while held");
+            drop(guard);
+        }
+        assert_eq!(w.1.load(Ordering::SeqCst), 2);
+        // Nothing held any more: a completion wakes at once.
+        let s3: Slot = Slot::new();
+        s3.register_waker(&Waker::from(Arc::clone(&w)));
+        assert_eq!(s3.complete(Ok(())), Ok(()));
+        assert_eq!(w.1.load(Ordering::SeqCst), 3);
+    }
+
+    /// A waiter thread whose `wait` panics settles that item and goes on with the next ones.
+    #[test]
+    fn waiter_thread_survives_a_panicking_wait() {
+        type Item = (u32, Arc<Slot>);
+        let tx = spawn_waiter::<Item>(
+            "slot-test-waiter".into(),
+            |(i, s)| {
+                assert!(*i != 1, "wait {i} panicked");
+                let _ = s.complete(Ok(()));
+            },
+            |(_, s), e| {
+                let _ = s.complete(Err(e));
+            },
+        )
+        .unwrap();
+        let slots: Vec<Arc<Slot>> = (0..3).map(|_| Arc::new(Slot::new())).collect();
+        for (i, s) in slots.iter().enumerate() {
+            tx.send((i as u32, Arc::clone(s))).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slots.iter().any(|s| s.get().is_none()) {
+            assert!(Instant::now() < deadline, "an item was never settled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(slots[0].get(), Some(Ok(())));
+        assert_eq!(
+            slots[1].get(),
+            Some(Err(RequestError::Panicked {
+                op: "wait".into(),
+                msg: "wait 1 panicked".into()
+            }))
+        );
+        assert_eq!(slots[2].get(), Some(Ok(())));
+    }
+
     #[test]
     fn waiter_thread_waits_in_order() {
         let done = Arc::new(Mutex::new(Vec::new()));
         type Item = (u32, Arc<Mutex<Vec<u32>>>);
-        let tx = spawn_waiter::<Item>("slot-test-waiter".into(), |(i, d)| {
-            d.lock().unwrap().push(*i)
-        })
+        let tx = spawn_waiter::<Item>(
+            "slot-test-waiter".into(),
+            |(i, d)| d.lock().unwrap().push(*i),
+            |_, _| {},
+        )
         .unwrap();
         for i in 0..3 {
             tx.send((i, Arc::clone(&done))).unwrap();

@@ -412,8 +412,18 @@ impl Completion for CudaCompletion {
 /// request as `Blocking`, paying the 15-150 us wake-up of a `BLOCKING_SYNC` event, and spinning
 /// instead on `Spin` events, which carry no `BLOCKING_SYNC`.)
 pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Shared>>> {
-    crate::request::spawn_waiter(name, |shared: &Arc<Shared>| {
-        let inner = &shared.completion().inner;
-        let _ = inner.wait_event(inner.mode);
-    })
+    crate::request::spawn_waiter(
+        name,
+        |shared: &Arc<Shared>| {
+            let inner = &shared.completion().inner;
+            let _ = inner.wait_event(inner.mode);
+        },
+        |shared, _| {
+            // The panic was the wait's (ferry's own code), not the work's: the driver's answer,
+            // once the work is done, is the request's result (failing it earlier would free its
+            // buffers while the copy may still use them).
+            let inner = &shared.completion().inner;
+            let _ = inner.slot.complete(inner.sync());
+        },
+    )
 }

@@ -54,6 +54,7 @@
 use super::event::{Inner, Shared};
 use super::stamp::Stamp;
 use super::{CompletionPolicy, DriverError, WaitMode};
+use crate::request::{hold_wakes, HoldWakes};
 use crate::MemKind;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -208,8 +209,10 @@ impl Queue {
 
     /// Locks the queue for one submission, after recording the last lazy request's event if it
     /// is still pending ([`seals`]). Hold it while enqueueing; take no other queue's lock
-    /// meanwhile (dependencies are marked before).
+    /// meanwhile (dependencies are marked before). Looking at the last request may find it
+    /// done and complete it: its futures' wakers run once the hold is released.
     pub(crate) fn enqueue(&self) -> Enqueue<'_> {
+        let wakes = hold_wakes();
         let mut tail = self.lock();
         let prev = std::mem::take(&mut tail.last).upgrade();
         let idle = match &prev {
@@ -227,6 +230,7 @@ impl Queue {
             tail,
             idle,
             _prev: prev,
+            _wakes: wakes,
         }
     }
 
@@ -248,8 +252,10 @@ impl Queue {
 
     /// Records `inner`'s event now if it is this queue's last lazy request (nothing enqueued
     /// after it): `Ok(false)` if it is not (a later submission recorded it, or it completed
-    /// before anything followed it).
+    /// before anything followed it). Finding it done completes it: its futures' wakers run
+    /// after the queue's lock is released.
     pub(crate) fn mark_last(&self, inner: &Inner) -> Result<bool, DriverError> {
+        let _wakes = hold_wakes();
         let mut tail = self.lock();
         if !Weak::ptr_eq(&tail.last, &inner.me) {
             return Ok(false);
@@ -269,6 +275,9 @@ pub(crate) struct Enqueue<'a> {
     /// The previous last request, released after the submission (the guard's drop), so that
     /// freeing it is not on the host's path to the next copy.
     _prev: Option<Arc<Shared>>,
+    /// Wakers of requests completed under the lock (the previous last one, found done), run
+    /// when this drops: after `tail` (fields drop in order), so never under the queue's lock.
+    _wakes: HoldWakes,
 }
 
 impl Enqueue<'_> {
