@@ -15,12 +15,13 @@ use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
 
 mod slot;
 use crate::small_list::SmallList;
+use crate::sync::Condvar;
 pub(crate) use slot::{hold_wakes, spawn_waiter, HoldWakes, Slot};
 
 /// Why one request failed. Other requests are not affected.

@@ -26,12 +26,13 @@
 //!   good). The panic hook has reported the panic; the slot drops it.
 
 use super::RequestError;
+use crate::sync::atomic::{seq_cst_handshake, AtomicBool, AtomicU8, Ordering};
+use crate::sync::{Condvar, Mutex, MutexGuard, SPIN};
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -71,7 +72,8 @@ pub(crate) struct Slot<S: Sleep = ()> {
     /// other: either the completion sees the flag and wakes, or the registration (or the thread
     /// about to sleep) sees the result and does not wait. (Release/Acquire would not do: each
     /// side's store must be ordered before its own later load, which only `SeqCst` orders; the
-    /// stress tests below cannot tell the two apart.)
+    /// stress tests below cannot tell the two apart, the loom models (`loom_tests`) check the
+    /// handshake, each side marked by [`seq_cst_handshake`].)
     listeners: AtomicBool,
     sleep: S,
 }
@@ -128,6 +130,7 @@ impl<S: Sleep> Slot<S> {
             {
                 return self.get().unwrap_or(Ok(()));
             }
+            seq_cst_handshake();
             if self.listeners.load(Ordering::SeqCst) {
                 self.wake(self.lock());
             }
@@ -207,6 +210,7 @@ impl<S: Sleep> Slot<S> {
         // Flag first, then look (see `listeners`): a success that did not see the flag is
         // seen here.
         self.listeners.store(true, Ordering::SeqCst);
+        seq_cst_handshake();
         if self.get_locked(&st).is_some() {
             st.wakers.retain(|w| !w.will_wake(waker));
             drop(st);
@@ -226,7 +230,7 @@ impl Slot<Condvar> {
             return r;
         }
         let spin_until = Instant::now() + Duration::from_micros(20);
-        while Instant::now() < spin_until {
+        while SPIN && Instant::now() < spin_until {
             if let Some(r) = self.get() {
                 return r;
             }
@@ -236,6 +240,7 @@ impl Slot<Condvar> {
         loop {
             // Flag first, then look (see `listeners`).
             self.listeners.store(true, Ordering::SeqCst);
+            seq_cst_handshake();
             if let Some(r) = self.get_locked(&st) {
                 return r;
             }
@@ -253,10 +258,18 @@ struct Hold {
     held: bool,
 }
 
+#[cfg(not(loom))]
 std::thread_local! {
     static HOLD: Cell<Hold> = const { Cell::new(Hold { depth: 0, held: false }) };
     /// The wakers held by this thread's guards, woken when the last one drops.
     static HELD: RefCell<Vec<Waker>> = const { RefCell::new(Vec::new()) };
+}
+
+// Loom runs its threads on one OS thread: its own thread-locals keep them apart.
+#[cfg(loom)]
+loom::thread_local! {
+    static HOLD: Cell<Hold> = Cell::new(Hold { depth: 0, held: false });
+    static HELD: RefCell<Vec<Waker>> = RefCell::new(Vec::new());
 }
 
 /// While alive, the wakers of the slots this thread completes are not woken but held, and
@@ -352,7 +365,7 @@ pub(crate) fn spawn_waiter<T: Send + 'static>(
     Ok(tx)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
@@ -714,5 +727,124 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(*done.lock().unwrap(), [0, 1, 2]);
+    }
+}
+
+/// Loom models of the slot (`scripts/loom.sh`): every interleaving, at most 4 preemptions, of
+/// a completion against a waker's registration, a sleeping waiter, another completion.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::atomic::AtomicUsize;
+    use crate::sync::{model, thread};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn failed() -> Result<(), RequestError> {
+        Err(RequestError::Io("loom".into()))
+    }
+
+    /// A success (lock-free unless someone listens) against a waker's registration: the waker
+    /// is woken exactly once, by one side or the other.
+    #[test]
+    fn loom_success_against_a_waker_wakes_it_once() {
+        model(|| {
+            let s = Arc::new(Slot::<()>::new());
+            let c = Arc::new(Count::default());
+            let t = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(Ok(())))
+            };
+            s.register_waker(&Waker::from(Arc::clone(&c)));
+            assert_eq!(t.join().unwrap(), Ok(()));
+            assert_eq!(c.0.load(Ordering::SeqCst), 1);
+            assert_eq!(s.get(), Some(Ok(())));
+        });
+    }
+
+    /// A failure (under the lock) against a waker's registration.
+    #[test]
+    fn loom_failure_against_a_waker_wakes_it_once() {
+        model(|| {
+            let s = Arc::new(Slot::<()>::new());
+            let c = Arc::new(Count::default());
+            let t = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(failed()))
+            };
+            s.register_waker(&Waker::from(Arc::clone(&c)));
+            assert_eq!(t.join().unwrap(), failed());
+            assert_eq!(c.0.load(Ordering::SeqCst), 1);
+            assert_eq!(s.get(), Some(failed()));
+        });
+    }
+
+    /// A success against a thread going to sleep on the slot: the sleeper always wakes (loom
+    /// fails a model whose thread blocks for good).
+    #[test]
+    fn loom_success_against_a_sleeping_waiter_wakes_it() {
+        model(|| {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let t = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.wait())
+            };
+            assert_eq!(s.complete(Ok(())), Ok(()));
+            assert_eq!(t.join().unwrap(), Ok(()));
+        });
+    }
+
+    /// A success against a waiter and a waker at once (three threads).
+    #[test]
+    fn loom_success_against_a_waiter_and_a_waker() {
+        model(|| {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let c = Arc::new(Count::default());
+            let waiter = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.wait())
+            };
+            let completer = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(Ok(())))
+            };
+            s.register_waker(&Waker::from(Arc::clone(&c)));
+            assert_eq!(completer.join().unwrap(), Ok(()));
+            assert_eq!(waiter.join().unwrap(), Ok(()));
+            assert_eq!(c.0.load(Ordering::SeqCst), 1);
+        });
+    }
+
+    /// Two completions racing (a success, lock-free, and a failure, under the lock) with a
+    /// sleeping waiter: one result wins, and both callers, the waiter and every later look
+    /// agree on it.
+    #[test]
+    fn loom_racing_completions_agree_on_one_result() {
+        model(|| {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let waiter = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.wait())
+            };
+            let ok = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(Ok(())))
+            };
+            let bad = s.complete(failed());
+            let ok = ok.join().unwrap();
+            let now = s.get().expect("complete");
+            assert_eq!(ok, now);
+            assert_eq!(bad, now);
+            assert_eq!(waiter.join().unwrap(), now);
+        });
     }
 }
