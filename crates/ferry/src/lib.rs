@@ -52,6 +52,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod request;
 mod small_list;
+mod sync;
 
 /// The element-type trait of typed buffers ([`bytemuck::Pod`]), re-exported so that a user
 /// type can implement it without naming the crate in its own manifest.

@@ -15,15 +15,16 @@ use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
 
 mod error;
 mod slot;
 use crate::small_list::SmallList;
+use crate::sync::Condvar;
 pub use error::{BackendError, RequestError};
-pub(crate) use slot::{spawn_waiter, Slot};
+pub(crate) use slot::{hold_wakes, spawn_waiter, HoldWakes, Slot};
 
 /// How an engine reports completion. Engines implement this; users see [`Request`].
 pub trait Completion: Send + Sync + 'static {
@@ -115,6 +116,12 @@ impl Shared {
 /// not cancel nor wait: the copy runs on, and a failure nobody waited for is reported by the
 /// enclosing [`scope`](crate::EngineExt::scope) or the engine's next
 /// [`barrier`](crate::Engine::barrier) (so `drop(s.memcpy(..)?)` in a scope loses nothing).
+///
+/// Awaited, its waker is woken by the thread that completes the request (an engine's thread,
+/// or any thread that polls it and finds it done), never while that thread holds an engine's
+/// lock: a waker may poll inline and submit on the same engine. A waker that panics is caught
+/// there (the panic hook reports it): the other wakers are still woken and the engine's
+/// threads carry on.
 ///
 /// ```
 /// use ferry::{CpuEngine, Engine, EngineExt};
@@ -268,6 +275,10 @@ impl InFlight {
     }
     /// Tracks `req` until the next barrier. Completed, observed requests are pruned here.
     pub fn track(&self, req: &Request) {
+        // The pruning polls the tracked requests, and a poll may complete one (a CUDA request
+        // found done) and so wake its futures: their wakers run once the list is unlocked, so
+        // that one may submit on this engine (tracking its request here) from inside `wake`.
+        let _wakes = hold_wakes();
         let mut t = self.list.lock().unwrap_or_else(PoisonError::into_inner);
         // Pruned at 16, 32, 64, ... entries: one poll per tracked request, amortized, at any
         // threshold; a low one lets completed requests go soon (a CUDA request's event then

@@ -802,3 +802,140 @@ fn scope_barrier_skips_what_was_seen_and_reports_the_rest() {
         assert_eq!(d, src);
     }
 }
+
+/// A waker that panics when woken (an executor's bug).
+struct PanickingWaker;
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("waker 21 panicked")
+    }
+}
+
+/// A waker that says on a channel that it was woken.
+struct SendingWaker(std::sync::Mutex<mpsc::Sender<()>>);
+impl std::task::Wake for SendingWaker {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.lock().unwrap().send(());
+    }
+}
+
+/// Polls `req` once with `waker`: registers it while the request is pending.
+fn poll_with(
+    req: &mut Request,
+    waker: &std::task::Waker,
+) -> std::task::Poll<Result<(), RequestError>> {
+    let mut cx = std::task::Context::from_waker(waker);
+    std::future::Future::poll(std::pin::Pin::new(req), &mut cx)
+}
+
+#[test]
+fn a_panicking_waker_harms_no_other_request() {
+    // Regression: a waker that panicked in `wake` unwound through the worker that completed
+    // its request: the wakers after it were never woken, the worker died, and requests queued
+    // later (awaited: no waiting thread runs their chunks) never completed.
+    let e = Arc::new(cpu(1));
+    let gate = Arc::new(Signal::new());
+    let gate_req = Request::new(Arc::clone(&gate));
+    let src = data(64 << 10, 3);
+    let mut dst = vec![0u8; src.len()];
+    let l = Layout::bytes(src.len()).unwrap();
+    let job = Job::copy(
+        raw(&mut dst),
+        l,
+        RawBuf::host(src.as_ptr(), src.len(), MemKind::Pageable),
+        l,
+    );
+    // SAFETY: `dst` and `src` outlive the request, waited below.
+    let mut r = unsafe { e.submit_raw(job.after(&gate_req)) }.unwrap();
+    let (tx, rx) = mpsc::channel();
+    let panics = std::task::Waker::from(Arc::new(PanickingWaker));
+    let sends = std::task::Waker::from(Arc::new(SendingWaker(std::sync::Mutex::new(tx))));
+    // Both registered while the request waits for its gate: the panicking one first.
+    assert!(poll_with(&mut r, &panics).is_pending());
+    assert!(poll_with(&mut r, &sends).is_pending());
+    gate.complete(Ok(()));
+    assert!(
+        rx.recv_timeout(Duration::from_secs(20)).is_ok(),
+        "the waker after the panicking one was never woken"
+    );
+    assert_eq!(r.wait(), Ok(()));
+    assert_eq!(dst, src);
+    // The worker lives on: a request submitted now completes as a future, whose executor
+    // thread runs nothing of it.
+    let e2 = Arc::clone(&e);
+    within(20, "a request after the panicking waker", move || {
+        let src = data(64 << 10, 4);
+        let t = e2.memcpy_owned(vec![0u8; src.len()], src.clone()).unwrap();
+        let (d, _) = futures::executor::block_on(t).unwrap();
+        assert_eq!(d, src);
+    });
+    e.barrier().unwrap();
+}
+
+#[test]
+fn no_waker_runs_under_the_in_flight_lock() {
+    // A completion that finds out it is done when polled (as a CUDA request does) and then
+    // wakes its futures' wakers: the engine's in-flight list polls it while pruning. Regression:
+    // the wakers ran with the list's lock held, and one that submits on the same engine (so
+    // tracks its request in the same list) from inside `wake` deadlocked.
+    struct FoundDone {
+        done: Arc<AtomicBool>,
+        signal: Signal,
+    }
+    impl Completion for FoundDone {
+        fn wait(&self) -> Result<(), RequestError> {
+            self.signal.complete(Ok(()));
+            self.signal.wait()
+        }
+        fn poll_done(&self) -> Option<Result<(), RequestError>> {
+            if self.done.load(Ordering::Acquire) {
+                self.signal.complete(Ok(()));
+            }
+            self.signal.poll_done()
+        }
+        fn register_waker(&self, waker: &std::task::Waker) {
+            self.signal.register_waker(waker);
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+    /// Tracks a request in `list` when woken (as a waker that submits on the engine would).
+    struct Tracks(Arc<InFlight>, mpsc::Sender<usize>);
+    impl std::task::Wake for Tracks {
+        fn wake(self: Arc<Self>) {
+            self.0.track(&Request::ready(Ok(())));
+            let _ = self.1.send(self.0.len());
+        }
+    }
+    let (tx, rx) = mpsc::channel();
+    within(
+        20,
+        "a waker that tracks a request from inside `wake`",
+        move || {
+            let list = Arc::new(InFlight::new());
+            let done = Arc::new(AtomicBool::new(false));
+            let mut r = Request::new(FoundDone {
+                done: Arc::clone(&done),
+                signal: Signal::new(),
+            });
+            let waker = std::task::Waker::from(Arc::new(Tracks(Arc::clone(&list), tx)));
+            assert!(poll_with(&mut r, &waker).is_pending());
+            list.track(&r);
+            done.store(true, Ordering::Release);
+            // Pending requests until a pruning polls `r` (the list is pruned at 4 entries).
+            let pending: Vec<Arc<Signal>> = (0..8).map(|_| Arc::new(Signal::new())).collect();
+            for s in &pending {
+                list.track(&Request::new(Arc::clone(s)));
+            }
+            for s in &pending {
+                s.complete(Ok(()));
+            }
+            list.barrier().unwrap();
+        },
+    );
+    assert!(
+        rx.recv_timeout(Duration::from_secs(1)).is_ok(),
+        "the waker was never woken"
+    );
+}

@@ -300,3 +300,221 @@ fn drops_with_work_in_flight_are_safe() {
     .unwrap();
     assert!(dev2.to_vec().unwrap() == data);
 }
+
+/// Runs `f` on a thread and fails the test if it does not finish in `secs` (a deadlock).
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no progress in {secs} s (deadlock?)"))
+}
+
+/// The first `len` bytes of `b`.
+fn head(b: ferry::RawBuf, len: usize) -> ferry::RawBuf {
+    ferry::RawBuf { len, ..b }
+}
+
+/// Polls `req` once with `waker`: registers it while the request is pending.
+fn poll_with(
+    req: &mut Request,
+    waker: &std::task::Waker,
+) -> std::task::Poll<Result<(), RequestError>> {
+    let mut cx = std::task::Context::from_waker(waker);
+    std::future::Future::poll(std::pin::Pin::new(req), &mut cx)
+}
+
+/// A waker that panics when woken (an executor's bug).
+struct PanickingWaker;
+impl std::task::Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("waker 31 panicked")
+    }
+}
+
+/// A waker that says on a channel that it was woken.
+struct SendingWaker(std::sync::Mutex<std::sync::mpsc::Sender<()>>);
+impl SendingWaker {
+    fn pair() -> (std::task::Waker, std::sync::mpsc::Receiver<()>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w = std::task::Waker::from(Arc::new(SendingWaker(std::sync::Mutex::new(tx))));
+        (w, rx)
+    }
+}
+impl std::task::Wake for SendingWaker {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.lock().unwrap().send(());
+    }
+}
+
+/// Both completion policies' engines on device 0.
+fn engines_of_each_policy() -> Vec<(ferry::cuda::CompletionPolicy, Arc<CudaEngine>)> {
+    use ferry::cuda::CompletionPolicy;
+    [CompletionPolicy::Tuned, CompletionPolicy::Plain]
+        .into_iter()
+        .map(|p| {
+            let cfg = CudaConfig::new(0).completion(p);
+            (p, Arc::new(CudaEngine::with_config(cfg).unwrap()))
+        })
+        .collect()
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_panicking_waker_harms_no_other_request() {
+    // Regression: a waker that panicked in `wake` unwound through the engine's waiter thread,
+    // which died: the wakers registered after it were never woken.
+    if cuda_or_skip().is_none() {
+        return;
+    }
+    for (policy, e) in engines_of_each_policy() {
+        let n = 256 << 20;
+        let host = pinned_with(&bytes(n, 41));
+        let mut dev = DeviceBuffer::new(0, n).unwrap();
+        // SAFETY: `dev` and `host` outlive the wait below; nothing else touches them.
+        let mut r = unsafe { copy_raw(&*e, dev_raw(&mut dev), staging_raw(&host), &[]) };
+        let panics = std::task::Waker::from(Arc::new(PanickingWaker));
+        let (sends, woken) = SendingWaker::pair();
+        if poll_with(&mut r, &panics).is_ready() {
+            println!("skipped ({policy:?}): a 256 MiB copy completed before its first poll");
+            continue;
+        }
+        if poll_with(&mut r, &sends).is_pending() {
+            assert!(
+                woken
+                    .recv_timeout(std::time::Duration::from_secs(20))
+                    .is_ok(),
+                "{policy:?}: the waker after the panicking one was never woken"
+            );
+        }
+        assert_eq!(r.wait(), Ok(()));
+        // Later futures of the engine complete, woken by its waiter thread.
+        let src = bytes(n, 42);
+        let e2 = Arc::clone(&e);
+        let t = within(30, "a future after the panicking waker", move || {
+            let t = e2
+                .memcpy_owned(DeviceBuffer::new(0, n).unwrap(), src)
+                .unwrap();
+            block_on(t).unwrap()
+        });
+        check(
+            "after the panicking waker",
+            &t.0.to_vec().unwrap(),
+            &bytes(n, 42),
+        );
+        e.barrier().unwrap();
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_waker_that_submits_on_its_lane_does_not_deadlock() {
+    // Regression: the in-flight list of a lane polls its requests when it prunes, and a poll
+    // that found a request done woke its futures' wakers with the list's lock held: a waker
+    // that submits on the same engine (from the same thread: the same lane) from inside `wake`
+    // deadlocked. The engine's waiter thread is kept busy (the first request's waker blocks
+    // it), so that the second request's waker is woken by the pruning, not by that thread.
+    if cuda_or_skip().is_none() {
+        return;
+    }
+    for (policy, e) in engines_of_each_policy() {
+        within(60, "a waker that submits from inside `wake`", move || {
+            use std::sync::mpsc::channel;
+            use std::time::Duration;
+            /// Says it entered `wake`, then blocks until released (or 60 s).
+            struct Blocks(
+                std::sync::Mutex<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
+            );
+            impl std::task::Wake for Blocks {
+                fn wake(self: Arc<Self>) {
+                    let g = self.0.lock().unwrap();
+                    let _ = g.0.send(());
+                    let _ = g.1.recv_timeout(Duration::from_secs(60));
+                }
+            }
+            type Owned = ferry::Transfer<PinnedBuffer, DeviceBuffer>;
+            /// Submits a 4 KiB download on the engine, and hands its transfer on.
+            struct Submits {
+                e: Arc<CudaEngine>,
+                bufs: std::sync::Mutex<Option<(PinnedBuffer, DeviceBuffer)>>,
+                out: std::sync::Mutex<std::sync::mpsc::Sender<Owned>>,
+            }
+            impl std::task::Wake for Submits {
+                fn wake(self: Arc<Self>) {
+                    let (dst, src) = self.bufs.lock().unwrap().take().expect("woken once");
+                    let t = self.e.memcpy_owned(dst, src).unwrap();
+                    let _ = self.out.lock().unwrap().send(t);
+                }
+            }
+            let n = 256 << 20;
+            let host = pinned_with(&bytes(n, 51));
+            let mut big = DeviceBuffer::new(0, n).unwrap();
+            let mut down = PinnedBuffer::new(64 << 20).unwrap();
+            let mut small = PinnedBuffer::new(4096).unwrap();
+            let (entered_tx, entered) = channel();
+            let (release, release_rx) = channel();
+            let blocks = std::task::Waker::from(Arc::new(Blocks(std::sync::Mutex::new((
+                entered_tx, release_rx,
+            )))));
+            let mut wake_src = DeviceBuffer::new(0, 4096).unwrap();
+            wake_src.copy_from_host(&bytes(4096, 52)).unwrap();
+            let (out_tx, out) = channel();
+            let submits = std::task::Waker::from(Arc::new(Submits {
+                e: Arc::clone(&e),
+                bufs: std::sync::Mutex::new(Some((PinnedBuffer::new(4096).unwrap(), wake_src))),
+                out: std::sync::Mutex::new(out_tx),
+            }));
+            // SAFETY: every buffer outlives the barrier at the end; each request writes its
+            // own destination, which nothing else touches meanwhile.
+            unsafe {
+                // The waiter thread waits for an upload, whose waker then blocks it.
+                let mut c = copy_raw(&*e, dev_raw(&mut big), staging_raw(&host), &[]);
+                if poll_with(&mut c, &blocks).is_ready() {
+                    println!("skipped ({policy:?}): a 256 MiB copy completed before its poll");
+                    return;
+                }
+                entered
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("the upload's waker was never woken");
+                // A small download behind a large one on this thread's lane; its waker queued
+                // behind the blocked one.
+                let m = copy_raw(
+                    &*e,
+                    pinned_raw(&mut down),
+                    head(dev_ro(&big), 64 << 20),
+                    &[],
+                );
+                let mut b = copy_raw(&*e, pinned_raw(&mut small), head(dev_ro(&big), 4096), &[]);
+                if poll_with(&mut b, &submits).is_ready() {
+                    println!("skipped ({policy:?}): a copy behind 64 MiB completed at once");
+                    let _ = release.send(());
+                    return;
+                }
+                drop((c, m));
+                std::thread::sleep(Duration::from_millis(100));
+                // More submissions on the lane until its list prunes, polls the download,
+                // finds it done and wakes its waker (which submits on this lane).
+                let mut more = Vec::new();
+                let mut bufs: Vec<PinnedBuffer> =
+                    (0..64).map(|_| PinnedBuffer::new(4096).unwrap()).collect();
+                for p in &mut bufs {
+                    more.push(copy_raw(&*e, pinned_raw(p), head(dev_ro(&big), 4096), &[]));
+                    if let Ok(t) = out.try_recv() {
+                        let _ = release.send(());
+                        let (got, _) = t.wait().unwrap();
+                        check("the waker's copy", &got, &bytes(4096, 52));
+                        for r in more {
+                            r.wait().unwrap();
+                        }
+                        b.wait().unwrap();
+                        e.barrier().unwrap();
+                        return;
+                    }
+                }
+                let _ = release.send(());
+                panic!("{policy:?}: no pruning woke the download's waker");
+            }
+        });
+    }
+}

@@ -187,13 +187,22 @@ fn strip_comments(text: &str) -> String {
     out
 }
 
-/// The code without `#[cfg(test)]` items (a test module or a test-only function).
+/// The code without test-only items: those under a `#[cfg(..)]` that names `test` and not as
+/// `not(test)` (`#[cfg(test)]`, `#[cfg(all(test, loom))]`): a test module or function.
 fn strip_tests(code: &str) -> String {
     let mut out = String::new();
     let mut rest = code;
-    while let Some(at) = rest.find("#[cfg(test)]") {
+    while let Some(at) = rest.find("#[cfg(") {
+        let attr_end = rest[at..].find(']').map_or(rest.len(), |e| at + e + 1);
+        let attr = &rest[at..attr_end];
+        let test_only = find_word(attr, "test").is_some() && !attr.contains("not(test)");
+        if !test_only {
+            out.push_str(&rest[..attr_end]);
+            rest = &rest[attr_end..];
+            continue;
+        }
         out.push_str(&rest[..at]);
-        let after = &rest[at..];
+        let after = &rest[attr_end..];
         // The item ends at its closing brace, or at a `;` before any brace (`mod tests;`).
         let (semi, open) = (after.find(';'), after.find('{'));
         let end = match (semi, open) {
@@ -612,8 +621,8 @@ fn the_parser_expands_use_trees() {
     );
     assert_eq!(got[2].1.as_deref(), Some("d"));
     let code = strip_tests(&strip_comments(
-        "use x::y; // use z::w;\n#[cfg(test)]\nmod tests { use q::r; }\nfn f() { crate::a::b(); }",
+        "use x::y; // use z::w;\n#[cfg(test)]\nmod tests { use q::r; }\n#[cfg(all(test, loom))]\nmod m { use s::t; }\n#[cfg(not(test))]\nuse u::v;\nfn f() { crate::a::b(); }",
     ));
-    assert_eq!(uses(&code).len(), 1);
+    assert_eq!(uses(&code).len(), 2);
     assert_eq!(inline_paths(&code), vec![vec!["crate", "a", "b"]]);
 }

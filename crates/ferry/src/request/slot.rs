@@ -11,11 +11,28 @@
 //!   (`cuEventSynchronize`) or poll it, never on the slot, so the slot has no condition variable
 //!   and completion pays no futex wake-up. Futures are woken by the engine's waiter thread
 //!   ([`spawn_waiter`]), which the first registered waker starts waiting.
+//!
+//! Wakers are the executor's code, run on whatever thread completes the slot (an engine's
+//! worker, waiter or staging thread, or a thread that polls a request and finds it done), so
+//! the slot runs them the way that cannot harm the engine:
+//! - never under the slot's lock, nor under an engine lock: code that may complete a slot while
+//!   it holds a lock (an engine's in-flight list pruning its done requests, a CUDA queue
+//!   recording its last request's event) takes a [`HoldWakes`] guard first, and the wakers
+//!   found meanwhile run when the thread's last guard drops, after the lock was released. A
+//!   waker that submits on the same engine from inside `wake` (an executor that polls inline)
+//!   then takes those locks again without deadlock.
+//! - each one on its own: a waker that panics stops neither the wakers after it nor the thread
+//!   that completed the slot (whose loss would leave the requests queued behind it pending for
+//!   good). The panic hook has reported the panic; the slot drops it.
 
 use super::RequestError;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use crate::sync::atomic::{seq_cst_handshake, AtomicBool, AtomicU8, Ordering};
+use crate::sync::{Condvar, Mutex, MutexGuard, SPIN};
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Sender;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
@@ -55,7 +72,8 @@ pub(crate) struct Slot<S: Sleep = ()> {
     /// other: either the completion sees the flag and wakes, or the registration (or the thread
     /// about to sleep) sees the result and does not wait. (Release/Acquire would not do: each
     /// side's store must be ordered before its own later load, which only `SeqCst` orders; the
-    /// stress tests below cannot tell the two apart.)
+    /// stress tests below cannot tell the two apart, the loom models (`loom_tests`) check the
+    /// handshake, each side marked by [`seq_cst_handshake`].)
     listeners: AtomicBool,
     sleep: S,
 }
@@ -112,6 +130,7 @@ impl<S: Sleep> Slot<S> {
             {
                 return self.get().unwrap_or(Ok(()));
             }
+            seq_cst_handshake();
             if self.listeners.load(Ordering::SeqCst) {
                 self.wake(self.lock());
             }
@@ -141,7 +160,9 @@ impl<S: Sleep> Slot<S> {
         result
     }
 
-    /// Wakes the registered wakers (once: they are taken) and the sleeping threads.
+    /// Wakes the sleeping threads and the registered wakers (once: they are taken), the
+    /// wakers after the slot's lock is released ([`wake_all`]: later still if this thread holds
+    /// its wake-ups, each one guarded).
     fn wake(&self, mut st: MutexGuard<'_, State>) {
         let wakers = std::mem::take(&mut st.wakers);
         let sleepers = st.sleepers;
@@ -149,9 +170,7 @@ impl<S: Sleep> Slot<S> {
         if sleepers > 0 {
             self.sleep.wake_all();
         }
-        for w in wakers {
-            w.wake();
-        }
+        wake_all(wakers);
     }
 
     /// [`Slot::get`] with the lock held.
@@ -191,6 +210,7 @@ impl<S: Sleep> Slot<S> {
         // Flag first, then look (see `listeners`): a success that did not see the flag is
         // seen here.
         self.listeners.store(true, Ordering::SeqCst);
+        seq_cst_handshake();
         if self.get_locked(&st).is_some() {
             st.wakers.retain(|w| !w.will_wake(waker));
             drop(st);
@@ -210,7 +230,7 @@ impl Slot<Condvar> {
             return r;
         }
         let spin_until = Instant::now() + Duration::from_micros(20);
-        while Instant::now() < spin_until {
+        while SPIN && Instant::now() < spin_until {
             if let Some(r) = self.get() {
                 return r;
             }
@@ -220,6 +240,7 @@ impl Slot<Condvar> {
         loop {
             // Flag first, then look (see `listeners`).
             self.listeners.store(true, Ordering::SeqCst);
+            seq_cst_handshake();
             if let Some(r) = self.get_locked(&st) {
                 return r;
             }
@@ -230,23 +251,121 @@ impl Slot<Condvar> {
     }
 }
 
+/// This thread's [`HoldWakes`] guards: how many are alive, and whether wakers were held.
+#[derive(Clone, Copy)]
+struct Hold {
+    depth: usize,
+    held: bool,
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static HOLD: Cell<Hold> = const { Cell::new(Hold { depth: 0, held: false }) };
+    /// The wakers held by this thread's guards, woken when the last one drops.
+    static HELD: RefCell<Vec<Waker>> = const { RefCell::new(Vec::new()) };
+}
+
+// Loom runs its threads on one OS thread: its own thread-locals keep them apart.
+#[cfg(loom)]
+loom::thread_local! {
+    static HOLD: Cell<Hold> = Cell::new(Hold { depth: 0, held: false });
+    static HELD: RefCell<Vec<Waker>> = RefCell::new(Vec::new());
+}
+
+/// While alive, the wakers of the slots this thread completes are not woken but held, and
+/// woken when the thread's last such guard drops. Take one before a lock under which a slot
+/// may complete, and let it drop after the lock's guard (declare it first: locals drop in
+/// reverse order; a struct's fields in their order), so that no waker runs under the lock.
+/// Not `Send`: it counts on the thread that made it.
+#[must_use = "wake-ups are held only while the guard lives"]
+pub(crate) struct HoldWakes(PhantomData<*const ()>);
+
+/// Holds this thread's wake-ups until the returned guard (and every other one of this thread)
+/// drops ([`HoldWakes`]). Costs two thread-local accesses when nothing is held.
+pub(crate) fn hold_wakes() -> HoldWakes {
+    HOLD.with(|h| {
+        let mut s = h.get();
+        s.depth += 1;
+        h.set(s);
+    });
+    HoldWakes(PhantomData)
+}
+
+impl Drop for HoldWakes {
+    fn drop(&mut self) {
+        let wake = HOLD.with(|h| {
+            let mut s = h.get();
+            s.depth -= 1;
+            let wake = s.depth == 0 && s.held;
+            if wake {
+                s.held = false;
+            }
+            h.set(s);
+            wake
+        });
+        if wake {
+            let held = HELD.with(|w| std::mem::take(&mut *w.borrow_mut()));
+            wake_each(held);
+        }
+    }
+}
+
+/// Wakes `wakers`: now, or, while this thread holds its wake-ups ([`hold_wakes`]), when it
+/// stops; each one guarded ([`wake_each`]).
+fn wake_all(wakers: Vec<Waker>) {
+    if wakers.is_empty() {
+        return;
+    }
+    let hold = HOLD.with(|h| {
+        let mut s = h.get();
+        if s.depth > 0 {
+            s.held = true;
+            h.set(s);
+        }
+        s.depth > 0
+    });
+    if hold {
+        HELD.with(|w| w.borrow_mut().extend(wakers));
+    } else {
+        wake_each(wakers);
+    }
+}
+
+/// Wakes each of `wakers`, every one even if one panics; the panics are dropped (the panic
+/// hook has reported them), not passed to the thread that completed the slot.
+fn wake_each(wakers: Vec<Waker>) {
+    for w in wakers {
+        let _ = catch_unwind(AssertUnwindSafe(|| w.wake()));
+    }
+}
+
 /// Starts an engine's waiter thread for futures: it waits for each item sent to it, in the
-/// order sent (`wait` completes the item's slot, which wakes its wakers). Ends when every
-/// sender (the engine and its requests) is gone.
+/// order sent (`wait` completes the item's slot, which wakes its wakers). A `wait` that panics
+/// (a bug) has its item settled by `settle` (given the panic as [`RequestError::Panicked`]: it
+/// completes the slot once the item's work is done, never before, its buffers being freed
+/// then), and the thread goes on with the next one: ended, it would leave every later item's
+/// futures pending for good. Ends when every sender (the engine and its requests) is gone.
 pub(crate) fn spawn_waiter<T: Send + 'static>(
     name: String,
     wait: fn(&T),
+    settle: fn(&T, RequestError),
 ) -> std::io::Result<Sender<T>> {
     let (tx, rx) = std::sync::mpsc::channel::<T>();
     std::thread::Builder::new().name(name).spawn(move || {
         while let Ok(item) = rx.recv() {
-            wait(&item);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| wait(&item))) {
+                let e = RequestError::Panicked {
+                    op: "wait".into(),
+                    msg: crate::op::panic_message(&p),
+                };
+                let _ = catch_unwind(AssertUnwindSafe(|| settle(&item, e)));
+            }
         }
     })?;
     Ok(tx)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
@@ -481,13 +600,124 @@ mod tests {
         assert_eq!(woken, Ok(Ok(())), "the sleeping waiter was not woken");
     }
 
+    /// Panics when woken (an executor's bug).
+    struct Panics;
+    impl Wake for Panics {
+        fn wake(self: Arc<Self>) {
+            panic!("waker panicked");
+        }
+    }
+
+    /// Regression: a waker that panicked unwound out of `complete` into the thread completing
+    /// the slot (an engine's thread), and the wakers registered after it were never woken.
+    #[test]
+    fn a_panicking_waker_stops_neither_the_others_nor_the_completer() {
+        for result in [Ok(()), failed("x")] {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let (a, b) = (Arc::new(Count::default()), Arc::new(Count::default()));
+            s.register_waker(&Waker::from(Arc::clone(&a)));
+            s.register_waker(&Waker::from(Arc::new(Panics)));
+            s.register_waker(&Waker::from(Arc::clone(&b)));
+            let sleeper = {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || s.wait())
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while s.lock().sleepers == 0 {
+                assert!(Instant::now() < deadline, "the waiter never went to sleep");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let completed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                s.complete(result.clone())
+            }));
+            assert_eq!(completed.ok(), Some(result.clone()), "complete unwound");
+            assert_eq!((a.get(), b.get()), (1, 1), "{result:?}");
+            assert_eq!(sleeper.join().unwrap(), result);
+        }
+    }
+
+    /// Wakers of slots completed while the thread holds its wake-ups run when the last hold
+    /// ends, after the lock it guards was released; the slot itself is complete at once.
+    #[test]
+    fn held_wake_ups_run_when_the_last_hold_ends() {
+        /// Counts, and checks that `lock` is free when woken.
+        struct FreeLock(Arc<Mutex<()>>, AtomicUsize);
+        impl Wake for FreeLock {
+            fn wake(self: Arc<Self>) {
+                assert!(self.0.try_lock().is_ok(), "woken under the lock");
+                self.1.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let lock = Arc::new(Mutex::new(()));
+        let w = Arc::new(FreeLock(Arc::clone(&lock), AtomicUsize::new(0)));
+        let (s1, s2): (Slot, Slot) = (Slot::new(), Slot::new());
+        s1.register_waker(&Waker::from(Arc::clone(&w)));
+        s2.register_waker(&Waker::from(Arc::clone(&w)));
+        s2.register_waker(&Waker::from(Arc::new(Panics)));
+        {
+            let _outer = hold_wakes();
+            let guard = lock.lock().unwrap();
+            {
+                let _inner = hold_wakes();
+                assert_eq!(s1.complete(Ok(())), Ok(()));
+            }
+            assert_eq!(s2.complete(failed("y")), failed("y"));
+            assert_eq!(s1.get(), Some(Ok(())));
+            assert_eq!(w.1.load(Ordering::SeqCst), 0, "woken while held");
+            drop(guard);
+        }
+        assert_eq!(w.1.load(Ordering::SeqCst), 2);
+        // Nothing held any more: a completion wakes at once.
+        let s3: Slot = Slot::new();
+        s3.register_waker(&Waker::from(Arc::clone(&w)));
+        assert_eq!(s3.complete(Ok(())), Ok(()));
+        assert_eq!(w.1.load(Ordering::SeqCst), 3);
+    }
+
+    /// A waiter thread whose `wait` panics settles that item and goes on with the next ones.
+    #[test]
+    fn waiter_thread_survives_a_panicking_wait() {
+        type Item = (u32, Arc<Slot>);
+        let tx = spawn_waiter::<Item>(
+            "slot-test-waiter".into(),
+            |(i, s)| {
+                assert!(*i != 1, "wait {i} panicked");
+                let _ = s.complete(Ok(()));
+            },
+            |(_, s), e| {
+                let _ = s.complete(Err(e));
+            },
+        )
+        .unwrap();
+        let slots: Vec<Arc<Slot>> = (0..3).map(|_| Arc::new(Slot::new())).collect();
+        for (i, s) in slots.iter().enumerate() {
+            tx.send((i as u32, Arc::clone(s))).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slots.iter().any(|s| s.get().is_none()) {
+            assert!(Instant::now() < deadline, "an item was never settled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(slots[0].get(), Some(Ok(())));
+        assert_eq!(
+            slots[1].get(),
+            Some(Err(RequestError::Panicked {
+                op: "wait".into(),
+                msg: "wait 1 panicked".into()
+            }))
+        );
+        assert_eq!(slots[2].get(), Some(Ok(())));
+    }
+
     #[test]
     fn waiter_thread_waits_in_order() {
         let done = Arc::new(Mutex::new(Vec::new()));
         type Item = (u32, Arc<Mutex<Vec<u32>>>);
-        let tx = spawn_waiter::<Item>("slot-test-waiter".into(), |(i, d)| {
-            d.lock().unwrap().push(*i)
-        })
+        let tx = spawn_waiter::<Item>(
+            "slot-test-waiter".into(),
+            |(i, d)| d.lock().unwrap().push(*i),
+            |_, _| {},
+        )
         .unwrap();
         for i in 0..3 {
             tx.send((i, Arc::clone(&done))).unwrap();
@@ -499,5 +729,124 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(*done.lock().unwrap(), [0, 1, 2]);
+    }
+}
+
+/// Loom models of the slot (`scripts/loom.sh`): every interleaving, at most 4 preemptions, of
+/// a completion against a waker's registration, a sleeping waiter, another completion.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::atomic::AtomicUsize;
+    use crate::sync::{model, thread};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn failed() -> Result<(), RequestError> {
+        Err(RequestError::Io("loom".into()))
+    }
+
+    /// A success (lock-free unless someone listens) against a waker's registration: the waker
+    /// is woken exactly once, by one side or the other.
+    #[test]
+    fn loom_success_against_a_waker_wakes_it_once() {
+        model(|| {
+            let s = Arc::new(Slot::<()>::new());
+            let c = Arc::new(Count::default());
+            let t = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(Ok(())))
+            };
+            s.register_waker(&Waker::from(Arc::clone(&c)));
+            assert_eq!(t.join().unwrap(), Ok(()));
+            assert_eq!(c.0.load(Ordering::SeqCst), 1);
+            assert_eq!(s.get(), Some(Ok(())));
+        });
+    }
+
+    /// A failure (under the lock) against a waker's registration.
+    #[test]
+    fn loom_failure_against_a_waker_wakes_it_once() {
+        model(|| {
+            let s = Arc::new(Slot::<()>::new());
+            let c = Arc::new(Count::default());
+            let t = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(failed()))
+            };
+            s.register_waker(&Waker::from(Arc::clone(&c)));
+            assert_eq!(t.join().unwrap(), failed());
+            assert_eq!(c.0.load(Ordering::SeqCst), 1);
+            assert_eq!(s.get(), Some(failed()));
+        });
+    }
+
+    /// A success against a thread going to sleep on the slot: the sleeper always wakes (loom
+    /// fails a model whose thread blocks for good).
+    #[test]
+    fn loom_success_against_a_sleeping_waiter_wakes_it() {
+        model(|| {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let t = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.wait())
+            };
+            assert_eq!(s.complete(Ok(())), Ok(()));
+            assert_eq!(t.join().unwrap(), Ok(()));
+        });
+    }
+
+    /// A success against a waiter and a waker at once (three threads).
+    #[test]
+    fn loom_success_against_a_waiter_and_a_waker() {
+        model(|| {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let c = Arc::new(Count::default());
+            let waiter = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.wait())
+            };
+            let completer = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(Ok(())))
+            };
+            s.register_waker(&Waker::from(Arc::clone(&c)));
+            assert_eq!(completer.join().unwrap(), Ok(()));
+            assert_eq!(waiter.join().unwrap(), Ok(()));
+            assert_eq!(c.0.load(Ordering::SeqCst), 1);
+        });
+    }
+
+    /// Two completions racing (a success, lock-free, and a failure, under the lock) with a
+    /// sleeping waiter: one result wins, and both callers, the waiter and every later look
+    /// agree on it.
+    #[test]
+    fn loom_racing_completions_agree_on_one_result() {
+        model(|| {
+            let s = Arc::new(Slot::<Condvar>::new());
+            let waiter = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.wait())
+            };
+            let ok = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || s.complete(Ok(())))
+            };
+            let bad = s.complete(failed());
+            let ok = ok.join().unwrap();
+            let now = s.get().expect("complete");
+            assert_eq!(ok, now);
+            assert_eq!(bad, now);
+            assert_eq!(waiter.join().unwrap(), now);
+        });
     }
 }

@@ -12,12 +12,13 @@ use crate::engine::{Job, SubmitError};
 use crate::memory::RawBuf;
 use crate::op::{Op, Step};
 use crate::request::{Completion, Request, RequestError, Signal};
+use crate::sync::atomic::{AtomicUsize, Ordering};
+use crate::sync::thread::{self, JoinHandle};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::task::Waker;
-use std::thread::JoinHandle;
 
 pub(super) struct Pool {
     state: Mutex<State>,
@@ -76,7 +77,7 @@ impl Pool {
         });
         for i in 0..threads {
             let p = Arc::clone(&pool);
-            match std::thread::Builder::new()
+            match thread::Builder::new()
                 .name(format!("ferry-cpu-{i}"))
                 .spawn(move || p.worker())
             {
@@ -94,10 +95,10 @@ impl Pool {
         Ok(pool)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    fn lock_handles(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+    fn lock_handles(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
         self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -575,5 +576,57 @@ impl Completion for CpuCompletion {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+/// Loom models of the pool (`scripts/loom.sh`): every interleaving, at most 4 preemptions, of
+/// a request's chunks handed between the workers and the thread waiting for the request.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::memory::MemKind;
+    use crate::sync::model;
+    use crate::Layout;
+
+    /// A 128-byte copy split in `threads` chunks (at most 2) on a pool of `threads` workers,
+    /// waited by the submitting thread (which runs the chunks no worker took yet); then the
+    /// pool shuts down. The copy is complete and whole when the wait returns, and every
+    /// thread ends.
+    fn copy_on(threads: usize) {
+        model(move || {
+            let pool = Pool::start(threads).unwrap();
+            let cfg = CpuConfig {
+                threads,
+                chunk_bytes: 64,
+                inline_bytes: 0,
+            };
+            let src: Vec<u8> = (0..128).collect();
+            let mut dst = vec![0u8; 128];
+            let l = Layout::bytes(128).unwrap();
+            let job = Job::copy(
+                RawBuf::host(dst.as_mut_ptr(), dst.len(), MemKind::Pageable),
+                l,
+                RawBuf::host(src.as_ptr(), src.len(), MemKind::Pageable),
+                l,
+            );
+            let req = pool.submit(job, &cfg).unwrap();
+            assert_eq!(req.wait(), Ok(()));
+            assert_eq!(dst, src);
+            pool.shutdown();
+            assert_eq!(pool.live_workers(), 0);
+        });
+    }
+
+    /// One worker and the waiting thread race for the request's one chunk.
+    #[test]
+    fn loom_one_chunk_between_a_worker_and_the_waiter() {
+        copy_on(1);
+    }
+
+    /// Two workers and the waiting thread share two chunks: the last one to finish completes
+    /// the request, whoever it is, and the waiter sees the whole copy.
+    #[test]
+    fn loom_two_chunks_between_two_workers_and_the_waiter() {
+        copy_on(2);
     }
 }

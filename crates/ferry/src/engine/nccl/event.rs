@@ -180,7 +180,13 @@ impl Drop for Inner {
 /// The engine's waiter thread for futures: waits requests in registration order and wakes
 /// their wakers. Ends when every sender is gone.
 pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Inner>>> {
-    crate::request::spawn_waiter(name, |inner: &Arc<Inner>| {
-        let _ = inner.wait();
-    })
+    crate::request::spawn_waiter(
+        name,
+        |inner: &Arc<Inner>| {
+            let _ = inner.wait();
+        },
+        |inner, e| {
+            let _ = inner.settle_after_abort(e);
+        },
+    )
 }

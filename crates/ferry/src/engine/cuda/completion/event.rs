@@ -118,7 +118,7 @@ pub(crate) enum Marked {
     Event(Event),
     /// None yet: the request is the last work of this queue's stream; its stamp, if it got
     /// one ([`Enqueue::stamp`](super::mark::Enqueue::stamp)).
-    Lazy(Arc<Queue>, Option<u32>),
+    Lazy(Arc<Queue>, Option<u64>),
 }
 
 /// What a dependent (another stream, another engine) orders itself after.
@@ -143,7 +143,7 @@ pub(crate) struct Inner {
     lazy: Option<Arc<Queue>>,
     /// The number its queue's completion word reaches when its work is done (`stamp.rs`);
     /// `None` without one.
-    stamp: Option<u32>,
+    stamp: Option<u64>,
     /// Its lane's event pool, context and waiter thread.
     home: Arc<Home>,
     mode: WaitMode,
@@ -169,15 +169,17 @@ impl Inner {
             // does in the default scheduling mode, which notices completion sooner than a loop
             // of `cuEventQuery` calls (each a trip through the driver's locks).
             WaitMode::Blocking | WaitMode::Spin => self.sync(),
-            WaitMode::Auto if self.stamp.is_some() => {
+            WaitMode::Auto if self.stamp_seen().is_some() => {
                 // The word, read from host memory; the driver asked only every so often, for
-                // errors (a failed stream never writes the word).
+                // errors (a failed stream never writes the word), and whenever the word can no
+                // longer tell.
                 let mut polls = 0u32;
                 let query = || {
                     polls = polls.wrapping_add(1);
-                    match polls % STAMP_ASK_EVERY {
-                        0 => self.query(),
-                        _ => self.stamp_reached().then_some(Ok(())),
+                    match (polls % STAMP_ASK_EVERY, self.stamp_seen()) {
+                        (_, Some(true)) => Some(Ok(())),
+                        (0, _) | (_, None) => self.query(),
+                        (_, Some(false)) => None,
                     }
                 };
                 wait::wait(self.expect, query, || self.spin_stamp())
@@ -200,31 +202,36 @@ impl Inner {
     }
 
     /// Its result where known without asking the driver: in its slot, or its stamp reached
-    /// (then stored, so that it never depends on the word again: the next submission on its
-    /// queue asks this of it, and the word's numbers wrap after 2^32 stamps).
+    /// (then stored, so that it never depends on the word again: the word tells only while
+    /// fewer than 2^31 numbers were handed out after the request's, `stamp.rs`; the next
+    /// submission on its queue asks this of it).
     pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {
         match self.slot.get() {
             Some(r) => Some(r),
-            None => self.stamp_reached().then(|| self.slot.complete(Ok(()))),
+            None => (self.stamp_seen() == Some(true)).then(|| self.slot.complete(Ok(()))),
         }
     }
 
-    /// Whether its queue's completion word has reached its stamp (`false` without one).
-    fn stamp_reached(&self) -> bool {
+    /// Whether its queue's completion word has reached its stamp: `None` without a stamp, or
+    /// where the word can no longer tell ([`Queue::stamp_seen`]).
+    fn stamp_seen(&self) -> Option<bool> {
         match (self.stamp, self.lazy.as_deref()) {
-            (Some(seq), Some(q)) => q.stamp_reached(seq),
-            _ => false,
+            (Some(seq), Some(q)) => q.stamp_seen(seq),
+            _ => None,
         }
     }
 
     /// Spins on the completion word until it reaches the stamp; past [`STAMP_SPIN_MAX`] (the
-    /// request queued behind other work, or its stream failed), waits in the driver instead.
+    /// request queued behind other work, or its stream failed), or where the word cannot tell,
+    /// waits in the driver instead.
     fn spin_stamp(&self) -> Result<(), RequestError> {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
         loop {
-            if self.stamp_reached() {
-                return Ok(());
+            match self.stamp_seen() {
+                Some(true) => return Ok(()),
+                None => return self.sync(),
+                Some(false) => {}
             }
             spins = spins.wrapping_add(1);
             // The clock read every 64 spins (about 2 us of `pause`s on the H200 host's CPU).
@@ -413,8 +420,18 @@ impl Completion for CudaCompletion {
 /// request as `Blocking`, paying the 15-150 us wake-up of a `BLOCKING_SYNC` event, and spinning
 /// instead on `Spin` events, which carry no `BLOCKING_SYNC`.)
 pub(crate) fn spawn_waiter(name: String) -> std::io::Result<Sender<Arc<Shared>>> {
-    crate::request::spawn_waiter(name, |shared: &Arc<Shared>| {
-        let inner = &shared.completion().inner;
-        let _ = inner.wait_event(inner.mode);
-    })
+    crate::request::spawn_waiter(
+        name,
+        |shared: &Arc<Shared>| {
+            let inner = &shared.completion().inner;
+            let _ = inner.wait_event(inner.mode);
+        },
+        |shared, _| {
+            // The panic was the wait's (ferry's own code), not the work's: the driver's answer,
+            // once the work is done, is the request's result (failing it earlier would free its
+            // buffers while the copy may still use them).
+            let inner = &shared.completion().inner;
+            let _ = inner.slot.complete(inner.sync());
+        },
+    )
 }

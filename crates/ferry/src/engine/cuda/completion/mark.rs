@@ -56,9 +56,10 @@ use super::stamp::Stamp;
 use crate::engine::cuda::CompletionPolicy;
 use crate::engine::cuda::DriverError;
 use crate::engine::cuda::WaitMode;
+use crate::request::{hold_wakes, HoldWakes};
 use crate::MemKind;
 use cudarc::driver::{sys, CudaStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 /// How a request marks its end on its stream.
@@ -152,10 +153,13 @@ pub(crate) fn worth_a_stamp(dst: MemKind, src: Option<MemKind>, bytes: usize) ->
 /// records its event at submit).
 pub(crate) struct Queue {
     stream: Arc<CudaStream>,
-    /// The last lazy request and the last stamp number handed out.
+    /// The last lazy request.
     tail: Mutex<Tail>,
     /// The stream's completion word, where it could be made ([`stamps`]).
     stamp: Option<Stamp>,
+    /// The last stamp number handed out (0: none yet), of which the word holds the low 32
+    /// bits: written under `tail`'s lock, read without it by [`Queue::stamp_seen`].
+    issued: AtomicU64,
     /// A write of the word failed once: no more stamps on this queue (the driver would refuse
     /// each one again).
     stamp_off: AtomicBool,
@@ -170,8 +174,6 @@ pub(crate) struct Queue {
 pub(crate) struct Tail {
     /// The last lazy request, while it has no event (a dropped request waited for itself).
     last: Weak<Shared>,
-    /// The last number written to the stream's completion word (0: none yet).
-    seq: u32,
 }
 
 impl Queue {
@@ -181,6 +183,7 @@ impl Queue {
             stream,
             tail: Mutex::new(Tail::default()),
             stamp,
+            issued: AtomicU64::new(0),
             stamp_off: AtomicBool::new(false),
             exposed: AtomicBool::new(false),
             foreign: AtomicUsize::new(0),
@@ -201,17 +204,19 @@ impl Queue {
         self.tail.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the stream's completion word has reached `seq` ([`super::stamp::reached`]).
-    pub(crate) fn stamp_reached(&self, seq: u32) -> bool {
-        self.stamp
-            .as_ref()
-            .is_some_and(|s| super::stamp::reached(s.word(), seq))
+    /// Whether the stream's completion word has reached `seq`: `None` where the word cannot
+    /// tell (none, or 2^31 numbers or more handed out since: [`super::stamp::seen`]).
+    pub(crate) fn stamp_seen(&self, seq: u64) -> Option<bool> {
+        let word = self.stamp.as_ref()?.word();
+        super::stamp::seen(word, seq, self.issued.load(Ordering::Acquire))
     }
 
     /// Locks the queue for one submission, after recording the last lazy request's event if it
     /// is still pending ([`seals`]). Hold it while enqueueing; take no other queue's lock
-    /// meanwhile (dependencies are marked before).
+    /// meanwhile (dependencies are marked before). Looking at the last request may find it
+    /// done and complete it: its futures' wakers run once the hold is released.
     pub(crate) fn enqueue(&self) -> Enqueue<'_> {
+        let wakes = hold_wakes();
         let mut tail = self.lock();
         let prev = std::mem::take(&mut tail.last).upgrade();
         let idle = match &prev {
@@ -229,6 +234,7 @@ impl Queue {
             tail,
             idle,
             _prev: prev,
+            _wakes: wakes,
         }
     }
 
@@ -250,8 +256,10 @@ impl Queue {
 
     /// Records `inner`'s event now if it is this queue's last lazy request (nothing enqueued
     /// after it): `Ok(false)` if it is not (a later submission recorded it, or it completed
-    /// before anything followed it).
+    /// before anything followed it). Finding it done completes it: its futures' wakers run
+    /// after the queue's lock is released.
     pub(crate) fn mark_last(&self, inner: &Inner) -> Result<bool, DriverError> {
+        let _wakes = hold_wakes();
         let mut tail = self.lock();
         if !Weak::ptr_eq(&tail.last, &inner.me) {
             return Ok(false);
@@ -271,6 +279,9 @@ pub(crate) struct Enqueue<'a> {
     /// The previous last request, released after the submission (the guard's drop), so that
     /// freeing it is not on the host's path to the next copy.
     _prev: Option<Arc<Shared>>,
+    /// Wakers of requests completed under the lock (the previous last one, found done), run
+    /// when this drops: after `tail` (fields drop in order), so never under the queue's lock.
+    _wakes: HoldWakes,
 }
 
 impl Enqueue<'_> {
@@ -296,7 +307,7 @@ impl Enqueue<'_> {
         mode: WaitMode,
         marking: Marking,
         (alone, worth): (bool, bool),
-    ) -> Option<u32> {
+    ) -> Option<u64> {
         let word = self
             .q
             .stamp
@@ -305,14 +316,15 @@ impl Enqueue<'_> {
         if !stamps(mode, marking, (self.idle, alone, worth), word.is_some()) {
             return None;
         }
-        let seq = self.tail.seq.wrapping_add(1);
+        // Numbers are handed out under this hold's lock: only its holder writes `issued`.
+        let seq = self.q.issued.load(Ordering::Relaxed) + 1;
         // SAFETY: the queue's live stream, in the word's context, current (this function's
         // contract).
-        if unsafe { word?.write(self.q.raw(), seq) }.is_err() {
+        if unsafe { word?.write(self.q.raw(), seq as u32) }.is_err() {
             self.q.stamp_off.store(true, Ordering::Relaxed);
             return None;
         }
-        self.tail.seq = seq;
+        self.q.issued.store(seq, Ordering::Release);
         Some(seq)
     }
 }

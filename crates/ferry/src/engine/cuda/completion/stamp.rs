@@ -18,10 +18,14 @@
 //! writes (a download's bytes in host memory) are visible before the word is (2,000
 //! downloads of 4 KiB-1 MiB in run 84, each compared as soon as the word was seen: none
 //! early). The word only ever grows in stream order, so a request is done once the word has
-//! reached its number ([`reached`], modulo 2^32: the next submission on the same queue records
-//! the answer for good, `event::Inner::known`, long before the numbers could wrap). A request
-//! whose stream fails never sees its number: waits fall back to the driver (`event.rs`), which
-//! reports the error.
+//! reached its number ([`reached`]). The word holds the low 32 bits of numbers its queue counts
+//! in 64: it tells whether a request's number was reached only while fewer than 2^31 numbers
+//! were handed out after it ([`seen`]). Past that the request is asked of the driver, as one
+//! without a stamp is, never of the word (its answer is recorded for good by whatever sees it
+//! first: a wait, a poll, the next submission on its queue, `event::Inner::known`; a request
+//! nobody asked for 2^31 stamps on its queue, about half an hour of back-to-back small copies,
+//! is the one that gets there). A request whose stream fails never sees its number: waits fall
+//! back to the driver (`event.rs`), which reports the error.
 
 use crate::engine::cuda::sys::driver::check;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
@@ -84,16 +88,31 @@ impl Stamp {
     }
 }
 
-/// Whether a word that reads `word` has reached `seq`: numbers are handed out in stream order
-/// modulo 2^32, and a request's answer is recorded at the next submission on its queue, far
-/// fewer than 2^31 numbers later.
+/// Whether a word that reads `word` has reached `seq`, numbers being written in stream order
+/// modulo 2^32: exact while the word is less than 2^31 numbers past `seq` (and never 2^31
+/// behind it: that many stamps are never pending), which [`seen`] makes sure of.
 pub(crate) fn reached(word: u32, seq: u32) -> bool {
     (word.wrapping_sub(seq) as i32) >= 0
 }
 
+/// How many numbers may be handed out after a request's before its queue's word can no longer
+/// tell whether the request's was reached ([`reached`] wraps there).
+pub(crate) const WORD_TELLS: u64 = 1 << 31;
+
+/// What a word that reads `word` says of the request numbered `seq` (of the 64-bit count its
+/// queue hands out, `issued` the last number handed out when `word` was read or later):
+/// `Some(reached)` while fewer than [`WORD_TELLS`] numbers were handed out after `seq`, `None`
+/// after (then the driver must be asked). The word never holds a number beyond `issued`, so
+/// it is at most that many past `seq`; a stale (smaller) `issued` only says `Some` where
+/// `None` was due, and [`reached`] then says `false` of a number that was reached, a later
+/// answer, never an early one.
+pub(crate) fn seen(word: u32, seq: u64, issued: u64) -> Option<bool> {
+    (issued.saturating_sub(seq) < WORD_TELLS).then(|| reached(word, seq as u32))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::reached;
+    use super::{reached, seen, WORD_TELLS};
 
     #[test]
     fn a_word_reaches_its_numbers_in_order_across_the_wrap() {
@@ -108,5 +127,26 @@ mod tests {
         assert!(reached(2, u32::MAX));
         assert!(!reached(u32::MAX, 2));
         assert!(!reached(5, 5 + (1 << 31) - 1));
+    }
+
+    #[test]
+    fn a_word_tells_only_while_fewer_than_2_31_numbers_followed() {
+        // Regression: a request seen after 2^31 later stamps read its word as not reached and
+        // spun on it (200 us) before asking the driver; the word was then past telling.
+        let seq = 7u64;
+        let late = seq + WORD_TELLS;
+        assert!(!reached(late as u32, seq as u32), "the 32-bit word wrapped");
+        assert_eq!(seen(late as u32, seq, late), None, "ask the driver");
+        assert_eq!(seen(u32::MAX, seq, seq + (1 << 40)), None);
+        // Just under the limit the word still tells, both ways.
+        let last = seq + WORD_TELLS - 1;
+        assert_eq!(seen(last as u32, seq, last), Some(true));
+        assert_eq!(seen((seq - 1) as u32, seq, last), Some(false));
+        assert_eq!(seen(seq as u32, seq, seq), Some(true));
+        assert_eq!(seen(0, 1, 1), Some(false), "the word starts at 0");
+        // Across 2^32 in the 64-bit count: only the low 32 bits are written.
+        let high = (5u64 << 32) - 2;
+        assert_eq!(seen((high + 3) as u32, high, high + 3), Some(true));
+        assert_eq!(seen((high - 1) as u32, high, high + 3), Some(false));
     }
 }
