@@ -53,10 +53,6 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "checkpoint/save.rs",
     ],
     &[
-        "engine/cuda/completion/event.rs",
-        "engine/cuda/completion/mark.rs",
-    ],
-    &[
         "engine/cuda/paths/staged/chunk.rs",
         "engine/cuda/paths/staged/fill.rs",
         "engine/cuda/paths/staged/mod.rs",

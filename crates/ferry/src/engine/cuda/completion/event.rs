@@ -2,7 +2,7 @@
 //! decides) or, while it has none, its stream; its result slot and wakers. Waiting on a request
 //! with an event waits on that event only, never on the rest of its stream.
 
-use super::mark::{self, Queue, WaitOn};
+use super::mark::{self, Lazy, Queue, WaitOn};
 use super::wait::{self, Expect};
 use crate::engine::cuda::sys::driver::{self, check};
 use crate::engine::cuda::sys::memory::DeviceBuffer;
@@ -316,12 +316,23 @@ impl Inner {
         }
         if let Some(q) = self.lazy.as_deref().filter(|_| self.event.get().is_none()) {
             // Not the last: a later submission recorded the event, or it completed first.
-            let _ = q.mark_last(self);
+            if let Some(me) = self.me.upgrade() {
+                let _ = q.mark_last(&*me);
+            }
         }
         match self.event.get() {
             Some(e) => Mark::Event(e.raw()),
             None => Mark::Known(self.wait_event(self.mode)),
         }
+    }
+}
+
+impl Lazy for Shared {
+    fn seal(&self, stream: sys::CUstream) -> Result<(), DriverError> {
+        self.completion().inner.seal(stream)
+    }
+    fn known_done(&self) -> bool {
+        self.completion().inner.known().is_some()
     }
 }
 

@@ -51,7 +51,6 @@
 //! it); a stream the caller has been handed (`CudaEngine::stream`: from then on, for good) or
 //! that a staged copy is using (its DMAs are enqueued later by the staging thread).
 
-use super::event::{Inner, Shared};
 use super::stamp::Stamp;
 use crate::engine::cuda::CompletionPolicy;
 use crate::engine::cuda::DriverError;
@@ -169,11 +168,29 @@ pub(crate) struct Queue {
     foreign: AtomicUsize,
 }
 
+/// A lazy request as its queue sees it (implemented by the request's shared state in
+/// `event.rs`, which sits above this file): its event recorded on demand, and whether it is
+/// known done.
+pub(crate) trait Lazy: Send + Sync {
+    /// Records the request's event on `stream` (its queue's, nothing enqueued after it since
+    /// its submit: the caller holds the queue's lock) unless it has one or is known done
+    /// ([`seals`]).
+    fn seal(&self, stream: sys::CUstream) -> Result<(), DriverError>;
+    /// Whether its result is known without asking the driver.
+    fn known_done(&self) -> bool;
+}
+
 /// What a [`Queue`]'s lock guards.
 #[derive(Default)]
 pub(crate) struct Tail {
     /// The last lazy request, while it has no event (a dropped request waited for itself).
-    last: Weak<Shared>,
+    last: Option<Weak<dyn Lazy>>,
+}
+
+/// The address of a request's allocation, whatever the pointer's type (the identity the queue
+/// compares).
+fn addr<T: ?Sized>(p: *const T) -> *const () {
+    p.cast::<()>()
 }
 
 impl Queue {
@@ -218,14 +235,13 @@ impl Queue {
     pub(crate) fn enqueue(&self) -> Enqueue<'_> {
         let wakes = hold_wakes();
         let mut tail = self.lock();
-        let prev = std::mem::take(&mut tail.last).upgrade();
+        let prev = tail.last.take().and_then(|w| w.upgrade());
         let idle = match &prev {
             Some(p) => {
-                let inner = &p.completion().inner;
                 // A failed record leaves `prev` without an event: its wait then waits on the
                 // stream (later, never early), its dependents on the host.
-                let _ = inner.seal(self.raw());
-                inner.known().is_some()
+                let _ = p.seal(self.raw());
+                p.known_done()
             }
             None => true,
         };
@@ -254,18 +270,19 @@ impl Queue {
         Foreign(Arc::clone(self))
     }
 
-    /// Records `inner`'s event now if it is this queue's last lazy request (nothing enqueued
-    /// after it): `Ok(false)` if it is not (a later submission recorded it, or it completed
-    /// before anything followed it). Finding it done completes it: its futures' wakers run
-    /// after the queue's lock is released.
-    pub(crate) fn mark_last(&self, inner: &Inner) -> Result<bool, DriverError> {
+    /// Records `request`'s event now if it is this queue's last lazy request (nothing
+    /// enqueued after it): `Ok(false)` if it is not (a later submission recorded it, or it
+    /// completed before anything followed it). Finding it done completes it: its futures'
+    /// wakers run after the queue's lock is released.
+    pub(crate) fn mark_last<L: Lazy>(&self, request: &L) -> Result<bool, DriverError> {
         let _wakes = hold_wakes();
         let mut tail = self.lock();
-        if !Weak::ptr_eq(&tail.last, &inner.me) {
+        let me = addr(request as *const L);
+        if tail.last.as_ref().is_none_or(|w| addr(w.as_ptr()) != me) {
             return Ok(false);
         }
-        tail.last = Weak::new();
-        inner.seal(self.raw()).map(|()| true)
+        tail.last = None;
+        request.seal(self.raw()).map(|()| true)
     }
 }
 
@@ -278,7 +295,7 @@ pub(crate) struct Enqueue<'a> {
     idle: bool,
     /// The previous last request, released after the submission (the guard's drop), so that
     /// freeing it is not on the host's path to the next copy.
-    _prev: Option<Arc<Shared>>,
+    _prev: Option<Arc<dyn Lazy>>,
     /// Wakers of requests completed under the lock (the previous last one, found done), run
     /// when this drops: after `tail` (fields drop in order), so never under the queue's lock.
     _wakes: HoldWakes,
@@ -290,9 +307,10 @@ impl Enqueue<'_> {
         self.q.exposed.load(Ordering::Acquire) || self.q.foreign.load(Ordering::Acquire) > 0
     }
 
-    /// Makes the lazy request `inner` (just enqueued) the queue's last.
-    pub(crate) fn push_lazy(mut self, request: &Arc<Shared>) {
-        self.tail.last = Arc::downgrade(request);
+    /// Makes the lazy request `request` (just enqueued) the queue's last.
+    pub(crate) fn push_lazy<L: Lazy + 'static>(mut self, request: &Arc<L>) {
+        let last: Weak<L> = Arc::downgrade(request);
+        self.tail.last = Some(last);
     }
 
     /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this
