@@ -53,15 +53,6 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "checkpoint/save.rs",
     ],
     &[
-        "engine/cuda/paths/staged/chunk.rs",
-        "engine/cuda/paths/staged/fill.rs",
-        "engine/cuda/paths/staged/mod.rs",
-        "engine/cuda/paths/staged/pipeline.rs",
-        "engine/cuda/paths/staged/pool.rs",
-        "engine/cuda/paths/staged/ring.rs",
-        "engine/cuda/paths/staged/segments.rs",
-    ],
-    &[
         "engine/nccl/comm.rs",
         "engine/nccl/config.rs",
         "engine/nccl/event.rs",

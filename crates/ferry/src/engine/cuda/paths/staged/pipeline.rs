@@ -3,13 +3,13 @@
 //! the device and retires it through the slot's event.
 
 use super::chunk::{add, Chunk, Chunker, Sides};
-use super::drv;
+use super::error::drv;
 use super::nt_copy::{copy_bytes, piece};
+use super::pool::{workers_for, Pool};
 use super::ring::Ring;
-use super::workers_for;
 use super::Direction;
 use super::StagedError;
-use super::Stager;
+use super::StagingConfig;
 use cudarc::driver::{sys, CudaStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -52,7 +52,15 @@ struct Progress {
     stop: AtomicBool,
 }
 
-impl Stager {
+/// The coordinator of one staged copy over a stager's pool, as its settings say ([`Flow::run`]).
+pub(super) struct Flow<'a> {
+    /// The stager's workers.
+    pub(super) pool: &'a Pool,
+    /// The stager's settings (which copies use non-temporal stores).
+    pub(super) cfg: &'a StagingConfig,
+}
+
+impl Flow<'_> {
     /// Part `i` of `t` of chunk `k`'s host-side copy (`to_slot`: host -> slot, else slot ->
     /// host). The parts of one chunk touch disjoint bytes; together they cover the chunk.
     fn part(&self, job: &dyn Chunks, k: usize, slot: SyncPtr, to_slot: bool, i: usize, t: usize) {
@@ -73,7 +81,7 @@ impl Stager {
     /// `k+1` while others finish `k`), and this thread issues each chunk's DMA as soon as all its
     /// parts are in (host -> device), or opens a chunk to the workers as soon as its DMA is done
     /// (device -> host), polling the ring's events.
-    pub(super) fn flow(
+    pub(super) fn run(
         &self,
         ring: &mut Ring,
         job: &dyn Chunks,
@@ -135,7 +143,7 @@ impl Stager {
         self.pool.run_with(t, &worker, coordinate)
     }
 
-    /// Host -> device coordinator of [`Stager::flow`].
+    /// Host -> device coordinator of [`Flow::run`].
     fn flow_h2d(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
         let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
         let depth = ring.slots.len();
@@ -170,7 +178,7 @@ impl Stager {
         Ok(())
     }
 
-    /// Device -> host coordinator of [`Stager::flow`].
+    /// Device -> host coordinator of [`Flow::run`].
     fn flow_d2h(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
         let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
         let depth = ring.slots.len();

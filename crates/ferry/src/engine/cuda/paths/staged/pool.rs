@@ -11,7 +11,7 @@
 //! waking 4 of 12 workers rotated through all twelve, each waking cold, and 1-8 MiB staged
 //! copies ran as slowly as with all twelve (H200 run 28, commit a7006da); waking workers 0..n
 //! gave 1.09-1.15x the driver's pageable path at 4-8 MiB host -> device (run 29, see
-//! [`workers_for`](super::workers_for)).
+//! [`workers_for`]).
 
 use super::StagedError;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -192,6 +192,17 @@ impl Drop for Pool {
             let _ = h.join();
         }
     }
+}
+
+/// Workers for a staged copy of `bytes`: one per 2 MiB, at least 4, at most the pool's. On the
+/// H200 host (run 27, `ferry bench --test cuda-h2d-pageable`, staged / the driver's pageable
+/// path) 12 workers gave 0.97x / 0.56x / 0.81x / 1.36x at 2 / 4 / 8 / 16 MiB, 4 workers 1.18x /
+/// 1.18x / 1.34x / 1.46x; 256 MiB needs all 12 for its 45+ GB/s (4 workers: 30 GB/s, run 29).
+/// With this choice and the pool waking workers 0..n (run 29): host to device 0.93-1.12x at
+/// 2 MiB, 1.09-1.15x at 4-8 MiB, 48.8 GB/s at 256 MiB; device to host 1.5x at 1 MiB, 51 GB/s
+/// at 256 MiB.
+pub(super) fn workers_for(pool: usize, bytes: usize) -> usize {
+    (bytes / (2 << 20)).max(4).min(pool.max(1))
 }
 
 #[cfg(test)]

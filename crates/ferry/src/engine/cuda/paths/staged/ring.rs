@@ -1,8 +1,7 @@
 //! The ring of a staged copy: pinned slots (the crate's one pinned allocation,
 //! [`HostAlloc`]), each with an event recorded after the DMA that reads or fills it.
 
-use super::driver_error;
-use super::drv;
+use super::error::{driver_error, drv};
 use super::StagedError;
 use super::StagingConfig;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};

@@ -11,7 +11,7 @@
 //! [`Packing`] is the arithmetic (pure, tested on the CPU); [`SegStaging`] the pipeline's view
 //! of one copy.
 
-use super::add;
+use super::chunk::add;
 use super::nt_copy::copy_bytes;
 use super::pipeline::{dma, Chunks, SyncPtr};
 use super::Direction;
