@@ -289,7 +289,7 @@ fn validate_bench(a: BenchArgs) -> Result<BenchPlan, ArgError> {
     }
     // The engines read FERRY_STAGING_* and FERRY_FILE_* where they are made; a value that
     // does not parse stops the run here, before anything is measured.
-    ferry::cuda::staged::StagingConfig::from_env().map_err(|e| ArgError::Env(e.to_string()))?;
+    ferry::cuda::StagingConfig::from_env().map_err(|e| ArgError::Env(e.to_string()))?;
     ferry::file::FileConfig::from_env().map_err(|e| ArgError::Env(e.to_string()))?;
     let sel = bench::select(a.tests.as_deref(), a.engine)?;
     if sel.run.is_empty() {

@@ -1,5 +1,5 @@
 //! Settings read from the environment: the one parser behind the configs' `from_env`
-//! ([`StagingConfig::from_env`](crate::cuda::staged::StagingConfig::from_env),
+//! ([`StagingConfig::from_env`](crate::cuda::StagingConfig::from_env),
 //! [`FileConfig::from_env`](crate::file::FileConfig::from_env)). A config's `new()` reads
 //! nothing from the environment; `from_env()` starts from `new()`, applies each variable that is
 //! set, and refuses a value that does not parse, naming the variable.

@@ -514,7 +514,7 @@ fn custom_operator_faults_fail_only_their_requests() {
 #[cfg(feature = "fault-injection")]
 mod injected {
     use super::*;
-    use ferry::cuda::staged::StagingConfig;
+    use ferry::cuda::StagingConfig;
     use ferry::cuda::{CudaConfig, PinnedBuffer};
     use ferry::fault::{arm, disarm_all, is_armed, Fault};
 

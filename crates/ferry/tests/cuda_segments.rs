@@ -12,8 +12,8 @@ mod cuda_common;
 mod stress_common;
 
 use cuda_common::{bytes, cuda_or_skip};
+use ferry::cuda::StagingConfig;
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer};
-use ferry::engine::cuda::staged::StagingConfig;
 use ferry::{EngineExt, Segment};
 use std::sync::Arc;
 use stress_common::Rng;

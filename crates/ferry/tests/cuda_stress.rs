@@ -33,7 +33,7 @@ mod stress_common;
 use cuda_common::{
     device_free, kind_of, open_allocs, settled_threads, threads, Buf, Kind, DEVICE_SLACK, KINDS,
 };
-use ferry::cuda::staged::StagingConfig;
+use ferry::cuda::StagingConfig;
 use ferry::cuda::{CudaConfig, CudaEngine, WaitMode};
 use ferry::{
     CpuEngine, Engine, EngineExt, Job, Layout, Memory, MemoryMut, MultiplexEngine, Op, OpError,

@@ -32,7 +32,7 @@ use super::{measure, BenchError, Kind, Method, Needs, Role, Row, Series, TestInf
 use crate::sizes::format_size;
 use ferry::cuda::multi::MultiGpu;
 use ferry::cuda::split::SmCopy;
-use ferry::cuda::staged::StagingConfig;
+use ferry::cuda::StagingConfig;
 use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer, WaitMode};
 use ferry::{Engine, EngineExt};
 use ferry_bench::RawCopier;

@@ -23,15 +23,15 @@
 //!
 //! - Pageable host memory: copies between pageable memory and this device of at least 2 MiB
 //!   (host to device) or 1 MiB (device to host) go through a ring of pinned staging buffers
-//!   ([`staged`]), filled and drained by several CPU threads while the copy engine moves the
+//!   (`paths/staged/`), filled and drained by several CPU threads while the copy engine moves the
 //!   previous chunk, on one background thread per direction; smaller ones take the driver's own
 //!   pageable path. [`CudaConfig::staging`] tunes or disables it.
 //! - Segment lists: a program that would take many driver calls (a custom operator's list of
-//!   small copies, an N-D plan of many planes) goes through [`gather`]: an SM gather kernel
+//!   small copies, an N-D plan of many planes) goes through the gatherer (`paths/gather.rs`): an SM gather kernel
 //!   compiled with NVRTC, the driver's batched copy, or one call per segment, whichever was
 //!   measured faster for the segment sizes.
 //! - SM copies: strided plans with short runs (a transpose of small elements) between
-//!   device-accessible buffers run as one kernel ([`strided`]) instead of many 2-D/3-D rows of a
+//!   device-accessible buffers run as one kernel (`paths/strided.rs`) instead of many 2-D/3-D rows of a
 //!   few bytes on the copy engines; [`CudaConfig::kernel_copies`] chooses where the SMs are used
 //!   ([`KernelCopies::Always`]: every such copy, e.g. zero-copy reads and writes of mapped host
 //!   memory, as nvbandwidth's SM copies).
@@ -95,10 +95,15 @@ mod route;
 mod submit;
 pub(crate) mod sys;
 
+/// The copy mechanisms themselves (the gatherer, the SM copier and splitter, the stager), for
+/// ferry's own benchmarks and tests (feature `bench`): internals with no semver promise, their
+/// thresholds measured on one machine. A program reaches them through [`CudaEngine`] and
+/// [`CudaConfig`].
+#[cfg(feature = "bench")]
 pub use paths::{gather, split, staged, strided};
 
-pub use completion::event::CudaCompletion;
-pub use config::{CompletionPolicy, CudaConfig, Direction, KernelCopies, WaitMode};
+pub(crate) use completion::event::CudaCompletion;
+pub use config::{CompletionPolicy, CudaConfig, Direction, KernelCopies, StagingConfig, WaitMode};
 pub use interop::{InteropError, StreamEngine, StreamWait};
 pub use submit::CudaEngine;
 pub use sys::error::KernelError;

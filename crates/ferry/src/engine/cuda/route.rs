@@ -500,7 +500,7 @@ mod tests;
 
 /// How many copy calls [`copy_plan`](super::paths::calls::copy_plan) makes for `plan` between two buffers of one device (where
 /// the driver takes every 2-D and 3-D shape offered): what the copy engines cost next to one
-/// kernel launch ([`super::strided::KernelCopies::Auto`] weighs it).
+/// kernel launch ([`KernelCopies::Auto`] weighs it).
 pub(crate) fn driver_calls(plan: &Plan) -> usize {
     let (w, c, ds, ss) = (
         plan.run(),
@@ -547,7 +547,7 @@ pub(crate) fn one_3d_call(w: usize, c: [usize; 2], ds: [usize; 2], ss: [usize; 2
     c[0] > 1 && fits(ds) && fits(ss)
 }
 
-/// How a [`Gatherer`](super::gather::Gatherer) moves the segments.
+/// How a [`Gatherer`](super::paths::gather::Gatherer) moves the segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Strategy {
     /// The NVRTC gather kernel on the SMs. Both buffers must be device-accessible (device

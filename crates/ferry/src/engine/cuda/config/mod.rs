@@ -93,9 +93,9 @@ pub struct CudaConfig {
     /// Which copies between device-accessible buffers run on the SMs (a kernel) instead of the
     /// copy engines.
     pub kernel_copies: KernelCopies,
-    /// Percent of a contiguous device-to-device copy on this GPU (of at least
-    /// [`SPLIT_MIN_BYTES`](super::paths::split::SPLIT_MIN_BYTES)) done by an SM copy kernel while a copy engine does the rest
-    /// ([`split`](super::paths::split)); `None` (default): copy engine only.
+    /// Percent of a contiguous device-to-device copy on this GPU (of at least 8 MiB) done by an
+    /// SM copy kernel while a copy engine does the rest (`paths/split.rs`); `None` (default):
+    /// copy engine only.
     pub d2d_sm_share: Option<u8>,
     /// Streams per direction in the engine's pool (1 to 256): each submitting thread keeps
     /// one of them (see the [engine's ordering](super#ordering)). Default: the host's cores, up
@@ -185,10 +185,10 @@ pub(crate) fn default_streams(cores: usize) -> usize {
 /// engines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KernelCopies {
-    /// Strided plans with short runs on the SMs (runs of at most [`AUTO_MAX_RUN`](super::strided::AUTO_MAX_RUN) bytes, at
-    /// least [`AUTO_MIN_RUNS`](super::strided::AUTO_MIN_RUNS) of them; or runs of at most [`AUTO_MAX_RUN_CALLS`](super::strided::AUTO_MAX_RUN_CALLS) bytes that
-    /// the copy engines would need [`AUTO_MIN_CALLS`](super::strided::AUTO_MIN_CALLS) or more calls for, as transposes);
-    /// everything else on the copy engines.
+    /// Strided plans with short runs on the SMs (runs of at most 16 bytes, at least 4,096 of
+    /// them; or runs of at most 256 bytes that the copy engines would need 4 or more calls for,
+    /// as transposes; the thresholds in `route.rs`, measured on an H200 host); everything else
+    /// on the copy engines.
     #[default]
     Auto,
     /// Everything on the copy engines (as before the SM path existed).

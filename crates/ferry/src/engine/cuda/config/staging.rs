@@ -3,11 +3,11 @@
 
 use crate::env::{self, ConfigError};
 
-/// Tuning of a [`Stager`](crate::engine::cuda::paths::staged::Stager): chunk size, ring depth, worker threads. Plain data; start from
+/// Tuning of the staged path of pageable copies (the engine's stager): chunk size, ring depth, worker threads. Plain data; start from
 /// [`StagingConfig::new`] (the defaults) and chain setters.
 ///
 /// ```
-/// use ferry::engine::cuda::staged::StagingConfig;
+/// use ferry::cuda::StagingConfig;
 /// let cfg = StagingConfig::new().chunk_bytes(64 << 20).ring_depth(3).threads(12);
 /// assert_eq!(cfg.get_threads(), 12);
 /// ```
@@ -53,10 +53,10 @@ impl StagingConfig {
     /// apply on top.
     ///
     /// Errors: [`ConfigError`] naming a variable whose value does not parse. Ranges are checked
-    /// by [`Stager::new`](crate::engine::cuda::paths::staged::Stager::new).
+    /// when an engine makes its stager.
     ///
     /// ```
-    /// use ferry::engine::cuda::staged::StagingConfig;
+    /// use ferry::cuda::StagingConfig;
     /// let cfg = StagingConfig::from_env()?.threads(4);
     /// assert_eq!(cfg.get_threads(), 4);
     /// # Ok::<(), ferry::ConfigError>(())

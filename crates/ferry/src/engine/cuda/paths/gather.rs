@@ -45,6 +45,7 @@ pub use crate::op::Segment;
 pub use crate::engine::cuda::route::Strategy;
 use crate::engine::cuda::CudaError;
 
+#[cfg(feature = "bench")]
 pub use crate::engine::cuda::route::{AUTO_FEW_SEGMENTS, AUTO_LARGE_SEGMENT};
 
 /// Why a gather/scatter failed.
@@ -206,6 +207,7 @@ impl Gatherer {
     }
 
     /// The context this gatherer belongs to.
+    #[cfg(feature = "bench")]
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

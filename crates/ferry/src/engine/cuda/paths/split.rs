@@ -5,7 +5,7 @@
 //!
 //! Whether this beats the copy engine alone depends on the GPU (both sides share the same
 //! memory bandwidth): it is off by default, [`CudaConfig::d2d_sm_share`](crate::engine::cuda::CudaConfig)
-//! turns it on for copies of at least [`SPLIT_MIN_BYTES`], and `ferry bench --test
+//! turns it on for copies of at least `SPLIT_MIN_BYTES` (`route.rs`), and `ferry bench --test
 //! cuda-d2d-split` measures it next to `cuMemcpyDtoDAsync` and the kernel alone.
 
 use crate::engine::cuda::sys::driver::{self, check};
@@ -13,6 +13,7 @@ use crate::engine::cuda::CudaError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex, PoisonError};
 
+#[cfg(feature = "bench")]
 pub use crate::engine::cuda::route::SPLIT_MIN_BYTES;
 
 const KERNEL_SRC: &str = r#"
@@ -123,6 +124,7 @@ impl SmCopy {
 impl SmCopy {
     /// `reps` kernel copies of the first `bytes` bytes of `src` into `dst` on `stream`, then a
     /// synchronize: the kernel alone, as a baseline. Both buffers must be on this device.
+    #[cfg(feature = "bench")]
     pub fn copy(
         &self,
         stream: &Arc<CudaStream>,

@@ -24,7 +24,7 @@
 //!   run.
 //! - [`SmKernel::Rows`]: longer runs: a group of threads per run.
 //!
-//! Where the engine uses it is [`KernelCopies`] ([`CudaConfig::kernel_copies`](crate::engine::cuda::CudaConfig)),
+//! Where the engine uses it is `KernelCopies` ([`CudaConfig::kernel_copies`](crate::engine::cuda::CudaConfig)),
 //! decided with the other paths in `route.rs`.
 
 use crate::engine::cuda::sys::error::KernelError;
@@ -39,7 +39,9 @@ use thiserror::Error;
 /// of 32 x 33 runs lives in 33 KiB of shared memory).
 pub const TILE_MAX_RUN: usize = 32;
 
+#[cfg(feature = "bench")]
 pub use crate::engine::cuda::config::KernelCopies;
+#[cfg(feature = "bench")]
 pub use crate::engine::cuda::route::{
     AUTO_MAX_RUN, AUTO_MAX_RUN_CALLS, AUTO_MIN_CALLS, AUTO_MIN_RUNS,
 };

@@ -68,6 +68,7 @@ mod stager;
 
 pub use crate::engine::cuda::config::StagingConfig;
 pub use crate::engine::cuda::route::StagedDirection as Direction;
+#[cfg(feature = "bench")]
 pub use crate::engine::cuda::sys::error::driver_present;
 pub use error::StagedError;
 pub(crate) use fill::{Filler, FILL_PIECE};

@@ -79,11 +79,13 @@ impl Stager {
     }
 
     /// The configuration this stager runs with.
+    #[cfg(feature = "bench")]
     pub fn config(&self) -> &StagingConfig {
         &self.cfg
     }
 
     /// The context this stager belongs to.
+    #[cfg(feature = "bench")]
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
