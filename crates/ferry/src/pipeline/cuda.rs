@@ -82,19 +82,25 @@ pub struct CudaPipeline<'e> {
 /// neither).
 struct Bounce {
     ring: BounceRing<PinnedBuffer>,
-    /// The staging settings read when the ring was made (their stores), with the pipeline's
-    /// fill threads, for the fill workers.
+    /// The engine's staging settings (their stores), with the pipeline's fill threads, for the
+    /// fill workers.
     staging: StagingConfig,
     fill: Option<Filler>,
     strided: Option<CpuEngine>,
 }
 
 impl Bounce {
-    /// A ring of `count` pinned buffers of `bytes`, filled by `threads` workers; the staging
-    /// settings are read now (`FERRY_STAGING_*`, but for their thread count: that is the
-    /// engine's staged copies'), the fill workers started on first use.
-    fn new(count: usize, bytes: usize, threads: usize) -> Result<Bounce, PipelineError> {
-        let staging = StagingConfig::from_env().map_err(setup)?.threads(threads);
+    /// A ring of `count` pinned buffers of `bytes`, filled by `threads` workers with the
+    /// engine's staging settings `staging` (its stores; the thread count is the pipeline's),
+    /// the fill workers started on first use. Reads no environment: a program that wants
+    /// `FERRY_STAGING_*` builds its engine's config with `CudaConfig::from_env`.
+    fn new(
+        count: usize,
+        bytes: usize,
+        threads: usize,
+        staging: StagingConfig,
+    ) -> Result<Bounce, PipelineError> {
+        let staging = staging.threads(threads);
         let bufs = (0..count)
             .map(|_| PinnedBuffer::new(bytes.max(1)).map_err(setup))
             .collect::<Result<Vec<_>, _>>()?;
@@ -344,7 +350,8 @@ impl CudaPipeline<'_> {
             self.bounce = None;
             let bytes = need.max(self.cfg.chunk_bytes);
             let threads = self.cfg.effective_fill_threads();
-            self.bounce = Some(Bounce::new(count, bytes, threads)?);
+            let staging = self.engine.config().staging.unwrap_or_default();
+            self.bounce = Some(Bounce::new(count, bytes, threads, staging)?);
         }
         if let Some(b) = self.bounce.as_mut() {
             // Every request of an earlier run completed before it returned.

@@ -178,7 +178,10 @@ impl Bench {
     fn new(test: &TestInfo, size: u64) -> Result<Bench, BenchError> {
         let n = size as usize;
         let chunk = chunk_for(n);
-        let engine = Arc::new(CudaEngine::new(0).map_err(setup)?);
+        // The default engine, its staging (which the bounce fills use) tunable by
+        // FERRY_STAGING_* as in any program that asks for them (none set: the defaults).
+        let cfg = ferry::cuda::CudaConfig::from_env(0).map_err(|e| setup(e.to_string()))?;
+        let engine = Arc::new(CudaEngine::with_config(cfg).map_err(setup)?);
         let ctx = Arc::clone(engine.context());
         let ptx = cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| setup(format!("{e:?}")))?;
         let f = ctx
