@@ -84,13 +84,13 @@ pub use id::NcclId;
 pub use probe::{probe, NcclProbe};
 pub use scope::{Group, NcclScope};
 
-use crate::engine::cuda::completion::event::Event;
 use crate::engine::cuda::sys::driver;
-use crate::engine::cuda::{CudaError, WaitMode};
+use crate::engine::cuda::{CudaCompletion, CudaError};
 use crate::memory::{MemKind, RawBuf};
 use crate::request::{BarrierError, InFlight, Request, RequestError};
 use comm::Comm;
 use cudarc::driver::{sys as cu, CudaStream};
+use event::Event;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
@@ -384,21 +384,12 @@ impl NcclEngine {
         let mut events = Vec::new();
         for dep in after {
             let c = dep.completion();
-            let known = match c
-                .as_any()
-                .downcast_ref::<crate::engine::cuda::CudaCompletion>()
-            {
-                // A lazy CUDA request records its event now (`cuda/mark.rs`).
-                Some(cc) => match cc.mark() {
-                    crate::engine::cuda::completion::event::Mark::Event(e) => {
-                        events.push(e);
-                        Some(Ok(()))
-                    }
-                    crate::engine::cuda::completion::event::Mark::Known(r) => Some(r),
-                },
-                None => Some(c.wait()),
+            let known = match c.as_any().downcast_ref::<CudaCompletion>() {
+                // A lazy CUDA request records its event now (`cuda/completion/mark.rs`).
+                Some(cc) => cc.event_to_wait().map(|e| events.extend(e)),
+                None => c.wait(),
             };
-            if let Some(Err(e)) = known {
+            if let Err(e) = known {
                 let req = Request::ready(Err(RequestError::Dependency(Box::new(e))));
                 self.inflight.track(&req);
                 return Ok(req);
@@ -489,7 +480,7 @@ impl NcclEngine {
             &format!("NCCL to enqueue {what}"),
             self.cfg.timeout,
         )?;
-        let ev = Event::new(WaitMode::Spin)?;
+        let ev = Event::new()?;
         // SAFETY: a live event and stream of this context.
         if let Err(e) = driver::check("cuEventRecord", unsafe {
             cu::cuEventRecord(ev.raw(), self.stream.cu_stream())
