@@ -53,14 +53,6 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "checkpoint/save.rs",
     ],
     &[
-        "engine/nccl/comm.rs",
-        "engine/nccl/config.rs",
-        "engine/nccl/event.rs",
-        "engine/nccl/id.rs",
-        "engine/nccl/mod.rs",
-        "engine/nccl/scope.rs",
-    ],
-    &[
         "pipeline/core.rs",
         "pipeline/cpu.rs",
         "pipeline/cuda.rs",

@@ -2,14 +2,15 @@
 //! communicator to be used by two threads at once), an abort is remembered, and the handle is
 //! finalized and destroyed when its last user goes.
 
-use super::{sys, NcclError};
+use super::error::NcclError;
+use super::sys;
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::DriverError;
 use cudarc::driver::CudaContext;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long a wait (for the communicator here, for a request in `event.rs`) only yields
+/// How long a wait (for the communicator here, for a request in `completion.rs`) only yields
 /// between looks before it sleeps in short steps.
 pub(crate) const SPIN_FOR: Duration = Duration::from_millis(10);
 

@@ -1,7 +1,8 @@
 //! [`NcclConfig`]: which rank on which GPU, the shared id and the timeouts; set in code or read
 //! from `FERRY_NCCL_*`.
 
-use super::{NcclError, NcclId};
+use super::error::NcclError;
+use super::id::NcclId;
 use std::time::Duration;
 
 /// Settings of an [`NcclEngine`](super::NcclEngine): plain struct, `NcclConfig::new(..)` then

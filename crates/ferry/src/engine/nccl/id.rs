@@ -5,7 +5,8 @@
 //! The id is 128 opaque bytes made by rank 0 (`ncclGetUniqueId`; it names rank 0's bootstrap
 //! socket). Its text form is 256 lowercase hex digits.
 
-use super::{sys, NcclError};
+use super::error::NcclError;
+use super::sys;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

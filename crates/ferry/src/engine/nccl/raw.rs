@@ -2,7 +2,11 @@
 //! `ncclSend`/`ncclRecv` in a group, then `cuStreamSynchronize`, as a user writing NCCL calls
 //! by hand does. No timeouts: use it only where every rank is known to be there.
 
-use super::{sys, NcclError, NcclId};
+use super::config::NcclConfig;
+use super::engine::no_multicast;
+use super::error::NcclError;
+use super::id::NcclId;
+use super::sys;
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::CudaError;
 use crate::memory::{MemKind, Memory, MemoryMut};
@@ -35,8 +39,8 @@ impl RawNccl {
     /// Rank `rank` of `nranks` on GPU `ordinal` with `ncclCommInitRank` (blocks until every
     /// rank has joined, with no timeout).
     pub fn new(ordinal: u32, rank: u32, nranks: u32, id: NcclId) -> Result<RawNccl, NcclError> {
-        super::NcclConfig::new(ordinal, rank, nranks, id).validate()?;
-        super::no_multicast();
+        NcclConfig::new(ordinal, rank, nranks, id).validate()?;
+        no_multicast();
         let lib = sys::lib().map_err(NcclError::NoLibrary)?;
         let ctx = driver::context(ordinal)?;
         driver::bind(&ctx)?;

@@ -2,7 +2,9 @@
 //! [`ScopeCore`] (every request waited for before the borrows end, even if the closure
 //! panics; unobserved failures reported), as [`EngineExt::scope`](crate::EngineExt::scope).
 
-use super::{NcclEngine, NcclError, P2p, P2pKind};
+use super::engine::NcclEngine;
+use super::error::NcclError;
+use super::submit::{P2p, P2pKind};
 use crate::engine::ScopeCore;
 use crate::memory::{Memory, MemoryMut};
 use crate::request::{BarrierError, Request};

@@ -1,7 +1,10 @@
 //! Tests of the NCCL engine's configuration and descriptions (no GPU needed).
 
+use super::submit::describe;
 use super::*;
+use crate::memory::{MemKind, RawBuf};
 use std::collections::HashMap;
+use std::time::Duration;
 
 fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let m: HashMap<String, String> = pairs

@@ -389,6 +389,15 @@ impl CudaCompletion {
     pub(crate) fn mark(&self) -> Mark {
         self.inner.mark()
     }
+    /// For a dependent outside this engine (the NCCL engine): the event its stream waits for
+    /// (`Ok(Some(event))`, held by this request, which the caller keeps until the wait is
+    /// enqueued), or the known result (`Ok(None)`: done; `Err`: failed). As [`Inner::mark`].
+    pub(crate) fn event_to_wait(&self) -> Result<Option<sys::CUevent>, RequestError> {
+        match self.inner.mark() {
+            Mark::Event(e) => Ok(Some(e)),
+            Mark::Known(r) => r.map(|()| None),
+        }
+    }
 }
 
 impl Completion for CudaCompletion {

@@ -1,10 +1,10 @@
-//! One event per request, as in the CUDA engine, plus what a collective library needs: while a
+//! How an NCCL request is known done: one event per request ([`Event`], made through the CUDA
+//! engine's driver layer), as in the CUDA engine, plus what a collective library needs: while a
 //! request waits, the communicator's asynchronous error is polled and the request's deadline
 //! checked; an error or a deadline passed aborts the communicator (`ncclCommAbort`, which
 //! stops its kernels), so a peer that never arrives fails the request instead of hanging it.
 
 use super::comm::{Comm, SPIN_FOR};
-use crate::engine::cuda::completion::event::Event;
 use crate::engine::cuda::sys::driver::check;
 use crate::engine::cuda::DriverError;
 use crate::request::{Completion, RequestError, Slot};
@@ -17,6 +17,40 @@ use std::time::{Duration, Instant};
 
 /// How often a spinning wait also checks the communicator's error and the deadline.
 const CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// An owned CUDA event recorded after a request's group: timing-free and without
+/// `BLOCKING_SYNC` (waits poll it, [`Inner::wait`]).
+pub(crate) struct Event {
+    raw: sys::CUevent,
+}
+
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above; the driver synchronises concurrent use of one event.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// A new event; the context must be current.
+    pub(crate) fn new() -> Result<Event, DriverError> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the caller made a context current.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+        })?;
+        Ok(Event { raw })
+    }
+    /// The driver's handle, valid while `self` lives.
+    pub(crate) fn raw(&self) -> sys::CUevent {
+        self.raw
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
 
 /// The shared part of an NCCL request.
 pub(crate) struct Inner {
