@@ -28,7 +28,7 @@
 //! caller may record it again or destroy it afterwards), or for the life of the
 //! [`StreamEngine`]. The raw-handle functions are `unsafe`, with the same rules written out.
 
-use super::completion::event::{Event, Mark, Marked};
+use super::completion::event::{Event, Marked};
 use super::sys::driver::{self, check};
 use super::CudaCompletion;
 use super::CudaEngine;
@@ -109,12 +109,12 @@ impl CudaCompletion {
         ctx: &CudaContext,
     ) -> Result<StreamWait, InteropError> {
         // Marked first: recording a lazy request's event binds the request's own context.
-        let mark = self.mark();
+        let mark = self.event_to_wait();
         driver::bind(ctx)?;
         match mark {
-            Mark::Known(Ok(())) => Ok(StreamWait::Done),
-            Mark::Known(Err(e)) => Err(InteropError::Request(e)),
-            Mark::Event(ev) => {
+            Ok(None) => Ok(StreamWait::Done),
+            Err(e) => Err(InteropError::Request(e)),
+            Ok(Some(ev)) => {
                 // SAFETY: a live stream (1) and a live event, held by `self` for the call; the
                 // driver captures the event's last record now, so its later reuse is harmless.
                 check("cuStreamWaitEvent", unsafe {

@@ -337,13 +337,7 @@ impl CudaEngine {
         let mut events = Vec::new();
         for dep in &job.after {
             let known = match dep.completion().as_any().downcast_ref::<CudaCompletion>() {
-                Some(c) => match c.mark() {
-                    completion::event::Mark::Event(e) => {
-                        events.push(e);
-                        Ok(())
-                    }
-                    completion::event::Mark::Known(r) => r,
-                },
+                Some(c) => c.event_to_wait().map(|e| events.extend(e)),
                 None => dep.completion().wait(),
             };
             if let Err(e) = known {

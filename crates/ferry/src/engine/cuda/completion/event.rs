@@ -385,13 +385,10 @@ impl CudaCompletion {
             })
         })
     }
-    /// What a dependent orders itself after ([`Inner::mark`]).
-    pub(crate) fn mark(&self) -> Mark {
-        self.inner.mark()
-    }
-    /// For a dependent outside this engine (the NCCL engine): the event its stream waits for
-    /// (`Ok(Some(event))`, held by this request, which the caller keeps until the wait is
-    /// enqueued), or the known result (`Ok(None)`: done; `Err`: failed). As [`Inner::mark`].
+    /// What a dependent orders itself after (a later request of this engine or another, a
+    /// caller's stream, the NCCL engine): the event its stream waits for (`Ok(Some(event))`,
+    /// held by this request, which the caller keeps until the wait is enqueued), or the known
+    /// result (`Ok(None)`: done; `Err`: failed). As [`Inner::mark`].
     pub(crate) fn event_to_wait(&self) -> Result<Option<sys::CUevent>, RequestError> {
         match self.inner.mark() {
             Mark::Event(e) => Ok(Some(e)),
