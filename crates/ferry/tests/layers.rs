@@ -32,21 +32,6 @@ const CUDA_LAYERS: &[(&str, &[&str])] = &[
 /// taken off this list, so that it cannot come back).
 const KNOWN_LOOPS: &[&[&str]] = &[
     &[
-        "checkpoint/error.rs",
-        "error.rs",
-        "file/config.rs",
-        "file/cufile.rs",
-        "file/error.rs",
-        "file/exec.rs",
-        "file/io.rs",
-        "file/mod.rs",
-        "file/pieces.rs",
-        "file/probe.rs",
-        "file/replace.rs",
-        "file/transport.rs",
-        "file/uring.rs",
-    ],
-    &[
         "checkpoint/into.rs",
         "checkpoint/load.rs",
         "checkpoint/mod.rs",
