@@ -32,12 +32,6 @@ const CUDA_LAYERS: &[(&str, &[&str])] = &[
 /// taken off this list, so that it cannot come back).
 const KNOWN_LOOPS: &[&[&str]] = &[
     &[
-        "checkpoint/into.rs",
-        "checkpoint/load.rs",
-        "checkpoint/mod.rs",
-        "checkpoint/save.rs",
-    ],
-    &[
         "engine/cuda/completion/event.rs",
         "engine/cuda/completion/mark.rs",
     ],
