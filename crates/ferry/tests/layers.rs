@@ -52,14 +52,6 @@ const KNOWN_LOOPS: &[&[&str]] = &[
         "engine/nccl/mod.rs",
         "engine/nccl/scope.rs",
     ],
-    &[
-        "pipeline/core.rs",
-        "pipeline/cpu.rs",
-        "pipeline/cuda.rs",
-        "pipeline/cuda/timing.rs",
-        "pipeline/mod.rs",
-        "pipeline/timeline.rs",
-    ],
 ];
 
 /// One source file: its module path and its text with comments and test code removed.
