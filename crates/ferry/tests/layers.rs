@@ -27,41 +27,6 @@ const CUDA_LAYERS: &[(&str, &[&str])] = &[
     ("top", &["interop.rs", "multi.rs", "mod.rs"]),
 ];
 
-/// Import loops not broken yet (issue 30), each the set of files of one loop: a loop found
-/// must lie inside one of these, and each of these must still be found (a loop broken is
-/// taken off this list, so that it cannot come back).
-const KNOWN_LOOPS: &[&[&str]] = &[
-    &[
-        "checkpoint/error.rs",
-        "error.rs",
-        "file/config.rs",
-        "file/cufile.rs",
-        "file/error.rs",
-        "file/exec.rs",
-        "file/io.rs",
-        "file/mod.rs",
-        "file/pieces.rs",
-        "file/probe.rs",
-        "file/replace.rs",
-        "file/transport.rs",
-        "file/uring.rs",
-    ],
-    &[
-        "checkpoint/into.rs",
-        "checkpoint/load.rs",
-        "checkpoint/mod.rs",
-        "checkpoint/save.rs",
-    ],
-    &[
-        "pipeline/core.rs",
-        "pipeline/cpu.rs",
-        "pipeline/cuda.rs",
-        "pipeline/cuda/timing.rs",
-        "pipeline/mod.rs",
-        "pipeline/timeline.rs",
-    ],
-];
-
 /// One source file: its module path and its text with comments and test code removed.
 struct Source {
     rel: String,
@@ -520,16 +485,7 @@ fn no_import_loop_in_the_crate() {
     let edges = c.edges();
     let loops = cycles(c.files.len(), &edges);
     let mut report = String::new();
-    let mut still = vec![false; KNOWN_LOOPS.len()];
     for comp in &loops {
-        let names: BTreeSet<&str> = comp.iter().map(|&i| c.files[i].rel.as_str()).collect();
-        if let Some(k) = KNOWN_LOOPS
-            .iter()
-            .position(|known| names.iter().all(|n| known.contains(n)))
-        {
-            still[k] = true;
-            continue;
-        }
         let members: BTreeSet<usize> = comp.iter().copied().collect();
         report.push_str("loop:\n");
         for (a, b, name) in &edges {
@@ -541,13 +497,7 @@ fn no_import_loop_in_the_crate() {
             }
         }
     }
-    assert!(report.is_empty(), "import loops:\n{report}");
-    let gone: Vec<_> = (0..KNOWN_LOOPS.len()).filter(|&k| !still[k]).collect();
-    assert!(
-        gone.is_empty(),
-        "loops of KNOWN_LOOPS no longer found (take them off the list): {:?}",
-        gone.iter().map(|&k| KNOWN_LOOPS[k]).collect::<Vec<_>>()
-    );
+    assert!(loops.is_empty(), "{} import loops:\n{report}", loops.len());
 }
 
 /// The layer of a file below `engine/cuda/`, by [`CUDA_LAYERS`].

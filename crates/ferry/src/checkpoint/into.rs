@@ -1,9 +1,12 @@
 //! Loading into memory the caller already has: each tensor into its own destination (a
 //! model's parameters, the buffers of an earlier per-tensor load), with no allocation.
 
+use super::error::CheckpointError;
 use super::header::read_header;
+use super::header::TensorEntry;
 use super::load::{name_failure, open_checkpoint, select, Opened};
-use super::{CheckpointError, LoadReport, Select};
+use super::loaded::LoadReport;
+use super::options::Select;
 use crate::file::{FileEngine, FileHandle, IoOp, ReadInto};
 use crate::memory::{first_overlap, MemoryMut, RawBuf};
 use safetensors::Dtype;
@@ -181,7 +184,7 @@ fn read_into(
     }
     let names = Select::Names(dests.iter().map(|d| d.name.clone()).collect());
     let chosen = select(&c.headers, &names, path)?;
-    let by_name: HashMap<&str, (usize, &super::TensorEntry)> = chosen
+    let by_name: HashMap<&str, (usize, &TensorEntry)> = chosen
         .iter()
         .map(|&(fi, t)| (t.name.as_str(), (fi, t)))
         .collect();

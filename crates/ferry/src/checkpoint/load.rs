@@ -1,9 +1,9 @@
 //! Loading: headers, the choice of tensors, memory for them, and the reads.
 
+use super::error::CheckpointError;
 use super::header::{read_header, Header, Members, TensorEntry};
-use super::{
-    Checkpoint, CheckpointError, LoadOptions, LoadReport, Placement, Select, Tensor, TensorBuffer,
-};
+use super::loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
+use super::options::{LoadOptions, Placement, Select};
 use crate::file::{FileEngine, FileError, FileHandle, IoReport, OpenMode, ReadPiece};
 use crate::memory::Memory;
 use std::collections::{BTreeMap, HashMap};

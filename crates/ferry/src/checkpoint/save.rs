@@ -1,10 +1,12 @@
 //! Saving: tensors from any memory the file engine reaches -> a safetensors file.
 
+use super::error::CheckpointError;
 use super::header::tensor_bytes;
-use super::{Checkpoint, CheckpointError, Dtype};
+use super::loaded::Checkpoint;
 use crate::file::{FileEngine, FileError, IoReport, OpenMode, Replacement, WritePiece};
 use crate::memory::Memory;
 use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::Dtype;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;

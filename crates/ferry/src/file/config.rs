@@ -1,7 +1,9 @@
 //! [`FileConfig`]: the settings of a [`FileEngine`](super::FileEngine), from code or from the
 //! `FERRY_FILE_*` environment variables.
 
-use super::{CuFileMode, FileError, UringMode};
+use super::error::FileError;
+use super::issue::UringMode;
+use super::transport::CuFileMode;
 use crate::env::{self, ConfigError};
 
 /// Settings of a [`FileEngine`](super::FileEngine). Plain data: [`FileConfig::new`] then chained setters.

@@ -93,8 +93,9 @@ pub enum FileError {
         path: PathBuf,
         /// File offset of the chunk.
         offset: u64,
-        /// The engine's error, as it is (a driver's code kept).
-        source: Box<crate::Error>,
+        /// The engine's error, as it is (a driver's code kept); boxed, as it is larger than
+        /// the other variants.
+        source: Box<MoverError>,
     },
     /// A cuFile call failed (GPUDirect Storage), with cuFile's own code.
     #[error("{call} of {len} bytes at offset {offset} of {} failed: {code}", path.display())]
@@ -187,6 +188,36 @@ impl FileError {
             FileError::Transfer { source, .. } => source.driver_error(),
             FileError::Cuda(e) => e.driver_error(),
             _ => None,
+        }
+    }
+}
+
+/// Why a chunk could not be moved between the bounce ring and the buffer
+/// ([`FileError::Transfer`]): the error of the engine given to
+/// [`FileEngine::with_engine`](super::FileEngine::with_engine), or of the driver call that
+/// makes the buffer's context current before a cuFile call, as it is (a driver's code kept:
+/// [`MoverError::driver_error`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum MoverError {
+    /// The engine refused the copy.
+    #[error(transparent)]
+    Submit(#[from] crate::engine::SubmitError),
+    /// The copy failed.
+    #[error(transparent)]
+    Request(#[from] crate::request::RequestError),
+    /// The buffer's context could not be made current (cuFile).
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
+}
+
+impl MoverError {
+    /// The failed CUDA driver call behind this error, if one is.
+    pub fn driver_error(&self) -> Option<crate::cuda::DriverError> {
+        match self {
+            MoverError::Submit(e) => e.driver_error(),
+            MoverError::Request(e) => e.driver_error(),
+            MoverError::Cuda(e) => e.driver_error(),
         }
     }
 }

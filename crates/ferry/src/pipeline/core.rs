@@ -2,7 +2,8 @@
 //! for, how far uploads run ahead, when the submitting thread waits, and which failure is
 //! reported. The backends ([`super::cpu`], [`super::cuda`]) only make the requests.
 
-use super::{Chunk, Phase, PipelineError};
+use super::chunk::{Chunk, Phase};
+use super::error::PipelineError;
 use crate::request::{Request, RequestError};
 use std::collections::VecDeque;
 

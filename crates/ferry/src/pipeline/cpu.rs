@@ -4,11 +4,13 @@
 //! splits them across its workers); the stage is a closure run on the compute lane. The lane
 //! threads live for one run (`std::thread::scope`): nothing outlives `run`.
 
+use super::chunk::{Chunk, Phase};
+use super::config::PipelineConfig;
 use super::core::{self, Lanes};
-use super::{
-    plan, slot_need, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport, Source,
-    StageError, Timeline, TimelineClock,
-};
+use super::error::{PipelineError, StageError};
+use super::report::RunReport;
+use super::source::{plan, slot_need, Dest, Source};
+use super::timeline::{Timeline, TimelineClock};
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, RawBuf};

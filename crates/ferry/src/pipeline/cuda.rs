@@ -33,11 +33,12 @@
 //! later than it did.
 
 use super::bounce::{demoted_fill, BounceRing};
+use super::chunk::{Chunk, Phase};
+use super::config::{BounceFill, PipelineConfig};
 use super::core::{self, Lanes};
-use super::{
-    plan, slot_need, BounceFill, Chunk, Dest, Phase, PipelineConfig, PipelineError, RunReport,
-    Source, StageError,
-};
+use super::error::{setup, PipelineError, StageError};
+use super::report::RunReport;
+use super::source::{plan, slot_need, Dest, Source};
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
 use crate::engine::cuda::paths::staged::{Filler, StagingConfig, FILL_PIECE};
@@ -183,10 +184,6 @@ impl GpuChunk<'_> {
     pub fn stream(&self) -> &Arc<CudaStream> {
         self.stream
     }
-}
-
-fn setup(e: impl std::fmt::Display) -> PipelineError {
-    PipelineError::Setup(e.to_string())
 }
 
 impl<'e> CudaPipeline<'e> {

@@ -2,7 +2,7 @@
 //! it in Perfetto, <https://ui.perfetto.dev>, or `chrome://tracing`): one track per step, so
 //! that overlap shows as bars stacked in time.
 
-use super::{Chunk, Phase};
+use super::chunk::{Chunk, Phase};
 use std::fmt::Write as _;
 
 /// Which clock a timeline's times come from.

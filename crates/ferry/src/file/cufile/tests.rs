@@ -1,4 +1,7 @@
-use super::*;
+use super::driver::register_hint;
+use super::sys::result;
+use crate::file::CuFileCode;
+use cudarc::cufile::sys as cf;
 
 #[test]
 fn codes_are_named_and_raw_values_kept() {

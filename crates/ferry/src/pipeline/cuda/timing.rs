@@ -14,8 +14,9 @@
 //! Work others enqueue on the same stream between two of the run's steps counts into the later
 //! step.
 
-use super::setup;
-use crate::pipeline::{Chunk, Phase, PipelineError, Timeline, TimelineClock};
+use crate::pipeline::chunk::{Chunk, Phase};
+use crate::pipeline::error::{setup, PipelineError};
+use crate::pipeline::timeline::{Timeline, TimelineClock};
 use cudarc::driver::{sys, CudaEvent, CudaStream};
 
 /// How a step's start is known.

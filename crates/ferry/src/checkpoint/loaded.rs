@@ -1,0 +1,194 @@
+//! What a load gives: the [`Checkpoint`] (its memory, [`TensorBuffer`]s, and each
+//! [`Tensor`]'s place in it) and its [`LoadReport`].
+
+use super::options::Target;
+use crate::cuda::{DeviceBuffer, PinnedBuffer};
+use crate::file::IoReport;
+use crate::memory::{AlignedBuffer, MemKind, Memory, MemoryMut, RawBuf};
+use safetensors::Dtype;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::PathBuf;
+
+/// Memory holding loaded tensors.
+#[derive(Debug)]
+pub enum TensorBuffer {
+    /// On a GPU.
+    Device(DeviceBuffer),
+    /// Pinned host memory.
+    Pinned(PinnedBuffer),
+    /// Pageable host memory.
+    Pageable(AlignedBuffer),
+}
+
+impl TensorBuffer {
+    /// `len` bytes of `target` memory; the allocator's or driver's message when it fails.
+    pub fn new(target: Target, len: usize) -> Result<TensorBuffer, String> {
+        Ok(match target {
+            Target::Device(o) => {
+                TensorBuffer::Device(DeviceBuffer::new(o, len).map_err(|e| e.to_string())?)
+            }
+            Target::Pinned => {
+                TensorBuffer::Pinned(PinnedBuffer::new(len).map_err(|e| e.to_string())?)
+            }
+            Target::Pageable => {
+                TensorBuffer::Pageable(AlignedBuffer::new(len).map_err(|e| e.to_string())?)
+            }
+        })
+    }
+    /// The bytes, for host memory; `None` on a GPU.
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        match self {
+            TensorBuffer::Device(_) => None,
+            TensorBuffer::Pinned(p) => Some(p),
+            TensorBuffer::Pageable(p) => Some(p),
+        }
+    }
+}
+
+// SAFETY: forwards to the owned buffer, which is live as long as `self`.
+unsafe impl Memory for TensorBuffer {
+    fn raw(&self) -> RawBuf {
+        match self {
+            TensorBuffer::Device(b) => b.raw(),
+            TensorBuffer::Pinned(b) => b.raw(),
+            TensorBuffer::Pageable(b) => b.raw(),
+        }
+    }
+}
+// SAFETY: as above; `&mut self` is exclusive.
+unsafe impl MemoryMut for TensorBuffer {
+    fn raw_mut(&mut self) -> RawBuf {
+        match self {
+            TensorBuffer::Device(b) => b.raw_mut(),
+            TensorBuffer::Pinned(b) => b.raw_mut(),
+            TensorBuffer::Pageable(b) => b.raw_mut(),
+        }
+    }
+}
+
+/// One loaded tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tensor {
+    /// Its name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions (empty for a 0-d tensor).
+    pub shape: Vec<usize>,
+    /// The file it came from (a shard, for a sharded checkpoint).
+    pub file: PathBuf,
+    /// Its byte range in that file.
+    pub file_range: Range<u64>,
+    /// Index of its buffer in [`Checkpoint::buffers`].
+    pub buffer: usize,
+    /// Byte offset in that buffer.
+    pub offset: usize,
+    /// Bytes.
+    pub len: usize,
+    /// Address of its first byte (a device address for [`Target::Device`]).
+    pub addr: u64,
+    /// Where it lives.
+    pub kind: MemKind,
+}
+
+/// What a load did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadReport {
+    /// Bytes of tensor data loaded.
+    pub bytes: u64,
+    /// Tensors loaded.
+    pub tensors: usize,
+    /// Files read.
+    pub files: usize,
+    /// Reads issued to the file engine (each split over its workers): one per run of
+    /// adjacent tensors when packed, one per tensor otherwise.
+    pub reads: usize,
+    /// Allocations made.
+    pub allocations: usize,
+    /// Seconds spent moving the data (after the headers were read and memory allocated).
+    pub seconds: f64,
+    /// Seconds reading headers and allocating.
+    pub setup_seconds: f64,
+    /// The file engine's report over all reads (path taken, `O_DIRECT` and GDS notes).
+    pub io: IoReport,
+}
+
+impl LoadReport {
+    /// Data rate of the move, in GB/s (10^9 bytes per second).
+    pub fn gb_per_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+impl std::fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} tensors, {} bytes from {} file(s) in {} read(s), {:.4} s ({:.2} GB/s) + {:.4} s setup; {}",
+            self.tensors,
+            self.bytes,
+            self.files,
+            self.reads,
+            self.seconds,
+            self.gb_per_s(),
+            self.setup_seconds,
+            self.io
+        )
+    }
+}
+
+/// Tensors loaded into memory ([`load`](fn@super::load)): the buffers, and each tensor's place in
+/// them.
+#[derive(Debug)]
+pub struct Checkpoint {
+    pub(super) tensors: Vec<Tensor>,
+    pub(super) by_name: HashMap<String, usize>,
+    pub(super) buffers: Vec<TensorBuffer>,
+    pub(super) metadata: BTreeMap<String, String>,
+    pub(super) report: LoadReport,
+}
+
+impl Checkpoint {
+    /// The tensors, in file order (shard by shard).
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+    /// The tensor named `name`.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+    /// The memory holding the tensors.
+    pub fn buffers(&self) -> &[TensorBuffer] {
+        &self.buffers
+    }
+    /// The `__metadata__` map (of the first shard, for a sharded checkpoint, merged with the
+    /// index's `metadata` strings).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+    /// What the load did.
+    pub fn report(&self) -> &LoadReport {
+        &self.report
+    }
+    /// The bytes of tensor `name` in host memory (`None` if absent, or on a GPU: read those
+    /// with [`Checkpoint::region`] and an engine, or [`DeviceBuffer::to_vec`]).
+    pub fn host_bytes(&self, name: &str) -> Option<&[u8]> {
+        let t = self.get(name)?;
+        Some(&self.buffers[t.buffer].host_bytes()?[t.offset..t.offset + t.len])
+    }
+    /// The memory of tensor `name`, wherever it lives, as [`Memory`] for engines and
+    /// [`save`](fn@super::save).
+    pub fn region(&self, name: &str) -> Option<crate::memory::Region<'_>> {
+        let t = self.get(name)?;
+        crate::memory::Region::of(&self.buffers[t.buffer], t.offset..t.offset + t.len)
+    }
+    /// The buffers and the tensors, taking the memory over.
+    pub fn into_parts(self) -> (Vec<TensorBuffer>, Vec<Tensor>) {
+        (self.buffers, self.tensors)
+    }
+}

@@ -1,0 +1,182 @@
+//! How to load a checkpoint: [`LoadOptions`] (where the tensors go, [`Target`]; how they are
+//! laid out, [`Placement`]; which of them, [`Select`]; alignment and progress).
+
+use super::error::CheckpointError;
+use super::header::TensorEntry;
+use std::sync::Arc;
+
+/// Where loaded tensors go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Memory of the GPU with this ordinal (the file engine needs a CUDA engine:
+    /// [`FileEngine::with_engine`](crate::file::FileEngine::with_engine)).
+    Device(u32),
+    /// Pinned host memory ([`PinnedBuffer`](crate::cuda::PinnedBuffer); needs a CUDA driver).
+    Pinned,
+    /// Pageable host memory ([`AlignedBuffer`](crate::memory::AlignedBuffer), page-aligned).
+    Pageable,
+}
+
+impl std::fmt::Display for Target {
+    /// `cuda:0`, `pinned`, `pageable`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Device(o) => write!(f, "cuda:{o}"),
+            Target::Pinned => f.write_str("pinned"),
+            Target::Pageable => f.write_str("pageable"),
+        }
+    }
+}
+
+/// How the loaded tensors are laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Placement {
+    /// One allocation for all tensors (the default). Tensors next to each other in the file
+    /// stay next to each other and are read as one piece; each tensor's offset in the
+    /// allocation equals its offset in the file's data section modulo [`LoadOptions::align`]
+    /// (the allocation itself is at least 256-byte aligned), so a tensor aligned in the file
+    /// (the reference writer aligns each to its dtype) is aligned in memory.
+    #[default]
+    Packed,
+    /// One allocation per tensor, each read on its own (all in flight at once).
+    PerTensor,
+}
+
+/// A predicate choosing tensors by their header entry.
+pub type Filter = Arc<dyn Fn(&TensorEntry) -> bool + Send + Sync>;
+
+/// Called during a load with (bytes loaded so far, bytes in all).
+pub type Progress = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// Which tensors a load takes.
+#[derive(Clone, Default)]
+pub enum Select {
+    /// Every tensor (the default).
+    #[default]
+    All,
+    /// These names; one that is not in the checkpoint is [`CheckpointError::Missing`].
+    Names(Vec<String>),
+    /// Those the predicate accepts.
+    Filter(Filter),
+}
+
+impl std::fmt::Debug for Select {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Select::All => f.write_str("All"),
+            Select::Names(n) => f.debug_tuple("Names").field(n).finish(),
+            Select::Filter(_) => f.write_str("Filter(..)"),
+        }
+    }
+}
+
+/// How to load a checkpoint: [`LoadOptions::new`] then chained setters. Its `Debug` form
+/// shows the predicate and progress callback as set or not.
+///
+/// ```
+/// use ferry::checkpoint::{LoadOptions, Placement, Target};
+/// let o = LoadOptions::new(Target::Device(0))
+///     .placement(Placement::PerTensor)
+///     .filter(|t| t.name.starts_with("model.layers.0."));
+/// assert_eq!(o.target, Target::Device(0));
+/// ```
+#[derive(Clone)]
+pub struct LoadOptions {
+    /// Where the tensors go.
+    pub target: Target,
+    /// One allocation or one per tensor.
+    pub placement: Placement,
+    /// Which tensors.
+    pub select: Select,
+    /// In a packed allocation, tensor offsets keep their data-section offsets modulo this (a
+    /// power of two; default 256, the CUDA allocator's alignment; 0 counts as 1). Any other
+    /// value is refused by the load, [`CheckpointError::Align`], before any tensor is read: set it
+    /// with [`LoadOptions::align`], which rounds.
+    pub align: usize,
+    /// Called as the bytes arrive (for a progress bar). With it, a packed load is read in
+    /// about 32 batches, each waited for before the next, instead of all at once.
+    pub progress: Option<Progress>,
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("target", &self.target)
+            .field("placement", &self.placement)
+            .field("select", &self.select)
+            .field("align", &self.align)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+/// The largest [`LoadOptions::align`]: the largest power of two a `usize` holds (2^63 on a
+/// 64-bit target).
+pub const MAX_ALIGN: usize = 1 << (usize::BITS - 1);
+
+impl LoadOptions {
+    /// Every tensor into `target`, packed in one allocation.
+    pub fn new(target: Target) -> LoadOptions {
+        LoadOptions {
+            target,
+            placement: Placement::Packed,
+            select: Select::All,
+            align: 256,
+            progress: None,
+        }
+    }
+    /// Calls `f(loaded, total)` as the bytes arrive.
+    pub fn progress(mut self, f: impl Fn(u64, u64) + Send + Sync + 'static) -> LoadOptions {
+        self.progress = Some(Arc::new(f));
+        self
+    }
+    /// Sets the placement.
+    pub fn placement(mut self, p: Placement) -> LoadOptions {
+        self.placement = p;
+        self
+    }
+    /// Only these tensors.
+    pub fn names<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> LoadOptions {
+        self.select = Select::Names(names.into_iter().map(Into::into).collect());
+        self
+    }
+    /// Only the tensors `f` accepts.
+    pub fn filter(
+        mut self,
+        f: impl Fn(&TensorEntry) -> bool + Send + Sync + 'static,
+    ) -> LoadOptions {
+        self.select = Select::Filter(Arc::new(f));
+        self
+    }
+    /// Sets the alignment of runs in a packed allocation: `bytes` rounded up to a power of two
+    /// (0 to 1), and at most [`MAX_ALIGN`], the largest power of two a `usize` holds (what
+    /// anything above it gives: rounding up would overflow).
+    ///
+    /// ```
+    /// use ferry::checkpoint::{LoadOptions, Target, MAX_ALIGN};
+    /// assert_eq!(LoadOptions::new(Target::Pageable).align(100).align, 128);
+    /// assert_eq!(LoadOptions::new(Target::Pageable).align(usize::MAX).align, MAX_ALIGN);
+    /// ```
+    pub fn align(mut self, bytes: usize) -> LoadOptions {
+        self.align = bytes
+            .max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(MAX_ALIGN);
+        self
+    }
+
+    /// The alignment a load uses: [`LoadOptions::align`] (the field), 0 taken as 1. Errors:
+    /// [`CheckpointError::Align`] when it is not a power of two (the placement arithmetic
+    /// relies on it; `usize::MAX` once overflowed it).
+    pub(crate) fn checked_align(&self, path: &std::path::Path) -> Result<usize, CheckpointError> {
+        let a = self.align.max(1);
+        if a.is_power_of_two() {
+            Ok(a)
+        } else {
+            Err(CheckpointError::Align {
+                path: path.to_path_buf(),
+                align: self.align,
+            })
+        }
+    }
+}
