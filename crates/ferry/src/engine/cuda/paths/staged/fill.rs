@@ -543,7 +543,7 @@ mod loom_tests {
     }
 
     /// Two one-piece fills queued back to back to sleeping (or falling asleep) workers, waited
-    /// for newest first, with no help: no wake-up is lost (else the waits deadlock), each fill
+    /// for oldest first, with no help: no wake-up is lost (else the waits deadlock), each fill
     /// completes with its own bytes in, and each piece is copied once.
     #[test]
     fn loom_two_fills_queued_back_to_back_both_complete() {
@@ -559,10 +559,37 @@ mod loom_tests {
                 let rb = filler.queue(b.as_mut_ptr() as u64, s, b.len(), false, true);
                 (ra.unwrap(), rb.unwrap())
             };
-            assert_eq!(rb.wait(), Ok(()));
-            assert!(b == src, "the second fill's bytes are not all in");
             assert_eq!(ra.wait(), Ok(()));
             assert!(a[..] == src[..100], "the first fill's bytes are not all in");
+            assert_eq!(rb.wait(), Ok(()));
+            assert!(b == src, "the second fill's bytes are not all in");
+            drop(filler);
+            assert_eq!(copied(&shared), 2);
+        });
+    }
+
+    /// A fill of two pieces waited for with no help: it completes only once both pieces' bytes
+    /// are in (the first piece done does not complete it), each piece copied once.
+    #[test]
+    fn loom_a_fill_of_two_pieces_completes_after_its_last_piece() {
+        model(|| {
+            let filler = filler();
+            let shared = Arc::clone(&filler.shared);
+            let src = pattern(128 << 10);
+            let mut dst = vec![0u8; src.len()];
+            // SAFETY: both vectors outlive the request, waited for below.
+            let req = unsafe {
+                filler.queue(
+                    dst.as_mut_ptr() as u64,
+                    src.as_ptr() as u64,
+                    src.len(),
+                    true,
+                    false,
+                )
+            }
+            .unwrap();
+            assert_eq!(req.wait(), Ok(()));
+            assert!(dst == src, "the fill's bytes are not all in");
             drop(filler);
             assert_eq!(copied(&shared), 2);
         });
