@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Model checking of ferry's lock-free completion code with loom (https://docs.rs/loom): the
 # completion slot (a completion against a waker's registration, a sleeping waiter, another
-# completion) and the CPU pool's hand-off of a request's chunks between its workers and the
-# thread waiting for it. `--cfg loom` swaps std's synchronisation types for loom's in the
+# completion), the CPU pool's hand-off of a request's chunks between its workers and the
+# thread waiting for it, and the staged path's worker pool (a job, its join, a worker's panic,
+# the shutdown) and fill queue (fills cut into pieces, their completion, sleeping workers). `--cfg loom` swaps std's synchronisation types for loom's in the
 # files that use `crates/ferry/src/sync.rs`; only the library's unit tests build so (loom is a
 # dev-dependency), and the filter runs the models alone (`loom_tests` modules). The models are
 # linted first: no other build compiles them. Its own target directory: RUSTFLAGS differ from
 # every other build, which would otherwise rebuild from scratch each time one follows the
 # other. About 3 minutes from a cold target directory on 2 cores, the models themselves about
-# 4 seconds.
+# 30 seconds of CPU (the fill queue's most of it).
 #
 #   scripts/loom.sh                         # every model, at most 4 preemptions each
 #   LOOM_MAX_PREEMPTIONS=6 scripts/loom.sh  # deeper (about 2 minutes of models)

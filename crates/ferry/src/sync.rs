@@ -3,32 +3,33 @@
 //! `scripts/loom.sh`), so that loom explores the interleavings of the very code that ships.
 //!
 //! Only the files whose interleavings the loom models explore import from here: the completion
-//! slot (`request/slot.rs`), [`Signal`](crate::request::Signal) (`request.rs`) and the CPU
-//! engine's pool (`engine/cpu/pool.rs`). Everything else uses `std::sync` directly; a normal
-//! build compiles to the same code as before this module existed.
+//! slot (`request/slot.rs`), [`Signal`](crate::request::Signal) (`request.rs`), the CPU
+//! engine's pool (`engine/cpu/pool.rs`) and the staged path's worker pool and fill queue
+//! (`engine/cuda/paths/staged/pool.rs`, `fill.rs`). Everything else uses `std::sync` directly;
+//! a normal build compiles to the same code as before this module existed.
 
-// loom is a dev-dependency: only the library's unit tests build with it.
-#[cfg(all(loom, not(test)))]
-compile_error!("`--cfg loom` builds only ferry's unit tests: run scripts/loom.sh");
+// loom is a dev-dependency: only the library's unit tests build with it (`all(test, loom)`).
+// Any other build under `--cfg loom` is a normal one: the copy of ferry that its own
+// dev-dependency on itself (for the integration tests) builds beside the unit tests.
 
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 pub(crate) use std::thread;
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 pub(crate) use loom::thread;
 
 /// Atomics (`Ordering` is std's in both builds).
 pub(crate) mod atomic {
     pub(crate) use std::sync::atomic::Ordering;
-    #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+    #[cfg(not(all(test, loom)))]
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 
-    #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+    #[cfg(all(test, loom))]
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 
     /// Where a store and a later load of another atomic, both `SeqCst`, must not be reordered
     /// (each side of a store-then-load handshake, the completion slot's `listeners`): nothing
@@ -39,7 +40,7 @@ pub(crate) mod atomic {
     /// `SeqCst` where this is called.)
     #[inline(always)]
     pub(crate) fn seq_cst_handshake() {
-        #[cfg(loom)]
+        #[cfg(all(test, loom))]
         loom::sync::atomic::fence(Ordering::SeqCst);
     }
 }
@@ -47,7 +48,7 @@ pub(crate) mod atomic {
 /// Whether waits spin before they sleep: not under loom, where a spin is a loop of loads the
 /// model would explore one by one, and changes nothing a model can see (a thread that spins
 /// and then sleeps is one that sleeps at once, a little later).
-pub(crate) const SPIN: bool = !cfg!(loom);
+pub(crate) const SPIN: bool = !cfg!(all(test, loom));
 
 /// Runs the loom model `f` over every interleaving of its threads, with at most 4 preemptions
 /// each (`LOOM_MAX_PREEMPTIONS` overrides it): the bound keeps all of them to seconds (6 takes

@@ -258,7 +258,7 @@ struct Hold {
     held: bool,
 }
 
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 std::thread_local! {
     static HOLD: Cell<Hold> = const { Cell::new(Hold { depth: 0, held: false }) };
     /// The wakers held by this thread's guards, woken when the last one drops.
@@ -266,7 +266,7 @@ std::thread_local! {
 }
 
 // Loom runs its threads on one OS thread: its own thread-locals keep them apart.
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 loom::thread_local! {
     static HOLD: Cell<Hold> = Cell::new(Hold { depth: 0, held: false });
     static HELD: RefCell<Vec<Waker>> = RefCell::new(Vec::new());

@@ -23,11 +23,12 @@ use super::nt_copy::{copy_bytes, demote, piece};
 use super::StagedError;
 use super::StagingConfig;
 use crate::request::{Request, RequestError, Signal};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::thread::{self, JoinHandle};
+use crate::sync::{Condvar, Mutex, MutexGuard, SPIN};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of one piece of a copy, at most: what a worker takes at a time. One piece is 25-35 us
@@ -93,6 +94,10 @@ struct Shared {
     queued: AtomicU64,
     /// Non-temporal stores.
     nt: bool,
+    /// Pieces copied so far, for the loom models' exactly-once check: std's counter, which
+    /// adds no interleavings of its own.
+    #[cfg(all(test, loom))]
+    copied: std::sync::atomic::AtomicUsize,
 }
 
 /// Copy workers fed from one queue of pieces; see the module documentation.
@@ -120,7 +125,8 @@ impl Shared {
                     if q.shutdown {
                         return None;
                     }
-                    if idle.elapsed() < IDLE_SPIN {
+                    // Not under loom (`SPIN`): there the worker sleeps at once.
+                    if SPIN && idle.elapsed() < IDLE_SPIN {
                         break self.queued.load(Ordering::Acquire);
                     }
                     // `queue` pushes under this lock before it notifies: no wake-up is lost.
@@ -165,6 +171,9 @@ impl Shared {
         if !ok {
             f.failed.store(true, Ordering::Relaxed);
         }
+        #[cfg(all(test, loom))]
+        self.copied
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // AcqRel: the last piece's worker sees every other piece's bytes (and the failed
         // flag) before it completes the request.
         if f.left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -211,6 +220,8 @@ impl Filler {
             wake: Condvar::new(),
             queued: AtomicU64::new(0),
             nt: cfg.non_temporal_h2d,
+            #[cfg(all(test, loom))]
+            copied: std::sync::atomic::AtomicUsize::new(0),
         });
         let mut filler = Filler {
             shared,
@@ -218,7 +229,7 @@ impl Filler {
         };
         for i in 0..cfg.threads {
             let sh = Arc::clone(&filler.shared);
-            let t = std::thread::Builder::new()
+            let t = thread::Builder::new()
                 .name(format!("ferry-fill-{i}"))
                 .spawn(move || sh.worker())
                 .map_err(StagedError::Spawn)?;
@@ -308,7 +319,7 @@ impl Drop for Filler {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -473,5 +484,142 @@ mod tests {
         }
         // 128 pieces of 256 KiB for one worker: the calling thread took some of them.
         assert!(helped > 0, "the calling thread never copied a piece");
+    }
+}
+
+/// Loom models of the fill queue (`scripts/loom.sh`): every interleaving, at most 4
+/// preemptions, of fills cut into pieces taken by two workers (and by the thread that helps),
+/// each fill's completion, the workers' sleep and wake-up, and the shutdown.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::sync::model;
+
+    /// `len` bytes that differ from a zeroed destination's.
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8 + 1).collect()
+    }
+
+    fn filler() -> Filler {
+        Filler::new(StagingConfig::new().threads(2)).unwrap()
+    }
+
+    /// Pieces copied by every thread so far; read once the filler is dropped (its workers
+    /// joined), the count of a run.
+    fn copied(sh: &Shared) -> usize {
+        sh.copied.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// One fill of two pieces (128 KiB spread over 2 workers), taken by the two workers and
+    /// the queuing thread, which helps and then waits: the request completes once, with
+    /// success, only when both pieces' bytes are in, each piece copied exactly once (the bytes
+    /// whole and two copies counted), and dropping the filler joins the workers.
+    #[test]
+    fn loom_a_fill_of_two_pieces_between_two_workers_and_the_helper() {
+        model(|| {
+            let filler = filler();
+            let shared = Arc::clone(&filler.shared);
+            let src = pattern(128 << 10);
+            let mut dst = vec![0u8; src.len()];
+            assert_eq!(fill_pieces(src.len(), 2, true), 2);
+            // SAFETY: both vectors outlive the request, waited for below.
+            let req = unsafe {
+                filler.queue(
+                    dst.as_mut_ptr() as u64,
+                    src.as_ptr() as u64,
+                    src.len(),
+                    true,
+                    false,
+                )
+            }
+            .unwrap();
+            let helped = filler.help(&req);
+            assert!(helped <= 2, "{helped}");
+            assert_eq!(req.wait(), Ok(()));
+            assert!(dst == src, "the fill's bytes are not all in");
+            drop(filler);
+            assert_eq!(copied(&shared), 2);
+        });
+    }
+
+    /// Two one-piece fills queued back to back to sleeping (or falling asleep) workers, waited
+    /// for oldest first, with no help: no wake-up is lost (else the waits deadlock), each fill
+    /// completes with its own bytes in, and each piece is copied once.
+    #[test]
+    fn loom_two_fills_queued_back_to_back_both_complete() {
+        model(|| {
+            let filler = filler();
+            let shared = Arc::clone(&filler.shared);
+            let src = pattern(300);
+            let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 300]);
+            // SAFETY: the vectors outlive the requests, waited for below.
+            let (ra, rb) = unsafe {
+                let s = src.as_ptr() as u64;
+                let ra = filler.queue(a.as_mut_ptr() as u64, s, a.len(), false, false);
+                let rb = filler.queue(b.as_mut_ptr() as u64, s, b.len(), false, true);
+                (ra.unwrap(), rb.unwrap())
+            };
+            assert_eq!(ra.wait(), Ok(()));
+            assert!(a[..] == src[..100], "the first fill's bytes are not all in");
+            assert_eq!(rb.wait(), Ok(()));
+            assert!(b == src, "the second fill's bytes are not all in");
+            drop(filler);
+            assert_eq!(copied(&shared), 2);
+        });
+    }
+
+    /// A fill of two pieces waited for with no help: it completes only once both pieces' bytes
+    /// are in (the first piece done does not complete it), each piece copied once.
+    #[test]
+    fn loom_a_fill_of_two_pieces_completes_after_its_last_piece() {
+        model(|| {
+            let filler = filler();
+            let shared = Arc::clone(&filler.shared);
+            let src = pattern(128 << 10);
+            let mut dst = vec![0u8; src.len()];
+            // SAFETY: both vectors outlive the request, waited for below.
+            let req = unsafe {
+                filler.queue(
+                    dst.as_mut_ptr() as u64,
+                    src.as_ptr() as u64,
+                    src.len(),
+                    true,
+                    false,
+                )
+            }
+            .unwrap();
+            assert_eq!(req.wait(), Ok(()));
+            assert!(dst == src, "the fill's bytes are not all in");
+            drop(filler);
+            assert_eq!(copied(&shared), 2);
+        });
+    }
+
+    /// A fill queued just before the filler is dropped: the drop joins the workers only after
+    /// they copied it (the shutdown drains the queue), so its request is complete once the drop
+    /// returns, with its bytes in.
+    #[test]
+    fn loom_dropping_the_filler_finishes_the_queued_fill() {
+        model(|| {
+            let filler = filler();
+            let shared = Arc::clone(&filler.shared);
+            let src = pattern(100);
+            let mut dst = vec![0u8; src.len()];
+            // SAFETY: both vectors outlive the request, waited for below.
+            let mut req = unsafe {
+                filler.queue(
+                    dst.as_mut_ptr() as u64,
+                    src.as_ptr() as u64,
+                    src.len(),
+                    false,
+                    false,
+                )
+            }
+            .unwrap();
+            drop(filler);
+            assert_eq!(copied(&shared), 1);
+            assert_eq!(req.try_wait(), Some(Ok(())));
+            assert!(dst == src, "the fill's bytes are not all in");
+        });
     }
 }

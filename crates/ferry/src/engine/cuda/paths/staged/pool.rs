@@ -14,9 +14,10 @@
 //! [`workers_for`]).
 
 use super::StagedError;
+use crate::sync::thread::{self, JoinHandle};
+use crate::sync::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -69,7 +70,7 @@ impl Pool {
         };
         for i in 0..threads {
             let sh = shared.clone();
-            let h = std::thread::Builder::new()
+            let h = thread::Builder::new()
                 .name(format!("ferry-stage-{i}"))
                 .spawn(move || Pool::worker(sh, i))
                 .map_err(StagedError::Spawn)?;
@@ -205,7 +206,7 @@ pub(super) fn workers_for(pool: usize, bytes: usize) -> usize {
     (bytes / (2 << 20)).max(4).min(pool.max(1))
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::Pool;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -278,5 +279,99 @@ mod tests {
         )
         .expect("run after a panic");
         assert_eq!(count.load(Ordering::Relaxed), 3);
+    }
+}
+
+/// Loom models of the pool (`scripts/loom.sh`): every interleaving, at most 4 preemptions, of a
+/// job handed to two workers, the coordinator's `main` beside them, the join, a worker's panic
+/// and the shutdown.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::{Pool, StagedError};
+    use crate::sync::atomic::{AtomicUsize, Ordering};
+    use crate::sync::{model, thread};
+
+    /// The payload of the models' planned worker panic, which the panic hook keeps quiet.
+    struct PlannedPanic;
+
+    /// Keeps the planned panics from printing a message in every explored interleaving; any
+    /// other panic still prints.
+    fn quiet_planned_panics() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let prev = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if !info.payload().is::<PlannedPanic>() {
+                    prev(info);
+                }
+            }));
+        });
+    }
+
+    /// A job on both workers of a 2-worker pool with `main` running meanwhile: `run_with`
+    /// returns only after each index ran exactly once, on its own worker, and `main` once, and
+    /// their effects (relaxed stores) are visible to the caller then: the join publishes them.
+    /// Dropping the pool ends and joins both workers (a lost shutdown wake-up is a deadlock).
+    #[test]
+    fn loom_a_job_runs_each_index_once_and_joins() {
+        model(|| {
+            let pool = Pool::new(2).unwrap();
+            let hits = [AtomicUsize::new(0), AtomicUsize::new(0)];
+            let main_ran = AtomicUsize::new(0);
+            pool.run_with(
+                2,
+                &|i| {
+                    assert_eq!(
+                        thread::current().name(),
+                        Some(format!("ferry-stage-{i}").as_str())
+                    );
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                },
+                || {
+                    main_ran.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(main_ran.load(Ordering::Relaxed), 1);
+            for h in &hits {
+                assert_eq!(h.load(Ordering::Relaxed), 1);
+            }
+            drop(pool);
+        });
+    }
+
+    /// Worker 1 panics in a job on both workers: the job fails with `WorkerPanicked` only once
+    /// both workers are done (worker 0's effect is visible), and the next job, on one worker,
+    /// runs and succeeds: the panic left the pool's state whole.
+    #[test]
+    fn loom_a_panicking_worker_fails_the_job_and_the_pool_goes_on() {
+        quiet_planned_panics();
+        model(|| {
+            let pool = Pool::new(2).unwrap();
+            let hits = AtomicUsize::new(0);
+            let r = pool.run_with(
+                2,
+                &|i| {
+                    if i == 1 {
+                        std::panic::panic_any(PlannedPanic);
+                    }
+                    hits.fetch_add(1, Ordering::Relaxed);
+                },
+                || Ok(()),
+            );
+            assert!(matches!(r, Err(StagedError::WorkerPanicked)), "{r:?}");
+            assert_eq!(hits.load(Ordering::Relaxed), 1);
+            let r = pool.run_with(
+                1,
+                &|_| {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                },
+                || Ok(()),
+            );
+            assert!(r.is_ok(), "{r:?}");
+            assert_eq!(hits.load(Ordering::Relaxed), 2);
+            drop(pool);
+        });
     }
 }
