@@ -12,7 +12,7 @@ mod cuda_common;
 
 use cuda_common::*;
 use cudarc::driver::sys;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer, Direction, PinnedBuffer};
 use ferry::{Engine, Job, Layout, Memory, MemoryMut, RawBuf, Request};
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ fn engine_or_skip(streams: Option<usize>) -> Option<CudaEngine> {
     let e = cuda_or_skip()?;
     let Some(n) = streams else { return Some(e) };
     drop(e);
-    Some(CudaEngine::with_config(CudaConfig::new(0).streams(n)).expect("device 0 opens again"))
+    Some(CudaEngine::with_config(cuda_config(0).streams(n)).expect("device 0 opens again"))
 }
 
 /// A flat copy of all of `src` into `dst` after `after`, panicking with `what` if refused.

@@ -11,13 +11,13 @@
 mod cuda_common;
 use cuda_common::*;
 use ferry::cuda::strided::{KernelCopies, SmCopier, SmKernel};
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, MappedBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer, MappedBuffer};
 use ferry::{EngineExt, Layout, Plan};
 use std::time::Instant;
 
 fn engine(mode: KernelCopies) -> Option<CudaEngine> {
     cuda_or_skip()?;
-    Some(CudaEngine::with_config(CudaConfig::new(0).kernel_copies(mode)).unwrap())
+    Some(CudaEngine::with_config(cuda_config(0).kernel_copies(mode)).unwrap())
 }
 
 const MODES: [KernelCopies; 3] = [

@@ -10,12 +10,12 @@
 mod cuda_common;
 use cuda_common::*;
 use ferry::cuda::strided::{KernelCopies, SmCopier, SmKernel};
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::{EngineExt, Layout, Plan};
 
 fn engine(mode: KernelCopies) -> Option<CudaEngine> {
     cuda_or_skip()?;
-    Some(CudaEngine::with_config(CudaConfig::new(0).kernel_copies(mode)).unwrap())
+    Some(CudaEngine::with_config(cuda_config(0).kernel_copies(mode)).unwrap())
 }
 
 const ELEMS: [usize; 5] = [1, 2, 4, 8, 16];
