@@ -7,7 +7,8 @@
 // driver" (the name the tests look for), whose memory is page-aligned host memory (15 GiB of
 // it can be allocated, counted: beyond that an allocation fails with
 // CUDA_ERROR_OUT_OF_MEMORY, and cuMemGetInfo reports what is left); copies and fills are
-// memmove and memset; an event's time is the host clock when it completes. Device addresses
+// memmove and memset; an event's time is the host clock when its stream reached it (when the
+// work before it ended, or when it was recorded on an idle stream). Device addresses
 // given to copies, fills and stream memory operations must lie in one allocation (device,
 // managed, page-locked or registered host memory), else the call fails with
 // CUDA_ERROR_INVALID_VALUE, as a bad address does on a GPU, instead of corrupting the process.
@@ -46,8 +47,8 @@
 //   void nullcuda_async(int usec): sets the delay at run time (0: synchronous again; work
 //       already queued still finishes in its stream's order first).
 //
-// Not modelled: kernels (no cuModuleLoad*/cuLaunchKernel; ferry builds its kernels with
-// NVRTC, which is absent beside this driver), more than one device, peer access, memory
+// Not modelled: kernels (cuModuleLoad* answer CUDA_ERROR_NO_BINARY_FOR_GPU; ferry builds its
+// kernels with NVRTC, absent on CI anyway), more than one device, peer access, memory
 // arrays, errors raised by work after it was enqueued (an injected failure is the call's own
 // return value), cuStreamWaitValue* in the synchronous mode (they return at once). Calls it
 // lacks make cudarc report the missing symbol.
@@ -74,6 +75,7 @@ enum {
   INVALID_VALUE = 1,
   OUT_OF_MEMORY = 2,
   INVALID_DEVICE = 101,
+  NO_BINARY_FOR_GPU = 209,
   INVALID_HANDLE = 400,
   NOT_READY = 600,
   ALREADY_REGISTERED = 712,
@@ -277,7 +279,7 @@ static CUresult alloc_host(void **p, size_t n) {
 // Streams, events and the work on them.
 
 struct event {
-  double t;              // host time of the last completed record
+  double t;              // host time at which its stream reached the last completed record
   uint64_t rec, done;    // records made; the last record completed
   unsigned flags;
   int refs, dead;        // queued operations naming it; destroyed by the caller
@@ -289,6 +291,7 @@ enum op_kind { OP_COPY, OP_SET, OP_COPY2D, OP_COPY3D, OP_BATCH, OP_HOST_FN, OP_W
 struct op {
   struct op *next;
   uint64_t seq;  // submission order over all streams
+  double queued;  // host time of the submission, ms
   enum op_kind kind;
   union {
     struct { void *dst; const void *src; size_t n; } copy;
@@ -310,6 +313,7 @@ struct stream {
   int started, stop;
   pthread_cond_t wake;     // work arrived, or stop
   uint64_t rng;
+  double reached;          // host time its last operation ended, ms (a record takes none)
   struct stream *prev, *next;
 };
 
@@ -358,10 +362,10 @@ static void drain_stream_locked(struct stream *s) {
 }
 
 // Marks record `gen` of `e` complete (a later record completing first wins). Lock held.
-static void complete_locked(struct event *e, uint64_t gen) {
+static void complete_locked(struct event *e, uint64_t gen, double t) {
   if (gen > e->done) {
     e->done = gen;
-    e->t = now_ms();
+    e->t = t;
   }
 }
 
@@ -506,9 +510,20 @@ static void *worker(void *arg) {
     }
     pthread_mutex_unlock(&q_lock);
     work_delay(s, o);
+    // The work's end: after it, but before a word it writes can be seen (a host that sees
+    // the word acts later than this).
+    double end = o->kind == OP_WRITE ? now_ms() : 0;
     run(o);
+    if (o->kind != OP_WRITE) end = now_ms();
     pthread_mutex_lock(&q_lock);
-    if (o->kind == OP_RECORD) complete_locked(o->u.ev.e, o->u.ev.gen);
+    // A record's time is when the stream reached it, as on a GPU: when the work before it
+    // ended (or it was submitted, to an idle stream), however late this thread runs.
+    if (o->kind == OP_RECORD)
+      complete_locked(o->u.ev.e, o->u.ev.gen, s->reached > o->queued ? s->reached : o->queued);
+    else if (o->kind == OP_WAIT_EVENT)
+      s->reached = s->reached > o->u.ev.e->t ? s->reached : o->u.ev.e->t;
+    else
+      s->reached = end;
     if (o->kind == OP_RECORD || o->kind == OP_WAIT_EVENT) unref_locked(o->u.ev.e);
     s->head = o->next;
     if (!s->head) s->tail = NULL;
@@ -526,7 +541,7 @@ static void run_now(struct op *o) {
     struct event *e = o->u.ev.e;
     pthread_mutex_lock(&q_lock);
     if (o->kind == OP_RECORD) {
-      complete_locked(e, ++e->rec);
+      complete_locked(e, ++e->rec, now_ms());
     } else {
       uint64_t gen = e->rec;
       while (!in_worker && e->done < gen) pthread_cond_wait(&done_cond, &q_lock);
@@ -572,6 +587,7 @@ static CUresult submit(CUstream s, struct op *o) {
       }
       q->next = NULL;
       q->seq = next_seq++;
+      q->queued = now_ms();
       if (s->tail) s->tail->next = q;
       else s->head = q;
       s->tail = q;
@@ -1146,6 +1162,32 @@ CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, uint64_t v, unsigned
 }
 
 // ---------------------------------------------------------------------------------------------
+// Modules: the null device runs no kernels, so it takes no module (as a GPU without code for
+// its architecture answers); ferry then keeps to the copy engines, a test to its skip.
+
+CUresult cuModuleLoad(void **m, const char *path) {
+  ENTRY();
+  (void)m;
+  (void)path;
+  return NO_BINARY_FOR_GPU;
+}
+CUresult cuModuleLoadData(void **m, const void *image) {
+  ENTRY();
+  (void)m;
+  (void)image;
+  return NO_BINARY_FOR_GPU;
+}
+CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *options, void **values) {
+  ENTRY();
+  (void)m;
+  (void)image;
+  (void)n;
+  (void)options;
+  (void)values;
+  return NO_BINARY_FOR_GPU;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Errors.
 
 static const struct { int code; const char *name, *text; } errors[] = {
@@ -1157,6 +1199,7 @@ static const struct { int code; const char *name, *text; } errors[] = {
   {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
   {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
   {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+  {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
   {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
    "peer access is not supported between these two devices"},
   {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},

@@ -626,10 +626,10 @@ fn setup_calls_land_before_the_next_engine_copy() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn one_run_at_offsets_every_kind_pair() {
-    use ferry::cuda::{CudaConfig, CudaEngine, KernelCopies};
+    use ferry::cuda::{CudaEngine, KernelCopies};
     use ferry::{Engine, Job, Memory, MemoryMut};
     let Some(e) = cuda_or_skip() else { return };
-    let sm = CudaEngine::with_config(CudaConfig::new(0).kernel_copies(KernelCopies::Always))
+    let sm = CudaEngine::with_config(cuda_config(0).kernel_copies(KernelCopies::Always))
         .expect("engine with kernel copies");
     let mut seed = 7;
     for eng in [&e, &sm] {

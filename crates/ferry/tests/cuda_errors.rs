@@ -45,7 +45,7 @@ fn bad_device_and_unsupported_kinds() {
     let Some(e) = cuda_or_skip() else { return };
     let count = probe().devices.len() as u32;
     assert!(matches!(
-        CudaEngine::new(count),
+        cuda_engine(count),
         Err(CudaError::NoDevice { .. })
     ));
     assert!(matches!(

@@ -211,10 +211,10 @@ fn card_filled_out_of_memory() {
     };
     let leaks = Leaks::start();
     {
-        let e = CudaEngine::new(0).unwrap();
+        let e = cuda_engine(0).unwrap();
         let mux = MultiplexEngine::new()
             .with(CpuEngine::new(2).unwrap(), 1.0)
-            .with(CudaEngine::new(0).unwrap(), 1.0)
+            .with(cuda_engine(0).unwrap(), 1.0)
             .split_bytes(1 << 20);
         let n = 4 << 20;
         let l = Layout::bytes(n).unwrap();
@@ -305,7 +305,7 @@ fn card_filled_out_of_memory() {
             Ok(_) => outcomes.push("a 64 MiB buffer was allocated after all".into()),
             Err(other) => panic!("{other:?}"),
         }
-        match CudaEngine::new(0) {
+        match cuda_engine(0) {
             Ok(e2) => {
                 outcomes.push("a new engine opened".into());
                 let r = e2
@@ -332,7 +332,7 @@ fn card_filled_out_of_memory() {
         drop(hog);
         still_works(&e, 100);
         // A fresh engine too (its gatherer is made now, with memory available).
-        still_works(&CudaEngine::new(0).unwrap(), 200);
+        still_works(&cuda_engine(0).unwrap(), 200);
     }
     leaks.check("card filled");
 }
@@ -426,13 +426,13 @@ fn custom_operator_faults_fail_only_their_requests() {
     let leaks = Leaks::start();
     {
         let engines: Vec<(&str, Box<dyn Engine>)> = vec![
-            ("cuda", Box::new(CudaEngine::new(0).unwrap())),
+            ("cuda", Box::new(cuda_engine(0).unwrap())),
             (
                 "multiplex cpu+cuda",
                 Box::new(
                     MultiplexEngine::new()
                         .with(CpuEngine::new(2).unwrap(), 1.0)
-                        .with(CudaEngine::new(0).unwrap(), 1.0)
+                        .with(cuda_engine(0).unwrap(), 1.0)
                         .split_bytes(256 << 10),
                 ),
             ),
@@ -503,7 +503,7 @@ fn custom_operator_faults_fail_only_their_requests() {
             }
             assert!(engine.barrier().is_ok(), "{name}");
         }
-        still_works(&CudaEngine::new(0).unwrap(), 300);
+        still_works(&cuda_engine(0).unwrap(), 300);
     }
     leaks.check("custom operator faults");
 }
@@ -514,8 +514,8 @@ fn custom_operator_faults_fail_only_their_requests() {
 #[cfg(feature = "fault-injection")]
 mod injected {
     use super::*;
+    use ferry::cuda::PinnedBuffer;
     use ferry::cuda::StagingConfig;
-    use ferry::cuda::{CudaConfig, PinnedBuffer};
     use ferry::fault::{arm, disarm_all, is_armed, Fault};
 
     /// 64 MiB in 4 MiB chunks (16 chunks), ring of 3, 4 workers.
@@ -524,7 +524,7 @@ mod injected {
             .chunk_bytes(4 << 20)
             .ring_depth(3)
             .threads(4);
-        CudaEngine::with_config(CudaConfig::new(0).staging(Some(st))).unwrap()
+        CudaEngine::with_config(cuda_config(0).staging(Some(st))).unwrap()
     }
 
     const M: usize = 64 << 20;

@@ -5,9 +5,9 @@
 //! the tests between GPUs on fewer.
 
 mod cuda_common;
-use cuda_common::bytes;
+use cuda_common::{bytes, cuda_config, cuda_engine};
 use ferry::cuda::multi::MultiGpu;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::{EngineExt, Layout};
 
 fn gpus_or_skip(need: usize) -> Option<u32> {
@@ -34,7 +34,7 @@ fn pairs(n: u32) -> Vec<(u32, u32)> {
 fn peer_copy_every_pair_one_way() {
     let Some(n) = gpus_or_skip(2) else { return };
     println!("peer access matrix: {:?}", ferry::cuda::probe().peer);
-    let engines: Vec<CudaEngine> = (0..n).map(|g| CudaEngine::new(g).unwrap()).collect();
+    let engines: Vec<CudaEngine> = (0..n).map(|g| cuda_engine(g).unwrap()).collect();
     for size in [1, (1 << 20) + 3, 64 << 20] {
         for (a, b) in pairs(n) {
             let data = bytes(size, (a * 31 + b) as u64);
@@ -58,7 +58,7 @@ fn peer_copy_every_pair_one_way() {
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn peer_copy_both_ways_and_all_pairs_at_once() {
     let Some(n) = gpus_or_skip(2) else { return };
-    let gpus = MultiGpu::all().unwrap();
+    let gpus = MultiGpu::with_configs(cuda_config).unwrap();
     let size = (32 << 20) + 5;
     let ps = pairs(n);
     let srcs: Vec<DeviceBuffer> = ps
@@ -93,7 +93,7 @@ fn peer_copy_both_ways_and_all_pairs_at_once() {
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn peer_copy_strided_between_gpus() {
     let Some(_) = gpus_or_skip(2) else { return };
-    let e = CudaEngine::new(0).unwrap();
+    let e = cuda_engine(0).unwrap();
     // 300 rows of 1000 bytes out of a matrix with 4096-byte rows, GPU 0 -> GPU 1.
     let (rows, w, pitch) = (300usize, 1000usize, 4096usize);
     let data = bytes(rows * pitch, 5);
@@ -113,7 +113,7 @@ fn peer_copy_strided_between_gpus() {
 fn striped_scatter_and_gather_every_byte() {
     // One GPU works too (one part); with several, each part runs on its own GPU's link.
     let Some(n) = gpus_or_skip(1) else { return };
-    let gpus = MultiGpu::all().unwrap();
+    let gpus = MultiGpu::with_configs(cuda_config).unwrap();
     assert_eq!(gpus.count(), n);
     for part in [4097usize, 64 << 20] {
         let total = part * n as usize + 11;
@@ -155,7 +155,7 @@ fn striped_scatter_and_gather_every_byte() {
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn scatter_and_gather_skip_empty_parts() {
     let Some(n) = gpus_or_skip(1) else { return };
-    let gpus = MultiGpu::all().unwrap();
+    let gpus = MultiGpu::with_configs(cuda_config).unwrap();
     let sizes = [64usize << 20, 0, 4097, 0];
     let total: usize = sizes.iter().sum();
     let data = bytes(total, 77);
@@ -182,7 +182,7 @@ fn scatter_and_gather_skip_empty_parts() {
 fn d2d_split_between_copy_engine_and_sms_every_byte() {
     let Some(_) = gpus_or_skip(1) else { return };
     for share in [1u8, 30, 50, 100] {
-        let e = CudaEngine::with_config(CudaConfig::new(0).d2d_sm_share(share)).unwrap();
+        let e = CudaEngine::with_config(cuda_config(0).d2d_sm_share(share)).unwrap();
         for (size, off) in [
             (64 << 20, 0usize),
             ((16 << 20) + 7, 3),

@@ -9,7 +9,7 @@
 //! peer that never arrives) need one GPU.
 
 mod cuda_common;
-use cuda_common::{block_on, bytes};
+use cuda_common::{block_on, bytes, cuda_engine};
 use ferry::cuda::DeviceBuffer;
 use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclError, NcclId};
 use ferry::{EngineExt, RequestError};
@@ -271,7 +271,7 @@ fn self_exchange_one_rank() {
     }
     let e = engine.unwrap();
     // After a CUDA engine's copy (waited on the GPU), and after a failed request (not run).
-    let cuda = ferry::cuda::CudaEngine::new(0).unwrap();
+    let cuda = cuda_engine(0).unwrap();
     let n = 8 << 20;
     let host = bytes(n, 61);
     let mut staged = DeviceBuffer::zeroed(0, n).unwrap();

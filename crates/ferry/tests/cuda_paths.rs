@@ -10,6 +10,8 @@ use ferry::engine::cuda::staged::{driver_present, Direction, StagedError, Stager
 use ferry::{Layout, Plan};
 use std::sync::Arc;
 
+mod cuda_common;
+
 const POISON: u8 = 0xA5;
 
 fn setup() -> Option<(Arc<CudaContext>, Arc<CudaStream>)> {
@@ -310,6 +312,10 @@ fn gather_every_strategy_and_direction() {
     let g = Gatherer::new(ctx.clone()).expect("gatherer");
     let batch = Gatherer::batch_supported();
     println!("batch copy supported: {batch}");
+    let kernel = !cuda_common::skip_on_null_driver(
+        "Strategy::Kernel not checked: ferry's gather kernel is built with NVRTC and the null \
+         driver runs no kernels",
+    );
     let (dst_len, src_len) = (8 << 20, 6 << 20);
     let mut seed = 1000;
     // (dst pinned, src pinned): H2D, D2H, D2D.
@@ -322,6 +328,9 @@ fn gather_every_strategy_and_direction() {
         ] {
             if strategy == Strategy::Batch && !batch {
                 println!("batch strategy not checked: driver lacks cuMemcpyBatchAsync_v2");
+                continue;
+            }
+            if strategy == Strategy::Kernel && !kernel {
                 continue;
             }
             // Random sizes (all alignments), aligned 4 KiB pieces, a few large ones.

@@ -4,7 +4,7 @@
 
 mod cuda_common;
 use cuda_common::*;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer, WaitMode};
+use ferry::cuda::{CudaEngine, DeviceBuffer, Direction, PinnedBuffer, WaitMode};
 use ferry::op::Op;
 use ferry::{CpuEngine, Engine, EngineExt, Layout, Request, RequestError};
 use std::sync::Arc;
@@ -230,12 +230,12 @@ fn spin_mode_and_forced_direction() {
         return;
     }
     for cfg in [
-        CudaConfig::new(0).wait_mode(WaitMode::Spin),
-        CudaConfig::new(0).direction(Direction::DeviceToDevice),
-        CudaConfig::new(0)
+        cuda_config(0).wait_mode(WaitMode::Spin),
+        cuda_config(0).direction(Direction::DeviceToDevice),
+        cuda_config(0)
             .wait_mode(WaitMode::Spin)
             .direction(Direction::HostToDevice),
-        CudaConfig::new(0).wait_mode(WaitMode::SpinThenBlock(std::time::Duration::from_micros(
+        cuda_config(0).wait_mode(WaitMode::SpinThenBlock(std::time::Duration::from_micros(
             20,
         ))),
     ] {
@@ -291,7 +291,7 @@ fn drops_with_work_in_flight_are_safe() {
     let (dev, _) = t.wait().map_err(|f| f.error).unwrap();
     assert!(dev.to_vec().unwrap() == data);
     // Dropping requests unwaited inside a scope: the scope waits for them.
-    let e = CudaEngine::new(0).unwrap();
+    let e = cuda_engine(0).unwrap();
     let mut dev2 = DeviceBuffer::new(0, n).unwrap();
     e.scope(|s| {
         drop(s.memcpy(&mut dev2, &data[..]).unwrap());
@@ -354,7 +354,7 @@ fn engines_of_each_policy() -> Vec<(ferry::cuda::CompletionPolicy, Arc<CudaEngin
     [CompletionPolicy::Tuned, CompletionPolicy::Plain]
         .into_iter()
         .map(|p| {
-            let cfg = CudaConfig::new(0).completion(p);
+            let cfg = ferry::cuda::CudaConfig::new(0).completion(p);
             (p, Arc::new(CudaEngine::with_config(cfg).unwrap()))
         })
         .collect()

@@ -11,9 +11,9 @@
 mod cuda_common;
 mod stress_common;
 
-use cuda_common::{bytes, cuda_or_skip};
+use cuda_common::{bytes, cuda_config, cuda_or_skip};
 use ferry::cuda::StagingConfig;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer};
 use ferry::{EngineExt, Segment};
 use std::sync::Arc;
 use stress_common::Rng;
@@ -88,7 +88,7 @@ fn list(
 /// An engine with 64 KiB staging chunks and 4 workers.
 fn small_chunks() -> CudaEngine {
     let st = StagingConfig::new().chunk_bytes(64 << 10).threads(4);
-    CudaEngine::with_config(CudaConfig::new(0).staging(Some(st))).expect("engine")
+    CudaEngine::with_config(cuda_config(0).staging(Some(st))).expect("engine")
 }
 
 /// The expected destination: `dst` with every segment's source bytes in place.

@@ -31,7 +31,8 @@ mod cuda_common;
 mod stress_common;
 
 use cuda_common::{
-    device_free, kind_of, open_allocs, settled_threads, threads, Buf, Kind, DEVICE_SLACK, KINDS,
+    cuda_config, device_free, kind_of, open_allocs, settled_threads, threads, Buf, Kind,
+    DEVICE_SLACK, KINDS,
 };
 use ferry::cuda::StagingConfig;
 use ferry::cuda::{CudaConfig, CudaEngine, WaitMode};
@@ -92,13 +93,13 @@ fn cuda(c: CudaConfig) -> CudaEngine {
 
 fn factories() -> Vec<Factory> {
     vec![
-        ("cuda", || Box::new(cuda(CudaConfig::new(0)))),
+        ("cuda", || Box::new(cuda(cuda_config(0)))),
         ("cuda spin", || {
-            Box::new(cuda(CudaConfig::new(0).wait_mode(WaitMode::Spin)))
+            Box::new(cuda(cuda_config(0).wait_mode(WaitMode::Spin)))
         }),
         ("cuda spin-then-block, small ring", || {
             Box::new(cuda(
-                CudaConfig::new(0)
+                cuda_config(0)
                     .wait_mode(WaitMode::SpinThenBlock(Duration::from_micros(20)))
                     .staging(Some(
                         StagingConfig::new()
@@ -109,13 +110,13 @@ fn factories() -> Vec<Factory> {
             ))
         }),
         ("cuda unstaged", || {
-            Box::new(cuda(CudaConfig::new(0).staging(None)))
+            Box::new(cuda(cuda_config(0).staging(None)))
         }),
         ("multiplex cpu+cuda", || {
             Box::new(
                 MultiplexEngine::new()
                     .with(CpuEngine::new(2).expect("cpu engine"), 1.0)
-                    .with(cuda(CudaConfig::new(0)), 2.0)
+                    .with(cuda(cuda_config(0)), 2.0)
                     .split_bytes(4 << 20),
             )
         }),

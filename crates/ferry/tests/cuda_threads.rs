@@ -7,7 +7,7 @@ mod cuda_common;
 
 use cuda_common::*;
 use cudarc::driver::sys;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, Direction, PinnedBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer, Direction, PinnedBuffer};
 use ferry::{Engine, EngineExt, Job, Layout, Memory, MemoryMut, RawBuf, Request};
 use std::sync::mpsc::channel;
 
@@ -17,7 +17,7 @@ fn pooled_or_skip(streams: usize) -> Option<CudaEngine> {
     let e = cuda_or_skip()?;
     drop(e);
     Some(
-        CudaEngine::with_config(CudaConfig::new(0).streams(streams))
+        CudaEngine::with_config(cuda_config(0).streams(streams))
             .expect("device 0 opened once, so it opens again"),
     )
 }

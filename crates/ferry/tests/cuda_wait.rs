@@ -6,7 +6,7 @@
 
 mod cuda_common;
 use cuda_common::*;
-use ferry::cuda::{CudaConfig, CudaEngine, DeviceBuffer, PinnedBuffer, WaitMode};
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer, WaitMode};
 use ferry::op::Op;
 use ferry::{EngineExt, Layout, Request};
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ const SIZES: [usize; 8] = [
 
 fn engine(mode: WaitMode) -> Option<CudaEngine> {
     cuda_or_skip()?;
-    Some(CudaEngine::with_config(CudaConfig::new(0).wait_mode(mode)).expect("engine on device 0"))
+    Some(CudaEngine::with_config(cuda_config(0).wait_mode(mode)).expect("engine on device 0"))
 }
 
 #[test]

@@ -8,6 +8,9 @@
 //! and, without a driver, prints `skipped: no CUDA driver` (see [`cuda_or_skip`]) and returns.
 //! Tests in these files that need no GPU carry no such attribute.
 //!
+//! Every engine a test makes takes its settings from [`cuda_config`], so the whole suite runs
+//! under the completion policy `FERRY_TEST_COMPLETION` names ([`completion`]).
+//!
 //! CI runs these tests against the null CUDA driver (`bench/null-cuda/null_cuda.c`): no GPU,
 //! host memory and memmove behind the driver's calls, work completing late and out of order
 //! in its asynchronous mode. A test it cannot serve (NVRTC kernels, several GPUs, timings only
@@ -18,12 +21,36 @@
 pub mod null;
 
 use ferry::cuda::{
-    CudaEngine, DeviceBuffer, ManagedBuffer, MappedBuffer, PinnedBuffer, Registered,
+    CompletionPolicy, CudaConfig, CudaEngine, CudaError, DeviceBuffer, ManagedBuffer, MappedBuffer,
+    PinnedBuffer, Registered,
 };
 use ferry::{CpuEngine, EngineExt, Layout, MemKind, Memory, MemoryMut, RawBuf};
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
+
+/// The completion policy of every engine the tests make: `FERRY_TEST_COMPLETION=plain` or
+/// `tuned` (unset or empty: tuned, the library's default). The test scripts run the suite
+/// under each; the library itself reads no such variable.
+pub fn completion() -> CompletionPolicy {
+    match std::env::var("FERRY_TEST_COMPLETION").as_deref() {
+        Err(_) | Ok("") | Ok("tuned") => CompletionPolicy::Tuned,
+        Ok("plain") => CompletionPolicy::Plain,
+        Ok(other) => panic!("FERRY_TEST_COMPLETION={other}: expected `plain` or `tuned`"),
+    }
+}
+
+/// `CudaConfig::new(ordinal)` with the tests' completion policy ([`completion`]): the start of
+/// every engine configuration in the tests.
+pub fn cuda_config(ordinal: u32) -> CudaConfig {
+    CudaConfig::new(ordinal).completion(completion())
+}
+
+/// An engine on device `ordinal` with the default settings and the tests' completion policy
+/// (what `CudaEngine::new(ordinal)` is to a user).
+pub fn cuda_engine(ordinal: u32) -> Result<CudaEngine, CudaError> {
+    CudaEngine::with_config(cuda_config(ordinal))
+}
 
 /// An engine on device 0, or `None` after printing exactly `skipped: no CUDA driver`.
 pub fn cuda_or_skip() -> Option<CudaEngine> {
@@ -31,7 +58,7 @@ pub fn cuda_or_skip() -> Option<CudaEngine> {
         println!("skipped: no CUDA driver");
         return None;
     }
-    Some(CudaEngine::new(0).expect("a CUDA driver is present, so device 0 must open"))
+    Some(cuda_engine(0).expect("a CUDA driver is present, so device 0 must open"))
 }
 
 /// Whether device 0 is the null CUDA driver's (its name is [`null::DEVICE_NAME`]); if so,

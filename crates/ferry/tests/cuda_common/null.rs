@@ -118,6 +118,13 @@ pub fn set_async(usec: i32) -> bool {
     true
 }
 
+/// Whether the loaded driver is the null one in its synchronous mode (`NULL_CUDA_ASYNC` unset
+/// or 0): every copy, fill and record has completed when the call returns, so nothing a test
+/// submits is ever seen in flight.
+pub fn is_synchronous() -> bool {
+    is_null_driver() && default_async() == 0
+}
+
 /// The delay `NULL_CUDA_ASYNC` set for this process (0 when unset).
 pub fn default_async() -> i32 {
     std::env::var("NULL_CUDA_ASYNC")
