@@ -13,7 +13,9 @@
 # Tests the null driver cannot serve print `skipped: null CUDA driver: <reason>`; those lines,
 # and each binary's `test result:` line, are printed per pass (a failing binary's whole output
 # too). Each binary runs under `timeout` (NULL_CUDA_TEST_TIMEOUT seconds, default 300), two
-# binaries at a time (NULL_CUDA_TEST_JOBS, default 2). Logs: target/null-cuda/logs/<pass>/.
+# binaries at a time (NULL_CUDA_TEST_JOBS, default 2). cuda_stress's random mix runs 20 s a pass
+# (FERRY_STRESS_SECS, unless set; 40 s by default), each pass with its own seed. Logs:
+# target/null-cuda/logs/<pass>/.
 #
 #   scripts/null-cuda-test.sh                  # the three passes (CI: .ci/run)
 #   scripts/null-cuda-test.sh --full           # the four
@@ -60,7 +62,8 @@ failed=()
 # Runs binary $2 in pass $1, output to its log, exit status to <log>.rc.
 run_one() {
   local pass=$1 bin=$2 log=$3 mode=${1%/*} policy=${1#*/} rc=0
-  local env=(LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FERRY_TEST_COMPLETION="$policy")
+  local env=(LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" FERRY_TEST_COMPLETION="$policy"
+    FERRY_STRESS_SECS="${FERRY_STRESS_SECS:-20}")
   [[ $mode == async ]] && env+=(NULL_CUDA_ASYNC="$delay")
   env "${env[@]}" timeout -k 10 "$limit" "$bin" --test-threads=2 --nocapture >"$log" 2>&1 || rc=$?
   echo "$rc" >"$log.rc"
