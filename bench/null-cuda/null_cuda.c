@@ -40,7 +40,8 @@
 // (crates/ferry/tests/cuda_common/null.rs wraps it):
 //   void nullcuda_fail(const char *entry_point, int nth, int code): the nth next call of that
 //       exported entry point (its exact name, e.g. "cuMemcpyHtoDAsync_v2", "cuEventRecord";
-//       nth 1 is the next call) returns `code` and does nothing else. Several may be armed.
+//       nth 1 is the next call) returns `code` and does nothing else; `code` must be one of
+//       the driver's CUresult values (cudarc reads the result as its enum). Several may be armed.
 //       The environment's NULL_CUDA_FAIL=name:nth:code[,name:nth:code...] arms them at load.
 //   void nullcuda_clear(void): forgets every armed failure.
 //   int nullcuda_pending(void): operations enqueued on any stream and not yet done.
