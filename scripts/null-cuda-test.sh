@@ -10,9 +10,9 @@
 #                 done later on a thread of its own, completions late and out of order
 #   async/plain   the same, plain (with --full only)
 #
-# Tests the null driver cannot serve print `skipped: null CUDA driver: <reason>`; those lines,
-# and each binary's `test result:` line, are printed per pass (a failing binary's whole output
-# too). Each binary runs under `timeout` (NULL_CUDA_TEST_TIMEOUT seconds, default 300), two
+# Tests the null driver cannot serve print `skipped: null CUDA driver: <reason>` (others, such
+# as those needing 2 GPUs, their own `skipped: ...`); those lines, counted, and each binary's
+# `test result:` line are printed per pass (a failing binary's whole output too). Each binary runs under `timeout` (NULL_CUDA_TEST_TIMEOUT seconds, default 300), two
 # binaries at a time (NULL_CUDA_TEST_JOBS, default 2). cuda_stress's random mix runs 20 s a pass
 # (FERRY_STRESS_SECS, unless set; 40 s by default), each pass with its own seed. Logs:
 # target/null-cuda/logs/<pass>/.
@@ -87,7 +87,7 @@ for pass in "${passes[@]}"; do
     rc=$(cat "$log.rc")
     result=$(grep -a '^test result:' "$log" || true)
     echo "$name: ${result:-no result line}"
-    grep -ao 'skipped: null CUDA driver: .*' "$log" | sort | uniq -c | sed 's/^ */    /' || true
+    grep -ao 'skipped: .*' "$log" | sort | uniq -c | sed 's/^ */    /' || true
     if [[ $rc != 0 ]]; then
       [[ $rc == 124 || $rc == 137 ]] && echo "$name: killed after ${limit} s ($pass)"
       echo "---- $name ($pass): exit status $rc, its output:"

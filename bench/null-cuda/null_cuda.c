@@ -40,7 +40,8 @@
 // (crates/ferry/tests/cuda_common/null.rs wraps it):
 //   void nullcuda_fail(const char *entry_point, int nth, int code): the nth next call of that
 //       exported entry point (its exact name, e.g. "cuMemcpyHtoDAsync_v2", "cuEventRecord";
-//       nth 1 is the next call) returns `code` and does nothing else. Several may be armed.
+//       nth 1 is the next call) returns `code` and does nothing else; `code` must be one of
+//       the driver's CUresult values (cudarc reads the result as its enum). Several may be armed.
 //       The environment's NULL_CUDA_FAIL=name:nth:code[,name:nth:code...] arms them at load.
 //   void nullcuda_clear(void): forgets every armed failure.
 //   int nullcuda_pending(void): operations enqueued on any stream and not yet done.
@@ -196,6 +197,14 @@ static const uint64_t total_mem = 16ull << 30;
 static const uint64_t device_capacity = 15ull << 30;  // what cuMemAlloc may hand out
 static uint64_t device_used;
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+// Bumped (under the lock) by every removal: a thread's cached lookups of an older generation
+// are stale. An addition leaves every cached lookup true.
+static _Atomic uint64_t alloc_gen;
+// The allocations this thread found last, valid while `alloc_gen` is `gen`: the lookups of a
+// copy's two ends then take no lock, and the synchronous mode's cost per call stays near the
+// memmove's (scripts/host-cost.sh subtracts it).
+static __thread struct { uint64_t gen, base, len; int type; } seen[4];
+static __thread unsigned seen_next;
 
 static int is_device(int type) { return type == A_DEVICE || type == A_MANAGED; }
 
@@ -216,6 +225,7 @@ static int del(uint64_t b) {
       t = allocs[i].type;
       if (is_device(t)) device_used -= allocs[i].len;
       allocs[i] = allocs[--nallocs];
+      atomic_fetch_add(&alloc_gen, 1);
       break;
     }
   }
@@ -225,13 +235,23 @@ static int del(uint64_t b) {
 
 // The allocation holding address `p`: its type (0: none, pageable host memory) and range.
 static int find(uint64_t p, uint64_t *base, uint64_t *len) {
+  uint64_t gen = atomic_load(&alloc_gen);
+  for (unsigned i = 0; i < 4; i++) {
+    if (seen[i].type && seen[i].gen == gen && p - seen[i].base < seen[i].len) {
+      if (base) *base = seen[i].base;
+      if (len) *len = seen[i].len;
+      return seen[i].type;
+    }
+  }
   int t = 0;
   pthread_mutex_lock(&alloc_lock);
+  gen = atomic_load(&alloc_gen);
   for (int i = 0; i < nallocs; i++) {
     if (p >= allocs[i].base && p - allocs[i].base < allocs[i].len) {
       t = allocs[i].type;
       if (base) *base = allocs[i].base;
       if (len) *len = allocs[i].len;
+      seen[seen_next++ % 4] = (typeof(seen[0])){gen, allocs[i].base, allocs[i].len, t};
       break;
     }
   }
@@ -950,7 +970,10 @@ static CUresult copy1d(CUstream s, void *d, int d_device, const void *src, int s
   if ((d_device && !known((uint64_t)d, n)) || (s_device && !known((uint64_t)src, n)))
     return INVALID_VALUE;
   struct op o = {.kind = OP_COPY, .u.copy = {d, src, n}};
-  if (n && (!known((uint64_t)d, n) || !known((uint64_t)src, n))) return submit_blocking(s, &o);
+  // Pageable ends matter only to work that would be queued.
+  int queuing = atomic_load(&delay_us) || atomic_load(&pending);
+  if (queuing && n && (!known((uint64_t)d, n) || !known((uint64_t)src, n)))
+    return submit_blocking(s, &o);
   return submit(s, &o);
 }
 CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {

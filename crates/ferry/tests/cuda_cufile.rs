@@ -4,7 +4,8 @@
 //! store to a read-only handle (cuFile's error kept); what `Auto` and `Off` choose. Without
 //! `nvidia-fs` (the H200 host) cuFile runs in its compatibility mode: the tests set
 //! `CUFILE_FORCE_COMPAT_MODE=true` before the first driver open. Prints `skipped: no CUDA
-//! driver` without a GPU, `skipped: no cuFile` without `libcufile`.
+//! driver` without a GPU, `skipped: null CUDA driver: ...` on the null driver (CI),
+//! `skipped: no cuFile` without `libcufile`.
 
 mod cuda_common;
 mod files_common;
@@ -26,6 +27,9 @@ fn serial() -> MutexGuard<'static, ()> {
 /// `nvidia-fs`, cuFile is told to run in its compatibility mode (before any driver open).
 fn cufile_or_skip() -> Option<Arc<CudaEngine>> {
     let cuda = cuda_or_skip()?;
+    if skip_on_null_driver("cuFile calls the CUDA driver itself, for what the null driver lacks") {
+        return None;
+    }
     // Before libcufile is loaded (gds_probe loads it), in case it reads them then.
     static ENV: Once = Once::new();
     ENV.call_once(|| {

@@ -4,12 +4,12 @@
 //! bad input, and timeouts instead of hangs. Every child runs under a watchdog, so a hang fails
 //! the test instead of stalling the run.
 //!
-//! Prints `skipped: no CUDA driver`, `skipped: no NCCL library` or `skipped: needs 2 GPUs`
-//! where the machine lacks what a test needs. Tests on one rank (self exchange, bad input, a
-//! peer that never arrives) need one GPU.
+//! Prints `skipped: no CUDA driver`, `skipped: null CUDA driver: ...`, `skipped: no NCCL
+//! library` or `skipped: needs 2 GPUs` where the machine lacks what a test needs. Tests on one
+//! rank (self exchange, bad input, a peer that never arrives) need one GPU.
 
 mod cuda_common;
-use cuda_common::{block_on, bytes, cuda_engine};
+use cuda_common::{block_on, bytes, cuda_engine, skip_on_null_driver};
 use ferry::cuda::DeviceBuffer;
 use ferry::engine::nccl::{NcclConfig, NcclEngine, NcclError, NcclId};
 use ferry::{EngineExt, RequestError};
@@ -27,6 +27,9 @@ fn skip(gpus: usize) -> bool {
     let p = ferry::cuda::probe();
     if p.driver.is_err() {
         println!("skipped: no CUDA driver");
+        return true;
+    }
+    if skip_on_null_driver("NCCL runs its own kernels through the CUDA runtime and driver") {
         return true;
     }
     if let Err(why) = ferry::engine::nccl::probe().library {
