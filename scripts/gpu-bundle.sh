@@ -5,7 +5,8 @@
 # with a `run.sh` that runs them all on a GPU host with no Rust toolchain:
 #
 #   scripts/gpu-bundle.sh [BUNDLE_DIR]      # here
-#   bash BUNDLE_DIR/run.sh LOGDIR           # on the GPU host; exit status 0 iff all passed
+#   bash BUNDLE_DIR/run.sh LOGDIR           # on the GPU host, every test under both completion
+#                                           # policies; exit status 0 iff all passed
 #   bash BUNDLE_DIR/sanitize.sh LOGDIR      # the tests again under compute-sanitizer
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
@@ -31,6 +32,10 @@ while read -r name exe; do
   cp "$exe" "$bundle/tests/$name"
   strip "$bundle/tests/$name" 2>/dev/null || true
 done <<<"$exes"
+# The binaries that make their engines through crates/ferry/tests/cuda_common, which reads the
+# completion policy from FERRY_TEST_COMPLETION: run.sh runs them under each policy.
+grep -l '^mod cuda_common;' crates/ferry/tests/cuda_*.rs | xargs -n1 basename | sed 's/\.rs$//' \
+  >"$bundle/tests-by-policy.txt"
 
 # Every example (the numbered ones), run after the tests.
 mkdir -p "$bundle/examples"
@@ -81,17 +86,28 @@ if [ -x "$here/ferry" ]; then "$here/ferry" info >>"$log/gpu.txt" 2>&1 || echo "
 # Each binary under its own limit (FERRY_TEST_TIMEOUT seconds, default 300): a hang costs only
 # its own slot, listed as TIME, and the rest still run.
 limit=${FERRY_TEST_TIMEOUT:-300}
-for t in "$here"/tests/*; do
-  name=$(basename "$t")
-  start=$(date +%s%N)
-  timeout -k 5 "$limit" "$t" --nocapture >"$log/$name.log" 2>&1
-  case $? in
-    0) status=ok ;;
-    124 | 137) status=TIME; fail=1 ;;
-    *) status=FAIL; fail=1 ;;
-  esac
-  end=$(date +%s%N)
-  printf '%-4s %-20s %7d ms  %s\n' "$status" "$name" $(((end - start) / 1000000)) "$(grep -E '^test result' "$log/$name.log" | tail -1)"
+# Every test binary under the first policy; those of tests-by-policy.txt under the others too
+# (FERRY_TEST_POLICIES, default "tuned plain": the completion policies of CudaConfig). Logs:
+# LOGDIR/NAME.log for the first policy, LOGDIR/NAME.POLICY.log for the others.
+policies=(${FERRY_TEST_POLICIES:-tuned plain})
+for policy in "${policies[@]}"; do
+  for t in "$here"/tests/*; do
+    name=$(basename "$t")
+    file=$log/$name.log
+    if [ "$policy" != "${policies[0]}" ]; then
+      grep -qx "$name" "$here/tests-by-policy.txt" || continue
+      file=$log/$name.$policy.log
+    fi
+    start=$(date +%s%N)
+    FERRY_TEST_COMPLETION=$policy timeout -k 5 "$limit" "$t" --nocapture >"$file" 2>&1
+    case $? in
+      0) status=ok ;;
+      124 | 137) status=TIME; fail=1 ;;
+      *) status=FAIL; fail=1 ;;
+    esac
+    end=$(date +%s%N)
+    printf '%-4s %-6s %-20s %7d ms  %s\n' "$status" "$policy" "$name" $(((end - start) / 1000000)) "$(grep -E '^test result' "$file" | tail -1)"
+  done
 done
 for x in "$here"/examples/*; do
   [ -x "$x" ] || continue
