@@ -59,7 +59,8 @@ extern const int aml_version_patch;
 #define AML_EPERM 7   /* insufficient permissions */
 #define AML_ERROR_MAX 8
 
-/* Negated error of the last failed call that returns a pointer (or nothing). */
+/* Error (a positive AML_E* value, as AML) of the last failed call that returns a pointer
+ * (or nothing). */
 extern int aml_errno;
 /* Description of an error value, negated or not. Static; never NULL. */
 const char *aml_strerror(const int err);
@@ -107,9 +108,10 @@ struct aml_area {
 	struct aml_area_data *data;
 };
 
-/* NULL with aml_errno on failure (-AML_EINVAL: NULL area, size 0). */
+/* NULL with aml_errno on failure (AML_EINVAL: NULL area); size 0: NULL, aml_errno untouched. */
 void *aml_area_mmap(const struct aml_area *area, size_t size,
                     struct aml_area_mmap_options *opts);
+/* NULL ptr or size 0: a no-op (AML_SUCCESS), as AML. */
 int aml_area_munmap(const struct aml_area *area, void *ptr, size_t size);
 int aml_area_fprintf(FILE *stream, const char *prefix, const struct aml_area *area);
 
@@ -152,7 +154,7 @@ struct aml_layout_ops {
 
 /* Element address at coords (layout order); not bounds-checked. NULL + aml_errno on NULL. */
 void *aml_layout_deref(const struct aml_layout *layout, const size_t *coords);
-/* As aml_layout_deref; NULL and aml_errno = -AML_EINVAL when a coordinate is out of bounds. */
+/* As aml_layout_deref; NULL and aml_errno = AML_EINVAL when a coordinate is out of bounds. */
 void *aml_layout_deref_safe(const struct aml_layout *layout, const size_t *coords);
 void *aml_layout_rawptr(const struct aml_layout *layout);
 int aml_layout_order(const struct aml_layout *layout);

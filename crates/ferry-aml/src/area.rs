@@ -65,8 +65,8 @@ pub struct AmlAreaCudaMmapOptions {
     pub ptr: *mut c_void,
 }
 
-/// Allocates `size` bytes in `area`; NULL with `aml_errno` on failure (`-AML_EINVAL` for a
-/// NULL area or size 0).
+/// Allocates `size` bytes in `area`; NULL with `aml_errno` on failure (`AML_EINVAL` for a
+/// NULL area). Size 0 is NULL with `aml_errno` untouched, as AML.
 ///
 /// # Safety
 /// 1. `area` is NULL or valid; `opts` NULL or what the area expects.
@@ -76,30 +76,32 @@ pub unsafe extern "C" fn aml_area_mmap(
     size: usize,
     opts: *mut c_void,
 ) -> *mut c_void {
+    if size == 0 {
+        return std::ptr::null_mut();
+    }
     guard_ptr(|| {
         // SAFETY: (1).
         let a = unsafe { area.as_ref() }.ok_or_else(|| inval("area is NULL"))?;
-        if size == 0 {
-            return Err(inval("size is 0"));
-        }
         // SAFETY: (1).
         let f = unsafe { a.ops.as_ref() }
             .and_then(|o| o.mmap)
-            .ok_or_else(|| inval("area has no mmap"))?;
+            .ok_or_else(|| fail(crate::error::AML_ENOTSUP, "area has no mmap"))?;
         // SAFETY: (1).
         let p = unsafe { f(a.data, size, opts) };
         if p.is_null() {
-            // The area set aml_errno.
-            return Err(fail(
-                -crate::error::aml_errno.load(std::sync::atomic::Ordering::Relaxed),
-                "area mmap failed",
-            ));
+            // The area set aml_errno (an area written for AML may leave it 0).
+            let code = match crate::error::errno() {
+                0 => crate::error::AML_FAILURE,
+                c => c,
+            };
+            return Err(fail(code, "area mmap failed"));
         }
         Ok(p)
     })
 }
 
-/// Frees `size` bytes at `ptr` from `area`. `-AML_EINVAL` for NULL arguments.
+/// Frees `size` bytes at `ptr` from `area`. A NULL `ptr` or a size 0 is a no-op
+/// (`AML_SUCCESS`), as AML; a NULL area is `-AML_EINVAL`.
 ///
 /// # Safety
 /// 1. `area` NULL or valid; `ptr` from `aml_area_mmap(area, size, ...)`.
@@ -109,16 +111,16 @@ pub unsafe extern "C" fn aml_area_munmap(
     ptr: *mut c_void,
     size: usize,
 ) -> c_int {
+    if ptr.is_null() || size == 0 {
+        return AML_SUCCESS;
+    }
     guard(|| {
         // SAFETY: (1).
         let a = unsafe { area.as_ref() }.ok_or_else(|| inval("area is NULL"))?;
-        if ptr.is_null() {
-            return Err(inval("ptr is NULL"));
-        }
         // SAFETY: (1).
         let f = unsafe { a.ops.as_ref() }
             .and_then(|o| o.munmap)
-            .ok_or_else(|| inval("area has no munmap"))?;
+            .ok_or_else(|| fail(crate::error::AML_ENOTSUP, "area has no munmap"))?;
         // SAFETY: (1).
         Ok(unsafe { f(a.data, ptr, size) })
     })
@@ -150,7 +152,7 @@ pub unsafe extern "C" fn aml_area_fprintf(
             // SAFETY: (1).
             Some(f) => Ok(unsafe { f(a.data, stream, p) }),
             // SAFETY: (1).
-            None => Ok(unsafe { crate::dma::print(stream, p, "area") }),
+            None => Ok(unsafe { crate::dma::print(stream, p, &format!("area: {:p}", a.data)) }),
         }
     })
 }
@@ -207,12 +209,42 @@ pub static aml_area_linux: AmlArea = AmlArea {
     data: std::ptr::null_mut(),
 };
 
+/// Prints a CUDA area as AML does (its data, device, flags, mapped, global).
+///
+/// # Safety
+/// 1. `data` NULL or a CUDA area's data; `stream` a valid `FILE *`; `prefix` NULL or a C string.
+#[no_mangle]
+pub unsafe extern "C" fn aml_area_cuda_fprintf(
+    data: *const c_void,
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+) -> c_int {
+    guard(|| {
+        let mut lines = vec![format!("area-cuda: {data:p}")];
+        // SAFETY: (1).
+        if let Some(d) = unsafe { data.cast::<AmlAreaCudaData>().as_ref() } {
+            let kind = match d.flags & 3 {
+                AML_AREA_CUDA_FLAG_ALLOC_HOST => "host",
+                AML_AREA_CUDA_FLAG_ALLOC_UNIFIED => "unified",
+                _ => "default",
+            };
+            let yes = |f: c_int| if d.flags & f != 0 { "yes" } else { "no" };
+            lines.push(format!("device: {}", d.device));
+            lines.push(format!("flags: {kind}"));
+            lines.push(format!("mapped: {}", yes(AML_AREA_CUDA_FLAG_ALLOC_MAPPED)));
+            lines.push(format!("global: {}", yes(AML_AREA_CUDA_FLAG_ALLOC_GLOBAL)));
+        }
+        // SAFETY: (1).
+        unsafe { crate::dma::print_lines(stream, prefix, &lines) }
+    })
+}
+
 /// The CUDA area's methods.
 #[no_mangle]
 pub static aml_area_cuda_ops: AmlAreaOps = AmlAreaOps {
     mmap: Some(aml_area_cuda_mmap),
     munmap: Some(aml_area_cuda_munmap),
-    fprintf: None,
+    fprintf: Some(aml_area_cuda_fprintf),
 };
 
 static CUDA_DEFAULT: AmlAreaCudaData = AmlAreaCudaData {
@@ -332,8 +364,8 @@ pub unsafe extern "C" fn aml_area_cuda_munmap(
     })
 }
 
-/// Creates a CUDA area on `device` (-1: the current one) with `flags`. `-AML_ENOTSUP` without
-/// CUDA, `-AML_EINVAL` for a NULL area or a device that does not exist.
+/// Creates a CUDA area on `device` (-1: the current one) with `flags`. `-AML_FAILURE` without
+/// CUDA (as AML), `-AML_EINVAL` for a NULL area or a device that does not exist.
 ///
 /// # Safety
 /// 1. `area` NULL or valid for one write.
@@ -346,7 +378,7 @@ pub unsafe extern "C" fn aml_area_cuda_create(
     guard(|| {
         // SAFETY: (1).
         let out = unsafe { area.as_mut() }.ok_or_else(|| inval("area is NULL"))?;
-        let n = cuda_sys::devices()?;
+        let n = cuda_sys::devices().map_err(crate::error::unsupported_is_failure)?;
         if device >= 0 && device as usize >= n {
             return Err(inval(format!("device {device}: there are {n}")));
         }

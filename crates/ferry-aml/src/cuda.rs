@@ -11,7 +11,7 @@
 //! - Without a CUDA driver every call is `-AML_ENOTSUP`.
 
 use crate::cuda_sys;
-use crate::dma::{destroy_dma, planned_job, print, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
+use crate::dma::{destroy_dma, planned_job, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
 use crate::error::{fail, guard, inval, AML_ENOTSUP, AML_SUCCESS};
 use crate::layout::AmlLayout;
 use ferry::cuda::{CudaConfig, CudaEngine, Direction};
@@ -142,8 +142,8 @@ pub(crate) fn finalize_ready() {
 }
 
 /// Creates a CUDA DMA on the current device for copies of `kind` (`enum cudaMemcpyKind`).
-/// Returns `AML_SUCCESS`, `-AML_EINVAL` (NULL dma, unknown kind), `-AML_ENOTSUP` (no CUDA
-/// driver or device) or `-AML_FAILURE` (a driver call failed).
+/// Returns `AML_SUCCESS`, `-AML_EINVAL` (NULL dma, unknown kind) or `-AML_FAILURE` (no CUDA
+/// driver or device, as AML; or a driver call failed: `ferry_last_error_message` says which).
 ///
 /// # Safety
 /// 1. `dma` is NULL or valid for one write.
@@ -160,7 +160,9 @@ pub unsafe extern "C" fn aml_dma_cuda_create(dma: *mut *mut AmlDma, kind: c_int)
             CUDA_MEMCPY_DEVICE_TO_DEVICE => Direction::DeviceToDevice,
             k => return Err(inval(format!("cudaMemcpyKind {k} is not one of 0..=4"))),
         };
-        let i = new_inner(cuda_sys::current_device()?)?;
+        let i = cuda_sys::current_device()
+            .and_then(new_inner)
+            .map_err(crate::error::unsupported_is_failure)?;
         let data = Box::new(AmlDmaCudaData {
             stream: i.cuda.stream(dir).cu_stream().cast(),
             kind,
@@ -288,8 +290,20 @@ pub unsafe extern "C" fn aml_dma_cuda_request_destroy(
 /// 1. `data` is NULL or a CUDA DMA's data.
 #[no_mangle]
 pub unsafe extern "C" fn aml_dma_cuda_barrier(data: *mut c_void) -> c_int {
-    // SAFETY: (1).
-    guard(|| Ok(unsafe { inner(data) }?.1.backend.barrier()))
+    guard(|| {
+        // The ready `aml_dma_cuda` whose engine was never made has nothing pending: success,
+        // as AML (with or without a driver).
+        if std::ptr::eq(data.cast_const().cast::<AmlDmaCudaData>(), &READY_DATA)
+            && READY
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none()
+        {
+            return Ok(AML_SUCCESS);
+        }
+        // SAFETY: (1).
+        Ok(unsafe { inner(data) }?.1.backend.barrier())
+    })
 }
 
 /// # Safety
@@ -302,14 +316,14 @@ unsafe extern "C" fn cuda_fprintf(
     guard(|| {
         // SAFETY: (1).
         let (d, i) = unsafe { inner(data) }?;
-        let text = format!(
-            "dma-cuda: ferry {}, kind {}, stream {:?}",
-            i.cuda.ordinal(),
-            d.kind,
-            d.stream
-        );
+        let lines = [
+            format!("dma-cuda: {data:p}"),
+            format!("device: {}", i.cuda.ordinal()),
+            format!("kind: {}", d.kind),
+            format!("stream: {:p}", d.stream),
+        ];
         // SAFETY: (1).
-        Ok(unsafe { print(stream, prefix, &text) })
+        unsafe { crate::dma::print_lines(stream, prefix, &lines) }
     })
 }
 

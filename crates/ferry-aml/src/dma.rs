@@ -254,15 +254,38 @@ pub(crate) unsafe fn destroy_dma<T>(
     })
 }
 
-/// Writes `text` after `prefix` on a C stream.
+/// Prints `text` as AML prints a line: `"<prefix>: <text>\n"` (`prefix` NULL: "").
 ///
 /// # Safety
-/// 1. `stream` is a valid `FILE *`; `prefix` a C string.
+/// 1. `stream` a valid `FILE *`; `prefix` NULL or a C string.
 pub(crate) unsafe fn print(stream: *mut libc::FILE, prefix: *const c_char, text: &str) -> c_int {
-    let c = std::ffi::CString::new(text.replace('\0', " ")).unwrap_or_default();
-    // SAFETY: (1); a "%s%s\n" format with two C strings.
-    unsafe { libc::fprintf(stream, c"%s%s\n".as_ptr(), prefix, c.as_ptr()) };
-    AML_SUCCESS
+    // SAFETY: (1).
+    unsafe { print_lines(stream, prefix, &[text.to_owned()]) }.unwrap_or(-crate::error::AML_EINVAL)
+}
+
+/// Prints each line as [`print`] does. `-AML_EINVAL` for a NULL stream.
+///
+/// # Safety
+/// 1. `stream` NULL or a valid `FILE *`; `prefix` NULL or a C string.
+pub(crate) unsafe fn print_lines(
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+    lines: &[String],
+) -> Result<c_int, Fail> {
+    if stream.is_null() {
+        return Err(inval("stream is NULL"));
+    }
+    let prefix = if prefix.is_null() {
+        c"".as_ptr()
+    } else {
+        prefix
+    };
+    for l in lines {
+        let c = std::ffi::CString::new(l.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: (1); a "%s: %s\n" format with two C strings.
+        unsafe { libc::fprintf(stream, c"%s: %s\n".as_ptr(), prefix, c.as_ptr()) };
+    }
+    Ok(AML_SUCCESS)
 }
 
 /// The name of [`AmlCall`] in ferry's request errors.

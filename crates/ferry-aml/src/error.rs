@@ -29,7 +29,8 @@ pub const AML_EPERM: c_int = 7;
 pub const AML_ERROR_MAX: c_int = 8;
 
 /// The error of the last failed call that returns a pointer (as AML: a process-wide `int`,
-/// holding a negated code). An `AtomicI32` has the layout of a C `int`.
+/// holding a positive code, as AML's generic area and `aml_perror` use it). An `AtomicI32` has
+/// the layout of a C `int`.
 #[no_mangle]
 pub static aml_errno: AtomicI32 = AtomicI32::new(0);
 
@@ -37,6 +38,15 @@ pub static aml_errno: AtomicI32 = AtomicI32::new(0);
 pub(crate) fn fail(code: c_int, msg: impl Into<String>) -> Fail {
     // Stored with the AML code offset, so that `code_of` can tell it from ferry's own codes.
     Fail::new(AML_BASE + code, msg)
+}
+
+/// A create function's failure as AML reports it: without a CUDA driver or device AML's
+/// constructors return `-AML_FAILURE` (other calls keep `-AML_ENOTSUP`); the reason is kept.
+pub(crate) fn unsupported_is_failure(f: Fail) -> Fail {
+    if code_of(&f) == AML_ENOTSUP {
+        return fail(AML_FAILURE, f.msg);
+    }
+    f
 }
 
 /// `-AML_EINVAL` with a message.
@@ -65,8 +75,18 @@ pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, Fail>) -> c_int {
     ferry_capi::catch(f).unwrap_or_else(|e| -code_of(&e))
 }
 
+/// Sets `aml_errno` to the code of `rc` (positive, whatever the sign of `rc`).
+pub(crate) fn set_errno(rc: c_int) {
+    aml_errno.store(rc.saturating_abs(), Ordering::Relaxed);
+}
+
+/// `aml_errno` as a positive code (a C program may have stored a negated one).
+pub(crate) fn errno() -> c_int {
+    aml_errno.load(Ordering::Relaxed).saturating_abs()
+}
+
 /// Runs an entry point returning a pointer: the pointer, or NULL with `aml_errno` set to the
-/// negated code.
+/// (positive) code.
 pub(crate) fn guard_ptr<T>(f: impl FnOnce() -> Result<*mut T, Fail>) -> *mut T {
     let mut p = std::ptr::null_mut();
     let rc = guard(|| {
@@ -74,7 +94,7 @@ pub(crate) fn guard_ptr<T>(f: impl FnOnce() -> Result<*mut T, Fail>) -> *mut T {
         Ok(AML_SUCCESS)
     });
     if rc != AML_SUCCESS {
-        aml_errno.store(rc, Ordering::Relaxed);
+        set_errno(rc);
         return std::ptr::null_mut();
     }
     p
@@ -84,7 +104,7 @@ pub(crate) fn guard_ptr<T>(f: impl FnOnce() -> Result<*mut T, Fail>) -> *mut T {
 pub(crate) fn guard_void(f: impl FnOnce() -> Result<c_int, Fail>) {
     let rc = guard(f);
     if rc < 0 {
-        aml_errno.store(rc, Ordering::Relaxed);
+        set_errno(rc);
     }
 }
 

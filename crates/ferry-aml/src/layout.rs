@@ -10,7 +10,7 @@
 
 use crate::error::{guard, guard_ptr, guard_void, inval, AML_ENOMEM, AML_SUCCESS};
 use ferry_capi::Fail;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 
 /// Column-major (Fortran) order: the first dim is contiguous. AML's value, 0.
 pub const AML_LAYOUT_ORDER_COLUMN_MAJOR: c_int = 0;
@@ -93,7 +93,7 @@ pub static aml_layout_column_ops: AmlLayoutOps = AmlLayoutOps {
     reshape: Some(aml_layout_column_reshape),
     slice: Some(aml_layout_column_slice),
     slice_native: Some(aml_layout_column_slice),
-    fprintf: Some(dense_fprintf),
+    fprintf: Some(column_fprintf),
     duplicate: Some(dense_duplicate),
     destroy: None,
 };
@@ -112,7 +112,7 @@ pub static aml_layout_row_ops: AmlLayoutOps = AmlLayoutOps {
     reshape: Some(aml_layout_row_reshape),
     slice: Some(aml_layout_row_slice),
     slice_native: Some(aml_layout_row_slice_native),
-    fprintf: Some(dense_fprintf),
+    fprintf: Some(row_fprintf),
     duplicate: Some(dense_duplicate),
     destroy: None,
 };
@@ -289,9 +289,10 @@ pub(crate) unsafe fn emit(out: Out, l: Result<*mut AmlLayout, Fail>) -> Result<c
 /// Creates a dense layout over `ptr` (AML's constructor): `order` is
 /// `AML_LAYOUT_ORDER_COLUMN_MAJOR` (0) or `AML_LAYOUT_ORDER_ROW_MAJOR` (1), `dims` in that
 /// order; `stride` (elements between consecutive elements of a dim; NULL: 1) and `pitch`
-/// (elements between consecutive indices of the next dim; NULL: the dims) in the same order.
-/// Returns `AML_SUCCESS`, `-AML_EINVAL` (NULL layout, ptr or dims, zero size or ndims, unknown
-/// order, zero dim or stride, pitch below dim * stride) or `-AML_ENOMEM`.
+/// (elements between consecutive indices of the next dim; NULL: the dims, as AML, even with
+/// strides) in the same order. Returns `AML_SUCCESS`, `-AML_EINVAL` (NULL layout, ptr or dims,
+/// zero size or ndims, unknown order, zero dim or stride, a given pitch below dim * stride) or
+/// `-AML_ENOMEM`.
 ///
 /// # Safety
 /// 1. `layout` is NULL or valid for one write; `dims` is NULL or valid for `ndims` reads, and
@@ -347,10 +348,12 @@ pub unsafe extern "C" fn aml_layout_dense_create(
         let mut cpitch = vec![element_size; ndims];
         // A dimension's extent, (dim - 1) x stride + 1, checked (it wrapped in release builds
         // and let a too-small pitch through).
+        // A NULL pitch is AML's default, the dims, whatever the strides: such a layout's
+        // elements may overlap (AML's own tests make them), so only a given pitch is checked.
         let extent = |i: usize| (d[i] - 1).checked_mul(s[i]).and_then(|x| x.checked_add(1));
         for i in 1..ndims {
             let need = extent(i - 1).ok_or_else(|| inval("dims x strides overflow"))?;
-            if p[i - 1] < need {
+            if pitch.is_some() && p[i - 1] < need {
                 return Err(inval(format!(
                     "pitch {} is below what dim {} x stride {} needs",
                     p[i - 1],
@@ -517,37 +520,64 @@ pub unsafe extern "C" fn aml_layout_dense_element_size(data: Data) -> usize {
     n
 }
 
+/// AML's text for a dense layout: a header line, the pointer, ndims, then one line per dim (in
+/// the user's order) with its dim, stride and cumulative pitch.
+///
 /// # Safety
-/// 1. `data` is a valid dense layout's data; `stream` a valid `FILE *`; `prefix` NULL or a C
-///    string.
-unsafe extern "C" fn dense_fprintf(
+/// 1. `data` is a valid dense layout's data.
+unsafe fn dense_text(data: Data, row: bool) -> Result<Vec<String>, Fail> {
+    // SAFETY: (1).
+    let d: &AmlLayoutDense = unsafe { data.cast::<AmlLayoutDense>().as_ref() }
+        .ok_or_else(|| inval("layout data is NULL"))?;
+    let order = if row { "row-major" } else { "column-major" };
+    let mut lines = vec![
+        format!("layout-dense: {data:p}: {order}"),
+        format!("ptr: {:p}", d.ptr),
+        format!("ndims: {}", d.ndims),
+    ];
+    if d.ndims == 0 || d.dims.is_null() || d.stride.is_null() || d.cpitch.is_null() {
+        return Ok(lines);
+    }
+    // SAFETY: (1): a dense layout's arrays hold `ndims` values.
+    let (dims, stride, cpitch) = unsafe {
+        (
+            std::slice::from_raw_parts(d.dims, d.ndims),
+            std::slice::from_raw_parts(d.stride, d.ndims),
+            std::slice::from_raw_parts(d.cpitch, d.ndims),
+        )
+    };
+    for i in 0..d.ndims {
+        let j = if row { d.ndims - i - 1 } else { i };
+        lines.push(format!(
+            "{i:16}: {:16} {:16} {:16}",
+            dims[j], stride[j], cpitch[j]
+        ));
+    }
+    Ok(lines)
+}
+
+/// # Safety
+/// 1. `data` is a valid column-major dense layout's data; `stream` a valid `FILE *`; `prefix`
+///    NULL or a C string.
+unsafe extern "C" fn column_fprintf(
     data: Data,
     stream: *mut libc::FILE,
     prefix: *const c_char,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: (1).
-        let d = unsafe { self::data(data) }?;
-        if stream.is_null() {
-            return Err(inval("stream is NULL"));
-        }
-        let p = if prefix.is_null() {
-            String::new()
-        } else {
-            // SAFETY: (1).
-            unsafe { CStr::from_ptr(prefix) }
-                .to_string_lossy()
-                .into_owned()
-        };
-        let text = format!(
-            "{p}: layout-dense: ptr {:#x}, element size {}, native dims {:?}, byte strides {:?}\n",
-            d.ptr, d.elem, d.dims, d.bs
-        );
-        let c = std::ffi::CString::new(text).unwrap_or_default();
-        // SAFETY: (1); a NUL-terminated string and a "%s" format.
-        unsafe { libc::fprintf(stream, c"%s".as_ptr(), c.as_ptr()) };
-        Ok(AML_SUCCESS)
-    })
+    // SAFETY: (1).
+    guard(|| unsafe { crate::dma::print_lines(stream, prefix, &dense_text(data, false)?) })
+}
+
+/// # Safety
+/// 1. `data` is a valid row-major dense layout's data; `stream` a valid `FILE *`; `prefix`
+///    NULL or a C string.
+unsafe extern "C" fn row_fprintf(
+    data: Data,
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+) -> c_int {
+    // SAFETY: (1).
+    guard(|| unsafe { crate::dma::print_lines(stream, prefix, &dense_text(data, true)?) })
 }
 
 /// # Safety

@@ -9,9 +9,7 @@
 //! - An AML operator runs on a worker (as a ferry operator whose `lower` performs the copy);
 //!   its return value is the request's result.
 
-use crate::dma::{
-    destroy_dma, planned_job, print, AmlCall, AmlDma, AmlDmaOperator, AmlDmaOps, Backend,
-};
+use crate::dma::{destroy_dma, planned_job, AmlCall, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
 use crate::error::{guard, inval, AML_SUCCESS};
 use crate::layout::{generic::dims_of, AmlLayout};
 use ferry::{CpuConfig, CpuEngine, Job, MemKind, RawBuf};
@@ -210,13 +208,12 @@ unsafe extern "C" fn linux_fprintf(
         // SAFETY: (1).
         let l = unsafe { linux(data) }?;
         // SAFETY: (1).
-        Ok(unsafe {
-            print(
-                stream,
-                prefix,
-                &format!("dma-linux: ferry {}", l.backend.engine.name()),
-            )
-        })
+        let lines = [
+            format!("dma-linux: {data:p}"),
+            format!("engine: ferry {}", l.backend.engine.name()),
+        ];
+        // SAFETY: (1).
+        unsafe { crate::dma::print_lines(stream, prefix, &lines) }
     })
 }
 

@@ -4,7 +4,7 @@
 //! positive), the choice is thread-safe, and a NULL `aml_dma_multiplex_request_args` (the
 //! `aml_dma_copy` macros) uses each dma's default operator.
 
-use crate::dma::{aml_dma_async_copy_custom, aml_dma_barrier, aml_dma_cancel, aml_dma_wait, print};
+use crate::dma::{aml_dma_async_copy_custom, aml_dma_barrier, aml_dma_cancel, aml_dma_wait};
 use crate::dma::{destroy_dma, AmlDma, AmlDmaOperator, AmlDmaOps};
 use crate::error::{fail, guard, inval, AML_ENOMEM, AML_SUCCESS};
 use crate::layout::AmlLayout;
@@ -424,11 +424,12 @@ unsafe extern "C" fn mux_fprintf(
     guard(|| {
         // SAFETY: (1).
         let m = unsafe { mux(data) }?;
-        let text = format!(
-            "dma-multiplex: {} dmas, weights {:?}",
-            m.count, m.own_weights
-        );
+        let lines = [
+            format!("dma-multiplex: {data:p}"),
+            format!("dmas: {}", m.count),
+            format!("weights: {:?}", m.own_weights),
+        ];
         // SAFETY: (1).
-        Ok(unsafe { print(stream, prefix, &text) })
+        unsafe { crate::dma::print_lines(stream, prefix, &lines) }
     })
 }

@@ -1,4 +1,5 @@
-/* aml/area/cuda.h - CUDA memory areas (libaml on ferry); -AML_ENOTSUP without CUDA. */
+/* aml/area/cuda.h - CUDA memory areas (libaml on ferry); without CUDA aml_area_cuda_create
+ * returns -AML_FAILURE (as AML), mmap -AML_ENOTSUP. */
 #ifndef AML_AREA_CUDA_H
 #define AML_AREA_CUDA_H
 
@@ -29,13 +30,15 @@ struct aml_area_cuda_data {
 	int device;
 };
 
-/* device -1: the current one. -AML_EINVAL: NULL area, no such device; -AML_ENOTSUP: no CUDA. */
+/* device -1: the current one. -AML_EINVAL: NULL area, no such device; -AML_FAILURE: no CUDA. */
 int aml_area_cuda_create(struct aml_area **area, const int device, const int flags);
 void aml_area_cuda_destroy(struct aml_area **area);
 void *aml_area_cuda_mmap(const struct aml_area_data *area_data, size_t size,
                          struct aml_area_mmap_options *options);
 int aml_area_cuda_munmap(const struct aml_area_data *area_data, void *ptr, const size_t size);
 
+/* Prints the area as AML does ("<prefix>: area-cuda: <data>", device, flags, mapped, global). */
+int aml_area_cuda_fprintf(const struct aml_area_data *data, FILE *stream, const char *prefix);
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,7 @@
 /*
  * aml/dma/cuda.h - the CUDA DMA on ferry's CUDA engine (libaml on ferry).
- * Builds without CUDA headers; every function returns -AML_ENOTSUP without a CUDA driver.
+ * Builds without CUDA headers; without a CUDA driver aml_dma_cuda_create returns -AML_FAILURE
+ * (as AML) and the other functions -AML_ENOTSUP.
  * Unlike AML: waiting for one request waits for that request only; device to device works
  * through aml_dma_cuda_memcpy_op; the NULL operator is ferry's planned layout copy (host or
  * device told from the pointers).
@@ -62,8 +63,8 @@ extern struct aml_dma_ops aml_dma_cuda_ops;
 /* Stream 0, cudaMemcpyDefault; its engine is made on first use on the current device. */
 extern struct aml_dma aml_dma_cuda;
 
-/* A DMA on the current device. -AML_EINVAL: NULL dma, unknown kind; -AML_ENOTSUP: no CUDA;
- * -AML_FAILURE: a driver call failed. */
+/* A DMA on the current device. -AML_EINVAL: NULL dma, unknown kind; -AML_FAILURE: no CUDA
+ * (as AML) or a driver call failed. */
 int aml_dma_cuda_create(struct aml_dma **dma, const enum cudaMemcpyKind kind);
 int aml_dma_cuda_destroy(struct aml_dma **dma);
 

@@ -21,9 +21,10 @@ struct aml_layout_dense {
 };
 
 /* order: AML_LAYOUT_ORDER_COLUMN_MAJOR (0) or AML_LAYOUT_ORDER_ROW_MAJOR (1); dims, stride
- * (NULL: 1) and pitch (elements between consecutive indices of the next dim; NULL: dims) in
- * that order. -AML_EINVAL: NULL layout/ptr/dims, element_size or ndims 0, unknown order, a
- * zero dim or stride, a pitch too small; -AML_ENOMEM. */
+ * (NULL: 1) and pitch (elements between consecutive indices of the next dim; NULL: dims, as
+ * AML, even with strides: elements may then overlap) in that order. -AML_EINVAL: NULL
+ * layout/ptr/dims, element_size or ndims 0, unknown order, a zero dim or stride, a given pitch
+ * too small; -AML_ENOMEM. */
 int aml_layout_dense_create(struct aml_layout **layout, void *ptr, const int order,
                             const size_t element_size, const size_t ndims, const size_t *dims,
                             const size_t *stride, const size_t *pitch);
