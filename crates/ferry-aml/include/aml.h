@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -33,19 +34,24 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* libnuma's headers where installed, as AML's aml.h includes them (libaml needs neither). */
+#if defined(__has_include)
+#if __has_include(<numa.h>) && __has_include(<numaif.h>)
+#include <numa.h>
+#include <numaif.h>
+#endif
+#endif
+
+#include "aml/utils/bitmap.h"
+#include "aml/utils/inner-malloc.h"
+#include "aml/utils/macros.h"
+#include "aml/utils/queue.h"
+#include "aml/utils/vector.h"
+#include "aml/utils/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ------------------------------------------------------------------ version */
-
-#define AML_VERSION_MAJOR 0
-#define AML_VERSION_MINOR 3
-#define AML_VERSION_PATCH 0
-#define AML_VERSION_STRING "0.3.0-ferry"
-extern const int aml_version_major;
-extern const int aml_version_minor;
-extern const int aml_version_patch;
 
 /* ------------------------------------------------------------------ errors */
 

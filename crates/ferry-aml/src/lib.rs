@@ -1,9 +1,9 @@
 //! libaml: AML's DMA API on ferry's engines, so that a C or C++ program written for AML
 //! (`aml.h`, `aml/dma/{linux,cuda,multiplex}.h`, `aml/layout/dense.h`,
-//! `aml/area/{linux,cuda}.h`) builds unchanged against `include/` and `-laml` (pkg-config
-//! `aml`), and its copies run on ferry: the Linux DMA on the CPU engine (a large copy split
-//! across the workers), the CUDA DMA on the CUDA engine (copy engines, staging, 2-D/3-D
-//! copies), the NULL operator as ferry's planned layout copy.
+//! `aml/area/{linux,cuda}.h`, `aml/utils/*.h`) builds unchanged against `include/` and
+//! `-laml` (pkg-config `aml`), and its copies run on ferry: the Linux DMA on the CPU engine
+//! (a large copy split across the workers), the CUDA DMA on the CUDA engine (copy engines,
+//! staging, 2-D/3-D copies), the NULL operator as ferry's planned layout copy.
 //!
 //! What is AML's: names, signatures, struct layouts of the public structs, constant values,
 //! operators that are C functions doing the copy, layouts that carry their pointer, NULL
@@ -28,6 +28,7 @@ pub mod linux;
 pub mod multiplex;
 #[cfg(test)]
 mod tests;
+pub mod utils;
 
 use error::{guard, AML_SUCCESS};
 use std::ffi::{c_char, c_int, c_ulong};
@@ -89,13 +90,3 @@ pub unsafe extern "C" fn aml_support_backends(backends: c_ulong) -> c_int {
     }
     1
 }
-
-/// `AML_VERSION_MAJOR`.
-#[no_mangle]
-pub static aml_version_major: c_int = 0;
-/// `AML_VERSION_MINOR`.
-#[no_mangle]
-pub static aml_version_minor: c_int = 3;
-/// `AML_VERSION_PATCH`.
-#[no_mangle]
-pub static aml_version_patch: c_int = 0;
