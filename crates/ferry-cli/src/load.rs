@@ -12,22 +12,64 @@ use ferry::checkpoint::{
 };
 use ferry::cuda::CudaEngine;
 use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece, Replacement};
-use ferry::memory::Memory;
+use ferry::memory::{MemKind, Memory};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Where `--device` puts the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// `cuda:N`: GPU N's memory. The GPU is named here once: the file engine is given GPU N's
+    /// CUDA engine, and a checkpoint load [`Target::Device`], that engine's GPU.
+    Cuda(u32),
+    /// `pinned`: page-locked host memory.
+    Pinned,
+    /// `host` (also `pageable`, `cpu`): pageable host memory.
+    Pageable,
+}
+
+impl Device {
+    /// The checkpoint load's target.
+    pub fn target(self) -> Target {
+        match self {
+            Device::Cuda(_) => Target::Device,
+            Device::Pinned => Target::Pinned,
+            Device::Pageable => Target::Pageable,
+        }
+    }
+    /// The memory a plain file's bytes are loaded to.
+    pub fn kind(self) -> MemKind {
+        match self {
+            Device::Cuda(ordinal) => MemKind::Device { ordinal },
+            Device::Pinned => MemKind::Pinned,
+            Device::Pageable => MemKind::Pageable,
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    /// `cuda:0`, `pinned`, `pageable`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cuda(o) => write!(f, "cuda:{o}"),
+            Device::Pinned => f.write_str("pinned"),
+            Device::Pageable => f.write_str("pageable"),
+        }
+    }
+}
+
 /// Where `--device` puts the bytes: `cuda:N`, `host` (pageable) or `pinned`.
-pub fn parse_device(s: &str) -> Result<Target, String> {
+pub fn parse_device(s: &str) -> Result<Device, String> {
     match s {
-        "host" | "pageable" | "cpu" => Ok(Target::Pageable),
-        "pinned" => Ok(Target::Pinned),
+        "host" | "pageable" | "cpu" => Ok(Device::Pageable),
+        "pinned" => Ok(Device::Pinned),
         _ => {
             let n = s
                 .strip_prefix("cuda:")
                 .ok_or_else(|| format!("`{s}` is not cuda:N, host or pinned"))?;
             n.parse::<u32>()
-                .map(Target::Device)
+                .map(Device::Cuda)
                 .map_err(|_| format!("`{s}`: the GPU ordinal `{n}` is not a number"))
         }
     }
@@ -66,7 +108,7 @@ fn parse_offset(s: &str) -> Result<u64, String> {
 pub struct IoArgs {
     /// Where the bytes go: cuda:N, host (pageable) or pinned.
     #[arg(long, default_value = "cuda:0", value_parser = parse_device)]
-    pub device: Target,
+    pub device: Device,
     /// Treat a .safetensors file as plain bytes.
     #[arg(long)]
     pub raw: bool,
@@ -230,7 +272,7 @@ pub fn check(
         length
     };
     let host_need = match (io.device, verify) {
-        (Target::Device(_), false) => 0,
+        (Device::Cuda(_), false) => 0,
         (_, true) => need.saturating_mul(2),
         (_, false) => need,
     };
@@ -245,7 +287,7 @@ pub fn check(
         });
     }
     match io.device {
-        Target::Device(n) => {
+        Device::Cuda(n) => {
             let p = ferry::cuda::probe();
             if let Err(why) = &p.driver {
                 return Err(ArgError::Device(format!(
@@ -269,14 +311,14 @@ pub fn check(
                 });
             }
         }
-        Target::Pinned => {
+        Device::Pinned => {
             if let Err(why) = ferry::cuda::probe().driver {
                 return Err(ArgError::Device(format!(
                     "--device pinned needs a CUDA driver: {why} (use --device host)"
                 )));
             }
         }
-        Target::Pageable => {}
+        Device::Pageable => {}
     }
     if let Some((dst, _)) = &save {
         check_output(dst, path, checkpoint)?;
@@ -355,7 +397,7 @@ fn engine(job: &Job) -> Result<FileEngine, AnyError> {
         allow_cufile_compat();
     }
     Ok(match job.io.device {
-        Target::Device(n) => FileEngine::with_engine(cfg, Arc::new(CudaEngine::new(n)?))?,
+        Device::Cuda(n) => FileEngine::with_engine(cfg, Arc::new(CudaEngine::new(n)?))?,
         _ => FileEngine::new(cfg)?,
     })
 }
@@ -537,7 +579,7 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
             let len = std::fs::metadata(p).ok()?.len();
             page_cache(p, 0, len).map(|(a, b)| (h + a, n + b))
         });
-        let mut opts = LoadOptions::new(target);
+        let mut opts = LoadOptions::new(target.target());
         if job.io.per_tensor {
             opts = opts.placement(Placement::PerTensor);
         }
@@ -564,7 +606,7 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
                     "name": t.name, "dtype": t.dtype.to_string(), "shape": t.shape,
                     "bytes": t.len, "file": t.file.display().to_string(),
                     "file_range": [t.file_range.start, t.file_range.end],
-                    "address": format!("{:#x}", t.addr),
+                    "address": format!("{:#x}", ck.view(&t.name).map_or(0, |v| v.raw().addr)),
                 })
             })
             .collect();
@@ -582,7 +624,7 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
     let cache = page_cache(&job.path, job.offset, job.length);
     let t0 = Instant::now();
     let len = usize::try_from(job.length)?;
-    let mut buf = TensorBuffer::new(target, len).map_err(|m| {
+    let mut buf = TensorBuffer::new(target.kind(), len).map_err(|m| {
         format!(
             "cannot allocate {} of {target} memory: {m}",
             format_size(job.length)

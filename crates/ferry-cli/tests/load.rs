@@ -213,8 +213,8 @@ fn save_a_checkpoint_through_host_memory() {
         &checkpoint::LoadOptions::new(checkpoint::Target::Pageable),
     )
     .unwrap();
-    assert_eq!(ck.host_bytes("w"), Some(&w[..]));
-    assert_eq!(ck.host_bytes("b"), Some(&b[..]));
+    assert_eq!(ck.host("w").map(|v| v.bytes()), Some(&w[..]));
+    assert_eq!(ck.host("b").map(|v| v.bytes()), Some(&b[..]));
 }
 
 fn refused(args: &[&str], want: &str) -> String {

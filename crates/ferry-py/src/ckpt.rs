@@ -43,16 +43,17 @@ pub(crate) fn file_engine(py: Python<'_>, device: Option<u32>) -> PyResult<Arc<F
         .clone())
 }
 
-/// `cuda:N` / `cuda` / `cpu` / `pinned` as a load target.
-fn target(device: &str) -> PyResult<Target> {
+/// `cuda:N` / `cuda` / `cpu` / `pinned` as a load target, and the GPU whose file engine
+/// ([`file_engine`]) loads to it: the ordinal is named once, to that engine.
+fn target(device: &str) -> PyResult<(Target, Option<u32>)> {
     match device {
-        "cpu" => Ok(Target::Pageable),
-        "pinned" => Ok(Target::Pinned),
-        "cuda" => Ok(Target::Device(0)),
+        "cpu" => Ok((Target::Pageable, None)),
+        "pinned" => Ok((Target::Pinned, None)),
+        "cuda" => Ok((Target::Device, Some(0))),
         d => d
             .strip_prefix("cuda:")
             .and_then(|n| n.parse().ok())
-            .map(Target::Device)
+            .map(|o| (Target::Device, Some(o)))
             .ok_or_else(|| {
                 arg(format!(
                     "device {d:?}: expected \"cpu\", \"pinned\" or \"cuda:N\""
@@ -187,14 +188,8 @@ pub(crate) fn _load_safetensors(
     device: &str,
     names: Option<Vec<String>>,
 ) -> PyResult<Py<PyList>> {
-    let target = target(device)?;
-    let fe = file_engine(
-        py,
-        match target {
-            Target::Device(o) => Some(o),
-            _ => None,
-        },
-    )?;
+    let (target, gpu) = target(device)?;
+    let fe = file_engine(py, gpu)?;
     let mut opts = LoadOptions::new(target);
     if let Some(n) = names {
         opts = opts.names(n);

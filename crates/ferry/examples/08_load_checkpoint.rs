@@ -2,7 +2,8 @@
 //! memory, reload two tensors into memory the program already has (`load_into`: no
 //! allocation, dtype and shape checked first), and, where a GPU is present, into device memory through the file engine's
 //! file -> device path; save it again from the device. Every tensor's name, dtype, shape, byte
-//! range and address is printed, with each load's report (bytes, reads, GB/s, the I/O path).
+//! range and place is printed, with each load's report (bytes, reads, GB/s, the I/O path); the
+//! tensors are reached through typed views (host: bytes and typed slices; device: a pointer).
 //!
 //! `cargo run --release --example 08_load_checkpoint`
 
@@ -22,7 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    // A checkpoint of a few layers: f32 weights, bf16 biases (as u16 bit patterns), a step.
+    // A checkpoint of a few layers: f32 weights, bf16 biases, a step.
     let layers = 4;
     let weights: Vec<Vec<f32>> = (0..layers)
         .map(|l| {
@@ -31,7 +32,9 @@ fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
                 .collect()
         })
         .collect();
-    let biases: Vec<Vec<u16>> = (0..layers).map(|l| vec![l as u16; 1024]).collect();
+    let biases: Vec<Vec<half::bf16>> = (0..layers)
+        .map(|l| vec![half::bf16::from_f32(l as f32); 1024])
+        .collect();
     let step = [1234i64];
     let names: Vec<(String, String)> = (0..layers)
         .map(|l| (format!("layers.{l}.weight"), format!("layers.{l}.bias")))
@@ -67,18 +70,23 @@ fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     println!("pageable: {}", ck.report());
     for t in ck.tensors() {
         println!(
-            "  {:<18} {:<5} {:<12} file {:>9}..{:<9} at {:#x}",
+            "  {:<18} {:<5} {:<12} file {:>9}..{:<9} buffer {} + {}",
             t.name,
             t.dtype.to_string(),
             format!("{:?}", t.shape),
             t.file_range.start,
             t.file_range.end,
-            t.addr
+            t.buffer,
+            t.offset
         );
     }
-    let w1: &[f32] =
-        ferry::bytemuck::cast_slice(ck.host_bytes("layers.1.weight").ok_or("missing")?);
-    assert_eq!(w1, &weights[1][..]);
+    // A host view: the bytes, or the elements as the Rust type of the tensor's dtype (another
+    // type is an error, not a reinterpretation).
+    let w1 = ck.host("layers.1.weight").ok_or("missing")?;
+    assert_eq!(w1.as_slice::<f32>()?, &weights[1][..]);
+    let b1 = ck.host("layers.1.bias").ok_or("missing")?;
+    assert_eq!(b1.as_slice::<half::bf16>()?, &biases[1][..]);
+    println!("as u16: {}", b1.as_slice::<u16>().err().ok_or("accepted")?);
 
     // Only the biases, one allocation each.
     let opts = LoadOptions::new(Target::Pageable)
@@ -89,7 +97,7 @@ fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
 
     // Into the program's own buffers (a model's parameters, say): nothing allocated.
     let mut w0 = vec![0f32; 256 * 1024];
-    let mut b0 = vec![0u16; 1024];
+    let mut b0 = vec![half::bf16::ZERO; 1024];
     let r = checkpoint::load_into(
         &host,
         &path,
@@ -109,18 +117,23 @@ fn run(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
         e.err().ok_or("accepted")?
     );
 
-    // Device: the same file into GPU memory, then saved again from there.
+    // Device: the same file into GPU memory, then saved again from there. The GPU is named
+    // once, by the CUDA engine the file engine moves the bytes with.
     if let Err(why) = ferry::cuda::probe().driver {
         println!("device part skipped: {why}");
         return Ok(());
     }
     let gpu = FileEngine::with_engine(FileConfig::new(), Arc::new(CudaEngine::new(0)?))?;
-    let ck = checkpoint::load(&gpu, &path, &LoadOptions::new(Target::Device(0)))?;
+    let ck = checkpoint::load(&gpu, &path, &LoadOptions::new(Target::Device))?;
     println!("cuda:0: {}", ck.report());
-    let t = ck.get("layers.3.weight").ok_or("missing")?;
+    let w3 = ck.device("layers.3.weight").ok_or("missing")?;
     println!(
-        "  layers.3.weight lives at device address {:#x} ({} bytes)",
-        t.addr, t.len
+        "  layers.3.weight lives on cuda:{} at device address {:#x} ({} bytes, {} {:?})",
+        w3.ordinal(),
+        w3.device_ptr(),
+        w3.len(),
+        w3.dtype(),
+        w3.shape()
     );
     let again = dir.join("from-device.safetensors");
     let r = ck.save(&gpu, &again, &SaveOptions::new().fsync(true))?;

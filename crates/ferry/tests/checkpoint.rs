@@ -104,7 +104,7 @@ fn check_loaded(ck: &checkpoint::Checkpoint, want: &[Owned], ctx: &str) {
             w.name
         );
         assert_eq!(t.len, w.data.len(), "{ctx}: {}", w.name);
-        let got = ck.host_bytes(&w.name).unwrap();
+        let got = ck.host(&w.name).unwrap().bytes();
         if let Some(i) = got.iter().zip(&w.data).position(|(a, b)| a != b) {
             panic!("{ctx}: tensor {} differs at byte {i}", w.name);
         }
@@ -689,7 +689,7 @@ fn null_metadata_is_no_metadata() {
     let p = dir.file("null-meta.safetensors", &bytes);
     let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
     let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
-    assert_eq!(ck.host_bytes("w"), Some(&[1u8, 2, 3, 4][..]));
+    assert_eq!(ck.host("w").map(|v| v.bytes()), Some(&[1u8, 2, 3, 4][..]));
     assert!(ck.metadata().is_empty());
 }
 
@@ -982,10 +982,178 @@ fn pinned_without_a_driver_is_an_allocation_error() {
         &reference_bytes(&[owned("w", Dtype::U8, &[8], 1)]),
     );
     let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
-    for target in [Target::Pinned, Target::Device(0)] {
-        let e = checkpoint::load(&fe, &p, &LoadOptions::new(target)).unwrap_err();
-        assert!(matches!(e, CheckpointError::Alloc { .. }), "{e}");
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pinned)).unwrap_err();
+    assert!(matches!(e, CheckpointError::Alloc { .. }), "{e}");
+}
+
+/// `Target::Device` is the GPU of the file engine's CUDA engine: a file engine without one,
+/// or with an engine of no single GPU, is `NoDevice` before anything is allocated (without a
+/// driver an allocation would be `Alloc`; with one, it would be a buffer freed unused).
+#[test]
+fn device_target_without_a_gpu_engine_is_no_device_before_any_allocation() {
+    let dir = TempDir::new("no-device");
+    let p = dir.file(
+        "p.safetensors",
+        &reference_bytes(&[owned("w", Dtype::U8, &[8], 1)]),
+    );
+    let cfg = FileConfig::new().threads(1);
+    let cpu = std::sync::Arc::new(ferry::CpuEngine::new(1).unwrap());
+    let cases = [
+        ("no engine", FileEngine::new(cfg).unwrap(), "no CUDA engine"),
+        (
+            "cpu engine",
+            FileEngine::with_engine(cfg, cpu).unwrap(),
+            "is not one GPU's",
+        ),
+    ];
+    for (ctx, fe, words) in cases {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let opts = LoadOptions::new(Target::Device).placement(placement);
+            let e = checkpoint::load(&fe, &p, &opts).unwrap_err();
+            assert!(
+                matches!(&e, CheckpointError::NoDevice { path, .. } if path == &p),
+                "{ctx}: {e}"
+            );
+            assert!(e.to_string().contains(words), "{ctx}: {e}");
+            assert_eq!(e.path(), Some(p.as_path()));
+        }
     }
+}
+
+/// A load to pageable memory, seen through the typed views: host views with bytes and typed
+/// slices (every `Element` type, its dtype checked), no device view, `Memory` for a save.
+#[test]
+fn host_views_give_bytes_and_typed_slices_of_the_matching_dtype() {
+    use checkpoint::{Element, TensorView};
+    let dir = TempDir::new("views");
+    let want = vec![
+        owned("u8", Dtype::U8, &[5], 1),
+        owned("i8", Dtype::I8, &[3], 2),
+        owned("u16", Dtype::U16, &[3], 3),
+        owned("i16", Dtype::I16, &[2, 2], 4),
+        owned("u32", Dtype::U32, &[3], 5),
+        owned("i32", Dtype::I32, &[], 6),
+        owned("u64", Dtype::U64, &[2], 7),
+        owned("i64", Dtype::I64, &[1, 2], 8),
+        owned("f16", Dtype::F16, &[3], 9),
+        owned("bf16", Dtype::BF16, &[5, 1], 10),
+        owned("f32", Dtype::F32, &[2, 3], 11),
+        owned("f64", Dtype::F64, &[0, 4], 12),
+        owned("bool", Dtype::BOOL, &[3], 13),
+    ];
+    let p = dir.file("v.safetensors", &reference_bytes(&want));
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    fn typed<T: Element>(ck: &checkpoint::Checkpoint, w: &Owned, ctx: &str) {
+        let v = ck.host(&w.name).unwrap();
+        if w.dtype == T::DTYPE {
+            let got = v.as_slice::<T>().unwrap_or_else(|e| panic!("{ctx}: {e}"));
+            // The same memory, every element (compared as bytes: random bits hold NaNs).
+            assert_eq!(got.len(), w.data.len() / std::mem::size_of::<T>(), "{ctx}");
+            assert_eq!(got.as_ptr().cast::<u8>(), v.bytes().as_ptr(), "{ctx}");
+            assert_eq!(
+                ferry::bytemuck::cast_slice::<T, u8>(got),
+                &w.data[..],
+                "{ctx}"
+            );
+        } else {
+            let Err(e) = v.as_slice::<T>() else {
+                panic!("{ctx}: {} ({}) read as {}", w.name, w.dtype, T::DTYPE)
+            };
+            assert!(
+                matches!(&e, CheckpointError::View { tensor, .. } if tensor == &w.name),
+                "{ctx}: {e}"
+            );
+            assert!(e.to_string().contains("its dtype is"), "{ctx}: {e}");
+        }
+    }
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let ctx = format!("{placement:?}");
+        let ck = checkpoint::load(
+            &fe,
+            &p,
+            &LoadOptions::new(Target::Pageable).placement(placement),
+        )
+        .unwrap();
+        for w in &want {
+            let v = ck
+                .host(&w.name)
+                .unwrap_or_else(|| panic!("{ctx}: {}", w.name));
+            assert_eq!(v.bytes(), &w.data[..], "{ctx}: {}", w.name);
+            assert_eq!((v.dtype(), v.shape()), (w.dtype, &w.shape[..]), "{ctx}");
+            assert_eq!((v.len(), v.is_empty()), (w.data.len(), w.data.is_empty()));
+            assert_eq!(v.kind(), ferry::MemKind::Pageable);
+            assert_eq!(v.tensor().name, w.name);
+            let raw = ferry::Memory::raw(&v);
+            assert_eq!(
+                (raw.addr, raw.len, raw.kind),
+                (
+                    v.bytes().as_ptr() as u64,
+                    w.data.len(),
+                    ferry::MemKind::Pageable
+                )
+            );
+            assert!(ck.device(&w.name).is_none(), "{ctx}: host memory");
+            let TensorView::Host(h) = ck.view(&w.name).unwrap() else {
+                panic!("{ctx}: {} is in host memory", w.name)
+            };
+            assert_eq!(h.bytes(), v.bytes());
+            typed::<u8>(&ck, w, &ctx);
+            typed::<i8>(&ck, w, &ctx);
+            typed::<u16>(&ck, w, &ctx);
+            typed::<i16>(&ck, w, &ctx);
+            typed::<u32>(&ck, w, &ctx);
+            typed::<i32>(&ck, w, &ctx);
+            typed::<u64>(&ck, w, &ctx);
+            typed::<i64>(&ck, w, &ctx);
+            typed::<half::f16>(&ck, w, &ctx);
+            typed::<half::bf16>(&ck, w, &ctx);
+            typed::<f32>(&ck, w, &ctx);
+            typed::<f64>(&ck, w, &ctx);
+        }
+        assert!(ck.view("nope").is_none() && ck.host("nope").is_none());
+        // The views are `Memory`: saved from them, the file is the same.
+        let views: Vec<_> = want.iter().map(|w| ck.view(&w.name).unwrap()).collect();
+        let save: Vec<SaveTensor<'_>> = views
+            .iter()
+            .map(|v| SaveTensor::new(&v.tensor().name, v.tensor().dtype, &v.tensor().shape, v))
+            .collect();
+        let out = dir.0.join("views-out.safetensors");
+        checkpoint::save(&fe, &out, &save, &SaveOptions::new()).unwrap();
+        let back = checkpoint::load(&fe, &out, &LoadOptions::new(Target::Pageable)).unwrap();
+        check_loaded(&back, &want, &format!("{ctx}: saved from views"));
+    }
+}
+
+/// A tensor at an offset in the file that is not a multiple of its element size stays so in
+/// a packed load: its typed slice is a `View` error (its bytes are there); in its own
+/// allocation (per tensor) it is aligned and the slice is given.
+#[test]
+fn typed_slice_of_a_misaligned_tensor_is_a_view_error() {
+    let dir = TempDir::new("misaligned");
+    let header = concat!(
+        r#"{"a":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"#,
+        r#""w":{"dtype":"F32","shape":[2],"data_offsets":[3,11]}}"#
+    );
+    let mut data = vec![7u8, 8, 9];
+    data.extend_from_slice(ferry::bytemuck::cast_slice(&[1.5f32, -2.0]));
+    let p = dir.file("m.safetensors", &raw_file(header, &data));
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
+    let w = ck.host("w").unwrap();
+    assert_eq!(w.bytes(), &data[3..]);
+    let e = w.as_slice::<f32>().unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::View { tensor, path, .. } if tensor == "w" && path == &p),
+        "{e}"
+    );
+    assert!(e.to_string().contains("cannot be read as f32"), "{e}");
+    assert_eq!(ck.host("a").unwrap().as_slice::<u8>().unwrap(), &[7, 8, 9]);
+    let opts = LoadOptions::new(Target::Pageable).placement(Placement::PerTensor);
+    let ck = checkpoint::load(&fe, &p, &opts).unwrap();
+    assert_eq!(
+        ck.host("w").unwrap().as_slice::<f32>().unwrap(),
+        &[1.5, -2.0]
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use ferry::checkpoint::{
     TensorBuffer,
 };
 use ferry::cuda::{CudaEngine, DeviceBuffer};
-use ferry::file::{FileConfig, FileEngine, FileError};
+use ferry::file::{FileConfig, FileEngine};
 use ferry::memory::Region;
 use ferry::MemKind;
 use std::path::PathBuf;
@@ -117,7 +117,7 @@ fn device_loads_every_placement_byte_checked() {
             let ck = checkpoint::load(
                 &fe,
                 &p,
-                &LoadOptions::new(Target::Device(0)).placement(placement),
+                &LoadOptions::new(Target::Device).placement(placement),
             )
             .unwrap_or_else(|e| panic!("{ctx}: {e}"));
             check(&ck, &want, &ctx);
@@ -126,8 +126,9 @@ fn device_loads_every_placement_byte_checked() {
                 let TensorBuffer::Device(b) = &ck.buffers()[t.buffer] else {
                     panic!("{ctx}")
                 };
+                let v = ck.device(&t.name).expect("a device view");
                 assert_eq!(
-                    t.addr,
+                    v.device_ptr(),
                     b.device_ptr() + t.offset as u64,
                     "{ctx}: {}",
                     t.name
@@ -163,7 +164,7 @@ fn subset_and_pinned_loads_byte_checked() {
     let ck = checkpoint::load(
         &fe,
         &p,
-        &LoadOptions::new(Target::Device(0)).filter(|t| t.dtype != Dtype::BF16),
+        &LoadOptions::new(Target::Device).filter(|t| t.dtype != Dtype::BF16),
     )
     .unwrap();
     check(&ck, &some, "device subset");
@@ -185,7 +186,7 @@ fn saves_from_device_memory_match_the_source() {
             let ck = checkpoint::load(
                 &fe,
                 &p,
-                &LoadOptions::new(Target::Device(0)).placement(placement),
+                &LoadOptions::new(Target::Device).placement(placement),
             )
             .unwrap();
             let out = dir.0.join("out.safetensors");
@@ -220,8 +221,8 @@ fn saves_from_device_memory_match_the_source() {
     )
     .unwrap();
     let ck = checkpoint::load(&fe, &out, &LoadOptions::new(Target::Pageable)).unwrap();
-    assert!(ck.host_bytes("all").unwrap() == &a[..]);
-    assert!(ck.host_bytes("half").unwrap() == &a[..1 << 19]);
+    assert!(ck.host("all").unwrap().bytes() == &a[..]);
+    assert!(ck.host("half").unwrap().bytes() == &a[..1 << 19]);
 }
 
 #[test]
@@ -232,17 +233,8 @@ fn device_load_without_a_cuda_engine_is_refused() {
     let want = tensors(1 << 20);
     let p = write(&dir, "m.safetensors", &want);
     let fe = FileEngine::new(FileConfig::new()).unwrap();
-    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Device(0))).unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            CheckpointError::File {
-                source: FileError::Unsupported { .. },
-                ..
-            }
-        ),
-        "{e}"
-    );
+    let e = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Device)).unwrap_err();
+    assert!(matches!(&e, CheckpointError::NoDevice { .. }), "{e}");
 }
 
 #[test]
@@ -275,5 +267,122 @@ fn load_into_device_buffers_the_caller_owns() {
         for ((n, _, _, b), buf) in want.iter().zip(&bufs) {
             assert!(&buf.to_vec().unwrap() == b, "{name}: tensor {n} differs");
         }
+    }
+}
+
+/// A device load seen through the views: each tensor a `DeviceView` (no host view) on the
+/// file engine's GPU, its `device_ptr` inside its buffer, its bytes read back through the
+/// CUDA engine from the view (`Memory`) equal to the file's.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn device_views_read_back_through_an_engine() {
+    use ferry::checkpoint::TensorView;
+    use ferry::EngineExt;
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("device-views");
+    let want = tensors(4 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let fe = FileEngine::with_engine(FileConfig::new(), cuda.clone()).unwrap();
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let ctx = format!("{placement:?}");
+        let opts = LoadOptions::new(Target::Device).placement(placement);
+        let ck = checkpoint::load(&fe, &p, &opts).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        for (n, d, s, b) in &want {
+            assert!(ck.host(n).is_none(), "{ctx}: {n} is on the GPU");
+            let Some(TensorView::Device(v)) = ck.view(n) else {
+                panic!("{ctx}: {n}: no device view")
+            };
+            let t = ck.get(n).unwrap();
+            assert_eq!((v.dtype(), v.shape()), (*d, &s[..]), "{ctx}: {n}");
+            assert_eq!(
+                (v.len(), v.is_empty()),
+                (b.len(), b.is_empty()),
+                "{ctx}: {n}"
+            );
+            assert_eq!((v.ordinal(), v.tensor().name.as_str()), (0, n.as_str()));
+            let TensorBuffer::Device(buf) = &ck.buffers()[t.buffer] else {
+                panic!("{ctx}: {n}: not in a device buffer")
+            };
+            assert_eq!(v.device_ptr(), buf.device_ptr() + t.offset as u64, "{ctx}");
+            let raw = ferry::Memory::raw(&v);
+            assert_eq!(
+                (raw.addr, raw.len, raw.kind),
+                (v.device_ptr(), b.len(), MemKind::Device { ordinal: 0 })
+            );
+            let mut back = vec![0u8; b.len()];
+            cuda.scope(|sc| sc.memcpy(&mut back, &v)?.wait().map_err(ferry::Error::from))
+                .unwrap_or_else(|e| panic!("{ctx}: {n}: {e}"));
+            assert!(
+                &back == b,
+                "{ctx}: tensor {n} read back through its view differs"
+            );
+        }
+        assert!(ck.device("nope").is_none());
+    }
+}
+
+/// A pinned load seen through the views: host views of pinned memory (bytes, typed slices),
+/// no device view.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn pinned_host_views_give_bytes_and_typed_slices() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("pinned-views");
+    let want = tensors(1 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let fe = FileEngine::with_engine(FileConfig::new(), cuda).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pinned)).unwrap();
+    for (n, d, _, b) in &want {
+        let v = ck.host(n).unwrap_or_else(|| panic!("{n}: no host view"));
+        assert!(ck.device(n).is_none(), "{n} is in host memory");
+        assert_eq!(
+            (v.kind(), ferry::Memory::raw(&v).kind),
+            (MemKind::Pinned, MemKind::Pinned)
+        );
+        assert!(v.bytes() == &b[..], "{n}");
+        match d {
+            Dtype::F32 => {
+                // Compared as bytes: the random bits hold NaNs.
+                let got = v.as_slice::<f32>().unwrap();
+                assert_eq!(got.len(), b.len() / 4, "{n}");
+                assert!(ferry::bytemuck::cast_slice::<f32, u8>(got) == &b[..], "{n}");
+            }
+            Dtype::BF16 => {
+                assert_eq!(v.as_slice::<half::bf16>().unwrap().len(), b.len() / 2);
+                assert!(v.as_slice::<half::f16>().is_err(), "{n}: bf16 is not f16");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The GPU of a device load is the file engine's: with an engine on each GPU in turn (one on
+/// the null driver), every tensor lands on that engine's GPU.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn device_loads_land_on_the_file_engines_gpu() {
+    if cuda_or_skip().is_none() {
+        return;
+    }
+    let dir = TempDir::new("which-gpu");
+    let want = tensors(1 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let gpus = ferry::cuda::probe().devices.len() as u32;
+    for o in 0..gpus {
+        let cuda = Arc::new(cuda_engine(o).unwrap());
+        let fe = FileEngine::with_engine(FileConfig::new(), cuda).unwrap();
+        let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Device)).unwrap();
+        check(&ck, &want, &format!("cuda:{o}"));
+        for t in ck.tensors() {
+            assert_eq!(t.kind, MemKind::Device { ordinal: o }, "{}", t.name);
+            assert_eq!(ck.device(&t.name).unwrap().ordinal(), o);
+        }
+    }
+    if gpus < 2 {
+        println!("skipped: the second GPU's case needs 2 GPUs ({gpus} here)");
     }
 }

@@ -215,6 +215,28 @@ pub enum CheckpointError {
         /// The allocator's or driver's message.
         msg: String,
     },
+    /// A load to [`Target::Device`](super::Target::Device) with a file engine that has no GPU
+    /// of its own: made without an engine, or with one that is not one GPU's. Returned before
+    /// anything is allocated or read.
+    #[error("loading {} to device memory: {why}", path.display())]
+    NoDevice {
+        /// The checkpoint being loaded.
+        path: PathBuf,
+        /// What the file engine has instead.
+        why: String,
+    },
+    /// A loaded tensor's bytes cannot be viewed as the element type asked for
+    /// ([`HostView::as_slice`](super::HostView::as_slice)): another dtype, or not aligned for
+    /// it in memory.
+    #[error("{}: tensor `{tensor}`: {msg}", path.display())]
+    View {
+        /// The file the tensor came from.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Why not.
+        msg: String,
+    },
     /// A destination of [`load_into`](super::load_into) does not fit its tensor (byte count,
     /// or the dtype or shape it expects), or names a tensor given twice.
     #[error("{}: tensor `{tensor}`: the destination {msg}", path.display())]
@@ -272,6 +294,8 @@ impl CheckpointError {
             | Alloc { path, .. }
             | Destination { path, .. }
             | Align { path, .. }
+            | NoDevice { path, .. }
+            | View { path, .. }
             | BadTensor { path, .. } => Some(path),
             Duplicate { second, .. } => Some(second),
             Shard { index, .. } => Some(index),
@@ -294,6 +318,7 @@ impl CheckpointError {
             | Duplicate { tensor, .. }
             | Shard { tensor, .. }
             | Destination { tensor, .. }
+            | View { tensor, .. }
             | BadTensor { tensor, .. } => Some(tensor),
             _ => None,
         }

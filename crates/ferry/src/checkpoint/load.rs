@@ -3,9 +3,9 @@
 use super::error::CheckpointError;
 use super::header::{read_header, Header, Members, TensorEntry};
 use super::loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
-use super::options::{LoadOptions, Placement, Select};
+use super::options::{LoadOptions, Placement, Select, Target};
 use crate::file::{FileEngine, FileError, FileHandle, IoReport, OpenMode, ReadPiece};
-use crate::memory::Memory;
+use crate::memory::{MemKind, Memory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -300,18 +300,23 @@ fn read_tensors(
     mut metadata: BTreeMap<String, String>,
 ) -> Result<Checkpoint, CheckpointError> {
     let t0 = Instant::now();
+    let kind = memory_kind(engine, opts.target, name_path)?;
     let align = opts.checked_align(name_path)?;
     let chosen = select(headers, &opts.select, name_path)?;
+    let target = match kind {
+        MemKind::Device { ordinal } => format!("cuda:{ordinal}"),
+        k => k.to_string(),
+    };
     let too_big = |len: u64| CheckpointError::Alloc {
         path: name_path.to_path_buf(),
-        target: opts.target.to_string(),
+        target: target.clone(),
         bytes: len,
         msg: "larger than the address space".into(),
     };
     let alloc = |len: usize| {
-        TensorBuffer::new(opts.target, len).map_err(|msg| CheckpointError::Alloc {
+        TensorBuffer::new(kind, len).map_err(|msg| CheckpointError::Alloc {
             path: name_path.to_path_buf(),
-            target: opts.target.to_string(),
+            target: target.clone(),
             bytes: len as u64,
             msg,
         })
@@ -420,20 +425,16 @@ fn read_tensors(
     let tensors: Vec<Tensor> = chosen
         .iter()
         .zip(&place)
-        .map(|(&(fi, t), &(b, offset))| {
-            let raw = buffers[b].raw();
-            Tensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                file: headers[fi].path.clone(),
-                file_range: t.file_range.clone(),
-                buffer: b,
-                offset,
-                len: t.len() as usize,
-                addr: raw.addr + offset as u64,
-                kind: raw.kind,
-            }
+        .map(|(&(fi, t), &(b, offset))| Tensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            file: headers[fi].path.clone(),
+            file_range: t.file_range.clone(),
+            buffer: b,
+            offset,
+            len: t.len() as usize,
+            kind: buffers[b].raw().kind,
         })
         .collect();
     if let Some(h) = headers.first() {
@@ -462,6 +463,37 @@ fn read_tensors(
         buffers,
         metadata,
         report,
+    })
+}
+
+/// The memory a load to `target` allocates: for [`Target::Device`], the GPU of the engine the
+/// file engine was given ([`FileEngine::with_engine`]), the one that moves the bytes there;
+/// [`CheckpointError::NoDevice`] when it has none.
+fn memory_kind(
+    engine: &FileEngine,
+    target: Target,
+    path: &Path,
+) -> Result<MemKind, CheckpointError> {
+    let why = match (target, engine.mover()) {
+        (Target::Pinned, _) => return Ok(MemKind::Pinned),
+        (Target::Pageable, _) => return Ok(MemKind::Pageable),
+        (Target::Device, Some(m)) => match m.home() {
+            Some(k @ MemKind::Device { .. }) => return Ok(k),
+            _ => format!(
+                "the file engine's engine `{}` is not one GPU's: give FileEngine::with_engine \
+                 the CudaEngine of the GPU to load to",
+                m.name()
+            ),
+        },
+        (Target::Device, None) => {
+            "the file engine has no CUDA engine: make it with \
+                                   FileEngine::with_engine and the CudaEngine of the GPU to load to"
+                .to_string()
+        }
+    };
+    Err(CheckpointError::NoDevice {
+        path: path.to_path_buf(),
+        why,
     })
 }
 

@@ -1,7 +1,7 @@
 //! What a load gives: the [`Checkpoint`] (its memory, [`TensorBuffer`]s, and each
-//! [`Tensor`]'s place in it) and its [`LoadReport`].
+//! [`Tensor`]'s place in it) and its [`LoadReport`]. The views of one tensor's memory are in
+//! `view.rs`.
 
-use super::options::Target;
 use crate::cuda::{DeviceBuffer, PinnedBuffer};
 use crate::file::IoReport;
 use crate::memory::{AlignedBuffer, MemKind, Memory, MemoryMut, RawBuf};
@@ -22,17 +22,24 @@ pub enum TensorBuffer {
 }
 
 impl TensorBuffer {
-    /// `len` bytes of `target` memory; the allocator's or driver's message when it fails.
-    pub fn new(target: Target, len: usize) -> Result<TensorBuffer, String> {
-        Ok(match target {
-            Target::Device(o) => {
-                TensorBuffer::Device(DeviceBuffer::new(o, len).map_err(|e| e.to_string())?)
+    /// `len` bytes of memory of `kind`: [`MemKind::Device`], [`MemKind::Pinned`] or
+    /// [`MemKind::Pageable`]. Errors: the allocator's or driver's message, or why `kind` is
+    /// not one of those three.
+    pub fn new(kind: MemKind, len: usize) -> Result<TensorBuffer, String> {
+        Ok(match kind {
+            MemKind::Device { ordinal } => {
+                TensorBuffer::Device(DeviceBuffer::new(ordinal, len).map_err(|e| e.to_string())?)
             }
-            Target::Pinned => {
+            MemKind::Pinned => {
                 TensorBuffer::Pinned(PinnedBuffer::new(len).map_err(|e| e.to_string())?)
             }
-            Target::Pageable => {
+            MemKind::Pageable => {
                 TensorBuffer::Pageable(AlignedBuffer::new(len).map_err(|e| e.to_string())?)
+            }
+            MemKind::Mapped | MemKind::Managed => {
+                return Err(format!(
+                    "{kind} memory is not a place for loaded tensors (device, pinned or pageable)"
+                ))
             }
         })
     }
@@ -86,9 +93,8 @@ pub struct Tensor {
     pub offset: usize,
     /// Bytes.
     pub len: usize,
-    /// Address of its first byte (a device address for [`Target::Device`]).
-    pub addr: u64,
-    /// Where it lives.
+    /// Where it lives. Its memory: [`Checkpoint::view`] (or [`Checkpoint::host`],
+    /// [`Checkpoint::device`]).
     pub kind: MemKind,
 }
 
@@ -143,7 +149,9 @@ impl std::fmt::Display for LoadReport {
 }
 
 /// Tensors loaded into memory ([`load`](fn@super::load)): the buffers, and each tensor's place in
-/// them.
+/// them. Each tensor's memory, by name, as a borrow that knows where it lives:
+/// [`Checkpoint::view`], [`Checkpoint::host`] (bytes and typed slices), [`Checkpoint::device`]
+/// (a device pointer for other libraries).
 #[derive(Debug)]
 pub struct Checkpoint {
     pub(super) tensors: Vec<Tensor>,
@@ -174,18 +182,6 @@ impl Checkpoint {
     /// What the load did.
     pub fn report(&self) -> &LoadReport {
         &self.report
-    }
-    /// The bytes of tensor `name` in host memory (`None` if absent, or on a GPU: read those
-    /// with [`Checkpoint::region`] and an engine, or [`DeviceBuffer::to_vec`]).
-    pub fn host_bytes(&self, name: &str) -> Option<&[u8]> {
-        let t = self.get(name)?;
-        Some(&self.buffers[t.buffer].host_bytes()?[t.offset..t.offset + t.len])
-    }
-    /// The memory of tensor `name`, wherever it lives, as [`Memory`] for engines and
-    /// [`save`](fn@super::save).
-    pub fn region(&self, name: &str) -> Option<crate::memory::Region<'_>> {
-        let t = self.get(name)?;
-        crate::memory::Region::of(&self.buffers[t.buffer], t.offset..t.offset + t.len)
     }
     /// The buffers and the tensors, taking the memory over.
     pub fn into_parts(self) -> (Vec<TensorBuffer>, Vec<Tensor>) {

@@ -10,13 +10,17 @@
 //!   packed allocation, tensors next to each other in the file are read as one piece, so a
 //!   whole checkpoint is one large read per file. Device loads take the file engine's
 //!   file -> device path (its pinned bounce ring and the CUDA engine given to
-//!   [`FileEngine::with_engine`](crate::file::FileEngine::with_engine)).
+//!   [`FileEngine::with_engine`](crate::file::FileEngine::with_engine)), into that engine's
+//!   GPU: [`Target::Device`] names no ordinal, the file engine's engine does, once.
 //! - [`load_into`] reads tensors into memory the caller already has ([`Dest`]: one
 //!   destination per tensor, byte count, dtype and shape checked before anything is read),
 //!   allocating nothing: reloading into a model's parameters, or into the buffers of an
 //!   earlier [`Placement::PerTensor`] load.
-//! - [`Checkpoint`] holds the memory and, per tensor, its name, dtype, shape, byte range in
-//!   the file, and where it lies ([`Tensor::addr`]: a device address for a GPU).
+//! - [`Checkpoint`] holds the memory and, per tensor, its name, dtype, shape and byte range in
+//!   the file ([`Tensor`]); its memory is borrowed by name as a view that knows where it lives
+//!   ([`Checkpoint::view`]): a [`HostView`] (bytes, and typed slices of an [`Element`] type
+//!   matching the dtype) or a [`DeviceView`] (its `device_ptr` for other libraries), each
+//!   [`Memory`](crate::memory::Memory) for engines and saves.
 //! - [`save`](fn@save) writes tensors from any memory the engine reaches (device buffers included) to
 //!   a safetensors file, laid out as the reference writer does, through the file engine; the
 //!   file appears under its name only once complete ([`SaveOptions::fsync`] for durability).
@@ -38,13 +42,13 @@
 //! ];
 //! checkpoint::save(&engine, &path, &tensors, &SaveOptions::new())?;
 //!
-//! // ...and load one of them back into pageable memory (`Target::Device(0)` for a GPU,
-//! // with a file engine made by `FileEngine::with_engine`).
+//! // ...and load one of them back into pageable memory (`Target::Device` for the GPU of
+//! // a file engine made by `FileEngine::with_engine` with that GPU's `CudaEngine`).
 //! let ckpt = checkpoint::load(&engine, &path, &LoadOptions::new(Target::Pageable).names(["w"]))?;
-//! let t = ckpt.get("w").expect("loaded");
-//! assert_eq!((t.dtype, &t.shape[..]), (Dtype::F32, &[2, 3][..]));
-//! assert_eq!(ckpt.host_bytes("w"), Some(bytemuck::cast_slice::<f32, u8>(&w)));
-//! assert!(ckpt.get("b").is_none());
+//! let t = ckpt.host("w").expect("loaded to host memory");
+//! assert_eq!((t.dtype(), t.shape()), (Dtype::F32, &[2, 3][..]));
+//! assert_eq!(t.as_slice::<f32>()?, &w[..]);
+//! assert!(ckpt.view("b").is_none());
 //! println!("{}", ckpt.report());
 //! # std::fs::remove_file(&path).ok();
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -57,6 +61,7 @@ mod load;
 mod loaded;
 mod options;
 mod save;
+mod view;
 
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
@@ -66,3 +71,4 @@ pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
 pub use options::{Filter, LoadOptions, Placement, Progress, Select, Target, MAX_ALIGN};
 pub use safetensors::Dtype;
 pub use save::{save, SaveOptions, SaveReport, SaveTensor};
+pub use view::{DeviceView, Element, HostView, TensorView};

@@ -6,11 +6,19 @@ use super::header::TensorEntry;
 use std::sync::Arc;
 
 /// Where loaded tensors go.
+///
+/// The GPU is named once, by the file engine: [`Target::Device`] is the memory of the GPU whose
+/// [`CudaEngine`](crate::cuda::CudaEngine) was given to
+/// [`FileEngine::with_engine`](crate::file::FileEngine::with_engine), so the engine that moves
+/// the bytes and the memory they land in cannot disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Target {
-    /// Memory of the GPU with this ordinal (the file engine needs a CUDA engine:
-    /// [`FileEngine::with_engine`](crate::file::FileEngine::with_engine)).
-    Device(u32),
+    /// Memory of the file engine's GPU: the ordinal of the engine given to
+    /// [`FileEngine::with_engine`](crate::file::FileEngine::with_engine). A file engine
+    /// without one (made by [`FileEngine::new`](crate::file::FileEngine::new)), or with an
+    /// engine that is not one GPU's (a CPU or multiplex engine), is
+    /// [`CheckpointError::NoDevice`], before anything is allocated.
+    Device,
     /// Pinned host memory ([`PinnedBuffer`](crate::cuda::PinnedBuffer); needs a CUDA driver).
     Pinned,
     /// Pageable host memory ([`AlignedBuffer`](crate::memory::AlignedBuffer), page-aligned).
@@ -18,10 +26,10 @@ pub enum Target {
 }
 
 impl std::fmt::Display for Target {
-    /// `cuda:0`, `pinned`, `pageable`.
+    /// `device`, `pinned`, `pageable` (a load's errors name the GPU: `cuda:0`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Target::Device(o) => write!(f, "cuda:{o}"),
+            Target::Device => f.write_str("device"),
             Target::Pinned => f.write_str("pinned"),
             Target::Pageable => f.write_str("pageable"),
         }
@@ -75,10 +83,10 @@ impl std::fmt::Debug for Select {
 ///
 /// ```
 /// use ferry::checkpoint::{LoadOptions, Placement, Target};
-/// let o = LoadOptions::new(Target::Device(0))
+/// let o = LoadOptions::new(Target::Device)
 ///     .placement(Placement::PerTensor)
 ///     .filter(|t| t.name.starts_with("model.layers.0."));
-/// assert_eq!(o.target, Target::Device(0));
+/// assert_eq!(o.target, Target::Device);
 /// ```
 #[derive(Clone)]
 pub struct LoadOptions {

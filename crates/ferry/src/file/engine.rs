@@ -63,6 +63,12 @@ impl FileEngine {
         Ok(e)
     }
 
+    /// The engine given to [`FileEngine::with_engine`], if any: what a checkpoint load to
+    /// device memory takes its GPU from.
+    pub(crate) fn mover(&self) -> Option<&dyn Engine> {
+        self.mover.as_deref()
+    }
+
     /// The engine's settings.
     pub fn config(&self) -> FileConfig {
         self.cfg
