@@ -1,5 +1,45 @@
 //! ferry moves bytes between host memory, GPUs and files on the hardware's DMA engines.
 //!
+//! Three jobs, and where each starts:
+//!
+//! 1. **Copy a buffer or a tile to the GPU (and back).** A [`cuda::CudaEngine`] per GPU;
+//!    [`EngineExt::scope`] borrows the buffers and returns a [`Request`] per copy, waited,
+//!    polled or awaited. A tile is a [`Layout`] (dims, byte strides) over the source; pageable
+//!    memory, pinned [`cuda::PinnedBuffer`]s and [`cuda::DeviceBuffer`]s all take the same call:
+//!
+//!    ```no_run
+//!    use ferry::cuda::{CudaEngine, DeviceBuffer};
+//!    use ferry::{EngineExt, Layout};
+//!    let engine = CudaEngine::new(0)?;
+//!    let host = vec![1f32; 4096 * 4096];
+//!    let tile = Layout::of::<f32>(&[4096, 4096])?.slice(0, 0..1024, 1)?.slice(1, 0..1024, 1)?;
+//!    let mut dev = DeviceBuffer::new(0, 1024 * 1024 * 4)?;
+//!    let dense = Layout::of::<f32>(&[1024, 1024])?;
+//!    engine.scope(|s| -> ferry::Result<()> { Ok(s.copy(&mut dev, &dense, &host, &tile)?.wait()?) })?;
+//!    # Ok::<(), Box<dyn std::error::Error>>(())
+//!    ```
+//! 2. **Load a checkpoint.** [`checkpoint::load`] reads a safetensors file (or a sharded
+//!    checkpoint's index) through a [`file::FileEngine`] into one GPU's memory or the host's,
+//!    and gives each tensor as a typed view ([`checkpoint::Checkpoint::view`]):
+//!
+//!    ```no_run
+//!    use ferry::checkpoint::{self, LoadOptions, Target};
+//!    use ferry::cuda::CudaEngine;
+//!    use ferry::file::{FileConfig, FileEngine};
+//!    use std::sync::Arc;
+//!    let files = FileEngine::with_engine(FileConfig::new(), Arc::new(CudaEngine::new(0)?))?;
+//!    let ckpt = checkpoint::load(&files, "model.safetensors", &LoadOptions::new(Target::Device))?;
+//!    let w = ckpt.device("lm_head.weight").expect("on the GPU");
+//!    println!("{:?} {:?} at {:#x}", w.dtype(), w.shape(), w.device_ptr());
+//!    # Ok::<(), Box<dyn std::error::Error>>(())
+//!    ```
+//! 3. **Overlap copies with compute.** [`pipeline::CudaPipeline`] streams a large source
+//!    (host memory, a strided layout, or a file range) through K device slots: chunk N+1
+//!    uploads while your kernels run on chunk N and chunk N-1's results come back
+//!    (`examples/06_pipeline_scale_sum.rs`); [`pipeline::CpuPipeline`] does the same on the
+//!    CPU.
+//!
+//! Underneath:
 //! - [`Layout`]: N-D strided layouts (dims, byte strides, element size), sliced, reshaped and
 //!   permuted without copies.
 //! - [`Plan`]: the fewest, largest contiguous runs for a copy between two layouts: one 1-D run,
@@ -7,12 +47,13 @@
 //! - [`Engine`]: one trait for every backend, with [`Request`]s that are waited, polled or
 //!   awaited, each with its own error; [`EngineExt`] for the safe, borrow-checked API.
 //! - Backends: [`CpuEngine`] (a thread pool that splits large copies), [`MultiplexEngine`]
-//!   (several engines behind one, by weight), and the CUDA engine in [`engine::cuda`].
+//!   (several engines behind one, by weight), the CUDA engine in [`engine::cuda`], NCCL
+//!   between processes' GPUs in [`engine::nccl`].
 //! - Files: [`file::FileEngine`] loads byte ranges of files into host or device buffers and
-//!   stores them back (parallel `pread`/`pwrite`, optional `O_DIRECT`, a pinned bounce ring
-//!   for GPUs).
-//! - [`pipeline`]: double/triple buffering of a large source through device (or host) slots,
-//!   a user stage per chunk, results copied back; a timeline of every step.
+//!   stores them back (parallel `pread`/`pwrite`, optional `O_DIRECT` through io_uring, a
+//!   pinned bounce ring or cuFile for GPUs).
+//!
+//! The same tile copy on the CPU engine, which runs anywhere:
 //!
 //! ```
 //! use ferry::{CpuEngine, EngineExt, Layout};
