@@ -161,3 +161,69 @@ fn peer_copies() {
     }
     still_works(&e0);
 }
+
+/// cudarc keeps the error of an earlier asynchronous call (a drop's free) in its context
+/// object and returns it, once, from its next call that binds that context, without making
+/// the call. Where ferry waits for work before memory is freed or reused (its requests, the
+/// staging ring's slots, the gather tables, the split copies, a pipeline's failed stage, an
+/// engine's drop) it makes the context current and waits with the driver's own calls, so such
+/// an error ends no wait early. Here, with the engine's streams, events and staging ring made
+/// (by a first round of copies) and then an error stored in its context: the next copy may
+/// fail with that error (a cudarc call on its path returns it), but no DMA is still running
+/// when its request is done (the null driver's asynchronous mode counts pending work), every
+/// copy after it moves every byte, and the engine works on.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn an_error_cudarc_stored_ends_no_wait_early() {
+    use cudarc::driver::{sys::CUresult, DriverError};
+    let Some(e) = cuda_or_skip() else { return };
+    let _null = null::exclusive();
+    let on_null = null::is_null_driver() && null::set_async(200);
+    let n = 8 << 20;
+    let l = Layout::bytes(n).unwrap();
+    let data = bytes(n, 77);
+    let pinned = pinned_with(&data);
+    let mut failed = 0;
+    for round in 0..3 {
+        if round == 1 {
+            e.context()
+                .record_err::<()>(Err(DriverError(CUresult::CUDA_ERROR_UNKNOWN)));
+        }
+        for (what, src) in [("pageable", &data[..]), ("pinned", &pinned[..])] {
+            let mut dev = DeviceBuffer::zeroed(0, n).unwrap();
+            let r = e.scope(|s| s.copy(&mut dev, &l, src, &l)?.wait().map_err(Error::from));
+            if on_null {
+                assert_eq!(
+                    null::pending(),
+                    Some(0),
+                    "{what} copy done, DMA still queued"
+                );
+            }
+            match r {
+                Err(err) if round == 1 && failed == 0 => {
+                    failed += 1;
+                    assert_eq!(
+                        err.driver_error().map(|d| d.code),
+                        Some(CUresult::CUDA_ERROR_UNKNOWN),
+                        "{err}"
+                    );
+                    continue;
+                }
+                r => r.unwrap_or_else(|err| panic!("round {round}, {what} -> device: {err}")),
+            }
+            check(what, &dev.to_vec().unwrap(), &data);
+            let mut back = vec![0u8; n];
+            e.scope(|s| {
+                s.copy(&mut back[..], &l, &dev, &l)?
+                    .wait()
+                    .map_err(Error::from)
+            })
+            .unwrap_or_else(|err| panic!("round {round}, device -> pageable: {err}"));
+            check("device -> pageable", &back, &data);
+        }
+    }
+    if on_null {
+        null::set_async(null::default_async());
+    }
+    still_works(&e);
+}

@@ -292,7 +292,7 @@ impl<'e> CudaPipeline<'e> {
         impl Drop for SyncUnlessDone<'_> {
             fn drop(&mut self) {
                 if !self.1 {
-                    let _ = self.0.synchronize();
+                    let _ = crate::engine::cuda::sys::driver::sync_stream(self.0);
                 }
             }
         }

@@ -182,7 +182,7 @@ impl Drop for CudaEngine {
         // Work in flight finishes before the streams go; requests keep their own events.
         if driver::bind(&self.ctx).is_ok() {
             for s in self.lanes.streams() {
-                let _ = s.synchronize();
+                let _ = driver::sync_stream(s);
             }
         }
     }

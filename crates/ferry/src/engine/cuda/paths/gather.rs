@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
@@ -133,10 +134,10 @@ unsafe impl Send for Table {}
 impl Table {
     fn free(&mut self) {
         if self.upload_pending {
-            let _ = self.uploaded.synchronize();
+            let _ = driver::sync_event(&self.uploaded);
         }
         if self.use_pending {
-            let _ = self.used.synchronize();
+            let _ = driver::sync_event(&self.used);
         }
         // No copy reads it any more (synchronized above).
         self.host = None;
@@ -169,7 +170,7 @@ impl std::fmt::Debug for Gatherer {
 
 impl Drop for Gatherer {
     fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
+        let _ = driver::set_current(&self.ctx);
         self.table
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
@@ -180,7 +181,7 @@ impl Drop for Gatherer {
 impl Gatherer {
     /// Makes a gatherer for `ctx`. Cheap: the kernel is compiled on its first use.
     pub fn new(ctx: Arc<CudaContext>) -> Result<Gatherer, GatherError> {
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        driver::set_current(&ctx).map_err(drv("cuCtxSetCurrent"))?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
@@ -293,7 +294,7 @@ impl Gatherer {
                 strategy
             });
         }
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
         let strategy = match strategy {
             Strategy::Auto => self.choose(stream, dst, src, segs.len(), total),
             s => s,
@@ -320,10 +321,8 @@ impl Gatherer {
         total: u64,
     ) -> Strategy {
         // Pageable memory goes one call per segment (the driver stages it anyway).
-        let reachable = || {
-            crate::engine::cuda::sys::driver::device_address(dst).is_some()
-                && crate::engine::cuda::sys::driver::device_address(src).is_some()
-        };
+        let reachable =
+            || driver::device_address(dst).is_some() && driver::device_address(src).is_some();
         let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
         crate::engine::cuda::route::gather_strategy(n, total, reachable, batch, || {
             self.kernel().is_ok()
@@ -412,26 +411,20 @@ impl Gatherer {
         src: u64,
         segs: &[Segment],
     ) -> Result<(), GatherError> {
-        let ddst = crate::engine::cuda::sys::driver::device_address(dst).ok_or(
-            GatherError::NotDeviceAccessible {
-                side: "destination",
-                addr: dst,
-            },
-        )?;
-        let dsrc = crate::engine::cuda::sys::driver::device_address(src).ok_or(
-            GatherError::NotDeviceAccessible {
-                side: "source",
-                addr: src,
-            },
-        )?;
+        let ddst = driver::device_address(dst).ok_or(GatherError::NotDeviceAccessible {
+            side: "destination",
+            addr: dst,
+        })?;
+        let dsrc = driver::device_address(src).ok_or(GatherError::NotDeviceAccessible {
+            side: "source",
+            addr: src,
+        })?;
         let func = self.kernel()?;
         let bytes = std::mem::size_of_val(segs);
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         // The pinned table may still feed the previous call's upload.
         if t.upload_pending {
-            t.uploaded
-                .synchronize()
-                .map_err(drv("cuEventSynchronize"))?;
+            driver::sync_event(&t.uploaded).map_err(drv("cuEventSynchronize"))?;
             t.upload_pending = false;
         }
         if t.host.as_ref().is_none_or(|h| h.len() < bytes) {
@@ -451,7 +444,7 @@ impl Gatherer {
             let cap = bytes.next_power_of_two().max(64 << 10);
             if t.dev != 0 {
                 if t.use_pending {
-                    t.used.synchronize().map_err(drv("cuEventSynchronize"))?;
+                    driver::sync_event(&t.used).map_err(drv("cuEventSynchronize"))?;
                     t.use_pending = false;
                 }
                 // SAFETY: no kernel reads it any more (synchronized above).

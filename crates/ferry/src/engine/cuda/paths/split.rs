@@ -146,11 +146,11 @@ impl SmCopy {
             let launched =
                 unsafe { self.launch(stream, dst.device_ptr(), src.device_ptr(), bytes) };
             if let Err(e) = launched {
-                let _ = stream.synchronize();
+                let _ = driver::sync_stream(stream);
                 return Err(e);
             }
         }
-        stream.synchronize().map_err(drv("cuStreamSynchronize"))
+        driver::sync_stream(stream).map_err(drv("cuStreamSynchronize"))
     }
 }
 
@@ -234,7 +234,7 @@ impl Splitter {
 
 impl Drop for Splitter {
     fn drop(&mut self) {
-        let _ = self.stream.synchronize();
+        let _ = driver::sync_stream(&self.stream);
         for e in self
             .events
             .get_mut()

@@ -27,6 +27,7 @@
 //! Where the engine uses it is `KernelCopies` ([`CudaConfig::kernel_copies`](crate::engine::cuda::CudaConfig)),
 //! decided with the other paths in `route.rs`.
 
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::error::KernelError;
 use crate::engine::cuda::CudaError;
 use crate::plan::Plan;
@@ -293,7 +294,7 @@ fn word(dst: u64, src: u64, plan: &Plan) -> u32 {
 impl SmCopier {
     /// An SM copier for `ctx`. Cheap: the kernels are compiled on first use.
     pub fn new(ctx: Arc<CudaContext>) -> Result<SmCopier, SmError> {
-        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        driver::set_current(&ctx).map_err(drv("cuCtxSetCurrent"))?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
@@ -366,19 +367,15 @@ impl SmCopier {
         if plan.total_bytes() == 0 {
             return Ok(SmKernel::for_plan(plan));
         }
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let d = crate::engine::cuda::sys::driver::device_address(dst).ok_or(
-            SmError::NotDeviceAccessible {
-                side: "destination",
-                addr: dst,
-            },
-        )?;
-        let s = crate::engine::cuda::sys::driver::device_address(src).ok_or(
-            SmError::NotDeviceAccessible {
-                side: "source",
-                addr: src,
-            },
-        )?;
+        driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
+        let d = driver::device_address(dst).ok_or(SmError::NotDeviceAccessible {
+            side: "destination",
+            addr: dst,
+        })?;
+        let s = driver::device_address(src).ok_or(SmError::NotDeviceAccessible {
+            side: "source",
+            addr: src,
+        })?;
         let ks = self.kernels()?;
         let (d, s) = (d + plan.dst_offset() as u64, s + plan.src_offset() as u64);
         // The transpose kernel, where every element it touches is aligned for its accesses.

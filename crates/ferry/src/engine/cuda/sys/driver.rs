@@ -3,7 +3,7 @@
 //! or beside their single user.
 
 use super::error::{error_string, CudaError};
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use super::error::DriverError;
@@ -164,6 +164,32 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
     if r == sys::CUresult::CUDA_SUCCESS && current == ctx.cu_ctx() {
         return Ok(());
     }
-    ctx.bind_to_thread()
-        .map_err(|e| DriverError::from_cudarc("cuCtxSetCurrent", e))
+    set_current(ctx).map_err(|e| DriverError::from_cudarc("cuCtxSetCurrent", e))
+}
+
+/// `cuCtxSetCurrent(ctx)`. Not cudarc's `bind_to_thread`, which first returns (and clears)
+/// any error cudarc stored from an earlier asynchronous call of the context (a drop's free):
+/// that error is cudarc's to report, and returned here it would fail an unrelated call, or end
+/// a wait before the work it waits for (`sync_stream`).
+pub(crate) fn set_current(ctx: &CudaContext) -> Result<(), cudarc::driver::DriverError> {
+    // SAFETY: `ctx` is alive (borrowed), so is its context handle.
+    unsafe { sys::cuCtxSetCurrent(ctx.cu_ctx()) }.result()
+}
+
+/// Waits for all work enqueued on `stream` (`cuStreamSynchronize`, its context made current).
+/// Callers about to free or reuse memory the stream's work touches use this, not cudarc's
+/// `CudaStream::synchronize`: that returns an error cudarc stored earlier without waiting
+/// ([`set_current`]).
+pub(crate) fn sync_stream(stream: &CudaStream) -> Result<(), cudarc::driver::DriverError> {
+    set_current(stream.context())?;
+    // SAFETY: `stream` is alive (borrowed), a stream of the context made current above.
+    unsafe { sys::cuStreamSynchronize(stream.cu_stream()) }.result()
+}
+
+/// Waits for `event`'s recorded work (`cuEventSynchronize`, its context made current), for
+/// the reason [`sync_stream`] gives.
+pub(crate) fn sync_event(event: &CudaEvent) -> Result<(), cudarc::driver::DriverError> {
+    set_current(event.context())?;
+    // SAFETY: `event` is alive (borrowed), an event of the context made current above.
+    unsafe { sys::cuEventSynchronize(event.cu_event()) }.result()
 }

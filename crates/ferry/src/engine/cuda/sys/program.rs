@@ -63,7 +63,7 @@ pub(crate) fn program(
     names: &[&str],
 ) -> Result<Vec<CudaFunction>, KernelError> {
     let drv = |op| move |source| KernelError::Driver { op, source };
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    super::driver::set_current(ctx).map_err(drv("cuCtxSetCurrent"))?;
     let (maj, min) = ctx
         .compute_capability()
         .map_err(drv("cuDeviceGetAttribute"))?;

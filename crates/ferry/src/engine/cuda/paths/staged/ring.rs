@@ -4,6 +4,7 @@
 use super::error::{driver_error, drv};
 use super::StagedError;
 use super::StagingConfig;
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
 use cudarc::driver::result as cu;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
@@ -82,9 +83,7 @@ impl Ring {
     /// Waits for the slot's DMA, if one is pending. The slot stays pending if the wait fails.
     fn wait(&mut self, slot: usize) -> Result<(), StagedError> {
         if self.pending[slot] {
-            self.events[slot]
-                .synchronize()
-                .map_err(drv("cuEventSynchronize"))?;
+            driver::sync_event(&self.events[slot]).map_err(drv("cuEventSynchronize"))?;
             self.pending[slot] = false;
         }
         Ok(())
@@ -187,7 +186,7 @@ impl Drop for Ring {
         // slots are freed only after one more try at waiting for the context.
         if self.unsure || self.pending.contains(&true) {
             if let Some(ctx) = self.events.first().map(|e| Arc::clone(e.context())) {
-                if crate::engine::cuda::sys::driver::bind(&ctx).is_ok() {
+                if driver::bind(&ctx).is_ok() {
                     let _ = self.settle();
                 }
             }

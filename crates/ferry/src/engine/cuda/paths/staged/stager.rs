@@ -10,6 +10,7 @@ use super::segments::{Packing, SegStaging};
 use crate::engine::cuda::config::StagingConfig;
 use crate::engine::cuda::paths::gather::{GatherError, Gatherer, Segment};
 use crate::engine::cuda::route::StagedDirection as Direction;
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::PinFlags;
 use crate::Plan;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -126,7 +127,7 @@ impl Stager {
         // Bounds of the address arithmetic, checked once.
         add(dst, plan.dst_end())?;
         add(src, plan.src_end())?;
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
         let sides = Sides { plan, dir };
         let (dev_base, host_base) = match dir {
             Direction::HostToDevice => (dst, src),
@@ -182,7 +183,7 @@ impl Stager {
         if n == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
         let (dev, dev_len, host) = match dir {
             Direction::HostToDevice => (dst, dst_len, src),
             Direction::DeviceToHost => (src, src_len, dst),
