@@ -1,5 +1,5 @@
 //! libaml: AML's DMA API on ferry's engines, so that a C or C++ program written for AML
-//! (`aml.h`, `aml/dma/{linux,cuda,multiplex}.h`, `aml/layout/dense.h`,
+//! (`aml.h`, `aml/dma/{linux,cuda,multiplex}.h`, `aml/layout/{dense,reshape,pad}.h`,
 //! `aml/area/{linux,cuda}.h`, `aml/utils/*.h`) builds unchanged against `include/` and
 //! `-laml` (pkg-config `aml`), and its copies run on ferry: the Linux DMA on the CPU engine
 //! (a large copy split across the workers), the CUDA DMA on the CUDA engine (copy engines,
