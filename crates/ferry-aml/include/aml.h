@@ -224,6 +224,14 @@ int aml_dma_barrier(struct aml_dma *dma);
 int aml_dma_cancel(struct aml_dma *dma, struct aml_dma_request **req);
 int aml_dma_fprintf(FILE *stream, const char *prefix, const struct aml_dma *dma);
 
+/* Copies src into dst, native dim i of dst being native dim target_dims[i] of src (a
+ * transpose): ferry's planned copy between dense layouts (on aml_dma_linux's workers after
+ * aml_init, else on the calling thread), AML's element-wise copy otherwise. -AML_EINVAL: NULL
+ * arguments, different ndims or element sizes, target_dims not a permutation of 0..ndims,
+ * dims that do not match through it (AML asserts these). */
+int aml_copy_layout_transform_generic(struct aml_layout *dst, const struct aml_layout *src,
+                                      const size_t *target_dims);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,9 @@
 /*
  * test_layouts.c - AML's reshape and pad layouts on libaml: element addresses in both
  * orders over a strided dense target, dims, printout, duplicate, ownership of the target
- * (destroy frees it, free() leaves it), errors, and a Linux DMA copy out of a pad. Common
+ * (destroy frees it, free() leaves it), errors, and a Linux DMA copy out of a pad;
+ * aml_copy_layout_transform_generic between dense layouts (before and after aml_init) and out
+ * of a pad, and its errors. Common
  * subset of C and C++; prints "test_layouts: OK"; exits 1 at the first failed check.
  */
 #include <aml.h>
@@ -172,9 +174,60 @@ static void test_pad(void)
 	aml_layout_pad_destroy(NULL);
 }
 
+/* An array of structs (4 fields x 5 x 3, column-major) to a struct of arrays (5 x 3 x 4). */
+static void test_transform(void)
+{
+	static long aos[3][5][4], soa[4][3][5], big[4][3][6];
+	size_t d_aos[3] = {4, 5, 3}, d_soa[3] = {5, 3, 4}, d_big[3] = {6, 3, 4};
+	size_t perm[3] = {1, 2, 0}, dup[3] = {1, 1, 0}, out_of_range[3] = {1, 2, 3};
+	size_t pdims[3] = {6, 3, 4}, c[3];
+	long zero = -1;
+	struct aml_layout *a, *s, *b, *p;
+
+	for (int i = 0; i < 3; i++)
+		for (int j = 0; j < 5; j++)
+			for (int k = 0; k < 4; k++)
+				aos[i][j][k] = 1000 * k + 10 * j + i;
+	CHECK(aml_layout_dense_create(&a, aos, AML_LAYOUT_ORDER_COLUMN_MAJOR, sizeof(long), 3,
+	                              d_aos, NULL, NULL) == AML_SUCCESS);
+	CHECK(aml_layout_dense_create(&s, soa, AML_LAYOUT_ORDER_COLUMN_MAJOR, sizeof(long), 3,
+	                              d_soa, NULL, NULL) == AML_SUCCESS);
+	memset(soa, 0, sizeof(soa));
+	CHECK(aml_copy_layout_transform_generic(s, a, perm) == AML_SUCCESS);
+	for (int k = 0; k < 4; k++)
+		for (int i = 0; i < 3; i++)
+			for (int j = 0; j < 5; j++)
+				CHECK(soa[k][i][j] == 1000 * k + 10 * j + i);
+	/* Errors: not a permutation, dims that do not match, NULLs. */
+	CHECK(aml_copy_layout_transform_generic(s, a, dup) == -AML_EINVAL);
+	CHECK(aml_copy_layout_transform_generic(s, a, out_of_range) == -AML_EINVAL);
+	CHECK(aml_copy_layout_transform_generic(a, a, perm) == -AML_EINVAL);
+	CHECK(aml_copy_layout_transform_generic(s, a, NULL) == -AML_EINVAL);
+	CHECK(aml_copy_layout_transform_generic(NULL, a, perm) == -AML_EINVAL);
+	/* Out of a pad (element by element): the pad's neutral element past the target. */
+	CHECK(aml_layout_dense_create(&b, big, AML_LAYOUT_ORDER_COLUMN_MAJOR, sizeof(long), 3,
+	                              d_big, NULL, NULL) == AML_SUCCESS);
+	CHECK(aml_layout_pad_create(&p, AML_LAYOUT_ORDER_COLUMN_MAJOR, s, pdims, &zero) ==
+	      AML_SUCCESS);
+	CHECK(aml_copy_layout_transform_generic(b, p, perm) == -AML_EINVAL);
+	c[0] = 0;
+	c[1] = 1;
+	c[2] = 2;
+	CHECK(aml_copy_layout_transform_generic(b, p, c) == AML_SUCCESS);
+	for (int k = 0; k < 4; k++)
+		for (int i = 0; i < 3; i++)
+			for (int j = 0; j < 6; j++)
+				CHECK(big[k][i][j] == (j < 5 ? 1000 * k + 10 * j + i : -1));
+	aml_layout_destroy(&p); /* and s, its target */
+	aml_layout_destroy(&b);
+	aml_layout_destroy(&a);
+}
+
 int main(int argc, char **argv)
 {
+	test_transform(); /* on the calling thread */
 	CHECK(aml_init(&argc, &argv) == AML_SUCCESS);
+	test_transform(); /* on aml_dma_linux's workers */
 	test_reshape();
 	test_pad();
 	CHECK(aml_finalize() == AML_SUCCESS);
