@@ -42,7 +42,9 @@
 #endif
 #endif
 
+#include "aml/utils/async.h"
 #include "aml/utils/bitmap.h"
+#include "aml/utils/features.h"
 #include "aml/utils/inner-malloc.h"
 #include "aml/utils/macros.h"
 #include "aml/utils/queue.h"
@@ -77,25 +79,12 @@ const char *ferry_last_error_message(void);
 
 /* ------------------------------------------------------------------ library */
 
-#define AML_HAVE_BACKEND_LIBNUMA 0
-#define AML_HAVE_BACKEND_CUDA 1 /* CUDA is loaded at run time: see aml_support_backends */
-#define AML_HAVE_BACKEND_OPENCL 0
-#define AML_HAVE_BACKEND_HWLOC 0
-#define AML_HAVE_BACKEND_ZE 0
-#define AML_HAVE_BACKEND_HIP 0
-#define AML_BACKEND_LIBNUMA (1UL << 1)
-#define AML_BACKEND_CUDA (1UL << 2)
-#define AML_BACKEND_HWLOC (1UL << 3)
-#define AML_BACKEND_OPENCL (1UL << 4)
-#define AML_BACKEND_ZE (1UL << 5)
-#define AML_BACKEND_HIP (1UL << 6)
+/* AML_HAVE_BACKEND_* and AML_BACKEND_*: aml/utils/features.h */
 
 /* Creates the ready aml_dma_linux. argc/argv unused (may be NULL). */
 int aml_init(int *argc, char **argv[]);
 /* Releases the ready dmas (after waiting for their work). */
 int aml_finalize(void);
-/* 1 if every backend flag in `backends` is usable here (CUDA: a driver and a device). */
-int aml_support_backends(const unsigned long backends);
 
 /* ------------------------------------------------------------------ areas */
 
