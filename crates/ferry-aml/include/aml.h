@@ -42,7 +42,9 @@
 #endif
 #endif
 
+#include "aml/utils/async.h"
 #include "aml/utils/bitmap.h"
+#include "aml/utils/features.h"
 #include "aml/utils/inner-malloc.h"
 #include "aml/utils/macros.h"
 #include "aml/utils/queue.h"
@@ -77,25 +79,12 @@ const char *ferry_last_error_message(void);
 
 /* ------------------------------------------------------------------ library */
 
-#define AML_HAVE_BACKEND_LIBNUMA 0
-#define AML_HAVE_BACKEND_CUDA 1 /* CUDA is loaded at run time: see aml_support_backends */
-#define AML_HAVE_BACKEND_OPENCL 0
-#define AML_HAVE_BACKEND_HWLOC 0
-#define AML_HAVE_BACKEND_ZE 0
-#define AML_HAVE_BACKEND_HIP 0
-#define AML_BACKEND_LIBNUMA (1UL << 1)
-#define AML_BACKEND_CUDA (1UL << 2)
-#define AML_BACKEND_HWLOC (1UL << 3)
-#define AML_BACKEND_OPENCL (1UL << 4)
-#define AML_BACKEND_ZE (1UL << 5)
-#define AML_BACKEND_HIP (1UL << 6)
+/* AML_HAVE_BACKEND_* and AML_BACKEND_*: aml/utils/features.h */
 
 /* Creates the ready aml_dma_linux. argc/argv unused (may be NULL). */
 int aml_init(int *argc, char **argv[]);
 /* Releases the ready dmas (after waiting for their work). */
 int aml_finalize(void);
-/* 1 if every backend flag in `backends` is usable here (CUDA: a driver and a device). */
-int aml_support_backends(const unsigned long backends);
 
 /* ------------------------------------------------------------------ areas */
 
@@ -223,6 +212,14 @@ int aml_dma_barrier(struct aml_dma *dma);
 /* Releases a request without its result (waits until its memory is free). */
 int aml_dma_cancel(struct aml_dma *dma, struct aml_dma_request **req);
 int aml_dma_fprintf(FILE *stream, const char *prefix, const struct aml_dma *dma);
+
+/* Copies src into dst, native dim i of dst being native dim target_dims[i] of src (a
+ * transpose): ferry's planned copy between dense layouts (on aml_dma_linux's workers after
+ * aml_init, else on the calling thread), AML's element-wise copy otherwise. -AML_EINVAL: NULL
+ * arguments, different ndims or element sizes, target_dims not a permutation of 0..ndims,
+ * dims that do not match through it (AML asserts these). */
+int aml_copy_layout_transform_generic(struct aml_layout *dst, const struct aml_layout *src,
+                                      const size_t *target_dims);
 
 #ifdef __cplusplus
 }

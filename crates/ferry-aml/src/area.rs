@@ -1,6 +1,7 @@
 //! Areas (`aml.h`, `aml/area/linux.h`, `aml/area/cuda.h`): where `aml_area_mmap` allocates.
 //!
-//! - `aml_area_linux`: anonymous private `mmap` (NUMA policies are not part of this library).
+//! - `aml_area_linux` and `aml_area_linux_create(&area, nodemask, policy)` (module `linux`):
+//!   `mmap` with AML's options, NUMA policies through the kernel's `mbind`.
 //! - `aml_area_cuda` (device memory of the current device), `aml_area_cuda_unified`, and
 //!   `aml_area_cuda_create(&area, device, flags)` with AML's flags: `ALLOC_HOST` (pinned host
 //!   memory), `ALLOC_MAPPED` (pinned and mapped; without `ALLOC_HOST` it registers the
@@ -8,7 +9,7 @@
 //!   globally). Without a CUDA driver: `-AML_ENOTSUP`.
 
 use crate::cuda_sys::{self, Alloc};
-use crate::error::{fail, guard, guard_ptr, guard_void, inval, AML_ENOMEM, AML_SUCCESS};
+use crate::error::{fail, guard, guard_ptr, guard_void, inval, AML_SUCCESS};
 use ferry_capi::Fail;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -156,58 +157,6 @@ pub unsafe extern "C" fn aml_area_fprintf(
         }
     })
 }
-
-/// # Safety
-/// 1. None beyond `mmap`'s.
-unsafe extern "C" fn linux_mmap(
-    _data: *const c_void,
-    size: usize,
-    _opts: *mut c_void,
-) -> *mut c_void {
-    guard_ptr(|| {
-        // SAFETY: an anonymous private mapping; the result is checked.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(fail(AML_ENOMEM, "mmap failed"));
-        }
-        Ok(p)
-    })
-}
-
-/// # Safety
-/// 1. `ptr`/`size` a mapping from `linux_mmap`.
-unsafe extern "C" fn linux_munmap(_data: *const c_void, ptr: *mut c_void, size: usize) -> c_int {
-    // SAFETY: (1).
-    if unsafe { libc::munmap(ptr, size) } == 0 {
-        AML_SUCCESS
-    } else {
-        -crate::error::AML_EINVAL
-    }
-}
-
-/// The Linux area's methods.
-#[no_mangle]
-pub static aml_area_linux_ops: AmlAreaOps = AmlAreaOps {
-    mmap: Some(linux_mmap),
-    munmap: Some(linux_munmap),
-    fprintf: None,
-};
-
-/// The ready Linux area.
-#[no_mangle]
-pub static aml_area_linux: AmlArea = AmlArea {
-    ops: &aml_area_linux_ops,
-    data: std::ptr::null_mut(),
-};
 
 /// Prints a CUDA area as AML does (its data, device, flags, mapped, global).
 ///
@@ -417,3 +366,6 @@ pub unsafe extern "C" fn aml_area_cuda_destroy(area: *mut *mut AmlArea) {
         Ok(AML_SUCCESS)
     })
 }
+
+mod linux;
+pub use linux::*;

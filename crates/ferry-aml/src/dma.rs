@@ -10,7 +10,9 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, PoisonError};
 
 pub(crate) mod plan;
+mod transform;
 pub(crate) use plan::planned_job;
+pub use transform::aml_copy_layout_transform_generic;
 
 /// `aml_dma_operator`: a C function that performs the copy of `src` into `dst`, with the
 /// request's argument; its return value is the request's result.

@@ -609,7 +609,10 @@ unsafe extern "C" fn dense_duplicate(
     })
 }
 
+mod composite;
 mod derive;
 pub(crate) mod generic;
+pub mod pad;
+pub mod reshape;
 pub use derive::*;
 pub use generic::*;

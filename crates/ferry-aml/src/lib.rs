@@ -1,7 +1,7 @@
 //! libaml: AML's DMA API on ferry's engines, so that a C or C++ program written for AML
-//! (`aml.h`, `aml/dma/{linux,cuda,multiplex}.h`, `aml/layout/dense.h`,
+//! (`aml.h`, `aml/dma/{linux,cuda,multiplex}.h`, `aml/layout/{dense,reshape,pad}.h`,
 //! `aml/area/{linux,cuda}.h`, `aml/utils/*.h`) builds unchanged against `include/` and
-//! `-laml` (pkg-config `aml`), and its copies run on ferry: the Linux DMA on the CPU engine
+//! `-laml` (pkg-config `aml`), NUMA areas bind through the kernel's `mbind`, and its copies run on ferry: the Linux DMA on the CPU engine
 //! (a large copy split across the workers), the CUDA DMA on the CUDA engine (copy engines,
 //! staging, 2-D/3-D copies), the NULL operator as ferry's planned layout copy.
 //!
@@ -33,7 +33,7 @@ pub mod utils;
 use error::{guard, AML_SUCCESS};
 use std::ffi::{c_char, c_int, c_ulong};
 
-/// libnuma (not a backend of this library).
+/// libnuma: the NUMA Linux area (on the kernel's `mbind`, without libnuma).
 pub const AML_BACKEND_LIBNUMA: c_ulong = 1 << 1;
 /// CUDA.
 pub const AML_BACKEND_CUDA: c_ulong = 1 << 2;
@@ -69,19 +69,15 @@ pub unsafe extern "C" fn aml_finalize() -> c_int {
     })
 }
 
-/// 1 if every backend in `backends` (`AML_BACKEND_*` flags) is usable here, else 0: CUDA is
-/// answered by ferry's probe (a driver and a device); libnuma, hwloc, OpenCL, Level Zero and
-/// HIP are not backends of this library (0).
+/// 1 if every backend in `backends` (`AML_BACKEND_*` flags) is usable here, else 0: libnuma
+/// (the NUMA Linux area) always; CUDA is answered by ferry's probe (a driver and a device);
+/// hwloc, OpenCL, Level Zero and HIP are not backends of this library (0).
 ///
 /// # Safety
 /// 1. None.
 #[no_mangle]
 pub unsafe extern "C" fn aml_support_backends(backends: c_ulong) -> c_int {
-    let other = AML_BACKEND_LIBNUMA
-        | AML_BACKEND_HWLOC
-        | AML_BACKEND_OPENCL
-        | AML_BACKEND_ZE
-        | AML_BACKEND_HIP;
+    let other = AML_BACKEND_HWLOC | AML_BACKEND_OPENCL | AML_BACKEND_ZE | AML_BACKEND_HIP;
     if backends & other != 0 {
         return 0;
     }

@@ -359,3 +359,30 @@ pub(crate) fn finalize_ready() {
     // SAFETY: the ready dma, no longer reachable through `aml_dma_linux`.
     unsafe { aml_dma_linux_destroy(&mut d) };
 }
+
+/// Runs `job` to completion: on the ready Linux DMA's workers after `aml_init`, else on the
+/// caller's thread (ferry's caller-runs CPU engine). `Err`: the job was not submitted (its
+/// failure, `FERRY_EOVERLAP` for overlapping buffers); `Ok`: the request's result.
+///
+/// # Safety
+/// 1. The job's buffers are valid, and untouched by others, until it is done; no other
+///    thread runs `aml_finalize` meanwhile.
+pub(crate) unsafe fn run_now(job: Job) -> Result<c_int, Fail> {
+    // SAFETY: (1): the ready dma stays alive until `aml_finalize`.
+    if let Some(dma) = unsafe { aml_dma_linux.load(Ordering::Acquire).as_ref() } {
+        // SAFETY: the ready dma is a Linux DMA.
+        let l = unsafe { linux(dma.data.cast_const()) }?;
+        let mut req = std::ptr::null_mut();
+        // SAFETY: (1); `req` is a local slot, waited for at once.
+        unsafe { l.backend.submit(&mut req, job) }?;
+        // SAFETY: the request just handed out.
+        return unsafe { l.backend.wait(&mut req) };
+    }
+    let engine = CpuEngine::caller_runs()
+        .map_err(|e| crate::error::fail(crate::error::AML_FAILURE, e.to_string()))?;
+    // SAFETY: (1).
+    let r =
+        unsafe { ferry::Engine::submit_raw(&engine, job) }.map_err(crate::error::submit_fail)?;
+    Ok(r.wait()
+        .map_or_else(|e| crate::error::request_code(&e), |()| AML_SUCCESS))
+}

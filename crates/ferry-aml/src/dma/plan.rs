@@ -120,16 +120,21 @@ pub(crate) unsafe fn planned_job(
     let (Some(d), Some(s)) = (unsafe { Dense::of(dst) }?, unsafe { Dense::of(src) }?) else {
         return Ok(None);
     };
+    dense_job(&d, &s, kind).map(Some)
+}
+
+/// The job copying dense `s` into `d` (ferry's planned copy), the memory kinds from `kind`.
+pub(crate) fn dense_job(d: &Dense, s: &Dense, kind: impl Fn(u64) -> MemKind) -> Result<Job, Fail> {
     let buf = |l: &Dense| RawBuf {
         addr: l.ptr,
         len: l.span(),
         kind: kind(l.ptr),
     };
-    let (dbuf, sbuf) = (buf(&d), buf(&s));
-    let mut steps = pairs(&d, &s)?;
+    let (dbuf, sbuf) = (buf(d), buf(s));
+    let mut steps = pairs(d, s)?;
     if steps.len() == 1 {
         let (dl, sl) = steps.remove(0);
-        return Ok(Some(Job::copy(dbuf, dl, sbuf, sl)));
+        return Ok(Job::copy(dbuf, dl, sbuf, sl));
     }
-    Ok(Some(Job::custom(dbuf, Some(sbuf), Arc::new(Split(steps)))))
+    Ok(Job::custom(dbuf, Some(sbuf), Arc::new(Split(steps))))
 }

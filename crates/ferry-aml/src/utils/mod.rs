@@ -1,8 +1,10 @@
-//! AML's utilities (`aml/utils/*.h`, included by `aml.h`): the bitmap, the vector, the queue
-//! and the version. The header-only pieces (`AML_INNER_MALLOC*` and the counting macros of
-//! `aml/utils/macros.h`) have no Rust side.
+//! AML's utilities (`aml/utils/*.h`, included by `aml.h`): the bitmap, the vector, the queue,
+//! the version and the task scheduler. The header-only pieces (`AML_INNER_MALLOC*`, the
+//! counting macros of `aml/utils/macros.h`, the feature macros of `aml/utils/features.h`)
+//! have no Rust side.
 
 pub mod bitmap;
 pub mod queue;
+pub mod sched;
 pub mod vector;
 pub mod version;
