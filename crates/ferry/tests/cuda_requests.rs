@@ -7,6 +7,7 @@ use cuda_common::*;
 use ferry::cuda::{CudaEngine, DeviceBuffer, Direction, PinnedBuffer, WaitMode};
 use ferry::op::Op;
 use ferry::{CpuEngine, Engine, EngineExt, Layout, Request, RequestError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 fn copy_op(n: usize) -> Op {
@@ -301,14 +302,34 @@ fn drops_with_work_in_flight_are_safe() {
     assert!(dev2.to_vec().unwrap() == data);
 }
 
-/// Runs `f` on a thread and fails the test if it does not finish in `secs` (a deadlock).
+/// Runs `f` on a thread and fails the test if it does not finish in `secs` (a deadlock), or
+/// if it panicked.
 fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    within_at(secs, what, &AtomicUsize::new(0), &[], f)
+}
+
+/// [`within`], where `f` stores the step it reached in `step` (an index into `steps`): a
+/// deadlock's message names the step it blocked in.
+fn within_at<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    step: &AtomicUsize,
+    steps: &[&str],
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(std::time::Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{what}: no progress in {secs} s (deadlock?)"))
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(t) => t,
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked (above)"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            let at = step.load(Ordering::SeqCst);
+            let name = steps.get(at).copied().unwrap_or("-");
+            panic!("{what}: no progress in {secs} s (deadlock?), blocked in step {at} ({name})")
+        }
+    }
 }
 
 /// The first `len` bytes of `b`.
@@ -418,103 +439,144 @@ fn a_waker_that_submits_on_its_lane_does_not_deadlock() {
     if cuda_or_skip().is_none() {
         return;
     }
+    static STEP: AtomicUsize = AtomicUsize::new(0);
+    const STEPS: &[&str] = &[
+        "submit the 256 MiB upload",
+        "poll it with the blocking waker",
+        "wait until its waker runs",
+        "submit the 64 MiB and 4 KiB downloads",
+        "poll the 4 KiB download with the submitting waker",
+        "drop the upload and the 64 MiB download",
+        "submit copies until a prune wakes the download's waker",
+        "wait for the waker's copy",
+        "wait for the other copies",
+        "wait for the 4 KiB download",
+        "the engine's barrier",
+    ];
+    let step = |i: usize| STEP.store(i, Ordering::SeqCst);
     for (policy, e) in engines_of_each_policy() {
-        within(60, "a waker that submits from inside `wake`", move || {
-            use std::sync::mpsc::channel;
-            use std::time::Duration;
-            /// Says it entered `wake`, then blocks until released (or 60 s).
-            struct Blocks(
-                std::sync::Mutex<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
-            );
-            impl std::task::Wake for Blocks {
-                fn wake(self: Arc<Self>) {
-                    let g = self.0.lock().unwrap();
-                    let _ = g.0.send(());
-                    let _ = g.1.recv_timeout(Duration::from_secs(60));
-                }
-            }
-            type Owned = ferry::Transfer<PinnedBuffer, DeviceBuffer>;
-            /// Submits a 4 KiB download on the engine, and hands its transfer on.
-            struct Submits {
-                e: Arc<CudaEngine>,
-                bufs: std::sync::Mutex<Option<(PinnedBuffer, DeviceBuffer)>>,
-                out: std::sync::Mutex<std::sync::mpsc::Sender<Owned>>,
-            }
-            impl std::task::Wake for Submits {
-                fn wake(self: Arc<Self>) {
-                    let (dst, src) = self.bufs.lock().unwrap().take().expect("woken once");
-                    let t = self.e.memcpy_owned(dst, src).unwrap();
-                    let _ = self.out.lock().unwrap().send(t);
-                }
-            }
-            let n = 256 << 20;
-            let host = pinned_with(&bytes(n, 51));
-            let mut big = DeviceBuffer::new(0, n).unwrap();
-            let mut down = PinnedBuffer::new(64 << 20).unwrap();
-            let mut small = PinnedBuffer::new(4096).unwrap();
-            let (entered_tx, entered) = channel();
-            let (release, release_rx) = channel();
-            let blocks = std::task::Waker::from(Arc::new(Blocks(std::sync::Mutex::new((
-                entered_tx, release_rx,
-            )))));
-            let mut wake_src = DeviceBuffer::new(0, 4096).unwrap();
-            wake_src.copy_from_host(&bytes(4096, 52)).unwrap();
-            let (out_tx, out) = channel();
-            let submits = std::task::Waker::from(Arc::new(Submits {
-                e: Arc::clone(&e),
-                bufs: std::sync::Mutex::new(Some((PinnedBuffer::new(4096).unwrap(), wake_src))),
-                out: std::sync::Mutex::new(out_tx),
-            }));
-            // SAFETY: every buffer outlives the barrier at the end; each request writes its
-            // own destination, which nothing else touches meanwhile.
-            unsafe {
-                // The waiter thread waits for an upload, whose waker then blocks it.
-                let mut c = copy_raw(&*e, dev_raw(&mut big), staging_raw(&host), &[]);
-                if poll_with(&mut c, &blocks).is_ready() {
-                    println!("skipped ({policy:?}): a 256 MiB copy completed before its poll");
-                    return;
-                }
-                entered
-                    .recv_timeout(Duration::from_secs(20))
-                    .expect("the upload's waker was never woken");
-                // A small download behind a large one on this thread's lane; its waker queued
-                // behind the blocked one.
-                let m = copy_raw(
-                    &*e,
-                    pinned_raw(&mut down),
-                    head(dev_ro(&big), 64 << 20),
-                    &[],
+        step(0);
+        within_at(
+            60,
+            "a waker that submits from inside `wake`",
+            &STEP,
+            STEPS,
+            move || {
+                use std::sync::mpsc::channel;
+                use std::time::Duration;
+                /// Says it entered `wake` and on which thread, then blocks until released (or 20
+                /// s).
+                struct Blocks(
+                    std::sync::Mutex<(
+                        std::sync::mpsc::Sender<Option<String>>,
+                        std::sync::mpsc::Receiver<()>,
+                    )>,
                 );
-                let mut b = copy_raw(&*e, pinned_raw(&mut small), head(dev_ro(&big), 4096), &[]);
-                if poll_with(&mut b, &submits).is_ready() {
-                    println!("skipped ({policy:?}): a copy behind 64 MiB completed at once");
-                    let _ = release.send(());
-                    return;
-                }
-                drop((c, m));
-                std::thread::sleep(Duration::from_millis(100));
-                // More submissions on the lane until its list prunes, polls the download,
-                // finds it done and wakes its waker (which submits on this lane).
-                let mut more = Vec::new();
-                let mut bufs: Vec<PinnedBuffer> =
-                    (0..64).map(|_| PinnedBuffer::new(4096).unwrap()).collect();
-                for p in &mut bufs {
-                    more.push(copy_raw(&*e, pinned_raw(p), head(dev_ro(&big), 4096), &[]));
-                    if let Ok(t) = out.try_recv() {
-                        let _ = release.send(());
-                        let (got, _) = t.wait().unwrap();
-                        check("the waker's copy", &got, &bytes(4096, 52));
-                        for r in more {
-                            r.wait().unwrap();
-                        }
-                        b.wait().unwrap();
-                        e.barrier().unwrap();
-                        return;
+                impl std::task::Wake for Blocks {
+                    fn wake(self: Arc<Self>) {
+                        let g = self.0.lock().unwrap();
+                        let _ = g.0.send(std::thread::current().name().map(str::to_owned));
+                        let _ = g.1.recv_timeout(Duration::from_secs(20));
                     }
                 }
-                let _ = release.send(());
-                panic!("{policy:?}: no pruning woke the download's waker");
-            }
-        });
+                type Owned = ferry::Transfer<PinnedBuffer, DeviceBuffer>;
+                /// Submits a 4 KiB download on the engine, and hands its transfer on.
+                struct Submits {
+                    e: Arc<CudaEngine>,
+                    bufs: std::sync::Mutex<Option<(PinnedBuffer, DeviceBuffer)>>,
+                    out: std::sync::Mutex<std::sync::mpsc::Sender<Owned>>,
+                }
+                impl std::task::Wake for Submits {
+                    fn wake(self: Arc<Self>) {
+                        let (dst, src) = self.bufs.lock().unwrap().take().expect("woken once");
+                        let t = self.e.memcpy_owned(dst, src).unwrap();
+                        let _ = self.out.lock().unwrap().send(t);
+                    }
+                }
+                let n = 256 << 20;
+                let host = pinned_with(&bytes(n, 51));
+                let mut big = DeviceBuffer::new(0, n).unwrap();
+                let mut down = PinnedBuffer::new(64 << 20).unwrap();
+                let mut small = PinnedBuffer::new(4096).unwrap();
+                let (entered_tx, entered) = channel();
+                let (release, release_rx) = channel();
+                let blocks = std::task::Waker::from(Arc::new(Blocks(std::sync::Mutex::new((
+                    entered_tx, release_rx,
+                )))));
+                let mut wake_src = DeviceBuffer::new(0, 4096).unwrap();
+                wake_src.copy_from_host(&bytes(4096, 52)).unwrap();
+                let (out_tx, out) = channel();
+                let submits = std::task::Waker::from(Arc::new(Submits {
+                    e: Arc::clone(&e),
+                    bufs: std::sync::Mutex::new(Some((PinnedBuffer::new(4096).unwrap(), wake_src))),
+                    out: std::sync::Mutex::new(out_tx),
+                }));
+                // SAFETY: every buffer outlives the barrier at the end; each request writes its
+                // own destination, which nothing else touches meanwhile.
+                unsafe {
+                    // The waiter thread waits for an upload, whose waker then blocks it.
+                    let mut c = copy_raw(&*e, dev_raw(&mut big), staging_raw(&host), &[]);
+                    step(1);
+                    if poll_with(&mut c, &blocks).is_ready() {
+                        println!("skipped ({policy:?}): a 256 MiB copy completed before its poll");
+                        return;
+                    }
+                    step(2);
+                    let woke_on = entered
+                        .recv_timeout(Duration::from_secs(20))
+                        .expect("the upload's waker was never woken");
+                    assert!(
+                    woke_on.as_deref().is_some_and(|n| n.ends_with("-waiter")),
+                    "{policy:?}: the upload's waker ran on thread {woke_on:?}, not the engine's waiter"
+                );
+                    step(3);
+                    // A small download behind a large one on this thread's lane; its waker queued
+                    // behind the blocked one.
+                    let m = copy_raw(
+                        &*e,
+                        pinned_raw(&mut down),
+                        head(dev_ro(&big), 64 << 20),
+                        &[],
+                    );
+                    let mut b =
+                        copy_raw(&*e, pinned_raw(&mut small), head(dev_ro(&big), 4096), &[]);
+                    step(4);
+                    if poll_with(&mut b, &submits).is_ready() {
+                        println!("skipped ({policy:?}): a copy behind 64 MiB completed at once");
+                        let _ = release.send(());
+                        return;
+                    }
+                    step(5);
+                    drop((c, m));
+                    std::thread::sleep(Duration::from_millis(100));
+                    step(6);
+                    // More submissions on the lane until its list prunes, polls the download,
+                    // finds it done and wakes its waker (which submits on this lane).
+                    let mut more = Vec::new();
+                    let mut bufs: Vec<PinnedBuffer> =
+                        (0..64).map(|_| PinnedBuffer::new(4096).unwrap()).collect();
+                    for p in &mut bufs {
+                        more.push(copy_raw(&*e, pinned_raw(p), head(dev_ro(&big), 4096), &[]));
+                        if let Ok(t) = out.try_recv() {
+                            let _ = release.send(());
+                            step(7);
+                            let (got, _) = t.wait().unwrap();
+                            check("the waker's copy", &got, &bytes(4096, 52));
+                            step(8);
+                            for r in more {
+                                r.wait().unwrap();
+                            }
+                            step(9);
+                            b.wait().unwrap();
+                            step(10);
+                            e.barrier().unwrap();
+                            return;
+                        }
+                    }
+                    let _ = release.send(());
+                    panic!("{policy:?}: no pruning woke the download's waker");
+                }
+            },
+        );
     }
 }
