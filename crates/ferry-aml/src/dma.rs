@@ -265,7 +265,7 @@ pub(crate) unsafe fn print(stream: *mut libc::FILE, prefix: *const c_char, text:
     unsafe { print_lines(stream, prefix, &[text.to_owned()]) }.unwrap_or(-crate::error::AML_EINVAL)
 }
 
-/// Prints each line as [`print`] does. `-AML_EINVAL` for a NULL stream.
+/// Prints each line as [`print()`] does. `-AML_EINVAL` for a NULL stream.
 ///
 /// # Safety
 /// 1. `stream` NULL or a valid `FILE *`; `prefix` NULL or a C string.
