@@ -74,6 +74,25 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
     }
 }
 
+/// Copies one contiguous run `(dst_offset, src_offset, bytes)` between the buffers.
+///
+/// # Safety
+/// 1. `dst` valid for writes and `src` for reads of their lengths for the duration of the call.
+/// 2. The run lies inside both buffers (as [`crate::op::checked_run`] checks it).
+/// 3. The buffers do not overlap (as [`crate::engine::check_bufs`] checks), and no other
+///    thread touches the destination bytes during the call.
+#[inline]
+pub(crate) unsafe fn copy_at(dst: RawBuf, src: RawBuf, (doff, soff, n): (usize, usize, usize)) {
+    // SAFETY: by the function's contract (1-3).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (src.addr as *const u8).add(soff),
+            (dst.addr as *mut u8).add(doff),
+            n,
+        )
+    }
+}
+
 /// Copies `run` bytes; element-sized runs are one load and one store.
 ///
 /// # Safety

@@ -22,9 +22,11 @@ mod probe;
 pub use config::{CpuConfig, THREADS_MAX};
 pub use probe::{probe, CpuProbe};
 
-use super::{Engine, Job, SubmitError};
-use crate::memory::MemKind;
+use super::{check_bufs, Engine, Job, SubmitError};
+use crate::memory::{MemKind, RawBuf};
+use crate::op::checked_run;
 use crate::request::{BarrierError, InFlight, Request};
+use crate::Layout;
 use pool::Pool;
 use std::sync::Arc;
 
@@ -108,6 +110,53 @@ impl Engine for CpuEngine {
             self.inflight.track(&req);
         }
         Ok(req)
+    }
+
+    /// A small contiguous copy runs here, on the caller's thread, and returns a request that
+    /// allocated nothing; any other copy goes through `submit_raw`.
+    unsafe fn submit_copy(
+        &self,
+        dst: RawBuf,
+        dst_layout: &Layout,
+        src: RawBuf,
+        src_layout: &Layout,
+    ) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees (submit_copy's hold for copy_now).
+        if unsafe { self.copy_now(dst, src, Some((dst_layout, src_layout))) } {
+            return Ok(Request::ready(Ok(())));
+        }
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
+    }
+
+    /// One contiguous run of at most [`CpuConfig::inline_bytes`] between buffers that pass
+    /// `submit_raw`'s checks runs now; anything else (errors included) is left to `submit_raw`.
+    #[inline]
+    unsafe fn copy_now(
+        &self,
+        dst: RawBuf,
+        src: RawBuf,
+        layouts: Option<(&Layout, &Layout)>,
+    ) -> bool {
+        let run = match layouts {
+            None if dst.len >= src.len => (0, 0, src.len),
+            None => return false,
+            Some((dl, sl)) => match checked_run(dl, sl, dst.len, src.len) {
+                Ok(Some(run)) => run,
+                _ => return false,
+            },
+        };
+        if run.2 > self.cfg.inline_bytes
+            || check_bufs(dst, Some(src)).is_err()
+            || !self.supports(dst.kind, Some(src.kind))
+        {
+            return false;
+        }
+        // SAFETY: the caller guarantees the buffers for the call (copy_now's contract); the
+        // run lies inside both (`checked_run`, or a memcpy's lengths compared above), and
+        // `check_bufs` found them disjoint.
+        unsafe { exec::copy_at(dst, src, run) };
+        true
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {
