@@ -191,6 +191,15 @@ fn engines() -> Vec<(String, Box<dyn Engine>)> {
             Box::new(cpu(threads, 64, 0)),
         ));
     }
+    for threads in [1, 2, 4] {
+        // Every queued copy split over the submitting thread (its share run at submit) and
+        // the workers.
+        let e = CpuEngine::with_config(cpu(threads, 64, 0).config().split_bytes(0)).unwrap();
+        v.push((
+            format!("cpu{threads} chunk64 split0 no-inline"),
+            Box::new(e),
+        ));
+    }
     v.push(("cpu2 chunk32 inline".into(), Box::new(cpu(2, 32, 64 << 10))));
     v.push(("cpu0 inline".into(), Box::new(cpu(0, 64, 64 << 10))));
     let mux = MultiplexEngine::new()

@@ -1,9 +1,14 @@
-//! The CPU engine: a thread pool that splits each copy into chunks across its workers.
+//! The CPU engine: the caller's thread and a pool of workers, sharing each large copy.
 //!
-//! - Parallel inside one request: a large copy is split into up to one chunk per worker (at
-//!   least [`CpuConfig::chunk_bytes`] each); each chunk runs on its own worker.
 //! - Small copies (at most [`CpuConfig::inline_bytes`]) run on the submitting thread during
-//!   submit: handing them to a worker would cost more than the copy. Set it to 0 to queue all.
+//!   submit: handing them to a worker would cost more than the copy, and the caller's cache
+//!   holds the data. A contiguous copy so allocates nothing and its request is
+//!   done when submit returns. Set it to 0 to queue all.
+//! - Parallel inside one request, where it pays: a copy larger than
+//!   [`CpuConfig::split_bytes`] (from the cache size: [`CpuProbe::split_bytes`]) is split into
+//!   one chunk per core at most (at least [`CpuConfig::chunk_bytes`] each); the submitting
+//!   thread runs one share at submit, the workers the others (and the waiting thread any that
+//!   no worker took yet). A copy between the two thresholds is one chunk, queued.
 //! - Threads: `CpuEngine::new(0)` (and `CpuConfig::new(0)`, and the C API's
 //!   `ferry_dma_cpu_create(&dma, 0)`) means one worker per core.
 //! - Caller-runs mode ([`CpuEngine::caller_runs`], [`CpuConfig::caller_runs`]): no workers,
@@ -68,7 +73,7 @@ impl CpuEngine {
                 cfg.threads
             )));
         }
-        let pool = Pool::start(cfg.threads)
+        let pool = Pool::start(cfg.threads, probe().cores)
             .map_err(|e| crate::Error::Thread(format!("CPU worker: {e}")))?;
         Ok(CpuEngine {
             pool,
