@@ -2,13 +2,15 @@
 //!
 //! - Small copies (at most [`CpuConfig::inline_bytes`]) run on the submitting thread during
 //!   submit: handing them to a worker would cost more than the copy, and the caller's cache
-//!   holds the data. A contiguous copy so allocates nothing and its request is
+//!   holds the data. A contiguous or strided copy so allocates nothing and its request is
 //!   done when submit returns. Set it to 0 to queue all.
 //! - Parallel inside one request, where it pays: a copy larger than
 //!   [`CpuConfig::split_bytes`] (from the cache size: [`CpuProbe::split_bytes`]) is split into
 //!   one chunk per core at most (at least [`CpuConfig::chunk_bytes`] each); the submitting
 //!   thread runs one share at submit, the workers the others (and the waiting thread any that
 //!   no worker took yet). A copy between the two thresholds is one chunk, queued.
+//! - Transposes (one element per run against the source's grain): a blocked kernel per
+//!   element size (1, 2, 4, 8, 16 bytes; SIMD register transposes for 4 and 8 on x86_64).
 //! - Threads: `CpuEngine::new(0)` (and `CpuConfig::new(0)`, and the C API's
 //!   `ferry_dma_cpu_create(&dma, 0)`) means one worker per core.
 //! - Caller-runs mode ([`CpuEngine::caller_runs`], [`CpuConfig::caller_runs`]): no workers,
@@ -30,6 +32,7 @@ pub use probe::{probe, CpuProbe};
 use super::{check_bufs, Engine, Job, SubmitError};
 use crate::memory::{MemKind, RawBuf};
 use crate::op::checked_run;
+use crate::plan::Plan;
 use crate::request::{BarrierError, InFlight, Request};
 use crate::Layout;
 use pool::Pool;
@@ -91,6 +94,30 @@ impl CpuEngine {
     }
 }
 
+impl CpuEngine {
+    /// [`Engine::copy_now`] of a copy that is not one run (a tile, a transpose) of at most
+    /// [`CpuConfig::inline_bytes`]: planned here, without a program or a job.
+    ///
+    /// # Safety
+    /// As [`Engine::copy_now`]; the layouts were checked against the buffers' lengths
+    /// (`checked_run` did).
+    unsafe fn plan_now(&self, dst: RawBuf, src: RawBuf, dl: &Layout, sl: &Layout) -> bool {
+        if check_bufs(dst, Some(src)).is_err() || !self.supports(dst.kind, Some(src.kind)) {
+            return false;
+        }
+        match Plan::general(dl, sl) {
+            Ok(plan) if plan.total_bytes() <= self.cfg.inline_bytes => {
+                // SAFETY: the caller guarantees the buffers for the call; the layouts lie
+                // inside them (checked), so the plan's runs do; `check_bufs` found them
+                // disjoint.
+                unsafe { exec::copy_plan(dst, src, &plan) };
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Engine for CpuEngine {
     fn name(&self) -> String {
         format!("cpu({})", self.cfg.threads)
@@ -148,7 +175,10 @@ impl Engine for CpuEngine {
             None => return false,
             Some((dl, sl)) => match checked_run(dl, sl, dst.len, src.len) {
                 Ok(Some(run)) => run,
-                _ => return false,
+                // SAFETY: forwarded with the caller's guarantees; `checked_run` checked both
+                // layouts against their buffers.
+                Ok(None) => return unsafe { self.plan_now(dst, src, dl, sl) },
+                Err(_) => return false,
             },
         };
         if run.2 > self.cfg.inline_bytes
