@@ -24,6 +24,10 @@ pub struct CpuInfo {
     pub chunk_bytes: usize,
     /// `CpuConfig::default().inline_bytes`.
     pub inline_bytes: usize,
+    /// `CpuConfig::default().split_bytes`: larger copies are split across threads.
+    pub split_bytes: usize,
+    /// The per-core (level 2) cache the split threshold comes from, if the system says.
+    pub l2_bytes: Option<usize>,
 }
 
 /// The GPU section: plain fields only (an absent value is `null`, a reason a string).
@@ -87,6 +91,8 @@ pub fn gather() -> Info {
         default_threads: cfg.threads,
         chunk_bytes: cfg.chunk_bytes,
         inline_bytes: cfg.inline_bytes,
+        split_bytes: cfg.split_bytes,
+        l2_bytes: probe.l2_bytes,
     };
     let cuda = ferry::cuda::probe();
     let gds = ferry::file::gds_probe();
@@ -147,6 +153,11 @@ pub fn render(info: &Info) -> String {
     s += &format!(
         "    inline             {} (copies up to this size run on the submitting thread)\n",
         format_size(c.inline_bytes as u64)
+    );
+    s += &format!(
+        "    split              above {} (from the L2 cache, {}): split across the workers and the submitting thread\n",
+        format_size(c.split_bytes as u64),
+        c.l2_bytes.map_or("unknown".into(), |b| format_size(b as u64))
     );
     let p = &info.gpu;
     s += "\nGPU\n";

@@ -145,6 +145,7 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
 /// `(dst offset, src offset, bytes)` where it is one ([`Plan::single_run`]); `None`: a general
 /// plan. What [`Program::copy`] checks, and all that an engine needs to run one run without
 /// building a program (the CUDA engine's `submit_run`).
+#[inline]
 pub(crate) fn checked_run(
     dst: &Layout,
     src: &Layout,

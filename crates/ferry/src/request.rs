@@ -14,7 +14,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
@@ -39,6 +39,28 @@ pub trait Completion: Send + Sync + 'static {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Ids handed out per thread in blocks: a request's id costs no atomic read-modify-write on
+/// the path of a small copy (issue 32). Unique in the process; increasing per thread.
+const ID_BLOCK: u64 = 1024;
+
+thread_local! {
+    /// The next id of this thread's block and the block's end.
+    static IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// A request id unique in the process.
+fn next_id() -> u64 {
+    IDS.with(|c| {
+        let (mut next, mut end) = c.get();
+        if next == end {
+            next = NEXT_ID.fetch_add(ID_BLOCK, Ordering::Relaxed);
+            end = next + ID_BLOCK;
+        }
+        c.set((next + 1, end));
+        next
+    })
+}
 
 /// Whether a request's result was seen through `wait`/`try_wait` (then a barrier does not
 /// report it again), and whether it was seen to succeed (then a barrier skips the request
@@ -86,7 +108,7 @@ impl<C: Completion> Shared<C> {
     pub(crate) fn new(completion: C) -> Shared<C> {
         Shared {
             observed: Observed::default(),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_id(),
             completion,
         }
     }
@@ -139,14 +161,34 @@ impl Shared {
 #[must_use = "a dropped request still runs, and only the enclosing scope or the engine's next \
               barrier reports its failure: `.wait()?` it to see its result here, or `drop()` it"]
 pub struct Request {
-    shared: Arc<Shared>,
+    /// The engine's completion; `None`: completed successfully at submit (a small copy run on
+    /// the caller's thread), with nothing allocated, shared or counted (issue 32).
+    shared: Option<Arc<Shared>>,
+    /// The request's id (the same as `shared`'s, where there is one).
+    id: u64,
 }
 
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request")
-            .field("id", &self.shared.id)
-            .finish()
+        f.debug_struct("Request").field("id", &self.id).finish()
+    }
+}
+
+/// The completion of a request that succeeded at submit ([`Request::ready`]`(Ok(()))`).
+struct DoneOk;
+
+impl Completion for DoneOk {
+    fn wait(&self) -> Result<(), RequestError> {
+        Ok(())
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        Some(Ok(()))
+    }
+    fn register_waker(&self, waker: &Waker) {
+        waker.wake_by_ref();
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -159,33 +201,63 @@ impl Request {
     /// The request of an allocation the engine made (and may keep handles to: a CUDA
     /// request's queue and waiter thread hold the same allocation, not one of their own).
     pub(crate) fn from_shared(shared: Arc<Shared<impl Completion>>) -> Request {
-        Request { shared }
+        Request {
+            id: shared.id,
+            shared: Some(shared),
+        }
     }
 
-    /// A request that has already completed with `result`.
+    /// A request that has already completed with `result`. A success allocates nothing.
     pub fn ready(result: Result<(), RequestError>) -> Request {
-        let s = Signal::new();
-        s.complete(result);
-        Request::new(s)
+        match result {
+            Ok(()) => Request::done_ok(),
+            Err(e) => {
+                let s = Signal::new();
+                s.complete(Err(e));
+                Request::new(s)
+            }
+        }
+    }
+
+    /// A request that succeeded at submit: no allocation, no atomic read-modify-write.
+    #[inline]
+    pub(crate) fn done_ok() -> Request {
+        Request {
+            shared: None,
+            id: next_id(),
+        }
+    }
+
+    /// True for a request that succeeded at submit ([`Request::done_ok`]): nothing to wait
+    /// for nor to report.
+    #[inline]
+    pub(crate) fn is_done_ok(&self) -> bool {
+        self.shared.is_none()
     }
 
     /// A number unique to this request in the process.
     pub fn id(&self) -> u64 {
-        self.shared.id
+        self.id
     }
 
     /// Blocks until the request completes; returns its own result. May block.
     pub fn wait(self) -> Result<(), RequestError> {
-        self.shared.wait_seen()
+        match &self.shared {
+            Some(s) => s.wait_seen(),
+            None => Ok(()),
+        }
     }
 
     /// Returns `Some(result)` once complete, `None` while in flight. Never blocks. Once it has
     /// returned `Some`, the barrier no longer reports this request's error.
     pub fn try_wait(&mut self) -> Option<Result<(), RequestError>> {
-        let r = self.shared.completion.poll_done();
+        let Some(s) = &self.shared else {
+            return Some(Ok(()));
+        };
+        let r = s.completion.poll_done();
         match r {
-            Some(Ok(())) => self.shared.observed.see_ok(),
-            Some(Err(_)) => self.shared.observed.see(),
+            Some(Ok(())) => s.observed.see_ok(),
+            Some(Err(_)) => s.observed.see(),
             None => {}
         }
         r
@@ -193,30 +265,47 @@ impl Request {
 
     /// True once the request has completed (successfully or not). Never blocks.
     pub fn is_done(&self) -> bool {
-        self.shared.completion.poll_done().is_some()
+        self.completion().poll_done().is_some()
     }
 
     /// The engine's completion object (for engines that chain their own requests).
     pub fn completion(&self) -> &dyn Completion {
-        &self.shared.completion
+        match &self.shared {
+            Some(s) => &s.completion,
+            None => &DoneOk,
+        }
+    }
+
+    /// Seen to succeed through `wait`/`try_wait`, or succeeded at submit.
+    fn observed_ok(&self) -> bool {
+        self.shared.as_ref().is_none_or(|s| s.observed.ok())
+    }
+
+    /// Its result was seen through `wait`/`try_wait` (or it succeeded at submit).
+    fn observed_seen(&self) -> bool {
+        self.shared.as_ref().is_none_or(|s| s.observed.seen())
     }
 
     /// A second handle to the same request, for engines' and scopes' bookkeeping.
     pub(crate) fn share(&self) -> Request {
         Request {
-            shared: Arc::clone(&self.shared),
+            shared: self.shared.clone(),
+            id: self.id,
         }
     }
 
     /// Waits without marking the result observed (a later barrier still reports a failure).
     pub(crate) fn settle_keep(&self) -> Result<(), RequestError> {
-        self.shared.completion.wait()
+        self.completion().wait()
     }
 
     /// Waits and returns the error only if nobody has observed it yet.
     pub(crate) fn settle(&self) -> Result<(), RequestError> {
-        let r = self.shared.completion.wait();
-        if self.shared.observed.claim() {
+        let Some(s) = &self.shared else {
+            return Ok(());
+        };
+        let r = s.completion.wait();
+        if s.observed.claim() {
             return Ok(());
         }
         r
@@ -230,7 +319,7 @@ impl Future for Request {
         if let Some(r) = this.try_wait() {
             return Poll::Ready(r);
         }
-        this.shared.completion.register_waker(cx.waker());
+        this.completion().register_waker(cx.waker());
         // Completion may have raced the registration.
         match this.try_wait() {
             Some(r) => Poll::Ready(r),
@@ -259,6 +348,10 @@ fn summary(f: &[(u64, RequestError)]) -> String {
 pub struct InFlight {
     /// A scope's one request inline (no allocation per scope).
     list: Mutex<Tracked>,
+    /// False while nothing is tracked since the last barrier: the barrier then takes no lock
+    /// (the end of a scope whose copies all completed at submit, issue 32). Set and cleared
+    /// under the lock, read without it: a `track` that happened before a barrier is seen by it.
+    any: AtomicBool,
 }
 
 #[derive(Default)]
@@ -275,6 +368,10 @@ impl InFlight {
     }
     /// Tracks `req` until the next barrier. Completed, observed requests are pruned here.
     pub fn track(&self, req: &Request) {
+        if req.is_done_ok() {
+            // Succeeded at submit: nothing to wait for nor to report.
+            return;
+        }
         // The pruning polls the tracked requests, and a poll may complete one (a CUDA request
         // found done) and so wake its futures: their wakers run once the list is unlocked, so
         // that one may submit on this engine (tracking its request here) from inside `wake`.
@@ -294,24 +391,31 @@ impl InFlight {
         if l.len() >= start && l.len().is_power_of_two() {
             // Nothing left to report: done and either observed or successful. (Keeping
             // successful requests that were dropped unwaited would grow the list without bound.)
-            l.retain(|r| match r.shared.completion.poll_done() {
+            l.retain(|r| match r.completion().poll_done() {
                 Some(Ok(())) => false,
-                Some(Err(_)) => !r.shared.observed.seen(),
+                Some(Err(_)) => !r.observed_seen(),
                 None => true,
             });
             t.kept = t.requests.len();
         }
         t.requests.push(req.share());
+        if !self.any.load(Ordering::Relaxed) {
+            self.any.store(true, Ordering::Release);
+        }
     }
     /// Waits for every tracked request and reports every unobserved failure. May block.
     pub fn barrier(&self) -> Result<(), BarrierError> {
+        if !self.any.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let taken = {
             let mut t = self.list.lock().unwrap_or_else(PoisonError::into_inner);
+            self.any.store(false, Ordering::Relaxed);
             // Every request seen to succeed (a scope's requests waited in its body, nearly
             // always): nothing to wait for or report, known without a call into a completion;
             // the list is emptied where it is (the scope's end is on the path a small copy's
             // caller waits for, issue 14).
-            if t.requests.as_slice().iter().all(|r| r.shared.observed.ok()) {
+            if t.requests.as_slice().iter().all(Request::observed_ok) {
                 t.requests.clear();
                 t.kept = 0;
                 return Ok(());
@@ -321,7 +425,7 @@ impl InFlight {
         let mut failures = Vec::new();
         wait_each(taken.as_slice(), |r| {
             // Waited for and succeeded: nothing to wait for or report.
-            if r.shared.observed.ok() {
+            if r.observed_ok() {
                 return;
             }
             if let Err(e) = r.settle() {
@@ -458,7 +562,10 @@ impl Completion for Join {
     fn wait(&self) -> Result<(), RequestError> {
         let mut first = Ok(());
         wait_each(&self.parts, |p| {
-            let r = p.shared.wait_seen();
+            let r = match &p.shared {
+                Some(s) => s.wait_seen(),
+                None => Ok(()),
+            };
             if first.is_ok() {
                 first = r;
             }
@@ -468,13 +575,13 @@ impl Completion for Join {
     fn poll_done(&self) -> Option<Result<(), RequestError>> {
         let mut first = Ok(());
         for p in &self.parts {
-            let r = p.shared.completion.poll_done()?;
+            let r = p.completion().poll_done()?;
             if first.is_ok() {
                 first = r;
             }
         }
-        for p in &self.parts {
-            p.shared.observed.see();
+        for s in self.parts.iter().filter_map(|p| p.shared.as_ref()) {
+            s.observed.see();
         }
         Some(first)
     }
@@ -483,9 +590,9 @@ impl Completion for Join {
         match self
             .parts
             .iter()
-            .find(|p| p.shared.completion.poll_done().is_none())
+            .find(|p| p.completion().poll_done().is_none())
         {
-            Some(p) => p.shared.completion.register_waker(waker),
+            Some(p) => p.completion().register_waker(waker),
             None => waker.wake_by_ref(),
         }
     }

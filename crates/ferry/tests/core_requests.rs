@@ -939,3 +939,67 @@ fn no_waker_runs_under_the_in_flight_lock() {
         "the waker was never woken"
     );
 }
+
+/// Small copies run at submit (issue 32): the scoped and owned APIs hand back requests and
+/// buffers that are already done, ids stay unique, errors are the same as on the queued path,
+/// and owned buffers held by value (arrays, which move) come back whole.
+#[test]
+fn copies_run_at_submit_are_done_unique_and_checked_as_queued_ones() {
+    let e = CpuEngine::new(2).unwrap();
+    let queued = cpu(2);
+    let src = data(4096, 3);
+    let mut dst = vec![vec![0u8; 4096]; 3];
+    let mut ids = Vec::new();
+    e.scope(|s| -> ferry::Result<()> {
+        for d in dst.iter_mut() {
+            let mut r = s.memcpy(&mut d[..], &src[..])?;
+            assert_eq!(r.try_wait(), Some(Ok(())));
+            assert!(r.is_done());
+            ids.push(r.id());
+            r.wait()?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert!(dst.iter().all(|d| *d == src));
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "ids are unique");
+    // A destination too short is refused alike at submit and on the queued path.
+    let (mut short, mut short2) = (vec![0u8; 100], vec![0u8; 100]);
+    let l = Layout::bytes(200).unwrap();
+    let errs: Vec<String> = [&e, &queued]
+        .iter()
+        .map(|eng| {
+            eng.scope(|s| -> ferry::Result<()> {
+                let a = s.memcpy(&mut short[..], &src[..200]).unwrap_err();
+                let b = s.copy(&mut short2[..], &l, &src[..], &l).unwrap_err();
+                Err(ferry::Error::InvalidArgument(format!("{a} / {b}")))
+            })
+            .unwrap_err()
+            .to_string()
+        })
+        .collect();
+    assert_eq!(errs[0], errs[1]);
+    // Owned arrays (moved, not boxed, when the copy runs at submit) and vectors.
+    let (d, s) = e
+        .memcpy_owned([0u8; 64], [9u8; 64])
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!((d, s), ([9u8; 64], [9u8; 64]));
+    let l = Layout::bytes(64).unwrap();
+    let t = e.copy_owned([0u8; 64], &l, [5u8; 64], &l).unwrap();
+    assert!(t.is_done());
+    assert_eq!(t.wait().unwrap().0, [5u8; 64]);
+    let (d, _) = e
+        .memcpy_owned(vec![0u8; 8], data(8, 1))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(d, data(8, 1));
+    // An owned copy whose destination is too short is refused with the buffers back.
+    let r = e.memcpy_owned(vec![0u8; 4], vec![1u8; 8]).unwrap_err();
+    assert_eq!((r.dst.len(), r.src.len()), (4, 8));
+    assert!(e.barrier().is_ok());
+}

@@ -178,6 +178,28 @@ pub trait Engine: Send + Sync {
         unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
     }
 
+    /// Runs a copy to its end on the calling thread, now, if this engine runs such a copy so
+    /// (the CPU engine's small copies, issue 32), and says so: `true` once it ran. `false`,
+    /// having touched nothing, for a copy that would leave this thread, or one the engine would
+    /// refuse (the caller then submits it as usual, which reports the error). `layouts`: the
+    /// copy of [`Engine::submit_copy`] between them; `None`: all of `src`'s bytes into the
+    /// start of `dst` (a `memcpy`, no layouts built). The safe API calls it first, so that a
+    /// copy that ends before the call returns allocates, shares and tracks nothing. Default:
+    /// `false`.
+    ///
+    /// # Safety
+    /// `dst` valid for writes and `src` for reads of their whole lengths, of the kinds they
+    /// claim, and no other code touching them, for the duration of the call.
+    unsafe fn copy_now(
+        &self,
+        dst: RawBuf,
+        src: RawBuf,
+        layouts: Option<(&crate::Layout, &crate::Layout)>,
+    ) -> bool {
+        let _ = (dst, src, layouts);
+        false
+    }
+
     /// Waits for every request submitted so far and reports every failure not already seen
     /// through `wait`/`try_wait`, not just the first. May block.
     fn barrier(&self) -> Result<(), BarrierError>;
@@ -214,6 +236,15 @@ macro_rules! forward_engine {
             ) -> Result<Request, SubmitError> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).submit_copy(dst, dst_layout, src, src_layout) }
+            }
+            unsafe fn copy_now(
+                &self,
+                dst: RawBuf,
+                src: RawBuf,
+                layouts: Option<(&crate::Layout, &crate::Layout)>,
+            ) -> bool {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).copy_now(dst, src, layouts) }
             }
             fn barrier(&self) -> Result<(), BarrierError> {
                 (**self).barrier()

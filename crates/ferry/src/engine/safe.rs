@@ -145,6 +145,15 @@ pub trait EngineExt: Engine {
                 lent: Lent::done((dst, src)),
             });
         }
+        let mut dst = dst;
+        // A small copy run now, on this thread: no layout built, no buffers lent (issue 32).
+        // SAFETY: both buffers are owned here, so their memory stays valid and untouched
+        // during the call.
+        if unsafe { self.copy_now(dst.raw_mut(), src.raw(), None) } {
+            return Ok(Transfer {
+                lent: Lent::done((dst, src)),
+            });
+        }
         match Layout::bytes(src.raw().len) {
             Ok(l) => lend_copy(self, dst, &l, src, &l),
             Err(e) => Err(Refused {
@@ -169,7 +178,17 @@ where
     D: MemoryMut + Send + 'static,
     S: Memory + Send + 'static,
 {
-    let lent = Lent::submit((dst, src), |b| {
+    let mut bufs = (dst, src);
+    let layouts = Some((dst_layout, src_layout));
+    // A copy the engine runs now, on this thread (a small CPU copy): no buffers lent, nothing
+    // allocated (issue 32).
+    // SAFETY: `bufs` is owned here, so its memory stays valid and untouched during the call.
+    if unsafe { engine.copy_now(bufs.0.raw_mut(), bufs.1.raw(), layouts) } {
+        return Ok(Transfer {
+            lent: Lent::done(bufs),
+        });
+    }
+    let lent = Lent::submit(bufs, |b| {
         let (d, s) = (b.0.raw_mut(), b.1.raw());
         // SAFETY: the buffers are lent: their memory stays valid and untouched until the
         // request completed (`Lent::submit`).
@@ -355,9 +374,18 @@ impl<D: Unpin, S: Unpin> Future for Transfer<D, S> {
 /// wait in Drop. Forgetting a `Lent` leaks them, never frees them under the work.
 pub(crate) struct Lent<T> {
     req: Option<Request>,
-    /// From `Box::leak`; rebuilt into a Box (in `take`) once, after the request completed.
-    bufs: Option<NonNull<T>>,
+    bufs: Held<T>,
     _own: PhantomData<T>,
+}
+
+/// Where a [`Lent`]'s buffers are.
+enum Held<T> {
+    /// From `Box::leak`; rebuilt into a Box (in `take`) once, after the request completed.
+    Leaked(NonNull<T>),
+    /// No work on them: held here, no allocation ([`Lent::done`]).
+    Here(T),
+    /// Handed back.
+    Taken,
 }
 
 // SAFETY: a Lent owns the buffers (as a Box would); the engine's access to them ends before
@@ -381,7 +409,7 @@ impl<T> Lent<T> {
             Ok((req, x)) => Ok((
                 Lent {
                     req: Some(req),
-                    bufs: Some(ptr),
+                    bufs: Held::Leaked(ptr),
                     _own: PhantomData,
                 },
                 x,
@@ -391,11 +419,12 @@ impl<T> Lent<T> {
         }
     }
 
-    /// Buffers with no work on them (an empty copy): handed back as they are.
+    /// Buffers with no work on them (an empty copy, or one that ran at submit): handed back as
+    /// they are.
     pub(crate) fn done(bufs: T) -> Lent<T> {
         Lent {
             req: None,
-            bufs: Some(NonNull::from(Box::leak(Box::new(bufs)))),
+            bufs: Held::Here(bufs),
             _own: PhantomData,
         }
     }
@@ -437,11 +466,12 @@ impl<T> Lent<T> {
 
     /// The buffers, once the request completed (`req` is `None`).
     fn take(&mut self) -> T {
-        match self.bufs.take() {
+        match std::mem::replace(&mut self.bufs, Held::Taken) {
             // SAFETY: the request completed, so nothing else uses the buffers; the pointer
             // came from Box::leak and is taken (here or in Drop) once.
-            Some(b) => *unsafe { Box::from_raw(b.as_ptr()) },
-            None => unreachable!("lent buffers are handed back once"),
+            Held::Leaked(b) => *unsafe { Box::from_raw(b.as_ptr()) },
+            Held::Here(b) => b,
+            Held::Taken => unreachable!("lent buffers are handed back once"),
         }
     }
 }
@@ -452,7 +482,7 @@ impl<T> Drop for Lent<T> {
             // The error is not lost: an unobserved failure is reported by the engine's barrier.
             let _ = req.settle_keep();
         }
-        if let Some(b) = self.bufs.take() {
+        if let Held::Leaked(b) = std::mem::replace(&mut self.bufs, Held::Taken) {
             // SAFETY: the request completed (waited above or before); from Box::leak, once.
             drop(unsafe { Box::from_raw(b.as_ptr()) });
         }
@@ -563,7 +593,9 @@ impl<'scope> Scope<'scope, '_> {
     /// for it before the borrows end); a refusal passed on.
     fn tracked(&self, req: Result<Request, SubmitError>) -> Result<Request, SubmitError> {
         let req = req?;
-        self.core.track(&req);
+        if !req.is_done_ok() {
+            self.core.track(&req);
+        }
         Ok(req)
     }
 
@@ -613,6 +645,13 @@ impl<'scope> Scope<'scope, '_> {
     {
         if src.raw().len == 0 {
             // An empty copy has nothing to do (a layout holds at least one element).
+            return Ok(Request::ready(Ok(())));
+        }
+        // A small copy run now, on this thread: no layout built, no request allocated nor
+        // tracked (issue 32).
+        // SAFETY: as in `submit_bytes`: both buffers are borrowed for 'scope, longer than the
+        // call.
+        if unsafe { self.engine.copy_now(dst.raw_mut(), src.raw(), None) } {
             return Ok(Request::ready(Ok(())));
         }
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;

@@ -11,24 +11,34 @@ pub struct CpuConfig {
     /// Worker threads. [`CpuConfig::new`] turns 0 into one per core; 0 here (as set by
     /// [`CpuConfig::caller_runs`]) means no workers: the waiting caller runs the work.
     pub threads: usize,
-    /// Smallest chunk a copy is split into, in bytes (default 1 MiB).
+    /// Smallest chunk a copy is split into, in bytes (default: half of `split_bytes`, so that
+    /// a copy just larger than it is split in two).
     pub chunk_bytes: usize,
-    /// Copies of at most this many bytes run inline at submit (default 64 KiB).
+    /// Copies of at most this many bytes run inline at submit (default: `split_bytes`, up to
+    /// which a copy runs on one thread anyway: then the caller's, whose cache holds the data,
+    /// without a hand-off to a worker).
     pub inline_bytes: usize,
+    /// Copies of more than this many bytes are split across the workers and the submitting
+    /// thread, which runs its share at submit, one part per core at most; smaller ones run on
+    /// one thread (default: [`CpuProbe::split_bytes`](super::CpuProbe::split_bytes), from the
+    /// cache size).
+    pub split_bytes: usize,
 }
 
 impl CpuConfig {
     /// `threads` workers (0: one per core, as the C API's `ferry_dma_cpu_create`) and the
     /// default chunk and inline sizes.
     pub fn new(threads: usize) -> CpuConfig {
+        let p = probe();
         let threads = match threads {
-            0 => probe().default_threads,
+            0 => p.default_threads,
             n => n,
         };
         CpuConfig {
             threads,
-            chunk_bytes: 1 << 20,
-            inline_bytes: 64 << 10,
+            chunk_bytes: (p.split_bytes / 2).max(1),
+            inline_bytes: p.split_bytes,
+            split_bytes: p.split_bytes,
         }
     }
     /// No workers: work runs on the caller, in `wait` and `barrier` (and small copies at
@@ -47,6 +57,12 @@ impl CpuConfig {
     /// Sets the inline threshold (0: every copy goes to the workers).
     pub fn inline_bytes(mut self, bytes: usize) -> CpuConfig {
         self.inline_bytes = bytes;
+        self
+    }
+    /// Sets the split threshold (`usize::MAX`: never split a copy; 0: split every copy not
+    /// run inline into chunks of at least `chunk_bytes`).
+    pub fn split_bytes(mut self, bytes: usize) -> CpuConfig {
+        self.split_bytes = bytes;
         self
     }
 }

@@ -1,9 +1,16 @@
-//! The CPU engine: a thread pool that splits each copy into chunks across its workers.
+//! The CPU engine: the caller's thread and a pool of workers, sharing each large copy.
 //!
-//! - Parallel inside one request: a large copy is split into up to one chunk per worker (at
-//!   least [`CpuConfig::chunk_bytes`] each); each chunk runs on its own worker.
 //! - Small copies (at most [`CpuConfig::inline_bytes`]) run on the submitting thread during
-//!   submit: handing them to a worker would cost more than the copy. Set it to 0 to queue all.
+//!   submit: handing them to a worker would cost more than the copy, and the caller's cache
+//!   holds the data. A contiguous or strided copy so allocates nothing and its request is
+//!   done when submit returns. Set it to 0 to queue all.
+//! - Parallel inside one request, where it pays: a copy larger than
+//!   [`CpuConfig::split_bytes`] (from the cache size: [`CpuProbe::split_bytes`]) is split into
+//!   one chunk per core at most (at least [`CpuConfig::chunk_bytes`] each); the submitting
+//!   thread runs one share at submit, the workers the others (and the waiting thread any that
+//!   no worker took yet). A copy between the two thresholds is one chunk, queued.
+//! - Transposes (one element per run against the source's grain): a blocked kernel per
+//!   element size (1, 2, 4, 8, 16 bytes; SIMD register transposes for 4 and 8 on x86_64).
 //! - Threads: `CpuEngine::new(0)` (and `CpuConfig::new(0)`, and the C API's
 //!   `ferry_dma_cpu_create(&dma, 0)`) means one worker per core.
 //! - Caller-runs mode ([`CpuEngine::caller_runs`], [`CpuConfig::caller_runs`]): no workers,
@@ -22,9 +29,12 @@ mod probe;
 pub use config::{CpuConfig, THREADS_MAX};
 pub use probe::{probe, CpuProbe};
 
-use super::{Engine, Job, SubmitError};
-use crate::memory::MemKind;
+use super::{check_bufs, Engine, Job, SubmitError};
+use crate::memory::{MemKind, RawBuf};
+use crate::op::checked_run;
+use crate::plan::Plan;
 use crate::request::{BarrierError, InFlight, Request};
+use crate::Layout;
 use pool::Pool;
 use std::sync::Arc;
 
@@ -66,7 +76,7 @@ impl CpuEngine {
                 cfg.threads
             )));
         }
-        let pool = Pool::start(cfg.threads)
+        let pool = Pool::start(cfg.threads, probe().cores)
             .map_err(|e| crate::Error::Thread(format!("CPU worker: {e}")))?;
         Ok(CpuEngine {
             pool,
@@ -81,6 +91,30 @@ impl CpuEngine {
     /// Worker threads still alive (for tests of worker loss).
     pub fn live_workers(&self) -> usize {
         self.pool.live_workers()
+    }
+}
+
+impl CpuEngine {
+    /// [`Engine::copy_now`] of a copy that is not one run (a tile, a transpose) of at most
+    /// [`CpuConfig::inline_bytes`]: planned here, without a program or a job.
+    ///
+    /// # Safety
+    /// As [`Engine::copy_now`]; the layouts were checked against the buffers' lengths
+    /// (`checked_run` did).
+    unsafe fn plan_now(&self, dst: RawBuf, src: RawBuf, dl: &Layout, sl: &Layout) -> bool {
+        if check_bufs(dst, Some(src)).is_err() || !self.supports(dst.kind, Some(src.kind)) {
+            return false;
+        }
+        match Plan::general(dl, sl) {
+            Ok(plan) if plan.total_bytes() <= self.cfg.inline_bytes => {
+                // SAFETY: the caller guarantees the buffers for the call; the layouts lie
+                // inside them (checked), so the plan's runs do; `check_bufs` found them
+                // disjoint.
+                unsafe { exec::copy_plan(dst, src, &plan) };
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -108,6 +142,56 @@ impl Engine for CpuEngine {
             self.inflight.track(&req);
         }
         Ok(req)
+    }
+
+    /// A small contiguous copy runs here, on the caller's thread, and returns a request that
+    /// allocated nothing; any other copy goes through `submit_raw`.
+    unsafe fn submit_copy(
+        &self,
+        dst: RawBuf,
+        dst_layout: &Layout,
+        src: RawBuf,
+        src_layout: &Layout,
+    ) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees (submit_copy's hold for copy_now).
+        if unsafe { self.copy_now(dst, src, Some((dst_layout, src_layout))) } {
+            return Ok(Request::ready(Ok(())));
+        }
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
+    }
+
+    /// One contiguous run of at most [`CpuConfig::inline_bytes`] between buffers that pass
+    /// `submit_raw`'s checks runs now; anything else (errors included) is left to `submit_raw`.
+    #[inline]
+    unsafe fn copy_now(
+        &self,
+        dst: RawBuf,
+        src: RawBuf,
+        layouts: Option<(&Layout, &Layout)>,
+    ) -> bool {
+        let run = match layouts {
+            None if dst.len >= src.len => (0, 0, src.len),
+            None => return false,
+            Some((dl, sl)) => match checked_run(dl, sl, dst.len, src.len) {
+                Ok(Some(run)) => run,
+                // SAFETY: forwarded with the caller's guarantees; `checked_run` checked both
+                // layouts against their buffers.
+                Ok(None) => return unsafe { self.plan_now(dst, src, dl, sl) },
+                Err(_) => return false,
+            },
+        };
+        if run.2 > self.cfg.inline_bytes
+            || check_bufs(dst, Some(src)).is_err()
+            || !self.supports(dst.kind, Some(src.kind))
+        {
+            return false;
+        }
+        // SAFETY: the caller guarantees the buffers for the call (copy_now's contract); the
+        // run lies inside both (`checked_run`, or a memcpy's lengths compared above), and
+        // `check_bufs` found them disjoint.
+        unsafe { exec::copy_at(dst, src, run) };
+        true
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {

@@ -24,6 +24,8 @@ pub(super) struct Pool {
     state: Mutex<State>,
     cond: Condvar,
     threads: usize,
+    /// Cores of the machine: a copy is split into at most this many parts.
+    cores: usize,
     live: AtomicUsize,
     handles: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -67,11 +69,12 @@ enum Task {
 }
 
 impl Pool {
-    pub(super) fn start(threads: usize) -> std::io::Result<Arc<Pool>> {
+    pub(super) fn start(threads: usize, cores: usize) -> std::io::Result<Arc<Pool>> {
         let pool = Arc::new(Pool {
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             threads,
+            cores: cores.max(1),
             live: AtomicUsize::new(0),
             handles: Mutex::new(Vec::new()),
         });
@@ -141,8 +144,24 @@ impl Pool {
                     }
                     return Ok(Request::ready(Ok(())));
                 }
+                let total = p.total_bytes();
                 let (signal, state) = shared(&job);
-                self.fan_out(&state, p.into_steps(), parts, chunk, false);
+                // Split only where it pays (above `split_bytes`), over the caller and the
+                // workers, at most one part per core; the caller runs its share now.
+                let parts = if total > cfg.split_bytes {
+                    (self.threads + 1).min(self.cores)
+                } else {
+                    1
+                };
+                let caller = self.threads > 0 && parts > 1;
+                if let Some(steps) =
+                    self.fan_out(&state, p.into_steps(), parts, chunk, false, caller)
+                {
+                    self.run_task(Task::Chunk {
+                        state: Arc::clone(&state),
+                        steps,
+                    });
+                }
                 return Ok(self.request(signal));
             }
             prog = Some(p.into_steps());
@@ -205,7 +224,9 @@ impl Pool {
         self.cond.notify_one();
     }
 
-    /// Splits `steps` into up to `parts` chunks of at least `chunk` bytes and queues them.
+    /// Splits `steps` into up to `parts` chunks of at least `chunk` bytes and queues them;
+    /// with `caller`, the last chunk is not queued but returned, for the calling thread to run
+    /// (counted in the request's chunks all the same), if there are two or more.
     fn fan_out(
         &self,
         state: &Arc<JobState>,
@@ -213,7 +234,8 @@ impl Pool {
         parts: usize,
         chunk: usize,
         front: bool,
-    ) {
+        caller: bool,
+    ) -> Option<Vec<Step>> {
         let total: usize = steps.iter().map(step_bytes).sum();
         // Steps whose destinations overlap (a custom program may write bytes twice) must run
         // in order on one thread: in parallel they would race on those bytes.
@@ -237,6 +259,12 @@ impl Pool {
             chunks.retain(|c| !c.is_empty());
         }
         state.remaining.store(chunks.len(), Ordering::Release);
+        let mine = if caller && chunks.len() > 1 {
+            chunks.pop()
+        } else {
+            None
+        };
+        let queued = chunks.len();
         let mut st = self.lock();
         for steps in chunks.into_iter().rev() {
             let t = Task::Chunk {
@@ -250,7 +278,15 @@ impl Pool {
             }
         }
         drop(st);
-        self.cond.notify_all();
+        // One worker per chunk queued, not every worker.
+        if queued >= self.threads {
+            self.cond.notify_all();
+        } else {
+            for _ in 0..queued {
+                self.cond.notify_one();
+            }
+        }
+        mine
     }
 
     fn pop(&self) -> Option<Task> {
@@ -362,7 +398,7 @@ impl Pool {
                 }
                 // To the front: a later request that depends on this one must not wait for it
                 // behind its own position in the queue.
-                self.fan_out(&state, steps, parts, chunk, true);
+                let _ = self.fan_out(&state, steps, parts, chunk, true, false);
             }
         }
     }
@@ -588,17 +624,19 @@ mod loom_tests {
     use crate::sync::model;
     use crate::Layout;
 
-    /// A 128-byte copy split in `threads` chunks (at most 2) on a pool of `threads` workers,
-    /// waited by the submitting thread (which runs the chunks no worker took yet); then the
-    /// pool shuts down. The copy is complete and whole when the wait returns, and every
-    /// thread ends.
-    fn copy_on(threads: usize) {
+    /// A 128-byte copy in 64-byte chunks on a pool of `threads` workers, split (`split`) over
+    /// the submitting thread, which runs its share at submit, and one worker (2 cores), or
+    /// queued whole; waited by the submitting thread (which runs the chunks no worker took
+    /// yet); then the pool shuts down. The copy is complete and whole when the wait returns,
+    /// and every thread ends.
+    fn copy_on(threads: usize, split: bool) {
         model(move || {
-            let pool = Pool::start(threads).unwrap();
+            let pool = Pool::start(threads, 2).unwrap();
             let cfg = CpuConfig {
                 threads,
                 chunk_bytes: 64,
                 inline_bytes: 0,
+                split_bytes: if split { 64 } else { usize::MAX },
             };
             let src: Vec<u8> = (0..128).collect();
             let mut dst = vec![0u8; 128];
@@ -620,13 +658,14 @@ mod loom_tests {
     /// One worker and the waiting thread race for the request's one chunk.
     #[test]
     fn loom_one_chunk_between_a_worker_and_the_waiter() {
-        copy_on(1);
+        copy_on(1, false);
     }
 
-    /// Two workers and the waiting thread share two chunks: the last one to finish completes
-    /// the request, whoever it is, and the waiter sees the whole copy.
+    /// Split in two: the submitting thread runs one chunk at submit while two workers and then
+    /// the waiting thread race for the other; the last one to finish completes the request,
+    /// whoever it is, and the waiter sees the whole copy.
     #[test]
-    fn loom_two_chunks_between_two_workers_and_the_waiter() {
-        copy_on(2);
+    fn loom_two_chunks_between_the_caller_two_workers_and_the_waiter() {
+        copy_on(2, true);
     }
 }

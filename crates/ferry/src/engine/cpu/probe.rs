@@ -7,13 +7,67 @@ pub struct CpuProbe {
     pub cores: usize,
     /// Worker threads a default engine starts (one per core, at least 1).
     pub default_threads: usize,
+    /// The per-core (level 2) cache, in bytes, where the system says (Linux sysfs).
+    pub l2_bytes: Option<usize>,
+    /// Largest copy a default engine runs on one thread
+    /// ([`CpuConfig::split_bytes`](super::CpuConfig::split_bytes)): half the level-2 cache
+    /// (1 MiB if unknown), at least 512 KiB. Up to it, source and destination fit in one
+    /// core's cache, where one thread copies fastest; beyond it, two cores' caches and
+    /// bandwidth pay for the hand-off (on one core nothing is split).
+    pub split_bytes: usize,
 }
 
-/// Reads the machine's core count.
+/// Reads the machine's core count and cache size.
 pub fn probe() -> CpuProbe {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let l2_bytes = l2_bytes();
+    let split_bytes = l2_bytes.map_or(1 << 20, |b| b / 2).max(512 << 10);
     CpuProbe {
         cores,
         default_threads: cores,
+        l2_bytes,
+        split_bytes,
+    }
+}
+
+/// The level-2 data or unified cache of CPU 0 (`/sys/devices/system/cpu/cpu0/cache`).
+fn l2_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let p = e.path();
+        let level = read(p.join("level"))?;
+        let kind = read(p.join("type"))?;
+        if level.trim() != "2" || kind.trim() == "Instruction" {
+            return None;
+        }
+        parse_size(read(p.join("size"))?.trim())
+    })
+}
+
+/// `2048K`, `4M`, `512` (bytes) as sysfs writes cache sizes.
+fn parse_size(s: &str) -> Option<usize> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_size("2048K"), Some(2 << 20));
+        assert_eq!(parse_size("4M"), Some(4 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("xK"), None);
+        let p = probe();
+        assert!(p.cores >= 1 && p.split_bytes >= 512 << 10);
     }
 }
