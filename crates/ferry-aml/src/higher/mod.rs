@@ -1,0 +1,3 @@
+//! AML's higher modules (`aml/higher/*.h`): the allocators.
+
+pub mod allocator;
