@@ -1,3 +1,4 @@
-//! AML's higher modules (`aml/higher/*.h`): the allocators.
+//! AML's higher modules (`aml/higher/*.h`): the allocators and the mappers.
 
 pub mod allocator;
+pub mod mapper;
