@@ -10,6 +10,8 @@ use std::ffi::{
 };
 use std::mem::size_of;
 
+pub mod creator;
+pub mod deepcopy;
 pub mod visitor;
 
 /// The size of C's `long double` on the targets ferry builds for (x86-64 and AArch64 Linux).

@@ -1,13 +1,18 @@
 /*
  * test_mapper.c - AML's mappers on libaml (aml/higher/mapper.h, aml/higher/mapper/visitor.h):
  * the declaration macros (triples with counts of any integer type, pairs, final), the ready
- * mappers, aml_mapper_create / destroy, and the visitor over a tree of structures read by the
- * host and through aml_dma_linux with its memcpy operator: the walk, the size, the match.
+ * mappers, aml_mapper_create / destroy, the visitor over a tree of structures read by the
+ * host and through aml_dma_linux with its memcpy operator (the walk, the size, the match),
+ * the creator (next, connect, branch, finish, abort) and the deep copy into aml_area_linux
+ * and on the host (aml/higher/mapper/{creator,deepcopy}.h), split fields and empty ones.
  * Common subset of C and C++; prints "test_mapper: OK"; exits 1 at the first failed check.
  */
 #include <aml.h>
 #include <aml/dma/linux.h>
 #include <aml/higher/mapper.h>
+#include <aml/area/linux.h>
+#include <aml/higher/mapper/creator.h>
+#include <aml/higher/mapper/deepcopy.h>
 #include <aml/higher/mapper/visitor.h>
 
 #define CHECK(c)                                                                         \
@@ -179,6 +184,118 @@ static void visit(struct aml_dma *dma, aml_dma_operator op)
 	CHECK(aml_mapper_visitor_first_field(NULL) == -AML_EINVAL);
 }
 
+aml_mapper_decl(node_host_mapper, AML_MAPPER_FLAG_HOST, struct node, leaves, nleaves,
+                &leaf_mapper, values, nvalues, &aml_int_mapper);
+
+struct bag {
+	size_t n;
+	struct leaf *items;
+};
+aml_mapper_decl(bag_mapper, 0, struct bag, items, n, &leaf_split_mapper);
+aml_mapper_decl(bag_packed_mapper, 0, struct bag, items, n, &leaf_mapper);
+
+/* Whether the copy at c matches the original at o, pointers aside. */
+static int same(void *o, void *c, struct aml_mapper *m)
+{
+	struct aml_mapper_visitor *a, *b;
+	CHECK(aml_mapper_visitor_create(&a, o, m, NULL, NULL) == AML_SUCCESS);
+	CHECK(aml_mapper_visitor_create(&b, c, m, NULL, NULL) == AML_SUCCESS);
+	int r = aml_mapper_visitor_match(a, b);
+	CHECK(aml_mapper_visitor_destroy(a) == AML_SUCCESS && aml_mapper_visitor_destroy(b) == AML_SUCCESS);
+	return r;
+}
+
+static void test_deepcopy(void)
+{
+	struct node n;
+	struct root r;
+	aml_mapped_ptrs ptrs;
+	memset(&n, 0, sizeof(n));
+	n.nleaves = 3;
+	n.leaves = leaves;
+	n.tag = 'q';
+	n.values = values;
+	n.nvalues = 4;
+	memset(&r, 0, sizeof(r));
+	r.id = 7;
+	r.node = &n;
+	r.split = &lone;
+
+	/* Into an area through a dma: two buffers (the split leaf apart). */
+	struct root *c = (struct root *)aml_mapper_deepcopy(&ptrs, &r, &root_mapper, &aml_area_linux,
+	                                                    NULL, NULL, aml_dma_linux, NULL,
+	                                                    aml_dma_linux_memcpy_op);
+	CHECK(c != NULL && c != &r && c->node != &n && c->split != &lone);
+	CHECK(c->node->leaves != leaves && c->node->values[3] == 40 && c->split->v == 9);
+	CHECK((char *)c->node == (char *)c + sizeof(struct root)); /* packed */
+	CHECK(same(&r, c, &root_mapper) == 1);
+	CHECK(aml_mapper_deepfree(ptrs) == AML_SUCCESS);
+	CHECK(aml_mapper_deepfree(NULL) == -AML_EINVAL);
+
+	/* On the host. */
+	struct node *h = (struct node *)aml_mapper_deepcopy(&ptrs, &n, &node_host_mapper, NULL, NULL,
+	                                                    NULL, NULL, NULL, NULL);
+	CHECK(h != NULL && h->values != values && h->leaves[2].w == 3.5 && h->tag == 'q');
+	CHECK(same(&n, h, &node_mapper) == 1);
+	CHECK(aml_mapper_deepfree(ptrs) == AML_SUCCESS);
+
+	/* An empty split field stays NULL; a NULL field with elements is refused, nothing kept. */
+	struct bag b = {0, NULL};
+	struct bag *bc = (struct bag *)aml_mapper_deepcopy(&ptrs, &b, &bag_mapper, &aml_area_linux,
+	                                                   NULL, NULL, aml_dma_linux, NULL,
+	                                                   aml_dma_linux_memcpy_op);
+	CHECK(bc != NULL && bc->n == 0 && bc->items == NULL);
+	CHECK(aml_mapper_deepfree(ptrs) == AML_SUCCESS);
+	b.n = 2;
+	aml_errno = 0;
+	CHECK(aml_mapper_deepcopy(&ptrs, &b, &bag_packed_mapper, &aml_area_linux, NULL, NULL,
+	                          aml_dma_linux, NULL, aml_dma_linux_memcpy_op) == NULL);
+	CHECK(aml_errno == AML_EINVAL);
+	CHECK(aml_mapper_deepcopy(NULL, &r, &root_mapper, &aml_area_linux, NULL, NULL, aml_dma_linux,
+	                          NULL, aml_dma_linux_memcpy_op) == NULL && aml_errno == AML_EINVAL);
+	printf("deepcopy: OK\n");
+
+	/* The creator by hand: the split leaf connected to an existing copy. */
+	struct aml_mapper_creator *cr, *br;
+	void *out;
+	size_t size;
+	CHECK(aml_mapper_creator_create(NULL, &r, 0, &root_mapper, &aml_area_linux, NULL, NULL,
+	                                aml_dma_linux, NULL, aml_dma_linux_memcpy_op) == -AML_EINVAL);
+	CHECK(aml_mapper_creator_create(&cr, &r, 0, &root_mapper, NULL, NULL, NULL, NULL, NULL,
+	                                NULL) == -AML_EINVAL);
+	CHECK(aml_mapper_creator_create(&cr, &r, 0, &root_mapper, &aml_area_linux, NULL, NULL,
+	                                aml_dma_linux, NULL, aml_dma_linux_memcpy_op) == AML_SUCCESS);
+	CHECK(cr->size == sizeof(r) + sizeof(n) + sizeof(leaves) + sizeof(values));
+	int err;
+	while ((err = aml_mapper_creator_next(cr)) == AML_SUCCESS)
+		;
+	CHECK(err == -AML_EINVAL); /* the split leaf */
+	CHECK(aml_mapper_creator_finish(cr, &out, &size) == -AML_EINVAL);
+	CHECK(aml_mapper_creator_connect(cr, NULL) == -AML_EINVAL);
+	CHECK(aml_mapper_creator_connect(cr, &lone) == -AML_EDOM);
+	CHECK(aml_mapper_creator_next(cr) == -AML_EDOM);
+	CHECK(aml_mapper_creator_finish(cr, &out, &size) == AML_SUCCESS);
+	CHECK(((struct root *)out)->split == &lone && ((struct root *)out)->id == 7);
+	CHECK(same(&r, out, &root_mapper) == 1);
+	CHECK(aml_area_munmap(&aml_area_linux, out, size) == AML_SUCCESS);
+
+	/* Branch, then abort both midway: nothing leaks. */
+	CHECK(aml_mapper_creator_create(&cr, &r, 0, &root_mapper, &aml_area_linux, NULL, NULL,
+	                                aml_dma_linux, NULL, aml_dma_linux_memcpy_op) == AML_SUCCESS);
+	while ((err = aml_mapper_creator_next(cr)) == AML_SUCCESS)
+		;
+	CHECK(aml_mapper_creator_branch(&br, cr, NULL, NULL, aml_dma_linux,
+	                                aml_dma_linux_memcpy_op) == -AML_EINVAL);
+	CHECK(aml_mapper_creator_branch(&br, cr, &aml_area_linux, NULL, aml_dma_linux,
+	                                aml_dma_linux_memcpy_op) == -AML_EDOM);
+	CHECK(br != NULL && br->size == sizeof(struct leaf));
+	CHECK(aml_mapper_creator_abort(br) == AML_SUCCESS);
+	CHECK(aml_mapper_creator_abort(cr) == AML_SUCCESS);
+	CHECK(aml_mapper_creator_abort(NULL) == -AML_EINVAL);
+	CHECK(aml_mapper_creator_next(NULL) == -AML_EINVAL);
+	printf("creator: OK\n");
+}
+
 int main(void)
 {
 	CHECK(aml_init(NULL, NULL) == AML_SUCCESS);
@@ -188,6 +305,7 @@ int main(void)
 	printf("visitor (host): OK\n");
 	visit(aml_dma_linux, aml_dma_linux_memcpy_op);
 	printf("visitor (dma): OK\n");
+	test_deepcopy();
 	CHECK(aml_finalize() == AML_SUCCESS);
 	printf("test_mapper: OK\n");
 	return 0;

@@ -41,7 +41,7 @@ pub struct AmlMapperVisitor {
 }
 
 /// `p` moved by `off` bytes (wrapping: an address, never dereferenced here).
-fn at(p: *mut c_void, off: usize) -> *mut c_void {
+pub(crate) fn at(p: *mut c_void, off: usize) -> *mut c_void {
     p.cast::<u8>().wrapping_add(off).cast()
 }
 
