@@ -12,6 +12,9 @@ use std::mem::size_of;
 
 pub mod creator;
 pub mod deepcopy;
+pub mod ptrs;
+pub mod replica;
+
 pub mod visitor;
 
 /// The size of C's `long double` on the targets ferry builds for (x86-64 and AArch64 Linux).

@@ -442,7 +442,7 @@ impl AmlMapperCreator {
     ///
     /// # Safety
     /// 1. `self` valid.
-    unsafe fn connect_to(&mut self, ptr: *mut c_void) -> c_int {
+    pub(crate) unsafe fn connect_to(&mut self, ptr: *mut c_void) -> c_int {
         let c = self;
         // SAFETY: (1) for the calls below.
         unsafe {

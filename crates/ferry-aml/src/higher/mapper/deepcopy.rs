@@ -1,15 +1,16 @@
 //! `aml/higher/mapper/deepcopy.h`: the deep copy of a tree-shaped structure with creators (one
-//! per split field), and its release. The copies made are kept in an `aml_mapped_ptrs`
-//! (opaque), the root's first.
+//! per split field), and its release. The copies made are kept in an `aml_mapped_ptrs` (a
+//! `UT_array` of `struct aml_mapped_ptr`, as AML's; see `ptrs`), the root's first.
 
 use super::creator::{
     aml_mapper_creator_abort, aml_mapper_creator_branch, aml_mapper_creator_create,
     aml_mapper_creator_finish, aml_mapper_creator_next, AmlMapperCreator,
 };
+use super::ptrs::{free_list, new_list, push, release, UtArray};
 use super::AmlMapper;
-use crate::area::{aml_area_munmap, AmlArea};
+use crate::area::AmlArea;
 use crate::dma::{AmlDma, AmlDmaOperator};
-use crate::error::{fail, guard, guard_ptr, AML_EDOM, AML_EINVAL, AML_SUCCESS};
+use crate::error::{fail, guard, guard_ptr, AML_EDOM, AML_EINVAL, AML_ENOMEM, AML_SUCCESS};
 use std::ffi::{c_int, c_void};
 
 /// `struct aml_mapped_ptr`: one buffer of a deep copy.
@@ -35,19 +36,6 @@ pub unsafe extern "C" fn aml_mapped_ptr_destroy(ptr: *mut c_void) {
     if let Some(p) = unsafe { ptr.cast::<AmlMappedPtr>().as_ref() } {
         // SAFETY: (1).
         unsafe { release(p) };
-    }
-}
-
-/// # Safety
-/// 1. `p`'s buffer from its area (or `malloc`), not used after.
-unsafe fn release(p: &AmlMappedPtr) -> c_int {
-    if p.area.is_null() {
-        // SAFETY: (1).
-        unsafe { libc::free(p.ptr) };
-        AML_SUCCESS
-    } else {
-        // SAFETY: (1).
-        unsafe { aml_area_munmap(p.area, p.ptr, p.size) }
     }
 }
 
@@ -148,36 +136,51 @@ pub unsafe extern "C" fn aml_mapper_deepcopy(
             }
             return Err(fail(-rc, "the deep copy failed"));
         }
-        let root = done[0].ptr;
+        let list = new_list();
+        // SAFETY: just made; on failure the buffers are released and the list freed.
+        let rc = unsafe {
+            let mut rc = if list.is_null() {
+                -AML_ENOMEM
+            } else {
+                AML_SUCCESS
+            };
+            for p in &done {
+                if rc == AML_SUCCESS {
+                    rc = push(list, p);
+                }
+            }
+            if rc != AML_SUCCESS {
+                for p in &done {
+                    release(p);
+                }
+                if !list.is_null() {
+                    (*list).i = 0;
+                    free_list(list);
+                }
+            }
+            rc
+        };
+        if rc != AML_SUCCESS {
+            return Err(fail(-rc, "no memory for the list of copies"));
+        }
         // SAFETY: (1).
-        unsafe { *out = Box::into_raw(Box::new(done)).cast() };
-        Ok(root)
+        unsafe { *out = list.cast() };
+        Ok(done[0].ptr)
     })
 }
 
-/// Frees a deep copy (its buffers, the last made first, then the list). `-AML_EINVAL` for NULL;
-/// an area's failure (what is not freed yet stays in `data`).
+/// Frees a deep copy (its buffers, the last made first, then the list; also a list the program
+/// made with `utarray_new`, as AML's replica tests do). `-AML_EINVAL` for NULL or a list of
+/// other elements; an area's failure (what is not freed yet stays in `data`).
 ///
 /// # Safety
-/// 1. `data` NULL or from `aml_mapper_deepcopy`, not used after success.
+/// 1. `data` NULL or from `aml_mapper_deepcopy` (or a `UT_array` of `struct aml_mapped_ptr`
+///    made by `utarray_new`), not used after success.
 #[no_mangle]
 pub unsafe extern "C" fn aml_mapper_deepfree(data: *mut c_void) -> c_int {
     if data.is_null() {
         return -AML_EINVAL;
     }
-    guard(|| {
-        // SAFETY: (1).
-        let list = unsafe { &mut *data.cast::<Vec<AmlMappedPtr>>() };
-        while let Some(p) = list.last().copied() {
-            // SAFETY: (1).
-            let rc = unsafe { release(&p) };
-            if rc != AML_SUCCESS {
-                return Ok(rc);
-            }
-            list.pop();
-        }
-        // SAFETY: (1): from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(data.cast::<Vec<AmlMappedPtr>>()) });
-        Ok(AML_SUCCESS)
-    })
+    // SAFETY: (1).
+    guard(|| Ok(unsafe { free_list(data.cast::<UtArray>()) }))
 }
