@@ -111,6 +111,16 @@ static void test_queue(void)
 	CHECK(aml_queue_take(q, q->elems + q->max) == -AML_EDOM);
 	aml_queue_clear(q);
 	CHECK(aml_queue_len(q) == 0 && aml_queue_head(q) == NULL);
+	/* aml_queue_extend keeps a wrapped ring in order. */
+	for (int i = 0; i < 8; i++)
+		CHECK(aml_queue_push(q, &m[i]) == AML_SUCCESS);
+	CHECK(aml_queue_pop(q) == &m[0] && aml_queue_pop(q) == &m[1]);
+	CHECK(aml_queue_push(q, &m[0]) == AML_SUCCESS); /* wraps */
+	CHECK(aml_queue_extend(q) == AML_SUCCESS && q->max == 16 && aml_queue_len(q) == 7);
+	for (int i = 2; i < 8; i++)
+		CHECK(aml_queue_pop(q) == &m[i]);
+	CHECK(aml_queue_pop(q) == &m[0] && aml_queue_pop(q) == NULL);
+	CHECK(aml_queue_extend(NULL) == -AML_EINVAL);
 	aml_queue_destroy(q);
 	printf("queue: OK\n");
 }
