@@ -84,17 +84,17 @@ pub struct AmlLayoutOps {
 pub static aml_layout_column_ops: AmlLayoutOps = AmlLayoutOps {
     deref: Some(aml_layout_column_deref),
     deref_native: Some(aml_layout_column_deref),
-    rawptr: Some(dense_rawptr),
+    rawptr: Some(aml_layout_dense_rawptr),
     order: Some(aml_layout_column_order),
-    dims: Some(column_dims),
-    dims_native: Some(column_dims),
+    dims: Some(aml_layout_column_dims),
+    dims_native: Some(aml_layout_column_dims),
     ndims: Some(aml_layout_dense_ndims),
     element_size: Some(aml_layout_dense_element_size),
     reshape: Some(aml_layout_column_reshape),
     slice: Some(aml_layout_column_slice),
     slice_native: Some(aml_layout_column_slice),
-    fprintf: Some(column_fprintf),
-    duplicate: Some(dense_duplicate),
+    fprintf: Some(aml_layout_column_fprintf),
+    duplicate: Some(aml_layout_dense_duplicate),
     destroy: None,
 };
 
@@ -103,17 +103,17 @@ pub static aml_layout_column_ops: AmlLayoutOps = AmlLayoutOps {
 pub static aml_layout_row_ops: AmlLayoutOps = AmlLayoutOps {
     deref: Some(aml_layout_row_deref),
     deref_native: Some(aml_layout_column_deref),
-    rawptr: Some(dense_rawptr),
+    rawptr: Some(aml_layout_dense_rawptr),
     order: Some(aml_layout_row_order),
     dims: Some(aml_layout_row_dims),
-    dims_native: Some(column_dims),
+    dims_native: Some(aml_layout_column_dims),
     ndims: Some(aml_layout_dense_ndims),
     element_size: Some(aml_layout_dense_element_size),
     reshape: Some(aml_layout_row_reshape),
     slice: Some(aml_layout_row_slice),
     slice_native: Some(aml_layout_row_slice_native),
-    fprintf: Some(row_fprintf),
-    duplicate: Some(dense_duplicate),
+    fprintf: Some(aml_layout_row_fprintf),
+    duplicate: Some(aml_layout_dense_duplicate),
     destroy: None,
 };
 
@@ -425,9 +425,13 @@ pub unsafe extern "C" fn aml_layout_row_deref(data: Data, coords: *const usize) 
     })
 }
 
+/// The pointer of a dense layout, from its data (its `rawptr` method; AML exports it without
+/// declaring it). NULL with `aml_errno` for NULL data.
+///
 /// # Safety
-/// 1. `data` is a valid dense layout's data.
-unsafe extern "C" fn dense_rawptr(data: Data) -> *mut c_void {
+/// 1. `data` NULL or a valid dense layout's data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_layout_dense_rawptr(data: Data) -> *mut c_void {
     // SAFETY: (1).
     guard_ptr(|| Ok(unsafe { self::data(data) }?.ptr as *mut c_void))
 }
@@ -471,9 +475,13 @@ unsafe fn write_dims(data: Data, dims: *mut usize, reversed: bool) -> c_int {
     })
 }
 
+/// The dims of a column-major dense layout, in column-major order (its `dims` method; AML
+/// exports it without declaring it).
+///
 /// # Safety
-/// As [`write_dims`].
-unsafe extern "C" fn column_dims(data: Data, dims: *mut usize) -> c_int {
+/// 1. `data` is a valid dense layout's data; `dims` is NULL or valid for `ndims` writes.
+#[no_mangle]
+pub unsafe extern "C" fn aml_layout_column_dims(data: Data, dims: *mut usize) -> c_int {
     // SAFETY: forwarded.
     unsafe { write_dims(data, dims, false) }
 }
@@ -556,10 +564,14 @@ unsafe fn dense_text(data: Data, row: bool) -> Result<Vec<String>, Fail> {
     Ok(lines)
 }
 
+/// Prints a column-major dense layout, from its data (its `fprintf` method; AML exports it
+/// without declaring it).
+///
 /// # Safety
 /// 1. `data` is a valid column-major dense layout's data; `stream` a valid `FILE *`; `prefix`
 ///    NULL or a C string.
-unsafe extern "C" fn column_fprintf(
+#[no_mangle]
+pub unsafe extern "C" fn aml_layout_column_fprintf(
     data: Data,
     stream: *mut libc::FILE,
     prefix: *const c_char,
@@ -568,10 +580,14 @@ unsafe extern "C" fn column_fprintf(
     guard(|| unsafe { crate::dma::print_lines(stream, prefix, &dense_text(data, false)?) })
 }
 
+/// Prints a row-major dense layout, from its data (its `fprintf` method; AML exports it
+/// without declaring it).
+///
 /// # Safety
 /// 1. `data` is a valid row-major dense layout's data; `stream` a valid `FILE *`; `prefix`
 ///    NULL or a C string.
-unsafe extern "C" fn row_fprintf(
+#[no_mangle]
+pub unsafe extern "C" fn aml_layout_row_fprintf(
     data: Data,
     stream: *mut libc::FILE,
     prefix: *const c_char,
@@ -580,9 +596,14 @@ unsafe extern "C" fn row_fprintf(
     guard(|| unsafe { crate::dma::print_lines(stream, prefix, &dense_text(data, true)?) })
 }
 
+/// Copies a dense layout in `*out`, over `ptr` (NULL: the same pointer) (its `duplicate`
+/// method; AML exports it without declaring it). `-AML_EINVAL` for NULL or a layout that is
+/// not dense.
+///
 /// # Safety
-/// 1. `layout` is a valid dense layout; `out` valid for one write.
-unsafe extern "C" fn dense_duplicate(
+/// 1. `layout` NULL or a valid layout; `out` valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn aml_layout_dense_duplicate(
     layout: *const AmlLayout,
     out: Out,
     ptr: *mut c_void,
@@ -590,6 +611,10 @@ unsafe extern "C" fn dense_duplicate(
     guard(|| {
         // SAFETY: (1).
         let l = unsafe { layout.as_ref() }.ok_or_else(|| inval("layout is NULL"))?;
+        if !std::ptr::eq(l.ops, &aml_layout_column_ops) && !std::ptr::eq(l.ops, &aml_layout_row_ops)
+        {
+            return Err(inval("not a dense layout"));
+        }
         // SAFETY: (1).
         let d: &AmlLayoutDense = unsafe { l.data.cast::<AmlLayoutDense>().as_ref() }
             .ok_or_else(|| inval("layout data is NULL"))?;

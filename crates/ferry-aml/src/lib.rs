@@ -1,6 +1,6 @@
 //! libaml: AML's DMA API on ferry's engines, so that a C or C++ program written for AML
 //! (`aml.h`, `aml/dma/{linux,cuda,multiplex}.h`, `aml/layout/{dense,reshape,pad}.h`,
-//! `aml/area/{linux,cuda}.h`, `aml/utils/*.h`) builds unchanged against `include/` and
+//! `aml/area/{linux,cuda}.h`, `aml/utils/*.h`, `aml/higher/allocator*.h`, `aml/higher/mapper{,/visitor,/creator,/deepcopy,/replicaset}.h`, `aml/higher/replicaset.h`) builds unchanged against `include/` and
 //! `-laml` (pkg-config `aml`), NUMA areas bind through the kernel's `mbind`, and its copies run on ferry: the Linux DMA on the CPU engine
 //! (a large copy split across the workers), the CUDA DMA on the CUDA engine (copy engines,
 //! staging, 2-D/3-D copies), the NULL operator as ferry's planned layout copy.
@@ -23,6 +23,7 @@ pub mod cuda;
 mod cuda_sys;
 pub mod dma;
 pub mod error;
+pub mod higher;
 pub mod layout;
 pub mod linux;
 pub mod multiplex;

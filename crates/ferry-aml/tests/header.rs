@@ -79,11 +79,15 @@ fn header_code() -> String {
     code
 }
 
-/// `aml_*` names declared as functions (`name(` not after `(*`) or `extern` objects.
+/// `aml_*` names (and the low-level buddy allocator's `buddy_allocator_*`, which AML exports
+/// too) declared as functions (`name(` not after `(*`) or `extern` objects.
 fn declared() -> BTreeSet<String> {
     let code = header_code();
     let mut names = BTreeSet::new();
-    for (i, _) in code.match_indices("aml_") {
+    let starts = code
+        .match_indices("aml_")
+        .chain(code.match_indices("buddy_allocator_"));
+    for (i, _) in starts {
         let b = code.as_bytes();
         if i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_') {
             continue;

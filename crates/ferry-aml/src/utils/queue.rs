@@ -97,6 +97,36 @@ fn slots(q: &mut AmlQueue) -> &mut [Elem] {
     unsafe { std::slice::from_raw_parts_mut(q.elems, q.max) }
 }
 
+/// Doubles the ring's capacity (at least one slot), keeping its elements in order (AML
+/// exports it without declaring it; `aml_queue_push` calls it on a full ring).
+/// `-AML_EINVAL` for NULL, `-AML_ENOMEM`.
+///
+/// # Safety
+/// 1. `q` NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn aml_queue_extend(q: *mut AmlQueue) -> c_int {
+    // SAFETY: (1).
+    let Some(q) = (unsafe { q.as_mut() }) else {
+        return -AML_EINVAL;
+    };
+    let old = q.max;
+    let new = old.saturating_mul(2).max(1);
+    let Some(bytes) = new.checked_mul(std::mem::size_of::<Elem>()) else {
+        return -AML_ENOMEM;
+    };
+    // SAFETY: `elems` is the C allocator's; the result is checked.
+    let e = unsafe { libc::realloc(q.elems.cast(), bytes) }.cast::<Elem>();
+    if e.is_null() {
+        return -AML_ENOMEM;
+    }
+    (q.elems, q.max) = (e, new);
+    // The wrapped part [0, head + len - old) moves after the old end.
+    let wrapped = (q.head + q.len).saturating_sub(old);
+    slots(q).copy_within(0..wrapped, old);
+    q.tail = (q.head + q.len) % new;
+    AML_SUCCESS
+}
+
 /// Appends `element` at the tail, growing a full ring. `-AML_EINVAL` for NULL,
 /// `-AML_ENOMEM`.
 ///
@@ -109,20 +139,11 @@ pub unsafe extern "C" fn aml_queue_push(q: *mut AmlQueue, element: *mut c_void) 
         return -AML_EINVAL;
     };
     if q.len == q.max {
-        let Some(bytes) = q.max.checked_mul(2 * std::mem::size_of::<Elem>()) else {
-            return -AML_ENOMEM;
-        };
-        // SAFETY: `elems` is the C allocator's; the result is checked.
-        let e = unsafe { libc::realloc(q.elems.cast(), bytes) }.cast::<Elem>();
-        if e.is_null() {
-            return -AML_ENOMEM;
+        // SAFETY: `q` is valid.
+        let rc = unsafe { aml_queue_extend(q) };
+        if rc != AML_SUCCESS {
+            return rc;
         }
-        let old = q.max;
-        (q.elems, q.max) = (e, 2 * old);
-        // The wrapped part [0, tail) moves after the old end.
-        let tail = q.tail;
-        slots(q).copy_within(0..tail, old);
-        q.tail += old;
     }
     let t = q.tail;
     slots(q)[t] = element;

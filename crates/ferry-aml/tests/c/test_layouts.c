@@ -3,8 +3,8 @@
  * orders over a strided dense target, dims, printout, duplicate, ownership of the target
  * (destroy frees it, free() leaves it), errors, and a Linux DMA copy out of a pad;
  * aml_copy_layout_transform_generic between dense layouts (before and after aml_init) and out
- * of a pad, and its errors. Common
- * subset of C and C++; prints "test_layouts: OK"; exits 1 at the first failed check.
+ * of a pad, and its errors; the dense layouts' exported methods (rawptr, column dims, the
+ * printers, duplicate). Common subset of C and C++; prints "test_layouts: OK"; exits 1 at the first failed check.
  */
 #include <aml.h>
 #include <aml/dma/linux.h>
@@ -223,8 +223,37 @@ static void test_transform(void)
 	aml_layout_destroy(&a);
 }
 
+static void test_dense_methods(void)
+{
+	int memory[24];
+	size_t dims[3] = {2, 3, 4}, got[3];
+	struct aml_layout *col, *row, *dup, *pad;
+	CHECK(aml_layout_dense_create(&col, memory, AML_LAYOUT_ORDER_COLUMN_MAJOR, sizeof(int), 3,
+	                              dims, NULL, NULL) == AML_SUCCESS);
+	CHECK(aml_layout_dense_create(&row, memory, AML_LAYOUT_ORDER_ROW_MAJOR, sizeof(int), 3, dims,
+	                              NULL, NULL) == AML_SUCCESS);
+	CHECK(aml_layout_dense_rawptr(col->data) == memory);
+	CHECK(aml_layout_column_dims(col->data, got) == AML_SUCCESS && got[0] == 2 && got[2] == 4);
+	CHECK(aml_layout_column_fprintf(col->data, stdout, "col") == AML_SUCCESS);
+	CHECK(aml_layout_row_fprintf(row->data, stdout, "row") == AML_SUCCESS);
+	CHECK(aml_layout_dense_duplicate(row, &dup, memory + 1) == AML_SUCCESS);
+	CHECK(aml_layout_rawptr(dup) == memory + 1 && aml_layout_order(dup) == AML_LAYOUT_ORDER_ROW_MAJOR);
+	CHECK(aml_layout_dense_duplicate(NULL, &dup, NULL) == -AML_EINVAL);
+	int neutral = 0;
+	size_t pdims[3] = {3, 3, 4};
+	CHECK(aml_layout_pad_create(&pad, AML_LAYOUT_ORDER_COLUMN_MAJOR, col, pdims, &neutral) ==
+	      AML_SUCCESS);
+	struct aml_layout *none = NULL;
+	CHECK(aml_layout_dense_duplicate(pad, &none, NULL) == -AML_EINVAL && none == NULL);
+	aml_layout_destroy(&pad); /* owns col */
+	aml_layout_destroy(&dup);
+	aml_layout_destroy(&row);
+	printf("dense methods: OK\n");
+}
+
 int main(int argc, char **argv)
 {
+	test_dense_methods();
 	test_transform(); /* on the calling thread */
 	CHECK(aml_init(&argc, &argv) == AML_SUCCESS);
 	test_transform(); /* on aml_dma_linux's workers */

@@ -1,9 +1,12 @@
 /*
- * test_utils.c - AML's utilities on libaml: bitmap, vector, queue, version, and (C only: C++
+ * test_utils.c - AML's utilities on libaml: bitmap, vector, queue, version, the Linux backend's
+ * setup (aml/utils/backend/linux.h), and (C only: C++
  * forbids the unnamed structs they declare) the AML_INNER_MALLOC macros. Common subset of C
  * and C++; prints "test_utils: OK"; exits 1 at the first failed check.
  */
 #include <aml.h>
+#include <aml/dma/linux.h>
+#include <aml/utils/backend/linux.h>
 
 #define CHECK(c)                                                                         \
 	do {                                                                                 \
@@ -111,6 +114,16 @@ static void test_queue(void)
 	CHECK(aml_queue_take(q, q->elems + q->max) == -AML_EDOM);
 	aml_queue_clear(q);
 	CHECK(aml_queue_len(q) == 0 && aml_queue_head(q) == NULL);
+	/* aml_queue_extend keeps a wrapped ring in order. */
+	for (int i = 0; i < 8; i++)
+		CHECK(aml_queue_push(q, &m[i]) == AML_SUCCESS);
+	CHECK(aml_queue_pop(q) == &m[0] && aml_queue_pop(q) == &m[1]);
+	CHECK(aml_queue_push(q, &m[0]) == AML_SUCCESS); /* wraps */
+	CHECK(aml_queue_extend(q) == AML_SUCCESS && q->max == 16 && aml_queue_len(q) == 7);
+	for (int i = 2; i < 8; i++)
+		CHECK(aml_queue_pop(q) == &m[i]);
+	CHECK(aml_queue_pop(q) == &m[0] && aml_queue_pop(q) == NULL);
+	CHECK(aml_queue_extend(NULL) == -AML_EINVAL);
 	aml_queue_destroy(q);
 	printf("queue: OK\n");
 }
@@ -136,8 +149,24 @@ static void test_version_and_malloc(void)
 	printf("version, inner malloc: OK\n");
 }
 
+/* The Linux backend's setup makes and releases the ready aml_dma_linux, as aml_init does. */
+static void test_backend(void)
+{
+	char a[64], b[64];
+	CHECK(aml_dma_linux == NULL);
+	CHECK(aml_backend_linux_init() == AML_SUCCESS && aml_dma_linux != NULL);
+	CHECK(aml_backend_linux_init() == AML_SUCCESS); /* there already */
+	memset(a, 7, sizeof(a));
+	CHECK(aml_dma_copy_custom(aml_dma_linux, (struct aml_layout *)b, (struct aml_layout *)a,
+	                          aml_dma_linux_memcpy_op, (void *)sizeof(a)) == AML_SUCCESS);
+	CHECK(memcmp(a, b, sizeof(a)) == 0);
+	CHECK(aml_backend_linux_finalize() == AML_SUCCESS && aml_dma_linux == NULL);
+	printf("backend: OK\n");
+}
+
 int main(void)
 {
+	test_backend();
 	test_bitmap();
 	test_vector();
 	test_queue();

@@ -47,6 +47,15 @@ int aml_layout_row_slice(const struct aml_layout_data *data, struct aml_layout *
 int aml_layout_row_slice_native(const struct aml_layout_data *data, struct aml_layout **output,
                                 const size_t *offsets, const size_t *dims,
                                 const size_t *strides);
+/* The dense layouts' other methods, which AML exports without declaring. */
+void *aml_layout_dense_rawptr(const struct aml_layout_data *data);
+int aml_layout_column_dims(const struct aml_layout_data *data, size_t *dims);
+int aml_layout_column_fprintf(const struct aml_layout_data *data, FILE *stream,
+                              const char *prefix);
+int aml_layout_row_fprintf(const struct aml_layout_data *data, FILE *stream, const char *prefix);
+/* ptr NULL: the same pointer. -AML_EINVAL: NULL, or not a dense layout. */
+int aml_layout_dense_duplicate(const struct aml_layout *layout, struct aml_layout **out,
+                               void *ptr);
 
 extern struct aml_layout_ops aml_layout_column_ops;
 extern struct aml_layout_ops aml_layout_row_ops;

@@ -25,6 +25,9 @@ void aml_queue_clear(struct aml_queue *q);
 void aml_queue_destroy(struct aml_queue *q);
 size_t aml_queue_len(const struct aml_queue *q);
 int aml_queue_push(struct aml_queue *q, void *element);
+/* Doubles the capacity (at least one slot), the elements kept in order (AML exports it
+ * without declaring it). -AML_EINVAL: NULL. */
+int aml_queue_extend(struct aml_queue *q);
 /* NULL if empty. */
 void *aml_queue_pop(struct aml_queue *q);
 /* The slot of the first e with comp(e, key) == 0 in *out (may be NULL); -AML_EDOM: none. */
