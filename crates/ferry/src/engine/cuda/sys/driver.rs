@@ -153,25 +153,25 @@ pub(crate) fn device_address(addr: u64) -> Option<u64> {
     (r == sys::CUresult::CUDA_SUCCESS).then_some(d)
 }
 
-/// Makes `ctx` current on this thread. Where it already is (every submission after a
-/// thread's first), one `cuCtxGetCurrent` and nothing else: cudarc's `bind_to_thread` also
-/// takes cudarc's own error state with an atomic swap each call (on the path a small copy's
-/// caller waits for, issue 14), which is cudarc's to report, not ferry's.
+/// Makes `ctx` current on this thread ([`set_current`]), with ferry's error.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<(), DriverError> {
+    set_current(ctx).map_err(|e| DriverError::from_cudarc("cuCtxSetCurrent", e))
+}
+
+/// Makes `ctx` current on this thread: where it already is (every call after a thread's
+/// first), one `cuCtxGetCurrent` and nothing else; else `cuCtxSetCurrent`. Not cudarc's
+/// `bind_to_thread`, which also first returns (and clears) any error cudarc stored from an
+/// earlier asynchronous call of the context (a drop's free), with an atomic swap each call (on
+/// the path a small copy's caller waits for, issue 14): that error is cudarc's to report, and
+/// returned here it would fail an unrelated call, or end a wait before the work it waits for
+/// ([`sync_stream`]).
+pub(crate) fn set_current(ctx: &CudaContext) -> Result<(), cudarc::driver::DriverError> {
     let mut current: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: a valid out-pointer for one context handle.
     let r = unsafe { sys::cuCtxGetCurrent(&mut current) };
     if r == sys::CUresult::CUDA_SUCCESS && current == ctx.cu_ctx() {
         return Ok(());
     }
-    set_current(ctx).map_err(|e| DriverError::from_cudarc("cuCtxSetCurrent", e))
-}
-
-/// `cuCtxSetCurrent(ctx)`. Not cudarc's `bind_to_thread`, which first returns (and clears)
-/// any error cudarc stored from an earlier asynchronous call of the context (a drop's free):
-/// that error is cudarc's to report, and returned here it would fail an unrelated call, or end
-/// a wait before the work it waits for (`sync_stream`).
-pub(crate) fn set_current(ctx: &CudaContext) -> Result<(), cudarc::driver::DriverError> {
     // SAFETY: `ctx` is alive (borrowed), so is its context handle.
     unsafe { sys::cuCtxSetCurrent(ctx.cu_ctx()) }.result()
 }
