@@ -40,9 +40,111 @@ pub(crate) fn arg(msg: impl Into<String>) -> PyErr {
     ArgumentError::new_err(msg.into())
 }
 
+/// `value`'s `repr()` for a message (`?` where even that fails).
+pub(crate) fn shown(value: &Bound<'_, PyAny>) -> String {
+    value
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// `value`'s type name for a message.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A non-negative int argument (anything with `__index__`, not a bool) that fits `T`: an
+/// `ArgumentError` naming the argument and its value otherwise, never PyO3's
+/// `OverflowError` / `TypeError`.
+pub(crate) fn uint<T: TryFrom<u64>>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T> {
+    let max = |bits: u32| {
+        if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        }
+    };
+    let limit = (0..=64u32)
+        .rev()
+        .find(|&b| T::try_from(max(b)).is_ok())
+        .map_or(0, max);
+    if value.is_instance_of::<pyo3::types::PyBool>() || !value.hasattr("__index__")? {
+        return Err(arg(format!(
+            "{name}={}: expected an int from 0 to {limit}, got {}",
+            shown(value),
+            type_name(value)
+        )));
+    }
+    value
+        .extract::<u64>()
+        .ok()
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| {
+            arg(format!(
+                "{name}={}: expected an int from 0 to {limit}",
+                shown(value)
+            ))
+        })
+}
+
+/// A `str` argument (a message naming the argument and the value otherwise).
+pub(crate) fn string(value: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
+    value.extract::<String>().map_err(|_| {
+        arg(format!(
+            "{name}={}: expected a str, got {}",
+            shown(value),
+            type_name(value)
+        ))
+    })
+}
+
+/// A path argument: a `str` or an `os.PathLike` giving one. `bytes` paths are refused by
+/// name (ferry's messages show paths as text).
+pub(crate) fn path(value: &Bound<'_, PyAny>, name: &str) -> PyResult<std::path::PathBuf> {
+    let bad = || {
+        arg(format!(
+            "{name}={}: expected a str or os.PathLike path, got {}",
+            shown(value),
+            type_name(value)
+        ))
+    };
+    let s = if value.hasattr("__fspath__")? {
+        value.call_method0("__fspath__").map_err(|_| bad())?
+    } else {
+        value.clone()
+    };
+    s.extract::<String>()
+        .map(std::path::PathBuf::from)
+        .map_err(|_| bad())
+}
+
 /// The exception for a submit error: a driver failure, or a bad argument.
 pub(crate) fn submit(e: ferry::SubmitError) -> PyErr {
     match e {
+        ferry::SubmitError::Overlap(ferry::plan::PlanError::Overlap { dst, src }) => {
+            // Offsets from the lower of the two first bytes: the caller's own terms (an
+            // array and a view of it), not the process's addresses.
+            let base = dst.start.min(src.start);
+            let (from, to) = if src.start <= dst.start {
+                ("source", "destination")
+            } else {
+                ("destination", "source")
+            };
+            ArgumentError::new_err(format!(
+                "source and destination overlap: source bytes {}..{}, destination bytes {}..{} \
+                 (offsets from the {from}'s first byte, the {to} starting {} bytes in); ferry \
+                 does not copy in place, copy through a temporary",
+                src.start - base,
+                src.end - base,
+                dst.start - base,
+                dst.end - base,
+                dst.start.max(src.start) - base,
+            ))
+        }
         ferry::SubmitError::Backend(_) => DriverError::new_err(e.to_string()),
         ferry::SubmitError::ShutDown(_) => FerryError::new_err(e.to_string()),
         e => ArgumentError::new_err(e.to_string()),
