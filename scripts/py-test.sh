@@ -2,7 +2,8 @@
 # The Python module (crates/ferry-py): a venv, maturin, the wheel built and installed, pytest.
 # The CPU tests run everywhere; tests/test_gpu.py reports itself skipped without PyTorch or a
 # CUDA driver. The type stubs shipped in the wheel (python/ferry/_ferry.pyi, py.typed) are
-# checked with `mypy --strict` against the installed package and a typed usage file. PY_VENV
+# checked with `mypy --strict` against the installed package and a typed usage file, and by
+# mypy's stubtest against the built module. PY_VENV
 # picks the venv's folder (default target/py-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,3 +22,5 @@ py=$(cd "$venv" && pwd)/bin/python
 cd crates/ferry-py/tests
 "$py" -m mypy --strict --cache-dir=/dev/null -p ferry
 "$py" -m mypy --strict --cache-dir=/dev/null typed_usage.py
+# ... and the stubs against the compiled module itself: every name, signature and default.
+"$py" -m mypy.stubtest ferry

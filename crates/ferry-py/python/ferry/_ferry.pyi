@@ -2,39 +2,64 @@
 
 import os
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union, final
 
 # An array: anything with ``__dlpack__``, ``__array_interface__`` or
 # ``__cuda_array_interface__`` (PyTorch tensors, NumPy and CuPy arrays, ferry Buffers).
-ArrayLike = Any
-StrPath = Union[str, "os.PathLike[str]"]
-Engine = Union["CpuEngine", "CudaEngine"]
-Stream = Union[int, Literal["ferry"], None]
+_ArrayLike = Any
+_StrPath = Union[str, "os.PathLike[str]"]
+_Engine = Union["CpuEngine", "CudaEngine"]
+_Stream = Union[int, Literal["ferry"], None]
+
+__all__ = [
+    "FerryError",
+    "ArgumentError",
+    "DriverError",
+    "CheckpointError",
+    "CpuEngine",
+    "CudaEngine",
+    "Request",
+    "Buffer",
+    "info",
+    "_array_info",
+    "copy_",
+    "gather",
+    "pipeline",
+    "read_file",
+    "write_file",
+    "_load_safetensors",
+    "_load_safetensors_into",
+    "save_safetensors",
+]
 
 class FerryError(Exception): ...
 class ArgumentError(FerryError): ...
 class DriverError(FerryError): ...
 class CheckpointError(FerryError): ...
 
+@final
 class Request:
     def wait(self) -> None: ...
     def done(self) -> bool: ...
     def __await__(self) -> Generator[Any, None, None]: ...
 
+@final
 class CpuEngine:
-    def __init__(self, threads: int = 0) -> None: ...
+    def __new__(cls, threads: int = 0) -> CpuEngine: ...
     @property
     def name(self) -> str: ...
     def barrier(self) -> None: ...
 
+@final
 class CudaEngine:
-    def __init__(self, device: int = 0) -> None: ...
+    def __new__(cls, device: int = 0) -> CudaEngine: ...
     @property
     def device(self) -> int: ...
     @property
     def name(self) -> str: ...
     def barrier(self) -> None: ...
 
+@final
 class Buffer:
     @property
     def shape(self) -> list[int]: ...
@@ -58,41 +83,41 @@ class Buffer:
 
 def info() -> dict[str, Any]: ...
 def copy_(
-    dst: ArrayLike,
-    src: ArrayLike,
+    dst: _ArrayLike,
+    src: _ArrayLike,
     non_blocking: bool = False,
-    engine: Optional[Engine] = None,
-    stream: Stream = None,
+    engine: Optional[_Engine] = None,
+    stream: _Stream = None,
 ) -> Request: ...
 def gather(
-    src: ArrayLike,
-    index: ArrayLike,
-    out: ArrayLike,
+    src: _ArrayLike,
+    index: _ArrayLike,
+    out: _ArrayLike,
     non_blocking: bool = False,
-    engine: Optional[Engine] = None,
-    stream: Stream = None,
+    engine: Optional[_Engine] = None,
+    stream: _Stream = None,
 ) -> Request: ...
 def pipeline(
-    src: ArrayLike,
-    out: ArrayLike,
+    src: _ArrayLike,
+    out: _ArrayLike,
     stage: Callable[..., object],
     chunk_bytes: int = 1048576,
     slots: int = 3,
-    engine: Optional[Engine] = None,
+    engine: Optional[_Engine] = None,
 ) -> int: ...
 def read_file(
-    path: StrPath, out: ArrayLike, *, offset: int = 0, size: Optional[int] = None
+    path: _StrPath, out: _ArrayLike, *, offset: int = 0, size: Optional[int] = None
 ) -> int: ...
-def write_file(path: StrPath, src: ArrayLike, *, offset: int = 0) -> int: ...
+def write_file(path: _StrPath, src: _ArrayLike, *, offset: int = 0) -> int: ...
 def save_safetensors(
-    tensors: dict[str, ArrayLike],
-    path: StrPath,
+    tensors: dict[str, _ArrayLike],
+    path: _StrPath,
     metadata: Optional[Mapping[str, str]] = None,
 ) -> None: ...
 def _load_safetensors(
-    path: StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None
+    path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None
 ) -> list[tuple[str, Buffer]]: ...
 def _load_safetensors_into(
-    path: StrPath, out: Mapping[str, ArrayLike], strict: bool = True
+    path: _StrPath, out: Mapping[str, _ArrayLike], strict: bool = True
 ) -> list[str]: ...
-def _array_info(obj: ArrayLike) -> dict[str, Any]: ...
+def _array_info(obj: _ArrayLike) -> dict[str, Any]: ...
