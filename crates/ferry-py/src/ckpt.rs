@@ -302,13 +302,17 @@ pub(crate) fn _load_safetensors(
 /// weights that a file stores once) instead of raising `CheckpointError`; returns the names
 /// loaded.
 #[pyfunction]
-#[pyo3(signature = (path, out, strict = true))]
+#[pyo3(
+    signature = (path, out, strict = None),
+    text_signature = "(path, out, strict=True)"
+)]
 pub(crate) fn _load_safetensors_into(
     py: Python<'_>,
     path: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    strict: bool,
+    strict: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<String>> {
+    let strict = errors::boolean(strict, "strict", true)?;
     let path = errors::path(path, "path")?;
     // The items first (converting an array may run Python code that changes the mapping).
     let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = out

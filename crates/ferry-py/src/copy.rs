@@ -374,15 +374,19 @@ pub(crate) fn after_producer(
 ///     >>> ferry.copy_(dst, src)
 ///     ferry.Request(done)
 #[pyfunction]
-#[pyo3(signature = (dst, src, non_blocking = false, engine = None, stream = None))]
+#[pyo3(
+    signature = (dst, src, non_blocking = None, engine = None, stream = None),
+    text_signature = "(dst, src, non_blocking=False, engine=None, stream=None)"
+)]
 pub(crate) fn copy_(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
-    non_blocking: bool,
+    non_blocking: Option<&Bound<'_, PyAny>>,
     engine: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
+    let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let sa = stream_arg(stream)?;
     let dl_stream = sa.raw();
     let mut d = Arr::from_py(dst, dl_stream)?;
@@ -447,16 +451,20 @@ pub(crate) fn copy_(
 ///     >>> out = numpy.empty((2, 2), dtype=numpy.float32)
 ///     >>> ferry.gather(table, numpy.array([7, 1]), out).wait()
 #[pyfunction]
-#[pyo3(signature = (src, index, out, non_blocking = false, engine = None, stream = None))]
+#[pyo3(
+    signature = (src, index, out, non_blocking = None, engine = None, stream = None),
+    text_signature = "(src, index, out, non_blocking=False, engine=None, stream=None)"
+)]
 pub(crate) fn gather(
     py: Python<'_>,
     src: &Bound<'_, PyAny>,
     index: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    non_blocking: bool,
+    non_blocking: Option<&Bound<'_, PyAny>>,
     engine: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
+    let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let sa = stream_arg(stream)?;
     let dl_stream = sa.raw();
     let mut s = Arr::from_py(src, dl_stream)?;

@@ -1,7 +1,7 @@
 //! Python exceptions carrying ferry's messages: `ferry.FerryError` and its subclasses.
 //!
 //! - `ArgumentError`: the call was wrong (shapes, dtypes, read-only destination, an object
-//!   that is not an array, a layout ferry cannot express). Also a `ValueError`.
+//!   that is not an array, a layout ferry cannot express).
 //! - `DriverError`: the CUDA driver failed or is absent (its message names the call and code).
 //! - `CheckpointError`: a safetensors file could not be read or written (names file and tensor).
 //! - `FerryError` itself: anything else (a failed request, a worker lost).
@@ -89,6 +89,25 @@ pub(crate) fn uint<T: TryFrom<u64>>(value: &Bound<'_, PyAny>, name: &str) -> PyR
                 shown(value)
             ))
         })
+}
+
+/// A bool argument (`True`/`False`, or NumPy's bool): anything else is an `ArgumentError`
+/// naming the argument and the value, not PyO3's `TypeError`.
+pub(crate) fn boolean(
+    value: Option<&Bound<'_, PyAny>>,
+    name: &str,
+    default: bool,
+) -> PyResult<bool> {
+    let Some(v) = value else {
+        return Ok(default);
+    };
+    v.extract::<bool>().map_err(|_| {
+        arg(format!(
+            "{name}={}: expected True or False, got {}",
+            shown(v),
+            type_name(v)
+        ))
+    })
 }
 
 /// A `str` argument (a message naming the argument and the value otherwise).
