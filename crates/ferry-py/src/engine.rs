@@ -49,11 +49,16 @@ pub(crate) struct PyCpuEngine {
 impl PyCpuEngine {
     #[new]
     #[pyo3(signature = (threads = None), text_signature = "(threads=0)")]
-    fn new(threads: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(py: Python<'_>, threads: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         // Taken as any object: a negative count is an ArgumentError, not an OverflowError.
         let threads: usize = threads.map_or(Ok(0), |t| errors::uint(t, "threads"))?;
         Ok(PyCpuEngine {
-            eng: Arc::new(RsCpu::new(threads).map_err(errors::ferry)?),
+            eng: Arc::new(RsCpu::new(threads).map_err(|e| match errors::ferry(e) {
+                e if e.is_instance_of::<errors::ArgumentError>(py) => {
+                    errors::arg(format!("threads={threads}: {}", e.value(py)))
+                }
+                e => e,
+            })?),
         })
     }
     /// str: the engine's name (as ``ferry bench`` and error messages show it).
@@ -161,9 +166,10 @@ pub(crate) fn from_arg(
             } else if let Ok(c) = e.downcast::<PyCudaEngine>() {
                 Ok(Eng::Cuda(c.get().eng.clone()))
             } else {
-                Err(errors::arg(
-                    "engine= takes a ferry.CpuEngine or ferry.CudaEngine",
-                ))
+                Err(errors::arg(format!(
+                    "engine={}: expected a ferry.CpuEngine, a ferry.CudaEngine or None",
+                    errors::shown(e)
+                )))
             }
         }
     }

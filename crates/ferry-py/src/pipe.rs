@@ -137,6 +137,11 @@ pub(crate) fn pipeline(
 ) -> PyResult<usize> {
     let chunk_bytes: usize = chunk_bytes.map_or(Ok(1 << 20), |v| errors::uint(v, "chunk_bytes"))?;
     let slots: usize = slots.map_or(Ok(3), |v| errors::uint(v, "slots"))?;
+    for (name, v) in [("chunk_bytes", chunk_bytes), ("slots", slots)] {
+        if v == 0 {
+            return Err(arg(format!("{name}=0: expected 1 or more")));
+        }
+    }
     if !stage.is_callable() {
         return Err(arg("stage must be callable"));
     }
