@@ -267,7 +267,7 @@ pub(crate) fn _load_safetensors(
     }
     let ckpt = py
         .allow_threads(|| checkpoint::load(&fe, &path, &opts))
-        .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+        .map_err(|e| checkpoint_err(py, e))?;
     let (bufs, tensors) = ckpt.into_parts();
     let bufs = Arc::new(bufs);
     let out = PyList::empty(py);
@@ -345,7 +345,7 @@ pub(crate) fn _load_safetensors_into(
     if !strict {
         let have: std::collections::HashSet<String> = py
             .allow_threads(|| checkpoint::entries(&fe, &path))
-            .map_err(|e| CheckpointError::new_err(e.to_string()))?
+            .map_err(|e| checkpoint_err(py, e))?
             .into_iter()
             .map(|(_, t)| t.name)
             .collect();
@@ -372,7 +372,7 @@ pub(crate) fn _load_safetensors_into(
     match r {
         Ok(_) => Ok(names),
         Err(e @ checkpoint::CheckpointError::Destination { .. }) => Err(arg(e.to_string())),
-        Err(e) => Err(CheckpointError::new_err(e.to_string())),
+        Err(e) => Err(checkpoint_err(py, e)),
     }
 }
 
@@ -467,7 +467,7 @@ pub(crate) fn save_safetensors(
             .collect();
         checkpoint::save(&fe, &path, &list, &opts)
     })
-    .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+    .map_err(|e| checkpoint_err(py, e))?;
     drop(arrs);
     Ok(())
 }
@@ -499,4 +499,30 @@ fn metadata_arg(m: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
             Ok((key, val))
         })
         .collect()
+}
+
+/// The exception for a checkpoint error: a `CheckpointError`, which for a file that cannot be
+/// opened, read or written is also Python's own `OSError` subclass for the reason
+/// (`except FileNotFoundError` and `except ferry.CheckpointError` both catch a missing file),
+/// as `read_file` / `write_file` raise it.
+fn checkpoint_err(py: Python<'_>, e: checkpoint::CheckpointError) -> PyErr {
+    use ferry::file::FileError;
+    use std::io::ErrorKind;
+    let msg = e.to_string();
+    let fe = match &e {
+        checkpoint::CheckpointError::File { source, .. } => Some(source),
+        checkpoint::CheckpointError::Shard { source, .. } => Some(&**source),
+        _ => None,
+    };
+    let kind = match fe {
+        // Refused after opening as not a regular file: a directory is still one.
+        Some(FileError::Open { path, .. }) if path.is_dir() => Some(ErrorKind::IsADirectory),
+        Some(FileError::Open { kind, .. } | FileError::Io { kind, .. }) => Some(*kind),
+        _ => None,
+    };
+    match kind.and_then(|k| errors::checkpoint_os_type(py, k).transpose()) {
+        Some(Ok(ty)) => PyErr::from_type(ty, msg),
+        Some(Err(err)) => err,
+        None => CheckpointError::new_err(msg),
+    }
 }

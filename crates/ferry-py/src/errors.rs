@@ -198,6 +198,64 @@ pub(crate) fn ferry(e: ferry::Error) -> PyErr {
     }
 }
 
+/// The `CheckpointError` that is also Python's own exception for an OS error of this kind
+/// (`FileNotFoundError`, `PermissionError`, `IsADirectoryError`, `NotADirectoryError`), made
+/// once per process as a class of both (`ferry._CheckpointFileNotFoundError`, ...); None for
+/// other kinds.
+pub(crate) fn checkpoint_os_type(
+    py: Python<'_>,
+    kind: std::io::ErrorKind,
+) -> PyResult<Option<Bound<'_, pyo3::types::PyType>>> {
+    use pyo3::exceptions::{
+        PyFileNotFoundError, PyIsADirectoryError, PyNotADirectoryError, PyPermissionError,
+    };
+    use std::io::ErrorKind;
+    static TYPES: pyo3::sync::GILOnceCell<Vec<(ErrorKind, Py<pyo3::types::PyType>)>> =
+        pyo3::sync::GILOnceCell::new();
+    let types = TYPES.get_or_try_init(py, || -> PyResult<_> {
+        let make = |name: &str, os: Bound<'_, pyo3::types::PyType>| -> PyResult<_> {
+            let ns = pyo3::types::PyDict::new(py);
+            ns.set_item("__module__", "ferry")?;
+            ns.set_item(
+                "__doc__",
+                format!(
+                    "A CheckpointError that is also a {}: the checkpoint's file could not be \
+                     opened, read or written for that reason.",
+                    os.name()?
+                ),
+            )?;
+            let bases = (py.get_type::<CheckpointError>(), os);
+            Ok(py
+                .get_type::<pyo3::types::PyType>()
+                .call1((format!("_Checkpoint{name}"), bases, ns))?
+                .downcast_into::<pyo3::types::PyType>()?
+                .unbind())
+        };
+        Ok(vec![
+            (
+                ErrorKind::NotFound,
+                make("FileNotFoundError", py.get_type::<PyFileNotFoundError>())?,
+            ),
+            (
+                ErrorKind::PermissionDenied,
+                make("PermissionError", py.get_type::<PyPermissionError>())?,
+            ),
+            (
+                ErrorKind::IsADirectory,
+                make("IsADirectoryError", py.get_type::<PyIsADirectoryError>())?,
+            ),
+            (
+                ErrorKind::NotADirectory,
+                make("NotADirectoryError", py.get_type::<PyNotADirectoryError>())?,
+            ),
+        ])
+    })?;
+    Ok(types
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, t)| t.bind(py).clone()))
+}
+
 /// Adds the exception classes to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();

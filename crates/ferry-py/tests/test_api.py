@@ -192,3 +192,18 @@ def test_overlap_error_names_offsets_not_addresses():
     msg = str(e.value)
     assert "source bytes 0..60" in msg and "destination bytes 4..64" in msg, msg
     assert str(a.ctypes.data) not in msg
+
+
+def test_checkpoint_file_errors_are_also_os_errors(tmp_path):
+    # Was: only CheckpointError, where read_file raised FileNotFoundError for the same file.
+    missing = tmp_path / "nope.safetensors"
+    for exc in (FileNotFoundError, ferry.CheckpointError):
+        with pytest.raises(exc, match="nope.safetensors"):
+            ferry.load_safetensors(missing, device="cpu", framework="numpy")
+    with pytest.raises(FileNotFoundError, match="nodir"):
+        ferry.save_safetensors({"a": A}, tmp_path / "nodir" / "x.safetensors")
+    with pytest.raises(IsADirectoryError):
+        ferry.load_safetensors(tmp_path, device="cpu", framework="numpy")
+    with pytest.raises(ferry.CheckpointError) as e:
+        ferry.load_safetensors(tmp_path, device="cpu", framework="numpy")
+    assert isinstance(e.value, IsADirectoryError)

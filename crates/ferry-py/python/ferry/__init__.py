@@ -34,7 +34,8 @@ Classes:
 Exceptions: ``FerryError`` and its subclasses ``ArgumentError`` (a bad argument, named with
 its value), ``DriverError`` (the CUDA driver) and ``CheckpointError`` (a safetensors file);
 files that cannot be opened, read or written raise Python's own ``FileNotFoundError``,
-``PermissionError``, ``IsADirectoryError``, ... with ferry's message.
+``PermissionError``, ``IsADirectoryError``, ... with ferry's message (for a checkpoint's
+file, an exception that is both that and a ``CheckpointError``).
 
 Type stubs ship with the package (``py.typed``).
 """
