@@ -5,7 +5,7 @@
 use crate::dlpack;
 use crate::dtype::{self, DType};
 use crate::engine;
-use crate::errors::arg;
+use crate::errors::{self, arg};
 use ferry::{Layout, MemKind, Memory, MemoryMut, RawBuf};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -109,9 +109,21 @@ unsafe impl MemoryMut for Held {
     }
 }
 
-/// `ferry._ferry._array_info(obj)`: how ferry reads an array (for tests and debugging): a
-/// dict of `kind`, `shape`, `dtype`, `readonly`, `stream` (the CUDA array interface's producer
-/// stream a copy waits for, or None).
+/// How ferry reads an array (for tests and debugging).
+///
+/// Args:
+///     obj: any array ``copy_`` takes.
+///
+/// Returns:
+///     dict: ``kind`` (memory kind), ``shape``, ``dtype``, ``readonly``, ``stream`` (the CUDA
+///     array interface's producer stream a copy waits for, or None).
+///
+/// Raises:
+///     ArgumentError: not an array ferry reads (the message says why).
+///
+/// Example:
+///     >>> ferry._ferry._array_info(numpy.zeros(3))["dtype"]
+///     'float64'
 #[pyfunction]
 pub(crate) fn _array_info<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
     let a = Arr::from_py(obj, None)?;
@@ -193,25 +205,60 @@ fn interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>, cuda: bool) -> PyRes
     let get = |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
         Ok(ai.get_item(k)?.filter(|v| !v.is_none()))
     };
-    let shape: Vec<usize> = get("shape")?
-        .ok_or_else(|| arg(format!("{which} has no shape")))?
-        .extract()?;
-    let typestr: String = get("typestr")?
-        .ok_or_else(|| arg(format!("{which} has no typestr")))?
-        .extract()?;
+    // Each field read into ferry's terms: a bad one is an `ArgumentError` naming the field and
+    // its value (not PyO3's "Can't extract" or `OverflowError`).
+    let bad = |k: &str, v: &Bound<'_, PyAny>, want: &str| {
+        arg(format!(
+            "{which}['{k}'] = {}: expected {want}",
+            errors::shown(v)
+        ))
+    };
+    let ints = |k: &str, v: &Bound<'_, PyAny>, signed: bool| -> PyResult<Vec<isize>> {
+        let want = if signed {
+            "a tuple of ints"
+        } else {
+            "a tuple of ints 0 or more"
+        };
+        if !v.is_instance_of::<PyTuple>() && !v.is_instance_of::<pyo3::types::PyList>() {
+            return Err(bad(k, v, want));
+        }
+        v.try_iter()?
+            .map(|x| {
+                x.ok()
+                    .and_then(|x| x.extract::<isize>().ok())
+                    .filter(|&x| signed || x >= 0)
+                    .ok_or_else(|| bad(k, v, want))
+            })
+            .collect()
+    };
+    let shape_v = get("shape")?.ok_or_else(|| arg(format!("{which} has no shape")))?;
+    let shape: Vec<usize> = ints("shape", &shape_v, false)?
+        .into_iter()
+        .map(|d| d as usize)
+        .collect();
+    let typestr_v = get("typestr")?.ok_or_else(|| arg(format!("{which} has no typestr")))?;
+    let typestr: String = typestr_v
+        .extract()
+        .map_err(|_| bad("typestr", &typestr_v, "a str such as '<f4'"))?;
     let dtype = dtype::from_typestr(&typestr).map_err(arg)?;
     let data = get("data")?.ok_or_else(|| {
         arg(format!(
             "{which} without a data pointer (a buffer-protocol export) is not supported"
         ))
     })?;
-    let (ptr, readonly): (usize, bool) = data.downcast::<PyTuple>()?.extract()?;
+    let (ptr, readonly): (usize, bool) = data
+        .downcast::<PyTuple>()
+        .ok()
+        .and_then(|t| t.extract().ok())
+        .ok_or_else(|| bad("data", &data, "a tuple (address, read-only flag)"))?;
     if get("mask")?.is_some() {
         return Err(arg("masked arrays are not supported"));
     }
-    let strides: Option<Vec<isize>> = get("strides")?.map(|s| s.extract()).transpose()?;
+    let strides: Option<Vec<isize>> = get("strides")?
+        .map(|s| ints("strides", &s, true))
+        .transpose()?;
     let offset: usize = get("offset")?
-        .map(|o| o.extract())
+        .map(|o| errors::uint(&o, &format!("{which}['offset']")))
         .transpose()?
         .unwrap_or(0);
     let kind = if cuda {
@@ -233,7 +280,11 @@ fn interface(obj: &Bound<'_, PyAny>, ai: &Bound<'_, PyAny>, cuda: bool) -> PyRes
     let mut a = build(
         obj,
         None,
-        ptr as u64 + offset as u64,
+        (ptr as u64).checked_add(offset as u64).ok_or_else(|| {
+            arg(format!(
+                "{which}: data address {ptr:#x} + offset {offset} overflows"
+            ))
+        })?,
         kind,
         shape,
         byte_strides,

@@ -62,8 +62,17 @@ fn target(device: &str) -> PyResult<(Target, Option<u32>)> {
     }
 }
 
-/// A tensor in memory ferry allocated (a checkpoint's buffer), exported with `__dlpack__`,
-/// and with `__array_interface__` in host memory.
+/// A tensor in memory ferry allocated (a loaded checkpoint's), as
+/// ``load_safetensors(..., framework="ferry")`` returns it; not made directly.
+///
+/// Any framework takes it without a copy through ``__dlpack__`` (and NumPy, in host memory,
+/// through ``__array_interface__``); it keeps ferry's allocation alive.
+///
+/// Example:
+///     >>> buf = ferry.load_safetensors("m.safetensors", device="cpu", framework="ferry")["w"]
+///     >>> buf.shape, buf.dtype, buf.device
+///     ([2, 3], 'float32', 'cpu')
+///     >>> numpy.asarray(buf)     # or torch.from_dlpack(buf)
 #[pyclass(module = "ferry", name = "Buffer", frozen)]
 pub(crate) struct PyBuffer {
     bufs: Arc<Vec<TensorBuffer>>,
@@ -95,22 +104,22 @@ impl PyBuffer {
 
 #[pymethods]
 impl PyBuffer {
-    /// Dims.
+    /// list[int]: the dims.
     #[getter]
     fn shape(&self) -> Vec<usize> {
         self.shape.clone()
     }
-    /// Element type name (`float32`, `bfloat16`, ...).
+    /// str: the element type's name (``float32``, ``bfloat16``, ...).
     #[getter]
     fn dtype(&self) -> &'static str {
         self.dtype.name
     }
-    /// Bytes.
+    /// int: the tensor's size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
         self.len
     }
-    /// `cpu`, `pinned` or `cuda:N`.
+    /// str: where it lives: ``cpu``, ``pinned`` or ``cuda:N``.
     #[getter]
     fn device(&self) -> String {
         match self.kind {
@@ -119,13 +128,29 @@ impl PyBuffer {
             _ => "cpu".into(),
         }
     }
-    /// The DLPack device `(type, id)`.
+    /// The DLPack device.
+    ///
+    /// Returns:
+    ///     tuple[int, int]: ``(device type, device id)``: (1, 0) host, (3, 0) pinned host,
+    ///     (2, N) GPU N.
     fn __dlpack_device__(&self) -> (i32, i32) {
         let d = self.dl_device();
         (d.device_type, d.device_id)
     }
     /// A DLPack capsule over this memory (no copy; the capsule keeps the memory alive). The
     /// data is complete before the load returned, so no stream needs to wait.
+    ///
+    /// Args:
+    ///     stream, max_version, dl_device, copy: as the DLPack protocol defines them.
+    ///
+    /// Returns:
+    ///     PyCapsule: a ``dltensor`` capsule.
+    ///
+    /// Raises:
+    ///     ArgumentError: a copy or another device asked for.
+    ///
+    /// Example:
+    ///     >>> t = torch.from_dlpack(buf)
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__(
         &self,
@@ -153,7 +178,10 @@ impl PyBuffer {
             &self.shape,
         )
     }
-    /// NumPy's array interface, for host memory.
+    /// dict: NumPy's array interface (version 3), for host memory.
+    ///
+    /// Raises:
+    ///     AttributeError: the buffer is in GPU memory (use ``__dlpack__``).
     #[getter]
     fn __array_interface__(&self, py: Python<'_>) -> PyResult<PyObject> {
         if !self.kind.host_accessible() {
@@ -169,6 +197,7 @@ impl PyBuffer {
         d.set_item("version", 3)?;
         Ok(d.into_any().unbind())
     }
+    /// ``ferry.Buffer(dtype[shape], device)``.
     fn __repr__(&self) -> String {
         format!(
             "ferry.Buffer({}{:?}, {})",
@@ -179,16 +208,58 @@ impl PyBuffer {
     }
 }
 
-/// `_load_safetensors(path, device, names)`: `[(name, Buffer)]` in file order.
+/// The compiled part of ``load_safetensors`` (use that): the tensors as ferry ``Buffer``s.
+///
+/// Args:
+///     path (str | os.PathLike[str]): the file, or a sharded checkpoint's ``*.index.json``.
+///     device (str): ``"cuda:N"``, ``"cuda"``, ``"cpu"`` or ``"pinned"``.
+///     names (list[str] | None): only these tensors.
+///
+/// Returns:
+///     list[tuple[str, Buffer]]: ``(name, buffer)`` in file order.
+///
+/// Raises:
+///     ArgumentError: a bad argument (named with its value). CheckpointError: the file.
+///
+/// Example:
+///     >>> ferry._ferry._load_safetensors("m.safetensors", "cpu", None)
 #[pyfunction]
-#[pyo3(signature = (path, device = "cuda:0", names = None))]
+#[pyo3(
+    signature = (path, device = None, names = None),
+    text_signature = "(path, device='cuda:0', names=None)"
+)]
 pub(crate) fn _load_safetensors(
     py: Python<'_>,
-    path: std::path::PathBuf,
-    device: &str,
-    names: Option<Vec<String>>,
+    path: &Bound<'_, PyAny>,
+    device: Option<&Bound<'_, PyAny>>,
+    names: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyList>> {
-    let (target, gpu) = target(device)?;
+    let path = errors::path(path, "path")?;
+    let device = match device {
+        Some(d) => errors::string(d, "device")?,
+        None => "cuda:0".to_string(),
+    };
+    let names: Option<Vec<String>> = match names.filter(|n| !n.is_none()) {
+        None => None,
+        Some(n) if n.is_instance_of::<pyo3::types::PyString>() => {
+            return Err(arg(format!(
+                "names={}: expected a list of tensor names, got one str",
+                errors::shown(n)
+            )))
+        }
+        Some(n) => Some(
+            n.try_iter()
+                .map_err(|_| {
+                    arg(format!(
+                        "names={}: expected a list of str (tensor names)",
+                        errors::shown(n)
+                    ))
+                })?
+                .map(|x| errors::string(&x?, "names[...]"))
+                .collect::<PyResult<_>>()?,
+        ),
+    };
+    let (target, gpu) = target(&device)?;
     let fe = file_engine(py, gpu)?;
     let mut opts = LoadOptions::new(target);
     if let Some(n) = names {
@@ -196,7 +267,7 @@ pub(crate) fn _load_safetensors(
     }
     let ckpt = py
         .allow_threads(|| checkpoint::load(&fe, &path, &opts))
-        .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+        .map_err(|e| checkpoint_err(py, e))?;
     let (bufs, tensors) = ckpt.into_parts();
     let bufs = Arc::new(bufs);
     let out = PyList::empty(py);
@@ -218,7 +289,12 @@ pub(crate) fn _load_safetensors(
     Ok(out.unbind())
 }
 
-/// `_load_safetensors_into(path, out, strict)`: the tensors named by `out`'s keys into its
+/// The compiled part of ``load_safetensors(out=...)`` (use that).
+///
+/// Example:
+///     >>> ferry._ferry._load_safetensors_into("m.safetensors", model.state_dict(), True)
+///
+/// Details: the tensors named by `out`'s keys into its
 /// arrays (C-contiguous, writable, not overlapping; host, or one GPU), in place, nothing
 /// allocated. A destination whose dtype, shape or byte count differs from its tensor's, or
 /// that shares memory with another (`checkpoint::load_into` checks both), is an
@@ -226,13 +302,18 @@ pub(crate) fn _load_safetensors(
 /// weights that a file stores once) instead of raising `CheckpointError`; returns the names
 /// loaded.
 #[pyfunction]
-#[pyo3(signature = (path, out, strict = true))]
+#[pyo3(
+    signature = (path, out, strict = None),
+    text_signature = "(path, out, strict=True)"
+)]
 pub(crate) fn _load_safetensors_into(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    strict: bool,
+    strict: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<String>> {
+    let strict = errors::boolean(strict, "strict", true)?;
+    let path = errors::path(path, "path")?;
     // The items first (converting an array may run Python code that changes the mapping).
     let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = out
         .call_method0("items")
@@ -264,7 +345,7 @@ pub(crate) fn _load_safetensors_into(
     if !strict {
         let have: std::collections::HashSet<String> = py
             .allow_threads(|| checkpoint::entries(&fe, &path))
-            .map_err(|e| CheckpointError::new_err(e.to_string()))?
+            .map_err(|e| checkpoint_err(py, e))?
             .into_iter()
             .map(|(_, t)| t.name)
             .collect();
@@ -291,24 +372,61 @@ pub(crate) fn _load_safetensors_into(
     match r {
         Ok(_) => Ok(names),
         Err(e @ checkpoint::CheckpointError::Destination { .. }) => Err(arg(e.to_string())),
-        Err(e) => Err(CheckpointError::new_err(e.to_string())),
+        Err(e) => Err(checkpoint_err(py, e)),
     }
 }
 
-/// `save_safetensors(tensors, path, metadata=None)`: a dict of name -> array (host or GPU,
-/// C-contiguous) written as one safetensors file.
+/// Saves arrays as one safetensors file (GPU tensors copied out on ferry's engines).
+///
+/// Args:
+///     tensors (dict[str, array]): name -> array (host or GPU, C-contiguous).
+///     path (str | os.PathLike[str]): the file to write (replaced if it exists).
+///     metadata (dict[str, str] | None): the header's ``__metadata__`` (str -> str only).
+///
+/// Returns:
+///     None.
+///
+/// Raises:
+///     ArgumentError: a bad argument (named with its value): a name or metadata entry that is
+///         not a str, an array that is not C-contiguous or of a dtype safetensors lacks.
+///     CheckpointError: the file cannot be written (the message names it).
+///     DriverError: a CUDA failure.
+///
+/// Example:
+///     >>> ferry.save_safetensors({"w": numpy.ones((2, 3), numpy.float32)}, "m.safetensors",
+///     ...                        metadata={"format": "np"})
 #[pyfunction]
 #[pyo3(signature = (tensors, path, metadata = None))]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
-    tensors: &Bound<'_, PyDict>,
-    path: std::path::PathBuf,
-    metadata: Option<HashMap<String, String>>,
+    tensors: &Bound<'_, PyAny>,
+    path: &Bound<'_, PyAny>,
+    metadata: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let tensors = tensors.downcast::<PyDict>().map_err(|_| {
+        arg(format!(
+            "tensors: expected a dict of name -> array, got {}",
+            tensors
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    let path = errors::path(path, "path")?;
+    let metadata = metadata
+        .filter(|m| !m.is_none())
+        .map(metadata_arg)
+        .transpose()?;
     let mut arrs = Vec::with_capacity(tensors.len());
     let mut gpu = None;
     for (k, v) in tensors.iter() {
-        let name: String = k.extract().map_err(|_| arg("tensor names must be str"))?;
+        let name: String = k.extract().map_err(|_| {
+            arg(format!(
+                "tensors: key {}: tensor names must be str",
+                errors::shown(&k)
+            ))
+        })?;
         let a = Arr::from_py(&v, None)?;
         if a.layout.as_ref().is_some_and(|l| !l.is_contiguous()) {
             return Err(arg(format!(
@@ -349,7 +467,62 @@ pub(crate) fn save_safetensors(
             .collect();
         checkpoint::save(&fe, &path, &list, &opts)
     })
-    .map_err(|e| CheckpointError::new_err(e.to_string()))?;
+    .map_err(|e| checkpoint_err(py, e))?;
     drop(arrs);
     Ok(())
+}
+
+/// `metadata=`: a dict of str -> str (safetensors stores only strings); a key or value of
+/// another type is an `ArgumentError` naming it.
+fn metadata_arg(m: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    let d = m.downcast::<PyDict>().map_err(|_| {
+        arg(format!(
+            "metadata={}: expected a dict of str -> str",
+            errors::shown(m)
+        ))
+    })?;
+    d.iter()
+        .map(|(k, v)| {
+            let key: String = k.extract().map_err(|_| {
+                arg(format!(
+                    "metadata key {}: expected a str (safetensors metadata is str -> str)",
+                    errors::shown(&k)
+                ))
+            })?;
+            let val: String = v.extract().map_err(|_| {
+                arg(format!(
+                    "metadata[{key:?}] = {}: expected a str (safetensors metadata is str -> str; \
+                     convert it with str() or json.dumps())",
+                    errors::shown(&v)
+                ))
+            })?;
+            Ok((key, val))
+        })
+        .collect()
+}
+
+/// The exception for a checkpoint error: a `CheckpointError`, which for a file that cannot be
+/// opened, read or written is also Python's own `OSError` subclass for the reason
+/// (`except FileNotFoundError` and `except ferry.CheckpointError` both catch a missing file),
+/// as `read_file` / `write_file` raise it.
+fn checkpoint_err(py: Python<'_>, e: checkpoint::CheckpointError) -> PyErr {
+    use ferry::file::FileError;
+    use std::io::ErrorKind;
+    let msg = e.to_string();
+    let fe = match &e {
+        checkpoint::CheckpointError::File { source, .. } => Some(source),
+        checkpoint::CheckpointError::Shard { source, .. } => Some(&**source),
+        _ => None,
+    };
+    let kind = match fe {
+        // Refused after opening as not a regular file: a directory is still one.
+        Some(FileError::Open { path, .. }) if path.is_dir() => Some(ErrorKind::IsADirectory),
+        Some(FileError::Open { kind, .. } | FileError::Io { kind, .. }) => Some(*kind),
+        _ => None,
+    };
+    match kind.and_then(|k| errors::checkpoint_os_type(py, k).transpose()) {
+        Some(Ok(ty)) => PyErr::from_type(ty, msg),
+        Some(Err(err)) => err,
+        None => CheckpointError::new_err(msg),
+    }
 }

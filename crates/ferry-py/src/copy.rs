@@ -7,8 +7,19 @@ use ferry::{Job, MemKind, Op, Segment};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// A copy in flight (or done): `wait()`, `done()`, `await request`. It holds the source and
-/// destination arrays until the copy completes; dropping an unfinished request waits for it.
+/// A copy in flight (or done), returned by ``copy_`` and ``gather``.
+///
+/// It holds the source and destination arrays until the copy completes; dropping an
+/// unfinished request waits for it. Not made directly.
+///
+/// Methods: ``wait()`` (block until done, raise its error), ``done()`` (poll), and
+/// ``await request`` (wait on the event loop's default executor).
+///
+/// Example:
+///     >>> req = ferry.copy_(dst, src, non_blocking=True)
+///     >>> req.done()
+///     False
+///     >>> req.wait()
 #[pyclass(module = "ferry", name = "Request")]
 pub(crate) struct PyRequest {
     state: Mutex<State>,
@@ -48,7 +59,17 @@ impl PyRequest {
 
 #[pymethods]
 impl PyRequest {
-    /// Blocks (without the GIL) until the copy completes; raises its error if it failed.
+    /// Blocks (without the GIL) until the copy completes.
+    ///
+    /// Returns:
+    ///     None. Waiting again returns (or raises) the same outcome at once.
+    ///
+    /// Raises:
+    ///     DriverError: the CUDA driver failed the copy. FerryError: any other failure, or a
+    ///         request another thread is waiting for.
+    ///
+    /// Example:
+    ///     >>> ferry.copy_(dst, src, non_blocking=True).wait()
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
         let req = {
             let mut s = self.lock();
@@ -67,7 +88,14 @@ impl PyRequest {
         let r = py.allow_threads(move || req.wait());
         self.finish(r)
     }
-    /// True once the copy completed (a failure is raised by `wait()`).
+    /// Polls the copy without blocking.
+    ///
+    /// Returns:
+    ///     bool: True once the copy completed, successfully or not (a failure is raised by
+    ///     ``wait()``).
+    ///
+    /// Example:
+    ///     >>> while not req.done(): do_other_work()
     fn done(&self) -> bool {
         let r = {
             let mut s = self.lock();
@@ -86,15 +114,24 @@ impl PyRequest {
         let _ = self.finish(r);
         true
     }
-    /// `await request`: waits on the event loop's default executor.
+    /// ``await request``: waits (as ``wait()``) on the running event loop's default executor.
+    ///
+    /// Returns:
+    ///     An iterator for ``await``; the await gives None or raises as ``wait()``.
+    ///
+    /// Raises:
+    ///     RuntimeError: no event loop is running.
+    ///
+    /// Example:
+    ///     >>> await ferry.copy_(dst, src, non_blocking=True)
     fn __await__(slf: Bound<'_, Self>) -> PyResult<PyObject> {
         let py = slf.py();
         let lp = py.import("asyncio")?.call_method0("get_running_loop")?;
         let fut = lp.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
         Ok(fut.call_method0("__await__")?.unbind())
     }
-    /// `pending`, `done` or `failed: ...`; a request that completed since it was last asked
-    /// says so (the same check as `done()`).
+    /// ``ferry.Request(pending)``, ``(done)`` or ``(failed: ...)``; a request that completed
+    /// since it was last asked says so (the same check as ``done()``).
     fn __repr__(&self) -> String {
         self.done();
         let s = self.lock();
@@ -190,9 +227,11 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
     if s.extract::<String>().is_ok_and(|t| t == "ferry") {
         return Ok(StreamArg::Own);
     }
-    Err(arg(
-        "stream= takes None (the current stream), a CUDA stream handle (int) or \"ferry\" (ferry's own streams)",
-    ))
+    Err(arg(format!(
+        "stream={}: expected None (the current stream), a CUDA stream handle (an int 0 or \
+         more) or \"ferry\" (ferry's own streams)",
+        errors::shown(s)
+    )))
 }
 
 /// The stream a copy on `eng` runs in (None: the engine's own streams).
@@ -303,17 +342,51 @@ pub(crate) fn after_producer(
     })
 }
 
-/// `ferry.copy_(dst, src, non_blocking=False, engine=None, stream=None)`.
+/// Copies ``src`` into ``dst`` (as ``tensor.copy_``) on ferry's engines: host or GPU memory,
+/// strided arrays merged into the fewest, largest runs.
+///
+/// Args:
+///     dst: a writable array (PyTorch, NumPy, CuPy, or any with ``__dlpack__``,
+///         ``__array_interface__`` or ``__cuda_array_interface__``), no two elements sharing
+///         memory.
+///     src: an array of the same shape and dtype (no broadcasting, no conversion), not
+///         overlapping ``dst``.
+///     non_blocking (bool): return at once with a pending ``Request`` (the arrays are held
+///         until it completes).
+///     engine (CpuEngine | CudaEngine | None): default: the CUDA engine of the GPU that holds
+///         either array, else the CPU engine.
+///     stream (int | str | None): None: PyTorch's current stream for a PyTorch GPU tensor,
+///         else the legacy default stream; an int: that CUDA stream handle; ``"ferry"``:
+///         ferry's own streams (ordered with nothing).
+///
+/// Returns:
+///     Request: done unless ``non_blocking``.
+///
+/// Raises:
+///     ArgumentError: shapes or dtypes differ, a read-only or self-overlapping destination,
+///         source and destination sharing bytes (offsets named), an object that is not an
+///         array, a bad ``engine`` or ``stream``.
+///     DriverError: the CUDA driver failed. FerryError: any other failure.
+///
+/// Example:
+///     >>> src = numpy.arange(12, dtype=numpy.float32).reshape(3, 4)
+///     >>> dst = numpy.empty((4, 3), dtype=numpy.float32).T
+///     >>> ferry.copy_(dst, src)
+///     ferry.Request(done)
 #[pyfunction]
-#[pyo3(signature = (dst, src, non_blocking = false, engine = None, stream = None))]
+#[pyo3(
+    signature = (dst, src, non_blocking = None, engine = None, stream = None),
+    text_signature = "(dst, src, non_blocking=False, engine=None, stream=None)"
+)]
 pub(crate) fn copy_(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
-    non_blocking: bool,
+    non_blocking: Option<&Bound<'_, PyAny>>,
     engine: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
+    let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let sa = stream_arg(stream)?;
     let dl_stream = sa.raw();
     let mut d = Arr::from_py(dst, dl_stream)?;
@@ -354,19 +427,44 @@ pub(crate) fn copy_(
     )
 }
 
-/// `ferry.gather(src, index, out, non_blocking=False, engine=None, stream=None)`: rows
-/// `index[i]` of the 2-D `src` into row `i` of `out`, as one segment-list request.
+/// Gathers rows: row ``index[i]`` of the 2-D ``src`` into row ``i`` of ``out``, as one
+/// request (a segment list), as ``torch.index_select(src, 0, index, out=out)``.
+///
+/// Args:
+///     src: a 2-D array whose rows are contiguous (host or GPU).
+///     index: a 1-D ``int64`` array in host memory; every entry in ``0 .. len(src)``.
+///     out: a writable 2-D array of ``src``'s dtype, shape ``(len(index), src.shape[1])``.
+///     non_blocking (bool): return at once with a pending ``Request``.
+///     engine (CpuEngine | CudaEngine | None): as for ``copy_``.
+///     stream (int | str | None): as for ``copy_``.
+///
+/// Returns:
+///     Request: done unless ``non_blocking``.
+///
+/// Raises:
+///     ArgumentError: wrong shapes or dtypes, an index out of range (its position and value
+///         named), rows that are not contiguous.
+///     DriverError: the CUDA driver failed. FerryError: any other failure.
+///
+/// Example:
+///     >>> table = numpy.arange(20, dtype=numpy.float32).reshape(10, 2)
+///     >>> out = numpy.empty((2, 2), dtype=numpy.float32)
+///     >>> ferry.gather(table, numpy.array([7, 1]), out).wait()
 #[pyfunction]
-#[pyo3(signature = (src, index, out, non_blocking = false, engine = None, stream = None))]
+#[pyo3(
+    signature = (src, index, out, non_blocking = None, engine = None, stream = None),
+    text_signature = "(src, index, out, non_blocking=False, engine=None, stream=None)"
+)]
 pub(crate) fn gather(
     py: Python<'_>,
     src: &Bound<'_, PyAny>,
     index: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
-    non_blocking: bool,
+    non_blocking: Option<&Bound<'_, PyAny>>,
     engine: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyRequest> {
+    let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let sa = stream_arg(stream)?;
     let dl_stream = sa.raw();
     let mut s = Arr::from_py(src, dl_stream)?;

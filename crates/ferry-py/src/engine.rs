@@ -27,8 +27,19 @@ impl Eng {
     }
 }
 
-/// `ferry.CpuEngine(threads=0)`: copies between host buffers on a thread pool (0: one thread
-/// per core).
+/// CpuEngine(threads=0)
+///
+/// Copies between host arrays on a pool of threads; pass it as ``engine=``.
+///
+/// Args:
+///     threads (int): worker threads, 0 (default) for one per core.
+///
+/// Raises:
+///     ArgumentError: a negative or non-int ``threads``.
+///
+/// Example:
+///     >>> eng = ferry.CpuEngine(threads=4)
+///     >>> ferry.copy_(dst, src, engine=eng)
 #[pyclass(module = "ferry", name = "CpuEngine", frozen)]
 pub(crate) struct PyCpuEngine {
     pub(crate) eng: Arc<RsCpu>,
@@ -37,34 +48,59 @@ pub(crate) struct PyCpuEngine {
 #[pymethods]
 impl PyCpuEngine {
     #[new]
-    #[pyo3(signature = (threads = 0))]
-    fn new(threads: i64) -> PyResult<Self> {
-        // Taken as any int: a negative count is an ArgumentError, not an OverflowError.
-        let threads = usize::try_from(threads).map_err(|_| {
-            errors::arg(format!(
-                "threads is {threads}; give 0 (one per core) or more"
-            ))
-        })?;
+    #[pyo3(signature = (threads = None), text_signature = "(threads=0)")]
+    fn new(py: Python<'_>, threads: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        // Taken as any object: a negative count is an ArgumentError, not an OverflowError.
+        let threads: usize = threads.map_or(Ok(0), |t| errors::uint(t, "threads"))?;
         Ok(PyCpuEngine {
-            eng: Arc::new(RsCpu::new(threads).map_err(errors::ferry)?),
+            eng: Arc::new(RsCpu::new(threads).map_err(|e| match errors::ferry(e) {
+                e if e.is_instance_of::<errors::ArgumentError>(py) => {
+                    errors::arg(format!("threads={threads}: {}", e.value(py)))
+                }
+                e => e,
+            })?),
         })
     }
-    /// The engine's name.
+    /// str: the engine's name (as ``ferry bench`` and error messages show it).
     #[getter]
     fn name(&self) -> String {
         ferry::Engine::name(&self.eng)
     }
-    /// Waits for every copy submitted so far; raises if any failed.
+    /// Waits for every copy submitted on this engine so far.
+    ///
+    /// Returns:
+    ///     None.
+    ///
+    /// Raises:
+    ///     FerryError: one or more copies failed (every failure in the message).
+    ///
+    /// Example:
+    ///     >>> eng.barrier()
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         barrier(py, self.eng.clone())
     }
+    /// ``ferry.CpuEngine(<name>)``.
     fn __repr__(&self) -> String {
         format!("ferry.CpuEngine({})", self.name())
     }
 }
 
-/// `ferry.CudaEngine(device=0)`: copies to, from and between GPU memory on the GPU's copy
-/// engines (pageable host memory staged through pinned buffers).
+/// CudaEngine(device=0)
+///
+/// Copies to, from and between one GPU's memory on its copy engines (pageable host memory
+/// staged through pinned buffers); one per device and process, shared. Pass it as
+/// ``engine=``.
+///
+/// Args:
+///     device (int): the GPU's ordinal (0 or more).
+///
+/// Raises:
+///     ArgumentError: a negative or non-int ``device``.
+///     DriverError: no CUDA driver, or no such device.
+///
+/// Example:
+///     >>> eng = ferry.CudaEngine(0)
+///     >>> ferry.copy_(gpu_tensor, host_array, engine=eng)
 #[pyclass(module = "ferry", name = "CudaEngine", frozen)]
 pub(crate) struct PyCudaEngine {
     pub(crate) eng: Arc<RsCuda>,
@@ -73,29 +109,38 @@ pub(crate) struct PyCudaEngine {
 #[pymethods]
 impl PyCudaEngine {
     #[new]
-    #[pyo3(signature = (device = 0))]
-    fn new(py: Python<'_>, device: i64) -> PyResult<Self> {
-        // Taken as any int: a negative ordinal is an ArgumentError, not an OverflowError.
-        let device = u32::try_from(device)
-            .map_err(|_| errors::arg(format!("device is {device}; GPU ordinals are 0 or more")))?;
+    #[pyo3(signature = (device = None), text_signature = "(device=0)")]
+    fn new(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        // Taken as any object: a negative ordinal is an ArgumentError, not an OverflowError.
+        let device: u32 = device.map_or(Ok(0), |d| errors::uint(d, "device"))?;
         Ok(PyCudaEngine {
             eng: cuda_engine(py, device)?,
         })
     }
-    /// The device ordinal.
+    /// int: the GPU's ordinal.
     #[getter]
     fn device(&self) -> u32 {
         self.eng.ordinal()
     }
-    /// The engine's name.
+    /// str: the engine's name (as ``ferry bench`` and error messages show it).
     #[getter]
     fn name(&self) -> String {
         ferry::Engine::name(&self.eng)
     }
-    /// Waits for every copy submitted so far; raises if any failed.
+    /// Waits for every copy submitted on this engine so far.
+    ///
+    /// Returns:
+    ///     None.
+    ///
+    /// Raises:
+    ///     FerryError: one or more copies failed (every failure in the message).
+    ///
+    /// Example:
+    ///     >>> eng.barrier()
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         barrier(py, self.eng.clone())
     }
+    /// ``ferry.CudaEngine(<name>)``.
     fn __repr__(&self) -> String {
         format!("ferry.CudaEngine({})", self.name())
     }
@@ -121,9 +166,10 @@ pub(crate) fn from_arg(
             } else if let Ok(c) = e.downcast::<PyCudaEngine>() {
                 Ok(Eng::Cuda(c.get().eng.clone()))
             } else {
-                Err(errors::arg(
-                    "engine= takes a ferry.CpuEngine or ferry.CudaEngine",
-                ))
+                Err(errors::arg(format!(
+                    "engine={}: expected a ferry.CpuEngine, a ferry.CudaEngine or None",
+                    errors::shown(e)
+                )))
             }
         }
     }

@@ -32,7 +32,21 @@ mod pipe_gpu;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-/// `ferry.info()`: the version, the CUDA driver and devices as ferry sees them, the dtypes.
+/// What ferry sees on this machine.
+///
+/// Returns:
+///     dict: ``version``, ``abi``, ``cuda_driver`` (int, or None) and ``cuda_error`` (why not,
+///     or None), ``devices`` (a list of dicts: ``ordinal``, ``name``, ``total_mem``,
+///     ``async_engines``, ``sm_count``, ``compute_capability``, ``pci_bus_id``, ``pcie_gen``,
+///     ``pcie_width``), ``nvidia_fs`` (GPUDirect Storage's kernel module loaded),
+///     ``cpu_threads``, ``dtypes`` (the dtypes ferry copies).
+///
+/// Raises:
+///     Nothing: a missing driver is reported in ``cuda_error``.
+///
+/// Example:
+///     >>> ferry.info()["cuda_driver"] is None    # on a machine without a GPU
+///     True
 #[pyfunction]
 fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
     let d = PyDict::new(py);
@@ -74,7 +88,17 @@ fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
     Ok(d.unbind())
 }
 
-/// The module.
+/// ferry's compiled module (``ferry._ferry``); import ``ferry`` instead, which re-exports all
+/// of it and adds ``load_safetensors``.
+///
+/// Functions: ``copy_``, ``gather``, ``pipeline``, ``read_file``, ``write_file``,
+/// ``save_safetensors``, ``info``; ``_load_safetensors`` and ``_load_safetensors_into``
+/// (behind ``ferry.load_safetensors``); ``_array_info`` (how ferry reads an array, for
+/// debugging).
+///
+/// Classes: ``Request``, ``CpuEngine``, ``CudaEngine``, ``Buffer``.
+///
+/// Exceptions: ``FerryError``, ``ArgumentError``, ``DriverError``, ``CheckpointError``.
 #[pymodule]
 fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;

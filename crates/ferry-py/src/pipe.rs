@@ -36,9 +36,11 @@ use pyo3::types::PyDict;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A slot seen from Python: `__array_interface__` over its bytes (1-D `uint8`), valid during
-/// the stage's call only: afterwards (`over`) it refuses to make a view, so a slot object kept
-/// past the call (an array's `.base`) cannot reach the slot's memory again.
+/// A pipeline's host slot, as a stage's NumPy views see it (their ``.base``): 1-D ``uint8``,
+/// valid during the stage's call only; made by ``pipeline``, not directly.
+///
+/// Example:
+///     >>> def stage(inp, out, i): out[:] = inp     # inp.base is a _Slot
 #[pyclass(module = "ferry", name = "_Slot", frozen)]
 struct Slot {
     addr: usize,
@@ -49,7 +51,10 @@ struct Slot {
 
 #[pymethods]
 impl Slot {
-    /// NumPy's array interface (version 3).
+    /// dict: NumPy's array interface (version 3) over the slot's bytes.
+    ///
+    /// Raises:
+    ///     ArgumentError: the stage's call is over (the slot is reused; copy the data instead).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         if self.over.load(Ordering::Acquire) {
@@ -79,19 +84,64 @@ fn host(a: &Arr, what: &str) -> PyResult<()> {
     }
 }
 
-/// `ferry.pipeline(src, out, stage, chunk_bytes=1 << 20, slots=3, engine=None)`: see the
-/// module documentation. Returns the number of chunks.
+/// Runs ``stage`` over ``src`` in chunks through ferry's double/triple-buffered pipeline:
+/// chunk N+1 is copied in while the stage computes chunk N and chunk N-1 is copied out.
+///
+/// ``src`` is cut into chunks of ``chunk_bytes`` (a strided source: whole rows of its
+/// outermost dimension); each chunk is copied into one of ``slots`` input slots, the stage
+/// runs on it, and its output slot (as many bytes as the input) is copied into ``out`` at the
+/// chunk's offset. The slots are valid only during the stage's call (keeping a view of one
+/// is an ``ArgumentError``).
+///
+/// Args:
+///     src: any array ``copy_`` takes (strided too).
+///     out: a C-contiguous, writable array with as many bytes as ``src``.
+///     stage (callable): on the CPU engine ``stage(inp, out, index)``, where ``inp`` and
+///         ``out`` are 1-D ``uint8`` NumPy views of the slots (``.view(dtype)`` reinterprets
+///         them); on a CUDA engine ``stage(inp, out, index, stream)`` with device slots and the
+///         compute stream's handle, on which it enqueues its work and returns.
+///     chunk_bytes (int): bytes per chunk (1 or more).
+///     slots (int): buffers per side (2: double, 3: triple buffering).
+///     engine (CpuEngine | CudaEngine | None): default: a GPU's when ``src`` or ``out`` is in
+///         its memory, else the CPU's.
+///
+/// Returns:
+///     int: the number of chunks run.
+///
+/// Raises:
+///     ArgumentError: a bad argument (the message names it and its value), arrays that do not
+///         match, a slot view kept past the call.
+///     Exception: whatever the stage raised, with ``chunk`` (the chunk's index) set on it.
+///     DriverError: a CUDA failure. FerryError: any other failure.
+///
+/// Example:
+///     >>> src = numpy.arange(1 << 20, dtype=numpy.float32)
+///     >>> out = numpy.empty_like(src)
+///     >>> def double(inp, o, i):
+///     ...     o.view(numpy.float32)[:] = inp.view(numpy.float32) * 2
+///     >>> ferry.pipeline(src, out, double, chunk_bytes=1 << 18)
+///     16
 #[pyfunction]
-#[pyo3(signature = (src, out, stage, chunk_bytes = 1 << 20, slots = 3, engine = None))]
+#[pyo3(
+    signature = (src, out, stage, chunk_bytes = None, slots = None, engine = None),
+    text_signature = "(src, out, stage, chunk_bytes=1048576, slots=3, engine=None)"
+)]
 pub(crate) fn pipeline(
     py: Python<'_>,
     src: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
     stage: &Bound<'_, PyAny>,
-    chunk_bytes: usize,
-    slots: usize,
+    chunk_bytes: Option<&Bound<'_, PyAny>>,
+    slots: Option<&Bound<'_, PyAny>>,
     engine: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
+    let chunk_bytes: usize = chunk_bytes.map_or(Ok(1 << 20), |v| errors::uint(v, "chunk_bytes"))?;
+    let slots: usize = slots.map_or(Ok(3), |v| errors::uint(v, "slots"))?;
+    for (name, v) in [("chunk_bytes", chunk_bytes), ("slots", slots)] {
+        if v == 0 {
+            return Err(arg(format!("{name}=0: expected 1 or more")));
+        }
+    }
     if !stage.is_callable() {
         return Err(arg("stage must be callable"));
     }

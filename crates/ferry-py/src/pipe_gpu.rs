@@ -38,7 +38,13 @@ struct ChunkState {
     joined: Mutex<Vec<usize>>,
 }
 
-/// A device slot seen from Python: 1-D `uint8`, `nbytes` bytes at `ptr` on device `device`.
+/// A pipeline's device slot, as a CUDA stage gets it: 1-D ``uint8``, ``nbytes`` bytes at
+/// ``ptr``, valid during the stage's call only; made by ``pipeline``, not directly. Read it
+/// through ``__cuda_array_interface__`` or DLPack (``torch.from_dlpack(slot)``).
+///
+/// Example:
+///     >>> def stage(inp, out, i, stream):
+///     ...     torch.from_dlpack(out).copy_(torch.from_dlpack(inp))
 #[pyclass(module = "ferry", name = "_DeviceSlot", frozen)]
 pub(crate) struct DeviceSlot {
     addr: u64,
@@ -83,18 +89,24 @@ fn consumer_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>>
 
 #[pymethods]
 impl DeviceSlot {
-    /// The slot's device address.
+    /// int: the slot's device address.
+    ///
+    /// Raises:
+    ///     ArgumentError: the stage's call is over.
     #[getter]
     fn ptr(&self) -> PyResult<u64> {
         self.live()?;
         Ok(self.addr)
     }
-    /// The slot's bytes.
+    /// int: the slot's size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
         self.len
     }
-    /// The CUDA array interface (version 3), its `stream` the pipeline's compute stream.
+    /// dict: the CUDA array interface (version 3), its ``stream`` the compute stream.
+    ///
+    /// Raises:
+    ///     ArgumentError: the stage's call is over.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.live()?;
@@ -109,11 +121,27 @@ impl DeviceSlot {
         d.set_item("stream", self.compute)?;
         Ok(d)
     }
-    /// `(kDLCUDA, device)`.
+    /// The DLPack device.
+    ///
+    /// Returns:
+    ///     tuple[int, int]: ``(2, device)`` (``kDLCUDA``).
     fn __dlpack_device__(&self) -> (i32, i32) {
         (dlpack::CUDA, self.eng.ordinal() as i32)
     }
-    /// A `dltensor` capsule of the slot (1-D `uint8`), ordered for the consumer's `stream`.
+    /// A ``dltensor`` capsule of the slot (1-D ``uint8``), ordered for the consumer's
+    /// ``stream``.
+    ///
+    /// Args:
+    ///     stream, max_version, dl_device, copy: as the DLPack protocol defines them.
+    ///
+    /// Returns:
+    ///     PyCapsule: the capsule.
+    ///
+    /// Raises:
+    ///     ArgumentError: the stage's call is over, or a bad ``stream`` (0 is ambiguous).
+    ///
+    /// Example:
+    ///     >>> t = torch.from_dlpack(slot)
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__(
         &self,
@@ -165,6 +193,7 @@ impl DeviceSlot {
             &[self.len],
         )
     }
+    /// ``ferry._DeviceSlot(...)``: its device, address and size.
     fn __repr__(&self) -> String {
         format!(
             "ferry._DeviceSlot({} bytes at {:#x} on cuda:{}{})",

@@ -447,7 +447,7 @@ def test_stream_argument_checked():
     a, b = np.zeros(4), np.ones(4)
     with pytest.raises(ferry.ArgumentError, match="needs a copy that involves GPU memory"):
         ferry.copy_(a, b, stream=5)
-    with pytest.raises(ferry.ArgumentError, match="stream= takes"):
+    with pytest.raises(ferry.ArgumentError, match="stream=.mine.: expected None"):
         ferry.copy_(a, b, stream="mine")
     ferry.copy_(a, b, stream="ferry")
     ferry.copy_(a, b, stream=None)
@@ -487,5 +487,5 @@ def test_engine_arguments_out_of_range():
     for bad in (lambda: ferry.CpuEngine(-1), lambda: ferry.CpuEngine(10**6)):
         with pytest.raises(ferry.ArgumentError):
             bad()
-    with pytest.raises(ferry.ArgumentError, match="ordinals are 0 or more"):
+    with pytest.raises(ferry.ArgumentError, match="device=-1: expected an int from 0"):
         ferry.CudaEngine(-1)

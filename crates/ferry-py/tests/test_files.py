@@ -92,8 +92,39 @@ def test_errors_name_the_file(tmp_path):
     missing = tmp_path / "nope.bin"
     with pytest.raises(FileNotFoundError, match="nope.bin"):
         ferry.read_file(missing, np.zeros(10, dtype=np.uint8))
-    with pytest.raises(ferry.FerryError, match="adir"):
-        (tmp_path / "adir").mkdir()
+    # Python's own exceptions, for reading and writing alike (write_file onto a directory was
+    # a FerryError "... (os error 21)").
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(IsADirectoryError, match="adir"):
         ferry.read_file(tmp_path / "adir", np.zeros(10, dtype=np.uint8))
+    with pytest.raises(IsADirectoryError, match="adir"):
+        ferry.write_file(tmp_path / "adir", np.zeros(10, dtype=np.uint8))
     with pytest.raises(FileNotFoundError, match="nodir"):
         ferry.write_file(tmp_path / "nodir" / "f", np.zeros(10, dtype=np.uint8))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file")
+def test_permission_error_reading_and_writing(tmp_path):
+    p = tmp_path / "locked.bin"
+    p.write_bytes(b"x" * 16)
+    p.chmod(0)
+    try:
+        with pytest.raises(PermissionError, match="locked.bin"):
+            ferry.read_file(p, np.zeros(16, dtype=np.uint8))
+        with pytest.raises(PermissionError, match="locked.bin"):
+            ferry.write_file(p, np.zeros(16, dtype=np.uint8))
+    finally:
+        p.chmod(0o600)
+
+
+def test_permission_error_in_a_read_only_directory(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into any directory")
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match="ro"):
+            ferry.write_file(d / "new.bin", np.zeros(4, dtype=np.uint8))
+    finally:
+        d.chmod(0o700)

@@ -1,0 +1,123 @@
+"""Type stubs of ferry's compiled module (``ferry._ferry``); the docs are on the objects."""
+
+import os
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, Callable, Literal, Optional, Union, final
+
+# An array: anything with ``__dlpack__``, ``__array_interface__`` or
+# ``__cuda_array_interface__`` (PyTorch tensors, NumPy and CuPy arrays, ferry Buffers).
+_ArrayLike = Any
+_StrPath = Union[str, "os.PathLike[str]"]
+_Engine = Union["CpuEngine", "CudaEngine"]
+_Stream = Union[int, Literal["ferry"], None]
+
+__all__ = [
+    "FerryError",
+    "ArgumentError",
+    "DriverError",
+    "CheckpointError",
+    "CpuEngine",
+    "CudaEngine",
+    "Request",
+    "Buffer",
+    "info",
+    "_array_info",
+    "copy_",
+    "gather",
+    "pipeline",
+    "read_file",
+    "write_file",
+    "_load_safetensors",
+    "_load_safetensors_into",
+    "save_safetensors",
+]
+
+class FerryError(Exception): ...
+class ArgumentError(FerryError): ...
+class DriverError(FerryError): ...
+class CheckpointError(FerryError): ...
+
+@final
+class Request:
+    def wait(self) -> None: ...
+    def done(self) -> bool: ...
+    def __await__(self) -> Generator[Any, None, None]: ...
+
+@final
+class CpuEngine:
+    def __new__(cls, threads: int = 0) -> CpuEngine: ...
+    @property
+    def name(self) -> str: ...
+    def barrier(self) -> None: ...
+
+@final
+class CudaEngine:
+    def __new__(cls, device: int = 0) -> CudaEngine: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    def barrier(self) -> None: ...
+
+@final
+class Buffer:
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[tuple[int, int]] = None,
+        dl_device: Optional[tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+
+def info() -> dict[str, Any]: ...
+def copy_(
+    dst: _ArrayLike,
+    src: _ArrayLike,
+    non_blocking: bool = False,
+    engine: Optional[_Engine] = None,
+    stream: _Stream = None,
+) -> Request: ...
+def gather(
+    src: _ArrayLike,
+    index: _ArrayLike,
+    out: _ArrayLike,
+    non_blocking: bool = False,
+    engine: Optional[_Engine] = None,
+    stream: _Stream = None,
+) -> Request: ...
+def pipeline(
+    src: _ArrayLike,
+    out: _ArrayLike,
+    stage: Callable[..., object],
+    chunk_bytes: int = 1048576,
+    slots: int = 3,
+    engine: Optional[_Engine] = None,
+) -> int: ...
+def read_file(
+    path: _StrPath, out: _ArrayLike, *, offset: int = 0, size: Optional[int] = None
+) -> int: ...
+def write_file(path: _StrPath, src: _ArrayLike, *, offset: int = 0) -> int: ...
+def save_safetensors(
+    tensors: dict[str, _ArrayLike],
+    path: _StrPath,
+    metadata: Optional[Mapping[str, str]] = None,
+) -> None: ...
+def _load_safetensors(
+    path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None
+) -> list[tuple[str, Buffer]]: ...
+def _load_safetensors_into(
+    path: _StrPath, out: Mapping[str, _ArrayLike], strict: bool = True
+) -> list[str]: ...
+def _array_info(obj: _ArrayLike) -> dict[str, Any]: ...
