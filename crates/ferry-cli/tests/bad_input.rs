@@ -431,6 +431,12 @@ fn load_and_save_refuse_bad_input_before_any_work() {
         &["load", r, "--device", "host", "--offset", "20000"],
         "past the end",
     );
+    // Issue 33: at the end it loaded 0 bytes and exited 0, where `--length 0` is refused.
+    let end = std::fs::metadata(r).unwrap().len().to_string();
+    refused(
+        &["load", r, "--device", "host", "--offset", &end],
+        "is the end of the file",
+    );
     refused(
         &[
             "load", r, "--device", "host", "--offset", "5000", "--length", "6000",
