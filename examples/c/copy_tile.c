@@ -7,9 +7,10 @@
  * a multiplex of two CPU engines; submits requests of a user operator that fails and checks
  * that the barrier reports each of them; checks NULL-argument errors.
  *
- * Build (from the repository root, after `cargo build -p ferry-capi`):
+ * Build (from the repository root, after `cargo build -p ferry-capi`; the README's "From C"
+ * lines find the library under any CARGO_TARGET_DIR):
  *   cc -std=c11 -Wall -Wextra -Icrates/ferry-capi/include examples/c/copy_tile.c \
- *      target/debug/libferry_capi.a -lpthread -ldl -lm -lrt -o copy_tile
+ *      "${CARGO_TARGET_DIR:-target}/debug/libferry_capi.a" -lpthread -ldl -lm -lrt -o copy_tile
  * Prints one line per check and "copy_tile: OK" last; exits 1 at the first failed check.
  */
 #include "ferry.h"

@@ -491,8 +491,10 @@ pub fn device_memory() -> Option<u64> {
 /// file is opened for writing (never truncated, and with `O_NONBLOCK`: a FIFO with no reader is
 /// refused, where a plain open would wait for one forever; a FIFO with a reader is kept open,
 /// see below); for a new one, a nameless file is made and dropped in its folder. A path ending
-/// in `/` names a folder and is refused. What only a write can show (`/dev/full`, a disk that
-/// fills during the run) is found when the output is written.
+/// in `/` names a folder and is refused. A test write is made: zero bytes into an existing
+/// file or device (`/dev/full` fails it), one byte into the nameless new file (a full disk
+/// fails it). What only the run can show (a disk that fills during it) is found when the
+/// output is written.
 pub fn check_writable(path: &Path) -> Result<(), ArgError> {
     writable(path).map_err(|why| ArgError::Output {
         path: path.display().to_string(),
@@ -509,6 +511,7 @@ static HELD_FIFOS: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(
 
 /// [`check_writable`]'s test, with why not in words.
 pub(crate) fn writable(path: &Path) -> Result<(), String> {
+    use std::io::Write;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let slash = path.as_os_str().as_encoded_bytes().ends_with(b"/");
     // Stat first: what kind of thing the path names decides how it may be opened.
@@ -536,6 +539,11 @@ pub(crate) fn writable(path: &Path) -> Result<(), String> {
                 }
                 _ => e.to_string(),
             })?;
+        // The test write: zero bytes, which leaves a file as it was but still reaches the
+        // device's driver, so `/dev/full` is refused here, before any work.
+        (&file)
+            .write(&[])
+            .map_err(|e| format!("a test write failed: {e}"))?;
         if kind.is_fifo() {
             HELD_FIFOS
                 .lock()
@@ -551,9 +559,12 @@ pub(crate) fn writable(path: &Path) -> Result<(), String> {
     if !dir.is_dir() {
         return Err(format!("folder {} does not exist", dir.display()));
     }
-    tempfile::tempfile_in(dir)
-        .map(drop)
-        .map_err(|e| format!("cannot create files in {}: {e}", dir.display()))
+    let mut probe = tempfile::tempfile_in(dir)
+        .map_err(|e| format!("cannot create files in {}: {e}", dir.display()))?;
+    // The test write: one byte into the nameless file, so a full disk is found now.
+    probe
+        .write_all(b"\n")
+        .map_err(|e| format!("a test write in {} failed: {e}", dir.display()))
 }
 
 /// A file's (device, inode): the same for every spelling and link of one file.

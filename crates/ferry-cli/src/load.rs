@@ -256,6 +256,13 @@ pub fn check(
             "--offset {offset} is past the end of the file ({file_len} bytes)"
         )));
     }
+    // At the end: nothing left to load, refused as a zero --length is (an empty file from its
+    // start, `--offset 0`, is the whole file and loads).
+    if offset == file_len && offset > 0 {
+        return Err(bad(format!(
+            "--offset {offset} is the end of the file ({file_len} bytes): nothing is left to load"
+        )));
+    }
     let length = length.unwrap_or(file_len - offset);
     if offset.checked_add(length).is_none_or(|e| e > file_len) {
         return Err(bad(format!(
@@ -487,11 +494,19 @@ fn path_words(io: &IoReport) -> String {
     s
 }
 
-/// How the reads were issued: "io_uring, depth 32" or "threads (why)".
+/// How the reads were issued: "io_uring, depth 32" or "threads (why)"; threads chosen because
+/// no part could be `O_DIRECT` do not repeat the reason the path line gives.
 fn issued_words(io: &IoReport) -> String {
-    io.issued
-        .as_ref()
-        .map_or_else(|| "nothing read".into(), ToString::to_string)
+    match (&io.issued, &io.direct_note) {
+        (Some(ferry::file::IoIssue::Threads { why }), Some(n))
+            if why.strip_prefix("no O_DIRECT part: ") == Some(n.as_str()) =>
+        {
+            "threads (no O_DIRECT part: see path)".into()
+        }
+        (i, _) => i
+            .as_ref()
+            .map_or_else(|| "nothing read".into(), ToString::to_string),
+    }
 }
 
 fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
@@ -815,20 +830,42 @@ fn invisible(c: char) -> bool {
     matches!(c, '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}')
 }
 
+/// A duration in units that show it: `0.1311 s` from 0.1 s up (as before), else `12.5 ms`,
+/// `12 us`, `0.8 us`.
+pub fn human_time(seconds: f64) -> String {
+    match seconds {
+        s if s >= 0.1 => format!("{s:.4} s"),
+        s if s >= 1e-3 => format!("{:.1} ms", s * 1e3),
+        s if s >= 10e-6 => format!("{:.0} us", s * 1e6),
+        s => format!("{:.1} us", s * 1e6),
+    }
+}
+
+/// A rate in units that show it: `32.76 GB/s` from 0.1 GB/s up (as before), else MB/s, kB/s
+/// or B/s (an 88-byte load was "0.00 GB/s").
+pub fn human_rate(gb_per_s: f64) -> String {
+    match gb_per_s {
+        g if g >= 0.1 => format!("{g:.2} GB/s"),
+        g if g >= 1e-4 => format!("{:.1} MB/s", g * 1e3),
+        g if g >= 1e-7 => format!("{:.1} kB/s", g * 1e6),
+        g => format!("{:.0} B/s", g * 1e9),
+    }
+}
+
 /// The summary in words, with the per-tensor table for a checkpoint.
 pub fn render(v: &serde_json::Value) -> String {
     let g = |k: &str| v.get(k).cloned().unwrap_or_default();
     let num = |k: &str| g(k).as_f64().unwrap_or(0.0);
     let bytes = g("bytes").as_u64().unwrap_or(0);
     let mut s = format!(
-        "loaded {} ({}) -> {}\n  bytes       {bytes} ({})\n  time        {:.4} s, {:.2} GB/s (setup {:.4} s: header, allocation, open)\n  path        {}\n  page cache  {}\n",
+        "loaded {} ({}) -> {}\n  bytes       {bytes} ({})\n  time        {}, {} (setup {}: header, allocation, open)\n  path        {}\n  page cache  {}\n",
         g("path").as_str().unwrap_or(""),
         g("kind").as_str().unwrap_or(""),
         g("device").as_str().unwrap_or(""),
         format_size(bytes),
-        num("seconds"),
-        num("gb_per_s"),
-        num("setup_seconds"),
+        human_time(num("seconds")),
+        human_rate(num("gb_per_s")),
+        human_time(num("setup_seconds")),
         g("io_path").as_str().unwrap_or(""),
         g("page_cache").as_str().unwrap_or(""),
     );
@@ -851,11 +888,11 @@ pub fn render(v: &serde_json::Value) -> String {
     }
     if let Some(sv) = v.get("save") {
         s += &format!(
-            "saved {}: {} bytes in {:.4} s, {:.2} GB/s{}\n  path        {}\n",
+            "saved {}: {} bytes in {}, {}{}\n  path        {}\n",
             sv["path"].as_str().unwrap_or(""),
             sv["bytes"],
-            sv["seconds"].as_f64().unwrap_or(0.0),
-            sv["gb_per_s"].as_f64().unwrap_or(0.0),
+            human_time(sv["seconds"].as_f64().unwrap_or(0.0)),
+            human_rate(sv["gb_per_s"].as_f64().unwrap_or(0.0)),
             if sv["fsync"].as_bool() == Some(true) {
                 ", fsynced"
             } else {
@@ -913,6 +950,22 @@ pub fn render(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 33: an 88-byte load printed "0.0000 s, 0.00 GB/s".
+    #[test]
+    fn tiny_loads_print_useful_units() {
+        assert_eq!(human_time(0.1311), "0.1311 s");
+        assert_eq!(human_time(0.0125), "12.5 ms");
+        assert_eq!(human_time(12.4e-6), "12 us");
+        assert_eq!(human_time(0.8e-6), "0.8 us");
+        assert_eq!(human_rate(32.76), "32.76 GB/s");
+        assert_eq!(human_rate(88.0 / 12e-6 / 1e9), "7.3 MB/s");
+        assert_eq!(human_rate(88.0 / 5.0 / 1e9), "18 B/s");
+        let v = serde_json::json!({"bytes": 88, "seconds": 12e-6, "gb_per_s": 88.0 / 12e-6 / 1e9});
+        let text = render(&v);
+        assert!(text.contains("12 us, 7.3 MB/s"), "{text}");
+        assert!(!text.contains("0.00 GB/s"), "{text}");
+    }
 
     #[test]
     fn cells_are_escaped_and_bounded() {

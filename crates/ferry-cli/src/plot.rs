@@ -1,8 +1,9 @@
 //! `--plot FILE.svg|FILE.png`: one image, a grid of small panels, one per test family (the
 //! summary's families, [`crate::report::family`]); a family with more than [`MAX_SERIES`]
-//! series gets several panels. Each series is ferry's or one named baseline's, drawn with a
-//! marker and min..max whiskers at each measured size and joined only to its neighbouring
-//! measured sizes; bandwidth in GB/s, latency in microseconds, log-2 size axes. The title names
+//! series gets several panels. Each series is ferry's or one named baseline's, drawn with its
+//! own dash and marker (so series that coincide all show) and min..max whiskers at each
+//! measured size, and joined only to its neighbouring measured sizes; bandwidth in GB/s,
+//! latency in microseconds, log-2 size axes ticked only at the measured sizes. The title names
 //! the build (commit) and the CPU and GPU models.
 
 mod draw;

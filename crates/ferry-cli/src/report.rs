@@ -82,6 +82,18 @@ pub fn table(rows: &[&Row], kind: Kind) -> String {
             if verified { "yes".into() } else { "NO".into() },
         ]);
     }
+    // Columns with no figure in any row on this machine (link, caller and cpu without a GPU)
+    // are left out rather than shown as a column of dashes.
+    let optional = ["link", "caller (ratio)", "cpu"];
+    let empty: Vec<usize> = (0..cells[0].len())
+        .filter(|&c| optional.contains(&cells[0][c].as_str()))
+        .filter(|&c| cells.len() > 1 && cells[1..].iter().all(|r| r[c] == "-"))
+        .collect();
+    for row in &mut cells {
+        for &c in empty.iter().rev() {
+            row.remove(c);
+        }
+    }
     let widths: Vec<usize> = (0..cells[0].len())
         .map(|c| {
             cells
@@ -207,7 +219,7 @@ pub fn render(rep: &Report, verbose: bool) -> String {
         }
         out.push('\n');
     }
-    out += &summary(&rows);
+    out += &summary(&rows, Some(rep.cpu_engine.inline_bytes as u64));
     out
 }
 
@@ -246,13 +258,50 @@ pub const FAMILIES: [&str; 8] = [
     "latency",
 ];
 
+/// Payloads up to this size are called cache-sized: source and destination stay in the CPU's
+/// caches, so the row shows the per-call cost, not memory bandwidth.
+pub const CACHE_SIZED: u64 = 64 << 10;
+
+/// Why ferry is behind in row `r`, in a few words, where the cause is known: a latency row
+/// against a bare `copy_from_slice` of the same few bytes (no request to submit or wait for),
+/// a CPU copy at or below the engine's inline threshold `inline` (run on the caller's thread:
+/// the request's fixed cost on a tiny copy), a cache-sized CPU copy. None where the cause is
+/// not known.
+pub fn why_behind(r: &Row, inline: Option<u64>) -> Option<String> {
+    let fam = family(&r.test);
+    if fam == "latency" && r.best_baseline == "copy_from_slice" {
+        return Some("a request's submit+wait against a bare copy_from_slice".into());
+    }
+    if fam != "CPU" || r.kind != Kind::Bandwidth {
+        return None;
+    }
+    match inline {
+        Some(i) if r.payload_bytes <= i => Some(format!(
+            "at or below the {} inline threshold (a request's fixed cost on a small copy)",
+            format_size(i)
+        )),
+        _ if r.payload_bytes <= CACHE_SIZED => Some(format!(
+            "cache-sized, {} or less (per-call cost, not memory bandwidth)",
+            format_size(CACHE_SIZED)
+        )),
+        _ => None,
+    }
+}
+
 /// The closing summary: per family, the geometric mean of ferry's ratio to the better baseline
 /// (and its range), the best fraction of the physical limit where one is known, and the rows
-/// where ferry falls short (more than 10% behind the baseline), in words.
-pub fn summary(rows: &[&Row]) -> String {
-    let mut out = String::from(
-        "\nsummary (ratio: geometric mean over sizes of ferry / better baseline, min..max; \
-         limit: best fraction of the PCIe link)\n",
+/// where ferry falls short (more than 10% behind the baseline), in words, with why where the
+/// cause is known ([`why_behind`]; `inline` is the CPU engine's inline threshold).
+pub fn summary(rows: &[&Row], inline: Option<u64>) -> String {
+    // The limit is said only where some row measured it (never on a machine without a GPU).
+    let any_limit = rows.iter().any(|r| r.link_limit_fraction.is_some());
+    let mut out = format!(
+        "\nsummary (ratio: geometric mean over sizes of ferry / better baseline, min..max{})\n",
+        if any_limit {
+            "; limit: best fraction of the PCIe link"
+        } else {
+            ""
+        }
     );
     let w = FAMILIES.iter().map(|f| f.len()).max().unwrap_or(0);
     for fam in FAMILIES {
@@ -271,9 +320,13 @@ pub fn summary(rows: &[&Row]) -> String {
             .iter()
             .filter_map(|r| r.link_limit_fraction)
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
-        let limit = limit.map_or("not measured".to_string(), |x| format!("{:.0}%", x * 100.0));
+        let limit = match limit {
+            Some(x) => format!("  limit {:.0}%", x * 100.0),
+            None if any_limit => "  limit not measured".to_string(),
+            None => String::new(),
+        };
         // Short: ferry more than 10% behind the baseline.
-        let short: Vec<String> = rs
+        let short_rows: Vec<&&&Row> = rs
             .iter()
             .filter(|r| {
                 if latency {
@@ -282,8 +335,36 @@ pub fn summary(rows: &[&Row]) -> String {
                     r.ratio < 0.9
                 }
             })
+            .collect();
+        let short: Vec<String> = short_rows
+            .iter()
             .map(|r| format!("{} {} ({:.2})", r.test, format_size(r.size_bytes), r.ratio))
             .collect();
+        // Why, each known cause once with the number of rows it explains.
+        let mut causes: Vec<(String, usize)> = vec![];
+        for r in &short_rows {
+            if let Some(why) = why_behind(r, inline) {
+                match causes.iter_mut().find(|(w, _)| *w == why) {
+                    Some((_, k)) => *k += 1,
+                    None => causes.push((why, 1)),
+                }
+            }
+        }
+        let why = if causes.is_empty() {
+            String::new()
+        } else {
+            let parts: Vec<String> = causes
+                .iter()
+                .map(|(w, k)| {
+                    if *k == short_rows.len() {
+                        format!("all {w}")
+                    } else {
+                        format!("{k} {w}")
+                    }
+                })
+                .collect();
+            format!("; why: {}", parts.join("; "))
+        };
         let verdict = if short.is_empty() {
             "at or above the baseline everywhere".to_string()
         } else {
@@ -291,7 +372,7 @@ pub fn summary(rows: &[&Row]) -> String {
             let more = short.len().saturating_sub(4);
             let what = if latency { "slower than" } else { "behind" };
             format!(
-                "{what} the baseline in {} of {} rows: {shown}{}",
+                "{what} the baseline in {} of {} rows: {shown}{}{why}",
                 short.len(),
                 rs.len(),
                 if more > 0 {
@@ -302,7 +383,7 @@ pub fn summary(rows: &[&Row]) -> String {
             )
         };
         out += &format!(
-            "  {fam:<w$}  ratio {geo:.2} ({lo:.2}..{hi:.2}{})  limit {limit}  {verdict}\n",
+            "  {fam:<w$}  ratio {geo:.2} ({lo:.2}..{hi:.2}{}){limit}  {verdict}\n",
             if latency {
                 ", time: lower is better"
             } else {
@@ -348,6 +429,94 @@ mod tests {
             max_s: 1e-3,
         };
         Series::new(name, role, Kind::Bandwidth, 1 << 20, t).clocked(clock)
+    }
+
+    fn row(test: &str, kind: Kind, size: u64, base: &str, ratio: f64) -> Row {
+        let mut r = Row::new(
+            test,
+            kind,
+            size,
+            size,
+            String::new(),
+            vec![
+                series("ferry", Role::Ferry, Clock::Host),
+                series(base, Role::Baseline, Clock::Host),
+            ],
+        );
+        r.best_baseline = base.to_string();
+        r.ratio = ratio;
+        r
+    }
+
+    /// Issue 33: on a CPU-only machine the link, caller and cpu columns were all "-".
+    #[test]
+    fn columns_without_data_are_left_out() {
+        let cpu = row(
+            "cpu-contig",
+            Kind::Bandwidth,
+            1 << 20,
+            "copy_from_slice",
+            1.0,
+        );
+        let t = table(&[&cpu], Kind::Bandwidth);
+        let head = t.lines().next().unwrap();
+        for gone in ["link", "caller", "cpu "] {
+            assert!(!head.contains(gone), "{t}");
+        }
+        assert!(head.contains("clock") && head.contains("ok"), "{t}");
+        let mut gpu = row("cuda-h2d-pinned", Kind::Bandwidth, 1 << 20, "raw", 1.0);
+        gpu.link_limit_fraction = Some(0.8);
+        let t = table(&[&cpu, &gpu], Kind::Bandwidth);
+        let head = t.lines().next().unwrap();
+        assert!(head.contains("link") && !head.contains("caller"), "{t}");
+        assert!(t.lines().nth(3).unwrap().contains("80%"), "{t}");
+    }
+
+    /// Issue 33: "behind in 43 of 64 rows" with no word on why.
+    #[test]
+    fn behind_says_why_where_known() {
+        let lat = row(
+            "cpu-latency-queued",
+            Kind::Latency,
+            4,
+            "copy_from_slice",
+            30.9,
+        );
+        let small = row(
+            "cpu-contig",
+            Kind::Bandwidth,
+            4 << 10,
+            "copy_from_slice",
+            0.5,
+        );
+        let cached = row("cpu-tile", Kind::Bandwidth, 64 << 10, "row loop", 0.5);
+        let big = row("cpu-tile", Kind::Bandwidth, 64 << 20, "row loop", 0.5);
+        let text = summary(&[&lat, &small, &cached, &big], Some(16 << 10));
+        let line = |fam: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(fam))
+                .unwrap()
+                .to_string()
+        };
+        let l = line("latency");
+        assert!(
+            l.contains("why: all a request's submit+wait against a bare copy_from_slice"),
+            "{l}"
+        );
+        let c = line("CPU");
+        assert!(c.contains("behind the baseline in 3 of 3 rows"), "{c}");
+        assert!(c.contains("1 at or below the 16K inline threshold"), "{c}");
+        assert!(c.contains("1 cache-sized"), "{c}");
+        // The 64M row's cause is not known: nothing is said for it.
+        assert_eq!(why_behind(&big, Some(16 << 10)), None);
+        let all_fine = row(
+            "cpu-contig",
+            Kind::Bandwidth,
+            64 << 20,
+            "copy_from_slice",
+            1.0,
+        );
+        assert!(!summary(&[&all_fine], None).contains("why"));
     }
 
     #[test]

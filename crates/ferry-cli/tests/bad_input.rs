@@ -143,6 +143,24 @@ fn unwritable_outputs_are_refused_before_the_run() {
     );
 }
 
+/// Issue 33: a device that takes no bytes (`/dev/full`) is found by a test write before the
+/// run, not after the whole bench (which is why the default sweep is used here: it would take
+/// minutes).
+#[test]
+fn an_output_that_cannot_take_a_write_is_refused_before_the_run() {
+    if !std::path::Path::new("/dev/full").exists() {
+        println!("skipped: no /dev/full here");
+        return;
+    }
+    for flag in ["--json", "--trace"] {
+        let e = refused(
+            &["bench", "--test", "cpu-contig,pipeline", flag, "/dev/full"],
+            "a test write failed",
+        );
+        assert!(e.contains("/dev/full"), "{e}");
+    }
+}
+
 #[test]
 fn a_run_with_every_size_left_out_fails() {
     // 4 bytes is less than one f64: the only size is left out (was: exit 0, no results).
@@ -412,6 +430,12 @@ fn load_and_save_refuse_bad_input_before_any_work() {
     refused(
         &["load", r, "--device", "host", "--offset", "20000"],
         "past the end",
+    );
+    // Issue 33: at the end it loaded 0 bytes and exited 0, where `--length 0` is refused.
+    let end = std::fs::metadata(r).unwrap().len().to_string();
+    refused(
+        &["load", r, "--device", "host", "--offset", &end],
+        "is the end of the file",
     );
     refused(
         &[

@@ -2,7 +2,7 @@
 //! `bad_input.rs`). CPU only: the GPU runs the same code with `--device cuda:0`.
 
 use ferry::checkpoint::{self, Dtype, SaveOptions, SaveTensor};
-use ferry::file::{FileConfig, FileEngine};
+use ferry::file::{FileConfig, FileEngine, IoIssue, IoReport};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -68,7 +68,7 @@ fn load_a_checkpoint_on_the_host_with_table_and_json() {
         "loaded",
         "safetensors",
         "-> pageable",
-        "GB/s",
+        "B/s",
         "page cache",
         "verify      ok",
         "issued by   threads (no O_DIRECT part",
@@ -602,4 +602,68 @@ fn names_in_errors_are_escaped() {
         );
         assert!(!err.contains(['\u{1b}', '\u{7}', '\u{202e}']), "{err:?}");
     }
+}
+
+/// Issue 33: a checkpoint's report said "O_DIRECT not used: not asked for (...)" and then
+/// "issued by threads (no O_DIRECT part: not asked for (...))" in one line.
+#[test]
+fn a_report_line_says_each_fact_once() {
+    let note = "not asked for (FileConfig::direct is off)".to_string();
+    let io = IoReport {
+        bytes: 8,
+        buffered_bytes: 8,
+        direct_note: Some(note.clone()),
+        issued: Some(IoIssue::Threads {
+            why: format!("no O_DIRECT part: {note}"),
+        }),
+        ..IoReport::default()
+    };
+    let line = io.to_string();
+    assert_eq!(line.matches("not asked for").count(), 1, "{line}");
+    assert!(
+        line.contains("issued by threads (no O_DIRECT part)"),
+        "{line}"
+    );
+    // Another reason for threads is kept whole.
+    let io = IoReport {
+        issued: Some(IoIssue::Threads {
+            why: "io_uring unavailable: EPERM".into(),
+        }),
+        ..io
+    };
+    let line = io.to_string();
+    assert!(
+        line.contains("issued by threads (io_uring unavailable: EPERM)"),
+        "{line}"
+    );
+    // And a real load's report, as `Checkpoint::report` displays it.
+    let dir = tmpdir();
+    let (p, _, _) = checkpoint_in(dir.path());
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let ck = checkpoint::load(
+        &fe,
+        &p,
+        &checkpoint::LoadOptions::new(checkpoint::Target::Pageable),
+    )
+    .unwrap();
+    let line = ck.report().to_string();
+    assert!(line.matches("not asked for").count() <= 1, "{line}");
+}
+
+/// Issue 33: an 88-byte load printed "0.0000 s, 0.00 GB/s"; and its issued line repeated the
+/// reason the path line gives for no O_DIRECT.
+#[test]
+fn a_tiny_load_prints_its_time_in_useful_units() {
+    let dir = tmpdir();
+    let p = dir.path().join("tiny.bin");
+    std::fs::write(&p, [7u8; 88]).unwrap();
+    let out = ok(&["load", p.to_str().unwrap(), "--device", "host"]);
+    let time = out.lines().find(|l| l.contains("time  ")).unwrap();
+    assert!(
+        !time.contains("0.00 GB/s") && !time.contains("0.0000 s"),
+        "{out}"
+    );
+    assert!(time.contains("us, ") || time.contains("ms, "), "{out}");
+    assert!(time.contains("B/s"), "{out}");
+    assert_eq!(out.matches("not asked for").count(), 1, "{out}");
 }

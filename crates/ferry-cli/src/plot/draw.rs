@@ -76,6 +76,88 @@ fn neighbours(sizes: &[u64], a: u64, b: u64) -> bool {
     !sizes.iter().any(|&s| s > a.min(b) && s < a.max(b))
 }
 
+/// The dash (length, gap in pixels) of series `i` of a panel: ferry's (0) is solid, each
+/// baseline's dash differs from the others', so that lines lying on one another still show
+/// each (a baseline that equals another was hidden behind it).
+pub(super) fn dash(i: usize) -> Option<(u32, u32)> {
+    const DASHES: [(u32, u32); 5] = [(7, 5), (2, 3), (12, 4), (4, 7), (1, 5)];
+    (i > 0).then(|| DASHES[(i - 1) % DASHES.len()])
+}
+
+/// The marker of series `i`: ferry's a filled circle; baselines hollow, each its own shape,
+/// each smaller than the one before, so markers at one point nest inside one another instead
+/// of covering each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// Filled circle (ferry).
+    Dot,
+    /// Hollow triangle.
+    Triangle,
+    /// Hollow square.
+    Square,
+    /// Hollow diamond.
+    Diamond,
+    /// A cross.
+    Cross,
+    /// Hollow circle.
+    Ring,
+}
+
+/// [`Shape`] and size in pixels of series `i`'s marker.
+pub(super) fn shape(i: usize) -> (Shape, i32) {
+    const SHAPES: [Shape; 5] = [
+        Shape::Triangle,
+        Shape::Square,
+        Shape::Diamond,
+        Shape::Cross,
+        Shape::Ring,
+    ];
+    match i {
+        0 => (Shape::Dot, 4),
+        _ => (SHAPES[(i - 1) % SHAPES.len()], 9 - (((i - 1) % 5) as i32)),
+    }
+}
+
+/// The x axis's ticks: log2 of the sizes measured in the panel (no tick where no size was
+/// measured); every other one, first and last kept, where more than 9 would crowd the axis.
+pub(super) fn x_keys(sizes: &[u64]) -> Vec<f64> {
+    let xs: Vec<f64> = sizes
+        .iter()
+        .filter(|&&s| s > 0)
+        .map(|&s| (s as f64).log2())
+        .collect();
+    if xs.len() <= 9 {
+        return xs;
+    }
+    let last = xs.len() - 1;
+    let step = xs.len().div_ceil(9);
+    (xs.iter().enumerate())
+        .filter(|&(k, _)| k % step == 0 || k == last)
+        .map(|(_, &x)| x)
+        .collect()
+}
+
+/// A log2 size axis whose ticks are the given keys only ([`x_keys`]): plotters' own picks
+/// evenly spaced points, sizes with no data among them.
+struct Keyed {
+    inner: plotters::coord::types::RangedCoordf64,
+    keys: Vec<f64>,
+}
+
+impl Ranged for Keyed {
+    type FormatOption = plotters::coord::ranged1d::DefaultFormatting;
+    type ValueType = f64;
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        self.inner.map(v, limit)
+    }
+    fn key_points<H: plotters::coord::ranged1d::KeyPointHint>(&self, _hint: H) -> Vec<f64> {
+        self.keys.clone()
+    }
+    fn range(&self) -> std::ops::Range<f64> {
+        self.inner.range()
+    }
+}
+
 fn marker_style(c: &Curve, color: RGBColor) -> ShapeStyle {
     if c.ferry {
         color.filled()
@@ -84,8 +166,7 @@ fn marker_style(c: &Curve, color: RGBColor) -> ShapeStyle {
     }
 }
 
-/// Draws the marker of series `i` of a panel at `at`: ferry's a filled circle, baselines
-/// hollow triangles and squares in turn.
+/// Draws the marker of series `i` of a panel at `at` ([`shape`]).
 fn marker<DB: DrawingBackend, CT: CoordTranslate>(
     area: &DrawingArea<DB, CT>,
     c: &Curve,
@@ -98,12 +179,22 @@ where
 {
     let st = marker_style(c, color);
     let at = EmptyElement::at(at);
-    if c.ferry {
-        area.draw(&(at + Circle::new((0, 0), 4, st)))
-    } else if i % 2 == 1 {
-        area.draw(&(at + TriangleMarker::new((0, 0), 5, st)))
+    let (sh, r) = if c.ferry {
+        (Shape::Dot, 4)
     } else {
-        area.draw(&(at + Rectangle::new([(-4, -4), (4, 4)], st)))
+        shape(i.max(1))
+    };
+    match sh {
+        Shape::Dot | Shape::Ring => area.draw(&(at + Circle::new((0, 0), r, st))),
+        // An outline (plotters' TriangleMarker is always filled, and hid what lay under it).
+        Shape::Triangle => area.draw(
+            &(at + PathElement::new(vec![(0, -r), (r, r * 4 / 5), (-r, r * 4 / 5), (0, -r)], st)),
+        ),
+        Shape::Square => area.draw(&(at + Rectangle::new([(-r + 1, -r + 1), (r - 1, r - 1)], st))),
+        Shape::Diamond => {
+            area.draw(&(at + PathElement::new(vec![(0, -r), (r, 0), (0, r), (-r, 0), (0, -r)], st)))
+        }
+        Shape::Cross => area.draw(&(at + Cross::new((0, 0), r, st))),
     }
     .map_err(|x| x.to_string())
 }
@@ -157,6 +248,15 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
     let (plot_area, legend) = area.split_vertically(h as i32 - legend_h);
     let pts = || p.curves.iter().flat_map(|c| c.points.iter());
     let (x_range, y_span, log) = ranges(p)?;
+    // Sizes measured in this panel: the x axis's only ticks, and a series is joined only to
+    // its neighbour when no other measured size lies between them.
+    let mut sizes: Vec<u64> = pts().map(|q| q.0).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let x_range = Keyed {
+        inner: x_range.into(),
+        keys: x_keys(&sizes),
+    };
     let mut chart = ChartBuilder::on(&plot_area)
         .caption(&p.title, ("sans-serif", 17))
         .margin(10)
@@ -177,7 +277,6 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
             (false, true) => "GB/s (log scale)",
             (false, false) => "GB/s",
         })
-        .x_labels(9)
         .y_labels(7)
         .x_label_formatter(&|x| {
             if (x - x.round()).abs() < 1e-6 && *x >= 0.0 {
@@ -207,11 +306,6 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
         .axis_desc_style(("sans-serif", 14))
         .draw()
         .map_err(|x| e(&x))?;
-    // Sizes measured in this panel: a series is joined only to its neighbour when no other
-    // measured size lies between them.
-    let mut sizes: Vec<u64> = pts().map(|q| q.0).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
     // Where a point is drawn: None for a size of 0 or a figure that is not finite; figures
     // beyond the axis are held a span past it (the area clips them; a point at -1e308 made a
     // line of 2^31 pixels, dashed in millions of pieces).
@@ -234,10 +328,9 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
                 continue;
             };
             let seg = vec![from, to];
-            if c.ferry {
-                chart.draw_series(LineSeries::new(seg, line))
-            } else {
-                chart.draw_series(DashedLineSeries::new(seg, 7, 5, line))
+            match dash(if c.ferry { 0 } else { i.max(1) }) {
+                None => chart.draw_series(LineSeries::new(seg, line)),
+                Some((d, g)) => chart.draw_series(DashedLineSeries::new(seg, d, g, line)),
             }
             .map_err(|x| e(&x))?;
         }
@@ -261,10 +354,11 @@ fn panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Panel) -> Result
         let y = 6 + LEGEND_LINE * i as i32 + LEGEND_LINE / 2;
         let (x0, x1) = (60, 92);
         let line = color.stroke_width(2);
-        if c.ferry {
-            legend.draw(&PathElement::new(vec![(x0, y), (x1, y)], line))
-        } else {
-            legend.draw(&DashedPathElement::new(vec![(x0, y), (x1, y)], 5, 3, line))
+        match dash(if c.ferry { 0 } else { i.max(1) }) {
+            None => legend.draw(&PathElement::new(vec![(x0, y), (x1, y)], line)),
+            Some((d, g)) => {
+                legend.draw(&DashedPathElement::new(vec![(x0, y), (x1, y)], d, g, line))
+            }
         }
         .map_err(|x| e(&x))?;
         marker(&legend, c, i, ((x0 + x1) / 2, y), color)?;
@@ -345,6 +439,61 @@ mod tests {
             vec![(1, 5e-324, 5e-324, 1.0), (u64::MAX, 1e300, 1.0, 1e300)],
         );
         draw(&p).unwrap();
+    }
+
+    /// Issue 33: one baseline's line hid another's (every baseline had the same dash).
+    #[test]
+    fn every_series_has_its_own_dash_and_marker() {
+        assert_eq!(dash(0), None);
+        let dashes: Vec<_> = (1..6).map(dash).collect();
+        let shapes: Vec<_> = (0..6).map(shape).collect();
+        for a in 0..5 {
+            for b in a + 1..5 {
+                assert_ne!(dashes[a], dashes[b], "{dashes:?}");
+            }
+        }
+        for a in 0..6 {
+            for b in a + 1..6 {
+                assert_ne!(shapes[a].0, shapes[b].0, "{shapes:?}");
+            }
+        }
+        // Later baselines smaller: markers at one point nest.
+        assert!(
+            shapes[1..].windows(2).all(|w| w[0].1 > w[1].1),
+            "{shapes:?}"
+        );
+    }
+
+    /// Issue 33: the x axis had ticks at sizes with no data.
+    #[test]
+    fn x_ticks_only_where_sizes_were_measured() {
+        let sizes = [4 << 10, 64 << 10, 16 << 20];
+        assert_eq!(x_keys(&sizes), vec![12.0, 16.0, 24.0]);
+        // 4K..256M, 17 sizes: every other one, the first and last kept, all measured.
+        let many: Vec<u64> = (12..=28).map(|k| 1u64 << k).collect();
+        let keys = x_keys(&many);
+        assert!(keys.len() <= 10, "{keys:?}");
+        assert_eq!((keys[0], keys[keys.len() - 1]), (12.0, 28.0));
+        assert!(keys.iter().all(|k| many.contains(&(2f64.powf(*k) as u64))));
+        // Drawn: the x labels are the measured sizes only (no 8K, 32K ... between them).
+        let p = Panel {
+            title: "t".into(),
+            latency: false,
+            tests: vec!["cpu-contig".into()],
+            curves: vec![Curve {
+                label: "cpu-contig: ferry".into(),
+                ferry: true,
+                points: vec![(4 << 10, 1.0, 1.0, 1.0), (16 << 20, 2.0, 2.0, 2.0)],
+            }],
+        };
+        let mut svg = String::new();
+        grid(SVGBackend::with_string(&mut svg, size(1)), "t", &[p]).unwrap();
+        // Each label is a text element's only line.
+        let label = |t: &str| svg.lines().any(|l| l.trim() == t);
+        assert!(label("4K") && label("16M"), "{svg}");
+        for absent in ["8K", "64K", "256K", "1M", "4M"] {
+            assert!(!label(absent), "{absent} in {svg}");
+        }
     }
 
     #[test]

@@ -73,7 +73,9 @@ impl IoReport {
 
 impl std::fmt::Display for IoReport {
     /// `1048576 bytes, buffered (direct 0, buffered 1048576); O_DIRECT not used: ...`; a
-    /// device transfer ends with its transport and why (`; bounce ring: ...`).
+    /// device transfer ends with its transport and why (`; bounce ring: ...`), then how the
+    /// transfers were issued (`; issued by ...`). Each fact once: threads chosen for the reason
+    /// `O_DIRECT` was not used do not repeat it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -96,8 +98,15 @@ impl std::fmt::Display for IoReport {
         if let Some(n) = &self.gds_note {
             write!(f, "; {n}")?;
         }
-        if let Some(i) = &self.issued {
-            write!(f, "; issued by {i}")?;
+        match (&self.issued, &self.direct_note) {
+            // Threads because no part could be O_DIRECT, for the reason just given: said once.
+            (Some(IoIssue::Threads { why }), Some(n))
+                if why.strip_prefix("no O_DIRECT part: ") == Some(n.as_str()) =>
+            {
+                f.write_str("; issued by threads (no O_DIRECT part)")?
+            }
+            (Some(i), _) => write!(f, "; issued by {i}")?,
+            (None, _) => {}
         }
         Ok(())
     }
