@@ -440,200 +440,374 @@ unsafe fn print(
     })
 }
 
-/// Defines a tiling kind's ops (extern "C" functions over the shared code).
-macro_rules! tiling_ops {
-    ($row:expr, $pad:expr, $index:ident, $native:ident, $raw:ident, $order:ident,
-     $dims:ident, $dimsn:ident, $ndims:ident, $ntiles:ident, $print:ident) => {
-        /// The tile at coords, the tiling's order (AML's `index` op).
-        ///
-        /// # Safety
-        /// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
-        unsafe extern "C" fn $index(data: TData, coords: *const usize) -> *mut AmlLayout {
-            // SAFETY: (1).
-            guard_ptr(|| unsafe { index(data, coords, $row, false, $pad) })
-        }
-        /// The tile at coords in native order (AML's `index_native` op).
-        ///
-        /// # Safety
-        /// 1. As the `index` op's.
-        unsafe extern "C" fn $native(data: TData, coords: *const usize) -> *mut AmlLayout {
-            // SAFETY: (1).
-            guard_ptr(|| unsafe { index(data, coords, $row, true, $pad) })
-        }
-        /// The tile's first element (AML's `rawptr` op).
-        ///
-        /// # Safety
-        /// 1. As the `index` op's.
-        unsafe extern "C" fn $raw(data: TData, coords: *const usize) -> *mut c_void {
-            // SAFETY: (1).
-            guard_ptr(|| unsafe { rawptr(data, coords, $row) })
-        }
-        /// The tiling's order (AML's `order` op).
-        ///
-        /// # Safety
-        /// None (the data is not read).
-        unsafe extern "C" fn $order(_data: TData) -> c_int {
-            if $row {
-                AML_TILING_ORDER_ROW_MAJOR
-            } else {
-                AML_TILING_ORDER_COLUMN_MAJOR
-            }
-        }
-        /// Tiles per dim, the tiling's order (AML's `dims` op).
-        ///
-        /// # Safety
-        /// 1. `data` this kind's tiling data; `out` valid for `ndims` writes.
-        unsafe extern "C" fn $dims(data: TData, out: *mut usize) -> c_int {
-            // SAFETY: (1).
-            unsafe { dims(data, out, $row) }
-        }
-        /// Tiles per dim, native order (AML's `dims_native` op).
-        ///
-        /// # Safety
-        /// 1. As the `dims` op's.
-        unsafe extern "C" fn $dimsn(data: TData, out: *mut usize) -> c_int {
-            // SAFETY: (1).
-            unsafe { dims(data, out, false) }
-        }
-        /// Number of dims, 0 for NULL data (AML's `ndims` op).
-        ///
-        /// # Safety
-        /// 1. `data` NULL or this kind's tiling data.
-        unsafe extern "C" fn $ndims(data: TData) -> usize {
-            // SAFETY: (1).
-            unsafe { view(data, false) }.map_or(0, |v| v.dims.len())
-        }
-        /// Number of tiles, 0 for NULL data (AML's `ntiles` op).
-        ///
-        /// # Safety
-        /// 1. As the `ndims` op's.
-        unsafe extern "C" fn $ntiles(data: TData) -> usize {
-            // SAFETY: (1).
-            unsafe { view(data, false) }.map_or(0, |v| v.dims.iter().product())
-        }
-        /// Prints the tiling (AML's `fprintf` op).
-        ///
-        /// # Safety
-        /// 1. `data` NULL or this kind's tiling data; `stream` a valid `FILE *`; `prefix` NULL
-        ///    or a C string.
-        unsafe extern "C" fn $print(
-            data: TData,
-            stream: *mut libc::FILE,
-            prefix: *const c_char,
-        ) -> c_int {
-            // SAFETY: (1).
-            unsafe { print(data, stream, prefix, $row, $pad) }
-        }
-    };
+/// The tile at coords, the tiling's order: the column-major resize tiling's `index` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_column_index(
+    data: TData,
+    coords: *const usize,
+) -> *mut AmlLayout {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { index(data, coords, false, false, false) })
 }
 
-tiling_ops!(
-    false,
-    false,
-    resize_column_index,
-    resize_column_index_native,
-    resize_column_rawptr,
-    resize_column_order,
-    resize_column_dims,
-    resize_column_dims_native,
-    resize_column_ndims,
-    resize_column_ntiles,
-    resize_column_fprintf
-);
-tiling_ops!(
-    true,
-    false,
-    resize_row_index,
-    resize_row_index_native,
-    resize_row_rawptr,
-    resize_row_order,
-    resize_row_dims,
-    resize_row_dims_native,
-    resize_row_ndims,
-    resize_row_ntiles,
-    resize_row_fprintf
-);
-tiling_ops!(
-    false,
-    true,
-    pad_column_index,
-    pad_column_index_native,
-    pad_column_rawptr,
-    pad_column_order,
-    pad_column_dims,
-    pad_column_dims_native,
-    pad_column_ndims,
-    pad_column_ntiles,
-    pad_column_fprintf
-);
-tiling_ops!(
-    true,
-    true,
-    pad_row_index,
-    pad_row_index_native,
-    pad_row_rawptr,
-    pad_row_order,
-    pad_row_dims,
-    pad_row_dims_native,
-    pad_row_ndims,
-    pad_row_ntiles,
-    pad_row_fprintf
-);
+/// The tile's first element: the column-major resize tiling's `rawptr` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_column_rawptr(
+    data: TData,
+    coords: *const usize,
+) -> *mut c_void {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { rawptr(data, coords, false) })
+}
 
-/// `aml_tiling_resize_column_ops`, the resize column-major tiling's ops.
+/// `AML_TILING_ORDER_COLUMN_MAJOR`: the column-major resize tiling's `order` op (AML exports it without
+/// declaring it; `aml/tiling/resize.h` declares it).
+#[no_mangle]
+pub extern "C" fn aml_tiling_resize_column_order(_data: TData) -> c_int {
+    AML_TILING_ORDER_COLUMN_MAJOR
+}
+
+/// Tiles per dim, the tiling's order: the column-major resize tiling's `dims` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `dims` valid for `ndims` writes.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_column_dims(data: TData, dims: *mut usize) -> c_int {
+    // SAFETY: (1).
+    unsafe { self::dims(data, dims, false) }
+}
+
+/// Number of dims, 0 for NULL data: the column-major resize tiling's `ndims` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_column_ndims(data: TData) -> usize {
+    // SAFETY: (1).
+    unsafe { view(data, false) }.map_or(0, |v| v.dims.len())
+}
+
+/// Number of tiles, 0 for NULL data: the resize tilings' `ntiles` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_column_ntiles(data: TData) -> usize {
+    // SAFETY: (1).
+    unsafe { view(data, false) }.map_or(0, |v| v.dims.iter().product())
+}
+
+/// Prints the tiling: the column-major resize tiling's `fprintf` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data; `stream` a valid `FILE *`; `prefix` NULL or a
+///    C string.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_column_fprintf(
+    data: TData,
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+) -> c_int {
+    // SAFETY: (1).
+    unsafe { print(data, stream, prefix, false, false) }
+}
+
+/// The tile at coords, the tiling's order: the row-major resize tiling's `index` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_row_index(
+    data: TData,
+    coords: *const usize,
+) -> *mut AmlLayout {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { index(data, coords, true, false, false) })
+}
+
+/// The tile's first element: the row-major resize tiling's `rawptr` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_row_rawptr(
+    data: TData,
+    coords: *const usize,
+) -> *mut c_void {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { rawptr(data, coords, true) })
+}
+
+/// `AML_TILING_ORDER_ROW_MAJOR`: the row-major resize tiling's `order` op (AML exports it without
+/// declaring it; `aml/tiling/resize.h` declares it).
+#[no_mangle]
+pub extern "C" fn aml_tiling_resize_row_order(_data: TData) -> c_int {
+    AML_TILING_ORDER_ROW_MAJOR
+}
+
+/// Tiles per dim, the tiling's order: the row-major resize tiling's `dims` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `dims` valid for `ndims` writes.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_row_dims(data: TData, dims: *mut usize) -> c_int {
+    // SAFETY: (1).
+    unsafe { self::dims(data, dims, true) }
+}
+
+/// Number of dims, 0 for NULL data: the row-major resize tiling's `ndims` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_row_ndims(data: TData) -> usize {
+    // SAFETY: (1).
+    unsafe { view(data, false) }.map_or(0, |v| v.dims.len())
+}
+
+/// Prints the tiling: the row-major resize tiling's `fprintf` op
+/// (AML exports it without declaring it; `aml/tiling/resize.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data; `stream` a valid `FILE *`; `prefix` NULL or a
+///    C string.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_resize_row_fprintf(
+    data: TData,
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+) -> c_int {
+    // SAFETY: (1).
+    unsafe { print(data, stream, prefix, true, false) }
+}
+
+/// The tile at coords, the tiling's order: the column-major pad tiling's `index` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_column_index(
+    data: TData,
+    coords: *const usize,
+) -> *mut AmlLayout {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { index(data, coords, false, false, true) })
+}
+
+/// The tile's first element: the column-major pad tiling's `rawptr` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_column_rawptr(
+    data: TData,
+    coords: *const usize,
+) -> *mut c_void {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { rawptr(data, coords, false) })
+}
+
+/// `AML_TILING_ORDER_COLUMN_MAJOR`: the column-major pad tiling's `order` op (AML exports it without
+/// declaring it; `aml/tiling/pad.h` declares it).
+#[no_mangle]
+pub extern "C" fn aml_tiling_pad_column_order(_data: TData) -> c_int {
+    AML_TILING_ORDER_COLUMN_MAJOR
+}
+
+/// Tiles per dim, the tiling's order: the column-major pad tiling's `dims` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `dims` valid for `ndims` writes.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_column_dims(data: TData, dims: *mut usize) -> c_int {
+    // SAFETY: (1).
+    unsafe { self::dims(data, dims, false) }
+}
+
+/// Number of dims, 0 for NULL data: the column-major pad tiling's `ndims` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_column_ndims(data: TData) -> usize {
+    // SAFETY: (1).
+    unsafe { view(data, false) }.map_or(0, |v| v.dims.len())
+}
+
+/// Number of tiles, 0 for NULL data: the pad tilings' `ntiles` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_column_ntiles(data: TData) -> usize {
+    // SAFETY: (1).
+    unsafe { view(data, false) }.map_or(0, |v| v.dims.iter().product())
+}
+
+/// Prints the tiling: the column-major pad tiling's `fprintf` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data; `stream` a valid `FILE *`; `prefix` NULL or a
+///    C string.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_column_fprintf(
+    data: TData,
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+) -> c_int {
+    // SAFETY: (1).
+    unsafe { print(data, stream, prefix, false, true) }
+}
+
+/// The tile at coords, the tiling's order: the row-major pad tiling's `index` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_row_index(
+    data: TData,
+    coords: *const usize,
+) -> *mut AmlLayout {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { index(data, coords, true, false, true) })
+}
+
+/// The tile's first element: the row-major pad tiling's `rawptr` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `coords` valid for `ndims` reads.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_row_rawptr(
+    data: TData,
+    coords: *const usize,
+) -> *mut c_void {
+    // SAFETY: (1).
+    guard_ptr(|| unsafe { rawptr(data, coords, true) })
+}
+
+/// `AML_TILING_ORDER_ROW_MAJOR`: the row-major pad tiling's `order` op (AML exports it without
+/// declaring it; `aml/tiling/pad.h` declares it).
+#[no_mangle]
+pub extern "C" fn aml_tiling_pad_row_order(_data: TData) -> c_int {
+    AML_TILING_ORDER_ROW_MAJOR
+}
+
+/// Tiles per dim, the tiling's order: the row-major pad tiling's `dims` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` this kind's tiling data; `dims` valid for `ndims` writes.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_row_dims(data: TData, dims: *mut usize) -> c_int {
+    // SAFETY: (1).
+    unsafe { self::dims(data, dims, true) }
+}
+
+/// Number of dims, 0 for NULL data: the row-major pad tiling's `ndims` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_row_ndims(data: TData) -> usize {
+    // SAFETY: (1).
+    unsafe { view(data, false) }.map_or(0, |v| v.dims.len())
+}
+
+/// Prints the tiling: the row-major pad tiling's `fprintf` op
+/// (AML exports it without declaring it; `aml/tiling/pad.h` declares it).
+///
+/// # Safety
+/// 1. `data` NULL or this kind's tiling data; `stream` a valid `FILE *`; `prefix` NULL or a
+///    C string.
+#[no_mangle]
+pub unsafe extern "C" fn aml_tiling_pad_row_fprintf(
+    data: TData,
+    stream: *mut libc::FILE,
+    prefix: *const c_char,
+) -> c_int {
+    // SAFETY: (1).
+    unsafe { print(data, stream, prefix, true, true) }
+}
+
+/// `aml_tiling_resize_column_ops`, the column-major resize tiling's ops (native order: the column-major ones').
 #[no_mangle]
 pub static aml_tiling_resize_column_ops: AmlTilingOps = AmlTilingOps {
-    index: Some(resize_column_index),
-    index_native: Some(resize_column_index_native),
-    rawptr: Some(resize_column_rawptr),
-    order: Some(resize_column_order),
-    dims: Some(resize_column_dims),
-    dims_native: Some(resize_column_dims_native),
-    ndims: Some(resize_column_ndims),
-    ntiles: Some(resize_column_ntiles),
-    fprintf: Some(resize_column_fprintf),
+    index: Some(aml_tiling_resize_column_index),
+    index_native: Some(aml_tiling_resize_column_index),
+    rawptr: Some(aml_tiling_resize_column_rawptr),
+    order: Some(aml_tiling_resize_column_order),
+    dims: Some(aml_tiling_resize_column_dims),
+    dims_native: Some(aml_tiling_resize_column_dims),
+    ndims: Some(aml_tiling_resize_column_ndims),
+    ntiles: Some(aml_tiling_resize_column_ntiles),
+    fprintf: Some(aml_tiling_resize_column_fprintf),
 };
 
-/// `aml_tiling_resize_row_ops`, the resize row-major tiling's ops.
+/// `aml_tiling_resize_row_ops`, the row-major resize tiling's ops (native order: the column-major ones').
 #[no_mangle]
 pub static aml_tiling_resize_row_ops: AmlTilingOps = AmlTilingOps {
-    index: Some(resize_row_index),
-    index_native: Some(resize_row_index_native),
-    rawptr: Some(resize_row_rawptr),
-    order: Some(resize_row_order),
-    dims: Some(resize_row_dims),
-    dims_native: Some(resize_row_dims_native),
-    ndims: Some(resize_row_ndims),
-    ntiles: Some(resize_row_ntiles),
-    fprintf: Some(resize_row_fprintf),
+    index: Some(aml_tiling_resize_row_index),
+    index_native: Some(aml_tiling_resize_column_index),
+    rawptr: Some(aml_tiling_resize_row_rawptr),
+    order: Some(aml_tiling_resize_row_order),
+    dims: Some(aml_tiling_resize_row_dims),
+    dims_native: Some(aml_tiling_resize_column_dims),
+    ndims: Some(aml_tiling_resize_row_ndims),
+    ntiles: Some(aml_tiling_resize_column_ntiles),
+    fprintf: Some(aml_tiling_resize_row_fprintf),
 };
 
-/// `aml_tiling_pad_column_ops`, the pad column-major tiling's ops.
+/// `aml_tiling_pad_column_ops`, the column-major pad tiling's ops (native order: the column-major ones').
 #[no_mangle]
 pub static aml_tiling_pad_column_ops: AmlTilingOps = AmlTilingOps {
-    index: Some(pad_column_index),
-    index_native: Some(pad_column_index_native),
-    rawptr: Some(pad_column_rawptr),
-    order: Some(pad_column_order),
-    dims: Some(pad_column_dims),
-    dims_native: Some(pad_column_dims_native),
-    ndims: Some(pad_column_ndims),
-    ntiles: Some(pad_column_ntiles),
-    fprintf: Some(pad_column_fprintf),
+    index: Some(aml_tiling_pad_column_index),
+    index_native: Some(aml_tiling_pad_column_index),
+    rawptr: Some(aml_tiling_pad_column_rawptr),
+    order: Some(aml_tiling_pad_column_order),
+    dims: Some(aml_tiling_pad_column_dims),
+    dims_native: Some(aml_tiling_pad_column_dims),
+    ndims: Some(aml_tiling_pad_column_ndims),
+    ntiles: Some(aml_tiling_pad_column_ntiles),
+    fprintf: Some(aml_tiling_pad_column_fprintf),
 };
 
-/// `aml_tiling_pad_row_ops`, the pad row-major tiling's ops.
+/// `aml_tiling_pad_row_ops`, the row-major pad tiling's ops (native order: the column-major ones').
 #[no_mangle]
 pub static aml_tiling_pad_row_ops: AmlTilingOps = AmlTilingOps {
-    index: Some(pad_row_index),
-    index_native: Some(pad_row_index_native),
-    rawptr: Some(pad_row_rawptr),
-    order: Some(pad_row_order),
-    dims: Some(pad_row_dims),
-    dims_native: Some(pad_row_dims_native),
-    ndims: Some(pad_row_ndims),
-    ntiles: Some(pad_row_ntiles),
-    fprintf: Some(pad_row_fprintf),
+    index: Some(aml_tiling_pad_row_index),
+    index_native: Some(aml_tiling_pad_column_index),
+    rawptr: Some(aml_tiling_pad_row_rawptr),
+    order: Some(aml_tiling_pad_row_order),
+    dims: Some(aml_tiling_pad_row_dims),
+    dims_native: Some(aml_tiling_pad_column_dims),
+    ndims: Some(aml_tiling_pad_row_ndims),
+    ntiles: Some(aml_tiling_pad_column_ntiles),
+    fprintf: Some(aml_tiling_pad_row_fprintf),
 };
 
 /// Creates a resize tiling of `layout` (not owned: it must outlive the tiling) into tiles of

@@ -3,8 +3,8 @@
  * (order, steps, rewind, peek, empty and bad ones); resize and pad tilings in both orders over
  * dense layouts of both orders with border tiles: dims, ntiles, tile dims, every tile's
  * elements (the pad's neutral element beyond the border), copies tile by tile with the Linux
- * DMA, rawptr, index by iterator, the printout; errors. Common subset of C and C++; prints
- * "test_tiling: OK"; exits 1 at the first failed check.
+ * DMA, rawptr, index by iterator, the printout, the ops tables and exported ops; errors.
+ * Common subset of C and C++; prints "test_tiling: OK"; exits 1 at the first failed check.
  */
 #include <aml.h>
 #include <aml/dma/linux.h>
@@ -146,6 +146,16 @@ static void test_kind(int layout_order, int tiling_order, int pad)
 		CHECK(aml_tiling_resize_create(&tr, tiling_order, lr, 2, tdims) == AML_SUCCESS);
 	}
 	CHECK(aml_tiling_order(t) == tiling_order);
+	/* AML's ops tables and the ops it exports. */
+	if (pad) {
+		CHECK(t->ops == (row ? &aml_tiling_pad_row_ops : &aml_tiling_pad_column_ops));
+		CHECK(aml_tiling_pad_column_ntiles(t->data) == 9);
+		CHECK(aml_tiling_pad_row_ndims(t->data) == 2 && aml_tiling_pad_row_order(t->data) == 1);
+	} else {
+		CHECK(t->ops == (row ? &aml_tiling_resize_row_ops : &aml_tiling_resize_column_ops));
+		CHECK(aml_tiling_resize_column_ntiles(t->data) == 9);
+		CHECK(aml_tiling_resize_column_order(t->data) == AML_TILING_ORDER_COLUMN_MAJOR);
+	}
 	CHECK(aml_tiling_ndims(t) == 2 && aml_tiling_ntiles(t) == 9);
 	CHECK(aml_tiling_dims(t, dims) == AML_SUCCESS && dims[0] == 3 && dims[1] == 3);
 	CHECK(aml_tiling_dims_native(t, dims) == AML_SUCCESS && dims[0] == 3 && dims[1] == 3);

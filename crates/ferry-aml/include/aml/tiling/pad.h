@@ -30,6 +30,22 @@ int aml_tiling_pad_create(struct aml_tiling **t, int tags, const struct aml_layo
 /* Frees the tiling (not the layout), sets *t NULL. */
 void aml_tiling_pad_destroy(struct aml_tiling **t);
 
+/* The ops, which AML exports without declaring them (the row-major tables take the
+ * column-major ones for native order and the tile count). */
+struct aml_layout *aml_tiling_pad_column_index(const struct aml_tiling_data *t, const size_t *coords);
+void *aml_tiling_pad_column_rawptr(const struct aml_tiling_data *t, const size_t *coords);
+int aml_tiling_pad_column_order(const struct aml_tiling_data *t);
+int aml_tiling_pad_column_dims(const struct aml_tiling_data *t, size_t *dims);
+size_t aml_tiling_pad_column_ndims(const struct aml_tiling_data *t);
+size_t aml_tiling_pad_column_ntiles(const struct aml_tiling_data *t);
+int aml_tiling_pad_column_fprintf(const struct aml_tiling_data *data, FILE *stream, const char *prefix);
+struct aml_layout *aml_tiling_pad_row_index(const struct aml_tiling_data *t, const size_t *coords);
+void *aml_tiling_pad_row_rawptr(const struct aml_tiling_data *t, const size_t *coords);
+int aml_tiling_pad_row_order(const struct aml_tiling_data *t);
+int aml_tiling_pad_row_dims(const struct aml_tiling_data *t, size_t *dims);
+size_t aml_tiling_pad_row_ndims(const struct aml_tiling_data *t);
+int aml_tiling_pad_row_fprintf(const struct aml_tiling_data *data, FILE *stream, const char *prefix);
+
 #ifdef __cplusplus
 }
 #endif
