@@ -42,6 +42,9 @@
 #endif
 #endif
 
+/* libaml's own excit.h (ranges and products), as AML's aml.h includes excit's. */
+#include <excit.h>
+
 #include "aml/utils/async.h"
 #include "aml/utils/bitmap.h"
 #include "aml/utils/features.h"
@@ -166,6 +169,52 @@ int aml_layout_fprintf(FILE *stream, const char *prefix, const struct aml_layout
 int aml_layout_duplicate(const struct aml_layout *src, struct aml_layout **out, void *ptr);
 /* Frees *layout (its destroy op, else free()) and sets it NULL. */
 void aml_layout_destroy(struct aml_layout **layout);
+
+/* ------------------------------------------------------------------ tiling */
+
+/* A layout cut into tiles; each tile is a new layout the caller destroys. */
+#define AML_TILING_ORDER_FORTRAN (0 << 0)
+#define AML_TILING_ORDER_C (1 << 0)
+#define AML_TILING_ORDER_COLUMN_MAJOR (0 << 0)
+#define AML_TILING_ORDER_ROW_MAJOR (1 << 0)
+#define AML_TILING_ORDER(x) ((x) & (1 << 0))
+
+struct aml_tiling_data;
+
+struct aml_tiling_ops {
+	struct aml_layout *(*index)(const struct aml_tiling_data *t, const size_t *coords);
+	struct aml_layout *(*index_native)(const struct aml_tiling_data *t,
+	                                   const size_t *coords);
+	void *(*rawptr)(const struct aml_tiling_data *t, const size_t *coords);
+	int (*order)(const struct aml_tiling_data *t);
+	int (*dims)(const struct aml_tiling_data *t, size_t *dims);
+	int (*dims_native)(const struct aml_tiling_data *t, size_t *dims);
+	size_t (*ndims)(const struct aml_tiling_data *t);
+	size_t (*ntiles)(const struct aml_tiling_data *t);
+	int (*fprintf)(const struct aml_tiling_data *data, FILE *stream, const char *prefix);
+};
+
+struct aml_tiling {
+	struct aml_tiling_ops *ops;
+	struct aml_tiling_data *data;
+};
+
+int aml_tiling_order(const struct aml_tiling *tiling);
+/* Tiles per dim, the tiling's order. */
+int aml_tiling_dims(const struct aml_tiling *tiling, size_t *dims);
+/* 0 for NULL (AML asserts). */
+size_t aml_tiling_ndims(const struct aml_tiling *tiling);
+/* The dims of the tile at coords (NULL: the first tile). */
+int aml_tiling_tile_dims(const struct aml_tiling *tiling, const size_t *coords, size_t *dims);
+/* 0 for NULL (AML asserts). */
+size_t aml_tiling_ntiles(const struct aml_tiling *tiling);
+/* NULL + aml_errno for NULL or coords out of the tiling (AML asserts on the latter). */
+struct aml_layout *aml_tiling_index(const struct aml_tiling *tiling, const size_t *coords);
+void *aml_tiling_rawptr(const struct aml_tiling *tiling, const size_t *coords);
+/* The tile at the iterator's current element (native order), the iterator not moved. */
+struct aml_layout *aml_tiling_index_byiter(const struct aml_tiling *tiling,
+                                           const_excit_t iterator);
+int aml_tiling_fprintf(FILE *stream, const char *prefix, const struct aml_tiling *tiling);
 
 /* ------------------------------------------------------------------ dma */
 

@@ -23,12 +23,14 @@ pub mod cuda;
 mod cuda_sys;
 pub mod dma;
 pub mod error;
+pub mod excit;
 pub mod higher;
 pub mod layout;
 pub mod linux;
 pub mod multiplex;
 #[cfg(test)]
 mod tests;
+pub mod tiling;
 pub mod utils;
 
 use error::{guard, AML_SUCCESS};

@@ -278,3 +278,62 @@ fn overflowing_pitches_are_refused() {
     assert_eq!(create([(1 << 63) + 1, 2], [2, 1], [1, 1]), -AML_EINVAL);
     assert_eq!(create([4, usize::MAX], [1, 2], [4, 1]), -AML_EINVAL);
 }
+
+#[test]
+fn excit_product_is_an_odometer_and_resize_tiles_cover_the_layout() {
+    use crate::excit::*;
+    use crate::tiling::*;
+    // SAFETY: iterators made here, used and freed once.
+    unsafe {
+        let p = excit_alloc(EXCIT_PRODUCT);
+        for (first, last, step) in [(0, 1, 1), (4, 0, -4)] {
+            let r = excit_alloc(EXCIT_RANGE);
+            assert_eq!(excit_range_init(r, first, last, step), EXCIT_SUCCESS);
+            assert_eq!(excit_product_add(p, r), EXCIT_SUCCESS);
+        }
+        let mut v = [0isize; 2];
+        let mut seen = Vec::new();
+        while excit_next(p, v.as_mut_ptr()) == EXCIT_SUCCESS {
+            seen.push(v);
+        }
+        assert_eq!(seen, [[0, 4], [0, 0], [1, 4], [1, 0]]);
+        assert_eq!(excit_peek(p, null_mut()), EXCIT_STOPIT);
+        excit_free(p);
+    }
+    // A 5 x 3 column-major layout of bytes in tiles of 2 x 2: 3 x 2 tiles, borders 1 wide.
+    let mut buf = [0u8; 15];
+    let dims = [5usize, 3];
+    let mut l: *mut AmlLayout = null_mut();
+    let mut t: *mut AmlTiling = null_mut();
+    // SAFETY: `buf` outlives the layout and the tiling; all destroyed below.
+    unsafe {
+        let rc = aml_layout_dense_create(
+            &mut l,
+            buf.as_mut_ptr().cast(),
+            AML_LAYOUT_ORDER_COLUMN_MAJOR,
+            1,
+            2,
+            dims.as_ptr(),
+            null(),
+            null(),
+        );
+        assert_eq!(rc, 0);
+        assert_eq!(
+            aml_tiling_resize_create(&mut t, 0, l, 2, [2usize, 2].as_ptr()),
+            0
+        );
+        assert_eq!(aml_tiling_ntiles(t), 6);
+        let mut td = [0usize; 2];
+        assert_eq!(
+            aml_tiling_tile_dims(t, [2usize, 1].as_ptr(), td.as_mut_ptr()),
+            0
+        );
+        assert_eq!(td, [1, 1]);
+        assert!(aml_tiling_index(t, [3usize, 0].as_ptr()).is_null());
+        let p = aml_tiling_rawptr(t, [1usize, 1].as_ptr());
+        assert_eq!(p.cast::<u8>(), buf.as_mut_ptr().add(2 + 2 * 5));
+        aml_tiling_resize_destroy(&mut t);
+        assert!(t.is_null());
+        aml_layout_destroy(&mut l);
+    }
+}

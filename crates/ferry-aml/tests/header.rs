@@ -80,13 +80,15 @@ fn header_code() -> String {
 }
 
 /// `aml_*` names (and the low-level buddy allocator's `buddy_allocator_*`, which AML exports
-/// too) declared as functions (`name(` not after `(*`) or `extern` objects.
+/// too, and libaml's `excit_*`) declared as functions (`name(` not after `(*`) or `extern`
+/// objects.
 fn declared() -> BTreeSet<String> {
     let code = header_code();
     let mut names = BTreeSet::new();
     let starts = code
         .match_indices("aml_")
-        .chain(code.match_indices("buddy_allocator_"));
+        .chain(code.match_indices("buddy_allocator_"))
+        .chain(code.match_indices("excit_"));
     for (i, _) in starts {
         let b = code.as_bytes();
         if i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_') {

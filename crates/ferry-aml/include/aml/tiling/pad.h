@@ -1,0 +1,53 @@
+/* libaml: AML's pad tiling (a border tile is a pad layout of the full tile dims). */
+#ifndef AML_TILING_PAD_H
+#define AML_TILING_PAD_H 1
+
+#include <aml.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern struct aml_tiling_ops aml_tiling_pad_column_ops;
+extern struct aml_tiling_ops aml_tiling_pad_row_ops;
+
+/* AML's data; dims in native (column-major) order; pad[i] 1 where the last tile is padded. */
+struct aml_tiling_pad {
+	int tags;
+	const struct aml_layout *layout;
+	size_t ndims;
+	size_t *tile_dims;
+	size_t *dims;
+	size_t *border_tile_dims;
+	size_t *pad;
+	void *neutral;
+};
+
+/* As aml_tiling_resize_create; neutral (the layout's element size, copied) fills the pad.
+ * -AML_EINVAL also for a NULL neutral. */
+int aml_tiling_pad_create(struct aml_tiling **t, int tags, const struct aml_layout *l,
+                          size_t ndims, const size_t *tile_dims, void *neutral);
+/* Frees the tiling (not the layout), sets *t NULL. */
+void aml_tiling_pad_destroy(struct aml_tiling **t);
+
+/* The ops, which AML exports without declaring them (the row-major tables take the
+ * column-major ones for native order and the tile count). */
+struct aml_layout *aml_tiling_pad_column_index(const struct aml_tiling_data *t, const size_t *coords);
+void *aml_tiling_pad_column_rawptr(const struct aml_tiling_data *t, const size_t *coords);
+int aml_tiling_pad_column_order(const struct aml_tiling_data *t);
+int aml_tiling_pad_column_dims(const struct aml_tiling_data *t, size_t *dims);
+size_t aml_tiling_pad_column_ndims(const struct aml_tiling_data *t);
+size_t aml_tiling_pad_column_ntiles(const struct aml_tiling_data *t);
+int aml_tiling_pad_column_fprintf(const struct aml_tiling_data *data, FILE *stream, const char *prefix);
+struct aml_layout *aml_tiling_pad_row_index(const struct aml_tiling_data *t, const size_t *coords);
+void *aml_tiling_pad_row_rawptr(const struct aml_tiling_data *t, const size_t *coords);
+int aml_tiling_pad_row_order(const struct aml_tiling_data *t);
+int aml_tiling_pad_row_dims(const struct aml_tiling_data *t, size_t *dims);
+size_t aml_tiling_pad_row_ndims(const struct aml_tiling_data *t);
+int aml_tiling_pad_row_fprintf(const struct aml_tiling_data *data, FILE *stream, const char *prefix);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AML_TILING_PAD_H */
