@@ -18,6 +18,11 @@
 //! Built by maturin (`crates/ferry-py/pyproject.toml`); the Python wrapper in `python/ferry`
 //! adds the framework choice of `load_safetensors`.
 
+// The doc comments of the `#[pyfunction]`s, `#[pyclass]`es and their methods are Python
+// docstrings (PyO3 copies them into `__doc__`), in Python's conventions: `list[int]` types,
+// reST ``code``. rustdoc would read their brackets as links to Rust items.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 mod array;
 mod ckpt;
 mod copy;
