@@ -1074,23 +1074,46 @@ fn strerror_and_panics() {
         .unwrap();
 }
 
+static GATE_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Copies `src` into `dst`, but only once `GATE_OPEN` is set (at most 30 s): a user operator
+/// is lowered on a worker, so this keeps its request in flight until the test opens the gate.
+unsafe extern "C" fn lower_gated(
+    prog: *mut FerryProgram,
+    dst: *const FerryLayout,
+    src: *const FerryLayout,
+    _: *mut c_void,
+    _: *mut c_void,
+) -> c_int {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !GATE_OPEN.load(Ordering::SeqCst) {
+        if std::time::Instant::now() > until {
+            return -FERRY_EOP;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: live program and layouts.
+    unsafe { ferry_program_copy(prog, dst, src) }
+}
+
+/// Waiting for one request waits for that one only: a request held in flight on the engine's
+/// one worker (a user operator that lowers only once the test lets it) does not hold up the
+/// wait of a small copy submitted after it, and is still in flight after that wait. (A plain
+/// large copy no longer serves: the CPU engine's caller runs a share of it at submit, so it
+/// may end before the small copy is submitted.)
 #[test]
 fn wait_waits_for_that_request_only() {
     let dma = cpu(1);
-    let big = vec![1u8; 256 << 20];
-    let mut big_dst = vec![0u8; 256 << 20];
+    let n = 1 << 20;
+    let big = vec![1u8; n];
+    let mut big_dst = vec![0u8; n];
     let small = vec![2u8; 4096];
     let mut small_dst = vec![0u8; 4096];
-    let (rc, big_req) = submit(
-        dma,
-        &mut big_dst,
-        null(),
-        &big,
-        null(),
-        &ferry_op_memcpy,
-        null_mut(),
-    );
-    assert_eq!(rc, 0);
+    let gated = operator(c"gated", Some(lower_gated), false);
+    let l = dense(&[n], 1);
+    GATE_OPEN.store(false, Ordering::SeqCst);
+    let (rc, big_req) = submit(dma, &mut big_dst, l, &big, l, gated, null_mut());
+    assert_eq!(rc, 0, "{}", last());
     let (rc, mut small_req) = submit(
         dma,
         &mut small_dst,
@@ -1108,11 +1131,16 @@ fn wait_waits_for_that_request_only() {
     assert_eq!(unsafe { ferry_request_test(dma, big_req, &mut done) }, 0);
     assert_eq!(
         done, 0,
-        "the 256 MiB copy must still be in flight after waiting for the 4 KiB one"
+        "the gated request must still be in flight after waiting for the small one"
     );
+    GATE_OPEN.store(true, Ordering::SeqCst);
     let mut big_req = big_req;
-    assert_eq!(wait(dma, &mut big_req), 0);
+    assert_eq!(wait(dma, &mut big_req), 0, "{}", last());
     assert!(big_dst.iter().all(|&b| b == 1));
+    free_layouts(&mut [l]);
+    let mut gated = gated;
+    // SAFETY: a live operator, no request uses it any more.
+    assert_eq!(unsafe { ferry_operator_destroy(&mut gated) }, 0);
     destroy(dma);
 }
 
