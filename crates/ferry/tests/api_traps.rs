@@ -162,6 +162,71 @@ fn element_strides_by_default_byte_strides_over_typed_buffers_refused() {
     assert_eq!(dst[4..8], 1f32.to_ne_bytes());
 }
 
+/// A layout made for one element type over a buffer of another is refused, naming both types
+/// (issue 33): `Layout::of::<f64>` over `Vec<i32>` used to copy raw bytes. Untyped layouts and
+/// byte buffers still pass; nothing is written on refusal.
+#[test]
+fn a_typed_layout_over_a_buffer_of_another_type_is_refused() {
+    use ferry::{Layout, LayoutError, OpError, SubmitError};
+    let engine = CpuEngine::new(2).unwrap();
+    let src: Vec<i32> = (0..8).collect();
+    let mut dst = vec![0i32; 8];
+    // Different sizes (f64 over i32) and the same size (f32 over i32): both refused.
+    for l in [
+        Layout::of::<f64>(&[4]).unwrap(),
+        Layout::of::<f32>(&[8]).unwrap(),
+    ] {
+        let err = engine
+            .scope(|s| -> ferry::Result<()> {
+                drop(s.copy(&mut dst, &l, &src, &l)?);
+                Ok(())
+            })
+            .unwrap_err();
+        match &err {
+            ferry::Error::Submit(SubmitError::Op(OpError::Dst(LayoutError::ElemType {
+                layout,
+                buffer: "i32",
+            }))) => assert_eq!(Some(*layout), l.elem_type()),
+            other => panic!("{other:?}"),
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains("i32") && text.contains(l.elem_type().unwrap()),
+            "{text}"
+        );
+        assert!(dst.iter().all(|&x| x == 0));
+    }
+    // The source side is named as the source; owned copies refuse and hand the buffers back.
+    let f = Layout::of::<f32>(&[8]).unwrap();
+    let i = Layout::of::<i32>(&[8]).unwrap();
+    let r = engine.copy_owned(vec![0i32; 8], &i, src.clone(), &f);
+    match r.map(drop) {
+        Err(ferry::Refused {
+            error:
+                SubmitError::Op(OpError::Src(LayoutError::ElemType {
+                    layout: "f32",
+                    buffer: "i32",
+                })),
+            src: back,
+            ..
+        }) => assert_eq!(back, src),
+        other => panic!("{:?}", other.err().map(|r| r.error)),
+    }
+    // The matching type, an untyped layout of the same size, and a byte buffer all copy.
+    let untyped = Layout::contiguous(&[8], 4).unwrap();
+    assert_eq!(untyped.elem_type(), None);
+    let mut bytes = vec![0u8; 32];
+    engine
+        .scope(|s| -> ferry::Result<()> {
+            s.copy(&mut dst, &i, &src, &i)?.wait()?;
+            s.copy(&mut bytes, &f, &src, &untyped)?.wait()?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(dst, src);
+    assert_eq!(bytes[4..8], 1i32.to_ne_bytes());
+}
+
 /// Buffers of `half`'s `bf16` and `f16` (through `bytemuck::Pod`) copy, strided too.
 #[test]
 fn bf16_and_f16_buffers_copy() {

@@ -126,7 +126,7 @@ pub trait EngineExt: Engine {
             dst: *dst_layout,
             src: *src_layout,
         };
-        match check_elems(&op, dst.elem_size(), Some(src.elem_size())) {
+        match check_elems(&op, elem(&dst), Some(elem(&src))) {
             Ok(()) => lend_copy(self, dst, dst_layout, src, src_layout),
             Err(error) => Err(Refused { error, dst, src }),
         }
@@ -200,26 +200,50 @@ where
     }
 }
 
-/// The typed-buffer check of the safe API: the layouts of a copy or a fill fit the element
-/// sizes of their buffers ([`Layout::check_elem`]). Other operators check their own.
-fn check_elems(op: &Op, dst_elem: usize, src_elem: Option<usize>) -> Result<(), SubmitError> {
+/// The typed-buffer check of the safe API: the layouts of a copy or a fill fit the elements of
+/// their buffers: whole elements ([`Layout::check_elem`]) of the type a typed layout was made
+/// for ([`Layout::check_elem_type`]). Other operators check their own.
+fn check_elems(op: &Op, dst: Elem, src: Option<Elem>) -> Result<(), SubmitError> {
     match op {
-        Op::Copy { dst, src } => check_copy(dst, dst_elem, src, src_elem.unwrap_or(1)),
-        Op::Fill { dst, .. } => Ok(dst.check_elem(dst_elem).map_err(OpError::Dst)?),
+        Op::Copy { dst: dl, src: sl } => check_copy(dl, dst, sl, src.unwrap_or(BYTES)),
+        Op::Fill { dst: dl, .. } => Ok(check_held(dl, dst).map_err(OpError::Dst)?),
         _ => Ok(()),
     }
+}
+
+/// A buffer's element size and type name ([`Memory::elem_size`], [`Memory::elem_type`]).
+type Elem = (usize, Option<&'static str>);
+
+/// The element of untyped memory.
+const BYTES: Elem = (1, None);
+
+/// `m`'s [`Elem`].
+#[inline]
+pub(crate) fn elem<M: Memory + ?Sized>(m: &M) -> Elem {
+    (m.elem_size(), m.elem_type())
+}
+
+/// Checks that a buffer of `elem` elements holds `l`: whole elements, and the type `l` was
+/// made for, if any.
+#[inline]
+pub(crate) fn check_held(l: &Layout, (size, ty): Elem) -> Result<(), crate::LayoutError> {
+    l.check_elem(size)?;
+    if size > 1 {
+        l.check_elem_type(ty)?;
+    }
+    Ok(())
 }
 
 /// [`check_elems`] of a copy between these layouts.
 #[inline]
 fn check_copy(
     dst: &Layout,
-    dst_elem: usize,
+    dst_elem: Elem,
     src: &Layout,
-    src_elem: usize,
+    src_elem: Elem,
 ) -> Result<(), SubmitError> {
-    dst.check_elem(dst_elem).map_err(OpError::Dst)?;
-    Ok(src.check_elem(src_elem).map_err(OpError::Src)?)
+    check_held(dst, dst_elem).map_err(OpError::Dst)?;
+    Ok(check_held(src, src_elem).map_err(OpError::Src)?)
 }
 
 impl<E: Engine + ?Sized> EngineExt for E {}
@@ -561,7 +585,7 @@ impl<'scope> Scope<'scope, '_> {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        check_elems(&op, dst.elem_size(), src.map(|s| s.elem_size()))?;
+        check_elems(&op, elem(dst), src.map(elem))?;
         self.submit_bytes(dst, src, op, after)
     }
 
@@ -611,7 +635,7 @@ impl<'scope> Scope<'scope, '_> {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        check_copy(dst_layout, dst.elem_size(), src_layout, src.elem_size())?;
+        check_copy(dst_layout, elem(dst), src_layout, elem(src))?;
         self.submit_copy(dst, dst_layout, src, src_layout)
     }
 

@@ -136,4 +136,16 @@ pub enum LayoutError {
         /// The buffer's element size.
         elem: usize,
     },
+    /// A layout made for one element type over a buffer of another
+    /// ([`Layout::check_elem_type`](crate::Layout::check_elem_type)).
+    #[error(
+        "the layout is of {layout} elements but the buffer holds {buffer} (build the layout \
+         with Layout::of::<{buffer}>, or from an element size in bytes to copy raw bytes)"
+    )]
+    ElemType {
+        /// The type the layout was made for.
+        layout: &'static str,
+        /// The buffer's element type.
+        buffer: &'static str,
+    },
 }

@@ -39,6 +39,23 @@ pub struct Layout {
     ndim: usize,
     dims: [usize; MAX_DIMS],
     strides: [usize; MAX_DIMS],
+    elem_type: ElemType,
+}
+
+/// The name of the Rust type a layout was made for ([`Layout::of`], [`Layout::with_strides`]),
+/// checked against a typed buffer's at submit. A check, not part of the geometry: equality and
+/// hashing ignore it, so `Layout::of::<f32>` equals `Layout::contiguous(.., 4)`.
+#[derive(Clone, Copy, Default)]
+struct ElemType(Option<&'static str>);
+
+impl PartialEq for ElemType {
+    fn eq(&self, _: &ElemType) -> bool {
+        true
+    }
+}
+impl Eq for ElemType {}
+impl std::hash::Hash for ElemType {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
 }
 
 impl std::fmt::Debug for Layout {
@@ -48,6 +65,7 @@ impl std::fmt::Debug for Layout {
             .field("strides", &self.strides())
             .field("elem_size", &self.elem_size)
             .field("offset", &self.offset)
+            .field("elem_type", &self.elem_type.0)
             .finish()
     }
 }
@@ -62,7 +80,43 @@ impl Layout {
     /// # Ok::<(), ferry::LayoutError>(())
     /// ```
     pub fn of<T>(dims: &[usize]) -> Result<Layout, LayoutError> {
-        Layout::contiguous(dims, std::mem::size_of::<T>())
+        Layout::contiguous(dims, std::mem::size_of::<T>()).map(|l| l.typed::<T>())
+    }
+
+    /// This layout, made for elements of type `T` (its element size is `T`'s).
+    fn typed<T>(mut self) -> Layout {
+        self.elem_type = ElemType(Some(std::any::type_name::<T>()));
+        self
+    }
+
+    /// The name of the Rust type the layout was made for: `Some("f32")` from
+    /// `Layout::of::<f32>` or `Layout::with_strides::<f32>`; `None` for layouts built from an
+    /// element size in bytes. The safe API refuses a typed layout over a buffer of another
+    /// element type ([`Layout::check_elem_type`]).
+    pub fn elem_type(&self) -> Option<&'static str> {
+        self.elem_type.0
+    }
+
+    /// Checks that a buffer whose elements are of the type named `buffer` (as
+    /// [`std::any::type_name`] writes it) holds this layout's elements: a layout made for
+    /// another type is refused, naming both. Untyped layouts, untyped buffers and byte buffers
+    /// (`u8`, `i8`: raw storage for anything) pass.
+    ///
+    /// ```
+    /// use ferry::Layout;
+    /// assert!(Layout::of::<f32>(&[4])?.check_elem_type(Some("f32")).is_ok());
+    /// assert!(Layout::of::<f64>(&[4])?.check_elem_type(Some("i32")).is_err());
+    /// assert!(Layout::contiguous(&[4], 8)?.check_elem_type(Some("i32")).is_ok());
+    /// # Ok::<(), ferry::LayoutError>(())
+    /// ```
+    #[inline]
+    pub fn check_elem_type(&self, buffer: Option<&'static str>) -> Result<(), LayoutError> {
+        match (self.elem_type.0, buffer) {
+            (Some(layout), Some(buffer)) if layout != buffer && !matches!(buffer, "u8" | "i8") => {
+                Err(LayoutError::ElemType { layout, buffer })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A layout of elements of type `T` from dims (outermost first) and strides counted in
@@ -87,7 +141,7 @@ impl Layout {
         if n > MAX_DIMS {
             return Layout::with_byte_strides(dims, elem_strides, size);
         }
-        Layout::with_byte_strides(dims, &bytes[..n], size)
+        Layout::with_byte_strides(dims, &bytes[..n], size).map(|l| l.typed::<T>())
     }
 
     /// A general layout from dims (outermost first), strides in **bytes**, and an element size
@@ -127,6 +181,7 @@ impl Layout {
             ndim: dims.len(),
             dims: [1; MAX_DIMS],
             strides: [0; MAX_DIMS],
+            elem_type: ElemType(None),
         };
         l.dims[..dims.len()].copy_from_slice(dims);
         l.strides[..dims.len()].copy_from_slice(strides);
@@ -200,6 +255,7 @@ impl Layout {
             ndim: 1,
             dims: [1; MAX_DIMS],
             strides: [0; MAX_DIMS],
+            elem_type: ElemType(None),
         };
         l.dims[0] = bytes;
         l.strides[0] = 1;

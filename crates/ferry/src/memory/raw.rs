@@ -84,6 +84,12 @@ pub unsafe trait Memory {
     fn elem_size(&self) -> usize {
         1
     }
+    /// The name of the buffer's element type as [`std::any::type_name`] writes it (`"f32"`
+    /// for a `[f32]`); `None` for untyped memory (the default). The safe API refuses a layout
+    /// made for another type ([`Layout::check_elem_type`](crate::Layout::check_elem_type)).
+    fn elem_type(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// The first two of `spans` (`start..end` byte ranges) that overlap, as their indices in
@@ -121,6 +127,9 @@ unsafe impl<T: Pod> Memory for [T] {
     fn elem_size(&self) -> usize {
         std::mem::size_of::<T>()
     }
+    fn elem_type(&self) -> Option<&'static str> {
+        Some(std::any::type_name::<T>())
+    }
 }
 // SAFETY: a mutable slice is valid for writes and unaliased while mutably borrowed; `T: Pod`
 // makes any bytes written into it a valid value.
@@ -145,6 +154,9 @@ macro_rules! via_slice {
             fn elem_size(&self) -> usize {
                 std::mem::size_of::<T>()
             }
+            fn elem_type(&self) -> Option<&'static str> {
+                Some(std::any::type_name::<T>())
+            }
         }
         // SAFETY: as for slices.
         unsafe impl<T: Pod, $($g)*> MemoryMut for $t {
@@ -163,6 +175,9 @@ unsafe impl<M: Memory + ?Sized> Memory for &M {
     fn elem_size(&self) -> usize {
         (**self).elem_size()
     }
+    fn elem_type(&self) -> Option<&'static str> {
+        (**self).elem_type()
+    }
 }
 // SAFETY: forwards to the referent, borrowed for at least as long.
 unsafe impl<M: Memory + ?Sized> Memory for &mut M {
@@ -171,6 +186,9 @@ unsafe impl<M: Memory + ?Sized> Memory for &mut M {
     }
     fn elem_size(&self) -> usize {
         (**self).elem_size()
+    }
+    fn elem_type(&self) -> Option<&'static str> {
+        (**self).elem_type()
     }
 }
 // SAFETY: forwards to the referent, mutably borrowed for at least as long.

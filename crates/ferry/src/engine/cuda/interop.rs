@@ -488,8 +488,7 @@ impl<'scope> Scope<'scope, '_> {
             dst: *dst_layout,
             src: *src_layout,
         };
-        src_layout
-            .check_elem(src.elem_size())
+        crate::engine::safe::check_held(src_layout, crate::engine::safe::elem(src))
             .map_err(crate::op::OpError::Src)?;
         let job = Job {
             dst: dst.raw(),

@@ -562,6 +562,9 @@ unsafe impl<T: Deref<Target = [E]>, E: Pod> Memory for Registered<T> {
     fn elem_size(&self) -> usize {
         std::mem::size_of::<E>()
     }
+    fn elem_type(&self) -> Option<&'static str> {
+        Some(std::any::type_name::<E>())
+    }
 }
 // SAFETY: as above, with the slice `DerefMut` gives; `&mut self` is exclusive.
 unsafe impl<T: DerefMut<Target = [E]>, E: Pod> MemoryMut for Registered<T> {
