@@ -4,7 +4,7 @@
 
 use crate::error::{fail, guard, inval, request_code, AML_ENOTSUP, AML_SUCCESS};
 use crate::layout::AmlLayout;
-use ferry::{Engine, Job, OpError, Operator, Program, Request, RequestError};
+use ferry::{Engine, Job, Op, OpError, Operator, Program, Request, RequestError};
 use ferry_capi::Fail;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Mutex, PoisonError};
@@ -365,8 +365,17 @@ impl Backend {
     /// 1. The job's buffers are valid, and untouched by others, until its request completes.
     /// 2. `out` is NULL or valid for one write.
     pub(crate) unsafe fn submit(&self, out: ReqOut, job: Job) -> Result<c_int, Fail> {
-        // SAFETY: (1).
-        let r = unsafe { self.engine.submit_raw(job) }.map_err(crate::error::submit_fail)?;
+        let r = match (&job.op, job.src) {
+            // A planned copy goes through the engine's copy entry, which runs a small one at
+            // once without building a job (the CPU engine's inline copies).
+            // SAFETY: (1).
+            (Op::Copy { dst, src }, Some(sbuf)) if job.after.is_empty() => unsafe {
+                self.engine.submit_copy(job.dst, dst, sbuf, src)
+            },
+            // SAFETY: (1).
+            _ => unsafe { self.engine.submit_raw(job) },
+        }
+        .map_err(crate::error::submit_fail)?;
         // SAFETY: (2).
         unsafe { self.hand_out(out, r) };
         Ok(AML_SUCCESS)

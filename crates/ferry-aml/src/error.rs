@@ -100,6 +100,21 @@ pub(crate) fn guard_ptr<T>(f: impl FnOnce() -> Result<*mut T, Fail>) -> *mut T {
     p
 }
 
+/// [`guard_ptr`] without the unwind guard, for the address calls that AML's kernels make
+/// once per tile or element (`aml_tiling_rawptr`, `aml_layout_deref`): `r` comes from code
+/// that cannot panic (no indexing, no allocation but an error's message), so there is
+/// nothing to catch, and the guard's calls would cost more than the address arithmetic.
+pub(crate) fn plain_ptr<T>(r: Result<*mut T, Fail>) -> *mut T {
+    match r {
+        Ok(p) => p,
+        Err(e) => {
+            ferry_capi::set_last_error(&e.msg);
+            set_errno(code_of(&e));
+            std::ptr::null_mut()
+        }
+    }
+}
+
 /// Runs an entry point that returns nothing in C; a failure only sets `aml_errno`.
 pub(crate) fn guard_void(f: impl FnOnce() -> Result<c_int, Fail>) {
     let rc = guard(f);

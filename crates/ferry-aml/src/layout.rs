@@ -8,7 +8,7 @@
 //! `layout->ops`, so a program's own layout types work too; bad arguments are error values
 //! (AML asserts).
 
-use crate::error::{guard, guard_ptr, guard_void, inval, AML_ENOMEM, AML_SUCCESS};
+use crate::error::{guard, guard_ptr, guard_void, inval, plain_ptr, AML_ENOMEM, AML_SUCCESS};
 use ferry_capi::Fail;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -395,19 +395,56 @@ pub(crate) fn offset(d: &Dense, coords: &[usize], reversed: bool) -> u64 {
         + d.ptr
 }
 
+/// The address at `coords` (native order, or row-major if `reversed`) of a dense layout's
+/// data, read in place: the deref ops run once per tile or element in AML's kernels
+/// (`aml_tiling_rawptr` in a loop), so they allocate nothing and cannot panic (iterators,
+/// wrapping arithmetic), as [`plain_ptr`] needs.
+///
+/// # Safety
+/// 1. `data` is NULL or a valid `struct aml_layout_dense` whose arrays hold `ndims` values;
+///    `coords` NULL or valid for `ndims` reads.
+unsafe fn dense_deref(
+    data: Data,
+    coords: *const usize,
+    reversed: bool,
+) -> Result<*mut c_void, Fail> {
+    // SAFETY: (1).
+    let d = unsafe { data.cast::<AmlLayoutDense>().as_ref() }
+        .ok_or_else(|| inval("layout data is NULL"))?;
+    if d.ndims == 0 || d.stride.is_null() || d.cpitch.is_null() {
+        return Err(inval("dense layout without dims"));
+    }
+    let n = d.ndims;
+    // SAFETY: (1).
+    let (stride, cpitch, c) = unsafe {
+        (
+            std::slice::from_raw_parts(d.stride, n),
+            std::slice::from_raw_parts(d.cpitch, n),
+            arr(coords, n, "coords")?,
+        )
+    };
+    // Wrapping, as AML's pointer arithmetic: coords are not checked (only out-of-range ones
+    // could overflow).
+    let step = |off: usize, (ci, (cp, st)): (&usize, (&usize, &usize))| {
+        off.wrapping_add(cp.wrapping_mul(*st).wrapping_mul(*ci))
+    };
+    let bs = cpitch.iter().zip(stride);
+    let off = if reversed {
+        c.iter().zip(bs.rev()).fold(0, step)
+    } else {
+        c.iter().zip(bs).fold(0, step)
+    };
+    Ok((d.ptr as usize).wrapping_add(off) as *mut c_void)
+}
+
 /// Element at native coordinates (column-major order). No bounds check, as AML.
 ///
 /// # Safety
 /// 1. `data` is a valid dense layout's data; `coords` holds `ndims` values.
 #[no_mangle]
 pub unsafe extern "C" fn aml_layout_column_deref(data: Data, coords: *const usize) -> *mut c_void {
-    guard_ptr(|| {
-        // SAFETY: (1).
-        let d = unsafe { self::data(data) }?;
-        // SAFETY: (1).
-        let c = unsafe { arr(coords, d.dims.len(), "coords") }?;
-        Ok(offset(&d, c, false) as *mut c_void)
-    })
+    // SAFETY: (1).
+    plain_ptr(unsafe { dense_deref(data, coords, false) })
 }
 
 /// Element at row-major coordinates (last dim fastest). No bounds check, as AML.
@@ -416,13 +453,8 @@ pub unsafe extern "C" fn aml_layout_column_deref(data: Data, coords: *const usiz
 /// 1. `data` is a valid dense layout's data; `coords` holds `ndims` values.
 #[no_mangle]
 pub unsafe extern "C" fn aml_layout_row_deref(data: Data, coords: *const usize) -> *mut c_void {
-    guard_ptr(|| {
-        // SAFETY: (1).
-        let d = unsafe { self::data(data) }?;
-        // SAFETY: (1).
-        let c = unsafe { arr(coords, d.dims.len(), "coords") }?;
-        Ok(offset(&d, c, true) as *mut c_void)
-    })
+    // SAFETY: (1).
+    plain_ptr(unsafe { dense_deref(data, coords, true) })
 }
 
 /// The pointer of a dense layout, from its data (its `rawptr` method; AML exports it without

@@ -386,3 +386,70 @@ pub(crate) unsafe fn run_now(job: Job) -> Result<c_int, Fail> {
     Ok(r.wait()
         .map_or_else(|e| crate::error::request_code(&e), |()| AML_SUCCESS))
 }
+
+/// `struct aml_dma_linux_task_in`: AML's task input of a Linux DMA request.
+#[repr(C)]
+pub struct AmlDmaLinuxTaskIn {
+    /// The operator.
+    pub op: AmlDmaOperator,
+    /// Its destination layout.
+    pub dst: *mut AmlLayout,
+    /// Its source layout.
+    pub src: *mut AmlLayout,
+    /// Its extra argument.
+    pub op_arg: *mut c_void,
+    /// The request this input belongs to.
+    pub req: *mut AmlDmaLinuxRequest,
+}
+
+/// `struct aml_dma_linux_request`: AML's task form of a Linux DMA request (programs driving
+/// a task scheduler themselves use it; this library's own requests are ferry's).
+#[repr(C)]
+pub struct AmlDmaLinuxRequest {
+    /// The scheduler task.
+    pub task: crate::utils::sched::AmlTask,
+    /// The task's input.
+    pub task_in: AmlDmaLinuxTaskIn,
+    /// The task's output: the operator's result.
+    pub task_out: c_int,
+    /// `AML_DMA_LINUX_REQUEST_FLAGS_*`.
+    pub flags: c_int,
+    /// Held while the operator runs.
+    pub lock: libc::pthread_mutex_t,
+}
+
+/// `AML_DMA_LINUX_REQUEST_FLAGS_DONE`.
+const REQUEST_FLAGS_DONE: c_int = 0x2;
+
+/// The work of AML's Linux DMA task: with the request's lock held, calls the operator of
+/// `input` (a `struct aml_dma_linux_task_in`), stores its result in the `int` at `output` and
+/// marks the request done. A NULL input, operator or request: the `int` gets `-AML_EINVAL`
+/// (AML dereferences them); a NULL output: nothing is stored.
+///
+/// # Safety
+/// 1. `input` is NULL or a valid `struct aml_dma_linux_task_in` whose request (if not NULL) is
+///    valid with an initialised lock; `output` NULL or valid for one `int` write.
+/// 2. The operator's arguments are what it expects.
+#[no_mangle]
+pub unsafe extern "C" fn aml_dma_linux_exec_request(input: *mut c_void, output: *mut c_void) {
+    let out = output.cast::<c_int>();
+    // SAFETY: (1).
+    let task = unsafe { input.cast::<AmlDmaLinuxTaskIn>().as_ref() };
+    let rc = match task {
+        // SAFETY: (1): the request's lock is initialised; (2) for the call.
+        Some(t) if !t.req.is_null() && t.op.is_some() => unsafe {
+            let req = t.req;
+            libc::pthread_mutex_lock(&raw mut (*req).lock);
+            let rc =
+                t.op.map_or(-crate::error::AML_EINVAL, |op| op(t.dst, t.src, t.op_arg));
+            (*req).flags |= REQUEST_FLAGS_DONE;
+            libc::pthread_mutex_unlock(&raw mut (*req).lock);
+            rc
+        },
+        _ => -crate::error::AML_EINVAL,
+    };
+    // SAFETY: (1).
+    if let Some(o) = unsafe { out.as_mut() } {
+        *o = rc;
+    }
+}

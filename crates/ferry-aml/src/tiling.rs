@@ -7,7 +7,7 @@
 //! aml_tiling_pad`); the dims are kept in native (column-major) order. Coordinates out of the
 //! tiling are refused (NULL, `aml_errno` `AML_EINVAL`; AML asserts).
 
-use crate::error::{fail, guard, guard_ptr, inval, AML_ENOMEM, AML_SUCCESS};
+use crate::error::{fail, guard, guard_ptr, inval, plain_ptr, AML_ENOMEM, AML_SUCCESS};
 use crate::excit::{excit_dimension, excit_peek, Excit, EXCIT_SUCCESS};
 use crate::layout::generic::{
     aml_layout_deref_native, aml_layout_dims, aml_layout_dims_native, aml_layout_element_size,
@@ -339,6 +339,27 @@ unsafe fn index(
     Ok(out)
 }
 
+/// The native offsets of the tile at `coords` (native order) into `out`; no indexing, so
+/// that `rawptr` cannot panic.
+fn tile_offsets<'a>(
+    coords: impl Iterator<Item = &'a usize>,
+    v: &View,
+    out: &mut [usize],
+) -> Result<(), Fail> {
+    for ((o, &ci), (&d, &t)) in out
+        .iter_mut()
+        .zip(coords)
+        .zip(v.dims.iter().zip(v.tile_dims))
+    {
+        if ci >= d {
+            return Err(inval("tile coords out of the tiling"));
+        }
+        // Below the layout's dim (ci < d tiles of t elements): no overflow.
+        *o = ci.wrapping_mul(t);
+    }
+    Ok(())
+}
+
 /// The address of the first element of the tile at `coords`.
 ///
 /// # Safety
@@ -349,13 +370,19 @@ unsafe fn rawptr(data: TData, coords: *const usize, row: bool) -> Result<*mut c_
     let n = v.dims.len();
     // SAFETY: (1).
     let c = unsafe { crate::layout::arr(coords, n, "coords") }?;
-    let mut offsets = vec![0usize; n];
-    for i in 0..n {
-        let ci = if row { c[n - i - 1] } else { c[i] };
-        if ci >= v.dims[i] {
-            return Err(inval("tile coords out of the tiling"));
+    // On the stack up to 8 dims: AML's kernels call this once per tile.
+    let (mut small, mut large) = ([0usize; 8], Vec::new());
+    let offsets: &mut [usize] = match small.get_mut(..n) {
+        Some(s) => s,
+        None => {
+            large.resize(n, 0);
+            &mut large
         }
-        offsets[i] = ci * v.tile_dims[i];
+    };
+    if row {
+        tile_offsets(c.iter().rev(), &v, offsets)?;
+    } else {
+        tile_offsets(c.iter(), &v, offsets)?;
     }
     // SAFETY: (1): the tiling's layout; `offsets` holds `n` values.
     let p = unsafe { aml_layout_deref_native(v.layout, offsets.as_ptr()) };
@@ -465,7 +492,7 @@ pub unsafe extern "C" fn aml_tiling_resize_column_rawptr(
     coords: *const usize,
 ) -> *mut c_void {
     // SAFETY: (1).
-    guard_ptr(|| unsafe { rawptr(data, coords, false) })
+    plain_ptr(unsafe { rawptr(data, coords, false) })
 }
 
 /// `AML_TILING_ORDER_COLUMN_MAJOR`: the column-major resize tiling's `order` op (AML exports it without
@@ -549,7 +576,7 @@ pub unsafe extern "C" fn aml_tiling_resize_row_rawptr(
     coords: *const usize,
 ) -> *mut c_void {
     // SAFETY: (1).
-    guard_ptr(|| unsafe { rawptr(data, coords, true) })
+    plain_ptr(unsafe { rawptr(data, coords, true) })
 }
 
 /// `AML_TILING_ORDER_ROW_MAJOR`: the row-major resize tiling's `order` op (AML exports it without
@@ -622,7 +649,7 @@ pub unsafe extern "C" fn aml_tiling_pad_column_rawptr(
     coords: *const usize,
 ) -> *mut c_void {
     // SAFETY: (1).
-    guard_ptr(|| unsafe { rawptr(data, coords, false) })
+    plain_ptr(unsafe { rawptr(data, coords, false) })
 }
 
 /// `AML_TILING_ORDER_COLUMN_MAJOR`: the column-major pad tiling's `order` op (AML exports it without
@@ -706,7 +733,7 @@ pub unsafe extern "C" fn aml_tiling_pad_row_rawptr(
     coords: *const usize,
 ) -> *mut c_void {
     // SAFETY: (1).
-    guard_ptr(|| unsafe { rawptr(data, coords, true) })
+    plain_ptr(unsafe { rawptr(data, coords, true) })
 }
 
 /// `AML_TILING_ORDER_ROW_MAJOR`: the row-major pad tiling's `order` op (AML exports it without
@@ -1096,19 +1123,31 @@ pub unsafe extern "C" fn aml_tiling_rawptr(
     tiling: *const AmlTiling,
     coords: *const usize,
 ) -> *mut c_void {
-    guard_ptr(|| {
-        // SAFETY: (1).
-        let (o, d) = unsafe { ops(tiling) }?;
-        if coords.is_null() {
-            return Err(inval("coords is NULL"));
-        }
-        // SAFETY: (1).
-        let p = unsafe { need(o.rawptr, "rawptr")?(d, coords) };
-        if p.is_null() {
-            return Err(fail(crate::error::errno(), "no tile at these coords"));
-        }
-        Ok(p)
-    })
+    // No unwind guard: AML's kernels call this once per tile, and nothing here can panic (the
+    // ops of this library's tilings guard themselves the same way).
+    // SAFETY: (1).
+    plain_ptr(unsafe { tiling_rawptr(tiling, coords) })
+}
+
+/// [`aml_tiling_rawptr`]'s body.
+///
+/// # Safety
+/// 1. As `aml_tiling_index`'s.
+unsafe fn tiling_rawptr(
+    tiling: *const AmlTiling,
+    coords: *const usize,
+) -> Result<*mut c_void, Fail> {
+    // SAFETY: (1).
+    let (o, d) = unsafe { ops(tiling) }?;
+    if coords.is_null() {
+        return Err(inval("coords is NULL"));
+    }
+    // SAFETY: (1).
+    let p = unsafe { need(o.rawptr, "rawptr")?(d, coords) };
+    if p.is_null() {
+        return Err(fail(crate::error::errno(), "no tile at these coords"));
+    }
+    Ok(p)
 }
 
 /// The tile at the iterator's current element (native order, not advancing it); NULL with

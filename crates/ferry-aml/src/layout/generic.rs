@@ -2,7 +2,9 @@
 //! (AML asserts) and dispatches through `layout->ops`.
 
 use super::{arr, AmlLayout, AmlLayoutOps, Data, Out};
-use crate::error::{fail, guard, guard_ptr, guard_void, inval, AML_ENOTSUP, AML_SUCCESS};
+use crate::error::{
+    fail, guard, guard_ptr, guard_void, inval, plain_ptr, AML_ENOTSUP, AML_SUCCESS,
+};
 use ferry_capi::Fail;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -51,6 +53,10 @@ unsafe fn deref(
     native: bool,
     check: bool,
 ) -> *mut c_void {
+    if !check {
+        // SAFETY: (1).
+        return plain_ptr(unsafe { deref_unchecked(l, coords, native) });
+    }
     guard_ptr(|| {
         // SAFETY: (1).
         let (o, d) = unsafe { ops(l) }?;
@@ -72,6 +78,26 @@ unsafe fn deref(
         // SAFETY: (1).
         Ok(unsafe { f(d, coords) })
     })
+}
+
+/// The layout's own deref op, unchecked (as AML): no unwind guard, since nothing here can
+/// panic and AML's kernels call it once per element (each of this library's ops guards itself).
+///
+/// # Safety
+/// 1. `l` is NULL or a valid layout; `coords` NULL or valid for `ndims` reads.
+unsafe fn deref_unchecked(
+    l: *const AmlLayout,
+    coords: *const usize,
+    native: bool,
+) -> Result<*mut c_void, Fail> {
+    // SAFETY: (1).
+    let (o, d) = unsafe { ops(l) }?;
+    if coords.is_null() {
+        return Err(inval("coords is NULL"));
+    }
+    let f = need(if native { o.deref_native } else { o.deref }, "deref")?;
+    // SAFETY: (1).
+    Ok(unsafe { f(d, coords) })
 }
 
 /// Address of the element at `coords` (in the layout's order). Not bounds-checked (as AML);

@@ -2,10 +2,14 @@
  * test_sched.c - AML's task scheduler (aml/utils/async.h) on libaml: the queue scheduler with
  * threads and without (the caller runs the tasks), waiting for one task and for any, tasks not
  * pending, destroy running what is still queued, a program's own scheduler through the
- * generic calls, and the features header. Common subset of C and C++; prints
+ * generic calls, the features header, and AML's task form of a Linux DMA request
+ * (aml_dma_linux_exec_request run by a queue scheduler). Common subset of C and C++; prints
  * "test_sched: OK"; exits 1 at the first failed check.
  */
 #include <aml.h>
+#include <aml/dma/linux.h>
+#include <stdint.h>
+#include <string.h>
 
 #define CHECK(c)                                                                         \
 	do {                                                                                 \
@@ -141,6 +145,42 @@ static void test_own(void)
 	CHECK(aml_sched_wait_any(NULL) == NULL && aml_errno == AML_EINVAL);
 }
 
+/* AML's task form of a Linux DMA request (struct aml_dma_linux_request), run by a queue
+ * scheduler with aml_dma_linux_exec_request as its work. */
+static void test_dma_linux_task(void)
+{
+	double src[8], dst[8];
+	for (int i = 0; i < 8; i++) {
+		src[i] = i + 0.5;
+		dst[i] = 0;
+	}
+	struct aml_dma_linux_request r;
+	memset(&r, 0, sizeof(r));
+	CHECK(pthread_mutex_init(&r.lock, NULL) == 0);
+	r.task_in.op = aml_dma_linux_memcpy_op;
+	r.task_in.dst = (struct aml_layout *)dst;
+	r.task_in.src = (struct aml_layout *)src;
+	r.task_in.op_arg = (void *)(uintptr_t)sizeof(src);
+	r.task_in.req = &r;
+	r.task_out = -1;
+	r.task.in = (struct aml_task_in *)&r.task_in;
+	r.task.out = (struct aml_task_out *)&r.task_out;
+	r.task.fn = aml_dma_linux_exec_request;
+	struct aml_sched *s = aml_queue_sched_create(2);
+	CHECK(s != NULL);
+	CHECK(aml_sched_submit_task(s, &r.task) == AML_SUCCESS);
+	CHECK(aml_sched_wait_task(s, &r.task) == AML_SUCCESS);
+	CHECK(r.task_out == AML_SUCCESS && (r.flags & AML_DMA_LINUX_REQUEST_FLAGS_DONE));
+	CHECK(memcmp(dst, src, sizeof(src)) == 0);
+	/* No operator: -AML_EINVAL in the output, the request untouched. */
+	r.task_in.op = NULL;
+	r.flags = 0;
+	aml_dma_linux_exec_request(r.task.in, r.task.out);
+	CHECK(r.task_out == -AML_EINVAL && r.flags == 0);
+	aml_queue_sched_destroy(&s);
+	CHECK(pthread_mutex_destroy(&r.lock) == 0);
+}
+
 int main(void)
 {
 	CHECK(AML_HAVE_BACKEND_LIBNUMA == 1 && AML_BACKEND_HIP == (1UL << 6));
@@ -149,6 +189,7 @@ int main(void)
 	test_queue(1);
 	test_queue(0);
 	test_own();
+	test_dma_linux_task();
 	printf("test_sched: OK\n");
 	return 0;
 }

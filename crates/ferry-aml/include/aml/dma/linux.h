@@ -34,6 +34,37 @@ int aml_dma_linux_memcpy_op(struct aml_layout *dst, const struct aml_layout *src
 /* Element-wise copy through deref_native (any layout types); -AML_EINVAL on a shape mismatch. */
 int aml_dma_linux_copy_generic(struct aml_layout *dst, const struct aml_layout *src, void *arg);
 
+/*
+ * AML's task form of a Linux DMA request, for programs that run dma operators through a task
+ * scheduler of aml/utils/async.h themselves (libaml's own Linux DMA requests are ferry's and do
+ * not use these structs). aml_dma_linux_exec_request is such a task's work: with req->lock
+ * held, it calls op(dst, src, op_arg), stores its result in the int *output points to, and sets
+ * AML_DMA_LINUX_REQUEST_FLAGS_DONE in req->flags (a NULL input, operator or request: the int
+ * gets -AML_EINVAL).
+ */
+#define AML_DMA_LINUX_REQUEST_FLAGS_OWNED 0x1
+#define AML_DMA_LINUX_REQUEST_FLAGS_DONE 0x2
+
+struct aml_dma_linux_request;
+
+struct aml_dma_linux_task_in {
+	aml_dma_operator op;
+	struct aml_layout *dst;
+	struct aml_layout *src;
+	void *op_arg;
+	struct aml_dma_linux_request *req;
+};
+
+struct aml_dma_linux_request {
+	struct aml_task task;
+	struct aml_dma_linux_task_in task_in;
+	int task_out;
+	int flags;
+	pthread_mutex_t lock;
+};
+
+void aml_dma_linux_exec_request(struct aml_task_in *input, struct aml_task_out *output);
+
 #ifdef __cplusplus
 }
 #endif
