@@ -27,7 +27,11 @@
 #   --rpath PATH    where the programs find the library at run time, relative to OUTDIR
 #                   (e.g. ../.gpu/aml/lib: the GPU bundle's libaml, for an OUTDIR beside
 #                   .gpu); default: PREFIX/lib.
-#   --copy-lib      copy PREFIX/lib's shared libraries into OUTDIR/lib and find them there.
+#   --copy-lib      copy PREFIX/lib's shared libraries into OUTDIR/lib and find them there
+#                   (an RPATH, which the library's own dependencies are looked up in too).
+#   --shared-cudart link CUDA's shared runtime (libcudart.so, copied along with --copy-lib)
+#                   rather than the static one: for a library that uses the runtime itself
+#                   (AML's own), so that the process holds one runtime.
 #   --timeout S     seconds per program in run.sh (default 120).
 #   --no-run        build only.
 set -euo pipefail
@@ -38,6 +42,7 @@ extra=""
 root=""
 rpath=""
 copy_lib=0
+shared_cudart=0
 limit=120
 run=1
 while [ $# -gt 0 ]; do
@@ -49,6 +54,7 @@ while [ $# -gt 0 ]; do
     --root) root=$(cd "$2" && pwd); shift 2 ;;
     --rpath) rpath=$2; shift 2 ;;
     --copy-lib) copy_lib=1; shift ;;
+    --shared-cudart) shared_cudart=1; shift ;;
     --timeout) limit=$2; shift 2 ;;
     --no-run) run=0; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -66,8 +72,17 @@ out=$(cd "$2" && pwd)
 shift 2
 [ -f "$prefix/lib/pkgconfig/aml.pc" ] || { echo "aml-cuda-programs: no $prefix/lib/pkgconfig/aml.pc" >&2; exit 2; }
 [ -f "$cuda/include/cuda_runtime.h" ] || { echo "aml-cuda-programs: no $cuda/include/cuda_runtime.h (--cuda DIR)" >&2; exit 2; }
-cudart=$(ls "$cuda"/lib64/libcudart_static.a "$cuda"/lib/libcudart_static.a 2>/dev/null | head -1 || true)
-[ -n "$cudart" ] || { echo "aml-cuda-programs: no libcudart_static.a under $cuda/lib64 or $cuda/lib" >&2; exit 2; }
+if [ "$shared_cudart" = 1 ]; then
+  rt=libcudart.so
+else
+  rt=libcudart_static.a
+fi
+cudart=$(ls "$cuda"/lib64/$rt "$cuda"/lib/$rt 2>/dev/null | head -1 || true)
+[ -n "$cudart" ] || { echo "aml-cuda-programs: no $rt under $cuda/lib64 or $cuda/lib" >&2; exit 2; }
+if [ "$shared_cudart" = 1 ]; then
+  cudart_dir=$(dirname "$cudart")
+  cudart="-L$cudart_dir -Wl,--no-as-needed -lcudart -Wl,--as-needed"
+fi
 
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 cflags=$(pkg-config --cflags aml)
@@ -75,11 +90,16 @@ amllibs=$(pkg-config --libs aml)
 if [ "$copy_lib" = 1 ]; then
   mkdir -p "$out/lib"
   cp -a "$prefix"/lib/*.so* "$out/lib/"
+  if [ "$shared_cudart" = 1 ]; then
+    cp -L "$cudart_dir"/libcudart.so.[0-9]* "$out/lib/"
+  fi
   rpath=lib
 fi
 if [ -n "$rpath" ]; then
-  # Single quotes: the linker gets $ORIGIN literally; the loader resolves it.
+  # Single quotes: the linker gets $ORIGIN literally; the loader resolves it. With --copy-lib
+  # an RPATH (not RUNPATH): it also serves the copied library's own dependencies.
   rp='-Wl,-rpath,$ORIGIN/../'"$rpath"
+  if [ "$copy_lib" = 1 ]; then rp="$rp -Wl,--disable-new-dtags"; fi
 else
   rp="-Wl,-rpath,$prefix/lib"
 fi
@@ -98,7 +118,7 @@ for spec in "$@"; do
   name=$(printf '%s' "${rel%.c}" | tr / _)
   # shellcheck disable=SC2086 # flag lists are word-split on purpose
   if cc -std=gnu11 -O1 -g -pthread $extra $cflags "${incs[@]}" -I"$cuda/include" \
-    "${srcs[@]}" -o "$out/bin/$name" $amllibs $libs "$cudart" -ldl -lrt -lpthread -lm "$rp" \
+    "${srcs[@]}" -o "$out/bin/$name" $amllibs $libs $cudart -ldl -lrt -lpthread -lm $rp \
     >"$out/build/$name.log" 2>&1; then
     built=$((built + 1))
     echo "$name" >>"$out/programs.txt"

@@ -12,7 +12,9 @@ pub mod sized;
 use crate::area::{aml_area_mmap, aml_area_munmap, AmlArea};
 use crate::error::{fail, guard, guard_ptr, inval, AML_ENOTSUP, AML_SUCCESS};
 use ferry_capi::Fail;
-use std::collections::HashMap;
+// foldhash: the allocators look an address up on every call (std's SipHash is slower than
+// AML's uthash there).
+use foldhash::HashMap;
 use std::ffi::{c_int, c_void};
 
 /// `struct aml_allocator_ops`: `alloc` and `free` are required, the chunk calls optional.
@@ -172,7 +174,7 @@ impl Pools {
         Pools {
             area,
             opts,
-            mapped: HashMap::new(),
+            mapped: HashMap::default(),
             last: 0,
         }
     }

@@ -7,7 +7,8 @@ use super::{publish, take, AmlAllocator, AmlAllocatorChunk, AmlAllocatorOps, Poo
 use crate::area::AmlArea;
 use crate::error::{fail, guard, guard_ptr, inval, AML_EBUSY, AML_ENOMEM, AML_SUCCESS};
 use ferry_capi::Fail;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use foldhash::HashMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
@@ -320,7 +321,7 @@ pub unsafe extern "C" fn aml_allocator_buddy_create(
             inner: Mutex::new(State {
                 buddy: BuddyAllocator::new(),
                 pools: Pools::new(area, opts),
-                chunks: HashMap::new(),
+                chunks: HashMap::default(),
             }),
         };
         // SAFETY: (1).
