@@ -98,6 +98,10 @@ pub unsafe extern "C" fn aml_dma_copy_custom(
         }
         // SAFETY: (1).
         let (o, d) = unsafe { ops(dma) }?;
+        if let (true, Some(f)) = (std::ptr::eq(o, &crate::linux::aml_dma_linux_ops), op) {
+            // SAFETY: (1): a Linux DMA's data; the operator with what it expects.
+            return unsafe { crate::linux::copy_here(d, f, dest, src, op_arg) };
+        }
         let mut req: *mut c_void = std::ptr::null_mut();
         // SAFETY: (1): the dma's own functions on its own data.
         let rc = unsafe {

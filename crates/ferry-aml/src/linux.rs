@@ -6,7 +6,8 @@
 //! - NULL operator: ferry's planned layout copy (a large copy is split across the workers);
 //!   layouts of another type, or two layouts whose spans overlap in one buffer (which ferry
 //!   does not plan): AML's generic element-wise copy.
-//! - An AML operator runs on a worker (as a ferry operator whose `lower` performs the copy);
+//! - An AML operator runs on a worker (as a ferry operator whose `lower` performs the copy), but
+//!   in a synchronous `aml_dma_copy_custom` on the calling thread (see `copy_here`);
 //!   its return value is the request's result.
 
 use crate::dma::{destroy_dma, planned_job, AmlCall, AmlDma, AmlDmaOperator, AmlDmaOps, Backend};
@@ -159,6 +160,27 @@ fn call_job(
         kind: MemKind::Pageable,
     };
     Job::custom(tag, None, Arc::new(AmlCall { op, dst, src, arg }))
+}
+
+/// A synchronous copy (`aml_dma_copy_custom`) with an AML operator on a Linux DMA: the
+/// operator runs on the calling thread, which would otherwise only wait for a worker to run
+/// it (the hand-off costs more than a small copy; AML's workers give requests no order
+/// either, so earlier requests still pending may run alongside, as on AML). Its return value.
+///
+/// # Safety
+/// 1. `data` is NULL or a Linux DMA's data.
+/// 2. `dst`/`src`/`arg` are what `op` expects.
+pub(crate) unsafe fn copy_here(
+    data: *const c_void,
+    op: unsafe extern "C" fn(*mut AmlLayout, *const AmlLayout, *mut c_void) -> c_int,
+    dst: *mut AmlLayout,
+    src: *mut AmlLayout,
+    arg: *mut c_void,
+) -> Result<c_int, Fail> {
+    // SAFETY: (1).
+    unsafe { linux(data) }?;
+    // SAFETY: (2).
+    Ok(unsafe { op(dst, src, arg) })
 }
 
 /// Waits for this request only and releases it: its result, or `-AML_EINVAL`.
