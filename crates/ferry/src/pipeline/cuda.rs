@@ -41,7 +41,7 @@ use super::report::RunReport;
 use super::source::{plan, slot_need, Dest, Source};
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
-use crate::engine::cuda::paths::staged::StagingConfig;
+use crate::engine::cuda::StagingConfig;
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};
@@ -498,10 +498,7 @@ where
                     // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
                     // checked within `from` by `part`) and the pinned buffer's first `c.len`.
                     unsafe { filler.queue(pinned.addr, at, c.len, self.fill.spread, demote) }
-                        .map_err(|e| {
-                            let e = crate::engine::cuda::paths::staged::StagedError::from(e);
-                            submit(crate::cuda::CudaError::from(e).into())
-                        })?
+                        .map_err(|e| submit(crate::SubmitError::ShutDown(e.to_string())))?
                 } else {
                     let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
                     let cpu = bounce.strided()?;

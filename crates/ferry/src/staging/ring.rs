@@ -214,3 +214,51 @@ mod tests {
         *ring.slot_mut(2) = ();
     }
 }
+
+/// Loom models of the ring's slot reuse (`scripts/loom.sh`): every interleaving, at most 4
+/// preemptions, of a slot's reader (a thread standing for the DMA) completing its request
+/// against the ring's owner polling the slot and taking it for the next chunk.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::request::Signal;
+    use crate::sync::{model, thread};
+    use loom::cell::UnsafeCell;
+    use std::sync::Arc;
+
+    /// A ring of one slot lent to chunk 0's reader, which reads the slot on another thread and
+    /// then completes its request; the owner polls the slot, then waits for it and writes
+    /// chunk 1 into it. The write never races the read (loom's cell reports a data race if the
+    /// completion did not order them), the reader sees chunk 0's bytes, and the slot is free
+    /// exactly once the request completed.
+    #[test]
+    fn loom_a_slot_is_refilled_only_after_its_reader_completed() {
+        model(|| {
+            let slot = Arc::new(UnsafeCell::new(0u32));
+            let mut ring: Ring<Arc<UnsafeCell<u32>>, Option<Request>> =
+                Ring::new(vec![Arc::clone(&slot)], vec![None]);
+            // SAFETY: no other thread has the slot yet.
+            ring.slots()[0].with_mut(|p| unsafe { *p = 7 });
+            let done = Arc::new(Signal::new());
+            *ring.done_mut(ring.slot_of(0)) = Some(Request::new(Arc::clone(&done)));
+            let reader = {
+                let slot = Arc::clone(&slot);
+                thread::spawn(move || {
+                    // SAFETY: the owner writes the slot only once this request completed.
+                    let seen = slot.with(|p| unsafe { *p });
+                    done.complete(Ok(()));
+                    seen
+                })
+            };
+            let b = ring.slot_of(1);
+            if ring.poll(b) == Ok(true) {
+                assert!(ring.is_free(b));
+            }
+            assert_eq!(ring.done_mut(b).wait(), Ok(()));
+            assert!(ring.is_free(b) && !ring.any_pending());
+            // SAFETY: the reader's request completed: it no longer reads the slot.
+            ring.slot_mut(b).with_mut(|p| unsafe { *p = 8 });
+            assert_eq!(reader.join().unwrap(), 7, "the reader saw chunk 1's bytes");
+        });
+    }
+}
