@@ -226,6 +226,14 @@ mod loom_tests {
     use loom::cell::UnsafeCell;
     use std::sync::Arc;
 
+    /// A slot's memory, read by the reader thread and written by the ring's owner.
+    struct Mem(UnsafeCell<u32>);
+    // SAFETY: the model's threads touch the cell only in turns the ring's completion orders;
+    // loom's cell itself checks that (a data race fails the model).
+    unsafe impl Send for Mem {}
+    // SAFETY: as above.
+    unsafe impl Sync for Mem {}
+
     /// A ring of one slot lent to chunk 0's reader, which reads the slot on another thread and
     /// then completes its request; the owner polls the slot, then waits for it and writes
     /// chunk 1 into it. The write never races the read (loom's cell reports a data race if the
@@ -234,18 +242,18 @@ mod loom_tests {
     #[test]
     fn loom_a_slot_is_refilled_only_after_its_reader_completed() {
         model(|| {
-            let slot = Arc::new(UnsafeCell::new(0u32));
-            let mut ring: Ring<Arc<UnsafeCell<u32>>, Option<Request>> =
+            let slot = Arc::new(Mem(UnsafeCell::new(0u32)));
+            let mut ring: Ring<Arc<Mem>, Option<Request>> =
                 Ring::new(vec![Arc::clone(&slot)], vec![None]);
             // SAFETY: no other thread has the slot yet.
-            ring.slots()[0].with_mut(|p| unsafe { *p = 7 });
+            ring.slots()[0].0.with_mut(|p| unsafe { *p = 7 });
             let done = Arc::new(Signal::new());
             *ring.done_mut(ring.slot_of(0)) = Some(Request::new(Arc::clone(&done)));
             let reader = {
                 let slot = Arc::clone(&slot);
                 thread::spawn(move || {
                     // SAFETY: the owner writes the slot only once this request completed.
-                    let seen = slot.with(|p| unsafe { *p });
+                    let seen = slot.0.with(|p| unsafe { *p });
                     done.complete(Ok(()));
                     seen
                 })
@@ -257,7 +265,7 @@ mod loom_tests {
             assert_eq!(ring.done_mut(b).wait(), Ok(()));
             assert!(ring.is_free(b) && !ring.any_pending());
             // SAFETY: the reader's request completed: it no longer reads the slot.
-            ring.slot_mut(b).with_mut(|p| unsafe { *p = 8 });
+            ring.slot_mut(b).0.with_mut(|p| unsafe { *p = 8 });
             assert_eq!(reader.join().unwrap(), 7, "the reader saw chunk 1's bytes");
         });
     }
