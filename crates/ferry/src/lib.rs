@@ -93,6 +93,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod request;
 mod small_list;
+mod staging;
 mod sync;
 
 /// The element-type trait of typed buffers ([`bytemuck::Pod`]), re-exported so that a user

@@ -17,7 +17,11 @@ use std::thread::JoinHandle;
 // ---------------------------------------------------------------------------------------------
 // Worker threads: a FIFO of tasks, run to the end of the queue on shutdown. Not the CPU
 // engine's pool (`engine/cpu/pool.rs`): its waiters run queued work inline, which is sound only
-// for work that never blocks, and these tasks block on the file and on the bounce ring.
+// for work that never blocks, and these tasks block on the file and on the bounce slots. Not
+// the staging workers (`staging/workers.rs`, `fill.rs`) either: those copy host memory and
+// never block, so a task that sleeps in `pread` would hold a copy worker (and its core) idle;
+// these threads mostly wait for the disk, and their host copies (slot <-> buffer without a GPU)
+// are the only copying they do.
 
 type Task = Box<dyn FnOnce() + Send>;
 

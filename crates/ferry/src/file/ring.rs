@@ -1,6 +1,15 @@
 //! The bounce ring: `depth` buffers of `chunk` bytes, page-aligned, that device transfers (and
 //! unaligned `O_DIRECT` ones) go through; pinned when the file engine has an engine to DMA from
 //! them and a CUDA driver is present, plain aligned host memory otherwise.
+//!
+//! Not the staging ring (`staging/ring.rs`, which the staged copies and the GPU pipeline's
+//! bounce buffers share), on purpose: that ring lends slot `i % depth` to chunk `i`, to one
+//! thread that issues the chunks in order, and a slot completes when the work recorded on it
+//! (an event, a request) has ended. Here many runner threads (and io_uring runners, several
+//! slots each) take slots at once, in no order, each holding one only for its own blocking
+//! read or write and the move to or from the buffer; a slot completes when its runner hands it
+//! back ([`SlotGuard`]'s drop, on every path). In chunk order a runner would wait for the slot
+//! another runner holds while others are free, so this is a free list under a lock.
 
 use super::error::FileError;
 use super::io::DIRECT_ALIGN;

@@ -6,7 +6,7 @@
 //! at about 18 GB/s (run 31: 0.28-0.40x the pinned-source pipeline), where the staged path reaches
 //! 46-51 GB/s only on 256 MiB-1 GiB requests. So the pipeline keeps K + 2 or more
 //! (`PipelineConfig::bounce_count`) pinned host buffers of a chunk: host threads fill the buffers
-//! of the next chunks (pageable: the fill workers of `engine/cuda/staged/fill.rs`, pieces of every
+//! of the next chunks (pageable: the fill workers of `staging/fill.rs`, pieces of every
 //! queued fill taken in order, by default a multiple of the workers' count of them, the
 //! submitting thread copying pieces of a fill it waits for ([`super::BounceFill`]); a strided
 //! chunk on a CPU engine's workers; both [`super::PipelineConfig::fill_threads`] threads
@@ -24,37 +24,18 @@
 //! the DMA only after waiting for chunk `i`'s fill, and nothing else reaches the buffers.
 
 use crate::request::{Request, RequestError};
-
-/// Bytes of later fills per fill worker after which a fill's lines have left the worker's
-/// private caches (see [`demoted_fill`]): each byte filled passes about two bytes of lines
-/// through the core (the source read, the destination written), so 1 MiB of fills cycles
-/// 2 MiB, the L2 of a core of the H200 host's Xeon.
-pub(super) const EVICT_BYTES_PER_WORKER: usize = 1 << 20;
-
-/// Whether the fill of the chunk of a contiguous pageable source that ends `end` bytes into a
-/// `total`-byte run moves its lines out of the fill workers' private caches once copied
-/// ([`super::BounceFill::demote_last`]): the chunks after which fewer than `workers` x
-/// [`EVICT_BYTES_PER_WORKER`] bytes of fills follow, the run's last ones.
-///
-/// Why: a DMA that reads host memory a core still holds modified in its private cache waits for
-/// that core to give up each line. In the middle of a run the fills of the chunks after a chunk
-/// push its lines out to the shared cache before its DMA reads them, and the DMA runs as fast
-/// as from pinned memory (45-47 us a 2 MiB chunk on the H200 host, as the pinned source's); the
-/// last chunks have too little filled after them, and their DMAs took 57-107 us (the traces of
-/// runs 96-104, `bench/results/h200.md`). Demoted, they took 44-52 us (one 64). The run's first
-/// chunk is read right after its fill too, but there it does not pay: demoting (or streaming)
-/// its lines lengthens the fill the first DMA waits for by about what it shortens that DMA.
-pub(super) fn demoted_fill(end: usize, total: usize, workers: usize) -> bool {
-    total.saturating_sub(end) < workers.saturating_mul(EVICT_BYTES_PER_WORKER)
-}
+use crate::staging::ring::Ring;
 
 /// B buffers (`S`: a pinned buffer on the GPU, anything in the CPU tests) lent in turn to
 /// chunk `i % B`: filled for chunk `i` ([`BounceRing::take`], then [`BounceRing::filling`]),
 /// read by chunk `i`'s DMA only once that fill completed ([`BounceRing::ready`]), and taken for
 /// chunk `i + B` only once that DMA ([`BounceRing::lend`]) and the fill have completed.
+///
+/// The staging ring (`staging/ring.rs`) with a request completing each slot (its reader's),
+/// and beside it each buffer's fill; the waits go through the caller's `wait` (the pipeline
+/// spins a little before it blocks).
 pub(super) struct BounceRing<S> {
-    slots: Vec<S>,
-    busy: Vec<Option<Request>>,
+    ring: Ring<S, Option<Request>>,
     /// Per buffer: the chunk being filled into it, and the fill.
     fills: Vec<Option<(usize, Request)>>,
 }
@@ -64,7 +45,10 @@ impl<S> BounceRing<S> {
     pub(super) fn new(slots: Vec<S>) -> BounceRing<S> {
         let busy = slots.iter().map(|_| None).collect();
         let fills = slots.iter().map(|_| None).collect();
-        BounceRing { slots, busy, fills }
+        BounceRing {
+            ring: Ring::new(slots, busy),
+            fills,
+        }
     }
 
     /// Chunk `index`'s buffer to fill, once the last reader of it (the request lent with chunk
@@ -76,40 +60,40 @@ impl<S> BounceRing<S> {
         index: usize,
         wait: &mut impl FnMut(Request) -> Result<(), RequestError>,
     ) -> Result<&mut S, RequestError> {
-        let b = index % self.slots.len();
+        let b = self.ring.slot_of(index);
         if let Some((_, f)) = self.fills[b].take() {
             // A fill never read (the run stopped before its DMA): its outcome is moot.
             let _ = wait(f);
         }
-        if let Some(r) = self.busy[b].take() {
+        if let Some(r) = self.ring.done_mut(b).take() {
             wait(r)?;
         }
-        Ok(&mut self.slots[b])
+        Ok(self.ring.slot_mut(b))
     }
 
     /// Records `fill` as writing chunk `index`'s buffer (just taken).
     pub(super) fn filling(&mut self, index: usize, fill: Request) {
-        let b = index % self.slots.len();
+        let b = self.ring.slot_of(index);
         self.fills[b] = Some((index, fill));
     }
 
     /// Whether chunk `index`'s fill has been started (and not yet waited for by `ready`).
     pub(super) fn is_filling(&self, index: usize) -> bool {
-        let b = index % self.slots.len();
+        let b = self.ring.slot_of(index);
         self.fills[b].as_ref().is_some_and(|(i, _)| *i == index)
     }
 
     /// Whether [`BounceRing::take`] of chunk `index` would wait for nothing: its buffer's last
     /// reader has completed (or there is none) and no fill is writing it. Never blocks.
     pub(super) fn is_free(&self, index: usize) -> bool {
-        let b = index % self.slots.len();
-        self.fills[b].is_none() && self.busy[b].as_ref().is_none_or(Request::is_done)
+        let b = self.ring.slot_of(index);
+        self.fills[b].is_none() && self.ring.is_free(b)
     }
 
     /// Whether chunk `index`'s fill has been started and has completed (successfully or not):
     /// [`BounceRing::ready`] would not wait. Never blocks.
     pub(super) fn is_filled(&self, index: usize) -> bool {
-        let b = index % self.slots.len();
+        let b = self.ring.slot_of(index);
         self.fills[b]
             .as_ref()
             .is_some_and(|(i, f)| *i == index && f.is_done())
@@ -125,22 +109,22 @@ impl<S> BounceRing<S> {
         if !self.is_filling(index) {
             return Ok(None);
         }
-        let b = index % self.slots.len();
+        let b = self.ring.slot_of(index);
         if let Some((_, f)) = self.fills[b].take() {
             wait(f)?;
         }
-        Ok(Some(&self.slots[b]))
+        Ok(Some(&self.ring.slots()[b]))
     }
 
     /// Marks chunk `index`'s buffer as read by `req` until it completes.
     pub(super) fn lend(&mut self, index: usize, req: &Request) {
-        let b = index % self.slots.len();
-        self.busy[b] = Some(req.share());
+        let b = self.ring.slot_of(index);
+        *self.ring.done_mut(b) = Some(req.share());
     }
 
     /// The buffers themselves.
     pub(super) fn slots(&self) -> &[S] {
-        &self.slots
+        self.ring.slots()
     }
 
     /// Waits for every fill still in flight (their outcome is moot: nothing reads them). A run
@@ -153,7 +137,7 @@ impl<S> BounceRing<S> {
 
     /// Forgets every lend: call only once every lent request has completed (a new run).
     pub(super) fn forget(&mut self) {
-        self.busy.iter_mut().for_each(|b| *b = None);
+        self.ring.forget_all();
     }
 }
 
@@ -162,25 +146,6 @@ mod tests {
     use super::*;
     use crate::request::{Completion, Signal};
     use std::sync::Arc;
-
-    #[test]
-    fn the_last_fills_are_demoted() {
-        let mib = 1 << 20;
-        // 64 MiB in 2 MiB chunks, 8 workers: the four whose later fills are under 8 MiB.
-        let demoted: Vec<usize> = (0..32)
-            .filter(|&i| demoted_fill((i + 1) * 2 * mib, 64 * mib, 8))
-            .collect();
-        assert_eq!(demoted, [28, 29, 30, 31]);
-        // 256 MiB in 8 MiB chunks, 12 workers: the last two.
-        let demoted: Vec<usize> = (0..32)
-            .filter(|&i| demoted_fill((i + 1) * 8 * mib, 256 * mib, 12))
-            .collect();
-        assert_eq!(demoted, [30, 31]);
-        // One chunk; a chunk ending past the run's bytes; no workers.
-        assert!(demoted_fill(mib, mib, 8));
-        assert!(demoted_fill(9 * mib, 8 * mib, 8));
-        assert!(!demoted_fill(mib, 64 * mib, 0));
-    }
 
     #[test]
     fn a_buffer_comes_back_only_after_its_reader_completed() {

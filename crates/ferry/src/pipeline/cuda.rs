@@ -32,7 +32,7 @@
 //! host thread (a staged copy) ends in the timeline when the compute stream next learned of it,
 //! later than it did.
 
-use super::bounce::{demoted_fill, BounceRing};
+use super::bounce::BounceRing;
 use super::chunk::{Chunk, Phase};
 use super::config::{BounceFill, PipelineConfig};
 use super::core::{self, Lanes};
@@ -41,11 +41,13 @@ use super::report::RunReport;
 use super::source::{plan, slot_need, Dest, Source};
 use crate::cuda::{CudaCompletion, CudaEngine, DeviceBuffer, InteropError, PinnedBuffer};
 use crate::engine::cpu::{CpuConfig, CpuEngine};
-use crate::engine::cuda::paths::staged::{Filler, StagingConfig, FILL_PIECE};
+use crate::engine::cuda::StagingConfig;
 use crate::engine::{Engine, Job};
 use crate::layout::Layout;
 use crate::memory::{MemKind, Memory, RawBuf};
 use crate::request::{Request, RequestError};
+use crate::staging::policy::{demoted_fill, FILL_PIECE};
+use crate::staging::Filler;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -116,7 +118,10 @@ impl Bounce {
     /// The fill workers for contiguous pageable chunks, started on first use.
     fn filler(&mut self) -> Result<&Filler, PipelineError> {
         if self.fill.is_none() {
-            self.fill = Some(Filler::new(self.staging).map_err(setup)?);
+            self.fill = Some(
+                Filler::new(self.staging.get_threads(), self.staging.non_temporal_h2d)
+                    .map_err(setup)?,
+            );
         }
         self.fill.as_ref().ok_or_else(|| setup("no fill workers"))
     }
@@ -493,7 +498,7 @@ where
                     // SAFETY: as above: `c.len` source bytes from `at` (a contiguous layout
                     // checked within `from` by `part`) and the pinned buffer's first `c.len`.
                     unsafe { filler.queue(pinned.addr, at, c.len, self.fill.spread, demote) }
-                        .map_err(|e| submit(crate::cuda::CudaError::from(e).into()))?
+                        .map_err(|e| submit(crate::SubmitError::ShutDown(e.to_string())))?
                 } else {
                     let job = Job::copy(pinned, self.src.slot_layout(c)?, from, from_l);
                     let cpu = bounce.strided()?;

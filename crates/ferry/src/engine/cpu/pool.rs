@@ -1,10 +1,11 @@
 //! The CPU engine's queue and worker threads.
 //!
-//! One of three pools, each kept for its own mechanism: here a thread that waits for a request
-//! runs that request's queued chunks itself (and a zero-thread pool runs everything on its
-//! callers), which is sound only because a chunk never blocks; the file engine's pool
-//! (`file/exec.rs`) runs tasks that block on `pread`/`pwrite` and on its bounce ring, and the
-//! staging pool (`cuda/staged/pool.rs`) runs one job on workers `0..n` at once, woken by index.
+//! Kept apart from the host staging subsystem's workers (`staging/workers.rs`, `fill.rs`) for
+//! its own mechanism: here a thread that waits for a request runs that request's queued chunks
+//! itself (and a zero-thread pool runs everything on its callers), which is sound only because
+//! a chunk never blocks; the file engine's pool (`file/exec.rs`) runs tasks that block on
+//! `pread`/`pwrite` and on its bounce slots, and the staging workers run one job on workers
+//! `0..n` at once, woken by index, or pieces of queued fills.
 
 use super::config::CpuConfig;
 use super::exec;

@@ -83,3 +83,15 @@ impl From<StagedError> for crate::RequestError {
         }
     }
 }
+
+impl From<crate::staging::WorkerError> for StagedError {
+    /// The staging workers' failure, as the staged path has always named it.
+    fn from(e: crate::staging::WorkerError) -> Self {
+        use crate::staging::WorkerError as W;
+        match e {
+            W::BadConfig(m) => StagedError::BadConfig(m),
+            W::Panicked => StagedError::WorkerPanicked,
+            W::Spawn(io) => StagedError::Spawn(io),
+        }
+    }
+}

@@ -29,13 +29,12 @@
 //! a pitched device side is written from the ring with `cuMemcpy2DAsync`.
 //!
 //! The parts, one file each: this file holds the API ([`Stager`], [`Direction`],
-//! [`StagedError`]); `config.rs` the tuning ([`StagingConfig`], `FERRY_STAGING_*`); `chunk.rs`
-//! which bytes each chunk carries; `ring.rs` the pinned slots and their events; `pool.rs` the
-//! worker threads; `nt_copy.rs` the workers' (non-temporal) copy and its pieces; `fill.rs` workers of
-//! their own filling the GPU pipeline's pinned bounce buffers with that copy, from a queue of
-//! pieces; `pipeline.rs` the loop that
-//! drives the workers, the ring and the DMAs; `segments.rs` segment lists
-//! ([`Stager::copy_segments`]: many runs of pageable memory packed into the ring's chunks).
+//! [`StagedError`]); the tuning is [`StagingConfig`] (`engine/cuda/config/staging.rs`,
+//! `FERRY_STAGING_*`); `chunk.rs` which bytes each chunk carries; `ring.rs` the pinned slots
+//! and their events; `pipeline.rs` the loop that drives the workers, the ring and the DMAs;
+//! `segments.rs` segment lists ([`Stager::copy_segments`]: many runs of pageable memory packed
+//! into the ring's chunks). The host side is the crate's staging subsystem (`src/staging/`):
+//! the worker pool, the (non-temporal) copy and its pieces, the fill policy.
 //!
 //! ```no_run
 //! use ferry::engine::cuda::staged::{Direction, Stager, StagingConfig};
@@ -58,10 +57,7 @@
 
 mod chunk;
 mod error;
-mod fill;
-mod nt_copy;
 mod pipeline;
-mod pool;
 mod ring;
 mod segments;
 mod stager;
@@ -71,5 +67,4 @@ pub use crate::engine::cuda::route::StagedDirection as Direction;
 #[cfg(feature = "bench")]
 pub use crate::engine::cuda::sys::error::driver_present;
 pub use error::StagedError;
-pub(crate) use fill::{Filler, FILL_PIECE};
 pub use stager::Stager;

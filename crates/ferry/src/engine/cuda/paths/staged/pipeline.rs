@@ -4,12 +4,13 @@
 
 use super::chunk::{add, Chunk, Chunker, Sides};
 use super::error::drv;
-use super::nt_copy::{copy_bytes, piece};
-use super::pool::{workers_for, Pool};
 use super::ring::Ring;
 use super::Direction;
 use super::StagedError;
 use super::StagingConfig;
+use crate::staging::copy::{copy_bytes, piece};
+use crate::staging::policy::workers_for;
+use crate::staging::Pool;
 use cudarc::driver::{sys, CudaStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -89,8 +90,8 @@ impl Flow<'_> {
     ) -> Result<(), StagedError> {
         let n = job.count();
         let t = workers_for(self.pool.threads(), job.bytes());
-        let depth = ring.slots.len();
-        let slots: Vec<SyncPtr> = ring.slots.iter().map(|p| SyncPtr(p.ptr())).collect();
+        let depth = ring.depth();
+        let slots: Vec<SyncPtr> = ring.slot_ptrs().into_iter().map(SyncPtr).collect();
         let h2d = dir == Direction::HostToDevice;
         let progress = Progress {
             n,
@@ -146,7 +147,7 @@ impl Flow<'_> {
     /// Host -> device coordinator of [`Flow::run`].
     fn flow_h2d(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
         let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
-        let depth = ring.slots.len();
+        let depth = ring.depth();
         let (mut issued, mut retired) = (0usize, 0usize);
         let mut spin = Backoff::new();
         while issued < n {
@@ -181,7 +182,7 @@ impl Flow<'_> {
     /// Device -> host coordinator of [`Flow::run`].
     fn flow_d2h(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
         let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
-        let depth = ring.slots.len();
+        let depth = ring.depth();
         let (mut issued, mut landed, mut drained) = (0usize, 0usize, 0usize);
         let mut spin = Backoff::new();
         while drained < n {

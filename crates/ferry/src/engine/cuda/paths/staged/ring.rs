@@ -1,14 +1,51 @@
-//! The ring of a staged copy: pinned slots (the crate's one pinned allocation,
-//! [`HostAlloc`]), each with an event recorded after the DMA that reads or fills it.
+//! The ring of a staged copy: the staging subsystem's ring (`staging/ring.rs`) of pinned slots
+//! (the crate's one pinned allocation, [`HostAlloc`]), each completed by an event recorded
+//! after the DMA that reads or fills it ([`SlotEvent`]).
 
 use super::error::{driver_error, drv};
 use super::StagedError;
 use super::StagingConfig;
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
+use crate::staging::ring::{Ring as SlotRing, SlotDone};
 use cudarc::driver::result as cu;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::Arc;
+
+/// What completes a staged slot: its event, recorded after the slot's DMA, and whether that
+/// record has not yet been seen complete.
+pub(super) struct SlotEvent {
+    event: CudaEvent,
+    pending: bool,
+}
+
+impl SlotDone for SlotEvent {
+    type Error = StagedError;
+    fn is_pending(&self) -> bool {
+        self.pending
+    }
+    /// Whether the slot's DMA is done (no wait). The slot stays pending if the query fails.
+    fn poll(&mut self) -> Result<bool, StagedError> {
+        if self.pending {
+            if !self.event.try_is_complete().map_err(drv("cuEventQuery"))? {
+                return Ok(false);
+            }
+            self.pending = false;
+        }
+        Ok(true)
+    }
+    /// Waits for the slot's DMA, if one is pending. The slot stays pending if the wait fails.
+    fn wait(&mut self) -> Result<(), StagedError> {
+        if self.pending {
+            driver::sync_event(&self.event).map_err(drv("cuEventSynchronize"))?;
+            self.pending = false;
+        }
+        Ok(())
+    }
+    fn forget(&mut self) {
+        self.pending = false;
+    }
+}
 
 /// A ring of pinned slots with one event per slot (recorded after the slot's DMA).
 ///
@@ -18,11 +55,8 @@ use std::sync::Arc;
 /// nothing is left, synchronizing the stream where an event cannot tell, and
 /// [`Ring::ready`] refuses a copy while something is left.
 pub(super) struct Ring {
-    /// The slots, `chunk_bytes` each.
-    pub(super) slots: Vec<HostAlloc>,
-    events: Vec<CudaEvent>,
-    /// Per slot: its event was recorded and has not been seen complete.
-    pending: Vec<bool>,
+    /// The slots, `chunk_bytes` each, and their events.
+    ring: SlotRing<HostAlloc, SlotEvent>,
     /// Driver work may be running that no pending event covers: a chunk's device side failed
     /// after some of its calls were enqueued, its event could not be recorded, or a slot's
     /// event could not be waited for. Only synchronizing the stream (or the context) ends it.
@@ -56,23 +90,31 @@ impl Ring {
         let mut events = Vec::with_capacity(cfg.ring_depth);
         for _ in 0..cfg.ring_depth {
             slots.push(HostAlloc::new(ctx, cfg.chunk_bytes, flags).map_err(driver_error)?);
-            events.push(
-                ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            events.push(SlotEvent {
+                event: ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
                     .map_err(drv("cuEventCreate"))?,
-            );
+                pending: false,
+            });
         }
         Ok(Ring {
-            pending: vec![false; slots.len()],
+            ring: SlotRing::new(slots, events),
             unsure: false,
-            slots,
-            events,
             scratch: Vec::new(),
         })
+    }
+    /// Slots in the ring.
+    pub(super) fn depth(&self) -> usize {
+        self.ring.depth()
+    }
+    /// The slots' addresses, in order.
+    pub(super) fn slot_ptrs(&self) -> Vec<*mut u8> {
+        self.ring.slots().iter().map(HostAlloc::ptr).collect()
     }
     /// The device scratch buffers, one per slot of `bytes` each (`bytes` is the ring's slot
     /// size; made on the first call, the ring's context current).
     pub(super) fn scratch(&mut self, bytes: usize) -> Result<Vec<u64>, StagedError> {
-        while self.scratch.len() < self.slots.len() {
+        while self.scratch.len() < self.ring.depth() {
             // SAFETY: a plain allocation in the current context, owned by the ring.
             let p = unsafe { cu::malloc_sync(bytes.max(1)) }.map_err(drv("cuMemAlloc"))?;
             count_alloc!(Device, 1);
@@ -80,26 +122,9 @@ impl Ring {
         }
         Ok(self.scratch.iter().map(|d| d.0).collect())
     }
-    /// Waits for the slot's DMA, if one is pending. The slot stays pending if the wait fails.
-    fn wait(&mut self, slot: usize) -> Result<(), StagedError> {
-        if self.pending[slot] {
-            driver::sync_event(&self.events[slot]).map_err(drv("cuEventSynchronize"))?;
-            self.pending[slot] = false;
-        }
-        Ok(())
-    }
     /// Whether the slot's DMA is done (no wait). The slot stays pending if the query fails.
     pub(super) fn poll(&mut self, slot: usize) -> Result<bool, StagedError> {
-        if self.pending[slot] {
-            if !self.events[slot]
-                .try_is_complete()
-                .map_err(drv("cuEventQuery"))?
-            {
-                return Ok(false);
-            }
-            self.pending[slot] = false;
-        }
-        Ok(true)
+        self.ring.poll(slot)
     }
     /// Enqueues a chunk's device side on `stream` (`issue`, given the slot's address: driver
     /// work that reads or fills the slot), then records the slot's event after it. If `issue`
@@ -113,7 +138,7 @@ impl Ring {
     ) -> Result<(), StagedError> {
         let before = self.unsure;
         self.unsure = true;
-        issue(self.slots[slot].ptr())?;
+        issue(self.ring.slots()[slot].ptr())?;
         self.record(slot, stream)?;
         self.unsure = before;
         Ok(())
@@ -127,10 +152,9 @@ impl Ring {
                 source: cu::DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE),
             });
         }
-        self.events[slot]
-            .record(stream)
-            .map_err(drv("cuEventRecord"))?;
-        self.pending[slot] = true;
+        let done = self.ring.done_mut(slot);
+        done.event.record(stream).map_err(drv("cuEventRecord"))?;
+        done.pending = true;
         Ok(())
     }
     /// Waits for every DMA the copy issued (also on the error path, so that no DMA outlives
@@ -140,13 +164,8 @@ impl Ring {
     /// context is current. Returns the first failure; the ring is settled unless even the
     /// synchronization failed (then [`Ring::ready`] tries again before the next copy).
     pub(super) fn drain(&mut self, stream: &CudaStream) -> Result<(), StagedError> {
-        let mut first = Ok(());
-        for s in 0..self.slots.len() {
-            if let Err(e) = self.wait(s) {
-                first = first.and(Err(e));
-            }
-        }
-        if self.unsure || self.pending.contains(&true) {
+        let mut first = self.ring.wait_all();
+        if self.unsure || self.ring.any_pending() {
             // SAFETY: `stream` is a live stream of this ring's context (the caller's).
             let by_stream = unsafe { sys::cuStreamSynchronize(stream.cu_stream()) }
                 .result()
@@ -163,7 +182,7 @@ impl Ring {
     /// drain that could not confirm that, the whole context is synchronized (the context is
     /// current); if even that fails the copy is refused before it touches a slot.
     pub(super) fn ready(&mut self) -> Result<(), StagedError> {
-        if self.unsure || self.pending.contains(&true) {
+        if self.unsure || self.ring.any_pending() {
             self.settle()?;
             self.settled();
         }
@@ -175,7 +194,7 @@ impl Ring {
     }
     /// Every DMA issued on the ring is known to have ended.
     fn settled(&mut self) {
-        self.pending.fill(false);
+        self.ring.forget_all();
         self.unsure = false;
     }
 }
@@ -184,8 +203,10 @@ impl Drop for Ring {
     fn drop(&mut self) {
         // A ring dropped unsettled (its last copy's drain could not synchronize): its pinned
         // slots are freed only after one more try at waiting for the context.
-        if self.unsure || self.pending.contains(&true) {
-            if let Some(ctx) = self.events.first().map(|e| Arc::clone(e.context())) {
+        if self.unsure || self.ring.any_pending() {
+            let ctx =
+                (self.ring.depth() > 0).then(|| Arc::clone(self.ring.done_mut(0).event.context()));
+            if let Some(ctx) = ctx {
                 if driver::bind(&ctx).is_ok() {
                     let _ = self.settle();
                 }

@@ -12,12 +12,12 @@
 //! of one copy.
 
 use super::chunk::add;
-use super::nt_copy::copy_bytes;
 use super::pipeline::{dma, Chunks, SyncPtr};
 use super::Direction;
 use super::StagedError;
 use crate::engine::cuda::paths::gather::{Gatherer, Segment, Strategy};
 use crate::engine::cuda::route;
+use crate::staging::copy::copy_bytes;
 use cudarc::driver::CudaStream;
 use std::sync::Arc;
 

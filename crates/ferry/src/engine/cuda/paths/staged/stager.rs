@@ -4,7 +4,6 @@
 use super::chunk::{add, Chunker, Sides};
 use super::error::{drv, StagedError};
 use super::pipeline::{Flow, Staging, SyncPtr};
-use super::pool::Pool;
 use super::ring::Ring;
 use super::segments::{Packing, SegStaging};
 use crate::engine::cuda::config::StagingConfig;
@@ -12,6 +11,7 @@ use crate::engine::cuda::paths::gather::{GatherError, Gatherer, Segment};
 use crate::engine::cuda::route::StagedDirection as Direction;
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::PinFlags;
+use crate::staging::Pool;
 use crate::Plan;
 use cudarc::driver::{CudaContext, CudaStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -286,8 +286,8 @@ fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::super::pool::workers_for;
     use super::{check_segments, segs_bytes, GatherError, Segment, StagedError};
+    use crate::staging::policy::workers_for;
 
     #[test]
     fn segment_lists_are_checked_against_both_buffers() {

@@ -1,11 +1,11 @@
 //! Asynchronous host-side copies into pinned memory: the GPU pipeline's bounce buffers
-//! (`pipeline/bounce.rs`) are filled from pageable memory with the staged path's copy
+//! (`pipeline/bounce.rs`) are filled from pageable memory with the staging copy
 //! ([`copy_bytes`], pieces cut by [`piece`]) on a [`Filler`]'s workers, and the thread that
 //! queues a copy goes on (enqueuing DMAs) and waits for the copy's request only when it needs
 //! the bytes.
 //!
 //! How the workers take the copies (why this is not the staged path's fork-join pool): a
-//! queued copy is cut into pieces of [`FILL_PIECE`] and each worker takes the next piece of the
+//! queued copy is cut into pieces of [`FILL_PIECE`](super::policy::FILL_PIECE) and each worker takes the next piece of the
 //! oldest copy from one queue, so consecutive copies overlap (a worker done with its piece of
 //! copy `i` starts on copy `i + 1` while others finish `i`: no barrier between copies) and a
 //! copy ends as soon as its last piece does. A copy can be cut into a multiple of the workers
@@ -19,9 +19,9 @@
 //! 200-250 us (16-20 GB/s) where the same workers' copy moves 46-51 GB/s in the staged path,
 //! whose workers flow from chunk to chunk without a barrier.
 
-use super::nt_copy::{copy_bytes, demote, piece};
-use super::StagedError;
-use super::StagingConfig;
+use super::copy::{copy_bytes, demote, piece};
+use super::policy::fill_pieces;
+use super::WorkerError;
 use crate::request::{Request, RequestError, Signal};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::thread::{self, JoinHandle};
@@ -31,37 +31,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Bytes of one piece of a copy, at most: what a worker takes at a time. One piece is 25-35 us
-/// of one core's copy (8-10 GB/s), against well under a microsecond to take it from the queue.
-/// A 2 MiB bounce buffer (the bench's 64 MiB rows) is 8 such pieces: fewer than the 12 default
-/// workers, so [`fill_pieces`] can cut a copy finer, into a multiple of the workers.
-pub(crate) const FILL_PIECE: usize = 256 << 10;
-
 /// How long an idle worker polls the queue (spinning, then yielding its core) before it sleeps
 /// on the condition variable. Longer than the gap between two fills of a running pipeline, so
 /// a fill does not wait for a wake-up (tens of microseconds on a VM whose idle virtual CPUs
 /// halt); short enough that the workers of an idle pipeline stop using the cores within a
 /// millisecond.
 const IDLE_SPIN: Duration = Duration::from_micros(500);
-
-/// Smallest piece [`fill_pieces`] cuts when it spreads a copy over the workers: a piece of a
-/// few microseconds of copying still dwarfs the taking of it.
-const MIN_SPREAD_PIECE: usize = 64 << 10;
-
-/// How many pieces a copy of `len` bytes is cut into for `workers` workers: pieces of
-/// [`FILL_PIECE`]; with `spread`, that count rounded up to a multiple of `workers` (pieces of
-/// [`MIN_SPREAD_PIECE`] at least), so that every worker takes an equal part of a copy the queue
-/// holds alone, such as a pipeline's first fill: a 2 MiB copy is 8 pieces of 256 KiB, which
-/// leave 4 of 12 workers to the next copy while the first one waits for its slowest piece;
-/// spread, 12 pieces of 172 KiB, one per worker. At least one piece.
-pub(crate) fn fill_pieces(len: usize, workers: usize, spread: bool) -> usize {
-    let pieces = len.div_ceil(FILL_PIECE).max(1);
-    if !spread || workers <= 1 {
-        return pieces;
-    }
-    let even = pieces.div_ceil(workers) * workers;
-    even.min(len.div_ceil(MIN_SPREAD_PIECE)).max(pieces)
-}
 
 /// One queued copy: addresses as integers (the thread that queued it keeps them valid).
 struct Fill {
@@ -178,7 +153,10 @@ impl Shared {
         // flag) before it completes the request.
         if f.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             let r = match f.failed.load(Ordering::Relaxed) {
-                true => Err(RequestError::from(StagedError::WorkerPanicked)),
+                true => Err(RequestError::Panicked {
+                    op: "staging fill".into(),
+                    msg: WorkerError::Panicked.to_string(),
+                }),
                 false => Ok(()),
             };
             f.done.complete(r);
@@ -202,14 +180,13 @@ fn take_front(q: &mut Queue, only: Option<u64>) -> Option<(Arc<Fill>, usize)> {
 }
 
 impl Filler {
-    /// `cfg.get_threads()` workers; non-temporal stores when `cfg`'s host -> device setting
-    /// asks for them (`FERRY_STAGING_NT_H2D` through [`StagingConfig::from_env`]).
-    /// Errors: [`StagedError::BadConfig`] (no threads, or more than 256), [`StagedError::Spawn`].
-    pub(crate) fn new(cfg: StagingConfig) -> Result<Filler, StagedError> {
-        if !(1..=256).contains(&cfg.threads) {
-            return Err(StagedError::BadConfig(format!(
-                "threads {} is not in 1..=256",
-                cfg.threads
+    /// `threads` workers; non-temporal stores when `nt` (the engine's host -> device staging
+    /// setting, which its caller read: nothing here reads the environment).
+    /// Errors: [`WorkerError::BadConfig`] (no threads, or more than 256), [`WorkerError::Spawn`].
+    pub(crate) fn new(threads: usize, nt: bool) -> Result<Filler, WorkerError> {
+        if !(1..=256).contains(&threads) {
+            return Err(WorkerError::BadConfig(format!(
+                "threads {threads} is not in 1..=256"
             )));
         }
         let shared = Arc::new(Shared {
@@ -219,20 +196,20 @@ impl Filler {
             }),
             wake: Condvar::new(),
             queued: AtomicU64::new(0),
-            nt: cfg.non_temporal_h2d,
+            nt,
             #[cfg(all(test, loom))]
             copied: std::sync::atomic::AtomicUsize::new(0),
         });
         let mut filler = Filler {
             shared,
-            threads: Vec::with_capacity(cfg.threads),
+            threads: Vec::with_capacity(threads),
         };
-        for i in 0..cfg.threads {
+        for i in 0..threads {
             let sh = Arc::clone(&filler.shared);
             let t = thread::Builder::new()
                 .name(format!("ferry-fill-{i}"))
                 .spawn(move || sh.worker())
-                .map_err(StagedError::Spawn)?;
+                .map_err(WorkerError::Spawn)?;
             // On a failed spawn, the drop of `filler` stops and joins those started.
             filler.threads.push(t);
         }
@@ -243,7 +220,7 @@ impl Filler {
     /// [`fill_pieces`] (`spread`: a multiple of the workers), each piece's lines moved out of
     /// its worker's private caches once copied where `demote` asks ([`demote`]: for a copy a
     /// DMA reads soon after); the request completes when the bytes are in `dst` (non-temporal
-    /// stores fenced), or with [`StagedError::WorkerPanicked`].
+    /// stores fenced), or with `RequestError::Panicked` (a piece's copy panicked).
     ///
     /// # Safety
     /// 1. `src` is readable and `dst` writable for `len` bytes, the ranges do not overlap, and
@@ -256,7 +233,7 @@ impl Filler {
         len: usize,
         spread: bool,
         demote: bool,
-    ) -> Result<Request, StagedError> {
+    ) -> Result<Request, WorkerError> {
         let done = Arc::new(Signal::new());
         let req = Request::new(Arc::clone(&done));
         let pieces = fill_pieces(len, self.threads.len(), spread);
@@ -274,7 +251,7 @@ impl Filler {
         {
             let mut q = lock(&self.shared.queue);
             if q.shutdown || self.threads.is_empty() {
-                return Err(StagedError::BadConfig(
+                return Err(WorkerError::BadConfig(
                     "the fill workers have stopped".into(),
                 ));
             }
@@ -325,7 +302,7 @@ mod tests {
 
     #[test]
     fn queued_fills_copy_every_byte_without_blocking_the_caller() {
-        let filler = Filler::new(StagingConfig::new().threads(3)).expect("filler");
+        let filler = Filler::new(3, false).expect("filler");
         let src: Vec<u8> = (0..(9 << 20) + 77u32)
             .map(|i| (i * 31 % 251) as u8)
             .collect();
@@ -360,7 +337,7 @@ mod tests {
     /// request complete only once its bytes are in.
     #[test]
     fn overlapping_fills_and_fills_after_sleep_are_all_complete() {
-        let filler = Filler::new(StagingConfig::new().threads(4)).expect("filler");
+        let filler = Filler::new(4, false).expect("filler");
         let src: Vec<u8> = (0..(3 << 20) + 4099u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
             .collect();
@@ -393,60 +370,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn spread_fills_give_every_worker_an_equal_part() {
-        // The bench's chunks on 12 workers (the pipeline's fill workers on the GPU host until
-        // they became 8): 8 and 32 pieces of 256 KiB, spread 12 and 36; small copies keep
-        // pieces of 64 KiB or more.
-        assert_eq!(fill_pieces(2 << 20, 12, false), 8);
-        assert_eq!(fill_pieces(2 << 20, 12, true), 12);
-        assert_eq!(fill_pieces(8 << 20, 12, false), 32);
-        assert_eq!(fill_pieces(8 << 20, 12, true), 36);
-        assert_eq!(fill_pieces(100 << 10, 12, true), 2);
-        assert_eq!(fill_pieces(0, 12, true), 1);
-        assert_eq!(fill_pieces(5 << 20, 1, true), 20);
-        for workers in 1..=16 {
-            for len in [
-                1,
-                4096,
-                300_000,
-                1 << 20,
-                (2 << 20) + 12_345,
-                8 << 20,
-                33 << 20,
-            ] {
-                let (plain, spread) = (
-                    fill_pieces(len, workers, false),
-                    fill_pieces(len, workers, true),
-                );
-                assert!(spread >= plain, "{len} on {workers}: {spread} < {plain}");
-                // The pieces cover the copy once (the last may be empty: 4 KiB rounding).
-                let parts: Vec<_> = (0..spread).filter_map(|i| piece(len, spread, i)).collect();
-                let mut next = 0;
-                for &(at, l) in &parts {
-                    assert_eq!(at, next, "{len} on {workers}");
-                    next += l;
-                }
-                assert_eq!(next, len, "{len} on {workers}");
-                if len >= workers * MIN_SPREAD_PIECE {
-                    // Every worker has a piece of a copy queued alone, none over FILL_PIECE.
-                    assert_eq!(spread % workers, 0, "{len} on {workers}: {spread} pieces");
-                    assert!(parts.len() >= workers, "{len} on {workers}: {parts:?}");
-                    assert!(
-                        parts.iter().all(|p| p.1 <= FILL_PIECE),
-                        "{len} on {workers}"
-                    );
-                }
-            }
-        }
-    }
-
     /// A thread waiting for a copy copies that copy's untaken pieces and no other copy's: it
     /// returns once none of its copy's pieces is left in the queue, the copy's bytes are all
     /// in place once its request completes, and a request of no queued copy gets no help.
     #[test]
     fn help_copies_pieces_of_its_own_copy_only() {
-        let filler = Filler::new(StagingConfig::new().threads(1)).expect("filler");
+        let filler = Filler::new(1, false).expect("filler");
         let src: Vec<u8> = (0..(16u32 << 20))
             .map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8)
             .collect();
@@ -501,7 +430,7 @@ mod loom_tests {
     }
 
     fn filler() -> Filler {
-        Filler::new(StagingConfig::new().threads(2)).unwrap()
+        Filler::new(2, false).unwrap()
     }
 
     /// Pieces copied by every thread so far; read once the filler is dropped (its workers

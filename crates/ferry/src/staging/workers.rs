@@ -1,19 +1,20 @@
-//! The staging workers: a persistent fork-join pool. `run_with(n, f, main)` calls `f(i)` on
-//! worker `i` for `i` in `0..n` (only those are woken, always the same low-numbered ones), runs
-//! `main` on the calling thread meanwhile, and returns when all `n` have returned. It runs one
-//! job at a time: a second `run_with`, from another thread, waits for the first to return.
+//! The staging workers' fork-join pool. `run_with(n, f, main)` calls `f(i)` on worker `i` for
+//! `i` in `0..n` (only those are woken, always the same low-numbered ones), runs `main` on the
+//! calling thread meanwhile, and returns when all `n` have returned. It runs one job at a time:
+//! a second `run_with`, from another thread, waits for the first to return. The staged path
+//! (`engine/cuda/paths/staged/`) runs its chunk loop on it.
 //!
-//! Why this is not the CPU engine's pool (`engine/cpu/pool.rs`) nor the file engine's
-//! (`file/exec.rs`): those are queues of independent tasks, any worker taking the next; a
+//! Why a fork-join pool and not a queue of independent tasks (the CPU engine's
+//! `engine/cpu/pool.rs`, the file engine's `file/exec.rs`, the fill queue of `fill.rs`): a
 //! staged copy needs `n` workers running one job at the same time, side by side with the
 //! coordinating thread, and it must wake exactly those `n`, always the same warm ones. Each
 //! worker sleeps on its own condition variable for that: with one shared condition variable,
 //! waking 4 of 12 workers rotated through all twelve, each waking cold, and 1-8 MiB staged
 //! copies ran as slowly as with all twelve (H200 run 28, commit a7006da); waking workers 0..n
 //! gave 1.09-1.15x the driver's pageable path at 4-8 MiB host -> device (run 29, see
-//! [`workers_for`]).
+//! [`workers_for`](super::policy::workers_for)).
 
-use super::StagedError;
+use super::WorkerError;
 use crate::sync::thread::{self, JoinHandle};
 use crate::sync::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -42,15 +43,15 @@ struct PoolShared {
     done: Condvar,
 }
 
-/// The persistent fork-join pool of a [`Stager`](super::Stager); see the module documentation.
-pub(super) struct Pool {
+/// The persistent fork-join pool of a staged copier (`Stager`); see the module documentation.
+pub(crate) struct Pool {
     shared: Arc<PoolShared>,
     handles: Vec<JoinHandle<()>>,
     run_lock: Mutex<()>,
 }
 
 impl Pool {
-    pub(super) fn new(threads: usize) -> Result<Pool, StagedError> {
+    pub(crate) fn new(threads: usize) -> Result<Pool, WorkerError> {
         let shared = Arc::new(PoolShared {
             state: Mutex::new(PoolState {
                 generation: 0,
@@ -73,13 +74,13 @@ impl Pool {
             let h = thread::Builder::new()
                 .name(format!("ferry-stage-{i}"))
                 .spawn(move || Pool::worker(sh, i))
-                .map_err(StagedError::Spawn)?;
+                .map_err(WorkerError::Spawn)?;
             pool.handles.push(h);
         }
         Ok(pool)
     }
 
-    pub(super) fn threads(&self) -> usize {
+    pub(crate) fn threads(&self) -> usize {
         self.handles.len()
     }
 
@@ -121,16 +122,16 @@ impl Pool {
 
     /// Runs `f(i)` for each `i` in `0..n` on `n` workers (at most all of them) while `main`
     /// runs on the calling thread, then waits for those workers (after one job of another
-    /// thread, if one is running). Returns `main`'s error first, else `WorkerPanicked` if a
+    /// thread, if one is running). Returns `main`'s error first, else [`WorkerError::Panicked`] if a
     /// worker panicked. If `main` panics, the panic goes on once the workers have returned:
     /// `f` must then return without `main` (the staged pipeline's workers watch a stop flag
     /// that its coordinator sets when it fails or panics), else this waits forever.
-    pub(super) fn run_with(
+    pub(crate) fn run_with<E: From<WorkerError>>(
         &self,
         n: usize,
         f: &(dyn Fn(usize) + Sync),
-        main: impl FnOnce() -> Result<(), StagedError>,
-    ) -> Result<(), StagedError> {
+        main: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
         let n = n.clamp(1, self.handles.len());
         let _turn = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: erases the borrow's lifetime; the pointer is used only until every worker has
@@ -174,7 +175,7 @@ impl Pool {
             .panicked;
         r?;
         if panicked {
-            return Err(StagedError::WorkerPanicked);
+            return Err(WorkerError::Panicked.into());
         }
         Ok(())
     }
@@ -195,20 +196,9 @@ impl Drop for Pool {
     }
 }
 
-/// Workers for a staged copy of `bytes`: one per 2 MiB, at least 4, at most the pool's. On the
-/// H200 host (run 27, `ferry bench --test cuda-h2d-pageable`, staged / the driver's pageable
-/// path) 12 workers gave 0.97x / 0.56x / 0.81x / 1.36x at 2 / 4 / 8 / 16 MiB, 4 workers 1.18x /
-/// 1.18x / 1.34x / 1.46x; 256 MiB needs all 12 for its 45+ GB/s (4 workers: 30 GB/s, run 29).
-/// With this choice and the pool waking workers 0..n (run 29): host to device 0.93-1.12x at
-/// 2 MiB, 1.09-1.15x at 4-8 MiB, 48.8 GB/s at 256 MiB; device to host 1.5x at 1 MiB, 51 GB/s
-/// at 256 MiB.
-pub(super) fn workers_for(pool: usize, bytes: usize) -> usize {
-    (bytes / (2 << 20)).max(4).min(pool.max(1))
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::Pool;
+    use super::{Pool, WorkerError};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
@@ -238,7 +228,7 @@ mod tests {
                 },
                 || {
                     main_ran.fetch_add(1, Ordering::Relaxed);
-                    Ok(())
+                    Ok::<(), WorkerError>(())
                 },
             )
             .expect("run");
@@ -263,19 +253,18 @@ mod tests {
         let pool = Pool::new(3).expect("pool");
         let prev = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
-        let r = pool.run_with(2, &|i| assert!(i != 1, "worker 1 fails"), || Ok(()));
+        let r = pool.run_with(2, &|i| assert!(i != 1, "worker 1 fails"), || {
+            Ok::<(), WorkerError>(())
+        });
         std::panic::set_hook(prev);
-        assert!(
-            matches!(r, Err(super::StagedError::WorkerPanicked)),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(super::WorkerError::Panicked)), "{r:?}");
         let count = AtomicUsize::new(0);
         pool.run_with(
             3,
             &|_| {
                 count.fetch_add(1, Ordering::Relaxed);
             },
-            || Ok(()),
+            || Ok::<(), WorkerError>(()),
         )
         .expect("run after a panic");
         assert_eq!(count.load(Ordering::Relaxed), 3);
@@ -287,7 +276,7 @@ mod tests {
 /// and the shutdown.
 #[cfg(all(test, loom))]
 mod loom_tests {
-    use super::{Pool, StagedError};
+    use super::{Pool, WorkerError};
     use crate::sync::atomic::{AtomicUsize, Ordering};
     use crate::sync::{model, thread};
 
@@ -329,7 +318,7 @@ mod loom_tests {
                 },
                 || {
                     main_ran.fetch_add(1, Ordering::Relaxed);
-                    Ok(())
+                    Ok::<(), WorkerError>(())
                 },
             )
             .unwrap();
@@ -358,16 +347,16 @@ mod loom_tests {
                     }
                     hits.fetch_add(1, Ordering::Relaxed);
                 },
-                || Ok(()),
+                || Ok::<(), WorkerError>(()),
             );
-            assert!(matches!(r, Err(StagedError::WorkerPanicked)), "{r:?}");
+            assert!(matches!(r, Err(WorkerError::Panicked)), "{r:?}");
             assert_eq!(hits.load(Ordering::Relaxed), 1);
             let r = pool.run_with(
                 1,
                 &|_| {
                     hits.fetch_add(1, Ordering::Relaxed);
                 },
-                || Ok(()),
+                || Ok::<(), WorkerError>(()),
             );
             assert!(r.is_ok(), "{r:?}");
             assert_eq!(hits.load(Ordering::Relaxed), 2);

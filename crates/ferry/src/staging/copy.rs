@@ -1,15 +1,17 @@
-//! The host-side copy of a staged chunk: a plain `memcpy`, or on x86-64 one with non-temporal
-//! (streaming) stores, which skip the read-for-ownership of each destination line. Host memory
-//! bandwidth, shared by the workers' copies and the DMA, is what caps a staged copy
-//! ([`StagingConfig::non_temporal`](super::StagingConfig::non_temporal)). And [`demote`], which
-//! moves just-written lines out of the writing core's private caches before a DMA reads them.
+//! The host-side copy of every staging user (a staged chunk, a bounce buffer's fill): a plain
+//! `memcpy`, or on x86-64 one with non-temporal (streaming) stores, which skip the
+//! read-for-ownership of each destination line. Host memory bandwidth, shared by the workers'
+//! copies and the DMA, is what caps a staged copy
+//! ([`StagingConfig::non_temporal`](crate::cuda::StagingConfig::non_temporal)). And
+//! [`demote`], which moves just-written lines out of the writing core's private caches before a
+//! DMA reads them; [`piece`] cuts a copy between workers.
 
 /// Copies `len` bytes from `src` to `dst`; with `nt` on x86-64, through non-temporal 16-byte
 /// stores (then a store fence, so the bytes are visible to the DMA that follows).
 ///
 /// # Safety
 /// 1. `src` is readable and `dst` writable for `len` bytes, and the two ranges do not overlap.
-pub(super) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize, nt: bool) {
+pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize, nt: bool) {
     #[cfg(target_arch = "x86_64")]
     if nt && len >= 4096 {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
@@ -81,7 +83,7 @@ pub(crate) unsafe fn demote(addr: *const u8, len: usize) {
 
 /// Worker `i`'s piece of a `len`-byte copy split across `t` workers, as `(offset, len)`: `t`
 /// equal pieces rounded up to 4 KiB (small copies stay on few workers), `None` past the end.
-pub(super) fn piece(len: usize, t: usize, i: usize) -> Option<(usize, usize)> {
+pub(crate) fn piece(len: usize, t: usize, i: usize) -> Option<(usize, usize)> {
     let per = len.div_ceil(t.max(1)).div_ceil(4096) * 4096;
     let start = i.checked_mul(per)?;
     (start < len).then(|| (start, per.min(len - start)))
