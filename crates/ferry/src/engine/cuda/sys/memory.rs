@@ -699,6 +699,124 @@ unsafe impl MemoryMut for ManagedBuffer {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Interprocess memory, for the agent (`crate::agent`): a device allocation's CUDA IPC handle, a
+// peer's allocation opened in this process, and a peer's shared host pages page-locked here.
+
+/// The CUDA IPC handle of `buf`'s allocation (`cuIpcGetMemHandle`): 64 bytes another process
+/// of the same host opens with [`IpcMapping::open`].
+pub(crate) fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; 64], CudaError> {
+    driver::bind(&buf.ctx)?;
+    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: `h` is a valid out-pointer; `buf.ptr` is the base of a live allocation of the
+    // context made current above.
+    check("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(&mut h, buf.ptr)
+    })?;
+    Ok(h.reserved.map(|b| b as u8))
+}
+
+/// Another process's device allocation opened in this one (`cuIpcOpenMemHandle`), closed on
+/// drop (`cuIpcCloseMemHandle`).
+pub(crate) struct IpcMapping {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ordinal: u32,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a device address plus a length; the driver allows any thread to use it.
+unsafe impl Send for IpcMapping {}
+// SAFETY: shared access only reads the address and length.
+unsafe impl Sync for IpcMapping {}
+
+impl IpcMapping {
+    /// Opens `handle` (from [`ipc_handle`] in another process) on device `ordinal`, an
+    /// allocation of `len` bytes.
+    pub(crate) fn open(
+        ordinal: u32,
+        handle: &[u8; 64],
+        len: usize,
+    ) -> Result<IpcMapping, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        driver::bind(&ctx)?;
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: `ptr` is a valid out-pointer; the handle is plain bytes the driver checks.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags)
+        })?;
+        Ok(IpcMapping {
+            ptr,
+            len,
+            ordinal,
+            ctx,
+        })
+    }
+
+    /// The opened memory as an engine sees it.
+    pub(crate) fn raw(&self) -> RawBuf {
+        RawBuf {
+            addr: self.ptr,
+            len: self.len,
+            kind: MemKind::Device {
+                ordinal: self.ordinal,
+            },
+        }
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: `ptr` was opened by `open` and is closed once; no request of this
+            // process uses it any more (the agent waits for them first).
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// Host pages mapped by the caller (a peer's shared memory) page-locked with
+/// `cuMemHostRegister` (portable, mapped) until drop.
+pub(crate) struct HostPin {
+    ptr: *mut u8,
+    _ctx: Arc<CudaContext>,
+}
+
+// SAFETY: an address registered with the driver; any thread may unregister it.
+unsafe impl Send for HostPin {}
+// SAFETY: shared access reads nothing.
+unsafe impl Sync for HostPin {}
+
+impl HostPin {
+    /// Page-locks the `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr + len` is mapped memory of this process that stays mapped until the
+    ///    returned value is dropped.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Result<HostPin, CudaError> {
+        let ctx = driver::context(0)?;
+        driver::bind(&ctx)?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: the caller keeps the range mapped while registered (point 1).
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
+        })
+        .map_err(|e| alloc_err("host registration", len, e))?;
+        Ok(HostPin { ptr, _ctx: ctx })
+    }
+}
+
+impl Drop for HostPin {
+    fn drop(&mut self) {
+        // SAFETY: registered by `new`, unregistered once, while still mapped (its contract).
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
