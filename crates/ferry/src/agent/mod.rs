@@ -994,4 +994,11 @@ impl RemoteRegion {
     pub fn descriptor(&self) -> &Descriptor {
         &self.desc
     }
+    /// The memory as this process sees it: the mapped address of shared memory or of a CUDA
+    /// IPC allocation (for copies of the caller's own, e.g. a benchmark's raw baseline), or the
+    /// peer's own address of pageable memory reached by cross-memory attach (not an address of
+    /// this process).
+    pub fn raw(&self) -> RawBuf {
+        self.mem.raw
+    }
 }
