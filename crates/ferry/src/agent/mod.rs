@@ -2,7 +2,7 @@
 //! ([`Region`]s) and hands out small [`Descriptor`]s of it; a peer process connects to the
 //! agent ([`Agent::connect`] gives a [`Peer`]), opens a descriptor ([`Peer::import`] gives a
 //! [`RemoteRegion`]) and reads or writes it with segment lists ([`Agent::read`],
-//! [`Agent::write`]): many segments, one [`Request`](crate::Request) (wait, poll, Future, one
+//! [`Agent::write`]): many segments, one [`Request`] (wait, poll, Future, one
 //! error), and an optional notification to the owner when the transfer is seen complete.
 //!
 //! How the bytes move (one host), by the registration's kind:
