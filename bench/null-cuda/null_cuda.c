@@ -1189,7 +1189,8 @@ CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, uint64_t v, unsigned
 }
 
 // ---------------------------------------------------------------------------------------------
-// Interprocess memory (cuIpcGetMemHandle / cuIpcOpenMemHandle_v2 / cuIpcCloseMemHandle), so that
+// Interprocess memory (cuIpcGetMemHandle / cuIpcOpenMemHandle_v2 / cuIpcCloseMemHandle, and the
+// virtual memory calls with POSIX file descriptors further down), so that
 // ferry's agent (crates/ferry/src/agent/) runs its cross-process logic for real without a GPU.
 // Device allocations are whole pages (alloc_device rounds them); exporting one moves its pages
 // into a memfd mapped shared over the same addresses (its bytes kept), and the handle names
@@ -1199,6 +1200,7 @@ CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, uint64_t v, unsigned
 // (CUDA_ERROR_INVALID_CONTEXT).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct { char reserved[64]; } CUipcMemHandle;
@@ -1298,6 +1300,125 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   del(p);
   munmap((void *)p, pages(len));
   return OK;
+}
+
+// The driver's virtual memory calls as far as the agent uses them (cuMemCreate and the POSIX
+// file descriptor it exports): an allocation is a memfd, its handle a pointer to {fd, size};
+// cuMemAddressReserve reserves addresses (PROT_NONE), cuMemMap maps the memfd there shared,
+// cuMemSetAccess records the range as device memory. Another process imports the descriptor
+// (passed over a Unix socket) and maps the same bytes. Granularity: 2 MiB, as on a GPU.
+struct vmm { int fd; uint64_t size; };
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) {
+  ENTRY();
+  (void)prop;
+  (void)option;
+  if (!g) return INVALID_VALUE;
+  *g = 2u << 20;
+  return OK;
+}
+
+static CUresult vmm_new(uint64_t *h, int fd, uint64_t size) {
+  struct vmm *v = malloc(sizeof *v);
+  if (!v) {
+    close(fd);
+    return OUT_OF_MEMORY;
+  }
+  *v = (struct vmm){fd, size};
+  *h = (uint64_t)(uintptr_t)v;
+  return OK;
+}
+
+CUresult cuMemCreate(uint64_t *h, size_t size, const void *prop, unsigned long long flags) {
+  ENTRY();
+  (void)prop;
+  (void)flags;
+  if (!h || size == 0 || size % (2u << 20)) return INVALID_VALUE;
+  int fd = memfd_create("null-cuda-vmm", MFD_CLOEXEC);
+  if (fd < 0) return OUT_OF_MEMORY;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    return OUT_OF_MEMORY;
+  }
+  return vmm_new(h, fd, size);
+}
+
+CUresult cuMemRelease(uint64_t h) {
+  ENTRY();
+  struct vmm *v = (struct vmm *)(uintptr_t)h;
+  if (!v) return INVALID_VALUE;
+  close(v->fd);
+  free(v);
+  return OK;
+}
+
+CUresult cuMemExportToShareableHandle(void *out, uint64_t h, int type, unsigned long long flags) {
+  ENTRY();
+  (void)flags;
+  struct vmm *v = (struct vmm *)(uintptr_t)h;
+  if (!v || !out || type != 1) return INVALID_VALUE;  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return OUT_OF_MEMORY;
+  *(int *)out = fd;
+  return OK;
+}
+
+CUresult cuMemImportFromShareableHandle(uint64_t *h, void *os, int type) {
+  ENTRY();
+  struct stat st;
+  int fd = (int)(intptr_t)os;
+  if (!h || type != 1 || fstat(fd, &st) != 0) return INVALID_VALUE;
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return OUT_OF_MEMORY;
+  return vmm_new(h, own, (uint64_t)st.st_size);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long flags) {
+  ENTRY();
+  (void)align;
+  (void)addr;
+  (void)flags;
+  if (!p || size == 0) return INVALID_VALUE;
+  void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return OUT_OF_MEMORY;
+  *p = (uint64_t)m;
+  return OK;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+  ENTRY();
+  return munmap((void *)p, size) == 0 ? OK : INVALID_VALUE;
+}
+
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, uint64_t h, unsigned long long flags) {
+  ENTRY();
+  (void)flags;
+  struct vmm *v = (struct vmm *)(uintptr_t)h;
+  if (!v || offset + size > v->size) return INVALID_VALUE;
+  void *m = mmap((void *)p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd,
+                 (off_t)offset);
+  return m == MAP_FAILED ? INVALID_VALUE : OK;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
+  ENTRY();
+  (void)desc;
+  (void)count;
+  if (known(p, 1)) return OK;
+  pthread_mutex_lock(&alloc_lock);
+  CUresult r = add_locked(p, size, A_DEVICE);
+  pthread_mutex_unlock(&alloc_lock);
+  return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+  ENTRY();
+  drain_all(0);
+  del(p);
+  void *m = mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                 -1, 0);
+  return m == MAP_FAILED ? INVALID_VALUE : OK;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,9 +4,11 @@
 //! them, against a raw baseline in one process on the same bytes.
 //!
 //! Rows (GB/s = 10^9 B/s of payload, host clock around post + wait, median of the samples):
-//! - `ipc-d2d-write` / `ipc-d2d-read`: device here -> the peer's device memory and back; raw:
-//!   one `cuMemcpyAsync` per segment between the same two pointers (the peer's opened here)
-//!   on one stream, then `cuStreamSynchronize`.
+//! - `ipc-d2d-write` / `ipc-d2d-read`: device here -> the peer's device memory (a
+//!   `DeviceBuffer`, CUDA IPC) and back; raw: one `cuMemcpyAsync` per segment between the same
+//!   two pointers (the peer's opened here) on one stream, then `cuStreamSynchronize`.
+//! - `ipc-vmm-d2d-write`: device here -> the peer's VMM allocation (`Agent::alloc_device`,
+//!   imported from a file descriptor); raw as above.
 //! - `ipc-h2d-read`: the peer's pinned host memory -> device here (an upload across processes);
 //!   raw: one `cuMemcpyHtoDAsync` per segment from pinned memory of this process.
 //! - `ipc-d2h-write`: device here -> the peer's pinned host memory; raw: `cuMemcpyDtoHAsync`
@@ -52,12 +54,14 @@ fn gpu() -> bool {
 fn peer(bytes: usize) -> Result<(), Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     let regions: Vec<Region>;
+    writeln!(out, "COUNT {}", if gpu() { 3 } else { 2 })?;
     let agent;
     if gpu() {
         agent = Agent::new("bench-peer", Arc::new(CudaEngine::new(0)?))?;
         let dev = agent.register_device(DeviceBuffer::zeroed(0, bytes)?)?;
         let host = agent.alloc_shared(bytes, true)?;
-        regions = vec![dev, host];
+        let vmm = agent.alloc_device(0, bytes)?;
+        regions = vec![dev, host, vmm];
     } else {
         agent = Agent::new("bench-peer", Arc::new(CpuEngine::new(4)?))?;
         let shared = agent.alloc_shared(bytes, false)?;
@@ -228,13 +232,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .stdout(Stdio::piped())
         .spawn()?;
     let mut out = BufReader::new(child.stdout.take().expect("piped"));
-    let (mut path, mut descs) = (String::new(), Vec::new());
-    while descs.len() < 2 {
+    let (mut path, mut descs, mut count) = (String::new(), Vec::new(), usize::MAX);
+    while descs.len() < count {
         let mut l = String::new();
         if out.read_line(&mut l)? == 0 {
             return Err("the peer process ended early".into());
         }
-        if let Some(p) = l.trim().strip_prefix("PATH ") {
+        if let Some(n) = l.trim().strip_prefix("COUNT ") {
+            count = n.parse()?;
+        } else if let Some(p) = l.trim().strip_prefix("PATH ") {
             path = p.to_string();
         } else if let Some(d) = l.trim().strip_prefix("DESC ") {
             descs.push(Descriptor::from_bytes(&unhex(d)).ok_or("bad descriptor")?);
@@ -276,7 +282,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         host_rows(&setup, full)?
     };
     println!(
-        "{:<16} {:>9} {:>6} {:>10} {:>10} {:>7} {:>10}",
+        "{:<18} {:>9} {:>6} {:>10} {:>10} {:>7} {:>10}",
         "row", "block", "batch", "ferry GB/s", "raw GB/s", "ratio", "post us"
     );
     for r in &rows {
@@ -285,7 +291,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .raw_gbps
             .map_or("-".into(), |g| format!("{:.2}", r.ferry_gbps / g));
         println!(
-            "{:<16} {:>9} {:>6} {:>10.2} {:>10} {:>7} {:>10.1}",
+            "{:<18} {:>9} {:>6} {:>10.2} {:>10} {:>7} {:>10.1}",
             r.row, r.block, r.batch, r.ferry_gbps, raw, ratio, r.post_us
         );
     }
@@ -348,6 +354,28 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         verify("ipc-d2d-write", &back, &data, &segs);
         rows.push(Row {
             row: "ipc-d2d-write",
+            block,
+            batch,
+            bytes: n,
+            ferry_gbps: gbps(n, t),
+            raw_gbps: Some(gbps(n, rt)),
+            post_us: post * 1e6,
+        });
+        // Device -> the peer's VMM allocation (imported from its file descriptor).
+        let rvmm = &s.remote[2];
+        let (t, post) = time(reps, || {
+            let t = Instant::now();
+            let r = me.write(rvmm, &dev, &segs, None).expect("post");
+            let p = t.elapsed().as_secs_f64();
+            r.wait().expect("vmm write");
+            p
+        });
+        let (rt, _) = time(reps, || {
+            raw.copy(Dir::D2D, rvmm.raw().addr, dev.raw().addr, &segs);
+            0.0
+        });
+        rows.push(Row {
+            row: "ipc-vmm-d2d-write",
             block,
             batch,
             bytes: n,

@@ -1,6 +1,7 @@
 //! The transfer agent with GPU memory between two real processes on one GPU: this binary runs
 //! itself as the peer (`owner`, idle unless `FERRY_AGENT_ROLE` is set), which registers a
-//! device buffer (CUDA IPC) and pinned shared host memory and answers commands on its stdin.
+//! device buffer (CUDA IPC), pinned shared host memory and VMM device memory (its allocation
+//! passed as a file descriptor) and answers commands on its stdin.
 //! On the null CUDA driver (CI) the IPC handles map the same pages in both processes
 //! (`bench/null-cuda/null_cuda.c`), so the cross-process logic runs for real there too.
 
@@ -31,7 +32,8 @@ fn initial(r: usize) -> Vec<u8> {
     bytes(LEN, 100 + r as u64)
 }
 
-/// The peer process: region 0 device memory (CUDA IPC), region 1 pinned shared host memory.
+/// The peer process: region 0 device memory (CUDA IPC), region 1 pinned shared host memory,
+/// region 2 VMM device memory (a file descriptor over the socket).
 #[test]
 fn owner() {
     let Ok(role) = std::env::var("FERRY_AGENT_ROLE") else {
@@ -43,7 +45,9 @@ fn owner() {
     let dev = agent.register_device(dev).expect("register device");
     let pinned = agent.alloc_shared(LEN, true).expect("pinned shared");
     pinned.write_at(0, &initial(1)).unwrap();
-    let regions = [dev, pinned];
+    let vmm = agent.alloc_device(0, LEN).expect("VMM device memory");
+    vmm.write_at(0, &initial(2)).unwrap();
+    let regions = [dev, pinned, vmm];
     let mut out = std::io::stdout().lock();
     writeln!(out, "\nPATH {}", agent.socket_path().display()).unwrap();
     for r in &regions {
@@ -87,7 +91,7 @@ impl Owner {
         let stdin = child.stdin.take().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let (mut path, mut descs) = (String::new(), Vec::new());
-        while descs.len() < 2 {
+        while descs.len() < 3 {
             let mut l = String::new();
             assert!(
                 stdout.read_line(&mut l).unwrap() > 0,
@@ -188,6 +192,22 @@ fn device_memory_moves_between_two_processes_on_one_gpu() {
             .copy_from_slice(&mine_data[s.src_off as usize..(s.src_off + s.len) as usize]);
     }
     check("peer device -> pinned here", &got, &want);
+    // The peer's VMM allocation (imported from its file descriptor): written here, read back.
+    let vmm = peer.import(&owner.descs[2]).unwrap();
+    assert_eq!(vmm.len(), LEN);
+    me.write(&vmm, &mine, &segs, None).unwrap().wait().unwrap();
+    for s in [segs[0], segs[999]] {
+        let want = &mine_data[s.src_off as usize..(s.src_off + s.len) as usize];
+        check("device -> peer VMM", &owner.get(2, s.dst_off, s.len), want);
+    }
+    me.read(&back, &vmm, &whole, None).unwrap().wait().unwrap();
+    back.read_at(0, &mut got).unwrap();
+    let mut want = initial(2);
+    for s in &segs {
+        want[s.dst_off as usize..(s.dst_off + s.len) as usize]
+            .copy_from_slice(&mine_data[s.src_off as usize..(s.src_off + s.len) as usize]);
+    }
+    check("peer VMM -> device", &got, &want);
     // A segment past the peer's buffer is refused before anything moves.
     let e = me
         .write(&dev, &mine, &[Segment::new(LEN as u64 - 1, 0, 2)], None)

@@ -22,6 +22,9 @@ pub(crate) enum Transport {
     SharedPinned,
     /// Device memory opened with `cuIpcOpenMemHandle`.
     CudaIpc,
+    /// Device memory of the driver's virtual memory calls, its allocation passed as a file
+    /// descriptor over the socket (`cuMemImportFromShareableHandle`).
+    CudaVmm,
 }
 
 impl Transport {
@@ -31,6 +34,7 @@ impl Transport {
             Transport::Shared => 1,
             Transport::SharedPinned => 2,
             Transport::CudaIpc => 3,
+            Transport::CudaVmm => 4,
         }
     }
     fn from_code(c: u8) -> Option<Transport> {
@@ -39,6 +43,7 @@ impl Transport {
             1 => Transport::Shared,
             2 => Transport::SharedPinned,
             3 => Transport::CudaIpc,
+            4 => Transport::CudaVmm,
             _ => return None,
         })
     }
@@ -49,6 +54,7 @@ impl Transport {
             Transport::Shared => "shared memory",
             Transport::SharedPinned => "pinned shared memory",
             Transport::CudaIpc => "CUDA IPC",
+            Transport::CudaVmm => "CUDA VMM",
         }
     }
 }
@@ -202,6 +208,7 @@ mod tests {
             desc(Transport::CrossMemory, None),
             desc(Transport::Shared, None),
             desc(Transport::SharedPinned, None),
+            desc(Transport::CudaVmm, None),
             desc(Transport::CudaIpc, Some(Box::new([9; 64]))),
         ] {
             let b = d.to_bytes();

@@ -12,6 +12,7 @@
 //! | [`Agent::register_host`] (pageable) | cross-memory attach (`process_vm_readv/writev`) | the agent's worker thread |
 //! | [`Agent::alloc_shared`] (`pinned`: page-locked on both sides) | a memfd passed over the socket (`SCM_RIGHTS`), mapped | the agent's engine |
 //! | [`Agent::register_device`] ([`DeviceBuffer`]) | CUDA IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`) | the agent's engine: a [`CudaEngine`](crate::cuda::CudaEngine) of the GPU that holds the memory uses its copy engines |
+//! | [`Agent::alloc_device`] (the driver's virtual memory calls) | its allocation as a file descriptor over the socket (`cuMemExportToShareableHandle` / `cuMemImportFromShareableHandle`, mapped) | as above |
 //!
 //! Metadata travels over a Unix socket in a private directory (mode 0700: `$FERRY_AGENT_DIR`,
 //! else `$XDG_RUNTIME_DIR/ferry-agents`, else `/tmp/ferry-agents-<uid>`), and the agent serves
@@ -50,7 +51,7 @@ mod sys;
 mod wire;
 
 use crate::cuda::{CudaError, DeviceBuffer};
-use crate::engine::cuda::sys::memory::{ipc_handle, HostPin, IpcMapping};
+use crate::engine::cuda::sys::memory::{ipc_handle, HostPin, IpcMapping, VmmBuffer};
 use crate::memory::{MemKind, RawBuf};
 use crate::op::{check_segments, Op, OpError, Segment};
 use crate::request::{BackendError, Completion, Request, RequestError, Signal};
@@ -188,6 +189,11 @@ enum Store {
     },
     Device {
         _buf: DeviceBuffer,
+    },
+    /// The allocation's descriptor, sent to each importer.
+    Vmm {
+        fd: std::os::fd::OwnedFd,
+        _buf: VmmBuffer,
     },
 }
 
@@ -450,6 +456,20 @@ impl Agent {
             raw,
             Some(handle),
         ))
+    }
+
+    /// Allocates and registers `len` bytes of device memory on GPU `ordinal` with the driver's
+    /// virtual memory calls (`cuMemCreate`): peers import the allocation from a file
+    /// descriptor passed over the socket, and copies run on their GPU's copy engines. The
+    /// region's [`Region::raw`] gives its device address.
+    pub fn alloc_device(&self, ordinal: u32, len: usize) -> Result<Region, AgentError> {
+        if len == 0 {
+            return Err(AgentError::Unsupported("an empty registration".into()));
+        }
+        let buf = VmmBuffer::alloc(ordinal, len)?;
+        let fd = buf.export_fd()?;
+        let raw = buf.raw();
+        Ok(self.add(Transport::CudaVmm, Store::Vmm { fd, _buf: buf }, raw, None))
     }
 
     /// Connects to the agent whose socket is `path` (same host, same user). Blocks for the
@@ -887,6 +907,10 @@ impl Peer {
                 };
                 RemoteKind::Shared(pin, map)
             }
+            (Transport::CudaVmm, Some(fd)) => {
+                use std::os::fd::AsRawFd;
+                RemoteKind::Vmm(VmmBuffer::import(desc.ordinal, fd.as_raw_fd(), len)?)
+            }
             (Transport::CudaIpc, _) => {
                 let h = desc.ipc.as_deref().ok_or_else(|| AgentError::Refused {
                     peer: self.inner.name.clone(),
@@ -917,6 +941,7 @@ impl Peer {
                 },
             ),
             RemoteKind::Ipc(m) => m.raw(),
+            RemoteKind::Vmm(b) => b.raw(),
         };
         Ok(RemoteRegion {
             mem: Arc::new(RemoteMem {
@@ -973,6 +998,7 @@ enum RemoteKind {
     Cross { pid: u32 },
     Shared(Option<HostPin>, SharedMap),
     Ipc(IpcMapping),
+    Vmm(VmmBuffer),
 }
 
 impl std::fmt::Debug for RemoteRegion {

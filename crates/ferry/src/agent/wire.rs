@@ -149,6 +149,7 @@ fn import_reply(a: &AgentInner, conn: u64, body: &[u8]) -> (Vec<u8>, Option<i32>
     *e.importers.entry(conn).or_insert(0) += 1;
     let fd = match &e.local.store {
         Store::Shared { map, .. } => Some(map.fd()),
+        Store::Vmm { fd, .. } => Some(std::os::fd::AsRawFd::as_raw_fd(fd)),
         _ => None,
     };
     (frame(OK, &[]), fd)
