@@ -329,6 +329,11 @@ fn a_killed_peer_fails_requests_and_never_hangs() {
     let mut mine = vec![0u8; 16];
     local.read_at(LEN - 16, &mut mine).unwrap();
     assert_eq!(mine, vec![3u8; 16]);
+    // The killed owner's socket is removed by the next agent made here.
+    let sock = std::path::PathBuf::from(&owner.path);
+    assert!(sock.exists());
+    drop(Agent::new("after", engine()).unwrap());
+    assert!(!sock.exists(), "{} left behind", sock.display());
     // Importing from a dead peer fails instead of waiting.
     let e = peer.import(&owner.descs[1]).unwrap_err();
     assert!(

@@ -296,6 +296,27 @@ fn socket_dir() -> PathBuf {
 
 static AGENTS: AtomicU64 = AtomicU64::new(0);
 
+/// Removes the sockets in `dir` of agents whose process has exited without closing them (a
+/// killed process): `<name>.<pid>.<seq>.sock`, the pid no longer running.
+fn remove_stale_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".sock")) else {
+            continue;
+        };
+        let mut parts = stem.rsplit('.');
+        let (Some(_seq), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 impl Agent {
     /// An agent named `name` (any text; it names the socket and the notifications' sender)
     /// whose copies into mapped memory run on `engine` (a
@@ -321,6 +342,7 @@ impl Agent {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .take(40)
             .collect();
+        remove_stale_sockets(&dir);
         let path = dir.join(format!("{clean}.{pid}.{seq}.sock"));
         let _ = std::fs::remove_file(&path);
         let listener =
