@@ -271,7 +271,7 @@ static CUresult alloc_device(CUdeviceptr *p, size_t n, int type) {
   size_t len = n ? n : 1;
   pthread_mutex_lock(&alloc_lock);
   CUresult r = OUT_OF_MEMORY;
-  if (device_used + len <= device_capacity && !posix_memalign(&m, 4096, len)) {
+  if (device_used + len <= device_capacity && !posix_memalign(&m, 4096, (len + 4095) & ~4095ull)) {
     r = add_locked((uint64_t)m, len, type);
     if (r != OK) free(m);
   }
@@ -854,10 +854,14 @@ CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
   (void)s;
   return alloc_device(p, n, A_DEVICE);
 }
+static void ipc_unshare(uint64_t base, uint64_t len);  // interprocess memory, below
 static CUresult free_device(CUdeviceptr p) {
   if (!p) return OK;
   drain_all(0);
+  uint64_t len = 0;
+  find(p, NULL, &len);
   if (!is_device(del(p))) return INVALID_VALUE;
+  ipc_unshare(p, len);
   free((void *)p);
   return OK;
 }
@@ -1182,6 +1186,239 @@ CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, uint64_t v, unsigned 
 CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, uint64_t v, unsigned f) {
   ENTRY();
   return mem_op(s, OP_WRITE, a, v, f, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interprocess memory (cuIpcGetMemHandle / cuIpcOpenMemHandle_v2 / cuIpcCloseMemHandle, and the
+// virtual memory calls with POSIX file descriptors further down), so that
+// ferry's agent (crates/ferry/src/agent/) runs its cross-process logic for real without a GPU.
+// Device allocations are whole pages (alloc_device rounds them); exporting one moves its pages
+// into a memfd mapped shared over the same addresses (its bytes kept), and the handle names
+// (pid, fd, length): another process opens /proc/<pid>/fd/<fd> (same user) and maps the same
+// bytes, recorded there as device memory. Freeing an exported allocation maps private pages
+// back before free(). Opening a handle in the process that made it fails as on a GPU
+// (CUDA_ERROR_INVALID_CONTEXT).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct { char reserved[64]; } CUipcMemHandle;
+struct ipc_handle { uint32_t magic; int32_t pid, fd; uint32_t pad; uint64_t len; };
+enum { IPC_MAGIC = 0x6e756c6c, MAX_EXPORTS = 1024 };
+static struct { uint64_t base, len; int fd; } exports[MAX_EXPORTS];
+static int nexports;
+static pthread_mutex_t ipc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t pages(uint64_t n) { return (n + 4095) & ~4095ull; }
+
+// The memfd of the exported allocation at `base` (made on the first export), or -1.
+static int ipc_export_locked(uint64_t base, uint64_t len) {
+  for (int i = 0; i < nexports; i++)
+    if (exports[i].base == base) return exports[i].fd;
+  if (nexports == MAX_EXPORTS) return -1;
+  int fd = memfd_create("null-cuda-ipc", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  uint64_t n = pages(len);
+  void *m = MAP_FAILED;
+  if (ftruncate(fd, (off_t)n) == 0)
+    m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  memcpy(m, (void *)base, n);
+  munmap(m, n);
+  if (mmap((void *)base, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    close(fd);
+    return -1;
+  }
+  exports[nexports++] = (typeof(exports[0])){base, len, fd};
+  return fd;
+}
+
+// Gives an exported allocation's addresses private pages again (before free()).
+static void ipc_unshare(uint64_t base, uint64_t len) {
+  pthread_mutex_lock(&ipc_lock);
+  for (int i = 0; i < nexports; i++) {
+    if (exports[i].base == base) {
+      mmap((void *)base, pages(len), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+           -1, 0);
+      close(exports[i].fd);
+      exports[i] = exports[--nexports];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&ipc_lock);
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+  ENTRY();
+  uint64_t base = 0, len = 0;
+  if (!h || find(p, &base, &len) != A_DEVICE || base != p) return INVALID_VALUE;
+  drain_all(0);
+  pthread_mutex_lock(&ipc_lock);
+  int fd = ipc_export_locked(base, len);
+  pthread_mutex_unlock(&ipc_lock);
+  if (fd < 0) return OUT_OF_MEMORY;
+  struct ipc_handle ih = {IPC_MAGIC, (int32_t)getpid(), fd, 0, len};
+  memset(h, 0, sizeof *h);
+  memcpy(h->reserved, &ih, sizeof ih);
+  return OK;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+  ENTRY();
+  (void)flags;
+  struct ipc_handle ih;
+  memcpy(&ih, h.reserved, sizeof ih);
+  if (ih.magic != IPC_MAGIC || ih.len == 0) return INVALID_VALUE;
+  if (ih.pid == getpid()) return 201;  // CUDA_ERROR_INVALID_CONTEXT
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return INVALID_VALUE;
+  void *m = mmap(NULL, pages(ih.len), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return INVALID_VALUE;
+  pthread_mutex_lock(&alloc_lock);
+  CUresult r = add_locked((uint64_t)m, ih.len, A_DEVICE);
+  pthread_mutex_unlock(&alloc_lock);
+  if (r != OK) {
+    munmap(m, pages(ih.len));
+    return r;
+  }
+  *p = (uint64_t)m;
+  return OK;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  ENTRY();
+  uint64_t base = 0, len = 0;
+  if (find(p, &base, &len) != A_DEVICE || base != p) return INVALID_VALUE;
+  drain_all(0);
+  del(p);
+  munmap((void *)p, pages(len));
+  return OK;
+}
+
+// The driver's virtual memory calls as far as the agent uses them (cuMemCreate and the POSIX
+// file descriptor it exports): an allocation is a memfd, its handle a pointer to {fd, size};
+// cuMemAddressReserve reserves addresses (PROT_NONE), cuMemMap maps the memfd there shared,
+// cuMemSetAccess records the range as device memory. Another process imports the descriptor
+// (passed over a Unix socket) and maps the same bytes. Granularity: 2 MiB, as on a GPU.
+struct vmm { int fd; uint64_t size; };
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) {
+  ENTRY();
+  (void)prop;
+  (void)option;
+  if (!g) return INVALID_VALUE;
+  *g = 2u << 20;
+  return OK;
+}
+
+static CUresult vmm_new(uint64_t *h, int fd, uint64_t size) {
+  struct vmm *v = malloc(sizeof *v);
+  if (!v) {
+    close(fd);
+    return OUT_OF_MEMORY;
+  }
+  *v = (struct vmm){fd, size};
+  *h = (uint64_t)(uintptr_t)v;
+  return OK;
+}
+
+CUresult cuMemCreate(uint64_t *h, size_t size, const void *prop, unsigned long long flags) {
+  ENTRY();
+  (void)prop;
+  (void)flags;
+  if (!h || size == 0 || size % (2u << 20)) return INVALID_VALUE;
+  int fd = memfd_create("null-cuda-vmm", MFD_CLOEXEC);
+  if (fd < 0) return OUT_OF_MEMORY;
+  if (ftruncate(fd, (off_t)size) != 0) {
+    close(fd);
+    return OUT_OF_MEMORY;
+  }
+  return vmm_new(h, fd, size);
+}
+
+CUresult cuMemRelease(uint64_t h) {
+  ENTRY();
+  struct vmm *v = (struct vmm *)(uintptr_t)h;
+  if (!v) return INVALID_VALUE;
+  close(v->fd);
+  free(v);
+  return OK;
+}
+
+CUresult cuMemExportToShareableHandle(void *out, uint64_t h, int type, unsigned long long flags) {
+  ENTRY();
+  (void)flags;
+  struct vmm *v = (struct vmm *)(uintptr_t)h;
+  if (!v || !out || type != 1) return INVALID_VALUE;  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return OUT_OF_MEMORY;
+  *(int *)out = fd;
+  return OK;
+}
+
+CUresult cuMemImportFromShareableHandle(uint64_t *h, void *os, int type) {
+  ENTRY();
+  struct stat st;
+  int fd = (int)(intptr_t)os;
+  if (!h || type != 1 || fstat(fd, &st) != 0) return INVALID_VALUE;
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return OUT_OF_MEMORY;
+  return vmm_new(h, own, (uint64_t)st.st_size);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                             unsigned long long flags) {
+  ENTRY();
+  (void)align;
+  (void)addr;
+  (void)flags;
+  if (!p || size == 0) return INVALID_VALUE;
+  void *m = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return OUT_OF_MEMORY;
+  *p = (uint64_t)m;
+  return OK;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+  ENTRY();
+  return munmap((void *)p, size) == 0 ? OK : INVALID_VALUE;
+}
+
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, uint64_t h, unsigned long long flags) {
+  ENTRY();
+  (void)flags;
+  struct vmm *v = (struct vmm *)(uintptr_t)h;
+  if (!v || offset + size > v->size) return INVALID_VALUE;
+  void *m = mmap((void *)p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd,
+                 (off_t)offset);
+  return m == MAP_FAILED ? INVALID_VALUE : OK;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
+  ENTRY();
+  (void)desc;
+  (void)count;
+  if (known(p, 1)) return OK;
+  pthread_mutex_lock(&alloc_lock);
+  CUresult r = add_locked(p, size, A_DEVICE);
+  pthread_mutex_unlock(&alloc_lock);
+  return r;
+}
+
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+  ENTRY();
+  drain_all(0);
+  del(p);
+  void *m = mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                 -1, 0);
+  return m == MAP_FAILED ? INVALID_VALUE : OK;
 }
 
 // ---------------------------------------------------------------------------------------------

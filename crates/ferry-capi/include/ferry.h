@@ -278,6 +278,72 @@ int ferry_request_id(ferry_request *req, uint64_t *id);
  * barrier reports it. NULL *req: no-op. dma may be NULL (e.g. after ferry_dma_destroy). */
 int ferry_request_destroy(ferry_dma *dma, ferry_request **req);
 
+/* ---------------------------------------------------------------------------------------
+ * Transfer agent (ferry::agent): registered memory moved between processes of one host.
+ * An agent allocates what it registers and gives its address (ferry_region_buffer); a
+ * region's descriptor (at most 109 bytes) travels to a peer by any means; the peer connects
+ * to the agent's socket, imports the descriptor (the owner confirms it) and reads or writes
+ * it with segment lists, one ferry_agent_request each. Host memory: cross-memory attach
+ * (pageable) or a shared memfd (shared/pinned); device memory: CUDA IPC, copies on the GPU's
+ * copy engines. A request whose peer has exited fails (-FERRY_EREQUEST), never hangs.
+ * --------------------------------------------------------------------------------------- */
+
+typedef struct ferry_agent ferry_agent;
+typedef struct ferry_region ferry_region;
+typedef struct ferry_peer ferry_peer;
+typedef struct ferry_remote ferry_remote;
+typedef struct ferry_agent_request ferry_agent_request;
+
+/* len bytes from src_off in the source region to dst_off in the destination region. */
+typedef struct ferry_segment {
+  uint64_t dst_off;
+  uint64_t src_off;
+  uint64_t len;
+} ferry_segment;
+
+/* An agent named name; copies on GPU device's engine, or a CPU engine for device < 0. */
+int ferry_agent_create(const char *name, int device, ferry_agent **agent);
+/* Closes its socket and peers' connections; *agent = NULL. */
+int ferry_agent_destroy(ferry_agent **agent);
+/* The socket path peers connect to; valid until the agent is destroyed. */
+int ferry_agent_socket_path(const ferry_agent *agent, const char **path);
+/* Allocates and registers len zeroed bytes: kind FERRY_MEM_PAGEABLE (shared != 0: a memfd
+ * peers map; else cross-memory attach), FERRY_MEM_PINNED (shared, page-locked) or
+ * FERRY_MEM_DEVICE (GPU device, CUDA IPC). */
+int ferry_agent_alloc(const ferry_agent *agent, size_t len, int kind, int device, int shared,
+                      ferry_region **region);
+/* The region's address, length and kind. */
+int ferry_region_buffer(const ferry_region *region, ferry_buffer *buf);
+/* Its descriptor into buf (cap bytes); *len = its length (-FERRY_EINVAL if cap is short). */
+int ferry_region_descriptor(const ferry_region *region, uint8_t *buf, size_t cap, size_t *len);
+/* Deregisters now; -FERRY_EREQUEST while a peer holds an import of it. */
+int ferry_region_deregister(const ferry_region *region);
+/* Frees the handle (the memory once no peer holds it); *region = NULL. */
+int ferry_region_destroy(ferry_region **region);
+/* Connects to the agent at socket path (same host, same user). */
+int ferry_agent_connect(const ferry_agent *agent, const char *path, ferry_peer **peer);
+int ferry_peer_destroy(ferry_peer **peer);
+/* Opens the peer's registration described by the len bytes at desc (refused with the reason:
+ * another process's descriptor, a stale or forged one). */
+int ferry_peer_import(const ferry_peer *peer, const uint8_t *desc, size_t len,
+                      ferry_remote **remote);
+/* After its requests end, the peer may free the memory; *remote = NULL. */
+int ferry_remote_destroy(ferry_remote **remote);
+/* write != 0: region -> remote; else remote -> region. n segments, one request; notify (NULL:
+ * none, notify_len bytes) reaches the peer when the request is seen complete. Every segment
+ * is checked before any byte moves (-FERRY_EINVAL names the segment). */
+int ferry_agent_transfer(const ferry_agent *agent, int write, const ferry_remote *remote,
+                         const ferry_region *region, const ferry_segment *segs, size_t n,
+                         const void *notify, size_t notify_len, ferry_agent_request **req);
+/* Waits (may block), releases, *req = NULL; -FERRY_EREQUEST if it failed. */
+int ferry_agent_request_wait(ferry_agent_request **req);
+/* *done = 1 once complete (then -FERRY_EREQUEST if it failed), else 0. */
+int ferry_agent_request_test(ferry_agent_request *req, int *done);
+/* The next notification, waiting at most timeout_ms: up to cap bytes into buf, its length in
+ * *len. Returns 1 if one came, 0 if none, or a negative code. */
+int ferry_agent_next_notification(const ferry_agent *agent, uint32_t timeout_ms, uint8_t *buf,
+                                  size_t cap, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

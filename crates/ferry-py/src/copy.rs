@@ -33,7 +33,7 @@ struct State {
 }
 
 impl PyRequest {
-    fn new(req: ferry::Request, keep: Vec<PyObject>) -> PyRequest {
+    pub(crate) fn new(req: ferry::Request, keep: Vec<PyObject>) -> PyRequest {
         PyRequest {
             state: Mutex::new(State {
                 req: Some(req),

@@ -1,6 +1,8 @@
 //! The Python module `ferry` (its compiled part, `ferry._ferry`): PyTorch, NumPy and CuPy
 //! arrays through ferry's engines. Importable without any of them installed.
 //!
+//! - `agent`: `Agent`, `Region`, `Peer`, `RemoteRegion`: ferry's transfer agent between
+//!   processes (registered memory, descriptors, segment lists as one `Request`).
 //! - `array`: any object with `__array_interface__`, `__dlpack__` or
 //!   `__cuda_array_interface__` as a ferry buffer and layout.
 //! - `copy`: `copy_(dst, src, non_blocking=False, engine=None, stream=None)` and
@@ -23,6 +25,7 @@
 // reST ``code``. rustdoc would read their brackets as links to Rust items.
 #![allow(rustdoc::broken_intra_doc_links)]
 
+mod agent;
 mod array;
 mod ckpt;
 mod copy;
@@ -101,12 +104,14 @@ fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
 /// (behind ``ferry.load_safetensors``); ``_array_info`` (how ferry reads an array, for
 /// debugging).
 ///
-/// Classes: ``Request``, ``CpuEngine``, ``CudaEngine``, ``Buffer``.
+/// Classes: ``Request``, ``CpuEngine``, ``CudaEngine``, ``Buffer``; ``Agent``, ``Region``,
+/// ``Peer``, ``RemoteRegion`` (the transfer agent between processes).
 ///
 /// Exceptions: ``FerryError``, ``ArgumentError``, ``DriverError``, ``CheckpointError``.
 #[pymodule]
 fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
+    agent::register(m)?;
     m.add_class::<engine::PyCpuEngine>()?;
     m.add_class::<engine::PyCudaEngine>()?;
     m.add_class::<copy::PyRequest>()?;

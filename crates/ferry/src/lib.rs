@@ -77,6 +77,7 @@ macro_rules! count_alloc {
     };
 }
 
+pub mod agent;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod checkpoint;

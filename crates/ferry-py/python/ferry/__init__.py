@@ -30,6 +30,9 @@ Classes:
 - ``Request``: a copy in flight: ``wait()``, ``done()``, ``await request``.
 - ``CpuEngine(threads=0)``, ``CudaEngine(device=0)``: the engines (``engine=`` arguments).
 - ``Buffer``: a tensor in memory ferry allocated (``load_safetensors(framework="ferry")``).
+- ``Agent(name, device=None)``, ``Region``, ``Peer``, ``RemoteRegion``: registered memory
+  moved between processes of one host (as NIXL's agents): ``agent.alloc``, ``agent.connect``,
+  ``peer.open(descriptor)``, ``agent.write`` / ``agent.read`` of segment lists.
 
 Exceptions: ``FerryError`` and its subclasses ``ArgumentError`` (a bad argument, named with
 its value), ``DriverError`` (the CUDA driver) and ``CheckpointError`` (a safetensors file);
@@ -46,6 +49,7 @@ import os
 from typing import Any, Optional, Sequence, Union
 
 from ._ferry import (
+    Agent,
     ArgumentError,
     Buffer,
     CheckpointError,
@@ -53,6 +57,9 @@ from ._ferry import (
     CudaEngine,
     DriverError,
     FerryError,
+    Peer,
+    Region,
+    RemoteRegion,
     Request,
     _load_safetensors,
     _load_safetensors_into,
@@ -66,6 +73,7 @@ from ._ferry import (
 )
 
 __all__ = [
+    "Agent",
     "ArgumentError",
     "Buffer",
     "CheckpointError",
@@ -73,6 +81,9 @@ __all__ = [
     "CudaEngine",
     "DriverError",
     "FerryError",
+    "Peer",
+    "Region",
+    "RemoteRegion",
     "Request",
     "copy_",
     "gather",

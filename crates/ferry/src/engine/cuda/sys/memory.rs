@@ -702,6 +702,297 @@ unsafe impl MemoryMut for ManagedBuffer {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Interprocess memory, for the agent (`crate::agent`): a device allocation's CUDA IPC handle, a
+// peer's allocation opened in this process, and a peer's shared host pages page-locked here.
+
+/// The CUDA IPC handle of `buf`'s allocation (`cuIpcGetMemHandle`): 64 bytes another process
+/// of the same host opens with [`IpcMapping::open`].
+pub(crate) fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; 64], CudaError> {
+    driver::bind(&buf.ctx)?;
+    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: `h` is a valid out-pointer; `buf.ptr` is the base of a live allocation of the
+    // context made current above.
+    check("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(&mut h, buf.ptr)
+    })?;
+    Ok(h.reserved.map(|b| b as u8))
+}
+
+/// Another process's device allocation opened in this one (`cuIpcOpenMemHandle`), closed on
+/// drop (`cuIpcCloseMemHandle`).
+pub(crate) struct IpcMapping {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ordinal: u32,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a device address plus a length; the driver allows any thread to use it.
+unsafe impl Send for IpcMapping {}
+// SAFETY: shared access only reads the address and length.
+unsafe impl Sync for IpcMapping {}
+
+impl IpcMapping {
+    /// Opens `handle` (from [`ipc_handle`] in another process) on device `ordinal`, an
+    /// allocation of `len` bytes.
+    pub(crate) fn open(
+        ordinal: u32,
+        handle: &[u8; 64],
+        len: usize,
+    ) -> Result<IpcMapping, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        driver::bind(&ctx)?;
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: `ptr` is a valid out-pointer; the handle is plain bytes the driver checks.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags)
+        })?;
+        Ok(IpcMapping {
+            ptr,
+            len,
+            ordinal,
+            ctx,
+        })
+    }
+
+    /// The opened memory as an engine sees it.
+    pub(crate) fn raw(&self) -> RawBuf {
+        RawBuf {
+            addr: self.ptr,
+            len: self.len,
+            kind: MemKind::Device {
+                ordinal: self.ordinal,
+            },
+        }
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_ok() {
+            // SAFETY: `ptr` was opened by `open` and is closed once; no request of this
+            // process uses it any more (the agent waits for them first).
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// Host pages mapped by the caller (a peer's shared memory) page-locked with
+/// `cuMemHostRegister` (portable, mapped) until drop.
+pub(crate) struct HostPin {
+    ptr: *mut u8,
+    _ctx: Arc<CudaContext>,
+}
+
+// SAFETY: an address registered with the driver; any thread may unregister it.
+unsafe impl Send for HostPin {}
+// SAFETY: shared access reads nothing.
+unsafe impl Sync for HostPin {}
+
+impl HostPin {
+    /// Page-locks the `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr + len` is mapped memory of this process that stays mapped until the
+    ///    returned value is dropped.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> Result<HostPin, CudaError> {
+        let ctx = driver::context(0)?;
+        driver::bind(&ctx)?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: the caller keeps the range mapped while registered (point 1).
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
+        })
+        .map_err(|e| alloc_err("host registration", len, e))?;
+        Ok(HostPin { ptr, _ctx: ctx })
+    }
+}
+
+impl Drop for HostPin {
+    fn drop(&mut self) {
+        // SAFETY: registered by `new`, unregistered once, while still mapped (its contract).
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+    }
+}
+
+/// Device memory made with the driver's virtual memory calls (`cuMemCreate`, reserved and
+/// mapped with read-write access for its device) whose allocation can travel to another
+/// process as a POSIX file descriptor (`cuMemExportToShareableHandle`), or a peer's such
+/// allocation imported in this process (`cuMemImportFromShareableHandle`). Unmapped and
+/// released on drop.
+pub(crate) struct VmmBuffer {
+    ptr: sys::CUdeviceptr,
+    /// Mapped bytes (the length asked, rounded up to the allocation granularity).
+    size: usize,
+    /// The length asked.
+    len: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+    ordinal: u32,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a device address plus handles; the driver allows any thread to use them.
+unsafe impl Send for VmmBuffer {}
+// SAFETY: shared access only reads the address and length.
+unsafe impl Sync for VmmBuffer {}
+
+fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct, valid all zeros (no compression, no flags).
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = ordinal as i32;
+    p
+}
+
+impl VmmBuffer {
+    /// `len` (> 0) bytes on device `ordinal`, exportable as a file descriptor.
+    pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<VmmBuffer, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        driver::bind(&ctx)?;
+        let prop = vmm_prop(ordinal);
+        let mut gran = 0usize;
+        // SAFETY: valid out-pointer and property struct.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut gran,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        let size = len.max(1).div_ceil(gran.max(1)) * gran.max(1);
+        let mut handle = 0;
+        // SAFETY: valid out-pointer and property struct.
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size, &prop, 0)
+        })
+        .map_err(|e| alloc_err("device memory (VMM)", len, e))?;
+        VmmBuffer::map(handle, size, len, ordinal, ctx)
+    }
+
+    /// Reserves addresses for `handle`'s `size` bytes, maps them with read-write access;
+    /// releases the handle on failure.
+    fn map(
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+        len: usize,
+        ordinal: u32,
+        ctx: Arc<CudaContext>,
+    ) -> Result<VmmBuffer, CudaError> {
+        let mut b = VmmBuffer {
+            ptr: 0,
+            size,
+            len,
+            handle,
+            ordinal,
+            ctx,
+        };
+        // SAFETY: a valid out-pointer; no fixed address asked.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut b.ptr, size, 0, 0, 0)
+        })?;
+        // SAFETY: the reserved range and a live handle of `size` bytes.
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(b.ptr, size, 0, handle, 0)
+        })?;
+        let access = sys::CUmemAccessDesc {
+            location: vmm_prop(ordinal).location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range mapped above; one access descriptor.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(b.ptr, size, &access, 1)
+        })?;
+        Ok(b)
+    }
+
+    /// A new file descriptor of the allocation, for another process.
+    pub(crate) fn export_fd(&self) -> Result<std::os::fd::OwnedFd, CudaError> {
+        use std::os::fd::FromRawFd;
+        driver::bind(&self.ctx)?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: for the POSIX handle type the driver writes one int.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        // SAFETY: a new descriptor the driver made for the caller.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Imports a peer's allocation of `len` bytes from its file descriptor, on `ordinal`.
+    pub(crate) fn import(
+        ordinal: u32,
+        fd: std::os::fd::RawFd,
+        len: usize,
+    ) -> Result<VmmBuffer, CudaError> {
+        let ctx = driver::context(ordinal)?;
+        driver::bind(&ctx)?;
+        let prop = vmm_prop(ordinal);
+        let mut gran = 0usize;
+        // SAFETY: valid out-pointer and property struct.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut gran,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        let size = len.max(1).div_ceil(gran.max(1)) * gran.max(1);
+        let mut handle = 0;
+        // SAFETY: for the POSIX handle type the descriptor itself is passed as the pointer
+        // value (the driver's documented convention); the caller keeps `fd` open meanwhile.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd as usize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        VmmBuffer::map(handle, size, len, ordinal, ctx)
+    }
+
+    /// The memory as an engine sees it.
+    pub(crate) fn raw(&self) -> RawBuf {
+        RawBuf {
+            addr: self.ptr,
+            len: self.len,
+            kind: MemKind::Device {
+                ordinal: self.ordinal,
+            },
+        }
+    }
+}
+
+impl Drop for VmmBuffer {
+    fn drop(&mut self) {
+        if driver::bind(&self.ctx).is_err() {
+            return;
+        }
+        // SAFETY: the mapping, reservation and handle made by `alloc`/`import`, each undone
+        // once (a step that never happened is refused by the driver, harmlessly); the agent
+        // waits for this process's requests on it first.
+        unsafe {
+            if self.ptr != 0 {
+                let _ = sys::cuMemUnmap(self.ptr, self.size);
+                let _ = sys::cuMemAddressFree(self.ptr, self.size);
+            }
+            let _ = sys::cuMemRelease(self.handle);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,114 @@
+"""ferry.Agent between two real processes (host memory: runs anywhere)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from typing import Any
+
+import pytest
+
+import ferry
+
+
+def _owner(conn: Any) -> None:
+    """The peer: a shared region and a pageable one, answering `get` until `exit`."""
+    agent = ferry.Agent("py-owner")
+    shared = agent.alloc(1 << 16, shared=True)
+    cross = agent.alloc(1 << 16)
+    shared.write(0, bytes(range(256)) * 256)
+    conn.send((agent.socket_path, shared.descriptor, cross.descriptor))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "get":
+            _, which, off, n = msg
+            conn.send((shared if which == 0 else cross).read(off, n))
+        elif msg[0] == "note":
+            conn.send(agent.next_notification(timeout=10.0))
+        elif msg[0] == "dereg":
+            try:
+                shared.deregister()
+                conn.send("ok")
+            except ferry.FerryError as e:
+                conn.send(f"err {e}")
+        else:
+            return
+
+
+@pytest.fixture
+def owner() -> Any:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_owner, args=(child,))
+    p.start()
+    yield parent, p, parent.recv()
+    if p.is_alive():
+        parent.send(("exit",))
+    p.join(timeout=10)
+    if p.is_alive():
+        p.kill()
+
+
+def test_both_ways_with_segment_lists_and_a_notification(owner: Any) -> None:
+    conn, proc, (path, shared_desc, cross_desc) = owner
+    me = ferry.Agent("py-peer")
+    peer = me.connect(path)
+    assert peer.name == "py-owner" and peer.pid == proc.pid and peer.alive
+    assert len(shared_desc) <= 109
+    for which, desc in ((0, shared_desc), (1, cross_desc)):
+        remote = peer.open(desc)
+        assert remote.nbytes == 1 << 16 and remote.descriptor == desc
+        local = me.alloc(1 << 16)
+        local.write(0, b"\xab" * 4096)
+        me.write(remote, local, [(100, 0, 1000), (5000, 2000, 10)], notify=b"landed").wait()
+        conn.send(("get", which, 100, 1000))
+        assert conn.recv() == b"\xab" * 1000
+        conn.send(("note",))
+        assert conn.recv() == ("py-peer", b"landed")
+        back = me.alloc(1 << 16, shared=True)
+        me.read(back, remote, [(0, 5000, 10), (10, 0, 4)]).wait()
+        conn.send(("get", which, 0, 4))
+        assert back.read(0, 14) == b"\xab" * 10 + conn.recv()
+
+
+def test_bad_segments_and_stale_descriptors_are_refused(owner: Any) -> None:
+    conn, _, (path, shared_desc, _) = owner
+    me = ferry.Agent("py-checker")
+    peer = me.connect(path)
+    remote = peer.open(shared_desc)
+    local = me.alloc(4096)
+    with pytest.raises(ferry.ArgumentError, match="segment 0"):
+        me.write(remote, local, [((1 << 16) - 10, 0, 100)])
+    with pytest.raises(ferry.ArgumentError, match="not a descriptor"):
+        peer.open(b"nonsense")
+    conn.send(("dereg",))
+    assert conn.recv().startswith("err")  # imported: refused
+    del remote
+    for _ in range(100):
+        conn.send(("dereg",))
+        if conn.recv() == "ok":
+            break
+    with pytest.raises(ferry.FerryError, match="not registered"):
+        peer.open(shared_desc)
+
+
+def test_a_killed_peer_fails_the_request(owner: Any) -> None:
+    _, proc, (path, _, cross_desc) = owner
+    me = ferry.Agent("py-survivor")
+    peer = me.connect(path)
+    remote = peer.open(cross_desc)
+    local = me.alloc(1 << 16)
+    req = me.write(remote, local, [(0, 0, 1 << 16)])
+    proc.kill()
+    proc.join()
+    with pytest.raises(ferry.FerryError, match="exited"):
+        req.wait()
+    assert not peer.alive
+    with pytest.raises(ferry.FerryError, match="exited"):
+        me.write(remote, local, [(0, 0, 1)])
+
+
+def test_no_agent_there() -> None:
+    me = ferry.Agent("py-lonely")
+    with pytest.raises(ferry.FerryError):
+        me.connect(os.path.join(os.path.dirname(me.socket_path), "nobody.sock"))

@@ -1,0 +1,1068 @@
+//! Registered memory across processes, as NIXL does: an [`Agent`] per process registers memory
+//! ([`Region`]s) and hands out small [`Descriptor`]s of it; a peer process connects to the
+//! agent ([`Agent::connect`] gives a [`Peer`]), opens a descriptor ([`Peer::import`] gives a
+//! [`RemoteRegion`]) and reads or writes it with segment lists ([`Agent::read`],
+//! [`Agent::write`]): many segments, one [`Request`] (wait, poll, Future, one
+//! error), and an optional notification to the owner when the transfer is seen complete.
+//!
+//! How the bytes move (one host), by the registration's kind:
+//!
+//! | registered with | the peer reaches it through | copies run on |
+//! |---|---|---|
+//! | [`Agent::register_host`] (pageable) | cross-memory attach (`process_vm_readv/writev`) | the agent's worker thread |
+//! | [`Agent::alloc_shared`] (`pinned`: page-locked on both sides) | a memfd passed over the socket (`SCM_RIGHTS`), mapped | the agent's engine |
+//! | [`Agent::register_device`] ([`DeviceBuffer`]) | CUDA IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`) | the agent's engine: a [`CudaEngine`](crate::cuda::CudaEngine) of the GPU that holds the memory uses its copy engines |
+//! | [`Agent::alloc_device`] (the driver's virtual memory calls) | its allocation as a file descriptor over the socket (`cuMemExportToShareableHandle` / `cuMemImportFromShareableHandle`, mapped) | as above |
+//!
+//! Metadata travels over a Unix socket in a private directory (mode 0700: `$FERRY_AGENT_DIR`,
+//! else `$XDG_RUNTIME_DIR/ferry-agents`, else `/tmp/ferry-agents-<uid>`), and the agent serves
+//! only processes of its own user (`SO_PEERCRED`). Only registered ranges are reachable: every
+//! segment is checked against both regions before any byte moves, an import is confirmed by the
+//! owner (a stale or forged descriptor is refused), and a registration a peer has imported is
+//! not freed until the peer releases it or exits ([`Region::deregister`] refuses, dropping the
+//! region defers). A request whose peer has exited by the time it is seen complete fails with
+//! [`AgentError::PeerGone`]: it never hangs (a cross-memory copy to a dead process fails at
+//! once, a copy into shared memory completes into pages nobody reads).
+//!
+//! Across hosts: the seam is the descriptor's transport ([`Descriptor`]) and the request path
+//! of [`Agent::read`]/[`Agent::write`], which picks the mechanism from it; an RDMA or NCCL
+//! transport adds a descriptor tail and a mechanism there, and nothing above changes. Not
+//! built yet: two hosts are not available to test it.
+//!
+//! ```no_run
+//! use ferry::agent::Agent;
+//! use ferry::{CpuEngine, Segment};
+//! use std::sync::Arc;
+//! // Process A: register 1 MiB of shared memory, publish its descriptor and socket path.
+//! let a = Agent::new("prefill", Arc::new(CpuEngine::new(2)?))?;
+//! let kv = a.alloc_shared(1 << 20, false)?;
+//! let (path, desc) = (a.socket_path().to_owned(), kv.descriptor().to_bytes());
+//! // Process B (given `path` and `desc`): import it and write 4 KiB into it, notifying A.
+//! let b = Agent::new("decode", Arc::new(CpuEngine::new(2)?))?;
+//! let peer = b.connect(&path)?;
+//! let remote = peer.import(&ferry::agent::Descriptor::from_bytes(&desc).unwrap())?;
+//! let mine = b.register_host(vec![7u8; 4096])?;
+//! b.write(&remote, &mine, &[Segment::new(0, 0, 4096)], Some(b"block 0"))?.wait()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod desc;
+mod sys;
+mod wire;
+
+use crate::cuda::{CudaError, DeviceBuffer};
+use crate::engine::cuda::sys::memory::{ipc_handle, HostPin, IpcMapping, VmmBuffer};
+use crate::memory::{MemKind, RawBuf};
+use crate::op::{check_segments, Op, OpError, Segment};
+use crate::request::{BackendError, Completion, Request, RequestError, Signal};
+use crate::{Engine, Job, SubmitError};
+pub use desc::Descriptor;
+use desc::Transport;
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError, Weak};
+use std::time::Duration;
+use sys::{Piece, ProcessHandle, SharedMap};
+use thiserror::Error;
+
+/// Why an agent call failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A system call failed (`what` names it and its object).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was attempted.
+        what: String,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The peer refused (another user, a registration it does not hold, a bad message).
+    #[error("refused by {peer}: {reason}")]
+    Refused {
+        /// The peer (agent name and pid) or socket.
+        peer: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// A descriptor of another agent was given to this peer.
+    #[error("{desc} belongs to another agent than {peer} (pid {pid})")]
+    WrongPeer {
+        /// The descriptor.
+        desc: Box<Descriptor>,
+        /// The peer it was given to.
+        peer: String,
+        /// That peer's pid.
+        pid: u32,
+    },
+    /// A segment lies outside its region (the offsets and lengths named).
+    #[error("segment list outside the regions: {0}")]
+    Segment(#[from] OpError),
+    /// The peer's process has exited.
+    #[error("peer {peer} (pid {pid}) has exited")]
+    PeerGone {
+        /// The peer's agent name.
+        peer: String,
+        /// Its pid.
+        pid: u32,
+    },
+    /// Cross-memory attach was refused by the kernel's ptrace check.
+    #[error(
+        "{call} on pid {pid} refused by ptrace permission (same user needed, and Yama's \
+         ptrace_scope at most 1, the owner naming this process): register the memory with \
+         Agent::alloc_shared instead"
+    )]
+    Ptrace {
+        /// `process_vm_readv` or `process_vm_writev`.
+        call: &'static str,
+        /// The peer's pid.
+        pid: u32,
+    },
+    /// The region was deregistered.
+    #[error("region {0} is deregistered")]
+    Deregistered(u64),
+    /// The region is imported by peers: it stays registered until they release it.
+    #[error("region {region} is imported by {peers} peer connection(s): not deregistered")]
+    InUse {
+        /// The region.
+        region: u64,
+        /// Connections that hold it.
+        peers: usize,
+    },
+    /// The agent cannot move these kinds of memory (the reason says why).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// CUDA failed (IPC handles, host registration).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// The engine refused the copy.
+    #[error(transparent)]
+    Submit(#[from] SubmitError),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
+    let what = what.into();
+    move |source| AgentError::Io { what, source }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Requests that touch a piece of memory: waited for before it is freed or unmapped.
+#[derive(Default)]
+struct InUse(Mutex<Vec<Request>>);
+
+impl InUse {
+    fn push(&self, req: &Request) {
+        let mut v = lock(&self.0);
+        v.retain(|r| !r.is_done());
+        v.push(req.share());
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        for r in lock(&self.0).drain(..) {
+            let _ = r.settle_keep();
+        }
+    }
+}
+
+/// The memory behind a local registration. `in_use` is first, so it is dropped (waited) first.
+struct Local {
+    in_use: InUse,
+    raw: RawBuf,
+    live: AtomicBool,
+    store: Store,
+}
+
+enum Store {
+    /// A boxed slice given up by the caller (`Box::into_raw`), freed on drop.
+    Host(*mut [u8]),
+    /// Page-locked (dropped before the mapping) or not.
+    Shared {
+        _pin: Option<HostPin>,
+        map: SharedMap,
+    },
+    Device {
+        _buf: DeviceBuffer,
+    },
+    /// The allocation's descriptor, sent to each importer.
+    Vmm {
+        fd: std::os::fd::OwnedFd,
+        _buf: VmmBuffer,
+    },
+}
+
+// SAFETY: `Host` owns its allocation (a raw box); the other variants are Send + Sync.
+unsafe impl Send for Store {}
+// SAFETY: as above; the bytes are only reached through raw views under requests.
+unsafe impl Sync for Store {}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Store::Host(p) = *self {
+            // SAFETY: made by `Box::into_raw` in `register_host`, freed once, after every
+            // request that touched it (`Local::in_use` is dropped first).
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+/// A registration's record in its agent.
+struct Entry {
+    desc: Descriptor,
+    local: Arc<Local>,
+    /// Imports per connection.
+    importers: HashMap<u64, usize>,
+    /// Its `Region` was dropped while imported: removed when the last import goes.
+    dropped: bool,
+}
+
+/// Cross-memory copies of at most this many bytes run on the caller's thread (a hand-off to
+/// the copy thread and back costs more than the copy: 10-20 us on a 2-core machine).
+const INLINE_CROSS_BYTES: usize = 64 << 10;
+
+/// A cross-memory copy for the agent's copy thread.
+type CopyJob = Box<dyn FnOnce() + Send>;
+
+struct AgentInner {
+    name: String,
+    id: u64,
+    pid: u32,
+    path: PathBuf,
+    engine: Arc<dyn Engine>,
+    timeout: Duration,
+    regions: Mutex<HashMap<u64, Entry>>,
+    next_region: AtomicU64,
+    notes: Mutex<VecDeque<(String, Vec<u8>)>>,
+    notes_cv: Condvar,
+    conns: Mutex<HashMap<u64, UnixStream>>,
+    stop: AtomicBool,
+    worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
+}
+
+impl AgentInner {
+    /// Forgets connection `conn`'s imports (it released them, closed, or its process exited).
+    fn release(&self, conn: u64, region: Option<u64>) {
+        let mut regions = lock(&self.regions);
+        let ids: Vec<u64> = match region {
+            Some(r) => vec![r],
+            None => regions.keys().copied().collect(),
+        };
+        for id in ids {
+            let Some(e) = regions.get_mut(&id) else {
+                continue;
+            };
+            if let Some(n) = e.importers.get_mut(&conn) {
+                *n -= 1;
+                if *n == 0 || region.is_none() {
+                    e.importers.remove(&conn);
+                }
+            }
+            if e.dropped && e.importers.is_empty() {
+                regions.remove(&id);
+            }
+        }
+    }
+}
+
+/// One process's transfer agent: registers memory, serves its descriptors to peers over a Unix
+/// socket, and moves bytes to and from peers' registered memory. Cheap to share (`&Agent`
+/// across threads); dropping it closes its socket and its peers' connections.
+pub struct Agent {
+    inner: Arc<AgentInner>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.inner.name)
+            .field("pid", &self.inner.pid)
+            .field("socket", &self.inner.path)
+            .finish()
+    }
+}
+
+/// The private directory of this user's agent sockets.
+fn socket_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("FERRY_AGENT_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return Path::new(&d).join("ferry-agents");
+    }
+    std::env::temp_dir().join(format!("ferry-agents-{}", sys::uid()))
+}
+
+static AGENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Removes the sockets in `dir` of agents whose process has exited without closing them (a
+/// killed process): `<name>.<pid>.<seq>.sock`, the pid no longer running.
+fn remove_stale_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".sock")) else {
+            continue;
+        };
+        let mut parts = stem.rsplit('.');
+        let (Some(_seq), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+impl Agent {
+    /// An agent named `name` (any text; it names the socket and the notifications' sender)
+    /// whose copies into mapped memory run on `engine` (a
+    /// [`CudaEngine`](crate::cuda::CudaEngine) for GPU memory, any engine for host memory).
+    /// Opens its socket and starts the thread that serves peers. Peers' replies are awaited
+    /// at most 30 s ([`Agent::with_timeout`]).
+    pub fn new(name: &str, engine: Arc<dyn Engine>) -> Result<Agent, AgentError> {
+        Agent::with_timeout(name, engine, Duration::from_secs(30))
+    }
+
+    /// As [`Agent::new`], waiting at most `timeout` for a peer's reply (connect, import).
+    pub fn with_timeout(
+        name: &str,
+        engine: Arc<dyn Engine>,
+        timeout: Duration,
+    ) -> Result<Agent, AgentError> {
+        let dir = socket_dir();
+        sys::private_dir(&dir).map_err(io_err(format!("socket directory {}", dir.display())))?;
+        let pid = std::process::id();
+        let seq = AGENTS.fetch_add(1, Ordering::Relaxed);
+        let clean: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .take(40)
+            .collect();
+        remove_stale_sockets(&dir);
+        let path = dir.join(format!("{clean}.{pid}.{seq}.sock"));
+        let _ = std::fs::remove_file(&path);
+        let listener =
+            UnixListener::bind(&path).map_err(io_err(format!("bind {}", path.display())))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let id = nanos ^ (u64::from(pid) << 32) ^ seq.rotate_left(17) ^ (&path as *const _ as u64);
+        let inner = Arc::new(AgentInner {
+            name: name.to_string(),
+            id,
+            pid,
+            path,
+            engine,
+            timeout,
+            regions: Mutex::new(HashMap::new()),
+            next_region: AtomicU64::new(1),
+            notes: Mutex::new(VecDeque::new()),
+            notes_cv: Condvar::new(),
+            conns: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            worker: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name("ferry-agent".into())
+            .spawn(move || wire::serve(listener, weak))
+            .map_err(io_err("start the agent's thread"))?;
+        Ok(Agent { inner })
+    }
+
+    /// The agent's socket, which peers pass to [`Agent::connect`].
+    pub fn socket_path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    fn add(
+        &self,
+        transport: Transport,
+        store: Store,
+        raw: RawBuf,
+        ipc: Option<[u8; 64]>,
+    ) -> Region {
+        let id = self.inner.next_region.fetch_add(1, Ordering::Relaxed);
+        let ordinal = match raw.kind {
+            MemKind::Device { ordinal } => ordinal,
+            _ => 0,
+        };
+        let desc = Descriptor {
+            agent: self.inner.id,
+            pid: self.inner.pid,
+            region: id,
+            transport,
+            ordinal,
+            addr: raw.addr,
+            len: raw.len as u64,
+            ipc: ipc.map(Box::new),
+        };
+        let local = Arc::new(Local {
+            in_use: InUse::default(),
+            raw,
+            live: AtomicBool::new(true),
+            store,
+        });
+        lock(&self.inner.regions).insert(
+            id,
+            Entry {
+                desc: desc.clone(),
+                local: Arc::clone(&local),
+                importers: HashMap::new(),
+                dropped: false,
+            },
+        );
+        Region {
+            agent: Arc::downgrade(&self.inner),
+            desc,
+            local,
+        }
+    }
+
+    /// Registers pageable host memory (taken over until the region is dropped): peers reach it
+    /// with cross-memory attach, which needs ptrace permission over this process (the same
+    /// user; where Yama's `ptrace_scope` is 1, the agent names its last connected peer with
+    /// `PR_SET_PTRACER`). Errors: an empty buffer.
+    pub fn register_host(&self, buf: Vec<u8>) -> Result<Region, AgentError> {
+        if buf.is_empty() {
+            return Err(AgentError::Unsupported("an empty registration".into()));
+        }
+        let p = Box::into_raw(buf.into_boxed_slice());
+        let raw = RawBuf::host(p as *const u8, p.len(), MemKind::Pageable);
+        Ok(self.add(Transport::CrossMemory, Store::Host(p), raw, None))
+    }
+
+    /// Allocates `len` zero bytes of host memory that peers map (a memfd whose descriptor
+    /// travels over the socket): no ptrace permission needed, and copies run on the engines
+    /// (`pinned`: page-locked with CUDA here and by each importer, for the GPU's DMA).
+    pub fn alloc_shared(&self, len: usize, pinned: bool) -> Result<Region, AgentError> {
+        if len == 0 {
+            return Err(AgentError::Unsupported("an empty registration".into()));
+        }
+        let map = SharedMap::create(len).map_err(io_err(format!("memfd of {len} bytes")))?;
+        let (pin, kind, transport) = if pinned {
+            // SAFETY: the mapping lives in the same `Store` and is dropped after the pin
+            // (fields drop in order).
+            let pin = unsafe { HostPin::new(map.ptr(), len) }?;
+            (Some(pin), MemKind::Pinned, Transport::SharedPinned)
+        } else {
+            (None, MemKind::Pageable, Transport::Shared)
+        };
+        let raw = RawBuf::host(map.ptr(), len, kind);
+        Ok(self.add(transport, Store::Shared { _pin: pin, map }, raw, None))
+    }
+
+    /// Registers device memory (taken over until the region is dropped): peers on the same
+    /// host open it with CUDA IPC, and copies run on their GPU's copy engines.
+    pub fn register_device(&self, buf: DeviceBuffer) -> Result<Region, AgentError> {
+        let handle = ipc_handle(&buf)?;
+        let raw = RawBuf {
+            addr: buf.device_ptr(),
+            len: buf.len(),
+            kind: MemKind::Device {
+                ordinal: buf.ordinal(),
+            },
+        };
+        Ok(self.add(
+            Transport::CudaIpc,
+            Store::Device { _buf: buf },
+            raw,
+            Some(handle),
+        ))
+    }
+
+    /// Allocates and registers `len` bytes of device memory on GPU `ordinal` with the driver's
+    /// virtual memory calls (`cuMemCreate`): peers import the allocation from a file
+    /// descriptor passed over the socket, and copies run on their GPU's copy engines. The
+    /// region's [`Region::raw`] gives its device address.
+    pub fn alloc_device(&self, ordinal: u32, len: usize) -> Result<Region, AgentError> {
+        if len == 0 {
+            return Err(AgentError::Unsupported("an empty registration".into()));
+        }
+        let buf = VmmBuffer::alloc(ordinal, len)?;
+        let fd = buf.export_fd()?;
+        let raw = buf.raw();
+        Ok(self.add(Transport::CudaVmm, Store::Vmm { fd, _buf: buf }, raw, None))
+    }
+
+    /// Connects to the agent whose socket is `path` (same host, same user). Blocks for the
+    /// handshake, at most the agent's timeout.
+    pub fn connect(&self, path: impl AsRef<Path>) -> Result<Peer, AgentError> {
+        wire::connect(&self.inner, path.as_ref()).map(|inner| Peer {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Writes `src`'s bytes into the peer's `dst`, one request for the whole segment list
+    /// (`dst_off` in `dst`, `src_off` in `src`); `notify`: a message the peer receives
+    /// ([`Agent::next_notification`]) once this request is seen complete (waited, polled or
+    /// awaited) with success. Every segment is checked against both regions first; nothing
+    /// blocks on the peer.
+    pub fn write(
+        &self,
+        dst: &RemoteRegion,
+        src: &Region,
+        segs: &[Segment],
+        notify: Option<&[u8]>,
+    ) -> Result<Request, AgentError> {
+        self.transfer(dst, src, segs, notify, true)
+    }
+
+    /// Reads the peer's `src` into `dst` (`dst_off` in `dst`, `src_off` in `src`): as
+    /// [`Agent::write`] the other way.
+    pub fn read(
+        &self,
+        dst: &Region,
+        src: &RemoteRegion,
+        segs: &[Segment],
+        notify: Option<&[u8]>,
+    ) -> Result<Request, AgentError> {
+        self.transfer(src, dst, segs, notify, false)
+    }
+
+    fn transfer(
+        &self,
+        remote: &RemoteRegion,
+        local: &Region,
+        segs: &[Segment],
+        notify: Option<&[u8]>,
+        write: bool,
+    ) -> Result<Request, AgentError> {
+        if !local.local.live.load(Ordering::Acquire) {
+            return Err(AgentError::Deregistered(local.desc.region));
+        }
+        let (l, r) = (local.local.raw, remote.mem.raw);
+        if write {
+            check_segments(segs, r.len, l.len)?;
+        } else {
+            check_segments(segs, l.len, r.len)?;
+        }
+        let peer = &remote.peer;
+        if peer.process.exited() {
+            return Err(peer.gone());
+        }
+        let req = match &remote.mem.kind {
+            RemoteKind::Cross { pid } => {
+                if !l.kind.host_accessible() {
+                    return Err(AgentError::Unsupported(format!(
+                        "a peer's pageable memory reaches only host memory, not {} memory: \
+                         have the peer register it with alloc_shared",
+                        l.kind
+                    )));
+                }
+                let pieces: Vec<Piece> = segs
+                    .iter()
+                    .filter(|s| s.len > 0)
+                    .map(|s| {
+                        let (lo, ro) = if write {
+                            (s.src_off, s.dst_off)
+                        } else {
+                            (s.dst_off, s.src_off)
+                        };
+                        Piece {
+                            local: l.addr + lo,
+                            remote: r.addr + ro,
+                            len: s.len as usize,
+                        }
+                    })
+                    .collect();
+                let bytes: usize = pieces.iter().map(|p| p.len).sum();
+                if bytes <= INLINE_CROSS_BYTES {
+                    // SAFETY: the local ranges lie in the registered region (checked above),
+                    // borrowed for this call.
+                    let r = unsafe { sys::cross_copy(*pid as i32, &pieces, write) };
+                    let r = r.map_err(|e| cross_error(e, write, *pid, &peer.name));
+                    return Ok(Request::new(Checked {
+                        inner: Request::ready(r),
+                        peer: Arc::clone(peer),
+                        notify: Mutex::new(notify.map(<[u8]>::to_vec)),
+                    }));
+                }
+                let (pid, keep) = (*pid, (Arc::clone(&local.local), Arc::clone(&remote.mem)));
+                let signal = Arc::new(Signal::new());
+                let done = Arc::clone(&signal);
+                let pname = peer.name.clone();
+                self.run_on_worker(Box::new(move || {
+                    // SAFETY: the local ranges lie in the registered region (checked above),
+                    // kept alive by `keep` until the copy ends.
+                    let r = unsafe { sys::cross_copy(pid as i32, &pieces, write) };
+                    drop(keep);
+                    done.complete(r.map_err(|e| cross_error(e, write, pid, &pname)));
+                }))?;
+                Request::new(signal)
+            }
+            _ => {
+                let (dst, src) = if write { (r, l) } else { (l, r) };
+                let job = Job {
+                    dst,
+                    src: Some(src),
+                    op: Op::Segments(segs.into()),
+                    after: Vec::new(),
+                };
+                // SAFETY: both views are live registered memory (the local region and the
+                // peer's mapping), each kept until this request ends (`InUse`, waited before
+                // either is freed); the segments were checked against both.
+                let req = unsafe { self.inner.engine.submit_raw(job) }?;
+                local.local.in_use.push(&req);
+                remote.mem.in_use.push(&req);
+                req
+            }
+        };
+        Ok(Request::new(Checked {
+            inner: req,
+            peer: Arc::clone(peer),
+            notify: Mutex::new(notify.map(<[u8]>::to_vec)),
+        }))
+    }
+
+    fn run_on_worker(&self, job: CopyJob) -> Result<(), AgentError> {
+        let mut w = lock(&self.inner.worker);
+        if w.is_none() {
+            let (tx, rx) = mpsc::channel::<CopyJob>();
+            std::thread::Builder::new()
+                .name("ferry-agent-copy".into())
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                })
+                .map_err(io_err("start the agent's copy thread"))?;
+            *w = Some(tx);
+        }
+        let tx = w.as_ref().expect("started above");
+        tx.send(job)
+            .map_err(|_| AgentError::Unsupported("the agent's copy thread stopped".into()))
+    }
+
+    /// The next notification a peer sent (its agent's name and the message), waiting at most
+    /// `timeout`; `None` when none came.
+    pub fn next_notification(&self, timeout: Duration) -> Option<(String, Vec<u8>)> {
+        let notes = lock(&self.inner.notes);
+        let (mut notes, _) = self
+            .inner
+            .notes_cv
+            .wait_timeout_while(notes, timeout, |n| n.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        notes.pop_front()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        // Wakes the serving thread's accept, then closes every peer's connection.
+        let _ = UnixStream::connect(&self.inner.path);
+        let _ = std::fs::remove_file(&self.inner.path);
+        for (_, c) in lock(&self.inner.conns).drain() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Maps a cross-memory copy's failure to the agent's error.
+fn cross_error(e: std::io::Error, write: bool, pid: u32, peer: &str) -> RequestError {
+    let call = if write {
+        "process_vm_writev"
+    } else {
+        "process_vm_readv"
+    };
+    let err = match e.raw_os_error() {
+        Some(libc::ESRCH) => AgentError::PeerGone {
+            peer: peer.to_string(),
+            pid,
+        },
+        Some(libc::EPERM) => AgentError::Ptrace { call, pid },
+        _ => AgentError::Io {
+            what: format!("{call} on pid {pid} ({peer})"),
+            source: e,
+        },
+    };
+    RequestError::Backend(BackendError::new(err))
+}
+
+/// A request checked against its peer's life when seen complete, then notifying the peer.
+struct Checked {
+    inner: Request,
+    peer: Arc<PeerInner>,
+    notify: Mutex<Option<Vec<u8>>>,
+}
+
+impl Checked {
+    fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
+        r?;
+        if self.peer.process.exited() {
+            return Err(RequestError::Backend(BackendError::new(self.peer.gone())));
+        }
+        if let Some(msg) = lock(&self.notify).take() {
+            wire::notify(&self.peer, &msg)
+                .map_err(|e| RequestError::Backend(BackendError::new(e)))?;
+        }
+        Ok(())
+    }
+}
+
+impl Completion for Checked {
+    fn wait(&self) -> Result<(), RequestError> {
+        self.finish(self.inner.completion().wait())
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        self.inner.completion().poll_done().map(|r| self.finish(r))
+    }
+    fn register_waker(&self, waker: &std::task::Waker) {
+        self.inner.completion().register_waker(waker)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Memory registered with an [`Agent`]. Its [`Region::descriptor`] lets peers reach it.
+/// Dropped, it is deregistered (and freed) once no peer holds an import of it.
+pub struct Region {
+    agent: Weak<AgentInner>,
+    desc: Descriptor,
+    local: Arc<Local>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Region({})", self.desc)
+    }
+}
+
+impl Region {
+    /// The descriptor peers import ([`Peer::import`]).
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.local.raw.len
+    }
+
+    /// Always false (registrations are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.local.raw.len == 0
+    }
+
+    /// Where the memory lives.
+    pub fn kind(&self) -> MemKind {
+        self.local.raw.kind
+    }
+
+    /// The memory as engines see it (address, length, kind), for copies of the caller's own
+    /// (the caller keeps it from racing with transfers, as for any DMA buffer).
+    pub fn raw(&self) -> RawBuf {
+        self.local.raw
+    }
+
+    /// Copies `out.len()` bytes at `offset` into `out` (device memory through the agent's
+    /// engine). Transfers in flight on the same bytes race with it, as any DMA does.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), AgentError> {
+        let me = RawBuf::host(out.as_ptr(), out.len(), MemKind::Pageable);
+        self.copy_with(me, offset, false)
+    }
+
+    /// Copies `data` into the region at `offset` (as [`Region::read_at`]).
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), AgentError> {
+        let me = RawBuf::host(data.as_ptr(), data.len(), MemKind::Pageable);
+        self.copy_with(me, offset, true)
+    }
+
+    fn copy_with(&self, host: RawBuf, offset: usize, into: bool) -> Result<(), AgentError> {
+        let r = self.local.raw;
+        let seg = [Segment::new(0, offset as u64, host.len as u64)];
+        if into {
+            check_segments(
+                &[Segment::new(offset as u64, 0, host.len as u64)],
+                r.len,
+                host.len,
+            )?;
+        } else {
+            check_segments(&seg, host.len, r.len)?;
+        }
+        if host.len == 0 {
+            return Ok(());
+        }
+        if r.kind.host_accessible() {
+            let (d, s) = if into {
+                (r.addr + offset as u64, host.addr)
+            } else {
+                (host.addr, r.addr + offset as u64)
+            };
+            // SAFETY: both ranges were checked inside their buffers (the caller's slice and the
+            // live registration); a peer's concurrent access is the documented race of DMA
+            // memory, and the two never overlap (distinct allocations).
+            unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, host.len) };
+            return Ok(());
+        }
+        let Some(agent) = self.agent.upgrade() else {
+            return Err(AgentError::Deregistered(self.desc.region));
+        };
+        let (dst, src, segs): (RawBuf, RawBuf, Arc<[Segment]>) = if into {
+            (
+                r,
+                host,
+                Arc::new([Segment::new(offset as u64, 0, host.len as u64)]),
+            )
+        } else {
+            (host, r, seg.into())
+        };
+        let job = Job {
+            dst,
+            src: Some(src),
+            op: Op::Segments(segs),
+            after: Vec::new(),
+        };
+        // SAFETY: the caller's slice is borrowed until the wait below returns; the region is
+        // live (borrowed); the segment was checked against both.
+        let req = unsafe { agent.engine.submit_raw(job) }?;
+        req.wait()
+            .map_err(|e| AgentError::Unsupported(format!("copy through the engine failed: {e}")))
+    }
+
+    /// Deregisters now: refused with [`AgentError::InUse`] while a peer holds an import of
+    /// it (the peer's [`RemoteRegion`] not yet dropped). After it, transfers on this region
+    /// fail and its descriptor is refused by imports; the memory is freed when it is dropped.
+    pub fn deregister(&self) -> Result<(), AgentError> {
+        let Some(agent) = self.agent.upgrade() else {
+            self.local.live.store(false, Ordering::Release);
+            return Ok(());
+        };
+        let mut regions = lock(&agent.regions);
+        if let Some(e) = regions.get(&self.desc.region) {
+            if !e.importers.is_empty() {
+                return Err(AgentError::InUse {
+                    region: self.desc.region,
+                    peers: e.importers.len(),
+                });
+            }
+        }
+        regions.remove(&self.desc.region);
+        self.local.live.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let Some(agent) = self.agent.upgrade() else {
+            return;
+        };
+        let mut regions = lock(&agent.regions);
+        if let Some(e) = regions.get_mut(&self.desc.region) {
+            if e.importers.is_empty() {
+                regions.remove(&self.desc.region);
+            } else {
+                e.dropped = true;
+            }
+        }
+    }
+}
+
+/// A connection to another process's agent ([`Agent::connect`]).
+pub struct Peer {
+    inner: Arc<PeerInner>,
+}
+
+struct PeerInner {
+    name: String,
+    pid: u32,
+    agent: u64,
+    stream: Mutex<UnixStream>,
+    process: ProcessHandle,
+}
+
+impl PeerInner {
+    fn gone(&self) -> AgentError {
+        AgentError::PeerGone {
+            peer: self.name.clone(),
+            pid: self.pid,
+        }
+    }
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Peer({}, pid {})", self.inner.name, self.inner.pid)
+    }
+}
+
+impl Peer {
+    /// The peer agent's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The peer's process id.
+    pub fn pid(&self) -> u32 {
+        self.inner.pid
+    }
+
+    /// Whether the peer's process still runs.
+    pub fn is_alive(&self) -> bool {
+        !self.inner.process.exited()
+    }
+
+    /// Opens the peer's registration `desc` in this process, after the peer confirms that it
+    /// still holds it (a descriptor of another agent, a stale one after its deregistration or
+    /// a forged one is refused with the reason). The peer keeps the memory registered until
+    /// the returned region is dropped.
+    pub fn import(&self, desc: &Descriptor) -> Result<RemoteRegion, AgentError> {
+        if desc.agent != self.inner.agent || desc.pid != self.inner.pid {
+            return Err(AgentError::WrongPeer {
+                desc: Box::new(desc.clone()),
+                peer: self.inner.name.clone(),
+                pid: self.inner.pid,
+            });
+        }
+        let fd = wire::import(&self.inner, desc)?;
+        let len = desc.len as usize;
+        let kind = match (desc.transport, fd) {
+            (Transport::CrossMemory, _) => RemoteKind::Cross { pid: desc.pid },
+            (Transport::Shared | Transport::SharedPinned, Some(fd)) => {
+                let map = SharedMap::map(fd, len)
+                    .map_err(io_err(format!("map the peer's shared memory ({desc})")))?;
+                let pin = if desc.transport == Transport::SharedPinned {
+                    // SAFETY: the mapping is dropped after the pin (fields drop in order).
+                    Some(unsafe { HostPin::new(map.ptr(), len) }?)
+                } else {
+                    None
+                };
+                RemoteKind::Shared(pin, map)
+            }
+            (Transport::CudaVmm, Some(fd)) => {
+                use std::os::fd::AsRawFd;
+                RemoteKind::Vmm(VmmBuffer::import(desc.ordinal, fd.as_raw_fd(), len)?)
+            }
+            (Transport::CudaIpc, _) => {
+                let h = desc.ipc.as_deref().ok_or_else(|| AgentError::Refused {
+                    peer: self.inner.name.clone(),
+                    reason: "a CUDA IPC descriptor without its handle".into(),
+                })?;
+                RemoteKind::Ipc(IpcMapping::open(desc.ordinal, h, len)?)
+            }
+            (_, None) => {
+                return Err(AgentError::Refused {
+                    peer: self.inner.name.clone(),
+                    reason: format!("no shared memory came with {desc}"),
+                })
+            }
+        };
+        let raw = match &kind {
+            RemoteKind::Cross { .. } => RawBuf {
+                addr: desc.addr,
+                len,
+                kind: MemKind::Pageable,
+            },
+            RemoteKind::Shared(pin, map) => RawBuf::host(
+                map.ptr(),
+                len,
+                if pin.is_some() {
+                    MemKind::Pinned
+                } else {
+                    MemKind::Pageable
+                },
+            ),
+            RemoteKind::Ipc(m) => m.raw(),
+            RemoteKind::Vmm(b) => b.raw(),
+        };
+        Ok(RemoteRegion {
+            mem: Arc::new(RemoteMem {
+                in_use: InUse::default(),
+                raw,
+                kind,
+                _release: Release {
+                    peer: Arc::clone(&self.inner),
+                    region: desc.region,
+                },
+            }),
+            peer: Arc::clone(&self.inner),
+            desc: desc.clone(),
+        })
+    }
+
+    /// Sends `msg` to the peer's notifications ([`Agent::next_notification`]) now.
+    pub fn notify(&self, msg: &[u8]) -> Result<(), AgentError> {
+        wire::notify(&self.inner, msg)
+    }
+}
+
+/// A peer's registration opened in this process ([`Peer::import`]): the far end of
+/// [`Agent::read`] and [`Agent::write`]. Dropped, the peer is told it may free the memory
+/// once this process's requests on it have ended.
+pub struct RemoteRegion {
+    mem: Arc<RemoteMem>,
+    peer: Arc<PeerInner>,
+    desc: Descriptor,
+}
+
+/// Fields drop in order: requests are waited for, then the mapping goes, then the peer is
+/// told it may free the memory.
+struct RemoteMem {
+    in_use: InUse,
+    raw: RawBuf,
+    kind: RemoteKind,
+    _release: Release,
+}
+
+/// Tells the peer, when dropped, that this process no longer uses its region.
+struct Release {
+    peer: Arc<PeerInner>,
+    region: u64,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        wire::release(&self.peer, self.region);
+    }
+}
+
+enum RemoteKind {
+    Cross { pid: u32 },
+    Shared(Option<HostPin>, SharedMap),
+    Ipc(IpcMapping),
+    Vmm(VmmBuffer),
+}
+
+impl std::fmt::Debug for RemoteRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RemoteRegion({})", self.desc)
+    }
+}
+
+impl RemoteRegion {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mem.raw.len
+    }
+    /// Always false (registrations are at least one byte).
+    pub fn is_empty(&self) -> bool {
+        self.mem.raw.len == 0
+    }
+    /// The descriptor it was opened from.
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+    /// The memory as this process sees it: the mapped address of shared memory or of a CUDA
+    /// IPC allocation (for copies of the caller's own, e.g. a benchmark's raw baseline), or the
+    /// peer's own address of pageable memory reached by cross-memory attach (not an address of
+    /// this process).
+    pub fn raw(&self) -> RawBuf {
+        self.mem.raw
+    }
+}

@@ -1,0 +1,362 @@
+//! The agent's system calls (the unsafe bottom of `agent/`): shared memory (memfd), cross-memory
+//! attach (`process_vm_readv`/`process_vm_writev`), process handles (pidfd), and descriptors
+//! passed over a Unix socket (`SCM_RIGHTS`) with the peer's credentials (`SO_PEERCRED`).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+/// Host memory in a memfd, mapped shared in this process: the owner's or a peer's mapping of
+/// the same pages. Unmapped on drop.
+pub(crate) struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: a mapping owned by this value; the bytes are reached only through raw views whose
+// users synchronise (requests), as with any memory a DMA engine touches.
+unsafe impl Send for SharedMap {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMap {}
+
+impl SharedMap {
+    /// `len` (> 0) zero bytes in a new memfd, mapped.
+    pub(crate) fn create(len: usize) -> io::Result<SharedMap> {
+        // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(c"ferry-agent".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just made and is owned here only.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: resizes the memfd owned above.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        SharedMap::map(fd, len)
+    }
+
+    /// Maps the first `len` (> 0) bytes of `fd` (a peer's memfd), shared.
+    pub(crate) fn map(fd: OwnedFd, len: usize) -> io::Result<SharedMap> {
+        // SAFETY: `stat` is plain data, valid all zeros.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid out-pointer for one `stat`.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if (st.st_size as u64) < len as u64 || len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("shared memory of {} bytes cannot hold {len}", st.st_size),
+            ));
+        }
+        // SAFETY: a new shared mapping of `len` bytes of the file, at an address the kernel
+        // picks (no existing mapping is touched).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(SharedMap {
+            ptr: p.cast(),
+            len,
+            fd,
+        })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once; its users are gone (the agent
+        // waits for the requests that touch it before dropping it).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// One piece of a cross-memory copy: `len` bytes at `local` in this process and at `remote`
+/// in the peer.
+#[derive(Clone, Copy)]
+pub(crate) struct Piece {
+    pub(crate) local: u64,
+    pub(crate) remote: u64,
+    pub(crate) len: usize,
+}
+
+/// Copies `pieces` between this process and process `pid` (`write`: local -> remote), in
+/// calls of at most `IOV_MAX` pieces, resuming after partial transfers.
+///
+/// # Safety
+/// 1. Every local range is memory of this process valid for the copy's direction (readable
+///    for a write, writable for a read) and not accessed by anyone else meanwhile.
+pub(crate) unsafe fn cross_copy(pid: i32, pieces: &[Piece], write: bool) -> io::Result<()> {
+    const MAX: usize = 1024; // IOV_MAX on Linux
+    for chunk in pieces.chunks(MAX) {
+        let mut local: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.local as *mut libc::c_void,
+                iov_len: p.len,
+            })
+            .collect();
+        let mut remote: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.remote as *mut libc::c_void,
+                iov_len: p.len,
+            })
+            .collect();
+        let total: usize = chunk.iter().map(|p| p.len).sum();
+        let mut done = 0usize;
+        while done < total {
+            // SAFETY: the local iovecs cover memory valid for the direction (point 1); the
+            // remote ones are checked by the kernel against the peer's mappings.
+            let n = unsafe {
+                if write {
+                    libc::process_vm_writev(
+                        pid,
+                        local.as_ptr(),
+                        local.len() as libc::c_ulong,
+                        remote.as_ptr(),
+                        remote.len() as libc::c_ulong,
+                        0,
+                    )
+                } else {
+                    libc::process_vm_readv(
+                        pid,
+                        local.as_ptr(),
+                        local.len() as libc::c_ulong,
+                        remote.as_ptr(),
+                        remote.len() as libc::c_ulong,
+                        0,
+                    )
+                }
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "no byte moved",
+                ));
+            }
+            done += n as usize;
+            advance(&mut local, n as usize);
+            advance(&mut remote, n as usize);
+        }
+    }
+    Ok(())
+}
+
+/// Drops the first `n` bytes of an iovec list (after a partial transfer).
+fn advance(v: &mut Vec<libc::iovec>, mut n: usize) {
+    let mut skip = 0;
+    for io in v.iter_mut() {
+        if n >= io.iov_len {
+            n -= io.iov_len;
+            skip += 1;
+        } else {
+            io.iov_base = (io.iov_base as u64 + n as u64) as *mut libc::c_void;
+            io.iov_len -= n;
+            break;
+        }
+    }
+    v.drain(..skip);
+}
+
+/// A handle on a process that tells whether it has exited (a pidfd: immune to pid reuse).
+pub(crate) struct ProcessHandle(OwnedFd);
+
+impl ProcessHandle {
+    pub(crate) fn open(pid: i32) -> io::Result<ProcessHandle> {
+        // SAFETY: the pidfd_open system call with a pid and no flags; returns a new descriptor.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor owned here only.
+        Ok(ProcessHandle(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    /// True once the process has exited (its pidfd reads as ready).
+    pub(crate) fn exited(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r > 0 && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+    }
+}
+
+/// The uid and pid of the process at the other end of `s` (`SO_PEERCRED`).
+pub(crate) fn peer_cred(s: &UnixStream) -> io::Result<(u32, i32)> {
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` and `len` are valid out-pointers of the documented types.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((c.uid, c.pid))
+}
+
+/// This process's real uid.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Sends `data` (non-empty) on `s`, with `fd` attached (`SCM_RIGHTS`) if given.
+pub(crate) fn send_with_fd(s: &UnixStream, data: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+    let mut sent = 0;
+    while sent < data.len() {
+        let mut iov = libc::iovec {
+            iov_base: data[sent..].as_ptr() as *mut libc::c_void,
+            iov_len: data.len() - sent,
+        };
+        let mut cbuf = [0u64; 4]; // room for one cmsg with one int, aligned
+                                  // SAFETY: an all-zero msghdr is valid (no name, no iovecs, no control).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if let (Some(fd), 0) = (fd, sent) {
+            // SAFETY: CMSG_SPACE of one int fits `cbuf` (32 bytes); the header is written
+            // inside it through the libc macros.
+            unsafe {
+                msg.msg_control = cbuf.as_mut_ptr().cast();
+                msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+            }
+        }
+        // SAFETY: `msg` points at live buffers for the call's duration.
+        let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+    }
+    Ok(())
+}
+
+/// Reads exactly `buf.len()` (> 0) bytes from `s`, and a descriptor if one came with them.
+pub(crate) fn recv_with_fd(s: &UnixStream, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+    let mut got = 0;
+    let mut fd = None;
+    while got < buf.len() {
+        let mut iov = libc::iovec {
+            iov_base: buf[got..].as_mut_ptr().cast(),
+            iov_len: buf.len() - got,
+        };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: an all-zero msghdr is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        // SAFETY: `msg` points at live buffers for the call's duration.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            ));
+        }
+        // SAFETY: walks the control messages the kernel wrote into `cbuf` with the libc
+        // macros; a descriptor received is owned here from now on.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                    fd = Some(OwnedFd::from_raw_fd(raw));
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        got += n as usize;
+    }
+    Ok(fd)
+}
+
+/// Makes `dir` a private directory of this user (mode 0700), refusing one owned by another
+/// user or open to others.
+pub(crate) fn private_dir(dir: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    if !m.is_dir() || m.uid() != uid() || m.mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a private directory of uid {} (owner {}, mode {:o})",
+                dir.display(),
+                uid(),
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Lets process `pid` read and write this one with cross-memory attach where Yama's
+/// `ptrace_scope` is 1 (only ancestors may otherwise): `PR_SET_PTRACER`, which names one
+/// process at a time (the last peer to connect). Nothing elsewhere.
+pub(crate) fn allow_ptracer(pid: i32) {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
+    if scope.trim() == "1" {
+        // SAFETY: a prctl with integer arguments; it changes only who may attach to us.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) };
+    }
+}

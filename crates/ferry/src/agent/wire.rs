@@ -1,0 +1,252 @@
+//! The agents' protocol over their Unix socket: a handshake (names, pids, the server's agent
+//! id; both ends check that the other runs as the same user), imports confirmed by the owner
+//! (with the memfd of shared memory attached), releases, notifications.
+//!
+//! A frame: its length (u32, little-endian, tag included), a tag byte, the payload. A peer
+//! sends HELLO, IMPORT, RELEASE and NOTIFY; the owner answers HELLO and IMPORT with HELLO, OK
+//! or ERR (a reason in UTF-8).
+
+use super::sys;
+use super::{lock, AgentError, AgentInner, Descriptor, PeerInner, Store};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+const HELLO: u8 = 1;
+const IMPORT: u8 = 2;
+const RELEASE: u8 = 3;
+const NOTIFY: u8 = 4;
+const OK: u8 = 0x80;
+const ERR: u8 = 0x81;
+/// The largest frame accepted (a notification's message included).
+const MAX_FRAME: usize = 16 << 20;
+
+fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(5 + payload.len());
+    f.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
+    f.push(tag);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one frame: its tag, payload and any descriptor attached.
+fn read_frame(s: &UnixStream) -> std::io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
+    let mut head = [0u8; 4];
+    let fd = sys::recv_with_fd(s, &mut head)?;
+    let n = u32::from_le_bytes(head) as usize;
+    if n == 0 || n > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {n} bytes"),
+        ));
+    }
+    let mut body = vec![0u8; n];
+    let fd2 = sys::recv_with_fd(s, &mut body)?;
+    let tag = body.remove(0);
+    Ok((tag, body, fd.or(fd2)))
+}
+
+/// Accepts peers until the agent is dropped, one thread per connection.
+pub(super) fn serve(listener: UnixListener, agent: Weak<AgentInner>) {
+    let mut next = 0u64;
+    for s in listener.incoming() {
+        let Some(a) = agent.upgrade() else { return };
+        if a.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut s) = s else { continue };
+        match sys::peer_cred(&s) {
+            Ok((uid, _)) if uid == sys::uid() => {}
+            Ok((uid, pid)) => {
+                let why = format!(
+                    "pid {pid} runs as uid {uid}, not this agent's uid {}",
+                    sys::uid()
+                );
+                let _ = s.write_all(&frame(ERR, why.as_bytes()));
+                continue;
+            }
+            Err(_) => continue,
+        }
+        next += 1;
+        let conn = next;
+        if let Ok(c) = s.try_clone() {
+            lock(&a.conns).insert(conn, c);
+        }
+        let weak = agent.clone();
+        let _ = std::thread::Builder::new()
+            .name("ferry-agent-peer".into())
+            .spawn(move || handle(conn, s, weak));
+    }
+}
+
+/// Serves one peer's connection until it closes.
+fn handle(conn: u64, s: UnixStream, agent: Weak<AgentInner>) {
+    let mut peer_name = String::from("?");
+    while let Ok((tag, body, _)) = read_frame(&s) {
+        let Some(a) = agent.upgrade() else { break };
+        let reply = match tag {
+            HELLO if body.len() >= 4 => {
+                let pid = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+                peer_name = String::from_utf8_lossy(&body[4..]).into_owned();
+                sys::allow_ptracer(pid as i32);
+                let mut p = a.id.to_le_bytes().to_vec();
+                p.extend_from_slice(&a.pid.to_le_bytes());
+                p.extend_from_slice(a.name.as_bytes());
+                Some((frame(HELLO, &p), None))
+            }
+            IMPORT => Some(import_reply(&a, conn, &body)),
+            RELEASE if body.len() == 8 => {
+                a.release(
+                    conn,
+                    Some(u64::from_le_bytes(body[..8].try_into().expect("8"))),
+                );
+                None
+            }
+            NOTIFY => {
+                lock(&a.notes).push_back((peer_name.clone(), body));
+                a.notes_cv.notify_all();
+                None
+            }
+            _ => Some((
+                frame(ERR, format!("unknown message {tag}").as_bytes()),
+                None,
+            )),
+        };
+        if let Some((f, fd)) = reply {
+            if sys::send_with_fd(&s, &f, fd).is_err() {
+                break;
+            }
+        }
+    }
+    if let Some(a) = agent.upgrade() {
+        a.release(conn, None);
+        lock(&a.conns).remove(&conn);
+    }
+}
+
+/// The owner's answer to an import: OK (with the memfd of shared memory), or ERR and why.
+fn import_reply(a: &AgentInner, conn: u64, body: &[u8]) -> (Vec<u8>, Option<i32>) {
+    let refuse = |why: String| (frame(ERR, why.as_bytes()), None);
+    let Some(desc) = Descriptor::from_bytes(body) else {
+        return refuse("not a descriptor".into());
+    };
+    let mut regions = lock(&a.regions);
+    let Some(e) = regions.get_mut(&desc.region).filter(|e| !e.dropped) else {
+        return refuse(format!(
+            "{desc} is not registered with agent '{}' (deregistered, or never made here)",
+            a.name
+        ));
+    };
+    if e.desc != desc {
+        return refuse(format!(
+            "{desc} does not match the registration ({}): a forged or corrupted descriptor",
+            e.desc
+        ));
+    }
+    *e.importers.entry(conn).or_insert(0) += 1;
+    let fd = match &e.local.store {
+        Store::Shared { map, .. } => Some(map.fd()),
+        Store::Vmm { fd, .. } => Some(std::os::fd::AsRawFd::as_raw_fd(fd)),
+        _ => None,
+    };
+    (frame(OK, &[]), fd)
+}
+
+/// Connects to the agent at `path`: the handshake, both ends checked to be the same user.
+pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentError> {
+    let at = path.display().to_string();
+    let s = UnixStream::connect(path).map_err(super::io_err(format!("connect to {at}")))?;
+    s.set_read_timeout(Some(me.timeout))
+        .map_err(super::io_err("set the socket's timeout"))?;
+    let (uid, pid) = sys::peer_cred(&s).map_err(super::io_err(format!("credentials of {at}")))?;
+    if uid != sys::uid() {
+        return Err(AgentError::Refused {
+            peer: at,
+            reason: format!(
+                "its agent runs as uid {uid}, not as this process's uid {}",
+                sys::uid()
+            ),
+        });
+    }
+    let mut hello = me.pid.to_le_bytes().to_vec();
+    hello.extend_from_slice(me.name.as_bytes());
+    sys::send_with_fd(&s, &frame(HELLO, &hello), None)
+        .map_err(super::io_err(format!("handshake with {at}")))?;
+    let (tag, body, _) = read_frame(&s).map_err(super::io_err(format!("handshake with {at}")))?;
+    match tag {
+        HELLO if body.len() >= 12 => {
+            let agent = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+            let their = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+            let process = sys::ProcessHandle::open(pid)
+                .map_err(super::io_err(format!("pidfd of pid {pid}")))?;
+            Ok(PeerInner {
+                name: String::from_utf8_lossy(&body[12..]).into_owned(),
+                pid: their,
+                agent,
+                stream: std::sync::Mutex::new(s),
+                process,
+            })
+        }
+        _ => Err(AgentError::Refused {
+            peer: at,
+            reason: String::from_utf8_lossy(&body).into_owned(),
+        }),
+    }
+}
+
+/// Asks the owner to confirm `desc`; the memfd of shared memory if one came.
+pub(super) fn import(peer: &PeerInner, desc: &Descriptor) -> Result<Option<OwnedFd>, AgentError> {
+    let s = lock(&peer.stream);
+    let who = format!("{} (pid {})", peer.name, peer.pid);
+    let lost = |e: std::io::Error| {
+        if peer.process.exited() {
+            peer.gone()
+        } else {
+            AgentError::Io {
+                what: format!("import from {who}"),
+                source: e,
+            }
+        }
+    };
+    sys::send_with_fd(&s, &frame(IMPORT, &desc.to_bytes()), None).map_err(lost)?;
+    let (tag, body, fd) = read_frame(&s).map_err(lost)?;
+    match tag {
+        OK => Ok(fd),
+        _ => Err(AgentError::Refused {
+            peer: who,
+            reason: String::from_utf8_lossy(&body).into_owned(),
+        }),
+    }
+}
+
+/// Tells the owner that this process no longer uses `region` (best effort: a closed
+/// connection releases everything anyway).
+pub(super) fn release(peer: &PeerInner, region: u64) {
+    let s = lock(&peer.stream);
+    let _ = sys::send_with_fd(&s, &frame(RELEASE, &region.to_le_bytes()), None);
+}
+
+/// Sends a notification.
+pub(super) fn notify(peer: &Arc<PeerInner>, msg: &[u8]) -> Result<(), AgentError> {
+    if msg.len() + 1 > MAX_FRAME {
+        return Err(AgentError::Unsupported(format!(
+            "a notification of {} bytes (at most {})",
+            msg.len(),
+            MAX_FRAME - 1
+        )));
+    }
+    let s = lock(&peer.stream);
+    sys::send_with_fd(&s, &frame(NOTIFY, msg), None).map_err(|e| {
+        if peer.process.exited() {
+            peer.gone()
+        } else {
+            AgentError::Io {
+                what: format!("notify {} (pid {})", peer.name, peer.pid),
+                source: e,
+            }
+        }
+    })
+}
