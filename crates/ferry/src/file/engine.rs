@@ -128,7 +128,7 @@ impl FileEngine {
         op: IoOp,
         raw: impl FnOnce(&mut B) -> RawBuf,
     ) -> Result<FileTransfer<B>, FileFailed<B>> {
-        let lent = Lent::submit(buf, |b| {
+        let lent = Lent::submit(buf, false, |b| {
             let raw = raw(b);
             // SAFETY: the buffer is lent: its memory stays valid and untouched until the
             // request completed (`Lent::submit`); a store only reads it.

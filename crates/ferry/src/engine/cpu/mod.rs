@@ -95,11 +95,12 @@ impl CpuEngine {
 }
 
 impl CpuEngine {
-    /// [`Engine::copy_now`] of a copy that is not one run (a tile, a transpose) of at most
-    /// [`CpuConfig::inline_bytes`]: planned here, without a program or a job.
+    /// The inline part of [`Engine::submit_copy`] for a copy that is not one run (a tile, a
+    /// transpose) of at most [`CpuConfig::inline_bytes`]: planned and run here, without a
+    /// program or a job; `false`, having touched nothing, for any other.
     ///
     /// # Safety
-    /// As [`Engine::copy_now`]; the layouts were checked against the buffers' lengths
+    /// As [`Engine::submit_copy`]; the layouts were checked against the buffers' lengths
     /// (`checked_run` did).
     unsafe fn plan_now(&self, dst: RawBuf, src: RawBuf, dl: &Layout, sl: &Layout) -> bool {
         if check_bufs(dst, Some(src)).is_err() || !self.supports(dst.kind, Some(src.kind)) {
@@ -144,8 +145,10 @@ impl Engine for CpuEngine {
         Ok(req)
     }
 
-    /// A small contiguous copy runs here, on the caller's thread, and returns a request that
-    /// allocated nothing; any other copy goes through `submit_raw`.
+    /// A copy of at most [`CpuConfig::inline_bytes`] runs here, on the caller's thread, and
+    /// returns a done request that allocated nothing (one run: no plan either); any other copy
+    /// (errors included) as `submit_raw`'s job.
+    #[inline]
     unsafe fn submit_copy(
         &self,
         dst: RawBuf,
@@ -153,45 +156,32 @@ impl Engine for CpuEngine {
         src: RawBuf,
         src_layout: &Layout,
     ) -> Result<Request, SubmitError> {
-        // SAFETY: forwarded with the caller's guarantees (submit_copy's hold for copy_now).
-        if unsafe { self.copy_now(dst, src, Some((dst_layout, src_layout))) } {
+        let inline = match checked_run(dst_layout, src_layout, dst.len, src.len) {
+            Ok(Some(run)) if run.2 <= self.cfg.inline_bytes => {
+                let ok =
+                    check_bufs(dst, Some(src)).is_ok() && self.supports(dst.kind, Some(src.kind));
+                if ok {
+                    // SAFETY: the caller guarantees the buffers until the request completes
+                    // (it completes here); the run lies inside both (`checked_run`), and
+                    // `check_bufs` found them disjoint.
+                    unsafe { exec::copy_at(dst, src, run) };
+                }
+                ok
+            }
+            // SAFETY: forwarded with the caller's guarantees; `checked_run` checked both
+            // layouts against their buffers.
+            Ok(None) => unsafe { self.plan_now(dst, src, dst_layout, src_layout) },
+            _ => false,
+        };
+        if inline {
             return Ok(Request::ready(Ok(())));
         }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
     }
 
-    /// One contiguous run of at most [`CpuConfig::inline_bytes`] between buffers that pass
-    /// `submit_raw`'s checks runs now; anything else (errors included) is left to `submit_raw`.
-    #[inline]
-    unsafe fn copy_now(
-        &self,
-        dst: RawBuf,
-        src: RawBuf,
-        layouts: Option<(&Layout, &Layout)>,
-    ) -> bool {
-        let run = match layouts {
-            None if dst.len >= src.len => (0, 0, src.len),
-            None => return false,
-            Some((dl, sl)) => match checked_run(dl, sl, dst.len, src.len) {
-                Ok(Some(run)) => run,
-                // SAFETY: forwarded with the caller's guarantees; `checked_run` checked both
-                // layouts against their buffers.
-                Ok(None) => return unsafe { self.plan_now(dst, src, dl, sl) },
-                Err(_) => return false,
-            },
-        };
-        if run.2 > self.cfg.inline_bytes
-            || check_bufs(dst, Some(src)).is_err()
-            || !self.supports(dst.kind, Some(src.kind))
-        {
-            return false;
-        }
-        // SAFETY: the caller guarantees the buffers for the call (copy_now's contract); the
-        // run lies inside both (`checked_run`, or a memcpy's lengths compared above), and
-        // `check_bufs` found them disjoint.
-        unsafe { exec::copy_at(dst, src, run) };
-        true
+    fn inline_bytes(&self) -> usize {
+        self.cfg.inline_bytes
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {
