@@ -276,3 +276,42 @@ macro_rules! forward_engine {
 
 forward_engine!(std::sync::Arc);
 forward_engine!(Box);
+
+/// The sibling of [`Engine`] for the backends whose work is not a [`Job`]: the same contract
+/// (work in, a [`Request`] out, waited, polled, awaited and depended on as any engine's; a
+/// flush; a barrier; refusals as [`SubmitError`]s), over their own descriptor.
+///
+/// An [`Engine`] moves memory to memory, its work a [`Job`]. The other two backends move what
+/// a `Job` cannot describe: the file engine
+/// ([`FileEngine`](crate::file::FileEngine), work: a [`FileJob`](crate::file::FileJob), a file
+/// range and a buffer) and the NCCL engine ([`NcclEngine`](crate::nccl::NcclEngine), work: a
+/// group of sends and receives with the requests it starts after). Files stay a backend of
+/// their own rather than a memory kind (NIXL's choice): a file range is not addressable, and a
+/// [`Job`]'s buffers are, through every engine's checks and layouts; the file engine reaches
+/// the memory it cannot address itself through an `Engine`. Refusals are [`SubmitError`]s
+/// for every backend (the file and NCCL engines' own errors kept whole in
+/// [`SubmitError::Backend`]).
+///
+/// Engines do not implement it (their [`Engine`] methods of the same names would make every
+/// call ambiguous where both traits are imported); its methods are theirs, over a `Job`.
+pub trait Backend: Send + Sync {
+    /// What one submission describes.
+    type Work;
+
+    /// A short human-readable name.
+    fn name(&self) -> String;
+
+    /// Submits `work` and returns its request.
+    ///
+    /// # Safety
+    /// The buffers `work` names are valid for the reads and writes it does, of the kinds they
+    /// claim, and touched by nothing else, until the request completes (as
+    /// [`Engine::submit_raw`] for a [`Job`]).
+    unsafe fn submit_work(&self, work: Self::Work) -> Result<Request, SubmitError>;
+
+    /// Issues what the calling thread queued with more work said to follow ([`Engine::flush`]).
+    fn flush(&self) {}
+
+    /// Waits for every request submitted so far and reports every failure not already seen.
+    fn barrier(&self) -> Result<(), BarrierError>;
+}
