@@ -284,7 +284,7 @@ forward_engine!(Box);
 /// An [`Engine`] moves memory to memory, its work a [`Job`]. The other two backends move what
 /// a `Job` cannot describe: the file engine
 /// ([`FileEngine`](crate::file::FileEngine), work: a [`FileJob`](crate::file::FileJob), a file
-/// range and a buffer) and the NCCL engine ([`NcclEngine`](crate::nccl::NcclEngine), work: a
+/// range and a buffer) and the NCCL engine ([`NcclEngine`](crate::engine::nccl::NcclEngine), work: a
 /// group of sends and receives with the requests it starts after). Files stay a backend of
 /// their own rather than a memory kind (NIXL's choice): a file range is not addressable, and a
 /// [`Job`]'s buffers are, through every engine's checks and layouts; the file engine reaches

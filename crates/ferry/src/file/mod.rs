@@ -92,7 +92,6 @@ mod xfer;
 pub use crate::engine::cuda::sys::probe::nvidia_fs_loaded;
 pub use completion::{FileFailed, FileTransfer};
 pub use config::FileConfig;
-pub use cufile::REGISTER_MIN;
 pub use engine::{FileEngine, FileJob};
 pub use error::{CuFileCode, FileError, IoOp, MoverError};
 pub use handle::FileHandle;

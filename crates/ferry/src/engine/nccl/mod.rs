@@ -93,7 +93,7 @@ mod submit;
 mod sys;
 
 pub use completion::NcclCompletion;
-pub use config::{NcclConfig, DEFAULT_TIMEOUT};
+pub use config::NcclConfig;
 pub use engine::NcclEngine;
 pub use error::NcclError;
 pub use id::NcclId;
