@@ -43,8 +43,10 @@
 //! flight at once.
 //!
 //! Not an [`Engine`](crate::Engine): a load or store moves bytes between a file and a buffer, and a
-//! [`Job`](crate::Job) is two buffers of memory with layouts. A `FileEngine` takes an
-//! [`Engine`](crate::Engine) instead, for the buffers it cannot reach itself
+//! [`Job`](crate::Job) is two buffers of memory with layouts. A `FileEngine` keeps the same
+//! contract as a [`Backend`](crate::Backend) whose work is a [`FileJob`] (a file range and a
+//! buffer: requests out, refusals as [`SubmitError`](crate::SubmitError)s), and takes an
+//! [`Engine`](crate::Engine) for the buffers it cannot reach itself
 //! ([`FileEngine::with_engine`]).
 //!
 //! ```
