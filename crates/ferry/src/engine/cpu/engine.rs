@@ -6,7 +6,7 @@ use super::probe::probe;
 use crate::request::InFlight;
 use std::sync::Arc;
 
-/// The CPU engine. See the [module documentation](self).
+/// The CPU engine. See the [module documentation](super).
 ///
 /// ```
 /// use ferry::{CpuEngine, EngineExt};

@@ -288,7 +288,7 @@ impl<'a> Submission<'a> {
     }
 }
 
-/// What lowering a submission gave ([`CudaEngine::lower`]).
+/// What lowering a submission gave ([`lower`]).
 enum Lowered {
     /// A copy of one contiguous run `(dst offset, src offset, bytes)`: no program built yet.
     Run((usize, usize, usize)),
