@@ -103,7 +103,7 @@ pub use bytemuck;
 pub use engine::cpu::{CpuConfig, CpuEngine, THREADS_MAX as CPU_THREADS_MAX};
 pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
-pub use engine::{Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
+pub use engine::{Backend, Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};
 pub use env::ConfigError;
 pub use error::{Error, Result};
 pub use layout::{Layout, LayoutError, MAX_DIMS};

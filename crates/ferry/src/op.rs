@@ -144,7 +144,7 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
 /// layouts inside their buffers, the same element size), and its one contiguous run
 /// `(dst offset, src offset, bytes)` where it is one ([`Plan::single_run`]); `None`: a general
 /// plan. What [`Program::copy`] checks, and all that an engine needs to run one run without
-/// building a program (the CUDA engine's `submit_run`).
+/// building a program (the CUDA engine's one-run path).
 #[inline]
 pub(crate) fn checked_run(
     dst: &Layout,
@@ -225,9 +225,22 @@ impl Program {
         // `Plan::new`, each plan built where it stays (a request's one step is inline in the
         // program: no move of the 416-byte plan through a `Result`).
         match checked_run(dst, src, self.dst_len, src_len)? {
-            Some((d, s, bytes)) => self.steps.push(Step::Copy(Plan::contiguous(d, s, bytes))),
-            None => self.steps.push(Step::Copy(Plan::general(dst, src)?)),
+            Some(run) => self.push_run(run),
+            None => self.push_general(dst, src)?,
         }
+        Ok(())
+    }
+    /// Adds the copy of one contiguous run `(dst offset, src offset, bytes)` that
+    /// [`checked_run`] returned (checked there: nothing is checked again).
+    #[inline(always)]
+    pub(crate) fn push_run(&mut self, (d, s, bytes): (usize, usize, usize)) {
+        self.steps.push(Step::Copy(Plan::contiguous(d, s, bytes)));
+    }
+    /// Adds the copy between layouts that [`checked_run`] checked against this program's
+    /// buffers and found not one run: planned, not checked again.
+    #[inline(always)]
+    pub(crate) fn push_general(&mut self, dst: &Layout, src: &Layout) -> Result<(), OpError> {
+        self.steps.push(Step::Copy(Plan::general(dst, src)?));
         Ok(())
     }
     /// Adds a fill of every element of `dst` with `pattern` (`pattern.len()` = element size).

@@ -452,3 +452,56 @@ fn unmatched_send_times_out() {
         e.abort();
     }
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn one_rank_through_the_backend_contract() {
+    use ferry::engine::nccl::{P2p, P2pKind};
+    use ferry::{Backend, MemoryMut, SubmitError};
+    if skip(1) {
+        return;
+    }
+    let id = NcclId::new().unwrap();
+    let e = NcclEngine::new(NcclConfig::new(0, 0, 1, id).timeout(Duration::from_secs(60))).unwrap();
+    let n = 1 << 20;
+    let src = dev(0, n, 70);
+    let mut dst = DeviceBuffer::zeroed(0, n).unwrap();
+    let ops = vec![
+        P2p {
+            kind: P2pKind::Send,
+            buf: ferry::Memory::raw(&src),
+            bytes: n,
+            peer: 0,
+        },
+        P2p {
+            kind: P2pKind::Recv,
+            buf: dst.raw_mut(),
+            bytes: n,
+            peer: 0,
+        },
+    ];
+    // SAFETY: both buffers outlive the request, waited here; nothing else touches them.
+    let req = unsafe { e.submit_work((ops, Vec::new())) }.unwrap();
+    Backend::flush(&e);
+    req.wait().unwrap();
+    Backend::barrier(&e).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), src.to_vec().unwrap());
+    // A peer outside the communicator: refused, NCCL's own error kept whole.
+    let bad = vec![P2p {
+        kind: P2pKind::Send,
+        buf: ferry::Memory::raw(&src),
+        bytes: n,
+        peer: 5,
+    }];
+    // SAFETY: refused before anything runs (asserted).
+    match unsafe { e.submit_work((bad, Vec::new())) } {
+        Err(SubmitError::Backend(b)) => assert!(
+            matches!(
+                b.downcast_ref::<NcclError>(),
+                Some(NcclError::InvalidArgument(_))
+            ),
+            "{b}"
+        ),
+        other => panic!("not refused with NCCL's error: {other:?}"),
+    }
+}

@@ -140,9 +140,16 @@ fn same_space(a: MemKind, b: MemKind) -> bool {
 
 /// A DMA engine: takes jobs, returns requests. Implemented by every backend.
 ///
+/// Submission has three steps, as the Linux dmaengine's prep / submit / issue_pending: a job is
+/// checked, lowered and routed once (prepare), queued (enqueue), and started (flush).
+/// [`Engine::submit_raw`] and [`Engine::submit_copy`] do all three; [`Engine::enqueue`] leaves
+/// the start to [`Engine::flush`] where the engine can use the knowledge that more follows. A
+/// submit may also run the work to its end on the calling thread and return a done request
+/// ([`Engine::inline_bytes`]).
+///
 /// Which calls block: `submit_raw` never waits for the copy (it may wait briefly for a lock or
-/// a free staging slot, as documented by each backend); `barrier` blocks until every request
-/// submitted before it completed.
+/// a free staging slot, as documented by each backend, or run a small copy inline); `barrier`
+/// blocks until every request submitted before it completed.
 pub trait Engine: Send + Sync {
     /// A short human-readable name (`cpu(4)`, `cuda:0`, ...).
     fn name(&self) -> String;
@@ -178,26 +185,36 @@ pub trait Engine: Send + Sync {
         unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
     }
 
-    /// Runs a copy to its end on the calling thread, now, if this engine runs such a copy so
-    /// (the CPU engine's small copies, issue 32), and says so: `true` once it ran. `false`,
-    /// having touched nothing, for a copy that would leave this thread, or one the engine would
-    /// refuse (the caller then submits it as usual, which reports the error). `layouts`: the
-    /// copy of [`Engine::submit_copy`] between them; `None`: all of `src`'s bytes into the
-    /// start of `dst` (a `memcpy`, no layouts built). The safe API calls it first, so that a
-    /// copy that ends before the call returns allocates, shares and tracks nothing. Default:
-    /// `false`.
+    /// [`Engine::submit_raw`] of a job that more work follows: prepared and queued as
+    /// `submit_raw`'s, its start (or the marking of its end) possibly held until the calling
+    /// thread's next [`Engine::flush`] (the Linux dmaengine's `tx_submit` before
+    /// `issue_pending`). For a batch: `enqueue` N jobs, then `flush` once, rather than leaving
+    /// the engine to guess from its submissions whether more follow. The request is a request
+    /// like any: waiting on it, polling it or depending on it never hangs for want of a flush
+    /// (a wait before the flush may return later than the job's own end, never earlier).
+    /// Default: `submit_raw` (an engine that starts everything at once has nothing to hold).
     ///
     /// # Safety
-    /// `dst` valid for writes and `src` for reads of their whole lengths, of the kinds they
-    /// claim, and no other code touching them, for the duration of the call.
-    unsafe fn copy_now(
-        &self,
-        dst: RawBuf,
-        src: RawBuf,
-        layouts: Option<(&crate::Layout, &crate::Layout)>,
-    ) -> bool {
-        let _ = (dst, src, layouts);
-        false
+    /// As [`Engine::submit_raw`].
+    unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.submit_raw(job) }
+    }
+
+    /// Issues what the calling thread [enqueued](Engine::enqueue) (the dmaengine's
+    /// `issue_pending`): the engine's usual rules hold again for its next submissions. Never
+    /// blocks on the work. Default: nothing (nothing is held).
+    fn flush(&self) {}
+
+    /// Copies without dependencies of at most this many bytes, between memory this engine
+    /// supports, complete inside [`Engine::submit_copy`] and `submit_raw`, on the calling
+    /// thread: the request comes back done. The CPU engine runs small copies so
+    /// ([`CpuConfig::inline_bytes`](super::cpu::CpuConfig::inline_bytes), issue 32). The safe
+    /// API's owned copies read it to keep such a copy's buffers where they are (nothing
+    /// allocated, shared or tracked); a copy that comes back pending anyway is waited before
+    /// they move. Default: 0 (none).
+    fn inline_bytes(&self) -> usize {
+        0
     }
 
     /// Waits for every request submitted so far and reports every failure not already seen
@@ -237,14 +254,15 @@ macro_rules! forward_engine {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).submit_copy(dst, dst_layout, src, src_layout) }
             }
-            unsafe fn copy_now(
-                &self,
-                dst: RawBuf,
-                src: RawBuf,
-                layouts: Option<(&crate::Layout, &crate::Layout)>,
-            ) -> bool {
+            unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
                 // SAFETY: forwarded with the caller's guarantees.
-                unsafe { (**self).copy_now(dst, src, layouts) }
+                unsafe { (**self).enqueue(job) }
+            }
+            fn flush(&self) {
+                (**self).flush()
+            }
+            fn inline_bytes(&self) -> usize {
+                (**self).inline_bytes()
             }
             fn barrier(&self) -> Result<(), BarrierError> {
                 (**self).barrier()
@@ -258,3 +276,42 @@ macro_rules! forward_engine {
 
 forward_engine!(std::sync::Arc);
 forward_engine!(Box);
+
+/// The sibling of [`Engine`] for the backends whose work is not a [`Job`]: the same contract
+/// (work in, a [`Request`] out, waited, polled, awaited and depended on as any engine's; a
+/// flush; a barrier; refusals as [`SubmitError`]s), over their own descriptor.
+///
+/// An [`Engine`] moves memory to memory, its work a [`Job`]. The other two backends move what
+/// a `Job` cannot describe: the file engine
+/// ([`FileEngine`](crate::file::FileEngine), work: a [`FileJob`](crate::file::FileJob), a file
+/// range and a buffer) and the NCCL engine ([`NcclEngine`](crate::engine::nccl::NcclEngine), work: a
+/// group of sends and receives with the requests it starts after). Files stay a backend of
+/// their own rather than a memory kind (NIXL's choice): a file range is not addressable, and a
+/// [`Job`]'s buffers are, through every engine's checks and layouts; the file engine reaches
+/// the memory it cannot address itself through an `Engine`. Refusals are [`SubmitError`]s
+/// for every backend (the file and NCCL engines' own errors kept whole in
+/// [`SubmitError::Backend`]).
+///
+/// Engines do not implement it (their [`Engine`] methods of the same names would make every
+/// call ambiguous where both traits are imported); its methods are theirs, over a `Job`.
+pub trait Backend: Send + Sync {
+    /// What one submission describes.
+    type Work;
+
+    /// A short human-readable name.
+    fn name(&self) -> String;
+
+    /// Submits `work` and returns its request.
+    ///
+    /// # Safety
+    /// The buffers `work` names are valid for the reads and writes it does, of the kinds they
+    /// claim, and touched by nothing else, until the request completes (as
+    /// [`Engine::submit_raw`] for a [`Job`]).
+    unsafe fn submit_work(&self, work: Self::Work) -> Result<Request, SubmitError>;
+
+    /// Issues what the calling thread queued with more work said to follow ([`Engine::flush`]).
+    fn flush(&self) {}
+
+    /// Waits for every request submitted so far and reports every failure not already seen.
+    fn barrier(&self) -> Result<(), BarrierError>;
+}

@@ -16,6 +16,6 @@ pub mod nccl;
 mod safe;
 
 pub(crate) use contract::check_bufs;
-pub use contract::{Engine, Job, SubmitError};
+pub use contract::{Backend, Engine, Job, SubmitError};
 pub use safe::{EngineExt, Failed, Refused, Scope, Transfer};
 pub(crate) use safe::{Lent, ScopeCore};

@@ -193,6 +193,13 @@ fn fill_piece_layout(p: &Plan, elem: usize) -> Result<Layout, SubmitError> {
 }
 
 impl Engine for MultiplexEngine {
+    /// Every engine's: a job enqueued here went to one or more of them.
+    fn flush(&self) {
+        for (e, _) in &self.engines {
+            e.flush();
+        }
+    }
+
     fn name(&self) -> String {
         let names: Vec<String> = self
             .engines

@@ -145,15 +145,6 @@ pub trait EngineExt: Engine {
                 lent: Lent::done((dst, src)),
             });
         }
-        let mut dst = dst;
-        // A small copy run now, on this thread: no layout built, no buffers lent (issue 32).
-        // SAFETY: both buffers are owned here, so their memory stays valid and untouched
-        // during the call.
-        if unsafe { self.copy_now(dst.raw_mut(), src.raw(), None) } {
-            return Ok(Transfer {
-                lent: Lent::done((dst, src)),
-            });
-        }
         match Layout::bytes(src.raw().len) {
             Ok(l) => lend_copy(self, dst, &l, src, &l),
             Err(e) => Err(Refused {
@@ -178,17 +169,10 @@ where
     D: MemoryMut + Send + 'static,
     S: Memory + Send + 'static,
 {
-    let mut bufs = (dst, src);
-    let layouts = Some((dst_layout, src_layout));
-    // A copy the engine runs now, on this thread (a small CPU copy): no buffers lent, nothing
-    // allocated (issue 32).
-    // SAFETY: `bufs` is owned here, so its memory stays valid and untouched during the call.
-    if unsafe { engine.copy_now(bufs.0.raw_mut(), bufs.1.raw(), layouts) } {
-        return Ok(Transfer {
-            lent: Lent::done(bufs),
-        });
-    }
-    let lent = Lent::submit(bufs, |b| {
+    // A copy the engine runs to its end in submit (a small CPU copy) keeps its buffers where
+    // they are: nothing allocated, shared or tracked (issue 32).
+    let inline = src_layout.size_bytes() <= engine.inline_bytes();
+    let lent = Lent::submit((dst, src), inline, |b| {
         let (d, s) = (b.0.raw_mut(), b.1.raw());
         // SAFETY: the buffers are lent: their memory stays valid and untouched until the
         // request completed (`Lent::submit`).
@@ -425,8 +409,12 @@ impl<T> Lent<T> {
     /// submit. Refused: the error and the buffers come back.
     pub(crate) fn submit<X, E>(
         bufs: T,
+        inline: bool,
         submit: impl FnOnce(&mut T) -> Result<(Request, X), E>,
     ) -> Result<(Lent<T>, X), (E, T)> {
+        if inline {
+            return Lent::submit_here(bufs, submit);
+        }
         let ptr = NonNull::from(Box::leak(Box::new(bufs)));
         // SAFETY: just leaked from a Box: valid, and not aliased during the call.
         match submit(unsafe { &mut *ptr.as_ptr() }) {
@@ -440,6 +428,31 @@ impl<T> Lent<T> {
             )),
             // SAFETY: refused, so nothing uses the buffers; from Box::leak just above, once.
             Err(e) => Err((e, *unsafe { Box::from_raw(ptr.as_ptr()) })),
+        }
+    }
+
+    /// [`Lent::submit`] of work expected to complete inside `submit` (`inline`: an engine's
+    /// [`Engine::inline_bytes`]): the buffers stay where they are (no allocation), and a
+    /// request that comes back pending anyway is waited before they move (its result kept in
+    /// it, for the transfer's wait or the barrier).
+    fn submit_here<X, E>(
+        mut bufs: T,
+        submit: impl FnOnce(&mut T) -> Result<(Request, X), E>,
+    ) -> Result<(Lent<T>, X), (E, T)> {
+        match submit(&mut bufs) {
+            Ok((req, x)) => {
+                if !req.is_done_ok() {
+                    // Not moved while the request may use them.
+                    let _ = req.settle_keep();
+                }
+                let lent = Lent {
+                    req: Some(req),
+                    bufs: Held::Here(bufs),
+                    _own: PhantomData,
+                };
+                Ok((lent, x))
+            }
+            Err(e) => Err((e, bufs)),
         }
     }
 
@@ -671,13 +684,8 @@ impl<'scope> Scope<'scope, '_> {
             // An empty copy has nothing to do (a layout holds at least one element).
             return Ok(Request::ready(Ok(())));
         }
-        // A small copy run now, on this thread: no layout built, no request allocated nor
-        // tracked (issue 32).
-        // SAFETY: as in `submit_bytes`: both buffers are borrowed for 'scope, longer than the
-        // call.
-        if unsafe { self.engine.copy_now(dst.raw_mut(), src.raw(), None) } {
-            return Ok(Request::ready(Ok(())));
-        }
+        // A small copy the engine runs in submit (the CPU engine's) comes back done: no request
+        // allocated nor tracked (issue 32).
         let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
         self.submit_copy(dst, &l, src, &l)
     }

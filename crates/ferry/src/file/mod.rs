@@ -43,8 +43,10 @@
 //! flight at once.
 //!
 //! Not an [`Engine`](crate::Engine): a load or store moves bytes between a file and a buffer, and a
-//! [`Job`](crate::Job) is two buffers of memory with layouts. A `FileEngine` takes an
-//! [`Engine`](crate::Engine) instead, for the buffers it cannot reach itself
+//! [`Job`](crate::Job) is two buffers of memory with layouts. A `FileEngine` keeps the same
+//! contract as a [`Backend`](crate::Backend) whose work is a [`FileJob`] (a file range and a
+//! buffer: requests out, refusals as [`SubmitError`](crate::SubmitError)s), and takes an
+//! [`Engine`](crate::Engine) for the buffers it cannot reach itself
 //! ([`FileEngine::with_engine`]).
 //!
 //! ```
@@ -70,6 +72,7 @@
 //! buffer, all in the submitting call. `wait`, `load_into`, `store_from`,
 //! `barrier` and dropping a [`FileTransfer`] block until the work is done.
 
+mod completion;
 mod config;
 mod cufile;
 mod engine;
@@ -83,15 +86,15 @@ mod probe;
 mod replace;
 mod report;
 mod ring;
-mod transfer;
+mod submit;
 mod transport;
 mod uring;
 mod xfer;
 
 pub use crate::engine::cuda::sys::probe::nvidia_fs_loaded;
+pub use completion::{FileFailed, FileTransfer};
 pub use config::FileConfig;
-pub use cufile::REGISTER_MIN;
-pub use engine::FileEngine;
+pub use engine::{FileEngine, FileJob};
 pub use error::{CuFileCode, FileError, IoOp, MoverError};
 pub use handle::FileHandle;
 pub use io::{FileIo, OpenMode, OsFile, DIRECT_ALIGN};
@@ -101,6 +104,5 @@ pub use probe::{gds_probe, gds_status, GdsProbe};
 pub use replace::Replacement;
 pub use report::IoReport;
 pub use ring::live_bounce_buffers;
-pub use transfer::{FileFailed, FileTransfer};
 pub use transport::{choose, Choice, CuFileMode, Facts, Transport, NO_NVIDIA_FS};
 pub use uring::uring_ops_in_flight;

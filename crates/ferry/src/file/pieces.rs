@@ -1,11 +1,11 @@
 //! Calls built on one load or store: a whole file, "up to N bytes", and many pieces at once
 //! (a scattered load into one buffer, a gathered store from many), all blocking.
 
+use super::completion::{finish_now, result_of};
 use super::engine::FileEngine;
 use super::error::{FileError, IoOp};
 use super::handle::FileHandle;
 use super::report::IoReport;
-use super::transfer::{finish_now, result_of};
 use crate::memory::{first_overlap, AlignedBuffer, Memory, MemoryMut, RawBuf};
 use crate::request::WaitOnDrop;
 use std::marker::PhantomData;

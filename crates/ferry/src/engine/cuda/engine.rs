@@ -6,7 +6,7 @@ use super::completion;
 use super::lanes;
 use super::paths;
 use super::route;
-use super::submit::Run;
+use super::submit::{Submission, What};
 use super::sys::{driver, probe};
 use super::{CudaConfig, CudaEngine, CudaError, Direction};
 use crate::engine::{Engine, Job, SubmitError};
@@ -137,9 +137,8 @@ impl Engine for CudaEngine {
         unsafe { self.submit_on(job, None) }
     }
 
-    /// One contiguous run is checked, routed and submitted without building the job (as
-    /// `submit_raw` would, with the same checks and errors); any other copy through
-    /// `submit_raw`.
+    /// Submitted as `submit_raw` would (the same checks and errors, the same trunk), without
+    /// building the job.
     unsafe fn submit_copy(
         &self,
         dst: RawBuf,
@@ -147,20 +146,29 @@ impl Engine for CudaEngine {
         src: RawBuf,
         src_layout: &crate::Layout,
     ) -> Result<Request, SubmitError> {
-        crate::engine::check_bufs(dst, Some(src))?;
-        let lane = self.lanes.mine();
-        let (mut dst, mut src, mut asked) = (dst, src, false);
-        if let Some(run) = crate::op::checked_run(dst_layout, src_layout, dst.len, src.len)? {
-            // SAFETY: forwarded with the caller's guarantees; `run` lies inside both buffers
-            // (`checked_run`).
-            match unsafe { self.submit_run(dst, src, lane, run)? } {
-                Run::Done(req) => return Ok(req),
-                Run::General(d, s, a) => (dst, src, asked) = (d, s, a),
-            }
-        }
-        let job = Job::copy(dst, *dst_layout, src, *src_layout);
-        // SAFETY: forwarded with the caller's guarantees; checked above; no caller stream.
-        unsafe { self.submit_program(job, lane, None, asked) }
+        let s = Submission {
+            dst,
+            src: Some(src),
+            what: What::Copy(dst_layout, src_layout),
+            after: &[],
+            caller: None,
+            more: false,
+        };
+        // SAFETY: forwarded with the caller's guarantees; no caller stream.
+        unsafe { self.submit(s) }
+    }
+
+    /// The copies start at once (the driver starts enqueued work itself); under the tuned
+    /// completion policy the batch's requests record no events and no stamps at submit (no
+    /// later submission records one for them until [`Engine::flush`]): its end is marked
+    /// once. Under the plain policy, as `submit_raw`.
+    unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees; no caller stream.
+        unsafe { self.submit(Submission::of(&job, None, true)) }
+    }
+
+    fn flush(&self) {
+        self.flush_lane();
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {

@@ -149,6 +149,17 @@ impl Lanes {
         }
     }
 
+    /// Lane `i`'s queues made so far (lane 0's: all three; a lane that fell back on lane 0's
+    /// stream: that one).
+    pub(crate) fn queues_of(&self, i: usize) -> impl Iterator<Item = &Arc<Queue>> {
+        let own = self.lanes.get(i).filter(|_| i > 0);
+        let first = own.is_none().then_some(&self.first).into_iter().flatten();
+        first.chain(
+            own.into_iter()
+                .flat_map(|l| l.queues.iter().flat_map(OnceLock::get)),
+        )
+    }
+
     /// Every stream made so far (lane 0's, then the others').
     pub(crate) fn streams(&self) -> impl Iterator<Item = &Arc<CudaStream>> {
         self.first.iter().map(|q| q.stream()).chain(

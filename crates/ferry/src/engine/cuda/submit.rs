@@ -2,16 +2,21 @@
 //! lanes of streams, the peers, the mechanisms, the rate bounds) and how one job becomes work
 //! on a stream, in the dmaengine's three steps:
 //!
-//! - **prepare** (nothing enqueued, nothing blocks): the job is checked, lowered to its
-//!   program once (one contiguous run skips the program: [`CudaEngine::submit_run`]), the
-//!   buffers' kinds refined where the route depends on them, and routed (`route.rs`, pure);
+//! - **prepare** (nothing enqueued, nothing blocks): the job is checked, lowered once (one
+//!   contiguous run builds no program, and a run that cannot take the one-call path becomes a
+//!   one-step program without a second check), the buffers' kinds refined where the route
+//!   depends on them, and routed (`route.rs`, pure);
 //! - **enqueue** ([`CudaEngine::launch`]): the dependencies become stream waits, the route's
 //!   mechanism enqueues the work (`paths/`), the request's end is marked by the completion
 //!   policy (`completion/`);
 //! - **flush**: the driver starts enqueued work itself; a staged route hands its task to the
-//!   staging thread.
+//!   staging thread. A caller that said more work follows (`Engine::enqueue`) has the tuned
+//!   policy mark its batch's end once instead of each request's (no event, no stamp per
+//!   request) until `Engine::flush` ([`CudaEngine::flush_lane`]); where it said nothing, the
+//!   policy's guesses hold (a lone thread on an idle stream waits next: a stamp).
 //!
-//! One unsafe contract covers the path: [`CudaEngine::submit_on`]'s.
+//! One trunk for every submission ([`CudaEngine::submit`]: `submit_raw`, `submit_copy`,
+//! `enqueue`, a caller's stream), one unsafe contract: its.
 
 use super::completion;
 use super::paths;
@@ -110,14 +115,8 @@ impl CudaEngine {
     /// recognised through unified addressing and copied as pinned memory: no staging needed.
     /// Asked (one driver query per buffer, [`driver::page_locked`]) only where
     /// [`route::asks_page_lock`] says the answer can change the path.
-    fn refine_kinds(&self, job: &mut Job) {
-        self.refine(&mut job.dst);
-        if let Some(src) = job.src.as_mut() {
-            self.refine(src);
-        }
-    }
-
-    /// [`CudaEngine::refine_kinds`] of one buffer: `Pinned` if it is `Pageable` and the whole
+    ///
+    /// One buffer's kind: `Pinned` if it is `Pageable` and the whole
     /// range is page-locked (one allocation's range, or both ends: a registration covers whole
     /// pages of one range; [`driver::page_locked`]).
     ///
@@ -144,12 +143,11 @@ impl CudaEngine {
         &self,
         route: &Route,
         steps: &[crate::op::Step],
-        job: &Job,
+        (dst_len, src_len): (usize, usize),
         (dst, src): (End, Option<End>),
         stream: &Arc<CudaStream>,
         keep: &mut Vec<memory::DeviceBuffer>,
     ) -> Result<(), SubmitError> {
-        let src_len = job.src.map_or(0, |s| s.len);
         for path in route.paths() {
             // The route chose a kernel path only where both sides are reachable by this GPU.
             let done = match (path, src) {
@@ -159,7 +157,7 @@ impl CudaEngine {
                     // SAFETY: as above; the lengths are the job's buffers'.
                     unsafe {
                         self.paths
-                            .run_gather(stream, dst, job.dst.len, src, src_len, steps)
+                            .run_gather(stream, dst, dst_len, src, src_len, steps)
                     }
                 }
                 (Path::Split { sm_bytes }, Some(src)) => {
@@ -205,7 +203,8 @@ impl CudaEngine {
     /// dependencies, moves the bytes through the pinned ring and completes the request.
     fn stage(
         &self,
-        job: &Job,
+        (dst, src): (RawBuf, Option<RawBuf>),
+        after: &[Request],
         queue: &Arc<completion::mark::Queue>,
         dir: paths::staged::Direction,
         steps: Vec<crate::op::Step>,
@@ -216,8 +215,8 @@ impl CudaEngine {
             Ok([crate::op::Step::Segments { segs, range, .. }]) => paths::StagedWork::Segments {
                 segs,
                 range,
-                dst_len: job.dst.len,
-                src_len: job.src.map_or(0, |s| s.len),
+                dst_len: dst.len,
+                src_len: src.map_or(0, |s| s.len),
             },
             // The route stages programs of copies only, or one segment list.
             Ok(one) => paths::StagedWork::Plans(paths::plan_steps(one)),
@@ -228,10 +227,10 @@ impl CudaEngine {
             dir,
             stream: Arc::clone(queue.stream()),
             _foreign: queue.foreign(),
-            dst: job.dst.addr,
-            src: job.src.map_or(0, |s| s.addr),
+            dst: dst.addr,
+            src: src.map_or(0, |s| s.addr),
             work,
-            after: job.after.iter().map(Request::share).collect(),
+            after: after.iter().map(Request::share).collect(),
             signal: Arc::clone(&signal),
         })?;
         Ok(Request::new(signal))
@@ -251,160 +250,148 @@ impl CudaEngine {
     }
 }
 
+/// What a submission asks for, borrowed from its caller: a copy between two layouts (the
+/// safe API's copies, no job built) or a job's operator.
+#[derive(Clone, Copy)]
+pub(super) enum What<'a> {
+    /// Copy `.1` of the source into `.0` of the destination.
+    Copy(&'a crate::Layout, &'a crate::Layout),
+    /// Any operator.
+    Op(&'a crate::op::Op),
+}
+
+/// One submission as the trunk ([`CudaEngine::submit`]) takes it: a job's parts, borrowed.
+pub(super) struct Submission<'a> {
+    pub(super) dst: RawBuf,
+    pub(super) src: Option<RawBuf>,
+    pub(super) what: What<'a>,
+    /// Requests it starts after.
+    pub(super) after: &'a [Request],
+    /// The caller's stream ([`CudaEngine::on_stream`]), if any.
+    pub(super) caller: Option<cu::CUstream>,
+    /// The caller said more work follows (`Engine::enqueue`): its end is marked with the
+    /// batch's ([`completion::mark`]'s deferral), and it gets no stamp.
+    pub(super) more: bool,
+}
+
+impl<'a> Submission<'a> {
+    /// A job's submission.
+    pub(super) fn of(job: &'a Job, caller: Option<cu::CUstream>, more: bool) -> Submission<'a> {
+        Submission {
+            dst: job.dst,
+            src: job.src,
+            what: What::Op(&job.op),
+            after: &job.after,
+            caller,
+            more,
+        }
+    }
+}
+
+/// What lowering a submission gave ([`lower`]).
+enum Lowered {
+    /// A copy of one contiguous run `(dst offset, src offset, bytes)`: no program built yet.
+    Run((usize, usize, usize)),
+    /// The program (built in the caller's [`crate::op::Program`]).
+    Program,
+    /// A custom operator failed or panicked: the request fails, nothing is enqueued.
+    Failed(RequestError),
+}
+
 impl CudaEngine {
-    /// [`Engine::submit_raw`], in the caller's stream `caller` when given
-    /// ([`CudaEngine::on_stream`]): a route whose first path is driver calls runs on that
-    /// stream itself (its dependencies waited for there, its event recorded there); any other
-    /// route runs on the engine's stream, ordered after and before the caller's stream by
-    /// events ([`CudaEngine::around_stream`]).
+    /// [`Engine::submit_raw`] of `job` (or [`Engine::enqueue`]: `more`), in the caller's
+    /// stream `caller` when given ([`CudaEngine::on_stream`]): see [`CudaEngine::submit`].
     ///
     /// # Safety
-    /// 1. As [`Engine::submit_raw`] for the job's buffers.
-    /// 2. `caller`, when given, is a live stream of this engine's context (or the null stream)
-    ///    until the call returns; the request's event is recorded on it.
+    /// As [`CudaEngine::submit`].
     pub(crate) unsafe fn submit_on(
         &self,
-        mut job: Job,
+        job: Job,
         caller: Option<cu::CUstream>,
     ) -> Result<Request, SubmitError> {
-        job.check()?;
+        // SAFETY: forwarded.
+        unsafe { self.submit(Submission::of(&job, caller, false)) }
+    }
+
+    /// The one trunk of every submission (`submit_raw`, `submit_copy`, `enqueue`, a caller's
+    /// stream): **prepare** (checked, lowered once: one contiguous run builds no program; kinds
+    /// refined where the route depends on them; routed), then **enqueue**: a run whose route is
+    /// one driver call on the engine's stream, without dependencies, straight to
+    /// [`CudaEngine::launch`] (nearly every request: the path a small copy's caller waits for,
+    /// issue 14); anything else as its program's route says. A route whose first path is driver
+    /// calls runs on the caller's stream itself when one is given (its dependencies waited for
+    /// there, its event recorded there); any other route runs on the engine's stream, ordered
+    /// after and before the caller's stream by events ([`CudaEngine::around_stream`]).
+    ///
+    /// # Safety
+    /// 1. As [`Engine::submit_raw`] for the submission's buffers.
+    /// 2. `caller`, when given, is a live stream of this engine's context (or the null stream)
+    ///    until the call returns; the request's event is recorded on it.
+    pub(super) unsafe fn submit(&self, s: Submission<'_>) -> Result<Request, SubmitError> {
+        crate::engine::check_bufs(s.dst, s.src)?;
         // The submitting thread's lane: its stream for the route's direction, its events and
         // its in-flight list (see the module documentation, "Ordering").
         let lane = self.lanes.mine();
-        let mut asked = false;
-        // One contiguous copy on the engine's stream without dependencies (nearly every
-        // request): checked, routed and run without building a program.
-        if let (None, true, Some(src), crate::op::Op::Copy { dst: dl, src: sl }) =
-            (caller, job.after.is_empty(), job.src, &job.op)
-        {
-            if let Some(run) = crate::op::checked_run(dl, sl, job.dst.len, src.len)? {
-                // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
-                match unsafe { self.submit_run(job.dst, src, lane, run)? } {
-                    Run::Done(req) => return Ok(req),
-                    Run::General(d, s, a) => (job.dst, job.src, asked) = (d, Some(s), a),
-                }
+        // Prepare: lowered once, the program built where it stays (custom operators fail only
+        // their request).
+        let mut prog = crate::op::Program::new(s.dst.len, s.src.map(|b| b.len));
+        let run = match lower(&s, &mut prog)? {
+            Lowered::Run(run) => Some(run),
+            Lowered::Program => None,
+            Lowered::Failed(e) => return Ok(self.track(lane, Request::ready(Err(e)))),
+        };
+        // Kinds: page-locked memory seen as pageable is asked about where the route depends on
+        // it (once).
+        let (mut dst, mut src) = (s.dst, s.src);
+        let asks = match (run, src) {
+            (Some((_, _, n)), Some(b)) => {
+                (dst.kind == MemKind::Pageable || b.kind == MemKind::Pageable)
+                    && route::asks_page_lock_run(dst.kind, b.kind, n)
+            }
+            _ => route::asks_page_lock(dst.kind, src.map(|b| b.kind), prog.steps()),
+        };
+        if asks {
+            self.refine(&mut dst);
+            if let Some(b) = src.as_mut() {
+                self.refine(b);
             }
         }
-        // SAFETY: forwarded (1, 2); the job was checked above (its buffers' kinds at most
-        // refined by `submit_run`).
-        unsafe { self.submit_program(job, lane, caller, asked) }
-    }
-
-    /// [`CudaEngine::submit_on`] by the general rules, in the submitting thread's `lane`, of a
-    /// job already checked (`Job::check`): its program built, routed and run.
-    ///
-    /// # Safety
-    /// As [`CudaEngine::submit_on`].
-    pub(super) unsafe fn submit_program(
-        &self,
-        mut job: Job,
-        lane: usize,
-        caller: Option<cu::CUstream>,
-        asked: bool,
-    ) -> Result<Request, SubmitError> {
-        // Prepare: build and check the program (custom operators fail only their request).
-        let mut prog = crate::op::Program::new(job.dst.len, job.src.map(|s| s.len));
-        if job.op.is_builtin() {
-            job.op.lower_into(&mut prog)?;
-        } else {
-            match job.op.lower_catching(job.dst.len, job.src.map(|s| s.len)) {
-                Ok(p) => prog = p,
-                Err(e) => return Ok(self.track(lane, Request::ready(Err(e)))),
-            }
-        }
-        let steps = prog.steps();
-        if !asked && route::asks_page_lock(job.dst.kind, job.src.map(|s| s.kind), steps) {
-            self.refine_kinds(&mut job);
-        }
-        let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
+        let (dk, sk) = (dst.kind, src.map(|b| b.kind));
         if !self.supports(dk, sk) {
             return Err(self.unsupported(dk, sk));
         }
-        // Decide, then run.
-        let route = route::route(&self.cfg, dk, sk, steps);
-        if let (Some(c), false) = (caller, route.first() == Path::Driver) {
-            // SAFETY: forwarded (1, 2).
-            return unsafe { self.around_stream(job, c) };
-        }
-        let queue = self.lanes.queue(lane, route.stream);
-        if let Path::Staged(dir) = route.first() {
-            return Ok(self.track(lane, self.stage(&job, queue, dir, prog.into_steps())?));
-        }
-        let bytes = steps.iter().map(crate::op::Step::bytes).sum();
-        let expect = self.expect(bytes, dk, sk);
-        // Dependencies: CUDA requests become stream waits; others are waited here. Marked
-        // before this queue is locked: marking a lazy request takes its own queue's lock.
-        let mut events = Vec::new();
-        for dep in &job.after {
-            let known = match dep.completion().as_any().downcast_ref::<CudaCompletion>() {
-                Some(c) => c.event_to_wait().map(|e| events.extend(e)),
-                None => dep.completion().wait(),
-            };
-            if let Err(e) = known {
-                return Ok(self.track(
-                    lane,
-                    Request::ready(Err(RequestError::Dependency(Box::new(e)))),
-                ));
+        // Route; one run on the engine's stream without dependencies: one driver call.
+        if let (Some(run), Some(b), None, true) = (run, src, s.caller, s.after.is_empty()) {
+            if let Some(r) = route::one_run(&self.cfg, dk, b.kind, run.2) {
+                if r.first() == Path::Driver {
+                    // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
+                    return unsafe { self.enqueue_run(&r, lane, (dst, b), run, s.more) };
+                }
             }
         }
-        driver::bind(&self.ctx)?;
-        let dst = self.end(job.dst.addr, dk)?;
-        let src = match job.src {
-            Some(s) => Some(self.end(s.addr, s.kind)?),
-            None => None,
-        };
-        let on = Launch {
-            lane,
-            queue,
-            caller,
-            events,
-            expect,
-            worth: completion::mark::worth_a_stamp(dk, sk, bytes),
-        };
-        // SAFETY: context current (bound above); the caller's stream, when given, a live
-        // stream of this context (2); the buffers are valid until the request completes (1);
-        // the steps were checked against the buffers by the program.
-        unsafe {
-            self.launch(on, |stream, keep| match caller {
-                Some(c) => self.run_steps(c, steps, dst, src, keep),
-                None => self.run_route(&route, steps, &job, (dst, src), stream, keep),
-            })
+        if let Some(run) = run {
+            prog.push_run(run);
         }
+        // SAFETY: forwarded (1, 2); the program was checked against the buffers.
+        unsafe { self.enqueue_program(&s, (dst, src), prog, lane) }
     }
 
-    /// [`CudaEngine::submit_on`] of a copy that is one contiguous run `(dst offset, src offset,
-    /// bytes)`, on the engine's stream, without dependencies: routed by [`route::one_run`] and
-    /// run as one driver call. Pageable-kind buffers are first asked about where
-    /// [`route::asks_page_lock_run`] says so ([`CudaEngine::refine`]): a slice of pinned memory
-    /// then takes this path too (through the general path it cost a 1 MiB copy's caller
-    /// 0.5 us more than the `PinnedBuffer` itself on the H200 host, `bench/results/h200.md`
-    /// runs 78 and 80). [`Run::General`] where the route is not one driver call (staging, SM
-    /// copies, a split): the general path takes the buffers with their kinds as asked.
+    /// Enqueue of a copy that is one contiguous run `(dst offset, src offset, bytes)`, routed
+    /// by [`route::one_run`] to one driver call on the engine's stream, without dependencies.
     ///
     /// # Safety
     /// As [`Engine::submit_raw`] for `dst` and `src`; `run` lies inside both (checked by
     /// `op::checked_run`).
-    pub(super) unsafe fn submit_run(
+    #[inline(always)]
+    unsafe fn enqueue_run(
         &self,
-        mut dst: RawBuf,
-        mut src: RawBuf,
+        route: &Route,
         lane: usize,
+        (dst, src): (RawBuf, RawBuf),
         (d, s, n): (usize, usize, usize),
-    ) -> Result<Run, SubmitError> {
-        let pageable = dst.kind == MemKind::Pageable || src.kind == MemKind::Pageable;
-        let asked = pageable && route::asks_page_lock_run(dst.kind, src.kind, n);
-        if asked {
-            self.refine(&mut dst);
-            self.refine(&mut src);
-        }
+        more: bool,
+    ) -> Result<Request, SubmitError> {
         let (dk, sk) = (dst.kind, src.kind);
-        if !self.supports(dk, Some(sk)) {
-            return Ok(Run::General(dst, src, asked));
-        }
-        let route = match route::one_run(&self.cfg, dk, sk, n) {
-            Some(r) if r.first() == Path::Driver => r,
-            _ => return Ok(Run::General(dst, src, asked)),
-        };
         let queue = self.lanes.queue(lane, route.stream);
         let expect = self.expect(n, dk, Some(sk));
         driver::bind(&self.ctx)?;
@@ -416,6 +403,7 @@ impl CudaEngine {
             events: Vec::new(),
             expect,
             worth: completion::mark::worth_a_stamp(dk, Some(sk), n),
+            more,
         };
         // SAFETY: context current (bound above), the stream the engine's; the run lies inside
         // both buffers (this function's contract: `op::checked_run` checked it), valid until
@@ -430,7 +418,103 @@ impl CudaEngine {
                 )?)
             })
         }
-        .map(Run::Done)
+    }
+
+    /// Enqueue of a prepared program (its buffers' kinds refined, supported): routed, its
+    /// dependencies made stream waits, run on the route's paths.
+    ///
+    /// # Safety
+    /// As [`CudaEngine::submit`]; `prog` was checked against the buffers.
+    unsafe fn enqueue_program(
+        &self,
+        s: &Submission<'_>,
+        (dst, src): (RawBuf, Option<RawBuf>),
+        prog: crate::op::Program,
+        lane: usize,
+    ) -> Result<Request, SubmitError> {
+        let (dk, sk) = (dst.kind, src.map(|b| b.kind));
+        let steps = prog.steps();
+        let route = route::route(&self.cfg, dk, sk, steps);
+        if let (Some(c), false) = (s.caller, route.first() == Path::Driver) {
+            // The caller's stream cannot run this route: the engine's runs it, ordered by
+            // events around it (the job rebuilt for it: rare).
+            let op = match s.what {
+                What::Copy(dl, sl) => crate::op::Op::Copy { dst: *dl, src: *sl },
+                What::Op(op) => op.clone(),
+            };
+            let job = Job {
+                dst,
+                src,
+                op,
+                after: s.after.iter().map(Request::share).collect(),
+            };
+            // SAFETY: forwarded (1, 2).
+            return unsafe { self.around_stream(job, c) };
+        }
+        let queue = self.lanes.queue(lane, route.stream);
+        if let Path::Staged(dir) = route.first() {
+            let req = self.stage((dst, src), s.after, queue, dir, prog.into_steps())?;
+            return Ok(self.track(lane, req));
+        }
+        let bytes = steps.iter().map(crate::op::Step::bytes).sum();
+        let expect = self.expect(bytes, dk, sk);
+        // Dependencies: CUDA requests become stream waits; others are waited here. Marked
+        // before this queue is locked: marking a lazy request takes its own queue's lock.
+        let mut events = Vec::new();
+        for dep in s.after {
+            let known = match dep.completion().as_any().downcast_ref::<CudaCompletion>() {
+                Some(c) => c.event_to_wait().map(|e| events.extend(e)),
+                None => dep.completion().wait(),
+            };
+            if let Err(e) = known {
+                return Ok(self.track(
+                    lane,
+                    Request::ready(Err(RequestError::Dependency(Box::new(e)))),
+                ));
+            }
+        }
+        driver::bind(&self.ctx)?;
+        let dst_end = self.end(dst.addr, dk)?;
+        let src_end = match src {
+            Some(b) => Some(self.end(b.addr, b.kind)?),
+            None => None,
+        };
+        let on = Launch {
+            lane,
+            queue,
+            caller: s.caller,
+            events,
+            expect,
+            worth: completion::mark::worth_a_stamp(dk, sk, bytes),
+            more: s.more,
+        };
+        let src_len = src.map_or(0, |b| b.len);
+        // SAFETY: context current (bound above); the caller's stream, when given, a live
+        // stream of this context (2); the buffers are valid until the request completes (1);
+        // the steps were checked against the buffers by the program.
+        unsafe {
+            self.launch(on, |stream, keep| match s.caller {
+                Some(c) => self.run_steps(c, steps, dst_end, src_end, keep),
+                None => self.run_route(
+                    &route,
+                    steps,
+                    (dst.len, src_len),
+                    (dst_end, src_end),
+                    stream,
+                    keep,
+                ),
+            })
+        }
+    }
+
+    /// Ends the deferral of the requests the calling thread enqueued with more work said to
+    /// follow ([`Engine::flush`]): the next submission on each of its lane's streams marks the
+    /// batch's last request's end exactly again. Their work is on the streams already (the
+    /// driver starts enqueued work itself).
+    pub(super) fn flush_lane(&self) {
+        for q in self.lanes.queues_of(self.lanes.mine()) {
+            q.flush();
+        }
     }
 
     /// For [`WaitMode::Auto`]: the earliest end of `bytes` between memory of these kinds
@@ -467,6 +551,7 @@ impl CudaEngine {
             events,
             expect,
             worth,
+            more,
         } = on;
         let home = &self.lanes.lane(lane).home;
         // The engine's stream is held for the submission (its last lazy request gets its event
@@ -515,6 +600,9 @@ impl CudaEngine {
             }
             None => {
                 let stamp = match hold.as_mut() {
+                    // No stamp where more work follows: its write would delay that work, and
+                    // the caller does not wait next.
+                    Some(_) if more => None,
                     // SAFETY: the context is current (this function's contract).
                     Some(h) => unsafe { h.stamp(self.cfg.wait, marking, (alone, worth)) },
                     None => None,
@@ -524,19 +612,42 @@ impl CudaEngine {
         };
         let c = CudaCompletion::new(marked, Arc::clone(home), (self.cfg.wait, expect), keep);
         if let (Some(h), completion::mark::Marking::Lazy) = (hold, marking) {
-            h.push_lazy(&c);
+            h.push_lazy(&c, more);
         }
         Ok(self.track(lane, Request::from_shared(c)))
     }
 }
 
-/// What [`CudaEngine::submit_run`] did with a copy of one run.
-pub(super) enum Run {
-    /// Submitted as one driver call.
-    Done(Request),
-    /// Left to the general path ([`CudaEngine::submit_program`]): the destination and source,
-    /// their kinds as asked, and whether the driver was asked (it is not asked twice).
-    General(RawBuf, RawBuf, bool),
+/// Prepare's lowering of a submission, once: a copy checked by [`crate::op::checked_run`] (one
+/// contiguous run: nothing built; else its plan, not checked again), a built-in operator's
+/// program built into `prog`, a custom operator's program built with its errors and panics
+/// caught (they fail the request only).
+#[inline(always)]
+fn lower(s: &Submission<'_>, prog: &mut crate::op::Program) -> Result<Lowered, SubmitError> {
+    let copy = match (s.what, s.src) {
+        (What::Copy(dl, sl), Some(src)) => Some((dl, sl, src)),
+        (What::Op(crate::op::Op::Copy { dst: dl, src: sl }), Some(src)) => Some((dl, sl, src)),
+        _ => None,
+    };
+    if let Some((dl, sl, src)) = copy {
+        return match crate::op::checked_run(dl, sl, s.dst.len, src.len)? {
+            Some(run) => Ok(Lowered::Run(run)),
+            None => {
+                prog.push_general(dl, sl)?;
+                Ok(Lowered::Program)
+            }
+        };
+    }
+    match s.what {
+        What::Op(op) if op.is_builtin() => op.lower_into(prog)?,
+        What::Op(op) => match op.lower_catching(s.dst.len, s.src.map(|b| b.len)) {
+            Ok(p) => *prog = p,
+            Err(e) => return Ok(Lowered::Failed(e)),
+        },
+        // A copy without a source: the program says so.
+        What::Copy(dl, sl) => prog.copy(dl, sl)?,
+    }
+    Ok(Lowered::Program)
 }
 
 /// Where [`CudaEngine::launch`] enqueues a request: the submitting thread's lane, the engine's
@@ -550,4 +661,6 @@ struct Launch<'a> {
     expect: completion::wait::Expect,
     /// Whether the request is worth a stamp ([`completion::mark::worth_a_stamp`]).
     worth: bool,
+    /// The caller said more work follows ([`Submission::more`]).
+    more: bool,
 }

@@ -31,11 +31,10 @@ pub struct NcclConfig {
 }
 
 /// Default [`NcclConfig::timeout`].
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl NcclConfig {
-    /// Rank `rank` of `nranks` on GPU `ordinal`, with the shared `id`; both timeouts
-    /// [`DEFAULT_TIMEOUT`].
+    /// Rank `rank` of `nranks` on GPU `ordinal`, with the shared `id`; both timeouts 120 s.
     pub fn new(ordinal: u32, rank: u32, nranks: u32, id: NcclId) -> NcclConfig {
         NcclConfig {
             ordinal,

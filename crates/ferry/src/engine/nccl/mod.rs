@@ -12,7 +12,9 @@
 //!   (the safe API's scope machinery, as [`EngineExt::scope`](crate::EngineExt::scope)).
 //! - Not an [`Engine`](crate::Engine): a send or a receive is one buffer and a peer rank, and
 //!   it completes only when the peer posts its side, not a [`Job`](crate::Job) (a destination
-//!   and a source of this process, with layouts) that one engine runs alone.
+//!   and a source of this process, with layouts) that one engine runs alone. The same contract
+//!   as a [`Backend`](crate::Backend) whose work is a group of [`P2p`]s and the requests it
+//!   starts after.
 //! - Errors: a small enum, [`NcclError`] (also [`crate::Error::Nccl`]); bad input (a peer
 //!   outside the communicator, a buffer shorter than the count, host memory) is refused
 //!   before NCCL is called. Timeouts: the communicator is created non-blocking (unless
@@ -93,7 +95,7 @@ mod submit;
 mod sys;
 
 pub use completion::NcclCompletion;
-pub use config::{NcclConfig, DEFAULT_TIMEOUT};
+pub use config::NcclConfig;
 pub use engine::NcclEngine;
 pub use error::NcclError;
 pub use id::NcclId;

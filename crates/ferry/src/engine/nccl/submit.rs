@@ -9,7 +9,7 @@ use super::sys;
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::CudaCompletion;
 use crate::memory::{MemKind, RawBuf};
-use crate::request::{Request, RequestError};
+use crate::request::{BarrierError, Request, RequestError};
 use cudarc::driver::sys as cu;
 use std::sync::Arc;
 
@@ -219,4 +219,28 @@ pub(super) fn describe(rank: u32, ops: &[P2p]) -> String {
         })
         .collect();
     parts.join(", ")
+}
+
+impl crate::engine::Backend for NcclEngine {
+    /// One group of sends and receives ([`NcclEngine::submit_raw`]'s `ops`), started after the
+    /// requests given (its `after`).
+    type Work = (Vec<P2p>, Vec<Request>);
+    fn name(&self) -> String {
+        NcclEngine::name(self)
+    }
+    /// [`NcclEngine::submit_raw`]; its refusal an [`NcclError`] in
+    /// [`SubmitError::Backend`](crate::SubmitError::Backend).
+    unsafe fn submit_work(
+        &self,
+        (ops, after): (Vec<P2p>, Vec<Request>),
+    ) -> Result<Request, crate::SubmitError> {
+        let after: Vec<&Request> = after.iter().collect();
+        // SAFETY: forwarded with the caller's guarantees (Backend::submit_work's, which are
+        // `submit_raw`'s for each operation's buffer).
+        unsafe { self.submit_raw(&ops, &after) }
+            .map_err(|e| crate::SubmitError::Backend(crate::request::BackendError::new(e)))
+    }
+    fn barrier(&self) -> Result<(), BarrierError> {
+        NcclEngine::barrier(self)
+    }
 }

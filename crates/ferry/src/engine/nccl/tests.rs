@@ -1,5 +1,6 @@
 //! Tests of the NCCL engine's configuration and descriptions (no GPU needed).
 
+use super::config::DEFAULT_TIMEOUT;
 use super::submit::describe;
 use super::*;
 use crate::memory::{MemKind, RawBuf};

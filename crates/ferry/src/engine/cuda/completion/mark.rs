@@ -185,6 +185,13 @@ pub(crate) trait Lazy: Send + Sync {
 pub(crate) struct Tail {
     /// The last lazy request, while it has no event (a dropped request waited for itself).
     last: Option<Weak<dyn Lazy>>,
+    /// The last lazy request was enqueued with more work said to follow
+    /// (`Engine::enqueue`), and no [`Queue::flush`] came since: the next submission does not
+    /// record its event first. A batch so marks its end once, not once per request; a request
+    /// of it waited meanwhile waits on its stream (later than its own end, never earlier), and
+    /// one that a dependent needs records its event then, at the stream's end
+    /// ([`Queue::mark_last`]).
+    deferred: bool,
 }
 
 /// The address of a request's allocation, whatever the pointer's type (the identity the queue
@@ -232,11 +239,20 @@ impl Queue {
     /// is still pending ([`seals`]). Hold it while enqueueing; take no other queue's lock
     /// meanwhile (dependencies are marked before). Looking at the last request may find it
     /// done and complete it: its futures' wakers run once the hold is released.
+    /// A request enqueued with more work said to follow is left unsealed ([`Tail::deferred`]).
     pub(crate) fn enqueue(&self) -> Enqueue<'_> {
+        self.hold(false)
+    }
+
+    /// [`Queue::enqueue`]; `seal_deferred`: the last lazy request records its event even if
+    /// its submitter said more work follows (work outside the engine's submissions follows).
+    fn hold(&self, seal_deferred: bool) -> Enqueue<'_> {
         let wakes = hold_wakes();
         let mut tail = self.lock();
         let prev = tail.last.take().and_then(|w| w.upgrade());
+        let deferred = std::mem::take(&mut tail.deferred) && !seal_deferred;
         let idle = match &prev {
+            Some(p) if deferred => p.known_done(),
             Some(p) => {
                 // A failed record leaves `prev` without an event: its wait then waits on the
                 // stream (later, never early), its dependents on the host.
@@ -257,7 +273,7 @@ impl Queue {
     /// Hands the stream to the caller: every later request on it records its event at submit,
     /// and the last lazy one records its own now (the caller's work may follow it).
     pub(crate) fn expose(&self) {
-        let _g = self.enqueue();
+        let _g = self.hold(true);
         self.exposed.store(true, Ordering::Release);
     }
 
@@ -265,24 +281,34 @@ impl Queue {
     /// returned guard drops: the last lazy request records its event now, and requests
     /// submitted meanwhile record theirs at submit.
     pub(crate) fn foreign(self: &Arc<Self>) -> Foreign {
-        let _g = self.enqueue();
+        let _g = self.hold(true);
         self.foreign.fetch_add(1, Ordering::AcqRel);
         Foreign(Arc::clone(self))
     }
 
     /// Records `request`'s event now if it is this queue's last lazy request (nothing
     /// enqueued after it): `Ok(false)` if it is not (a later submission recorded it, or it
-    /// completed before anything followed it). Finding it done completes it: its futures'
-    /// wakers run after the queue's lock is released.
+    /// completed before anything followed it, or, enqueued in a batch that a later submission
+    /// did not seal ([`Tail::deferred`]), it records its event now at the stream's end: later
+    /// than its own end, never earlier). Finding it done completes it: its futures' wakers run
+    /// after the queue's lock is released.
     pub(crate) fn mark_last<L: Lazy>(&self, request: &L) -> Result<bool, DriverError> {
         let _wakes = hold_wakes();
         let mut tail = self.lock();
         let me = addr(request as *const L);
         if tail.last.as_ref().is_none_or(|w| addr(w.as_ptr()) != me) {
-            return Ok(false);
+            // Recorded only where it has no event and is not known done (`seals`).
+            return request.seal(self.raw()).map(|()| false);
         }
         tail.last = None;
+        tail.deferred = false;
         request.seal(self.raw()).map(|()| true)
+    }
+
+    /// Ends the deferral of the last lazy request ([`Tail::deferred`], `Engine::flush`): the
+    /// next submission records its event first again, as for any request.
+    pub(crate) fn flush(&self) {
+        self.lock().deferred = false;
     }
 }
 
@@ -307,10 +333,13 @@ impl Enqueue<'_> {
         self.q.exposed.load(Ordering::Acquire) || self.q.foreign.load(Ordering::Acquire) > 0
     }
 
-    /// Makes the lazy request `request` (just enqueued) the queue's last.
-    pub(crate) fn push_lazy<L: Lazy + 'static>(mut self, request: &Arc<L>) {
+    /// Makes the lazy request `request` (just enqueued) the queue's last; `more`: its
+    /// submitter said more work follows (the next submission leaves it unsealed until a
+    /// [`Queue::flush`]: [`Tail::deferred`]).
+    pub(crate) fn push_lazy<L: Lazy + 'static>(mut self, request: &Arc<L>, more: bool) {
         let last: Weak<L> = Arc::downgrade(request);
         self.tail.last = Some(last);
+        self.tail.deferred = more;
     }
 
     /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this
