@@ -172,9 +172,27 @@ fn peer_copies() {
 /// fail with that error (a cudarc call on its path returns it), but no DMA is still running
 /// when its request is done (the null driver's asynchronous mode counts pending work), every
 /// copy after it moves every byte, and the engine works on.
+///
+/// The stored error lives in the process's one context object for device 0, which every test
+/// of this binary shares: a concurrent test's call could take it first (it did, about one run
+/// in ten). So the test runs in a process of its own: this binary again, with only this test.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn an_error_cudarc_stored_ends_no_wait_early() {
+    const ALONE: &str = "FERRY_TEST_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let name = "an_error_cudarc_stored_ends_no_wait_early";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(ALONE, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        print!("{text}");
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        return;
+    }
     use cudarc::driver::{sys::CUresult, DriverError};
     let Some(e) = cuda_or_skip() else { return };
     let _null = null::exclusive();
