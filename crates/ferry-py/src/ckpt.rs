@@ -376,12 +376,18 @@ pub(crate) fn _load_safetensors_into(
     }
 }
 
-/// Saves arrays as one safetensors file (GPU tensors copied out on ferry's engines).
+/// Saves arrays as one safetensors file, or as a sharded checkpoint (GPU tensors copied out
+/// on ferry's engines). The file appears only once complete; Ctrl-C stops the save between
+/// its batches, removes the partial file and raises ``KeyboardInterrupt`` (the old file kept).
 ///
 /// Args:
 ///     tensors (dict[str, array]): name -> array (host or GPU, C-contiguous).
-///     path (str | os.PathLike[str]): the file to write (replaced if it exists).
+///     path (str | os.PathLike[str]): the file to write (replaced if it exists); a folder, or
+///         a name ending in ``.safetensors.index.json``, writes a sharded checkpoint (Hugging
+///         Face's layout: ``model.safetensors.index.json`` and
+///         ``model-0000i-of-0000N.safetensors`` in the folder).
 ///     metadata (dict[str, str] | None): the header's ``__metadata__`` (str -> str only).
+///     max_shard_size (int | None): a sharded save's largest shard in bytes (default 5 GB).
 ///
 /// Returns:
 ///     None.
@@ -396,13 +402,23 @@ pub(crate) fn _load_safetensors_into(
 ///     >>> ferry.save_safetensors({"w": numpy.ones((2, 3), numpy.float32)}, "m.safetensors",
 ///     ...                        metadata={"format": "np"})
 #[pyfunction]
-#[pyo3(signature = (tensors, path, metadata = None))]
+#[pyo3(signature = (tensors, path, metadata = None, max_shard_size = None))]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
     path: &Bound<'_, PyAny>,
     metadata: Option<&Bound<'_, PyAny>>,
+    max_shard_size: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let max_shard_size = match max_shard_size.filter(|m| !m.is_none()) {
+        None => None,
+        Some(m) => Some(m.extract::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            arg(format!(
+                "max_shard_size={}: expected a positive int (bytes)",
+                errors::shown(m)
+            ))
+        })?),
+    };
     let tensors = tensors.downcast::<PyDict>().map_err(|_| {
         arg(format!(
             "tensors: expected a dict of name -> array, got {}",
@@ -446,9 +462,29 @@ pub(crate) fn save_safetensors(
     for (_, _, a) in &arrs {
         crate::copy::after_producer(py, a, &mut waited)?;
     }
-    let mut opts = SaveOptions::new();
+    // Ctrl-C: Python's handler only sets a flag; the save asks between its batches.
+    let caught: Arc<Mutex<Option<PyErr>>> = Arc::default();
+    let stash = caught.clone();
+    let mut opts = SaveOptions::new().interrupt(move || {
+        Python::with_gil(|py| match py.check_signals() {
+            Ok(()) => false,
+            Err(e) => {
+                *stash.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                true
+            }
+        })
+    });
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
+    }
+    let (path, sharded) = if path.is_dir() {
+        (path.join("model.safetensors.index.json"), true)
+    } else {
+        let index = path.to_string_lossy().ends_with(".safetensors.index.json");
+        (path, index)
+    };
+    if let Some(n) = max_shard_size {
+        opts = opts.shard_bytes(n);
     }
     let lent: Vec<(String, ferry::checkpoint::Dtype, Vec<usize>, Held)> = arrs
         .iter()
@@ -460,16 +496,26 @@ pub(crate) fn save_safetensors(
             (n.clone(), *st, a.shape.clone(), Held(raw))
         })
         .collect();
-    py.allow_threads(|| {
+    let r = py.allow_threads(|| {
         let list: Vec<SaveTensor<'_>> = lent
             .iter()
             .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
             .collect();
-        checkpoint::save(&fe, &path, &list, &opts)
-    })
-    .map_err(|e| checkpoint_err(py, e))?;
+        if sharded {
+            checkpoint::save_sharded(&fe, &path, &list, &opts)
+        } else {
+            checkpoint::save(&fe, &path, &list, &opts)
+        }
+    });
     drop(arrs);
-    Ok(())
+    match r {
+        Ok(_) => Ok(()),
+        Err(e @ checkpoint::CheckpointError::Interrupted { .. }) => {
+            let signal = caught.lock().unwrap_or_else(PoisonError::into_inner).take();
+            Err(signal.unwrap_or_else(|| checkpoint_err(py, e)))
+        }
+        Err(e) => Err(checkpoint_err(py, e)),
+    }
 }
 
 /// `metadata=`: a dict of str -> str (safetensors stores only strings); a key or value of
@@ -514,6 +560,13 @@ fn checkpoint_err(py: Python<'_>, e: checkpoint::CheckpointError) -> PyErr {
         checkpoint::CheckpointError::Shard { source, .. } => Some(&**source),
         _ => None,
     };
+    if let checkpoint::CheckpointError::Replace { kind, .. } = &e {
+        return match errors::checkpoint_os_type(py, *kind) {
+            Ok(Some(ty)) => PyErr::from_type(ty, msg),
+            Ok(None) => CheckpointError::new_err(msg),
+            Err(err) => err,
+        };
+    }
     let kind = match fe {
         // Refused after opening as not a regular file: a directory is still one.
         Some(FileError::Open { path, .. }) if path.is_dir() => Some(ErrorKind::IsADirectory),

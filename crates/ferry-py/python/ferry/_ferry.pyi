@@ -113,6 +113,7 @@ def save_safetensors(
     tensors: dict[str, _ArrayLike],
     path: _StrPath,
     metadata: Optional[Mapping[str, str]] = None,
+    max_shard_size: Optional[int] = None,
 ) -> None: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None

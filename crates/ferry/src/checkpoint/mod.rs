@@ -62,6 +62,7 @@ mod loaded;
 mod options;
 mod save;
 mod view;
+mod write;
 
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
@@ -70,5 +71,7 @@ pub use load::{entries, load, load_files, load_index, MAX_INDEX_BYTES};
 pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
 pub use options::{Filter, LoadOptions, Placement, Progress, Select, Target, MAX_ALIGN};
 pub use safetensors::Dtype;
-pub use save::{save, SaveOptions, SaveReport, SaveTensor};
+pub use save::{
+    save, save_sharded, Interrupt, SaveOptions, SaveReport, SaveTensor, DEFAULT_SHARD_BYTES,
+};
 pub use view::{DeviceView, Element, HostView, TensorView};
