@@ -388,9 +388,12 @@ pub(crate) fn _load_safetensors_into(
 ///         ``model-0000i-of-0000N.safetensors`` in the folder).
 ///     metadata (dict[str, str] | None): the header's ``__metadata__`` (str -> str only).
 ///     max_shard_size (int | None): a sharded save's largest shard in bytes (default 5 GB).
+///     non_blocking (bool): copy the tensors out (GPU tensors into pinned host memory, at the
+///         link's rate) and return a ``SaveRequest`` at once: the tensors may change as soon as
+///         it is returned; the files are written in the background (``wait()`` for them).
 ///
 /// Returns:
-///     None.
+///     SaveRequest | None: the background write with ``non_blocking=True``, else None.
 ///
 /// Raises:
 ///     ArgumentError: a bad argument (named with its value): a name or metadata entry that is
@@ -402,14 +405,16 @@ pub(crate) fn _load_safetensors_into(
 ///     >>> ferry.save_safetensors({"w": numpy.ones((2, 3), numpy.float32)}, "m.safetensors",
 ///     ...                        metadata={"format": "np"})
 #[pyfunction]
-#[pyo3(signature = (tensors, path, metadata = None, max_shard_size = None))]
+#[pyo3(signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None))]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
     path: &Bound<'_, PyAny>,
     metadata: Option<&Bound<'_, PyAny>>,
     max_shard_size: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
+    non_blocking: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Py<SaveRequest>>> {
+    let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let max_shard_size = match max_shard_size.filter(|m| !m.is_none()) {
         None => None,
         Some(m) => Some(m.extract::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
@@ -496,6 +501,30 @@ pub(crate) fn save_safetensors(
             (n.clone(), *st, a.shape.clone(), Held(raw))
         })
         .collect();
+    if non_blocking {
+        let snap = py
+            .allow_threads(|| {
+                let list: Vec<SaveTensor<'_>> = lent
+                    .iter()
+                    .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
+                    .collect();
+                checkpoint::snapshot(&fe, &list)
+            })
+            .map_err(|e| checkpoint_err(py, e))?;
+        drop(arrs);
+        // Written on a thread of its own: no Ctrl-C check there (only the main thread may
+        // ask Python for signals); `wait()` is where the caller is.
+        let mut bg = SaveOptions::new().fsync(opts.fsync);
+        bg.metadata = opts.metadata.clone();
+        bg.shard_bytes = opts.shard_bytes;
+        let handle = snap.save_in_background(fe.clone(), path, bg);
+        return Ok(Some(Py::new(
+            py,
+            SaveRequest {
+                handle: Mutex::new(Some(handle)),
+            },
+        )?));
+    }
     let r = py.allow_threads(|| {
         let list: Vec<SaveTensor<'_>> = lent
             .iter()
@@ -509,12 +538,63 @@ pub(crate) fn save_safetensors(
     });
     drop(arrs);
     match r {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(None),
         Err(e @ checkpoint::CheckpointError::Interrupted { .. }) => {
             let signal = caught.lock().unwrap_or_else(PoisonError::into_inner).take();
             Err(signal.unwrap_or_else(|| checkpoint_err(py, e)))
         }
         Err(e) => Err(checkpoint_err(py, e)),
+    }
+}
+
+/// A save running in the background (``save_safetensors(..., non_blocking=True)``): the
+/// tensors were copied out when it was returned (they may be changed now); the files are
+/// written on a thread of ferry's.
+///
+/// Example:
+///     >>> req = ferry.save_safetensors(model.state_dict(), "ckpt.safetensors", non_blocking=True)
+///     >>> optimizer.step()   # the tensors may change now
+///     >>> req.wait()         # the file is complete (or the error is raised here)
+#[pyclass(module = "ferry")]
+pub(crate) struct SaveRequest {
+    handle: Mutex<Option<checkpoint::SaveHandle>>,
+}
+
+#[pymethods]
+impl SaveRequest {
+    /// Waits until the files are written (the GIL released meanwhile).
+    ///
+    /// Returns:
+    ///     None.
+    ///
+    /// Raises:
+    ///     CheckpointError: the write failed (the message names the file); raised once, a
+    ///         later ``wait()`` returns at once.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let h = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match h {
+            None => Ok(()),
+            Some(h) => py
+                .allow_threads(|| h.wait())
+                .map(|_| ())
+                .map_err(|e| checkpoint_err(py, e)),
+        }
+    }
+
+    /// Whether the write has ended (``wait()`` then returns at once).
+    ///
+    /// Returns:
+    ///     bool: True once the files are written or the write failed.
+    fn done(&self) -> bool {
+        self.handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(|h| h.is_done())
     }
 }
 

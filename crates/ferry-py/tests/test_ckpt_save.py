@@ -81,3 +81,19 @@ def test_a_sharded_save_into_a_folder_loads_back(tmp_path):
         np.testing.assert_array_equal(back[k], v, err_msg=k)
     with pytest.raises(ferry.ArgumentError):
         ferry.save_safetensors(t, tmp_path, max_shard_size=0)
+
+
+def test_non_blocking_saves_what_the_arrays_held(tmp_path):
+    a = np.full(3 << 20, 5, np.uint8)
+    req = ferry.save_safetensors({"a": a}, tmp_path / "s.safetensors", non_blocking=True)
+    assert isinstance(req, ferry.SaveRequest)
+    a[:] = 9  # the arrays may change once the request is returned
+    req.wait()
+    assert req.done()
+    back = ferry.load_safetensors(tmp_path / "s.safetensors", device="cpu", framework="numpy")
+    assert (back["a"] == 5).all()
+    # An error comes back on wait().
+    req = ferry.save_safetensors({"a": a}, tmp_path / "no" / "x.safetensors", non_blocking=True)
+    with pytest.raises(OSError):
+        req.wait()
+    assert ferry.save_safetensors({"a": a}, tmp_path / "t.safetensors") is None

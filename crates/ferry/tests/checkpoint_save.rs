@@ -151,3 +151,44 @@ fn a_sharded_save_writes_the_index_and_loads_back() {
     assert!(matches!(e, CheckpointError::Index { .. }), "{e:?}");
     assert_eq!(names(d.path()), all);
 }
+
+#[test]
+fn a_snapshot_is_written_as_it_was_taken() {
+    let fe = Arc::new(engine());
+    let d = tempfile::tempdir().unwrap();
+    let mut a = vec![3u8; 5 << 20];
+    let b: Vec<u16> = (0..1000).collect();
+    let snap = {
+        let list = [
+            SaveTensor::new("a", Dtype::U8, &[5 << 20], &a),
+            SaveTensor::new("b", Dtype::BF16, &[10, 100], &b),
+        ];
+        checkpoint::snapshot(&fe, &list).unwrap()
+    };
+    assert_eq!(snap.bytes(), (5 << 20) + 2000);
+    // The source changes after the snapshot: the file holds the snapshot's bytes.
+    a.fill(9);
+    let path = d.path().join("s.safetensors");
+    let h = snap.save_in_background(fe.clone(), &path, SaveOptions::new().fsync(true));
+    let r = h.wait().unwrap();
+    assert_eq!(r.tensors, 2);
+    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert!(ck.host("a").unwrap().bytes().iter().all(|&x| x == 3));
+    assert_eq!(
+        ck.host("b").unwrap().bytes(),
+        bytemuck::cast_slice::<u16, u8>(&b)
+    );
+    // Into a folder that cannot take it: the error comes back on the handle.
+    let snap =
+        checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::BF16, &[1000], &b)]).unwrap();
+    let h = snap.save_in_background(
+        fe.clone(),
+        d.path().join("no/such.safetensors"),
+        SaveOptions::new(),
+    );
+    let e = h.wait().unwrap_err();
+    assert!(matches!(e, CheckpointError::Replace { .. }), "{e:?}");
+    // A bad tensor is refused by the snapshot itself.
+    let e = checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::F32, &[3], &b)]).unwrap_err();
+    assert!(matches!(e, CheckpointError::BadTensor { .. }), "{e:?}");
+}

@@ -19,6 +19,7 @@ __all__ = [
     "CpuEngine",
     "CudaEngine",
     "Request",
+    "SaveRequest",
     "Buffer",
     "info",
     "_array_info",
@@ -42,6 +43,11 @@ class Request:
     def wait(self) -> None: ...
     def done(self) -> bool: ...
     def __await__(self) -> Generator[Any, None, None]: ...
+
+@final
+class SaveRequest:
+    def wait(self) -> None: ...
+    def done(self) -> bool: ...
 
 @final
 class CpuEngine:
@@ -114,7 +120,8 @@ def save_safetensors(
     path: _StrPath,
     metadata: Optional[Mapping[str, str]] = None,
     max_shard_size: Optional[int] = None,
-) -> None: ...
+    non_blocking: bool = False,
+) -> Optional[SaveRequest]: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None
 ) -> list[tuple[str, Buffer]]: ...

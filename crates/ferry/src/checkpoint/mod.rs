@@ -61,6 +61,7 @@ mod load;
 mod loaded;
 mod options;
 mod save;
+mod snapshot;
 mod view;
 mod write;
 
@@ -74,4 +75,5 @@ pub use safetensors::Dtype;
 pub use save::{
     save, save_sharded, Interrupt, SaveOptions, SaveReport, SaveTensor, DEFAULT_SHARD_BYTES,
 };
+pub use snapshot::{snapshot, SaveHandle, Snapshot};
 pub use view::{DeviceView, Element, HostView, TensorView};
