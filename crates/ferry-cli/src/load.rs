@@ -217,7 +217,7 @@ impl SaveTo {
         SaveTo {
             dst,
             fsync,
-            sharded: sharded.then(|| shard_size.unwrap_or(checkpoint::DEFAULT_SHARD_BYTES)),
+            sharded: sharded.then(|| shard_size.unwrap_or(5_000_000_000)),
         }
     }
 }
@@ -618,10 +618,12 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
         let (bytes, io) = match &loaded {
             Loaded::Checkpoint(ck) => {
                 let opts = SaveOptions::new().fsync(*fsync).interrupt(stop);
-                let r = match to.sharded {
-                    Some(limit) => ck.save_sharded(&fe, dst, &opts.shard_bytes(limit))?,
-                    None => ck.save(&fe, dst, &opts)?,
+                // An index path (`to.sharded`) is a sharded save.
+                let opts = match to.sharded {
+                    Some(limit) => opts.shard_bytes(limit),
+                    None => opts,
                 };
+                let r = ck.save(&fe, dst, &opts)?;
                 (r.bytes, r.io)
             }
             Loaded::Raw(buf) => save_raw(&fe, buf, dst, *fsync, &stop)?,

@@ -405,7 +405,10 @@ pub(crate) fn _load_safetensors_into(
 ///     >>> ferry.save_safetensors({"w": numpy.ones((2, 3), numpy.float32)}, "m.safetensors",
 ///     ...                        metadata={"format": "np"})
 #[pyfunction]
-#[pyo3(signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None))]
+#[pyo3(
+    signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None),
+    text_signature = "(tensors, path, metadata=None, max_shard_size=None, non_blocking=False)"
+)]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
@@ -482,11 +485,11 @@ pub(crate) fn save_safetensors(
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
     }
-    let (path, sharded) = if path.is_dir() {
-        (path.join("model.safetensors.index.json"), true)
+    // A folder: a sharded checkpoint in it.
+    let path = if path.is_dir() {
+        path.join("model.safetensors.index.json")
     } else {
-        let index = path.to_string_lossy().ends_with(".safetensors.index.json");
-        (path, index)
+        path
     };
     if let Some(n) = max_shard_size {
         opts = opts.shard_bytes(n);
@@ -508,7 +511,7 @@ pub(crate) fn save_safetensors(
                     .iter()
                     .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
                     .collect();
-                checkpoint::snapshot(&fe, &list)
+                checkpoint::Checkpoint::snapshot(&fe, &list)
             })
             .map_err(|e| checkpoint_err(py, e))?;
         drop(arrs);
@@ -517,7 +520,9 @@ pub(crate) fn save_safetensors(
         let mut bg = SaveOptions::new().fsync(opts.fsync);
         bg.metadata = opts.metadata.clone();
         bg.shard_bytes = opts.shard_bytes;
-        let handle = snap.save_in_background(fe.clone(), path, bg);
+        let handle = snap
+            .save_in_background(fe.clone(), path, bg)
+            .map_err(|e| errors::FerryError::new_err(format!("no thread to write on: {e}")))?;
         return Ok(Some(Py::new(
             py,
             SaveRequest {
@@ -530,11 +535,8 @@ pub(crate) fn save_safetensors(
             .iter()
             .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
             .collect();
-        if sharded {
-            checkpoint::save_sharded(&fe, &path, &list, &opts)
-        } else {
-            checkpoint::save(&fe, &path, &list, &opts)
-        }
+        // An index path is a sharded save.
+        checkpoint::save(&fe, &path, &list, &opts)
     });
     drop(arrs);
     match r {
@@ -557,7 +559,25 @@ pub(crate) fn save_safetensors(
 ///     >>> req.wait()         # the file is complete (or the error is raised here)
 #[pyclass(module = "ferry")]
 pub(crate) struct SaveRequest {
-    handle: Mutex<Option<checkpoint::SaveHandle>>,
+    handle: Mutex<Option<Writing>>,
+}
+
+/// The thread writing a snapshot.
+type Writing = std::thread::JoinHandle<Result<checkpoint::SaveReport, checkpoint::CheckpointError>>;
+
+impl Drop for SaveRequest {
+    /// Dropped unwaited: the write is finished first (a thread stopped at the process's exit
+    /// would leave its temporary file).
+    fn drop(&mut self) {
+        if let Some(h) = self
+            .handle
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = h.join();
+        }
+    }
 }
 
 #[pymethods]
@@ -578,10 +598,12 @@ impl SaveRequest {
             .take();
         match h {
             None => Ok(()),
-            Some(h) => py
-                .allow_threads(|| h.wait())
-                .map(|_| ())
-                .map_err(|e| checkpoint_err(py, e)),
+            Some(h) => match py.allow_threads(|| h.join()) {
+                Ok(r) => r.map(|_| ()).map_err(|e| checkpoint_err(py, e)),
+                Err(_) => Err(errors::FerryError::new_err(
+                    "the thread writing the checkpoint panicked",
+                )),
+            },
         }
     }
 
@@ -594,7 +616,7 @@ impl SaveRequest {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
-            .is_none_or(|h| h.is_done())
+            .is_none_or(|h| h.is_finished())
     }
 }
 

@@ -4,7 +4,7 @@
 //! back through their index.
 
 use ferry::checkpoint::{
-    self, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
+    self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
 };
 use ferry::file::{FileConfig, FileEngine};
 use std::path::Path;
@@ -118,7 +118,7 @@ fn a_sharded_save_writes_the_index_and_loads_back() {
     let opts = SaveOptions::new()
         .shard_bytes(2 << 20)
         .metadata("format", "pt");
-    let r = checkpoint::save_sharded(&fe, &index, &tensors, &opts).unwrap();
+    let r = checkpoint::save(&fe, &index, &tensors, &opts).unwrap();
     assert!(r.files > 1, "{r}");
     let all = names(d.path());
     assert_eq!(all.len(), r.files + 1);
@@ -143,11 +143,17 @@ fn a_sharded_save_writes_the_index_and_loads_back() {
         );
     }
     // Saved again over itself from the loaded checkpoint: the same files.
-    let again = ck.save_sharded(&fe, &index, &opts).unwrap();
+    let again = ck.save(&fe, &index, &opts).unwrap();
     assert_eq!(again.files, r.files);
     assert_eq!(names(d.path()), all);
     // A bad index name is refused before anything is written.
-    let e = checkpoint::save_sharded(&fe, d.path().join("x.json"), &tensors, &opts).unwrap_err();
+    let e = checkpoint::save(
+        &fe,
+        d.path().join(".safetensors.index.json"),
+        &tensors,
+        &opts,
+    )
+    .unwrap_err();
     assert!(matches!(e, CheckpointError::Index { .. }), "{e:?}");
     assert_eq!(names(d.path()), all);
 }
@@ -163,14 +169,16 @@ fn a_snapshot_is_written_as_it_was_taken() {
             SaveTensor::new("a", Dtype::U8, &[5 << 20], &a),
             SaveTensor::new("b", Dtype::BF16, &[10, 100], &b),
         ];
-        checkpoint::snapshot(&fe, &list).unwrap()
+        Checkpoint::snapshot(&fe, &list).unwrap()
     };
-    assert_eq!(snap.bytes(), (5 << 20) + 2000);
+    assert_eq!(snap.report().bytes, (5 << 20) + 2000);
     // The source changes after the snapshot: the file holds the snapshot's bytes.
     a.fill(9);
     let path = d.path().join("s.safetensors");
-    let h = snap.save_in_background(fe.clone(), &path, SaveOptions::new().fsync(true));
-    let r = h.wait().unwrap();
+    let h = snap
+        .save_in_background(fe.clone(), &path, SaveOptions::new().fsync(true))
+        .unwrap();
+    let r = h.join().unwrap().unwrap();
     assert_eq!(r.tensors, 2);
     let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
     assert!(ck.host("a").unwrap().bytes().iter().all(|&x| x == 3));
@@ -180,15 +188,15 @@ fn a_snapshot_is_written_as_it_was_taken() {
     );
     // Into a folder that cannot take it: the error comes back on the handle.
     let snap =
-        checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::BF16, &[1000], &b)]).unwrap();
+        Checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::BF16, &[1000], &b)]).unwrap();
     let h = snap.save_in_background(
         fe.clone(),
         d.path().join("no/such.safetensors"),
         SaveOptions::new(),
     );
-    let e = h.wait().unwrap_err();
+    let e = h.unwrap().join().unwrap().unwrap_err();
     assert!(matches!(e, CheckpointError::Replace { .. }), "{e:?}");
     // A bad tensor is refused by the snapshot itself.
-    let e = checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::F32, &[3], &b)]).unwrap_err();
+    let e = Checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::F32, &[3], &b)]).unwrap_err();
     assert!(matches!(e, CheckpointError::BadTensor { .. }), "{e:?}");
 }

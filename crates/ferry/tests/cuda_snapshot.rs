@@ -6,7 +6,7 @@
 
 mod cuda_common;
 use cuda_common::*;
-use ferry::checkpoint::{self, Dtype, LoadOptions, SaveOptions, SaveTensor, Target};
+use ferry::checkpoint::{self, Checkpoint, Dtype, LoadOptions, SaveOptions, SaveTensor, Target};
 use ferry::cuda::DeviceBuffer;
 use ferry::file::{FileConfig, FileEngine};
 use std::sync::Arc;
@@ -36,23 +36,25 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
         let list: Vec<SaveTensor<'_>> = (0..64)
             .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
             .collect();
-        checkpoint::snapshot(&fe, &list).unwrap()
+        Checkpoint::snapshot(&fe, &list).unwrap()
     };
     let total: usize = sizes.iter().sum();
     println!(
         "snapshot of {total} bytes: {:.4} s ({:.2} GB/s, the caller's stall)",
-        snap.seconds(),
-        total as f64 / snap.seconds() / 1e9
+        snap.report().seconds,
+        total as f64 / snap.report().seconds / 1e9
     );
     // The "training step": every device tensor overwritten while the write runs.
     let t0 = std::time::Instant::now();
     let path = dir.path().join("snap.safetensors");
-    let handle = snap.save_in_background(fe.clone(), &path, SaveOptions::new());
+    let handle = snap
+        .save_in_background(fe.clone(), &path, SaveOptions::new())
+        .unwrap();
     for d in dev.iter_mut() {
         let zeros = vec![0u8; d.len()];
         d.copy_from_host(&zeros).unwrap();
     }
-    let r = handle.wait().unwrap();
+    let r = handle.join().unwrap().unwrap();
     println!(
         "background write: {r} ({:.4} s after the snapshot)",
         t0.elapsed().as_secs_f64()
@@ -66,7 +68,7 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
     let list: Vec<SaveTensor<'_>> = (0..64)
         .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
         .collect();
-    let r = checkpoint::save_sharded(
+    let r = checkpoint::save(
         &fe,
         &index,
         &list,

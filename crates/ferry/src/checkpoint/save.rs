@@ -47,11 +47,6 @@ impl std::fmt::Debug for SaveTensor<'_> {
     }
 }
 
-/// Asked between the batches of a save whether to stop it: `true` stops it with
-/// [`CheckpointError::Interrupted`], the partial files removed and the destination as it was
-/// (the CLI's Ctrl-C and SIGTERM handler, Python's `check_signals`).
-pub type Interrupt = Arc<dyn Fn() -> bool + Send + Sync>;
-
 /// How to save: [`SaveOptions::new`] then chained setters.
 #[derive(Clone, Default)]
 pub struct SaveOptions {
@@ -59,10 +54,12 @@ pub struct SaveOptions {
     pub fsync: bool,
     /// The `__metadata__` string map.
     pub metadata: BTreeMap<String, String>,
-    /// Asked between batches whether to stop ([`Interrupt`]).
-    pub interrupt: Option<Interrupt>,
-    /// A sharded save's largest shard, in bytes of tensor data ([`save_sharded`]; default
-    /// [`DEFAULT_SHARD_BYTES`]).
+    /// Asked between batches whether to stop: `true` stops the save with
+    /// [`CheckpointError::Interrupted`], the partial files removed and the destination as it
+    /// was (the CLI's Ctrl-C and SIGTERM handler, Python's `check_signals`).
+    pub interrupt: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// A sharded save's largest shard, in bytes of tensor data (default 5 GB, as Hugging
+    /// Face's `save_pretrained` cuts them).
     pub shard_bytes: Option<u64>,
 }
 
@@ -92,13 +89,13 @@ impl SaveOptions {
         self.metadata.insert(key.into(), value.into());
         self
     }
-    /// Sets the check that stops a save ([`Interrupt`]); it is called from the saving thread
-    /// between batches of at most [`BATCH_BYTES`].
+    /// Sets the check that stops a save ([`SaveOptions::interrupt`](field@SaveOptions::interrupt)); it is
+    /// called from the saving thread between batches of at most 256 MiB.
     pub fn interrupt(mut self, stop: impl Fn() -> bool + Send + Sync + 'static) -> SaveOptions {
         self.interrupt = Some(Arc::new(stop));
         self
     }
-    /// Sets a sharded save's largest shard ([`save_sharded`]).
+    /// Sets a sharded save's largest shard in bytes of tensor data.
     pub fn shard_bytes(mut self, bytes: u64) -> SaveOptions {
         self.shard_bytes = Some(bytes);
         self
@@ -152,6 +149,14 @@ impl std::fmt::Display for SaveReport {
 /// file's permission bits are kept; an existing `path` that is not a regular file (a device,
 /// FIFO or folder) is refused.
 ///
+/// A `path` ending in `.safetensors.index.json` writes a sharded checkpoint in Hugging Face's
+/// layout: that index (`{"metadata": {"total_size": N, ...}, "weight_map": {tensor: shard}}`)
+/// and shards `<prefix>-0000i-of-0000N.safetensors` beside it, the tensors cut into shards in
+/// the order given, a new shard started where the next tensor would take one over
+/// [`SaveOptions::shard_bytes`] (default 5 GB). Every shard is written at once (one set of
+/// pieces over all of them), each beside its destination and renamed into place once all are
+/// complete, the index last; [`load`](fn@super::load) of the index reads it back.
+///
 /// Errors: [`CheckpointError::BadTensor`] (bytes that do not match dtype x shape),
 /// [`CheckpointError::Duplicate`], [`CheckpointError::Replace`] (the temporary file cannot be
 /// made beside `path`, or renamed over it: the step is named), [`CheckpointError::File`]
@@ -164,6 +169,9 @@ pub fn save(
     opts: &SaveOptions,
 ) -> Result<SaveReport, CheckpointError> {
     let path = path.as_ref();
+    if path.to_string_lossy().ends_with(".safetensors.index.json") {
+        return save_sharded(engine, path, tensors, opts);
+    }
     let planned = plan(path, tensors, &opts.metadata)?;
     let t0 = Instant::now();
     let io = write_files(engine, std::slice::from_ref(&planned), &[], opts)?;
@@ -179,21 +187,10 @@ pub fn save(
 
 /// A sharded save's largest shard by default: 5 GB of tensor data, as Hugging Face's
 /// `save_pretrained` cuts them.
-pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
+const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
 
-/// Writes `tensors` as a sharded checkpoint in Hugging Face's layout: the index `index`
-/// (named `<prefix>.safetensors.index.json`, say `model.safetensors.index.json`, with
-/// `{"metadata": {"total_size": N, ...}, "weight_map": {tensor: shard}}`) and shards
-/// `<prefix>-0000i-of-0000N.safetensors` beside it, the tensors cut into shards in the order
-/// given, a new shard started where the next tensor would take one over
-/// [`SaveOptions::shard_bytes`] ([`DEFAULT_SHARD_BYTES`]). Every shard is written at once (one
-/// set of pieces over all of them, as [`save`] writes one file), each beside its destination
-/// and renamed into place once all are complete, the index last. [`checkpoint::load`](super::load)
-/// of the index reads it back.
-///
-/// Errors: as [`save`]; [`CheckpointError::Index`] for an index name not ending in
-/// `.safetensors.index.json`.
-pub fn save_sharded(
+/// [`save`] of a sharded checkpoint: `index` is `<prefix>.safetensors.index.json`.
+fn save_sharded(
     engine: &FileEngine,
     index: impl AsRef<Path>,
     tensors: &[SaveTensor<'_>],
@@ -207,7 +204,9 @@ pub fn save_sharded(
         .filter(|p| !p.is_empty())
         .ok_or_else(|| CheckpointError::Index {
             path: index.to_path_buf(),
-            msg: "a sharded checkpoint's index is named <prefix>.safetensors.index.json".into(),
+            msg: "a sharded checkpoint's index is named <prefix>.safetensors.index.json, with a \
+                  prefix"
+                .into(),
         })?;
     let mut names = std::collections::HashSet::with_capacity(tensors.len());
     for t in tensors {
@@ -281,19 +280,6 @@ impl Checkpoint {
         opts: &SaveOptions,
     ) -> Result<SaveReport, CheckpointError> {
         self.with_tensors(opts, |tensors, opts| save(engine, path, tensors, opts))
-    }
-
-    /// Saves every tensor of this checkpoint as a sharded checkpoint whose index is `index`
-    /// ([`save_sharded`]), with its metadata and `opts`'s.
-    pub fn save_sharded(
-        &self,
-        engine: &FileEngine,
-        index: impl AsRef<Path>,
-        opts: &SaveOptions,
-    ) -> Result<SaveReport, CheckpointError> {
-        self.with_tensors(opts, |tensors, opts| {
-            save_sharded(engine, index, tensors, opts)
-        })
     }
 
     /// Calls `f` with this checkpoint's tensors, in file order, and `opts` with its metadata.
