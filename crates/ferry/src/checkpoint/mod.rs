@@ -76,7 +76,9 @@ pub use header::{read_header, tensor_bytes, Header, TensorEntry};
 pub use into::{load_files_into, load_into, Dest};
 pub use load::{entries, load, load_files, load_index, MAX_INDEX_BYTES};
 pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
-pub use options::{Filter, LoadOptions, Placement, Progress, Select, Target, MAX_ALIGN};
+pub use options::{
+    Filter, LoadOptions, Placement, Progress, SaveOptions, SaveTensor, Select, Target, MAX_ALIGN,
+};
 pub use safetensors::Dtype;
-pub use save::{save, SaveOptions, SaveReport, SaveTensor};
+pub use save::{save, SaveReport};
 pub use view::{DeviceView, Element, HostView, TensorView};

@@ -7,7 +7,8 @@
 
 use super::error::CheckpointError;
 use super::loaded::{Checkpoint, LoadReport, Tensor};
-use super::save::{SaveOptions, SaveReport, SaveTensor};
+use super::options::{SaveOptions, SaveTensor};
+use super::save::SaveReport;
 use super::write::check_tensor;
 use super::TensorBuffer;
 use crate::engine::cpu::CpuEngine;

@@ -5,7 +5,7 @@
 
 use super::error::CheckpointError;
 use super::header::tensor_bytes;
-use super::save::{SaveOptions, SaveTensor};
+use super::options::{SaveOptions, SaveTensor};
 use crate::file::{FileEngine, FileError, FileHandle, IoReport, OpenMode, Replacement, WritePiece};
 use crate::memory::{Memory, Region};
 use safetensors::tensor::{Metadata, TensorInfo};
