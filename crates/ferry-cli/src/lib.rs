@@ -11,4 +11,5 @@ pub mod info;
 pub mod load;
 pub mod plot;
 pub mod report;
+pub mod signal;
 pub mod sizes;

@@ -159,11 +159,16 @@ pub struct LoadArgs {
 pub struct SaveArgs {
     /// The file or checkpoint to load first (into --device).
     pub src: PathBuf,
-    /// Where to write it from there (a checkpoint is written as one safetensors file).
+    /// Where to write it from there: a checkpoint is written as one safetensors file, or as
+    /// a sharded one when DST is a folder (its model.safetensors.index.json and shards) or
+    /// ends in .safetensors.index.json.
     pub dst: PathBuf,
     /// fsync the file before reporting.
     #[arg(long)]
     pub fsync: bool,
+    /// A sharded save's largest shard (K/M/G suffixes; default 5G, as Hugging Face cuts them).
+    #[arg(long, value_name = "BYTES", value_parser = parse_size_arg)]
+    pub shard_size: Option<u64>,
     /// Shared options.
     #[command(flatten)]
     pub io: IoArgs,
@@ -182,10 +187,60 @@ pub struct Job {
     pub length: u64,
     /// `--verify`.
     pub verify: bool,
-    /// `ferry save`: the output and `--fsync`.
-    pub save: Option<(PathBuf, bool)>,
+    /// `ferry save`: where and how.
+    pub save: Option<SaveTo>,
     /// Shared options.
     pub io: IoArgs,
+}
+
+/// Where and how `ferry save` writes.
+#[derive(Debug, Clone)]
+pub struct SaveTo {
+    /// The output: a file, or a sharded checkpoint's index (a folder given is resolved to its
+    /// `model.safetensors.index.json`).
+    pub dst: PathBuf,
+    /// `--fsync`.
+    pub fsync: bool,
+    /// A sharded save (`dst` is an index), with `--shard-size`.
+    pub sharded: Option<u64>,
+}
+
+impl SaveTo {
+    /// `ferry save`'s arguments: a folder as DST is a sharded save into it.
+    pub fn new(dst: PathBuf, fsync: bool, shard_size: Option<u64>) -> SaveTo {
+        let (dst, sharded) = if dst.is_dir() {
+            (dst.join("model.safetensors.index.json"), true)
+        } else {
+            let index = dst.to_string_lossy().ends_with(".safetensors.index.json");
+            (dst, index)
+        };
+        SaveTo {
+            dst,
+            fsync,
+            sharded: sharded.then(|| shard_size.unwrap_or(5_000_000_000)),
+        }
+    }
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// A checkpoint's folder as `ferry load` takes it: its `model.safetensors.index.json`, else
+/// its `model.safetensors`; any other path as it is.
+pub fn resolve_input(path: &Path) -> PathBuf {
+    if !path.is_dir() {
+        return path.to_path_buf();
+    }
+    let index = path.join("model.safetensors.index.json");
+    if index.is_file() {
+        return index;
+    }
+    let single = path.join("model.safetensors");
+    if single.is_file() {
+        return single;
+    }
+    path.to_path_buf()
 }
 
 fn is_checkpoint(p: &Path) -> bool {
@@ -207,9 +262,10 @@ pub fn check(
     offset: Option<u64>,
     length: Option<u64>,
     verify: bool,
-    save: Option<(PathBuf, bool)>,
+    save: Option<SaveTo>,
     io: IoArgs,
 ) -> Result<Job, ArgError> {
+    let path = &resolve_input(path);
     let bad = |why: String| ArgError::Input {
         path: path.display().to_string(),
         why,
@@ -219,7 +275,9 @@ pub fn check(
     let ft = meta.file_type();
     if !(ft.is_file() || ft.is_block_device()) {
         return Err(bad(
-            "not a regular file (a FIFO, device or folder cannot be loaded)".into(),
+            "not a regular file (a FIFO, device or folder cannot be loaded; a checkpoint's \
+             folder holds model.safetensors.index.json or model.safetensors)"
+                .into(),
         ));
     }
     if ft.is_file() && meta.len() == 0 && has_bytes(path) {
@@ -327,8 +385,15 @@ pub fn check(
         }
         Device::Pageable => {}
     }
-    if let Some((dst, _)) = &save {
-        check_output(dst, path, checkpoint)?;
+    if let Some(to) = &save {
+        if to.sharded.is_some() && !checkpoint {
+            return Err(ArgError::Output {
+                path: to.dst.display().to_string(),
+                why: "a sharded save writes a safetensors checkpoint: the input is plain bytes"
+                    .into(),
+            });
+        }
+        check_output(&to.dst, path, checkpoint)?;
     }
     Ok(Job {
         path: path.to_path_buf(),
@@ -543,30 +608,25 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
         verify(job, &loaded)?;
         out["verified"] = true.into();
     }
-    if let Some((dst, fsync)) = &job.save {
+    if let Some(to) = &job.save {
+        let (dst, fsync) = (&to.dst, &to.fsync);
+        // From here a Ctrl-C or SIGTERM stops the save between batches, which removes its
+        // partial files (before, it ends the process: nothing is written yet).
+        crate::signal::catch().map_err(|e| format!("cannot catch Ctrl-C during the save: {e}"))?;
+        let stop = || crate::signal::caught().is_some();
         let t0 = Instant::now();
         let (bytes, io) = match &loaded {
             Loaded::Checkpoint(ck) => {
-                let r = ck.save(&fe, dst, &SaveOptions::new().fsync(*fsync))?;
+                let opts = SaveOptions::new().fsync(*fsync).interrupt(stop);
+                // An index path (`to.sharded`) is a sharded save.
+                let opts = match to.sharded {
+                    Some(limit) => opts.shard_bytes(limit),
+                    None => opts,
+                };
+                let r = ck.save(&fe, dst, &opts)?;
                 (r.bytes, r.io)
             }
-            Loaded::Raw(buf) => {
-                // Written beside `dst` and renamed over it once complete: a failed write (a
-                // full disk) leaves an existing `dst` as it was.
-                let failed =
-                    |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", dst.display());
-                let replacing = Replacement::new(dst).map_err(|e| failed(&e))?;
-                let f = fe
-                    .open(replacing.temp_path(), OpenMode::Create)
-                    .map_err(|e| failed(&e))?;
-                let r = fe.store_from(&f, 0, buf).map_err(|e| failed(&e))?;
-                if *fsync {
-                    f.sync().map_err(|e| failed(&e))?;
-                }
-                drop(f);
-                replacing.commit(*fsync).map_err(|e| failed(&e))?;
-                (r.bytes, r)
-            }
+            Loaded::Raw(buf) => save_raw(&fe, buf, dst, *fsync, &stop)?,
         };
         let s = t0.elapsed().as_secs_f64();
         out["save"] = serde_json::json!({
@@ -581,6 +641,49 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
         add_transport(&mut out["save"], &io);
     }
     Ok(out)
+}
+
+/// Writes `buf` to `dst` beside it and renames it over `dst` once complete: a failed or
+/// interrupted write (a full disk, Ctrl-C between its batches) leaves an existing `dst` as it
+/// was and no partial file.
+fn save_raw(
+    fe: &FileEngine,
+    buf: &TensorBuffer,
+    dst: &Path,
+    fsync: bool,
+    stop: &dyn Fn() -> bool,
+) -> Result<(u64, IoReport), AnyError> {
+    let failed = |e: &dyn std::fmt::Display| format!("cannot write {}: {e}", dst.display());
+    let replacing = Replacement::new(dst).map_err(|e| failed(&e))?;
+    let f = fe
+        .open(replacing.temp_path(), OpenMode::Create)
+        .map_err(|e| failed(&e))?;
+    let len = buf.raw().len;
+    let mut io = IoReport::default();
+    let mut at = 0;
+    while at < len {
+        if stop() {
+            return Err(format!(
+                "saving {}: interrupted; the file was not written (nothing was left behind)",
+                dst.display()
+            )
+            .into());
+        }
+        let n = (256usize << 20).min(len - at);
+        let part =
+            ferry::memory::Region::of(buf, at..at + n).ok_or("a batch lies in the buffer")?;
+        io.add(
+            fe.store_from(&f, at as u64, &part)
+                .map_err(|e| failed(&e))?,
+        );
+        at += n;
+    }
+    if fsync {
+        f.sync().map_err(|e| failed(&e))?;
+    }
+    drop(f);
+    replacing.commit(fsync).map_err(|e| failed(&e))?;
+    Ok((len as u64, io))
 }
 
 /// (cached bytes, bytes) of the page cache before a load: see [`page_cache`].

@@ -30,15 +30,20 @@ fn main() -> ExitCode {
         }
         Plan::Save(a) => {
             let a = *a;
-            let save = Some((a.dst, a.fsync));
+            let save = Some(ferry_cli::load::SaveTo::new(a.dst, a.fsync, a.shard_size));
             load(ferry_cli::load::check(
                 &a.src, None, None, false, save, a.io,
             ))
         }
     };
-    match res {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&*e),
+    match (res, ferry_cli::signal::caught()) {
+        (Ok(()), _) => ExitCode::SUCCESS,
+        // A save stopped by Ctrl-C or SIGTERM: its partial file removed, exit as the signal.
+        (Err(e), Some(sig)) => {
+            fail(&*e);
+            ExitCode::from(ferry_cli::signal::exit_status(sig))
+        }
+        (Err(e), None) => fail(&*e),
     }
 }
 

@@ -266,8 +266,19 @@ fn save_refuses_what_is_not_a_regular_file() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: `c` is a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // A folder is a sharded save's destination: plain bytes cannot be saved into one.
+    refused(
+        &[
+            "save",
+            raw.to_str().unwrap(),
+            dir.path().to_str().unwrap(),
+            "--device",
+            "host",
+        ],
+        "a sharded save writes a safetensors checkpoint",
+    );
     for src in [&p, &raw] {
-        for dst in [Path::new("/dev/null"), dir.path(), &fifo] {
+        for dst in [Path::new("/dev/null"), &fifo] {
             let t0 = std::time::Instant::now();
             let args = [
                 "save",

@@ -376,15 +376,24 @@ pub(crate) fn _load_safetensors_into(
     }
 }
 
-/// Saves arrays as one safetensors file (GPU tensors copied out on ferry's engines).
+/// Saves arrays as one safetensors file, or as a sharded checkpoint (GPU tensors copied out
+/// on ferry's engines). The file appears only once complete; Ctrl-C stops the save between
+/// its batches, removes the partial file and raises ``KeyboardInterrupt`` (the old file kept).
 ///
 /// Args:
 ///     tensors (dict[str, array]): name -> array (host or GPU, C-contiguous).
-///     path (str | os.PathLike[str]): the file to write (replaced if it exists).
+///     path (str | os.PathLike[str]): the file to write (replaced if it exists); a folder, or
+///         a name ending in ``.safetensors.index.json``, writes a sharded checkpoint (Hugging
+///         Face's layout: ``model.safetensors.index.json`` and
+///         ``model-0000i-of-0000N.safetensors`` in the folder).
 ///     metadata (dict[str, str] | None): the header's ``__metadata__`` (str -> str only).
+///     max_shard_size (int | None): a sharded save's largest shard in bytes (default 5 GB).
+///     non_blocking (bool): copy the tensors out (GPU tensors into pinned host memory, at the
+///         link's rate) and return a ``SaveRequest`` at once: the tensors may change as soon as
+///         it is returned; the files are written in the background (``wait()`` for them).
 ///
 /// Returns:
-///     None.
+///     SaveRequest | None: the background write with ``non_blocking=True``, else None.
 ///
 /// Raises:
 ///     ArgumentError: a bad argument (named with its value): a name or metadata entry that is
@@ -396,13 +405,28 @@ pub(crate) fn _load_safetensors_into(
 ///     >>> ferry.save_safetensors({"w": numpy.ones((2, 3), numpy.float32)}, "m.safetensors",
 ///     ...                        metadata={"format": "np"})
 #[pyfunction]
-#[pyo3(signature = (tensors, path, metadata = None))]
+#[pyo3(
+    signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None),
+    text_signature = "(tensors, path, metadata=None, max_shard_size=None, non_blocking=False)"
+)]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
     path: &Bound<'_, PyAny>,
     metadata: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
+    max_shard_size: Option<&Bound<'_, PyAny>>,
+    non_blocking: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Py<SaveRequest>>> {
+    let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
+    let max_shard_size = match max_shard_size.filter(|m| !m.is_none()) {
+        None => None,
+        Some(m) => Some(m.extract::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            arg(format!(
+                "max_shard_size={}: expected a positive int (bytes)",
+                errors::shown(m)
+            ))
+        })?),
+    };
     let tensors = tensors.downcast::<PyDict>().map_err(|_| {
         arg(format!(
             "tensors: expected a dict of name -> array, got {}",
@@ -446,9 +470,29 @@ pub(crate) fn save_safetensors(
     for (_, _, a) in &arrs {
         crate::copy::after_producer(py, a, &mut waited)?;
     }
-    let mut opts = SaveOptions::new();
+    // Ctrl-C: Python's handler only sets a flag; the save asks between its batches.
+    let caught: Arc<Mutex<Option<PyErr>>> = Arc::default();
+    let stash = caught.clone();
+    let mut opts = SaveOptions::new().interrupt(move || {
+        Python::with_gil(|py| match py.check_signals() {
+            Ok(()) => false,
+            Err(e) => {
+                *stash.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                true
+            }
+        })
+    });
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
+    }
+    // A folder: a sharded checkpoint in it.
+    let path = if path.is_dir() {
+        path.join("model.safetensors.index.json")
+    } else {
+        path
+    };
+    if let Some(n) = max_shard_size {
+        opts = opts.shard_bytes(n);
     }
     let lent: Vec<(String, ferry::checkpoint::Dtype, Vec<usize>, Held)> = arrs
         .iter()
@@ -460,16 +504,120 @@ pub(crate) fn save_safetensors(
             (n.clone(), *st, a.shape.clone(), Held(raw))
         })
         .collect();
-    py.allow_threads(|| {
+    if non_blocking {
+        let snap = py
+            .allow_threads(|| {
+                let list: Vec<SaveTensor<'_>> = lent
+                    .iter()
+                    .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
+                    .collect();
+                checkpoint::Checkpoint::snapshot(&fe, &list)
+            })
+            .map_err(|e| checkpoint_err(py, e))?;
+        drop(arrs);
+        // Written on a thread of its own: no Ctrl-C check there (only the main thread may
+        // ask Python for signals); `wait()` is where the caller is.
+        let mut bg = SaveOptions::new().fsync(opts.fsync);
+        bg.metadata = opts.metadata.clone();
+        bg.shard_bytes = opts.shard_bytes;
+        let handle = snap
+            .save_in_background(fe.clone(), path, bg)
+            .map_err(|e| errors::FerryError::new_err(format!("no thread to write on: {e}")))?;
+        return Ok(Some(Py::new(
+            py,
+            SaveRequest {
+                handle: Mutex::new(Some(handle)),
+            },
+        )?));
+    }
+    let r = py.allow_threads(|| {
         let list: Vec<SaveTensor<'_>> = lent
             .iter()
             .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
             .collect();
+        // An index path is a sharded save.
         checkpoint::save(&fe, &path, &list, &opts)
-    })
-    .map_err(|e| checkpoint_err(py, e))?;
+    });
     drop(arrs);
-    Ok(())
+    match r {
+        Ok(_) => Ok(None),
+        Err(e @ checkpoint::CheckpointError::Interrupted { .. }) => {
+            let signal = caught.lock().unwrap_or_else(PoisonError::into_inner).take();
+            Err(signal.unwrap_or_else(|| checkpoint_err(py, e)))
+        }
+        Err(e) => Err(checkpoint_err(py, e)),
+    }
+}
+
+/// A save running in the background (``save_safetensors(..., non_blocking=True)``): the
+/// tensors were copied out when it was returned (they may be changed now); the files are
+/// written on a thread of ferry's.
+///
+/// Example:
+///     >>> req = ferry.save_safetensors(model.state_dict(), "ckpt.safetensors", non_blocking=True)
+///     >>> optimizer.step()   # the tensors may change now
+///     >>> req.wait()         # the file is complete (or the error is raised here)
+#[pyclass(module = "ferry")]
+pub(crate) struct SaveRequest {
+    handle: Mutex<Option<Writing>>,
+}
+
+/// The thread writing a snapshot.
+type Writing = std::thread::JoinHandle<Result<checkpoint::SaveReport, checkpoint::CheckpointError>>;
+
+impl Drop for SaveRequest {
+    /// Dropped unwaited: the write is finished first (a thread stopped at the process's exit
+    /// would leave its temporary file).
+    fn drop(&mut self) {
+        if let Some(h) = self
+            .handle
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
+#[pymethods]
+impl SaveRequest {
+    /// Waits until the files are written (the GIL released meanwhile).
+    ///
+    /// Returns:
+    ///     None.
+    ///
+    /// Raises:
+    ///     CheckpointError: the write failed (the message names the file); raised once, a
+    ///         later ``wait()`` returns at once.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let h = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match h {
+            None => Ok(()),
+            Some(h) => match py.allow_threads(|| h.join()) {
+                Ok(r) => r.map(|_| ()).map_err(|e| checkpoint_err(py, e)),
+                Err(_) => Err(errors::FerryError::new_err(
+                    "the thread writing the checkpoint panicked",
+                )),
+            },
+        }
+    }
+
+    /// Whether the write has ended (``wait()`` then returns at once).
+    ///
+    /// Returns:
+    ///     bool: True once the files are written or the write failed.
+    fn done(&self) -> bool {
+        self.handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(|h| h.is_finished())
+    }
 }
 
 /// `metadata=`: a dict of str -> str (safetensors stores only strings); a key or value of
@@ -514,6 +662,13 @@ fn checkpoint_err(py: Python<'_>, e: checkpoint::CheckpointError) -> PyErr {
         checkpoint::CheckpointError::Shard { source, .. } => Some(&**source),
         _ => None,
     };
+    if let checkpoint::CheckpointError::Replace { kind, .. } = &e {
+        return match errors::checkpoint_os_type(py, *kind) {
+            Ok(Some(ty)) => PyErr::from_type(ty, msg),
+            Ok(None) => CheckpointError::new_err(msg),
+            Err(err) => err,
+        };
+    }
     let kind = match fe {
         // Refused after opening as not a regular file: a directory is still one.
         Some(FileError::Open { path, .. }) if path.is_dir() => Some(ErrorKind::IsADirectory),

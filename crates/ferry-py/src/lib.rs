@@ -104,8 +104,8 @@ fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
 /// (behind ``ferry.load_safetensors``); ``_array_info`` (how ferry reads an array, for
 /// debugging).
 ///
-/// Classes: ``Request``, ``CpuEngine``, ``CudaEngine``, ``Buffer``; ``Agent``, ``Region``,
-/// ``Peer``, ``RemoteRegion`` (the transfer agent between processes).
+/// Classes: ``Request``, ``SaveRequest``, ``CpuEngine``, ``CudaEngine``, ``Buffer``; ``Agent``,
+/// ``Region``, ``Peer``, ``RemoteRegion`` (the transfer agent between processes).
 ///
 /// Exceptions: ``FerryError``, ``ArgumentError``, ``DriverError``, ``CheckpointError``.
 #[pymodule]
@@ -126,5 +126,6 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ckpt::_load_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::_load_safetensors_into, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::save_safetensors, m)?)?;
+    m.add_class::<ckpt::SaveRequest>()?;
     Ok(())
 }

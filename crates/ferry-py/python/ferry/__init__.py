@@ -22,12 +22,15 @@ Functions (``help(ferry.NAME)`` for each one's arguments, errors and an example)
 - ``read_file(path, out, *, offset=0, size=None)`` / ``write_file(path, src, *, offset=0)``:
   a file's bytes into an array, or an array's bytes into a file.
 - ``load_safetensors(path, device="cuda:0", names=None, framework=None, out=None,
-  strict=True)`` / ``save_safetensors(tensors, path, metadata=None)``: checkpoints.
+  strict=True)`` / ``save_safetensors(tensors, path, metadata=None, max_shard_size=None,
+  non_blocking=False)``: checkpoints (a folder or ``*.index.json``: sharded).
 - ``info()``: the version, the CUDA driver and devices ferry sees, the dtypes.
 
 Classes:
 
 - ``Request``: a copy in flight: ``wait()``, ``done()``, ``await request``.
+- ``SaveRequest``: a ``save_safetensors(..., non_blocking=True)`` being written: ``wait()``,
+  ``done()``.
 - ``CpuEngine(threads=0)``, ``CudaEngine(device=0)``: the engines (``engine=`` arguments).
 - ``Buffer``: a tensor in memory ferry allocated (``load_safetensors(framework="ferry")``).
 - ``Agent(name, device=None)``, ``Region``, ``Peer``, ``RemoteRegion``: registered memory
@@ -61,6 +64,7 @@ from ._ferry import (
     Region,
     RemoteRegion,
     Request,
+    SaveRequest,
     _load_safetensors,
     _load_safetensors_into,
     copy_,
@@ -85,6 +89,7 @@ __all__ = [
     "Region",
     "RemoteRegion",
     "Request",
+    "SaveRequest",
     "copy_",
     "gather",
     "info",

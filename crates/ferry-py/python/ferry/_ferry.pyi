@@ -19,6 +19,7 @@ __all__ = [
     "CpuEngine",
     "CudaEngine",
     "Request",
+    "SaveRequest",
     "Buffer",
     "Agent",
     "Region",
@@ -46,6 +47,11 @@ class Request:
     def wait(self) -> None: ...
     def done(self) -> bool: ...
     def __await__(self) -> Generator[Any, None, None]: ...
+
+@final
+class SaveRequest:
+    def wait(self) -> None: ...
+    def done(self) -> bool: ...
 
 @final
 class CpuEngine:
@@ -117,7 +123,9 @@ def save_safetensors(
     tensors: dict[str, _ArrayLike],
     path: _StrPath,
     metadata: Optional[Mapping[str, str]] = None,
-) -> None: ...
+    max_shard_size: Optional[int] = None,
+    non_blocking: bool = False,
+) -> Optional[SaveRequest]: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None
 ) -> list[tuple[str, Buffer]]: ...

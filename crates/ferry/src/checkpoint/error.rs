@@ -267,6 +267,27 @@ pub enum CheckpointError {
         /// What is wrong.
         msg: String,
     },
+    /// A save could not put its file in place: `step` says which step failed (creating the
+    /// temporary file beside the destination, renaming it over the destination, syncing the
+    /// folder), `msg` the system's reason. The destination is as it was before the save.
+    #[error("saving {}: {step} failed: {msg}", path.display())]
+    Replace {
+        /// The destination.
+        path: PathBuf,
+        /// The step that failed, in words.
+        step: String,
+        /// The system's error kind.
+        kind: std::io::ErrorKind,
+        /// The system's message.
+        msg: String,
+    },
+    /// A save was stopped by [`SaveOptions::interrupt`](super::SaveOptions::interrupt) (Ctrl-C,
+    /// SIGTERM): the partial file is removed, the destination is as it was before the save.
+    #[error("saving {}: interrupted; the file was not written (nothing was left behind)", path.display())]
+    Interrupted {
+        /// The destination.
+        path: PathBuf,
+    },
 }
 
 impl CheckpointError {
@@ -296,7 +317,9 @@ impl CheckpointError {
             | Align { path, .. }
             | NoDevice { path, .. }
             | View { path, .. }
-            | BadTensor { path, .. } => Some(path),
+            | BadTensor { path, .. }
+            | Replace { path, .. }
+            | Interrupted { path } => Some(path),
             Duplicate { second, .. } => Some(second),
             Shard { index, .. } => Some(index),
         }

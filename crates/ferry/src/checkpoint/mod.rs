@@ -23,7 +23,13 @@
 //!   [`Memory`](crate::memory::Memory) for engines and saves.
 //! - [`save`](fn@save) writes tensors from any memory the engine reaches (device buffers included) to
 //!   a safetensors file, laid out as the reference writer does, through the file engine; the
-//!   file appears under its name only once complete ([`SaveOptions::fsync`] for durability).
+//!   file appears under its name only once complete ([`SaveOptions::fsync`] for durability;
+//!   [`SaveOptions::interrupt`] stops it between batches, leaving nothing behind). To an
+//!   index path (`model.safetensors.index.json`) it writes a sharded checkpoint, all shards at
+//!   once ([`SaveOptions::shard_bytes`]).
+//! - [`Checkpoint::snapshot`] copies tensors out of their memory (a GPU's, into pinned host
+//!   memory) and returns once they may change; [`Checkpoint::save_in_background`] writes the
+//!   copy on a thread of its own.
 //! - Errors: [`CheckpointError`], one variant per fault, naming the file and the tensor;
 //!   nothing is reported as loaded when one is returned.
 //!
@@ -61,14 +67,18 @@ mod load;
 mod loaded;
 mod options;
 mod save;
+mod snapshot;
 mod view;
+mod write;
 
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
 pub use into::{load_files_into, load_into, Dest};
 pub use load::{entries, load, load_files, load_index, MAX_INDEX_BYTES};
 pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
-pub use options::{Filter, LoadOptions, Placement, Progress, Select, Target, MAX_ALIGN};
+pub use options::{
+    Filter, LoadOptions, Placement, Progress, SaveOptions, SaveTensor, Select, Target, MAX_ALIGN,
+};
 pub use safetensors::Dtype;
-pub use save::{save, SaveOptions, SaveReport, SaveTensor};
+pub use save::{save, SaveReport};
 pub use view::{DeviceView, Element, HostView, TensorView};

@@ -1,8 +1,12 @@
 //! How to load a checkpoint: [`LoadOptions`] (where the tensors go, [`Target`]; how they are
-//! laid out, [`Placement`]; which of them, [`Select`]; alignment and progress).
+//! laid out, [`Placement`]; which of them, [`Select`]; alignment and progress); and what and
+//! how to save: [`SaveTensor`], [`SaveOptions`] (fsync, metadata, interrupt, shard size).
 
 use super::error::CheckpointError;
 use super::header::TensorEntry;
+use crate::memory::Memory;
+use safetensors::Dtype;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Where loaded tensors go.
@@ -186,5 +190,96 @@ impl LoadOptions {
                 align: self.align,
             })
         }
+    }
+}
+
+/// One tensor to save: its name, dtype, shape and bytes (host or device memory).
+#[derive(Clone, Copy)]
+pub struct SaveTensor<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions.
+    pub shape: &'a [usize],
+    /// Its bytes: exactly shape x dtype of them.
+    pub data: &'a dyn Memory,
+}
+
+impl<'a> SaveTensor<'a> {
+    /// A tensor to save.
+    pub fn new(name: &'a str, dtype: Dtype, shape: &'a [usize], data: &'a dyn Memory) -> Self {
+        SaveTensor {
+            name,
+            dtype,
+            shape,
+            data,
+        }
+    }
+}
+
+impl std::fmt::Debug for SaveTensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaveTensor")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("data", &self.data.raw())
+            .finish()
+    }
+}
+
+/// How to save: [`SaveOptions::new`] then chained setters.
+#[derive(Clone, Default)]
+pub struct SaveOptions {
+    /// `fsync` the file (and its folder, after the rename) before returning.
+    pub fsync: bool,
+    /// The `__metadata__` string map.
+    pub metadata: BTreeMap<String, String>,
+    /// Asked between batches whether to stop: `true` stops the save with
+    /// [`CheckpointError::Interrupted`], the partial files removed and the destination as it
+    /// was (the CLI's Ctrl-C and SIGTERM handler, Python's `check_signals`).
+    pub interrupt: Option<Arc<dyn Fn() -> bool + Send + Sync>>,
+    /// A sharded save's largest shard, in bytes of tensor data (default 5 GB, as Hugging
+    /// Face's `save_pretrained` cuts them).
+    pub shard_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for SaveOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaveOptions")
+            .field("fsync", &self.fsync)
+            .field("metadata", &self.metadata)
+            .field("interrupt", &self.interrupt.as_ref().map(|_| ".."))
+            .field("shard_bytes", &self.shard_bytes)
+            .finish()
+    }
+}
+
+impl SaveOptions {
+    /// No fsync, no metadata, never interrupted.
+    pub fn new() -> SaveOptions {
+        SaveOptions::default()
+    }
+    /// Sets whether to `fsync`.
+    pub fn fsync(mut self, on: bool) -> SaveOptions {
+        self.fsync = on;
+        self
+    }
+    /// Adds a `__metadata__` entry.
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> SaveOptions {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+    /// Sets the check that stops a save ([`SaveOptions::interrupt`](field@SaveOptions::interrupt)); it is
+    /// called from the saving thread between batches of at most 256 MiB.
+    pub fn interrupt(mut self, stop: impl Fn() -> bool + Send + Sync + 'static) -> SaveOptions {
+        self.interrupt = Some(Arc::new(stop));
+        self
+    }
+    /// Sets a sharded save's largest shard in bytes of tensor data.
+    pub fn shard_bytes(mut self, bytes: u64) -> SaveOptions {
+        self.shard_bytes = Some(bytes);
+        self
     }
 }

@@ -1,77 +1,13 @@
 //! Saving: tensors from any memory the file engine reaches -> a safetensors file.
 
 use super::error::CheckpointError;
-use super::header::tensor_bytes;
 use super::loaded::Checkpoint;
-use crate::file::{FileEngine, FileError, IoReport, OpenMode, Replacement, WritePiece};
-use crate::memory::Memory;
-use safetensors::tensor::{Metadata, TensorInfo};
-use safetensors::Dtype;
+use super::options::{SaveOptions, SaveTensor};
+use super::write::{check_tensor, plan, write_files};
+use crate::file::{FileEngine, IoReport};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
-
-/// One tensor to save: its name, dtype, shape and bytes (host or device memory).
-#[derive(Clone, Copy)]
-pub struct SaveTensor<'a> {
-    /// Its name.
-    pub name: &'a str,
-    /// Element type.
-    pub dtype: Dtype,
-    /// Dimensions.
-    pub shape: &'a [usize],
-    /// Its bytes: exactly shape x dtype of them.
-    pub data: &'a dyn Memory,
-}
-
-impl<'a> SaveTensor<'a> {
-    /// A tensor to save.
-    pub fn new(name: &'a str, dtype: Dtype, shape: &'a [usize], data: &'a dyn Memory) -> Self {
-        SaveTensor {
-            name,
-            dtype,
-            shape,
-            data,
-        }
-    }
-}
-
-impl std::fmt::Debug for SaveTensor<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SaveTensor")
-            .field("name", &self.name)
-            .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
-            .field("data", &self.data.raw())
-            .finish()
-    }
-}
-
-/// How to save: [`SaveOptions::new`] then chained setters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SaveOptions {
-    /// `fsync` the file (and its folder, after the rename) before returning.
-    pub fsync: bool,
-    /// The `__metadata__` string map.
-    pub metadata: BTreeMap<String, String>,
-}
-
-impl SaveOptions {
-    /// No fsync, no metadata.
-    pub fn new() -> SaveOptions {
-        SaveOptions::default()
-    }
-    /// Sets whether to `fsync`.
-    pub fn fsync(mut self, on: bool) -> SaveOptions {
-        self.fsync = on;
-        self
-    }
-    /// Adds a `__metadata__` entry.
-    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> SaveOptions {
-        self.metadata.insert(key.into(), value.into());
-        self
-    }
-}
 
 /// What a save did.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,6 +16,8 @@ pub struct SaveReport {
     pub bytes: u64,
     /// Tensors written.
     pub tensors: usize,
+    /// Safetensors files written (the shards of a sharded save; its index not counted).
+    pub files: usize,
     /// Seconds, from the file's creation to its rename (fsync included).
     pub seconds: f64,
     /// Whether the file was synced.
@@ -97,8 +35,9 @@ impl std::fmt::Display for SaveReport {
         };
         write!(
             f,
-            "{} tensors, {} bytes in {:.4} s ({gbs:.2} GB/s){}; {}",
+            "{} tensors in {} file(s), {} bytes in {:.4} s ({gbs:.2} GB/s){}; {}",
             self.tensors,
+            self.files,
             self.bytes,
             self.seconds,
             if self.synced { ", fsynced" } else { "" },
@@ -109,15 +48,27 @@ impl std::fmt::Display for SaveReport {
 
 /// Writes `tensors` to a safetensors file at `path`, laid out as the reference writer lays it
 /// out (by dtype alignment, then name; header padded to 8 bytes), through `engine` (device
-/// memory needs a file engine made with [`FileEngine::with_engine`]). The bytes go to a
-/// temporary file beside `path`, renamed to `path` once complete ([`Replacement`]): a failed
-/// save leaves no file (and an existing `path` untouched); a symbolic link is written through
-/// and an existing file's permission bits are kept; an existing `path` that is not a regular
-/// file (a device, FIFO or folder) is refused.
+/// memory needs a file engine made with [`FileEngine::with_engine`]): its pieces are written
+/// in parallel, in batches of 256 MiB between which [`SaveOptions::interrupt`] is asked. The
+/// bytes go to a temporary file beside `path`, renamed to `path` once complete
+/// ([`Replacement`](crate::file::Replacement)): a failed or interrupted save leaves no file
+/// (and an existing `path` untouched); a symbolic link is written through and an existing
+/// file's permission bits are kept; an existing `path` that is not a regular file (a device,
+/// FIFO or folder) is refused.
+///
+/// A `path` ending in `.safetensors.index.json` writes a sharded checkpoint in Hugging Face's
+/// layout: that index (`{"metadata": {"total_size": N, ...}, "weight_map": {tensor: shard}}`)
+/// and shards `<prefix>-0000i-of-0000N.safetensors` beside it, the tensors cut into shards in
+/// the order given, a new shard started where the next tensor would take one over
+/// [`SaveOptions::shard_bytes`] (default 5 GB). Every shard is written at once (one set of
+/// pieces over all of them), each beside its destination and renamed into place once all are
+/// complete, the index last; [`load`](fn@super::load) of the index reads it back.
 ///
 /// Errors: [`CheckpointError::BadTensor`] (bytes that do not match dtype x shape),
-/// [`CheckpointError::Duplicate`], [`CheckpointError::File`] (naming the tensor being
-/// written), checked before the file is created where they can be.
+/// [`CheckpointError::Duplicate`], [`CheckpointError::Replace`] (the temporary file cannot be
+/// made beside `path`, or renamed over it: the step is named), [`CheckpointError::File`]
+/// (naming the tensor being written), [`CheckpointError::Interrupted`]; checked before the
+/// file is created where they can be.
 pub fn save(
     engine: &FileEngine,
     path: impl AsRef<Path>,
@@ -125,139 +76,105 @@ pub fn save(
     opts: &SaveOptions,
 ) -> Result<SaveReport, CheckpointError> {
     let path = path.as_ref();
-    let bad = |t: &SaveTensor<'_>, msg: String| CheckpointError::BadTensor {
-        path: path.to_path_buf(),
-        tensor: t.name.to_string(),
-        msg,
-    };
-    let mut order: Vec<&SaveTensor<'_>> = tensors.iter().collect();
-    order.sort_by(|a, b| b.dtype.cmp(&a.dtype).then(a.name.cmp(b.name)));
-    let mut entries = Vec::with_capacity(order.len());
-    let mut offset = 0usize;
-    let mut names = std::collections::HashSet::with_capacity(order.len());
-    for t in &order {
-        if !names.insert(t.name) {
-            return Err(CheckpointError::Duplicate {
-                tensor: t.name.to_string(),
-                first: path.to_path_buf(),
-                second: path.to_path_buf(),
-            });
-        }
-        let len = t.data.raw().len;
-        if tensor_bytes(t.dtype, t.shape) != Some(len as u64) {
-            return Err(bad(
-                t,
-                format!(
-                    "shape {:?} of {} does not match its {len} bytes",
-                    t.shape, t.dtype
-                ),
-            ));
-        }
-        let info = TensorInfo {
-            dtype: t.dtype,
-            shape: t.shape.to_vec(),
-            data_offsets: (offset, offset + len),
-        };
-        entries.push((t.name.to_string(), info));
-        offset += len;
+    if path.to_string_lossy().ends_with(".safetensors.index.json") {
+        return save_sharded(engine, path, tensors, opts);
     }
-    let meta = (!opts.metadata.is_empty()).then(|| opts.metadata.clone().into_iter().collect());
-    let header_err = |msg: String| CheckpointError::Header {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let metadata = Metadata::new(meta, entries).map_err(|e| header_err(e.to_string()))?;
-    let mut header = serde_json::to_vec(&metadata).map_err(|e| header_err(e.to_string()))?;
-    header.resize(header.len().next_multiple_of(8), b' ');
-    let mut head = (header.len() as u64).to_le_bytes().to_vec();
-    head.extend_from_slice(&header);
-
+    let planned = plan(path, tensors, &opts.metadata)?;
     let t0 = Instant::now();
-    let replacing = Replacement::new(path).map_err(|e| os_err(path, &e, "replacing"))?;
-    // Dropped on an error: the temporary file goes, an existing `path` stays as it was.
-    let io = write(
-        engine,
-        path,
-        replacing.temp_path(),
-        &head,
-        &order,
-        opts.fsync,
-    )?;
-    replacing
-        .commit(opts.fsync)
-        .map_err(|e| os_err(path, &e, "the rename into place"))?;
+    let io = write_files(engine, std::slice::from_ref(&planned), &[], opts)?;
     Ok(SaveReport {
-        bytes: head.len() as u64 + offset as u64,
-        tensors: order.len(),
+        bytes: planned.bytes(),
+        tensors: planned.order.len(),
+        files: 1,
         seconds: t0.elapsed().as_secs_f64(),
         synced: opts.fsync,
         io,
     })
 }
 
-fn os_err(path: &Path, e: &std::io::Error, what: &str) -> CheckpointError {
-    CheckpointError::File {
-        path: path.to_path_buf(),
-        tensor: None,
-        source: FileError::Io {
-            op: crate::file::IoOp::Write,
-            path: path.to_path_buf(),
-            offset: 0,
-            len: 0,
-            kind: e.kind(),
-            msg: format!("{what} failed: {e}"),
-        },
-    }
-}
+/// A sharded save's largest shard by default: 5 GB of tensor data, as Hugging Face's
+/// `save_pretrained` cuts them.
+const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
 
-/// Creates `tmp` and writes the header and every tensor (all in flight at once); errors name
-/// `path`, the file being replaced (the engine's own error names `tmp`).
-fn write(
+/// [`save`] of a sharded checkpoint: `index` is `<prefix>.safetensors.index.json`.
+fn save_sharded(
     engine: &FileEngine,
-    path: &Path,
-    tmp: &Path,
-    head: &[u8],
-    order: &[&SaveTensor<'_>],
-    fsync: bool,
-) -> Result<IoReport, CheckpointError> {
-    let ferr = |tensor: Option<String>, source| CheckpointError::File {
-        path: path.to_path_buf(),
-        tensor,
-        source,
-    };
-    let file = engine
-        .open(tmp, OpenMode::Create)
-        .map_err(|e| ferr(None, e))?;
-    let mut pieces = Vec::with_capacity(order.len() + 1);
-    pieces.push(WritePiece {
-        file: &file,
-        offset: 0,
-        data: &head,
-    });
-    let mut at = head.len() as u64;
-    let mut starts = Vec::with_capacity(order.len());
-    for t in order {
-        starts.push(at);
-        pieces.push(WritePiece {
-            file: &file,
-            offset: at,
-            data: t.data,
-        });
-        at += t.data.raw().len as u64;
+    index: impl AsRef<Path>,
+    tensors: &[SaveTensor<'_>],
+    opts: &SaveOptions,
+) -> Result<SaveReport, CheckpointError> {
+    let index = index.as_ref();
+    let prefix = index
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(".safetensors.index.json"))
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| CheckpointError::Index {
+            path: index.to_path_buf(),
+            msg: "a sharded checkpoint's index is named <prefix>.safetensors.index.json, with a \
+                  prefix"
+                .into(),
+        })?;
+    let mut names = std::collections::HashSet::with_capacity(tensors.len());
+    for t in tensors {
+        if !names.insert(t.name) {
+            return Err(CheckpointError::Duplicate {
+                tensor: t.name.to_string(),
+                first: index.to_path_buf(),
+                second: index.to_path_buf(),
+            });
+        }
+        check_tensor(index, t)?;
     }
-    let io = engine.store_pieces(&pieces).map_err(|e| {
-        let off = match &e {
-            FileError::Io { offset, .. } | FileError::Transfer { offset, .. } => Some(*offset),
-            _ => None,
-        };
-        let i = off.map(|o| starts.partition_point(|&s| s <= o));
-        let tensor = i.filter(|&i| i > 0).map(|i| order[i - 1].name.to_string());
-        ferr(tensor, e)
+    let limit = opts.shard_bytes.unwrap_or(DEFAULT_SHARD_BYTES).max(1);
+    let mut groups: Vec<Vec<&SaveTensor<'_>>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for t in tensors {
+        let len = t.data.raw().len as u64;
+        let last = groups.last_mut().expect("one group at least");
+        if !last.is_empty() && size + len > limit {
+            groups.push(vec![t]);
+            size = len;
+        } else {
+            last.push(t);
+            size += len;
+        }
+    }
+    let n = groups.len();
+    let dir = index.parent().unwrap_or(Path::new(""));
+    let mut planned = Vec::with_capacity(n);
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    for (i, g) in groups.into_iter().enumerate() {
+        let name = format!("{prefix}-{:05}-of-{n:05}.safetensors", i + 1);
+        for t in &g {
+            weight_map.insert(t.name.to_string(), name.clone());
+            total += t.data.raw().len as u64;
+        }
+        planned.push(plan(&dir.join(&name), g, &opts.metadata)?);
+    }
+    let mut meta = serde_json::Map::new();
+    meta.insert("total_size".into(), total.into());
+    for (k, v) in &opts.metadata {
+        meta.entry(k.clone()).or_insert_with(|| v.clone().into());
+    }
+    let json = serde_json::json!({ "metadata": meta, "weight_map": weight_map });
+    let mut text = serde_json::to_vec_pretty(&json).map_err(|e| CheckpointError::Index {
+        path: index.to_path_buf(),
+        msg: e.to_string(),
     })?;
-    if fsync {
-        file.sync().map_err(|e| ferr(None, e))?;
-    }
-    Ok(io)
+    text.push(b'\n');
+    let t0 = Instant::now();
+    let extra = [(index.to_path_buf(), text)];
+    let io = write_files(engine, &planned, &extra, opts)?;
+    Ok(SaveReport {
+        bytes: planned.iter().map(|p| p.bytes()).sum::<u64>() + extra[0].1.len() as u64,
+        tensors: tensors.len(),
+        files: n,
+        seconds: t0.elapsed().as_secs_f64(),
+        synced: opts.fsync,
+        io,
+    })
 }
 
 impl Checkpoint {
@@ -269,6 +186,15 @@ impl Checkpoint {
         path: impl AsRef<Path>,
         opts: &SaveOptions,
     ) -> Result<SaveReport, CheckpointError> {
+        self.with_tensors(opts, |tensors, opts| save(engine, path, tensors, opts))
+    }
+
+    /// Calls `f` with this checkpoint's tensors, in file order, and `opts` with its metadata.
+    fn with_tensors<R>(
+        &self,
+        opts: &SaveOptions,
+        f: impl FnOnce(&[SaveTensor<'_>], &SaveOptions) -> R,
+    ) -> R {
         let regions: Vec<_> = self
             .tensors()
             .iter()
@@ -285,8 +211,10 @@ impl Checkpoint {
             .collect();
         let mut opts = opts.clone();
         for (k, v) in self.metadata() {
-            opts.metadata.entry(k.clone()).or_insert_with(|| v.clone());
+            if k != "total_size" {
+                opts.metadata.entry(k.clone()).or_insert_with(|| v.clone());
+            }
         }
-        save(engine, path, &tensors, &opts)
+        f(&tensors, &opts)
     }
 }

@@ -97,7 +97,19 @@ impl Replacement {
                     })
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    let dir = tmp.parent().filter(|d| !d.as_os_str().is_empty());
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "cannot create the temporary file {} (the new bytes go there, then \
+                             are renamed over {}): the folder {} does not take new files: {e}",
+                            tmp.display(),
+                            target.display(),
+                            dir.unwrap_or(Path::new(".")).display()
+                        ),
+                    ));
+                }
             }
         }
     }

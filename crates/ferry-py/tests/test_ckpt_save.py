@@ -1,0 +1,99 @@
+"""ferry.save_safetensors when it cannot or must not finish: destinations that are not files
+(an error naming the destination and what is wrong, nothing created), Ctrl-C during a save (the
+partial file removed, KeyboardInterrupt raised, the old file kept), and sharded checkpoints
+saved into a folder and loaded back."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import ferry
+
+
+def test_destinations_that_are_not_files(tmp_path):
+    t = {"w": np.ones(1024, np.float32)}
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ferry.CheckpointError) as e:
+        ferry.save_safetensors(t, fifo)
+    assert "fifo" in str(e.value) and "FIFO" in str(e.value)
+    if os.path.exists("/proc/version"):
+        with pytest.raises(OSError) as e:
+            ferry.save_safetensors(t, "/proc/version")
+        msg = str(e.value)
+        assert "/proc/version" in msg and "cannot create the temporary file" in msg, msg
+        assert "write of 0 bytes" not in msg
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]
+
+
+def test_ctrl_c_during_a_save_leaves_nothing(tmp_path):
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"old")
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, ferry
+        w = np.ones(1 << 28, np.float32)  # 1 GiB
+        try:
+            for _ in range(20):
+                ferry.save_safetensors({{"w": w}}, {str(out)!r})
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            raise SystemExit(7)
+        """
+    )
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        if any(".ferry-partial-" in n for n in os.listdir(tmp_path)):
+            break
+        assert p.poll() is None, "the save ended before it was seen"
+        time.sleep(0.001)
+    p.send_signal(signal.SIGINT)
+    stdout, _ = p.communicate(timeout=60)
+    assert p.returncode == 7, stdout
+    assert b"interrupted" in stdout
+    assert [n for n in os.listdir(tmp_path) if ".ferry-partial-" in n] == []
+    # Interrupted in its first save: the old bytes stay; in a later one: a complete file.
+    size = out.stat().st_size
+    assert size == 3 or size > (1 << 30), size
+
+
+def test_a_sharded_save_into_a_folder_loads_back(tmp_path):
+    rng = np.random.default_rng(1)
+    t = {f"layer.{i}.w": rng.standard_normal(1024 << (i % 6), dtype=np.float32) for i in range(30)}
+    ferry.save_safetensors(t, tmp_path, metadata={"format": "np"}, max_shard_size=1 << 20)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and shards[0].endswith(f"-of-{len(shards):05}.safetensors")
+    assert index["metadata"]["total_size"] == sum(a.nbytes for a in t.values())
+    back = ferry.load_safetensors(
+        tmp_path / "model.safetensors.index.json", device="cpu", framework="numpy"
+    )
+    assert back.keys() == t.keys()
+    for k, v in t.items():
+        np.testing.assert_array_equal(back[k], v, err_msg=k)
+    with pytest.raises(ferry.ArgumentError):
+        ferry.save_safetensors(t, tmp_path, max_shard_size=0)
+
+
+def test_non_blocking_saves_what_the_arrays_held(tmp_path):
+    a = np.full(3 << 20, 5, np.uint8)
+    req = ferry.save_safetensors({"a": a}, tmp_path / "s.safetensors", non_blocking=True)
+    assert isinstance(req, ferry.SaveRequest)
+    a[:] = 9  # the arrays may change once the request is returned
+    req.wait()
+    assert req.done()
+    back = ferry.load_safetensors(tmp_path / "s.safetensors", device="cpu", framework="numpy")
+    assert (back["a"] == 5).all()
+    # An error comes back on wait().
+    req = ferry.save_safetensors({"a": a}, tmp_path / "no" / "x.safetensors", non_blocking=True)
+    with pytest.raises(OSError):
+        req.wait()
+    assert ferry.save_safetensors({"a": a}, tmp_path / "t.safetensors") is None

@@ -1,0 +1,297 @@
+//! Writing safetensors files: one file's layout and header (as the reference writer lays it
+//! out), and the writes of several files at once (their pieces interleaved and in flight
+//! together, in batches between which a save may be interrupted), each file through a
+//! [`Replacement`] so that a failed or interrupted save leaves every destination as it was.
+
+use super::error::CheckpointError;
+use super::header::tensor_bytes;
+use super::options::{SaveOptions, SaveTensor};
+use crate::file::{FileEngine, FileError, FileHandle, IoReport, OpenMode, Replacement, WritePiece};
+use crate::memory::{Memory, Region};
+use safetensors::tensor::{Metadata, TensorInfo};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Bytes one batch of a save writes (all of its pieces in flight together) before the
+/// interrupt is asked again.
+pub(super) const BATCH_BYTES: usize = 256 << 20;
+
+/// The largest piece a tensor is cut into: several per batch, so that one large tensor
+/// keeps every writer busy and batches stay near [`BATCH_BYTES`].
+const CHUNK_BYTES: usize = 64 << 20;
+
+/// One safetensors file to write: its destination, header and tensors in file order.
+pub(super) struct Planned<'t, 'a> {
+    /// The destination.
+    pub path: PathBuf,
+    /// The 8-byte length and the padded JSON header.
+    pub head: Vec<u8>,
+    /// The tensors, in the order their bytes follow the header.
+    pub order: Vec<&'t SaveTensor<'a>>,
+    /// Bytes of tensor data.
+    pub data_len: u64,
+}
+
+impl Planned<'_, '_> {
+    /// Bytes of the whole file.
+    pub fn bytes(&self) -> u64 {
+        self.head.len() as u64 + self.data_len
+    }
+}
+
+/// Lays out `tensors` as the reference writer does (by dtype alignment, then name; header
+/// padded to 8 bytes) for a file at `path`. Errors: a tensor whose bytes do not match its
+/// dtype x shape, a name given twice, a header the format refuses.
+pub(super) fn plan<'t, 'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = &'t SaveTensor<'a>>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Planned<'t, 'a>, CheckpointError>
+where
+    'a: 't,
+{
+    let mut order: Vec<&SaveTensor<'_>> = tensors.into_iter().collect();
+    order.sort_by(|a, b| b.dtype.cmp(&a.dtype).then(a.name.cmp(b.name)));
+    let mut entries = Vec::with_capacity(order.len());
+    let mut offset = 0usize;
+    let mut names = std::collections::HashSet::with_capacity(order.len());
+    for t in &order {
+        if !names.insert(t.name) {
+            return Err(CheckpointError::Duplicate {
+                tensor: t.name.to_string(),
+                first: path.to_path_buf(),
+                second: path.to_path_buf(),
+            });
+        }
+        check_tensor(path, t)?;
+        let len = t.data.raw().len;
+        let info = TensorInfo {
+            dtype: t.dtype,
+            shape: t.shape.to_vec(),
+            data_offsets: (offset, offset + len),
+        };
+        entries.push((t.name.to_string(), info));
+        offset += len;
+    }
+    let meta = (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    let header_err = |msg: String| CheckpointError::Header {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let metadata = Metadata::new(meta, entries).map_err(|e| header_err(e.to_string()))?;
+    let mut header = serde_json::to_vec(&metadata).map_err(|e| header_err(e.to_string()))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut head = (header.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(&header);
+    Ok(Planned {
+        path: path.to_path_buf(),
+        head,
+        order,
+        data_len: offset as u64,
+    })
+}
+
+/// Refuses a tensor whose bytes do not match its dtype x shape.
+pub(super) fn check_tensor(path: &Path, t: &SaveTensor<'_>) -> Result<(), CheckpointError> {
+    let len = t.data.raw().len;
+    if tensor_bytes(t.dtype, t.shape) == Some(len as u64) {
+        return Ok(());
+    }
+    Err(CheckpointError::BadTensor {
+        path: path.to_path_buf(),
+        tensor: t.name.to_string(),
+        msg: format!(
+            "shape {:?} of {} does not match its {len} bytes",
+            t.shape, t.dtype
+        ),
+    })
+}
+
+/// A save's failure to put a file in place, naming the step.
+pub(super) fn replace_err(path: &Path, e: &std::io::Error, step: &str) -> CheckpointError {
+    CheckpointError::Replace {
+        path: path.to_path_buf(),
+        step: step.to_string(),
+        kind: e.kind(),
+        msg: e.to_string(),
+    }
+}
+
+/// Writes every planned file and then the small `extra` files (a sharded checkpoint's index,
+/// written last so that it never names a shard not yet in place): each beside its destination
+/// and renamed over it once every file is complete. On an error or an interrupt every
+/// temporary file is removed and no destination is touched (a failure while renaming leaves
+/// those renamed before it in place).
+pub(super) fn write_files(
+    engine: &FileEngine,
+    files: &[Planned<'_, '_>],
+    extra: &[(PathBuf, Vec<u8>)],
+    opts: &SaveOptions,
+) -> Result<IoReport, CheckpointError> {
+    let mut reps = Vec::with_capacity(files.len());
+    for f in files {
+        reps.push(
+            Replacement::new(&f.path)
+                .map_err(|e| replace_err(&f.path, &e, "preparing the file"))?,
+        );
+    }
+    let mut extra_reps = Vec::with_capacity(extra.len());
+    for (path, _) in extra {
+        extra_reps
+            .push(Replacement::new(path).map_err(|e| replace_err(path, &e, "preparing the file"))?);
+    }
+    let handles = files
+        .iter()
+        .zip(&reps)
+        .map(|(f, r)| {
+            engine
+                .open(r.temp_path(), OpenMode::Create)
+                .map_err(|e| file_err(&f.path, None, e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let io = write_pieces(engine, files, &handles, opts)?;
+    interrupted(files, opts)?;
+    if opts.fsync {
+        for (f, h) in files.iter().zip(&handles) {
+            h.sync().map_err(|e| file_err(&f.path, None, e))?;
+        }
+    }
+    drop(handles);
+    for ((path, bytes), r) in extra.iter().zip(&extra_reps) {
+        write_small(r.temp_path(), bytes, opts.fsync)
+            .map_err(|e| replace_err(path, &e, "writing the file"))?;
+    }
+    interrupted(files, opts)?;
+    for (f, r) in files.iter().zip(reps) {
+        r.commit(opts.fsync)
+            .map_err(|e| replace_err(&f.path, &e, "the rename into place"))?;
+    }
+    for ((path, _), r) in extra.iter().zip(extra_reps) {
+        r.commit(opts.fsync)
+            .map_err(|e| replace_err(path, &e, "the rename into place"))?;
+    }
+    Ok(io)
+}
+
+fn write_small(path: &Path, bytes: &[u8], fsync: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(bytes)?;
+    if fsync {
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
+/// [`CheckpointError::Interrupted`] (naming the first file) when the interrupt says stop.
+fn interrupted(files: &[Planned<'_, '_>], opts: &SaveOptions) -> Result<(), CheckpointError> {
+    match &opts.interrupt {
+        Some(stop) if stop() => Err(CheckpointError::Interrupted {
+            path: files.first().map(|f| f.path.clone()).unwrap_or_default(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> CheckpointError {
+    CheckpointError::File {
+        path: path.to_path_buf(),
+        tensor,
+        source,
+    }
+}
+
+/// One piece to write: file `file`, at `offset`, the bytes of `data`.
+struct Piece<'m> {
+    file: usize,
+    offset: u64,
+    data: Region<'m>,
+}
+
+/// Every file's header and tensors, cut into pieces of at most [`CHUNK_BYTES`], interleaved
+/// across files (so that all files are written at once) and written in batches of about
+/// [`BATCH_BYTES`], the interrupt asked before each.
+fn write_pieces(
+    engine: &FileEngine,
+    files: &[Planned<'_, '_>],
+    handles: &[FileHandle],
+    opts: &SaveOptions,
+) -> Result<IoReport, CheckpointError> {
+    // Per file, its pieces in file order; the tensors' starts, to name one in an error.
+    let mut queues: Vec<std::collections::VecDeque<Piece<'_>>> = Vec::with_capacity(files.len());
+    let mut starts: Vec<Vec<u64>> = Vec::with_capacity(files.len());
+    for (i, f) in files.iter().enumerate() {
+        let mut q = std::collections::VecDeque::new();
+        let mut s = Vec::with_capacity(f.order.len());
+        let mut at = 0u64;
+        let head: &dyn Memory = &f.head;
+        for (k, mem) in std::iter::once(head)
+            .chain(f.order.iter().map(|t| t.data))
+            .enumerate()
+        {
+            if k > 0 {
+                s.push(at);
+            }
+            let len = mem.raw().len;
+            let mut done = 0;
+            while done < len {
+                let n = CHUNK_BYTES.min(len - done);
+                let data = Region::of(mem, done..done + n).expect("a chunk lies inside its tensor");
+                q.push_back(Piece {
+                    file: i,
+                    offset: at + done as u64,
+                    data,
+                });
+                done += n;
+            }
+            at += len as u64;
+        }
+        queues.push(q);
+        starts.push(s);
+    }
+    let mut total = IoReport::default();
+    loop {
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        while bytes < BATCH_BYTES {
+            let before = batch.len();
+            for q in queues.iter_mut() {
+                if let Some(p) = q.pop_front() {
+                    bytes += p.data.raw().len;
+                    batch.push(p);
+                }
+            }
+            if batch.len() == before {
+                break;
+            }
+        }
+        if batch.is_empty() {
+            return Ok(total);
+        }
+        interrupted(files, opts)?;
+        let pieces: Vec<WritePiece<'_>> = batch
+            .iter()
+            .map(|p| WritePiece {
+                file: &handles[p.file],
+                offset: p.offset,
+                data: &p.data,
+            })
+            .collect();
+        let r = engine.store_pieces(&pieces).map_err(|e| {
+            let (path, off) = match &e {
+                FileError::Io { path, offset, .. } => (Some(path.clone()), Some(*offset)),
+                FileError::Transfer { offset, .. } => (None, Some(*offset)),
+                _ => (None, None),
+            };
+            let i = path
+                .and_then(|p| handles.iter().position(|h| h.path() == p))
+                .unwrap_or(batch[0].file);
+            let t = off.map(|o| starts[i].partition_point(|&s| s <= o));
+            let tensor = t
+                .filter(|&t| t > 0)
+                .map(|t| files[i].order[t - 1].name.to_string());
+            file_err(&files[i].path, tensor, e)
+        })?;
+        total.add(r);
+    }
+}

@@ -1,0 +1,202 @@
+//! Saves that cannot or must not finish: destinations that are not files (a clear error naming
+//! the destination and what is wrong, nothing created), saves stopped by
+//! [`SaveOptions::interrupt`] (no partial file, the old file kept), and sharded saves read
+//! back through their index.
+
+use ferry::checkpoint::{
+    self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
+};
+use ferry::file::{FileConfig, FileEngine};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+fn engine() -> FileEngine {
+    FileEngine::new(FileConfig::new().threads(2)).unwrap()
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+fn one<'a>(bytes: &'a dyn ferry::Memory, shape: &'a [usize; 1]) -> [SaveTensor<'a>; 1] {
+    [SaveTensor::new("w", Dtype::U8, shape, bytes)]
+}
+
+#[test]
+fn a_destination_that_is_not_a_file_is_named_with_what_is_wrong() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    let data = vec![1u8; 4096];
+    let shape = [data.len()];
+    let t = one(&data, &shape);
+    // A folder.
+    let e = checkpoint::save(&fe, d.path(), &t, &SaveOptions::new()).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, CheckpointError::Replace { .. }), "{e:?}");
+    assert!(msg.contains(&d.path().display().to_string()), "{msg}");
+    assert!(msg.contains("a directory"), "{msg}");
+    assert!(!msg.contains("write of 0 bytes"), "{msg}");
+    // A FIFO.
+    let fifo = d.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = checkpoint::save(&fe, &fifo, &t, &SaveOptions::new()).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("fifo") && msg.contains("FIFO"), "{msg}");
+    // /proc/version: a file in a folder that takes no new file.
+    if Path::new("/proc/version").exists() {
+        let e = checkpoint::save(&fe, "/proc/version", &t, &SaveOptions::new()).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, CheckpointError::Replace { .. }), "{e:?}");
+        assert!(msg.contains("/proc/version"), "{msg}");
+        assert!(msg.contains("cannot create the temporary file"), "{msg}");
+        assert!(msg.contains("the folder /proc"), "{msg}");
+    }
+    // A missing folder.
+    let e = checkpoint::save(
+        &fe,
+        d.path().join("no/such.safetensors"),
+        &t,
+        &SaveOptions::new(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("no/such.safetensors"), "{e}");
+    // Nothing was created anywhere.
+    assert_eq!(names(d.path()), ["fifo"]);
+}
+
+#[test]
+fn an_interrupted_save_leaves_the_old_file_and_nothing_else() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.safetensors");
+    std::fs::write(&p, b"old").unwrap();
+    // Three batches' worth: stopped before the second.
+    let data = vec![7u8; 600 << 20];
+    let shape = [data.len()];
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let opts = SaveOptions::new().interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= 1);
+    let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
+    assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
+    assert!(e.to_string().contains("interrupted"), "{e}");
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    assert_eq!(std::fs::read(&p).unwrap(), b"old");
+    assert_eq!(names(d.path()), ["m.safetensors"]);
+    // Never asked to stop: saved, the interrupt asked once per batch and again at the end.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let opts = SaveOptions::new().interrupt(move || {
+        a.fetch_add(1, Ordering::SeqCst);
+        false
+    });
+    let r = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap();
+    assert_eq!(r.files, 1);
+    assert!(asked.load(Ordering::SeqCst) >= 3);
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), r.bytes);
+}
+
+#[test]
+fn a_sharded_save_writes_the_index_and_loads_back() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    let index = d.path().join("model.safetensors.index.json");
+    // 40 bf16 tensors of 8 KiB .. 1 MiB, shards of at most 2 MiB.
+    let data: Vec<Vec<u16>> = (0..40u16).map(|i| vec![i; 4096 << (i % 8)]).collect();
+    let names_: Vec<String> = (0..40).map(|i| format!("layer.{i}.weight")).collect();
+    let shapes: Vec<[usize; 1]> = data.iter().map(|v| [v.len()]).collect();
+    let tensors: Vec<SaveTensor<'_>> = (0..40)
+        .map(|i| SaveTensor::new(&names_[i], Dtype::BF16, &shapes[i], &data[i]))
+        .collect();
+    let opts = SaveOptions::new()
+        .shard_bytes(2 << 20)
+        .metadata("format", "pt");
+    let r = checkpoint::save(&fe, &index, &tensors, &opts).unwrap();
+    assert!(r.files > 1, "{r}");
+    let all = names(d.path());
+    assert_eq!(all.len(), r.files + 1);
+    for i in 1..=r.files {
+        let shard = format!("model-{i:05}-of-{:05}.safetensors", r.files);
+        assert!(all.contains(&shard), "{all:?}");
+        assert!(std::fs::metadata(d.path().join(&shard)).unwrap().len() <= (2 << 20) + 4096);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    let total: usize = data.iter().map(|v| v.len() * 2).sum();
+    assert_eq!(v["metadata"]["total_size"], total);
+    assert_eq!(v["metadata"]["format"], "pt");
+    assert_eq!(v["weight_map"].as_object().unwrap().len(), 40);
+    // Loaded back through the index (and through the folder), every byte in place.
+    let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert_eq!(ck.tensors().len(), 40);
+    for (n, want) in names_.iter().zip(&data) {
+        assert_eq!(
+            ck.host(n).unwrap().bytes(),
+            bytemuck::cast_slice::<u16, u8>(want),
+            "{n}"
+        );
+    }
+    // Saved again over itself from the loaded checkpoint: the same files.
+    let again = ck.save(&fe, &index, &opts).unwrap();
+    assert_eq!(again.files, r.files);
+    assert_eq!(names(d.path()), all);
+    // A bad index name is refused before anything is written.
+    let e = checkpoint::save(
+        &fe,
+        d.path().join(".safetensors.index.json"),
+        &tensors,
+        &opts,
+    )
+    .unwrap_err();
+    assert!(matches!(e, CheckpointError::Index { .. }), "{e:?}");
+    assert_eq!(names(d.path()), all);
+}
+
+#[test]
+fn a_snapshot_is_written_as_it_was_taken() {
+    let fe = Arc::new(engine());
+    let d = tempfile::tempdir().unwrap();
+    let mut a = vec![3u8; 5 << 20];
+    let b: Vec<u16> = (0..1000).collect();
+    let snap = {
+        let list = [
+            SaveTensor::new("a", Dtype::U8, &[5 << 20], &a),
+            SaveTensor::new("b", Dtype::BF16, &[10, 100], &b),
+        ];
+        Checkpoint::snapshot(&fe, &list).unwrap()
+    };
+    assert_eq!(snap.report().bytes, (5 << 20) + 2000);
+    // The source changes after the snapshot: the file holds the snapshot's bytes.
+    a.fill(9);
+    let path = d.path().join("s.safetensors");
+    let h = snap
+        .save_in_background(fe.clone(), &path, SaveOptions::new().fsync(true))
+        .unwrap();
+    let r = h.join().unwrap().unwrap();
+    assert_eq!(r.tensors, 2);
+    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert!(ck.host("a").unwrap().bytes().iter().all(|&x| x == 3));
+    assert_eq!(
+        ck.host("b").unwrap().bytes(),
+        bytemuck::cast_slice::<u16, u8>(&b)
+    );
+    // Into a folder that cannot take it: the error comes back on the handle.
+    let snap =
+        Checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::BF16, &[1000], &b)]).unwrap();
+    let h = snap.save_in_background(
+        fe.clone(),
+        d.path().join("no/such.safetensors"),
+        SaveOptions::new(),
+    );
+    let e = h.unwrap().join().unwrap().unwrap_err();
+    assert!(matches!(e, CheckpointError::Replace { .. }), "{e:?}");
+    // A bad tensor is refused by the snapshot itself.
+    let e = Checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::F32, &[3], &b)]).unwrap_err();
+    assert!(matches!(e, CheckpointError::BadTensor { .. }), "{e:?}");
+}

@@ -1,0 +1,84 @@
+//! Snapshot, then write, from a GPU: `checkpoint::snapshot` copies device tensors into pinned
+//! host memory; the device buffers are then overwritten (a training step) while the snapshot
+//! is written in the background, and the file holds the bytes of the moment of the snapshot.
+//! Also a sharded save straight from device memory. Prints `skipped: no CUDA driver` without
+//! a GPU. Timings (the stall vs the write) are printed: run with `--nocapture`.
+
+mod cuda_common;
+use cuda_common::*;
+use ferry::checkpoint::{self, Checkpoint, Dtype, LoadOptions, SaveOptions, SaveTensor, Target};
+use ferry::cuda::DeviceBuffer;
+use ferry::file::{FileConfig, FileEngine};
+use std::sync::Arc;
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_snapshot_of_device_tensors_is_written_after_they_change() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    // 64 bf16 tensors from 8 KiB to 8 MiB (about 170 MiB in all).
+    let sizes: Vec<usize> = (0..64).map(|i| 8192 << (i % 11)).collect();
+    let host: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| bytes(n, i as u64 + 7))
+        .collect();
+    let mut dev: Vec<DeviceBuffer> = host
+        .iter()
+        .map(|h| DeviceBuffer::from_host(0, h).unwrap())
+        .collect();
+    let names: Vec<String> = (0..64).map(|i| format!("layers.{i}.weight")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n / 2]).collect();
+    let snap = {
+        let list: Vec<SaveTensor<'_>> = (0..64)
+            .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
+            .collect();
+        Checkpoint::snapshot(&fe, &list).unwrap()
+    };
+    let total: usize = sizes.iter().sum();
+    println!(
+        "snapshot of {total} bytes: {:.4} s ({:.2} GB/s, the caller's stall)",
+        snap.report().seconds,
+        total as f64 / snap.report().seconds / 1e9
+    );
+    // The "training step": every device tensor overwritten while the write runs.
+    let t0 = std::time::Instant::now();
+    let path = dir.path().join("snap.safetensors");
+    let handle = snap
+        .save_in_background(fe.clone(), &path, SaveOptions::new())
+        .unwrap();
+    for d in dev.iter_mut() {
+        let zeros = vec![0u8; d.len()];
+        d.copy_from_host(&zeros).unwrap();
+    }
+    let r = handle.join().unwrap().unwrap();
+    println!(
+        "background write: {r} ({:.4} s after the snapshot)",
+        t0.elapsed().as_secs_f64()
+    );
+    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+    for (n, want) in names.iter().zip(&host) {
+        assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
+    }
+    // A sharded save straight from device memory (the zeros now), read back.
+    let index = dir.path().join("model.safetensors.index.json");
+    let list: Vec<SaveTensor<'_>> = (0..64)
+        .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
+        .collect();
+    let r = checkpoint::save(
+        &fe,
+        &index,
+        &list,
+        &SaveOptions::new().shard_bytes(32 << 20),
+    )
+    .unwrap();
+    println!("sharded save from the GPU: {r}");
+    assert!(r.files > 1);
+    let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+    for n in &names {
+        assert!(ck.host(n).unwrap().bytes().iter().all(|&b| b == 0), "{n}");
+    }
+}
