@@ -79,6 +79,7 @@ macro_rules! count_alloc {
 
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod blocks;
 pub mod checkpoint;
 pub mod engine;
 mod env;

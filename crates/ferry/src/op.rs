@@ -75,6 +75,9 @@ pub enum OpError {
         /// Index of the other.
         b: usize,
     },
+    /// A block copy's mapping does not fit its tables ([`crate::blocks`]).
+    #[error(transparent)]
+    Blocks(#[from] crate::blocks::BlockError),
     /// The operator's own failure.
     #[error("{0}")]
     Custom(String),
@@ -305,6 +308,9 @@ pub enum Op {
     /// Copy a list of scattered segments (e.g. 100,000 pieces of 4 KiB): one request, run as
     /// a gather/scatter by the engine (an SM kernel or the driver's batched copy on a GPU).
     Segments(std::sync::Arc<[Segment]>),
+    /// Copy the blocks a mapping names between two block tables (a KV cache's swap): lowered
+    /// to a segment list, one request ([`crate::blocks`]).
+    Blocks(std::sync::Arc<crate::blocks::BlockCopy>),
     /// A custom operator.
     Custom(std::sync::Arc<dyn Operator>),
 }
@@ -323,6 +329,12 @@ impl std::fmt::Debug for Op {
                 .field("pattern", pattern)
                 .finish(),
             Op::Segments(s) => write!(f, "Segments({} segments)", s.len()),
+            Op::Blocks(b) => write!(
+                f,
+                "Blocks({} blocks of {} bytes)",
+                b.pairs().len(),
+                b.block_bytes()
+            ),
             Op::Custom(o) => write!(f, "Custom({})", o.name()),
         }
     }
@@ -335,6 +347,7 @@ impl Op {
             Op::Copy { .. } => "copy",
             Op::Fill { .. } => "fill",
             Op::Segments(_) => "segments",
+            Op::Blocks(_) => "blocks",
             Op::Custom(o) => o.name(),
         }
     }
@@ -356,6 +369,10 @@ impl Op {
             Op::Copy { dst, src } => prog.copy(dst, src),
             Op::Fill { dst, pattern } => prog.fill(dst, pattern),
             Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs)),
+            Op::Blocks(map) => {
+                let src_len = prog.src_len.ok_or(OpError::NoSource)?;
+                prog.segments(map.lower(prog.dst_len, src_len)?.into())
+            }
             Op::Custom(o) => o.lower(prog),
         }
     }

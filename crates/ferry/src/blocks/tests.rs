@@ -1,0 +1,223 @@
+use super::*;
+use crate::{CpuEngine, EngineExt, OpError, RequestError};
+use proptest::prelude::*;
+
+/// What a block copy writes: `dst` with each mapped source block in place.
+fn reference(dst: &[u8], src: &[u8], map: &BlockCopy) -> Vec<u8> {
+    let b = map.block_bytes();
+    let mut out = dst.to_vec();
+    for &(s, d) in map.pairs() {
+        let (s, d) = (s as usize * b, d as usize * b);
+        out[d..d + b].copy_from_slice(&src[s..s + b]);
+    }
+    out
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn run(map: &BlockCopy, dst: &mut Vec<u8>, src: &[u8]) -> Result<(), crate::Error> {
+    let engine = CpuEngine::new(2)?;
+    engine.scope(|s| -> crate::Result<()> {
+        Ok(
+            s.submit(dst, Some(src), Op::Blocks(Arc::new(map.clone())), &[])?
+                .wait()?,
+        )
+    })
+}
+
+/// The block error a refused submit carries.
+fn block_error(e: crate::Error) -> BlockError {
+    match e {
+        crate::Error::Submit(SubmitError::Op(OpError::Blocks(b))) => b,
+        other => panic!("expected a block error, got {other:?}"),
+    }
+}
+
+#[test]
+fn segments_merge_runs_that_continue_on_both_sides() {
+    let map = BlockCopy::new(4, [(0, 5), (1, 6), (2, 7), (9, 1), (10, 3), (11, 4)]);
+    let segs = map.lower(64, 64).unwrap();
+    assert_eq!(
+        segs,
+        [
+            Segment::new(20, 0, 12),
+            Segment::new(4, 36, 4),
+            Segment::new(12, 40, 8)
+        ]
+    );
+}
+
+#[test]
+fn refusals_name_the_entry_and_move_nothing() {
+    let src = pattern(64, 1);
+    let poison = vec![0xAAu8; 48];
+    let cases: Vec<(BlockCopy, BlockError)> = vec![
+        (
+            BlockCopy::new(16, [(0, 0), (4, 1)]),
+            BlockError::OutOfRange {
+                index: 1,
+                side: "source",
+                block: 4,
+                blocks: 4,
+                block_bytes: 16,
+                table: None,
+            },
+        ),
+        (
+            BlockCopy::new(16, [(0, 3)]),
+            BlockError::OutOfRange {
+                index: 0,
+                side: "destination",
+                block: 3,
+                blocks: 3,
+                block_bytes: 16,
+                table: None,
+            },
+        ),
+        (
+            BlockCopy::new(16, [(0, 2), (1, 0), (3, 2)]),
+            BlockError::DuplicateDst {
+                first: 0,
+                second: 2,
+                block: 2,
+            },
+        ),
+        (
+            BlockCopy::new(16, [(0, 1), (1, 1)]),
+            BlockError::DuplicateDst {
+                first: 0,
+                second: 1,
+                block: 1,
+            },
+        ),
+        (BlockCopy::new(0, [(0, 0)]), BlockError::ZeroBlock),
+    ];
+    for (map, want) in cases {
+        let mut dst = poison.clone();
+        let got = block_error(run(&map, &mut dst, &src).unwrap_err());
+        assert_eq!(got, want, "{map:?}");
+        assert_eq!(dst, poison, "{map:?} moved bytes");
+        assert!(!got.to_string().is_empty());
+    }
+    assert_eq!(
+        BlockCopy::from_indices(8, &[1, 2], &[3]).unwrap_err(),
+        BlockError::IndexCount { src: 2, dst: 1 }
+    );
+    assert_eq!(
+        BlockCopy::from_indices(8, &[1, 2], &[3, -4]).unwrap_err(),
+        BlockError::Negative {
+            index: 1,
+            side: "destination",
+            value: -4
+        }
+    );
+}
+
+#[test]
+fn an_empty_mapping_is_a_no_op() {
+    let src = pattern(64, 2);
+    let mut dst = vec![7u8; 64];
+    run(&BlockCopy::new(16, []), &mut dst, &src).unwrap();
+    assert_eq!(dst, vec![7u8; 64]);
+    // Even with a block size of 0: nothing to check, nothing to move.
+    run(&BlockCopy::new(0, []), &mut dst, &src).unwrap();
+    assert_eq!(dst, vec![7u8; 64]);
+}
+
+#[test]
+fn a_partial_block_at_a_table_end_is_not_a_block() {
+    // 40 bytes hold 2 whole blocks of 16.
+    let src = pattern(40, 3);
+    let mut dst = vec![0u8; 40];
+    let err = run(&BlockCopy::new(16, [(2, 0)]), &mut dst, &src).unwrap_err();
+    assert!(matches!(
+        block_error(err),
+        BlockError::OutOfRange {
+            block: 2,
+            blocks: 2,
+            ..
+        }
+    ));
+    run(&BlockCopy::new(16, [(1, 0)]), &mut dst, &src).unwrap();
+    assert_eq!(&dst[..16], &src[16..32]);
+}
+
+#[test]
+fn several_tables_are_one_request_and_checked_first() {
+    let engine = CpuEngine::new(2).unwrap();
+    let src: Vec<Vec<u8>> = (0..4).map(|l| pattern(8 * 32, l)).collect();
+    // The last destination table is one block short: nothing moves in any table.
+    let mut dst: Vec<Vec<u8>> = (0..4)
+        .map(|l| vec![0u8; if l == 3 { 7 * 32 } else { 8 * 32 }])
+        .collect();
+    let map = BlockCopy::new(32, [(0, 7), (5, 2)]);
+    let r = engine
+        .scope(|s| -> crate::Result<()> { Ok(copy_tables(s, &mut dst, &src, &map)?.wait()?) });
+    match r {
+        Err(crate::Error::Submit(SubmitError::Op(OpError::Blocks(BlockError::OutOfRange {
+            index: 0,
+            table: Some(3),
+            ..
+        })))) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(dst.iter().all(|t| t.iter().all(|&b| b == 0)));
+    dst[3].resize(8 * 32, 0);
+    engine
+        .scope(|s| -> crate::Result<()> { Ok(copy_tables(s, &mut dst, &src, &map)?.wait()?) })
+        .unwrap();
+    for (d, s) in dst.iter().zip(&src) {
+        assert_eq!(*d, reference(&vec![0u8; 8 * 32], s, &map));
+    }
+    let mut fewer = vec![vec![0u8; 64]];
+    let r = engine
+        .scope(|s| -> crate::Result<()> { Ok(copy_tables(s, &mut fewer, &src, &map)?.wait()?) });
+    assert!(matches!(
+        r,
+        Err(crate::Error::Submit(SubmitError::Op(OpError::Blocks(
+            BlockError::TableCount { src: 4, dst: 1 }
+        ))))
+    ));
+}
+
+#[test]
+fn lowering_outside_submit_names_the_blocks_operator() {
+    // An engine that lowers on a worker (`lower_catching`) reports a bad mapping as a request
+    // error naming the operator.
+    let op = Op::Blocks(Arc::new(BlockCopy::new(8, [(9, 0)])));
+    let err = op.lower_catching(64, Some(64)).unwrap_err();
+    assert!(
+        matches!(err, RequestError::Operator { ref op, .. } if op == "blocks"),
+        "{err:?}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn random_mappings_match_the_reference(
+        block in prop_oneof![Just(1usize), Just(8), Just(24), Just(4096)],
+        src_blocks in 1usize..40,
+        dst_blocks in 1usize..40,
+        picks in proptest::collection::vec((0usize..1000, 0usize..1000), 0..40),
+        seed in any::<u8>(),
+    ) {
+        // Distinct destinations, any sources (a source block may be read twice).
+        let mut seen = std::collections::HashSet::new();
+        let pairs: Vec<(u64, u64)> = picks
+            .iter()
+            .map(|&(s, d)| ((s % src_blocks) as u64, (d % dst_blocks) as u64))
+            .filter(|&(_, d)| seen.insert(d))
+            .collect();
+        let map = BlockCopy::new(block, pairs);
+        let src = pattern(src_blocks * block, seed);
+        let init = pattern(dst_blocks * block, seed.wrapping_add(101));
+        let mut dst = init.clone();
+        run(&map, &mut dst, &src).unwrap();
+        prop_assert_eq!(dst, reference(&init, &src, &map));
+    }
+}
