@@ -19,6 +19,7 @@
 //! Every `extern "C"` function is `unsafe`: it dereferences pointers that only the C caller can
 //! vouch for. Their `# Safety` lists state what the caller must guarantee.
 
+mod blocks;
 mod dma;
 mod error;
 mod layout;
@@ -27,6 +28,7 @@ mod request;
 #[cfg(test)]
 mod tests;
 
+pub use blocks::*;
 pub use dma::*;
 pub use error::*;
 pub use layout::*;

@@ -227,6 +227,7 @@ impl Gatherer {
     /// How many batches of [`Strategy::Batch`] the driver has refused so far (each copied one
     /// call per segment instead, the copy correct), and the driver's first refusal: a shape
     /// the driver's batched copy does not take shows here, not as a failed request.
+    #[cfg(feature = "bench")]
     pub fn batch_refusals(&self) -> (usize, Option<DriverError>) {
         *self.refused.lock().unwrap_or_else(|e| e.into_inner())
     }
