@@ -167,9 +167,14 @@ impl BlockCopy {
     }
 
     /// Checks the mapping against a destination table of `dst_len` bytes and a source table of
-    /// `src_len` bytes: a block size above 0, every index inside its table, no destination
-    /// block written twice. `table` names the pair in the errors ([`copy_tables`]).
-    pub(crate) fn check(
+    /// `src_len` bytes, as a submit does: a block size above 0 (unless the mapping is empty),
+    /// every index inside its table, no destination block written twice.
+    pub fn check(&self, dst_len: usize, src_len: usize) -> Result<(), BlockError> {
+        self.check_in(dst_len, src_len, None)
+    }
+
+    /// [`BlockCopy::check`]; `table` names the pair in the errors ([`copy_tables`]).
+    pub(crate) fn check_in(
         &self,
         dst_len: usize,
         src_len: usize,
@@ -239,7 +244,7 @@ impl BlockCopy {
 
     /// [`BlockCopy::check`] then [`BlockCopy::segments`]: what [`Op::Blocks`] lowers to.
     pub(crate) fn lower(&self, dst_len: usize, src_len: usize) -> Result<Vec<Segment>, BlockError> {
-        self.check(dst_len, src_len, None)?;
+        self.check(dst_len, src_len)?;
         Ok(self.segments())
     }
 }
@@ -283,7 +288,7 @@ where
         .into());
     }
     for (t, (d, s)) in dst.iter().zip(src).enumerate() {
-        map.check(d.raw().len, s.raw().len, Some(t))?;
+        map.check_in(d.raw().len, s.raw().len, Some(t))?;
     }
     let op = Op::Blocks(Arc::new(map.clone()));
     let mut parts = Vec::with_capacity(dst.len());
@@ -317,7 +322,7 @@ pub unsafe fn submit_tables(
         return Ok(Request::ready(Ok(())));
     }
     for (t, (d, s)) in tables.iter().enumerate() {
-        map.check(d.len, s.len, Some(t))?;
+        map.check_in(d.len, s.len, Some(t))?;
     }
     let op = Op::Blocks(Arc::new(map.clone()));
     let mut parts = Vec::with_capacity(tables.len());
