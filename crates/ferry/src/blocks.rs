@@ -4,7 +4,7 @@
 //! table) per layer, swapped between GPU memory and pinned host memory while the model computes
 //! (vLLM's `swap_blocks`, LMCache, SGLang's hierarchical cache). A [`BlockCopy`] names the
 //! blocks to move: `(src_block, dst_block)` pairs, or two index arrays, and the block size.
-//! [`Op::Blocks`](crate::Op::Blocks) moves them between one source and one destination table
+//! [`Op::Blocks`] moves them between one source and one destination table
 //! (any memory kinds an engine supports, either direction, or device to device);
 //! [`copy_tables`] moves the same blocks between several table pairs (every layer of a cache)
 //! as one [`Request`], every mapping checked before any byte moves.
