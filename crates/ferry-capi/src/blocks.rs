@@ -1,10 +1,10 @@
 //! `ferry_dma_copy_blocks`: the blocks a mapping names, copied between block tables (a KV
-//! cache's swap), every table pair in one request ([`ferry::blocks`]).
+//! cache's swap), every table pair in one request ([`Op::Blocks`], [`Op::submit_raw_pairs`]).
 
 use crate::dma::{dma_ref, FerryDma};
 use crate::error::{array, guard, out, Fail, FERRY_SUCCESS};
 use crate::request::{FerryBuffer, FerryRequest};
-use ferry::blocks::{submit_tables, BlockCopy};
+use ferry::Op;
 use std::ffi::c_int;
 
 /// Copies block `src_blocks[i]` of each source table into block `dst_blocks[i]` of the
@@ -45,7 +45,7 @@ pub unsafe extern "C" fn ferry_dma_copy_blocks(
         // SAFETY: (1).
         let slot = unsafe { out(req, "req") }?;
         let (map, tables) = if ntables == 0 {
-            (BlockCopy::new(block_bytes, []), Vec::new())
+            (Op::blocks(block_bytes, []), Vec::new())
         } else {
             // SAFETY: (2).
             let (dt, st) = unsafe {
@@ -55,7 +55,7 @@ pub unsafe extern "C" fn ferry_dma_copy_blocks(
                 )
             };
             let map = if nblocks == 0 {
-                BlockCopy::new(block_bytes, [])
+                Op::blocks(block_bytes, [])
             } else {
                 // SAFETY: (2).
                 let (s, dd) = unsafe {
@@ -64,7 +64,7 @@ pub unsafe extern "C" fn ferry_dma_copy_blocks(
                         array(dst_blocks, nblocks, "dst_blocks")?,
                     )
                 };
-                BlockCopy::from_indices(block_bytes, s, dd)
+                Op::blocks_from_indices(block_bytes, s, dd)
                     .map_err(|e| Fail::inval(e.to_string()))?
             };
             let tables = dt
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn ferry_dma_copy_blocks(
             (map, tables)
         };
         // SAFETY: the caller's contract (3) is the engine's, for every table.
-        let r = unsafe { submit_tables(&*d.engine, &tables, &map, &[]) }?;
+        let r = unsafe { map.submit_raw_pairs(&*d.engine, &tables, &[]) }?;
         *slot = FerryRequest::boxed(d.id, r);
         Ok(FERRY_SUCCESS)
     })

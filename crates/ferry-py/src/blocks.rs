@@ -1,13 +1,12 @@
 //! `ferry.copy_blocks`: the blocks a mapping names between block tables (a KV cache's swap,
-//! vLLM's `swap_blocks`), every table pair in one request ([`ferry::blocks`]).
+//! vLLM's `swap_blocks`), every table pair in one request ([`Op::Blocks`]).
 
 use crate::array::Arr;
 use crate::copy::{pick_stream, producer_waits, stream_arg, PyRequest};
 use crate::engine::{self, Eng};
 use crate::errors::{self, arg};
-use ferry::blocks::{submit_tables, BlockCopy};
 use ferry::cuda::{CudaConfig, CudaEngine};
-use ferry::{MemKind, RawBuf};
+use ferry::{MemKind, Op, RawBuf};
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -183,16 +182,26 @@ pub(crate) fn copy_blocks(
     }
     let p = pairs(mapping)?;
     let (sidx, didx): (Vec<i64>, Vec<i64>) = p.into_iter().unzip();
-    let map = BlockCopy::from_indices(block.unwrap_or(0), &sidx, &didx)
+    let map = Op::blocks_from_indices(block.unwrap_or(0), &sidx, &didx)
         .map_err(|e| arg(e.to_string()))?;
-    if map.pairs().is_empty() {
+    if sidx.is_empty() {
         return Ok(PyRequest::new(ferry::Request::ready(Ok(())), Vec::new()));
     }
     // A table with no element holds no block (and is no buffer to submit): refused here.
     for (t, (d, s)) in tables.iter().enumerate() {
         if d.len == 0 || s.len == 0 {
-            map.check(d.len, s.len)
-                .map_err(|e| arg(format!("table pair {t}: {e}")))?;
+            let b = block.unwrap_or(0);
+            let blocks = |n: usize| n.checked_div(b).unwrap_or(0);
+            let (side, have) = if s.len == 0 {
+                ("source", blocks(s.len))
+            } else {
+                ("destination", blocks(d.len))
+            };
+            return Err(arg(format!(
+                "mapping entry 0: {side} block {} is past the table's end ({have} blocks of {b} \
+                 bytes, table pair {t})",
+                if s.len == 0 { sidx[0] } else { didx[0] }
+            )));
         }
     }
     let kinds: Vec<MemKind> = tables.iter().flat_map(|(d, s)| [d.kind, s.kind]).collect();
@@ -223,10 +232,10 @@ pub(crate) fn copy_blocks(
                 // SAFETY: as `copy_`: the caller passed a live stream of this device's primary
                 // context, alive for this call; the tables are the arrays held in `keep` until
                 // the request completes, untouched meanwhile by Python code's contract.
-                unsafe { submit_tables(&c.on_raw_stream(s as _), &tables, &map, &after)? }
+                unsafe { map.submit_raw_pairs(&c.on_raw_stream(s as _), &tables, &after)? }
             }
             // SAFETY: as above.
-            _ => unsafe { submit_tables(&*eng.dyn_engine(), &tables, &map, &after)? },
+            _ => unsafe { map.submit_raw_pairs(&*eng.dyn_engine(), &tables, &after)? },
         };
         Ok(if non_blocking {
             Ok(req)

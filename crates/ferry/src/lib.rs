@@ -79,7 +79,7 @@ macro_rules! count_alloc {
 
 #[cfg(feature = "bench")]
 pub mod bench;
-pub mod blocks;
+mod blocks;
 pub mod checkpoint;
 pub mod engine;
 mod env;

@@ -75,9 +75,61 @@ pub enum OpError {
         /// Index of the other.
         b: usize,
     },
-    /// A block copy's mapping does not fit its tables ([`crate::blocks`]).
-    #[error(transparent)]
-    Blocks(#[from] crate::blocks::BlockError),
+    /// A block copy ([`Op::Blocks`]) of blocks of 0 bytes.
+    #[error("a block copy of blocks of 0 bytes")]
+    BlockZero,
+    /// A block copy's two index arrays differ in length ([`Op::blocks_from_indices`]).
+    #[error("{src} source block indices but {dst} destination block indices")]
+    BlockIndexCount {
+        /// Source indices given.
+        src: usize,
+        /// Destination indices given.
+        dst: usize,
+    },
+    /// A negative block index ([`Op::blocks_from_indices`]).
+    #[error("mapping entry {index}: {side} block index {value} is negative")]
+    BlockNegative {
+        /// Entry in the mapping.
+        index: usize,
+        /// `"source"` or `"destination"`.
+        side: &'static str,
+        /// The index given.
+        value: i64,
+    },
+    /// A block index past the end of its table ([`Op::Blocks`]).
+    #[error("mapping entry {index}: {side} block {block} is past the table's end ({blocks} blocks of {block_bytes} bytes{})", table.map(|t| format!(", table pair {t}")).unwrap_or_default())]
+    BlockOutOfRange {
+        /// Entry in the mapping.
+        index: usize,
+        /// `"source"` or `"destination"`.
+        side: &'static str,
+        /// The block named.
+        block: u64,
+        /// Whole blocks in the table.
+        blocks: u64,
+        /// The block size.
+        block_bytes: usize,
+        /// Which buffer pair ([`Op::submit_pairs`]); `None` for a request's own buffers.
+        table: Option<usize>,
+    },
+    /// Two entries of a block copy write the same destination block ([`Op::Blocks`]).
+    #[error("mapping entries {first} and {second} both write destination block {block}")]
+    BlockDuplicate {
+        /// The earlier entry.
+        first: usize,
+        /// The later entry.
+        second: usize,
+        /// The block both write.
+        block: u64,
+    },
+    /// [`Op::submit_pairs`] was given different numbers of destination and source buffers.
+    #[error("{dst} destination buffers but {src} source buffers")]
+    PairCount {
+        /// Destination buffers.
+        dst: usize,
+        /// Source buffers.
+        src: usize,
+    },
     /// The operator's own failure.
     #[error("{0}")]
     Custom(String),
@@ -308,9 +360,36 @@ pub enum Op {
     /// Copy a list of scattered segments (e.g. 100,000 pieces of 4 KiB): one request, run as
     /// a gather/scatter by the engine (an SM kernel or the driver's batched copy on a GPU).
     Segments(std::sync::Arc<[Segment]>),
-    /// Copy the blocks a mapping names between two block tables (a KV cache's swap): lowered
-    /// to a segment list, one request ([`crate::blocks`]).
-    Blocks(std::sync::Arc<crate::blocks::BlockCopy>),
+    /// Copy blocks between two block tables (a KV cache's swap, as vLLM's `swap_blocks`):
+    /// block `s` of the source into block `d` of the destination for every `(s, d)` of
+    /// `pairs`, blocks of `block_bytes` bytes (block `i` of a buffer: bytes `i * block_bytes ..
+    /// (i + 1) * block_bytes`; a buffer holds `len / block_bytes` whole blocks). Checked at
+    /// submit, before any byte moves: every index inside its table, no destination block
+    /// written twice (errors name the entry). An empty mapping copies nothing. Lowered to one
+    /// segment list (entries that continue the previous one on both sides merged), so each
+    /// engine runs it as a gather: on a GPU the driver's batched copy, one copy per block, or
+    /// the SM gather kernel, by block size and by whether the SMs are left to compute
+    /// ([`CudaConfig::compute_busy`](crate::cuda::CudaConfig::compute_busy)). Made by
+    /// [`Op::blocks`] or [`Op::blocks_from_indices`]; several tables (a cache's layers) as one
+    /// request: [`Op::submit_pairs`].
+    ///
+    /// ```
+    /// use ferry::{CpuEngine, EngineExt, Op};
+    /// let engine = CpuEngine::new(2)?;
+    /// // Tables of 4 blocks of 8 bytes; blocks 0 and 3 of `src` into blocks 2 and 1 of `dst`.
+    /// let src: Vec<u8> = (0..32).collect();
+    /// let mut dst = vec![0u8; 32];
+    /// let op = Op::blocks(8, [(0, 2), (3, 1)]);
+    /// engine.scope(|s| -> ferry::Result<()> { Ok(s.submit(&mut dst, Some(&src), op, &[])?.wait()?) })?;
+    /// assert_eq!((&dst[16..24], &dst[8..16]), (&src[0..8], &src[24..32]));
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    Blocks {
+        /// Bytes per block.
+        block_bytes: usize,
+        /// `(src_block, dst_block)` pairs.
+        pairs: std::sync::Arc<[(u64, u64)]>,
+    },
     /// A custom operator.
     Custom(std::sync::Arc<dyn Operator>),
 }
@@ -329,12 +408,9 @@ impl std::fmt::Debug for Op {
                 .field("pattern", pattern)
                 .finish(),
             Op::Segments(s) => write!(f, "Segments({} segments)", s.len()),
-            Op::Blocks(b) => write!(
-                f,
-                "Blocks({} blocks of {} bytes)",
-                b.pairs().len(),
-                b.block_bytes()
-            ),
+            Op::Blocks { block_bytes, pairs } => {
+                write!(f, "Blocks({} blocks of {block_bytes} bytes)", pairs.len())
+            }
             Op::Custom(o) => write!(f, "Custom({})", o.name()),
         }
     }
@@ -347,7 +423,7 @@ impl Op {
             Op::Copy { .. } => "copy",
             Op::Fill { .. } => "fill",
             Op::Segments(_) => "segments",
-            Op::Blocks(_) => "blocks",
+            Op::Blocks { .. } => "blocks",
             Op::Custom(o) => o.name(),
         }
     }
@@ -369,9 +445,10 @@ impl Op {
             Op::Copy { dst, src } => prog.copy(dst, src),
             Op::Fill { dst, pattern } => prog.fill(dst, pattern),
             Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs)),
-            Op::Blocks(map) => {
+            Op::Blocks { block_bytes, pairs } => {
                 let src_len = prog.src_len.ok_or(OpError::NoSource)?;
-                prog.segments(map.lower(prog.dst_len, src_len)?.into())
+                crate::blocks::check(*block_bytes, pairs, prog.dst_len, src_len, None)?;
+                prog.segments(crate::blocks::segments(*block_bytes, pairs).into())
             }
             Op::Custom(o) => o.lower(prog),
         }

@@ -12,18 +12,24 @@ mod stress_common;
 
 use cuda_common::{bytes, check, cuda_config, null, Buf, Kind, KINDS};
 use cudarc::driver::CudaContext;
-use ferry::blocks::{copy_tables, BlockCopy, BlockError};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::engine::cuda::gather::{Gatherer, Strategy};
 use ferry::{EngineExt, Memory, MemoryMut, Op, OpError, SubmitError};
-use std::sync::Arc;
 use stress_common::Rng;
 
+/// A block copy's block size and pairs.
+fn parts(op: &Op) -> (usize, &[(u64, u64)]) {
+    match op {
+        Op::Blocks { block_bytes, pairs } => (*block_bytes, pairs),
+        _ => unreachable!("a block copy"),
+    }
+}
+
 /// What a block copy writes into `dst`.
-fn reference(dst: &[u8], src: &[u8], map: &BlockCopy) -> Vec<u8> {
-    let b = map.block_bytes();
+fn reference(dst: &[u8], src: &[u8], map: &Op) -> Vec<u8> {
+    let (b, pairs) = parts(map);
     let mut out = dst.to_vec();
-    for &(s, d) in map.pairs() {
+    for &(s, d) in pairs {
         let (s, d) = (s as usize * b, d as usize * b);
         out[d..d + b].copy_from_slice(&src[s..s + b]);
     }
@@ -32,13 +38,7 @@ fn reference(dst: &[u8], src: &[u8], map: &BlockCopy) -> Vec<u8> {
 
 /// `n` (at most `dst_blocks`) random pairs: distinct destinations, any sources, sometimes runs
 /// of consecutive blocks on both sides (which the lowering merges).
-fn mapping(
-    rng: &mut Rng,
-    block: usize,
-    n: usize,
-    src_blocks: usize,
-    dst_blocks: usize,
-) -> BlockCopy {
+fn mapping(rng: &mut Rng, block: usize, n: usize, src_blocks: usize, dst_blocks: usize) -> Op {
     let mut dsts: Vec<u64> = (0..dst_blocks as u64).collect();
     for i in (1..dsts.len()).rev() {
         dsts.swap(i, rng.below(i + 1));
@@ -72,7 +72,7 @@ fn mapping(
             break;
         }
     }
-    BlockCopy::new(block, pairs)
+    Op::blocks(block, pairs)
 }
 
 fn engine(busy: bool) -> Option<CudaEngine> {
@@ -92,10 +92,7 @@ fn one(eng: &CudaEngine, rng: &mut Rng, dk: Kind, sk: Kind, block: usize, n: usi
     let src = Buf::new(sk, &src_bytes);
     let mut dst = Buf::new(dk, &init);
     eng.scope(|s| -> ferry::Result<()> {
-        Ok(
-            s.submit(&mut dst, Some(&src), Op::Blocks(Arc::new(map.clone())), &[])?
-                .wait()?,
-        )
+        Ok(s.submit(&mut dst, Some(&src), map.clone(), &[])?.wait()?)
     })
     .unwrap_or_else(|e| panic!("{what}: {sk:?} -> {dk:?}, {n} blocks of {block}: {e}"));
     check(
@@ -170,7 +167,7 @@ fn several_tables_per_layer_are_one_request() {
         .map(|h| DeviceBuffer::from_host(0, h).unwrap())
         .collect();
     let map = mapping(&mut rng, block, 17, blocks, blocks);
-    eng.scope(|s| -> ferry::Result<()> { Ok(copy_tables(s, &mut dst, &src, &map)?.wait()?) })
+    eng.scope(|s| -> ferry::Result<()> { Ok(map.submit_pairs(s, &mut dst, &src)?.wait()?) })
         .unwrap();
     for l in 0..layers {
         check(
@@ -182,9 +179,9 @@ fn several_tables_per_layer_are_one_request() {
 }
 
 /// The block error of a refused submit.
-fn refusal(e: ferry::Error) -> BlockError {
+fn refusal(e: ferry::Error) -> OpError {
     match e {
-        ferry::Error::Submit(SubmitError::Op(OpError::Blocks(b))) => b,
+        ferry::Error::Submit(SubmitError::Op(b)) => b,
         other => panic!("expected a block refusal, got {other:?}"),
     }
 }
@@ -197,19 +194,16 @@ fn bad_mappings_are_refused_before_any_byte_moves() {
     let src = DeviceBuffer::from_host(0, &bytes(8 * block, 1)).unwrap();
     let init = bytes(8 * block, 2);
     let mut dst = cuda_common::pinned_with(&init);
-    let mut run = |map: BlockCopy| {
+    let mut run = |map: Op| {
         eng.scope(|s| -> ferry::Result<()> {
-            Ok(
-                s.submit(&mut dst, Some(&src), Op::Blocks(Arc::new(map)), &[])?
-                    .wait()?,
-            )
+            Ok(s.submit(&mut dst, Some(&src), map, &[])?.wait()?)
         })
     };
-    let e = refusal(run(BlockCopy::new(block, [(0, 1), (8, 2)])).unwrap_err());
+    let e = refusal(run(Op::blocks(block, [(0, 1), (8, 2)])).unwrap_err());
     assert!(
         matches!(
             e,
-            BlockError::OutOfRange {
+            OpError::BlockOutOfRange {
                 index: 1,
                 side: "source",
                 block: 8,
@@ -220,11 +214,11 @@ fn bad_mappings_are_refused_before_any_byte_moves() {
         "{e:?}"
     );
     assert!(e.to_string().contains("entry 1"), "{e}");
-    let e = refusal(run(BlockCopy::new(block, [(0, 9)])).unwrap_err());
+    let e = refusal(run(Op::blocks(block, [(0, 9)])).unwrap_err());
     assert!(
         matches!(
             e,
-            BlockError::OutOfRange {
+            OpError::BlockOutOfRange {
                 side: "destination",
                 block: 9,
                 ..
@@ -232,17 +226,17 @@ fn bad_mappings_are_refused_before_any_byte_moves() {
         ),
         "{e:?}"
     );
-    let e = refusal(run(BlockCopy::new(block, [(0, 3), (1, 4), (2, 3)])).unwrap_err());
+    let e = refusal(run(Op::blocks(block, [(0, 3), (1, 4), (2, 3)])).unwrap_err());
     assert_eq!(
         e,
-        BlockError::DuplicateDst {
+        OpError::BlockDuplicate {
             first: 0,
             second: 2,
             block: 3
         }
     );
     // An empty mapping: done, nothing written.
-    run(BlockCopy::new(block, [])).unwrap();
+    run(Op::blocks(block, [])).unwrap();
     check("after refusals", &dst, &init);
 }
 
@@ -263,9 +257,9 @@ fn a_refused_batch_falls_back_alone() {
     let host = bytes(n * block, 5);
     let src = cuda_common::pinned_with(&host);
     let mut dst = DeviceBuffer::from_host(0, &vec![0u8; n * block]).unwrap();
-    let map = BlockCopy::new(block, (0..n as u64).map(|i| (i, (i * 7919) % n as u64)));
-    let segs: Vec<_> = map
-        .pairs()
+    let map = Op::blocks(block, (0..n as u64).map(|i| (i, (i * 7919) % n as u64)));
+    let segs: Vec<_> = parts(&map)
+        .1
         .iter()
         .map(|&(s, d)| ferry::Segment::new(d * block as u64, s * block as u64, block as u64))
         .collect();

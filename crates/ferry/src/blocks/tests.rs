@@ -1,12 +1,20 @@
 use super::*;
-use crate::{CpuEngine, EngineExt, OpError, RequestError};
+use crate::{CpuEngine, EngineExt, RequestError};
 use proptest::prelude::*;
 
+/// The block size and pairs of a block copy.
+fn parts(op: &Op) -> (usize, &[(u64, u64)]) {
+    match op {
+        Op::Blocks { block_bytes, pairs } => (*block_bytes, pairs),
+        _ => unreachable!("a block copy"),
+    }
+}
+
 /// What a block copy writes: `dst` with each mapped source block in place.
-fn reference(dst: &[u8], src: &[u8], map: &BlockCopy) -> Vec<u8> {
-    let b = map.block_bytes();
+fn reference(dst: &[u8], src: &[u8], map: &Op) -> Vec<u8> {
+    let (b, pairs) = parts(map);
     let mut out = dst.to_vec();
-    for &(s, d) in map.pairs() {
+    for &(s, d) in pairs {
         let (s, d) = (s as usize * b, d as usize * b);
         out[d..d + b].copy_from_slice(&src[s..s + b]);
     }
@@ -19,28 +27,25 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn run(map: &BlockCopy, dst: &mut Vec<u8>, src: &[u8]) -> Result<(), crate::Error> {
+fn run(map: &Op, dst: &mut Vec<u8>, src: &[u8]) -> Result<(), crate::Error> {
     let engine = CpuEngine::new(2)?;
-    engine.scope(|s| -> crate::Result<()> {
-        Ok(
-            s.submit(dst, Some(src), Op::Blocks(Arc::new(map.clone())), &[])?
-                .wait()?,
-        )
-    })
+    engine
+        .scope(|s| -> crate::Result<()> { Ok(s.submit(dst, Some(src), map.clone(), &[])?.wait()?) })
 }
 
-/// The block error a refused submit carries.
-fn block_error(e: crate::Error) -> BlockError {
+/// The operator error a refused submit carries.
+fn block_error(e: crate::Error) -> OpError {
     match e {
-        crate::Error::Submit(SubmitError::Op(OpError::Blocks(b))) => b,
-        other => panic!("expected a block error, got {other:?}"),
+        crate::Error::Submit(SubmitError::Op(b)) => b,
+        other => panic!("expected an operator error, got {other:?}"),
     }
 }
 
 #[test]
 fn segments_merge_runs_that_continue_on_both_sides() {
-    let map = BlockCopy::new(4, [(0, 5), (1, 6), (2, 7), (9, 1), (10, 3), (11, 4)]);
-    let segs = map.lower(64, 64).unwrap();
+    let pairs = [(0, 5), (1, 6), (2, 7), (9, 1), (10, 3), (11, 4)];
+    check(4, &pairs, 64, 64, None).unwrap();
+    let segs = segments(4, &pairs);
     assert_eq!(
         segs,
         [
@@ -55,10 +60,10 @@ fn segments_merge_runs_that_continue_on_both_sides() {
 fn refusals_name_the_entry_and_move_nothing() {
     let src = pattern(64, 1);
     let poison = vec![0xAAu8; 48];
-    let cases: Vec<(BlockCopy, BlockError)> = vec![
+    let cases: Vec<(Op, OpError)> = vec![
         (
-            BlockCopy::new(16, [(0, 0), (4, 1)]),
-            BlockError::OutOfRange {
+            Op::blocks(16, [(0, 0), (4, 1)]),
+            OpError::BlockOutOfRange {
                 index: 1,
                 side: "source",
                 block: 4,
@@ -68,8 +73,8 @@ fn refusals_name_the_entry_and_move_nothing() {
             },
         ),
         (
-            BlockCopy::new(16, [(0, 3)]),
-            BlockError::OutOfRange {
+            Op::blocks(16, [(0, 3)]),
+            OpError::BlockOutOfRange {
                 index: 0,
                 side: "destination",
                 block: 3,
@@ -79,22 +84,22 @@ fn refusals_name_the_entry_and_move_nothing() {
             },
         ),
         (
-            BlockCopy::new(16, [(0, 2), (1, 0), (3, 2)]),
-            BlockError::DuplicateDst {
+            Op::blocks(16, [(0, 2), (1, 0), (3, 2)]),
+            OpError::BlockDuplicate {
                 first: 0,
                 second: 2,
                 block: 2,
             },
         ),
         (
-            BlockCopy::new(16, [(0, 1), (1, 1)]),
-            BlockError::DuplicateDst {
+            Op::blocks(16, [(0, 1), (1, 1)]),
+            OpError::BlockDuplicate {
                 first: 0,
                 second: 1,
                 block: 1,
             },
         ),
-        (BlockCopy::new(0, [(0, 0)]), BlockError::ZeroBlock),
+        (Op::blocks(0, [(0, 0)]), OpError::BlockZero),
     ];
     for (map, want) in cases {
         let mut dst = poison.clone();
@@ -104,12 +109,12 @@ fn refusals_name_the_entry_and_move_nothing() {
         assert!(!got.to_string().is_empty());
     }
     assert_eq!(
-        BlockCopy::from_indices(8, &[1, 2], &[3]).unwrap_err(),
-        BlockError::IndexCount { src: 2, dst: 1 }
+        Op::blocks_from_indices(8, &[1, 2], &[3]).unwrap_err(),
+        OpError::BlockIndexCount { src: 2, dst: 1 }
     );
     assert_eq!(
-        BlockCopy::from_indices(8, &[1, 2], &[3, -4]).unwrap_err(),
-        BlockError::Negative {
+        Op::blocks_from_indices(8, &[1, 2], &[3, -4]).unwrap_err(),
+        OpError::BlockNegative {
             index: 1,
             side: "destination",
             value: -4
@@ -121,10 +126,10 @@ fn refusals_name_the_entry_and_move_nothing() {
 fn an_empty_mapping_is_a_no_op() {
     let src = pattern(64, 2);
     let mut dst = vec![7u8; 64];
-    run(&BlockCopy::new(16, []), &mut dst, &src).unwrap();
+    run(&Op::blocks(16, []), &mut dst, &src).unwrap();
     assert_eq!(dst, vec![7u8; 64]);
     // Even with a block size of 0: nothing to check, nothing to move.
-    run(&BlockCopy::new(0, []), &mut dst, &src).unwrap();
+    run(&Op::blocks(0, []), &mut dst, &src).unwrap();
     assert_eq!(dst, vec![7u8; 64]);
 }
 
@@ -133,16 +138,16 @@ fn a_partial_block_at_a_table_end_is_not_a_block() {
     // 40 bytes hold 2 whole blocks of 16.
     let src = pattern(40, 3);
     let mut dst = vec![0u8; 40];
-    let err = run(&BlockCopy::new(16, [(2, 0)]), &mut dst, &src).unwrap_err();
+    let err = run(&Op::blocks(16, [(2, 0)]), &mut dst, &src).unwrap_err();
     assert!(matches!(
         block_error(err),
-        BlockError::OutOfRange {
+        OpError::BlockOutOfRange {
             block: 2,
             blocks: 2,
             ..
         }
     ));
-    run(&BlockCopy::new(16, [(1, 0)]), &mut dst, &src).unwrap();
+    run(&Op::blocks(16, [(1, 0)]), &mut dst, &src).unwrap();
     assert_eq!(&dst[..16], &src[16..32]);
 }
 
@@ -154,33 +159,34 @@ fn several_tables_are_one_request_and_checked_first() {
     let mut dst: Vec<Vec<u8>> = (0..4)
         .map(|l| vec![0u8; if l == 3 { 7 * 32 } else { 8 * 32 }])
         .collect();
-    let map = BlockCopy::new(32, [(0, 7), (5, 2)]);
-    let r = engine
-        .scope(|s| -> crate::Result<()> { Ok(copy_tables(s, &mut dst, &src, &map)?.wait()?) });
+    let map = Op::blocks(32, [(0, 7), (5, 2)]);
+    let r =
+        engine.scope(|s| -> crate::Result<()> { Ok(map.submit_pairs(s, &mut dst, &src)?.wait()?) });
     match r {
-        Err(crate::Error::Submit(SubmitError::Op(OpError::Blocks(BlockError::OutOfRange {
+        Err(crate::Error::Submit(SubmitError::Op(OpError::BlockOutOfRange {
             index: 0,
             table: Some(3),
             ..
-        })))) => {}
+        }))) => {}
         other => panic!("{other:?}"),
     }
     assert!(dst.iter().all(|t| t.iter().all(|&b| b == 0)));
     dst[3].resize(8 * 32, 0);
     engine
-        .scope(|s| -> crate::Result<()> { Ok(copy_tables(s, &mut dst, &src, &map)?.wait()?) })
+        .scope(|s| -> crate::Result<()> { Ok(map.submit_pairs(s, &mut dst, &src)?.wait()?) })
         .unwrap();
     for (d, s) in dst.iter().zip(&src) {
         assert_eq!(*d, reference(&vec![0u8; 8 * 32], s, &map));
     }
     let mut fewer = vec![vec![0u8; 64]];
     let r = engine
-        .scope(|s| -> crate::Result<()> { Ok(copy_tables(s, &mut fewer, &src, &map)?.wait()?) });
+        .scope(|s| -> crate::Result<()> { Ok(map.submit_pairs(s, &mut fewer, &src)?.wait()?) });
     assert!(matches!(
         r,
-        Err(crate::Error::Submit(SubmitError::Op(OpError::Blocks(
-            BlockError::TableCount { src: 4, dst: 1 }
-        ))))
+        Err(crate::Error::Submit(SubmitError::Op(OpError::PairCount {
+            src: 4,
+            dst: 1
+        })))
     ));
 }
 
@@ -188,7 +194,7 @@ fn several_tables_are_one_request_and_checked_first() {
 fn lowering_outside_submit_names_the_blocks_operator() {
     // An engine that lowers on a worker (`lower_catching`) reports a bad mapping as a request
     // error naming the operator.
-    let op = Op::Blocks(Arc::new(BlockCopy::new(8, [(9, 0)])));
+    let op = Op::blocks(8, [(9, 0)]);
     let err = op.lower_catching(64, Some(64)).unwrap_err();
     assert!(
         matches!(err, RequestError::Operator { ref op, .. } if op == "blocks"),
@@ -213,7 +219,7 @@ proptest! {
             .map(|&(s, d)| ((s % src_blocks) as u64, (d % dst_blocks) as u64))
             .filter(|&(_, d)| seen.insert(d))
             .collect();
-        let map = BlockCopy::new(block, pairs);
+        let map = Op::blocks(block, pairs);
         let src = pattern(src_blocks * block, seed);
         let init = pattern(dst_blocks * block, seed.wrapping_add(101));
         let mut dst = init.clone();

@@ -4,7 +4,7 @@
 //! or two device tables, the mapping a permutation of the blocks.
 //!
 //! The bandwidth rows time one block copy per call on the host clock (submit + wait, the
-//! caller's view): ferry's block copy ([`ferry::Op::Blocks`]) on a spin-wait engine with the SMs
+//! caller's view): ferry's block copy (`Op::Blocks`) on a spin-wait engine with the SMs
 //! free (the default route) and on one with the SMs busy (`CudaConfig::compute_busy`: the
 //! batched DMA), next to the three mechanisms run bare on a stream of their own through the
 //! gatherer with a fixed strategy and one synchronize: the driver's batched copy
@@ -25,7 +25,6 @@ use crate::bench::ctx::{setup, Ctx};
 use crate::bench::data::pattern_bytes;
 use crate::bench::{measure, BenchError, Kind, Role, Row, Series, Timing};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use ferry::blocks::BlockCopy;
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
 use ferry::engine::cuda::gather::{Gatherer, Strategy};
 use ferry::{EngineExt, Memory, MemoryMut, Op, Segment};
@@ -105,7 +104,7 @@ unsafe impl MemoryMut for Table {
 struct Setup {
     src: Table,
     dst: Table,
-    map: Arc<BlockCopy>,
+    map: Op,
     segs: Vec<Segment>,
     want: Vec<u8>,
     stream: Arc<CudaStream>,
@@ -119,9 +118,8 @@ impl Setup {
         // Block i of the source into block perm(i) of the destination (7919 is prime, above
         // every count, so this is a permutation with no two neighbours adjacent).
         let perm = |i: usize| ((i * 7919) % count) as u64;
-        let map = BlockCopy::new(block, (0..count).map(|i| (i as u64, perm(i))));
-        let segs: Vec<Segment> = map
-            .pairs()
+        let pairs: Vec<(u64, u64)> = (0..count).map(|i| (i as u64, perm(i))).collect();
+        let segs: Vec<Segment> = pairs
             .iter()
             .map(|&(s, d)| Segment::new(d * block as u64, s * block as u64, block as u64))
             .collect();
@@ -140,7 +138,7 @@ impl Setup {
         Ok(Setup {
             src,
             dst,
-            map: Arc::new(map),
+            map: Op::blocks(block, pairs),
             segs,
             want,
             stream,
@@ -151,7 +149,7 @@ impl Setup {
 
     /// One block copy through `engine`, submitted and waited.
     fn ferry(&mut self, engine: &CudaEngine) -> Result<(), String> {
-        let (dst, src, op) = (&mut self.dst, &self.src, Op::Blocks(Arc::clone(&self.map)));
+        let (dst, src, op) = (&mut self.dst, &self.src, self.map.clone());
         engine
             .scope(|s| {
                 s.submit(dst, Some(src), op, &[])?
@@ -282,7 +280,7 @@ impl CudaBench {
                     match strategy {
                         None => {
                             let (dst, src) = (&mut st.dst, &st.src);
-                            let op = Op::Blocks(Arc::clone(&st.map));
+                            let op = st.map.clone();
                             let e = Arc::clone(&st.busy);
                             e.scope(|s| -> ferry::Result<()> {
                                 let r = s.submit(dst, Some(src), op, &[])?;
