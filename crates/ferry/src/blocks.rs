@@ -1,79 +1,13 @@
-//! Block copies ([`Op::Blocks`]): the mapping's checks and its lowering to a segment list, the
-//! constructors, and one operator over several buffer pairs as one request
-//! ([`Op::submit_pairs`]: a KV cache's layers, K and V tables each).
+//! Block copies ([`Op::Blocks`]): the constructors, and one operator over several buffer pairs
+//! as one request ([`Op::submit_pairs`]: a KV cache's layers, K and V tables each). The
+//! mapping's checks and its lowering to a segment list are in `op.rs` (`check_blocks`,
+//! `block_segments`), beside the segment list's own checks.
 
 use crate::engine::{Engine, Job, Scope, SubmitError};
 use crate::memory::{Memory, MemoryMut, RawBuf};
-use crate::op::{Op, OpError, Segment};
+use crate::op::{check_blocks, Op, OpError};
 use crate::request::{Join, Request};
 use std::sync::Arc;
-
-/// Checks a block mapping against a destination table of `dst_len` bytes and a source table
-/// of `src_len` bytes: a block size above 0 (unless the mapping is empty), every index inside
-/// its table, no destination block written twice. `table` names the buffer pair in the errors.
-pub(crate) fn check(
-    block: usize,
-    pairs: &[(u64, u64)],
-    dst_len: usize,
-    src_len: usize,
-    table: Option<usize>,
-) -> Result<(), OpError> {
-    if pairs.is_empty() {
-        return Ok(());
-    }
-    if block == 0 {
-        return Err(OpError::BlockZero);
-    }
-    let (dst_blocks, src_blocks) = ((dst_len / block) as u64, (src_len / block) as u64);
-    let mut sorted = true;
-    for (index, &(s, d)) in pairs.iter().enumerate() {
-        let out = |side, block_index, blocks| OpError::BlockOutOfRange {
-            index,
-            side,
-            block: block_index,
-            blocks,
-            block_bytes: block,
-            table,
-        };
-        if s >= src_blocks {
-            return Err(out("source", s, src_blocks));
-        }
-        if d >= dst_blocks {
-            return Err(out("destination", d, dst_blocks));
-        }
-        sorted &= index == 0 || pairs[index - 1].1 < d;
-    }
-    if !sorted {
-        let mut order: Vec<usize> = (0..pairs.len()).collect();
-        order.sort_unstable_by_key(|&i| (pairs[i].1, i));
-        if let Some(w) = order.windows(2).find(|w| pairs[w[0]].1 == pairs[w[1]].1) {
-            return Err(OpError::BlockDuplicate {
-                first: w[0],
-                second: w[1],
-                block: pairs[w[0]].1,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The mapping as a segment list in mapping order, entries that continue the previous one on
-/// both sides (block `s + 1` into block `d + 1` after `s` into `d`) merged into one segment.
-/// Call after [`check`].
-pub(crate) fn segments(block: usize, pairs: &[(u64, u64)]) -> Vec<Segment> {
-    let b = block as u64;
-    let mut out: Vec<Segment> = Vec::with_capacity(pairs.len());
-    for &(s, d) in pairs {
-        if let Some(last) = out.last_mut() {
-            if last.src_off + last.len == s * b && last.dst_off + last.len == d * b {
-                last.len += b;
-                continue;
-            }
-        }
-        out.push(Segment::new(d * b, s * b, b));
-    }
-    out
-}
 
 impl Op {
     /// [`Op::Blocks`]: block `s` of the source into block `d` of the destination for every
@@ -117,7 +51,7 @@ impl Op {
     fn check_pair(&self, dst_len: usize, src_len: usize, table: usize) -> Result<(), OpError> {
         match self {
             Op::Blocks { block_bytes, pairs } => {
-                check(*block_bytes, pairs, dst_len, src_len, Some(table))
+                check_blocks(*block_bytes, pairs, dst_len, src_len, Some(table))
             }
             Op::Custom(_) => Ok(()),
             op => op.lower(dst_len, Some(src_len)).map(drop),

@@ -195,6 +195,73 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
     Ok(total)
 }
 
+/// Checks a block mapping against a destination table of `dst_len` bytes and a source table
+/// of `src_len` bytes: a block size above 0 (unless the mapping is empty), every index inside
+/// its table, no destination block written twice. `table` names the buffer pair in the errors.
+pub(crate) fn check_blocks(
+    block: usize,
+    pairs: &[(u64, u64)],
+    dst_len: usize,
+    src_len: usize,
+    table: Option<usize>,
+) -> Result<(), OpError> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    if block == 0 {
+        return Err(OpError::BlockZero);
+    }
+    let (dst_blocks, src_blocks) = ((dst_len / block) as u64, (src_len / block) as u64);
+    let mut sorted = true;
+    for (index, &(s, d)) in pairs.iter().enumerate() {
+        let out = |side, block_index, blocks| OpError::BlockOutOfRange {
+            index,
+            side,
+            block: block_index,
+            blocks,
+            block_bytes: block,
+            table,
+        };
+        if s >= src_blocks {
+            return Err(out("source", s, src_blocks));
+        }
+        if d >= dst_blocks {
+            return Err(out("destination", d, dst_blocks));
+        }
+        sorted &= index == 0 || pairs[index - 1].1 < d;
+    }
+    if !sorted {
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_unstable_by_key(|&i| (pairs[i].1, i));
+        if let Some(w) = order.windows(2).find(|w| pairs[w[0]].1 == pairs[w[1]].1) {
+            return Err(OpError::BlockDuplicate {
+                first: w[0],
+                second: w[1],
+                block: pairs[w[0]].1,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The mapping as a segment list in mapping order, entries that continue the previous one on
+/// both sides (block `s + 1` into block `d + 1` after `s` into `d`) merged into one segment.
+/// Call after [`check_blocks`].
+pub(crate) fn block_segments(block: usize, pairs: &[(u64, u64)]) -> Vec<Segment> {
+    let b = block as u64;
+    let mut out: Vec<Segment> = Vec::with_capacity(pairs.len());
+    for &(s, d) in pairs {
+        if let Some(last) = out.last_mut() {
+            if last.src_off + last.len == s * b && last.dst_off + last.len == d * b {
+                last.len += b;
+                continue;
+            }
+        }
+        out.push(Segment::new(d * b, s * b, b));
+    }
+    out
+}
+
 /// A copy from `src` to `dst` checked against buffers of `dst_len` and `src_len` bytes (both
 /// layouts inside their buffers, the same element size), and its one contiguous run
 /// `(dst offset, src offset, bytes)` where it is one ([`Plan::single_run`]); `None`: a general
@@ -447,8 +514,8 @@ impl Op {
             Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs)),
             Op::Blocks { block_bytes, pairs } => {
                 let src_len = prog.src_len.ok_or(OpError::NoSource)?;
-                crate::blocks::check(*block_bytes, pairs, prog.dst_len, src_len, None)?;
-                prog.segments(crate::blocks::segments(*block_bytes, pairs).into())
+                check_blocks(*block_bytes, pairs, prog.dst_len, src_len, None)?;
+                prog.segments(block_segments(*block_bytes, pairs).into())
             }
             Op::Custom(o) => o.lower(prog),
         }

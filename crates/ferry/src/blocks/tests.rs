@@ -1,4 +1,5 @@
 use super::*;
+use crate::op::{block_segments, check_blocks, Segment};
 use crate::{CpuEngine, EngineExt, RequestError};
 use proptest::prelude::*;
 
@@ -44,8 +45,8 @@ fn block_error(e: crate::Error) -> OpError {
 #[test]
 fn segments_merge_runs_that_continue_on_both_sides() {
     let pairs = [(0, 5), (1, 6), (2, 7), (9, 1), (10, 3), (11, 4)];
-    check(4, &pairs, 64, 64, None).unwrap();
-    let segs = segments(4, &pairs);
+    check_blocks(4, &pairs, 64, 64, None).unwrap();
+    let segs = block_segments(4, &pairs);
     assert_eq!(
         segs,
         [
