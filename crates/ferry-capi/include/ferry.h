@@ -260,6 +260,22 @@ int ferry_dma_request_create_mem(ferry_dma *dma, ferry_request **req, const ferr
                                  const ferry_layout *src_layout, const ferry_op *op,
                                  void *op_arg);
 
+/* Block copies (a KV cache's swap): block src_blocks[i] of each source table into block
+ * dst_blocks[i] of the destination table of the same position (dst_tables[t] from
+ * src_tables[t]), for every i < nblocks, blocks of block_bytes bytes (block b of a table:
+ * bytes b * block_bytes .. of its buffer), every table pair in ONE request; never waits.
+ * nblocks 0 (index arrays may be NULL) or ntables 0: a request already done. Every mapping is
+ * checked before any byte moves: -FERRY_EINVAL names the entry and the table pair of a block
+ * index negative or past its table's end, or of two entries writing one destination block;
+ * also NULL/invalid arguments, block_bytes 0. -FERRY_EOVERLAP, -FERRY_EUNSUPPORTED,
+ * -FERRY_ESHUTDOWN, -FERRY_EDRIVER as for ferry_dma_request_create_mem. On a CUDA dma the
+ * blocks move as one gather: the driver's batched copy, one copy per block, or the SM gather
+ * kernel (by block size; never the SMs where FERRY_CUDA_COMPUTE_BUSY=1). BUFFER LIFETIME
+ * CONTRACT applies to every table. */
+int ferry_dma_copy_blocks(ferry_dma *dma, ferry_request **req, const ferry_buffer *dst_tables,
+                          const ferry_buffer *src_tables, size_t ntables, size_t block_bytes,
+                          const int64_t *src_blocks, const int64_t *dst_blocks, size_t nblocks);
+
 /* Waits for THIS request only (may block), releases it, sets *req = NULL.
  * FERRY_SUCCESS; -FERRY_EREQUEST if it failed (released all the same; a later barrier does
  * not report it again); -FERRY_EINVAL for NULL/invalid arguments or a request of another dma

@@ -20,6 +20,7 @@
 //! vouch for. Their `# Safety` lists state what the caller must guarantee.
 
 mod agent;
+mod blocks;
 mod dma;
 mod error;
 mod layout;
@@ -29,6 +30,7 @@ mod request;
 mod tests;
 
 pub use agent::*;
+pub use blocks::*;
 pub use dma::*;
 pub use error::*;
 pub use layout::*;

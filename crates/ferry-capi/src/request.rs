@@ -34,7 +34,7 @@ pub struct FerryBuffer {
 }
 
 impl FerryBuffer {
-    fn raw(&self, what: &str) -> Result<RawBuf, Fail> {
+    pub(crate) fn raw(&self, what: &str) -> Result<RawBuf, Fail> {
         if self.ptr.is_null() {
             return Err(Fail::inval(format!("{what} is NULL")));
         }
@@ -72,6 +72,17 @@ pub struct FerryRequest {
     magic: u64,
     dma: u64,
     req: Request,
+}
+
+impl FerryRequest {
+    /// A new handle for request `req` of the dma numbered `dma`.
+    pub(crate) fn boxed(dma: u64, req: Request) -> *mut FerryRequest {
+        Box::into_raw(Box::new(FerryRequest {
+            magic: REQUEST_MAGIC,
+            dma,
+            req,
+        }))
+    }
 }
 
 /// Checks a request handle and that it belongs to `dma` (when `dma` is given).

@@ -26,8 +26,8 @@ pub(crate) struct PyRequest {
 }
 
 #[derive(Default)]
-struct State {
-    req: Option<ferry::Request>,
+pub(crate) struct State {
+    pub(crate) req: Option<ferry::Request>,
     result: Option<Result<(), ferry::RequestError>>,
     keep: Vec<PyObject>,
 }
@@ -42,11 +42,11 @@ impl PyRequest {
             }),
         }
     }
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
     /// Stores the outcome and lets go of the arrays; raises a failure.
-    fn finish(&self, r: Result<(), ferry::RequestError>) -> PyResult<()> {
+    pub(crate) fn finish(&self, r: Result<(), ferry::RequestError>) -> PyResult<()> {
         let keep = {
             let mut s = self.lock();
             s.result = Some(r.clone());
@@ -196,7 +196,7 @@ fn run(
 
 /// The `stream=` argument.
 #[derive(Debug, Clone, Copy)]
-enum StreamArg {
+pub(crate) enum StreamArg {
     /// None: PyTorch's current stream when a PyTorch GPU tensor takes part, else the legacy
     /// default stream, as the CUDA array-interchange protocols assume.
     Auto,
@@ -208,7 +208,7 @@ enum StreamArg {
 
 impl StreamArg {
     /// The stream handle given as an int, if one was (DLPack producers synchronise with it).
-    fn raw(&self) -> Option<usize> {
+    pub(crate) fn raw(&self) -> Option<usize> {
         match *self {
             StreamArg::Raw(s) => Some(s),
             _ => None,
@@ -217,7 +217,7 @@ impl StreamArg {
 }
 
 /// Reads `stream=`.
-fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
+pub(crate) fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
     let Some(s) = stream.filter(|s| !s.is_none()) else {
         return Ok(StreamArg::Auto);
     };
@@ -235,7 +235,7 @@ fn stream_arg(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamArg> {
 }
 
 /// The stream a copy on `eng` runs in (None: the engine's own streams).
-fn pick_stream(
+pub(crate) fn pick_stream(
     py: Python<'_>,
     eng: &Eng,
     a: StreamArg,
@@ -277,7 +277,11 @@ pub(crate) fn torch_stream(py: Python<'_>, ordinal: u32) -> PyResult<usize> {
 /// reach the point they hold now: events recorded there, which the copy waits for on the GPU
 /// (no host wait). None for an array whose producer asked for no synchronization, or on the
 /// stream the copy itself runs in (`on`), which orders it already.
-fn producer_waits(eng: &Eng, arrs: &[&Arr], on: Option<usize>) -> PyResult<Vec<ferry::Request>> {
+pub(crate) fn producer_waits(
+    eng: &Eng,
+    arrs: &[&Arr],
+    on: Option<usize>,
+) -> PyResult<Vec<ferry::Request>> {
     let Eng::Cuda(c) = eng else {
         return Ok(Vec::new());
     };

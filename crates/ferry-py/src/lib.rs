@@ -27,6 +27,7 @@
 
 mod agent;
 mod array;
+mod blocks;
 mod ckpt;
 mod copy;
 mod dlpack;
@@ -120,6 +121,7 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(array::_array_info, m)?)?;
     m.add_function(wrap_pyfunction!(copy::copy_, m)?)?;
     m.add_function(wrap_pyfunction!(copy::gather, m)?)?;
+    m.add_function(wrap_pyfunction!(blocks::copy_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(pipe::pipeline, m)?)?;
     m.add_function(wrap_pyfunction!(fileio::read_file, m)?)?;
     m.add_function(wrap_pyfunction!(fileio::write_file, m)?)?;

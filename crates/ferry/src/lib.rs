@@ -80,6 +80,7 @@ macro_rules! count_alloc {
 pub mod agent;
 #[cfg(feature = "bench")]
 pub mod bench;
+mod blocks;
 pub mod checkpoint;
 pub mod engine;
 mod env;

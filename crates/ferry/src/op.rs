@@ -75,6 +75,61 @@ pub enum OpError {
         /// Index of the other.
         b: usize,
     },
+    /// A block copy ([`Op::Blocks`]) of blocks of 0 bytes.
+    #[error("a block copy of blocks of 0 bytes")]
+    BlockZero,
+    /// A block copy's two index arrays differ in length ([`Op::blocks_from_indices`]).
+    #[error("{src} source block indices but {dst} destination block indices")]
+    BlockIndexCount {
+        /// Source indices given.
+        src: usize,
+        /// Destination indices given.
+        dst: usize,
+    },
+    /// A negative block index ([`Op::blocks_from_indices`]).
+    #[error("mapping entry {index}: {side} block index {value} is negative")]
+    BlockNegative {
+        /// Entry in the mapping.
+        index: usize,
+        /// `"source"` or `"destination"`.
+        side: &'static str,
+        /// The index given.
+        value: i64,
+    },
+    /// A block index past the end of its table ([`Op::Blocks`]).
+    #[error("mapping entry {index}: {side} block {block} is past the table's end ({blocks} blocks of {block_bytes} bytes{})", table.map(|t| format!(", table pair {t}")).unwrap_or_default())]
+    BlockOutOfRange {
+        /// Entry in the mapping.
+        index: usize,
+        /// `"source"` or `"destination"`.
+        side: &'static str,
+        /// The block named.
+        block: u64,
+        /// Whole blocks in the table.
+        blocks: u64,
+        /// The block size.
+        block_bytes: usize,
+        /// Which buffer pair ([`Op::submit_pairs`]); `None` for a request's own buffers.
+        table: Option<usize>,
+    },
+    /// Two entries of a block copy write the same destination block ([`Op::Blocks`]).
+    #[error("mapping entries {first} and {second} both write destination block {block}")]
+    BlockDuplicate {
+        /// The earlier entry.
+        first: usize,
+        /// The later entry.
+        second: usize,
+        /// The block both write.
+        block: u64,
+    },
+    /// [`Op::submit_pairs`] was given different numbers of destination and source buffers.
+    #[error("{dst} destination buffers but {src} source buffers")]
+    PairCount {
+        /// Destination buffers.
+        dst: usize,
+        /// Source buffers.
+        src: usize,
+    },
     /// The operator's own failure.
     #[error("{0}")]
     Custom(String),
@@ -138,6 +193,73 @@ pub fn check_segments(segs: &[Segment], dst_len: usize, src_len: usize) -> Resul
         }
     }
     Ok(total)
+}
+
+/// Checks a block mapping against a destination table of `dst_len` bytes and a source table
+/// of `src_len` bytes: a block size above 0 (unless the mapping is empty), every index inside
+/// its table, no destination block written twice. `table` names the buffer pair in the errors.
+pub(crate) fn check_blocks(
+    block: usize,
+    pairs: &[(u64, u64)],
+    dst_len: usize,
+    src_len: usize,
+    table: Option<usize>,
+) -> Result<(), OpError> {
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    if block == 0 {
+        return Err(OpError::BlockZero);
+    }
+    let (dst_blocks, src_blocks) = ((dst_len / block) as u64, (src_len / block) as u64);
+    let mut sorted = true;
+    for (index, &(s, d)) in pairs.iter().enumerate() {
+        let out = |side, block_index, blocks| OpError::BlockOutOfRange {
+            index,
+            side,
+            block: block_index,
+            blocks,
+            block_bytes: block,
+            table,
+        };
+        if s >= src_blocks {
+            return Err(out("source", s, src_blocks));
+        }
+        if d >= dst_blocks {
+            return Err(out("destination", d, dst_blocks));
+        }
+        sorted &= index == 0 || pairs[index - 1].1 < d;
+    }
+    if !sorted {
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_unstable_by_key(|&i| (pairs[i].1, i));
+        if let Some(w) = order.windows(2).find(|w| pairs[w[0]].1 == pairs[w[1]].1) {
+            return Err(OpError::BlockDuplicate {
+                first: w[0],
+                second: w[1],
+                block: pairs[w[0]].1,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The mapping as a segment list in mapping order, entries that continue the previous one on
+/// both sides (block `s + 1` into block `d + 1` after `s` into `d`) merged into one segment.
+/// Call after [`check_blocks`].
+pub(crate) fn block_segments(block: usize, pairs: &[(u64, u64)]) -> Vec<Segment> {
+    let b = block as u64;
+    let mut out: Vec<Segment> = Vec::with_capacity(pairs.len());
+    for &(s, d) in pairs {
+        if let Some(last) = out.last_mut() {
+            if last.src_off + last.len == s * b && last.dst_off + last.len == d * b {
+                last.len += b;
+                continue;
+            }
+        }
+        out.push(Segment::new(d * b, s * b, b));
+    }
+    out
 }
 
 /// A copy from `src` to `dst` checked against buffers of `dst_len` and `src_len` bytes (both
@@ -318,6 +440,36 @@ pub enum Op {
     /// Copy a list of scattered segments (e.g. 100,000 pieces of 4 KiB): one request, run as
     /// a gather/scatter by the engine (an SM kernel or the driver's batched copy on a GPU).
     Segments(std::sync::Arc<[Segment]>),
+    /// Copy blocks between two block tables (a KV cache's swap, as vLLM's `swap_blocks`):
+    /// block `s` of the source into block `d` of the destination for every `(s, d)` of
+    /// `pairs`, blocks of `block_bytes` bytes (block `i` of a buffer: bytes `i * block_bytes ..
+    /// (i + 1) * block_bytes`; a buffer holds `len / block_bytes` whole blocks). Checked at
+    /// submit, before any byte moves: every index inside its table, no destination block
+    /// written twice (errors name the entry). An empty mapping copies nothing. Lowered to one
+    /// segment list (entries that continue the previous one on both sides merged), so each
+    /// engine runs it as a gather: on a GPU the driver's batched copy, one copy per block, or
+    /// the SM gather kernel, by block size and by whether the SMs are left to compute
+    /// ([`CudaConfig::compute_busy`](crate::cuda::CudaConfig::compute_busy)). Made by
+    /// [`Op::blocks`] or [`Op::blocks_from_indices`]; several tables (a cache's layers) as one
+    /// request: [`Op::submit_pairs`].
+    ///
+    /// ```
+    /// use ferry::{CpuEngine, EngineExt, Op};
+    /// let engine = CpuEngine::new(2)?;
+    /// // Tables of 4 blocks of 8 bytes; blocks 0 and 3 of `src` into blocks 2 and 1 of `dst`.
+    /// let src: Vec<u8> = (0..32).collect();
+    /// let mut dst = vec![0u8; 32];
+    /// let op = Op::blocks(8, [(0, 2), (3, 1)]);
+    /// engine.scope(|s| -> ferry::Result<()> { Ok(s.submit(&mut dst, Some(&src), op, &[])?.wait()?) })?;
+    /// assert_eq!((&dst[16..24], &dst[8..16]), (&src[0..8], &src[24..32]));
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    Blocks {
+        /// Bytes per block.
+        block_bytes: usize,
+        /// `(src_block, dst_block)` pairs.
+        pairs: std::sync::Arc<[(u64, u64)]>,
+    },
     /// A custom operator.
     Custom(std::sync::Arc<dyn Operator>),
 }
@@ -336,6 +488,9 @@ impl std::fmt::Debug for Op {
                 .field("pattern", pattern)
                 .finish(),
             Op::Segments(s) => write!(f, "Segments({} segments)", s.len()),
+            Op::Blocks { block_bytes, pairs } => {
+                write!(f, "Blocks({} blocks of {block_bytes} bytes)", pairs.len())
+            }
             Op::Custom(o) => write!(f, "Custom({})", o.name()),
         }
     }
@@ -348,6 +503,7 @@ impl Op {
             Op::Copy { .. } => "copy",
             Op::Fill { .. } => "fill",
             Op::Segments(_) => "segments",
+            Op::Blocks { .. } => "blocks",
             Op::Custom(o) => o.name(),
         }
     }
@@ -369,6 +525,11 @@ impl Op {
             Op::Copy { dst, src } => prog.copy(dst, src),
             Op::Fill { dst, pattern } => prog.fill(dst, pattern),
             Op::Segments(segs) => prog.segments(std::sync::Arc::clone(segs)),
+            Op::Blocks { block_bytes, pairs } => {
+                let src_len = prog.src_len.ok_or(OpError::NoSource)?;
+                check_blocks(*block_bytes, pairs, prog.dst_len, src_len, None)?;
+                prog.segments(block_segments(*block_bytes, pairs).into())
+            }
             Op::Custom(o) => o.lower(prog),
         }
     }

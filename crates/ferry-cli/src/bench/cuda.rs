@@ -30,8 +30,10 @@
 //! bidir), `cuda/mapped.rs`, `cuda/strided.rs` (tile, transpose, scatter), `cuda/latency.rs`,
 //! `cuda/parts.rs` (`cuda-latency-parts`), `cuda/segments.rs` (pageable segment lists),
 //! `cuda/threads.rs` (`cuda-threads`: many submitting threads, host clock, one row per thread
-//! count) and `cuda/caller.rs` (the caller's view, CPU metering, `cuda-wait-cpu`).
+//! count), `cuda/blocks.rs` (`cuda-blocks-*`: KV-cache block copies, the SMs free and busy, and
+//! the interference with a running kernel) and `cuda/caller.rs` (the caller's view, CPU metering, `cuda-wait-cpu`).
 
+mod blocks;
 mod caller;
 mod contiguous;
 mod latency;
@@ -66,6 +68,10 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cuda-scatter", "100,000 scattered segments (size = segment) pinned -> device, vs one cuMemcpyAsync per segment", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
     TestInfo::new("cuda-scatter-pageable", "100,000 scattered segments (size = segment) pageable -> device, vs one cuMemcpyAsync per segment and a 1-thread CPU gather to pinned + one cuMemcpyAsync; CPU time per GB", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
     TestInfo::new("cuda-gather-pageable", "device -> 100,000 scattered segments (size = segment) of pageable memory, vs one cuMemcpyAsync per segment and one cuMemcpyAsync to pinned + a 1-thread CPU scatter; CPU time per GB", Needs::Cuda, Kind::Bandwidth, "1K,4K,64K"),
+    TestInfo::new("cuda-blocks-h2d", "block copy (size = block; rows of 16, 256, 4096 blocks, at most 1 GiB) pinned -> device table, a permutation: ferry with the SMs free and busy, vs raw cuMemcpyBatchAsync, cuMemcpyAsync per block and the SM gather kernel; CPU time per GB, submit cost", Needs::Cuda, Kind::Bandwidth, "4K,8K,32K,64K,512K,2M"),
+    TestInfo::new("cuda-blocks-d2h", "as cuda-blocks-h2d, device -> pinned table", Needs::Cuda, Kind::Bandwidth, "4K,8K,32K,64K,512K,2M"),
+    TestInfo::new("cuda-blocks-d2d", "as cuda-blocks-h2d, device -> device table", Needs::Cuda, Kind::Bandwidth, "4K,8K,32K,64K,512K,2M"),
+    TestInfo::new("cuda-blocks-busy", "block copy pinned -> device (the largest count that fits) while an FMA kernel on every SM runs on another stream: time until both are done, and the kernel's slowdown per mechanism", Needs::Cuda, Kind::Latency, "8K,64K,512K,2M"),
     TestInfo::new("cuda-latency", "submit+wait of one small pinned -> device copy, default wait (WaitMode::Auto), vs cuMemcpyAsync + cuStreamSynchronize", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-spin", "as cuda-latency with WaitMode::Spin", Needs::Cuda, Kind::Latency, "4,64,1K,4K,64K"),
     TestInfo::new("cuda-latency-hybrid", "as cuda-latency with WaitMode::SpinThenBlock(50 us)", Needs::Cuda, Kind::Latency, "4,4K,64K"),
@@ -193,6 +199,10 @@ impl CudaBench {
             }
             "cuda-latency-parts" => self.latency_parts(&ctx, size)?,
             "cuda-threads" => return self.threads(&ctx, size),
+            "cuda-blocks-h2d" => return self.blocks(&ctx, size, blocks::Way::H2d),
+            "cuda-blocks-d2h" => return self.blocks(&ctx, size, blocks::Way::D2h),
+            "cuda-blocks-d2d" => return self.blocks(&ctx, size, blocks::Way::D2d),
+            "cuda-blocks-busy" => self.blocks_busy(&ctx, size)?,
             "cuda-wait-cpu" => self.wait_cpu(&ctx, size)?,
             _ => {
                 return Err(BenchError::UnknownTest {

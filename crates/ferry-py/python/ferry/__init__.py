@@ -15,6 +15,9 @@ Functions (``help(ferry.NAME)`` for each one's arguments, errors and an example)
 
 - ``copy_(dst, src, non_blocking=False, engine=None, stream=None)``: copies one array into
   another (host or GPU, strided too) and returns a ``Request``.
+- ``copy_blocks(dst, src, mapping, leave_sms=False, non_blocking=False, engine=None,
+  stream=None)``: the blocks a ``(src_block, dst_block)`` mapping names between block tables
+  (a KV cache's swap, as vLLM's ``swap_blocks``), every table in one request.
 - ``gather(src, index, out, non_blocking=False, engine=None, stream=None)``: rows
   ``index[i]`` of a 2-D array into row ``i`` of ``out``.
 - ``pipeline(src, out, stage, chunk_bytes=1048576, slots=3, engine=None)``: a Python stage
@@ -68,6 +71,7 @@ from ._ferry import (
     _load_safetensors,
     _load_safetensors_into,
     copy_,
+    copy_blocks,
     gather,
     info,
     pipeline,
@@ -91,6 +95,7 @@ __all__ = [
     "Request",
     "SaveRequest",
     "copy_",
+    "copy_blocks",
     "gather",
     "info",
     "load_safetensors",

@@ -28,6 +28,7 @@ __all__ = [
     "info",
     "_array_info",
     "copy_",
+    "copy_blocks",
     "gather",
     "pipeline",
     "read_file",
@@ -103,6 +104,15 @@ def gather(
     src: _ArrayLike,
     index: _ArrayLike,
     out: _ArrayLike,
+    non_blocking: bool = False,
+    engine: Optional[_Engine] = None,
+    stream: _Stream = None,
+) -> Request: ...
+def copy_blocks(
+    dst: Union[_ArrayLike, Sequence[_ArrayLike]],
+    src: Union[_ArrayLike, Sequence[_ArrayLike]],
+    mapping: Union[_ArrayLike, Sequence[tuple[int, int]]],
+    leave_sms: bool = False,
     non_blocking: bool = False,
     engine: Optional[_Engine] = None,
     stream: _Stream = None,

@@ -58,7 +58,11 @@ impl CudaEngine {
             lanes: lanes::Lanes::new(&ctx, first, cfg.streams, &waker_tx),
             can_access,
             peers: Mutex::new((0..count).map(|_| None).collect()),
-            paths: paths::Paths::new(Arc::clone(&ctx), cfg.staging.unwrap_or_default()),
+            paths: paths::Paths::new(
+                Arc::clone(&ctx),
+                cfg.staging.unwrap_or_default(),
+                route::gather_mode(&cfg) == route::Strategy::Dma,
+            ),
             rates,
             ctx,
         })

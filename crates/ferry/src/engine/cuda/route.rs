@@ -401,7 +401,10 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
     }
     let mut r = Route::new(direction(cfg, dst, Some(src)));
     let reachable = kernel_reachable(me, dst) && kernel_reachable(me, src);
-    let mode = cfg.kernel_copies;
+    let mode = match cfg.kernel_copies {
+        KernelCopies::Auto if cfg.compute_busy => KernelCopies::Never,
+        k => k,
+    };
     let sm = reachable
         && mode != KernelCopies::Never
         && !steps.is_empty()
@@ -462,14 +465,44 @@ pub(crate) fn gather_calls(steps: &[Step]) -> Option<usize> {
     Some(n)
 }
 
-/// What the gatherer's [`Strategy::Auto`] does with `n` segments of `total` bytes. The facts
-/// it needs are asked only when the answer matters (each costs driver calls, the kernel a
-/// compile the first time): `reachable`, both buffers are device-accessible; `batch`, the driver
-/// has `cuMemcpyBatchAsync` and the stream is not the legacy one; `kernel`, the gather kernel
-/// can be made.
+/// The strategy an engine configured by `cfg` asks its gatherer for (segment lists, block
+/// copies): [`Strategy::Auto`], or [`Strategy::Dma`] where the SMs are left to the caller's
+/// kernels ([`CudaConfig::compute_busy`], [`KernelCopies::Never`]).
+pub(crate) fn gather_mode(cfg: &CudaConfig) -> Strategy {
+    if cfg.compute_busy || cfg.kernel_copies == KernelCopies::Never {
+        Strategy::Dma
+    } else {
+        Strategy::Auto
+    }
+}
+
+/// The driver's batched copy takes at most this many copies per call; a longer list is
+/// several batches, each of which falls back to one call per copy on its own if the driver
+/// refuses it (`CUDA_ERROR_INVALID_VALUE` for some shapes, reported by vLLM's users). Not yet
+/// measured: the largest count of the `cuda-blocks` bench (4,096 blocks) is one batch.
+pub const BATCH_MAX_COPIES: usize = 4096;
+
+/// Whether the gatherer's batched copies carry `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`
+/// (the driver asked to keep them on the copy engines, the caller's kernels running): the
+/// batched copy is the route that leaves the SMs free, so yes. Not yet measured: the
+/// `cuda-blocks` bench times the raw batched copy with and without it, alone and beside a
+/// running kernel.
+pub const BATCH_PREFER_OVERLAP: bool = true;
+
+/// What the gatherer's [`Strategy::Auto`] (`sms_free`) or [`Strategy::Dma`] (not `sms_free`)
+/// does with `n` segments of `total` bytes. The facts it needs are asked only when the answer
+/// matters (each costs driver calls, the kernel a compile the first time): `reachable`, both
+/// buffers are device-accessible; `batch`, the driver has `cuMemcpyBatchAsync` and the stream
+/// is not the legacy one; `kernel`, the gather kernel can be made.
+///
+/// With the SMs free, the kernel takes segments averaging under [`AUTO_LARGE_SEGMENT`] (47 GB/s
+/// at 4 KiB against the batched copy's 2.0-2.9 on the H200: the gain is large); with the SMs
+/// busy, nothing goes to them: the batched copy (one call for the whole list, unordered
+/// within it) where it can run, else one call per segment.
 pub(crate) fn gather_strategy(
     n: usize,
     total: u64,
+    sms_free: bool,
     reachable: impl FnOnce() -> bool,
     batch: impl FnOnce() -> bool,
     kernel: impl FnOnce() -> bool,
@@ -479,7 +512,7 @@ pub(crate) fn gather_strategy(
     }
     let reachable = reachable();
     let batch = reachable && batch();
-    if total / n as u64 >= AUTO_LARGE_SEGMENT {
+    if !sms_free || total / n as u64 >= AUTO_LARGE_SEGMENT {
         return if batch {
             Strategy::Batch
         } else {
@@ -558,6 +591,11 @@ pub enum Strategy {
     Batch,
     /// One `cuMemcpyAsync` per segment (copy engines; works for any memory, pageable included).
     PerSegment,
+    /// The copy engines only, leaving the SMs to the caller's kernels: the batched copy where
+    /// both sides are device-accessible and the driver has it, else one call per segment
+    /// (what [`CudaConfig::compute_busy`](super::CudaConfig::compute_busy) makes the engine ask
+    /// for).
+    Dma,
     /// Pick by measurement (H200, PCIe 5.0; `bench/results/h200.md`, "The staging pipeline,
     /// gather strategies and wait modes"): one driver call
     /// each for at most [`AUTO_FEW_SEGMENTS`] segments; the batch copy where segments average at

@@ -102,6 +102,14 @@ pub struct CudaConfig {
     /// to 16; lane 0's streams are made with the engine, the others on first use.
     /// `FERRY_CUDA_STREAMS` in [`CudaConfig::from_env`].
     pub streams: usize,
+    /// The caller's kernels keep the SMs busy while copies run (a model computing while its KV
+    /// cache is swapped): copies leave the SMs to them. Segment lists and block copies take the
+    /// copy engines (the driver's batched copy, else one call per segment) instead of the SM
+    /// gather kernel, and [`KernelCopies::Auto`] sends nothing to the SMs
+    /// ([`KernelCopies::Always`] still does). Default `false`: the SMs are used where they are
+    /// much faster (the thresholds in `route.rs`). `FERRY_CUDA_COMPUTE_BUSY` (`0`/`1`) in
+    /// [`CudaConfig::from_env`].
+    pub compute_busy: bool,
 }
 
 impl CudaConfig {
@@ -117,20 +125,30 @@ impl CudaConfig {
             kernel_copies: KernelCopies::Auto,
             d2d_sm_share: None,
             streams: default_streams(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            compute_busy: false,
         }
     }
     /// [`CudaConfig::new`] with the staging tuned from the environment
     /// ([`StagingConfig::from_env`](StagingConfig::from_env): `FERRY_STAGING_*`) and
-    /// `FERRY_CUDA_STREAMS` ([`CudaConfig::streams`]).
+    /// `FERRY_CUDA_STREAMS` ([`CudaConfig::streams`]) and `FERRY_CUDA_COMPUTE_BUSY`
+    /// ([`CudaConfig::compute_busy`]).
     /// Errors: [`ConfigError`](crate::ConfigError) naming a variable whose value does not parse.
     pub fn from_env(ordinal: u32) -> Result<CudaConfig, crate::ConfigError> {
         let mut c = CudaConfig::new(ordinal).staging(Some(StagingConfig::from_env()?));
         crate::env::apply(&crate::env::process, "FERRY_CUDA_STREAMS", &mut c.streams)?;
+        let busy = "FERRY_CUDA_COMPUTE_BUSY";
+        crate::env::apply(&crate::env::process, busy, &mut c.compute_busy)?;
         Ok(c.streams(c.streams))
     }
     /// Sets the number of streams per direction in the engine's pool (0 counts as 1).
     pub fn streams(mut self, n: usize) -> CudaConfig {
         self.streams = n.max(1);
+        self
+    }
+    /// Says whether the caller's kernels keep the SMs busy while copies run
+    /// ([`CudaConfig::compute_busy`]): `true` leaves the SMs to them.
+    pub fn compute_busy(mut self, busy: bool) -> CudaConfig {
+        self.compute_busy = busy;
         self
     }
     /// Sets which copies run on the SMs ([`KernelCopies`]; default [`KernelCopies::Auto`]).
@@ -191,7 +209,8 @@ pub enum KernelCopies {
     /// on the copy engines.
     #[default]
     Auto,
-    /// Everything on the copy engines (as before the SM path existed).
+    /// Everything on the copy engines (as before the SM path existed), segment lists and
+    /// block copies included.
     Never,
     /// Every copy between device-accessible buffers on the SMs, contiguous ones included: the
     /// zero-copy SM path for mapped host memory (as nvbandwidth's SM copy tests), or to keep the

@@ -9,8 +9,11 @@
 //! per call through a pinned buffer and an async copy on the caller's stream.
 //!
 //! [`Strategy`] picks the mechanism: the kernel, the driver's batch copy
-//! (`cuMemcpyBatchAsync`), one `cuMemcpyAsync` per segment, or [`Strategy::Auto`], which picks
-//! by segment count and size (thresholds measured on an H200, see [`Strategy::Auto`]).
+//! (`cuMemcpyBatchAsync`, in batches that fall back one by one to a call per segment where the
+//! driver refuses them: `paths/batch.rs`), one `cuMemcpyAsync` per segment, [`Strategy::Auto`],
+//! which picks by segment count and size (thresholds measured on an H200, see
+//! [`Strategy::Auto`]), or [`Strategy::Dma`], which leaves the SMs to the caller's kernels. A
+//! gatherer made with [`Gatherer::leave_sms`] takes [`Strategy::Auto`] as [`Strategy::Dma`].
 //!
 //! ```no_run
 //! use ferry::engine::cuda::gather::{Gatherer, Segment, Strategy};
@@ -44,6 +47,7 @@ use thiserror::Error;
 pub use crate::op::Segment;
 
 pub use crate::engine::cuda::route::Strategy;
+use crate::engine::cuda::route::BATCH_PREFER_OVERLAP;
 use crate::engine::cuda::CudaError;
 
 #[cfg(feature = "bench")]
@@ -158,6 +162,9 @@ pub struct Gatherer {
     func: Mutex<Option<CudaFunction>>,
     table: Mutex<Table>,
     sms: u32,
+    leave_sms: bool,
+    /// Batches the driver refused so far, and its first refusal.
+    refused: Mutex<(usize, Option<DriverError>)>,
 }
 
 impl std::fmt::Debug for Gatherer {
@@ -204,7 +211,25 @@ impl Gatherer {
             func: Mutex::new(None),
             table: Mutex::new(table),
             sms,
+            leave_sms: false,
+            refused: Mutex::new((0, None)),
         })
+    }
+
+    /// Makes [`Strategy::Auto`] leave the SMs to the caller's kernels (as [`Strategy::Dma`]):
+    /// what an engine configured with
+    /// [`CudaConfig::compute_busy`](crate::engine::cuda::CudaConfig::compute_busy) uses.
+    pub fn leave_sms(mut self, leave: bool) -> Gatherer {
+        self.leave_sms = leave;
+        self
+    }
+
+    /// How many batches of [`Strategy::Batch`] the driver has refused so far (each copied one
+    /// call per segment instead, the copy correct), and the driver's first refusal: a shape
+    /// the driver's batched copy does not take shows here, not as a failed request.
+    #[cfg(feature = "bench")]
+    pub fn batch_refusals(&self) -> (usize, Option<DriverError>) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The context this gatherer belongs to.
@@ -226,17 +251,10 @@ impl Gatherer {
         Ok(k)
     }
 
-    /// Whether the driver exports the batched copy (`cuMemcpyBatchAsync_v2`).
+    /// Whether the driver exports the batched copy (`cuMemcpyBatchAsync_v2`, CUDA 13 or
+    /// later; looked up once).
     pub fn batch_supported() -> bool {
-        if !crate::engine::cuda::sys::error::driver_present() {
-            return false;
-        }
-        // SAFETY: the library is present (checked above); looking a symbol up calls nothing.
-        unsafe {
-            sys::culib()
-                .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync_v2")
-                .is_ok()
-        }
+        driver::batch_copy().is_ok()
     }
 
     /// Enqueues a copy of every segment, `len` bytes from `src + src_off` to `dst + dst_off`, on
@@ -296,7 +314,8 @@ impl Gatherer {
         }
         driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
         let strategy = match strategy {
-            Strategy::Auto => self.choose(stream, dst, src, segs.len(), total),
+            Strategy::Auto => self.choose(stream, dst, src, segs.len(), total, !self.leave_sms),
+            Strategy::Dma => self.choose(stream, dst, src, segs.len(), total, false),
             s => s,
         };
         match strategy {
@@ -305,7 +324,7 @@ impl Gatherer {
             // SAFETY: forwarded contract.
             Strategy::Batch => unsafe { self.copy_batch(stream, dst, src, segs)? },
             // SAFETY: forwarded contract.
-            Strategy::PerSegment | Strategy::Auto => unsafe {
+            Strategy::PerSegment | Strategy::Auto | Strategy::Dma => unsafe {
                 self.copy_each(stream, dst, src, segs)?
             },
         }
@@ -319,12 +338,13 @@ impl Gatherer {
         src: u64,
         n: usize,
         total: u64,
+        sms_free: bool,
     ) -> Strategy {
         // Pageable memory goes one call per segment (the driver stages it anyway).
         let reachable =
             || driver::device_address(dst).is_some() && driver::device_address(src).is_some();
         let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
-        crate::engine::cuda::route::gather_strategy(n, total, reachable, batch, || {
+        crate::engine::cuda::route::gather_strategy(n, total, sms_free, reachable, batch, || {
             self.kernel().is_ok()
         })
     }
@@ -357,49 +377,23 @@ impl Gatherer {
         src: u64,
         segs: &[Segment],
     ) -> Result<(), GatherError> {
-        if !Self::batch_supported() {
-            return Err(GatherError::BatchUnavailable(
-                "the driver does not export cuMemcpyBatchAsync_v2",
-            ));
-        }
+        driver::batch_copy().map_err(GatherError::BatchUnavailable)?;
         let cs = stream.cu_stream();
         if cs.is_null() {
             return Err(GatherError::BatchUnavailable(
                 "it does not run on the legacy default stream",
             ));
         }
-        let live = segs.iter().filter(|s| s.len > 0);
-        let mut dsts: Vec<u64> = live.clone().map(|s| dst + s.dst_off).collect();
-        let mut srcs: Vec<u64> = live.clone().map(|s| src + s.src_off).collect();
-        let mut sizes: Vec<usize> = live.map(|s| s.len as usize).collect();
-        let loc = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID,
-            id: 0,
-        };
-        let mut attr = sys::CUmemcpyAttributes {
-            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-            srcLocHint: loc,
-            dstLocHint: loc,
-            flags: 0,
-        };
-        let mut idx = [0usize];
-        // SAFETY: the arrays hold `sizes.len()` entries each and are read during the call only;
-        // every segment lies in its buffers (checked), valid by contract; one attribute applies
-        // from index 0.
-        unsafe {
-            sys::cuMemcpyBatchAsync_v2(
-                dsts.as_mut_ptr(),
-                srcs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                sizes.len(),
-                &mut attr,
-                idx.as_mut_ptr(),
-                1,
-                cs,
-            )
+        // SAFETY: the segments lie in both buffers (checked), valid and unshared by contract;
+        // a created stream of this context (not the legacy one: checked).
+        let done = unsafe { super::batch::copy(cs, dst, src, segs, BATCH_PREFER_OVERLAP) }
+            .map_err(|(op, source)| GatherError::Driver { op, source })?;
+        if done.fallbacks > 0 {
+            let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            r.0 += done.fallbacks;
+            r.1 = r.1.or(done.first_error);
         }
-        .result()
-        .map_err(GatherError::Batch)
+        Ok(())
     }
 
     /// # Safety

@@ -5,6 +5,7 @@
 //! measurement), and short-run strided plans go to the SM copier ([`super::paths::strided`]). All are
 //! created on first use.
 
+pub(crate) mod batch;
 pub(crate) mod calls;
 pub mod gather;
 pub mod split;
@@ -67,18 +68,21 @@ pub(crate) struct Paths {
     staging: StagingConfig,
     stager: Cell<Stager>,
     gatherer: Cell<Gatherer>,
+    /// The gatherer leaves the SMs to the caller's kernels (`CudaConfig::compute_busy`).
+    leave_sms: bool,
     sm: OnceLock<Result<SmCopier, CudaError>>,
     split: OnceLock<Result<Splitter, CudaError>>,
     workers: Mutex<[Option<Worker>; 2]>,
 }
 
 impl Paths {
-    pub(crate) fn new(ctx: Arc<CudaContext>, staging: StagingConfig) -> Paths {
+    pub(crate) fn new(ctx: Arc<CudaContext>, staging: StagingConfig, leave_sms: bool) -> Paths {
         Paths {
             ctx,
             staging,
             stager: Arc::default(),
             gatherer: Arc::default(),
+            leave_sms,
             sm: OnceLock::new(),
             split: OnceLock::new(),
             workers: Mutex::new([None, None]),
@@ -94,6 +98,7 @@ impl Paths {
         let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
         if workers[i].is_none() {
             let (tx, rx) = channel::<StagedTask>();
+            let leave_sms = self.leave_sms;
             let (ctx, cfg, stager, gatherer) = (
                 Arc::clone(&self.ctx),
                 self.staging,
@@ -113,7 +118,7 @@ impl Paths {
                         // returns or unwinds, and a panic outside it is followed by a
                         // synchronization of the stream.
                         let r = catch_unwind(AssertUnwindSafe(|| {
-                            run_staged(&ctx, cfg, (&stager, &gatherer), &t)
+                            run_staged(&ctx, cfg, (&stager, &gatherer, leave_sms), &t)
                         }))
                         .unwrap_or_else(|p| {
                             // Raw, with the context bound: cudarc's `synchronize` returns an
@@ -142,7 +147,7 @@ impl Paths {
 
     /// The gatherer (made on first use), or why it cannot be made here.
     pub(crate) fn gatherer(&self) -> Result<&Gatherer, CudaError> {
-        gatherer(&self.gatherer, &self.ctx)
+        gatherer(&self.gatherer, &self.ctx, self.leave_sms)
     }
 
     /// The SM copier with its kernels compiled (on first use), or why they cannot be made
@@ -271,8 +276,9 @@ impl Paths {
 fn gatherer<'a>(
     cell: &'a OnceLock<Result<Gatherer, CudaError>>,
     ctx: &Arc<CudaContext>,
+    leave_sms: bool,
 ) -> Result<&'a Gatherer, CudaError> {
-    cell.get_or_init(|| Ok(Gatherer::new(Arc::clone(ctx))?))
+    cell.get_or_init(|| Ok(Gatherer::new(Arc::clone(ctx))?.leave_sms(leave_sms)))
         .as_ref()
         .map_err(Clone::clone)
 }
@@ -280,7 +286,7 @@ fn gatherer<'a>(
 fn run_staged(
     ctx: &Arc<CudaContext>,
     cfg: StagingConfig,
-    (stager, gather): (&Cell<Stager>, &Cell<Gatherer>),
+    (stager, gather, leave_sms): (&Cell<Stager>, &Cell<Gatherer>, bool),
     t: &StagedTask,
 ) -> Result<(), RequestError> {
     #[cfg(feature = "fault-injection")]
@@ -305,7 +311,7 @@ fn run_staged(
             src_len,
         } => {
             // A gatherer that cannot be made leaves the device side to one DMA per run.
-            let g = gatherer(gather, ctx).ok();
+            let g = gatherer(gather, ctx, leave_sms).ok();
             let (d, s) = ((t.dst, *dst_len), (t.src, *src_len));
             // SAFETY: as for the plans below: the buffers (of these lengths) stay valid and
             // unshared until this request completes (1); the program checked the segments

@@ -408,37 +408,37 @@ fn gather_strategy_thresholds() {
     let yes = || true;
     // At most 4 segments: one call each.
     assert_eq!(
-        gather_strategy(4, 1 << 30, || true, || true, yes),
+        gather_strategy(4, 1 << 30, true, || true, || true, yes),
         Strategy::PerSegment
     );
     // Segments averaging 1 MiB or more: the batch copy where it can run.
     assert_eq!(
-        gather_strategy(5, 5 << 20, || true, || true, yes),
+        gather_strategy(5, 5 << 20, true, || true, || true, yes),
         Strategy::Batch
     );
     assert_eq!(
-        gather_strategy(5, 5 << 20, || true, || false, yes),
+        gather_strategy(5, 5 << 20, true, || true, || false, yes),
         Strategy::PerSegment
     );
     assert_eq!(
-        gather_strategy(5, 5 << 20, || false, || true, yes),
+        gather_strategy(5, 5 << 20, true, || false, || true, yes),
         Strategy::PerSegment
     );
     // Smaller segments: the kernel, else the batch copy, else one call each.
     assert_eq!(
-        gather_strategy(5, (5 << 20) - 1, || true, || true, yes),
+        gather_strategy(5, (5 << 20) - 1, true, || true, || true, yes),
         Strategy::Kernel
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, || true, || true, || false),
+        gather_strategy(5, 5 << 10, true, || true, || true, || false),
         Strategy::Batch
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, || true, || false, || false),
+        gather_strategy(5, 5 << 10, true, || true, || false, || false),
         Strategy::PerSegment
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, || false, || true, yes),
+        gather_strategy(5, 5 << 10, true, || false, || true, yes),
         Strategy::PerSegment
     );
 }

@@ -193,3 +193,78 @@ pub(crate) fn sync_event(event: &CudaEvent) -> Result<(), cudarc::driver::Driver
     // SAFETY: `event` is alive (borrowed), an event of the context made current above.
     unsafe { sys::cuEventSynchronize(event.cu_event()) }.result()
 }
+
+/// Whether the driver has the batched copy ferry calls, `cuMemcpyBatchAsync_v2` (CUDA 13's
+/// ABI, without `failIdx`), looked up once; `Err` says why not (no driver, or a driver older
+/// than CUDA 13: 12.8's `cuMemcpyBatchAsync` has another signature and is not called).
+pub(crate) fn batch_copy() -> Result<(), &'static str> {
+    static HAS: OnceLock<Result<(), &'static str>> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if driver().is_err() {
+            return Err("no CUDA driver");
+        }
+        // SAFETY: the library is present and initialised (checked above); looking a symbol up
+        // calls nothing.
+        let found = unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync_v2")
+                .is_ok()
+        };
+        found
+            .then_some(())
+            .ok_or("the driver does not export cuMemcpyBatchAsync_v2 (CUDA 13 or later)")
+    })
+}
+
+/// Enqueues one batched copy on `stream` (`cuMemcpyBatchAsync_v2`): `sizes[i]` bytes from
+/// `srcs[i]` to `dsts[i]` for every `i`, unordered among themselves, in stream order with the
+/// stream's other work. One attribute applies to all: the source read in stream order,
+/// location hints left to the driver, and `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` where
+/// `overlap_compute` (the copy engines preferred to the SMs, the caller's kernels running).
+///
+/// # Safety
+/// 1. The three slices have the same length, above 0.
+/// 2. Every `dsts[i] .. + sizes[i]` is memory valid for writes and every `srcs[i] .. +
+///    sizes[i]` valid for reads (unified addresses the driver can copy) until the stream has
+///    passed this copy; no destination overlaps another or a source.
+/// 3. `stream` is a live stream of the current context, not the legacy default stream.
+pub(crate) unsafe fn memcpy_batch(
+    dsts: &mut [u64],
+    srcs: &mut [u64],
+    sizes: &mut [usize],
+    overlap_compute: bool,
+    stream: sys::CUstream,
+) -> Result<(), cudarc::driver::DriverError> {
+    let loc = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID,
+        id: 0,
+    };
+    let flags = if overlap_compute {
+        sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    } else {
+        sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT
+    };
+    let mut attr = sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: loc,
+        dstLocHint: loc,
+        flags: flags as u32,
+    };
+    let mut idx = [0usize];
+    // SAFETY: the arrays hold `sizes.len()` entries each (1) and are read during the call
+    // only; the copies' memory is valid by (2), the stream by (3); one attribute applies from
+    // index 0.
+    unsafe {
+        sys::cuMemcpyBatchAsync_v2(
+            dsts.as_mut_ptr(),
+            srcs.as_mut_ptr(),
+            sizes.as_mut_ptr(),
+            sizes.len(),
+            &mut attr,
+            idx.as_mut_ptr(),
+            1,
+            stream,
+        )
+    }
+    .result()
+}
