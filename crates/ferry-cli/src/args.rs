@@ -18,7 +18,7 @@ use thiserror::Error;
 /// once asked for 34 GB of sample slots and aborted).
 pub const MAX_SAMPLES: i64 = 10_000;
 /// The most worker threads `--threads` accepts.
-pub const MAX_THREADS: usize = ferry::CPU_THREADS_MAX;
+pub const MAX_THREADS: usize = ferry::CpuConfig::THREADS_MAX;
 
 /// `ferry`'s arguments.
 #[derive(Debug, Parser)]

@@ -478,7 +478,8 @@ fn engine(job: &Job) -> Result<FileEngine, AnyError> {
 /// (`--cufile on`, `FERRY_CUFILE=on`): sets `CUFILE_FORCE_COMPAT_MODE=true` unless the caller
 /// set it, before `libcufile` is loaded (call it before any engine or thread is made).
 pub fn allow_cufile_compat() {
-    if !ferry::file::nvidia_fs_loaded() && std::env::var_os("CUFILE_FORCE_COMPAT_MODE").is_none() {
+    if !ferry::file::gds_probe().nvidia_fs && std::env::var_os("CUFILE_FORCE_COMPAT_MODE").is_none()
+    {
         std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
     }
 }

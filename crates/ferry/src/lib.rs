@@ -101,7 +101,7 @@ mod sync;
 /// The element-type trait of typed buffers ([`bytemuck::Pod`]), re-exported so that a user
 /// type can implement it without naming the crate in its own manifest.
 pub use bytemuck;
-pub use engine::cpu::{CpuConfig, CpuEngine, THREADS_MAX as CPU_THREADS_MAX};
+pub use engine::cpu::{CpuConfig, CpuEngine};
 pub use engine::cuda;
 pub use engine::multiplex::MultiplexEngine;
 pub use engine::{Backend, Engine, EngineExt, Failed, Job, Refused, Scope, SubmitError, Transfer};

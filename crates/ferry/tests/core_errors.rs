@@ -546,11 +546,11 @@ fn segment_lists_copy_and_reject_bad_lists() {
     }
 }
 
-/// More worker threads than `CPU_THREADS_MAX` are refused before any is started (1,000,000
+/// More worker threads than `CpuConfig::THREADS_MAX` are refused before any is started (1,000,000
 /// from Python or INT_MAX from C started threads until the system refused one).
 #[test]
 fn too_many_cpu_workers_are_refused() {
-    let e = CpuEngine::new(ferry::CPU_THREADS_MAX + 1)
+    let e = CpuEngine::new(ferry::CpuConfig::THREADS_MAX + 1)
         .err()
         .expect("refused");
     assert!(matches!(e, ferry::Error::InvalidArgument(_)), "{e}");

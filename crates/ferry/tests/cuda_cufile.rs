@@ -12,8 +12,7 @@ mod files_common;
 use cuda_common::*;
 use ferry::cuda::{CudaEngine, DeviceBuffer};
 use ferry::file::{
-    gds_probe, nvidia_fs_loaded, CuFileMode, FileConfig, FileEngine, FileError, OpenMode,
-    Transport, NO_NVIDIA_FS,
+    gds_probe, CuFileMode, FileConfig, FileEngine, FileError, OpenMode, Transport, NO_NVIDIA_FS,
 };
 use files_common::TempDir;
 use std::sync::{Arc, Mutex, MutexGuard, Once};
@@ -33,7 +32,7 @@ fn cufile_or_skip() -> Option<Arc<CudaEngine>> {
     // Before libcufile is loaded (gds_probe loads it), in case it reads them then.
     static ENV: Once = Once::new();
     ENV.call_once(|| {
-        if !nvidia_fs_loaded() {
+        if !gds_probe().nvidia_fs {
             std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
         }
         std::env::set_var(
@@ -88,7 +87,7 @@ fn registering_cufile_or_skip() -> Option<Arc<CudaEngine>> {
 /// The transport `On` gives on this host.
 fn on_transport() -> Transport {
     Transport::CuFile {
-        compat: !nvidia_fs_loaded(),
+        compat: !gds_probe().nvidia_fs,
     }
 }
 
@@ -306,7 +305,7 @@ fn auto_and_off_choose_as_the_host_allows_and_say_why() {
         assert!(dev.to_vec().unwrap() == data, "{mode}: {r}");
         println!("{mode}: {r}");
         let note = r.gds_note.clone().unwrap_or_default();
-        match (mode, nvidia_fs_loaded()) {
+        match (mode, gds_probe().nvidia_fs) {
             (CuFileMode::Off, _) => {
                 assert_eq!(r.transport, Transport::BounceRing, "{r}");
                 assert!(note.contains("FERRY_CUFILE=off"), "{r}");

@@ -640,18 +640,19 @@ fn bad_configs_are_errors() {
 /// This machine's answer, whatever it has: the first missing piece named, in the order
 /// `choose` checks them (libcufile, then nvidia-fs); `Ok` only with both.
 #[test]
-fn gds_status_names_the_first_missing_piece() {
-    use ferry::file::{gds_probe, gds_status, Transport, NO_NVIDIA_FS};
+fn gds_probe_names_the_first_missing_piece() {
+    use ferry::file::{gds_probe, Transport, NO_NVIDIA_FS};
     let p = gds_probe();
     println!(
         "libcufile {}, nvidia-fs {}: {}",
         p.libcufile, p.nvidia_fs, p.auto
     );
-    match (p.libcufile, p.nvidia_fs, gds_status()) {
-        (false, _, Err(why)) => assert!(why.contains("libcufile.so.0 was not found"), "{why}"),
-        (true, false, Err(why)) => assert_eq!(why, NO_NVIDIA_FS),
-        (true, true, Ok(())) => assert_eq!(p.auto.transport, Transport::CuFile { compat: false }),
-        (l, n, r) => panic!("libcufile {l}, nvidia-fs {n}: {r:?}"),
+    let why = &p.auto.reason;
+    match (p.libcufile, p.nvidia_fs, p.auto.transport.is_cufile()) {
+        (false, _, false) => assert!(why.contains("libcufile.so.0 was not found"), "{why}"),
+        (true, false, false) => assert_eq!(why, NO_NVIDIA_FS),
+        (true, true, true) => assert_eq!(p.auto.transport, Transport::CuFile { compat: false }),
+        (l, n, c) => panic!("libcufile {l}, nvidia-fs {n}, cuFile chosen {c}: {why}"),
     }
 }
 

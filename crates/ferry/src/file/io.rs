@@ -8,7 +8,7 @@ use std::path::Path;
 
 /// Alignment `O_DIRECT` transfers keep: file offset, memory address and length are multiples
 /// of it (4096 covers every logical block size in use).
-pub const DIRECT_ALIGN: usize = 4096;
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 /// Positioned I/O on one file: what the engine's workers call, from several threads at once.
 /// [`OsFile`] is the real one; tests implement it to inject faults (a read that fails at a
@@ -17,7 +17,7 @@ pub const DIRECT_ALIGN: usize = 4096;
 pub trait FileIo: Send + Sync + 'static {
     /// Reads up to `buf.len()` bytes at `offset` (`pread`). `direct`: through the `O_DIRECT`
     /// descriptor (the engine asks only when [`FileIo::direct`] said yes and `offset`, the
-    /// buffer's address and its length are multiples of [`DIRECT_ALIGN`]). Returns the bytes
+    /// buffer's address and its length are multiples of 4,096 bytes, `O_DIRECT`'s alignment). Returns the bytes
     /// read; 0 at end of file. May return fewer bytes than asked.
     fn read_at(&self, buf: &mut [u8], offset: u64, direct: bool) -> io::Result<usize>;
     /// Writes up to `buf.len()` bytes at `offset` (`pwrite`), as `read_at` for `direct`.

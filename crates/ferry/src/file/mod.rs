@@ -10,7 +10,7 @@
 //!   other way. This is KvikIO's "compat mode". Or GPUDirect Storage: each chunk is one
 //!   `cuFileRead`/`cuFileWrite` straight between the file and the device buffer, where the
 //!   `nvidia-fs` module exists, or wherever cuFile opens with [`CuFileMode::On`] (see
-//!   [`choose`]). [`gds_status`] says which this host gets, and every device transfer's
+//!   [`choose`]). [`gds_probe`]`().auto` says which this host gets, and every device transfer's
 //!   [`IoReport`] carries the transport used and why.
 //! - `O_DIRECT` ([`FileConfig::direct`]): the file is opened a second time with `O_DIRECT`, and
 //!   every piece whose file offset, memory address and length are multiples of 4096 uses it.
@@ -91,16 +91,16 @@ mod transport;
 mod uring;
 mod xfer;
 
-pub use crate::engine::cuda::sys::probe::nvidia_fs_loaded;
 pub use completion::{FileFailed, FileTransfer};
 pub use config::FileConfig;
 pub use engine::{FileEngine, FileJob};
 pub use error::{CuFileCode, FileError, IoOp, MoverError};
 pub use handle::FileHandle;
-pub use io::{FileIo, OpenMode, OsFile, DIRECT_ALIGN};
+pub use io::{FileIo, OpenMode, OsFile};
+
 pub use issue::{IoIssue, UringMode};
 pub use pieces::{ReadInto, ReadPiece, WritePiece};
-pub use probe::{gds_probe, gds_status, GdsProbe};
+pub use probe::{gds_probe, GdsProbe};
 pub use replace::Replacement;
 pub use report::IoReport;
 pub use ring::live_bounce_buffers;

@@ -37,25 +37,3 @@ pub fn gds_probe() -> GdsProbe {
         configured: choose(&Facts::new(mode, true, libcufile, nvidia_fs)),
     }
 }
-
-/// Whether device loads and stores use cuFile in [`CuFileMode::Auto`]: `Ok` when GPUDirect
-/// Storage is real here (`libcufile` and the `nvidia-fs` module present; the driver and each
-/// file's registration are tried at the first transfer, which falls back to the bounce ring
-/// with its reason if they fail), else `Err` with the first missing piece, e.g.
-/// [`NO_NVIDIA_FS`](super::NO_NVIDIA_FS). KvikIO's users ask for exactly this: a clear reason
-/// when GDS is not used.
-///
-/// ```
-/// match ferry::file::gds_status() {
-///     Ok(()) => println!("cuFile used"),
-///     Err(why) => println!("bounce ring: {why}"),
-/// }
-/// ```
-pub fn gds_status() -> Result<(), String> {
-    let c = gds_probe().auto;
-    if c.transport.is_cufile() {
-        Ok(())
-    } else {
-        Err(c.reason)
-    }
-}

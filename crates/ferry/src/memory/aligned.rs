@@ -8,7 +8,7 @@ use std::ops::{Deref, DerefMut};
 
 /// Alignment of every [`AlignedBuffer`]: a page, which `O_DIRECT` transfers need and which any
 /// element type's alignment divides.
-pub const PAGE_ALIGN: usize = 4096;
+pub(crate) const PAGE_ALIGN: usize = 4096;
 
 /// Zeroed, page-aligned pageable host memory of a fixed length. Dereferences to `[u8]`;
 /// [`Memory`]/[`MemoryMut`] of kind [`MemKind::Pageable`]. Unlike a `Vec<u8>`, its start is
@@ -18,7 +18,7 @@ pub const PAGE_ALIGN: usize = 4096;
 /// let mut b = ferry::memory::AlignedBuffer::new(10_000)?;
 /// b[0] = 7;
 /// assert_eq!(b.len(), 10_000);
-/// assert_eq!(b.as_ptr() as usize % ferry::memory::PAGE_ALIGN, 0);
+/// assert_eq!(b.as_ptr() as usize % 4096, 0);
 /// # Ok::<(), ferry::memory::AllocError>(())
 /// ```
 pub struct AlignedBuffer {

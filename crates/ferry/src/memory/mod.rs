@@ -10,6 +10,7 @@
 mod aligned;
 mod raw;
 
-pub use aligned::{AlignedBuffer, AllocError, PAGE_ALIGN};
+pub use aligned::{AlignedBuffer, AllocError};
+
 pub(crate) use raw::first_overlap;
 pub use raw::{MemKind, Memory, MemoryMut, RawBuf, Region};

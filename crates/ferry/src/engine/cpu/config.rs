@@ -3,7 +3,7 @@
 use super::probe::probe;
 
 /// The most worker threads a [`CpuEngine`](super::CpuEngine) starts (the CLI's `--threads` limit too).
-pub const THREADS_MAX: usize = 1024;
+pub(crate) const THREADS_MAX: usize = 1024;
 
 /// Settings of a [`CpuEngine`](super::CpuEngine). Plain struct: `CpuConfig::new(threads)` then chained setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,10 @@ pub struct CpuConfig {
 }
 
 impl CpuConfig {
+    /// The most worker threads an engine may have ([`CpuEngine::new`](crate::CpuEngine::new)
+    /// refuses more).
+    pub const THREADS_MAX: usize = THREADS_MAX;
+
     /// `threads` workers (0: one per core, as the C API's `ferry_dma_cpu_create`) and the
     /// default chunk and inline sizes.
     pub fn new(threads: usize) -> CpuConfig {

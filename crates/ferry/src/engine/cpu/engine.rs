@@ -33,7 +33,7 @@ impl CpuEngine {
     pub fn caller_runs() -> Result<CpuEngine, crate::Error> {
         CpuEngine::with_config(CpuConfig::caller_runs())
     }
-    /// An engine with the given settings. Errors: more than [`THREADS_MAX`] workers
+    /// An engine with the given settings. Errors: more than [`CpuConfig::THREADS_MAX`](crate::CpuConfig::THREADS_MAX) workers
     /// ([`crate::Error::InvalidArgument`]), a worker thread that cannot be started.
     pub fn with_config(cfg: CpuConfig) -> Result<CpuEngine, crate::Error> {
         if cfg.threads > THREADS_MAX {

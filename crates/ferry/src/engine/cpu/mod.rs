@@ -33,6 +33,6 @@ mod pool;
 mod probe;
 mod submit;
 
-pub use config::{CpuConfig, THREADS_MAX};
+pub use config::CpuConfig;
 pub use engine::CpuEngine;
 pub use probe::{probe, CpuProbe};

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Bytes in an id.
-pub const ID_BYTES: usize = 128;
+pub(crate) const ID_BYTES: usize = 128;
 
 /// A communicator's unique id. Made once by rank 0 ([`NcclId::new`]), then given to every
 /// rank ([`NcclId::to_hex`]/[`NcclId::from_hex`], [`NcclId::exchange_file`],
