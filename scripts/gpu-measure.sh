@@ -13,7 +13,8 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh). Environment: BUNDLE (default .gpu), WHEELS
+# records, scripts/cufile-udev.sh), and aml ab blocks ckpt agent nixl (issues 30-36, only where
+# asked). Environment: BUNDLE (default .gpu), WHEELS
 # (default .whl), STEP_TIMEOUT (seconds per bench step, default 240).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
@@ -74,8 +75,32 @@ for s in "${steps[@]}"; do
     step cufile-bench "$limit" scripts/cufile-udev.sh "$ferry" bench --engine cuda \
       --test cuda-file-read-cufile --sizes 256M,1G --json "$log/cufile-bench.json"
     unset CUFILE_FORCE_COMPAT_MODE ;;
+  aml) # issue 31: AML's CUDA programs against libaml and AML (.aml-cuda, carried: see
+    # scripts/aml-cuda-programs.sh)
+    step aml-cuda 300 bash .aml-cuda/run.sh "$log/aml-cuda" ;;
+  ab) # issue 30: before/after against OLD_FERRY (default .gpu-old/ferry) of the rows the
+    # submission trunk and the staging subsystem touch (AB_TESTS to change them)
+    step ab 560 env AB_TESTS="${AB_TESTS:-cuda-latency,cuda-h2d-pinned,cuda-d2h-pinned,cuda-d2d,cuda-h2d-pageable,cuda-d2h-pageable,cuda-gather-pageable,cuda-scatter,cuda-pipeline-pageable,cuda-file-read}" \
+      bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/ab" --engine cuda \
+      --samples 7 --sizes "${AB_SIZES:-4K,64K,1M,16M,256M}"
+    step ab-table 30 python3 scripts/bench-ab.py "$log/ab" ;;
+  blocks) # issue 34: block copies, SMs free and busy, against torch's loops
+    bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
+    bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step kv-blocks 240 python3 bench/peers/kv_blocks.py --json "$log/kv_blocks.json" ;;
+  ckpt) # issue 35: sharded bf16 checkpoints against safetensors, fastsafetensors, Run:ai
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step ckpt 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \
+      --json "$log/ckpt.json" ;;
+  agent) # issue 36: two processes on one GPU
+    step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json" ;;
+  nixl) # issue 36: the same transfers through NIXL (its wheel in WHEELS)
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \
+      --json "$log/nixl.json" ;;
   *)
-    echo "unknown step $s (tests python caller pipeline files cufile)" >&2
+    echo "unknown step $s (tests python caller pipeline files cufile aml ab blocks ckpt agent nixl)" >&2
     fail=1 ;;
   esac
 done
