@@ -2,8 +2,9 @@
 # Model checking of ferry's lock-free completion code with loom (https://docs.rs/loom): the
 # completion slot (a completion against a waker's registration, a sleeping waiter, another
 # completion), the CPU pool's hand-off of a request's chunks between its workers and the
-# thread waiting for it, and the staging subsystem's worker pool (a job, its join, a worker's panic,
-# the shutdown), fill queue (fills cut into pieces, their completion, sleeping workers) and
+# thread waiting for it, and the staging subsystem's host copy workers (a job posted to sleeping
+# workers, its untaken indices taken back, its join, a worker's panic, the shutdown), fills on
+# them (cut into pieces, their completion, sleeping workers, a filler's drop) and
 # ring (a slot refilled only after its reader's request completed). `--cfg loom` swaps std's synchronisation types for loom's in the
 # files that use `crates/ferry/src/sync.rs`; only the library's unit tests build so (loom is a
 # dev-dependency), and the filter runs the models alone (`loom_tests` modules). The models are

@@ -833,7 +833,8 @@ fn file_source_through_device_slots_matches_reference() {
 /// for K = 1..4 with a stage that holds the submitting thread (every fill runs K + 2 ahead
 /// and is done when its upload comes), a stage that returns at once on chunks of 64 KiB-1 MiB
 /// (uploads wait for fills still running, computes go first), and one that alternates, on
-/// pageable sources; the fill workers are gone once the pipelines are.
+/// pageable sources; once the pipelines are gone no thread of theirs is left and none of the
+/// process's host copy workers (at most the cores) is left running.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn bounce_fills_ahead_slow_and_fast_stages_match_reference() {
@@ -878,7 +879,17 @@ fn bounce_fills_ahead_slow_and_fast_stages_match_reference() {
     }
     assert!(
         settled_threads(threads0, 5).1 <= threads0,
-        "fill workers left running after their pipelines were dropped"
+        "pipeline threads left after their pipelines were dropped"
+    );
+    let (host, running) = host_workers_idle();
+    assert!(
+        host <= cores(),
+        "{host} host copy workers on {} cores",
+        cores()
+    );
+    assert_eq!(
+        running, 0,
+        "host copy workers left running after their pipelines were dropped"
     );
     e.barrier().unwrap();
 }
@@ -892,11 +903,6 @@ fn threads_named(prefix: &str) -> usize {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
         })
         .count()
-}
-
-/// The process's fill worker threads (`ferry-fill-*`) now.
-fn fill_threads() -> usize {
-    threads_named("ferry-fill-")
 }
 
 /// The count of threads named `prefix*` once `ok` holds for it, or after 2 s what it is then:
@@ -919,9 +925,12 @@ fn settled(prefix: &str, want: usize) -> usize {
     settled_by(prefix, |n| n == want)
 }
 
-/// `PipelineConfig::fill_threads` is how many fill workers a pageable run starts (and the
-/// output is still the reference, from a whole and a strided source); more than
-/// `FILL_THREADS_MAX` is refused when the pipeline is made.
+/// `PipelineConfig::fill_threads` is how many of the process's host copy workers
+/// (`ferry-host-*`, one set shared by every pipeline and staged copy) a pageable run's fills
+/// use: the run starts that many where fewer run, never more than the cores, and once the
+/// pipeline is dropped none of them is left running (the output is still the reference, from
+/// a whole and a strided source); more than `FILL_THREADS_MAX` is refused when the pipeline is
+/// made.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn fill_threads_setting_starts_that_many_workers() {
@@ -930,8 +939,8 @@ fn fill_threads_setting_starts_that_many_workers() {
     let k = kernels(&e);
     let data = bytes(6 << 20, 91);
     let want = reference(&data, 1 << 20, OutLen::Same);
-    let before = fill_threads();
     for threads in [1, 3] {
+        let before = host_workers().0;
         let cfg = PipelineConfig::new(1 << 20, 3).fill_threads(threads);
         let mut p = CudaPipeline::new(&e, cfg).unwrap();
         let mut dst = vec![0u8; data.len()];
@@ -943,16 +952,21 @@ fn fill_threads_setting_starts_that_many_workers() {
             dst == want,
             "{threads} fill threads: output differs from the reference"
         );
-        assert_eq!(
-            settled("ferry-fill-", before + threads),
-            before + threads,
-            "fill workers of fill_threads({threads})"
+        let started = settled_by(HOST_WORKERS, |n| n >= threads.min(cores()));
+        assert!(
+            started >= before.max(threads.min(cores())) && started <= cores(),
+            "fill_threads({threads}): {started} host copy workers (before {before}, {} cores)",
+            cores()
         );
         drop(p);
+        let (after, running) = host_workers_idle();
         assert_eq!(
-            settled("ferry-fill-", before),
-            before,
-            "fill workers outlived their pipeline"
+            running, 0,
+            "fill_threads({threads}): host copy workers left running after the pipeline"
+        );
+        assert_eq!(
+            after, started,
+            "the host copy workers are the process's: they stay"
         );
     }
     // A strided source (every other 4 KiB row of a pageable matrix) with two fill threads.
@@ -995,8 +1009,9 @@ fn fill_threads_setting_starts_that_many_workers() {
 }
 
 /// The fill workers start only for a source they fill: a file source's chunks are read by
-/// the file engine into the bounce buffers, and its pipeline runs no `ferry-fill-*` thread;
-/// a pageable run on the same pipeline starts them, and dropping the pipeline ends them.
+/// the file engine into the bounce buffers, and its pipeline starts no host copy worker
+/// (`ferry-host-*`); a pageable run on the same pipeline has its fill threads among them (at
+/// most the cores), and once the pipeline is dropped none of them is left running.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn file_sources_start_no_fill_workers() {
@@ -1011,8 +1026,10 @@ fn file_sources_start_no_fill_workers() {
     std::fs::write(&path, &data).unwrap();
     let file = files.open(&path, OpenMode::Read).unwrap();
     let want = reference(&data, 1 << 20, OutLen::Same);
-    let before = fill_threads();
-    let mut p = CudaPipeline::new(&e, PipelineConfig::new(1 << 20, 2)).unwrap();
+    let before = host_workers().0;
+    let cfg = PipelineConfig::new(1 << 20, 2);
+    let fill = cfg.effective_fill_threads().min(cores());
+    let mut p = CudaPipeline::new(&e, cfg).unwrap();
     let mut dst = vec![0u8; data.len()];
     let src = Source::file(&files, &file, 0, data.len()).unwrap();
     p.run(src, Some(Dest::new(&mut dst)), |g| stage(&k, g))
@@ -1021,7 +1038,11 @@ fn file_sources_start_no_fill_workers() {
         dst == want,
         "file source: output differs from the reference"
     );
-    assert_eq!(fill_threads(), before, "a file source started fill workers");
+    assert_eq!(
+        host_workers().0,
+        before,
+        "a file source started host copy workers"
+    );
     dst.fill(0);
     p.run(Source::new(&data), Some(Dest::new(&mut dst)), |g| {
         stage(&k, g)
@@ -1031,15 +1052,17 @@ fn file_sources_start_no_fill_workers() {
         dst == want,
         "pageable source: output differs from the reference"
     );
+    let started = settled_by(HOST_WORKERS, |n| n >= fill);
     assert!(
-        settled_by("ferry-fill-", |n| n > before) > before,
-        "a pageable source ran without fill workers"
+        started >= fill && started <= cores(),
+        "a pageable source ran on {started} host copy workers ({fill} fill threads, {} cores)",
+        cores()
     );
     drop(p);
     assert_eq!(
-        settled("ferry-fill-", before),
-        before,
-        "fill workers outlived their pipeline"
+        host_workers_idle().1,
+        0,
+        "host copy workers left running after the pipeline"
     );
     std::fs::remove_file(&path).ok();
     e.barrier().unwrap();

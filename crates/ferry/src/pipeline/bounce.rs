@@ -6,7 +6,8 @@
 //! at about 18 GB/s (run 31: 0.28-0.40x the pinned-source pipeline), where the staged path reaches
 //! 46-51 GB/s only on 256 MiB-1 GiB requests. So the pipeline keeps K + 2 or more
 //! (`PipelineConfig::bounce_count`) pinned host buffers of a chunk: host threads fill the buffers
-//! of the next chunks (pageable: the fill workers of `staging/fill.rs`, pieces of every
+//! of the next chunks (pageable: the fills of `staging/fill.rs` on the process's host copy
+//! workers (`staging/workers.rs`, shared with the staged copies), pieces of every
 //! queued fill taken in order, by default a multiple of the workers' count of them, the
 //! submitting thread copying pieces of a fill it waits for ([`super::BounceFill`]); a strided
 //! chunk on a CPU engine's workers; both [`super::PipelineConfig::fill_threads`] threads

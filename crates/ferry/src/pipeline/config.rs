@@ -87,9 +87,11 @@ pub struct PipelineConfig {
     pub bounce_fill: BounceFill,
     /// CPU threads that fill those buffers from a pageable source, whole or strided (0:
     /// automatic, [`PipelineConfig::effective_fill_threads`]; at most [`FILL_THREADS_MAX`]).
-    /// Started on the first run that needs them (whole and strided sources each their own set)
-    /// and kept by the pipeline, started anew when a run needs larger or more bounce buffers. A
-    /// file source's buffers are filled by its file engine's readers instead.
+    /// A whole source's fills run on that many of the process's host copy workers, one set
+    /// shared by every pipeline and staged copy and never more threads than the cores (started
+    /// on the first run that needs them, where fewer run, and kept for the process); a strided
+    /// source's on a CPU engine of that many threads, kept by the pipeline. A file source's
+    /// buffers are filled by its file engine's readers instead.
     pub fill_threads: usize,
 }
 
@@ -213,7 +215,7 @@ impl PipelineConfig {
         self.fill_threads = threads;
         self
     }
-    /// The fill threads a run from a pageable source starts: [`PipelineConfig::fill_threads`]
+    /// The fill threads a run from a pageable source uses: [`PipelineConfig::fill_threads`]
     /// where set, else the staged copies' default worker count
     /// ([`StagingConfig::new`](crate::engine::cuda::paths::staged::StagingConfig::new)), at most [`FILL_THREADS`].
     pub fn effective_fill_threads(&self) -> usize {

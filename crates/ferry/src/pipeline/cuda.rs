@@ -80,7 +80,7 @@ pub struct CudaPipeline<'e> {
 
 /// Pinned buffers of a chunk ([`PipelineConfig::bounce_count`]) and the workers that fill them
 /// from pageable memory ([`PipelineConfig::effective_fill_threads`] of them): the staged path's
-/// copy on [`Filler`]'s workers for contiguous chunks, a CPU engine for strided ones, each made
+/// copy on the process's host copy workers ([`Filler`]) for contiguous chunks, a CPU engine for strided ones, each made
 /// on first use (a file source's chunks are filled by the file engine's reads and start
 /// neither).
 struct Bounce {

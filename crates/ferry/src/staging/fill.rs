@@ -1,42 +1,33 @@
 //! Asynchronous host-side copies into pinned memory: the GPU pipeline's bounce buffers
 //! (`pipeline/bounce.rs`) are filled from pageable memory with the staging copy
-//! ([`copy_bytes`], pieces cut by [`piece`]) on a [`Filler`]'s workers, and the thread that
-//! queues a copy goes on (enqueuing DMAs) and waits for the copy's request only when it needs
-//! the bytes.
+//! ([`copy_bytes`], pieces cut by [`piece`]) on the process's host copy workers
+//! ([`super::workers`]), and the thread that queues a copy goes on (enqueuing DMAs) and waits
+//! for the copy's request only when it needs the bytes.
 //!
-//! How the workers take the copies (why this is not the staged path's fork-join pool): a
-//! queued copy is cut into pieces of [`FILL_PIECE`](super::policy::FILL_PIECE) and each worker takes the next piece of the
-//! oldest copy from one queue, so consecutive copies overlap (a worker done with its piece of
-//! copy `i` starts on copy `i + 1` while others finish `i`: no barrier between copies) and a
-//! copy ends as soon as its last piece does. A copy can be cut into a multiple of the workers
-//! ([`fill_pieces`]), so that a copy queued alone (a pipeline's first) has all of them at once,
-//! and the thread that needs a copy can copy its untaken pieces itself ([`Filler::help`])
-//! instead of only waiting. An idle worker keeps polling for [`IDLE_SPIN`]
-//! before it sleeps, so the copies of a running pipeline (one every chunk, 40-200 us apart on
-//! the H200 host) find the workers awake. The first version handed each copy from a
-//! dispatching thread to the fork-join pool, one at a time, every worker woken through its
-//! condition variable and joined at the copy's end: on the H200 (run 33) a 4 MiB fill took
-//! 200-250 us (16-20 GB/s) where the same workers' copy moves 46-51 GB/s in the staged path,
-//! whose workers flow from chunk to chunk without a barrier.
+//! How the workers take the copies: a queued copy is cut into pieces of
+//! [`FILL_PIECE`](super::policy::FILL_PIECE) and each worker takes the next piece of the oldest
+//! task from the workers' one queue, so consecutive copies overlap (a worker done with its
+//! piece of copy `i` starts on copy `i + 1` while others finish `i`: no barrier between
+//! copies) and a copy ends as soon as its last piece does. A copy can be cut into a multiple
+//! of the workers a [`Filler`] may use ([`fill_pieces`]), so that a copy queued alone (a
+//! pipeline's first) has all of them at once, and the thread that needs a copy can copy its
+//! untaken pieces itself ([`Filler::help`]) instead of only waiting. A worker that copied a
+//! piece polls the queue for [`IDLE_SPIN`](super::workers::IDLE_SPIN) before it sleeps, so
+//! the copies of a running pipeline find the workers awake. The first version handed each
+//! copy from a dispatching thread to the fork-join pool, one at a time, every worker woken
+//! through its condition variable and joined at the copy's end: on the H200 (run 33) a 4 MiB
+//! fill took 200-250 us (16-20 GB/s) where the same workers' copy moves 46-51 GB/s in the
+//! staged path, whose workers flow from chunk to chunk without a barrier.
 
 use super::copy::{copy_bytes, demote, piece};
 use super::policy::fill_pieces;
+use super::workers::{Task, Workers};
 use super::WorkerError;
 use crate::request::{Request, RequestError, Signal};
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use crate::sync::thread::{self, JoinHandle};
-use crate::sync::{Condvar, Mutex, MutexGuard, SPIN};
-use std::collections::VecDeque;
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How long an idle worker polls the queue (spinning, then yielding its core) before it sleeps
-/// on the condition variable. Longer than the gap between two fills of a running pipeline, so
-/// a fill does not wait for a wake-up (tens of microseconds on a VM whose idle virtual CPUs
-/// halt); short enough that the workers of an idle pipeline stop using the cores within a
-/// millisecond.
-const IDLE_SPIN: Duration = Duration::from_micros(500);
 
 /// One queued copy: addresses as integers (the thread that queued it keeps them valid).
 struct Fill {
@@ -53,89 +44,40 @@ struct Fill {
     failed: AtomicBool,
     /// Demote each piece's lines once copied ([`demote`]).
     demote: bool,
-    done: Arc<Signal>,
-}
-
-struct Queue {
-    /// Copies with pieces not yet taken, oldest first, and the next piece of each.
-    fills: VecDeque<(Arc<Fill>, usize)>,
-    shutdown: bool,
-}
-
-struct Shared {
-    queue: Mutex<Queue>,
-    wake: Condvar,
-    /// Copies queued so far: idle workers poll it without the lock.
-    queued: AtomicU64,
     /// Non-temporal stores.
     nt: bool,
+    done: Arc<Signal>,
+    /// The queuing filler's count of copies not complete, for its drop.
+    open: Arc<Open>,
     /// Pieces copied so far, for the loom models' exactly-once check: std's counter, which
     /// adds no interleavings of its own.
     #[cfg(all(test, loom))]
-    copied: std::sync::atomic::AtomicUsize,
+    copied: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// Copy workers fed from one queue of pieces; see the module documentation.
-pub(crate) struct Filler {
-    shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+/// A filler's copies queued and not complete: its drop waits for none to be left (they
+/// write the filler's pinned buffers).
+struct Open {
+    count: Mutex<usize>,
+    zero: Condvar,
 }
 
-fn lock(m: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    /// The next piece to copy (the oldest copy's next), waiting for one; `None` once shut
-    /// down and nothing is left.
-    fn next(&self) -> Option<(Arc<Fill>, usize)> {
-        let mut idle = Instant::now();
-        loop {
-            let seen = {
-                let mut q = lock(&self.queue);
-                loop {
-                    if let Some(taken) = take_front(&mut q, None) {
-                        return Some(taken);
-                    }
-                    if q.shutdown {
-                        return None;
-                    }
-                    // Not under loom (`SPIN`): there the worker sleeps at once.
-                    if SPIN && idle.elapsed() < IDLE_SPIN {
-                        break self.queued.load(Ordering::Acquire);
-                    }
-                    // `queue` pushes under this lock before it notifies: no wake-up is lost.
-                    q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
-                    idle = Instant::now();
-                }
-            };
-            // Poll without the lock until a copy is queued or the spin is over.
-            while self.queued.load(Ordering::Acquire) == seen && idle.elapsed() < IDLE_SPIN {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
-                std::thread::yield_now();
-            }
-        }
+impl Task for Fill {
+    fn pieces(&self) -> usize {
+        self.pieces
     }
 
-    fn worker(&self) {
-        // Ends once the Filler is dropped, after the copies queued before.
-        while let Some((f, i)) = self.next() {
-            self.copy_piece(&f, i);
-        }
-    }
-
-    /// Copies piece `i` of `f` (taken from the queue by this thread alone), and completes
-    /// `f`'s request if it was the last piece left.
-    fn copy_piece(&self, f: &Fill, i: usize) {
+    /// Copies piece `i` (taken from the queue by this thread alone), and completes the
+    /// request if it was the last piece left.
+    fn run(&self, i: usize) {
+        let f = self;
         let ok = match piece(f.len, f.pieces, i) {
             // SAFETY: `queue`'s contract: both ranges are valid, disjoint and unshared
             // until `done` completes, which needs this piece counted below; the pieces
             // of one copy are disjoint.
             Some((at, len)) => catch_unwind(AssertUnwindSafe(|| unsafe {
                 let dst = (f.dst + at) as *mut u8;
-                copy_bytes((f.src + at) as *const u8, dst, len, self.nt);
+                copy_bytes((f.src + at) as *const u8, dst, len, f.nt);
                 if f.demote {
                     demote(dst, len);
                 }
@@ -147,8 +89,7 @@ impl Shared {
             f.failed.store(true, Ordering::Relaxed);
         }
         #[cfg(all(test, loom))]
-        self.copied
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f.copied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // AcqRel: the last piece's worker sees every other piece's bytes (and the failed
         // flag) before it completes the request.
         if f.left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -160,60 +101,69 @@ impl Shared {
                 false => Ok(()),
             };
             f.done.complete(r);
+            let mut open = f.open.count.lock().unwrap_or_else(|e| e.into_inner());
+            *open -= 1;
+            if *open == 0 {
+                f.open.zero.notify_all();
+            }
         }
+    }
+
+    fn spin_after(&self) -> bool {
+        true
+    }
+
+    fn request(&self) -> Option<u64> {
+        Some(self.id)
     }
 }
 
-/// Takes the next piece of the oldest copy (only if its request's id is `only`, when given),
-/// removing the copy from the queue once its last piece is taken.
-fn take_front(q: &mut Queue, only: Option<u64>) -> Option<(Arc<Fill>, usize)> {
-    let (fill, i) = q.fills.front_mut()?;
-    if only.is_some_and(|id| id != fill.id) {
-        return None;
-    }
-    let (fill, piece) = (Arc::clone(fill), *i);
-    *i += 1;
-    if *i >= fill.pieces {
-        q.fills.pop_front();
-    }
-    Some((fill, piece))
+/// A pipeline's hand on the host copy workers: copies cut into pieces that up to `threads`
+/// workers take; see the module documentation.
+pub(crate) struct Filler {
+    workers: Arc<Workers>,
+    /// The workers a copy is spread over.
+    threads: usize,
+    /// Non-temporal stores.
+    nt: bool,
+    open: Arc<Open>,
+    #[cfg(all(test, loom))]
+    copied: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Filler {
-    /// `threads` workers; non-temporal stores when `nt` (the engine's host -> device staging
-    /// setting, which its caller read: nothing here reads the environment).
+    /// Up to `threads` of the process's host copy workers
+    /// ([`shared`](super::workers::shared), at most its cores; started if fewer run);
+    /// non-temporal stores when `nt` (the engine's host -> device staging setting, which its
+    /// caller read: nothing here reads the environment).
     /// Errors: [`WorkerError::BadConfig`] (no threads, or more than 256), [`WorkerError::Spawn`].
     pub(crate) fn new(threads: usize, nt: bool) -> Result<Filler, WorkerError> {
+        Filler::on(Arc::clone(super::workers::shared()), threads, nt)
+    }
+
+    /// Up to `threads` workers of `workers`; see [`Filler::new`].
+    pub(crate) fn on(
+        workers: Arc<Workers>,
+        threads: usize,
+        nt: bool,
+    ) -> Result<Filler, WorkerError> {
         if !(1..=256).contains(&threads) {
             return Err(WorkerError::BadConfig(format!(
                 "threads {threads} is not in 1..=256"
             )));
         }
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                fills: VecDeque::new(),
-                shutdown: false,
-            }),
-            wake: Condvar::new(),
-            queued: AtomicU64::new(0),
+        let threads = workers.grow(threads)?.min(threads);
+        Ok(Filler {
+            workers,
+            threads,
             nt,
+            open: Arc::new(Open {
+                count: Mutex::new(0),
+                zero: Condvar::new(),
+            }),
             #[cfg(all(test, loom))]
-            copied: std::sync::atomic::AtomicUsize::new(0),
-        });
-        let mut filler = Filler {
-            shared,
-            threads: Vec::with_capacity(threads),
-        };
-        for i in 0..threads {
-            let sh = Arc::clone(&filler.shared);
-            let t = thread::Builder::new()
-                .name(format!("ferry-fill-{i}"))
-                .spawn(move || sh.worker())
-                .map_err(WorkerError::Spawn)?;
-            // On a failed spawn, the drop of `filler` stops and joins those started.
-            filler.threads.push(t);
-        }
-        Ok(filler)
+            copied: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        })
     }
 
     /// Queues a copy of `len` bytes from `src` to `dst` and returns at once, cut into
@@ -236,7 +186,7 @@ impl Filler {
     ) -> Result<Request, WorkerError> {
         let done = Arc::new(Signal::new());
         let req = Request::new(Arc::clone(&done));
-        let pieces = fill_pieces(len, self.threads.len(), spread);
+        let pieces = fill_pieces(len, self.threads, spread);
         let f = Arc::new(Fill {
             id: req.id(),
             dst: dst as usize,
@@ -246,26 +196,24 @@ impl Filler {
             left: AtomicUsize::new(pieces),
             failed: AtomicBool::new(false),
             demote,
-            done: Arc::clone(&done),
+            nt: self.nt,
+            done,
+            open: Arc::clone(&self.open),
+            #[cfg(all(test, loom))]
+            copied: Arc::clone(&self.copied),
         });
-        {
-            let mut q = lock(&self.shared.queue);
-            if q.shutdown || self.threads.is_empty() {
-                return Err(WorkerError::BadConfig(
-                    "the fill workers have stopped".into(),
-                ));
-            }
-            q.fills.push_back((f, 0));
+        *self.open.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        if let Err(e) = self.workers.post(f, pieces.min(self.threads)) {
+            *self.open.count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+            return Err(e);
         }
-        self.shared.queued.fetch_add(1, Ordering::Release);
-        self.shared.wake.notify_all();
         Ok(req)
     }
 
     /// Copies, on the calling thread, pieces of the copy whose request is `req` (one
     /// [`Filler::queue`] returned) that no worker has taken yet, until none is left; returns
-    /// how many it copied (0 when the copy is not the oldest one queued, or is no copy of this
-    /// filler). The copy may still be running on the workers after: wait for `req`.
+    /// how many it copied (0 when the copy is no longer queued, or is no copy of these
+    /// workers). The copy may still be running on the workers after: wait for `req`.
     ///
     /// For a thread that would otherwise wait for `req`: it adds a core to the copy, and the
     /// copy does not wait for sleeping workers to wake. It never takes another copy's piece,
@@ -273,25 +221,21 @@ impl Filler {
     /// taken.
     pub(crate) fn help(&self, req: &Request) -> usize {
         let mut copied = 0;
-        loop {
-            let taken = take_front(&mut lock(&self.shared.queue), Some(req.id()));
-            let Some((f, i)) = taken else {
-                return copied;
-            };
-            self.shared.copy_piece(&f, i);
+        while let Some((task, i)) = self.workers.take_of(req.id()) {
+            task.run(i);
             copied += 1;
         }
+        copied
     }
 }
 
 impl Drop for Filler {
+    /// Waits for the copies queued and not complete (they write the pipeline's pinned buffers,
+    /// freed after): the workers run them.
     fn drop(&mut self) {
-        lock(&self.shared.queue).shutdown = true;
-        // Ends the polling of idle workers (they look at the queue again) and wakes the others.
-        self.shared.queued.fetch_add(1, Ordering::Release);
-        self.shared.wake.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        let mut open = self.open.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *open > 0 {
+            open = self.open.zero.wait(open).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -299,6 +243,7 @@ impl Drop for Filler {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::staging::workers::IDLE_SPIN;
 
     #[test]
     fn queued_fills_copy_every_byte_without_blocking_the_caller() {
@@ -375,7 +320,8 @@ mod tests {
     /// in place once its request completes, and a request of no queued copy gets no help.
     #[test]
     fn help_copies_pieces_of_its_own_copy_only() {
-        let filler = Filler::new(1, false).expect("filler");
+        let workers = Workers::new(1);
+        let filler = Filler::on(Arc::clone(&workers), 1, false).expect("filler");
         let src: Vec<u8> = (0..(16u32 << 20))
             .map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8)
             .collect();
@@ -395,13 +341,10 @@ mod tests {
                 by_a <= fill_pieces(a.len(), 1, false),
                 "round {round}: {by_a}"
             );
-            {
-                let q = lock(&filler.shared.queue);
-                assert!(
-                    q.fills.iter().all(|(f, _)| f.id != ra.id()),
-                    "round {round}: help returned with pieces of its copy left"
-                );
-            }
+            assert!(
+                filler.workers.take_of(ra.id()).is_none(),
+                "round {round}: help returned with pieces of its copy left"
+            );
             let by_b = filler.help(&rb);
             ra.wait().expect("a");
             rb.wait().expect("b");
@@ -418,7 +361,7 @@ mod tests {
 
 /// Loom models of the fill queue (`scripts/loom.sh`): every interleaving, at most 4
 /// preemptions, of fills cut into pieces taken by two workers (and by the thread that helps),
-/// each fill's completion, the workers' sleep and wake-up, and the shutdown.
+/// each fill's completion, the workers' sleep and wake-up, a filler's drop and the shutdown.
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
@@ -429,25 +372,29 @@ mod loom_tests {
         (0..len).map(|i| (i % 251) as u8 + 1).collect()
     }
 
-    fn filler() -> Filler {
-        Filler::new(2, false).unwrap()
+    /// A filler on a set of two workers of its own (shut down with [`finish`]).
+    fn filler() -> (Filler, Arc<Workers>) {
+        let workers = Workers::new(2);
+        (Filler::on(Arc::clone(&workers), 2, false).unwrap(), workers)
     }
 
-    /// Pieces copied by every thread so far; read once the filler is dropped (its workers
-    /// joined), the count of a run.
-    fn copied(sh: &Shared) -> usize {
-        sh.copied.load(std::sync::atomic::Ordering::Relaxed)
+    /// Drops the filler (it waits for its copies) and stops and joins the workers; returns
+    /// the pieces copied by every thread, the count of a run.
+    fn finish(filler: Filler, workers: Arc<Workers>) -> usize {
+        let copied = Arc::clone(&filler.copied);
+        drop(filler);
+        workers.shutdown();
+        copied.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// One fill of two pieces (128 KiB spread over 2 workers), taken by the two workers and
     /// the queuing thread, which helps and then waits: the request completes once, with
     /// success, only when both pieces' bytes are in, each piece copied exactly once (the bytes
-    /// whole and two copies counted), and dropping the filler joins the workers.
+    /// whole and two copies counted), and the workers stop and join.
     #[test]
     fn loom_a_fill_of_two_pieces_between_two_workers_and_the_helper() {
         model(|| {
-            let filler = filler();
-            let shared = Arc::clone(&filler.shared);
+            let (filler, workers) = filler();
             let src = pattern(128 << 10);
             let mut dst = vec![0u8; src.len()];
             assert_eq!(fill_pieces(src.len(), 2, true), 2);
@@ -466,8 +413,7 @@ mod loom_tests {
             assert!(helped <= 2, "{helped}");
             assert_eq!(req.wait(), Ok(()));
             assert!(dst == src, "the fill's bytes are not all in");
-            drop(filler);
-            assert_eq!(copied(&shared), 2);
+            assert_eq!(finish(filler, workers), 2);
         });
     }
 
@@ -477,8 +423,7 @@ mod loom_tests {
     #[test]
     fn loom_two_fills_queued_back_to_back_both_complete() {
         model(|| {
-            let filler = filler();
-            let shared = Arc::clone(&filler.shared);
+            let (filler, workers) = filler();
             let src = pattern(300);
             let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 300]);
             // SAFETY: the vectors outlive the requests, waited for below.
@@ -492,8 +437,7 @@ mod loom_tests {
             assert!(a[..] == src[..100], "the first fill's bytes are not all in");
             assert_eq!(rb.wait(), Ok(()));
             assert!(b == src, "the second fill's bytes are not all in");
-            drop(filler);
-            assert_eq!(copied(&shared), 2);
+            assert_eq!(finish(filler, workers), 2);
         });
     }
 
@@ -502,8 +446,7 @@ mod loom_tests {
     #[test]
     fn loom_a_fill_of_two_pieces_completes_after_its_last_piece() {
         model(|| {
-            let filler = filler();
-            let shared = Arc::clone(&filler.shared);
+            let (filler, workers) = filler();
             let src = pattern(128 << 10);
             let mut dst = vec![0u8; src.len()];
             // SAFETY: both vectors outlive the request, waited for below.
@@ -519,19 +462,17 @@ mod loom_tests {
             .unwrap();
             assert_eq!(req.wait(), Ok(()));
             assert!(dst == src, "the fill's bytes are not all in");
-            drop(filler);
-            assert_eq!(copied(&shared), 2);
+            assert_eq!(finish(filler, workers), 2);
         });
     }
 
-    /// A fill queued just before the filler is dropped: the drop joins the workers only after
-    /// they copied it (the shutdown drains the queue), so its request is complete once the drop
-    /// returns, with its bytes in.
+    /// A fill queued just before the filler is dropped: the drop returns only after the
+    /// workers copied it, so its request is complete once the drop returns, with its bytes in.
     #[test]
     fn loom_dropping_the_filler_finishes_the_queued_fill() {
         model(|| {
-            let filler = filler();
-            let shared = Arc::clone(&filler.shared);
+            let (filler, workers) = filler();
+            let copied = Arc::clone(&filler.copied);
             let src = pattern(100);
             let mut dst = vec![0u8; src.len()];
             // SAFETY: both vectors outlive the request, waited for below.
@@ -546,9 +487,10 @@ mod loom_tests {
             }
             .unwrap();
             drop(filler);
-            assert_eq!(copied(&shared), 1);
+            assert_eq!(copied.load(std::sync::atomic::Ordering::Relaxed), 1);
             assert_eq!(req.try_wait(), Some(Ok(())));
             assert!(dst == src, "the fill's bytes are not all in");
+            workers.shutdown();
         });
     }
 }

@@ -5,10 +5,12 @@
 //! - `ring.rs`: the ring of staging slots, generic over what completes a slot (a CUDA event
 //!   recorded after the slot's DMA, a request, or nothing beyond the slot's return): a slot is
 //!   reused only once what last read or filled it has completed.
-//! - `workers.rs`: the host copy workers' fork-join pool (a staged copy's chunk loop on
-//!   workers `0..n`, beside the coordinating thread).
-//! - `fill.rs`: the queue of fills (copies into pinned memory cut into pieces, each fill
-//!   completing as a request), the GPU pipeline's bounce buffers filled on it.
+//! - `workers.rs`: the host copy workers, one set of threads per process sized to the cores
+//!   (`ferry-host-*`, started as users ask for them), fed from one queue that takes both a
+//!   staged copy's fork-join job (its chunk loop on up to `n` workers, beside the coordinating
+//!   thread) and the fill queue's pieces; every device's stager and every pipeline share it.
+//! - `fill.rs`: the fills (copies into pinned memory cut into pieces for those workers, each
+//!   fill completing as a request), the GPU pipeline's bounce buffers filled on it.
 //! - `policy.rs`: the fill policy (workers per copy, pieces per fill, which fills are demoted
 //!   out of the workers' caches); `copy.rs`: the copy itself (non-temporal stores, `CLDEMOTE`).
 //!

@@ -322,7 +322,12 @@ pub fn device_free() -> usize {
         .0
 }
 
-/// Threads of this process: (all, those ferry started, named `ferry-*`).
+/// The name prefix of the process's host copy workers (`staging/workers.rs`): one set per
+/// process, at most the cores, living as long as the process.
+pub const HOST_WORKERS: &str = "ferry-host-";
+
+/// Threads of this process: (all, those ferry started, named `ferry-*`, less the process's
+/// host copy workers, which outlive every engine: [`host_workers`] counts them).
 pub fn threads() -> (usize, usize) {
     let mut all = 0;
     let mut ferry = 0;
@@ -332,9 +337,48 @@ pub fn threads() -> (usize, usize) {
     {
         all += 1;
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        ferry += usize::from(comm.starts_with("ferry-"));
+        ferry += usize::from(comm.starts_with("ferry-") && !comm.starts_with(HOST_WORKERS));
     }
     (all, ferry)
+}
+
+/// The process's host copy workers: (started, running now: not asleep, from each thread's
+/// state in `/proc/self/task/*/stat`).
+pub fn host_workers() -> (usize, usize) {
+    let (mut started, mut running) = (0, 0);
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(HOST_WORKERS) {
+            continue;
+        }
+        started += 1;
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the name's closing parenthesis.
+        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+        running += usize::from(state == Some('R'));
+    }
+    (started, running)
+}
+
+/// [`host_workers`] once none runs (their polling after a fill lasts 500 us), or after 2 s
+/// what it is then.
+pub fn host_workers_idle() -> (usize, usize) {
+    let t = std::time::Instant::now();
+    loop {
+        let now = host_workers();
+        if now.1 == 0 || t.elapsed().as_secs() >= 2 {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// The machine's cores: the most host copy workers a process starts.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Threads once ferry's have settled to at most `ferry_target` (threads of dropped engines

@@ -2,7 +2,9 @@
 //!
 //! The driver copies pageable memory slowly (about 9-15 GB/s on a PCIe 5.0 host) because it
 //! stages through its own small pinned buffers with one CPU thread. A [`Stager`] keeps a ring of
-//! large pinned staging buffers per direction and a pool of persistent CPU worker threads: while
+//! large pinned staging buffers per direction and runs its copies on the process's host copy
+//! workers (persistent CPU threads, one set shared by every device's stager and every GPU
+//! pipeline, at most the cores; `src/staging/workers.rs`): while
 //! the copy engine moves chunk `k` between the ring and the device, the workers copy chunk `k+1`
 //! between pageable memory and the ring (host -> device), or drain chunk `k-1` (device -> host).
 //! The workers take the chunks' parts in order from a shared counter, with no barrier between
@@ -13,8 +15,8 @@
 //! wait modes").
 //!
 //! A [`Stager`] is made once per device and reused by many copies. Each direction has its own
-//! ring, allocated on first use, but both share one pool of workers, which runs one copy at a
-//! time: a host -> device and a device -> host copy take turns at the workers (only the last
+//! ring, allocated on first use, but both share the stager's turn at the workers, one copy at a
+//! time (two devices' stagers run side by side, each on workers of its own): a host -> device and a device -> host copy take turns at the workers (only the last
 //! DMAs of one, waited for after it leaves the pool, overlap the start of the other), and two
 //! copies in the same direction take turns at their ring as well. Running both directions at
 //! once would need workers for each (a pool per direction: up to twice the threads, competing
@@ -34,7 +36,7 @@
 //! and their events; `pipeline.rs` the loop that drives the workers, the ring and the DMAs;
 //! `segments.rs` segment lists ([`Stager::copy_segments`]: many runs of pageable memory packed
 //! into the ring's chunks). The host side is the crate's staging subsystem (`src/staging/`):
-//! the worker pool, the (non-temporal) copy and its pieces, the fill policy.
+//! the host copy workers, the (non-temporal) copy and its pieces, the fill policy.
 //!
 //! ```no_run
 //! use ferry::engine::cuda::staged::{Direction, Stager, StagingConfig};

@@ -1,5 +1,5 @@
 //! The staging machinery of one device ([`Stager`]): its configuration, the two pinned rings,
-//! the worker pool, and the checks a copy passes before its bytes move.
+//! its hand on the host copy workers, and the checks a copy passes before its bytes move.
 
 use super::chunk::{add, Chunker, Sides};
 use super::error::{drv, StagedError};
@@ -18,7 +18,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 /// Persistent staging machinery for one device: two pinned rings (allocated on first use in each
-/// direction) and a pool of CPU worker threads. See the [module documentation](super).
+/// direction) and up to `threads` of the process's host copy workers. See the
+/// [module documentation](super).
 pub struct Stager {
     ctx: Arc<CudaContext>,
     cfg: StagingConfig,
@@ -45,7 +46,8 @@ impl Stager {
         }
     }
 
-    /// Makes a stager for `ctx`'s device and starts its worker threads. Pinned rings are
+    /// Makes a stager for `ctx`'s device and starts the host copy workers it may use where
+    /// fewer run (at most the cores, shared with every other stager and pipeline). Pinned rings are
     /// allocated on the first copy in each direction (`ring_depth x chunk_bytes` each).
     ///
     /// Errors: [`StagedError::BadConfig`] (chunk < 4096, ring < 2, threads 0 or > 256),
