@@ -342,8 +342,16 @@ pub fn check(
         (_, false) => need,
     };
     if let Some(avail) = mem_available().filter(|&a| host_need > a) {
+        // Only what works here: a GPU is named only where one is found, and only the flag
+        // that applies to this input.
+        let gpu = !ferry::cuda::probe().devices.is_empty();
         return Err(ArgError::Memory {
-            hint: "load less (--select, --length) or into --device cuda:N",
+            hint: match (checkpoint, gpu) {
+                (true, true) => "load less (--select) or into --device cuda:N",
+                (true, false) => "load less (--select)",
+                (false, true) => "load less (--length) or into --device cuda:N",
+                (false, false) => "load less (--length)",
+            },
             test: format!("loading {}", path.display()),
             size: need,
             need: host_need,
@@ -356,13 +364,21 @@ pub fn check(
             let p = ferry::cuda::probe();
             if let Err(why) = &p.driver {
                 return Err(ArgError::Device(format!(
-                    "--device cuda:{n}: {why} (use --device host or pinned)"
+                    "--device cuda:{n}: {why} (use --device host; pinned memory needs the \
+                     driver too)"
+                )));
+            }
+            if p.devices.is_empty() {
+                return Err(ArgError::Device(format!(
+                    "--device cuda:{n}: the CUDA driver finds no GPU on this machine (use \
+                     --device host)"
                 )));
             }
             if n as usize >= p.devices.len() {
                 return Err(ArgError::Device(format!(
-                    "--device cuda:{n}: this machine has {} GPU(s)",
-                    p.devices.len()
+                    "--device cuda:{n}: this machine has {} GPU(s): cuda:0 to cuda:{}",
+                    p.devices.len(),
+                    p.devices.len() - 1
                 )));
             }
             if let Some(total) = device_memory().filter(|&t| need > t) {
@@ -381,6 +397,13 @@ pub fn check(
                 return Err(ArgError::Device(format!(
                     "--device pinned needs a CUDA driver: {why} (use --device host)"
                 )));
+            }
+            if ferry::cuda::probe().devices.is_empty() {
+                return Err(ArgError::Device(
+                    "--device pinned needs a GPU: the CUDA driver finds none on this machine \
+                     (use --device host)"
+                        .into(),
+                ));
             }
         }
         Device::Pageable => {}

@@ -482,7 +482,7 @@ fn load_and_save_refuse_bad_input_before_any_work() {
         "does not exist",
     );
     if ferry::cuda::probe().driver.is_err() {
-        refused(&["load", r], "use --device host or pinned");
+        refused(&["load", r], "use --device host");
         refused(&["load", r, "--device", "pinned"], "needs a CUDA driver");
     } else {
         refused(&["load", r, "--device", "cuda:999"], "GPU(s)");

@@ -1,6 +1,8 @@
 //! Replacing a file whole, so that a failed write loses nothing: the new bytes go to a
 //! temporary file beside the file they replace, renamed over it once complete
-//! ([`Replacement`]). Checkpoint saves ([`crate::checkpoint::save`]) and the CLI's `ferry
+//! ([`Replacement`]). A process killed outright (SIGKILL, a crash) cannot remove its temporary
+//! file; the next replacement of the same file removes it, once the process that made it is
+//! gone ([`Replacement::new`]). Checkpoint saves ([`crate::checkpoint::save`]) and the CLI's `ferry
 //! save` of plain bytes write through it.
 
 use std::io;
@@ -43,6 +45,12 @@ impl Replacement {
     /// an empty temporary file `<name>.ferry-partial-<pid>-<n>` beside the target (created
     /// exclusively: an existing file of that name, the user's, is never touched).
     ///
+    /// Before that, temporary files of the same target left by processes that no longer run
+    /// (a save killed with SIGKILL, a crash) are removed: `<name>.ferry-partial-<pid>-<n>`
+    /// whose `<pid>` is neither this process nor any live one. Another live process's
+    /// temporary file (a save in progress) is never touched; a pid since reused by an
+    /// unrelated process keeps its file until that process ends.
+    ///
     /// Errors: [`io::ErrorKind::InvalidInput`] for a target that is not a regular file or a
     /// symbolic link to a missing file; the folder's own errors (missing, not writable).
     pub fn new(path: &Path) -> io::Result<Replacement> {
@@ -76,6 +84,7 @@ impl Replacement {
             .file_name()
             .ok_or_else(|| invalid(format!("{} names no file", path.display())))?;
         let pid = std::process::id();
+        remove_abandoned(&target, name, pid);
         loop {
             let mut tmp_name = name.to_os_string();
             tmp_name.push(format!(
@@ -142,6 +151,55 @@ impl Replacement {
     }
 }
 
+/// Removes the temporary files of `target` (its file name `name`) whose process is gone: see
+/// [`Replacement::new`]. Best effort: a folder that cannot be listed, or a file that cannot be
+/// removed, is left as it is (the new replacement does not depend on it).
+fn remove_abandoned(target: &Path, name: &std::ffi::OsStr, me: u32) {
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty());
+    let Ok(entries) = std::fs::read_dir(dir.unwrap_or(Path::new("."))) else {
+        return;
+    };
+    let mut prefix = name.as_encoded_bytes().to_vec();
+    prefix.extend_from_slice(b".ferry-partial-");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(pid) = file
+            .as_encoded_bytes()
+            .strip_prefix(prefix.as_slice())
+            .and_then(partial_pid)
+        else {
+            continue;
+        };
+        if pid != me && !alive(pid) && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The pid of a temporary file's name past `.ferry-partial-`: `<pid>-<n>`, both decimal.
+fn partial_pid(rest: &[u8]) -> Option<u32> {
+    let text = std::str::from_utf8(rest).ok()?;
+    let (pid, n) = text.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(pid) || !digits(n) {
+        return None;
+    }
+    pid.parse().ok().filter(|&p| p > 0)
+}
+
+/// Whether process `pid` exists (signal 0 delivers nothing; EPERM means it exists but is
+/// another user's). Unknown answers count as alive, so that nothing live is removed.
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    // SAFETY: kill with signal 0 only checks that `pid` exists and may be signalled.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 impl Drop for Replacement {
     fn drop(&mut self) {
         if !self.committed {
@@ -198,6 +256,41 @@ mod tests {
         let q = d.path().join("new.bin");
         drop(Replacement::new(&q).unwrap());
         assert!(!q.exists());
+    }
+
+    #[test]
+    fn abandoned_partial_files_are_removed_live_ones_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f.bin");
+        std::fs::write(&p, b"old").unwrap();
+        // A process that has ended: a child, waited for (its pid free until reused).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let live = std::os::unix::process::parent_id(); // our parent runs
+        let keep = [
+            format!("f.bin.ferry-partial-{live}-0"),
+            format!("f.bin.ferry-partial-{}-7", std::process::id()),
+            format!("f.bin.ferry-partial-{dead}-x"), // not ferry's name
+            format!("g.bin.ferry-partial-{dead}-0"), // another file's
+        ];
+        for n in &keep {
+            std::fs::write(d.path().join(n), b"keep").unwrap();
+        }
+        let gone = d.path().join(format!("f.bin.ferry-partial-{dead}-3"));
+        std::fs::write(&gone, b"left by a killed save").unwrap();
+        let r = Replacement::new(&p).unwrap();
+        if !alive(dead) {
+            assert!(!gone.exists());
+        }
+        for n in &keep {
+            assert_eq!(std::fs::read(d.path().join(n)).unwrap(), b"keep", "{n}");
+        }
+        drop(r);
+        assert_eq!(partial_pid(b"12-0"), Some(12));
+        assert_eq!(partial_pid(b"12-"), None);
+        assert_eq!(partial_pid(b"0-1"), None);
+        assert_eq!(partial_pid(b"a-1"), None);
     }
 
     #[test]
