@@ -1,7 +1,7 @@
 //! Layouts: N-D strided views of elements in a buffer (`ferry_layout`).
 
 use crate::error::{array, guard, out, Fail, FERRY_ELAYOUT, FERRY_SUCCESS};
-use ferry::{Layout, MAX_DIMS};
+use ferry::{Layout, LayoutError, MAX_DIMS};
 use std::ffi::c_int;
 
 /// The most dimensions a layout holds (`FERRY_MAX_DIMS` in C).
@@ -55,6 +55,15 @@ pub(crate) unsafe fn layout_opt(p: *const FerryLayout, what: &str) -> Result<Opt
     unsafe { layout_ref(p, what) }.map(|l| Some(*l))
 }
 
+/// The C API's own rule, kept where ferry's `Layout` now accepts empty layouts: every dim holds
+/// at least one element (`ferry.h` documents a zero dim as `-FERRY_ELAYOUT`).
+fn check_no_zero_dim(dims: &[usize]) -> Result<(), Fail> {
+    match dims.iter().position(|&d| d == 0) {
+        Some(axis) => Err(LayoutError::ZeroDim { axis }.into()),
+        None => Ok(()),
+    }
+}
+
 fn check_ndims(ndims: usize) -> Result<(), Fail> {
     if ndims > MAX_DIMS {
         return Err(Fail::new(
@@ -94,6 +103,7 @@ pub unsafe extern "C" fn ferry_layout_create_dense(
         check_ndims(ndims)?;
         // SAFETY: (2).
         let dims = unsafe { array(dims, ndims, "dims") }?;
+        check_no_zero_dim(dims)?;
         let l = match order {
             FERRY_ORDER_ROW_MAJOR => Layout::contiguous(dims, elem_size)?,
             FERRY_ORDER_COLUMN_MAJOR => Layout::column_major(dims, elem_size)?,
@@ -131,6 +141,7 @@ pub unsafe extern "C" fn ferry_layout_create_strided(
         check_ndims(ndims)?;
         // SAFETY: (2).
         let dims = unsafe { array(dims, ndims, "dims") }?;
+        check_no_zero_dim(dims)?;
         // SAFETY: (2).
         let strides = unsafe { array(byte_strides, ndims, "byte_strides") }?;
         emit(

@@ -137,6 +137,11 @@ fn job(
                 // non-NULL op_arg points to a size_t.
                 unsafe { *op_arg.cast::<usize>() }
             };
+            if n == 0 {
+                // The C API's rule (ferry's own layouts may be empty): a copy of 0 bytes is
+                // refused, as a zero dim is (`ferry.h`).
+                return Err(ferry::LayoutError::ZeroDim { axis: 0 }.into());
+            }
             let l = Layout::bytes(n)?;
             Job::copy(dst, l, src, l)
         }

@@ -265,12 +265,20 @@ pub const CACHE_SIZED: u64 = 64 << 10;
 /// Why ferry is behind in row `r`, in a few words, where the cause is known: a latency row
 /// against a bare `copy_from_slice` of the same few bytes (no request to submit or wait for),
 /// a CPU copy at or below the engine's inline threshold `inline` (run on the caller's thread:
-/// the request's fixed cost on a tiny copy), a cache-sized CPU copy. None where the cause is
-/// not known.
+/// the request's fixed cost on a tiny copy), a cache-sized CPU copy, a cache-sized CPU
+/// pipeline (its 16 chunks so small that handing each between threads costs more than the
+/// work, where the sequential loop's small copies run inline on its own thread). None where the
+/// cause is not known.
 pub fn why_behind(r: &Row, inline: Option<u64>) -> Option<String> {
     let fam = family(&r.test);
     if fam == "latency" && r.best_baseline == "copy_from_slice" {
         return Some("a request's submit+wait against a bare copy_from_slice".into());
+    }
+    if r.test == "pipeline" && r.payload_bytes <= CACHE_SIZED {
+        return Some(format!(
+            "cache-sized, chunks of {} or less handed between threads (the loop copies them inline on one)",
+            format_size(CACHE_SIZED / 16)
+        ));
     }
     if fam != "CPU" || r.kind != Kind::Bandwidth {
         return None;
@@ -509,6 +517,17 @@ mod tests {
         assert!(c.contains("1 cache-sized"), "{c}");
         // The 64M row's cause is not known: nothing is said for it.
         assert_eq!(why_behind(&big, Some(16 << 10)), None);
+        // The CPU pipeline at 4K (16 chunks of 256 bytes): the hand-off per chunk.
+        let pipe = row("pipeline", Kind::Bandwidth, 4 << 10, "sequential", 0.011);
+        let pipe_big = row("pipeline", Kind::Bandwidth, 64 << 20, "sequential", 0.5);
+        let p = summary(&[&pipe, &pipe_big], Some(16 << 10));
+        let p = p.lines().find(|l| l.contains("pipeline")).unwrap();
+        assert!(p.contains("behind the baseline in 2 of 2 rows"), "{p}");
+        assert!(
+            p.contains("why: 1 cache-sized, chunks of 4K or less handed between threads"),
+            "{p}"
+        );
+        assert_eq!(why_behind(&pipe_big, Some(16 << 10)), None);
         let all_fine = row(
             "cpu-contig",
             Kind::Bandwidth,

@@ -342,6 +342,7 @@ impl Program {
         }
     }
     /// Adds a copy from `src` (in the source buffer) to `dst` (in the destination buffer).
+    /// Two empty layouts (checked like any) add no step; one empty side is a shape mismatch.
     pub fn copy(&mut self, dst: &Layout, src: &Layout) -> Result<(), OpError> {
         let src_len = self.src_len.ok_or(OpError::NoSource)?;
         // `Plan::new`, each plan built where it stays (a request's one step is inline in the
@@ -353,10 +354,13 @@ impl Program {
         Ok(())
     }
     /// Adds the copy of one contiguous run `(dst offset, src offset, bytes)` that
-    /// [`checked_run`] returned (checked there: nothing is checked again).
+    /// [`checked_run`] returned (checked there: nothing is checked again); a run of 0 bytes
+    /// (two empty layouts) adds no step.
     #[inline(always)]
     pub(crate) fn push_run(&mut self, (d, s, bytes): (usize, usize, usize)) {
-        self.steps.push(Step::Copy(Plan::contiguous(d, s, bytes)));
+        if bytes > 0 {
+            self.steps.push(Step::Copy(Plan::contiguous(d, s, bytes)));
+        }
     }
     /// Adds the copy between layouts that [`checked_run`] checked against this program's
     /// buffers and found not one run: planned, not checked again.
@@ -365,7 +369,8 @@ impl Program {
         self.steps.push(Step::Copy(Plan::general(dst, src)?));
         Ok(())
     }
-    /// Adds a fill of every element of `dst` with `pattern` (`pattern.len()` = element size).
+    /// Adds a fill of every element of `dst` with `pattern` (`pattern.len()` = element size);
+    /// an empty `dst` (checked like any) adds no step.
     pub fn fill(&mut self, dst: &Layout, pattern: &[u8]) -> Result<(), OpError> {
         if pattern.len() != dst.elem_size() {
             return Err(OpError::PatternSize {
@@ -374,6 +379,9 @@ impl Program {
             });
         }
         dst.check_buffer(self.dst_len).map_err(OpError::Dst)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
         self.steps.push(Step::Fill {
             plan: Plan::fill(dst)?,
             pattern: pattern.into(),

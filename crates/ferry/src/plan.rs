@@ -105,7 +105,8 @@ impl std::fmt::Debug for Plan {
 }
 
 impl Plan {
-    /// Plans a copy of every element of `src` to the element of `dst` at the same index.
+    /// Plans a copy of every element of `src` to the element of `dst` at the same index. Two
+    /// empty layouts (whatever their dims) plan one run of 0 bytes.
     ///
     /// Errors: [`PlanError::ShapeMismatch`], [`PlanError::ElemSizeMismatch`],
     /// [`PlanError::DstSelfOverlap`].
@@ -136,6 +137,17 @@ impl Plan {
                 src: src.elem_size(),
             });
         }
+        // No element on either side: nothing to copy, where both have none (a zero-byte run,
+        // which programs and engines drop); one empty side only is a shape mismatch.
+        if dst.is_empty() || src.is_empty() {
+            if dst.is_empty() && src.is_empty() {
+                return Ok(Some((dst.offset(), src.offset(), 0)));
+            }
+            return Err(PlanError::ShapeMismatch {
+                dst: dst.dims().to_vec(),
+                src: src.dims().to_vec(),
+            });
+        }
         // One dim each (every `memcpy`, `Layout::bytes`): the same test without the loops over
         // the dims (tests: `single_run_of_one_dim`).
         if let ([dn], [sn], [ds], [ss]) = (dst.dims(), src.dims(), dst.strides(), src.strides()) {
@@ -154,6 +166,9 @@ impl Plan {
     /// [`Plan::new`] by sorting and merging the dims (shapes; element sizes checked by
     /// [`Plan::single_run`]).
     pub(crate) fn general(dst: &Layout, src: &Layout) -> Result<Plan, PlanError> {
+        if dst.is_empty() || src.is_empty() {
+            return Plan::new(dst, src);
+        }
         // Dims of extent 1 dropped, on the stack (planning allocates nothing).
         let (dt, dn) = non_unit(dst, 0);
         let (st, sn) = non_unit(src, 0);
@@ -183,8 +198,12 @@ impl Plan {
     }
 
     /// Plans a walk over the elements of one layout (a fill): the source side has stride 0
-    /// everywhere and offset 0, so every run reads the same pattern.
+    /// everywhere and offset 0, so every run reads the same pattern. An empty layout plans one
+    /// run of 0 bytes.
     pub fn fill(dst: &Layout) -> Result<Plan, PlanError> {
+        if dst.is_empty() {
+            return Ok(Plan::contiguous(dst.offset(), 0, 0));
+        }
         if !dst.is_non_overlapping() {
             return Err(PlanError::DstSelfOverlap {
                 dims: dst.dims().to_vec(),

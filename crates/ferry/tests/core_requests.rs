@@ -1003,3 +1003,131 @@ fn copies_run_at_submit_are_done_unique_and_checked_as_queued_ones() {
     assert_eq!((r.dst.len(), r.src.len()), (4, 8));
     assert!(e.barrier().is_ok());
 }
+
+/// A copy in a scope of its own: whether its request came back done, once waited.
+fn scoped_copy(
+    e: &dyn Engine,
+    d: &mut Vec<f32>,
+    dl: &Layout,
+    s: &Vec<f32>,
+    sl: &Layout,
+) -> Result<bool, ferry::Error> {
+    e.scope(|sc| -> ferry::Result<bool> {
+        let r = sc.copy(d, dl, s, sl)?;
+        let done = r.is_done();
+        r.wait()?;
+        Ok(done)
+    })
+}
+
+/// A fill in a scope of its own: whether its request came back done, once waited.
+fn scoped_fill(e: &dyn Engine, d: &mut Vec<f32>, l: &Layout) -> Result<bool, ferry::Error> {
+    e.scope(|sc| -> ferry::Result<bool> {
+        let r = sc.fill(d, l, &9f32.to_ne_bytes())?;
+        let done = r.is_done();
+        r.wait()?;
+        Ok(done)
+    })
+}
+
+/// Copies and fills over layouts with no element (a dim of extent 0) complete at once through
+/// the safe API (scoped and owned) and through the raw contract, on the CPU engine in each
+/// mode and behind a multiplexer; one empty side beside a non-empty one is refused.
+#[test]
+fn empty_copies_and_fills_complete_at_once_on_every_path() {
+    let inline = CpuEngine::with_config(CpuConfig::caller_runs()).unwrap();
+    let mux = MultiplexEngine::new().with(cpu(1), 1.0).with(cpu(1), 1.0);
+    let engines: Vec<Box<dyn Engine>> = vec![
+        Box::new(cpu(2)),
+        Box::new(cpu(0)),
+        Box::new(inline),
+        Box::new(mux),
+    ];
+    let empty = Layout::of::<f32>(&[0]).unwrap();
+    let empty_2d = Layout::of::<f32>(&[3, 0]).unwrap().with_offset(8).unwrap();
+    let four = Layout::of::<f32>(&[4]).unwrap();
+    for e in &engines {
+        let e: &dyn Engine = e.as_ref();
+        let name = e.name();
+        // Scoped: over empty and non-empty buffers, at an offset inside the buffer.
+        let (mut d, s) = (vec![5f32; 4], vec![7f32; 4]);
+        let (mut none_d, none_s) = (Vec::<f32>::new(), Vec::<f32>::new());
+        for (dl, sl) in [(empty, empty), (empty_2d, empty), (empty, empty_2d)] {
+            assert!(
+                scoped_copy(e, &mut d, &dl, &s, &sl).unwrap(),
+                "{name}: {dl:?}"
+            );
+        }
+        assert!(
+            scoped_copy(e, &mut none_d, &empty, &none_s, &empty).unwrap(),
+            "{name}"
+        );
+        assert!(
+            scoped_fill(e, &mut d, &empty_2d).unwrap(),
+            "{name}: scoped fill"
+        );
+        // One empty side is a shape mismatch; an empty layout past the buffer is refused.
+        for (dl, sl) in [(empty, four), (four, empty)] {
+            let err = scoped_copy(e, &mut d, &dl, &s, &sl).unwrap_err();
+            assert!(err.to_string().contains("shape mismatch"), "{name}: {err}");
+        }
+        let far = empty.with_offset(20).unwrap();
+        let err = scoped_copy(e, &mut d, &far, &s, &empty).unwrap_err();
+        assert!(err.to_string().contains("destination"), "{name}: {err}");
+        assert!(scoped_fill(e, &mut d, &far).is_err(), "{name}");
+        assert_eq!((&d, &none_d), (&vec![5f32; 4], &vec![]), "{name}");
+        // Owned: the buffers come straight back.
+        let t = e
+            .copy_owned(
+                vec![1u16; 3],
+                &Layout::of::<u16>(&[0, 3]).unwrap(),
+                vec![2u16; 3],
+                &Layout::of::<u16>(&[3, 0]).unwrap(),
+            )
+            .unwrap();
+        assert!(t.is_done(), "{name}: owned copy");
+        assert_eq!(t.wait().unwrap(), (vec![1u16; 3], vec![2u16; 3]));
+        let refused = e
+            .copy_owned(
+                vec![1u8; 4],
+                &Layout::bytes(0).unwrap(),
+                vec![2u8; 4],
+                &Layout::bytes(4).unwrap(),
+            )
+            .unwrap_err();
+        assert_eq!((refused.dst, refused.src), (vec![1u8; 4], vec![2u8; 4]));
+        // Raw: a job that lowers to no step completes, alone or after another request.
+        let (mut a, mut b, mut c) = (vec![3u8; 4096], data(4096, 1), vec![0u8; 4096]);
+        let bytes0 = Layout::bytes(0).unwrap();
+        let whole = Layout::bytes(4096).unwrap();
+        // SAFETY: the buffers outlive every request, each waited before the end of the test.
+        unsafe {
+            let r = e
+                .submit_raw(Job::copy(raw(&mut a), bytes0, raw(&mut b), bytes0))
+                .unwrap();
+            assert_eq!(r.wait(), Ok(()), "{name}: raw copy");
+            let r = e
+                .submit_raw(Job::fill(raw(&mut a), empty_2d, &[0; 4]))
+                .unwrap();
+            assert_eq!(r.wait(), Ok(()), "{name}: raw fill");
+            let first = e
+                .submit_raw(Job::copy(raw(&mut c), whole, raw(&mut b), whole))
+                .unwrap();
+            let r = e
+                .submit_raw(Job::copy(raw(&mut a), bytes0, raw(&mut b), bytes0).after(&first))
+                .unwrap();
+            assert_eq!(r.wait(), Ok(()), "{name}: raw copy after another");
+            assert_eq!(first.wait(), Ok(()));
+            let bad = e.submit_raw(Job::copy(raw(&mut a), bytes0, raw(&mut b), whole));
+            assert!(bad.is_err(), "{name}: one empty side");
+        }
+        assert_eq!((a, c), (vec![3u8; 4096], b), "{name}");
+        e.barrier().unwrap();
+    }
+    // The programs: no step for either.
+    let mut p = Program::new(16, Some(16));
+    p.copy(&empty, &empty_2d).unwrap();
+    p.fill(&empty_2d, &[0; 4]).unwrap();
+    assert!(p.steps().is_empty());
+    assert!(p.copy(&empty, &four).is_err() && p.steps().is_empty());
+}

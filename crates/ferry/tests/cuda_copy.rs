@@ -664,3 +664,66 @@ fn one_run_at_offsets_every_kind_pair() {
     }
     e.barrier().expect("nothing failed after the refusals");
 }
+
+/// Copies and fills over layouts with no element complete at once, through the scope and the
+/// raw contract (alone: a ready request; after another request: when it is done), touching
+/// no byte; one empty side beside a non-empty one is refused.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn empty_copies_and_fills_complete_at_once() {
+    use ferry::{Engine, Job, Memory, MemoryMut};
+    let Some(e) = cuda_or_skip() else { return };
+    let n = 4096;
+    let empty = Layout::bytes(0).unwrap();
+    let empty_2d = Layout::contiguous(&[0, 16], 1)
+        .unwrap()
+        .with_offset(64)
+        .unwrap();
+    let whole = Layout::bytes(n).unwrap();
+    for &dk in &KINDS {
+        for &sk in &KINDS {
+            if is_pageable(dk) && is_pageable(sk) {
+                continue;
+            }
+            let (dst_h, src_h) = (bytes(n, 7), bytes(n, 8));
+            let src = Buf::new(sk, &src_h);
+            let mut dst = Buf::new(dk, &dst_h);
+            e.scope(|s| -> ferry::Result<()> {
+                let r = s.copy(&mut dst, &empty_2d, &src, &empty)?;
+                assert!(r.is_done(), "{dk:?} <- {sk:?}: scoped copy");
+                Ok(r.wait()?)
+            })
+            .unwrap();
+            e.scope(|s| -> ferry::Result<()> {
+                let r = s.fill(&mut dst, &empty_2d, &[1])?;
+                assert!(r.is_done(), "{dk:?}: scoped fill");
+                Ok(r.wait()?)
+            })
+            .unwrap();
+            let (d, sr) = (dst.raw_mut(), src.raw());
+            // SAFETY: both buffers outlive every request, each waited below.
+            unsafe {
+                let r = e.submit_raw(Job::copy(d, empty, sr, empty_2d)).unwrap();
+                assert!(r.is_done(), "{dk:?} <- {sk:?}: raw copy");
+                assert_eq!(r.wait(), Ok(()));
+                let r = e.submit_raw(Job::fill(d, empty_2d, &[0])).unwrap();
+                assert!(r.is_done(), "{dk:?}: raw fill");
+                assert_eq!(r.wait(), Ok(()));
+                let mut scratch = Buf::new(dk, &dst_h);
+                let first = e
+                    .submit_raw(Job::copy(scratch.raw_mut(), whole, sr, whole))
+                    .unwrap();
+                let r = e
+                    .submit_raw(Job::copy(d, empty, sr, empty).after(&first))
+                    .unwrap();
+                assert_eq!(r.wait(), Ok(()), "{dk:?} <- {sk:?}: raw copy after another");
+                assert_eq!(first.wait(), Ok(()));
+                check("scratch", &scratch.to_vec(), &src_h);
+                assert!(e.submit_raw(Job::copy(d, empty, sr, whole)).is_err());
+                assert!(e.submit_raw(Job::copy(d, whole, sr, empty)).is_err());
+            }
+            check("untouched", &dst.to_vec(), &dst_h);
+        }
+    }
+    e.barrier().unwrap();
+}

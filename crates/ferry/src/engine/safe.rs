@@ -110,7 +110,8 @@ pub trait EngineExt: Engine {
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`, taking ownership of both until
     /// the copy completes. Errors at submit hand the buffers back (a layout that a typed
-    /// buffer cannot hold, see [`Layout::check_elem`], is one).
+    /// buffer cannot hold, see [`Layout::check_elem`], is one). Two empty layouts complete at
+    /// once: the buffers come straight back.
     fn copy_owned<D, S>(
         &self,
         dst: D,
@@ -126,8 +127,14 @@ pub trait EngineExt: Engine {
             dst: *dst_layout,
             src: *src_layout,
         };
-        match check_elems(&op, elem(&dst), Some(elem(&src))) {
-            Ok(()) => lend_copy(self, dst, dst_layout, src, src_layout),
+        let checked = check_elems(&op, elem(&dst), Some(elem(&src)))
+            .and_then(|()| nothing_to_do(&op, dst.raw().len, Some(src.raw().len)));
+        match checked {
+            // No element to copy: no request, the buffers come straight back.
+            Ok(true) => Ok(Transfer {
+                lent: Lent::done((dst, src)),
+            }),
+            Ok(false) => lend_copy(self, dst, dst_layout, src, src_layout),
             Err(error) => Err(Refused { error, dst, src }),
         }
     }
@@ -193,6 +200,23 @@ fn check_elems(op: &Op, dst: Elem, src: Option<Elem>) -> Result<(), SubmitError>
         Op::Fill { dst: dl, .. } => Ok(check_held(dl, dst).map_err(OpError::Dst)?),
         _ => Ok(()),
     }
+}
+
+/// True for a built-in copy or fill whose layouts hold no element, checked as any request is
+/// (layouts inside their buffers, element sizes, shapes: one empty side beside a non-empty one is
+/// a shape mismatch): the safe API completes it at once, without a request to the engine.
+/// False for anything else, unchecked (the engine checks it).
+fn nothing_to_do(op: &Op, dst_len: usize, src_len: Option<usize>) -> Result<bool, SubmitError> {
+    let empty = match op {
+        Op::Copy { dst, src } => dst.is_empty() || src.is_empty(),
+        Op::Fill { dst, .. } => dst.is_empty(),
+        _ => false,
+    };
+    if !empty {
+        return Ok(false);
+    }
+    let prog = op.lower(dst_len, src_len)?;
+    Ok(prog.steps().is_empty())
 }
 
 /// A buffer's element size and type name ([`Memory::elem_size`], [`Memory::elem_type`]).
@@ -599,6 +623,10 @@ impl<'scope> Scope<'scope, '_> {
         S: Memory + ?Sized,
     {
         check_elems(&op, elem(dst), src.map(elem))?;
+        // No element and nothing to wait for: done (with dependencies, the engine orders it).
+        if after.is_empty() && nothing_to_do(&op, dst.raw().len, src.map(|s| s.raw().len))? {
+            return Ok(Request::ready(Ok(())));
+        }
         self.submit_bytes(dst, src, op, after)
     }
 
@@ -636,7 +664,9 @@ impl<'scope> Scope<'scope, '_> {
         Ok(req)
     }
 
-    /// Copies `src_layout` of `src` into `dst_layout` of `dst`.
+    /// Copies `src_layout` of `src` into `dst_layout` of `dst`. Two empty layouts (a dim of
+    /// extent 0) complete at once, checked like any; one empty beside a non-empty one is a
+    /// shape mismatch.
     pub fn copy<D, S>(
         &self,
         dst: &'scope mut D,
@@ -649,6 +679,11 @@ impl<'scope> Scope<'scope, '_> {
         S: Memory + ?Sized,
     {
         check_copy(dst_layout, elem(dst), src_layout, elem(src))?;
+        if dst_layout.is_empty() || src_layout.is_empty() {
+            // No element: checked, then done at once (one empty side is a shape mismatch).
+            crate::op::checked_run(dst_layout, src_layout, dst.raw().len, src.raw().len)?;
+            return Ok(Request::ready(Ok(())));
+        }
         self.submit_copy(dst, dst_layout, src, src_layout)
     }
 
@@ -681,7 +716,7 @@ impl<'scope> Scope<'scope, '_> {
         S: Memory + ?Sized,
     {
         if src.raw().len == 0 {
-            // An empty copy has nothing to do (a layout holds at least one element).
+            // An empty copy has nothing to do.
             return Ok(Request::ready(Ok(())));
         }
         // A small copy the engine runs in submit (the CPU engine's) comes back done: no request
@@ -690,7 +725,8 @@ impl<'scope> Scope<'scope, '_> {
         self.submit_copy(dst, &l, src, &l)
     }
 
-    /// Writes `pattern` (one element) into every element of `layout` in `dst`.
+    /// Writes `pattern` (one element) into every element of `layout` in `dst`; an empty layout
+    /// completes at once.
     pub fn fill<D>(
         &self,
         dst: &'scope mut D,

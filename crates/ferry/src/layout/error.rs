@@ -18,8 +18,9 @@ pub enum LayoutError {
     /// Element size of zero bytes.
     #[error("element size must be at least one byte")]
     ZeroElemSize,
-    /// A dimension of extent zero.
-    #[error("dimension {axis} has extent 0; layouts hold at least one element")]
+    /// A dimension of extent zero where the interface needs elements (the C API's and AML's
+    /// layouts; ferry's own [`Layout`](super::Layout)s may be empty).
+    #[error("dimension {axis} has extent 0; this interface's layouts hold at least one element")]
     ZeroDim {
         /// Which dimension.
         axis: usize,

@@ -4,7 +4,9 @@
 //! is the outermost (row-major order: the last dimension varies fastest in
 //! [`Layout::contiguous`]). Strides are stored in bytes and never negative (give them in elements
 //! with [`Layout::with_strides`], or in bytes with [`Layout::with_byte_strides`]); a stride of 0 repeats an
-//! element (a broadcast source). Every constructor and transformation checks its input and
+//! element (a broadcast source). A dim of extent 0 is legal: the layout holds no element
+//! ([`Layout::is_empty`]), spans `offset..offset`, and a copy or fill over it completes at once
+//! (the C API and AML's keep refusing zero dims). Every constructor and transformation checks its input and
 //! returns a [`LayoutError`] in every build: nothing here panics on user input.
 //!
 //! ```
@@ -147,8 +149,10 @@ impl Layout {
     /// A general layout from dims (outermost first), strides in **bytes**, and an element size
     /// in bytes. For strides counted in elements use [`Layout::with_strides`].
     ///
-    /// Errors: more than [`MAX_DIMS`] dims, no dims, a zero dim or element size, dims and strides
-    /// of different lengths, or a byte span that overflows `usize`.
+    /// A dim of extent 0 makes an empty layout (no element, span `offset..offset`).
+    ///
+    /// Errors: more than [`MAX_DIMS`] dims, no dims, a zero element size, dims and strides of
+    /// different lengths, or a byte span that overflows `usize`.
     pub fn with_byte_strides(
         dims: &[usize],
         strides: &[usize],
@@ -171,9 +175,6 @@ impl Layout {
         }
         if elem_size == 0 {
             return Err(LayoutError::ZeroElemSize);
-        }
-        if let Some(axis) = dims.iter().position(|&d| d == 0) {
-            return Err(LayoutError::ZeroDim { axis });
         }
         let mut l = Layout {
             offset: 0,
@@ -240,15 +241,11 @@ impl Layout {
         }
     }
 
-    /// A dense 1-D layout of `bytes` bytes (element size 1).
+    /// A dense 1-D layout of `bytes` bytes (element size 1); empty for 0 bytes.
     pub fn bytes(bytes: usize) -> Result<Layout, LayoutError> {
         // Every `memcpy` builds two of these: built directly, without the general checks,
-        // none of which can fail for one dim of one-byte elements but a zero length (the same
-        // layout and error as `Layout::contiguous(&[bytes], 1)`: tests.rs
-        // `bytes_matches_contiguous`).
-        if bytes == 0 {
-            return Err(LayoutError::ZeroDim { axis: 0 });
-        }
+        // none of which can fail for one dim of one-byte elements (the same layout as
+        // `Layout::contiguous(&[bytes], 1)`: tests.rs `bytes_matches_contiguous`).
         let mut l = Layout {
             offset: 0,
             elem_size: 1,
@@ -327,19 +324,24 @@ impl Layout {
     }
     /// Number of elements.
     pub fn len(&self) -> usize {
-        // Checked at construction.
+        // Checked at construction (the other dims' product may overflow beside a zero dim).
+        if self.is_empty() {
+            return 0;
+        }
         self.dims().iter().product()
     }
-    /// Always false: layouts have at least one element (zero dims are rejected).
+    /// True when the layout holds no element (a dim of extent 0): its span is empty, and a
+    /// copy or fill over it completes at once.
     pub fn is_empty(&self) -> bool {
-        false
+        self.dims().contains(&0)
     }
     /// Bytes of data the layout holds (elements times element size), not counting gaps.
     pub fn size_bytes(&self) -> usize {
         self.len() * self.elem_size
     }
 
-    /// The byte range of the buffer the layout touches: from its first byte to one past its last.
+    /// The byte range of the buffer the layout touches: from its first byte to one past its last
+    /// (`offset..offset` for an empty layout).
     pub fn span(&self) -> Range<usize> {
         // Checked at construction.
         self.offset..self.offset + self.extent().unwrap_or(0)
@@ -361,8 +363,12 @@ impl Layout {
         Ok(())
     }
 
-    /// True when the elements fill their span with no gap, in row-major order.
+    /// True when the elements fill their span with no gap, in row-major order (an empty layout
+    /// is).
     pub fn is_contiguous(&self) -> bool {
+        if self.is_empty() {
+            return true;
+        }
         let mut expect = self.elem_size;
         for i in (0..self.ndim).rev() {
             if self.dims[i] != 1 && self.strides[i] != expect {
@@ -374,8 +380,11 @@ impl Layout {
     }
 
     /// True when the elements fill their span with no gap and no repeat, in some dim order
-    /// (row-major, column-major or any permutation).
+    /// (row-major, column-major or any permutation); an empty layout is.
     pub fn is_dense(&self) -> bool {
+        if self.is_empty() {
+            return true;
+        }
         let (order, n) = self.by_stride();
         let mut expect = self.elem_size;
         for &i in &order[..n] {
@@ -387,9 +396,13 @@ impl Layout {
         true
     }
 
-    /// Bytes of the innermost run that is contiguous in row-major order (at least one element).
+    /// Bytes of the innermost run that is contiguous in row-major order (at least one element;
+    /// one element's bytes for an empty layout).
     pub fn contiguous_inner_bytes(&self) -> usize {
         let mut run = self.elem_size;
+        if self.is_empty() {
+            return run;
+        }
         for i in (0..self.ndim).rev() {
             if self.dims[i] == 1 {
                 continue;
@@ -404,8 +417,12 @@ impl Layout {
 
     /// True when no two elements share a byte (sufficient test: after sorting dims by stride,
     /// each stride is at least the extent of the dims inside it). A layout that fails this test
-    /// may still be free of overlap; ferry treats it as overlapping.
+    /// may still be free of overlap; ferry treats it as overlapping. An empty layout has no
+    /// overlap.
     pub fn is_non_overlapping(&self) -> bool {
+        if self.is_empty() {
+            return true;
+        }
         let (order, n) = self.by_stride();
         let mut extent = self.elem_size;
         for &i in &order[..n] {
@@ -419,7 +436,8 @@ impl Layout {
 
     /// Slices one axis to `range` with `step` (numpy's `a[start:end:step]` on that axis).
     ///
-    /// Errors: axis out of range, a zero step, an empty range, or a range past the dim.
+    /// Errors: axis out of range, a zero step, an empty range, or a range past the dim (so the
+    /// axis of extent 0 of an empty layout has no slice; its other axes do).
     ///
     /// ```
     /// let l = ferry::Layout::contiguous(&[10], 4)?;
@@ -602,8 +620,12 @@ impl Layout {
         Ok(())
     }
 
-    /// Bytes from the first element's first byte to one past the last element's last byte.
+    /// Bytes from the first element's first byte to one past the last element's last byte
+    /// (0 for an empty layout).
     fn extent(&self) -> Result<usize, LayoutError> {
+        if self.is_empty() {
+            return Ok(0);
+        }
         let mut far = 0usize;
         for i in 0..self.ndim {
             let step = (self.dims[i] - 1)
@@ -621,6 +643,9 @@ impl Layout {
     }
 
     fn len_checked(&self) -> Result<usize, LayoutError> {
+        if self.is_empty() {
+            return Ok(0);
+        }
         let mut n = 1usize;
         for &d in self.dims() {
             n = n.checked_mul(d).ok_or(LayoutError::Overflow)?;

@@ -9,7 +9,8 @@ impl Layout {
     /// onto a group of new dims with the same element count, and the old group must be
     /// contiguous within itself (each stride = next stride x next dim). Where that fails the
     /// shape cannot be expressed without a copy and [`LayoutError::ReshapeNeedsCopy`] is
-    /// returned.
+    /// returned. An empty layout reshapes to any dims with no element (dense strides, same
+    /// offset).
     ///
     /// ```
     /// let l = ferry::Layout::contiguous(&[4, 6], 4)?;
@@ -28,16 +29,21 @@ impl Layout {
                 max: MAX_DIMS,
             });
         }
-        if let Some(axis) = new_dims.iter().position(|&d| d == 0) {
-            return Err(LayoutError::ZeroDim { axis });
-        }
         let mut to = 1usize;
-        for &d in new_dims {
-            to = to.checked_mul(d).ok_or(LayoutError::Overflow)?;
+        if !new_dims.contains(&0) {
+            for &d in new_dims {
+                to = to.checked_mul(d).ok_or(LayoutError::Overflow)?;
+            }
+        } else {
+            to = 0;
         }
         let from = self.len();
         if to != from {
             return Err(LayoutError::ReshapeCount { from, to });
+        }
+        if from == 0 {
+            // No element: no stride to keep; the new dims laid out densely at the same offset.
+            return Layout::contiguous(new_dims, self.elem_size)?.with_offset(self.offset);
         }
         let needs_copy = || LayoutError::ReshapeNeedsCopy {
             from: self.dims().to_vec(),

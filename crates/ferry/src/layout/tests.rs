@@ -212,7 +212,10 @@ fn reshape_impossible_cases() {
         Err(LayoutError::ReshapeNeedsCopy { .. })
     ));
     assert_eq!(l.reshape(&[]), Err(LayoutError::NoDims));
-    assert_eq!(l.reshape(&[24, 0]), Err(LayoutError::ZeroDim { axis: 1 }));
+    assert_eq!(
+        l.reshape(&[24, 0]),
+        Err(LayoutError::ReshapeCount { from: 24, to: 0 })
+    );
     assert_eq!(
         l.reshape(&[1; 17]),
         Err(LayoutError::TooManyDims {
@@ -255,9 +258,6 @@ fn constructor_errors() {
         Layout::with_byte_strides(&[2], &[1], 0),
         Err(LayoutError::ZeroElemSize)
     );
-    let e = Layout::with_byte_strides(&[2, 0], &[1, 1], 1).unwrap_err();
-    assert_eq!(e, LayoutError::ZeroDim { axis: 1 });
-    assert!(e.to_string().contains("dimension 1"));
     let e = Layout::contiguous(&[1; 17], 1).unwrap_err();
     assert_eq!(e, LayoutError::TooManyDims { ndim: 17, max: 16 });
     assert!(e.to_string().contains("17") && e.to_string().contains("16"));
@@ -356,4 +356,92 @@ fn bytes_matches_contiguous() {
     for n in [0, 1, 2, 4096, usize::MAX / 2, usize::MAX] {
         assert_eq!(Layout::bytes(n), Layout::contiguous(&[n], 1), "{n}");
     }
+}
+
+#[test]
+fn zero_dims_make_empty_layouts_with_every_method_defined() {
+    let big = usize::MAX / 2;
+    for l in [
+        Layout::of::<f32>(&[0]).unwrap(),
+        Layout::contiguous(&[0], 4).unwrap(),
+        Layout::contiguous(&[3, 0, 5], 8).unwrap(),
+        Layout::column_major(&[2, 0], 2).unwrap(),
+        Layout::pitched(&[4, 0], 4, 64).unwrap(),
+        Layout::bytes(0).unwrap(),
+        // Dims and strides whose extent would overflow beside the zero dim.
+        Layout::with_byte_strides(&[big, 0, big], &[big, 1, big], 1).unwrap(),
+        Layout::with_strides::<u16>(&[0, 7], &[7, 1])
+            .unwrap()
+            .with_offset(40)
+            .unwrap(),
+    ] {
+        let o = l.offset();
+        assert!(l.is_empty(), "{l:?}");
+        assert_eq!((l.len(), l.size_bytes()), (0, 0), "{l:?}");
+        assert_eq!(l.span(), o..o, "{l:?}");
+        assert_eq!(l.element_offsets().count(), 0);
+        assert!(
+            l.is_contiguous() && l.is_dense() && l.is_non_overlapping(),
+            "{l:?}"
+        );
+        assert_eq!(l.contiguous_inner_bytes(), l.elem_size());
+        assert!(l.check_elem(l.elem_size()).is_ok());
+        // Inside any buffer that reaches its offset, outside any shorter one.
+        assert!(l.check_buffer(o).is_ok());
+        assert_eq!(l.check_buffer(o.wrapping_sub(1)).is_err(), o > 0, "{l:?}");
+        // Reshapes to any dims without element (dense, same offset), to none with elements.
+        let r = l.reshape(&[0, 2]).unwrap();
+        assert!(r.is_empty() && r.offset() == o && r.span() == (o..o));
+        assert_eq!(
+            l.reshape(&[1]),
+            Err(LayoutError::ReshapeCount { from: 0, to: 1 })
+        );
+        // Permutations and transposes keep it empty.
+        let rev: Vec<usize> = (0..l.ndim()).rev().collect();
+        let p = l.permute(&rev).unwrap();
+        assert!(p.is_empty() && p.span() == (o..o));
+        assert_eq!(
+            p.dims().iter().rev().collect::<Vec<_>>(),
+            l.dims().iter().collect::<Vec<_>>()
+        );
+        // The zero axis has no index nor slice; another axis slices to an empty layout.
+        let zero = l.dims().iter().position(|&d| d == 0).unwrap();
+        assert!(l.index(zero, 0).is_err());
+        assert!(l.slice(zero, 0..1, 1).is_err());
+        assert!(l.offset_of(&vec![0; l.ndim()]).is_err());
+        if let Some(other) = (0..l.ndim()).find(|&a| a != zero && l.dims()[a] > 1) {
+            let s = l.slice(other, 1..2, 1).unwrap();
+            assert!(s.is_empty());
+            assert_eq!(s.offset(), o + l.strides()[other]);
+        }
+    }
+    // Equal to the same geometry built another way.
+    assert_eq!(Layout::of::<f32>(&[0]), Layout::contiguous(&[0], 4));
+    assert_eq!(Layout::bytes(0).unwrap().dims(), &[0]);
+}
+
+#[test]
+fn empty_layouts_still_check_their_other_inputs() {
+    assert_eq!(Layout::contiguous(&[0], 0), Err(LayoutError::ZeroElemSize));
+    assert_eq!(
+        Layout::with_byte_strides(&[0, 1], &[1], 1),
+        Err(LayoutError::StridesLength {
+            dims: 2,
+            strides: 1
+        })
+    );
+    assert_eq!(
+        Layout::contiguous(&[0; 17], 1),
+        Err(LayoutError::TooManyDims { ndim: 17, max: 16 })
+    );
+    let l = Layout::contiguous(&[0], 4).unwrap();
+    assert_eq!(
+        l.with_offset(usize::MAX).map(|l| l.span()),
+        Ok(usize::MAX..usize::MAX)
+    );
+    assert_eq!(
+        l.check_buffer(10)
+            .and(l.with_offset(11).unwrap().check_buffer(10)),
+        Err(LayoutError::OutOfBounds { end: 11, len: 10 })
+    );
 }

@@ -75,6 +75,8 @@ impl Engine for CpuEngine {
         src_layout: &Layout,
     ) -> Result<Request, SubmitError> {
         let inline = match checked_run(dst_layout, src_layout, dst.len, src.len) {
+            // No element (two empty layouts): done, nothing touched.
+            Ok(Some((_, _, 0))) => true,
             Ok(Some(run)) if run.2 <= self.cfg.inline_bytes => {
                 let ok =
                     check_bufs(dst, Some(src)).is_ok() && self.supports(dst.kind, Some(src.kind));

@@ -340,6 +340,10 @@ impl CudaEngine {
             Lowered::Program => None,
             Lowered::Failed(e) => return Ok(self.track(lane, Request::ready(Err(e)))),
         };
+        // No step (a copy or fill of no element, an operator that adds none): no driver call.
+        if run.map_or(prog.steps().is_empty(), |(_, _, n)| n == 0) {
+            return Ok(self.nothing(lane, s.after));
+        }
         // Kinds: page-locked memory seen as pageable is asked about where the route depends on
         // it (once).
         let (mut dst, mut src) = (s.dst, s.src);
@@ -374,6 +378,16 @@ impl CudaEngine {
         }
         // SAFETY: forwarded (1, 2); the program was checked against the buffers.
         unsafe { self.enqueue_program(&s, (dst, src), prog, lane) }
+    }
+
+    /// The request of a submission with no step: done at once, or when its dependencies are
+    /// (their failures are its own, as for any request that waits for them).
+    fn nothing(&self, lane: usize, after: &[Request]) -> Request {
+        if after.is_empty() {
+            return Request::ready(Ok(()));
+        }
+        let deps = after.iter().map(Request::share).collect();
+        self.track(lane, Request::new(AfterAll(deps)))
     }
 
     /// Enqueue of a copy that is one contiguous run `(dst offset, src offset, bytes)`, routed
@@ -663,4 +677,36 @@ struct Launch<'a> {
     worth: bool,
     /// The caller said more work follows ([`Submission::more`]).
     more: bool,
+}
+
+/// The completion of a request with no step but dependencies: done when they all are, failed
+/// ([`RequestError::Dependency`]) when one failed (their own results stay theirs to report).
+struct AfterAll(Vec<Request>);
+
+impl crate::request::Completion for AfterAll {
+    fn wait(&self) -> Result<(), RequestError> {
+        for d in &self.0 {
+            d.completion()
+                .wait()
+                .map_err(|e| RequestError::Dependency(Box::new(e)))?;
+        }
+        Ok(())
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        for d in &self.0 {
+            if let Err(e) = d.completion().poll_done()? {
+                return Some(Err(RequestError::Dependency(Box::new(e))));
+            }
+        }
+        Some(Ok(()))
+    }
+    fn register_waker(&self, waker: &std::task::Waker) {
+        match self.0.iter().find(|d| d.completion().poll_done().is_none()) {
+            Some(d) => d.completion().register_waker(waker),
+            None => waker.wake_by_ref(),
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
