@@ -52,6 +52,7 @@ fn estimates_match_measured_peak_memory() {
         "cpu-tile",
         "cpu-transpose-f32",
         "cpu-transpose-f64",
+        "cpu-transpose-bf16",
         "file-read",
         "pipeline",
     ] {

@@ -1131,3 +1131,66 @@ fn empty_copies_and_fills_complete_at_once_on_every_path() {
     assert!(p.steps().is_empty());
     assert!(p.copy(&empty, &four).is_err() && p.steps().is_empty());
 }
+
+/// Small 2-D tiles run at submit as a loop over their rows (issue 32): done at submit, the same
+/// bytes as the queued path, and the same refusals (destination rows that overlap, a source
+/// outside its buffer).
+#[test]
+fn tiles_run_at_submit_match_the_queued_path() {
+    let (e, queued) = (CpuEngine::new(2).unwrap(), cpu(2));
+    let src = data(8192, 7);
+    // (dims, dst byte strides, src byte strides, elem size, dst offset, src offset)
+    type Case = (
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+        usize,
+        usize,
+        usize,
+    );
+    let cases: [Case; 6] = [
+        (&[16, 64], &[64, 1], &[128, 1], 1, 0, 32), // pitched source
+        (&[8, 16], &[40, 2], &[64, 2], 2, 8, 6),    // both pitched, offsets
+        (&[1, 5, 1, 12], &[1, 64, 1, 4], &[1, 48, 1, 4], 4, 0, 4), // unit dims
+        (&[1, 1, 100], &[1, 1, 1], &[1, 1, 1], 1, 3, 1), // one run
+        (&[4, 8], &[0, 1], &[64, 1], 1, 0, 0),      // destination rows overlap
+        (&[4, 8], &[8, 1], &[4096, 1], 1, 0, 0),    // source beyond its buffer
+    ];
+    for (dims, ds, ss, es, doff, soff) in cases {
+        let dl = Layout::with_byte_strides(dims, ds, es)
+            .and_then(|l| l.with_offset(doff))
+            .unwrap();
+        let sl = Layout::with_byte_strides(dims, ss, es)
+            .and_then(|l| l.with_offset(soff))
+            .unwrap();
+        let run = |eng: &CpuEngine| {
+            let mut dst = vec![0u8; 2048];
+            let r = eng.scope(|s| -> ferry::Result<bool> {
+                let req = s.copy(&mut dst[..], &dl, &src[..4096], &sl)?;
+                let done = req.is_done();
+                req.wait()?;
+                Ok(done)
+            });
+            (r.map_err(|e| e.to_string()), dst)
+        };
+        let ((a, da), (b, db)) = (run(&e), run(&queued));
+        assert_eq!(a.is_ok(), b.is_ok(), "{dims:?}: {a:?} / {b:?}");
+        if let (Err(x), Err(y)) = (&a, &b) {
+            assert_eq!(x, y, "{dims:?}");
+        }
+        assert_eq!(
+            a.as_ref().ok(),
+            a.is_ok().then_some(&true),
+            "{dims:?}: done at submit"
+        );
+        assert_eq!(da, db, "{dims:?}");
+        if a.is_ok() {
+            // Against the naive reference: element by element.
+            let mut want = vec![0u8; 2048];
+            for (o, i) in dl.element_offsets().zip(sl.element_offsets()) {
+                want[o..o + es].copy_from_slice(&src[i..i + es]);
+            }
+            assert_eq!(da, want, "{dims:?}");
+        }
+    }
+}

@@ -11,6 +11,7 @@ use crate::args::mem_available;
 use crate::sizes::format_size;
 use ferry::bytemuck::Pod;
 use ferry::{CpuConfig, CpuEngine, Engine, EngineExt, Layout};
+use half::bf16;
 use std::hint::black_box;
 
 /// The CPU tests.
@@ -19,6 +20,7 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("cpu-tile", "2-D tile (4 KiB rows) out of a pitched matrix twice as wide, vs a row loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..256M"),
     TestInfo::new("cpu-transpose-f32", "transpose of an f32 matrix, vs a 32x32-blocked loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..64M"),
     TestInfo::new("cpu-transpose-f64", "transpose of an f64 matrix, vs a 32x32-blocked loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..64M"),
+    TestInfo::new("cpu-transpose-bf16", "transpose of a bf16 matrix, vs a 32x32-blocked loop on 1 and N threads", Needs::Cpu, Kind::Bandwidth, "4K..64M"),
     TestInfo::new("cpu-latency", "submit+wait of one small copy, engine default (inline at submit), vs copy_from_slice", Needs::Cpu, Kind::Latency, "4,64,1K,4K,16K,64K"),
     TestInfo::new("cpu-latency-queued", "submit+wait of one small copy, inline off (CpuConfig::inline_bytes(0)), vs copy_from_slice", Needs::Cpu, Kind::Latency, "4,64,1K,4K,16K,64K"),
 ];
@@ -73,6 +75,7 @@ impl CpuBench {
             "cpu-tile" => self.tile(&ctx, size),
             "cpu-transpose-f32" => self.transpose::<f32>(&ctx, size),
             "cpu-transpose-f64" => self.transpose::<f64>(&ctx, size),
+            "cpu-transpose-bf16" => self.transpose::<bf16>(&ctx, size),
             "cpu-latency" => self.latency(&ctx, size, false),
             "cpu-latency-queued" => self.latency(&ctx, size, true),
             _ => Err(BenchError::UnknownTest {
@@ -318,6 +321,13 @@ impl Elem for f64 {
     const POISON: f64 = -1.5;
     fn from_index(i: usize) -> f64 {
         i as f64
+    }
+}
+impl Elem for bf16 {
+    const POISON: bf16 = bf16::from_bits(0xBFC0); // -1.5
+    /// The bit patterns 0..0x7F80 are the finite non-negative bf16 values, each distinct.
+    fn from_index(i: usize) -> bf16 {
+        bf16::from_bits((i % 0x7F80) as u16)
     }
 }
 

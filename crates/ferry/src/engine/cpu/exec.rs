@@ -303,6 +303,37 @@ pub(crate) unsafe fn copy_at(dst: RawBuf, src: RawBuf, (doff, soff, n): (usize, 
     }
 }
 
+/// Rows of one copy: `count` runs of `run` bytes, the `i`-th at `dst + i * dst_stride` and
+/// `src + i * src_stride` (offsets from the buffers' starts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rows {
+    pub(crate) count: usize,
+    pub(crate) run: usize,
+    pub(crate) dst: (usize, usize),
+    pub(crate) src: (usize, usize),
+}
+
+/// Copies the rows of a 2-D tile ([`Rows`]) between the buffers.
+///
+/// # Safety
+/// 1. `dst` valid for writes and `src` for reads of their lengths for the duration of the call.
+/// 2. Every row lies inside both buffers, and the destination's rows do not overlap (as
+///    the CPU engine's submit checks before it calls this).
+/// 3. The buffers do not overlap (as [`crate::engine::check_bufs`] checks), and no other
+///    thread touches the destination bytes during the call.
+#[inline]
+pub(crate) unsafe fn copy_rows(dst: RawBuf, src: RawBuf, r: &Rows) {
+    let (d, s) = (dst.addr as *mut u8, src.addr as *const u8);
+    let ((mut doff, dstride), (mut soff, sstride)) = (r.dst, r.src);
+    for _ in 0..r.count {
+        // SAFETY: by the function's contract (1-3): row `i` at these offsets lies inside both
+        // buffers.
+        unsafe { std::ptr::copy_nonoverlapping(s.add(soff), d.add(doff), r.run) };
+        doff = doff.wrapping_add(dstride);
+        soff = soff.wrapping_add(sstride);
+    }
+}
+
 /// Copies `run` bytes; element-sized runs are one load and one store.
 ///
 /// # Safety

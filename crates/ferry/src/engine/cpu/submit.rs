@@ -4,7 +4,7 @@
 //! pool.
 
 use super::engine::CpuEngine;
-use super::exec;
+use super::exec::{self, Rows};
 use crate::engine::{check_bufs, Engine, Job, SubmitError};
 use crate::memory::{MemKind, RawBuf};
 use crate::op::checked_run;
@@ -12,7 +12,95 @@ use crate::plan::Plan;
 use crate::request::{BarrierError, Request};
 use crate::Layout;
 
+/// The copy between `dl` and `sl` as [`Rows`] (a 2-D tile: every dim of extent 1 but at most
+/// two, the inner one dense on both sides, the outer one not overlapping itself in the
+/// destination), without planning; `None` for any other pair (the general plan decides, errors
+/// included).
+pub(super) fn rows(dl: &Layout, sl: &Layout) -> Option<Rows> {
+    let e = dl.elem_size();
+    if sl.elem_size() != e {
+        return None;
+    }
+    // The (at most two) dims of extent above 1, outer first: (extent, dst, src stride).
+    let mut dims = [(1usize, 0usize, 0usize); 2];
+    let (mut nd, mut ns) = (0usize, 0usize);
+    for (&n, &st) in dl.dims().iter().zip(dl.strides()) {
+        if n != 1 {
+            *dims.get_mut(nd)? = (n, st, 0);
+            nd += 1;
+        }
+    }
+    for (&n, &st) in sl.dims().iter().zip(sl.strides()) {
+        if n != 1 {
+            let d = dims.get_mut(ns)?;
+            if d.0 != n {
+                return None;
+            }
+            d.2 = st;
+            ns += 1;
+        }
+    }
+    if nd != ns {
+        return None;
+    }
+    // Innermost dim dense on both sides (a single element is dense too).
+    let (inner, outer) = match nd {
+        0 => ((1, e, e), (1, 0, 0)),
+        1 => (dims[0], (1, 0, 0)),
+        _ => (dims[1], dims[0]),
+    };
+    if inner.1 != e || inner.2 != e {
+        return None;
+    }
+    let run = inner.0 * e;
+    // The destination's rows may not overlap each other (a zero or short stride).
+    if outer.0 > 1 && outer.1 < run {
+        return None;
+    }
+    Some(Rows {
+        count: outer.0,
+        run,
+        dst: (dl.offset(), outer.1),
+        src: (sl.offset(), outer.2),
+    })
+}
+
 impl CpuEngine {
+    /// The inline part of [`Engine::submit_copy`] for a 2-D tile ([`rows`]) of at most
+    /// [`CpuConfig::inline_bytes`](super::CpuConfig::inline_bytes) inside both buffers: a loop
+    /// over its rows, here; `false`, having touched nothing, for any other copy (the general
+    /// path then checks it and says what is wrong).
+    ///
+    /// # Safety
+    /// As [`Engine::submit_copy`].
+    #[inline]
+    unsafe fn rows_now(&self, dst: RawBuf, src: RawBuf, dl: &Layout, sl: &Layout) -> bool {
+        let Some(r) = rows(dl, sl) else { return false };
+        // The last row's end inside each buffer (overflow: not inside).
+        let fits = |(off, stride): (usize, usize), len: usize| {
+            (r.count - 1)
+                .checked_mul(stride)
+                .and_then(|x| x.checked_add(off))
+                .and_then(|x| x.checked_add(r.run))
+                .is_some_and(|end| end <= len)
+        };
+        let small = r
+            .count
+            .checked_mul(r.run)
+            .is_some_and(|n| n <= self.cfg.inline_bytes);
+        if !(small && fits(r.dst, dst.len) && fits(r.src, src.len))
+            || check_bufs(dst, Some(src)).is_err()
+            || !self.supports(dst.kind, Some(src.kind))
+        {
+            return false;
+        }
+        // SAFETY: the caller guarantees the buffers until the request completes (it completes
+        // here); every row lies inside both (`fits`), the destination's rows do not overlap
+        // each other (`rows`), and `check_bufs` found the buffers disjoint.
+        unsafe { exec::copy_rows(dst, src, &r) };
+        true
+    }
+
     /// The inline part of [`Engine::submit_copy`] for a copy that is not one run (a tile, a
     /// transpose) of at most [`CpuConfig::inline_bytes`](super::CpuConfig::inline_bytes): planned and run here, without a
     /// program or a job; `false`, having touched nothing, for any other.
@@ -74,6 +162,13 @@ impl Engine for CpuEngine {
         src: RawBuf,
         src_layout: &Layout,
     ) -> Result<Request, SubmitError> {
+        // A layout of several dims (a tile; one run with unit dims) first as rows: one pass over
+        // the dims, no plan (issue 32: the 4 KiB tile paid the general checks and a plan).
+        let several = dst_layout.ndim() > 1 || src_layout.ndim() > 1;
+        // SAFETY: forwarded with the caller's guarantees.
+        if several && unsafe { self.rows_now(dst, src, dst_layout, src_layout) } {
+            return Ok(Request::done_ok());
+        }
         let inline = match checked_run(dst_layout, src_layout, dst.len, src.len) {
             // No element (two empty layouts): done, nothing touched.
             Ok(Some((_, _, 0))) => true,
@@ -94,7 +189,7 @@ impl Engine for CpuEngine {
             _ => false,
         };
         if inline {
-            return Ok(Request::ready(Ok(())));
+            return Ok(Request::done_ok());
         }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
