@@ -9,7 +9,7 @@ use super::handle::FileInner;
 use super::io::DIRECT_ALIGN;
 use super::issue::IoIssue;
 use super::ring::{Ring, Slot};
-use crate::engine::{Engine, Job, SubmitError};
+use crate::engine::{Engine, SubmitError};
 use crate::memory::RawBuf;
 use crate::op::OpError;
 use crate::request::Signal;
@@ -84,15 +84,13 @@ impl Xfer {
         };
         let l = crate::Layout::bytes(len)
             .map_err(|e| err(SubmitError::from(OpError::from(e)).into()))?;
-        let job = if to_buf {
-            Job::copy(b, l, s, l)
-        } else {
-            Job::copy(s, l, b, l)
-        };
+        let (dst, src) = if to_buf { (b, s) } else { (s, b) };
+        // Through `submit_copy`, the contract's one-copy entry: no job built, and an engine
+        // that runs small copies at submit (the CPU engine as a mover) does so here too.
         // SAFETY: the slot is held by this runner until the wait below returns; the buffer's
         // chunk is valid memory of its kind, unshared until the whole request completes
         // (submit's contract), which happens after this wait.
-        let req = unsafe { engine.submit_raw(job) }.map_err(|e| err(e.into()))?;
+        let req = unsafe { engine.submit_copy(dst, &l, src, &l) }.map_err(|e| err(e.into()))?;
         req.wait().map_err(|e| err(e.into()))
     }
 
