@@ -391,6 +391,9 @@ pub(crate) fn _load_safetensors_into(
 ///     non_blocking (bool): copy the tensors out (GPU tensors into pinned host memory, at the
 ///         link's rate) and return a ``SaveRequest`` at once: the tensors may change as soon as
 ///         it is returned; the files are written in the background (``wait()`` for them).
+///     snapshot_bytes (int | None): with ``non_blocking=True``, the most host memory the copy
+///         holds at once (default 1 GiB): a larger checkpoint is streamed through one buffer
+///         of that size, the call then also waiting for every part's write but the last.
 ///
 /// Returns:
 ///     SaveRequest | None: the background write with ``non_blocking=True``, else None.
@@ -406,8 +409,10 @@ pub(crate) fn _load_safetensors_into(
 ///     ...                        metadata={"format": "np"})
 #[pyfunction]
 #[pyo3(
-    signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None),
-    text_signature = "(tensors, path, metadata=None, max_shard_size=None, non_blocking=False)"
+    signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None,
+                 snapshot_bytes = None),
+    text_signature = "(tensors, path, metadata=None, max_shard_size=None, non_blocking=False, \
+                      snapshot_bytes=None)"
 )]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
@@ -416,8 +421,18 @@ pub(crate) fn save_safetensors(
     metadata: Option<&Bound<'_, PyAny>>,
     max_shard_size: Option<&Bound<'_, PyAny>>,
     non_blocking: Option<&Bound<'_, PyAny>>,
+    snapshot_bytes: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Option<Py<SaveRequest>>> {
     let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
+    let snapshot_bytes = match snapshot_bytes.filter(|m| !m.is_none()) {
+        None => None,
+        Some(m) => Some(m.extract::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            arg(format!(
+                "snapshot_bytes={}: expected a positive int (bytes)",
+                errors::shown(m)
+            ))
+        })?),
+    };
     let max_shard_size = match max_shard_size.filter(|m| !m.is_none()) {
         None => None,
         Some(m) => Some(m.extract::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
@@ -505,24 +520,22 @@ pub(crate) fn save_safetensors(
         })
         .collect();
     if non_blocking {
-        let snap = py
-            .allow_threads(|| {
-                let list: Vec<SaveTensor<'_>> = lent
-                    .iter()
-                    .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
-                    .collect();
-                checkpoint::Checkpoint::snapshot(&fe, &list)
-            })
-            .map_err(|e| checkpoint_err(py, e))?;
-        drop(arrs);
         // Written on a thread of its own: no Ctrl-C check there (only the main thread may
         // ask Python for signals); `wait()` is where the caller is.
         let mut bg = SaveOptions::new().fsync(opts.fsync);
         bg.metadata = opts.metadata.clone();
         bg.shard_bytes = opts.shard_bytes;
-        let handle = snap
-            .save_in_background(fe.clone(), path, bg)
-            .map_err(|e| errors::FerryError::new_err(format!("no thread to write on: {e}")))?;
+        bg.snapshot_bytes = snapshot_bytes;
+        let handle = py
+            .allow_threads(|| {
+                let list: Vec<SaveTensor<'_>> = lent
+                    .iter()
+                    .map(|(n, st, shape, mem)| SaveTensor::new(n, *st, shape, mem))
+                    .collect();
+                checkpoint::Checkpoint::snapshot_save(fe.clone(), path, &list, bg)
+            })
+            .map_err(|e| checkpoint_err(py, e))?;
+        drop(arrs);
         return Ok(Some(Py::new(
             py,
             SaveRequest {

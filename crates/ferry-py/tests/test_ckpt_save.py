@@ -97,3 +97,19 @@ def test_non_blocking_saves_what_the_arrays_held(tmp_path):
     with pytest.raises(OSError):
         req.wait()
     assert ferry.save_safetensors({"a": a}, tmp_path / "t.safetensors") is None
+
+
+def test_non_blocking_within_a_memory_bound_writes_the_same_file(tmp_path):
+    t = {f"w{i}": np.arange(i * 5000, (i + 1) * 5000, dtype=np.float32) for i in range(12)}
+    ferry.save_safetensors(t, tmp_path / "ref.safetensors")
+    # 240 kB of tensors through a 64 KiB snapshot: streamed, the same bytes.
+    req = ferry.save_safetensors(
+        t, tmp_path / "s.safetensors", non_blocking=True, snapshot_bytes=64 << 10
+    )
+    assert isinstance(req, ferry.SaveRequest)
+    for a in t.values():
+        a[:] = -1  # the arrays may change once the request is returned
+    req.wait()
+    assert (tmp_path / "s.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    with pytest.raises(ferry.ArgumentError, match="snapshot_bytes"):
+        ferry.save_safetensors(t, tmp_path / "x.safetensors", non_blocking=True, snapshot_bytes=0)

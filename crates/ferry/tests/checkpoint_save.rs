@@ -200,3 +200,128 @@ fn a_snapshot_is_written_as_it_was_taken() {
     let e = Checkpoint::snapshot(&fe, &[SaveTensor::new("b", Dtype::F32, &[3], &b)]).unwrap_err();
     assert!(matches!(e, CheckpointError::BadTensor { .. }), "{e:?}");
 }
+
+/// `n` bytes of a pattern that differs with `seed`.
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    (0..n as u64)
+        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
+        .collect()
+}
+
+#[test]
+fn a_snapshot_over_its_memory_bound_streams_the_same_bytes() {
+    let fe = Arc::new(engine());
+    let d = tempfile::tempdir().unwrap();
+    // 40 tensors from 1 KiB to 192 KiB (one of them over the bound), about 2.6 MiB in all.
+    let sizes: Vec<usize> = (0..40)
+        .map(|i| if i == 17 { 192 << 10 } else { 1024 << (i % 7) })
+        .collect();
+    let mut data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u64))
+        .collect();
+    let want = data.clone();
+    let tnames: Vec<String> = (0..40).map(|i| format!("layers.{i}.weight")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
+    let bound = 128 << 10;
+    for dest in ["one.safetensors", "model.safetensors.index.json"] {
+        let opts = SaveOptions::new()
+            .metadata("format", "pt")
+            .shard_bytes(256 << 10)
+            .snapshot_bytes(bound);
+        let path = d.path().join(format!("snap-{dest}"));
+        let reference = d.path().join(format!("ref-{dest}"));
+        let h = {
+            let list: Vec<SaveTensor<'_>> = (0..40)
+                .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
+                .collect();
+            checkpoint::save(&fe, &reference, &list, &opts).unwrap();
+            Checkpoint::snapshot_save(fe.clone(), &path, &list, opts.clone()).unwrap()
+        };
+        // The tensors change once the call returns: the file holds the bytes of the call.
+        for t in data.iter_mut() {
+            t.fill(0xee);
+        }
+        let r = h.join().unwrap().unwrap();
+        assert!(r.snapshot_bytes > 0 && r.snapshot_bytes <= bound, "{r:?}");
+        assert_eq!(r.tensors, 40);
+        let (files, read) = if dest.ends_with(".json") {
+            assert!(r.files > 1, "{r:?}");
+            let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+            for (n, w) in tnames.iter().zip(&want) {
+                assert_eq!(ck.host(n).unwrap().bytes(), &w[..], "{n}");
+            }
+            let shards: Vec<String> = names_with(d.path(), "snap-model-");
+            (shards, r.files)
+        } else {
+            (vec![format!("snap-{dest}")], 1)
+        };
+        assert_eq!(files.len(), read);
+        for f in &files {
+            let theirs = f.replacen("snap-", "ref-", 1);
+            assert_eq!(
+                std::fs::read(d.path().join(f)).unwrap(),
+                std::fs::read(d.path().join(&theirs)).unwrap(),
+                "{f}"
+            );
+        }
+        for (t, w) in data.iter_mut().zip(&want) {
+            t.copy_from_slice(w);
+        }
+    }
+    // Only the files written: no temporary file left beside them.
+    assert!(
+        names(d.path())
+            .iter()
+            .all(|n| n.ends_with(".safetensors") || n.ends_with(".safetensors.index.json")),
+        "{:?}",
+        names(d.path())
+    );
+}
+
+fn names_with(dir: &Path, prefix: &str) -> Vec<String> {
+    names(dir)
+        .into_iter()
+        .filter(|n| n.starts_with(prefix) && n.ends_with(".safetensors"))
+        .collect()
+}
+
+#[test]
+fn a_snapshot_within_its_bound_is_taken_in_one_piece() {
+    let fe = Arc::new(engine());
+    let d = tempfile::tempdir().unwrap();
+    let a = pattern(300 << 10, 1);
+    let b = pattern(5000, 2);
+    let list = [
+        SaveTensor::new("a", Dtype::U8, &[300 << 10], &a),
+        SaveTensor::new("b", Dtype::U8, &[5000], &b),
+    ];
+    let reference = d.path().join("ref.safetensors");
+    checkpoint::save(&fe, &reference, &list, &SaveOptions::new()).unwrap();
+    for opts in [
+        SaveOptions::new(),
+        SaveOptions::new().snapshot_bytes(1 << 20),
+    ] {
+        let path = d.path().join("snap.safetensors");
+        let r = Checkpoint::snapshot_save(fe.clone(), &path, &list, opts)
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        // Today's snapshot: one buffer of every tensor, each at a 4 KiB boundary.
+        assert_eq!(r.snapshot_bytes, (300 << 10) + 8192, "{r:?}");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            std::fs::read(&reference).unwrap()
+        );
+    }
+    // A bad tensor is refused before anything is written, bound or not.
+    for opts in [SaveOptions::new(), SaveOptions::new().snapshot_bytes(4096)] {
+        let bad = [SaveTensor::new("b", Dtype::F32, &[3], &b)];
+        let e = Checkpoint::snapshot_save(fe.clone(), d.path().join("x.safetensors"), &bad, opts)
+            .unwrap_err();
+        assert!(matches!(e, CheckpointError::BadTensor { .. }), "{e:?}");
+    }
+    assert_eq!(names(d.path()), ["ref.safetensors", "snap.safetensors"]);
+}

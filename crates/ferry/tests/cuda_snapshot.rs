@@ -2,7 +2,9 @@
 //! host memory; the device buffers are then overwritten (a training step) while the snapshot
 //! is written in the background, and the file holds the bytes of the moment of the snapshot.
 //! Also a sharded save straight from device memory. Prints `skipped: no CUDA driver` without
-//! a GPU. Timings (the stall vs the write) are printed: run with `--nocapture`.
+//! a GPU. A snapshot over its memory bound ([`SaveOptions::snapshot_bytes`]) streams through
+//! one pinned buffer and writes the same bytes. Timings (the stall vs the write) are printed:
+//! run with `--nocapture`.
 
 mod cuda_common;
 use cuda_common::*;
@@ -80,5 +82,56 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
     let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
     for n in &names {
         assert!(ck.host(n).unwrap().bytes().iter().all(|&b| b == 0), "{n}");
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_snapshot_over_its_bound_streams_from_the_gpu() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    // 48 bf16 tensors from 8 KiB to 8 MiB and one of 24 MiB (about 150 MiB), a 16 MiB bound.
+    let sizes: Vec<usize> = (0..48)
+        .map(|i| if i == 5 { 24 << 20 } else { 8192 << (i % 11) })
+        .collect();
+    let host: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| bytes(n, i as u64 + 3))
+        .collect();
+    let mut dev: Vec<DeviceBuffer> = host
+        .iter()
+        .map(|h| DeviceBuffer::from_host(0, h).unwrap())
+        .collect();
+    let names: Vec<String> = (0..48).map(|i| format!("layers.{i}.weight")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n / 2]).collect();
+    let bound = 16 << 20;
+    let path = dir.path().join("streamed.safetensors");
+    let t0 = std::time::Instant::now();
+    let handle = {
+        let list: Vec<SaveTensor<'_>> = (0..48)
+            .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
+            .collect();
+        let opts = SaveOptions::new().snapshot_bytes(bound);
+        Checkpoint::snapshot_save(fe.clone(), &path, &list, opts).unwrap()
+    };
+    let total: usize = sizes.iter().sum();
+    println!(
+        "streamed snapshot of {total} bytes through {bound}: the caller waited {:.4} s",
+        t0.elapsed().as_secs_f64()
+    );
+    for d in dev.iter_mut() {
+        let zeros = vec![0u8; d.len()];
+        d.copy_from_host(&zeros).unwrap();
+    }
+    let r = handle.join().unwrap().unwrap();
+    println!("streamed write: {r}");
+    assert!(r.snapshot_bytes > 0 && r.snapshot_bytes <= bound, "{r:?}");
+    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+    for (n, want) in names.iter().zip(&host) {
+        assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
     }
 }

@@ -135,6 +135,7 @@ def save_safetensors(
     metadata: Optional[Mapping[str, str]] = None,
     max_shard_size: Optional[int] = None,
     non_blocking: bool = False,
+    snapshot_bytes: Optional[int] = None,
 ) -> Optional[SaveRequest]: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None

@@ -1,6 +1,7 @@
 //! How to load a checkpoint: [`LoadOptions`] (where the tensors go, [`Target`]; how they are
 //! laid out, [`Placement`]; which of them, [`Select`]; alignment and progress); and what and
-//! how to save: [`SaveTensor`], [`SaveOptions`] (fsync, metadata, interrupt, shard size).
+//! how to save: [`SaveTensor`], [`SaveOptions`] (fsync, metadata, interrupt, shard size,
+//! snapshot memory).
 
 use super::error::CheckpointError;
 use super::header::TensorEntry;
@@ -243,6 +244,9 @@ pub struct SaveOptions {
     /// A sharded save's largest shard, in bytes of tensor data (default 5 GB, as Hugging
     /// Face's `save_pretrained` cuts them).
     pub shard_bytes: Option<u64>,
+    /// The most host memory [`Checkpoint::snapshot_save`](super::Checkpoint::snapshot_save)
+    /// holds at once, in bytes (default 1 GiB, at least 4 KiB).
+    pub snapshot_bytes: Option<u64>,
 }
 
 impl std::fmt::Debug for SaveOptions {
@@ -252,6 +256,7 @@ impl std::fmt::Debug for SaveOptions {
             .field("metadata", &self.metadata)
             .field("interrupt", &self.interrupt.as_ref().map(|_| ".."))
             .field("shard_bytes", &self.shard_bytes)
+            .field("snapshot_bytes", &self.snapshot_bytes)
             .finish()
     }
 }
@@ -280,6 +285,12 @@ impl SaveOptions {
     /// Sets a sharded save's largest shard in bytes of tensor data.
     pub fn shard_bytes(mut self, bytes: u64) -> SaveOptions {
         self.shard_bytes = Some(bytes);
+        self
+    }
+    /// Sets the most host memory a snapshot holds at once
+    /// ([`SaveOptions::snapshot_bytes`](field@SaveOptions::snapshot_bytes)).
+    pub fn snapshot_bytes(mut self, bytes: u64) -> SaveOptions {
+        self.snapshot_bytes = Some(bytes);
         self
     }
 }

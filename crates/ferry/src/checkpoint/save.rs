@@ -3,10 +3,10 @@
 use super::error::CheckpointError;
 use super::loaded::Checkpoint;
 use super::options::{SaveOptions, SaveTensor};
-use super::write::{check_tensor, plan, write_files};
+use super::write::{check_tensor, plan, write_files, Planned};
 use crate::file::{FileEngine, IoReport};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// What a save did.
@@ -22,6 +22,10 @@ pub struct SaveReport {
     pub seconds: f64,
     /// Whether the file was synced.
     pub synced: bool,
+    /// The most host memory a snapshot held at once, in bytes
+    /// ([`Checkpoint::snapshot_save`]: at most [`SaveOptions::snapshot_bytes`]); 0 for a save
+    /// straight from the tensors.
+    pub snapshot_bytes: u64,
     /// The file engine's report over all writes.
     pub io: IoReport,
 }
@@ -75,35 +79,46 @@ pub fn save(
     tensors: &[SaveTensor<'_>],
     opts: &SaveOptions,
 ) -> Result<SaveReport, CheckpointError> {
-    let path = path.as_ref();
-    if path.to_string_lossy().ends_with(".safetensors.index.json") {
-        return save_sharded(engine, path, tensors, opts);
-    }
-    let planned = plan(path, tensors, &opts.metadata)?;
+    let (planned, extra) = plan_save(path.as_ref(), tensors, opts)?;
     let t0 = Instant::now();
-    let io = write_files(engine, std::slice::from_ref(&planned), &[], opts)?;
+    let io = write_files(engine, &planned, &extra, opts)?;
     Ok(SaveReport {
-        bytes: planned.bytes(),
-        tensors: planned.order.len(),
-        files: 1,
+        bytes: planned.iter().map(|p| p.bytes()).sum::<u64>()
+            + extra.iter().map(|e| e.1.len() as u64).sum::<u64>(),
+        tensors: tensors.len(),
+        files: planned.len(),
         seconds: t0.elapsed().as_secs_f64(),
         synced: opts.fsync,
+        snapshot_bytes: 0,
         io,
     })
+}
+
+/// The files [`save`] writes to `path`: the safetensors files, planned, and the small extra
+/// ones (a sharded checkpoint's index).
+#[allow(clippy::type_complexity)]
+pub(super) fn plan_save<'t, 'a>(
+    path: &Path,
+    tensors: &'t [SaveTensor<'a>],
+    opts: &SaveOptions,
+) -> Result<(Vec<Planned<'t, 'a>>, Vec<(PathBuf, Vec<u8>)>), CheckpointError> {
+    if path.to_string_lossy().ends_with(".safetensors.index.json") {
+        return plan_sharded(path, tensors, opts);
+    }
+    Ok((vec![plan(path, tensors, &opts.metadata)?], Vec::new()))
 }
 
 /// A sharded save's largest shard by default: 5 GB of tensor data, as Hugging Face's
 /// `save_pretrained` cuts them.
 const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
 
-/// [`save`] of a sharded checkpoint: `index` is `<prefix>.safetensors.index.json`.
-fn save_sharded(
-    engine: &FileEngine,
-    index: impl AsRef<Path>,
-    tensors: &[SaveTensor<'_>],
+/// [`plan_save`] of a sharded checkpoint: `index` is `<prefix>.safetensors.index.json`.
+#[allow(clippy::type_complexity)]
+fn plan_sharded<'t, 'a>(
+    index: &Path,
+    tensors: &'t [SaveTensor<'a>],
     opts: &SaveOptions,
-) -> Result<SaveReport, CheckpointError> {
-    let index = index.as_ref();
+) -> Result<(Vec<Planned<'t, 'a>>, Vec<(PathBuf, Vec<u8>)>), CheckpointError> {
     let prefix = index
         .file_name()
         .and_then(|n| n.to_str())
@@ -164,17 +179,7 @@ fn save_sharded(
         msg: e.to_string(),
     })?;
     text.push(b'\n');
-    let t0 = Instant::now();
-    let extra = [(index.to_path_buf(), text)];
-    let io = write_files(engine, &planned, &extra, opts)?;
-    Ok(SaveReport {
-        bytes: planned.iter().map(|p| p.bytes()).sum::<u64>() + extra[0].1.len() as u64,
-        tensors: tensors.len(),
-        files: n,
-        seconds: t0.elapsed().as_secs_f64(),
-        synced: opts.fsync,
-        io,
-    })
+    Ok((planned, vec![(index.to_path_buf(), text)]))
 }
 
 impl Checkpoint {

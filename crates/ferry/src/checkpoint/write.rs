@@ -18,7 +18,7 @@ pub(super) const BATCH_BYTES: usize = 256 << 20;
 
 /// The largest piece a tensor is cut into: several per batch, so that one large tensor
 /// keeps every writer busy and batches stay near [`BATCH_BYTES`].
-const CHUNK_BYTES: usize = 64 << 20;
+pub(super) const CHUNK_BYTES: usize = 64 << 20;
 
 /// One safetensors file to write: its destination, header and tensors in file order.
 pub(super) struct Planned<'t, 'a> {
@@ -128,49 +128,95 @@ pub(super) fn write_files(
     extra: &[(PathBuf, Vec<u8>)],
     opts: &SaveOptions,
 ) -> Result<IoReport, CheckpointError> {
-    let mut reps = Vec::with_capacity(files.len());
-    for f in files {
-        reps.push(
-            Replacement::new(&f.path)
-                .map_err(|e| replace_err(&f.path, &e, "preparing the file"))?,
-        );
-    }
-    let mut extra_reps = Vec::with_capacity(extra.len());
-    for (path, _) in extra {
-        extra_reps
-            .push(Replacement::new(path).map_err(|e| replace_err(path, &e, "preparing the file"))?);
-    }
-    let handles = files
-        .iter()
-        .zip(&reps)
-        .map(|(f, r)| {
-            engine
-                .open(r.temp_path(), OpenMode::Create)
-                .map_err(|e| file_err(&f.path, None, e))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let io = write_pieces(engine, files, &handles, opts)?;
-    interrupted(files, opts)?;
-    if opts.fsync {
-        for (f, h) in files.iter().zip(&handles) {
-            h.sync().map_err(|e| file_err(&f.path, None, e))?;
-        }
-    }
-    drop(handles);
-    for ((path, bytes), r) in extra.iter().zip(&extra_reps) {
-        write_small(r.temp_path(), bytes, opts.fsync)
-            .map_err(|e| replace_err(path, &e, "writing the file"))?;
-    }
-    interrupted(files, opts)?;
-    for (f, r) in files.iter().zip(reps) {
-        r.commit(opts.fsync)
-            .map_err(|e| replace_err(&f.path, &e, "the rename into place"))?;
-    }
-    for ((path, _), r) in extra.iter().zip(extra_reps) {
-        r.commit(opts.fsync)
-            .map_err(|e| replace_err(path, &e, "the rename into place"))?;
-    }
+    let open = Opened::new(engine, files, extra)?;
+    let io = write_pieces(engine, files, &open.handles, opts)?;
+    open.finish(opts)?;
     Ok(io)
+}
+
+/// A save's files, open: each planned file's temporary file (open for writing) and the
+/// `extra` files' (written by [`Opened::finish`]). Dropped before `finish`, every temporary
+/// file is removed and no destination touched.
+pub(super) struct Opened {
+    /// The planned files' temporary files, open (closed before the renames).
+    pub handles: Vec<FileHandle>,
+    /// The planned files' destinations.
+    pub paths: Vec<PathBuf>,
+    reps: Vec<Replacement>,
+    extra: Vec<(PathBuf, Vec<u8>)>,
+    extra_reps: Vec<Replacement>,
+}
+
+impl Opened {
+    /// Prepares a temporary file beside each destination and opens the planned ones.
+    pub fn new(
+        engine: &FileEngine,
+        files: &[Planned<'_, '_>],
+        extra: &[(PathBuf, Vec<u8>)],
+    ) -> Result<Opened, CheckpointError> {
+        let mut reps = Vec::with_capacity(files.len());
+        for f in files {
+            reps.push(
+                Replacement::new(&f.path)
+                    .map_err(|e| replace_err(&f.path, &e, "preparing the file"))?,
+            );
+        }
+        let mut extra_reps = Vec::with_capacity(extra.len());
+        for (path, _) in extra {
+            extra_reps.push(
+                Replacement::new(path).map_err(|e| replace_err(path, &e, "preparing the file"))?,
+            );
+        }
+        let handles = files
+            .iter()
+            .zip(&reps)
+            .map(|(f, r)| {
+                engine
+                    .open(r.temp_path(), OpenMode::Create)
+                    .map_err(|e| file_err(&f.path, None, e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Opened {
+            handles,
+            paths: files.iter().map(|f| f.path.clone()).collect(),
+            reps,
+            extra: extra.to_vec(),
+            extra_reps,
+        })
+    }
+
+    /// Once every planned file is written: syncs them (when asked), writes the extra files
+    /// and renames every file into place, the extra ones last.
+    pub fn finish(self, opts: &SaveOptions) -> Result<(), CheckpointError> {
+        let Opened {
+            handles,
+            paths,
+            reps,
+            extra,
+            extra_reps,
+        } = self;
+        interrupted(&paths, opts)?;
+        if opts.fsync {
+            for (p, h) in paths.iter().zip(&handles) {
+                h.sync().map_err(|e| file_err(p, None, e))?;
+            }
+        }
+        drop(handles);
+        for ((path, bytes), r) in extra.iter().zip(&extra_reps) {
+            write_small(r.temp_path(), bytes, opts.fsync)
+                .map_err(|e| replace_err(path, &e, "writing the file"))?;
+        }
+        interrupted(&paths, opts)?;
+        for (p, r) in paths.iter().zip(reps) {
+            r.commit(opts.fsync)
+                .map_err(|e| replace_err(p, &e, "the rename into place"))?;
+        }
+        for ((path, _), r) in extra.iter().zip(extra_reps) {
+            r.commit(opts.fsync)
+                .map_err(|e| replace_err(path, &e, "the rename into place"))?;
+        }
+        Ok(())
+    }
 }
 
 fn write_small(path: &Path, bytes: &[u8], fsync: bool) -> std::io::Result<()> {
@@ -184,10 +230,10 @@ fn write_small(path: &Path, bytes: &[u8], fsync: bool) -> std::io::Result<()> {
 }
 
 /// [`CheckpointError::Interrupted`] (naming the first file) when the interrupt says stop.
-fn interrupted(files: &[Planned<'_, '_>], opts: &SaveOptions) -> Result<(), CheckpointError> {
+fn interrupted(paths: &[PathBuf], opts: &SaveOptions) -> Result<(), CheckpointError> {
     match &opts.interrupt {
         Some(stop) if stop() => Err(CheckpointError::Interrupted {
-            path: files.first().map(|f| f.path.clone()).unwrap_or_default(),
+            path: paths.first().cloned().unwrap_or_default(),
         }),
         _ => Ok(()),
     }
@@ -199,13 +245,6 @@ fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> Checkpoin
         tensor,
         source,
     }
-}
-
-/// One piece to write: file `file`, at `offset`, the bytes of `data`.
-struct Piece<'m> {
-    file: usize,
-    offset: u64,
-    data: Region<'m>,
 }
 
 /// Every file's header and tensors, cut into pieces of at most [`CHUNK_BYTES`], interleaved
@@ -249,6 +288,31 @@ fn write_pieces(
         queues.push(q);
         starts.push(s);
     }
+    let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
+    store_batches(engine, handles, &paths, queues, opts, |i, o| {
+        let t = starts[i].partition_point(|&s| s <= o);
+        (t > 0).then(|| files[i].order[t - 1].name.to_string())
+    })
+}
+
+/// One piece to write to file `file` (an index into the files of a save) at `offset`.
+pub(super) struct Piece<'m> {
+    pub file: usize,
+    pub offset: u64,
+    pub data: Region<'m>,
+}
+
+/// Writes `queues` (per file, its pieces in file order), interleaved across files in
+/// batches of about [`BATCH_BYTES`], the interrupt asked before each; an error names the
+/// file and the tensor `name(file, offset)` gives.
+pub(super) fn store_batches(
+    engine: &FileEngine,
+    handles: &[FileHandle],
+    paths: &[PathBuf],
+    mut queues: Vec<std::collections::VecDeque<Piece<'_>>>,
+    opts: &SaveOptions,
+    name: impl Fn(usize, u64) -> Option<String>,
+) -> Result<IoReport, CheckpointError> {
     let mut total = IoReport::default();
     loop {
         let mut batch = Vec::new();
@@ -268,7 +332,7 @@ fn write_pieces(
         if batch.is_empty() {
             return Ok(total);
         }
-        interrupted(files, opts)?;
+        interrupted(paths, opts)?;
         let pieces: Vec<WritePiece<'_>> = batch
             .iter()
             .map(|p| WritePiece {
@@ -286,11 +350,7 @@ fn write_pieces(
             let i = path
                 .and_then(|p| handles.iter().position(|h| h.path() == p))
                 .unwrap_or(batch[0].file);
-            let t = off.map(|o| starts[i].partition_point(|&s| s <= o));
-            let tensor = t
-                .filter(|&t| t > 0)
-                .map(|t| files[i].order[t - 1].name.to_string());
-            file_err(&files[i].path, tensor, e)
+            file_err(&paths[i], off.and_then(|o| name(i, o)), e)
         })?;
         total.add(r);
     }
