@@ -243,13 +243,5 @@ pub(crate) fn copy_blocks(
             Err(req.wait())
         })
     });
-    match submitted.map_err(errors::submit)? {
-        Ok(req) => Ok(PyRequest::new(req, keep)),
-        Err(waited) => {
-            let out = PyRequest::new(ferry::Request::ready(Ok(())), keep);
-            out.lock().req = None;
-            out.finish(waited)?;
-            Ok(out)
-        }
-    }
+    crate::copy::into_request(submitted, keep)
 }

@@ -183,15 +183,7 @@ fn run(
             Err(req.wait())
         })
     });
-    match submitted.map_err(errors::submit)? {
-        Ok(req) => Ok(PyRequest::new(req, keep)),
-        Err(waited) => {
-            let out = PyRequest::new(ferry::Request::ready(Ok(())), keep);
-            out.lock().req = None;
-            out.finish(waited)?;
-            Ok(out)
-        }
-    }
+    into_request(submitted, keep)
 }
 
 /// The `stream=` argument.
@@ -543,4 +535,22 @@ pub(crate) fn gather(
         after: producer_waits(&eng, &[&o, &s], stream)?,
     };
     run(py, &eng, job, keep, non_blocking, stream)
+}
+
+/// The Python request of a submission made with the GIL released: `Ok(request)` when the call
+/// was non-blocking, `Err(result)` when it already waited (its outcome raised here, or a done
+/// request returned). One tail for every call that submits through the engine.
+pub(crate) fn into_request(
+    submitted: Result<Result<ferry::Request, Result<(), ferry::RequestError>>, ferry::SubmitError>,
+    keep: Vec<PyObject>,
+) -> PyResult<PyRequest> {
+    match submitted.map_err(errors::submit)? {
+        Ok(req) => Ok(PyRequest::new(req, keep)),
+        Err(waited) => {
+            let out = PyRequest::new(ferry::Request::ready(Ok(())), keep);
+            out.lock().req = None;
+            out.finish(waited)?;
+            Ok(out)
+        }
+    }
 }

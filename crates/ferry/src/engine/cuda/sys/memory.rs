@@ -841,6 +841,27 @@ unsafe impl Send for VmmBuffer {}
 // SAFETY: shared access only reads the address and length.
 unsafe impl Sync for VmmBuffer {}
 
+/// What allocating and importing VMM memory both start with: device `ordinal`'s context made
+/// current, its allocation properties, and `len` (at least 1) rounded up to whole granules.
+fn vmm_start(
+    ordinal: u32,
+    len: usize,
+) -> Result<(Arc<CudaContext>, sys::CUmemAllocationProp, usize), CudaError> {
+    let ctx = driver::context(ordinal)?;
+    driver::bind(&ctx)?;
+    let prop = vmm_prop(ordinal);
+    let mut gran = 0usize;
+    // SAFETY: valid out-pointer and property struct.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut gran,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })?;
+    Ok((ctx, prop, len.max(1).div_ceil(gran.max(1)) * gran.max(1)))
+}
+
 fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
     // SAFETY: a plain C struct, valid all zeros (no compression, no flags).
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
@@ -855,19 +876,7 @@ fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
 impl VmmBuffer {
     /// `len` (> 0) bytes on device `ordinal`, exportable as a file descriptor.
     pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<VmmBuffer, CudaError> {
-        let ctx = driver::context(ordinal)?;
-        driver::bind(&ctx)?;
-        let prop = vmm_prop(ordinal);
-        let mut gran = 0usize;
-        // SAFETY: valid out-pointer and property struct.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut gran,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        let size = len.max(1).div_ceil(gran.max(1)) * gran.max(1);
+        let (ctx, prop, size) = vmm_start(ordinal, len)?;
         let mut handle = 0;
         // SAFETY: valid out-pointer and property struct.
         check("cuMemCreate", unsafe {
@@ -937,19 +946,7 @@ impl VmmBuffer {
         fd: std::os::fd::RawFd,
         len: usize,
     ) -> Result<VmmBuffer, CudaError> {
-        let ctx = driver::context(ordinal)?;
-        driver::bind(&ctx)?;
-        let prop = vmm_prop(ordinal);
-        let mut gran = 0usize;
-        // SAFETY: valid out-pointer and property struct.
-        check("cuMemGetAllocationGranularity", unsafe {
-            sys::cuMemGetAllocationGranularity(
-                &mut gran,
-                &prop,
-                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            )
-        })?;
-        let size = len.max(1).div_ceil(gran.max(1)) * gran.max(1);
+        let (ctx, _, size) = vmm_start(ordinal, len)?;
         let mut handle = 0;
         // SAFETY: for the POSIX handle type the descriptor itself is passed as the pointer
         // value (the driver's documented convention); the caller keeps `fd` open meanwhile.
