@@ -115,6 +115,20 @@ pub(crate) fn plain_ptr<T>(r: Result<*mut T, Fail>) -> *mut T {
     }
 }
 
+/// [`plain_ptr`] for an entry point returning an AML code: the value, or the failure's code
+/// negated (its message kept). For the dispatch calls that run once per allocation
+/// (`aml_alloc`, `aml_free`): they do nothing that can panic but call an op, and an op that
+/// panics cannot unwind out of its `extern "C"` function.
+pub(crate) fn plain(r: Result<c_int, Fail>) -> c_int {
+    match r {
+        Ok(rc) => rc,
+        Err(e) => {
+            ferry_capi::set_last_error(&e.msg);
+            -code_of(&e)
+        }
+    }
+}
+
 /// Runs an entry point that returns nothing in C; a failure only sets `aml_errno`.
 pub(crate) fn guard_void(f: impl FnOnce() -> Result<c_int, Fail>) {
     let rc = guard(f);

@@ -10,7 +10,7 @@ pub mod buddy;
 pub mod sized;
 
 use crate::area::{aml_area_mmap, aml_area_munmap, AmlArea};
-use crate::error::{fail, guard, guard_ptr, inval, AML_ENOTSUP, AML_SUCCESS};
+use crate::error::{fail, inval, plain, plain_ptr, AML_ENOTSUP, AML_SUCCESS};
 use ferry_capi::Fail;
 // foldhash: the allocators look an address up on every call (std's SipHash is slower than
 // AML's uthash there).
@@ -72,19 +72,27 @@ unsafe fn parts<'a>(a: *const AmlAllocator) -> Result<(*mut c_void, &'a AmlAlloc
 /// 1. `allocator` NULL or a valid allocator.
 #[no_mangle]
 pub unsafe extern "C" fn aml_alloc(allocator: *mut AmlAllocator, size: usize) -> *mut c_void {
-    guard_ptr(|| {
-        // SAFETY: (1).
-        let (data, ops) = unsafe { parts(allocator) }?;
-        let f = ops
-            .alloc
-            .ok_or_else(|| inval("allocator has no alloc method"))?;
-        // SAFETY: (1): the allocator's own method on its own data.
-        let p = unsafe { f(data, size) };
-        if p.is_null() {
-            return Err(fail(crate::error::errno().max(1), "allocation failed"));
-        }
-        Ok(p)
-    })
+    // No unwind guard (nothing here can panic, see `plain`): this runs once per allocation.
+    // SAFETY: forwarded.
+    plain_ptr(unsafe { aml_alloc_in(allocator, size) })
+}
+
+/// [`aml_alloc`]'s body.
+///
+/// # Safety
+/// As [`aml_alloc`]'s.
+unsafe fn aml_alloc_in(allocator: *mut AmlAllocator, size: usize) -> Result<*mut c_void, Fail> {
+    // SAFETY: (1).
+    let (data, ops) = unsafe { parts(allocator) }?;
+    let f = ops
+        .alloc
+        .ok_or_else(|| inval("allocator has no alloc method"))?;
+    // SAFETY: (1): the allocator's own method on its own data.
+    let p = unsafe { f(data, size) };
+    if p.is_null() {
+        return Err(fail(crate::error::errno().max(1), "allocation failed"));
+    }
+    Ok(p)
 }
 
 /// Frees `ptr` (from `aml_alloc` on the same allocator). NULL `ptr`: `AML_SUCCESS`; NULL
@@ -97,15 +105,23 @@ pub unsafe extern "C" fn aml_free(allocator: *mut AmlAllocator, ptr: *mut c_void
     if ptr.is_null() {
         return AML_SUCCESS;
     }
-    guard(|| {
-        // SAFETY: (1).
-        let (data, ops) = unsafe { parts(allocator) }?;
-        let f = ops
-            .free
-            .ok_or_else(|| inval("allocator has no free method"))?;
-        // SAFETY: (1).
-        Ok(unsafe { f(data, ptr) })
-    })
+    // No unwind guard, as `aml_alloc`.
+    // SAFETY: forwarded.
+    plain(unsafe { aml_free_in(allocator, ptr) })
+}
+
+/// [`aml_free`]'s body.
+///
+/// # Safety
+/// As [`aml_free`]'s.
+unsafe fn aml_free_in(allocator: *mut AmlAllocator, ptr: *mut c_void) -> Result<c_int, Fail> {
+    // SAFETY: (1).
+    let (data, ops) = unsafe { parts(allocator) }?;
+    let f = ops
+        .free
+        .ok_or_else(|| inval("allocator has no free method"))?;
+    // SAFETY: (1).
+    Ok(unsafe { f(data, ptr) })
 }
 
 /// Allocates a chunk of at least `size` bytes: NULL with `aml_errno` set on failure
@@ -118,22 +134,33 @@ pub unsafe extern "C" fn aml_allocator_alloc_chunk(
     allocator: *mut AmlAllocator,
     size: usize,
 ) -> *mut AmlAllocatorChunk {
-    guard_ptr(|| {
-        // SAFETY: (1).
-        let (data, ops) = unsafe { parts(allocator) }?;
-        let f = ops
-            .alloc_chunk
-            .ok_or_else(|| fail(AML_ENOTSUP, "allocator has no alloc_chunk method"))?;
-        // SAFETY: (1).
-        let c = unsafe { f(data, size) };
-        if c.is_null() {
-            return Err(fail(
-                crate::error::errno().max(1),
-                "chunk allocation failed",
-            ));
-        }
-        Ok(c)
-    })
+    // No unwind guard, as `aml_alloc`.
+    // SAFETY: forwarded.
+    plain_ptr(unsafe { aml_allocator_alloc_chunk_in(allocator, size) })
+}
+
+/// [`aml_allocator_alloc_chunk`]'s body.
+///
+/// # Safety
+/// As [`aml_allocator_alloc_chunk`]'s.
+unsafe fn aml_allocator_alloc_chunk_in(
+    allocator: *mut AmlAllocator,
+    size: usize,
+) -> Result<*mut AmlAllocatorChunk, Fail> {
+    // SAFETY: (1).
+    let (data, ops) = unsafe { parts(allocator) }?;
+    let f = ops
+        .alloc_chunk
+        .ok_or_else(|| fail(AML_ENOTSUP, "allocator has no alloc_chunk method"))?;
+    // SAFETY: (1).
+    let c = unsafe { f(data, size) };
+    if c.is_null() {
+        return Err(fail(
+            crate::error::errno().max(1),
+            "chunk allocation failed",
+        ));
+    }
+    Ok(c)
 }
 
 /// Frees a chunk from `aml_allocator_alloc_chunk`. NULL chunk: `AML_SUCCESS`; NULL
@@ -149,15 +176,26 @@ pub unsafe extern "C" fn aml_allocator_free_chunk(
     if chunk.is_null() {
         return AML_SUCCESS;
     }
-    guard(|| {
-        // SAFETY: (1).
-        let (data, ops) = unsafe { parts(allocator) }?;
-        let f = ops
-            .free_chunk
-            .ok_or_else(|| fail(AML_ENOTSUP, "allocator has no free_chunk method"))?;
-        // SAFETY: (1).
-        Ok(unsafe { f(data, chunk) })
-    })
+    // No unwind guard, as `aml_alloc`.
+    // SAFETY: forwarded.
+    plain(unsafe { aml_allocator_free_chunk_in(allocator, chunk) })
+}
+
+/// [`aml_allocator_free_chunk`]'s body.
+///
+/// # Safety
+/// As [`aml_allocator_free_chunk`]'s.
+unsafe fn aml_allocator_free_chunk_in(
+    allocator: *mut AmlAllocator,
+    chunk: *mut AmlAllocatorChunk,
+) -> Result<c_int, Fail> {
+    // SAFETY: (1).
+    let (data, ops) = unsafe { parts(allocator) }?;
+    let f = ops
+        .free_chunk
+        .ok_or_else(|| fail(AML_ENOTSUP, "allocator has no free_chunk method"))?;
+    // SAFETY: (1).
+    Ok(unsafe { f(data, chunk) })
 }
 
 /// The memory an allocator mapped from its area (each region as mapped), unmapped on drop.

@@ -8,7 +8,7 @@ use crate::area::AmlArea;
 use crate::error::{fail, guard, guard_ptr, inval, AML_EBUSY, AML_ENOMEM, AML_SUCCESS};
 use ferry_capi::Fail;
 use foldhash::HashMap;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
@@ -17,22 +17,52 @@ const MIN_ORDER: u32 = 6;
 /// One free list per order.
 const ORDERS: usize = usize::BITS as usize;
 
-/// An allocated block: its order, and its chunk if it was allocated as one.
-struct Used {
-    order: u32,
+/// No node (`Node::prev` / `Node::next` at a region's ends).
+const NONE: u32 = u32::MAX;
+
+/// A block of the regions' current partition, free or allocated (AML's `struct
+/// buddy_chunk`, kept in a slab outside the memory).
+struct Node {
+    /// Its address.
+    addr: usize,
+    /// Its size is 2^order.
+    order: u8,
+    /// Free (in `free[order]`, at `pos`) or allocated.
+    free: bool,
+    /// Its index in `free[order]` while free (a buddy leaves its list in O(1) when merged).
+    pos: u32,
+    /// The region it lies in (an index into `spans`).
+    region: u32,
+    /// The blocks before and after it in its region (`NONE` at the ends): a block's buddy, if
+    /// whole, is one of them.
+    prev: u32,
+    next: u32,
+    /// Its chunk, if it was allocated as one.
     chunk: Option<Box<AmlAllocatorChunk>>,
 }
 
 /// `struct buddy_allocator` (opaque to C): regions of a power-of-two size, each split in
-/// buddies; the bookkeeping is outside the memory.
-#[derive(Default)]
+/// buddies; the bookkeeping is outside the memory. As AML's: the blocks of each region are a
+/// list in address order (a free block finds its buddy next to it), the free ones are also on
+/// a stack of their order (an allocation pops), and the allocated ones in a table by address
+/// (a free finds its block). The blocks are in a slab, so a split or a merge allocates
+/// nothing once the slab has grown.
 pub struct BuddyAllocator {
-    /// Region start -> size.
+    /// Region start -> size (overlap check on extend).
     regions: BTreeMap<usize, usize>,
-    /// Free blocks by order (block size 2^order).
-    free: Vec<BTreeSet<usize>>,
-    /// Allocated blocks by address.
-    used: HashMap<usize, Used>,
+    /// The regions by index: start and size (the region's first block is never merged away,
+    /// so it stays the same node: the one `extend` made).
+    spans: Vec<(usize, usize)>,
+    /// The blocks; those in `spare` are unused.
+    nodes: Vec<Node>,
+    /// Unused slots of `nodes`.
+    spare: Vec<u32>,
+    /// Free blocks (indices into `nodes`) by order (block size 2^order).
+    free: [Vec<u32>; ORDERS],
+    /// Bit k set when `free[k]` is not empty.
+    nonempty: u64,
+    /// Allocated blocks: address -> index into `nodes`.
+    used: HashMap<usize, u32>,
 }
 
 /// The order of the block that holds `size` bytes (at least `MIN_ORDER`), if any can.
@@ -45,8 +75,53 @@ fn order_for(size: usize) -> Option<u32> {
 impl BuddyAllocator {
     fn new() -> Self {
         BuddyAllocator {
-            free: vec![BTreeSet::new(); ORDERS],
-            ..Default::default()
+            regions: BTreeMap::new(),
+            spans: Vec::new(),
+            nodes: Vec::new(),
+            spare: Vec::new(),
+            free: std::array::from_fn(|_| Vec::new()),
+            nonempty: 0,
+            used: HashMap::default(),
+        }
+    }
+
+    /// A new free node (not yet on a free list): its index, or None past `u32::MAX - 1`
+    /// blocks.
+    fn new_node(&mut self, node: Node) -> Option<u32> {
+        if let Some(i) = self.spare.pop() {
+            *self.nodes.get_mut(i as usize)? = node;
+            return Some(i);
+        }
+        let i = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|&i| i != NONE)?;
+        self.nodes.push(node);
+        Some(i)
+    }
+
+    /// Pushes the free node `i` of order `order` on its stack, noting its position.
+    fn push_free(&mut self, i: u32, order: usize) {
+        let list = &mut self.free[order];
+        let pos = list.len() as u32;
+        list.push(i);
+        self.nonempty |= 1 << order;
+        if let Some(n) = self.nodes.get_mut(i as usize) {
+            n.pos = pos;
+        }
+    }
+
+    /// Takes the node at position `pos` off `free[order]` (the last one moves into its
+    /// place, its position updated).
+    fn unlink_free(&mut self, order: usize, pos: u32) {
+        let list = &mut self.free[order];
+        list.swap_remove(pos as usize);
+        if let Some(&moved) = list.get(pos as usize) {
+            if let Some(n) = self.nodes.get_mut(moved as usize) {
+                n.pos = pos;
+            }
+        }
+        if list.is_empty() {
+            self.nonempty &= !(1 << order);
         }
     }
 
@@ -65,47 +140,125 @@ impl BuddyAllocator {
         if before.is_some_and(|(&b, &s)| b + s > base) {
             return Err(inval("the region overlaps one already added"));
         }
+        let too_many = || fail(AML_ENOMEM, "too many regions or blocks");
+        let region = u32::try_from(self.spans.len()).map_err(|_| too_many())?;
+        let order = size.trailing_zeros() as usize;
+        let i = self
+            .new_node(Node {
+                addr: base,
+                order: order as u8,
+                free: true,
+                pos: 0,
+                region,
+                prev: NONE,
+                next: NONE,
+                chunk: None,
+            })
+            .ok_or_else(too_many)?;
         self.regions.insert(base, size);
-        self.free[size.trailing_zeros() as usize].insert(base);
+        self.spans.push((base, size));
+        self.push_free(i, order);
         Ok(())
     }
 
     /// A free block of at least `size` bytes (split from a larger one if need be): its address
-    /// and order, marked allocated.
+    /// and order, marked allocated. None if no free block is large enough.
     fn alloc(&mut self, size: usize) -> Option<(usize, u32)> {
-        let want = order_for(size)?;
-        let mut k = (want as usize..ORDERS).find(|&k| !self.free[k].is_empty())?;
-        let addr = self.free[k].pop_first()?;
-        while k > want as usize {
-            k -= 1;
-            self.free[k].insert(addr + (1 << k));
+        let want = order_for(size)? as usize;
+        // The smallest order >= want with a free block.
+        let above = self.nonempty.checked_shr(want as u32).unwrap_or(0);
+        if above == 0 {
+            return None;
         }
-        self.used.insert(
-            addr,
-            Used {
-                order: want,
+        let mut k = want + above.trailing_zeros() as usize;
+        let i = *self.free[k].last()?;
+        let (addr, region) = {
+            let n = self.nodes.get(i as usize)?;
+            (n.addr, n.region)
+        };
+        // Room for the halves split off (each a node) before anything changes.
+        let fresh = (k - want).saturating_sub(self.spare.len());
+        if self.nodes.len() + fresh >= NONE as usize {
+            return None;
+        }
+        self.nodes.reserve(fresh);
+        self.used.try_reserve(1).ok()?;
+        self.unlink_free(k, self.free[k].len() as u32 - 1);
+        // Split: the right halves go free, the left one keeps the node.
+        while k > want {
+            k -= 1;
+            let next = self.nodes.get(i as usize)?.next;
+            let r = self.new_node(Node {
+                addr: addr + (1 << k),
+                order: k as u8,
+                free: true,
+                pos: 0,
+                region,
+                prev: i,
+                next,
                 chunk: None,
-            },
-        );
-        Some((addr, want))
+            })?;
+            if let Some(n) = self.nodes.get_mut(next as usize) {
+                n.prev = r;
+            }
+            self.nodes.get_mut(i as usize)?.next = r;
+            self.push_free(r, k);
+        }
+        let n = self.nodes.get_mut(i as usize)?;
+        n.order = want as u8;
+        n.free = false;
+        self.used.insert(addr, i);
+        Some((addr, want as u32))
     }
 
-    /// Frees the block at `addr`, merging it with its free buddies; its record, or None if
-    /// `addr` is not an allocated block.
-    fn release(&mut self, addr: usize) -> Option<Used> {
-        let u = self.used.remove(&addr)?;
-        let (&base, &rsize) = self.regions.range(..=addr).next_back()?;
-        let (mut a, mut k) = (addr, u.order as usize);
+    /// Frees the block at `addr`, merging it with its free buddies: its chunk (if it was
+    /// allocated as one) in `Some`, or None if `addr` is not an allocated block.
+    fn release(&mut self, addr: usize) -> Option<Option<Box<AmlAllocatorChunk>>> {
+        let mut i = self.used.remove(&addr)?;
+        let n = self.nodes.get_mut(i as usize)?;
+        let chunk = n.chunk.take();
+        let (mut k, region) = (n.order as usize, n.region);
+        let &(base, rsize) = self.spans.get(region as usize)?;
         while (1usize << k) < rsize {
-            let buddy = base + ((a - base) ^ (1 << k));
-            if !self.free[k].remove(&buddy) {
+            let n = self.nodes.get(i as usize)?;
+            // The buddy follows a left half and precedes a right one; it is whole if that
+            // neighbour has the same order.
+            let left = (n.addr - base) & (1 << k) == 0;
+            let j = if left { n.next } else { n.prev };
+            let Some(b) = self
+                .nodes
+                .get(j as usize)
+                .filter(|b| b.free && b.order as usize == k)
+            else {
                 break;
+            };
+            let pos = b.pos;
+            self.unlink_free(k, pos);
+            // The left one stays, as the merged block; the right one's node is dropped.
+            let (l, r) = if left { (i, j) } else { (j, i) };
+            let after = self.nodes.get(r as usize)?.next;
+            if let Some(a) = self.nodes.get_mut(after as usize) {
+                a.prev = l;
             }
-            a = a.min(buddy);
+            self.nodes.get_mut(l as usize)?.next = after;
+            self.spare.push(r);
+            i = l;
             k += 1;
         }
-        self.free[k].insert(a);
-        Some(u)
+        let n = self.nodes.get_mut(i as usize)?;
+        n.order = k as u8;
+        n.free = true;
+        self.push_free(i, k);
+        Some(chunk)
+    }
+
+    /// Gives the allocated block at `addr` its chunk.
+    fn set_chunk(&mut self, addr: usize, chunk: Box<AmlAllocatorChunk>) {
+        if let Some(&i) = self.used.get(&addr) {
+            if let Some(n) = self.nodes.get_mut(i as usize) {
+                n.chunk = Some(chunk);
+            }
+        }
     }
 }
 
@@ -226,8 +379,8 @@ impl State {
     /// Frees the block at `addr` (and its chunk): false if it is not allocated.
     fn release(&mut self, addr: usize) -> bool {
         match self.buddy.release(addr) {
-            Some(u) => {
-                if let Some(c) = u.chunk {
+            Some(chunk) => {
+                if let Some(c) = chunk {
                     self.chunks
                         .remove(&(&*c as *const AmlAllocatorChunk as usize));
                 }
@@ -284,9 +437,7 @@ impl BuddyData {
         });
         let p: *mut AmlAllocatorChunk = &mut *c;
         chunks.insert(p as usize, addr);
-        if let Some(u) = buddy.used.get_mut(&addr) {
-            u.chunk = Some(c);
-        }
+        buddy.set_chunk(addr, c);
         Ok((addr, Some(p)))
     }
 }
@@ -415,4 +566,156 @@ pub unsafe extern "C" fn aml_allocator_buddy_free_chunk(
         g.release(addr);
         Ok(AML_SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{order_for, BuddyAllocator, MIN_ORDER, NONE};
+    use proptest::prelude::*;
+
+    /// The allocator's own bookkeeping agrees with itself: each region's block list tiles
+    /// it exactly (aligned blocks, links both ways), every node is in a list or spare, each
+    /// free block is on its order's stack at its position, each allocated one in `used`, and
+    /// the non-empty mask matches the stacks.
+    fn check_books(b: &BuddyAllocator) {
+        let mut seen = 0;
+        for (r, &(base, size)) in b.spans.iter().enumerate() {
+            let (mut at, mut i, mut prev) = (base, r_head(b, base), NONE);
+            while i != NONE {
+                let n = &b.nodes[i as usize];
+                let s = 1usize << n.order;
+                assert_eq!(n.addr, at, "a gap or overlap in the partition");
+                assert_eq!((at - base) % s, 0, "a block not aligned within its region");
+                assert_eq!((n.prev, n.region as usize), (prev, r), "bad links");
+                if n.free {
+                    assert_eq!(b.free[n.order as usize][n.pos as usize], i, "off its stack");
+                } else {
+                    assert_eq!(b.used[&n.addr], i, "allocated but not in used");
+                }
+                (at, prev, i) = (at + s, i, n.next);
+                seen += 1;
+            }
+            assert_eq!(at, base + size, "the blocks do not end at the region's end");
+        }
+        assert_eq!(seen + b.spare.len(), b.nodes.len(), "nodes lost");
+        for (k, list) in b.free.iter().enumerate() {
+            assert_eq!(
+                b.nonempty >> k & 1 == 1,
+                !list.is_empty(),
+                "mask of order {k}"
+            );
+        }
+        let nfree: usize = b.free.iter().map(Vec::len).sum();
+        assert_eq!(nfree + b.used.len(), seen);
+    }
+
+    /// The node of the block at `base` (a region's first block, never merged away).
+    fn r_head(b: &BuddyAllocator, base: usize) -> u32 {
+        b.nodes
+            .iter()
+            .enumerate()
+            .find(|(i, n)| n.addr == base && !b.spare.contains(&(*i as u32)))
+            .map(|(i, _)| i as u32)
+            .expect("a region without its first block")
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(usize),
+        Free(usize),
+        /// A pointer that is not an allocated block's start: inside a live block, or one freed.
+        BadFree(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (1usize..=1 << 13).prop_map(Op::Alloc),
+            3 => any::<usize>().prop_map(Op::Free),
+            1 => any::<usize>().prop_map(Op::BadFree),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Random allocations and frees over regions at unaligned bases, against a model of
+        /// the live blocks: no overlap, every block within a region and aligned there, sizes
+        /// as asked; an allocation fails only where no aligned range of its block size is
+        /// free; bad frees refused; and once all is freed, each region is one free block.
+        #[test]
+        fn random_alloc_free_matches_model(
+            orders in prop::collection::vec(MIN_ORDER..=14u32, 1..4),
+            skew in 0usize..64,
+            ops in prop::collection::vec(op(), 1..300),
+        ) {
+            let mut b = BuddyAllocator::new();
+            // Regions 1 MiB apart, at a base that is a multiple of 64 but not of their size.
+            let regions: Vec<(usize, usize)> = orders
+                .iter()
+                .enumerate()
+                .map(|(i, &o)| ((i + 1) * (1 << 20) + 64 * (2 * skew + 1), 1usize << o))
+                .collect();
+            for &(base, size) in &regions {
+                b.extend(base, size).unwrap();
+            }
+            prop_assert!(b.extend(regions[0].0 - 32, 64).is_err(), "overlap accepted");
+            let mut live: Vec<(usize, usize)> = Vec::new();
+            let mut freed: Vec<usize> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Alloc(size) => {
+                        let bsize = 1usize << order_for(size).unwrap();
+                        let fits = |&(base, rsize): &(usize, usize)| {
+                            (0..rsize / bsize.min(rsize)).any(|j| {
+                                let a = base + j * bsize;
+                                bsize <= rsize
+                                    && live.iter().all(|&(l, ls)| l + ls <= a || a + bsize <= l)
+                            })
+                        };
+                        let room = regions.iter().any(fits);
+                        match b.alloc(size) {
+                            Some((a, order)) => {
+                                prop_assert_eq!(1usize << order, bsize);
+                                let &(base, _) = regions
+                                    .iter()
+                                    .find(|&&(base, rsize)| base <= a && a + bsize <= base + rsize)
+                                    .expect("a block outside every region");
+                                prop_assert_eq!((a - base) % bsize, 0);
+                                for &(l, ls) in &live {
+                                    prop_assert!(l + ls <= a || a + bsize <= l, "overlap");
+                                }
+                                live.push((a, bsize));
+                            }
+                            None => prop_assert!(!room, "refused {} bytes with room", size),
+                        }
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let (a, _) = live.swap_remove(i % live.len());
+                        prop_assert!(b.release(a).is_some());
+                        freed.push(a);
+                    }
+                    Op::Free(_) => {}
+                    Op::BadFree(i) => {
+                        let bad = match live.get(i % live.len().max(1)) {
+                            Some(&(a, s)) if i % 2 == 0 => a + s / 2,
+                            _ => freed.get(i % freed.len().max(1)).copied().unwrap_or(1),
+                        };
+                        if !live.iter().any(|&(a, _)| a == bad) {
+                            prop_assert!(b.release(bad).is_none(), "bad free accepted");
+                        }
+                    }
+                }
+                check_books(&b);
+            }
+            for (a, _) in live.drain(..) {
+                prop_assert!(b.release(a).is_some());
+            }
+            check_books(&b);
+            prop_assert_eq!(b.nodes.len() - b.spare.len(), regions.len());
+            for &(base, size) in &regions {
+                let n = &b.nodes[r_head(&b, base) as usize];
+                prop_assert!(n.free && 1usize << n.order == size, "region not merged back");
+            }
+        }
+    }
 }
