@@ -437,6 +437,22 @@ unsafe fn dense_deref(
     Ok((d.ptr as usize).wrapping_add(off) as *mut c_void)
 }
 
+/// `l`'s data if it is one of this library's dense layouts (either order), for the callers
+/// that compute its addresses without the call through its ops (the tilings' `rawptr`, once
+/// per tile in AML's kernels).
+///
+/// # Safety
+/// 1. `l` NULL or a valid layout.
+pub(crate) unsafe fn as_dense<'a>(l: *const AmlLayout) -> Option<&'a AmlLayoutDense> {
+    // SAFETY: (1).
+    let l = unsafe { l.as_ref() }?;
+    if !std::ptr::eq(l.ops, &aml_layout_column_ops) && !std::ptr::eq(l.ops, &aml_layout_row_ops) {
+        return None;
+    }
+    // SAFETY: (1): a dense layout's data.
+    unsafe { l.data.cast::<AmlLayoutDense>().as_ref() }
+}
+
 /// Element at native coordinates (column-major order). No bounds check, as AML.
 ///
 /// # Safety

@@ -392,6 +392,51 @@ unsafe fn rawptr(data: TData, coords: *const usize, row: bool) -> Result<*mut c_
     Ok(p.cast())
 }
 
+/// [`rawptr`] over one of this library's dense layouts, in one pass and without a call: the
+/// tile's address, or None where anything is off (not a dense layout, NULL arrays, coords
+/// out of the tiling, a NULL result), for the full path to report. AML's kernels call
+/// `aml_tiling_rawptr` once per tile, so this is its cost.
+///
+/// # Safety
+/// 1. As `index`'s.
+#[inline]
+unsafe fn dense_rawptr(data: TData, coords: *const usize, row: bool) -> Option<*mut c_void> {
+    // SAFETY: (1): resize fields only.
+    let t = unsafe { data.cast::<AmlTilingResize>().as_ref() }?;
+    // SAFETY: (1): the tiling's layout.
+    let l = unsafe { crate::layout::as_dense(t.layout) }?;
+    let n = t.ndims;
+    let ptrs = [t.tile_dims, t.dims, l.stride, l.cpitch];
+    if l.ndims != n || coords.is_null() || ptrs.iter().any(|p| p.is_null()) {
+        return None;
+    }
+    let [tile, dims, stride, cpitch, c] =
+        [t.tile_dims.cast_const(), t.dims, l.stride, l.cpitch, coords].map(|p| {
+            // SAFETY: (1): each array holds `ndims` values (the tiling's, its dense
+            // layout's, the coords).
+            unsafe { std::slice::from_raw_parts(p, n) }
+        });
+    // Per native dim: the tiles in it, and the bytes from one tile to the next (wrapping as
+    // AML's pointer arithmetic; below the layout's extent for coords inside the tiling).
+    let native = dims
+        .iter()
+        .zip(tile)
+        .zip(cpitch.iter().zip(stride))
+        .map(|((d, t), (cp, st))| (*d, t.wrapping_mul(*cp).wrapping_mul(*st)));
+    let mut off = 0usize;
+    let mut add = |(ci, (d, step)): (&usize, (usize, usize))| {
+        off = off.wrapping_add(ci.wrapping_mul(step));
+        *ci < d
+    };
+    let inside = if row {
+        c.iter().rev().zip(native).all(&mut add)
+    } else {
+        c.iter().zip(native).all(&mut add)
+    };
+    let p = (l.ptr as usize).wrapping_add(off);
+    (inside && p != 0).then_some(p as *mut c_void)
+}
+
 /// Writes the tiles per dim (reversed if `row`).
 ///
 /// # Safety
@@ -492,6 +537,10 @@ pub unsafe extern "C" fn aml_tiling_resize_column_rawptr(
     coords: *const usize,
 ) -> *mut c_void {
     // SAFETY: (1).
+    if let Some(p) = unsafe { dense_rawptr(data, coords, false) } {
+        return p;
+    }
+    // SAFETY: (1).
     plain_ptr(unsafe { rawptr(data, coords, false) })
 }
 
@@ -576,6 +625,10 @@ pub unsafe extern "C" fn aml_tiling_resize_row_rawptr(
     coords: *const usize,
 ) -> *mut c_void {
     // SAFETY: (1).
+    if let Some(p) = unsafe { dense_rawptr(data, coords, true) } {
+        return p;
+    }
+    // SAFETY: (1).
     plain_ptr(unsafe { rawptr(data, coords, true) })
 }
 
@@ -648,6 +701,10 @@ pub unsafe extern "C" fn aml_tiling_pad_column_rawptr(
     data: TData,
     coords: *const usize,
 ) -> *mut c_void {
+    // SAFETY: (1).
+    if let Some(p) = unsafe { dense_rawptr(data, coords, false) } {
+        return p;
+    }
     // SAFETY: (1).
     plain_ptr(unsafe { rawptr(data, coords, false) })
 }
@@ -732,6 +789,10 @@ pub unsafe extern "C" fn aml_tiling_pad_row_rawptr(
     data: TData,
     coords: *const usize,
 ) -> *mut c_void {
+    // SAFETY: (1).
+    if let Some(p) = unsafe { dense_rawptr(data, coords, true) } {
+        return p;
+    }
     // SAFETY: (1).
     plain_ptr(unsafe { rawptr(data, coords, true) })
 }
@@ -1126,7 +1187,36 @@ pub unsafe extern "C" fn aml_tiling_rawptr(
     // No unwind guard: AML's kernels call this once per tile, and nothing here can panic (the
     // ops of this library's tilings guard themselves the same way).
     // SAFETY: (1).
+    if let Some(p) = unsafe { fast_rawptr(tiling, coords) } {
+        return p;
+    }
+    // SAFETY: (1).
     plain_ptr(unsafe { tiling_rawptr(tiling, coords) })
+}
+
+/// [`aml_tiling_rawptr`] on one of this library's resize or pad tilings over a dense layout:
+/// the tile's address without the calls through the tiling's and the layout's ops, or None
+/// for the full path (which reports what is off).
+///
+/// # Safety
+/// 1. As `aml_tiling_index`'s.
+#[inline]
+unsafe fn fast_rawptr(tiling: *const AmlTiling, coords: *const usize) -> Option<*mut c_void> {
+    // SAFETY: (1).
+    let t = unsafe { tiling.as_ref() }?;
+    let row = if std::ptr::eq(t.ops, &aml_tiling_resize_column_ops)
+        || std::ptr::eq(t.ops, &aml_tiling_pad_column_ops)
+    {
+        false
+    } else if std::ptr::eq(t.ops, &aml_tiling_resize_row_ops)
+        || std::ptr::eq(t.ops, &aml_tiling_pad_row_ops)
+    {
+        true
+    } else {
+        return None;
+    };
+    // SAFETY: (1): the data of a tiling with these ops.
+    unsafe { dense_rawptr(t.data, coords, row) }
 }
 
 /// [`aml_tiling_rawptr`]'s body.
@@ -1215,4 +1305,150 @@ pub unsafe extern "C" fn aml_tiling_fprintf(
         // SAFETY: (1).
         Ok(unsafe { need(o.fprintf, "fprintf")?(d, stream, p) })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::generic::aml_layout_destroy;
+    use crate::layout::reshape::aml_layout_reshape_create;
+    use crate::layout::{aml_layout_dense_create, AML_LAYOUT_ORDER_COLUMN_MAJOR};
+
+    /// A 6 x 10 reshape (not a dense layout) of 60 contiguous `u64` at `ptr`.
+    fn reshape(ptr: *mut u64) -> *mut AmlLayout {
+        let (mut d, mut r) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `ptr` holds 60 values for as long as the test uses the layouts; the reshape
+        // owns `d` (destroyed with it).
+        unsafe {
+            let rc = aml_layout_dense_create(
+                &mut d,
+                ptr.cast(),
+                AML_LAYOUT_ORDER_COLUMN_MAJOR,
+                8,
+                1,
+                [60usize].as_ptr(),
+                std::ptr::null(),
+                std::ptr::null(),
+            );
+            assert_eq!(rc, AML_SUCCESS);
+            let rc = aml_layout_reshape_create(
+                &mut r,
+                d,
+                AML_LAYOUT_ORDER_COLUMN_MAJOR,
+                2,
+                [6usize, 10].as_ptr(),
+            );
+            assert_eq!(rc, AML_SUCCESS);
+        }
+        r
+    }
+
+    /// `aml_tiling_rawptr`'s one-pass path gives the full path's address for every tile of
+    /// resize and pad tilings of both orders over strided dense layouts of both orders, and
+    /// leaves coords out of the tiling (and non-dense layouts) to the full path.
+    #[test]
+    fn dense_rawptr_matches_the_dispatched_path() {
+        let mut buf = vec![0u64; 4096];
+        let (dims, stride, tile) = ([5usize, 4, 3], [2usize, 1, 3], [2usize, 3, 2]);
+        for lorder in [AML_LAYOUT_ORDER_COLUMN_MAJOR, AML_LAYOUT_ORDER_ROW_MAJOR] {
+            let mut l: *mut AmlLayout = std::ptr::null_mut();
+            // SAFETY: `buf` outlives the layout (destroyed below); the arrays hold 3 values.
+            let rc = unsafe {
+                aml_layout_dense_create(
+                    &mut l,
+                    buf.as_mut_ptr().cast(),
+                    lorder,
+                    8,
+                    3,
+                    dims.as_ptr(),
+                    stride.as_ptr(),
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(rc, AML_SUCCESS);
+            for (tags, pad) in [(0, false), (1, false), (0, true), (1, true)] {
+                let mut t: *mut AmlTiling = std::ptr::null_mut();
+                let mut zero = 0u64;
+                // SAFETY: `l` outlives the tiling; `tile` holds 3 values, `zero` one element.
+                let rc = unsafe {
+                    if pad {
+                        aml_tiling_pad_create(
+                            &mut t,
+                            tags,
+                            l,
+                            3,
+                            tile.as_ptr(),
+                            (&mut zero as *mut u64).cast(),
+                        )
+                    } else {
+                        aml_tiling_resize_create(&mut t, tags, l, 3, tile.as_ptr())
+                    }
+                };
+                assert_eq!(rc, AML_SUCCESS);
+                let row = tags == AML_TILING_ORDER_ROW_MAJOR;
+                let mut td = [0usize; 3];
+                // SAFETY: `t` is valid; `td` holds 3 values.
+                assert_eq!(unsafe { aml_tiling_dims(t, td.as_mut_ptr()) }, AML_SUCCESS);
+                // SAFETY: `t` is valid.
+                let data = unsafe { (*t).data.cast_const() };
+                let (mut fast, mut out) = (0, 0);
+                // Every tile, and one past the last in each dim.
+                for i in 0..=td[0] {
+                    for j in 0..=td[1] {
+                        for k in 0..=td[2] {
+                            let c = [i, j, k];
+                            // SAFETY: `data` is `t`'s; `c` holds 3 values.
+                            let (f, full, api) = unsafe {
+                                (
+                                    dense_rawptr(data, c.as_ptr(), row),
+                                    rawptr(data, c.as_ptr(), row),
+                                    aml_tiling_rawptr(t, c.as_ptr()),
+                                )
+                            };
+                            match full {
+                                Ok(p) => {
+                                    assert_eq!(f, Some(p), "tile {c:?}");
+                                    assert_eq!(api, p);
+                                    fast += 1;
+                                }
+                                Err(e) => {
+                                    assert_eq!(f, None, "tile {c:?} out of the tiling");
+                                    assert!(api.is_null());
+                                    assert_eq!(crate::error::code_of(&e), crate::error::AML_EINVAL);
+                                    out += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+                assert_eq!(fast, td.iter().product::<usize>());
+                assert!(out > 0);
+                // A tiling over a layout that is not dense: the fast path declines.
+                let mut r = reshape(buf.as_mut_ptr());
+                let mut tr: *mut AmlTiling = std::ptr::null_mut();
+                // SAFETY: `r` outlives `tr`; both destroyed here.
+                unsafe {
+                    let rc = aml_tiling_resize_create(&mut tr, 0, r, 2, [4usize, 3].as_ptr());
+                    assert_eq!(rc, AML_SUCCESS);
+                    let c = [1usize, 1];
+                    assert_eq!(dense_rawptr((*tr).data, c.as_ptr(), false), None);
+                    let p = rawptr((*tr).data, c.as_ptr(), false).unwrap();
+                    assert_eq!(p, buf.as_mut_ptr().add(4 + 3 * 6).cast());
+                    assert_eq!(aml_tiling_rawptr(tr, c.as_ptr()), p);
+                    aml_tiling_resize_destroy(&mut tr);
+                    aml_layout_destroy(&mut r);
+                }
+                // SAFETY: `t` was made above.
+                unsafe {
+                    if pad {
+                        aml_tiling_pad_destroy(&mut t)
+                    } else {
+                        aml_tiling_resize_destroy(&mut t)
+                    }
+                };
+            }
+            // SAFETY: `l` was made above; its tilings are destroyed.
+            unsafe { aml_layout_destroy(&mut l) };
+        }
+    }
 }
