@@ -5,7 +5,7 @@
 
 use super::{publish, take, AmlAllocator, AmlAllocatorChunk, AmlAllocatorOps, Pools};
 use crate::area::AmlArea;
-use crate::error::{fail, guard, guard_ptr, inval, AML_EBUSY, AML_ENOMEM, AML_SUCCESS};
+use crate::error::{fail, guard, guard_ptr, inval, plain, AML_EBUSY, AML_ENOMEM, AML_SUCCESS};
 use ferry_capi::Fail;
 use foldhash::HashMap;
 use std::collections::BTreeMap;
@@ -101,10 +101,12 @@ impl BuddyAllocator {
 
     /// Pushes the free node `i` of order `order` on its stack, noting its position.
     fn push_free(&mut self, i: u32, order: usize) {
-        let list = &mut self.free[order];
+        let Some(list) = self.free.get_mut(order) else {
+            return;
+        };
         let pos = list.len() as u32;
         list.push(i);
-        self.nonempty |= 1 << order;
+        self.nonempty |= 1u64.wrapping_shl(order as u32);
         if let Some(n) = self.nodes.get_mut(i as usize) {
             n.pos = pos;
         }
@@ -113,7 +115,13 @@ impl BuddyAllocator {
     /// Takes the node at position `pos` off `free[order]` (the last one moves into its
     /// place, its position updated).
     fn unlink_free(&mut self, order: usize, pos: u32) {
-        let list = &mut self.free[order];
+        let Some(list) = self
+            .free
+            .get_mut(order)
+            .filter(|l| (pos as usize) < l.len())
+        else {
+            return;
+        };
         list.swap_remove(pos as usize);
         if let Some(&moved) = list.get(pos as usize) {
             if let Some(n) = self.nodes.get_mut(moved as usize) {
@@ -121,7 +129,7 @@ impl BuddyAllocator {
             }
         }
         if list.is_empty() {
-            self.nonempty &= !(1 << order);
+            self.nonempty &= !1u64.wrapping_shl(order as u32);
         }
     }
 
@@ -163,6 +171,11 @@ impl BuddyAllocator {
 
     /// A free block of at least `size` bytes (split from a larger one if need be): its address
     /// and order, marked allocated. None if no free block is large enough.
+    ///
+    /// This and [`release`](Self::release) run without the unwind guard on the hot path, so
+    /// they hold no code that can panic: no indexing, wrapping arithmetic (the invariants keep
+    /// it in range), and vectors that grow by at most 64 entries a call (a capacity overflow
+    /// would need more than the address space).
     fn alloc(&mut self, size: usize) -> Option<(usize, u32)> {
         let want = order_for(size)? as usize;
         // The smallest order >= want with a free block.
@@ -170,26 +183,27 @@ impl BuddyAllocator {
         if above == 0 {
             return None;
         }
-        let mut k = want + above.trailing_zeros() as usize;
-        let i = *self.free[k].last()?;
+        let mut k = want.wrapping_add(above.trailing_zeros() as usize);
+        let i = *self.free.get(k)?.last()?;
         let (addr, region) = {
             let n = self.nodes.get(i as usize)?;
             (n.addr, n.region)
         };
         // Room for the halves split off (each a node) before anything changes.
-        let fresh = (k - want).saturating_sub(self.spare.len());
-        if self.nodes.len() + fresh >= NONE as usize {
+        let fresh = k.saturating_sub(want).saturating_sub(self.spare.len());
+        if self.nodes.len().saturating_add(fresh) >= NONE as usize {
             return None;
         }
-        self.nodes.reserve(fresh);
+        self.nodes.try_reserve(fresh).ok()?;
         self.used.try_reserve(1).ok()?;
-        self.unlink_free(k, self.free[k].len() as u32 - 1);
+        let top = self.free.get(k)?.len().wrapping_sub(1) as u32;
+        self.unlink_free(k, top);
         // Split: the right halves go free, the left one keeps the node.
         while k > want {
-            k -= 1;
+            k = k.wrapping_sub(1);
             let next = self.nodes.get(i as usize)?.next;
             let r = self.new_node(Node {
-                addr: addr + (1 << k),
+                addr: addr.wrapping_add(1usize.wrapping_shl(k as u32)),
                 order: k as u8,
                 free: true,
                 pos: 0,
@@ -219,11 +233,11 @@ impl BuddyAllocator {
         let chunk = n.chunk.take();
         let (mut k, region) = (n.order as usize, n.region);
         let &(base, rsize) = self.spans.get(region as usize)?;
-        while (1usize << k) < rsize {
+        while 1usize.checked_shl(k as u32).is_some_and(|s| s < rsize) {
             let n = self.nodes.get(i as usize)?;
             // The buddy follows a left half and precedes a right one; it is whole if that
             // neighbour has the same order.
-            let left = (n.addr - base) & (1 << k) == 0;
+            let left = n.addr.wrapping_sub(base) & 1usize.wrapping_shl(k as u32) == 0;
             let j = if left { n.next } else { n.prev };
             let Some(b) = self
                 .nodes
@@ -243,7 +257,7 @@ impl BuddyAllocator {
             self.nodes.get_mut(l as usize)?.next = after;
             self.spare.push(r);
             i = l;
-            k += 1;
+            k = k.wrapping_add(1);
         }
         let n = self.nodes.get_mut(i as usize)?;
         n.order = k as u8;
@@ -502,6 +516,15 @@ pub unsafe extern "C" fn aml_allocator_buddy_destroy(allocator: *mut *mut AmlAll
 /// 1. `data` NULL or a buddy allocator's data.
 #[no_mangle]
 pub unsafe extern "C" fn aml_allocator_buddy_alloc(data: *mut c_void, size: usize) -> *mut c_void {
+    // A block of the pools already mapped is taken without the unwind guard (this runs once
+    // per allocation, and the slab's `alloc` cannot panic); mapping a pool runs in the guard.
+    // SAFETY: (1).
+    if let Ok(d) = unsafe { super::data::<BuddyData>(data) } {
+        let mut g = d.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((addr, _)) = g.buddy.alloc(size) {
+            return addr as *mut c_void;
+        }
+    }
     guard_ptr(|| {
         // SAFETY: (1).
         let d = unsafe { super::data::<BuddyData>(data) }?;
@@ -515,15 +538,18 @@ pub unsafe extern "C" fn aml_allocator_buddy_alloc(data: *mut c_void, size: usiz
 /// 1. `data` NULL or a buddy allocator's data.
 #[no_mangle]
 pub unsafe extern "C" fn aml_allocator_buddy_free(data: *mut c_void, ptr: *mut c_void) -> c_int {
-    guard(|| {
-        // SAFETY: (1).
-        let d = unsafe { super::data::<BuddyData>(data) }?;
-        let mut g = d.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if !g.release(ptr as usize) {
-            return Err(inval("not a pointer of this allocator"));
-        }
-        Ok(AML_SUCCESS)
-    })
+    // Without the unwind guard, as `aml_allocator_buddy_alloc`: the slab's `release` cannot
+    // panic, nor can dropping a chunk.
+    // SAFETY: (1).
+    let d = match unsafe { super::data::<BuddyData>(data) } {
+        Ok(d) => d,
+        Err(e) => return plain(Err(e)),
+    };
+    let mut g = d.inner.lock().unwrap_or_else(|e| e.into_inner());
+    if !g.release(ptr as usize) {
+        return plain(Err(inval("not a pointer of this allocator")));
+    }
+    AML_SUCCESS
 }
 
 /// The buddy allocator's `alloc_chunk`: the block with its size (a power of two); NULL with
