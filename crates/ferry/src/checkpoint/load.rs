@@ -11,10 +11,17 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Loads the checkpoint at `path`: a safetensors file, a sharded checkpoint when `path`
-/// ends in `.json` (its `*.safetensors.index.json`, see [`load_index`]), or a checkpoint's
-/// folder ([`resolve`]). A sharded checkpoint's shards are read all at once (one read per
-/// run of adjacent tensors of every shard in flight together on the file engine's workers),
-/// its tensor names unique across the shards.
+/// ends in `.json` (its `*.safetensors.index.json`), or a checkpoint's folder ([`resolve`]).
+///
+/// A sharded checkpoint is loaded through its index (`{"metadata": {...}, "weight_map":
+/// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths inside
+/// the index's folder: an absolute path or `..` is refused), checked against it before
+/// anything is loaded (a tensor mapped to a shard that does not hold it, or listed twice, is
+/// [`CheckpointError::Index`]; a name held by two shards [`CheckpointError::Duplicate`],
+/// naming both; a shard that cannot be opened [`CheckpointError::Shard`], naming the index and
+/// the shard; an index over [`MAX_INDEX_BYTES`] [`CheckpointError::Index`], before it is
+/// read). Its shards are read all at once: one read per run of adjacent tensors of every
+/// shard, all in flight together on the file engine's workers.
 ///
 /// Errors: [`CheckpointError`], naming the file and tensor; every buffer allocated is freed.
 pub fn load(
@@ -154,21 +161,6 @@ pub(super) fn open_checkpoint(engine: &FileEngine, path: &Path) -> Result<Opened
         metadata: BTreeMap::new(),
         name_path: path.to_path_buf(),
     })
-}
-
-/// Loads a sharded checkpoint through its index (`{"metadata": {...}, "weight_map":
-/// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths
-/// inside the index's folder: an absolute path or `..` is refused), checked against it (a tensor mapped to a shard that does
-/// not hold it, held by two shards or listed twice, is an error before anything is loaded; a
-/// shard that cannot be opened is [`CheckpointError::Shard`], naming the index; an index over
-/// [`MAX_INDEX_BYTES`] is [`CheckpointError::Index`], before it is read).
-pub fn load_index(
-    engine: &FileEngine,
-    index: impl AsRef<Path>,
-    opts: &LoadOptions,
-) -> Result<Checkpoint, CheckpointError> {
-    let c = open_index(engine, index.as_ref())?;
-    read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
 }
 
 /// The largest sharded checkpoint index (`*.safetensors.index.json`) read, in bytes: as the

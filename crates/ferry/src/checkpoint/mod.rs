@@ -74,7 +74,7 @@ mod write;
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
 pub use into::{load_files_into, load_into, Dest};
-pub use load::{entries, load, load_files, load_index, resolve, MAX_INDEX_BYTES};
+pub use load::{entries, load, load_files, resolve, MAX_INDEX_BYTES};
 pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
 pub use options::{
     Filter, LoadOptions, Placement, Progress, SaveOptions, SaveTensor, Select, Target, MAX_ALIGN,
