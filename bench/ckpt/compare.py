@@ -468,13 +468,19 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
                 )
 
         save["safetensors.torch.save_file"] = (best(st_save, a.repeat), nbytes)
-    except ImportError:
-        pass
+        for f in glob.glob(os.path.join(dst, "st-*.safetensors")):
+            os.remove(f)
+    except ImportError as e:
+        missing.append(f"safetensors: its save row is skipped ({e})")
 
     def torch_save() -> None:
         torch.save(out, os.path.join(dst, "torch.pt"))
 
     save["torch.save"] = (best(torch_save, a.repeat), nbytes)
+    # One peer's files on disk at a time (the disk holds the source, ferry's copy and one more).
+    for f in glob.glob(os.path.join(dst, "st-*.safetensors")) + [os.path.join(dst, "torch.pt")]:
+        if os.path.exists(f):
+            os.remove(f)
     dcp_save(a, out, dst, nbytes, save, missing)
     if not a.keep:
         shutil.rmtree(dst, ignore_errors=True)
@@ -494,17 +500,19 @@ def dcp_save(a: argparse.Namespace, out: dict[str, Any], dst: str, nbytes: int,
             dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
             made = True
         stalls = []
-        n = [0]
+        where = os.path.join(dst, "dcp")
 
         def dcp_async() -> None:
-            n[0] += 1
-            where = os.path.join(dst, f"dcp-{n[0]}")
             t0 = time.perf_counter()
             fut = dcp.async_save(out, checkpoint_id=where)
             stalls.append(time.perf_counter() - t0)
             fut.result()
 
-        save["torch DCP async_save (whole write)"] = (best(dcp_async, a.repeat), nbytes)
+        def fresh() -> None:  # untimed: each run writes a new checkpoint, one on disk at a time
+            shutil.rmtree(where, ignore_errors=True)
+
+        save["torch DCP async_save (whole write)"] = (best(dcp_async, a.repeat, fresh), nbytes)
+        fresh()
         save["torch DCP async_save (caller's stall)"] = (min(stalls), nbytes)
         if made:
             dist.destroy_process_group()
