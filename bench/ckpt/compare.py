@@ -6,15 +6,23 @@ tensors from 8 KiB to 256 MiB at --scale 1; --scale 0.125 for a quick run) under
 - loads it to the GPU (page cache warm; --cold also drops the page cache before each run, as
   root) with ferry, safetensors.torch.load_file, fastsafetensors (nogds, 16 threads, 16 MiB
   bounce buffer) and the Run:ai Model Streamer (RUNAI_STREAMER_CONCURRENCY=16);
+- loads its shards' raw bytes to the GPU with KvikIO (kvikio.CuFile.pread into one torch
+  buffer per shard, every shard in flight at once: the file -> GPU floor, no tensors made);
 - saves it from the GPU with ferry (blocking, and non_blocking: the stall until the tensors may
-  change, and the whole write), safetensors.torch.save_file and torch.save.
+  change, and the whole write), safetensors.torch.save_file, torch.save and PyTorch DCP's
+  async_save on one process (its stall, and its whole write);
+- measures the disk under --dir: O_DIRECT write and read of a --disk-bytes file (2 GiB) with
+  fio (best of queue depths 1, 4, 16, 64) where fio is installed, else dd (one stream); the
+  table says which.
 
-A peer that is not installed is skipped with a line saying so. Prints GB/s per row and the
-ratios ferry/peer; writes everything as JSON (--json). Every row is the best of --repeat runs,
-timed on the host clock from the call until the bytes are on the GPU (torch.cuda.synchronize)
-or in the files.
+A peer that is not installed (or fails to start) is skipped with a line saying so. Prints GB/s
+per row, what each row is, and the ratios ferry/peer (in GB/s: the disk rows move another
+byte count); writes everything as JSON (--json). Every row is the best of --repeat runs, timed
+on the host clock from the call until the bytes are on the GPU (torch.cuda.synchronize) or in
+the files. --rows disk runs the disk rows alone (no GPU, no PyTorch: any machine).
 
     python bench/ckpt/compare.py --scale 1 --repeat 3 --json /tmp/ckpt-compare.json
+    python bench/ckpt/compare.py --rows disk --disk-bytes 256M   # CPU-only machines
 """
 
 from __future__ import annotations
@@ -84,6 +92,86 @@ def drop_cache() -> str:
         return f"warm (cannot drop the page cache: {e})"
 
 
+# What each row measures (printed under the table and in --help).
+ROWS = {
+    "load: ferry.load_safetensors": "ferry, the sharded checkpoint to new GPU tensors (one call, all shards at once)",
+    "load: ferry.load_safetensors(out=state_dict)": "ferry, into the GPU tensors of an existing state_dict (no allocation)",
+    "load: safetensors.torch.load_file": "the reference loader, shard after shard, device=cuda",
+    "load: fastsafetensors (nogds)": "fastsafetensors, nogds=True, 16 threads, 16 MiB bounce buffer",
+    "load: runai SafetensorsStreamer": "Run:ai Model Streamer, RUNAI_STREAMER_CONCURRENCY=16, each tensor .to(cuda)",
+    "load: kvikio CuFile.pread (raw shard bytes)": "KvikIO, every shard's bytes into a GPU buffer of its own, all shards in flight (no tensors made: the file -> GPU floor)",
+    "save: ferry.save_safetensors": "ferry, GPU tensors to sharded files (blocking)",
+    "save: ferry non_blocking (whole write)": "ferry, non_blocking=True, from the call until req.wait() returns",
+    "save: ferry non_blocking (caller's stall)": "ferry, non_blocking=True, the call alone (the tensors are copied out)",
+    "save: torch pinned D2H copy (the stall's floor)": "torch .copy_ of every tensor into pinned host tensors (not a save)",
+    "save: safetensors.torch.save_file": "the reference writer, one file per shard's worth of tensors",
+    "save: torch.save": "torch.save of the state_dict to one file",
+    "save: torch DCP async_save (whole write)": "torch.distributed.checkpoint.async_save on one process, until its future is done",
+    "save: torch DCP async_save (caller's stall)": "torch.distributed.checkpoint.async_save on one process, the call alone",
+    "disk: O_DIRECT write": "the disk under --dir: O_DIRECT sequential write of --disk-bytes (fio or dd: see the row's note)",
+    "disk: O_DIRECT read": "the disk under --dir: O_DIRECT sequential read of the same file (fio or dd: see the row's note)",
+}
+
+
+def parse_bytes(s: str) -> int:
+    """`2G`, `256M`, `4096`: bytes (K, M, G, T are powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    s = s.strip().upper().removesuffix("IB").removesuffix("B")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def disk_limits(d: str, nbytes: int, repeat: int) -> tuple[dict[str, tuple[float, int]], dict[str, str], list[str]]:
+    """O_DIRECT write then read of an `nbytes` file under `d`: fio where installed (best of
+    queue depths 1, 4, 16, 64, libaio, 16 MiB blocks), else dd (16 MiB blocks, one stream,
+    best of `repeat`).
+    Returns rows {name: (seconds, bytes)}, notes {name: how} and lines for what was skipped."""
+    os.makedirs(d, exist_ok=True)
+    f = os.path.join(d, "ferry-disk-limit.bin")
+    rows: dict[str, tuple[float, int]] = {}
+    notes: dict[str, str] = {}
+    skipped: list[str] = []
+    bs = 16 << 20
+    count = max(1, nbytes // bs)
+    nbytes = count * bs
+    try:
+        if shutil.which("fio"):
+            for rw, name in (("write", "disk: O_DIRECT write"), ("read", "disk: O_DIRECT read")):
+                best_bw, best_qd = 0.0, 0
+                for qd in (1, 4, 16, 64):
+                    out = subprocess.run(
+                        ["fio", f"--name=ferry-{rw}", f"--filename={f}", f"--rw={rw}", f"--bs={bs}",
+                         f"--size={nbytes}", "--direct=1", "--ioengine=libaio", f"--iodepth={qd}",
+                         "--end_fsync=1" if rw == "write" else "--end_fsync=0",
+                         "--output-format=json"],
+                        check=True, capture_output=True, text=True,
+                    ).stdout
+                    job = json.loads(out[out.index("{"):])["jobs"][0][rw]
+                    bw = float(job["bw_bytes"])
+                    if bw > best_bw:
+                        best_bw, best_qd = bw, qd
+                rows[name] = (nbytes / best_bw, nbytes)
+                notes[name] = f"fio, libaio, 16 MiB blocks, best queue depth {best_qd} of 1/4/16/64"
+        elif shutil.which("dd"):
+            how = f"dd, 16 MiB blocks, one stream, best of {repeat} (fio is not installed)"
+            write = ["dd", "if=/dev/zero", f"of={f}", f"bs={bs}", f"count={count}", "oflag=direct",
+                     "conv=fsync", "status=none"]
+            read = ["dd", f"if={f}", "of=/dev/null", f"bs={bs}", "iflag=direct", "status=none"]
+            for name, cmd in (("disk: O_DIRECT write", write), ("disk: O_DIRECT read", read)):
+                rows[name] = (best(lambda: subprocess.run(cmd, check=True, capture_output=True, text=True), repeat), nbytes)
+                notes[name] = how
+        else:
+            skipped.append("disk: neither fio nor dd is installed: the disk rows are skipped")
+    except (subprocess.CalledProcessError, OSError, ValueError, KeyError) as e:
+        err = getattr(e, "stderr", "") or str(e)
+        skipped.append(f"disk: O_DIRECT on {d} failed ({err.strip()[:200]}): the disk rows are skipped")
+    finally:
+        if os.path.exists(f):
+            os.remove(f)
+    return rows, notes, skipped
+
+
 def best(f: Callable[[], Any], repeat: int, before: Optional[Callable[[], Any]] = None) -> float:
     out = []
     for _ in range(repeat):
@@ -96,17 +184,104 @@ def best(f: Callable[[], Any], repeat: int, before: Optional[Callable[[], Any]] 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    legend = "rows:\n" + "\n".join(f"  {k}\n      {v}" for k, v in ROWS.items())
+    ap = argparse.ArgumentParser(
+        description=__doc__, epilog=legend, formatter_class=argparse.RawTextHelpFormatter
+    )
     ap.add_argument("--scale", type=float, default=1.0, help="1: about 16 GiB in 8 shards, 2,000 tensors; 0.125: 2.5 GiB")
     ap.add_argument("--shards", type=int, default=8)
-    ap.add_argument("--dir", default="/tmp/ferry-ckpt-compare")
+    ap.add_argument("--dir", default="/tmp/ferry-ckpt-compare", help="where the checkpoint and the disk rows' file go")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before each load")
+    ap.add_argument("--rows", choices=["all", "load", "save", "disk"], default="all",
+                    help="which rows: all (default), the loads (and disk), the saves (and disk), or\n"
+                         "the disk alone (no GPU, no PyTorch needed)")
+    ap.add_argument("--disk-bytes", default="2G", help="size of the disk rows' file (default 2G; 0: no disk rows)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
     a = ap.parse_args()
 
+    # rows[kind][name] = (seconds, bytes)
+    rows: dict[str, dict[str, tuple[float, int]]] = {"load": {}, "save": {}, "disk": {}}
+    notes: dict[str, str] = {}
+    missing: list[str] = []
+    disk_bytes = parse_bytes(a.disk_bytes)
+    if disk_bytes > 0:
+        d_rows, notes, skipped = disk_limits(a.dir, disk_bytes, a.repeat)
+        rows["disk"].update(d_rows)
+        missing += skipped
+    nbytes, ntensors, nfiles, cache = 0, 0, 0, "not read"
+    if a.rows != "disk":
+        nbytes, ntensors, nfiles, cache = gpu_rows(a, rows, missing)
+
+    for m in missing:
+        print(f"missing: {m}")
+    what = f"checkpoint {human(nbytes)}" if nbytes else "no checkpoint rows"
+    print(f"best of {a.repeat}, host clock; {what}; disk rows {human(disk_bytes)} each:")
+    report: dict[str, Any] = {
+        "bytes": nbytes,
+        "tensors": ntensors,
+        "shards": nfiles,
+        "scale": a.scale,
+        "page_cache": cache,
+        "repeat": a.repeat,
+        "disk_bytes": disk_bytes,
+        "missing": missing,
+        "rows": {},
+        "ratios": {},
+    }
+    for kind, r in rows.items():
+        for name, (sec, n) in r.items():
+            gbs = n / sec / 1e9
+            key = name if kind == "disk" else f"{kind}: {name}"
+            note = notes.get(key, "")
+            report["rows"][key] = {"seconds": sec, "bytes": n, "gb_per_s": gbs, "what": ROWS.get(key, ""), "how": note}
+            print(f"  {key:58s} {sec:8.3f} s {gbs:8.2f} GB/s" + (f"  [{note}]" if note else ""))
+
+    def gbps(kind: str, name: str) -> Optional[float]:
+        r = rows[kind].get(name)
+        return r[1] / r[0] / 1e9 if r else None
+
+    for kind, ferry_key in (("load", "ferry.load_safetensors"), ("save", "ferry.save_safetensors")):
+        f = gbps(kind, ferry_key)
+        if f is None:
+            continue
+        for name in rows[kind]:
+            if name.startswith("ferry") or name.startswith("torch pinned") or "stall" in name:
+                continue
+            ratio = f / (gbps(kind, name) or float("inf"))
+            report["ratios"][f"{kind}: ferry / {name}"] = ratio
+            print(f"  {kind:4s} ferry / {name:46s} {ratio:6.2f}x")
+    for kind, ferry_key, disk_key in (
+        ("load", "ferry.load_safetensors", "disk: O_DIRECT read"),
+        ("save", "ferry.save_safetensors", "disk: O_DIRECT write"),
+    ):
+        f, d = gbps(kind, ferry_key), gbps("disk", disk_key)
+        if f is not None and d is not None:
+            report["ratios"][f"{kind}: ferry / {disk_key}"] = f / d
+            print(f"  {kind:4s} ferry / {disk_key:46s} {f / d:6.2f}x (page cache: {cache})")
+    stall = rows["save"].get("ferry non_blocking (caller's stall)")
+    floor = rows["save"].get("torch pinned D2H copy (the stall's floor)")
+    if stall and floor:
+        report["ratios"]["save: stall / pinned D2H copy"] = stall[0] / floor[0]
+        print(f"  save stall / pinned D2H copy {stall[0] / floor[0]:6.2f}x (target <= 1.1)")
+    shown = [k for k in ROWS if k in report["rows"]]
+    print("rows:\n" + "\n".join(f"  {k}: {ROWS[k]}" for k in shown))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+        print(f"wrote {a.json}")
+    if not a.keep:
+        try:
+            os.rmdir(a.dir)  # only when nothing else is left in it
+        except OSError:
+            pass
+    return 0
+
+
+def gpu_rows(a: argparse.Namespace, rows: dict[str, dict[str, tuple[float, int]]], missing: list[str]) -> tuple[int, int, int, str]:
+    """The load and save rows (PyTorch and a GPU); returns (bytes, tensors, shards, page cache)."""
     import torch
 
     import ferry
@@ -130,27 +305,44 @@ def main() -> int:
                 while fh.read(256 << 20):
                     pass
     print(f"page cache: {cache}")
-    rows: dict[str, dict[str, float]] = {"load": {}, "save": {}}
-    missing: list[str] = []
+    load = rows["load"]
+    save = rows["save"]
 
     def sync() -> None:
         torch.cuda.synchronize(dev)
 
-    # Loads to the GPU.
+    # Loads to the GPU (also for --rows save: the saves' source tensors).
     def ferry_load() -> None:
         t = ferry.load_safetensors(index, device=a.device, framework="torch")
         sync()
         del t
 
-    rows["load"]["ferry.load_safetensors"] = best(ferry_load, a.repeat, before)
     out = ferry.load_safetensors(index, device=a.device, framework="torch")
     out = {k: torch.empty_like(v) for k, v in out.items()}
+    ferry.load_safetensors(index, out=out)
+    sync()
+    if a.rows in ("all", "load"):
+        load["ferry.load_safetensors"] = (best(ferry_load, a.repeat, before), nbytes)
 
-    def ferry_into() -> None:
-        ferry.load_safetensors(index, out=out)
-        sync()
+        def ferry_into() -> None:
+            ferry.load_safetensors(index, out=out)
+            sync()
 
-    rows["load"]["ferry.load_safetensors(out=state_dict)"] = best(ferry_into, a.repeat, before)
+        load["ferry.load_safetensors(out=state_dict)"] = (best(ferry_into, a.repeat, before), nbytes)
+        peer_loads(a, files, nbytes, dev, sync, before, load, missing)
+
+    if a.rows in ("all", "save"):
+        peer_saves(a, out, files, nbytes, sync, save, missing)
+    if not a.keep:
+        shutil.rmtree(src, ignore_errors=True)
+    return nbytes, ntensors, len(files), cache
+
+
+def peer_loads(a: argparse.Namespace, files: list[str], nbytes: int, dev: Any, sync: Callable[[], None],
+               before: Optional[Callable[[], Any]], load: dict[str, tuple[float, int]], missing: list[str]) -> None:
+    """The peers' load rows; a peer that cannot be imported or started is skipped."""
+    import torch
+
     try:
         import safetensors.torch as stt
 
@@ -160,9 +352,9 @@ def main() -> int:
                 t.update(stt.load_file(f, device=str(dev)))
             sync()
 
-        rows["load"]["safetensors.torch.load_file"] = best(st_load, a.repeat, before)
-    except ImportError:
-        missing.append("safetensors: its rows are skipped (pip install safetensors)")
+        load["safetensors.torch.load_file"] = (best(st_load, a.repeat, before), nbytes)
+    except ImportError as e:
+        missing.append(f"safetensors: its rows are skipped ({e}; pip install safetensors)")
     try:
         from fastsafetensors import SafeTensorsFileLoader
 
@@ -178,9 +370,9 @@ def main() -> int:
             fb.close()
             loader.close()
 
-        rows["load"]["fastsafetensors (nogds)"] = best(fst_load, a.repeat, before)
-    except ImportError:
-        missing.append("fastsafetensors: its row is skipped (pip install fastsafetensors)")
+        load["fastsafetensors (nogds)"] = (best(fst_load, a.repeat, before), nbytes)
+    except ImportError as e:
+        missing.append(f"fastsafetensors: its row is skipped ({e}; pip install fastsafetensors)")
     try:
         os.environ.setdefault("RUNAI_STREAMER_CONCURRENCY", "16")
         from runai_model_streamer import SafetensorsStreamer
@@ -193,11 +385,48 @@ def main() -> int:
                     t[name] = x.to(dev, non_blocking=True)
             sync()
 
-        rows["load"]["runai SafetensorsStreamer"] = best(runai_load, a.repeat, before)
-    except ImportError:
-        missing.append("runai_model_streamer: its row is skipped (pip install runai-model-streamer)")
+        load["runai SafetensorsStreamer"] = (best(runai_load, a.repeat, before), nbytes)
+    except ImportError as e:
+        missing.append(f"runai_model_streamer: its row is skipped ({e}; pip install runai-model-streamer)")
+    try:
+        import kvikio
 
-    # Saves from the GPU.
+        sizes = [os.path.getsize(f) for f in files]
+        bufs = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+
+        def kvikio_load() -> None:
+            handles = [kvikio.CuFile(f, "r") for f in files]
+            futures = [h.pread(b) for h, b in zip(handles, bufs)]
+            for fut in futures:
+                fut.get()
+            for h in handles:
+                h.close()
+            sync()
+
+        kvikio_load()
+        # The bytes are the files': a checksum of the first shard on the GPU and on the host.
+        with open(files[0], "rb") as fh:
+            head = fh.read(1 << 20)
+        if bytes(bufs[0][: len(head)].cpu().numpy().tobytes()) != head:
+            missing.append("kvikio: the bytes read differ from the file's: its row is left out")
+        else:
+            load["kvikio CuFile.pread (raw shard bytes)"] = (best(kvikio_load, a.repeat, before), sum(sizes))
+        del bufs
+    except ImportError as e:
+        missing.append(
+            f"kvikio: its row is skipped ({e}; pip install the kvikio_cu13 and libkvikio_cu13 wheels)"
+        )
+    except Exception as e:  # no GPU reachable through KvikIO, a missing libcufile
+        missing.append(f"kvikio: could not run ({type(e).__name__}: {e}): its row is skipped")
+
+
+def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nbytes: int, sync: Callable[[], None],
+               save: dict[str, tuple[float, int]], missing: list[str]) -> None:
+    """ferry's and the peers' save rows, from the GPU tensors `out`."""
+    import torch
+
+    import ferry
+
     dst = os.path.join(a.dir, "dst")
     shutil.rmtree(dst, ignore_errors=True)
     os.makedirs(dst)
@@ -206,7 +435,7 @@ def main() -> int:
     def ferry_save() -> None:
         ferry.save_safetensors(out, dst, max_shard_size=shard)
 
-    rows["save"]["ferry.save_safetensors"] = best(ferry_save, a.repeat)
+    save["ferry.save_safetensors"] = (best(ferry_save, a.repeat), nbytes)
     stalls = []
 
     def ferry_async() -> None:
@@ -216,8 +445,8 @@ def main() -> int:
         assert req is not None
         req.wait()
 
-    rows["save"]["ferry non_blocking (whole write)"] = best(ferry_async, a.repeat)
-    rows["save"]["ferry non_blocking (caller's stall)"] = min(stalls)
+    save["ferry non_blocking (whole write)"] = (best(ferry_async, a.repeat), nbytes)
+    save["ferry non_blocking (caller's stall)"] = (min(stalls), nbytes)
     pinned = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in out.items()}
 
     def d2h() -> None:
@@ -225,7 +454,7 @@ def main() -> int:
             pinned[k].copy_(v, non_blocking=True)
         sync()
 
-    rows["save"]["torch pinned D2H copy (the stall's floor)"] = best(d2h, a.repeat)
+    save["torch pinned D2H copy (the stall's floor)"] = (best(d2h, a.repeat), nbytes)
     del pinned
     try:
         import safetensors.torch as stt
@@ -238,53 +467,59 @@ def main() -> int:
                     {k: out[k] for k in names[i : i + per]}, os.path.join(dst, f"st-{i}.safetensors")
                 )
 
-        rows["save"]["safetensors.torch.save_file"] = best(st_save, a.repeat)
-    except ImportError:
-        pass
+        save["safetensors.torch.save_file"] = (best(st_save, a.repeat), nbytes)
+        for f in glob.glob(os.path.join(dst, "st-*.safetensors")):
+            os.remove(f)
+    except ImportError as e:
+        missing.append(f"safetensors: its save row is skipped ({e})")
 
     def torch_save() -> None:
         torch.save(out, os.path.join(dst, "torch.pt"))
 
-    rows["save"]["torch.save"] = best(torch_save, a.repeat)
+    save["torch.save"] = (best(torch_save, a.repeat), nbytes)
+    # One peer's files on disk at a time (the disk holds the source, ferry's copy and one more).
+    for f in glob.glob(os.path.join(dst, "st-*.safetensors")) + [os.path.join(dst, "torch.pt")]:
+        if os.path.exists(f):
+            os.remove(f)
+    dcp_save(a, out, dst, nbytes, save, missing)
     if not a.keep:
         shutil.rmtree(dst, ignore_errors=True)
 
-    for m in missing:
-        print(f"missing: {m}")
-    print(f"best of {a.repeat}, {human(nbytes)} per run, host clock:")
-    report: dict[str, Any] = {
-        "bytes": nbytes,
-        "tensors": ntensors,
-        "shards": len(files),
-        "scale": a.scale,
-        "page_cache": cache,
-        "repeat": a.repeat,
-        "missing": missing,
-        "rows": {},
-        "ratios": {},
-    }
-    for kind, r in rows.items():
-        ferry_key = "ferry.load_safetensors" if kind == "load" else "ferry.save_safetensors"
-        for name, s in r.items():
-            gbs = nbytes / s / 1e9
-            report["rows"][f"{kind}: {name}"] = {"seconds": s, "gb_per_s": gbs}
-            print(f"  {kind:4s} {name:44s} {s:8.3f} s {gbs:8.2f} GB/s")
-        for name, s in r.items():
-            if not name.startswith("ferry") and not name.startswith("torch pinned"):
-                ratio = s / r[ferry_key]
-                report["ratios"][f"{kind}: ferry / {name}"] = ratio
-                print(f"  {kind:4s} ferry / {name:36s} {ratio:6.2f}x")
-    stall = rows["save"]["ferry non_blocking (caller's stall)"]
-    floor = rows["save"]["torch pinned D2H copy (the stall's floor)"]
-    report["ratios"]["save: stall / pinned D2H copy"] = stall / floor
-    print(f"  save stall / pinned D2H copy {stall / floor:6.2f}x (target <= 1.1)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1)
-        print(f"wrote {a.json}")
-    if not a.keep:
-        shutil.rmtree(src, ignore_errors=True)
-    return 0
+
+def dcp_save(a: argparse.Namespace, out: dict[str, Any], dst: str, nbytes: int,
+             save: dict[str, tuple[float, int]], missing: list[str]) -> None:
+    """PyTorch DCP's async_save on one process (a gloo group of one, made here if none is):
+    the call (the stall) and the call until its future is done (the whole write)."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        made = False
+        if not dist.is_initialized():
+            store = os.path.join(a.dir, f"dcp-store-{os.getpid()}")
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            made = True
+        stalls = []
+        where = os.path.join(dst, "dcp")
+
+        def dcp_async() -> None:
+            t0 = time.perf_counter()
+            fut = dcp.async_save(out, checkpoint_id=where)
+            stalls.append(time.perf_counter() - t0)
+            fut.result()
+
+        def fresh() -> None:  # untimed: each run writes a new checkpoint, one on disk at a time
+            shutil.rmtree(where, ignore_errors=True)
+
+        save["torch DCP async_save (whole write)"] = (best(dcp_async, a.repeat, fresh), nbytes)
+        fresh()
+        save["torch DCP async_save (caller's stall)"] = (min(stalls), nbytes)
+        if made:
+            dist.destroy_process_group()
+    except ImportError as e:
+        missing.append(f"torch.distributed.checkpoint: its rows are skipped ({e})")
+    except Exception as e:  # a torch without async_save, no gloo
+        missing.append(f"torch DCP async_save: could not run ({type(e).__name__}: {e}): its rows are skipped")
 
 
 if __name__ == "__main__":

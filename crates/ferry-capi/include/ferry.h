@@ -279,11 +279,11 @@ int ferry_dma_copy_blocks(ferry_dma *dma, ferry_request **req, const ferry_buffe
 /* Waits for THIS request only (may block), releases it, sets *req = NULL.
  * FERRY_SUCCESS; -FERRY_EREQUEST if it failed (released all the same; a later barrier does
  * not report it again); -FERRY_EINVAL for NULL/invalid arguments or a request of another dma
- * (nothing released). */
+ * (nothing released). dma is NULL for a request of no dma (ferry_checkpoint_save_async). */
 int ferry_request_wait(ferry_dma *dma, ferry_request **req);
 
 /* Non-blocking poll: *done = 1 once complete, else 0. Does not release the request.
- * -FERRY_EREQUEST once it has completed and failed. */
+ * -FERRY_EREQUEST once it has completed and failed. dma: as for ferry_request_wait. */
 int ferry_request_test(ferry_dma *dma, ferry_request *req, int *done);
 
 /* The request's id, unique in the process (barrier failures name requests by it). */
@@ -293,6 +293,98 @@ int ferry_request_id(ferry_request *req, uint64_t *id);
  * buffers are free when this returns), frees it, sets *req = NULL. If it failed, the next
  * barrier reports it. NULL *req: no-op. dma may be NULL (e.g. after ferry_dma_destroy). */
 int ferry_request_destroy(ferry_dma *dma, ferry_request **req);
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* safetensors checkpoints (ferry::checkpoint): the caller's tensors, in host or GPU memory,
+ * saved to one file or a sharded checkpoint (Hugging Face's model.safetensors.index.json and
+ * shards), in the background too, and loaded back into the caller's buffers. No dma: the
+ * calls make their own file engine (FERRY_FILE_* environment, opts), with the CUDA engine of
+ * the GPU the tensors are on (FERRY_MEM_DEVICE; all on one GPU per call). */
+
+#define FERRY_DTYPE_ANY -1 /* ferry_checkpoint_load: dtype unchecked */
+#define FERRY_DTYPE_BOOL 0
+#define FERRY_DTYPE_U8 1
+#define FERRY_DTYPE_I8 2
+#define FERRY_DTYPE_I16 3
+#define FERRY_DTYPE_U16 4
+#define FERRY_DTYPE_F16 5
+#define FERRY_DTYPE_BF16 6
+#define FERRY_DTYPE_I32 7
+#define FERRY_DTYPE_U32 8
+#define FERRY_DTYPE_F32 9
+#define FERRY_DTYPE_F64 10
+#define FERRY_DTYPE_I64 11
+#define FERRY_DTYPE_U64 12
+#define FERRY_DTYPE_F8_E5M2 13
+#define FERRY_DTYPE_F8_E4M3 14
+#define FERRY_DTYPE_F8_E8M0 15
+#define FERRY_DTYPE_C64 16
+#define FERRY_DTYPE_F4 17      /* two per byte */
+#define FERRY_DTYPE_F6_E2M3 18 /* four per three bytes */
+#define FERRY_DTYPE_F6_E3M2 19
+
+/* One tensor: name, dtype, shape and its bytes where they live (buf.len = elements x dtype
+ * size; 0 for an empty tensor, whose ptr may then be NULL). */
+typedef struct ferry_tensor {
+    const char *name;    /* UTF-8, NUL-terminated */
+    int32_t dtype;       /* FERRY_DTYPE_* (a load: FERRY_DTYPE_ANY leaves it unchecked) */
+    size_t ndims;        /* at most FERRY_MAX_DIMS; 0: a scalar */
+    const size_t *shape; /* ndims dims (NULL when ndims is 0; a load: NULL leaves it unchecked) */
+    ferry_buffer buf;    /* the bytes */
+} ferry_tensor;
+
+/* Options; a NULL pointer means all zero (the defaults). */
+typedef struct ferry_checkpoint_options {
+    int fsync;               /* saves: sync the files and their folder before returning */
+    uint64_t shard_bytes;    /* sharded saves: largest shard (0: 5e9, as Hugging Face) */
+    uint64_t snapshot_bytes; /* ferry_checkpoint_save_async: host memory for the copy (0: 1 GiB) */
+    int threads;             /* file engine workers (0: FERRY_FILE_THREADS, else cores up to 16) */
+    int direct;              /* non-zero: O_DIRECT where the file system and alignment allow */
+} ferry_checkpoint_options;
+
+/* What a call did. */
+typedef struct ferry_checkpoint_report {
+    uint64_t bytes;          /* loads: tensor bytes; saves: file bytes (headers included) */
+    uint64_t tensors;
+    uint64_t files;          /* files read or written */
+    double seconds;          /* moving the bytes */
+    uint64_t pinned_bytes;   /* pinned host memory used (bounce buffers for GPU memory) */
+    uint64_t peak_rss_bytes; /* the PROCESS's peak resident memory so far (VmHWM); 0: unknown */
+} ferry_checkpoint_report;
+
+/* Saves n tensors to path: one safetensors file, or a sharded checkpoint where path ends in
+ * .safetensors.index.json or is an existing folder (model.safetensors.index.json and shards
+ * of at most opts->shard_bytes). Each file appears under its name only once complete; on
+ * failure nothing is left behind and existing files are as they were. report may be NULL.
+ * -FERRY_EINVAL: NULL/bad arguments, a name given twice, bytes that do not match dtype x
+ * shape; -FERRY_ENOTAVAIL: GPU memory without a CUDA driver; -FERRY_EDRIVER: a file or system
+ * call failed (the message names the file and the tensor). The buffers must stay valid and
+ * unwritten until this returns. */
+int ferry_checkpoint_save(const char *path, const ferry_tensor *tensors, size_t n,
+                          const ferry_checkpoint_options *opts, ferry_checkpoint_report *report);
+
+/* As ferry_checkpoint_save, returning once every tensor's bytes are copied out (into at most
+ * opts->snapshot_bytes of host memory, pinned for GPU tensors; a larger checkpoint is
+ * streamed, this call then also waiting for all but the last window's write): the caller may
+ * then change or free the tensors. The files are written in the background; *req completes
+ * when they are in place. *req belongs to NO dma: wait/test/destroy it with dma NULL
+ * (ferry_request_wait(NULL, &req): -FERRY_EREQUEST with the save's message if it failed).
+ * Release it before the process exits. Errors as ferry_checkpoint_save (nothing started,
+ * *req unchanged). */
+int ferry_checkpoint_save_async(const char *path, const ferry_tensor *tensors, size_t n,
+                                const ferry_checkpoint_options *opts, ferry_request **req);
+
+/* Loads the n named tensors of the checkpoint at path (a .safetensors file, a sharded
+ * checkpoint's *.safetensors.index.json, or a folder: its index, else its safetensors file)
+ * into the caller's buffers, every shard's reads in flight at once. Every tensor is checked
+ * before a byte is read (name in the checkpoint once, buf.len its bytes, dtype and shape
+ * where given): -FERRY_EINVAL then writes no buffer; also a malformed file or index.
+ * -FERRY_ENOTAVAIL: GPU memory without a CUDA driver; -FERRY_EDRIVER: a file or shard cannot
+ * be opened or read (the buffers' bytes are then unspecified). report may be NULL. The
+ * buffers must not overlap, and nobody else may touch them until this returns. */
+int ferry_checkpoint_load(const char *path, ferry_tensor *tensors, size_t n,
+                          const ferry_checkpoint_options *opts, ferry_checkpoint_report *report);
 
 /* ---------------------------------------------------------------------------------------
  * Transfer agent (ferry::agent): registered memory moved between processes of one host.

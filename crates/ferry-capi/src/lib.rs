@@ -21,6 +21,7 @@
 
 mod agent;
 mod blocks;
+mod checkpoint;
 mod dma;
 mod error;
 mod layout;
@@ -31,6 +32,7 @@ mod tests;
 
 pub use agent::*;
 pub use blocks::*;
+pub use checkpoint::*;
 pub use dma::*;
 pub use error::*;
 pub use layout::*;

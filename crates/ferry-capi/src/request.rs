@@ -108,6 +108,31 @@ unsafe fn request_mut<'a>(
     Ok(r)
 }
 
+/// Checks a request handle against the `dma` given to wait or test it: a dma's request with
+/// its dma, a request of no dma (a checkpoint's) with NULL.
+///
+/// # Safety
+/// 1. `dma` is NULL or a dma not yet destroyed; `p` is NULL or a request not yet released.
+unsafe fn request_of<'a>(
+    dma: *mut FerryDma,
+    p: *mut FerryRequest,
+) -> Result<&'a mut FerryRequest, Fail> {
+    let d = if dma.is_null() {
+        None
+    } else {
+        // SAFETY: (1).
+        Some(unsafe { dma_ref(dma) }?)
+    };
+    // SAFETY: (1).
+    let r = unsafe { request_mut(p, d) }?;
+    match (d, r.dma) {
+        (None, 0) | (Some(_), _) => Ok(r),
+        (None, _) => Err(Fail::inval(
+            "dma is NULL: pass the dma that created the request",
+        )),
+    }
+}
+
 /// Builds the job for an operator.
 fn job(
     dst: RawBuf,
@@ -314,8 +339,9 @@ pub unsafe extern "C" fn ferry_dma_request_create_mem(
 ///
 /// Returns `FERRY_SUCCESS`, `-FERRY_EREQUEST` if the request failed (the message says why; the
 /// request is released all the same and a later barrier does not report it again), or
-/// `-FERRY_EINVAL` (NULL or invalid `dma`/`req`/`*req`, or a request of another dma; nothing
-/// released).
+/// `-FERRY_EINVAL` (NULL or invalid `req`/`*req`, invalid `dma`, a request of another dma, or
+/// NULL `dma` for a dma's request; nothing released). A request of no dma (a checkpoint
+/// save's) is waited with a NULL `dma`.
 ///
 /// # Safety
 /// 1. `dma` is NULL or a dma not yet destroyed.
@@ -327,12 +353,10 @@ pub unsafe extern "C" fn ferry_request_wait(
     req: *mut *mut FerryRequest,
 ) -> c_int {
     guard(|| {
-        // SAFETY: (1).
-        let d = unsafe { dma_ref(dma) }?;
         // SAFETY: (2).
         let slot = unsafe { out(req, "req") }?;
-        // SAFETY: (2).
-        unsafe { request_mut(*slot, Some(d)) }?;
+        // SAFETY: (1), (2).
+        unsafe { request_of(dma, *slot) }?;
         // SAFETY: (2): from `Box::into_raw`, checked live above; released once, here.
         let mut b = unsafe { Box::from_raw(*slot) };
         *slot = std::ptr::null_mut();
@@ -349,7 +373,8 @@ pub unsafe extern "C" fn ferry_request_wait(
 /// The request is not released.
 ///
 /// Returns `FERRY_SUCCESS`, `-FERRY_EREQUEST` once it has completed and failed (again at each
-/// call; a later barrier does not report it), or `-FERRY_EINVAL` for bad arguments.
+/// call; a later barrier does not report it), or `-FERRY_EINVAL` for bad arguments. `dma` as
+/// for `ferry_request_wait` (NULL for a request of no dma).
 ///
 /// # Safety
 /// 1. `dma` is NULL or a dma not yet destroyed.
@@ -361,10 +386,8 @@ pub unsafe extern "C" fn ferry_request_test(
     done: *mut c_int,
 ) -> c_int {
     guard(|| {
-        // SAFETY: (1).
-        let d = unsafe { dma_ref(dma) }?;
-        // SAFETY: (2).
-        let r = unsafe { request_mut(req, Some(d)) }?;
+        // SAFETY: (1), (2).
+        let r = unsafe { request_of(dma, req) }?;
         // SAFETY: (2).
         let done = unsafe { out(done, "done") }?;
         match r.req.try_wait() {

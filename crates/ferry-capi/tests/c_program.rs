@@ -97,3 +97,72 @@ fn copy_tile_is_clean_under_valgrind() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("copy_tile: OK"));
 }
+
+/// `examples/c/checkpoint.c`: saves a model's tensors (one file, a sharded folder, in the
+/// background while the model changes), loads each back into zeroed buffers and compares every
+/// byte, and sees a load with the wrong shape refused before anything is written.
+#[test]
+fn checkpoint_example_saves_and_loads_back() {
+    let Some(cc) = support::c_compiler() else {
+        println!("skipped: no C compiler (set CC or install cc)");
+        return;
+    };
+    let root = support::repo_root();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("c_program-checkpoint-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).expect("create temp dir");
+    let exe = dir.join("checkpoint");
+    let out = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+        .arg("-I")
+        .arg(root.join("crates/ferry-capi/include"))
+        .arg(root.join("examples/c/checkpoint.c"))
+        .arg(support::staticlib())
+        .args(support::NATIVE_LIBS)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run the C compiler");
+    assert!(
+        out.status.success(),
+        "compiling checkpoint.c failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe)
+        .arg(&work)
+        .output()
+        .expect("run checkpoint");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "checkpoint failed ({}):\n{stdout}",
+        out.status
+    );
+    for want in [
+        // 256 x 128 f32, 1000 bf16, one i64: 133080 bytes of tensors.
+        "load file: 3 tensors, 133080 bytes from 1 file(s) checked",
+        "load async save: 3 tensors, 133080 bytes from 1 file(s) checked",
+        "wrong shape: -1 (invalid argument)",
+        "expects shape [128, 256]",
+    ] {
+        assert!(stdout.contains(want), "missing `{want}` in:\n{stdout}");
+    }
+    let folder = stdout
+        .lines()
+        .find(|l| l.starts_with("load folder: "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(!folder.contains("from 1 file(s)"), "sharded: {folder}");
+    let saved = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("save: 3 tensors, "))
+        .and_then(|l| l.strip_suffix(" bytes"))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let file = std::fs::metadata(work.join("model.safetensors")).expect("the saved file");
+    assert_eq!(saved, file.len(), "a save reports the file's bytes");
+    assert!(stdout.trim_end().ends_with("checkpoint: OK"), "{stdout}");
+    assert!(work.join("sharded/model.safetensors.index.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,7 +8,7 @@
 use crate::args::{check_writable, device_memory, file_id, mem_available, ArgError};
 use crate::sizes::{format_size, parse_size, SizeError};
 use ferry::checkpoint::{
-    self, Checkpoint, LoadOptions, Placement, SaveOptions, Target, TensorBuffer,
+    self, Checkpoint, LoadOptions, LoadReport, Placement, SaveOptions, Target, TensorBuffer,
 };
 use ferry::cuda::CudaEngine;
 use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece, Replacement};
@@ -226,21 +226,17 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
-/// A checkpoint's folder as `ferry load` takes it: its `model.safetensors.index.json`, else
-/// its `model.safetensors`; any other path as it is.
-pub fn resolve_input(path: &Path) -> PathBuf {
-    if !path.is_dir() {
-        return path.to_path_buf();
-    }
-    let index = path.join("model.safetensors.index.json");
-    if index.is_file() {
-        return index;
-    }
-    let single = path.join("model.safetensors");
-    if single.is_file() {
-        return single;
-    }
-    path.to_path_buf()
+/// The file `ferry load` reads for `path`: a checkpoint's folder resolved as the library
+/// resolves it ([`checkpoint::resolve`]: its index, else its safetensors file); any other
+/// path as it is.
+pub fn resolve_input(path: &Path) -> Result<PathBuf, ArgError> {
+    checkpoint::resolve(path).map_err(|e| ArgError::Input {
+        path: path.display().to_string(),
+        why: match e {
+            checkpoint::CheckpointError::Index { msg, .. } => msg,
+            other => other.to_string(),
+        },
+    })
 }
 
 fn is_checkpoint(p: &Path) -> bool {
@@ -265,7 +261,7 @@ pub fn check(
     save: Option<SaveTo>,
     io: IoArgs,
 ) -> Result<Job, ArgError> {
-    let path = &resolve_input(path);
+    let path = &resolve_input(path)?;
     let bad = |why: String| ArgError::Input {
         path: path.display().to_string(),
         why,
@@ -275,9 +271,7 @@ pub fn check(
     let ft = meta.file_type();
     if !(ft.is_file() || ft.is_block_device()) {
         return Err(bad(
-            "not a regular file (a FIFO, device or folder cannot be loaded; a checkpoint's \
-             folder holds model.safetensors.index.json or model.safetensors)"
-                .into(),
+            "not a regular file (a FIFO or device cannot be loaded)".into(),
         ));
     }
     if ft.is_file() && meta.len() == 0 && has_bytes(path) {
@@ -757,6 +751,7 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
             "bytes": r.bytes, "seconds": r.seconds, "gb_per_s": r.gb_per_s(),
             "setup_seconds": r.setup_seconds, "files": r.files, "reads": r.reads,
             "allocations": r.allocations, "io_path": path_words(&r.io), "issued": issued_words(&r.io),
+            "pinned_bytes": r.pinned_bytes, "peak_rss_bytes": r.peak_rss_bytes,
             "tensors": tensors,
         });
         let mut summary = summary;
@@ -809,36 +804,38 @@ fn load(job: &Job, fe: &FileEngine) -> Result<(Cached, Loaded, serde_json::Value
         "offset": job.offset, "bytes": job.length, "seconds": seconds,
         "gb_per_s": job.length as f64 / seconds.max(1e-12) / 1e9, "setup_seconds": setup,
         "address": format!("{:#x}", buf.raw().addr), "io_path": path_words(&io),
-        "issued": issued_words(&io),
+        "issued": issued_words(&io), "pinned_bytes": raw_pinned(fe, &io, &buf),
+        "peak_rss_bytes": LoadReport::process_peak_rss(),
     });
     add_transport(&mut summary, &io);
     Ok((cache, Loaded::Raw(buf), summary))
 }
 
-/// The files of a checkpoint: the file itself, or the shards its index names (none for an
-/// index over [`checkpoint::MAX_INDEX_BYTES`], which the load refuses: it is not read whole).
+/// Pinned bytes a plain load used: the file engine's bounce ring where the bytes went through
+/// it pinned, and the buffer itself where it is pinned (as a checkpoint's report counts them).
+fn raw_pinned(fe: &FileEngine, io: &IoReport, buf: &TensorBuffer) -> u64 {
+    let ring = match io.bounce {
+        Some(MemKind::Pinned) => fe.pinned_bytes(),
+        _ => 0,
+    };
+    let own = match buf {
+        TensorBuffer::Pinned(_) => buf.raw().len as u64,
+        _ => 0,
+    };
+    ring + own
+}
+
+/// The files of a checkpoint: the file itself, or the shards its index names (none where
+/// the library cannot read the index, which the load then refuses).
 fn shard_paths(path: &Path) -> Vec<PathBuf> {
-    use std::io::Read;
     if !path.to_string_lossy().ends_with(".json") {
         return vec![path.to_path_buf()];
     }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut b = Vec::new();
-    let read = std::fs::File::open(path)
-        .and_then(|f| f.take(checkpoint::MAX_INDEX_BYTES + 1).read_to_end(&mut b));
-    let v: Option<serde_json::Value> = read
-        .ok()
-        .filter(|&n| n as u64 <= checkpoint::MAX_INDEX_BYTES)
-        .and_then(|_| serde_json::from_slice(&b).ok());
-    let mut shards: Vec<PathBuf> = v
-        .as_ref()
-        .and_then(|v| v.get("weight_map")?.as_object().cloned())
-        .map(|m| {
-            m.values()
-                .filter_map(|s| s.as_str())
-                .map(|s| dir.join(s))
-                .collect()
-        })
+    let Ok(fe) = FileEngine::new(FileConfig::new().threads(1)) else {
+        return Vec::new();
+    };
+    let mut shards: Vec<PathBuf> = checkpoint::entries(&fe, path)
+        .map(|e| e.into_iter().map(|(p, _)| p).collect())
         .unwrap_or_default();
     shards.sort();
     shards.dedup();
@@ -1009,6 +1006,15 @@ pub fn render(v: &serde_json::Value) -> String {
     }
     if let Some(a) = g("address").as_str() {
         s += &format!("  address     {a}\n");
+    }
+    if let Some(p) = g("pinned_bytes").as_u64() {
+        let peak = g("peak_rss_bytes")
+            .as_u64()
+            .map_or_else(|| "unknown".to_string(), format_size);
+        s += &format!(
+            "  memory      {} pinned (bounce ring and pinned tensors); process peak RSS {peak}\n",
+            format_size(p)
+        );
     }
     if g("verified").as_bool() == Some(true) {
         s += "  verify      ok: every byte matches a plain read of the file\n";

@@ -403,9 +403,13 @@ fn load_and_save_refuse_bad_input_before_any_work() {
         &["load", "/dev/zero", "--device", "host"],
         "not a regular file",
     );
+    // A folder is a checkpoint's (its index, else its one safetensors file): one holding
+    // none is refused saying so.
+    let none = dir.path().join("none");
+    std::fs::create_dir(&none).unwrap();
     refused(
-        &["load", dir.path().to_str().unwrap(), "--device", "host"],
-        "not a regular file",
+        &["load", none.to_str().unwrap(), "--device", "host"],
+        "holds no checkpoint",
     );
     // Was: 0 bytes loaded, and --verify agreed. /proc's files say 0 bytes and hold more.
     if std::fs::metadata("/proc/self/status").is_ok_and(|m| m.len() == 0) {

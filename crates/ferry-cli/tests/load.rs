@@ -678,3 +678,62 @@ fn a_tiny_load_prints_its_time_in_useful_units() {
     assert!(time.contains("B/s"), "{out}");
     assert_eq!(out.matches("not asked for").count(), 1, "{out}");
 }
+
+/// `ferry load DIR` of a sharded folder reads every shard through the library's folder
+/// resolution, and prints the memory it used (pinned bytes, the process's peak RSS); a
+/// folder holding no checkpoint is refused saying so.
+#[test]
+fn load_a_sharded_folder_and_report_its_memory() {
+    let dir = tmpdir();
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let data: Vec<Vec<u8>> = (0..12u8).map(|i| vec![i; 4096 + i as usize * 64]).collect();
+    let names: Vec<String> = (0..12).map(|i| format!("layer.{i}")).collect();
+    let shapes: Vec<[usize; 1]> = data.iter().map(|d| [d.len()]).collect();
+    let list: Vec<SaveTensor<'_>> = names
+        .iter()
+        .zip(&data)
+        .zip(&shapes)
+        .map(|((n, d), s)| SaveTensor::new(n, Dtype::U8, s, d))
+        .collect();
+    let index = dir.path().join("model.safetensors.index.json");
+    checkpoint::save(
+        &fe,
+        &index,
+        &list,
+        &SaveOptions::new().shard_bytes(16 << 10),
+    )
+    .unwrap();
+    let folder = dir.path().to_str().unwrap();
+    let out = ok(&["load", "--device", "host", "--verify", folder]);
+    assert!(out.contains("model.safetensors.index.json"), "{out}");
+    assert!(out.contains("verify      ok"), "{out}");
+    let mem = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("memory"))
+        .unwrap_or_else(|| panic!("no memory line: {out}"));
+    assert!(mem.contains(" 0B pinned"), "{mem}");
+    assert!(mem.contains("process peak RSS"), "{mem}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["load", "--device", "host", "--json", folder])).unwrap();
+    let shards = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "safetensors")
+        })
+        .count();
+    assert!(shards >= 3, "{shards}");
+    assert_eq!(json["files"], shards);
+    assert_eq!(json["pinned_bytes"], 0);
+    assert!(json["peak_rss_bytes"].as_u64().unwrap() > 0, "{json}");
+    // A folder with no checkpoint in it.
+    let empty = tmpdir();
+    let msg = refused(
+        &["load", "--device", "host", empty.path().to_str().unwrap()],
+        "holds no checkpoint",
+    );
+    assert!(msg.contains(empty.path().to_str().unwrap()), "{msg}");
+}

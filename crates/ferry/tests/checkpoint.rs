@@ -889,7 +889,6 @@ fn fifos_and_character_devices_are_refused_at_open() {
         fifo.clone(),
         PathBuf::from("/dev/zero"),
         PathBuf::from("/dev/null"),
-        dir.0.clone(),
     ] {
         let p2 = p.clone();
         let e = within_10s(&p.display().to_string(), move || {
@@ -918,6 +917,17 @@ fn fifos_and_character_devices_are_refused_at_open() {
             _ => panic!("{}: {e}", p.display()),
         }
     }
+    // A folder is a checkpoint's: one holding only a FIFO holds none (the FIFO is not
+    // opened).
+    let d = dir.0.clone();
+    let e = within_10s("folder", move || {
+        let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+        checkpoint::load(&fe, &d, &LoadOptions::new(Target::Pageable)).unwrap_err()
+    });
+    assert!(
+        matches!(&e, CheckpointError::Index { path, msg } if path == &dir.0 && msg.contains("no checkpoint")),
+        "{e}"
+    );
     // And for plain file engine opens, writers included.
     let e = within_10s("fifo for writing", move || {
         let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
@@ -1493,4 +1503,174 @@ fn a_missing_shard_names_its_index() {
         assert!(text.starts_with(&index.display().to_string()), "{text}");
         assert!(text.contains("model-00002-of-00002.safetensors"), "{text}");
     }
+}
+
+/// A sharded save into a folder loads back from the folder (and from its index), every shard
+/// read, into fresh memory and into the caller's; the report gives the files and the memory.
+#[test]
+fn a_sharded_save_loads_back_from_its_folder() {
+    let dir = TempDir::new("folder-round-trip");
+    let fe = FileEngine::new(FileConfig::new().threads(3)).unwrap();
+    let want: Vec<Owned> = (0..40)
+        .map(|i| owned(&format!("layer.{i}.w"), Dtype::BF16, &[64, 8 + i], i as u64))
+        .collect();
+    let list: Vec<SaveTensor<'_>> = want
+        .iter()
+        .map(|t| SaveTensor::new(&t.name, t.dtype, &t.shape, &t.data))
+        .collect();
+    let index = dir.0.join("model.safetensors.index.json");
+    checkpoint::save(&fe, &index, &list, &SaveOptions::new().shard_bytes(8 << 10)).unwrap();
+    let shards = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter(|e| {
+            let e = e.as_ref().unwrap().file_name();
+            let n = e.to_string_lossy();
+            n.ends_with(".safetensors")
+        })
+        .count();
+    assert!(shards >= 4, "{shards} shards");
+    assert_eq!(checkpoint::resolve(&dir.0).unwrap(), index);
+    for (what, path) in [("folder", &dir.0), ("index", &index)] {
+        for placement in [Placement::Packed, Placement::PerTensor] {
+            let ck = checkpoint::load(
+                &fe,
+                path,
+                &LoadOptions::new(Target::Pageable).placement(placement),
+            )
+            .unwrap();
+            check_loaded(&ck, &want, &format!("{what} {placement:?}"));
+            let r = ck.report();
+            assert_eq!(r.files, shards, "{what}: every shard read");
+            if placement == Placement::Packed {
+                assert_eq!(r.reads, shards, "{what}: one read per shard");
+            }
+            // Host memory, no bounce ring: no pinned bytes; the process's peak is at least
+            // what it holds now.
+            assert_eq!(r.pinned_bytes, 0, "{what}");
+            let peak = r.peak_rss_bytes.expect("VmHWM on Linux");
+            assert!(
+                peak >= r.bytes,
+                "{what}: peak RSS {peak} < {} loaded",
+                r.bytes
+            );
+            assert!(r.to_string().contains("peak RSS"), "{r}");
+        }
+    }
+    let mut back: Vec<Vec<u8>> = want.iter().map(|t| vec![0u8; t.data.len()]).collect();
+    let mut dests: Vec<Dest<'_>> = want
+        .iter()
+        .zip(back.iter_mut())
+        .map(|(t, b)| Dest::new(t.name.clone(), b).shape(&t.shape))
+        .collect();
+    let r = checkpoint::load_into(&fe, &dir.0, &mut dests).unwrap();
+    drop(dests);
+    assert_eq!((r.files, r.tensors), (shards, want.len()));
+    for (t, b) in want.iter().zip(&back) {
+        assert_eq!(&t.data, b, "{}", t.name);
+    }
+    assert_eq!(checkpoint::entries(&fe, &dir.0).unwrap().len(), want.len());
+}
+
+/// Folders: a single file found, an index preferred, none or several refused naming the folder.
+#[test]
+fn folders_resolve_to_their_checkpoint_or_say_why_not() {
+    let fe = FileEngine::new(FileConfig::new().threads(1)).unwrap();
+    let dir = TempDir::new("folders");
+    let load = |p: &Path| checkpoint::load(&fe, p, &LoadOptions::new(Target::Pageable));
+    // Empty: nothing to load.
+    let e = load(&dir.0).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { path, msg } if path == &dir.0 && msg.contains("no checkpoint")),
+        "{e}"
+    );
+    // One file, whatever its name.
+    let one = vec![owned("x", Dtype::F32, &[3], 1)];
+    dir.file("weights.safetensors", &reference_bytes(&one));
+    check_loaded(&load(&dir.0).unwrap(), &one, "one file");
+    // Two files, neither model.safetensors: refused, both named.
+    dir.file("other.safetensors", &reference_bytes(&one));
+    let e = load(&dir.0).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("other.safetensors") && text.contains("weights.safetensors"),
+        "{text}"
+    );
+    assert_eq!(e.path(), Some(dir.0.as_path()));
+    // model.safetensors is the folder's.
+    let model = vec![owned("m", Dtype::U8, &[5], 2)];
+    dir.file("model.safetensors", &reference_bytes(&model));
+    check_loaded(&load(&dir.0).unwrap(), &model, "model.safetensors");
+    // An index wins over the files.
+    let (index, want) = sharded(&dir);
+    assert_eq!(checkpoint::resolve(&dir.0).unwrap(), index);
+    check_loaded(&load(&dir.0).unwrap(), &want, "index");
+    // Two indexes, neither model.safetensors.index.json: refused.
+    std::fs::rename(&index, dir.0.join("a.safetensors.index.json")).unwrap();
+    std::fs::copy(
+        dir.0.join("a.safetensors.index.json"),
+        dir.0.join("b.safetensors.index.json"),
+    )
+    .unwrap();
+    let e = load(&dir.0).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { msg, .. } if msg.contains("2 indexes")),
+        "{e}"
+    );
+    // A file path is taken as it is.
+    let f = dir.0.join("model.safetensors");
+    assert_eq!(checkpoint::resolve(&f).unwrap(), f);
+}
+
+/// Through a folder: a missing shard names the index and the shard; a tensor held by two
+/// shards is a duplicate naming both; a bad index is an index error. Nothing loads.
+#[test]
+fn a_folders_missing_shard_duplicate_or_bad_index_is_named() {
+    let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
+    let load = |p: &Path| checkpoint::load(&fe, p, &LoadOptions::new(Target::Pageable));
+    // Duplicate: shard 2 holds `a.1` too (the index maps it to shard 1).
+    let dir = TempDir::new("folder-dup");
+    let (index, want) = sharded(&dir);
+    let mut s2: Vec<Owned> = want
+        .iter()
+        .filter(|t| t.name.starts_with("b."))
+        .cloned()
+        .collect();
+    s2.push(owned("a.1", Dtype::F32, &[2], 9));
+    dir.file("model-00002-of-00002.safetensors", &reference_bytes(&s2));
+    let e = load(&dir.0).unwrap_err();
+    let CheckpointError::Duplicate {
+        tensor,
+        first,
+        second,
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(tensor, "a.1");
+    assert_eq!(first, &dir.0.join("model-00001-of-00002.safetensors"));
+    assert_eq!(second, &dir.0.join("model-00002-of-00002.safetensors"));
+    let mut x = vec![0u8; 8];
+    assert!(matches!(
+        checkpoint::load_into(&fe, &dir.0, &mut [Dest::new("a.1", &mut x)]),
+        Err(CheckpointError::Duplicate { .. })
+    ));
+    assert_eq!(x, [0u8; 8], "nothing written");
+    // Missing shard.
+    std::fs::remove_file(dir.0.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = load(&dir.0).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Shard { index: i, .. } if i == &index),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("model-00002-of-00002.safetensors"),
+        "{e}"
+    );
+    // Bad index: not JSON.
+    std::fs::write(&index, b"{\"weight_map\": ").unwrap();
+    let e = load(&dir.0).unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::Index { path, .. } if path == &index),
+        "{e}"
+    );
 }

@@ -386,3 +386,55 @@ fn device_loads_land_on_the_file_engines_gpu() {
         println!("skipped: the second GPU's case needs 2 GPUs ({gpus} here)");
     }
 }
+
+/// A device load's pinned memory is the file engine's bounce ring, held to the bound its
+/// `FileConfig` sets (ring depth x chunk) however large the checkpoint; a pinned load adds
+/// the tensors' own memory. The report gives both and the process's peak RSS.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn device_loads_hold_pinned_memory_to_the_rings_bound() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("bound");
+    let want = tensors(32 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let total: u64 = want.iter().map(|t| t.3.len() as u64).sum();
+    for (threads, chunk) in [(2usize, 1usize << 20), (4, 2 << 20)] {
+        let ctx = format!("{threads} x {chunk}");
+        let cfg = FileConfig::new()
+            .threads(threads)
+            .chunk_bytes(chunk)
+            .cufile(ferry::file::CuFileMode::Off);
+        let fe = FileEngine::with_engine(cfg, cuda.clone()).unwrap();
+        let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Device))
+            .unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        check(&ck, &want, &ctx);
+        let r = ck.report();
+        println!("{ctx}: {r}");
+        assert_eq!(r.io.bounce, Some(MemKind::Pinned), "{ctx}: {r}");
+        // Each buffer: the chunk, the O_DIRECT span's extra page and the alignment page.
+        let bound = (threads * (chunk + 3 * 4096)) as u64;
+        assert!(
+            r.pinned_bytes >= (threads * chunk) as u64 && r.pinned_bytes <= bound,
+            "{ctx}: {} pinned bytes, bound {bound}",
+            r.pinned_bytes
+        );
+        assert!(
+            r.pinned_bytes < total / 4,
+            "{ctx}: far below the checkpoint"
+        );
+        assert!(r.peak_rss_bytes.is_some(), "{ctx}");
+    }
+    // Into pinned memory: the tensors' own allocation is pinned bytes too.
+    let fe = FileEngine::with_engine(FileConfig::new(), cuda).unwrap();
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pinned)).unwrap();
+    check(&ck, &want, "pinned");
+    let own: u64 = ck
+        .buffers()
+        .iter()
+        .map(|b| ferry::Memory::raw(b).len as u64)
+        .sum();
+    assert!(own >= total);
+    assert_eq!(ck.report().pinned_bytes, own, "{}", ck.report());
+}

@@ -4,7 +4,7 @@
 use super::error::CheckpointError;
 use super::header::read_header;
 use super::header::TensorEntry;
-use super::load::{name_failure, open_checkpoint, select, Opened};
+use super::load::{name_failure, open_checkpoint, pinned_used, select, Opened};
 use super::loaded::LoadReport;
 use super::options::Select;
 use crate::file::{FileEngine, FileHandle, IoOp, ReadInto};
@@ -81,8 +81,9 @@ impl<'a> Dest<'a> {
     }
 }
 
-/// Loads the named tensors of the checkpoint at `path` (a safetensors file, or a sharded
-/// checkpoint's `*.safetensors.index.json`) into the caller's memory, one destination per
+/// Loads the named tensors of the checkpoint at `path` (a safetensors file, a sharded
+/// checkpoint's `*.safetensors.index.json`, or a checkpoint's folder:
+/// [`resolve`](super::resolve)) into the caller's memory, one destination per
 /// tensor, all reads in flight at once on the file engine's workers; returns when every byte
 /// is in place. Nothing is allocated for the tensors (`allocations` is 0 in the report).
 ///
@@ -250,6 +251,8 @@ fn read_into(
         allocations: 0,
         seconds: t1.elapsed().as_secs_f64(),
         setup_seconds: (t1 - t0).as_secs_f64(),
+        pinned_bytes: pinned_used(engine, &io),
         io,
+        peak_rss_bytes: LoadReport::process_peak_rss(),
     })
 }

@@ -10,8 +10,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Loads the checkpoint at `path`: a safetensors file, or a sharded checkpoint when `path`
-/// ends in `.json` (its `*.safetensors.index.json`, see [`load_index`]).
+/// Loads the checkpoint at `path`: a safetensors file, a sharded checkpoint when `path`
+/// ends in `.json` (its `*.safetensors.index.json`), or a checkpoint's folder ([`resolve`]).
+///
+/// A sharded checkpoint is loaded through its index (`{"metadata": {...}, "weight_map":
+/// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths inside
+/// the index's folder: an absolute path or `..` is refused), checked against it before
+/// anything is loaded (a tensor mapped to a shard that does not hold it, or listed twice, is
+/// [`CheckpointError::Index`]; a name held by two shards [`CheckpointError::Duplicate`],
+/// naming both; a shard that cannot be opened [`CheckpointError::Shard`], naming the index and
+/// the shard; an index over [`MAX_INDEX_BYTES`] [`CheckpointError::Index`], before it is
+/// read). Its shards are read all at once: one read per run of adjacent tensors of every
+/// shard, all in flight together on the file engine's workers.
 ///
 /// Errors: [`CheckpointError`], naming the file and tensor; every buffer allocated is freed.
 pub fn load(
@@ -23,8 +33,8 @@ pub fn load(
     read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
 }
 
-/// Every tensor's header entry of the checkpoint at `path` (a safetensors file, or a sharded
-/// checkpoint's index), in file order (shard by shard), with the file that holds it; the
+/// Every tensor's header entry of the checkpoint at `path` (a safetensors file, a sharded
+/// checkpoint's index, or a checkpoint's folder: [`resolve`]), in file order (shard by shard), with the file that holds it; the
 /// headers are read and checked as [`load`] checks them, no tensor data is read.
 ///
 /// ```
@@ -65,9 +75,81 @@ pub(super) struct Opened {
     pub name_path: PathBuf,
 }
 
-/// Opens the checkpoint at `path` (a safetensors file, or an index when it ends in `.json`)
-/// and reads its headers.
+/// The file a checkpoint's path names: a folder's `model.safetensors.index.json`, else the
+/// one `*.safetensors.index.json` in it, else its `model.safetensors`, else the one
+/// `*.safetensors` file in it (as Hugging Face lays a model's folder out); any other path as
+/// it is. A folder holding none of these, or several indexes (or, without an index, several
+/// safetensors files and no `model.safetensors`), is [`CheckpointError::Index`] naming the
+/// folder and what it holds. [`load`](fn@load), [`load_into`](super::load_into) and
+/// [`entries`] resolve their path with it.
+///
+/// ```
+/// use ferry::checkpoint;
+/// let dir = std::env::temp_dir().join(format!("ferry-doc-resolve-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// std::fs::write(dir.join("model.safetensors.index.json"), "{}")?;
+/// assert_eq!(checkpoint::resolve(&dir)?, dir.join("model.safetensors.index.json"));
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn resolve(path: impl AsRef<Path>) -> Result<PathBuf, CheckpointError> {
+    let path = path.as_ref();
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    let bad = |msg: String| CheckpointError::Index {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let listed =
+        std::fs::read_dir(path).map_err(|e| bad(format!("the folder cannot be listed: {e}")))?;
+    let (mut indexes, mut files) = (Vec::new(), Vec::new());
+    for entry in listed {
+        let entry = entry.map_err(|e| bad(format!("the folder cannot be listed: {e}")))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !entry.path().is_file() {
+            continue;
+        }
+        if name.ends_with(".safetensors.index.json") {
+            indexes.push(name);
+        } else if name.ends_with(".safetensors") {
+            files.push(name);
+        }
+    }
+    indexes.sort();
+    files.sort();
+    let pick = |list: &[String],
+                preferred: &str,
+                what: &str|
+     -> Result<Option<PathBuf>, CheckpointError> {
+        match list {
+            [] => Ok(None),
+            _ if list.iter().any(|n| n == preferred) => Ok(Some(path.join(preferred))),
+            [one] => Ok(Some(path.join(one))),
+            many => Err(bad(format!(
+                "the folder holds {} {what} ({}) and no {preferred}: name the one to load",
+                many.len(),
+                many.join(", ")
+            ))),
+        }
+    };
+    if let Some(p) = pick(&indexes, "model.safetensors.index.json", "indexes")? {
+        return Ok(p);
+    }
+    if let Some(p) = pick(&files, "model.safetensors", "safetensors files")? {
+        return Ok(p);
+    }
+    Err(bad(
+        "the folder holds no checkpoint (no *.safetensors.index.json, no *.safetensors file)"
+            .into(),
+    ))
+}
+
+/// Opens the checkpoint at `path` (a safetensors file, an index when it ends in `.json`, or
+/// a folder: [`resolve`]) and reads its headers.
 pub(super) fn open_checkpoint(engine: &FileEngine, path: &Path) -> Result<Opened, CheckpointError> {
+    let resolved = resolve(path)?;
+    let path = resolved.as_path();
     if path.extension().is_some_and(|e| e == "json") {
         return open_index(engine, path);
     }
@@ -79,21 +161,6 @@ pub(super) fn open_checkpoint(engine: &FileEngine, path: &Path) -> Result<Opened
         metadata: BTreeMap::new(),
         name_path: path.to_path_buf(),
     })
-}
-
-/// Loads a sharded checkpoint through its index (`{"metadata": {...}, "weight_map":
-/// {"tensor": "model-00001-of-00002.safetensors", ...}}`): every shard it names (paths
-/// inside the index's folder: an absolute path or `..` is refused), checked against it (a tensor mapped to a shard that does
-/// not hold it, held by two shards or listed twice, is an error before anything is loaded; a
-/// shard that cannot be opened is [`CheckpointError::Shard`], naming the index; an index over
-/// [`MAX_INDEX_BYTES`] is [`CheckpointError::Index`], before it is read).
-pub fn load_index(
-    engine: &FileEngine,
-    index: impl AsRef<Path>,
-    opts: &LoadOptions,
-) -> Result<Checkpoint, CheckpointError> {
-    let c = open_index(engine, index.as_ref())?;
-    read_tensors(engine, &c.files, &c.headers, opts, &c.name_path, c.metadata)
 }
 
 /// The largest sharded checkpoint index (`*.safetensors.index.json`) read, in bytes: as the
@@ -455,7 +522,14 @@ fn read_tensors(
         allocations: buffers.len(),
         seconds,
         setup_seconds: (t1 - t0).as_secs_f64(),
+        pinned_bytes: pinned_used(engine, &io)
+            + buffers
+                .iter()
+                .filter(|b| matches!(b, TensorBuffer::Pinned(_)))
+                .map(|b| b.raw().len as u64)
+                .sum::<u64>(),
         io,
+        peak_rss_bytes: LoadReport::process_peak_rss(),
     };
     Ok(Checkpoint {
         tensors,
@@ -464,6 +538,15 @@ fn read_tensors(
         metadata,
         report,
     })
+}
+
+/// Pinned staging memory a transfer reported by `io` used: the file engine's bounce ring
+/// where the bytes went through it pinned.
+pub(super) fn pinned_used(engine: &FileEngine, io: &IoReport) -> u64 {
+    match io.bounce {
+        Some(MemKind::Pinned) => engine.pinned_bytes(),
+        _ => 0,
+    }
 }
 
 /// The memory a load to `target` allocates: for [`Target::Device`], the GPU of the engine the

@@ -118,9 +118,35 @@ pub struct LoadReport {
     pub setup_seconds: f64,
     /// The file engine's report over all reads (path taken, `O_DIRECT` and GDS notes).
     pub io: IoReport,
+    /// Pinned host memory the load used, in bytes: the file engine's bounce ring where the
+    /// bytes went through it pinned (a device load: its
+    /// [`FileConfig::ring_depth`](crate::file::FileConfig::ring_depth) buffers of
+    /// [`FileConfig::chunk_bytes`](crate::file::FileConfig::chunk_bytes), the bound on the
+    /// staging memory whatever the checkpoint's size; made on the engine's first transfer
+    /// through it and kept), plus the tensors' own memory for
+    /// [`Target::Pinned`](super::Target::Pinned).
+    pub pinned_bytes: u64,
+    /// The process's peak resident memory so far (`VmHWM` of `/proc/self/status`), in bytes,
+    /// read after the load: the whole process's high-water mark, not this load's alone.
+    /// `None` where it cannot be read.
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl LoadReport {
+    /// The process's peak resident memory so far (`VmHWM` of `/proc/self/status`), in bytes:
+    /// what [`LoadReport::peak_rss_bytes`] holds, read now. `None` where it cannot be read.
+    pub fn process_peak_rss() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kb: u64 = line
+            .trim_start_matches("VmHWM:")
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        kb.checked_mul(1024)
+    }
     /// Data rate of the move, in GB/s (10^9 bytes per second).
     pub fn gb_per_s(&self) -> f64 {
         if self.seconds > 0.0 {
@@ -135,7 +161,7 @@ impl std::fmt::Display for LoadReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} tensors, {} bytes from {} file(s) in {} read(s), {:.4} s ({:.2} GB/s) + {:.4} s setup; {}",
+            "{} tensors, {} bytes from {} file(s) in {} read(s), {:.4} s ({:.2} GB/s) + {:.4} s setup; {} pinned bytes, process peak RSS {}; {}",
             self.tensors,
             self.bytes,
             self.files,
@@ -143,6 +169,9 @@ impl std::fmt::Display for LoadReport {
             self.seconds,
             self.gb_per_s(),
             self.setup_seconds,
+            self.pinned_bytes,
+            self.peak_rss_bytes
+                .map_or_else(|| "unknown".to_string(), |b| format!("{b} bytes")),
             self.io
         )
     }

@@ -2,7 +2,8 @@
 //! `*.safetensors.index.json`) loaded into GPU, pinned or pageable memory through the
 //! [`FileEngine`](crate::file::FileEngine), and saved back.
 //!
-//! - [`load`](fn@load) reads the header (checked tensor by tensor, then by the `safetensors` crate,
+//! - [`load`](fn@load) (of a file, an index, or a model's folder: [`resolve`]) reads the
+//!   header (checked tensor by tensor, then by the `safetensors` crate,
 //!   the format's reference implementation), picks the tensors asked for
 //!   ([`LoadOptions::names`], [`LoadOptions::filter`]), allocates memory for them
 //!   ([`Target`]: a GPU, pinned or pageable host memory; [`Placement`]: one allocation for
@@ -74,7 +75,7 @@ mod write;
 pub use error::CheckpointError;
 pub use header::{read_header, tensor_bytes, Header, TensorEntry};
 pub use into::{load_files_into, load_into, Dest};
-pub use load::{entries, load, load_files, load_index, MAX_INDEX_BYTES};
+pub use load::{entries, load, load_files, resolve, MAX_INDEX_BYTES};
 pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
 pub use options::{
     Filter, LoadOptions, Placement, Progress, SaveOptions, SaveTensor, Select, Target, MAX_ALIGN,

@@ -118,6 +118,12 @@ impl Checkpoint {
                 seconds,
                 setup_seconds: setup,
                 io: Default::default(),
+                pinned_bytes: if kind == MemKind::Pinned {
+                    total as u64
+                } else {
+                    0
+                },
+                peak_rss_bytes: LoadReport::process_peak_rss(),
             },
         })
     }

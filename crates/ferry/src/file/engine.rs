@@ -100,6 +100,20 @@ impl FileEngine {
             .map_or(0, |r| r.depth)
     }
 
+    /// Pinned host memory this engine holds, in bytes: its bounce ring's, where its buffers
+    /// are pinned (an engine made by [`FileEngine::with_engine`] on a machine with a CUDA
+    /// driver); 0 until the first transfer through the ring. The bound on the staging memory
+    /// of device transfers: [`FileConfig::ring_depth`] (at most the threads) buffers of
+    /// [`FileConfig::chunk_bytes`], each with two alignment pages.
+    pub fn pinned_bytes(&self) -> u64 {
+        self.ring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|r| r.kind == crate::memory::MemKind::Pinned)
+            .map_or(0, |r| r.bytes as u64)
+    }
+
     /// Waits for every transfer submitted so far and reports every failure not already seen
     /// through `wait`/`try_wait`. May block.
     pub fn barrier(&self) -> Result<(), BarrierError> {

@@ -96,6 +96,8 @@ pub(crate) struct Ring {
     cond: Condvar,
     pub(crate) kind: MemKind,
     pub(crate) depth: usize,
+    /// Bytes allocated for the slots, all of them.
+    pub(crate) bytes: usize,
 }
 
 impl Ring {
@@ -110,11 +112,17 @@ impl Ring {
             .map(|_| Slot::new(room, pinned))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = slots.first().map_or(MemKind::Pageable, Slot::kind);
+        let extra = if kind == MemKind::Pinned {
+            DIRECT_ALIGN
+        } else {
+            0
+        };
         Ok(Ring {
             free: Mutex::new(slots),
             cond: Condvar::new(),
             kind,
             depth,
+            bytes: depth.saturating_mul(room.saturating_add(extra)),
         })
     }
     /// Takes a free slot, waiting for one (each runner holds at most one, so one comes back).
