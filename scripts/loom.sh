@@ -4,8 +4,11 @@
 # completion), the CPU pool's hand-off of a request's chunks between its workers and the
 # thread waiting for it, and the staging subsystem's host copy workers (a job posted to sleeping
 # workers, its untaken indices taken back, its join, a worker's panic, the shutdown), fills on
-# them (cut into pieces, their completion, sleeping workers, a filler's drop) and
-# ring (a slot refilled only after its reader's request completed). `--cfg loom` swaps std's synchronisation types for loom's in the
+# them (cut into pieces, their completion, sleeping workers, a filler's drop),
+# ring (a slot refilled only after its reader's request completed) and the staged copy's
+# hand-off of a slot between a host worker and the coordinator
+# (`engine/cuda/paths/staged/handoff.rs`: filled or drained slot to the coordinator, the slot
+# back only after its DMA ended, a failed coordinator releasing a waiting worker). `--cfg loom` swaps std's synchronisation types for loom's in the
 # files that use `crates/ferry/src/sync.rs`; only the library's unit tests build so (loom is a
 # dev-dependency), and the filter runs the models alone (`loom_tests` modules). The models are
 # linted first: no other build compiles them. Its own target directory: RUSTFLAGS differ from

@@ -4,8 +4,9 @@
 //!
 //! Only the files whose interleavings the loom models explore import from here: the completion
 //! slot (`request/slot.rs`), [`Signal`](crate::request::Signal) (`request.rs`), the CPU
-//! engine's pool (`engine/cpu/pool.rs`) and the staging subsystem's worker pool and fill queue
-//! (`staging/workers.rs`, `fill.rs`). Everything else uses `std::sync` directly;
+//! engine's pool (`engine/cpu/pool.rs`), the staging subsystem's worker pool and fill queue
+//! (`staging/workers.rs`, `fill.rs`) and the staged copy's slot hand-off
+//! (`engine/cuda/paths/staged/handoff.rs`). Everything else uses `std::sync` directly;
 //! a normal build compiles to the same code as before this module existed.
 
 // loom is a dev-dependency: only the library's unit tests build with it (`all(test, loom)`).

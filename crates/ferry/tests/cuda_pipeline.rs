@@ -689,6 +689,104 @@ fn download_after_kernel_sees_its_output() {
     e.barrier().unwrap();
 }
 
+/// Copies through `on_stream` whose route is not one driver call run on the engine's stream,
+/// ordered by events around the caller's (issue 30: through the submission trunk, not a
+/// rebuilt job): a staged upload from pageable memory or a segment list from pinned memory
+/// (the gatherer's route) into `a`, a kernel on the caller's stream reading `a` into `b`, then
+/// a segment list or a staged download of `b`. The stream's earlier work (junk written into
+/// `a`) must not overwrite the upload, each kernel must see its own upload (the stream waits
+/// for it) and each download the kernel's output (it waits for the stream); the stream sleeps
+/// before its work so that a copy not ordered so would overtake it. Every byte checked, 40
+/// times, late and out of order on the null driver's asynchronous mode.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn non_driver_routes_on_a_callers_stream_keep_its_order() {
+    let _g = serial();
+    let Some(e) = cuda_or_skip() else { return };
+    let k = kernels(&e);
+    let s = e.context().new_stream().unwrap();
+    let (n, piece) = (4usize << 20, 64usize << 10);
+    let (a, b) = (
+        DeviceBuffer::new(0, n).unwrap(),
+        DeviceBuffer::new(0, n).unwrap(),
+    );
+    let (a_ptr, b_ptr, n64) = (a.device_ptr(), b.device_ptr(), n as u64);
+    let mut pinned = PinnedBuffer::new(n).unwrap();
+    let mut pageable = vec![0u8; n];
+    let mut host = PinnedBuffer::new(n).unwrap();
+    let l = Layout::bytes(n).unwrap();
+    // The pieces in reverse order: a segment list (gather route) that is its own inverse.
+    let pieces = n / piece;
+    let reversed: std::sync::Arc<[ferry::Segment]> = (0..pieces)
+        .map(|j| {
+            ferry::Segment::new(
+                (j * piece) as u64,
+                ((pieces - 1 - j) * piece) as u64,
+                piece as u64,
+            )
+        })
+        .collect();
+    let reverse = |v: &[u8]| -> Vec<u8> { v.chunks(piece).rev().flatten().copied().collect() };
+    let segments = |dst: RawBuf, src: RawBuf| Job {
+        dst,
+        src: Some(src),
+        op: ferry::Op::Segments(std::sync::Arc::clone(&reversed)),
+        after: Vec::new(),
+    };
+    let se = e.on_stream(&s).unwrap();
+    for i in 0..40u32 {
+        let src = bytes(n, 1000 + u64::from(i));
+        let staged_up = i % 2 == 0;
+        let (up, in_a) = if staged_up {
+            pageable.copy_from_slice(&src);
+            (Job::copy(a.raw(), l, pageable.raw(), l), src.clone())
+        } else {
+            pinned.copy_from_slice(&src);
+            (segments(a.raw(), pinned.raw()), reverse(&src))
+        };
+        // The caller's stream is held back before its work (a host function that sleeps), so
+        // that a copy not ordered after that work would overtake it: the junk written into
+        // `a` would overwrite the upload, and the download would read `b` before the kernel.
+        host_fn(&s, || {
+            std::thread::sleep(std::time::Duration::from_millis(20))
+        })
+        .unwrap();
+        // SAFETY: `a` holds n bytes and outlives the wait below.
+        unsafe { k.fill(&s, a_ptr, n64, 0x5A) }.unwrap();
+        // SAFETY: the buffers outlive the download's wait below, which comes after the upload,
+        // the kernel and the download (ordered by the stream); nothing else touches them.
+        let up = unsafe { se.submit_raw(up) }.unwrap();
+        host_fn(&s, || {
+            std::thread::sleep(std::time::Duration::from_millis(20))
+        })
+        .unwrap();
+        // SAFETY: `a` and `b` hold n bytes and outlive the wait below.
+        unsafe { k.xform(&s, a_ptr, b_ptr, n64, i) }.unwrap();
+        let in_b: Vec<u8> = (0..n)
+            .map(|j| in_a[j].wrapping_mul(3).wrapping_add(i as u8) ^ (j as u8))
+            .collect();
+        let (job, want) = if staged_up {
+            (segments(host.raw_mut(), b.raw()), reverse(&in_b))
+        } else {
+            (Job::copy(pageable.raw_mut(), l, b.raw(), l), in_b)
+        };
+        // SAFETY: as above.
+        let down = unsafe { se.submit_raw(job) }.unwrap();
+        down.wait()
+            .unwrap_or_else(|err| panic!("iteration {i}: download: {err}"));
+        up.wait()
+            .unwrap_or_else(|err| panic!("iteration {i}: upload: {err}"));
+        let (what, got): (&str, &[u8]) = if staged_up {
+            ("staged upload, gathered download", &host)
+        } else {
+            ("gathered upload, staged download", &pageable)
+        };
+        check(&format!("iteration {i} ({what})"), got, &want);
+    }
+    s.synchronize().unwrap();
+    e.barrier().unwrap();
+}
+
 /// A failed request is not waited on by a stream: the caller learns of it.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]

@@ -6,7 +6,10 @@
 //!
 //! - no import loop anywhere in the crate: the graph of files has no cycle;
 //! - in `engine/cuda/`, imports point down the layers written in [`CUDA_LAYERS`] (every
-//!   exception listed when the test fails).
+//!   exception listed when the test fails);
+//! - the pipeline (`pipeline/`) imports none of the CUDA engine's copy mechanisms
+//!   (`engine/cuda/paths/`, neither a name they define nor one they re-export): the staging it
+//!   shares with them lives in `staging/`.
 //!
 //! Test code (`tests.rs` files and `#[cfg(test)] mod tests { … }` blocks) may import anything
 //! and is left out. A failure prints every offending edge with the file and the name.
@@ -537,6 +540,27 @@ fn cuda_imports_point_down() {
         "{} imports in engine/cuda point up:\n{}",
         up.len(),
         up.join("\n")
+    );
+}
+
+#[test]
+fn the_pipeline_imports_no_cuda_mechanism() {
+    let c = Crate::load();
+    let mut into = Vec::new();
+    for (a, b, name) in c.edges() {
+        let (ra, rb) = (&c.files[a].rel, &c.files[b].rel);
+        // Through the mechanisms' folder by name (a re-export there) or by definition.
+        let named = name.starts_with("engine::cuda::paths::");
+        if ra.starts_with("pipeline/") && (named || rb.starts_with("engine/cuda/paths/")) {
+            into.push(format!("  {ra} -> {rb}: {name}"));
+        }
+    }
+    assert!(
+        into.is_empty(),
+        "{} imports from pipeline/ into engine/cuda/paths/ (the shared staging policy and \
+         workers are in staging/):\n{}",
+        into.len(),
+        into.join("\n")
     );
 }
 

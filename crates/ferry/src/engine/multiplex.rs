@@ -159,6 +159,104 @@ impl MultiplexEngine {
         }
         Ok(Some(out))
     }
+
+    /// The one routing of a job (for [`Engine::submit_raw`] and [`Engine::enqueue`]): checked,
+    /// its candidates the engines that support its memory (those at home there first), split
+    /// by weight across them when large enough, else whole to the least loaded; each part
+    /// handed on as `hand` says.
+    ///
+    /// # Safety
+    /// As [`Engine::submit_raw`].
+    unsafe fn pass(&self, job: Job, hand: Hand) -> Result<Request, SubmitError> {
+        job.check()?;
+        let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
+        let mut candidates: Vec<usize> = (0..self.engines.len())
+            .filter(|&i| self.engines[i].0.supports(dk, sk))
+            .collect();
+        // Locality: engines next to the memory the copy touches (a GPU's own engine for its
+        // device memory) take it; the others only reach it from afar.
+        let local: Vec<usize> = candidates
+            .iter()
+            .copied()
+            .filter(|&i| {
+                self.engines[i]
+                    .0
+                    .home()
+                    .is_some_and(|h| h == dk || Some(h) == sk)
+            })
+            .collect();
+        if !local.is_empty() {
+            candidates = local;
+        }
+        if candidates.is_empty() {
+            return Err(SubmitError::Unsupported {
+                engine: self.name(),
+                dst: dk,
+                src: sk,
+            });
+        }
+        let parts = if candidates.len() > 1 && job.op.is_builtin() {
+            self.split(&job, &candidates)?
+        } else {
+            None
+        };
+        let req = match parts {
+            Some(parts) => {
+                // Parts already submitted read and write the caller's buffers: if a later part
+                // is refused, or its engine's submit panics (any type may be an engine), they
+                // are waited for before this returns or unwinds, so that the caller may reuse
+                // or free the buffers then (a panic once left them copying into freed memory).
+                let mut reqs = WaitOnDrop::default();
+                for (i, part) in parts {
+                    // SAFETY: each part covers a subset of the caller's buffers, which the
+                    // caller keeps valid until the joined request (hence every part) completes,
+                    // or until this call returns or unwinds (`reqs` waits for the parts then).
+                    reqs.push(unsafe { hand.to(&*self.engines[i].0, part) }?);
+                }
+                Request::new(Join::new(reqs.into_vec()))
+            }
+            None => {
+                // Only built-ins are lowered here: a custom operator runs once, on the engine
+                // that takes it, where its errors and panics fail only its request.
+                let bytes = if job.op.is_builtin() {
+                    job.op
+                        .lower(job.dst.len, job.src.map(|s| s.len))
+                        .map_or(0, |p| p.total_bytes())
+                } else {
+                    0
+                };
+                let i = self.route(&candidates, bytes);
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { hand.to(&*self.engines[i].0, job)? }
+            }
+        };
+        self.inflight.track(&req);
+        Ok(req)
+    }
+}
+
+/// How [`MultiplexEngine::pass`] hands a routed job (or part) to its engine.
+#[derive(Clone, Copy)]
+enum Hand {
+    /// [`Engine::submit_raw`].
+    Submit,
+    /// [`Engine::enqueue`]: more work follows, until [`Engine::flush`].
+    Enqueue,
+}
+
+impl Hand {
+    /// Hands `job` to `engine`.
+    ///
+    /// # Safety
+    /// As [`Engine::submit_raw`].
+    unsafe fn to(self, engine: &dyn Engine, job: Job) -> Result<Request, SubmitError> {
+        match self {
+            // SAFETY: forwarded with the caller's guarantees.
+            Hand::Submit => unsafe { engine.submit_raw(job) },
+            // SAFETY: as above.
+            Hand::Enqueue => unsafe { engine.enqueue(job) },
+        }
+    }
 }
 
 /// The destination and source layouts (in bytes) of one piece of a plan.
@@ -214,70 +312,16 @@ impl Engine for MultiplexEngine {
     }
 
     unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
-        job.check()?;
-        let (dk, sk) = (job.dst.kind, job.src.map(|s| s.kind));
-        let mut candidates: Vec<usize> = (0..self.engines.len())
-            .filter(|&i| self.engines[i].0.supports(dk, sk))
-            .collect();
-        // Locality: engines next to the memory the copy touches (a GPU's own engine for its
-        // device memory) take it; the others only reach it from afar.
-        let local: Vec<usize> = candidates
-            .iter()
-            .copied()
-            .filter(|&i| {
-                self.engines[i]
-                    .0
-                    .home()
-                    .is_some_and(|h| h == dk || Some(h) == sk)
-            })
-            .collect();
-        if !local.is_empty() {
-            candidates = local;
-        }
-        if candidates.is_empty() {
-            return Err(SubmitError::Unsupported {
-                engine: self.name(),
-                dst: dk,
-                src: sk,
-            });
-        }
-        let parts = if candidates.len() > 1 && job.op.is_builtin() {
-            self.split(&job, &candidates)?
-        } else {
-            None
-        };
-        let req = match parts {
-            Some(parts) => {
-                // Parts already submitted read and write the caller's buffers: if a later part
-                // is refused, or its engine's submit panics (any type may be an engine), they
-                // are waited for before this returns or unwinds, so that the caller may reuse
-                // or free the buffers then (a panic once left them copying into freed memory).
-                let mut reqs = WaitOnDrop::default();
-                for (i, part) in parts {
-                    // SAFETY: each part covers a subset of the caller's buffers, which the
-                    // caller keeps valid until the joined request (hence every part) completes,
-                    // or until this call returns or unwinds (`reqs` waits for the parts then).
-                    reqs.push(unsafe { self.engines[i].0.submit_raw(part) }?);
-                }
-                Request::new(Join::new(reqs.into_vec()))
-            }
-            None => {
-                // Only built-ins are lowered here: a custom operator runs once, on the engine
-                // that takes it, where its errors and panics fail only its request.
-                let bytes = if job.op.is_builtin() {
-                    job.op
-                        .lower(job.dst.len, job.src.map(|s| s.len))
-                        .map_or(0, |p| p.total_bytes())
-                } else {
-                    0
-                };
-                let i = self.route(&candidates, bytes);
-                // SAFETY: forwarded with the caller's guarantees.
-                unsafe { self.engines[i].0.submit_raw(job)? }
-            }
-        };
-        self.inflight.track(&req);
-        Ok(req)
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.pass(job, Hand::Submit) }
+    }
+
+    /// Routed as [`submit_raw`](Engine::submit_raw), then enqueued on the chosen engine (each
+    /// part of a split job on its own): held there until [`flush`](Engine::flush), which
+    /// reaches every engine.
+    unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.pass(job, Hand::Enqueue) }
     }
 
     fn barrier(&self) -> Result<(), BarrierError> {
@@ -328,6 +372,122 @@ mod tests {
         fn home(&self) -> Option<MemKind> {
             self.1
         }
+    }
+
+    /// A CPU engine that counts how jobs reached it (`submit_raw`, `enqueue`) and its flushes.
+    #[derive(Default)]
+    struct Counted {
+        cpu: Option<CpuEngine>,
+        submitted: AtomicUsize,
+        enqueued: AtomicUsize,
+        flushes: AtomicUsize,
+    }
+
+    impl Counted {
+        fn new() -> Arc<Counted> {
+            Arc::new(Counted {
+                cpu: Some(CpuEngine::new(1).unwrap()),
+                ..Counted::default()
+            })
+        }
+        fn cpu(&self) -> &CpuEngine {
+            self.cpu.as_ref().unwrap()
+        }
+        fn counts(&self) -> [usize; 3] {
+            [&self.submitted, &self.enqueued, &self.flushes].map(|c| c.load(Ordering::Relaxed))
+        }
+    }
+
+    impl Engine for Counted {
+        fn name(&self) -> String {
+            "counted".into()
+        }
+        fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+            self.cpu().supports(dst, src)
+        }
+        unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+            self.submitted.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { self.cpu().submit_raw(job) }
+        }
+        unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
+            self.enqueued.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: forwarded with the caller's guarantees.
+            unsafe { self.cpu().enqueue(job) }
+        }
+        fn flush(&self) {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            self.cpu().flush();
+        }
+        fn barrier(&self) -> Result<(), BarrierError> {
+            self.cpu().barrier()
+        }
+    }
+
+    /// `enqueue` through the multiplex routes as `submit_raw` does (small jobs whole, large ones
+    /// split by weight) and hands every job or part to its engine's `enqueue`, none to
+    /// `submit_raw`; nothing is flushed until `flush`, which reaches every engine once; a wait
+    /// before the flush returns; every byte arrives.
+    #[test]
+    fn enqueued_jobs_reach_their_engines_enqueue_and_one_flush_issues_them() {
+        let engines = [Counted::new(), Counted::new()];
+        let mux = MultiplexEngine::new()
+            .with(Arc::clone(&engines[0]), 1.0)
+            .with(Arc::clone(&engines[1]), 2.0)
+            .split_bytes(32 << 10);
+        // Four small copies (whole), four large ones (split across both).
+        let lens = [
+            4 << 10,
+            256 << 10,
+            1 << 10,
+            128 << 10,
+            8 << 10,
+            512 << 10,
+            3,
+            64 << 10,
+        ];
+        let srcs: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (j * 7 + i * 13) as u8).collect())
+            .collect();
+        let mut dsts: Vec<Vec<u8>> = lens.iter().map(|&n| vec![0u8; n]).collect();
+        let reqs: Vec<Request> = dsts
+            .iter_mut()
+            .zip(&srcs)
+            .map(|(d, s)| {
+                let l = Layout::bytes(s.len()).unwrap();
+                let job = Job::copy(
+                    RawBuf::host(d.as_mut_ptr(), d.len(), MemKind::Pageable),
+                    l,
+                    RawBuf::host(s.as_ptr(), s.len(), MemKind::Pageable),
+                    l,
+                );
+                // SAFETY: both vectors outlive the waits below and nothing else touches them.
+                unsafe { mux.enqueue(job) }.unwrap()
+            })
+            .collect();
+        // A request of the batch waited before the flush: returns, done.
+        reqs[1].completion().wait().unwrap();
+        let [a, b] = [engines[0].counts(), engines[1].counts()];
+        assert_eq!(
+            (a[0], b[0]),
+            (0, 0),
+            "no job reached an engine's submit_raw"
+        );
+        assert!(
+            a[1] > 0 && b[1] > 0 && a[1] + b[1] > lens.len(),
+            "small jobs whole, large ones split across both engines: enqueued {a:?} {b:?}"
+        );
+        assert_eq!((a[2], b[2]), (0, 0), "nothing flushed before the flush");
+        mux.flush();
+        let [a, b] = [engines[0].counts(), engines[1].counts()];
+        assert_eq!((a[2], b[2]), (1, 1), "one flush reaches every engine once");
+        for (i, r) in reqs.into_iter().enumerate() {
+            r.wait().unwrap();
+            assert_eq!(dsts[i], srcs[i], "copy {i} of {} bytes", lens[i]);
+        }
+        mux.barrier().unwrap();
     }
 
     #[test]

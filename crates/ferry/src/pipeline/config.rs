@@ -18,9 +18,8 @@ pub const BOUNCE_AHEAD_BYTES: usize = 16 << 20;
 pub const BOUNCE_MAX: usize = 32;
 /// The most CPU threads that fill a GPU pipeline's bounce buffers from a pageable source, whole
 /// or strided, unless [`PipelineConfig::fill_threads`] says otherwise: the automatic count is
-/// the staged copies' default worker count
-/// ([`StagingConfig::new`](crate::engine::cuda::paths::staged::StagingConfig::new): three quarters of the
-/// cores, 1 to 12, so 12 on the 16-core H200 host) capped at this, so 8 there and 1 on a 2-core
+/// the staging subsystem's default worker count (that of the staged copies, `staging/policy.rs`:
+/// three quarters of the cores, 1 to 12, so 12 on the 16-core H200 host) capped at this, so 8 there and 1 on a 2-core
 /// host. One core copies 8-12 GB/s from cached pageable memory into pinned memory and the DMA
 /// reads about 53 GB/s (H200 host, PCIe gen5), so 8 threads keep up with it and leave half of
 /// that host's cores to the submitting thread, the caller's program and the file engine's
@@ -216,13 +215,11 @@ impl PipelineConfig {
         self
     }
     /// The fill threads a run from a pageable source uses: [`PipelineConfig::fill_threads`]
-    /// where set, else the staged copies' default worker count
-    /// ([`StagingConfig::new`](crate::engine::cuda::paths::staged::StagingConfig::new)), at most [`FILL_THREADS`].
+    /// where set, else the staging subsystem's default worker count (that of the staged
+    /// copies: three quarters of the cores, 1 to 12), at most [`FILL_THREADS`].
     pub fn effective_fill_threads(&self) -> usize {
         match self.fill_threads {
-            0 => crate::engine::cuda::paths::staged::StagingConfig::new()
-                .get_threads()
-                .min(FILL_THREADS),
+            0 => crate::staging::policy::default_workers().min(FILL_THREADS),
             n => n,
         }
     }

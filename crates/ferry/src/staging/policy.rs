@@ -1,5 +1,5 @@
-//! The staging fill policy, one place for every user: how many workers a staged copy wakes
-//! ([`workers_for`]), how a queued fill is cut into pieces ([`FILL_PIECE`], [`fill_pieces`]),
+//! The staging fill policy, one place for every user: how many workers a staged copy may use
+//! by default ([`default_workers`]) and wakes ([`workers_for`]), how a queued fill is cut into pieces ([`FILL_PIECE`], [`fill_pieces`]),
 //! and which fills move their lines out of the workers' private caches once copied
 //! ([`demoted_fill`]). Whether the copy itself uses non-temporal stores is the engine's
 //! staging setting (`StagingConfig::non_temporal`), handed to the copier and the filler as a
@@ -53,6 +53,20 @@ pub(crate) fn demoted_fill(end: usize, total: usize, workers: usize) -> bool {
     total.saturating_sub(end) < workers.saturating_mul(EVICT_BYTES_PER_WORKER)
 }
 
+/// The host copy workers a staged copy may use unless configured otherwise (the default of
+/// the CUDA engine's `StagingConfig::threads`), and the count the GPU pipeline's automatic fill
+/// threads start from (`PipelineConfig::effective_fill_threads`): three quarters of the cores,
+/// 1 to 12 (12 on the 16-core H200 host), leaving the rest to the submitting thread and the
+/// caller's program. Reads no environment.
+pub(crate) fn default_workers() -> usize {
+    default_workers_of(std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
+/// [`default_workers`] on a machine of `cores` cores.
+fn default_workers_of(cores: usize) -> usize {
+    (cores * 3 / 4).clamp(1, 12)
+}
+
 /// Workers for a staged copy of `bytes`: one per 2 MiB, at least 4, at most the pool's. On the
 /// H200 host (run 27, `ferry bench --test cuda-h2d-pageable`, staged / the driver's pageable
 /// path) 12 workers gave 0.97x / 0.56x / 0.81x / 1.36x at 2 / 4 / 8 / 16 MiB, 4 workers 1.18x /
@@ -68,6 +82,16 @@ pub(crate) fn workers_for(pool: usize, bytes: usize) -> usize {
 mod tests {
     use super::*;
     use crate::staging::copy::piece;
+
+    #[test]
+    fn default_workers_are_three_quarters_of_the_cores_up_to_12() {
+        let got: Vec<usize> = [1, 2, 4, 8, 16, 17, 64, 256]
+            .map(default_workers_of)
+            .to_vec();
+        assert_eq!(got, [1, 1, 3, 6, 12, 12, 12, 12]);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        assert!((1..=cores.min(12)).contains(&default_workers()));
+    }
 
     #[test]
     fn the_last_fills_are_demoted() {

@@ -300,24 +300,28 @@ impl CudaEngine {
         }
     }
 
-    /// A copy whose route is not driver calls (SM kernels, gather, split, staged), for a
-    /// caller's stream: run on the engine's stream after an event recorded on the caller's,
-    /// and the caller's stream made to wait for its request.
+    /// The ordering of a copy whose route is not driver calls (SM kernels, gather, split,
+    /// staged) around a caller's stream: the submission trunk enqueues it on the engine's
+    /// stream (`run`, given its dependencies: `after` and an event recorded on the caller's
+    /// stream now), and the caller's stream is made to wait for its request. Nothing is
+    /// prepared or routed here: `run` is the trunk's own enqueue of the prepared program.
     ///
     /// # Safety
-    /// 1. As [`Engine::submit_raw`] for the job's buffers.
-    /// 2. `stream` is a live stream of this engine's context (or the null stream) until the
+    /// 1. `stream` is a live stream of this engine's context (or the null stream) until the
     ///    call returns.
+    /// 2. `run` is safe to call with the dependencies it is given (the trunk's contract on the
+    ///    job's buffers).
     pub(super) unsafe fn around_stream(
         &self,
-        job: Job,
         stream: sys::CUstream,
+        after: &[Request],
+        run: impl FnOnce(&[Request]) -> Result<Request, SubmitError>,
     ) -> Result<Request, SubmitError> {
-        // SAFETY: a live stream of this context (2).
+        // SAFETY: a live stream of this context (1).
         let here = unsafe { self.record_raw(stream) }?;
-        // SAFETY: forwarded with the caller's guarantees on the buffers (1).
-        let req = unsafe { self.submit_raw(job.after(&here)) }?;
-        // SAFETY: as above (2).
+        let deps: Vec<Request> = after.iter().map(Request::share).chain([here]).collect();
+        let req = run(&deps)?;
+        // SAFETY: as above (1).
         match unsafe { self.stream_wait_raw(stream, &req) } {
             // A failed request: its own error is in `req`; the stream has nothing to wait for
             // (the copy wrote nothing the caller may rely on).

@@ -450,20 +450,20 @@ impl CudaEngine {
         let steps = prog.steps();
         let route = route::route(&self.cfg, dk, sk, steps);
         if let (Some(c), false) = (s.caller, route.first() == Path::Driver) {
-            // The caller's stream cannot run this route: the engine's runs it, ordered by
-            // events around it (the job rebuilt for it: rare).
-            let op = match s.what {
-                What::Copy(dl, sl) => crate::op::Op::Copy { dst: *dl, src: *sl },
-                What::Op(op) => op.clone(),
+            // The caller's stream cannot run this route: this enqueue runs it on the engine's
+            // stream, after an event recorded on the caller's and before the caller's next
+            // work ([`CudaEngine::around_stream`]).
+            // SAFETY: the caller's stream is live (2); the enqueue is forwarded (1).
+            return unsafe {
+                self.around_stream(c, s.after, |after| {
+                    let engines = Submission {
+                        after,
+                        caller: None,
+                        ..*s
+                    };
+                    self.enqueue_program(&engines, (dst, src), prog, lane)
+                })
             };
-            let job = Job {
-                dst,
-                src,
-                op,
-                after: s.after.iter().map(Request::share).collect(),
-            };
-            // SAFETY: forwarded (1, 2).
-            return unsafe { self.around_stream(job, c) };
         }
         let queue = self.lanes.queue(lane, route.stream);
         if let Path::Staged(dir) = route.first() {

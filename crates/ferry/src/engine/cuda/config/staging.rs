@@ -33,13 +33,10 @@ impl StagingConfig {
     /// for device -> host, plain stores for host -> device. Reads nothing from the environment
     /// ([`StagingConfig::from_env`] does).
     pub fn new() -> Self {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2);
         StagingConfig {
             chunk_bytes: 16 << 20,
             ring_depth: 4,
-            threads: (cores * 3 / 4).clamp(1, 12),
+            threads: crate::staging::policy::default_workers(),
             write_combined: false,
             non_temporal: true,
             non_temporal_h2d: false,

@@ -33,7 +33,9 @@
 //! The parts, one file each: this file holds the API ([`Stager`], [`Direction`],
 //! [`StagedError`]); the tuning is [`StagingConfig`] (`engine/cuda/config/staging.rs`,
 //! `FERRY_STAGING_*`); `chunk.rs` which bytes each chunk carries; `ring.rs` the pinned slots
-//! and their events; `pipeline.rs` the loop that drives the workers, the ring and the DMAs;
+//! and their events; `handoff.rs` the hand-off of the slots between the host workers and the
+//! coordinator (apart from CUDA, model-checked with loom); `pipeline.rs` the loop that drives
+//! the workers, the ring and the DMAs through it;
 //! `segments.rs` segment lists ([`Stager::copy_segments`]: many runs of pageable memory packed
 //! into the ring's chunks). The host side is the crate's staging subsystem (`src/staging/`):
 //! the host copy workers, the (non-temporal) copy and its pieces, the fill policy.
@@ -59,6 +61,7 @@
 
 mod chunk;
 mod error;
+mod handoff;
 mod pipeline;
 mod ring;
 mod segments;

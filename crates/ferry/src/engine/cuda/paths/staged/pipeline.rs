@@ -4,6 +4,7 @@
 
 use super::chunk::{add, Chunk, Chunker, Sides};
 use super::error::drv;
+use super::handoff::{Dma, Handoff};
 use super::ring::Ring;
 use super::Direction;
 use super::StagedError;
@@ -13,7 +14,6 @@ use crate::staging::policy::workers_for;
 use crate::staging::Pool;
 use cudarc::driver::{sys, CudaStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 #[cfg(feature = "fault-injection")]
@@ -36,21 +36,6 @@ impl SyncPtr {
     pub(super) fn at(self, off: usize) -> *mut u8 {
         self.0.wrapping_add(off)
     }
-}
-
-/// What the workers and the coordinator of one staged copy share.
-struct Progress {
-    /// Chunks in the copy.
-    n: usize,
-    /// Parts per chunk (one per worker).
-    t: usize,
-    /// Workers may work on chunk `k` once `open > k`: its slot is free (host -> device) or its
-    /// DMA is done (device -> host).
-    open: AtomicUsize,
-    /// Per slot: the parts finished of the slot's current chunk.
-    done: Vec<AtomicUsize>,
-    /// Set when a worker panicked or the coordinator failed: everyone stops.
-    stop: AtomicBool,
 }
 
 /// The coordinator of one staged copy over a stager's pool, as its settings say ([`Flow::run`]).
@@ -81,162 +66,75 @@ impl Flow<'_> {
     /// (no barrier between chunks: a worker done with its part of chunk `k` starts on chunk
     /// `k+1` while others finish `k`), and this thread issues each chunk's DMA as soon as all its
     /// parts are in (host -> device), or opens a chunk to the workers as soon as its DMA is done
-    /// (device -> host), polling the ring's events.
+    /// (device -> host), polling the ring's events: the hand-off is `handoff.rs`'s.
     pub(super) fn run(
         &self,
         ring: &mut Ring,
         job: &dyn Chunks,
         dir: Direction,
     ) -> Result<(), StagedError> {
-        let n = job.count();
         let t = workers_for(self.pool.threads(), job.bytes());
         let depth = ring.depth();
         let slots: Vec<SyncPtr> = ring.slot_ptrs().into_iter().map(SyncPtr).collect();
         let h2d = dir == Direction::HostToDevice;
-        let progress = Progress {
-            n,
-            t,
-            open: AtomicUsize::new(if h2d { depth.min(n) } else { 0 }),
-            done: (0..depth).map(|_| AtomicUsize::new(0)).collect(),
-            stop: AtomicBool::new(false),
-        };
-        let (open, done, stop) = (&progress.open, &progress.done, &progress.stop);
-        let next = AtomicUsize::new(0);
-        let worker = |_: usize| loop {
-            let p = next.fetch_add(1, Ordering::Relaxed);
-            if p >= n * t || stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let (k, i) = (p / t, p % t);
-            let mut spin = Backoff::new();
-            while open.load(Ordering::Acquire) <= k {
-                if stop.load(Ordering::Relaxed) {
-                    return;
+        let hand = Handoff::new(job.count(), t, depth, h2d);
+        let worker = |_: usize| {
+            while let Some((k, i)) = hand.take() {
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    self.part(job, k, slots[k % depth], h2d, i, hand.parts())
+                }));
+                if r.is_err() {
+                    hand.stop();
+                    // Re-raised as the pool's `WorkerPanicked`.
+                    std::panic::resume_unwind(Box::new("staging part panicked"));
                 }
-                spin.snooze();
+                hand.finished(k);
             }
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                self.part(job, k, slots[k % depth], h2d, i, t)
-            }));
-            if r.is_err() {
-                stop.store(true, Ordering::Relaxed);
-                // Re-raised as the pool's `WorkerPanicked`.
-                std::panic::resume_unwind(Box::new("staging part panicked"));
-            }
-            done[k % depth].fetch_add(1, Ordering::Release);
         };
         let coordinate = || -> Result<(), StagedError> {
             // Whether the coordinator fails or panics (a bug, in it or in a chunk's device
             // side), the workers must stop: they wait for chunks it would open, and the pool
             // waits for them before it returns (or unwinds).
             let r = catch_unwind(AssertUnwindSafe(|| {
+                let mut device = Device { ring, job };
                 if h2d {
-                    self.flow_h2d(ring, job, &progress)
+                    hand.coordinate_h2d(&mut device)
                 } else {
-                    self.flow_d2h(ring, job, &progress)
+                    hand.coordinate_d2h(&mut device)
                 }
             }));
             if !matches!(r, Ok(Ok(()))) {
-                stop.store(true, Ordering::Relaxed);
+                hand.stop();
             }
             r.unwrap_or_else(|p| std::panic::resume_unwind(p))
         };
         self.pool.run_with(t, &worker, coordinate)
     }
-
-    /// Host -> device coordinator of [`Flow::run`].
-    fn flow_h2d(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
-        let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
-        let depth = ring.depth();
-        let (mut issued, mut retired) = (0usize, 0usize);
-        let mut spin = Backoff::new();
-        while issued < n {
-            if stop.load(Ordering::Relaxed) {
-                return Err(StagedError::WorkerPanicked);
-            }
-            let slot = issued % depth;
-            if done[slot].load(Ordering::Acquire) == t {
-                // No worker touches this slot again until `open` passes `issued + depth`,
-                // which needs this chunk's DMA done: resetting the count here is safe.
-                done[slot].store(0, Ordering::Relaxed);
-                ring.enqueue(slot, job.stream(), |ptr| {
-                    // SAFETY: the slot holds the chunk's bytes (all parts in, seen through the
-                    // Acquire above) and stays untouched until the ring knows its DMA ended
-                    // (its event, recorded by `enqueue`, or the drain's synchronization); the
-                    // device range is valid by `copy`'s contract.
-                    unsafe { issue(job, issued, slot, ptr, true) }
-                })?;
-                issued += 1;
-                spin = Backoff::new();
-            } else if retired < issued && ring.poll(retired % depth)? {
-                retired += 1;
-                open.store((retired + depth).min(n), Ordering::Release);
-                spin = Backoff::new();
-            } else {
-                spin.snooze();
-            }
-        }
-        Ok(())
-    }
-
-    /// Device -> host coordinator of [`Flow::run`].
-    fn flow_d2h(&self, ring: &mut Ring, job: &dyn Chunks, p: &Progress) -> Result<(), StagedError> {
-        let (n, t, open, done, stop) = (p.n, p.t, &p.open, &p.done[..], &p.stop);
-        let depth = ring.depth();
-        let (mut issued, mut landed, mut drained) = (0usize, 0usize, 0usize);
-        let mut spin = Backoff::new();
-        while drained < n {
-            if stop.load(Ordering::Relaxed) {
-                return Err(StagedError::WorkerPanicked);
-            }
-            if issued < n && issued < drained + depth {
-                let slot = issued % depth;
-                ring.enqueue(slot, job.stream(), |ptr| {
-                    // SAFETY: the slot was drained (or never used), so the DMA may overwrite
-                    // it, and no worker reads it until the ring knows the DMA ended; the
-                    // device range is valid by `copy`'s contract.
-                    unsafe { issue(job, issued, slot, ptr, false) }
-                })?;
-                issued += 1;
-                spin = Backoff::new();
-            } else if landed < issued && ring.poll(landed % depth)? {
-                landed += 1;
-                open.store(landed, Ordering::Release);
-                spin = Backoff::new();
-            } else if done[drained % depth].load(Ordering::Acquire) == t {
-                // Every part of chunk `drained` is out of its slot; its next use is a DMA
-                // issued above, after this reset.
-                done[drained % depth].store(0, Ordering::Relaxed);
-                drained += 1;
-                spin = Backoff::new();
-            } else {
-                spin.snooze();
-            }
-        }
-        Ok(())
-    }
 }
 
-/// Waiting for another thread's progress: spin briefly, then yield the core (a few hundred
-/// microseconds: a chunk's DMA takes about that long, and a sleep would oversleep it by the
-/// timer slack), then nap (so a pipeline stalled for longer does not burn every core).
-struct Backoff {
-    step: u32,
+/// The device side of a staged copy for [`Handoff`]'s coordinators: each chunk's DMA on the
+/// job's stream, its end marked by its slot's event in the ring.
+struct Device<'r, 'j> {
+    ring: &'r mut Ring,
+    job: &'j dyn Chunks,
 }
 
-impl Backoff {
-    fn new() -> Backoff {
-        Backoff { step: 0 }
+impl Dma for Device<'_, '_> {
+    type Error = StagedError;
+    fn stopped() -> StagedError {
+        StagedError::WorkerPanicked
     }
-    fn snooze(&mut self) {
-        if self.step < 64 {
-            std::hint::spin_loop();
-        } else if self.step < 4096 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
-        self.step = self.step.saturating_add(1);
+    unsafe fn issue(&mut self, k: usize, slot: usize, h2d: bool) -> Result<(), StagedError> {
+        let job = self.job;
+        self.ring.enqueue(slot, job.stream(), |ptr| {
+            // SAFETY: the slot is this DMA's alone until the ring knows it ended (its event,
+            // recorded by `enqueue`, or the drain's synchronization): `Dma::issue`'s contract,
+            // which the hand-off keeps; the device range is valid by `copy`'s contract.
+            unsafe { issue(job, k, slot, ptr, h2d) }
+        })
+    }
+    fn poll(&mut self, slot: usize) -> Result<bool, StagedError> {
+        self.ring.poll(slot)
     }
 }
 
