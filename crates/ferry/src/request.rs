@@ -50,6 +50,7 @@ thread_local! {
 }
 
 /// A request id unique in the process.
+#[inline]
 fn next_id() -> u64 {
     IDS.with(|c| {
         let (mut next, mut end) = c.get();
@@ -222,10 +223,14 @@ impl Request {
     /// A request that succeeded at submit: no allocation, no atomic read-modify-write.
     #[inline]
     pub(crate) fn done_ok() -> Request {
-        Request {
-            shared: None,
-            id: next_id(),
-        }
+        Request::done_with_id(next_id())
+    }
+
+    /// The request [`Request::done_ok`] made with this id (a done request handed on rebuilt
+    /// from its id rather than moved: the safe scope's `tracked`).
+    #[inline]
+    pub(crate) fn done_with_id(id: u64) -> Request {
+        Request { shared: None, id }
     }
 
     /// True for a request that succeeded at submit ([`Request::done_ok`]): nothing to wait
@@ -241,6 +246,7 @@ impl Request {
     }
 
     /// Blocks until the request completes; returns its own result. May block.
+    #[inline]
     pub fn wait(self) -> Result<(), RequestError> {
         match &self.shared {
             Some(s) => s.wait_seen(),
@@ -404,10 +410,17 @@ impl InFlight {
         }
     }
     /// Waits for every tracked request and reports every unobserved failure. May block.
+    #[inline]
     pub fn barrier(&self) -> Result<(), BarrierError> {
+        // Nothing tracked since the last barrier (a scope whose copies all ran at submit): one
+        // load, inlined into the scope's end, no call (issue 32).
         if !self.any.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.barrier_tracked()
+    }
+    /// [`InFlight::barrier`] of a set that tracked a request since the last one.
+    fn barrier_tracked(&self) -> Result<(), BarrierError> {
         let taken = {
             let mut t = self.list.lock().unwrap_or_else(PoisonError::into_inner);
             self.any.store(false, Ordering::Relaxed);

@@ -2,14 +2,16 @@
 //! without a GPU: a CPU engine's small copies complete inside submit (the folded inline path:
 //! no separate call), for borrowed and owned buffers alike, and an engine that claims more
 //! than it runs inline still hands owned buffers back only after their copy; `enqueue` N jobs
-//! then one `flush` completes them all; the file engine through the [`Backend`] contract
+//! then one `flush` completes them all, through the raw trait and through a scope
+//! (`Scope::enqueue`/`flush`, any engine); the file engine through the [`Backend`] contract
 //! (plain descriptors in, `Request`s out, refusals as `SubmitError`s).
 
 use ferry::file::{FileConfig, FileEngine, FileError, FileJob, IoOp, OpenMode};
 use ferry::{
     Backend, BarrierError, CpuConfig, CpuEngine, Engine, EngineExt, Job, Layout, MemKind, Memory,
-    MemoryMut, Request, SubmitError,
+    MemoryMut, Op, Request, SubmitError,
 };
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Deterministic bytes, different per seed.
 fn data(n: usize, seed: u8) -> Vec<u8> {
@@ -111,6 +113,117 @@ fn n_enqueued_jobs_then_one_flush_all_complete() {
         }
         assert_eq!(dsts, srcs, "{threads} threads");
         e.barrier().unwrap();
+    }
+}
+
+/// A CPU engine that counts the submissions, enqueues and flushes it is given: a scope's
+/// batch through an engine other than the CPU engine itself (any `Engine`).
+struct Counts {
+    cpu: CpuEngine,
+    submits: AtomicUsize,
+    enqueues: AtomicUsize,
+    flushes: AtomicUsize,
+}
+
+impl Counts {
+    fn new(cpu: CpuEngine) -> Counts {
+        Counts {
+            cpu,
+            submits: AtomicUsize::new(0),
+            enqueues: AtomicUsize::new(0),
+            flushes: AtomicUsize::new(0),
+        }
+    }
+    /// (submits, enqueues, flushes) so far.
+    fn counts(&self) -> (usize, usize, usize) {
+        let get = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        (get(&self.submits), get(&self.enqueues), get(&self.flushes))
+    }
+}
+
+impl Engine for Counts {
+    fn name(&self) -> String {
+        "counts".into()
+    }
+    fn supports(&self, dst: MemKind, src: Option<MemKind>) -> bool {
+        self.cpu.supports(dst, src)
+    }
+    unsafe fn submit_raw(&self, job: Job) -> Result<Request, SubmitError> {
+        self.submits.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.cpu.submit_raw(job) }
+    }
+    unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
+        self.enqueues.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.cpu.enqueue(job) }
+    }
+    fn flush(&self) {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        self.cpu.flush();
+    }
+    fn barrier(&self) -> Result<(), BarrierError> {
+        self.cpu.barrier()
+    }
+}
+
+#[test]
+fn a_scope_enqueues_a_batch_and_flushes_it() {
+    let len = 256 << 10;
+    let l = Layout::bytes(len).unwrap();
+    let copy = Op::Copy { dst: l, src: l };
+    let srcs: Vec<Vec<u8>> = (0..8).map(|i| data(len, i)).collect();
+    for inline in [0, len] {
+        // Queued to the workers (inline 0) and run at submit.
+        let e =
+            Counts::new(CpuEngine::with_config(CpuConfig::new(2).inline_bytes(inline)).unwrap());
+        let mut dsts = vec![vec![0u8; len]; srcs.len()];
+        e.scope(|s| -> ferry::Result<()> {
+            for (d, x) in dsts.iter_mut().zip(&srcs) {
+                drop(s.enqueue(d, Some(x), copy.clone(), &[])?);
+            }
+            s.flush();
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(dsts, srcs, "inline {inline}");
+        // Enqueued, not submitted; the explicit flush and the scope's end.
+        assert_eq!(e.counts(), (0, srcs.len(), 2), "inline {inline}");
+        // No flush in the closure: the scope's end starts the batch; the requests are waited
+        // on inside the scope all the same (a wait never hangs for want of a flush).
+        let mut dsts = vec![vec![0u8; len]; srcs.len()];
+        e.scope(|s| -> ferry::Result<()> {
+            let reqs = dsts
+                .iter_mut()
+                .zip(&srcs)
+                .map(|(d, x)| s.enqueue(d, Some(x), copy.clone(), &[]))
+                .collect::<Result<Vec<_>, _>>()?;
+            reqs.into_iter().try_for_each(Request::wait)?;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(dsts, srcs, "inline {inline}");
+        assert_eq!(e.counts(), (0, 2 * srcs.len(), 3), "inline {inline}");
+        // A refusal comes back at enqueue (the destination is short), untouched; a scope that
+        // enqueued nothing flushes nothing.
+        let mut short = vec![0u8; len - 1];
+        let err = e
+            .scope(|s| {
+                s.enqueue(&mut short, Some(&srcs[0]), copy.clone(), &[])
+                    .map_err(ferry::Error::from)
+            })
+            .expect_err("a short destination is refused");
+        assert!(matches!(err, ferry::Error::Submit(_)), "{err}");
+        assert!(short.iter().all(|&b| b == 0));
+        let mut d = vec![0u8; len];
+        e.scope(|s| -> ferry::Result<()> { Ok(s.memcpy(&mut d, &srcs[1])?.wait()?) })
+            .unwrap();
+        assert_eq!(d, srcs[1]);
+        assert_eq!(
+            e.counts().2,
+            4,
+            "inline {inline}: only the enqueuing scope flushed"
+        );
     }
 }
 

@@ -101,7 +101,7 @@ impl CpuBench {
         let verify = |d: &[u8]| first_diff(d, src);
         let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), size, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
-            engine_copy(&self.engine, d, &Layout::bytes(size).ok(), src, None)
+            engine_memcpy(&self.engine, d, src)
         })?;
         s.run("copy_from_slice", Role::Baseline, |d| {
             d.copy_from_slice(black_box(src));
@@ -151,7 +151,7 @@ impl CpuBench {
         let n = self.threads();
         let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), payload, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
-            engine_copy(&self.engine, d, &Some(dst_l), src, Some(src_l))
+            engine_copy(&self.engine, d, &dst_l, src, &src_l)
         })?;
         s.run("row loop", Role::Baseline, |d| {
             for (r, out) in d.chunks_exact_mut(w).enumerate() {
@@ -222,7 +222,7 @@ impl CpuBench {
         let threads = self.threads();
         let mut s = HostSeries::new(ctx, &self.method, (dst, T::POISON), payload, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
-            engine_copy(&self.engine, d, &Some(dst_l), src, Some(src_l))
+            engine_copy(&self.engine, d, &dst_l, src, &src_l)
         })?;
         s.run("blocked 32x32", Role::Baseline, |d| {
             transpose_rows(black_box(d), src, n, m, 0);
@@ -270,9 +270,7 @@ impl CpuBench {
             if inline { "inline" } else { "queued" }
         );
         let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), size, verify);
-        s.run(&ferry_name, Role::Ferry, |d| {
-            engine_copy(engine, d, &Layout::bytes(size).ok(), src, None)
-        })?;
+        s.run(&ferry_name, Role::Ferry, |d| engine_memcpy(engine, d, src))?;
         s.run("copy_from_slice", Role::Baseline, |d| {
             black_box(&mut *d).copy_from_slice(black_box(src));
             Ok(())
@@ -331,21 +329,25 @@ impl Elem for bf16 {
     }
 }
 
-/// One submit + wait through the safe scoped API. `dst_l`/`src_l` None: whole buffers.
+/// One submit + wait through the safe scoped API: `memcpy` of the whole buffers.
+fn engine_memcpy<T: Elem>(engine: &CpuEngine, dst: &mut [T], src: &[T]) -> Result<(), String> {
+    let r = engine.scope(|s| -> Result<(), ferry::Error> { Ok(s.memcpy(dst, src)?.wait()?) });
+    r.map_err(|e| e.to_string())
+}
+
+/// One submit + wait through the safe scoped API: `copy` between layouts built once per row
+/// and passed by reference, as a caller would (copying two 296-byte `Option<Layout>`s per
+/// call, as this function once did, cost the 4 KiB rows a store-forwarding stall that was
+/// the bench's, not ferry's: issue 32).
 fn engine_copy<T: Elem>(
     engine: &CpuEngine,
     dst: &mut [T],
-    dst_l: &Option<Layout>,
+    dst_l: &Layout,
     src: &[T],
-    src_l: Option<Layout>,
+    src_l: &Layout,
 ) -> Result<(), String> {
-    let r = engine.scope(|s| -> Result<(), ferry::Error> {
-        let req = match (dst_l, src_l) {
-            (Some(d), Some(sl)) => s.copy(dst, d, src, &sl),
-            _ => s.memcpy(dst, src),
-        };
-        Ok(req?.wait()?)
-    });
+    let r = engine
+        .scope(|s| -> Result<(), ferry::Error> { Ok(s.copy(dst, dst_l, src, src_l)?.wait()?) });
     r.map_err(|e| e.to_string())
 }
 

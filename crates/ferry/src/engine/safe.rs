@@ -23,6 +23,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -293,8 +294,17 @@ fn run_scope<'env, T, E: From<BarrierError>>(
     let scope = Scope {
         engine,
         core: ScopeCore::new(),
+        enqueued: AtomicBool::new(false),
     };
-    scope.core.run(|| f(&scope))
+    scope.core.run(|| {
+        let out = f(&scope);
+        // What this thread enqueued and did not flush starts now (a wait on it would not hang
+        // meanwhile, only return later than it could: `Engine::enqueue`).
+        if scope.enqueued.load(Ordering::Relaxed) {
+            scope.engine.flush();
+        }
+        out
+    })
 }
 
 /// A job refused at submit, with the buffers handed back. An [`Error`](std::error::Error)
@@ -606,6 +616,8 @@ impl ScopeCore<'_, '_> {
 pub struct Scope<'scope, 'env: 'scope> {
     engine: &'env dyn Engine,
     core: ScopeCore<'scope, 'env>,
+    /// Set by [`Scope::enqueue`]: the scope's end flushes the engine (on the scope's thread).
+    enqueued: AtomicBool,
 }
 
 impl<'scope> Scope<'scope, '_> {
@@ -622,16 +634,33 @@ impl<'scope> Scope<'scope, '_> {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        check_elems(&op, elem(dst), src.map(elem))?;
-        // No element and nothing to wait for: done (with dependencies, the engine orders it).
-        if after.is_empty() && nothing_to_do(&op, dst.raw().len, src.map(|s| s.raw().len))? {
-            return Ok(Request::ready(Ok(())));
-        }
-        self.submit_bytes(dst, src, op, after)
+        self.submit_job(dst, src, op, after, false)
     }
 
-    /// [`Scope::submit`] without the typed-buffer check.
-    fn submit_bytes<D, S>(
+    /// [`Scope::submit`] of a job that more work follows, through the engine's
+    /// [`Engine::enqueue`]: its start may be held until this thread's next [`Scope::flush`]
+    /// (or the scope's end, where the scope's own thread enqueued it), so that an engine can
+    /// start a batch once (the CUDA engine marks its end once: no event per request). The
+    /// request is one like any: waiting on it, polling it or depending on it never hangs for
+    /// want of a flush. An engine that holds nothing (the CPU engine) starts it at once.
+    ///
+    /// ```
+    /// use ferry::{CpuEngine, EngineExt, Layout, Op};
+    /// let engine = CpuEngine::new(2)?;
+    /// let src: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 4096]).collect();
+    /// let mut dst = vec![vec![0u8; 4096]; 4];
+    /// let l = Layout::bytes(4096)?;
+    /// engine.scope(|s| -> ferry::Result<()> {
+    ///     for (d, x) in dst.iter_mut().zip(&src) {
+    ///         drop(s.enqueue(d, Some(x), Op::Copy { dst: l, src: l }, &[])?);
+    ///     }
+    ///     s.flush(); // the batch starts (the scope's end would flush it too)
+    ///     Ok(())
+    /// })?;
+    /// assert_eq!(dst, src);
+    /// # Ok::<(), ferry::Error>(())
+    /// ```
+    pub fn enqueue<D, S>(
         &self,
         dst: &'scope mut D,
         src: Option<&'scope S>,
@@ -642,6 +671,34 @@ impl<'scope> Scope<'scope, '_> {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
+        self.enqueued.store(true, Ordering::Relaxed);
+        self.submit_job(dst, src, op, after, true)
+    }
+
+    /// Starts what this thread [enqueued](Scope::enqueue) on the scope's engine
+    /// ([`Engine::flush`]). Never blocks on the work.
+    pub fn flush(&self) {
+        self.engine.flush();
+    }
+
+    /// The body of [`Scope::submit`] (`more`: false) and [`Scope::enqueue`] (true).
+    fn submit_job<D, S>(
+        &self,
+        dst: &'scope mut D,
+        src: Option<&'scope S>,
+        op: Op,
+        after: &[&Request],
+        more: bool,
+    ) -> Result<Request, SubmitError>
+    where
+        D: MemoryMut + ?Sized,
+        S: Memory + ?Sized,
+    {
+        check_elems(&op, elem(dst), src.map(elem))?;
+        // No element and nothing to wait for: done (with dependencies, the engine orders it).
+        if after.is_empty() && nothing_to_do(&op, dst.raw().len, src.map(|s| s.raw().len))? {
+            return Ok(Request::ready(Ok(())));
+        }
         let job = Job {
             dst: dst.raw_mut(),
             src: src.map(|s| s.raw()),
@@ -651,17 +708,40 @@ impl<'scope> Scope<'scope, '_> {
         // SAFETY: `dst` is mutably and `src` immutably borrowed for 'scope, which ends only
         // after `scope()` has waited for every request tracked here, so the memory stays valid
         // and nothing else touches it while the request runs.
-        self.tracked(unsafe { self.engine.submit_raw(job) })
+        let req = unsafe {
+            if more {
+                self.engine.enqueue(job)
+            } else {
+                self.engine.submit_raw(job)
+            }
+        };
+        self.tracked(req)
     }
 
     /// A request just submitted over buffers borrowed for `'scope`, tracked (the scope waits
-    /// for it before the borrows end); a refusal passed on.
+    /// for it before the borrows end); a refusal passed on. A copy that ran at submit is handed
+    /// on rebuilt from its id, nothing tracked: the engine's result (written through memory by
+    /// a call through `dyn Engine`) is read field by field, never moved whole (issue 32: a
+    /// move of the whole `Result` read it back wider than the engine had stored it, a
+    /// store-forwarding stall, twice a copy).
+    #[inline(always)]
     fn tracked(&self, req: Result<Request, SubmitError>) -> Result<Request, SubmitError> {
-        let req = req?;
-        if !req.is_done_ok() {
-            self.core.track(&req);
+        if let Ok(r) = &req {
+            if r.is_done_ok() {
+                return Ok(Request::done_with_id(r.id()));
+            }
         }
-        Ok(req)
+        self.track_pending(req)
+    }
+
+    /// [`Scope::tracked`] of a request still pending, or of a refusal: out of line, so that
+    /// the path of a copy that ran at submit stays small.
+    #[inline(never)]
+    fn track_pending(&self, req: Result<Request, SubmitError>) -> Result<Request, SubmitError> {
+        if let Ok(r) = &req {
+            self.core.track(r);
+        }
+        req
     }
 
     /// Copies `src_layout` of `src` into `dst_layout` of `dst`. Two empty layouts (a dim of
@@ -700,7 +780,7 @@ impl<'scope> Scope<'scope, '_> {
         D: MemoryMut + ?Sized,
         S: Memory + ?Sized,
     {
-        // SAFETY: as in `submit_bytes`: both buffers are borrowed for 'scope, which ends only
+        // SAFETY: as in `submit_job`: both buffers are borrowed for 'scope, which ends only
         // after the scope has waited for every request tracked here.
         self.tracked(unsafe {
             self.engine

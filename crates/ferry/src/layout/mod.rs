@@ -303,22 +303,27 @@ impl Layout {
     }
 
     /// Number of dimensions.
+    #[inline]
     pub fn ndim(&self) -> usize {
         self.ndim
     }
     /// Extent of each dimension, outermost first.
+    #[inline]
     pub fn dims(&self) -> &[usize] {
         &self.dims[..self.ndim]
     }
     /// Byte stride of each dimension, outermost first.
+    #[inline]
     pub fn strides(&self) -> &[usize] {
         &self.strides[..self.ndim]
     }
     /// Bytes per element.
+    #[inline]
     pub fn elem_size(&self) -> usize {
         self.elem_size
     }
     /// Byte offset of the first element from the start of the buffer.
+    #[inline]
     pub fn offset(&self) -> usize {
         self.offset
     }
@@ -332,6 +337,7 @@ impl Layout {
     }
     /// True when the layout holds no element (a dim of extent 0): its span is empty, and a
     /// copy or fill over it completes at once.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.dims().contains(&0)
     }

@@ -10,7 +10,7 @@
 //!   thread runs one share at submit, the workers the others (and the waiting thread any that
 //!   no worker took yet). A copy between the two thresholds is one chunk, queued.
 //! - Transposes (one element per run against the source's grain): a blocked kernel per
-//!   element size (1, 2, 4, 8, 16 bytes; SIMD register transposes for 4 and 8 on x86_64).
+//!   element size (1, 2, 4, 8, 16 bytes; SIMD register transposes for 2, 4 and 8 on x86_64).
 //! - Threads: `CpuEngine::new(0)` (and `CpuConfig::new(0)`, and the C API's
 //!   `ferry_dma_cpu_create(&dma, 0)`) means one worker per core.
 //! - Caller-runs mode ([`CpuEngine::caller_runs`], [`CpuConfig::caller_runs`]): no workers,
