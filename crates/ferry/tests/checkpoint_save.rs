@@ -392,7 +392,7 @@ fn both_writers_write_the_reference_writers_bytes() {
 }
 
 #[test]
-fn auto_writes_durable_saves_o_direct_and_others_buffered() {
+fn auto_writes_large_durable_saves_o_direct_and_others_buffered() {
     let fe = engine();
     let d = tempfile::tempdir().unwrap();
     let big = pattern(65 << 20, 5);
@@ -414,8 +414,12 @@ fn auto_writes_durable_saves_o_direct_and_others_buffered() {
         assert!(r.writer_note.starts_with("auto"), "{r}");
         if direct {
             check_writer(&r, Writer::Auto);
-        } else {
+        } else if data.len() == small.len() {
             assert_eq!(r.writer, Writer::Buffered, "{r}");
+        } else {
+            // Not fsynced: buffered, unless the machine's dirty-page limit is under 65 MiB.
+            let throttled = r.writer_note.contains("dirty-page limit");
+            assert!(r.writer == Writer::Buffered || throttled, "{r}");
         }
         let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
         assert_eq!(ck.host("w").unwrap().bytes(), &data[..]);

@@ -241,16 +241,20 @@ impl std::fmt::Debug for SaveTensor<'_> {
 ///   them at aligned offsets, through io_uring where the kernel allows it; the unaligned tail
 ///   of each file goes buffered. The page cache is bypassed: no second copy, no writeback.
 ///   A file system that refuses `O_DIRECT` gets `Buffered`, the reason in the report.
-/// - `Auto` (the default): `Direct` for a durable save ([`SaveOptions::fsync`]) of at least
-///   64 MiB, else `Buffered`. Measured on a 2-core VM's ext4 disk (1 GiB, best of 3; see
-///   `bench/results/cpu-2core.md`): with fsync, `O_DIRECT` wrote about 3x faster than
-///   buffered writes plus their writeback; without fsync the page cache took buffered writes
-///   at least as fast as the disk took `O_DIRECT` ones while it had room.
+/// - `Auto` (the default): `Direct` for a save of at least 64 MiB that is durable
+///   ([`SaveOptions::fsync`]) or larger than the kernel's dirty-page limit (`vm.dirty_bytes`,
+///   else `vm.dirty_ratio` of the available memory: past it buffered writers are throttled to
+///   the disk's rate anyway), else `Buffered`. Measured on a 2-core VM's ext4 disk (1 GiB
+///   from host memory, best of 3, `bench/results/cpu-2core.md`): fsynced, `O_DIRECT` wrote
+///   1.34-1.37 GB/s and buffered writes 0.29-0.30; not fsynced, the page cache's speed depends
+///   on free CPU and room (4.6 GB/s on a quiet machine, 0.17-0.31 under a load of 12-18) and
+///   keeps the bytes cached for a load that follows.
 ///
 /// The writer used and why is [`SaveReport::writer`](super::SaveReport::writer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Writer {
-    /// `Direct` for an fsynced save of at least 64 MiB, else `Buffered`.
+    /// `Direct` for a save of at least 64 MiB that is fsynced or over the kernel's dirty-page
+    /// limit, else `Buffered`.
     #[default]
     Auto,
     /// Parallel `pwrite`s through the page cache.

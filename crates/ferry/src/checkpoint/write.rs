@@ -127,23 +127,67 @@ pub(super) const AUTO_DIRECT_MIN: u64 = 64 << 20;
 pub(super) const DIRECT_WINDOW: usize = 64 << 20;
 
 /// The writer a save of `bytes` uses when `asked` (before the file system has its say), and
-/// why, in words.
-pub(super) fn choose_writer(asked: Writer, fsync: bool, bytes: u64) -> (Writer, String) {
-    match asked {
-        Writer::Buffered => (Writer::Buffered, "asked".into()),
-        Writer::Direct => (Writer::Direct, "asked".into()),
-        Writer::Auto if !fsync => (
-            Writer::Buffered,
-            "auto: no fsync asked, the page cache takes the bytes".into(),
-        ),
-        Writer::Auto if bytes < AUTO_DIRECT_MIN => (
+/// why, in words. `dirty_limit`: the kernel's dirty-page limit in bytes ([`dirty_limit`]),
+/// past which buffered writers are throttled to the disk's rate.
+pub(super) fn choose_writer(
+    asked: Writer,
+    fsync: bool,
+    bytes: u64,
+    dirty_limit: Option<u64>,
+) -> (Writer, String) {
+    match (asked, dirty_limit) {
+        (Writer::Buffered, _) => (Writer::Buffered, "asked".into()),
+        (Writer::Direct, _) => (Writer::Direct, "asked".into()),
+        (Writer::Auto, _) if bytes < AUTO_DIRECT_MIN => (
             Writer::Buffered,
             format!("auto: {bytes} bytes, under the 64 MiB worth writing O_DIRECT"),
         ),
-        Writer::Auto => (
+        (Writer::Auto, _) if fsync => (
             Writer::Direct,
             "auto: fsync asked, O_DIRECT skips the page cache and its writeback".into(),
         ),
+        (Writer::Auto, Some(l)) if bytes > l => (
+            Writer::Direct,
+            format!(
+                "auto: {bytes} bytes, over the kernel's dirty-page limit ({l}): buffered \
+                 writes would wait for the disk"
+            ),
+        ),
+        (Writer::Auto, _) => (
+            Writer::Buffered,
+            "auto: no fsync asked, the page cache takes the bytes".into(),
+        ),
+    }
+}
+
+/// The kernel's dirty-page limit, in bytes: `vm.dirty_bytes`, else `vm.dirty_ratio` percent of
+/// the memory available (`MemAvailable`; the kernel counts free and reclaimable pages);
+/// `None` where `/proc` does not say.
+pub(super) fn dirty_limit() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    dirty_limit_of(
+        &read("/proc/sys/vm/dirty_bytes")?,
+        &read("/proc/sys/vm/dirty_ratio")?,
+        &read("/proc/meminfo")?,
+    )
+}
+
+/// [`dirty_limit`] from the texts of `dirty_bytes`, `dirty_ratio` and `/proc/meminfo`.
+fn dirty_limit_of(dirty_bytes: &str, dirty_ratio: &str, meminfo: &str) -> Option<u64> {
+    match dirty_bytes.trim().parse::<u64>().ok()? {
+        0 => {
+            let ratio: u64 = dirty_ratio.trim().parse().ok()?;
+            let kib: u64 = meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()?;
+            Some(kib * 1024 / 100 * ratio)
+        }
+        b => Some(b),
     }
 }
 
@@ -170,7 +214,7 @@ pub(super) fn open_for(
     opts: &SaveOptions,
     bytes: u64,
 ) -> Result<Target, CheckpointError> {
-    let (writer, note) = choose_writer(opts.writer, opts.fsync, bytes);
+    let (writer, note) = choose_writer(opts.writer, opts.fsync, bytes, dirty_limit());
     let first = files.first().map_or(Path::new(""), |f| f.path.as_path());
     if writer == Writer::Buffered {
         return Ok(Target {
@@ -469,19 +513,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_picks_o_direct_for_large_durable_saves_only() {
+    fn auto_picks_o_direct_for_large_durable_or_throttled_saves() {
         let big = AUTO_DIRECT_MIN;
-        assert_eq!(choose_writer(Writer::Auto, true, big).0, Writer::Direct);
-        assert_eq!(choose_writer(Writer::Auto, false, big).0, Writer::Buffered);
-        let (w, why) = choose_writer(Writer::Auto, true, big - 1);
+        let limit = Some(4 * big);
+        assert_eq!(
+            choose_writer(Writer::Auto, true, big, limit).0,
+            Writer::Direct
+        );
+        assert_eq!(
+            choose_writer(Writer::Auto, true, big, None).0,
+            Writer::Direct
+        );
+        assert_eq!(
+            choose_writer(Writer::Auto, false, big, limit).0,
+            Writer::Buffered
+        );
+        assert_eq!(
+            choose_writer(Writer::Auto, false, big, None).0,
+            Writer::Buffered
+        );
+        let (w, why) = choose_writer(Writer::Auto, false, 5 * big, limit);
+        assert_eq!(w, Writer::Direct);
+        assert!(why.contains("dirty-page limit"), "{why}");
+        let (w, why) = choose_writer(Writer::Auto, true, big - 1, Some(1));
         assert_eq!(w, Writer::Buffered);
         assert!(why.contains("64 MiB"), "{why}");
         // Asked for: given, whatever the size and fsync.
         for (asked, fsync, bytes) in [(Writer::Direct, false, 1), (Writer::Buffered, true, big)] {
-            assert_eq!(
-                choose_writer(asked, fsync, bytes),
-                (asked, "asked".to_string())
-            );
+            let got = choose_writer(asked, fsync, bytes, Some(0));
+            assert_eq!(got, (asked, "asked".to_string()));
+        }
+    }
+
+    #[test]
+    fn the_dirty_limit_is_dirty_bytes_or_the_ratio_of_available_memory() {
+        let meminfo = "MemTotal:       24683792 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(
+            dirty_limit_of("0\n", "20\n", meminfo),
+            Some(20000000 * 1024 / 100 * 20)
+        );
+        assert_eq!(dirty_limit_of("1048576\n", "20\n", meminfo), Some(1 << 20));
+        assert_eq!(dirty_limit_of("0", "20", "MemTotal: 1 kB\n"), None);
+        assert_eq!(dirty_limit_of("x", "20", meminfo), None);
+        // This machine's /proc, where there is one.
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(dirty_limit().is_some_and(|l| l > 0));
         }
     }
 }
