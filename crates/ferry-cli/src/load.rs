@@ -8,7 +8,7 @@
 use crate::args::{check_writable, device_memory, file_id, mem_available, ArgError};
 use crate::sizes::{format_size, parse_size, SizeError};
 use ferry::checkpoint::{
-    self, Checkpoint, LoadOptions, Placement, SaveOptions, SaveTensor, Target, TensorBuffer, Writer,
+    self, Checkpoint, LoadOptions, Placement, SaveOptions, SaveTensor, Target, TensorBuffer,
 };
 use ferry::cuda::CudaEngine;
 use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece, Replacement};
@@ -175,8 +175,8 @@ pub struct SaveArgs {
     /// MiB or more that is fsynced or over the kernel's dirty-page limit, else buffered). The
     /// report names the writer used and why.
     /// Plain files are written buffered.
-    #[arg(long, value_name = "WRITER", default_value = "auto", value_parser = parse_writer)]
-    pub writer: Writer,
+    #[arg(long, value_name = "WRITER", value_enum, default_value_t = WriterArg::Auto)]
+    pub writer: WriterArg,
     /// Save a checkpoint as an asynchronous snapshot does: copied out of the loaded memory
     /// into at most SIZE of host memory (K/M/G suffixes), streamed through two windows of
     /// half of it (one copied while the other is written) when the checkpoint is larger; the
@@ -188,8 +188,26 @@ pub struct SaveArgs {
     pub io: IoArgs,
 }
 
-fn parse_writer(s: &str) -> Result<Writer, String> {
-    s.parse()
+/// `ferry save --writer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriterArg {
+    /// Chosen per save.
+    Auto,
+    /// Through the page cache.
+    Buffered,
+    /// `O_DIRECT`.
+    Direct,
+}
+
+impl WriterArg {
+    /// As [`SaveOptions::direct`] takes it (`None`: chosen per save).
+    pub fn direct(self) -> Option<bool> {
+        match self {
+            WriterArg::Auto => None,
+            WriterArg::Buffered => Some(false),
+            WriterArg::Direct => Some(true),
+        }
+    }
 }
 
 /// A load or save whose input passed [`check`].
@@ -221,8 +239,8 @@ pub struct SaveTo {
     pub fsync: bool,
     /// A sharded save (`dst` is an index), with `--shard-size`.
     pub sharded: Option<u64>,
-    /// `--writer`.
-    pub writer: Writer,
+    /// `--writer`: [`SaveOptions::direct`] (`None`: auto).
+    pub writer: Option<bool>,
     /// `--snapshot-bytes`: save through a bounded snapshot.
     pub snapshot_bytes: Option<u64>,
 }
@@ -240,13 +258,13 @@ impl SaveTo {
             dst,
             fsync,
             sharded: sharded.then(|| shard_size.unwrap_or(5_000_000_000)),
-            writer: Writer::Auto,
+            writer: None,
             snapshot_bytes: None,
         }
     }
 
     /// With `--writer` and `--snapshot-bytes`.
-    pub fn with(mut self, writer: Writer, snapshot_bytes: Option<u64>) -> SaveTo {
+    pub fn with(mut self, writer: Option<bool>, snapshot_bytes: Option<u64>) -> SaveTo {
         self.writer = writer;
         self.snapshot_bytes = snapshot_bytes;
         self
@@ -673,10 +691,8 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
         let mut extra = serde_json::Map::new();
         let (bytes, io) = match &loaded {
             Loaded::Checkpoint(ck) => {
-                let opts = SaveOptions::new()
-                    .fsync(*fsync)
-                    .interrupt(stop)
-                    .writer(to.writer);
+                let mut opts = SaveOptions::new().fsync(*fsync).interrupt(stop);
+                opts.direct = to.writer;
                 // An index path (`to.sharded`) is a sharded save.
                 let opts = match to.sharded {
                     Some(limit) => opts.shard_bytes(limit),
@@ -690,7 +706,8 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
                     }
                     None => ck.save(&fe, dst, &opts)?,
                 };
-                extra.insert("writer".into(), r.writer.to_string().into());
+                let writer = if r.direct { "O_DIRECT" } else { "buffered" };
+                extra.insert("writer".into(), writer.into());
                 extra.insert("writer_note".into(), r.writer_note.clone().into());
                 extra.insert("held_bytes".into(), r.snapshot_bytes.into());
                 (r.bytes, r.io)

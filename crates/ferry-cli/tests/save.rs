@@ -37,7 +37,7 @@ fn checkpoint_in(dir: &Path) -> PathBuf {
         .collect();
     let p = dir.join("m.safetensors");
     let fe = FileEngine::new(FileConfig::new().threads(2)).unwrap();
-    let opts = SaveOptions::new().writer(checkpoint::Writer::Buffered);
+    let opts = SaveOptions::new().direct(false);
     checkpoint::save(&fe, &p, &list, &opts).unwrap();
     p
 }
@@ -110,7 +110,11 @@ fn a_bad_writer_or_snapshot_size_is_refused_before_any_work() {
     let dst = dir.path().join("out.safetensors");
     let (s, d) = (src.to_str().unwrap(), dst.to_str().unwrap());
     for (flag, value, want) in [
-        ("--writer", "fast", "auto, buffered or direct"),
+        (
+            "--writer",
+            "fast",
+            "possible values: auto, buffered, direct",
+        ),
         ("--snapshot-bytes", "lots", "lots"),
     ] {
         let o = ferry(&["save", s, d, "--device", "host", flag, value]);

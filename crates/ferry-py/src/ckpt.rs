@@ -435,18 +435,19 @@ pub(crate) fn save_safetensors(
 ) -> PyResult<Option<Py<SaveRequest>>> {
     let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let fsync = errors::boolean(fsync, "fsync", false)?;
-    let writer = match writer.filter(|w| !w.is_none()) {
-        None => checkpoint::Writer::Auto,
-        Some(w) => w
-            .extract::<String>()
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| {
-                arg(format!(
+    let direct = match writer.filter(|w| !w.is_none()) {
+        None => None,
+        Some(w) => match w.extract::<String>().ok().as_deref() {
+            Some("auto") => None,
+            Some("buffered") => Some(false),
+            Some("direct") => Some(true),
+            _ => {
+                return Err(arg(format!(
                     "writer={}: expected \"auto\", \"buffered\" or \"direct\"",
                     errors::shown(w)
-                ))
-            })?,
+                )))
+            }
+        },
     };
     let snapshot_bytes = match snapshot_bytes.filter(|m| !m.is_none()) {
         None => None,
@@ -512,18 +513,16 @@ pub(crate) fn save_safetensors(
     // Ctrl-C: Python's handler only sets a flag; the save asks between its batches.
     let caught: Arc<Mutex<Option<PyErr>>> = Arc::default();
     let stash = caught.clone();
-    let mut opts = SaveOptions::new()
-        .fsync(fsync)
-        .writer(writer)
-        .interrupt(move || {
-            Python::with_gil(|py| match py.check_signals() {
-                Ok(()) => false,
-                Err(e) => {
-                    *stash.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-                    true
-                }
-            })
-        });
+    let mut opts = SaveOptions::new().fsync(fsync).interrupt(move || {
+        Python::with_gil(|py| match py.check_signals() {
+            Ok(()) => false,
+            Err(e) => {
+                *stash.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                true
+            }
+        })
+    });
+    opts.direct = direct;
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
     }
@@ -549,7 +548,8 @@ pub(crate) fn save_safetensors(
     if non_blocking {
         // Written on a thread of its own: no Ctrl-C check there (only the main thread may
         // ask Python for signals); `wait()` is where the caller is.
-        let mut bg = SaveOptions::new().fsync(opts.fsync).writer(opts.writer);
+        let mut bg = SaveOptions::new().fsync(opts.fsync);
+        bg.direct = opts.direct;
         bg.metadata = opts.metadata.clone();
         bg.shard_bytes = opts.shard_bytes;
         bg.snapshot_bytes = snapshot_bytes;

@@ -1,11 +1,11 @@
 //! Saves that cannot or must not finish: destinations that are not files (a clear error naming
 //! the destination and what is wrong, nothing created), saves stopped by
 //! [`SaveOptions::interrupt`] (no partial file, the old file kept), sharded saves read
-//! back through their index, and both writers ([`Writer`]: buffered, `O_DIRECT`) writing the
+//! back through their index, and both writers ([`SaveOptions::direct`]: buffered, `O_DIRECT`) writing the
 //! reference writer's bytes.
 
 use ferry::checkpoint::{
-    self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target, Writer,
+    self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
 };
 use ferry::file::{FileConfig, FileEngine};
 use std::path::Path;
@@ -327,17 +327,16 @@ fn a_snapshot_within_its_bound_is_taken_in_one_piece() {
     assert_eq!(names(d.path()), ["ref.safetensors", "snap.safetensors"]);
 }
 
-/// The writer a save reports for `asked` in a folder whose file system may refuse `O_DIRECT`:
-/// `Direct` where it takes it, else `Buffered` with the reason.
-fn check_writer(r: &checkpoint::SaveReport, asked: Writer) {
-    match (asked, r.writer) {
-        (Writer::Buffered, w) => assert_eq!(w, Writer::Buffered, "{r}"),
-        (_, Writer::Direct) => {
+/// The writer a save reports for `asked` ([`SaveOptions::direct`]) in a folder whose file
+/// system may refuse `O_DIRECT`: `O_DIRECT` where it takes it, else buffered with the reason.
+fn check_writer(r: &checkpoint::SaveReport, asked: Option<bool>) {
+    match (asked, r.direct) {
+        (Some(false), d) => assert!(!d, "{r}"),
+        (_, true) => {
             assert!(r.io.direct_bytes > 0, "{r}");
             assert!(r.snapshot_bytes > 0, "{r}");
         }
-        (_, Writer::Buffered) => assert!(r.writer_note.contains("O_DIRECT"), "{r}"),
-        (_, Writer::Auto) => panic!("a report names the writer used: {r}"),
+        (_, false) => assert!(r.writer_note.contains("O_DIRECT"), "{r}"),
     }
 }
 
@@ -366,21 +365,25 @@ fn both_writers_write_the_reference_writers_bytes() {
         })
         .collect();
     let want = safetensors::tensor::serialize(views, None).unwrap();
-    for writer in [Writer::Buffered, Writer::Direct] {
+    for writer in [false, true] {
         for fsync in [false, true] {
             let p = d.path().join("w.safetensors");
             std::fs::write(&p, b"old").unwrap();
-            let opts = SaveOptions::new().writer(writer).fsync(fsync);
+            let opts = SaveOptions::new().direct(writer).fsync(fsync);
             let r = checkpoint::save(&fe, &p, &list, &opts).unwrap();
-            check_writer(&r, writer);
+            check_writer(&r, Some(writer));
             assert!(r.to_string().contains("writer "), "{r}");
             assert_eq!(r.synced, fsync);
-            assert_eq!(std::fs::read(&p).unwrap(), want, "{writer:?} fsync {fsync}");
+            assert_eq!(
+                std::fs::read(&p).unwrap(),
+                want,
+                "direct {writer} fsync {fsync}"
+            );
             // Sharded, several shards written at once.
             let index = d.path().join("m.safetensors.index.json");
             let r =
                 checkpoint::save(&fe, &index, &list, &opts.clone().shard_bytes(2 << 20)).unwrap();
-            check_writer(&r, writer);
+            check_writer(&r, Some(writer));
             assert!(r.files >= 2, "{r}");
             let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
             for (n, w) in tnames.iter().zip(&data) {
@@ -413,13 +416,13 @@ fn auto_writes_large_durable_saves_o_direct_and_others_buffered() {
         .unwrap();
         assert!(r.writer_note.starts_with("auto"), "{r}");
         if direct {
-            check_writer(&r, Writer::Auto);
+            check_writer(&r, None);
         } else if data.len() == small.len() {
-            assert_eq!(r.writer, Writer::Buffered, "{r}");
+            assert!(!r.direct, "{r}");
         } else {
             // Not fsynced: buffered, unless the machine's dirty-page limit is under 65 MiB.
             let throttled = r.writer_note.contains("dirty-page limit");
-            assert!(r.writer == Writer::Buffered || throttled, "{r}");
+            assert!(!r.direct || throttled, "{r}");
         }
         let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
         assert_eq!(ck.host("w").unwrap().bytes(), &data[..]);
@@ -453,12 +456,12 @@ fn o_direct_refused_falls_back_to_buffered_with_the_reason() {
     let data = pattern(3 << 20, 9);
     let shape = [data.len()];
     let p = d.path().join("s.safetensors");
-    let opts = SaveOptions::new().writer(Writer::Direct);
+    let opts = SaveOptions::new().direct(true);
     let r = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap();
     if takes_o_direct(d.path()) {
-        assert_eq!(r.writer, Writer::Direct, "{r}");
+        assert!(r.direct, "{r}");
     } else {
-        assert_eq!(r.writer, Writer::Buffered, "{r}");
+        assert!(!r.direct, "{r}");
         assert!(r.writer_note.contains("refused O_DIRECT"), "{r}");
         assert_eq!(r.io.direct_bytes, 0, "{r}");
     }
@@ -480,7 +483,7 @@ fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
         let asked = Arc::new(AtomicUsize::new(0));
         let a = asked.clone();
         let opts = SaveOptions::new()
-            .writer(Writer::Direct)
+            .direct(true)
             .fsync(true)
             .interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
         let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
@@ -508,11 +511,11 @@ fn a_streamed_snapshot_holds_at_most_its_bound_with_either_writer() {
     let reference = d.path().join("ref.safetensors");
     checkpoint::save(&fe, &reference, &list, &SaveOptions::new()).unwrap();
     let want = std::fs::read(&reference).unwrap();
-    for writer in [Writer::Buffered, Writer::Direct] {
+    for writer in [false, true] {
         // Bounds from the smallest (two 4 KiB windows) to just under the checkpoint.
         for bound in [8192u64, 100 << 10, 1 << 20, 1500 << 10] {
             let path = d.path().join("snap.safetensors");
-            let opts = SaveOptions::new().writer(writer).snapshot_bytes(bound);
+            let opts = SaveOptions::new().direct(writer).snapshot_bytes(bound);
             let r = Checkpoint::snapshot_save(fe.clone(), &path, &list, opts)
                 .unwrap()
                 .join()
@@ -522,10 +525,14 @@ fn a_streamed_snapshot_holds_at_most_its_bound_with_either_writer() {
                 r.snapshot_bytes > 0 && r.snapshot_bytes <= bound,
                 "{bound}: {r}"
             );
-            if writer == Writer::Direct && r.writer == Writer::Direct {
+            if r.direct {
                 assert!(r.io.direct_bytes > 0, "{r}");
             }
-            assert_eq!(std::fs::read(&path).unwrap(), want, "{writer:?} {bound}");
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                want,
+                "direct {writer} {bound}"
+            );
         }
     }
     assert_eq!(names(d.path()), ["ref.safetensors", "snap.safetensors"]);

@@ -4,14 +4,12 @@
 //! Also a sharded save straight from device memory. Prints `skipped: no CUDA driver` without
 //! a GPU. A snapshot over its memory bound ([`SaveOptions::snapshot_bytes`]) streams through
 //! two pinned windows (one copied while the other is written) and writes the same bytes, with
-//! either writer ([`Writer`]); so does an `O_DIRECT` save straight from device memory.
+//! either writer ([`SaveOptions::direct`]); so does an `O_DIRECT` save straight from device memory.
 //! Timings (the stall vs the write) are printed: run with `--nocapture`.
 
 mod cuda_common;
 use cuda_common::*;
-use ferry::checkpoint::{
-    self, Checkpoint, Dtype, LoadOptions, SaveOptions, SaveTensor, Target, Writer,
-};
+use ferry::checkpoint::{self, Checkpoint, Dtype, LoadOptions, SaveOptions, SaveTensor, Target};
 use ferry::cuda::DeviceBuffer;
 use ferry::file::{FileConfig, FileEngine};
 use std::sync::Arc;
@@ -73,12 +71,12 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
     let list: Vec<SaveTensor<'_>> = (0..64)
         .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
         .collect();
-    for writer in [Writer::Buffered, Writer::Direct] {
-        let opts = SaveOptions::new().shard_bytes(32 << 20).writer(writer);
+    for direct in [false, true] {
+        let opts = SaveOptions::new().shard_bytes(32 << 20).direct(direct);
         let r = checkpoint::save(&fe, &index, &list, &opts).unwrap();
         println!("sharded save from the GPU: {r}");
         assert!(r.files > 1);
-        assert_eq!(r.writer == Writer::Direct, r.io.direct_bytes > 0, "{r}");
+        assert_eq!(r.direct, r.io.direct_bytes > 0, "{r}");
         let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
         for n in &names {
             assert!(ck.host(n).unwrap().bytes().iter().all(|&b| b == 0), "{n}");
@@ -111,7 +109,7 @@ fn a_snapshot_over_its_bound_streams_from_the_gpu() {
     let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n / 2]).collect();
     let bound = 16 << 20;
     let path = dir.path().join("streamed.safetensors");
-    for writer in [Writer::Buffered, Writer::Direct] {
+    for direct in [false, true] {
         for (d, h) in dev.iter_mut().zip(&host) {
             d.copy_from_host(h).unwrap();
         }
@@ -120,13 +118,13 @@ fn a_snapshot_over_its_bound_streams_from_the_gpu() {
             let list: Vec<SaveTensor<'_>> = (0..48)
                 .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
                 .collect();
-            let opts = SaveOptions::new().snapshot_bytes(bound).writer(writer);
+            let opts = SaveOptions::new().snapshot_bytes(bound).direct(direct);
             Checkpoint::snapshot_save(fe.clone(), &path, &list, opts).unwrap()
         };
         let total: usize = sizes.iter().sum();
         println!(
-            "streamed snapshot of {total} bytes through {bound} ({writer}): the caller waited \
-             {:.4} s",
+            "streamed snapshot of {total} bytes through {bound} (O_DIRECT {direct}): the caller waited \
+             waited {:.4} s",
             t0.elapsed().as_secs_f64()
         );
         for d in dev.iter_mut() {

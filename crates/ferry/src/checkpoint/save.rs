@@ -26,9 +26,10 @@ pub struct SaveReport {
     /// ([`Checkpoint::snapshot_save`]: at most [`SaveOptions::snapshot_bytes`]), or the
     /// `O_DIRECT` writer's windows; 0 for a buffered save straight from the tensors.
     pub snapshot_bytes: u64,
-    /// The writer used: [`Writer::Buffered`] or [`Writer::Direct`] (never `Auto`).
-    pub writer: Writer,
-    /// Why that writer ("asked", Auto's reason, or why `O_DIRECT` was refused).
+    /// Whether the files were written with `O_DIRECT` ([`SaveOptions::direct`]; else
+    /// buffered).
+    pub direct: bool,
+    /// Why that writer ("asked", the reason it was chosen, or why `O_DIRECT` was refused).
     pub writer_note: String,
     /// The file engine's report over all writes.
     pub io: IoReport,
@@ -49,7 +50,7 @@ impl std::fmt::Display for SaveReport {
             self.bytes,
             self.seconds,
             if self.synced { ", fsynced" } else { "" },
-            self.writer,
+            if self.direct { "O_DIRECT" } else { "buffered" },
             self.writer_note,
             if self.snapshot_bytes > 0 {
                 format!("; {} bytes of windows held at most", self.snapshot_bytes)
@@ -101,7 +102,7 @@ pub fn save(
         seconds: t0.elapsed().as_secs_f64(),
         synced: opts.fsync,
         snapshot_bytes: held,
-        writer,
+        direct: writer == Writer::Direct,
         writer_note,
         io,
     })

@@ -128,7 +128,7 @@ impl Checkpoint {
     /// rate` more) instead of the memory, and copies overlap writes. A tensor larger than a
     /// window is copied in parts (any byte range of a tensor copies as well as the whole), so
     /// the bound holds for any tensor and the memory never follows the largest one. The
-    /// windows are page-aligned runs of whole file blocks, so [`Writer::Direct`](super::Writer::Direct) writes them
+    /// windows are page-aligned runs of whole file blocks, so the `O_DIRECT` writer ([`SaveOptions::direct`]) writes them
     /// with `O_DIRECT` as they are.
     ///
     /// Errors: [`Checkpoint::snapshot`]'s and [`save`](fn@super::save)'s (a failed write
@@ -192,7 +192,7 @@ impl Checkpoint {
                     seconds: t0.elapsed().as_secs_f64(),
                     synced,
                     snapshot_bytes: held,
-                    writer,
+                    direct: writer == super::options::Writer::Direct,
                     writer_note,
                     io,
                 })

@@ -1,5 +1,5 @@
 //! Writing safetensors files: one file's layout and header (as the reference writer lays it
-//! out), the writer's choice (buffered or `O_DIRECT`, [`Writer`]), and the writes of several
+//! out), the writer's choice (buffered or `O_DIRECT`, [`SaveOptions::direct`]), and the writes of several
 //! files at once (buffered: their pieces interleaved and in flight together, in batches
 //! between which a save may be interrupted; `O_DIRECT`: streamed through aligned windows,
 //! `stream.rs`), each file through a [`Replacement`] so that a failed or interrupted save
@@ -214,7 +214,8 @@ pub(super) fn open_for(
     opts: &SaveOptions,
     bytes: u64,
 ) -> Result<Target, CheckpointError> {
-    let (writer, note) = choose_writer(opts.writer, opts.fsync, bytes, dirty_limit());
+    let asked = Writer::asked(opts.direct);
+    let (writer, note) = choose_writer(asked, opts.fsync, bytes, dirty_limit());
     let first = files.first().map_or(Path::new(""), |f| f.path.as_path());
     if writer == Writer::Buffered {
         return Ok(Target {
