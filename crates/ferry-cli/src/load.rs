@@ -8,7 +8,8 @@
 use crate::args::{check_writable, device_memory, file_id, mem_available, ArgError};
 use crate::sizes::{format_size, parse_size, SizeError};
 use ferry::checkpoint::{
-    self, Checkpoint, LoadOptions, LoadReport, Placement, SaveOptions, Target, TensorBuffer,
+    self, Checkpoint, LoadOptions, LoadReport, Placement, SaveOptions, SaveTensor, Target,
+    TensorBuffer,
 };
 use ferry::cuda::CudaEngine;
 use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece, Replacement};
@@ -169,9 +170,45 @@ pub struct SaveArgs {
     /// A sharded save's largest shard (K/M/G suffixes; default 5G, as Hugging Face cuts them).
     #[arg(long, value_name = "BYTES", value_parser = parse_size_arg)]
     pub shard_size: Option<u64>,
+    /// How a checkpoint's bytes go into the file: `buffered` (parallel pwrites through the
+    /// page cache), `direct` (O_DIRECT from aligned windows, the file preallocated; buffered,
+    /// with the reason, where the file system refuses it) or `auto` (direct for a save of 64
+    /// MiB or more that is fsynced or over the kernel's dirty-page limit, else buffered). The
+    /// report names the writer used and why.
+    /// Plain files are written buffered.
+    #[arg(long, value_name = "WRITER", value_enum, default_value_t = WriterArg::Auto)]
+    pub writer: WriterArg,
+    /// Save a checkpoint as an asynchronous snapshot does: copied out of the loaded memory
+    /// into at most SIZE of host memory (K/M/G suffixes), streamed through two windows of
+    /// half of it (one copied while the other is written) when the checkpoint is larger; the
+    /// report gives the wait for the copies and the most memory held.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub snapshot_bytes: Option<u64>,
     /// Shared options.
     #[command(flatten)]
     pub io: IoArgs,
+}
+
+/// `ferry save --writer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriterArg {
+    /// Chosen per save.
+    Auto,
+    /// Through the page cache.
+    Buffered,
+    /// `O_DIRECT`.
+    Direct,
+}
+
+impl WriterArg {
+    /// As [`SaveOptions::direct`] takes it (`None`: chosen per save).
+    pub fn direct(self) -> Option<bool> {
+        match self {
+            WriterArg::Auto => None,
+            WriterArg::Buffered => Some(false),
+            WriterArg::Direct => Some(true),
+        }
+    }
 }
 
 /// A load or save whose input passed [`check`].
@@ -203,6 +240,10 @@ pub struct SaveTo {
     pub fsync: bool,
     /// A sharded save (`dst` is an index), with `--shard-size`.
     pub sharded: Option<u64>,
+    /// `--writer`: [`SaveOptions::direct`] (`None`: auto).
+    pub writer: Option<bool>,
+    /// `--snapshot-bytes`: save through a bounded snapshot.
+    pub snapshot_bytes: Option<u64>,
 }
 
 impl SaveTo {
@@ -218,7 +259,16 @@ impl SaveTo {
             dst,
             fsync,
             sharded: sharded.then(|| shard_size.unwrap_or(5_000_000_000)),
+            writer: None,
+            snapshot_bytes: None,
         }
+    }
+
+    /// With `--writer` and `--snapshot-bytes`.
+    pub fn with(mut self, writer: Option<bool>, snapshot_bytes: Option<u64>) -> SaveTo {
+        self.writer = writer;
+        self.snapshot_bytes = snapshot_bytes;
+        self
     }
 }
 
@@ -615,7 +665,7 @@ enum Loaded {
 
 /// Runs `ferry load` (and the load half of `ferry save`); returns the summary as JSON.
 pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
-    let fe = engine(job)?;
+    let fe = Arc::new(engine(job)?);
     let (cache, loaded, summary) = load(job, &fe)?;
     let mut out = summary;
     out["page_cache"] = cache_words(cache).into();
@@ -633,18 +683,35 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
         crate::signal::catch().map_err(|e| format!("cannot catch Ctrl-C during the save: {e}"))?;
         let stop = || crate::signal::caught().is_some();
         let t0 = Instant::now();
+        let mut extra = serde_json::Map::new();
         let (bytes, io) = match &loaded {
             Loaded::Checkpoint(ck) => {
-                let opts = SaveOptions::new().fsync(*fsync).interrupt(stop);
+                let mut opts = SaveOptions::new().fsync(*fsync).interrupt(stop);
+                opts.direct = to.writer;
                 // An index path (`to.sharded`) is a sharded save.
                 let opts = match to.sharded {
                     Some(limit) => opts.shard_bytes(limit),
                     None => opts,
                 };
-                let r = ck.save(&fe, dst, &opts)?;
+                let r = match to.snapshot_bytes {
+                    Some(b) => {
+                        let r = save_snapshot(&fe, ck, dst, opts.snapshot_bytes(b), t0)?;
+                        extra.insert("stall_seconds".into(), r.1.into());
+                        r.0
+                    }
+                    None => ck.save(&fe, dst, &opts)?,
+                };
+                let writer = if r.direct { "O_DIRECT" } else { "buffered" };
+                extra.insert("writer".into(), writer.into());
+                extra.insert("writer_note".into(), r.writer_note.clone().into());
+                extra.insert("held_bytes".into(), r.snapshot_bytes.into());
                 (r.bytes, r.io)
             }
-            Loaded::Raw(buf) => save_raw(&fe, buf, dst, *fsync, &stop)?,
+            Loaded::Raw(buf) => {
+                extra.insert("writer".into(), "buffered".into());
+                extra.insert("writer_note".into(), "plain bytes".into());
+                save_raw(&fe, buf, dst, *fsync, &stop)?
+            }
         };
         let s = t0.elapsed().as_secs_f64();
         out["save"] = serde_json::json!({
@@ -656,9 +723,46 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
             "io_path": path_words(&io),
             "issued": issued_words(&io),
         });
+        for (k, v) in extra {
+            out["save"][k] = v;
+        }
         add_transport(&mut out["save"], &io);
     }
     Ok(out)
+}
+
+/// `ferry save --snapshot-bytes`: `ck`'s tensors snapshotted into bounded host memory and
+/// written ([`Checkpoint::snapshot_save`]); returns the save's report and the seconds the
+/// call waited (for the copies), from `t0`.
+fn save_snapshot(
+    fe: &Arc<FileEngine>,
+    ck: &Checkpoint,
+    dst: &Path,
+    opts: SaveOptions,
+    t0: Instant,
+) -> Result<(checkpoint::SaveReport, f64), AnyError> {
+    let regions: Vec<_> = ck
+        .tensors()
+        .iter()
+        .map(|t| ferry::memory::Region::of(&ck.buffers()[t.buffer], t.offset..t.offset + t.len))
+        .collect::<Option<_>>()
+        .ok_or("a loaded tensor lies outside its buffer")?;
+    let tensors: Vec<SaveTensor<'_>> = ck
+        .tensors()
+        .iter()
+        .zip(&regions)
+        .map(|(t, r)| SaveTensor::new(&t.name, t.dtype, &t.shape, r))
+        .collect();
+    let mut opts = opts;
+    for (k, v) in ck.metadata() {
+        if k != "total_size" {
+            opts.metadata.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let h = Checkpoint::snapshot_save(Arc::clone(fe), dst, &tensors, opts)?;
+    let stall = t0.elapsed().as_secs_f64();
+    let r = h.join().map_err(|_| "the writing thread panicked")??;
+    Ok((r, stall))
 }
 
 /// Writes `buf` to `dst` beside it and renames it over `dst` once complete: a failed or
@@ -1033,6 +1137,19 @@ pub fn render(v: &serde_json::Value) -> String {
             },
             sv["io_path"].as_str().unwrap_or(""),
         );
+        if let Some(w) = sv["writer"].as_str() {
+            s += &format!(
+                "  writer      {w} ({})\n",
+                sv["writer_note"].as_str().unwrap_or("")
+            );
+        }
+        if let Some(st) = sv["stall_seconds"].as_f64() {
+            s += &format!(
+                "  snapshot    the copies took {}, at most {} held\n",
+                human_time(st),
+                format_size(sv["held_bytes"].as_u64().unwrap_or(0))
+            );
+        }
         if let Some(i) = sv["issued"].as_str() {
             s += &format!("  issued by   {i}\n");
         }

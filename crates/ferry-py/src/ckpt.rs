@@ -392,8 +392,15 @@ pub(crate) fn _load_safetensors_into(
 ///         link's rate) and return a ``SaveRequest`` at once: the tensors may change as soon as
 ///         it is returned; the files are written in the background (``wait()`` for them).
 ///     snapshot_bytes (int | None): with ``non_blocking=True``, the most host memory the copy
-///         holds at once (default 1 GiB): a larger checkpoint is streamed through one buffer
-///         of that size, the call then also waiting for every part's write but the last.
+///         holds at once (default 1 GiB): a larger checkpoint is streamed through two windows
+///         of half of it, one copied while the other is written, the call then also waiting
+///         for writes while both are full.
+///     fsync (bool): flush the files to the disk before they are renamed into place.
+///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more that
+///         is fsynced or over the kernel's dirty-page limit, else buffered), ``"buffered"``
+///         (parallel writes through the page cache) or
+///         ``"direct"`` (``O_DIRECT`` from aligned windows; buffered where the file system
+///         refuses it).
 ///
 /// Returns:
 ///     SaveRequest | None: the background write with ``non_blocking=True``, else None.
@@ -410,10 +417,11 @@ pub(crate) fn _load_safetensors_into(
 #[pyfunction]
 #[pyo3(
     signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None,
-                 snapshot_bytes = None),
+                 snapshot_bytes = None, fsync = None, writer = None),
     text_signature = "(tensors, path, metadata=None, max_shard_size=None, non_blocking=False, \
-                      snapshot_bytes=None)"
+                      snapshot_bytes=None, fsync=False, writer='auto')"
 )]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn save_safetensors(
     py: Python<'_>,
     tensors: &Bound<'_, PyAny>,
@@ -422,8 +430,25 @@ pub(crate) fn save_safetensors(
     max_shard_size: Option<&Bound<'_, PyAny>>,
     non_blocking: Option<&Bound<'_, PyAny>>,
     snapshot_bytes: Option<&Bound<'_, PyAny>>,
+    fsync: Option<&Bound<'_, PyAny>>,
+    writer: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Option<Py<SaveRequest>>> {
     let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
+    let fsync = errors::boolean(fsync, "fsync", false)?;
+    let direct = match writer.filter(|w| !w.is_none()) {
+        None => None,
+        Some(w) => match w.extract::<String>().ok().as_deref() {
+            Some("auto") => None,
+            Some("buffered") => Some(false),
+            Some("direct") => Some(true),
+            _ => {
+                return Err(arg(format!(
+                    "writer={}: expected \"auto\", \"buffered\" or \"direct\"",
+                    errors::shown(w)
+                )))
+            }
+        },
+    };
     let snapshot_bytes = match snapshot_bytes.filter(|m| !m.is_none()) {
         None => None,
         Some(m) => Some(m.extract::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
@@ -488,7 +513,7 @@ pub(crate) fn save_safetensors(
     // Ctrl-C: Python's handler only sets a flag; the save asks between its batches.
     let caught: Arc<Mutex<Option<PyErr>>> = Arc::default();
     let stash = caught.clone();
-    let mut opts = SaveOptions::new().interrupt(move || {
+    let mut opts = SaveOptions::new().fsync(fsync).interrupt(move || {
         Python::with_gil(|py| match py.check_signals() {
             Ok(()) => false,
             Err(e) => {
@@ -497,6 +522,7 @@ pub(crate) fn save_safetensors(
             }
         })
     });
+    opts.direct = direct;
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
     }
@@ -523,6 +549,7 @@ pub(crate) fn save_safetensors(
         // Written on a thread of its own: no Ctrl-C check there (only the main thread may
         // ask Python for signals); `wait()` is where the caller is.
         let mut bg = SaveOptions::new().fsync(opts.fsync);
+        bg.direct = opts.direct;
         bg.metadata = opts.metadata.clone();
         bg.shard_bytes = opts.shard_bytes;
         bg.snapshot_bytes = snapshot_bytes;

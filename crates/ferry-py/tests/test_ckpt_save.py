@@ -113,3 +113,23 @@ def test_non_blocking_within_a_memory_bound_writes_the_same_file(tmp_path):
     assert (tmp_path / "s.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
     with pytest.raises(ferry.ArgumentError, match="snapshot_bytes"):
         ferry.save_safetensors(t, tmp_path / "x.safetensors", non_blocking=True, snapshot_bytes=0)
+
+
+def test_both_writers_write_the_same_file(tmp_path):
+    t = {f"w{i}": np.arange(i * 70001, (i + 1) * 70001, dtype=np.float32) for i in range(5)}
+    ferry.save_safetensors(t, tmp_path / "ref.safetensors", writer="buffered")
+    want = (tmp_path / "ref.safetensors").read_bytes()
+    for writer in ["direct", "auto"]:
+        for fsync in [False, True]:
+            p = tmp_path / f"{writer}-{fsync}.safetensors"
+            ferry.save_safetensors(t, p, writer=writer, fsync=fsync)
+            assert p.read_bytes() == want
+            req = ferry.save_safetensors(
+                t, p, writer=writer, fsync=fsync, non_blocking=True, snapshot_bytes=256 << 10
+            )
+            assert req is not None
+            req.wait()
+            assert p.read_bytes() == want
+    with pytest.raises(ferry.ArgumentError, match="writer"):
+        ferry.save_safetensors(t, tmp_path / "x.safetensors", writer="fast")
+    assert not (tmp_path / "x.safetensors").exists()

@@ -1,7 +1,8 @@
 //! Saves that cannot or must not finish: destinations that are not files (a clear error naming
 //! the destination and what is wrong, nothing created), saves stopped by
-//! [`SaveOptions::interrupt`] (no partial file, the old file kept), and sharded saves read
-//! back through their index.
+//! [`SaveOptions::interrupt`] (no partial file, the old file kept), sharded saves read
+//! back through their index, and both writers ([`SaveOptions::direct`]: buffered, `O_DIRECT`) writing the
+//! reference writer's bytes.
 
 use ferry::checkpoint::{
     self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
@@ -322,6 +323,217 @@ fn a_snapshot_within_its_bound_is_taken_in_one_piece() {
         let e = Checkpoint::snapshot_save(fe.clone(), d.path().join("x.safetensors"), &bad, opts)
             .unwrap_err();
         assert!(matches!(e, CheckpointError::BadTensor { .. }), "{e:?}");
+    }
+    assert_eq!(names(d.path()), ["ref.safetensors", "snap.safetensors"]);
+}
+
+/// The writer a save reports for `asked` ([`SaveOptions::direct`]) in a folder whose file
+/// system may refuse `O_DIRECT`: `O_DIRECT` where it takes it, else buffered with the reason.
+fn check_writer(r: &checkpoint::SaveReport, asked: Option<bool>) {
+    match (asked, r.direct) {
+        (Some(false), d) => assert!(!d, "{r}"),
+        (_, true) => {
+            assert!(r.io.direct_bytes > 0, "{r}");
+            assert!(r.snapshot_bytes > 0, "{r}");
+        }
+        (_, false) => assert!(r.writer_note.contains("O_DIRECT"), "{r}"),
+    }
+}
+
+#[test]
+fn both_writers_write_the_reference_writers_bytes() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    // Odd sizes (the header and every tensor end off the 4 KiB blocks), one tensor over a
+    // direct window (64 MiB), and an empty one.
+    let sizes = [3usize, 70 << 20, 12_345, 0, 1 << 20, 4097];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u64 + 11))
+        .collect();
+    let tnames: Vec<String> = (0..sizes.len()).map(|i| format!("t.{i}")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
+    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
+        .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
+        .collect();
+    // The reference writer's file.
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..sizes.len())
+        .map(|i| {
+            let v = safetensors::tensor::TensorView::new(Dtype::U8, vec![sizes[i]], &data[i]);
+            (tnames[i].clone(), v.unwrap())
+        })
+        .collect();
+    let want = safetensors::tensor::serialize(views, None).unwrap();
+    for writer in [false, true] {
+        for fsync in [false, true] {
+            let p = d.path().join("w.safetensors");
+            std::fs::write(&p, b"old").unwrap();
+            let opts = SaveOptions::new().direct(writer).fsync(fsync);
+            let r = checkpoint::save(&fe, &p, &list, &opts).unwrap();
+            check_writer(&r, Some(writer));
+            assert!(r.to_string().contains("writer "), "{r}");
+            assert_eq!(r.synced, fsync);
+            assert_eq!(
+                std::fs::read(&p).unwrap(),
+                want,
+                "direct {writer} fsync {fsync}"
+            );
+            // Sharded, several shards written at once.
+            let index = d.path().join("m.safetensors.index.json");
+            let r =
+                checkpoint::save(&fe, &index, &list, &opts.clone().shard_bytes(2 << 20)).unwrap();
+            check_writer(&r, Some(writer));
+            assert!(r.files >= 2, "{r}");
+            let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+            for (n, w) in tnames.iter().zip(&data) {
+                assert_eq!(ck.host(n).unwrap().bytes(), &w[..], "{n}");
+            }
+        }
+    }
+    assert!(names(d.path()).iter().all(|n| !n.contains("ferry-partial")));
+}
+
+#[test]
+fn auto_writes_large_durable_saves_o_direct_and_others_buffered() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    let big = pattern(65 << 20, 5);
+    let small = pattern(1 << 20, 6);
+    let p = d.path().join("a.safetensors");
+    for (data, fsync, direct) in [
+        (&big, true, true),
+        (&big, false, false),
+        (&small, true, false),
+    ] {
+        let shape = [data.len()];
+        let r = checkpoint::save(
+            &fe,
+            &p,
+            &one(data, &shape),
+            &SaveOptions::new().fsync(fsync),
+        )
+        .unwrap();
+        assert!(r.writer_note.starts_with("auto"), "{r}");
+        if direct {
+            check_writer(&r, None);
+        } else if data.len() == small.len() {
+            assert!(!r.direct, "{r}");
+        } else {
+            // Not fsynced: buffered, unless the machine's dirty-page limit is under 65 MiB.
+            let throttled = r.writer_note.contains("dirty-page limit");
+            assert!(!r.direct || throttled, "{r}");
+        }
+        let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
+        assert_eq!(ck.host("w").unwrap().bytes(), &data[..]);
+    }
+}
+
+/// Whether the file system of `dir` opens files with `O_DIRECT`.
+fn takes_o_direct(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = dir.join("probe");
+    std::fs::write(&p, b"").unwrap();
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .is_ok();
+    std::fs::remove_file(&p).unwrap();
+    ok
+}
+
+#[test]
+fn o_direct_refused_falls_back_to_buffered_with_the_reason() {
+    // tmpfs refused O_DIRECT before Linux 6.6; where it takes it, the direct writer runs.
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let fe = engine();
+    let d = tempfile::tempdir_in(shm).unwrap();
+    let data = pattern(3 << 20, 9);
+    let shape = [data.len()];
+    let p = d.path().join("s.safetensors");
+    let opts = SaveOptions::new().direct(true);
+    let r = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap();
+    if takes_o_direct(d.path()) {
+        assert!(r.direct, "{r}");
+    } else {
+        assert!(!r.direct, "{r}");
+        assert!(r.writer_note.contains("refused O_DIRECT"), "{r}");
+        assert_eq!(r.io.direct_bytes, 0, "{r}");
+    }
+    let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
+    assert_eq!(ck.host("w").unwrap().bytes(), &data[..]);
+    assert_eq!(names(d.path()), ["s.safetensors"]);
+}
+
+#[test]
+fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.safetensors");
+    std::fs::write(&p, b"old").unwrap();
+    // Four direct windows' worth: stopped at the third ask (the copying side's second).
+    let data = vec![7u8; 256 << 20];
+    let shape = [data.len()];
+    for stop_at in [0, 2, 4] {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let a = asked.clone();
+        let opts = SaveOptions::new()
+            .direct(true)
+            .fsync(true)
+            .interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
+        let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
+        assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        assert_eq!(names(d.path()), ["m.safetensors"]);
+    }
+}
+
+#[test]
+fn a_streamed_snapshot_holds_at_most_its_bound_with_either_writer() {
+    let fe = Arc::new(engine());
+    let d = tempfile::tempdir().unwrap();
+    let sizes = [5000usize, 300 << 10, 1 << 20, 77, 200 << 10];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u64 + 3))
+        .collect();
+    let tnames: Vec<String> = (0..sizes.len()).map(|i| format!("s.{i}")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
+    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
+        .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
+        .collect();
+    let reference = d.path().join("ref.safetensors");
+    checkpoint::save(&fe, &reference, &list, &SaveOptions::new()).unwrap();
+    let want = std::fs::read(&reference).unwrap();
+    for writer in [false, true] {
+        // Bounds from the smallest (two 4 KiB windows) to just under the checkpoint.
+        for bound in [8192u64, 100 << 10, 1 << 20, 1500 << 10] {
+            let path = d.path().join("snap.safetensors");
+            let opts = SaveOptions::new().direct(writer).snapshot_bytes(bound);
+            let r = Checkpoint::snapshot_save(fe.clone(), &path, &list, opts)
+                .unwrap()
+                .join()
+                .unwrap()
+                .unwrap();
+            assert!(
+                r.snapshot_bytes > 0 && r.snapshot_bytes <= bound,
+                "{bound}: {r}"
+            );
+            if r.direct {
+                assert!(r.io.direct_bytes > 0, "{r}");
+            }
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                want,
+                "direct {writer} {bound}"
+            );
+        }
     }
     assert_eq!(names(d.path()), ["ref.safetensors", "snap.safetensors"]);
 }

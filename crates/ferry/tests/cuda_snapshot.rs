@@ -3,8 +3,9 @@
 //! is written in the background, and the file holds the bytes of the moment of the snapshot.
 //! Also a sharded save straight from device memory. Prints `skipped: no CUDA driver` without
 //! a GPU. A snapshot over its memory bound ([`SaveOptions::snapshot_bytes`]) streams through
-//! one pinned buffer and writes the same bytes. Timings (the stall vs the write) are printed:
-//! run with `--nocapture`.
+//! two pinned windows (one copied while the other is written) and writes the same bytes, with
+//! either writer ([`SaveOptions::direct`]); so does an `O_DIRECT` save straight from device memory.
+//! Timings (the stall vs the write) are printed: run with `--nocapture`.
 
 mod cuda_common;
 use cuda_common::*;
@@ -70,18 +71,16 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
     let list: Vec<SaveTensor<'_>> = (0..64)
         .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
         .collect();
-    let r = checkpoint::save(
-        &fe,
-        &index,
-        &list,
-        &SaveOptions::new().shard_bytes(32 << 20),
-    )
-    .unwrap();
-    println!("sharded save from the GPU: {r}");
-    assert!(r.files > 1);
-    let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
-    for n in &names {
-        assert!(ck.host(n).unwrap().bytes().iter().all(|&b| b == 0), "{n}");
+    for direct in [false, true] {
+        let opts = SaveOptions::new().shard_bytes(32 << 20).direct(direct);
+        let r = checkpoint::save(&fe, &index, &list, &opts).unwrap();
+        println!("sharded save from the GPU: {r}");
+        assert!(r.files > 1);
+        assert_eq!(r.direct, r.io.direct_bytes > 0, "{r}");
+        let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+        for n in &names {
+            assert!(ck.host(n).unwrap().bytes().iter().all(|&b| b == 0), "{n}");
+        }
     }
 }
 
@@ -110,28 +109,34 @@ fn a_snapshot_over_its_bound_streams_from_the_gpu() {
     let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n / 2]).collect();
     let bound = 16 << 20;
     let path = dir.path().join("streamed.safetensors");
-    let t0 = std::time::Instant::now();
-    let handle = {
-        let list: Vec<SaveTensor<'_>> = (0..48)
-            .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
-            .collect();
-        let opts = SaveOptions::new().snapshot_bytes(bound);
-        Checkpoint::snapshot_save(fe.clone(), &path, &list, opts).unwrap()
-    };
-    let total: usize = sizes.iter().sum();
-    println!(
-        "streamed snapshot of {total} bytes through {bound}: the caller waited {:.4} s",
-        t0.elapsed().as_secs_f64()
-    );
-    for d in dev.iter_mut() {
-        let zeros = vec![0u8; d.len()];
-        d.copy_from_host(&zeros).unwrap();
-    }
-    let r = handle.join().unwrap().unwrap();
-    println!("streamed write: {r}");
-    assert!(r.snapshot_bytes > 0 && r.snapshot_bytes <= bound, "{r:?}");
-    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
-    for (n, want) in names.iter().zip(&host) {
-        assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
+    for direct in [false, true] {
+        for (d, h) in dev.iter_mut().zip(&host) {
+            d.copy_from_host(h).unwrap();
+        }
+        let t0 = std::time::Instant::now();
+        let handle = {
+            let list: Vec<SaveTensor<'_>> = (0..48)
+                .map(|i| SaveTensor::new(&names[i], Dtype::BF16, &shapes[i], &dev[i]))
+                .collect();
+            let opts = SaveOptions::new().snapshot_bytes(bound).direct(direct);
+            Checkpoint::snapshot_save(fe.clone(), &path, &list, opts).unwrap()
+        };
+        let total: usize = sizes.iter().sum();
+        println!(
+            "streamed snapshot of {total} bytes through {bound} (O_DIRECT {direct}): the caller waited \
+             waited {:.4} s",
+            t0.elapsed().as_secs_f64()
+        );
+        for d in dev.iter_mut() {
+            let zeros = vec![0u8; d.len()];
+            d.copy_from_host(&zeros).unwrap();
+        }
+        let r = handle.join().unwrap().unwrap();
+        println!("streamed write: {r}");
+        assert!(r.snapshot_bytes > 0 && r.snapshot_bytes <= bound, "{r:?}");
+        let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+        for (n, want) in names.iter().zip(&host) {
+            assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
+        }
     }
 }

@@ -136,6 +136,8 @@ def save_safetensors(
     max_shard_size: Optional[int] = None,
     non_blocking: bool = False,
     snapshot_bytes: Optional[int] = None,
+    fsync: bool = False,
+    writer: Literal["auto", "buffered", "direct"] = "auto",
 ) -> Optional[SaveRequest]: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None

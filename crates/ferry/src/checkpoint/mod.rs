@@ -69,6 +69,7 @@ mod loaded;
 mod options;
 mod save;
 mod snapshot;
+mod stream;
 mod view;
 mod write;
 

@@ -1,7 +1,7 @@
 //! How to load a checkpoint: [`LoadOptions`] (where the tensors go, [`Target`]; how they are
 //! laid out, [`Placement`]; which of them, [`Select`]; alignment and progress); and what and
 //! how to save: [`SaveTensor`], [`SaveOptions`] (fsync, metadata, interrupt, shard size,
-//! snapshot memory).
+//! snapshot memory, buffered or `O_DIRECT` writes).
 
 use super::error::CheckpointError;
 use super::header::TensorEntry;
@@ -230,6 +230,42 @@ impl std::fmt::Debug for SaveTensor<'_> {
     }
 }
 
+/// Which writer a save uses ([`SaveOptions::direct`]): what it was asked for, then what it
+/// uses (never `Auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) enum Writer {
+    /// `Direct` for a save of at least 64 MiB that is fsynced or over the kernel's dirty-page
+    /// limit, else `Buffered`.
+    #[default]
+    Auto,
+    /// Parallel `pwrite`s through the page cache.
+    Buffered,
+    /// `O_DIRECT` from aligned windows, the file preallocated.
+    Direct,
+}
+
+impl Writer {
+    /// The writer [`SaveOptions::direct`] asks for.
+    pub(crate) fn asked(direct: Option<bool>) -> Writer {
+        match direct {
+            None => Writer::Auto,
+            Some(false) => Writer::Buffered,
+            Some(true) => Writer::Direct,
+        }
+    }
+}
+
+impl std::fmt::Display for Writer {
+    /// `auto`, `buffered`, `O_DIRECT`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Writer::Auto => "auto",
+            Writer::Buffered => "buffered",
+            Writer::Direct => "O_DIRECT",
+        })
+    }
+}
+
 /// How to save: [`SaveOptions::new`] then chained setters.
 #[derive(Clone, Default)]
 pub struct SaveOptions {
@@ -245,8 +281,35 @@ pub struct SaveOptions {
     /// Face's `save_pretrained` cuts them).
     pub shard_bytes: Option<u64>,
     /// The most host memory [`Checkpoint::snapshot_save`](super::Checkpoint::snapshot_save)
-    /// holds at once, in bytes (default 1 GiB, at least 4 KiB).
+    /// holds at once, in bytes (default 1 GiB, at least 8 KiB): a larger checkpoint streams
+    /// through two windows of half of it each.
     pub snapshot_bytes: Option<u64>,
+    /// How the bytes go into the files: `Some(false)`, buffered; `Some(true)`, `O_DIRECT`;
+    /// `None` (the default), chosen per save.
+    ///
+    /// - Buffered: the tensors' bytes are `pwrite`n straight from their memory by the file
+    ///   engine's parallel writers, into the page cache (the kernel writes them back later,
+    ///   or at `fsync`).
+    /// - `O_DIRECT`: each file is preallocated (`fallocate`) and opened with `O_DIRECT`; its
+    ///   bytes are gathered, in file order, into two page-aligned host windows of 64 MiB (one
+    ///   filled while the other is written: engine copies, a GPU's for device tensors) and
+    ///   written from them at aligned offsets, through io_uring where the kernel allows it;
+    ///   the unaligned tail of each file goes buffered. The page cache is bypassed: no second
+    ///   copy, no writeback. A file system that refuses `O_DIRECT` gets buffered writes, the
+    ///   reason in the report.
+    /// - `None`: `O_DIRECT` for a save of at least 64 MiB that is durable
+    ///   ([`SaveOptions::fsync`](field@SaveOptions::fsync)) or larger than the kernel's
+    ///   dirty-page limit (`vm.dirty_bytes`, else `vm.dirty_ratio` of the available memory:
+    ///   past it buffered writers are throttled to the disk's rate anyway), else buffered.
+    ///   Measured on a 2-core VM's ext4 disk (1 GiB from host memory, best of 3,
+    ///   `bench/results/cpu-2core.md`): fsynced, `O_DIRECT` wrote 1.34-1.37 GB/s and buffered
+    ///   writes 0.29-0.30; not fsynced, the page cache's speed depends on free CPU and room
+    ///   (4.6 GB/s on a quiet machine, 0.17-0.31 under a load of 12-18) and it keeps the
+    ///   bytes cached for a load that follows.
+    ///
+    /// The writer used and why: [`SaveReport::direct`](super::SaveReport::direct),
+    /// [`SaveReport::writer_note`](super::SaveReport::writer_note).
+    pub direct: Option<bool>,
 }
 
 impl std::fmt::Debug for SaveOptions {
@@ -257,6 +320,7 @@ impl std::fmt::Debug for SaveOptions {
             .field("interrupt", &self.interrupt.as_ref().map(|_| ".."))
             .field("shard_bytes", &self.shard_bytes)
             .field("snapshot_bytes", &self.snapshot_bytes)
+            .field("direct", &self.direct)
             .finish()
     }
 }
@@ -291,6 +355,12 @@ impl SaveOptions {
     /// ([`SaveOptions::snapshot_bytes`](field@SaveOptions::snapshot_bytes)).
     pub fn snapshot_bytes(mut self, bytes: u64) -> SaveOptions {
         self.snapshot_bytes = Some(bytes);
+        self
+    }
+    /// Writes with `O_DIRECT` (`true`) or buffered (`false`) instead of choosing per save
+    /// ([`SaveOptions::direct`](field@SaveOptions::direct)).
+    pub fn direct(mut self, on: bool) -> SaveOptions {
+        self.direct = Some(on);
         self
     }
 }

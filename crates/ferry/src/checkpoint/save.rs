@@ -2,7 +2,7 @@
 
 use super::error::CheckpointError;
 use super::loaded::Checkpoint;
-use super::options::{SaveOptions, SaveTensor};
+use super::options::{SaveOptions, SaveTensor, Writer};
 use super::write::{check_tensor, plan, write_files, Planned};
 use crate::file::{FileEngine, IoReport};
 use std::collections::BTreeMap;
@@ -23,9 +23,14 @@ pub struct SaveReport {
     /// Whether the file was synced.
     pub synced: bool,
     /// The most host memory a snapshot held at once, in bytes
-    /// ([`Checkpoint::snapshot_save`]: at most [`SaveOptions::snapshot_bytes`]); 0 for a save
-    /// straight from the tensors.
+    /// ([`Checkpoint::snapshot_save`]: at most [`SaveOptions::snapshot_bytes`]), or the
+    /// `O_DIRECT` writer's windows; 0 for a buffered save straight from the tensors.
     pub snapshot_bytes: u64,
+    /// Whether the files were written with `O_DIRECT` ([`SaveOptions::direct`]; else
+    /// buffered).
+    pub direct: bool,
+    /// Why that writer ("asked", the reason it was chosen, or why `O_DIRECT` was refused).
+    pub writer_note: String,
     /// The file engine's report over all writes.
     pub io: IoReport,
 }
@@ -39,12 +44,19 @@ impl std::fmt::Display for SaveReport {
         };
         write!(
             f,
-            "{} tensors in {} file(s), {} bytes in {:.4} s ({gbs:.2} GB/s){}; {}",
+            "{} tensors in {} file(s), {} bytes in {:.4} s ({gbs:.2} GB/s){}; writer {} ({}){}; {}",
             self.tensors,
             self.files,
             self.bytes,
             self.seconds,
             if self.synced { ", fsynced" } else { "" },
+            if self.direct { "O_DIRECT" } else { "buffered" },
+            self.writer_note,
+            if self.snapshot_bytes > 0 {
+                format!("; {} bytes of windows held at most", self.snapshot_bytes)
+            } else {
+                String::new()
+            },
             self.io
         )
     }
@@ -81,7 +93,7 @@ pub fn save(
 ) -> Result<SaveReport, CheckpointError> {
     let (planned, extra) = plan_save(path.as_ref(), tensors, opts)?;
     let t0 = Instant::now();
-    let io = write_files(engine, &planned, &extra, opts)?;
+    let (io, writer, writer_note, held) = write_files(engine, &planned, &extra, opts)?;
     Ok(SaveReport {
         bytes: planned.iter().map(|p| p.bytes()).sum::<u64>()
             + extra.iter().map(|e| e.1.len() as u64).sum::<u64>(),
@@ -89,7 +101,9 @@ pub fn save(
         files: planned.len(),
         seconds: t0.elapsed().as_secs_f64(),
         synced: opts.fsync,
-        snapshot_bytes: 0,
+        snapshot_bytes: held,
+        direct: writer == Writer::Direct,
+        writer_note,
         io,
     })
 }

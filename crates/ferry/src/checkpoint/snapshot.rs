@@ -9,15 +9,12 @@ use super::error::CheckpointError;
 use super::loaded::{Checkpoint, LoadReport, Tensor};
 use super::options::{SaveOptions, SaveTensor};
 use super::save::{plan_save, SaveReport};
-use super::write::{check_tensor, replace_err, store_batches, Opened, Piece, CHUNK_BYTES};
+use super::stream::{self, Copier, Stop, Stream, STREAM_ALIGN};
+use super::write::{check_tensor, open_for, replace_err};
 use super::TensorBuffer;
-use crate::engine::cpu::CpuEngine;
-use crate::engine::Engine;
 use crate::file::FileEngine;
-use crate::layout::Layout;
-use crate::memory::{MemKind, Memory, Region};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::ops::Range;
+use crate::memory::Memory;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -47,7 +44,6 @@ impl Checkpoint {
         let here = Path::new("<snapshot>");
         let mut places = Vec::with_capacity(tensors.len());
         let mut total = 0usize;
-        let mut on_gpu = false;
         let mut names = std::collections::HashSet::with_capacity(tensors.len());
         for t in tensors {
             check_tensor(here, t)?;
@@ -59,16 +55,11 @@ impl Checkpoint {
                 });
             }
             let len = t.data.raw().len;
-            on_gpu |= matches!(t.data.raw().kind, MemKind::Device { .. });
             places.push(total..total + len);
             total = (total + len).next_multiple_of(SNAP_ALIGN);
         }
-        let gpu = engine.mover().filter(|_| on_gpu);
-        let kind = if gpu.is_some() {
-            MemKind::Pinned
-        } else {
-            MemKind::Pageable
-        };
+        let copier = Copier::new(engine, tensors.iter().map(|t| (t.name, t.data.raw().kind)))?;
+        let kind = copier.kind();
         let mut buf =
             TensorBuffer::new(kind, total.max(1)).map_err(|msg| CheckpointError::Alloc {
                 path: here.to_path_buf(),
@@ -76,12 +67,10 @@ impl Checkpoint {
                 target: kind.to_string(),
                 msg,
             })?;
-        let cpu = cpu_engine(engine)?;
         let setup = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         for (t, place) in tensors.iter().zip(&places) {
-            let by = engine_for(t, gpu, &cpu)?;
-            copy_out(by, &mut buf, place.start, t, 0..place.len())?;
+            copier.copy(&mut buf, place.start, t.name, t.data, 0..place.len())?;
         }
         let seconds = t1.elapsed().as_secs_f64();
         let list: Vec<Tensor> = tensors
@@ -137,13 +126,16 @@ impl Checkpoint {
     ///
     /// A checkpoint within the bound is [`Checkpoint::snapshot`] then
     /// [`Checkpoint::save_in_background`]: the caller waits for the copy only. A larger one is
-    /// streamed through one buffer of the bound: the temporary files are opened, then window
-    /// after window of tensor bytes (in file order) is copied into the buffer and written
-    /// from it; the caller waits for every window's copy and every window's write but the
-    /// last, so the stall grows gracefully with the checkpoint's excess over the bound
-    /// (about `(size - bound) / write rate` more) instead of the memory. A tensor larger than
-    /// the bound is copied in parts (any byte range of a tensor copies as well as the whole),
-    /// so the bound holds for any tensor and the memory never follows the largest one.
+    /// streamed through two windows of half the bound each: the temporary files are opened,
+    /// then window after window of the files' bytes (in file order) is copied into one window
+    /// on this thread while the other is written by the writing thread; the caller waits for
+    /// every copy, and for a write only when both windows are full, so the stall grows
+    /// gracefully with the checkpoint's excess over the bound (about `(size - bound) / write
+    /// rate` more) instead of the memory, and copies overlap writes. A tensor larger than a
+    /// window is copied in parts (any byte range of a tensor copies as well as the whole), so
+    /// the bound holds for any tensor and the memory never follows the largest one. The
+    /// windows are page-aligned runs of whole file blocks, so the `O_DIRECT` writer ([`SaveOptions::direct`]) writes them
+    /// with `O_DIRECT` as they are.
     ///
     /// Errors: [`Checkpoint::snapshot`]'s and [`save`](fn@super::save)'s (a failed write
     /// leaves no file, as a save's; a streamed one's come from the call up to its last
@@ -159,7 +151,7 @@ impl Checkpoint {
         let bound = opts
             .snapshot_bytes
             .unwrap_or(DEFAULT_SNAPSHOT_BYTES)
-            .clamp(SNAP_ALIGN as u64, usize::MAX as u64) as usize;
+            .clamp(2 * STREAM_ALIGN as u64, usize::MAX as u64) as usize;
         let spawn_err = |e: std::io::Error| replace_err(&path, &e, "starting the writing thread");
         let whole: usize = tensors
             .iter()
@@ -178,104 +170,52 @@ impl Checkpoint {
                 })
                 .map_err(spawn_err);
         }
-        let here = Path::new("<snapshot>");
-        let mut names = std::collections::HashSet::with_capacity(tensors.len());
-        for t in tensors {
-            check_tensor(here, t)?;
-            if !names.insert(t.name) {
-                return Err(CheckpointError::Duplicate {
-                    tensor: t.name.to_string(),
-                    first: path.clone(),
-                    second: path.clone(),
-                });
-            }
-        }
-        let on_gpu = tensors
-            .iter()
-            .any(|t| matches!(t.data.raw().kind, MemKind::Device { .. }));
-        let gpu = engine.mover().filter(|_| on_gpu);
-        let kind = if gpu.is_some() {
-            MemKind::Pinned
-        } else {
-            MemKind::Pageable
-        };
-        let cpu = cpu_engine(&engine)?;
         let (planned, extra) = plan_save(&path, tensors, &opts)?;
-        for t in tensors {
-            engine_for(t, gpu, &cpu)?;
-        }
-        let mut buf = TensorBuffer::new(kind, bound).map_err(|msg| CheckpointError::Alloc {
-            path: here.to_path_buf(),
-            bytes: bound as u64,
-            target: kind.to_string(),
-            msg,
-        })?;
+        let copier = Copier::new(&engine, tensors.iter().map(|t| (t.name, t.data.raw().kind)))?;
+        let half = (bound / 2 / STREAM_ALIGN * STREAM_ALIGN).max(STREAM_ALIGN);
+        let stream = Stream::new(&planned);
+        let n = stream.windows(half).clamp(1, 2);
+        let free = stream::windows(copier.kind(), half, n)?;
+        let held = (n * half) as u64;
         let t0 = Instant::now();
-        let open = Opened::new(&engine, &planned, &extra)?;
-        let heads = planned
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let head: &dyn Memory = &f.head;
-                VecDeque::from([Piece {
-                    file: i,
-                    offset: 0,
-                    data: Region::of(head, 0..f.head.len()).expect("the whole header"),
-                }])
-            })
-            .collect();
-        let mut io = store_batches(&engine, &open.handles, &open.paths, heads, &opts, |_, _| {
-            None
-        })?;
-        // The window in `buf`: (file, offset in it, range in buf, tensor).
-        let mut window: Vec<Span> = Vec::new();
-        let mut fill = 0usize;
-        for (i, f) in planned.iter().enumerate() {
-            let mut at = f.head.len() as u64;
-            for t in &f.order {
-                let len = t.data.raw().len;
-                let mut done = 0;
-                while done < len {
-                    if fill == bound {
-                        io.add(write_window(&engine, &open, &buf, &window, &opts)?);
-                        window.clear();
-                        fill = 0;
-                    }
-                    let n = (bound - fill).min(len - done);
-                    copy_out(engine_for(t, gpu, &cpu)?, &mut buf, fill, t, done..done + n)?;
-                    window.push(Span {
-                        file: i,
-                        offset: at + done as u64,
-                        range: fill..fill + n,
-                        tensor: t.name.to_string(),
-                    });
-                    fill += n;
-                    done += n;
-                }
-                at += len as u64;
-            }
-        }
-        let bytes = planned.iter().map(|p| p.bytes()).sum::<u64>()
-            + extra.iter().map(|e| e.1.len() as u64).sum::<u64>();
-        let files = planned.len();
-        let count = tensors.len();
-        drop(planned);
-        std::thread::Builder::new()
+        let bytes = planned.iter().map(|p| p.bytes()).sum::<u64>();
+        let target = open_for(&engine, &planned, &extra, &opts, bytes)?;
+        let bytes = bytes + extra.iter().map(|e| e.1.len() as u64).sum::<u64>();
+        let first = planned.first().map(|f| f.path.clone()).unwrap_or_default();
+        let (feed, drain) = stream::pipeline(free, target.open, stream.names(), &opts);
+        let (files, count) = (planned.len(), tensors.len());
+        let (writer, writer_note, direct) = (target.writer, target.note, target.direct);
+        let (synced, to) = (opts.fsync, first.clone());
+        let writing = Arc::clone(&engine);
+        let h = std::thread::Builder::new()
             .name("ferry-ckpt-write".into())
             .spawn(move || {
-                io.add(write_window(&engine, &open, &buf, &window, &opts)?);
-                open.finish(&opts)?;
+                let io = drain.run(direct.as_ref().unwrap_or(&writing))?;
                 Ok(SaveReport {
                     bytes,
                     tensors: count,
                     files,
                     seconds: t0.elapsed().as_secs_f64(),
-                    synced: opts.fsync,
-                    snapshot_bytes: bound as u64,
+                    synced,
+                    snapshot_bytes: held,
+                    direct: writer == super::options::Writer::Direct,
+                    writer_note,
                     io,
                 })
             })
-            .map_err(spawn_err)
+            .map_err(spawn_err)?;
+        match feed.fill_all(&stream, half, &copier, &opts, &first) {
+            Ok(()) => Ok(h),
+            Err(Stop::Failed(e)) => {
+                // The writing side sees the copying side gone and removes its files.
+                let _ = h.join();
+                Err(e)
+            }
+            Err(Stop::WriterGone) => match h.join() {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(_)) | Err(_) => Err(stream::panicked(&to)),
+            },
+        }
     }
 
     /// Writes this checkpoint to `path` ([`Checkpoint::save`]: one file, or a sharded
@@ -294,99 +234,4 @@ impl Checkpoint {
             .name("ferry-ckpt-write".into())
             .spawn(move || self.save(&engine, &path, &opts))
     }
-}
-
-/// A part of a tensor in a streamed snapshot's window.
-struct Span {
-    file: usize,
-    offset: u64,
-    range: Range<usize>,
-    tensor: String,
-}
-
-/// Writes a streamed snapshot's window from `buf` (its spans cut into pieces of at most
-/// [`CHUNK_BYTES`]).
-fn write_window(
-    engine: &FileEngine,
-    open: &Opened,
-    buf: &TensorBuffer,
-    window: &[Span],
-    opts: &SaveOptions,
-) -> Result<crate::file::IoReport, CheckpointError> {
-    let mut queues: Vec<VecDeque<Piece<'_>>> = open.paths.iter().map(|_| VecDeque::new()).collect();
-    for s in window {
-        let mut at = s.range.start;
-        while at < s.range.end {
-            let n = CHUNK_BYTES.min(s.range.end - at);
-            queues[s.file].push_back(Piece {
-                file: s.file,
-                offset: s.offset + (at - s.range.start) as u64,
-                data: Region::of(buf, at..at + n).expect("a span lies inside the buffer"),
-            });
-            at += n;
-        }
-    }
-    store_batches(engine, &open.handles, &open.paths, queues, opts, |i, o| {
-        window
-            .iter()
-            .find(|s| s.file == i && o >= s.offset && o < s.offset + s.range.len() as u64)
-            .map(|s| s.tensor.clone())
-    })
-}
-
-/// A CPU engine for the host tensors' copies, as many threads as the file engine's.
-fn cpu_engine(engine: &FileEngine) -> Result<CpuEngine, CheckpointError> {
-    CpuEngine::new(engine.config().threads.max(1)).map_err(|e| CheckpointError::BadTensor {
-        path: PathBuf::from("<snapshot>"),
-        tensor: String::new(),
-        msg: format!("no CPU engine for the host copies: {e}"),
-    })
-}
-
-/// The engine that copies `t` out: the GPU's for a device tensor, the CPU's for a host one.
-fn engine_for<'e>(
-    t: &SaveTensor<'_>,
-    gpu: Option<&'e dyn Engine>,
-    cpu: &'e CpuEngine,
-) -> Result<&'e dyn Engine, CheckpointError> {
-    match (t.data.raw().kind, gpu) {
-        (MemKind::Device { .. }, Some(g)) => Ok(g),
-        (MemKind::Device { ordinal }, None) => Err(CheckpointError::BadTensor {
-            path: PathBuf::from("<snapshot>"),
-            tensor: t.name.to_string(),
-            msg: format!(
-                "it is on cuda:{ordinal}: snapshot it with a file engine made by \
-                 FileEngine::with_engine and that GPU's CudaEngine"
-            ),
-        }),
-        _ => Ok(cpu),
-    }
-}
-
-/// Copies bytes `src` of `t` to `buf` at `at`, on `by`.
-fn copy_out(
-    by: &dyn Engine,
-    buf: &mut TensorBuffer,
-    at: usize,
-    t: &SaveTensor<'_>,
-    src: Range<usize>,
-) -> Result<(), CheckpointError> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    let copy_err = |e: String| CheckpointError::BadTensor {
-        path: PathBuf::from("<snapshot>"),
-        tensor: t.name.to_string(),
-        msg: format!("copying it out failed: {e}"),
-    };
-    let n = src.len();
-    let whole = Layout::bytes(buf.raw().len).map_err(|e| copy_err(e.to_string()))?;
-    let dst = whole
-        .slice(0, at..at + n, 1)
-        .map_err(|e| copy_err(e.to_string()))?;
-    let from = Layout::bytes(n).map_err(|e| copy_err(e.to_string()))?;
-    // As bytes (a typed source's element size would not match the byte layouts).
-    let bytes = Region::of(t.data, src).ok_or_else(|| copy_err("a range outside it".into()))?;
-    by.scope(|s| -> crate::Result<()> { Ok(s.copy(buf, &dst, &bytes, &from)?.wait()?) })
-        .map_err(|e| copy_err(e.to_string()))
 }

@@ -1,11 +1,13 @@
 //! Writing safetensors files: one file's layout and header (as the reference writer lays it
-//! out), and the writes of several files at once (their pieces interleaved and in flight
-//! together, in batches between which a save may be interrupted), each file through a
-//! [`Replacement`] so that a failed or interrupted save leaves every destination as it was.
+//! out), the writer's choice (buffered or `O_DIRECT`, [`SaveOptions::direct`]), and the writes of several
+//! files at once (buffered: their pieces interleaved and in flight together, in batches
+//! between which a save may be interrupted; `O_DIRECT`: streamed through aligned windows,
+//! `stream.rs`), each file through a [`Replacement`] so that a failed or interrupted save
+//! leaves every destination as it was.
 
 use super::error::CheckpointError;
 use super::header::tensor_bytes;
-use super::options::{SaveOptions, SaveTensor};
+use super::options::{SaveOptions, SaveTensor, Writer};
 use crate::file::{FileEngine, FileError, FileHandle, IoReport, OpenMode, Replacement, WritePiece};
 use crate::memory::{Memory, Region};
 use safetensors::tensor::{Metadata, TensorInfo};
@@ -117,21 +119,172 @@ pub(super) fn replace_err(path: &Path, e: &std::io::Error, step: &str) -> Checkp
     }
 }
 
+/// The smallest save [`Writer::Auto`] writes with `O_DIRECT` (when fsynced): below it the
+/// windows' setup and the preallocation cost more than the page cache's second copy.
+pub(super) const AUTO_DIRECT_MIN: u64 = 64 << 20;
+
+/// Each of the `O_DIRECT` writer's two windows.
+pub(super) const DIRECT_WINDOW: usize = 64 << 20;
+
+/// The writer a save of `bytes` uses when `asked` (before the file system has its say), and
+/// why, in words. `dirty_limit`: the kernel's dirty-page limit in bytes ([`dirty_limit`]),
+/// past which buffered writers are throttled to the disk's rate.
+pub(super) fn choose_writer(
+    asked: Writer,
+    fsync: bool,
+    bytes: u64,
+    dirty_limit: Option<u64>,
+) -> (Writer, String) {
+    match (asked, dirty_limit) {
+        (Writer::Buffered, _) => (Writer::Buffered, "asked".into()),
+        (Writer::Direct, _) => (Writer::Direct, "asked".into()),
+        (Writer::Auto, _) if bytes < AUTO_DIRECT_MIN => (
+            Writer::Buffered,
+            format!("auto: {bytes} bytes, under the 64 MiB worth writing O_DIRECT"),
+        ),
+        (Writer::Auto, _) if fsync => (
+            Writer::Direct,
+            "auto: fsync asked, O_DIRECT skips the page cache and its writeback".into(),
+        ),
+        (Writer::Auto, Some(l)) if bytes > l => (
+            Writer::Direct,
+            format!(
+                "auto: {bytes} bytes, over the kernel's dirty-page limit ({l}): buffered \
+                 writes would wait for the disk"
+            ),
+        ),
+        (Writer::Auto, _) => (
+            Writer::Buffered,
+            "auto: no fsync asked, the page cache takes the bytes".into(),
+        ),
+    }
+}
+
+/// The kernel's dirty-page limit, in bytes: `vm.dirty_bytes`, else `vm.dirty_ratio` percent of
+/// the memory available (`MemAvailable`; the kernel counts free and reclaimable pages);
+/// `None` where `/proc` does not say.
+pub(super) fn dirty_limit() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    dirty_limit_of(
+        &read("/proc/sys/vm/dirty_bytes")?,
+        &read("/proc/sys/vm/dirty_ratio")?,
+        &read("/proc/meminfo")?,
+    )
+}
+
+/// [`dirty_limit`] from the texts of `dirty_bytes`, `dirty_ratio` and `/proc/meminfo`.
+fn dirty_limit_of(dirty_bytes: &str, dirty_ratio: &str, meminfo: &str) -> Option<u64> {
+    match dirty_bytes.trim().parse::<u64>().ok()? {
+        0 => {
+            let ratio: u64 = dirty_ratio.trim().parse().ok()?;
+            let kib: u64 = meminfo
+                .lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()?;
+            Some(kib * 1024 / 100 * ratio)
+        }
+        b => Some(b),
+    }
+}
+
+/// A save's files, open for the writer that will write them.
+pub(super) struct Target {
+    /// The files.
+    pub open: Opened,
+    /// Buffered, or `O_DIRECT`.
+    pub writer: Writer,
+    /// Why that writer.
+    pub note: String,
+    /// The engine that writes `O_DIRECT` ([`FileConfig::direct`](crate::file::FileConfig::direct)
+    /// on, otherwise `engine`'s settings); `None` for the buffered writer.
+    pub direct: Option<FileEngine>,
+}
+
+/// Opens the temporary files of a save of `bytes` for the writer [`choose_writer`] picks:
+/// `O_DIRECT` ones preallocated to their size; a file system that refuses `O_DIRECT` gets
+/// the buffered writer, the reason in the note.
+pub(super) fn open_for(
+    engine: &FileEngine,
+    files: &[Planned<'_, '_>],
+    extra: &[(PathBuf, Vec<u8>)],
+    opts: &SaveOptions,
+    bytes: u64,
+) -> Result<Target, CheckpointError> {
+    let asked = Writer::asked(opts.direct);
+    let (writer, note) = choose_writer(asked, opts.fsync, bytes, dirty_limit());
+    let first = files.first().map_or(Path::new(""), |f| f.path.as_path());
+    if writer == Writer::Buffered {
+        return Ok(Target {
+            open: Opened::new(engine, files, extra)?,
+            writer,
+            note,
+            direct: None,
+        });
+    }
+    let direct =
+        FileEngine::new(engine.config().direct(true)).map_err(|e| file_err(first, None, e))?;
+    let open = Opened::new(&direct, files, extra)?;
+    if let Some(why) = open.handles.iter().find_map(|h| h.direct().err()) {
+        return Ok(Target {
+            open,
+            writer: Writer::Buffered,
+            note: format!("{note}, but {why}"),
+            direct: None,
+        });
+    }
+    let mut note = note;
+    for (f, h) in files.iter().zip(&open.handles) {
+        match crate::file::preallocate(h.path(), f.bytes()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                return Err(replace_err(&f.path, &e, "preallocating the file"))
+            }
+            Err(e) => {
+                note = format!("{note}; not preallocated: {e}");
+                break;
+            }
+        }
+    }
+    Ok(Target {
+        open,
+        writer,
+        note,
+        direct: Some(direct),
+    })
+}
+
 /// Writes every planned file and then the small `extra` files (a sharded checkpoint's index,
 /// written last so that it never names a shard not yet in place): each beside its destination
-/// and renamed over it once every file is complete. On an error or an interrupt every
-/// temporary file is removed and no destination is touched (a failure while renaming leaves
-/// those renamed before it in place).
+/// and renamed over it once every file is complete, by the writer [`open_for`] picks. On an
+/// error or an interrupt every temporary file is removed and no destination is touched (a
+/// failure while renaming leaves those renamed before it in place). Returns the writes'
+/// report, the writer used and why, and the bytes of windows the `O_DIRECT` writer held.
 pub(super) fn write_files(
     engine: &FileEngine,
     files: &[Planned<'_, '_>],
     extra: &[(PathBuf, Vec<u8>)],
     opts: &SaveOptions,
-) -> Result<IoReport, CheckpointError> {
-    let open = Opened::new(engine, files, extra)?;
-    let io = write_pieces(engine, files, &open.handles, opts)?;
-    open.finish(opts)?;
-    Ok(io)
+) -> Result<(IoReport, Writer, String, u64), CheckpointError> {
+    let bytes = files.iter().map(|f| f.bytes()).sum();
+    let Target {
+        open,
+        writer,
+        note,
+        direct,
+    } = open_for(engine, files, extra, opts, bytes)?;
+    let (io, held) = match &direct {
+        Some(d) => super::stream::stream_now(engine, d, files, open, opts, DIRECT_WINDOW)?,
+        None => {
+            let io = write_pieces(engine, files, &open.handles, opts)?;
+            open.finish(opts)?;
+            (io, 0)
+        }
+    };
+    Ok((io, writer, note, held))
 }
 
 /// A save's files, open: each planned file's temporary file (open for writing) and the
@@ -353,5 +506,59 @@ pub(super) fn store_batches(
             file_err(&paths[i], off.and_then(|o| name(i, o)), e)
         })?;
         total.add(r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_o_direct_for_large_durable_or_throttled_saves() {
+        let big = AUTO_DIRECT_MIN;
+        let limit = Some(4 * big);
+        assert_eq!(
+            choose_writer(Writer::Auto, true, big, limit).0,
+            Writer::Direct
+        );
+        assert_eq!(
+            choose_writer(Writer::Auto, true, big, None).0,
+            Writer::Direct
+        );
+        assert_eq!(
+            choose_writer(Writer::Auto, false, big, limit).0,
+            Writer::Buffered
+        );
+        assert_eq!(
+            choose_writer(Writer::Auto, false, big, None).0,
+            Writer::Buffered
+        );
+        let (w, why) = choose_writer(Writer::Auto, false, 5 * big, limit);
+        assert_eq!(w, Writer::Direct);
+        assert!(why.contains("dirty-page limit"), "{why}");
+        let (w, why) = choose_writer(Writer::Auto, true, big - 1, Some(1));
+        assert_eq!(w, Writer::Buffered);
+        assert!(why.contains("64 MiB"), "{why}");
+        // Asked for: given, whatever the size and fsync.
+        for (asked, fsync, bytes) in [(Writer::Direct, false, 1), (Writer::Buffered, true, big)] {
+            let got = choose_writer(asked, fsync, bytes, Some(0));
+            assert_eq!(got, (asked, "asked".to_string()));
+        }
+    }
+
+    #[test]
+    fn the_dirty_limit_is_dirty_bytes_or_the_ratio_of_available_memory() {
+        let meminfo = "MemTotal:       24683792 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(
+            dirty_limit_of("0\n", "20\n", meminfo),
+            Some(20000000 * 1024 / 100 * 20)
+        );
+        assert_eq!(dirty_limit_of("1048576\n", "20\n", meminfo), Some(1 << 20));
+        assert_eq!(dirty_limit_of("0", "20", "MemTotal: 1 kB\n"), None);
+        assert_eq!(dirty_limit_of("x", "20", meminfo), None);
+        // This machine's /proc, where there is one.
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(dirty_limit().is_some_and(|l| l > 0));
+        }
     }
 }

@@ -198,3 +198,29 @@ fn clear_nonblock(f: &std::fs::File) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Reserves `len` bytes for the file at `path` and sets its size to `len` (`fallocate`, mode
+/// 0): the blocks of the `O_DIRECT` writes that follow are allocated at once, and they never
+/// extend the file. Errors: the system's (`EOPNOTSUPP` where the file system cannot, `ENOSPC`
+/// on a full disk).
+pub(crate) fn preallocate(path: &Path, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if len == 0 {
+        return Ok(());
+    }
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too large to preallocate"))?;
+    let f = std::fs::OpenOptions::new().write(true).open(path)?;
+    loop {
+        // SAFETY: the descriptor is owned by `f`, open for the whole call; fallocate reads and
+        // writes no memory of this process.
+        let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

@@ -96,6 +96,7 @@ pub use config::FileConfig;
 pub use engine::{FileEngine, FileJob};
 pub use error::{CuFileCode, FileError, IoOp, MoverError};
 pub use handle::FileHandle;
+pub(crate) use io::preallocate;
 pub use io::{FileIo, OpenMode, OsFile};
 
 pub use issue::{IoIssue, UringMode};
