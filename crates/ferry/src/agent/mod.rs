@@ -6,7 +6,9 @@
 //! error), and an optional notification to the owner when the transfer lands (sent by the
 //! agent's progress thread, whether or not the caller waits for the request).
 //!
-//! How the bytes move (one host), by the registration's kind:
+//! How the bytes move (one host), by the registration's kind (a transfer of at most 64 KiB
+//! between host memory on both sides is copied on the caller's thread, before `write`/`read`
+//! returns):
 //!
 //! | registered with | the peer reaches it through | copies run on |
 //! |---|---|---|
@@ -227,9 +229,10 @@ struct Entry {
     dropped: bool,
 }
 
-/// Cross-memory copies of at most this many bytes run on the caller's thread (a hand-off to
-/// the copy thread and back costs more than the copy: 10-20 us on a 2-core machine).
-const INLINE_CROSS_BYTES: usize = 64 << 10;
+/// Transfers of at most this many bytes between host memory of both processes (cross-memory
+/// attach, or shared memory mapped here) run on the caller's thread (a hand-off to the copy
+/// thread or the engine and back costs more than the copy: 10-20 us on a 2-core machine).
+const INLINE_BYTES: usize = 64 << 10;
 
 /// A cross-memory copy for the agent's copy thread.
 type CopyJob = Box<dyn FnOnce() + Send>;
@@ -659,7 +662,7 @@ impl Agent {
                     })
                     .collect();
                 let bytes: usize = pieces.iter().map(|p| p.len).sum();
-                if bytes <= INLINE_CROSS_BYTES {
+                if bytes <= INLINE_BYTES {
                     // SAFETY: the local ranges lie in the registered region (checked above),
                     // borrowed for this call.
                     let r = unsafe { sys::cross_copy(*pid as i32, &pieces, write) };
@@ -680,6 +683,28 @@ impl Agent {
                 let req = Request::new(signal);
                 local.local.in_use.push(&req);
                 req
+            }
+            // Mapped host memory on both sides, a small transfer: copied here, as the small
+            // cross-memory copies are (the engine's queue costs more than the copy).
+            _ if l.kind.host_accessible()
+                && r.kind.host_accessible()
+                && segs.iter().map(|s| s.len).sum::<u64>() <= INLINE_BYTES as u64 =>
+            {
+                let (dst, src) = if write { (r, l) } else { (l, r) };
+                for s in segs {
+                    // SAFETY: both ranges were checked inside their regions (the live local
+                    // registration and the peer's mapping, both host memory of this process),
+                    // borrowed for this call; `copy` allows the two mappings to alias (a
+                    // process that imported its own region).
+                    unsafe {
+                        std::ptr::copy(
+                            (src.addr + s.src_off) as *const u8,
+                            (dst.addr + s.dst_off) as *mut u8,
+                            s.len as usize,
+                        )
+                    };
+                }
+                Request::ready(Ok(()))
             }
             _ => {
                 let (dst, src) = if write { (r, l) } else { (l, r) };
