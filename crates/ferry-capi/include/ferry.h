@@ -420,6 +420,9 @@ int ferry_agent_socket_path(const ferry_agent *agent, const char **path);
  * FERRY_MEM_DEVICE (GPU device, CUDA IPC). */
 int ferry_agent_alloc(const ferry_agent *agent, size_t len, int kind, int device, int shared,
                       ferry_region **region);
+/* Registers len bytes at ptr, host memory the caller keeps (no copy; cross-memory attach);
+ * valid until ferry_region_destroy of it returns (it waits for peers' imports to go). */
+int ferry_agent_register(const ferry_agent *agent, void *ptr, size_t len, ferry_region **region);
 /* The region's address, length and kind. */
 int ferry_region_buffer(const ferry_region *region, ferry_buffer *buf);
 /* Its descriptor into buf (cap bytes); *len = its length (-FERRY_EINVAL if cap is short). */

@@ -224,6 +224,38 @@ pub unsafe extern "C" fn ferry_agent_alloc(
     })
 }
 
+/// Registers `len` bytes at `ptr`, host memory the caller owns and keeps (an existing array),
+/// without copying it: peers reach it by cross-memory attach. `ferry_region_destroy` of it
+/// deregisters it and waits until no request of this process and no peer's import uses it.
+///
+/// # Safety
+/// 1. `agent` is NULL or an agent not yet destroyed; `out` NULL or valid for one write.
+/// 2. `ptr..ptr + len` is host memory valid for reads and writes until
+///    `ferry_region_destroy` of the region has returned, which happens before the agent is
+///    destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_agent_register(
+    agent: *const FerryAgent,
+    ptr: *mut c_void,
+    len: usize,
+    out_region: *mut *mut FerryRegion,
+) -> c_int {
+    guard(|| {
+        // SAFETY: (1).
+        let (a, _) = unsafe { get(agent, AGENT, "agent") }?;
+        // SAFETY: (1).
+        let slot = unsafe { out(out_region, "region") }?;
+        if ptr.is_null() || len == 0 {
+            return Err(Fail::inval(format!("{len} bytes at {ptr:p}")));
+        }
+        // SAFETY: (2): the memory stays valid until the region's destroy, which waits for
+        // its users, before the agent's.
+        let r = unsafe { a.register_raw(ptr.cast(), len) }.map_err(agent_fail)?;
+        *slot = boxed(REGION, r);
+        Ok(FERRY_SUCCESS)
+    })
+}
+
 /// The region's memory: address (a device address for device memory), length, kind.
 ///
 /// # Safety
@@ -301,7 +333,8 @@ pub unsafe extern "C" fn ferry_region_deregister(region: *const FerryRegion) -> 
 }
 
 /// Destroys a region handle (its memory is freed once no peer holds an import of it and its
-/// requests have ended) and sets `*region` to NULL.
+/// requests have ended; for `ferry_agent_register`'s, this call waits for that) and sets
+/// `*region` to NULL.
 ///
 /// # Safety
 /// 1. `region` is NULL or valid for a read and a write; `*region` NULL or a region not yet
@@ -650,6 +683,50 @@ mod tests {
             }
             assert!(ok, "the release reaches the agent");
             assert_eq!(ferry_region_destroy(&mut shared), 0);
+            // The caller's own array, registered in place: read into it from the host region.
+            let mut mine = vec![0u8; 4096];
+            let mut lent = std::ptr::null_mut();
+            assert_eq!(
+                ferry_agent_register(a, std::ptr::null_mut(), 1, &mut lent),
+                -FERRY_EINVAL
+            );
+            assert_eq!(
+                ferry_agent_register(a, mine.as_mut_ptr().cast(), 4096, &mut lent),
+                0
+            );
+            assert_eq!(ferry_region_buffer(lent, &mut b), 0);
+            assert_eq!((b.ptr.cast::<u8>(), b.len), (mine.as_mut_ptr(), 4096));
+            assert_eq!(
+                ferry_region_descriptor(lent, desc.as_mut_ptr(), 128, &mut dlen),
+                0
+            );
+            assert_eq!(ferry_agent_connect(a, path, &mut peer), 0);
+            assert_eq!(ferry_peer_import(peer, desc.as_ptr(), dlen, &mut remote), 0);
+            let segs = [FerrySegment {
+                dst_off: 10,
+                src_off: 0,
+                len: 100,
+            }];
+            assert_eq!(
+                ferry_agent_transfer(
+                    a,
+                    1,
+                    remote,
+                    host,
+                    segs.as_ptr(),
+                    1,
+                    std::ptr::null(),
+                    0,
+                    &mut req
+                ),
+                0
+            );
+            assert_eq!(ferry_agent_request_wait(&mut req), 0);
+            assert_eq!(ferry_remote_destroy(&mut remote), 0);
+            assert_eq!(ferry_peer_destroy(&mut peer), 0);
+            // Waits for the release of the import, then the array is the caller's again.
+            assert_eq!(ferry_region_destroy(&mut lent), 0);
+            assert!(mine[10..110].iter().all(|&x| x == 0x42) && mine[9] == 0 && mine[110] == 0);
             assert_eq!(ferry_region_destroy(&mut host), 0);
             assert_eq!(ferry_agent_destroy(&mut a), 0);
             assert!(a.is_null());

@@ -11,6 +11,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
+    // `ferry bench`'s ipc-* rows start this program again as their peer process.
+    if let Some(code) = bench::ipc::peer_main() {
+        return code;
+    }
     // Every check that needs no work runs here, before anything is measured or written.
     let plan = match args::validate(std::env::args_os()) {
         Ok(plan) => plan,

@@ -58,7 +58,28 @@ pub(crate) struct PyAgent {
 ///     b'abcd'
 #[pyclass(module = "ferry", name = "Region", frozen)]
 pub(crate) struct PyRegion {
-    region: Arc<Region>,
+    /// `None` only while dropped.
+    region: Option<Arc<Region>>,
+    /// For `Agent.register`'s: the agent (a lent region goes before its agent) and the array
+    /// whose memory it is, both kept until the region has gone.
+    lent: Option<(Arc<Agent>, Vec<PyObject>)>,
+}
+
+impl PyRegion {
+    fn region(&self) -> &Arc<Region> {
+        self.region.as_ref().expect("a region until dropped")
+    }
+}
+
+impl Drop for PyRegion {
+    fn drop(&mut self) {
+        let region = self.region.take();
+        // A lent region's drop waits for peers (maybe threads of this interpreter) to release
+        // it: without the GIL.
+        Python::with_gil(|py| py.allow_threads(move || drop(region)));
+        // Then the agent and the array may go.
+        drop(self.lent.take());
+    }
 }
 
 /// A connection to another process's agent (``Agent.connect``). Not made directly.
@@ -161,7 +182,55 @@ impl PyAgent {
             ))),
         })?;
         Ok(PyRegion {
-            region: Arc::new(r.map_err(agent_err)?),
+            region: Some(Arc::new(r.map_err(agent_err)?)),
+            lent: None,
+        })
+    }
+
+    /// Registers an existing host array in place (no copy): peers reach its bytes by
+    /// cross-memory attach, as ``alloc``'s ``"pageable"`` memory. The region keeps the array
+    /// alive; deleting the region deregisters it and waits until no peer holds an import of
+    /// it (a peer releases it by deleting its ``RemoteRegion``, closing, or exiting).
+    ///
+    /// Args:
+    ///     array: a writable, C-contiguous host array (NumPy, a CPU torch tensor, anything
+    ///         with ``__array_interface__`` or ``__dlpack__``) of at least one byte.
+    ///
+    /// Returns:
+    ///     Region: the registration of the array's bytes.
+    ///
+    /// Raises:
+    ///     ArgumentError: a read-only, strided, empty or GPU array.
+    ///
+    /// Example:
+    ///     >>> kv = numpy.zeros(1 << 20, dtype=numpy.uint8)
+    ///     >>> region = agent.register(kv)      # peers write into kv itself
+    fn register(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<PyRegion> {
+        let arr = crate::array::Arr::from_py(array, None)?;
+        arr.writable("registered array")?;
+        if !arr.kind().host_accessible() {
+            return Err(arg(format!(
+                "{}: register host memory (GPU memory: alloc(kind=\"device\"))",
+                arr.describe()
+            )));
+        }
+        if arr.raw.len == 0 || arr.raw.len != arr.numel() * arr.dtype.size {
+            return Err(arg(format!(
+                "{}: a registration is a non-empty C-contiguous array",
+                arr.describe()
+            )));
+        }
+        let raw = arr.raw;
+        let a = &self.agent;
+        // SAFETY: the array's memory, writable (checked), is kept alive by `keep` in the
+        // region's `lent`, dropped after the region (`PyRegion`'s drop), and the agent by the
+        // `Arc` kept there too, so the region goes first.
+        let r = py
+            .allow_threads(|| unsafe { a.register_raw(raw.addr as *mut u8, raw.len) })
+            .map_err(agent_err)?;
+        Ok(PyRegion {
+            region: Some(Arc::new(r)),
+            lent: Some((Arc::clone(a), arr.keep)),
         })
     }
 
@@ -216,7 +285,7 @@ impl PyAgent {
         let req = py
             .allow_threads(|| {
                 self.agent
-                    .write(&remote.remote, &local.region, &segs, notify.as_deref())
+                    .write(&remote.remote, local.region(), &segs, notify.as_deref())
             })
             .map_err(agent_err)?;
         Ok(PyRequest::new(req, Vec::new()))
@@ -253,7 +322,7 @@ impl PyAgent {
         let req = py
             .allow_threads(|| {
                 self.agent
-                    .read(&local.region, &remote.remote, &segs, notify.as_deref())
+                    .read(local.region(), &remote.remote, &segs, notify.as_deref())
             })
             .map_err(agent_err)?;
         Ok(PyRequest::new(req, Vec::new()))
@@ -292,19 +361,19 @@ impl PyRegion {
     /// The descriptor peers open (``Peer.open``), at most 109 bytes.
     #[getter]
     fn descriptor<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.region.descriptor().to_bytes())
+        PyBytes::new(py, &self.region().descriptor().to_bytes())
     }
 
     /// Size in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.region.len()
+        self.region().len()
     }
 
     /// ``"pageable"``, ``"pinned"`` or ``"device"``.
     #[getter]
     fn kind(&self) -> &'static str {
-        match self.region.kind() {
+        match self.region().kind() {
             MemKind::Device { .. } => "device",
             MemKind::Pageable => "pageable",
             _ => "pinned",
@@ -314,7 +383,7 @@ impl PyRegion {
     /// The memory's address in this process (a device address for ``"device"`` memory).
     #[getter]
     fn ptr(&self) -> u64 {
-        self.region.raw().addr
+        self.region().raw().addr
     }
 
     /// Copies ``nbytes`` bytes at ``offset`` out of the region.
@@ -339,7 +408,7 @@ impl PyRegion {
         nbytes: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let mut buf = vec![0u8; nbytes];
-        py.allow_threads(|| self.region.read_at(offset, &mut buf))
+        py.allow_threads(|| self.region().read_at(offset, &mut buf))
             .map_err(agent_err)?;
         Ok(PyBytes::new(py, &buf))
     }
@@ -356,7 +425,7 @@ impl PyRegion {
     /// Example:
     ///     >>> region.write(0, b"abcd")
     fn write(&self, py: Python<'_>, offset: usize, data: Vec<u8>) -> PyResult<()> {
-        py.allow_threads(|| self.region.write_at(offset, &data))
+        py.allow_threads(|| self.region().write_at(offset, &data))
             .map_err(agent_err)
     }
 
@@ -368,7 +437,7 @@ impl PyRegion {
     /// Example:
     ///     >>> region.deregister()
     fn deregister(&self) -> PyResult<()> {
-        self.region.deregister().map_err(agent_err)
+        self.region().deregister().map_err(agent_err)
     }
 }
 

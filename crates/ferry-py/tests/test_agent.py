@@ -12,7 +12,8 @@ import ferry
 
 
 def _owner(conn: Any) -> None:
-    """The peer: a shared region and a pageable one, answering `get` until `exit`."""
+    """The peer: a shared region and a pageable one, answering `get`, `note`, `put` and
+    `dereg` until `exit`."""
     agent = ferry.Agent("py-owner")
     shared = agent.alloc(1 << 16, shared=True)
     cross = agent.alloc(1 << 16)
@@ -25,6 +26,16 @@ def _owner(conn: Any) -> None:
             conn.send((shared if which == 0 else cross).read(off, n))
         elif msg[0] == "note":
             conn.send(agent.next_notification(timeout=10.0))
+        elif msg[0] == "put":
+            # Into a region of the test's own agent: connect, open, write, let go.
+            _, path, desc, off, data = msg
+            peer = agent.connect(path)
+            remote = peer.open(desc)
+            src = agent.alloc(len(data))
+            src.write(0, data)
+            agent.write(remote, src, [(off, 0, len(data))]).wait()
+            del remote, peer
+            conn.send("ok")
         elif msg[0] == "dereg":
             try:
                 shared.deregister()
@@ -112,3 +123,39 @@ def test_no_agent_there() -> None:
     me = ferry.Agent("py-lonely")
     with pytest.raises(ferry.FerryError):
         me.connect(os.path.join(os.path.dirname(me.socket_path), "nobody.sock"))
+
+
+def test_a_notification_goes_without_a_wait(owner: Any) -> None:
+    conn, _, (path, shared_desc, cross_desc) = owner
+    me = ferry.Agent("py-unwaited")
+    peer = me.connect(path)
+    local = me.alloc(1 << 16)
+    local.write(0, b"\x5a" * (1 << 16))
+    for which, desc in ((0, shared_desc), (1, cross_desc)):
+        remote = peer.open(desc)
+        req = me.write(remote, local, [(0, 0, 1 << 16)], notify=b"landed %d" % which)
+        conn.send(("note",))  # the request is never waited for
+        assert conn.recv() == ("py-unwaited", b"landed %d" % which)
+        conn.send(("get", which, (1 << 16) - 4, 4))
+        assert conn.recv() == b"\x5a" * 4
+        del req
+
+
+def test_an_existing_array_is_registered_in_place(owner: Any) -> None:
+    np = pytest.importorskip("numpy")
+    conn, _, _ = owner
+    me = ferry.Agent("py-lender")
+    kv = np.zeros(4096, dtype=np.uint8)
+    region = me.register(kv)
+    assert region.nbytes == 4096 and region.ptr == kv.ctypes.data
+    assert region.kind == "pageable"
+    conn.send(("put", me.socket_path, region.descriptor, 100, b"\xc0\xff\xee"))
+    assert conn.recv() == "ok"
+    assert bytes(kv[100:103]) == b"\xc0\xff\xee" and kv[99] == 0 and kv[103] == 0
+    del region  # the peer let go: returns
+    with pytest.raises(ferry.ArgumentError, match="read-only"):
+        ro = np.zeros(16, dtype=np.uint8)
+        ro.flags.writeable = False
+        me.register(ro)
+    with pytest.raises(ferry.ArgumentError, match="contiguous"):
+        me.register(np.zeros((8, 8), dtype=np.uint8)[:, ::2])

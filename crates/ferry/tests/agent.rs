@@ -32,7 +32,9 @@ fn engine() -> Arc<CpuEngine> {
 }
 
 /// The peer process: registers region 0 (pageable, cross-memory) and region 1 (shared), prints
-/// its socket and descriptors, then answers `get R OFF LEN`, `dereg R`, `note`, `exit`.
+/// its socket and descriptors, then answers `get R OFF LEN`, `dereg R`, `note`, `exit`, and,
+/// as the importer of a region of the test's own agent, `peer PATH`, `import DESC`,
+/// `put OFF HEX`, `release-later MS`, `released`.
 #[test]
 fn owner() {
     let Ok(role) = std::env::var("FERRY_AGENT_ROLE") else {
@@ -46,6 +48,8 @@ fn owner() {
     let init: Vec<u8> = (0..LEN).map(|i| pattern(1, i)).collect();
     shared.write_at(0, &init).expect("fill shared");
     let regions = [host, shared];
+    // The other way: this process imports a region of the test's agent.
+    let (mut peer, mut import) = (None, None);
     let mut out = std::io::stdout().lock();
     // On a line of its own: the test harness's `test owner ... ` has no newline yet.
     writeln!(out, "\nPATH {}", agent.socket_path().display()).unwrap();
@@ -73,12 +77,60 @@ fn owner() {
                 }
                 None => writeln!(out, "none").unwrap(),
             },
+            ["peer", path] => match agent.connect(path) {
+                Ok(p) => {
+                    peer = Some(p);
+                    writeln!(out, "ok").unwrap()
+                }
+                Err(e) => writeln!(out, "err {e}").unwrap(),
+            },
+            ["import", d] => {
+                let d = Descriptor::from_bytes(&unhex(d)).unwrap();
+                match peer.as_ref().unwrap().import(&d) {
+                    Ok(r) => {
+                        import = Some(r);
+                        writeln!(out, "ok").unwrap()
+                    }
+                    Err(e) => writeln!(out, "err {e}").unwrap(),
+                }
+            }
+            ["put", off, data] => {
+                let data = unhex(data);
+                let src = agent.register_host(data.clone()).unwrap();
+                let seg = Segment::new(off.parse().unwrap(), 0, data.len() as u64);
+                let r = agent.write(import.as_ref().unwrap(), &src, &[seg], None);
+                match r
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.wait().map_err(|e| e.to_string()))
+                {
+                    Ok(()) => writeln!(out, "ok").unwrap(),
+                    Err(e) => writeln!(out, "err {e}").unwrap(),
+                }
+            }
+            // Drops the import after `ms` milliseconds, from another thread, and says when it
+            // begins to (`released`).
+            ["release-later", ms] => {
+                let (r, ms) = (import.take().unwrap(), ms.parse().unwrap());
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(ms));
+                    RELEASED.store(true, std::sync::atomic::Ordering::SeqCst);
+                    drop(r);
+                });
+                writeln!(out, "ok").unwrap()
+            }
+            ["released"] => {
+                let r = RELEASED.load(std::sync::atomic::Ordering::SeqCst);
+                writeln!(out, "{r}").unwrap()
+            }
             ["exit"] => break,
             _ => writeln!(out, "? {line}").unwrap(),
         }
         out.flush().unwrap();
     }
 }
+
+/// Set by the owner just before it drops an import it was told to release later.
+static RELEASED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A running owner process.
 struct Owner {
@@ -365,4 +417,270 @@ fn fifteen_thousand_segments_post_as_one_request() {
     assert_eq!(got, want);
     // A 15,000-region table of descriptors stays small.
     assert!(15_000 * owner.descs[1].to_bytes().len() < 1 << 20);
+}
+
+#[test]
+fn notifications_go_when_the_transfer_lands_unwaited() {
+    let mut owner = Owner::spawn("owner-unwaited");
+    let me = Agent::new("unwaited", engine()).unwrap();
+    let peer = me.connect(&owner.path).unwrap();
+    let cross = peer.import(&owner.descs[0]).unwrap();
+    let shared = peer.import(&owner.descs[1]).unwrap();
+    let local = me.register_host(vec![0x42u8; LEN]).unwrap();
+    // Each path a transfer takes: a small cross-memory copy (run at submit), a large one (the
+    // copy thread), one into shared memory (the engine). Nobody waits for these requests.
+    let cases = [
+        (&cross, 4096, "small cross-memory"),
+        (&cross, LEN, "large cross-memory"),
+        (&shared, LEN, "shared memory"),
+    ];
+    for (remote, len, what) in cases {
+        let seg = [Segment::new(0, 0, len as u64)];
+        let req = me
+            .write(remote, &local, &seg, Some(what.as_bytes()))
+            .unwrap();
+        assert_eq!(owner.ask("note"), format!("unwaited {what}"), "{what}");
+        // The bytes were there when the owner heard of them.
+        let r = if std::ptr::eq(remote, &cross) { 0 } else { 1 };
+        assert_eq!(owner.get(r, len - 4, 4), vec![0x42; 4], "{what}");
+        drop(req); // never waited
+    }
+    // Waited, the request completes after its message went, and sends it once.
+    let mut req = me
+        .write(&shared, &local, &[Segment::new(0, 0, 64)], Some(b"once"))
+        .unwrap();
+    futures::executor::block_on(&mut req).unwrap();
+    assert_eq!(req.try_wait(), Some(Ok(())));
+    assert_eq!(owner.ask("note"), "unwaited once");
+    peer.notify(b"after").unwrap();
+    assert_eq!(owner.ask("note"), "unwaited after", "a message sent twice");
+}
+
+/// The test's agent lends a buffer of its own; the owner process imports it and writes into
+/// it. `lend` returns only once the owner has released its import.
+#[test]
+fn lent_memory_is_reached_in_place_and_lend_waits_for_the_peer() {
+    let mut owner = Owner::spawn("owner-importer");
+    let me = Agent::new("lender", engine()).unwrap();
+    let path = me.socket_path().display().to_string();
+    let mut buf = vec![0u8; 64 << 10];
+    let addr = buf.as_ptr() as u64;
+    let desc = me
+        .lend(&mut buf[..], |region| {
+            assert_eq!(region.raw().addr, addr, "registered in place");
+            assert_eq!(owner.ask(&format!("peer {path}")), "ok");
+            let d = hex(&region.descriptor().to_bytes());
+            assert_eq!(owner.ask(&format!("import {d}")), "ok");
+            assert_eq!(owner.ask("put 1000 c0ffee"), "ok");
+            let mut got = [0u8; 3];
+            region.read_at(1000, &mut got).unwrap();
+            assert_eq!(got, [0xc0, 0xff, 0xee]);
+            // A region a peer holds is not deregistered early.
+            let e = region.deregister().unwrap_err();
+            assert!(matches!(e, AgentError::InUse { .. }), "{e}");
+            assert_eq!(owner.ask("release-later 300"), "ok");
+            assert_eq!(owner.ask("released"), "false");
+            d
+        })
+        .unwrap();
+    // The owner had begun to drop its import before `lend` returned.
+    assert_eq!(owner.ask("released"), "true");
+    assert_eq!(&buf[1000..1003], &[0xc0, 0xff, 0xee], "written in place");
+    assert_eq!(buf[999], 0);
+    // The lent region is gone: its descriptor is refused.
+    let e = owner.ask(&format!("import {desc}"));
+    assert!(e.starts_with("err") && e.contains("not registered"), "{e}");
+    // An empty buffer is refused.
+    let mut empty: [u8; 0] = [];
+    let e = me.lend(&mut empty[..], |_| ()).unwrap_err();
+    assert!(matches!(e, AgentError::Unsupported(_)), "{e}");
+}
+
+/// A peer that dies holding an import of lent memory releases it: `lend` returns.
+#[test]
+fn lend_returns_when_the_importer_dies() {
+    let mut owner = Owner::spawn("owner-dies");
+    let me = Agent::new("lender-2", engine()).unwrap();
+    let path = me.socket_path().display().to_string();
+    let mut buf = vec![1u32; 1024];
+    me.lend(&mut buf, |region| {
+        assert_eq!(owner.ask(&format!("peer {path}")), "ok");
+        let d = hex(&region.descriptor().to_bytes());
+        assert_eq!(owner.ask(&format!("import {d}")), "ok");
+        owner.child.kill().unwrap();
+        owner.child.wait().unwrap();
+    })
+    .unwrap();
+    assert_eq!(buf, vec![1u32; 1024]);
+}
+
+/// A child process killed and reaped when dropped (a test that fails leaves none behind).
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Run by `a_foreign_user_is_refused` as a child process (root at first): tries the test's
+/// agent as another user, then serves an agent of its own as that user.
+#[test]
+fn foreign_child() {
+    let (Ok(target), Ok(own_dir)) = (
+        std::env::var("FERRY_FOREIGN_TARGET"),
+        std::env::var("FERRY_FOREIGN_DIR"),
+    ) else {
+        return; // run as a child only
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out).unwrap();
+    let agent = Agent::new("foreign", engine()).unwrap();
+    const NOBODY: u32 = 65534;
+    // 1. The credential check: an effective uid of another user (SO_PEERCRED reports the
+    //    effective uid), its file-system uid left at root's so that the private directory
+    //    lets it reach the socket.
+    // SAFETY: plain system calls changing this process's ids (glibc applies setgroups,
+    // setgid and seteuid to every thread; setfsuid is this thread's, the one that connects).
+    let ok = unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setgid(NOBODY) == 0
+            && libc::seteuid(NOBODY) == 0
+    };
+    if !ok {
+        let e = std::io::Error::last_os_error();
+        writeln!(out, "SKIP cannot become uid {NOBODY}: {e}").unwrap();
+        return;
+    }
+    // SAFETY: as above.
+    let fs_root = unsafe {
+        libc::setfsuid(0);
+        libc::setfsuid(0) == 0
+    };
+    assert!(fs_root, "setfsuid(0) with real uid 0");
+    let r = agent.connect(&target);
+    writeln!(
+        out,
+        "CRED {}",
+        r.map(|_| "connected".to_string())
+            .unwrap_or_else(|e| e.to_string())
+    )
+    .unwrap();
+    // 2. The directory: every id that of the other user.
+    // SAFETY: as above.
+    let ok = unsafe {
+        libc::setfsuid(NOBODY);
+        libc::setresuid(NOBODY, NOBODY, NOBODY) == 0
+    };
+    assert!(ok, "{}", std::io::Error::last_os_error());
+    let r = agent.connect(&target);
+    writeln!(
+        out,
+        "DIR {}",
+        r.map(|_| "connected".to_string())
+            .unwrap_or_else(|e| e.to_string())
+    )
+    .unwrap();
+    // 3. An agent of the other user, which the test tries to connect to.
+    std::env::set_var("FERRY_AGENT_DIR", &own_dir);
+    let mine = Agent::new("foreign-owner", engine()).unwrap();
+    let region = mine.alloc_shared(4096, false).unwrap();
+    writeln!(out, "PATH {}", mine.socket_path().display()).unwrap();
+    out.flush().unwrap();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    // Nobody imported it.
+    region.deregister().unwrap();
+    writeln!(out, "DONE").unwrap();
+}
+
+/// Another user's process is refused by the agent (the credential check) and cannot even reach
+/// its socket (the private directory); an agent of another user is refused by this process.
+/// Needs root (to become `nobody`): skipped otherwise.
+#[test]
+fn a_foreign_user_is_refused() {
+    // SAFETY: no arguments, cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: needs root to run a child as another user (uid 65534)");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let me = Agent::new("guarded", engine()).unwrap();
+    let mine = me.alloc_shared(4096, false).unwrap();
+    let dir = me.socket_path().parent().unwrap().to_owned();
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{} is not private", dir.display());
+    // The child's own agent directories: root's first, then one of the other user.
+    let root_dir = tempfile::tempdir().unwrap();
+    let foreign_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root_dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(foreign_dir.path(), Some(65534), Some(65534)).unwrap();
+    std::fs::set_permissions(foreign_dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut child = Reap(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "foreign_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("FERRY_FOREIGN_TARGET", me.socket_path())
+            .env("FERRY_FOREIGN_DIR", foreign_dir.path())
+            .env("FERRY_AGENT_DIR", root_dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the child"),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let stdout = BufReader::new(child.0.stdout.take().unwrap());
+    // Lines through a thread, so that a child that hangs fails the test instead.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in stdout.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let next = |tag: &str| -> Option<String> {
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(l) if l.starts_with("SKIP ") => return None,
+                Ok(l) => {
+                    if let Some(rest) = l.strip_prefix(tag) {
+                        return Some(rest.trim().to_string());
+                    }
+                }
+                Err(e) => panic!("no {tag} line from the child: {e}"),
+            }
+        }
+    };
+    let Some(cred) = next("CRED") else {
+        println!("skipped: the child could not become uid 65534");
+        return;
+    };
+    assert!(
+        cred.contains("refused") && cred.contains("runs as uid 65534, not this agent's uid 0"),
+        "credential check: {cred}"
+    );
+    println!("uid 65534 with root's file access: {cred}");
+    let dir_err = next("DIR").unwrap();
+    println!("uid 65534: {dir_err}");
+    assert!(
+        dir_err.contains("Permission denied")
+            && dir_err.contains(&me.socket_path().display().to_string()),
+        "directory: {dir_err}"
+    );
+    // This process refuses the other user's agent.
+    let path = next("PATH").unwrap();
+    let e = me.connect(&path).unwrap_err();
+    assert!(
+        matches!(e, AgentError::Refused { .. }) && e.to_string().contains("runs as uid 65534"),
+        "{e}"
+    );
+    writeln!(stdin, "go").unwrap();
+    assert_eq!(next("DONE"), Some(String::new()));
+    assert!(child.0.wait().unwrap().success());
+    // Nothing reached this agent's region.
+    mine.deregister().unwrap();
 }

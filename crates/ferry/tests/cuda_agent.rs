@@ -33,7 +33,8 @@ fn initial(r: usize) -> Vec<u8> {
 }
 
 /// The peer process: region 0 device memory (CUDA IPC), region 1 pinned shared host memory,
-/// region 2 VMM device memory (a file descriptor over the socket).
+/// region 2 VMM device memory (a file descriptor over the socket). Answers `get R OFF LEN`,
+/// `note` (the next notification, waiting at most 20 s) and `exit`.
 #[test]
 fn owner() {
     let Ok(role) = std::env::var("FERRY_AGENT_ROLE") else {
@@ -64,6 +65,12 @@ fn owner() {
                 regions[r].read_at(off.parse().unwrap(), &mut b).unwrap();
                 writeln!(out, "{}", hex(&b)).unwrap();
             }
+            ["note"] => match agent.next_notification(std::time::Duration::from_secs(20)) {
+                Some((from, msg)) => {
+                    writeln!(out, "{from} {}", String::from_utf8_lossy(&msg)).unwrap()
+                }
+                None => writeln!(out, "none").unwrap(),
+            },
             ["exit"] => break,
             _ => writeln!(out, "? {line}").unwrap(),
         }
@@ -112,12 +119,16 @@ impl Owner {
         }
     }
 
-    fn get(&mut self, r: usize, off: u64, len: u64) -> Vec<u8> {
-        writeln!(self.stdin, "get {r} {off} {len}").unwrap();
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
         self.stdin.flush().unwrap();
         let mut l = String::new();
         self.stdout.read_line(&mut l).unwrap();
-        unhex(l.trim())
+        l.trim().to_string()
+    }
+
+    fn get(&mut self, r: usize, off: u64, len: u64) -> Vec<u8> {
+        unhex(&self.ask(&format!("get {r} {off} {len}")))
     }
 }
 
@@ -244,4 +255,31 @@ fn a_killed_gpu_peer_fails_the_request() {
     mine.read_at(0, &mut got).unwrap();
     check("the survivor's memory", &got, &bytes(LEN, 3)[..64]);
     drop(dev);
+}
+
+/// A notification goes when a device copy lands, though nobody waits for the request: the
+/// CUDA engine's waiter thread wakes the agent's progress thread.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_notification_goes_when_a_device_copy_lands_unwaited() {
+    let Some(engine) = cuda_or_skip() else { return };
+    let mut owner = Owner::spawn("gpu-owner-notes");
+    let me = Agent::new("gpu-notifier", Arc::new(engine)).unwrap();
+    let peer = me.connect(&owner.path).unwrap();
+    let data = bytes(LEN, 21);
+    let mine = me
+        .register_device(DeviceBuffer::from_host(0, &data).unwrap())
+        .unwrap();
+    let segs = scattered(1000, 1024);
+    for (r, what) in [(0, "device"), (1, "pinned"), (2, "vmm")] {
+        let remote = peer.import(&owner.descs[r]).unwrap();
+        let req = me
+            .write(&remote, &mine, &segs, Some(what.as_bytes()))
+            .unwrap();
+        assert_eq!(owner.ask("note"), format!("gpu-notifier {what}"), "{what}");
+        let s = segs[999];
+        let want = &data[s.src_off as usize..(s.src_off + s.len) as usize];
+        check(what, &owner.get(r, s.dst_off, s.len), want);
+        drop(req); // never waited
+    }
 }

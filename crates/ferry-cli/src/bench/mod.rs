@@ -16,6 +16,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod file;
+pub mod ipc;
 pub mod multi;
 pub mod pipeline;
 
@@ -226,6 +227,7 @@ pub fn registry() -> Vec<TestInfo> {
         .chain(file::TESTS)
         .chain(multi::TESTS)
         .chain(pipeline::TESTS)
+        .chain(ipc::TESTS)
         .cloned()
         .collect()
 }
@@ -369,6 +371,7 @@ pub fn run(
     let mut gpu: Option<cuda::CudaBench> = None;
     let mut files: Option<file::FileBench> = None;
     let mut multi_gpu: Option<multi::MultiBench> = None;
+    let mut agents: Option<ipc::IpcBench> = None;
     let mut results = vec![];
     let mut size_skips = vec![];
     let mut done = 0;
@@ -381,6 +384,9 @@ pub fn run(
             );
             let in_multi = multi::TESTS.iter().any(|m| m.name == t.name);
             let rows = match t.needs {
+                _ if ipc::owns(t.name) => agents
+                    .get_or_insert_with(|| ipc::IpcBench::new(cfg.threads, cfg.method.clone()))
+                    .run(t, size),
                 _ if pipeline::owns(t.name) => {
                     pipeline::run(t, size, cfg.threads, &cfg.method).map(|r| vec![r])
                 }

@@ -3,9 +3,12 @@
 //! agent ([`Agent::connect`] gives a [`Peer`]), opens a descriptor ([`Peer::import`] gives a
 //! [`RemoteRegion`]) and reads or writes it with segment lists ([`Agent::read`],
 //! [`Agent::write`]): many segments, one [`Request`] (wait, poll, Future, one
-//! error), and an optional notification to the owner when the transfer is seen complete.
+//! error), and an optional notification to the owner when the transfer lands (sent by the
+//! agent's progress thread, whether or not the caller waits for the request).
 //!
-//! How the bytes move (one host), by the registration's kind:
+//! How the bytes move (one host), by the registration's kind (a transfer of at most 64 KiB
+//! between host memory on both sides is copied on the caller's thread, before `write`/`read`
+//! returns):
 //!
 //! | registered with | the peer reaches it through | copies run on |
 //! |---|---|---|
@@ -46,6 +49,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod complete;
 mod desc;
 mod sys;
 mod wire;
@@ -54,7 +58,7 @@ use crate::cuda::{CudaError, DeviceBuffer};
 use crate::engine::cuda::sys::memory::{ipc_handle, HostPin, IpcMapping, VmmBuffer};
 use crate::memory::{MemKind, RawBuf};
 use crate::op::{check_segments, Op, OpError, Segment};
-use crate::request::{BackendError, Completion, Request, RequestError, Signal};
+use crate::request::{BackendError, Request, RequestError, Signal};
 use crate::{Engine, Job, SubmitError};
 pub use desc::Descriptor;
 use desc::Transport;
@@ -182,6 +186,9 @@ struct Local {
 enum Store {
     /// A boxed slice given up by the caller (`Box::into_raw`), freed on drop.
     Host(*mut [u8]),
+    /// The caller's memory ([`Agent::register_raw`], [`Agent::lend`]): nothing to free, but
+    /// its `Region`'s drop waits until no request and no peer uses it.
+    Borrowed,
     /// Page-locked (dropped before the mapping) or not.
     Shared {
         _pin: Option<HostPin>,
@@ -222,9 +229,10 @@ struct Entry {
     dropped: bool,
 }
 
-/// Cross-memory copies of at most this many bytes run on the caller's thread (a hand-off to
-/// the copy thread and back costs more than the copy: 10-20 us on a 2-core machine).
-const INLINE_CROSS_BYTES: usize = 64 << 10;
+/// Transfers of at most this many bytes between host memory of both processes (cross-memory
+/// attach, or shared memory mapped here) run on the caller's thread (a hand-off to the copy
+/// thread or the engine and back costs more than the copy: 10-20 us on a 2-core machine).
+const INLINE_BYTES: usize = 64 << 10;
 
 /// A cross-memory copy for the agent's copy thread.
 type CopyJob = Box<dyn FnOnce() + Send>;
@@ -240,9 +248,13 @@ struct AgentInner {
     next_region: AtomicU64,
     notes: Mutex<VecDeque<(String, Vec<u8>)>>,
     notes_cv: Condvar,
+    /// Signalled (with `regions`) when a peer releases imports.
+    released: Condvar,
     conns: Mutex<HashMap<u64, UnixStream>>,
     stop: AtomicBool,
     worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
+    /// The progress thread that sends notifications when transfers land (`complete.rs`).
+    progress: Mutex<Option<mpsc::Sender<Arc<complete::Notified>>>>,
 }
 
 impl AgentInner {
@@ -267,6 +279,7 @@ impl AgentInner {
                 regions.remove(&id);
             }
         }
+        self.released.notify_all();
     }
 }
 
@@ -366,9 +379,11 @@ impl Agent {
             next_region: AtomicU64::new(1),
             notes: Mutex::new(VecDeque::new()),
             notes_cv: Condvar::new(),
+            released: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             worker: Mutex::new(None),
+            progress: Mutex::new(None),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -445,6 +460,71 @@ impl Agent {
         Ok(self.add(Transport::CrossMemory, Store::Host(p), raw, None))
     }
 
+    /// Registers memory the caller owns and keeps, without moving it (an existing buffer: a
+    /// NumPy array, a KV cache), for the duration of `f`: peers reach it as they reach
+    /// [`Agent::register_host`]'s (cross-memory attach), and the region is given to `f`. When
+    /// `f` returns (or unwinds), the region is deregistered and this call waits until no
+    /// request of this process and no peer's import uses the memory any more (a peer releases
+    /// it by dropping its [`RemoteRegion`], closing its connection or exiting; a live peer
+    /// that keeps its import keeps this call waiting, as a thread scope waits for its threads).
+    /// Errors: an empty buffer, or memory the CPU cannot address (device memory: register it
+    /// with [`Agent::register_device`]).
+    ///
+    /// ```no_run
+    /// # use ferry::{agent::Agent, CpuEngine};
+    /// # use std::sync::Arc;
+    /// let agent = Agent::new("owner", Arc::new(CpuEngine::new(2)?))?;
+    /// let mut kv_cache = vec![0u8; 1 << 20];
+    /// agent.lend(&mut kv_cache, |region| {
+    ///     let desc = region.descriptor().to_bytes(); // hand it to a peer; wait for its writes
+    ///     # drop(desc);
+    /// })?;
+    /// // Here no peer reaches `kv_cache` any more.
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lend<M: crate::MemoryMut + ?Sized, R>(
+        &self,
+        mem: &mut M,
+        f: impl FnOnce(&Region) -> R,
+    ) -> Result<R, AgentError> {
+        let raw = mem.raw_mut();
+        if !raw.kind.host_accessible() {
+            return Err(AgentError::Unsupported(format!(
+                "lending {} memory: register device memory with register_device or \
+                 alloc_device",
+                raw.kind
+            )));
+        }
+        // SAFETY: `mem` is mutably borrowed (valid, unaliased) until this call returns, and the
+        // region is dropped before it returns (on unwind too), which waits until nothing
+        // reaches the memory; the agent outlives it (borrowed).
+        let region = unsafe { self.register_raw(raw.addr as *mut u8, raw.len) }?;
+        Ok(f(&region))
+    }
+
+    /// Registers `len` bytes at `ptr`, memory the caller owns and keeps (for C and Python
+    /// callers that hold their own buffer; Rust code has the safe [`Agent::lend`]): as
+    /// [`Agent::lend`], the region's drop deregistering it and waiting until no request of
+    /// this process and no peer's import uses it. Errors: `len` 0 or a null `ptr`.
+    ///
+    /// # Safety
+    /// 1. `ptr..ptr + len` is host memory of this process valid for reads and writes, and
+    ///    stays valid (not freed, unmapped or reused) until the returned region has been
+    ///    dropped; a leaked region (`std::mem::forget`) leaves it reachable by peers for good.
+    /// 2. The region is dropped before this agent (dropping the agent closes its peers'
+    ///    connections, which the region's drop takes as their releases).
+    /// 3. Nothing else writes the bytes while a transfer on them runs (the race of any DMA
+    ///    buffer).
+    pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize) -> Result<Region, AgentError> {
+        if len == 0 || ptr.is_null() {
+            return Err(AgentError::Unsupported(format!(
+                "a registration of {len} bytes at {ptr:p}"
+            )));
+        }
+        let raw = RawBuf::host(ptr, len, MemKind::Pageable);
+        Ok(self.add(Transport::CrossMemory, Store::Borrowed, raw, None))
+    }
+
     /// Allocates `len` zero bytes of host memory that peers map (a memfd whose descriptor
     /// travels over the socket): no ptrace permission needed, and copies run on the engines
     /// (`pinned`: page-locked with CUDA here and by each importer, for the GPU's DMA).
@@ -508,9 +588,11 @@ impl Agent {
 
     /// Writes `src`'s bytes into the peer's `dst`, one request for the whole segment list
     /// (`dst_off` in `dst`, `src_off` in `src`); `notify`: a message the peer receives
-    /// ([`Agent::next_notification`]) once this request is seen complete (waited, polled or
-    /// awaited) with success. Every segment is checked against both regions first; nothing
-    /// blocks on the peer.
+    /// ([`Agent::next_notification`]) once the bytes have landed, sent by the agent's progress
+    /// thread even if the request is never waited for (the request then completes after the
+    /// message is sent, and a failure to send it is the request's error; a failed transfer
+    /// sends nothing). Every segment is checked against both regions first; nothing blocks on
+    /// the peer.
     pub fn write(
         &self,
         dst: &RemoteRegion,
@@ -580,16 +662,12 @@ impl Agent {
                     })
                     .collect();
                 let bytes: usize = pieces.iter().map(|p| p.len).sum();
-                if bytes <= INLINE_CROSS_BYTES {
+                if bytes <= INLINE_BYTES {
                     // SAFETY: the local ranges lie in the registered region (checked above),
                     // borrowed for this call.
                     let r = unsafe { sys::cross_copy(*pid as i32, &pieces, write) };
                     let r = r.map_err(|e| cross_error(e, write, *pid, &peer.name));
-                    return Ok(Request::new(Checked {
-                        inner: Request::ready(r),
-                        peer: Arc::clone(peer),
-                        notify: Mutex::new(notify.map(<[u8]>::to_vec)),
-                    }));
+                    return complete::wrap(&self.inner.progress, Request::ready(r), peer, notify);
                 }
                 let (pid, keep) = (*pid, (Arc::clone(&local.local), Arc::clone(&remote.mem)));
                 let signal = Arc::new(Signal::new());
@@ -602,7 +680,31 @@ impl Agent {
                     drop(keep);
                     done.complete(r.map_err(|e| cross_error(e, write, pid, &pname)));
                 }))?;
-                Request::new(signal)
+                let req = Request::new(signal);
+                local.local.in_use.push(&req);
+                req
+            }
+            // Mapped host memory on both sides, a small transfer: copied here, as the small
+            // cross-memory copies are (the engine's queue costs more than the copy).
+            _ if l.kind.host_accessible()
+                && r.kind.host_accessible()
+                && segs.iter().map(|s| s.len).sum::<u64>() <= INLINE_BYTES as u64 =>
+            {
+                let (dst, src) = if write { (r, l) } else { (l, r) };
+                for s in segs {
+                    // SAFETY: both ranges were checked inside their regions (the live local
+                    // registration and the peer's mapping, both host memory of this process),
+                    // borrowed for this call; `copy` allows the two mappings to alias (a
+                    // process that imported its own region).
+                    unsafe {
+                        std::ptr::copy(
+                            (src.addr + s.src_off) as *const u8,
+                            (dst.addr + s.dst_off) as *mut u8,
+                            s.len as usize,
+                        )
+                    };
+                }
+                Request::ready(Ok(()))
             }
             _ => {
                 let (dst, src) = if write { (r, l) } else { (l, r) };
@@ -621,11 +723,7 @@ impl Agent {
                 req
             }
         };
-        Ok(Request::new(Checked {
-            inner: req,
-            peer: Arc::clone(peer),
-            notify: Mutex::new(notify.map(<[u8]>::to_vec)),
-        }))
+        complete::wrap(&self.inner.progress, req, peer, notify)
     }
 
     fn run_on_worker(&self, job: CopyJob) -> Result<(), AgentError> {
@@ -691,42 +789,6 @@ fn cross_error(e: std::io::Error, write: bool, pid: u32, peer: &str) -> RequestE
         },
     };
     RequestError::Backend(BackendError::new(err))
-}
-
-/// A request checked against its peer's life when seen complete, then notifying the peer.
-struct Checked {
-    inner: Request,
-    peer: Arc<PeerInner>,
-    notify: Mutex<Option<Vec<u8>>>,
-}
-
-impl Checked {
-    fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
-        r?;
-        if self.peer.process.exited() {
-            return Err(RequestError::Backend(BackendError::new(self.peer.gone())));
-        }
-        if let Some(msg) = lock(&self.notify).take() {
-            wire::notify(&self.peer, &msg)
-                .map_err(|e| RequestError::Backend(BackendError::new(e)))?;
-        }
-        Ok(())
-    }
-}
-
-impl Completion for Checked {
-    fn wait(&self) -> Result<(), RequestError> {
-        self.finish(self.inner.completion().wait())
-    }
-    fn poll_done(&self) -> Option<Result<(), RequestError>> {
-        self.inner.completion().poll_done().map(|r| self.finish(r))
-    }
-    fn register_waker(&self, waker: &std::task::Waker) {
-        self.inner.completion().register_waker(waker)
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 /// Memory registered with an [`Agent`]. Its [`Region::descriptor`] lets peers reach it.
@@ -858,8 +920,39 @@ impl Region {
     }
 }
 
+impl Region {
+    /// The end of a borrowed registration: refuses new imports and transfers, then waits for
+    /// this process's requests on it and for every peer's import of it to be released.
+    fn retire(&self) {
+        self.local.live.store(false, Ordering::Release);
+        if let Some(agent) = self.agent.upgrade() {
+            let mut regions = lock(&agent.regions);
+            if let Some(e) = regions.get_mut(&self.desc.region) {
+                e.dropped = true;
+            }
+            while regions
+                .get(&self.desc.region)
+                .is_some_and(|e| !e.importers.is_empty())
+            {
+                regions = agent
+                    .released
+                    .wait(regions)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            regions.remove(&self.desc.region);
+        }
+        let reqs: Vec<Request> = lock(&self.local.in_use.0).drain(..).collect();
+        for r in reqs {
+            let _ = r.settle_keep();
+        }
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
+        if matches!(self.local.store, Store::Borrowed) {
+            return self.retire();
+        }
         let Some(agent) = self.agent.upgrade() else {
             return;
         };

@@ -173,9 +173,15 @@ pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentEr
     }
     let mut hello = me.pid.to_le_bytes().to_vec();
     hello.extend_from_slice(me.name.as_bytes());
-    sys::send_with_fd(&s, &frame(HELLO, &hello), None)
-        .map_err(super::io_err(format!("handshake with {at}")))?;
-    let (tag, body, _) = read_frame(&s).map_err(super::io_err(format!("handshake with {at}")))?;
+    // An agent that refuses this process answers ERR and closes at once: the send may then
+    // fail (EPIPE) with the refusal already waiting to be read, which is the better error.
+    let sent = sys::send_with_fd(&s, &frame(HELLO, &hello), None);
+    let (tag, body, _) = match (read_frame(&s), sent) {
+        (Ok(f), _) => f,
+        (Err(e), Ok(())) | (Err(_), Err(e)) => {
+            return Err(super::io_err(format!("handshake with {at}"))(e));
+        }
+    };
     match tag {
         HELLO if body.len() >= 12 => {
             let agent = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
