@@ -13,7 +13,7 @@ use super::stream::{self, Copier, Stop, Stream, STREAM_ALIGN};
 use super::write::{check_tensor, open_for, replace_err};
 use super::TensorBuffer;
 use crate::file::FileEngine;
-use crate::memory::Memory;
+use crate::memory::{MemKind, Memory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
