@@ -501,6 +501,7 @@ fn a_refused_batch_still_lands_every_copy() {
     ));
     let b = enqueue_uploads(&e, 5, 16 << 10);
     e.flush();
+    assert_eq!(e.flush_batches().1, 2, "the second refusal counted too");
     for (i, r) in b.reqs.into_iter().enumerate() {
         match (i, r.wait()) {
             (0 | 1, Ok(())) => check(

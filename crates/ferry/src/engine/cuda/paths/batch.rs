@@ -44,12 +44,13 @@ struct One {
     sk: MemKind,
 }
 
-/// A failure of the one-call-per-copy fallback: the copies before `at` were enqueued, the
-/// call and its error.
+/// A failure of a one-call-per-copy copy: the copies before `at` were enqueued, the call and
+/// its error; what the batches did before it.
 struct Stopped {
     at: usize,
     call: &'static str,
     error: DriverError,
+    so_far: Batched,
 }
 
 /// Enqueues `copies` on `stream` in batches of at most [`BATCH_MAX_COPIES`] (see the [module
@@ -122,6 +123,7 @@ unsafe fn batches(
                     at: c * BATCH_MAX_COPIES + i,
                     call: error.call,
                     error,
+                    so_far: out,
                 },
             )?;
         }
@@ -196,35 +198,42 @@ pub(crate) unsafe fn copy_held(stream: sys::CUstream, held: &[HeldCopy]) -> Issu
     };
     let each = copies.len() < 2 || driver::batch_copy().is_err() || stream.is_null();
     let r = if each {
-        copies.iter().enumerate().try_for_each(|(i, s)| {
-            let end = |addr, kind| End {
-                addr,
-                kind,
-                ctx: std::ptr::null_mut(),
-            };
-            // SAFETY: the copy's ranges are valid, on this device or the host (this function's
-            // contract: no context needed), on the caller's stream.
-            unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(|error| {
-                Stopped {
-                    at: i,
-                    call: error.call,
-                    error,
-                }
+        copies
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, s)| {
+                let end = |addr, kind| End {
+                    addr,
+                    kind,
+                    ctx: std::ptr::null_mut(),
+                };
+                // SAFETY: the copy's ranges are valid, on this device or the host (this function's
+                // contract: no context needed), on the caller's stream.
+                unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(
+                    |error| Stopped {
+                        at: i,
+                        call: error.call,
+                        error,
+                        so_far: Batched::default(),
+                    },
+                )
             })
-        })
+            .map(|()| Batched::default())
     } else {
         // SAFETY: this function's contract is `batches`' (1, 2).
-        unsafe { batches(stream, &copies, false) }.map(|b| {
-            out.batches = b.batches;
-            out.refused = b.fallbacks;
-            out.refusal = b.first_error.map(|e| {
-                DriverError::new(driver::batch_copy().unwrap_or("cuMemcpyBatchAsync"), e.0)
-            });
-        })
+        unsafe { batches(stream, &copies, false) }
     };
-    if let Err(s) = r {
-        out.enqueued = s.at;
-        out.error = Some(s.error);
-    }
+    let b = match r {
+        Ok(b) => b,
+        Err(s) => {
+            out.enqueued = s.at;
+            out.error = Some(s.error);
+            s.so_far
+        }
+    };
+    let symbol = driver::batch_copy().unwrap_or("cuMemcpyBatchAsync");
+    out.batches = b.batches;
+    out.refused = b.fallbacks;
+    out.refusal = b.first_error.map(|e| DriverError::new(symbol, e.0));
     out
 }
