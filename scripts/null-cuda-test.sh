@@ -29,6 +29,13 @@ cc -O2 -Wall -Wextra -Werror -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$out/lib
   bench/null-cuda/null_cuda.c -lpthread
 ln -sf libcuda.so.1 "$out/libcuda.so"
 lib=$(cd "$out" && pwd)
+# A driver older than CUDA 13 (12.8's cuMemcpyBatchAsync only): tests that need it re-run
+# themselves with it first on LD_LIBRARY_PATH (NULL_CUDA_V1_DIR).
+mkdir -p "$out/v1"
+cc -O2 -Wall -Wextra -Werror -shared -fPIC -Wl,-soname,libcuda.so.1 -DNULL_CUDA_NO_BATCH_V2 \
+  -o "$out/v1/libcuda.so.1" bench/null-cuda/null_cuda.c -lpthread
+ln -sf libcuda.so.1 "$out/v1/libcuda.so"
+export NULL_CUDA_V1_DIR="$lib/v1"
 
 passes=("sync/tuned" "sync/plain" "async/tuned")
 only=()

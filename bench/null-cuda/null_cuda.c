@@ -47,6 +47,22 @@
 //   int nullcuda_pending(void): operations enqueued on any stream and not yet done.
 //   void nullcuda_async(int usec): sets the delay at run time (0: synchronous again; work
 //       already queued still finishes in its stream's order first).
+//   void nullcuda_count(int on): on (nonzero): forgets the counts and counts every call of
+//       every entry point from now on; 0: stops counting (the counts stay readable).
+//   long nullcuda_calls(const char *entry_point): calls of that entry point (its exact name)
+//       counted since counting was last switched on.
+//   int nullcuda_batch_attrs(long *out, int max): the attributes of the last batched copy
+//       the driver took (either symbol): returns how many it had and writes the first `max`
+//       of them, 8 longs each: the index its attribute applies from, srcAccessOrder,
+//       srcLocHint's type and id, dstLocHint's type and id, flags, and the batch's count.
+//   void nullcuda_batch_fail_at(int idx): the next batched copy (either symbol) with more
+//       than `idx` copies fails with CUDA_ERROR_INVALID_VALUE after enqueueing its copies
+//       before `idx` (12.8's cuMemcpyBatchAsync names `idx` in failIdx; `_v2` has none, so
+//       there it enqueues nothing); -1 disarms it.
+//
+// The batched copy: cuMemcpyBatchAsync (CUDA 12.8's ABI, with failIdx) and, unless built with
+// -DNULL_CUDA_NO_BATCH_V2 (a driver older than CUDA 13: scripts/null-cuda-test.sh builds
+// that one too, as target/null-cuda/v1/libcuda.so.1), cuMemcpyBatchAsync_v2.
 //
 // Not modelled: kernels (cuModuleLoad* answer CUDA_ERROR_NO_BINARY_FOR_GPU; ferry builds its
 // kernels with NVRTC, absent on CI anyway), more than one device, peer access, memory
@@ -176,9 +192,50 @@ static int injected(const char *fn) {
   return code;
 }
 
-// The first statement of every entry point: returns an injected failure if one falls due.
+// ---------------------------------------------------------------------------------------------
+// Counted calls: per entry point, while counting is on.
+
+struct counted { char name[48]; long n; };
+static struct counted counts[256];
+static int ncounts;
+static atomic_int counting;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void nullcuda_count(int on) {
+  pthread_mutex_lock(&count_lock);
+  if (on) ncounts = 0;
+  atomic_store(&counting, on != 0);
+  pthread_mutex_unlock(&count_lock);
+}
+
+long nullcuda_calls(const char *entry_point) {
+  long n = 0;
+  pthread_mutex_lock(&count_lock);
+  for (int i = 0; i < ncounts; i++)
+    if (entry_point && strcmp(counts[i].name, entry_point) == 0) n = counts[i].n;
+  pthread_mutex_unlock(&count_lock);
+  return n;
+}
+
+static void count_call(const char *fn) {
+  pthread_mutex_lock(&count_lock);
+  int i = 0;
+  while (i < ncounts && strcmp(counts[i].name, fn) != 0) i++;
+  if (i == ncounts && ncounts < (int)(sizeof counts / sizeof counts[0])) {
+    snprintf(counts[i].name, sizeof counts[i].name, "%s", fn);
+    counts[i].n = 0;
+    ncounts++;
+  }
+  if (i < ncounts) counts[i].n++;
+  pthread_mutex_unlock(&count_lock);
+}
+
+// The first statement of every entry point: counts the call while counting is on, and returns
+// an injected failure if one falls due.
 #define ENTRY()                                                            \
   do {                                                                     \
+    if (atomic_load_explicit(&counting, memory_order_relaxed))             \
+      count_call(__func__);                                                \
     if (atomic_load_explicit(&armed, memory_order_relaxed)) {              \
       int injected_code = injected(__func__);                              \
       if (injected_code != OK) return injected_code;                       \
@@ -1076,34 +1133,101 @@ static CUresult copy3d(CUstream s, const CUDA_MEMCPY3D *m) {
 CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *m, CUstream s) { ENTRY(); return copy3d(s, m); }
 CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *m) { ENTRY(); return copy3d(NULL, m); }
 
-// CUDA 13's batched copy: attributes are hints here; refused on the legacy stream, as the
-// driver does.
-CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
-                               void *attrs, size_t *attrs_idxs, size_t num_attrs, CUstream s) {
-  ENTRY();
-  (void)attrs;
-  if (legacy(s) || !count || !dsts || !srcs || !sizes || !num_attrs || num_attrs > count ||
-      !attrs_idxs || attrs_idxs[0] != 0)
+// The batched copies: attributes are hints here (recorded for nullcuda_batch_attrs); refused on
+// the legacy stream and for attributes out of order, as the driver does.
+typedef struct {
+  int src_access_order;
+  CUmemLocation src_hint, dst_hint;
+  unsigned flags;
+} CUmemcpyAttributes;
+
+#define MAX_ATTRS 64
+static long last_attrs[MAX_ATTRS][8];
+static int last_nattrs;
+static atomic_int batch_fail_at = -1;
+static pthread_mutex_t attrs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int nullcuda_batch_attrs(long *out, int max) {
+  pthread_mutex_lock(&attrs_lock);
+  int n = last_nattrs;
+  for (int i = 0; i < n && i < max && i < MAX_ATTRS; i++) memcpy(out + 8 * i, last_attrs[i], sizeof last_attrs[i]);
+  pthread_mutex_unlock(&attrs_lock);
+  return n;
+}
+
+void nullcuda_batch_fail_at(int idx) { atomic_store(&batch_fail_at, idx); }
+
+// Both symbols' work: `*fail_idx` (when given) says which copy failed.
+static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                      CUmemcpyAttributes *attrs, size_t *attrs_idxs, size_t num_attrs,
+                      size_t *fail_idx, CUstream s) {
+  if (fail_idx) *fail_idx = (size_t)-1;
+  if (legacy(s) || !count || !dsts || !srcs || !sizes || !attrs || !num_attrs ||
+      num_attrs > count || !attrs_idxs || attrs_idxs[0] != 0)
     return INVALID_VALUE;
+  for (size_t i = 1; i < num_attrs; i++)
+    if (attrs_idxs[i] <= attrs_idxs[i - 1] || attrs_idxs[i] >= count) return INVALID_VALUE;
+  pthread_mutex_lock(&attrs_lock);
+  last_nattrs = (int)num_attrs;
+  for (size_t i = 0; i < num_attrs && i < MAX_ATTRS; i++) {
+    long *a = last_attrs[i];
+    a[0] = (long)attrs_idxs[i];
+    a[1] = attrs[i].src_access_order;
+    a[2] = attrs[i].src_hint.type;
+    a[3] = attrs[i].src_hint.id;
+    a[4] = attrs[i].dst_hint.type;
+    a[5] = attrs[i].dst_hint.id;
+    a[6] = (long)attrs[i].flags;
+    a[7] = (long)count;
+  }
+  pthread_mutex_unlock(&attrs_lock);
+  int fail = atomic_load(&batch_fail_at);
+  size_t take = count;
+  if (fail >= 0 && (size_t)fail < count) {
+    atomic_store(&batch_fail_at, -1);
+    if (!fail_idx) return INVALID_VALUE;
+    *fail_idx = (size_t)fail;
+    take = (size_t)fail;
+    if (!take) return INVALID_VALUE;
+  }
   int pageable = 0;
-  for (size_t i = 0; i < count; i++)
+  for (size_t i = 0; i < take; i++)
     pageable |= !known(dsts[i], sizes[i]) || !known(srcs[i], sizes[i]);
   struct op o = {.kind = OP_BATCH};
-  o.u.batch.count = count;
-  o.u.batch.dsts = malloc(count * sizeof *dsts);
-  o.u.batch.srcs = malloc(count * sizeof *srcs);
-  o.u.batch.sizes = malloc(count * sizeof *sizes);
+  o.u.batch.count = take;
+  o.u.batch.dsts = malloc(take * sizeof *dsts);
+  o.u.batch.srcs = malloc(take * sizeof *srcs);
+  o.u.batch.sizes = malloc(take * sizeof *sizes);
   if (!o.u.batch.dsts || !o.u.batch.srcs || !o.u.batch.sizes) {
     free(o.u.batch.dsts);
     free(o.u.batch.srcs);
     free(o.u.batch.sizes);
     return OUT_OF_MEMORY;
   }
-  memcpy(o.u.batch.dsts, dsts, count * sizeof *dsts);
-  memcpy(o.u.batch.srcs, srcs, count * sizeof *srcs);
-  memcpy(o.u.batch.sizes, sizes, count * sizeof *sizes);
-  return pageable ? submit_blocking(s, &o) : submit(s, &o);
+  memcpy(o.u.batch.dsts, dsts, take * sizeof *dsts);
+  memcpy(o.u.batch.srcs, srcs, take * sizeof *srcs);
+  memcpy(o.u.batch.sizes, sizes, take * sizeof *sizes);
+  CUresult r = pageable ? submit_blocking(s, &o) : submit(s, &o);
+  return r == OK && take < count ? INVALID_VALUE : r;
 }
+
+// CUDA 12.8's batched copy (still exported by CUDA 13 drivers): failIdx before the stream.
+CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                            CUmemcpyAttributes *attrs, size_t *attrs_idxs, size_t num_attrs,
+                            size_t *fail_idx, CUstream s) {
+  ENTRY();
+  return batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, fail_idx, s);
+}
+
+#ifndef NULL_CUDA_NO_BATCH_V2
+// CUDA 13's batched copy: no failIdx.
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                               CUmemcpyAttributes *attrs, size_t *attrs_idxs, size_t num_attrs,
+                               CUstream s) {
+  ENTRY();
+  return batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, NULL, s);
+}
+#endif
 
 // `height` rows of `width` elements of `size` bytes at `pitch`, on stream `s`.
 static CUresult memset2d(CUstream s, CUdeviceptr d, size_t pitch, uint32_t v, int size, size_t width,

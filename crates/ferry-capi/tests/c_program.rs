@@ -1,14 +1,14 @@
-//! Builds `examples/c/copy_tile.c` with the C compiler against the static library cargo built,
-//! runs it, and checks its output (and, where valgrind is installed, that it makes no memory
-//! error and leaks nothing definitely).
+//! Builds the C programs of `examples/c/` (`copy_tile.c`, `copy_blocks.c`) with the C compiler
+//! against the static library cargo built, runs them, and checks their output (and, where
+//! valgrind is installed, that `copy_tile` makes no memory error and leaks nothing definitely).
 
 mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Compiles the example into a directory of its own (`tag`: tests run in parallel).
-fn build(tag: &str) -> Option<PathBuf> {
+/// Compiles `examples/c/{name}.c` into a directory of its own (`tag`: tests run in parallel).
+fn build(name: &str, tag: &str) -> Option<PathBuf> {
     let Some(cc) = support::c_compiler() else {
         println!("skipped: no C compiler (set CC or install cc)");
         return None;
@@ -18,12 +18,12 @@ fn build(tag: &str) -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("c_program-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create temp dir");
-    let exe = dir.join("copy_tile");
+    let exe = dir.join(name);
     let out = Command::new(&cc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
         .arg("-I")
         .arg(root.join("crates/ferry-capi/include"))
-        .arg(root.join("examples/c/copy_tile.c"))
+        .arg(root.join(format!("examples/c/{name}.c")))
         .arg(&lib)
         .args(support::NATIVE_LIBS)
         .arg("-o")
@@ -32,7 +32,7 @@ fn build(tag: &str) -> Option<PathBuf> {
         .expect("run the C compiler");
     assert!(
         out.status.success(),
-        "compiling copy_tile.c against {} failed:\n{}",
+        "compiling {name}.c against {} failed:\n{}",
         lib.display(),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -41,7 +41,9 @@ fn build(tag: &str) -> Option<PathBuf> {
 
 #[test]
 fn copy_tile_runs_and_checks_every_byte() {
-    let Some(exe) = build("run") else { return };
+    let Some(exe) = build("copy_tile", "run") else {
+        return;
+    };
     let out = Command::new(&exe).output().expect("run copy_tile");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -78,7 +80,9 @@ fn copy_tile_is_clean_under_valgrind() {
         println!("skipped: valgrind not installed");
         return;
     }
-    let Some(exe) = build("valgrind") else { return };
+    let Some(exe) = build("copy_tile", "valgrind") else {
+        return;
+    };
     let out = Command::new("valgrind")
         .args([
             "--quiet",
@@ -165,4 +169,43 @@ fn checkpoint_example_saves_and_loads_back() {
     assert!(stdout.trim_end().ends_with("checkpoint: OK"), "{stdout}");
     assert!(work.join("sharded/model.safetensors.index.json").is_file());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `examples/c/copy_blocks.c`: moves mapped blocks between two block tables and sees each bad
+/// mapping refused with a message naming its entry.
+#[test]
+fn copy_blocks_moves_the_mapped_blocks_and_refuses_bad_mappings() {
+    let Some(exe) = build("copy_blocks", "run") else {
+        return;
+    };
+    let out = Command::new(&exe).output().expect("run copy_blocks");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "copy_blocks failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    // 2 layers x 6 destination blocks x 96 bytes, every one checked.
+    assert!(
+        stdout.contains("blocks: 5 of 96 bytes in 2 layers, 1152 destination bytes checked"),
+        "{stdout}"
+    );
+    // Each refusal: -FERRY_EINVAL, its message naming the mapping's entry.
+    for (what, says) in [
+        (
+            "destination past its table",
+            "mapping entry 1: destination block 6",
+        ),
+        ("source past its table", "mapping entry 0: source block 8"),
+        ("negative index", "mapping entry 1: source block index -1"),
+        ("one destination twice", "mapping entries 0 and 1"),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("refused ({what}): -1 (invalid argument)")))
+            .unwrap_or_else(|| panic!("no refusal line for `{what}` in:\n{stdout}"));
+        assert!(line.contains(says), "`{what}`: want `{says}` in: {line}");
+    }
+    assert!(stdout.trim_end().ends_with("copy_blocks: OK"), "{stdout}");
 }

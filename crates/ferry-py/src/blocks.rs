@@ -5,11 +5,8 @@ use crate::array::Arr;
 use crate::copy::{pick_stream, producer_waits, stream_arg, PyRequest};
 use crate::engine::{self, Eng};
 use crate::errors::{self, arg};
-use ferry::cuda::{CudaConfig, CudaEngine};
 use ferry::{MemKind, Op, RawBuf};
 use pyo3::prelude::*;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// One table: its buffer and its block size in bytes.
 fn table(a: &Arr, role: &str) -> PyResult<(RawBuf, usize)> {
@@ -68,33 +65,6 @@ fn pairs(mapping: &Bound<'_, PyAny>) -> PyResult<Vec<(i64, i64)>> {
         .collect())
 }
 
-/// The CUDA engine of device `ordinal` that leaves the SMs to the caller's kernels
-/// (`CudaConfig::compute_busy`), one per device and process.
-fn busy_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<CudaEngine>> {
-    static BUSY: OnceLock<Mutex<HashMap<u32, Arc<CudaEngine>>>> = OnceLock::new();
-    let map = BUSY.get_or_init(Default::default);
-    if let Some(e) = map
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&ordinal)
-    {
-        return Ok(e.clone());
-    }
-    let cfg = CudaConfig::from_env(ordinal)
-        .map_err(|e| arg(e.to_string()))?
-        .compute_busy(true);
-    let e = Arc::new(
-        py.allow_threads(|| CudaEngine::with_config(cfg))
-            .map_err(errors::cuda)?,
-    );
-    Ok(map
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .entry(ordinal)
-        .or_insert(e)
-        .clone())
-}
-
 /// Copies blocks between block tables, as vLLM's ``swap_blocks``: block ``s`` of each source
 /// table into block ``d`` of the destination table of the same position, for every
 /// ``(s, d)`` of ``mapping``, every table in one request, on PyTorch's current stream.
@@ -112,7 +82,8 @@ fn busy_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<CudaEngine>> {
 ///         the copy engines only (the driver's batched copy), never with an SM kernel.
 ///         Default False: small blocks may go to an SM gather kernel, which is faster alone.
 ///     non_blocking (bool): return at once with a pending ``Request``.
-///     engine (CpuEngine | CudaEngine | None): as for ``copy_`` (not with ``leave_sms``).
+///     engine (CpuEngine | CudaEngine | None): as for ``copy_``; with ``leave_sms``, a
+///         ``CudaEngine`` made with ``compute_busy=True`` (or a ``CpuEngine``).
 ///     stream (int | str | None): as for ``copy_``.
 ///
 /// Returns:
@@ -206,15 +177,21 @@ pub(crate) fn copy_blocks(
     }
     let kinds: Vec<MemKind> = tables.iter().flat_map(|(d, s)| [d.kind, s.kind]).collect();
     let eng = match (leave_sms, engine) {
-        (true, Some(_)) => {
-            return Err(arg(
-                "leave_sms=True chooses the engine: pass engine=None (or configure the engine \
-                 with FERRY_CUDA_COMPUTE_BUSY=1)",
-            ))
-        }
         (true, None) => match engine::default_for(py, &kinds)? {
-            Eng::Cuda(c) => Eng::Cuda(busy_engine(py, c.ordinal())?),
+            Eng::Cuda(c) => Eng::Cuda(engine::busy_engine(py, c.ordinal())?),
             cpu => cpu,
+        },
+        (true, Some(e)) => match engine::from_arg(py, Some(e), &kinds)? {
+            Eng::Cuda(c) if !c.config().compute_busy => {
+                return Err(arg(format!(
+                    "leave_sms=True with engine={}, which may use the SMs: pass \
+                     engine=ferry.CudaEngine({}, compute_busy=True), or engine=None",
+                    errors::shown(e),
+                    c.ordinal()
+                )))
+            }
+            // A CUDA engine that leaves the SMs, or a CPU engine (which never uses them).
+            eng => eng,
         },
         (false, e) => engine::from_arg(py, e, &kinds)?,
     };

@@ -85,22 +85,28 @@ impl PyCpuEngine {
     }
 }
 
-/// CudaEngine(device=0)
+/// CudaEngine(device=0, *, compute_busy=False)
 ///
 /// Copies to, from and between one GPU's memory on its copy engines (pageable host memory
-/// staged through pinned buffers); one per device and process, shared. Pass it as
-/// ``engine=``.
+/// staged through pinned buffers); one per device and setting per process, shared. Pass it
+/// as ``engine=``.
 ///
 /// Args:
 ///     device (int): the GPU's ordinal (0 or more).
+///     compute_busy (bool): the caller's kernels keep the GPU's SMs busy: copies never use
+///         the SMs (segment lists and block copies go through the driver's batched copy on
+///         the copy engines). ``ferry.copy_blocks(..., leave_sms=True, engine=eng)`` needs it.
+///         Default: False (the SM gather kernel where it is measured faster).
 ///
 /// Raises:
-///     ArgumentError: a negative or non-int ``device``.
+///     ArgumentError: a negative or non-int ``device``, a non-bool ``compute_busy``.
 ///     DriverError: no CUDA driver, or no such device.
 ///
 /// Example:
 ///     >>> eng = ferry.CudaEngine(0)
 ///     >>> ferry.copy_(gpu_tensor, host_array, engine=eng)
+///     >>> busy = ferry.CudaEngine(0, compute_busy=True)
+///     >>> ferry.copy_blocks(gpu_cache, host_cache, mapping, leave_sms=True, engine=busy)
 #[pyclass(module = "ferry", name = "CudaEngine", frozen)]
 pub(crate) struct PyCudaEngine {
     pub(crate) eng: Arc<RsCuda>,
@@ -109,13 +115,29 @@ pub(crate) struct PyCudaEngine {
 #[pymethods]
 impl PyCudaEngine {
     #[new]
-    #[pyo3(signature = (device = None), text_signature = "(device=0)")]
-    fn new(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    #[pyo3(
+        signature = (device = None, *, compute_busy = None),
+        text_signature = "(device=0, *, compute_busy=False)"
+    )]
+    fn new(
+        py: Python<'_>,
+        device: Option<&Bound<'_, PyAny>>,
+        compute_busy: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         // Taken as any object: a negative ordinal is an ArgumentError, not an OverflowError.
         let device: u32 = device.map_or(Ok(0), |d| errors::uint(d, "device"))?;
-        Ok(PyCudaEngine {
-            eng: cuda_engine(py, device)?,
-        })
+        let busy = errors::boolean(compute_busy, "compute_busy", false)?;
+        let eng = match busy {
+            true => busy_engine(py, device)?,
+            false => cuda_engine(py, device)?,
+        };
+        Ok(PyCudaEngine { eng })
+    }
+    /// bool: copies leave the GPU's SMs to the caller's kernels (``compute_busy=True``, or
+    /// ``FERRY_CUDA_COMPUTE_BUSY=1`` in the environment).
+    #[getter]
+    fn compute_busy(&self) -> bool {
+        self.eng.config().compute_busy
     }
     /// int: the GPU's ordinal.
     #[getter]
@@ -213,6 +235,34 @@ pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>>
     }
     let e = Arc::new(
         py.allow_threads(|| RsCuda::new(ordinal))
+            .map_err(errors::cuda)?,
+    );
+    Ok(map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(ordinal)
+        .or_insert(e)
+        .clone())
+}
+
+/// The CUDA engine of device `ordinal` that leaves the SMs to the caller's kernels
+/// (`CudaConfig::compute_busy`, the rest of its configuration from the environment), one per
+/// device and process.
+pub(crate) fn busy_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>> {
+    static BUSY: OnceLock<Mutex<HashMap<u32, Arc<RsCuda>>>> = OnceLock::new();
+    let map = BUSY.get_or_init(Default::default);
+    if let Some(e) = map
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&ordinal)
+    {
+        return Ok(e.clone());
+    }
+    let cfg = ferry::cuda::CudaConfig::from_env(ordinal)
+        .map_err(|e| errors::arg(e.to_string()))?
+        .compute_busy(true);
+    let e = Arc::new(
+        py.allow_threads(|| RsCuda::with_config(cfg))
             .map_err(errors::cuda)?,
     );
     Ok(map

@@ -71,6 +71,7 @@ def test_signatures_show_real_defaults():
     assert inspect.signature(ferry.copy_).parameters["non_blocking"].default is False
     assert inspect.signature(ferry.CpuEngine).parameters["threads"].default == 0
     assert inspect.signature(ferry.CudaEngine).parameters["device"].default == 0
+    assert inspect.signature(ferry.CudaEngine).parameters["compute_busy"].default is False
     assert inspect.signature(ferry.load_safetensors).parameters["framework"].default is None
     for name, obj in _public_callables():
         if inspect.isroutine(obj):

@@ -91,7 +91,7 @@ def test_refusals_move_nothing():
     with pytest.raises(ferry.ArgumentError, match="array of blocks"):
         ferry.copy_blocks(dst[0][:, ::2], src[0][:, ::2], [(0, 0)])
     with pytest.raises(ferry.ArgumentError, match="leave_sms"):
-        ferry.copy_blocks(dst, src, [(0, 0)], leave_sms=True, engine=ferry.CpuEngine())
+        ferry.copy_blocks(dst, src, [(0, 0)], leave_sms="yes")
     for d, b in zip(dst, before):
         np.testing.assert_array_equal(d, b)
 
@@ -107,3 +107,27 @@ def test_empty_mapping_and_empty_tables():
     # leave_sms on host tables: the CPU engine, nothing else changes.
     ferry.copy_blocks(dst, src, [(1, 2)], leave_sms=True)
     np.testing.assert_array_equal(dst[2], src[1])
+    # ... also named: a CPU engine never uses the SMs.
+    ferry.copy_blocks(dst, src, [(0, 3)], leave_sms=True, engine=ferry.CpuEngine()).wait()
+    np.testing.assert_array_equal(dst[3], src[0])
+
+
+def test_leave_sms_with_an_explicit_cuda_engine():
+    if ferry.info()["cuda_driver"] is None:
+        pytest.skip("no CUDA driver")
+    busy = ferry.CudaEngine(0, compute_busy=True)
+    assert busy.compute_busy
+    assert ferry.CudaEngine(0, compute_busy=True) is not None  # one per device, shared
+    with pytest.raises(ferry.ArgumentError, match="compute_busy"):
+        ferry.CudaEngine(0, compute_busy="yes")
+    plain = ferry.CudaEngine(0)
+    src = tables(1, 4, (2,), seed=9)[0]
+    dst = np.zeros((4, 2), np.float16)
+    if not plain.compute_busy:  # FERRY_CUDA_COMPUTE_BUSY=1 makes every engine leave the SMs
+        with pytest.raises(ferry.ArgumentError, match="compute_busy=True"):
+            ferry.copy_blocks(dst, src, [(1, 2)], leave_sms=True, engine=plain)
+        assert not dst.any(), "refused before any byte moved"
+    # The busy engine is taken (the copy itself is test_gpu_blocks.py's, on GPU tables): here,
+    # pageable tables on both sides, it is refused as any CUDA engine refuses them.
+    with pytest.raises(ferry.ArgumentError, match="cannot copy pageable"):
+        ferry.copy_blocks(dst, src, [(1, 2)], leave_sms=True, engine=busy)

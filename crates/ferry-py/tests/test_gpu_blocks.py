@@ -42,6 +42,23 @@ def test_swap_blocks_like_vllm(leave_sms, way, block_shape):
         assert torch.equal(d.cpu().view(torch.int16), w.cpu().view(torch.int16)), f"layer {l}"
 
 
+def test_leave_sms_with_an_engine_made_to_leave_them():
+    src = kv(2, 32, (16, 64), DEV, 5)
+    dst = kv(2, 32, (16, 64), "cpu", 6, pin=True)
+    mapping = torch.stack([torch.randperm(32)[:12], torch.randperm(32)[:12]], dim=1)
+    want = [expected(d, s, mapping) for d, s in zip(dst, src)]
+    busy = ferry.CudaEngine(0, compute_busy=True)
+    assert busy.compute_busy
+    ferry.copy_blocks(dst, src, mapping, leave_sms=True, engine=busy)
+    torch.cuda.synchronize()
+    for l, (d, w) in enumerate(zip(dst, want)):
+        assert torch.equal(d.view(torch.int16), w.view(torch.int16)), f"layer {l}"
+    plain = ferry.CudaEngine(0)
+    if not plain.compute_busy:
+        with pytest.raises(ferry.ArgumentError, match="compute_busy=True"):
+            ferry.copy_blocks(dst, src, mapping, leave_sms=True, engine=plain)
+
+
 def test_ordered_with_the_current_stream():
     # The source is written by a kernel on PyTorch's current stream just before the swap: the
     # swap (on that stream by default) sees it.

@@ -32,6 +32,12 @@ pub trait Completion: Send + Sync + 'static {
     fn wait(&self) -> Result<(), RequestError>;
     /// Returns the result if the work is done, without blocking.
     fn poll_done(&self) -> Option<Result<(), RequestError>>;
+    /// [`Completion::poll_done`] for bookkeeping (an in-flight list's pruning): never starts
+    /// work an engine holds until a flush ([`crate::Engine::enqueue`]) to find out, where
+    /// `poll_done` would. Default: `poll_done`.
+    fn poll_quiet(&self) -> Option<Result<(), RequestError>> {
+        self.poll_done()
+    }
     /// Arranges for `waker` to be woken once the work is done (may wake at once).
     fn register_waker(&self, waker: &Waker);
     /// For engines that recognise their own completions (event dependencies).
@@ -397,7 +403,7 @@ impl InFlight {
         if l.len() >= start && l.len().is_power_of_two() {
             // Nothing left to report: done and either observed or successful. (Keeping
             // successful requests that were dropped unwaited would grow the list without bound.)
-            l.retain(|r| match r.completion().poll_done() {
+            l.retain(|r| match r.completion().poll_quiet() {
                 Some(Ok(())) => false,
                 Some(Err(_)) => !r.observed_seen(),
                 None => true,

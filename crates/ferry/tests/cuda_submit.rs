@@ -1,11 +1,13 @@
 //! The CUDA engine's submission seam (`engine/cuda/submit.rs`, issue 30 item 2): a caller that
 //! says more work follows (`Engine::enqueue`, then one `Engine::flush`) has its batch complete
-//! in order, byte for byte; under the tuned completion policy nothing marks the batch's
-//! requests (no event recorded) before the flush, under the plain one every request records its
-//! event at submit; a request of a batch that a dependent, a future or a wait needs before the
-//! flush never hangs. And the one trunk: one-run copies, tiles and refusals through
-//! `submit_copy`, `submit_raw` and `enqueue` alike. Prints `skipped: no CUDA driver` without a
-//! GPU.
+//! in order, byte for byte; its one-run copies are held until the flush and go to the driver
+//! as one batched copy (issue 34: counted on the null driver, either symbol, a refused batch
+//! copied one call per copy, from the failed index where 12.8's symbol names it, each range's
+//! location hints), the batch's waits reading its stamp (tuned) or events (plain), never
+//! synchronizing the stream; nothing is marked before the flush; a request of a batch that a
+//! dependent, a future, a poll or a wait needs before the flush never hangs. And the one trunk:
+//! one-run copies, tiles and refusals through `submit_copy`, `submit_raw` and `enqueue` alike.
+//! Prints `skipped: no CUDA driver` without a GPU.
 
 mod cuda_common;
 
@@ -97,33 +99,38 @@ fn an_enqueued_batch_records_no_event_before_its_flush_under_the_tuned_policy() 
     for (i, d) in dev.iter_mut().enumerate() {
         // SAFETY: live buffers, untouched until the requests are waited below.
         let r = unsafe { e.enqueue(flat(d.raw_mut(), src[i].raw())) };
-        match completion() {
-            CompletionPolicy::Plain => {
-                // The plain policy records every request's event at submit: the first meets
-                // the failure, the others go through.
-                match (i, r) {
-                    (0, Err(err)) => assert_eq!(
-                        err.driver_error().map(|d| d.call),
-                        Some("cuEventRecord"),
-                        "{err}"
-                    ),
-                    (0, Ok(_)) => panic!("plain: the first request recorded no event"),
-                    (_, r) => reqs.push((i, r.expect("plain: enqueue"))),
-                }
-            }
-            _ => reqs.push((i, r.expect("tuned: enqueue recorded no event"))),
-        }
+        // One-run copies are held until the flush: nothing recorded at submit, whatever the
+        // policy.
+        reqs.push((i, r.expect("enqueue recorded no event")));
     }
     if completion() != CompletionPolicy::Plain {
-        // Nothing recorded during the batch: the failure is still armed for the next record.
+        // Nothing recorded during the batch nor at its flush (one stamp marks its end): the
+        // failure is still armed for the next record.
+        e.flush();
         let err = e
             .record(&stream)
             .expect_err("the armed failure met by this record");
         assert!(err.to_string().contains("cuEventRecord"), "{err}");
+        for (i, r) in reqs {
+            r.wait().unwrap_or_else(|err| panic!("copy {i}: {err}"));
+            check(&format!("copy {i}"), &dev[i].to_vec().unwrap(), &want[i]);
+        }
+        return;
     }
+    // The plain policy records every request's event after the batch, at the flush: the first
+    // meets the failure (its copy done before the failure is handed back), the others go
+    // through.
     e.flush();
     for (i, r) in reqs {
-        r.wait().unwrap_or_else(|err| panic!("copy {i}: {err}"));
+        match (i, r.wait()) {
+            (0, Err(err)) => assert_eq!(
+                err.driver_error().map(|d| d.call),
+                Some("cuEventRecord"),
+                "{err}"
+            ),
+            (0, Ok(())) => panic!("plain: the first request recorded no event"),
+            (_, r) => r.unwrap_or_else(|err| panic!("copy {i}: {err}")),
+        }
         check(&format!("copy {i}"), &dev[i].to_vec().unwrap(), &want[i]);
     }
 }
@@ -223,5 +230,494 @@ fn one_trunk_for_submit_copy_submit_raw_and_enqueue() {
             }
         };
         assert!(matches!(r, Err(SubmitError::Op(_))), "{entry}: {r:?}");
+    }
+}
+
+/// `n` pinned sources of `len` bytes enqueued into `n` device buffers (one-run copies held
+/// until the flush); the sources, the destinations, the bytes each must get, the requests.
+struct HeldBatch {
+    _src: Vec<PinnedBuffer>,
+    dev: Vec<DeviceBuffer>,
+    want: Vec<Vec<u8>>,
+    reqs: Vec<Request>,
+}
+
+fn enqueue_uploads(e: &ferry::cuda::CudaEngine, n: usize, len: usize) -> HeldBatch {
+    let (src, want) = sources(n, len);
+    let mut dev: Vec<DeviceBuffer> = (0..n).map(|_| DeviceBuffer::new(0, len).unwrap()).collect();
+    let reqs = dev
+        .iter_mut()
+        .zip(&src)
+        // SAFETY: live buffers, untouched until the requests are waited (the batch's owner
+        // waits them before dropping it).
+        .map(|(d, s)| unsafe { e.enqueue(flat(d.raw_mut(), s.raw())) }.expect("enqueue"))
+        .collect();
+    HeldBatch {
+        _src: src,
+        dev,
+        want,
+        reqs,
+    }
+}
+
+impl HeldBatch {
+    /// Waits every request and checks every destination.
+    fn check(self, what: &str) {
+        for (i, r) in self.reqs.into_iter().enumerate() {
+            r.wait()
+                .unwrap_or_else(|err| panic!("{what}: copy {i}: {err}"));
+        }
+        for (i, d) in self.dev.iter().enumerate() {
+            check(
+                &format!("{what}: copy {i}"),
+                &d.to_vec().unwrap(),
+                &self.want[i],
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn enqueued_one_run_copies_go_to_the_driver_as_one_batch_at_the_flush() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    let batched = ferry::engine::cuda::gather::Gatherer::batch_supported();
+    for (n, len) in [(16, 64 << 10), (100, 4 << 10), (3, 1 << 20)] {
+        let null = null::count_calls();
+        let before = e.flush_batches();
+        let b = enqueue_uploads(&e, n, len);
+        if null {
+            // Held: nothing given to the driver before the flush.
+            assert_eq!(null::batch_calls(), 0, "{n} x {len} B: before the flush");
+            assert_eq!(null::calls("cuMemcpyHtoDAsync_v2"), 0, "{n} x {len} B");
+        }
+        e.flush();
+        let after = e.flush_batches();
+        if null {
+            assert_eq!(null::batch_calls(), 1, "{n} x {len} B: one batched copy");
+            assert_eq!(null::calls("cuMemcpyHtoDAsync_v2"), 0, "{n} x {len} B");
+            let attrs = null::last_batch_attrs();
+            assert_eq!(
+                attrs.len(),
+                1,
+                "{n} x {len} B: one kind pair, one attribute"
+            );
+            assert_eq!(attrs[0].count, n, "{n} x {len} B: every copy in the batch");
+        }
+        if batched {
+            assert_eq!(after.0 - before.0, 1, "{n} x {len} B: one batch counted");
+            assert_eq!(
+                after.1, before.1,
+                "{n} x {len} B: no refusal: {:?}",
+                after.2
+            );
+        }
+        println!("{n} x {len} B: batched copies {}", after.0 - before.0);
+        b.check(&format!("{n} x {len} B"));
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_single_enqueued_copy_stays_one_typed_copy() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    if !null::count_calls() {
+        println!("skipped: counts driver calls through the null CUDA driver");
+        return;
+    }
+    let b = enqueue_uploads(&e, 1, 64 << 10);
+    e.flush();
+    assert_eq!(null::batch_calls(), 0);
+    assert_eq!(null::calls("cuMemcpyHtoDAsync_v2"), 1);
+    b.check("one copy");
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_flushed_batch_is_waited_without_synchronizing_its_stream() {
+    // Issue 30's leftover: the batch's last request got no stamp and waited with
+    // cuStreamSynchronize. Now every request of a held batch shares the batch's stamp (tuned
+    // policy) or records its own event after it (plain); a flushed batch that was already on
+    // the stream (tiles: not held) has its last request stamped at the flush.
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    if !null::is_synchronous() {
+        println!("skipped: null CUDA driver: counts the waits' calls in its synchronous mode only");
+        return;
+    }
+    // Held one-run copies.
+    let mut b = enqueue_uploads(&e, 8, 64 << 10);
+    null::count_calls();
+    e.flush();
+    let writes = null::calls("cuStreamWriteValue32_v2");
+    match completion() {
+        CompletionPolicy::Tuned => assert_eq!(writes, 1, "one stamp for the batch"),
+        _ => assert_eq!(null::calls("cuEventRecord"), 8, "plain: an event each"),
+    }
+    null::count_calls();
+    let last = b.reqs.pop().unwrap();
+    last.wait().expect("the batch's last");
+    let reqs = std::mem::take(&mut b.reqs);
+    for r in reqs {
+        r.wait().expect("the batch's others");
+    }
+    assert_eq!(
+        null::calls("cuStreamSynchronize"),
+        0,
+        "held batch: no stream wait"
+    );
+    assert_eq!(
+        null::calls("cuStreamQuery"),
+        0,
+        "held batch: no stream query"
+    );
+    b.check("held batch");
+
+    // Tiles (programs: on the stream at once), the last stamped at the flush.
+    let (rows, cols, elem) = (32usize, 32usize, 4usize);
+    let n = rows * cols * elem;
+    let data = bytes(n, 11);
+    let host = pinned_with(&data);
+    let tile_src = Layout::with_byte_strides(&[rows / 2, cols / 2], &[cols * elem, elem], elem)
+        .unwrap()
+        .with_offset(elem * (cols + 1))
+        .unwrap();
+    let tile_dst = Layout::contiguous(&[rows / 2, cols / 2], elem).unwrap();
+    let want = reference_copy(&vec![0; n], &tile_dst, &data, &tile_src);
+    let mut dev: Vec<DeviceBuffer> = (0..6)
+        .map(|_| DeviceBuffer::zeroed(0, n).unwrap())
+        .collect();
+    let mut reqs: Vec<Request> = dev
+        .iter_mut()
+        // SAFETY: live buffers, untouched until the requests are waited below.
+        .map(|d| unsafe { e.enqueue(Job::copy(d.raw_mut(), tile_dst, host.raw(), tile_src)) })
+        .map(|r| r.expect("enqueue a tile"))
+        .collect();
+    e.flush();
+    null::count_calls();
+    reqs.pop().unwrap().wait().expect("the last tile");
+    assert_eq!(
+        null::calls("cuStreamSynchronize"),
+        0,
+        "tiles: the last waited on its stamp"
+    );
+    for r in reqs {
+        r.wait().expect("a tile");
+    }
+    for (i, d) in dev.iter().enumerate() {
+        check(&format!("tile {i}"), &d.to_vec().unwrap(), &want);
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn held_copies_polled_or_awaited_before_the_flush_complete() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    // Polled: a poll issues the held copies (never flushed here).
+    let mut b = enqueue_uploads(&e, 4, 32 << 10);
+    let start = std::time::Instant::now();
+    let mut r = b.reqs.remove(1);
+    let polled = loop {
+        if let Some(res) = r.try_wait() {
+            break res;
+        }
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "a polled held copy never completed"
+        );
+        std::thread::yield_now();
+    };
+    polled.expect("polled");
+    b.reqs.insert(1, r);
+    b.check("polled");
+    // Awaited: a future's waker.
+    let mut b = enqueue_uploads(&e, 3, 32 << 10);
+    block_on(b.reqs.pop().unwrap()).expect("awaited");
+    b.want.pop();
+    let last = b.dev.pop().unwrap();
+    check(
+        "awaited",
+        &last.to_vec().unwrap(),
+        &sources(3, 32 << 10).1[2],
+    );
+    b.check("awaited batch");
+    // A barrier with held copies in flight (its pruning leaves them held; the barrier's waits
+    // issue them).
+    let b = enqueue_uploads(&e, 40, 4 << 10);
+    e.barrier().expect("barrier");
+    b.check("barrier");
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_refused_batch_still_lands_every_copy() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    if !null::is_null_driver() {
+        println!("skipped: refuses the batch through the null CUDA driver's injected failures");
+        return;
+    }
+    let sym = if null_driver_has_v2() {
+        "cuMemcpyBatchAsync_v2"
+    } else {
+        "cuMemcpyBatchAsync"
+    };
+    // Refused: every copy one typed call.
+    let n = 8;
+    assert!(null::fail(sym, 1, CUresult::CUDA_ERROR_INVALID_VALUE));
+    null::count_calls();
+    let b = enqueue_uploads(&e, n, 16 << 10);
+    e.flush();
+    assert_eq!(null::calls(sym), 1, "the batch was tried");
+    assert_eq!(null::calls("cuMemcpyHtoDAsync_v2"), n, "then one call each");
+    let (batches, refused, why) = e.flush_batches();
+    assert_eq!((batches, refused), (0, 1));
+    assert_eq!(
+        why.map(|d| d.code),
+        Some(CUresult::CUDA_ERROR_INVALID_VALUE),
+        "the refusal kept"
+    );
+    b.check("refused batch");
+    // Refused, and the third copy's own call fails too: the first two land, the others fail
+    // with the driver's error.
+    assert!(null::fail(sym, 1, CUresult::CUDA_ERROR_INVALID_VALUE));
+    assert!(null::fail(
+        "cuMemcpyHtoDAsync_v2",
+        3,
+        CUresult::CUDA_ERROR_LAUNCH_FAILED
+    ));
+    let b = enqueue_uploads(&e, 5, 16 << 10);
+    e.flush();
+    assert_eq!(e.flush_batches().1, 2, "the second refusal counted too");
+    for (i, r) in b.reqs.into_iter().enumerate() {
+        match (i, r.wait()) {
+            (0 | 1, Ok(())) => check(
+                &format!("copy {i}"),
+                &b.dev[i].to_vec().unwrap(),
+                &b.want[i],
+            ),
+            (0 | 1, Err(err)) => panic!("copy {i} was enqueued: {err}"),
+            (_, Ok(())) => panic!("copy {i}: its call failed"),
+            (_, Err(err)) => assert_eq!(
+                err.driver_error().map(|d| d.call),
+                Some("cuMemcpyHtoDAsync"),
+                "copy {i}: {err}"
+            ),
+        }
+    }
+}
+
+/// Whether the loaded null driver exports `cuMemcpyBatchAsync_v2` (the default build) rather
+/// than only 12.8's symbol (`-DNULL_CUDA_NO_BATCH_V2`).
+fn null_driver_has_v2() -> bool {
+    std::env::var_os(V1_CHILD).is_none()
+}
+
+/// Set in the child run on the null driver without `_v2` (`on_the_12_8_symbol`).
+const V1_CHILD: &str = "FERRY_TEST_BATCH_V1_CHILD";
+
+/// Runs test `name` of this binary again in a child process with the null driver built without
+/// `cuMemcpyBatchAsync_v2` (`NULL_CUDA_V1_DIR`, set by `scripts/null-cuda-test.sh`) first on
+/// `LD_LIBRARY_PATH`; `false` (after printing why) where that driver is not at hand.
+fn on_the_12_8_symbol(name: &str) -> bool {
+    let Some(dir) = std::env::var_os("NULL_CUDA_V1_DIR") else {
+        println!(
+            "skipped: null CUDA driver: NULL_CUDA_V1_DIR unset (scripts/null-cuda-test.sh sets it)"
+        );
+        return false;
+    };
+    let mut path = dir;
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("this test binary"))
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env("LD_LIBRARY_PATH", path)
+        .env(V1_CHILD, "1")
+        .output()
+        .expect("the test binary runs again");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{name} on the 12.8 symbol failed:\n{text}"
+    );
+    assert!(
+        text.contains("1 passed"),
+        "{name} did not run in the child:\n{text}"
+    );
+    assert!(
+        text.contains("ran on cuMemcpyBatchAsync."),
+        "{name}: the child did not batch:\n{text}"
+    );
+    true
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn the_batched_copy_runs_on_either_symbol_and_refills_from_the_failed_index() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    if !null::is_null_driver() {
+        println!("skipped: null CUDA driver: hides cuMemcpyBatchAsync_v2 and fails a batch midway");
+        return;
+    }
+    let v2 = null_driver_has_v2();
+    let (sym, other) = if v2 {
+        ("cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync")
+    } else {
+        ("cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2")
+    };
+    null::count_calls();
+    let b = enqueue_uploads(&e, 8, 16 << 10);
+    e.flush();
+    assert_eq!(
+        (null::calls(sym), null::calls(other)),
+        (1, 0),
+        "{sym} first"
+    );
+    b.check(sym);
+    // The batch fails at copy 5: 12.8's symbol names it (copies 0-4 enqueued by the batch,
+    // 5-7 one call each); `_v2` names none (all 8 one call each).
+    null::count_calls();
+    assert!(null::batch_fail_at(5));
+    let b = enqueue_uploads(&e, 8, 16 << 10);
+    e.flush();
+    let each = null::calls("cuMemcpyHtoDAsync_v2");
+    assert_eq!(
+        each,
+        if v2 { 8 } else { 3 },
+        "{sym}: copied again from the failed index"
+    );
+    assert_eq!(e.flush_batches().1, 1, "{sym}: the refusal counted");
+    b.check(&format!("{sym}, failed at 5"));
+    println!("ran on {sym}.");
+    if v2 {
+        on_the_12_8_symbol(
+            "the_batched_copy_runs_on_either_symbol_and_refills_from_the_failed_index",
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn held_batches_carry_each_range_s_location_hints() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    if !null::is_null_driver() {
+        println!("skipped: null CUDA driver: reads the batch's attributes it recorded");
+        return;
+    }
+    use cudarc::driver::sys::{CUmemLocationType as L, CUmemcpySrcAccessOrder as O};
+    let (host, dev) = (
+        (L::CU_MEM_LOCATION_TYPE_HOST as i64, 0),
+        (L::CU_MEM_LOCATION_TYPE_DEVICE as i64, 0),
+    );
+    let stream_order = O::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM as i64;
+    // Uploads: host to device 0.
+    let b = enqueue_uploads(&e, 4, 8 << 10);
+    e.flush();
+    let a = null::last_batch_attrs();
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(
+        (a[0].from, a[0].src_hint, a[0].dst_hint),
+        (0, host, dev),
+        "{a:?}"
+    );
+    assert_eq!(a[0].src_access_order, stream_order);
+    assert_eq!(a[0].flags, 0, "no compute said to overlap");
+    b.check("uploads");
+    // Downloads: device 0 to host.
+    let n = 4;
+    let len = 8 << 10;
+    let want: Vec<Vec<u8>> = (0..n).map(|i| bytes(len, 300 + i as u64)).collect();
+    let devs: Vec<DeviceBuffer> = want
+        .iter()
+        .map(|w| DeviceBuffer::from_host(0, w).unwrap())
+        .collect();
+    let mut back: Vec<PinnedBuffer> = (0..n).map(|_| PinnedBuffer::new(len).unwrap()).collect();
+    let reqs: Vec<Request> = back
+        .iter_mut()
+        .zip(&devs)
+        // SAFETY: live buffers, untouched until the requests are waited below.
+        .map(|(h, d)| unsafe { e.enqueue(flat(h.raw_mut(), d.raw())) }.expect("enqueue"))
+        .collect();
+    e.flush();
+    let a = null::last_batch_attrs();
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!((a[0].src_hint, a[0].dst_hint), (dev, host), "{a:?}");
+    for (i, r) in reqs.into_iter().enumerate() {
+        r.wait().expect("download");
+        check(&format!("download {i}"), &back[i], &want[i]);
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn busy_block_copies_carry_location_hints_and_the_overlap_flag() {
+    let _x = null::exclusive();
+    if !null::is_null_driver() {
+        println!("skipped: null CUDA driver: reads the batch's attributes it recorded");
+        return;
+    }
+    let e = ferry::cuda::CudaEngine::with_config(cuda_config(0).compute_busy(true))
+        .expect("device 0 opens");
+    use cudarc::driver::sys::{CUmemLocationType as L, CUmemcpyFlags as F};
+    let (host, dev) = (
+        (L::CU_MEM_LOCATION_TYPE_HOST as i64, 0),
+        (L::CU_MEM_LOCATION_TYPE_DEVICE as i64, 0),
+    );
+    let overlap = F::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as i64;
+    let (block, blocks) = (8 << 10, 64);
+    let table = bytes(block * blocks, 21);
+    let host_table = pinned_with(&table);
+    let mut dev_table = DeviceBuffer::zeroed(0, block * blocks).unwrap();
+    // Every other block, reversed: no two neighbours merge into one run.
+    let pairs: Vec<(u64, u64)> = (0..blocks as u64 / 2)
+        .map(|i| (2 * i, blocks as u64 - 1 - 2 * i))
+        .collect();
+    let job = Job {
+        dst: dev_table.raw_mut(),
+        src: Some(host_table.raw()),
+        op: ferry::Op::blocks(block, pairs.iter().copied()),
+        after: Vec::new(),
+    };
+    null::count_calls();
+    // SAFETY: live buffers, untouched until the request is waited.
+    unsafe { e.submit_raw(job) }.unwrap().wait().unwrap();
+    assert_eq!(null::batch_calls(), 1, "the busy route: one batched copy");
+    let a = null::last_batch_attrs();
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(
+        (a[0].src_hint, a[0].dst_hint, a[0].flags, a[0].count),
+        (host, dev, overlap, pairs.len()),
+        "{a:?}"
+    );
+    let got = dev_table.to_vec().unwrap();
+    for &(s, d) in &pairs {
+        let (s, d) = (s as usize * block, d as usize * block);
+        check(
+            &format!("block {}", d / block),
+            &got[d..d + block],
+            &table[s..s + block],
+        );
     }
 }

@@ -14,7 +14,7 @@
 #![allow(dead_code)]
 
 use cudarc::driver::sys::CUresult;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_long, c_void, CStr, CString};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// The device name the null driver reports.
@@ -25,6 +25,10 @@ struct Api {
     clear: unsafe extern "C" fn(),
     pending: unsafe extern "C" fn() -> c_int,
     set_async: unsafe extern "C" fn(c_int),
+    count: unsafe extern "C" fn(c_int),
+    calls: unsafe extern "C" fn(*const c_char) -> c_long,
+    batch_attrs: unsafe extern "C" fn(*mut c_long, c_int) -> c_int,
+    batch_fail_at: unsafe extern "C" fn(c_int),
 }
 
 /// The control functions of the loaded driver, if it is the null one.
@@ -51,9 +55,17 @@ fn api() -> Option<&'static Api> {
             sym(c"nullcuda_pending")?,
             sym(c"nullcuda_async")?,
         );
+        let (count, calls, batch_attrs, batch_fail_at) = (
+            sym(c"nullcuda_count")?,
+            sym(c"nullcuda_calls")?,
+            sym(c"nullcuda_batch_attrs")?,
+            sym(c"nullcuda_batch_fail_at")?,
+        );
         // SAFETY: the null driver defines these symbols as functions with exactly these C
         // signatures (`void nullcuda_fail(const char *, int, int)`, `void nullcuda_clear(void)`,
-        // `int nullcuda_pending(void)`, `void nullcuda_async(int)`); its library stays loaded
+        // `int nullcuda_pending(void)`, `void nullcuda_async(int)`, `void nullcuda_count(int)`,
+        // `long nullcuda_calls(const char *)`, `int nullcuda_batch_attrs(long *, int)`,
+        // `void nullcuda_batch_fail_at(int)`); its library stays loaded
         // for the life of the process (cudarc never unloads it, and the handle above holds it).
         unsafe {
             Some(Api {
@@ -67,6 +79,18 @@ fn api() -> Option<&'static Api> {
                 ),
                 set_async: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(
                     set_async,
+                ),
+                count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(count),
+                calls: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*const c_char) -> c_long,
+                >(calls),
+                batch_attrs: std::mem::transmute::<
+                    *mut c_void,
+                    unsafe extern "C" fn(*mut c_long, c_int) -> c_int,
+                >(batch_attrs),
+                batch_fail_at: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(
+                    batch_fail_at,
                 ),
             })
         }
@@ -118,6 +142,83 @@ pub fn set_async(usec: i32) -> bool {
     true
 }
 
+/// Starts counting every driver call afresh (the counts of [`calls`]); returns whether it
+/// could (false: not the null driver).
+pub fn count_calls() -> bool {
+    let Some(a) = api() else { return false };
+    // SAFETY: a function of the null driver taking a plain integer.
+    unsafe { (a.count)(1) };
+    true
+}
+
+/// Stops counting (the counts stay readable).
+pub fn stop_counting() {
+    if let Some(a) = api() {
+        // SAFETY: a function of the null driver taking a plain integer.
+        unsafe { (a.count)(0) }
+    }
+}
+
+/// Calls of driver entry point `entry_point` (its exported name) since [`count_calls`]; 0 on
+/// another driver.
+pub fn calls(entry_point: &str) -> usize {
+    let (Some(a), Ok(name)) = (api(), CString::new(entry_point)) else {
+        return 0;
+    };
+    // SAFETY: a function of the null driver; `name` is a NUL-terminated string it reads.
+    unsafe { (a.calls)(name.as_ptr()) }.max(0) as usize
+}
+
+/// Calls of either batched copy (`cuMemcpyBatchAsync_v2`, 12.8's `cuMemcpyBatchAsync`) since
+/// [`count_calls`].
+pub fn batch_calls() -> usize {
+    calls("cuMemcpyBatchAsync_v2") + calls("cuMemcpyBatchAsync")
+}
+
+/// One attribute of a batched copy, as the null driver recorded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchAttr {
+    /// The first copy it applies to.
+    pub from: usize,
+    pub src_access_order: c_long,
+    /// `CUmemLocation` type and id of the source's hint.
+    pub src_hint: (c_long, c_long),
+    /// Of the destination's hint.
+    pub dst_hint: (c_long, c_long),
+    pub flags: c_long,
+    /// The batch's number of copies.
+    pub count: usize,
+}
+
+/// The attributes of the last batched copy the null driver took; empty on another driver.
+pub fn last_batch_attrs() -> Vec<BatchAttr> {
+    let Some(a) = api() else { return Vec::new() };
+    let mut raw = vec![0 as c_long; 8 * 64];
+    // SAFETY: a function of the null driver writing at most 64 entries of 8 longs into `raw`.
+    let n = unsafe { (a.batch_attrs)(raw.as_mut_ptr(), 64) }.clamp(0, 64) as usize;
+    raw.chunks(8)
+        .take(n)
+        .map(|c| BatchAttr {
+            from: c[0] as usize,
+            src_access_order: c[1],
+            src_hint: (c[2], c[3]),
+            dst_hint: (c[4], c[5]),
+            flags: c[6],
+            count: c[7] as usize,
+        })
+        .collect()
+}
+
+/// The next batched copy of more than `idx` copies fails with `CUDA_ERROR_INVALID_VALUE`
+/// after enqueueing the copies before `idx` (12.8's symbol names `idx` in `failIdx`; `_v2`
+/// enqueues nothing). Returns whether it was armed.
+pub fn batch_fail_at(idx: i32) -> bool {
+    let Some(a) = api() else { return false };
+    // SAFETY: a function of the null driver taking a plain integer.
+    unsafe { (a.batch_fail_at)(idx) };
+    true
+}
+
 /// Whether the loaded driver is the null one in its synchronous mode (`NULL_CUDA_ASYNC` unset
 /// or 0): every copy, fill and record has completed when the call returns, so nothing a test
 /// submits is ever seen in flight.
@@ -152,5 +253,7 @@ impl Drop for Exclusive {
     fn drop(&mut self) {
         clear();
         set_async(default_async());
+        stop_counting();
+        batch_fail_at(-1);
     }
 }

@@ -6,7 +6,9 @@
 //! The bandwidth rows time one block copy per call on the host clock (submit + wait, the
 //! caller's view): ferry's block copy (`Op::Blocks`) on a spin-wait engine with the SMs
 //! free (the default route) and on one with the SMs busy (`CudaConfig::compute_busy`: the
-//! batched DMA), next to the three mechanisms run bare on a stream of their own through the
+//! batched DMA) and as one `enqueue` per block and one `flush` on the spin-wait engine (the
+//! copies held until the flush, then one batched copy: `completion/mark.rs`), next to the
+//! three mechanisms run bare on a stream of their own through the
 //! gatherer with a fixed strategy and one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
 //! `cuMemcpyAsync` per block, and ferry's SM gather kernel. Each series also carries its
@@ -180,6 +182,30 @@ impl Setup {
         .map_err(|e| e.to_string())
     }
 
+    /// One contiguous copy per block through `engine`'s `enqueue`, then one `flush` (the
+    /// copies held until it and given to the driver as one batched copy), every request
+    /// waited.
+    fn enqueued(&mut self, engine: &CudaEngine) -> Result<(), String> {
+        let (d, s) = (self.dst.raw_mut(), self.src.raw());
+        let mut reqs = Vec::with_capacity(self.segs.len());
+        for seg in &self.segs {
+            let at = |off: u64| {
+                ferry::Layout::bytes(seg.len as usize)
+                    .and_then(|l| l.with_offset(off as usize))
+                    .map_err(|e| e.to_string())
+            };
+            let job = ferry::Job::copy(d, at(seg.dst_off)?, s, at(seg.src_off)?);
+            // SAFETY: both tables are this setup's, alive and untouched by anything else until
+            // every request is waited below (an early return drops them: each drop waits);
+            // each block lies inside them (built from the mapping).
+            reqs.push(unsafe { ferry::Engine::enqueue(engine, job) }.map_err(|e| e.to_string())?);
+        }
+        ferry::Engine::flush(engine);
+        reqs.into_iter()
+            .try_for_each(|r| r.wait())
+            .map_err(|e| e.to_string())
+    }
+
     fn raw(&mut self, strategy: Strategy) -> Result<(), String> {
         self.enqueue(strategy)?;
         self.stream.synchronize().map_err(|e| e.to_string())
@@ -202,7 +228,7 @@ type Mechanism = (
     fn(&mut Setup, &CudaBench) -> Result<(), String>,
 );
 
-const MECHANISMS: [Mechanism; 5] = [
+const MECHANISMS: [Mechanism; 6] = [
     (
         "ferry block copy, SMs free (default route)",
         Role::Ferry,
@@ -215,6 +241,11 @@ const MECHANISMS: [Mechanism; 5] = [
             let busy = Arc::clone(&s.busy);
             s.ferry(&busy)
         },
+    ),
+    (
+        "ferry enqueue per block + flush (held batch)",
+        Role::Ferry,
+        |s, b| s.enqueued(&b.spin),
     ),
     ("raw cuMemcpyBatchAsync", Role::Baseline, |s, _| {
         s.raw(Strategy::Batch)

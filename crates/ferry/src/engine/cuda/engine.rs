@@ -162,10 +162,15 @@ impl Engine for CudaEngine {
         unsafe { self.submit(s) }
     }
 
-    /// The copies start at once (the driver starts enqueued work itself); under the tuned
-    /// completion policy the batch's requests record no events and no stamps at submit (no
-    /// later submission records one for them until [`Engine::flush`]): its end is marked
-    /// once. Under the plain policy, as `submit_raw`.
+    /// One-run copies between this GPU's memory and page-locked host memory (or managed
+    /// memory) are held until [`Engine::flush`], then given to the driver as one batched copy
+    /// (`cuMemcpyBatchAsync` where the driver has it and more than one is held; one call per
+    /// copy otherwise) and marked once: one stamp for all (tuned policy) or an event each
+    /// (plain). A wait, poll, future or dependent of one of them, or any other submission on
+    /// the same stream, issues them at once. Other work starts at once; under the tuned policy
+    /// the batch's requests record no events and no stamps at submit (no later submission
+    /// records one for them until the flush, which stamps the last): its end is marked once.
+    /// [`CudaEngine::flush_batches`] counts the batched copies and the driver's refusals.
     unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
         // SAFETY: forwarded with the caller's guarantees; no caller stream.
         unsafe { self.submit(Submission::of(&job, None, true)) }
@@ -189,8 +194,9 @@ impl Engine for CudaEngine {
 
 impl Drop for CudaEngine {
     fn drop(&mut self) {
-        // Staged copies finish on their threads first.
+        // Staged copies finish on their threads first; held copies go to the driver.
         self.paths.shutdown();
+        self.issue_held();
         // Work in flight finishes before the streams go; requests keep their own events.
         if driver::bind(&self.ctx).is_ok() {
             for s in self.lanes.streams() {

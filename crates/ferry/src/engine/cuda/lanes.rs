@@ -50,7 +50,13 @@ pub(crate) struct Lanes {
 /// A queue on a new non-blocking stream of `ctx`.
 fn new_queue(ctx: &Arc<CudaContext>) -> Result<Arc<Queue>, DriverError> {
     ctx.new_stream()
-        .map(|s| Arc::new(Queue::new(s, Stamp::new(ctx))))
+        .map(|s| {
+            Arc::new(Queue::new(
+                s,
+                Stamp::new(ctx),
+                super::paths::batch::copy_held,
+            ))
+        })
         .map_err(|e| DriverError::new("cuStreamCreate", e.0))
 }
 
@@ -156,6 +162,15 @@ impl Lanes {
         let first = own.is_none().then_some(&self.first).into_iter().flatten();
         first.chain(
             own.into_iter()
+                .flat_map(|l| l.queues.iter().flat_map(OnceLock::get)),
+        )
+    }
+
+    /// Every queue made so far (lane 0's, then the others').
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &Arc<Queue>> {
+        self.first.iter().chain(
+            self.lanes
+                .iter()
                 .flat_map(|l| l.queues.iter().flat_map(OnceLock::get)),
         )
     }

@@ -10,10 +10,17 @@
 //!   mechanism enqueues the work (`paths/`), the request's end is marked by the completion
 //!   policy (`completion/`);
 //! - **flush**: the driver starts enqueued work itself; a staged route hands its task to the
-//!   staging thread. A caller that said more work follows (`Engine::enqueue`) has the tuned
-//!   policy mark its batch's end once instead of each request's (no event, no stamp per
-//!   request) until `Engine::flush` ([`CudaEngine::flush_lane`]); where it said nothing, the
-//!   policy's guesses hold (a lone thread on an idle stream waits next: a stamp).
+//!   staging thread. A caller that said more work follows (`Engine::enqueue`) has its one-run
+//!   copies between this GPU and page-locked host memory held on their stream until
+//!   `Engine::flush` ([`CudaEngine::flush_lane`]), then given to the driver as one batched copy
+//!   (`cuMemcpyBatchAsync` where the driver has it: [`completion::mark`]'s held copies,
+//!   `paths/batch.rs`), their ends marked once (one stamp where the policy would have stamped
+//!   one of them); a wait, poll or dependent of one of them, or another submission on the
+//!   stream, issues them at once. Its other work starts at once, the tuned policy marking the
+//!   batch's end once instead of each request's (no event, no stamp per request) until the
+//!   flush, which stamps the batch's last request where it would have been stamped alone;
+//!   where the caller said nothing, the policy's guesses hold (a lone thread on an idle stream
+//!   waits next: a stamp).
 //!
 //! One trunk for every submission ([`CudaEngine::submit`]: `submit_raw`, `submit_copy`,
 //! `enqueue`, a caller's stream), one unsafe contract: its.
@@ -408,6 +415,18 @@ impl CudaEngine {
         let (dk, sk) = (dst.kind, src.kind);
         let queue = self.lanes.queue(lane, route.stream);
         let expect = self.expect(n, dk, Some(sk));
+        if more && self.holds(dk) && self.holds(sk) && n > 0 {
+            let copy = completion::mark::HeldCopy {
+                dst: dst.addr + d as u64,
+                src: src.addr + s as u64,
+                len: n,
+                dst_kind: dk,
+                src_kind: sk,
+            };
+            // SAFETY: the run lies inside both buffers, valid until the request completes
+            // (this function's contract); of kinds `holds` takes.
+            return Ok(unsafe { self.hold_copy(lane, queue, copy, expect) });
+        }
         driver::bind(&self.ctx)?;
         let (dst, src) = (self.end(dst.addr, dk)?, self.end(src.addr, sk)?);
         let on = Launch {
@@ -432,6 +451,68 @@ impl CudaEngine {
                 )?)
             })
         }
+    }
+
+    /// Whether a one-run copy with memory of kind `k` at one end may be held until a flush
+    /// ([`completion::mark::Queue::push_held`]): this GPU's memory, page-locked host memory or
+    /// managed memory, which the batched copy takes by unified address (not pageable memory,
+    /// whose copies the driver stages on the host; not another GPU's, a peer copy).
+    fn holds(&self, k: MemKind) -> bool {
+        match k {
+            MemKind::Device { ordinal } => ordinal == self.cfg.ordinal,
+            MemKind::Pinned | MemKind::Mapped | MemKind::Managed => true,
+            MemKind::Pageable => false,
+        }
+    }
+
+    /// Holds `copy` on `queue` until its batch is issued (the caller's flush, a wait, another
+    /// submission on the stream: [`completion::mark::Queue::push_held`]); its request.
+    ///
+    /// # Safety
+    /// The copy's ranges are valid until the request completes; both ends of kinds
+    /// [`CudaEngine::holds`] takes, its length above 0.
+    unsafe fn hold_copy(
+        &self,
+        lane: usize,
+        queue: &Arc<completion::mark::Queue>,
+        copy: completion::mark::HeldCopy,
+        expect: completion::wait::Expect,
+    ) -> Request {
+        use completion::mark;
+        let home = &self.lanes.lane(lane).home;
+        let marking = mark::marking(self.cfg.wait, self.cfg.completion, false, false);
+        let alone = self.counted_alone();
+        let worth = mark::worth_a_stamp(copy.dst_kind, Some(copy.src_kind), copy.len);
+        let stamp = mark::stamps(self.cfg.wait, marking, (true, alone, worth), true);
+        let lazy = marking == mark::Marking::Lazy;
+        let c = CudaCompletion::new(
+            completion::event::Marked::Held(Arc::clone(queue), !lazy),
+            Arc::clone(home),
+            (self.cfg.wait, expect),
+            Vec::new(),
+        );
+        // SAFETY: valid until the request completes, on this device or page-locked host
+        // memory (this function's contract).
+        unsafe { queue.push_held(copy, &c, (lazy, stamp)) };
+        self.track(lane, Request::from_shared(c))
+    }
+
+    /// Issues every lane's held copies (the engine's drop: nothing stays held once it is gone).
+    pub(super) fn issue_held(&self) {
+        for q in self.lanes.queues() {
+            q.release_held();
+        }
+    }
+
+    /// Calls of the driver's batched copy that held copies took (one-run copies enqueued with
+    /// [`Engine::enqueue`] until a flush, several at a time), and batches of them the driver
+    /// refused (each copied one call per copy instead, the copies correct) with its first
+    /// refusal: a shape the driver does not batch.
+    pub fn flush_batches(&self) -> (usize, usize, Option<crate::engine::cuda::DriverError>) {
+        self.lanes.queues().fold((0, 0, None), |(b, r, e), q| {
+            let (qb, qr, qe) = q.batch_stats();
+            (b + qb, r + qr, e.or(qe))
+        })
     }
 
     /// Enqueue of a prepared program (its buffers' kinds refined, supported): routed, its
@@ -626,7 +707,9 @@ impl CudaEngine {
         };
         let c = CudaCompletion::new(marked, Arc::clone(home), (self.cfg.wait, expect), keep);
         if let (Some(h), completion::mark::Marking::Lazy) = (hold, marking) {
-            h.push_lazy(&c, more);
+            // A deferred request the policy would have stamped alone is stamped at its flush.
+            let wish = completion::mark::stamps(self.cfg.wait, marking, (true, alone, worth), true);
+            h.push_lazy(&c, more, wish);
         }
         Ok(self.track(lane, Request::from_shared(c)))
     }

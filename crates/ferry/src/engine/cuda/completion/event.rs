@@ -11,6 +11,7 @@ use crate::engine::cuda::WaitMode;
 use crate::request::{self, Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Waker;
@@ -119,6 +120,9 @@ pub(crate) enum Marked {
     /// None yet: the request is the last work of this queue's stream; its stamp, if it got
     /// one ([`Enqueue::stamp`](super::mark::Enqueue::stamp)).
     Lazy(Arc<Queue>, Option<u64>),
+    /// Its copy is held on this queue until its batch is issued ([`Queue::push_held`]); then
+    /// marked lazily, or (`true`: eager) by an event recorded after the batch.
+    Held(Arc<Queue>, bool),
 }
 
 /// What a dependent (another stream, another engine) orders itself after.
@@ -139,11 +143,17 @@ pub(crate) struct Inner {
     pub(crate) me: Weak<Shared>,
     /// Set at submit, or later for a lazy request ([`mark`]); handed back to the pool on drop.
     event: OnceLock<Event>,
-    /// A lazy request's queue (its stream): `None` for one with an event from submit.
+    /// A lazy or held request's queue (its stream): `None` for one with an event from submit.
     lazy: Option<Arc<Queue>>,
     /// The number its queue's completion word reaches when its work is done (`stamp.rs`);
-    /// `None` without one.
-    stamp: Option<u64>,
+    /// unset without one (set at submit, or when its batch is issued or flushed).
+    stamp: OnceLock<u64>,
+    /// Its copy is held on its queue, not yet given to the driver ([`Marked::Held`]): its
+    /// waits, polls and dependents issue it first ([`Inner::release`]). Cleared (under the
+    /// queue's lock) once it is issued.
+    held: AtomicBool,
+    /// Held and eager: its event is recorded when its batch is issued.
+    eager: bool,
     /// Its lane's event pool, context and waiter thread.
     home: Arc<Home>,
     mode: WaitMode,
@@ -158,11 +168,22 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// A held request ([`Marked::Held`]) has its queue issue its held copies, so that what it
+    /// waits on follows its copy; nothing for any other.
+    fn release(&self) {
+        if self.held.load(Ordering::Acquire) {
+            if let Some(q) = &self.lazy {
+                q.release_held();
+            }
+        }
+    }
+
     /// Waits for the event (sleeping, or spinning) and records the result.
     pub(crate) fn wait_event(&self, mode: WaitMode) -> Result<(), RequestError> {
         if let Some(r) = self.slot.get() {
             return r;
         }
+        self.release();
         let r = match mode {
             // `Blocking` events carry `BLOCKING_SYNC`: the driver sleeps. `Spin` events do not:
             // the driver spins on the event's completion word itself, as `cuStreamSynchronize`
@@ -215,8 +236,8 @@ impl Inner {
     /// Whether its queue's completion word has reached its stamp: `None` without a stamp, or
     /// where the word can no longer tell ([`Queue::stamp_seen`]).
     fn stamp_seen(&self) -> Option<bool> {
-        match (self.stamp, self.lazy.as_deref()) {
-            (Some(seq), Some(q)) => q.stamp_seen(seq),
+        match (self.stamp.get(), self.lazy.as_deref()) {
+            (Some(&seq), Some(q)) => q.stamp_seen(seq),
             _ => None,
         }
     }
@@ -275,6 +296,7 @@ impl Inner {
         if let Some(r) = self.known() {
             return Some(r);
         }
+        self.release();
         let (call, code) = match self.target() {
             // SAFETY: a live event handle.
             (WaitOn::Event, Some(e), _) => ("cuEventQuery", unsafe { sys::cuEventQuery(e.raw()) }),
@@ -314,6 +336,7 @@ impl Inner {
         if let Some(r) = self.known() {
             return Mark::Known(r);
         }
+        self.release();
         if let Some(q) = self.lazy.as_deref().filter(|_| self.event.get().is_none()) {
             // Not the last: a later submission recorded the event, or it completed first.
             if let Some(me) = self.me.upgrade() {
@@ -333,6 +356,32 @@ impl Lazy for Shared {
     }
     fn known_done(&self) -> bool {
         self.completion().inner.known().is_some()
+    }
+    fn issued(&self, stream: sys::CUstream, outcome: Result<Option<u64>, DriverError>) {
+        let inner = &self.completion().inner;
+        match outcome {
+            Ok(stamp) => {
+                if let Some(seq) = stamp {
+                    let _ = inner.stamp.set(seq);
+                }
+                if inner.eager {
+                    if let Err(e) = inner.seal(stream) {
+                        // No event marks its end: its copy finishes before its failure is
+                        // handed back (with the buffers, in the safe API).
+                        // SAFETY: its queue's live stream (the caller holds the queue).
+                        let _ = unsafe { sys::cuStreamSynchronize(stream) };
+                        let _ = inner.slot.complete(Err(e.into()));
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = inner.slot.complete(Err(e.into()));
+            }
+        }
+        inner.held.store(false, Ordering::Release);
+    }
+    fn stamp_late(&self, seq: u64) {
+        let _ = self.completion().inner.stamp.set(seq);
     }
 }
 
@@ -365,9 +414,10 @@ impl CudaCompletion {
         (mode, expect): (WaitMode, Expect),
         keep: Vec<DeviceBuffer>,
     ) -> Arc<Shared> {
-        let (event, lazy, stamp) = match marked {
-            Marked::Event(e) => (OnceLock::from(e), None, None),
-            Marked::Lazy(q, stamp) => (OnceLock::new(), Some(q), stamp),
+        let (event, lazy, stamp, held) = match marked {
+            Marked::Event(e) => (OnceLock::from(e), None, None, None),
+            Marked::Lazy(q, stamp) => (OnceLock::new(), Some(q), stamp, None),
+            Marked::Held(q, eager) => (OnceLock::new(), Some(q), None, Some(eager)),
         };
         Arc::new_cyclic(|me| {
             Shared::new(CudaCompletion {
@@ -375,7 +425,9 @@ impl CudaCompletion {
                     me: Weak::clone(me),
                     event,
                     lazy,
-                    stamp,
+                    stamp: stamp.map_or_else(OnceLock::new, OnceLock::from),
+                    held: AtomicBool::new(held.is_some()),
+                    eager: held == Some(true),
                     home,
                     mode,
                     expect,
@@ -407,6 +459,13 @@ impl Completion for CudaCompletion {
         }
         let r = self.inner.query()?;
         Some(self.inner.slot.complete(r))
+    }
+    /// A held request's copy stays held (not done yet); others as `poll_done`.
+    fn poll_quiet(&self) -> Option<Result<(), RequestError>> {
+        if self.inner.slot.get().is_none() && self.inner.held.load(Ordering::Acquire) {
+            return None;
+        }
+        self.poll_done()
     }
     fn register_waker(&self, waker: &Waker) {
         if !self.inner.slot.register_waker(waker) {

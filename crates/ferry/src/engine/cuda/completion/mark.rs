@@ -45,6 +45,23 @@
 //! answer. A stream handed to the caller (below) gets no more stamps, as it gets no more lazy
 //! requests.
 //!
+//! Held (`Engine::enqueue`, [`Queue::push_held`]): a one-run copy between this GPU's memory
+//! and page-locked host memory, enqueued with more work said to follow, is not given to the
+//! driver at submit. It waits in its queue with the other such copies of the stream until
+//! something needs them: the submitter's flush, a wait, poll, future or dependent of one of
+//! them, any other submission on the stream (stream order), or a full batch
+//! (`BATCH_MAX_COPIES`). They then go to the driver at once, as one batched copy where there
+//! are several and the driver has one (the queue's [`Issue`], `paths/batch.rs`), and their
+//! ends are marked together: lazy ones share one stamp where the issue came from a flush or a
+//! wait (a thread waits next) and the policy would have stamped one of them, the last one
+//! becomes the queue's last; eager ones record their events after the batch. A copy the driver
+//! took no call for completes with the driver's error. Bookkeeping polls
+//! (`Completion::poll_quiet`, the in-flight list's pruning) leave them held.
+//!
+//! A flush of a batch whose last request was already on the stream (a program, or pageable
+//! memory: not held) gives that request a stamp then, where it would have had one alone
+//! ([`Queue::flush`]): its wait reads the word rather than synchronizing the stream.
+//!
 //! Eager (an event at submit, as before): [`WaitMode::Blocking`] and
 //! [`WaitMode::SpinThenBlock`] (their sleep in the driver is a `BLOCKING_SYNC` event's); a
 //! copy on the caller's stream (`CudaEngine::on_stream`: work the engine does not see follows
@@ -52,6 +69,8 @@
 //! that a staged copy is using (its DMAs are enqueued later by the staging thread).
 
 use super::stamp::Stamp;
+use crate::engine::cuda::route::BATCH_MAX_COPIES;
+use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::CompletionPolicy;
 use crate::engine::cuda::DriverError;
 use crate::engine::cuda::WaitMode;
@@ -166,6 +185,12 @@ pub(crate) struct Queue {
     exposed: AtomicBool,
     /// Staged copies using the stream now ([`Foreign`]).
     foreign: AtomicUsize,
+    /// How held copies go to the driver.
+    issue: Issue,
+    /// Calls of the batched copy taken for held copies.
+    batches: AtomicUsize,
+    /// Batches of held copies the driver refused, and its first refusal.
+    refused: Mutex<(usize, Option<DriverError>)>,
 }
 
 /// A lazy request as its queue sees it (implemented by the request's shared state in
@@ -178,6 +203,72 @@ pub(crate) trait Lazy: Send + Sync {
     fn seal(&self, stream: sys::CUstream) -> Result<(), DriverError>;
     /// Whether its result is known without asking the driver.
     fn known_done(&self) -> bool;
+    /// Its held copy ([`Queue::push_held`]) was enqueued on `stream` (its queue's, the caller
+    /// holding the queue's lock), with the batch's stamp if it got one (`Ok`), or the driver
+    /// took no call for it (`Err`: its result). Marks its end as its marking says: an eager
+    /// request records its event now.
+    fn issued(&self, stream: sys::CUstream, outcome: Result<Option<u64>, DriverError>);
+    /// A stamp written after it at its batch's flush ([`Queue::flush`]): its waits read the
+    /// word from now on.
+    fn stamp_late(&self, seq: u64);
+}
+
+/// A one-run copy held on its queue until its batch is issued ([`Queue::push_held`]): `len`
+/// bytes (above 0) from `src` (memory of kind `src_kind`) to `dst` (of kind `dst_kind`), both
+/// on the queue's device or in page-locked host memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeldCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub len: usize,
+    pub dst_kind: MemKind,
+    pub src_kind: MemKind,
+}
+
+/// What an [`Issue`] did.
+#[derive(Debug, Default)]
+pub(crate) struct Issued {
+    /// The copies enqueued, from the first: every one, or those before the failure.
+    pub enqueued: usize,
+    /// Why the others were not: the driver's error.
+    pub error: Option<DriverError>,
+    /// Calls of the driver's batched copy taken.
+    pub batches: usize,
+    /// Batches the driver refused (copied one call per copy instead), and its first refusal.
+    pub refused: usize,
+    pub refusal: Option<DriverError>,
+}
+
+/// How a queue's held copies go to the driver, in the order held (`paths/batch.rs`'s
+/// `copy_held`, given by the queue's maker: the mechanisms sit above this layer).
+///
+/// # Safety
+/// Every copy's ranges are valid until the stream passes them, device memory of the stream's
+/// device or page-locked host memory, no destination overlapping another or a source, every
+/// length above 0; the stream is live, of the current context, not the legacy one.
+pub(crate) type Issue = unsafe fn(sys::CUstream, &[HeldCopy]) -> Issued;
+
+/// A held copy with its request.
+struct Held {
+    copy: HeldCopy,
+    req: Weak<dyn Lazy>,
+    /// Marked lazily (else an event after the batch).
+    lazy: bool,
+    /// The policy would stamp it alone ([`stamps`] on an idle queue).
+    stamp: bool,
+}
+
+/// What issues a queue's held copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The submitter's flush: the batch is complete, its end stamped where wished.
+    Flush,
+    /// A wait, poll, future or dependent of one of them: a thread waits next (a stamp).
+    Wait,
+    /// Another submission on the stream (stream order): work follows, no stamp.
+    Interrupt,
+    /// [`BATCH_MAX_COPIES`] held: more follow, no stamp.
+    Full,
 }
 
 /// What a [`Queue`]'s lock guards.
@@ -192,6 +283,10 @@ pub(crate) struct Tail {
     /// one that a dependent needs records its event then, at the stream's end
     /// ([`Queue::mark_last`]).
     deferred: bool,
+    /// `last` was deferred where the policy would have stamped it alone: its flush stamps it.
+    last_stamp: bool,
+    /// Copies held for the next batch, in the order enqueued ([`Queue::push_held`]).
+    held: Vec<Held>,
 }
 
 /// The address of a request's allocation, whatever the pointer's type (the identity the queue
@@ -201,8 +296,9 @@ fn addr<T: ?Sized>(p: *const T) -> *const () {
 }
 
 impl Queue {
-    /// A queue on `stream`, with its completion word if it could be made.
-    pub(crate) fn new(stream: Arc<CudaStream>, stamp: Option<Stamp>) -> Queue {
+    /// A queue on `stream`, with its completion word if it could be made; its held copies go
+    /// to the driver through `issue`.
+    pub(crate) fn new(stream: Arc<CudaStream>, stamp: Option<Stamp>, issue: Issue) -> Queue {
         Queue {
             stream,
             tail: Mutex::new(Tail::default()),
@@ -211,7 +307,17 @@ impl Queue {
             stamp_off: AtomicBool::new(false),
             exposed: AtomicBool::new(false),
             foreign: AtomicUsize::new(0),
+            issue,
+            batches: AtomicUsize::new(0),
+            refused: Mutex::new((0, None)),
         }
+    }
+
+    /// Calls of the batched copy its held copies took; batches of them the driver refused (each
+    /// copied one call per copy), and its first refusal.
+    pub(crate) fn batch_stats(&self) -> (usize, usize, Option<DriverError>) {
+        let r = *self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        (self.batches.load(Ordering::Relaxed), r.0, r.1)
     }
 
     /// The stream.
@@ -249,6 +355,8 @@ impl Queue {
     fn hold(&self, seal_deferred: bool) -> Enqueue<'_> {
         let wakes = hold_wakes();
         let mut tail = self.lock();
+        // Held copies were enqueued before: they go first (stream order).
+        self.issue_held(&mut tail, Why::Interrupt);
         let prev = tail.last.take().and_then(|w| w.upgrade());
         let deferred = std::mem::take(&mut tail.deferred) && !seal_deferred;
         let idle = match &prev {
@@ -305,10 +413,148 @@ impl Queue {
         request.seal(self.raw()).map(|()| true)
     }
 
-    /// Ends the deferral of the last lazy request ([`Tail::deferred`], `Engine::flush`): the
-    /// next submission records its event first again, as for any request.
+    /// `Engine::flush`: issues the held copies ([`Queue::push_held`]) as one batch, their end
+    /// stamped where the policy would have stamped one of them alone; where none is held, ends
+    /// the deferral of the last lazy request ([`Tail::deferred`]): the next submission records
+    /// its event first again, as for any request, and it gets the stamp it would have had
+    /// alone (written now, after the stream's work: nothing of the batch follows it).
     pub(crate) fn flush(&self) {
-        self.lock().deferred = false;
+        let _wakes = hold_wakes();
+        let mut tail = self.lock();
+        if !tail.held.is_empty() {
+            return self.issue_held(&mut tail, Why::Flush);
+        }
+        let stamp = std::mem::take(&mut tail.deferred) && std::mem::take(&mut tail.last_stamp);
+        let last = tail.last.as_ref().and_then(Weak::upgrade);
+        if let Some(last) = last.filter(|l| stamp && !l.known_done()) {
+            if driver::set_current(self.stream.context()).is_ok() {
+                // SAFETY: the lock is held; the queue's context made current above.
+                if let Some(seq) = unsafe { self.write_stamp() } {
+                    last.stamp_late(seq);
+                }
+            }
+        }
+    }
+
+    /// A request's wait, poll, future or dependent needs its held copy: issues the held copies
+    /// (if another thread has not already), their ends stamped where wished.
+    pub(crate) fn release_held(&self) {
+        let _wakes = hold_wakes();
+        let mut tail = self.lock();
+        self.issue_held(&mut tail, Why::Wait);
+    }
+
+    /// Holds `copy` for the queue's next batch ([module doc](self)), `request` (just made, of
+    /// its copy alone, marked `lazy` or with an event after the batch; `stamp`: the policy
+    /// would stamp it alone) completing when the batch is issued. A full batch is issued at
+    /// once; so is one whose stream was handed out meanwhile.
+    ///
+    /// # Safety
+    /// The copy's ranges are valid until `request` completes, and as [`Issue`] asks.
+    pub(crate) unsafe fn push_held<L: Lazy + 'static>(
+        &self,
+        copy: HeldCopy,
+        request: &Arc<L>,
+        (lazy, stamp): (bool, bool),
+    ) {
+        let _wakes = hold_wakes();
+        let mut tail = self.lock();
+        let req: Weak<dyn Lazy> = Arc::downgrade(request) as Weak<dyn Lazy>;
+        tail.held.push(Held {
+            copy,
+            req,
+            lazy,
+            stamp,
+        });
+        let shared =
+            self.exposed.load(Ordering::Acquire) || self.foreign.load(Ordering::Acquire) > 0;
+        if tail.held.len() >= BATCH_MAX_COPIES || shared {
+            self.issue_held(&mut tail, Why::Full);
+        }
+    }
+
+    /// Issues the held copies, if any (the lock held: `tail`), after sealing the previous last
+    /// lazy request (unless deferred), as any submission does; marks their requests' ends
+    /// ([`Lazy::issued`]): one stamp for the lazy ones where `why` allows and one of them wished
+    /// it, the last lazy one the queue's last (deferred unless flushed). The copies' validity
+    /// is [`Queue::push_held`]'s caller's.
+    fn issue_held(&self, tail: &mut Tail, why: Why) {
+        if tail.held.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut tail.held);
+        let deferred = std::mem::take(&mut tail.deferred);
+        tail.last_stamp = false;
+        if let Some(prev) = tail.last.take().and_then(|w| w.upgrade()) {
+            if !deferred {
+                // A failed record: `prev` waits on the stream (later, never early).
+                let _ = prev.seal(self.raw());
+            }
+        }
+        let copies: Vec<HeldCopy> = held.iter().map(|h| h.copy).collect();
+        let out = match driver::set_current(self.stream.context()) {
+            // SAFETY: the copies are valid until their requests complete, as `Issue` asks
+            // (`push_held`'s contract); the queue's live stream, of the context made current.
+            Ok(()) => unsafe { (self.issue)(self.raw(), &copies) },
+            Err(e) => Issued {
+                error: Some(DriverError::from_cudarc("cuCtxSetCurrent", e)),
+                ..Issued::default()
+            },
+        };
+        self.batches.fetch_add(out.batches, Ordering::Relaxed);
+        if out.refused > 0 {
+            let mut r = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+            r.0 += out.refused;
+            r.1 = r.1.or(out.refusal);
+        }
+        let done = out.enqueued.min(held.len());
+        let wished = held[..done].iter().any(|h| h.lazy && h.stamp);
+        let stamp = match why {
+            // SAFETY: the lock is held; the context was made current above (`done` > 0).
+            Why::Flush | Why::Wait if wished => unsafe { self.write_stamp() },
+            _ => None,
+        };
+        let failed = out.error.unwrap_or(DriverError::new(
+            "cuMemcpyBatchAsync",
+            sys::CUresult::CUDA_ERROR_UNKNOWN,
+        ));
+        for (i, h) in held.iter().enumerate() {
+            let Some(r) = h.req.upgrade() else {
+                // Dropped: its drop waits on the stream.
+                continue;
+            };
+            if i < done {
+                r.issued(self.raw(), Ok(stamp));
+                if h.lazy {
+                    tail.last = Some(Weak::clone(&h.req));
+                }
+            } else {
+                r.issued(self.raw(), Err(failed));
+            }
+        }
+        tail.deferred = why != Why::Flush;
+    }
+
+    /// Writes the next stamp number into the completion word after the stream's work: `None`
+    /// where there is no word or the write could not be enqueued (then no more stamps here).
+    ///
+    /// # Safety
+    /// The queue's lock is held (numbers are handed out under it); its context is current.
+    unsafe fn write_stamp(&self) -> Option<u64> {
+        let word = self
+            .stamp
+            .as_ref()
+            .filter(|_| !self.stamp_off.load(Ordering::Relaxed))?;
+        // Numbers are handed out under the lock: only its holder writes `issued`.
+        let seq = self.issued.load(Ordering::Relaxed) + 1;
+        // SAFETY: the queue's live stream, in the word's context, current (this function's
+        // contract).
+        if unsafe { word.write(self.raw(), seq as u32) }.is_err() {
+            self.stamp_off.store(true, Ordering::Relaxed);
+            return None;
+        }
+        self.issued.store(seq, Ordering::Release);
+        Some(seq)
     }
 }
 
@@ -335,11 +581,18 @@ impl Enqueue<'_> {
 
     /// Makes the lazy request `request` (just enqueued) the queue's last; `more`: its
     /// submitter said more work follows (the next submission leaves it unsealed until a
-    /// [`Queue::flush`]: [`Tail::deferred`]).
-    pub(crate) fn push_lazy<L: Lazy + 'static>(mut self, request: &Arc<L>, more: bool) {
+    /// [`Queue::flush`]: [`Tail::deferred`]); `stamp`: the policy would have stamped it alone
+    /// (its flush then does).
+    pub(crate) fn push_lazy<L: Lazy + 'static>(
+        mut self,
+        request: &Arc<L>,
+        more: bool,
+        stamp: bool,
+    ) {
         let last: Weak<L> = Arc::downgrade(request);
         self.tail.last = Some(last);
         self.tail.deferred = more;
+        self.tail.last_stamp = more && stamp;
     }
 
     /// The stamp of a request waited in `mode` and marked `marking`, just enqueued under this
@@ -363,16 +616,8 @@ impl Enqueue<'_> {
         if !stamps(mode, marking, (self.idle, alone, worth), word.is_some()) {
             return None;
         }
-        // Numbers are handed out under this hold's lock: only its holder writes `issued`.
-        let seq = self.q.issued.load(Ordering::Relaxed) + 1;
-        // SAFETY: the queue's live stream, in the word's context, current (this function's
-        // contract).
-        if unsafe { word?.write(self.q.raw(), seq as u32) }.is_err() {
-            self.q.stamp_off.store(true, Ordering::Relaxed);
-            return None;
-        }
-        self.q.issued.store(seq, Ordering::Release);
-        Some(seq)
+        // SAFETY: this hold's lock is held; the context is current (this function's contract).
+        unsafe { self.q.write_stamp() }
     }
 }
 

@@ -1,14 +1,24 @@
-//! Segment lists on the copy engines through the driver's batched copy (`cuMemcpyBatchAsync`,
-//! CUDA 13's `_v2`): at most [`BATCH_MAX_COPIES`] segments per call. A batch the driver
-//! refuses (`CUDA_ERROR_INVALID_VALUE` for some shapes, reported by vLLM's users; there is no
-//! `failIdx` in the `_v2` ABI to say which copy) is copied again one `cuMemcpyAsync` per
-//! segment, in stream order, and the refusal is kept ([`Batched`]) for the caller to report;
-//! the other batches keep the batched copy.
+//! Many copies on the copy engines through the driver's batched copy (`cuMemcpyBatchAsync`:
+//! CUDA 13's `_v2`, else 12.8's, whichever the driver exports: `sys/driver.rs`), at most
+//! [`BATCH_MAX_COPIES`] per call: a segment list between two buffers ([`copy`]), or the
+//! one-run copies a caller enqueued on one stream until its flush ([`copy_held`], the issuer
+//! of `completion/mark.rs`'s held copies).
+//!
+//! Each range carries its sides' location hints (device memory on its ordinal, host memory on
+//! the host: `driver::copy_attributes`), one attribute per run of ranges with the same kinds.
+//! A batch the driver refuses (`CUDA_ERROR_INVALID_VALUE` for some shapes, reported by vLLM's
+//! users) is copied again one call per copy, in stream order, from the copy the driver named
+//! (12.8's `failIdx`: the copies before it were enqueued) or from the batch's start (`_v2`
+//! names none); the refusal is kept ([`Batched`]) for the caller to report, and the other
+//! batches keep the batched copy.
 
+use crate::engine::cuda::completion::mark::{HeldCopy, Issued};
+use crate::engine::cuda::paths::calls::{copy1d, End};
 use crate::engine::cuda::route::BATCH_MAX_COPIES;
 use crate::engine::cuda::sys::driver;
+use crate::engine::cuda::DriverError;
+use crate::memory::MemKind;
 use crate::op::Segment;
-use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 /// What one batched copy of a list did.
@@ -16,16 +26,117 @@ use cudarc::driver::sys;
 pub(crate) struct Batched {
     /// Calls of the batched copy the driver took.
     pub batches: usize,
-    /// Batches the driver refused, copied one call per segment instead.
+    /// Batches the driver refused, copied one call per copy instead (from the failed copy on,
+    /// where the driver named it).
     pub fallbacks: usize,
     /// The driver's first refusal.
-    pub first_error: Option<DriverError>,
+    pub first_error: Option<cudarc::driver::DriverError>,
+}
+
+/// A copy the batches take: `len` bytes from `src` (memory of kind `sk`) to `dst` (of kind
+/// `dk`).
+#[derive(Clone, Copy)]
+struct One {
+    dst: u64,
+    src: u64,
+    len: usize,
+    dk: MemKind,
+    sk: MemKind,
+}
+
+/// A failure of a one-call-per-copy copy: the copies before `at` were enqueued, the call and
+/// its error; what the batches did before it.
+struct Stopped {
+    at: usize,
+    call: &'static str,
+    error: DriverError,
+    so_far: Batched,
+}
+
+/// Enqueues `copies` on `stream` in batches of at most [`BATCH_MAX_COPIES`] (see the [module
+/// documentation](self)); `overlap_compute`: the batches' hint that the caller's kernels run
+/// meanwhile.
+///
+/// # Safety
+/// 1. Every copy's ranges are valid for the copy (writes of `dst`, reads of `src`) until the
+///    stream has passed it, device-accessible or page-locked unified addresses, of the kinds
+///    given; no destination overlaps another or a source; every length is above 0.
+/// 2. `stream` is a live stream of the current context, not the legacy default stream.
+unsafe fn batches(
+    stream: sys::CUstream,
+    copies: &[One],
+    overlap_compute: bool,
+) -> Result<Batched, Stopped> {
+    let mut out = Batched::default();
+    let n = copies.len().min(BATCH_MAX_COPIES);
+    let (mut dsts, mut srcs, mut sizes) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut attrs, mut idxs) = (Vec::new(), Vec::new());
+    for (c, chunk) in copies.chunks(BATCH_MAX_COPIES).enumerate() {
+        dsts.clear();
+        srcs.clear();
+        sizes.clear();
+        attrs.clear();
+        idxs.clear();
+        let mut kinds = None;
+        for (i, s) in chunk.iter().enumerate() {
+            dsts.push(s.dst);
+            srcs.push(s.src);
+            sizes.push(s.len);
+            if kinds != Some((s.dk, s.sk)) {
+                kinds = Some((s.dk, s.sk));
+                attrs.push(driver::copy_attributes(s.dk, s.sk, overlap_compute));
+                idxs.push(i);
+            }
+        }
+        // SAFETY: three arrays of the chunk's length, above 0, and one attribute per run of
+        // copies of the same kinds, the first at 0 (1); the copies' ranges are valid until
+        // the stream passes them (2, caller's 1); the stream (3, caller's 2).
+        let refused = match unsafe {
+            driver::memcpy_batch(
+                &mut dsts, &mut srcs, &mut sizes, &mut attrs, &mut idxs, stream,
+            )
+        } {
+            Ok(()) => {
+                out.batches += 1;
+                continue;
+            }
+            Err(r) => r,
+        };
+        out.fallbacks += 1;
+        out.first_error.get_or_insert(refused.error);
+        let from = refused.fail_idx.unwrap_or(0);
+        for (i, s) in chunk.iter().enumerate().skip(from) {
+            let end = |addr, kind| End {
+                addr,
+                kind,
+                ctx: std::ptr::null_mut(),
+            };
+            // SAFETY: the copy's ranges are valid (caller's 1), on the caller's stream (2);
+            // no copy is between two GPUs (both ends on one device or the host, or unified
+            // managed memory), so no context is needed.
+            unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(
+                |error| Stopped {
+                    at: c * BATCH_MAX_COPIES + i,
+                    call: error.call,
+                    error,
+                    so_far: out,
+                },
+            )?;
+        }
+    }
+    Ok(out)
 }
 
 /// Enqueues every segment (`len` bytes from `src + src_off` to `dst + dst_off`) on `stream`
-/// in batches; see the [module documentation](self). `overlap_compute`: the batches' hint that
-/// the caller's kernels run meanwhile. `Err`: a per-segment copy of a refused batch failed too
-/// (the call and the driver's error); earlier batches may have been enqueued.
+/// in batches; see the [module documentation](self). `kinds`: the destination's and the
+/// source's memory kinds, for the location hints (`None`: left to the driver).
+/// `overlap_compute`: the batches' hint that the caller's kernels run meanwhile. `Err`: a
+/// per-segment copy of a refused batch failed too (the call and the driver's error); earlier
+/// copies may have been enqueued.
 ///
 /// # Safety
 /// 1. Every segment lies in both buffers, which are valid for the copy (writes of `dst`, reads
@@ -37,46 +148,92 @@ pub(crate) unsafe fn copy(
     dst: u64,
     src: u64,
     segs: &[Segment],
+    kinds: Option<(MemKind, MemKind)>,
     overlap_compute: bool,
-) -> Result<Batched, (&'static str, DriverError)> {
-    let mut out = Batched::default();
-    let live: Vec<&Segment> = segs.iter().filter(|s| s.len > 0).collect();
-    let n = live.len().min(BATCH_MAX_COPIES);
-    let (mut dsts, mut srcs, mut sizes) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for chunk in live.chunks(BATCH_MAX_COPIES) {
-        dsts.clear();
-        srcs.clear();
-        sizes.clear();
-        for s in chunk {
-            dsts.push(dst + s.dst_off);
-            srcs.push(src + s.src_off);
-            sizes.push(s.len as usize);
+) -> Result<Batched, (&'static str, cudarc::driver::DriverError)> {
+    // Managed: no hint (`driver::location`).
+    let (dk, sk) = kinds.unwrap_or((MemKind::Managed, MemKind::Managed));
+    let copies: Vec<One> = segs
+        .iter()
+        .filter(|s| s.len > 0)
+        .map(|s| One {
+            dst: dst + s.dst_off,
+            src: src + s.src_off,
+            len: s.len as usize,
+            dk,
+            sk,
+        })
+        .collect();
+    // SAFETY: the segments lie in both buffers, valid until the stream passes them, of these
+    // kinds (caller's 1); the stream (caller's 2).
+    unsafe { batches(stream, &copies, overlap_compute) }
+        .map_err(|s| (s.call, cudarc::driver::DriverError(s.error.code)))
+}
+
+/// Enqueues a queue's held copies ([`HeldCopy`], in the order they were enqueued) on its
+/// stream: one `cuMemcpyAsync` (the typed call) for a single copy, else batches of the
+/// driver's batched copy where it has one (refused batches one call per copy), one call per
+/// copy where it has none. The hint that compute overlaps is not given: the caller said nothing
+/// of its kernels.
+///
+/// # Safety
+/// As [`Issue`](crate::engine::cuda::completion::mark::Issue): every copy's ranges are valid
+/// until the stream passes them, device memory of the stream's device or page-locked host
+/// memory (no copy between two GPUs), no destination overlapping another or a source, every
+/// length above 0; `stream` a live stream of the current context, not the legacy one.
+pub(crate) unsafe fn copy_held(stream: sys::CUstream, held: &[HeldCopy]) -> Issued {
+    let copies: Vec<One> = held
+        .iter()
+        .map(|h| One {
+            dst: h.dst,
+            src: h.src,
+            len: h.len,
+            dk: h.dst_kind,
+            sk: h.src_kind,
+        })
+        .collect();
+    let mut out = Issued {
+        enqueued: copies.len(),
+        ..Issued::default()
+    };
+    let each = copies.len() < 2 || driver::batch_copy().is_err() || stream.is_null();
+    let r = if each {
+        copies
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, s)| {
+                let end = |addr, kind| End {
+                    addr,
+                    kind,
+                    ctx: std::ptr::null_mut(),
+                };
+                // SAFETY: the copy's ranges are valid, on this device or the host (this function's
+                // contract: no context needed), on the caller's stream.
+                unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(
+                    |error| Stopped {
+                        at: i,
+                        call: error.call,
+                        error,
+                        so_far: Batched::default(),
+                    },
+                )
+            })
+            .map(|()| Batched::default())
+    } else {
+        // SAFETY: this function's contract is `batches`' (1, 2).
+        unsafe { batches(stream, &copies, false) }
+    };
+    let b = match r {
+        Ok(b) => b,
+        Err(s) => {
+            out.enqueued = s.at;
+            out.error = Some(s.error);
+            s.so_far
         }
-        // SAFETY: three arrays of the chunk's length, above 0 (1); the segments lie in the
-        // buffers, valid until the stream passes them (2, caller's 1); the stream (3, caller's
-        // 2).
-        match unsafe {
-            driver::memcpy_batch(&mut dsts, &mut srcs, &mut sizes, overlap_compute, stream)
-        } {
-            Ok(()) => out.batches += 1,
-            Err(e) => {
-                out.fallbacks += 1;
-                out.first_error.get_or_insert(e);
-                for s in chunk {
-                    // SAFETY: the segment lies in both buffers (caller's 1), on the
-                    // caller's stream (2).
-                    unsafe {
-                        sys::cuMemcpyAsync(dst + s.dst_off, src + s.src_off, s.len as usize, stream)
-                    }
-                    .result()
-                    .map_err(|e| ("cuMemcpyAsync", e))?;
-                }
-            }
-        }
-    }
-    Ok(out)
+    };
+    let symbol = driver::batch_copy().unwrap_or("cuMemcpyBatchAsync");
+    out.batches = b.batches;
+    out.refused = b.fallbacks;
+    out.refusal = b.first_error.map(|e| DriverError::new(symbol, e.0));
+    out
 }

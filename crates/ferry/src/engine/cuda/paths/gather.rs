@@ -35,6 +35,7 @@
 
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
+use crate::memory::MemKind;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -251,8 +252,8 @@ impl Gatherer {
         Ok(k)
     }
 
-    /// Whether the driver exports the batched copy (`cuMemcpyBatchAsync_v2`, CUDA 13 or
-    /// later; looked up once).
+    /// Whether the driver exports a batched copy (`cuMemcpyBatchAsync_v2`, CUDA 13 or later,
+    /// or 12.8's `cuMemcpyBatchAsync`; looked up once).
     pub fn batch_supported() -> bool {
         driver::batch_copy().is_ok()
     }
@@ -285,6 +286,24 @@ impl Gatherer {
         src_len: usize,
         segs: &[Segment],
         strategy: Strategy,
+    ) -> Result<Strategy, GatherError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_kinds(stream, (dst, dst_len), (src, src_len), segs, strategy, None) }
+    }
+
+    /// [`Gatherer::copy`], the buffers' memory kinds (destination, source) known: the batched
+    /// copy's location hints.
+    ///
+    /// # Safety
+    /// As [`Gatherer::copy`]; the kinds are the buffers'.
+    pub(crate) unsafe fn copy_kinds(
+        &self,
+        stream: &Arc<CudaStream>,
+        (dst, dst_len): (u64, usize),
+        (src, src_len): (u64, usize),
+        segs: &[Segment],
+        strategy: Strategy,
+        kinds: Option<(MemKind, MemKind)>,
     ) -> Result<Strategy, GatherError> {
         let mut total = 0u64;
         for (index, s) in segs.iter().enumerate() {
@@ -322,7 +341,7 @@ impl Gatherer {
             // SAFETY: forwarded contract.
             Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, segs)? },
             // SAFETY: forwarded contract.
-            Strategy::Batch => unsafe { self.copy_batch(stream, dst, src, segs)? },
+            Strategy::Batch => unsafe { self.copy_batch(stream, dst, src, segs, kinds)? },
             // SAFETY: forwarded contract.
             Strategy::PerSegment | Strategy::Auto | Strategy::Dma => unsafe {
                 self.copy_each(stream, dst, src, segs)?
@@ -376,6 +395,7 @@ impl Gatherer {
         dst: u64,
         src: u64,
         segs: &[Segment],
+        kinds: Option<(MemKind, MemKind)>,
     ) -> Result<(), GatherError> {
         driver::batch_copy().map_err(GatherError::BatchUnavailable)?;
         let cs = stream.cu_stream();
@@ -386,7 +406,7 @@ impl Gatherer {
         }
         // SAFETY: the segments lie in both buffers (checked), valid and unshared by contract;
         // a created stream of this context (not the legacy one: checked).
-        let done = unsafe { super::batch::copy(cs, dst, src, segs, BATCH_PREFER_OVERLAP) }
+        let done = unsafe { super::batch::copy(cs, dst, src, segs, kinds, BATCH_PREFER_OVERLAP) }
             .map_err(|(op, source)| GatherError::Driver { op, source })?;
         if done.fallbacks > 0 {
             let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());

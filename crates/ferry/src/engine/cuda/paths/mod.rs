@@ -209,14 +209,13 @@ impl Paths {
         // SAFETY: the segments are the program's runs, inside both buffers (3); the buffers
         // are valid until the request completes (2); this engine's context and stream (1).
         unsafe {
-            g.copy(
+            g.copy_kinds(
                 stream,
-                dst.addr,
-                dst_len,
-                src.addr,
-                src_len,
+                (dst.addr, dst_len),
+                (src.addr, src_len),
                 &segs,
                 GATHER_STRATEGY,
+                Some((dst.kind, src.kind)),
             )
         }
         .is_ok()

@@ -3,6 +3,7 @@
 //! or beside their single user.
 
 use super::error::{error_string, CudaError};
+use crate::memory::MemKind;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -194,36 +195,127 @@ pub(crate) fn sync_event(event: &CudaEvent) -> Result<(), cudarc::driver::Driver
     unsafe { sys::cuEventSynchronize(event.cu_event()) }.result()
 }
 
-/// Whether the driver has the batched copy ferry calls, `cuMemcpyBatchAsync_v2` (CUDA 13's
-/// ABI, without `failIdx`), looked up once; `Err` says why not (no driver, or a driver older
-/// than CUDA 13: 12.8's `cuMemcpyBatchAsync` has another signature and is not called).
-pub(crate) fn batch_copy() -> Result<(), &'static str> {
-    static HAS: OnceLock<Result<(), &'static str>> = OnceLock::new();
-    *HAS.get_or_init(|| {
+/// `cuMemcpyBatchAsync_v2` (CUDA 13): no `failIdx`.
+type BatchV2 = unsafe extern "C" fn(
+    *mut sys::CUdeviceptr,
+    *mut sys::CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut sys::CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    sys::CUstream,
+) -> sys::CUresult;
+/// `cuMemcpyBatchAsync` (CUDA 12.8's ABI, still exported by later drivers): a `failIdx`
+/// out-parameter before the stream.
+type BatchV1 = unsafe extern "C" fn(
+    *mut sys::CUdeviceptr,
+    *mut sys::CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut sys::CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    *mut usize,
+    sys::CUstream,
+) -> sys::CUresult;
+
+/// The driver's batched copy, by the symbol it exports.
+#[derive(Clone, Copy)]
+enum BatchFn {
+    V2(BatchV2),
+    V1(BatchV1),
+}
+
+/// The batched copy the driver exports, looked up once at run time: `cuMemcpyBatchAsync_v2`
+/// (CUDA 13's ABI) first, else `cuMemcpyBatchAsync` (12.8's, with `failIdx`). Each exported
+/// name keeps its own ABI (a newer ABI gets a new suffix), so the name says how to call it.
+fn batch_fn() -> Result<BatchFn, &'static str> {
+    static FOUND: OnceLock<Result<BatchFn, &'static str>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
         if driver().is_err() {
             return Err("no CUDA driver");
         }
         // SAFETY: the library is present and initialised (checked above); looking a symbol up
-        // calls nothing.
-        let found = unsafe {
-            sys::culib()
-                .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync_v2")
-                .is_ok()
-        };
-        found
-            .then_some(())
-            .ok_or("the driver does not export cuMemcpyBatchAsync_v2 (CUDA 13 or later)")
+        // calls nothing. Each symbol is the driver's function of exactly the type it is read
+        // as (its exported name fixes its ABI: cuda.h's prototypes of both), and the library
+        // is never unloaded (cudarc keeps it for the process), so the pointers stay valid.
+        unsafe {
+            let lib = sys::culib();
+            if let Ok(f) = lib.get::<BatchV2>(b"cuMemcpyBatchAsync_v2") {
+                return Ok(BatchFn::V2(*f));
+            }
+            if let Ok(f) = lib.get::<BatchV1>(b"cuMemcpyBatchAsync") {
+                return Ok(BatchFn::V1(*f));
+            }
+        }
+        Err("the driver exports no cuMemcpyBatchAsync (CUDA 12.8 or later)")
     })
 }
 
-/// Enqueues one batched copy on `stream` (`cuMemcpyBatchAsync_v2`): `sizes[i]` bytes from
-/// `srcs[i]` to `dsts[i]` for every `i`, unordered among themselves, in stream order with the
-/// stream's other work. One attribute applies to all: the source read in stream order,
-/// location hints left to the driver, and `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` where
-/// `overlap_compute` (the copy engines preferred to the SMs, the caller's kernels running).
+/// Whether the driver has a batched copy ([`batch_fn`]): its symbol's name
+/// (`cuMemcpyBatchAsync_v2`, or 12.8's `cuMemcpyBatchAsync`), or why not.
+pub(crate) fn batch_copy() -> Result<&'static str, &'static str> {
+    batch_fn().map(|f| match f {
+        BatchFn::V2(_) => "cuMemcpyBatchAsync_v2",
+        BatchFn::V1(_) => "cuMemcpyBatchAsync",
+    })
+}
+
+/// Where the driver may expect memory of kind `k` (a batched copy's location hint): device
+/// memory on its ordinal, host memory on the host; managed memory is left to the driver.
+pub(crate) fn location(k: MemKind) -> sys::CUmemLocation {
+    let (type_, id) = match k {
+        MemKind::Device { ordinal } => (
+            sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            ordinal as i32,
+        ),
+        MemKind::Pinned | MemKind::Mapped | MemKind::Pageable => {
+            (sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0)
+        }
+        _ => (sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID, 0),
+    };
+    sys::CUmemLocation { type_, id }
+}
+
+/// The attributes of a batched copy's ranges from memory of kind `src` to memory of kind
+/// `dst`: the source read in stream order, each side's location hint ([`location`]), and
+/// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` where `overlap_compute` (the copy engines
+/// preferred to the SMs, the caller's kernels running).
+pub(crate) fn copy_attributes(
+    dst: MemKind,
+    src: MemKind,
+    overlap_compute: bool,
+) -> sys::CUmemcpyAttributes {
+    let flags = if overlap_compute {
+        sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    } else {
+        sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT
+    };
+    sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: location(src),
+        dstLocHint: location(dst),
+        flags: flags as u32,
+    }
+}
+
+/// A batched copy the driver refused: its error, and (12.8's symbol only, where the driver
+/// named one) the index of the copy that failed; the copies before it were enqueued.
+pub(crate) struct BatchRefused {
+    pub error: cudarc::driver::DriverError,
+    pub fail_idx: Option<usize>,
+}
+
+/// Enqueues one batched copy on `stream` through the driver's batched copy ([`batch_fn`]):
+/// `sizes[i]` bytes from `srcs[i]` to `dsts[i]` for every `i`, unordered among themselves, in
+/// stream order with the stream's other work. `attrs[j]` applies from copy `attr_idxs[j]` up
+/// to the next one's start.
 ///
 /// # Safety
-/// 1. The three slices have the same length, above 0.
+/// 1. The three copy slices have the same length, above 0; `attrs` and `attr_idxs` have the
+///    same length, above 0, `attr_idxs[0]` is 0 and the indices increase below the copies'
+///    count.
 /// 2. Every `dsts[i] .. + sizes[i]` is memory valid for writes and every `srcs[i] .. +
 ///    sizes[i]` valid for reads (unified addresses the driver can copy) until the stream has
 ///    passed this copy; no destination overlaps another or a source.
@@ -232,39 +324,48 @@ pub(crate) unsafe fn memcpy_batch(
     dsts: &mut [u64],
     srcs: &mut [u64],
     sizes: &mut [usize],
-    overlap_compute: bool,
+    attrs: &mut [sys::CUmemcpyAttributes],
+    attr_idxs: &mut [usize],
     stream: sys::CUstream,
-) -> Result<(), cudarc::driver::DriverError> {
-    let loc = sys::CUmemLocation {
-        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID,
-        id: 0,
+) -> Result<(), BatchRefused> {
+    let refused = |code: sys::CUresult, fail_idx: Option<usize>| BatchRefused {
+        error: cudarc::driver::DriverError(code),
+        fail_idx,
     };
-    let flags = if overlap_compute {
-        sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
-    } else {
-        sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT
+    let f = batch_fn().map_err(|_| refused(sys::CUresult::CUDA_ERROR_NOT_FOUND, None))?;
+    let (n, na) = (sizes.len(), attrs.len());
+    let mut fail_idx = usize::MAX;
+    // SAFETY: the arrays hold `n` (copies) and `na` (attributes) entries (1), read during the
+    // call only; the copies' memory is valid by (2), the stream by (3); `fail_idx` is a valid
+    // out-pointer for one `size_t`. Each function pointer has its symbol's ABI ([`batch_fn`]).
+    let r = unsafe {
+        match f {
+            BatchFn::V2(f) => f(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                n,
+                attrs.as_mut_ptr(),
+                attr_idxs.as_mut_ptr(),
+                na,
+                stream,
+            ),
+            BatchFn::V1(f) => f(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                n,
+                attrs.as_mut_ptr(),
+                attr_idxs.as_mut_ptr(),
+                na,
+                &mut fail_idx,
+                stream,
+            ),
+        }
     };
-    let mut attr = sys::CUmemcpyAttributes {
-        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-        srcLocHint: loc,
-        dstLocHint: loc,
-        flags: flags as u32,
-    };
-    let mut idx = [0usize];
-    // SAFETY: the arrays hold `sizes.len()` entries each (1) and are read during the call
-    // only; the copies' memory is valid by (2), the stream by (3); one attribute applies from
-    // index 0.
-    unsafe {
-        sys::cuMemcpyBatchAsync_v2(
-            dsts.as_mut_ptr(),
-            srcs.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            sizes.len(),
-            &mut attr,
-            idx.as_mut_ptr(),
-            1,
-            stream,
-        )
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        // SIZE_MAX (or anything past the batch): the failure is no one copy's.
+        code => Err(refused(code, (fail_idx < n).then_some(fail_idx))),
     }
-    .result()
 }
