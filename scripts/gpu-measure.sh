@@ -15,7 +15,8 @@
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
 # records, scripts/cufile-udev.sh), and aml ab blocks ckpt agent nixl (issues 30-36, only where
 # asked). Environment: BUNDLE (default .gpu), WHEELS
-# (default .whl), STEP_TIMEOUT (seconds per bench step, default 240).
+# (default .whl), STEP_TIMEOUT (seconds per bench step, default 240), TESTS_TIMEOUT (seconds
+# for the `tests` step, default 560).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
 shift
@@ -50,7 +51,7 @@ bench() { # bench NAME ARGS...: one `ferry bench --engine cuda` step with its JS
 for s in "${steps[@]}"; do
   case $s in
   tests)
-    step tests 560 bash "$bundle/run.sh" "$log/tests" ;;
+    step tests "${TESTS_TIMEOUT:-560}" bash "$bundle/run.sh" "$log/tests" ;;
   python)
     # The wheels into a private folder (no network there), then pytest with PyTorch.
     step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -94,7 +95,8 @@ for s in "${steps[@]}"; do
     step ckpt 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \
       --json "$log/ckpt.json" ;;
   agent) # issue 36: two processes on one GPU
-    step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json" ;;
+    step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json"
+    bench ipc --test ipc-d2d,ipc-h2d ;;
   nixl) # issue 36: the same transfers through NIXL (its wheel in WHEELS)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \

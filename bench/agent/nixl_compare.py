@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The transfers of ferry's `examples/09_agent_ipc.rs`, through NVIDIA NIXL's Python API.
 
-Two NIXL agents in two processes on one GPU (UCX backend; `UCX_TLS=cuda_ipc,cuda_copy,sm,self`
-unless UCX_TLS is already set, so UCX cannot fall back to TCP for a local GPU copy): the target
+Two NIXL agents in two processes on one GPU (UCX backend; `UCX_TLS=cuda_ipc,cuda_copy,sm,self,tcp`
+unless UCX_TLS is already set, tcp only for the wire-up, which needs peer-failure handling): the target
 registers a device buffer and a pinned host buffer (torch), the initiator registers its own and
 moves segment lists with `initialize_xfer` + `transfer`, polling `check_xfer_state`.
 
@@ -33,7 +33,9 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("UCX_TLS", "cuda_ipc,cuda_copy,sm,self")
+# tcp: NIXL asks UCX for peer-failure handling, which UCX's shared-memory transports lack, so
+# the wire-up's active messages need it (the copies themselves still take cuda_ipc/cuda_copy).
+os.environ.setdefault("UCX_TLS", "cuda_ipc,cuda_copy,sm,self,tcp")
 
 KIB = 1024
 MIB = 1 << 20
@@ -92,6 +94,19 @@ def descs(base: int, block: int, batch: int, dev_id: int, dst_side: bool):
     return a
 
 
+def recv_from(conn, proc, what: str, timeout: float = 120.0):
+    """The next message from the target process; exits naming `what` if it died or went quiet
+    (a failed NIXL backend in the target would otherwise leave this process waiting forever)."""
+    deadline = time.monotonic() + timeout
+    while not conn.poll(0.5):
+        if not proc.is_alive():
+            sys.exit(f"nixl_compare: the target process ended (exit code {proc.exitcode}) before {what}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"nixl_compare: no {what} from the target process in {timeout:.0f} s")
+    return conn.recv()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="the whole sweep, 1 GiB buffers")
@@ -108,16 +123,16 @@ def main() -> int:
     nixl = import_nixl()
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child, nbytes))
+    proc = ctx.Process(target=target, args=(child, nbytes), daemon=True)
     proc.start()
-    info = parent.recv()
+    info = recv_from(parent, proc, "its metadata")
 
     agent = nixl.nixl_agent("initiator", nixl.nixl_agent_config(backends=["UCX"]))
     dev = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda:0")
     agent.register_memory(dev)
     remote = agent.add_remote_agent(info["meta"])
     parent.send(agent.get_agent_metadata())
-    parent.recv()  # "ready"
+    recv_from(parent, proc, '"ready"')
     print(
         f"NIXL two processes on one GPU, {nbytes // MIB} MiB per buffer, {reps} samples per row, "
         f"UCX_TLS={os.environ.get('UCX_TLS')}, metadata {len(info['meta'])} bytes"
@@ -137,8 +152,11 @@ def main() -> int:
             h = agent.initialize_xfer(op, ld, rd, remote)
             st = agent.transfer(h)
             post = time.perf_counter() - t
+            stuck = time.monotonic() + 20.0
             while st == "PROC":
                 st = agent.check_xfer_state(h)
+                if time.monotonic() > stuck:
+                    raise RuntimeError(f"NIXL {op} of {batch} x {block} B: not done after 20 s")
             if st != "DONE":
                 raise RuntimeError(f"NIXL transfer failed: {st}")
             if not backend:
@@ -168,6 +186,7 @@ def main() -> int:
             rows.append({"row": name, "block": block, "batch": batch, "bytes": block * batch,
                          "nixl_gbps": block * batch / t / 1e9, "post_us": post * 1e6,
                          "backend": backend})
+            print(f"  {name} {batch} x {block} B: {block * batch / t / 1e9:.2f} GB/s", flush=True)
     pblock = 66 * 1000 if a.full else 16 * KIB
     for batch in (1, 100, 1000, 15_000):
         if pblock * batch <= nbytes:

@@ -228,3 +228,51 @@ proptest! {
         prop_assert_eq!(dst, reference(&init, &src, &map));
     }
 }
+
+/// The duplicate check's answer by sorting alone (what `check_blocks` did before its bitmap):
+/// the lowest destination block written twice, its first two entries.
+fn duplicate_by_sort(pairs: &[(u64, u64)]) -> Option<OpError> {
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    order.sort_unstable_by_key(|&i| (pairs[i].1, i));
+    order
+        .windows(2)
+        .find(|w| pairs[w[0]].1 == pairs[w[1]].1)
+        .map(|w| OpError::BlockDuplicate {
+            first: w[0],
+            second: w[1],
+            block: pairs[w[0]].1,
+        })
+}
+
+#[test]
+fn duplicates_are_named_alike_in_small_and_huge_tables() {
+    // 4 KiB tables take the bitmap; 2^40 blocks of 1 byte are far past it (the sort).
+    for dst_len in [4096usize, 1 << 40] {
+        let pairs = [(0, 9), (1, 3), (2, 700), (3, 3), (4, 9)];
+        let err = check_blocks(1, &pairs, dst_len, 4096, None).unwrap_err();
+        assert_eq!(
+            err,
+            OpError::BlockDuplicate {
+                first: 1,
+                second: 3,
+                block: 3
+            },
+            "{dst_len}"
+        );
+        let perm: Vec<(u64, u64)> = (0..4096u64).map(|i| (i, (i * 7919) % 4096)).collect();
+        check_blocks(1, &perm, dst_len, 4096, None).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn the_bitmap_and_the_sort_agree(
+        dst_blocks in 1u64..300,
+        picks in proptest::collection::vec(0u64..300, 0..60),
+    ) {
+        let pairs: Vec<(u64, u64)> = picks.iter().map(|&d| (0, d % dst_blocks)).collect();
+        let got = check_blocks(1, &pairs, dst_blocks as usize, 1, None).err();
+        prop_assert_eq!(got, duplicate_by_sort(&pairs));
+    }
+}

@@ -106,8 +106,63 @@ pub const AUTO_FEW_SEGMENTS: usize = 4;
 /// [`Strategy::Auto`] copies segments averaging this many bytes or more on the copy engines (the
 /// batch copy, else one call each): they then run at link speed and leave the SMs free.
 /// Measured on the H200 (`bench/results/h200.md`, scattered segments): the batch copy 52 GB/s
-/// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB.
+/// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB. Device -> host
+/// lists and short device lists keep it; host -> device lists and long device lists have
+/// their own ([`large_segment`]).
 pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
+
+/// [`large_segment`] of a list from host memory to a device. The kernel reads the host's
+/// memory over the link itself, and on the H100 host its reads stopped at 33 GB/s where the
+/// batched copy reached 52.5 (`bench/results/h100.md`, `cuda-blocks-h2d`: 256 x 512 KiB; at
+/// 32 KiB the kernel 33.9 against 32.1, at 64 KiB 33.2 against 39.0); on the H200 the batch
+/// copy was level with the kernel from 1 MiB. From 256 KiB the batch copy is the better on both.
+pub const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 256 << 10;
+
+/// [`large_segment`]: device lists of this many segments or more stay on the kernel at any
+/// segment size. On the H100 host 256 x 2 MiB ran 1,341 GB/s through the kernel against the
+/// batch copy's 456, and 256 x 512 KiB 1,201 against 166; 16 x 2 MiB ran 451 through the
+/// batch copy against the kernel's 349 (too few blocks to fill the SMs).
+pub const DEVICE_KERNEL_MIN_SEGMENTS: usize = 64;
+
+/// Where a segment list's two sides live, as the gatherer's choice weighs them: host memory
+/// (pinned, registered or mapped: reached over the link) or a GPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sides {
+    /// Host memory into a device's.
+    HostToDevice,
+    /// A device's memory into host memory.
+    DeviceToHost,
+    /// Device memory on both sides (one device, or peers).
+    DeviceToDevice,
+    /// Host memory on both sides (the kernel and the copy engines both cross the link twice).
+    HostToHost,
+}
+
+impl Sides {
+    /// The sides of a copy from memory of kind `src` to memory of kind `dst` (managed memory
+    /// counts as the device's).
+    pub(crate) fn of(dst: MemKind, src: MemKind) -> Sides {
+        let host = |k: MemKind| matches!(k, MemKind::Pageable | MemKind::Pinned | MemKind::Mapped);
+        match (host(dst), host(src)) {
+            (false, true) => Sides::HostToDevice,
+            (true, false) => Sides::DeviceToHost,
+            (false, false) => Sides::DeviceToDevice,
+            (true, true) => Sides::HostToHost,
+        }
+    }
+}
+
+/// The average segment size from which [`Strategy::Auto`] moves a list of `n` segments with
+/// these `sides` on the copy engines rather than the kernel: [`AUTO_LARGE_SEGMENT`], or
+/// [`AUTO_LARGE_SEGMENT_FROM_HOST`] from host memory into a device, or never (`u64::MAX`) for
+/// device lists of [`DEVICE_KERNEL_MIN_SEGMENTS`] or more.
+pub(crate) fn large_segment(sides: Sides, n: usize) -> u64 {
+    match sides {
+        Sides::HostToDevice => AUTO_LARGE_SEGMENT_FROM_HOST,
+        Sides::DeviceToDevice if n >= DEVICE_KERNEL_MIN_SEGMENTS => u64::MAX,
+        Sides::DeviceToDevice | Sides::DeviceToHost | Sides::HostToHost => AUTO_LARGE_SEGMENT,
+    }
+}
 
 /// A plan the SM transpose kernel ([`super::paths::transpose`]) moves: two of its dims swap grain
 /// between the sides. `r` is the dim the source walks fastest (its smallest stride) and `c` the
@@ -495,10 +550,10 @@ pub const BATCH_PREFER_OVERLAP: bool = true;
 /// buffers are device-accessible; `batch`, the driver has `cuMemcpyBatchAsync` and the stream
 /// is not the legacy one; `kernel`, the gather kernel can be made.
 ///
-/// With the SMs free, the kernel takes segments averaging under [`AUTO_LARGE_SEGMENT`] (47 GB/s
-/// at 4 KiB against the batched copy's 2.0-2.9 on the H200: the gain is large); with the SMs
-/// busy, nothing goes to them: the batched copy (one call for the whole list, unordered
-/// within it) where it can run, else one call per segment.
+/// With the SMs free, the kernel takes segments averaging under [`large_segment`] of the
+/// list's `sides` (47 GB/s at 4 KiB against the batched copy's 2.0-2.9 on the H200: the gain
+/// is large); with the SMs busy, nothing goes to them: the batched copy (one call for the
+/// whole list, unordered within it) where it can run, else one call per segment.
 pub(crate) fn gather_strategy(
     n: usize,
     total: u64,
@@ -506,13 +561,14 @@ pub(crate) fn gather_strategy(
     reachable: impl FnOnce() -> bool,
     batch: impl FnOnce() -> bool,
     kernel: impl FnOnce() -> bool,
+    sides: impl FnOnce() -> Sides,
 ) -> Strategy {
     if n <= AUTO_FEW_SEGMENTS {
         return Strategy::PerSegment;
     }
     let reachable = reachable();
     let batch = reachable && batch();
-    if !sms_free || total / n as u64 >= AUTO_LARGE_SEGMENT {
+    if !sms_free || total / n as u64 >= large_segment(sides(), n) {
         return if batch {
             Strategy::Batch
         } else {

@@ -48,7 +48,7 @@ use thiserror::Error;
 pub use crate::op::Segment;
 
 pub use crate::engine::cuda::route::Strategy;
-use crate::engine::cuda::route::BATCH_PREFER_OVERLAP;
+use crate::engine::cuda::route::{self, Sides, BATCH_PREFER_OVERLAP};
 use crate::engine::cuda::CudaError;
 
 #[cfg(feature = "bench")]
@@ -333,8 +333,15 @@ impl Gatherer {
         }
         driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
         let strategy = match strategy {
-            Strategy::Auto => self.choose(stream, dst, src, segs.len(), total, !self.leave_sms),
-            Strategy::Dma => self.choose(stream, dst, src, segs.len(), total, false),
+            Strategy::Auto => self.choose(
+                stream,
+                (dst, src),
+                kinds,
+                segs.len(),
+                total,
+                !self.leave_sms,
+            ),
+            Strategy::Dma => self.choose(stream, (dst, src), kinds, segs.len(), total, false),
             s => s,
         };
         match strategy {
@@ -353,8 +360,8 @@ impl Gatherer {
     fn choose(
         &self,
         stream: &Arc<CudaStream>,
-        dst: u64,
-        src: u64,
+        (dst, src): (u64, u64),
+        kinds: Option<(MemKind, MemKind)>,
         n: usize,
         total: u64,
         sms_free: bool,
@@ -363,9 +370,28 @@ impl Gatherer {
         let reachable =
             || driver::device_address(dst).is_some() && driver::device_address(src).is_some();
         let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
-        crate::engine::cuda::route::gather_strategy(n, total, sms_free, reachable, batch, || {
-            self.kernel().is_ok()
-        })
+        // The buffers' kinds where the caller knows them, else the driver's word (reachable
+        // memory only gets here: host memory is pinned, registered or mapped).
+        let sides = || {
+            let (d, s) = kinds.unwrap_or_else(|| {
+                let kind = |addr| match driver::memory_type(addr) {
+                    Some(t) if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => MemKind::Pinned,
+                    Some(_) => MemKind::Device { ordinal: 0 },
+                    None => MemKind::Pageable,
+                };
+                (kind(dst), kind(src))
+            });
+            Sides::of(d, s)
+        };
+        route::gather_strategy(
+            n,
+            total,
+            sms_free,
+            reachable,
+            batch,
+            || self.kernel().is_ok(),
+            sides,
+        )
     }
 
     /// # Safety

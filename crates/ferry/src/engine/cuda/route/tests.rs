@@ -406,40 +406,73 @@ fn split_copy_engine_part_ends_on_a_4_kib_boundary() {
 #[test]
 fn gather_strategy_thresholds() {
     let yes = || true;
+    // Device -> host lists keep AUTO_LARGE_SEGMENT (the others: `large_segments_by_sides`).
+    let d2h = || Sides::DeviceToHost;
     // At most 4 segments: one call each.
     assert_eq!(
-        gather_strategy(4, 1 << 30, true, || true, || true, yes),
+        gather_strategy(4, 1 << 30, true, || true, || true, yes, d2h),
         Strategy::PerSegment
     );
     // Segments averaging 1 MiB or more: the batch copy where it can run.
     assert_eq!(
-        gather_strategy(5, 5 << 20, true, || true, || true, yes),
+        gather_strategy(5, 5 << 20, true, || true, || true, yes, d2h),
         Strategy::Batch
     );
     assert_eq!(
-        gather_strategy(5, 5 << 20, true, || true, || false, yes),
+        gather_strategy(5, 5 << 20, true, || true, || false, yes, d2h),
         Strategy::PerSegment
     );
     assert_eq!(
-        gather_strategy(5, 5 << 20, true, || false, || true, yes),
+        gather_strategy(5, 5 << 20, true, || false, || true, yes, d2h),
         Strategy::PerSegment
     );
     // Smaller segments: the kernel, else the batch copy, else one call each.
     assert_eq!(
-        gather_strategy(5, (5 << 20) - 1, true, || true, || true, yes),
+        gather_strategy(5, (5 << 20) - 1, true, || true, || true, yes, d2h),
         Strategy::Kernel
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, true, || true, || true, || false),
+        gather_strategy(5, 5 << 10, true, || true, || true, || false, d2h),
         Strategy::Batch
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, true, || true, || false, || false),
+        gather_strategy(5, 5 << 10, true, || true, || false, || false, d2h),
         Strategy::PerSegment
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, true, || false, || true, yes),
+        gather_strategy(5, 5 << 10, true, || false, || true, yes, d2h),
         Strategy::PerSegment
+    );
+}
+
+#[test]
+fn large_segments_by_sides() {
+    use Sides::*;
+    let d = MemKind::Device { ordinal: 0 };
+    assert_eq!(Sides::of(d, MemKind::Pinned), HostToDevice);
+    assert_eq!(Sides::of(MemKind::Mapped, d), DeviceToHost);
+    assert_eq!(Sides::of(d, MemKind::Managed), DeviceToDevice);
+    assert_eq!(Sides::of(MemKind::Pinned, MemKind::Pinned), HostToHost);
+    // From host memory the batch copy takes 256 KiB segments; device -> host keeps 1 MiB.
+    assert_eq!(large_segment(HostToDevice, 4096), 256 << 10);
+    assert_eq!(large_segment(DeviceToHost, 4096), 1 << 20);
+    assert_eq!(large_segment(HostToHost, 4096), 1 << 20);
+    // Device lists: 1 MiB below 64 segments, the kernel at any size from 64.
+    assert_eq!(large_segment(DeviceToDevice, 63), 1 << 20);
+    assert_eq!(large_segment(DeviceToDevice, 64), u64::MAX);
+    let yes = || true;
+    let at = |n: usize, avg: u64, sides: Sides| {
+        gather_strategy(n, avg * n as u64, true, yes, yes, yes, || sides)
+    };
+    assert_eq!(at(256, 512 << 10, HostToDevice), Strategy::Batch);
+    assert_eq!(at(256, 64 << 10, HostToDevice), Strategy::Kernel);
+    assert_eq!(at(256, 512 << 10, DeviceToHost), Strategy::Kernel);
+    assert_eq!(at(256, 2 << 20, DeviceToDevice), Strategy::Kernel);
+    assert_eq!(at(16, 2 << 20, DeviceToDevice), Strategy::Batch);
+    // SMs busy: never the kernel, whatever the sides.
+    assert_eq!(
+        gather_strategy(256, 256 << 20, false, yes, yes, yes, || DeviceToDevice),
+        Strategy::Batch
     );
 }
 
