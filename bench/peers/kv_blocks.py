@@ -14,11 +14,16 @@ the host clock around the whole call and a synchronize, median of --runs after o
 - `torch copy_ loop`: dst[d].copy_(src[s], non_blocking=True) per block and layer (the shape
   of vLLM's former swap_blocks: one cudaMemcpyAsync per block);
 - `torch index`: index_select on the source side, index_copy_ into the destination (a gather
-  kernel on the GPU side, a CPU gather for host sources);
-- `cuda.bindings batch`: one cuMemcpyBatchAsync per layer (where importable).
+  kernel on the GPU side, a CPU gather for host sources; for host destinations the gathered
+  blocks come back with a blocking copy before the CPU index_copy_ reads them);
+- `cuda.bindings batch`: one cuMemcpyBatchAsync per layer (where importable), on a stream of
+  its own ordered after and before PyTorch's current stream (the driver refuses the legacy
+  default stream).
 Interference (--interference): a bf16 matmul loop on its own stream (about 50 ms alone), the
 swap issued right after it starts; reports the matmul loop's time beside each method against
-alone, and the time until both are done. Every result is checked once per row.
+alone, and the time until both are done. Each method starts from a zeroed destination, and
+its result is checked in full (every block of every layer, after a device synchronize) once
+after the timed runs and once after the runs beside the matmul loop.
 """
 
 import argparse
@@ -26,9 +31,9 @@ import json
 import statistics
 import time
 
-import torch
-
-import ferry
+# PyTorch and ferry are imported in main(), after the arguments, so that --help runs anywhere.
+torch = None
+ferry = None
 
 
 def timed(fn, runs):
@@ -53,33 +58,58 @@ def tables(layers, blocks, block, where, seed):
 
 
 def batch_fn(dst, src, pairs, block):
-    """One cuMemcpyBatchAsync per layer through cuda.bindings, or None where unavailable."""
+    """One cuMemcpyBatchAsync per layer through cuda.bindings, or None where unavailable.
+
+    cuda-bindings 12.8+ and 13.x take the same 8 arguments, (dsts, srcs, sizes, count, attrs,
+    attrsIdxs, numAttrs, hStream): dsts and srcs lists of driver.CUdeviceptr (plain ints are
+    refused), sizes and attrsIdxs lists of int, attrs a list of CUmemcpyAttributes. 12.x
+    returns (CUresult, failIdx); 13.x, whose C function has no failIdx any more, returns
+    (CUresult,). hStream must not be the legacy NULL stream, which PyTorch's default stream
+    is (cuda_stream 0), so the copies go on a stream of their own.
+    """
     try:
         from cuda.bindings import driver as cu  # type: ignore
     except ImportError:
         return None
-    stream = torch.cuda.current_stream().cuda_stream
-    attr = cu.CUmemcpyAttributes()
-    attr.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-    attr.flags = 1  # CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
-    layers = []
-    for d, s in zip(dst, src):
-        dp = [d.data_ptr() + di * block for _, di in pairs]
-        sp = [s.data_ptr() + si * block for si, _ in pairs]
-        layers.append((dp, sp, [block] * len(pairs)))
+
+    def skipped(e):
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"  cuda.bindings batch skipped: {type(e).__name__}: {first}")
+
+    try:
+        batch = cu.cuMemcpyBatchAsync
+        attr = cu.CUmemcpyAttributes()
+        attr.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        flags = getattr(cu, "CUmemcpyFlags", None)
+        attr.flags = int(flags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE) if flags else 1
+        ok = cu.CUresult.CUDA_SUCCESS
+        own = torch.cuda.Stream()
+        h = cu.CUstream(own.cuda_stream)
+        layers = []
+        for d, s in zip(dst, src):
+            dp = [cu.CUdeviceptr(d.data_ptr() + di * block) for _, di in pairs]
+            sp = [cu.CUdeviceptr(s.data_ptr() + si * block) for si, _ in pairs]
+            layers.append((dp, sp, [block] * len(pairs)))
+    except Exception as e:  # noqa: BLE001 - a binding of another shape: no row
+        skipped(e)
+        return None
 
     def run():
+        cur = torch.cuda.current_stream()
+        own.wait_stream(cur)
         for dp, sp, sz in layers:
-            r = cu.cuMemcpyBatchAsync(dp, sp, sz, len(sz), [attr], [0], 1, stream)
+            r = batch(dp, sp, sz, len(sz), [attr], [0], 1, h)
             err = r[0] if isinstance(r, tuple) else r
-            if err != cu.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuMemcpyBatchAsync: {err}")
+            if err != ok:
+                at = f" (failIdx {r[1]})" if isinstance(r, tuple) and len(r) > 1 else ""
+                raise RuntimeError(f"cuMemcpyBatchAsync returned {err!r}{at}")
+        cur.wait_stream(own)
 
     try:
         run()
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - a binding of another shape: no row
-        print(f"  cuda.bindings batch skipped: {e}")
+        skipped(e)
         return None
     return run
 
@@ -99,7 +129,14 @@ def methods(dst, src, pairs, block, dev_idx):
     def index():
         for d, s in zip(dst, src):
             picked = s.index_select(0, s_on)
-            d.index_copy_(0, d_on, picked.to(d.device, non_blocking=True))
+            if d.is_cuda:
+                d.index_copy_(0, d_on, picked.to(d.device, non_blocking=True))
+            else:
+                # A host destination: .to("cpu", non_blocking=True) hands back a pinned
+                # buffer that the GPU is still filling, and the CPU index_copy_ reads it at
+                # once (the H100 run's first d2h row: "torch index: layer 0 block 188
+                # differs"). The copy back is waited for before the CPU scatter reads it.
+                d.index_copy_(0, d_on, picked.to(d.device))
 
     out = {
         "ferry": lambda: ferry.copy_blocks(dst, src, mapping),
@@ -113,11 +150,25 @@ def methods(dst, src, pairs, block, dev_idx):
     return out
 
 
+def reset(dst):
+    """Zeroes the destination tables, so that each method's check sees only what it wrote."""
+    torch.cuda.synchronize()
+    for d in dst:
+        d.zero_()
+    torch.cuda.synchronize()
+
+
 def check(dst, src, pairs, name):
+    """Every block of every layer, read once all of the device's streams are done."""
+    torch.cuda.synchronize()
+    s_idx = torch.tensor([si for si, _ in pairs], dtype=torch.int64)
+    d_idx = torch.tensor([di for _, di in pairs], dtype=torch.int64)
     for li, (d, s) in enumerate(zip(dst, src)):
-        for si, di in pairs[:: max(1, len(pairs) // 64)]:
-            if not torch.equal(d[di].cpu(), s[si].cpu()):
-                raise SystemExit(f"{name}: layer {li} block {di} differs")
+        got = d.cpu().index_select(0, d_idx)
+        want = s.cpu().index_select(0, s_idx)
+        if not torch.equal(got, want):
+            k = int((got != want).any(dim=1).nonzero()[0, 0])
+            raise SystemExit(f"{name}: layer {li} block {pairs[k][1]} differs")
 
 
 def matmul_loop(n_iter, a, b, stream):
@@ -136,6 +187,10 @@ def main():
     p.add_argument("--no-interference", dest="interference", action="store_false")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    global torch, ferry
+    import torch
+    import ferry
+
     unit = {"K": 1 << 10, "M": 1 << 20}
     sizes = [int(s[:-1]) * unit[s[-1]] for s in a.sizes.split(",")]
     rows = []
@@ -172,6 +227,7 @@ def main():
                 for name, fn in methods(dst, src, pairs, block, "cuda:0").items():
                     if name == "torch copy_ loop" and count * a.layers > 20000:
                         continue
+                    reset(dst)
                     sec = timed(fn, a.runs)
                     check(dst, src, pairs, name)
                     row["gbps"][name] = payload / sec / 1e9
@@ -187,7 +243,9 @@ def main():
                             fn()
                             marks.append((e0, e1))
 
+                        reset(dst)
                         tb = timed(both, 3)
+                        check(dst, src, pairs, f"{name} with matmul")
                         # The matmul loop's own GPU time beside the copy (events on its stream).
                         mm_with = statistics.median(e0.elapsed_time(e1) / 1e3 for e0, e1 in marks[1:])
                         row["busy"][name] = {"both_ms": tb * 1e3, "matmul_slowdown": mm_with / mm_alone}
