@@ -48,7 +48,7 @@ fn segments_merge_runs_that_continue_on_both_sides() {
     check_blocks(4, &pairs, 64, 64, None).unwrap();
     let segs = block_segments(4, &pairs);
     assert_eq!(
-        segs,
+        &*segs,
         [
             Segment::new(20, 0, 12),
             Segment::new(4, 36, 4),
