@@ -108,7 +108,7 @@ pub const AUTO_FEW_SEGMENTS: usize = 4;
 /// Measured on the H200 (`bench/results/h200.md`, scattered segments): the batch copy 52 GB/s
 /// at 1 MiB segments against the kernel's 50; the kernel 47 GB/s at 4 KiB. Device -> host
 /// lists and short device lists keep it; host -> device lists and long device lists have
-/// their own ([`large_segment`]).
+/// their own (`large_segment`).
 pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 
 /// [`large_segment`] of a list from host memory to a device. The kernel reads the host's
@@ -116,13 +116,13 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 /// batched copy reached 52.5 (`bench/results/h100.md`, `cuda-blocks-h2d`: 256 x 512 KiB; at
 /// 32 KiB the kernel 33.9 against 32.1, at 64 KiB 33.2 against 39.0); on the H200 the batch
 /// copy was level with the kernel from 1 MiB. From 256 KiB the batch copy is the better on both.
-pub const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 256 << 10;
+pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 256 << 10;
 
 /// [`large_segment`]: device lists of this many segments or more stay on the kernel at any
 /// segment size. On the H100 host 256 x 2 MiB ran 1,341 GB/s through the kernel against the
 /// batch copy's 456, and 256 x 512 KiB 1,201 against 166; 16 x 2 MiB ran 451 through the
 /// batch copy against the kernel's 349 (too few blocks to fill the SMs).
-pub const DEVICE_KERNEL_MIN_SEGMENTS: usize = 64;
+pub(crate) const DEVICE_KERNEL_MIN_SEGMENTS: usize = 64;
 
 /// Where a segment list's two sides live, as the gatherer's choice weighs them: host memory
 /// (pinned, registered or mapped: reached over the link) or a GPU's.
