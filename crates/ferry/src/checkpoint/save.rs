@@ -3,7 +3,8 @@
 use super::error::CheckpointError;
 use super::loaded::Checkpoint;
 use super::options::{SaveOptions, SaveTensor, Writer};
-use super::write::{check_tensor, plan, write_files, Planned};
+use super::stream::stream_now;
+use super::write::{check_tensor, open_for, plan, write_pieces, Planned, Target, DIRECT_WINDOW};
 use crate::file::{FileEngine, IoReport};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -236,4 +237,34 @@ impl Checkpoint {
         }
         f(&tensors, &opts)
     }
+}
+
+/// Writes every planned file and then the small `extra` files (a sharded checkpoint's index,
+/// written last so that it never names a shard not yet in place): each beside its destination
+/// and renamed over it once every file is complete, by the writer [`open_for`] picks. On an
+/// error or an interrupt every temporary file is removed and no destination is touched (a
+/// failure while renaming leaves those renamed before it in place). Returns the writes'
+/// report, the writer used and why, and the bytes of windows the `O_DIRECT` writer held.
+pub(super) fn write_files(
+    engine: &FileEngine,
+    files: &[Planned<'_, '_>],
+    extra: &[(PathBuf, Vec<u8>)],
+    opts: &SaveOptions,
+) -> Result<(IoReport, Writer, String, u64), CheckpointError> {
+    let bytes = files.iter().map(|f| f.bytes()).sum();
+    let Target {
+        open,
+        writer,
+        note,
+        direct,
+    } = open_for(engine, files, extra, opts, bytes)?;
+    let (io, held) = match &direct {
+        Some(d) => stream_now(engine, d, files, open, opts, DIRECT_WINDOW)?,
+        None => {
+            let io = write_pieces(engine, files, &open.handles, opts)?;
+            open.finish(opts)?;
+            (io, 0)
+        }
+    };
+    Ok((io, writer, note, held))
 }

@@ -257,36 +257,6 @@ pub(super) fn open_for(
     })
 }
 
-/// Writes every planned file and then the small `extra` files (a sharded checkpoint's index,
-/// written last so that it never names a shard not yet in place): each beside its destination
-/// and renamed over it once every file is complete, by the writer [`open_for`] picks. On an
-/// error or an interrupt every temporary file is removed and no destination is touched (a
-/// failure while renaming leaves those renamed before it in place). Returns the writes'
-/// report, the writer used and why, and the bytes of windows the `O_DIRECT` writer held.
-pub(super) fn write_files(
-    engine: &FileEngine,
-    files: &[Planned<'_, '_>],
-    extra: &[(PathBuf, Vec<u8>)],
-    opts: &SaveOptions,
-) -> Result<(IoReport, Writer, String, u64), CheckpointError> {
-    let bytes = files.iter().map(|f| f.bytes()).sum();
-    let Target {
-        open,
-        writer,
-        note,
-        direct,
-    } = open_for(engine, files, extra, opts, bytes)?;
-    let (io, held) = match &direct {
-        Some(d) => super::stream::stream_now(engine, d, files, open, opts, DIRECT_WINDOW)?,
-        None => {
-            let io = write_pieces(engine, files, &open.handles, opts)?;
-            open.finish(opts)?;
-            (io, 0)
-        }
-    };
-    Ok((io, writer, note, held))
-}
-
 /// A save's files, open: each planned file's temporary file (open for writing) and the
 /// `extra` files' (written by [`Opened::finish`]). Dropped before `finish`, every temporary
 /// file is removed and no destination touched.
@@ -403,7 +373,7 @@ fn file_err(path: &Path, tensor: Option<String>, source: FileError) -> Checkpoin
 /// Every file's header and tensors, cut into pieces of at most [`CHUNK_BYTES`], interleaved
 /// across files (so that all files are written at once) and written in batches of about
 /// [`BATCH_BYTES`], the interrupt asked before each.
-fn write_pieces(
+pub(super) fn write_pieces(
     engine: &FileEngine,
     files: &[Planned<'_, '_>],
     handles: &[FileHandle],
