@@ -173,8 +173,7 @@ pub struct SaveArgs {
     /// How a checkpoint's bytes go into the file: `buffered` (parallel pwrites through the
     /// page cache), `direct` (O_DIRECT from aligned windows, the file preallocated; buffered,
     /// with the reason, where the file system refuses it) or `auto` (direct for a save of 64
-    /// MiB or more that is fsynced or over the kernel's dirty-page limit, else buffered). The
-    /// report names the writer used and why.
+    /// MiB or more, else buffered). The report names the writer used and why.
     /// Plain files are written buffered.
     #[arg(long, value_name = "WRITER", value_enum, default_value_t = WriterArg::Auto)]
     pub writer: WriterArg,

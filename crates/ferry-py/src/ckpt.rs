@@ -396,8 +396,8 @@ pub(crate) fn _load_safetensors_into(
 ///         of half of it, one copied while the other is written, the call then also waiting
 ///         for writes while both are full.
 ///     fsync (bool): flush the files to the disk before they are renamed into place.
-///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more that
-///         is fsynced or over the kernel's dirty-page limit, else buffered), ``"buffered"``
+///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more,
+///         else buffered), ``"buffered"``
 ///         (parallel writes through the page cache) or
 ///         ``"direct"`` (``O_DIRECT`` from aligned windows; buffered where the file system
 ///         refuses it).

@@ -234,8 +234,7 @@ impl std::fmt::Debug for SaveTensor<'_> {
 /// uses (never `Auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) enum Writer {
-    /// `Direct` for a save of at least 64 MiB that is fsynced or over the kernel's dirty-page
-    /// limit, else `Buffered`.
+    /// `Direct` for a save of at least 64 MiB, else `Buffered`.
     #[default]
     Auto,
     /// Parallel `pwrite`s through the page cache.
@@ -297,15 +296,13 @@ pub struct SaveOptions {
     ///   the unaligned tail of each file goes buffered. The page cache is bypassed: no second
     ///   copy, no writeback. A file system that refuses `O_DIRECT` gets buffered writes, the
     ///   reason in the report.
-    /// - `None`: `O_DIRECT` for a save of at least 64 MiB that is durable
-    ///   ([`SaveOptions::fsync`](field@SaveOptions::fsync)) or larger than the kernel's
-    ///   dirty-page limit (`vm.dirty_bytes`, else `vm.dirty_ratio` of the available memory:
-    ///   past it buffered writers are throttled to the disk's rate anyway), else buffered.
-    ///   Measured on a 2-core VM's ext4 disk (1 GiB from host memory, best of 3,
-    ///   `bench/results/cpu-2core.md`): fsynced, `O_DIRECT` wrote 1.34-1.37 GB/s and buffered
-    ///   writes 0.29-0.30; not fsynced, the page cache's speed depends on free CPU and room
-    ///   (4.6 GB/s on a quiet machine, 0.17-0.31 under a load of 12-18) and it keeps the
-    ///   bytes cached for a load that follows.
+    /// - `None`: `O_DIRECT` for a save of at least 64 MiB, fsynced
+    ///   ([`SaveOptions::fsync`](field@SaveOptions::fsync)) or not, else buffered. Measured on
+    ///   a 2-core VM's ext4 disk (1 GiB from host memory, `bench/results/cpu-2core.md`):
+    ///   `O_DIRECT` wrote 4.63-4.72 GB/s in every run, fsynced or not; buffered writes ran
+    ///   0.73-0.87 GB/s after a `sync` and 0.71-5.54 back to back (waiting on the writeback of
+    ///   the save before). Ask for buffered writes where the page cache should keep the bytes
+    ///   for a load that follows.
     ///
     /// The writer used and why: [`SaveReport::direct`](super::SaveReport::direct),
     /// [`SaveReport::writer_note`](super::SaveReport::writer_note).
