@@ -322,6 +322,37 @@ fn enqueued_one_run_copies_go_to_the_driver_as_one_batch_at_the_flush() {
 
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_full_batch_is_stamped_and_its_requests_waited_without_stream_queries() {
+    // 4,096 held copies (BATCH_MAX_COPIES) go to the driver at the last enqueue, before any
+    // flush; their requests used to have no stamp and each wait asked cuStreamQuery.
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    if !null::is_synchronous() || completion() != CompletionPolicy::Tuned {
+        println!("skipped: null CUDA driver: counts the waits' calls in its synchronous mode and under the tuned policy only");
+        return;
+    }
+    // BATCH_MAX_COPIES; uploads of 4 KiB (worth a stamp: from 1 KiB).
+    let n = 4096;
+    null::count_calls();
+    let b = enqueue_uploads(&e, n, 4 << 10);
+    assert_eq!(null::batch_calls(), 1, "issued when full, before the flush");
+    assert_eq!(
+        null::calls("cuStreamWriteValue32_v2"),
+        1,
+        "the full batch stamped"
+    );
+    e.flush();
+    null::count_calls();
+    assert_eq!(b.reqs.len(), n);
+    b.check("full batch");
+    assert_eq!(null::calls("cuStreamQuery"), 0, "no stream query per wait");
+    assert_eq!(null::calls("cuStreamSynchronize"), 0, "no stream wait");
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn a_single_enqueued_copy_stays_one_typed_copy() {
     let _x = null::exclusive();
     let Some(e) = cuda_or_skip() else {

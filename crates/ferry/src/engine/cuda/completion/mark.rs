@@ -52,10 +52,10 @@
 //! them, any other submission on the stream (stream order), or a full batch
 //! (`BATCH_MAX_COPIES`). They then go to the driver at once, as one batched copy where there
 //! are several and the driver has one (the queue's [`Issue`], `paths/batch.rs`), and their
-//! ends are marked together: lazy ones share one stamp where the issue came from a flush or a
-//! wait (a thread waits next) and the policy would have stamped one of them, the last one
-//! becomes the queue's last; eager ones record their events after the batch. A copy the driver
-//! took no call for completes with the driver's error. Bookkeeping polls
+//! ends are marked together: lazy ones share one stamp where the issue came from a flush, a
+//! wait (a thread waits next) or a full batch, and the policy would have stamped one of them,
+//! the last one becomes the queue's last; eager ones record their events after the batch. A
+//! copy the driver took no call for completes with the driver's error. Bookkeeping polls
 //! (`Completion::poll_quiet`, the in-flight list's pruning) leave them held.
 //!
 //! A flush of a batch whose last request was already on the stream (a program, or pageable
@@ -267,7 +267,10 @@ enum Why {
     Wait,
     /// Another submission on the stream (stream order): work follows, no stamp.
     Interrupt,
-    /// [`BATCH_MAX_COPIES`] held: more follow, no stamp.
+    /// [`BATCH_MAX_COPIES`] held: more follow, but a stamp where wished all the same (one
+    /// write per 4,096 copies): without it each of the batch's requests was waited with a
+    /// `cuStreamQuery` (on the H100 host 4,096 held 4 KiB copies took 8.9 ms against the
+    /// batched copy's 1.8).
     Full,
 }
 
@@ -511,7 +514,7 @@ impl Queue {
         let wished = held[..done].iter().any(|h| h.lazy && h.stamp);
         let stamp = match why {
             // SAFETY: the lock is held; the context was made current above (`done` > 0).
-            Why::Flush | Why::Wait if wished => unsafe { self.write_stamp() },
+            Why::Flush | Why::Wait | Why::Full if wished => unsafe { self.write_stamp() },
             _ => None,
         };
         let failed = out.error.unwrap_or(DriverError::new(
