@@ -108,27 +108,42 @@ unsafe fn batches(
         };
         out.fallbacks += 1;
         out.first_error.get_or_insert(refused.error);
-        let from = refused.fail_idx.unwrap_or(0);
-        for (i, s) in chunk.iter().enumerate().skip(from) {
-            let end = |addr, kind| End {
-                addr,
-                kind,
-                ctx: std::ptr::null_mut(),
-            };
-            // SAFETY: the copy's ranges are valid (caller's 1), on the caller's stream (2);
-            // no copy is between two GPUs (both ends on one device or the host, or unified
-            // managed memory), so no context is needed.
-            unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(
-                |error| Stopped {
-                    at: c * BATCH_MAX_COPIES + i,
-                    call: error.call,
-                    error,
-                    so_far: out,
-                },
-            )?;
-        }
+        let from = refused.fail_idx.unwrap_or(0).min(chunk.len());
+        // SAFETY: the copies' ranges are valid (caller's 1), on the caller's stream (2).
+        unsafe { one_each(stream, &chunk[from..], c * BATCH_MAX_COPIES + from, out) }?;
     }
     Ok(out)
+}
+
+/// Enqueues `copies` one call each on `stream`, the first being copy `at` of the caller's
+/// list; a failure says where it stopped and keeps `so_far` (what the batches before did).
+///
+/// # Safety
+/// Every copy's ranges are valid until the stream passes them, on one device or the host, or
+/// unified managed memory (no copy between two GPUs, so no context is needed); `stream` is a
+/// live stream of the current context.
+unsafe fn one_each(
+    stream: sys::CUstream,
+    copies: &[One],
+    at: usize,
+    so_far: Batched,
+) -> Result<(), Stopped> {
+    let end = |addr, kind| End {
+        addr,
+        kind,
+        ctx: std::ptr::null_mut(),
+    };
+    copies.iter().enumerate().try_for_each(|(i, s)| {
+        // SAFETY: this function's contract.
+        unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(|error| {
+            Stopped {
+                at: at + i,
+                call: error.call,
+                error,
+                so_far,
+            }
+        })
+    })
 }
 
 /// Enqueues every segment (`len` bytes from `src + src_off` to `dst + dst_off`) on `stream`
@@ -198,27 +213,9 @@ pub(crate) unsafe fn copy_held(stream: sys::CUstream, held: &[HeldCopy]) -> Issu
     };
     let each = copies.len() < 2 || driver::batch_copy().is_err() || stream.is_null();
     let r = if each {
-        copies
-            .iter()
-            .enumerate()
-            .try_for_each(|(i, s)| {
-                let end = |addr, kind| End {
-                    addr,
-                    kind,
-                    ctx: std::ptr::null_mut(),
-                };
-                // SAFETY: the copy's ranges are valid, on this device or the host (this function's
-                // contract: no context needed), on the caller's stream.
-                unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(
-                    |error| Stopped {
-                        at: i,
-                        call: error.call,
-                        error,
-                        so_far: Batched::default(),
-                    },
-                )
-            })
-            .map(|()| Batched::default())
+        // SAFETY: the copies' ranges are valid, on this device or the host, on the caller's
+        // stream (this function's contract).
+        unsafe { one_each(stream, &copies, 0, Batched::default()) }.map(|()| Batched::default())
     } else {
         // SAFETY: this function's contract is `batches`' (1, 2).
         unsafe { batches(stream, &copies, false) }
