@@ -222,10 +222,18 @@ pub(crate) fn cpu_engine() -> PyResult<Arc<RsCpu>> {
     Ok(CPU.get_or_init(|| e).clone())
 }
 
-/// The process's CUDA engine of device `ordinal` (made once; the GIL released while it is).
-pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>> {
-    static CUDA: OnceLock<Mutex<HashMap<u32, Arc<RsCuda>>>> = OnceLock::new();
-    let map = CUDA.get_or_init(Default::default);
+/// CUDA engines kept per device for the process's life, made once each.
+type Engines = OnceLock<Mutex<HashMap<u32, Arc<RsCuda>>>>;
+
+/// The engine of device `ordinal` in `engines`, made by `make` the first time (the GIL released
+/// while it is; a thread that made one meanwhile wins, and both callers get the same engine).
+fn kept(
+    py: Python<'_>,
+    engines: &'static Engines,
+    ordinal: u32,
+    make: impl FnOnce() -> Result<RsCuda, ferry::cuda::CudaError> + Send,
+) -> PyResult<Arc<RsCuda>> {
+    let map = engines.get_or_init(Default::default);
     if let Some(e) = map
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -233,10 +241,7 @@ pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>>
     {
         return Ok(e.clone());
     }
-    let e = Arc::new(
-        py.allow_threads(|| RsCuda::new(ordinal))
-            .map_err(errors::cuda)?,
-    );
+    let e = Arc::new(py.allow_threads(make).map_err(errors::cuda)?);
     Ok(map
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -245,32 +250,21 @@ pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>>
         .clone())
 }
 
+/// The process's CUDA engine of device `ordinal` (made once; the GIL released while it is).
+pub(crate) fn cuda_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>> {
+    static CUDA: Engines = OnceLock::new();
+    kept(py, &CUDA, ordinal, || RsCuda::new(ordinal))
+}
+
 /// The CUDA engine of device `ordinal` that leaves the SMs to the caller's kernels
 /// (`CudaConfig::compute_busy`, the rest of its configuration from the environment), one per
 /// device and process.
 pub(crate) fn busy_engine(py: Python<'_>, ordinal: u32) -> PyResult<Arc<RsCuda>> {
-    static BUSY: OnceLock<Mutex<HashMap<u32, Arc<RsCuda>>>> = OnceLock::new();
-    let map = BUSY.get_or_init(Default::default);
-    if let Some(e) = map
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&ordinal)
-    {
-        return Ok(e.clone());
-    }
+    static BUSY: Engines = OnceLock::new();
     let cfg = ferry::cuda::CudaConfig::from_env(ordinal)
         .map_err(|e| errors::arg(e.to_string()))?
         .compute_busy(true);
-    let e = Arc::new(
-        py.allow_threads(|| RsCuda::with_config(cfg))
-            .map_err(errors::cuda)?,
-    );
-    Ok(map
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .entry(ordinal)
-        .or_insert(e)
-        .clone())
+    kept(py, &BUSY, ordinal, || RsCuda::with_config(cfg))
 }
 
 /// True when the CUDA driver loaded (probed once per process).
