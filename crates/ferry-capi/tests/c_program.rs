@@ -1,6 +1,7 @@
-//! Builds the C programs of `examples/c/` (`copy_tile.c`, `copy_blocks.c`) with the C compiler
-//! against the static library cargo built, runs them, and checks their output (and, where
-//! valgrind is installed, that `copy_tile` makes no memory error and leaks nothing definitely).
+//! Builds the C programs of `examples/c/` (`copy_tile.c`, `copy_blocks.c`, `checkpoint.c`)
+//! with the C compiler against the static library cargo built, runs them, and checks their
+//! output (and, where valgrind is installed, that `copy_tile` makes no memory error and leaks
+//! nothing definitely).
 
 mod support;
 
@@ -107,33 +108,12 @@ fn copy_tile_is_clean_under_valgrind() {
 /// byte, and sees a load with the wrong shape refused before anything is written.
 #[test]
 fn checkpoint_example_saves_and_loads_back() {
-    let Some(cc) = support::c_compiler() else {
-        println!("skipped: no C compiler (set CC or install cc)");
+    let Some(exe) = build("checkpoint", "checkpoint") else {
         return;
     };
-    let root = support::repo_root();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("c_program-checkpoint-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let work = dir.join("work");
+    let work = exe.with_file_name("work");
+    let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("create temp dir");
-    let exe = dir.join("checkpoint");
-    let out = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-        .arg("-I")
-        .arg(root.join("crates/ferry-capi/include"))
-        .arg(root.join("examples/c/checkpoint.c"))
-        .arg(support::staticlib())
-        .args(support::NATIVE_LIBS)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run the C compiler");
-    assert!(
-        out.status.success(),
-        "compiling checkpoint.c failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let out = Command::new(&exe)
         .arg(&work)
         .output()
@@ -168,7 +148,7 @@ fn checkpoint_example_saves_and_loads_back() {
     assert_eq!(saved, file.len(), "a save reports the file's bytes");
     assert!(stdout.trim_end().ends_with("checkpoint: OK"), "{stdout}");
     assert!(work.join("sharded/model.safetensors.index.json").is_file());
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&work);
 }
 
 /// `examples/c/copy_blocks.c`: moves mapped blocks between two block tables and sees each bad

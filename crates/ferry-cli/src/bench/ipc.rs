@@ -286,16 +286,7 @@ impl IpcBench {
             let mut want = vec![0u8; payload as usize];
             src.read_at(0, &mut want)
                 .map_err(|e| err(name, e.to_string()))?;
-            for g in &segs {
-                let (d, o, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
-                if let Some(i) = (0..n).find(|&i| got[d + i] != want[o + i]) {
-                    return Err(err(
-                        name,
-                        format!("wrong byte at offset {} of the destination", d + i),
-                    ));
-                }
-            }
-            Ok(())
+            wrong_byte(&segs, &got, &want).map_err(|e| err(name, e))
         };
         check("ferry agent (shared memory)", Target::Shared)?;
         check("ferry agent (cross-memory attach)", Target::Cross)?;
@@ -404,16 +395,7 @@ impl IpcBench {
                 read_back(raw, src_r).map_err(|e| err(series, e))?,
                 read_back(raw, dst_r).map_err(|e| err(series, e))?,
             );
-            for g in &segs {
-                let (a, b, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
-                if let Some(i) = (0..n).find(|&i| d[a + i] != s[b + i]) {
-                    return Err(err(
-                        series,
-                        format!("wrong byte at offset {} of the destination", a + i),
-                    ));
-                }
-            }
-            Ok(())
+            wrong_byte(&segs, &d, &s).map_err(|e| err(series, e))
         };
         check("ferry agent", &agent_op)?;
         check("raw cuMemcpyAsync per block", &raw_op)?;
@@ -531,6 +513,18 @@ fn segments(block: usize, batch: usize, to_peer: bool) -> Vec<Segment> {
 
 /// Fills `b` (device memory, or host memory mapped here) with a pattern of `seed` (0: zeros)
 /// through one raw copy from host memory.
+/// Checks that every segment of `segs` landed: `got` (the destination's bytes) holds `want`'s
+/// (the source's) at each segment; the first wrong byte's offset, in words.
+fn wrong_byte(segs: &[Segment], got: &[u8], want: &[u8]) -> Result<(), String> {
+    for g in segs {
+        let (d, o, n) = (g.dst_off as usize, g.src_off as usize, g.len as usize);
+        if let Some(i) = (0..n).find(|&i| got[d + i] != want[o + i]) {
+            return Err(format!("wrong byte at offset {} of the destination", d + i));
+        }
+    }
+    Ok(())
+}
+
 fn fill_device_or_host(raw: &ferry_bench::RawCopier, b: RawBuf, seed: u64) -> Result<(), String> {
     let host = if seed == 0 {
         vec![0u8; b.len]
