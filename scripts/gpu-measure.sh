@@ -13,10 +13,10 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and aml ab blocks ckpt agent nixl (issues 30-36, only where
-# asked). Environment: BUNDLE (default .gpu), WHEELS
-# (default .whl), STEP_TIMEOUT (seconds per bench step, default 240), TESTS_TIMEOUT (seconds
-# for the `tests` step, default 560).
+# records, scripts/cufile-udev.sh), and aml ab blocks ckpt agent cpu nixl (issues 30-36, only
+# where asked). The plain completion policy's tests: FERRY_TEST_POLICIES=plain with `tests`.
+# Environment: BUNDLE (default .gpu), WHEELS (default .whl), STEP_TIMEOUT (seconds per bench
+# step, default 240), TESTS_TIMEOUT (seconds for the `tests` step, default 560).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
 shift
@@ -97,12 +97,16 @@ for s in "${steps[@]}"; do
   agent) # issue 36: two processes on one GPU
     step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json"
     bench ipc --test ipc-d2d,ipc-h2d ;;
+  cpu) # issue 32: the CPU engine against the obvious loops on the GPU host's 16 cores
+    step cpu 120 "$ferry" bench --engine cpu --test \
+      cpu-contig,cpu-tile,cpu-transpose-f32,cpu-transpose-f64,cpu-transpose-bf16 \
+      --sizes 4K,64K,1M,16M,256M --json "$log/cpu.json" ;;
   nixl) # issue 36: the same transfers through NIXL (its wheel in WHEELS)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \
       --json "$log/nixl.json" ;;
   *)
-    echo "unknown step $s (tests python caller pipeline files cufile aml ab blocks ckpt agent nixl)" >&2
+    echo "unknown step $s (tests python caller pipeline files cufile aml ab blocks ckpt agent cpu nixl)" >&2
     fail=1 ;;
   esac
 done

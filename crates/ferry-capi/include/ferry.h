@@ -341,6 +341,9 @@ typedef struct ferry_checkpoint_options {
     uint64_t snapshot_bytes; /* ferry_checkpoint_save_async: host memory for the copy (0: 1 GiB) */
     int threads;             /* file engine workers (0: FERRY_FILE_THREADS, else cores up to 16) */
     int direct;              /* non-zero: O_DIRECT where the file system and alignment allow */
+    int keep_snapshot;       /* ferry_checkpoint_save_async: non-zero keeps the copy's host
+                              * memory for the next async save that fits in it (its stall is
+                              * then the copy alone); 0 frees it and what earlier ones kept */
 } ferry_checkpoint_options;
 
 /* What a call did. */

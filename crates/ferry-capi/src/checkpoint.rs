@@ -112,6 +112,10 @@ pub struct FerryCheckpointOptions {
     pub threads: c_int,
     /// Non-zero: `O_DIRECT` where the file system and alignment allow.
     pub direct: c_int,
+    /// `ferry_checkpoint_save_async`: non-zero keeps the copy's host memory once written,
+    /// for the next asynchronous save that fits in it (its stall is then the copy alone);
+    /// zero frees it and what earlier saves kept.
+    pub keep_snapshot: c_int,
 }
 
 /// What a checkpoint call did (`ferry_checkpoint_report`).
@@ -323,7 +327,7 @@ fn save_options(path: PathBuf, opts: &FerryCheckpointOptions) -> (PathBuf, SaveO
     if opts.snapshot_bytes > 0 {
         o = o.snapshot_bytes(opts.snapshot_bytes);
     }
-    (path, o)
+    (path, o.keep_snapshot(opts.keep_snapshot != 0))
 }
 
 /// The tensors as the save takes them.

@@ -191,6 +191,36 @@ fn a_background_save_is_a_request_of_no_dma() {
     assert_eq!(load(&path, &mut bt, &mut r), FERRY_SUCCESS, "{}", last());
     drop(bt);
     assert_eq!(back.data, want);
+    // Saves in a loop that keep their snapshot memory (each one reuses the last one's), then
+    // one that frees it: every file holds the tensors of its call.
+    let kept = FerryCheckpointOptions {
+        keep_snapshot: 1,
+        ..Default::default()
+    };
+    for (i, opts) in [&kept, &kept, &FerryCheckpointOptions::default()]
+        .into_iter()
+        .enumerate()
+    {
+        m.data.iter_mut().for_each(|d| d.fill(i as u8));
+        let ts = m.tensors();
+        let step = c_path(&dir.join(format!("k{i}.safetensors")));
+        // SAFETY: live tensors, path, options and out-pointer.
+        let rc =
+            unsafe { ferry_checkpoint_save_async(step.as_ptr(), ts.as_ptr(), 3, opts, &mut req) };
+        assert_eq!(rc, FERRY_SUCCESS, "{}", last());
+        drop(ts);
+        // SAFETY: live request.
+        let rc = unsafe { ferry_request_wait(null_mut(), &mut req) };
+        assert_eq!(rc, FERRY_SUCCESS, "{}", last());
+        let mut back = Model::zeroed();
+        let mut bt = back.tensors();
+        assert_eq!(load(&step, &mut bt, &mut r), FERRY_SUCCESS, "{}", last());
+        drop(bt);
+        assert!(
+            back.data.iter().flatten().all(|&b| b == i as u8),
+            "save {i}"
+        );
+    }
     // A failing background save (its folder vanishes before the write? the path's folder
     // does not exist: refused before anything starts) fails the call, not the request.
     let gone = c_path(&dir.join("no/such/folder/x.safetensors"));

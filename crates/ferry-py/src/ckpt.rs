@@ -395,6 +395,10 @@ pub(crate) fn _load_safetensors_into(
 ///         holds at once (default 1 GiB): a larger checkpoint is streamed through two windows
 ///         of half of it, one copied while the other is written, the call then also waiting
 ///         for writes while both are full.
+///     keep_snapshot (bool): with ``non_blocking=True``, keep the snapshot's host memory once
+///         written and reuse it for the next non-blocking save that fits in it (a loop saving
+///         every N steps then pays the pinned allocation once: each later call waits for the
+///         copy alone); ``False`` (the default) also frees what earlier saves kept.
 ///     fsync (bool): flush the files to the disk before they are renamed into place.
 ///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more,
 ///         else buffered), ``"buffered"``
@@ -417,9 +421,9 @@ pub(crate) fn _load_safetensors_into(
 #[pyfunction]
 #[pyo3(
     signature = (tensors, path, metadata = None, max_shard_size = None, non_blocking = None,
-                 snapshot_bytes = None, fsync = None, writer = None),
+                 snapshot_bytes = None, fsync = None, writer = None, keep_snapshot = None),
     text_signature = "(tensors, path, metadata=None, max_shard_size=None, non_blocking=False, \
-                      snapshot_bytes=None, fsync=False, writer='auto')"
+                      snapshot_bytes=None, fsync=False, writer='auto', keep_snapshot=False)"
 )]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn save_safetensors(
@@ -432,8 +436,10 @@ pub(crate) fn save_safetensors(
     snapshot_bytes: Option<&Bound<'_, PyAny>>,
     fsync: Option<&Bound<'_, PyAny>>,
     writer: Option<&Bound<'_, PyAny>>,
+    keep_snapshot: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Option<Py<SaveRequest>>> {
     let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
+    let keep_snapshot = errors::boolean(keep_snapshot, "keep_snapshot", false)?;
     let fsync = errors::boolean(fsync, "fsync", false)?;
     let direct = match writer.filter(|w| !w.is_none()) {
         None => None,
@@ -553,6 +559,7 @@ pub(crate) fn save_safetensors(
         bg.metadata = opts.metadata.clone();
         bg.shard_bytes = opts.shard_bytes;
         bg.snapshot_bytes = snapshot_bytes;
+        bg.keep_snapshot = keep_snapshot;
         let handle = py
             .allow_threads(|| {
                 let list: Vec<SaveTensor<'_>> = lent

@@ -115,6 +115,24 @@ def test_non_blocking_within_a_memory_bound_writes_the_same_file(tmp_path):
         ferry.save_safetensors(t, tmp_path / "x.safetensors", non_blocking=True, snapshot_bytes=0)
 
 
+def test_kept_snapshot_memory_serves_saves_in_a_loop(tmp_path):
+    t = {f"w{i}": np.full(30000, i, dtype=np.float32) for i in range(8)}
+    ferry.save_safetensors(t, tmp_path / "ref.safetensors")
+    want = (tmp_path / "ref.safetensors").read_bytes()
+    for step in range(3):  # a training loop's saves: the memory kept by one serves the next
+        req = ferry.save_safetensors(t, tmp_path / "k.safetensors", non_blocking=True, keep_snapshot=True)
+        assert req is not None
+        req.wait()
+        assert (tmp_path / "k.safetensors").read_bytes() == want, step
+    # Without it, the kept memory is freed; the save is the same.
+    req = ferry.save_safetensors(t, tmp_path / "f.safetensors", non_blocking=True)
+    assert req is not None
+    req.wait()
+    assert (tmp_path / "f.safetensors").read_bytes() == want
+    with pytest.raises(ferry.ArgumentError, match="keep_snapshot"):
+        ferry.save_safetensors(t, tmp_path / "x.safetensors", non_blocking=True, keep_snapshot="yes")
+
+
 def test_both_writers_write_the_same_file(tmp_path):
     t = {f"w{i}": np.arange(i * 70001, (i + 1) * 70001, dtype=np.float32) for i in range(5)}
     ferry.save_safetensors(t, tmp_path / "ref.safetensors", writer="buffered")

@@ -140,6 +140,7 @@ def save_safetensors(
     snapshot_bytes: Optional[int] = None,
     fsync: bool = False,
     writer: Literal["auto", "buffered", "direct"] = "auto",
+    keep_snapshot: bool = False,
 ) -> Optional[SaveRequest]: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None

@@ -30,7 +30,9 @@
 //!   once ([`SaveOptions::shard_bytes`]).
 //! - [`Checkpoint::snapshot`] copies tensors out of their memory (a GPU's, into pinned host
 //!   memory) and returns once they may change; [`Checkpoint::save_in_background`] writes the
-//!   copy on a thread of its own.
+//!   copy on a thread of its own; [`Checkpoint::snapshot_save`] does both within a memory
+//!   bound ([`SaveOptions::snapshot_bytes`]), its memory kept for the next save where asked
+//!   ([`SaveOptions::keep_snapshot`]: a training loop's stall is then the copy alone).
 //! - Errors: [`CheckpointError`], one variant per fault, naming the file and the tensor;
 //!   nothing is reported as loaded when one is returned.
 //!
@@ -64,6 +66,7 @@
 mod error;
 mod header;
 mod into;
+mod kept;
 mod load;
 mod loaded;
 mod options;

@@ -283,6 +283,13 @@ pub struct SaveOptions {
     /// holds at once, in bytes (default 1 GiB, at least 8 KiB): a larger checkpoint streams
     /// through two windows of half of it each.
     pub snapshot_bytes: Option<u64>,
+    /// Keep a snapshot's host memory after its write, for the next snapshot of at most its
+    /// size ([`Checkpoint::snapshot_save`](super::Checkpoint::snapshot_save),
+    /// [`Checkpoint::snapshot`](super::Checkpoint::snapshot)): a loop that saves every N
+    /// steps allocates (and, pinned, page-locks) its snapshot once, and each later stall is
+    /// the copy alone, at the link's rate for GPU tensors. The memory is the process's, held
+    /// until a snapshot save without this option (default off) frees it.
+    pub keep_snapshot: bool,
     /// How the bytes go into the files: `Some(false)`, buffered; `Some(true)`, `O_DIRECT`;
     /// `None` (the default), chosen per save.
     ///
@@ -317,6 +324,7 @@ impl std::fmt::Debug for SaveOptions {
             .field("interrupt", &self.interrupt.as_ref().map(|_| ".."))
             .field("shard_bytes", &self.shard_bytes)
             .field("snapshot_bytes", &self.snapshot_bytes)
+            .field("keep_snapshot", &self.keep_snapshot)
             .field("direct", &self.direct)
             .finish()
     }
@@ -352,6 +360,12 @@ impl SaveOptions {
     /// ([`SaveOptions::snapshot_bytes`](field@SaveOptions::snapshot_bytes)).
     pub fn snapshot_bytes(mut self, bytes: u64) -> SaveOptions {
         self.snapshot_bytes = Some(bytes);
+        self
+    }
+    /// Keeps the snapshot's host memory for the next snapshot save, or frees what earlier
+    /// ones kept (`false`) ([`SaveOptions::keep_snapshot`](field@SaveOptions::keep_snapshot)).
+    pub fn keep_snapshot(mut self, on: bool) -> SaveOptions {
+        self.keep_snapshot = on;
         self
     }
     /// Writes with `O_DIRECT` (`true`) or buffered (`false`) instead of choosing per save

@@ -6,10 +6,11 @@
 //! `join` to wait: the save's result).
 
 use super::error::CheckpointError;
+use super::kept;
 use super::loaded::{Checkpoint, LoadReport, Tensor};
 use super::options::{SaveOptions, SaveTensor};
 use super::save::{plan_save, SaveReport};
-use super::stream::{self, Copier, Stop, Stream, STREAM_ALIGN};
+use super::stream::{self, Copier, Part, Stop, Stream, STREAM_ALIGN};
 use super::write::{check_tensor, open_for, replace_err};
 use super::TensorBuffer;
 use crate::file::FileEngine;
@@ -32,8 +33,10 @@ impl Checkpoint {
     /// byte is copied: the caller may then change or free the tensors' memory (a training
     /// step goes on) while the copy is written ([`Checkpoint::save`],
     /// [`Checkpoint::save_in_background`]). Device tensors are copied on the file engine's
-    /// engine (at the link's rate), host tensors on CPU threads; [`Checkpoint::report`]'s
-    /// `seconds` is the copy (the caller's stall). Errors: [`CheckpointError::BadTensor`]
+    /// engine (at the link's rate), host tensors on CPU threads, every copy in flight at once;
+    /// host memory kept by an earlier snapshot save ([`SaveOptions::keep_snapshot`]) is used
+    /// when it fits, else allocated. [`Checkpoint::report`]'s `seconds` is the copy (the
+    /// caller's stall), `setup_seconds` the allocation. Errors: [`CheckpointError::BadTensor`]
     /// (bytes that do not match dtype x shape, a device tensor without a GPU engine, a failed
     /// copy), [`CheckpointError::Alloc`].
     pub fn snapshot(
@@ -60,19 +63,34 @@ impl Checkpoint {
         }
         let copier = Copier::new(engine, tensors.iter().map(|t| (t.name, t.data.raw().kind)))?;
         let kind = copier.kind();
-        let mut buf =
-            TensorBuffer::new(kind, total.max(1)).map_err(|msg| CheckpointError::Alloc {
-                path: here.to_path_buf(),
-                bytes: total as u64,
-                target: kind.to_string(),
-                msg,
-            })?;
+        let fresh = kept::take(kind, total.max(1));
+        let allocations = usize::from(fresh.is_none());
+        let mut buf = match fresh {
+            Some(b) => b,
+            None => {
+                TensorBuffer::new(kind, total.max(1)).map_err(|msg| CheckpointError::Alloc {
+                    path: here.to_path_buf(),
+                    bytes: total as u64,
+                    target: kind.to_string(),
+                    msg,
+                })?
+            }
+        };
         let setup = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        for (t, place) in tensors.iter().zip(&places) {
-            copier.copy(&mut buf, place.start, t.name, t.data, 0..place.len())?;
-        }
+        let parts: Vec<Part<'_>> = tensors
+            .iter()
+            .zip(&places)
+            .map(|(t, place)| Part {
+                at: place.start,
+                name: t.name,
+                data: t.data,
+                src: 0..place.len(),
+            })
+            .collect();
+        copier.copy_all(&mut buf, &parts)?;
         let seconds = t1.elapsed().as_secs_f64();
+        let held = buf.raw().len as u64;
         let list: Vec<Tensor> = tensors
             .iter()
             .zip(places)
@@ -103,15 +121,11 @@ impl Checkpoint {
                 tensors: tensors.len(),
                 files: 0,
                 reads: 0,
-                allocations: 1,
+                allocations,
                 seconds,
                 setup_seconds: setup,
                 io: Default::default(),
-                pinned_bytes: if kind == MemKind::Pinned {
-                    total as u64
-                } else {
-                    0
-                },
+                pinned_bytes: if kind == MemKind::Pinned { held } else { 0 },
                 peak_rss_bytes: LoadReport::process_peak_rss(),
             },
         })
@@ -137,6 +151,11 @@ impl Checkpoint {
     /// windows are page-aligned runs of whole file blocks, so the `O_DIRECT` writer ([`SaveOptions::direct`]) writes them
     /// with `O_DIRECT` as they are.
     ///
+    /// With [`SaveOptions::keep_snapshot`], the snapshot's memory (or the two windows) is kept
+    /// once written and taken by the next snapshot save that fits in it: the stall of a save
+    /// within the bound is then the copy alone. Without it, memory kept by earlier saves is
+    /// freed first.
+    ///
     /// Errors: [`Checkpoint::snapshot`]'s and [`save`](fn@super::save)'s (a failed write
     /// leaves no file, as a save's; a streamed one's come from the call up to its last
     /// window, then from the handle), and [`CheckpointError::Replace`] when the system
@@ -157,6 +176,10 @@ impl Checkpoint {
             .iter()
             .map(|t| t.data.raw().len.next_multiple_of(SNAP_ALIGN))
             .sum();
+        let keep = opts.keep_snapshot;
+        if !keep {
+            kept::release();
+        }
         if whole <= bound {
             let snap = Checkpoint::snapshot(&engine, tensors)?;
             let held = snap.buffers().iter().map(|b| b.raw().len as u64).sum();
@@ -164,7 +187,11 @@ impl Checkpoint {
             return std::thread::Builder::new()
                 .name("ferry-ckpt-write".into())
                 .spawn(move || {
-                    let mut r = snap.save(&engine, &to, &opts)?;
+                    let written = snap.save(&engine, &to, &opts);
+                    if keep {
+                        kept::keep(snap.into_parts().0);
+                    }
+                    let mut r = written?;
                     r.snapshot_bytes = held;
                     Ok(r)
                 })
@@ -175,14 +202,16 @@ impl Checkpoint {
         let half = (bound / 2 / STREAM_ALIGN * STREAM_ALIGN).max(STREAM_ALIGN);
         let stream = Stream::new(&planned);
         let n = stream.windows(half).clamp(1, 2);
-        let free = stream::windows(copier.kind(), half, n)?;
-        let held = (n * half) as u64;
+        let free = kept::take_or_make(copier.kind(), half, n, || {
+            stream::windows(copier.kind(), half, 1).map(|mut w| w.remove(0))
+        })?;
+        let held = free.iter().map(|b| b.raw().len as u64).sum();
         let t0 = Instant::now();
         let bytes = planned.iter().map(|p| p.bytes()).sum::<u64>();
         let target = open_for(&engine, &planned, &extra, &opts, bytes)?;
         let bytes = bytes + extra.iter().map(|e| e.1.len() as u64).sum::<u64>();
         let first = planned.first().map(|f| f.path.clone()).unwrap_or_default();
-        let (feed, drain) = stream::pipeline(free, target.open, stream.names(), &opts);
+        let (feed, drain) = stream::pipeline(free, target.open, stream.names(), &opts, keep);
         let (files, count) = (planned.len(), tensors.len());
         let (writer, writer_note, direct) = (target.writer, target.note, target.direct);
         let (synced, to) = (opts.fsync, first.clone());
@@ -205,7 +234,12 @@ impl Checkpoint {
             })
             .map_err(spawn_err)?;
         match feed.fill_all(&stream, half, &copier, &opts, &first) {
-            Ok(()) => Ok(h),
+            Ok(left) => {
+                if keep {
+                    kept::keep(left);
+                }
+                Ok(h)
+            }
             Err(Stop::Failed(e)) => {
                 // The writing side sees the copying side gone and removes its files.
                 let _ = h.join();

@@ -11,6 +11,7 @@
 //! thread writes ([`Drain::run`]) and hands each window back.
 
 use super::error::CheckpointError;
+use super::kept;
 use super::options::SaveOptions;
 use super::write::{store_batches, Opened, Piece, Planned};
 use super::TensorBuffer;
@@ -18,7 +19,7 @@ use crate::engine::cpu::CpuEngine;
 use crate::engine::Engine;
 use crate::file::{FileEngine, IoReport};
 use crate::layout::Layout;
-use crate::memory::{MemKind, Memory, Region};
+use crate::memory::{MemKind, Memory, Region, RegionMut};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -122,15 +123,21 @@ impl<'m> Stream<'m> {
         let first = self
             .extents
             .partition_point(|e| e.at + e.data.raw().len as u64 <= w0);
+        let mut parts = Vec::new();
         for e in self.extents[first..].iter().take_while(|e| e.at < w1) {
             let len = e.data.raw().len as u64;
             let (s, t) = (e.at.max(w0), (e.at + len).min(w1));
             if s >= t {
                 continue;
             }
-            let src = (s - e.at) as usize..(t - e.at) as usize;
-            copier.copy(buf, (s - w0) as usize, e.name, e.data, src)?;
+            parts.push(Part {
+                at: (s - w0) as usize,
+                name: e.name,
+                data: e.data,
+                src: (s - e.at) as usize..(t - e.at) as usize,
+            });
         }
+        copier.copy_all(buf, &parts)?;
         Ok(self
             .files
             .iter()
@@ -162,6 +169,9 @@ pub(super) struct Drain {
     back: SyncSender<TensorBuffer>,
     names: Names,
     opts: SaveOptions,
+    /// Windows the copying side no longer takes go to the kept snapshot memory
+    /// ([`SaveOptions::keep_snapshot`]) instead of being freed.
+    keep: bool,
 }
 
 impl Drain {
@@ -175,6 +185,7 @@ impl Drain {
             back,
             names,
             opts,
+            keep,
         } = self;
         let mut io = IoReport::default();
         loop {
@@ -202,7 +213,11 @@ impl Drain {
                         },
                     )?);
                     // The copying side may be done with windows: nothing to hand back to.
-                    let _ = back.send(buf);
+                    if let Err(gone) = back.send(buf) {
+                        if keep {
+                            kept::keep([gone.0]);
+                        }
+                    }
                 }
                 Ok(Msg::Done) => {
                     open.finish(&opts)?;
@@ -233,12 +248,15 @@ pub(super) struct Feed {
     back: Receiver<TensorBuffer>,
 }
 
-/// The two sides of a stream through the window buffers `free`, into the files `open`.
+/// The two sides of a stream through the window buffers `free`, into the files `open`;
+/// `keep`: the windows end in the kept snapshot memory ([`Feed::fill_all`] hands back those
+/// it holds at the end, the writing side keeps the ones it holds).
 pub(super) fn pipeline(
     free: Vec<TensorBuffer>,
     open: Opened,
     names: Names,
     opts: &SaveOptions,
+    keep: bool,
 ) -> (Feed, Drain) {
     let n = free.len();
     let (tx, rx) = std::sync::mpsc::sync_channel(n + 1);
@@ -254,6 +272,7 @@ pub(super) fn pipeline(
         back,
         names,
         opts: opts.clone(),
+        keep,
     };
     (feed, drain)
 }
@@ -261,7 +280,8 @@ pub(super) fn pipeline(
 impl Feed {
     /// Copies every window of `stream` (of `half` bytes) into a free buffer and sends it to
     /// the writing side, reusing those it hands back; the interrupt is asked before each
-    /// window (an interrupt names `first`). Ends with [`Msg::Done`].
+    /// window (an interrupt names `first`). Ends with [`Msg::Done`] and returns the windows
+    /// it still holds (the rest are the writing side's).
     pub fn fill_all(
         mut self,
         stream: &Stream<'_>,
@@ -269,7 +289,7 @@ impl Feed {
         copier: &Copier<'_>,
         opts: &SaveOptions,
         first: &std::path::Path,
-    ) -> Result<(), Stop> {
+    ) -> Result<Vec<TensorBuffer>, Stop> {
         for k in 0..stream.windows(half) {
             let mut buf = match self.free.pop() {
                 Some(b) => b,
@@ -289,14 +309,16 @@ impl Feed {
                 .send(Msg::Window(buf, segs))
                 .map_err(|_| Stop::WriterGone)?;
         }
-        self.tx.send(Msg::Done).map_err(|_| Stop::WriterGone)
+        self.tx.send(Msg::Done).map_err(|_| Stop::WriterGone)?;
+        self.free.extend(self.back.try_iter());
+        Ok(self.free)
     }
 }
 
 /// The save's result from both sides: the copying side's own failure first, else the writing
 /// side's result.
-pub(super) fn outcome<T>(
-    filled: Result<(), Stop>,
+pub(super) fn outcome<T, F>(
+    filled: Result<F, Stop>,
     written: Result<T, CheckpointError>,
 ) -> Result<T, CheckpointError> {
     match (filled, written) {
@@ -382,35 +404,84 @@ impl<'e> Copier<'e> {
         }
     }
 
-    /// Copies bytes `src` of `data` (the tensor `name`) to `buf` at `at`.
-    pub fn copy(
+    /// Copies every part into `buf` (each `src` of its tensor's memory to its place `at`),
+    /// all in flight at once: one scope per engine, every copy submitted before the first
+    /// wait, so that a GPU's copies follow each other on its copy engine without a round trip
+    /// to the host between tensors (a checkpoint's thousands of tensors) and host copies
+    /// spread over the CPU engine's threads. Errors: the first failed copy, with its tensor.
+    pub fn copy_all(
         &self,
         buf: &mut TensorBuffer,
-        at: usize,
-        name: &str,
-        data: &dyn Memory,
-        src: Range<usize>,
+        parts: &[Part<'_>],
     ) -> Result<(), CheckpointError> {
-        if src.is_empty() {
-            return Ok(());
+        let parts: Vec<&Part<'_>> = parts.iter().filter(|p| !p.src.is_empty()).collect();
+        let places: Vec<Range<usize>> = parts.iter().map(|p| p.at..p.at + p.src.len()).collect();
+        let views = RegionMut::split(buf, &places)
+            .ok_or_else(|| copy_err("", "the places overlap or lie outside the buffer".into()))?;
+        let (mut on_gpu, mut on_cpu) = (Vec::new(), Vec::new());
+        for (p, view) in parts.into_iter().zip(views) {
+            let src = Region::of(p.data, p.src.clone())
+                .ok_or_else(|| copy_err(p.name, "a range outside it".into()))?;
+            // A device tensor without a GPU engine is refused here.
+            self.engine_for(p.name, p.data.raw().kind)?;
+            match p.data.raw().kind {
+                MemKind::Device { .. } => on_gpu.push((p.name, view, src)),
+                _ => on_cpu.push((p.name, view, src)),
+            }
         }
-        let by = self.engine_for(name, data.raw().kind)?;
-        let copy_err = |e: String| CheckpointError::BadTensor {
-            path: PathBuf::from("<snapshot>"),
-            tensor: name.to_string(),
-            msg: format!("copying it out failed: {e}"),
-        };
-        let n = src.len();
-        let whole = Layout::bytes(buf.raw().len).map_err(|e| copy_err(e.to_string()))?;
-        let dst = whole
-            .slice(0, at..at + n, 1)
-            .map_err(|e| copy_err(e.to_string()))?;
-        let from = Layout::bytes(n).map_err(|e| copy_err(e.to_string()))?;
-        // As bytes (a typed source's element size would not match the byte layouts).
-        let bytes = Region::of(data, src).ok_or_else(|| copy_err("a range outside it".into()))?;
-        by.scope(|s| -> crate::Result<()> { Ok(s.copy(buf, &dst, &bytes, &from)?.wait()?) })
-            .map_err(|e| copy_err(e.to_string()))
+        if let Some(gpu) = self.gpu {
+            copy_on(gpu, &mut on_gpu)?;
+        }
+        copy_on(&self.cpu, &mut on_cpu)
     }
+}
+
+/// One run of a tensor's bytes to copy out: `src` of `data` (the tensor `name`, empty for a
+/// header) to `at` in the buffer.
+pub(super) struct Part<'m> {
+    pub at: usize,
+    pub name: &'m str,
+    pub data: &'m dyn Memory,
+    pub src: Range<usize>,
+}
+
+/// A failed copy out of the tensor `name`.
+fn copy_err(name: &str, msg: String) -> CheckpointError {
+    CheckpointError::BadTensor {
+        path: PathBuf::from("<snapshot>"),
+        tensor: name.to_string(),
+        msg: format!("copying it out failed: {msg}"),
+    }
+}
+
+/// Runs `jobs` (tensor, destination, source) on `engine` in one scope: all submitted, then
+/// waited in order. Errors: the first failure, named.
+fn copy_on(
+    engine: &dyn Engine,
+    jobs: &mut [(&str, RegionMut<'_>, Region<'_>)],
+) -> Result<(), CheckpointError> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let failed = engine
+        .scope(|s| -> crate::Result<Option<CheckpointError>> {
+            let mut reqs = Vec::with_capacity(jobs.len());
+            for (name, dst, src) in jobs.iter_mut() {
+                let l = Layout::bytes(src.raw().len)?;
+                match s.copy(dst, &l, src, &l) {
+                    Ok(r) => reqs.push((*name, r)),
+                    Err(e) => return Ok(Some(copy_err(name, e.to_string()))),
+                }
+            }
+            for (name, r) in reqs {
+                if let Err(e) = r.wait() {
+                    return Ok(Some(copy_err(name, e.to_string())));
+                }
+            }
+            Ok(None)
+        })
+        .map_err(|e| copy_err("", e.to_string()))?;
+    failed.map_or(Ok(()), Err)
 }
 
 /// Writes `files` (opened as `open`) through two windows of `half` bytes: copied on
@@ -434,7 +505,7 @@ pub(super) fn stream_now(
     let n = stream.windows(half).clamp(1, 2);
     let free = windows(copier.kind(), half, n)?;
     let first = files.first().map(|f| f.path.clone()).unwrap_or_default();
-    let (feed, drain) = pipeline(free, open, stream.names(), opts);
+    let (feed, drain) = pipeline(free, open, stream.names(), opts, false);
     std::thread::scope(|s| {
         let h = s.spawn(|| drain.run(writing));
         let filled = feed.fill_all(&stream, half, &copier, opts, &first);

@@ -12,5 +12,5 @@ mod raw;
 
 pub use aligned::{AlignedBuffer, AllocError};
 
-pub(crate) use raw::first_overlap;
+pub(crate) use raw::{first_overlap, RegionMut};
 pub use raw::{MemKind, Memory, MemoryMut, RawBuf, Region};

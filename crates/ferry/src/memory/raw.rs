@@ -240,9 +240,82 @@ unsafe impl Memory for Region<'_> {
     }
 }
 
+/// A writable view of a byte range of any [`MemoryMut`], of the buffer's own kind: one of
+/// several disjoint views that [`RegionMut::split`] makes of one buffer, so that many requests
+/// may write into one allocation at once (a snapshot's tensors copied into one pinned buffer,
+/// each by its own request).
+#[derive(Debug)]
+pub(crate) struct RegionMut<'a> {
+    raw: RawBuf,
+    _borrow: std::marker::PhantomData<&'a mut ()>,
+}
+
+impl<'a> RegionMut<'a> {
+    /// One view per range of `ranges` (in their order), borrowing `mem` for `'a`; `None` when
+    /// a range lies outside the buffer or two ranges overlap (empty ranges overlap nothing).
+    pub(crate) fn split<M: MemoryMut + ?Sized>(
+        mem: &'a mut M,
+        ranges: &[std::ops::Range<usize>],
+    ) -> Option<Vec<RegionMut<'a>>> {
+        let whole = mem.raw_mut();
+        let spans: Vec<std::ops::Range<u64>> = ranges
+            .iter()
+            .map(|r| r.start as u64..r.end as u64)
+            .collect();
+        if ranges.iter().any(|r| r.start > r.end || r.end > whole.len)
+            || first_overlap(&spans).is_some()
+        {
+            return None;
+        }
+        Some(
+            ranges
+                .iter()
+                .map(|r| RegionMut {
+                    raw: RawBuf {
+                        addr: whole.addr + r.start as u64,
+                        len: r.end - r.start,
+                        kind: whole.kind,
+                    },
+                    _borrow: std::marker::PhantomData,
+                })
+                .collect(),
+        )
+    }
+}
+
+// SAFETY: a sub-range of memory valid for reads and writes while `mem` is mutably borrowed for
+// `'a` (the views hold that borrow); `split` hands out only disjoint ranges, so no two views
+// alias.
+unsafe impl Memory for RegionMut<'_> {
+    fn raw(&self) -> RawBuf {
+        self.raw
+    }
+}
+// SAFETY: as above; each view is the only one of its bytes.
+unsafe impl MemoryMut for RegionMut<'_> {
+    fn raw_mut(&mut self) -> RawBuf {
+        self.raw
+    }
+}
+
 #[cfg(test)]
 mod overlap_tests {
     use super::first_overlap;
+
+    #[test]
+    fn region_mut_splits_disjoint_ranges_inside_the_buffer_only() {
+        use super::{Memory, RegionMut};
+        let mut v = vec![0u8; 100];
+        let base = v.as_ptr() as u64;
+        let parts = RegionMut::split(&mut v, &[10..30, 0..10, 30..30, 40..100]).expect("disjoint");
+        let got: Vec<(u64, usize)> = parts
+            .iter()
+            .map(|p| (p.raw().addr - base, p.raw().len))
+            .collect();
+        assert_eq!(got, [(10, 20), (0, 10), (30, 0), (40, 60)]);
+        assert!(RegionMut::split(&mut v, &[0..10, 9..12]).is_none());
+        assert!(RegionMut::split(&mut v, &[90..101, 0..0]).is_none());
+    }
 
     #[test]
     fn first_overlap_by_index_touching_and_empty_ranges_apart() {

@@ -113,10 +113,12 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 
 /// [`large_segment`] of a list from host memory to a device. The kernel reads the host's
 /// memory over the link itself, and on the H100 host its reads stopped at 33 GB/s where the
-/// batched copy reached 52.5 (`bench/results/h100.md`, `cuda-blocks-h2d`: 256 x 512 KiB; at
-/// 32 KiB the kernel 33.9 against 32.1, at 64 KiB 33.2 against 39.0); on the H200 the batch
-/// copy was level with the kernel from 1 MiB. From 256 KiB the batch copy is the better on both.
-pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 256 << 10;
+/// batched copy reached 52.5 (`bench/results/h100.md`, `cuda-blocks-h2d`: 256 x 512 KiB).
+/// Two runs there put the crossing between 32 and 64 KiB: at 64 KiB the batch copy 31.0 /
+/// 39.8 / 40.6 GB/s for 16 / 256 / 4,096 blocks against the kernel's 23.1 / 33.2 / 33.2; at
+/// 32 KiB 21.6 / 30.8 / 32.2 against 17.5 / 32.6 / 33.7 (level but for short lists). On the
+/// H200 the batch copy was level with the kernel from 1 MiB (nothing measured there below).
+pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 64 << 10;
 
 /// [`large_segment`]: device lists of this many segments or more stay on the kernel at any
 /// segment size. On the H100 host 256 x 2 MiB ran 1,341 GB/s through the kernel against the

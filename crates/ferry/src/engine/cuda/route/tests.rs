@@ -453,8 +453,8 @@ fn large_segments_by_sides() {
     assert_eq!(Sides::of(MemKind::Mapped, d), DeviceToHost);
     assert_eq!(Sides::of(d, MemKind::Managed), DeviceToDevice);
     assert_eq!(Sides::of(MemKind::Pinned, MemKind::Pinned), HostToHost);
-    // From host memory the batch copy takes 256 KiB segments; device -> host keeps 1 MiB.
-    assert_eq!(large_segment(HostToDevice, 4096), 256 << 10);
+    // From host memory the batch copy takes 64 KiB segments; device -> host keeps 1 MiB.
+    assert_eq!(large_segment(HostToDevice, 4096), 64 << 10);
     assert_eq!(large_segment(DeviceToHost, 4096), 1 << 20);
     assert_eq!(large_segment(HostToHost, 4096), 1 << 20);
     // Device lists: 1 MiB below 64 segments, the kernel at any size from 64.
@@ -465,7 +465,8 @@ fn large_segments_by_sides() {
         gather_strategy(n, avg * n as u64, true, yes, yes, yes, || sides)
     };
     assert_eq!(at(256, 512 << 10, HostToDevice), Strategy::Batch);
-    assert_eq!(at(256, 64 << 10, HostToDevice), Strategy::Kernel);
+    assert_eq!(at(256, 64 << 10, HostToDevice), Strategy::Batch);
+    assert_eq!(at(256, 32 << 10, HostToDevice), Strategy::Kernel);
     assert_eq!(at(256, 512 << 10, DeviceToHost), Strategy::Kernel);
     assert_eq!(at(256, 2 << 20, DeviceToDevice), Strategy::Kernel);
     assert_eq!(at(16, 2 << 20, DeviceToDevice), Strategy::Batch);
