@@ -11,9 +11,12 @@ pub struct CpuProbe {
     pub l2_bytes: Option<usize>,
     /// Largest copy a default engine runs on one thread
     /// ([`CpuConfig::split_bytes`](super::CpuConfig::split_bytes)): half the level-2 cache
-    /// (1 MiB if unknown), at least 512 KiB. Up to it, source and destination fit in one
+    /// (1 MiB if unknown), at least 1 MiB. Up to it, source and destination fit in one
     /// core's cache, where one thread copies fastest; beyond it, two cores' caches and
-    /// bandwidth pay for the hand-off (on one core nothing is split).
+    /// bandwidth pay for the hand-off (on one core nothing is split). The floor is measured:
+    /// on the 2-core development VM (1 MiB of L2 per core) a 1 MiB copy split in two ran
+    /// 0.58-1.13x one `copy_from_slice` from run to run (0.67-0.92 in three runs back to
+    /// back), where 2 and 4 MiB split ran 1.25-1.59x (`bench/results/cpu-2core.md`).
     pub split_bytes: usize,
 }
 
@@ -21,7 +24,7 @@ pub struct CpuProbe {
 pub fn probe() -> CpuProbe {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let l2_bytes = l2_bytes();
-    let split_bytes = l2_bytes.map_or(1 << 20, |b| b / 2).max(512 << 10);
+    let split_bytes = l2_bytes.map_or(1 << 20, |b| b / 2).max(1 << 20);
     CpuProbe {
         cores,
         default_threads: cores,
@@ -68,6 +71,6 @@ mod tests {
         assert_eq!(parse_size(""), None);
         assert_eq!(parse_size("xK"), None);
         let p = probe();
-        assert!(p.cores >= 1 && p.split_bytes >= 512 << 10);
+        assert!(p.cores >= 1 && p.split_bytes >= 1 << 20);
     }
 }
