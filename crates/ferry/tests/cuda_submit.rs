@@ -674,7 +674,11 @@ fn held_batches_carry_each_range_s_location_hints() {
         "{a:?}"
     );
     assert_eq!(a[0].src_access_order, stream_order);
-    assert_eq!(a[0].flags, 0, "no compute said to overlap");
+    assert_eq!(
+        a[0].flags,
+        cudarc::driver::sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as i64,
+        "the copy engines preferred, as the gatherer's batches"
+    );
     b.check("uploads");
     // Downloads: device 0 to host.
     let n = 4;

@@ -14,7 +14,7 @@
 
 use crate::engine::cuda::completion::mark::{HeldCopy, Issued};
 use crate::engine::cuda::paths::calls::{copy1d, End};
-use crate::engine::cuda::route::BATCH_MAX_COPIES;
+use crate::engine::cuda::route::{self, BATCH_MAX_COPIES};
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::DriverError;
 use crate::memory::MemKind;
@@ -54,19 +54,15 @@ struct Stopped {
 }
 
 /// Enqueues `copies` on `stream` in batches of at most [`BATCH_MAX_COPIES`] (see the [module
-/// documentation](self)); `overlap_compute`: the batches' hint that the caller's kernels run
-/// meanwhile.
+/// documentation](self)), each range with its location hints and the copy-engine preference
+/// ([`route::BATCH_PREFER_OVERLAP`]).
 ///
 /// # Safety
 /// 1. Every copy's ranges are valid for the copy (writes of `dst`, reads of `src`) until the
 ///    stream has passed it, device-accessible or page-locked unified addresses, of the kinds
 ///    given; no destination overlaps another or a source; every length is above 0.
 /// 2. `stream` is a live stream of the current context, not the legacy default stream.
-unsafe fn batches(
-    stream: sys::CUstream,
-    copies: &[One],
-    overlap_compute: bool,
-) -> Result<Batched, Stopped> {
+unsafe fn batches(stream: sys::CUstream, copies: &[One]) -> Result<Batched, Stopped> {
     let mut out = Batched::default();
     let n = copies.len().min(BATCH_MAX_COPIES);
     let (mut dsts, mut srcs, mut sizes) = (
@@ -88,7 +84,11 @@ unsafe fn batches(
             sizes.push(s.len);
             if kinds != Some((s.dk, s.sk)) {
                 kinds = Some((s.dk, s.sk));
-                attrs.push(driver::copy_attributes(s.dk, s.sk, overlap_compute));
+                attrs.push(driver::copy_attributes(
+                    s.dk,
+                    s.sk,
+                    route::BATCH_PREFER_OVERLAP,
+                ));
                 idxs.push(i);
             }
         }
@@ -148,8 +148,7 @@ unsafe fn one_each(
 
 /// Enqueues every segment (`len` bytes from `src + src_off` to `dst + dst_off`) on `stream`
 /// in batches; see the [module documentation](self). `kinds`: the destination's and the
-/// source's memory kinds, for the location hints (`None`: left to the driver).
-/// `overlap_compute`: the batches' hint that the caller's kernels run meanwhile. `Err`: a
+/// source's memory kinds, for the location hints (`None`: left to the driver). `Err`: a
 /// per-segment copy of a refused batch failed too (the call and the driver's error); earlier
 /// copies may have been enqueued.
 ///
@@ -164,7 +163,6 @@ pub(crate) unsafe fn copy(
     src: u64,
     segs: &[Segment],
     kinds: Option<(MemKind, MemKind)>,
-    overlap_compute: bool,
 ) -> Result<Batched, (&'static str, cudarc::driver::DriverError)> {
     // Managed: no hint (`driver::location`).
     let (dk, sk) = kinds.unwrap_or((MemKind::Managed, MemKind::Managed));
@@ -181,15 +179,15 @@ pub(crate) unsafe fn copy(
         .collect();
     // SAFETY: the segments lie in both buffers, valid until the stream passes them, of these
     // kinds (caller's 1); the stream (caller's 2).
-    unsafe { batches(stream, &copies, overlap_compute) }
+    unsafe { batches(stream, &copies) }
         .map_err(|s| (s.call, cudarc::driver::DriverError(s.error.code)))
 }
 
 /// Enqueues a queue's held copies ([`HeldCopy`], in the order they were enqueued) on its
 /// stream: one `cuMemcpyAsync` (the typed call) for a single copy, else batches of the
 /// driver's batched copy where it has one (refused batches one call per copy), one call per
-/// copy where it has none. The hint that compute overlaps is not given: the caller said nothing
-/// of its kernels.
+/// copy where it has none, the copy engines preferred as for the gatherer's batches
+/// ([`route::BATCH_PREFER_OVERLAP`]).
 ///
 /// # Safety
 /// As [`Issue`](crate::engine::cuda::completion::mark::Issue): every copy's ranges are valid
@@ -218,7 +216,7 @@ pub(crate) unsafe fn copy_held(stream: sys::CUstream, held: &[HeldCopy]) -> Issu
         unsafe { one_each(stream, &copies, 0, Batched::default()) }.map(|()| Batched::default())
     } else {
         // SAFETY: this function's contract is `batches`' (1, 2).
-        unsafe { batches(stream, &copies, false) }
+        unsafe { batches(stream, &copies) }
     };
     let b = match r {
         Ok(b) => b,

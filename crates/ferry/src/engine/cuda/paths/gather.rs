@@ -48,7 +48,7 @@ use thiserror::Error;
 pub use crate::op::Segment;
 
 pub use crate::engine::cuda::route::Strategy;
-use crate::engine::cuda::route::{self, Sides, BATCH_PREFER_OVERLAP};
+use crate::engine::cuda::route::{self, Sides};
 use crate::engine::cuda::CudaError;
 
 #[cfg(feature = "bench")]
@@ -432,7 +432,7 @@ impl Gatherer {
         }
         // SAFETY: the segments lie in both buffers (checked), valid and unshared by contract;
         // a created stream of this context (not the legacy one: checked).
-        let done = unsafe { super::batch::copy(cs, dst, src, segs, kinds, BATCH_PREFER_OVERLAP) }
+        let done = unsafe { super::batch::copy(cs, dst, src, segs, kinds) }
             .map_err(|(op, source)| GatherError::Driver { op, source })?;
         if done.fallbacks > 0 {
             let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
