@@ -296,14 +296,26 @@ fn run_scope<'env, T, E: From<BarrierError>>(
         core: ScopeCore::new(),
         enqueued: AtomicBool::new(false),
     };
-    scope.core.run(|| {
-        let out = f(&scope);
-        // What this thread enqueued and did not flush starts now (a wait on it would not hang
-        // meanwhile, only return later than it could: `Engine::enqueue`).
+    // What this thread enqueued and did not flush starts at the body's end (a wait on it
+    // would not hang meanwhile, only return later than it could: `Engine::enqueue`).
+    let flush = || {
         if scope.enqueued.load(Ordering::Relaxed) {
             scope.engine.flush();
         }
-        out
+    };
+    // Matched per variant, not moved whole: the body's `Ok(())` is an 8-byte tag written
+    // just before, and a move of the whole `Result` (`ferry::Error` makes it 80 bytes) reads
+    // it back in 16-byte loads that cannot take it from the store buffer: a store-forwarding
+    // stall on every scope (issue 32: the 4 KiB copy's largest cost after the copy itself).
+    scope.core.run(|| match f(&scope) {
+        Ok(v) => {
+            flush();
+            Ok(v)
+        }
+        Err(e) => {
+            flush();
+            Err(e)
+        }
     })
 }
 
@@ -603,12 +615,19 @@ impl ScopeCore<'_, '_> {
             }
         }
         let guard = WaitAll(&self.inflight);
-        let out = body();
-        std::mem::forget(guard);
-        let barrier = self.inflight.barrier();
-        let out = out?;
-        barrier?;
-        Ok(out)
+        // Per variant, as `run_scope` (no move of the whole `Result`).
+        match body() {
+            Ok(v) => {
+                std::mem::forget(guard);
+                self.inflight.barrier()?;
+                Ok(v)
+            }
+            Err(e) => {
+                std::mem::forget(guard);
+                let _ = self.inflight.barrier();
+                Err(e)
+            }
+        }
     }
 }
 
