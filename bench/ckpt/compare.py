@@ -482,10 +482,11 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
         "ferry non_blocking, bound >= checkpoint (caller's stall)"
     save[key] = (min(whole), nbytes)
     if keep:  # frees the kept memory (a non-blocking save without the option)
-        req = ferry.save_safetensors({"x": next(iter(out.values()))[:1]}, os.path.join(dst, "free.safetensors"),
-                                     non_blocking=True)
+        freer = os.path.join(a.dir, "free.safetensors")
+        req = ferry.save_safetensors({"x": next(iter(out.values())).reshape(-1)[:1]}, freer, non_blocking=True)
         assert req is not None
         req.wait()
+        os.remove(freer)
     pinned = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in out.items()}
 
     def d2h() -> None:

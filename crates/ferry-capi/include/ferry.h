@@ -343,7 +343,9 @@ typedef struct ferry_checkpoint_options {
     int direct;              /* non-zero: O_DIRECT where the file system and alignment allow */
     int keep_snapshot;       /* ferry_checkpoint_save_async: non-zero keeps the copy's host
                               * memory for the next async save that fits in it (its stall is
-                              * then the copy alone); 0 frees it and what earlier ones kept */
+                              * then the copy alone); 0 frees it and what earlier ones kept;
+                              * ignored by ferry_checkpoint_save. New in this release: callers
+                              * compiled against an older ferry.h must be rebuilt. */
 } ferry_checkpoint_options;
 
 /* What a call did. */

@@ -398,7 +398,9 @@ pub(crate) fn _load_safetensors_into(
 ///     keep_snapshot (bool): with ``non_blocking=True``, keep the snapshot's host memory once
 ///         written and reuse it for the next non-blocking save that fits in it (a loop saving
 ///         every N steps then pays the pinned allocation once: each later call waits for the
-///         copy alone); ``False`` (the default) also frees what earlier saves kept.
+///         copy alone; set ``snapshot_bytes`` to at least the checkpoint's size for that). A
+///         non-blocking save without it (the default) frees what earlier ones kept; blocking
+///         saves neither keep nor free it.
 ///     fsync (bool): flush the files to the disk before they are renamed into place.
 ///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more,
 ///         else buffered), ``"buffered"``

@@ -50,6 +50,49 @@ fn scope_returns_the_barriers_failure_as_the_closures_error() {
     assert!(matches!(r, Err(ferry::Error::Barrier(_))), "{r:?}");
 }
 
+/// The closure's own error wins over a failure only the barrier saw, and the barrier still
+/// ran: every request of the scope has ended when it returns (the engine idle after it).
+#[test]
+fn scope_returns_the_closures_error_before_the_barriers() {
+    struct Fails;
+    impl ferry::Operator for Fails {
+        fn name(&self) -> &str {
+            "fails"
+        }
+        fn lower(&self, _: &mut ferry::Program) -> Result<(), ferry::OpError> {
+            Err(ferry::OpError::Custom("no".into()))
+        }
+    }
+    #[derive(Debug)]
+    enum Mine {
+        Own,
+        Barrier(ferry::BarrierError),
+    }
+    impl From<ferry::BarrierError> for Mine {
+        fn from(b: ferry::BarrierError) -> Mine {
+            Mine::Barrier(b)
+        }
+    }
+    let engine = CpuEngine::new(1).unwrap();
+    let (src, mut dst, mut big) = (vec![1u8; 64], vec![0u8; 64], vec![0u8; 8 << 20]);
+    let big_src = vec![5u8; 8 << 20];
+    let r = engine.scope(|s| -> Result<(), Mine> {
+        drop(
+            s.custom(&mut dst, &src, std::sync::Arc::new(Fails))
+                .expect("submitted"),
+        );
+        drop(s.memcpy(&mut big, &big_src).expect("submitted")); // on the workers, not waited here
+        Err(Mine::Own)
+    });
+    match r {
+        Err(Mine::Own) => {}
+        Err(Mine::Barrier(b)) => panic!("the barrier's error, not the closure's: {b}"),
+        Ok(()) => panic!("Ok, not the closure's error"),
+    }
+    assert!(big == big_src, "the scope waited for its requests");
+    assert!(engine.barrier().is_ok(), "nothing left for a later barrier");
+}
+
 /// `Failed` and `Refused` are errors that `?` turns into `ferry::Error` or `Box<dyn Error>`.
 #[test]
 fn owned_failures_convert_with_question_mark() {

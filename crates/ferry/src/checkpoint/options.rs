@@ -283,12 +283,15 @@ pub struct SaveOptions {
     /// holds at once, in bytes (default 1 GiB, at least 8 KiB): a larger checkpoint streams
     /// through two windows of half of it each.
     pub snapshot_bytes: Option<u64>,
-    /// Keep a snapshot's host memory after its write, for the next snapshot of at most its
-    /// size ([`Checkpoint::snapshot_save`](super::Checkpoint::snapshot_save),
-    /// [`Checkpoint::snapshot`](super::Checkpoint::snapshot)): a loop that saves every N
+    /// [`Checkpoint::snapshot_save`](super::Checkpoint::snapshot_save) (Python's and C's
+    /// non-blocking saves) keeps its snapshot's host memory (or its two windows) once written,
+    /// and the next snapshot save whose copy fits in it takes it: a loop that saves every N
     /// steps allocates (and, pinned, page-locks) its snapshot once, and each later stall is
-    /// the copy alone, at the link's rate for GPU tensors. The memory is the process's, held
-    /// until a snapshot save without this option (default off) frees it.
+    /// the copy alone, at the link's rate for GPU tensors. The memory is the process's: a
+    /// snapshot save without this option (default off) frees it, and with it what saves still
+    /// writing would keep; a save whose copy does not fit frees the kept memory of its kind and
+    /// keeps its own. [`Checkpoint::snapshot`](super::Checkpoint::snapshot) takes kept memory
+    /// over too (without giving it back). Blocking saves neither keep nor free it.
     pub keep_snapshot: bool,
     /// How the bytes go into the files: `Some(false)`, buffered; `Some(true)`, `O_DIRECT`;
     /// `None` (the default), chosen per save.

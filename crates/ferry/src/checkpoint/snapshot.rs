@@ -33,15 +33,27 @@ impl Checkpoint {
     /// byte is copied: the caller may then change or free the tensors' memory (a training
     /// step goes on) while the copy is written ([`Checkpoint::save`],
     /// [`Checkpoint::save_in_background`]). Device tensors are copied on the file engine's
-    /// engine (at the link's rate), host tensors on CPU threads, every copy in flight at once;
-    /// host memory kept by an earlier snapshot save ([`SaveOptions::keep_snapshot`]) is used
-    /// when it fits, else allocated. [`Checkpoint::report`]'s `seconds` is the copy (the
-    /// caller's stall), `setup_seconds` the allocation. Errors: [`CheckpointError::BadTensor`]
-    /// (bytes that do not match dtype x shape, a device tensor without a GPU engine, a failed
-    /// copy), [`CheckpointError::Alloc`].
+    /// engine (at the link's rate, every copy in flight at once), host tensors on CPU threads.
+    /// Host memory kept by an earlier snapshot save ([`SaveOptions::keep_snapshot`]) is taken
+    /// over when it fits, else memory is allocated; taken memory is this checkpoint's from
+    /// then on (freed with it, not given back), and its buffer may be longer than the tensors
+    /// need, the bytes past them an earlier save's. [`Checkpoint::report`]'s `seconds` is the
+    /// copy (the caller's stall), `setup_seconds` the allocation, `allocations` 0 where kept
+    /// memory served. Errors: [`CheckpointError::BadTensor`] (bytes that do not match dtype x
+    /// shape, a device tensor without a GPU engine, a failed copy), [`CheckpointError::Alloc`].
     pub fn snapshot(
         engine: &FileEngine,
         tensors: &[SaveTensor<'_>],
+    ) -> Result<Checkpoint, CheckpointError> {
+        Checkpoint::snapshot_within(engine, tensors, usize::MAX)
+    }
+
+    /// [`Checkpoint::snapshot`], taking kept memory of at most `max` bytes only (a save's
+    /// bound).
+    fn snapshot_within(
+        engine: &FileEngine,
+        tensors: &[SaveTensor<'_>],
+        max: usize,
     ) -> Result<Checkpoint, CheckpointError> {
         let t0 = Instant::now();
         let here = Path::new("<snapshot>");
@@ -63,7 +75,7 @@ impl Checkpoint {
         }
         let copier = Copier::new(engine, tensors.iter().map(|t| (t.name, t.data.raw().kind)))?;
         let kind = copier.kind();
-        let fresh = kept::take(kind, total.max(1));
+        let fresh = kept::take(kind, total.max(1), max);
         let allocations = usize::from(fresh.is_none());
         let mut buf = match fresh {
             Some(b) => b,
@@ -180,8 +192,11 @@ impl Checkpoint {
         if !keep {
             kept::release();
         }
+        // What this save may keep at its end: nothing if a save without the option released
+        // the list meanwhile.
+        let since = kept::generation();
         if whole <= bound {
-            let snap = Checkpoint::snapshot(&engine, tensors)?;
+            let snap = Checkpoint::snapshot_within(&engine, tensors, bound)?;
             let held = snap.buffers().iter().map(|b| b.raw().len as u64).sum();
             let to = path.clone();
             return std::thread::Builder::new()
@@ -189,7 +204,7 @@ impl Checkpoint {
                 .spawn(move || {
                     let written = snap.save(&engine, &to, &opts);
                     if keep {
-                        kept::keep(snap.into_parts().0);
+                        kept::keep(snap.into_parts().0, since);
                     }
                     let mut r = written?;
                     r.snapshot_bytes = held;
@@ -202,8 +217,8 @@ impl Checkpoint {
         let half = (bound / 2 / STREAM_ALIGN * STREAM_ALIGN).max(STREAM_ALIGN);
         let stream = Stream::new(&planned);
         let n = stream.windows(half).clamp(1, 2);
-        let free = kept::take_or_make(copier.kind(), half, n, || {
-            stream::windows(copier.kind(), half, 1).map(|mut w| w.remove(0))
+        let free = kept::take_or_make(copier.kind(), half, half, n, || {
+            stream::window(copier.kind(), half, n)
         })?;
         let held = free.iter().map(|b| b.raw().len as u64).sum();
         let t0 = Instant::now();
@@ -211,7 +226,13 @@ impl Checkpoint {
         let target = open_for(&engine, &planned, &extra, &opts, bytes)?;
         let bytes = bytes + extra.iter().map(|e| e.1.len() as u64).sum::<u64>();
         let first = planned.first().map(|f| f.path.clone()).unwrap_or_default();
-        let (feed, drain) = stream::pipeline(free, target.open, stream.names(), &opts, keep);
+        let (feed, drain) = stream::pipeline(
+            free,
+            target.open,
+            stream.names(),
+            &opts,
+            keep.then_some(since),
+        );
         let (files, count) = (planned.len(), tensors.len());
         let (writer, writer_note, direct) = (target.writer, target.note, target.direct);
         let (synced, to) = (opts.fsync, first.clone());
@@ -236,7 +257,7 @@ impl Checkpoint {
         match feed.fill_all(&stream, half, &copier, &opts, &first) {
             Ok(left) => {
                 if keep {
-                    kept::keep(left);
+                    kept::keep(left, since);
                 }
                 Ok(h)
             }

@@ -158,8 +158,10 @@ impl<'m> Stream<'m> {
 pub(super) enum Msg {
     /// A full window and its parts.
     Window(TensorBuffer, Vec<Seg>),
-    /// Every window sent: finish the files.
-    Done,
+    /// Every window sent: finish the files. With it, the copying side's end of the channel
+    /// the windows come back on: those the writing side handed back and the copying side did
+    /// not take again, for the kept snapshot memory.
+    Done(Receiver<TensorBuffer>),
 }
 
 /// The writing side: the open files, windows in, windows back.
@@ -169,9 +171,10 @@ pub(super) struct Drain {
     back: SyncSender<TensorBuffer>,
     names: Names,
     opts: SaveOptions,
-    /// Windows the copying side no longer takes go to the kept snapshot memory
-    /// ([`SaveOptions::keep_snapshot`]) instead of being freed.
-    keep: bool,
+    /// `Some(generation)`: the windows handed back and not taken again go to the kept
+    /// snapshot memory ([`SaveOptions::keep_snapshot`], `kept::keep`) at the end instead of
+    /// being freed.
+    keep: Option<u64>,
 }
 
 impl Drain {
@@ -212,14 +215,16 @@ impl Drain {
                             (t > 0).then(|| names[i][t - 1].1.clone())
                         },
                     )?);
-                    // The copying side may be done with windows: nothing to hand back to.
-                    if let Err(gone) = back.send(buf) {
-                        if keep {
-                            kept::keep([gone.0]);
-                        }
-                    }
+                    // The copying side may have stopped (failed): nothing to hand back to.
+                    let _ = back.send(buf);
                 }
-                Ok(Msg::Done) => {
+                Ok(Msg::Done(returned)) => {
+                    // Every window written was handed back before `Done` came: all in
+                    // `returned` now.
+                    drop(back);
+                    if let Some(since) = keep {
+                        kept::keep(returned.try_iter(), since);
+                    }
                     open.finish(&opts)?;
                     return Ok(io);
                 }
@@ -249,14 +254,14 @@ pub(super) struct Feed {
 }
 
 /// The two sides of a stream through the window buffers `free`, into the files `open`;
-/// `keep`: the windows end in the kept snapshot memory ([`Feed::fill_all`] hands back those
-/// it holds at the end, the writing side keeps the ones it holds).
+/// `keep` (`Some(generation)`): the windows end in the kept snapshot memory
+/// ([`Feed::fill_all`] returns those it holds at the end, the writing side keeps the rest).
 pub(super) fn pipeline(
     free: Vec<TensorBuffer>,
     open: Opened,
     names: Names,
     opts: &SaveOptions,
-    keep: bool,
+    keep: Option<u64>,
 ) -> (Feed, Drain) {
     let n = free.len();
     let (tx, rx) = std::sync::mpsc::sync_channel(n + 1);
@@ -280,8 +285,8 @@ pub(super) fn pipeline(
 impl Feed {
     /// Copies every window of `stream` (of `half` bytes) into a free buffer and sends it to
     /// the writing side, reusing those it hands back; the interrupt is asked before each
-    /// window (an interrupt names `first`). Ends with [`Msg::Done`] and returns the windows
-    /// it still holds (the rest are the writing side's).
+    /// window (an interrupt names `first`). Ends with [`Msg::Done`] (which hands the writing
+    /// side the windows that came back meanwhile) and returns the windows it never used.
     pub fn fill_all(
         mut self,
         stream: &Stream<'_>,
@@ -309,9 +314,9 @@ impl Feed {
                 .send(Msg::Window(buf, segs))
                 .map_err(|_| Stop::WriterGone)?;
         }
-        self.tx.send(Msg::Done).map_err(|_| Stop::WriterGone)?;
-        self.free.extend(self.back.try_iter());
-        Ok(self.free)
+        let Feed { free, tx, back } = self;
+        tx.send(Msg::Done(back)).map_err(|_| Stop::WriterGone)?;
+        Ok(free)
     }
 }
 
@@ -327,22 +332,18 @@ pub(super) fn outcome<T, F>(
     }
 }
 
-/// Window buffers: `n` of `half` bytes each, of `kind`.
-pub(super) fn windows(
+/// One window buffer of `half` bytes of `kind`, one of `n` (what an allocation error names).
+pub(super) fn window(
     kind: MemKind,
     half: usize,
     n: usize,
-) -> Result<Vec<TensorBuffer>, CheckpointError> {
-    (0..n)
-        .map(|_| {
-            TensorBuffer::new(kind, half).map_err(|msg| CheckpointError::Alloc {
-                path: PathBuf::from("<snapshot>"),
-                bytes: (half * n) as u64,
-                target: kind.to_string(),
-                msg,
-            })
-        })
-        .collect()
+) -> Result<TensorBuffer, CheckpointError> {
+    TensorBuffer::new(kind, half).map_err(|msg| CheckpointError::Alloc {
+        path: PathBuf::from("<snapshot>"),
+        bytes: (half * n) as u64,
+        target: kind.to_string(),
+        msg,
+    })
 }
 
 /// Copies tensors out of their memory: a GPU's engine for device tensors, CPU threads for
@@ -404,11 +405,12 @@ impl<'e> Copier<'e> {
         }
     }
 
-    /// Copies every part into `buf` (each `src` of its tensor's memory to its place `at`),
-    /// all in flight at once: one scope per engine, every copy submitted before the first
-    /// wait, so that a GPU's copies follow each other on its copy engine without a round trip
-    /// to the host between tensors (a checkpoint's thousands of tensors) and host copies
-    /// spread over the CPU engine's threads. Errors: the first failed copy, with its tensor.
+    /// Copies every part into `buf` (each `src` of its tensor's memory to its place `at`):
+    /// the GPU's parts first, all submitted before the first wait, so that they follow each
+    /// other on its copy engine without a round trip to the host between tensors (a
+    /// checkpoint's thousands of tensors); then the host parts on the CPU engine (those up to
+    /// its inline size on this thread as they are submitted, larger ones over its workers).
+    /// Errors: the first failed copy, with its tensor.
     pub fn copy_all(
         &self,
         buf: &mut TensorBuffer,
@@ -439,9 +441,13 @@ impl<'e> Copier<'e> {
 /// One run of a tensor's bytes to copy out: `src` of `data` (the tensor `name`, empty for a
 /// header) to `at` in the buffer.
 pub(super) struct Part<'m> {
+    /// Where it goes in the buffer.
     pub at: usize,
+    /// The tensor's name (empty for a file's header): what an error names.
     pub name: &'m str,
+    /// The memory it comes from.
     pub data: &'m dyn Memory,
+    /// The byte range of `data`.
     pub src: Range<usize>,
 }
 
@@ -463,22 +469,28 @@ fn copy_on(
     if jobs.is_empty() {
         return Ok(());
     }
+    // Every request submitted is waited here, so that the first failure keeps its tensor's
+    // name and the scope's end has nothing left to report.
     let failed = engine
         .scope(|s| -> crate::Result<Option<CheckpointError>> {
             let mut reqs = Vec::with_capacity(jobs.len());
+            let mut first = None;
             for (name, dst, src) in jobs.iter_mut() {
                 let l = Layout::bytes(src.raw().len)?;
                 match s.copy(dst, &l, src, &l) {
                     Ok(r) => reqs.push((*name, r)),
-                    Err(e) => return Ok(Some(copy_err(name, e.to_string()))),
+                    Err(e) => {
+                        first = Some(copy_err(name, e.to_string()));
+                        break;
+                    }
                 }
             }
             for (name, r) in reqs {
                 if let Err(e) = r.wait() {
-                    return Ok(Some(copy_err(name, e.to_string())));
+                    first.get_or_insert_with(|| copy_err(name, e.to_string()));
                 }
             }
-            Ok(None)
+            Ok(first)
         })
         .map_err(|e| copy_err("", e.to_string()))?;
     failed.map_or(Ok(()), Err)
@@ -503,9 +515,11 @@ pub(super) fn stream_now(
             .flat_map(|f| f.order.iter().map(|t| (t.name, t.data.raw().kind))),
     )?;
     let n = stream.windows(half).clamp(1, 2);
-    let free = windows(copier.kind(), half, n)?;
+    let free = (0..n)
+        .map(|_| window(copier.kind(), half, n))
+        .collect::<Result<Vec<_>, _>>()?;
     let first = files.first().map(|f| f.path.clone()).unwrap_or_default();
-    let (feed, drain) = pipeline(free, open, stream.names(), opts, false);
+    let (feed, drain) = pipeline(free, open, stream.names(), opts, None);
     std::thread::scope(|s| {
         let h = s.spawn(|| drain.run(writing));
         let filled = feed.fill_all(&stream, half, &copier, opts, &first);
