@@ -29,18 +29,20 @@ fn single_question_mark_scope_reports_the_submit_error() {
     assert_eq!(dst8, src8);
 }
 
+/// An operator that fails when it runs: a request that fails after its submit.
+struct Fails;
+impl ferry::Operator for Fails {
+    fn name(&self) -> &str {
+        "fails"
+    }
+    fn lower(&self, _: &mut ferry::Program) -> Result<(), ferry::OpError> {
+        Err(ferry::OpError::Custom("no".into()))
+    }
+}
+
 /// A failure seen only by the scope's barrier comes back through the same `?`.
 #[test]
 fn scope_returns_the_barriers_failure_as_the_closures_error() {
-    struct Fails;
-    impl ferry::Operator for Fails {
-        fn name(&self) -> &str {
-            "fails"
-        }
-        fn lower(&self, _: &mut ferry::Program) -> Result<(), ferry::OpError> {
-            Err(ferry::OpError::Custom("no".into()))
-        }
-    }
     let engine = CpuEngine::new(1).unwrap();
     let (src, mut dst) = (vec![1u8; 64], vec![0u8; 64]);
     let r = engine.scope(|s| -> ferry::Result<()> {
@@ -54,15 +56,6 @@ fn scope_returns_the_barriers_failure_as_the_closures_error() {
 /// ran: every request of the scope has ended when it returns (the engine idle after it).
 #[test]
 fn scope_returns_the_closures_error_before_the_barriers() {
-    struct Fails;
-    impl ferry::Operator for Fails {
-        fn name(&self) -> &str {
-            "fails"
-        }
-        fn lower(&self, _: &mut ferry::Program) -> Result<(), ferry::OpError> {
-            Err(ferry::OpError::Custom("no".into()))
-        }
-    }
     #[derive(Debug)]
     enum Mine {
         Own,
