@@ -140,3 +140,49 @@ fn a_snapshot_over_its_bound_streams_from_the_gpu() {
         }
     }
 }
+
+/// A training loop's saves through kept pinned memory (`SaveOptions::keep_snapshot`): each
+/// step's device tensors change between saves, and every file holds its own step's bytes, the
+/// snapshot within its bound (one buffer) and streamed (two windows). The list is the
+/// process's and other tests here release it, so reuse is not counted, only the bytes.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn saves_in_a_loop_through_kept_pinned_memory_write_each_steps_bytes() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = [8192usize, 1 << 20, 3 << 20];
+    let names: Vec<String> = (0..sizes.len()).map(|i| format!("w{i}")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
+    let mut dev: Vec<DeviceBuffer> = sizes
+        .iter()
+        .map(|&n| DeviceBuffer::zeroed(0, n).unwrap())
+        .collect();
+    for (step, bound) in [(0u64, 64 << 20), (1, 64 << 20), (2, 1 << 20), (3, 1 << 20)] {
+        let host: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| bytes(n, 100 * step + i as u64))
+            .collect();
+        for (d, h) in dev.iter_mut().zip(&host) {
+            d.copy_from_host(h).unwrap();
+        }
+        let list: Vec<SaveTensor<'_>> = (0..sizes.len())
+            .map(|i| SaveTensor::new(&names[i], Dtype::U8, &shapes[i], &dev[i]))
+            .collect();
+        let path = dir.path().join(format!("step{step}.safetensors"));
+        let opts = SaveOptions::new().keep_snapshot(true).snapshot_bytes(bound);
+        let h = Checkpoint::snapshot_save(fe.clone(), &path, &list, opts).unwrap();
+        drop(list);
+        for d in dev.iter_mut() {
+            d.copy_from_host(&vec![0u8; d.len()]).unwrap(); // the next step begins
+        }
+        h.join().unwrap().unwrap();
+        let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+        for (n, want) in names.iter().zip(&host) {
+            assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "step {step}: {n}");
+        }
+    }
+}
