@@ -399,8 +399,8 @@ pub(crate) fn _load_safetensors_into(
 ///         written and reuse it for the next non-blocking save that fits in it (a loop saving
 ///         every N steps then pays the pinned allocation once: each later call waits for the
 ///         copy alone; set ``snapshot_bytes`` to at least the checkpoint's size for that). A
-///         non-blocking save without it (the default) frees what earlier ones kept; blocking
-///         saves neither keep nor free it.
+///         non-blocking save without it (the default) frees what earlier ones kept; with
+///         ``non_blocking=False`` it is refused (a blocking save makes no snapshot).
 ///     fsync (bool): flush the files to the disk before they are renamed into place.
 ///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more,
 ///         else buffered), ``"buffered"``
@@ -442,6 +442,11 @@ pub(crate) fn save_safetensors(
 ) -> PyResult<Option<Py<SaveRequest>>> {
     let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let keep_snapshot = errors::boolean(keep_snapshot, "keep_snapshot", false)?;
+    if keep_snapshot && !non_blocking {
+        return Err(arg(
+            "keep_snapshot=True: only a non_blocking=True save makes a snapshot to keep",
+        ));
+    }
     let fsync = errors::boolean(fsync, "fsync", false)?;
     let direct = match writer.filter(|w| !w.is_none()) {
         None => None,

@@ -131,6 +131,9 @@ def test_kept_snapshot_memory_serves_saves_in_a_loop(tmp_path):
     assert (tmp_path / "f.safetensors").read_bytes() == want
     with pytest.raises(ferry.ArgumentError, match="keep_snapshot"):
         ferry.save_safetensors(t, tmp_path / "x.safetensors", non_blocking=True, keep_snapshot="yes")
+    with pytest.raises(ferry.ArgumentError, match="non_blocking=True"):
+        ferry.save_safetensors(t, tmp_path / "x.safetensors", keep_snapshot=True)
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_both_writers_write_the_same_file(tmp_path):

@@ -186,3 +186,47 @@ fn saves_in_a_loop_through_kept_pinned_memory_write_each_steps_bytes() {
         }
     }
 }
+
+/// One snapshot of device and host tensors mixed, interleaved in the list: the device ones
+/// copied on the GPU's engine, the host ones on CPU threads, each into its own place of one
+/// pinned buffer; the file holds every tensor's bytes.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn a_snapshot_of_device_and_host_tensors_mixed_holds_every_tensor() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = [4096usize, 100_000, 2 << 20, 12_345, 3 << 20, 1];
+    let host: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| bytes(n, 900 + i as u64))
+        .collect();
+    // Even indices on the GPU, odd ones in host memory.
+    let dev: Vec<Option<DeviceBuffer>> = host
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (i % 2 == 0).then(|| DeviceBuffer::from_host(0, h).unwrap()))
+        .collect();
+    let names: Vec<String> = (0..sizes.len()).map(|i| format!("t{i}")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
+    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
+        .map(|i| {
+            let data: &dyn ferry::Memory = match &dev[i] {
+                Some(d) => d,
+                None => &host[i],
+            };
+            SaveTensor::new(&names[i], Dtype::U8, &shapes[i], data)
+        })
+        .collect();
+    let snap = Checkpoint::snapshot(&fe, &list).unwrap();
+    drop(list);
+    let path = dir.path().join("mixed.safetensors");
+    snap.save(&fe, &path, &SaveOptions::new()).unwrap();
+    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
+    for (n, want) in names.iter().zip(&host) {
+        assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
+    }
+}
