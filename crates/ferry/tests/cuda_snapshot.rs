@@ -14,21 +14,55 @@ use ferry::cuda::DeviceBuffer;
 use ferry::file::{FileConfig, FileEngine};
 use std::sync::Arc;
 
+/// A file engine over GPU 0's CUDA engine; `None` (said) without a CUDA driver.
+fn file_engine() -> Option<Arc<FileEngine>> {
+    let cuda = Arc::new(cuda_or_skip()?);
+    Some(Arc::new(
+        FileEngine::with_engine(FileConfig::new(), cuda).unwrap(),
+    ))
+}
+
+/// One pattern per tensor of `sizes`, the `i`-th seeded `seed + i`.
+fn host_bytes(sizes: &[usize], seed: u64) -> Vec<Vec<u8>> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| bytes(n, seed + i as u64))
+        .collect()
+}
+
+/// Zeroes every device buffer: the training step that follows a snapshot.
+fn zero(dev: &mut [DeviceBuffer]) {
+    for d in dev.iter_mut() {
+        d.copy_from_host(&vec![0u8; d.len()]).unwrap();
+    }
+}
+
+/// Loads the checkpoint at `path` into host memory and checks each named tensor's bytes
+/// against `want` (`what`: a prefix for the failure's message).
+fn check_file(
+    fe: &FileEngine,
+    path: &std::path::Path,
+    names: &[String],
+    want: &[Vec<u8>],
+    what: &str,
+) {
+    let ck = checkpoint::load(fe, path, &LoadOptions::new(Target::Pageable)).unwrap();
+    for (n, w) in names.iter().zip(want) {
+        assert_eq!(ck.host(n).unwrap().bytes(), &w[..], "{what}{n}");
+    }
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn a_snapshot_of_device_tensors_is_written_after_they_change() {
-    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+    let Some(fe) = file_engine() else {
         return;
     };
-    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
     let dir = tempfile::tempdir().unwrap();
     // 64 bf16 tensors from 8 KiB to 8 MiB (about 170 MiB in all).
     let sizes: Vec<usize> = (0..64).map(|i| 8192 << (i % 11)).collect();
-    let host: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| bytes(n, i as u64 + 7))
-        .collect();
+    let host: Vec<Vec<u8>> = host_bytes(&sizes, 7);
     let mut dev: Vec<DeviceBuffer> = host
         .iter()
         .map(|h| DeviceBuffer::from_host(0, h).unwrap())
@@ -53,19 +87,13 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
     let handle = snap
         .save_in_background(fe.clone(), &path, SaveOptions::new())
         .unwrap();
-    for d in dev.iter_mut() {
-        let zeros = vec![0u8; d.len()];
-        d.copy_from_host(&zeros).unwrap();
-    }
+    zero(&mut dev);
     let r = handle.join().unwrap().unwrap();
     println!(
         "background write: {r} ({:.4} s after the snapshot)",
         t0.elapsed().as_secs_f64()
     );
-    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
-    for (n, want) in names.iter().zip(&host) {
-        assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
-    }
+    check_file(&fe, &path, &names, &host, "");
     // A sharded save straight from device memory (the zeros now), read back.
     let index = dir.path().join("model.safetensors.index.json");
     let list: Vec<SaveTensor<'_>> = (0..64)
@@ -87,20 +115,15 @@ fn a_snapshot_of_device_tensors_is_written_after_they_change() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn a_snapshot_over_its_bound_streams_from_the_gpu() {
-    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+    let Some(fe) = file_engine() else {
         return;
     };
-    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
     let dir = tempfile::tempdir().unwrap();
     // 48 bf16 tensors from 8 KiB to 8 MiB and one of 24 MiB (about 150 MiB), a 16 MiB bound.
     let sizes: Vec<usize> = (0..48)
         .map(|i| if i == 5 { 24 << 20 } else { 8192 << (i % 11) })
         .collect();
-    let host: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| bytes(n, i as u64 + 3))
-        .collect();
+    let host: Vec<Vec<u8>> = host_bytes(&sizes, 3);
     let mut dev: Vec<DeviceBuffer> = host
         .iter()
         .map(|h| DeviceBuffer::from_host(0, h).unwrap())
@@ -127,17 +150,11 @@ fn a_snapshot_over_its_bound_streams_from_the_gpu() {
              waited {:.4} s",
             t0.elapsed().as_secs_f64()
         );
-        for d in dev.iter_mut() {
-            let zeros = vec![0u8; d.len()];
-            d.copy_from_host(&zeros).unwrap();
-        }
+        zero(&mut dev);
         let r = handle.join().unwrap().unwrap();
         println!("streamed write: {r}");
         assert!(r.snapshot_bytes > 0 && r.snapshot_bytes <= bound, "{r:?}");
-        let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
-        for (n, want) in names.iter().zip(&host) {
-            assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
-        }
+        check_file(&fe, &path, &names, &host, "");
     }
 }
 
@@ -148,10 +165,9 @@ fn a_snapshot_over_its_bound_streams_from_the_gpu() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn saves_in_a_loop_through_kept_pinned_memory_write_each_steps_bytes() {
-    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+    let Some(fe) = file_engine() else {
         return;
     };
-    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
     let dir = tempfile::tempdir().unwrap();
     let sizes = [8192usize, 1 << 20, 3 << 20];
     let names: Vec<String> = (0..sizes.len()).map(|i| format!("w{i}")).collect();
@@ -161,11 +177,7 @@ fn saves_in_a_loop_through_kept_pinned_memory_write_each_steps_bytes() {
         .map(|&n| DeviceBuffer::zeroed(0, n).unwrap())
         .collect();
     for (step, bound) in [(0u64, 64 << 20), (1, 64 << 20), (2, 1 << 20), (3, 1 << 20)] {
-        let host: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| bytes(n, 100 * step + i as u64))
-            .collect();
+        let host: Vec<Vec<u8>> = host_bytes(&sizes, 100 * step);
         for (d, h) in dev.iter_mut().zip(&host) {
             d.copy_from_host(h).unwrap();
         }
@@ -176,14 +188,9 @@ fn saves_in_a_loop_through_kept_pinned_memory_write_each_steps_bytes() {
         let opts = SaveOptions::new().keep_snapshot(true).snapshot_bytes(bound);
         let h = Checkpoint::snapshot_save(fe.clone(), &path, &list, opts).unwrap();
         drop(list);
-        for d in dev.iter_mut() {
-            d.copy_from_host(&vec![0u8; d.len()]).unwrap(); // the next step begins
-        }
+        zero(&mut dev); // the next step begins
         h.join().unwrap().unwrap();
-        let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
-        for (n, want) in names.iter().zip(&host) {
-            assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "step {step}: {n}");
-        }
+        check_file(&fe, &path, &names, &host, &format!("step {step}: "));
     }
 }
 
@@ -193,17 +200,12 @@ fn saves_in_a_loop_through_kept_pinned_memory_write_each_steps_bytes() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn a_snapshot_of_device_and_host_tensors_mixed_holds_every_tensor() {
-    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+    let Some(fe) = file_engine() else {
         return;
     };
-    let fe = Arc::new(FileEngine::with_engine(FileConfig::new(), cuda).unwrap());
     let dir = tempfile::tempdir().unwrap();
     let sizes = [4096usize, 100_000, 2 << 20, 12_345, 3 << 20, 1];
-    let host: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| bytes(n, 900 + i as u64))
-        .collect();
+    let host: Vec<Vec<u8>> = host_bytes(&sizes, 900);
     // Even indices on the GPU, odd ones in host memory.
     let dev: Vec<Option<DeviceBuffer>> = host
         .iter()
@@ -225,8 +227,5 @@ fn a_snapshot_of_device_and_host_tensors_mixed_holds_every_tensor() {
     drop(list);
     let path = dir.path().join("mixed.safetensors");
     snap.save(&fe, &path, &SaveOptions::new()).unwrap();
-    let ck = checkpoint::load(&fe, &path, &LoadOptions::new(Target::Pageable)).unwrap();
-    for (n, want) in names.iter().zip(&host) {
-        assert_eq!(ck.host(n).unwrap().bytes(), &want[..], "{n}");
-    }
+    check_file(&fe, &path, &names, &host, "");
 }
