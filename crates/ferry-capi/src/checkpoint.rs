@@ -11,7 +11,7 @@ use ferry::request::{BackendError, Signal};
 use ferry::{MemKind, Memory, MemoryMut, RawBuf, Request, RequestError};
 use std::ffi::{c_char, c_int, CStr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The dtypes of `FERRY_DTYPE_*`, in code order (`FERRY_DTYPE_BOOL` is 0).
 const DTYPES: [Dtype; 20] = [
@@ -271,8 +271,10 @@ unsafe fn tensors_of(
 }
 
 /// The file engine for these tensors: with the CUDA engine of their GPU where they are on one
-/// (two GPUs: `FERRY_EINVAL`).
-fn engine_for(tensors: &[Tensor], opts: &FerryCheckpointOptions) -> Result<FileEngine, Fail> {
+/// (two GPUs: `FERRY_EINVAL`). One per GPU (or none) and settings in the process, made on the
+/// first call and kept, as Python's: a training loop's saves reuse its CUDA engine, pinned
+/// memory and threads instead of starting them on every call.
+fn engine_for(tensors: &[Tensor], opts: &FerryCheckpointOptions) -> Result<Arc<FileEngine>, Fail> {
     let mut cfg = FileConfig::from_env().map_err(|e| Fail::inval(e.to_string()))?;
     if opts.threads < 0 {
         return Err(Fail::inval(format!("threads {} is negative", opts.threads)));
@@ -296,6 +298,16 @@ fn engine_for(tensors: &[Tensor], opts: &FerryCheckpointOptions) -> Result<FileE
             }
         }
     }
+    type Kept = Vec<((Option<u32>, FileConfig), Arc<FileEngine>)>;
+    static ENGINES: OnceLock<Mutex<Kept>> = OnceLock::new();
+    // Held while a first engine is made: two first calls for one GPU make one engine.
+    let mut kept = ENGINES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, fe)) = kept.iter().find(|(k, _)| *k == (gpu, cfg)) {
+        return Ok(Arc::clone(fe));
+    }
     let made = match gpu {
         None => FileEngine::new(cfg),
         Some(g) => {
@@ -309,7 +321,9 @@ fn engine_for(tensors: &[Tensor], opts: &FerryCheckpointOptions) -> Result<FileE
             FileEngine::with_engine(cfg, Arc::new(cuda))
         }
     };
-    made.map_err(|e| Fail::new(FERRY_EDRIVER, format!("the file engine: {e}")))
+    let fe = Arc::new(made.map_err(|e| Fail::new(FERRY_EDRIVER, format!("the file engine: {e}")))?);
+    kept.push(((gpu, cfg), Arc::clone(&fe)));
+    Ok(fe)
 }
 
 /// The save's options, and its path: an existing folder is a sharded save into it
@@ -441,7 +455,7 @@ pub unsafe extern "C" fn ferry_checkpoint_save_async(
         // SAFETY: the contract above.
         let (path, list, o) =
             unsafe { (path_of(path)?, tensors_of(tensors, n, true)?, options(opts)) };
-        let fe = Arc::new(engine_for(&list, &o)?);
+        let fe = engine_for(&list, &o)?;
         let (path, so) = save_options(path, &o);
         let handle = checkpoint::Checkpoint::snapshot_save(fe, path, &save_list(&list), so)
             .map_err(|e| fail(&e))?;

@@ -350,7 +350,8 @@ pub(super) fn window(
 /// host ones.
 pub(super) struct Copier<'e> {
     gpu: Option<&'e dyn Engine>,
-    cpu: CpuEngine,
+    /// The file engine's host copier (one per file engine, kept across saves).
+    cpu: &'e CpuEngine,
 }
 
 impl<'e> Copier<'e> {
@@ -366,13 +367,13 @@ impl<'e> Copier<'e> {
             .iter()
             .any(|(_, k)| matches!(k, MemKind::Device { .. }));
         let gpu = engine.mover().filter(|_| on_gpu);
-        let cpu = CpuEngine::new(engine.config().threads.max(1)).map_err(|e| {
-            CheckpointError::BadTensor {
+        let cpu = engine
+            .host_copier()
+            .map_err(|e| CheckpointError::BadTensor {
                 path: PathBuf::from("<snapshot>"),
                 tensor: String::new(),
                 msg: format!("no CPU engine for the host copies: {e}"),
-            }
-        })?;
+            })?;
         let c = Copier { gpu, cpu };
         for (name, kind) in tensors {
             c.engine_for(name, kind)?;
@@ -401,7 +402,7 @@ impl<'e> Copier<'e> {
                      FileEngine::with_engine and that GPU's CudaEngine"
                 ),
             }),
-            _ => Ok(&self.cpu),
+            _ => Ok(self.cpu),
         }
     }
 
@@ -434,7 +435,7 @@ impl<'e> Copier<'e> {
         if let Some(gpu) = self.gpu {
             copy_on(gpu, &mut on_gpu)?;
         }
-        copy_on(&self.cpu, &mut on_cpu)
+        copy_on(self.cpu, &mut on_cpu)
     }
 }
 

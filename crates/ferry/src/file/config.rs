@@ -60,9 +60,8 @@ impl FileConfig {
     /// The defaults with the environment's overrides, as the staging path's
     /// ([`StagingConfig::from_env`](crate::engine::cuda::paths::staged::StagingConfig::from_env)):
     /// `FERRY_FILE_THREADS`, `FERRY_FILE_CHUNK` (bytes), `FERRY_FILE_DEPTH` (default: the
-    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_FILE_URING` (`off`,
-    /// `on` or `auto`), `FERRY_FILE_URING_DEPTH`. Unset variables keep the default.
-    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_CUFILE` (`auto`, `on` or `off`:
+    /// threads), `FERRY_FILE_DIRECT` (`0` or `1`), `FERRY_FILE_URING` (`off`, `on` or `auto`),
+    /// `FERRY_FILE_URING_DEPTH`, `FERRY_CUFILE` (`auto`, `on` or `off`:
     /// [`FileConfig::cufile`]). Unset variables keep the default.
     ///
     /// Errors: [`ConfigError`] naming a variable whose value does not parse.

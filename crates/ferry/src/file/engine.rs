@@ -10,11 +10,12 @@ use super::handle::FileHandle;
 use super::io::OpenMode;
 use super::ring::Ring;
 use super::uring;
+use crate::engine::cpu::CpuEngine;
 use crate::engine::{Backend, Engine, SubmitError};
 use crate::memory::RawBuf;
 use crate::request::{BackendError, BarrierError, InFlight, Request};
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// Moves byte ranges between files and buffers. See the [module documentation](super).
 pub struct FileEngine {
@@ -26,6 +27,9 @@ pub struct FileEngine {
     pub(super) ring: Mutex<Option<Arc<Ring>>>,
     pub(super) inflight: InFlight,
     pub(super) gds: EngineGds,
+    /// The CPU engine that copies host tensors into a checkpoint's snapshot: made on the first
+    /// snapshot and kept, so that a training loop's saves reuse its threads.
+    pub(super) host: OnceLock<CpuEngine>,
 }
 
 /// One load or store as a plain descriptor, the file engine's work as a [`Backend`]: `buf`'s
@@ -63,6 +67,7 @@ impl FileEngine {
             ring: Mutex::new(None),
             inflight: InFlight::new(),
             gds: Default::default(),
+            host: OnceLock::new(),
         })
     }
 
@@ -78,6 +83,18 @@ impl FileEngine {
     /// device memory takes its GPU from.
     pub(crate) fn mover(&self) -> Option<&dyn Engine> {
         self.mover.as_deref()
+    }
+
+    /// The CPU engine for host-to-host copies beside the file I/O (a checkpoint's snapshot of
+    /// host tensors), with this engine's thread count: started on the first call, then the same
+    /// one. Errors: the CPU engine's, when it cannot start its threads.
+    pub(crate) fn host_copier(&self) -> Result<&CpuEngine, crate::Error> {
+        if let Some(cpu) = self.host.get() {
+            return Ok(cpu);
+        }
+        let cpu = CpuEngine::new(self.cfg.threads.max(1))?;
+        // Two first calls at once: one engine is kept, the other's threads end with it.
+        Ok(self.host.get_or_init(|| cpu))
     }
 
     /// The engine's settings.
@@ -148,5 +165,30 @@ impl Drop for FileEngine {
         // Queued transfers run to the end (their owners may still wait on them), then the
         // workers stop; the ring is freed after the last runner let go of it.
         self.pool.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_host_copier_per_engine() {
+        let e = FileEngine::new(FileConfig {
+            threads: 2,
+            ..FileConfig::new()
+        })
+        .unwrap();
+        assert!(e.host.get().is_none(), "started before the first snapshot");
+        // First calls from two threads at once: both get the one kept engine.
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| e.host_copier().unwrap() as *const CpuEngine as usize);
+            let b = s.spawn(|| e.host_copier().unwrap() as *const CpuEngine as usize);
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert_eq!(a, b);
+        let later = e.host_copier().unwrap();
+        assert_eq!(later as *const CpuEngine as usize, a);
+        assert_eq!(later.config().threads, 2);
     }
 }
