@@ -299,8 +299,10 @@ int ferry_request_destroy(ferry_dma *dma, ferry_request **req);
 /* safetensors checkpoints (ferry::checkpoint): the caller's tensors, in host or GPU memory,
  * saved to one file or a sharded checkpoint (Hugging Face's model.safetensors.index.json and
  * shards), in the background too, and loaded back into the caller's buffers. No dma: the
- * calls make their own file engine (FERRY_FILE_* environment, opts), with the CUDA engine of
- * the GPU the tensors are on (FERRY_MEM_DEVICE; all on one GPU per call). */
+ * calls use a file engine of ferry's (FERRY_FILE_* environment, opts), with the CUDA engine of
+ * the GPU the tensors are on (FERRY_MEM_DEVICE; all on one GPU per call); one per GPU and
+ * settings in the process, made by the first call that needs it and kept (a training loop's
+ * saves reuse its threads and pinned memory). */
 
 #define FERRY_DTYPE_ANY -1 /* ferry_checkpoint_load: dtype unchecked */
 #define FERRY_DTYPE_BOOL 0
