@@ -51,7 +51,7 @@ impl Op {
     fn check_pair(&self, dst_len: usize, src_len: usize, table: usize) -> Result<(), OpError> {
         match self {
             Op::Blocks { block_bytes, pairs } => {
-                check_blocks(*block_bytes, pairs, dst_len, src_len, Some(table))
+                check_blocks(*block_bytes, pairs, dst_len, src_len, Some(table)).map(drop)
             }
             Op::Custom(_) => Ok(()),
             op => op.lower(dst_len, Some(src_len)).map(drop),

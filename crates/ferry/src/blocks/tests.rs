@@ -45,8 +45,9 @@ fn block_error(e: crate::Error) -> OpError {
 #[test]
 fn segments_merge_runs_that_continue_on_both_sides() {
     let pairs = [(0, 5), (1, 6), (2, 7), (9, 1), (10, 3), (11, 4)];
-    check_blocks(4, &pairs, 64, 64, None).unwrap();
-    let segs = block_segments(4, &pairs);
+    let runs = check_blocks(4, &pairs, 64, 64, None).unwrap();
+    assert_eq!(runs, 3);
+    let segs = block_segments(4, &pairs, runs);
     assert_eq!(
         &*segs,
         [
@@ -226,6 +227,30 @@ proptest! {
         let mut dst = init.clone();
         run(&map, &mut dst, &src).unwrap();
         prop_assert_eq!(dst, reference(&init, &src, &map));
+    }
+
+    #[test]
+    fn segments_expand_back_to_the_mapping(
+        block in prop_oneof![Just(1usize), Just(16), Just(4096)],
+        runs in proptest::collection::vec((0u64..64, 1u64..6), 0..24),
+    ) {
+        // Runs of consecutive blocks on both sides (some continuing the one before, merged
+        // then), destinations kept distinct: each run to its own stretch of the table.
+        let pairs: Vec<(u64, u64)> = runs
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &(s, n))| (0..n).map(move |k| (s + k, r as u64 * 8 + k)))
+            .collect();
+        let (src_len, dst_len) = (70 * block, 200 * block);
+        let count = check_blocks(block, &pairs, dst_len, src_len, None).unwrap();
+        let segs = block_segments(block, &pairs, count);
+        prop_assert_eq!(segs.len(), count);
+        let b = block as u64;
+        let back: Vec<(u64, u64)> = segs
+            .iter()
+            .flat_map(|g| (0..g.len / b).map(move |k| (g.src_off / b + k, g.dst_off / b + k)))
+            .collect();
+        prop_assert_eq!(back, pairs);
     }
 }
 
