@@ -346,7 +346,7 @@ impl Gatherer {
         };
         match strategy {
             // SAFETY: forwarded contract.
-            Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, segs)? },
+            Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, segs, total)? },
             // SAFETY: forwarded contract.
             Strategy::Batch => unsafe { self.copy_batch(stream, dst, src, segs, kinds)? },
             // SAFETY: forwarded contract.
@@ -442,6 +442,8 @@ impl Gatherer {
         Ok(())
     }
 
+    /// `total`: the segments' bytes (summed by the bounds check).
+    ///
     /// # Safety
     /// As [`Gatherer::copy`].
     unsafe fn copy_kernel(
@@ -450,6 +452,7 @@ impl Gatherer {
         dst: u64,
         src: u64,
         segs: &[Segment],
+        total: u64,
     ) -> Result<(), GatherError> {
         let ddst = driver::device_address(dst).ok_or(GatherError::NotDeviceAccessible {
             side: "destination",
@@ -513,7 +516,7 @@ impl Gatherer {
         t.upload_pending = true;
 
         let n = segs.len() as u64;
-        let avg = segs.iter().map(|s| s.len).sum::<u64>() / n;
+        let avg = total / n;
         // Threads per segment: one 16-byte load each, 32..=256.
         let g: u32 = (avg.div_ceil(16).next_power_of_two() as u32).clamp(32, BLOCK);
         let per_block = (BLOCK / g) as u64;
