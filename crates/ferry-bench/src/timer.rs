@@ -150,6 +150,17 @@ impl StreamTimer {
         Ok(t)
     }
 
+    /// Whether the latch works on this driver: one empty timing on a stream of the timer's own
+    /// (an engine's stream asked for this would be handed to the caller, and the engine would
+    /// then record an event per request on it and issue held copies at once, for the rest of
+    /// the process: `CudaEngine::stream`).
+    pub fn works(&self) -> bool {
+        let Ok(stream) = self.ctx.new_stream() else {
+            return false;
+        };
+        self.time(&stream, || ()).is_ok() && self.seconds().is_ok()
+    }
+
     /// Enqueues on `stream`: a wait for the latch, the start event, whatever `enqueue` puts on
     /// the stream, the end event; then releases the latch and returns `enqueue`'s result
     /// without waiting for the work. Read the time with [`StreamTimer::seconds`].

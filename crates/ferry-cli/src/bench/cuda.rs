@@ -46,7 +46,7 @@ mod timing;
 
 use super::ctx::{setup, Ctx};
 use super::{BenchError, Kind, Method, Needs, Row, TestInfo};
-use ferry::cuda::{self, CudaConfig, CudaEngine, Direction, KernelCopies, WaitMode};
+use ferry::cuda::{self, CudaConfig, CudaEngine, KernelCopies, WaitMode};
 use ferry_bench::{RawCopier, StreamTimer};
 
 /// The GPU tests (the same paths as the design notes' H200 table).
@@ -148,11 +148,11 @@ impl CudaBench {
         )
         .map_err(setup)?;
         let raw = RawCopier::new(0).map_err(setup)?;
-        // The latch must work on this driver: one empty timed batch, else the host clock.
-        let timer = StreamTimer::new(0).ok().filter(|t| {
-            let st = spin.stream(Direction::DeviceToDevice);
-            t.time(st, || ()).is_ok() && t.seconds().is_ok()
-        });
+        // The latch must work on this driver: one empty timed batch, else the host clock. On
+        // the timer's own stream: asking an engine for its stream hands the stream to the
+        // caller for the rest of the process (an event per request, held copies issued at once:
+        // the third H100 run's device -> device "held batch" rows were one call per block).
+        let timer = StreamTimer::new(0).ok().filter(StreamTimer::works);
         let link_gbps = cuda::probe()
             .devices
             .first()
