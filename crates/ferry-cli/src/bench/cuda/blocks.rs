@@ -6,8 +6,9 @@
 //! The bandwidth rows time one block copy per call on the host clock (submit + wait, the
 //! caller's view): ferry's block copy (`Op::Blocks`) on a spin-wait engine with the SMs
 //! free (the default route) and on one with the SMs busy (`CudaConfig::compute_busy`: the
-//! batched DMA) and as one `enqueue` per block and one `flush` on a spin-wait engine of the
-//! row's own (the copies held until the flush, then one batched copy: `completion/mark.rs`),
+//! batched DMA) and as one `enqueue` per block and one `flush` on an engine of the row's own
+//! with the default settings (the copies held until the flush, then one batched copy:
+//! `completion/mark.rs`),
 //! next to the three mechanisms run bare on a stream of their own through the gatherer with a
 //! fixed strategy and one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
@@ -112,9 +113,11 @@ struct Setup {
     stream: Arc<CudaStream>,
     gather: Gatherer,
     busy: Arc<CudaEngine>,
-    /// The held batches' engine (the spin engine's settings): its own, so that no stream an
-    /// earlier test asked the shared engine for (handed to the caller: held copies then issue
-    /// one at a time) changes what this series measures.
+    /// The held batches' engine, with the default settings (`WaitMode::Auto`: the requests of
+    /// one flush share one stamp, so their waits read a word; under `Spin` each of a batch's
+    /// requests waits with a `cuStreamSynchronize` of its own), and the row's own, so that no
+    /// stream an earlier test asked a shared engine for (handed to the caller: held copies then
+    /// issue one at a time) changes what this series measures.
     held: CudaEngine,
 }
 
@@ -141,7 +144,7 @@ impl Setup {
         let gather = Gatherer::new(ctx).map_err(|e| e.to_string())?;
         let cfg = bench.spin.config().compute_busy(true);
         let busy = Arc::new(CudaEngine::with_config(cfg).map_err(|e| e.to_string())?);
-        let held = CudaEngine::with_config(bench.spin.config()).map_err(|e| e.to_string())?;
+        let held = CudaEngine::with_config(bench.engine.config()).map_err(|e| e.to_string())?;
         Ok(Setup {
             src,
             dst,
