@@ -4,13 +4,12 @@
 //! or two device tables, the mapping a permutation of the blocks.
 //!
 //! The bandwidth rows time one block copy per call on the host clock (submit + wait, the
-//! caller's view): ferry's block copy (`Op::Blocks`) on a spin-wait engine with the SMs
-//! free (the default route) and on one with the SMs busy (`CudaConfig::compute_busy`: the
-//! batched DMA) and as one `enqueue` per block and one `flush` on an engine of the row's own
-//! with the default settings (the copies held until the flush, then one batched copy:
-//! `completion/mark.rs`),
-//! next to the three mechanisms run bare on a stream of their own through the gatherer with a
-//! fixed strategy and one synchronize: the driver's batched copy
+//! caller's view): ferry's block copy (`Op::Blocks`) on an engine of the row's own with the
+//! default settings, the SMs free (the default route), and on one with the SMs busy
+//! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one
+//! `flush` on the first (the copies held until the flush, then one batched copy:
+//! `completion/mark.rs`), next to the three mechanisms run bare on a stream of their own
+//! through the gatherer with a fixed strategy and one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
 //! `cuMemcpyAsync` per block, and ferry's SM gather kernel. Each series also carries its
 //! process CPU time per GB, and the row's shape the submit cost alone (the time until the
@@ -112,13 +111,15 @@ struct Setup {
     want: Vec<u8>,
     stream: Arc<CudaStream>,
     gather: Gatherer,
+    /// The row's engine with the default settings (`WaitMode::Auto`: the requests of one flush
+    /// share one stamp, so their waits read a word; under `Spin` each of a batch's requests
+    /// waits with a `cuStreamSynchronize` of its own): the default route's and the held
+    /// batches'. The row's own, so that no stream an earlier test asked a shared engine for
+    /// (handed to the caller: an event recorded per request, held copies issued one at a time)
+    /// changes what these series measure.
+    own: Arc<CudaEngine>,
+    /// The same settings with `CudaConfig::compute_busy`.
     busy: Arc<CudaEngine>,
-    /// The held batches' engine, with the default settings (`WaitMode::Auto`: the requests of
-    /// one flush share one stamp, so their waits read a word; under `Spin` each of a batch's
-    /// requests waits with a `cuStreamSynchronize` of its own), and the row's own, so that no
-    /// stream an earlier test asked a shared engine for (handed to the caller: held copies then
-    /// issue one at a time) changes what this series measures.
-    held: CudaEngine,
 }
 
 impl Setup {
@@ -142,9 +143,13 @@ impl Setup {
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
         let stream = ctx.new_stream().map_err(|e| e.to_string())?;
         let gather = Gatherer::new(ctx).map_err(|e| e.to_string())?;
-        let cfg = bench.spin.config().compute_busy(true);
-        let busy = Arc::new(CudaEngine::with_config(cfg).map_err(|e| e.to_string())?);
-        let held = CudaEngine::with_config(bench.engine.config()).map_err(|e| e.to_string())?;
+        let engine = |cfg| {
+            CudaEngine::with_config(cfg)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        };
+        let own = engine(bench.engine.config())?;
+        let busy = engine(bench.engine.config().compute_busy(true))?;
         Ok(Setup {
             src,
             dst,
@@ -153,8 +158,8 @@ impl Setup {
             want,
             stream,
             gather,
+            own,
             busy,
-            held,
         })
     }
 
@@ -191,11 +196,11 @@ impl Setup {
         .map_err(|e| e.to_string())
     }
 
-    /// One contiguous copy per block through the held engine's `enqueue`, then one `flush`
+    /// One contiguous copy per block through the row's engine's `enqueue`, then one `flush`
     /// (the copies held until it and given to the driver as one batched copy), every request
     /// waited.
     fn enqueued(&mut self) -> Result<(), String> {
-        let engine = &self.held;
+        let engine = Arc::clone(&self.own);
         let (d, s) = (self.dst.raw_mut(), self.src.raw());
         let mut reqs = Vec::with_capacity(self.segs.len());
         for seg in &self.segs {
@@ -208,9 +213,9 @@ impl Setup {
             // SAFETY: both tables are this setup's, alive and untouched by anything else until
             // every request is waited below (an early return drops them: each drop waits);
             // each block lies inside them (built from the mapping).
-            reqs.push(unsafe { ferry::Engine::enqueue(engine, job) }.map_err(|e| e.to_string())?);
+            reqs.push(unsafe { ferry::Engine::enqueue(&*engine, job) }.map_err(|e| e.to_string())?);
         }
-        ferry::Engine::flush(engine);
+        ferry::Engine::flush(&*engine);
         reqs.into_iter()
             .try_for_each(|r| r.wait())
             .map_err(|e| e.to_string())
@@ -242,7 +247,10 @@ const MECHANISMS: [Mechanism; 6] = [
     (
         "ferry block copy, SMs free (default route)",
         Role::Ferry,
-        |s, b| s.ferry(&b.spin),
+        |s, _| {
+            let own = Arc::clone(&s.own);
+            s.ferry(&own)
+        },
     ),
     (
         "ferry block copy, SMs busy (compute_busy)",
