@@ -13,8 +13,8 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and aml ab blocks ckpt agent cpu nixl (issues 30-36, only
-# where asked). The plain completion policy's tests: FERRY_TEST_POLICIES=plain with `tests`.
+# records, scripts/cufile-udev.sh), and aml ab blocks ckpt cold snapshot agent cpu nixl (issues
+# 30-36, only where asked). The plain completion policy's tests: FERRY_TEST_POLICIES=plain with `tests`.
 # Environment: BUNDLE (default .gpu), WHEELS (default .whl), STEP_TIMEOUT (seconds per bench
 # step, default 240), TESTS_TIMEOUT (seconds for the `tests` step, default 560).
 set -uo pipefail
@@ -80,10 +80,13 @@ for s in "${steps[@]}"; do
     # scripts/aml-cuda-programs.sh)
     step aml-cuda 300 bash .aml-cuda/run.sh "$log/aml-cuda" ;;
   ab) # issue 30: before/after against OLD_FERRY (default .gpu-old/ferry) of the rows the
-    # submission trunk and the staging subsystem touch (AB_TESTS to change them)
-    step ab 560 env AB_TESTS="${AB_TESTS:-cuda-latency,cuda-h2d-pinned,cuda-d2h-pinned,cuda-d2d,cuda-h2d-pageable,cuda-d2h-pageable,cuda-gather-pageable,cuda-scatter,cuda-pipeline-pageable,cuda-file-read}" \
+    # submission trunk and the staging subsystem touch (AB_TESTS to change them; AB_SIZES=""
+    # for each test's own sizes, AB_SAMPLES, AB_LIMIT seconds for the step)
+    sizes=(--sizes "${AB_SIZES-4K,64K,1M,16M,256M}")
+    [ -n "${AB_SIZES-x}" ] || sizes=()
+    step ab "${AB_LIMIT:-560}" env AB_TESTS="${AB_TESTS:-cuda-latency,cuda-h2d-pinned,cuda-d2h-pinned,cuda-d2d,cuda-h2d-pageable,cuda-d2h-pageable,cuda-gather-pageable,cuda-scatter,cuda-pipeline-pageable,cuda-file-read}" \
       bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/ab" --engine cuda \
-      --samples 7 --sizes "${AB_SIZES:-4K,64K,1M,16M,256M}"
+      --samples "${AB_SAMPLES:-7}" "${sizes[@]}"
     step ab-table 30 python3 scripts/bench-ab.py "$log/ab" ;;
   blocks) # issue 34: block copies, SMs free and busy, against torch's loops
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
@@ -94,6 +97,15 @@ for s in "${steps[@]}"; do
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step ckpt 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \
       --json "$log/ckpt.json" ;;
+  cold) # issue 35: the loads with the page cache dropped before each (as root)
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step ckpt-cold 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \
+      --cold --rows load --json "$log/ckpt-cold.json" ;;
+  snapshot) # issue 35: the snapshot saves' GPU tests (kept pinned memory) under both policies
+    for policy in tuned plain; do
+      step "snapshot-$policy" 120 env FERRY_TEST_COMPLETION=$policy \
+        "$bundle/tests/cuda_snapshot" --test-threads=1
+    done ;;
   agent) # issue 36: two processes on one GPU
     step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json"
     bench ipc --test ipc-d2d,ipc-h2d ;;
@@ -106,7 +118,7 @@ for s in "${steps[@]}"; do
     step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \
       --json "$log/nixl.json" ;;
   *)
-    echo "unknown step $s (tests python caller pipeline files cufile aml ab blocks ckpt agent cpu nixl)" >&2
+    echo "unknown step $s (tests python caller pipeline files cufile aml ab blocks ckpt cold snapshot agent cpu nixl)" >&2
     fail=1 ;;
   esac
 done
