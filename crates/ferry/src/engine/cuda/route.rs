@@ -116,8 +116,10 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 /// batched copy reached 52.5 (`bench/results/h100.md`, `cuda-blocks-h2d`: 256 x 512 KiB).
 /// Two runs there put the crossing between 32 and 64 KiB: at 64 KiB the batch copy 31.0 /
 /// 39.8 / 40.6 GB/s for 16 / 256 / 4,096 blocks against the kernel's 23.1 / 33.2 / 33.2; at
-/// 32 KiB 21.6 / 30.8 / 32.2 against 17.5 / 32.6 / 33.7 (level but for short lists). On the
-/// H200 the batch copy was level with the kernel from 1 MiB (nothing measured there below).
+/// 32 KiB 21.6 / 30.8 / 32.2 against 17.5 / 32.6 / 33.7 (level but for short lists). With this
+/// threshold (third run) the 64 KiB rows ran 1.03 / 1.01 / 0.92 of the raw batch (they were
+/// 0.71 / 0.83 / 0.82 on the kernel). On the H200 the batch copy was level with the kernel
+/// from 1 MiB (nothing measured there below).
 pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 64 << 10;
 
 /// [`large_segment`]: device lists of this many segments or more stay on the kernel at any
@@ -547,7 +549,9 @@ pub const BATCH_MAX_COPIES: usize = 4096;
 /// held batch without it for blocks of 4-64 KiB, in every direction (h2d 4,096 x 64 KiB 40.6
 /// against 19.4 GB/s; d2h 256 x 4 KiB 8.43 against 1.81), and 1.0-1.28x at 2 MiB; against the
 /// null driver the two made the same calls (one batch, one stamp, nothing per wait), the flag
-/// aside. The held batches took it from then on (a direct A/B on a GPU is still to run).
+/// aside. The held batches took it from then on; with it (third run) they still ran 0.20-0.81x
+/// the raw batch: the flag was not the difference (the bench's held series waited each of its
+/// requests with a stream sync of its own under `WaitMode::Spin`: `h100.md`, third run).
 pub const BATCH_PREFER_OVERLAP: bool = true;
 
 /// What the gatherer's [`Strategy::Auto`] (`sms_free`) or [`Strategy::Dma`] (not `sms_free`)
