@@ -11,7 +11,7 @@ use crate::engine::cuda::WaitMode;
 use crate::request::{self, Completion, RequestError, Slot};
 use cudarc::driver::{sys, CudaContext};
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::Waker;
@@ -148,6 +148,9 @@ pub(crate) struct Inner {
     /// The number its queue's completion word reaches when its work is done (`stamp.rs`);
     /// unset without one (set at submit, or when its batch is issued or flushed).
     stamp: OnceLock<u64>,
+    /// A lazy request's position on its queue once its work is on the stream
+    /// ([`Lazy::placed`]; 0: none): a stream wait that passed it ended the request.
+    pos: AtomicU64,
     /// Its copy is held on its queue, not yet given to the driver ([`Marked::Held`]): its
     /// waits, polls and dependents issue it first ([`Inner::release`]). Cleared (under the
     /// queue's lock) once it is issued.
@@ -180,7 +183,7 @@ impl Inner {
 
     /// Waits for the event (sleeping, or spinning) and records the result.
     pub(crate) fn wait_event(&self, mode: WaitMode) -> Result<(), RequestError> {
-        if let Some(r) = self.slot.get() {
+        if let Some(r) = self.known() {
             return r;
         }
         self.release();
@@ -226,11 +229,21 @@ impl Inner {
     /// (then stored, so that it never depends on the word again: the word tells only while
     /// fewer than 2^31 numbers were handed out after the request's, `stamp.rs`; the next
     /// submission on its queue asks this of it).
+    /// A wait of its stream that passed it counts likewise ([`Queue::passed`]: under `Spin`
+    /// the first request of a batch waited synchronizes the stream; the others ask nothing).
     pub(crate) fn known(&self) -> Option<Result<(), RequestError>> {
         match self.slot.get() {
             Some(r) => Some(r),
-            None => (self.stamp_seen() == Some(true)).then(|| self.slot.complete(Ok(()))),
+            None => (self.stamp_seen() == Some(true) || self.passed())
+                .then(|| self.slot.complete(Ok(()))),
         }
+    }
+
+    /// Whether a wait of its queue's stream passed it ([`Queue::passed`]).
+    fn passed(&self) -> bool {
+        self.lazy
+            .as_deref()
+            .is_some_and(|q| q.passed(self.pos.load(Ordering::Acquire)))
     }
 
     /// Whether its queue's completion word has reached its stamp: `None` without a stamp, or
@@ -279,10 +292,17 @@ impl Inner {
             (WaitOn::Event, Some(e), _) => check("cuEventSynchronize", unsafe {
                 sys::cuEventSynchronize(e.raw())
             }),
-            // SAFETY: the queue's live stream (the queue holds it).
-            (_, _, Some(q)) => check("cuStreamSynchronize", unsafe {
-                sys::cuStreamSynchronize(q.raw())
-            }),
+            (_, _, Some(q)) => {
+                let mut r = Ok(());
+                q.wait_stream(|| {
+                    // SAFETY: the queue's live stream (the queue holds it).
+                    r = check("cuStreamSynchronize", unsafe {
+                        sys::cuStreamSynchronize(q.raw())
+                    });
+                    r.is_ok()
+                });
+                r
+            }
             // Neither: not made by `CudaCompletion::new`.
             _ => Ok(()),
         };
@@ -300,8 +320,15 @@ impl Inner {
         let (call, code) = match self.target() {
             // SAFETY: a live event handle.
             (WaitOn::Event, Some(e), _) => ("cuEventQuery", unsafe { sys::cuEventQuery(e.raw()) }),
-            // SAFETY: the queue's live stream.
-            (_, _, Some(q)) => ("cuStreamQuery", unsafe { sys::cuStreamQuery(q.raw()) }),
+            (_, _, Some(q)) => {
+                let mut code = sys::CUresult::CUDA_SUCCESS;
+                q.wait_stream(|| {
+                    // SAFETY: the queue's live stream.
+                    code = unsafe { sys::cuStreamQuery(q.raw()) };
+                    code == sys::CUresult::CUDA_SUCCESS
+                });
+                ("cuStreamQuery", code)
+            }
             _ => return Some(Ok(())),
         };
         match code {
@@ -383,6 +410,9 @@ impl Lazy for Shared {
     fn stamp_late(&self, seq: u64) {
         let _ = self.completion().inner.stamp.set(seq);
     }
+    fn placed(&self, pos: u64) {
+        self.completion().inner.pos.store(pos, Ordering::Release);
+    }
 }
 
 impl Drop for Inner {
@@ -426,6 +456,7 @@ impl CudaCompletion {
                     event,
                     lazy,
                     stamp: stamp.map_or_else(OnceLock::new, OnceLock::from),
+                    pos: AtomicU64::new(0),
                     held: AtomicBool::new(held.is_some()),
                     eager: held == Some(true),
                     home,

@@ -26,7 +26,10 @@
 //! [`WaitMode`]'s schedule unchanged. Both are exact while the request is the stream's last
 //! work, and never early: work enqueued after it later only makes them return later (another
 //! thread of the same lane may enqueue while a wait is in the driver; the wait then also waits
-//! for that work, as a raw `cuStreamSynchronize` would). A request waited (or polled done)
+//! for that work, as a raw `cuStreamSynchronize` would). The queue remembers how far such a
+//! wait reached ([`Queue::passed`]: each lazy request gets a position once its work is on the
+//! stream), so the other requests it passed ask the driver nothing: a batch waited under
+//! `Spin` synchronizes its stream once, not once per request. A request waited (or polled done)
 //! before anything followed it never records an event: a small copy submitted and waited costs
 //! the copy and `cuStreamSynchronize`, the raw pair's two calls, where it cost three (the tests
 //! below count them).
@@ -181,6 +184,14 @@ pub(crate) struct Queue {
     /// A write of the word failed once: no more stamps on this queue (the driver would refuse
     /// each one again).
     stamp_off: AtomicBool,
+    /// The last position handed to a lazy request once its work was on the stream
+    /// ([`Lazy::placed`]; 0: none yet): written under `tail`'s lock, after the enqueue.
+    placed: AtomicU64,
+    /// The highest position a successful `cuStreamSynchronize` or `cuStreamQuery` of the
+    /// stream covered ([`Queue::passed`]): every lazy request placed up to it is done, so its
+    /// wait asks the driver nothing (under `Spin` a batch's requests each synchronized the
+    /// stream, though the first sync had passed them all).
+    passed: AtomicU64,
     /// The stream was handed to the caller (`CudaEngine::stream`).
     exposed: AtomicBool,
     /// Staged copies using the stream now ([`Foreign`]).
@@ -211,6 +222,9 @@ pub(crate) trait Lazy: Send + Sync {
     /// A stamp written after it at its batch's flush ([`Queue::flush`]): its waits read the
     /// word from now on.
     fn stamp_late(&self, seq: u64);
+    /// Its work is on the stream, at position `pos` of the queue's lazy requests (the caller
+    /// holds the queue's lock): a stream wait that passed `pos` ([`Queue::passed`]) ended it.
+    fn placed(&self, pos: u64);
 }
 
 /// A one-run copy held on its queue until its batch is issued ([`Queue::push_held`]): `len`
@@ -308,6 +322,8 @@ impl Queue {
             stamp,
             issued: AtomicU64::new(0),
             stamp_off: AtomicBool::new(false),
+            placed: AtomicU64::new(0),
+            passed: AtomicU64::new(0),
             exposed: AtomicBool::new(false),
             foreign: AtomicUsize::new(0),
             issue,
@@ -342,6 +358,33 @@ impl Queue {
     pub(crate) fn stamp_seen(&self, seq: u64) -> Option<bool> {
         let word = self.stamp.as_ref()?.word();
         super::stamp::seen(word, seq, self.issued.load(Ordering::Acquire))
+    }
+
+    /// Whether a stream wait has passed the lazy request placed at `pos` ([`Lazy::placed`];
+    /// 0: not placed, never passed).
+    pub(crate) fn passed(&self, pos: u64) -> bool {
+        pos != 0 && pos <= self.passed.load(Ordering::Acquire)
+    }
+
+    /// Runs `wait` (a `cuStreamSynchronize` or `cuStreamQuery` of the stream: `true` where it
+    /// found everything before it done) and remembers how far it reached: every lazy request
+    /// placed before it was called ([`Queue::passed`]).
+    pub(crate) fn wait_stream(&self, wait: impl FnOnce() -> bool) -> bool {
+        // Positions are stored after their work was enqueued: this one's work is before the call.
+        let upto = self.placed.load(Ordering::Acquire);
+        let done = wait();
+        if done {
+            self.passed.fetch_max(upto, Ordering::Release);
+        }
+        done
+    }
+
+    /// The next position, for a lazy request whose work was just enqueued (the lock held:
+    /// `_tail`).
+    fn place(&self, _tail: &mut Tail) -> u64 {
+        let pos = self.placed.load(Ordering::Relaxed) + 1;
+        self.placed.store(pos, Ordering::Release);
+        pos
     }
 
     /// Locks the queue for one submission, after recording the last lazy request's event if it
@@ -527,6 +570,9 @@ impl Queue {
                 continue;
             };
             if i < done {
+                if h.lazy {
+                    r.placed(self.place(tail));
+                }
                 r.issued(self.raw(), Ok(stamp));
                 if h.lazy {
                     tail.last = Some(Weak::clone(&h.req));
@@ -592,6 +638,7 @@ impl Enqueue<'_> {
         more: bool,
         stamp: bool,
     ) {
+        request.placed(self.q.place(&mut self.tail));
         let last: Weak<L> = Arc::downgrade(request);
         self.tail.last = Some(last);
         self.tail.deferred = more;
