@@ -8,7 +8,7 @@
 //! default settings, the SMs free (the default route), and on one with the SMs busy
 //! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one
 //! `flush` on the first (the copies held until the flush, then one batched copy:
-//! `completion/mark.rs`), next to the three mechanisms run bare on a stream of their own
+//! `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three mechanisms run bare on a stream of their own
 //! through the gatherer with a fixed strategy and one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
 //! `cuMemcpyAsync` per block, and ferry's SM gather kernel. Each series also carries its
@@ -27,7 +27,7 @@ use crate::bench::ctx::{setup, Ctx};
 use crate::bench::data::pattern_bytes;
 use crate::bench::{measure, BenchError, Kind, Role, Row, Series, Timing};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
+use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer, WaitMode};
 use ferry::engine::cuda::gather::{Gatherer, Strategy};
 use ferry::{EngineExt, Memory, MemoryMut, Op, Segment};
 use std::sync::Arc;
@@ -112,14 +112,16 @@ struct Setup {
     stream: Arc<CudaStream>,
     gather: Gatherer,
     /// The row's engine with the default settings (`WaitMode::Auto`: the requests of one flush
-    /// share one stamp, so their waits read a word; under `Spin` each of a batch's requests
-    /// waits with a `cuStreamSynchronize` of its own): the default route's and the held
+    /// share one stamp, so their waits read a word): the default route's and the held
     /// batches'. The row's own, so that no stream an earlier test asked a shared engine for
     /// (handed to the caller: an event recorded per request, held copies issued one at a time)
     /// changes what these series measure.
     own: Arc<CudaEngine>,
     /// The same settings with `CudaConfig::compute_busy`.
     busy: Arc<CudaEngine>,
+    /// The same settings with `WaitMode::Spin` (no stamp: the first wait of a batch
+    /// synchronizes the stream, the others find it passed).
+    spin: Arc<CudaEngine>,
 }
 
 impl Setup {
@@ -150,6 +152,7 @@ impl Setup {
         };
         let own = engine(bench.engine.config())?;
         let busy = engine(bench.engine.config().compute_busy(true))?;
+        let spin = engine(bench.engine.config().wait_mode(WaitMode::Spin))?;
         Ok(Setup {
             src,
             dst,
@@ -160,6 +163,7 @@ impl Setup {
             gather,
             own,
             busy,
+            spin,
         })
     }
 
@@ -196,11 +200,9 @@ impl Setup {
         .map_err(|e| e.to_string())
     }
 
-    /// One contiguous copy per block through the row's engine's `enqueue`, then one `flush`
-    /// (the copies held until it and given to the driver as one batched copy), every request
-    /// waited.
-    fn enqueued(&mut self) -> Result<(), String> {
-        let engine = Arc::clone(&self.own);
+    /// One contiguous copy per block through `engine`'s `enqueue`, then one `flush` (the copies
+    /// held until it and given to the driver as one batched copy), every request waited.
+    fn enqueued(&mut self, engine: Arc<CudaEngine>) -> Result<(), String> {
         let (d, s) = (self.dst.raw_mut(), self.src.raw());
         let mut reqs = Vec::with_capacity(self.segs.len());
         for seg in &self.segs {
@@ -243,7 +245,7 @@ type Mechanism = (
     fn(&mut Setup, &CudaBench) -> Result<(), String>,
 );
 
-const MECHANISMS: [Mechanism; 6] = [
+const MECHANISMS: [Mechanism; 7] = [
     (
         "ferry block copy, SMs free (default route)",
         Role::Ferry,
@@ -263,7 +265,12 @@ const MECHANISMS: [Mechanism; 6] = [
     (
         "ferry enqueue per block + flush (held batch)",
         Role::Ferry,
-        |s, _| s.enqueued(),
+        |s, _| s.enqueued(Arc::clone(&s.own)),
+    ),
+    (
+        "ferry enqueue per block + flush (held batch, WaitMode::Spin)",
+        Role::Ferry,
+        |s, _| s.enqueued(Arc::clone(&s.spin)),
     ),
     ("raw cuMemcpyBatchAsync", Role::Baseline, |s, _| {
         s.raw(Strategy::Batch)
