@@ -99,12 +99,39 @@ pub fn available_two() -> Result<(), String> {
     }
 }
 
+/// An engine for a bench's series and its twin of the same settings for the event timer: the
+/// latch holds the twin's streams, and asking an engine for a stream hands it to the caller for
+/// the rest of the process (every request there then records its event at submit, held copies
+/// go to the driver at once), so the engine the other series use keeps streams of its own.
+/// Derefs to the engine.
+pub(super) struct Twin {
+    engine: CudaEngine,
+    /// Used only behind the latch (`timing::ferry_batches`).
+    pub(super) latched: CudaEngine,
+}
+
+impl Twin {
+    fn new(cfg: CudaConfig) -> Result<Twin, BenchError> {
+        Ok(Twin {
+            engine: CudaEngine::with_config(cfg).map_err(setup)?,
+            latched: CudaEngine::with_config(cfg).map_err(setup)?,
+        })
+    }
+}
+
+impl std::ops::Deref for Twin {
+    type Target = CudaEngine;
+    fn deref(&self) -> &CudaEngine {
+        &self.engine
+    }
+}
+
 /// The GPU side of a bench run: engines on device 0 and a raw copier, created once.
 pub struct CudaBench {
     engine: CudaEngine,
-    spin: CudaEngine,
+    spin: Twin,
     /// Spin waits, every copy between device-accessible buffers on the SMs.
-    sm: CudaEngine,
+    sm: Twin,
     raw: RawCopier,
     /// The latch and events; `None` where they cannot work here (host clock then).
     timer: Option<StreamTimer>,
@@ -141,12 +168,11 @@ impl CudaBench {
         // FERRY_STAGING_* tune the staged path, as in any program that asks for them.
         let base = CudaConfig::from_env(0).map_err(setup)?;
         let engine = CudaEngine::with_config(base).map_err(setup)?;
-        let spin = CudaEngine::with_config(base.wait_mode(WaitMode::Spin)).map_err(setup)?;
-        let sm = CudaEngine::with_config(
+        let spin = Twin::new(base.wait_mode(WaitMode::Spin))?;
+        let sm = Twin::new(
             base.wait_mode(WaitMode::Spin)
                 .kernel_copies(KernelCopies::Always),
-        )
-        .map_err(setup)?;
+        )?;
         let raw = RawCopier::new(0).map_err(setup)?;
         // The latch must work on this driver: one empty timed batch, else the host clock. On
         // the timer's own stream: asking an engine for its stream hands the stream to the

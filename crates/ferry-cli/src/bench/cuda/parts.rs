@@ -28,10 +28,11 @@ impl CudaBench {
         let l = Layout::bytes(size).map_err(setup)?;
         let n = size as u64;
         let (e, d) = (&self.spin, &self.engine);
+        let spin: &ferry::cuda::CudaEngine = e;
         let mut series = Vec::new();
         // The safe API's shape with the spin engine (as `cuda-latency-spin` times it) and with
         // the default one (as the caller's view does).
-        for (eng, how) in [(e, "spin"), (d, "default")] {
+        for (eng, how) in [(spin, "spin"), (d, "default")] {
             let name = format!("ferry {} {how}: scope + copy + wait", eng.name());
             series.push(self.dev_series(
                 ctx,
@@ -65,7 +66,7 @@ impl CudaBench {
         )?);
         // The two halves of `submit_raw` + wait, each timed alone (the other half runs
         // untimed): where ferry's time goes, beside the raw shapes below.
-        for (eng, how) in [(e, "spin"), (d, "default")] {
+        for (eng, how) in [(spin, "spin"), (d, "default")] {
             for (part, wait_half) in [("submit_raw only", false), ("its wait only", true)] {
                 let name = format!("ferry {} {how}: {part}", eng.name());
                 series.push(ctx.clocked_series(&name, Role::Ferry, n, || {
@@ -79,7 +80,9 @@ impl CudaBench {
                 })?);
             }
         }
-        let ferry_stream = &**e.stream(Direction::HostToDevice);
+        // The twin's (the same settings): handing out the spin engine's own stream would make
+        // its later requests record events at submit (the next sizes' ferry series).
+        let ferry_stream = &**e.latched.stream(Direction::HostToDevice);
         let raw = [
             ("raw copy + cuStreamSynchronize", None, RawWait::StreamSync),
             (

@@ -100,7 +100,7 @@ impl CudaBench {
         let mut series = vec![ctx.series(&default, Role::Ferry, payload, || Ok((tf?, ok_f?)))?];
         let single = CudaEngine::with_config(self.engine.config().streams(1)).map_err(setup)?;
         for (engine, what) in [
-            (&self.spin, "one engine, spin waits"),
+            (&*self.spin, "one engine, spin waits"),
             (&single, "one engine, one stream per direction"),
         ] {
             series.push(ctx.series(&label(engine, what), Role::Ferry, payload, || {

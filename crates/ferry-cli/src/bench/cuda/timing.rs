@@ -2,10 +2,10 @@
 //! the host's), one batch of ferry's or the raw copier's calls, and the device buffers'
 //! poisoning and comparison.
 
-use super::CudaBench;
+use super::{CudaBench, Twin};
 use crate::bench::ctx::{flat, setup, Ctx, Msg};
 use crate::bench::{measure, measure_with, BenchError, Clock, Role, Series, Timing};
-use ferry::cuda::{CudaEngine, DeviceBuffer, Direction};
+use ferry::cuda::{DeviceBuffer, Direction};
 use ferry::EngineExt;
 use ferry_bench::{BaselineError, RawCopier, StreamTimer};
 
@@ -72,10 +72,11 @@ impl CudaBench {
     }
 }
 
-/// One batch of ferry copies, submitted by `submit` in a scope of `e` and waited; behind
-/// `timer`'s latch on `e`'s stream for `dir` when given (then returns the events' seconds).
+/// One batch of ferry copies, submitted by `submit` in a scope of `e` and waited; with `timer`
+/// given, in a scope of `e`'s latched twin instead, behind the latch on its stream for `dir`
+/// (then returns the events' seconds).
 pub(super) fn ferry_batch<'env, F, E>(
-    e: &'env CudaEngine,
+    e: &'env Twin,
     dir: Direction,
     timer: Option<&StreamTimer>,
     submit: F,
@@ -89,7 +90,7 @@ where
 
 /// As [`ferry_batch`], with copies on the streams of several directions, all behind the latch.
 pub(super) fn ferry_batches<'env, F, E>(
-    e: &'env CudaEngine,
+    e: &'env Twin,
     dirs: &[Direction],
     timer: Option<&StreamTimer>,
     submit: F,
@@ -101,6 +102,7 @@ where
     match timer {
         None => flat(e.scope(|s| submit(s).map_err(|x| Msg(x.to_string())))).map(|()| None),
         Some(t) => {
+            let e = &e.latched;
             let streams: Vec<_> = dirs.iter().map(|&d| &**e.stream(d)).collect();
             flat(e.scope(|s| -> Result<(), Msg> {
                 t.time_all(&streams, || submit(s))
