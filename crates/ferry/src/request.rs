@@ -14,131 +14,33 @@
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 use thiserror::Error;
 
+mod completion;
 mod error;
+mod handle;
 mod slot;
 use crate::small_list::SmallList;
 use crate::sync::Condvar;
+use completion::next_id;
+pub use completion::Completion;
 pub use error::{BackendError, RequestError};
+use handle::Handle;
+pub(crate) use handle::Shared;
 pub(crate) use slot::{hold_wakes, spawn_waiter, HoldWakes, Slot};
 
-/// How an engine reports completion. Engines implement this; users see [`Request`].
-pub trait Completion: Send + Sync + 'static {
-    /// Blocks until the work is done and returns its result.
-    fn wait(&self) -> Result<(), RequestError>;
-    /// Returns the result if the work is done, without blocking.
-    fn poll_done(&self) -> Option<Result<(), RequestError>>;
-    /// [`Completion::poll_done`] for bookkeeping (an in-flight list's pruning): never starts
-    /// work an engine holds until a flush ([`crate::Engine::enqueue`]) to find out, where
-    /// `poll_done` would. Default: `poll_done`.
-    fn poll_quiet(&self) -> Option<Result<(), RequestError>> {
-        self.poll_done()
+/// Waits for a request's completion `c`, its result seen (`Observed` in its header `h`):
+/// marked before the wait, and as a success after one.
+fn wait_seen(h: &handle::Head, c: &dyn Completion) -> Result<(), RequestError> {
+    h.observed.see();
+    let r = c.wait();
+    if r.is_ok() {
+        h.observed.see_ok();
     }
-    /// Arranges for `waker` to be woken once the work is done (may wake at once).
-    fn register_waker(&self, waker: &Waker);
-    /// For engines that recognise their own completions (event dependencies).
-    fn as_any(&self) -> &dyn Any;
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Ids handed out per thread in blocks: a request's id costs no atomic read-modify-write on
-/// the path of a small copy (issue 32). Unique in the process; increasing per thread.
-const ID_BLOCK: u64 = 1024;
-
-thread_local! {
-    /// The next id of this thread's block and the block's end.
-    static IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
-}
-
-/// A request id unique in the process.
-#[inline]
-fn next_id() -> u64 {
-    IDS.with(|c| {
-        let (mut next, mut end) = c.get();
-        if next == end {
-            next = NEXT_ID.fetch_add(ID_BLOCK, Ordering::Relaxed);
-            end = next + ID_BLOCK;
-        }
-        c.set((next + 1, end));
-        next
-    })
-}
-
-/// Whether a request's result was seen through `wait`/`try_wait` (then a barrier does not
-/// report it again), and whether it was seen to succeed (then a barrier skips the request
-/// without asking its completion: the scope's end after a waited copy, issue 14).
-#[derive(Default)]
-struct Observed(AtomicU8);
-
-impl Observed {
-    const SEEN: u8 = 1;
-    const OK: u8 = 2;
-    /// Its result is being or was seen: set before a wait, so that a barrier that settles the
-    /// request after the wait began does not report its failure again (a barrier that claimed
-    /// it first reports it too: two observers, as before this flag).
-    fn see(&self) {
-        // A plain store: at worst it turns `OK` back into `SEEN`, and a barrier then asks the
-        // completion (as it did before this flag).
-        self.0.store(Self::SEEN, Ordering::Release);
-    }
-    /// Its result was seen and is a success.
-    fn see_ok(&self) {
-        self.0.store(Self::OK, Ordering::Release);
-    }
-    fn seen(&self) -> bool {
-        self.0.load(Ordering::Acquire) >= Self::SEEN
-    }
-    fn ok(&self) -> bool {
-        self.0.load(Ordering::Acquire) == Self::OK
-    }
-    /// Marks it seen; true if it already was (the caller then reports nothing).
-    fn claim(&self) -> bool {
-        self.0.swap(Self::SEEN, Ordering::AcqRel) >= Self::SEEN
-    }
-}
-
-/// One allocation per request: the completion is stored inline (unsized), not boxed apart.
-pub(crate) struct Shared<C: ?Sized = dyn Completion> {
-    observed: Observed,
-    id: u64,
-    completion: C,
-}
-
-impl<C: Completion> Shared<C> {
-    /// A request's shared part around `completion`, for an engine that keeps its own handle to
-    /// the allocation ([`Request::from_shared`]).
-    pub(crate) fn new(completion: C) -> Shared<C> {
-        Shared {
-            observed: Observed::default(),
-            id: next_id(),
-            completion,
-        }
-    }
-}
-
-impl<C: ?Sized> Shared<C> {
-    /// The engine's completion.
-    pub(crate) fn completion(&self) -> &C {
-        &self.completion
-    }
-}
-
-impl Shared {
-    /// Waits for the completion, its result seen ([`Observed`]): marked before the wait, and
-    /// as a success after one.
-    fn wait_seen(&self) -> Result<(), RequestError> {
-        self.observed.see();
-        let r = self.completion.wait();
-        if r.is_ok() {
-            self.observed.see_ok();
-        }
-        r
-    }
+    r
 }
 
 /// A submitted copy. Wait on it, poll it, or `.await` it (any executor). Dropping it does
@@ -168,16 +70,15 @@ impl Shared {
 #[must_use = "a dropped request still runs, and only the enclosing scope or the engine's next \
               barrier reports its failure: `.wait()?` it to see its result here, or `drop()` it"]
 pub struct Request {
-    /// The engine's completion; `None`: completed successfully at submit (a small copy run on
-    /// the caller's thread), with nothing allocated, shared or counted (issue 32).
-    shared: Option<Arc<Shared>>,
-    /// The request's id (the same as `shared`'s, where there is one).
-    id: u64,
+    /// The engine's completion (a strong reference to its allocation), or the id of a request
+    /// that completed successfully at submit (a small copy run on the caller's thread), with
+    /// nothing allocated, shared or counted (issue 32). One word ([`handle`]'s module doc).
+    h: Handle,
 }
 
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request").field("id", &self.id).finish()
+        f.debug_struct("Request").field("id", &self.id()).finish()
     }
 }
 
@@ -209,8 +110,7 @@ impl Request {
     /// request's queue and waiter thread hold the same allocation, not one of their own).
     pub(crate) fn from_shared(shared: Arc<Shared<impl Completion>>) -> Request {
         Request {
-            id: shared.id,
-            shared: Some(shared),
+            h: Handle::shared(shared),
         }
     }
 
@@ -236,26 +136,28 @@ impl Request {
     /// from its id rather than moved: the safe scope's `tracked`).
     #[inline]
     pub(crate) fn done_with_id(id: u64) -> Request {
-        Request { shared: None, id }
+        Request {
+            h: Handle::done(id),
+        }
     }
 
     /// True for a request that succeeded at submit ([`Request::done_ok`]): nothing to wait
     /// for nor to report.
     #[inline]
     pub(crate) fn is_done_ok(&self) -> bool {
-        self.shared.is_none()
+        self.h.is_done_ok()
     }
 
     /// A number unique to this request in the process.
     pub fn id(&self) -> u64 {
-        self.id
+        self.h.id()
     }
 
     /// Blocks until the request completes; returns its own result. May block.
     #[inline]
     pub fn wait(self) -> Result<(), RequestError> {
-        match &self.shared {
-            Some(s) => s.wait_seen(),
+        match self.h.parts() {
+            Some((h, c)) => wait_seen(h, c),
             None => Ok(()),
         }
     }
@@ -263,13 +165,13 @@ impl Request {
     /// Returns `Some(result)` once complete, `None` while in flight. Never blocks. Once it has
     /// returned `Some`, the barrier no longer reports this request's error.
     pub fn try_wait(&mut self) -> Option<Result<(), RequestError>> {
-        let Some(s) = &self.shared else {
+        let Some((h, c)) = self.h.parts() else {
             return Some(Ok(()));
         };
-        let r = s.completion.poll_done();
+        let r = c.poll_done();
         match r {
-            Some(Ok(())) => s.observed.see_ok(),
-            Some(Err(_)) => s.observed.see(),
+            Some(Ok(())) => h.observed.see_ok(),
+            Some(Err(_)) => h.observed.see(),
             None => {}
         }
         r
@@ -282,28 +184,25 @@ impl Request {
 
     /// The engine's completion object (for engines that chain their own requests).
     pub fn completion(&self) -> &dyn Completion {
-        match &self.shared {
-            Some(s) => &s.completion,
+        match self.h.parts() {
+            Some((_, c)) => c,
             None => &DoneOk,
         }
     }
 
     /// Seen to succeed through `wait`/`try_wait`, or succeeded at submit.
     fn observed_ok(&self) -> bool {
-        self.shared.as_ref().is_none_or(|s| s.observed.ok())
+        self.h.parts().is_none_or(|(h, _)| h.observed.ok())
     }
 
     /// Its result was seen through `wait`/`try_wait` (or it succeeded at submit).
     fn observed_seen(&self) -> bool {
-        self.shared.as_ref().is_none_or(|s| s.observed.seen())
+        self.h.parts().is_none_or(|(h, _)| h.observed.seen())
     }
 
     /// A second handle to the same request, for engines' and scopes' bookkeeping.
     pub(crate) fn share(&self) -> Request {
-        Request {
-            shared: self.shared.clone(),
-            id: self.id,
-        }
+        Request { h: self.h.clone() }
     }
 
     /// Waits without marking the result observed (a later barrier still reports a failure).
@@ -313,11 +212,11 @@ impl Request {
 
     /// Waits and returns the error only if nobody has observed it yet.
     pub(crate) fn settle(&self) -> Result<(), RequestError> {
-        let Some(s) = &self.shared else {
+        let Some((h, c)) = self.h.parts() else {
             return Ok(());
         };
-        let r = s.completion.wait();
-        if s.observed.claim() {
+        let r = c.wait();
+        if h.observed.claim() {
             return Ok(());
         }
         r
@@ -581,8 +480,8 @@ impl Completion for Join {
     fn wait(&self) -> Result<(), RequestError> {
         let mut first = Ok(());
         wait_each(&self.parts, |p| {
-            let r = match &p.shared {
-                Some(s) => s.wait_seen(),
+            let r = match p.h.parts() {
+                Some((h, c)) => wait_seen(h, c),
                 None => Ok(()),
             };
             if first.is_ok() {
@@ -599,8 +498,8 @@ impl Completion for Join {
                 first = r;
             }
         }
-        for s in self.parts.iter().filter_map(|p| p.shared.as_ref()) {
-            s.observed.see();
+        for (h, _) in self.parts.iter().filter_map(|p| p.h.parts()) {
+            h.observed.see();
         }
         Some(first)
     }
