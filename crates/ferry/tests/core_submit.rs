@@ -21,6 +21,32 @@ fn data(n: usize, seed: u8) -> Vec<u8> {
 }
 
 #[test]
+fn a_request_is_one_word_with_distinct_ids() {
+    // Moved in one register: a 24-byte request done at submit cost the scope a
+    // store-forwarding stall (issue 32, `request/handle.rs`).
+    assert_eq!(std::mem::size_of::<Request>(), 8);
+    assert_eq!(std::mem::size_of::<Option<Request>>(), 8);
+    let e = CpuEngine::new(2).unwrap();
+    let (src, mut dst) = (data(64, 3), vec![0u8; 64]);
+    let l = Layout::bytes(64).unwrap();
+    let ids: Vec<u64> = (0..3)
+        .map(|_| {
+            // SAFETY: both live for the call; the request is waited before the next submit.
+            let r = unsafe { e.submit_copy(dst.raw_mut(), &l, src.raw(), &l) }.unwrap();
+            let id = r.id();
+            assert_eq!(format!("{r:?}"), format!("Request {{ id: {id} }}"));
+            r.wait().unwrap();
+            id
+        })
+        .chain([Request::ready(Err(ferry::RequestError::Io("refused".into()))).id()])
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len(), "ids {ids:?}");
+    assert_eq!(dst, src);
+}
+
+#[test]
 fn a_small_cpu_copy_completes_inside_submit() {
     let e = CpuEngine::with_config(CpuConfig::new(2).inline_bytes(64 << 10)).unwrap();
     assert_eq!(e.inline_bytes(), 64 << 10);
