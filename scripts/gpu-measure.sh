@@ -16,7 +16,8 @@
 # records, scripts/cufile-udev.sh), and aml ab blocks ckpt cold snapshot agent cpu nixl (issues
 # 30-36, only where asked). The plain completion policy's tests: FERRY_TEST_POLICIES=plain with `tests`.
 # Environment: BUNDLE (default .gpu), WHEELS (default .whl), STEP_TIMEOUT (seconds per bench
-# step, default 240), TESTS_TIMEOUT (seconds for the `tests` step, default 560).
+# step, default 240), TESTS_TIMEOUT (seconds for the `tests` step, default 560); `ckpt`:
+# CKPT_SCALE, CKPT_ROWS, CKPT_LIMIT (below).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
 shift
@@ -93,10 +94,14 @@ for s in "${steps[@]}"; do
     bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step kv-blocks 240 python3 bench/peers/kv_blocks.py --json "$log/kv_blocks.json" ;;
-  ckpt) # issue 35: sharded bf16 checkpoints against safetensors, fastsafetensors, Run:ai
+  ckpt) # issue 35: sharded bf16 checkpoints against safetensors, fastsafetensors, Run:ai.
+    # CKPT_ROWS=load|save|all (default all) and --keep: at --scale 1 (16 GiB) every row did not
+    # fit one call (the fourth H100 run: 520 s, no row printed); run `load` then `save` in two
+    # calls of one lease, the checkpoint written once under /tmp and kept between them.
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    step ckpt 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \
-      --json "$log/ckpt.json" ;;
+    step "ckpt-${CKPT_ROWS:-all}" "${CKPT_LIMIT:-400}" python3 bench/ckpt/compare.py \
+      --scale "${CKPT_SCALE:-0.5}" --repeat 2 --rows "${CKPT_ROWS:-all}" --keep \
+      --json "$log/ckpt-${CKPT_ROWS:-all}.json" ;;
   cold) # issue 35: the loads with the page cache dropped before each (as root)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step ckpt-cold 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \
