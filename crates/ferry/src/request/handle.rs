@@ -102,11 +102,13 @@ pub(crate) struct Handle(NonZeroU64);
 impl Handle {
     /// The handle of an allocation the engine made (and may keep handles to).
     pub(crate) fn shared<C: Completion>(s: Arc<Shared<C>>) -> Handle {
-        let p = Arc::into_raw(s).cast::<Head>();
+        // The address keeps the whole allocation's provenance (exposed: `Handle::ptr` takes it
+        // back), not only the header's.
+        let addr = Arc::into_raw(s).cast::<Head>().expose_provenance();
         // The header holds a reference and a u64: its address is even (never a done handle's
         // odd word) and an `Arc`'s is never 0.
-        debug_assert!(p as usize % 2 == 0);
-        Handle(NonZeroU64::new(p as usize as u64).expect("an Arc's address is never 0"))
+        debug_assert!(addr % 2 == 0);
+        Handle(NonZeroU64::new(addr as u64).expect("an Arc's address is never 0"))
     }
 
     /// The handle of a request that succeeded at submit with this id (below 2^63: ids count up
@@ -122,12 +124,20 @@ impl Handle {
         self.0.get() & 1 == 1
     }
 
+    /// The allocation (a pointer to its header, with the whole allocation's provenance: the
+    /// vtable's functions reach the completion through it), unless the request succeeded at
+    /// submit.
+    #[inline]
+    fn ptr(&self) -> Option<*const Head> {
+        (!self.is_done_ok()).then(|| std::ptr::with_exposed_provenance(self.0.get() as usize))
+    }
+
     /// The header, unless the request succeeded at submit.
     #[inline]
     fn head(&self) -> Option<&Head> {
         // SAFETY: an even word is the header of a `Shared` this handle holds a strong reference
         // to (`Handle::shared`), alive as long as the handle.
-        (!self.is_done_ok()).then(|| unsafe { &*(self.0.get() as usize as *const Head) })
+        self.ptr().map(|p| unsafe { &*p })
     }
 
     /// The request's id.
@@ -142,10 +152,11 @@ impl Handle {
     /// The header and the engine's completion, unless the request succeeded at submit.
     #[inline]
     pub(crate) fn parts(&self) -> Option<(&Head, &dyn Completion)> {
-        let h = self.head()?;
-        // SAFETY: `h` is the header of the live `Shared<C>` its vtable was made for; the
-        // completion lives as long as the allocation, which this handle keeps.
-        let c = unsafe { &*(h.vt.completion)(h) };
+        let p = self.ptr()?;
+        // SAFETY: `p` is the header of the live `Shared<C>` its vtable was made for (the
+        // pointer `Handle::shared` exposed); the completion lives as long as the allocation,
+        // which this handle keeps.
+        let (h, c) = unsafe { (&*p, &*((*p).vt.completion)(p)) };
         Some((h, c))
     }
 }
@@ -153,9 +164,9 @@ impl Handle {
 impl Clone for Handle {
     #[inline]
     fn clone(&self) -> Handle {
-        if let Some(h) = self.head() {
-            // SAFETY: this handle holds a strong reference to the allocation whose header `h` is.
-            unsafe { (h.vt.retain)(h) };
+        if let Some(p) = self.ptr() {
+            // SAFETY: this handle holds a strong reference to the allocation whose header `p` is.
+            unsafe { ((*p).vt.retain)(p) };
         }
         Handle(self.0)
     }
@@ -164,10 +175,10 @@ impl Clone for Handle {
 impl Drop for Handle {
     #[inline]
     fn drop(&mut self) {
-        if let Some(h) = self.head() {
-            let (release, p) = (h.vt.release, h as *const Head);
-            // SAFETY: the strong reference this handle held, given up once (the handle goes).
-            unsafe { release(p) };
+        if let Some(p) = self.ptr() {
+            // SAFETY: the strong reference this handle held to the allocation whose header `p`
+            // is, given up once (the handle goes).
+            unsafe { ((*p).vt.release)(p) };
         }
     }
 }
