@@ -119,7 +119,11 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 /// 32 KiB 21.6 / 30.8 / 32.2 against 17.5 / 32.6 / 33.7 (level but for short lists). With this
 /// threshold (third run) the 64 KiB rows ran 1.03 / 1.01 / 0.92 of the raw batch (they were
 /// 0.71 / 0.83 / 0.82 on the kernel). On the H200 the batch copy was level with the kernel
-/// from 1 MiB (nothing measured there below).
+/// from 1 MiB (nothing measured there below). The fourth H100 run's host (another machine)
+/// went the other way: its kernel read host memory at 45-51 GB/s with 4,096 blocks from 4 KiB
+/// up, and 64 KiB lists ran 0.78 / 0.64 of it here (256 / 4,096 blocks; the raw batch 30.0 /
+/// 38.9 GB/s against the kernel's 48.7 / 51.0), level from 512 KiB. The crossing depends on
+/// the host, which one constant cannot follow (a measured choice per machine is not built).
 pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 64 << 10;
 
 /// [`large_segment`]: device lists of this many segments or more stay on the kernel at any
