@@ -95,9 +95,17 @@ pub(crate) fn program(
     Ok(ks)
 }
 
-fn compile(src: &str, arch: &str) -> Result<Ptx, KernelError> {
+/// Whether NVRTC can be loaded, asked once per process: cudarc's check tries to `dlopen` every
+/// candidate name on each call, and a host without NVRTC paid that (about 0.5 ms on the 2-core
+/// machine, the null driver) on every copy whose route tried a kernel before falling back.
+fn nvrtc_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries to dlopen the library by its candidate names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    *PRESENT.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+}
+
+fn compile(src: &str, arch: &str) -> Result<Ptx, KernelError> {
+    if !nvrtc_present() {
         return Err(KernelError::NvrtcMissing);
     }
     let opts = cudarc::nvrtc::CompileOptions {
