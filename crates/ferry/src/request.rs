@@ -25,8 +25,8 @@ mod handle;
 mod slot;
 use crate::small_list::SmallList;
 use crate::sync::Condvar;
-use completion::next_id;
 pub use completion::Completion;
+use completion::{next_id, DoneOk};
 pub use error::{BackendError, RequestError};
 use handle::Handle;
 pub(crate) use handle::Shared;
@@ -79,24 +79,6 @@ pub struct Request {
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Request").field("id", &self.id()).finish()
-    }
-}
-
-/// The completion of a request that succeeded at submit ([`Request::ready`]`(Ok(()))`).
-struct DoneOk;
-
-impl Completion for DoneOk {
-    fn wait(&self) -> Result<(), RequestError> {
-        Ok(())
-    }
-    fn poll_done(&self) -> Option<Result<(), RequestError>> {
-        Some(Ok(()))
-    }
-    fn register_waker(&self, waker: &Waker) {
-        waker.wake_by_ref();
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

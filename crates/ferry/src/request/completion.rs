@@ -83,3 +83,22 @@ impl Observed {
         self.0.swap(Self::SEEN, Ordering::AcqRel) >= Self::SEEN
     }
 }
+
+/// The completion of a request that succeeded at submit
+/// ([`Request::ready`](crate::Request::ready)`(Ok(()))`).
+pub(super) struct DoneOk;
+
+impl Completion for DoneOk {
+    fn wait(&self) -> Result<(), RequestError> {
+        Ok(())
+    }
+    fn poll_done(&self) -> Option<Result<(), RequestError>> {
+        Some(Ok(()))
+    }
+    fn register_waker(&self, waker: &Waker) {
+        waker.wake_by_ref();
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

@@ -186,60 +186,29 @@ impl Drop for Handle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::error::RequestError;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Waker;
-
-    /// A completion that counts its drops.
-    struct Counted(Arc<AtomicUsize>);
-
-    impl Drop for Counted {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    impl Completion for Counted {
-        fn wait(&self) -> Result<(), RequestError> {
-            Ok(())
-        }
-        fn poll_done(&self) -> Option<Result<(), RequestError>> {
-            Some(Ok(()))
-        }
-        fn register_waker(&self, waker: &Waker) {
-            waker.wake_by_ref();
-        }
-        fn as_any(&self) -> &dyn std::any::Any {
-            self
-        }
-    }
+    use crate::request::completion::DoneOk;
 
     #[test]
     fn a_handle_is_one_word_and_frees_its_allocation_once() {
         assert_eq!(std::mem::size_of::<Handle>(), 8);
         assert_eq!(std::mem::size_of::<Option<Handle>>(), 8);
-        let drops = Arc::new(AtomicUsize::new(0));
-        let s = Arc::new(Shared::new(Counted(Arc::clone(&drops))));
-        let id = s.head.id;
+        let s = Arc::new(Shared::new(DoneOk));
+        let (id, freed) = (s.head.id, Arc::downgrade(&s));
         let kept = Arc::clone(&s);
         let h = Handle::shared(s);
         assert!(!h.is_done_ok());
         assert_eq!(h.id(), id);
         let (head, c) = h.parts().expect("a shared handle has parts");
         assert_eq!(head.id, id);
-        assert!(c.as_any().is::<Counted>(), "the completion's own type");
+        assert!(c.as_any().is::<DoneOk>(), "the completion's own type");
         let h2 = h.clone();
         assert_eq!(Arc::strong_count(&kept), 3);
         drop(h);
         drop(h2);
         assert_eq!(Arc::strong_count(&kept), 1);
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
         drop(kept);
-        assert_eq!(
-            drops.load(Ordering::SeqCst),
-            1,
-            "freed once, by the last reference"
-        );
+        assert_eq!(freed.strong_count(), 0, "freed by the last reference");
+        assert!(freed.upgrade().is_none());
     }
 
     #[test]
