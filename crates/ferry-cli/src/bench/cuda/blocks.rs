@@ -8,8 +8,9 @@
 //! default settings, the SMs free (the default route), and on one with the SMs busy
 //! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one
 //! `flush` on the first (the copies held until the flush, then one batched copy:
-//! `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three mechanisms run bare on a stream of their own
-//! through the gatherer with a fixed strategy and one synchronize: the driver's batched copy
+//! `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three
+//! mechanisms run bare on a stream of their own through the gatherer with a fixed strategy and
+//! one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
 //! `cuMemcpyAsync` per block, and ferry's SM gather kernel. Each series also carries its
 //! process CPU time per GB, and the row's shape the submit cost alone (the time until the

@@ -292,17 +292,11 @@ impl Inner {
             (WaitOn::Event, Some(e), _) => check("cuEventSynchronize", unsafe {
                 sys::cuEventSynchronize(e.raw())
             }),
-            (_, _, Some(q)) => {
-                let mut r = Ok(());
-                q.wait_stream(|| {
-                    // SAFETY: the queue's live stream (the queue holds it).
-                    r = check("cuStreamSynchronize", unsafe {
-                        sys::cuStreamSynchronize(q.raw())
-                    });
-                    r.is_ok()
-                });
-                r
-            }
+            (_, _, Some(q)) => check(
+                "cuStreamSynchronize",
+                // SAFETY: the queue's live stream (the queue holds it).
+                q.wait_stream(|| unsafe { sys::cuStreamSynchronize(q.raw()) }),
+            ),
             // Neither: not made by `CudaCompletion::new`.
             _ => Ok(()),
         };
@@ -320,15 +314,11 @@ impl Inner {
         let (call, code) = match self.target() {
             // SAFETY: a live event handle.
             (WaitOn::Event, Some(e), _) => ("cuEventQuery", unsafe { sys::cuEventQuery(e.raw()) }),
-            (_, _, Some(q)) => {
-                let mut code = sys::CUresult::CUDA_SUCCESS;
-                q.wait_stream(|| {
-                    // SAFETY: the queue's live stream.
-                    code = unsafe { sys::cuStreamQuery(q.raw()) };
-                    code == sys::CUresult::CUDA_SUCCESS
-                });
-                ("cuStreamQuery", code)
-            }
+            (_, _, Some(q)) => (
+                "cuStreamQuery",
+                // SAFETY: the queue's live stream.
+                q.wait_stream(|| unsafe { sys::cuStreamQuery(q.raw()) }),
+            ),
             _ => return Some(Ok(())),
         };
         match code {

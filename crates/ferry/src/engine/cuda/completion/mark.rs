@@ -366,17 +366,17 @@ impl Queue {
         pos != 0 && pos <= self.passed.load(Ordering::Acquire)
     }
 
-    /// Runs `wait` (a `cuStreamSynchronize` or `cuStreamQuery` of the stream: `true` where it
-    /// found everything before it done) and remembers how far it reached: every lazy request
-    /// placed before it was called ([`Queue::passed`]).
-    pub(crate) fn wait_stream(&self, wait: impl FnOnce() -> bool) -> bool {
+    /// Runs `wait` (a `cuStreamSynchronize` or `cuStreamQuery` of the stream) and returns its
+    /// code; where it found everything before it done (success), remembers how far it reached:
+    /// every lazy request placed before it was called ([`Queue::passed`]).
+    pub(crate) fn wait_stream(&self, wait: impl FnOnce() -> sys::CUresult) -> sys::CUresult {
         // Positions are stored after their work was enqueued: this one's work is before the call.
         let upto = self.placed.load(Ordering::Acquire);
-        let done = wait();
-        if done {
+        let code = wait();
+        if code == sys::CUresult::CUDA_SUCCESS {
             self.passed.fetch_max(upto, Ordering::Release);
         }
-        done
+        code
     }
 
     /// The next position, for a lazy request whose work was just enqueued (the lock held:
