@@ -176,6 +176,21 @@ def disk_limits(d: str, nbytes: int, repeat: int) -> tuple[dict[str, tuple[float
     return rows, notes, skipped
 
 
+class Shown(dict):
+    """A kind's rows {name: (seconds, bytes)} that print each row as it is measured, so a run
+    cut short by a time limit still leaves the rows it finished in its log."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def __setitem__(self, name: str, row: tuple[float, int]) -> None:
+        super().__setitem__(name, row)
+        sec, n = row
+        key = name if self.kind == "disk" else f"{self.kind}: {name}"
+        print(f"  done: {key}: {sec:.3f} s, {n / sec / 1e9:.2f} GB/s", flush=True)
+
+
 def best(f: Callable[[], Any], repeat: int, before: Optional[Callable[[], Any]] = None) -> float:
     out = []
     for _ in range(repeat):
@@ -207,13 +222,14 @@ def main() -> int:
     a = ap.parse_args()
 
     # rows[kind][name] = (seconds, bytes)
-    rows: dict[str, dict[str, tuple[float, int]]] = {"load": {}, "save": {}, "disk": {}}
+    rows: dict[str, dict[str, tuple[float, int]]] = {k: Shown(k) for k in ("load", "save", "disk")}
     notes: dict[str, str] = {}
     missing: list[str] = []
     disk_bytes = parse_bytes(a.disk_bytes)
     if disk_bytes > 0:
         d_rows, notes, skipped = disk_limits(a.dir, disk_bytes, a.repeat)
-        rows["disk"].update(d_rows)
+        for name, row in d_rows.items():
+            rows["disk"][name] = row
         missing += skipped
     nbytes, ntensors, nfiles, cache = 0, 0, 0, "not read"
     if a.rows != "disk":

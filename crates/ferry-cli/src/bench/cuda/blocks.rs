@@ -5,7 +5,8 @@
 //!
 //! The bandwidth rows time one block copy per call on the host clock (submit + wait, the
 //! caller's view): ferry's block copy (`Op::Blocks`) on an engine of the row's own with the
-//! default settings, the SMs free (the default route), and on one with the SMs busy
+//! default settings, the SMs free (the default route), the same on one that waits with
+//! `WaitMode::Spin` (no completion word: the driver's own spin), and on one with the SMs busy
 //! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one
 //! `flush` on the first (the copies held until the flush, then one batched copy:
 //! `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three
@@ -246,13 +247,21 @@ type Mechanism = (
     fn(&mut Setup, &CudaBench) -> Result<(), String>,
 );
 
-const MECHANISMS: [Mechanism; 7] = [
+const MECHANISMS: [Mechanism; 8] = [
     (
         "ferry block copy, SMs free (default route)",
         Role::Ferry,
         |s, _| {
             let own = Arc::clone(&s.own);
             s.ferry(&own)
+        },
+    ),
+    (
+        "ferry block copy, SMs free, WaitMode::Spin",
+        Role::Ferry,
+        |s, _| {
+            let spin = Arc::clone(&s.spin);
+            s.ferry(&spin)
         },
     ),
     (
