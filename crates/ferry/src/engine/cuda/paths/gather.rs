@@ -35,6 +35,7 @@
 
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
+use crate::engine::cuda::sys::program::{self, Made};
 use crate::memory::MemKind;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
@@ -160,7 +161,7 @@ impl Table {
 /// the reusable segment table. See the [module documentation](self).
 pub struct Gatherer {
     ctx: Arc<CudaContext>,
-    func: Mutex<Option<CudaFunction>>,
+    func: Made<CudaFunction>,
     table: Mutex<Table>,
     sms: u32,
     leave_sms: bool,
@@ -209,7 +210,7 @@ impl Gatherer {
         };
         Ok(Gatherer {
             ctx,
-            func: Mutex::new(None),
+            func: Made::new(),
             table: Mutex::new(table),
             sms,
             leave_sms: false,
@@ -241,15 +242,9 @@ impl Gatherer {
 
     /// Compiles (once) and returns the gather kernel. Errors: [`GatherError::Kernel`].
     pub fn kernel(&self) -> Result<CudaFunction, GatherError> {
-        let mut f = self.func.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = f.as_ref() {
-            return Ok(k.clone());
-        }
-        let k =
-            crate::engine::cuda::sys::program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?
-                .remove(0);
-        *f = Some(k.clone());
-        Ok(k)
+        Ok(self
+            .func
+            .get(|| Ok(program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0)))?)
     }
 
     /// Whether the driver exports a batched copy (`cuMemcpyBatchAsync_v2`, CUDA 13 or later,

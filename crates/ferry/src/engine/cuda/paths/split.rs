@@ -9,6 +9,7 @@
 //! cuda-d2d-split` measures it next to `cuMemcpyDtoDAsync` and the kernel alone.
 
 use crate::engine::cuda::sys::driver::{self, check};
+use crate::engine::cuda::sys::program::{self, Made};
 use crate::engine::cuda::CudaError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,7 +44,7 @@ const BLOCK: u32 = 512;
 /// A contiguous copy kernel for one context (compiled on first use).
 pub struct SmCopy {
     ctx: Arc<CudaContext>,
-    func: Mutex<Option<CudaFunction>>,
+    func: Made<CudaFunction>,
     sms: u32,
 }
 
@@ -67,22 +68,15 @@ impl SmCopy {
             .max(1) as u32;
         Ok(SmCopy {
             ctx,
-            func: Mutex::new(None),
+            func: Made::new(),
             sms,
         })
     }
 
     fn kernel(&self) -> Result<CudaFunction, CudaError> {
-        let mut f = self.func.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(k) = f.as_ref() {
-            return Ok(k.clone());
-        }
-        let k =
-            crate::engine::cuda::sys::program::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])
-                .map_err(CudaError::Kernel)?
-                .remove(0);
-        *f = Some(k.clone());
-        Ok(k)
+        self.func
+            .get(|| Ok(program::program(&self.ctx, KERNEL_SRC, &["ferry_sm_copy"])?.remove(0)))
+            .map_err(CudaError::Kernel)
     }
 
     /// Enqueues a copy of `n` bytes from `src` to `dst` by the kernel on `stream`.

@@ -29,11 +29,12 @@
 
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::error::KernelError;
+use crate::engine::cuda::sys::program::{self, Made};
 use crate::engine::cuda::CudaError;
 use crate::plan::Plan;
 use cudarc::driver::result::DriverError;
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Runs of at most this many bytes go through the tiled or one-thread-per-run kernels (the tile
@@ -270,7 +271,7 @@ struct Kernels {
 /// [module documentation](self).
 pub struct SmCopier {
     ctx: Arc<CudaContext>,
-    kernels: Mutex<Option<Arc<Kernels>>>,
+    kernels: Made<Arc<Kernels>>,
     sms: u32,
 }
 
@@ -301,7 +302,7 @@ impl SmCopier {
             .max(1) as u32;
         Ok(SmCopier {
             ctx,
-            kernels: Mutex::new(None),
+            kernels: Made::new(),
             sms,
         })
     }
@@ -312,10 +313,10 @@ impl SmCopier {
     }
 
     fn kernels(&self) -> Result<Arc<Kernels>, SmError> {
-        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = k.as_ref() {
-            return Ok(Arc::clone(k));
-        }
+        Ok(self.kernels.get(|| self.make_kernels())?)
+    }
+
+    fn make_kernels(&self) -> Result<Arc<Kernels>, KernelError> {
         let names = [
             "ferry_sm_linear",
             "ferry_sm_tiled",
@@ -327,19 +328,16 @@ impl SmCopier {
             "ferry_sm_transpose8",
             "ferry_sm_transpose16",
         ];
-        let [linear, tiled, each, rows, t1, t2, t4, t8, t16] = <[CudaFunction; 9]>::try_from(
-            crate::engine::cuda::sys::program::program(&self.ctx, KERNEL_SRC, &names)?,
-        )
-        .map_err(|_| KernelError::Compile("kernels missing from the program".into()))?;
-        let ks = Arc::new(Kernels {
+        let [linear, tiled, each, rows, t1, t2, t4, t8, t16] =
+            <[CudaFunction; 9]>::try_from(program::program(&self.ctx, KERNEL_SRC, &names)?)
+                .map_err(|_| KernelError::Compile("kernels missing from the program".into()))?;
+        Ok(Arc::new(Kernels {
             linear,
             transpose: [t1, t2, t4, t8, t16],
             tiled,
             each,
             rows,
-        });
-        *k = Some(Arc::clone(&ks));
-        Ok(ks)
+        }))
     }
 
     /// Enqueues `plan` on `stream` as one kernel launch and returns the kernel used. `dst` and

@@ -95,6 +95,40 @@ pub(crate) fn program(
     Ok(ks)
 }
 
+/// Kernels of one program once made for one context, or the lasting reason they cannot be
+/// (NVRTC absent, the source refused): what each path's kernels are kept in. A failed driver
+/// call (loading the module: out of memory, say) is not kept, so the next request tries again.
+///
+/// Why the failure is kept: on a host without NVRTC (a runtime-only container: the driver
+/// ships without it) every request whose route tried a kernel asked again, looking for the
+/// cached PTX on disk each time (2.5% of a 4,096-block copy's host time against the null
+/// driver, about 2 of the 3 us of a 16-block one).
+pub(crate) struct Made<T>(Mutex<Option<Result<T, KernelError>>>);
+
+impl<T: Clone> Made<T> {
+    /// Nothing made yet.
+    pub(crate) const fn new() -> Made<T> {
+        Made(Mutex::new(None))
+    }
+
+    /// The kernels, made by `make` the first time (under the lock: two threads make them
+    /// once), or the failure kept from then.
+    pub(crate) fn get(
+        &self,
+        make: impl FnOnce() -> Result<T, KernelError>,
+    ) -> Result<T, KernelError> {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = slot.as_ref() {
+            return kept.clone();
+        }
+        let made = make();
+        if !matches!(made, Err(KernelError::Driver { .. })) {
+            *slot = Some(made.clone());
+        }
+        made
+    }
+}
+
 /// Whether NVRTC can be loaded, asked once per process: cudarc's check tries to `dlopen` every
 /// candidate name on each call, and a host without NVRTC paid that (about 0.5 ms on the 2-core
 /// machine, the null driver) on every copy whose route tried a kernel before falling back.
@@ -233,6 +267,42 @@ mod tests {
             Some(PathBuf::from("/h/.cache/ferry/kernels"))
         );
         assert_eq!(cache_dir_from(None, None, None), None);
+    }
+
+    #[test]
+    fn made_keeps_kernels_and_lasting_failures_but_not_driver_errors() {
+        let calls = std::cell::Cell::new(0);
+        let count = |r: Result<u32, KernelError>| {
+            calls.set(calls.get() + 1);
+            r
+        };
+        let ok = Made::new();
+        assert_eq!(ok.get(|| count(Ok(7))), Ok(7));
+        assert_eq!(ok.get(|| count(Ok(8))), Ok(7), "made again");
+        assert_eq!(calls.get(), 1);
+        let missing = Made::<u32>::new();
+        assert_eq!(
+            missing.get(|| count(Err(KernelError::NvrtcMissing))),
+            Err(KernelError::NvrtcMissing)
+        );
+        assert_eq!(
+            missing.get(|| count(Ok(1))),
+            Err(KernelError::NvrtcMissing),
+            "asked again"
+        );
+        assert_eq!(calls.get(), 2);
+        let driver = Made::<u32>::new();
+        let failed = KernelError::Driver {
+            op: "cuModuleLoadData",
+            source: DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        };
+        assert_eq!(driver.get(|| count(Err(failed.clone()))), Err(failed));
+        assert_eq!(
+            driver.get(|| count(Ok(3))),
+            Ok(3),
+            "a driver error was kept"
+        );
+        assert_eq!(calls.get(), 4);
     }
 
     #[test]
