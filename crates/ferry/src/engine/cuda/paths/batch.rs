@@ -33,17 +33,6 @@ pub(crate) struct Batched {
     pub first_error: Option<cudarc::driver::DriverError>,
 }
 
-/// A copy the batches take: `len` bytes from `src` (memory of kind `sk`) to `dst` (of kind
-/// `dk`).
-#[derive(Clone, Copy)]
-struct One {
-    dst: u64,
-    src: u64,
-    len: usize,
-    dk: MemKind,
-    sk: MemKind,
-}
-
 /// A failure of a one-call-per-copy copy: the copies before `at` were enqueued, the call and
 /// its error; what the batches did before it.
 struct Stopped {
@@ -62,7 +51,7 @@ struct Stopped {
 ///    stream has passed it, device-accessible or page-locked unified addresses, of the kinds
 ///    given; no destination overlaps another or a source; every length is above 0.
 /// 2. `stream` is a live stream of the current context, not the legacy default stream.
-unsafe fn batches(stream: sys::CUstream, copies: &[One]) -> Result<Batched, Stopped> {
+unsafe fn batches(stream: sys::CUstream, copies: &[HeldCopy]) -> Result<Batched, Stopped> {
     let mut out = Batched::default();
     let n = copies.len().min(BATCH_MAX_COPIES);
     let (mut dsts, mut srcs, mut sizes) = (
@@ -82,11 +71,11 @@ unsafe fn batches(stream: sys::CUstream, copies: &[One]) -> Result<Batched, Stop
             dsts.push(s.dst);
             srcs.push(s.src);
             sizes.push(s.len);
-            if kinds != Some((s.dk, s.sk)) {
-                kinds = Some((s.dk, s.sk));
+            if kinds != Some((s.dst_kind, s.src_kind)) {
+                kinds = Some((s.dst_kind, s.src_kind));
                 attrs.push(driver::copy_attributes(
-                    s.dk,
-                    s.sk,
+                    s.dst_kind,
+                    s.src_kind,
                     route::BATCH_PREFER_OVERLAP,
                 ));
                 idxs.push(i);
@@ -124,7 +113,7 @@ unsafe fn batches(stream: sys::CUstream, copies: &[One]) -> Result<Batched, Stop
 /// live stream of the current context.
 unsafe fn one_each(
     stream: sys::CUstream,
-    copies: &[One],
+    copies: &[HeldCopy],
     at: usize,
     so_far: Batched,
 ) -> Result<(), Stopped> {
@@ -135,13 +124,19 @@ unsafe fn one_each(
     };
     copies.iter().enumerate().try_for_each(|(i, s)| {
         // SAFETY: this function's contract.
-        unsafe { copy1d(stream, end(s.dst, s.dk), end(s.src, s.sk), s.len) }.map_err(|error| {
-            Stopped {
-                at: at + i,
-                call: error.call,
-                error,
-                so_far,
-            }
+        unsafe {
+            copy1d(
+                stream,
+                end(s.dst, s.dst_kind),
+                end(s.src, s.src_kind),
+                s.len,
+            )
+        }
+        .map_err(|error| Stopped {
+            at: at + i,
+            call: error.call,
+            error,
+            so_far,
         })
     })
 }
@@ -165,16 +160,16 @@ pub(crate) unsafe fn copy(
     kinds: Option<(MemKind, MemKind)>,
 ) -> Result<Batched, (&'static str, cudarc::driver::DriverError)> {
     // Managed: no hint (`driver::location`).
-    let (dk, sk) = kinds.unwrap_or((MemKind::Managed, MemKind::Managed));
-    let copies: Vec<One> = segs
+    let (dst_kind, src_kind) = kinds.unwrap_or((MemKind::Managed, MemKind::Managed));
+    let copies: Vec<HeldCopy> = segs
         .iter()
         .filter(|s| s.len > 0)
-        .map(|s| One {
+        .map(|s| HeldCopy {
             dst: dst + s.dst_off,
             src: src + s.src_off,
             len: s.len as usize,
-            dk,
-            sk,
+            dst_kind,
+            src_kind,
         })
         .collect();
     // SAFETY: the segments lie in both buffers, valid until the stream passes them, of these
@@ -194,17 +189,7 @@ pub(crate) unsafe fn copy(
 /// until the stream passes them, device memory of the stream's device or page-locked host
 /// memory (no copy between two GPUs), no destination overlapping another or a source, every
 /// length above 0; `stream` a live stream of the current context, not the legacy one.
-pub(crate) unsafe fn copy_held(stream: sys::CUstream, held: &[HeldCopy]) -> Issued {
-    let copies: Vec<One> = held
-        .iter()
-        .map(|h| One {
-            dst: h.dst,
-            src: h.src,
-            len: h.len,
-            dk: h.dst_kind,
-            sk: h.src_kind,
-        })
-        .collect();
+pub(crate) unsafe fn copy_held(stream: sys::CUstream, copies: &[HeldCopy]) -> Issued {
     let mut out = Issued {
         enqueued: copies.len(),
         ..Issued::default()
@@ -213,10 +198,10 @@ pub(crate) unsafe fn copy_held(stream: sys::CUstream, held: &[HeldCopy]) -> Issu
     let r = if each {
         // SAFETY: the copies' ranges are valid, on this device or the host, on the caller's
         // stream (this function's contract).
-        unsafe { one_each(stream, &copies, 0, Batched::default()) }.map(|()| Batched::default())
+        unsafe { one_each(stream, copies, 0, Batched::default()) }.map(|()| Batched::default())
     } else {
         // SAFETY: this function's contract is `batches`' (1, 2).
-        unsafe { batches(stream, &copies) }
+        unsafe { batches(stream, copies) }
     };
     let b = match r {
         Ok(b) => b,
