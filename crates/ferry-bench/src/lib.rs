@@ -24,7 +24,7 @@ mod latency;
 mod raw;
 mod timer;
 
-pub use cputime::{cpu_time, CpuOf};
+pub use cputime::{cpu_time, minor_faults, CpuOf};
 pub use error::BaselineError;
 pub use ferry::bench::RawNccl;
 pub use latency::{submit_raw_and_wait, submit_raw_parts, RawWait};

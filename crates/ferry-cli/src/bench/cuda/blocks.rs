@@ -16,7 +16,9 @@
 //! `cuMemcpyAsync` per block, and ferry's SM gather kernel. Each series also carries its
 //! process CPU time per GB, and the row's shape the submit cost alone (the time until the
 //! submitting call returns, median of the samples) of ferry's busy route and of one
-//! `cuMemcpyAsync` per block.
+//! `cuMemcpyAsync` per block, and each series' minor page faults a call (the process's, from
+//! `getrusage`: memory a call allocates anew and touches, where the allocator gave it back
+//! between calls).
 //!
 //! `cuda-blocks-busy` (host -> device, the largest count that fits) is the interference row:
 //! a compute kernel (an FMA loop over every SM, NVRTC, about 20 ms alone) runs on a stream of
@@ -304,18 +306,21 @@ impl CudaBench {
             let mut st = Setup::new(self, way, block, count).map_err(setup)?;
             let payload = (count * block) as u64;
             let mut series = Vec::new();
-            let mut submit = Vec::new();
+            let (mut submit, mut faults) = (Vec::new(), Vec::new());
             for (name, role, run) in MECHANISMS {
                 if name.contains("cuMemcpyBatchAsync") && !Gatherer::batch_supported() {
                     println!("  {name}: skipped, the driver lacks cuMemcpyBatchAsync_v2");
                     continue;
                 }
                 st.dst.poison().map_err(setup)?;
-                let (cpu0, mut calls) = (cpu_now(), 0u64);
+                let (cpu0, faults0, mut calls) = (cpu_now(), ferry_bench::minor_faults(), 0u64);
                 let t = measure(&self.method, || {
                     calls += 1;
                     run(&mut st, self)
                 });
+                if let (Some(f0), Some(f1)) = (faults0, ferry_bench::minor_faults()) {
+                    faults.push(format!("{name} {:.1}", (f1 - f0) as f64 / calls as f64));
+                }
                 let t = match t {
                     Ok(t) => t,
                     // The kernel cannot be made here (no NVRTC): the row goes on without it.
@@ -373,8 +378,9 @@ impl CudaBench {
             };
             let shape = format!(
                 "{dir}, {count} blocks of {block} bytes (a permutation), one block copy per call; \
-                 submit alone (best): {}",
-                submit.join(", ")
+                 submit alone (best): {}; the process's minor page faults a call: {}",
+                submit.join(", "),
+                faults.join(", ")
             );
             let mut row = Row::new(
                 ctx.test,
