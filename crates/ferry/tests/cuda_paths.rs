@@ -380,6 +380,78 @@ fn gather_every_strategy_and_direction() {
     }
 }
 
+/// Host -> device lists of 64 KiB segments (the host band, where the kernel and the batched
+/// copy cross at a host-dependent size): `Strategy::Auto` times both on its first calls, each in
+/// turn, then keeps one; every call's bytes right.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn auto_measures_the_host_band_then_keeps_one() {
+    let Some((ctx, stream)) = setup() else { return };
+    if !Gatherer::batch_supported()
+        || cuda_common::skip_on_null_driver(
+            "the host band times the gather kernel (NVRTC) against the batched copy",
+        )
+    {
+        return;
+    }
+    let g = Gatherer::new(ctx.clone()).expect("gatherer");
+    let (block, count) = (64usize << 10, 64usize);
+    let len = block * count;
+    let segs: Vec<Segment> = (0..count as u64)
+        .map(|i| {
+            Segment::new(
+                ((i * 37) % count as u64) * block as u64,
+                i * block as u64,
+                block as u64,
+            )
+        })
+        .collect();
+    let mut rng = Rng(77);
+    let src_data = rng.bytes(len);
+    let mut src = Side::new(&ctx, true, len);
+    src.write(&src_data);
+    let mut want = vec![POISON; len];
+    seg_reference(&mut want, &src_data, &segs);
+    let mut used = Vec::new();
+    for call in 0..16 {
+        let mut dst = Side::new(&ctx, false, len);
+        dst.write(&vec![POISON; len]);
+        // SAFETY: buffers of the given lengths, unused elsewhere until the sync below.
+        let s = unsafe {
+            g.copy(
+                &stream,
+                dst.addr(),
+                len,
+                src.addr(),
+                len,
+                &segs,
+                Strategy::Auto,
+            )
+        }
+        .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        stream.synchronize().expect("sync");
+        assert_eq!(first_diff(&dst.read(), &want), None, "call {call} ({s:?})");
+        used.push(s);
+    }
+    println!("strategies: {used:?}");
+    // Timed in turn, the kernel first: three of each.
+    assert_eq!(
+        &used[..6],
+        &[
+            Strategy::Kernel,
+            Strategy::Batch,
+            Strategy::Kernel,
+            Strategy::Batch,
+            Strategy::Kernel,
+            Strategy::Batch
+        ]
+    );
+    // Each call was waited, so every timing was read by the next: one choice from then on.
+    let kept = used[6];
+    assert!(matches!(kept, Strategy::Kernel | Strategy::Batch));
+    assert!(used[6..].iter().all(|&s| s == kept), "{used:?}");
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn gather_rejects_bad_input() {

@@ -122,9 +122,56 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 /// from 1 MiB (nothing measured there below). The fourth H100 run's host (another machine)
 /// went the other way: its kernel read host memory at 45-51 GB/s with 4,096 blocks from 4 KiB
 /// up, and 64 KiB lists ran 0.78 / 0.64 of it here (256 / 4,096 blocks; the raw batch 30.0 /
-/// 38.9 GB/s against the kernel's 48.7 / 51.0), level from 512 KiB. The crossing depends on
-/// the host, which one constant cannot follow (a measured choice per machine is not built).
+/// 38.9 GB/s against the kernel's 48.7 / 51.0), level from 512 KiB, and the fifth run's host
+/// as well (0.62 / 0.60). The crossing depends on the host, which one constant cannot follow:
+/// from here up to [`AUTO_LARGE_SEGMENT`] the gatherer measures both ([`host_band`]).
 pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 64 << 10;
+
+/// Host -> device lists averaging from [`AUTO_LARGE_SEGMENT_FROM_HOST`] up to
+/// [`AUTO_LARGE_SEGMENT`] (the host band), SMs free: where the kernel and the batched copy cross
+/// depends on the host (the kernel reads host memory at 33 GB/s on one H100 host and at 45-51 on
+/// two others: the batch 1.2x the kernel at 64 KiB on the first, the kernel 1.6x the batch on
+/// the others; `bench/results/h100.md`, third to fifth runs). [`Strategy::Auto`] times both
+/// there ([`HOST_BAND_SAMPLES`] calls each, CUDA events around the copy) and keeps the faster
+/// for the gatherer's life ([`host_band_choice`]); the batched copy until then, or where the
+/// kernel or the batch cannot run.
+pub(crate) fn host_band(sides: Sides, n: usize, total: u64) -> bool {
+    sides == Sides::HostToDevice
+        && n > AUTO_FEW_SEGMENTS
+        && (AUTO_LARGE_SEGMENT_FROM_HOST..AUTO_LARGE_SEGMENT).contains(&(total / n as u64))
+}
+
+/// Calls of each mechanism timed in the host band before [`host_band_choice`] decides.
+pub const HOST_BAND_SAMPLES: usize = 3;
+
+/// The host band's mechanism from the rates measured there (bytes per second, any order):
+/// `None` until each has [`HOST_BAND_SAMPLES`]; then the kernel where its median rate is at
+/// least the batched copy's, else the batched copy.
+pub(crate) fn host_band_choice(kernel: &[f64], batch: &[f64]) -> Option<Strategy> {
+    if kernel.len() < HOST_BAND_SAMPLES || batch.len() < HOST_BAND_SAMPLES {
+        return None;
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Some(if median(kernel) >= median(batch) {
+        Strategy::Kernel
+    } else {
+        Strategy::Batch
+    })
+}
+
+/// Which mechanism the host band times next: the one with fewer samples (measured or on
+/// their way), the kernel first.
+pub(crate) fn host_band_next(kernel: usize, batch: usize) -> Strategy {
+    if kernel <= batch {
+        Strategy::Kernel
+    } else {
+        Strategy::Batch
+    }
+}
 
 /// [`large_segment`]: device lists of this many segments or more stay on the kernel at any
 /// segment size. On the H100 host 256 x 2 MiB ran 1,341 GB/s through the kernel against the
@@ -671,7 +718,9 @@ pub enum Strategy {
     /// each for at most [`AUTO_FEW_SEGMENTS`] segments; the batch copy where segments average at
     /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
     /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
-    /// device-accessible, pageable memory getting one call per segment.
+    /// device-accessible, pageable memory getting one call per segment. Host -> device lists
+    /// averaging 64 KiB to 1 MiB ([`host_band`]): the kernel and the batch are timed on the
+    /// gatherer's first such calls and the faster kept.
     Auto,
 }
 

@@ -157,6 +157,73 @@ impl Table {
     }
 }
 
+/// The host band's measurements ([`route::host_band`]): the rates of each mechanism timed
+/// there, the timed calls not yet read, and the choice once made.
+#[derive(Default)]
+struct HostBand {
+    /// Bytes per second of the kernel's timed calls.
+    kernel: Vec<f64>,
+    /// Bytes per second of the batched copy's.
+    batch: Vec<f64>,
+    pending: Vec<Timed>,
+    chosen: Option<Strategy>,
+}
+
+/// One timed call of the host band: its mechanism, its bytes, and the events around it on its
+/// stream.
+struct Timed {
+    strategy: Strategy,
+    bytes: u64,
+    start: CudaEvent,
+    stop: CudaEvent,
+}
+
+impl HostBand {
+    /// Reads the timed calls that have ended (one whose events fail is dropped), then chooses
+    /// once both mechanisms have their samples.
+    fn collect(&mut self) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            match self.pending[i].stop.try_is_complete() {
+                Ok(false) => i += 1,
+                done => {
+                    let t = self.pending.swap_remove(i);
+                    let ms = done.and_then(|_| t.start.elapsed_ms(&t.stop));
+                    if let Ok(ms) = ms.map(f64::from).map_err(drop) {
+                        if ms > 0.0 {
+                            let rate = t.bytes as f64 / (ms / 1e3);
+                            match t.strategy {
+                                Strategy::Kernel => self.kernel.push(rate),
+                                _ => self.batch.push(rate),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if self.chosen.is_none() {
+            self.chosen = route::host_band_choice(&self.kernel, &self.batch);
+        }
+    }
+
+    /// The mechanism of the band's next call, and whether to time it: the choice once made;
+    /// else the next to time, until each has its samples measured or on their way (then the
+    /// batched copy, untimed, until they are read).
+    fn next(&mut self) -> (Strategy, bool) {
+        self.collect();
+        if let Some(c) = self.chosen {
+            return (c, false);
+        }
+        let on_way = |s: Strategy| self.pending.iter().filter(|t| t.strategy == s).count();
+        let k = self.kernel.len() + on_way(Strategy::Kernel);
+        let b = self.batch.len() + on_way(Strategy::Batch);
+        if k >= route::HOST_BAND_SAMPLES && b >= route::HOST_BAND_SAMPLES {
+            return (Strategy::Batch, false);
+        }
+        (route::host_band_next(k, b), true)
+    }
+}
+
 /// Gather/scatter of segment lists for one context: the compiled kernel (made on first use) and
 /// the reusable segment table. See the [module documentation](self).
 pub struct Gatherer {
@@ -167,6 +234,8 @@ pub struct Gatherer {
     leave_sms: bool,
     /// Batches the driver refused so far, and its first refusal.
     refused: Mutex<(usize, Option<DriverError>)>,
+    /// What [`Strategy::Auto`] measured in the host band ([`route::host_band`]).
+    band: Mutex<HostBand>,
 }
 
 impl std::fmt::Debug for Gatherer {
@@ -215,6 +284,7 @@ impl Gatherer {
             sms,
             leave_sms: false,
             refused: Mutex::new((0, None)),
+            band: Mutex::new(HostBand::default()),
         })
     }
 
@@ -327,7 +397,7 @@ impl Gatherer {
             });
         }
         driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
-        let strategy = match strategy {
+        let (strategy, timed) = match strategy {
             Strategy::Auto => self.choose(
                 stream,
                 (dst, src),
@@ -337,8 +407,9 @@ impl Gatherer {
                 !self.leave_sms,
             ),
             Strategy::Dma => self.choose(stream, (dst, src), kinds, segs.len(), total, false),
-            s => s,
+            s => (s, false),
         };
+        let start = timed.then(|| self.record_timing(stream)).flatten();
         match strategy {
             // SAFETY: forwarded contract.
             Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, segs, total)? },
@@ -349,9 +420,33 @@ impl Gatherer {
                 self.copy_each(stream, dst, src, segs)?
             },
         }
+        if let Some(start) = start {
+            if let Some(stop) = self.record_timing(stream) {
+                let mut band = self.band.lock().unwrap_or_else(|e| e.into_inner());
+                band.pending.push(Timed {
+                    strategy,
+                    bytes: total,
+                    start,
+                    stop,
+                });
+            }
+        }
         Ok(strategy)
     }
 
+    /// A timing event recorded on `stream` now; `None` where the driver refuses it (the call
+    /// then goes untimed).
+    fn record_timing(&self, stream: &Arc<CudaStream>) -> Option<CudaEvent> {
+        let e = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .ok()?;
+        e.record(stream).ok()?;
+        Some(e)
+    }
+
+    /// The strategy for `n` segments of `total` bytes, and whether to time the call (the host
+    /// band, [`route::host_band`]).
     fn choose(
         &self,
         stream: &Arc<CudaStream>,
@@ -360,33 +455,37 @@ impl Gatherer {
         n: usize,
         total: u64,
         sms_free: bool,
-    ) -> Strategy {
+    ) -> (Strategy, bool) {
         // Pageable memory goes one call per segment (the driver stages it anyway).
         let reachable =
             || driver::device_address(dst).is_some() && driver::device_address(src).is_some();
         let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
         // The buffers' kinds where the caller knows them, else the driver's word (reachable
         // memory only gets here: host memory is pinned, registered or mapped).
+        // Asked of the driver at most once (the host band asks again).
+        let known = std::cell::OnceCell::new();
         let sides = || {
-            let (d, s) = kinds.unwrap_or_else(|| {
-                let kind = |addr| match driver::memory_type(addr) {
-                    Some(t) if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => MemKind::Pinned,
-                    Some(_) => MemKind::Device { ordinal: 0 },
-                    None => MemKind::Pageable,
-                };
-                (kind(dst), kind(src))
-            });
-            Sides::of(d, s)
+            *known.get_or_init(|| {
+                let (d, s) = kinds.unwrap_or_else(|| {
+                    let kind = |addr| match driver::memory_type(addr) {
+                        Some(t) if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => {
+                            MemKind::Pinned
+                        }
+                        Some(_) => MemKind::Device { ordinal: 0 },
+                        None => MemKind::Pageable,
+                    };
+                    (kind(dst), kind(src))
+                });
+                Sides::of(d, s)
+            })
         };
-        route::gather_strategy(
-            n,
-            total,
-            sms_free,
-            reachable,
-            batch,
-            || self.kernel().is_ok(),
-            sides,
-        )
+        let kernel = || self.kernel().is_ok();
+        let s = route::gather_strategy(n, total, sms_free, reachable, batch, kernel, sides);
+        // The batched copy was chosen, so both sides are reachable and the driver has it.
+        if sms_free && s == Strategy::Batch && route::host_band(sides(), n, total) && kernel() {
+            return self.band.lock().unwrap_or_else(|e| e.into_inner()).next();
+        }
+        (s, false)
     }
 
     /// # Safety

@@ -826,3 +826,58 @@ fn one_contiguous_run_is_routed_as_the_general_rules_route_it() {
     }
     assert!(fast > asked / 3, "{fast} of {asked}");
 }
+
+#[test]
+fn host_band_is_host_to_device_lists_between_the_two_thresholds() {
+    let n = 256;
+    let at = |avg: u64| host_band(Sides::HostToDevice, n, avg * n as u64);
+    assert!(!at(AUTO_LARGE_SEGMENT_FROM_HOST - 1));
+    assert!(at(AUTO_LARGE_SEGMENT_FROM_HOST));
+    assert!(at(AUTO_LARGE_SEGMENT - 1));
+    assert!(!at(AUTO_LARGE_SEGMENT));
+    let avg = 64 << 10;
+    for sides in [
+        Sides::DeviceToHost,
+        Sides::DeviceToDevice,
+        Sides::HostToHost,
+    ] {
+        assert!(!host_band(sides, n, avg * n as u64), "{sides:?}");
+    }
+    // A few segments go one call each anyway.
+    let few = AUTO_FEW_SEGMENTS;
+    assert!(!host_band(Sides::HostToDevice, few, avg * few as u64));
+    assert!(host_band(
+        Sides::HostToDevice,
+        few + 1,
+        avg * (few as u64 + 1)
+    ));
+}
+
+#[test]
+fn host_band_times_each_in_turn_then_keeps_the_faster_median() {
+    // In turn, the kernel first, counting the samples on their way.
+    assert_eq!(host_band_next(0, 0), Strategy::Kernel);
+    assert_eq!(host_band_next(1, 0), Strategy::Batch);
+    assert_eq!(host_band_next(1, 1), Strategy::Kernel);
+    assert_eq!(host_band_next(3, 2), Strategy::Batch);
+    // Undecided until both have their samples.
+    let (k, b) = ([48e9, 50e9, 47e9], [30e9, 31e9, 29e9]);
+    assert_eq!(host_band_choice(&k[..2], &b), None);
+    assert_eq!(host_band_choice(&k, &b[..2]), None);
+    assert_eq!(host_band_choice(&k, &b), Some(Strategy::Kernel));
+    // The third H100 run's host: the batch ahead at 64 KiB.
+    assert_eq!(
+        host_band_choice(&[33e9, 33e9, 23e9], &[40e9, 39e9, 31e9]),
+        Some(Strategy::Batch)
+    );
+    // Medians, not means: one slow outlier does not turn it.
+    assert_eq!(
+        host_band_choice(&[48e9, 1e9, 49e9], &[30e9, 31e9, 29e9]),
+        Some(Strategy::Kernel)
+    );
+    // A tie goes to the kernel.
+    assert_eq!(
+        host_band_choice(&[40e9; 3], &[40e9; 3]),
+        Some(Strategy::Kernel)
+    );
+}
