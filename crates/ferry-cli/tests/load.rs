@@ -423,9 +423,12 @@ fn offset_zero_is_the_start() {
 }
 
 /// The host's `MemAvailable` in bytes (None where /proc/meminfo does not say).
-fn mem_available() -> Option<u64> {
+/// The machine's memory (`MemTotal`), bytes: more than it is never available, however much other
+/// processes free meanwhile (`MemAvailable` read first moved by gigabytes under a parallel
+/// build, and the load it was to refuse went through).
+fn mem_total() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
     line.split_whitespace()
         .nth(1)?
         .parse::<u64>()
@@ -433,18 +436,18 @@ fn mem_available() -> Option<u64> {
         .checked_mul(1024)
 }
 
-/// `--select` of a 4-byte tensor beside one larger than the machine's free memory loads the
-/// small one: the memory check counts the tensors selected, not the whole file (the file is
-/// sparse: nothing of the large tensor is ever written or read).
+/// `--select` of a 4-byte tensor beside one larger than the machine's memory loads the small
+/// one: the memory check counts the tensors selected, not the whole file (the file is sparse:
+/// nothing of the large tensor is ever written or read).
 #[test]
 fn select_needs_memory_for_the_selected_tensors_only() {
-    let Some(avail) = mem_available() else {
-        println!("skipped: no MemAvailable in /proc/meminfo");
+    let Some(total) = mem_total() else {
+        println!("skipped: no MemTotal in /proc/meminfo");
         return;
     };
     let dir = tmpdir();
     let p = dir.path().join("mixed.safetensors");
-    let huge = avail + (1 << 30);
+    let huge = total + (1 << 30);
     let mut header = serde_json::json!({
         "small": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
         "huge": {"dtype": "U8", "shape": [huge], "data_offsets": [4, 4 + huge]},
