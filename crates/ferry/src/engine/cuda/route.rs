@@ -719,8 +719,8 @@ pub enum Strategy {
     /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
     /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
     /// device-accessible, pageable memory getting one call per segment. Host -> device lists
-    /// averaging 64 KiB to 1 MiB ([`host_band`]): the kernel and the batch are timed on the
-    /// gatherer's first such calls and the faster kept.
+    /// averaging 64 KiB to 1 MiB (the host band, `route.rs`): the kernel and the batch are timed
+    /// on the gatherer's first such calls and the faster kept.
     Auto,
 }
 
