@@ -420,15 +420,19 @@ impl Gatherer {
                 self.copy_each(stream, dst, src, segs)?
             },
         }
-        if let Some(start) = start {
-            if let Some(stop) = self.record_timing(stream) {
-                let mut band = self.band.lock().unwrap_or_else(|e| e.into_inner());
-                band.pending.push(Timed {
+        if timed {
+            let stop = start.as_ref().and_then(|_| self.record_timing(stream));
+            let mut band = self.band.lock().unwrap_or_else(|e| e.into_inner());
+            match (start, stop) {
+                (Some(start), Some(stop)) => band.pending.push(Timed {
                     strategy,
                     bytes: total,
                     start,
                     stop,
-                });
+                }),
+                // No events to time with: the batched copy from now on, as before the band
+                // was measured (else the turns would never end).
+                _ => band.chosen = band.chosen.or(Some(Strategy::Batch)),
             }
         }
         Ok(strategy)
