@@ -416,7 +416,7 @@ impl CudaEngine {
         let queue = self.lanes.queue(lane, route.stream);
         let expect = self.expect(n, dk, Some(sk));
         if more && self.holds(dk) && self.holds(sk) && n > 0 {
-            let copy = completion::mark::HeldCopy {
+            let copy = completion::mark::BatchCopy {
                 dst: dst.addr + d as u64,
                 src: src.addr + s as u64,
                 len: n,
@@ -475,7 +475,7 @@ impl CudaEngine {
         &self,
         lane: usize,
         queue: &Arc<completion::mark::Queue>,
-        copy: completion::mark::HeldCopy,
+        copy: completion::mark::BatchCopy,
         expect: completion::wait::Expect,
     ) -> Request {
         use completion::mark;

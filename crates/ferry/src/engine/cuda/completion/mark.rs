@@ -227,12 +227,12 @@ pub(crate) trait Lazy: Send + Sync {
     fn placed(&self, pos: u64);
 }
 
-/// A one-run copy held on its queue until its batch is issued ([`Queue::push_held`]), and the
-/// copy the batched copy takes (`paths/batch.rs`, a gatherer's segments too): `len` bytes
-/// (above 0) from `src` (memory of kind `src_kind`) to `dst` (of kind `dst_kind`), both on the
-/// queue's device or in page-locked host memory.
+/// One copy of a batched copy (`paths/batch.rs`): a one-run copy held on its queue until its
+/// batch is issued ([`Queue::push_held`]), or a gatherer's segment: `len` bytes (above 0) from
+/// `src` (memory of kind `src_kind`) to `dst` (of kind `dst_kind`), both on the queue's device
+/// or in page-locked host memory.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeldCopy {
+pub(crate) struct BatchCopy {
     pub dst: u64,
     pub src: u64,
     pub len: usize,
@@ -261,11 +261,11 @@ pub(crate) struct Issued {
 /// Every copy's ranges are valid until the stream passes them, device memory of the stream's
 /// device or page-locked host memory, no destination overlapping another or a source, every
 /// length above 0; the stream is live, of the current context, not the legacy one.
-pub(crate) type Issue = unsafe fn(sys::CUstream, &[HeldCopy]) -> Issued;
+pub(crate) type Issue = unsafe fn(sys::CUstream, &[BatchCopy]) -> Issued;
 
 /// A held copy with its request.
 struct Held {
-    copy: HeldCopy,
+    copy: BatchCopy,
     req: Weak<dyn Lazy>,
     /// Marked lazily (else an event after the batch).
     lazy: bool,
@@ -310,7 +310,7 @@ pub(crate) struct Tail {
     /// batch of 4,096 blocks made them anew each time, growing `held` by doubling and both
     /// past the allocator's mapping threshold, so every batch faulted their pages in again
     /// (null driver: about 100 page faults and 0.32 us a block).
-    copies: Vec<HeldCopy>,
+    copies: Vec<BatchCopy>,
 }
 
 /// The address of a request's allocation, whatever the pointer's type (the identity the queue
@@ -506,7 +506,7 @@ impl Queue {
     /// The copy's ranges are valid until `request` completes, and as [`Issue`] asks.
     pub(crate) unsafe fn push_held<L: Lazy + 'static>(
         &self,
-        copy: HeldCopy,
+        copy: BatchCopy,
         request: &Arc<L>,
         (lazy, stamp): (bool, bool),
     ) {

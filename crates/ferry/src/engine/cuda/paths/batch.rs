@@ -12,7 +12,7 @@
 //! names none); the refusal is kept ([`Batched`]) for the caller to report, and the other
 //! batches keep the batched copy.
 
-use crate::engine::cuda::completion::mark::{HeldCopy, Issued};
+use crate::engine::cuda::completion::mark::{BatchCopy, Issued};
 use crate::engine::cuda::paths::calls::{copy1d, End};
 use crate::engine::cuda::route::{self, BATCH_MAX_COPIES};
 use crate::engine::cuda::sys::driver;
@@ -51,7 +51,7 @@ struct Stopped {
 ///    stream has passed it, device-accessible or page-locked unified addresses, of the kinds
 ///    given; no destination overlaps another or a source; every length is above 0.
 /// 2. `stream` is a live stream of the current context, not the legacy default stream.
-unsafe fn batches(stream: sys::CUstream, copies: &[HeldCopy]) -> Result<Batched, Stopped> {
+unsafe fn batches(stream: sys::CUstream, copies: &[BatchCopy]) -> Result<Batched, Stopped> {
     let mut out = Batched::default();
     let n = copies.len().min(BATCH_MAX_COPIES);
     let (mut dsts, mut srcs, mut sizes) = (
@@ -113,7 +113,7 @@ unsafe fn batches(stream: sys::CUstream, copies: &[HeldCopy]) -> Result<Batched,
 /// live stream of the current context.
 unsafe fn one_each(
     stream: sys::CUstream,
-    copies: &[HeldCopy],
+    copies: &[BatchCopy],
     at: usize,
     so_far: Batched,
 ) -> Result<(), Stopped> {
@@ -161,10 +161,10 @@ pub(crate) unsafe fn copy(
 ) -> Result<Batched, (&'static str, cudarc::driver::DriverError)> {
     // Managed: no hint (`driver::location`).
     let (dst_kind, src_kind) = kinds.unwrap_or((MemKind::Managed, MemKind::Managed));
-    let copies: Vec<HeldCopy> = segs
+    let copies: Vec<BatchCopy> = segs
         .iter()
         .filter(|s| s.len > 0)
-        .map(|s| HeldCopy {
+        .map(|s| BatchCopy {
             dst: dst + s.dst_off,
             src: src + s.src_off,
             len: s.len as usize,
@@ -178,7 +178,7 @@ pub(crate) unsafe fn copy(
         .map_err(|s| (s.call, cudarc::driver::DriverError(s.error.code)))
 }
 
-/// Enqueues a queue's held copies ([`HeldCopy`], in the order they were enqueued) on its
+/// Enqueues a queue's held copies ([`BatchCopy`], in the order they were enqueued) on its
 /// stream: one `cuMemcpyAsync` (the typed call) for a single copy, else batches of the
 /// driver's batched copy where it has one (refused batches one call per copy), one call per
 /// copy where it has none, the copy engines preferred as for the gatherer's batches
@@ -189,7 +189,7 @@ pub(crate) unsafe fn copy(
 /// until the stream passes them, device memory of the stream's device or page-locked host
 /// memory (no copy between two GPUs), no destination overlapping another or a source, every
 /// length above 0; `stream` a live stream of the current context, not the legacy one.
-pub(crate) unsafe fn copy_held(stream: sys::CUstream, copies: &[HeldCopy]) -> Issued {
+pub(crate) unsafe fn copy_held(stream: sys::CUstream, copies: &[BatchCopy]) -> Issued {
     let mut out = Issued {
         enqueued: copies.len(),
         ..Issued::default()
