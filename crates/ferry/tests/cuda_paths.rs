@@ -305,6 +305,24 @@ impl Side {
     }
 }
 
+/// `segs` of `src` gathered by `strategy` into a new destination of `len` bytes (pinned where
+/// `pinned`, else device memory) filled with [`POISON`] first, the stream synchronized: the
+/// strategy used and the destination's bytes.
+fn gather_poisoned(
+    (g, stream): (&Gatherer, &Arc<CudaStream>),
+    (pinned, len): (bool, usize),
+    (src, src_len): (&mut Side, usize),
+    segs: &[Segment],
+    strategy: Strategy,
+) -> Result<(Strategy, Vec<u8>), GatherError> {
+    let mut dst = Side::new(stream.context(), pinned, len);
+    dst.write(&vec![POISON; len]);
+    // SAFETY: buffers of the given lengths, unused elsewhere until the sync below.
+    let used = unsafe { g.copy(stream, dst.addr(), len, src.addr(), src_len, segs, strategy)? };
+    stream.synchronize().expect("sync");
+    Ok((used, dst.read()))
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn gather_every_strategy_and_direction() {
@@ -351,25 +369,16 @@ fn gather_every_strategy_and_direction() {
                 let src_data = rng.bytes(src_len);
                 let mut src = Side::new(&ctx, sp, src_len);
                 src.write(&src_data);
-                let mut dst = Side::new(&ctx, dp, dst_len);
-                dst.write(&vec![POISON; dst_len]);
-                // SAFETY: buffers of the given lengths, unused elsewhere until the sync below.
-                let used = unsafe {
-                    g.copy(
-                        &stream,
-                        dst.addr(),
-                        dst_len,
-                        src.addr(),
-                        src_len,
-                        &segs,
-                        strategy,
-                    )
-                }
+                let (used, got) = gather_poisoned(
+                    (&g, &stream),
+                    (dp, dst_len),
+                    (&mut src, src_len),
+                    &segs,
+                    strategy,
+                )
                 .unwrap_or_else(|e| panic!("{strategy:?} dst pinned {dp} src pinned {sp}: {e}"));
-                stream.synchronize().expect("sync");
                 let mut want = vec![POISON; dst_len];
                 seg_reference(&mut want, &src_data, &segs);
-                let got = dst.read();
                 assert_eq!(
                     first_diff(&got, &want),
                     None,
@@ -414,23 +423,15 @@ fn auto_measures_the_host_band_then_keeps_one() {
     seg_reference(&mut want, &src_data, &segs);
     let mut used = Vec::new();
     for call in 0..16 {
-        let mut dst = Side::new(&ctx, false, len);
-        dst.write(&vec![POISON; len]);
-        // SAFETY: buffers of the given lengths, unused elsewhere until the sync below.
-        let s = unsafe {
-            g.copy(
-                &stream,
-                dst.addr(),
-                len,
-                src.addr(),
-                len,
-                &segs,
-                Strategy::Auto,
-            )
-        }
+        let (s, got) = gather_poisoned(
+            (&g, &stream),
+            (false, len),
+            (&mut src, len),
+            &segs,
+            Strategy::Auto,
+        )
         .unwrap_or_else(|e| panic!("call {call}: {e}"));
-        stream.synchronize().expect("sync");
-        assert_eq!(first_diff(&dst.read(), &want), None, "call {call} ({s:?})");
+        assert_eq!(first_diff(&got, &want), None, "call {call} ({s:?})");
         used.push(s);
     }
     println!("strategies: {used:?}");
