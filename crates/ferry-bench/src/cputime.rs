@@ -13,16 +13,10 @@ pub enum CpuOf {
 
 /// User + system CPU time of `who` so far; `None` if `getrusage` fails.
 pub fn cpu_time(who: CpuOf) -> Option<Duration> {
-    let w = match who {
+    let u = usage(match who {
         CpuOf::Process => libc::RUSAGE_SELF,
         CpuOf::Thread => libc::RUSAGE_THREAD,
-    };
-    // SAFETY: rusage is plain data; all zeroes is a valid value for getrusage to overwrite.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `u` is a valid out-pointer for the duration of the call.
-    if unsafe { libc::getrusage(w, &mut u) } != 0 {
-        return None;
-    }
+    })?;
     let tv = |t: libc::timeval| {
         Duration::from_secs(u64::try_from(t.tv_sec).ok()?)
             .checked_add(Duration::from_micros(u64::try_from(t.tv_usec).ok()?))
@@ -33,13 +27,15 @@ pub fn cpu_time(who: CpuOf) -> Option<Duration> {
 /// Minor page faults of the whole process so far (`ru_minflt`: pages mapped in without I/O,
 /// such as freshly allocated heap touched for the first time); `None` if `getrusage` fails.
 pub fn minor_faults() -> Option<u64> {
+    u64::try_from(usage(libc::RUSAGE_SELF)?.ru_minflt).ok()
+}
+
+/// `getrusage(who)`; `None` if it fails.
+fn usage(who: libc::c_int) -> Option<libc::rusage> {
     // SAFETY: rusage is plain data; all zeroes is a valid value for getrusage to overwrite.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `u` is a valid out-pointer for the duration of the call.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return None;
-    }
-    u64::try_from(u.ru_minflt).ok()
+    (unsafe { libc::getrusage(who, &mut u) } == 0).then_some(u)
 }
 
 #[cfg(test)]
