@@ -148,7 +148,9 @@ cat >"$bundle/sanitize.sh" <<'SAN'
 #                    plain host memory to recognise pinned memory, and the fault tests provoke
 #                    out-of-memory errors, both expected; "explicit" shows them)
 #   COMPUTE_SANITIZER  the sanitizer binary (default: on PATH, else /usr/local/cuda*/bin)
-# The stress test is sized down here (FERRY_STRESS_OPS/SECS/MAX_MIB, overridable).
+# The stress test is sized down here (FERRY_STRESS_OPS/SECS/MAX_MIB, overridable), and the long
+# upload-and-kernel loops of cuda_pipeline to FERRY_TEST_ROUNDS=200 rounds (4,000 and 10,000
+# rounds ended their process under racecheck after about 90 s, no hazard reported before it).
 here=$(cd "$(dirname "$0")" && pwd)
 log=${1:-sanitize-logs}
 mkdir -p "$log"
@@ -166,7 +168,8 @@ skip_list=${SAN_SKIP-card_filled_out_of_memory}
 skip=()
 for t in $skip_list; do skip+=(--skip "$t"); done
 export FERRY_STRESS_OPS=${FERRY_STRESS_OPS:-150} FERRY_STRESS_SECS=${FERRY_STRESS_SECS:-30} \
-  FERRY_STRESS_MAX_MIB=${FERRY_STRESS_MAX_MIB:-8} FERRY_STRESS_THREADS=${FERRY_STRESS_THREADS:-4}
+  FERRY_STRESS_MAX_MIB=${FERRY_STRESS_MAX_MIB:-8} FERRY_STRESS_THREADS=${FERRY_STRESS_THREADS:-4} \
+  FERRY_TEST_ROUNDS=${FERRY_TEST_ROUNDS:-200}
 fail=0
 for tool in $tools; do
   for t in "$here"/tests/*; do

@@ -579,8 +579,9 @@ fn timeline_of_a_pageable_source_and_destination() {
 }
 
 /// A kernel on the caller's stream reads a buffer right after a ferry upload, ordered by a
-/// stream wait only (no host synchronization), 10,000 times in a row; the next upload into the
-/// buffer waits for the kernel through a recorded point of the stream.
+/// stream wait only (no host synchronization), 10,000 times in a row (fewer where
+/// `FERRY_TEST_ROUNDS` says: [`rounds`]); the next upload into the buffer waits for the kernel
+/// through a recorded point of the stream.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn kernel_after_upload_sees_every_byte_10000_times() {
@@ -600,7 +601,8 @@ fn kernel_after_upload_sees_every_byte_10000_times() {
     let dev_raw = dev.raw_mut();
     let mut read_done: Option<Request> = None;
     let mut on_gpu = 0;
-    for i in 0..10_000usize {
+    let rounds = rounds(10_000);
+    for i in 0..rounds {
         let p = i % patterns;
         let src = RawBuf {
             len: n,
@@ -625,16 +627,16 @@ fn kernel_after_upload_sees_every_byte_10000_times() {
     }
     compute.synchronize().unwrap();
     e.barrier().unwrap();
-    if null::is_synchronous() && on_gpu <= 9_000 {
+    if null::is_synchronous() && on_gpu * 10 <= rounds * 9 {
         // Every upload has completed when submitted there: the tuned policy waits on the host.
         println!(
             "skipped: null CUDA driver: synchronous mode: the check that the waits are on the \
-             GPU ({on_gpu} of 10000 were)"
+             GPU ({on_gpu} of {rounds} were)"
         );
     } else {
         assert!(
-            on_gpu > 9_000,
-            "only {on_gpu} of 10000 waits were on the GPU"
+            on_gpu * 10 > rounds * 9,
+            "only {on_gpu} of {rounds} waits were on the GPU"
         );
     }
     let bad = u32::from_le_bytes(bad.to_vec().unwrap()[..4].try_into().unwrap());
@@ -805,8 +807,8 @@ fn stream_wait_on_failed_request_is_an_error() {
 
 /// The seed's loop through the safe API (`Scope::copy_to_device`, as example 07): two device
 /// buffers written again and again in one scope, each upload after the kernel that last read
-/// its buffer (`record`), each kernel after its upload (`stream_wait`), 4,000 times; every
-/// kernel checks every byte of its batch.
+/// its buffer (`record`), each kernel after its upload (`stream_wait`), 4,000 times (fewer where
+/// `FERRY_TEST_ROUNDS` says: [`rounds`]); every kernel checks every byte of its batch.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn scoped_copy_to_device_double_buffered_loop_sees_every_byte() {
@@ -814,7 +816,7 @@ fn scoped_copy_to_device_double_buffered_loop_sees_every_byte() {
     let Some(e) = cuda_or_skip() else { return };
     let k = kernels(&e);
     let compute = e.context().new_stream().unwrap();
-    let (n, patterns, rounds) = (1 << 20, 8, 4000usize);
+    let (n, patterns, rounds) = (1 << 20, 8, rounds(4000));
     let mut host = PinnedBuffer::new(n * patterns).unwrap();
     for p in 0..patterns {
         host[p * n..(p + 1) * n].fill(p as u8 + 1);

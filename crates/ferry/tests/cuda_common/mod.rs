@@ -40,6 +40,17 @@ pub fn completion() -> CompletionPolicy {
     }
 }
 
+/// The rounds of a long upload-and-kernel loop: `full`, or fewer where `FERRY_TEST_ROUNDS` says
+/// (the sanitizer pass runs these loops shorter: every round's ordering is checked the same
+/// way, and thousands of rounds outlast what compute-sanitizer holds of one process).
+pub fn rounds(full: usize) -> usize {
+    match std::env::var("FERRY_TEST_ROUNDS").map(|v| v.parse::<usize>()) {
+        Err(_) => full,
+        Ok(Ok(n)) if n > 0 => n.min(full),
+        Ok(_) => panic!("FERRY_TEST_ROUNDS: expected a positive count"),
+    }
+}
+
 /// `CudaConfig::new(ordinal)` with the tests' completion policy ([`completion`]): the start of
 /// every engine configuration in the tests.
 pub fn cuda_config(ordinal: u32) -> CudaConfig {
