@@ -472,6 +472,58 @@ pub(crate) fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, bytes: usize
     Some(if sm { r.then(Path::Sm) } else { r }.then(Path::Driver))
 }
 
+/// The staged route of `bytes` between `dst` and `src` (a program of copies, or one segment
+/// list of `list` segments), where pageable memory on one side and this GPU's on the other make
+/// the request large enough for the pinned ring.
+fn staged(
+    cfg: &CudaConfig,
+    dst: MemKind,
+    src: MemKind,
+    bytes: usize,
+    list: Option<usize>,
+) -> Option<Route> {
+    let own = MemKind::Device {
+        ordinal: cfg.ordinal,
+    };
+    let dir = match (dst, src) {
+        _ if cfg.staging.is_none() => return None,
+        (d, MemKind::Pageable) if d == own => StagedDirection::HostToDevice,
+        (MemKind::Pageable, s) if s == own => StagedDirection::DeviceToHost,
+        _ => return None,
+    };
+    let (min, stream) = match dir {
+        StagedDirection::HostToDevice => (STAGE_MIN_H2D, Direction::HostToDevice),
+        StagedDirection::DeviceToHost => (STAGE_MIN_D2H, Direction::DeviceToHost),
+    };
+    (bytes >= min || list.is_some_and(|n| n >= STAGE_MIN_SEGMENTS))
+        .then(|| Route::new(stream).then(Path::Staged(dir)))
+}
+
+/// [`route`] of one segment list of `n` segments, `bytes` in all: staged, else the gatherer
+/// where the GPU reaches both sides, then driver calls. Also a block copy's route before its
+/// list is built (the list it would be has `n` segments).
+pub(crate) fn list_route(
+    cfg: &CudaConfig,
+    dst: MemKind,
+    src: MemKind,
+    n: usize,
+    bytes: usize,
+) -> Route {
+    if let Some(r) = staged(cfg, dst, src, bytes, Some(n)) {
+        return r;
+    }
+    let r = Route::new(direction(cfg, dst, Some(src)));
+    let me = cfg.ordinal;
+    // A segment list as given goes to the gatherer at any length (it picks one call each for
+    // a few segments).
+    let r = if kernel_reachable(me, dst) && kernel_reachable(me, src) {
+        r.then(Path::Gather)
+    } else {
+        r
+    };
+    r.then(Path::Driver)
+}
+
 /// [`route`] by the general rules, for any program.
 fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
     let me = cfg.ordinal;
@@ -480,33 +532,14 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
         // Fills: memsets or pattern copies, as driver calls.
         return Route::new(direction(cfg, dst, None)).then(Path::Driver);
     };
-    // Staged: pageable <-> this GPU, every step a copy, large enough; or one segment list of
-    // enough segments or bytes.
-    let staged = match (dst, src) {
-        _ if cfg.staging.is_none() => None,
-        (d, MemKind::Pageable) if d == own => Some(StagedDirection::HostToDevice),
-        (MemKind::Pageable, s) if s == own => Some(StagedDirection::DeviceToHost),
-        _ => None,
-    };
-    if let Some(dir) = staged {
-        let copies = steps.iter().all(|s| matches!(s, Step::Copy(_)));
-        let list = match steps {
-            [Step::Segments { range, .. }] => Some(range.len()),
-            _ => None,
-        };
-        if copies || list.is_some() {
-            let min = match dir {
-                StagedDirection::HostToDevice => STAGE_MIN_H2D,
-                StagedDirection::DeviceToHost => STAGE_MIN_D2H,
-            };
-            let bytes: usize = steps.iter().map(Step::bytes).sum();
-            if bytes >= min || list.is_some_and(|n| n >= STAGE_MIN_SEGMENTS) {
-                let stream = match dir {
-                    StagedDirection::HostToDevice => Direction::HostToDevice,
-                    StagedDirection::DeviceToHost => Direction::DeviceToHost,
-                };
-                return Route::new(stream).then(Path::Staged(dir));
-            }
+    if let [Step::Segments { range, bytes, .. }] = steps {
+        return list_route(cfg, dst, src, range.len(), *bytes);
+    }
+    // Staged: pageable <-> this GPU, every step a copy, large enough.
+    if steps.iter().all(|s| matches!(s, Step::Copy(_))) {
+        let bytes = steps.iter().map(Step::bytes).sum();
+        if let Some(r) = staged(cfg, dst, src, bytes, None) {
+            return r;
         }
     }
     let mut r = Route::new(direction(cfg, dst, Some(src)));
@@ -525,13 +558,8 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
     if sm {
         r = r.then(Path::Sm);
     }
-    // A segment list as given goes to the gatherer at any length (it picks one call each for
-    // a few segments); other programs from GATHER_MIN_CALLS driver calls on.
-    let gather = match steps {
-        [Step::Segments { .. }] => true,
-        _ => gather_calls(steps).is_some_and(|n| n >= GATHER_MIN_CALLS),
-    };
-    if reachable && gather {
+    // Other programs go to the gatherer from GATHER_MIN_CALLS driver calls on.
+    if reachable && gather_calls(steps).is_some_and(|n| n >= GATHER_MIN_CALLS) {
         r = r.then(Path::Gather);
     }
     if let (Some(pct), [Step::Copy(plan)]) = (cfg.d2d_sm_share, steps) {

@@ -296,9 +296,12 @@ impl<'a> Submission<'a> {
 }
 
 /// What lowering a submission gave ([`lower`]).
-enum Lowered {
+enum Lowered<'a> {
     /// A copy of one contiguous run `(dst offset, src offset, bytes)`: no program built yet.
     Run((usize, usize, usize)),
+    /// A block copy's mapping, checked against both tables: its segment list not built yet
+    /// (the gatherer's kernel takes the mapping as it is).
+    Blocks(crate::op::BlockList<'a>),
     /// The program (built in the caller's [`crate::op::Program`]).
     Program,
     /// A custom operator failed or panicked: the request fails, nothing is enqueued.
@@ -342,13 +345,15 @@ impl CudaEngine {
         // Prepare: lowered once, the program built where it stays (custom operators fail only
         // their request).
         let mut prog = crate::op::Program::new(s.dst.len, s.src.map(|b| b.len));
-        let run = match lower(&s, &mut prog)? {
-            Lowered::Run(run) => Some(run),
-            Lowered::Program => None,
+        let (mut run, mut blocks) = (None, None);
+        match lower(&s, &mut prog)? {
+            Lowered::Run(r) => run = Some(r),
+            Lowered::Blocks(b) => blocks = Some(b),
+            Lowered::Program => {}
             Lowered::Failed(e) => return Ok(self.track(lane, Request::ready(Err(e)))),
-        };
+        }
         // No step (a copy or fill of no element, an operator that adds none): no driver call.
-        if run.map_or(prog.steps().is_empty(), |(_, _, n)| n == 0) {
+        if blocks.is_none() && run.map_or(prog.steps().is_empty(), |(_, _, n)| n == 0) {
             return Ok(self.nothing(lane, s.after));
         }
         // Kinds: page-locked memory seen as pageable is asked about where the route depends on
@@ -379,6 +384,18 @@ impl CudaEngine {
                     return unsafe { self.enqueue_run(&r, lane, (dst, b), run, s.more) };
                 }
             }
+        }
+        // A block copy the gatherer takes first, on the engine's stream without dependencies:
+        // its mapping as it is (no segment list built).
+        if let (Some(b), Some(sb), None, true) = (blocks, src, s.caller, s.after.is_empty()) {
+            let r = route::list_route(&self.cfg, dk, sb.kind, b.runs, b.bytes());
+            if r.first() == Path::Gather {
+                // SAFETY: forwarded (1); the mapping was checked against both buffers.
+                return unsafe { self.enqueue_blocks(&r, lane, (dst, sb), b, s.more) };
+            }
+        }
+        if let Some(b) = blocks {
+            b.push_into(&mut prog);
         }
         if let Some(run) = run {
             prog.push_run(run);
@@ -449,6 +466,57 @@ impl CudaEngine {
                     src.at(s),
                     n,
                 )?)
+            })
+        }
+    }
+
+    /// Enqueue of a block copy whose route starts with the gatherer, on the engine's stream,
+    /// without dependencies: the gatherer takes the checked mapping as it is (its kernel's
+    /// table written from it; a list built only for another mechanism); where the gatherer
+    /// cannot run it, the list as driver calls.
+    ///
+    /// # Safety
+    /// As [`Engine::submit_raw`] for `dst` and `src`; `blocks` was checked against both.
+    unsafe fn enqueue_blocks(
+        &self,
+        route: &Route,
+        lane: usize,
+        (dst, src): (RawBuf, RawBuf),
+        blocks: crate::op::BlockList<'_>,
+        more: bool,
+    ) -> Result<Request, SubmitError> {
+        let (dk, sk, bytes) = (dst.kind, src.kind, blocks.bytes());
+        driver::bind(&self.ctx)?;
+        let (dst_end, src_end) = (self.end(dst.addr, dk)?, self.end(src.addr, sk)?);
+        let on = Launch {
+            lane,
+            queue: self.lanes.queue(lane, route.stream),
+            caller: None,
+            events: Vec::new(),
+            expect: self.expect(bytes, dk, Some(sk)),
+            worth: completion::mark::worth_a_stamp(dk, Some(sk), bytes),
+            more,
+        };
+        // SAFETY: context current (bound above), the stream the engine's; the mapping lies
+        // inside both buffers (checked), valid until the request completes (this function's
+        // contract).
+        unsafe {
+            self.launch(on, |stream, keep| {
+                if self
+                    .paths
+                    .run_gather_blocks(stream, dst_end, src_end, blocks)
+                {
+                    return Ok(());
+                }
+                let mut prog = crate::op::Program::new(dst.len, Some(src.len));
+                blocks.push_into(&mut prog);
+                self.run_steps(
+                    stream.cu_stream(),
+                    prog.steps(),
+                    dst_end,
+                    Some(src_end),
+                    keep,
+                )
             })
         }
     }
@@ -720,7 +788,10 @@ impl CudaEngine {
 /// program built into `prog`, a custom operator's program built with its errors and panics
 /// caught (they fail the request only).
 #[inline(always)]
-fn lower(s: &Submission<'_>, prog: &mut crate::op::Program) -> Result<Lowered, SubmitError> {
+fn lower<'a>(
+    s: &Submission<'a>,
+    prog: &mut crate::op::Program,
+) -> Result<Lowered<'a>, SubmitError> {
     let copy = match (s.what, s.src) {
         (What::Copy(dl, sl), Some(src)) => Some((dl, sl, src)),
         (What::Op(crate::op::Op::Copy { dst: dl, src: sl }), Some(src)) => Some((dl, sl, src)),
@@ -736,6 +807,13 @@ fn lower(s: &Submission<'_>, prog: &mut crate::op::Program) -> Result<Lowered, S
         };
     }
     match s.what {
+        What::Op(op @ crate::op::Op::Blocks { .. }) => {
+            let src = s.src.ok_or(crate::op::OpError::NoSource)?;
+            // An empty mapping: no step.
+            if let Some(list) = op.checked_blocks(s.dst.len, src.len)? {
+                return Ok(Lowered::Blocks(list));
+            }
+        }
         What::Op(op) if op.is_builtin() => op.lower_into(prog)?,
         What::Op(op) => match op.lower_catching(s.dst.len, s.src.map(|b| b.len)) {
             Ok(p) => *prog = p,

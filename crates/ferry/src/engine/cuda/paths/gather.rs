@@ -37,6 +37,7 @@ use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
 use crate::engine::cuda::sys::program::{self, Made};
 use crate::memory::MemKind;
+use crate::op::BlockList;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
@@ -121,6 +122,44 @@ extern "C" __global__ void ferry_gather(unsigned char* dst, const unsigned char*
 );
 
 const BLOCK: u32 = 256;
+
+/// A list the gatherer copies: segments as given, or a checked block mapping whose segments
+/// are written where they are needed (the kernel's pinned table) rather than built first.
+#[derive(Clone, Copy)]
+enum List<'a> {
+    Segments(&'a [Segment]),
+    Blocks(BlockList<'a>),
+}
+
+impl List<'_> {
+    fn len(&self) -> usize {
+        match self {
+            List::Segments(s) => s.len(),
+            List::Blocks(b) => b.runs,
+        }
+    }
+
+    /// The segments as a slice (a block mapping's built: the batched and per-segment copies
+    /// read them from host memory anyway).
+    fn segments(&self) -> std::borrow::Cow<'_, [Segment]> {
+        match self {
+            List::Segments(s) => std::borrow::Cow::Borrowed(s),
+            List::Blocks(b) => std::borrow::Cow::Owned(b.segments().collect()),
+        }
+    }
+
+    /// Writes the segments into `out` (`len()` of them).
+    fn fill(&self, out: &mut [Segment]) {
+        match self {
+            List::Segments(s) => out.copy_from_slice(s),
+            List::Blocks(b) => {
+                for (slot, seg) in out.iter_mut().zip(b.segments()) {
+                    *slot = seg;
+                }
+            }
+        }
+    }
+}
 
 /// The per-call segment table: a pinned staging copy and its device copy, reused across calls.
 struct Table {
@@ -389,7 +428,62 @@ impl Gatherer {
             }
             total += s.len;
         }
-        if segs.is_empty() || total == 0 {
+        // SAFETY: forwarded contract; every segment lies inside both buffers (checked above).
+        unsafe {
+            self.copy_list(
+                stream,
+                (dst, src),
+                List::Segments(segs),
+                total,
+                strategy,
+                kinds,
+            )
+        }
+    }
+
+    /// [`Gatherer::copy_kinds`] of a block mapping checked against both tables
+    /// ([`crate::op::check_blocks`]): the kernel's table written straight from the mapping,
+    /// the segment list built only for another mechanism.
+    ///
+    /// # Safety
+    /// As [`Gatherer::copy`] for buffers `dst` and `src` of the lengths `blocks` was checked
+    /// against; the kinds are the buffers'.
+    pub(crate) unsafe fn copy_blocks(
+        &self,
+        stream: &Arc<CudaStream>,
+        (dst, src): (u64, u64),
+        blocks: BlockList<'_>,
+        strategy: Strategy,
+        kinds: Option<(MemKind, MemKind)>,
+    ) -> Result<Strategy, GatherError> {
+        let total = blocks.bytes() as u64;
+        // SAFETY: forwarded contract; the mapping's blocks lie inside both tables (checked).
+        unsafe {
+            self.copy_list(
+                stream,
+                (dst, src),
+                List::Blocks(blocks),
+                total,
+                strategy,
+                kinds,
+            )
+        }
+    }
+
+    /// The copy of a list whose segments lie inside both buffers, `total` bytes in all.
+    ///
+    /// # Safety
+    /// As [`Gatherer::copy`]; every segment of `list` lies inside both buffers.
+    unsafe fn copy_list(
+        &self,
+        stream: &Arc<CudaStream>,
+        (dst, src): (u64, u64),
+        list: List<'_>,
+        total: u64,
+        strategy: Strategy,
+        kinds: Option<(MemKind, MemKind)>,
+    ) -> Result<Strategy, GatherError> {
+        if list.len() == 0 || total == 0 {
             return Ok(if strategy == Strategy::Auto {
                 Strategy::PerSegment
             } else {
@@ -402,22 +496,24 @@ impl Gatherer {
                 stream,
                 (dst, src),
                 kinds,
-                segs.len(),
+                list.len(),
                 total,
                 !self.leave_sms,
             ),
-            Strategy::Dma => self.choose(stream, (dst, src), kinds, segs.len(), total, false),
+            Strategy::Dma => self.choose(stream, (dst, src), kinds, list.len(), total, false),
             s => (s, false),
         };
         let start = timed.then(|| self.record_timing(stream)).flatten();
         match strategy {
             // SAFETY: forwarded contract.
-            Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, segs, total)? },
+            Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, list, total)? },
             // SAFETY: forwarded contract.
-            Strategy::Batch => unsafe { self.copy_batch(stream, dst, src, segs, kinds)? },
+            Strategy::Batch => unsafe {
+                self.copy_batch(stream, dst, src, &list.segments(), kinds)?
+            },
             // SAFETY: forwarded contract.
             Strategy::PerSegment | Strategy::Auto | Strategy::Dma => unsafe {
-                self.copy_each(stream, dst, src, segs)?
+                self.copy_each(stream, dst, src, &list.segments())?
             },
         }
         if timed {
@@ -549,7 +645,7 @@ impl Gatherer {
         stream: &Arc<CudaStream>,
         dst: u64,
         src: u64,
-        segs: &[Segment],
+        list: List<'_>,
         total: u64,
     ) -> Result<(), GatherError> {
         let ddst = driver::device_address(dst).ok_or(GatherError::NotDeviceAccessible {
@@ -561,7 +657,8 @@ impl Gatherer {
             addr: src,
         })?;
         let func = self.kernel()?;
-        let bytes = std::mem::size_of_val(segs);
+        let n = list.len();
+        let bytes = n * std::mem::size_of::<Segment>();
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         // The pinned table may still feed the previous call's upload.
         if t.upload_pending {
@@ -599,9 +696,11 @@ impl Gatherer {
             count_alloc!(Device, 1);
             t.dev_cap = cap;
         }
-        // SAFETY: `Segment` is repr(C) plain data; the pinned buffer holds at least `bytes`
-        // and no copy reads it now.
-        unsafe { std::ptr::copy_nonoverlapping(segs.as_ptr() as *const u8, host, bytes) };
+        // SAFETY: the pinned buffer holds at least `bytes` (`n` segments), is page-aligned
+        // (the driver's allocation), no copy reads it now (synchronized above) and nothing
+        // else refers to it (the table's lock is held); `Segment` is repr(C) plain data.
+        let table = unsafe { std::slice::from_raw_parts_mut(host as *mut Segment, n) };
+        list.fill(table);
         // A kernel of an earlier call (maybe on another stream) may still read the device table.
         if t.use_pending {
             stream.wait(&t.used).map_err(drv("cuStreamWaitEvent"))?;
@@ -613,7 +712,7 @@ impl Gatherer {
         t.uploaded.record(stream).map_err(drv("cuEventRecord"))?;
         t.upload_pending = true;
 
-        let n = segs.len() as u64;
+        let n = n as u64;
         let avg = total / n;
         // Threads per segment: one 16-byte load each, 32..=256.
         let g: u32 = (avg.div_ceil(16).next_power_of_two() as u32).clamp(32, BLOCK);

@@ -15,7 +15,7 @@ pub(crate) mod transpose;
 
 use super::CudaError;
 use crate::engine::SubmitError;
-use crate::op::Step;
+use crate::op::{BlockList, Step};
 use crate::plan::Plan;
 use crate::request::{Request, RequestError, Signal};
 use calls::End;
@@ -214,6 +214,37 @@ impl Paths {
                 (dst.addr, dst_len),
                 (src.addr, src_len),
                 &segs,
+                GATHER_STRATEGY,
+                Some((dst.kind, src.kind)),
+            )
+        }
+        .is_ok()
+    }
+
+    /// [`Path::Gather`](super::route::Path::Gather) of a checked block mapping (its segment
+    /// list not built: [`Gatherer::copy_blocks`]). False where the gatherer cannot be made or
+    /// failed (as [`Paths::run_gather`]: the caller's next path writes the same bytes again).
+    ///
+    /// # Safety
+    /// As [`Paths::run_gather`]; `blocks` was checked against tables of `dst_len` and
+    /// `src_len` bytes, the buffers' lengths.
+    pub(crate) unsafe fn run_gather_blocks(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: End,
+        src: End,
+        blocks: BlockList<'_>,
+    ) -> bool {
+        let Ok(g) = self.gatherer() else {
+            return false;
+        };
+        // SAFETY: the mapping's blocks lie inside both buffers (checked) (3); the buffers are
+        // valid until the request completes (2); this engine's context and stream (1).
+        unsafe {
+            g.copy_blocks(
+                stream,
+                (dst.addr, src.addr),
+                blocks,
                 GATHER_STRATEGY,
                 Some((dst.kind, src.kind)),
             )
