@@ -1,7 +1,9 @@
 //! Block copies ([`Op::Blocks`]): the constructors, and one operator over several buffer pairs
 //! as one request ([`Op::submit_pairs`]: a KV cache's layers, K and V tables each). The
 //! mapping's checks and its lowering to a segment list are in `op.rs` (`check_blocks`,
-//! `block_segments`), beside the segment list's own checks.
+//! `block_segments`, `BlockList`), beside the segment list's own checks. The CUDA engine hands
+//! a checked mapping whose route starts with the gatherer to it as it is (`submit.rs`
+//! `enqueue_blocks`): the gather kernel's table is written straight from the mapping.
 
 use crate::engine::{Engine, Job, Scope, SubmitError};
 use crate::memory::{Memory, MemoryMut, RawBuf};
