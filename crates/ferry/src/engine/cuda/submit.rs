@@ -4,8 +4,9 @@
 //!
 //! - **prepare** (nothing enqueued, nothing blocks): the job is checked, lowered once (one
 //!   contiguous run builds no program, and a run that cannot take the one-call path becomes a
-//!   one-step program without a second check), the buffers' kinds refined where the route
-//!   depends on them, and routed (`route.rs`, pure);
+//!   one-step program without a second check; a block copy's mapping builds no segment list
+//!   where the gatherer takes it first: [`CudaEngine::enqueue_blocks`]), the buffers' kinds
+//!   refined where the route depends on them, and routed (`route.rs`, pure);
 //! - **enqueue** ([`CudaEngine::launch`]): the dependencies become stream waits, the route's
 //!   mechanism enqueues the work (`paths/`), the request's end is marked by the completion
 //!   policy (`completion/`);
@@ -324,7 +325,8 @@ impl CudaEngine {
     }
 
     /// The one trunk of every submission (`submit_raw`, `submit_copy`, `enqueue`, a caller's
-    /// stream): **prepare** (checked, lowered once: one contiguous run builds no program; kinds
+    /// stream): **prepare** (checked, lowered once: one contiguous run builds no program, nor a
+    /// block copy's mapping a segment list where the gatherer takes it first; kinds
     /// refined where the route depends on them; routed), then **enqueue**: a run whose route is
     /// one driver call on the engine's stream, without dependencies, straight to
     /// [`CudaEngine::launch`] (nearly every request: the path a small copy's caller waits for,
@@ -784,9 +786,10 @@ impl CudaEngine {
 }
 
 /// Prepare's lowering of a submission, once: a copy checked by [`crate::op::checked_run`] (one
-/// contiguous run: nothing built; else its plan, not checked again), a built-in operator's
-/// program built into `prog`, a custom operator's program built with its errors and panics
-/// caught (they fail the request only).
+/// contiguous run: nothing built; else its plan, not checked again), a block copy's mapping
+/// checked (its segment list not built yet), another built-in operator's program built into
+/// `prog`, a custom operator's program built with its errors and panics caught (they fail the
+/// request only).
 #[inline(always)]
 fn lower<'a>(
     s: &Submission<'a>,

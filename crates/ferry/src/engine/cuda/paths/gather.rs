@@ -6,7 +6,9 @@
 //! runs a small gather kernel (compiled once per context with NVRTC for the device's compute
 //! capability) that reads and writes both sides through their device-accessible addresses,
 //! 16 bytes per load where the two sides are equally aligned. The segment table is uploaded once
-//! per call through a pinned buffer and an async copy on the caller's stream.
+//! per call through a pinned buffer and an async copy on the caller's stream; the engine's
+//! block copies write it there straight from their checked mapping (`Gatherer::copy_blocks`:
+//! no segment list built first).
 //!
 //! [`Strategy`] picks the mechanism: the kernel, the driver's batch copy
 //! (`cuMemcpyBatchAsync`, in batches that fall back one by one to a call per segment where the
