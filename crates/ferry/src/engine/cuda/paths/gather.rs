@@ -754,3 +754,37 @@ impl From<crate::engine::cuda::paths::gather::GatherError> for CudaError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::{block_segments, check_blocks};
+
+    /// What the kernel's table is written with (`List::fill`) and what the batched and
+    /// per-block copies read (`List::segments`) are the mapping's segment list, merged runs
+    /// included, for a block mapping as for a list given as it is.
+    #[test]
+    fn a_block_mappings_table_is_its_segment_list() {
+        // A permutation's entries, then runs that continue on both sides (merged), then one
+        // that continues on one side only (not merged).
+        let pairs: Vec<(u64, u64)> = vec![(3, 0), (0, 2), (4, 5), (5, 6), (6, 7), (1, 1), (2, 9)];
+        let block = 64;
+        let runs = check_blocks(block, &pairs, 10 * block, 10 * block, None).unwrap();
+        let want = block_segments(block, &pairs, runs);
+        assert_eq!(want.len(), 5, "three entries merged into one segment");
+        let list = List::Blocks(BlockList {
+            block,
+            pairs: &pairs,
+            runs,
+        });
+        assert_eq!(list.len(), want.len());
+        assert_eq!(&*list.segments(), &*want);
+        let mut table = vec![Segment::default(); list.len()];
+        list.fill(&mut table);
+        assert_eq!(table, &*want);
+        let given = List::Segments(&want);
+        let mut again = vec![Segment::default(); given.len()];
+        given.fill(&mut again);
+        assert_eq!((&*given.segments(), &again[..]), (&*want, &*want));
+    }
+}
