@@ -151,7 +151,6 @@ impl CudaEngine {
         &self,
         route: &Route,
         steps: &[crate::op::Step],
-        (dst_len, src_len): (usize, usize),
         (dst, src): (End, Option<End>),
         stream: &Arc<CudaStream>,
         keep: &mut Vec<memory::DeviceBuffer>,
@@ -162,11 +161,10 @@ impl CudaEngine {
                 // SAFETY: forwarded with this function's contract (context, stream, buffers).
                 (Path::Sm, Some(src)) => unsafe { self.paths.run_sm(stream, dst, src, steps) },
                 (Path::Gather, Some(src)) => {
-                    // SAFETY: as above; the lengths are the job's buffers'.
-                    unsafe {
-                        self.paths
-                            .run_gather(stream, dst, dst_len, src, src_len, steps)
-                    }
+                    let segs = paths::segments(steps);
+                    let list = paths::gather::List::Segments(&segs);
+                    // SAFETY: as above; the program checked its segments against the buffers.
+                    unsafe { self.paths.run_gather(stream, dst, src, list) }
                 }
                 (Path::Split { sm_bytes }, Some(src)) => {
                     // SAFETY: as above; the route splits one contiguous plan within this GPU.
@@ -504,10 +502,8 @@ impl CudaEngine {
         // contract).
         unsafe {
             self.launch(on, |stream, keep| {
-                if self
-                    .paths
-                    .run_gather_blocks(stream, dst_end, src_end, blocks)
-                {
+                let list = paths::gather::List::Blocks(blocks);
+                if self.paths.run_gather(stream, dst_end, src_end, list) {
                     return Ok(());
                 }
                 let mut prog = crate::op::Program::new(dst.len, Some(src.len));
@@ -653,21 +649,13 @@ impl CudaEngine {
             worth: completion::mark::worth_a_stamp(dk, sk, bytes),
             more: s.more,
         };
-        let src_len = src.map_or(0, |b| b.len);
         // SAFETY: context current (bound above); the caller's stream, when given, a live
         // stream of this context (2); the buffers are valid until the request completes (1);
         // the steps were checked against the buffers by the program.
         unsafe {
             self.launch(on, |stream, keep| match s.caller {
                 Some(c) => self.run_steps(c, steps, dst_end, src_end, keep),
-                None => self.run_route(
-                    &route,
-                    steps,
-                    (dst.len, src_len),
-                    (dst_end, src_end),
-                    stream,
-                    keep,
-                ),
+                None => self.run_route(&route, steps, (dst_end, src_end), stream, keep),
             })
         }
     }

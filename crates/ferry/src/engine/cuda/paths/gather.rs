@@ -7,7 +7,7 @@
 //! capability) that reads and writes both sides through their device-accessible addresses,
 //! 16 bytes per load where the two sides are equally aligned. The segment table is uploaded once
 //! per call through a pinned buffer and an async copy on the caller's stream; the engine's
-//! block copies write it there straight from their checked mapping (`Gatherer::copy_blocks`:
+//! block copies write it there straight from their checked mapping (`Gatherer::copy_checked`:
 //! no segment list built first).
 //!
 //! [`Strategy`] picks the mechanism: the kernel, the driver's batch copy
@@ -128,8 +128,10 @@ const BLOCK: u32 = 256;
 /// A list the gatherer copies: segments as given, or a checked block mapping whose segments
 /// are written where they are needed (the kernel's pinned table) rather than built first.
 #[derive(Clone, Copy)]
-enum List<'a> {
+pub(crate) enum List<'a> {
+    /// A segment list.
     Segments(&'a [Segment]),
+    /// A block mapping ([`crate::op::check_blocks`]), its list not built.
     Blocks(BlockList<'a>),
 }
 
@@ -138,6 +140,14 @@ impl List<'_> {
         match self {
             List::Segments(s) => s.len(),
             List::Blocks(b) => b.runs,
+        }
+    }
+
+    /// The bytes the list copies.
+    fn bytes(&self) -> u64 {
+        match self {
+            List::Segments(s) => s.iter().map(|s| s.len).sum(),
+            List::Blocks(b) => b.bytes() as u64,
         }
     }
 
@@ -393,24 +403,6 @@ impl Gatherer {
         segs: &[Segment],
         strategy: Strategy,
     ) -> Result<Strategy, GatherError> {
-        // SAFETY: forwarded contract.
-        unsafe { self.copy_kinds(stream, (dst, dst_len), (src, src_len), segs, strategy, None) }
-    }
-
-    /// [`Gatherer::copy`], the buffers' memory kinds (destination, source) known: the batched
-    /// copy's location hints.
-    ///
-    /// # Safety
-    /// As [`Gatherer::copy`]; the kinds are the buffers'.
-    pub(crate) unsafe fn copy_kinds(
-        &self,
-        stream: &Arc<CudaStream>,
-        (dst, dst_len): (u64, usize),
-        (src, src_len): (u64, usize),
-        segs: &[Segment],
-        strategy: Strategy,
-        kinds: Option<(MemKind, MemKind)>,
-    ) -> Result<Strategy, GatherError> {
         let mut total = 0u64;
         for (index, s) in segs.iter().enumerate() {
             let ok = s
@@ -438,38 +430,31 @@ impl Gatherer {
                 List::Segments(segs),
                 total,
                 strategy,
-                kinds,
+                None,
             )
         }
     }
 
-    /// [`Gatherer::copy_kinds`] of a block mapping checked against both tables
-    /// ([`crate::op::check_blocks`]): the kernel's table written straight from the mapping,
-    /// the segment list built only for another mechanism.
+    /// [`Gatherer::copy`] of a list already checked against both buffers (a program's
+    /// segments, a block mapping checked by [`crate::op::check_blocks`]): no second bounds
+    /// pass; a block mapping's kernel table written straight from it, its segment list built
+    /// only for another mechanism. The buffers' memory kinds (destination, source), where
+    /// known, are the batched copy's location hints.
     ///
     /// # Safety
-    /// As [`Gatherer::copy`] for buffers `dst` and `src` of the lengths `blocks` was checked
-    /// against; the kinds are the buffers'.
-    pub(crate) unsafe fn copy_blocks(
+    /// As [`Gatherer::copy`]; every segment of `list` lies inside both buffers; the kinds are
+    /// the buffers'.
+    pub(crate) unsafe fn copy_checked(
         &self,
         stream: &Arc<CudaStream>,
         (dst, src): (u64, u64),
-        blocks: BlockList<'_>,
+        list: List<'_>,
         strategy: Strategy,
         kinds: Option<(MemKind, MemKind)>,
     ) -> Result<Strategy, GatherError> {
-        let total = blocks.bytes() as u64;
-        // SAFETY: forwarded contract; the mapping's blocks lie inside both tables (checked).
-        unsafe {
-            self.copy_list(
-                stream,
-                (dst, src),
-                List::Blocks(blocks),
-                total,
-                strategy,
-                kinds,
-            )
-        }
+        let total = list.bytes();
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_list(stream, (dst, src), list, total, strategy, kinds) }
     }
 
     /// The copy of a list whose segments lie inside both buffers, `total` bytes in all.

@@ -15,13 +15,13 @@ pub(crate) mod transpose;
 
 use super::CudaError;
 use crate::engine::SubmitError;
-use crate::op::{BlockList, Step};
+use crate::op::Step;
 use crate::plan::Plan;
 use crate::request::{Request, RequestError, Signal};
 use calls::End;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
-use gather::{Gatherer, Segment, Strategy};
+use gather::{Gatherer, List, Segment, Strategy};
 use split::Splitter;
 use staged::{Stager, StagingConfig};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -187,64 +187,31 @@ impl Paths {
         })
     }
 
-    /// [`Path::Gather`](super::route::Path::Gather): the program as one segment list. False
-    /// where the gatherer cannot be made or failed (a failed gather may have enqueued part of
-    /// the copy; the next path writes the same bytes again, in stream order).
+    /// [`Path::Gather`](super::route::Path::Gather): the program as one segment list
+    /// ([`segments`]), or a block mapping as it is. False where the gatherer cannot be made or
+    /// failed (a failed gather may have enqueued part of the copy; the next path writes the
+    /// same bytes again, in stream order).
     ///
     /// # Safety
-    /// As `exec::run_step` for every step; `dst_len`/`src_len` are the buffers' lengths.
+    /// As `exec::run_step` for every step; `list` was checked against both buffers (the
+    /// program's segments, or a mapping by `op::check_blocks`).
     pub(crate) unsafe fn run_gather(
         &self,
         stream: &Arc<CudaStream>,
         dst: End,
-        dst_len: usize,
         src: End,
-        src_len: usize,
-        steps: &[Step],
+        list: List<'_>,
     ) -> bool {
         let Ok(g) = self.gatherer() else {
             return false;
         };
-        let segs = segments(steps);
-        // SAFETY: the segments are the program's runs, inside both buffers (3); the buffers
-        // are valid until the request completes (2); this engine's context and stream (1).
+        // SAFETY: the list lies inside both buffers (checked) (3); the buffers are valid until
+        // the request completes (2); this engine's context and stream (1).
         unsafe {
-            g.copy_kinds(
-                stream,
-                (dst.addr, dst_len),
-                (src.addr, src_len),
-                &segs,
-                GATHER_STRATEGY,
-                Some((dst.kind, src.kind)),
-            )
-        }
-        .is_ok()
-    }
-
-    /// [`Path::Gather`](super::route::Path::Gather) of a checked block mapping (its segment
-    /// list not built: [`Gatherer::copy_blocks`]). False where the gatherer cannot be made or
-    /// failed (as [`Paths::run_gather`]: the caller's next path writes the same bytes again).
-    ///
-    /// # Safety
-    /// As [`Paths::run_gather`]; `blocks` was checked against tables of `dst_len` and
-    /// `src_len` bytes, the buffers' lengths.
-    pub(crate) unsafe fn run_gather_blocks(
-        &self,
-        stream: &Arc<CudaStream>,
-        dst: End,
-        src: End,
-        blocks: BlockList<'_>,
-    ) -> bool {
-        let Ok(g) = self.gatherer() else {
-            return false;
-        };
-        // SAFETY: the mapping's blocks lie inside both buffers (checked) (3); the buffers are
-        // valid until the request completes (2); this engine's context and stream (1).
-        unsafe {
-            g.copy_blocks(
+            g.copy_checked(
                 stream,
                 (dst.addr, src.addr),
-                blocks,
+                list,
                 GATHER_STRATEGY,
                 Some((dst.kind, src.kind)),
             )
