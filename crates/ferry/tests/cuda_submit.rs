@@ -1,7 +1,8 @@
 //! The CUDA engine's submission seam (`engine/cuda/submit.rs`, issue 30 item 2): a caller that
 //! says more work follows (`Engine::enqueue`, then one `Engine::flush`) has its batch complete
-//! in order, byte for byte; its one-run copies are held until the flush and go to the driver
-//! as one batched copy (issue 34: counted on the null driver, either symbol, a refused batch
+//! in order, byte for byte; its one-run copies are held until the flush and go to the GPU as
+//! one list: many small ones by the gather kernel while the SMs are free, else one batched
+//! copy (issue 34: counted on the null driver, either symbol, a refused batch
 //! copied one call per copy, from the failed index where 12.8's symbol names it, each range's
 //! location hints), the batch's waits reading its stamp (tuned) or events (plain), never
 //! synchronizing the stream; nothing is marked before the flush; a request of a batch that a
@@ -281,9 +282,13 @@ impl HeldBatch {
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn enqueued_one_run_copies_go_to_the_driver_as_one_batch_at_the_flush() {
     let _x = null::exclusive();
-    let Some(e) = cuda_or_skip() else {
+    if cuda_or_skip().is_none() {
         return;
-    };
+    }
+    // The SMs left to the caller: the batched copy at any count (with them free, many small
+    // copies take the gather kernel: the next test).
+    let e = ferry::cuda::CudaEngine::with_config(cuda_config(0).compute_busy(true))
+        .expect("device 0 opens");
     let batched = ferry::engine::cuda::gather::Gatherer::batch_supported();
     for (n, len) in [(16, 64 << 10), (100, 4 << 10), (3, 1 << 20)] {
         let null = null::count_calls();
@@ -318,6 +323,92 @@ fn enqueued_one_run_copies_go_to_the_driver_as_one_batch_at_the_flush() {
         println!("{n} x {len} B: batched copies {}", after.0 - before.0);
         b.check(&format!("{n} x {len} B"));
     }
+}
+
+/// The copies of `n` blocks of `len` bytes from slot `n - 1 - i` of `src` to slot `i` of
+/// `dst`, enqueued one job each.
+fn enqueue_reversed(
+    e: &ferry::cuda::CudaEngine,
+    dst: RawBuf,
+    src: RawBuf,
+    n: usize,
+    len: usize,
+) -> Vec<Request> {
+    (0..n)
+        .map(|i| {
+            let at = |slot: usize| Layout::bytes(len).unwrap().with_offset(slot * len).unwrap();
+            let job = Job::copy(dst, at(i), src, at(n - 1 - i));
+            // SAFETY: the caller's live buffers, untouched until the requests are waited.
+            unsafe { e.enqueue(job) }.expect("enqueue")
+        })
+        .collect()
+}
+
+/// `got`'s slot `i` is `want`'s slot `n - 1 - i`.
+fn check_reversed(what: &str, got: &[u8], want: &[u8], n: usize, len: usize) {
+    for i in 0..n {
+        let j = n - 1 - i;
+        check(
+            &format!("{what}: slot {i}"),
+            &got[i * len..(i + 1) * len],
+            &want[j * len..(j + 1) * len],
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn many_small_held_copies_take_the_gather_kernel_while_the_sms_are_free() {
+    let _x = null::exclusive();
+    let Some(e) = cuda_or_skip() else {
+        return;
+    };
+    // The kernel where it can be made here (not on the null driver: no NVRTC), else the
+    // batched copy, as a block copy's list; every byte lands either way.
+    let kernel = ferry::engine::cuda::gather::Gatherer::new(std::sync::Arc::clone(e.context()))
+        .is_ok_and(|g| g.kernel().is_ok());
+    let batched = ferry::engine::cuda::gather::Gatherer::batch_supported();
+    let (n, len) = (256, 4 << 10);
+    let took = |what: &str, before: (usize, usize, _)| {
+        let batches = e.flush_batches().0 - before.0;
+        if kernel {
+            assert_eq!(batches, 0, "{what}: the gather kernel, no batched copy");
+        } else if batched {
+            assert_eq!(batches, 1, "{what}: the batched copy");
+        }
+        println!("{what}: {n} x {len} B held, batched copies {batches} (kernel made: {kernel})");
+    };
+    // Host -> device, each copy its own pinned allocation and device allocation.
+    let before = e.flush_batches();
+    let b = enqueue_uploads(&e, n, len);
+    e.flush();
+    took("uploads", before);
+    b.check("uploads");
+    // Device -> registered host memory (page-locked in place: at its host address too),
+    // blocks reversed.
+    let want = bytes(n * len, 41);
+    let dev = DeviceBuffer::from_host(0, &want).unwrap();
+    let mut back = ferry::cuda::Registered::new(vec![0u8; n * len])
+        .map_err(|(e, _)| e)
+        .expect("register");
+    let before = e.flush_batches();
+    let reqs = enqueue_reversed(&e, back.raw_mut(), dev.raw(), n, len);
+    e.flush();
+    for r in reqs {
+        r.wait().expect("download");
+    }
+    took("downloads", before);
+    check_reversed("downloads", &back, &want, n, len);
+    // Device -> device, blocks reversed.
+    let mut dst = DeviceBuffer::zeroed(0, n * len).unwrap();
+    let before = e.flush_batches();
+    let reqs = enqueue_reversed(&e, dst.raw_mut(), dev.raw(), n, len);
+    e.flush();
+    for r in reqs {
+        r.wait().expect("device copy");
+    }
+    took("device -> device", before);
+    check_reversed("device -> device", &dst.to_vec().unwrap(), &want, n, len);
 }
 
 #[test]

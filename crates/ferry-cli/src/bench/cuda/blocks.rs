@@ -8,8 +8,8 @@
 //! default settings, the SMs free (the default route), the same on one that waits with
 //! `WaitMode::Spin` (no completion word: the driver's own spin), and on one with the SMs busy
 //! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one
-//! `flush` on the first (the copies held until the flush, then one batched copy:
-//! `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three
+//! `flush` on the first (the copies held until the flush, then one list: the gather kernel
+//! where the block copy's route would take it, else one batched copy: `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three
 //! mechanisms run bare on a stream of their own through the gatherer with a fixed strategy and
 //! one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
@@ -206,7 +206,8 @@ impl Setup {
     }
 
     /// One contiguous copy per block through `engine`'s `enqueue`, then one `flush` (the copies
-    /// held until it and given to the driver as one batched copy), every request waited.
+    /// held until it and given to the GPU as one list: the gather kernel or one batched copy),
+    /// every request waited.
     fn enqueued(&mut self, engine: Arc<CudaEngine>) -> Result<(), String> {
         let (d, s) = (self.dst.raw_mut(), self.src.raw());
         let mut reqs = Vec::with_capacity(self.segs.len());

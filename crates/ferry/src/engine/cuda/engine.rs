@@ -33,7 +33,13 @@ impl CudaEngine {
     /// [`CudaError::NoDevice`], a failed stream creation.
     pub fn with_config(cfg: CudaConfig) -> Result<CudaEngine, CudaError> {
         let ctx = driver::context(cfg.ordinal)?;
-        let first = lanes::Lanes::first(&ctx)?;
+        let paths = paths::Paths::new(
+            Arc::clone(&ctx),
+            cfg.staging.unwrap_or_default(),
+            route::gather_mode(&cfg) == route::Strategy::Dma,
+        );
+        let issue = paths.held_issue();
+        let first = lanes::Lanes::first(&ctx, &issue)?;
         let count = driver::device_count()?;
         let me = ctx.cu_device();
         let can_access = (0..count)
@@ -55,14 +61,10 @@ impl CudaEngine {
             .map_err(|e| CudaError::Thread(e.to_string()))?;
         Ok(CudaEngine {
             cfg,
-            lanes: lanes::Lanes::new(&ctx, first, cfg.streams, &waker_tx),
+            lanes: lanes::Lanes::new(&ctx, (first, issue), cfg.streams, &waker_tx),
             can_access,
             peers: Mutex::new((0..count).map(|_| None).collect()),
-            paths: paths::Paths::new(
-                Arc::clone(&ctx),
-                cfg.staging.unwrap_or_default(),
-                route::gather_mode(&cfg) == route::Strategy::Dma,
-            ),
+            paths,
             rates,
             ctx,
         })
@@ -163,9 +165,11 @@ impl Engine for CudaEngine {
     }
 
     /// One-run copies between this GPU's memory and page-locked host memory (or managed
-    /// memory) are held until [`Engine::flush`], then given to the driver as one batched copy
-    /// (`cuMemcpyBatchAsync` where the driver has it and more than one is held; one call per
-    /// copy otherwise) and marked once: one stamp for all (tuned policy) or an event each
+    /// memory) are held until [`Engine::flush`], then given to the GPU as one list, as a block
+    /// copy's list: many small copies between memory of the same two kinds by the gather kernel
+    /// while the SMs are free (not under [`CudaConfig::compute_busy`](super::CudaConfig::compute_busy)),
+    /// else one batched copy (`cuMemcpyBatchAsync` where the driver has it and more than one is
+    /// held; one call per copy otherwise), and marked once: one stamp for all (tuned policy) or an event each
     /// (plain). A wait, poll, future or dependent of one of them, or any other submission on
     /// the same stream, issues them at once. Other work starts at once; under the tuned policy
     /// the batch's requests record no events and no stamps at submit (no later submission

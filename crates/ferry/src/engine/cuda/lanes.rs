@@ -14,7 +14,7 @@
 //! ([`super::completion::mark`]); a lane that falls back on lane 0's stream shares its queue too.
 
 use super::completion::event::{Home, Shared};
-use super::completion::mark::Queue;
+use super::completion::mark::{Issue, Queue};
 use super::completion::stamp::Stamp;
 use super::route;
 use super::Direction;
@@ -41,22 +41,18 @@ pub(crate) struct Lanes {
     ctx: Arc<CudaContext>,
     /// Lane 0's queues (H2D, D2H, D2D), made with the engine: the fallback of the others.
     first: [Arc<Queue>; 3],
+    /// How every queue's held copies go to the GPU (the engine's paths).
+    issue: Arc<dyn Issue>,
     lanes: Box<[Lane]>,
     /// The thread that submitted last through this engine and how many of the engine's
     /// submissions in a row it made, for [`Lanes::alone`] ([`streak_word`]; 0: none yet).
     last_thread: AtomicUsize,
 }
 
-/// A queue on a new non-blocking stream of `ctx`.
-fn new_queue(ctx: &Arc<CudaContext>) -> Result<Arc<Queue>, DriverError> {
+/// A queue on a new non-blocking stream of `ctx`, its held copies issued by `issue`.
+fn new_queue(ctx: &Arc<CudaContext>, issue: &Arc<dyn Issue>) -> Result<Arc<Queue>, DriverError> {
     ctx.new_stream()
-        .map(|s| {
-            Arc::new(Queue::new(
-                s,
-                Stamp::new(ctx),
-                super::paths::batch::copy_held,
-            ))
-        })
+        .map(|s| Arc::new(Queue::new(s, Stamp::new(ctx), Arc::clone(issue))))
         .map_err(|e| DriverError::new("cuStreamCreate", e.0))
 }
 
@@ -91,22 +87,32 @@ impl Lanes {
     /// counts as this many): far more than threads that can submit at once on any host.
     pub(crate) const MAX: usize = 256;
 
-    /// Lane 0's three queues on `ctx` (H2D, D2H, D2D), for [`Lanes::new`].
-    pub(crate) fn first(ctx: &Arc<CudaContext>) -> Result<[Arc<Queue>; 3], DriverError> {
-        Ok([new_queue(ctx)?, new_queue(ctx)?, new_queue(ctx)?])
+    /// Lane 0's three queues on `ctx` (H2D, D2H, D2D), their held copies issued by `issue`,
+    /// for [`Lanes::new`].
+    pub(crate) fn first(
+        ctx: &Arc<CudaContext>,
+        issue: &Arc<dyn Issue>,
+    ) -> Result<[Arc<Queue>; 3], DriverError> {
+        Ok([
+            new_queue(ctx, issue)?,
+            new_queue(ctx, issue)?,
+            new_queue(ctx, issue)?,
+        ])
     }
 
-    /// `n` lanes (1 to [`Lanes::MAX`]) on `ctx`, lane 0's queues `first` ([`Lanes::first`]),
-    /// their requests' futures waited by the waiter thread `waker_tx`.
+    /// `n` lanes (1 to [`Lanes::MAX`]) on `ctx`, lane 0's queues `first` ([`Lanes::first`],
+    /// with `issue`: the other lanes' queues take it too), their requests' futures waited by
+    /// the waiter thread `waker_tx`.
     pub(crate) fn new(
         ctx: &Arc<CudaContext>,
-        first: [Arc<Queue>; 3],
+        (first, issue): ([Arc<Queue>; 3], Arc<dyn Issue>),
         n: usize,
         waker_tx: &Sender<Arc<Shared>>,
     ) -> Lanes {
         Lanes {
             ctx: Arc::clone(ctx),
             first,
+            issue,
             lanes: (0..n.clamp(1, Lanes::MAX))
                 .map(|_| Lane {
                     queues: Default::default(),
@@ -149,8 +155,9 @@ impl Lanes {
     pub(crate) fn queue(&self, i: usize, d: Direction) -> &Arc<Queue> {
         let first = &self.first[d as usize];
         match self.lanes.get(i) {
-            Some(lane) if i > 0 => lane.queues[d as usize]
-                .get_or_init(|| new_queue(&self.ctx).unwrap_or_else(|_| Arc::clone(first))),
+            Some(lane) if i > 0 => lane.queues[d as usize].get_or_init(|| {
+                new_queue(&self.ctx, &self.issue).unwrap_or_else(|_| Arc::clone(first))
+            }),
             _ => first,
         }
     }

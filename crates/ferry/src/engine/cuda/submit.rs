@@ -13,8 +13,9 @@
 //! - **flush**: the driver starts enqueued work itself; a staged route hands its task to the
 //!   staging thread. A caller that said more work follows (`Engine::enqueue`) has its one-run
 //!   copies between this GPU and page-locked host memory held on their stream until
-//!   `Engine::flush` ([`CudaEngine::flush_lane`]), then given to the driver as one batched copy
-//!   (`cuMemcpyBatchAsync` where the driver has it: [`completion::mark`]'s held copies,
+//!   `Engine::flush` ([`CudaEngine::flush_lane`]), then given to the GPU as one list
+//!   ([`completion::mark`]'s held copies, `paths/mod.rs`'s `HeldIssue`: the gather kernel where
+//!   the segment-list rule picks it, else `cuMemcpyBatchAsync` where the driver has it,
 //!   `paths/batch.rs`), their ends marked once (one stamp where the policy would have stamped
 //!   one of them); a wait, poll or dependent of one of them, or another submission on the
 //!   stream, issues them at once. Its other work starts at once, the tuned policy marking the
@@ -571,7 +572,8 @@ impl CudaEngine {
     }
 
     /// Calls of the driver's batched copy that held copies took (one-run copies enqueued with
-    /// [`Engine::enqueue`] until a flush, several at a time), and batches of them the driver
+    /// [`Engine::enqueue`] until a flush, several at a time, where the gather kernel did not
+    /// take them), and batches of them the driver
     /// refused (each copied one call per copy instead, the copies correct) with its first
     /// refusal: a shape the driver does not batch.
     pub fn flush_batches(&self) -> (usize, usize, Option<crate::engine::cuda::DriverError>) {

@@ -53,8 +53,9 @@
 //! driver at submit. It waits in its queue with the other such copies of the stream until
 //! something needs them: the submitter's flush, a wait, poll, future or dependent of one of
 //! them, any other submission on the stream (stream order), or a full batch
-//! (`BATCH_MAX_COPIES`). They then go to the driver at once, as one batched copy where there
-//! are several and the driver has one (the queue's [`Issue`], `paths/batch.rs`), and their
+//! (`BATCH_MAX_COPIES`). They then go to the GPU at once as one list, by the queue's [`Issue`]
+//! (`paths/mod.rs`'s `HeldIssue`: the gather kernel where the engine's segment-list rule picks
+//! it, else one batched copy where there are several and the driver has one), and their
 //! ends are marked together: lazy ones share one stamp where the issue came from a flush, a
 //! wait (a thread waits next) or a full batch, and the policy would have stamped one of them,
 //! the last one becomes the queue's last; eager ones record their events after the batch. A
@@ -196,8 +197,8 @@ pub(crate) struct Queue {
     exposed: AtomicBool,
     /// Staged copies using the stream now ([`Foreign`]).
     foreign: AtomicUsize,
-    /// How held copies go to the driver.
-    issue: Issue,
+    /// How held copies go to the GPU.
+    issue: Arc<dyn Issue>,
     /// Calls of the batched copy taken for held copies.
     batches: AtomicUsize,
     /// Batches of held copies the driver refused, and its first refusal.
@@ -254,14 +255,18 @@ pub(crate) struct Issued {
     pub refusal: Option<DriverError>,
 }
 
-/// How a queue's held copies go to the driver, in the order held (`paths/batch.rs`'s
-/// `copy_held`, given by the queue's maker: the mechanisms sit above this layer).
-///
-/// # Safety
-/// Every copy's ranges are valid until the stream passes them, device memory of the stream's
-/// device or page-locked host memory, no destination overlapping another or a source, every
-/// length above 0; the stream is live, of the current context, not the legacy one.
-pub(crate) type Issue = unsafe fn(sys::CUstream, &[BatchCopy]) -> Issued;
+/// How a queue's held copies go to the GPU, in the order held (`paths/mod.rs`'s `HeldIssue`,
+/// given by the queue's maker: the mechanisms sit above this layer).
+pub(crate) trait Issue: Send + Sync {
+    /// Enqueues `copies` on `stream`: every one, or those before a failure ([`Issued`]).
+    ///
+    /// # Safety
+    /// Every copy's ranges are valid until the stream passes them, device memory of the
+    /// stream's device, page-locked or managed memory, no destination overlapping another or a
+    /// source, every length above 0; the stream is live, of the current context, not the
+    /// legacy one.
+    unsafe fn issue(&self, stream: &Arc<CudaStream>, copies: &[BatchCopy]) -> Issued;
+}
 
 /// A held copy with its request.
 struct Held {
@@ -322,7 +327,11 @@ fn addr<T: ?Sized>(p: *const T) -> *const () {
 impl Queue {
     /// A queue on `stream`, with its completion word if it could be made; its held copies go
     /// to the driver through `issue`.
-    pub(crate) fn new(stream: Arc<CudaStream>, stamp: Option<Stamp>, issue: Issue) -> Queue {
+    pub(crate) fn new(
+        stream: Arc<CudaStream>,
+        stamp: Option<Stamp>,
+        issue: Arc<dyn Issue>,
+    ) -> Queue {
         Queue {
             stream,
             tail: Mutex::new(Tail::default()),
@@ -552,7 +561,7 @@ impl Queue {
         let out = match driver::set_current(self.stream.context()) {
             // SAFETY: the copies are valid until their requests complete, as `Issue` asks
             // (`push_held`'s contract); the queue's live stream, of the context made current.
-            Ok(()) => unsafe { (self.issue)(self.raw(), &copies) },
+            Ok(()) => unsafe { self.issue.issue(&self.stream, &copies) },
             Err(e) => Issued {
                 error: Some(DriverError::from_cudarc("cuCtxSetCurrent", e)),
                 ..Issued::default()

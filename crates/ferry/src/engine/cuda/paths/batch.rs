@@ -1,8 +1,9 @@
 //! Many copies on the copy engines through the driver's batched copy (`cuMemcpyBatchAsync`:
 //! CUDA 13's `_v2`, else 12.8's, whichever the driver exports: `sys/driver.rs`), at most
 //! [`BATCH_MAX_COPIES`] per call: a segment list between two buffers ([`copy`]), or the
-//! one-run copies a caller enqueued on one stream until its flush ([`copy_held`], the issuer
-//! of `completion/mark.rs`'s held copies).
+//! one-run copies a caller enqueued on one stream until its flush ([`copy_held`], where the
+//! issuer of `completion/mark.rs`'s held copies, `paths/mod.rs`'s `HeldIssue`, does not take
+//! the gather kernel).
 //!
 //! Each range carries its sides' location hints (device memory on its ordinal, host memory on
 //! the host: `driver::copy_attributes`), one attribute per run of ranges with the same kinds.
@@ -185,7 +186,7 @@ pub(crate) unsafe fn copy(
 /// ([`route::BATCH_PREFER_OVERLAP`]).
 ///
 /// # Safety
-/// As [`Issue`](crate::engine::cuda::completion::mark::Issue): every copy's ranges are valid
+/// As [`Issue::issue`](crate::engine::cuda::completion::mark::Issue::issue): every copy's ranges are valid
 /// until the stream passes them, device memory of the stream's device or page-locked host
 /// memory (no copy between two GPUs), no destination overlapping another or a source, every
 /// length above 0; `stream` a live stream of the current context, not the legacy one.

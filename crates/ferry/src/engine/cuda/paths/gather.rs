@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::engine::cuda::completion::mark::BatchCopy;
 use crate::engine::cuda::sys::driver;
 use crate::engine::cuda::sys::memory::{HostAlloc, PinFlags};
 use crate::engine::cuda::sys::program::{self, Made};
@@ -125,14 +126,22 @@ extern "C" __global__ void ferry_gather(unsigned char* dst, const unsigned char*
 
 const BLOCK: u32 = 256;
 
-/// A list the gatherer copies: segments as given, or a checked block mapping whose segments
-/// are written where they are needed (the kernel's pinned table) rather than built first.
+/// A list the gatherer copies: segments as given, or a checked block mapping or a queue's held
+/// copies, whose segments are written where they are needed (the kernel's pinned table)
+/// rather than built first.
 #[derive(Clone, Copy)]
 pub(crate) enum List<'a> {
     /// A segment list.
     Segments(&'a [Segment]),
     /// A block mapping ([`crate::op::check_blocks`]), its list not built.
     Blocks(BlockList<'a>),
+    /// A queue's held copies, at unified addresses: each is the segment from `src` to `dst`
+    /// (the bases, at or below every copy's source and destination).
+    Copies {
+        copies: &'a [BatchCopy],
+        dst: u64,
+        src: u64,
+    },
 }
 
 impl List<'_> {
@@ -140,6 +149,7 @@ impl List<'_> {
         match self {
             List::Segments(s) => s.len(),
             List::Blocks(b) => b.runs,
+            List::Copies { copies, .. } => copies.len(),
         }
     }
 
@@ -148,27 +158,42 @@ impl List<'_> {
         match self {
             List::Segments(s) => s.iter().map(|s| s.len).sum(),
             List::Blocks(b) => b.bytes() as u64,
+            List::Copies { copies, .. } => copies.iter().map(|c| c.len as u64).sum(),
         }
     }
 
-    /// The segments as a slice (a block mapping's built: the batched and per-segment copies
-    /// read them from host memory anyway).
+    /// The segments as a slice (a block mapping's or held copies' built: the batched and
+    /// per-segment copies read them from host memory anyway).
     fn segments(&self) -> std::borrow::Cow<'_, [Segment]> {
         match self {
             List::Segments(s) => std::borrow::Cow::Borrowed(s),
             List::Blocks(b) => std::borrow::Cow::Owned(b.segments().collect()),
+            List::Copies { .. } => std::borrow::Cow::Owned(self.copy_segments().collect()),
         }
+    }
+
+    /// The held copies' segments (none for the other lists).
+    fn copy_segments(&self) -> impl Iterator<Item = Segment> + '_ {
+        let (copies, dst, src): (&[BatchCopy], u64, u64) = match *self {
+            List::Copies { copies, dst, src } => (copies, dst, src),
+            _ => (&[], 0, 0),
+        };
+        copies
+            .iter()
+            .map(move |c| Segment::new(c.dst - dst, c.src - src, c.len as u64))
     }
 
     /// Writes the segments into `out` (`len()` of them).
     fn fill(&self, out: &mut [Segment]) {
+        let zip = |out: &mut [Segment], segs: &mut dyn Iterator<Item = Segment>| {
+            for (slot, seg) in out.iter_mut().zip(segs) {
+                *slot = seg;
+            }
+        };
         match self {
             List::Segments(s) => out.copy_from_slice(s),
-            List::Blocks(b) => {
-                for (slot, seg) in out.iter_mut().zip(b.segments()) {
-                    *slot = seg;
-                }
-            }
+            List::Blocks(b) => zip(out, &mut b.segments()),
+            List::Copies { .. } => zip(out, &mut self.copy_segments()),
         }
     }
 }
@@ -530,6 +555,24 @@ impl Gatherer {
             .ok()?;
         e.record(stream).ok()?;
         Some(e)
+    }
+
+    /// The mechanism [`Strategy::Auto`] (the batched copy for [`Strategy::Dma`], where the
+    /// gatherer leaves the SMs to the caller) takes for `n` segments of `total` bytes between
+    /// buffers at `dst` and `src` of these kinds, without timing a call: in the host band
+    /// ([`route::host_band`]) its choice once measured, the batched copy until then.
+    pub(crate) fn planned(
+        &self,
+        stream: &Arc<CudaStream>,
+        (dst, src): (u64, u64),
+        kinds: (MemKind, MemKind),
+        n: usize,
+        total: u64,
+    ) -> Strategy {
+        match self.choose(stream, (dst, src), Some(kinds), n, total, !self.leave_sms) {
+            (_, true) => Strategy::Batch,
+            (s, false) => s,
+        }
     }
 
     /// The strategy for `n` segments of `total` bytes, and whether to time the call (the host

@@ -158,6 +158,21 @@ pub(crate) fn device_info(ordinal: u32, dev: sys::CUdevice) -> DeviceInfo {
     }
 }
 
+/// Whether GPU `dev`'s kernels reach page-locked host memory at its host address: unified
+/// addressing, and registered memory's device pointer its host pointer
+/// (`CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`; memory the driver allocated
+/// page-locked always is under unified addressing). Then copies between several host
+/// allocations and the device are one kernel's list, at offsets from one base.
+pub(crate) fn host_memory_at_host_address(dev: sys::CUdevice) -> bool {
+    use sys::CUdevice_attribute as A;
+    [
+        A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+        A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+    ]
+    .into_iter()
+    .all(|a| attr(dev, a) == Some(1))
+}
+
 /// PCIe generation from a sysfs link speed such as `32.0 GT/s PCIe`.
 fn pcie_gen(speed: &str) -> Option<u32> {
     let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
