@@ -242,6 +242,7 @@ impl Layout {
     }
 
     /// A dense 1-D layout of `bytes` bytes (element size 1); empty for 0 bytes.
+    #[inline]
     pub fn bytes(bytes: usize) -> Result<Layout, LayoutError> {
         // Every `memcpy` builds two of these: built directly, without the general checks,
         // none of which can fail for one dim of one-byte elements (the same layout as
@@ -296,6 +297,11 @@ impl Layout {
 
     /// The same layout with its first element at byte `bytes` of the buffer (the offset is
     /// set, not added to). Errors: the span overflows `usize`.
+    ///
+    /// `bytes` and this are inlined into the caller: a layout is 296 bytes, and a block copy
+    /// enqueued one job per block builds two each (out of line, moving the results cost 8% of
+    /// the null driver's 0.27 us a held block).
+    #[inline]
     pub fn with_offset(mut self, bytes: usize) -> Result<Layout, LayoutError> {
         self.offset = bytes;
         self.span_checked()?;
