@@ -2,7 +2,9 @@
 """The transfers of ferry's `examples/09_agent_ipc.rs`, through NVIDIA NIXL's Python API.
 
 Two NIXL agents in two processes on one GPU (UCX backend; `UCX_TLS=cuda_ipc,cuda_copy,sm,self,tcp`
-unless UCX_TLS is already set, tcp only for the wire-up, which needs peer-failure handling): the target
+unless UCX_TLS is already set, tcp only for the wire-up, which needs peer-failure handling;
+`UCX_CUDA_IPC_ENABLE_GET_ZCOPY=on` unless set, so that a READ is a CUDA IPC get on a card without
+NVLink too; `UCX_PROTO_EMULATION_ENABLE=n` makes a row that would fall back to tcp fail): the target
 registers a device buffer and a pinned host buffer (torch), the initiator registers its own and
 moves segment lists with `initialize_xfer` + `transfer`, polling `check_xfer_state`.
 
@@ -36,6 +38,11 @@ import time
 # tcp: NIXL asks UCX for peer-failure handling, which UCX's shared-memory transports lack, so
 # the wire-up's active messages need it (the copies themselves still take cuda_ipc/cuda_copy).
 os.environ.setdefault("UCX_TLS", "cuda_ipc,cuda_copy,sm,self,tcp")
+# READs over CUDA IPC: UCX turns cuda_ipc's get (a READ's zero-copy) off where it finds no NVLink
+# ("cuda-ipc get zcopy disabled as no nvlinks detected", a PCIe card such as the H100 hosts'),
+# and a READ then falls back to its protocol emulation over tcp: the first H100 run's READ and
+# host rows (0.08-0.93 GB/s). `on` keeps the get; the other two leave UCX's default where set.
+os.environ.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "on")
 
 KIB = 1024
 MIB = 1 << 20
@@ -135,7 +142,10 @@ def main() -> int:
     recv_from(parent, proc, '"ready"')
     print(
         f"NIXL two processes on one GPU, {nbytes // MIB} MiB per buffer, {reps} samples per row, "
-        f"UCX_TLS={os.environ.get('UCX_TLS')}, metadata {len(info['meta'])} bytes"
+        f"UCX_TLS={os.environ.get('UCX_TLS')}, "
+        f"UCX_CUDA_IPC_ENABLE_GET_ZCOPY={os.environ.get('UCX_CUDA_IPC_ENABLE_GET_ZCOPY')}, "
+        f"UCX_PROTO_EMULATION_ENABLE={os.environ.get('UCX_PROTO_EMULATION_ENABLE', '(default)')}, "
+        f"metadata {len(info['meta'])} bytes"
     )
 
     def run(op: str, local_type: str, local_base: int, remote_type: str, remote_base: int,
