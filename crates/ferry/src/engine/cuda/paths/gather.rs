@@ -815,4 +815,39 @@ mod tests {
         given.fill(&mut again);
         assert_eq!((&*given.segments(), &again[..]), (&*want, &*want));
     }
+
+    /// A queue's held copies are the segments from the list's bases (at or below every copy),
+    /// in the order held, in the kernel's table as in the built list; their bytes summed.
+    #[test]
+    fn held_copies_are_segments_from_their_bases() {
+        let (dev, host) = (MemKind::Device { ordinal: 0 }, MemKind::Pinned);
+        let copy = |dst: u64, src: u64, len: usize| BatchCopy {
+            dst,
+            src,
+            len,
+            dst_kind: dev,
+            src_kind: host,
+        };
+        // Three allocations on each side, out of address order.
+        let copies = [
+            copy(0x9000, 0x7_0000, 4096),
+            copy(0x1000, 0x5_0000, 512),
+            copy(0x5000, 0x6_2000, 64),
+        ];
+        let list = List::Copies {
+            copies: &copies,
+            dst: 0x1000,
+            src: 0x5_0000,
+        };
+        let want = [
+            Segment::new(0x8000, 0x2_0000, 4096),
+            Segment::new(0, 0, 512),
+            Segment::new(0x4000, 0x1_2000, 64),
+        ];
+        assert_eq!((list.len(), list.bytes()), (3, 4096 + 512 + 64));
+        assert_eq!(&*list.segments(), &want);
+        let mut table = vec![Segment::default(); list.len()];
+        list.fill(&mut table);
+        assert_eq!(table, want);
+    }
 }
