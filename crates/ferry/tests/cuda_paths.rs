@@ -389,6 +389,77 @@ fn gather_every_strategy_and_direction() {
     }
 }
 
+/// Kernel gathers enqueued on a stream held back (a host function waiting on a latch) return
+/// at once, each with a segment table of its own: none waits on the host for an earlier call's
+/// table upload, which the held stream has not run (with one table per gatherer, the second
+/// call waited for the first's upload: a block copy behind a long kernel blocked its caller);
+/// every byte right once the stream runs.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn kernel_gathers_behind_a_held_stream_return_at_once() {
+    let Some((ctx, stream)) = setup() else { return };
+    if cuda_common::skip_on_null_driver("the gather kernel is built with NVRTC") {
+        return;
+    }
+    let g = Arc::new(Gatherer::new(ctx.clone()).expect("gatherer"));
+    if let Err(e) = g.kernel() {
+        println!("skipped: no gather kernel here ({e})");
+        return;
+    }
+    let (len, calls) = (1 << 20, 4);
+    let mut rng = Rng(77);
+    let src_data = rng.bytes(len);
+    let mut src = Side::new(&ctx, false, len);
+    src.write(&src_data);
+    let segs = random_segments(&mut rng, 400, 1, 2000, len, len);
+    let mut dsts: Vec<Side> = (0..calls)
+        .map(|_| {
+            let mut d = Side::new(&ctx, false, len);
+            d.write(&vec![POISON; len]);
+            d
+        })
+        .collect();
+    // The latch: the stream runs nothing after it until `release` (or 60 s).
+    let (release, latch) = std::sync::mpsc::channel::<()>();
+    cuda_common::host_fn(&stream, move || {
+        let _ = latch.recv_timeout(std::time::Duration::from_secs(60));
+    })
+    .expect("host function");
+    let (addrs, from) = (
+        dsts.iter_mut().map(Side::addr).collect::<Vec<_>>(),
+        src.addr(),
+    );
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let worker = {
+        let (g, stream, segs) = (Arc::clone(&g), Arc::clone(&stream), segs.clone());
+        std::thread::spawn(move || {
+            for &to in &addrs {
+                // SAFETY: device buffers of `len` bytes, untouched until the stream is
+                // synchronized below.
+                unsafe { g.copy(&stream, to, len, from, len, &segs, Strategy::Kernel) }
+                    .expect("kernel gather");
+            }
+            let _ = done_tx.send(());
+        })
+    };
+    let returned = done
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .is_ok();
+    let _ = release.send(());
+    worker.join().expect("the gathers' thread");
+    stream.synchronize().expect("sync");
+    assert!(
+        returned,
+        "{calls} kernel gathers behind a held stream had not returned after 20 s: a call waited \
+         for an earlier call's table"
+    );
+    let mut want = vec![POISON; len];
+    seg_reference(&mut want, &src_data, &segs);
+    for (i, d) in dsts.iter().enumerate() {
+        assert_eq!(first_diff(&d.read(), &want), None, "call {i}");
+    }
+}
+
 /// Host -> device lists of 64 KiB segments (the host band, where the kernel and the batched
 /// copy cross at a host-dependent size): `Strategy::Auto` times both on its first calls, each in
 /// turn, then keeps one; every call's bytes right.

@@ -13,7 +13,7 @@
 
 mod cuda_common;
 use cuda_common::*;
-use cudarc::driver::{sys, CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use ferry::cuda::{CudaEngine, DeviceBuffer, InteropError, PinnedBuffer, StreamWait};
 use ferry::pipeline::{
     Chunk, CudaPipeline, Dest, GpuChunk, OutLen, Phase, PipelineConfig, PipelineError, Source,
@@ -220,27 +220,6 @@ impl Kernels {
             }),
         }
     }
-}
-
-/// Enqueues `f` on stream `s` as a host function (`cuLaunchHostFunc`): the null driver's
-/// stand-in for a kernel.
-fn host_fn(s: &CudaStream, f: impl FnOnce() + Send + 'static) -> Result<(), DriverError> {
-    type Work = Box<dyn FnOnce() + Send>;
-    unsafe extern "C" fn run(p: *mut std::ffi::c_void) {
-        // SAFETY: `p` is the box leaked below, which the driver hands back exactly once.
-        let f = unsafe { Box::from_raw(p.cast::<Work>()) };
-        f();
-    }
-    let p = Box::into_raw(Box::new(Box::new(f) as Work));
-    s.context().bind_to_thread()?;
-    // SAFETY: `s` is a live stream of the current context; the driver calls `run` once with
-    // `p`, after the work enqueued on `s` before it.
-    let r = unsafe { sys::cuLaunchHostFunc(s.cu_stream(), Some(run), p.cast()) }.result();
-    if r.is_err() {
-        // SAFETY: refused, so the driver never calls `run`: the box is still this one's.
-        drop(unsafe { Box::from_raw(p) });
-    }
-    r
 }
 
 fn grid(n: usize) -> LaunchConfig {

@@ -467,3 +467,28 @@ pub fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
     }
     got.iter().zip(want).position(|(a, b)| a != b)
 }
+
+/// Enqueues `f` on stream `s` as a host function (`cuLaunchHostFunc`): the null driver's
+/// stand-in for a kernel, or a latch that holds the stream back.
+pub fn host_fn(
+    s: &cudarc::driver::CudaStream,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<(), cudarc::driver::DriverError> {
+    type Work = Box<dyn FnOnce() + Send>;
+    unsafe extern "C" fn run(p: *mut std::ffi::c_void) {
+        // SAFETY: `p` is the box leaked below, which the driver hands back exactly once.
+        let f = unsafe { Box::from_raw(p.cast::<Work>()) };
+        f();
+    }
+    let p = Box::into_raw(Box::new(Box::new(f) as Work));
+    s.context().bind_to_thread()?;
+    // SAFETY: `s` is a live stream of the current context; the driver calls `run` once with
+    // `p`, after the work enqueued on `s` before it.
+    let r = unsafe { cudarc::driver::sys::cuLaunchHostFunc(s.cu_stream(), Some(run), p.cast()) }
+        .result();
+    if r.is_err() {
+        // SAFETY: refused, so the driver never calls `run`: the box is still this one's.
+        drop(unsafe { Box::from_raw(p) });
+    }
+    r
+}

@@ -6,7 +6,9 @@
 //! runs a small gather kernel (compiled once per context with NVRTC for the device's compute
 //! capability) that reads and writes both sides through their device-accessible addresses,
 //! 16 bytes per load where the two sides are equally aligned. The segment table is uploaded once
-//! per call through a pinned buffer and an async copy on the caller's stream; the engine's
+//! per call through a pinned buffer and an async copy on the caller's stream, one of the
+//! gatherer's tables, taken once the call that last used it has ended (a new one while fewer
+//! than eight exist, else the oldest waited for); the engine's
 //! block copies write it there straight from their checked mapping (`Gatherer::copy_checked`:
 //! no segment list built first).
 //!
@@ -198,7 +200,8 @@ impl List<'_> {
     }
 }
 
-/// The per-call segment table: a pinned staging copy and its device copy, reused across calls.
+/// One call's segment table: a pinned staging copy and its device copy, reused by later calls
+/// once the upload and the kernel that read it have ended ([`Tables`]).
 struct Table {
     /// The pinned staging copy (its length is the capacity), made on first use.
     host: Option<HostAlloc>,
@@ -210,10 +213,55 @@ struct Table {
     use_pending: bool,
 }
 
-// SAFETY: the raw buffers are owned by the table and only touched under the gatherer's lock.
+// SAFETY: the raw buffers are owned by the table and only touched by the call that took it
+// (`Gatherer::take_table`) or under the gatherer's lock.
 unsafe impl Send for Table {}
 
 impl Table {
+    /// An empty table (its memory made by its first call).
+    fn new(ctx: &Arc<CudaContext>) -> Result<Table, GatherError> {
+        let ev = || {
+            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(drv("cuEventCreate"))
+        };
+        Ok(Table {
+            host: None,
+            dev: 0,
+            dev_cap: 0,
+            uploaded: ev()?,
+            upload_pending: false,
+            used: ev()?,
+            use_pending: false,
+        })
+    }
+
+    /// Whether its last upload and kernel have ended (asked of the driver, no wait); clears
+    /// what has. A query that fails counts as not ended (the wait reports it).
+    fn idle(&mut self) -> bool {
+        for (pending, event) in [
+            (&mut self.upload_pending, &self.uploaded),
+            (&mut self.use_pending, &self.used),
+        ] {
+            if *pending && event.try_is_complete() == Ok(true) {
+                *pending = false;
+            }
+        }
+        !self.upload_pending && !self.use_pending
+    }
+
+    /// Waits until its last upload and kernel have ended.
+    fn wait(&mut self) -> Result<(), GatherError> {
+        if self.upload_pending {
+            driver::sync_event(&self.uploaded).map_err(drv("cuEventSynchronize"))?;
+            self.upload_pending = false;
+        }
+        if self.use_pending {
+            driver::sync_event(&self.used).map_err(drv("cuEventSynchronize"))?;
+            self.use_pending = false;
+        }
+        Ok(())
+    }
+
     fn free(&mut self) {
         if self.upload_pending {
             let _ = driver::sync_event(&self.uploaded);
@@ -229,6 +277,54 @@ impl Table {
                 count_alloc!(Device, -1);
             }
             self.dev = 0;
+        }
+    }
+}
+
+/// How many segment tables a gatherer keeps before a call waits for one: a call takes a table
+/// whose last upload and kernel have ended, else makes one while fewer than this many exist,
+/// else waits for the one used longest ago. With one table, a call waited on the host for the
+/// previous call's upload (on any stream, behind whatever that stream had queued) and made its
+/// stream wait for the previous kernel: a block copy enqueued behind a long kernel blocked its
+/// caller until that kernel ended, and lanes' copies serialized on one another's streams.
+const TABLES: usize = 8;
+
+/// A gatherer's segment tables not in a call now, the one used longest ago first, and how many
+/// exist.
+#[derive(Default)]
+struct Tables {
+    free: Vec<Table>,
+    made: usize,
+}
+
+/// A table taken for one call, given back when dropped (whatever the call's outcome).
+struct Taken<'a> {
+    tables: &'a Mutex<Tables>,
+    table: Option<Table>,
+}
+
+impl std::ops::Deref for Taken<'_> {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        self.table
+            .as_ref()
+            .expect("a taken table is held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Taken<'_> {
+    fn deref_mut(&mut self) -> &mut Table {
+        self.table
+            .as_mut()
+            .expect("a taken table is held until dropped")
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.table.take() {
+            let mut ts = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+            ts.free.push(t);
         }
     }
 }
@@ -301,11 +397,11 @@ impl HostBand {
 }
 
 /// Gather/scatter of segment lists for one context: the compiled kernel (made on first use) and
-/// the reusable segment table. See the [module documentation](self).
+/// the reusable segment tables. See the [module documentation](self).
 pub struct Gatherer {
     ctx: Arc<CudaContext>,
     func: Made<CudaFunction>,
-    table: Mutex<Table>,
+    tables: Mutex<Tables>,
     sms: u32,
     leave_sms: bool,
     /// Batches the driver refused so far, and its first refusal.
@@ -325,10 +421,10 @@ impl std::fmt::Debug for Gatherer {
 impl Drop for Gatherer {
     fn drop(&mut self) {
         let _ = driver::set_current(&self.ctx);
-        self.table
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .free();
+        let tables = self.tables.get_mut().unwrap_or_else(|e| e.into_inner());
+        for t in &mut tables.free {
+            t.free();
+        }
     }
 }
 
@@ -340,23 +436,14 @@ impl Gatherer {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
             .max(1) as u32;
-        let ev = || {
-            ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(drv("cuEventCreate"))
-        };
-        let table = Table {
-            host: None,
-            dev: 0,
-            dev_cap: 0,
-            uploaded: ev()?,
-            upload_pending: false,
-            used: ev()?,
-            use_pending: false,
-        };
+        let table = Table::new(&ctx)?;
         Ok(Gatherer {
             ctx,
             func: Made::new(),
-            table: Mutex::new(table),
+            tables: Mutex::new(Tables {
+                free: vec![table],
+                made: 1,
+            }),
             sms,
             leave_sms: false,
             refused: Mutex::new((0, None)),
@@ -666,6 +753,36 @@ impl Gatherer {
         Ok(())
     }
 
+    /// A segment table for one call, idle (its last upload and kernel ended): one that is, else
+    /// a new one while fewer than [`TABLES`] exist or none is free (every table in a call of
+    /// another thread), else the one used longest ago, waited for.
+    fn take_table(&self) -> Result<Taken<'_>, GatherError> {
+        let mut ts = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = |table| Taken {
+            tables: &self.tables,
+            table: Some(table),
+        };
+        if let Some(i) = ts.free.iter_mut().position(Table::idle) {
+            return Ok(taken(ts.free.remove(i)));
+        }
+        if ts.made < TABLES || ts.free.is_empty() {
+            ts.made += 1;
+            drop(ts);
+            return match Table::new(&self.ctx) {
+                Ok(t) => Ok(taken(t)),
+                Err(e) => {
+                    self.tables.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
+                    Err(e)
+                }
+            };
+        }
+        let oldest = ts.free.remove(0);
+        drop(ts);
+        let mut t = taken(oldest);
+        t.wait()?;
+        Ok(t)
+    }
+
     /// `total`: the segments' bytes (summed by the bounds check).
     ///
     /// # Safety
@@ -689,15 +806,10 @@ impl Gatherer {
         let func = self.kernel()?;
         let n = list.len();
         let bytes = n * std::mem::size_of::<Segment>();
-        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        // The pinned table may still feed the previous call's upload.
-        if t.upload_pending {
-            driver::sync_event(&t.uploaded).map_err(drv("cuEventSynchronize"))?;
-            t.upload_pending = false;
-        }
+        let mut t = self.take_table()?;
         if t.host.as_ref().is_none_or(|h| h.len() < bytes) {
             let cap = bytes.next_power_of_two().max(64 << 10);
-            // No upload reads the old one any more (synchronized above).
+            // No upload reads the old one any more (the table is idle).
             t.host = None;
             let host = HostAlloc::new(&self.ctx, cap, PinFlags::PORTABLE).map_err(|e| {
                 GatherError::Driver {
@@ -711,11 +823,7 @@ impl Gatherer {
         if t.dev_cap < bytes {
             let cap = bytes.next_power_of_two().max(64 << 10);
             if t.dev != 0 {
-                if t.use_pending {
-                    driver::sync_event(&t.used).map_err(drv("cuEventSynchronize"))?;
-                    t.use_pending = false;
-                }
-                // SAFETY: no kernel reads it any more (synchronized above).
+                // SAFETY: no kernel reads it any more (the table is idle).
                 unsafe { cu::free_sync(t.dev) }.map_err(drv("cuMemFree"))?;
                 count_alloc!(Device, -1);
                 t.dev = 0;
@@ -727,19 +835,15 @@ impl Gatherer {
             t.dev_cap = cap;
         }
         // SAFETY: the pinned buffer holds at least `bytes` (`n` segments), is page-aligned
-        // (the driver's allocation), no copy reads it now (synchronized above) and nothing
-        // else refers to it (the table's lock is held); `Segment` is repr(C) plain data.
+        // (the driver's allocation), no copy reads it now (the table is idle) and nothing else
+        // refers to it (the table is this call's); `Segment` is repr(C) plain data.
         let table = unsafe { std::slice::from_raw_parts_mut(host as *mut Segment, n) };
         list.fill(table);
-        // A kernel of an earlier call (maybe on another stream) may still read the device table.
-        if t.use_pending {
-            stream.wait(&t.used).map_err(drv("cuStreamWaitEvent"))?;
-        }
         // SAFETY: both buffers hold `bytes`; the pinned one stays untouched until `uploaded`.
         unsafe { sys::cuMemcpyHtoDAsync_v2(t.dev, host as *const _, bytes, stream.cu_stream()) }
             .result()
             .map_err(drv("cuMemcpyHtoDAsync"))?;
-        t.uploaded.record(stream).map_err(drv("cuEventRecord"))?;
+        t.uploaded.record(stream).map_err(settled(stream))?;
         t.upload_pending = true;
 
         let n = n as u64;
@@ -760,9 +864,22 @@ impl Gatherer {
         // count, the group size); every segment lies in its buffer (checked), which the device
         // can address (translated above).
         unsafe { launch.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
-        t.used.record(stream).map_err(drv("cuEventRecord"))?;
+        t.used.record(stream).map_err(settled(stream))?;
         t.use_pending = true;
         Ok(())
+    }
+}
+
+/// The error of an event record that failed after work reading a table was enqueued on
+/// `stream`: the stream is synchronized first, so that the table, given back idle by its
+/// event's word, is not reused while that work still reads it.
+fn settled(stream: &CudaStream) -> impl FnOnce(DriverError) -> GatherError + '_ {
+    move |source| {
+        let _ = driver::sync_stream(stream);
+        GatherError::Driver {
+            op: "cuEventRecord",
+            source,
+        }
     }
 }
 
