@@ -392,8 +392,9 @@ fn gather_every_strategy_and_direction() {
 /// Kernel gathers enqueued on a stream held back (a host function waiting on a latch) return
 /// at once, each with a segment table of its own: none waits on the host for an earlier call's
 /// table upload, which the held stream has not run (with one table per gatherer, the second
-/// call waited for the first's upload: a block copy behind a long kernel blocked its caller);
-/// every byte right once the stream runs.
+/// call waited for the first's upload: a block copy behind a long kernel blocked its caller).
+/// Past the gatherer's 64 tables, `Strategy::Auto` gives the kernel's lists to the copy engines
+/// rather than wait. Every byte right once the stream runs.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn kernel_gathers_behind_a_held_stream_return_at_once() {
@@ -406,7 +407,9 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
         println!("skipped: no gather kernel here ({e})");
         return;
     }
-    let (len, calls) = (1 << 20, 4);
+    // Four calls naming the kernel, then 70 `Auto` ones: 60 take the tables left, 10 find none.
+    let (len, named, auto) = (1 << 20, 4, 70);
+    let calls = named + auto;
     let mut rng = Rng(77);
     let src_data = rng.bytes(len);
     let mut src = Side::new(&ctx, false, len);
@@ -433,26 +436,43 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
     let worker = {
         let (g, stream, segs) = (Arc::clone(&g), Arc::clone(&stream), segs.clone());
         std::thread::spawn(move || {
-            for &to in &addrs {
-                // SAFETY: device buffers of `len` bytes, untouched until the stream is
-                // synchronized below.
-                unsafe { g.copy(&stream, to, len, from, len, &segs, Strategy::Kernel) }
-                    .expect("kernel gather");
-            }
-            let _ = done_tx.send(());
+            let used: Vec<Strategy> = addrs
+                .iter()
+                .enumerate()
+                .map(|(i, &to)| {
+                    let asked = if i < named {
+                        Strategy::Kernel
+                    } else {
+                        Strategy::Auto
+                    };
+                    // SAFETY: device buffers of `len` bytes, untouched until the stream is
+                    // synchronized below.
+                    unsafe { g.copy(&stream, to, len, from, len, &segs, asked) }.expect("gather")
+                })
+                .collect();
+            let _ = done_tx.send(used);
         })
     };
-    let returned = done
-        .recv_timeout(std::time::Duration::from_secs(20))
-        .is_ok();
+    let used = done.recv_timeout(std::time::Duration::from_secs(20));
     let _ = release.send(());
     worker.join().expect("the gathers' thread");
     stream.synchronize().expect("sync");
-    assert!(
-        returned,
-        "{calls} kernel gathers behind a held stream had not returned after 20 s: a call waited \
-         for an earlier call's table"
+    let used = used.unwrap_or_else(|_| {
+        panic!(
+            "{calls} gathers behind a held stream had not returned after 20 s: a call waited for \
+             an earlier call's table"
+        )
+    });
+    let kernels = used.iter().filter(|&&s| s == Strategy::Kernel).count();
+    println!(
+        "{calls} gathers behind a held stream: {kernels} by the kernel, the last by {:?}",
+        used[calls - 1]
     );
+    assert_eq!(
+        kernels, 64,
+        "each table once, then the copy engines: {used:?}"
+    );
+    assert_ne!(used[calls - 1], Strategy::Kernel);
     let mut want = vec![POISON; len];
     seg_reference(&mut want, &src_data, &segs);
     for (i, d) in dsts.iter().enumerate() {

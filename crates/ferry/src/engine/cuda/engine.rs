@@ -168,7 +168,8 @@ impl Engine for CudaEngine {
     /// memory) are held until [`Engine::flush`], then given to the GPU as one list, as a block
     /// copy's list: many small copies between memory of the same two kinds by the gather kernel
     /// while the SMs are free (not under [`CudaConfig::compute_busy`](super::CudaConfig::compute_busy)),
-    /// else one batched copy (`cuMemcpyBatchAsync` where the driver has it and more than one is
+    /// the kernel made and reaching both sides at their addresses, and one of its segment tables
+    /// free (the flush never waits for other work), else one batched copy (`cuMemcpyBatchAsync` where the driver has it and more than one is
     /// held; one call per copy otherwise), and marked once: one stamp for all (tuned policy) or an event each
     /// (plain). A wait, poll, future or dependent of one of them, or any other submission on
     /// the same stream, issues them at once. Other work starts at once; under the tuned policy

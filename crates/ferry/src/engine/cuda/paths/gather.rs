@@ -8,7 +8,8 @@
 //! 16 bytes per load where the two sides are equally aligned. The segment table is uploaded once
 //! per call through a pinned buffer and an async copy on the caller's stream, one of the
 //! gatherer's tables, taken once the call that last used it has ended (a new one while fewer
-//! than eight exist, else the oldest waited for); the engine's
+//! than 64 exist; beyond, [`Strategy::Auto`]'s kernel gives way to the copy engines rather than
+//! wait for another stream's work); the engine's
 //! block copies write it there straight from their checked mapping (`Gatherer::copy_checked`:
 //! no segment list built first).
 //!
@@ -281,13 +282,15 @@ impl Table {
     }
 }
 
-/// How many segment tables a gatherer keeps before a call waits for one: a call takes a table
-/// whose last upload and kernel have ended, else makes one while fewer than this many exist,
-/// else waits for the one used longest ago. With one table, a call waited on the host for the
-/// previous call's upload (on any stream, behind whatever that stream had queued) and made its
-/// stream wait for the previous kernel: a block copy enqueued behind a long kernel blocked its
-/// caller until that kernel ended, and lanes' copies serialized on one another's streams.
-const TABLES: usize = 8;
+/// How many segment tables a gatherer makes before none is free: a call takes a table whose last
+/// upload and kernel have ended, else makes one while fewer than this many exist (each at least
+/// 64 KiB pinned and 64 KiB of device memory, kept for the gatherer's life); beyond, a kernel
+/// the strategy picked gives way to the copy engines, and one asked for by name waits for the
+/// table used longest ago. With one table, a call waited on the host for the previous call's
+/// upload (on any stream, behind whatever that stream had queued) and made its stream wait for
+/// the previous kernel: a block copy enqueued behind a long kernel blocked its caller until
+/// that kernel ended, and lanes' copies serialized on one another's streams.
+const TABLES: usize = 64;
 
 /// A gatherer's segment tables not in a call now, the one used longest ago first, and how many
 /// exist.
@@ -590,7 +593,10 @@ impl Gatherer {
             });
         }
         driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
-        let (strategy, timed) = match strategy {
+        // Asked for by name, the kernel waits for a segment table; picked here, it gives way to
+        // the copy engines where every table is in use ([`Gatherer::take_table`]).
+        let named = strategy == Strategy::Kernel;
+        let (mut strategy, timed) = match strategy {
             Strategy::Auto => self.choose(
                 stream,
                 (dst, src),
@@ -603,9 +609,19 @@ impl Gatherer {
             s => (s, false),
         };
         let start = timed.then(|| self.record_timing(stream)).flatten();
-        match strategy {
+        let kernel_ran = || {
             // SAFETY: forwarded contract.
-            Strategy::Kernel => unsafe { self.copy_kernel(stream, dst, src, list, total)? },
+            unsafe { self.copy_kernel(stream, (dst, src), list, total, named) }
+        };
+        if strategy == Strategy::Kernel && !kernel_ran()? {
+            strategy = if Self::batch_supported() && !stream.cu_stream().is_null() {
+                Strategy::Batch
+            } else {
+                Strategy::PerSegment
+            };
+        }
+        match strategy {
+            Strategy::Kernel => {}
             // SAFETY: forwarded contract.
             Strategy::Batch => unsafe {
                 self.copy_batch(stream, dst, src, &list.segments(), kinds)?
@@ -754,22 +770,26 @@ impl Gatherer {
     }
 
     /// A segment table for one call, idle (its last upload and kernel ended): one that is, else
-    /// a new one while fewer than [`TABLES`] exist or none is free (every table in a call of
-    /// another thread), else the one used longest ago, waited for.
-    fn take_table(&self) -> Result<Taken<'_>, GatherError> {
+    /// a new one while fewer than [`TABLES`] exist, else (`wait`) the one used longest ago,
+    /// waited for, or a new one where every table is in another thread's call; `None` where
+    /// every table is in use and the caller does not wait.
+    fn take_table(&self, wait: bool) -> Result<Option<Taken<'_>>, GatherError> {
         let mut ts = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         let taken = |table| Taken {
             tables: &self.tables,
             table: Some(table),
         };
         if let Some(i) = ts.free.iter_mut().position(Table::idle) {
-            return Ok(taken(ts.free.remove(i)));
+            return Ok(Some(taken(ts.free.remove(i))));
+        }
+        if !wait && ts.made >= TABLES {
+            return Ok(None);
         }
         if ts.made < TABLES || ts.free.is_empty() {
             ts.made += 1;
             drop(ts);
             return match Table::new(&self.ctx) {
-                Ok(t) => Ok(taken(t)),
+                Ok(t) => Ok(Some(taken(t))),
                 Err(e) => {
                     self.tables.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
                     Err(e)
@@ -780,21 +800,45 @@ impl Gatherer {
         drop(ts);
         let mut t = taken(oldest);
         t.wait()?;
-        Ok(t)
+        Ok(Some(t))
     }
 
-    /// `total`: the segments' bytes (summed by the bounds check).
+    /// The kernel's copy of a list of `n` segments whose addresses are unified ones this
+    /// device reaches as they are (a queue's held copies: `paths/mod.rs`'s `HeldIssue`), at
+    /// offsets from `dst` and `src`, if a segment table is free: `Ok(false)` where every
+    /// table is in use (nothing enqueued; the caller takes the copy engines rather than wait
+    /// for another stream's work).
+    ///
+    /// # Safety
+    /// As [`Gatherer::copy`]; every segment of `list` lies inside both "buffers" from the
+    /// bases, each address reached by the device at its own value.
+    pub(crate) unsafe fn copy_kernel_if_free(
+        &self,
+        stream: &Arc<CudaStream>,
+        (dst, src): (u64, u64),
+        list: List<'_>,
+    ) -> Result<bool, GatherError> {
+        if list.len() == 0 {
+            return Ok(true);
+        }
+        driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_kernel(stream, (dst, src), list, list.bytes(), false) }
+    }
+
+    /// The kernel's copy of `list`, `total` bytes; `wait`: for a segment table where every one
+    /// is in use ([`Gatherer::take_table`]), else `Ok(false)` with nothing enqueued.
     ///
     /// # Safety
     /// As [`Gatherer::copy`].
     unsafe fn copy_kernel(
         &self,
         stream: &Arc<CudaStream>,
-        dst: u64,
-        src: u64,
+        (dst, src): (u64, u64),
         list: List<'_>,
         total: u64,
-    ) -> Result<(), GatherError> {
+        wait: bool,
+    ) -> Result<bool, GatherError> {
         let ddst = driver::device_address(dst).ok_or(GatherError::NotDeviceAccessible {
             side: "destination",
             addr: dst,
@@ -806,7 +850,9 @@ impl Gatherer {
         let func = self.kernel()?;
         let n = list.len();
         let bytes = n * std::mem::size_of::<Segment>();
-        let mut t = self.take_table()?;
+        let Some(mut t) = self.take_table(wait)? else {
+            return Ok(false);
+        };
         if t.host.as_ref().is_none_or(|h| h.len() < bytes) {
             let cap = bytes.next_power_of_two().max(64 << 10);
             // No upload reads the old one any more (the table is idle).
@@ -866,7 +912,7 @@ impl Gatherer {
         unsafe { launch.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
         t.used.record(stream).map_err(settled(stream))?;
         t.use_pending = true;
-        Ok(())
+        Ok(true)
     }
 }
 

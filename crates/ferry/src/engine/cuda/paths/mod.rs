@@ -159,7 +159,7 @@ impl Paths {
             ctx: Arc::clone(&self.ctx),
             gatherer: Arc::clone(&self.gatherer),
             leave_sms: self.leave_sms,
-            host_at_host_address: OnceLock::new(),
+            reach: OnceLock::new(),
         })
     }
 
@@ -379,21 +379,27 @@ pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
 /// How a queue's held copies go to the GPU (`completion/mark.rs`'s [`Issue`]): a flush of
 /// copies all between memory of the same two kinds is one list, taken by the engine's rule for
 /// segment lists. The gather kernel where the gatherer's plan picks it ([`Gatherer::planned`]:
-/// many small copies, the SMs free, the kernel made), the copies at offsets from the lowest
-/// destination and source addresses (host memory only where the kernel reaches it at its host
-/// address: [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address));
-/// else, or where the launch fails, the driver's batched copy as before
+/// many small copies, the SMs free, the kernel made; in the host band its measured choice, the
+/// batched copy until a block copy has measured it), the copies at offsets from the lowest
+/// destination and source addresses (page-locked host memory only where kernels reach it at its
+/// host address on every GPU:
+/// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address); managed
+/// memory only where the host may touch it while a kernel runs:
+/// [`concurrent_managed_access`](super::sys::probe::concurrent_managed_access)) and a segment
+/// table free ([`Gatherer::copy_kernel_if_free`]: the flush does not wait for another stream's
+/// work); else, or where the launch fails, the driver's batched copy as before
 /// ([`batch::copy_held`]: a flush of a few copies, large copies, SMs left to the caller, no
-/// NVRTC). On the H100 host a held batch of 4,096 4 KiB device -> device copies took the
+/// NVRTC). Every copy's allocation must be one this device's context reaches as page-locked
+/// (only the lowest address is asked of the driver), as for the batched copy. On the H100 host a held batch of 4,096 4 KiB device -> device copies took the
 /// batched copy 17 ms (0.96 GB/s; the gather kernel 0.05 ms), 4,096 device -> host 2.0 ms
 /// (8.5 GB/s; the kernel 47 GB/s), sixth run's block rows.
 pub(crate) struct HeldIssue {
     ctx: Arc<CudaContext>,
     gatherer: Cell<Gatherer>,
     leave_sms: bool,
-    /// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address) of this
-    /// device, asked on the first flush that could use it.
-    host_at_host_address: OnceLock<bool>,
+    /// Whether the kernel takes (page-locked host memory, managed memory) at their unified
+    /// addresses ([`HeldIssue`]), asked on the first flush that could use it.
+    reach: OnceLock<(bool, bool)>,
 }
 
 impl HeldIssue {
@@ -413,12 +419,19 @@ impl HeldIssue {
         if copies.len() <= super::route::AUTO_FEW_SEGMENTS {
             return false;
         }
-        let host = |k| matches!(k, MemKind::Pinned | MemKind::Mapped);
-        if (host(kinds.0) || host(kinds.1))
-            && !*self.host_at_host_address.get_or_init(|| {
-                super::sys::probe::host_memory_at_host_address(self.ctx.cu_device())
-            })
-        {
+        let (host_ok, managed_ok) = *self.reach.get_or_init(|| {
+            (
+                super::sys::probe::host_memory_at_host_address(),
+                super::sys::probe::concurrent_managed_access(self.ctx.cu_device()),
+            )
+        });
+        let reached = |k| match k {
+            MemKind::Pinned | MemKind::Mapped => host_ok,
+            MemKind::Managed => managed_ok,
+            MemKind::Device { .. } => true,
+            MemKind::Pageable => false,
+        };
+        if !reached(kinds.0) || !reached(kinds.1) {
             return false;
         }
         let Ok(g) = gatherer(&self.gatherer, &self.ctx, self.leave_sms) else {
@@ -433,11 +446,17 @@ impl HeldIssue {
         if g.planned(stream, (dst, src), kinds, copies.len(), total) != Strategy::Kernel {
             return false;
         }
+        // The bases at their own value (the kernel adds every copy's offset to them).
+        let own = |a: u64| super::sys::driver::device_address(a) == Some(a);
+        if !own(dst) || !own(src) {
+            return false;
+        }
         let list = List::Copies { copies, dst, src };
         // SAFETY: every copy lies at or above its side's base and is valid until the stream
-        // passes it, of these kinds (this function's contract): the list is inside both
-        // "buffers" from the bases; the queue's live stream, its context current.
-        unsafe { g.copy_checked(stream, (dst, src), list, Strategy::Kernel, Some(kinds)) }.is_ok()
+        // passes it, of these kinds, reached at its own address (checked above: unified
+        // addressing, host memory at its host address); the queue's live stream, its context
+        // current (this function's contract).
+        unsafe { g.copy_kernel_if_free(stream, (dst, src), list) }.unwrap_or(false)
     }
 }
 

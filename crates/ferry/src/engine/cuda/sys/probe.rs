@@ -158,19 +158,37 @@ pub(crate) fn device_info(ordinal: u32, dev: sys::CUdevice) -> DeviceInfo {
     }
 }
 
-/// Whether GPU `dev`'s kernels reach page-locked host memory at its host address: unified
-/// addressing, and registered memory's device pointer its host pointer
-/// (`CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`; memory the driver allocated
-/// page-locked always is under unified addressing). Then copies between several host
-/// allocations and the device are one kernel's list, at offsets from one base.
-pub(crate) fn host_memory_at_host_address(dev: sys::CUdevice) -> bool {
+/// Whether kernels reach page-locked host memory at its host address: unified addressing on
+/// every GPU of the machine, and registered memory's device pointer its host pointer
+/// (`CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`, which the driver honours only
+/// where every visible device has it; memory the driver allocated page-locked is at its host
+/// address under unified addressing). Then copies between several host allocations and a device
+/// are one kernel's list, at offsets from one base. False where a device cannot be asked.
+pub(crate) fn host_memory_at_host_address() -> bool {
     use sys::CUdevice_attribute as A;
-    [
-        A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
-        A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
-    ]
-    .into_iter()
-    .all(|a| attr(dev, a) == Some(1))
+    let Ok(count) = driver::device_count() else {
+        return false;
+    };
+    (0..count).all(|i| {
+        cudarc::driver::result::device::get(i as i32).is_ok_and(|dev| {
+            [
+                A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+                A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+            ]
+            .into_iter()
+            .all(|a| attr(dev, a) == Some(1))
+        })
+    })
+}
+
+/// Whether the host may touch managed memory while GPU `dev` runs kernels
+/// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`): without it a running kernel makes all
+/// managed memory inaccessible to the host until the device synchronizes.
+pub(crate) fn concurrent_managed_access(dev: sys::CUdevice) -> bool {
+    attr(
+        dev,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+    ) == Some(1)
 }
 
 /// PCIe generation from a sysfs link speed such as `32.0 GT/s PCIe`.
