@@ -292,6 +292,10 @@ impl Table {
 /// that kernel ended, and lanes' copies serialized on one another's streams.
 const TABLES: usize = 64;
 
+/// How many of the free tables, the one used longest ago first, a call asks whether they are
+/// idle before it makes one ([`Gatherer::take_table`]).
+const IDLE_LOOKS: usize = 4;
+
 /// A gatherer's segment tables not in a call now, the one used longest ago first, and how many
 /// exist.
 #[derive(Default)]
@@ -656,7 +660,7 @@ impl Gatherer {
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .ok()?;
-        e.record(stream).ok()?;
+        driver::record_event(&e, stream).ok()?;
         Some(e)
     }
 
@@ -769,8 +773,8 @@ impl Gatherer {
         Ok(())
     }
 
-    /// A segment table for one call, idle (its last upload and kernel ended): one that is, else
-    /// a new one while fewer than [`TABLES`] exist, else (`wait`) the one used longest ago,
+    /// A segment table for one call, idle (its last upload and kernel ended): one of the
+    /// [`IDLE_LOOKS`] used longest ago that is, else a new one while fewer than [`TABLES`] exist, else (`wait`) the one used longest ago,
     /// waited for, or a new one where every table is in another thread's call; `None` where
     /// every table is in use and the caller does not wait.
     fn take_table(&self, wait: bool) -> Result<Option<Taken<'_>>, GatherError> {
@@ -779,7 +783,10 @@ impl Gatherer {
             tables: &self.tables,
             table: Some(table),
         };
-        if let Some(i) = ts.free.iter_mut().position(Table::idle) {
+        // The few used longest ago: a stream passes its tables in the order it used them, so
+        // where those are busy the later ones are too (each asked costs one or two event
+        // queries, and 64 of them a call behind a busy stream cost tens of microseconds).
+        if let Some(i) = ts.free.iter_mut().take(IDLE_LOOKS).position(Table::idle) {
             return Ok(Some(taken(ts.free.remove(i))));
         }
         if !wait && ts.made >= TABLES {
@@ -889,7 +896,7 @@ impl Gatherer {
         unsafe { sys::cuMemcpyHtoDAsync_v2(t.dev, host as *const _, bytes, stream.cu_stream()) }
             .result()
             .map_err(drv("cuMemcpyHtoDAsync"))?;
-        t.uploaded.record(stream).map_err(settled(stream))?;
+        driver::record_event(&t.uploaded, stream).map_err(settled(stream))?;
         t.upload_pending = true;
 
         let n = n as u64;
@@ -910,7 +917,7 @@ impl Gatherer {
         // count, the group size); every segment lies in its buffer (checked), which the device
         // can address (translated above).
         unsafe { launch.launch(cfg) }.map_err(drv("cuLaunchKernel"))?;
-        t.used.record(stream).map_err(settled(stream))?;
+        driver::record_event(&t.used, stream).map_err(settled(stream))?;
         t.use_pending = true;
         Ok(true)
     }

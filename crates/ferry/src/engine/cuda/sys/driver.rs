@@ -195,6 +195,18 @@ pub(crate) fn sync_event(event: &CudaEvent) -> Result<(), cudarc::driver::Driver
     unsafe { sys::cuEventSynchronize(event.cu_event()) }.result()
 }
 
+/// Records `event` after the work enqueued on `stream` so far (`cuEventRecord`, the stream's
+/// context made current), for the reason [`sync_stream`] gives: cudarc's `CudaEvent::record`
+/// first returns an error cudarc stored earlier, failing a record that would succeed.
+pub(crate) fn record_event(
+    event: &CudaEvent,
+    stream: &CudaStream,
+) -> Result<(), cudarc::driver::DriverError> {
+    set_current(stream.context())?;
+    // SAFETY: both are alive (borrowed), of the context made current above.
+    unsafe { sys::cuEventRecord(event.cu_event(), stream.cu_stream()) }.result()
+}
+
 /// `cuMemcpyBatchAsync_v2` (CUDA 13): no `failIdx`.
 type BatchV2 = unsafe extern "C" fn(
     *mut sys::CUdeviceptr,

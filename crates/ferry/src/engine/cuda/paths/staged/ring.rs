@@ -153,7 +153,7 @@ impl Ring {
             });
         }
         let done = self.ring.done_mut(slot);
-        done.event.record(stream).map_err(drv("cuEventRecord"))?;
+        driver::record_event(&done.event, stream).map_err(drv("cuEventRecord"))?;
         done.pending = true;
         Ok(())
     }
