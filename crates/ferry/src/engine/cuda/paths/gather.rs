@@ -9,9 +9,8 @@
 //! per call through a pinned buffer and an async copy on the caller's stream, one of the
 //! gatherer's tables, taken once the call that last used it has ended (a new one while fewer
 //! than 64 exist; beyond, [`Strategy::Auto`]'s kernel gives way to the copy engines rather than
-//! wait for another stream's work); the engine's
-//! block copies write it there straight from their checked mapping (`Gatherer::copy_checked`:
-//! no segment list built first).
+//! wait for another stream's work); the engine's block copies write it there straight from
+//! their checked mapping (`Gatherer::copy_checked`: no segment list built first).
 //!
 //! [`Strategy`] picks the mechanism: the kernel, the driver's batch copy
 //! (`cuMemcpyBatchAsync`, in batches that fall back one by one to a call per segment where the
@@ -664,24 +663,6 @@ impl Gatherer {
         Some(e)
     }
 
-    /// The mechanism [`Strategy::Auto`] (the batched copy for [`Strategy::Dma`], where the
-    /// gatherer leaves the SMs to the caller) takes for `n` segments of `total` bytes between
-    /// buffers at `dst` and `src` of these kinds, without timing a call: in the host band
-    /// ([`route::host_band`]) its choice once measured, the batched copy until then.
-    pub(crate) fn planned(
-        &self,
-        stream: &Arc<CudaStream>,
-        (dst, src): (u64, u64),
-        kinds: (MemKind, MemKind),
-        n: usize,
-        total: u64,
-    ) -> Strategy {
-        match self.choose(stream, (dst, src), Some(kinds), n, total, !self.leave_sms) {
-            (_, true) => Strategy::Batch,
-            (s, false) => s,
-        }
-    }
-
     /// The strategy for `n` segments of `total` bytes, and whether to time the call (the host
     /// band, [`route::host_band`]).
     fn choose(
@@ -774,9 +755,10 @@ impl Gatherer {
     }
 
     /// A segment table for one call, idle (its last upload and kernel ended): one of the
-    /// [`IDLE_LOOKS`] used longest ago that is, else a new one while fewer than [`TABLES`] exist, else (`wait`) the one used longest ago,
-    /// waited for, or a new one where every table is in another thread's call; `None` where
-    /// every table is in use and the caller does not wait.
+    /// [`IDLE_LOOKS`] used longest ago that is, else a new one while fewer than [`TABLES`]
+    /// exist, else (`wait`) the one used longest ago, waited for, or a new one where every
+    /// table is in another thread's call; `None` where every table is in use and the caller
+    /// does not wait.
     fn take_table(&self, wait: bool) -> Result<Option<Taken<'_>>, GatherError> {
         let mut ts = self.tables.lock().unwrap_or_else(|e| e.into_inner());
         let taken = |table| Taken {
@@ -810,31 +792,43 @@ impl Gatherer {
         Ok(Some(t))
     }
 
-    /// The kernel's copy of a list of `n` segments whose addresses are unified ones this
-    /// device reaches as they are (a queue's held copies: `paths/mod.rs`'s `HeldIssue`), at
-    /// offsets from `dst` and `src`, if a segment table is free: `Ok(false)` where every
-    /// table is in use (nothing enqueued; the caller takes the copy engines rather than wait
-    /// for another stream's work).
+    /// A queue's held copies (`paths/mod.rs`'s `HeldIssue`: unified addresses at offsets from
+    /// `dst` and `src`, of these kinds) by the kernel, where [`Strategy::Auto`] picks it
+    /// without timing a call (in the host band, [`route::host_band`]: its choice once measured)
+    /// and a segment table is free: `Ok(false)` where not, nothing enqueued (the caller takes
+    /// the batched copy rather than wait for another stream's work).
     ///
     /// # Safety
-    /// As [`Gatherer::copy`]; every segment of `list` lies inside both "buffers" from the
-    /// bases, each address reached by the device at its own value.
-    pub(crate) unsafe fn copy_kernel_if_free(
+    /// As [`Gatherer::copy`]; every copy of `list` lies inside both "buffers" from the bases,
+    /// each address reached by the device at its own value where the base is.
+    pub(crate) unsafe fn copy_if_kernel(
         &self,
         stream: &Arc<CudaStream>,
         (dst, src): (u64, u64),
         list: List<'_>,
+        kinds: (MemKind, MemKind),
     ) -> Result<bool, GatherError> {
-        if list.len() == 0 {
-            return Ok(true);
-        }
         driver::set_current(&self.ctx).map_err(drv("cuCtxSetCurrent"))?;
-        // SAFETY: forwarded contract.
-        unsafe { self.copy_kernel(stream, (dst, src), list, list.bytes(), false) }
+        let total = list.bytes();
+        match self.choose(
+            stream,
+            (dst, src),
+            Some(kinds),
+            list.len(),
+            total,
+            !self.leave_sms,
+        ) {
+            // SAFETY: forwarded contract.
+            (Strategy::Kernel, false) => unsafe {
+                self.copy_kernel(stream, (dst, src), list, total, false)
+            },
+            _ => Ok(false),
+        }
     }
 
     /// The kernel's copy of `list`, `total` bytes; `wait`: for a segment table where every one
-    /// is in use ([`Gatherer::take_table`]), else `Ok(false)` with nothing enqueued.
+    /// is in use ([`Gatherer::take_table`]), else `Ok(false)` with nothing enqueued (as for held
+    /// copies whose bases the device reaches at another address).
     ///
     /// # Safety
     /// As [`Gatherer::copy`].
@@ -854,6 +848,11 @@ impl Gatherer {
             side: "source",
             addr: src,
         })?;
+        // Held copies lie in several allocations at offsets from their bases: only bases at
+        // their own address carry them.
+        if matches!(list, List::Copies { .. }) && (ddst != dst || dsrc != src) {
+            return Ok(false);
+        }
         let func = self.kernel()?;
         let n = list.len();
         let bytes = n * std::mem::size_of::<Segment>();

@@ -378,7 +378,7 @@ pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
 
 /// How a queue's held copies go to the GPU (`completion/mark.rs`'s [`Issue`]): a flush of
 /// copies all between memory of the same two kinds is one list, taken by the engine's rule for
-/// segment lists. The gather kernel where the gatherer's plan picks it ([`Gatherer::planned`]:
+/// segment lists. The gather kernel where the gatherer's plan picks it ([`Gatherer::copy_if_kernel`]:
 /// many small copies, the SMs free, the kernel made; in the host band its measured choice, the
 /// batched copy until a block copy has measured it), the copies at offsets from the lowest
 /// destination and source addresses (page-locked host memory only where kernels reach it at its
@@ -386,13 +386,13 @@ pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
 /// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address); managed
 /// memory only where the host may touch it while a kernel runs:
 /// [`concurrent_managed_access`](super::sys::probe::concurrent_managed_access)) and a segment
-/// table free ([`Gatherer::copy_kernel_if_free`]: the flush does not wait for another stream's
-/// work); else, or where the launch fails, the driver's batched copy as before
-/// ([`batch::copy_held`]: a flush of a few copies, large copies, SMs left to the caller, no
-/// NVRTC). Every copy's allocation must be one this device's context reaches as page-locked
-/// (only the lowest address is asked of the driver), as for the batched copy. On the H100 host a held batch of 4,096 4 KiB device -> device copies took the
-/// batched copy 17 ms (0.96 GB/s; the gather kernel 0.05 ms), 4,096 device -> host 2.0 ms
-/// (8.5 GB/s; the kernel 47 GB/s), sixth run's block rows.
+/// table free (the flush does not wait for another stream's work); else, or where the launch
+/// fails, the driver's batched copy as before ([`batch::copy_held`]: a flush of a few copies,
+/// large copies, SMs left to the caller, no NVRTC). Every copy's allocation must be one this
+/// device's context reaches as page-locked (only the lowest address is asked of the driver),
+/// as for the batched copy. On the H100 host a held batch of 4,096 4 KiB device -> device
+/// copies took the batched copy 17 ms (0.96 GB/s; the gather kernel 0.05 ms), 4,096 device ->
+/// host 2.0 ms (8.5 GB/s; the kernel 47 GB/s), sixth run's block rows.
 pub(crate) struct HeldIssue {
     ctx: Arc<CudaContext>,
     gatherer: Cell<Gatherer>,
@@ -437,26 +437,17 @@ impl HeldIssue {
         let Ok(g) = gatherer(&self.gatherer, &self.ctx, self.leave_sms) else {
             return false;
         };
-        let (mut dst, mut src, mut total) = (u64::MAX, u64::MAX, 0u64);
+        let (mut dst, mut src) = (u64::MAX, u64::MAX);
         for c in copies {
             dst = dst.min(c.dst);
             src = src.min(c.src);
-            total += c.len as u64;
-        }
-        if g.planned(stream, (dst, src), kinds, copies.len(), total) != Strategy::Kernel {
-            return false;
-        }
-        // The bases at their own value (the kernel adds every copy's offset to them).
-        let own = |a: u64| super::sys::driver::device_address(a) == Some(a);
-        if !own(dst) || !own(src) {
-            return false;
         }
         let list = List::Copies { copies, dst, src };
         // SAFETY: every copy lies at or above its side's base and is valid until the stream
-        // passes it, of these kinds, reached at its own address (checked above: unified
-        // addressing, host memory at its host address); the queue's live stream, its context
-        // current (this function's contract).
-        unsafe { g.copy_kernel_if_free(stream, (dst, src), list) }.unwrap_or(false)
+        // passes it, of these kinds, reached at its own address where the base is (checked by
+        // the gatherer; unified addressing and host memory at its host address checked above);
+        // the queue's live stream, its context current (this function's contract).
+        unsafe { g.copy_if_kernel(stream, (dst, src), list, kinds) }.unwrap_or(false)
     }
 }
 
