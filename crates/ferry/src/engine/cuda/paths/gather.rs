@@ -410,6 +410,11 @@ pub struct Gatherer {
     tables: Mutex<Tables>,
     sms: u32,
     leave_sms: bool,
+    /// The host may touch managed memory while a kernel runs
+    /// ([`concurrent_managed_access`](crate::engine::cuda::sys::probe::concurrent_managed_access)):
+    /// else [`Strategy::Auto`] copies managed memory on the copy engines (a running kernel would
+    /// make all of it inaccessible to the host until the device synchronizes).
+    managed_with_kernels: bool,
     /// Batches the driver refused so far, and its first refusal.
     refused: Mutex<(usize, Option<DriverError>)>,
     /// What [`Strategy::Auto`] measured in the host band ([`route::host_band`]).
@@ -443,6 +448,8 @@ impl Gatherer {
             .map_err(drv("cuDeviceGetAttribute"))?
             .max(1) as u32;
         let table = Table::new(&ctx)?;
+        let managed_with_kernels =
+            crate::engine::cuda::sys::probe::concurrent_managed_access(ctx.cu_device());
         Ok(Gatherer {
             ctx,
             func: Made::new(),
@@ -452,6 +459,7 @@ impl Gatherer {
             }),
             sms,
             leave_sms: false,
+            managed_with_kernels,
             refused: Mutex::new((0, None)),
             band: Mutex::new(HostBand::default()),
         })
@@ -697,7 +705,8 @@ impl Gatherer {
                 Sides::of(d, s)
             })
         };
-        let kernel = || self.kernel().is_ok();
+        let managed = kinds.is_some_and(|(d, s)| d == MemKind::Managed || s == MemKind::Managed);
+        let kernel = || (self.managed_with_kernels || !managed) && self.kernel().is_ok();
         let s = route::gather_strategy(n, total, sms_free, reachable, batch, kernel, sides);
         // The batched copy was chosen, so both sides are reachable and the driver has it.
         if sms_free && s == Strategy::Batch && route::host_band(sides(), n, total) && kernel() {

@@ -159,7 +159,7 @@ impl Paths {
             ctx: Arc::clone(&self.ctx),
             gatherer: Arc::clone(&self.gatherer),
             leave_sms: self.leave_sms,
-            reach: OnceLock::new(),
+            host_at_host_address: OnceLock::new(),
         })
     }
 
@@ -383,10 +383,8 @@ pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
 /// batched copy until a block copy has measured it), the copies at offsets from the lowest
 /// destination and source addresses (page-locked host memory only where kernels reach it at its
 /// host address on every GPU:
-/// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address); managed
-/// memory only where the host may touch it while a kernel runs:
-/// [`concurrent_managed_access`](super::sys::probe::concurrent_managed_access)) and a segment
-/// table free (the flush does not wait for another stream's work); else, or where the launch
+/// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address)) and a
+/// segment table free (the flush does not wait for another stream's work); else, or where the launch
 /// fails, the driver's batched copy as before ([`batch::copy_held`]: a flush of a few copies,
 /// large copies, SMs left to the caller, no NVRTC). Every copy's allocation must be one this
 /// device's context reaches as page-locked (only the lowest address is asked of the driver),
@@ -397,9 +395,9 @@ pub(crate) struct HeldIssue {
     ctx: Arc<CudaContext>,
     gatherer: Cell<Gatherer>,
     leave_sms: bool,
-    /// Whether the kernel takes (page-locked host memory, managed memory) at their unified
-    /// addresses ([`HeldIssue`]), asked on the first flush that could use it.
-    reach: OnceLock<(bool, bool)>,
+    /// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address), asked
+    /// on the first flush that could use it.
+    host_at_host_address: OnceLock<bool>,
 }
 
 impl HeldIssue {
@@ -419,19 +417,12 @@ impl HeldIssue {
         if copies.len() <= super::route::AUTO_FEW_SEGMENTS {
             return false;
         }
-        let (host_ok, managed_ok) = *self.reach.get_or_init(|| {
-            (
-                super::sys::probe::host_memory_at_host_address(),
-                super::sys::probe::concurrent_managed_access(self.ctx.cu_device()),
-            )
-        });
-        let reached = |k| match k {
-            MemKind::Pinned | MemKind::Mapped => host_ok,
-            MemKind::Managed => managed_ok,
-            MemKind::Device { .. } => true,
-            MemKind::Pageable => false,
-        };
-        if !reached(kinds.0) || !reached(kinds.1) {
+        let host = |k| matches!(k, MemKind::Pinned | MemKind::Mapped);
+        if (host(kinds.0) || host(kinds.1))
+            && !*self
+                .host_at_host_address
+                .get_or_init(super::sys::probe::host_memory_at_host_address)
+        {
             return false;
         }
         let Ok(g) = gatherer(&self.gatherer, &self.ctx, self.leave_sms) else {
