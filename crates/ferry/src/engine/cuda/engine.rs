@@ -63,6 +63,7 @@ impl CudaEngine {
             cfg,
             lanes: lanes::Lanes::new(&ctx, (first, issue), cfg.streams, &waker_tx),
             can_access,
+            managed_kernels: probe::concurrent_managed_access(me),
             peers: Mutex::new((0..count).map(|_| None).collect()),
             paths,
             rates,

@@ -369,12 +369,16 @@ impl Route {
 }
 
 /// Whether a copy touches only memory this GPU's kernels can address: not pageable host memory,
-/// no other GPU's memory.
-fn kernel_reachable(me: u32, k: MemKind) -> bool {
+/// no other GPU's memory, managed memory only where `managed_kernels` (the device's
+/// `CONCURRENT_MANAGED_ACCESS`, asked once by the engine: without it a running kernel makes all
+/// managed memory inaccessible to the host until the device synchronizes, so a copy kernel on
+/// managed memory would fault the caller's host threads; the copy engines do not).
+fn kernel_reachable(me: u32, managed_kernels: bool, k: MemKind) -> bool {
     match k {
         MemKind::Pageable => false,
         MemKind::Device { ordinal } => ordinal == me,
-        MemKind::Pinned | MemKind::Mapped | MemKind::Managed => true,
+        MemKind::Managed => managed_kernels,
+        MemKind::Pinned | MemKind::Mapped => true,
     }
 }
 
@@ -441,13 +445,21 @@ pub(crate) fn asks_page_lock_run(dst: MemKind, src: MemKind, bytes: usize) -> bo
 
 /// The route of a request between memory of kinds `dst` and `src` (already refined by the
 /// page-lock query where [`asks_page_lock`] said so, and checked by [`supports`]) whose
-/// program is `steps`, on the engine configured by `cfg`.
-pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+/// program is `steps`, on the engine configured by `cfg` on a device whose kernels may touch
+/// managed memory where `managed_kernels` (see [`kernel_reachable`]).
+pub(crate) fn route(
+    cfg: &CudaConfig,
+    managed_kernels: bool,
+    dst: MemKind,
+    src: Option<MemKind>,
+    steps: &[Step],
+) -> Route {
+    let general = || walk(cfg, managed_kernels, dst, src, steps);
     match (steps, src) {
         ([Step::Copy(p)], Some(s)) if p.kind() == PlanKind::Contiguous => {
-            one_run(cfg, dst, s, p.run()).unwrap_or_else(|| walk(cfg, dst, src, steps))
+            one_run(cfg, managed_kernels, dst, s, p.run()).unwrap_or_else(general)
         }
-        _ => walk(cfg, dst, src, steps),
+        _ => general(),
     }
 }
 
@@ -458,7 +470,13 @@ pub(crate) fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps:
 /// [`GATHER_MIN_CALLS`]); only [`KernelCopies::Always`] sends it to the SMs, where both sides
 /// are reachable. `None` (ask [`walk`]): a split is configured, or pageable memory is on a side
 /// and the copy is large enough to be staged. The tests check that both agree on every copy.
-pub(crate) fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, bytes: usize) -> Option<Route> {
+pub(crate) fn one_run(
+    cfg: &CudaConfig,
+    managed_kernels: bool,
+    dst: MemKind,
+    src: MemKind,
+    bytes: usize,
+) -> Option<Route> {
     let pageable = dst == MemKind::Pageable || src == MemKind::Pageable;
     let may_stage = cfg.staging.is_some() && bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H);
     if cfg.d2d_sm_share.is_some() || (pageable && may_stage) {
@@ -467,8 +485,8 @@ pub(crate) fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, bytes: usize
     let r = Route::new(direction(cfg, dst, Some(src)));
     let me = cfg.ordinal;
     let sm = cfg.kernel_copies == KernelCopies::Always
-        && kernel_reachable(me, dst)
-        && kernel_reachable(me, src);
+        && kernel_reachable(me, managed_kernels, dst)
+        && kernel_reachable(me, managed_kernels, src);
     Some(if sm { r.then(Path::Sm) } else { r }.then(Path::Driver))
 }
 
@@ -504,6 +522,7 @@ fn staged(
 /// list is built (the list it would be has `n` segments).
 pub(crate) fn list_route(
     cfg: &CudaConfig,
+    managed_kernels: bool,
     dst: MemKind,
     src: MemKind,
     n: usize,
@@ -516,7 +535,9 @@ pub(crate) fn list_route(
     let me = cfg.ordinal;
     // A segment list as given goes to the gatherer at any length (it picks one call each for
     // a few segments).
-    let r = if kernel_reachable(me, dst) && kernel_reachable(me, src) {
+    let r = if kernel_reachable(me, managed_kernels, dst)
+        && kernel_reachable(me, managed_kernels, src)
+    {
         r.then(Path::Gather)
     } else {
         r
@@ -525,7 +546,13 @@ pub(crate) fn list_route(
 }
 
 /// [`route`] by the general rules, for any program.
-fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+fn walk(
+    cfg: &CudaConfig,
+    managed_kernels: bool,
+    dst: MemKind,
+    src: Option<MemKind>,
+    steps: &[Step],
+) -> Route {
     let me = cfg.ordinal;
     let own = MemKind::Device { ordinal: me };
     let Some(src) = src else {
@@ -533,7 +560,7 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
         return Route::new(direction(cfg, dst, None)).then(Path::Driver);
     };
     if let [Step::Segments { range, bytes, .. }] = steps {
-        return list_route(cfg, dst, src, range.len(), *bytes);
+        return list_route(cfg, managed_kernels, dst, src, range.len(), *bytes);
     }
     // Staged: pageable <-> this GPU, every step a copy, large enough.
     if steps.iter().all(|s| matches!(s, Step::Copy(_))) {
@@ -543,7 +570,8 @@ fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) ->
         }
     }
     let mut r = Route::new(direction(cfg, dst, Some(src)));
-    let reachable = kernel_reachable(me, dst) && kernel_reachable(me, src);
+    let reachable =
+        kernel_reachable(me, managed_kernels, dst) && kernel_reachable(me, managed_kernels, src);
     let mode = match cfg.kernel_copies {
         KernelCopies::Auto if cfg.compute_busy => KernelCopies::Never,
         k => k,

@@ -53,6 +53,9 @@ pub struct CudaEngine {
     pub(super) lanes: lanes::Lanes,
     /// `can_access[j]`: this device can access device `j` directly.
     pub(super) can_access: Vec<bool>,
+    /// This device's kernels may touch managed memory while the host does
+    /// (`CONCURRENT_MANAGED_ACCESS`): else the route keeps managed memory off the SMs.
+    pub(super) managed_kernels: bool,
     pub(super) peers: Mutex<Vec<Option<Peer>>>,
     pub(super) paths: paths::Paths,
     /// Upper bounds on this GPU's path rates, for [`WaitMode::Auto`]'s expected end times.
@@ -379,7 +382,7 @@ impl CudaEngine {
         }
         // Route; one run on the engine's stream without dependencies: one driver call.
         if let (Some(run), Some(b), None, true) = (run, src, s.caller, s.after.is_empty()) {
-            if let Some(r) = route::one_run(&self.cfg, dk, b.kind, run.2) {
+            if let Some(r) = route::one_run(&self.cfg, self.managed_kernels, dk, b.kind, run.2) {
                 if r.first() == Path::Driver {
                     // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
                     return unsafe { self.enqueue_run(&r, lane, (dst, b), run, s.more) };
@@ -389,7 +392,14 @@ impl CudaEngine {
         // A block copy the gatherer takes first, on the engine's stream without dependencies:
         // its mapping as it is (no segment list built).
         if let (Some(b), Some(sb), None, true) = (blocks, src, s.caller, s.after.is_empty()) {
-            let r = route::list_route(&self.cfg, dk, sb.kind, b.runs, b.bytes());
+            let r = route::list_route(
+                &self.cfg,
+                self.managed_kernels,
+                dk,
+                sb.kind,
+                b.runs,
+                b.bytes(),
+            );
             if r.first() == Path::Gather {
                 // SAFETY: forwarded (1); the mapping was checked against both buffers.
                 return unsafe { self.enqueue_blocks(&r, lane, (dst, sb), b, s.more) };
@@ -597,7 +607,7 @@ impl CudaEngine {
     ) -> Result<Request, SubmitError> {
         let (dk, sk) = (dst.kind, src.map(|b| b.kind));
         let steps = prog.steps();
-        let route = route::route(&self.cfg, dk, sk, steps);
+        let route = route::route(&self.cfg, self.managed_kernels, dk, sk, steps);
         if let (Some(c), false) = (s.caller, route.first() == Path::Driver) {
             // The caller's stream cannot run this route: this enqueue runs it on the engine's
             // stream, after an event recorded on the caller's and before the caller's next
