@@ -201,9 +201,13 @@ impl List<'_> {
 }
 
 /// One call's segment table: a pinned staging copy and its device copy, reused by later calls
-/// once the upload and the kernel that read it have ended ([`Tables`]).
+/// once the upload and the kernel that read it have ended ([`Tables`]). Its memory is its share
+/// of the gatherer's [`Slab`] where the list fits it, else its own.
 struct Table {
-    /// The pinned staging copy (its length is the capacity), made on first use.
+    /// Its place among the gatherer's tables (its share of the slab where below [`TABLES`]).
+    index: usize,
+    /// Its own pinned staging copy (its length is the capacity), made for a list larger than
+    /// its slab share (or without a slab).
     host: Option<HostAlloc>,
     dev: u64,
     dev_cap: usize,
@@ -218,13 +222,14 @@ struct Table {
 unsafe impl Send for Table {}
 
 impl Table {
-    /// An empty table (its memory made by its first call).
-    fn new(ctx: &Arc<CudaContext>) -> Result<Table, GatherError> {
+    /// The empty table `index` (its memory its slab share, or made by its first call).
+    fn new(ctx: &Arc<CudaContext>, index: usize) -> Result<Table, GatherError> {
         let ev = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
                 .map_err(drv("cuEventCreate"))
         };
         Ok(Table {
+            index,
             host: None,
             dev: 0,
             dev_cap: 0,
@@ -233,6 +238,47 @@ impl Table {
             used: ev()?,
             use_pending: false,
         })
+    }
+
+    /// Its pinned and device memory for `bytes` of segments (the table is idle): its share of
+    /// `slab` where they fit, else its own, made or grown here (driver allocations, and frees
+    /// of the smaller ones: calls that may wait for the device's work).
+    fn memory(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        slab: Option<&Slab>,
+        bytes: usize,
+    ) -> Result<(*mut u8, u64), GatherError> {
+        if let Some(share) = slab.and_then(|s| s.share(self.index, bytes)) {
+            return Ok(share);
+        }
+        if self.host.as_ref().is_none_or(|h| h.len() < bytes) {
+            let cap = bytes.next_power_of_two().max(TABLE_BYTES);
+            // No upload reads the old one any more (the table is idle).
+            self.host = None;
+            let host =
+                HostAlloc::new(ctx, cap, PinFlags::PORTABLE).map_err(|e| GatherError::Driver {
+                    op: e.call,
+                    source: DriverError(e.code),
+                })?;
+            self.host = Some(host);
+        }
+        if self.dev_cap < bytes {
+            let cap = bytes.next_power_of_two().max(TABLE_BYTES);
+            if self.dev != 0 {
+                // SAFETY: no kernel reads it any more (the table is idle).
+                unsafe { cu::free_sync(self.dev) }.map_err(drv("cuMemFree"))?;
+                count_alloc!(Device, -1);
+                self.dev = 0;
+                self.dev_cap = 0;
+            }
+            // SAFETY: a plain allocation, owned by the table.
+            self.dev = unsafe { cu::malloc_sync(cap) }.map_err(drv("cuMemAlloc"))?;
+            count_alloc!(Device, 1);
+            self.dev_cap = cap;
+        }
+        let host = self.host.as_ref().expect("made above").ptr();
+        Ok((host, self.dev))
     }
 
     /// Whether its last upload and kernel have ended (asked of the driver, no wait); clears
@@ -290,6 +336,67 @@ impl Table {
 /// the previous kernel: a block copy enqueued behind a long kernel blocked its caller until
 /// that kernel ended, and lanes' copies serialized on one another's streams.
 const TABLES: usize = 64;
+
+/// Bytes of each table's share of the [`Slab`]: 4,096 segments.
+const TABLE_BYTES: usize = 64 << 10;
+
+/// The memory of the first [`TABLES`] tables, [`TABLE_BYTES`] each, pinned and on the device:
+/// made once, with the kernel ([`Gatherer::kernel`]), so that a call allocates nothing unless
+/// its list outgrows its table's share (more than 4,096 segments). The driver's allocations may
+/// wait for the device's running work (`cudaMalloc` is reported to synchronize with running
+/// kernels), which a call behind a busy stream must not.
+struct Slab {
+    host: HostAlloc,
+    dev: u64,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the raw device allocation is owned by the slab; each share is written and read only
+// by the call holding its table (`Gatherer::take_table`).
+unsafe impl Send for Slab {}
+// SAFETY: as above: `&Slab` hands out addresses only; nothing is written through it.
+unsafe impl Sync for Slab {}
+
+impl Slab {
+    /// The slab for `ctx` (made current on this thread).
+    fn new(ctx: &Arc<CudaContext>) -> Result<Slab, GatherError> {
+        let len = TABLES * TABLE_BYTES;
+        let host =
+            HostAlloc::new(ctx, len, PinFlags::PORTABLE).map_err(|e| GatherError::Driver {
+                op: e.call,
+                source: DriverError(e.code),
+            })?;
+        // SAFETY: a plain allocation, owned by the slab and freed once, in `Drop`.
+        let dev = unsafe { cu::malloc_sync(len) }.map_err(drv("cuMemAlloc"))?;
+        count_alloc!(Device, 1);
+        Ok(Slab {
+            host,
+            dev,
+            ctx: Arc::clone(ctx),
+        })
+    }
+
+    /// Table `index`'s share (pinned, device) where `bytes` fit it.
+    fn share(&self, index: usize, bytes: usize) -> Option<(*mut u8, u64)> {
+        (index < TABLES && bytes <= TABLE_BYTES).then(|| {
+            let at = index * TABLE_BYTES;
+            // SAFETY: `at` + TABLE_BYTES lies inside the host allocation of TABLES shares.
+            (unsafe { self.host.ptr().add(at) }, self.dev + at as u64)
+        })
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // The gatherer's drop synchronized every table's work first (`Table::free`).
+        if driver::set_current(&self.ctx).is_ok() {
+            // SAFETY: allocated by `cuMemAlloc`, no upload or kernel reads it any more.
+            if unsafe { cu::free_sync(self.dev) }.is_ok() {
+                count_alloc!(Device, -1);
+            }
+        }
+    }
+}
 
 /// How many of the free tables, the one used longest ago first, a call asks whether they are
 /// idle before it makes one ([`Gatherer::take_table`]).
@@ -407,6 +514,9 @@ impl HostBand {
 pub struct Gatherer {
     ctx: Arc<CudaContext>,
     func: Made<CudaFunction>,
+    /// The tables' memory, made with the kernel (`None` inside: its allocation failed, and
+    /// each table makes its own).
+    slab: std::sync::OnceLock<Option<Slab>>,
     tables: Mutex<Tables>,
     sms: u32,
     leave_sms: bool,
@@ -447,12 +557,13 @@ impl Gatherer {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
             .max(1) as u32;
-        let table = Table::new(&ctx)?;
+        let table = Table::new(&ctx, 0)?;
         let managed_with_kernels =
             crate::engine::cuda::sys::probe::concurrent_managed_access(ctx.cu_device());
         Ok(Gatherer {
             ctx,
             func: Made::new(),
+            slab: std::sync::OnceLock::new(),
             tables: Mutex::new(Tables {
                 free: vec![table],
                 made: 1,
@@ -489,9 +600,11 @@ impl Gatherer {
 
     /// Compiles (once) and returns the gather kernel. Errors: [`GatherError::Kernel`].
     pub fn kernel(&self) -> Result<CudaFunction, GatherError> {
-        Ok(self
+        let func = self
             .func
-            .get(|| Ok(program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0)))?)
+            .get(|| Ok(program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0)))?;
+        self.slab.get_or_init(|| Slab::new(&self.ctx).ok());
+        Ok(func)
     }
 
     /// Whether the driver exports a batched copy (`cuMemcpyBatchAsync_v2`, CUDA 13 or later,
@@ -784,15 +897,12 @@ impl Gatherer {
             return Ok(None);
         }
         if ts.made < TABLES || ts.free.is_empty() {
+            // Its index is never handed out again, even where the table is not made: another
+            // thread may be making the next one now (their slab shares must differ).
+            let index = ts.made;
             ts.made += 1;
             drop(ts);
-            return match Table::new(&self.ctx) {
-                Ok(t) => Ok(Some(taken(t))),
-                Err(e) => {
-                    self.tables.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
-                    Err(e)
-                }
-            };
+            return Table::new(&self.ctx, index).map(|t| Some(taken(t)));
         }
         let oldest = ts.free.remove(0);
         drop(ts);
@@ -868,40 +978,16 @@ impl Gatherer {
         let Some(mut t) = self.take_table(wait)? else {
             return Ok(false);
         };
-        if t.host.as_ref().is_none_or(|h| h.len() < bytes) {
-            let cap = bytes.next_power_of_two().max(64 << 10);
-            // No upload reads the old one any more (the table is idle).
-            t.host = None;
-            let host = HostAlloc::new(&self.ctx, cap, PinFlags::PORTABLE).map_err(|e| {
-                GatherError::Driver {
-                    op: e.call,
-                    source: DriverError(e.code),
-                }
-            })?;
-            t.host = Some(host);
-        }
-        let host = t.host.as_ref().expect("the table was just made").ptr();
-        if t.dev_cap < bytes {
-            let cap = bytes.next_power_of_two().max(64 << 10);
-            if t.dev != 0 {
-                // SAFETY: no kernel reads it any more (the table is idle).
-                unsafe { cu::free_sync(t.dev) }.map_err(drv("cuMemFree"))?;
-                count_alloc!(Device, -1);
-                t.dev = 0;
-                t.dev_cap = 0;
-            }
-            // SAFETY: a plain allocation, owned by the table.
-            t.dev = unsafe { cu::malloc_sync(cap) }.map_err(drv("cuMemAlloc"))?;
-            count_alloc!(Device, 1);
-            t.dev_cap = cap;
-        }
-        // SAFETY: the pinned buffer holds at least `bytes` (`n` segments), is page-aligned
-        // (the driver's allocation), no copy reads it now (the table is idle) and nothing else
-        // refers to it (the table is this call's); `Segment` is repr(C) plain data.
+        let slab = self.slab.get().and_then(Option::as_ref);
+        let (host, dev) = t.memory(&self.ctx, slab, bytes)?;
+        // SAFETY: the pinned memory holds at least `bytes` (`n` segments), is 16-byte aligned
+        // (a page-aligned allocation, or a share at a multiple of TABLE_BYTES in one), no copy
+        // reads it now (the table is idle) and nothing else refers to it (the table is this
+        // call's, and its slab share is its alone); `Segment` is repr(C) plain data.
         let table = unsafe { std::slice::from_raw_parts_mut(host as *mut Segment, n) };
         list.fill(table);
         // SAFETY: both buffers hold `bytes`; the pinned one stays untouched until `uploaded`.
-        unsafe { sys::cuMemcpyHtoDAsync_v2(t.dev, host as *const _, bytes, stream.cu_stream()) }
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, bytes, stream.cu_stream()) }
             .result()
             .map_err(drv("cuMemcpyHtoDAsync"))?;
         driver::record_event(&t.uploaded, stream).map_err(settled(stream))?;
@@ -918,7 +1004,7 @@ impl Gatherer {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let table = t.dev;
+        let table = dev;
         let mut launch = stream.launch_builder(&func);
         launch.arg(&ddst).arg(&dsrc).arg(&table).arg(&n).arg(&g);
         // SAFETY: the kernel's arguments match its signature (two byte pointers, the table, the
