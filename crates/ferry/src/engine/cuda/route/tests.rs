@@ -967,9 +967,17 @@ fn host_band_times_each_in_turn_then_keeps_the_faster_median() {
         host_band_choice(&[48e9, 1e9, 49e9], &[30e9, 31e9, 29e9]),
         Some(Strategy::Kernel)
     );
-    // A tie goes to the kernel.
+    // A tie, or a kernel ahead by less than the margin, goes to the copy engines.
     assert_eq!(
         host_band_choice(&[40e9; 3], &[40e9; 3]),
+        Some(Strategy::Batch)
+    );
+    assert_eq!(
+        host_band_choice(&[43.9e9; 3], &[40e9; 3]),
+        Some(Strategy::Batch)
+    );
+    assert_eq!(
+        host_band_choice(&[44.1e9; 3], &[40e9; 3]),
         Some(Strategy::Kernel)
     );
 }
