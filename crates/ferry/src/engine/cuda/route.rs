@@ -191,6 +191,14 @@ pub(crate) fn host_band_next(kernel: usize, batch: usize) -> Strategy {
 /// batch copy against the kernel's 349 (too few blocks to fill the SMs).
 pub(crate) const DEVICE_KERNEL_MIN_SEGMENTS: usize = 64;
 
+/// [`large_segment`] of a device -> host list of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`]
+/// segments. Four H100 runs (`bench/results/h100.md`, `cuda-blocks-d2h`, third, fifth, seventh
+/// and eighth): 16 x 512 KiB ran 48.3 / 50.5 / 48.5 / 50.9 GB/s through the batched copy
+/// against the kernel's 47.0 / 48.5 / 47.4 / 48.8 (the route, on the kernel, 0.94-0.96 of the
+/// batch), while 256 x 512 KiB ran level or better on the kernel (52.1-52.2 against
+/// 50.5-52.7) and 16 x 64 KiB level (31.8 against 32.2): too few segments to fill the SMs.
+pub(crate) const AUTO_LARGE_SEGMENT_TO_HOST_FEW: u64 = 512 << 10;
+
 /// Where a segment list's two sides live, as the gatherer's choice weighs them: host memory
 /// (pinned, registered or mapped: reached over the link) or a GPU's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,11 +229,13 @@ impl Sides {
 
 /// The average segment size from which [`Strategy::Auto`] moves a list of `n` segments with
 /// these `sides` on the copy engines rather than the kernel: [`AUTO_LARGE_SEGMENT`], or
-/// [`AUTO_LARGE_SEGMENT_FROM_HOST`] from host memory into a device, or never (`u64::MAX`) for
-/// device lists of [`DEVICE_KERNEL_MIN_SEGMENTS`] or more.
+/// [`AUTO_LARGE_SEGMENT_FROM_HOST`] from host memory into a device, or
+/// [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] for short lists from a device into host memory, or never
+/// (`u64::MAX`) for device lists of [`DEVICE_KERNEL_MIN_SEGMENTS`] or more.
 pub(crate) fn large_segment(sides: Sides, n: usize) -> u64 {
     match sides {
         Sides::HostToDevice => AUTO_LARGE_SEGMENT_FROM_HOST,
+        Sides::DeviceToHost if n < DEVICE_KERNEL_MIN_SEGMENTS => AUTO_LARGE_SEGMENT_TO_HOST_FEW,
         Sides::DeviceToDevice if n >= DEVICE_KERNEL_MIN_SEGMENTS => u64::MAX,
         Sides::DeviceToDevice | Sides::DeviceToHost | Sides::HostToHost => AUTO_LARGE_SEGMENT,
     }

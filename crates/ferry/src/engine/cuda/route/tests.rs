@@ -495,41 +495,42 @@ fn split_copy_engine_part_ends_on_a_4_kib_boundary() {
 #[test]
 fn gather_strategy_thresholds() {
     let yes = || true;
-    // Device -> host lists keep AUTO_LARGE_SEGMENT (the others: `large_segments_by_sides`).
-    let d2h = || Sides::DeviceToHost;
+    // Lists between two host buffers keep AUTO_LARGE_SEGMENT at any length (the others:
+    // `large_segments_by_sides`).
+    let h2h = || Sides::HostToHost;
     // At most 4 segments: one call each.
     assert_eq!(
-        gather_strategy(4, 1 << 30, true, || true, || true, yes, d2h),
+        gather_strategy(4, 1 << 30, true, || true, || true, yes, h2h),
         Strategy::PerSegment
     );
     // Segments averaging 1 MiB or more: the batch copy where it can run.
     assert_eq!(
-        gather_strategy(5, 5 << 20, true, || true, || true, yes, d2h),
+        gather_strategy(5, 5 << 20, true, || true, || true, yes, h2h),
         Strategy::Batch
     );
     assert_eq!(
-        gather_strategy(5, 5 << 20, true, || true, || false, yes, d2h),
+        gather_strategy(5, 5 << 20, true, || true, || false, yes, h2h),
         Strategy::PerSegment
     );
     assert_eq!(
-        gather_strategy(5, 5 << 20, true, || false, || true, yes, d2h),
+        gather_strategy(5, 5 << 20, true, || false, || true, yes, h2h),
         Strategy::PerSegment
     );
     // Smaller segments: the kernel, else the batch copy, else one call each.
     assert_eq!(
-        gather_strategy(5, (5 << 20) - 1, true, || true, || true, yes, d2h),
+        gather_strategy(5, (5 << 20) - 1, true, || true, || true, yes, h2h),
         Strategy::Kernel
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, true, || true, || true, || false, d2h),
+        gather_strategy(5, 5 << 10, true, || true, || true, || false, h2h),
         Strategy::Batch
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, true, || true, || false, || false, d2h),
+        gather_strategy(5, 5 << 10, true, || true, || false, || false, h2h),
         Strategy::PerSegment
     );
     assert_eq!(
-        gather_strategy(5, 5 << 10, true, || false, || true, yes, d2h),
+        gather_strategy(5, 5 << 10, true, || false, || true, yes, h2h),
         Strategy::PerSegment
     );
 }
@@ -545,6 +546,9 @@ fn large_segments_by_sides() {
     // From host memory the batch copy takes 64 KiB segments; device -> host keeps 1 MiB.
     assert_eq!(large_segment(HostToDevice, 4096), 64 << 10);
     assert_eq!(large_segment(DeviceToHost, 4096), 1 << 20);
+    // Short device -> host lists take the batch copy from 512 KiB segments.
+    assert_eq!(large_segment(DeviceToHost, 64), 1 << 20);
+    assert_eq!(large_segment(DeviceToHost, 63), 512 << 10);
     assert_eq!(large_segment(HostToHost, 4096), 1 << 20);
     // Device lists: 1 MiB below 64 segments, the kernel at any size from 64.
     assert_eq!(large_segment(DeviceToDevice, 63), 1 << 20);
@@ -557,6 +561,8 @@ fn large_segments_by_sides() {
     assert_eq!(at(256, 64 << 10, HostToDevice), Strategy::Batch);
     assert_eq!(at(256, 32 << 10, HostToDevice), Strategy::Kernel);
     assert_eq!(at(256, 512 << 10, DeviceToHost), Strategy::Kernel);
+    assert_eq!(at(16, 512 << 10, DeviceToHost), Strategy::Batch);
+    assert_eq!(at(16, 64 << 10, DeviceToHost), Strategy::Kernel);
     assert_eq!(at(256, 2 << 20, DeviceToDevice), Strategy::Kernel);
     assert_eq!(at(16, 2 << 20, DeviceToDevice), Strategy::Batch);
     // SMs busy: never the kernel, whatever the sides.
