@@ -14,6 +14,18 @@ mod cuda_common;
 
 const POISON: u8 = 0xA5;
 
+/// The device to this binary's other tests (read) or to one test alone (write): a stream held
+/// behind a latch must not meet another test's device-wide synchronization (a free, say), which
+/// would wait for the latch, nor the driver locks such a call holds.
+static DEVICE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A share of the device beside this binary's other tests.
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    DEVICE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn setup() -> Option<(Arc<CudaContext>, Arc<CudaStream>)> {
     if !driver_present() {
         println!("skipped: no CUDA driver");
@@ -148,6 +160,7 @@ fn small_stager(ctx: &Arc<CudaContext>) -> Stager {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_contiguous_sizes() {
+    let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     let st = small_stager(&ctx);
     // 1 byte, under a chunk, exactly one chunk, one over, larger than the whole ring.
@@ -163,6 +176,7 @@ fn staged_contiguous_sizes() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_default_config_larger_than_ring() {
+    let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     let st = Stager::new(ctx.clone(), StagingConfig::new()).expect("stager");
     let cfg = st.config();
@@ -175,6 +189,7 @@ fn staged_default_config_larger_than_ring() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_strided() {
+    let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     let st = small_stager(&ctx);
     // (dims, dst strides, src strides, elem): for H2D dst is the device side, for D2H the host.
@@ -221,6 +236,7 @@ fn staged_strided() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn staged_bad_config() {
+    let _device = shared();
     let Some((ctx, _stream)) = setup() else {
         return;
     };
@@ -326,6 +342,7 @@ fn gather_poisoned(
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn gather_every_strategy_and_direction() {
+    let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     let g = Gatherer::new(ctx.clone()).expect("gatherer");
     let batch = Gatherer::batch_supported();
@@ -392,14 +409,19 @@ fn gather_every_strategy_and_direction() {
 /// Kernel gathers enqueued on a stream held back (a host function waiting on a latch) return
 /// at once, each with a segment table of its own: none waits on the host for an earlier call's
 /// table upload, which the held stream has not run (with one table per gatherer, the second
-/// call waited for the first's upload: a block copy behind a long kernel blocked its caller),
-/// and none allocates (the tables' memory is made with the kernel: on the H100 host, with a
-/// table's pinned and device memory made by its first call, this test found the calls
-/// stuck behind the latch). Past the gatherer's 64 tables, `Strategy::Auto` gives the kernel's lists to the copy engines
-/// rather than wait. Every byte right once the stream runs.
+/// call waited for the first's upload: a block copy behind a long kernel blocked its caller).
+/// Past the gatherer's 64 tables, `Strategy::Auto` gives the kernel's lists to the copy engines
+/// rather than wait. Every byte right once the stream runs. The device is this test's alone,
+/// and the lists are short (16 segments): on the H100 host, with 400, 64 kernel calls and two
+/// batched copies returned and the third batch waited (the stream's queue was full: about
+/// 1,100 entries behind the latch), and beside this binary's other tests the first call
+/// waited.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn kernel_gathers_behind_a_held_stream_return_at_once() {
+    let _device = DEVICE
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let Some((ctx, stream)) = setup() else { return };
     if cuda_common::skip_on_null_driver("the gather kernel is built with NVRTC") {
         return;
@@ -409,14 +431,15 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
         println!("skipped: no gather kernel here ({e})");
         return;
     }
-    // Four calls naming the kernel, then 70 `Auto` ones: 60 take the tables left, 10 find none.
+    // Four calls naming the kernel, then 70 `Auto` ones: 60 take the tables left, 10 find none
+    // (64 x 4 queued operations, then 10 batches of 16 copies).
     let (len, named, auto) = (1 << 20, 4, 70);
     let calls = named + auto;
     let mut rng = Rng(77);
     let src_data = rng.bytes(len);
     let mut src = Side::new(&ctx, false, len);
     src.write(&src_data);
-    let segs = random_segments(&mut rng, 400, 1, 2000, len, len);
+    let segs = random_segments(&mut rng, 16, 1, 2000, len, len);
     let mut dsts: Vec<Side> = (0..calls)
         .map(|_| {
             let mut d = Side::new(&ctx, false, len);
@@ -493,6 +516,7 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn auto_measures_the_host_band_then_keeps_one() {
+    let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     if !Gatherer::batch_supported()
         || cuda_common::skip_on_null_driver(
@@ -554,6 +578,7 @@ fn auto_measures_the_host_band_then_keeps_one() {
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn gather_rejects_bad_input() {
+    let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     let g = Gatherer::new(ctx.clone()).expect("gatherer");
     let dev = Dev::new(&ctx, 4096);

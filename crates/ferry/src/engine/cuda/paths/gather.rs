@@ -342,9 +342,11 @@ const TABLE_BYTES: usize = 64 << 10;
 
 /// The memory of the first [`TABLES`] tables, [`TABLE_BYTES`] each, pinned and on the device:
 /// made once, with the kernel ([`Gatherer::kernel`]), so that a call allocates nothing unless
-/// its list outgrows its table's share (more than 4,096 segments). The driver's allocations may
-/// wait for the device's running work (`cudaMalloc` is reported to synchronize with running
-/// kernels), which a call behind a busy stream must not.
+/// its list outgrows its table's share (more than 4,096 segments): a page-locked or device
+/// allocation issued between two streams' work keeps them from running concurrently (the CUDA
+/// programming guide's implicit synchronization), and a block copy beside the caller's kernels
+/// must not serialize them. (The eighth H100 run's stalled gathers behind a held stream, which
+/// this was first made for, were the stream's full queue instead: `cuda_paths`.)
 struct Slab {
     host: HostAlloc,
     dev: u64,
