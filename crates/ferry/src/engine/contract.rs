@@ -203,7 +203,9 @@ pub trait Engine: Send + Sync {
 
     /// Issues what the calling thread [enqueued](Engine::enqueue) (the dmaengine's
     /// `issue_pending`): the engine's usual rules hold again for its next submissions. Never
-    /// blocks on the work. Default: nothing (nothing is held).
+    /// waits for the work to run, only, where a backend's queue is full behind work that has
+    /// not run, for room in it (the [CUDA engine's](crate::engine::cuda) streams). Default:
+    /// nothing (nothing is held).
     fn flush(&self) {}
 
     /// Copies without dependencies of at most this many bytes, between memory this engine

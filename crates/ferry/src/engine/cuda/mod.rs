@@ -54,7 +54,11 @@
 //! alone, other than an upload under 1 KiB, is waited by reading a word its stream writes after
 //! it, `completion/stamp.rs` and `completion/mark.rs`), sleeps in the driver ([`WaitMode::Blocking`]) or spins
 //! ([`WaitMode::Spin`]).
-//! `barrier` waits for everything.
+//! `barrier` waits for everything. A stream's queue is finite: behind work that has not run (a
+//! long kernel, a held stream) the driver makes a submitting thread wait once it is full (on
+//! the H100 host: 64 gather-kernel calls of four operations and two batched copies of 400
+//! copies were queued behind a held stream, and a third batch waited), so `submit_raw` and
+//! `flush` do not return at once behind that much queued work.
 //!
 //! # Ordering
 //!
