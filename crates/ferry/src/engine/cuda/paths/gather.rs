@@ -201,13 +201,9 @@ impl List<'_> {
 }
 
 /// One call's segment table: a pinned staging copy and its device copy, reused by later calls
-/// once the upload and the kernel that read it have ended ([`Tables`]). Its memory is its share
-/// of the gatherer's [`Slab`] where the list fits it, else its own.
+/// once the upload and the kernel that read it have ended ([`Tables`]).
 struct Table {
-    /// Its place among the gatherer's tables (its share of the slab where below [`TABLES`]).
-    index: usize,
-    /// Its own pinned staging copy (its length is the capacity), made for a list larger than
-    /// its slab share (or without a slab).
+    /// The pinned staging copy (its length is the capacity), made on first use.
     host: Option<HostAlloc>,
     dev: u64,
     dev_cap: usize,
@@ -222,14 +218,13 @@ struct Table {
 unsafe impl Send for Table {}
 
 impl Table {
-    /// The empty table `index` (its memory its slab share, or made by its first call).
-    fn new(ctx: &Arc<CudaContext>, index: usize) -> Result<Table, GatherError> {
+    /// An empty table (its memory made by its first call).
+    fn new(ctx: &Arc<CudaContext>) -> Result<Table, GatherError> {
         let ev = || {
             ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
                 .map_err(drv("cuEventCreate"))
         };
         Ok(Table {
-            index,
             host: None,
             dev: 0,
             dev_cap: 0,
@@ -240,18 +235,13 @@ impl Table {
         })
     }
 
-    /// Its pinned and device memory for `bytes` of segments (the table is idle): its share of
-    /// `slab` where they fit, else its own, made or grown here (driver allocations, and frees
-    /// of the smaller ones: calls that may wait for the device's work).
+    /// Its pinned and device memory for `bytes` of segments (the table is idle), made or grown
+    /// here the first time a list needs more.
     fn memory(
         &mut self,
         ctx: &Arc<CudaContext>,
-        slab: Option<&Slab>,
         bytes: usize,
     ) -> Result<(*mut u8, u64), GatherError> {
-        if let Some(share) = slab.and_then(|s| s.share(self.index, bytes)) {
-            return Ok(share);
-        }
         if self.host.as_ref().is_none_or(|h| h.len() < bytes) {
             let cap = bytes.next_power_of_two().max(TABLE_BYTES);
             // No upload reads the old one any more (the table is idle).
@@ -337,68 +327,8 @@ impl Table {
 /// that kernel ended, and lanes' copies serialized on one another's streams.
 const TABLES: usize = 64;
 
-/// Bytes of each table's share of the [`Slab`]: 4,096 segments.
+/// Bytes a table's memory starts at (4,096 segments), each side.
 const TABLE_BYTES: usize = 64 << 10;
-
-/// The memory of the first [`TABLES`] tables, [`TABLE_BYTES`] each, pinned and on the device:
-/// made once, with the kernel ([`Gatherer::kernel`]), so that a call allocates nothing unless
-/// its list outgrows its table's share (more than 4,096 segments): a page-locked or device
-/// allocation issued between two streams' work keeps them from running concurrently (the CUDA
-/// programming guide's implicit synchronization), and a block copy beside the caller's kernels
-/// must not serialize them. (The eighth H100 run's stalled gathers behind a held stream, which
-/// this was first made for, were the stream's full queue instead: `cuda_paths`.)
-struct Slab {
-    host: HostAlloc,
-    dev: u64,
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: the raw device allocation is owned by the slab; each share is written and read only
-// by the call holding its table (`Gatherer::take_table`).
-unsafe impl Send for Slab {}
-// SAFETY: as above: `&Slab` hands out addresses only; nothing is written through it.
-unsafe impl Sync for Slab {}
-
-impl Slab {
-    /// The slab for `ctx` (made current on this thread).
-    fn new(ctx: &Arc<CudaContext>) -> Result<Slab, GatherError> {
-        let len = TABLES * TABLE_BYTES;
-        let host =
-            HostAlloc::new(ctx, len, PinFlags::PORTABLE).map_err(|e| GatherError::Driver {
-                op: e.call,
-                source: DriverError(e.code),
-            })?;
-        // SAFETY: a plain allocation, owned by the slab and freed once, in `Drop`.
-        let dev = unsafe { cu::malloc_sync(len) }.map_err(drv("cuMemAlloc"))?;
-        count_alloc!(Device, 1);
-        Ok(Slab {
-            host,
-            dev,
-            ctx: Arc::clone(ctx),
-        })
-    }
-
-    /// Table `index`'s share (pinned, device) where `bytes` fit it.
-    fn share(&self, index: usize, bytes: usize) -> Option<(*mut u8, u64)> {
-        (index < TABLES && bytes <= TABLE_BYTES).then(|| {
-            let at = index * TABLE_BYTES;
-            // SAFETY: `at` + TABLE_BYTES lies inside the host allocation of TABLES shares.
-            (unsafe { self.host.ptr().add(at) }, self.dev + at as u64)
-        })
-    }
-}
-
-impl Drop for Slab {
-    fn drop(&mut self) {
-        // The gatherer's drop synchronized every table's work first (`Table::free`).
-        if driver::set_current(&self.ctx).is_ok() {
-            // SAFETY: allocated by `cuMemAlloc`, no upload or kernel reads it any more.
-            if unsafe { cu::free_sync(self.dev) }.is_ok() {
-                count_alloc!(Device, -1);
-            }
-        }
-    }
-}
 
 /// How many of the free tables, the one used longest ago first, a call asks whether they are
 /// idle before it makes one ([`Gatherer::take_table`]).
@@ -516,9 +446,6 @@ impl HostBand {
 pub struct Gatherer {
     ctx: Arc<CudaContext>,
     func: Made<CudaFunction>,
-    /// The tables' memory, made with the kernel (`None` inside: its allocation failed, and
-    /// each table makes its own).
-    slab: std::sync::OnceLock<Option<Slab>>,
     tables: Mutex<Tables>,
     sms: u32,
     leave_sms: bool,
@@ -559,13 +486,12 @@ impl Gatherer {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv("cuDeviceGetAttribute"))?
             .max(1) as u32;
-        let table = Table::new(&ctx, 0)?;
+        let table = Table::new(&ctx)?;
         let managed_with_kernels =
             crate::engine::cuda::sys::probe::concurrent_managed_access(ctx.cu_device());
         Ok(Gatherer {
             ctx,
             func: Made::new(),
-            slab: std::sync::OnceLock::new(),
             tables: Mutex::new(Tables {
                 free: vec![table],
                 made: 1,
@@ -602,11 +528,9 @@ impl Gatherer {
 
     /// Compiles (once) and returns the gather kernel. Errors: [`GatherError::Kernel`].
     pub fn kernel(&self) -> Result<CudaFunction, GatherError> {
-        let func = self
+        Ok(self
             .func
-            .get(|| Ok(program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0)))?;
-        self.slab.get_or_init(|| Slab::new(&self.ctx).ok());
-        Ok(func)
+            .get(|| Ok(program::program(&self.ctx, KERNEL_SRC, &["ferry_gather"])?.remove(0)))?)
     }
 
     /// Whether the driver exports a batched copy (`cuMemcpyBatchAsync_v2`, CUDA 13 or later,
@@ -899,12 +823,15 @@ impl Gatherer {
             return Ok(None);
         }
         if ts.made < TABLES || ts.free.is_empty() {
-            // Its index is never handed out again, even where the table is not made: another
-            // thread may be making the next one now (their slab shares must differ).
-            let index = ts.made;
             ts.made += 1;
             drop(ts);
-            return Table::new(&self.ctx, index).map(|t| Some(taken(t)));
+            return match Table::new(&self.ctx) {
+                Ok(t) => Ok(Some(taken(t))),
+                Err(e) => {
+                    self.tables.lock().unwrap_or_else(|e| e.into_inner()).made -= 1;
+                    Err(e)
+                }
+            };
         }
         let oldest = ts.free.remove(0);
         drop(ts);
@@ -980,12 +907,10 @@ impl Gatherer {
         let Some(mut t) = self.take_table(wait)? else {
             return Ok(false);
         };
-        let slab = self.slab.get().and_then(Option::as_ref);
-        let (host, dev) = t.memory(&self.ctx, slab, bytes)?;
-        // SAFETY: the pinned memory holds at least `bytes` (`n` segments), is 16-byte aligned
-        // (a page-aligned allocation, or a share at a multiple of TABLE_BYTES in one), no copy
-        // reads it now (the table is idle) and nothing else refers to it (the table is this
-        // call's, and its slab share is its alone); `Segment` is repr(C) plain data.
+        let (host, dev) = t.memory(&self.ctx, bytes)?;
+        // SAFETY: the pinned memory holds at least `bytes` (`n` segments), is page-aligned (the
+        // driver's allocation), no copy reads it now (the table is idle) and nothing else refers
+        // to it (the table is this call's); `Segment` is repr(C) plain data.
         let table = unsafe { std::slice::from_raw_parts_mut(host as *mut Segment, n) };
         list.fill(table);
         // SAFETY: both buffers hold `bytes`; the pinned one stays untouched until `uploaded`.
