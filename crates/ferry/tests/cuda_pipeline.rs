@@ -1089,8 +1089,9 @@ fn fill_threads_setting_starts_that_many_workers() {
 
 /// The fill workers start only for a source they fill: a file source's chunks are read by
 /// the file engine into the bounce buffers, and its pipeline (into pinned memory) starts no
-/// host copy worker (`ferry-host-*`); a pageable run on the same pipeline has its fill threads among them (at
-/// most the cores), and once the pipeline is dropped none of them is left running.
+/// host copy worker (`ferry-host-*`); a pageable run on the same pipeline has its fill threads
+/// among them (at most the cores), and once the pipeline is dropped none of them is left
+/// running.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn file_sources_start_no_fill_workers() {

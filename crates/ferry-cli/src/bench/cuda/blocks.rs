@@ -3,23 +3,22 @@
 //! 4,096 blocks, those of at most 1 GiB in all) between a pinned host table and a device table,
 //! or two device tables, the mapping a permutation of the blocks.
 //!
-//! The bandwidth rows time one block copy per call on the host clock (submit + wait, the
-//! caller's view): ferry's block copy (`Op::Blocks`) on an engine of the row's own with the
-//! default settings, the SMs free (the default route), the same on one that waits with
-//! `WaitMode::Spin` (no completion word: the driver's own spin), and on one with the SMs busy
-//! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one
-//! `flush` on the first (the copies held until the flush, then one list: the gather kernel
-//! where the block copy's route would take it, else one batched copy: `completion/mark.rs`) and on one that waits with `WaitMode::Spin`, next to the three
-//! mechanisms run bare on a stream of their own through the gatherer with a fixed strategy and
-//! one synchronize: the driver's batched copy
-//! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one
-//! `cuMemcpyAsync` per block, and ferry's SM gather kernel. Each series also carries its
-//! process CPU time per GB, and the row's shape the submit cost alone (the time until the
-//! submitting call returns, the best of the samples) of ferry's default and busy routes, the
-//! bare gather kernel and one `cuMemcpyAsync` per block, and of `Op::lower` alone (the
-//! mapping's check and segment list), and each series' minor page faults a call (the process's, from
-//! `getrusage`: memory a call allocates anew and touches, where the allocator gave it back
-//! between calls).
+//! The bandwidth rows time one block copy per call on the host clock (submit + wait, the caller's
+//! view): ferry's block copy (`Op::Blocks`) on an engine of the row's own with the default
+//! settings, the SMs free (the default route), the same on one that waits with `WaitMode::Spin` (no
+//! completion word: the driver's own spin), and on one with the SMs busy
+//! (`CudaConfig::compute_busy`: the batched DMA), and as one `enqueue` per block and one `flush` on
+//! the first (the copies held until the flush, then one list: the gather kernel where the block
+//! copy's route would take it, else one batched copy: `completion/mark.rs`) and on one that waits
+//! with `WaitMode::Spin`, next to the three mechanisms run bare on a stream of their own through
+//! the gatherer with a fixed strategy and one synchronize: the driver's batched copy
+//! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one `cuMemcpyAsync` per
+//! block, and ferry's SM gather kernel. Each series also carries its process CPU time per GB, and
+//! the row's shape the submit cost alone (the time until the submitting call returns, the best of
+//! the samples) of ferry's default and busy routes, the bare gather kernel and one `cuMemcpyAsync`
+//! per block, and of `Op::lower` alone (the mapping's check and segment list), and each series'
+//! minor page faults a call (the process's, from `getrusage`: memory a call allocates anew and
+//! touches, where the allocator gave it back between calls).
 //!
 //! `cuda-blocks-busy` (host -> device, the largest count that fits) is the interference row:
 //! a compute kernel (an FMA loop over every SM, NVRTC, about 20 ms alone) runs on a stream of

@@ -165,19 +165,19 @@ impl Engine for CudaEngine {
         unsafe { self.submit(s) }
     }
 
-    /// One-run copies between this GPU's memory and page-locked host memory (or managed
-    /// memory) are held until [`Engine::flush`], then given to the GPU as one list, as a block
-    /// copy's list: many small copies between memory of the same two kinds by the gather
-    /// kernel while the SMs are free (not under
-    /// [`CudaConfig::compute_busy`](super::CudaConfig::compute_busy)), the kernel made and
-    /// reaching both sides at their addresses, and one of its segment tables free (the flush
-    /// never waits for other work); else one batched copy (`cuMemcpyBatchAsync` where the
-    /// driver has it and more than one is held; one call per copy otherwise). They are marked
-    /// once: one stamp for all (tuned policy) or an event each (plain). A wait, poll, future or dependent of one of them, or any other submission on
-    /// the same stream, issues them at once. Other work starts at once; under the tuned policy
-    /// the batch's requests record no events and no stamps at submit (no later submission
-    /// records one for them until the flush, which stamps the last): its end is marked once.
-    /// [`CudaEngine::flush_batches`] counts the batched copies and the driver's refusals.
+    /// One-run copies between this GPU's memory and page-locked host memory (or managed memory) are
+    /// held until [`Engine::flush`], then given to the GPU as one list, as a block copy's list:
+    /// many small copies between memory of the same two kinds by the gather kernel while the SMs
+    /// are free (not under [`CudaConfig::compute_busy`](super::CudaConfig::compute_busy)), the
+    /// kernel made and reaching both sides at their addresses, and one of its segment tables free
+    /// (the flush never waits for other work); else one batched copy (`cuMemcpyBatchAsync` where
+    /// the driver has it and more than one is held; one call per copy otherwise). They are marked
+    /// once: one stamp for all (tuned policy) or an event each (plain). A wait, poll, future or
+    /// dependent of one of them, or any other submission on the same stream, issues them at once.
+    /// Other work starts at once; under the tuned policy the batch's requests record no events and
+    /// no stamps at submit (no later submission records one for them until the flush, which stamps
+    /// the last): its end is marked once. [`CudaEngine::flush_batches`] counts the batched copies
+    /// and the driver's refusals.
     unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
         // SAFETY: forwarded with the caller's guarantees; no caller stream.
         unsafe { self.submit(Submission::of(&job, None, true)) }

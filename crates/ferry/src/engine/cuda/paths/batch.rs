@@ -186,10 +186,11 @@ pub(crate) unsafe fn copy(
 /// ([`route::BATCH_PREFER_OVERLAP`]).
 ///
 /// # Safety
-/// As [`Issue::issue`](crate::engine::cuda::completion::mark::Issue::issue): every copy's ranges are valid
-/// until the stream passes them, device memory of the stream's device, page-locked host or
-/// managed memory (no copy between two GPUs), no destination overlapping another or a source, every
-/// length above 0; `stream` a live stream of the current context, not the legacy one.
+/// As [`Issue::issue`](crate::engine::cuda::completion::mark::Issue::issue): every copy's
+/// ranges are valid until the stream passes them, device memory of the stream's device,
+/// page-locked host or managed memory (no copy between two GPUs), no destination overlapping
+/// another or a source, every length above 0; `stream` a live stream of the current context,
+/// not the legacy one.
 pub(crate) unsafe fn copy_held(stream: sys::CUstream, copies: &[BatchCopy]) -> Issued {
     let mut out = Issued {
         enqueued: copies.len(),

@@ -376,21 +376,20 @@ pub(crate) fn segments(steps: &[Step]) -> std::borrow::Cow<'_, [Segment]> {
 /// The strategy the engine asks the gatherer for.
 pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
 
-/// How a queue's held copies go to the GPU (`completion/mark.rs`'s [`Issue`]): a flush of
-/// copies all between memory of the same two kinds is one list, taken by the engine's rule for
-/// segment lists. The gather kernel where the gatherer's plan picks it ([`Gatherer::copy_if_kernel`]:
-/// many small copies, the SMs free, the kernel made; in the host band its measured choice, the
-/// batched copy until a block copy has measured it), the copies at offsets from the lowest
-/// destination and source addresses (page-locked host memory only where kernels reach it at its
-/// host address on every GPU:
-/// [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address)) and a
-/// segment table free (the flush does not wait for another stream's work); else, or where the launch
-/// fails, the driver's batched copy as before ([`batch::copy_held`]: a flush of a few copies,
-/// large copies, SMs left to the caller, no NVRTC). Every copy's allocation must be one this
-/// device's context reaches as page-locked (only the lowest address is asked of the driver),
-/// as for the batched copy. On the H100 host a held batch of 4,096 4 KiB device -> device
-/// copies took the batched copy 17 ms (0.96 GB/s; the gather kernel 0.05 ms), 4,096 device ->
-/// host 2.0 ms (8.5 GB/s; the kernel 47 GB/s), sixth run's block rows.
+/// How a queue's held copies go to the GPU (`completion/mark.rs`'s [`Issue`]): a flush of copies
+/// all between memory of the same two kinds is one list, taken by the engine's rule for segment
+/// lists. The gather kernel where the gatherer's plan picks it ([`Gatherer::copy_if_kernel`]: many
+/// small copies, the SMs free, the kernel made; in the host band its measured choice, the batched
+/// copy until a block copy has measured it), the copies at offsets from the lowest destination and
+/// source addresses (page-locked host memory only where kernels reach it at its host address on
+/// every GPU: [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address)) and
+/// a segment table free (the flush does not wait for another stream's work); else, or where the
+/// launch fails, the driver's batched copy as before ([`batch::copy_held`]: a flush of a few
+/// copies, large copies, SMs left to the caller, no NVRTC). Every copy's allocation must be one
+/// this device's context reaches as page-locked (only the lowest address is asked of the driver),
+/// as for the batched copy. On the H100 host a held batch of 4,096 4 KiB device -> device copies
+/// took the batched copy 17 ms (0.96 GB/s; the gather kernel 0.05 ms), 4,096 device -> host 2.0 ms
+/// (8.5 GB/s; the kernel 47 GB/s), sixth run's block rows.
 pub(crate) struct HeldIssue {
     ctx: Arc<CudaContext>,
     gatherer: Cell<Gatherer>,
