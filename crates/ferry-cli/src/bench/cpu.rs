@@ -112,7 +112,7 @@ impl CpuBench {
             par_copy(d, src, n);
             Ok(())
         })?;
-        let series = s.done();
+        let series = s.done()?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -149,6 +149,7 @@ impl CpuBench {
                 .map_or(Ok(()), Err)
         };
         let n = self.threads();
+        let per = rows.div_ceil(n);
         let mut s = HostSeries::new(ctx, &self.method, (dst, u8::POISON), payload, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
             engine_copy(&self.engine, d, &dst_l, src, &src_l)
@@ -159,7 +160,6 @@ impl CpuBench {
             }
             Ok(())
         })?;
-        let per = rows.div_ceil(n);
         s.run(
             &format!("{} row loop", threads_label(n)),
             Role::Baseline,
@@ -177,7 +177,7 @@ impl CpuBench {
             },
         )?;
         let shape = format!("{rows} rows x {w} B, source pitch {pitch} B");
-        let series = s.done();
+        let series = s.done()?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -220,6 +220,7 @@ impl CpuBench {
             Ok(())
         };
         let threads = self.threads();
+        let per = m.div_ceil(threads);
         let mut s = HostSeries::new(ctx, &self.method, (dst, T::POISON), payload, verify);
         s.run(&self.ferry_name(), Role::Ferry, |d| {
             engine_copy(&self.engine, d, &dst_l, src, &src_l)
@@ -228,7 +229,6 @@ impl CpuBench {
             transpose_rows(black_box(d), src, n, m, 0);
             Ok(())
         })?;
-        let per = m.div_ceil(threads);
         let name = format!("{} blocked", threads_label(threads));
         s.run(&name, Role::Baseline, |d| {
             std::thread::scope(|s| {
@@ -239,7 +239,7 @@ impl CpuBench {
             Ok(())
         })?;
         let shape = format!("{n} x {m} -> {m} x {n}, {es} B elements");
-        let series = s.done();
+        let series = s.done()?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,
@@ -283,7 +283,7 @@ impl CpuBench {
                 "queued to a worker"
             }
         );
-        let series = s.done();
+        let series = s.done()?;
         Ok(Row::new(
             ctx.test,
             ctx.kind,

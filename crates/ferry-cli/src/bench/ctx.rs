@@ -1,7 +1,10 @@
 //! One (test, size) being measured: [`Ctx`] names it in errors and runs one series (measure,
-//! then verify); [`HostSeries`] runs the series of a row whose destination is one host slice.
+//! then verify); [`HostSeries`] checks, then times in turns, the series of a row whose
+//! destination is one host slice.
 
-use super::{measure, BenchError, Clock, Kind, Method, Role, Series, TestInfo, Timing};
+use super::{
+    measure_interleaved, BenchError, Calls, Clock, Kind, Method, Role, Series, TestInfo, Timing,
+};
 use crate::sizes::format_size;
 
 /// Names for errors of one (test, size), and the row's kind.
@@ -83,8 +86,13 @@ impl Ctx {
     }
 }
 
-/// The series of one row whose destination is one host slice: each poisons the slice
-/// (touching every page), is measured, then verified.
+/// One series' call, made as many times as asked: writes the row's destination.
+type HostOp<'a, T> = Box<Calls<'a, [T], String>>;
+
+/// The series of one row whose destination is one host slice. Each series is checked first
+/// (the slice poisoned, touching every page, one call, then verified), then all are timed
+/// together, sample by sample in turns ([`measure_interleaved`]): a drift of the machine
+/// during the row (a VM neighbour's burst, the clock) falls on ferry and the baselines alike.
 pub(super) struct HostSeries<'a, T, V> {
     ctx: &'a Ctx,
     method: &'a Method,
@@ -92,7 +100,7 @@ pub(super) struct HostSeries<'a, T, V> {
     poison: T,
     payload: u64,
     verify: V,
-    series: Vec<Series>,
+    ops: Vec<(String, Role, HostOp<'a, T>)>,
 }
 
 impl<'a, T: Copy, V: Fn(&[T]) -> Result<(), usize>> HostSeries<'a, T, V> {
@@ -112,29 +120,55 @@ impl<'a, T: Copy, V: Fn(&[T]) -> Result<(), usize>> HostSeries<'a, T, V> {
             poison,
             payload: payload as u64,
             verify,
-            series: vec![],
+            ops: vec![],
         }
     }
 
-    /// Poisons the destination, measures `op`, verifies the destination, keeps the series.
+    /// Poisons the destination, calls `op` once and verifies the destination; keeps `op` to
+    /// be timed with the others in [`HostSeries::done`].
     pub(super) fn run(
         &mut self,
         name: &str,
         role: Role,
-        mut op: impl FnMut(&mut [T]) -> Result<(), String>,
+        mut op: impl FnMut(&mut [T]) -> Result<(), String> + 'a,
     ) -> Result<(), BenchError> {
         self.dst.fill(self.poison);
-        let dst = &mut *self.dst;
-        let timing = measure(self.method, || op(dst)).map_err(|m| self.ctx.engine_err(name, m))?;
+        op(self.dst).map_err(|m| self.ctx.engine_err(name, m))?;
         (self.verify)(self.dst).map_err(|offset| self.ctx.verify_err(name, offset))?;
-        let s = Series::new(name, role, self.ctx.kind, self.payload, timing);
-        self.series.push(s);
+        let calls = move |d: &mut [T], n: u64| (0..n).try_for_each(|_| op(d));
+        self.ops.push((name.to_string(), role, Box::new(calls)));
         Ok(())
     }
 
-    /// The series, in the order they ran.
-    pub(super) fn done(self) -> Vec<Series> {
-        self.series
+    /// Times every series kept, interleaved, and returns them in the order they were added.
+    pub(super) fn done(self) -> Result<Vec<Series>, BenchError> {
+        let HostSeries {
+            ctx,
+            method,
+            dst,
+            payload,
+            verify,
+            mut ops,
+            ..
+        } = self;
+        let mut refs: Vec<&mut Calls<'_, [T], String>> = ops
+            .iter_mut()
+            .map(|(_, _, op)| &mut **op as &mut Calls<'_, [T], String>)
+            .collect();
+        let timings = measure_interleaved(method, &mut *dst, &mut refs);
+        drop(refs);
+        let timings = timings.map_err(|(k, m)| ctx.engine_err(&ops[k].0, m))?;
+        // The destination still holds the bytes of the last call timed (the last round's
+        // last series): checked too.
+        if !ops.is_empty() {
+            let last = (method.samples.max(1) - 1 + ops.len() - 1) % ops.len();
+            verify(dst).map_err(|offset| ctx.verify_err(&ops[last].0, offset))?;
+        }
+        Ok(ops
+            .iter()
+            .zip(timings)
+            .map(|((name, role, _), t)| Series::new(name, *role, ctx.kind, payload, t))
+            .collect())
     }
 }
 

@@ -1,5 +1,6 @@
-//! The timing loop and its statistics: [`Method`] says how to measure, [`measure`] and
-//! [`measure_with`] run the warm-up, calibration and samples, and [`Timing`] keeps the
+//! The timing loop and its statistics: [`Method`] says how to measure, [`measure`],
+//! [`measure_with`] and the interleaved [`measure_pair`] / [`measure_interleaved`] run the
+//! warm-up, calibration and samples, and [`Timing`] keeps the
 //! per-call seconds of each sample with their median, min and max.
 
 use serde::Serialize;
@@ -70,35 +71,60 @@ pub fn measure_pair<E>(
     mut a: impl FnMut() -> Result<(), E>,
     mut b: impl FnMut() -> Result<(), E>,
 ) -> Result<(Timing, Timing), E> {
+    let mut a = |_: &mut (), n: u64| (0..n).try_for_each(|_| a());
+    let mut b = |_: &mut (), n: u64| (0..n).try_for_each(|_| b());
+    let mut t = measure_interleaved(method, &mut (), &mut [&mut a, &mut b])
+        .map_err(|(_, e)| e)?
+        .into_iter();
+    match (t.next(), t.next()) {
+        (Some(ta), Some(tb)) => Ok((ta, tb)),
+        _ => unreachable!("one timing per op"),
+    }
+}
+
+/// An op of [`measure_interleaved`]: makes its call as many times as it is handed, each on the
+/// shared state.
+pub type Calls<'a, C, E> = dyn FnMut(&mut C, u64) -> Result<(), E> + 'a;
+
+/// Times every op of `ops` as [`measure`] does (each its own warm-up, calibration and calls
+/// per sample), but in turns: sample i of every op is taken in one round, each round starting
+/// one op further on, so that a drift of the machine over the run (clocks, caches, another
+/// process, a neighbour's burst on a VM) falls on all of them alike instead of on whichever ran
+/// while it lasted. An op handed `n` makes its call `n` times (the loop inside the op, so that
+/// the call is not behind a dynamic dispatch of its own), each given `state`, which they all
+/// share (the one destination all the series of a row write). One timing per op, in the order
+/// given; an error comes back with the index of the op that returned it.
+pub fn measure_interleaved<C: ?Sized, E>(
+    method: &Method,
+    state: &mut C,
+    ops: &mut [&mut Calls<'_, C, E>],
+) -> Result<Vec<Timing>, (usize, E)> {
     for _ in 0..method.warmup {
-        a()?;
-        b()?;
-    }
-    let one = |op: &mut dyn FnMut() -> Result<(), E>| -> Result<f64, E> {
-        let t = Instant::now();
-        op()?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    let reps = reps_for(method, one(&mut a)?.min(one(&mut b)?));
-    let sample = |op: &mut dyn FnMut() -> Result<(), E>| -> Result<f64, E> {
-        let t = Instant::now();
-        for _ in 0..reps {
-            op()?;
+        for (k, op) in ops.iter_mut().enumerate() {
+            op(state, 1).map_err(|e| (k, e))?;
         }
-        Ok(t.elapsed().as_secs_f64() / reps as f64)
-    };
+    }
+    let mut reps = Vec::with_capacity(ops.len());
+    for (k, op) in ops.iter_mut().enumerate() {
+        let t = Instant::now();
+        op(state, 1).map_err(|e| (k, e))?;
+        reps.push(reps_for(method, t.elapsed().as_secs_f64()));
+    }
     let n = method.samples.max(1);
-    let (mut sa, mut sb) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(n); ops.len()];
     for i in 0..n {
-        if i % 2 == 0 {
-            sa.push(sample(&mut a)?);
-            sb.push(sample(&mut b)?);
-        } else {
-            sb.push(sample(&mut b)?);
-            sa.push(sample(&mut a)?);
+        for k in 0..ops.len() {
+            let j = (i + k) % ops.len();
+            let t = Instant::now();
+            ops[j](state, reps[j]).map_err(|e| (j, e))?;
+            samples[j].push(t.elapsed().as_secs_f64() / reps[j] as f64);
         }
     }
-    Ok((Timing::of(sa, reps), Timing::of(sb, reps)))
+    Ok(samples
+        .into_iter()
+        .zip(reps)
+        .map(|(s, r)| Timing::of(s, r))
+        .collect())
 }
 
 /// Times `op` as [`measure`] does, but each call reports its own duration in seconds (the GPU
@@ -202,6 +228,46 @@ mod tests {
             (a.samples_s.len(), b.samples_s.len(), a.reps, b.reps),
             (4, 4, 1, 1)
         );
+    }
+
+    #[test]
+    fn measure_interleaved_takes_turns_each_round_one_op_further_on() {
+        let m = Method {
+            warmup: 1,
+            samples: 3,
+            min_sample_s: 0.0,
+        };
+        let push = |ch: char| {
+            move |o: &mut String, n: u64| {
+                (0..n).for_each(|_| o.push(ch));
+                Ok::<(), &str>(())
+            }
+        };
+        let (mut a, mut b, mut c) = (push('a'), push('b'), push('c'));
+        let mut order = String::new();
+        let t = measure_interleaved(&m, &mut order, &mut [&mut a, &mut b, &mut c]).unwrap();
+        // Warm-up abc, calibration abc, then the rounds abc, bca, cab (one rep each).
+        assert_eq!(order, "abcabc".to_string() + "abcbcacab");
+        assert_eq!(t.len(), 3);
+        assert!(t.iter().all(|t| t.samples_s.len() == 3 && t.reps == 1));
+        // An op's error ends the measurement and comes back as it was, with the op's index:
+        // the shared count is 1, 2 after the warm-up round, 3, 4 at calibration: the second op
+        // fails there.
+        let mut calls = 0;
+        let mut fine = |k: &mut i32, n: u64| {
+            *k += n as i32;
+            Ok(())
+        };
+        let mut fails_at_four = |k: &mut i32, n: u64| {
+            *k += n as i32;
+            if *k >= 4 {
+                Err("fourth call")
+            } else {
+                Ok(())
+            }
+        };
+        let e = measure_interleaved(&m, &mut calls, &mut [&mut fine, &mut fails_at_four]);
+        assert_eq!((e.unwrap_err(), calls), ((1, "fourth call"), 4));
     }
 
     #[test]
