@@ -19,7 +19,8 @@ A peer that is not installed (or fails to start) is skipped with a line saying s
 per row, what each row is, and the ratios ferry/peer (in GB/s: the disk rows move another
 byte count); writes everything as JSON (--json). Every row is the best of --repeat runs, timed
 on the host clock from the call until the bytes are on the GPU (torch.cuda.synchronize) or in
-the files. --rows disk runs the disk rows alone (no GPU, no PyTorch: any machine).
+the files; before each save run (untimed) `os.sync()` writes out the page cache's dirty pages,
+so no run inherits the previous one's writeback. --rows disk runs the disk rows alone (no GPU, no PyTorch: any machine).
 
     python bench/ckpt/compare.py --scale 1 --repeat 3 --json /tmp/ckpt-compare.json
     python bench/ckpt/compare.py --rows disk --disk-bytes 256M   # CPU-only machines
@@ -467,18 +468,24 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
     os.makedirs(dst)
     shard = nbytes // max(1, len(files)) + (256 << 20)
 
+    # Untimed, before every save run: the page cache's dirty pages written out, so that no run
+    # starts with the previous one's writeback still under way (each row writes the whole
+    # checkpoint; without this the first row met an empty dirty budget and the later ones the
+    # kernel's throttling of the earlier rows' bytes).
+    settle = os.sync
+
     def ferry_save() -> None:
         ferry.save_safetensors(out, dst, max_shard_size=shard)
 
-    save["ferry.save_safetensors"] = (best(ferry_save, a.repeat), nbytes)
+    save["ferry.save_safetensors"] = (best(ferry_save, a.repeat, settle), nbytes)
     for writer in ("buffered", "direct"):
         save[f"ferry.save_safetensors(writer={writer})"] = (
-            best(lambda w=writer: ferry.save_safetensors(out, dst, max_shard_size=shard, writer=w), a.repeat),
+            best(lambda w=writer: ferry.save_safetensors(out, dst, max_shard_size=shard, writer=w), a.repeat, settle),
             nbytes,
         )
     # Durable: every shard on the disk when the call returns.
     save["ferry.save_safetensors(fsync=True)"] = (
-        best(lambda: ferry.save_safetensors(out, dst, max_shard_size=shard, fsync=True), a.repeat),
+        best(lambda: ferry.save_safetensors(out, dst, max_shard_size=shard, fsync=True), a.repeat, settle),
         nbytes,
     )
     stalls = []
@@ -490,7 +497,7 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
         assert req is not None
         req.wait()
 
-    save["ferry non_blocking (whole write)"] = (best(ferry_async, a.repeat), nbytes)
+    save["ferry non_blocking (whole write)"] = (best(ferry_async, a.repeat, settle), nbytes)
     save["ferry non_blocking (caller's stall)"] = (min(stalls), nbytes)
     # The training loop's case: the bound holds the whole checkpoint and the snapshot's memory
     # is kept between saves (one untimed save first allocates it; older wheels lack the option).
@@ -508,7 +515,7 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
 
     ferry_async_whole()
     whole.clear()
-    best(ferry_async_whole, a.repeat)
+    best(ferry_async_whole, a.repeat, settle)
     key = "ferry non_blocking, bound >= checkpoint, kept (caller's stall)" if keep else \
         "ferry non_blocking, bound >= checkpoint (caller's stall)"
     save[key] = (min(whole), nbytes)
@@ -538,7 +545,7 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
                     {k: out[k] for k in names[i : i + per]}, os.path.join(dst, f"st-{i}.safetensors")
                 )
 
-        save["safetensors.torch.save_file"] = (best(st_save, a.repeat), nbytes)
+        save["safetensors.torch.save_file"] = (best(st_save, a.repeat, settle), nbytes)
 
         def st_save_durable() -> None:
             st_save()
@@ -549,7 +556,7 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
                 finally:
                     os.close(fd)
 
-        save["safetensors.torch.save_file + fsync"] = (best(st_save_durable, a.repeat), nbytes)
+        save["safetensors.torch.save_file + fsync"] = (best(st_save_durable, a.repeat, settle), nbytes)
         for f in glob.glob(os.path.join(dst, "st-*.safetensors")):
             os.remove(f)
     except ImportError as e:
@@ -558,20 +565,21 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
     def torch_save() -> None:
         torch.save(out, os.path.join(dst, "torch.pt"))
 
-    save["torch.save"] = (best(torch_save, a.repeat), nbytes)
+    save["torch.save"] = (best(torch_save, a.repeat, settle), nbytes)
     # One peer's files on disk at a time (the disk holds the source, ferry's copy and one more).
     for f in glob.glob(os.path.join(dst, "st-*.safetensors")) + [os.path.join(dst, "torch.pt")]:
         if os.path.exists(f):
             os.remove(f)
-    dcp_save(a, out, dst, nbytes, save, missing)
+    dcp_save(a, out, dst, nbytes, save, missing, settle)
     if not a.keep:
         shutil.rmtree(dst, ignore_errors=True)
 
 
 def dcp_save(a: argparse.Namespace, out: dict[str, Any], dst: str, nbytes: int,
-             save: dict[str, tuple[float, int]], missing: list[str]) -> None:
+             save: dict[str, tuple[float, int]], missing: list[str], settle: Callable[[], None]) -> None:
     """PyTorch DCP's async_save on one process (a gloo group of one, made here if none is):
-    the call (the stall) and the call until its future is done (the whole write)."""
+    the call (the stall) and the call until its future is done (the whole write); `settle`
+    (untimed) before each run, after the previous run's files are removed."""
     try:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
@@ -592,6 +600,7 @@ def dcp_save(a: argparse.Namespace, out: dict[str, Any], dst: str, nbytes: int,
 
         def fresh() -> None:  # untimed: each run writes a new checkpoint, one on disk at a time
             shutil.rmtree(where, ignore_errors=True)
+            settle()
 
         save["torch DCP async_save (whole write)"] = (best(dcp_async, a.repeat, fresh), nbytes)
         fresh()
