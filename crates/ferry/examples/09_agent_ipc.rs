@@ -3,7 +3,9 @@
 //! pinned shared host memory; this process imports both and moves segment lists to and from
 //! them, against a raw baseline in one process on the same bytes.
 //!
-//! Rows (GB/s = 10^9 B/s of payload, host clock around post + wait, median of the samples):
+//! Rows (GB/s = 10^9 B/s of payload, host clock around post + wait, median of the samples;
+//! ferry's and the raw baseline's samples taken in turns, at least `--reps` each and more for
+//! calls of a few microseconds):
 //! - `ipc-d2d-write` / `ipc-d2d-read`: device here -> the peer's device memory (a
 //!   `DeviceBuffer`, CUDA IPC) and back; raw: one `cuMemcpyAsync` per segment between the same
 //!   two pointers (the peer's opened here) on one stream, then `cuStreamSynchronize`.
@@ -112,6 +114,43 @@ fn time(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
         total.push(t.elapsed().as_secs_f64());
     }
     (median(&mut total), median(&mut post))
+}
+
+/// Times ferry's `f` (as [`time`]) and the raw baseline `raw` in turns, sample by sample, the
+/// order swapped every sample, so that a drift of the machine falls on both alike; at least
+/// `reps` samples each, more for short calls (as many as fill about 2 ms, up to 200), where a
+/// few samples of a few microseconds are mostly noise. The medians: ferry's call, ferry's
+/// post, the raw call.
+fn time_pair(reps: usize, mut f: impl FnMut() -> f64, mut raw: impl FnMut()) -> (f64, f64, f64) {
+    for _ in 0..2 {
+        f();
+        raw();
+    }
+    let t = Instant::now();
+    f();
+    let one = t.elapsed().as_secs_f64();
+    let samples = reps.max(((2e-3 / one.max(1e-7)).ceil() as usize).min(200));
+    let (mut total, mut post, mut base) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ferry = || {
+        let t = Instant::now();
+        post.push(f());
+        total.push(t.elapsed().as_secs_f64());
+    };
+    let mut baseline = || {
+        let t = Instant::now();
+        raw();
+        base.push(t.elapsed().as_secs_f64());
+    };
+    for i in 0..samples {
+        if i % 2 == 0 {
+            ferry();
+            baseline();
+        } else {
+            baseline();
+            ferry();
+        }
+    }
+    (median(&mut total), median(&mut post), median(&mut base))
 }
 
 #[derive(serde::Serialize)]
@@ -260,8 +299,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|d| peer.import(d))
         .collect::<Result<Vec<_>, _>>()?;
     println!(
-        "two processes (pid {} and peer pid {}), {} MiB per buffer, {} samples per row; \
-         imports took {:.1} us; descriptor {} bytes",
+        "two processes (pid {} and peer pid {}), {} MiB per buffer, at least {} samples per row \
+         (ferry and raw in turns); imports took {:.1} us; descriptor {} bytes",
         std::process::id(),
         peer.pid(),
         bytes / MIB,
@@ -337,17 +376,17 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         let segs = segments(block, batch);
         let n = block * batch;
         // Device -> the peer's device.
-        let (t, post) = time(reps, || {
-            let t = Instant::now();
-            let r = me.write(rdev, &dev, &segs, None).expect("post");
-            let p = t.elapsed().as_secs_f64();
-            r.wait().expect("d2d write");
-            p
-        });
-        let (rt, _) = time(reps, || {
-            raw.copy(Dir::D2D, rdev.raw().addr, dev.raw().addr, &segs);
-            0.0
-        });
+        let (t, post, rt) = time_pair(
+            reps,
+            || {
+                let t = Instant::now();
+                let r = me.write(rdev, &dev, &segs, None).expect("post");
+                let p = t.elapsed().as_secs_f64();
+                r.wait().expect("d2d write");
+                p
+            },
+            || raw.copy(Dir::D2D, rdev.raw().addr, dev.raw().addr, &segs),
+        );
         let whole = [Segment::new(0, 0, bytes as u64)];
         me.read(&check, rdev, &whole, None)?.wait()?;
         check.read_at(0, &mut back)?;
@@ -363,17 +402,17 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         });
         // Device -> the peer's VMM allocation (imported from its file descriptor).
         let rvmm = &s.remote[2];
-        let (t, post) = time(reps, || {
-            let t = Instant::now();
-            let r = me.write(rvmm, &dev, &segs, None).expect("post");
-            let p = t.elapsed().as_secs_f64();
-            r.wait().expect("vmm write");
-            p
-        });
-        let (rt, _) = time(reps, || {
-            raw.copy(Dir::D2D, rvmm.raw().addr, dev.raw().addr, &segs);
-            0.0
-        });
+        let (t, post, rt) = time_pair(
+            reps,
+            || {
+                let t = Instant::now();
+                let r = me.write(rvmm, &dev, &segs, None).expect("post");
+                let p = t.elapsed().as_secs_f64();
+                r.wait().expect("vmm write");
+                p
+            },
+            || raw.copy(Dir::D2D, rvmm.raw().addr, dev.raw().addr, &segs),
+        );
         rows.push(Row {
             row: "ipc-vmm-d2d-write",
             block,
@@ -384,17 +423,17 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
             post_us: post * 1e6,
         });
         // The peer's device -> device here.
-        let (t, post) = time(reps, || {
-            let t = Instant::now();
-            let r = me.read(&dev, rdev, &segs, None).expect("post");
-            let p = t.elapsed().as_secs_f64();
-            r.wait().expect("d2d read");
-            p
-        });
-        let (rt, _) = time(reps, || {
-            raw.copy(Dir::D2D, dev.raw().addr, rdev.raw().addr, &segs);
-            0.0
-        });
+        let (t, post, rt) = time_pair(
+            reps,
+            || {
+                let t = Instant::now();
+                let r = me.read(&dev, rdev, &segs, None).expect("post");
+                let p = t.elapsed().as_secs_f64();
+                r.wait().expect("d2d read");
+                p
+            },
+            || raw.copy(Dir::D2D, dev.raw().addr, rdev.raw().addr, &segs),
+        );
         rows.push(Row {
             row: "ipc-d2d-read",
             block,
@@ -405,17 +444,17 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
             post_us: post * 1e6,
         });
         // The peer's pinned host memory -> device here, against an in-process pinned upload.
-        let (t, post) = time(reps, || {
-            let t = Instant::now();
-            let r = me.read(&dev, rhost, &segs, None).expect("post");
-            let p = t.elapsed().as_secs_f64();
-            r.wait().expect("h2d read");
-            p
-        });
-        let (rt, _) = time(reps, || {
-            raw.copy(Dir::H2D, dev.raw().addr, pinned.as_ptr() as u64, &segs);
-            0.0
-        });
+        let (t, post, rt) = time_pair(
+            reps,
+            || {
+                let t = Instant::now();
+                let r = me.read(&dev, rhost, &segs, None).expect("post");
+                let p = t.elapsed().as_secs_f64();
+                r.wait().expect("h2d read");
+                p
+            },
+            || raw.copy(Dir::H2D, dev.raw().addr, pinned.as_ptr() as u64, &segs),
+        );
         rows.push(Row {
             row: "ipc-h2d-read",
             block,
@@ -426,17 +465,17 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
             post_us: post * 1e6,
         });
         // Device here -> the peer's pinned host memory, against an in-process download.
-        let (t, post) = time(reps, || {
-            let t = Instant::now();
-            let r = me.write(rhost, &dev, &segs, None).expect("post");
-            let p = t.elapsed().as_secs_f64();
-            r.wait().expect("d2h write");
-            p
-        });
-        let (rt, _) = time(reps, || {
-            raw.copy(Dir::D2H, pinned.as_mut_ptr() as u64, dev.raw().addr, &segs);
-            0.0
-        });
+        let (t, post, rt) = time_pair(
+            reps,
+            || {
+                let t = Instant::now();
+                let r = me.write(rhost, &dev, &segs, None).expect("post");
+                let p = t.elapsed().as_secs_f64();
+                r.wait().expect("d2h write");
+                p
+            },
+            || raw.copy(Dir::D2H, pinned.as_mut_ptr() as u64, dev.raw().addr, &segs),
+        );
         rows.push(Row {
             row: "ipc-d2h-write",
             block,
