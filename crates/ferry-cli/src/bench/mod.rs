@@ -44,10 +44,10 @@ calibration call, then S samples; a sample is R back-to-back calls timed with a 
 (R chosen so a sample lasts >= 1 ms; R = 1 for large copies), recorded as time per call. Reported:
 median (min..max) over the samples. GB/s = 10^9 bytes/s of payload (bytes copied, not bytes
 touched). After each series the destination is compared with the source / a reference; a
-mismatch fails the run. CPU rows and file reads into host memory check each series first
-(poisoned destination, one call, compared), then take the samples in turns: sample i of every
-series in one round, each round starting one series further on, so that a drift of the machine
-falls on all alike. Ratio: ferry / better baseline (bandwidth), ferry time / better
+mismatch fails the run. CPU rows, file reads into host memory and the cuda-blocks rows check
+each series first (poisoned destination, one call, compared), then take the samples in turns:
+sample i of every series in one round, each round starting one series further on, so that a
+drift of the machine falls on all alike. Ratio: ferry / better baseline (bandwidth), ferry time / better
 baseline time (latency). Small sizes are cache-resident: they show the per-call cost, not DRAM.
 GPU tests: ferry's CUDA engine and raw driver calls (cuMemcpy*Async, cuMemcpy2DAsync, one
 cuMemcpyAsync per segment, a plain SM kernel launch) on the same buffers; a call is a batch of

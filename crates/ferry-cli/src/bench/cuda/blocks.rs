@@ -29,7 +29,7 @@
 use super::CudaBench;
 use crate::bench::ctx::{setup, Ctx};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{measure, BenchError, Kind, Role, Row, Series, Timing};
+use crate::bench::{measure_interleaved, BenchError, Calls, Kind, Role, Row, Series, Timing};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer, WaitMode};
 use ferry::engine::cuda::gather::{Gatherer, Strategy};
@@ -349,41 +349,8 @@ impl CudaBench {
         for count in COUNTS.into_iter().filter(|&c| c * block <= MAX_TABLE) {
             let mut st = Setup::new(self, way, block, count).map_err(setup)?;
             let payload = (count * block) as u64;
-            let mut series = Vec::new();
-            let (mut submit, mut faults) = (Vec::new(), Vec::new());
-            for (name, role, run) in MECHANISMS {
-                if name.contains("cuMemcpyBatchAsync") && !Gatherer::batch_supported() {
-                    println!("  {name}: skipped, the driver lacks cuMemcpyBatchAsync_v2");
-                    continue;
-                }
-                st.dst.poison().map_err(setup)?;
-                let (cpu0, faults0, mut calls) = (cpu_now(), ferry_bench::minor_faults(), 0u64);
-                let t = measure(&self.method, || {
-                    calls += 1;
-                    run(&mut st, self)
-                });
-                if let (Some(f0), Some(f1)) = (faults0, ferry_bench::minor_faults()) {
-                    faults.push(format!("{name} {:.1}", (f1 - f0) as f64 / calls as f64));
-                }
-                let t = match t {
-                    Ok(t) => t,
-                    // The kernel cannot be made here (no NVRTC): the row goes on without it.
-                    Err(e) if name.contains("kernel") => {
-                        println!("  {name}: skipped ({e})");
-                        continue;
-                    }
-                    Err(e) => return Err(ctx.engine_err(name, e)),
-                };
-                let cpu = (cpu_now() - cpu0) / (calls as f64 * payload as f64 / 1e9);
-                if !st.verify().map_err(|e| ctx.engine_err(name, e))? {
-                    return Err(ctx.verify_err(name, 0));
-                }
-                let s = Series::new(name, role, Kind::Bandwidth, payload, t);
-                series.push(Series {
-                    cpu_s_per_gb: Some(cpu),
-                    ..s
-                });
-            }
+            let series = self.mechanisms(ctx, &mut st, payload)?;
+            let mut submit = Vec::new();
             // Submit cost alone: ferry's default and busy routes against the bare mechanisms
             // they run (the gather kernel, one call per block), and the lowering alone (the
             // mapping's check and its segment list: host work only ferry's calls do).
@@ -412,7 +379,7 @@ impl CudaBench {
                 "{dir}, {count} blocks of {block} bytes (a permutation), one block copy per call; \
                  submit alone (best): {}; the process's minor page faults a call: {}",
                 submit.join(", "),
-                faults.join(", ")
+                series.1.join(", ")
             );
             let mut row = Row::new(
                 ctx.test,
@@ -420,7 +387,7 @@ impl CudaBench {
                 block as u64,
                 payload,
                 shape,
-                series,
+                series.0,
             );
             row.test = format!("{}[{count}]", ctx.test);
             if way != Way::D2d {
@@ -432,6 +399,91 @@ impl CudaBench {
             rows.push(row);
         }
         Ok(rows)
+    }
+
+    /// One row's bandwidth series and each one's minor page faults a call (`name n`). Each
+    /// mechanism is checked first (the destination poisoned, one call, verified; the bare
+    /// kernel left out where it cannot be made, a batch where the driver lacks it), then all
+    /// are timed in turns ([`measure_interleaved`]), so that a drift of the GPU host during the
+    /// row falls on ferry and the raw calls alike; each counts its calls, CPU time and faults.
+    fn mechanisms(
+        &self,
+        ctx: &Ctx,
+        st: &mut Setup,
+        payload: u64,
+    ) -> Result<(Vec<Series>, Vec<String>), BenchError> {
+        let mut kept = Vec::new();
+        for (name, role, run) in MECHANISMS {
+            if name.contains("cuMemcpyBatchAsync") && !Gatherer::batch_supported() {
+                println!("  {name}: skipped, the driver lacks cuMemcpyBatchAsync_v2");
+                continue;
+            }
+            st.dst.poison().map_err(setup)?;
+            match run(st, self) {
+                Ok(()) => {}
+                // The kernel cannot be made here (no NVRTC): the row goes on without it.
+                Err(e) if name.contains("kernel") => {
+                    println!("  {name}: skipped ({e})");
+                    continue;
+                }
+                Err(e) => return Err(ctx.engine_err(name, e)),
+            }
+            if !st.verify().map_err(|e| ctx.engine_err(name, e))? {
+                return Err(ctx.verify_err(name, 0));
+            }
+            kept.push((name, role, run));
+        }
+        // Per mechanism: calls, CPU seconds, minor faults (None where the count is unknown).
+        let mut acct = vec![(0u64, 0f64, Some(0u64)); kept.len()];
+        let mut ops: Vec<_> = kept
+            .iter()
+            .zip(acct.iter_mut())
+            .map(|(&(_, _, run), a)| {
+                move |st: &mut Setup, n: u64| -> Result<(), String> {
+                    let (cpu0, faults0) = (cpu_now(), ferry_bench::minor_faults());
+                    let r = (0..n).try_for_each(|_| run(st, self));
+                    a.0 += n;
+                    a.1 += cpu_now() - cpu0;
+                    a.2 = match (a.2, faults0, ferry_bench::minor_faults()) {
+                        (Some(sum), Some(f0), Some(f1)) => Some(sum + (f1 - f0)),
+                        _ => None,
+                    };
+                    r
+                }
+            })
+            .collect();
+        let mut refs: Vec<&mut Calls<'_, Setup, String>> = ops
+            .iter_mut()
+            .map(|f| f as &mut Calls<'_, Setup, String>)
+            .collect();
+        let timings = measure_interleaved(&self.method, st, &mut refs);
+        drop(refs);
+        drop(ops);
+        let timings = timings.map_err(|(k, e)| ctx.engine_err(kept[k].0, e))?;
+        // The destination holds the last call's bytes (the last round's last mechanism).
+        if let Some(last) = kept.len().checked_sub(1) {
+            let k = (self.method.samples.max(1) - 1 + last) % kept.len();
+            if !st.verify().map_err(|e| ctx.engine_err(kept[k].0, e))? {
+                return Err(ctx.verify_err(kept[k].0, 0));
+            }
+        }
+        let mut faults = Vec::new();
+        let series = kept
+            .iter()
+            .zip(timings)
+            .zip(acct)
+            .map(|((&(name, role, _), t), (calls, cpu, f))| {
+                if let Some(f) = f {
+                    faults.push(format!("{name} {:.1}", f as f64 / calls.max(1) as f64));
+                }
+                let cpu = cpu / (calls.max(1) as f64 * payload as f64 / 1e9);
+                Series {
+                    cpu_s_per_gb: Some(cpu),
+                    ..Series::new(name, role, Kind::Bandwidth, payload, t)
+                }
+            })
+            .collect();
+        Ok((series, faults))
     }
 
     /// The interference row: time until a compute kernel and the block copy are both done.
