@@ -83,6 +83,28 @@ def generate(d: str, scale: float, shards: int) -> tuple[str, int, int]:
     return index, sum(sizes), len(sizes)
 
 
+def dirty_limits() -> dict[str, Any]:
+    """The kernel's page-cache writeback limits and the memory they are taken of: how many
+    dirty bytes a writer may leave before it is throttled to the disk's rate (the save rows
+    into the page cache are disk-bound beyond that)."""
+    out: dict[str, Any] = {}
+    for name in ("dirty_ratio", "dirty_background_ratio", "dirty_bytes", "dirty_background_bytes"):
+        try:
+            with open(f"/proc/sys/vm/{name}") as f:
+                out[name] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            out[name] = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+        out["mem_available"] = mem.get("MemAvailable")
+    except (OSError, ValueError):
+        out["mem_available"] = None
+    ratio, avail, fixed = out["dirty_ratio"], out["mem_available"], out["dirty_bytes"]
+    out["dirty_limit_bytes"] = fixed if fixed else (ratio * avail // 100 if ratio and avail else None)
+    return out
+
+
 def drop_cache() -> str:
     try:
         subprocess.run(["sync"], check=True)
@@ -242,7 +264,13 @@ def main() -> int:
         print(f"missing: {m}")
     what = f"checkpoint {human(nbytes)}" if nbytes else "no checkpoint rows"
     print(f"best of {a.repeat}, host clock; {what}; disk rows {human(disk_bytes)} each:")
+    dirty = dirty_limits()
+    if dirty["dirty_limit_bytes"]:
+        print(f"page cache: a writer is throttled to the disk past about {human(dirty['dirty_limit_bytes'])} "
+              f"of dirty pages (vm.dirty_ratio {dirty['dirty_ratio']}, vm.dirty_bytes {dirty['dirty_bytes']}, "
+              f"available {human(dirty['mem_available'] or 0)})")
     report: dict[str, Any] = {
+        "dirty_limits": dirty,
         "bytes": nbytes,
         "tensors": ntensors,
         "shards": nfiles,
