@@ -370,12 +370,22 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
     pinned.copy_from_slice(&data);
     let raw = Raw::new()?;
     let check = me.alloc_shared(bytes, true)?;
+    // Zeros, copied over the peer's buffer before the checked write.
+    let zeros = DeviceBuffer::zeroed(0, bytes)?;
     let mut back = vec![0u8; bytes];
     let mut rows = Vec::new();
     for (block, batch) in sweep(full, bytes) {
         let segs = segments(block, batch);
         let n = block * batch;
-        // Device -> the peer's device.
+        // Device -> the peer's device. Checked first, alone: the peer's buffer zeroed (a raw
+        // copy), one write through the agent, read back (the raw baseline writes the same
+        // bytes to the same place, so a check after the timing would not tell them apart).
+        let whole = [Segment::new(0, 0, bytes as u64)];
+        raw.copy(Dir::D2D, rdev.raw().addr, zeros.device_ptr(), &whole);
+        me.write(rdev, &dev, &segs, None)?.wait()?;
+        me.read(&check, rdev, &whole, None)?.wait()?;
+        check.read_at(0, &mut back)?;
+        verify("ipc-d2d-write", &back, &data, &segs);
         let (t, post, rt) = time_pair(
             reps,
             || {
@@ -387,10 +397,6 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
             },
             || raw.copy(Dir::D2D, rdev.raw().addr, dev.raw().addr, &segs),
         );
-        let whole = [Segment::new(0, 0, bytes as u64)];
-        me.read(&check, rdev, &whole, None)?.wait()?;
-        check.read_at(0, &mut back)?;
-        verify("ipc-d2d-write", &back, &data, &segs);
         rows.push(Row {
             row: "ipc-d2d-write",
             block,
