@@ -377,6 +377,19 @@ fn a_killed_peer_fails_requests_and_never_hangs() {
     // New requests are refused at once; the survivor's memory is intact.
     let e = me.write(&cross, &local, &segs, None).unwrap_err();
     assert!(matches!(e, AgentError::PeerGone { .. }), "{e}");
+    // A small write into its shared memory runs on this thread (the pages are mapped here
+    // too: nothing is lost) and fails when seen complete.
+    let small = me
+        .write(&shared, &local, &[Segment::new(0, 0, 4096)], None)
+        .map_or_else(
+            |e| e.to_string(),
+            |r| {
+                r.wait()
+                    .expect_err("a small write to a dead peer")
+                    .to_string()
+            },
+        );
+    assert!(small.contains("has exited"), "{small}");
     assert!(!peer.is_alive());
     let mut mine = vec![0u8; 16];
     local.read_at(LEN - 16, &mut mine).unwrap();

@@ -633,7 +633,16 @@ impl Agent {
             check_segments(segs, l.len, r.len)?;
         }
         let peer = &remote.peer;
-        if peer.process.exited() {
+        // A small copy between two host mappings runs here and now (below), whatever the
+        // peer's state (its pages are mapped here too); its request looks at the peer when it
+        // is seen complete (`complete::wrap`): one look (a `poll` of the pidfd, the larger
+        // part of such a transfer's cost) per transfer. Every other transfer is refused here
+        // if the peer has exited.
+        let here = l.kind.host_accessible()
+            && r.kind.host_accessible()
+            && !matches!(remote.mem.kind, RemoteKind::Cross { .. })
+            && segs.iter().map(|s| s.len).sum::<u64>() <= INLINE_BYTES as u64;
+        if !here && peer.process.exited() {
             return Err(peer.gone());
         }
         let req = match &remote.mem.kind {
@@ -685,11 +694,10 @@ impl Agent {
                 req
             }
             // Mapped host memory on both sides, a small transfer: copied here, as the small
-            // cross-memory copies are (the engine's queue costs more than the copy).
-            _ if l.kind.host_accessible()
-                && r.kind.host_accessible()
-                && segs.iter().map(|s| s.len).sum::<u64>() <= INLINE_BYTES as u64 =>
-            {
+            // cross-memory copies are (the engine's queue costs more than the copy). A peer
+            // that has exited loses nothing (the pages are mapped here too) and fails the
+            // request (`complete::wrap`).
+            _ if here => {
                 let (dst, src) = if write { (r, l) } else { (l, r) };
                 for s in segs {
                     // SAFETY: both ranges were checked inside their regions (the live local
