@@ -349,7 +349,7 @@ impl CudaBench {
         for count in COUNTS.into_iter().filter(|&c| c * block <= MAX_TABLE) {
             let mut st = Setup::new(self, way, block, count).map_err(setup)?;
             let payload = (count * block) as u64;
-            let series = self.mechanisms(ctx, &mut st, payload)?;
+            let (series, faults) = self.mechanisms(ctx, &mut st, payload)?;
             let mut submit = Vec::new();
             // Submit cost alone: ferry's default and busy routes against the bare mechanisms
             // they run (the gather kernel, one call per block), and the lowering alone (the
@@ -379,7 +379,7 @@ impl CudaBench {
                 "{dir}, {count} blocks of {block} bytes (a permutation), one block copy per call; \
                  submit alone (best): {}; the process's minor page faults a call: {}",
                 submit.join(", "),
-                series.1.join(", ")
+                faults.join(", ")
             );
             let mut row = Row::new(
                 ctx.test,
@@ -387,7 +387,7 @@ impl CudaBench {
                 block as u64,
                 payload,
                 shape,
-                series.0,
+                series,
             );
             row.test = format!("{}[{count}]", ctx.test);
             if way != Way::D2d {
