@@ -40,7 +40,7 @@
 //! stream) is decided once per request by one pure function (`route.rs`, with the measured
 //! thresholds and their CPU tests); `submit_raw` then only runs the chosen route (`paths/`
 //! for the staged and kernel paths, `paths/calls.rs` for driver calls). One contiguous copy (nearly
-//! every request) is checked, routed (`route::one_run`) and submitted without building its
+//! every request) is checked, routed (`route::Rules::one_run`) and submitted without building its
 //! program, and through `Engine::submit_copy` (the safe API's copies) without building its job:
 //! the host work between one small copy's end and the next copy's start is what a caller
 //! waits for. Settings are in

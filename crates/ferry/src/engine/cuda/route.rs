@@ -465,51 +465,128 @@ pub(crate) fn asks_page_lock_run(dst: MemKind, src: MemKind, bytes: usize) -> bo
     bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H) || dst.host_accessible() == src.host_accessible()
 }
 
-/// The route of a request between memory of kinds `dst` and `src` (already refined by the
-/// page-lock query where [`asks_page_lock`] said so, and checked by [`supports`]) whose
-/// program is `steps`, on the engine configured by `cfg` on a device whose kernels may touch
-/// managed memory where `managed_kernels` (see [`kernel_reachable`]).
-pub(crate) fn route(
-    cfg: &CudaConfig,
-    managed_kernels: bool,
-    dst: MemKind,
-    src: Option<MemKind>,
-    steps: &[Step],
-) -> Route {
-    let general = || walk(cfg, managed_kernels, dst, src, steps);
-    match (steps, src) {
-        ([Step::Copy(p)], Some(s)) if p.kind() == PlanKind::Contiguous => {
-            one_run(cfg, managed_kernels, dst, s, p.run()).unwrap_or_else(general)
-        }
-        _ => general(),
-    }
+/// What a route is decided against: the engine's settings and what its device lets a kernel
+/// touch. Made per decision from the engine's fields (a reference and a flag).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rules<'a> {
+    /// The engine's settings.
+    pub(crate) cfg: &'a CudaConfig,
+    /// The device's kernels may touch managed memory (its `CONCURRENT_MANAGED_ACCESS`, asked
+    /// once by the engine; see [`kernel_reachable`]).
+    pub(crate) managed_kernels: bool,
 }
 
-/// [`route`] of one contiguous copy of `bytes` (nearly every request), decided without
-/// [`walk`]'s passes over the plan (the host work per small request is issue 14's figure): one
-/// run is one driver call, so [`KernelCopies::Auto`] leaves it to the copy engines (below
-/// [`AUTO_MIN_RUNS`] and [`AUTO_MIN_CALLS`]) and the gatherer never takes it (below
-/// [`GATHER_MIN_CALLS`]); only [`KernelCopies::Always`] sends it to the SMs, where both sides
-/// are reachable. `None` (ask [`walk`]): a split is configured, or pageable memory is on a side
-/// and the copy is large enough to be staged. The tests check that both agree on every copy.
-pub(crate) fn one_run(
-    cfg: &CudaConfig,
-    managed_kernels: bool,
-    dst: MemKind,
-    src: MemKind,
-    bytes: usize,
-) -> Option<Route> {
-    let pageable = dst == MemKind::Pageable || src == MemKind::Pageable;
-    let may_stage = cfg.staging.is_some() && bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H);
-    if cfg.d2d_sm_share.is_some() || (pageable && may_stage) {
-        return None;
+impl Rules<'_> {
+    /// Whether this GPU's kernels reach both sides ([`kernel_reachable`]).
+    fn kernels_reach(&self, dst: MemKind, src: MemKind) -> bool {
+        let me = self.cfg.ordinal;
+        kernel_reachable(me, self.managed_kernels, dst)
+            && kernel_reachable(me, self.managed_kernels, src)
     }
-    let r = Route::new(direction(cfg, dst, Some(src)));
-    let me = cfg.ordinal;
-    let sm = cfg.kernel_copies == KernelCopies::Always
-        && kernel_reachable(me, managed_kernels, dst)
-        && kernel_reachable(me, managed_kernels, src);
-    Some(if sm { r.then(Path::Sm) } else { r }.then(Path::Driver))
+
+    /// The route of a request between memory of kinds `dst` and `src` (already refined by the
+    /// page-lock query where [`asks_page_lock`] said so, and checked by [`supports`]) whose
+    /// program is `steps`.
+    pub(crate) fn route(&self, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+        let general = || self.walk(dst, src, steps);
+        match (steps, src) {
+            ([Step::Copy(p)], Some(s)) if p.kind() == PlanKind::Contiguous => {
+                self.one_run(dst, s, p.run()).unwrap_or_else(general)
+            }
+            _ => general(),
+        }
+    }
+
+    /// [`Rules::route`] of one contiguous copy of `bytes` (nearly every request), decided without
+    /// [`Rules::walk`]'s passes over the plan (the host work per small request is issue 14's figure): one
+    /// run is one driver call, so [`KernelCopies::Auto`] leaves it to the copy engines (below
+    /// [`AUTO_MIN_RUNS`] and [`AUTO_MIN_CALLS`]) and the gatherer never takes it (below
+    /// [`GATHER_MIN_CALLS`]); only [`KernelCopies::Always`] sends it to the SMs, where both sides
+    /// are reachable. `None` (ask [`Rules::walk`]): a split is configured, or pageable memory is on a side
+    /// and the copy is large enough to be staged. The tests check that both agree on every copy.
+    pub(crate) fn one_run(&self, dst: MemKind, src: MemKind, bytes: usize) -> Option<Route> {
+        let cfg = self.cfg;
+        let pageable = dst == MemKind::Pageable || src == MemKind::Pageable;
+        let may_stage = cfg.staging.is_some() && bytes >= STAGE_MIN_H2D.min(STAGE_MIN_D2H);
+        if cfg.d2d_sm_share.is_some() || (pageable && may_stage) {
+            return None;
+        }
+        let r = Route::new(direction(cfg, dst, Some(src)));
+        let sm = cfg.kernel_copies == KernelCopies::Always && self.kernels_reach(dst, src);
+        Some(if sm { r.then(Path::Sm) } else { r }.then(Path::Driver))
+    }
+
+    /// [`Rules::route`] of one segment list of `n` segments, `bytes` in all: staged, else the gatherer
+    /// where the GPU reaches both sides, then driver calls. Also a block copy's route before its
+    /// list is built (the list it would be has `n` segments).
+    pub(crate) fn list_route(&self, dst: MemKind, src: MemKind, n: usize, bytes: usize) -> Route {
+        if let Some(r) = staged(self.cfg, dst, src, bytes, Some(n)) {
+            return r;
+        }
+        let r = Route::new(direction(self.cfg, dst, Some(src)));
+        // A segment list as given goes to the gatherer at any length (it picks one call each for
+        // a few segments).
+        let r = if self.kernels_reach(dst, src) {
+            r.then(Path::Gather)
+        } else {
+            r
+        };
+        r.then(Path::Driver)
+    }
+
+    /// [`Rules::route`] by the general rules, for any program.
+    fn walk(&self, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+        let cfg = self.cfg;
+        let me = cfg.ordinal;
+        let own = MemKind::Device { ordinal: me };
+        let Some(src) = src else {
+            // Fills: memsets or pattern copies, as driver calls.
+            return Route::new(direction(cfg, dst, None)).then(Path::Driver);
+        };
+        if let [Step::Segments { range, bytes, .. }] = steps {
+            return self.list_route(dst, src, range.len(), *bytes);
+        }
+        // Staged: pageable <-> this GPU, every step a copy, large enough.
+        if steps.iter().all(|s| matches!(s, Step::Copy(_))) {
+            let bytes = steps.iter().map(Step::bytes).sum();
+            if let Some(r) = staged(cfg, dst, src, bytes, None) {
+                return r;
+            }
+        }
+        let mut r = Route::new(direction(cfg, dst, Some(src)));
+        let reachable = self.kernels_reach(dst, src);
+        let mode = match cfg.kernel_copies {
+            KernelCopies::Auto if cfg.compute_busy => KernelCopies::Never,
+            k => k,
+        };
+        let sm = reachable
+            && mode != KernelCopies::Never
+            && !steps.is_empty()
+            && steps.iter().all(|s| match s {
+                Step::Copy(p) => mode.takes(p),
+                _ => false,
+            });
+        if sm {
+            r = r.then(Path::Sm);
+        }
+        // Other programs go to the gatherer from GATHER_MIN_CALLS driver calls on.
+        if reachable && gather_calls(steps).is_some_and(|n| n >= GATHER_MIN_CALLS) {
+            r = r.then(Path::Gather);
+        }
+        if let (Some(pct), [Step::Copy(plan)]) = (cfg.d2d_sm_share, steps) {
+            let n = plan.total_bytes();
+            if dst == own
+                && src == own
+                && plan.kind() == PlanKind::Contiguous
+                && n >= SPLIT_MIN_BYTES
+            {
+                let sm_target = (n as u128 * pct as u128 / 100) as usize;
+                let ce = (n - sm_target).next_multiple_of(SPLIT_ALIGN).min(n);
+                r = r.then(Path::Split { sm_bytes: n - ce });
+            }
+        }
+        r.then(Path::Driver)
+    }
 }
 
 /// The staged route of `bytes` between `dst` and `src` (a program of copies, or one segment
@@ -537,90 +614,6 @@ fn staged(
     };
     (bytes >= min || list.is_some_and(|n| n >= STAGE_MIN_SEGMENTS))
         .then(|| Route::new(stream).then(Path::Staged(dir)))
-}
-
-/// [`route`] of one segment list of `n` segments, `bytes` in all: staged, else the gatherer
-/// where the GPU reaches both sides, then driver calls. Also a block copy's route before its
-/// list is built (the list it would be has `n` segments).
-pub(crate) fn list_route(
-    cfg: &CudaConfig,
-    managed_kernels: bool,
-    dst: MemKind,
-    src: MemKind,
-    n: usize,
-    bytes: usize,
-) -> Route {
-    if let Some(r) = staged(cfg, dst, src, bytes, Some(n)) {
-        return r;
-    }
-    let r = Route::new(direction(cfg, dst, Some(src)));
-    let me = cfg.ordinal;
-    // A segment list as given goes to the gatherer at any length (it picks one call each for
-    // a few segments).
-    let r = if kernel_reachable(me, managed_kernels, dst)
-        && kernel_reachable(me, managed_kernels, src)
-    {
-        r.then(Path::Gather)
-    } else {
-        r
-    };
-    r.then(Path::Driver)
-}
-
-/// [`route`] by the general rules, for any program.
-fn walk(
-    cfg: &CudaConfig,
-    managed_kernels: bool,
-    dst: MemKind,
-    src: Option<MemKind>,
-    steps: &[Step],
-) -> Route {
-    let me = cfg.ordinal;
-    let own = MemKind::Device { ordinal: me };
-    let Some(src) = src else {
-        // Fills: memsets or pattern copies, as driver calls.
-        return Route::new(direction(cfg, dst, None)).then(Path::Driver);
-    };
-    if let [Step::Segments { range, bytes, .. }] = steps {
-        return list_route(cfg, managed_kernels, dst, src, range.len(), *bytes);
-    }
-    // Staged: pageable <-> this GPU, every step a copy, large enough.
-    if steps.iter().all(|s| matches!(s, Step::Copy(_))) {
-        let bytes = steps.iter().map(Step::bytes).sum();
-        if let Some(r) = staged(cfg, dst, src, bytes, None) {
-            return r;
-        }
-    }
-    let mut r = Route::new(direction(cfg, dst, Some(src)));
-    let reachable =
-        kernel_reachable(me, managed_kernels, dst) && kernel_reachable(me, managed_kernels, src);
-    let mode = match cfg.kernel_copies {
-        KernelCopies::Auto if cfg.compute_busy => KernelCopies::Never,
-        k => k,
-    };
-    let sm = reachable
-        && mode != KernelCopies::Never
-        && !steps.is_empty()
-        && steps.iter().all(|s| match s {
-            Step::Copy(p) => mode.takes(p),
-            _ => false,
-        });
-    if sm {
-        r = r.then(Path::Sm);
-    }
-    // Other programs go to the gatherer from GATHER_MIN_CALLS driver calls on.
-    if reachable && gather_calls(steps).is_some_and(|n| n >= GATHER_MIN_CALLS) {
-        r = r.then(Path::Gather);
-    }
-    if let (Some(pct), [Step::Copy(plan)]) = (cfg.d2d_sm_share, steps) {
-        let n = plan.total_bytes();
-        if dst == own && src == own && plan.kind() == PlanKind::Contiguous && n >= SPLIT_MIN_BYTES {
-            let sm_target = (n as u128 * pct as u128 / 100) as usize;
-            let ce = (n - sm_target).next_multiple_of(SPLIT_ALIGN).min(n);
-            r = r.then(Path::Split { sm_bytes: n - ce });
-        }
-    }
-    r.then(Path::Driver)
 }
 
 /// Whether a staged segment list's chunk whose device side is `runs` runs of `bytes` in all goes

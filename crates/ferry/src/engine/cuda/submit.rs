@@ -312,6 +312,14 @@ enum Lowered<'a> {
 }
 
 impl CudaEngine {
+    /// What this engine's routes are decided against ([`route::Rules`]).
+    fn rules(&self) -> route::Rules<'_> {
+        route::Rules {
+            cfg: &self.cfg,
+            managed_kernels: self.managed_kernels,
+        }
+    }
+
     /// [`Engine::submit_raw`] of `job` (or [`Engine::enqueue`]: `more`), in the caller's
     /// stream `caller` when given ([`CudaEngine::on_stream`]): see [`CudaEngine::submit`].
     ///
@@ -382,7 +390,7 @@ impl CudaEngine {
         }
         // Route; one run on the engine's stream without dependencies: one driver call.
         if let (Some(run), Some(b), None, true) = (run, src, s.caller, s.after.is_empty()) {
-            if let Some(r) = route::one_run(&self.cfg, self.managed_kernels, dk, b.kind, run.2) {
+            if let Some(r) = self.rules().one_run(dk, b.kind, run.2) {
                 if r.first() == Path::Driver {
                     // SAFETY: forwarded (1); `run` lies inside both buffers (`checked_run`).
                     return unsafe { self.enqueue_run(&r, lane, (dst, b), run, s.more) };
@@ -392,14 +400,7 @@ impl CudaEngine {
         // A block copy the gatherer takes first, on the engine's stream without dependencies:
         // its mapping as it is (no segment list built).
         if let (Some(b), Some(sb), None, true) = (blocks, src, s.caller, s.after.is_empty()) {
-            let r = route::list_route(
-                &self.cfg,
-                self.managed_kernels,
-                dk,
-                sb.kind,
-                b.runs,
-                b.bytes(),
-            );
+            let r = self.rules().list_route(dk, sb.kind, b.runs, b.bytes());
             if r.first() == Path::Gather {
                 // SAFETY: forwarded (1); the mapping was checked against both buffers.
                 return unsafe { self.enqueue_blocks(&r, lane, (dst, sb), b, s.more) };
@@ -426,7 +427,7 @@ impl CudaEngine {
     }
 
     /// Enqueue of a copy that is one contiguous run `(dst offset, src offset, bytes)`, routed
-    /// by [`route::one_run`] to one driver call on the engine's stream, without dependencies.
+    /// by [`route::Rules::one_run`] to one driver call on the engine's stream, without dependencies.
     ///
     /// # Safety
     /// As [`Engine::submit_raw`] for `dst` and `src`; `run` lies inside both (checked by
@@ -607,7 +608,7 @@ impl CudaEngine {
     ) -> Result<Request, SubmitError> {
         let (dk, sk) = (dst.kind, src.map(|b| b.kind));
         let steps = prog.steps();
-        let route = route::route(&self.cfg, self.managed_kernels, dk, sk, steps);
+        let route = self.rules().route(dk, sk, steps);
         if let (Some(c), false) = (s.caller, route.first() == Path::Driver) {
             // The caller's stream cannot run this route: this enqueue runs it on the engine's
             // stream, after an event recorded on the caller's and before the caller's next

@@ -16,6 +16,29 @@ const MAPPED: MemKind = MemKind::Mapped;
 const MANAGED: MemKind = MemKind::Managed;
 const HOST_KINDS: [MemKind; 4] = [PAGEABLE, PINNED, MAPPED, MANAGED];
 
+/// The route under `cfg` on a device whose kernels may touch managed memory (as an H100 or
+/// H200: [`Rules::route`]); [`rules`] for one whose kernels may not.
+fn route(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+    rules(cfg, true).route(dst, src, steps)
+}
+
+/// [`Rules::one_run`] as [`route`].
+fn one_run(cfg: &CudaConfig, dst: MemKind, src: MemKind, n: usize) -> Option<Route> {
+    rules(cfg, true).one_run(dst, src, n)
+}
+
+/// [`Rules::walk`] as [`route`].
+fn walk(cfg: &CudaConfig, dst: MemKind, src: Option<MemKind>, steps: &[Step]) -> Route {
+    rules(cfg, true).walk(dst, src, steps)
+}
+
+fn rules(cfg: &CudaConfig, managed_kernels: bool) -> Rules<'_> {
+    Rules {
+        cfg,
+        managed_kernels,
+    }
+}
+
 fn cfg() -> CudaConfig {
     CudaConfig::new(ME)
 }
@@ -65,32 +88,20 @@ fn paths(r: Route) -> Vec<Path> {
 
 #[test]
 fn staging_host_to_device_from_2_mib() {
-    let r = route(&cfg(), true, OWN, Some(PAGEABLE), &contiguous(2 << 20));
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &contiguous(2 << 20));
     assert_eq!(paths(r), [Path::Staged(StagedDirection::HostToDevice)]);
     assert_eq!(r.stream, Direction::HostToDevice);
-    let r = route(
-        &cfg(),
-        true,
-        OWN,
-        Some(PAGEABLE),
-        &contiguous((2 << 20) - 1),
-    );
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &contiguous((2 << 20) - 1));
     assert_eq!(paths(r), [Path::Driver]);
     assert_eq!(r.stream, Direction::HostToDevice);
 }
 
 #[test]
 fn staging_device_to_host_from_1_mib() {
-    let r = route(&cfg(), true, PAGEABLE, Some(OWN), &contiguous(1 << 20));
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &contiguous(1 << 20));
     assert_eq!(paths(r), [Path::Staged(StagedDirection::DeviceToHost)]);
     assert_eq!(r.stream, Direction::DeviceToHost);
-    let r = route(
-        &cfg(),
-        true,
-        PAGEABLE,
-        Some(OWN),
-        &contiguous((1 << 20) - 1),
-    );
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &contiguous((1 << 20) - 1));
     assert_eq!(paths(r), [Path::Driver]);
 }
 
@@ -98,12 +109,12 @@ fn staging_device_to_host_from_1_mib() {
 fn staging_counts_every_copy_step_and_never_takes_fills_or_mixed_programs() {
     let two = [contiguous(1 << 20), contiguous(1 << 20)].concat();
     assert_eq!(
-        route(&cfg(), true, OWN, Some(PAGEABLE), &two).first(),
+        route(&cfg(), OWN, Some(PAGEABLE), &two).first(),
         Path::Staged(StagedDirection::HostToDevice)
     );
     let mixed = [contiguous(4 << 20), segments(1, 4096)].concat();
     assert_ne!(
-        route(&cfg(), true, OWN, Some(PAGEABLE), &mixed).first(),
+        route(&cfg(), OWN, Some(PAGEABLE), &mixed).first(),
         Path::Staged(StagedDirection::HostToDevice)
     );
 }
@@ -113,37 +124,31 @@ fn pageable_segment_lists_staged_from_64_segments_or_the_byte_thresholds() {
     let h2d = Path::Staged(StagedDirection::HostToDevice);
     let d2h = Path::Staged(StagedDirection::DeviceToHost);
     // 64 tiny segments are staged; 63 go to the driver, one call each.
-    let r = route(&cfg(), true, OWN, Some(PAGEABLE), &segments(64, 1));
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(64, 1));
     assert_eq!(paths(r), [h2d]);
     assert_eq!(r.stream, Direction::HostToDevice);
-    let r = route(&cfg(), true, OWN, Some(PAGEABLE), &segments(63, 4096));
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(63, 4096));
     assert_eq!(paths(r), [Path::Driver]);
-    let r = route(&cfg(), true, PAGEABLE, Some(OWN), &segments(64, 1));
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &segments(64, 1));
     assert_eq!(paths(r), [d2h]);
     assert_eq!(r.stream, Direction::DeviceToHost);
     // Few large segments: by bytes, as a contiguous copy (2 MiB up, 1 MiB down).
-    let r = route(&cfg(), true, OWN, Some(PAGEABLE), &segments(2, 1 << 20));
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(2, 1 << 20));
     assert_eq!(paths(r), [h2d]);
-    let r = route(
-        &cfg(),
-        true,
-        OWN,
-        Some(PAGEABLE),
-        &segments(2, (1 << 20) - 1),
-    );
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(2, (1 << 20) - 1));
     assert_eq!(paths(r), [Path::Driver]);
-    let r = route(&cfg(), true, PAGEABLE, Some(OWN), &segments(1, 1 << 20));
+    let r = route(&cfg(), PAGEABLE, Some(OWN), &segments(1, 1 << 20));
     assert_eq!(paths(r), [d2h]);
     // The bench's case: 100,000 x 4 KiB.
-    let r = route(&cfg(), true, OWN, Some(PAGEABLE), &segments(100_000, 4096));
+    let r = route(&cfg(), OWN, Some(PAGEABLE), &segments(100_000, 4096));
     assert_eq!(paths(r), [h2d]);
     // Without staging, pinned memory, or another GPU's memory: not staged.
     let off = cfg().staging(None);
-    let r = route(&off, true, OWN, Some(PAGEABLE), &segments(100_000, 4096));
+    let r = route(&off, OWN, Some(PAGEABLE), &segments(100_000, 4096));
     assert_eq!(paths(r), [Path::Driver]);
-    let r = route(&cfg(), true, OWN, Some(PINNED), &segments(100_000, 4096));
+    let r = route(&cfg(), OWN, Some(PINNED), &segments(100_000, 4096));
     assert_eq!(paths(r), [Path::Gather, Path::Driver]);
-    let r = route(&cfg(), true, PEER, Some(PAGEABLE), &segments(100_000, 4096));
+    let r = route(&cfg(), PEER, Some(PAGEABLE), &segments(100_000, 4096));
     assert_eq!(r.first(), Path::Driver);
 }
 
@@ -165,21 +170,21 @@ fn staging_off_peer_memory_and_pinned_are_never_staged() {
     let big = contiguous(256 << 20);
     let off = cfg().staging(None);
     assert_eq!(
-        paths(route(&off, true, OWN, Some(PAGEABLE), &big)),
+        paths(route(&off, OWN, Some(PAGEABLE), &big)),
         [Path::Driver]
     );
     assert_eq!(
-        paths(route(&cfg(), true, PEER, Some(PAGEABLE), &big)),
+        paths(route(&cfg(), PEER, Some(PAGEABLE), &big)),
         [Path::Driver]
     );
     for k in [PINNED, MAPPED, MANAGED] {
         assert_eq!(
-            paths(route(&cfg(), true, OWN, Some(k), &big)),
+            paths(route(&cfg(), OWN, Some(k), &big)),
             [Path::Driver],
             "{k}"
         );
         assert_eq!(
-            paths(route(&cfg(), true, k, Some(OWN), &big)),
+            paths(route(&cfg(), k, Some(OWN), &big)),
             [Path::Driver],
             "{k}"
         );
@@ -189,9 +194,9 @@ fn staging_off_peer_memory_and_pinned_are_never_staged() {
 #[test]
 fn staged_stream_follows_the_staging_direction_even_when_a_direction_is_forced() {
     let forced = cfg().direction(Direction::DeviceToDevice);
-    let r = route(&forced, true, OWN, Some(PAGEABLE), &contiguous(4 << 20));
+    let r = route(&forced, OWN, Some(PAGEABLE), &contiguous(4 << 20));
     assert_eq!(r.stream, Direction::HostToDevice);
-    let r = route(&forced, true, OWN, Some(PINNED), &contiguous(4 << 20));
+    let r = route(&forced, OWN, Some(PINNED), &contiguous(4 << 20));
     assert_eq!(r.stream, Direction::DeviceToDevice);
 }
 
@@ -267,13 +272,13 @@ fn page_lock_query_skipped_only_for_small_contiguous_host_device_copies() {
 fn auto_sm_takes_short_runs_from_4096_of_them() {
     // Runs of 16 bytes: one 2-D call for the copy engines; SMs from 4096 rows.
     for k in [OWN, PINNED, MAPPED, MANAGED] {
-        let r = route(&cfg(), true, OWN, Some(k), &tile(4096, 16));
+        let r = route(&cfg(), OWN, Some(k), &tile(4096, 16));
         assert_eq!(paths(r), [Path::Sm, Path::Driver], "{k}");
-        let r = route(&cfg(), true, OWN, Some(k), &tile(4095, 16));
+        let r = route(&cfg(), OWN, Some(k), &tile(4095, 16));
         assert_eq!(paths(r), [Path::Driver], "{k}");
     }
     // 17-byte runs stay on the copy engines at any count (one call).
-    let r = route(&cfg(), true, OWN, Some(OWN), &tile(1 << 16, 17));
+    let r = route(&cfg(), OWN, Some(OWN), &tile(1 << 16, 17));
     assert_eq!(paths(r), [Path::Driver]);
 }
 
@@ -283,32 +288,32 @@ fn managed_memory_stays_off_the_kernels_without_concurrent_managed_access() {
     for (d, s) in [(OWN, MANAGED), (MANAGED, OWN), (MANAGED, PINNED)] {
         // With it (Hopper on Linux): the SMs and the gatherer as for pinned memory.
         assert_eq!(
-            paths(route(&cfg(), true, d, Some(s), &tile(4096, 16))),
+            paths(route(&cfg(), d, Some(s), &tile(4096, 16))),
             [Path::Sm, Path::Driver]
         );
         assert_eq!(
-            paths(route(&cfg(), true, d, Some(s), &segments(100, 64))),
+            paths(route(&cfg(), d, Some(s), &segments(100, 64))),
             [Path::Gather, Path::Driver]
         );
         assert_eq!(
-            paths(route(&always, true, d, Some(s), &contiguous(4096))),
+            paths(route(&always, d, Some(s), &contiguous(4096))),
             [Path::Sm, Path::Driver]
         );
         // Without: driver calls only, whatever the settings ask.
         for steps in [tile(4096, 16), segments(100, 64), contiguous(4096)] {
             for c in [cfg(), always] {
-                let r = route(&c, false, d, Some(s), &steps);
+                let r = rules(&c, false).route(d, Some(s), &steps);
                 assert_eq!(paths(r), [Path::Driver], "{s} -> {d}");
             }
         }
         assert_eq!(
-            paths(list_route(&cfg(), false, d, s, 100, 6400)),
+            paths(rules(&cfg(), false).list_route(d, s, 100, 6400)),
             [Path::Driver]
         );
     }
     // Other memory is routed as before.
     assert_eq!(
-        paths(route(&cfg(), false, OWN, Some(PINNED), &tile(4096, 16))),
+        paths(rules(&cfg(), false).route(OWN, Some(PINNED), &tile(4096, 16))),
         [Path::Sm, Path::Driver]
     );
 }
@@ -317,19 +322,19 @@ fn managed_memory_stays_off_the_kernels_without_concurrent_managed_access() {
 fn auto_sm_takes_transposes_of_runs_up_to_256_bytes_from_4_calls() {
     // A transpose: one 2-D call per column.
     assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &transpose(4, 256)).first(),
+        route(&cfg(), OWN, Some(OWN), &transpose(4, 256)).first(),
         Path::Sm
     );
     assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &transpose(3, 256)).first(),
+        route(&cfg(), OWN, Some(OWN), &transpose(3, 256)).first(),
         Path::Driver
     );
     assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &transpose(64, 257)).first(),
+        route(&cfg(), OWN, Some(OWN), &transpose(64, 257)).first(),
         Path::Driver
     );
     assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &transpose(8, 4)).first(),
+        route(&cfg(), OWN, Some(OWN), &transpose(8, 4)).first(),
         Path::Sm
     );
 }
@@ -337,41 +342,26 @@ fn auto_sm_takes_transposes_of_runs_up_to_256_bytes_from_4_calls() {
 #[test]
 fn sm_needs_both_sides_reachable_and_copies_only() {
     let t = transpose(64, 4);
+    assert_eq!(route(&cfg(), OWN, Some(PAGEABLE), &t).first(), Path::Driver);
+    assert_eq!(route(&cfg(), PAGEABLE, Some(OWN), &t).first(), Path::Driver);
+    assert_eq!(route(&cfg(), PEER, Some(OWN), &t).first(), Path::Driver);
+    assert_eq!(route(&cfg(), OWN, Some(PEER), &t).first(), Path::Driver);
     assert_eq!(
-        route(&cfg(), true, OWN, Some(PAGEABLE), &t).first(),
-        Path::Driver
-    );
-    assert_eq!(
-        route(&cfg(), true, PAGEABLE, Some(OWN), &t).first(),
-        Path::Driver
-    );
-    assert_eq!(
-        route(&cfg(), true, PEER, Some(OWN), &t).first(),
-        Path::Driver
-    );
-    assert_eq!(
-        route(&cfg(), true, OWN, Some(PEER), &t).first(),
-        Path::Driver
-    );
-    assert_eq!(
-        route(&cfg(), true, OWN, None, &fill(1 << 20)).first(),
+        route(&cfg(), OWN, None, &fill(1 << 20)).first(),
         Path::Driver
     );
     let never = cfg().kernel_copies(KernelCopies::Never);
-    assert_eq!(
-        paths(route(&never, true, OWN, Some(OWN), &t)),
-        [Path::Driver]
-    );
+    assert_eq!(paths(route(&never, OWN, Some(OWN), &t)), [Path::Driver]);
     // Always: contiguous copies too, but not fills or segment lists.
     let always = cfg().kernel_copies(KernelCopies::Always);
-    let r = route(&always, true, MAPPED, Some(OWN), &contiguous(4096));
+    let r = route(&always, MAPPED, Some(OWN), &contiguous(4096));
     assert_eq!(paths(r), [Path::Sm, Path::Driver]);
     assert_ne!(
-        route(&always, true, OWN, Some(OWN), &segments(100, 64)).first(),
+        route(&always, OWN, Some(OWN), &segments(100, 64)).first(),
         Path::Sm
     );
     assert_eq!(
-        route(&always, true, OWN, Some(PAGEABLE), &contiguous(4096)).first(),
+        route(&always, OWN, Some(PAGEABLE), &contiguous(4096)).first(),
         Path::Driver
     );
 }
@@ -381,7 +371,6 @@ fn gather_from_64_driver_calls() {
     // 64 segments: 64 calls.
     let r = route(
         &cfg(),
-        true,
         OWN,
         Some(PINNED),
         &[segments(32, 64), segments(32, 64)].concat(),
@@ -389,7 +378,6 @@ fn gather_from_64_driver_calls() {
     assert_eq!(paths(r), [Path::Gather, Path::Driver]);
     let r = route(
         &cfg(),
-        true,
         OWN,
         Some(PINNED),
         &[segments(32, 64), segments(31, 64)].concat(),
@@ -397,30 +385,24 @@ fn gather_from_64_driver_calls() {
     assert_eq!(paths(r), [Path::Driver]);
     // A program of 64 one-call copies.
     let many: Vec<Step> = (0..64).flat_map(|_| contiguous(64)).collect();
+    assert_eq!(route(&cfg(), OWN, Some(OWN), &many).first(), Path::Gather);
     assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &many).first(),
-        Path::Gather
-    );
-    assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &many[..63]).first(),
+        route(&cfg(), OWN, Some(OWN), &many[..63]).first(),
         Path::Driver
     );
     // Never with pageable memory or another GPU; never with a fill in the program.
     assert_eq!(
-        route(&cfg(), true, OWN, Some(PAGEABLE), &many).first(),
+        route(&cfg(), OWN, Some(PAGEABLE), &many).first(),
         Path::Driver
     );
-    assert_eq!(
-        route(&cfg(), true, PEER, Some(OWN), &many).first(),
-        Path::Driver
-    );
+    assert_eq!(route(&cfg(), PEER, Some(OWN), &many).first(), Path::Driver);
     let with_fill = [many.clone(), fill(64)].concat();
     assert_eq!(gather_calls(&with_fill), None);
 }
 
 #[test]
 fn one_segment_list_is_gathered_at_any_length() {
-    let r = route(&cfg(), true, OWN, Some(OWN), &segments(3, 64));
+    let r = route(&cfg(), OWN, Some(OWN), &segments(3, 64));
     assert_eq!(paths(r), [Path::Gather, Path::Driver]);
 }
 
@@ -434,10 +416,10 @@ fn sm_then_gather_then_driver_for_a_many_call_4d_permutation() {
         .unwrap();
     let dst = Layout::contiguous(&[8, 8, 4, 4], 4).unwrap();
     let steps = vec![Step::Copy(Plan::new(&dst, &src).unwrap())];
-    let r = route(&cfg(), true, OWN, Some(OWN), &steps);
+    let r = route(&cfg(), OWN, Some(OWN), &steps);
     assert_eq!(paths(r), [Path::Sm, Path::Gather, Path::Driver]);
     // A square transpose is one 3-D plan: counted as one call, never gathered.
-    let r = route(&cfg(), true, OWN, Some(OWN), &transpose(64, 4));
+    let r = route(&cfg(), OWN, Some(OWN), &transpose(64, 4));
     assert_eq!(paths(r), [Path::Sm, Path::Driver]);
 }
 
@@ -445,24 +427,24 @@ fn sm_then_gather_then_driver_for_a_many_call_4d_permutation() {
 fn split_only_when_asked_from_8_mib_within_this_gpu() {
     let n = 8 << 20;
     assert_eq!(
-        paths(route(&cfg(), true, OWN, Some(OWN), &contiguous(n))),
+        paths(route(&cfg(), OWN, Some(OWN), &contiguous(n))),
         [Path::Driver]
     );
     let half = cfg().d2d_sm_share(50);
-    let r = route(&half, true, OWN, Some(OWN), &contiguous(n));
+    let r = route(&half, OWN, Some(OWN), &contiguous(n));
     assert_eq!(paths(r), [Path::Split { sm_bytes: n / 2 }, Path::Driver]);
-    let r = route(&half, true, OWN, Some(OWN), &contiguous(n - 1));
+    let r = route(&half, OWN, Some(OWN), &contiguous(n - 1));
     assert_eq!(paths(r), [Path::Driver]);
     assert_eq!(
-        route(&half, true, OWN, Some(PEER), &contiguous(n)).first(),
+        route(&half, OWN, Some(PEER), &contiguous(n)).first(),
         Path::Driver
     );
     assert_eq!(
-        route(&half, true, OWN, Some(PINNED), &contiguous(n)).first(),
+        route(&half, OWN, Some(PINNED), &contiguous(n)).first(),
         Path::Driver
     );
     assert_eq!(
-        route(&half, true, OWN, Some(OWN), &tile(4096, 4096)).first(),
+        route(&half, OWN, Some(OWN), &tile(4096, 4096)).first(),
         Path::Driver
     );
 }
@@ -470,25 +452,13 @@ fn split_only_when_asked_from_8_mib_within_this_gpu() {
 #[test]
 fn split_copy_engine_part_ends_on_a_4_kib_boundary() {
     let n = (8 << 20) + 100;
-    let r = route(
-        &cfg().d2d_sm_share(30),
-        true,
-        OWN,
-        Some(OWN),
-        &contiguous(n),
-    );
+    let r = route(&cfg().d2d_sm_share(30), OWN, Some(OWN), &contiguous(n));
     let Path::Split { sm_bytes } = r.first() else {
         panic!("not split: {r:?}");
     };
     assert_eq!((n - sm_bytes) % 4096, 0);
     assert!((n - sm_bytes) >= n * 70 / 100);
-    let all = route(
-        &cfg().d2d_sm_share(100),
-        true,
-        OWN,
-        Some(OWN),
-        &contiguous(n),
-    );
+    let all = route(&cfg().d2d_sm_share(100), OWN, Some(OWN), &contiguous(n));
     assert_eq!(all.first(), Path::Split { sm_bytes: n });
 }
 
@@ -574,11 +544,11 @@ fn large_segments_by_sides() {
 
 #[test]
 fn fills_run_as_driver_calls_on_their_destination_stream() {
-    let r = route(&cfg(), true, OWN, None, &fill(1 << 30));
+    let r = route(&cfg(), OWN, None, &fill(1 << 30));
     assert_eq!(paths(r), [Path::Driver]);
     assert_eq!(r.stream, Direction::DeviceToDevice);
     assert_eq!(
-        route(&cfg(), true, PINNED, None, &fill(64)).stream,
+        route(&cfg(), PINNED, None, &fill(64)).stream,
         Direction::DeviceToHost
     );
 }
@@ -686,10 +656,7 @@ fn batched_transposes_and_two_axis_swaps() {
 fn transposes_take_the_sm_path_where_both_sides_are_reachable() {
     let steps = transpose(8192, 2);
     for (dst, src) in [(OWN, OWN), (OWN, PINNED), (PINNED, OWN)] {
-        assert_eq!(
-            route(&cfg(), true, dst, Some(src), &steps).first(),
-            Path::Sm
-        );
+        assert_eq!(route(&cfg(), dst, Some(src), &steps).first(), Path::Sm);
     }
     let [Step::Copy(p)] = &steps[..] else {
         unreachable!()
@@ -733,7 +700,7 @@ fn the_pool_choice_leaves_the_direction_alone() {
     let c = cfg().streams(4);
     assert_eq!(c.streams, 4);
     assert_eq!(cfg().streams(0).streams, 1);
-    let r = route(&c, true, OWN, Some(PINNED), &contiguous(64 << 10));
+    let r = route(&c, OWN, Some(PINNED), &contiguous(64 << 10));
     assert_eq!(r.stream, Direction::HostToDevice);
     assert_eq!(r.first(), Path::Driver);
 }
@@ -830,7 +797,7 @@ fn the_run_31_stress_case_keeps_off_the_transpose_kernel() {
     let p = Plan::new(&dst, &src).unwrap();
     // The engine takes it to the SMs, a transpose: but not to the transpose kernel.
     assert_eq!(
-        route(&cfg(), true, OWN, Some(OWN), &[Step::Copy(p)]).first(),
+        route(&cfg(), OWN, Some(OWN), &[Step::Copy(p)]).first(),
         Path::Sm
     );
     assert!(transpose_of(&p).is_some());
@@ -852,7 +819,7 @@ fn the_run_31_stress_case_keeps_off_the_transpose_kernel() {
         pattern: Box::new([1, 2]),
     }];
     for mode in [KernelCopies::Auto, KernelCopies::Always] {
-        let r = route(&cfg().kernel_copies(mode), true, OWN, None, &fill);
+        let r = route(&cfg().kernel_copies(mode), OWN, None, &fill);
         assert_eq!(r.paths().collect::<Vec<_>>(), [Path::Driver], "{mode:?}");
     }
 }
@@ -900,14 +867,14 @@ fn one_contiguous_run_is_routed_as_the_general_rules_route_it() {
                         for s in all {
                             for n in sizes {
                                 let steps = contiguous(n);
-                                let general = walk(&c, true, d, Some(s), &steps);
+                                let general = walk(&c, d, Some(s), &steps);
                                 let at = format!("{s} -> {d}, {n} B, {mode:?}, {dir:?}");
-                                assert_eq!(route(&c, true, d, Some(s), &steps), general, "{at}");
+                                assert_eq!(route(&c, d, Some(s), &steps), general, "{at}");
                                 asked += 1;
                                 let pageable = d == PAGEABLE || s == PAGEABLE;
                                 let want_fast =
                                     share.is_none() && !(pageable && staging && n >= 1 << 20);
-                                match one_run(&c, true, d, s, n) {
+                                match one_run(&c, d, s, n) {
                                     Some(r) => {
                                         assert!(want_fast, "{at}");
                                         assert_eq!(r, general, "one_run {at}");
