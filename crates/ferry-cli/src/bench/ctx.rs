@@ -3,7 +3,8 @@
 //! destination is one host slice.
 
 use super::{
-    measure_interleaved, BenchError, Calls, Clock, Kind, Method, Role, Series, TestInfo, Timing,
+    last_in_turns, measure_interleaved, BenchError, Calls, Clock, Kind, Method, Role, Series,
+    TestInfo, Timing,
 };
 use crate::sizes::format_size;
 
@@ -160,8 +161,7 @@ impl<'a, T: Copy, V: Fn(&[T]) -> Result<(), usize>> HostSeries<'a, T, V> {
         let timings = timings.map_err(|(k, m)| ctx.engine_err(&ops[k].0, m))?;
         // The destination still holds the bytes of the last call timed (the last round's
         // last series): checked too.
-        if !ops.is_empty() {
-            let last = (method.samples.max(1) - 1 + ops.len() - 1) % ops.len();
+        if let Some(last) = last_in_turns(method, ops.len()) {
             verify(dst).map_err(|offset| ctx.verify_err(&ops[last].0, offset))?;
         }
         Ok(ops

@@ -127,6 +127,12 @@ pub fn measure_interleaved<C: ?Sized, E>(
         .collect())
 }
 
+/// Which of `ops` ops [`measure_interleaved`] timed last (the last round's last turn): the one
+/// whose bytes the shared destination holds afterwards. `None` for no ops.
+pub fn last_in_turns(method: &Method, ops: usize) -> Option<usize> {
+    (ops > 0).then(|| (method.samples.max(1) - 1 + ops - 1) % ops)
+}
+
 /// Times `op` as [`measure`] does, but each call reports its own duration in seconds (the GPU
 /// time between two CUDA events); a sample is the mean over its R calls.
 pub fn measure_with<E>(
@@ -250,6 +256,12 @@ mod tests {
         assert_eq!(order, "abcabc".to_string() + "abcbcacab");
         assert_eq!(t.len(), 3);
         assert!(t.iter().all(|t| t.samples_s.len() == 3 && t.reps == 1));
+        assert_eq!(
+            last_in_turns(&m, 3),
+            Some(1),
+            "the last round, cab, ends with b"
+        );
+        assert_eq!(last_in_turns(&m, 0), None);
         // An op's error ends the measurement and comes back as it was, with the op's index:
         // the shared count is 1, 2 after the warm-up round, 3, 4 at calibration: the second op
         // fails there.

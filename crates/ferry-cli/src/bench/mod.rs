@@ -27,7 +27,7 @@ mod report;
 mod row;
 
 pub use measure::{
-    measure, measure_interleaved, measure_pair, measure_with, Calls, Method, Timing,
+    last_in_turns, measure, measure_interleaved, measure_pair, measure_with, Calls, Method, Timing,
 };
 pub use report::{CpuEngineReport, Host, MethodReport, Report, Skipped};
 pub use row::{CallerView, Clock, Role, Row, Series};

@@ -29,7 +29,9 @@
 use super::CudaBench;
 use crate::bench::ctx::{setup, Ctx};
 use crate::bench::data::pattern_bytes;
-use crate::bench::{measure_interleaved, BenchError, Calls, Kind, Role, Row, Series, Timing};
+use crate::bench::{
+    last_in_turns, measure_interleaved, BenchError, Calls, Kind, Role, Row, Series, Timing,
+};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer, WaitMode};
 use ferry::engine::cuda::gather::{Gatherer, Strategy};
@@ -461,8 +463,7 @@ impl CudaBench {
         drop(ops);
         let timings = timings.map_err(|(k, e)| ctx.engine_err(kept[k].0, e))?;
         // The destination holds the last call's bytes (the last round's last mechanism).
-        if let Some(last) = kept.len().checked_sub(1) {
-            let k = (self.method.samples.max(1) - 1 + last) % kept.len();
+        if let Some(k) = last_in_turns(&self.method, kept.len()) {
             if !st.verify().map_err(|e| ctx.engine_err(kept[k].0, e))? {
                 return Err(ctx.verify_err(kept[k].0, 0));
             }
