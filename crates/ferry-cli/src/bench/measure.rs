@@ -44,22 +44,15 @@ pub struct Timing {
 
 /// Times `op` as [`METHOD`](super::METHOD) describes, with the host's monotonic clock around
 /// each sample of R calls. `op` returns an error to stop the measurement.
-pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
-    for _ in 0..method.warmup {
-        op()?;
-    }
-    let t0 = Instant::now();
-    op()?;
-    let reps = reps_for(method, t0.elapsed().as_secs_f64());
-    let mut samples_s = Vec::with_capacity(method.samples);
-    for _ in 0..method.samples.max(1) {
-        let t = Instant::now();
-        for _ in 0..reps {
-            op()?;
-        }
-        samples_s.push(t.elapsed().as_secs_f64() / reps as f64);
-    }
-    Ok(Timing::of(samples_s, reps))
+pub fn measure<E>(method: &Method, op: impl FnMut() -> Result<(), E>) -> Result<Timing, E> {
+    let mut t = measure_interleaved(method, &mut (), &mut [&mut calls(op)]).map_err(|(_, e)| e)?;
+    Ok(t.remove(0))
+}
+
+/// `op` as an op of [`measure_interleaved`] with no shared state: its calls in a loop of its
+/// own.
+fn calls<E>(mut op: impl FnMut() -> Result<(), E>) -> impl FnMut(&mut (), u64) -> Result<(), E> {
+    move |_, n| (0..n).try_for_each(|_| op())
 }
 
 /// Times `a` and `b` as [`measure`] does, but interleaved: sample i of each is taken right
@@ -68,18 +61,13 @@ pub fn measure<E>(method: &Method, mut op: impl FnMut() -> Result<(), E>) -> Res
 /// of doing the same thing whose ratio matters more than either figure.
 pub fn measure_pair<E>(
     method: &Method,
-    mut a: impl FnMut() -> Result<(), E>,
-    mut b: impl FnMut() -> Result<(), E>,
+    a: impl FnMut() -> Result<(), E>,
+    b: impl FnMut() -> Result<(), E>,
 ) -> Result<(Timing, Timing), E> {
-    let mut a = |_: &mut (), n: u64| (0..n).try_for_each(|_| a());
-    let mut b = |_: &mut (), n: u64| (0..n).try_for_each(|_| b());
-    let mut t = measure_interleaved(method, &mut (), &mut [&mut a, &mut b])
-        .map_err(|(_, e)| e)?
-        .into_iter();
-    match (t.next(), t.next()) {
-        (Some(ta), Some(tb)) => Ok((ta, tb)),
-        _ => unreachable!("one timing per op"),
-    }
+    let mut t = measure_interleaved(method, &mut (), &mut [&mut calls(a), &mut calls(b)])
+        .map_err(|(_, e)| e)?;
+    let tb = t.remove(1);
+    Ok((t.remove(0), tb))
 }
 
 /// An op of [`measure_interleaved`]: makes its call as many times as it is handed, each on the
