@@ -28,7 +28,7 @@
 use cudarc::driver::{sys, CudaContext};
 use ferry::agent::{Agent, Descriptor, Region, RemoteRegion};
 use ferry::cuda::{CudaEngine, DeviceBuffer, PinnedBuffer};
-use ferry::{CpuEngine, Engine, Segment};
+use ferry::{CpuEngine, Engine, Request, Segment};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -101,39 +101,54 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times `f` (returning the post time of one call, seconds): 2 warm-up calls, then `reps`;
-/// the median call time and the median post time.
-fn time(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
-    for _ in 0..2 {
-        f();
-    }
-    let (mut total, mut post) = (Vec::new(), Vec::new());
-    for _ in 0..reps {
-        let t = Instant::now();
-        post.push(f());
-        total.push(t.elapsed().as_secs_f64());
-    }
-    (median(&mut total), median(&mut post))
+/// One transfer: `post` (its request), then a wait for it; the post's time in seconds. `what`
+/// names the transfer in the panic of a failed wait.
+fn post_wait(what: &str, post: &mut impl FnMut() -> Request) -> f64 {
+    let t = Instant::now();
+    let r = post();
+    let p = t.elapsed().as_secs_f64();
+    r.wait().unwrap_or_else(|e| panic!("{what}: {e}"));
+    p
 }
 
-/// Times ferry's `f` (as [`time`]) and the raw baseline `raw` in turns, sample by sample, the
-/// order swapped every sample, so that a drift of the machine falls on both alike; at least
-/// `reps` samples each, more for short calls (as many as fill about 2 ms, up to 200), where a
-/// few samples of a few microseconds are mostly noise. The medians: ferry's call, ferry's
-/// post, the raw call.
-fn time_pair(reps: usize, mut f: impl FnMut() -> f64, mut raw: impl FnMut()) -> (f64, f64, f64) {
+/// Times the transfer `post` posts ([`post_wait`]): 2 warm-up calls, then `reps`; the median
+/// call time and the median post time.
+fn time(reps: usize, what: &str, mut post: impl FnMut() -> Request) -> (f64, f64) {
     for _ in 0..2 {
-        f();
+        post_wait(what, &mut post);
+    }
+    let (mut total, mut posts) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        posts.push(post_wait(what, &mut post));
+        total.push(t.elapsed().as_secs_f64());
+    }
+    (median(&mut total), median(&mut posts))
+}
+
+/// Times ferry's transfer `post` (as [`time`]) and the raw baseline `raw` in turns, sample by
+/// sample, the order swapped every sample, so that a drift of the machine falls on both alike;
+/// at least `reps` samples each, more for short calls (as many as fill about 2 ms, up to 200),
+/// where a few samples of a few microseconds are mostly noise. The medians: ferry's call,
+/// ferry's post, the raw call.
+fn time_pair(
+    reps: usize,
+    what: &str,
+    mut post: impl FnMut() -> Request,
+    mut raw: impl FnMut(),
+) -> (f64, f64, f64) {
+    for _ in 0..2 {
+        post_wait(what, &mut post);
         raw();
     }
     let t = Instant::now();
-    f();
+    post_wait(what, &mut post);
     let one = t.elapsed().as_secs_f64();
     let samples = reps.max(((2e-3 / one.max(1e-7)).ceil() as usize).min(200));
-    let (mut total, mut post, mut base) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut total, mut posts, mut base) = (Vec::new(), Vec::new(), Vec::new());
     let mut ferry = || {
         let t = Instant::now();
-        post.push(f());
+        posts.push(post_wait(what, &mut post));
         total.push(t.elapsed().as_secs_f64());
     };
     let mut baseline = || {
@@ -150,7 +165,7 @@ fn time_pair(reps: usize, mut f: impl FnMut() -> f64, mut raw: impl FnMut()) -> 
             ferry();
         }
     }
-    (median(&mut total), median(&mut post), median(&mut base))
+    (median(&mut total), median(&mut posts), median(&mut base))
 }
 
 #[derive(serde::Serialize)]
@@ -388,13 +403,8 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         verify("ipc-d2d-write", &back, &data, &segs);
         let (t, post, rt) = time_pair(
             reps,
-            || {
-                let t = Instant::now();
-                let r = me.write(rdev, &dev, &segs, None).expect("post");
-                let p = t.elapsed().as_secs_f64();
-                r.wait().expect("d2d write");
-                p
-            },
+            "d2d write",
+            || me.write(rdev, &dev, &segs, None).expect("post"),
             || raw.copy(Dir::D2D, rdev.raw().addr, dev.raw().addr, &segs),
         );
         rows.push(Row {
@@ -410,13 +420,8 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         let rvmm = &s.remote[2];
         let (t, post, rt) = time_pair(
             reps,
-            || {
-                let t = Instant::now();
-                let r = me.write(rvmm, &dev, &segs, None).expect("post");
-                let p = t.elapsed().as_secs_f64();
-                r.wait().expect("vmm write");
-                p
-            },
+            "vmm write",
+            || me.write(rvmm, &dev, &segs, None).expect("post"),
             || raw.copy(Dir::D2D, rvmm.raw().addr, dev.raw().addr, &segs),
         );
         rows.push(Row {
@@ -431,13 +436,8 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         // The peer's device -> device here.
         let (t, post, rt) = time_pair(
             reps,
-            || {
-                let t = Instant::now();
-                let r = me.read(&dev, rdev, &segs, None).expect("post");
-                let p = t.elapsed().as_secs_f64();
-                r.wait().expect("d2d read");
-                p
-            },
+            "d2d read",
+            || me.read(&dev, rdev, &segs, None).expect("post"),
             || raw.copy(Dir::D2D, dev.raw().addr, rdev.raw().addr, &segs),
         );
         rows.push(Row {
@@ -452,13 +452,8 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         // The peer's pinned host memory -> device here, against an in-process pinned upload.
         let (t, post, rt) = time_pair(
             reps,
-            || {
-                let t = Instant::now();
-                let r = me.read(&dev, rhost, &segs, None).expect("post");
-                let p = t.elapsed().as_secs_f64();
-                r.wait().expect("h2d read");
-                p
-            },
+            "h2d read",
+            || me.read(&dev, rhost, &segs, None).expect("post"),
             || raw.copy(Dir::H2D, dev.raw().addr, pinned.as_ptr() as u64, &segs),
         );
         rows.push(Row {
@@ -473,13 +468,8 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         // Device here -> the peer's pinned host memory, against an in-process download.
         let (t, post, rt) = time_pair(
             reps,
-            || {
-                let t = Instant::now();
-                let r = me.write(rhost, &dev, &segs, None).expect("post");
-                let p = t.elapsed().as_secs_f64();
-                r.wait().expect("d2h write");
-                p
-            },
+            "d2h write",
+            || me.write(rhost, &dev, &segs, None).expect("post"),
             || raw.copy(Dir::D2H, pinned.as_mut_ptr() as u64, dev.raw().addr, &segs),
         );
         rows.push(Row {
@@ -510,12 +500,8 @@ fn post_rows(
             continue;
         }
         let segs = segments(block, batch);
-        let (t, post) = time(s.reps, || {
-            let t = Instant::now();
-            let r = s.me.write(remote, local, &segs, None).expect("post");
-            let p = t.elapsed().as_secs_f64();
-            r.wait().expect("write");
-            p
+        let (t, post) = time(s.reps, "write", || {
+            s.me.write(remote, local, &segs, None).expect("post")
         });
         let n = block * batch;
         rows.push(Row {
@@ -547,12 +533,8 @@ fn host_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Erro
             ("host-shared-write", &s.remote[0]),
             ("host-cross-write", &s.remote[1]),
         ] {
-            let (t, post) = time(reps, || {
-                let t = Instant::now();
-                let r = me.write(remote, &local, &segs, None).expect("post");
-                let p = t.elapsed().as_secs_f64();
-                r.wait().expect("write");
-                p
+            let (t, post) = time(reps, "write", || {
+                me.write(remote, &local, &segs, None).expect("post")
             });
             me.read(&check, remote, &[Segment::new(0, 0, bytes as u64)], None)?
                 .wait()?;
