@@ -380,7 +380,10 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
     let data: Vec<u8> = (0..bytes)
         .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
         .collect();
+    // `dev` is the writes' source and keeps `data` throughout; the reads land in `sink` (a read
+    // into `dev` would change what the next row's writes send).
     let dev = me.register_device(DeviceBuffer::from_host(0, &data)?)?;
+    let sink = me.register_device(DeviceBuffer::zeroed(0, bytes)?)?;
     let mut pinned = PinnedBuffer::new(bytes)?;
     pinned.copy_from_slice(&data);
     let raw = Raw::new()?;
@@ -433,12 +436,23 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
             raw_gbps: Some(gbps(n, rt)),
             post_us: post * 1e6,
         });
-        // The peer's device -> device here.
+        // The peer's device -> device here. Checked first, alone, as the write: `sink` zeroed,
+        // one read through the agent, compared with what the write left in the peer's buffer
+        // (zeros, and `data` where the segments put it).
+        let mut peer_bytes = vec![0u8; bytes];
+        for s in &segs {
+            let (d, so, n) = (s.dst_off as usize, s.src_off as usize, s.len as usize);
+            peer_bytes[d..d + n].copy_from_slice(&data[so..so + n]);
+        }
+        raw.copy(Dir::D2D, sink.raw().addr, zeros.device_ptr(), &whole);
+        me.read(&sink, rdev, &segs, None)?.wait()?;
+        sink.read_at(0, &mut back)?;
+        verify("ipc-d2d-read", &back, &peer_bytes, &segs);
         let (t, post, rt) = time_pair(
             reps,
             "d2d read",
-            || me.read(&dev, rdev, &segs, None).expect("post"),
-            || raw.copy(Dir::D2D, dev.raw().addr, rdev.raw().addr, &segs),
+            || me.read(&sink, rdev, &segs, None).expect("post"),
+            || raw.copy(Dir::D2D, sink.raw().addr, rdev.raw().addr, &segs),
         );
         rows.push(Row {
             row: "ipc-d2d-read",
@@ -453,8 +467,8 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         let (t, post, rt) = time_pair(
             reps,
             "h2d read",
-            || me.read(&dev, rhost, &segs, None).expect("post"),
-            || raw.copy(Dir::H2D, dev.raw().addr, pinned.as_ptr() as u64, &segs),
+            || me.read(&sink, rhost, &segs, None).expect("post"),
+            || raw.copy(Dir::H2D, sink.raw().addr, pinned.as_ptr() as u64, &segs),
         );
         rows.push(Row {
             row: "ipc-h2d-read",
