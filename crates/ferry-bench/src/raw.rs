@@ -147,12 +147,34 @@ impl RawCopier {
         self.sync(0)
     }
 
+    /// Compiles (NVRTC) and loads [`RawCopier::kernel_copy`]'s kernel now, if not yet: call it
+    /// before a [`RawCopier::timed`] section that launches it, as loading a module may wait for
+    /// the context's streams, which the section's latch holds.
+    pub fn sm_ready(&self) -> Result<(), BaselineError> {
+        self.sm_copier().map(drop)
+    }
+
+    /// The SM copy kernel's copier, made (compiled and loaded) on first use.
+    fn sm_copier(&self) -> Result<&SmCopier, BaselineError> {
+        self.sm
+            .get_or_init(|| {
+                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
+                c.compile().map_err(|e| e.to_string())?;
+                Ok(c)
+            })
+            .as_ref()
+            .map_err(|msg| BaselineError::Kernel {
+                call: "SM copy kernel setup",
+                msg: msg.clone(),
+            })
+    }
+
     /// `reps` copies of the first `bytes` bytes of `src` into `dst` by a plain kernel launch
     /// each (the SM copy kernel of `ferry::cuda::strided`, one launch per copy, no engine around
     /// it), then one synchronize: the SM baseline for zero-copy (mapped) memory, as
     /// nvbandwidth's SM copies. Both buffers must be device-accessible (not pageable). The
-    /// first call of a copier compiles (NVRTC) and loads the kernel; make it before a
-    /// [`RawCopier::timed`] section, as loading a module may wait for the context's streams.
+    /// first call of a copier compiles (NVRTC) and loads the kernel, unless
+    /// [`RawCopier::sm_ready`] did.
     pub fn kernel_copy<D, S>(
         &self,
         dst: &mut D,
@@ -166,18 +188,7 @@ impl RawCopier {
     {
         let (d, s) = (dst.raw_mut(), src.raw());
         fits(bytes, d, s)?;
-        let sm = self
-            .sm
-            .get_or_init(|| {
-                let c = SmCopier::new(Arc::clone(&self.ctx)).map_err(|e| e.to_string())?;
-                c.compile().map_err(|e| e.to_string())?;
-                Ok(c)
-            })
-            .as_ref()
-            .map_err(|msg| BaselineError::Kernel {
-                call: "SM copy kernel setup",
-                msg: msg.clone(),
-            })?;
+        let sm = self.sm_copier()?;
         bind(&self.ctx)?;
         let plan = Plan::contiguous(0, 0, bytes);
         for _ in 0..reps {

@@ -11,6 +11,17 @@ use ferry::cuda::{DeviceBuffer, Direction, MappedBuffer};
 use ferry::{Engine, Layout};
 
 impl CudaBench {
+    /// The SM kernels of the mapped rows (ferry's, both of the SM twin's engines, and the raw
+    /// copier's) compiled and loaded before any series times them behind the latch
+    /// ([`Twin::kernels_ready`](super::Twin)). The raw copier's failure (no NVRTC) is the row's,
+    /// named as its series would have named it.
+    fn sm_ready(&self, ctx: &Ctx) -> Result<(), BenchError> {
+        self.sm.kernels_ready();
+        self.raw
+            .sm_ready()
+            .map_err(|e| ctx.engine_err("raw SM kernel launch", e.to_string()))
+    }
+
     /// Mapped (zero-copy) host memory -> device, read by the SMs: ferry with
     /// `KernelCopies::Always`, a plain kernel launch, and the copy engine.
     pub(super) fn h2d_mapped(&self, ctx: &Ctx, size: usize) -> Result<Row, BenchError> {
@@ -22,6 +33,7 @@ impl CudaBench {
         let payload = (size * batch) as u64;
         let l = Layout::bytes(size).map_err(setup)?;
         let (tm, dir) = (self.clock(true), Direction::HostToDevice);
+        self.sm_ready(ctx)?;
         let mut series = vec![];
         let name = format!("ferry {} SM (KernelCopies::Always)", self.sm.name());
         series.push(ctx.clocked_series(&name, Role::Ferry, payload, || {
@@ -78,6 +90,7 @@ impl CudaBench {
         let payload = (size * batch) as u64;
         let l = Layout::bytes(size).map_err(setup)?;
         let (tm, dir) = (self.clock(true), Direction::DeviceToHost);
+        self.sm_ready(ctx)?;
         let check = |hs: &[MappedBuffer]| hs.iter().all(|h| h[..] == data[..]);
         let mut series = vec![];
         let name = format!("ferry {} SM (KernelCopies::Always)", self.sm.name());
