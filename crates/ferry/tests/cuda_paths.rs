@@ -510,69 +510,77 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
     }
 }
 
-/// Host -> device lists of 64 KiB segments (the host band, where the kernel and the batched
-/// copy cross at a host-dependent size): `Strategy::Auto` times both on its first calls, each in
-/// turn, then keeps one; every call's bytes right.
+/// The two bands, where the kernel and the batched copy cross at a host-dependent size: host ->
+/// device lists of 64 KiB segments, and device -> host lists of 16 such segments (too few to
+/// fill the SMs). In each, on a gatherer of its own, `Strategy::Auto` times both on its first
+/// calls, each in turn, then keeps one; every call's bytes right.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
-fn auto_measures_the_host_band_then_keeps_one() {
+fn auto_measures_each_band_then_keeps_one() {
     let _device = shared();
     let Some((ctx, stream)) = setup() else { return };
     if !Gatherer::batch_supported()
         || cuda_common::skip_on_null_driver(
-            "the host band times the gather kernel (NVRTC) against the batched copy",
+            "the bands time the gather kernel (NVRTC) against the batched copy",
         )
     {
         return;
     }
-    let g = Gatherer::new(ctx.clone()).expect("gatherer");
-    let (block, count) = (64usize << 10, 64usize);
-    let len = block * count;
-    let segs: Vec<Segment> = (0..count as u64)
-        .map(|i| {
-            Segment::new(
-                ((i * 37) % count as u64) * block as u64,
-                i * block as u64,
-                block as u64,
+    let block = 64usize << 10;
+    // (what, blocks, destination pinned, source pinned)
+    for (what, count, dst_pinned, src_pinned) in [
+        ("host -> device", 64usize, false, true),
+        ("device -> host, few", 16, true, false),
+    ] {
+        let g = Gatherer::new(ctx.clone()).expect("gatherer");
+        let len = block * count;
+        let segs: Vec<Segment> = (0..count as u64)
+            .map(|i| {
+                Segment::new(
+                    ((i * 37) % count as u64) * block as u64,
+                    i * block as u64,
+                    block as u64,
+                )
+            })
+            .collect();
+        let mut rng = Rng(77);
+        let src_data = rng.bytes(len);
+        let mut src = Side::new(&ctx, src_pinned, len);
+        src.write(&src_data);
+        let mut want = vec![POISON; len];
+        seg_reference(&mut want, &src_data, &segs);
+        let mut used = Vec::new();
+        for call in 0..16 {
+            let (s, got) = gather_poisoned(
+                (&g, &stream),
+                (dst_pinned, len),
+                (&mut src, len),
+                &segs,
+                Strategy::Auto,
             )
-        })
-        .collect();
-    let mut rng = Rng(77);
-    let src_data = rng.bytes(len);
-    let mut src = Side::new(&ctx, true, len);
-    src.write(&src_data);
-    let mut want = vec![POISON; len];
-    seg_reference(&mut want, &src_data, &segs);
-    let mut used = Vec::new();
-    for call in 0..16 {
-        let (s, got) = gather_poisoned(
-            (&g, &stream),
-            (false, len),
-            (&mut src, len),
-            &segs,
-            Strategy::Auto,
-        )
-        .unwrap_or_else(|e| panic!("call {call}: {e}"));
-        assert_eq!(first_diff(&got, &want), None, "call {call} ({s:?})");
-        used.push(s);
+            .unwrap_or_else(|e| panic!("{what}, call {call}: {e}"));
+            assert_eq!(first_diff(&got, &want), None, "{what}, call {call} ({s:?})");
+            used.push(s);
+        }
+        println!("{what}: strategies: {used:?}");
+        // Timed in turn, the kernel first: three of each.
+        assert_eq!(
+            &used[..6],
+            &[
+                Strategy::Kernel,
+                Strategy::Batch,
+                Strategy::Kernel,
+                Strategy::Batch,
+                Strategy::Kernel,
+                Strategy::Batch
+            ],
+            "{what}"
+        );
+        // Each call was waited, so every timing was read by the next: one choice from then on.
+        let kept = used[6];
+        assert!(matches!(kept, Strategy::Kernel | Strategy::Batch), "{what}");
+        assert!(used[6..].iter().all(|&s| s == kept), "{what}: {used:?}");
     }
-    println!("strategies: {used:?}");
-    // Timed in turn, the kernel first: three of each.
-    assert_eq!(
-        &used[..6],
-        &[
-            Strategy::Kernel,
-            Strategy::Batch,
-            Strategy::Kernel,
-            Strategy::Batch,
-            Strategy::Kernel,
-            Strategy::Batch
-        ]
-    );
-    // Each call was waited, so every timing was read by the next: one choice from then on.
-    let kept = used[6];
-    assert!(matches!(kept, Strategy::Kernel | Strategy::Batch));
-    assert!(used[6..].iter().all(|&s| s == kept), "{used:?}");
 }
 
 #[test]

@@ -124,27 +124,67 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 /// up, and 64 KiB lists ran 0.78 / 0.64 of it here (256 / 4,096 blocks; the raw batch 30.0 /
 /// 38.9 GB/s against the kernel's 48.7 / 51.0), level from 512 KiB, and the fifth run's host
 /// as well (0.62 / 0.60). The crossing depends on the host, which one constant cannot follow:
-/// from here up to [`AUTO_LARGE_SEGMENT`] the gatherer measures both ([`host_band`]).
+/// from here up to [`AUTO_LARGE_SEGMENT`] the gatherer measures both ([`Band::FromHost`]).
 pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 64 << 10;
 
-/// Host -> device lists averaging from [`AUTO_LARGE_SEGMENT_FROM_HOST`] up to
-/// [`AUTO_LARGE_SEGMENT`] (the host band), SMs free: where the kernel and the batched copy cross
-/// depends on the host (the kernel reads host memory at 33 GB/s on one H100 host and at 45-51 on
-/// two others: the batch 1.2x the kernel at 64 KiB on the first, the kernel 1.6x the batch on
-/// the others; `bench/results/h100.md`, third to fifth runs). [`Strategy::Auto`] times both
-/// there ([`HOST_BAND_SAMPLES`] calls each, CUDA events around the copy) and keeps the faster
-/// for the gatherer's life ([`host_band_choice`]); the batched copy until then, or where the
-/// kernel or the batch cannot run.
-pub(crate) fn host_band(sides: Sides, n: usize, total: u64) -> bool {
-    sides == Sides::HostToDevice
-        && n > AUTO_FEW_SEGMENTS
-        && (AUTO_LARGE_SEGMENT_FROM_HOST..AUTO_LARGE_SEGMENT).contains(&(total / n as u64))
+/// A band of segment lists where the gather kernel and the batched copy cross at a point that
+/// depends on the host, so that [`Strategy::Auto`], the SMs free, times both there
+/// ([`BAND_SAMPLES`] calls each, CUDA events around the copy) and keeps the faster for the
+/// gatherer's life ([`band_choice`]); the batched copy until then, or where the kernel or the
+/// batch cannot run. Each band is measured on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Band {
+    /// Host -> device lists averaging from [`AUTO_LARGE_SEGMENT_FROM_HOST`] up to
+    /// [`AUTO_LARGE_SEGMENT`]: the kernel reads host memory at 33 GB/s on one H100 host and at
+    /// 45-51 on two others (the batch 1.2x the kernel at 64 KiB on the first, the kernel 1.6x
+    /// the batch on the others; `bench/results/h100.md`, third to fifth runs).
+    FromHost,
+    /// Device -> host lists of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`] segments averaging
+    /// under [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] (the kernel's side of [`large_segment`]): too few
+    /// segments to fill the SMs, and the two cross by host. `cuda-blocks-d2h`, 16 blocks, the
+    /// bare kernel against the raw batched copy at 4 / 8 / 32 / 64 KiB: the tenth H100 run's
+    /// host 4.12 / 7.60 / 20.6 / 29.4 GB/s against 4.67 / 8.54 / 23.2 / 32.1 (the route, on the
+    /// kernel, 0.86-0.93 of the batch); the seventh run's 3.62 / 6.76 / 19.3 / 28.2 against
+    /// 3.12 / 5.93 / 17.5 / 25.9 (the kernel 1.09-1.16x ahead); the eighth's within 2%.
+    ToHostFew,
 }
 
-/// Calls of each mechanism timed in the host band before [`host_band_choice`] decides.
-pub const HOST_BAND_SAMPLES: usize = 3;
+impl Band {
+    /// Its index among a gatherer's band measurements.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
 
-/// How much faster than the batched copy the kernel's timed calls must be for the host band to
+/// How many bands there are ([`Band`]).
+pub(crate) const BANDS: usize = 2;
+
+/// The band (see [`Band`]) of `n` segments of `total` bytes between these `sides`, if any: a
+/// list of more than [`AUTO_FEW_SEGMENTS`] segments (fewer go one call each anyway).
+pub(crate) fn band(sides: Sides, n: usize, total: u64) -> Option<Band> {
+    if n <= AUTO_FEW_SEGMENTS {
+        return None;
+    }
+    let avg = total / n as u64;
+    match sides {
+        Sides::HostToDevice
+            if (AUTO_LARGE_SEGMENT_FROM_HOST..AUTO_LARGE_SEGMENT).contains(&avg) =>
+        {
+            Some(Band::FromHost)
+        }
+        Sides::DeviceToHost
+            if n < DEVICE_KERNEL_MIN_SEGMENTS && avg < AUTO_LARGE_SEGMENT_TO_HOST_FEW =>
+        {
+            Some(Band::ToHostFew)
+        }
+        _ => None,
+    }
+}
+
+/// Calls of each mechanism timed in a [`Band`] before [`band_choice`] decides.
+pub const BAND_SAMPLES: usize = 3;
+
+/// How much faster than the batched copy the kernel's timed calls must be for a [`Band`] to
 /// keep the kernel: the copy engines leave the SMs to the caller's kernels, and close timings
 /// do not tell the two apart. The eighth H100 run (`cuda-blocks-h2d`, 4,096 x 64 KiB): the
 /// default engine's band kept the kernel and ran 32.2 GB/s, the Spin engine's in the same row
@@ -152,13 +192,13 @@ pub const HOST_BAND_SAMPLES: usize = 3;
 /// each call, the host's submission inside them where the stream was idle) had ranked the two
 /// differently on two engines, where the host clock put the batch 1.25x ahead. The hosts where
 /// the kernel won (third to fifth runs) had it 1.6x ahead.
-pub const HOST_BAND_KERNEL_MARGIN: f64 = 1.1;
+pub const BAND_KERNEL_MARGIN: f64 = 1.1;
 
-/// The host band's mechanism from the rates measured there (bytes per second, any order):
-/// `None` until each has [`HOST_BAND_SAMPLES`]; then the kernel where its median rate is at
-/// least [`HOST_BAND_KERNEL_MARGIN`] times the batched copy's, else the batched copy.
-pub(crate) fn host_band_choice(kernel: &[f64], batch: &[f64]) -> Option<Strategy> {
-    if kernel.len() < HOST_BAND_SAMPLES || batch.len() < HOST_BAND_SAMPLES {
+/// A [`Band`]'s mechanism from the rates measured there (bytes per second, any order): `None`
+/// until each has [`BAND_SAMPLES`]; then the kernel where its median rate is at least
+/// [`BAND_KERNEL_MARGIN`] times the batched copy's, else the batched copy.
+pub(crate) fn band_choice(kernel: &[f64], batch: &[f64]) -> Option<Strategy> {
+    if kernel.len() < BAND_SAMPLES || batch.len() < BAND_SAMPLES {
         return None;
     }
     let median = |v: &[f64]| {
@@ -166,18 +206,16 @@ pub(crate) fn host_band_choice(kernel: &[f64], batch: &[f64]) -> Option<Strategy
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Some(
-        if median(kernel) >= HOST_BAND_KERNEL_MARGIN * median(batch) {
-            Strategy::Kernel
-        } else {
-            Strategy::Batch
-        },
-    )
+    Some(if median(kernel) >= BAND_KERNEL_MARGIN * median(batch) {
+        Strategy::Kernel
+    } else {
+        Strategy::Batch
+    })
 }
 
-/// Which mechanism the host band times next: the one with fewer samples (measured or on
-/// their way), the kernel first.
-pub(crate) fn host_band_next(kernel: usize, batch: usize) -> Strategy {
+/// Which mechanism a [`Band`] times next: the one with fewer samples (measured or on their
+/// way), the kernel first.
+pub(crate) fn band_next(kernel: usize, batch: usize) -> Strategy {
     if kernel <= batch {
         Strategy::Kernel
     } else {
@@ -790,8 +828,9 @@ pub enum Strategy {
     /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
     /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
     /// device-accessible, pageable memory getting one call per segment. Host -> device lists
-    /// averaging 64 KiB to 1 MiB (the host band, `route.rs`): the kernel and the batch are timed
-    /// on the gatherer's first such calls and the faster kept.
+    /// averaging 64 KiB to 1 MiB, and device -> host lists of fewer than 64 segments averaging
+    /// under 512 KiB (the bands, `route.rs`): the kernel and the batch are timed on the
+    /// gatherer's first such calls and the faster kept, each band on its own.
     Auto,
 }
 

@@ -374,10 +374,10 @@ impl Drop for Taken<'_> {
     }
 }
 
-/// The host band's measurements ([`route::host_band`]): the rates of each mechanism timed
-/// there, the timed calls not yet read, and the choice once made.
+/// One band's measurements ([`route::Band`]): the rates of each mechanism timed there, the
+/// timed calls not yet read, and the choice once made.
 #[derive(Default)]
-struct HostBand {
+struct BandTimes {
     /// Bytes per second of the kernel's timed calls.
     kernel: Vec<f64>,
     /// Bytes per second of the batched copy's.
@@ -386,7 +386,7 @@ struct HostBand {
     chosen: Option<Strategy>,
 }
 
-/// One timed call of the host band: its mechanism, its bytes, and the events around it on its
+/// One timed call of a band: its mechanism, its bytes, and the events around it on its
 /// stream.
 struct Timed {
     strategy: Strategy,
@@ -395,7 +395,7 @@ struct Timed {
     stop: CudaEvent,
 }
 
-impl HostBand {
+impl BandTimes {
     /// Reads the timed calls that have ended (one whose events fail is dropped), then chooses
     /// once both mechanisms have their samples.
     fn collect(&mut self) {
@@ -419,7 +419,7 @@ impl HostBand {
             }
         }
         if self.chosen.is_none() {
-            self.chosen = route::host_band_choice(&self.kernel, &self.batch);
+            self.chosen = route::band_choice(&self.kernel, &self.batch);
         }
     }
 
@@ -434,10 +434,10 @@ impl HostBand {
         let on_way = |s: Strategy| self.pending.iter().filter(|t| t.strategy == s).count();
         let k = self.kernel.len() + on_way(Strategy::Kernel);
         let b = self.batch.len() + on_way(Strategy::Batch);
-        if k >= route::HOST_BAND_SAMPLES && b >= route::HOST_BAND_SAMPLES {
+        if k >= route::BAND_SAMPLES && b >= route::BAND_SAMPLES {
             return (Strategy::Batch, false);
         }
-        (route::host_band_next(k, b), true)
+        (route::band_next(k, b), true)
     }
 }
 
@@ -456,8 +456,8 @@ pub struct Gatherer {
     managed_with_kernels: bool,
     /// Batches the driver refused so far, and its first refusal.
     refused: Mutex<(usize, Option<DriverError>)>,
-    /// What [`Strategy::Auto`] measured in the host band ([`route::host_band`]).
-    band: Mutex<HostBand>,
+    /// What [`Strategy::Auto`] measured in each band ([`route::Band`], by its index).
+    bands: Mutex<[BandTimes; route::BANDS]>,
 }
 
 impl std::fmt::Debug for Gatherer {
@@ -500,7 +500,7 @@ impl Gatherer {
             leave_sms: false,
             managed_with_kernels,
             refused: Mutex::new((0, None)),
-            band: Mutex::new(HostBand::default()),
+            bands: Mutex::default(),
         })
     }
 
@@ -656,9 +656,9 @@ impl Gatherer {
                 !self.leave_sms,
             ),
             Strategy::Dma => self.choose(stream, (dst, src), kinds, list.len(), total, false),
-            s => (s, false),
+            s => (s, None),
         };
-        let start = timed.then(|| self.record_timing(stream)).flatten();
+        let start = timed.and_then(|_| self.record_timing(stream));
         let kernel_ran = || {
             // SAFETY: forwarded contract.
             unsafe { self.copy_kernel(stream, (dst, src), list, total, named) }
@@ -681,9 +681,10 @@ impl Gatherer {
                 self.copy_each(stream, dst, src, &list.segments())?
             },
         }
-        if timed {
+        if let Some(b) = timed {
             let stop = start.as_ref().and_then(|_| self.record_timing(stream));
-            let mut band = self.band.lock().unwrap_or_else(|e| e.into_inner());
+            let mut bands = self.bands.lock().unwrap_or_else(|e| e.into_inner());
+            let band = &mut bands[b.index()];
             match (start, stop) {
                 (Some(start), Some(stop)) => band.pending.push(Timed {
                     strategy,
@@ -710,8 +711,8 @@ impl Gatherer {
         Some(e)
     }
 
-    /// The strategy for `n` segments of `total` bytes, and whether to time the call (the host
-    /// band, [`route::host_band`]).
+    /// The strategy for `n` segments of `total` bytes, and the band whose call to time, if any
+    /// ([`route::Band`]).
     fn choose(
         &self,
         stream: &Arc<CudaStream>,
@@ -720,14 +721,14 @@ impl Gatherer {
         n: usize,
         total: u64,
         sms_free: bool,
-    ) -> (Strategy, bool) {
+    ) -> (Strategy, Option<route::Band>) {
         // Pageable memory goes one call per segment (the driver stages it anyway).
         let reachable =
             || driver::device_address(dst).is_some() && driver::device_address(src).is_some();
         let batch = || Self::batch_supported() && !stream.cu_stream().is_null();
         // The buffers' kinds where the caller knows them, else the driver's word (reachable
         // memory only gets here: host memory is pinned, registered or mapped).
-        // Asked of the driver at most once (the host band asks again).
+        // Asked of the driver at most once (the band asks again).
         let known = std::cell::OnceCell::new();
         let sides = || {
             *known.get_or_init(|| {
@@ -747,11 +748,15 @@ impl Gatherer {
         let managed = kinds.is_some_and(|(d, s)| d == MemKind::Managed || s == MemKind::Managed);
         let kernel = || (self.managed_with_kernels || !managed) && self.kernel().is_ok();
         let s = route::gather_strategy(n, total, sms_free, reachable, batch, kernel, sides);
-        // The batched copy was chosen, so both sides are reachable and the driver has it.
-        if sms_free && s == Strategy::Batch && route::host_band(sides(), n, total) && kernel() {
-            return self.band.lock().unwrap_or_else(|e| e.into_inner()).next();
+        // Either mechanism chosen, both sides are reachable; in a band, both must run here.
+        if sms_free && matches!(s, Strategy::Batch | Strategy::Kernel) {
+            if let Some(b) = route::band(sides(), n, total).filter(|_| batch() && kernel()) {
+                let mut bands = self.bands.lock().unwrap_or_else(|e| e.into_inner());
+                let (s, timed) = bands[b.index()].next();
+                return (s, timed.then_some(b));
+            }
         }
-        (s, false)
+        (s, None)
     }
 
     /// # Safety
@@ -842,7 +847,7 @@ impl Gatherer {
 
     /// A queue's held copies (`paths/mod.rs`'s `HeldIssue`: unified addresses at offsets from
     /// `dst` and `src`, of these kinds) by the kernel, where [`Strategy::Auto`] picks it
-    /// without timing a call (in the host band, [`route::host_band`]: its choice once measured)
+    /// without timing a call (in a band, [`route::Band`]: its choice once measured)
     /// and a segment table is free: `Ok(false)` where not, nothing enqueued (the caller takes
     /// the batched copy rather than wait for another stream's work).
     ///
@@ -867,7 +872,7 @@ impl Gatherer {
             !self.leave_sms,
         ) {
             // SAFETY: forwarded contract.
-            (Strategy::Kernel, false) => unsafe {
+            (Strategy::Kernel, None) => unsafe {
                 self.copy_kernel(stream, (dst, src), list, total, false)
             },
             _ => Ok(false),

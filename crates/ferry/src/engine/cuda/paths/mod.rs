@@ -379,7 +379,7 @@ pub(crate) const GATHER_STRATEGY: Strategy = Strategy::Auto;
 /// How a queue's held copies go to the GPU (`completion/mark.rs`'s [`Issue`]): a flush of copies
 /// all between memory of the same two kinds is one list, taken by the engine's rule for segment
 /// lists. The gather kernel where the gatherer's plan picks it ([`Gatherer::copy_if_kernel`]: many
-/// small copies, the SMs free, the kernel made; in the host band its measured choice, the batched
+/// small copies, the SMs free, the kernel made; in a band its measured choice, the batched
 /// copy until a block copy has measured it), the copies at offsets from the lowest destination and
 /// source addresses (page-locked host memory only where kernels reach it at its host address on
 /// every GPU: [`host_memory_at_host_address`](super::sys::probe::host_memory_at_host_address)) and

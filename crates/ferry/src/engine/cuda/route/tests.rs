@@ -893,64 +893,76 @@ fn one_contiguous_run_is_routed_as_the_general_rules_route_it() {
 }
 
 #[test]
-fn host_band_is_host_to_device_lists_between_the_two_thresholds() {
+fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_device_to_host_lists() {
     let n = 256;
-    let at = |avg: u64| host_band(Sides::HostToDevice, n, avg * n as u64);
-    assert!(!at(AUTO_LARGE_SEGMENT_FROM_HOST - 1));
-    assert!(at(AUTO_LARGE_SEGMENT_FROM_HOST));
-    assert!(at(AUTO_LARGE_SEGMENT - 1));
-    assert!(!at(AUTO_LARGE_SEGMENT));
+    let at = |avg: u64| band(Sides::HostToDevice, n, avg * n as u64);
+    assert_eq!(at(AUTO_LARGE_SEGMENT_FROM_HOST - 1), None);
+    assert_eq!(at(AUTO_LARGE_SEGMENT_FROM_HOST), Some(Band::FromHost));
+    assert_eq!(at(AUTO_LARGE_SEGMENT - 1), Some(Band::FromHost));
+    assert_eq!(at(AUTO_LARGE_SEGMENT), None);
+    // Device -> host: short lists on the kernel's side of `large_segment` only.
+    let to_host = |n: usize, avg: u64| band(Sides::DeviceToHost, n, avg * n as u64);
+    assert_eq!(to_host(16, 4 << 10), Some(Band::ToHostFew));
+    assert_eq!(
+        to_host(16, AUTO_LARGE_SEGMENT_TO_HOST_FEW - 1),
+        Some(Band::ToHostFew)
+    );
+    assert_eq!(to_host(16, AUTO_LARGE_SEGMENT_TO_HOST_FEW), None);
+    assert_eq!(
+        to_host(DEVICE_KERNEL_MIN_SEGMENTS - 1, 64 << 10),
+        Some(Band::ToHostFew)
+    );
+    assert_eq!(to_host(DEVICE_KERNEL_MIN_SEGMENTS, 64 << 10), None);
+    // Where the band times the batch, the plain rule had taken the kernel (and beyond it, the
+    // batch): the band covers only lists whose mechanism depends on the host.
+    let n16 = 16;
+    assert!((64 << 10) < large_segment(Sides::DeviceToHost, n16));
     let avg = 64 << 10;
-    for sides in [
-        Sides::DeviceToHost,
-        Sides::DeviceToDevice,
-        Sides::HostToHost,
-    ] {
-        assert!(!host_band(sides, n, avg * n as u64), "{sides:?}");
+    for sides in [Sides::DeviceToDevice, Sides::HostToHost] {
+        assert_eq!(band(sides, n, avg * n as u64), None, "{sides:?}");
+        assert_eq!(band(sides, n16, avg * n16 as u64), None, "{sides:?}");
     }
     // A few segments go one call each anyway.
     let few = AUTO_FEW_SEGMENTS;
-    assert!(!host_band(Sides::HostToDevice, few, avg * few as u64));
-    assert!(host_band(
-        Sides::HostToDevice,
-        few + 1,
-        avg * (few as u64 + 1)
-    ));
+    for sides in [Sides::HostToDevice, Sides::DeviceToHost] {
+        assert_eq!(band(sides, few, avg * few as u64), None, "{sides:?}");
+        assert!(
+            band(sides, few + 1, avg * (few as u64 + 1)).is_some(),
+            "{sides:?}"
+        );
+    }
+    // Each band has its own measurements.
+    assert_ne!(Band::FromHost.index(), Band::ToHostFew.index());
+    assert!(Band::FromHost.index() < BANDS && Band::ToHostFew.index() < BANDS);
 }
 
 #[test]
-fn host_band_times_each_in_turn_then_keeps_the_faster_median() {
+fn a_band_times_each_in_turn_then_keeps_the_faster_median() {
     // In turn, the kernel first, counting the samples on their way.
-    assert_eq!(host_band_next(0, 0), Strategy::Kernel);
-    assert_eq!(host_band_next(1, 0), Strategy::Batch);
-    assert_eq!(host_band_next(1, 1), Strategy::Kernel);
-    assert_eq!(host_band_next(3, 2), Strategy::Batch);
+    assert_eq!(band_next(0, 0), Strategy::Kernel);
+    assert_eq!(band_next(1, 0), Strategy::Batch);
+    assert_eq!(band_next(1, 1), Strategy::Kernel);
+    assert_eq!(band_next(3, 2), Strategy::Batch);
     // Undecided until both have their samples.
     let (k, b) = ([48e9, 50e9, 47e9], [30e9, 31e9, 29e9]);
-    assert_eq!(host_band_choice(&k[..2], &b), None);
-    assert_eq!(host_band_choice(&k, &b[..2]), None);
-    assert_eq!(host_band_choice(&k, &b), Some(Strategy::Kernel));
+    assert_eq!(band_choice(&k[..2], &b), None);
+    assert_eq!(band_choice(&k, &b[..2]), None);
+    assert_eq!(band_choice(&k, &b), Some(Strategy::Kernel));
     // The third H100 run's host: the batch ahead at 64 KiB.
     assert_eq!(
-        host_band_choice(&[33e9, 33e9, 23e9], &[40e9, 39e9, 31e9]),
+        band_choice(&[33e9, 33e9, 23e9], &[40e9, 39e9, 31e9]),
         Some(Strategy::Batch)
     );
     // Medians, not means: one slow outlier does not turn it.
     assert_eq!(
-        host_band_choice(&[48e9, 1e9, 49e9], &[30e9, 31e9, 29e9]),
+        band_choice(&[48e9, 1e9, 49e9], &[30e9, 31e9, 29e9]),
         Some(Strategy::Kernel)
     );
     // A tie, or a kernel ahead by less than the margin, goes to the copy engines.
+    assert_eq!(band_choice(&[40e9; 3], &[40e9; 3]), Some(Strategy::Batch));
+    assert_eq!(band_choice(&[43.9e9; 3], &[40e9; 3]), Some(Strategy::Batch));
     assert_eq!(
-        host_band_choice(&[40e9; 3], &[40e9; 3]),
-        Some(Strategy::Batch)
-    );
-    assert_eq!(
-        host_band_choice(&[43.9e9; 3], &[40e9; 3]),
-        Some(Strategy::Batch)
-    );
-    assert_eq!(
-        host_band_choice(&[44.1e9; 3], &[40e9; 3]),
+        band_choice(&[44.1e9; 3], &[40e9; 3]),
         Some(Strategy::Kernel)
     );
 }
