@@ -179,6 +179,28 @@ struct Row {
     post_us: f64,
 }
 
+impl Row {
+    /// A row timed against the raw baseline: [`time_pair`]'s (ferry's time, its post, raw's time)
+    /// for `batch` segments of `block` bytes.
+    fn paired(
+        row: &'static str,
+        block: usize,
+        batch: usize,
+        (t, post, rt): (f64, f64, f64),
+    ) -> Row {
+        let n = block * batch;
+        Row {
+            row,
+            block,
+            batch,
+            bytes: n,
+            ferry_gbps: gbps(n, t),
+            raw_gbps: Some(gbps(n, rt)),
+            post_us: post * 1e6,
+        }
+    }
+}
+
 /// Raw driver copies in one process: one call per segment on one stream, then a synchronize.
 struct Raw {
     ctx: Arc<CudaContext>,
@@ -394,7 +416,6 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
     let mut rows = Vec::new();
     for (block, batch) in sweep(full, bytes) {
         let segs = segments(block, batch);
-        let n = block * batch;
         // Device -> the peer's device. Checked first, alone: the peer's buffer zeroed (a raw
         // copy), one write through the agent, read back (the raw baseline writes the same
         // bytes to the same place, so a check after the timing would not tell them apart).
@@ -404,38 +425,22 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         me.read(&check, rdev, &whole, None)?.wait()?;
         check.read_at(0, &mut back)?;
         verify("ipc-d2d-write", &back, &data, &segs);
-        let (t, post, rt) = time_pair(
+        let timed = time_pair(
             reps,
             "d2d write",
             || me.write(rdev, &dev, &segs, None).expect("post"),
             || raw.copy(Dir::D2D, rdev.raw().addr, dev.raw().addr, &segs),
         );
-        rows.push(Row {
-            row: "ipc-d2d-write",
-            block,
-            batch,
-            bytes: n,
-            ferry_gbps: gbps(n, t),
-            raw_gbps: Some(gbps(n, rt)),
-            post_us: post * 1e6,
-        });
+        rows.push(Row::paired("ipc-d2d-write", block, batch, timed));
         // Device -> the peer's VMM allocation (imported from its file descriptor).
         let rvmm = &s.remote[2];
-        let (t, post, rt) = time_pair(
+        let timed = time_pair(
             reps,
             "vmm write",
             || me.write(rvmm, &dev, &segs, None).expect("post"),
             || raw.copy(Dir::D2D, rvmm.raw().addr, dev.raw().addr, &segs),
         );
-        rows.push(Row {
-            row: "ipc-vmm-d2d-write",
-            block,
-            batch,
-            bytes: n,
-            ferry_gbps: gbps(n, t),
-            raw_gbps: Some(gbps(n, rt)),
-            post_us: post * 1e6,
-        });
+        rows.push(Row::paired("ipc-vmm-d2d-write", block, batch, timed));
         // The peer's device -> device here. Checked first, alone, as the write: `sink` zeroed,
         // one read through the agent, compared with what the write left in the peer's buffer
         // (zeros, and `data` where the segments put it).
@@ -448,53 +453,29 @@ fn gpu_rows(s: &Setup, full: bool) -> Result<Vec<Row>, Box<dyn std::error::Error
         me.read(&sink, rdev, &segs, None)?.wait()?;
         sink.read_at(0, &mut back)?;
         verify("ipc-d2d-read", &back, &peer_bytes, &segs);
-        let (t, post, rt) = time_pair(
+        let timed = time_pair(
             reps,
             "d2d read",
             || me.read(&sink, rdev, &segs, None).expect("post"),
             || raw.copy(Dir::D2D, sink.raw().addr, rdev.raw().addr, &segs),
         );
-        rows.push(Row {
-            row: "ipc-d2d-read",
-            block,
-            batch,
-            bytes: n,
-            ferry_gbps: gbps(n, t),
-            raw_gbps: Some(gbps(n, rt)),
-            post_us: post * 1e6,
-        });
+        rows.push(Row::paired("ipc-d2d-read", block, batch, timed));
         // The peer's pinned host memory -> device here, against an in-process pinned upload.
-        let (t, post, rt) = time_pair(
+        let timed = time_pair(
             reps,
             "h2d read",
             || me.read(&sink, rhost, &segs, None).expect("post"),
             || raw.copy(Dir::H2D, sink.raw().addr, pinned.as_ptr() as u64, &segs),
         );
-        rows.push(Row {
-            row: "ipc-h2d-read",
-            block,
-            batch,
-            bytes: n,
-            ferry_gbps: gbps(n, t),
-            raw_gbps: Some(gbps(n, rt)),
-            post_us: post * 1e6,
-        });
+        rows.push(Row::paired("ipc-h2d-read", block, batch, timed));
         // Device here -> the peer's pinned host memory, against an in-process download.
-        let (t, post, rt) = time_pair(
+        let timed = time_pair(
             reps,
             "d2h write",
             || me.write(rhost, &dev, &segs, None).expect("post"),
             || raw.copy(Dir::D2H, pinned.as_mut_ptr() as u64, dev.raw().addr, &segs),
         );
-        rows.push(Row {
-            row: "ipc-d2h-write",
-            block,
-            batch,
-            bytes: n,
-            ferry_gbps: gbps(n, t),
-            raw_gbps: Some(gbps(n, rt)),
-            post_us: post * 1e6,
-        });
+        rows.push(Row::paired("ipc-d2h-write", block, batch, timed));
     }
     post_rows(s, &dev, rdev, full, &mut rows)?;
     Ok(rows)

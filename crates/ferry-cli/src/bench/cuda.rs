@@ -117,9 +117,7 @@ impl Twin {
             latched: CudaEngine::with_config(cfg).map_err(setup)?,
         })
     }
-}
 
-impl Twin {
     /// Compiles and loads both engines' kernels now (`CudaEngine::compile_kernels`), before a
     /// row times them behind the latch: loading a module may wait for the context's streams,
     /// which the closed latch holds (the tenth H100 run: both mapped tests failed at their first

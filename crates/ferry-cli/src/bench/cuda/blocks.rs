@@ -11,8 +11,8 @@
 //! two more engines of the same two settings (the copies held until the flush, then one list: the
 //! gather kernel where the block copy's route would take it, else one batched copy:
 //! `completion/mark.rs`; engines apart from the block copy's, so that each series pays for its own
-//! requests: the 4,096 of a held batch are let go on the engine's next submit, ~0.3 ms), next to the three mechanisms run bare on a stream of their own through
-//! the gatherer with a fixed strategy and one synchronize: the driver's batched copy
+//! requests: the 4,096 of a held batch are let go on the engine's next submit, ~0.3 ms), next to
+//! the three mechanisms run bare on a stream of their own through the gatherer with a fixed strategy and one synchronize: the driver's batched copy
 //! (`cuMemcpyBatchAsync`, batches of 4,096, `PREFER_OVERLAP_WITH_COMPUTE`), one `cuMemcpyAsync` per
 //! block, and ferry's SM gather kernel. Each series also carries its process CPU time per GB, and
 //! the row's shape the submit cost alone (the time until the submitting call returns, the best of
