@@ -90,6 +90,17 @@ pub fn available() -> Result<(), String> {
     }
 }
 
+/// `src` compiled to PTX for a bench's own kernel (the compute the block and pipeline rows
+/// run beside their copies), or why not: NVRTC's absence is asked first, as cudarc's loader
+/// panics where the library is missing.
+pub(crate) fn compile_kernel(src: &str) -> Result<cudarc::nvrtc::Ptx, String> {
+    // SAFETY: only tries to dlopen NVRTC by its usual names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("the compute kernel needs NVRTC (libnvrtc), absent here".into());
+    }
+    cudarc::nvrtc::compile_ptx(src).map_err(|e| format!("NVRTC: {e}"))
+}
+
 /// Whether the tests between GPUs can run (at least two GPUs), or why not.
 pub fn available_two() -> Result<(), String> {
     available()?;

@@ -601,13 +601,8 @@ extern "C" __global__ void ferry_bench_fma(float* out, int iters) {
 
 impl Compute {
     fn new() -> Result<Compute, String> {
-        // SAFETY: only tries to dlopen NVRTC by its usual names (cudarc's loader panics where
-        // it is absent, so its presence is asked first).
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err("the compute kernel needs NVRTC (libnvrtc), absent here".into());
-        }
+        let ptx = super::compile_kernel(FMA_SRC)?;
         let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
-        let ptx = cudarc::nvrtc::compile_ptx(FMA_SRC).map_err(|e| format!("NVRTC: {e}"))?;
         let module = ctx.load_module(ptx).map_err(|e| e.to_string())?;
         let func = module
             .load_function("ferry_bench_fma")

@@ -183,7 +183,7 @@ impl Bench {
         let cfg = ferry::cuda::CudaConfig::from_env(0).map_err(|e| setup(e.to_string()))?;
         let engine = Arc::new(CudaEngine::with_config(cfg).map_err(setup)?);
         let ctx = Arc::clone(engine.context());
-        let ptx = cudarc::nvrtc::compile_ptx(KERNEL).map_err(|e| setup(format!("{e:?}")))?;
+        let ptx = crate::bench::cuda::compile_kernel(KERNEL).map_err(setup)?;
         let f = ctx
             .load_module(ptx)
             .and_then(|m| m.load_function("lcg"))
