@@ -635,9 +635,10 @@ impl Agent {
         let peer = &remote.peer;
         // A small copy between two host mappings runs here and now (below), whatever the
         // peer's state (its pages are mapped here too); its request looks at the peer when it
-        // is seen complete (`complete::wrap`): one look (a `poll` of the pidfd, the larger
-        // part of such a transfer's cost) per transfer. Every other transfer is refused here
-        // if the peer has exited.
+        // is seen complete (`complete::wrap`): one look per transfer (a load of the peer's
+        // life word, or a `poll` of its pidfd where it shared none: then the larger part of
+        // such a transfer's cost). Every other transfer is refused here if the peer has
+        // exited.
         let here = l.kind.host_accessible()
             && r.kind.host_accessible()
             && !matches!(remote.mem.kind, RemoteKind::Cross { .. })

@@ -1,10 +1,12 @@
 //! The agent's system calls (the unsafe bottom of `agent/`): shared memory (memfd), cross-memory
-//! attach (`process_vm_readv`/`process_vm_writev`), process handles (pidfd), and descriptors
+//! attach (`process_vm_readv`/`process_vm_writev`), process handles (pidfd, and the life word a
+//! peer reads instead), and descriptors
 //! passed over a Unix socket (`SCM_RIGHTS`) with the peer's credentials (`SO_PEERCRED`).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Host memory in a memfd, mapped shared in this process: the owner's or a peer's mapping of
 /// the same pages. Unmapped on drop.
@@ -180,24 +182,150 @@ fn advance(v: &mut Vec<libc::iovec>, mut n: usize) {
     v.drain(..skip);
 }
 
-/// A handle on a process that tells whether it has exited (a pidfd: immune to pid reuse).
-pub(crate) struct ProcessHandle(OwnedFd);
+/// The kernel's robust-futex ABI (`Documentation/locking/robust-futex-ABI.rst`): a robust
+/// lock's word holds its owner's thread id in these bits; when the owner exits holding it, the
+/// kernel clears them and sets `FUTEX_OWNER_DIED`.
+const FUTEX_TID_MASK: u32 = 0x3fff_ffff;
+
+/// This process's life word: a robust, process-shared mutex in a memfd, locked for the whole
+/// life of the process by a thread that never returns (`ferry-agent-life`). When the process
+/// ends (or `exec`s), the kernel walks that thread's robust list before the process's pidfd
+/// reads ready and marks the lock's word (the owner's thread id cleared). A peer that maps the
+/// memfd tells whether this process lives with one load, where a `poll` of a pidfd is a system
+/// call (two per device transfer before: the larger part of a 4 KiB transfer's host cost on the
+/// null driver). Hand-written: no crate exposes a robust lock's word.
+pub(crate) struct Life {
+    map: SharedMap,
+    /// The word while the process lives (its life thread's id, read back after locking).
+    word: u32,
+    /// The process that made it: a child made by `fork` inherits the mapping, not the thread.
+    pid: u32,
+}
+
+impl Life {
+    /// This process's life word, made on first use; `None` where it cannot be (a C library
+    /// whose mutex word does not hold its owner's id, a failed memfd), or in a child made by
+    /// `fork` (peers then poll its pidfd).
+    pub(crate) fn get() -> Option<&'static Life> {
+        static LIFE: std::sync::OnceLock<Option<Life>> = std::sync::OnceLock::new();
+        LIFE.get_or_init(|| Life::make(true).ok())
+            .as_ref()
+            .filter(|l| l.pid == std::process::id())
+    }
+
+    /// The memfd to pass to a peer, and the word it holds while this process lives.
+    pub(crate) fn share(&self) -> (RawFd, u32) {
+        (self.map.fd(), self.word)
+    }
+
+    /// A new life word, its lock held by a new thread that stays for the process's life
+    /// (`stay`; else it returns at once, as a process that exits, for the tests).
+    fn make(stay: bool) -> io::Result<Life> {
+        let map = SharedMap::create(std::mem::size_of::<libc::pthread_mutex_t>())?;
+        let m = map.ptr().cast::<libc::pthread_mutex_t>();
+        // SAFETY: `attr` is initialised before use and destroyed after; `m` points at zeroed,
+        // suitably aligned (page-aligned) shared memory that holds one mutex, initialised once.
+        let init = unsafe {
+            let mut attr = std::mem::MaybeUninit::<libc::pthread_mutexattr_t>::uninit();
+            let mut r = libc::pthread_mutexattr_init(attr.as_mut_ptr());
+            if r == 0 {
+                r = libc::pthread_mutexattr_setpshared(
+                    attr.as_mut_ptr(),
+                    libc::PTHREAD_PROCESS_SHARED,
+                );
+                if r == 0 {
+                    r = libc::pthread_mutexattr_setrobust(
+                        attr.as_mut_ptr(),
+                        libc::PTHREAD_MUTEX_ROBUST,
+                    );
+                }
+                if r == 0 {
+                    r = libc::pthread_mutex_init(m, attr.as_ptr());
+                }
+                libc::pthread_mutexattr_destroy(attr.as_mut_ptr());
+            }
+            r
+        };
+        if init != 0 {
+            return Err(io::Error::from_raw_os_error(init));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = m as usize;
+        std::thread::Builder::new()
+            .name("ferry-agent-life".into())
+            .spawn(move || {
+                let m = at as *mut libc::pthread_mutex_t;
+                // SAFETY: the mutex initialised above, in a mapping never unmapped (the static
+                // `Life` owns it); locked once, by this thread, never unlocked.
+                let r = unsafe { libc::pthread_mutex_lock(m) };
+                // SAFETY: no arguments.
+                let tid = unsafe { libc::gettid() } as u32;
+                // SAFETY: the mutex's first word, 4-byte aligned, read atomically (the kernel
+                // writes it at this thread's exit).
+                let word = unsafe { (*(at as *const AtomicU32)).load(Ordering::Acquire) };
+                let _ = tx.send((r, tid, word));
+                if stay {
+                    loop {
+                        std::thread::park();
+                    }
+                }
+            })?;
+        let (r, tid, word) = rx
+            .recv()
+            .map_err(|_| io::Error::other("the life thread ended before locking"))?;
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        if word & FUTEX_TID_MASK != tid {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this C library's mutex does not keep its owner's thread id in its first word",
+            ));
+        }
+        Ok(Life {
+            map,
+            word,
+            pid: std::process::id(),
+        })
+    }
+}
+
+/// A handle on a process that tells whether it has exited: its pidfd (immune to pid reuse),
+/// and its life word where it shared one ([`Life`]), read instead of polling the pidfd.
+pub(crate) struct ProcessHandle {
+    pidfd: OwnedFd,
+    life: Option<(SharedMap, u32)>,
+}
 
 impl ProcessHandle {
-    pub(crate) fn open(pid: i32) -> io::Result<ProcessHandle> {
+    /// A handle on process `pid`, with the life word it shared (its memfd and the word's value
+    /// while it lives), if any: a memfd that cannot be mapped is left for the pidfd.
+    pub(crate) fn open(pid: i32, life: Option<(OwnedFd, u32)>) -> io::Result<ProcessHandle> {
         // SAFETY: the pidfd_open system call with a pid and no flags; returns a new descriptor.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a new descriptor owned here only.
-        Ok(ProcessHandle(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let life = life.and_then(|(fd, word)| {
+            let len = std::mem::size_of::<libc::pthread_mutex_t>();
+            SharedMap::map(fd, len).ok().map(|m| (m, word))
+        });
+        Ok(ProcessHandle { pidfd, life })
     }
 
-    /// True once the process has exited (its pidfd reads as ready).
+    /// True once the process has exited: its life word changed, or (without one) its pidfd
+    /// reads as ready.
     pub(crate) fn exited(&self) -> bool {
+        if let Some((map, word)) = &self.life {
+            // SAFETY: the mapping's first word (at least a mutex long, page-aligned), read
+            // atomically: the peer's kernel writes it when the peer exits.
+            let now = unsafe { (*map.ptr().cast::<AtomicU32>()).load(Ordering::Acquire) };
+            return now & FUTEX_TID_MASK != word & FUTEX_TID_MASK;
+        }
         let mut p = libc::pollfd {
-            fd: self.0.as_raw_fd(),
+            fd: self.pidfd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -358,5 +486,42 @@ pub(crate) fn allow_ptracer(pid: i32) {
     if scope.trim() == "1" {
         // SAFETY: a prctl with integer arguments; it changes only who may attach to us.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A peer's view of `life`: its memfd duplicated, as passing it over the socket does.
+    fn view(life: &Life) -> ProcessHandle {
+        let (fd, word) = life.share();
+        // SAFETY: `fd` is the live memfd `life` owns; `dup` makes a descriptor owned here.
+        let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) };
+        ProcessHandle::open(std::process::id() as i32, Some((dup, word))).unwrap()
+    }
+
+    #[test]
+    fn the_life_word_reads_alive_while_its_thread_holds_it() {
+        let life = Life::get().expect("glibc's robust mutex word");
+        let h = view(life);
+        assert!(h.life.is_some(), "the word was not mapped");
+        assert!(!h.exited());
+    }
+
+    #[test]
+    fn the_kernel_marks_the_life_word_when_its_holder_exits() {
+        // The holder returns at once: its exit marks the word as the process's end would.
+        let life = Life::make(false).unwrap();
+        let h = view(&life);
+        let t = Instant::now();
+        while !h.exited() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the word never changed"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

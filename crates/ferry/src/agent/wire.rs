@@ -1,5 +1,6 @@
 //! The agents' protocol over their Unix socket: a handshake (names, pids, the server's agent
-//! id; both ends check that the other runs as the same user), imports confirmed by the owner
+//! id and its process's life word, `sys::Life`, with the word's memfd attached; both ends check
+//! that the other runs as the same user), imports confirmed by the owner
 //! (with the memfd of shared memory attached), releases, notifications.
 //!
 //! A frame: its length (u32, little-endian, tag included), a tag byte, the payload. A peer
@@ -92,10 +93,16 @@ fn handle(conn: u64, s: UnixStream, agent: Weak<AgentInner>) {
                 let pid = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
                 peer_name = String::from_utf8_lossy(&body[4..]).into_owned();
                 sys::allow_ptracer(pid as i32);
+                // This process's life word (0: none; the peer then polls its pidfd).
+                let (fd, word) = sys::Life::get().map_or((None, 0), |l| {
+                    let (fd, word) = l.share();
+                    (Some(fd), word)
+                });
                 let mut p = a.id.to_le_bytes().to_vec();
                 p.extend_from_slice(&a.pid.to_le_bytes());
+                p.extend_from_slice(&word.to_le_bytes());
                 p.extend_from_slice(a.name.as_bytes());
-                Some((frame(HELLO, &p), None))
+                Some((frame(HELLO, &p), fd))
             }
             IMPORT => Some(import_reply(&a, conn, &body)),
             RELEASE if body.len() == 8 => {
@@ -176,20 +183,22 @@ pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentEr
     // An agent that refuses this process answers ERR and closes at once: the send may then
     // fail (EPIPE) with the refusal already waiting to be read, which is the better error.
     let sent = sys::send_with_fd(&s, &frame(HELLO, &hello), None);
-    let (tag, body, _) = match (read_frame(&s), sent) {
+    let (tag, body, fd) = match (read_frame(&s), sent) {
         (Ok(f), _) => f,
         (Err(e), Ok(())) | (Err(_), Err(e)) => {
             return Err(super::io_err(format!("handshake with {at}"))(e));
         }
     };
     match tag {
-        HELLO if body.len() >= 12 => {
+        HELLO if body.len() >= 16 => {
             let agent = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
             let their = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
-            let process = sys::ProcessHandle::open(pid)
+            let word = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes"));
+            let life = fd.filter(|_| word != 0).map(|fd| (fd, word));
+            let process = sys::ProcessHandle::open(pid, life)
                 .map_err(super::io_err(format!("pidfd of pid {pid}")))?;
             Ok(PeerInner {
-                name: String::from_utf8_lossy(&body[12..]).into_owned(),
+                name: String::from_utf8_lossy(&body[16..]).into_owned(),
                 pid: their,
                 agent,
                 stream: std::sync::Mutex::new(s),
