@@ -510,10 +510,11 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
     }
 }
 
-/// The two bands, where the kernel and the batched copy cross at a host-dependent size: host ->
-/// device lists of 64 KiB segments, and device -> host lists of 16 such segments (too few to
-/// fill the SMs). In each, on a gatherer of its own, `Strategy::Auto` times both on its first
-/// calls, each in turn, then keeps one; every call's bytes right.
+/// The three bands, where the kernel and the batched copy cross at a host-dependent size: host
+/// -> device lists of 64 KiB segments, host -> device lists of 16 segments of 32 KiB, and
+/// device -> host lists of 16 segments of 64 KiB (the short lists: too few segments to fill the
+/// SMs). In each, on a gatherer of its own, `Strategy::Auto` times both on its first calls,
+/// each in turn, then keeps one; every call's bytes right.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn auto_measures_each_band_then_keeps_one() {
@@ -526,11 +527,11 @@ fn auto_measures_each_band_then_keeps_one() {
     {
         return;
     }
-    let block = 64usize << 10;
-    // (what, blocks, destination pinned, source pinned)
-    for (what, count, dst_pinned, src_pinned) in [
-        ("host -> device", 64usize, false, true),
-        ("device -> host, few", 16, true, false),
+    // (what, blocks, block bytes, destination pinned, source pinned)
+    for (what, count, block, dst_pinned, src_pinned) in [
+        ("host -> device", 64usize, 64usize << 10, false, true),
+        ("host -> device, few", 16, 32 << 10, false, true),
+        ("device -> host, few", 16, 64 << 10, true, false),
     ] {
         let g = Gatherer::new(ctx.clone()).expect("gatherer");
         let len = block * count;

@@ -127,6 +127,11 @@ pub const AUTO_LARGE_SEGMENT: u64 = 1 << 20;
 /// from here up to [`AUTO_LARGE_SEGMENT`] the gatherer measures both ([`Band::FromHost`]).
 pub(crate) const AUTO_LARGE_SEGMENT_FROM_HOST: u64 = 64 << 10;
 
+/// The smallest average segment of a short host -> device list that [`Band::FromHostFew`]
+/// measures: below it the kernel led the batched copy on every host measured (16 x 4 / 8 KiB:
+/// 1.74x / 2.02x in the eleventh H100 run, `cuda-blocks-h2d`).
+pub(crate) const AUTO_FEW_FROM_HOST_MIN: u64 = 32 << 10;
+
 /// A band of segment lists where the gather kernel and the batched copy cross at a point that
 /// depends on the host, so that [`Strategy::Auto`], the SMs free, times both there
 /// ([`BAND_SAMPLES`] calls each, CUDA events around the copy) and keeps the faster for the
@@ -139,6 +144,13 @@ pub(crate) enum Band {
     /// 45-51 on two others (the batch 1.2x the kernel at 64 KiB on the first, the kernel 1.6x
     /// the batch on the others; `bench/results/h100.md`, third to fifth runs).
     FromHost,
+    /// Host -> device lists of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`] segments averaging
+    /// from [`AUTO_FEW_FROM_HOST_MIN`] up to [`AUTO_LARGE_SEGMENT_FROM_HOST`]: below the
+    /// host band, where longer lists stay on the kernel, too few segments to fill the SMs.
+    /// `cuda-blocks-h2d`, 16 x 32 KiB, the raw batched copy against the bare kernel: the third
+    /// H100 run 21.6 against 17.5 GB/s, the eleventh 21.95 against 19.73 (the route, on the
+    /// kernel, 0.89 of the batch), the tenth's first lease 0.78, its second 0.99-1.00.
+    FromHostFew,
     /// Device -> host lists of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`] segments averaging
     /// under [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] (the kernel's side of [`large_segment`]): too few
     /// segments to fill the SMs, and the two cross by host. `cuda-blocks-d2h`, 16 blocks, the
@@ -157,7 +169,7 @@ impl Band {
 }
 
 /// How many bands there are ([`Band`]).
-pub(crate) const BANDS: usize = 2;
+pub(crate) const BANDS: usize = 3;
 
 /// The band (see [`Band`]) of `n` segments of `total` bytes between these `sides`, if any: a
 /// list of more than [`AUTO_FEW_SEGMENTS`] segments (fewer go one call each anyway).
@@ -171,6 +183,12 @@ pub(crate) fn band(sides: Sides, n: usize, total: u64) -> Option<Band> {
             if (AUTO_LARGE_SEGMENT_FROM_HOST..AUTO_LARGE_SEGMENT).contains(&avg) =>
         {
             Some(Band::FromHost)
+        }
+        Sides::HostToDevice
+            if n < DEVICE_KERNEL_MIN_SEGMENTS
+                && (AUTO_FEW_FROM_HOST_MIN..AUTO_LARGE_SEGMENT_FROM_HOST).contains(&avg) =>
+        {
+            Some(Band::FromHostFew)
         }
         Sides::DeviceToHost
             if n < DEVICE_KERNEL_MIN_SEGMENTS && avg < AUTO_LARGE_SEGMENT_TO_HOST_FEW =>

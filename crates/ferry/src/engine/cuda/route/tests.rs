@@ -893,13 +893,35 @@ fn one_contiguous_run_is_routed_as_the_general_rules_route_it() {
 }
 
 #[test]
-fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_device_to_host_lists() {
+fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_lists_either_way() {
     let n = 256;
     let at = |avg: u64| band(Sides::HostToDevice, n, avg * n as u64);
     assert_eq!(at(AUTO_LARGE_SEGMENT_FROM_HOST - 1), None);
     assert_eq!(at(AUTO_LARGE_SEGMENT_FROM_HOST), Some(Band::FromHost));
     assert_eq!(at(AUTO_LARGE_SEGMENT - 1), Some(Band::FromHost));
     assert_eq!(at(AUTO_LARGE_SEGMENT), None);
+    // Short host -> device lists: a band of their own below the host band.
+    let few_from_host = |n: usize, avg: u64| band(Sides::HostToDevice, n, avg * n as u64);
+    assert_eq!(few_from_host(16, AUTO_FEW_FROM_HOST_MIN - 1), None);
+    assert_eq!(
+        few_from_host(16, AUTO_FEW_FROM_HOST_MIN),
+        Some(Band::FromHostFew)
+    );
+    assert_eq!(
+        few_from_host(
+            DEVICE_KERNEL_MIN_SEGMENTS - 1,
+            AUTO_LARGE_SEGMENT_FROM_HOST - 1
+        ),
+        Some(Band::FromHostFew)
+    );
+    assert_eq!(
+        few_from_host(DEVICE_KERNEL_MIN_SEGMENTS, AUTO_FEW_FROM_HOST_MIN),
+        None
+    );
+    assert_eq!(
+        few_from_host(16, AUTO_LARGE_SEGMENT_FROM_HOST),
+        Some(Band::FromHost)
+    );
     // Device -> host: short lists on the kernel's side of `large_segment` only.
     let to_host = |n: usize, avg: u64| band(Sides::DeviceToHost, n, avg * n as u64);
     assert_eq!(to_host(16, 4 << 10), Some(Band::ToHostFew));
@@ -932,8 +954,11 @@ fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_device_to
         );
     }
     // Each band has its own measurements.
-    assert_ne!(Band::FromHost.index(), Band::ToHostFew.index());
-    assert!(Band::FromHost.index() < BANDS && Band::ToHostFew.index() < BANDS);
+    let all = [Band::FromHost, Band::FromHostFew, Band::ToHostFew];
+    for (i, a) in all.iter().enumerate() {
+        assert!(a.index() < BANDS, "{a:?}");
+        assert!(all[i + 1..].iter().all(|b| b.index() != a.index()), "{a:?}");
+    }
 }
 
 #[test]
