@@ -21,7 +21,7 @@
 
 use super::copy::{copy_bytes, demote, piece};
 use super::policy::fill_pieces;
-use super::workers::{Task, Workers};
+use super::workers::{Cap, Task, Workers};
 use super::WorkerError;
 use crate::request::{Request, RequestError, Signal};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -49,6 +49,8 @@ struct Fill {
     done: Arc<Signal>,
     /// The queuing filler's count of copies not complete, for its drop.
     open: Arc<Open>,
+    /// The queuing filler's limit on the workers copying its pieces at once.
+    cap: Arc<Cap>,
     /// Pieces copied so far, for the loom models' exactly-once check: std's counter, which
     /// adds no interleavings of its own.
     #[cfg(all(test, loom))]
@@ -116,14 +118,19 @@ impl Task for Fill {
     fn request(&self) -> Option<u64> {
         Some(self.id)
     }
+
+    fn cap(&self) -> Option<&Cap> {
+        Some(&self.cap)
+    }
 }
 
 /// A pipeline's hand on the host copy workers: copies cut into pieces that up to `threads`
 /// workers take; see the module documentation.
 pub(crate) struct Filler {
     workers: Arc<Workers>,
-    /// The workers a copy is spread over.
+    /// The workers a copy is spread over, and the most that copy its pieces at once.
     threads: usize,
+    cap: Arc<Cap>,
     /// Non-temporal stores.
     nt: bool,
     open: Arc<Open>,
@@ -156,6 +163,7 @@ impl Filler {
         Ok(Filler {
             workers,
             threads,
+            cap: Arc::new(Cap::new(threads)),
             nt,
             open: Arc::new(Open {
                 count: Mutex::new(0),
@@ -199,6 +207,7 @@ impl Filler {
             nt: self.nt,
             done,
             open: Arc::clone(&self.open),
+            cap: Arc::clone(&self.cap),
             #[cfg(all(test, loom))]
             copied: Arc::clone(&self.copied),
         });

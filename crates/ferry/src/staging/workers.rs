@@ -9,7 +9,9 @@
 //! beside its coordinating thread; a fill ([`super::fill::Filler`]) posts its pieces of
 //! [`FILL_PIECE`](super::policy::FILL_PIECE). Each user asks for at most its own count (its
 //! config's threads, which can lower the count a copy uses but never raise the set past the
-//! cores). Two devices' staged copies run side by side: no lock is held around a job, and a
+//! cores); a filler's pieces run on at most its count of workers at once ([`Cap`]: the
+//! pipeline's fill threads), whatever the set has started, and a worker passes over the pieces
+//! of a user at its limit to the next task's. Two devices' staged copies run side by side: no lock is held around a job, and a
 //! job's pieces no worker took by the time its coordinator is done are taken back, so a copy
 //! never waits for another one's workers.
 //!
@@ -58,6 +60,40 @@ pub(crate) trait Task: Send + Sync {
     /// ([`Workers::take_of`]).
     fn request(&self) -> Option<u64> {
         None
+    }
+    /// The limit its user puts on the workers running its tasks' pieces at once, if any
+    /// ([`Cap`]).
+    fn cap(&self) -> Option<&Cap> {
+        None
+    }
+}
+
+/// How many workers may run one user's pieces at once (a GPU pipeline's fills: its fill
+/// threads), shared by the user's tasks: a worker takes the oldest piece whose user is under
+/// its limit. Without it a pipeline's fills spread over every worker the set had started (up
+/// to the cores), where 8 of the H200 host's 16 cores filled fastest (`FILL_THREADS`, runs
+/// 63-65: 64 MiB in 2 MiB chunks, 0.88-0.89 of the pinned pipeline with 8 threads, 0.82-0.88
+/// with 12, 0.68-0.80 with 16); the eleventh H100 run measured the shared set's fills at
+/// 0.82-0.85 of the pinned pipeline where `ececbde`'s eight threads of their own reached
+/// 0.88-0.93.
+pub(crate) struct Cap {
+    limit: usize,
+    /// Pieces of the user's running on workers (taken under the state's lock, given back by
+    /// the worker once the piece ran).
+    running: AtomicUsize,
+}
+
+impl Cap {
+    /// At most `limit` (at least 1) workers at once.
+    pub(crate) fn new(limit: usize) -> Cap {
+        Cap {
+            limit: limit.max(1),
+            running: AtomicUsize::new(0),
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.running.load(Ordering::Acquire) < self.limit
     }
 }
 
@@ -197,6 +233,10 @@ impl Workers {
             let spare = st
                 .started
                 .saturating_sub(pending + self.busy.load(Ordering::Relaxed));
+            // A capped user's pieces never need more workers than its limit.
+            let room = task
+                .cap()
+                .map_or(usize::MAX, |c| c.limit.saturating_sub(st.started));
             let key = st.next_key;
             st.next_key += 1;
             st.queue.push_back(Queued { task, key, next: 0 });
@@ -211,7 +251,10 @@ impl Workers {
                     left -= 1;
                 }
             }
-            let more = wake.saturating_sub(spare).min(self.max() - st.started);
+            let more = wake
+                .saturating_sub(spare)
+                .min(self.max() - st.started)
+                .min(room);
             for _ in 0..more {
                 // A worker that cannot start leaves the task to those running.
                 if self.start_one(&mut st).is_err() {
@@ -246,6 +289,11 @@ impl Workers {
         // Ends once shut down, after the tasks queued before.
         while let Some((task, i)) = self.next(index, spin) {
             task.run(i);
+            if let Some(c) = task.cap() {
+                // Given back before this worker looks for its next piece: a worker that found
+                // the user at its limit meanwhile left the piece to this one.
+                c.running.fetch_sub(1, Ordering::Release);
+            }
             self.busy.fetch_sub(1, Ordering::Relaxed);
             spin = task.spin_after();
         }
@@ -260,7 +308,7 @@ impl Workers {
             let seen = {
                 let mut st = lock(&self.state);
                 loop {
-                    if let Some(taken) = take_at(&mut st.queue, 0) {
+                    if let Some(taken) = take_next(&mut st.queue) {
                         self.busy.fetch_add(1, Ordering::Relaxed);
                         return Some(taken);
                     }
@@ -306,6 +354,18 @@ impl Workers {
             let _ = h.join();
         }
     }
+}
+
+/// Takes the next piece of the oldest task whose user is under its [`Cap`] (a worker's next
+/// piece), counting it against the cap.
+fn take_next(q: &mut VecDeque<Queued>) -> Option<(Arc<dyn Task>, usize)> {
+    let at = q
+        .iter()
+        .position(|e| e.task.cap().is_none_or(Cap::has_room))?;
+    if let Some(c) = q[at].task.cap() {
+        c.running.fetch_add(1, Ordering::AcqRel);
+    }
+    take_at(q, at)
 }
 
 /// Takes the next piece of the task at `at`, removing it once its last piece is taken.
@@ -542,6 +602,86 @@ mod tests {
             6,
             "no worker started past the set's size"
         );
+        workers.shutdown();
+    }
+
+    /// Pieces of a capped user ([`super::Cap`]), `pieces` each, that count how many run at once
+    /// and how many ran.
+    struct Capped {
+        pieces: usize,
+        cap: Arc<super::Cap>,
+        now: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
+        ran: Arc<AtomicUsize>,
+    }
+
+    impl super::Task for Capped {
+        fn pieces(&self) -> usize {
+            self.pieces
+        }
+        fn run(&self, _: usize) {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(n, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_micros(300));
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            self.ran.fetch_add(1, Ordering::SeqCst);
+        }
+        fn spin_after(&self) -> bool {
+            true
+        }
+        fn cap(&self) -> Option<&super::Cap> {
+            Some(&self.cap)
+        }
+    }
+
+    /// A user capped at 2 workers on a set of 4: never more than 2 of its pieces at once, no
+    /// worker started for it past its cap, every piece run; a task of another user queued
+    /// behind its pieces runs on the other workers meanwhile.
+    #[test]
+    fn a_capped_user_runs_on_at_most_its_limit_of_workers() {
+        let workers = Workers::new(4);
+        workers.grow(2).expect("grow");
+        let cap = Arc::new(super::Cap::new(2));
+        let (now, most, ran) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        for _ in 0..8 {
+            let t = Capped {
+                pieces: 4,
+                cap: Arc::clone(&cap),
+                now: Arc::clone(&now),
+                most: Arc::clone(&most),
+                ran: Arc::clone(&ran),
+            };
+            workers.post(Arc::new(t), 4).expect("post");
+        }
+        assert_eq!(workers.started(), 2, "no worker started past the cap");
+        // Another user's job, behind 32 capped pieces: taken by workers the cap leaves free.
+        let other = Pool::on(Arc::clone(&workers), 4).expect("pool");
+        let other_ran = AtomicUsize::new(0);
+        other
+            .run_with(
+                2,
+                &|_| {
+                    other_ran.fetch_add(1, Ordering::SeqCst);
+                },
+                || {
+                    until("the other job's pieces", || {
+                        other_ran.load(Ordering::SeqCst) == 2
+                    });
+                    Ok::<(), WorkerError>(())
+                },
+            )
+            .expect("run");
+        assert!(
+            ran.load(Ordering::SeqCst) < 32,
+            "the other job waited for every capped piece"
+        );
+        until("every capped piece", || ran.load(Ordering::SeqCst) == 32);
+        assert!(most.load(Ordering::SeqCst) <= 2, "{most:?} at once");
+        assert_eq!(cap.running.load(Ordering::SeqCst), 0);
         workers.shutdown();
     }
 
