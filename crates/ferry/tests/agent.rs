@@ -697,3 +697,27 @@ fn a_foreign_user_is_refused() {
     // Nothing reached this agent's region.
     mine.deregister().unwrap();
 }
+
+/// A peer speaking the first agent protocol (an older ferry, whose handshake reply lacked the
+/// life word) is refused with the reason, not answered with a reply it would misread.
+#[test]
+fn a_peer_of_the_first_protocol_is_refused_with_the_reason() {
+    use std::io::Read;
+    let a = Agent::new("protocol", engine()).unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect(a.socket_path()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The first protocol's HELLO: the frame's length (tag included), tag 1, a pid, a name.
+    let mut payload = std::process::id().to_le_bytes().to_vec();
+    payload.extend_from_slice(b"older");
+    let mut frame = (payload.len() as u32 + 1).to_le_bytes().to_vec();
+    frame.push(1);
+    frame.extend_from_slice(&payload);
+    s.write_all(&frame).unwrap();
+    let mut head = [0u8; 4];
+    s.read_exact(&mut head).unwrap();
+    let mut body = vec![0u8; u32::from_le_bytes(head) as usize];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(body[0], 0x81, "an ERR frame");
+    let why = String::from_utf8_lossy(&body[1..]);
+    assert!(why.contains("first agent protocol"), "{why}");
+}

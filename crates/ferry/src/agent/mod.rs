@@ -352,6 +352,10 @@ impl Agent {
     ) -> Result<Agent, AgentError> {
         let dir = socket_dir();
         sys::private_dir(&dir).map_err(io_err(format!("socket directory {}", dir.display())))?;
+        // This process's life word, made here rather than at a peer's first handshake (a
+        // `fork` meanwhile would leave the child's copy half made); peers fall back to its
+        // pidfd where it cannot be made.
+        let _ = sys::Life::get();
         let pid = std::process::id();
         let seq = AGENTS.fetch_add(1, Ordering::Relaxed);
         let clean: String = name
@@ -1015,9 +1019,10 @@ impl Peer {
         self.inner.pid
     }
 
-    /// Whether the peer's process still runs.
+    /// Whether the peer's process still runs (a process that has `exec`ed another program no
+    /// longer counts: its agent and memory are gone).
     pub fn is_alive(&self) -> bool {
-        !self.inner.process.exited()
+        !self.inner.process.exited_surely()
     }
 
     /// Opens the peer's registration `desc` in this process, after the peer confirms that it

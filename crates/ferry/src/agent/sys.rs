@@ -263,24 +263,46 @@ impl Life {
                 // SAFETY: the mutex's first word, 4-byte aligned, read atomically (the kernel
                 // writes it at this thread's exit).
                 let word = unsafe { (*(at as *const AtomicU32)).load(Ordering::Acquire) };
-                let _ = tx.send((r, tid, word));
+                // The kernel marks the word only if this thread registered a robust list (the C
+                // library does at thread start; a seccomp filter or an emulator may refuse it).
+                let (mut head, mut len) = (std::ptr::null_mut::<libc::c_void>(), 0usize);
+                // SAFETY: asks the kernel for this thread's (0) robust list head into two valid
+                // out-pointers.
+                let listed =
+                    unsafe { libc::syscall(libc::SYS_get_robust_list, 0, &mut head, &mut len) }
+                        == 0
+                        && !head.is_null();
+                let _ = tx.send((r, tid, word, listed));
                 if stay {
                     loop {
                         std::thread::park();
                     }
                 }
             })?;
-        let (r, tid, word) = rx
+        let (r, tid, word, listed) = rx
             .recv()
             .map_err(|_| io::Error::other("the life thread ended before locking"))?;
-        if r != 0 {
-            return Err(io::Error::from_raw_os_error(r));
-        }
-        if word & FUTEX_TID_MASK != tid {
-            return Err(io::Error::new(
+        let why = if r != 0 {
+            Some(io::Error::from_raw_os_error(r))
+        } else if word & FUTEX_TID_MASK != tid {
+            Some(io::Error::new(
                 io::ErrorKind::Unsupported,
                 "this C library's mutex does not keep its owner's thread id in its first word",
-            ));
+            ))
+        } else if !listed {
+            Some(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the life thread has no robust list: the kernel would never mark the word",
+            ))
+        } else {
+            None
+        };
+        if let Some(e) = why {
+            // The life thread may hold the mutex, listed at this address, for the process's
+            // life: the mapping stays (a few bytes), so that the kernel's walk of that list at
+            // exit never reads memory reused for something else.
+            std::mem::forget(map);
+            return Err(e);
         }
         Ok(Life {
             map,
@@ -315,8 +337,8 @@ impl ProcessHandle {
         Ok(ProcessHandle { pidfd, life })
     }
 
-    /// True once the process has exited: its life word changed, or (without one) its pidfd
-    /// reads as ready.
+    /// True once the process has exited, as the hot paths ask it (a transfer's submit and
+    /// completion): its life word changed, or (without one) its pidfd reads as ready.
     pub(crate) fn exited(&self) -> bool {
         if let Some((map, word)) = &self.life {
             // SAFETY: the mapping's first word (at least a mutex long, page-aligned), read
@@ -324,6 +346,18 @@ impl ProcessHandle {
             let now = unsafe { (*map.ptr().cast::<AtomicU32>()).load(Ordering::Acquire) };
             return now & FUTEX_TID_MASK != word & FUTEX_TID_MASK;
         }
+        self.pidfd_ready()
+    }
+
+    /// True once the process has exited, asked of both its life word and its pidfd: for the
+    /// paths off the transfers' (a failed socket call, [`Peer::is_alive`](super::Peer)), where a
+    /// word the kernel could not mark (the process's memory reaped before its exit walked the
+    /// robust list) must not hide the exit.
+    pub(crate) fn exited_surely(&self) -> bool {
+        self.exited() || (self.life.is_some() && self.pidfd_ready())
+    }
+
+    fn pidfd_ready(&self) -> bool {
         let mut p = libc::pollfd {
             fd: self.pidfd.as_raw_fd(),
             events: libc::POLLIN,

@@ -5,7 +5,9 @@
 //!
 //! A frame: its length (u32, little-endian, tag included), a tag byte, the payload. A peer
 //! sends HELLO, IMPORT, RELEASE and NOTIFY; the owner answers HELLO and IMPORT with HELLO, OK
-//! or ERR (a reason in UTF-8).
+//! or ERR (a reason in UTF-8). This is the second protocol: its HELLO has a tag of its own, so
+//! that an agent of the first (an older ferry, whose reply lacked the life word) and one of
+//! this refuse each other with the reason instead of misreading the reply.
 
 use super::sys;
 use super::{lock, AgentError, AgentInner, Descriptor, PeerInner, Store};
@@ -16,7 +18,10 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-const HELLO: u8 = 1;
+/// The handshake of this protocol (the second: the reply carries the owner's life word).
+const HELLO: u8 = 6;
+/// The first protocol's handshake (an older ferry), refused with the reason.
+const HELLO_V1: u8 = 1;
 const IMPORT: u8 = 2;
 const RELEASE: u8 = 3;
 const NOTIFY: u8 = 4;
@@ -104,6 +109,14 @@ fn handle(conn: u64, s: UnixStream, agent: Weak<AgentInner>) {
                 p.extend_from_slice(a.name.as_bytes());
                 Some((frame(HELLO, &p), fd))
             }
+            HELLO_V1 => Some((
+                frame(
+                    ERR,
+                    b"the peer speaks the first agent protocol, this agent the second: \
+                      run one ferry version on both sides",
+                ),
+                None,
+            )),
             IMPORT => Some(import_reply(&a, conn, &body)),
             RELEASE if body.len() == 8 => {
                 a.release(
@@ -205,6 +218,15 @@ pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentEr
                 process,
             })
         }
+        // An older agent answers the unknown handshake so.
+        ERR if body.starts_with(format!("unknown message {HELLO}").as_bytes()) => {
+            Err(AgentError::Refused {
+                peer: at,
+                reason: "its agent speaks the first agent protocol, this one the second: run \
+                         one ferry version on both sides"
+                    .into(),
+            })
+        }
         _ => Err(AgentError::Refused {
             peer: at,
             reason: String::from_utf8_lossy(&body).into_owned(),
@@ -217,7 +239,7 @@ pub(super) fn import(peer: &PeerInner, desc: &Descriptor) -> Result<Option<Owned
     let s = lock(&peer.stream);
     let who = format!("{} (pid {})", peer.name, peer.pid);
     let lost = |e: std::io::Error| {
-        if peer.process.exited() {
+        if peer.process.exited_surely() {
             peer.gone()
         } else {
             AgentError::Io {
@@ -255,7 +277,7 @@ pub(super) fn notify(peer: &Arc<PeerInner>, msg: &[u8]) -> Result<(), AgentError
     }
     let s = lock(&peer.stream);
     sys::send_with_fd(&s, &frame(NOTIFY, msg), None).map_err(|e| {
-        if peer.process.exited() {
+        if peer.process.exited_surely() {
             peer.gone()
         } else {
             AgentError::Io {
