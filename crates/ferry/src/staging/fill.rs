@@ -450,6 +450,35 @@ mod loom_tests {
         });
     }
 
+    /// A filler capped at one worker on a set of two ([`super::Cap`]): two one-piece fills
+    /// queued back to back and waited for with no help. The worker that finds the filler at
+    /// its limit passes over its piece (and may sleep); the worker whose piece ends takes the
+    /// next: no fill is left behind (else the waits deadlock), each piece copied once.
+    #[test]
+    fn loom_a_capped_filler_on_more_workers_leaves_no_fill_behind() {
+        model(|| {
+            let workers = Workers::new(2);
+            workers.grow(2).unwrap();
+            let filler = Filler::on(Arc::clone(&workers), 1, false).unwrap();
+            let src = pattern(200);
+            let (mut a, mut b) = (vec![0u8; 100], vec![0u8; 200]);
+            // SAFETY: the vectors outlive the requests, waited for below.
+            let (ra, rb) = unsafe {
+                let s = src.as_ptr() as u64;
+                let ra = filler.queue(a.as_mut_ptr() as u64, s, a.len(), false, false);
+                let rb = filler.queue(b.as_mut_ptr() as u64, s, b.len(), false, false);
+                (ra.unwrap(), rb.unwrap())
+            };
+            assert_eq!(rb.wait(), Ok(()));
+            assert_eq!(ra.wait(), Ok(()));
+            assert!(
+                a[..] == src[..100] && b == src,
+                "a fill's bytes are not all in"
+            );
+            assert_eq!(finish(filler, workers), 2);
+        });
+    }
+
     /// A fill of two pieces waited for with no help: it completes only once both pieces' bytes
     /// are in (the first piece done does not complete it), each piece copied once.
     #[test]

@@ -212,7 +212,8 @@ impl Workers {
     /// Queues `task` behind those posted before and wakes up to `wake` sleeping workers, the
     /// lowest-numbered; where fewer started workers are free (not running a piece, not owed to
     /// a piece queued before) than `wake`, starts more, up
-    /// to [`Workers::max`] (two devices' staged copies each find workers). Returns its key
+    /// to [`Workers::max`] (two devices' staged copies each find workers); for a capped user,
+    /// as many as its [`Cap`] has room for beyond the workers not running a piece. Returns its key
     /// for [`Workers::cancel`].
     /// Errors: [`WorkerError::BadConfig`] once shut down or before any worker started.
     pub(crate) fn post(
@@ -230,13 +231,16 @@ impl Workers {
             // Pieces queued before this task (each will take an idle worker) and workers
             // running one: what is left of the started workers is free for this task.
             let pending: usize = st.queue.iter().map(|q| q.task.pieces() - q.next).sum();
-            let spare = st
-                .started
-                .saturating_sub(pending + self.busy.load(Ordering::Relaxed));
-            // A capped user's pieces never need more workers than its limit.
-            let room = task
-                .cap()
-                .map_or(usize::MAX, |c| c.limit.saturating_sub(st.started));
+            let busy = self.busy.load(Ordering::Relaxed);
+            let spare = st.started.saturating_sub(pending + busy);
+            // A capped user takes at most its limit's room of workers, idle ones first (its
+            // own pending pieces wait for that room, not for idle workers).
+            let want = match task.cap() {
+                Some(c) => wake
+                    .min(c.limit.saturating_sub(c.running.load(Ordering::Acquire)))
+                    .saturating_sub(st.started.saturating_sub(busy)),
+                None => wake.saturating_sub(spare),
+            };
             let key = st.next_key;
             st.next_key += 1;
             st.queue.push_back(Queued { task, key, next: 0 });
@@ -251,10 +255,7 @@ impl Workers {
                     left -= 1;
                 }
             }
-            let more = wake
-                .saturating_sub(spare)
-                .min(self.max() - st.started)
-                .min(room);
+            let more = want.min(self.max() - st.started);
             for _ in 0..more {
                 // A worker that cannot start leaves the task to those running.
                 if self.start_one(&mut st).is_err() {
@@ -287,12 +288,21 @@ impl Workers {
     fn worker(&self, index: usize) {
         let mut spin = false;
         // Ends once shut down, after the tasks queued before.
+        /// Gives a capped piece's place back when dropped (also if the piece unwinds), before
+        /// the worker looks for its next piece: a worker that found the user at its limit
+        /// meanwhile left the piece to this one.
+        struct Release<'a>(Option<&'a Cap>);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                if let Some(c) = self.0 {
+                    c.running.fetch_sub(1, Ordering::Release);
+                }
+            }
+        }
         while let Some((task, i)) = self.next(index, spin) {
-            task.run(i);
-            if let Some(c) = task.cap() {
-                // Given back before this worker looks for its next piece: a worker that found
-                // the user at its limit meanwhile left the piece to this one.
-                c.running.fetch_sub(1, Ordering::Release);
+            {
+                let _place = Release(task.cap());
+                task.run(i);
             }
             self.busy.fetch_sub(1, Ordering::Relaxed);
             spin = task.spin_after();
@@ -606,13 +616,16 @@ mod tests {
     }
 
     /// Pieces of a capped user ([`super::Cap`]), `pieces` each, that count how many run at once
-    /// and how many ran.
+    /// and how many ran, each held until `gate` opens (at most 10 s: `late` counts those that
+    /// gave up).
     struct Capped {
         pieces: usize,
         cap: Arc<super::Cap>,
         now: Arc<AtomicUsize>,
         most: Arc<AtomicUsize>,
         ran: Arc<AtomicUsize>,
+        gate: Arc<AtomicBool>,
+        late: Arc<AtomicUsize>,
     }
 
     impl super::Task for Capped {
@@ -622,7 +635,14 @@ mod tests {
         fn run(&self, _: usize) {
             let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
             self.most.fetch_max(n, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_micros(300));
+            let t = Instant::now();
+            while !self.gate.load(Ordering::SeqCst) {
+                if t.elapsed() > Duration::from_secs(10) {
+                    self.late.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                std::thread::yield_now();
+            }
             self.now.fetch_sub(1, Ordering::SeqCst);
             self.ran.fetch_add(1, Ordering::SeqCst);
         }
@@ -634,19 +654,22 @@ mod tests {
         }
     }
 
-    /// A user capped at 2 workers on a set of 4: never more than 2 of its pieces at once, no
-    /// worker started for it past its cap, every piece run; a task of another user queued
-    /// behind its pieces runs on the other workers meanwhile.
+    /// A user capped at 2 workers on a set of 4, its pieces held until another user's job has
+    /// run: the job, queued behind them, runs on the workers the cap leaves free (without the
+    /// cap every worker would wait in a held piece and the job never run); never more than 2 of
+    /// the capped pieces at once; no worker started for them past the cap; every piece run.
     #[test]
     fn a_capped_user_runs_on_at_most_its_limit_of_workers() {
         let workers = Workers::new(4);
         workers.grow(2).expect("grow");
         let cap = Arc::new(super::Cap::new(2));
-        let (now, most, ran) = (
+        let (now, most, ran, late) = (
+            Arc::new(AtomicUsize::new(0)),
             Arc::new(AtomicUsize::new(0)),
             Arc::new(AtomicUsize::new(0)),
             Arc::new(AtomicUsize::new(0)),
         );
+        let gate = Arc::new(AtomicBool::new(false));
         for _ in 0..8 {
             let t = Capped {
                 pieces: 4,
@@ -654,11 +677,12 @@ mod tests {
                 now: Arc::clone(&now),
                 most: Arc::clone(&most),
                 ran: Arc::clone(&ran),
+                gate: Arc::clone(&gate),
+                late: Arc::clone(&late),
             };
             workers.post(Arc::new(t), 4).expect("post");
         }
         assert_eq!(workers.started(), 2, "no worker started past the cap");
-        // Another user's job, behind 32 capped pieces: taken by workers the cap leaves free.
         let other = Pool::on(Arc::clone(&workers), 4).expect("pool");
         let other_ran = AtomicUsize::new(0);
         other
@@ -675,11 +699,9 @@ mod tests {
                 },
             )
             .expect("run");
-        assert!(
-            ran.load(Ordering::SeqCst) < 32,
-            "the other job waited for every capped piece"
-        );
+        gate.store(true, Ordering::SeqCst);
         until("every capped piece", || ran.load(Ordering::SeqCst) == 32);
+        assert_eq!(late.load(Ordering::SeqCst), 0, "a capped piece waited 10 s");
         assert!(most.load(Ordering::SeqCst) <= 2, "{most:?} at once");
         assert_eq!(cap.running.load(Ordering::SeqCst), 0);
         workers.shutdown();
