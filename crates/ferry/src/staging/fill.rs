@@ -128,8 +128,8 @@ impl Task for Fill {
 /// workers take; see the module documentation.
 pub(crate) struct Filler {
     workers: Arc<Workers>,
-    /// The workers a copy is spread over, and the most that copy its pieces at once.
-    threads: usize,
+    /// The workers a copy is spread over ([`Cap::limit`]), and the most that copy its pieces
+    /// at once.
     cap: Arc<Cap>,
     /// Non-temporal stores.
     nt: bool,
@@ -162,7 +162,6 @@ impl Filler {
         let threads = workers.grow(threads)?.min(threads);
         Ok(Filler {
             workers,
-            threads,
             cap: Arc::new(Cap::new(threads)),
             nt,
             open: Arc::new(Open {
@@ -194,7 +193,7 @@ impl Filler {
     ) -> Result<Request, WorkerError> {
         let done = Arc::new(Signal::new());
         let req = Request::new(Arc::clone(&done));
-        let pieces = fill_pieces(len, self.threads, spread);
+        let pieces = fill_pieces(len, self.cap.limit(), spread);
         let f = Arc::new(Fill {
             id: req.id(),
             dst: dst as usize,
@@ -212,7 +211,7 @@ impl Filler {
             copied: Arc::clone(&self.copied),
         });
         *self.open.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        if let Err(e) = self.workers.post(f, pieces.min(self.threads)) {
+        if let Err(e) = self.workers.post(f, pieces.min(self.cap.limit())) {
             *self.open.count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
             return Err(e);
         }

@@ -92,6 +92,11 @@ impl Cap {
         }
     }
 
+    /// The most workers at once.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
     fn has_room(&self) -> bool {
         self.running.load(Ordering::Acquire) < self.limit
     }
@@ -286,8 +291,6 @@ impl Workers {
     }
 
     fn worker(&self, index: usize) {
-        let mut spin = false;
-        // Ends once shut down, after the tasks queued before.
         /// Gives a capped piece's place back when dropped (also if the piece unwinds), before
         /// the worker looks for its next piece: a worker that found the user at its limit
         /// meanwhile left the piece to this one.
@@ -299,6 +302,8 @@ impl Workers {
                 }
             }
         }
+        let mut spin = false;
+        // Ends once shut down, after the tasks queued before.
         while let Some((task, i)) = self.next(index, spin) {
             {
                 let _place = Release(task.cap());
