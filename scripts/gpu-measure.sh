@@ -13,8 +13,11 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and aml ab blocks ckpt cold snapshot agent cpu nixl (issues
-# 30-36, only where asked). The plain completion policy's tests: FERRY_TEST_POLICIES=plain with `tests`.
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab blocks ckpt cold snapshot agent
+# cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
+# commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
+# policies), `testsplain` under the plain policy alone (after `tests` with
+# FERRY_TEST_POLICIES=tuned, so that the steps between come first).
 # Environment: BUNDLE (default .gpu), WHEELS (default .whl), STEP_TIMEOUT (seconds per bench
 # step, default 240), TESTS_TIMEOUT (seconds for the `tests` step, default 560); `ckpt`:
 # CKPT_SCALE, CKPT_ROWS, CKPT_LIMIT (below).
@@ -51,8 +54,13 @@ bench() { # bench NAME ARGS...: one `ferry bench --engine cuda` step with its JS
 
 for s in "${steps[@]}"; do
   case $s in
+  survey)
+    step survey 60 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,pcie.link.gen.current,pcie.link.width.current --format=csv;
+      nproc; free -g; uname -r; cat "$0/COMMIT" 2>/dev/null; "$0/ferry" info' "$bundle" ;;
   tests)
     step tests "${TESTS_TIMEOUT:-560}" bash "$bundle/run.sh" "$log/tests" ;;
+  testsplain)
+    step testsplain "${TESTS_TIMEOUT:-560}" env FERRY_TEST_POLICIES=plain bash "$bundle/run.sh" "$log/testsplain" ;;
   python)
     # The wheels into a private folder (no network there), then pytest with PyTorch.
     step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -123,7 +131,7 @@ for s in "${steps[@]}"; do
     step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \
       --json "$log/nixl.json" ;;
   *)
-    echo "unknown step $s (tests python caller pipeline files cufile aml ab blocks ckpt cold snapshot agent cpu nixl)" >&2
+    echo "unknown step $s (survey tests testsplain python caller pipeline files cufile aml ab blocks ckpt cold snapshot agent cpu nixl)" >&2
     fail=1 ;;
   esac
 done
