@@ -50,6 +50,11 @@ for pack in .gpu-pack/gpu.tar.xz .gpu-pack/old.tar.xz; do
   [ -e "$pack" ] && xz -dc "$pack" | tar -xf -
 done
 echo "bundle $(head -1 .gpu/COMMIT 2>/dev/null); old $(head -1 .gpu-old/COMMIT 2>/dev/null || echo none)"
+# The wheels (ferry's, peers') for every step that imports them, the `python` step's pytest too.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 mkdir -p /tmp/gpu-logs
 bash scripts/gpu-measure.sh "/tmp/gpu-logs/$mode" "$@"
 rc=$?

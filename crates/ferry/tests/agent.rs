@@ -53,6 +53,13 @@ fn owner() {
     let mut out = std::io::stdout().lock();
     // On a line of its own: the test harness's `test owner ... ` has no newline yet.
     writeln!(out, "\nPATH {}", agent.socket_path().display()).unwrap();
+    // Over TCP too, where a key is given (loopback, a port the kernel picks).
+    if let Ok(key) = std::env::var("FERRY_AGENT_TCP_KEY") {
+        let at = agent
+            .listen_tcp("127.0.0.1:0", key.as_bytes())
+            .expect("listen");
+        writeln!(out, "TCP {at}").unwrap();
+    }
     for r in &regions {
         writeln!(out, "DESC {}", hex(&r.descriptor().to_bytes())).unwrap();
     }
@@ -138,12 +145,30 @@ struct Owner {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     path: String,
+    /// Its TCP address, where it listens ([`Owner::spawn_tcp`]).
+    tcp: String,
     descs: Vec<Descriptor>,
 }
 
+/// The key of the owners that listen over TCP.
+const TCP_KEY: &str = "a test key of more than sixteen bytes";
+
 impl Owner {
     fn spawn(role: &str) -> Owner {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Owner::start(role, false)
+    }
+
+    /// An owner that listens over TCP too (loopback), with [`TCP_KEY`].
+    fn spawn_tcp(role: &str) -> Owner {
+        Owner::start(role, true)
+    }
+
+    fn start(role: &str, tcp: bool) -> Owner {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        if tcp {
+            cmd.env("FERRY_AGENT_TCP_KEY", TCP_KEY);
+        }
+        let mut child = cmd
             .args(["--exact", "owner", "--nocapture", "--test-threads=1"])
             .env("FERRY_AGENT_ROLE", role)
             .stdin(Stdio::piped())
@@ -152,7 +177,7 @@ impl Owner {
             .expect("spawn the owner");
         let stdin = child.stdin.take().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let (mut path, mut descs) = (String::new(), Vec::new());
+        let (mut path, mut at, mut descs) = (String::new(), String::new(), Vec::new());
         while descs.len() < 2 {
             let mut l = String::new();
             assert!(
@@ -161,6 +186,8 @@ impl Owner {
             );
             if let Some(p) = l.trim().strip_prefix("PATH ") {
                 path = p.to_string();
+            } else if let Some(a) = l.trim().strip_prefix("TCP ") {
+                at = a.to_string();
             } else if let Some(d) = l.trim().strip_prefix("DESC ") {
                 descs.push(Descriptor::from_bytes(&unhex(d)).expect("a descriptor"));
             }
@@ -170,6 +197,7 @@ impl Owner {
             stdin,
             stdout,
             path,
+            tcp: at,
             descs,
         }
     }
@@ -720,4 +748,105 @@ fn a_peer_of_the_first_protocol_is_refused_with_the_reason() {
     assert_eq!(body[0], 0x81, "an ERR frame");
     let why = String::from_utf8_lossy(&body[1..]);
     assert!(why.contains("first agent protocol"), "{why}");
+}
+
+/// Over TCP (the transport between hosts, here over loopback): both owner regions written
+/// and read back with segment lists, a notification after the bytes landed.
+#[test]
+fn over_tcp_host_memory_moves_both_ways() {
+    let mut owner = Owner::spawn_tcp("owner-tcp");
+    let me = Agent::new("tcp-both-ways", engine()).unwrap();
+    let peer = me.connect_tcp(&owner.tcp, TCP_KEY.as_bytes()).unwrap();
+    assert_eq!(peer.name(), "owner-tcp");
+    assert_eq!(peer.pid(), owner.child.id());
+    for r in 0..2 {
+        let remote = peer.import(&owner.descs[r]).unwrap();
+        assert_eq!(remote.len(), LEN);
+        let src: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8 ^ 0x3c).collect();
+        let local = me.register_host(src.clone()).unwrap();
+        let segs = scattered(100, 1000, false);
+        me.write(
+            &remote,
+            &local,
+            &segs,
+            Some(format!("region {r}").as_bytes()),
+        )
+        .unwrap()
+        .wait()
+        .unwrap();
+        assert_eq!(owner.ask("note"), format!("tcp-both-ways region {r}"));
+        for s in [segs[0], segs[57], segs[99]] {
+            let got = owner.get(r, s.dst_off as usize, s.len as usize);
+            assert_eq!(got, &src[s.src_off as usize..(s.src_off + s.len) as usize]);
+        }
+        let gap = segs[0].dst_off as usize + 1000;
+        assert_eq!(
+            owner.get(r, gap, 8),
+            (gap..gap + 8).map(|i| pattern(r, i)).collect::<Vec<_>>()
+        );
+        // The whole region back into shared memory here, as a Future.
+        let dst = me.alloc_shared(LEN, false).unwrap();
+        let back = scattered(100, 1000, true);
+        futures::executor::block_on(me.read(&dst, &remote, &back, None).unwrap()).unwrap();
+        let mut mine = vec![0u8; LEN];
+        dst.read_at(0, &mut mine).unwrap();
+        for s in &back {
+            let want = owner.get(r, s.src_off as usize, s.len as usize);
+            assert_eq!(
+                &mine[s.dst_off as usize..(s.dst_off + s.len) as usize],
+                &want[..]
+            );
+        }
+    }
+    // A segment past the peer's region: refused here, before any byte moves.
+    let remote = peer.import(&owner.descs[0]).unwrap();
+    let local = me.register_host(vec![1u8; 4096]).unwrap();
+    assert!(matches!(
+        me.write(
+            &remote,
+            &local,
+            &[Segment::new(0, LEN as u64 - 10, 20)],
+            None
+        ),
+        Err(AgentError::Segment(_))
+    ));
+    // Imported over TCP, the region is still held: the owner cannot deregister it.
+    assert!(owner.ask("dereg 0").starts_with("err"));
+    drop(remote);
+}
+
+/// Over TCP a killed owner fails the transfer in flight and every later one, never hangs.
+#[test]
+fn over_tcp_a_killed_owner_fails_requests_and_never_hangs() {
+    let mut owner = Owner::spawn_tcp("owner-tcp-killed");
+    let me = Agent::with_timeout("tcp-survivor", engine(), Duration::from_secs(5)).unwrap();
+    let peer = me.connect_tcp(&owner.tcp, TCP_KEY.as_bytes()).unwrap();
+    let remote = peer.import(&owner.descs[1]).unwrap();
+    let local = me.register_host(vec![9u8; LEN]).unwrap();
+    me.write(&remote, &local, &[Segment::new(0, 0, LEN as u64)], None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    owner.child.kill().unwrap();
+    owner.child.wait().unwrap();
+    let start = std::time::Instant::now();
+    let first = me
+        .write(&remote, &local, &[Segment::new(0, 0, LEN as u64)], None)
+        .and_then(|r| r.wait().map_err(|e| AgentError::Unsupported(e.to_string())));
+    assert!(first.is_err(), "a write to a killed owner succeeded");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    // Known broken now: refused at once with the reason.
+    match me.read(&local, &remote, &[Segment::new(0, 0, 16)], None) {
+        Err(AgentError::Disconnected { peer, .. }) => assert!(peer.contains("owner-tcp-killed")),
+        r => panic!("a read after the connection broke: {r:?}"),
+    }
+    assert!(!peer.is_alive());
+    // The local memory is intact.
+    let mut b = vec![0u8; 16];
+    local.read_at(0, &mut b).unwrap();
+    assert_eq!(b, vec![9u8; 16]);
 }

@@ -283,3 +283,69 @@ fn a_notification_goes_when_a_device_copy_lands_unwaited() {
         drop(req); // never waited
     }
 }
+
+/// Device memory over TCP (the transport between hosts; here two agents of this process over
+/// loopback): staged through host memory on both ends, in pieces (10 MiB: three of them).
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn device_memory_moves_over_tcp_staged_through_host_memory() {
+    let Some(engine) = cuda_or_skip() else { return };
+    const BIG: usize = 10 << 20;
+    const KEY: &[u8] = b"a key of at least sixteen bytes";
+    let owner = Agent::new("tcp-gpu-owner", Arc::new(engine)).unwrap();
+    let at = owner.listen_tcp("127.0.0.1:0", KEY).unwrap().to_string();
+    let theirs = bytes(BIG, 31);
+    let dev = owner
+        .register_device(DeviceBuffer::from_host(0, &theirs).unwrap())
+        .unwrap();
+    let vmm = owner.alloc_device(0, BIG).unwrap();
+    let me = Agent::new("tcp-gpu-peer", Arc::new(cuda_engine(0).unwrap())).unwrap();
+    let peer = me.connect_tcp(&at, KEY).unwrap();
+    let remote = peer.import(dev.descriptor()).unwrap();
+    assert_eq!(remote.raw().kind, MemKind::Device { ordinal: 0 });
+    let remote_vmm = peer.import(vmm.descriptor()).unwrap();
+    let mine_data = bytes(BIG, 37);
+    let mine = me
+        .register_device(DeviceBuffer::from_host(0, &mine_data).unwrap())
+        .unwrap();
+    // Device here -> the owner's device memory, 1,000 segments of 1 KiB.
+    let segs = scattered(1000, 1024);
+    me.write(&remote, &mine, &segs, Some(b"landed"))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let (from, msg) = owner
+        .next_notification(std::time::Duration::from_secs(10))
+        .expect("a notification");
+    assert_eq!((from.as_str(), &msg[..]), ("tcp-gpu-peer", &b"landed"[..]));
+    let mut want = theirs.clone();
+    for s in &segs {
+        want[s.dst_off as usize..(s.dst_off + s.len) as usize]
+            .copy_from_slice(&mine_data[s.src_off as usize..(s.src_off + s.len) as usize]);
+    }
+    let mut got = vec![0u8; BIG];
+    dev.read_at(0, &mut got).unwrap();
+    check("device -> owner's device over TCP", &got, &want);
+    // The whole 10 MiB: device here -> the owner's VMM memory, then back into pinned memory
+    // here and into device memory here.
+    let whole = [Segment::new(0, 0, BIG as u64)];
+    me.write(&remote_vmm, &mine, &whole, None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    vmm.read_at(0, &mut got).unwrap();
+    check("device -> owner's VMM over TCP", &got, &mine_data);
+    let pinned = me.alloc_shared(BIG, true).unwrap();
+    block_on(me.read(&pinned, &remote, &whole, None).unwrap()).unwrap();
+    pinned.read_at(0, &mut got).unwrap();
+    check("owner's device -> pinned over TCP", &got, &want);
+    let back = me
+        .register_device(DeviceBuffer::zeroed(0, BIG).unwrap())
+        .unwrap();
+    me.read(&back, &remote_vmm, &whole, None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    back.read_at(0, &mut got).unwrap();
+    check("owner's VMM -> device over TCP", &got, &mine_data);
+}

@@ -27,10 +27,14 @@
 //! [`AgentError::PeerGone`]: it never hangs (a cross-memory copy to a dead process fails at
 //! once, a copy into shared memory completes into pages nobody reads).
 //!
-//! Across hosts: the seam is the descriptor's transport ([`Descriptor`]) and the request path
-//! of [`Agent::read`]/[`Agent::write`], which picks the mechanism from it; an RDMA or NCCL
-//! transport adds a descriptor tail and a mechanism there, and nothing above changes. Not
-//! built yet: two hosts are not available to test it.
+//! Across hosts: an agent that also listens over TCP ([`Agent::listen_tcp`], with a key both
+//! sides hold) is reached from any host with [`Agent::connect_tcp`]; the same descriptors,
+//! imports, segment lists, requests and notifications, every registration reachable, the bytes
+//! carried over the connection (device memory staged through host memory at both ends; see
+//! `tcp.rs` for the protocol, the key's check, and why TCP). The seam is the peer's connection
+//! and the request path of [`Agent::read`]/[`Agent::write`], which picks the mechanism from
+//! the import; an RDMA or NCCL mechanism (GPU memory at the network's speed; it needs two GPUs
+//! or hosts to run) adds one there, and nothing above changes.
 //!
 //! ```no_run
 //! use ferry::agent::Agent;
@@ -52,6 +56,7 @@
 mod complete;
 mod desc;
 mod sys;
+mod tcp;
 mod wire;
 
 use crate::cuda::{CudaError, DeviceBuffer};
@@ -104,6 +109,15 @@ pub enum AgentError {
     /// A segment lies outside its region (the offsets and lengths named).
     #[error("segment list outside the regions: {0}")]
     Segment(#[from] OpError),
+    /// The connection to a peer over TCP broke (its process or host gone, or silent for the
+    /// agent's timeout inside a transfer): this transfer and every later one on it fail.
+    #[error("connection to {peer} lost: {reason}")]
+    Disconnected {
+        /// The peer (agent name and pid on its host).
+        peer: String,
+        /// What the system said.
+        reason: String,
+    },
     /// The peer's process has exited.
     #[error("peer {peer} (pid {pid}) has exited")]
     PeerGone {
@@ -234,7 +248,7 @@ struct Entry {
 /// thread or the engine and back costs more than the copy: 10-20 us on a 2-core machine).
 const INLINE_BYTES: usize = 64 << 10;
 
-/// A cross-memory copy for the agent's copy thread.
+/// A job for the agent's copy thread or a TCP connection's transfer thread ([`run_on`]).
 type CopyJob = Box<dyn FnOnce() + Send>;
 
 struct AgentInner {
@@ -250,7 +264,11 @@ struct AgentInner {
     notes_cv: Condvar,
     /// Signalled (with `regions`) when a peer releases imports.
     released: Condvar,
-    conns: Mutex<HashMap<u64, UnixStream>>,
+    /// Served connections, by number (Unix and TCP alike).
+    conns: Mutex<HashMap<u64, wire::Stream>>,
+    next_conn: AtomicU64,
+    /// Where the agent listens over TCP, if it does ([`Agent::listen_tcp`]).
+    tcp: Mutex<Option<tcp::Listening>>,
     stop: AtomicBool,
     worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
     /// The progress thread that sends notifications when transfers land (`complete.rs`).
@@ -385,6 +403,8 @@ impl Agent {
             notes_cv: Condvar::new(),
             released: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+            tcp: Mutex::new(None),
             stop: AtomicBool::new(false),
             worker: Mutex::new(None),
             progress: Mutex::new(None),
@@ -590,6 +610,28 @@ impl Agent {
         })
     }
 
+    /// Serves peers of other hosts too: listens on TCP at `addr` (`"0.0.0.0:7000"`, or port 0
+    /// for one the kernel picks) and serves connections that prove `key` (at least 16 bytes,
+    /// the same given to the peers' [`Agent::connect_tcp`]; HMAC-SHA256 challenges both ways,
+    /// the key never sent). Every registration of this agent is then reachable from them, its
+    /// bytes carried over the connection (device memory staged through host memory here).
+    /// The bytes travel unencrypted: a network the cluster trusts. Returns the address bound.
+    /// Errors: a short key, an agent already listening, the bind.
+    pub fn listen_tcp(&self, addr: &str, key: &[u8]) -> Result<std::net::SocketAddr, AgentError> {
+        tcp::listen(&self.inner, addr, key)
+    }
+
+    /// Connects to the agent listening at `addr` (`"host:port"`, [`Agent::listen_tcp`]) on
+    /// this or another host, proving `key` and checking that the agent holds it. Transfers to
+    /// and from its registrations then carry their bytes over this connection, one at a time
+    /// per connection, in order; a connection that breaks fails them with
+    /// [`AgentError::Disconnected`]. Blocks for the handshake, at most the agent's timeout.
+    pub fn connect_tcp(&self, addr: &str, key: &[u8]) -> Result<Peer, AgentError> {
+        tcp::connect(&self.inner, addr, key).map(|inner| Peer {
+            inner: Arc::new(inner),
+        })
+    }
+
     /// Writes `src`'s bytes into the peer's `dst`, one request for the whole segment list
     /// (`dst_off` in `dst`, `src_off` in `src`); `notify`: a message the peer receives
     /// ([`Agent::next_notification`]) once the bytes have landed, sent by the agent's progress
@@ -645,12 +687,25 @@ impl Agent {
         // exited.
         let here = l.kind.host_accessible()
             && r.kind.host_accessible()
-            && !matches!(remote.mem.kind, RemoteKind::Cross { .. })
+            && !matches!(remote.mem.kind, RemoteKind::Cross { .. } | RemoteKind::Tcp)
             && segs.iter().map(|s| s.len).sum::<u64>() <= INLINE_BYTES as u64;
-        if !here && peer.process.exited() {
+        if !here && peer.exited() {
             return Err(peer.gone());
         }
         let req = match &remote.mem.kind {
+            RemoteKind::Tcp => {
+                let req = tcp::transfer(
+                    peer,
+                    Arc::clone(&self.inner.engine),
+                    Arc::clone(&local.local),
+                    remote.desc.region,
+                    segs,
+                    write,
+                )?;
+                local.local.in_use.push(&req);
+                remote.mem.in_use.push(&req);
+                req
+            }
             RemoteKind::Cross { pid } => {
                 if !l.kind.host_accessible() {
                     return Err(AgentError::Unsupported(format!(
@@ -740,22 +795,7 @@ impl Agent {
     }
 
     fn run_on_worker(&self, job: CopyJob) -> Result<(), AgentError> {
-        let mut w = lock(&self.inner.worker);
-        if w.is_none() {
-            let (tx, rx) = mpsc::channel::<CopyJob>();
-            std::thread::Builder::new()
-                .name("ferry-agent-copy".into())
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                    }
-                })
-                .map_err(io_err("start the agent's copy thread"))?;
-            *w = Some(tx);
-        }
-        let tx = w.as_ref().expect("started above");
-        tx.send(job)
-            .map_err(|_| AgentError::Unsupported("the agent's copy thread stopped".into()))
+        run_on(&self.inner.worker, "ferry-agent-copy", job)
     }
 
     /// The next notification a peer sent (its agent's name and the message), waiting at most
@@ -774,13 +814,48 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
-        // Wakes the serving thread's accept, then closes every peer's connection.
+        // Wakes the serving threads' accepts, then closes every peer's connection.
         let _ = UnixStream::connect(&self.inner.path);
         let _ = std::fs::remove_file(&self.inner.path);
+        if let Some(l) = lock(&self.inner.tcp).take() {
+            let mut at = l.addr;
+            if at.ip().is_unspecified() {
+                at.set_ip(match at {
+                    std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            let _ = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(1));
+        }
         for (_, c) in lock(&self.inner.conns).drain() {
-            let _ = c.shutdown(std::net::Shutdown::Both);
+            c.shutdown();
         }
     }
+}
+
+/// Runs `job` on the thread behind `slot`, started (named `name`) at its first job: the
+/// agent's cross-memory copy thread, a TCP connection's transfer thread. Jobs run in order.
+fn run_on(
+    slot: &Mutex<Option<mpsc::Sender<CopyJob>>>,
+    name: &str,
+    job: CopyJob,
+) -> Result<(), AgentError> {
+    let mut w = lock(slot);
+    if w.is_none() {
+        let (tx, rx) = mpsc::channel::<CopyJob>();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .map_err(io_err(format!("start the thread {name}")))?;
+        *w = Some(tx);
+    }
+    let tx = w.as_ref().expect("started above");
+    tx.send(job)
+        .map_err(|_| AgentError::Unsupported(format!("the thread {name} stopped")))
 }
 
 /// Maps a cross-memory copy's failure to the agent's error.
@@ -888,26 +963,16 @@ impl Region {
         let Some(agent) = self.agent.upgrade() else {
             return Err(AgentError::Deregistered(self.desc.region));
         };
-        let (dst, src, segs): (RawBuf, RawBuf, Arc<[Segment]>) = if into {
-            (
+        if into {
+            engine_copy(
+                &*agent.engine,
                 r,
                 host,
-                Arc::new([Segment::new(offset as u64, 0, host.len as u64)]),
+                Segment::new(offset as u64, 0, host.len as u64),
             )
         } else {
-            (host, r, seg.into())
-        };
-        let job = Job {
-            dst,
-            src: Some(src),
-            op: Op::Segments(segs),
-            after: Vec::new(),
-        };
-        // SAFETY: the caller's slice is borrowed until the wait below returns; the region is
-        // live (borrowed); the segment was checked against both.
-        let req = unsafe { agent.engine.submit_raw(job) }?;
-        req.wait()
-            .map_err(|e| AgentError::Unsupported(format!("copy through the engine failed: {e}")))
+            engine_copy(&*agent.engine, host, r, seg[0])
+        }
     }
 
     /// Deregisters now: refused with [`AgentError::InUse`] while a peer holds an import of
@@ -980,7 +1045,28 @@ impl Drop for Region {
     }
 }
 
-/// A connection to another process's agent ([`Agent::connect`]).
+/// Copies `seg` from `src` into `dst` on `engine` and waits (device memory's way to and from
+/// a host buffer: a registration's `read_at`/`write_at`, the bytes of transfers over TCP).
+fn engine_copy(
+    engine: &dyn Engine,
+    dst: RawBuf,
+    src: RawBuf,
+    seg: Segment,
+) -> Result<(), AgentError> {
+    let job = Job {
+        dst,
+        src: Some(src),
+        op: Op::Segments(Arc::new([seg])),
+        after: Vec::new(),
+    };
+    // SAFETY: the callers' host buffers are borrowed until the wait below returns, the
+    // registrations are live (held), and the segment was checked against both.
+    let req = unsafe { engine.submit_raw(job) }?;
+    req.wait()
+        .map_err(|e| AgentError::Unsupported(format!("copy through the engine failed: {e}")))
+}
+
+/// A connection to another process's agent ([`Agent::connect`], [`Agent::connect_tcp`]).
 pub struct Peer {
     inner: Arc<PeerInner>,
 }
@@ -989,15 +1075,47 @@ struct PeerInner {
     name: String,
     pid: u32,
     agent: u64,
-    stream: Mutex<UnixStream>,
-    process: ProcessHandle,
+    stream: Mutex<wire::Stream>,
+    reach: Reach,
+}
+
+/// How a peer's end is seen: a process of this host (its life word or pidfd), or a
+/// connection over TCP (broken or not).
+enum Reach<L = ProcessHandle> {
+    Local(L),
+    Remote(tcp::Link),
 }
 
 impl PeerInner {
+    /// The error of a transfer to a peer that is gone.
     fn gone(&self) -> AgentError {
-        AgentError::PeerGone {
-            peer: self.name.clone(),
-            pid: self.pid,
+        match &self.reach {
+            Reach::Local(_) => AgentError::PeerGone {
+                peer: self.name.clone(),
+                pid: self.pid,
+            },
+            Reach::Remote(_) => AgentError::Disconnected {
+                peer: format!("{} (pid {})", self.name, self.pid),
+                reason: "an earlier transfer or message found the connection broken".into(),
+            },
+        }
+    }
+
+    /// Whether the peer is gone (the hot path's look: one load).
+    fn exited(&self) -> bool {
+        match &self.reach {
+            Reach::Local(p) => p.exited(),
+            Reach::Remote(l) => l.lost(),
+        }
+    }
+
+    /// The error of a failed socket call `what`: the peer gone, if it is (asked surely),
+    /// else the call's.
+    fn lost(&self, what: String, e: std::io::Error) -> AgentError {
+        match &self.reach {
+            Reach::Local(p) if p.exited_surely() => self.gone(),
+            Reach::Local(_) => AgentError::Io { what, source: e },
+            Reach::Remote(_) => tcp::broken(self, &e),
         }
     }
 }
@@ -1020,9 +1138,13 @@ impl Peer {
     }
 
     /// Whether the peer's process still runs (a process that has `exec`ed another program no
-    /// longer counts: its agent and memory are gone).
+    /// longer counts: its agent and memory are gone); over TCP, whether the connection has
+    /// not been found broken.
     pub fn is_alive(&self) -> bool {
-        !self.inner.process.exited_surely()
+        match &self.inner.reach {
+            Reach::Local(p) => !p.exited_surely(),
+            Reach::Remote(l) => !l.lost(),
+        }
     }
 
     /// Opens the peer's registration `desc` in this process, after the peer confirms that it
@@ -1040,6 +1162,8 @@ impl Peer {
         let fd = wire::import(&self.inner, desc)?;
         let len = desc.len as usize;
         let kind = match (desc.transport, fd) {
+            // Over TCP every registration is reached through the connection.
+            _ if matches!(self.inner.reach, Reach::Remote(_)) => RemoteKind::Tcp,
             (Transport::CrossMemory, _) => RemoteKind::Cross { pid: desc.pid },
             (Transport::Shared | Transport::SharedPinned, Some(fd)) => {
                 let map = SharedMap::map(fd, len)
@@ -1087,6 +1211,17 @@ impl Peer {
             ),
             RemoteKind::Ipc(m) => m.raw(),
             RemoteKind::Vmm(b) => b.raw(),
+            RemoteKind::Tcp => RawBuf {
+                addr: desc.addr,
+                len,
+                kind: match desc.transport {
+                    Transport::CudaIpc | Transport::CudaVmm => MemKind::Device {
+                        ordinal: desc.ordinal,
+                    },
+                    Transport::SharedPinned => MemKind::Pinned,
+                    Transport::CrossMemory | Transport::Shared => MemKind::Pageable,
+                },
+            },
         };
         Ok(RemoteRegion {
             mem: Arc::new(RemoteMem {
@@ -1140,7 +1275,11 @@ impl Drop for Release {
 }
 
 enum RemoteKind {
-    Cross { pid: u32 },
+    Cross {
+        pid: u32,
+    },
+    /// A registration of an agent connected over TCP: its bytes travel in the connection.
+    Tcp,
     Shared(Option<HostPin>, SharedMap),
     Ipc(IpcMapping),
     Vmm(VmmBuffer),
@@ -1167,8 +1306,8 @@ impl RemoteRegion {
     }
     /// The memory as this process sees it: the mapped address of shared memory or of a CUDA
     /// IPC allocation (for copies of the caller's own, e.g. a benchmark's raw baseline), or the
-    /// peer's own address of pageable memory reached by cross-memory attach (not an address of
-    /// this process).
+    /// peer's own address of pageable memory reached by cross-memory attach or of any memory
+    /// reached over TCP (not an address of this process).
     pub fn raw(&self) -> RawBuf {
         self.mem.raw
     }

@@ -487,6 +487,45 @@ pub(crate) fn recv_with_fd(s: &UnixStream, buf: &mut [u8]) -> io::Result<Option<
     Ok(fd)
 }
 
+/// Fills `buf` from the kernel's random source (`getrandom`): the challenges of connections
+/// over TCP.
+pub(crate) fn random(buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: writes at most `buf.len() - got` bytes into the live slice's tail.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += n as usize;
+    }
+    Ok(())
+}
+
+/// Turns on TCP keepalive for `s` (an idle connection to a host that died is then found
+/// broken within minutes, not never). The standard library has no call for it.
+pub(crate) fn keepalive(s: &std::net::TcpStream) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket and a live `int` of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Makes `dir` a private directory of this user (mode 0700), refusing one owned by another
 /// user or open to others.
 pub(crate) fn private_dir(dir: &std::path::Path) -> io::Result<()> {

@@ -1,7 +1,9 @@
 //! The agents' protocol over their Unix socket: a handshake (names, pids, the server's agent
 //! id and its process's life word, `sys::Life`, with the word's memfd attached; both ends check
 //! that the other runs as the same user), imports confirmed by the owner
-//! (with the memfd of shared memory attached), releases, notifications.
+//! (with the memfd of shared memory attached), releases, notifications. The same protocol runs
+//! over TCP between hosts (`tcp.rs`: no descriptors travel there, the key is proved before the
+//! handshake, and transfers are frames of their own carrying the bytes).
 //!
 //! A frame: its length (u32, little-endian, tag included), a tag byte, the payload. A peer
 //! sends HELLO, IMPORT, RELEASE and NOTIFY; the owner answers HELLO and IMPORT with HELLO, OK
@@ -9,10 +11,10 @@
 //! that an agent of the first (an older ferry, whose reply lacked the life word) and one of
 //! this refuse each other with the reason instead of misreading the reply.
 
-use super::sys;
-use super::{lock, AgentError, AgentInner, Descriptor, PeerInner, Store};
-use std::io::Write;
-use std::os::fd::OwnedFd;
+use super::{lock, sys, tcp, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store};
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -22,15 +24,15 @@ use std::sync::{Arc, Weak};
 const HELLO: u8 = 6;
 /// The first protocol's handshake (an older ferry), refused with the reason.
 const HELLO_V1: u8 = 1;
-const IMPORT: u8 = 2;
+pub(super) const IMPORT: u8 = 2;
 const RELEASE: u8 = 3;
 const NOTIFY: u8 = 4;
-const OK: u8 = 0x80;
-const ERR: u8 = 0x81;
+pub(super) const OK: u8 = 0x80;
+pub(super) const ERR: u8 = 0x81;
 /// The largest frame accepted (a notification's message included).
-const MAX_FRAME: usize = 16 << 20;
+pub(super) const MAX_FRAME: usize = 16 << 20;
 
-fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
+pub(super) fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(5 + payload.len());
     f.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
     f.push(tag);
@@ -38,26 +40,89 @@ fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Reads one frame: its tag, payload and any descriptor attached.
-fn read_frame(s: &UnixStream) -> std::io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
-    let mut head = [0u8; 4];
-    let fd = sys::recv_with_fd(s, &mut head)?;
-    let n = u32::from_le_bytes(head) as usize;
-    if n == 0 || n > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("a frame of {n} bytes"),
-        ));
+/// A connection between two agents: a Unix socket (one host: descriptors travel with the
+/// frames) or TCP (`tcp.rs`: none do, and transfers carry their bytes in the stream).
+pub(super) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    /// Sends one frame, with `fd` attached on a Unix socket (none goes over TCP).
+    pub(super) fn send(&self, f: &[u8], fd: Option<RawFd>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => sys::send_with_fd(s, f, fd),
+            Stream::Tcp(s) => (&*s).write_all(f),
+        }
     }
-    let mut body = vec![0u8; n];
-    let fd2 = sys::recv_with_fd(s, &mut body)?;
-    let tag = body.remove(0);
-    Ok((tag, body, fd.or(fd2)))
+
+    /// Reads exactly `buf.len()` bytes, and a descriptor if one came with them.
+    fn recv(&self, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+        match self {
+            Stream::Unix(s) => sys::recv_with_fd(s, buf),
+            Stream::Tcp(s) => io::Read::read_exact(&mut &*s, buf).map(|()| None),
+        }
+    }
+
+    /// Reads one frame: its tag, payload and any descriptor attached.
+    pub(super) fn read_frame(&self) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
+        let mut head = [0u8; 4];
+        let fd = self.recv(&mut head)?;
+        self.read_body(head, fd)
+    }
+
+    fn read_body(
+        &self,
+        head: [u8; 4],
+        fd: Option<OwnedFd>,
+    ) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
+        let n = u32::from_le_bytes(head) as usize;
+        if n == 0 || n > MAX_FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a frame of {n} bytes"),
+            ));
+        }
+        let mut body = vec![0u8; n];
+        let fd2 = self.recv(&mut body)?;
+        let tag = body.remove(0);
+        Ok((tag, body, fd.or(fd2)))
+    }
+
+    /// The owner's wait for a peer's next frame: without a limit (an idle peer), the rest of
+    /// the frame and a transfer's bytes within `timeout` over TCP (a peer that stalls inside a
+    /// transfer breaks the connection rather than holding this thread).
+    fn next_frame(
+        &self,
+        timeout: std::time::Duration,
+    ) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
+        let Stream::Tcp(s) = self else {
+            return self.read_frame();
+        };
+        s.set_read_timeout(None)?;
+        let mut head = [0u8; 4];
+        self.recv(&mut head)?;
+        s.set_read_timeout(Some(timeout))?;
+        self.read_body(head, None)
+    }
+
+    pub(super) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub(super) fn shutdown(&self) {
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+    }
 }
 
 /// Accepts peers until the agent is dropped, one thread per connection.
 pub(super) fn serve(listener: UnixListener, agent: Weak<AgentInner>) {
-    let mut next = 0u64;
     for s in listener.incoming() {
         let Some(a) = agent.upgrade() else { return };
         if a.stop.load(Ordering::Acquire) {
@@ -76,40 +141,48 @@ pub(super) fn serve(listener: UnixListener, agent: Weak<AgentInner>) {
             }
             Err(_) => continue,
         }
-        next += 1;
-        let conn = next;
-        if let Ok(c) = s.try_clone() {
-            lock(&a.conns).insert(conn, c);
-        }
         let weak = agent.clone();
         let _ = std::thread::Builder::new()
             .name("ferry-agent-peer".into())
-            .spawn(move || handle(conn, s, weak));
+            .spawn(move || handle(Stream::Unix(s), weak));
     }
 }
 
-/// Serves one peer's connection until it closes.
-fn handle(conn: u64, s: UnixStream, agent: Weak<AgentInner>) {
+/// Serves one peer's connection until it closes (over TCP, after the peer proved the key).
+pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
+    let Some(a) = agent.upgrade() else { return };
+    let conn = a.next_conn.fetch_add(1, Ordering::Relaxed);
+    if let Ok(c) = s.try_clone() {
+        lock(&a.conns).insert(conn, c);
+    }
+    let timeout = a.timeout;
+    drop(a);
     let mut peer_name = String::from("?");
-    while let Ok((tag, body, _)) = read_frame(&s) {
+    while let Ok((tag, body, _)) = s.next_frame(timeout) {
         let Some(a) = agent.upgrade() else { break };
-        let reply = match tag {
-            HELLO if body.len() >= 4 => {
+        let reply = match (tag, &s) {
+            (HELLO, _) if body.len() >= 4 => {
                 let pid = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
                 peer_name = String::from_utf8_lossy(&body[4..]).into_owned();
-                sys::allow_ptracer(pid as i32);
-                // This process's life word (0: none; the peer then polls its pidfd).
-                let (fd, word) = sys::Life::get().map_or((None, 0), |l| {
-                    let (fd, word) = l.share();
-                    (Some(fd), word)
-                });
+                // This process's life word (0: none; the peer then polls its pidfd), and
+                // cross-memory attach allowed: for peers of this host alone.
+                let (fd, word) = match &s {
+                    Stream::Unix(_) => {
+                        sys::allow_ptracer(pid as i32);
+                        sys::Life::get().map_or((None, 0), |l| {
+                            let (fd, word) = l.share();
+                            (Some(fd), word)
+                        })
+                    }
+                    Stream::Tcp(_) => (None, 0),
+                };
                 let mut p = a.id.to_le_bytes().to_vec();
                 p.extend_from_slice(&a.pid.to_le_bytes());
                 p.extend_from_slice(&word.to_le_bytes());
                 p.extend_from_slice(a.name.as_bytes());
                 Some((frame(HELLO, &p), fd))
             }
-            HELLO_V1 => Some((
+            (HELLO_V1, _) => Some((
                 frame(
                     ERR,
                     b"the peer speaks the first agent protocol, this agent the second: \
@@ -117,30 +190,39 @@ fn handle(conn: u64, s: UnixStream, agent: Weak<AgentInner>) {
                 ),
                 None,
             )),
-            IMPORT => Some(import_reply(&a, conn, &body)),
-            RELEASE if body.len() == 8 => {
+            (IMPORT, _) => Some(import_reply(&a, conn, &body, matches!(s, Stream::Unix(_)))),
+            (RELEASE, _) if body.len() == 8 => {
                 a.release(
                     conn,
                     Some(u64::from_le_bytes(body[..8].try_into().expect("8"))),
                 );
                 None
             }
-            NOTIFY => {
+            (NOTIFY, _) => {
                 lock(&a.notes).push_back((peer_name.clone(), body));
                 a.notes_cv.notify_all();
                 None
             }
+            (tcp::WRITE, Stream::Tcp(t)) => match tcp::serve_write(&a, conn, t, &body) {
+                Ok(f) => Some((f, None)),
+                Err(_) => break,
+            },
+            (tcp::READ, Stream::Tcp(t)) => match tcp::serve_read(&a, conn, t, &body) {
+                Ok(()) => None,
+                Err(_) => break,
+            },
             _ => Some((
                 frame(ERR, format!("unknown message {tag}").as_bytes()),
                 None,
             )),
         };
         if let Some((f, fd)) = reply {
-            if sys::send_with_fd(&s, &f, fd).is_err() {
+            if s.send(&f, fd).is_err() {
                 break;
             }
         }
     }
+    s.shutdown();
     if let Some(a) = agent.upgrade() {
         a.release(conn, None);
         lock(&a.conns).remove(&conn);
@@ -148,7 +230,8 @@ fn handle(conn: u64, s: UnixStream, agent: Weak<AgentInner>) {
 }
 
 /// The owner's answer to an import: OK (with the memfd of shared memory), or ERR and why.
-fn import_reply(a: &AgentInner, conn: u64, body: &[u8]) -> (Vec<u8>, Option<i32>) {
+/// (`fds`: false over TCP, where the importer reaches the memory through the connection.)
+fn import_reply(a: &AgentInner, conn: u64, body: &[u8], fds: bool) -> (Vec<u8>, Option<i32>) {
     let refuse = |why: String| (frame(ERR, why.as_bytes()), None);
     let Some(desc) = Descriptor::from_bytes(body) else {
         return refuse("not a descriptor".into());
@@ -168,8 +251,8 @@ fn import_reply(a: &AgentInner, conn: u64, body: &[u8]) -> (Vec<u8>, Option<i32>
     }
     *e.importers.entry(conn).or_insert(0) += 1;
     let fd = match &e.local.store {
-        Store::Shared { map, .. } => Some(map.fd()),
-        Store::Vmm { fd, .. } => Some(std::os::fd::AsRawFd::as_raw_fd(fd)),
+        Store::Shared { map, .. } if fds => Some(map.fd()),
+        Store::Vmm { fd, .. } if fds => Some(std::os::fd::AsRawFd::as_raw_fd(fd)),
         _ => None,
     };
     (frame(OK, &[]), fd)
@@ -191,12 +274,24 @@ pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentEr
             ),
         });
     }
+    hello(me, Stream::Unix(s), &at, Reach::Local(pid))
+}
+
+/// The handshake on a connection made (`reach`: how the peer's life is watched: the pid its
+/// socket's credentials named, opened with the life word the reply brings, or the link over
+/// TCP).
+pub(super) fn hello(
+    me: &AgentInner,
+    s: Stream,
+    at: &str,
+    reach: Reach<i32>,
+) -> Result<PeerInner, AgentError> {
     let mut hello = me.pid.to_le_bytes().to_vec();
     hello.extend_from_slice(me.name.as_bytes());
     // An agent that refuses this process answers ERR and closes at once: the send may then
     // fail (EPIPE) with the refusal already waiting to be read, which is the better error.
-    let sent = sys::send_with_fd(&s, &frame(HELLO, &hello), None);
-    let (tag, body, fd) = match (read_frame(&s), sent) {
+    let sent = s.send(&frame(HELLO, &hello), None);
+    let (tag, body, fd) = match (s.read_frame(), sent) {
         (Ok(f), _) => f,
         (Err(e), Ok(())) | (Err(_), Err(e)) => {
             return Err(super::io_err(format!("handshake with {at}"))(e));
@@ -207,28 +302,35 @@ pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentEr
             let agent = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
             let their = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
             let word = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes"));
-            let life = fd.filter(|_| word != 0).map(|fd| (fd, word));
-            let process = sys::ProcessHandle::open(pid, life)
-                .map_err(super::io_err(format!("pidfd of pid {pid}")))?;
+            let reach = match reach {
+                Reach::Local(pid) => {
+                    let life = fd.filter(|_| word != 0).map(|fd| (fd, word));
+                    Reach::Local(
+                        sys::ProcessHandle::open(pid, life)
+                            .map_err(super::io_err(format!("pidfd of pid {pid}")))?,
+                    )
+                }
+                Reach::Remote(link) => Reach::Remote(link),
+            };
             Ok(PeerInner {
                 name: String::from_utf8_lossy(&body[16..]).into_owned(),
                 pid: their,
                 agent,
                 stream: std::sync::Mutex::new(s),
-                process,
+                reach,
             })
         }
         // An older agent answers the unknown handshake so.
         ERR if body.starts_with(format!("unknown message {HELLO}").as_bytes()) => {
             Err(AgentError::Refused {
-                peer: at,
+                peer: at.to_string(),
                 reason: "its agent speaks the first agent protocol, this one the second: run \
                          one ferry version on both sides"
                     .into(),
             })
         }
         _ => Err(AgentError::Refused {
-            peer: at,
+            peer: at.to_string(),
             reason: String::from_utf8_lossy(&body).into_owned(),
         }),
     }
@@ -238,18 +340,10 @@ pub(super) fn connect(me: &AgentInner, path: &Path) -> Result<PeerInner, AgentEr
 pub(super) fn import(peer: &PeerInner, desc: &Descriptor) -> Result<Option<OwnedFd>, AgentError> {
     let s = lock(&peer.stream);
     let who = format!("{} (pid {})", peer.name, peer.pid);
-    let lost = |e: std::io::Error| {
-        if peer.process.exited_surely() {
-            peer.gone()
-        } else {
-            AgentError::Io {
-                what: format!("import from {who}"),
-                source: e,
-            }
-        }
-    };
-    sys::send_with_fd(&s, &frame(IMPORT, &desc.to_bytes()), None).map_err(lost)?;
-    let (tag, body, fd) = read_frame(&s).map_err(lost)?;
+    let lost = |e: std::io::Error| peer.lost(format!("import from {who}"), e);
+    s.send(&frame(IMPORT, &desc.to_bytes()), None)
+        .map_err(lost)?;
+    let (tag, body, fd) = s.read_frame().map_err(lost)?;
     match tag {
         OK => Ok(fd),
         _ => Err(AgentError::Refused {
@@ -263,7 +357,7 @@ pub(super) fn import(peer: &PeerInner, desc: &Descriptor) -> Result<Option<Owned
 /// connection releases everything anyway).
 pub(super) fn release(peer: &PeerInner, region: u64) {
     let s = lock(&peer.stream);
-    let _ = sys::send_with_fd(&s, &frame(RELEASE, &region.to_le_bytes()), None);
+    let _ = s.send(&frame(RELEASE, &region.to_le_bytes()), None);
 }
 
 /// Sends a notification.
@@ -276,14 +370,6 @@ pub(super) fn notify(peer: &Arc<PeerInner>, msg: &[u8]) -> Result<(), AgentError
         )));
     }
     let s = lock(&peer.stream);
-    sys::send_with_fd(&s, &frame(NOTIFY, msg), None).map_err(|e| {
-        if peer.process.exited_surely() {
-            peer.gone()
-        } else {
-            AgentError::Io {
-                what: format!("notify {} (pid {})", peer.name, peer.pid),
-                source: e,
-            }
-        }
-    })
+    s.send(&frame(NOTIFY, msg), None)
+        .map_err(|e| peer.lost(format!("notify {} (pid {})", peer.name, peer.pid), e))
 }

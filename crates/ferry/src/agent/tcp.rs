@@ -1,0 +1,734 @@
+//! Agents on other hosts: the agents' protocol over TCP ([`Agent::listen_tcp`],
+//! [`Agent::connect_tcp`]), each transfer's bytes carried in the connection itself.
+//!
+//! Neither process maps the other's memory: a write is a WRITE frame naming the owner's
+//! region and segments, followed by the bytes; the owner's connection thread stores them
+//! (host memory straight from the socket, device memory through the owner agent's engine in
+//! pieces of [`STAGE`] bytes) and answers OK once they have landed, or ERR and why. A read is
+//! a READ frame, answered by OK and the bytes, or ERR. On the caller's side a transfer runs
+//! on the connection's transfer thread, one at a time per connection and in order; the caller
+//! has its `Request` at once, and device memory there is staged the same way.
+//!
+//! Why TCP: it reaches any host with nothing but the kernel, and it carries host and device
+//! memory alike. Device memory between two hosts at the network's full speed needs RDMA
+//! (GPUDirect, through UCX or NCCL's network plugins) and a second GPU or host to run at all
+//! (NCCL refuses two ranks on one GPU); this transport runs wherever its tests run, over
+//! loopback on one host.
+//!
+//! Trust: both agents hold one key (at least [`MIN_KEY`] bytes, given to both by the
+//! application). Before any other message each end proves it to the other with HMAC-SHA256
+//! over the other's random challenge, so the key itself never travels and a connector without
+//! it reaches nothing. The bytes are not encrypted (as with NCCL's and UCX's sockets): a
+//! network the cluster trusts. A connection that breaks (the peer's process or host gone, a
+//! peer silent for the agent's timeout in the middle of a transfer) fails its transfer and
+//! every later one on it with [`AgentError::Disconnected`].
+//!
+//! [`Agent::listen_tcp`]: super::Agent::listen_tcp
+//! [`Agent::connect_tcp`]: super::Agent::connect_tcp
+
+use super::wire::{self, Stream, ERR, MAX_FRAME, OK};
+use super::{
+    engine_copy, io_err, lock, run_on, sys, AgentError, AgentInner, CopyJob, Local, PeerInner,
+};
+use crate::memory::{MemKind, RawBuf};
+use crate::op::Segment;
+use crate::request::{BackendError, Request, RequestError, Signal};
+use crate::Engine;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// The shortest key accepted, in bytes.
+pub(super) const MIN_KEY: usize = 16;
+/// Device memory crosses host memory in pieces of this many bytes.
+const STAGE: usize = 4 << 20;
+/// The challenges' length in bytes.
+const NONCE: usize = 32;
+/// A transfer's frame: a region, then its segments in the owner's region (offset, length).
+pub(super) const WRITE: u8 = 7;
+/// As WRITE, the bytes coming back.
+pub(super) const READ: u8 = 8;
+/// The challenges and proofs before the handshake.
+const AUTH: u8 = 9;
+
+/// The most segments one transfer's frame carries (its frame at most `MAX_FRAME`).
+pub(super) const MAX_SEGMENTS: usize = (MAX_FRAME - 1 - 12) / 16;
+
+/// The HMAC-SHA256 of the key over `role`, the challenger's nonce and the prover's.
+fn proof(key: &[u8], role: &[u8], theirs: &[u8], mine: &[u8]) -> Hmac<Sha256> {
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
+    m.update(role);
+    m.update(theirs);
+    m.update(mine);
+    m
+}
+
+fn random_nonce() -> io::Result<[u8; NONCE]> {
+    let mut n = [0u8; NONCE];
+    sys::random(&mut n)?;
+    Ok(n)
+}
+
+fn refused(peer: &str, reason: impl Into<String>) -> AgentError {
+    AgentError::Refused {
+        peer: peer.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The options every agent connection over TCP gets: no Nagle delay (frames are whole
+/// messages), keepalive (a dead host is noticed by an idle owner), a write timeout.
+fn tune(s: &TcpStream, timeout: Duration) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_write_timeout(Some(timeout))?;
+    sys::keepalive(s)
+}
+
+/// The TCP side of an agent: where it listens and the key its peers prove.
+pub(super) struct Listening {
+    pub(super) addr: SocketAddr,
+}
+
+/// Binds `addr` and serves peers that prove `key`, one thread per connection (as the Unix
+/// socket's). The address bound (port 0: the one the kernel chose).
+pub(super) fn listen(
+    agent: &Arc<AgentInner>,
+    addr: &str,
+    key: &[u8],
+) -> Result<SocketAddr, AgentError> {
+    if key.len() < MIN_KEY {
+        return Err(AgentError::Unsupported(format!(
+            "a key of {} bytes: at least {MIN_KEY}",
+            key.len()
+        )));
+    }
+    let mut tcp = lock(&agent.tcp);
+    if let Some(l) = tcp.as_ref() {
+        return Err(AgentError::Unsupported(format!(
+            "agent '{}' already listens at {}",
+            agent.name, l.addr
+        )));
+    }
+    let listener = TcpListener::bind(addr).map_err(io_err(format!("bind {addr}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(io_err(format!("the address bound for {addr}")))?;
+    let (weak, key): (Weak<AgentInner>, Arc<[u8]>) = (Arc::downgrade(agent), key.into());
+    std::thread::Builder::new()
+        .name("ferry-agent-tcp".into())
+        .spawn(move || serve(listener, weak, key))
+        .map_err(io_err("start the agent's TCP thread"))?;
+    *tcp = Some(Listening { addr: bound });
+    Ok(bound)
+}
+
+/// Accepts peers until the agent is dropped.
+fn serve(listener: TcpListener, agent: Weak<AgentInner>, key: Arc<[u8]>) {
+    for s in listener.incoming() {
+        let Some(a) = agent.upgrade() else { return };
+        if a.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(s) = s else { continue };
+        let (weak, key, timeout) = (agent.clone(), Arc::clone(&key), a.timeout);
+        drop(a);
+        let _ = std::thread::Builder::new()
+            .name("ferry-agent-peer".into())
+            .spawn(move || {
+                if tune(&s, timeout).is_err() || !prove_as_owner(&s, &key, timeout) {
+                    let _ = s.shutdown(Shutdown::Both);
+                    return;
+                }
+                wire::handle(Stream::Tcp(s), weak);
+            });
+    }
+}
+
+/// The owner's half of the challenge: true once the connector has proved the key (a
+/// connector that does not, or stays silent for `timeout`, is answered ERR or dropped).
+fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
+    let stream = Stream::Tcp(match s.try_clone() {
+        Ok(c) => c,
+        Err(_) => return false,
+    });
+    if s.set_read_timeout(Some(timeout)).is_err() {
+        return false;
+    }
+    let Ok((AUTH, theirs, _)) = stream.read_frame() else {
+        return false;
+    };
+    if theirs.len() != NONCE {
+        return false;
+    }
+    let Ok(mine) = random_nonce() else {
+        return false;
+    };
+    let mut reply = mine.to_vec();
+    reply.extend_from_slice(
+        &proof(key, b"ferry agent owner", &theirs, &mine)
+            .finalize()
+            .into_bytes(),
+    );
+    if stream.send(&wire::frame(AUTH, &reply), None).is_err() {
+        return false;
+    }
+    let Ok((AUTH, tag, _)) = stream.read_frame() else {
+        return false;
+    };
+    if proof(key, b"ferry agent peer", &mine, &theirs)
+        .verify_slice(&tag)
+        .is_err()
+    {
+        let _ = stream.send(
+            &wire::frame(ERR, b"the peer does not hold this agent's key"),
+            None,
+        );
+        return false;
+    }
+    // The connection's frames wait without a limit (an idle peer); a transfer's bytes do not
+    // (`wire::handle` sets the agent's timeout around each frame's body).
+    s.set_read_timeout(None).is_ok()
+}
+
+/// Connects to the agent listening at `addr` over TCP: the key proved both ways, then the
+/// handshake.
+pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInner, AgentError> {
+    if key.len() < MIN_KEY {
+        return Err(AgentError::Unsupported(format!(
+            "a key of {} bytes: at least {MIN_KEY}",
+            key.len()
+        )));
+    }
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(io_err(format!("resolve {addr}")))?
+        .collect();
+    let mut last = None;
+    let mut s = None;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, me.timeout) {
+            Ok(c) => {
+                s = Some((c, *a));
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let Some((s, at)) = s else {
+        let e = last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"));
+        return Err(io_err(format!("connect to {addr}"))(e));
+    };
+    let who = format!("tcp://{at}");
+    tune(&s, me.timeout).map_err(io_err(format!("set up the connection to {who}")))?;
+    s.set_read_timeout(Some(me.timeout))
+        .map_err(io_err("set the socket's timeout"))?;
+    let stream = Stream::Tcp(s);
+    let lost = |e: io::Error| io_err(format!("prove the key to {who}"))(e);
+    let mine = random_nonce().map_err(io_err("getrandom"))?;
+    stream.send(&wire::frame(AUTH, &mine), None).map_err(lost)?;
+    let (tag, body, _) = stream.read_frame().map_err(lost)?;
+    if tag == ERR {
+        return Err(refused(&who, String::from_utf8_lossy(&body)));
+    }
+    if tag != AUTH || body.len() < NONCE {
+        return Err(refused(
+            &who,
+            "not a ferry agent's answer to the key's challenge",
+        ));
+    }
+    let (theirs, tag) = body.split_at(NONCE);
+    if proof(key, b"ferry agent owner", &mine, theirs)
+        .verify_slice(tag)
+        .is_err()
+    {
+        return Err(refused(&who, "its agent does not hold this key"));
+    }
+    let tag = proof(key, b"ferry agent peer", theirs, &mine)
+        .finalize()
+        .into_bytes();
+    stream.send(&wire::frame(AUTH, &tag), None).map_err(lost)?;
+    wire::hello(
+        me,
+        stream,
+        &who,
+        super::Reach::Remote(Link {
+            lost: AtomicBool::new(false),
+            worker: Mutex::new(None),
+        }),
+    )
+}
+
+/// The caller's side of a connection over TCP: whether it broke, and its transfer thread.
+pub(super) struct Link {
+    lost: AtomicBool,
+    worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
+}
+
+impl Link {
+    /// True once a transfer or message found the connection broken.
+    pub(super) fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+    fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+}
+
+/// The error of a connection that broke, marked so for the transfers after it (the caller,
+/// who holds the stream, closes it where the stream is out of step).
+pub(super) fn broken(peer: &PeerInner, e: &io::Error) -> AgentError {
+    if let super::Reach::Remote(l) = &peer.reach {
+        l.lose();
+    }
+    AgentError::Disconnected {
+        peer: format!("{} (pid {})", peer.name, peer.pid),
+        reason: e.to_string(),
+    }
+}
+
+/// A transfer between the local region `local` and the peer's region `region` over the
+/// connection, run on its transfer thread; the request completes when the owner has answered
+/// (a write: its bytes landed; a read: every byte arrived here). `segs` were checked against
+/// both regions.
+pub(super) fn transfer(
+    peer: &Arc<PeerInner>,
+    engine: Arc<dyn Engine>,
+    local: Arc<Local>,
+    region: u64,
+    segs: &[Segment],
+    write: bool,
+) -> Result<Request, AgentError> {
+    let super::Reach::Remote(link) = &peer.reach else {
+        unreachable!("a transfer over TCP on a connection of this host");
+    };
+    if link.lost() {
+        return Err(peer.gone());
+    }
+    if segs.len() > MAX_SEGMENTS {
+        return Err(AgentError::Unsupported(format!(
+            "{} segments in one transfer over TCP (at most {MAX_SEGMENTS})",
+            segs.len()
+        )));
+    }
+    let mut head = Vec::with_capacity(12 + 16 * segs.len());
+    head.extend_from_slice(&region.to_le_bytes());
+    head.extend_from_slice(&(segs.len() as u32).to_le_bytes());
+    for s in segs {
+        let far = if write { s.dst_off } else { s.src_off };
+        head.extend_from_slice(&far.to_le_bytes());
+        head.extend_from_slice(&s.len.to_le_bytes());
+    }
+    let frame = wire::frame(if write { WRITE } else { READ }, &head);
+    let near: Vec<(u64, u64)> = segs
+        .iter()
+        .map(|s| (if write { s.src_off } else { s.dst_off }, s.len))
+        .collect();
+    let signal = Arc::new(Signal::new());
+    let done = Arc::clone(&signal);
+    let p = Arc::clone(peer);
+    let job = Box::new(move || {
+        let r = run(&p, &*engine, local.raw, &frame, &near, write);
+        drop(local);
+        done.complete(r.map_err(|e| RequestError::Backend(BackendError::new(e))));
+    });
+    run_on(&link.worker, "ferry-agent-tcp-copy", job)?;
+    Ok(Request::new(signal))
+}
+
+/// One transfer on the caller's side: the frame, the bytes out or in, the owner's answer.
+fn run(
+    peer: &PeerInner,
+    engine: &dyn Engine,
+    local: RawBuf,
+    frame: &[u8],
+    near: &[(u64, u64)],
+    write: bool,
+) -> Result<(), AgentError> {
+    let guard = lock(&peer.stream);
+    let Stream::Tcp(s) = &*guard else {
+        unreachable!("a transfer over TCP on a Unix socket");
+    };
+    let mut s: &TcpStream = s;
+    let fail = |e: io::Error| {
+        let _ = s.shutdown(Shutdown::Both);
+        broken(peer, &e)
+    };
+    // Out of step inside a transfer's bytes: closed, and the socket's error told as the
+    // connection's loss.
+    let abort = |e: AgentError| match e {
+        AgentError::Io { source, .. } => fail(source),
+        e => {
+            let _ = fail(io::Error::other("closed after a failed local copy"));
+            e
+        }
+    };
+    s.write_all(frame).map_err(fail)?;
+    if write {
+        for &(off, len) in near {
+            // A local copy that fails here leaves the owner waiting for bytes this side
+            // cannot send: the connection is closed, and the transfer fails with the copy's
+            // error.
+            send_from(&mut s, engine, local, off, len).map_err(abort)?;
+        }
+    }
+    let (tag, body, _) = guard.read_frame().map_err(fail)?;
+    match tag {
+        OK if !write => {
+            for &(off, len) in near {
+                recv_into(&mut s, engine, local, off, len).map_err(abort)?;
+            }
+            Ok(())
+        }
+        OK => Ok(()),
+        _ => Err(refused(
+            &format!("{} (pid {})", peer.name, peer.pid),
+            String::from_utf8_lossy(&body),
+        )),
+    }
+}
+
+/// Sends `len` bytes of `mem` at `off` (the CPU's or, staged, the engine's).
+fn send_from(
+    s: &mut &TcpStream,
+    engine: &dyn Engine,
+    mem: RawBuf,
+    off: u64,
+    len: u64,
+) -> Result<(), AgentError> {
+    let sent = |e| AgentError::Io {
+        what: "send a transfer's bytes".into(),
+        source: e,
+    };
+    if mem.kind.host_accessible() {
+        // SAFETY: the range lies in the registration (checked by the caller), kept alive by
+        // the request's hold on it; concurrent writers race as with any DMA buffer.
+        let b = unsafe { std::slice::from_raw_parts((mem.addr + off) as *const u8, len as usize) };
+        return s.write_all(b).map_err(sent);
+    }
+    let mut stage = vec![0u8; (len as usize).min(STAGE)];
+    let mut done = 0u64;
+    while done < len {
+        let n = ((len - done) as usize).min(STAGE);
+        let host = RawBuf::host(stage.as_mut_ptr(), n, MemKind::Pageable);
+        engine_copy(engine, host, mem, Segment::new(0, off + done, n as u64))?;
+        s.write_all(&stage[..n]).map_err(sent)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// Receives `len` bytes into `mem` at `off` (as [`send_from`]).
+fn recv_into(
+    s: &mut &TcpStream,
+    engine: &dyn Engine,
+    mem: RawBuf,
+    off: u64,
+    len: u64,
+) -> Result<(), AgentError> {
+    let got = |e| AgentError::Io {
+        what: "receive a transfer's bytes".into(),
+        source: e,
+    };
+    if mem.kind.host_accessible() {
+        // SAFETY: as in `send_from`, written here.
+        let b =
+            unsafe { std::slice::from_raw_parts_mut((mem.addr + off) as *mut u8, len as usize) };
+        return s.read_exact(b).map_err(got);
+    }
+    let mut stage = vec![0u8; (len as usize).min(STAGE)];
+    let mut done = 0u64;
+    while done < len {
+        let n = ((len - done) as usize).min(STAGE);
+        s.read_exact(&mut stage[..n]).map_err(got)?;
+        let host = RawBuf::host(stage.as_ptr(), n, MemKind::Pageable);
+        engine_copy(engine, mem, host, Segment::new(off + done, 0, n as u64))?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// A transfer's frame, read: the owner's region, the segments in it (offset, length), their
+/// total length.
+struct Wanted {
+    region: u64,
+    segs: Vec<(u64, u64)>,
+    total: u64,
+}
+
+fn parse(body: &[u8]) -> Option<Wanted> {
+    let region = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    let n = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?) as usize;
+    let list = body.get(12..)?;
+    if list.len() != 16 * n {
+        return None;
+    }
+    let mut total = 0u64;
+    let segs = list
+        .chunks_exact(16)
+        .map(|c| {
+            let off = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+            let len = u64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
+            total = total.checked_add(len)?;
+            Some((off, len))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Wanted {
+        region,
+        segs,
+        total,
+    })
+}
+
+/// The registration `region` as connection `conn` may reach it: live, imported by it, and
+/// every segment inside it; else why not.
+fn reachable(
+    a: &AgentInner,
+    conn: u64,
+    region: u64,
+    segs: &[(u64, u64)],
+) -> Result<Arc<Local>, String> {
+    let regions = lock(&a.regions);
+    let Some(e) = regions.get(&region) else {
+        return Err(format!(
+            "region {region} is not registered with agent '{}'",
+            a.name
+        ));
+    };
+    if !e.importers.contains_key(&conn) || !e.local.live.load(Ordering::Acquire) {
+        return Err(format!(
+            "region {region} of agent '{}' is not imported by this connection (or deregistered)",
+            a.name
+        ));
+    }
+    let len = e.local.raw.len as u64;
+    for (i, &(off, n)) in segs.iter().enumerate() {
+        if off.checked_add(n).is_none_or(|end| end > len) {
+            return Err(format!(
+                "segment {i} ({n} bytes at offset {off}) lies outside region {region} ({len} bytes)"
+            ));
+        }
+    }
+    Ok(Arc::clone(&e.local))
+}
+
+/// The owner's side of a WRITE: the bytes stored into the region, then OK, or ERR and why (the
+/// bytes of a refused transfer are read and dropped, keeping the stream in step). `Err`: the
+/// connection broke or sent no frame of the protocol; it is closed.
+pub(super) fn serve_write(
+    a: &AgentInner,
+    conn: u64,
+    s: &TcpStream,
+    body: &[u8],
+) -> io::Result<Vec<u8>> {
+    let Some(Wanted {
+        region,
+        segs,
+        total,
+    }) = parse(body)
+    else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a malformed WRITE",
+        ));
+    };
+    let mut r = s;
+    let mem = match reachable(a, conn, region, &segs) {
+        Ok(m) => m,
+        Err(why) => {
+            io::copy(&mut r.take(total), &mut io::sink())?;
+            return Ok(wire::frame(ERR, why.as_bytes()));
+        }
+    };
+    let mut failed = None;
+    for &(off, len) in &segs {
+        if failed.is_some() {
+            io::copy(&mut r.take(len), &mut io::sink())?;
+            continue;
+        }
+        if let Err(e) = recv_into(&mut r, &*a.engine, mem.raw, off, len) {
+            match e {
+                AgentError::Io { source, .. } => return Err(source),
+                e => failed = Some(e.to_string()),
+            }
+        }
+    }
+    Ok(match failed {
+        None => wire::frame(OK, &[]),
+        Some(why) => wire::frame(ERR, why.as_bytes()),
+    })
+}
+
+/// The owner's side of a READ: OK and the bytes, or ERR and why. `Err`: the connection broke,
+/// or a copy failed after OK was sent (the connection is closed then: the peer's transfer
+/// fails).
+pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) -> io::Result<()> {
+    let Some(Wanted { region, segs, .. }) = parse(body) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a malformed READ",
+        ));
+    };
+    let mut w = s;
+    let mem = match reachable(a, conn, region, &segs) {
+        Ok(m) => m,
+        Err(why) => return w.write_all(&wire::frame(ERR, why.as_bytes())),
+    };
+    w.write_all(&wire::frame(OK, &[]))?;
+    for &(off, len) in &segs {
+        send_from(&mut w, &*a.engine, mem.raw, off, len).map_err(|e| match e {
+            AgentError::Io { source, .. } => source,
+            e => io::Error::other(e.to_string()),
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Agent, AgentError};
+    use super::*;
+    use crate::CpuEngine;
+
+    const KEY: &[u8] = b"sixteen byte key, and more";
+
+    fn agent(name: &str) -> Agent {
+        let engine = Arc::new(CpuEngine::new(1).expect("cpu engine"));
+        Agent::with_timeout(name, engine, Duration::from_secs(5)).expect("agent")
+    }
+
+    /// A raw client: connects and sends the challenge, returns the owner's answer.
+    fn challenge(addr: SocketAddr) -> (Stream, [u8; NONCE], Vec<u8>) {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let s = Stream::Tcp(s);
+        let mine = random_nonce().unwrap();
+        s.send(&wire::frame(AUTH, &mine), None).unwrap();
+        let (tag, body, _) = s.read_frame().unwrap();
+        assert_eq!(tag, AUTH);
+        (s, mine, body)
+    }
+
+    #[test]
+    fn a_connector_without_the_key_reaches_nothing() {
+        let owner = agent("tcp-owner");
+        let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap();
+        let region = owner.register_host(vec![3u8; 4096]).unwrap();
+        // A wrong proof: answered ERR, then the connection is closed (a HELLO or an import
+        // after it gets nothing).
+        let (s, _, _) = challenge(addr);
+        s.send(&wire::frame(AUTH, &[0u8; 32]), None).unwrap();
+        let (tag, body, _) = s.read_frame().unwrap();
+        assert_eq!(tag, ERR);
+        assert!(String::from_utf8_lossy(&body).contains("does not hold"));
+        let _ = s.send(
+            &wire::frame(wire::IMPORT, &region.descriptor().to_bytes()),
+            None,
+        );
+        assert!(s.read_frame().is_err(), "a refused connector got an answer");
+        // A message instead of the challenge: dropped unanswered.
+        let raw = TcpStream::connect(addr).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let raw = Stream::Tcp(raw);
+        raw.send(
+            &wire::frame(wire::IMPORT, &region.descriptor().to_bytes()),
+            None,
+        )
+        .unwrap();
+        assert!(raw.read_frame().is_err());
+        // The owner's proof binds the connector's challenge: replayed to another challenge
+        // (an agent without the key that recorded an answer), it fails the check.
+        let (_, first, answer) = challenge(addr);
+        let (theirs, tag) = answer.split_at(NONCE);
+        assert!(proof(KEY, b"ferry agent owner", &first, theirs)
+            .verify_slice(tag)
+            .is_ok());
+        let other = random_nonce().unwrap();
+        assert!(proof(KEY, b"ferry agent owner", &other, theirs)
+            .verify_slice(tag)
+            .is_err());
+    }
+
+    #[test]
+    fn keys_are_checked_both_ways() {
+        let owner = agent("tcp-keys");
+        let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap().to_string();
+        let me = agent("tcp-keys-peer");
+        match me.connect_tcp(&addr, b"another key of sixteen bytes") {
+            Err(AgentError::Refused { reason, .. }) => {
+                assert!(reason.contains("does not hold this key"), "{reason}")
+            }
+            r => panic!("a wrong key: {r:?}"),
+        }
+        assert!(matches!(
+            me.connect_tcp(&addr, b"short"),
+            Err(AgentError::Unsupported(_))
+        ));
+        assert!(matches!(
+            owner.listen_tcp("127.0.0.1:0", KEY),
+            Err(AgentError::Unsupported(_))
+        ));
+        let peer = me.connect_tcp(&addr, KEY).unwrap();
+        assert_eq!(peer.name(), "tcp-keys");
+        assert_eq!(peer.pid(), std::process::id());
+        assert!(peer.is_alive());
+    }
+
+    #[test]
+    fn the_owner_checks_every_segment_and_stays_in_step() {
+        let owner = agent("tcp-check");
+        let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap().to_string();
+        let mine = owner
+            .register_host((0..8192).map(|i| i as u8).collect())
+            .unwrap();
+        let other = owner.register_host(vec![0u8; 8192]).unwrap();
+        let me = agent("tcp-check-peer");
+        let peer = me.connect_tcp(&addr, KEY).unwrap();
+        let remote = peer.import(mine.descriptor()).unwrap();
+        let local = me.register_host(vec![0u8; 8192]).unwrap();
+        let engine: Arc<dyn Engine> = Arc::new(CpuEngine::new(1).unwrap());
+        let p = &peer.inner;
+        // Past the region's end (the caller's own check bypassed): refused with the offsets,
+        // and the bytes already sent are read and dropped: the next transfer works.
+        let past = [Segment::new(8000, 0, 1000)];
+        let r = transfer(
+            p,
+            Arc::clone(&engine),
+            Arc::clone(&local.local),
+            mine.descriptor().region,
+            &past,
+            true,
+        )
+        .unwrap()
+        .wait();
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("outside region") && e.contains("offset 8000"),
+            "{e}"
+        );
+        // A region this connection did not import: refused.
+        let r = transfer(
+            p,
+            Arc::clone(&engine),
+            Arc::clone(&local.local),
+            other.descriptor().region,
+            &[Segment::new(0, 0, 16)],
+            false,
+        )
+        .unwrap()
+        .wait();
+        assert!(r.unwrap_err().to_string().contains("not imported"));
+        // In step: a read of the first 4 KiB.
+        me.read(&local, &remote, &[Segment::new(0, 0, 4096)], None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let mut got = vec![0u8; 4096];
+        local.read_at(0, &mut got).unwrap();
+        assert!(got.iter().enumerate().all(|(i, &b)| b == i as u8));
+        assert!(peer.is_alive());
+    }
+}
