@@ -14,6 +14,10 @@
 //! - `ipc-d2d` (GPU): device memory here -> the peer's device memory (CUDA IPC); raw: one
 //!   `cuMemcpyAsync` per segment between the same two pointers, then a synchronize.
 //! - `ipc-h2d` (GPU): the peer's pinned shared memory -> device memory here; raw as above.
+//! - `ipc-tcp-write` / `ipc-tcp-read`: host memory over TCP, loopback (the agent's transport
+//!   between hosts: [`Agent::connect_tcp`]); raw: a plain TCP socket to the same peer process,
+//!   a 9-byte header, then one `write_all` per block (one `read_exact` per block into its place
+//!   here), the peer reading into (sending from) its buffer, and a byte back after a write.
 //!
 //! Batches of 1, 16, 256 and 1,024 blocks at each block size, as long as a call moves at most
 //! 64 MiB (host) or 1 GiB (GPU). Every series is verified: the destination poisoned, one call,
@@ -34,6 +38,8 @@ pub static TESTS: &[TestInfo] = &[
     TestInfo::new("ipc-host-write", "batch x block of host memory written into another process's (agent: shared memory; cross-memory attach), vs copy_from_slice per block into the same pages mapped here", Needs::Cpu, Kind::Bandwidth, "4K,64K,1M,16M,64M"),
     TestInfo::new("ipc-host-read", "batch x block of another process's host memory read here (agent: shared memory; cross-memory attach), vs copy_from_slice per block out of the same pages mapped here", Needs::Cpu, Kind::Bandwidth, "4K,64K,1M,16M,64M"),
     TestInfo::new("ipc-d2d", "batch x block of device memory written into another process's on the same GPU (agent, CUDA IPC), vs one cuMemcpyAsync per block between the same pointers in this process", Needs::Cuda, Kind::Bandwidth, "4K,64K,1M,16M,64M"),
+    TestInfo::new("ipc-tcp-write", "batch x block of host memory written into another process's over TCP on loopback (agent, the transport between hosts), vs the same blocks written on a plain TCP socket to the same process, one byte back", Needs::Cpu, Kind::Bandwidth, "4K,64K,1M,16M,64M"),
+    TestInfo::new("ipc-tcp-read", "batch x block of another process's host memory read over TCP on loopback (agent), vs the same blocks read from a plain TCP socket into their places here", Needs::Cpu, Kind::Bandwidth, "4K,64K,1M,16M,64M"),
     TestInfo::new("ipc-h2d", "batch x block of another process's pinned host memory read into device memory here (agent), vs one cuMemcpyAsync per block from the same pages mapped here", Needs::Cuda, Kind::Bandwidth, "4K,64K,1M,16M,64M"),
 ];
 
@@ -46,6 +52,8 @@ pub fn owns(name: &str) -> bool {
 const PEER_VAR: &str = "FERRY_BENCH_IPC_PEER";
 /// The peer's registration size in bytes.
 const BYTES_VAR: &str = "FERRY_BENCH_IPC_BYTES";
+/// Set for a peer that listens over TCP too (its agent, and a plain socket), with this key.
+const TCP_KEY_VAR: &str = "FERRY_BENCH_IPC_TCP_KEY";
 
 const BATCHES: [usize; 4] = [1, 16, 256, 1024];
 /// The most a call moves: host rows, GPU rows.
@@ -90,6 +98,16 @@ fn serve_peer(kind: &str) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "PATH {}", agent.socket_path().display())?;
+    if let Ok(key) = std::env::var(TCP_KEY_VAR) {
+        writeln!(
+            out,
+            "TCP {}",
+            agent.listen_tcp("127.0.0.1:0", key.as_bytes())?
+        )?;
+        let plain = std::net::TcpListener::bind("127.0.0.1:0")?;
+        writeln!(out, "RAW {}", plain.local_addr()?)?;
+        std::thread::spawn(move || plain_socket(plain, bytes));
+    }
     for r in &regions {
         writeln!(out, "DESC {}", hex(&r.descriptor().to_bytes()))?;
     }
@@ -101,18 +119,59 @@ fn serve_peer(kind: &str) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A running peer and this process's imports of its regions.
+/// The peer's plain TCP socket (the `ipc-tcp-*` rows' baseline): one connection; each
+/// message a direction byte (`W` or `R`) and a byte count (u64, little-endian); `W`: that
+/// many bytes read into its buffer, then one byte back; `R`: that many bytes of it sent.
+fn plain_socket(listener: std::net::TcpListener, bytes: usize) {
+    use std::io::Read;
+    let Ok((mut s, _)) = listener.accept() else {
+        return;
+    };
+    let _ = s.set_nodelay(true);
+    let mut buf = vec![0u8; bytes];
+    let mut head = [0u8; 9];
+    while s.read_exact(&mut head).is_ok() {
+        let n = (u64::from_le_bytes(head[1..].try_into().expect("8 bytes")) as usize).min(bytes);
+        let ok = match head[0] {
+            b'W' => s.read_exact(&mut buf[..n]).and_then(|()| s.write_all(&[1])),
+            _ => s.write_all(&buf[..n]),
+        };
+        if ok.is_err() {
+            return;
+        }
+    }
+}
+
+/// A running peer and this process's imports of its regions (and, for a peer reached over
+/// TCP, the plain socket to it).
 struct PeerProc {
     child: Child,
     _stdin: ChildStdin,
     agent: Agent,
     remote: Vec<RemoteRegion>,
+    raw: Option<std::net::TcpStream>,
 }
 
+/// The key of the bench's agents over TCP (loopback, one run).
+const TCP_KEY: &str = "ferry bench loopback key";
+
 impl PeerProc {
+    /// A host-memory peer reached over TCP (its agent, and its plain socket).
+    fn start_tcp(bytes: usize, agent: Agent) -> Result<PeerProc, BenchError> {
+        PeerProc::launch(false, bytes, agent, true)
+    }
+
     fn start(gpu: bool, bytes: usize, agent: Agent) -> Result<PeerProc, BenchError> {
+        PeerProc::launch(gpu, bytes, agent, false)
+    }
+
+    fn launch(gpu: bool, bytes: usize, agent: Agent, tcp: bool) -> Result<PeerProc, BenchError> {
         let exe = std::env::current_exe().map_err(setup)?;
-        let mut child = Command::new(exe)
+        let mut cmd = Command::new(exe);
+        if tcp {
+            cmd.env(TCP_KEY_VAR, TCP_KEY);
+        }
+        let mut child = cmd
             .env(PEER_VAR, if gpu { "gpu" } else { "cpu" })
             .env(BYTES_VAR, bytes.to_string())
             .stdin(Stdio::piped())
@@ -122,6 +181,7 @@ impl PeerProc {
         let stdin = child.stdin.take().expect("piped");
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
         let (mut path, mut descs) = (String::new(), Vec::new());
+        let (mut at, mut plain) = (String::new(), String::new());
         while descs.len() < 2 {
             let mut l = String::new();
             if out.read_line(&mut l).map_err(setup)? == 0 {
@@ -131,6 +191,10 @@ impl PeerProc {
             }
             if let Some(p) = l.trim().strip_prefix("PATH ") {
                 path = p.to_string();
+            } else if let Some(a) = l.trim().strip_prefix("TCP ") {
+                at = a.to_string();
+            } else if let Some(a) = l.trim().strip_prefix("RAW ") {
+                plain = a.to_string();
             } else if let Some(d) = l.trim().strip_prefix("DESC ") {
                 let d = unhex(d).and_then(|b| Descriptor::from_bytes(&b));
                 descs.push(d.ok_or_else(|| setup("the peer printed a bad descriptor"))?);
@@ -141,8 +205,18 @@ impl PeerProc {
             _stdin: stdin,
             agent,
             remote: Vec::new(),
+            raw: None,
         };
-        let peer = p.agent.connect(&path).map_err(setup)?;
+        let peer = if tcp {
+            let s = std::net::TcpStream::connect(&plain).map_err(setup)?;
+            s.set_nodelay(true).map_err(setup)?;
+            p.raw = Some(s);
+            p.agent
+                .connect_tcp(&at, TCP_KEY.as_bytes())
+                .map_err(setup)?
+        } else {
+            p.agent.connect(&path).map_err(setup)?
+        };
         for d in &descs {
             p.remote.push(peer.import(d).map_err(setup)?);
         }
@@ -182,6 +256,7 @@ pub struct IpcBench {
     method: Method,
     threads: usize,
     host: Option<(PeerProc, Region, Region)>,
+    tcp: Option<(PeerProc, Region, Region)>,
     gpu: Option<(PeerProc, Region, ferry_bench::RawCopier)>,
 }
 
@@ -192,6 +267,7 @@ impl IpcBench {
             method,
             threads,
             host: None,
+            tcp: None,
             gpu: None,
         }
     }
@@ -212,6 +288,8 @@ impl IpcBench {
         for batch in BATCHES.into_iter().filter(|&n| n * block <= cap) {
             rows.push(if gpu {
                 self.gpu_row(test, block, batch)?
+            } else if test.name.starts_with("ipc-tcp") {
+                self.tcp_row(test, block, batch)?
             } else {
                 self.host_row(test, block, batch)?
             });
@@ -322,6 +400,142 @@ impl IpcBench {
                 ),
                 Series::new(
                     "copy_from_slice per block, mapped here",
+                    Role::Baseline,
+                    bw,
+                    payload,
+                    t_raw,
+                ),
+            ],
+        ))
+    }
+
+    fn tcp_row(&mut self, test: &TestInfo, block: usize, batch: usize) -> Result<Row, BenchError> {
+        if self.tcp.is_none() {
+            let agent = Agent::new(
+                "ferry-bench-tcp",
+                Arc::new(CpuEngine::new(self.threads).map_err(setup)?),
+            )
+            .map_err(setup)?;
+            let src = agent.register_host(pattern(HOST_CAP, 7)).map_err(setup)?;
+            let dst = agent.register_host(vec![0u8; HOST_CAP]).map_err(setup)?;
+            let p = PeerProc::start_tcp(HOST_CAP, agent)?;
+            self.tcp = Some((p, src, dst));
+        }
+        let (p, src, dst) = self.tcp.as_ref().expect("started above");
+        let write = test.name == "ipc-tcp-write";
+        let segs = segments(block, batch, write);
+        let payload = (block * batch) as u64;
+        let remote = &p.remote[0];
+        let raw = p.raw.as_ref().expect("a TCP peer has its plain socket");
+        let err = |s: &str, e: String| BenchError::Engine {
+            test: test.name.into(),
+            series: s.into(),
+            size: format_size(block as u64),
+            message: e,
+        };
+        let agent_op = || -> Result<(), String> {
+            let r = if write {
+                p.agent.write(remote, src, &segs, None)
+            } else {
+                p.agent.read(dst, remote, &segs, None)
+            };
+            r.map_err(|e| e.to_string())?
+                .wait()
+                .map_err(|e| e.to_string())
+        };
+        // The plain socket: a header (the direction, the byte count), then the blocks written
+        // one `write_all` each (or read one `read_exact` each into their places here); the
+        // peer reads them into (sends them from) its buffer, and a write is answered by one
+        // byte once all have arrived.
+        let (lsrc, ldst) = (src.raw(), dst.raw());
+        let plain = |write: bool, segs: &[Segment]| -> Result<(), String> {
+            let mut s: &std::net::TcpStream = raw;
+            let mut head = [0u8; 9];
+            head[0] = if write { b'W' } else { b'R' };
+            head[1..].copy_from_slice(&payload.to_le_bytes());
+            s.write_all(&head).map_err(|e| e.to_string())?;
+            for g in segs {
+                if write {
+                    // SAFETY: the segment lies inside the local source registration, which
+                    // nothing writes while the series runs.
+                    let b = unsafe {
+                        std::slice::from_raw_parts(
+                            (lsrc.addr + g.src_off) as *const u8,
+                            g.len as usize,
+                        )
+                    };
+                    s.write_all(b).map_err(|e| e.to_string())?;
+                } else {
+                    // SAFETY: the segment lies inside the local destination registration,
+                    // which only this series writes.
+                    let b = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (ldst.addr + g.dst_off) as *mut u8,
+                            g.len as usize,
+                        )
+                    };
+                    std::io::Read::read_exact(&mut s, b).map_err(|e| e.to_string())?;
+                }
+            }
+            if write {
+                let mut ack = [0u8; 1];
+                std::io::Read::read_exact(&mut s, &mut ack).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        let raw_op = || plain(write, &segs);
+        // Verified, both series: the local destination zeroed, the blocks written to the peer
+        // and read back (block i of the source to the peer's slot `batch - 1 - i` and back, or
+        // in order over the plain socket), the destination then equal to the source.
+        let mut want = vec![0u8; payload as usize];
+        src.read_at(0, &mut want)
+            .map_err(|e| err("ferry agent over TCP", e.to_string()))?;
+        let zero = vec![0u8; payload as usize];
+        let (out, back) = (segments(block, batch, true), segments(block, batch, false));
+        let round_trip = |agent: bool| -> Result<(), String> {
+            dst.write_at(0, &zero).map_err(|e| e.to_string())?;
+            if agent {
+                let r = p.agent.write(remote, src, &out, None);
+                r.map_err(|e| e.to_string())?
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                let r = p.agent.read(dst, remote, &back, None);
+                r.map_err(|e| e.to_string())?
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+            } else {
+                plain(true, &out)?;
+                plain(false, &back)?;
+            }
+            let mut got = vec![0u8; payload as usize];
+            dst.read_at(0, &mut got).map_err(|e| e.to_string())?;
+            match got.iter().zip(&want).position(|(g, w)| g != w) {
+                None => Ok(()),
+                Some(i) => Err(format!("wrong byte at offset {i} after a round trip")),
+            }
+        };
+        round_trip(true).map_err(|e| err("ferry agent over TCP", e))?;
+        round_trip(false).map_err(|e| err("plain TCP socket", e))?;
+        let (t_ferry, t_raw) = measure_pair(&self.method, agent_op, raw_op)
+            .map_err(|e| err("ferry agent over TCP", e))?;
+        let bw = Kind::Bandwidth;
+        Ok(Row::new(
+            test.name,
+            bw,
+            block as u64,
+            payload,
+            format!(
+                "{batch} x {} blocks, one request, loopback",
+                format_size(block as u64)
+            ),
+            vec![
+                Series::new("ferry agent over TCP", Role::Ferry, bw, payload, t_ferry),
+                Series::new(
+                    if write {
+                        "plain TCP socket, write_all per block"
+                    } else {
+                        "plain TCP socket, read_exact per block"
+                    },
                     Role::Baseline,
                     bw,
                     payload,

@@ -968,10 +968,10 @@ impl Region {
                 &*agent.engine,
                 r,
                 host,
-                Segment::new(offset as u64, 0, host.len as u64),
+                &[Segment::new(offset as u64, 0, host.len as u64)],
             )
         } else {
-            engine_copy(&*agent.engine, host, r, seg[0])
+            engine_copy(&*agent.engine, host, r, &seg)
         }
     }
 
@@ -1045,22 +1045,22 @@ impl Drop for Region {
     }
 }
 
-/// Copies `seg` from `src` into `dst` on `engine` and waits (device memory's way to and from
+/// Copies `segs` from `src` into `dst` on `engine` and waits (device memory's way to and from
 /// a host buffer: a registration's `read_at`/`write_at`, the bytes of transfers over TCP).
 fn engine_copy(
     engine: &dyn Engine,
     dst: RawBuf,
     src: RawBuf,
-    seg: Segment,
+    segs: &[Segment],
 ) -> Result<(), AgentError> {
     let job = Job {
         dst,
         src: Some(src),
-        op: Op::Segments(Arc::new([seg])),
+        op: Op::Segments(segs.into()),
         after: Vec::new(),
     };
     // SAFETY: the callers' host buffers are borrowed until the wait below returns, the
-    // registrations are live (held), and the segment was checked against both.
+    // registrations are live (held), and the segments were checked against both.
     let req = unsafe { engine.submit_raw(job) }?;
     req.wait()
         .map_err(|e| AgentError::Unsupported(format!("copy through the engine failed: {e}")))

@@ -36,7 +36,7 @@ use crate::request::{BackendError, Request, RequestError, Signal};
 use crate::Engine;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, Weak};
@@ -189,9 +189,9 @@ fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
         );
         return false;
     }
-    // The connection's frames wait without a limit (an idle peer); a transfer's bytes do not
-    // (`wire::handle` sets the agent's timeout around each frame's body).
-    s.set_read_timeout(None).is_ok()
+    // The agent's timeout stays: a frame's first byte waits without a limit (an idle peer,
+    // `Stream::next_frame`), the rest of it and a transfer's bytes do not.
+    true
 }
 
 /// Connects to the agent listening at `addr` over TCP: the key proved both ways, then the
@@ -357,32 +357,27 @@ fn run(
         let _ = s.shutdown(Shutdown::Both);
         broken(peer, &e)
     };
-    // Out of step inside a transfer's bytes: closed, and the socket's error told as the
-    // connection's loss.
-    let abort = |e: AgentError| match e {
-        AgentError::Io { source, .. } => fail(source),
-        e => {
-            let _ = fail(io::Error::other("closed after a failed local copy"));
-            e
-        }
-    };
-    s.write_all(frame).map_err(fail)?;
     if write {
-        for &(off, len) in near {
-            // A local copy that fails here leaves the owner waiting for bytes this side
-            // cannot send: the connection is closed, and the transfer fails with the copy's
-            // error.
-            send_from(&mut s, engine, local, off, len).map_err(abort)?;
-        }
+        // A local copy that fails while the bytes go out leaves the owner waiting for bytes
+        // this side cannot send: the connection is closed, and the transfer fails with the
+        // copy's error.
+        send(&mut s, engine, local, frame, near).map_err(|e| match e {
+            AgentError::Io { source, .. } => fail(source),
+            e => {
+                let _ = fail(io::Error::other("closed after a failed local copy"));
+                e
+            }
+        })?;
+    } else {
+        s.write_all(frame).map_err(fail)?;
     }
     let (tag, body, _) = guard.read_frame().map_err(fail)?;
     match tag {
-        OK if !write => {
-            for &(off, len) in near {
-                recv_into(&mut s, engine, local, off, len).map_err(abort)?;
-            }
-            Ok(())
-        }
+        // Every byte is read even where a local copy fails (the stream stays in step).
+        OK if !write => recv(&mut s, engine, local, near).map_err(|e| match e {
+            AgentError::Io { source, .. } => fail(source),
+            e => e,
+        }),
         OK => Ok(()),
         _ => Err(refused(
             &format!("{} (pid {})", peer.name, peer.pid),
@@ -391,64 +386,133 @@ fn run(
     }
 }
 
-/// Sends `len` bytes of `mem` at `off` (the CPU's or, staged, the engine's).
-fn send_from(
+/// One stage-full of a transfer's bytes through host memory: its length and its pieces
+/// (offset in the memory, offset in the stage, length).
+type Stage = (usize, Vec<(u64, u64, u64)>);
+
+/// `segs` (offset in the memory, length) cut into stage-fulls of at most [`STAGE`] bytes.
+fn stages(segs: &[(u64, u64)]) -> Vec<Stage> {
+    let (mut all, mut cur, mut used) = (Vec::new(), Vec::new(), 0u64);
+    for &(off, len) in segs {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(STAGE as u64 - used);
+            cur.push((off + done, used, n));
+            (used, done) = (used + n, done + n);
+            if used == STAGE as u64 {
+                all.push((STAGE, std::mem::take(&mut cur)));
+                used = 0;
+            }
+        }
+    }
+    if used > 0 {
+        all.push((used as usize, cur));
+    }
+    all
+}
+
+fn socket_error(what: &'static str) -> impl Fn(io::Error) -> AgentError {
+    move |e| AgentError::Io {
+        what: what.into(),
+        source: e,
+    }
+}
+
+/// Sends `head`, then the bytes of `segs` (offset, length) of `mem`: host memory straight from
+/// its pages, gathered into as few `writev` calls as the kernel takes; device memory gathered
+/// by `engine` into stage-fulls, one copy and one write each. Errors: the socket's
+/// ([`AgentError::Io`]) or the copy's.
+fn send(
     s: &mut &TcpStream,
     engine: &dyn Engine,
     mem: RawBuf,
-    off: u64,
-    len: u64,
+    head: &[u8],
+    segs: &[(u64, u64)],
 ) -> Result<(), AgentError> {
-    let sent = |e| AgentError::Io {
-        what: "send a transfer's bytes".into(),
-        source: e,
-    };
+    let sent = socket_error("send a transfer's bytes");
     if mem.kind.host_accessible() {
-        // SAFETY: the range lies in the registration (checked by the caller), kept alive by
-        // the request's hold on it; concurrent writers race as with any DMA buffer.
-        let b = unsafe { std::slice::from_raw_parts((mem.addr + off) as *const u8, len as usize) };
-        return s.write_all(b).map_err(sent);
+        let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(segs.len() + 1);
+        bufs.push(IoSlice::new(head));
+        for &(off, len) in segs {
+            // SAFETY: the range lies in the registration (checked against it by the caller),
+            // kept alive by the request's hold on it; concurrent writers race as with any DMA
+            // buffer.
+            bufs.push(IoSlice::new(unsafe {
+                std::slice::from_raw_parts((mem.addr + off) as *const u8, len as usize)
+            }));
+        }
+        let mut bufs = &mut bufs[..];
+        while !bufs.is_empty() {
+            match s.write_vectored(bufs) {
+                Ok(0) => return Err(sent(io::ErrorKind::WriteZero.into())),
+                Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(sent(e)),
+            }
+        }
+        return Ok(());
     }
-    let mut stage = vec![0u8; (len as usize).min(STAGE)];
-    let mut done = 0u64;
-    while done < len {
-        let n = ((len - done) as usize).min(STAGE);
+    s.write_all(head).map_err(&sent)?;
+    let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
+    for (n, pieces) in stages(segs) {
         let host = RawBuf::host(stage.as_mut_ptr(), n, MemKind::Pageable);
-        engine_copy(engine, host, mem, Segment::new(0, off + done, n as u64))?;
-        s.write_all(&stage[..n]).map_err(sent)?;
-        done += n as u64;
+        let list: Vec<Segment> = pieces
+            .iter()
+            .map(|&(m, st, len)| Segment::new(st, m, len))
+            .collect();
+        engine_copy(engine, host, mem, &list)?;
+        s.write_all(&stage[..n]).map_err(&sent)?;
     }
     Ok(())
 }
 
-/// Receives `len` bytes into `mem` at `off` (as [`send_from`]).
-fn recv_into(
+/// Receives the bytes of `segs` into `mem` (as [`send`], scattered). Every byte is read even
+/// where a copy into device memory fails (the first such error is returned after the last
+/// byte), so the stream stays in step; a socket error returns at once.
+fn recv(
     s: &mut &TcpStream,
     engine: &dyn Engine,
     mem: RawBuf,
-    off: u64,
-    len: u64,
+    segs: &[(u64, u64)],
 ) -> Result<(), AgentError> {
-    let got = |e| AgentError::Io {
-        what: "receive a transfer's bytes".into(),
-        source: e,
-    };
+    let got = socket_error("receive a transfer's bytes");
     if mem.kind.host_accessible() {
-        // SAFETY: as in `send_from`, written here.
-        let b =
-            unsafe { std::slice::from_raw_parts_mut((mem.addr + off) as *mut u8, len as usize) };
-        return s.read_exact(b).map_err(got);
+        let mut bufs: Vec<IoSliceMut<'_>> = segs
+            .iter()
+            .map(|&(off, len)| {
+                // SAFETY: as in `send`; written here.
+                IoSliceMut::new(unsafe {
+                    std::slice::from_raw_parts_mut((mem.addr + off) as *mut u8, len as usize)
+                })
+            })
+            .collect();
+        let mut bufs = &mut bufs[..];
+        IoSliceMut::advance_slices(&mut bufs, 0);
+        while !bufs.is_empty() {
+            match s.read_vectored(bufs) {
+                Ok(0) => return Err(got(io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => IoSliceMut::advance_slices(&mut bufs, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(got(e)),
+            }
+        }
+        return Ok(());
     }
-    let mut stage = vec![0u8; (len as usize).min(STAGE)];
-    let mut done = 0u64;
-    while done < len {
-        let n = ((len - done) as usize).min(STAGE);
-        s.read_exact(&mut stage[..n]).map_err(got)?;
+    let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
+    let mut failed = None;
+    for (n, pieces) in stages(segs) {
+        s.read_exact(&mut stage[..n]).map_err(&got)?;
+        if failed.is_some() {
+            continue;
+        }
         let host = RawBuf::host(stage.as_ptr(), n, MemKind::Pageable);
-        engine_copy(engine, mem, host, Segment::new(off + done, 0, n as u64))?;
-        done += n as u64;
+        let list: Vec<Segment> = pieces
+            .iter()
+            .map(|&(m, st, len)| Segment::new(m, st, len))
+            .collect();
+        failed = engine_copy(engine, mem, host, &list).err();
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 /// A transfer's frame, read: the owner's region, the segments in it (offset, length), their
@@ -543,22 +607,10 @@ pub(super) fn serve_write(
             return Ok(wire::frame(ERR, why.as_bytes()));
         }
     };
-    let mut failed = None;
-    for &(off, len) in &segs {
-        if failed.is_some() {
-            io::copy(&mut r.take(len), &mut io::sink())?;
-            continue;
-        }
-        if let Err(e) = recv_into(&mut r, &*a.engine, mem.raw, off, len) {
-            match e {
-                AgentError::Io { source, .. } => return Err(source),
-                e => failed = Some(e.to_string()),
-            }
-        }
-    }
-    Ok(match failed {
-        None => wire::frame(OK, &[]),
-        Some(why) => wire::frame(ERR, why.as_bytes()),
+    Ok(match recv(&mut r, &*a.engine, mem.raw, &segs) {
+        Ok(()) => wire::frame(OK, &[]),
+        Err(AgentError::Io { source, .. }) => return Err(source),
+        Err(e) => wire::frame(ERR, e.to_string().as_bytes()),
     })
 }
 
@@ -577,14 +629,10 @@ pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) 
         Ok(m) => m,
         Err(why) => return w.write_all(&wire::frame(ERR, why.as_bytes())),
     };
-    w.write_all(&wire::frame(OK, &[]))?;
-    for &(off, len) in &segs {
-        send_from(&mut w, &*a.engine, mem.raw, off, len).map_err(|e| match e {
-            AgentError::Io { source, .. } => source,
-            e => io::Error::other(e.to_string()),
-        })?;
-    }
-    Ok(())
+    send(&mut w, &*a.engine, mem.raw, &wire::frame(OK, &[]), &segs).map_err(|e| match e {
+        AgentError::Io { source, .. } => source,
+        e => io::Error::other(e.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -610,6 +658,40 @@ mod tests {
         let (tag, body, _) = s.read_frame().unwrap();
         assert_eq!(tag, AUTH);
         (s, mine, body)
+    }
+
+    #[test]
+    fn stages_cut_segments_at_the_stage_size_and_keep_every_byte() {
+        let st = STAGE as u64;
+        let segs = [
+            (10, 100),
+            (5 * st, st + 7),
+            (0, 0),
+            (3 * st, st - 100),
+            (99, 1),
+        ];
+        let all = stages(&segs);
+        // Every stage full but the last, each piece inside its stage, in order.
+        for (i, (n, pieces)) in all.iter().enumerate() {
+            assert!(*n == STAGE || i == all.len() - 1);
+            let mut at = 0;
+            for &(_, st_off, len) in pieces {
+                assert_eq!(st_off, at);
+                at += len;
+            }
+            assert_eq!(at, *n as u64);
+        }
+        // The pieces, joined, are the segments.
+        let mut joined: Vec<(u64, u64)> = Vec::new();
+        for &(m, _, len) in all.iter().flat_map(|(_, p)| p) {
+            match joined.last_mut() {
+                Some((o, l)) if *o + *l == m => *l += len,
+                _ => joined.push((m, len)),
+            }
+        }
+        let want: Vec<(u64, u64)> = segs.iter().copied().filter(|s| s.1 > 0).collect();
+        assert_eq!(joined, want);
+        assert!(stages(&[]).is_empty());
     }
 
     #[test]

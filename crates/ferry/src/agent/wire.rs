@@ -90,19 +90,28 @@ impl Stream {
     }
 
     /// The owner's wait for a peer's next frame: without a limit (an idle peer), the rest of
-    /// the frame and a transfer's bytes within `timeout` over TCP (a peer that stalls inside a
-    /// transfer breaks the connection rather than holding this thread).
-    fn next_frame(
-        &self,
-        timeout: std::time::Duration,
-    ) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
+    /// the frame and a transfer's bytes within the agent's timeout over TCP (the socket's read
+    /// timeout, set once: a peer that stalls inside a transfer breaks the connection rather
+    /// than holding this thread).
+    fn next_frame(&self) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
         let Stream::Tcp(s) = self else {
             return self.read_frame();
         };
-        s.set_read_timeout(None)?;
-        let mut head = [0u8; 4];
-        self.recv(&mut head)?;
-        s.set_read_timeout(Some(timeout))?;
+        let (mut head, mut got) = ([0u8; 4], 0);
+        while got < head.len() {
+            match io::Read::read(&mut &*s, &mut head[got..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if got == 0
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) => {}
+                Err(e) => return Err(e),
+            }
+        }
         self.read_body(head, None)
     }
 
@@ -155,10 +164,9 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
     if let Ok(c) = s.try_clone() {
         lock(&a.conns).insert(conn, c);
     }
-    let timeout = a.timeout;
     drop(a);
     let mut peer_name = String::from("?");
-    while let Ok((tag, body, _)) = s.next_frame(timeout) {
+    while let Ok((tag, body, _)) = s.next_frame() {
         let Some(a) = agent.upgrade() else { break };
         let reply = match (tag, &s) {
             (HELLO, _) if body.len() >= 4 => {
