@@ -121,7 +121,9 @@ for s in "${steps[@]}"; do
     done ;;
   agent) # issue 36: two processes on one GPU
     step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json"
-    bench ipc --test ipc-d2d,ipc-h2d ;;
+    bench ipc --test ipc-d2d,ipc-h2d
+    step ipc-tcp "$limit" "$ferry" bench --engine cpu --test ipc-tcp-write,ipc-tcp-read \
+      --sizes 4K,64K,1M,16M,64M --json "$log/ipc-tcp.json" ;;
   cpu) # issue 32: the CPU engine against the obvious loops on the GPU host's 16 cores
     step cpu 120 "$ferry" bench --engine cpu --test \
       cpu-contig,cpu-tile,cpu-transpose-f32,cpu-transpose-f64,cpu-transpose-bf16 \

@@ -394,7 +394,8 @@ int ferry_checkpoint_load(const char *path, ferry_tensor *tensors, size_t n,
                           const ferry_checkpoint_options *opts, ferry_checkpoint_report *report);
 
 /* ---------------------------------------------------------------------------------------
- * Transfer agent (ferry::agent): registered memory moved between processes of one host.
+ * Transfer agent (ferry::agent): registered memory moved between processes of one host, or
+ * of several hosts over TCP (ferry_agent_listen_tcp, ferry_agent_connect_tcp).
  * An agent allocates what it registers and gives its address (ferry_region_buffer); a
  * region's descriptor (at most 109 bytes) travels to a peer by any means; the peer connects
  * to the agent's socket, imports the descriptor (the owner confirms it) and reads or writes
@@ -440,6 +441,16 @@ int ferry_region_deregister(const ferry_region *region);
 int ferry_region_destroy(ferry_region **region);
 /* Connects to the agent at socket path (same host, same user). */
 int ferry_agent_connect(const ferry_agent *agent, const char *path, ferry_peer **peer);
+/* Serves peers of other hosts too: listens on TCP at addr ("0.0.0.0:7000"; port 0: the
+ * kernel picks) for connections that prove key (key_len >= 16 bytes; HMAC-SHA256 challenges
+ * both ways, the key never sent; the bytes travel unencrypted); *port (if not NULL) = the
+ * port bound. */
+int ferry_agent_listen_tcp(const ferry_agent *agent, const char *addr, const uint8_t *key,
+                           size_t key_len, uint16_t *port);
+/* Connects to the agent listening at addr ("host:port") on this or another host with key;
+ * its registrations' bytes then travel over the connection. */
+int ferry_agent_connect_tcp(const ferry_agent *agent, const char *addr, const uint8_t *key,
+                            size_t key_len, ferry_peer **peer);
 int ferry_peer_destroy(ferry_peer **peer);
 /* Opens the peer's registration described by the len bytes at desc (refused with the reason:
  * another process's descriptor, a stale or forged one). */

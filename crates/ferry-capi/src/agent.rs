@@ -4,14 +4,14 @@
 //! segment lists, one `ferry_agent_request` each.
 
 use crate::error::{
-    array, c_string, guard, out, Fail, FERRY_EDRIVER, FERRY_EINVAL, FERRY_ENOTAVAIL,
+    array, c_string, guard, out, utf8, Fail, FERRY_EDRIVER, FERRY_EINVAL, FERRY_ENOTAVAIL,
     FERRY_EREQUEST, FERRY_SUCCESS,
 };
 use crate::request::{FerryBuffer, FERRY_MEM_DEVICE, FERRY_MEM_PAGEABLE, FERRY_MEM_PINNED};
 use ferry::agent::{Agent, AgentError, Descriptor, Peer, Region, RemoteRegion};
 use ferry::cuda::{CudaEngine, CudaError, DeviceBuffer};
 use ferry::{CpuEngine, Engine, MemKind, Request, Segment};
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -125,13 +125,8 @@ pub unsafe extern "C" fn ferry_agent_create(
     out_agent: *mut *mut FerryAgent,
 ) -> c_int {
     guard(|| {
-        if name.is_null() {
-            return Err(Fail::inval("name is NULL"));
-        }
         // SAFETY: (1).
-        let name = unsafe { CStr::from_ptr(name) }
-            .to_str()
-            .map_err(|_| Fail::inval("name is not UTF-8"))?;
+        let name = unsafe { utf8(name, "name") }?;
         // SAFETY: (1).
         let slot = unsafe { out(out_agent, "agent") }?;
         let engine: Arc<dyn Engine> = if device < 0 {
@@ -359,16 +354,88 @@ pub unsafe extern "C" fn ferry_agent_connect(
     guard(|| {
         // SAFETY: (1).
         let (a, _) = unsafe { get(agent, AGENT, "agent") }?;
-        if path.is_null() {
-            return Err(Fail::inval("path is NULL"));
-        }
         // SAFETY: (1).
-        let path = unsafe { CStr::from_ptr(path) }
-            .to_str()
-            .map_err(|_| Fail::inval("path is not UTF-8"))?;
+        let path = unsafe { utf8(path, "path") }?;
         // SAFETY: (1).
         let slot = unsafe { out(out_peer, "peer") }?;
         *slot = boxed(PEER, a.connect(path).map_err(agent_fail)?);
+        Ok(FERRY_SUCCESS)
+    })
+}
+
+/// A key argument: `len` bytes at `key` (at least 16), or `-FERRY_EINVAL`.
+///
+/// # Safety
+/// 1. `key` is NULL or valid for reads of `len` bytes, outliving the returned borrow.
+unsafe fn key_bytes<'a>(key: *const u8, len: usize) -> Result<&'a [u8], Fail> {
+    if key.is_null() {
+        return Err(Fail::inval("key is NULL"));
+    }
+    // SAFETY: (1).
+    Ok(unsafe { std::slice::from_raw_parts(key, len) })
+}
+
+/// Serves peers of other hosts too: listens on TCP at `addr` (`"0.0.0.0:7000"`; port 0 for
+/// one the kernel picks) and serves connections that prove `key` (`key_len` >= 16 bytes, the
+/// same given to the peers' `ferry_agent_connect_tcp`; the key itself never travels). Every
+/// registration is then reachable from them, its bytes carried over the connection,
+/// unencrypted. `*port` (if `port` is not NULL) = the port bound.
+///
+/// Returns `FERRY_SUCCESS`, `-FERRY_EINVAL` (NULL or non-UTF-8 `addr`, NULL `key`, a key
+/// shorter than 16 bytes, an agent already listening) or `-FERRY_EREQUEST` (the bind).
+///
+/// # Safety
+/// 1. `agent` is NULL or an agent not yet destroyed; `addr` NULL or a NUL-terminated string;
+///    `key` NULL or valid for `key_len` bytes; `port` NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_agent_listen_tcp(
+    agent: *const FerryAgent,
+    addr: *const c_char,
+    key: *const u8,
+    key_len: usize,
+    port: *mut u16,
+) -> c_int {
+    guard(|| {
+        // SAFETY: (1).
+        let (a, _) = unsafe { get(agent, AGENT, "agent") }?;
+        // SAFETY: (1).
+        let (addr, key) = unsafe { (utf8(addr, "addr")?, key_bytes(key, key_len)?) };
+        let at = a.listen_tcp(addr, key).map_err(agent_fail)?;
+        if !port.is_null() {
+            // SAFETY: (1).
+            unsafe { *port = at.port() };
+        }
+        Ok(FERRY_SUCCESS)
+    })
+}
+
+/// Connects to the agent listening at `addr` (`"host:port"`, `ferry_agent_listen_tcp`) on
+/// this or another host, proving `key` (`key_len` >= 16 bytes) and checking that the agent
+/// holds it. Transfers then carry their bytes over the connection; one that breaks fails them
+/// (`-FERRY_EREQUEST`, "connection ... lost").
+///
+/// Returns `FERRY_SUCCESS`, `-FERRY_EINVAL` (NULL or non-UTF-8 `addr`, NULL or short `key`,
+/// NULL `out`) or `-FERRY_EREQUEST` (nothing listens there, the key refused).
+///
+/// # Safety
+/// 1. `agent` is NULL or an agent not yet destroyed; `addr` NULL or a NUL-terminated string;
+///    `key` NULL or valid for `key_len` bytes; `out` NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_agent_connect_tcp(
+    agent: *const FerryAgent,
+    addr: *const c_char,
+    key: *const u8,
+    key_len: usize,
+    out_peer: *mut *mut FerryPeer,
+) -> c_int {
+    guard(|| {
+        // SAFETY: (1).
+        let (a, _) = unsafe { get(agent, AGENT, "agent") }?;
+        // SAFETY: (1).
+        let (addr, key) = unsafe { (utf8(addr, "addr")?, key_bytes(key, key_len)?) };
+        // SAFETY: (1).
+        let slot = unsafe { out(out_peer, "peer") }?;
+        *slot = boxed(PEER, a.connect_tcp(addr, key).map_err(agent_fail)?);
         Ok(FERRY_SUCCESS)
     })
 }
@@ -570,6 +637,105 @@ pub unsafe extern "C" fn ferry_agent_next_notification(
 mod tests {
     use super::*;
 
+    /// Two agents over TCP on loopback: the key checked, a write and a read back.
+    #[test]
+    fn agents_reach_each_other_over_tcp_through_the_c_api() {
+        // SAFETY: every handle is made and destroyed here, in order; buffers outlive requests.
+        unsafe {
+            let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
+            assert_eq!(ferry_agent_create(c"c-tcp-owner".as_ptr(), -1, &mut a), 0);
+            assert_eq!(ferry_agent_create(c"c-tcp-peer".as_ptr(), -1, &mut b), 0);
+            let key = b"a key of sixteen bytes or more";
+            let mut port = 0u16;
+            assert_eq!(
+                ferry_agent_listen_tcp(a, c"127.0.0.1:0".as_ptr(), key.as_ptr(), 8, &mut port),
+                -FERRY_EINVAL
+            );
+            assert_eq!(
+                ferry_agent_listen_tcp(
+                    a,
+                    c"127.0.0.1:0".as_ptr(),
+                    key.as_ptr(),
+                    key.len(),
+                    &mut port
+                ),
+                0
+            );
+            assert_ne!(port, 0);
+            let at = std::ffi::CString::new(format!("127.0.0.1:{port}")).unwrap();
+            let mut peer = std::ptr::null_mut();
+            let wrong = b"another key of sixteen bytes";
+            assert_eq!(
+                ferry_agent_connect_tcp(b, at.as_ptr(), wrong.as_ptr(), wrong.len(), &mut peer),
+                -FERRY_EREQUEST
+            );
+            assert!(peer.is_null());
+            assert_eq!(
+                ferry_agent_connect_tcp(b, at.as_ptr(), key.as_ptr(), key.len(), &mut peer),
+                0
+            );
+            let (mut theirs, mut mine) = (std::ptr::null_mut(), std::ptr::null_mut());
+            assert_eq!(
+                ferry_agent_alloc(a, 8192, FERRY_MEM_PAGEABLE, 0, 0, &mut theirs),
+                0
+            );
+            assert_eq!(
+                ferry_agent_alloc(b, 8192, FERRY_MEM_PAGEABLE, 0, 0, &mut mine),
+                0
+            );
+            let mut buf = FerryBuffer {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+                kind: -1,
+                device: 0,
+            };
+            assert_eq!(ferry_region_buffer(mine, &mut buf), 0);
+            let m = std::slice::from_raw_parts_mut(buf.ptr.cast::<u8>(), 8192);
+            m.fill(0x17);
+            let mut desc = [0u8; 128];
+            let mut dlen = 0;
+            assert_eq!(
+                ferry_region_descriptor(theirs, desc.as_mut_ptr(), 128, &mut dlen),
+                0
+            );
+            let mut remote = std::ptr::null_mut();
+            assert_eq!(ferry_peer_import(peer, desc.as_ptr(), dlen, &mut remote), 0);
+            let seg = [FerrySegment {
+                dst_off: 4096,
+                src_off: 0,
+                len: 4096,
+            }];
+            let mut req = std::ptr::null_mut();
+            let none = std::ptr::null();
+            assert_eq!(
+                ferry_agent_transfer(b, 1, remote, mine, seg.as_ptr(), 1, none, 0, &mut req),
+                0
+            );
+            assert_eq!(ferry_agent_request_wait(&mut req), 0);
+            assert_eq!(ferry_region_buffer(theirs, &mut buf), 0);
+            let t = std::slice::from_raw_parts(buf.ptr.cast::<u8>(), 8192);
+            assert!(t[4096..].iter().all(|&x| x == 0x17) && t[..4096].iter().all(|&x| x == 0));
+            // Read their zeros back over the first half of mine.
+            let back = [FerrySegment {
+                dst_off: 0,
+                src_off: 0,
+                len: 4096,
+            }];
+            assert_eq!(
+                ferry_agent_transfer(b, 0, remote, mine, back.as_ptr(), 1, none, 0, &mut req),
+                0
+            );
+            assert_eq!(ferry_agent_request_wait(&mut req), 0);
+            assert!(m[..4096].iter().all(|&x| x == 0) && m[4096..].iter().all(|&x| x == 0x17));
+            assert_eq!(ferry_remote_destroy(&mut remote), 0);
+            assert_eq!(ferry_peer_destroy(&mut peer), 0);
+            assert_eq!(ferry_region_destroy(&mut mine), 0);
+            assert_eq!(ferry_region_destroy(&mut theirs), 0);
+            assert_eq!(ferry_agent_destroy(&mut b), 0);
+            assert_eq!(ferry_agent_destroy(&mut a), 0);
+        }
+    }
+
     /// One agent talking to itself through its own socket (cross-memory attach on its own pid
     /// and a second mapping of its shared memory): the whole C path in one process.
     #[test]
@@ -665,7 +831,7 @@ mod tests {
                 ),
                 -FERRY_EINVAL
             );
-            let msg = CStr::from_ptr(crate::ferry_last_error_message())
+            let msg = std::ffi::CStr::from_ptr(crate::ferry_last_error_message())
                 .to_str()
                 .unwrap();
             assert!(msg.contains("segment 0"), "{msg}");

@@ -180,13 +180,8 @@ fn fail(e: &CheckpointError) -> Fail {
 /// # Safety
 /// 1. `path` is NULL or a NUL-terminated string.
 unsafe fn path_of(path: *const c_char) -> Result<PathBuf, Fail> {
-    if path.is_null() {
-        return Err(Fail::inval("path is NULL"));
-    }
     // SAFETY: (1).
-    let s = unsafe { CStr::from_ptr(path) }
-        .to_str()
-        .map_err(|_| Fail::inval("path is not UTF-8"))?;
+    let s = unsafe { crate::error::utf8(path, "path") }?;
     if s.is_empty() {
         return Err(Fail::inval("path is empty"));
     }

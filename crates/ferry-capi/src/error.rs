@@ -3,7 +3,7 @@
 
 use ferry::{LayoutError, OpError, PlanError, RequestError, SubmitError};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Success.
@@ -109,6 +109,20 @@ thread_local! {
 }
 
 /// A C string from any text (interior NULs become spaces).
+/// A NUL-terminated UTF-8 string argument, or `-FERRY_EINVAL` naming it.
+///
+/// # Safety
+/// 1. `p` is NULL or a NUL-terminated string that outlives the returned borrow.
+pub(crate) unsafe fn utf8<'a>(p: *const c_char, what: &str) -> Result<&'a str, Fail> {
+    if p.is_null() {
+        return Err(Fail::inval(format!("{what} is NULL")));
+    }
+    // SAFETY: (1).
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| Fail::inval(format!("{what} is not UTF-8")))
+}
+
 pub(crate) fn c_string(s: &str) -> CString {
     CString::new(s.replace('\0', " ")).unwrap_or_default()
 }

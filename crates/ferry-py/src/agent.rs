@@ -254,6 +254,56 @@ impl PyAgent {
         Ok(PyPeer { peer })
     }
 
+    /// Serves peers of other hosts too: listens on TCP at ``addr`` for connections that
+    /// prove ``key`` (the same given to their ``connect_tcp``; HMAC-SHA256 challenges both
+    /// ways, the key never sent). Every region is then reachable from them, its bytes carried
+    /// over the connection (device memory staged through host memory), unencrypted: a network
+    /// the cluster trusts.
+    ///
+    /// Args:
+    ///     addr (str): ``"host:port"`` to bind (port 0: one the kernel picks).
+    ///     key (bytes): at least 16 bytes.
+    ///
+    /// Returns:
+    ///     str: the address bound, ``"ip:port"``.
+    ///
+    /// Raises:
+    ///     ArgumentError: a key shorter than 16 bytes, or the agent already listens.
+    ///     FerryError: the bind failed.
+    ///
+    /// Example:
+    ///     >>> at = agent.listen_tcp("0.0.0.0:0", key)
+    fn listen_tcp(&self, py: Python<'_>, addr: &str, key: &[u8]) -> PyResult<String> {
+        let at = py
+            .allow_threads(|| self.agent.listen_tcp(addr, key))
+            .map_err(agent_err)?;
+        Ok(at.to_string())
+    }
+
+    /// Connects to the agent listening at ``addr`` (``listen_tcp``) on this or another host,
+    /// proving ``key`` and checking that the agent holds it. Transfers then carry their bytes
+    /// over the connection, one at a time, in order; one that breaks fails them.
+    ///
+    /// Args:
+    ///     addr (str): ``"host:port"``.
+    ///     key (bytes): the agent's key (at least 16 bytes).
+    ///
+    /// Returns:
+    ///     Peer: the connection.
+    ///
+    /// Raises:
+    ///     ArgumentError: a key shorter than 16 bytes. FerryError: nothing listens there, or
+    ///         the key is refused.
+    ///
+    /// Example:
+    ///     >>> peer = agent.connect_tcp("10.0.0.2:7000", key)
+    fn connect_tcp(&self, py: Python<'_>, addr: &str, key: &[u8]) -> PyResult<PyPeer> {
+        let peer = py
+            .allow_threads(|| self.agent.connect_tcp(addr, key))
+            .map_err(agent_err)?;
+        Ok(PyPeer { peer })
+    }
+
     /// Writes ``local``'s bytes into the peer's ``remote``, one request for the whole list.
     ///
     /// Args:

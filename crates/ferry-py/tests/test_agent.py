@@ -159,3 +159,48 @@ def test_an_existing_array_is_registered_in_place(owner: Any) -> None:
         me.register(ro)
     with pytest.raises(ferry.ArgumentError, match="contiguous"):
         me.register(np.zeros((8, 8), dtype=np.uint8)[:, ::2])
+
+
+def _tcp_owner(conn: Any) -> None:
+    """A peer reached over TCP: a pageable region, answering `get` until `exit`."""
+    agent = ferry.Agent("py-tcp-owner")
+    at = agent.listen_tcp("127.0.0.1:0", b"a python key, sixteen bytes+")
+    region = agent.alloc(1 << 16)
+    region.write(0, bytes(range(256)) * 256)
+    conn.send((at, region.descriptor))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "get":
+            conn.send(region.read(msg[1], msg[2]))
+        else:
+            return
+
+
+def test_over_tcp_both_ways_and_a_wrong_key() -> None:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_tcp_owner, args=(child,))
+    p.start()
+    try:
+        at, desc = parent.recv()
+        me = ferry.Agent("py-tcp-peer")
+        with pytest.raises(ferry.FerryError, match="does not hold this key"):
+            me.connect_tcp(at, b"not the key, though sixteen")
+        with pytest.raises(ferry.ArgumentError):
+            me.connect_tcp(at, b"short")
+        peer = me.connect_tcp(at, b"a python key, sixteen bytes+")
+        assert peer.name == "py-tcp-owner" and peer.pid == p.pid and peer.alive
+        remote = peer.open(desc)
+        local = me.alloc(1 << 16)
+        local.write(0, b"\x5a" * 4096)
+        me.write(remote, local, [(100, 0, 1000), (5000, 2000, 10)], notify=b"x").wait()
+        parent.send(("get", 100, 1000))
+        assert parent.recv() == b"\x5a" * 1000
+        back = me.alloc(1 << 16)
+        me.read(back, remote, [(0, 2048, 256)]).wait()
+        assert back.read(0, 256) == bytes(range(256))
+    finally:
+        parent.send(("exit",))
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
