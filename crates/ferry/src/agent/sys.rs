@@ -23,10 +23,17 @@ unsafe impl Send for SharedMap {}
 unsafe impl Sync for SharedMap {}
 
 impl SharedMap {
-    /// `len` (> 0) zero bytes in a new memfd, mapped.
+    /// `len` (> 0) zero bytes in a new memfd, mapped. Its size is sealed (`F_SEAL_SHRINK`,
+    /// `F_SEAL_GROW`, then `F_SEAL_SEAL`): a process it is passed to cannot truncate it under
+    /// the others' mappings (their next access would fault).
     pub(crate) fn create(len: usize) -> io::Result<SharedMap> {
         // SAFETY: a NUL-terminated name and flags; returns a new descriptor or -1.
-        let fd = unsafe { libc::memfd_create(c"ferry-agent".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"ferry-agent".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -34,6 +41,11 @@ impl SharedMap {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: resizes the memfd owned above.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: adds seals to the memfd owned above.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(io::Error::last_os_error());
         }
         SharedMap::map(fd, len)
@@ -46,6 +58,17 @@ impl SharedMap {
         // SAFETY: `st` is a valid out-pointer for one `stat`.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(io::Error::last_os_error());
+        }
+        // A memfd whose size its owner (or another importer) could still shrink would fault
+        // this process's accesses: refused (`create` seals its own).
+        // SAFETY: asks the seals of a valid descriptor.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the shared memory's size is not sealed (F_SEAL_SHRINK): it could be truncated \
+                 under this mapping",
+            ));
         }
         if (st.st_size as u64) < len as u64 || len == 0 {
             return Err(io::Error::new(
@@ -566,6 +589,29 @@ pub(crate) fn allow_ptracer(pid: i32) {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn shared_memory_is_sealed_and_unsealed_memory_is_refused() {
+        let m = SharedMap::create(4096).unwrap();
+        // SAFETY: `dup` of the live memfd; the copy is owned here.
+        let dup = unsafe { OwnedFd::from_raw_fd(libc::dup(m.fd())) };
+        // SAFETY: tries to shrink and grow a valid memfd (refused by its seals).
+        unsafe {
+            assert_ne!(libc::ftruncate(dup.as_raw_fd(), 0), 0);
+            assert_ne!(libc::ftruncate(dup.as_raw_fd(), 8192), 0);
+        }
+        assert!(SharedMap::map(dup, 4096).is_ok());
+        // SAFETY: a new memfd without seals, owned here.
+        let plain = unsafe {
+            let fd = libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0 && libc::ftruncate(fd, 4096) == 0);
+            OwnedFd::from_raw_fd(fd)
+        };
+        let e = SharedMap::map(plain, 4096)
+            .err()
+            .expect("an unsealed memfd refused");
+        assert!(e.to_string().contains("not sealed"), "{e}");
+    }
 
     /// A peer's view of `life`: its memfd duplicated, as passing it over the socket does.
     fn view(life: &Life) -> ProcessHandle {
