@@ -303,20 +303,32 @@ impl Workers {
             }
         }
         let mut spin = false;
+        let mut freed: Option<Arc<dyn Task>> = None;
         // Ends once shut down, after the tasks queued before.
-        while let Some((task, i)) = self.next(index, spin) {
+        while let Some((task, i)) = self.next(index, spin, freed.take()) {
             {
                 let _place = Release(task.cap());
                 task.run(i);
             }
             self.busy.fetch_sub(1, Ordering::Relaxed);
             spin = task.spin_after();
+            if task.cap().is_some() {
+                freed = Some(task);
+            }
         }
     }
 
     /// The next piece to run (the oldest task's next), waiting for one; `None` once shut down
-    /// and nothing is left. Polls for [`IDLE_SPIN`] first where `spin`.
-    fn next(&self, index: usize, spin: bool) -> Option<(Arc<dyn Task>, usize)> {
+    /// and nothing is left. Polls for [`IDLE_SPIN`] first where `spin`. `freed`: the capped
+    /// task whose place this worker has just given back: if it takes another task's piece
+    /// while that user still has pieces queued, it wakes a sleeping worker for them (else they
+    /// would wait for a worker to come by).
+    fn next(
+        &self,
+        index: usize,
+        spin: bool,
+        freed: Option<Arc<dyn Task>>,
+    ) -> Option<(Arc<dyn Task>, usize)> {
         let idle = Instant::now();
         let mut spin = SPIN && spin;
         loop {
@@ -325,6 +337,9 @@ impl Workers {
                 loop {
                     if let Some(taken) = take_next(&mut st.queue) {
                         self.busy.fetch_add(1, Ordering::Relaxed);
+                        if let Some(f) = &freed {
+                            self.wake_for_freed(&mut st, f, &taken.0);
+                        }
                         return Some(taken);
                     }
                     if st.shutdown {
@@ -348,6 +363,30 @@ impl Workers {
                 }
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// After a worker that gave back a place of capped `freed` took a piece of `took`: where
+    /// that is another user's and `freed`'s user has pieces queued and room, wakes one sleeping
+    /// worker for them.
+    fn wake_for_freed(&self, st: &mut State, freed: &Arc<dyn Task>, took: &Arc<dyn Task>) {
+        let same = |a: &Arc<dyn Task>, b: &Arc<dyn Task>| match (a.cap(), b.cap()) {
+            (Some(x), Some(y)) => std::ptr::eq(x, y),
+            _ => false,
+        };
+        if same(freed, took) {
+            return;
+        }
+        let waiting = st
+            .queue
+            .iter()
+            .any(|q| same(&q.task, freed) && q.task.cap().is_some_and(Cap::has_room));
+        if !waiting {
+            return;
+        }
+        if let Some(i) = (0..st.started).find(|&i| st.sleeping[i]) {
+            st.sleeping[i] = false;
+            self.work[i].notify_one();
         }
     }
 
