@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Host memory between two processes over TCP: ferry's agent (`Agent.listen_tcp` /
+`Agent.connect_tcp`) against NVIDIA NIXL's (UCX backend, `UCX_TLS=tcp`), the transport each
+uses between hosts, run here over loopback. Needs no GPU.
+
+A target process registers one host buffer with each agent (a NIXL agent and a ferry agent
+listening on TCP); this process registers its own with each and moves `batch` blocks of
+`block` bytes with one segment list per call (the i-th block from slot batch-1-i to slot i,
+as `ferry bench --test ipc-*`), WRITE and READ, posted and waited, host clock, median of the
+samples; ferry's and NIXL's samples alternate. Every row is verified once first: the
+destination cleared, one call, the bytes compared.
+
+Usage (nixl_cu13 or nixl, torch, numpy and ferry importable):
+  python3 bench/agent/nixl_tcp.py [--full] [--reps N] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("UCX_TLS", "tcp")
+
+KIB = 1024
+MIB = 1 << 20
+KEY = b"nixl_tcp.py loopback key"
+
+
+def import_nixl():
+    """The nixl module: `nixl_cu13` (the wheel's name) or `nixl`."""
+    try:
+        import nixl_cu13 as nixl  # type: ignore
+    except ImportError:
+        import nixl  # type: ignore
+    return nixl
+
+
+def target(conn, nbytes: int) -> None:
+    """The target: one buffer registered with NIXL, one with a ferry agent over TCP."""
+    import numpy as np
+    import torch
+
+    import ferry
+
+    nixl = import_nixl()
+    agent = nixl.nixl_agent("target", nixl.nixl_agent_config(backends=["UCX"]))
+    t = torch.zeros(nbytes, dtype=torch.uint8)  # NIXL registers tensors (host: DRAM)
+    agent.register_memory(t)
+    buf = t.numpy()
+    fa = ferry.Agent("target")
+    at = fa.listen_tcp("127.0.0.1:0", KEY)
+    region = fa.alloc(nbytes)
+    conn.send({"meta": agent.get_agent_metadata(), "buf": buf.ctypes.data, "ferry": at,
+               "desc": region.descriptor})
+    agent.add_remote_agent(conn.recv())
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg[0] == "nixl":  # the first n bytes of the NIXL buffer
+            conn.send(buf[: msg[1]].tobytes())
+        elif msg[0] == "ferry":
+            conn.send(region.read(0, msg[1]))
+        elif msg[0] == "fill":  # both buffers' first n bytes
+            data = msg[1]
+            buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+            region.write(0, data)
+            conn.send("ok")
+        else:
+            return
+
+
+def descs(base: int, block: int, batch: int, dst_side: bool):
+    """Nx3 (address, length, device 0) rows: slot i (destination side) or batch-1-i."""
+    import numpy as np
+
+    idx = np.arange(batch, dtype=np.uint64)
+    if not dst_side:
+        idx = np.uint64(batch - 1) - idx
+    a = np.empty((batch, 3), dtype=np.uint64)
+    a[:, 0] = np.uint64(base) + idx * np.uint64(block)
+    a[:, 1] = block
+    a[:, 2] = 0
+    return a
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--full", action="store_true", help="blocks 4 KiB-16 MiB x batches 1-1,024")
+    ap.add_argument("--reps", type=int, default=0, help="samples per row (default 5, 11 with --full)")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    nbytes = 64 * MIB
+    reps = a.reps or (11 if a.full else 5)
+    blocks = [4 * KIB, 64 * KIB, MIB, 16 * MIB] if a.full else [4 * KIB, MIB]
+    batches = [1, 16, 256, 1024] if a.full else [1, 64]
+
+    import numpy as np
+
+    import ferry
+
+    nixl = import_nixl()
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, nbytes), daemon=True)
+    proc.start()
+    deadline = time.monotonic() + 120
+    while not parent.poll(0.5):
+        if not proc.is_alive() or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"nixl_tcp: the target process ended or went quiet (exit code {proc.exitcode})")
+    info = parent.recv()
+    import torch
+
+    agent = nixl.nixl_agent("initiator", nixl.nixl_agent_config(backends=["UCX"]))
+    tsrc = torch.from_numpy(np.frombuffer(np.random.default_rng(7).bytes(nbytes), dtype=np.uint8).copy())
+    tdst = torch.zeros(nbytes, dtype=torch.uint8)
+    agent.register_memory(tsrc)
+    agent.register_memory(tdst)
+    src, dst = tsrc.numpy(), tdst.numpy()
+    remote = agent.add_remote_agent(info["meta"])
+    parent.send(agent.get_agent_metadata())
+    parent.recv()  # ready
+    fa = ferry.Agent("initiator")
+    peer = fa.connect_tcp(info["ferry"], KEY)
+    fremote = peer.open(info["desc"])
+    fsrc = fa.alloc(nbytes)
+    fsrc.write(0, src.tobytes())
+    fdst = fa.alloc(nbytes)
+    print(f"ferry agent over TCP vs NIXL (UCX_TLS={os.environ['UCX_TLS']}), two processes, "
+          f"loopback, {reps} samples per row, {os.cpu_count()} CPUs")
+
+    backend = {"name": ""}
+
+    def nixl_op(op: str, block: int, batch: int) -> None:
+        write = op == "WRITE"
+        local = src.ctypes.data if write else dst.ctypes.data
+        ld = agent.get_xfer_descs(descs(local, block, batch, not write), "DRAM")
+        rd = agent.get_xfer_descs(descs(info["buf"], block, batch, write), "DRAM")
+        h = agent.initialize_xfer(op, ld, rd, remote)
+        st = agent.transfer(h)
+        stuck = time.monotonic() + 60.0
+        while st == "PROC":
+            st = agent.check_xfer_state(h)
+            if time.monotonic() > stuck:
+                raise RuntimeError(f"NIXL {op} of {batch} x {block} B: not done after 60 s")
+        if st != "DONE":
+            raise RuntimeError(f"NIXL transfer failed: {st}")
+        if not backend["name"]:
+            backend["name"] = agent.query_xfer_backend(h)
+        agent.release_xfer_handle(h)
+
+    def ferry_segs(block: int, batch: int, write: bool):
+        # (destination offset, source offset, length): slot batch-1-i -> slot i.
+        return [(i * block, (batch - 1 - i) * block, block) for i in range(batch)]
+
+    def ferry_op(op: str, block: int, batch: int) -> None:
+        segs = ferry_segs(block, batch, op == "WRITE")
+        if op == "WRITE":
+            fa.write(fremote, fsrc, segs).wait()
+        else:
+            fa.read(fdst, fremote, segs).wait()
+
+    def verify(op: str, block: int, batch: int) -> None:
+        n = block * batch
+        want = bytearray(n)
+        for i in range(batch):  # slot batch-1-i of the source at slot i
+            want[i * block:(i + 1) * block] = src[(batch - 1 - i) * block:(batch - i) * block].tobytes()
+        if op == "WRITE":
+            parent.send(("fill", bytes(n)))
+            parent.recv()
+            nixl_op(op, block, batch)
+            ferry_op(op, block, batch)
+            for who in ("nixl", "ferry"):
+                parent.send((who, n))
+                if parent.recv() != bytes(want):
+                    raise RuntimeError(f"{who} {op} {batch} x {block}: wrong bytes")
+        else:
+            parent.send(("fill", src[:n].tobytes()))
+            parent.recv()
+            dst[:n] = 0
+            fdst.write(0, bytes(n))
+            nixl_op(op, block, batch)
+            ferry_op(op, block, batch)
+            if dst[:n].tobytes() != bytes(want) or fdst.read(0, n) != bytes(want):
+                raise RuntimeError(f"{op} {batch} x {block}: wrong bytes")
+
+    rows = []
+    print(f"{'op':<6} {'block':>9} {'batch':>6} {'ferry GB/s':>11} {'NIXL GB/s':>10} {'ratio':>6}")
+    for block in blocks:
+        for batch in batches:
+            if block * batch > nbytes:
+                continue
+            for op in ("WRITE", "READ"):
+                verify(op, block, batch)
+                tf, tn = [], []
+                for _ in range(reps):
+                    t = time.perf_counter()
+                    ferry_op(op, block, batch)
+                    tf.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    nixl_op(op, block, batch)
+                    tn.append(time.perf_counter() - t)
+                n = block * batch
+                f, x = n / statistics.median(tf) / 1e9, n / statistics.median(tn) / 1e9
+                rows.append({"op": op, "block": block, "batch": batch, "bytes": n,
+                             "ferry_gbps": f, "nixl_gbps": x, "ratio": f / x,
+                             "nixl_backend": backend["name"]})
+                print(f"{op:<6} {block:>9} {batch:>6} {f:>11.3f} {x:>10.3f} {f / x:>6.2f}", flush=True)
+    ratios = [r["ratio"] for r in rows]
+    gm = statistics.geometric_mean(ratios)
+    print(f"ferry / NIXL: geometric mean {gm:.2f} ({min(ratios):.2f}..{max(ratios):.2f}) over "
+          f"{len(rows)} rows; NIXL backend {backend['name']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    parent.send(("exit",))
+    proc.join(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
