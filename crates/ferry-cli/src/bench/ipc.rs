@@ -156,15 +156,12 @@ struct PeerProc {
 const TCP_KEY: &str = "ferry bench loopback key";
 
 impl PeerProc {
-    /// A host-memory peer reached over TCP (its agent, and its plain socket).
-    fn start_tcp(bytes: usize, agent: Agent) -> Result<PeerProc, BenchError> {
-        PeerProc::launch(false, bytes, agent, true)
-    }
-
     fn start(gpu: bool, bytes: usize, agent: Agent) -> Result<PeerProc, BenchError> {
         PeerProc::launch(gpu, bytes, agent, false)
     }
 
+    /// A peer process (`gpu`: device and pinned memory, else host memory) reached over its
+    /// Unix socket, or over TCP (`tcp`: its agent, and its plain socket).
     fn launch(gpu: bool, bytes: usize, agent: Agent, tcp: bool) -> Result<PeerProc, BenchError> {
         let exe = std::env::current_exe().map_err(setup)?;
         let mut cmd = Command::new(exe);
@@ -221,6 +218,28 @@ impl PeerProc {
             p.remote.push(peer.import(d).map_err(setup)?);
         }
         Ok(p)
+    }
+}
+
+impl PeerProc {
+    /// One agent call, waited: `write`: `src`'s segments into `remote`, else `remote`'s into
+    /// `dst`.
+    fn call(
+        &self,
+        remote: &RemoteRegion,
+        src: &Region,
+        dst: &Region,
+        segs: &[Segment],
+        write: bool,
+    ) -> Result<(), String> {
+        let r = if write {
+            self.agent.write(remote, src, segs, None)
+        } else {
+            self.agent.read(dst, remote, segs, None)
+        };
+        r.map_err(|e| e.to_string())?
+            .wait()
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -297,17 +316,20 @@ impl IpcBench {
         Ok(rows)
     }
 
+    /// A host-memory peer (over the Unix socket, or `tcp`) and this process's source and
+    /// destination regions.
+    fn host_peer(&self, tcp: bool) -> Result<(PeerProc, Region, Region), BenchError> {
+        let engine = Arc::new(CpuEngine::new(self.threads).map_err(setup)?);
+        let agent = Agent::new("ferry-bench", engine).map_err(setup)?;
+        let src = agent.register_host(pattern(HOST_CAP, 7)).map_err(setup)?;
+        let dst = agent.register_host(vec![0u8; HOST_CAP]).map_err(setup)?;
+        let p = PeerProc::launch(false, HOST_CAP, agent, tcp)?;
+        Ok((p, src, dst))
+    }
+
     fn host_row(&mut self, test: &TestInfo, block: usize, batch: usize) -> Result<Row, BenchError> {
         if self.host.is_none() {
-            let agent = Agent::new(
-                "ferry-bench",
-                Arc::new(CpuEngine::new(self.threads).map_err(setup)?),
-            )
-            .map_err(setup)?;
-            let src = agent.register_host(pattern(HOST_CAP, 7)).map_err(setup)?;
-            let dst = agent.register_host(vec![0u8; HOST_CAP]).map_err(setup)?;
-            let p = PeerProc::start(false, HOST_CAP, agent)?;
-            self.host = Some((p, src, dst));
+            self.host = Some(self.host_peer(false)?);
         }
         let (p, src, dst) = self.host.as_ref().expect("started above");
         let write = test.name == "ipc-host-write";
@@ -323,16 +345,7 @@ impl IpcBench {
             size: format_size(block as u64),
             message: e,
         };
-        let agent_op = |remote: &RemoteRegion| -> Result<(), String> {
-            let r = if write {
-                p.agent.write(remote, src, &segs, None)
-            } else {
-                p.agent.read(dst, remote, &segs, None)
-            };
-            r.map_err(|e| e.to_string())?
-                .wait()
-                .map_err(|e| e.to_string())
-        };
+        let agent_op = |remote: &RemoteRegion| p.call(remote, src, dst, &segs, write);
         let raw_op = || -> Result<(), String> {
             let (from, to) = if write { (lsrc, map) } else { (map, ldst) };
             for s in &segs {
@@ -411,15 +424,7 @@ impl IpcBench {
 
     fn tcp_row(&mut self, test: &TestInfo, block: usize, batch: usize) -> Result<Row, BenchError> {
         if self.tcp.is_none() {
-            let agent = Agent::new(
-                "ferry-bench-tcp",
-                Arc::new(CpuEngine::new(self.threads).map_err(setup)?),
-            )
-            .map_err(setup)?;
-            let src = agent.register_host(pattern(HOST_CAP, 7)).map_err(setup)?;
-            let dst = agent.register_host(vec![0u8; HOST_CAP]).map_err(setup)?;
-            let p = PeerProc::start_tcp(HOST_CAP, agent)?;
-            self.tcp = Some((p, src, dst));
+            self.tcp = Some(self.host_peer(true)?);
         }
         let (p, src, dst) = self.tcp.as_ref().expect("started above");
         let write = test.name == "ipc-tcp-write";
@@ -433,16 +438,7 @@ impl IpcBench {
             size: format_size(block as u64),
             message: e,
         };
-        let agent_op = || -> Result<(), String> {
-            let r = if write {
-                p.agent.write(remote, src, &segs, None)
-            } else {
-                p.agent.read(dst, remote, &segs, None)
-            };
-            r.map_err(|e| e.to_string())?
-                .wait()
-                .map_err(|e| e.to_string())
-        };
+        let agent_op = || p.call(remote, src, dst, &segs, write);
         // The plain socket: a header (the direction, the byte count), then the blocks written
         // one `write_all` each (or read one `read_exact` each into their places here); the
         // peer reads them into (sends them from) its buffer, and a write is answered by one
@@ -568,16 +564,7 @@ impl IpcBench {
         };
         // d2d: local device -> the peer's device; h2d: the peer's pinned -> local device.
         let remote = if d2d { &p.remote[0] } else { &p.remote[1] };
-        let agent_op = || -> Result<(), String> {
-            let r = if d2d {
-                p.agent.write(remote, local, &segs, None)
-            } else {
-                p.agent.read(local, remote, &segs, None)
-            };
-            r.map_err(|e| e.to_string())?
-                .wait()
-                .map_err(|e| e.to_string())
-        };
+        let agent_op = || p.call(remote, local, local, &segs, d2d);
         let pieces: Vec<(usize, usize, usize)> = segs
             .iter()
             .map(|s| (s.dst_off as usize, s.src_off as usize, s.len as usize))
