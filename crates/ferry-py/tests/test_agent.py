@@ -182,6 +182,12 @@ def test_over_tcp_both_ways_and_a_wrong_key() -> None:
     p = ctx.Process(target=_tcp_owner, args=(child,))
     p.start()
     try:
+        # The owner's address, or a failure (an owner that died before sending) instead of a
+        # wait for ever.
+        for _ in range(600):
+            if parent.poll(0.1) or not p.is_alive():
+                break
+        assert parent.poll(0.1), f"the TCP owner sent nothing (exit code {p.exitcode})"
         at, desc = parent.recv()
         me = ferry.Agent("py-tcp-peer")
         with pytest.raises(ferry.FerryError, match="does not hold this key"):

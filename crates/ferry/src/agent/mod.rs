@@ -55,8 +55,10 @@
 
 mod complete;
 mod desc;
+mod frame;
 mod sys;
 mod tcp;
+mod tcp_bytes;
 mod wire;
 
 use crate::cuda::{CudaError, DeviceBuffer};
@@ -265,7 +267,7 @@ struct AgentInner {
     /// Signalled (with `regions`) when a peer releases imports.
     released: Condvar,
     /// Served connections, by number (Unix and TCP alike).
-    conns: Mutex<HashMap<u64, wire::Stream>>,
+    conns: Mutex<HashMap<u64, frame::Stream>>,
     next_conn: AtomicU64,
     /// Where the agent listens over TCP, if it does ([`Agent::listen_tcp`]).
     tcp: Mutex<Option<tcp::Listening>>,
@@ -694,7 +696,7 @@ impl Agent {
         }
         let req = match &remote.mem.kind {
             RemoteKind::Tcp => {
-                let req = tcp::transfer(
+                let req = tcp_bytes::transfer(
                     peer,
                     Arc::clone(&self.inner.engine),
                     Arc::clone(&local.local),
@@ -1075,7 +1077,7 @@ struct PeerInner {
     name: String,
     pid: u32,
     agent: u64,
-    stream: Mutex<wire::Stream>,
+    stream: Mutex<frame::Stream>,
     reach: Reach,
 }
 
@@ -1083,7 +1085,7 @@ struct PeerInner {
 /// connection over TCP (broken or not).
 enum Reach<L = ProcessHandle> {
     Local(L),
-    Remote(tcp::Link),
+    Remote(tcp_bytes::Link),
 }
 
 impl PeerInner {
@@ -1115,7 +1117,7 @@ impl PeerInner {
         match &self.reach {
             Reach::Local(p) if p.exited_surely() => self.gone(),
             Reach::Local(_) => AgentError::Io { what, source: e },
-            Reach::Remote(_) => tcp::broken(self, &e),
+            Reach::Remote(_) => tcp_bytes::broken(self, &e),
         }
     }
 }

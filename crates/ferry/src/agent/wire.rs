@@ -5,130 +5,21 @@
 //! over TCP between hosts (`tcp.rs`: no descriptors travel there, the key is proved before the
 //! handshake, and transfers are frames of their own carrying the bytes).
 //!
-//! A frame: its length (u32, little-endian, tag included), a tag byte, the payload. A peer
-//! sends HELLO, IMPORT, RELEASE and NOTIFY; the owner answers HELLO and IMPORT with HELLO, OK
+//! Frames (`frame.rs`): a peer sends HELLO, IMPORT, RELEASE and NOTIFY; the owner answers HELLO and IMPORT with HELLO, OK
 //! or ERR (a reason in UTF-8). This is the second protocol: its HELLO has a tag of its own, so
 //! that an agent of the first (an older ferry, whose reply lacked the life word) and one of
 //! this refuse each other with the reason instead of misreading the reply.
 
-use super::{lock, sys, tcp, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store};
-use std::io::{self, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::fd::{OwnedFd, RawFd};
+use super::frame::{
+    frame, Stream, ERR, HELLO, HELLO_V1, IMPORT, MAX_FRAME, NOTIFY, OK, READ, RELEASE, WRITE,
+};
+use super::{lock, sys, tcp_bytes, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store};
+use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-
-/// The handshake of this protocol (the second: the reply carries the owner's life word).
-const HELLO: u8 = 6;
-/// The first protocol's handshake (an older ferry), refused with the reason.
-const HELLO_V1: u8 = 1;
-pub(super) const IMPORT: u8 = 2;
-const RELEASE: u8 = 3;
-const NOTIFY: u8 = 4;
-pub(super) const OK: u8 = 0x80;
-pub(super) const ERR: u8 = 0x81;
-/// The largest frame accepted (a notification's message included).
-pub(super) const MAX_FRAME: usize = 16 << 20;
-
-pub(super) fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(5 + payload.len());
-    f.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
-    f.push(tag);
-    f.extend_from_slice(payload);
-    f
-}
-
-/// A connection between two agents: a Unix socket (one host: descriptors travel with the
-/// frames) or TCP (`tcp.rs`: none do, and transfers carry their bytes in the stream).
-pub(super) enum Stream {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Stream {
-    /// Sends one frame, with `fd` attached on a Unix socket (none goes over TCP).
-    pub(super) fn send(&self, f: &[u8], fd: Option<RawFd>) -> io::Result<()> {
-        match self {
-            Stream::Unix(s) => sys::send_with_fd(s, f, fd),
-            Stream::Tcp(s) => (&*s).write_all(f),
-        }
-    }
-
-    /// Reads exactly `buf.len()` bytes, and a descriptor if one came with them.
-    fn recv(&self, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
-        match self {
-            Stream::Unix(s) => sys::recv_with_fd(s, buf),
-            Stream::Tcp(s) => io::Read::read_exact(&mut &*s, buf).map(|()| None),
-        }
-    }
-
-    /// Reads one frame: its tag, payload and any descriptor attached.
-    pub(super) fn read_frame(&self) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
-        let mut head = [0u8; 4];
-        let fd = self.recv(&mut head)?;
-        self.read_body(head, fd)
-    }
-
-    fn read_body(
-        &self,
-        head: [u8; 4],
-        fd: Option<OwnedFd>,
-    ) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
-        let n = u32::from_le_bytes(head) as usize;
-        if n == 0 || n > MAX_FRAME {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("a frame of {n} bytes"),
-            ));
-        }
-        let mut body = vec![0u8; n];
-        let fd2 = self.recv(&mut body)?;
-        let tag = body.remove(0);
-        Ok((tag, body, fd.or(fd2)))
-    }
-
-    /// The owner's wait for a peer's next frame: without a limit (an idle peer), the rest of
-    /// the frame and a transfer's bytes within the agent's timeout over TCP (the socket's read
-    /// timeout, set once: a peer that stalls inside a transfer breaks the connection rather
-    /// than holding this thread).
-    fn next_frame(&self) -> io::Result<(u8, Vec<u8>, Option<OwnedFd>)> {
-        let Stream::Tcp(s) = self else {
-            return self.read_frame();
-        };
-        let (mut head, mut got) = ([0u8; 4], 0);
-        while got < head.len() {
-            match io::Read::read(&mut &*s, &mut head[got..]) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e)
-                    if got == 0
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        ) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        self.read_body(head, None)
-    }
-
-    pub(super) fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-        })
-    }
-
-    pub(super) fn shutdown(&self) {
-        let _ = match self {
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-}
 
 /// Accepts peers until the agent is dropped, one thread per connection.
 pub(super) fn serve(listener: UnixListener, agent: Weak<AgentInner>) {
@@ -211,11 +102,11 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
                 a.notes_cv.notify_all();
                 None
             }
-            (tcp::WRITE, Stream::Tcp(t)) => match tcp::serve_write(&a, conn, t, &body) {
+            (WRITE, Stream::Tcp(t)) => match tcp_bytes::serve_write(&a, conn, t, &body) {
                 Ok(f) => Some((f, None)),
                 Err(_) => break,
             },
-            (tcp::READ, Stream::Tcp(t)) => match tcp::serve_read(&a, conn, t, &body) {
+            (READ, Stream::Tcp(t)) => match tcp_bytes::serve_read(&a, conn, t, &body) {
                 Ok(()) => None,
                 Err(_) => break,
             },
