@@ -89,7 +89,7 @@ struct Checked {
 impl Checked {
     fn finish(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
         r?;
-        if self.peer.exited() {
+        if self.peer.gone_after_transfer() {
             return Err(backend(self.peer.gone()));
         }
         Ok(())
@@ -130,7 +130,7 @@ impl Notified {
             return; // the other thread sends it and completes `done`
         };
         let r = r.and_then(|()| {
-            if self.peer.exited() {
+            if self.peer.gone_after_transfer() {
                 return Err(backend(self.peer.gone()));
             }
             wire::notify(&self.peer, &msg).map_err(backend)
@@ -158,7 +158,7 @@ struct NotifiedRequest(Arc<Notified>);
 impl NotifiedRequest {
     fn seen(&self, r: Result<(), RequestError>) -> Result<(), RequestError> {
         r?;
-        if self.0.peer.exited() {
+        if self.0.peer.gone_after_transfer() {
             return Err(backend(self.0.peer.gone()));
         }
         Ok(())

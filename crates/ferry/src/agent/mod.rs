@@ -1111,9 +1111,29 @@ impl PeerInner {
         }
     }
 
-    /// The error of a failed socket call `what`: the peer gone, if it is (asked surely),
-    /// else the call's.
-    fn lost(&self, what: String, e: std::io::Error) -> AgentError {
+    /// Whether a transfer that completed must still fail because the peer is gone: a process
+    /// of this host that has exited (its memory may be gone with it); never over TCP, where
+    /// the owner's answer already said the bytes landed (a later break is a later transfer's).
+    fn gone_after_transfer(&self) -> bool {
+        match &self.reach {
+            Reach::Local(p) => p.exited(),
+            Reach::Remote(_) => false,
+        }
+    }
+
+    /// Refuses a message over a connection already found broken (TCP).
+    fn usable(&self) -> Result<(), AgentError> {
+        match &self.reach {
+            Reach::Remote(l) if l.lost() => Err(self.gone()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The error of a failed socket call `what` on `stream` (held by the caller), which is
+    /// closed: a frame cut short leaves it out of step. The peer gone, if it is (asked
+    /// surely), else the call's.
+    fn lost(&self, stream: &frame::Stream, what: String, e: std::io::Error) -> AgentError {
+        stream.shutdown();
         match &self.reach {
             Reach::Local(p) if p.exited_surely() => self.gone(),
             Reach::Local(_) => AgentError::Io { what, source: e },

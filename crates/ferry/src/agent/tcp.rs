@@ -11,8 +11,11 @@
 //! Trust: both agents hold one key (at least [`MIN_KEY`] bytes, given to both by the
 //! application). Before any other message each end proves it to the other with HMAC-SHA256
 //! over the other's random challenge, so the key itself never travels and a connector without
-//! it reaches nothing. The bytes are not encrypted (as with NCCL's and UCX's sockets): a
-//! network the cluster trusts. A connection that breaks (the peer's process or host gone, a
+//! it reaches nothing. The bytes are not encrypted and carry no check of their own (as with
+//! NCCL's and UCX's sockets), and nothing ties the proof to the connection: an attacker on the
+//! path between two agents (or one an agent is tricked into connecting to, relaying the
+//! challenges) can read and change what follows. A network the cluster trusts, or a tunnel
+//! (WireGuard, SSH, TLS) where it does not. A connection that breaks (the peer's process or host gone, a
 //! peer silent for the agent's timeout in the middle of a transfer) fails its transfer and
 //! every later one on it with [`AgentError::Disconnected`].
 //!
@@ -27,7 +30,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -35,6 +38,8 @@ use std::time::Duration;
 pub(super) const MIN_KEY: usize = 16;
 /// The challenges' length in bytes.
 const NONCE: usize = 32;
+/// A proof's length in bytes (HMAC-SHA256).
+const PROOF: usize = 32;
 
 /// The HMAC-SHA256 of the key over `role`, the challenger's nonce and the prover's.
 fn proof(key: &[u8], role: &[u8], theirs: &[u8], mine: &[u8]) -> Hmac<Sha256> {
@@ -106,24 +111,68 @@ pub(super) fn listen(
 
 /// Accepts peers until the agent is dropped.
 fn serve(listener: TcpListener, agent: Weak<AgentInner>, key: Arc<[u8]>) {
+    // Connections still proving the key: past `MAX_PROVING` more are closed at once (a host
+    // without the key cannot hold an unbounded number of threads).
+    let proving = Arc::new(AtomicUsize::new(0));
     for s in listener.incoming() {
         let Some(a) = agent.upgrade() else { return };
         if a.stop.load(Ordering::Acquire) {
             return;
         }
-        let Ok(s) = s else { continue };
+        let Ok(s) = s else {
+            // Out of descriptors, say: not a busy loop.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if proving.fetch_add(1, Ordering::AcqRel) >= MAX_PROVING {
+            proving.fetch_sub(1, Ordering::AcqRel);
+            let _ = s.shutdown(Shutdown::Both);
+            continue;
+        }
         let (weak, key, timeout) = (agent.clone(), Arc::clone(&key), a.timeout);
+        let count = Arc::clone(&proving);
         drop(a);
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("ferry-agent-peer".into())
             .spawn(move || {
-                if tune(&s, timeout).is_err() || !prove_as_owner(&s, &key, timeout) {
+                let proved = tune(&s, timeout).is_ok() && prove_as_owner(&s, &key, timeout);
+                count.fetch_sub(1, Ordering::AcqRel);
+                if !proved {
                     let _ = s.shutdown(Shutdown::Both);
                     return;
                 }
                 wire::handle(Stream::Tcp(s), weak);
             });
+        if spawned.is_err() {
+            proving.fetch_sub(1, Ordering::AcqRel);
+        }
     }
+}
+
+/// The most connections proving the key at once.
+const MAX_PROVING: usize = 64;
+
+/// The key's two messages: a frame of exactly `1 + len` bytes with the tag AUTH, read within
+/// `deadline` (its length checked before anything is allocated); `None` for anything else.
+fn auth_frame(s: &TcpStream, len: usize, deadline: std::time::Instant) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 5 + len];
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .ok()?;
+        match io::Read::read(&mut &*s, &mut buf[got..]) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got += n,
+        }
+        if got >= 5
+            && (u32::from_le_bytes(buf[..4].try_into().expect("4 bytes")) as usize != 1 + len
+                || buf[4] != AUTH)
+        {
+            return None;
+        }
+    }
+    Some(buf.split_off(5))
 }
 
 /// The owner's half of the challenge: true once the connector has proved the key (a
@@ -133,15 +182,11 @@ fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
         Ok(c) => c,
         Err(_) => return false,
     });
-    if s.set_read_timeout(Some(timeout)).is_err() {
-        return false;
-    }
-    let Ok((AUTH, theirs, _)) = stream.read_frame() else {
+    // The whole proof within the agent's timeout, however slowly its bytes come.
+    let deadline = std::time::Instant::now() + timeout;
+    let Some(theirs) = auth_frame(s, NONCE, deadline) else {
         return false;
     };
-    if theirs.len() != NONCE {
-        return false;
-    }
     let Ok(mine) = random_nonce() else {
         return false;
     };
@@ -154,7 +199,7 @@ fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
     if stream.send(&frame(AUTH, &reply), None).is_err() {
         return false;
     }
-    let Ok((AUTH, tag, _)) = stream.read_frame() else {
+    let Some(tag) = auth_frame(s, PROOF, deadline) else {
         return false;
     };
     if proof(key, b"ferry agent peer", &mine, &theirs)
@@ -167,9 +212,9 @@ fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
         );
         return false;
     }
-    // The agent's timeout stays: a frame's first byte waits without a limit (an idle peer,
-    // `Stream::next_frame`), the rest of it and a transfer's bytes do not.
-    true
+    // The agent's timeout from now on: a frame's first byte waits without a limit (an idle
+    // peer, `Stream::next_frame`), the rest of it and a transfer's bytes do not.
+    s.set_read_timeout(Some(timeout)).is_ok()
 }
 
 /// Connects to the agent listening at `addr` over TCP: the key proved both ways, then the
@@ -274,6 +319,14 @@ mod tests {
             None,
         );
         assert!(s.read_frame().is_err(), "a refused connector got an answer");
+        // A challenge frame claiming 16 MiB: dropped before anything is allocated for it.
+        let raw = TcpStream::connect(addr).unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut head = ((16u32 << 20) + 1).to_le_bytes().to_vec();
+        head.push(AUTH);
+        let raw = Stream::Tcp(raw);
+        raw.send(&head, None).unwrap();
+        assert!(raw.read_frame().is_err());
         // A message instead of the challenge: dropped unanswered.
         let raw = TcpStream::connect(addr).unwrap();
         raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -53,9 +53,15 @@ pub(super) fn broken(peer: &PeerInner, e: &io::Error) -> AgentError {
     if let Reach::Remote(l) = &peer.reach {
         l.lose();
     }
+    let reason = match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            "no answer within the agent's timeout".to_string()
+        }
+        _ => e.to_string(),
+    };
     AgentError::Disconnected {
         peer: format!("{} (pid {})", peer.name, peer.pid),
-        reason: e.to_string(),
+        reason,
     }
 }
 
@@ -118,6 +124,8 @@ fn run(
     write: bool,
 ) -> Result<(), AgentError> {
     let guard = lock(&peer.stream);
+    // Broken since this transfer was queued: its stream may be out of step.
+    peer.usable()?;
     let Stream::Tcp(s) = &*guard else {
         unreachable!("a transfer over TCP on a Unix socket");
     };
@@ -159,25 +167,44 @@ fn run(
 /// (offset in the memory, offset in the stage, length).
 type Stage = (usize, Vec<(u64, u64, u64)>);
 
-/// `segs` (offset in the memory, length) cut into stage-fulls of at most [`STAGE`] bytes.
-fn stages(segs: &[(u64, u64)]) -> Vec<Stage> {
-    let (mut all, mut cur, mut used) = (Vec::new(), Vec::new(), 0u64);
-    for &(off, len) in segs {
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(STAGE as u64 - used);
-            cur.push((off + done, used, n));
-            (used, done) = (used + n, done + n);
-            if used == STAGE as u64 {
-                all.push((STAGE, std::mem::take(&mut cur)));
-                used = 0;
+/// `segs` (offset in the memory, length) cut into stage-fulls of at most [`STAGE`] bytes, one
+/// at a time (a list a peer sent may name far more bytes than fit in memory at once).
+fn stages(segs: &[(u64, u64)]) -> Stages<'_> {
+    Stages {
+        segs,
+        at: 0,
+        done: 0,
+    }
+}
+
+/// [`stages`]' iterator: the next segment `at`, `done` bytes of it already staged.
+struct Stages<'a> {
+    segs: &'a [(u64, u64)],
+    at: usize,
+    done: u64,
+}
+
+impl Iterator for Stages<'_> {
+    type Item = Stage;
+
+    fn next(&mut self) -> Option<Stage> {
+        let (mut pieces, mut used) = (Vec::new(), 0u64);
+        while used < STAGE as u64 {
+            let Some(&(off, len)) = self.segs.get(self.at) else {
+                break;
+            };
+            let n = (len - self.done).min(STAGE as u64 - used);
+            if n > 0 {
+                pieces.push((off + self.done, used, n));
+            }
+            used += n;
+            self.done += n;
+            if self.done == len {
+                (self.at, self.done) = (self.at + 1, 0);
             }
         }
+        (used > 0).then_some((used as usize, pieces))
     }
-    if used > 0 {
-        all.push((used as usize, cur));
-    }
-    all
 }
 
 fn socket_error(what: &'static str) -> impl Fn(io::Error) -> AgentError {
@@ -323,6 +350,7 @@ fn reachable(
     conn: u64,
     region: u64,
     segs: &[(u64, u64)],
+    write: bool,
 ) -> Result<Arc<Local>, String> {
     let regions = lock(&a.regions);
     let Some(e) = regions.get(&region) else {
@@ -342,6 +370,18 @@ fn reachable(
         if off.checked_add(n).is_none_or(|end| end > len) {
             return Err(format!(
                 "segment {i} ({n} bytes at offset {off}) lies outside region {region} ({len} bytes)"
+            ));
+        }
+    }
+    // A write's segments land in the region: two that overlap would be two writers of the
+    // same bytes at once (the caller's own check refuses them too).
+    if write {
+        let mut order: Vec<(u64, u64)> = segs.iter().copied().filter(|s| s.1 > 0).collect();
+        order.sort_unstable();
+        if let Some(w) = order.windows(2).find(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(format!(
+                "segments at offsets {} ({} bytes) and {} overlap in region {region}",
+                w[0].0, w[0].1, w[1].0
             ));
         }
     }
@@ -369,7 +409,7 @@ pub(super) fn serve_write(
         ));
     };
     let mut r = s;
-    let mem = match reachable(a, conn, region, &segs) {
+    let mem = match reachable(a, conn, region, &segs, true) {
         Ok(m) => m,
         Err(why) => {
             io::copy(&mut r.take(total), &mut io::sink())?;
@@ -394,7 +434,7 @@ pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) 
         ));
     };
     let mut w = s;
-    let mem = match reachable(a, conn, region, &segs) {
+    let mem = match reachable(a, conn, region, &segs, false) {
         Ok(m) => m,
         Err(why) => return w.write_all(&frame(ERR, why.as_bytes())),
     };
@@ -428,7 +468,7 @@ mod tests {
             (3 * st, st - 100),
             (99, 1),
         ];
-        let all = stages(&segs);
+        let all: Vec<Stage> = stages(&segs).collect();
         // Every stage full but the last, each piece inside its stage, in order.
         for (i, (n, pieces)) in all.iter().enumerate() {
             assert!(*n == STAGE || i == all.len() - 1);
@@ -449,7 +489,7 @@ mod tests {
         }
         let want: Vec<(u64, u64)> = segs.iter().copied().filter(|s| s.1 > 0).collect();
         assert_eq!(joined, want);
-        assert!(stages(&[]).is_empty());
+        assert!(stages(&[]).next().is_none());
     }
 
     #[test]
@@ -484,6 +524,20 @@ mod tests {
             e.contains("outside region") && e.contains("offset 8000"),
             "{e}"
         );
+        // Two segments writing the same bytes (the caller's own check bypassed): refused.
+        let twice = [Segment::new(0, 0, 100), Segment::new(50, 200, 100)];
+        let r = transfer(
+            p,
+            Arc::clone(&engine),
+            Arc::clone(&local.local),
+            mine.descriptor().region,
+            &twice,
+            true,
+        )
+        .unwrap()
+        .wait();
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("overlap"), "{e}");
         // A region this connection did not import: refused.
         let r = transfer(
             p,

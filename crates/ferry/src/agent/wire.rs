@@ -238,8 +238,9 @@ pub(super) fn hello(
 /// Asks the owner to confirm `desc`; the memfd of shared memory if one came.
 pub(super) fn import(peer: &PeerInner, desc: &Descriptor) -> Result<Option<OwnedFd>, AgentError> {
     let s = lock(&peer.stream);
+    peer.usable()?;
     let who = format!("{} (pid {})", peer.name, peer.pid);
-    let lost = |e: std::io::Error| peer.lost(format!("import from {who}"), e);
+    let lost = |e: std::io::Error| peer.lost(&s, format!("import from {who}"), e);
     s.send(&frame(IMPORT, &desc.to_bytes()), None)
         .map_err(lost)?;
     let (tag, body, fd) = s.read_frame().map_err(lost)?;
@@ -256,7 +257,12 @@ pub(super) fn import(peer: &PeerInner, desc: &Descriptor) -> Result<Option<Owned
 /// connection releases everything anyway).
 pub(super) fn release(peer: &PeerInner, region: u64) {
     let s = lock(&peer.stream);
-    let _ = s.send(&frame(RELEASE, &region.to_le_bytes()), None);
+    if peer.usable().is_ok()
+        && s.send(&frame(RELEASE, &region.to_le_bytes()), None)
+            .is_err()
+    {
+        s.shutdown();
+    }
 }
 
 /// Sends a notification.
@@ -269,6 +275,7 @@ pub(super) fn notify(peer: &Arc<PeerInner>, msg: &[u8]) -> Result<(), AgentError
         )));
     }
     let s = lock(&peer.stream);
+    peer.usable()?;
     s.send(&frame(NOTIFY, msg), None)
-        .map_err(|e| peer.lost(format!("notify {} (pid {})", peer.name, peer.pid), e))
+        .map_err(|e| peer.lost(&s, format!("notify {} (pid {})", peer.name, peer.pid), e))
 }
