@@ -24,20 +24,14 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("UCX_TLS", "tcp")
+os.environ.setdefault("UCX_TLS", "tcp")  # before nixl_compare's own default
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nixl_compare import descs, import_nixl  # noqa: E402  (one NIXL loader, one descriptor maker)
 
 KIB = 1024
 MIB = 1 << 20
 KEY = b"nixl_tcp.py loopback key"
-
-
-def import_nixl():
-    """The nixl module: `nixl_cu13` (the wheel's name) or `nixl`."""
-    try:
-        import nixl_cu13 as nixl  # type: ignore
-    except ImportError:
-        import nixl  # type: ignore
-    return nixl
 
 
 def target(conn, nbytes: int) -> None:
@@ -72,20 +66,6 @@ def target(conn, nbytes: int) -> None:
             conn.send("ok")
         else:
             return
-
-
-def descs(base: int, block: int, batch: int, dst_side: bool):
-    """Nx3 (address, length, device 0) rows: slot i (destination side) or batch-1-i."""
-    import numpy as np
-
-    idx = np.arange(batch, dtype=np.uint64)
-    if not dst_side:
-        idx = np.uint64(batch - 1) - idx
-    a = np.empty((batch, 3), dtype=np.uint64)
-    a[:, 0] = np.uint64(base) + idx * np.uint64(block)
-    a[:, 1] = block
-    a[:, 2] = 0
-    return a
 
 
 def main() -> int:
@@ -139,8 +119,8 @@ def main() -> int:
     def nixl_op(op: str, block: int, batch: int) -> None:
         write = op == "WRITE"
         local = src.ctypes.data if write else dst.ctypes.data
-        ld = agent.get_xfer_descs(descs(local, block, batch, not write), "DRAM")
-        rd = agent.get_xfer_descs(descs(info["buf"], block, batch, write), "DRAM")
+        ld = agent.get_xfer_descs(descs(local, block, batch, 0, not write), "DRAM")
+        rd = agent.get_xfer_descs(descs(info["buf"], block, batch, 0, write), "DRAM")
         h = agent.initialize_xfer(op, ld, rd, remote)
         st = agent.transfer(h)
         stuck = time.monotonic() + 60.0

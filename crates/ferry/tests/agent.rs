@@ -237,24 +237,30 @@ fn scattered(n: u64, len: u64, local_first: bool) -> Vec<Segment> {
         .collect()
 }
 
-#[test]
-fn host_memory_moves_both_ways_with_segment_lists() {
-    let mut owner = Owner::spawn("owner-both-ways");
-    let me = Agent::new("both-ways", engine()).unwrap();
-    let peer = me.connect(&owner.path).unwrap();
-    assert_eq!(peer.name(), "owner-both-ways");
-    assert_eq!(peer.pid(), owner.child.id());
+/// Both owner regions written from a local pageable region (100 pieces of 1000 bytes, the
+/// bytes outside them untouched) and read back into a local shared region as a Future;
+/// `notify`: each write carries a notification the owner must receive (`ME region R`).
+fn both_ways(
+    owner: &mut Owner,
+    me: &Agent,
+    peer: &ferry::agent::Peer,
+    me_name: &str,
+    notify: bool,
+) {
     for r in 0..2 {
         let remote = peer.import(&owner.descs[r]).unwrap();
         assert_eq!(remote.len(), LEN);
-        // Write 100 pieces of 1000 bytes from a local pageable region into the peer's.
         let src: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 ^ 0x5a).collect();
         let local = me.register_host(src.clone()).unwrap();
         let segs = scattered(100, 1000, false); // dst_off in the peer, src_off here
-        me.write(&remote, &local, &segs, None)
+        let note = format!("region {r}");
+        me.write(&remote, &local, &segs, notify.then_some(note.as_bytes()))
             .unwrap()
             .wait()
             .unwrap();
+        if notify {
+            assert_eq!(owner.ask("note"), format!("{me_name} {note}"));
+        }
         for s in [segs[0], segs[57], segs[99]] {
             let got = owner.get(r, s.dst_off as usize, s.len as usize);
             let want = &src[s.src_off as usize..(s.src_off + s.len) as usize];
@@ -280,6 +286,16 @@ fn host_memory_moves_both_ways_with_segment_lists() {
             );
         }
     }
+}
+
+#[test]
+fn host_memory_moves_both_ways_with_segment_lists() {
+    let mut owner = Owner::spawn("owner-both-ways");
+    let me = Agent::new("both-ways", engine()).unwrap();
+    let peer = me.connect(&owner.path).unwrap();
+    assert_eq!(peer.name(), "owner-both-ways");
+    assert_eq!(peer.pid(), owner.child.id());
+    both_ways(&mut owner, &me, &peer, "both-ways", false);
 }
 
 #[test]
@@ -759,45 +775,7 @@ fn over_tcp_host_memory_moves_both_ways() {
     let peer = me.connect_tcp(&owner.tcp, TCP_KEY.as_bytes()).unwrap();
     assert_eq!(peer.name(), "owner-tcp");
     assert_eq!(peer.pid(), owner.child.id());
-    for r in 0..2 {
-        let remote = peer.import(&owner.descs[r]).unwrap();
-        assert_eq!(remote.len(), LEN);
-        let src: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8 ^ 0x3c).collect();
-        let local = me.register_host(src.clone()).unwrap();
-        let segs = scattered(100, 1000, false);
-        me.write(
-            &remote,
-            &local,
-            &segs,
-            Some(format!("region {r}").as_bytes()),
-        )
-        .unwrap()
-        .wait()
-        .unwrap();
-        assert_eq!(owner.ask("note"), format!("tcp-both-ways region {r}"));
-        for s in [segs[0], segs[57], segs[99]] {
-            let got = owner.get(r, s.dst_off as usize, s.len as usize);
-            assert_eq!(got, &src[s.src_off as usize..(s.src_off + s.len) as usize]);
-        }
-        let gap = segs[0].dst_off as usize + 1000;
-        assert_eq!(
-            owner.get(r, gap, 8),
-            (gap..gap + 8).map(|i| pattern(r, i)).collect::<Vec<_>>()
-        );
-        // The whole region back into shared memory here, as a Future.
-        let dst = me.alloc_shared(LEN, false).unwrap();
-        let back = scattered(100, 1000, true);
-        futures::executor::block_on(me.read(&dst, &remote, &back, None).unwrap()).unwrap();
-        let mut mine = vec![0u8; LEN];
-        dst.read_at(0, &mut mine).unwrap();
-        for s in &back {
-            let want = owner.get(r, s.src_off as usize, s.len as usize);
-            assert_eq!(
-                &mine[s.dst_off as usize..(s.dst_off + s.len) as usize],
-                &want[..]
-            );
-        }
-    }
+    both_ways(&mut owner, &me, &peer, "tcp-both-ways", true);
     // A segment past the peer's region: refused here, before any byte moves.
     let remote = peer.import(&owner.descs[0]).unwrap();
     let local = me.register_host(vec![1u8; 4096]).unwrap();

@@ -278,14 +278,16 @@ pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInn
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{Agent, AgentError};
     use super::*;
     use crate::CpuEngine;
 
-    const KEY: &[u8] = b"sixteen byte key, and more";
+    /// The key of the TCP tests' agents (`tcp_bytes.rs`' too).
+    pub(in crate::agent) const KEY: &[u8] = b"sixteen byte key, and more";
 
-    fn agent(name: &str) -> Agent {
+    /// An agent on a one-thread CPU engine, 5 s timeout (`tcp_bytes.rs`' tests too).
+    pub(in crate::agent) fn agent(name: &str) -> Agent {
         let engine = Arc::new(CpuEngine::new(1).expect("cpu engine"));
         Agent::with_timeout(name, engine, Duration::from_secs(5)).expect("agent")
     }

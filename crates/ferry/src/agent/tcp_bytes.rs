@@ -446,17 +446,9 @@ pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) 
 
 #[cfg(test)]
 mod tests {
-    use super::super::Agent;
+    use super::super::tcp::tests::{agent, KEY};
     use super::*;
     use crate::CpuEngine;
-    use std::time::Duration;
-
-    const KEY: &[u8] = b"sixteen byte key, and more";
-
-    fn agent(name: &str) -> Agent {
-        let engine = Arc::new(CpuEngine::new(1).expect("cpu engine"));
-        Agent::with_timeout(name, engine, Duration::from_secs(5)).expect("agent")
-    }
 
     #[test]
     fn stages_cut_segments_at_the_stage_size_and_keep_every_byte() {
