@@ -13,7 +13,7 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab blocks ckpt cold snapshot agent
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill blocks ckpt cold snapshot agent
 # cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
@@ -97,6 +97,23 @@ for s in "${steps[@]}"; do
       bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/ab" --engine cuda \
       --samples "${AB_SAMPLES:-7}" "${sizes[@]}"
     step ab-table 30 python3 scripts/bench-ab.py "$log/ab" ;;
+  fill) # issue 30: the pageable pipeline, old binary and new (shared set, a private set of
+    # workers, other fill thread counts) in turns, FILL_ROUNDS rounds (default 3), one line each
+    for r in $(seq "${FILL_ROUNDS:-3}"); do
+      for v in old new new-private new-t6 new-t12; do
+        bin=$ferry
+        env=(FERRY_BENCH_FILL_PRIVATE=0)
+        case $v in
+          old) bin=${OLD_FERRY:-.gpu-old/ferry} ;;
+          new-private) env=(FERRY_BENCH_FILL_PRIVATE=1) ;;
+          new-t6) env+=(FERRY_BENCH_FILL_THREADS=6) ;;
+          new-t12) env+=(FERRY_BENCH_FILL_THREADS=12) ;;
+        esac
+        step "fill-$v-$r" 60 env "${env[@]}" "$bin" bench --engine cuda \
+          --test cuda-pipeline-pageable --sizes 64M,256M --samples 7
+        grep -h "^cuda-pipeline-pageable" "$log/fill-$v-$r.txt" | sed "s/^/$v $r /"
+      done
+    done ;;
   blocks) # issue 34: block copies, SMs free and busy, against torch's loops
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
     bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M

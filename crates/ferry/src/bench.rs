@@ -1,6 +1,6 @@
 //! What the benchmark baselines of `ferry bench` need from inside ferry (feature `bench`, off by
 //! default). The baselines themselves (raw driver copies, the event timer behind a latch) live
-//! in the workspace crate `ferry-bench`, built on cudarc; these three items are the parts that
+//! in the workspace crate `ferry-bench`, built on cudarc; these items are the parts that
 //! cannot be written there without copying ferry's internals:
 //!
 //! - [`context`]: the primary context ferry's engines and buffers use, so that the baselines'
@@ -11,6 +11,8 @@
 //!   issues them: the raw baseline of the strided tests.
 //! - [`RawNccl`]: NCCL's own blocking send/receive through ferry's NCCL loader, so that the
 //!   baseline and ferry's NCCL engine use the same library.
+//! - [`private_fill_workers`]: a diagnostic switch, the GPU pipeline's fills on workers of
+//!   their own instead of the process's one set.
 
 pub use crate::engine::nccl::raw::RawNccl;
 
@@ -21,6 +23,15 @@ use crate::memory::{MemKind, RawBuf};
 use crate::plan::Plan;
 use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::Arc;
+
+/// While `on`, each GPU pipeline that starts filling bounce buffers from a pageable source after
+/// this call fills them on a set of host copy workers of its own (stopped with the pipeline),
+/// as before the process had one set (`ececbde`): to measure, in one process on one host, what
+/// the shared set's hand-off costs the pageable pipeline (`FERRY_BENCH_FILL_PRIVATE=1`). Off by
+/// default; what a program gets is always the shared set.
+pub fn private_fill_workers(on: bool) {
+    crate::staging::fill::PRIVATE_SETS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// The primary context of device `ordinal`, the one every ferry engine and buffer on that
 /// device uses (made once per process). Errors: no driver, no such device, or the driver

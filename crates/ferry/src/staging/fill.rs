@@ -128,6 +128,9 @@ impl Task for Fill {
 /// workers take; see the module documentation.
 pub(crate) struct Filler {
     workers: Arc<Workers>,
+    /// A set of its own ([`PRIVATE_SETS`]), stopped by the drop.
+    #[cfg(feature = "bench")]
+    private: bool,
     /// The workers a copy is spread over ([`Cap::limit`]), and the most that copy its pieces
     /// at once.
     cap: Arc<Cap>,
@@ -145,6 +148,12 @@ impl Filler {
     /// caller read: nothing here reads the environment).
     /// Errors: [`WorkerError::BadConfig`] (no threads, or more than 256), [`WorkerError::Spawn`].
     pub(crate) fn new(threads: usize, nt: bool) -> Result<Filler, WorkerError> {
+        #[cfg(feature = "bench")]
+        if PRIVATE_SETS.load(Ordering::Relaxed) {
+            let mut f = Filler::on(Workers::new(threads.clamp(1, 256)), threads, nt)?;
+            f.private = true;
+            return Ok(f);
+        }
         Filler::on(Arc::clone(super::workers::shared()), threads, nt)
     }
 
@@ -162,6 +171,8 @@ impl Filler {
         let threads = workers.grow(threads)?.min(threads);
         Ok(Filler {
             workers,
+            #[cfg(feature = "bench")]
+            private: false,
             cap: Arc::new(Cap::new(threads)),
             nt,
             open: Arc::new(Open {
@@ -245,8 +256,21 @@ impl Drop for Filler {
         while *open > 0 {
             open = self.open.zero.wait(open).unwrap_or_else(|e| e.into_inner());
         }
+        #[cfg(feature = "bench")]
+        if self.private {
+            drop(open);
+            self.workers.shutdown();
+        }
     }
 }
+
+/// A diagnostic of `ferry bench` (feature `bench`, [`crate::bench::private_fill_workers`]):
+/// while set, each new [`Filler`] runs on a set of workers of its own, as the GPU pipeline's
+/// fills did before the process's one set (`ececbde`), to tell the shared set's hand-off from
+/// the rest of a run on one host in one process.
+#[cfg(feature = "bench")]
+pub(crate) static PRIVATE_SETS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 #[cfg(all(test, not(loom)))]
 mod tests {

@@ -390,9 +390,9 @@ impl Workers {
         }
     }
 
-    /// Stops the workers once the queued tasks are done and joins them (the tests' own sets;
-    /// the process's set lives as long as the process).
-    #[cfg(test)]
+    /// Stops the workers once the queued tasks are done and joins them (the tests' own sets
+    /// and the bench's private fill sets; the process's set lives as long as the process).
+    #[cfg(any(test, feature = "bench"))]
     pub(crate) fn shutdown(&self) {
         {
             let mut st = lock(&self.state);

@@ -207,10 +207,13 @@ pub(super) fn file(
 /// `FERRY_BENCH_BOUNCE=N` gives N bounce buffers instead of the automatic count
 /// (`PipelineConfig::bounce_count`), `FERRY_BENCH_FILL_THREADS=N` N fill threads for a pageable
 /// source (`PipelineConfig::fill_threads`), `FERRY_BENCH_FILL` the fill's mode ([`bounce_fill`]),
-/// to compare settings on one host.
+/// `FERRY_BENCH_FILL_PRIVATE=1` the fills on workers of the pipeline's own
+/// (`ferry::bench::private_fill_workers`), to compare settings on one host.
 fn source_cfg(b: &Bench) -> Result<PipelineConfig, BenchError> {
     let bounce = env_number("FERRY_BENCH_BOUNCE", "a number of bounce buffers")?;
     let threads = env_number("FERRY_BENCH_FILL_THREADS", "a number of fill threads")?;
+    let private = env_number::<u8>("FERRY_BENCH_FILL_PRIVATE", "0 or 1")?;
+    ferry::bench::private_fill_workers(private.unwrap_or(0) != 0);
     Ok(PipelineConfig::new(b.chunk, SLOTS)
         .bounce(bounce.unwrap_or(0))
         .bounce_fill(bounce_fill()?)
