@@ -627,7 +627,11 @@ impl Agent {
     /// this or another host, proving `key` and checking that the agent holds it. Transfers to
     /// and from its registrations then carry their bytes over this connection, one at a time
     /// per connection, in order; a connection that breaks fails them with
-    /// [`AgentError::Disconnected`]. Blocks for the handshake, at most the agent's timeout.
+    /// [`AgentError::Disconnected`], and a copy of device memory that fails on either side
+    /// fails its transfer only (with the cause; the bytes after the failed copy arrive as
+    /// zeros). Blocks for the name's resolution and the connection (together at most the
+    /// agent's timeout), then for the key's proof and the handshake (each answer waited for at
+    /// most the timeout).
     pub fn connect_tcp(&self, addr: &str, key: &[u8]) -> Result<Peer, AgentError> {
         tcp::connect(&self.inner, addr, key).map(|inner| Peer {
             inner: Arc::new(inner),

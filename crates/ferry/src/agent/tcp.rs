@@ -17,7 +17,9 @@
 //! challenges) can read and change what follows. A network the cluster trusts, or a tunnel
 //! (WireGuard, SSH, TLS) where it does not. A connection that breaks (the peer's process or host gone, a
 //! peer silent for the agent's timeout in the middle of a transfer) fails its transfer and
-//! every later one on it with [`AgentError::Disconnected`].
+//! every later one on it with [`AgentError::Disconnected`]; a copy of device memory that fails
+//! on either side fails its transfer only, with the cause (`tcp_bytes.rs`), and the connection
+//! serves the next one.
 //!
 //! [`Agent::listen_tcp`]: super::Agent::listen_tcp
 //! [`Agent::connect_tcp`]: super::Agent::connect_tcp
@@ -32,7 +34,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The shortest key accepted, in bytes.
 pub(super) const MIN_KEY: usize = 16;
@@ -154,11 +156,11 @@ const MAX_PROVING: usize = 64;
 
 /// The key's two messages: a frame of exactly `1 + len` bytes with the tag AUTH, read within
 /// `deadline` (its length checked before anything is allocated); `None` for anything else.
-fn auth_frame(s: &TcpStream, len: usize, deadline: std::time::Instant) -> Option<Vec<u8>> {
+fn auth_frame(s: &TcpStream, len: usize, deadline: Instant) -> Option<Vec<u8>> {
     let mut buf = vec![0u8; 5 + len];
     let mut got = 0;
     while got < buf.len() {
-        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        let left = deadline.checked_duration_since(Instant::now())?;
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .ok()?;
         match io::Read::read(&mut &*s, &mut buf[got..]) {
@@ -183,7 +185,7 @@ fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
         Err(_) => return false,
     });
     // The whole proof within the agent's timeout, however slowly its bytes come.
-    let deadline = std::time::Instant::now() + timeout;
+    let deadline = Instant::now() + timeout;
     let Some(theirs) = auth_frame(s, NONCE, deadline) else {
         return false;
     };
@@ -217,6 +219,29 @@ fn prove_as_owner(s: &TcpStream, key: &[u8], timeout: Duration) -> bool {
     s.set_read_timeout(Some(timeout)).is_ok()
 }
 
+/// `addr`'s addresses ("host:port"), within `timeout`: a literal address at once, a name through
+/// the system's resolver on a thread of its own, given up after `timeout` (the resolver takes no
+/// timeout of its own and can wait far longer for a DNS server that does not answer; the thread
+/// then ends whenever the resolver returns, its answer dropped).
+fn resolve(addr: &str, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = addr.to_string();
+    std::thread::Builder::new()
+        .name("ferry-agent-resolve".into())
+        .spawn(move || {
+            let _ = tx.send(name.to_socket_addrs().map(Vec::from_iter));
+        })?;
+    rx.recv_timeout(timeout).unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "no answer within the agent's timeout",
+        ))
+    })
+}
+
 /// Connects to the agent listening at `addr` over TCP: the key proved both ways, then the
 /// handshake.
 pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInner, AgentError> {
@@ -226,14 +251,17 @@ pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInn
             key.len()
         )));
     }
-    let addrs: Vec<SocketAddr> = addr
-        .to_socket_addrs()
-        .map_err(io_err(format!("resolve {addr}")))?
-        .collect();
+    // The whole connection (the name, then each address in turn) within the agent's timeout.
+    let deadline = Instant::now() + me.timeout;
+    let addrs = resolve(addr, me.timeout).map_err(io_err(format!("resolve {addr}")))?;
     let mut last = None;
     let mut s = None;
     for a in &addrs {
-        match TcpStream::connect_timeout(a, me.timeout) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(a, left) {
             Ok(c) => {
                 s = Some((c, *a));
                 break;
@@ -242,7 +270,13 @@ pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInn
         }
     }
     let Some((s, at)) = s else {
-        let e = last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"));
+        let e = last.unwrap_or_else(|| match addrs.is_empty() {
+            true => io::Error::new(io::ErrorKind::NotFound, "no address"),
+            false => io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no answer within the agent's timeout",
+            ),
+        });
         return Err(io_err(format!("connect to {addr}"))(e));
     };
     let who = format!("tcp://{at}");
@@ -375,5 +409,27 @@ pub(super) mod tests {
         assert_eq!(peer.name(), "tcp-keys");
         assert_eq!(peer.pid(), std::process::id());
         assert!(peer.is_alive());
+    }
+
+    /// A name is resolved (`localhost`), and one that does not resolve fails within the
+    /// agent's timeout, whether the resolver says so at once or never answers.
+    #[test]
+    fn names_resolve_within_the_timeout() {
+        let owner = agent("tcp-names");
+        let port = owner.listen_tcp("127.0.0.1:0", KEY).unwrap().port();
+        let engine = Arc::new(CpuEngine::new(1).expect("cpu engine"));
+        let me = Agent::with_timeout("tcp-names-peer", engine, Duration::from_secs(1)).unwrap();
+        let peer = me.connect_tcp(&format!("localhost:{port}"), KEY).unwrap();
+        assert_eq!(peer.name(), "tcp-names");
+        let t0 = Instant::now();
+        match me.connect_tcp("no-such-host.invalid:1", KEY) {
+            Err(AgentError::Io { what, .. }) => assert!(what.contains("resolve"), "{what}"),
+            r => panic!("an unknown name: {r:?}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        assert!(matches!(
+            me.connect_tcp("no port here", KEY),
+            Err(AgentError::Io { .. })
+        ));
     }
 }

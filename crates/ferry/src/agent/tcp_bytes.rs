@@ -1,11 +1,15 @@
 //! The bytes of transfers over TCP (`tcp.rs` makes the connections): a write is a WRITE frame
-//! naming the owner's region and segments, followed by the bytes; the owner's connection
-//! thread stores them (host memory straight from the socket, device memory through the owner
-//! agent's engine in stage-fulls of [`STAGE`] bytes) and answers OK once they have landed, or
-//! ERR and why. A read is a READ frame, answered by OK and the bytes, or ERR. On the caller's
-//! side a transfer runs on the connection's transfer thread, one at a time per connection and
-//! in order; the caller has its `Request` at once, and device memory there is staged the same
-//! way. Host memory moves with one `writev`/`readv` for the whole segment list.
+//! naming the owner's region and segments, followed by the bytes and the sender's status (an OK
+//! frame, or ERR and why: its device memory could not be read); the owner's connection thread
+//! stores them (host memory straight from the socket, device memory through the owner agent's
+//! engine in stage-fulls of [`STAGE`] bytes) and answers OK once they have landed, or ERR and
+//! why. A read is a READ frame, answered by OK, the bytes and the owner's status, or by ERR
+//! alone. A copy that fails in the middle of the bytes fails its transfer only: the sender
+//! sends the rest as zeros and its status says why, so the stream stays in step and the
+//! connection serves the next transfer. On the caller's side a transfer runs on the
+//! connection's transfer thread, one at a time per connection and in order; the caller has its
+//! `Request` at once, and device memory there is staged the same way. Host memory moves with
+//! one `writev`/`readv` for the whole segment list, the status included.
 
 use super::frame::{frame, Stream, ERR, MAX_FRAME, OK, READ, WRITE};
 use super::{engine_copy, lock, run_on, AgentError, AgentInner, CopyJob, Local, PeerInner, Reach};
@@ -134,33 +138,59 @@ fn run(
         let _ = s.shutdown(Shutdown::Both);
         broken(peer, &e)
     };
+    let owner = || format!("{} (pid {})", peer.name, peer.pid);
+    // A local copy that failed while the bytes went out: the owner was told (the status after
+    // the bytes), and this is the transfer's error whatever the owner answers.
+    let mut mine = None;
     if write {
-        // A local copy that fails while the bytes go out leaves the owner waiting for bytes
-        // this side cannot send: the connection is closed, and the transfer fails with the
-        // copy's error.
-        send(&mut s, engine, local, frame, near).map_err(|e| match e {
-            AgentError::Io { source, .. } => fail(source),
-            e => {
-                let _ = fail(io::Error::other("closed after a failed local copy"));
-                e
-            }
-        })?;
+        mine = send(&mut s, engine, local, frame, near)
+            .map_err(fail)?
+            .err();
     } else {
         s.write_all(frame).map_err(fail)?;
     }
     let (tag, body, _) = guard.read_frame().map_err(fail)?;
-    match tag {
-        // Every byte is read even where a local copy fails (the stream stays in step).
-        OK if !write => recv(&mut s, engine, local, near).map_err(|e| match e {
-            AgentError::Io { source, .. } => fail(source),
-            e => e,
-        }),
-        OK => Ok(()),
-        _ => Err(AgentError::Refused {
-            peer: format!("{} (pid {})", peer.name, peer.pid),
+    match (tag, mine) {
+        (_, Some(e)) => Err(e),
+        (OK, None) if !write => match recv(&mut s, engine, local, near).map_err(fail)? {
+            Ok(()) => Ok(()),
+            Err(Fault::Local(e)) => Err(e),
+            Err(Fault::Far(why)) => Err(AgentError::Refused {
+                peer: owner(),
+                reason: format!("the owner's copy failed: {why}"),
+            }),
+        },
+        (OK, None) => Ok(()),
+        (_, None) => Err(AgentError::Refused {
+            peer: owner(),
             reason: String::from_utf8_lossy(&body).into_owned(),
         }),
     }
+}
+
+/// Why bytes that arrived in step are not the transfer's: a copy on this side failed, or the
+/// sender's status said its own did (its reason).
+enum Fault {
+    Local(AgentError),
+    Far(String),
+}
+
+/// The status that ends a transfer's bytes: OK, an empty frame.
+const FINE: [u8; 5] = [1, 0, 0, 0, OK];
+
+/// Reads the rest of a status frame whose first five bytes are `head`: `Ok(None)` for OK,
+/// `Ok(Some(why))` for ERR; an error where it is no status (the stream is out of step).
+fn status(s: &mut &TcpStream, head: [u8; 5]) -> io::Result<Option<String>> {
+    let n = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+    if n == 0 || n > MAX_FRAME || !matches!(head[4], OK | ERR) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no status after a transfer's bytes",
+        ));
+    }
+    let mut body = vec![0u8; n - 1];
+    s.read_exact(&mut body)?;
+    Ok((head[4] == ERR).then(|| String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// One stage-full of a transfer's bytes through host memory: its length and its pieces
@@ -207,27 +237,20 @@ impl Iterator for Stages<'_> {
     }
 }
 
-fn socket_error(what: &'static str) -> impl Fn(io::Error) -> AgentError {
-    move |e| AgentError::Io {
-        what: what.into(),
-        source: e,
-    }
-}
-
-/// Sends `head`, then the bytes of `segs` (offset, length) of `mem`: host memory straight from
-/// its pages, gathered into as few `writev` calls as the kernel takes; device memory gathered
-/// by `engine` into stage-fulls, one copy and one write each. Errors: the socket's
-/// ([`AgentError::Io`]) or the copy's.
+/// Sends `head`, then the bytes of `segs` (offset, length) of `mem` and the status: host memory
+/// straight from its pages, gathered with the status into as few `writev` calls as the kernel
+/// takes; device memory gathered by `engine` into stage-fulls, one copy and one write each.
+/// Where a copy fails, the rest goes as zeros and the status is ERR and why: `Ok(Err)`, the
+/// copy's error, the stream in step. `Err`: the socket's (the stream is out of step).
 fn send(
     s: &mut &TcpStream,
     engine: &dyn Engine,
     mem: RawBuf,
     head: &[u8],
     segs: &[(u64, u64)],
-) -> Result<(), AgentError> {
-    let sent = socket_error("send a transfer's bytes");
+) -> io::Result<Result<(), AgentError>> {
     if mem.kind.host_accessible() {
-        let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(segs.len() + 1);
+        let mut bufs: Vec<IoSlice<'_>> = Vec::with_capacity(segs.len() + 2);
         bufs.push(IoSlice::new(head));
         for &(off, len) in segs {
             // SAFETY: the range lies in the registration (checked against it by the caller),
@@ -237,41 +260,56 @@ fn send(
                 std::slice::from_raw_parts((mem.addr + off) as *const u8, len as usize)
             }));
         }
+        bufs.push(IoSlice::new(&FINE));
         let mut bufs = &mut bufs[..];
         while !bufs.is_empty() {
             match s.write_vectored(bufs) {
-                Ok(0) => return Err(sent(io::ErrorKind::WriteZero.into())),
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => IoSlice::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(sent(e)),
+                Err(e) => return Err(e),
             }
         }
-        return Ok(());
+        return Ok(Ok(()));
     }
-    s.write_all(head).map_err(&sent)?;
+    s.write_all(head)?;
     let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
+    let mut failed = None;
     for (n, pieces) in stages(segs) {
-        let host = RawBuf::host(stage.as_mut_ptr(), n, MemKind::Pageable);
-        let list: Vec<Segment> = pieces
-            .iter()
-            .map(|&(m, st, len)| Segment::new(st, m, len))
-            .collect();
-        engine_copy(engine, host, mem, &list)?;
-        s.write_all(&stage[..n]).map_err(&sent)?;
+        if failed.is_none() {
+            let host = RawBuf::host(stage.as_mut_ptr(), n, MemKind::Pageable);
+            let list: Vec<Segment> = pieces
+                .iter()
+                .map(|&(m, st, len)| Segment::new(st, m, len))
+                .collect();
+            if let Err(e) = engine_copy(engine, host, mem, &list) {
+                // What the failed copy left in the stage is not sent: zeros from here on.
+                stage.fill(0);
+                failed = Some(e);
+            }
+        }
+        s.write_all(&stage[..n])?;
     }
-    Ok(())
+    match failed {
+        None => s.write_all(&FINE).map(Ok),
+        Some(e) => s
+            .write_all(&frame(ERR, e.to_string().as_bytes()))
+            .map(|()| Err(e)),
+    }
 }
 
-/// Receives the bytes of `segs` into `mem` (as [`send`], scattered). Every byte is read even
-/// where a copy into device memory fails (the first such error is returned after the last
-/// byte), so the stream stays in step; a socket error returns at once.
+/// Receives the bytes of `segs` into `mem` (as [`send`], scattered) and the sender's status.
+/// Every byte and the status are read even where a copy into device memory fails, so the
+/// stream stays in step: `Ok(Err)` tells what failed. `Err`: the socket's, or no status came
+/// (the stream is out of step).
 fn recv(
     s: &mut &TcpStream,
     engine: &dyn Engine,
     mem: RawBuf,
     segs: &[(u64, u64)],
-) -> Result<(), AgentError> {
-    let got = socket_error("receive a transfer's bytes");
+) -> io::Result<Result<(), Fault>> {
+    let mut head = [0u8; 5];
+    let mut failed = None;
     if mem.kind.host_accessible() {
         let mut bufs: Vec<IoSliceMut<'_>> = segs
             .iter()
@@ -282,33 +320,39 @@ fn recv(
                 })
             })
             .collect();
+        bufs.push(IoSliceMut::new(&mut head));
         let mut bufs = &mut bufs[..];
         IoSliceMut::advance_slices(&mut bufs, 0);
         while !bufs.is_empty() {
             match s.read_vectored(bufs) {
-                Ok(0) => return Err(got(io::ErrorKind::UnexpectedEof.into())),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => IoSliceMut::advance_slices(&mut bufs, n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(got(e)),
+                Err(e) => return Err(e),
             }
         }
-        return Ok(());
-    }
-    let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
-    let mut failed = None;
-    for (n, pieces) in stages(segs) {
-        s.read_exact(&mut stage[..n]).map_err(&got)?;
-        if failed.is_some() {
-            continue;
+    } else {
+        let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
+        for (n, pieces) in stages(segs) {
+            s.read_exact(&mut stage[..n])?;
+            if failed.is_some() {
+                continue;
+            }
+            let host = RawBuf::host(stage.as_ptr(), n, MemKind::Pageable);
+            let list: Vec<Segment> = pieces
+                .iter()
+                .map(|&(m, st, len)| Segment::new(m, st, len))
+                .collect();
+            failed = engine_copy(engine, mem, host, &list).err();
         }
-        let host = RawBuf::host(stage.as_ptr(), n, MemKind::Pageable);
-        let list: Vec<Segment> = pieces
-            .iter()
-            .map(|&(m, st, len)| Segment::new(m, st, len))
-            .collect();
-        failed = engine_copy(engine, mem, host, &list).err();
+        s.read_exact(&mut head)?;
     }
-    failed.map_or(Ok(()), Err)
+    let far = status(s, head)?;
+    Ok(match (failed, far) {
+        (Some(e), _) => Err(Fault::Local(e)),
+        (None, Some(why)) => Err(Fault::Far(why)),
+        (None, None) => Ok(()),
+    })
 }
 
 /// A transfer's frame, read: the owner's region, the segments in it (offset, length), their
@@ -389,8 +433,9 @@ fn reachable(
 }
 
 /// The owner's side of a WRITE: the bytes stored into the region, then OK, or ERR and why (the
-/// bytes of a refused transfer are read and dropped, keeping the stream in step). `Err`: the
-/// connection broke or sent no frame of the protocol; it is closed.
+/// bytes of a refused transfer are read and dropped, keeping the stream in step; where the
+/// sender's status says its copy failed, the region holds what arrived and the answer is ERR).
+/// `Err`: the connection broke or sent no frame of the protocol; it is closed.
 pub(super) fn serve_write(
     a: &AgentInner,
     conn: u64,
@@ -412,20 +457,25 @@ pub(super) fn serve_write(
     let mem = match reachable(a, conn, region, &segs, true) {
         Ok(m) => m,
         Err(why) => {
-            io::copy(&mut r.take(total), &mut io::sink())?;
+            if io::copy(&mut r.take(total), &mut io::sink())? < total {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let mut head = [0u8; 5];
+            r.read_exact(&mut head)?;
+            status(&mut r, head)?;
             return Ok(frame(ERR, why.as_bytes()));
         }
     };
-    Ok(match recv(&mut r, &*a.engine, mem.raw, &segs) {
+    Ok(match recv(&mut r, &*a.engine, mem.raw, &segs)? {
         Ok(()) => frame(OK, &[]),
-        Err(AgentError::Io { source, .. }) => return Err(source),
-        Err(e) => frame(ERR, e.to_string().as_bytes()),
+        Err(Fault::Local(e)) => frame(ERR, e.to_string().as_bytes()),
+        Err(Fault::Far(why)) => frame(ERR, format!("the writer's copy failed: {why}").as_bytes()),
     })
 }
 
-/// The owner's side of a READ: OK and the bytes, or ERR and why. `Err`: the connection broke,
-/// or a copy failed after OK was sent (the connection is closed then: the peer's transfer
-/// fails).
+/// The owner's side of a READ: OK, the bytes and the status (ERR and why where a copy out of
+/// device memory failed on the way: that transfer fails, the connection stays), or ERR alone.
+/// `Err`: the connection broke; it is closed.
 pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) -> io::Result<()> {
     let Some(Wanted { region, segs, .. }) = parse(body) else {
         return Err(io::Error::new(
@@ -438,10 +488,8 @@ pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) 
         Ok(m) => m,
         Err(why) => return w.write_all(&frame(ERR, why.as_bytes())),
     };
-    send(&mut w, &*a.engine, mem.raw, &frame(OK, &[]), &segs).map_err(|e| match e {
-        AgentError::Io { source, .. } => source,
-        e => io::Error::other(e.to_string()),
-    })
+    // A failed copy was told to the peer in the status: nothing more to do here.
+    send(&mut w, &*a.engine, mem.raw, &frame(OK, &[]), &segs).map(drop)
 }
 
 #[cfg(test)]
@@ -482,6 +530,115 @@ mod tests {
         let want: Vec<(u64, u64)> = segs.iter().copied().filter(|s| s.1 > 0).collect();
         assert_eq!(joined, want);
         assert!(stages(&[]).next().is_none());
+    }
+
+    /// A CPU engine that takes "device" memory for host memory (the tests' stand-in for a GPU)
+    /// and refuses its `fail_at`-th copy (counting from 0).
+    struct Flaky {
+        cpu: CpuEngine,
+        copies: std::sync::atomic::AtomicUsize,
+        fail_at: usize,
+    }
+
+    impl Engine for Flaky {
+        fn name(&self) -> String {
+            "flaky".into()
+        }
+        fn supports(&self, _: MemKind, _: Option<MemKind>) -> bool {
+            true
+        }
+        unsafe fn submit_raw(&self, mut job: crate::Job) -> Result<Request, crate::SubmitError> {
+            if self.copies.fetch_add(1, Ordering::Relaxed) == self.fail_at {
+                return Err(crate::SubmitError::ShutDown("flaky (on purpose)".into()));
+            }
+            let host = |b: &mut RawBuf| {
+                if !b.kind.host_accessible() {
+                    b.kind = MemKind::Pageable;
+                }
+            };
+            host(&mut job.dst);
+            job.src.iter_mut().for_each(host);
+            // SAFETY: forwarded with the caller's guarantees (the "device" memory is host
+            // memory of the test).
+            unsafe { self.cpu.submit_raw(job) }
+        }
+        fn barrier(&self) -> Result<(), crate::BarrierError> {
+            self.cpu.barrier()
+        }
+    }
+
+    fn flaky(fail_at: usize) -> Flaky {
+        Flaky {
+            cpu: CpuEngine::new(1).unwrap(),
+            copies: std::sync::atomic::AtomicUsize::new(0),
+            fail_at,
+        }
+    }
+
+    /// A connected pair of TCP streams on this host.
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    /// A copy out of (into) device memory that fails in the middle of a transfer's bytes fails
+    /// that transfer only: the sender sends the rest as zeros and says why in its status, the
+    /// receiver reads every byte and the status, and the next frame on the stream is read as
+    /// one. Three stages' worth of segments, the second stage's copy refused, either side.
+    #[test]
+    fn a_copy_failing_mid_stream_fails_its_transfer_and_keeps_the_stream_in_step() {
+        let len = 2 * STAGE + 12345;
+        let segs = [(0u64, len as u64)];
+        let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let device = |addr: *const u8| RawBuf {
+            addr: addr as u64,
+            len,
+            kind: MemKind::Device { ordinal: 0 },
+        };
+        for sender_fails in [true, false] {
+            let (a, b) = pair();
+            let (send_engine, recv_engine) = match sender_fails {
+                true => (flaky(1), flaky(usize::MAX)),
+                false => (flaky(usize::MAX), flaky(1)),
+            };
+            let mut dst = vec![7u8; len];
+            let (dst_raw, src_raw) = (device(dst.as_mut_ptr()), device(src.as_ptr()));
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    let mut w = &a;
+                    let sent = send(&mut w, &send_engine, src_raw, &frame(OK, &[]), &segs)
+                        .expect("socket");
+                    assert_eq!(sent.is_err(), sender_fails);
+                    w.write_all(&frame(ERR, b"next")).unwrap();
+                });
+                let mut r = &b;
+                let mut head = [0u8; 5];
+                r.read_exact(&mut head).unwrap();
+                assert_eq!(head, FINE);
+                let got = recv(&mut r, &recv_engine, dst_raw, &segs).expect("socket");
+                match (got, sender_fails) {
+                    (Err(Fault::Far(why)), true) => assert!(why.contains("on purpose"), "{why}"),
+                    (Err(Fault::Local(e)), false) => {
+                        assert!(e.to_string().contains("on purpose"), "{e}")
+                    }
+                    (Ok(()), _) => panic!("the failed copy was not reported"),
+                    (_, _) => panic!("the failure was reported by the wrong side"),
+                }
+                // In step: the next frame is the one sent after the transfer.
+                let next = Stream::Tcp(b.try_clone().unwrap()).read_frame().unwrap();
+                assert_eq!((next.0, &next.1[..]), (ERR, &b"next"[..]));
+            });
+            // The first stage arrived; what followed the failure is zeros (sender) or was not
+            // stored (receiver).
+            assert_eq!(dst[..STAGE], src[..STAGE]);
+            let rest = &dst[STAGE..];
+            match sender_fails {
+                true => assert!(rest.iter().all(|&x| x == 0)),
+                false => assert!(rest.iter().all(|&x| x == 7)),
+            }
+        }
     }
 
     #[test]
