@@ -643,8 +643,11 @@ impl Agent {
     /// ([`Agent::next_notification`]) once the bytes have landed, sent by the agent's progress
     /// thread even if the request is never waited for (the request then completes after the
     /// message is sent, and a failure to send it is the request's error; a failed transfer
-    /// sends nothing). Every segment is checked against both regions first; nothing blocks on
-    /// the peer.
+    /// sends nothing). Every segment is checked against both regions first. On this host nothing
+    /// blocks on the peer; over TCP ([`Agent::connect_tcp`]) a transfer of at most 64 KiB on a
+    /// connection with none queued runs on the calling thread (the hand-off to the connection's
+    /// thread cost more than such a transfer) and returns done, after the owner's answer (at
+    /// most the agent's timeout); larger ones return at once.
     pub fn write(
         &self,
         dst: &RemoteRegion,
