@@ -97,18 +97,22 @@ for s in "${steps[@]}"; do
       bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/ab" --engine cuda \
       --samples "${AB_SAMPLES:-7}" "${sizes[@]}"
     step ab-table 30 python3 scripts/bench-ab.py "$log/ab" ;;
-  fill) # issue 30: the pageable pipeline, old binary and new (shared set, a private set of
-    # workers, other fill thread counts) in turns, FILL_ROUNDS rounds (default 3), one line each
+  fill) # issue 30: the pageable pipeline, old binary and new in turns, FILL_ROUNDS rounds
+    # (default 3), one line each. FILL_VARIANTS: old or new, then -private (a set of workers of
+    # the pipeline's own), -tN (N fill threads), -fM (FERRY_BENCH_FILL mode M), e.g. old-f5.
     for r in $(seq "${FILL_ROUNDS:-3}"); do
-      for v in old new new-private new-t6 new-t12; do
+      for v in ${FILL_VARIANTS:-old new new-private new-t6 new-t12}; do
         bin=$ferry
+        [ "${v%%-*}" = old ] && bin=${OLD_FERRY:-.gpu-old/ferry}
         env=(FERRY_BENCH_FILL_PRIVATE=0)
-        case $v in
-          old) bin=${OLD_FERRY:-.gpu-old/ferry} ;;
-          new-private) env=(FERRY_BENCH_FILL_PRIVATE=1) ;;
-          new-t6) env+=(FERRY_BENCH_FILL_THREADS=6) ;;
-          new-t12) env+=(FERRY_BENCH_FILL_THREADS=12) ;;
-        esac
+        IFS=- read -ra parts <<<"$v"
+        for p in "${parts[@]:1}"; do
+          case $p in
+            private) env=(FERRY_BENCH_FILL_PRIVATE=1) ;;
+            t*) env+=(FERRY_BENCH_FILL_THREADS=${p#t}) ;;
+            f*) env+=(FERRY_BENCH_FILL=${p#f}) ;;
+          esac
+        done
         step "fill-$v-$r" 60 env "${env[@]}" "$bin" bench --engine cuda \
           --test cuda-pipeline-pageable --sizes 64M,256M --samples 7
         grep -h "^cuda-pipeline-pageable" "$log/fill-$v-$r.txt" | sed "s/^/$v $r /"
