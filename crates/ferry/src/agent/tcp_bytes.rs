@@ -692,7 +692,9 @@ mod tests {
         let peer = me.connect_tcp(&addr, KEY).unwrap();
         let remote = peer.import(target.descriptor()).unwrap();
         let small = me.register_host(vec![2u8; 4096]).unwrap();
-        let r = me.write(&remote, &small, &[Segment::new(0, 0, 4096)], None).unwrap();
+        let r = me
+            .write(&remote, &small, &[Segment::new(0, 0, 4096)], None)
+            .unwrap();
         assert!(r.is_done(), "a 4 KiB write on an idle connection");
         r.wait().unwrap();
         let large = me.register_host(vec![1u8; big]).unwrap();
@@ -702,7 +704,10 @@ mod tests {
         then.unwrap().wait().unwrap();
         let mut got = vec![0u8; 8192];
         target.read_at(0, &mut got).unwrap();
-        assert!(got[..4096].iter().all(|&b| b == 2), "the small write ran first");
+        assert!(
+            got[..4096].iter().all(|&b| b == 2),
+            "the small write ran first"
+        );
         assert!(got[4096..].iter().all(|&b| b == 1));
     }
 
