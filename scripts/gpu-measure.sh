@@ -13,7 +13,7 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill blocks ckpt cold snapshot agent
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks ckpt cold snapshot agent
 # cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
@@ -117,6 +117,15 @@ for s in "${steps[@]}"; do
           --test cuda-pipeline-pageable --sizes 64M,256M --samples 7
         grep -h "^cuda-pipeline-pageable" "$log/fill-$v-$r.txt" | sed "s/^/$v $r /"
       done
+    done ;;
+  kvorder) # issue 34: kv_blocks.py's h2d rows with the band's first shape changed (ferry
+    # measures the 64 KiB-1 MiB host -> device band on its first calls there): 512K first, then
+    # 64K first, each in a process of its own
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    for order in 512K,64K 64K,512K; do
+      step "kvorder-$order" 120 python3 bench/peers/kv_blocks.py --ways h2d --sizes "$order" \
+        --counts 256 --no-interference --json "$log/kvorder-$order.json"
+      grep -h "^h2d" "$log/kvorder-$order.txt" | sed "s/^/$order first: /"
     done ;;
   blocks) # issue 34: block copies, SMs free and busy, against torch's loops
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
