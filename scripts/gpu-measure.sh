@@ -13,7 +13,7 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks ckpt cold snapshot agent
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks agenttests ckpt cold snapshot agent
 # cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
@@ -148,6 +148,11 @@ for s in "${steps[@]}"; do
     for policy in tuned plain; do
       step "snapshot-$policy" 120 env FERRY_TEST_COMPLETION=$policy \
         "$bundle/tests/cuda_snapshot" --test-threads=1
+    done ;;
+  agenttests) # issue 36: the agent's GPU tests alone (a short call), both policies
+    for policy in tuned plain; do
+      step "cuda_agent-$policy" 150 env FERRY_TEST_COMPLETION=$policy "$bundle/tests/cuda_agent"
+      grep -h "test result" "$log/cuda_agent-$policy.txt"
     done ;;
   agent) # issue 36: two processes on one GPU
     step agent 240 "$bundle/examples/09_agent_ipc" --full --json "$log/agent.json"
