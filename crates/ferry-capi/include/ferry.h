@@ -460,7 +460,9 @@ int ferry_peer_import(const ferry_peer *peer, const uint8_t *desc, size_t len,
 int ferry_remote_destroy(ferry_remote **remote);
 /* write != 0: region -> remote; else remote -> region. n segments, one request; notify (NULL:
  * none, notify_len bytes) reaches the peer when the request is seen complete. Every segment
- * is checked before any byte moves (-FERRY_EINVAL names the segment). */
+ * is checked before any byte moves (-FERRY_EINVAL names the segment). Over TCP, a transfer of
+ * at most 64 KiB on a connection with none queued runs in this call and its request is done
+ * on return; larger ones return at once. */
 int ferry_agent_transfer(const ferry_agent *agent, int write, const ferry_remote *remote,
                          const ferry_region *region, const ferry_segment *segs, size_t n,
                          const void *notify, size_t notify_len, ferry_agent_request **req);
