@@ -245,9 +245,12 @@ struct Entry {
     dropped: bool,
 }
 
-/// Transfers of at most this many bytes between host memory of both processes (cross-memory
-/// attach, or shared memory mapped here) run on the caller's thread (a hand-off to the copy
-/// thread or the engine and back costs more than the copy: 10-20 us on a 2-core machine).
+/// Transfers of at most this many bytes run on the caller's thread, the request done on return:
+/// between host memory of both processes (cross-memory attach, or shared memory mapped here),
+/// and over TCP on a connection with no transfer queued (`tcp_bytes.rs`). A hand-off to the copy
+/// thread, the engine or the connection's transfer thread and back costs more than such a
+/// transfer: 10-20 us on a 2-core machine (over TCP: single 4 KiB blocks 0.51-0.77 -> 0.89-0.90
+/// of a plain socket, `bench/results/cpu-2core.md`).
 const INLINE_BYTES: usize = 64 << 10;
 
 /// A job for the agent's copy thread or a TCP connection's transfer thread ([`run_on`]).

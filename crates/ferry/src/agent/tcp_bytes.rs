@@ -8,13 +8,16 @@
 //! sends the rest as zeros and its status says why, so the stream stays in step and the
 //! connection serves the next transfer. On the caller's side a transfer runs on the
 //! connection's transfer thread, one at a time per connection and in order, and the caller has
-//! its `Request` at once; one of at most [`INLINE_BYTES`] on a connection with nothing queued
-//! runs on the calling thread instead, its request done on return. Device memory there is
-//! staged the same way. Host memory moves with
-//! one `writev`/`readv` for the whole segment list, the status included.
+//! its `Request` at once; one of at most [`INLINE_BYTES`] bytes on a
+//! connection with nothing queued runs on the calling thread instead, its request done on
+//! return. Device memory there is staged the same way. Host memory moves with one
+//! `writev`/`readv` for the whole segment list, the status included.
 
 use super::frame::{frame, Stream, ERR, MAX_FRAME, OK, READ, WRITE};
-use super::{engine_copy, lock, run_on, AgentError, AgentInner, CopyJob, Local, PeerInner, Reach};
+use super::{
+    engine_copy, lock, run_on, AgentError, AgentInner, CopyJob, Local, PeerInner, Reach,
+    INLINE_BYTES,
+};
 use crate::memory::{MemKind, RawBuf};
 use crate::op::Segment;
 use crate::request::{BackendError, Request, RequestError, Signal};
@@ -26,12 +29,6 @@ use std::sync::{mpsc, Arc, Mutex};
 
 /// Device memory crosses host memory in pieces of this many bytes.
 const STAGE: usize = 4 << 20;
-/// Transfers of at most this many bytes on a connection with no transfer queued run on the
-/// calling thread, the request done when the call returns: the hand-off to the connection's
-/// transfer thread and back cost 15-20 us a transfer on the 2-core host, against 5-50 us for a
-/// 4-64 KiB block's own round trip on loopback (`cpu-2core.md`, "The agent across hosts": single
-/// blocks 0.53-1.28 of a plain socket). Larger ones return at once and run there.
-const INLINE_BYTES: u64 = 64 << 10;
 /// The most segments one transfer's frame carries (its frame at most `MAX_FRAME`).
 pub(super) const MAX_SEGMENTS: usize = (MAX_FRAME - 1 - 12) / 16;
 
@@ -122,7 +119,7 @@ pub(super) fn transfer(
     // Small, with nothing queued before it and the connection free: run here (in order: the
     // transfers queued before it have all ended).
     let bytes: u64 = near.iter().map(|n| n.1).sum();
-    if bytes <= INLINE_BYTES && link.queued.load(Ordering::Acquire) == 0 {
+    if bytes <= INLINE_BYTES as u64 && link.queued.load(Ordering::Acquire) == 0 {
         if let Ok(guard) = peer.stream.try_lock() {
             let r = run(peer, &guard, &*engine, local.raw, &frame, &near, write);
             drop(guard);
