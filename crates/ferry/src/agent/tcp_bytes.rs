@@ -721,51 +721,33 @@ mod tests {
         let remote = peer.import(mine.descriptor()).unwrap();
         let local = me.register_host(vec![0u8; 8192]).unwrap();
         let engine: Arc<dyn Engine> = Arc::new(CpuEngine::new(1).unwrap());
-        let p = &peer.inner;
-        // Past the region's end (the caller's own check bypassed): refused with the offsets,
-        // and the bytes already sent are read and dropped: the next transfer works.
+        // A transfer the caller's own checks would refuse, sent anyway: the owner's error.
+        let refused = |region: u64, segs: &[Segment], write: bool| {
+            let r = transfer(
+                &peer.inner,
+                Arc::clone(&engine),
+                Arc::clone(&local.local),
+                region,
+                segs,
+                write,
+            );
+            r.unwrap().wait().unwrap_err().to_string()
+        };
+        // Past the region's end: refused with the offsets, and the bytes already sent are read
+        // and dropped: the next transfer works.
         let past = [Segment::new(8000, 0, 1000)];
-        let r = transfer(
-            p,
-            Arc::clone(&engine),
-            Arc::clone(&local.local),
-            mine.descriptor().region,
-            &past,
-            true,
-        )
-        .unwrap()
-        .wait();
-        let e = r.unwrap_err().to_string();
+        let e = refused(mine.descriptor().region, &past, true);
         assert!(
             e.contains("outside region") && e.contains("offset 8000"),
             "{e}"
         );
-        // Two segments writing the same bytes (the caller's own check bypassed): refused.
+        // Two segments writing the same bytes: refused.
         let twice = [Segment::new(0, 0, 100), Segment::new(50, 200, 100)];
-        let r = transfer(
-            p,
-            Arc::clone(&engine),
-            Arc::clone(&local.local),
-            mine.descriptor().region,
-            &twice,
-            true,
-        )
-        .unwrap()
-        .wait();
-        let e = r.unwrap_err().to_string();
+        let e = refused(mine.descriptor().region, &twice, true);
         assert!(e.contains("overlap"), "{e}");
         // A region this connection did not import: refused.
-        let r = transfer(
-            p,
-            Arc::clone(&engine),
-            Arc::clone(&local.local),
-            other.descriptor().region,
-            &[Segment::new(0, 0, 16)],
-            false,
-        )
-        .unwrap()
-        .wait();
-        assert!(r.unwrap_err().to_string().contains("not imported"));
+        let e = refused(other.descriptor().region, &[Segment::new(0, 0, 16)], false);
+        assert!(e.contains("not imported"), "{e}");
         // In step: a read of the first 4 KiB.
         me.read(&local, &remote, &[Segment::new(0, 0, 4096)], None)
             .unwrap()
