@@ -229,6 +229,13 @@ fn status(s: &mut &TcpStream, head: [u8; 5]) -> io::Result<Option<String>> {
     Ok((head[4] == ERR).then(|| String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// Reads a status frame from the stream: [`status`] of its first five bytes read here.
+fn read_status(s: &mut &TcpStream) -> io::Result<Option<String>> {
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head)?;
+    status(s, head)
+}
+
 /// One stage-full of a transfer's bytes through host memory: its length and its pieces
 /// (offset in the memory, offset in the stage, length).
 type Stage = (usize, Vec<(u64, u64, u64)>);
@@ -344,9 +351,9 @@ fn recv(
     mem: RawBuf,
     segs: &[(u64, u64)],
 ) -> io::Result<Result<(), Fault>> {
-    let mut head = [0u8; 5];
     let mut failed = None;
-    if mem.kind.host_accessible() {
+    let far = if mem.kind.host_accessible() {
+        let mut head = [0u8; 5];
         let mut bufs: Vec<IoSliceMut<'_>> = segs
             .iter()
             .map(|&(off, len)| {
@@ -367,6 +374,7 @@ fn recv(
                 Err(e) => return Err(e),
             }
         }
+        status(s, head)?
     } else {
         let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
         for (n, pieces) in stages(segs) {
@@ -381,9 +389,8 @@ fn recv(
                 .collect();
             failed = engine_copy(engine, mem, host, &list).err();
         }
-        s.read_exact(&mut head)?;
-    }
-    let far = status(s, head)?;
+        read_status(s)?
+    };
     Ok(match (failed, far) {
         (Some(e), _) => Err(Fault::Local(e)),
         (None, Some(why)) => Err(Fault::Far(why)),
@@ -496,9 +503,7 @@ pub(super) fn serve_write(
             if io::copy(&mut r.take(total), &mut io::sink())? < total {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            let mut head = [0u8; 5];
-            r.read_exact(&mut head)?;
-            status(&mut r, head)?;
+            read_status(&mut r)?;
             return Ok(frame(ERR, why.as_bytes()));
         }
     };
