@@ -406,7 +406,7 @@ struct Wanted {
     total: u64,
 }
 
-fn parse(body: &[u8]) -> Option<Wanted> {
+fn parse_list(body: &[u8]) -> Option<Wanted> {
     let region = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
     let n = u32::from_le_bytes(body.get(8..12)?.try_into().ok()?) as usize;
     let list = body.get(12..)?;
@@ -428,6 +428,13 @@ fn parse(body: &[u8]) -> Option<Wanted> {
         segs,
         total,
     })
+}
+
+/// [`parse_list`] of a `what` frame's body (WRITE or READ); an error where it is malformed (the
+/// connection is closed then).
+fn parse(body: &[u8], what: &str) -> io::Result<Wanted> {
+    parse_list(body)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, format!("a malformed {what}")))
 }
 
 /// The registration `region` as connection `conn` may reach it: live, imported by it, and
@@ -485,17 +492,11 @@ pub(super) fn serve_write(
     s: &TcpStream,
     body: &[u8],
 ) -> io::Result<Vec<u8>> {
-    let Some(Wanted {
+    let Wanted {
         region,
         segs,
         total,
-    }) = parse(body)
-    else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a malformed WRITE",
-        ));
-    };
+    } = parse(body, "WRITE")?;
     let mut r = s;
     let mem = match reachable(a, conn, region, &segs, true) {
         Ok(m) => m,
@@ -518,12 +519,7 @@ pub(super) fn serve_write(
 /// device memory failed on the way: that transfer fails, the connection stays), or ERR alone.
 /// `Err`: the connection broke; it is closed.
 pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) -> io::Result<()> {
-    let Some(Wanted { region, segs, .. }) = parse(body) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "a malformed READ",
-        ));
-    };
+    let Wanted { region, segs, .. } = parse(body, "READ")?;
     let mut w = s;
     let mem = match reachable(a, conn, region, &segs, false) {
         Ok(m) => m,
