@@ -13,7 +13,7 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks agenttests ckpt cold snapshot agent
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks disk agenttests ckpt cold snapshot agent
 # cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
@@ -149,6 +149,10 @@ for s in "${steps[@]}"; do
       step "snapshot-$policy" 120 env FERRY_TEST_COMPLETION=$policy \
         "$bundle/tests/cuda_snapshot" --test-threads=1
     done ;;
+  disk) # issue 35: the page cache, the disk and both at once (scripts/disk-mix.sh), for the
+    # hybrid writer's buffered share; DISK_ROWS to change the rows
+    step disk 200 bash scripts/disk-mix.sh /tmp/ferry-disk-mix ${DISK_ROWS:-8:8 8:0 8:4 16:16 16:0 16:10 16:12}
+    grep -h "^row\|^dirty" "$log/disk.txt" ;;
   agenttests) # issue 36: the agent's GPU tests alone (a short call), both policies
     for policy in tuned plain; do
       step "cuda_agent-$policy" 150 env FERRY_TEST_COMPLETION=$policy "$bundle/tests/cuda_agent"
