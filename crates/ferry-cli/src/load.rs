@@ -172,8 +172,10 @@ pub struct SaveArgs {
     pub shard_size: Option<u64>,
     /// How a checkpoint's bytes go into the file: `buffered` (parallel pwrites through the
     /// page cache), `direct` (O_DIRECT from aligned windows, the file preallocated; buffered,
-    /// with the reason, where the file system refuses it) or `auto` (direct for a save of 64
-    /// MiB or more, else buffered). The report names the writer used and why.
+    /// with the reason, where the file system refuses it) or `auto` (buffered under 64 MiB,
+    /// direct when fsynced, else both at once: direct from the end beside buffered writes
+    /// from the start into the page cache's room before writeback). The report names the
+    /// writer used and why.
     /// Plain files are written buffered.
     #[arg(long, value_name = "WRITER", value_enum, default_value_t = WriterArg::Auto)]
     pub writer: WriterArg,
@@ -700,8 +702,7 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
                     }
                     None => ck.save(&fe, dst, &opts)?,
                 };
-                let writer = if r.direct { "O_DIRECT" } else { "buffered" };
-                extra.insert("writer".into(), writer.into());
+                extra.insert("writer".into(), r.writer().into());
                 extra.insert("writer_note".into(), r.writer_note.clone().into());
                 extra.insert("held_bytes".into(), r.snapshot_bytes.into());
                 (r.bytes, r.io)

@@ -402,8 +402,9 @@ pub(crate) fn _load_safetensors_into(
 ///         non-blocking save without it (the default) frees what earlier ones kept; with
 ///         ``non_blocking=False`` it is refused (a blocking save makes no snapshot).
 ///     fsync (bool): flush the files to the disk before they are renamed into place.
-///     writer (str): ``"auto"`` (the default: ``O_DIRECT`` for a save of 64 MiB or more,
-///         else buffered), ``"buffered"``
+///     writer (str): ``"auto"`` (the default: buffered under 64 MiB, ``O_DIRECT`` when
+///         fsynced, else both at once: ``O_DIRECT`` from the end beside buffered writes from
+///         the start into the page cache's room before writeback), ``"buffered"``
 ///         (parallel writes through the page cache) or
 ///         ``"direct"`` (``O_DIRECT`` from aligned windows; buffered where the file system
 ///         refuses it).

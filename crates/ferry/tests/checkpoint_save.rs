@@ -1,8 +1,8 @@
 //! Saves that cannot or must not finish: destinations that are not files (a clear error naming
 //! the destination and what is wrong, nothing created), saves stopped by
 //! [`SaveOptions::interrupt`] (no partial file, the old file kept), sharded saves read
-//! back through their index, and both writers ([`SaveOptions::direct`]: buffered, `O_DIRECT`) writing the
-//! reference writer's bytes.
+//! back through their index, and every writer ([`SaveOptions::direct`]: buffered, `O_DIRECT`,
+//! and the default's both at once) writing the reference writer's bytes.
 
 use ferry::checkpoint::{
     self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
@@ -398,18 +398,13 @@ fn both_writers_write_the_reference_writers_bytes() {
 }
 
 #[test]
-fn auto_writes_large_saves_o_direct_and_small_ones_buffered() {
+fn auto_writes_small_saves_buffered_fsynced_ones_o_direct_and_others_both_ways() {
     let fe = engine();
     let d = tempfile::tempdir().unwrap();
     let big = pattern(65 << 20, 5);
     let small = pattern(1 << 20, 6);
     let p = d.path().join("a.safetensors");
-    for (data, fsync, direct) in [
-        (&big, true, true),
-        (&big, false, true),
-        (&small, true, false),
-        (&small, false, false),
-    ] {
+    for (data, fsync) in [(&big, true), (&big, false), (&small, true), (&small, false)] {
         let shape = [data.len()];
         let r = checkpoint::save(
             &fe,
@@ -419,15 +414,89 @@ fn auto_writes_large_saves_o_direct_and_small_ones_buffered() {
         )
         .unwrap();
         assert!(r.writer_note.starts_with("auto"), "{r}");
-        if direct {
-            check_writer(&r, None);
-        } else {
+        if data.len() < 64 << 20 {
             assert!(!r.direct, "{r}");
             assert!(r.writer_note.contains("64 MiB"), "{r}");
+        } else if fsync {
+            check_writer(&r, None);
+            assert!(!r.hybrid, "{r}");
+        } else {
+            check_hybrid(&r);
         }
         let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
         assert_eq!(ck.host("w").unwrap().bytes(), &data[..]);
     }
+}
+
+/// A large save the default writer made without fsync: both ways where the page cache has
+/// room (this machine's: the note gives the figures), else `O_DIRECT` saying why.
+fn check_hybrid(r: &checkpoint::SaveReport) {
+    if r.hybrid {
+        assert!(r.direct, "{r}");
+        assert_eq!(r.writer(), "O_DIRECT + buffered");
+        assert!(
+            r.writer_note.contains("buffered writes from the start"),
+            "{r}"
+        );
+        assert!(r.writer_note.contains("MiB dirty now"), "{r}");
+        assert_eq!(r.io.direct_bytes + r.io.buffered_bytes, r.io.bytes, "{r}");
+    } else {
+        check_writer(r, None);
+        assert!(
+            r.writer_note.contains("of room") || r.writer_note.contains("O_DIRECT"),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn the_hybrid_writer_writes_the_reference_writers_bytes_across_shards() {
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    // Five tensors over three shards, sizes off the 4 KiB blocks and across the 64 MiB
+    // windows, so that the share's pieces and the windows cut files and tensors anywhere.
+    let sizes = [
+        (100 << 20) + 3,
+        12_345,
+        (70 << 20) + 4097,
+        1 << 20,
+        (90 << 20) + 1,
+    ];
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u64 + 31))
+        .collect();
+    let tnames: Vec<String> = (0..sizes.len()).map(|i| format!("t.{i}")).collect();
+    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
+    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
+        .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
+        .collect();
+    let index = d.path().join("m.safetensors.index.json");
+    let opts = SaveOptions::new().shard_bytes(110 << 20);
+    let r = checkpoint::save(&fe, &index, &list, &opts).unwrap();
+    assert_eq!(r.files, 3, "{r}");
+    check_hybrid(&r);
+    let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+    for (n, w) in tnames.iter().zip(&data) {
+        assert_eq!(ck.host(n).unwrap().bytes(), &w[..], "{n}");
+    }
+    // One file: each shard's bytes as the reference writer lays them out.
+    let p = d.path().join("one.safetensors");
+    let r = checkpoint::save(&fe, &p, &list, &SaveOptions::new()).unwrap();
+    check_hybrid(&r);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..sizes.len())
+        .map(|i| {
+            let v = safetensors::tensor::TensorView::new(Dtype::U8, vec![sizes[i]], &data[i]);
+            (tnames[i].clone(), v.unwrap())
+        })
+        .collect();
+    let want = safetensors::tensor::serialize(views, None).unwrap();
+    assert!(
+        std::fs::read(&p).unwrap() == want,
+        "the file differs from the reference writer's"
+    );
+    assert!(names(d.path()).iter().all(|n| !n.contains("ferry-partial")));
 }
 
 /// Whether the file system of `dir` opens files with `O_DIRECT`.
@@ -487,6 +556,28 @@ fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
             .direct(true)
             .fsync(true)
             .interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
+        let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
+        assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"old");
+        assert_eq!(names(d.path()), ["m.safetensors"]);
+    }
+}
+
+#[test]
+fn an_interrupted_hybrid_save_leaves_the_old_file_and_nothing_else() {
+    // The default writer without fsync (both ways where the page cache has room): stopped
+    // at once, and at later asks of whichever side asks.
+    let fe = engine();
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.safetensors");
+    std::fs::write(&p, b"old").unwrap();
+    let data = vec![7u8; 384 << 20];
+    let shape = [data.len()];
+    for stop_at in [0, 1, 2, 4] {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let a = asked.clone();
+        let opts =
+            SaveOptions::new().interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
         let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
         assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
         assert_eq!(std::fs::read(&p).unwrap(), b"old");

@@ -27,8 +27,8 @@ Functions (``help(ferry.NAME)`` for each one's arguments, errors and an example)
 - ``load_safetensors(path, device="cuda:0", names=None, framework=None, out=None,
   strict=True)`` / ``save_safetensors(tensors, path, metadata=None, max_shard_size=None,
   non_blocking=False, snapshot_bytes=None, fsync=False, writer="auto", keep_snapshot=False)``:
-  checkpoints (a folder or ``*.index.json``: sharded; ``writer``: buffered or ``O_DIRECT``
-  writes; ``keep_snapshot``: a non-blocking save's host memory reused by the next).
+  checkpoints (a folder or ``*.index.json``: sharded; ``writer``: buffered, ``O_DIRECT``
+  or, by default for a large save, both at once; ``keep_snapshot``: a non-blocking save's host memory reused by the next).
 - ``info()``: the version, the CUDA driver and devices ferry sees, the dtypes.
 
 Classes:

@@ -234,13 +234,17 @@ impl std::fmt::Debug for SaveTensor<'_> {
 /// uses (never `Auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) enum Writer {
-    /// `Direct` for a save of at least 64 MiB, else `Buffered`.
+    /// Chosen per save (`write::choose_writer`): `Buffered` under 64 MiB, else `Direct` when
+    /// fsynced or without room in the page cache, else `Hybrid`.
     #[default]
     Auto,
     /// Parallel `pwrite`s through the page cache.
     Buffered,
     /// `O_DIRECT` from aligned windows, the file preallocated.
     Direct,
+    /// `O_DIRECT` windows from the end of the save down, beside buffered writes from its
+    /// start up into the page cache's room before writeback (`dirty.rs`), until they meet.
+    Hybrid,
 }
 
 impl Writer {
@@ -261,6 +265,7 @@ impl std::fmt::Display for Writer {
             Writer::Auto => "auto",
             Writer::Buffered => "buffered",
             Writer::Direct => "O_DIRECT",
+            Writer::Hybrid => "O_DIRECT + buffered",
         })
     }
 }
@@ -306,13 +311,20 @@ pub struct SaveOptions {
     ///   the unaligned tail of each file goes buffered. The page cache is bypassed: no second
     ///   copy, no writeback. A file system that refuses `O_DIRECT` gets buffered writes, the
     ///   reason in the report.
-    /// - `None`: `O_DIRECT` for a save of at least 64 MiB, fsynced
-    ///   ([`SaveOptions::fsync`](field@SaveOptions::fsync)) or not, else buffered. Measured on
-    ///   a 2-core VM's ext4 disk (1 GiB from host memory, `bench/results/cpu-2core.md`):
+    /// - `None`: buffered below 64 MiB; from 64 MiB, `O_DIRECT` when fsynced
+    ///   ([`SaveOptions::fsync`](field@SaveOptions::fsync): every byte goes to the disk, and
+    ///   `O_DIRECT` skips the page cache's second copy), else both at once: `O_DIRECT`
+    ///   windows from the end of the save down beside buffered writes from its start up, the
+    ///   buffered share at most the page cache's room before the kernel starts writing back
+    ///   (its `vm.dirty_background_*` share of the memory free or caching files, less what is
+    ///   dirty now; a memory cgroup's own where less), each side at its own rate until they
+    ///   meet: a save that fits the room goes as fast as both, and no writeback competes
+    ///   with the `O_DIRECT` writes for the disk. Without room, `O_DIRECT` alone. A
+    ///   2-core VM's ext4 disk (1 GiB from host memory, `bench/results/cpu-2core.md`):
     ///   `O_DIRECT` wrote 4.63-4.72 GB/s in every run, fsynced or not; buffered writes ran
     ///   0.73-0.87 GB/s after a `sync` and 0.71-5.54 back to back (waiting on the writeback of
-    ///   the save before). Ask for buffered writes where the page cache should keep the bytes
-    ///   for a load that follows.
+    ///   the save before). Ask for buffered writes where the page cache should keep all the
+    ///   bytes for a load that follows.
     ///
     /// The writer used and why: [`SaveReport::direct`](super::SaveReport::direct),
     /// [`SaveReport::writer_note`](super::SaveReport::writer_note).

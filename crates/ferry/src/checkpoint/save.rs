@@ -30,6 +30,10 @@ pub struct SaveReport {
     /// Whether the files were written with `O_DIRECT` ([`SaveOptions::direct`]; else
     /// buffered).
     pub direct: bool,
+    /// Whether part of them went buffered beside the `O_DIRECT` writes (the hybrid writer,
+    /// the default's choice for a large save not fsynced where the page cache has room:
+    /// [`SaveOptions::direct`]); `io`'s direct and buffered bytes say how much each took.
+    pub hybrid: bool,
     /// Why that writer ("asked", the reason it was chosen, or why `O_DIRECT` was refused).
     pub writer_note: String,
     /// The file engine's report over all writes.
@@ -51,7 +55,7 @@ impl std::fmt::Display for SaveReport {
             self.bytes,
             self.seconds,
             if self.synced { ", fsynced" } else { "" },
-            if self.direct { "O_DIRECT" } else { "buffered" },
+            self.writer(),
             self.writer_note,
             if self.snapshot_bytes > 0 {
                 format!("; {} bytes of windows held at most", self.snapshot_bytes)
@@ -60,6 +64,17 @@ impl std::fmt::Display for SaveReport {
             },
             self.io
         )
+    }
+}
+
+impl SaveReport {
+    /// The writer in words: `buffered`, `O_DIRECT`, or `O_DIRECT + buffered` (hybrid).
+    pub fn writer(&self) -> &'static str {
+        match (self.direct, self.hybrid) {
+            (true, true) => "O_DIRECT + buffered",
+            (true, false) => "O_DIRECT",
+            (false, _) => "buffered",
+        }
     }
 }
 
@@ -103,7 +118,8 @@ pub fn save(
         seconds: t0.elapsed().as_secs_f64(),
         synced: opts.fsync,
         snapshot_bytes: held,
-        direct: writer == Writer::Direct,
+        direct: matches!(writer, Writer::Direct | Writer::Hybrid),
+        hybrid: writer == Writer::Hybrid,
         writer_note,
         io,
     })
@@ -256,10 +272,12 @@ pub(super) fn write_files(
         open,
         writer,
         note,
+        share,
         direct,
-    } = open_for(engine, files, extra, opts, bytes)?;
+    } = open_for(engine, files, extra, opts, bytes, true)?;
+    let share = (writer == Writer::Hybrid).then_some(share);
     let (io, held) = match &direct {
-        Some(d) => stream_now(engine, d, files, open, opts, DIRECT_WINDOW)?,
+        Some(d) => stream_now(engine, d, files, open, opts, DIRECT_WINDOW, share)?,
         None => {
             let io = write_pieces(engine, files, &open.handles, opts)?;
             open.finish(opts)?;

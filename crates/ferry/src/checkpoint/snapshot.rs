@@ -223,7 +223,7 @@ impl Checkpoint {
         let held = free.iter().map(|b| b.raw().len as u64).sum();
         let t0 = Instant::now();
         let bytes = planned.iter().map(|p| p.bytes()).sum::<u64>();
-        let target = open_for(&engine, &planned, &extra, &opts, bytes)?;
+        let target = open_for(&engine, &planned, &extra, &opts, bytes, false)?;
         let bytes = bytes + extra.iter().map(|e| e.1.len() as u64).sum::<u64>();
         let first = planned.first().map(|f| f.path.clone()).unwrap_or_default();
         let (feed, drain) = stream::pipeline(
@@ -249,12 +249,14 @@ impl Checkpoint {
                     synced,
                     snapshot_bytes: held,
                     direct: writer == super::options::Writer::Direct,
+                    hybrid: false,
                     writer_note,
                     io,
                 })
             })
             .map_err(spawn_err)?;
-        match feed.fill_all(&stream, half, &copier, &opts, &first) {
+        let claims = stream::Claims::alone(stream.windows(half));
+        match feed.fill_all(&stream, half, &claims, &copier, &opts, &first) {
             Ok(left) => {
                 if keep {
                     kept::keep(left, since);

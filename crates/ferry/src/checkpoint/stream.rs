@@ -154,6 +154,113 @@ impl<'m> Stream<'m> {
     }
 }
 
+impl Stream<'_> {
+    /// The stream's bytes in `range` as pieces to write, per file in file order, each of at
+    /// most `chunk` bytes, straight from the tensors' memory (the hybrid writer's buffered
+    /// share).
+    pub fn pieces(&self, range: Range<u64>, chunk: usize) -> Vec<VecDeque<Piece<'_>>> {
+        let mut queues: Vec<VecDeque<Piece<'_>>> =
+            self.files.iter().map(|_| VecDeque::new()).collect();
+        let first = self
+            .extents
+            .partition_point(|e| e.at + e.data.raw().len as u64 <= range.start);
+        let mut file = self
+            .files
+            .partition_point(|&(b, _)| b <= range.start)
+            .saturating_sub(1);
+        for e in self.extents[first..]
+            .iter()
+            .take_while(|e| e.at < range.end)
+        {
+            while file + 1 < self.files.len() && e.at >= self.files[file + 1].0 {
+                file += 1;
+            }
+            let len = e.data.raw().len as u64;
+            let (mut s, t) = (e.at.max(range.start), (e.at + len).min(range.end));
+            while s < t {
+                let n = (t - s).min(chunk as u64);
+                let from = (s - e.at) as usize;
+                queues[file].push_back(Piece {
+                    file,
+                    offset: s - self.files[file].0,
+                    data: Region::of(e.data, from..from + n as usize)
+                        .expect("a piece lies inside its tensor"),
+                });
+                s += n;
+            }
+        }
+        queues
+    }
+}
+
+/// Which windows of a stream each side writes. Alone, the streaming side takes them in
+/// order; split ([`Claims::split`], the hybrid writer), it takes them from the last one down
+/// while a buffered share takes them from the first one up, at most `cap` of them, until the
+/// two meet: each side goes at its own rate (the disk's, the page cache's) and neither waits
+/// for the other at the end by more than one window.
+pub(super) struct Claims {
+    /// The next window from the start, and the end of those not taken from the end.
+    state: std::sync::Mutex<(usize, usize)>,
+    /// Windows the buffered share may take.
+    cap: usize,
+    /// The streaming side takes from the end.
+    split: bool,
+}
+
+impl Claims {
+    /// `windows` windows, all the streaming side's, in order.
+    pub fn alone(windows: usize) -> Claims {
+        Claims {
+            state: std::sync::Mutex::new((0, windows)),
+            cap: 0,
+            split: false,
+        }
+    }
+
+    /// `windows` windows shared: the streaming side's from the end, at most `cap` from the
+    /// start the buffered share's.
+    pub fn split(windows: usize, cap: usize) -> Claims {
+        Claims {
+            state: std::sync::Mutex::new((0, windows)),
+            cap,
+            split: true,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, usize)> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The streaming side's next window, if any is left.
+    pub fn stream_next(&self) -> Option<usize> {
+        let mut g = self.lock();
+        let (lo, hi) = &mut *g;
+        if *lo >= *hi {
+            return None;
+        }
+        if self.split {
+            *hi -= 1;
+            Some(*hi)
+        } else {
+            *lo += 1;
+            Some(*lo - 1)
+        }
+    }
+
+    /// The buffered share's next window, while any is left and its cap allows.
+    pub fn share_next(&self) -> Option<usize> {
+        let mut g = self.lock();
+        let (lo, hi) = &mut *g;
+        if !self.split || *lo >= *hi || *lo >= self.cap {
+            return None;
+        }
+        *lo += 1;
+        Some(*lo - 1)
+    }
+}
+
 /// What the copying thread sends the writing one.
 pub(super) enum Msg {
     /// A full window and its parts.
@@ -182,6 +289,16 @@ impl Drain {
     /// (when asked) and renames the files into place. The copying side gone without `Done`
     /// (it failed or was interrupted) drops the files: nothing is left behind.
     pub fn run(self, engine: &FileEngine) -> Result<IoReport, CheckpointError> {
+        let opts = self.opts.clone();
+        let (io, open) = self.write_windows(engine)?;
+        open.finish(&opts)?;
+        Ok(io)
+    }
+
+    /// [`Drain::run`] up to the files' finish: returns them open and written, for a caller
+    /// that finishes them once other writes to them (the hybrid writer's buffered share) are
+    /// done too.
+    fn write_windows(self, engine: &FileEngine) -> Result<(IoReport, Opened), CheckpointError> {
         let Drain {
             open,
             rx,
@@ -225,8 +342,7 @@ impl Drain {
                     if let Some(since) = keep {
                         kept::keep(returned.try_iter(), since);
                     }
-                    open.finish(&opts)?;
-                    return Ok(io);
+                    return Ok((io, open));
                 }
                 Err(_) => {
                     return Err(CheckpointError::Interrupted {
@@ -283,19 +399,21 @@ pub(super) fn pipeline(
 }
 
 impl Feed {
-    /// Copies every window of `stream` (of `half` bytes) into a free buffer and sends it to
-    /// the writing side, reusing those it hands back; the interrupt is asked before each
-    /// window (an interrupt names `first`). Ends with [`Msg::Done`] (which hands the writing
-    /// side the windows that came back meanwhile) and returns the windows it never used.
+    /// Copies every window of `stream` (of `half` bytes) that `claims` gives this side into a
+    /// free buffer and sends it to the writing side, reusing those it hands back; the
+    /// interrupt is asked before each window (an interrupt names `first`). Ends with
+    /// [`Msg::Done`] (which hands the writing side the windows that came back meanwhile) and
+    /// returns the windows it never used.
     pub fn fill_all(
         mut self,
         stream: &Stream<'_>,
         half: usize,
+        claims: &Claims,
         copier: &Copier<'_>,
         opts: &SaveOptions,
         first: &std::path::Path,
     ) -> Result<Vec<TensorBuffer>, Stop> {
-        for k in 0..stream.windows(half) {
+        while let Some(k) = claims.stream_next() {
             let mut buf = match self.free.pop() {
                 Some(b) => b,
                 None => self.back.recv().map_err(|_| Stop::WriterGone)?,
@@ -499,7 +617,10 @@ fn copy_on(
 
 /// Writes `files` (opened as `open`) through two windows of `half` bytes: copied on
 /// `copying`'s engines on this thread, written on `writing` by another, overlapped; returns
-/// once they are in place, with the writes' report and the window bytes held.
+/// once they are in place, with the writes' report and the window bytes held. With `share`
+/// (the hybrid writer), at most that many bytes from the stream's start are written buffered
+/// straight from the tensors on `copying` by a third thread, beside the windows written from
+/// the end ([`Claims::split`]); a failure on any side stops the others.
 pub(super) fn stream_now(
     copying: &FileEngine,
     writing: &FileEngine,
@@ -507,6 +628,7 @@ pub(super) fn stream_now(
     open: Opened,
     opts: &SaveOptions,
     half: usize,
+    share: Option<u64>,
 ) -> Result<(IoReport, u64), CheckpointError> {
     let stream = Stream::new(files);
     let copier = Copier::new(
@@ -515,18 +637,135 @@ pub(super) fn stream_now(
             .iter()
             .flat_map(|f| f.order.iter().map(|t| (t.name, t.data.raw().kind))),
     )?;
-    let n = stream.windows(half).clamp(1, 2);
+    let windows = stream.windows(half);
+    let n = windows.clamp(1, 2);
     let free = (0..n)
         .map(|_| window(copier.kind(), half, n))
         .collect::<Result<Vec<_>, _>>()?;
     let first = files.first().map(|f| f.path.clone()).unwrap_or_default();
-    let (feed, drain) = pipeline(free, open, stream.names(), opts, None);
+    let claims = match share {
+        Some(bytes) => Claims::split(windows, (bytes / half as u64) as usize),
+        None => Claims::alone(windows),
+    };
+    // Every side asks this between its batches: the user's interrupt, or another side failed.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut run_opts = opts.clone();
+    if share.is_some() {
+        let (user, flag) = (opts.interrupt.clone(), stop.clone());
+        run_opts.interrupt = Some(std::sync::Arc::new(move || {
+            flag.load(std::sync::atomic::Ordering::Relaxed) || user.as_ref().is_some_and(|u| u())
+        }));
+    }
+    let failed = |r: bool| {
+        if r {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let names = stream.names();
+    let (handles, paths) = (open.handles.clone(), open.paths.clone());
+    // The share's windows as pieces, made here: the tensors' memory is read on its thread
+    // through `Region`s (plain addresses), not through the stream's `&dyn Memory`.
+    let share_windows: Vec<Vec<VecDeque<Piece<'_>>>> = (0..claims.cap.min(windows))
+        .map(|k| {
+            let at = k as u64 * half as u64;
+            stream.pieces(at..at + half as u64, super::write::CHUNK_BYTES)
+        })
+        .collect();
+    let (feed, drain) = pipeline(free, open, names.clone(), &run_opts, None);
     std::thread::scope(|s| {
-        let h = s.spawn(|| drain.run(writing));
-        let filled = feed.fill_all(&stream, half, &copier, opts, &first);
+        let (claims, handles, paths, names, run_opts, failed) =
+            (&claims, &handles, &paths, &names, &run_opts, &failed);
+        let shared = share.map(|_| {
+            s.spawn(move || {
+                let r = write_share(
+                    copying,
+                    share_windows,
+                    claims,
+                    handles,
+                    paths,
+                    names,
+                    run_opts,
+                );
+                failed(r.is_err());
+                r
+            })
+        });
+        let h = s.spawn(|| {
+            let r = drain.write_windows(writing);
+            failed(r.is_err());
+            r
+        });
+        let filled = feed.fill_all(&stream, half, claims, &copier, run_opts, &first);
+        failed(filled.is_err());
         let written = h.join().unwrap_or_else(|_| Err(panicked(&first)));
-        outcome(filled, written).map(|io| (io, (n * half) as u64))
+        let Some(shared) = shared else {
+            let (io, open) = outcome(filled, written)?;
+            open.finish(opts)?;
+            return Ok((io, (n * half) as u64));
+        };
+        let shared = shared.join().unwrap_or_else(|_| Err(panicked(&first)));
+        match (filled, written, shared) {
+            (Ok(_), Ok((mut io, open)), Ok(r)) => {
+                io.add(r);
+                open.finish(opts)?;
+                Ok((io, (n * half) as u64))
+            }
+            (filled, written, shared) => {
+                // A side stopped by another's failure says Interrupted: the failure is the
+                // save's, whichever side saw it.
+                let errs = [
+                    filled.err().and_then(|s| match s {
+                        Stop::Failed(e) => Some(e),
+                        Stop::WriterGone => None,
+                    }),
+                    written.err(),
+                    shared.err(),
+                ];
+                let mut errs = errs.into_iter().flatten();
+                let Some(first_err) = errs.next() else {
+                    return Err(panicked(&first));
+                };
+                let is_stop =
+                    |e: &CheckpointError| matches!(e, CheckpointError::Interrupted { .. });
+                Err(if is_stop(&first_err) {
+                    errs.find(|e| !is_stop(e)).unwrap_or(first_err)
+                } else {
+                    first_err
+                })
+            }
+        }
     })
+}
+
+/// The hybrid writer's buffered share: the windows `claims` gives it (`windows`: per window,
+/// its pieces per file), their bytes written straight from the tensors through `engine` (its
+/// own staging for device tensors) into `handles`, in batches between which the interrupt is
+/// asked.
+fn write_share(
+    engine: &FileEngine,
+    mut windows: Vec<Vec<VecDeque<Piece<'_>>>>,
+    claims: &Claims,
+    handles: &[crate::file::FileHandle],
+    paths: &[PathBuf],
+    names: &Names,
+    opts: &SaveOptions,
+) -> Result<IoReport, CheckpointError> {
+    let mut io = IoReport::default();
+    while let Some(k) = claims.share_next() {
+        let queues = std::mem::take(&mut windows[k]);
+        io.add(store_batches(
+            engine,
+            handles,
+            paths,
+            queues,
+            opts,
+            |i, o| {
+                let t = names[i].partition_point(|(s, _)| *s <= o);
+                (t > 0).then(|| names[i][t - 1].1.clone())
+            },
+        )?);
+    }
+    Ok(io)
 }
 
 /// The writing thread panicked (its files were removed as it unwound).
@@ -536,4 +775,103 @@ pub(super) fn panicked(path: &std::path::Path) -> CheckpointError {
         &std::io::Error::other("the writing thread panicked"),
         "writing the file",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::options::SaveTensor;
+    use crate::checkpoint::write::plan;
+    use safetensors::Dtype;
+    use std::path::Path;
+
+    #[test]
+    fn alone_the_stream_takes_every_window_in_order() {
+        let c = Claims::alone(3);
+        assert_eq!(c.share_next(), None);
+        let got: Vec<_> = std::iter::from_fn(|| c.stream_next()).collect();
+        assert_eq!(got, [0, 1, 2]);
+        assert_eq!(c.share_next(), None);
+    }
+
+    #[test]
+    fn split_the_sides_meet_and_the_share_stops_at_its_cap() {
+        // The share from the start, the stream from the end, each window taken once.
+        let c = Claims::split(5, 10);
+        assert_eq!(c.stream_next(), Some(4));
+        assert_eq!(c.share_next(), Some(0));
+        assert_eq!(c.share_next(), Some(1));
+        assert_eq!(c.stream_next(), Some(3));
+        assert_eq!(c.share_next(), Some(2));
+        assert_eq!((c.share_next(), c.stream_next()), (None, None));
+        // A cap of 2: the stream takes the rest.
+        let c = Claims::split(5, 2);
+        assert_eq!(
+            (c.share_next(), c.share_next(), c.share_next()),
+            (Some(0), Some(1), None)
+        );
+        let got: Vec<_> = std::iter::from_fn(|| c.stream_next()).collect();
+        assert_eq!(got, [4, 3, 2]);
+        // Taken from several threads at once: every window exactly once.
+        let c = Claims::split(1000, 600);
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| std::iter::from_fn(|| c.share_next()).collect::<Vec<_>>());
+            let b = s.spawn(|| std::iter::from_fn(|| c.stream_next()).collect::<Vec<_>>());
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert!(a.len() <= 600, "{}", a.len());
+        let mut all: Vec<_> = a.iter().chain(&b).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..1000).collect::<Vec<_>>());
+        assert!(
+            a.iter().all(|&k| b.iter().all(|&j| k < j)),
+            "the share below the stream"
+        );
+    }
+
+    #[test]
+    fn pieces_cover_a_range_of_the_stream_file_by_file() {
+        let (a, b, c) = (vec![1u8; 5000], vec![2u8; 300], vec![3u8; 9000]);
+        let t1 = [SaveTensor::new("a", Dtype::U8, &[5000], &a)];
+        let t2 = [
+            SaveTensor::new("b", Dtype::U8, &[300], &b),
+            SaveTensor::new("c", Dtype::U8, &[9000], &c),
+        ];
+        let meta = Default::default();
+        let files = [
+            plan(Path::new("one"), &t1, &meta).unwrap(),
+            plan(Path::new("two"), &t2, &meta).unwrap(),
+        ];
+        let stream = Stream::new(&files);
+        let (len1, len2) = (files[0].bytes(), files[1].bytes());
+        let start2 = len1.next_multiple_of(STREAM_ALIGN as u64);
+        // The whole stream in pieces of at most 4 KiB: each file's bytes once, in order.
+        let end = start2 + len2;
+        let q = stream.pieces(0..end, 4096);
+        for (i, len) in [(0, len1), (1, len2)] {
+            let mut at = 0;
+            for p in &q[i] {
+                assert_eq!((p.file, p.offset), (i, at));
+                assert!(p.data.raw().len <= 4096);
+                at += p.data.raw().len as u64;
+            }
+            assert_eq!(at, len, "file {i}");
+        }
+        // A range from the middle of the first file into the second: the first's tail from
+        // the range's start, the second's head (its 8-byte length and header first).
+        let q = stream.pieces(4096..start2 + 100, 1 << 20);
+        assert_eq!(q[0].front().map(|p| p.offset), Some(4096));
+        assert_eq!(
+            q[0].iter().map(|p| p.data.raw().len as u64).sum::<u64>(),
+            len1 - 4096
+        );
+        assert_eq!(q[1].front().map(|p| p.offset), Some(0));
+        assert_eq!(
+            q[1].iter().map(|p| p.data.raw().len as u64).sum::<u64>(),
+            100
+        );
+        // The padding between files is no file's.
+        let q = stream.pieces(len1..start2, 4096);
+        assert!(q.iter().all(VecDeque::is_empty));
+    }
 }

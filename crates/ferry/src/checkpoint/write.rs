@@ -1,5 +1,5 @@
 //! Writing safetensors files: one file's layout and header (as the reference writer lays it
-//! out), the writer's choice (buffered or `O_DIRECT`, [`SaveOptions::direct`]), and the writes of several
+//! out), the writer's choice (buffered, `O_DIRECT` or both, [`SaveOptions::direct`]), and the writes of several
 //! files at once (buffered: their pieces interleaved and in flight together, in batches
 //! between which a save may be interrupted; `O_DIRECT`: streamed through aligned windows,
 //! `stream.rs`), each file through a [`Replacement`] so that a failed or interrupted save
@@ -126,28 +126,74 @@ pub(super) const AUTO_DIRECT_MIN: u64 = 64 << 20;
 /// Each of the `O_DIRECT` writer's two windows.
 pub(super) const DIRECT_WINDOW: usize = 64 << 20;
 
-/// The writer a save of `bytes` uses when `asked` (before the file system has its say), and
-/// why, in words. Auto takes `O_DIRECT` from [`AUTO_DIRECT_MIN`], fsynced or not: on the 2-core
-/// machine's ext4 disk (`bench/results/cpu-2core.md`, 2026-12-05, quiet) it wrote 1 GiB at
-/// 4.63-4.72 GB/s in every run, fsynced or not, where buffered writes ran 0.73-0.87 GB/s after
-/// a `sync` and 0.71-5.54 back to back (the page cache's writeback of the save before), and
-/// buffered fsynced 0.73-2.60; it also leaves the page cache and its writeback to the job.
-pub(super) fn choose_writer(asked: Writer, fsync: bool, bytes: u64) -> (Writer, String) {
+/// The least room in the page cache worth a buffered share beside the `O_DIRECT` windows:
+/// two windows.
+pub(super) const MIN_SHARE: u64 = 2 * DIRECT_WINDOW as u64;
+
+/// The writer a save of `bytes` uses when `asked` (before the file system has its say), why,
+/// in words, and for [`Writer::Hybrid`] the most bytes its buffered share writes. `room` is
+/// the page cache's room before writeback and why (`dirty::room_now`), `None` where it is not
+/// known or a buffered share may not read the tensors beside the windows (a streamed
+/// snapshot, whose tensors may change once copied). Auto: buffered under [`AUTO_DIRECT_MIN`]
+/// (below it the windows' setup and the preallocation cost more than the page cache's second
+/// copy); `O_DIRECT` when fsynced (every byte goes to the disk) or without [`MIN_SHARE`] of
+/// room; else hybrid, its share 90% of the room (other writers dirty pages too). On the
+/// 2-core machine's ext4 disk (`bench/results/cpu-2core.md`, 2026-12-05, quiet) `O_DIRECT`
+/// wrote 1 GiB at 4.63-4.72 GB/s in every run, fsynced or not, where buffered writes ran
+/// 0.73-0.87 GB/s after a `sync` and 0.71-5.54 back to back (the page cache's writeback of the
+/// save before), and buffered fsynced 0.73-2.60; on the GPU hosts the disk took 1.5-2.5 GB/s
+/// and every writer of the page cache slowed to it past the dirty limits
+/// (`bench/results/h100.md`): the share puts what the page cache takes quickly beside the
+/// disk's rate.
+pub(super) fn choose_writer(
+    asked: Writer,
+    fsync: bool,
+    bytes: u64,
+    room: Option<(u64, String)>,
+) -> (Writer, String, u64) {
     match asked {
-        Writer::Buffered => (Writer::Buffered, "asked".into()),
-        Writer::Direct => (Writer::Direct, "asked".into()),
+        Writer::Buffered | Writer::Direct | Writer::Hybrid => (asked, "asked".into(), 0),
         Writer::Auto if bytes < AUTO_DIRECT_MIN => (
             Writer::Buffered,
             format!("auto: {bytes} bytes, under the 64 MiB worth writing O_DIRECT"),
+            0,
         ),
-        Writer::Auto => (
+        Writer::Auto if fsync => (
             Writer::Direct,
             format!(
-                "auto: {bytes} bytes{}, O_DIRECT skips the page cache and its writeback (steady \
-                 where buffered writes wait on writeback)",
-                if fsync { ", fsync asked" } else { "" }
+                "auto: {bytes} bytes, fsync asked: every byte goes to the disk, O_DIRECT skips \
+                 the page cache's copy"
             ),
+            0,
         ),
+        Writer::Auto => match room {
+            Some((room, why)) if room / 10 * 9 >= MIN_SHARE => {
+                let share = room / 10 * 9;
+                (
+                    Writer::Hybrid,
+                    format!(
+                        "auto: {bytes} bytes, O_DIRECT from the end beside buffered writes from \
+                         the start, at most {} MiB of them ({why})",
+                        share >> 20
+                    ),
+                    share,
+                )
+            }
+            Some((room, why)) => (
+                Writer::Direct,
+                format!(
+                    "auto: {bytes} bytes, O_DIRECT: {} MiB of room in the page cache before \
+                     writeback ({why})",
+                    room >> 20
+                ),
+                0,
+            ),
+            None => (
+                Writer::Direct,
+                format!("auto: {bytes} bytes, O_DIRECT skips the page cache and its writeback"),
+                0,
+            ),
+        },
     }
 }
 
@@ -155,33 +201,39 @@ pub(super) fn choose_writer(asked: Writer, fsync: bool, bytes: u64) -> (Writer, 
 pub(super) struct Target {
     /// The files.
     pub open: Opened,
-    /// Buffered, or `O_DIRECT`.
+    /// Buffered, `O_DIRECT`, or both.
     pub writer: Writer,
     /// Why that writer.
     pub note: String,
+    /// The most bytes the hybrid writer's buffered share writes (0 for the others).
+    pub share: u64,
     /// The engine that writes `O_DIRECT` ([`FileConfig::direct`](crate::file::FileConfig::direct)
     /// on, otherwise `engine`'s settings); `None` for the buffered writer.
     pub direct: Option<FileEngine>,
 }
 
-/// Opens the temporary files of a save of `bytes` for the writer [`choose_writer`] picks:
-/// `O_DIRECT` ones preallocated to their size; a file system that refuses `O_DIRECT` gets
-/// the buffered writer, the reason in the note.
+/// Opens the temporary files of a save of `bytes` for the writer [`choose_writer`] picks
+/// (`share_ok`: a buffered share may read the tensors beside the windows; a streamed
+/// snapshot's may change once copied): `O_DIRECT` ones preallocated to their size; a file
+/// system that refuses `O_DIRECT` gets the buffered writer, the reason in the note.
 pub(super) fn open_for(
     engine: &FileEngine,
     files: &[Planned<'_, '_>],
     extra: &[(PathBuf, Vec<u8>)],
     opts: &SaveOptions,
     bytes: u64,
+    share_ok: bool,
 ) -> Result<Target, CheckpointError> {
     let asked = Writer::asked(opts.direct);
-    let (writer, note) = choose_writer(asked, opts.fsync, bytes);
+    let room = share_ok.then(super::dirty::room_now).flatten();
+    let (writer, note, share) = choose_writer(asked, opts.fsync, bytes, room);
     let first = files.first().map_or(Path::new(""), |f| f.path.as_path());
     if writer == Writer::Buffered {
         return Ok(Target {
             open: Opened::new(engine, files, extra)?,
             writer,
             note,
+            share,
             direct: None,
         });
     }
@@ -193,6 +245,7 @@ pub(super) fn open_for(
             open,
             writer: Writer::Buffered,
             note: format!("{note}, but {why}"),
+            share: 0,
             direct: None,
         });
     }
@@ -213,6 +266,7 @@ pub(super) fn open_for(
         open,
         writer,
         note,
+        share,
         direct: Some(direct),
     })
 }
@@ -444,20 +498,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_picks_o_direct_from_64_mib() {
+    fn auto_picks_buffered_o_direct_or_both_by_size_fsync_and_room() {
         let big = AUTO_DIRECT_MIN;
+        let room = |bytes: u64| Some((bytes, "figures".to_string()));
         for fsync in [false, true] {
-            assert_eq!(choose_writer(Writer::Auto, fsync, big).0, Writer::Direct);
-            let (w, why) = choose_writer(Writer::Auto, fsync, big - 1);
+            let (w, why, _) = choose_writer(Writer::Auto, fsync, big - 1, room(1 << 40));
             assert_eq!(w, Writer::Buffered);
             assert!(why.contains("64 MiB"), "{why}");
         }
-        let (_, why) = choose_writer(Writer::Auto, true, 5 * big);
+        // Fsynced: O_DIRECT whatever the room.
+        let (w, why, share) = choose_writer(Writer::Auto, true, 5 * big, room(1 << 40));
+        assert_eq!((w, share), (Writer::Direct, 0));
         assert!(why.contains("fsync asked"), "{why}");
-        // Asked for: given, whatever the size and fsync.
+        // Not fsynced: both, the share 90% of the room, the room's figures in the note...
+        let (w, why, share) = choose_writer(Writer::Auto, false, big, room(10 << 30));
+        assert_eq!((w, share), (Writer::Hybrid, 9 << 30));
+        assert!(
+            why.contains("9216 MiB") && why.contains("(figures)"),
+            "{why}"
+        );
+        // ...unless 90% of the room is under two windows, or the room is not known.
+        let (w, why, share) = choose_writer(Writer::Auto, false, big, room(MIN_SHARE));
+        assert_eq!((w, share), (Writer::Direct, 0));
+        assert!(why.contains("128 MiB of room"), "{why}");
+        let (w, _, share) = choose_writer(Writer::Auto, false, big, room(MIN_SHARE / 9 * 10 + 20));
+        assert_eq!(w, Writer::Hybrid);
+        assert!((MIN_SHARE..MIN_SHARE + 20).contains(&share), "{share}");
+        assert_eq!(
+            choose_writer(Writer::Auto, false, big, None).0,
+            Writer::Direct
+        );
+        // Asked for: given, whatever the size, fsync and room.
         for (asked, fsync, bytes) in [(Writer::Direct, false, 1), (Writer::Buffered, true, big)] {
-            let got = choose_writer(asked, fsync, bytes);
-            assert_eq!(got, (asked, "asked".to_string()));
+            let got = choose_writer(asked, fsync, bytes, room(1 << 40));
+            assert_eq!(got, (asked, "asked".to_string(), 0));
         }
     }
 }
