@@ -137,9 +137,11 @@ for s in "${steps[@]}"; do
     # fit one call (the fourth H100 run: 520 s, no row printed); run `load` then `save` in two
     # calls of one lease, the checkpoint written once under /tmp and kept between them.
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    # CKPT_SAVE_ROWS=writers: the writers' rows alone (ferry's three, save_file, torch.save).
     step "ckpt-${CKPT_ROWS:-all}" "${CKPT_LIMIT:-400}" python3 bench/ckpt/compare.py \
-      --scale "${CKPT_SCALE:-0.5}" --repeat 2 --rows "${CKPT_ROWS:-all}" --keep \
-      --json "$log/ckpt-${CKPT_ROWS:-all}.json" ;;
+      --scale "${CKPT_SCALE:-0.5}" --repeat "${CKPT_REPEAT:-2}" --rows "${CKPT_ROWS:-all}" --keep \
+      --save-rows "${CKPT_SAVE_ROWS:-all}" --json "$log/ckpt-${CKPT_ROWS:-all}.json"
+    grep -h "save\|ratio\|page cache" "$log/ckpt-${CKPT_ROWS:-all}.txt" | head -30 ;;
   cold) # issue 35: the loads with the page cache dropped before each (as root)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step ckpt-cold 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \

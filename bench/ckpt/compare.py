@@ -241,6 +241,10 @@ def main() -> int:
     ap.add_argument("--rows", choices=["all", "load", "save", "disk"], default="all",
                     help="which rows: all (default), the loads (and disk), the saves (and disk), or\n"
                          "the disk alone (no GPU, no PyTorch needed)")
+    ap.add_argument("--save-rows", choices=["all", "writers"], default="all",
+                    help="with the saves: all of them (default), or the writers alone (ferry's default,\n"
+                         "buffered and direct writers, save_file, torch.save: no fsync, snapshot or DCP\n"
+                         "rows) for a short call")
     ap.add_argument("--disk-bytes", default="2G", help="size of the disk rows' file (default 2G; 0: no disk rows)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
@@ -511,6 +515,12 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
             best(lambda w=writer: ferry.save_safetensors(out, dst, max_shard_size=shard, writer=w), a.repeat, settle),
             nbytes,
         )
+    quick = a.save_rows == "writers"
+    if quick:
+        peer_writers(a, out, files, dst, nbytes, save, missing, settle)
+        if not a.keep:
+            shutil.rmtree(dst, ignore_errors=True)
+        return
     # Durable: every shard on the disk when the call returns.
     save["ferry.save_safetensors(fsync=True)"] = (
         best(lambda: ferry.save_safetensors(out, dst, max_shard_size=shard, fsync=True), a.repeat, settle),
@@ -562,18 +572,9 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
 
     save["torch pinned D2H copy (the stall's floor)"] = (best(d2h, a.repeat), nbytes)
     del pinned
-    try:
-        import safetensors.torch as stt
-
-        def st_save() -> None:
-            names = list(out)
-            per = max(1, len(names) // max(1, len(files)))
-            for i in range(0, len(names), per):
-                stt.save_file(
-                    {k: out[k] for k in names[i : i + per]}, os.path.join(dst, f"st-{i}.safetensors")
-                )
-
-        save["safetensors.torch.save_file"] = (best(st_save, a.repeat, settle), nbytes)
+    st_run = peer_writers(a, out, files, dst, nbytes, save, missing, settle)
+    if st_run is not None:
+        st_save: Callable[[], None] = st_run
 
         def st_save_durable() -> None:
             st_save()
@@ -587,20 +588,45 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
         save["safetensors.torch.save_file + fsync"] = (best(st_save_durable, a.repeat, settle), nbytes)
         for f in glob.glob(os.path.join(dst, "st-*.safetensors")):
             os.remove(f)
+    dcp_save(a, out, dst, nbytes, save, missing, settle)
+    if not a.keep:
+        shutil.rmtree(dst, ignore_errors=True)
+
+
+def peer_writers(a: argparse.Namespace, out: dict[str, Any], files: list[str], dst: str, nbytes: int,
+                 save: dict[str, tuple[float, int]], missing: list[str],
+                 settle: Callable[[], None]) -> Optional[Callable[[], None]]:
+    """The peers' writers into the page cache: `safetensors.torch.save_file` (one file per
+    shard's worth of tensors) and `torch.save`; returns the save_file run (None without
+    safetensors) with its files left for a durable row, torch.save's removed."""
+    import torch
+
+    st_save: Optional[Callable[[], None]] = None
+    try:
+        import safetensors.torch as stt
+
+        def st_run() -> None:
+            names = list(out)
+            per = max(1, len(names) // max(1, len(files)))
+            for i in range(0, len(names), per):
+                stt.save_file(
+                    {k: out[k] for k in names[i : i + per]}, os.path.join(dst, f"st-{i}.safetensors")
+                )
+
+        save["safetensors.torch.save_file"] = (best(st_run, a.repeat, settle), nbytes)
+        st_save = st_run
     except ImportError as e:
         missing.append(f"safetensors: its save row is skipped ({e})")
 
     def torch_save() -> None:
         torch.save(out, os.path.join(dst, "torch.pt"))
 
-    save["torch.save"] = (best(torch_save, a.repeat, settle), nbytes)
     # One peer's files on disk at a time (the disk holds the source, ferry's copy and one more).
-    for f in glob.glob(os.path.join(dst, "st-*.safetensors")) + [os.path.join(dst, "torch.pt")]:
-        if os.path.exists(f):
-            os.remove(f)
-    dcp_save(a, out, dst, nbytes, save, missing, settle)
-    if not a.keep:
-        shutil.rmtree(dst, ignore_errors=True)
+    for f in glob.glob(os.path.join(dst, "st-*.safetensors")):
+        os.remove(f)
+    save["torch.save"] = (best(torch_save, a.repeat, settle), nbytes)
+    os.remove(os.path.join(dst, "torch.pt"))
+    return st_save
 
 
 def dcp_save(a: argparse.Namespace, out: dict[str, Any], dst: str, nbytes: int,
