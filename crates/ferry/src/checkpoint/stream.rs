@@ -95,6 +95,14 @@ impl<'m> Stream<'m> {
         self.end.div_ceil(half as u64) as usize
     }
 
+    /// The window each file starts in (windows of `half` bytes).
+    pub fn lanes(&self, half: usize) -> Vec<usize> {
+        self.files
+            .iter()
+            .map(|&(b, _)| (b / half as u64) as usize)
+            .collect()
+    }
+
     /// Per file, its tensors' starts and names ([`Names`]).
     pub fn names(&self) -> Names {
         let mut names: Names = vec![Vec::new(); self.files.len()];
@@ -195,39 +203,70 @@ impl Stream<'_> {
 
 /// Which windows of a stream each side writes. Alone, the streaming side takes them in
 /// order; split ([`Claims::split`], the hybrid writer), it takes them from the last one down
-/// while a buffered share takes them from the first one up, at most `cap` of them, until the
-/// two meet: each side goes at its own rate (the disk's, the page cache's) and neither waits
-/// for the other at the end by more than one window.
+/// while a buffered share takes them from the front of each file up (one window of each of
+/// up to [`SHARE_LANES`] files at a time: the kernel writes one file's buffered writes one
+/// at a time, under its inode's lock, so the share spreads over files), at most `cap` of
+/// them, until every window is taken: each side goes at its own rate (the disk's, the page
+/// cache's) and neither waits for the other at the end by more than one window.
 pub(super) struct Claims {
-    /// The next window from the start, and the end of those not taken from the end.
-    state: std::sync::Mutex<(usize, usize)>,
+    state: std::sync::Mutex<ClaimState>,
     /// Windows the buffered share may take.
     cap: usize,
     /// The streaming side takes from the end.
     split: bool,
 }
 
+struct ClaimState {
+    taken: Vec<bool>,
+    /// Alone: the next window. Split: every window from here up is taken.
+    cursor: usize,
+    /// Per lane (the window a file starts in, ascending; files starting in one window share
+    /// it): its first window and the next one the share tries.
+    lanes: Vec<(usize, usize)>,
+    /// The lane the share's next batch starts from.
+    turn: usize,
+    /// Windows the share took.
+    shared: usize,
+}
+
+/// Files the buffered share writes at once (one window of each per batch): a batch of
+/// [`BATCH_BYTES`](super::write::BATCH_BYTES) at the direct writer's windows.
+pub(super) const SHARE_LANES: usize = 4;
+
 impl Claims {
     /// `windows` windows, all the streaming side's, in order.
     pub fn alone(windows: usize) -> Claims {
-        Claims {
-            state: std::sync::Mutex::new((0, windows)),
-            cap: 0,
-            split: false,
-        }
+        Claims::new(windows, Vec::new(), 0, false)
     }
 
-    /// `windows` windows shared: the streaming side's from the end, at most `cap` from the
-    /// start the buffered share's.
-    pub fn split(windows: usize, cap: usize) -> Claims {
+    /// `windows` windows shared: the streaming side's from the end, at most `cap` of them the
+    /// buffered share's from the front of each lane (`lanes`: the windows files start in).
+    pub fn split(windows: usize, lanes: &[usize], cap: usize) -> Claims {
+        let mut starts: Vec<usize> = lanes.iter().copied().filter(|&w| w < windows).collect();
+        starts.push(0);
+        starts.sort_unstable();
+        starts.dedup();
+        if windows == 0 {
+            starts.clear();
+        }
+        Claims::new(windows, starts, cap, true)
+    }
+
+    fn new(windows: usize, starts: Vec<usize>, cap: usize, split: bool) -> Claims {
         Claims {
-            state: std::sync::Mutex::new((0, windows)),
+            state: std::sync::Mutex::new(ClaimState {
+                taken: vec![false; windows],
+                cursor: if split { windows } else { 0 },
+                lanes: starts.into_iter().map(|w| (w, w)).collect(),
+                turn: 0,
+                shared: 0,
+            }),
             cap,
-            split: true,
+            split,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, usize)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ClaimState> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -236,28 +275,50 @@ impl Claims {
     /// The streaming side's next window, if any is left.
     pub fn stream_next(&self) -> Option<usize> {
         let mut g = self.lock();
-        let (lo, hi) = &mut *g;
-        if *lo >= *hi {
-            return None;
+        let st = &mut *g;
+        if !self.split {
+            let k = st.cursor;
+            return (k < st.taken.len()).then(|| {
+                st.taken[k] = true;
+                st.cursor += 1;
+                k
+            });
         }
-        if self.split {
-            *hi -= 1;
-            Some(*hi)
-        } else {
-            *lo += 1;
-            Some(*lo - 1)
+        while st.cursor > 0 && st.taken[st.cursor - 1] {
+            st.cursor -= 1;
         }
+        (st.cursor > 0).then(|| {
+            st.cursor -= 1;
+            st.taken[st.cursor] = true;
+            st.cursor
+        })
     }
 
-    /// The buffered share's next window, while any is left and its cap allows.
-    pub fn share_next(&self) -> Option<usize> {
+    /// The buffered share's next windows: the next one of each of up to [`SHARE_LANES`]
+    /// lanes, taking turns, within its cap; empty once none is left to it.
+    pub fn share_next(&self) -> Vec<usize> {
+        let mut got = Vec::new();
         let mut g = self.lock();
-        let (lo, hi) = &mut *g;
-        if !self.split || *lo >= *hi || *lo >= self.cap {
-            return None;
+        let st = &mut *g;
+        let n = st.lanes.len();
+        let mut tried = 0;
+        while tried < n && got.len() < SHARE_LANES && st.shared < self.cap {
+            let l = (st.turn + tried) % n;
+            tried += 1;
+            let end = st.lanes.get(l + 1).map_or(st.taken.len(), |&(s, _)| s);
+            let mut k = st.lanes[l].1;
+            while k < end && st.taken[k] {
+                k += 1;
+            }
+            st.lanes[l].1 = k;
+            if k < end {
+                st.taken[k] = true;
+                st.shared += 1;
+                got.push(k);
+            }
         }
-        *lo += 1;
-        Some(*lo - 1)
+        st.turn = (st.turn + tried) % n.max(1);
+        got
     }
 }
 
@@ -644,7 +705,7 @@ pub(super) fn stream_now(
         .collect::<Result<Vec<_>, _>>()?;
     let first = files.first().map(|f| f.path.clone()).unwrap_or_default();
     let claims = match share {
-        Some(bytes) => Claims::split(windows, (bytes / half as u64) as usize),
+        Some(bytes) => Claims::split(windows, &stream.lanes(half), (bytes / half as u64) as usize),
         None => Claims::alone(windows),
     };
     // Every side asks this between its batches: the user's interrupt, or another side failed.
@@ -665,12 +726,13 @@ pub(super) fn stream_now(
     let (handles, paths) = (open.handles.clone(), open.paths.clone());
     // The share's windows as pieces, made here: the tensors' memory is read on its thread
     // through `Region`s (plain addresses), not through the stream's `&dyn Memory`.
-    let share_windows: Vec<Vec<VecDeque<Piece<'_>>>> = (0..claims.cap.min(windows))
-        .map(|k| {
-            let at = k as u64 * half as u64;
-            stream.pieces(at..at + half as u64, super::write::CHUNK_BYTES)
-        })
-        .collect();
+    let share_windows: Vec<Vec<VecDeque<Piece<'_>>>> =
+        (0..if share.is_some() { windows } else { 0 })
+            .map(|k| {
+                let at = k as u64 * half as u64;
+                stream.pieces(at..at + half as u64, super::write::CHUNK_BYTES)
+            })
+            .collect();
     let (feed, drain) = pipeline(free, open, names.clone(), &run_opts, None);
     std::thread::scope(|s| {
         let (claims, handles, paths, names, run_opts, failed) =
@@ -737,8 +799,8 @@ pub(super) fn stream_now(
     })
 }
 
-/// The hybrid writer's buffered share: the windows `claims` gives it (`windows`: per window,
-/// its pieces per file), their bytes written straight from the tensors through `engine` (its
+/// The hybrid writer's buffered share: the windows `claims` gives it, a few files' at a time
+/// (`windows`: per window, its pieces per file), their bytes written straight from the tensors through `engine` (its
 /// own staging for device tensors) into `handles`, in batches between which the interrupt is
 /// asked.
 fn write_share(
@@ -751,8 +813,18 @@ fn write_share(
     opts: &SaveOptions,
 ) -> Result<IoReport, CheckpointError> {
     let mut io = IoReport::default();
-    while let Some(k) = claims.share_next() {
-        let queues = std::mem::take(&mut windows[k]);
+    loop {
+        let ks = claims.share_next();
+        if ks.is_empty() {
+            return Ok(io);
+        }
+        // Per file, the pieces of every window taken (each window's in file order).
+        let mut queues: Vec<VecDeque<Piece<'_>>> = paths.iter().map(|_| VecDeque::new()).collect();
+        for k in ks {
+            for (q, w) in queues.iter_mut().zip(std::mem::take(&mut windows[k])) {
+                q.extend(w);
+            }
+        }
         io.add(store_batches(
             engine,
             handles,
@@ -765,7 +837,6 @@ fn write_share(
             },
         )?);
     }
-    Ok(io)
 }
 
 /// The writing thread panicked (its files were removed as it unwound).
@@ -788,34 +859,51 @@ mod tests {
     #[test]
     fn alone_the_stream_takes_every_window_in_order() {
         let c = Claims::alone(3);
-        assert_eq!(c.share_next(), None);
+        assert!(c.share_next().is_empty());
         let got: Vec<_> = std::iter::from_fn(|| c.stream_next()).collect();
         assert_eq!(got, [0, 1, 2]);
-        assert_eq!(c.share_next(), None);
+        assert!(c.share_next().is_empty());
     }
 
     #[test]
-    fn split_the_sides_meet_and_the_share_stops_at_its_cap() {
-        // The share from the start, the stream from the end, each window taken once.
-        let c = Claims::split(5, 10);
+    fn split_the_stream_takes_from_the_end_and_the_share_from_each_file_s_front() {
+        // One file: the share from the start, the stream from the end, each window once.
+        let c = Claims::split(5, &[0], 10);
         assert_eq!(c.stream_next(), Some(4));
-        assert_eq!(c.share_next(), Some(0));
-        assert_eq!(c.share_next(), Some(1));
+        assert_eq!(c.share_next(), [0]);
+        assert_eq!(c.share_next(), [1]);
         assert_eq!(c.stream_next(), Some(3));
-        assert_eq!(c.share_next(), Some(2));
-        assert_eq!((c.share_next(), c.stream_next()), (None, None));
-        // A cap of 2: the stream takes the rest.
-        let c = Claims::split(5, 2);
-        assert_eq!(
-            (c.share_next(), c.share_next(), c.share_next()),
-            (Some(0), Some(1), None)
-        );
-        let got: Vec<_> = std::iter::from_fn(|| c.stream_next()).collect();
-        assert_eq!(got, [4, 3, 2]);
-        // Taken from several threads at once: every window exactly once.
-        let c = Claims::split(1000, 600);
+        assert_eq!(c.share_next(), [2]);
+        assert!(c.share_next().is_empty());
+        assert_eq!(c.stream_next(), None);
+        // Files starting in windows 0, 3, 3 (two in one window) and 6 of 10: a window of each
+        // file's lane per batch, then the next ones; the stream skips what the share took.
+        let c = Claims::split(10, &[0, 3, 3, 6], 5);
+        assert_eq!(c.share_next(), [0, 3, 6]);
+        assert_eq!(c.stream_next(), Some(9));
+        assert_eq!(c.stream_next(), Some(8));
+        assert_eq!(c.stream_next(), Some(7));
+        assert_eq!(c.stream_next(), Some(5)); // 6 was the share's
+                                              // The cap: two more windows for the share.
+        assert_eq!(c.share_next(), [1, 4]);
+        assert!(c.share_next().is_empty());
+        let rest: Vec<_> = std::iter::from_fn(|| c.stream_next()).collect();
+        assert_eq!(rest, [2]);
+        // More lanes than a batch takes: SHARE_LANES of them, the rest next time.
+        let lanes: Vec<usize> = (0..6).map(|i| i * 2).collect();
+        let c = Claims::split(12, &lanes, 100);
+        assert_eq!(c.share_next(), [0, 2, 4, 6]);
+        assert_eq!(c.share_next(), [8, 10, 1, 3]);
+        // Taken from several threads at once: every window exactly once, the share within
+        // its cap.
+        let lanes: Vec<usize> = (0..8).map(|i| i * 125).collect();
+        let c = Claims::split(1000, &lanes, 600);
         let (a, b) = std::thread::scope(|s| {
-            let a = s.spawn(|| std::iter::from_fn(|| c.share_next()).collect::<Vec<_>>());
+            let a = s.spawn(|| {
+                std::iter::from_fn(|| Some(c.share_next()).filter(|v| !v.is_empty()))
+                    .flatten()
+                    .collect::<Vec<_>>()
+            });
             let b = s.spawn(|| std::iter::from_fn(|| c.stream_next()).collect::<Vec<_>>());
             (a.join().unwrap(), b.join().unwrap())
         });
@@ -823,10 +911,7 @@ mod tests {
         let mut all: Vec<_> = a.iter().chain(&b).copied().collect();
         all.sort_unstable();
         assert_eq!(all, (0..1000).collect::<Vec<_>>());
-        assert!(
-            a.iter().all(|&k| b.iter().all(|&j| k < j)),
-            "the share below the stream"
-        );
+        assert!(Claims::split(0, &[0], 5).share_next().is_empty());
     }
 
     #[test]
