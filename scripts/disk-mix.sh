@@ -34,9 +34,8 @@ for row in "$@"; do
   done
   wait "${pids[@]}"
   t1=$(now)
-  secs=$(echo "$t1 - $t0" | bc -l)
-  printf 'row %s GiB (buffered %s, O_DIRECT %s, %s streams each): %.3f s, %.2f GB/s; %s\n' \
-    "$total" "$buffered" "$direct" "$streams" "$secs" "$(echo "$total * 1.073741824 / $secs" | bc -l)" "$(dirty)"
+  awk -v a="$t0" -v b="$t1" -v t="$total" -v bu="$buffered" -v d="$direct" -v n="$streams" -v m="$(dirty)" \
+    'BEGIN { s = b - a; printf "row %s GiB (buffered %s, O_DIRECT %s, %s streams each): %.3f s, %.2f GB/s; %s\n", t, bu, d, n, s, t * 1.073741824 / s, m }'
   rm -f "$dir"/buffered-* "$dir"/direct-*
 done
 sync

@@ -171,6 +171,25 @@ impl Band {
 /// How many bands there are ([`Band`]).
 pub(crate) const BANDS: usize = 3;
 
+/// The sizes at which a band keeps a choice of its own ([`band_slot`]): one per power of two
+/// of the list's average segment, up to [`AUTO_LARGE_SEGMENT`]. One choice for a whole band
+/// was taken at the band's first size and kept at the others: the twelfth H100 run's
+/// `kv_blocks.py` h2d rows (`bench/results/h100.md`), 256 x 512 KiB measured first, then
+/// 256 x 64 KiB ran 27.4 GB/s on the kernel chosen at 512 KiB against the batched copy's 44.6
+/// (0.61), and 41.3 (0.93) where 64 KiB came first.
+pub(crate) const BAND_SIZES: usize = 21;
+
+/// A gatherer's band measurements: [`BANDS`] x [`BAND_SIZES`].
+pub(crate) const BAND_SLOTS: usize = BANDS * BAND_SIZES;
+
+/// Which of a gatherer's band measurements a list of `n` segments of `total` bytes in `band`
+/// takes: its band's, at the power of two at or below its average segment.
+pub(crate) fn band_slot(band: Band, n: usize, total: u64) -> usize {
+    let avg = (total / n.max(1) as u64).max(1);
+    let size = avg.ilog2() as usize;
+    band.index() * BAND_SIZES + size.min(BAND_SIZES - 1)
+}
+
 /// The band (see [`Band`]) of `n` segments of `total` bytes between these `sides`, if any: a
 /// list of more than [`AUTO_FEW_SEGMENTS`] segments (fewer go one call each anyway).
 pub(crate) fn band(sides: Sides, n: usize, total: u64) -> Option<Band> {

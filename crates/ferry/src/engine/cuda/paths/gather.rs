@@ -374,8 +374,8 @@ impl Drop for Taken<'_> {
     }
 }
 
-/// One band's measurements ([`route::Band`]): the rates of each mechanism timed there, the
-/// timed calls not yet read, and the choice once made.
+/// One band's measurements at one size ([`route::band_slot`]): the rates of each mechanism
+/// timed there, the timed calls not yet read, and the choice once made.
 #[derive(Default)]
 struct BandTimes {
     /// Bytes per second of the kernel's timed calls.
@@ -456,8 +456,8 @@ pub struct Gatherer {
     managed_with_kernels: bool,
     /// Batches the driver refused so far, and its first refusal.
     refused: Mutex<(usize, Option<DriverError>)>,
-    /// What [`Strategy::Auto`] measured in each band ([`route::Band`], by its index).
-    bands: Mutex<[BandTimes; route::BANDS]>,
+    /// What [`Strategy::Auto`] measured in each band at each size ([`route::band_slot`]).
+    bands: Mutex<Vec<BandTimes>>,
 }
 
 impl std::fmt::Debug for Gatherer {
@@ -500,7 +500,11 @@ impl Gatherer {
             leave_sms: false,
             managed_with_kernels,
             refused: Mutex::new((0, None)),
-            bands: Mutex::default(),
+            bands: Mutex::new(
+                (0..route::BAND_SLOTS)
+                    .map(|_| BandTimes::default())
+                    .collect(),
+            ),
         })
     }
 
@@ -684,7 +688,7 @@ impl Gatherer {
         if let Some(b) = timed {
             let stop = start.as_ref().and_then(|_| self.record_timing(stream));
             let mut bands = self.bands.lock().unwrap_or_else(|e| e.into_inner());
-            let band = &mut bands[b.index()];
+            let band = &mut bands[b];
             match (start, stop) {
                 (Some(start), Some(stop)) => band.pending.push(Timed {
                     strategy,
@@ -711,8 +715,8 @@ impl Gatherer {
         Some(e)
     }
 
-    /// The strategy for `n` segments of `total` bytes, and the band whose call to time, if any
-    /// ([`route::Band`]).
+    /// The strategy for `n` segments of `total` bytes, and the band measurement
+    /// ([`route::band_slot`]) whose call to time, if any.
     fn choose(
         &self,
         stream: &Arc<CudaStream>,
@@ -721,7 +725,7 @@ impl Gatherer {
         n: usize,
         total: u64,
         sms_free: bool,
-    ) -> (Strategy, Option<route::Band>) {
+    ) -> (Strategy, Option<usize>) {
         // Pageable memory goes one call per segment (the driver stages it anyway).
         let reachable =
             || driver::device_address(dst).is_some() && driver::device_address(src).is_some();
@@ -752,8 +756,9 @@ impl Gatherer {
         if sms_free && matches!(s, Strategy::Batch | Strategy::Kernel) {
             if let Some(b) = route::band(sides(), n, total).filter(|_| batch() && kernel()) {
                 let mut bands = self.bands.lock().unwrap_or_else(|e| e.into_inner());
-                let (s, timed) = bands[b.index()].next();
-                return (s, timed.then_some(b));
+                let slot = route::band_slot(b, n, total);
+                let (s, timed) = bands[slot].next();
+                return (s, timed.then_some(slot));
             }
         }
         (s, None)

@@ -953,8 +953,31 @@ fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_lists_eit
             "{sides:?}"
         );
     }
-    // Each band has its own measurements.
+    // Each band has its own measurements, and within it each power of two of the average
+    // segment: 64 KiB and 512 KiB lists apart, 64 KiB and 96 KiB together.
     let all = [Band::FromHost, Band::FromHostFew, Band::ToHostFew];
+    let mut slots: Vec<usize> = all
+        .iter()
+        .flat_map(|&b| [64u64 << 10, 512 << 10, 1 << 20].map(|avg| band_slot(b, 8, avg * 8)))
+        .collect();
+    assert!(slots.iter().all(|&s| s < BAND_SLOTS), "{slots:?}");
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 9, "{slots:?}");
+    for b in all {
+        assert_eq!(
+            band_slot(b, 8, 8 * (64 << 10)),
+            band_slot(b, 8, 8 * (96 << 10))
+        );
+        assert_ne!(
+            band_slot(b, 8, 8 * (64 << 10)),
+            band_slot(b, 8, 8 * (128 << 10))
+        );
+    }
+    assert_eq!(
+        band_slot(Band::ToHostFew, 0, 0),
+        band_slot(Band::ToHostFew, 5, 3)
+    );
     for (i, a) in all.iter().enumerate() {
         assert!(a.index() < BANDS, "{a:?}");
         assert!(all[i + 1..].iter().all(|b| b.index() != a.index()), "{a:?}");
