@@ -225,6 +225,51 @@ fn saves_from_device_memory_match_the_source() {
     assert!(ck.host("half").unwrap().bytes() == &a[..1 << 19]);
 }
 
+/// The default writer without fsync from device memory: `O_DIRECT` windows copied by the GPU
+/// from the end beside buffered writes staged through the file engine's ring from the start
+/// (where the page cache has room, as on the GPU hosts), one file and shards, every byte as
+/// the source.
+#[test]
+#[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
+fn the_default_writer_saves_device_tensors_both_ways_at_once() {
+    let Some(cuda) = cuda_or_skip().map(Arc::new) else {
+        return;
+    };
+    let dir = TempDir::new("hybrid");
+    let want = tensors(300 << 20);
+    let p = write(&dir, "m.safetensors", &want);
+    let src = std::fs::read(&p).unwrap();
+    let fe = FileEngine::with_engine(FileConfig::new(), cuda).unwrap();
+    for placement in [Placement::Packed, Placement::PerTensor] {
+        let ck = checkpoint::load(
+            &fe,
+            &p,
+            &LoadOptions::new(Target::Device).placement(placement),
+        )
+        .unwrap();
+        let out = dir.0.join("out.safetensors");
+        let r = ck.save(&fe, &out, &SaveOptions::new()).unwrap();
+        println!("{placement:?}: save {r}");
+        assert!(r.hybrid || r.writer_note.contains("of room"), "{r}");
+        let got = std::fs::read(&out).unwrap();
+        let diff = got.iter().zip(&src).position(|(a, b)| a != b);
+        assert!(
+            got.len() == src.len() && diff.is_none(),
+            "{placement:?}: saved file differs at byte {diff:?} (len {} vs {})",
+            got.len(),
+            src.len()
+        );
+        let index = dir.0.join("s.safetensors.index.json");
+        let r = ck
+            .save(&fe, &index, &SaveOptions::new().shard_bytes(64 << 20))
+            .unwrap();
+        println!("{placement:?}: sharded save {r}");
+        assert!(r.files >= 2, "{r}");
+        let back = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
+        check(&back, &want, &format!("{placement:?} sharded"));
+    }
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn device_load_without_a_cuda_engine_is_refused() {

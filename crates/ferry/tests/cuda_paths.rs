@@ -514,7 +514,9 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
 /// -> device lists of 64 KiB segments, host -> device lists of 16 segments of 32 KiB, and
 /// device -> host lists of 16 segments of 64 KiB (the short lists: too few segments to fill the
 /// SMs). In each, on a gatherer of its own, `Strategy::Auto` times both on its first calls,
-/// each in turn, then keeps one; every call's bytes right.
+/// each in turn, then keeps one; every call's bytes right. Within a band each power of two of
+/// the average segment is measured apart: host -> device lists of 256 KiB segments, after the
+/// 64 KiB ones on the same gatherer, are timed in turn again.
 #[test]
 #[cfg_attr(not(feature = "gpu"), ignore = "needs a GPU: run with --features gpu")]
 fn auto_measures_each_band_then_keeps_one() {
@@ -528,12 +530,23 @@ fn auto_measures_each_band_then_keeps_one() {
         return;
     }
     // (what, blocks, block bytes, destination pinned, source pinned)
+    let mut h2d = None;
     for (what, count, block, dst_pinned, src_pinned) in [
         ("host -> device", 64usize, 64usize << 10, false, true),
         ("host -> device, few", 16, 32 << 10, false, true),
         ("device -> host, few", 16, 64 << 10, true, false),
+        (
+            "host -> device, 256 KiB after 64 KiB",
+            64,
+            256 << 10,
+            false,
+            true,
+        ),
     ] {
-        let g = Gatherer::new(ctx.clone()).expect("gatherer");
+        let g = match (count, block) {
+            (64, b) if b == 256 << 10 => h2d.take().expect("the 64 KiB gatherer"),
+            _ => Gatherer::new(ctx.clone()).expect("gatherer"),
+        };
         let len = block * count;
         let segs: Vec<Segment> = (0..count as u64)
             .map(|i| {
@@ -581,6 +594,9 @@ fn auto_measures_each_band_then_keeps_one() {
         let kept = used[6];
         assert!(matches!(kept, Strategy::Kernel | Strategy::Batch), "{what}");
         assert!(used[6..].iter().all(|&s| s == kept), "{what}: {used:?}");
+        if block == 64 << 10 && count == 64 {
+            h2d = Some(g);
+        }
     }
 }
 
