@@ -140,8 +140,8 @@ for s in "${steps[@]}"; do
     # CKPT_SAVE_ROWS=writers: the writers' rows alone (ferry's three, save_file, torch.save).
     step "ckpt-${CKPT_ROWS:-all}" "${CKPT_LIMIT:-400}" python3 bench/ckpt/compare.py \
       --scale "${CKPT_SCALE:-0.5}" --repeat "${CKPT_REPEAT:-2}" --rows "${CKPT_ROWS:-all}" --keep \
-      --save-rows "${CKPT_SAVE_ROWS:-all}" --json "$log/ckpt-${CKPT_ROWS:-all}.json"
-    grep -h "save\|ratio\|page cache" "$log/ckpt-${CKPT_ROWS:-all}.txt" | head -30 ;;
+      --save-rows "${CKPT_SAVE_ROWS:-all}" --ferry-cli "$ferry" --json "$log/ckpt-${CKPT_ROWS:-all}.json"
+    grep -h "save\|ratio\|page cache\|writer" "$log/ckpt-${CKPT_ROWS:-all}.txt" | head -32 ;;
   cold) # issue 35: the loads with the page cache dropped before each (as root)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step ckpt-cold 400 python3 bench/ckpt/compare.py --scale "${CKPT_SCALE:-0.5}" --repeat 2 \

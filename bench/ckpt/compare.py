@@ -245,6 +245,9 @@ def main() -> int:
                     help="with the saves: all of them (default), or the writers alone (ferry's default,\n"
                          "buffered and direct writers, save_file, torch.save: no fsync, snapshot or DCP\n"
                          "rows) for a short call")
+    ap.add_argument("--ferry-cli", help="the ferry CLI: once, untimed, `ferry save` of the same checkpoint from the\n"
+                    "GPU prints the writer ferry's default save takes here (Python's blocking save returns\n"
+                    "no report)")
     ap.add_argument("--disk-bytes", default="2G", help="size of the disk rows' file (default 2G; 0: no disk rows)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
@@ -285,7 +288,10 @@ def main() -> int:
         "missing": missing,
         "rows": {},
         "ratios": {},
+        "default_writer": getattr(a, "default_writer", None),
     }
+    if report["default_writer"]:
+        print(f"ferry's default writer here (ferry save, untimed): {report['default_writer']}")
     for kind, r in rows.items():
         for name, (sec, n) in r.items():
             gbs = n / sec / 1e9
@@ -510,6 +516,8 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
         ferry.save_safetensors(out, dst, max_shard_size=shard)
 
     save["ferry.save_safetensors"] = (best(ferry_save, a.repeat, settle), nbytes)
+    if a.ferry_cli:
+        a.default_writer = cli_writer(a, files, settle)
     for writer in ("buffered", "direct"):
         save[f"ferry.save_safetensors(writer={writer})"] = (
             best(lambda w=writer: ferry.save_safetensors(out, dst, max_shard_size=shard, writer=w), a.repeat, settle),
@@ -591,6 +599,27 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
     dcp_save(a, out, dst, nbytes, save, missing, settle)
     if not a.keep:
         shutil.rmtree(dst, ignore_errors=True)
+
+
+def cli_writer(a: argparse.Namespace, files: list[str], settle: Callable[[], None]) -> str:
+    """The writer (and why) of `ferry save` of the checkpoint's folder from the GPU into a
+    folder of its own with the default writer: untimed, `settle` before, its files removed."""
+    out = os.path.join(a.dir, "cli-dst")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    settle()
+    try:
+        r = subprocess.run([a.ferry_cli, "save", os.path.dirname(files[0]), out, "--device", "cuda", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            return f"ferry save failed ({r.returncode}): {r.stderr.strip()[-300:]}"
+        v = json.loads(r.stdout)
+        sv = v.get("save", v)
+        return f"{sv.get('writer')} ({sv.get('writer_note')}); {sv.get('gb_per_s', 0):.2f} GB/s"
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        return f"ferry save could not run: {e}"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def peer_writers(a: argparse.Namespace, out: dict[str, Any], files: list[str], dst: str, nbytes: int,
