@@ -367,7 +367,9 @@ typedef struct ferry_checkpoint_report {
  * -FERRY_EINVAL: NULL/bad arguments, a name given twice, bytes that do not match dtype x
  * shape; -FERRY_ENOTAVAIL: GPU memory without a CUDA driver; -FERRY_EDRIVER: a file or system
  * call failed (the message names the file and the tensor). The buffers must stay valid and
- * unwritten until this returns. */
+ * unwritten until this returns. The writer is the library's default (opts->direct is for
+ * loads): buffered under 64 MiB; O_DIRECT when fsynced or from host memory; from a GPU,
+ * O_DIRECT beside buffered writes into the page cache's room before writeback. */
 int ferry_checkpoint_save(const char *path, const ferry_tensor *tensors, size_t n,
                           const ferry_checkpoint_options *opts, ferry_checkpoint_report *report);
 

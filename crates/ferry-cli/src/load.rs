@@ -9,7 +9,7 @@ use crate::args::{check_writable, device_memory, file_id, mem_available, ArgErro
 use crate::sizes::{format_size, parse_size, SizeError};
 use ferry::checkpoint::{
     self, Checkpoint, LoadOptions, LoadReport, Placement, SaveOptions, SaveTensor, Target,
-    TensorBuffer,
+    TensorBuffer, Writer,
 };
 use ferry::cuda::CudaEngine;
 use ferry::file::{CuFileMode, FileConfig, FileEngine, IoReport, OpenMode, ReadPiece, Replacement};
@@ -172,10 +172,11 @@ pub struct SaveArgs {
     pub shard_size: Option<u64>,
     /// How a checkpoint's bytes go into the file: `buffered` (parallel pwrites through the
     /// page cache), `direct` (O_DIRECT from aligned windows, the file preallocated; buffered,
-    /// with the reason, where the file system refuses it) or `auto` (buffered under 64 MiB,
-    /// direct when fsynced, else both at once: direct from the end beside buffered writes
-    /// from the start into the page cache's room before writeback). The report names the
-    /// writer used and why.
+    /// with the reason, where the file system refuses it), `hybrid` (both at once: direct from
+    /// the end beside buffered writes from the start into the page cache's room before
+    /// writeback, each at its own rate) or `auto` (buffered under 64 MiB; direct when fsynced
+    /// or from host memory; else, from a GPU, hybrid). The report names the writer used and
+    /// why.
     /// Plain files are written buffered.
     #[arg(long, value_name = "WRITER", value_enum, default_value_t = WriterArg::Auto)]
     pub writer: WriterArg,
@@ -199,15 +200,18 @@ pub enum WriterArg {
     Buffered,
     /// `O_DIRECT`.
     Direct,
+    /// `O_DIRECT` beside buffered writes into the page cache's room.
+    Hybrid,
 }
 
 impl WriterArg {
-    /// As [`SaveOptions::direct`] takes it (`None`: chosen per save).
-    pub fn direct(self) -> Option<bool> {
+    /// As [`SaveOptions::writer`] takes it.
+    pub fn writer(self) -> Writer {
         match self {
-            WriterArg::Auto => None,
-            WriterArg::Buffered => Some(false),
-            WriterArg::Direct => Some(true),
+            WriterArg::Auto => Writer::Auto,
+            WriterArg::Buffered => Writer::Buffered,
+            WriterArg::Direct => Writer::Direct,
+            WriterArg::Hybrid => Writer::Hybrid,
         }
     }
 }
@@ -241,8 +245,8 @@ pub struct SaveTo {
     pub fsync: bool,
     /// A sharded save (`dst` is an index), with `--shard-size`.
     pub sharded: Option<u64>,
-    /// `--writer`: [`SaveOptions::direct`] (`None`: auto).
-    pub writer: Option<bool>,
+    /// `--writer`: [`SaveOptions::writer`].
+    pub writer: Writer,
     /// `--snapshot-bytes`: save through a bounded snapshot.
     pub snapshot_bytes: Option<u64>,
 }
@@ -260,13 +264,13 @@ impl SaveTo {
             dst,
             fsync,
             sharded: sharded.then(|| shard_size.unwrap_or(5_000_000_000)),
-            writer: None,
+            writer: Writer::Auto,
             snapshot_bytes: None,
         }
     }
 
     /// With `--writer` and `--snapshot-bytes`.
-    pub fn with(mut self, writer: Option<bool>, snapshot_bytes: Option<u64>) -> SaveTo {
+    pub fn with(mut self, writer: Writer, snapshot_bytes: Option<u64>) -> SaveTo {
         self.writer = writer;
         self.snapshot_bytes = snapshot_bytes;
         self
@@ -688,7 +692,7 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
         let (bytes, io) = match &loaded {
             Loaded::Checkpoint(ck) => {
                 let mut opts = SaveOptions::new().fsync(*fsync).interrupt(stop);
-                opts.direct = to.writer;
+                opts.writer = to.writer;
                 // An index path (`to.sharded`) is a sharded save.
                 let opts = match to.sharded {
                     Some(limit) => opts.shard_bytes(limit),

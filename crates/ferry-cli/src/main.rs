@@ -36,7 +36,7 @@ fn main() -> ExitCode {
             let a = *a;
             let save = Some(
                 ferry_cli::load::SaveTo::new(a.dst, a.fsync, a.shard_size)
-                    .with(a.writer.direct(), a.snapshot_bytes),
+                    .with(a.writer.writer(), a.snapshot_bytes),
             );
             load(ferry_cli::load::check(
                 &a.src, None, None, false, save, a.io,

@@ -7,7 +7,9 @@ use crate::dlpack::{self, DlDataType, DlDevice};
 use crate::dtype::{self, DType};
 use crate::engine;
 use crate::errors::{self, arg, CheckpointError};
-use ferry::checkpoint::{self, Dest, LoadOptions, SaveOptions, SaveTensor, Target, TensorBuffer};
+use ferry::checkpoint::{
+    self, Dest, LoadOptions, SaveOptions, SaveTensor, Target, TensorBuffer, Writer,
+};
 use ferry::file::{FileConfig, FileEngine};
 use ferry::{MemKind, Memory, RawBuf};
 use pyo3::prelude::*;
@@ -402,9 +404,10 @@ pub(crate) fn _load_safetensors_into(
 ///         non-blocking save without it (the default) frees what earlier ones kept; with
 ///         ``non_blocking=False`` it is refused (a blocking save makes no snapshot).
 ///     fsync (bool): flush the files to the disk before they are renamed into place.
-///     writer (str): ``"auto"`` (the default: buffered under 64 MiB, ``O_DIRECT`` when
-///         fsynced, else both at once: ``O_DIRECT`` from the end beside buffered writes from
-///         the start into the page cache's room before writeback), ``"buffered"``
+///     writer (str): ``"auto"`` (the default: buffered under 64 MiB; ``O_DIRECT`` when
+///         fsynced or from host memory; else, from a GPU, ``"hybrid"``), ``"hybrid"``
+///         (``O_DIRECT`` from the end beside buffered writes from the start into the page
+///         cache's room before writeback, each at its own rate), ``"buffered"``
 ///         (parallel writes through the page cache) or
 ///         ``"direct"`` (``O_DIRECT`` from aligned windows; buffered where the file system
 ///         refuses it).
@@ -449,15 +452,16 @@ pub(crate) fn save_safetensors(
         ));
     }
     let fsync = errors::boolean(fsync, "fsync", false)?;
-    let direct = match writer.filter(|w| !w.is_none()) {
-        None => None,
+    let writer = match writer.filter(|w| !w.is_none()) {
+        None => Writer::Auto,
         Some(w) => match w.extract::<String>().ok().as_deref() {
-            Some("auto") => None,
-            Some("buffered") => Some(false),
-            Some("direct") => Some(true),
+            Some("auto") => Writer::Auto,
+            Some("buffered") => Writer::Buffered,
+            Some("direct") => Writer::Direct,
+            Some("hybrid") => Writer::Hybrid,
             _ => {
                 return Err(arg(format!(
-                    "writer={}: expected \"auto\", \"buffered\" or \"direct\"",
+                    "writer={}: expected \"auto\", \"buffered\", \"direct\" or \"hybrid\"",
                     errors::shown(w)
                 )))
             }
@@ -536,7 +540,7 @@ pub(crate) fn save_safetensors(
             }
         })
     });
-    opts.direct = direct;
+    opts.writer = writer;
     for (k, v) in metadata.unwrap_or_default() {
         opts = opts.metadata(k, v);
     }
@@ -563,7 +567,7 @@ pub(crate) fn save_safetensors(
         // Written on a thread of its own: no Ctrl-C check there (only the main thread may
         // ask Python for signals); `wait()` is where the caller is.
         let mut bg = SaveOptions::new().fsync(opts.fsync);
-        bg.direct = opts.direct;
+        bg.writer = opts.writer;
         bg.metadata = opts.metadata.clone();
         bg.shard_bytes = opts.shard_bytes;
         bg.snapshot_bytes = snapshot_bytes;

@@ -139,11 +139,11 @@ def test_kept_snapshot_memory_serves_saves_in_a_loop(tmp_path):
     assert not (tmp_path / "x.safetensors").exists()
 
 
-def test_both_writers_write_the_same_file(tmp_path):
+def test_every_writer_writes_the_same_file(tmp_path):
     t = {f"w{i}": np.arange(i * 70001, (i + 1) * 70001, dtype=np.float32) for i in range(5)}
     ferry.save_safetensors(t, tmp_path / "ref.safetensors", writer="buffered")
     want = (tmp_path / "ref.safetensors").read_bytes()
-    for writer in ["direct", "auto"]:
+    for writer in ["direct", "hybrid", "auto"]:
         for fsync in [False, True]:
             p = tmp_path / f"{writer}-{fsync}.safetensors"
             ferry.save_safetensors(t, p, writer=writer, fsync=fsync)

@@ -5,7 +5,7 @@
 //! and the default's both at once) writing the reference writer's bytes.
 
 use ferry::checkpoint::{
-    self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target,
+    self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target, Writer,
 };
 use ferry::file::{FileConfig, FileEngine};
 use std::path::Path;
@@ -398,7 +398,7 @@ fn both_writers_write_the_reference_writers_bytes() {
 }
 
 #[test]
-fn auto_writes_small_saves_buffered_fsynced_ones_o_direct_and_others_both_ways() {
+fn auto_writes_small_saves_buffered_and_large_ones_from_host_memory_o_direct() {
     let fe = engine();
     let d = tempfile::tempdir().unwrap();
     let big = pattern(65 << 20, 5);
@@ -417,35 +417,32 @@ fn auto_writes_small_saves_buffered_fsynced_ones_o_direct_and_others_both_ways()
         if data.len() < 64 << 20 {
             assert!(!r.direct, "{r}");
             assert!(r.writer_note.contains("64 MiB"), "{r}");
-        } else if fsync {
+        } else {
             check_writer(&r, None);
             assert!(!r.hybrid, "{r}");
-        } else {
-            check_hybrid(&r);
+            let why = if fsync { "fsync asked" } else { "host memory" };
+            assert!(r.writer_note.contains(why), "{r}");
         }
         let ck = checkpoint::load(&fe, &p, &LoadOptions::new(Target::Pageable)).unwrap();
         assert_eq!(ck.host("w").unwrap().bytes(), &data[..]);
     }
 }
 
-/// A large save the default writer made without fsync: both ways where the page cache has
-/// room (this machine's: the note gives the figures), else `O_DIRECT` saying why.
+/// A save the hybrid writer was asked for: both ways where the page cache has room (this
+/// machine's: the note gives the figures), else `O_DIRECT` alone saying why.
 fn check_hybrid(r: &checkpoint::SaveReport) {
     if r.hybrid {
         assert!(r.direct, "{r}");
         assert_eq!(r.writer(), "O_DIRECT + buffered");
         assert!(
-            r.writer_note.contains("buffered writes from the start"),
+            r.writer_note.starts_with("asked: O_DIRECT from the end"),
             "{r}"
         );
         assert!(r.writer_note.contains("MiB dirty now"), "{r}");
         assert_eq!(r.io.direct_bytes + r.io.buffered_bytes, r.io.bytes, "{r}");
     } else {
         check_writer(r, None);
-        assert!(
-            r.writer_note.contains("of room") || r.writer_note.contains("O_DIRECT"),
-            "{r}"
-        );
+        assert!(r.writer_note.contains("O_DIRECT alone"), "{r}");
     }
 }
 
@@ -473,7 +470,8 @@ fn the_hybrid_writer_writes_the_reference_writers_bytes_across_shards() {
         .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
         .collect();
     let index = d.path().join("m.safetensors.index.json");
-    let opts = SaveOptions::new().shard_bytes(110 << 20);
+    let hybrid = SaveOptions::new().writer(Writer::Hybrid);
+    let opts = hybrid.clone().shard_bytes(110 << 20);
     let r = checkpoint::save(&fe, &index, &list, &opts).unwrap();
     assert_eq!(r.files, 3, "{r}");
     check_hybrid(&r);
@@ -483,7 +481,7 @@ fn the_hybrid_writer_writes_the_reference_writers_bytes_across_shards() {
     }
     // One file: each shard's bytes as the reference writer lays them out.
     let p = d.path().join("one.safetensors");
-    let r = checkpoint::save(&fe, &p, &list, &SaveOptions::new()).unwrap();
+    let r = checkpoint::save(&fe, &p, &list, &hybrid).unwrap();
     check_hybrid(&r);
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..sizes.len())
         .map(|i| {
@@ -565,8 +563,8 @@ fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
 
 #[test]
 fn an_interrupted_hybrid_save_leaves_the_old_file_and_nothing_else() {
-    // The default writer without fsync (both ways where the page cache has room): stopped
-    // at once, and at later asks of whichever side asks.
+    // Both ways (where the page cache has room): stopped at once, and at later asks of
+    // whichever side asks.
     let fe = engine();
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("m.safetensors");
@@ -576,8 +574,9 @@ fn an_interrupted_hybrid_save_leaves_the_old_file_and_nothing_else() {
     for stop_at in [0, 1, 2, 4] {
         let asked = Arc::new(AtomicUsize::new(0));
         let a = asked.clone();
-        let opts =
-            SaveOptions::new().interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
+        let opts = SaveOptions::new()
+            .writer(Writer::Hybrid)
+            .interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
         let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
         assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
         assert_eq!(std::fs::read(&p).unwrap(), b"old");

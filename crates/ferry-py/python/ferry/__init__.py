@@ -28,7 +28,7 @@ Functions (``help(ferry.NAME)`` for each one's arguments, errors and an example)
   strict=True)`` / ``save_safetensors(tensors, path, metadata=None, max_shard_size=None,
   non_blocking=False, snapshot_bytes=None, fsync=False, writer="auto", keep_snapshot=False)``:
   checkpoints (a folder or ``*.index.json``: sharded; ``writer``: buffered, ``O_DIRECT``
-  or, by default for a large save, both at once; ``keep_snapshot``: a non-blocking save's host memory reused by the next).
+  or both at once, ``hybrid``, the default's choice for a large save from a GPU; ``keep_snapshot``: a non-blocking save's host memory reused by the next).
 - ``info()``: the version, the CUDA driver and devices ferry sees, the dtypes.
 
 Classes:

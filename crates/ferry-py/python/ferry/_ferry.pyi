@@ -139,7 +139,7 @@ def save_safetensors(
     non_blocking: bool = False,
     snapshot_bytes: Optional[int] = None,
     fsync: bool = False,
-    writer: Literal["auto", "buffered", "direct"] = "auto",
+    writer: Literal["auto", "buffered", "direct", "hybrid"] = "auto",
     keep_snapshot: bool = False,
 ) -> Optional[SaveRequest]: ...
 def _load_safetensors(

@@ -83,7 +83,8 @@ pub use into::{load_files_into, load_into, Dest};
 pub use load::{entries, load, load_files, resolve, MAX_INDEX_BYTES};
 pub use loaded::{Checkpoint, LoadReport, Tensor, TensorBuffer};
 pub use options::{
-    Filter, LoadOptions, Placement, Progress, SaveOptions, SaveTensor, Select, Target, MAX_ALIGN,
+    Filter, LoadOptions, Placement, Progress, SaveOptions, SaveTensor, Select, Target, Writer,
+    MAX_ALIGN,
 };
 pub use safetensors::Dtype;
 pub use save::{save, SaveReport};

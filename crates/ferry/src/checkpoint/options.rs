@@ -230,32 +230,24 @@ impl std::fmt::Debug for SaveTensor<'_> {
     }
 }
 
-/// Which writer a save uses ([`SaveOptions::direct`]): what it was asked for, then what it
-/// uses (never `Auto`).
+/// How a save's bytes go into its files ([`SaveOptions::writer`]); the one used and why:
+/// [`SaveReport::writer`](super::SaveReport::writer),
+/// [`SaveReport::writer_note`](super::SaveReport::writer_note).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub(crate) enum Writer {
-    /// Chosen per save (`write::choose_writer`): `Buffered` under 64 MiB, else `Direct` when
-    /// fsynced or without room in the page cache, else `Hybrid`.
+pub enum Writer {
+    /// Chosen per save (the default): `Buffered` under 64 MiB; else `Direct` when fsynced,
+    /// when most of the bytes are in host memory, or without room in the page cache; else
+    /// `Hybrid`.
     #[default]
     Auto,
-    /// Parallel `pwrite`s through the page cache.
+    /// Parallel `pwrite`s straight from the tensors' memory through the page cache.
     Buffered,
-    /// `O_DIRECT` from aligned windows, the file preallocated.
+    /// `O_DIRECT` from two aligned windows, the file preallocated.
     Direct,
-    /// `O_DIRECT` windows from the end of the save down, beside buffered writes from its
-    /// start up into the page cache's room before writeback (`dirty.rs`), until they meet.
+    /// `O_DIRECT` windows from the end of the save down, beside buffered writes from the front
+    /// of its files up into the page cache's room before writeback, each at its own rate until
+    /// they meet; `Direct` alone without room.
     Hybrid,
-}
-
-impl Writer {
-    /// The writer [`SaveOptions::direct`] asks for.
-    pub(crate) fn asked(direct: Option<bool>) -> Writer {
-        match direct {
-            None => Writer::Auto,
-            Some(false) => Writer::Buffered,
-            Some(true) => Writer::Direct,
-        }
-    }
 }
 
 impl std::fmt::Display for Writer {
@@ -298,37 +290,38 @@ pub struct SaveOptions {
     /// keeps its own. [`Checkpoint::snapshot`](super::Checkpoint::snapshot) takes kept memory
     /// over too (without giving it back). Blocking saves neither keep nor free it.
     pub keep_snapshot: bool,
-    /// How the bytes go into the files: `Some(false)`, buffered; `Some(true)`, `O_DIRECT`;
-    /// `None` (the default), chosen per save.
+    /// How the bytes go into the files: [`Writer::Auto`] (the default), chosen per save.
     ///
-    /// - Buffered: the tensors' bytes are `pwrite`n straight from their memory by the file
-    ///   engine's parallel writers, into the page cache (the kernel writes them back later,
-    ///   or at `fsync`).
-    /// - `O_DIRECT`: each file is preallocated (`fallocate`) and opened with `O_DIRECT`; its
-    ///   bytes are gathered, in file order, into two page-aligned host windows of 64 MiB (one
-    ///   filled while the other is written: engine copies, a GPU's for device tensors) and
-    ///   written from them at aligned offsets, through io_uring where the kernel allows it;
-    ///   the unaligned tail of each file goes buffered. The page cache is bypassed: no second
-    ///   copy, no writeback. A file system that refuses `O_DIRECT` gets buffered writes, the
-    ///   reason in the report.
-    /// - `None`: buffered below 64 MiB; from 64 MiB, `O_DIRECT` when fsynced
-    ///   ([`SaveOptions::fsync`](field@SaveOptions::fsync): every byte goes to the disk, and
-    ///   `O_DIRECT` skips the page cache's second copy), else both at once: `O_DIRECT`
-    ///   windows from the end of the save down beside buffered writes from its start up, the
-    ///   buffered share at most the page cache's room before the kernel starts writing back
-    ///   (its `vm.dirty_background_*` share of the memory free or caching files, less what is
-    ///   dirty now; a memory cgroup's own where less), each side at its own rate until they
-    ///   meet: a save that fits the room goes as fast as both, and no writeback competes
-    ///   with the `O_DIRECT` writes for the disk. Without room, `O_DIRECT` alone. A
-    ///   2-core VM's ext4 disk (1 GiB from host memory, `bench/results/cpu-2core.md`):
-    ///   `O_DIRECT` wrote 4.63-4.72 GB/s in every run, fsynced or not; buffered writes ran
-    ///   0.73-0.87 GB/s after a `sync` and 0.71-5.54 back to back (waiting on the writeback of
-    ///   the save before). Ask for buffered writes where the page cache should keep all the
-    ///   bytes for a load that follows.
+    /// - [`Writer::Buffered`]: the tensors' bytes are `pwrite`n straight from their memory by
+    ///   the file engine's parallel writers, into the page cache (the kernel writes them back
+    ///   later, or at `fsync`).
+    /// - [`Writer::Direct`]: each file is preallocated (`fallocate`) and opened with
+    ///   `O_DIRECT`; its bytes are gathered, in file order, into two page-aligned host windows
+    ///   of 64 MiB (one filled while the other is written: engine copies, a GPU's for device
+    ///   tensors) and written from them at aligned offsets, through io_uring where the kernel
+    ///   allows it; the unaligned tail of each file goes buffered. The page cache is
+    ///   bypassed: no second copy, no writeback. A file system that refuses `O_DIRECT` gets
+    ///   buffered writes, the reason in the report.
+    /// - [`Writer::Hybrid`]: both at once: the `O_DIRECT` windows from the end of the save
+    ///   down, beside buffered writes straight from the tensors from the front of its files
+    ///   up (a few files at a time: the kernel takes one file's buffered writes one at a
+    ///   time), the buffered share at most 90% of the page cache's room before the kernel
+    ///   starts writing back (its `vm.dirty_background_*` share of the memory free or caching
+    ///   files, less what is dirty now; a memory cgroup's own where less), each side taking
+    ///   its next 64 MiB window at its own rate until they meet: no writeback competes with
+    ///   the `O_DIRECT` writes for the disk. Without that room, `O_DIRECT` alone.
+    /// - [`Writer::Auto`]: buffered under 64 MiB; `O_DIRECT` when fsynced (every byte goes
+    ///   to the disk, and `O_DIRECT` skips the page cache's copy) or when most of the bytes
+    ///   are in host memory (both sides' copies then take the same CPUs: on the 2-core host,
+    ///   `bench/results/cpu-2core.md`, the hybrid writer saved 1 GiB 2x faster than `O_DIRECT`
+    ///   alone but 3 GiB 0.66x); else hybrid. The thirteenth H100 run (`bench/results/h100.md`,
+    ///   17.6 GB from the GPU in 8 shards): hybrid 5.65-7.97 GB/s against `O_DIRECT` alone's
+    ///   1.74-1.92 and buffered 1.59-1.74.
     ///
-    /// The writer used and why: [`SaveReport::direct`](super::SaveReport::direct),
+    /// Ask for buffered writes where the page cache should keep all the bytes for a load that
+    /// follows. The writer used and why: [`SaveReport::writer`](super::SaveReport::writer),
     /// [`SaveReport::writer_note`](super::SaveReport::writer_note).
-    pub direct: Option<bool>,
+    pub writer: Writer,
 }
 
 impl std::fmt::Debug for SaveOptions {
@@ -340,7 +333,7 @@ impl std::fmt::Debug for SaveOptions {
             .field("shard_bytes", &self.shard_bytes)
             .field("snapshot_bytes", &self.snapshot_bytes)
             .field("keep_snapshot", &self.keep_snapshot)
-            .field("direct", &self.direct)
+            .field("writer", &self.writer)
             .finish()
     }
 }
@@ -383,10 +376,16 @@ impl SaveOptions {
         self.keep_snapshot = on;
         self
     }
-    /// Writes with `O_DIRECT` (`true`) or buffered (`false`) instead of choosing per save
-    /// ([`SaveOptions::direct`](field@SaveOptions::direct)).
+    /// Writes with `O_DIRECT` (`true`: [`Writer::Direct`]) or buffered (`false`:
+    /// [`Writer::Buffered`]) instead of choosing per save.
     pub fn direct(mut self, on: bool) -> SaveOptions {
-        self.direct = Some(on);
+        self.writer = if on { Writer::Direct } else { Writer::Buffered };
+        self
+    }
+
+    /// How the bytes go into the files ([`SaveOptions::writer`](field@SaveOptions::writer)).
+    pub fn writer(mut self, writer: Writer) -> SaveOptions {
+        self.writer = writer;
         self
     }
 }

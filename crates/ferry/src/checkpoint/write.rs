@@ -131,28 +131,54 @@ pub(super) const DIRECT_WINDOW: usize = 64 << 20;
 pub(super) const MIN_SHARE: u64 = 2 * DIRECT_WINDOW as u64;
 
 /// The writer a save of `bytes` uses when `asked` (before the file system has its say), why,
-/// in words, and for [`Writer::Hybrid`] the most bytes its buffered share writes. `room` is
-/// the page cache's room before writeback and why (`dirty::room_now`), `None` where it is not
-/// known or a buffered share may not read the tensors beside the windows (a streamed
-/// snapshot, whose tensors may change once copied). Auto: buffered under [`AUTO_DIRECT_MIN`]
-/// (below it the windows' setup and the preallocation cost more than the page cache's second
-/// copy); `O_DIRECT` when fsynced (every byte goes to the disk) or without [`MIN_SHARE`] of
-/// room; else hybrid, its share 90% of the room (other writers dirty pages too). On the
-/// 2-core machine's ext4 disk (`bench/results/cpu-2core.md`, 2026-12-05, quiet) `O_DIRECT`
-/// wrote 1 GiB at 4.63-4.72 GB/s in every run, fsynced or not, where buffered writes ran
-/// 0.73-0.87 GB/s after a `sync` and 0.71-5.54 back to back (the page cache's writeback of the
-/// save before), and buffered fsynced 0.73-2.60; on the GPU hosts the disk took 1.5-2.5 GB/s
-/// and every writer of the page cache slowed to it past the dirty limits
-/// (`bench/results/h100.md`): the share puts what the page cache takes quickly beside the
-/// disk's rate.
+/// in words, and for [`Writer::Hybrid`] the most bytes its buffered share writes.
+/// `on_device`: most of the bytes are in GPU memory (the `O_DIRECT` windows are then the
+/// GPU's copies, the CPUs free for the buffered share). `room` is the page cache's room before
+/// writeback and why (`dirty::room_now`), `None` where it is not known or a buffered share
+/// may not read the tensors beside the windows (a streamed snapshot, whose tensors may change
+/// once copied). Auto: buffered under [`AUTO_DIRECT_MIN`] (below it the windows' setup and the
+/// preallocation cost more than the page cache's second copy); `O_DIRECT` when fsynced (every
+/// byte goes to the disk) or from host memory; else hybrid. Hybrid (asked, or Auto's): its
+/// share 90% of the room (other writers dirty pages too), `O_DIRECT` alone without
+/// [`MIN_SHARE`] of it. Measured: `SaveOptions::writer`'s documentation.
 pub(super) fn choose_writer(
     asked: Writer,
     fsync: bool,
     bytes: u64,
+    on_device: bool,
     room: Option<(u64, String)>,
 ) -> (Writer, String, u64) {
+    let hybrid = |why: String| match room {
+        Some((room, figures)) if room / 10 * 9 >= MIN_SHARE => {
+            let share = room / 10 * 9;
+            (
+                Writer::Hybrid,
+                format!(
+                    "{why}: O_DIRECT from the end beside buffered writes from the start, at most \
+                     {} MiB of them ({figures})",
+                    share >> 20
+                ),
+                share,
+            )
+        }
+        Some((room, figures)) => (
+            Writer::Direct,
+            format!(
+                "{why}: O_DIRECT alone, {} MiB of room in the page cache before writeback \
+                 ({figures})",
+                room >> 20
+            ),
+            0,
+        ),
+        None => (
+            Writer::Direct,
+            format!("{why}: O_DIRECT alone, no room in the page cache known to write beside it"),
+            0,
+        ),
+    };
     match asked {
-        Writer::Buffered | Writer::Direct | Writer::Hybrid => (asked, "asked".into(), 0),
+        Writer::Buffered | Writer::Direct => (asked, "asked".into(), 0),
+        Writer::Hybrid => hybrid("asked".into()),
         Writer::Auto if bytes < AUTO_DIRECT_MIN => (
             Writer::Buffered,
             format!("auto: {bytes} bytes, under the 64 MiB worth writing O_DIRECT"),
@@ -166,34 +192,15 @@ pub(super) fn choose_writer(
             ),
             0,
         ),
-        Writer::Auto => match room {
-            Some((room, why)) if room / 10 * 9 >= MIN_SHARE => {
-                let share = room / 10 * 9;
-                (
-                    Writer::Hybrid,
-                    format!(
-                        "auto: {bytes} bytes, O_DIRECT from the end beside buffered writes from \
-                         the start, at most {} MiB of them ({why})",
-                        share >> 20
-                    ),
-                    share,
-                )
-            }
-            Some((room, why)) => (
-                Writer::Direct,
-                format!(
-                    "auto: {bytes} bytes, O_DIRECT: {} MiB of room in the page cache before \
-                     writeback ({why})",
-                    room >> 20
-                ),
-                0,
+        Writer::Auto if !on_device => (
+            Writer::Direct,
+            format!(
+                "auto: {bytes} bytes, mostly in host memory: O_DIRECT skips the page cache \
+                 (buffered writes beside it would take the same CPUs as its copies)"
             ),
-            None => (
-                Writer::Direct,
-                format!("auto: {bytes} bytes, O_DIRECT skips the page cache and its writeback"),
-                0,
-            ),
-        },
+            0,
+        ),
+        Writer::Auto => hybrid(format!("auto: {bytes} bytes from a GPU")),
     }
 }
 
@@ -224,9 +231,15 @@ pub(super) fn open_for(
     bytes: u64,
     share_ok: bool,
 ) -> Result<Target, CheckpointError> {
-    let asked = Writer::asked(opts.direct);
     let room = share_ok.then(super::dirty::room_now).flatten();
-    let (writer, note, share) = choose_writer(asked, opts.fsync, bytes, room);
+    let on_device: u64 = files
+        .iter()
+        .flat_map(|f| &f.order)
+        .filter(|t| matches!(t.data.raw().kind, crate::memory::MemKind::Device { .. }))
+        .map(|t| t.data.raw().len as u64)
+        .sum();
+    let (writer, note, share) =
+        choose_writer(opts.writer, opts.fsync, bytes, 2 * on_device >= bytes, room);
     let first = files.first().map_or(Path::new(""), |f| f.path.as_path());
     if writer == Writer::Buffered {
         return Ok(Target {
@@ -498,39 +511,52 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_picks_buffered_o_direct_or_both_by_size_fsync_and_room() {
+    fn auto_picks_buffered_o_direct_or_both_by_size_fsync_memory_and_room() {
         let big = AUTO_DIRECT_MIN;
         let room = |bytes: u64| Some((bytes, "figures".to_string()));
-        for fsync in [false, true] {
-            let (w, why, _) = choose_writer(Writer::Auto, fsync, big - 1, room(1 << 40));
+        for (fsync, dev) in [(false, true), (true, false)] {
+            let (w, why, _) = choose_writer(Writer::Auto, fsync, big - 1, dev, room(1 << 40));
             assert_eq!(w, Writer::Buffered);
             assert!(why.contains("64 MiB"), "{why}");
         }
         // Fsynced: O_DIRECT whatever the room.
-        let (w, why, share) = choose_writer(Writer::Auto, true, 5 * big, room(1 << 40));
+        let (w, why, share) = choose_writer(Writer::Auto, true, 5 * big, true, room(1 << 40));
         assert_eq!((w, share), (Writer::Direct, 0));
         assert!(why.contains("fsync asked"), "{why}");
-        // Not fsynced: both, the share 90% of the room, the room's figures in the note...
-        let (w, why, share) = choose_writer(Writer::Auto, false, big, room(10 << 30));
+        // From host memory: O_DIRECT.
+        let (w, why, share) = choose_writer(Writer::Auto, false, big, false, room(1 << 40));
+        assert_eq!((w, share), (Writer::Direct, 0));
+        assert!(why.contains("host memory"), "{why}");
+        // From a GPU, not fsynced: both, the share 90% of the room, its figures in the note...
+        let (w, why, share) = choose_writer(Writer::Auto, false, big, true, room(10 << 30));
         assert_eq!((w, share), (Writer::Hybrid, 9 << 30));
         assert!(
             why.contains("9216 MiB") && why.contains("(figures)"),
             "{why}"
         );
         // ...unless 90% of the room is under two windows, or the room is not known.
-        let (w, why, share) = choose_writer(Writer::Auto, false, big, room(MIN_SHARE));
+        let (w, why, share) = choose_writer(Writer::Auto, false, big, true, room(MIN_SHARE));
         assert_eq!((w, share), (Writer::Direct, 0));
         assert!(why.contains("128 MiB of room"), "{why}");
-        let (w, _, share) = choose_writer(Writer::Auto, false, big, room(MIN_SHARE / 9 * 10 + 20));
+        let r = room(MIN_SHARE / 9 * 10 + 20);
+        let (w, _, share) = choose_writer(Writer::Auto, false, big, true, r);
         assert_eq!(w, Writer::Hybrid);
         assert!((MIN_SHARE..MIN_SHARE + 20).contains(&share), "{share}");
         assert_eq!(
-            choose_writer(Writer::Auto, false, big, None).0,
+            choose_writer(Writer::Auto, false, big, true, None).0,
             Writer::Direct
         );
-        // Asked for: given, whatever the size, fsync and room.
+        // Hybrid asked: wherever the bytes are and whatever their size, given the room.
+        let (w, why, share) = choose_writer(Writer::Hybrid, true, 1, false, room(1 << 30));
+        assert_eq!((w, share), (Writer::Hybrid, (1 << 30) / 10 * 9));
+        assert!(why.starts_with("asked"), "{why}");
+        assert_eq!(
+            choose_writer(Writer::Hybrid, false, big, true, None).0,
+            Writer::Direct
+        );
+        // Buffered or O_DIRECT asked: given, whatever the size, fsync and room.
         for (asked, fsync, bytes) in [(Writer::Direct, false, 1), (Writer::Buffered, true, big)] {
-            let got = choose_writer(asked, fsync, bytes, room(1 << 40));
+            let got = choose_writer(asked, fsync, bytes, true, room(1 << 40));
             assert_eq!(got, (asked, "asked".to_string(), 0));
         }
     }
