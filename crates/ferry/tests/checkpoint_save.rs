@@ -538,21 +538,20 @@ fn o_direct_refused_falls_back_to_buffered_with_the_reason() {
     assert_eq!(names(d.path()), ["s.safetensors"]);
 }
 
-#[test]
-fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
+/// Saves of `bytes` with `opts`, stopped at the interrupt's ask number `stop_at` for each
+/// given: each fails with `Interrupted`, the old file kept and nothing else left.
+fn interrupted_at(opts: SaveOptions, bytes: usize, stops: &[usize]) {
     let fe = engine();
     let d = tempfile::tempdir().unwrap();
     let p = d.path().join("m.safetensors");
     std::fs::write(&p, b"old").unwrap();
-    // Four direct windows' worth: stopped at the third ask (the copying side's second).
-    let data = vec![7u8; 256 << 20];
+    let data = vec![7u8; bytes];
     let shape = [data.len()];
-    for stop_at in [0, 2, 4] {
+    for &stop_at in stops {
         let asked = Arc::new(AtomicUsize::new(0));
         let a = asked.clone();
-        let opts = SaveOptions::new()
-            .direct(true)
-            .fsync(true)
+        let opts = opts
+            .clone()
             .interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
         let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
         assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
@@ -562,26 +561,24 @@ fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
 }
 
 #[test]
+fn an_interrupted_o_direct_save_leaves_the_old_file_and_nothing_else() {
+    // Four direct windows' worth: stopped at the first, third and fifth ask.
+    interrupted_at(
+        SaveOptions::new().direct(true).fsync(true),
+        256 << 20,
+        &[0, 2, 4],
+    );
+}
+
+#[test]
 fn an_interrupted_hybrid_save_leaves_the_old_file_and_nothing_else() {
     // Both ways (where the page cache has room): stopped at once, and at later asks of
     // whichever side asks.
-    let fe = engine();
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("m.safetensors");
-    std::fs::write(&p, b"old").unwrap();
-    let data = vec![7u8; 384 << 20];
-    let shape = [data.len()];
-    for stop_at in [0, 1, 2, 4] {
-        let asked = Arc::new(AtomicUsize::new(0));
-        let a = asked.clone();
-        let opts = SaveOptions::new()
-            .writer(Writer::Hybrid)
-            .interrupt(move || a.fetch_add(1, Ordering::SeqCst) >= stop_at);
-        let e = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap_err();
-        assert!(matches!(e, CheckpointError::Interrupted { .. }), "{e:?}");
-        assert_eq!(std::fs::read(&p).unwrap(), b"old");
-        assert_eq!(names(d.path()), ["m.safetensors"]);
-    }
+    interrupted_at(
+        SaveOptions::new().writer(Writer::Hybrid),
+        384 << 20,
+        &[0, 1, 2, 4],
+    );
 }
 
 #[test]

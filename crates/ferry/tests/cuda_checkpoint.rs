@@ -94,6 +94,18 @@ fn check(ck: &checkpoint::Checkpoint, want: &[(String, Dtype, Vec<usize>, Vec<u8
     }
 }
 
+/// The file at `path` holds `want`'s bytes, or the first byte that differs is named.
+fn same_file(path: &std::path::Path, want: &[u8], ctx: &str) {
+    let got = std::fs::read(path).unwrap();
+    let diff = got.iter().zip(want).position(|(a, b)| a != b);
+    assert!(
+        got.len() == want.len() && diff.is_none(),
+        "{ctx}: saved file differs at byte {diff:?} (len {} vs {})",
+        got.len(),
+        want.len()
+    );
+}
+
 fn file_engines(cuda: &Arc<CudaEngine>) -> Vec<(&'static str, FileEngine)> {
     let base = FileConfig::new().threads(8).chunk_bytes(4 << 20);
     [("buffered", base), ("direct", base.direct(true))]
@@ -193,14 +205,7 @@ fn saves_from_device_memory_match_the_source() {
             let r = ck
                 .save(&fe, &out, &SaveOptions::new().fsync(true))
                 .unwrap_or_else(|e| panic!("{ctx}: {e}"));
-            let got = std::fs::read(&out).unwrap();
-            let diff = got.iter().zip(&src).position(|(a, b)| a != b);
-            assert!(
-                got.len() == src.len() && diff.is_none(),
-                "{ctx}: saved file differs at byte {diff:?} (len {} vs {})",
-                got.len(),
-                src.len()
-            );
+            same_file(&out, &src, &ctx);
             println!("{ctx}: save {r}");
         }
     }
@@ -251,14 +256,7 @@ fn the_default_writer_saves_device_tensors_both_ways_at_once() {
         let r = ck.save(&fe, &out, &SaveOptions::new()).unwrap();
         println!("{placement:?}: save {r}");
         assert!(r.hybrid || r.writer_note.contains("O_DIRECT alone"), "{r}");
-        let got = std::fs::read(&out).unwrap();
-        let diff = got.iter().zip(&src).position(|(a, b)| a != b);
-        assert!(
-            got.len() == src.len() && diff.is_none(),
-            "{placement:?}: saved file differs at byte {diff:?} (len {} vs {})",
-            got.len(),
-            src.len()
-        );
+        same_file(&out, &src, &format!("{placement:?}"));
         let index = dir.0.join("s.safetensors.index.json");
         let r = ck
             .save(&fe, &index, &SaveOptions::new().shard_bytes(64 << 20))
