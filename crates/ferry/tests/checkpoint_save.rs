@@ -206,6 +206,32 @@ fn a_snapshot_is_written_as_it_was_taken() {
 }
 
 /// `n` bytes of a pattern that differs with `seed`.
+/// U8 tensors of the given sizes, patterned from `seed + i`, named `{prefix}.{i}`.
+struct U8s {
+    data: Vec<Vec<u8>>,
+    names: Vec<String>,
+    shapes: Vec<[usize; 1]>,
+}
+
+impl U8s {
+    fn new(sizes: &[usize], seed: u64, prefix: &str) -> U8s {
+        U8s {
+            data: (0..sizes.len())
+                .map(|i| pattern(sizes[i], i as u64 + seed))
+                .collect(),
+            names: (0..sizes.len()).map(|i| format!("{prefix}.{i}")).collect(),
+            shapes: sizes.iter().map(|&n| [n]).collect(),
+        }
+    }
+
+    /// The tensors to save.
+    fn list(&self) -> Vec<SaveTensor<'_>> {
+        (0..self.data.len())
+            .map(|i| SaveTensor::new(&self.names[i], Dtype::U8, &self.shapes[i], &self.data[i]))
+            .collect()
+    }
+}
+
 fn pattern(n: usize, seed: u64) -> Vec<u8> {
     (0..n as u64)
         .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
@@ -350,16 +376,9 @@ fn both_writers_write_the_reference_writers_bytes() {
     // Odd sizes (the header and every tensor end off the 4 KiB blocks), one tensor over a
     // direct window (64 MiB), and an empty one.
     let sizes = [3usize, 70 << 20, 12_345, 0, 1 << 20, 4097];
-    let data: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| pattern(n, i as u64 + 11))
-        .collect();
-    let tnames: Vec<String> = (0..sizes.len()).map(|i| format!("t.{i}")).collect();
-    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
-    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
-        .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
-        .collect();
+    let owned = U8s::new(&sizes, 11, "t");
+    let (data, tnames) = (&owned.data, &owned.names);
+    let list = owned.list();
     // The reference writer's file.
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..sizes.len())
         .map(|i| {
@@ -389,7 +408,7 @@ fn both_writers_write_the_reference_writers_bytes() {
             check_writer(&r, Some(writer));
             assert!(r.files >= 2, "{r}");
             let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
-            for (n, w) in tnames.iter().zip(&data) {
+            for (n, w) in tnames.iter().zip(data) {
                 assert_eq!(ck.host(n).unwrap().bytes(), &w[..], "{n}");
             }
         }
@@ -459,16 +478,9 @@ fn the_hybrid_writer_writes_the_reference_writers_bytes_across_shards() {
         1 << 20,
         (90 << 20) + 1,
     ];
-    let data: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| pattern(n, i as u64 + 31))
-        .collect();
-    let tnames: Vec<String> = (0..sizes.len()).map(|i| format!("t.{i}")).collect();
-    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
-    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
-        .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
-        .collect();
+    let owned = U8s::new(&sizes, 31, "t");
+    let (data, tnames) = (&owned.data, &owned.names);
+    let list = owned.list();
     let index = d.path().join("m.safetensors.index.json");
     let hybrid = SaveOptions::new().writer(Writer::Hybrid);
     let opts = hybrid.clone().shard_bytes(110 << 20);
@@ -476,7 +488,7 @@ fn the_hybrid_writer_writes_the_reference_writers_bytes_across_shards() {
     assert_eq!(r.files, 3, "{r}");
     check_hybrid(&r);
     let ck = checkpoint::load(&fe, &index, &LoadOptions::new(Target::Pageable)).unwrap();
-    for (n, w) in tnames.iter().zip(&data) {
+    for (n, w) in tnames.iter().zip(data) {
         assert_eq!(ck.host(n).unwrap().bytes(), &w[..], "{n}");
     }
     // One file: each shard's bytes as the reference writer lays them out.
@@ -586,16 +598,8 @@ fn a_streamed_snapshot_holds_at_most_its_bound_with_either_writer() {
     let fe = Arc::new(engine());
     let d = tempfile::tempdir().unwrap();
     let sizes = [5000usize, 300 << 10, 1 << 20, 77, 200 << 10];
-    let data: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| pattern(n, i as u64 + 3))
-        .collect();
-    let tnames: Vec<String> = (0..sizes.len()).map(|i| format!("s.{i}")).collect();
-    let shapes: Vec<[usize; 1]> = sizes.iter().map(|&n| [n]).collect();
-    let list: Vec<SaveTensor<'_>> = (0..sizes.len())
-        .map(|i| SaveTensor::new(&tnames[i], Dtype::U8, &shapes[i], &data[i]))
-        .collect();
+    let owned = U8s::new(&sizes, 3, "s");
+    let list = owned.list();
     let reference = d.path().join("ref.safetensors");
     checkpoint::save(&fe, &reference, &list, &SaveOptions::new()).unwrap();
     let want = std::fs::read(&reference).unwrap();
