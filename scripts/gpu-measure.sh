@@ -13,7 +13,7 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks disk agenttests ckpt cold snapshot agent
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent
 # cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
@@ -155,6 +155,25 @@ for s in "${steps[@]}"; do
     # hybrid writer's buffered share; DISK_ROWS to change the rows
     step disk 200 bash scripts/disk-mix.sh /tmp/ferry-disk-mix ${DISK_ROWS:-8:8 8:0 8:4 16:16 16:0 16:10 16:12}
     grep -h "^row\|^dirty" "$log/disk.txt" ;;
+  confirm) # issue 35: the hybrid save's GPU test (both policies), the band per size's test,
+    # and the writer a GPU save of a generated 4 GiB checkpoint in 8 shards takes (twice)
+    for policy in tuned plain; do
+      for b in cuda_checkpoint cuda_paths; do
+        step "$b-$policy" 120 env FERRY_TEST_COMPLETION=$policy "$bundle/tests/$b" --nocapture
+        grep -h "test result" "$log/$b-$policy.txt" | sed "s/^/$b $policy: /"
+      done
+    done
+    grep -h "save 8 tensors\|strategies" "$log/cuda_checkpoint-tuned.txt" "$log/cuda_paths-tuned.txt" | cut -c1-260
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    step confirm-ckpt 120 python3 -c 'import torch, ferry
+t = {f"t{i:02}": torch.full((64 << 20,), float(i), dtype=torch.bfloat16) for i in range(32)}
+ferry.save_safetensors(t, "/tmp/ferry-confirm", max_shard_size=512 << 20)'
+    for r in 1 2; do
+      rm -rf /tmp/ferry-confirm-out && mkdir -p /tmp/ferry-confirm-out && sync
+      step "confirm-save-$r" 120 "$ferry" save /tmp/ferry-confirm /tmp/ferry-confirm-out --device cuda
+      grep -h "saved\|writer" "$log/confirm-save-$r.txt" | cut -c1-300
+    done
+    rm -rf /tmp/ferry-confirm /tmp/ferry-confirm-out ;;
   agenttests) # issue 36: the agent's GPU tests alone (a short call), both policies
     for policy in tuned plain; do
       step "cuda_agent-$policy" 150 env FERRY_TEST_COMPLETION=$policy "$bundle/tests/cuda_agent"
