@@ -1,8 +1,8 @@
 //! Saves that cannot or must not finish: destinations that are not files (a clear error naming
 //! the destination and what is wrong, nothing created), saves stopped by
 //! [`SaveOptions::interrupt`] (no partial file, the old file kept), sharded saves read
-//! back through their index, and every writer ([`SaveOptions::direct`]: buffered, `O_DIRECT`,
-//! and the default's both at once) writing the reference writer's bytes.
+//! back through their index, and every writer ([`SaveOptions::writer`]: buffered, `O_DIRECT`,
+//! and both at once) writing the reference writer's bytes.
 
 use ferry::checkpoint::{
     self, Checkpoint, CheckpointError, Dtype, LoadOptions, SaveOptions, SaveTensor, Target, Writer,
@@ -356,7 +356,7 @@ fn a_snapshot_within_its_bound_is_taken_in_one_piece() {
     assert_eq!(names(d.path()), ["ref.safetensors", "snap.safetensors"]);
 }
 
-/// The writer a save reports for `asked` ([`SaveOptions::direct`]) in a folder whose file
+/// The writer a save reports for `asked` ([`SaveOptions::writer`]) in a folder whose file
 /// system may refuse `O_DIRECT`: `O_DIRECT` where it takes it, else buffered with the reason.
 fn check_writer(r: &checkpoint::SaveReport, asked: Option<bool>) {
     match (asked, r.direct) {

@@ -27,12 +27,13 @@ pub struct SaveReport {
     /// ([`Checkpoint::snapshot_save`]: at most [`SaveOptions::snapshot_bytes`]), or the
     /// `O_DIRECT` writer's windows; 0 for a buffered save straight from the tensors.
     pub snapshot_bytes: u64,
-    /// Whether the files were written with `O_DIRECT` ([`SaveOptions::direct`]; else
+    /// Whether the files were written with `O_DIRECT` ([`SaveOptions::writer`]; else
     /// buffered).
     pub direct: bool,
     /// Whether part of them went buffered beside the `O_DIRECT` writes (the hybrid writer,
-    /// the default's choice for a large save not fsynced where the page cache has room:
-    /// [`SaveOptions::direct`]); `io`'s direct and buffered bytes say how much each took.
+    /// the default's choice for a large save from a GPU, not fsynced, where the page cache
+    /// has room: [`SaveOptions::writer`]); `io`'s direct and buffered bytes say how much each
+    /// took.
     pub hybrid: bool,
     /// Why that writer ("asked", the reason it was chosen, or why `O_DIRECT` was refused).
     pub writer_note: String,

@@ -160,8 +160,9 @@ impl Checkpoint {
     /// rate` more) instead of the memory, and copies overlap writes. A tensor larger than a
     /// window is copied in parts (any byte range of a tensor copies as well as the whole), so
     /// the bound holds for any tensor and the memory never follows the largest one. The
-    /// windows are page-aligned runs of whole file blocks, so the `O_DIRECT` writer ([`SaveOptions::direct`]) writes them
-    /// with `O_DIRECT` as they are.
+    /// windows are page-aligned runs of whole file blocks, so the `O_DIRECT` writer
+    /// ([`SaveOptions::writer`]) writes them with `O_DIRECT` as they are (a streamed snapshot
+    /// never takes the hybrid writer: its tensors may change once copied).
     ///
     /// With [`SaveOptions::keep_snapshot`], the snapshot's memory (or the two windows) is kept
     /// once written and taken by the next snapshot save that fits in it: the stall of a save

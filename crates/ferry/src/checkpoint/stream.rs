@@ -800,9 +800,9 @@ pub(super) fn stream_now(
 }
 
 /// The hybrid writer's buffered share: the windows `claims` gives it, a few files' at a time
-/// (`windows`: per window, its pieces per file), their bytes written straight from the tensors through `engine` (its
-/// own staging for device tensors) into `handles`, in batches between which the interrupt is
-/// asked.
+/// (`windows`: per window, its pieces per file), their bytes written straight from the
+/// tensors through `engine` (its own staging for device tensors) into `handles`, in batches
+/// between which the interrupt is asked.
 fn write_share(
     engine: &FileEngine,
     mut windows: Vec<Vec<VecDeque<Piece<'_>>>>,

@@ -1,9 +1,9 @@
 //! Writing safetensors files: one file's layout and header (as the reference writer lays it
-//! out), the writer's choice (buffered, `O_DIRECT` or both, [`SaveOptions::direct`]), and the writes of several
-//! files at once (buffered: their pieces interleaved and in flight together, in batches
-//! between which a save may be interrupted; `O_DIRECT`: streamed through aligned windows,
-//! `stream.rs`), each file through a [`Replacement`] so that a failed or interrupted save
-//! leaves every destination as it was.
+//! out), the writer's choice (buffered, `O_DIRECT` or both: [`SaveOptions::writer`]), and the
+//! writes of several files at once (buffered: their pieces interleaved and in flight
+//! together, in batches between which a save may be interrupted; `O_DIRECT` and hybrid:
+//! streamed through aligned windows, `stream.rs`), each file through a [`Replacement`] so
+//! that a failed or interrupted save leaves every destination as it was.
 
 use super::error::CheckpointError;
 use super::header::tensor_bytes;
