@@ -459,6 +459,11 @@ fn check_hybrid(r: &checkpoint::SaveReport) {
         );
         assert!(r.writer_note.contains("MiB dirty now"), "{r}");
         assert_eq!(r.io.direct_bytes + r.io.buffered_bytes, r.io.bytes, "{r}");
+        let note = r.io.direct_note.as_deref().unwrap_or("");
+        assert!(
+            note.starts_with("the hybrid writer's buffered share"),
+            "{r}"
+        );
     } else {
         check_writer(r, None);
         assert!(r.writer_note.contains("O_DIRECT alone"), "{r}");

@@ -769,6 +769,16 @@ pub(super) fn stream_now(
         match (filled, written, shared) {
             (Ok(_), Ok((mut io, open)), Ok(r)) => {
                 io.add(r);
+                if io.buffered_bytes > 0 {
+                    // Each side's own reason would read as a fault ("not asked for", "not
+                    // aligned"): the buffered bytes are the share's, and each file's unaligned
+                    // tail.
+                    io.direct_note = Some(
+                        "for the hybrid writer's buffered share and each file's unaligned \
+                         tail (through the page cache)"
+                            .into(),
+                    );
+                }
                 open.finish(opts)?;
                 Ok((io, (n * half) as u64))
             }
