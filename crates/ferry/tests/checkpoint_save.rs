@@ -461,7 +461,7 @@ fn check_hybrid(r: &checkpoint::SaveReport) {
         assert_eq!(r.io.direct_bytes + r.io.buffered_bytes, r.io.bytes, "{r}");
         let note = r.io.direct_note.as_deref().unwrap_or("");
         assert!(
-            note.starts_with("the hybrid writer's buffered share"),
+            note.starts_with("for the hybrid writer's buffered share"),
             "{r}"
         );
     } else {
