@@ -224,6 +224,21 @@ impl U8s {
         }
     }
 
+    /// The reference writer's file of them (the `safetensors` crate's).
+    fn reference(&self) -> Vec<u8> {
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..self.data.len())
+            .map(|i| {
+                let v = safetensors::tensor::TensorView::new(
+                    Dtype::U8,
+                    vec![self.shapes[i][0]],
+                    &self.data[i],
+                );
+                (self.names[i].clone(), v.unwrap())
+            })
+            .collect();
+        safetensors::tensor::serialize(views, None).unwrap()
+    }
+
     /// The tensors to save.
     fn list(&self) -> Vec<SaveTensor<'_>> {
         (0..self.data.len())
@@ -380,13 +395,7 @@ fn both_writers_write_the_reference_writers_bytes() {
     let (data, tnames) = (&owned.data, &owned.names);
     let list = owned.list();
     // The reference writer's file.
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..sizes.len())
-        .map(|i| {
-            let v = safetensors::tensor::TensorView::new(Dtype::U8, vec![sizes[i]], &data[i]);
-            (tnames[i].clone(), v.unwrap())
-        })
-        .collect();
-    let want = safetensors::tensor::serialize(views, None).unwrap();
+    let want = owned.reference();
     for writer in [false, true] {
         for fsync in [false, true] {
             let p = d.path().join("w.safetensors");
@@ -500,13 +509,7 @@ fn the_hybrid_writer_writes_the_reference_writers_bytes_across_shards() {
     let p = d.path().join("one.safetensors");
     let r = checkpoint::save(&fe, &p, &list, &hybrid).unwrap();
     check_hybrid(&r);
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = (0..sizes.len())
-        .map(|i| {
-            let v = safetensors::tensor::TensorView::new(Dtype::U8, vec![sizes[i]], &data[i]);
-            (tnames[i].clone(), v.unwrap())
-        })
-        .collect();
-    let want = safetensors::tensor::serialize(views, None).unwrap();
+    let want = owned.reference();
     assert!(
         std::fs::read(&p).unwrap() == want,
         "the file differs from the reference writer's"
