@@ -250,15 +250,22 @@ pub enum Writer {
     Hybrid,
 }
 
-impl std::fmt::Display for Writer {
-    /// `auto`, `buffered`, `O_DIRECT`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl Writer {
+    /// `auto`, `buffered`, `O_DIRECT`, `O_DIRECT + buffered`.
+    pub fn name(self) -> &'static str {
+        match self {
             Writer::Auto => "auto",
             Writer::Buffered => "buffered",
             Writer::Direct => "O_DIRECT",
             Writer::Hybrid => "O_DIRECT + buffered",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for Writer {
+    /// [`Writer::name`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -69,13 +69,15 @@ impl std::fmt::Display for SaveReport {
 }
 
 impl SaveReport {
-    /// The writer in words: `buffered`, `O_DIRECT`, or `O_DIRECT + buffered` (hybrid).
+    /// The writer in words ([`Writer::name`]): `buffered`, `O_DIRECT`, or
+    /// `O_DIRECT + buffered` (hybrid).
     pub fn writer(&self) -> &'static str {
         match (self.direct, self.hybrid) {
-            (true, true) => "O_DIRECT + buffered",
-            (true, false) => "O_DIRECT",
-            (false, _) => "buffered",
+            (true, true) => Writer::Hybrid,
+            (true, false) => Writer::Direct,
+            (false, _) => Writer::Buffered,
         }
+        .name()
     }
 }
 
