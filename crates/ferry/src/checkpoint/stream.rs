@@ -207,7 +207,8 @@ impl Stream<'_> {
 /// up to [`SHARE_LANES`] files at a time: the kernel writes one file's buffered writes one
 /// at a time, under its inode's lock, so the share spreads over files), at most `cap` of
 /// them, until every window is taken: each side goes at its own rate (the disk's, the page
-/// cache's) and neither waits for the other at the end by more than one window.
+/// cache's), and at the end one waits for the other by at most its last claim (one window of
+/// the stream's, up to [`SHARE_LANES`] of the share's).
 pub(super) struct Claims {
     state: std::sync::Mutex<ClaimState>,
     /// Windows the buffered share may take.
