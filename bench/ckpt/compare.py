@@ -245,9 +245,9 @@ def main() -> int:
                     help="with the saves: all of them (default), or the writers alone (ferry's default,\n"
                          "buffered and direct writers, save_file, torch.save: no fsync, snapshot or DCP\n"
                          "rows) for a short call")
-    ap.add_argument("--ferry-cli", help="the ferry CLI: once, untimed, `ferry save` of the same checkpoint from the\n"
-                    "GPU prints the writer ferry's default save takes here (Python's blocking save returns\n"
-                    "no report)")
+    ap.add_argument("--ferry-cli", help="the ferry CLI: with a wheel whose blocking save returns no report, once,\n"
+                    "untimed, `ferry save` of the same checkpoint from the GPU prints the writer ferry's\n"
+                    "default save takes here (a newer wheel's report says it of each timed run)")
     ap.add_argument("--disk-bytes", default="2G", help="size of the disk rows' file (default 2G; 0: no disk rows)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoint")
@@ -291,7 +291,7 @@ def main() -> int:
         "default_writer": getattr(a, "default_writer", None),
     }
     if report["default_writer"]:
-        print(f"ferry's default writer here (ferry save, untimed): {report['default_writer']}")
+        print(f"ferry's default writer here: {report['default_writer']}")
     for kind, r in rows.items():
         for name, (sec, n) in r.items():
             gbs = n / sec / 1e9
@@ -512,11 +512,17 @@ def peer_saves(a: argparse.Namespace, out: dict[str, Any], files: list[str], nby
     # kernel's throttling of the earlier rows' bytes).
     settle = os.sync
 
+    ran: list[str] = []
+
     def ferry_save() -> None:
-        ferry.save_safetensors(out, dst, max_shard_size=shard)
+        r = ferry.save_safetensors(out, dst, max_shard_size=shard)
+        if hasattr(r, "writer"):  # a SaveReport (wheels before it returned None)
+            ran.append(f"{r.writer} ({r.writer_note}); {r.bytes / r.seconds / 1e9:.2f} GB/s inside the call")
 
     save["ferry.save_safetensors"] = (best(ferry_save, a.repeat, settle), nbytes)
-    if a.ferry_cli:
+    if ran:
+        a.default_writer = "; ".join(dict.fromkeys(w.split(";")[0] for w in ran)) + f" (runs: {' | '.join(ran)})"
+    elif a.ferry_cli:
         a.default_writer = cli_writer(a, files, settle)
     for writer in ("buffered", "direct"):
         save[f"ferry.save_safetensors(writer={writer})"] = (

@@ -413,7 +413,8 @@ pub(crate) fn _load_safetensors_into(
 ///         refuses it).
 ///
 /// Returns:
-///     SaveRequest | None: the background write with ``non_blocking=True``, else None.
+///     SaveReport | SaveRequest: what the save did (bytes, seconds, the writer and why), or
+///     with ``non_blocking=True`` the background write, whose ``wait()`` returns it.
 ///
 /// Raises:
 ///     ArgumentError: a bad argument (named with its value): a name or metadata entry that is
@@ -443,7 +444,7 @@ pub(crate) fn save_safetensors(
     fsync: Option<&Bound<'_, PyAny>>,
     writer: Option<&Bound<'_, PyAny>>,
     keep_snapshot: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Option<Py<SaveRequest>>> {
+) -> PyResult<Saved> {
     let non_blocking = errors::boolean(non_blocking, "non_blocking", false)?;
     let keep_snapshot = errors::boolean(keep_snapshot, "keep_snapshot", false)?;
     if keep_snapshot && !non_blocking {
@@ -582,10 +583,10 @@ pub(crate) fn save_safetensors(
             })
             .map_err(|e| checkpoint_err(py, e))?;
         drop(arrs);
-        return Ok(Some(Py::new(
+        return Ok(Saved::Request(Py::new(
             py,
             SaveRequest {
-                handle: Mutex::new(Some(handle)),
+                state: Mutex::new(Writing::Running(handle)),
             },
         )?));
     }
@@ -599,12 +600,111 @@ pub(crate) fn save_safetensors(
     });
     drop(arrs);
     match r {
-        Ok(_) => Ok(None),
+        Ok(report) => Ok(Saved::Report(Py::new(py, PySaveReport::from(report))?)),
         Err(e @ checkpoint::CheckpointError::Interrupted { .. }) => {
             let signal = caught.lock().unwrap_or_else(PoisonError::into_inner).take();
             Err(signal.unwrap_or_else(|| checkpoint_err(py, e)))
         }
         Err(e) => Err(checkpoint_err(py, e)),
+    }
+}
+
+/// What `save_safetensors` returns: the report of a blocking save, or a background one.
+#[derive(IntoPyObject)]
+pub(crate) enum Saved {
+    Report(Py<PySaveReport>),
+    Request(Py<SaveRequest>),
+}
+
+/// What a save did: ``save_safetensors`` returns it, or its ``SaveRequest``'s ``wait()``
+/// (``str()`` of it is one line).
+///
+/// Example:
+///     >>> r = ferry.save_safetensors(model.state_dict(), "ckpt")
+///     >>> r.writer, r.bytes / r.seconds / 1e9   # ("hybrid", 7.9): the writer and GB/s
+#[pyclass(module = "ferry", name = "SaveReport", frozen)]
+pub(crate) struct PySaveReport {
+    report: checkpoint::SaveReport,
+}
+
+impl From<checkpoint::SaveReport> for PySaveReport {
+    fn from(report: checkpoint::SaveReport) -> Self {
+        PySaveReport { report }
+    }
+}
+
+#[pymethods]
+impl PySaveReport {
+    /// int: bytes written (headers included).
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.report.bytes
+    }
+    /// int: tensors written.
+    #[getter]
+    fn tensors(&self) -> usize {
+        self.report.tensors
+    }
+    /// int: safetensors files written (a sharded save's shards; its index not counted).
+    #[getter]
+    fn files(&self) -> usize {
+        self.report.files
+    }
+    /// float: seconds from the files' creation to their rename (fsync included; for a
+    /// non-blocking save, the background write's).
+    #[getter]
+    fn seconds(&self) -> f64 {
+        self.report.seconds
+    }
+    /// bool: whether the files were flushed to the disk (``fsync=True``).
+    #[getter]
+    fn synced(&self) -> bool {
+        self.report.synced
+    }
+    /// str: the writer that ran, as ``writer=`` names it: ``"buffered"``, ``"direct"`` or
+    /// ``"hybrid"`` (what ``"auto"`` chose).
+    #[getter]
+    fn writer(&self) -> &'static str {
+        match (self.report.direct, self.report.hybrid) {
+            (true, true) => "hybrid",
+            (true, false) => "direct",
+            (false, _) => "buffered",
+        }
+    }
+    /// str: why that writer (``"asked"``, the reason it was chosen, or why ``O_DIRECT`` was
+    /// refused).
+    #[getter]
+    fn writer_note(&self) -> &str {
+        &self.report.writer_note
+    }
+    /// int: of ``bytes``, those written with ``O_DIRECT``.
+    #[getter]
+    fn direct_bytes(&self) -> u64 {
+        self.report.io.direct_bytes
+    }
+    /// int: of ``bytes``, those written through the page cache.
+    #[getter]
+    fn buffered_bytes(&self) -> u64 {
+        self.report.io.buffered_bytes
+    }
+    /// int: the most host memory the save held at once (a non-blocking save's snapshot or
+    /// the ``O_DIRECT`` writer's windows); 0 for a buffered save straight from the arrays.
+    #[getter]
+    fn snapshot_bytes(&self) -> u64 {
+        self.report.snapshot_bytes
+    }
+    fn __str__(&self) -> String {
+        self.report.to_string()
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "SaveReport(bytes={}, tensors={}, files={}, seconds={:.4}, writer={:?})",
+            self.report.bytes,
+            self.report.tensors,
+            self.report.files,
+            self.report.seconds,
+            self.writer()
+        )
     }
 }
 
@@ -615,25 +715,27 @@ pub(crate) fn save_safetensors(
 /// Example:
 ///     >>> req = ferry.save_safetensors(model.state_dict(), "ckpt.safetensors", non_blocking=True)
 ///     >>> optimizer.step()   # the tensors may change now
-///     >>> req.wait()         # the file is complete (or the error is raised here)
+///     >>> report = req.wait()   # the file is complete (or the error is raised here)
 #[pyclass(module = "ferry")]
 pub(crate) struct SaveRequest {
-    handle: Mutex<Option<Writing>>,
+    state: Mutex<Writing>,
 }
 
-/// The thread writing a snapshot.
-type Writing = std::thread::JoinHandle<Result<checkpoint::SaveReport, checkpoint::CheckpointError>>;
+/// A background save: the thread writing the snapshot, then how it ended.
+enum Writing {
+    Running(std::thread::JoinHandle<Result<checkpoint::SaveReport, checkpoint::CheckpointError>>),
+    Saved(Py<PySaveReport>),
+    Failed(PyErr),
+    /// Only while a `wait()` joins the thread.
+    Joining,
+}
 
 impl Drop for SaveRequest {
     /// Dropped unwaited: the write is finished first (a thread stopped at the process's exit
     /// would leave its temporary file).
     fn drop(&mut self) {
-        if let Some(h) = self
-            .handle
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Writing::Running(h) = std::mem::replace(state, Writing::Joining) {
             let _ = h.join();
         }
     }
@@ -644,25 +746,45 @@ impl SaveRequest {
     /// Waits until the files are written (the GIL released meanwhile).
     ///
     /// Returns:
-    ///     None.
+    ///     SaveReport: what the save did; a later ``wait()`` returns it again at once.
     ///
     /// Raises:
-    ///     CheckpointError: the write failed (the message names the file); raised once, a
-    ///         later ``wait()`` returns at once.
-    fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let h = self
-            .handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match h {
-            None => Ok(()),
-            Some(h) => match py.allow_threads(|| h.join()) {
-                Ok(r) => r.map(|_| ()).map_err(|e| checkpoint_err(py, e)),
-                Err(_) => Err(errors::FerryError::new_err(
+    ///     CheckpointError: the write failed (the message names the file); a later
+    ///         ``wait()`` raises it again.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PySaveReport>> {
+        loop {
+            let running = {
+                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+                match std::mem::replace(&mut *state, Writing::Joining) {
+                    Writing::Saved(r) => {
+                        let out = r.clone_ref(py);
+                        *state = Writing::Saved(r);
+                        return Ok(out);
+                    }
+                    Writing::Failed(e) => {
+                        let err = e.clone_ref(py);
+                        *state = Writing::Failed(e);
+                        return Err(err);
+                    }
+                    Writing::Joining => None,
+                    Writing::Running(h) => Some(h),
+                }
+            };
+            let Some(h) = running else {
+                // Another thread's `wait()` is joining the writer: wait for its outcome (the
+                // lock is never held while the GIL is released).
+                py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+                continue;
+            };
+            let ended = match py.allow_threads(|| h.join()) {
+                Ok(Ok(r)) => Py::new(py, PySaveReport::from(r)).map(Writing::Saved),
+                Ok(Err(e)) => Ok(Writing::Failed(checkpoint_err(py, e))),
+                Err(_) => Ok(Writing::Failed(errors::FerryError::new_err(
                     "the thread writing the checkpoint panicked",
-                )),
-            },
+                ))),
+            };
+            *self.state.lock().unwrap_or_else(PoisonError::into_inner) =
+                ended.unwrap_or_else(Writing::Failed);
         }
     }
 
@@ -671,11 +793,11 @@ impl SaveRequest {
     /// Returns:
     ///     bool: True once the files are written or the write failed.
     fn done(&self) -> bool {
-        self.handle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .is_none_or(|h| h.is_finished())
+        match &*self.state.lock().unwrap_or_else(PoisonError::into_inner) {
+            Writing::Running(h) => h.is_finished(),
+            Writing::Joining => false,
+            Writing::Saved(_) | Writing::Failed(_) => true,
+        }
     }
 }
 

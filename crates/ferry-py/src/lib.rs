@@ -105,7 +105,7 @@ fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
 /// (behind ``ferry.load_safetensors``); ``_array_info`` (how ferry reads an array, for
 /// debugging).
 ///
-/// Classes: ``Request``, ``SaveRequest``, ``CpuEngine``, ``CudaEngine``, ``Buffer``; ``Agent``,
+/// Classes: ``Request``, ``SaveRequest``, ``SaveReport``, ``CpuEngine``, ``CudaEngine``, ``Buffer``; ``Agent``,
 /// ``Region``, ``Peer``, ``RemoteRegion`` (the transfer agent between processes).
 ///
 /// Exceptions: ``FerryError``, ``ArgumentError``, ``DriverError``, ``CheckpointError``.
@@ -129,5 +129,6 @@ fn _ferry(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ckpt::_load_safetensors_into, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::save_safetensors, m)?)?;
     m.add_class::<ckpt::SaveRequest>()?;
+    m.add_class::<ckpt::PySaveReport>()?;
     Ok(())
 }

@@ -91,15 +91,24 @@ def test_non_blocking_saves_what_the_arrays_held(tmp_path):
     req = ferry.save_safetensors({"a": a}, tmp_path / "s.safetensors", non_blocking=True)
     assert isinstance(req, ferry.SaveRequest)
     a[:] = 9  # the arrays may change once the request is returned
-    req.wait()
+    r = req.wait()
     assert req.done()
+    assert req.wait() is r  # a later wait() returns the same report
+    assert (r.tensors, r.bytes) == (1, (tmp_path / "s.safetensors").stat().st_size)
+    assert r.snapshot_bytes >= a.nbytes and r.seconds > 0
     back = ferry.load_safetensors(tmp_path / "s.safetensors", device="cpu", framework="numpy")
     assert (back["a"] == 5).all()
     # An error comes back on wait().
     req = ferry.save_safetensors({"a": a}, tmp_path / "no" / "x.safetensors", non_blocking=True)
     with pytest.raises(OSError):
         req.wait()
-    assert ferry.save_safetensors({"a": a}, tmp_path / "t.safetensors") is None
+    with pytest.raises(OSError):  # raised again by a later wait()
+        req.wait()
+    assert req.done()
+    r = ferry.save_safetensors({"a": a}, tmp_path / "t.safetensors")
+    assert isinstance(r, ferry.SaveReport)
+    assert (r.tensors, r.files, r.writer) == (1, 1, "buffered")  # under 64 MiB: buffered
+    assert r.bytes == (tmp_path / "t.safetensors").stat().st_size
 
 
 def test_non_blocking_within_a_memory_bound_writes_the_same_file(tmp_path):
@@ -146,8 +155,17 @@ def test_every_writer_writes_the_same_file(tmp_path):
     for writer in ["direct", "hybrid", "auto"]:
         for fsync in [False, True]:
             p = tmp_path / f"{writer}-{fsync}.safetensors"
-            ferry.save_safetensors(t, p, writer=writer, fsync=fsync)
+            r = ferry.save_safetensors(t, p, writer=writer, fsync=fsync)
             assert p.read_bytes() == want
+            assert r.synced == fsync and r.direct_bytes + r.buffered_bytes == r.bytes == len(want)
+            # What ran: the one asked for (O_DIRECT falls back to buffered only where the file
+            # system refuses it, said in the note), or auto's choice for 1.4 MB: buffered.
+            if writer == "auto":
+                assert r.writer == "buffered", r
+            elif r.writer != writer:
+                assert r.writer == "buffered" and "O_DIRECT" in r.writer_note, r
+            assert writer in repr(r) or r.writer in repr(r)
+            assert "tensors in 1 file(s)" in str(r)
             req = ferry.save_safetensors(
                 t, p, writer=writer, fsync=fsync, non_blocking=True, snapshot_bytes=256 << 10
             )

@@ -19,7 +19,10 @@ def usage(dst: object, src: object, path: pathlib.Path) -> int:
     chunks: int = ferry.pipeline(src, dst, lambda i, o, n: None, chunk_bytes=1 << 16, slots=2)
     n: int = ferry.write_file(path, src, offset=0)
     n += ferry.read_file(str(path), dst, offset=0, size=None)
-    ferry.save_safetensors({"w": src}, path, metadata={"format": "np"})
+    report: ferry.SaveReport = ferry.save_safetensors({"w": src}, path, metadata={"format": "np"})
+    written: int = report.bytes
+    request: ferry.SaveRequest = ferry.save_safetensors({"w": src}, path, non_blocking=True)
+    ran: str = request.wait().writer
     weights = ferry.load_safetensors(path, device="cpu", framework="numpy")
     bufs = ferry.load_safetensors(path, device="cpu", framework="ferry")
     shape: list[int] = ferry._ferry._load_safetensors(path, "cpu", None)[0][1].shape
@@ -30,4 +33,4 @@ def usage(dst: object, src: object, path: pathlib.Path) -> int:
         print(e, info["cuda_error"])
     except ferry.ArgumentError:
         pass
-    return chunks + n + len(weights) + len(bufs) + len(shape) + int(done) + len(name)
+    return chunks + n + len(weights) + len(bufs) + len(shape) + int(done) + len(name) + written + len(ran)

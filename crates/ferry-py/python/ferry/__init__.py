@@ -34,8 +34,10 @@ Functions (``help(ferry.NAME)`` for each one's arguments, errors and an example)
 Classes:
 
 - ``Request``: a copy in flight: ``wait()``, ``done()``, ``await request``.
-- ``SaveRequest``: a ``save_safetensors(..., non_blocking=True)`` being written: ``wait()``,
-  ``done()``.
+- ``SaveRequest``: a ``save_safetensors(..., non_blocking=True)`` being written: ``wait()``
+  (returns its ``SaveReport``), ``done()``.
+- ``SaveReport``: what a save did (``bytes``, ``seconds``, ``files``, the ``writer`` that ran
+  and why): a blocking ``save_safetensors`` returns it.
 - ``CpuEngine(threads=0)``, ``CudaEngine(device=0)``: the engines (``engine=`` arguments).
 - ``Buffer``: a tensor in memory ferry allocated (``load_safetensors(framework="ferry")``).
 - ``Agent(name, device=None)``, ``Region``, ``Peer``, ``RemoteRegion``: registered memory
@@ -69,6 +71,7 @@ from ._ferry import (
     Region,
     RemoteRegion,
     Request,
+    SaveReport,
     SaveRequest,
     _load_safetensors,
     _load_safetensors_into,
@@ -95,6 +98,7 @@ __all__ = [
     "Region",
     "RemoteRegion",
     "Request",
+    "SaveReport",
     "SaveRequest",
     "copy_",
     "copy_blocks",

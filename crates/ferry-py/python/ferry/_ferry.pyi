@@ -2,7 +2,7 @@
 
 import os
 from collections.abc import Generator, Mapping, Sequence
-from typing import Any, Callable, Literal, Optional, Union, final
+from typing import Any, Callable, Literal, Optional, Union, final, overload
 
 # An array: anything with ``__dlpack__``, ``__array_interface__`` or
 # ``__cuda_array_interface__`` (PyTorch tensors, NumPy and CuPy arrays, ferry Buffers).
@@ -20,6 +20,7 @@ __all__ = [
     "CudaEngine",
     "Request",
     "SaveRequest",
+    "SaveReport",
     "Buffer",
     "Agent",
     "Region",
@@ -51,8 +52,31 @@ class Request:
 
 @final
 class SaveRequest:
-    def wait(self) -> None: ...
+    def wait(self) -> SaveReport: ...
     def done(self) -> bool: ...
+
+@final
+class SaveReport:
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def tensors(self) -> int: ...
+    @property
+    def files(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def synced(self) -> bool: ...
+    @property
+    def writer(self) -> Literal["buffered", "direct", "hybrid"]: ...
+    @property
+    def writer_note(self) -> str: ...
+    @property
+    def direct_bytes(self) -> int: ...
+    @property
+    def buffered_bytes(self) -> int: ...
+    @property
+    def snapshot_bytes(self) -> int: ...
 
 @final
 class CpuEngine:
@@ -131,6 +155,32 @@ def read_file(
     path: _StrPath, out: _ArrayLike, *, offset: int = 0, size: Optional[int] = None
 ) -> int: ...
 def write_file(path: _StrPath, src: _ArrayLike, *, offset: int = 0) -> int: ...
+@overload
+def save_safetensors(
+    tensors: dict[str, _ArrayLike],
+    path: _StrPath,
+    metadata: Optional[Mapping[str, str]] = None,
+    max_shard_size: Optional[int] = None,
+    non_blocking: Literal[False] = False,
+    snapshot_bytes: Optional[int] = None,
+    fsync: bool = False,
+    writer: Literal["auto", "buffered", "direct", "hybrid"] = "auto",
+    keep_snapshot: bool = False,
+) -> SaveReport: ...
+@overload
+def save_safetensors(
+    tensors: dict[str, _ArrayLike],
+    path: _StrPath,
+    metadata: Optional[Mapping[str, str]] = None,
+    max_shard_size: Optional[int] = None,
+    *,
+    non_blocking: Literal[True],
+    snapshot_bytes: Optional[int] = None,
+    fsync: bool = False,
+    writer: Literal["auto", "buffered", "direct", "hybrid"] = "auto",
+    keep_snapshot: bool = False,
+) -> SaveRequest: ...
+@overload
 def save_safetensors(
     tensors: dict[str, _ArrayLike],
     path: _StrPath,
@@ -141,7 +191,7 @@ def save_safetensors(
     fsync: bool = False,
     writer: Literal["auto", "buffered", "direct", "hybrid"] = "auto",
     keep_snapshot: bool = False,
-) -> Optional[SaveRequest]: ...
+) -> Union[SaveReport, SaveRequest]: ...
 def _load_safetensors(
     path: _StrPath, device: str = "cuda:0", names: Optional[Sequence[str]] = None
 ) -> list[tuple[str, Buffer]]: ...
