@@ -105,8 +105,9 @@ fn info(py: Python<'_>) -> PyResult<Py<PyDict>> {
 /// (behind ``ferry.load_safetensors``); ``_array_info`` (how ferry reads an array, for
 /// debugging).
 ///
-/// Classes: ``Request``, ``SaveRequest``, ``SaveReport``, ``CpuEngine``, ``CudaEngine``, ``Buffer``; ``Agent``,
-/// ``Region``, ``Peer``, ``RemoteRegion`` (the transfer agent between processes).
+/// Classes: ``Request``, ``SaveRequest``, ``SaveReport``, ``CpuEngine``, ``CudaEngine``,
+/// ``Buffer``; ``Agent``, ``Region``, ``Peer``, ``RemoteRegion`` (the transfer agent between
+/// processes).
 ///
 /// Exceptions: ``FerryError``, ``ArgumentError``, ``DriverError``, ``CheckpointError``.
 #[pymodule]
