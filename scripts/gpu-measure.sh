@@ -173,6 +173,14 @@ ferry.save_safetensors(t, "/tmp/ferry-confirm", max_shard_size=512 << 20)'
       step "confirm-save-$r" 120 "$ferry" save /tmp/ferry-confirm /tmp/ferry-confirm-out --device cuda
       grep -h "saved\|writer" "$log/confirm-save-$r.txt" | cut -c1-300
     done
+    rm -rf /tmp/ferry-confirm-out && mkdir -p /tmp/ferry-confirm-out && sync
+    step confirm-py 120 python3 -c 'import torch, ferry
+t = {f"t{i:02}": torch.full((64 << 20,), float(i), dtype=torch.bfloat16, device="cuda") for i in range(32)}
+for r in range(2):
+    print("python save from the GPU:", ferry.save_safetensors(t, "/tmp/ferry-confirm-out", max_shard_size=512 << 20))
+back = ferry.load_safetensors("/tmp/ferry-confirm-out", device="cuda:0")
+print("read back equal:", all(torch.equal(back[k], v) for k, v in t.items()))'
+    grep -h "python save\|read back" "$log/confirm-py.txt" | cut -c1-400
     rm -rf /tmp/ferry-confirm /tmp/ferry-confirm-out ;;
   agenttests) # issue 36: the agent's GPU tests alone (a short call), both policies
     for policy in tuned plain; do
