@@ -326,6 +326,14 @@ int ferry_request_destroy(ferry_dma *dma, ferry_request **req);
 #define FERRY_DTYPE_F6_E2M3 18 /* four per three bytes */
 #define FERRY_DTYPE_F6_E3M2 19
 
+/* Saves: how the files are written (ferry_checkpoint_options.writer, and the report's writer:
+ * the one that ran). */
+#define FERRY_WRITER_AUTO 0     /* the library's choice (the default; see ferry_checkpoint_save) */
+#define FERRY_WRITER_BUFFERED 1 /* parallel writes through the page cache */
+#define FERRY_WRITER_DIRECT 2   /* O_DIRECT from aligned windows (buffered where refused) */
+#define FERRY_WRITER_HYBRID 3   /* O_DIRECT from the end beside buffered writes from the start
+                                 * into the page cache's room before writeback */
+
 /* One tensor: name, dtype, shape and its bytes where they live (buf.len = elements x dtype
  * size; 0 for an empty tensor, whose ptr may then be NULL). */
 typedef struct ferry_tensor {
@@ -346,8 +354,11 @@ typedef struct ferry_checkpoint_options {
     int keep_snapshot;       /* ferry_checkpoint_save_async: non-zero keeps the copy's host
                               * memory for the next async save that fits in it (its stall is
                               * then the copy alone); 0 frees it and what earlier ones kept;
-                              * ignored by ferry_checkpoint_save. New in this release: callers
-                              * compiled against an older ferry.h must be rebuilt. */
+                              * ignored by ferry_checkpoint_save. */
+    int writer;              /* saves: FERRY_WRITER_* (0: FERRY_WRITER_AUTO, the library's
+                              * choice); another value is -FERRY_EINVAL. keep_snapshot and
+                              * writer are new in this release: callers compiled against an
+                              * older ferry.h must be rebuilt. */
 } ferry_checkpoint_options;
 
 /* What a call did. */
@@ -358,6 +369,8 @@ typedef struct ferry_checkpoint_report {
     double seconds;          /* moving the bytes */
     uint64_t pinned_bytes;   /* pinned host memory used (bounce buffers for GPU memory) */
     uint64_t peak_rss_bytes; /* the PROCESS's peak resident memory so far (VmHWM); 0: unknown */
+    int writer;              /* saves: the FERRY_WRITER_* that ran (what AUTO chose); loads: 0.
+                              * New in this release (rebuild callers of an older ferry.h). */
 } ferry_checkpoint_report;
 
 /* Saves n tensors to path: one safetensors file, or a sharded checkpoint where path ends in
@@ -367,9 +380,10 @@ typedef struct ferry_checkpoint_report {
  * -FERRY_EINVAL: NULL/bad arguments, a name given twice, bytes that do not match dtype x
  * shape; -FERRY_ENOTAVAIL: GPU memory without a CUDA driver; -FERRY_EDRIVER: a file or system
  * call failed (the message names the file and the tensor). The buffers must stay valid and
- * unwritten until this returns. The writer is the library's default (opts->direct is for
- * loads): buffered under 64 MiB; O_DIRECT when fsynced or from host memory; from a GPU,
- * O_DIRECT beside buffered writes into the page cache's room before writeback. */
+ * unwritten until this returns. The writer is opts->writer; FERRY_WRITER_AUTO (the default;
+ * opts->direct is for loads) chooses buffered under 64 MiB; O_DIRECT when fsynced or from
+ * host memory; from a GPU, O_DIRECT beside buffered writes into the page cache's room before
+ * writeback (FERRY_WRITER_HYBRID). report->writer says which ran. */
 int ferry_checkpoint_save(const char *path, const ferry_tensor *tensors, size_t n,
                           const ferry_checkpoint_options *opts, ferry_checkpoint_report *report);
 

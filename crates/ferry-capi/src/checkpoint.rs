@@ -4,7 +4,7 @@
 
 use crate::error::{guard, Fail, FERRY_EDRIVER, FERRY_EINVAL, FERRY_ENOTAVAIL, FERRY_SUCCESS};
 use crate::request::{FerryBuffer, FerryRequest};
-use ferry::checkpoint::{self, CheckpointError, Dest, Dtype, SaveOptions, SaveTensor};
+use ferry::checkpoint::{self, CheckpointError, Dest, Dtype, SaveOptions, SaveTensor, Writer};
 use ferry::cuda::{CudaEngine, CudaError};
 use ferry::file::{FileConfig, FileEngine};
 use ferry::request::{BackendError, Signal};
@@ -80,6 +80,17 @@ pub const FERRY_DTYPE_F6_E2M3: i32 = 18;
 /// 6-bit floats, 3 exponent bits.
 pub const FERRY_DTYPE_F6_E3M2: i32 = 19;
 
+/// Saves (`ferry_checkpoint_options.writer`): the library's choice (buffered under 64 MiB;
+/// `O_DIRECT` when fsynced or from host memory; from a GPU, the hybrid writer).
+pub const FERRY_WRITER_AUTO: i32 = 0;
+/// Saves: parallel writes through the page cache.
+pub const FERRY_WRITER_BUFFERED: i32 = 1;
+/// Saves: `O_DIRECT` from aligned windows (buffered where the file system refuses it).
+pub const FERRY_WRITER_DIRECT: i32 = 2;
+/// Saves: `O_DIRECT` from the end beside buffered writes from the start into the page
+/// cache's room before writeback, each at its own rate.
+pub const FERRY_WRITER_HYBRID: i32 = 3;
+
 /// One tensor of a checkpoint (`ferry_tensor` in C): its name, dtype, shape and bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +127,8 @@ pub struct FerryCheckpointOptions {
     /// for the next asynchronous save that fits in it (its stall is then the copy alone);
     /// zero frees it and what earlier saves kept.
     pub keep_snapshot: c_int,
+    /// Saves: the writer (`FERRY_WRITER_*`; 0, `FERRY_WRITER_AUTO`, lets the library choose).
+    pub writer: c_int,
 }
 
 /// What a checkpoint call did (`ferry_checkpoint_report`).
@@ -134,6 +147,9 @@ pub struct FerryCheckpointReport {
     pub pinned_bytes: u64,
     /// The process's peak resident memory so far (`VmHWM`), 0 where it cannot be read.
     pub peak_rss_bytes: u64,
+    /// Saves: the writer that ran (`FERRY_WRITER_BUFFERED`, `_DIRECT` or `_HYBRID`: what
+    /// `FERRY_WRITER_AUTO` chose); loads: 0.
+    pub writer: c_int,
 }
 
 /// A caller's buffer as ferry memory: the C caller vouches for it (the calls' contracts).
@@ -323,20 +339,45 @@ fn engine_for(tensors: &[Tensor], opts: &FerryCheckpointOptions) -> Result<Arc<F
 
 /// The save's options, and its path: an existing folder is a sharded save into it
 /// (`model.safetensors.index.json`), as `ferry save` and Python's `save_safetensors` take it.
-fn save_options(path: PathBuf, opts: &FerryCheckpointOptions) -> (PathBuf, SaveOptions) {
+fn save_options(
+    path: PathBuf,
+    opts: &FerryCheckpointOptions,
+) -> Result<(PathBuf, SaveOptions), Fail> {
     let path = if path.is_dir() {
         path.join("model.safetensors.index.json")
     } else {
         path
     };
-    let mut o = SaveOptions::new().fsync(opts.fsync != 0);
+    let mut o = SaveOptions::new()
+        .fsync(opts.fsync != 0)
+        .writer(match opts.writer {
+            FERRY_WRITER_AUTO => Writer::Auto,
+            FERRY_WRITER_BUFFERED => Writer::Buffered,
+            FERRY_WRITER_DIRECT => Writer::Direct,
+            FERRY_WRITER_HYBRID => Writer::Hybrid,
+            w => {
+                return Err(Fail::inval(format!(
+                    "writer {w} is none of FERRY_WRITER_AUTO (0), _BUFFERED (1), _DIRECT (2) and \
+                 _HYBRID (3)"
+                )))
+            }
+        });
     if opts.shard_bytes > 0 {
         o = o.shard_bytes(opts.shard_bytes);
     }
     if opts.snapshot_bytes > 0 {
         o = o.snapshot_bytes(opts.snapshot_bytes);
     }
-    (path, o.keep_snapshot(opts.keep_snapshot != 0))
+    Ok((path, o.keep_snapshot(opts.keep_snapshot != 0)))
+}
+
+/// The writer a save's report names (`FERRY_WRITER_*`).
+fn writer_ran(r: &checkpoint::SaveReport) -> c_int {
+    match (r.direct, r.hybrid) {
+        (true, true) => FERRY_WRITER_HYBRID,
+        (true, false) => FERRY_WRITER_DIRECT,
+        (false, _) => FERRY_WRITER_BUFFERED,
+    }
 }
 
 /// The tensors as the save takes them.
@@ -405,7 +446,7 @@ pub unsafe extern "C" fn ferry_checkpoint_save(
         let (path, list, o) =
             unsafe { (path_of(path)?, tensors_of(tensors, n, true)?, options(opts)) };
         let fe = engine_for(&list, &o)?;
-        let (path, so) = save_options(path, &o);
+        let (path, so) = save_options(path, &o)?;
         let r = checkpoint::save(&fe, &path, &save_list(&list), &so).map_err(|e| fail(&e))?;
         let out = FerryCheckpointReport {
             bytes: r.bytes,
@@ -414,6 +455,7 @@ pub unsafe extern "C" fn ferry_checkpoint_save(
             seconds: r.seconds,
             pinned_bytes: fe.pinned_bytes(),
             peak_rss_bytes: checkpoint::LoadReport::process_peak_rss().unwrap_or(0),
+            writer: writer_ran(&r),
         };
         // SAFETY: (1).
         unsafe { put(report, out) };
@@ -451,7 +493,7 @@ pub unsafe extern "C" fn ferry_checkpoint_save_async(
         let (path, list, o) =
             unsafe { (path_of(path)?, tensors_of(tensors, n, true)?, options(opts)) };
         let fe = engine_for(&list, &o)?;
-        let (path, so) = save_options(path, &o);
+        let (path, so) = save_options(path, &o)?;
         let handle = checkpoint::Checkpoint::snapshot_save(fe, path, &save_list(&list), so)
             .map_err(|e| fail(&e))?;
         let done = Arc::new(Signal::new());
@@ -536,6 +578,7 @@ pub unsafe extern "C" fn ferry_checkpoint_load(
             seconds: r.seconds,
             pinned_bytes: r.pinned_bytes,
             peak_rss_bytes: r.peak_rss_bytes.unwrap_or(0),
+            writer: 0,
         };
         // SAFETY: (1).
         unsafe { put(report, out) };

@@ -153,6 +153,73 @@ fn save_then_load_round_trips_one_file_and_a_sharded_folder() {
 }
 
 #[test]
+fn every_writer_writes_the_same_file_and_the_report_names_it() {
+    let dir = tmp("writers");
+    let mut m = Model::new(4);
+    let ts = m.tensors();
+    let want_file = dir.join("ref.safetensors");
+    let reference = FerryCheckpointOptions {
+        writer: FERRY_WRITER_BUFFERED,
+        ..Default::default()
+    };
+    assert_eq!(
+        save(&c_path(&want_file), &ts, Some(&reference)),
+        FERRY_SUCCESS,
+        "{}",
+        last()
+    );
+    let want = std::fs::read(&want_file).unwrap();
+    let saved = |writer: i32, fsync: i32| -> (Vec<u8>, FerryCheckpointReport) {
+        let path = dir.join(format!("w{writer}-{fsync}.safetensors"));
+        let opts = FerryCheckpointOptions {
+            writer,
+            fsync,
+            ..Default::default()
+        };
+        let mut r = FerryCheckpointReport::default();
+        // SAFETY: live tensors, path, options and report.
+        let rc =
+            unsafe { ferry_checkpoint_save(c_path(&path).as_ptr(), ts.as_ptr(), 3, &opts, &mut r) };
+        assert_eq!(rc, FERRY_SUCCESS, "writer {writer}: {}", last());
+        (std::fs::read(&path).unwrap(), r)
+    };
+    for writer in [
+        FERRY_WRITER_AUTO,
+        FERRY_WRITER_BUFFERED,
+        FERRY_WRITER_DIRECT,
+        FERRY_WRITER_HYBRID,
+    ] {
+        for fsync in [0, 1] {
+            let (bytes, r) = saved(writer, fsync);
+            assert!(bytes == want, "writer {writer} fsync {fsync}: other bytes");
+            assert_eq!(r.bytes, want.len() as u64, "{r:?}");
+            // What ran: the one asked for, or buffered where the file system refuses
+            // O_DIRECT; AUTO's choice for 8 kB is buffered.
+            let ran_ok = match writer {
+                FERRY_WRITER_AUTO | FERRY_WRITER_BUFFERED => r.writer == FERRY_WRITER_BUFFERED,
+                w => r.writer == w || r.writer == FERRY_WRITER_BUFFERED,
+            };
+            assert!(ran_ok, "writer {writer} fsync {fsync}: {r:?}");
+        }
+    }
+    // An unknown writer: refused before anything is written, by both saves.
+    let bad = FerryCheckpointOptions {
+        writer: 7,
+        ..Default::default()
+    };
+    let gone = c_path(&dir.join("bad.safetensors"));
+    assert_eq!(save(&gone, &ts, Some(&bad)), -FERRY_EINVAL);
+    assert!(last().contains("writer 7"), "{}", last());
+    let mut req = null_mut();
+    // SAFETY: live tensors, path, options and out-pointer.
+    let rc = unsafe { ferry_checkpoint_save_async(gone.as_ptr(), ts.as_ptr(), 3, &bad, &mut req) };
+    assert_eq!(rc, -FERRY_EINVAL);
+    assert!(req.is_null());
+    assert!(!dir.join("bad.safetensors").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn a_background_save_is_a_request_of_no_dma() {
     let dir = tmp("async");
     let mut m = Model::new(5);

@@ -185,6 +185,10 @@ fn header_constants_match_the_library() {
         ("FERRY_DTYPE_F4", FERRY_DTYPE_F4.into()),
         ("FERRY_DTYPE_F6_E2M3", FERRY_DTYPE_F6_E2M3.into()),
         ("FERRY_DTYPE_F6_E3M2", FERRY_DTYPE_F6_E3M2.into()),
+        ("FERRY_WRITER_AUTO", FERRY_WRITER_AUTO.into()),
+        ("FERRY_WRITER_BUFFERED", FERRY_WRITER_BUFFERED.into()),
+        ("FERRY_WRITER_DIRECT", FERRY_WRITER_DIRECT.into()),
+        ("FERRY_WRITER_HYBRID", FERRY_WRITER_HYBRID.into()),
     ];
     let h = header();
     let mut numeric = BTreeSet::new();
