@@ -60,15 +60,17 @@ impl std::fmt::Display for Device {
     }
 }
 
-/// Where `--device` puts the bytes: `cuda:N`, `host` (pageable) or `pinned`.
+/// Where `--device` puts the bytes: `cuda:N` (`cuda` alone is `cuda:0`, as PyTorch reads it),
+/// `host` (pageable) or `pinned`.
 pub fn parse_device(s: &str) -> Result<Device, String> {
     match s {
         "host" | "pageable" | "cpu" => Ok(Device::Pageable),
         "pinned" => Ok(Device::Pinned),
+        "cuda" => Ok(Device::Cuda(0)),
         _ => {
             let n = s
                 .strip_prefix("cuda:")
-                .ok_or_else(|| format!("`{s}` is not cuda:N, host or pinned"))?;
+                .ok_or_else(|| format!("`{s}` is not cuda, cuda:N, host or pinned"))?;
             n.parse::<u32>()
                 .map(Device::Cuda)
                 .map_err(|_| format!("`{s}`: the GPU ordinal `{n}` is not a number"))
@@ -107,7 +109,7 @@ fn parse_offset(s: &str) -> Result<u64, String> {
 /// Options `ferry load` and `ferry save` share.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IoArgs {
-    /// Where the bytes go: cuda:N, host (pageable) or pinned.
+    /// Where the bytes go: cuda:N (cuda: GPU 0), host (pageable) or pinned.
     #[arg(long, default_value = "cuda:0", value_parser = parse_device)]
     pub device: Device,
     /// Treat a .safetensors file as plain bytes.
@@ -1204,6 +1206,20 @@ pub fn render(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--device cuda` is GPU 0, as PyTorch's `"cuda"` (a GPU run of `ferry save ... --device
+    /// cuda` was refused).
+    #[test]
+    fn devices_parse_as_pytorch_names_them() {
+        assert_eq!(parse_device("cuda"), Ok(Device::Cuda(0)));
+        assert_eq!(parse_device("cuda:3"), Ok(Device::Cuda(3)));
+        assert_eq!(parse_device("cpu"), Ok(Device::Pageable));
+        assert_eq!(parse_device("pinned"), Ok(Device::Pinned));
+        assert!(parse_device("cuda:").is_err());
+        assert!(parse_device("gpu")
+            .unwrap_err()
+            .contains("is not cuda, cuda:N"));
+    }
 
     /// Issue 33: an 88-byte load printed "0.0000 s, 0.00 GB/s".
     #[test]

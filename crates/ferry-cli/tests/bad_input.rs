@@ -453,7 +453,7 @@ fn load_and_save_refuse_bad_input_before_any_work() {
     );
     refused(
         &["load", r, "--device", "gpu"],
-        "is not cuda:N, host or pinned",
+        "is not cuda, cuda:N, host or pinned",
     );
     refused(&["load", r, "--device", "cuda:x"], "not a number");
     refused(
