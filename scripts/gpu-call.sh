@@ -12,7 +12,9 @@
 #   bash scripts/gpu-call.sh NAME STEP...
 #     unpacks the bundles (.gpu, .gpu-old), runs scripts/gpu-measure.sh's STEPs with their logs in
 #     /tmp/gpu-logs/NAME and packs that folder into $OUT/NAME.tar.xz (the device tool brings
-#     back 8 files at most, 2 folders deep). Each step prints one summary line.
+#     back 8 files at most, 2 folders deep), after every step too. Each step prints one summary
+#     line. CALL_LIMIT: the device call's timeout in seconds (default 590); the steps' own
+#     limits are cut to end inside it, and a step with too little time left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: gpu-call.sh pack [OLD_REV] | gpu-call.sh NAME STEP...}
@@ -56,7 +58,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 mkdir -p /tmp/gpu-logs
+# The logs are packed after every step, so that a call killed at its limit still brings back
+# what ran; CALL_LIMIT (seconds, default 590: pass the device call's timeout) cuts the last
+# steps' limits to end inside it (gpu-measure.sh's step()).
+pack() { tar -C /tmp/gpu-logs -cf - "$mode" | xz -T4 -6 >"$OUT/$mode.tar.xz"; }
+export CALL_END=$(($(date +%s) + ${CALL_LIMIT:-590}))
+export AFTER_STEP="tar -C /tmp/gpu-logs -cf - '$mode' | xz -T4 -6 >'$OUT/$mode.tar.xz'"
 bash scripts/gpu-measure.sh "/tmp/gpu-logs/$mode" "$@"
 rc=$?
-tar -C /tmp/gpu-logs -cf - "$mode" | xz -T4 -6 >"$OUT/$mode.tar.xz"
+pack
 exit $rc

@@ -20,7 +20,7 @@
 # FERRY_TEST_POLICIES=tuned, so that the steps between come first).
 # Environment: BUNDLE (default .gpu), WHEELS (default .whl), STEP_TIMEOUT (seconds per bench
 # step, default 240), TESTS_TIMEOUT (seconds for the `tests` step, default 560); `ckpt`:
-# CKPT_SCALE, CKPT_ROWS, CKPT_LIMIT (below).
+# CKPT_SCALE, CKPT_ROWS, CKPT_LIMIT (below); CALL_END, AFTER_STEP (step(), below).
 set -uo pipefail
 log=${1:?usage: gpu-measure.sh LOGDIR [STEP...]}
 shift
@@ -36,14 +36,28 @@ export PYTHONUNBUFFERED=1
 fail=0
 
 # step NAME LIMIT CMD...: runs CMD with its output in NAME.txt; prints status and seconds.
+# CALL_END (epoch seconds, set by gpu-call.sh): the device call's end; a step's limit is cut
+# to end 15 s before it, and a step with less than 20 s left is skipped (SKIP), so that a call
+# never dies mid-step with its logs unpacked. AFTER_STEP: a command run after each step (the
+# logs packed into the call's output, gpu-call.sh).
 step() {
-  local name=$1 lim=$2 t0 rc status
+  local name=$1 lim=$2 t0 rc status left
   shift 2
   t0=$(date +%s)
+  if [ -n "${CALL_END:-}" ]; then
+    left=$((CALL_END - t0 - 15))
+    if [ "$left" -lt 20 ]; then
+      printf '%-4s %-22s %4d s (the call has %d s left)\n' SKIP "$name" 0 $((CALL_END - t0))
+      fail=1
+      return
+    fi
+    [ "$lim" -le "$left" ] || lim=$left
+  fi
   timeout -k 5 "$lim" "$@" >"$log/$name.txt" 2>&1
   rc=$?
   case $rc in 0) status=ok ;; 124 | 137) status=TIME; fail=1 ;; *) status=FAIL; fail=1 ;; esac
   printf '%-4s %-22s %4d s\n' "$status" "$name" $(($(date +%s) - t0))
+  [ -z "${AFTER_STEP:-}" ] || eval "$AFTER_STEP"
 }
 
 bench() { # bench NAME ARGS...: one `ferry bench --engine cuda` step with its JSON
@@ -131,7 +145,7 @@ for s in "${steps[@]}"; do
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
     bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    step kv-blocks 240 python3 bench/peers/kv_blocks.py --json "$log/kv_blocks.json" ;;
+    step kv-blocks 330 python3 bench/peers/kv_blocks.py --json "$log/kv_blocks.json" ;;
   ckpt) # issue 35: sharded bf16 checkpoints against safetensors, fastsafetensors, Run:ai.
     # CKPT_ROWS=load|save|all (default all) and --keep: at --scale 1 (16 GiB) every row did not
     # fit one call (the fourth H100 run: 520 s, no row printed); run `load` then `save` in two
