@@ -13,7 +13,7 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab aball fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent
 # cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
@@ -102,15 +102,25 @@ for s in "${steps[@]}"; do
   aml) # issue 31: AML's CUDA programs against libaml and AML (.aml-cuda, carried: see
     # scripts/aml-cuda-programs.sh)
     step aml-cuda 300 bash .aml-cuda/run.sh "$log/aml-cuda" ;;
-  ab) # issue 30: before/after against OLD_FERRY (default .gpu-old/ferry) of the rows the
-    # submission trunk and the staging subsystem touch (AB_TESTS to change them; AB_SIZES=""
-    # for each test's own sizes, AB_SAMPLES, AB_LIMIT seconds for the step)
-    sizes=(--sizes "${AB_SIZES-4K,64K,1M,16M,256M}")
-    [ -n "${AB_SIZES-x}" ] || sizes=()
-    step ab "${AB_LIMIT:-560}" env AB_TESTS="${AB_TESTS:-cuda-latency,cuda-h2d-pinned,cuda-d2h-pinned,cuda-d2d,cuda-h2d-pageable,cuda-d2h-pageable,cuda-gather-pageable,cuda-scatter,cuda-pipeline-pageable,cuda-file-read}" \
-      bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/ab" --engine cuda \
-      --samples "${AB_SAMPLES:-7}" "${sizes[@]}"
-    step ab-table 30 python3 scripts/bench-ab.py "$log/ab" ;;
+  ab | aball) # issue 30: before/after against OLD_FERRY (default .gpu-old/ferry): `ab` the
+    # rows the submission trunk and the staging subsystem touch at five sizes, `aball` every
+    # cuda test but the block copies' and the file tests that need a cold disk or cuFile, each
+    # at its own sizes, 5 samples (issue 30's done-when table, in one call: the tenth run's
+    # took 450 s; pass CALL_LIMIT). AB_TESTS, AB_SIZES ("" for each test's own sizes),
+    # AB_SAMPLES, AB_LIMIT (seconds for the step) change them.
+    if [ "$s" = aball ]; then
+      tests=${AB_TESTS:-cuda-h2d-pinned,cuda-d2h-pinned,cuda-h2d-pageable,cuda-d2h-pageable,cuda-d2d,cuda-bidir,cuda-tile,cuda-h2d-mapped,cuda-d2h-mapped,cuda-transpose,cuda-transpose-h2d,cuda-transpose-bf16,cuda-transpose-h2d-bf16,cuda-transpose-batched,cuda-scatter,cuda-scatter-pageable,cuda-gather-pageable,cuda-latency,cuda-latency-spin,cuda-latency-hybrid,cuda-wait-cpu,cuda-threads,cuda-latency-parts,cuda-file-read,cuda-d2d-split,cuda-pipeline,cuda-pipeline-upcompute,cuda-pipeline-pageable,cuda-pipeline-file}
+      sizes=() samples=${AB_SAMPLES:-5}
+      [ -z "${AB_SIZES:-}" ] || sizes=(--sizes "$AB_SIZES")
+    else
+      tests=${AB_TESTS:-cuda-latency,cuda-h2d-pinned,cuda-d2h-pinned,cuda-d2d,cuda-h2d-pageable,cuda-d2h-pageable,cuda-gather-pageable,cuda-scatter,cuda-pipeline-pageable,cuda-file-read}
+      sizes=(--sizes "${AB_SIZES-4K,64K,1M,16M,256M}") samples=${AB_SAMPLES:-7}
+      [ -n "${AB_SIZES-x}" ] || sizes=()
+    fi
+    step "$s" "${AB_LIMIT:-560}" env AB_TESTS="$tests" \
+      bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/$s" --engine cuda \
+      --samples "$samples" "${sizes[@]}"
+    step "$s-table" 30 python3 scripts/bench-ab.py "$log/$s" ;;
   fill) # issue 30: the pageable pipeline, old binary and new in turns, FILL_ROUNDS rounds
     # (default 3), one line each. FILL_VARIANTS: old or new, then -private (a set of workers of
     # the pipeline's own), -tN (N fill threads), -fM (FERRY_BENCH_FILL mode M), e.g. old-f5.
