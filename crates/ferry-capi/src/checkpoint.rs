@@ -373,10 +373,10 @@ fn save_options(
 
 /// The writer a save's report names (`FERRY_WRITER_*`).
 fn writer_ran(r: &checkpoint::SaveReport) -> c_int {
-    match (r.direct, r.hybrid) {
-        (true, true) => FERRY_WRITER_HYBRID,
-        (true, false) => FERRY_WRITER_DIRECT,
-        (false, _) => FERRY_WRITER_BUFFERED,
+    match r.writer {
+        Writer::Hybrid => FERRY_WRITER_HYBRID,
+        Writer::Direct => FERRY_WRITER_DIRECT,
+        Writer::Buffered | Writer::Auto => FERRY_WRITER_BUFFERED,
     }
 }
 

@@ -708,7 +708,7 @@ pub fn run_load(job: &Job) -> Result<serde_json::Value, AnyError> {
                     }
                     None => ck.save(&fe, dst, &opts)?,
                 };
-                extra.insert("writer".into(), r.writer().into());
+                extra.insert("writer".into(), r.writer.name().into());
                 extra.insert("writer_note".into(), r.writer_note.clone().into());
                 extra.insert("held_bytes".into(), r.snapshot_bytes.into());
                 (r.bytes, r.io)

@@ -665,10 +665,10 @@ impl PySaveReport {
     /// ``"hybrid"`` (what ``"auto"`` chose).
     #[getter]
     fn writer(&self) -> &'static str {
-        match (self.report.direct, self.report.hybrid) {
-            (true, true) => "hybrid",
-            (true, false) => "direct",
-            (false, _) => "buffered",
+        match self.report.writer {
+            Writer::Hybrid => "hybrid",
+            Writer::Direct => "direct",
+            Writer::Buffered | Writer::Auto => "buffered",
         }
     }
     /// str: why that writer (``"asked"``, the reason it was chosen, or why ``O_DIRECT`` was

@@ -374,7 +374,7 @@ fn a_snapshot_within_its_bound_is_taken_in_one_piece() {
 /// The writer a save reports for `asked` ([`SaveOptions::writer`]) in a folder whose file
 /// system may refuse `O_DIRECT`: `O_DIRECT` where it takes it, else buffered with the reason.
 fn check_writer(r: &checkpoint::SaveReport, asked: Option<bool>) {
-    match (asked, r.direct) {
+    match (asked, r.writer != Writer::Buffered) {
         (Some(false), d) => assert!(!d, "{r}"),
         (_, true) => {
             assert!(r.io.direct_bytes > 0, "{r}");
@@ -443,11 +443,11 @@ fn auto_writes_small_saves_buffered_and_large_ones_from_host_memory_o_direct() {
         .unwrap();
         assert!(r.writer_note.starts_with("auto"), "{r}");
         if data.len() < 64 << 20 {
-            assert!(!r.direct, "{r}");
+            assert_eq!(r.writer, Writer::Buffered, "{r}");
             assert!(r.writer_note.contains("64 MiB"), "{r}");
         } else {
             check_writer(&r, None);
-            assert!(!r.hybrid, "{r}");
+            assert_ne!(r.writer, Writer::Hybrid, "{r}");
             let why = if fsync { "fsync asked" } else { "host memory" };
             assert!(r.writer_note.contains(why), "{r}");
         }
@@ -459,9 +459,8 @@ fn auto_writes_small_saves_buffered_and_large_ones_from_host_memory_o_direct() {
 /// A save the hybrid writer was asked for: both ways where the page cache has room (this
 /// machine's: the note gives the figures), else `O_DIRECT` alone saying why.
 fn check_hybrid(r: &checkpoint::SaveReport) {
-    if r.hybrid {
-        assert!(r.direct, "{r}");
-        assert_eq!(r.writer(), "O_DIRECT + buffered");
+    if r.writer == Writer::Hybrid {
+        assert_eq!(r.writer.to_string(), "O_DIRECT + buffered");
         assert!(
             r.writer_note.starts_with("asked: O_DIRECT from the end"),
             "{r}"
@@ -547,9 +546,9 @@ fn o_direct_refused_falls_back_to_buffered_with_the_reason() {
     let opts = SaveOptions::new().direct(true);
     let r = checkpoint::save(&fe, &p, &one(&data, &shape), &opts).unwrap();
     if takes_o_direct(d.path()) {
-        assert!(r.direct, "{r}");
+        assert_eq!(r.writer, Writer::Direct, "{r}");
     } else {
-        assert!(!r.direct, "{r}");
+        assert_eq!(r.writer, Writer::Buffered, "{r}");
         assert!(r.writer_note.contains("refused O_DIRECT"), "{r}");
         assert_eq!(r.io.direct_bytes, 0, "{r}");
     }
@@ -625,7 +624,7 @@ fn a_streamed_snapshot_holds_at_most_its_bound_with_either_writer() {
                 r.snapshot_bytes > 0 && r.snapshot_bytes <= bound,
                 "{bound}: {r}"
             );
-            if r.direct {
+            if r.writer != Writer::Buffered {
                 assert!(r.io.direct_bytes > 0, "{r}");
             }
             assert_eq!(

@@ -27,14 +27,11 @@ pub struct SaveReport {
     /// ([`Checkpoint::snapshot_save`]: at most [`SaveOptions::snapshot_bytes`]), or the
     /// `O_DIRECT` writer's windows; 0 for a buffered save straight from the tensors.
     pub snapshot_bytes: u64,
-    /// Whether the files were written with `O_DIRECT` ([`SaveOptions::writer`]; else
-    /// buffered).
-    pub direct: bool,
-    /// Whether part of them went buffered beside the `O_DIRECT` writes (the hybrid writer,
-    /// the default's choice for a large save from a GPU, not fsynced, where the page cache
-    /// has room: [`SaveOptions::writer`]); `io`'s direct and buffered bytes say how much each
-    /// took.
-    pub hybrid: bool,
+    /// The writer that ran (never [`Writer::Auto`]): the one [`SaveOptions::writer`] asked
+    /// for or `Auto`'s choice; `Buffered` where the file system refused `O_DIRECT`, `Direct`
+    /// where a `Hybrid` save found no room in the page cache (the note says why). `io`'s
+    /// direct and buffered bytes say how much each way took.
+    pub writer: Writer,
     /// Why that writer ("asked", the reason it was chosen, or why `O_DIRECT` was refused).
     pub writer_note: String,
     /// The file engine's report over all writes.
@@ -56,7 +53,7 @@ impl std::fmt::Display for SaveReport {
             self.bytes,
             self.seconds,
             if self.synced { ", fsynced" } else { "" },
-            self.writer(),
+            self.writer,
             self.writer_note,
             if self.snapshot_bytes > 0 {
                 format!("; {} bytes of windows held at most", self.snapshot_bytes)
@@ -65,19 +62,6 @@ impl std::fmt::Display for SaveReport {
             },
             self.io
         )
-    }
-}
-
-impl SaveReport {
-    /// The writer in words ([`Writer::name`]): `buffered`, `O_DIRECT`, or
-    /// `O_DIRECT + buffered` (hybrid).
-    pub fn writer(&self) -> &'static str {
-        match (self.direct, self.hybrid) {
-            (true, true) => Writer::Hybrid,
-            (true, false) => Writer::Direct,
-            (false, _) => Writer::Buffered,
-        }
-        .name()
     }
 }
 
@@ -121,8 +105,7 @@ pub fn save(
         seconds: t0.elapsed().as_secs_f64(),
         synced: opts.fsync,
         snapshot_bytes: held,
-        direct: matches!(writer, Writer::Direct | Writer::Hybrid),
-        hybrid: writer == Writer::Hybrid,
+        writer,
         writer_note,
         io,
     })

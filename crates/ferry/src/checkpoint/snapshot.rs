@@ -249,8 +249,7 @@ impl Checkpoint {
                     seconds: t0.elapsed().as_secs_f64(),
                     synced,
                     snapshot_bytes: held,
-                    direct: writer == super::options::Writer::Direct,
-                    hybrid: false,
+                    writer,
                     writer_note,
                     io,
                 })
