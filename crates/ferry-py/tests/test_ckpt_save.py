@@ -111,6 +111,22 @@ def test_non_blocking_saves_what_the_arrays_held(tmp_path):
     assert r.bytes == (tmp_path / "t.safetensors").stat().st_size
 
 
+def test_a_background_save_waited_from_two_threads_gives_both_its_report(tmp_path):
+    import threading
+
+    t = {f"w{i}": np.full(1 << 18, i, np.float32) for i in range(8)}
+    req = ferry.save_safetensors(t, tmp_path / "two.safetensors", non_blocking=True)
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(req.wait())) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert len(got) == 2 and got[0] is got[1], got
+    assert got[0].bytes == (tmp_path / "two.safetensors").stat().st_size
+    assert req.done()
+
+
 def test_non_blocking_within_a_memory_bound_writes_the_same_file(tmp_path):
     t = {f"w{i}": np.arange(i * 5000, (i + 1) * 5000, dtype=np.float32) for i in range(12)}
     ferry.save_safetensors(t, tmp_path / "ref.safetensors")
