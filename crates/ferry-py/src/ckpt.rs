@@ -693,9 +693,12 @@ impl PySaveReport {
     fn snapshot_bytes(&self) -> u64 {
         self.report.snapshot_bytes
     }
+    /// The library's one-line report (bytes, seconds and GB/s, the writer and why, the
+    /// file engine's report).
     fn __str__(&self) -> String {
         self.report.to_string()
     }
+    /// ``SaveReport(bytes=..., tensors=..., files=..., seconds=..., writer=...)``.
     fn __repr__(&self) -> String {
         format!(
             "SaveReport(bytes={}, tensors={}, files={}, seconds={:.4}, writer={:?})",
