@@ -1207,6 +1207,17 @@ pub fn render(v: &serde_json::Value) -> String {
 mod tests {
     use super::*;
 
+    /// `--writer`'s words are the library's writer keys (Python's `writer=` takes the same).
+    #[test]
+    fn writer_args_are_the_writers_keys() {
+        use clap::ValueEnum;
+        for a in WriterArg::value_variants() {
+            let word = a.to_possible_value().expect("every writer is listed");
+            assert_eq!(word.get_name(), a.writer().key());
+        }
+        assert_eq!(WriterArg::value_variants().len(), Writer::ALL.len());
+    }
+
     /// `--device cuda` is GPU 0, as PyTorch's `"cuda"` (a GPU run of `ferry save ... --device
     /// cuda` was refused).
     #[test]

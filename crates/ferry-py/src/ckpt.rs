@@ -455,18 +455,16 @@ pub(crate) fn save_safetensors(
     let fsync = errors::boolean(fsync, "fsync", false)?;
     let writer = match writer.filter(|w| !w.is_none()) {
         None => Writer::Auto,
-        Some(w) => match w.extract::<String>().ok().as_deref() {
-            Some("auto") => Writer::Auto,
-            Some("buffered") => Writer::Buffered,
-            Some("direct") => Writer::Direct,
-            Some("hybrid") => Writer::Hybrid,
-            _ => {
-                return Err(arg(format!(
+        Some(w) => w
+            .extract::<String>()
+            .ok()
+            .and_then(|k| Writer::from_key(&k))
+            .ok_or_else(|| {
+                arg(format!(
                     "writer={}: expected \"auto\", \"buffered\", \"direct\" or \"hybrid\"",
                     errors::shown(w)
-                )))
-            }
-        },
+                ))
+            })?,
     };
     let snapshot_bytes = match snapshot_bytes.filter(|m| !m.is_none()) {
         None => None,
@@ -665,11 +663,7 @@ impl PySaveReport {
     /// ``"hybrid"`` (what ``"auto"`` chose).
     #[getter]
     fn writer(&self) -> &'static str {
-        match self.report.writer {
-            Writer::Hybrid => "hybrid",
-            Writer::Direct => "direct",
-            Writer::Buffered | Writer::Auto => "buffered",
-        }
+        self.report.writer.key()
     }
     /// str: why that writer (``"asked"``, the reason it was chosen, or why ``O_DIRECT`` was
     /// refused).

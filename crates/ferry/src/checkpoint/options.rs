@@ -251,7 +251,31 @@ pub enum Writer {
 }
 
 impl Writer {
-    /// `auto`, `buffered`, `O_DIRECT`, `O_DIRECT + buffered`.
+    /// Every writer, in the order [`Writer::key`]s are listed to users.
+    pub const ALL: [Writer; 4] = [
+        Writer::Auto,
+        Writer::Buffered,
+        Writer::Direct,
+        Writer::Hybrid,
+    ];
+
+    /// The writer's short name, as an option takes it (Python's `writer=`, the CLI's
+    /// `--writer`): `auto`, `buffered`, `direct`, `hybrid`; [`Writer::from_key`] reads it back.
+    pub fn key(self) -> &'static str {
+        match self {
+            Writer::Auto => "auto",
+            Writer::Buffered => "buffered",
+            Writer::Direct => "direct",
+            Writer::Hybrid => "hybrid",
+        }
+    }
+
+    /// The writer whose [`Writer::key`] is `key`, or `None`.
+    pub fn from_key(key: &str) -> Option<Writer> {
+        Writer::ALL.into_iter().find(|w| w.key() == key)
+    }
+
+    /// In reports: `auto`, `buffered`, `O_DIRECT`, `O_DIRECT + buffered`.
     pub fn name(self) -> &'static str {
         match self {
             Writer::Auto => "auto",
@@ -394,5 +418,22 @@ impl SaveOptions {
     pub fn writer(mut self, writer: Writer) -> SaveOptions {
         self.writer = writer;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Writer;
+
+    #[test]
+    fn a_writers_key_reads_back_as_that_writer_and_nothing_else_does() {
+        for w in Writer::ALL {
+            assert_eq!(Writer::from_key(w.key()), Some(w));
+        }
+        let keys: Vec<&str> = Writer::ALL.iter().map(|w| w.key()).collect();
+        assert_eq!(keys, ["auto", "buffered", "direct", "hybrid"]);
+        for bad in ["", "Auto", "O_DIRECT", "fast", "hybrid "] {
+            assert_eq!(Writer::from_key(bad), None, "{bad:?}");
+        }
     }
 }
