@@ -457,7 +457,7 @@ pub struct Gatherer {
     /// Batches the driver refused so far, and its first refusal.
     refused: Mutex<(usize, Option<DriverError>)>,
     /// What [`Strategy::Auto`] measured in each band at each size ([`route::band_slot`]).
-    bands: Mutex<Vec<BandTimes>>,
+    bands: Mutex<[BandTimes; route::BAND_SLOTS]>,
 }
 
 impl std::fmt::Debug for Gatherer {
@@ -500,11 +500,7 @@ impl Gatherer {
             leave_sms: false,
             managed_with_kernels,
             refused: Mutex::new((0, None)),
-            bands: Mutex::new(
-                (0..route::BAND_SLOTS)
-                    .map(|_| BandTimes::default())
-                    .collect(),
-            ),
+            bands: Mutex::new(std::array::from_fn(|_| BandTimes::default())),
         })
     }
 
