@@ -28,6 +28,10 @@ pub struct CpuInfo {
     pub split_bytes: usize,
     /// The per-core (level 2) cache the split threshold comes from, if the system says.
     pub l2_bytes: Option<usize>,
+    /// `CpuConfig::default().stream_bytes`: larger transposes write past the caches.
+    pub stream_bytes: usize,
+    /// The last-level cache the stream threshold comes from, if the system says.
+    pub llc_bytes: Option<usize>,
 }
 
 /// The GPU section: plain fields only (an absent value is `null`, a reason a string).
@@ -93,6 +97,8 @@ pub fn gather() -> Info {
         inline_bytes: cfg.inline_bytes,
         split_bytes: cfg.split_bytes,
         l2_bytes: probe.l2_bytes,
+        stream_bytes: cfg.stream_bytes,
+        llc_bytes: probe.llc_bytes,
     };
     let cuda = ferry::cuda::probe();
     let gds = ferry::file::gds_probe();
@@ -158,6 +164,11 @@ pub fn render(info: &Info) -> String {
         "    split              above {} (from the L2 cache, {}): split across the workers and the submitting thread\n",
         format_size(c.split_bytes as u64),
         c.l2_bytes.map_or("unknown".into(), |b| format_size(b as u64))
+    );
+    s += &format!(
+        "    stream             above {} (a quarter of the last-level cache, {}): transposes write past the caches\n",
+        format_size(c.stream_bytes as u64),
+        c.llc_bytes.map_or("unknown".into(), |b| format_size(b as u64))
     );
     let p = &info.gpu;
     s += "\nGPU\n";

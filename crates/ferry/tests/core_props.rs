@@ -201,6 +201,9 @@ fn engines() -> Vec<(String, Box<dyn Engine>)> {
         ));
     }
     v.push(("cpu2 chunk32 inline".into(), Box::new(cpu(2, 32, 64 << 10))));
+    // Transposes write past the caches at every size (non-temporal stores where aligned).
+    let e = CpuEngine::with_config(cpu(2, 4096, 0).config().stream_bytes(0)).unwrap();
+    v.push(("cpu2 chunk4096 stream0 no-inline".into(), Box::new(e)));
     v.push(("cpu0 inline".into(), Box::new(cpu(0, 64, 64 << 10))));
     let mux = MultiplexEngine::new()
         .with(cpu(1, 64, 0), 1.0)
@@ -472,13 +475,24 @@ fn reshape_keeps_the_elements_or_says_why() {
 }
 
 /// Transposes (2-D and batched 3-D, square and not, sizes that leave partial tiles and partial
-/// SIMD blocks) of every element size the CPU engine's blocked kernels take, and of one they
-/// do not (3 bytes), match the reference on every engine.
+/// SIMD blocks, and sizes that take the staged tiles: whole ones, with partial ones beside,
+/// rows aligned to 16 bytes and not, the destination at an aligned address and not) of every
+/// element size the CPU engine's blocked kernels take, and of one they do not (3 bytes), match
+/// the reference on every engine.
 #[test]
 fn transposes_of_every_element_size_match_reference() {
     let engines = engines();
     for elem in [1usize, 2, 3, 4, 8, 16] {
-        for dims in [vec![37usize, 45], vec![64, 33], vec![3, 9, 70], vec![5, 1]] {
+        for dims in [
+            vec![37usize, 45],
+            vec![64, 33],
+            vec![3, 9, 70],
+            vec![5, 1],
+            vec![256, 64],
+            vec![64, 256],
+            vec![261, 300],
+            vec![2, 130, 257],
+        ] {
             let nd = dims.len();
             let src_l = Layout::contiguous(&dims, elem).unwrap();
             // The destination holds the source's last two axes swapped, contiguously; the copy
@@ -492,12 +506,19 @@ fn transposes_of_every_element_size_match_reference() {
             let mut want = poison(len);
             reference_copy(&mut want, &dst_l, &src, &src_view);
             for (name, e) in &engines {
-                let mut dst = poison(len);
-                e.scope(|s| -> ferry::Result<()> {
-                    Ok(s.copy(&mut dst[..], &dst_l, &src[..], &src_view)?.wait()?)
-                })
-                .unwrap();
-                assert!(dst == want, "{name}: elem {elem} dims {dims:?}");
+                // The destination at the allocation's start, and 8 bytes into it.
+                for at in [0, 8] {
+                    let mut dst = poison(len + at);
+                    e.scope(|s| -> ferry::Result<()> {
+                        Ok(s.copy(&mut dst[at..], &dst_l, &src[..], &src_view)?
+                            .wait()?)
+                    })
+                    .unwrap();
+                    assert!(
+                        dst[at..] == want,
+                        "{name}: elem {elem} dims {dims:?} at {at}"
+                    );
+                }
             }
         }
     }

@@ -23,6 +23,13 @@ pub struct CpuConfig {
     /// one thread (default: [`CpuProbe::split_bytes`](super::CpuProbe::split_bytes), from the
     /// cache size).
     pub split_bytes: usize,
+    /// A transpose that writes more than this many bytes writes its destination past the
+    /// caches (non-temporal stores, x86_64), which it would only flush out of them, and no
+    /// longer reads each destination line in before writing it (default:
+    /// [`CpuProbe::stream_bytes`](super::CpuProbe::stream_bytes), a quarter of the last-level
+    /// cache;
+    /// `usize::MAX`: never).
+    pub stream_bytes: usize,
 }
 
 impl CpuConfig {
@@ -43,6 +50,7 @@ impl CpuConfig {
             chunk_bytes: (p.split_bytes / 2).max(1),
             inline_bytes: p.split_bytes,
             split_bytes: p.split_bytes,
+            stream_bytes: p.stream_bytes,
         }
     }
     /// No workers: work runs on the caller, in `wait` and `barrier` (and small copies at
@@ -61,6 +69,11 @@ impl CpuConfig {
     /// Sets the inline threshold (0: every copy goes to the workers).
     pub fn inline_bytes(mut self, bytes: usize) -> CpuConfig {
         self.inline_bytes = bytes;
+        self
+    }
+    /// Sets the size above which a transpose writes past the caches (`usize::MAX`: never).
+    pub fn stream_bytes(mut self, bytes: usize) -> CpuConfig {
+        self.stream_bytes = bytes;
         self
     }
     /// Sets the split threshold (`usize::MAX`: never split a copy; 0: split every copy not

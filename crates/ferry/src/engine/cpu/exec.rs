@@ -4,14 +4,16 @@ use crate::memory::RawBuf;
 use crate::op::Step;
 use crate::plan::Plan;
 
-/// Runs one step over raw buffers.
+/// Runs one step over raw buffers; `stream`: the request's destination is larger than the
+/// caches ([`CpuConfig::stream_bytes`](super::CpuConfig::stream_bytes)), so a transpose may
+/// write it past them ([`copy_plan`]).
 ///
 /// # Safety
 /// 1. `dst` must be host-accessible memory valid for writes of `dst.len` bytes, and `src` (if
 ///    any) valid for reads of `src.len` bytes, for the duration of the call.
 /// 2. The step must lie inside both buffers (as [`crate::Program`] checks when it builds it).
 /// 3. No other thread may touch the destination bytes of this step during the call.
-pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
+pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step, stream: bool) {
     let d = dst.addr as *mut u8;
     match step {
         Step::Segments { segs, range, .. } => {
@@ -32,7 +34,7 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
         Step::Copy(plan) => {
             let Some(src) = src else { return };
             // SAFETY: by this function's contract (1-3; disjoint: `Job::check`).
-            unsafe { copy_plan(dst, src, plan) }
+            unsafe { copy_plan(dst, src, plan, stream) }
         }
         Step::Fill { plan, pattern } => {
             let run = plan.run();
@@ -63,7 +65,8 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
     }
 }
 
-/// Copies the runs of `plan` from `src` to `dst`.
+/// Copies the runs of `plan` from `src` to `dst`; with `stream`, a transpose's staged tiles
+/// write the destination with non-temporal stores ([`transpose`]).
 ///
 /// # Safety
 /// 1. `dst` valid for writes and `src` for reads of their lengths for the duration of the call.
@@ -71,7 +74,7 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step) {
 ///    [`Plan::general`] after the layouts' buffer checks ensure).
 /// 3. The buffers do not overlap (as [`crate::engine::check_bufs`] checks), and no other
 ///    thread touches the plan's destination bytes during the call.
-pub(crate) unsafe fn copy_plan(dst: RawBuf, src: RawBuf, plan: &Plan) {
+pub(crate) unsafe fn copy_plan(dst: RawBuf, src: RawBuf, plan: &Plan, stream: bool) {
     let (d, s) = (dst.addr as *mut u8, src.addr as *const u8);
     let run = plan.run();
     let copy = |doff: usize, soff: usize| {
@@ -80,28 +83,23 @@ pub(crate) unsafe fn copy_plan(dst: RawBuf, src: RawBuf, plan: &Plan) {
         unsafe { copy_run(d.add(doff), s.add(soff), run) }
     };
     if plan.is_transposing() && matches!(run, 1 | 2 | 4 | 8 | 16) {
-        // One element per run against the source's grain (a transpose): a blocked kernel per
-        // element size. Tiles of 32 x 32 elements (16 x 16 of 16 bytes) keep both sides in the
-        // level-1 cache; a plan larger than 16 MiB, whose rows are far apart in memory, reads
-        // 1 KiB of each source row per tile (at most 256 elements), which the memory serves
-        // faster than 32 scattered elements (this VM: 256 MiB f32 0.9x -> 1.3x a 32 x 32 loop).
-        let tile = if plan.total_bytes() > 16 << 20 {
-            (1024 / run).clamp(32, 256)
-        } else {
-            if run == 16 {
-                16
-            } else {
-                32
-            }
-        };
+        // One element per run against the source's grain (a transpose): a kernel per element
+        // size, staged tiles where both sides are dense, else blocks of 32 x 32 elements (16 x
+        // 16 of 16 bytes) that keep both sides in the level-1 cache ([`transpose`]).
+        let tile = if run == 16 { 16 } else { 32 };
         // SAFETY: as above (1-3).
         unsafe {
-            match run {
-                1 => transpose::<u8>(d, s, plan, tile),
-                2 => transpose::<u16>(d, s, plan, tile),
-                4 => transpose::<u32>(d, s, plan, tile),
-                8 => transpose::<u64>(d, s, plan, tile),
-                _ => transpose::<u128>(d, s, plan, tile),
+            match (run, stages(plan)) {
+                (1, true) => transpose_staged::<u8>(d, s, plan, tile, stream),
+                (2, true) => transpose_staged::<u16>(d, s, plan, tile, stream),
+                (4, true) => transpose_staged::<u32>(d, s, plan, tile, stream),
+                (8, true) => transpose_staged::<u64>(d, s, plan, tile, stream),
+                (_, true) => transpose_staged::<u128>(d, s, plan, tile, stream),
+                (1, false) => transpose::<u8>(d, s, plan, tile),
+                (2, false) => transpose::<u16>(d, s, plan, tile),
+                (4, false) => transpose::<u32>(d, s, plan, tile),
+                (8, false) => transpose::<u64>(d, s, plan, tile),
+                (_, false) => transpose::<u128>(d, s, plan, tile),
             }
         }
     } else if run <= 64 && plan.is_transposing() {
@@ -112,11 +110,38 @@ pub(crate) unsafe fn copy_plan(dst: RawBuf, src: RawBuf, plan: &Plan) {
     }
 }
 
+/// Bytes of each source row a staged tile reads whole ([`staged`]): four cache lines.
+const STAGE_ROW: usize = 256;
+/// Source rows a staged tile reads, at most: its buffer, `STAGE_ROWS` x [`STAGE_ROW`] bytes
+/// (16 KiB), lives on the stack. Each destination row gets `STAGE_ROWS` elements or
+/// [`STAGE_ROW`] bytes per tile, the fewer.
+const STAGE_ROWS: usize = 64;
+
+/// A staged tile's buffer, aligned to a cache line; written before it is read.
+#[repr(align(64))]
+struct Stage([std::mem::MaybeUninit<u8>; STAGE_ROWS * STAGE_ROW]);
+
+/// The staged tile of a transpose plan with `size_of::<T>()`-byte elements: `ea` destination
+/// rows (one source row's run of [`STAGE_ROW`] bytes) x `eb` source rows.
+const fn stage_tile(es: usize) -> (usize, usize) {
+    let e = STAGE_ROW / es;
+    (e, if e < STAGE_ROWS { e } else { STAGE_ROWS })
+}
+
+/// Whether a transpose plan (one element per run) goes through [`transpose_staged`]: both
+/// sides dense along their own axis, and both axes at least a staged tile long.
+fn stages(plan: &Plan) -> bool {
+    let (es, n) = (plan.run(), plan.counts().len());
+    let (c, dst, src) = (plan.counts(), plan.dst_strides(), plan.src_strides());
+    let (ea, eb) = stage_tile(es);
+    src[n - 2] == es && dst[n - 1] == es && c[n - 2] >= ea && c[n - 1] >= eb
+}
+
 /// Copies a plan whose runs are single elements of `T` (`size_of::<T>()` bytes) and whose two
-/// innermost outer dims transpose ([`Plan::is_transposing`]), in `tile` x `tile` blocks that
-/// keep both sides in cache; where both sides are dense along their own axis (a plain
-/// transpose), 8 x 8 blocks (2-byte elements), 4 x 4 (4-byte) or 2 x 2 (8-byte) go through SIMD
-/// registers.
+/// innermost outer dims transpose ([`Plan::is_transposing`]) in `tile` x `tile` blocks that
+/// keep both sides in cache ([`blocks`]); where both sides are dense along their own axis, 8
+/// x 8 blocks (2-byte elements), 4 x 4 (4-byte) or 2 x 2 (8-byte) go through SIMD registers.
+/// Dense plans of at least a staged tile go through [`transpose_staged`] instead.
 ///
 /// # Safety
 /// As [`run_step`]: every run of the plan lies inside both buffers (`d`, `s` their starts),
@@ -126,22 +151,184 @@ unsafe fn transpose<T: Copy>(d: *mut u8, s: *const u8, plan: &Plan, tile: usize)
     let n = plan.counts().len();
     let (c, dst, src) = (plan.counts(), plan.dst_strides(), plan.src_strides());
     let (ca, cb) = (c[n - 2], c[n - 1]);
-    let (da, db, sa, sb) = (dst[n - 2], dst[n - 1], src[n - 2], src[n - 1]);
-    let dense = sa == es && db == es;
+    let strides = (dst[n - 2], dst[n - 1], src[n - 2], src[n - 1]);
+    let dense = strides.2 == es && strides.1 == es;
+    let one = |d0: usize, s0: usize| {
+        // SAFETY: every element of the plan lies inside both buffers (the function's
+        // contract): `d0`, `s0` are the offsets of one 2-D block's origin.
+        unsafe { blocks::<T>(d.add(d0), s.add(s0), (0, ca, 0, cb), strides, tile, dense) }
+    };
+    for_each_outer(plan, n - 2, one);
+}
+
+/// A transpose as [`transpose`], of a plan [`stages`] takes: staged tiles ([`staged`]) as far
+/// as both axes hold whole ones, each tile's source rows copied whole into a buffer on the
+/// stack, then transposed from it into the destination's rows, which are written whole; with
+/// `stream`, and the destination's rows aligned to 16 bytes, those writes go past the caches
+/// (non-temporal stores, for a destination larger than the caches:
+/// [`CpuConfig::stream_bytes`](super::CpuConfig::stream_bytes)). The partial tiles at the
+/// edges go through `tile` x `tile` blocks.
+///
+/// # Safety
+/// As [`transpose`]; the plan is one [`stages`] takes.
+unsafe fn transpose_staged<T: Copy>(
+    d: *mut u8,
+    s: *const u8,
+    plan: &Plan,
+    tile: usize,
+    stream: bool,
+) {
+    let es = std::mem::size_of::<T>();
+    let n = plan.counts().len();
+    let (c, dst, src) = (plan.counts(), plan.dst_strides(), plan.src_strides());
+    let (ca, cb) = (c[n - 2], c[n - 1]);
+    let (da, sb) = (dst[n - 2], src[n - 1]);
+    let strides = (da, es, es, sb);
+    // Whole tiles over `0..fa` x `0..fb`.
+    let (ea, eb) = stage_tile(es);
+    let (fa, fb) = (ca - ca % ea, cb - cb % eb);
+    let mut streamed = false;
     let one = |d0: usize, s0: usize| {
         // SAFETY: (this closure's body) every element of the plan lies inside both buffers
         // (the function's contract): `d0`, `s0` are the offsets of one 2-D block's origin.
         let (d, s) = unsafe { (d.add(d0), s.add(s0)) };
-        for ib in (0..ca).step_by(tile) {
-            let ie = (ib + tile).min(ca);
-            for jb in (0..cb).step_by(tile) {
-                let je = (jb + tile).min(cb);
-                // SAFETY: the block's elements are elements of the plan (contract above).
-                unsafe { block::<T>(d, s, (ib, ie, jb, je), (da, db, sa, sb), dense) };
-            }
+        let nt = stream && matches!(es, 2 | 4 | 8) && (d as usize) % 16 == 0 && da % 16 == 0;
+        streamed |= nt;
+        // SAFETY: the tiles' elements are elements of the plan (contract above), both sides
+        // dense; with `nt`, every destination row starts 16-byte aligned.
+        unsafe { staged::<T>(d, s, (fa, fb), (da, sb), nt) };
+        // The rest in blocks: rows `0..fa` past column `fb`, then every row from `fa`.
+        // SAFETY: elements of the plan (contract above).
+        unsafe {
+            blocks::<T>(d, s, (0, fa, fb, cb), strides, tile, true);
+            blocks::<T>(d, s, (fa, ca, 0, cb), strides, tile, true);
         }
     };
     for_each_outer(plan, n - 2, one);
+    #[cfg(target_arch = "x86_64")]
+    if streamed {
+        // SAFETY: a fence, no memory touched: it orders the non-temporal stores before the
+        // stores that follow (the request's completion), which plain stores would not wait for.
+        unsafe { std::arch::x86_64::_mm_sfence() };
+    }
+}
+
+/// Elements `i0..i1` x `j0..j1` of one 2-D block of [`transpose`] (origin `d`, `s`; strides
+/// `(da, db, sa, sb)`), in `tile` x `tile` blocks ([`block`]).
+///
+/// # Safety
+/// Every element `(i, j)` of the range, at `d + i * da + j * db` and `s + i * sa + j * sb`,
+/// lies inside the buffers, which are valid and do not overlap.
+#[inline(always)]
+unsafe fn blocks<T: Copy>(
+    d: *mut u8,
+    s: *const u8,
+    (i0, i1, j0, j1): (usize, usize, usize, usize),
+    strides: (usize, usize, usize, usize),
+    tile: usize,
+    dense: bool,
+) {
+    for ib in (i0..i1).step_by(tile) {
+        let ie = (ib + tile).min(i1);
+        for jb in (j0..j1).step_by(tile) {
+            let je = (jb + tile).min(j1);
+            // SAFETY: the block's elements are in the range (the function's contract).
+            unsafe { block::<T>(d, s, (ib, ie, jb, je), strides, dense) };
+        }
+    }
+}
+
+/// The staged tiles of [`transpose_staged`] over elements `0..fa` x `0..fb` of one 2-D block (origin
+/// `d`, `s`; both sides dense: element `(i, j)` at `d + i * da + j * es` and `s + i * es + j *
+/// sb`), each `ea` x `eb` elements (`fa`, `fb` multiples of them). A tile's `eb` source rows
+/// (`ea` contiguous elements, [`STAGE_ROW`] bytes, each) are copied whole into a buffer, then
+/// transposed from it into its `ea` destination rows (`eb` contiguous elements each), each
+/// written whole; through SIMD registers for 2-, 4- and 8-byte elements, non-temporal stores
+/// with `nt`.
+///
+/// Why stage: the rows of a large matrix lie a power of two apart more often than not (the
+/// bench's 8192 x 8192 f32 has 32 KiB pitches), so the rows of a tile fall in one set of the
+/// level-1 and level-2 caches, which hold a few of them. Read in place, each source line was
+/// fetched again for each register block that took 16 bytes of it (four times for f32); here
+/// each line of either side moves once, in runs of whole lines, and the transposing reads only
+/// the buffer, whose rows spread over the cache's sets (the 2-core VM: 256 MiB f32 1.3x, 16 MiB
+/// 2-3x the tiles read in place, `bench/results/cpu-2core.md`).
+///
+/// Not inlined: the 16 KiB buffer stays off the stack of the copies that need none.
+///
+/// # Safety
+/// Every element of the tiles lies inside the buffers, which are valid and do not overlap;
+/// with `nt`, `d` and `da` are multiples of 16 and `size_of::<T>()` is 2, 4 or 8.
+#[inline(never)]
+unsafe fn staged<T: Copy>(
+    d: *mut u8,
+    s: *const u8,
+    (fa, fb): (usize, usize),
+    (da, sb): (usize, usize),
+    nt: bool,
+) {
+    let es = std::mem::size_of::<T>();
+    let (ea, eb) = stage_tile(es);
+    let mut stage = Stage([std::mem::MaybeUninit::uninit(); STAGE_ROWS * STAGE_ROW]);
+    let buf = stage.0.as_mut_ptr().cast::<u8>();
+    for ib in (0..fa).step_by(ea) {
+        for jb in (0..fb).step_by(eb) {
+            // SAFETY: the tile's source rows `jb..jb + eb` (run `ib..ib + ea`) lie inside the
+            // source (contract); the buffer holds `eb <= STAGE_ROWS` rows of STAGE_ROW bytes.
+            unsafe {
+                let s = s.add(ib * es + jb * sb);
+                for r in 0..eb {
+                    std::ptr::copy_nonoverlapping(s.add(r * sb), buf.add(r * STAGE_ROW), STAGE_ROW);
+                }
+            }
+            // Element (i, j) of the tile: `buf + j * STAGE_ROW + i * es` -> `d + i * da + j * es`.
+            // SAFETY: as above for the destination's rows `ib..ib + ea` (run `jb..jb + eb`);
+            // the buffer's rows were written just now.
+            unsafe { unstage::<T>(d.add(ib * da + jb * es), da, buf, nt) };
+        }
+    }
+}
+
+/// The second half of a staged tile ([`staged`]): its `ea` x `eb` elements from the buffer
+/// into the destination's rows at `d`, `da` bytes apart.
+///
+/// # Safety
+/// As [`staged`]: the tile's destination rows writable, the buffer's `eb` rows written.
+#[inline(always)]
+unsafe fn unstage<T: Copy>(d: *mut u8, da: usize, buf: *const u8, nt: bool) {
+    let es = std::mem::size_of::<T>();
+    let (ea, eb) = stage_tile(es);
+    #[cfg(target_arch = "x86_64")]
+    if matches!(es, 2 | 4 | 8) {
+        let w = 16 / es;
+        for i in (0..ea).step_by(w) {
+            for j in (0..eb).step_by(w) {
+                // SAFETY: the w x w elements from (i, j) are in the tile (`ea`, `eb` are
+                // multiples of `w`); rows of w elements are contiguous in the buffer and the
+                // destination; with `nt`, `d + i * da + j * es` is 16-byte aligned (`d`, `da`
+                // aligned, `j * es` a multiple of 16).
+                unsafe {
+                    let (dp, sp) = (d.add(i * da + j * es), buf.add(j * STAGE_ROW + i * es));
+                    match (w, nt) {
+                        (8, true) => simd::t8x8::<true>(dp, da, sp, STAGE_ROW),
+                        (4, true) => simd::t4x4::<true>(dp, da, sp, STAGE_ROW),
+                        (_, true) => simd::t2x2::<true>(dp, da, sp, STAGE_ROW),
+                        (8, false) => simd::t8x8::<false>(dp, da, sp, STAGE_ROW),
+                        (4, false) => simd::t4x4::<false>(dp, da, sp, STAGE_ROW),
+                        (_, false) => simd::t2x2::<false>(dp, da, sp, STAGE_ROW),
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let _ = nt;
+    for i in 0..ea {
+        for j in 0..eb {
+            // SAFETY: element (i, j) of the tile, in the buffer and the destination row `i`.
+            unsafe { copy_elem::<T>(d.add(i * da + j * es), buf.add(j * STAGE_ROW + i * es)) };
+        }
+    }
 }
 
 /// One block `ib..ie` x `jb..je` of [`transpose`].
@@ -169,9 +356,9 @@ unsafe fn block<T: Copy>(
                 unsafe {
                     let (dp, sp) = (d.add(i * da + j * db), s.add(i * sa + j * sb));
                     match w {
-                        8 => simd::t8x8(dp, da, sp, sb),
-                        4 => simd::t4x4(dp, da, sp, sb),
-                        _ => simd::t2x2(dp, da, sp, sb),
+                        8 => simd::t8x8::<false>(dp, da, sp, sb),
+                        4 => simd::t4x4::<false>(dp, da, sp, sb),
+                        _ => simd::t2x2::<false>(dp, da, sp, sb),
                     }
                 }
                 j += w;
@@ -244,13 +431,30 @@ fn for_each_outer(plan: &Plan, outer: usize, mut f: impl FnMut(usize, usize)) {
 mod simd {
     use std::arch::x86_64::*;
 
+    /// Stores 16 bytes at `d`: a non-temporal store (past the caches; `d` 16-byte aligned) if
+    /// `NT`, else a plain unaligned one.
+    ///
+    /// # Safety
+    /// `d` writable for 16 bytes; aligned to 16 if `NT`.
+    #[inline(always)]
+    pub(super) unsafe fn put<const NT: bool>(d: *mut u8, x: __m128i) {
+        // SAFETY: by the function's contract.
+        unsafe {
+            if NT {
+                _mm_stream_si128(d.cast(), x)
+            } else {
+                _mm_storeu_si128(d.cast(), x)
+            }
+        }
+    }
+
     /// Transposes 4 x 4 four-byte elements: row `j` of the source block (4 contiguous elements
     /// at `s + j * sb`) becomes column `j` of the destination block (rows at `d + i * da`).
     ///
     /// # Safety
     /// The 4 source rows readable and the 4 destination rows writable, 16 bytes each.
     #[inline(always)]
-    pub(super) unsafe fn t4x4(d: *mut u8, da: usize, s: *const u8, sb: usize) {
+    pub(super) unsafe fn t4x4<const NT: bool>(d: *mut u8, da: usize, s: *const u8, sb: usize) {
         // SAFETY: by the function's contract; unaligned loads and stores; SSE2 is part of
         // x86_64.
         unsafe {
@@ -262,10 +466,10 @@ mod simd {
             let t1 = _mm_unpacklo_ps(r2, r3);
             let t2 = _mm_unpackhi_ps(r0, r1);
             let t3 = _mm_unpackhi_ps(r2, r3);
-            _mm_storeu_ps(d.cast(), _mm_movelh_ps(t0, t1));
-            _mm_storeu_ps(d.add(da).cast(), _mm_movehl_ps(t1, t0));
-            _mm_storeu_ps(d.add(2 * da).cast(), _mm_movelh_ps(t2, t3));
-            _mm_storeu_ps(d.add(3 * da).cast(), _mm_movehl_ps(t3, t2));
+            put::<NT>(d, _mm_castps_si128(_mm_movelh_ps(t0, t1)));
+            put::<NT>(d.add(da), _mm_castps_si128(_mm_movehl_ps(t1, t0)));
+            put::<NT>(d.add(2 * da), _mm_castps_si128(_mm_movelh_ps(t2, t3)));
+            put::<NT>(d.add(3 * da), _mm_castps_si128(_mm_movehl_ps(t3, t2)));
         }
     }
 
@@ -279,7 +483,7 @@ mod simd {
     /// # Safety
     /// The 8 source rows readable and the 8 destination rows writable, 16 bytes each.
     #[inline(always)]
-    pub(super) unsafe fn t8x8(d: *mut u8, da: usize, s: *const u8, sb: usize) {
+    pub(super) unsafe fn t8x8<const NT: bool>(d: *mut u8, da: usize, s: *const u8, sb: usize) {
         // SAFETY: as in `t4x4`.
         unsafe {
             let r = |k: usize| _mm_loadu_si128(s.add(k * sb).cast());
@@ -303,7 +507,7 @@ mod simd {
             let b5 = _mm_unpackhi_epi32(a4, a6);
             let b6 = _mm_unpacklo_epi32(a5, a7);
             let b7 = _mm_unpackhi_epi32(a5, a7);
-            let w = |k: usize, x: __m128i| _mm_storeu_si128(d.add(k * da).cast(), x);
+            let w = |k: usize, x: __m128i| put::<NT>(d.add(k * da), x);
             w(0, _mm_unpacklo_epi64(b0, b4));
             w(1, _mm_unpackhi_epi64(b0, b4));
             w(2, _mm_unpacklo_epi64(b1, b5));
@@ -320,13 +524,13 @@ mod simd {
     /// # Safety
     /// The 2 source rows readable and the 2 destination rows writable, 16 bytes each.
     #[inline(always)]
-    pub(super) unsafe fn t2x2(d: *mut u8, da: usize, s: *const u8, sb: usize) {
+    pub(super) unsafe fn t2x2<const NT: bool>(d: *mut u8, da: usize, s: *const u8, sb: usize) {
         // SAFETY: as in `t4x4`.
         unsafe {
             let r0 = _mm_loadu_pd(s.cast());
             let r1 = _mm_loadu_pd(s.add(sb).cast());
-            _mm_storeu_pd(d.cast(), _mm_unpacklo_pd(r0, r1));
-            _mm_storeu_pd(d.add(da).cast(), _mm_unpackhi_pd(r0, r1));
+            put::<NT>(d, _mm_castpd_si128(_mm_unpacklo_pd(r0, r1)));
+            put::<NT>(d.add(da), _mm_castpd_si128(_mm_unpackhi_pd(r0, r1)));
         }
     }
 }

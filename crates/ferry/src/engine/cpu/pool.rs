@@ -41,6 +41,9 @@ struct State {
 struct JobState {
     dst: RawBuf,
     src: Option<RawBuf>,
+    /// The request writes more than [`CpuConfig::stream_bytes`]: its transposes write past the
+    /// caches (`exec::run_step`). False for a custom op (lowered later, on a worker).
+    stream: bool,
     remaining: AtomicUsize,
     error: Mutex<Option<RequestError>>,
     signal: Arc<Signal>,
@@ -121,12 +124,15 @@ impl Pool {
         let parts = self.threads.max(1);
         let chunk = cfg.chunk_bytes.max(1);
         let mut prog = None;
+        // The builtin op's bytes (a custom op's are known once it is lowered, on a worker).
+        let mut total = 0;
         // Allocated only for work that leaves this thread (an inline copy needs neither).
-        let shared = |job: &Job| {
+        let shared = |job: &Job, bytes: usize| {
             let signal = Arc::new(Signal::new());
             let state = Arc::new(JobState {
                 dst: job.dst,
                 src: job.src,
+                stream: bytes > cfg.stream_bytes,
                 remaining: AtomicUsize::new(0),
                 error: Mutex::new(None),
                 signal: Arc::clone(&signal),
@@ -138,15 +144,16 @@ impl Pool {
             let p = job.op.lower(job.dst.len, job.src.map(|s| s.len))?;
             if job.after.is_empty() {
                 if p.total_bytes() <= cfg.inline_bytes {
+                    let stream = p.total_bytes() > cfg.stream_bytes;
                     for step in p.steps() {
                         // SAFETY: the caller of submit_raw guarantees the buffers (contract 1
                         // and 2); the program checked every step against their lengths.
-                        unsafe { exec::run_step(job.dst, job.src, step) };
+                        unsafe { exec::run_step(job.dst, job.src, step, stream) };
                     }
                     return Ok(Request::ready(Ok(())));
                 }
                 let total = p.total_bytes();
-                let (signal, state) = shared(&job);
+                let (signal, state) = shared(&job, total);
                 // Split only where it pays (above `split_bytes`), over the caller and the
                 // workers, at most one part per core; the caller runs its share now.
                 let parts = if total > cfg.split_bytes {
@@ -165,9 +172,10 @@ impl Pool {
                 }
                 return Ok(self.request(signal));
             }
+            total = p.total_bytes();
             prog = Some(p.into_steps());
         }
-        let (signal, state) = shared(&job);
+        let (signal, state) = shared(&job, total);
         self.push(
             Task::Start {
                 job: Box::new(job),
@@ -342,7 +350,7 @@ impl Pool {
                         // SAFETY: submit_raw's contract keeps the buffers valid and unshared
                         // until the request completes, which is after this chunk; the program
                         // checked each step against the buffers' lengths.
-                        unsafe { exec::run_step(state.dst, state.src, step) };
+                        unsafe { exec::run_step(state.dst, state.src, step, state.stream) };
                     }
                 }));
                 if let Err(p) = r {
@@ -638,6 +646,7 @@ mod loom_tests {
                 chunk_bytes: 64,
                 inline_bytes: 0,
                 split_bytes: if split { 64 } else { usize::MAX },
+                stream_bytes: usize::MAX,
             };
             let src: Vec<u8> = (0..128).collect();
             let mut dst = vec![0u8; 128];

@@ -18,6 +18,15 @@ pub struct CpuProbe {
     /// 0.58-1.13x one `copy_from_slice` from run to run (0.67-0.92 in three runs back to
     /// back), where 2 and 4 MiB split ran 1.25-1.59x (`bench/results/cpu-2core.md`).
     pub split_bytes: usize,
+    /// The last-level cache (the largest level Linux sysfs lists for CPU 0), in bytes.
+    pub llc_bytes: Option<usize>,
+    /// Transposes writing more than this go past the caches
+    /// ([`CpuConfig::stream_bytes`](super::CpuConfig::stream_bytes)): a quarter of the
+    /// last-level cache (8 MiB if unknown), at least `split_bytes`: source and destination
+    /// together then take half of a cache that every core and all other data share. On the
+    /// 2-core VM (32 MiB) 16 and 256 MiB transposes ran 1.2-2.8x faster so
+    /// (`bench/results/cpu-2core.md`).
+    pub stream_bytes: usize,
 }
 
 /// Reads the machine's core count and cache size.
@@ -25,15 +34,24 @@ pub fn probe() -> CpuProbe {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let l2_bytes = l2_bytes();
     let split_bytes = l2_bytes.map_or(1 << 20, |b| b / 2).max(1 << 20);
+    let llc_bytes = cache_bytes(None);
     CpuProbe {
         cores,
         default_threads: cores,
         l2_bytes,
         split_bytes,
+        llc_bytes,
+        stream_bytes: llc_bytes.map_or(8 << 20, |b| b / 4).max(split_bytes),
     }
 }
 
 /// The level-2 data or unified cache of CPU 0 (`/sys/devices/system/cpu/cpu0/cache/index*`).
+fn l2_bytes() -> Option<usize> {
+    cache_bytes(Some(2))
+}
+
+/// The data or unified cache of CPU 0 at `level` (`/sys/devices/system/cpu/cpu0/cache/index*`),
+/// or the highest level listed with `None`.
 ///
 /// Read without the heap: fixed paths and stack buffers, not `read_dir`. The probe runs in every
 /// default engine's construction (libaml's `aml_init` among them), and glibc's `opendir` buffer
@@ -41,16 +59,20 @@ pub fn probe() -> CpuProbe {
 /// libgomp then took each parallel region's team from that hole, about 20-25 ns slower than
 /// from the heap's top, and AML's `tiled_l1` (a parallel region per tile) ran 4-9% slower on
 /// one thread against libaml than against AML (`bench/results/cpu-2core.md`).
-fn l2_bytes() -> Option<usize> {
-    (0..16).find_map(|index| {
-        let (mut level, mut kind, mut size) = ([0; 64], [0; 64], [0; 64]);
-        if cache_field(index, "level", &mut level)? != "2"
-            || cache_field(index, "type", &mut kind)? == "Instruction"
-        {
+fn cache_bytes(level: Option<u32>) -> Option<usize> {
+    // (level, size) of each data or unified cache listed, in index order.
+    let caches = (0..16).filter_map(|index| {
+        let (mut lv, mut kind, mut size) = ([0; 64], [0; 64], [0; 64]);
+        let lv: u32 = cache_field(index, "level", &mut lv)?.parse().ok()?;
+        if cache_field(index, "type", &mut kind)? == "Instruction" {
             return None;
         }
-        parse_size(cache_field(index, "size", &mut size)?)
-    })
+        Some((lv, parse_size(cache_field(index, "size", &mut size)?)?))
+    });
+    match level {
+        Some(l) => caches.into_iter().find(|c| c.0 == l).map(|c| c.1),
+        None => caches.max_by_key(|c| c.0).map(|c| c.1),
+    }
 }
 
 /// `/sys/devices/system/cpu/cpu0/cache/index{index}/{name}` read into `buf`, trimmed; nothing

@@ -127,7 +127,9 @@ impl CpuEngine {
                 // SAFETY: the caller guarantees the buffers for the call; the layouts lie
                 // inside them (checked), so the plan's runs do; `check_bufs` found them
                 // disjoint.
-                unsafe { exec::copy_plan(dst, src, &plan) };
+                unsafe {
+                    exec::copy_plan(dst, src, &plan, plan.total_bytes() > self.cfg.stream_bytes)
+                };
                 true
             }
             _ => false,
