@@ -7,7 +7,9 @@
 #     builds the bundle (scripts/gpu-bundle.sh .gpu) and packs it into .gpu-pack/gpu.tar.xz with
 #     its commit, the Python wheel into .whl/, and with OLD_REV the `ferry` CLI of that revision
 #     (a worktree in target/old-rev, its own target folder) into .gpu-pack/old.tar.xz for the
-#     before/after step `ab`.
+#     before/after step `ab`. OLD_NAME=NAME: that CLI as .gpu-old/NAME instead (its commit in
+#     .gpu-old/NAME.commit), packed into .gpu-pack/old-NAME.tar.xz beside the others (a second
+#     old binary, e.g. for `cpuab`).
 # There (the device call; carry [".gpu-pack", ".whl"]):
 #   bash scripts/gpu-call.sh NAME STEP...
 #     unpacks the bundles (.gpu, .gpu-old), runs scripts/gpu-measure.sh's STEPs with their logs in
@@ -38,9 +40,15 @@ if [ "$mode" = pack ]; then
     (cd "$old" && CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols \
       CARGO_TARGET_DIR=../old-target cargo build --release -q -p ferry-cli)
     rm -rf .gpu-old && mkdir -p .gpu-old
-    cp target/old-target/release/ferry .gpu-old/ferry
-    git rev-parse "$1" >.gpu-old/COMMIT
-    tar -cf - .gpu-old | xz -T2 -6 >.gpu-pack/old.tar.xz
+    if [ -n "${OLD_NAME:-}" ]; then
+      cp target/old-target/release/ferry ".gpu-old/$OLD_NAME"
+      git rev-parse "$1" >".gpu-old/$OLD_NAME.commit"
+      tar -cf - .gpu-old | xz -T2 -6 >".gpu-pack/old-$OLD_NAME.tar.xz"
+    else
+      cp target/old-target/release/ferry .gpu-old/ferry
+      git rev-parse "$1" >.gpu-old/COMMIT
+      tar -cf - .gpu-old | xz -T2 -6 >.gpu-pack/old.tar.xz
+    fi
     git worktree remove --force "$old"
   fi
   du -ch .gpu-pack/* .whl/* | tail -1
@@ -48,7 +56,7 @@ if [ "$mode" = pack ]; then
 fi
 
 : "${OUT:?OUT: the device call output folder}"
-for pack in .gpu-pack/gpu.tar.xz .gpu-pack/old.tar.xz; do
+for pack in .gpu-pack/gpu.tar.xz .gpu-pack/old.tar.xz .gpu-pack/old-*.tar.xz; do
   [ -e "$pack" ] && xz -dc "$pack" | tar -xf -
 done
 echo "bundle $(head -1 .gpu/COMMIT 2>/dev/null); old $(head -1 .gpu-old/COMMIT 2>/dev/null || echo none)"

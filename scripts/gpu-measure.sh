@@ -14,7 +14,7 @@
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
 # records, scripts/cufile-udev.sh), and survey testsplain aml ab aball fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent
-# cpu nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
+# cpu cpuab nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
 # FERRY_TEST_POLICIES=tuned, so that the steps between come first).
@@ -220,12 +220,21 @@ print("read back equal:", all(torch.equal(back[k], v) for k, v in t.items()))'
     step cpu 120 "$ferry" bench --engine cpu --test \
       cpu-contig,cpu-tile,cpu-transpose-f32,cpu-transpose-f64,cpu-transpose-bf16 \
       --sizes 4K,64K,1M,16M,256M --json "$log/cpu.json" ;;
+  cpuab) # issue 32: the CPU family, CPU_OLD (default .gpu-old/ferry-cpu: `OLD_NAME=ferry-cpu
+    # gpu-call.sh pack REV`) and this bundle's binary test by test in turns, CPUAB_ROUNDS rounds
+    # (default 2), a table each.
+    for r in $(seq "${CPUAB_ROUNDS:-2}"); do
+      step "cpuab$r" "${CPUAB_LIMIT:-150}" env AB_TESTS=cpu-contig,cpu-tile,cpu-transpose-f32,cpu-transpose-f64,cpu-transpose-bf16 \
+        bash scripts/bench-ab.sh "${CPU_OLD:-.gpu-old/ferry-cpu}" "$ferry" "$log/cpuab$r" --engine cpu \
+        --sizes 4K,64K,1M,16M,256M
+      step "cpuab$r-table" 30 python3 scripts/bench-ab.py "$log/cpuab$r"
+    done ;;
   nixl) # issue 36: the same transfers through NIXL (its wheel in WHEELS)
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \
       --json "$log/nixl.json" ;;
   *)
-    echo "unknown step $s (survey tests testsplain python caller pipeline files cufile aml ab blocks ckpt cold snapshot agent cpu nixl)" >&2
+    echo "unknown step $s (survey tests testsplain python caller pipeline files cufile aml ab aball fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent cpu cpuab nixl)" >&2
     fail=1 ;;
   esac
 done

@@ -47,7 +47,8 @@ touched). After each series the destination is compared with the source / a refe
 mismatch fails the run. CPU rows, file reads into host memory and the cuda-blocks rows check
 each series first (poisoned destination, one call, compared), then take the samples in turns:
 sample i of every series in one round, each round starting one series further on, so that a
-drift of the machine falls on all alike. Ratio: ferry / better baseline (bandwidth), ferry time / better
+drift of the machine falls on all alike; a sample of R > 1 calls follows one untimed call of its
+own series (none pays for the caches the series before it left). Ratio: ferry / better baseline (bandwidth), ferry time / better
 baseline time (latency). Small sizes are cache-resident: they show the per-call cost, not DRAM.
 GPU tests: ferry's CUDA engine and raw driver calls (cuMemcpy*Async, cuMemcpy2DAsync, one
 cuMemcpyAsync per segment, a plain SM kernel launch) on the same buffers; a call is a batch of
