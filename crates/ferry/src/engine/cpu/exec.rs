@@ -192,7 +192,7 @@ unsafe fn transpose_staged<T: Copy>(
         // SAFETY: (this closure's body) every element of the plan lies inside both buffers
         // (the function's contract): `d0`, `s0` are the offsets of one 2-D block's origin.
         let (d, s) = unsafe { (d.add(d0), s.add(s0)) };
-        let nt = stream && matches!(es, 2 | 4 | 8) && (d as usize) % 16 == 0 && da % 16 == 0;
+        let nt = stream && (d as usize) % 16 == 0 && da % 16 == 0;
         streamed |= nt;
         // SAFETY: the tiles' elements are elements of the plan (contract above), both sides
         // dense; with `nt`, every destination row starts 16-byte aligned.
@@ -243,8 +243,9 @@ unsafe fn blocks<T: Copy>(
 /// sb`), each `ea` x `eb` elements (`fa`, `fb` multiples of them). A tile's `eb` source rows
 /// (`ea` contiguous elements, [`STAGE_ROW`] bytes, each) are copied whole into a buffer, then
 /// transposed from it into its `ea` destination rows (`eb` contiguous elements each), each
-/// written whole; through SIMD registers for 2-, 4- and 8-byte elements, non-temporal stores
-/// with `nt`.
+/// written whole; through SIMD registers for 2-, 4- and 8-byte elements. With `nt` the tile is
+/// transposed into a second buffer, and its rows streamed out with non-temporal stores
+/// ([`simd::stream_rows`](self::simd::stream_rows)).
 ///
 /// Why stage: the rows of a large matrix lie a power of two apart more often than not (the
 /// bench's 8192 x 8192 f32 has 32 KiB pitches), so the rows of a tile fall in one set of the
@@ -254,11 +255,11 @@ unsafe fn blocks<T: Copy>(
 /// the buffer, whose rows spread over the cache's sets (the 2-core VM: 256 MiB f32 1.3x, 16 MiB
 /// 2-3x the tiles read in place, `bench/results/cpu-2core.md`).
 ///
-/// Not inlined: the 16 KiB buffer stays off the stack of the copies that need none.
+/// Not inlined: the buffers (16 KiB each) stay off the stack of the copies that need none.
 ///
 /// # Safety
 /// Every element of the tiles lies inside the buffers, which are valid and do not overlap;
-/// with `nt`, `d` and `da` are multiples of 16 and `size_of::<T>()` is 2, 4 or 8.
+/// with `nt`, `d` and `da` are multiples of 16.
 #[inline(never)]
 unsafe fn staged<T: Copy>(
     d: *mut u8,
@@ -271,6 +272,11 @@ unsafe fn staged<T: Copy>(
     let (ea, eb) = stage_tile(es);
     let mut stage = Stage([std::mem::MaybeUninit::uninit(); STAGE_ROWS * STAGE_ROW]);
     let buf = stage.0.as_mut_ptr().cast::<u8>();
+    // With `nt`, the transposed tile, then streamed out row by row.
+    #[cfg(target_arch = "x86_64")]
+    let mut out = Stage([std::mem::MaybeUninit::uninit(); STAGE_ROWS * STAGE_ROW]);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = nt;
     for ib in (0..fa).step_by(ea) {
         for jb in (0..fb).step_by(eb) {
             // SAFETY: the tile's source rows `jb..jb + eb` (run `ib..ib + ea`) lie inside the
@@ -283,19 +289,31 @@ unsafe fn staged<T: Copy>(
             }
             // Element (i, j) of the tile: `buf + j * STAGE_ROW + i * es` -> `d + i * da + j * es`.
             // SAFETY: as above for the destination's rows `ib..ib + ea` (run `jb..jb + eb`);
-            // the buffer's rows were written just now.
-            unsafe { unstage::<T>(d.add(ib * da + jb * es), da, buf, nt) };
+            // the buffer's rows were written just now; with `nt`, `out` holds the tile's `ea`
+            // rows of `eb * es` bytes (a multiple of 16), and `d + ib * da + jb * es` is 16-byte
+            // aligned (`d`, `da` by the contract, `jb * es` a multiple of `eb * es`).
+            unsafe {
+                let d = d.add(ib * da + jb * es);
+                #[cfg(target_arch = "x86_64")]
+                if nt {
+                    let out = out.0.as_mut_ptr().cast::<u8>();
+                    unstage::<T>(out, eb * es, buf);
+                    simd::stream_rows(d, da, out, ea, eb * es);
+                    continue;
+                }
+                unstage::<T>(d, da, buf);
+            }
         }
     }
 }
 
 /// The second half of a staged tile ([`staged`]): its `ea` x `eb` elements from the buffer
-/// into the destination's rows at `d`, `da` bytes apart.
+/// into rows at `d`, `da` bytes apart.
 ///
 /// # Safety
-/// As [`staged`]: the tile's destination rows writable, the buffer's `eb` rows written.
+/// The tile's rows at `d` writable (`eb` elements each), the buffer's `eb` rows written.
 #[inline(always)]
-unsafe fn unstage<T: Copy>(d: *mut u8, da: usize, buf: *const u8, nt: bool) {
+unsafe fn unstage<T: Copy>(d: *mut u8, da: usize, buf: *const u8) {
     let es = std::mem::size_of::<T>();
     let (ea, eb) = stage_tile(es);
     #[cfg(target_arch = "x86_64")]
@@ -304,28 +322,22 @@ unsafe fn unstage<T: Copy>(d: *mut u8, da: usize, buf: *const u8, nt: bool) {
         for i in (0..ea).step_by(w) {
             for j in (0..eb).step_by(w) {
                 // SAFETY: the w x w elements from (i, j) are in the tile (`ea`, `eb` are
-                // multiples of `w`); rows of w elements are contiguous in the buffer and the
-                // destination; with `nt`, `d + i * da + j * es` is 16-byte aligned (`d`, `da`
-                // aligned, `j * es` a multiple of 16).
+                // multiples of `w`); rows of w elements are contiguous in the buffer and at `d`.
                 unsafe {
                     let (dp, sp) = (d.add(i * da + j * es), buf.add(j * STAGE_ROW + i * es));
-                    match (w, nt) {
-                        (8, true) => simd::t8x8::<true>(dp, da, sp, STAGE_ROW),
-                        (4, true) => simd::t4x4::<true>(dp, da, sp, STAGE_ROW),
-                        (_, true) => simd::t2x2::<true>(dp, da, sp, STAGE_ROW),
-                        (8, false) => simd::t8x8::<false>(dp, da, sp, STAGE_ROW),
-                        (4, false) => simd::t4x4::<false>(dp, da, sp, STAGE_ROW),
-                        (_, false) => simd::t2x2::<false>(dp, da, sp, STAGE_ROW),
+                    match w {
+                        8 => simd::t8x8(dp, da, sp, STAGE_ROW),
+                        4 => simd::t4x4(dp, da, sp, STAGE_ROW),
+                        _ => simd::t2x2(dp, da, sp, STAGE_ROW),
                     }
                 }
             }
         }
         return;
     }
-    let _ = nt;
     for i in 0..ea {
         for j in 0..eb {
-            // SAFETY: element (i, j) of the tile, in the buffer and the destination row `i`.
+            // SAFETY: element (i, j) of the tile, in the buffer and row `i` at `d`.
             unsafe { copy_elem::<T>(d.add(i * da + j * es), buf.add(j * STAGE_ROW + i * es)) };
         }
     }
@@ -356,9 +368,9 @@ unsafe fn block<T: Copy>(
                 unsafe {
                     let (dp, sp) = (d.add(i * da + j * db), s.add(i * sa + j * sb));
                     match w {
-                        8 => simd::t8x8::<false>(dp, da, sp, sb),
-                        4 => simd::t4x4::<false>(dp, da, sp, sb),
-                        _ => simd::t2x2::<false>(dp, da, sp, sb),
+                        8 => simd::t8x8(dp, da, sp, sb),
+                        4 => simd::t4x4(dp, da, sp, sb),
+                        _ => simd::t2x2(dp, da, sp, sb),
                     }
                 }
                 j += w;
@@ -431,19 +443,30 @@ fn for_each_outer(plan: &Plan, outer: usize, mut f: impl FnMut(usize, usize)) {
 mod simd {
     use std::arch::x86_64::*;
 
-    /// Stores 16 bytes at `d`: a non-temporal store (past the caches; `d` 16-byte aligned) if
-    /// `NT`, else a plain unaligned one.
+    /// Writes `rows` rows of `bytes` bytes (a multiple of 16) from `s` (contiguous, 16-byte
+    /// aligned) to `d`, `da` bytes apart, with non-temporal stores: past the caches, each row's
+    /// lines filled one after the other, so that at most one line is open in the write-combining
+    /// buffers at a time (a register transpose's stores into 4-8 rows at once kept that many
+    /// open, and the 16-core host's bf16 256 MiB transpose fell to 0.3x).
     ///
     /// # Safety
-    /// `d` writable for 16 bytes; aligned to 16 if `NT`.
+    /// `s` readable for `rows * bytes` bytes and 16-byte aligned; each destination row writable
+    /// for `bytes` bytes and 16-byte aligned (`d`, `da` multiples of 16).
     #[inline(always)]
-    pub(super) unsafe fn put<const NT: bool>(d: *mut u8, x: __m128i) {
-        // SAFETY: by the function's contract.
-        unsafe {
-            if NT {
-                _mm_stream_si128(d.cast(), x)
-            } else {
-                _mm_storeu_si128(d.cast(), x)
+    pub(super) unsafe fn stream_rows(
+        d: *mut u8,
+        da: usize,
+        s: *const u8,
+        rows: usize,
+        bytes: usize,
+    ) {
+        for r in 0..rows {
+            for k in (0..bytes).step_by(16) {
+                // SAFETY: by the function's contract: both 16 bytes inside their rows, aligned.
+                unsafe {
+                    let x = _mm_load_si128(s.add(r * bytes + k).cast());
+                    _mm_stream_si128(d.add(r * da + k).cast(), x);
+                }
             }
         }
     }
@@ -454,7 +477,7 @@ mod simd {
     /// # Safety
     /// The 4 source rows readable and the 4 destination rows writable, 16 bytes each.
     #[inline(always)]
-    pub(super) unsafe fn t4x4<const NT: bool>(d: *mut u8, da: usize, s: *const u8, sb: usize) {
+    pub(super) unsafe fn t4x4(d: *mut u8, da: usize, s: *const u8, sb: usize) {
         // SAFETY: by the function's contract; unaligned loads and stores; SSE2 is part of
         // x86_64.
         unsafe {
@@ -466,10 +489,10 @@ mod simd {
             let t1 = _mm_unpacklo_ps(r2, r3);
             let t2 = _mm_unpackhi_ps(r0, r1);
             let t3 = _mm_unpackhi_ps(r2, r3);
-            put::<NT>(d, _mm_castps_si128(_mm_movelh_ps(t0, t1)));
-            put::<NT>(d.add(da), _mm_castps_si128(_mm_movehl_ps(t1, t0)));
-            put::<NT>(d.add(2 * da), _mm_castps_si128(_mm_movelh_ps(t2, t3)));
-            put::<NT>(d.add(3 * da), _mm_castps_si128(_mm_movehl_ps(t3, t2)));
+            _mm_storeu_ps(d.cast(), _mm_movelh_ps(t0, t1));
+            _mm_storeu_ps(d.add(da).cast(), _mm_movehl_ps(t1, t0));
+            _mm_storeu_ps(d.add(2 * da).cast(), _mm_movelh_ps(t2, t3));
+            _mm_storeu_ps(d.add(3 * da).cast(), _mm_movehl_ps(t3, t2));
         }
     }
 
@@ -483,7 +506,7 @@ mod simd {
     /// # Safety
     /// The 8 source rows readable and the 8 destination rows writable, 16 bytes each.
     #[inline(always)]
-    pub(super) unsafe fn t8x8<const NT: bool>(d: *mut u8, da: usize, s: *const u8, sb: usize) {
+    pub(super) unsafe fn t8x8(d: *mut u8, da: usize, s: *const u8, sb: usize) {
         // SAFETY: as in `t4x4`.
         unsafe {
             let r = |k: usize| _mm_loadu_si128(s.add(k * sb).cast());
@@ -507,7 +530,7 @@ mod simd {
             let b5 = _mm_unpackhi_epi32(a4, a6);
             let b6 = _mm_unpacklo_epi32(a5, a7);
             let b7 = _mm_unpackhi_epi32(a5, a7);
-            let w = |k: usize, x: __m128i| put::<NT>(d.add(k * da), x);
+            let w = |k: usize, x: __m128i| _mm_storeu_si128(d.add(k * da).cast(), x);
             w(0, _mm_unpacklo_epi64(b0, b4));
             w(1, _mm_unpackhi_epi64(b0, b4));
             w(2, _mm_unpacklo_epi64(b1, b5));
@@ -524,13 +547,13 @@ mod simd {
     /// # Safety
     /// The 2 source rows readable and the 2 destination rows writable, 16 bytes each.
     #[inline(always)]
-    pub(super) unsafe fn t2x2<const NT: bool>(d: *mut u8, da: usize, s: *const u8, sb: usize) {
+    pub(super) unsafe fn t2x2(d: *mut u8, da: usize, s: *const u8, sb: usize) {
         // SAFETY: as in `t4x4`.
         unsafe {
             let r0 = _mm_loadu_pd(s.cast());
             let r1 = _mm_loadu_pd(s.add(sb).cast());
-            put::<NT>(d, _mm_castpd_si128(_mm_unpacklo_pd(r0, r1)));
-            put::<NT>(d.add(da), _mm_castpd_si128(_mm_unpackhi_pd(r0, r1)));
+            _mm_storeu_pd(d.cast(), _mm_unpacklo_pd(r0, r1));
+            _mm_storeu_pd(d.add(da).cast(), _mm_unpackhi_pd(r0, r1));
         }
     }
 }
