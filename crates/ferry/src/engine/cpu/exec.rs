@@ -245,7 +245,7 @@ unsafe fn blocks<T: Copy>(
 /// transposed from it into its `ea` destination rows (`eb` contiguous elements each), each
 /// written whole; through SIMD registers for 2-, 4- and 8-byte elements. With `nt` the tile is
 /// transposed into a second buffer, and its rows streamed out with non-temporal stores
-/// ([`simd::stream_rows`](self::simd::stream_rows)).
+/// ([`simd::stream_rows`]).
 ///
 /// Why stage: the rows of a large matrix lie a power of two apart more often than not (the
 /// bench's 8192 x 8192 f32 has 32 KiB pitches), so the rows of a tile fall in one set of the

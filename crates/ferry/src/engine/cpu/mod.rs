@@ -9,8 +9,12 @@
 //!   one chunk per core at most (at least [`CpuConfig::chunk_bytes`] each); the submitting
 //!   thread runs one share at submit, the workers the others (and the waiting thread any that
 //!   no worker took yet). A copy between the two thresholds is one chunk, queued.
-//! - Transposes (one element per run against the source's grain): a blocked kernel per
-//!   element size (1, 2, 4, 8, 16 bytes; SIMD register transposes for 2, 4 and 8 on x86_64).
+//! - Transposes (one element per run against the source's grain): a kernel per element size
+//!   (1, 2, 4, 8, 16 bytes; SIMD register transposes for 2, 4 and 8 on x86_64). A plain
+//!   transpose goes through staged tiles (each tile's source rows copied whole into a buffer
+//!   on the stack, transposed from there into whole destination rows); one that writes more
+//!   than [`CpuConfig::stream_bytes`] (a quarter of the last-level cache) writes its
+//!   destination past the caches.
 //! - Threads: `CpuEngine::new(0)` (and `CpuConfig::new(0)`, and the C API's
 //!   `ferry_dma_cpu_create(&dma, 0)`) means one worker per core.
 //! - Caller-runs mode ([`CpuEngine::caller_runs`], [`CpuConfig::caller_runs`]): no workers,
