@@ -107,7 +107,7 @@ for s in "${steps[@]}"; do
     # cuda test but the block copies' and the file tests that need a cold disk or cuFile, each
     # at its own sizes, 5 samples (issue 30's done-when table, in one call: the tenth run's
     # took 450 s; pass CALL_LIMIT). AB_TESTS, AB_SIZES ("" for each test's own sizes),
-    # AB_SAMPLES, AB_LIMIT (seconds for the step) change them.
+    # AB_SAMPLES, AB_LIMIT (seconds for the step), AB_ROUNDS (below) change them.
     if [ "$s" = aball ]; then
       tests=${AB_TESTS:-cuda-h2d-pinned,cuda-d2h-pinned,cuda-h2d-pageable,cuda-d2h-pageable,cuda-d2d,cuda-bidir,cuda-tile,cuda-h2d-mapped,cuda-d2h-mapped,cuda-transpose,cuda-transpose-h2d,cuda-transpose-bf16,cuda-transpose-h2d-bf16,cuda-transpose-batched,cuda-scatter,cuda-scatter-pageable,cuda-gather-pageable,cuda-latency,cuda-latency-spin,cuda-latency-hybrid,cuda-wait-cpu,cuda-threads,cuda-latency-parts,cuda-file-read,cuda-d2d-split,cuda-pipeline,cuda-pipeline-upcompute,cuda-pipeline-pageable,cuda-pipeline-file}
       sizes=() samples=${AB_SAMPLES:-5}
@@ -117,10 +117,17 @@ for s in "${steps[@]}"; do
       sizes=(--sizes "${AB_SIZES-4K,64K,1M,16M,256M}") samples=${AB_SAMPLES:-7}
       [ -n "${AB_SIZES-x}" ] || sizes=()
     fi
-    step "$s" "${AB_LIMIT:-560}" env AB_TESTS="$tests" \
-      bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/$s" --engine cuda \
-      --samples "$samples" "${sizes[@]}"
-    step "$s-table" 30 python3 scripts/bench-ab.py "$log/$s" ;;
+    # AB_ROUNDS=N: N rounds, each binary in a process of its own per test and round, into
+    # $s.1 .. $s.N (the spread between processes, beside the one between samples).
+    rounds=${AB_ROUNDS:-1}
+    for r in $(seq "$rounds"); do
+      name=$s
+      [ "$rounds" -eq 1 ] || name=$s.$r
+      step "$name" "${AB_LIMIT:-560}" env AB_TESTS="$tests" \
+        bash scripts/bench-ab.sh "${OLD_FERRY:-.gpu-old/ferry}" "$ferry" "$log/$name" --engine cuda \
+        --samples "$samples" "${sizes[@]}"
+      step "$name-table" 30 python3 scripts/bench-ab.py "$log/$name"
+    done ;;
   fill) # issue 30: the pageable pipeline, old binary and new in turns, FILL_ROUNDS rounds
     # (default 3), one line each. FILL_VARIANTS: old or new, then -private (a set of workers of
     # the pipeline's own), -tN (N fill threads), -fM (FERRY_BENCH_FILL mode M), e.g. old-f5.
