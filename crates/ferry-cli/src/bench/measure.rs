@@ -233,6 +233,14 @@ mod tests {
         );
     }
 
+    /// An op of [`measure_interleaved`] that appends `ch` to the shared string once per call.
+    fn pusher(ch: char) -> impl FnMut(&mut String, u64) -> Result<(), &'static str> {
+        move |o: &mut String, n: u64| {
+            (0..n).for_each(|_| o.push(ch));
+            Ok(())
+        }
+    }
+
     #[test]
     fn measure_interleaved_takes_turns_each_round_one_op_further_on() {
         let m = Method {
@@ -240,13 +248,7 @@ mod tests {
             samples: 3,
             min_sample_s: 0.0,
         };
-        let push = |ch: char| {
-            move |o: &mut String, n: u64| {
-                (0..n).for_each(|_| o.push(ch));
-                Ok::<(), &str>(())
-            }
-        };
-        let (mut a, mut b, mut c) = (push('a'), push('b'), push('c'));
+        let (mut a, mut b, mut c) = (pusher('a'), pusher('b'), pusher('c'));
         let mut order = String::new();
         let t = measure_interleaved(&m, &mut order, &mut [&mut a, &mut b, &mut c]).unwrap();
         // Warm-up abc, calibration abc, then the rounds abc, bca, cab (one rep each).
@@ -289,13 +291,7 @@ mod tests {
             // Far above one call: the most calls per sample (1e6).
             min_sample_s: 10.0,
         };
-        let push = |ch: char| {
-            move |o: &mut String, n: u64| {
-                (0..n).for_each(|_| o.push(ch));
-                Ok::<(), &str>(())
-            }
-        };
-        let (mut a, mut b) = (push('a'), push('b'));
+        let (mut a, mut b) = (pusher('a'), pusher('b'));
         let mut order = String::new();
         let t = measure_interleaved(&m, &mut order, &mut [&mut a, &mut b]).unwrap();
         let r = 1_000_000;

@@ -325,11 +325,7 @@ unsafe fn unstage<T: Copy>(d: *mut u8, da: usize, buf: *const u8) {
                 // multiples of `w`); rows of w elements are contiguous in the buffer and at `d`.
                 unsafe {
                     let (dp, sp) = (d.add(i * da + j * es), buf.add(j * STAGE_ROW + i * es));
-                    match w {
-                        8 => simd::t8x8(dp, da, sp, STAGE_ROW),
-                        4 => simd::t4x4(dp, da, sp, STAGE_ROW),
-                        _ => simd::t2x2(dp, da, sp, STAGE_ROW),
-                    }
+                    simd::square(w, dp, da, sp, STAGE_ROW)
                 }
             }
         }
@@ -367,11 +363,7 @@ unsafe fn block<T: Copy>(
                 // inside the buffers; dense: rows of w elements are contiguous on both sides.
                 unsafe {
                     let (dp, sp) = (d.add(i * da + j * db), s.add(i * sa + j * sb));
-                    match w {
-                        8 => simd::t8x8(dp, da, sp, sb),
-                        4 => simd::t4x4(dp, da, sp, sb),
-                        _ => simd::t2x2(dp, da, sp, sb),
-                    }
+                    simd::square(w, dp, da, sp, sb)
                 }
                 j += w;
             }
@@ -467,6 +459,24 @@ mod simd {
                     let x = _mm_load_si128(s.add(r * bytes + k).cast());
                     _mm_stream_si128(d.add(r * da + k).cast(), x);
                 }
+            }
+        }
+    }
+
+    /// Transposes one `w` x `w` block of `16 / w`-byte elements ([`t8x8`], [`t4x4`] or
+    /// [`t2x2`]).
+    ///
+    /// # Safety
+    /// `w` is 8, 4 or 2; the `w` source rows readable and the `w` destination rows writable,
+    /// 16 bytes each.
+    #[inline(always)]
+    pub(super) unsafe fn square(w: usize, d: *mut u8, da: usize, s: *const u8, sb: usize) {
+        // SAFETY: by the function's contract.
+        unsafe {
+            match w {
+                8 => t8x8(d, da, s, sb),
+                4 => t4x4(d, da, s, sb),
+                _ => t2x2(d, da, s, sb),
             }
         }
     }
