@@ -151,7 +151,7 @@ pub fn header(rep: &Report) -> String {
     let gpus = gpu_list(&h.gpu_models);
     format!(
         "ferry bench {} (commit {}) on {} | CPU: {}, {} cores | GPU: {}\n\
-         CPU engine: {} threads, chunk {}, inline {} | warm-up {}, samples {}, median (min..max)\n",
+         CPU engine: {} threads, chunk {}, inline {}, stream {} | warm-up {}, samples {}, median (min..max)\n",
         rep.ferry_version,
         rep.commit.unwrap_or("unknown"),
         h.hostname.clone().unwrap_or_else(unknown),
@@ -161,6 +161,7 @@ pub fn header(rep: &Report) -> String {
         e.threads,
         format_size(e.chunk_bytes as u64),
         format_size(e.inline_bytes as u64),
+        format_size(e.stream_bytes as u64),
         m.warmup,
         m.samples
     )

@@ -120,6 +120,8 @@ fn info_json_has_cpu_and_gpu_sections() {
     assert!(v["cpu"]["cores"].as_u64().unwrap() >= 1);
     assert!(v["cpu"]["default_threads"].as_u64().unwrap() >= 1);
     assert!(v["cpu"]["inline_bytes"].is_u64() && v["cpu"]["chunk_bytes"].is_u64());
+    assert!(v["cpu"]["stream_bytes"].is_u64());
+    assert!(v["cpu"]["llc_bytes"].is_u64() || v["cpu"]["llc_bytes"].is_null());
     assert!(v["gpu"]["cuda_engine_in_build"].is_boolean());
 }
 

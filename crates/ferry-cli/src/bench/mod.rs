@@ -459,6 +459,7 @@ pub fn run(
             threads: c.threads,
             chunk_bytes: c.chunk_bytes,
             inline_bytes: c.inline_bytes,
+            stream_bytes: c.stream_bytes,
         },
         skipped: skipped
             .iter()

@@ -69,6 +69,8 @@ pub struct CpuEngineReport {
     pub chunk_bytes: usize,
     /// Inline threshold of the default engine.
     pub inline_bytes: usize,
+    /// Transposes writing more than this write past the caches.
+    pub stream_bytes: usize,
 }
 
 /// A test left out.
