@@ -32,9 +32,8 @@ pub struct CpuProbe {
 /// Reads the machine's core count and cache size.
 pub fn probe() -> CpuProbe {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let l2_bytes = l2_bytes();
+    let (l2_bytes, llc_bytes) = cache_sizes();
     let split_bytes = l2_bytes.map_or(1 << 20, |b| b / 2).max(1 << 20);
-    let llc_bytes = cache_bytes(None);
     CpuProbe {
         cores,
         default_threads: cores,
@@ -45,13 +44,8 @@ pub fn probe() -> CpuProbe {
     }
 }
 
-/// The level-2 data or unified cache of CPU 0 (`/sys/devices/system/cpu/cpu0/cache/index*`).
-fn l2_bytes() -> Option<usize> {
-    cache_bytes(Some(2))
-}
-
-/// The data or unified cache of CPU 0 at `level` (`/sys/devices/system/cpu/cpu0/cache/index*`),
-/// or the highest level listed with `None`.
+/// CPU 0's level-2 and last-level (the highest level listed) data or unified caches, in
+/// bytes, in one pass over `/sys/devices/system/cpu/cpu0/cache/index*`.
 ///
 /// Read without the heap: fixed paths and stack buffers, not `read_dir`. The probe runs in every
 /// default engine's construction (libaml's `aml_init` among them), and glibc's `opendir` buffer
@@ -59,20 +53,32 @@ fn l2_bytes() -> Option<usize> {
 /// libgomp then took each parallel region's team from that hole, about 20-25 ns slower than
 /// from the heap's top, and AML's `tiled_l1` (a parallel region per tile) ran 4-9% slower on
 /// one thread against libaml than against AML (`bench/results/cpu-2core.md`).
-fn cache_bytes(level: Option<u32>) -> Option<usize> {
-    // (level, size) of each data or unified cache listed, in index order.
-    let caches = (0..16).filter_map(|index| {
+fn cache_sizes() -> (Option<usize>, Option<usize>) {
+    let (mut l2, mut llc) = (None, None::<(u32, usize)>);
+    for index in 0..16 {
         let (mut lv, mut kind, mut size) = ([0; 64], [0; 64], [0; 64]);
-        let lv: u32 = cache_field(index, "level", &mut lv)?.parse().ok()?;
-        if cache_field(index, "type", &mut kind)? == "Instruction" {
-            return None;
+        // The indices are numbered from 0 without gaps: the first missing one ends the list.
+        let Some(lv) = cache_field(index, "level", &mut lv) else {
+            break;
+        };
+        let (Ok(lv), Some(kind)) = (lv.parse::<u32>(), cache_field(index, "type", &mut kind))
+        else {
+            continue;
+        };
+        let Some(size) = cache_field(index, "size", &mut size).and_then(parse_size) else {
+            continue;
+        };
+        if kind == "Instruction" {
+            continue;
         }
-        Some((lv, parse_size(cache_field(index, "size", &mut size)?)?))
-    });
-    match level {
-        Some(l) => caches.into_iter().find(|c| c.0 == l).map(|c| c.1),
-        None => caches.max_by_key(|c| c.0).map(|c| c.1),
+        if lv == 2 && l2.is_none() {
+            l2 = Some(size);
+        }
+        if llc.is_none_or(|(l, _)| lv > l) {
+            llc = Some((lv, size));
+        }
     }
+    (l2, llc.map(|c| c.1))
 }
 
 /// `/sys/devices/system/cpu/cpu0/cache/index{index}/{name}` read into `buf`, trimmed; nothing
@@ -134,6 +140,6 @@ mod tests {
                 parse_size(read(p.join("size"))?.trim())
             })
         });
-        assert_eq!(l2_bytes(), listed);
+        assert_eq!(cache_sizes().0, listed);
     }
 }
