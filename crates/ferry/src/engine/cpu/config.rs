@@ -27,8 +27,7 @@ pub struct CpuConfig {
     /// caches (non-temporal stores, x86_64), which it would only flush out of them, and no
     /// longer reads each destination line in before writing it (default:
     /// [`CpuProbe::stream_bytes`](super::CpuProbe::stream_bytes), a quarter of the last-level
-    /// cache;
-    /// `usize::MAX`: never).
+    /// cache; `usize::MAX`: never).
     pub stream_bytes: usize,
 }
 

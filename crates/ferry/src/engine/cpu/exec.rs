@@ -66,7 +66,7 @@ pub(crate) unsafe fn run_step(dst: RawBuf, src: Option<RawBuf>, step: &Step, str
 }
 
 /// Copies the runs of `plan` from `src` to `dst`; with `stream`, a transpose's staged tiles
-/// write the destination with non-temporal stores ([`transpose`]).
+/// write the destination with non-temporal stores ([`transpose_staged`]).
 ///
 /// # Safety
 /// 1. `dst` valid for writes and `src` for reads of their lengths for the duration of the call.
@@ -89,17 +89,12 @@ pub(crate) unsafe fn copy_plan(dst: RawBuf, src: RawBuf, plan: &Plan, stream: bo
         let tile = if run == 16 { 16 } else { 32 };
         // SAFETY: as above (1-3).
         unsafe {
-            match (run, stages(plan)) {
-                (1, true) => transpose_staged::<u8>(d, s, plan, tile, stream),
-                (2, true) => transpose_staged::<u16>(d, s, plan, tile, stream),
-                (4, true) => transpose_staged::<u32>(d, s, plan, tile, stream),
-                (8, true) => transpose_staged::<u64>(d, s, plan, tile, stream),
-                (_, true) => transpose_staged::<u128>(d, s, plan, tile, stream),
-                (1, false) => transpose::<u8>(d, s, plan, tile),
-                (2, false) => transpose::<u16>(d, s, plan, tile),
-                (4, false) => transpose::<u32>(d, s, plan, tile),
-                (8, false) => transpose::<u64>(d, s, plan, tile),
-                (_, false) => transpose::<u128>(d, s, plan, tile),
+            match run {
+                1 => transpose_any::<u8>(d, s, plan, tile, stream),
+                2 => transpose_any::<u16>(d, s, plan, tile, stream),
+                4 => transpose_any::<u32>(d, s, plan, tile, stream),
+                8 => transpose_any::<u64>(d, s, plan, tile, stream),
+                _ => transpose_any::<u128>(d, s, plan, tile, stream),
             }
         }
     } else if run <= 64 && plan.is_transposing() {
@@ -135,6 +130,23 @@ fn stages(plan: &Plan) -> bool {
     let (c, dst, src) = (plan.counts(), plan.dst_strides(), plan.src_strides());
     let (ea, eb) = stage_tile(es);
     src[n - 2] == es && dst[n - 1] == es && c[n - 2] >= ea && c[n - 1] >= eb
+}
+
+/// A transpose of `T` elements: [`transpose_staged`] where [`stages`] takes the plan, else
+/// [`transpose`] (two functions, so that the small transposes' path stays as short as it was).
+///
+/// # Safety
+/// As [`transpose`].
+#[inline(always)]
+unsafe fn transpose_any<T: Copy>(d: *mut u8, s: *const u8, plan: &Plan, tile: usize, stream: bool) {
+    // SAFETY: as the function's contract; `stages` checked what `transpose_staged` needs.
+    unsafe {
+        if stages(plan) {
+            transpose_staged::<T>(d, s, plan, tile, stream)
+        } else {
+            transpose::<T>(d, s, plan, tile)
+        }
+    }
 }
 
 /// Copies a plan whose runs are single elements of `T` (`size_of::<T>()` bytes) and whose two

@@ -124,15 +124,16 @@ impl Pool {
         let parts = self.threads.max(1);
         let chunk = cfg.chunk_bytes.max(1);
         let mut prog = None;
-        // The builtin op's bytes (a custom op's are known once it is lowered, on a worker).
-        let mut total = 0;
+        // A builtin op writing more than `stream_bytes` (a custom op is lowered later, on a
+        // worker: never).
+        let mut stream = false;
         // Allocated only for work that leaves this thread (an inline copy needs neither).
-        let shared = |job: &Job, bytes: usize| {
+        let shared = |job: &Job, stream: bool| {
             let signal = Arc::new(Signal::new());
             let state = Arc::new(JobState {
                 dst: job.dst,
                 src: job.src,
-                stream: bytes > cfg.stream_bytes,
+                stream,
                 remaining: AtomicUsize::new(0),
                 error: Mutex::new(None),
                 signal: Arc::clone(&signal),
@@ -142,9 +143,9 @@ impl Pool {
         if job.op.is_builtin() {
             // Built-ins are checked here, at submit: a bad layout is a SubmitError.
             let p = job.op.lower(job.dst.len, job.src.map(|s| s.len))?;
+            stream = p.total_bytes() > cfg.stream_bytes;
             if job.after.is_empty() {
                 if p.total_bytes() <= cfg.inline_bytes {
-                    let stream = p.total_bytes() > cfg.stream_bytes;
                     for step in p.steps() {
                         // SAFETY: the caller of submit_raw guarantees the buffers (contract 1
                         // and 2); the program checked every step against their lengths.
@@ -153,7 +154,7 @@ impl Pool {
                     return Ok(Request::ready(Ok(())));
                 }
                 let total = p.total_bytes();
-                let (signal, state) = shared(&job, total);
+                let (signal, state) = shared(&job, stream);
                 // Split only where it pays (above `split_bytes`), over the caller and the
                 // workers, at most one part per core; the caller runs its share now.
                 let parts = if total > cfg.split_bytes {
@@ -172,10 +173,9 @@ impl Pool {
                 }
                 return Ok(self.request(signal));
             }
-            total = p.total_bytes();
             prog = Some(p.into_steps());
         }
-        let (signal, state) = shared(&job, total);
+        let (signal, state) = shared(&job, stream);
         self.push(
             Task::Start {
                 job: Box::new(job),
