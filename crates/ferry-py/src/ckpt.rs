@@ -460,9 +460,14 @@ pub(crate) fn save_safetensors(
             .ok()
             .and_then(|k| Writer::from_key(&k))
             .ok_or_else(|| {
+                let keys: Vec<String> = Writer::ALL
+                    .iter()
+                    .map(|w| format!("{:?}", w.key()))
+                    .collect();
                 arg(format!(
-                    "writer={}: expected \"auto\", \"buffered\", \"direct\" or \"hybrid\"",
-                    errors::shown(w)
+                    "writer={}: expected one of {}",
+                    errors::shown(w),
+                    keys.join(", ")
                 ))
             })?,
     };
