@@ -79,6 +79,71 @@ fn a_small_cpu_copy_completes_inside_submit() {
     assert_eq!(t.wait().unwrap().0, data(n, 2));
 }
 
+/// `submit_memcpy` (the CPU engine's runs a small one without layouts) does what
+/// `submit_copy` of two `Layout::bytes(len)` does: the same bytes copied, the same refusals
+/// (a buffer too short, shared bytes, a null address), through an `Arc` and a `Box` too.
+#[test]
+fn a_memcpy_without_layouts_matches_the_copy_with_them() {
+    let cpu = CpuEngine::with_config(CpuConfig::new(2).inline_bytes(64 << 10)).unwrap();
+    let arc = std::sync::Arc::new(CpuEngine::new(1).unwrap());
+    let boxed: Box<dyn Engine> = Box::new(CpuEngine::new(1).unwrap());
+    let engines: [&dyn Engine; 3] = [&cpu, &arc, &*boxed];
+    // (destination length, source length, bytes): inline, queued (above 64 KiB), part of
+    // longer buffers, and refused (one buffer too short).
+    let shapes = [
+        (4096, 4096, 4096),
+        (1 << 20, 1 << 20, 1 << 20),
+        (100, 90, 50),
+        (10, 64, 64),
+        (64, 10, 64),
+    ];
+    for e in engines {
+        for (dn, sn, len) in shapes {
+            let src = data(sn, 4);
+            let (mut a, mut b) = (vec![7u8; dn], vec![7u8; dn]);
+            // SAFETY: the buffers live until the requests are waited for, below.
+            let fast = unsafe { e.submit_memcpy(a.raw_mut(), src.raw(), len) };
+            let l = Layout::bytes(len).unwrap();
+            // SAFETY: as above.
+            let slow = unsafe { e.submit_copy(b.raw_mut(), &l, src.raw(), &l) };
+            match (fast, slow) {
+                (Ok(f), Ok(s)) => {
+                    f.wait().unwrap();
+                    s.wait().unwrap();
+                    assert_eq!(a[..len], src[..len], "{} {dn}/{sn}/{len}", e.name());
+                    assert!(a[len..].iter().all(|&x| x == 7), "past the copy");
+                    assert_eq!(a, b);
+                }
+                (Err(f), Err(s)) => {
+                    assert_eq!(f, s, "{dn}/{sn}/{len}");
+                    assert!(a.iter().all(|&x| x == 7), "refused, yet written");
+                }
+                (f, s) => panic!("{dn}/{sn}/{len}: memcpy {f:?}, copy {s:?}"),
+            }
+        }
+        // Shared bytes and a null address: refused alike, nothing written.
+        let mut buf = data(256, 5);
+        let p = buf.as_mut_ptr();
+        let dst = ferry::RawBuf::host(p, 128, MemKind::Pageable);
+        let src = ferry::RawBuf::host(p.wrapping_add(64), 128, MemKind::Pageable);
+        let l = Layout::bytes(128).unwrap();
+        // SAFETY: refused at submit (asserted): nothing runs.
+        let (f, s) = unsafe {
+            (
+                e.submit_memcpy(dst, src, 128),
+                e.submit_copy(dst, &l, src, &l),
+            )
+        };
+        assert!(matches!(f, Err(SubmitError::Overlap(_))), "{f:?}");
+        assert_eq!(f.unwrap_err(), s.unwrap_err());
+        assert_eq!(buf, data(256, 5));
+        let null = ferry::RawBuf::host(std::ptr::null(), 128, MemKind::Pageable);
+        // SAFETY: refused at submit (asserted): nothing runs.
+        let f = unsafe { e.submit_memcpy(dst, null, 128) };
+        assert!(matches!(f, Err(SubmitError::Null)), "{f:?}");
+    }
+}
+
 /// A CPU engine that claims every copy runs inline, though large ones go to its workers.
 struct Claims(CpuEngine);
 

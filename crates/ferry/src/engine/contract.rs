@@ -118,6 +118,22 @@ impl Job {
     }
 }
 
+/// [`Engine::submit_memcpy`]'s default, for an engine's own fallback too: the copy between two
+/// [`Layout::bytes`](crate::Layout::bytes)`(len)`, through [`Engine::submit_copy`].
+///
+/// # Safety
+/// As [`Engine::submit_raw`], for `dst` and `src`.
+pub(crate) unsafe fn memcpy_by_layouts<E: Engine + ?Sized>(
+    engine: &E,
+    dst: RawBuf,
+    src: RawBuf,
+    len: usize,
+) -> Result<Request, SubmitError> {
+    let l = crate::Layout::bytes(len).map_err(|e| SubmitError::Op(e.into()))?;
+    // SAFETY: forwarded with the caller's guarantees.
+    unsafe { engine.submit_copy(dst, &l, src, &l) }
+}
+
 /// [`Job::check`] of a job over these buffers.
 pub(crate) fn check_bufs(dst: RawBuf, src: Option<RawBuf>) -> Result<(), SubmitError> {
     if dst.addr == 0 || src.is_some_and(|s| s.addr == 0) {
@@ -183,6 +199,23 @@ pub trait Engine: Send + Sync {
     ) -> Result<Request, SubmitError> {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.submit_raw(Job::copy(dst, *dst_layout, src, *src_layout)) }
+    }
+
+    /// [`Engine::submit_copy`] of the first `len` bytes of `src` to the start of `dst` (the
+    /// scoped and owned `memcpy`s): an engine may run it without the two layouts (the CPU
+    /// engine copies a small one here, issue 32). The default copies between two
+    /// [`Layout::bytes`](crate::Layout::bytes)`(len)`; the result is the same, errors included.
+    ///
+    /// # Safety
+    /// As [`Engine::submit_raw`], for `dst` and `src`.
+    unsafe fn submit_memcpy(
+        &self,
+        dst: RawBuf,
+        src: RawBuf,
+        len: usize,
+    ) -> Result<Request, SubmitError> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { memcpy_by_layouts(self, dst, src, len) }
     }
 
     /// [`Engine::submit_raw`] of a job that more work follows: prepared and queued as
@@ -255,6 +288,15 @@ macro_rules! forward_engine {
             ) -> Result<Request, SubmitError> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).submit_copy(dst, dst_layout, src, src_layout) }
+            }
+            unsafe fn submit_memcpy(
+                &self,
+                dst: RawBuf,
+                src: RawBuf,
+                len: usize,
+            ) -> Result<Request, SubmitError> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).submit_memcpy(dst, src, len) }
             }
             unsafe fn enqueue(&self, job: Job) -> Result<Request, SubmitError> {
                 // SAFETY: forwarded with the caller's guarantees.

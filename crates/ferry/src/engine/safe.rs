@@ -16,7 +16,7 @@
 
 use super::contract::{Engine, Job, SubmitError};
 use crate::layout::Layout;
-use crate::memory::{Memory, MemoryMut};
+use crate::memory::{Memory, MemoryMut, RawBuf};
 use crate::op::{Op, OpError, Operator};
 use crate::request::{BarrierError, InFlight, Request, RequestError};
 use std::future::Future;
@@ -153,14 +153,11 @@ pub trait EngineExt: Engine {
                 lent: Lent::done((dst, src)),
             });
         }
-        match Layout::bytes(src.raw().len) {
-            Ok(l) => lend_copy(self, dst, &l, src, &l),
-            Err(e) => Err(Refused {
-                error: SubmitError::Op(e.into()),
-                dst,
-                src,
-            }),
-        }
+        let len = src.raw().len;
+        // SAFETY: `lend` calls this with the lent buffers' raw views.
+        lend(self, dst, src, len, |e, d, s| unsafe {
+            e.submit_memcpy(d, s, len)
+        })
     }
 }
 
@@ -177,14 +174,33 @@ where
     D: MemoryMut + Send + 'static,
     S: Memory + Send + 'static,
 {
+    let bytes = src_layout.size_bytes();
+    lend(engine, dst, src, bytes, |e, d, s| {
+        // SAFETY: `lend` calls this with the lent buffers' raw views.
+        unsafe { e.submit_copy(d, dst_layout, s, src_layout) }
+    })
+}
+
+/// The buffers lent for the copy `submit` makes of their raw views (`bytes` long), handed back
+/// with its error if it is refused. `submit` must only submit over the views it is given: their
+/// memory stays valid and untouched until the request completed (`Lent::submit`).
+fn lend<E, D, S>(
+    engine: &E,
+    dst: D,
+    src: S,
+    bytes: usize,
+    submit: impl FnOnce(&E, RawBuf, RawBuf) -> Result<Request, SubmitError>,
+) -> Result<Transfer<D, S>, Refused<D, S>>
+where
+    E: Engine + ?Sized,
+    D: MemoryMut + Send + 'static,
+    S: Memory + Send + 'static,
+{
     // A copy the engine runs to its end in submit (a small CPU copy) keeps its buffers where
     // they are: nothing allocated, shared or tracked (issue 32).
-    let inline = src_layout.size_bytes() <= engine.inline_bytes();
+    let inline = bytes <= engine.inline_bytes();
     let lent = Lent::submit((dst, src), inline, |b| {
-        let (d, s) = (b.0.raw_mut(), b.1.raw());
-        // SAFETY: the buffers are lent: their memory stays valid and untouched until the
-        // request completed (`Lent::submit`).
-        unsafe { engine.submit_copy(d, dst_layout, s, src_layout) }.map(|req| (req, ()))
+        submit(engine, b.0.raw_mut(), b.1.raw()).map(|req| (req, ()))
     });
     match lent {
         Ok((lent, ())) => Ok(Transfer { lent }),
@@ -829,9 +845,11 @@ impl<'scope> Scope<'scope, '_> {
             return Ok(Request::ready(Ok(())));
         }
         // A small copy the engine runs in submit (the CPU engine's) comes back done: no request
-        // allocated nor tracked (issue 32).
-        let l = Layout::bytes(src.raw().len).map_err(|e| SubmitError::Op(e.into()))?;
-        self.submit_copy(dst, &l, src, &l)
+        // allocated nor tracked, no layout built (issue 32).
+        let len = src.raw().len;
+        // SAFETY: as in `submit_job`: both buffers are borrowed for 'scope, which ends only
+        // after the scope has waited for every request tracked here.
+        self.tracked(unsafe { self.engine.submit_memcpy(dst.raw_mut(), src.raw(), len) })
     }
 
     /// Writes `pattern` (one element) into every element of `layout` in `dst`; an empty layout
