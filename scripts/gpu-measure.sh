@@ -13,8 +13,8 @@
 # in the next (about 2-3 and 5-7 minutes on the H200 host) keep each well inside it.
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
-# records, scripts/cufile-udev.sh), and survey testsplain aml ab aball fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent
-# cpu cpuab nixl (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
+# records, scripts/cufile-udev.sh), and survey testsplain aml ab aball fill kvorder blocks blocksclean disk confirm agenttests ckpt cold snapshot agent
+# cpu cpuab nixl nixltcp (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
 # FERRY_TEST_POLICIES=tuned, so that the steps between come first).
@@ -158,6 +158,20 @@ for s in "${steps[@]}"; do
         --counts 256 --no-interference --json "$log/kvorder-$order.json"
       grep -h "^h2d" "$log/kvorder-$order.txt" | sed "s/^/$order first: /"
     done ;;
+  blocksclean) # issue 34: the block copies alone, BLOCKS_SAMPLES samples a series (default
+    # 30: a row whose samples change phase mid-row, as the d2h 16 x 32 KiB row's do, then has
+    # both phases in every series rather than the median on a boundary of 10)
+    bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d --samples "${BLOCKS_SAMPLES:-30}" ;;
+  nixltcp) # issue 36: host memory over TCP on loopback, ferry's agent against NIXL's (UCX's
+    # TCP); NIXL installed by an earlier call of the same lease into /tmp/site-nixl (its 58 MB
+    # wheel fills a call's carry alone: `pip install --target /tmp/site-nixl`), ferry's wheel
+    # from WHEELS here
+    step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site "$wheels"/*.whl
+    export PYTHONPATH=/tmp/site:/tmp/site-nixl${PYTHONPATH:+:$PYTHONPATH}
+    step ipc-tcp "$limit" "$ferry" bench --engine cpu --test ipc-tcp-write,ipc-tcp-read \
+      --sizes 4K,64K,1M,16M,64M --json "$log/ipc-tcp.json"
+    step nixl-tcp 300 python3 bench/agent/nixl_tcp.py --full --json "$log/nixl_tcp.json" ;;
   blocks) # issue 34: block copies, SMs free and busy, against torch's loops
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
     bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M
@@ -241,7 +255,7 @@ print("read back equal:", all(torch.equal(back[k], v) for k, v in t.items()))'
     step nixl 300 python3 bench/agent/nixl_compare.py --full --ferry "$log/agent.json" \
       --json "$log/nixl.json" ;;
   *)
-    echo "unknown step $s (survey tests testsplain python caller pipeline files cufile aml ab aball fill kvorder blocks disk confirm agenttests ckpt cold snapshot agent cpu cpuab nixl)" >&2
+    echo "unknown step $s (survey tests testsplain python caller pipeline files cufile aml ab aball fill kvorder blocks blocksclean disk confirm agenttests ckpt cold snapshot agent cpu cpuab nixl nixltcp)" >&2
     fail=1 ;;
   esac
 done
