@@ -130,7 +130,11 @@ int main(int argc, char **argv) {
     CHECK(ferry_checkpoint_save_async(later, t, NT, NULL, &req));
     for (size_t i = 0; i < (size_t)W_ROWS * W_COLS; i++) m.w[i] = -1.0f;
     m.step = -1;
-    CHECK(ferry_request_wait(NULL, &req));
+    /* Waited with its report (ferry_request_wait(NULL, &req) waits without it). */
+    ferry_checkpoint_report ar;
+    CHECK(ferry_checkpoint_save_wait(&req, &ar));
+    printf("async save: %llu tensors, %llu bytes\n", (unsigned long long)ar.tensors,
+           (unsigned long long)ar.bytes);
     load_and_compare("load async save", later, &keep);
 
     /* A refused load: the wrong shape for `w`; nothing is written. */

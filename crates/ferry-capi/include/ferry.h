@@ -392,11 +392,19 @@ int ferry_checkpoint_save(const char *path, const ferry_tensor *tensors, size_t 
  * streamed, this call then also waiting for all but the last window's write): the caller may
  * then change or free the tensors. The files are written in the background; *req completes
  * when they are in place. *req belongs to NO dma: wait/test/destroy it with dma NULL
- * (ferry_request_wait(NULL, &req): -FERRY_EREQUEST with the save's message if it failed).
+ * (ferry_request_wait(NULL, &req): -FERRY_EREQUEST with the save's message if it failed), or
+ * wait for it with ferry_checkpoint_save_wait for the save's report.
  * Release it before the process exits. Errors as ferry_checkpoint_save (nothing started,
  * *req unchanged). */
 int ferry_checkpoint_save_async(const char *path, const ferry_tensor *tensors, size_t n,
                                 const ferry_checkpoint_options *opts, ferry_request **req);
+
+/* Waits for an asynchronous save's *req as ferry_request_wait(NULL, req) does (releases it,
+ * sets *req = NULL) and fills *report (may be NULL) with what the save did, as
+ * ferry_checkpoint_save's. FERRY_SUCCESS; -FERRY_EREQUEST if the save failed (released all
+ * the same, *report unchanged); -FERRY_EINVAL: NULL/invalid req, or a request that is not
+ * ferry_checkpoint_save_async's (nothing released). New in this release. */
+int ferry_checkpoint_save_wait(ferry_request **req, ferry_checkpoint_report *report);
 
 /* Loads the n named tensors of the checkpoint at path (a .safetensors file, a sharded
  * checkpoint's *.safetensors.index.json, or a folder: its index, else its safetensors file)

@@ -3,7 +3,7 @@
 //! through [`ferry::checkpoint`].
 
 use crate::error::{guard, Fail, FERRY_EDRIVER, FERRY_EINVAL, FERRY_ENOTAVAIL, FERRY_SUCCESS};
-use crate::request::{FerryBuffer, FerryRequest};
+use crate::request::{wait_release, FerryBuffer, FerryRequest};
 use ferry::checkpoint::{self, CheckpointError, Dest, Dtype, SaveOptions, SaveTensor, Writer};
 use ferry::cuda::{CudaEngine, CudaError};
 use ferry::file::{FileConfig, FileEngine};
@@ -448,20 +448,28 @@ pub unsafe extern "C" fn ferry_checkpoint_save(
         let fe = engine_for(&list, &o)?;
         let (path, so) = save_options(path, &o)?;
         let r = checkpoint::save(&fe, &path, &save_list(&list), &so).map_err(|e| fail(&e))?;
-        let out = FerryCheckpointReport {
-            bytes: r.bytes,
-            tensors: r.tensors as u64,
-            files: r.files as u64,
-            seconds: r.seconds,
-            pinned_bytes: fe.pinned_bytes(),
-            peak_rss_bytes: checkpoint::LoadReport::process_peak_rss().unwrap_or(0),
-            writer: writer_ran(&r),
-        };
         // SAFETY: (1).
-        unsafe { put(report, out) };
+        unsafe { put(report, save_report(&r, &fe)) };
         Ok(FERRY_SUCCESS)
     })
 }
+
+/// A save's report in C's terms, taken when the save is done.
+fn save_report(r: &checkpoint::SaveReport, fe: &FileEngine) -> FerryCheckpointReport {
+    FerryCheckpointReport {
+        bytes: r.bytes,
+        tensors: r.tensors as u64,
+        files: r.files as u64,
+        seconds: r.seconds,
+        pinned_bytes: fe.pinned_bytes(),
+        peak_rss_bytes: checkpoint::LoadReport::process_peak_rss().unwrap_or(0),
+        writer: writer_ran(r),
+    }
+}
+
+/// The report an asynchronous save's request carries (its `extra`), set when the save
+/// succeeded.
+type SaveSlot = OnceLock<FerryCheckpointReport>;
 
 /// Saves as `ferry_checkpoint_save` without waiting for the files: returns once every
 /// tensor's bytes are copied out of the caller's memory (into at most `opts->snapshot_bytes`
@@ -470,7 +478,8 @@ pub unsafe extern "C" fn ferry_checkpoint_save(
 /// the tensors. The files are written on a thread of ferry's; `*req` completes when they are
 /// in place. It belongs to no dma: wait, test and destroy it with a NULL dma
 /// (`ferry_request_wait(NULL, &req)`: `-FERRY_EREQUEST` with the save's message if it
-/// failed). Release it before the process exits.
+/// failed), or wait for it with `ferry_checkpoint_save_wait` for the save's report. Release it
+/// before the process exits.
 ///
 /// Errors as `ferry_checkpoint_save` before the call returns (nothing submitted, `*req`
 /// unchanged), and `-FERRY_EDRIVER` when no thread could be started.
@@ -488,21 +497,28 @@ pub unsafe extern "C" fn ferry_checkpoint_save_async(
 ) -> c_int {
     guard(|| {
         // SAFETY: the contract above.
-        let slot = unsafe { crate::error::out(req, "req") }?;
+        let out_slot = unsafe { crate::error::out(req, "req") }?;
         // SAFETY: the contract above.
         let (path, list, o) =
             unsafe { (path_of(path)?, tensors_of(tensors, n, true)?, options(opts)) };
         let fe = engine_for(&list, &o)?;
         let (path, so) = save_options(path, &o)?;
-        let handle = checkpoint::Checkpoint::snapshot_save(fe, path, &save_list(&list), so)
-            .map_err(|e| fail(&e))?;
+        let handle =
+            checkpoint::Checkpoint::snapshot_save(Arc::clone(&fe), path, &save_list(&list), so)
+                .map_err(|e| fail(&e))?;
         let done = Arc::new(Signal::new());
         let signal = Arc::clone(&done);
+        let slot = Arc::new(SaveSlot::new());
+        let report = Arc::clone(&slot);
         std::thread::Builder::new()
             .name("ferry-capi-save".into())
             .spawn(move || {
                 let result = match handle.join() {
-                    Ok(Ok(_)) => Ok(()),
+                    Ok(Ok(r)) => {
+                        // Set before the request completes: its waiter reads it after.
+                        let _ = report.set(save_report(&r, &fe));
+                        Ok(())
+                    }
                     Ok(Err(e)) => Err(RequestError::Backend(BackendError::new(e))),
                     Err(_) => Err(RequestError::Panicked {
                         op: "checkpoint save".into(),
@@ -517,7 +533,46 @@ pub unsafe extern "C" fn ferry_checkpoint_save_async(
                     format!("cannot start the thread that waits for the save: {e}"),
                 )
             })?;
-        *slot = FerryRequest::boxed(0, Request::new(done));
+        *out_slot = FerryRequest::boxed_with(0, Request::new(done), Some(slot));
+        Ok(FERRY_SUCCESS)
+    })
+}
+
+/// Waits for an asynchronous save's request (`ferry_checkpoint_save_async`) as
+/// `ferry_request_wait(NULL, req)` does (releases it, sets `*req` to NULL) and fills `*report`
+/// (when not NULL) with what the save did, as `ferry_checkpoint_save`'s.
+///
+/// Returns `FERRY_SUCCESS`, `-FERRY_EREQUEST` if the save failed (the message says why; the
+/// request is released all the same, `*report` unchanged), or `-FERRY_EINVAL` (NULL or invalid
+/// `req`/`*req`, or a request that is not an asynchronous save's: nothing released).
+///
+/// # Safety
+/// 1. `req` is NULL or valid for a read and a write of one pointer; `*req` is NULL or a
+///    request not yet released.
+/// 2. `report` is NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_checkpoint_save_wait(
+    req: *mut *mut FerryRequest,
+    report: *mut FerryCheckpointReport,
+) -> c_int {
+    guard(|| {
+        let is_save = |r: &FerryRequest| {
+            if r.extra().is_some_and(|e| e.is::<SaveSlot>()) {
+                Ok(())
+            } else {
+                Err(Fail::inval(
+                    "req is not an asynchronous save's request (ferry_checkpoint_save_async)",
+                ))
+            }
+        };
+        // SAFETY: (1), with a NULL dma.
+        let extra = unsafe { wait_release(std::ptr::null_mut(), req, is_save) }?;
+        let r = extra
+            .and_then(|e| e.downcast::<SaveSlot>().ok())
+            .and_then(|s| s.get().copied())
+            .ok_or_else(|| Fail::new(FERRY_EDRIVER, "the save finished without its report"))?;
+        // SAFETY: (2).
+        unsafe { put(report, r) };
         Ok(FERRY_SUCCESS)
     })
 }

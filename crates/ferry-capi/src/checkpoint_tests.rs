@@ -244,6 +244,45 @@ fn a_background_save_is_a_request_of_no_dma() {
     // SAFETY: live handles.
     assert_eq!(unsafe { ferry_request_wait(cpu, &mut req) }, -FERRY_EINVAL);
     assert!(!req.is_null());
+    // `ferry_checkpoint_save_wait` takes a save's request only: a dma's is refused, kept.
+    let (src, mut dst) = (vec![3u8; 64], vec![0u8; 64]);
+    let mut copy = null_mut();
+    // SAFETY: live dma and buffers (waited below).
+    let rc = unsafe {
+        ferry_dma_request_create(
+            cpu,
+            &mut copy,
+            dst.as_mut_ptr().cast(),
+            64,
+            null(),
+            src.as_ptr().cast_mut().cast(),
+            64,
+            null(),
+            &ferry_op_memcpy,
+            null_mut(),
+        )
+    };
+    assert_eq!(rc, FERRY_SUCCESS, "{}", last());
+    // SAFETY: a live request; NULLs.
+    unsafe {
+        assert_eq!(
+            ferry_checkpoint_save_wait(&mut copy, null_mut()),
+            -FERRY_EINVAL
+        );
+        assert!(last().contains("not an asynchronous save"), "{}", last());
+        assert!(!copy.is_null(), "refused, not released");
+        assert_eq!(ferry_request_wait(cpu, &mut copy), FERRY_SUCCESS);
+        assert_eq!(
+            ferry_checkpoint_save_wait(null_mut(), null_mut()),
+            -FERRY_EINVAL
+        );
+        let mut none: *mut FerryRequest = null_mut();
+        assert_eq!(
+            ferry_checkpoint_save_wait(&mut none, null_mut()),
+            -FERRY_EINVAL
+        );
+    }
+    assert_eq!(dst, src);
     let mut done = 0;
     // SAFETY: live request, NULL dma.
     let rc = unsafe { ferry_request_test(null_mut(), req, &mut done) };
@@ -276,9 +315,22 @@ fn a_background_save_is_a_request_of_no_dma() {
             unsafe { ferry_checkpoint_save_async(step.as_ptr(), ts.as_ptr(), 3, opts, &mut req) };
         assert_eq!(rc, FERRY_SUCCESS, "{}", last());
         drop(ts);
-        // SAFETY: live request.
-        let rc = unsafe { ferry_request_wait(null_mut(), &mut req) };
+        // Waited with its report: what a save in the foreground reports for the same file.
+        let mut sr = FerryCheckpointReport::default();
+        // SAFETY: live request and report.
+        let rc = unsafe { ferry_checkpoint_save_wait(&mut req, &mut sr) };
         assert_eq!(rc, FERRY_SUCCESS, "{}", last());
+        assert!(req.is_null());
+        let file = std::fs::metadata(dir.join(format!("k{i}.safetensors"))).unwrap();
+        assert_eq!(
+            (sr.bytes, sr.tensors, sr.files),
+            (file.len(), 3, 1),
+            "{sr:?}"
+        );
+        assert!(
+            [FERRY_WRITER_BUFFERED, FERRY_WRITER_DIRECT].contains(&sr.writer),
+            "{sr:?}"
+        );
         let mut back = Model::zeroed();
         let mut bt = back.tensors();
         assert_eq!(load(&step, &mut bt, &mut r), FERRY_SUCCESS, "{}", last());
@@ -297,9 +349,15 @@ fn a_background_save_is_a_request_of_no_dma() {
     let rc =
         unsafe { ferry_checkpoint_save_async(gone.as_ptr(), ts.as_ptr(), 3, null(), &mut req2) };
     if rc == FERRY_SUCCESS {
-        // SAFETY: live request.
-        let rc = unsafe { ferry_request_wait(null_mut(), &mut req2) };
+        let mut sr = FerryCheckpointReport {
+            bytes: 77,
+            ..Default::default()
+        };
+        // SAFETY: live request and report.
+        let rc = unsafe { ferry_checkpoint_save_wait(&mut req2, &mut sr) };
         assert_eq!(rc, -FERRY_EREQUEST);
+        assert!(req2.is_null());
+        assert_eq!(sr.bytes, 77, "a failed save leaves the report as it was");
     } else {
         assert_eq!(rc, -FERRY_EDRIVER, "{}", last());
         assert!(req2.is_null());

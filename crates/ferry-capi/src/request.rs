@@ -5,6 +5,7 @@ use crate::error::{guard, out, request_fail, Fail, FERRY_SUCCESS};
 use crate::layout::{layout_opt, FerryLayout};
 use crate::op::{op_ref, Bound, FerryOp, OpKind};
 use ferry::{Job, Layout, MemKind, RawBuf, Request};
+use std::any::Any;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
@@ -67,21 +68,37 @@ impl FerryBuffer {
 
 const REQUEST_MAGIC: u64 = 0x6665_7272_795f_7271; // "ferry_rq"
 
+/// What a request of no dma carries beside its result (an asynchronous checkpoint save's
+/// report, filled when it completes), read by the call that waits for it.
+pub(crate) type Extra = Arc<dyn Any + Send + Sync>;
+
 /// A request handle (`ferry_request` in C).
 pub struct FerryRequest {
     magic: u64,
     dma: u64,
     req: Request,
+    extra: Option<Extra>,
 }
 
 impl FerryRequest {
     /// A new handle for request `req` of the dma numbered `dma`.
     pub(crate) fn boxed(dma: u64, req: Request) -> *mut FerryRequest {
+        Self::boxed_with(dma, req, None)
+    }
+
+    /// [`FerryRequest::boxed`] with what the request carries beside its result.
+    pub(crate) fn boxed_with(dma: u64, req: Request, extra: Option<Extra>) -> *mut FerryRequest {
         Box::into_raw(Box::new(FerryRequest {
             magic: REQUEST_MAGIC,
             dma,
             req,
+            extra,
         }))
+    }
+
+    /// What the request carries beside its result.
+    pub(crate) fn extra(&self) -> Option<&Extra> {
+        self.extra.as_ref()
     }
 }
 
@@ -235,11 +252,7 @@ unsafe fn create(
     // SAFETY: the caller's contract (buffer validity and exclusivity until the request is
     // released) is the engine's.
     let r = unsafe { d.engine.submit_raw(job) }?;
-    *out = Box::into_raw(Box::new(FerryRequest {
-        magic: REQUEST_MAGIC,
-        dma: d.id,
-        req: r,
-    }));
+    *out = FerryRequest::boxed(d.id, r);
     Ok(FERRY_SUCCESS)
 }
 
@@ -353,20 +366,40 @@ pub unsafe extern "C" fn ferry_request_wait(
     req: *mut *mut FerryRequest,
 ) -> c_int {
     guard(|| {
-        // SAFETY: (2).
-        let slot = unsafe { out(req, "req") }?;
-        // SAFETY: (1), (2).
-        unsafe { request_of(dma, *slot) }?;
-        // SAFETY: (2): from `Box::into_raw`, checked live above; released once, here.
-        let mut b = unsafe { Box::from_raw(*slot) };
-        *slot = std::ptr::null_mut();
-        b.magic = 0;
-        let id = b.req.id();
-        match b.req.wait() {
-            Ok(()) => Ok(FERRY_SUCCESS),
-            Err(e) => Err(request_fail(id, &e)),
-        }
+        // SAFETY: the contract above, forwarded.
+        unsafe { wait_release(dma, req, |_| Ok(())) }.map(|_| FERRY_SUCCESS)
     })
+}
+
+/// `ferry_request_wait`'s body, for the calls that wait for a request of their own kind:
+/// checks `*req` with `check`, then against `dma` (nothing released if either refuses),
+/// releases it, sets `*req` to NULL and waits for it. Its `extra` back once it succeeded; a
+/// failure as `-FERRY_EREQUEST` (released all the same).
+///
+/// # Safety
+/// As `ferry_request_wait`'s.
+pub(crate) unsafe fn wait_release(
+    dma: *mut FerryDma,
+    req: *mut *mut FerryRequest,
+    check: impl FnOnce(&FerryRequest) -> Result<(), Fail>,
+) -> Result<Option<Extra>, Fail> {
+    // SAFETY: the contract (2).
+    let slot = unsafe { out(req, "req") }?;
+    // `check` first: a request of the wrong kind is named as such, whatever `dma` is.
+    // SAFETY: the contract (2).
+    check(unsafe { request_mut(*slot, None) }?)?;
+    // SAFETY: the contract (1), (2).
+    unsafe { request_of(dma, *slot) }?;
+    // SAFETY: the contract (2): from `Box::into_raw`, checked live above; released once, here.
+    let mut b = unsafe { Box::from_raw(*slot) };
+    *slot = std::ptr::null_mut();
+    b.magic = 0;
+    let id = b.req.id();
+    let extra = b.extra.take();
+    match b.req.wait() {
+        Ok(()) => Ok(extra),
+        Err(e) => Err(request_fail(id, &e)),
+    }
 }
 
 /// Polls a request without blocking: `*done` = 1 once it has completed, 0 while in flight.

@@ -133,6 +133,17 @@ fn checkpoint_example_saves_and_loads_back() {
     ] {
         assert!(stdout.contains(want), "missing `{want}` in:\n{stdout}");
     }
+    // The background save's report (`ferry_checkpoint_save_wait`) says what the one in the
+    // foreground says: the same tensors, the same file.
+    let line = |p: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(p))
+            .map(|l| l[p.len()..].to_string())
+    };
+    let saved = line("save: ").unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(line("async save: "), Some(saved.clone()), "{stdout}");
+    assert!(saved.starts_with("3 tensors, "), "{saved}");
     let folder = stdout
         .lines()
         .find(|l| l.starts_with("load folder: "))
