@@ -340,3 +340,61 @@ fn single_run_of_one_dim() {
         Err(PlanError::ElemSizeMismatch { dst: 1, src: 4 })
     ));
 }
+
+/// `Plan::general`'s plain-transpose path gives the plan the sorting path gives, for every
+/// pair it takes; the pairs it leaves (a dense or mergeable source, a padded or strided
+/// destination, extents of 1, another element size) go the sorting way.
+#[test]
+fn transpose_2d_is_the_sorted_plan() {
+    let mut taken = 0;
+    for e in [1usize, 2, 4, 8, 16] {
+        for (a, b) in [(2, 2), (2, 7), (5, 3), (16, 32), (1, 8), (8, 1)] {
+            // Destinations: dense, padded rows, and a transposed view.
+            let dsts = [
+                Layout::contiguous(&[a, b], e).unwrap(),
+                Layout::with_byte_strides(&[a, b], &[(b + 3) * e, e], e).unwrap(),
+                Layout::contiguous(&[b, a], e)
+                    .unwrap()
+                    .transpose(0, 1)
+                    .unwrap(),
+            ];
+            // Sources: transposed, transposed with padding, dense, pitched rows, broadcast
+            // rows and columns, and one mergeable though not dense (rows of 2 elements apart).
+            let srcs = [
+                Layout::contiguous(&[b, a], e)
+                    .unwrap()
+                    .transpose(0, 1)
+                    .unwrap(),
+                Layout::with_byte_strides(&[a, b], &[e, (a + 5) * e], e).unwrap(),
+                Layout::contiguous(&[a, b], e).unwrap(),
+                Layout::with_byte_strides(&[a, b], &[(b + 1) * e, e], e).unwrap(),
+                Layout::with_byte_strides(&[a, b], &[0, e], e).unwrap(),
+                Layout::with_byte_strides(&[a, b], &[e, 0], e).unwrap(),
+                Layout::with_byte_strides(&[a, b], &[2 * b * e, 2 * e], e).unwrap(),
+            ];
+            for dst in &dsts {
+                for src in &srcs {
+                    for (doff, soff) in [(0, 0), (3 * e, 5 * e)] {
+                        let d = dst.with_offset(doff).unwrap();
+                        let s = src.with_offset(soff).unwrap();
+                        let sorted = Plan::sorted(&d, &s);
+                        if let Some(fast) = Plan::transpose_2d(&d, &s) {
+                            taken += 1;
+                            assert_eq!(Ok(fast), sorted, "{d:?} <- {s:?}");
+                            assert!(fast.is_transposing() || s.strides()[1] == 0, "{fast:?}");
+                        }
+                        assert_eq!(Plan::general(&d, &s), sorted, "{d:?} <- {s:?}");
+                    }
+                }
+            }
+        }
+        // Another element size on each side: not taken, the same error.
+        let d = Layout::contiguous(&[4, 4], e).unwrap();
+        let s = Layout::contiguous(&[4, 4], 2 * e)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        assert_eq!(Plan::transpose_2d(&d, &s), None);
+    }
+    assert!(taken > 100, "the fast path was taken {taken} times");
+}
