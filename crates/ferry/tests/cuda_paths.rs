@@ -512,7 +512,7 @@ fn kernel_gathers_behind_a_held_stream_return_at_once() {
 
 /// The three bands, where the kernel and the batched copy cross at a host-dependent size: host
 /// -> device lists of 64 KiB segments, host -> device lists of 16 segments of 32 KiB, and
-/// device -> host lists of 16 segments of 64 KiB (the short lists: too few segments to fill the
+/// device -> host lists of 16 segments of 2 KiB (the short lists: too few segments to fill the
 /// SMs). In each, on a gatherer of its own, `Strategy::Auto` times both on its first calls,
 /// each in turn, then keeps one; every call's bytes right. Within a band each power of two of
 /// the average segment is measured apart: host -> device lists of 256 KiB segments, after the
@@ -534,7 +534,7 @@ fn auto_measures_each_band_then_keeps_one() {
     for (what, count, block, dst_pinned, src_pinned) in [
         ("host -> device", 64usize, 64usize << 10, false, true),
         ("host -> device, few", 16, 32 << 10, false, true),
-        ("device -> host, few", 16, 64 << 10, true, false),
+        ("device -> host, few", 16, 2 << 10, true, false),
         (
             "host -> device, 256 KiB after 64 KiB",
             64,

@@ -152,12 +152,10 @@ pub(crate) enum Band {
     /// kernel, 0.89 of the batch), the tenth's first lease 0.78, its second 0.99-1.00.
     FromHostFew,
     /// Device -> host lists of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`] segments averaging
-    /// under [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] (the kernel's side of [`large_segment`]): too few
-    /// segments to fill the SMs, and the two cross by host. `cuda-blocks-d2h`, 16 blocks, the
-    /// bare kernel against the raw batched copy at 4 / 8 / 32 / 64 KiB: the tenth H100 run's
-    /// host 4.12 / 7.60 / 20.6 / 29.4 GB/s against 4.67 / 8.54 / 23.2 / 32.1 (the route, on the
-    /// kernel, 0.86-0.93 of the batch); the seventh run's 3.62 / 6.76 / 19.3 / 28.2 against
-    /// 3.12 / 5.93 / 17.5 / 25.9 (the kernel 1.09-1.16x ahead); the eighth's within 2%.
+    /// under [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] (4 KiB; the kernel's side of [`large_segment`]):
+    /// too few segments to fill the SMs, and segments too small for the copy engines' per-block
+    /// cost to be known. No H100 run measured below 4 KiB; from 4 KiB the batched copy led on
+    /// every host but one (the constant's figures), so the band stops there.
     ToHostFew,
 }
 
@@ -267,12 +265,19 @@ pub(crate) fn band_next(kernel: usize, batch: usize) -> Strategy {
 pub(crate) const DEVICE_KERNEL_MIN_SEGMENTS: usize = 64;
 
 /// [`large_segment`] of a device -> host list of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`]
-/// segments. Four H100 runs (`bench/results/h100.md`, `cuda-blocks-d2h`, third, fifth, seventh
-/// and eighth): 16 x 512 KiB ran 48.3 / 50.5 / 48.5 / 50.9 GB/s through the batched copy
-/// against the kernel's 47.0 / 48.5 / 47.4 / 48.8 (the route, on the kernel, 0.94-0.96 of the
-/// batch), while 256 x 512 KiB ran level or better on the kernel (52.1-52.2 against
-/// 50.5-52.7) and 16 x 64 KiB level (31.8 against 32.2): too few segments to fill the SMs.
-pub(crate) const AUTO_LARGE_SEGMENT_TO_HOST_FEW: u64 = 512 << 10;
+/// segments: from 4 KiB such lists go to the copy engines without measuring; below it
+/// [`Band::ToHostFew`] times both. On the H100 hosts the batched copy ran level with the kernel
+/// or ahead from 4 KiB to 512 KiB (`bench/results/h100.md`, `cuda-blocks-d2h`, 16 blocks of 4 /
+/// 8 / 32 / 64 KiB: the tenth run 4.67 / 8.54 / 23.2 / 32.1 GB/s against the kernel's 4.12 /
+/// 7.60 / 20.6 / 29.4; the sixteenth's two processes 4.74-4.76 / 8.66-8.69 / 23.5-23.6 /
+/// 32.0-32.3 against 4.13-4.49 / 7.96-8.22 / 21.9-22.4 / 30.8-31.5; from 512 KiB the batch
+/// 1.02-1.06x, third to eighth runs), ahead of it by 9-16% on one host only (the seventh run).
+/// Measured there ([`Band::ToHostFew`] up to 512 KiB before), the route ran 0.88-0.92 of the
+/// batch in one process of several (fourteenth to sixteenth runs, 16 x 32 or 64 KiB), at the
+/// bare kernel's rate while the series that never takes the kernel (`compute_busy`) matched the
+/// batch: the band's few timed calls had kept the kernel. A gain of a tenth on one host does not
+/// pay for the SMs (issue 34): the copy engines take these lists.
+pub(crate) const AUTO_LARGE_SEGMENT_TO_HOST_FEW: u64 = 4 << 10;
 
 /// Where a segment list's two sides live, as the gatherer's choice weighs them: host memory
 /// (pinned, registered or mapped: reached over the link) or a GPU's.

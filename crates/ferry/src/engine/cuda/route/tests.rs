@@ -516,9 +516,9 @@ fn large_segments_by_sides() {
     // From host memory the batch copy takes 64 KiB segments; device -> host keeps 1 MiB.
     assert_eq!(large_segment(HostToDevice, 4096), 64 << 10);
     assert_eq!(large_segment(DeviceToHost, 4096), 1 << 20);
-    // Short device -> host lists take the batch copy from 512 KiB segments.
+    // Short device -> host lists take the batch copy from 4 KiB segments.
     assert_eq!(large_segment(DeviceToHost, 64), 1 << 20);
-    assert_eq!(large_segment(DeviceToHost, 63), 512 << 10);
+    assert_eq!(large_segment(DeviceToHost, 63), 4 << 10);
     assert_eq!(large_segment(HostToHost, 4096), 1 << 20);
     // Device lists: 1 MiB below 64 segments, the kernel at any size from 64.
     assert_eq!(large_segment(DeviceToDevice, 63), 1 << 20);
@@ -532,7 +532,9 @@ fn large_segments_by_sides() {
     assert_eq!(at(256, 32 << 10, HostToDevice), Strategy::Kernel);
     assert_eq!(at(256, 512 << 10, DeviceToHost), Strategy::Kernel);
     assert_eq!(at(16, 512 << 10, DeviceToHost), Strategy::Batch);
-    assert_eq!(at(16, 64 << 10, DeviceToHost), Strategy::Kernel);
+    assert_eq!(at(16, 64 << 10, DeviceToHost), Strategy::Batch);
+    assert_eq!(at(16, 4 << 10, DeviceToHost), Strategy::Batch);
+    assert_eq!(at(16, 2 << 10, DeviceToHost), Strategy::Kernel);
     assert_eq!(at(256, 2 << 20, DeviceToDevice), Strategy::Kernel);
     assert_eq!(at(16, 2 << 20, DeviceToDevice), Strategy::Batch);
     // SMs busy: never the kernel, whatever the sides.
@@ -924,21 +926,22 @@ fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_lists_eit
     );
     // Device -> host: short lists on the kernel's side of `large_segment` only.
     let to_host = |n: usize, avg: u64| band(Sides::DeviceToHost, n, avg * n as u64);
-    assert_eq!(to_host(16, 4 << 10), Some(Band::ToHostFew));
+    assert_eq!(to_host(16, 2 << 10), Some(Band::ToHostFew));
+    assert_eq!(to_host(16, 64 << 10), None);
     assert_eq!(
         to_host(16, AUTO_LARGE_SEGMENT_TO_HOST_FEW - 1),
         Some(Band::ToHostFew)
     );
     assert_eq!(to_host(16, AUTO_LARGE_SEGMENT_TO_HOST_FEW), None);
     assert_eq!(
-        to_host(DEVICE_KERNEL_MIN_SEGMENTS - 1, 64 << 10),
+        to_host(DEVICE_KERNEL_MIN_SEGMENTS - 1, 2 << 10),
         Some(Band::ToHostFew)
     );
-    assert_eq!(to_host(DEVICE_KERNEL_MIN_SEGMENTS, 64 << 10), None);
+    assert_eq!(to_host(DEVICE_KERNEL_MIN_SEGMENTS, 2 << 10), None);
     // Where the band times the batch, the plain rule had taken the kernel (and beyond it, the
     // batch): the band covers only lists whose mechanism depends on the host.
     let n16 = 16;
-    assert!((64 << 10) < large_segment(Sides::DeviceToHost, n16));
+    assert!((2 << 10) < large_segment(Sides::DeviceToHost, n16));
     let avg = 64 << 10;
     for sides in [Sides::DeviceToDevice, Sides::HostToHost] {
         assert_eq!(band(sides, n, avg * n as u64), None, "{sides:?}");
@@ -946,7 +949,7 @@ fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_lists_eit
     }
     // A few segments go one call each anyway.
     let few = AUTO_FEW_SEGMENTS;
-    for sides in [Sides::HostToDevice, Sides::DeviceToHost] {
+    for (sides, avg) in [(Sides::HostToDevice, avg), (Sides::DeviceToHost, 2 << 10)] {
         assert_eq!(band(sides, few, avg * few as u64), None, "{sides:?}");
         assert!(
             band(sides, few + 1, avg * (few as u64 + 1)).is_some(),
