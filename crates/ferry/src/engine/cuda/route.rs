@@ -152,10 +152,11 @@ pub(crate) enum Band {
     /// kernel, 0.89 of the batch), the tenth's first lease 0.78, its second 0.99-1.00.
     FromHostFew,
     /// Device -> host lists of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`] segments averaging
-    /// under [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] (4 KiB; the kernel's side of [`large_segment`]):
-    /// too few segments to fill the SMs, and segments too small for the copy engines' per-block
-    /// cost to be known. No H100 run measured below 4 KiB; from 4 KiB the batched copy led on
-    /// every host but one (the constant's figures), so the band stops there.
+    /// under [`AUTO_LARGE_SEGMENT_TO_HOST_FEW`] (32 KiB; the kernel's side of [`large_segment`]):
+    /// too few segments to fill the SMs, and the two cross by host (16 blocks of 4 / 8 KiB: the
+    /// batch 1.06-1.15x ahead on two H100 hosts, the kernel 1.16-1.19x on another; the
+    /// constant's figures). From 32 KiB the batched copy led on every host but one, so the band
+    /// stops there.
     ToHostFew,
 }
 
@@ -265,19 +266,20 @@ pub(crate) fn band_next(kernel: usize, batch: usize) -> Strategy {
 pub(crate) const DEVICE_KERNEL_MIN_SEGMENTS: usize = 64;
 
 /// [`large_segment`] of a device -> host list of fewer than [`DEVICE_KERNEL_MIN_SEGMENTS`]
-/// segments: from 4 KiB such lists go to the copy engines without measuring; below it
+/// segments: from 32 KiB such lists go to the copy engines without measuring; below it
 /// [`Band::ToHostFew`] times both. On the H100 hosts the batched copy ran level with the kernel
-/// or ahead from 4 KiB to 512 KiB (`bench/results/h100.md`, `cuda-blocks-d2h`, 16 blocks of 4 /
-/// 8 / 32 / 64 KiB: the tenth run 4.67 / 8.54 / 23.2 / 32.1 GB/s against the kernel's 4.12 /
-/// 7.60 / 20.6 / 29.4; the sixteenth's two processes 4.74-4.76 / 8.66-8.69 / 23.5-23.6 /
-/// 32.0-32.3 against 4.13-4.49 / 7.96-8.22 / 21.9-22.4 / 30.8-31.5; from 512 KiB the batch
-/// 1.02-1.06x, third to eighth runs), ahead of it by 9-16% on one host only (the seventh run).
-/// Measured there ([`Band::ToHostFew`] up to 512 KiB before), the route ran 0.88-0.92 of the
-/// batch in one process of several (fourteenth to sixteenth runs, 16 x 32 or 64 KiB), at the
-/// bare kernel's rate while the series that never takes the kernel (`compute_busy`) matched the
-/// batch: the band's few timed calls had kept the kernel. A gain of a tenth on one host does not
-/// pay for the SMs (issue 34): the copy engines take these lists.
-pub(crate) const AUTO_LARGE_SEGMENT_TO_HOST_FEW: u64 = 4 << 10;
+/// or ahead from 32 KiB to 512 KiB (`bench/results/h100.md`, `cuda-blocks-d2h`, 16 blocks of 32
+/// / 64 KiB: the tenth run 23.2 / 32.1 GB/s against the kernel's 20.6 / 29.4; the sixteenth's
+/// three processes on two hosts 22.3-23.6 / 31.7-32.3 against 21.5-22.4 / 30.7-31.5; from 512
+/// KiB the batch 1.02-1.06x, third to eighth runs), ahead of it by a tenth on one host only
+/// (the seventh run). Measured there ([`Band::ToHostFew`] up to 512 KiB before), the route ran
+/// 0.88-0.92 of the batch in one process of several (fourteenth to sixteenth runs, 16 x 32 or
+/// 64 KiB), at the bare kernel's rate while the series that never takes the kernel
+/// (`compute_busy`) matched the batch: the band's few timed calls had kept the kernel. A gain
+/// of a tenth on one host does not pay for the SMs (issue 34): the copy engines take these
+/// lists. Below 32 KiB the hosts differ by more: at 4 / 8 KiB the batch led 1.06-1.15x on the
+/// tenth run's host and the sixteenth's first, the kernel 1.16-1.19x on its second.
+pub(crate) const AUTO_LARGE_SEGMENT_TO_HOST_FEW: u64 = 32 << 10;
 
 /// Where a segment list's two sides live, as the gatherer's choice weighs them: host memory
 /// (pinned, registered or mapped: reached over the link) or a GPU's.

@@ -516,9 +516,9 @@ fn large_segments_by_sides() {
     // From host memory the batch copy takes 64 KiB segments; device -> host keeps 1 MiB.
     assert_eq!(large_segment(HostToDevice, 4096), 64 << 10);
     assert_eq!(large_segment(DeviceToHost, 4096), 1 << 20);
-    // Short device -> host lists take the batch copy from 4 KiB segments.
+    // Short device -> host lists take the batch copy from 32 KiB segments.
     assert_eq!(large_segment(DeviceToHost, 64), 1 << 20);
-    assert_eq!(large_segment(DeviceToHost, 63), 4 << 10);
+    assert_eq!(large_segment(DeviceToHost, 63), 32 << 10);
     assert_eq!(large_segment(HostToHost, 4096), 1 << 20);
     // Device lists: 1 MiB below 64 segments, the kernel at any size from 64.
     assert_eq!(large_segment(DeviceToDevice, 63), 1 << 20);
@@ -533,8 +533,8 @@ fn large_segments_by_sides() {
     assert_eq!(at(256, 512 << 10, DeviceToHost), Strategy::Kernel);
     assert_eq!(at(16, 512 << 10, DeviceToHost), Strategy::Batch);
     assert_eq!(at(16, 64 << 10, DeviceToHost), Strategy::Batch);
-    assert_eq!(at(16, 4 << 10, DeviceToHost), Strategy::Batch);
-    assert_eq!(at(16, 2 << 10, DeviceToHost), Strategy::Kernel);
+    assert_eq!(at(16, 32 << 10, DeviceToHost), Strategy::Batch);
+    assert_eq!(at(16, 16 << 10, DeviceToHost), Strategy::Kernel);
     assert_eq!(at(256, 2 << 20, DeviceToDevice), Strategy::Kernel);
     assert_eq!(at(16, 2 << 20, DeviceToDevice), Strategy::Batch);
     // SMs busy: never the kernel, whatever the sides.
@@ -927,6 +927,8 @@ fn the_bands_are_host_to_device_lists_between_two_thresholds_and_short_lists_eit
     // Device -> host: short lists on the kernel's side of `large_segment` only.
     let to_host = |n: usize, avg: u64| band(Sides::DeviceToHost, n, avg * n as u64);
     assert_eq!(to_host(16, 2 << 10), Some(Band::ToHostFew));
+    assert_eq!(to_host(16, 16 << 10), Some(Band::ToHostFew));
+    assert_eq!(to_host(16, 32 << 10), None);
     assert_eq!(to_host(16, 64 << 10), None);
     assert_eq!(
         to_host(16, AUTO_LARGE_SEGMENT_TO_HOST_FEW - 1),
