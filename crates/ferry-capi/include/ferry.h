@@ -403,7 +403,8 @@ int ferry_checkpoint_save_async(const char *path, const ferry_tensor *tensors, s
  * sets *req = NULL) and fills *report (may be NULL) with what the save did, as
  * ferry_checkpoint_save's. FERRY_SUCCESS; -FERRY_EREQUEST if the save failed (released all
  * the same, *report unchanged); -FERRY_EINVAL: NULL/invalid req, or a request that is not
- * ferry_checkpoint_save_async's (nothing released). New in this release. */
+ * ferry_checkpoint_save_async's (nothing released); -FERRY_EDRIVER: a save that succeeded
+ * left no report (not expected; released, *report unchanged). New in this release. */
 int ferry_checkpoint_save_wait(ferry_request **req, ferry_checkpoint_report *report);
 
 /* Loads the n named tensors of the checkpoint at path (a .safetensors file, a sharded

@@ -545,6 +545,8 @@ pub unsafe extern "C" fn ferry_checkpoint_save_async(
 /// Returns `FERRY_SUCCESS`, `-FERRY_EREQUEST` if the save failed (the message says why; the
 /// request is released all the same, `*report` unchanged), or `-FERRY_EINVAL` (NULL or invalid
 /// `req`/`*req`, or a request that is not an asynchronous save's: nothing released).
+/// `-FERRY_EDRIVER` if a save that succeeded left no report (not expected: the writing side
+/// sets it before the request completes; the request is released, `*report` unchanged).
 ///
 /// # Safety
 /// 1. `req` is NULL or valid for a read and a write of one pointer; `*req` is NULL or a

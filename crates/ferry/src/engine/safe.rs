@@ -154,9 +154,9 @@ pub trait EngineExt: Engine {
             });
         }
         let len = src.raw().len;
-        // SAFETY: `lend` calls this with the lent buffers' raw views.
-        lend(self, dst, src, len, |e, d, s| unsafe {
-            e.submit_memcpy(d, s, len)
+        lend(self, dst, src, len, |e, d, s| {
+            // SAFETY: `lend` calls this with the lent buffers' raw views.
+            unsafe { e.submit_memcpy(d, s, len) }
         })
     }
 }

@@ -872,9 +872,11 @@ pub enum Strategy {
     /// least [`AUTO_LARGE_SEGMENT`] bytes (52 GB/s at 1 MiB against the kernel's 50, and the SMs
     /// stay free); else the kernel (47 GB/s at 4 KiB); all three only where both sides are
     /// device-accessible, pageable memory getting one call per segment. Host -> device lists
-    /// averaging 64 KiB to 1 MiB, and device -> host lists of fewer than 64 segments averaging
-    /// under 512 KiB (the bands, `route.rs`): the kernel and the batch are timed on the
-    /// gatherer's first such calls and the faster kept, each band on its own.
+    /// averaging 64 KiB to 1 MiB, host -> device lists of fewer than 64 segments averaging 32-64
+    /// KiB, and device -> host lists of fewer than 64 segments averaging under 32 KiB (the
+    /// bands, `route.rs`): the kernel and the batch are timed on the gatherer's first such
+    /// calls and the faster kept, each band on its own; device -> host lists of fewer than 64
+    /// segments from 32 KiB take the batch.
     Auto,
 }
 
