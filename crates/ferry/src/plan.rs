@@ -176,10 +176,9 @@ impl Plan {
     /// 2) and element size, the destination dense in row-major order and the source neither
     /// dense along the rows nor mergeable into one dim (a transpose, or a source whose
     /// elements along a row are spaced apart or broadcast): those two dims as they are, one
-    /// element a run. Without sorting,
-    /// merging or the overlap check (a dense destination does not overlap itself): planning
-    /// took about 40% of a 4 KiB transpose run inline (issue 32). `None` for any other pair
-    /// (tests: `transpose_2d_is_the_sorted_plan`).
+    /// element a run. Without sorting, merging or the overlap check (a dense destination does
+    /// not overlap itself): planning took about 40% of a 4 KiB transpose run inline (issue 32).
+    /// `None` for any other pair (tests: `transpose_2d_is_the_sorted_plan`).
     #[inline]
     fn transpose_2d(dst: &Layout, src: &Layout) -> Option<Plan> {
         let e = dst.elem_size();

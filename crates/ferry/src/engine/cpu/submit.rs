@@ -77,6 +77,14 @@ pub(super) fn rows(dl: &Layout, sl: &Layout) -> Option<Rows> {
 }
 
 impl CpuEngine {
+    /// Whether a copy between `dst` and `src` may run here at submit: non-null, disjoint
+    /// ([`check_bufs`]) and reachable from the CPU. The one check of every inline path; any
+    /// other copy goes to the general path, which says what is wrong.
+    #[inline]
+    fn runs_here(&self, dst: RawBuf, src: RawBuf) -> bool {
+        check_bufs(dst, Some(src)).is_ok() && self.supports(dst.kind, Some(src.kind))
+    }
+
     /// The inline part of [`Engine::submit_copy`] for a 2-D tile ([`rows`]) of at most
     /// [`CpuConfig::inline_bytes`](super::CpuConfig::inline_bytes) inside both buffers: a loop
     /// over its rows, here; `false`, having touched nothing, for any other copy (the general
@@ -99,10 +107,7 @@ impl CpuEngine {
             .count
             .checked_mul(r.run)
             .is_some_and(|n| n <= self.cfg.inline_bytes);
-        if !(small && fits(r.dst, dst.len) && fits(r.src, src.len))
-            || check_bufs(dst, Some(src)).is_err()
-            || !self.supports(dst.kind, Some(src.kind))
-        {
+        if !(small && fits(r.dst, dst.len) && fits(r.src, src.len) && self.runs_here(dst, src)) {
             return false;
         }
         // SAFETY: the caller guarantees the buffers until the request completes (it completes
@@ -120,7 +125,7 @@ impl CpuEngine {
     /// As [`Engine::submit_copy`]; the layouts were checked against the buffers' lengths
     /// (`checked_run` did).
     unsafe fn plan_now(&self, dst: RawBuf, src: RawBuf, dl: &Layout, sl: &Layout) -> bool {
-        if check_bufs(dst, Some(src)).is_err() || !self.supports(dst.kind, Some(src.kind)) {
+        if !self.runs_here(dst, src) {
             return false;
         }
         match Plan::general(dl, sl) {
@@ -186,8 +191,7 @@ impl Engine for CpuEngine {
             // No element (two empty layouts): done, nothing touched.
             Ok(Some((_, _, 0))) => true,
             Ok(Some(run)) if run.2 <= self.cfg.inline_bytes => {
-                let ok =
-                    check_bufs(dst, Some(src)).is_ok() && self.supports(dst.kind, Some(src.kind));
+                let ok = self.runs_here(dst, src);
                 if ok {
                     // SAFETY: the caller guarantees the buffers until the request completes
                     // (it completes here); the run lies inside both (`checked_run`), and
@@ -222,8 +226,7 @@ impl Engine for CpuEngine {
             && len <= self.cfg.inline_bytes
             && len <= dst.len
             && len <= src.len
-            && check_bufs(dst, Some(src)).is_ok()
-            && self.supports(dst.kind, Some(src.kind))
+            && self.runs_here(dst, src)
         {
             // SAFETY: the caller guarantees the buffers until the request completes (it
             // completes here); `len` bytes lie inside both, and `check_bufs` found them
