@@ -14,7 +14,7 @@
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
 # records, scripts/cufile-udev.sh), and survey testsplain aml ab aball fill kvorder blocks blocksclean disk confirm agenttests ckpt cold snapshot agent
-# cpu cpuab nixl nixltcp (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
+# cpu cpuab nixl nixltcp tcpstreams (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
 # FERRY_TEST_POLICIES=tuned, so that the steps between come first).
@@ -172,6 +172,20 @@ for s in "${steps[@]}"; do
     step ipc-tcp "$limit" "$ferry" bench --engine cpu --test ipc-tcp-write,ipc-tcp-read \
       --sizes 4K,64K,1M,16M,64M --json "$log/ipc-tcp.json"
     step nixl-tcp 300 python3 bench/agent/nixl_tcp.py --full --json "$log/nixl_tcp.json" ;;
+  tcpstreams) # issue 36: the agent's TCP streams per connection (TCP_STREAMS, default "1 2 4
+    # 8") on loopback against a plain socket, then against NIXL (as `nixltcp`: NIXL in
+    # /tmp/site-nixl) with the default and with one stream; the agent's tests on 16 cores
+    step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site "$wheels"/*.whl
+    export PYTHONPATH=/tmp/site:/tmp/site-nixl${PYTHONPATH:+:$PYTHONPATH}
+    step agent-tests 120 "$bundle/tests/cuda_agent" --nocapture --test-threads=1
+    for n in ${TCP_STREAMS:-1 2 4 8}; do
+      step "ipc-tcp-s$n" "$limit" env FERRY_AGENT_TCP_STREAMS="$n" "$ferry" bench --engine cpu \
+        --test ipc-tcp-write,ipc-tcp-read --sizes 64K,1M,16M,64M --json "$log/ipc-tcp-s$n.json"
+    done
+    step nixl-tcp 300 python3 bench/agent/nixl_tcp.py --full --json "$log/nixl_tcp.json"
+    step nixl-tcp-s1 300 python3 bench/agent/nixl_tcp.py --full --streams 1 \
+      --json "$log/nixl_tcp_s1.json" ;;
   blocks) # issue 34: block copies, SMs free and busy, against torch's loops
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
     bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M

@@ -73,6 +73,8 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="blocks 4 KiB-16 MiB x batches 1-1,024")
     ap.add_argument("--reps", type=int, default=0, help="samples per row (default 5, 11 with --full)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--streams", type=int, default=None,
+                    help="ferry's TCP streams (default: connect_tcp's, 4 or $FERRY_AGENT_TCP_STREAMS)")
     a = ap.parse_args()
     nbytes = 64 * MIB
     reps = a.reps or (11 if a.full else 5)
@@ -106,13 +108,14 @@ def main() -> int:
     parent.send(agent.get_agent_metadata())
     parent.recv()  # ready
     fa = ferry.Agent("initiator")
-    peer = fa.connect_tcp(info["ferry"], KEY)
+    peer = fa.connect_tcp(info["ferry"], KEY, streams=a.streams)
     fremote = peer.open(info["desc"])
     fsrc = fa.alloc(nbytes)
     fsrc.write(0, src.tobytes())
     fdst = fa.alloc(nbytes)
-    print(f"ferry agent over TCP vs NIXL (UCX_TLS={os.environ['UCX_TLS']}), two processes, "
-          f"loopback, {reps} samples per row, {os.cpu_count()} CPUs")
+    streams = a.streams or os.environ.get("FERRY_AGENT_TCP_STREAMS", "default")
+    print(f"ferry agent over TCP ({streams} streams) vs NIXL (UCX_TLS={os.environ['UCX_TLS']}), "
+          f"two processes, loopback, {reps} samples per row, {os.cpu_count()} CPUs")
 
     backend = {"name": ""}
 
@@ -187,7 +190,7 @@ def main() -> int:
                     tn.append(time.perf_counter() - t)
                 n = block * batch
                 f, x = n / statistics.median(tf) / 1e9, n / statistics.median(tn) / 1e9
-                rows.append({"op": op, "block": block, "batch": batch, "bytes": n,
+                rows.append({"op": op, "block": block, "batch": batch, "bytes": n, "streams": streams,
                              "ferry_gbps": f, "nixl_gbps": x, "ratio": f / x,
                              "nixl_backend": backend["name"]})
                 print(f"{op:<6} {block:>9} {batch:>6} {f:>11.3f} {x:>10.3f} {f / x:>6.2f}", flush=True)

@@ -473,9 +473,14 @@ int ferry_agent_connect(const ferry_agent *agent, const char *path, ferry_peer *
 int ferry_agent_listen_tcp(const ferry_agent *agent, const char *addr, const uint8_t *key,
                            size_t key_len, uint16_t *port);
 /* Connects to the agent listening at addr ("host:port") on this or another host with key;
- * its registrations' bytes then travel over the connection. */
+ * its registrations' bytes then travel over the connection: 4 TCP streams
+ * ($FERRY_AGENT_TCP_STREAMS where set), a transfer of at least 512 KiB cut across them. */
 int ferry_agent_connect_tcp(const ferry_agent *agent, const char *addr, const uint8_t *key,
                             size_t key_len, ferry_peer **peer);
+/* As ferry_agent_connect_tcp over streams TCP streams (1 to 16; 0: the default). */
+int ferry_agent_connect_tcp_streams(const ferry_agent *agent, const char *addr,
+                                    const uint8_t *key, size_t key_len, size_t streams,
+                                    ferry_peer **peer);
 int ferry_peer_destroy(ferry_peer **peer);
 /* Opens the peer's registration described by the len bytes at desc (refused with the reason:
  * another process's descriptor, a stale or forged one). */

@@ -101,9 +101,10 @@ fn cuda_fail(e: CudaError) -> Fail {
 
 fn agent_fail(e: AgentError) -> Fail {
     let code = match e {
-        AgentError::Segment(_) | AgentError::WrongPeer { .. } | AgentError::Unsupported(_) => {
-            FERRY_EINVAL
-        }
+        AgentError::Segment(_)
+        | AgentError::WrongPeer { .. }
+        | AgentError::Unsupported(_)
+        | AgentError::Config(_) => FERRY_EINVAL,
         AgentError::Cuda(e) => return cuda_fail(e),
         _ => FERRY_EREQUEST,
     };
@@ -412,10 +413,13 @@ pub unsafe extern "C" fn ferry_agent_listen_tcp(
 /// Connects to the agent listening at `addr` (`"host:port"`, `ferry_agent_listen_tcp`) on
 /// this or another host, proving `key` (`key_len` >= 16 bytes) and checking that the agent
 /// holds it. Transfers then carry their bytes over the connection; one that breaks fails them
-/// (`-FERRY_EREQUEST`, "connection ... lost").
+/// (`-FERRY_EREQUEST`, "connection ... lost"). The connection is 4 TCP streams
+/// (`$FERRY_AGENT_TCP_STREAMS` where set), a transfer of at least 512 KiB cut across them:
+/// `ferry_agent_connect_tcp_streams` to choose.
 ///
 /// Returns `FERRY_SUCCESS`, `-FERRY_EINVAL` (NULL or non-UTF-8 `addr`, NULL or short `key`,
-/// NULL `out`) or `-FERRY_EREQUEST` (nothing listens there, the key refused).
+/// NULL `out`, a variable that is no number from 1 to 16) or `-FERRY_EREQUEST` (nothing
+/// listens there, the key refused).
 ///
 /// # Safety
 /// 1. `agent` is NULL or an agent not yet destroyed; `addr` NULL or a NUL-terminated string;
@@ -428,6 +432,25 @@ pub unsafe extern "C" fn ferry_agent_connect_tcp(
     key_len: usize,
     out_peer: *mut *mut FerryPeer,
 ) -> c_int {
+    // SAFETY: (1), passed on; 0 streams: the default.
+    unsafe { ferry_agent_connect_tcp_streams(agent, addr, key, key_len, 0, out_peer) }
+}
+
+/// As `ferry_agent_connect_tcp`, over `streams` TCP streams (1 to 16; 0: the default, 4 or
+/// `$FERRY_AGENT_TCP_STREAMS`). Returns as `ferry_agent_connect_tcp`, and `-FERRY_EINVAL` for
+/// `streams` past 16.
+///
+/// # Safety
+/// As `ferry_agent_connect_tcp`.
+#[no_mangle]
+pub unsafe extern "C" fn ferry_agent_connect_tcp_streams(
+    agent: *const FerryAgent,
+    addr: *const c_char,
+    key: *const u8,
+    key_len: usize,
+    streams: usize,
+    out_peer: *mut *mut FerryPeer,
+) -> c_int {
     guard(|| {
         // SAFETY: (1).
         let (a, _) = unsafe { get(agent, AGENT, "agent") }?;
@@ -435,7 +458,11 @@ pub unsafe extern "C" fn ferry_agent_connect_tcp(
         let (addr, key) = unsafe { (utf8(addr, "addr")?, key_bytes(key, key_len)?) };
         // SAFETY: (1).
         let slot = unsafe { out(out_peer, "peer") }?;
-        *slot = boxed(PEER, a.connect_tcp(addr, key).map_err(agent_fail)?);
+        let peer = match streams {
+            0 => a.connect_tcp(addr, key),
+            n => a.connect_tcp_streams(addr, key, n),
+        };
+        *slot = boxed(PEER, peer.map_err(agent_fail)?);
         Ok(FERRY_SUCCESS)
     })
 }
@@ -729,6 +756,64 @@ mod tests {
             assert!(m[..4096].iter().all(|&x| x == 0) && m[4096..].iter().all(|&x| x == 0x17));
             assert_eq!(ferry_remote_destroy(&mut remote), 0);
             assert_eq!(ferry_peer_destroy(&mut peer), 0);
+            // Two streams: 1 MiB cut across both into their region; 17 streams refused.
+            assert_eq!(
+                ferry_agent_connect_tcp_streams(
+                    b,
+                    at.as_ptr(),
+                    key.as_ptr(),
+                    key.len(),
+                    17,
+                    &mut peer
+                ),
+                -FERRY_EINVAL
+            );
+            let (mut wide, mut big) = (std::ptr::null_mut(), std::ptr::null_mut());
+            assert_eq!(
+                ferry_agent_alloc(a, 1 << 20, FERRY_MEM_PAGEABLE, 0, 0, &mut wide),
+                0
+            );
+            assert_eq!(
+                ferry_agent_alloc(b, 1 << 20, FERRY_MEM_PAGEABLE, 0, 0, &mut big),
+                0
+            );
+            assert_eq!(ferry_region_buffer(big, &mut buf), 0);
+            let src = std::slice::from_raw_parts_mut(buf.ptr.cast::<u8>(), 1 << 20);
+            src.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (i % 241) as u8);
+            assert_eq!(
+                ferry_agent_connect_tcp_streams(
+                    b,
+                    at.as_ptr(),
+                    key.as_ptr(),
+                    key.len(),
+                    2,
+                    &mut peer
+                ),
+                0
+            );
+            assert_eq!(
+                ferry_region_descriptor(wide, desc.as_mut_ptr(), 128, &mut dlen),
+                0
+            );
+            assert_eq!(ferry_peer_import(peer, desc.as_ptr(), dlen, &mut remote), 0);
+            let all = [FerrySegment {
+                dst_off: 0,
+                src_off: 0,
+                len: 1 << 20,
+            }];
+            assert_eq!(
+                ferry_agent_transfer(b, 1, remote, big, all.as_ptr(), 1, none, 0, &mut req),
+                0
+            );
+            assert_eq!(ferry_agent_request_wait(&mut req), 0);
+            assert_eq!(ferry_region_buffer(wide, &mut buf), 0);
+            assert!(std::slice::from_raw_parts(buf.ptr.cast::<u8>(), 1 << 20) == src);
+            assert_eq!(ferry_remote_destroy(&mut remote), 0);
+            assert_eq!(ferry_peer_destroy(&mut peer), 0);
+            assert_eq!(ferry_region_destroy(&mut big), 0);
+            assert_eq!(ferry_region_destroy(&mut wide), 0);
             assert_eq!(ferry_region_destroy(&mut mine), 0);
             assert_eq!(ferry_region_destroy(&mut theirs), 0);
             assert_eq!(ferry_agent_destroy(&mut b), 0);

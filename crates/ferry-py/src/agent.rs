@@ -13,9 +13,10 @@ use std::time::Duration;
 /// The exception for an agent's error.
 fn agent_err(e: AgentError) -> PyErr {
     match e {
-        AgentError::Segment(_) | AgentError::WrongPeer { .. } | AgentError::Unsupported(_) => {
-            arg(e.to_string())
-        }
+        AgentError::Segment(_)
+        | AgentError::WrongPeer { .. }
+        | AgentError::Unsupported(_)
+        | AgentError::Config(_) => arg(e.to_string()),
         AgentError::Cuda(c) => errors::cuda(c),
         e => errors::FerryError::new_err(e.to_string()),
     }
@@ -282,24 +283,37 @@ impl PyAgent {
 
     /// Connects to the agent listening at ``addr`` (``listen_tcp``) on this or another host,
     /// proving ``key`` and checking that the agent holds it. Transfers then carry their bytes
-    /// over the connection, one at a time, in order; one that breaks fails them.
+    /// over the connection, one at a time, in order; one that breaks fails them. A transfer
+    /// of at least 512 KiB is cut into parts carried by the connection's TCP streams at once.
     ///
     /// Args:
     ///     addr (str): ``"host:port"``.
     ///     key (bytes): the agent's key (at least 16 bytes).
+    ///     streams (int | None): TCP streams, 1 to 16 (``None``: 4, or
+    ///         ``$FERRY_AGENT_TCP_STREAMS`` where set).
     ///
     /// Returns:
     ///     Peer: the connection.
     ///
     /// Raises:
-    ///     ArgumentError: a key shorter than 16 bytes. FerryError: nothing listens there, or
-    ///         the key is refused.
+    ///     ArgumentError: a key shorter than 16 bytes, ``streams`` out of range.
+    ///         FerryError: nothing listens there, or the key is refused.
     ///
     /// Example:
     ///     >>> peer = agent.connect_tcp("10.0.0.2:7000", key)
-    fn connect_tcp(&self, py: Python<'_>, addr: &str, key: &[u8]) -> PyResult<PyPeer> {
+    #[pyo3(signature = (addr, key, streams=None))]
+    fn connect_tcp(
+        &self,
+        py: Python<'_>,
+        addr: &str,
+        key: &[u8],
+        streams: Option<usize>,
+    ) -> PyResult<PyPeer> {
         let peer = py
-            .allow_threads(|| self.agent.connect_tcp(addr, key))
+            .allow_threads(|| match streams {
+                None => self.agent.connect_tcp(addr, key),
+                Some(n) => self.agent.connect_tcp_streams(addr, key, n),
+            })
             .map_err(agent_err)?;
         Ok(PyPeer { peer })
     }

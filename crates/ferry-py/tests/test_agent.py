@@ -165,7 +165,7 @@ def _tcp_owner(conn: Any) -> None:
     """A peer reached over TCP: a pageable region, answering `get` until `exit`."""
     agent = ferry.Agent("py-tcp-owner")
     at = agent.listen_tcp("127.0.0.1:0", b"a python key, sixteen bytes+")
-    region = agent.alloc(1 << 16)
+    region = agent.alloc(2 << 20)
     region.write(0, bytes(range(256)) * 256)
     conn.send((at, region.descriptor))
     while True:
@@ -205,6 +205,21 @@ def test_over_tcp_both_ways_and_a_wrong_key() -> None:
         back = me.alloc(1 << 16)
         me.read(back, remote, [(0, 2048, 256)]).wait()
         assert back.read(0, 256) == bytes(range(256))
+        # Two streams: 2 MiB cut across both, both ways; streams out of range refused.
+        with pytest.raises(ferry.ArgumentError, match="streams"):
+            me.connect_tcp(at, b"a python key, sixteen bytes+", streams=0)
+        two = me.connect_tcp(at, b"a python key, sixteen bytes+", streams=2)
+        far = two.open(desc)
+        big = me.alloc(2 << 20)
+        pattern = bytes(range(251)) * (4096 // 251 + 1)
+        for off in range(0, 2 << 20, 4096):
+            big.write(off, pattern[:4096])
+        me.write(far, big, [(0, 0, 2 << 20)]).wait()
+        parent.send(("get", (1 << 20) - 10, 4096))
+        assert parent.recv() == big.read((1 << 20) - 10, 4096)
+        again = me.alloc(2 << 20)
+        me.read(again, far, [(0, 0, 2 << 20)]).wait()
+        assert again.read(0, 2 << 20) == big.read(0, 2 << 20)
     finally:
         parent.send(("exit",))
         p.join(timeout=10)

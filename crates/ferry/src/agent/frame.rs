@@ -2,7 +2,7 @@
 //! little-endian, tag included), a tag byte and the payload; a [`Stream`] is a Unix socket (one
 //! host: a file descriptor may travel with a frame) or TCP (between hosts: none does). Every
 //! tag of the protocol is here, the messages' meaning with their users: `wire.rs` (handshake,
-//! imports, releases, notifications), `tcp.rs` (the key's proof), `tcp_bytes.rs` (transfers
+//! imports, releases, notifications), `tcp.rs` (the key's proof, lanes), `tcp_bytes.rs` (transfers
 //! carrying their bytes).
 
 use super::sys;
@@ -25,6 +25,12 @@ pub(super) const WRITE: u8 = 7;
 pub(super) const READ: u8 = 8;
 /// The key's challenges and proofs over TCP, before the handshake.
 pub(super) const AUTH: u8 = 9;
+/// Over TCP, after the handshake: the connector asks for the ticket its further connections
+/// (lanes, carrying parts of large transfers) present; answered OK with it.
+pub(super) const LANES: u8 = 10;
+/// The first frame of a lane, after the key's proof: the ticket; answered OK (the connection
+/// then carries WRITE and READ for the connection that asked for the ticket) or ERR.
+pub(super) const LANE: u8 = 11;
 pub(super) const OK: u8 = 0x80;
 pub(super) const ERR: u8 = 0x81;
 /// The largest frame accepted (a notification's message included).

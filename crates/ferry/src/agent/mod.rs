@@ -30,8 +30,9 @@
 //! Across hosts: an agent that also listens over TCP ([`Agent::listen_tcp`], with a key both
 //! sides hold) is reached from any host with [`Agent::connect_tcp`]; the same descriptors,
 //! imports, segment lists, requests and notifications, every registration reachable, the bytes
-//! carried over the connection (device memory staged through host memory at both ends; see
-//! `tcp.rs` for the protocol, the key's check, and why TCP). The seam is the peer's connection
+//! carried over the connection (its 4 TCP streams by default, a large transfer cut across
+//! them; device memory staged through host memory at both ends; see `tcp.rs` for the
+//! protocol, the key's check, the streams, and why TCP). The seam is the peer's connection
 //! and the request path of [`Agent::read`]/[`Agent::write`], which picks the mechanism from
 //! the import; an RDMA or NCCL mechanism (GPU memory at the network's speed; it needs two GPUs
 //! or hosts to run) adds one there, and nothing above changes.
@@ -160,6 +161,9 @@ pub enum AgentError {
     /// The engine refused the copy.
     #[error(transparent)]
     Submit(#[from] SubmitError),
+    /// A setting read from the environment does not parse (`$FERRY_AGENT_TCP_STREAMS`).
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
@@ -635,8 +639,29 @@ impl Agent {
     /// zeros). Blocks for the name's resolution and the connection (together at most the
     /// agent's timeout), then for the key's proof and the handshake (each answer waited for at
     /// most the timeout).
+    ///
+    /// The connection is 4 TCP streams (`$FERRY_AGENT_TCP_STREAMS` where set;
+    /// [`Agent::connect_tcp_streams`] to choose): a transfer of at least 512 KiB is cut into
+    /// parts of at least 256 KiB carried by the streams at once, as NCCL's sockets and UCX's
+    /// lanes do (one stream runs at what one core copies through the kernel, several at what
+    /// the network takes). Errors: those of [`Agent::connect_tcp_streams`], and a value of
+    /// the variable that is no whole number ([`AgentError::Config`]).
     pub fn connect_tcp(&self, addr: &str, key: &[u8]) -> Result<Peer, AgentError> {
-        tcp::connect(&self.inner, addr, key).map(|inner| Peer {
+        self.connect_tcp_streams(addr, key, tcp::default_streams(&crate::env::process)?)
+    }
+
+    /// As [`Agent::connect_tcp`], over `streams` TCP streams (1 to 16; 1: every transfer on
+    /// one stream, in order). Each further stream proves the key and joins the first with a
+    /// ticket the owner gave on it, and carries transfers' parts alone. Errors: a short key,
+    /// `streams` out of range ([`AgentError::Unsupported`]), the connection or the proof of
+    /// any stream.
+    pub fn connect_tcp_streams(
+        &self,
+        addr: &str,
+        key: &[u8],
+        streams: usize,
+    ) -> Result<Peer, AgentError> {
+        tcp::connect(&self.inner, addr, key, streams).map(|inner| Peer {
             inner: Arc::new(inner),
         })
     }

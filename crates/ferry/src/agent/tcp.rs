@@ -1,6 +1,15 @@
 //! Agents on other hosts: the agents' protocol over TCP ([`Agent::listen_tcp`],
-//! [`Agent::connect_tcp`]): the listener, the key's proof, the connection made; the
+//! [`Agent::connect_tcp`]): the listener, the key's proof, the connection made, its lanes; the
 //! transfers' bytes then travel in the connection itself (`tcp_bytes.rs`).
+//!
+//! Lanes: a connection of several streams (4 by default) is its first connection and
+//! further ones to the same address, the lanes. After the handshake the connector asks the
+//! owner for a ticket on the first (LANES: its connection number and 16 random bytes); each
+//! lane proves the key as any connection does, then presents the ticket as its first message
+//! (LANE). The owner then serves on it WRITE and READ alone, reaching what the first
+//! connection imported, and closes the lanes when the first closes. One stream runs at what
+//! one core copies through the kernel; several at what the network takes, as NCCL's sockets
+//! (`NCCL_NSOCKS_PERTHREAD`) and UCX's lanes do.
 //!
 //! Why TCP: it reaches any host with nothing but the kernel, and it carries host and device
 //! memory alike (device memory staged through host memory). Device memory between two hosts
@@ -24,12 +33,16 @@
 //! [`Agent::listen_tcp`]: super::Agent::listen_tcp
 //! [`Agent::connect_tcp`]: super::Agent::connect_tcp
 
-use super::frame::{frame, Stream, AUTH, ERR};
-use super::tcp_bytes::Link;
+use super::frame::{frame, Stream, AUTH, ERR, LANE, LANES, OK};
+use super::tcp_bytes::{Lane, Link};
 use super::wire;
-use super::{io_err, lock, sys, AgentError, AgentInner, PeerInner};
+use super::{io_err, lock, sys, AgentError, AgentInner, PeerInner, Reach};
+use crate::env;
+use crate::ConfigError;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -73,10 +86,31 @@ fn tune(s: &TcpStream, timeout: Duration) -> io::Result<()> {
     sys::keepalive(s)
 }
 
-/// The TCP side of an agent: where it listens and the key its peers prove.
+/// The TCP side of an agent: where it listens, and the lanes' tickets of its connections.
 pub(super) struct Listening {
     pub(super) addr: SocketAddr,
+    /// By connection: the ticket it was given ([`ticket`]) and the lanes that presented it.
+    tickets: HashMap<u64, Ticket>,
 }
+
+/// A connection's ticket for its lanes, and the lanes (connection numbers) joined with it.
+struct Ticket {
+    token: [u8; TOKEN],
+    lanes: Vec<u64>,
+}
+
+#[cfg(test)]
+impl Listening {
+    /// The number of lanes of each connection that asked for a ticket.
+    pub(super) fn lanes_per_connection(&self) -> Vec<usize> {
+        self.tickets.values().map(|t| t.lanes.len()).collect()
+    }
+}
+
+/// A ticket's secret part, in bytes (the connection's number comes before it).
+const TOKEN: usize = 16;
+/// The most lanes one connection may join (each is a thread here).
+pub(super) const MAX_LANES: usize = 15;
 
 /// Binds `addr` and serves peers that prove `key`, one thread per connection (as the Unix
 /// socket's). The address bound (port 0: the one the kernel chose).
@@ -107,8 +141,70 @@ pub(super) fn listen(
         .name("ferry-agent-tcp".into())
         .spawn(move || serve(listener, weak, key))
         .map_err(io_err("start the agent's TCP thread"))?;
-    *tcp = Some(Listening { addr: bound });
+    *tcp = Some(Listening {
+        addr: bound,
+        tickets: HashMap::new(),
+    });
     Ok(bound)
+}
+
+/// The ticket connection `conn` hands its lanes (OK's body: its number and a random token),
+/// made at its first asking; ERR's body where none can be made.
+pub(super) fn ticket(a: &AgentInner, conn: u64) -> Result<Vec<u8>, String> {
+    let mut tcp = lock(&a.tcp);
+    let Some(l) = tcp.as_mut() else {
+        return Err("the agent no longer listens over TCP".into());
+    };
+    let t = match l.tickets.entry(conn) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(v) => {
+            let mut token = [0u8; TOKEN];
+            sys::random(&mut token).map_err(|e| format!("getrandom: {e}"))?;
+            v.insert(Ticket {
+                token,
+                lanes: Vec::new(),
+            })
+        }
+    };
+    let mut body = conn.to_le_bytes().to_vec();
+    body.extend_from_slice(&t.token);
+    Ok(body)
+}
+
+/// Connection `lane` presents `body` as a ticket: the connection it joins, or `None` (no such
+/// ticket, or that connection has its [`MAX_LANES`]).
+pub(super) fn redeem(a: &AgentInner, lane: u64, body: &[u8]) -> Option<u64> {
+    let conn = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    let token = body.get(8..).filter(|t| t.len() == TOKEN)?;
+    let mut tcp = lock(&a.tcp);
+    let t = tcp.as_mut()?.tickets.get_mut(&conn)?;
+    // Compared in constant time (the ticket is no secret from the key's holders, whose proof
+    // every lane has made; still, nothing of it leaks through the time taken).
+    let differ = t.token.iter().zip(token).fold(0, |d, (x, y)| d | (x ^ y));
+    if differ != 0 || t.lanes.len() >= MAX_LANES {
+        return None;
+    }
+    t.lanes.push(lane);
+    Some(conn)
+}
+
+/// Connection `conn` has closed: its ticket is void, and its lanes are closed (a lane of it
+/// is struck from its list).
+pub(super) fn forget_lanes(a: &AgentInner, conn: u64) {
+    let lanes = {
+        let mut tcp = lock(&a.tcp);
+        let Some(l) = tcp.as_mut() else { return };
+        for t in l.tickets.values_mut() {
+            t.lanes.retain(|&x| x != conn);
+        }
+        l.tickets.remove(&conn).map(|t| t.lanes).unwrap_or_default()
+    };
+    let conns = lock(&a.conns);
+    for lane in lanes {
+        if let Some(c) = conns.get(&lane) {
+            c.shutdown();
+        }
+    }
 }
 
 /// Accepts peers until the agent is dropped.
@@ -242,13 +338,25 @@ fn resolve(addr: &str, timeout: Duration) -> io::Result<Vec<SocketAddr>> {
     })
 }
 
-/// Connects to the agent listening at `addr` over TCP: the key proved both ways, then the
-/// handshake.
-pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInner, AgentError> {
+/// Connects to the agent listening at `addr` over TCP: the key proved both ways, the
+/// handshake, then `streams - 1` lanes (further connections to the same address, each proving
+/// the key and presenting the first connection's ticket) that carry parts of large transfers.
+pub(super) fn connect(
+    me: &AgentInner,
+    addr: &str,
+    key: &[u8],
+    streams: usize,
+) -> Result<PeerInner, AgentError> {
     if key.len() < MIN_KEY {
         return Err(AgentError::Unsupported(format!(
             "a key of {} bytes: at least {MIN_KEY}",
             key.len()
+        )));
+    }
+    if !(1..=MAX_LANES + 1).contains(&streams) {
+        return Err(AgentError::Unsupported(format!(
+            "{streams} TCP streams to one peer: 1 to {}",
+            MAX_LANES + 1
         )));
     }
     // The whole connection (the name, then each address in turn) within the agent's timeout.
@@ -280,6 +388,25 @@ pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInn
         return Err(io_err(format!("connect to {addr}"))(e));
     };
     let who = format!("tcp://{at}");
+    let stream = prove_as_peer(me, s, &who, key)?;
+    let mut peer = wire::hello(me, stream, &who, Reach::Remote(Link::new()))?;
+    if streams > 1 {
+        let lanes = open_lanes(me, &peer, at, &who, key, streams - 1)?;
+        if let Reach::Remote(link) = &mut peer.reach {
+            link.lanes = lanes;
+        }
+    }
+    Ok(peer)
+}
+
+/// The connector's half of the key's proof on a connection made: its options set, the
+/// challenge sent, the owner's proof checked and this side's sent.
+fn prove_as_peer(
+    me: &AgentInner,
+    s: TcpStream,
+    who: &str,
+    key: &[u8],
+) -> Result<Stream, AgentError> {
     tune(&s, me.timeout).map_err(io_err(format!("set up the connection to {who}")))?;
     s.set_read_timeout(Some(me.timeout))
         .map_err(io_err("set the socket's timeout"))?;
@@ -289,11 +416,11 @@ pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInn
     stream.send(&frame(AUTH, &mine), None).map_err(lost)?;
     let (tag, body, _) = stream.read_frame().map_err(lost)?;
     if tag == ERR {
-        return Err(refused(&who, String::from_utf8_lossy(&body)));
+        return Err(refused(who, String::from_utf8_lossy(&body)));
     }
     if tag != AUTH || body.len() < NONCE {
         return Err(refused(
-            &who,
+            who,
             "not a ferry agent's answer to the key's challenge",
         ));
     }
@@ -302,14 +429,66 @@ pub(super) fn connect(me: &AgentInner, addr: &str, key: &[u8]) -> Result<PeerInn
         .verify_slice(tag)
         .is_err()
     {
-        return Err(refused(&who, "its agent does not hold this key"));
+        return Err(refused(who, "its agent does not hold this key"));
     }
     let tag = proof(key, b"ferry agent peer", theirs, &mine)
         .finalize()
         .into_bytes();
     stream.send(&frame(AUTH, &tag), None).map_err(lost)?;
-    wire::hello(me, stream, &who, super::Reach::Remote(Link::new()))
+    Ok(stream)
 }
+
+/// Opens `n` lanes to the agent at `at` for the connection `peer` holds: its ticket asked for
+/// on it (LANES), then each lane connected, the key proved, the ticket presented (LANE).
+fn open_lanes(
+    me: &AgentInner,
+    peer: &PeerInner,
+    at: SocketAddr,
+    who: &str,
+    key: &[u8],
+    n: usize,
+) -> Result<Vec<Lane>, AgentError> {
+    let answer = |s: &Stream, what: &str| -> Result<Vec<u8>, AgentError> {
+        let (tag, body, _) = s
+            .read_frame()
+            .map_err(io_err(format!("{what} from {who}")))?;
+        match tag {
+            OK => Ok(body),
+            _ => Err(refused(who, String::from_utf8_lossy(&body))),
+        }
+    };
+    let ticket = {
+        let s = lock(&peer.stream);
+        s.send(&frame(LANES, &[]), None)
+            .map_err(io_err(format!("ask {who} for a lane's ticket")))?;
+        answer(&s, "a lane's ticket")?
+    };
+    (0..n)
+        .map(|_| {
+            let s = TcpStream::connect_timeout(&at, me.timeout)
+                .map_err(io_err(format!("connect a lane to {who}")))?;
+            let s = prove_as_peer(me, s, who, key)?;
+            s.send(&frame(LANE, &ticket), None)
+                .map_err(io_err(format!("join a lane to {who}")))?;
+            answer(&s, "a lane's admission")?;
+            Ok(Lane::new(s))
+        })
+        .collect()
+}
+
+/// The number of TCP streams a peer connection opens by default: `$FERRY_AGENT_TCP_STREAMS`
+/// where set, else [`DEFAULT_STREAMS`].
+/// (`get`: where the variable is read: the process environment, or a map in tests).
+pub(super) fn default_streams(get: env::Lookup<'_>) -> Result<usize, ConfigError> {
+    Ok(env::var::<usize>(get, STREAMS_VAR)?.unwrap_or(DEFAULT_STREAMS))
+}
+
+/// The variable that sets [`default_streams`].
+pub(super) const STREAMS_VAR: &str = "FERRY_AGENT_TCP_STREAMS";
+
+/// Streams per peer connection where the caller names none: one carries small transfers and
+/// its share of large ones, the others ([`Lane`]s) the rest of large ones, in parallel.
+pub(super) const DEFAULT_STREAMS: usize = 4;
 
 #[cfg(test)]
 pub(super) mod tests {
@@ -409,6 +588,84 @@ pub(super) mod tests {
         assert_eq!(peer.name(), "tcp-keys");
         assert_eq!(peer.pid(), std::process::id());
         assert!(peer.is_alive());
+    }
+
+    /// A connection proving the key, as a lane would: its stream.
+    fn proved(addr: SocketAddr) -> Stream {
+        let me = agent("tcp-lane-raw");
+        let s = TcpStream::connect(addr).unwrap();
+        prove_as_peer(&me.inner, s, "test", KEY).unwrap()
+    }
+
+    /// Lanes join only with the ticket their connection was given, as their first message,
+    /// and carry transfers alone; at most [`MAX_LANES`] join one connection; a connector asks
+    /// for 1 to 16 streams, and the variable that sets the default is checked.
+    #[test]
+    fn lanes_join_only_with_their_ticket_and_carry_transfers_alone() {
+        use super::super::frame::{HELLO, IMPORT};
+        let owner = agent("tcp-tickets");
+        let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap();
+        let region = owner.register_host(vec![1u8; 4096]).unwrap();
+        // A connection's ticket (asked on it after the handshake, as `open_lanes` does).
+        let first = proved(addr);
+        let mut hello = 1u32.to_le_bytes().to_vec();
+        hello.extend_from_slice(b"raw");
+        first.send(&frame(HELLO, &hello), None).unwrap();
+        assert_eq!(first.read_frame().unwrap().0, HELLO);
+        first.send(&frame(LANES, &[]), None).unwrap();
+        let (tag, ticket, _) = first.read_frame().unwrap();
+        assert_eq!((tag, ticket.len()), (OK, 8 + TOKEN));
+        // A forged ticket: ERR, and the connection closed.
+        let mut forged = ticket.clone();
+        forged[8] ^= 1;
+        let lane = proved(addr);
+        lane.send(&frame(LANE, &forged), None).unwrap();
+        let (tag, why, _) = lane.read_frame().unwrap();
+        assert_eq!(tag, ERR);
+        assert!(String::from_utf8_lossy(&why).contains("ticket"));
+        assert!(lane.read_frame().is_err());
+        // The true one: admitted; a message other than a transfer on it is refused.
+        let lane = proved(addr);
+        lane.send(&frame(LANE, &ticket), None).unwrap();
+        assert_eq!(lane.read_frame().unwrap().0, OK);
+        lane.send(&frame(IMPORT, &region.descriptor().to_bytes()), None)
+            .unwrap();
+        let (tag, why, _) = lane.read_frame().unwrap();
+        assert_eq!(tag, ERR);
+        assert!(
+            String::from_utf8_lossy(&why).contains("on a lane"),
+            "{why:?}"
+        );
+        // LANE after the first message: an unknown message there.
+        first.send(&frame(LANE, &ticket), None).unwrap();
+        let (tag, why, _) = first.read_frame().unwrap();
+        assert_eq!(tag, ERR);
+        assert!(String::from_utf8_lossy(&why).contains("unknown message"));
+        // One lane is in; MAX_LANES - 1 more join, the next is refused.
+        let more: Vec<Stream> = (1..MAX_LANES)
+            .map(|_| {
+                let l = proved(addr);
+                l.send(&frame(LANE, &ticket), None).unwrap();
+                assert_eq!(l.read_frame().unwrap().0, OK);
+                l
+            })
+            .collect();
+        let over = proved(addr);
+        over.send(&frame(LANE, &ticket), None).unwrap();
+        assert_eq!(over.read_frame().unwrap().0, ERR);
+        drop(more);
+        // Streams out of range, and a default that does not parse.
+        let me = agent("tcp-tickets-peer");
+        for n in [0, MAX_LANES + 2] {
+            match me.connect_tcp_streams(&addr.to_string(), KEY, n) {
+                Err(AgentError::Unsupported(why)) => assert!(why.contains("streams"), "{why}"),
+                r => panic!("{n} streams: {r:?}"),
+            }
+        }
+        let set = |v: &'static str| move |var: &str| (var == STREAMS_VAR).then(|| v.to_string());
+        assert_eq!(default_streams(&set("4x")).unwrap_err().var, STREAMS_VAR);
+        assert_eq!(default_streams(&set(" 8 ")), Ok(8));
+        assert_eq!(default_streams(&|_| None), Ok(DEFAULT_STREAMS));
     }
 
     /// A name is resolved (`localhost`), and one that does not resolve fails within the

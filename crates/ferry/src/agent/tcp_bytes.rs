@@ -11,7 +11,10 @@
 //! its `Request` at once; one of at most [`INLINE_BYTES`] bytes on a
 //! connection with nothing queued runs on the calling thread instead, its request done on
 //! return. Device memory there is staged the same way. Host memory moves with one
-//! `writev`/`readv` for the whole segment list, the status included.
+//! `writev`/`readv` for the whole segment list, the status included. A transfer of at least
+//! two [`PART_MIN`]s on a connection with lanes (`tcp.rs`) is cut into parts of nearly equal
+//! bytes, one per stream, each a transfer of its own as above on its stream, run at once; the
+//! request ends when every part has, with the first part's error.
 
 use super::frame::{frame, Stream, ERR, MAX_FRAME, OK, READ, WRITE};
 use super::{
@@ -32,21 +35,26 @@ const STAGE: usize = 4 << 20;
 /// The most segments one transfer's frame carries (its frame at most `MAX_FRAME`).
 pub(super) const MAX_SEGMENTS: usize = (MAX_FRAME - 1 - 12) / 16;
 
-/// The caller's side of a connection over TCP: whether it broke, and its transfer thread.
+/// The caller's side of a connection over TCP: whether it broke, its transfer thread, and its
+/// lanes.
 pub(super) struct Link {
     lost: AtomicBool,
     /// Transfers handed to the transfer thread and not yet run to their end.
     queued: AtomicUsize,
     worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
+    /// Further connections to the same agent (`tcp.rs` opens them), each carrying a part of
+    /// every transfer of at least two [`PART_MIN`]s, on a thread of its own.
+    pub(super) lanes: Vec<Lane>,
 }
 
 impl Link {
-    /// A connection not yet found broken, its transfer thread not yet started.
+    /// A connection not yet found broken, its transfer thread not yet started, no lanes.
     pub(super) fn new() -> Link {
         Link {
             lost: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
             worker: Mutex::new(None),
+            lanes: Vec::new(),
         }
     }
 
@@ -58,6 +66,28 @@ impl Link {
         self.lost.store(true, Ordering::Release);
     }
 }
+
+/// A lane of a connection: its stream and the thread that runs its parts of transfers.
+pub(super) struct Lane {
+    stream: Mutex<Stream>,
+    worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
+}
+
+impl Lane {
+    /// A lane on `stream` (the key proved, the ticket accepted), its thread not yet started.
+    pub(super) fn new(stream: Stream) -> Lane {
+        Lane {
+            stream: Mutex::new(stream),
+            worker: Mutex::new(None),
+        }
+    }
+}
+
+/// The fewest bytes of a part of a transfer carried by a lane: a transfer is cut into as many
+/// parts as the connection has streams, each of at least this many bytes (on loopback a
+/// part's hand-off to a lane's thread, and the owner's answer on each stream, cost about what
+/// this many bytes take to cross).
+const PART_MIN: u64 = 256 << 10;
 
 /// The error of a connection that broke, marked so for the transfers after it (the caller,
 /// who holds the stream, closes it where the stream is out of step).
@@ -102,43 +132,33 @@ pub(super) fn transfer(
             segs.len()
         )));
     }
-    let mut head = Vec::with_capacity(12 + 16 * segs.len());
-    head.extend_from_slice(&region.to_le_bytes());
-    head.extend_from_slice(&(segs.len() as u32).to_le_bytes());
-    for s in segs {
-        let far = if write { s.dst_off } else { s.src_off };
-        head.extend_from_slice(&far.to_le_bytes());
-        head.extend_from_slice(&s.len.to_le_bytes());
-    }
-    let frame = frame(if write { WRITE } else { READ }, &head);
-    let near: Vec<(u64, u64)> = segs
-        .iter()
-        .map(|s| (if write { s.src_off } else { s.dst_off }, s.len))
-        .collect();
     let signal = Arc::new(Signal::new());
     // Small, with nothing queued before it and the connection free: run here (in order: the
     // transfers queued before it have all ended).
-    let bytes: u64 = near.iter().map(|n| n.1).sum();
+    let bytes: u64 = segs.iter().map(|s| s.len).sum();
     if bytes <= INLINE_BYTES as u64 && link.queued.load(Ordering::Acquire) == 0 {
         if let Ok(guard) = peer.stream.try_lock() {
-            let r = run(peer, &guard, &*engine, local.raw, &frame, &near, write);
+            let r = run(
+                peer,
+                &guard,
+                &*engine,
+                local.raw,
+                &Part::new(region, segs, write),
+            );
             drop(guard);
             signal.complete(r.map_err(|e| RequestError::Backend(BackendError::new(e))));
             return Ok(Request::new(signal));
         }
     }
+    let streams = (1 + link.lanes.len()).min((bytes / PART_MIN).max(1) as usize);
+    let parts: Vec<Part> = split(segs, streams)
+        .iter()
+        .map(|p| Part::new(region, p, write))
+        .collect();
     let done = Arc::clone(&signal);
     let p = Arc::clone(peer);
     let job = Box::new(move || {
-        let r = run(
-            &p,
-            &lock(&p.stream),
-            &*engine,
-            local.raw,
-            &frame,
-            &near,
-            write,
-        );
+        let r = run_parts(&p, &engine, local.raw, parts);
         drop(local);
         if let Reach::Remote(l) = &p.reach {
             l.queued.fetch_sub(1, Ordering::AcqRel);
@@ -153,6 +173,114 @@ pub(super) fn transfer(
     Ok(Request::new(signal))
 }
 
+/// A transfer, or the part of one, as one stream carries it: its frame (WRITE or READ, the
+/// owner's region and offsets) and the offsets and lengths on this side.
+struct Part {
+    frame: Vec<u8>,
+    near: Vec<(u64, u64)>,
+    write: bool,
+}
+
+impl Part {
+    fn new(region: u64, segs: &[Segment], write: bool) -> Part {
+        let mut head = Vec::with_capacity(12 + 16 * segs.len());
+        head.extend_from_slice(&region.to_le_bytes());
+        head.extend_from_slice(&(segs.len() as u32).to_le_bytes());
+        for s in segs {
+            let far = if write { s.dst_off } else { s.src_off };
+            head.extend_from_slice(&far.to_le_bytes());
+            head.extend_from_slice(&s.len.to_le_bytes());
+        }
+        let near = segs
+            .iter()
+            .map(|s| (if write { s.src_off } else { s.dst_off }, s.len))
+            .collect();
+        Part {
+            frame: frame(if write { WRITE } else { READ }, &head),
+            near,
+            write,
+        }
+    }
+}
+
+/// `segs` cut into at most `k` parts of nearly equal bytes: each part a run of the list in
+/// order, a segment cut in two where a part ends; empty segments dropped, and no part empty.
+fn split(segs: &[Segment], k: usize) -> Vec<Vec<Segment>> {
+    let total: u64 = segs.iter().map(|s| s.len).sum();
+    // Where part `j` ends, in bytes from the start (u128: the product may pass u64).
+    let end = |j: usize| (u128::from(total) * (j as u128 + 1) / k.max(1) as u128) as u64;
+    let (mut parts, mut part, mut done) = (Vec::with_capacity(k), Vec::new(), 0u64);
+    for s in segs.iter().filter(|s| s.len > 0) {
+        let mut s = *s;
+        loop {
+            let room = end(parts.len()).saturating_sub(done);
+            if s.len <= room || parts.len() + 1 >= k {
+                done += s.len;
+                part.push(s);
+                break;
+            }
+            if room > 0 {
+                part.push(Segment::new(s.dst_off, s.src_off, room));
+                (s.dst_off, s.src_off, s.len) = (s.dst_off + room, s.src_off + room, s.len - room);
+                done += room;
+            }
+            parts.push(std::mem::take(&mut part));
+        }
+    }
+    parts.push(part);
+    parts.retain(|p| !p.is_empty());
+    parts
+}
+
+/// A transfer's parts, run at once: the first on the connection's own stream here, each other
+/// on a lane's thread; its result the first part's error in order, once every part has ended
+/// (each touches `local`).
+fn run_parts(
+    peer: &Arc<PeerInner>,
+    engine: &Arc<dyn Engine>,
+    local: RawBuf,
+    parts: Vec<Part>,
+) -> Result<(), AgentError> {
+    let Reach::Remote(link) = &peer.reach else {
+        unreachable!("a transfer over TCP on a connection of this host");
+    };
+    let mut parts = parts.into_iter();
+    let Some(first) = parts.next() else {
+        return Ok(());
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut posted = 0;
+    let mut refused = None;
+    for (i, part) in parts.enumerate() {
+        let (p, e, tx) = (Arc::clone(peer), Arc::clone(engine), tx.clone());
+        let job = Box::new(move || {
+            let Reach::Remote(link) = &p.reach else {
+                unreachable!("a lane of a connection over TCP");
+            };
+            let r = run(&p, &lock(&link.lanes[i].stream), &*e, local, &part);
+            let _ = tx.send((i + 1, r));
+        });
+        match run_on(&link.lanes[i].worker, "ferry-agent-tcp-lane", job) {
+            Ok(()) => posted += 1,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let mut results = vec![(0, run(peer, &lock(&peer.stream), &**engine, local, &first))];
+    // Every posted part reports, or its job was dropped unrun (its thread gone): then it
+    // touches nothing.
+    results.extend(rx.iter().take(posted));
+    results.sort_by_key(|r| r.0);
+    let first_err = results.into_iter().find_map(|(_, r)| r.err());
+    match (first_err, refused) {
+        (Some(e), _) | (None, Some(e)) => Err(e),
+        (None, None) => Ok(()),
+    }
+}
+
 /// One transfer on the caller's side, the connection's stream held (`guard`): the frame, the
 /// bytes out or in, the owner's answer.
 fn run(
@@ -160,10 +288,9 @@ fn run(
     guard: &Stream,
     engine: &dyn Engine,
     local: RawBuf,
-    frame: &[u8],
-    near: &[(u64, u64)],
-    write: bool,
+    part: &Part,
 ) -> Result<(), AgentError> {
+    let (frame, near, write) = (&part.frame[..], &part.near[..], part.write);
     // Broken since this transfer was queued: its stream may be out of step.
     peer.usable()?;
     let Stream::Tcp(s) = guard else {
@@ -534,6 +661,154 @@ mod tests {
     use super::super::tcp::tests::{agent, KEY};
     use super::*;
     use crate::CpuEngine;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The parts, joined, are the list (empty segments dropped; a cut segment's halves
+        /// joined), none empty, at most `k`, each of at most as many segments as the list, and
+        /// their bytes within one segment's cut of an even share.
+        #[test]
+        fn parts_keep_every_byte_in_order_and_share_them_evenly(
+            lens in proptest::collection::vec(0u64..5000, 0..40),
+            k in 1usize..9,
+        ) {
+            let mut at = 0;
+            let segs: Vec<Segment> = lens
+                .iter()
+                .map(|&n| {
+                    // Near and far offsets apart, so that a cut that mixed them up shows.
+                    let s = Segment::new(at + 7, 3 * at, n);
+                    at += n + 5;
+                    s
+                })
+                .collect();
+            let parts = split(&segs, k);
+            let total: u64 = lens.iter().sum();
+            prop_assert!(parts.len() <= k);
+            prop_assert!(parts.iter().all(|p| !p.is_empty() && p.len() <= segs.len()));
+            let mut joined: Vec<Segment> = Vec::new();
+            for s in parts.iter().flatten() {
+                match joined.last_mut() {
+                    Some(j) if j.dst_off + j.len == s.dst_off && j.src_off + j.len == s.src_off => {
+                        j.len += s.len
+                    }
+                    _ => joined.push(*s),
+                }
+            }
+            let want: Vec<Segment> = segs.iter().copied().filter(|s| s.len > 0).collect();
+            prop_assert_eq!(joined, want);
+            if total >= k as u64 {
+                prop_assert_eq!(parts.len(), k);
+                for p in &parts {
+                    let bytes: u64 = p.iter().map(|s| s.len).sum();
+                    prop_assert!(bytes.abs_diff(total / k as u64) <= 1, "{} of {}", bytes, total);
+                }
+            }
+        }
+    }
+
+    /// The connection of `me` to `peer`, and the owner's record of its lanes.
+    fn lanes_of(owner: &super::super::Agent) -> Vec<usize> {
+        let tcp = lock(&owner.inner.tcp);
+        let mut n: Vec<usize> = tcp
+            .as_ref()
+            .map(|l| l.lanes_per_connection())
+            .unwrap_or_default();
+        n.sort_unstable();
+        n
+    }
+
+    /// A large transfer with many segments crosses every stream at once and lands whole, both
+    /// ways, and one right after it (in order: the small one lands over it); the owner has the
+    /// lanes under the first connection's ticket, and closes them when it closes.
+    #[test]
+    fn large_transfers_are_cut_across_the_streams_and_land_whole() {
+        let owner = agent("tcp-lanes");
+        let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap().to_string();
+        let len = 6 << 20;
+        let target = owner.register_host(vec![0u8; len]).unwrap();
+        let me = agent("tcp-lanes-peer");
+        let peer = me.connect_tcp_streams(&addr, KEY, 4).unwrap();
+        assert_eq!(lanes_of(&owner), vec![3]);
+        let remote = peer.import(target.descriptor()).unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        let mine = me.register_host(data.clone()).unwrap();
+        // Segments of uneven lengths, the far offsets reversed: a part cut in the middle of
+        // one shows as bytes out of place.
+        let (mut segs, mut at) = (Vec::new(), 0u64);
+        for i in 0.. {
+            let n = (((i * 7919) % 300_000) as u64 + 1).min(len as u64 - at);
+            segs.push(Segment::new(len as u64 - at - n, at, n));
+            at += n;
+            if at == len as u64 {
+                break;
+            }
+        }
+        assert!(segs.len() > 30);
+        me.write(&remote, &mine, &segs, None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        let mut got = vec![0u8; len];
+        target.read_at(0, &mut got).unwrap();
+        for s in &segs {
+            let (d, o, n) = (s.dst_off as usize, s.src_off as usize, s.len as usize);
+            assert_eq!(got[d..d + n], data[o..o + n], "segment at {o}");
+        }
+        // Read it back, the segments the other way round, into fresh memory.
+        let back = me.register_host(vec![0u8; len]).unwrap();
+        let flipped: Vec<Segment> = segs
+            .iter()
+            .map(|s| Segment::new(s.src_off, s.dst_off, s.len))
+            .collect();
+        let big = me.read(&back, &remote, &flipped, None).unwrap();
+        let small = me
+            .write(&remote, &mine, &[Segment::new(0, 100, 4096)], None)
+            .unwrap();
+        big.wait().unwrap();
+        small.wait().unwrap();
+        back.read_at(0, &mut got).unwrap();
+        assert!(got == data, "read back across the streams");
+        target.read_at(0, &mut got[..4096]).unwrap();
+        assert_eq!(got[..4096], data[100..4196], "the later write landed last");
+        drop(remote);
+        drop(peer);
+        let t0 = std::time::Instant::now();
+        while !lock(&owner.inner.conns).is_empty() {
+            assert!(t0.elapsed().as_secs() < 5, "the owner kept its connections");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(lanes_of(&owner).is_empty());
+    }
+
+    /// A lane that breaks fails the transfer it carried a part of, with the connection's
+    /// error, and every later transfer on the connection; the survivor's memory stays.
+    #[test]
+    fn a_broken_lane_fails_the_transfer_and_the_connection() {
+        let owner = agent("tcp-lane-break");
+        let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap().to_string();
+        let target = owner.register_host(vec![5u8; 4 << 20]).unwrap();
+        let me = agent("tcp-lane-break-peer");
+        let peer = me.connect_tcp_streams(&addr, KEY, 3).unwrap();
+        let remote = peer.import(target.descriptor()).unwrap();
+        let mine = me.register_host(vec![1u8; 4 << 20]).unwrap();
+        let Reach::Remote(link) = &peer.inner.reach else {
+            unreachable!()
+        };
+        lock(&link.lanes[1].stream).shutdown();
+        let all = [Segment::new(0, 0, 4 << 20)];
+        let e = me
+            .write(&remote, &mine, &all, None)
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+        assert!(!peer.is_alive());
+        match me.write(&remote, &mine, &[Segment::new(0, 0, 16)], None) {
+            Err(AgentError::Disconnected { .. }) => {}
+            r => panic!("a write after the break: {r:?}"),
+        }
+    }
 
     #[test]
     fn stages_cut_segments_at_the_stage_size_and_keep_every_byte() {

@@ -11,9 +11,12 @@
 //! this refuse each other with the reason instead of misreading the reply.
 
 use super::frame::{
-    frame, Stream, ERR, HELLO, HELLO_V1, IMPORT, MAX_FRAME, NOTIFY, OK, READ, RELEASE, WRITE,
+    frame, Stream, ERR, HELLO, HELLO_V1, IMPORT, LANE, LANES, MAX_FRAME, NOTIFY, OK, READ, RELEASE,
+    WRITE,
 };
-use super::{lock, sys, tcp_bytes, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store};
+use super::{
+    lock, sys, tcp, tcp_bytes, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store,
+};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -48,7 +51,9 @@ pub(super) fn serve(listener: UnixListener, agent: Weak<AgentInner>) {
     }
 }
 
-/// Serves one peer's connection until it closes (over TCP, after the peer proved the key).
+/// Serves one peer's connection until it closes (over TCP, after the peer proved the key). A
+/// TCP connection whose first frame is LANE is a lane of another (`tcp.rs`): it then carries
+/// WRITE and READ alone, reaching what that connection imported.
 pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
     let Some(a) = agent.upgrade() else { return };
     let conn = a.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -57,9 +62,46 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
     }
     drop(a);
     let mut peer_name = String::from("?");
+    // A lane: the connection whose imports its transfers reach (the one that asked for the
+    // ticket it presented first thing).
+    let (mut lane_of, mut first) = (None::<u64>, true);
     while let Ok((tag, body, _)) = s.next_frame() {
         let Some(a) = agent.upgrade() else { break };
+        let was_first = std::mem::replace(&mut first, false);
         let reply = match (tag, &s) {
+            (WRITE, Stream::Tcp(t)) => {
+                match tcp_bytes::serve_write(&a, lane_of.unwrap_or(conn), t, &body) {
+                    Ok(f) => Some((f, None)),
+                    Err(_) => break,
+                }
+            }
+            (READ, Stream::Tcp(t)) => {
+                match tcp_bytes::serve_read(&a, lane_of.unwrap_or(conn), t, &body) {
+                    Ok(()) => None,
+                    Err(_) => break,
+                }
+            }
+            (LANE, Stream::Tcp(_)) if was_first => match tcp::redeem(&a, conn, &body) {
+                Some(of) => {
+                    lane_of = Some(of);
+                    Some((frame(OK, &[]), None))
+                }
+                None => {
+                    let _ = s.send(&frame(ERR, b"not a ticket this agent gave"), None);
+                    break;
+                }
+            },
+            _ if lane_of.is_some() => Some((
+                frame(ERR, format!("message {tag} on a lane").as_bytes()),
+                None,
+            )),
+            (LANES, Stream::Tcp(_)) => Some((
+                match tcp::ticket(&a, conn) {
+                    Ok(t) => frame(OK, &t),
+                    Err(why) => frame(ERR, why.as_bytes()),
+                },
+                None,
+            )),
             (HELLO, _) if body.len() >= 4 => {
                 let pid = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
                 peer_name = String::from_utf8_lossy(&body[4..]).into_owned();
@@ -102,14 +144,6 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
                 a.notes_cv.notify_all();
                 None
             }
-            (WRITE, Stream::Tcp(t)) => match tcp_bytes::serve_write(&a, conn, t, &body) {
-                Ok(f) => Some((f, None)),
-                Err(_) => break,
-            },
-            (READ, Stream::Tcp(t)) => match tcp_bytes::serve_read(&a, conn, t, &body) {
-                Ok(()) => None,
-                Err(_) => break,
-            },
             _ => Some((
                 frame(ERR, format!("unknown message {tag}").as_bytes()),
                 None,
@@ -124,6 +158,7 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
     s.shutdown();
     if let Some(a) = agent.upgrade() {
         a.release(conn, None);
+        tcp::forget_lanes(&a, conn);
         lock(&a.conns).remove(&conn);
     }
 }
