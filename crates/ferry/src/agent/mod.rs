@@ -644,8 +644,9 @@ impl Agent {
     /// [`Agent::connect_tcp_streams`] to choose): a transfer of at least 512 KiB is cut into
     /// parts of at least 256 KiB carried by the streams at once, as NCCL's sockets and UCX's
     /// lanes do (one stream runs at what one core copies through the kernel, several at what
-    /// the network takes). Errors: those of [`Agent::connect_tcp_streams`], and a value of
-    /// the variable that is no whole number ([`AgentError::Config`]).
+    /// the network takes; each further stream is a thread on each side). Errors: those of
+    /// [`Agent::connect_tcp_streams`], and a value of the variable that is no whole number
+    /// ([`AgentError::Config`]).
     pub fn connect_tcp(&self, addr: &str, key: &[u8]) -> Result<Peer, AgentError> {
         self.connect_tcp_streams(addr, key, tcp::default_streams(&crate::env::process)?)
     }
