@@ -14,7 +14,7 @@
 #
 # Steps: tests python caller pipeline files cufile (the last only where asked: it writes udev
 # records, scripts/cufile-udev.sh), and survey testsplain aml ab aball fill kvorder blocks blocksclean disk confirm agenttests ckpt cold snapshot agent
-# cpu cpuab nixl nixltcp tcpstreams (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
+# cpu cpuab nixl nixltcp tcpstreams nixltcpdev (only where asked). `survey`: the machine (GPU, driver, cores, memory, the bundle's
 # commit); `tests` runs every test binary under FERRY_TEST_POLICIES (default both completion
 # policies), `testsplain` under the plain policy alone (after `tests` with
 # FERRY_TEST_POLICIES=tuned, so that the steps between come first).
@@ -186,6 +186,16 @@ for s in "${steps[@]}"; do
     step nixl-tcp 300 python3 bench/agent/nixl_tcp.py --full --json "$log/nixl_tcp.json"
     step nixl-tcp-s1 300 python3 bench/agent/nixl_tcp.py --full --streams 1 \
       --json "$log/nixl_tcp_s1.json" ;;
+  nixltcpdev) # issue 36: device memory over TCP on loopback (each side stages it through host
+    # memory), ferry's agent against NIXL's (UCX_TLS=tcp,cuda_copy; NIXL in /tmp/site-nixl as
+    # for `nixltcp`), with the default streams and with one
+    step wheels 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site "$wheels"/*.whl
+    export PYTHONPATH=/tmp/site:/tmp/site-nixl${PYTHONPATH:+:$PYTHONPATH}
+    step nixl-tcp-dev 300 python3 bench/agent/nixl_tcp.py --full --memory device \
+      --json "$log/nixl_tcp_dev.json"
+    step nixl-tcp-dev-s1 300 python3 bench/agent/nixl_tcp.py --full --memory device --streams 1 \
+      --json "$log/nixl_tcp_dev_s1.json" ;;
   blocks) # issue 34: block copies, SMs free and busy, against torch's loops
     bench blocks --test cuda-blocks-h2d,cuda-blocks-d2h,cuda-blocks-d2d
     bench blocks-busy --test cuda-blocks-busy --sizes 8K,64K,512K,2M

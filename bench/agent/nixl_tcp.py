@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Host memory between two processes over TCP: ferry's agent (`Agent.listen_tcp` /
+"""Memory between two processes over TCP: ferry's agent (`Agent.listen_tcp` /
 `Agent.connect_tcp`) against NVIDIA NIXL's (UCX backend, `UCX_TLS=tcp`), the transport each
-uses between hosts, run here over loopback. Needs no GPU.
+uses between hosts, run here over loopback. Host memory needs no GPU; `--memory device` puts
+both sides' buffers in GPU 0's memory (ferry stages it through host memory at each end; NIXL
+needs `UCX_TLS=tcp,cuda_copy`).
 
 A target process registers one host buffer with each agent (a NIXL agent and a ferry agent
 listening on TCP); this process registers its own with each and moves `batch` blocks of
@@ -11,7 +13,8 @@ samples; ferry's and NIXL's samples alternate. Every row is verified once first:
 destination cleared, one call, the bytes compared.
 
 Usage (nixl_cu13 or nixl, torch, numpy and ferry importable):
-  python3 bench/agent/nixl_tcp.py [--full] [--reps N] [--json OUT]
+  python3 bench/agent/nixl_tcp.py [--full] [--reps N] [--memory host|device] [--streams N]
+      [--json OUT]
 """
 
 from __future__ import annotations
@@ -34,8 +37,17 @@ MIB = 1 << 20
 KEY = b"nixl_tcp.py loopback key"
 
 
-def target(conn, nbytes: int) -> None:
-    """The target: one buffer registered with NIXL, one with a ferry agent over TCP."""
+def tensor(nbytes: int, device: bool):
+    """A zeroed uint8 tensor, in GPU 0's memory or the host's (NIXL registers tensors: VRAM or
+    DRAM)."""
+    import torch
+
+    return torch.zeros(nbytes, dtype=torch.uint8, device="cuda:0" if device else "cpu")
+
+
+def target(conn, nbytes: int, device: bool) -> None:
+    """The target: one buffer registered with NIXL, one with a ferry agent over TCP (host
+    memory, or with `device` GPU 0's)."""
     import numpy as np
     import torch
 
@@ -43,25 +55,26 @@ def target(conn, nbytes: int) -> None:
 
     nixl = import_nixl()
     agent = nixl.nixl_agent("target", nixl.nixl_agent_config(backends=["UCX"]))
-    t = torch.zeros(nbytes, dtype=torch.uint8)  # NIXL registers tensors (host: DRAM)
+    t = tensor(nbytes, device)
     agent.register_memory(t)
-    buf = t.numpy()
-    fa = ferry.Agent("target")
+    fa = ferry.Agent("target", device=0 if device else None)
     at = fa.listen_tcp("127.0.0.1:0", KEY)
-    region = fa.alloc(nbytes)
-    conn.send({"meta": agent.get_agent_metadata(), "buf": buf.ctypes.data, "ferry": at,
+    region = fa.alloc(nbytes, kind="device" if device else "pageable")
+    conn.send({"meta": agent.get_agent_metadata(), "buf": t.data_ptr(), "ferry": at,
                "desc": region.descriptor})
     agent.add_remote_agent(conn.recv())
     conn.send("ready")
     while True:
         msg = conn.recv()
         if msg[0] == "nixl":  # the first n bytes of the NIXL buffer
-            conn.send(buf[: msg[1]].tobytes())
+            conn.send(t[: msg[1]].cpu().numpy().tobytes())
         elif msg[0] == "ferry":
             conn.send(region.read(0, msg[1]))
         elif msg[0] == "fill":  # both buffers' first n bytes
             data = msg[1]
-            buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+            t[: len(data)].copy_(torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy()))
+            if device:
+                torch.cuda.synchronize()  # landed before NIXL's copies, on streams of their own
             region.write(0, data)
             conn.send("ok")
         else:
@@ -73,6 +86,9 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="blocks 4 KiB-16 MiB x batches 1-1,024")
     ap.add_argument("--reps", type=int, default=0, help="samples per row (default 5, 11 with --full)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--memory", choices=["host", "device"], default="host",
+                    help="both sides' buffers in host memory, or in GPU 0's (staged through "
+                    "host memory by each; NIXL: VRAM over UCX's TCP with cuda_copy)")
     ap.add_argument("--streams", type=int, default=None,
                     help="ferry's TCP streams (default: connect_tcp's, 4 or $FERRY_AGENT_TCP_STREAMS)")
     a = ap.parse_args()
@@ -88,7 +104,9 @@ def main() -> int:
     nixl = import_nixl()
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child, nbytes), daemon=True)
+    device = a.memory == "device"
+    mem = "VRAM" if device else "DRAM"
+    proc = ctx.Process(target=target, args=(child, nbytes, device), daemon=True)
     proc.start()
     deadline = time.monotonic() + 120
     while not parent.poll(0.5):
@@ -99,31 +117,35 @@ def main() -> int:
     import torch
 
     agent = nixl.nixl_agent("initiator", nixl.nixl_agent_config(backends=["UCX"]))
-    tsrc = torch.from_numpy(np.frombuffer(np.random.default_rng(7).bytes(nbytes), dtype=np.uint8).copy())
-    tdst = torch.zeros(nbytes, dtype=torch.uint8)
+    src = np.frombuffer(np.random.default_rng(7).bytes(nbytes), dtype=np.uint8).copy()
+    tsrc, tdst = tensor(nbytes, device), tensor(nbytes, device)
+    tsrc.copy_(torch.from_numpy(src))
+    if device:
+        torch.cuda.synchronize()
     agent.register_memory(tsrc)
     agent.register_memory(tdst)
-    src, dst = tsrc.numpy(), tdst.numpy()
     remote = agent.add_remote_agent(info["meta"])
     parent.send(agent.get_agent_metadata())
     parent.recv()  # ready
-    fa = ferry.Agent("initiator")
+    fa = ferry.Agent("initiator", device=0 if device else None)
     peer = fa.connect_tcp(info["ferry"], KEY, streams=a.streams)
     fremote = peer.open(info["desc"])
-    fsrc = fa.alloc(nbytes)
+    kind = "device" if device else "pageable"
+    fsrc = fa.alloc(nbytes, kind=kind)
     fsrc.write(0, src.tobytes())
-    fdst = fa.alloc(nbytes)
+    fdst = fa.alloc(nbytes, kind=kind)
     streams = a.streams or os.environ.get("FERRY_AGENT_TCP_STREAMS", "default")
     print(f"ferry agent over TCP ({streams} streams) vs NIXL (UCX_TLS={os.environ['UCX_TLS']}), "
-          f"two processes, loopback, {reps} samples per row, {os.cpu_count()} CPUs")
+          f"{a.memory} memory, two processes, loopback, {reps} samples per row, "
+          f"{os.cpu_count()} CPUs")
 
     backend = {"name": ""}
 
     def nixl_op(op: str, block: int, batch: int) -> None:
         write = op == "WRITE"
-        local = src.ctypes.data if write else dst.ctypes.data
-        ld = agent.get_xfer_descs(descs(local, block, batch, 0, not write), "DRAM")
-        rd = agent.get_xfer_descs(descs(info["buf"], block, batch, 0, write), "DRAM")
+        local = tsrc.data_ptr() if write else tdst.data_ptr()
+        ld = agent.get_xfer_descs(descs(local, block, batch, 0, not write), mem)
+        rd = agent.get_xfer_descs(descs(info["buf"], block, batch, 0, write), mem)
         h = agent.initialize_xfer(op, ld, rd, remote)
         st = agent.transfer(h)
         stuck = time.monotonic() + 60.0
@@ -165,11 +187,13 @@ def main() -> int:
         else:
             parent.send(("fill", src[:n].tobytes()))
             parent.recv()
-            dst[:n] = 0
+            tdst[:n].zero_()
+            if device:
+                torch.cuda.synchronize()
             fdst.write(0, bytes(n))
             nixl_op(op, block, batch)
             ferry_op(op, block, batch)
-            if dst[:n].tobytes() != bytes(want) or fdst.read(0, n) != bytes(want):
+            if tdst[:n].cpu().numpy().tobytes() != bytes(want) or fdst.read(0, n) != bytes(want):
                 raise RuntimeError(f"{op} {batch} x {block}: wrong bytes")
 
     rows = []
@@ -191,6 +215,7 @@ def main() -> int:
                 n = block * batch
                 f, x = n / statistics.median(tf) / 1e9, n / statistics.median(tn) / 1e9
                 rows.append({"op": op, "block": block, "batch": batch, "bytes": n, "streams": streams,
+                             "memory": a.memory,
                              "ferry_gbps": f, "nixl_gbps": x, "ratio": f / x,
                              "nixl_backend": backend["name"]})
                 print(f"{op:<6} {block:>9} {batch:>6} {f:>11.3f} {x:>10.3f} {f / x:>6.2f}", flush=True)
