@@ -290,13 +290,14 @@ impl PyAgent {
     ///     addr (str): ``"host:port"``.
     ///     key (bytes): the agent's key (at least 16 bytes).
     ///     streams (int | None): TCP streams, 1 to 16 (``None``: 4, or
-    ///         ``$FERRY_AGENT_TCP_STREAMS`` where set).
+    ///         ``$FERRY_AGENT_TCP_STREAMS`` where set; C's 0).
     ///
     /// Returns:
     ///     Peer: the connection.
     ///
     /// Raises:
-    ///     ArgumentError: a key shorter than 16 bytes, ``streams`` out of range.
+    ///     ArgumentError: a key shorter than 16 bytes, ``streams`` out of range (0 and
+    ///         negative included), ``$FERRY_AGENT_TCP_STREAMS`` not a whole number.
     ///         FerryError: nothing listens there, or the key is refused.
     ///
     /// Example:
@@ -307,8 +308,14 @@ impl PyAgent {
         py: Python<'_>,
         addr: &str,
         key: &[u8],
-        streams: Option<usize>,
+        streams: Option<i64>,
     ) -> PyResult<PyPeer> {
+        let streams = match streams {
+            None => None,
+            Some(n) => Some(
+                usize::try_from(n).map_err(|_| arg(format!("streams={n}: 1 to 16 TCP streams")))?,
+            ),
+        };
         let peer = py
             .allow_threads(|| match streams {
                 None => self.agent.connect_tcp(addr, key),

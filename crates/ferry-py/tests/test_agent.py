@@ -206,8 +206,9 @@ def test_over_tcp_both_ways_and_a_wrong_key() -> None:
         me.read(back, remote, [(0, 2048, 256)]).wait()
         assert back.read(0, 256) == bytes(range(256))
         # Two streams: 2 MiB cut across both, both ways; streams out of range refused.
-        with pytest.raises(ferry.ArgumentError, match="streams"):
-            me.connect_tcp(at, b"a python key, sixteen bytes+", streams=0)
+        for bad in (0, -1, 17):
+            with pytest.raises(ferry.ArgumentError, match="streams"):
+                me.connect_tcp(at, b"a python key, sixteen bytes+", streams=bad)
         two = me.connect_tcp(at, b"a python key, sixteen bytes+", streams=2)
         far = two.open(desc)
         big = me.alloc(2 << 20)

@@ -57,6 +57,7 @@
 mod complete;
 mod desc;
 mod frame;
+mod lanes;
 mod sys;
 mod tcp;
 mod tcp_bytes;
@@ -278,6 +279,8 @@ struct AgentInner {
     next_conn: AtomicU64,
     /// Where the agent listens over TCP, if it does ([`Agent::listen_tcp`]).
     tcp: Mutex<Option<tcp::Listening>>,
+    /// The lanes' tickets of the connections served over TCP.
+    tickets: lanes::Tickets,
     stop: AtomicBool,
     worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
     /// The progress thread that sends notifications when transfers land (`complete.rs`).
@@ -414,6 +417,7 @@ impl Agent {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             tcp: Mutex::new(None),
+            tickets: lanes::Tickets::default(),
             stop: AtomicBool::new(false),
             worker: Mutex::new(None),
             progress: Mutex::new(None),
@@ -638,7 +642,8 @@ impl Agent {
     /// fails its transfer only (with the cause; the bytes after the failed copy arrive as
     /// zeros). Blocks for the name's resolution and the connection (together at most the
     /// agent's timeout), then for the key's proof and the handshake (each answer waited for at
-    /// most the timeout).
+    /// most the timeout), then for each further stream in turn (its connection, proof and
+    /// admission, each within the timeout).
     ///
     /// The connection is 4 TCP streams (`$FERRY_AGENT_TCP_STREAMS` where set;
     /// [`Agent::connect_tcp_streams`] to choose): a transfer of at least 512 KiB is cut into
@@ -653,9 +658,11 @@ impl Agent {
 
     /// As [`Agent::connect_tcp`], over `streams` TCP streams (1 to 16; 1: every transfer on
     /// one stream, in order). Each further stream proves the key and joins the first with a
-    /// ticket the owner gave on it, and carries transfers' parts alone. Errors: a short key,
-    /// `streams` out of range ([`AgentError::Unsupported`]), the connection or the proof of
-    /// any stream.
+    /// ticket the owner gave on it, and carries transfers' parts alone. A stream that breaks
+    /// breaks the connection: every stream is shut down. Errors: a short key, `streams` out
+    /// of range ([`AgentError::Unsupported`]), the connection or the proof of any stream (an
+    /// owner already proving 64 connections at once drops the next: a burst of connectors
+    /// may see one refused), an owner of an older ferry without lanes (`streams` > 1).
     pub fn connect_tcp_streams(
         &self,
         addr: &str,

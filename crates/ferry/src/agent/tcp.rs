@@ -34,15 +34,14 @@
 //! [`Agent::connect_tcp`]: super::Agent::connect_tcp
 
 use super::frame::{frame, Stream, AUTH, ERR, LANE, LANES, OK};
-use super::tcp_bytes::{Lane, Link};
+use super::lanes::{Lane, MAX_LANES};
+use super::tcp_bytes::Link;
 use super::wire;
 use super::{io_err, lock, sys, AgentError, AgentInner, PeerInner, Reach};
 use crate::env;
 use crate::ConfigError;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
-use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,31 +85,10 @@ fn tune(s: &TcpStream, timeout: Duration) -> io::Result<()> {
     sys::keepalive(s)
 }
 
-/// The TCP side of an agent: where it listens, and the lanes' tickets of its connections.
+/// The TCP side of an agent: where it listens.
 pub(super) struct Listening {
     pub(super) addr: SocketAddr,
-    /// By connection: the ticket it was given ([`ticket`]) and the lanes that presented it.
-    tickets: HashMap<u64, Ticket>,
 }
-
-/// A connection's ticket for its lanes, and the lanes (connection numbers) joined with it.
-struct Ticket {
-    token: [u8; TOKEN],
-    lanes: Vec<u64>,
-}
-
-#[cfg(test)]
-impl Listening {
-    /// The number of lanes of each connection that asked for a ticket.
-    pub(super) fn lanes_per_connection(&self) -> Vec<usize> {
-        self.tickets.values().map(|t| t.lanes.len()).collect()
-    }
-}
-
-/// A ticket's secret part, in bytes (the connection's number comes before it).
-const TOKEN: usize = 16;
-/// The most lanes one connection may join (each is a thread here).
-pub(super) const MAX_LANES: usize = 15;
 
 /// Binds `addr` and serves peers that prove `key`, one thread per connection (as the Unix
 /// socket's). The address bound (port 0: the one the kernel chose).
@@ -141,70 +119,8 @@ pub(super) fn listen(
         .name("ferry-agent-tcp".into())
         .spawn(move || serve(listener, weak, key))
         .map_err(io_err("start the agent's TCP thread"))?;
-    *tcp = Some(Listening {
-        addr: bound,
-        tickets: HashMap::new(),
-    });
+    *tcp = Some(Listening { addr: bound });
     Ok(bound)
-}
-
-/// The ticket connection `conn` hands its lanes (OK's body: its number and a random token),
-/// made at its first asking; ERR's body where none can be made.
-pub(super) fn ticket(a: &AgentInner, conn: u64) -> Result<Vec<u8>, String> {
-    let mut tcp = lock(&a.tcp);
-    let Some(l) = tcp.as_mut() else {
-        return Err("the agent no longer listens over TCP".into());
-    };
-    let t = match l.tickets.entry(conn) {
-        Entry::Occupied(e) => e.into_mut(),
-        Entry::Vacant(v) => {
-            let mut token = [0u8; TOKEN];
-            sys::random(&mut token).map_err(|e| format!("getrandom: {e}"))?;
-            v.insert(Ticket {
-                token,
-                lanes: Vec::new(),
-            })
-        }
-    };
-    let mut body = conn.to_le_bytes().to_vec();
-    body.extend_from_slice(&t.token);
-    Ok(body)
-}
-
-/// Connection `lane` presents `body` as a ticket: the connection it joins, or `None` (no such
-/// ticket, or that connection has its [`MAX_LANES`]).
-pub(super) fn redeem(a: &AgentInner, lane: u64, body: &[u8]) -> Option<u64> {
-    let conn = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
-    let token = body.get(8..).filter(|t| t.len() == TOKEN)?;
-    let mut tcp = lock(&a.tcp);
-    let t = tcp.as_mut()?.tickets.get_mut(&conn)?;
-    // Compared in constant time (the ticket is no secret from the key's holders, whose proof
-    // every lane has made; still, nothing of it leaks through the time taken).
-    let differ = t.token.iter().zip(token).fold(0, |d, (x, y)| d | (x ^ y));
-    if differ != 0 || t.lanes.len() >= MAX_LANES {
-        return None;
-    }
-    t.lanes.push(lane);
-    Some(conn)
-}
-
-/// Connection `conn` has closed: its ticket is void, and its lanes are closed (a lane of it
-/// is struck from its list).
-pub(super) fn forget_lanes(a: &AgentInner, conn: u64) {
-    let lanes = {
-        let mut tcp = lock(&a.tcp);
-        let Some(l) = tcp.as_mut() else { return };
-        for t in l.tickets.values_mut() {
-            t.lanes.retain(|&x| x != conn);
-        }
-        l.tickets.remove(&conn).map(|t| t.lanes).unwrap_or_default()
-    };
-    let conns = lock(&a.conns);
-    for lane in lanes {
-        if let Some(c) = conns.get(&lane) {
-            c.shutdown();
-        }
-    }
 }
 
 /// Accepts peers until the agent is dropped.
@@ -390,13 +306,28 @@ pub(super) fn connect(
     let who = format!("tcp://{at}");
     let stream = prove_as_peer(me, s, &who, key)?;
     let mut peer = wire::hello(me, stream, &who, Reach::Remote(Link::new()))?;
-    if streams > 1 {
-        let lanes = open_lanes(me, &peer, at, &who, key, streams - 1)?;
-        if let Reach::Remote(link) = &mut peer.reach {
-            link.lanes = lanes;
-        }
+    let lanes = match streams {
+        1 => Vec::new(),
+        n => open_lanes(me, &peer, at, &who, key, n - 1)?,
+    };
+    let mut sockets = vec![tcp_handle(&lock(&peer.stream))];
+    sockets.extend(lanes.iter().map(|l| tcp_handle(&lock(&l.stream))));
+    let sockets = sockets
+        .into_iter()
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(io_err(format!("a handle of the connection to {who}")))?;
+    if let Reach::Remote(link) = &mut peer.reach {
+        (link.lanes, link.sockets) = (lanes, sockets);
     }
     Ok(peer)
+}
+
+/// A second handle of a TCP stream (to shut it down while a transfer holds it).
+fn tcp_handle(s: &Stream) -> io::Result<TcpStream> {
+    match s {
+        Stream::Tcp(t) => t.try_clone(),
+        Stream::Unix(_) => unreachable!("a connection over TCP on a Unix socket"),
+    }
 }
 
 /// The connector's half of the key's proof on a connection made: its options set, the
@@ -461,7 +392,18 @@ fn open_lanes(
         let s = lock(&peer.stream);
         s.send(&frame(LANES, &[]), None)
             .map_err(io_err(format!("ask {who} for a lane's ticket")))?;
-        answer(&s, "a lane's ticket")?
+        match answer(&s, "a lane's ticket") {
+            Err(AgentError::Refused { reason, .. })
+                if reason.starts_with(&format!("unknown message {LANES}")) =>
+            {
+                return Err(refused(
+                    who,
+                    "its agent is an older ferry, without lanes: run one ferry version on both \
+                     sides, or connect with one stream",
+                ));
+            }
+            r => r?,
+        }
     };
     (0..n)
         .map(|_| {
@@ -606,6 +548,7 @@ pub(super) mod tests {
     #[test]
     fn lanes_join_only_with_their_ticket_and_carry_transfers_alone() {
         use super::super::frame::{HELLO, IMPORT};
+        use super::super::lanes::TOKEN;
         let owner = agent("tcp-tickets");
         let addr = owner.listen_tcp("127.0.0.1:0", KEY).unwrap();
         let region = owner.register_host(vec![1u8; 4096]).unwrap();

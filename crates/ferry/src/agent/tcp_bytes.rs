@@ -17,6 +17,7 @@
 //! request ends when every part has, with the first part's error.
 
 use super::frame::{frame, Stream, ERR, MAX_FRAME, OK, READ, WRITE};
+use super::lanes::Lane;
 use super::{
     engine_copy, lock, run_on, AgentError, AgentInner, CopyJob, Local, PeerInner, Reach,
     INLINE_BYTES,
@@ -45,6 +46,10 @@ pub(super) struct Link {
     /// Further connections to the same agent (`tcp.rs` opens them), each carrying a part of
     /// every transfer of at least two [`PART_MIN`]s, on a thread of its own.
     pub(super) lanes: Vec<Lane>,
+    /// A handle of every stream, the first and the lanes' (their mutexes may be held by a
+    /// transfer when another stream breaks): all are shut down when one breaks, so that the
+    /// owner sees the connection end and releases what it imported.
+    pub(super) sockets: Vec<TcpStream>,
 }
 
 impl Link {
@@ -55,6 +60,7 @@ impl Link {
             queued: AtomicUsize::new(0),
             worker: Mutex::new(None),
             lanes: Vec::new(),
+            sockets: Vec::new(),
         }
     }
 
@@ -62,23 +68,11 @@ impl Link {
     pub(super) fn lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
+    /// Marks the connection broken and shuts every stream of it down.
     fn lose(&self) {
         self.lost.store(true, Ordering::Release);
-    }
-}
-
-/// A lane of a connection: its stream and the thread that runs its parts of transfers.
-pub(super) struct Lane {
-    stream: Mutex<Stream>,
-    worker: Mutex<Option<mpsc::Sender<CopyJob>>>,
-}
-
-impl Lane {
-    /// A lane on `stream` (the key proved, the ticket accepted), its thread not yet started.
-    pub(super) fn new(stream: Stream) -> Lane {
-        Lane {
-            stream: Mutex::new(stream),
-            worker: Mutex::new(None),
+        for s in &self.sockets {
+            let _ = s.shutdown(Shutdown::Both);
         }
     }
 }
@@ -89,8 +83,8 @@ impl Lane {
 /// this many bytes take to cross).
 const PART_MIN: u64 = 256 << 10;
 
-/// The error of a connection that broke, marked so for the transfers after it (the caller,
-/// who holds the stream, closes it where the stream is out of step).
+/// The error of a connection that broke, marked so for the transfers after it, every stream
+/// of it shut down (the owner then releases what the connection imported).
 pub(super) fn broken(peer: &PeerInner, e: &io::Error) -> AgentError {
     if let Reach::Remote(l) = &peer.reach {
         l.lose();
@@ -151,10 +145,14 @@ pub(super) fn transfer(
         }
     }
     let streams = (1 + link.lanes.len()).min((bytes / PART_MIN).max(1) as usize);
-    let parts: Vec<Part> = split(segs, streams)
+    let mut parts: Vec<Part> = split(segs, streams)
         .iter()
         .map(|p| Part::new(region, p, write))
         .collect();
+    if parts.is_empty() {
+        // No byte to move: the owner still checks the list (a region not imported, say).
+        parts.push(Part::new(region, segs, write));
+    }
     let done = Arc::clone(&signal);
     let p = Arc::clone(peer);
     let job = Box::new(move || {
@@ -250,7 +248,7 @@ fn run_parts(
     };
     let (tx, rx) = mpsc::channel();
     let mut posted = 0;
-    let mut refused = None;
+    let mut lost = None;
     for (i, part) in parts.enumerate() {
         let (p, e, tx) = (Arc::clone(peer), Arc::clone(engine), tx.clone());
         let job = Box::new(move || {
@@ -260,22 +258,28 @@ fn run_parts(
             let r = run(&p, &lock(&link.lanes[i].stream), &*e, local, &part);
             let _ = tx.send((i + 1, r));
         });
-        match run_on(&link.lanes[i].worker, "ferry-agent-tcp-lane", job) {
-            Ok(()) => posted += 1,
-            Err(e) => {
-                refused = Some(e);
-                break;
-            }
+        // A lane whose thread cannot start (or stopped) leaves the connection short of a
+        // stream: broken, as a stream that fails.
+        if let Err(e) = run_on(&link.lanes[i].worker, "ferry-agent-tcp-lane", job) {
+            lost = Some(broken(
+                peer,
+                &io::Error::other(format!("lane {}: {e}", i + 1)),
+            ));
+            break;
         }
+        posted += 1;
     }
     drop(tx);
     let mut results = vec![(0, run(peer, &lock(&peer.stream), &**engine, local, &first))];
-    // Every posted part reports, or its job was dropped unrun (its thread gone): then it
-    // touches nothing.
+    // Every posted part reports, or its job was dropped unrun or ended without reporting (its
+    // thread gone): the part did not move its bytes, and the connection is broken.
     results.extend(rx.iter().take(posted));
+    if results.len() < posted + 1 && lost.is_none() {
+        let why = io::Error::other("a lane's thread ended without finishing its part");
+        lost = Some(broken(peer, &why));
+    }
     results.sort_by_key(|r| r.0);
-    let first_err = results.into_iter().find_map(|(_, r)| r.err());
-    match (first_err, refused) {
+    match (results.into_iter().find_map(|(_, r)| r.err()), lost) {
         (Some(e), _) | (None, Some(e)) => Err(e),
         (None, None) => Ok(()),
     }
@@ -707,13 +711,9 @@ mod tests {
         }
     }
 
-    /// The connection of `me` to `peer`, and the owner's record of its lanes.
+    /// The owner's record: the number of lanes of each connection that asked for a ticket.
     fn lanes_of(owner: &super::super::Agent) -> Vec<usize> {
-        let tcp = lock(&owner.inner.tcp);
-        let mut n: Vec<usize> = tcp
-            .as_ref()
-            .map(|l| l.lanes_per_connection())
-            .unwrap_or_default();
+        let mut n = owner.inner.tickets.lanes_per_connection();
         n.sort_unstable();
         n
     }
@@ -782,7 +782,9 @@ mod tests {
     }
 
     /// A lane that breaks fails the transfer it carried a part of, with the connection's
-    /// error, and every later transfer on the connection; the survivor's memory stays.
+    /// error, and every later transfer on the connection; every stream of the connection is
+    /// shut down, so the owner sees it end and releases its imports (the region can then be
+    /// deregistered).
     #[test]
     fn a_broken_lane_fails_the_transfer_and_the_connection() {
         let owner = agent("tcp-lane-break");
@@ -808,6 +810,17 @@ mod tests {
             Err(AgentError::Disconnected { .. }) => {}
             r => panic!("a write after the break: {r:?}"),
         }
+        // The peer and its import are still held here; the owner released them all the same.
+        let t0 = std::time::Instant::now();
+        while !lock(&owner.inner.conns).is_empty() {
+            assert!(
+                t0.elapsed().as_secs() < 5,
+                "the owner kept the broken connection"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        target.deregister().unwrap();
+        drop(remote);
     }
 
     #[test]
@@ -1023,6 +1036,24 @@ mod tests {
         assert!(e.contains("overlap"), "{e}");
         // A region this connection did not import: refused.
         let e = refused(other.descriptor().region, &[Segment::new(0, 0, 16)], false);
+        assert!(e.contains("not imported"), "{e}");
+        // So with no byte to move, on the transfer thread (the stream held here meanwhile) as
+        // on the calling thread.
+        let held = lock(&peer.inner.stream);
+        let queued = transfer(
+            &peer.inner,
+            Arc::clone(&engine),
+            Arc::clone(&local.local),
+            other.descriptor().region,
+            &[Segment::new(0, 0, 0)],
+            true,
+        )
+        .unwrap();
+        assert!(!queued.is_done());
+        drop(held);
+        let e = queued.wait().unwrap_err().to_string();
+        assert!(e.contains("not imported"), "{e}");
+        let e = refused(other.descriptor().region, &[Segment::new(0, 0, 0)], true);
         assert!(e.contains("not imported"), "{e}");
         // In step: a read of the first 4 KiB.
         me.read(&local, &remote, &[Segment::new(0, 0, 4096)], None)

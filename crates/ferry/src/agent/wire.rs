@@ -14,9 +14,7 @@ use super::frame::{
     frame, Stream, ERR, HELLO, HELLO_V1, IMPORT, LANE, LANES, MAX_FRAME, NOTIFY, OK, READ, RELEASE,
     WRITE,
 };
-use super::{
-    lock, sys, tcp, tcp_bytes, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store,
-};
+use super::{lock, sys, tcp_bytes, AgentError, AgentInner, Descriptor, PeerInner, Reach, Store};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -81,7 +79,7 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
                     Err(_) => break,
                 }
             }
-            (LANE, Stream::Tcp(_)) if was_first => match tcp::redeem(&a, conn, &body) {
+            (LANE, Stream::Tcp(_)) if was_first => match a.tickets.redeem(conn, &body) {
                 Some(of) => {
                     lane_of = Some(of);
                     Some((frame(OK, &[]), None))
@@ -96,7 +94,7 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
                 None,
             )),
             (LANES, Stream::Tcp(_)) => Some((
-                match tcp::ticket(&a, conn) {
+                match a.tickets.issue(conn) {
                     Ok(t) => frame(OK, &t),
                     Err(why) => frame(ERR, why.as_bytes()),
                 },
@@ -158,8 +156,14 @@ pub(super) fn handle(s: Stream, agent: Weak<AgentInner>) {
     s.shutdown();
     if let Some(a) = agent.upgrade() {
         a.release(conn, None);
-        tcp::forget_lanes(&a, conn);
-        lock(&a.conns).remove(&conn);
+        let lanes = a.tickets.forget(conn);
+        let mut conns = lock(&a.conns);
+        for lane in lanes {
+            if let Some(c) = conns.get(&lane) {
+                c.shutdown();
+            }
+        }
+        conns.remove(&conn);
     }
 }
 
