@@ -54,6 +54,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod bounce;
 mod complete;
 mod desc;
 mod frame;
@@ -1098,17 +1099,37 @@ fn engine_copy(
     src: RawBuf,
     segs: &[Segment],
 ) -> Result<(), AgentError> {
+    // SAFETY: the callers' host buffers are borrowed until the wait below returns, the
+    // registrations are live (held), and the segments were checked against both.
+    unsafe { engine_submit(engine, dst, src, segs) }?
+        .wait()
+        .map_err(copy_failed)
+}
+
+/// Submits the copy of `segs` from `src` to `dst` on `engine`: its request.
+///
+/// # Safety
+/// 1. `dst` and `src` stay valid until the request has completed, and every segment lies in
+///    both (the contract of [`Engine::submit_raw`]).
+unsafe fn engine_submit(
+    engine: &dyn Engine,
+    dst: RawBuf,
+    src: RawBuf,
+    segs: &[Segment],
+) -> Result<Request, AgentError> {
     let job = Job {
         dst,
         src: Some(src),
         op: Op::Segments(segs.into()),
         after: Vec::new(),
     };
-    // SAFETY: the callers' host buffers are borrowed until the wait below returns, the
-    // registrations are live (held), and the segments were checked against both.
-    let req = unsafe { engine.submit_raw(job) }?;
-    req.wait()
-        .map_err(|e| AgentError::Unsupported(format!("copy through the engine failed: {e}")))
+    // SAFETY: (1).
+    Ok(unsafe { engine.submit_raw(job) }?)
+}
+
+/// A copy through the engine that failed, as the agent reports it.
+fn copy_failed(e: RequestError) -> AgentError {
+    AgentError::Unsupported(format!("copy through the engine failed: {e}"))
 }
 
 /// A connection to another process's agent ([`Agent::connect`], [`Agent::connect_tcp`]).

@@ -2,8 +2,9 @@
 //! naming the owner's region and segments, followed by the bytes and the sender's status (an OK
 //! frame, or ERR and why: its device memory could not be read); the owner's connection thread
 //! stores them (host memory straight from the socket, device memory through the owner agent's
-//! engine in stage-fulls of [`STAGE`] bytes) and answers OK once they have landed, or ERR and
-//! why. A read is a READ frame, answered by OK, the bytes and the owner's status, or by ERR
+//! engine in stage-fulls of [`STAGE`] bytes, two bounce buffers in turn so that one stage's
+//! copy runs while the next one's bytes cross the socket, `bounce.rs`) and answers OK once
+//! they have landed, or ERR and why. A read is a READ frame, answered by OK, the bytes and the owner's status, or by ERR
 //! alone. A copy that fails in the middle of the bytes fails its transfer only: the sender
 //! sends the rest as zeros and its status says why, so the stream stays in step and the
 //! connection serves the next transfer. On the caller's side a transfer runs on the
@@ -16,23 +17,23 @@
 //! bytes, one per stream, each a transfer of its own as above on its stream, run at once; the
 //! request ends when every part has, with the first part's error.
 
+use super::bounce::{self, Bounce, STAGE};
 use super::frame::{frame, Stream, ERR, MAX_FRAME, OK, READ, WRITE};
 use super::lanes::Lane;
 use super::{
-    engine_copy, lock, run_on, AgentError, AgentInner, CopyJob, Local, PeerInner, Reach,
-    INLINE_BYTES,
+    copy_failed, engine_submit, lock, run_on, AgentError, AgentInner, CopyJob, Local, PeerInner,
+    Reach, INLINE_BYTES,
 };
-use crate::memory::{MemKind, RawBuf};
+use crate::memory::RawBuf;
 use crate::op::Segment;
 use crate::request::{BackendError, Request, RequestError, Signal};
+use crate::staging::ring::{Ring, SlotDone};
 use crate::Engine;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-/// Device memory crosses host memory in pieces of this many bytes.
-const STAGE: usize = 4 << 20;
 /// The most segments one transfer's frame carries (its frame at most `MAX_FRAME`).
 pub(super) const MAX_SEGMENTS: usize = (MAX_FRAME - 1 - 12) / 16;
 
@@ -447,29 +448,91 @@ fn send(
         return Ok(Ok(()));
     }
     s.write_all(head)?;
-    let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
-    let mut failed = None;
-    for (n, pieces) in stages(segs) {
-        if failed.is_none() {
-            let host = RawBuf::host(stage.as_mut_ptr(), n, MemKind::Pageable);
-            let list: Vec<Segment> = pieces
-                .iter()
-                .map(|&(m, st, len)| Segment::new(st, m, len))
-                .collect();
-            if let Err(e) = engine_copy(engine, host, mem, &list) {
-                // What the failed copy left in the stage is not sent: zeros from here on.
-                stage.fill(0);
-                failed = Some(e);
-            }
-        }
-        s.write_all(&stage[..n])?;
-    }
+    let mut ring = bounce::ring();
+    let r = send_staged(s, engine, mem, segs, &mut ring);
+    bounce::give_back(ring);
+    let failed = r?;
     match failed {
         None => s.write_all(&FINE).map(Ok),
         Some(e) => s
             .write_all(&frame(ERR, e.to_string().as_bytes()))
             .map(|()| Err(e)),
     }
+}
+
+/// The bounce ring's engine copy of stage `i` (`pieces`: offset in `mem`, offset in the stage,
+/// length) out of (`out`) or into device memory `mem`, its request recorded on the slot; the
+/// copy's error where it could not be submitted.
+fn stage_copy(
+    ring: &mut Ring<Bounce, Option<Request>>,
+    i: usize,
+    (n, pieces): &Stage,
+    engine: &dyn Engine,
+    mem: RawBuf,
+    out: bool,
+) -> Result<(), AgentError> {
+    let b = ring.slot_of(i);
+    let host = ring.slot_mut(b).raw(*n);
+    let list: Vec<Segment> = pieces
+        .iter()
+        .map(|&(m, st, len)| match out {
+            true => Segment::new(st, m, len),
+            false => Segment::new(m, st, len),
+        })
+        .collect();
+    let (dst, src) = if out { (host, mem) } else { (mem, host) };
+    // SAFETY: the slot's memory lives in the ring until its request has completed (the ring
+    // is waited for before its buffers go back, `bounce::give_back`); `mem` is a registration
+    // held by the transfer, the pieces inside it (checked) and inside the stage.
+    *ring.done_mut(b) = Some(unsafe { engine_submit(engine, dst, src, &list) }?);
+    Ok(())
+}
+
+/// [`send`]'s bytes of device memory: each stage copied by the engine into a bounce buffer,
+/// the next stage's copy running while this one's bytes go out. Where a copy fails, that
+/// stage and the rest go as zeros: `Ok(Some)`, the copy's error. `Err`: the socket's.
+fn send_staged(
+    s: &mut &TcpStream,
+    engine: &dyn Engine,
+    mem: RawBuf,
+    segs: &[(u64, u64)],
+    ring: &mut Ring<Bounce, Option<Request>>,
+) -> io::Result<Option<AgentError>> {
+    let all: Vec<Stage> = stages(segs).collect();
+    let mut failed = None;
+    // Whether stage `i`'s copy was submitted (a later stage is copied only while none failed).
+    let mut copying = vec![false; all.len()];
+    if let Some(first) = all.first() {
+        match stage_copy(ring, 0, first, engine, mem, true) {
+            Ok(()) => copying[0] = true,
+            Err(e) => failed = Some(e),
+        }
+    }
+    for (i, stage) in all.iter().enumerate() {
+        let b = ring.slot_of(i);
+        let copied = copying[i] && {
+            let r = ring.done_mut(b).wait();
+            if let Err(e) = r {
+                failed.get_or_insert(copy_failed(e));
+            }
+            failed.is_none()
+        };
+        if failed.is_none() {
+            if let Some(next) = all.get(i + 1) {
+                match stage_copy(ring, i + 1, next, engine, mem, true) {
+                    Ok(()) => copying[i + 1] = true,
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        let bytes = ring.slot_mut(b).bytes(stage.0);
+        if !copied {
+            // What a failed copy left in the stage is not sent: zeros from here on.
+            bytes.fill(0);
+        }
+        s.write_all(bytes)?;
+    }
+    Ok(failed)
 }
 
 /// Receives the bytes of `segs` into `mem` (as [`send`], scattered) and the sender's status.
@@ -507,19 +570,10 @@ fn recv(
         }
         status(s, head)?
     } else {
-        let mut stage = vec![0u8; segs.iter().map(|g| g.1).sum::<u64>().min(STAGE as u64) as usize];
-        for (n, pieces) in stages(segs) {
-            s.read_exact(&mut stage[..n])?;
-            if failed.is_some() {
-                continue;
-            }
-            let host = RawBuf::host(stage.as_ptr(), n, MemKind::Pageable);
-            let list: Vec<Segment> = pieces
-                .iter()
-                .map(|&(m, st, len)| Segment::new(m, st, len))
-                .collect();
-            failed = engine_copy(engine, mem, host, &list).err();
-        }
+        let mut ring = bounce::ring();
+        let r = recv_staged(s, engine, mem, segs, &mut ring);
+        bounce::give_back(ring);
+        failed = r?;
         read_status(s)?
     };
     Ok(match (failed, far) {
@@ -527,6 +581,35 @@ fn recv(
         (None, Some(why)) => Err(Fault::Far(why)),
         (None, None) => Ok(()),
     })
+}
+
+/// [`recv`]'s bytes into device memory: each stage read into a bounce buffer and copied out
+/// by the engine while the next stage's bytes arrive in the other. Every byte is read even
+/// after a copy fails (none is copied after it): `Ok(Some)`, the copy's error. `Err`: the
+/// socket's.
+fn recv_staged(
+    s: &mut &TcpStream,
+    engine: &dyn Engine,
+    mem: RawBuf,
+    segs: &[(u64, u64)],
+    ring: &mut Ring<Bounce, Option<Request>>,
+) -> io::Result<Option<AgentError>> {
+    let mut failed = None;
+    for (i, stage) in stages(segs).enumerate() {
+        let b = ring.slot_of(i);
+        // The slot's last copy (two stages back) has read it before it is overwritten.
+        if let Err(e) = ring.done_mut(b).wait() {
+            failed.get_or_insert(copy_failed(e));
+        }
+        s.read_exact(ring.slot_mut(b).bytes(stage.0))?;
+        if failed.is_none() {
+            failed = stage_copy(ring, i, &stage, engine, mem, false).err();
+        }
+    }
+    if let Err(e) = ring.wait_all() {
+        failed.get_or_insert(copy_failed(e));
+    }
+    Ok(failed)
 }
 
 /// A transfer's frame, read: the owner's region, the segments in it (offset, length), their
@@ -664,6 +747,7 @@ pub(super) fn serve_read(a: &AgentInner, conn: u64, s: &TcpStream, body: &[u8]) 
 mod tests {
     use super::super::tcp::tests::{agent, KEY};
     use super::*;
+    use crate::memory::MemKind;
     use crate::CpuEngine;
     use proptest::prelude::*;
 
@@ -964,6 +1048,45 @@ mod tests {
                 false => assert!(rest.iter().all(|&x| x == 7)),
             }
         }
+    }
+
+    /// Device memory (the stand-in engine's) crosses through the bounce ring whole, both
+    /// ways: segments of uneven lengths over five stages and more, each stage's copy beside
+    /// the other's bytes on the socket, the far end's status read after them.
+    #[test]
+    fn staged_bytes_cross_whole_through_the_bounce_ring() {
+        let len = 5 * STAGE + 777;
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 % 255) as u8).collect();
+        let mut dst = vec![0u8; len];
+        let (mut segs, mut at) = (Vec::new(), 0u64);
+        for i in 0.. {
+            let n = ((i * 104_729) % 900_000 + 1).min(len as u64 - at);
+            segs.push((at, n));
+            at += n;
+            if at == len as u64 {
+                break;
+            }
+        }
+        let device = |addr: *const u8| RawBuf {
+            addr: addr as u64,
+            len,
+            kind: MemKind::Device { ordinal: 0 },
+        };
+        let (src_raw, dst_raw) = (device(src.as_ptr()), device(dst.as_mut_ptr()));
+        let (a, b) = pair();
+        let (out, into) = (flaky(usize::MAX), flaky(usize::MAX));
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut w = &a;
+                let sent = send(&mut w, &out, src_raw, &frame(OK, &[]), &segs).expect("socket");
+                assert!(sent.is_ok());
+            });
+            let mut r = &b;
+            let mut head = [0u8; 5];
+            r.read_exact(&mut head).unwrap();
+            assert!(recv(&mut r, &into, dst_raw, &segs).expect("socket").is_ok());
+        });
+        assert!(dst == src, "the bytes crossed whole");
     }
 
     /// A small transfer on an idle connection comes back done; one queued behind a large

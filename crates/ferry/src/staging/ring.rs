@@ -128,6 +128,15 @@ impl<S, D: SlotDone> Ring<S, D> {
     pub(crate) fn forget_all(&mut self) {
         self.done.iter_mut().for_each(SlotDone::forget);
     }
+
+    /// The slots, once no work on them may still run (after [`Ring::wait_all`]); the ring
+    /// itself back where some may.
+    pub(crate) fn into_slots(self) -> Result<Vec<S>, Self> {
+        match self.any_pending() {
+            true => Err(self),
+            false => Ok(self.slots),
+        }
+    }
 }
 
 #[cfg(test)]
