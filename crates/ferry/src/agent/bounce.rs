@@ -56,8 +56,17 @@ impl Bounce {
 /// The free list.
 static FREE: Mutex<Vec<Bounce>> = Mutex::new(Vec::new());
 
+/// Runs `f` (a staged transfer) with a ring of bounce buffers, then waits for every copy on
+/// them (whatever `f` returned: a socket error leaves a copy running) and gives them back.
+pub(super) fn staged<R>(f: impl FnOnce(&mut Ring<Bounce, Option<Request>>) -> R) -> R {
+    let mut ring = ring();
+    let r = f(&mut ring);
+    give_back(ring);
+    r
+}
+
 /// A staged transfer's ring of bounce buffers: two from the free list, or new.
-pub(super) fn ring() -> Ring<Bounce, Option<Request>> {
+fn ring() -> Ring<Bounce, Option<Request>> {
     let taken: Vec<Option<Bounce>> = {
         let mut free = lock(&FREE);
         (0..DEPTH).map(|_| free.pop()).collect()
@@ -72,7 +81,7 @@ pub(super) fn ring() -> Ring<Bounce, Option<Request>> {
 
 /// Waits for every copy on the ring's buffers (their errors were the transfer's to report),
 /// then gives them back to the free list.
-pub(super) fn give_back(mut ring: Ring<Bounce, Option<Request>>) {
+fn give_back(mut ring: Ring<Bounce, Option<Request>>) {
     let _ = ring.wait_all();
     // A copy whose wait failed has ended too (an `Option<Request>` is free after its error).
     match ring.into_slots() {

@@ -448,11 +448,7 @@ fn send(
         return Ok(Ok(()));
     }
     s.write_all(head)?;
-    let mut ring = bounce::ring();
-    let r = send_staged(s, engine, mem, segs, &mut ring);
-    bounce::give_back(ring);
-    let failed = r?;
-    match failed {
+    match bounce::staged(|ring| send_staged(s, engine, mem, segs, ring))? {
         None => s.write_all(&FINE).map(Ok),
         Some(e) => s
             .write_all(&frame(ERR, e.to_string().as_bytes()))
@@ -482,7 +478,7 @@ fn stage_copy(
         .collect();
     let (dst, src) = if out { (host, mem) } else { (mem, host) };
     // SAFETY: the slot's memory lives in the ring until its request has completed (the ring
-    // is waited for before its buffers go back, `bounce::give_back`); `mem` is a registration
+    // is waited for before its buffers go back, `bounce::staged`); `mem` is a registration
     // held by the transfer, the pieces inside it (checked) and inside the stage.
     *ring.done_mut(b) = Some(unsafe { engine_submit(engine, dst, src, &list) }?);
     Ok(())
@@ -570,10 +566,7 @@ fn recv(
         }
         status(s, head)?
     } else {
-        let mut ring = bounce::ring();
-        let r = recv_staged(s, engine, mem, segs, &mut ring);
-        bounce::give_back(ring);
-        failed = r?;
+        failed = bounce::staged(|ring| recv_staged(s, engine, mem, segs, ring))?;
         read_status(s)?
     };
     Ok(match (failed, far) {
