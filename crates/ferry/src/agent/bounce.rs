@@ -3,8 +3,10 @@
 //! reach them directly, without the engine's own staging), pageable otherwise (no driver: the
 //! tests' stand-in engines). A staged transfer borrows two as a ring of the staging subsystem
 //! (`staging/ring.rs`): the copy of one stage runs while the other's bytes cross the socket.
-//! They go back to a free list for the process's next transfer (at most [`KEPT`] kept), as the
-//! file engine's bounce slots do: many connections' threads take them at once, in no order.
+//! They go back to a free list for the process's next transfer (at most [`KEPT`] kept, 32 MiB
+//! of pinned memory held by the process from its first staged transfer on; two more in use
+//! per staged transfer running beyond that), as the file engine's bounce slots do: many
+//! connections' threads take them at once, in no order.
 
 use super::lock;
 use crate::cuda::PinnedBuffer;
@@ -58,11 +60,25 @@ static FREE: Mutex<Vec<Bounce>> = Mutex::new(Vec::new());
 
 /// Runs `f` (a staged transfer) with a ring of bounce buffers, then waits for every copy on
 /// them (whatever `f` returned: a socket error leaves a copy running) and gives them back.
+/// Where `f` unwinds (an engine's wait may panic), the buffers are leaked instead: a copy on
+/// them may still run, and its request may be gone with the panic.
 pub(super) fn staged<R>(f: impl FnOnce(&mut Ring<Bounce, Option<Request>>) -> R) -> R {
-    let mut ring = ring();
-    let r = f(&mut ring);
-    give_back(ring);
-    r
+    let mut lent = Lent(Some(ring()));
+    f(lent.0.as_mut().expect("lent until dropped"))
+}
+
+/// A ring lent to a staged transfer: given back on drop, or leaked while unwinding.
+struct Lent(Option<Ring<Bounce, Option<Request>>>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(ring) = self.0.take() {
+            match std::thread::panicking() {
+                true => std::mem::forget(ring),
+                false => give_back(ring),
+            }
+        }
+    }
 }
 
 /// A staged transfer's ring of bounce buffers: two from the free list, or new.
@@ -81,14 +97,22 @@ fn ring() -> Ring<Bounce, Option<Request>> {
 
 /// Waits for every copy on the ring's buffers (their errors were the transfer's to report),
 /// then gives them back to the free list.
+/// Pinned buffers alone are kept: a pageable one (no driver, or the driver refused to pin)
+/// is freed, so that the next transfer asks for pinned memory again.
 fn give_back(mut ring: Ring<Bounce, Option<Request>>) {
-    let _ = ring.wait_all();
+    // An engine's wait that panics here would free the buffers under the other slot's copy
+    // as the ring unwound: leaked instead, the panic passed on.
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(ring.wait_all())));
+    if let Err(panic) = waited {
+        std::mem::forget(ring);
+        std::panic::resume_unwind(panic);
+    }
     // A copy whose wait failed has ended too (an `Option<Request>` is free after its error).
     match ring.into_slots() {
         Ok(slots) => {
             let mut free = lock(&FREE);
             for b in slots {
-                if free.len() < KEPT {
+                if matches!(b, Bounce::Pinned(_)) && free.len() < KEPT {
                     free.push(b);
                 }
             }

@@ -31,8 +31,9 @@
 //! sides hold) is reached from any host with [`Agent::connect_tcp`]; the same descriptors,
 //! imports, segment lists, requests and notifications, every registration reachable, the bytes
 //! carried over the connection (its 4 TCP streams by default, a large transfer cut across
-//! them; device memory staged through host memory at both ends; see `tcp.rs` for the
-//! protocol, the key's check, the streams, and why TCP). The seam is the peer's connection
+//! them; device memory staged through host memory at both ends, in pinned bounce buffers of
+//! 2 MiB, two per transfer running, up to 16 kept by the process: `bounce.rs`; see `tcp.rs`
+//! for the protocol, the key's check, the streams, and why TCP). The seam is the peer's connection
 //! and the request path of [`Agent::read`]/[`Agent::write`], which picks the mechanism from
 //! the import; an RDMA or NCCL mechanism (GPU memory at the network's speed; it needs two GPUs
 //! or hosts to run) adds one there, and nothing above changes.

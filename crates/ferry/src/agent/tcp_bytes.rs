@@ -2,9 +2,9 @@
 //! naming the owner's region and segments, followed by the bytes and the sender's status (an OK
 //! frame, or ERR and why: its device memory could not be read); the owner's connection thread
 //! stores them (host memory straight from the socket, device memory through the owner agent's
-//! engine in stage-fulls of [`STAGE`] bytes, two bounce buffers in turn so that one stage's
-//! copy runs while the next one's bytes cross the socket, `bounce.rs`) and answers OK once
-//! they have landed, or ERR and why. A read is a READ frame, answered by OK, the bytes and the owner's status, or by ERR
+//! engine in stage-fulls of [`STAGE`] bytes, two bounce buffers in turn so that one
+//! stage's copy runs while the next one's bytes cross the socket, `bounce.rs`) and answers
+//! OK once they have landed, or ERR and why. A read is a READ frame, answered by OK, the bytes and the owner's status, or by ERR
 //! alone. A copy that fails in the middle of the bytes fails its transfer only: the sender
 //! sends the rest as zeros and its status says why, so the stream stays in step and the
 //! connection serves the next transfer. On the caller's side a transfer runs on the
@@ -485,8 +485,9 @@ fn stage_copy(
 }
 
 /// [`send`]'s bytes of device memory: each stage copied by the engine into a bounce buffer,
-/// the next stage's copy running while this one's bytes go out. Where a copy fails, that
-/// stage and the rest go as zeros: `Ok(Some)`, the copy's error. `Err`: the socket's.
+/// the next stage's copy running while this one's bytes go out (the stages cut one at a time:
+/// a list may name far more bytes than fit in memory). Where a copy fails, that stage and the
+/// rest go as zeros: `Ok(Some)`, the copy's error. `Err`: the socket's.
 fn send_staged(
     s: &mut &TcpStream,
     engine: &dyn Engine,
@@ -494,34 +495,34 @@ fn send_staged(
     segs: &[(u64, u64)],
     ring: &mut Ring<Bounce, Option<Request>>,
 ) -> io::Result<Option<AgentError>> {
-    let all: Vec<Stage> = stages(segs).collect();
+    let mut all = stages(segs).enumerate().peekable();
     let mut failed = None;
-    // Whether stage `i`'s copy was submitted (a later stage is copied only while none failed).
-    let mut copying = vec![false; all.len()];
-    if let Some(first) = all.first() {
-        match stage_copy(ring, 0, first, engine, mem, true) {
-            Ok(()) => copying[0] = true,
-            Err(e) => failed = Some(e),
+    // Whether each slot holds a submitted copy of the stage it is lent (a stage is copied only
+    // while no copy has failed).
+    let mut copying = vec![false; ring.depth()];
+    // The next stage's copy, while no copy has failed.
+    let submit = |ring: &mut Ring<_, _>,
+                  copying: &mut [bool],
+                  next: Option<&(usize, Stage)>,
+                  failed: &mut Option<AgentError>| {
+        if let (Some((j, stage)), None) = (next, &*failed) {
+            match stage_copy(ring, *j, stage, engine, mem, true) {
+                Ok(()) => copying[ring.slot_of(*j)] = true,
+                Err(e) => *failed = Some(e),
+            }
         }
-    }
-    for (i, stage) in all.iter().enumerate() {
+    };
+    submit(ring, &mut copying, all.peek(), &mut failed);
+    while let Some((i, (n, _))) = all.next() {
         let b = ring.slot_of(i);
-        let copied = copying[i] && {
-            let r = ring.done_mut(b).wait();
-            if let Err(e) = r {
+        let copied = std::mem::take(&mut copying[b]) && {
+            if let Err(e) = ring.done_mut(b).wait() {
                 failed.get_or_insert(copy_failed(e));
             }
             failed.is_none()
         };
-        if failed.is_none() {
-            if let Some(next) = all.get(i + 1) {
-                match stage_copy(ring, i + 1, next, engine, mem, true) {
-                    Ok(()) => copying[i + 1] = true,
-                    Err(e) => failed = Some(e),
-                }
-            }
-        }
-        let bytes = ring.slot_mut(b).bytes(stage.0);
+        submit(ring, &mut copying, all.peek(), &mut failed);
+        let bytes = ring.slot_mut(b).bytes(n);
         if !copied {
             // What a failed copy left in the stage is not sent: zeros from here on.
             bytes.fill(0);
@@ -578,8 +579,9 @@ fn recv(
 
 /// [`recv`]'s bytes into device memory: each stage read into a bounce buffer and copied out
 /// by the engine while the next stage's bytes arrive in the other. Every byte is read even
-/// after a copy fails (none is copied after it): `Ok(Some)`, the copy's error. `Err`: the
-/// socket's.
+/// after a copy fails, and no copy is submitted once a failure is seen; a copy that fails as
+/// it completes is seen a stage later, so the stage after it may land too (the region holds
+/// what arrived; the transfer fails). `Ok(Some)`: the first failure seen. `Err`: the socket's.
 fn recv_staged(
     s: &mut &TcpStream,
     engine: &dyn Engine,
@@ -940,6 +942,9 @@ mod tests {
         cpu: CpuEngine,
         copies: std::sync::atomic::AtomicUsize,
         fail_at: usize,
+        /// The failing copy is taken and fails as it completes (a GPU's error), rather than
+        /// refused at submit.
+        late: bool,
     }
 
     impl Engine for Flaky {
@@ -951,7 +956,13 @@ mod tests {
         }
         unsafe fn submit_raw(&self, mut job: crate::Job) -> Result<Request, crate::SubmitError> {
             if self.copies.fetch_add(1, Ordering::Relaxed) == self.fail_at {
-                return Err(crate::SubmitError::ShutDown("flaky (on purpose)".into()));
+                let why = "flaky (on purpose)";
+                return match self.late {
+                    false => Err(crate::SubmitError::ShutDown(why.into())),
+                    true => Ok(Request::ready(Err(RequestError::Backend(
+                        BackendError::new(AgentError::Unsupported(why.into())),
+                    )))),
+                };
             }
             let host = |b: &mut RawBuf| {
                 if !b.kind.host_accessible() {
@@ -974,6 +985,7 @@ mod tests {
             cpu: CpuEngine::new(1).unwrap(),
             copies: std::sync::atomic::AtomicUsize::new(0),
             fail_at,
+            late: false,
         }
     }
 
@@ -988,9 +1000,16 @@ mod tests {
     /// A copy out of (into) device memory that fails in the middle of a transfer's bytes fails
     /// that transfer only: the sender sends the rest as zeros and says why in its status, the
     /// receiver reads every byte and the status, and the next frame on the stream is read as
-    /// one. Three stages' worth of segments, the second stage's copy refused, either side.
+    /// one. Three stages' worth of segments, the second stage's copy refused at submit or
+    /// failing as it completes, either side.
     #[test]
     fn a_copy_failing_mid_stream_fails_its_transfer_and_keeps_the_stream_in_step() {
+        for late in [false, true] {
+            copy_failing_mid_stream(late);
+        }
+    }
+
+    fn copy_failing_mid_stream(late: bool) {
         let len = 2 * STAGE + 12345;
         let segs = [(0u64, len as u64)];
         let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
@@ -1002,8 +1021,8 @@ mod tests {
         for sender_fails in [true, false] {
             let (a, b) = pair();
             let (send_engine, recv_engine) = match sender_fails {
-                true => (flaky(1), flaky(usize::MAX)),
-                false => (flaky(usize::MAX), flaky(1)),
+                true => (Flaky { late, ..flaky(1) }, flaky(usize::MAX)),
+                false => (flaky(usize::MAX), Flaky { late, ..flaky(1) }),
             };
             let mut dst = vec![7u8; len];
             let (dst_raw, src_raw) = (device(dst.as_mut_ptr()), device(src.as_ptr()));
@@ -1033,12 +1052,16 @@ mod tests {
                 assert_eq!((next.0, &next.1[..]), (ERR, &b"next"[..]));
             });
             // The first stage arrived; what followed the failure is zeros (sender) or was not
-            // stored (receiver).
+            // stored (receiver: the failed stage; a copy failing as it completes is seen a stage
+            // later, so the stage after it may land).
             assert_eq!(dst[..STAGE], src[..STAGE]);
-            let rest = &dst[STAGE..];
+            let (failed, rest) = (&dst[STAGE..2 * STAGE], &dst[2 * STAGE..]);
             match sender_fails {
-                true => assert!(rest.iter().all(|&x| x == 0)),
-                false => assert!(rest.iter().all(|&x| x == 7)),
+                true => assert!(failed.iter().chain(rest).all(|&x| x == 0), "late {late}"),
+                false => {
+                    assert!(failed.iter().all(|&x| x == 7), "late {late}");
+                    assert!(late || rest.iter().all(|&x| x == 7));
+                }
             }
         }
     }

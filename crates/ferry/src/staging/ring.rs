@@ -5,7 +5,9 @@
 //! - the staged copy's pinned slots (`engine/cuda/paths/staged/ring.rs`): an event recorded
 //!   after the slot's DMA, polled by the coordinator and waited for at the end of the copy;
 //! - the GPU pipeline's bounce buffers (`pipeline/bounce.rs`): the request of the DMA that
-//!   reads the buffer ([`Option<Request>`]), beside the fill that writes it.
+//!   reads the buffer ([`Option<Request>`]), beside the fill that writes it;
+//! - the transfer agent's bounce buffers for device memory over TCP (`agent/bounce.rs`): the
+//!   request of the engine's copy into or out of the buffer, beside the socket.
 //!
 //! The file engine's bounce slots (`file/ring.rs`) are a free list instead, on purpose: many
 //! runner threads take slots at once, in no order, each holding one only for its own blocking
