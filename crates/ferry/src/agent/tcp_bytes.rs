@@ -4,8 +4,8 @@
 //! stores them (host memory straight from the socket, device memory through the owner agent's
 //! engine in stage-fulls of [`STAGE`] bytes, two bounce buffers in turn so that one
 //! stage's copy runs while the next one's bytes cross the socket, `bounce.rs`) and answers
-//! OK once they have landed, or ERR and why. A read is a READ frame, answered by OK, the bytes and the owner's status, or by ERR
-//! alone. A copy that fails in the middle of the bytes fails its transfer only: the sender
+//! OK once they have landed, or ERR and why. A read is a READ frame, answered by OK, the
+//! bytes and the owner's status, or by ERR alone. A copy that fails in the middle of the bytes fails its transfer only: the sender
 //! sends the rest as zeros and its status says why, so the stream stays in step and the
 //! connection serves the next transfer. On the caller's side a transfer runs on the
 //! connection's transfer thread, one at a time per connection and in order, and the caller has
@@ -302,10 +302,8 @@ fn run(
         unreachable!("a transfer over TCP on a Unix socket");
     };
     let mut s: &TcpStream = s;
-    let fail = |e: io::Error| {
-        let _ = s.shutdown(Shutdown::Both);
-        broken(peer, &e)
-    };
+    // Every stream of the connection is shut down (`Link::lose`), this one with them.
+    let fail = |e: io::Error| broken(peer, &e);
     let owner = || format!("{} (pid {})", peer.name, peer.pid);
     // A local copy that failed while the bytes went out: the owner was told (the status after
     // the bytes), and this is the transfer's error whatever the owner answers.
@@ -414,9 +412,10 @@ impl Iterator for Stages<'_> {
 
 /// Sends `head`, then the bytes of `segs` (offset, length) of `mem` and the status: host memory
 /// straight from its pages, gathered with the status into as few `writev` calls as the kernel
-/// takes; device memory gathered by `engine` into stage-fulls, one copy and one write each.
-/// Where a copy fails, the rest goes as zeros and the status is ERR and why: `Ok(Err)`, the
-/// copy's error, the stream in step. `Err`: the socket's (the stream is out of step).
+/// takes; device memory gathered by `engine` into stage-fulls through the bounce ring
+/// ([`send_staged`]). Where a copy fails, the rest goes as zeros and the status is ERR and
+/// why: `Ok(Err)`, the copy's error, the stream in step. `Err`: the socket's (the stream is
+/// out of step).
 fn send(
     s: &mut &TcpStream,
     engine: &dyn Engine,
@@ -497,31 +496,26 @@ fn send_staged(
 ) -> io::Result<Option<AgentError>> {
     let mut all = stages(segs).enumerate().peekable();
     let mut failed = None;
-    // Whether each slot holds a submitted copy of the stage it is lent (a stage is copied only
-    // while no copy has failed).
-    let mut copying = vec![false; ring.depth()];
-    // The next stage's copy, while no copy has failed.
-    let submit = |ring: &mut Ring<_, _>,
-                  copying: &mut [bool],
-                  next: Option<&(usize, Stage)>,
-                  failed: &mut Option<AgentError>| {
-        if let (Some((j, stage)), None) = (next, &*failed) {
-            match stage_copy(ring, *j, stage, engine, mem, true) {
-                Ok(()) => copying[ring.slot_of(*j)] = true,
-                Err(e) => *failed = Some(e),
+    // The next stage's copy, submitted while no copy has failed: whether it was (so a stage
+    // submitted is the one in flight, and nothing fails between its submit and its wait).
+    let start =
+        |ring: &mut Ring<_, _>, next: Option<&(usize, Stage)>, failed: &mut Option<_>| match next {
+            Some((j, stage)) if failed.is_none() => {
+                let r = stage_copy(ring, *j, stage, engine, mem, true);
+                r.map_err(|e| *failed = Some(e)).is_ok()
             }
-        }
-    };
-    submit(ring, &mut copying, all.peek(), &mut failed);
+            _ => false,
+        };
+    let mut submitted = start(ring, all.peek(), &mut failed);
     while let Some((i, (n, _))) = all.next() {
         let b = ring.slot_of(i);
-        let copied = std::mem::take(&mut copying[b]) && {
-            if let Err(e) = ring.done_mut(b).wait() {
-                failed.get_or_insert(copy_failed(e));
-            }
-            failed.is_none()
-        };
-        submit(ring, &mut copying, all.peek(), &mut failed);
+        let copied = submitted
+            && ring
+                .done_mut(b)
+                .wait()
+                .map_err(|e| failed = Some(copy_failed(e)))
+                .is_ok();
+        submitted = start(ring, all.peek(), &mut failed);
         let bytes = ring.slot_mut(b).bytes(n);
         if !copied {
             // What a failed copy left in the stage is not sent: zeros from here on.
